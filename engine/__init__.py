@@ -1,0 +1,1 @@
+"""torch.distributed experiments, their launcher and the metrics stream. Never imports Textual."""

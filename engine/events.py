@@ -1,0 +1,56 @@
+"""Structured events from every rank: one JSON object per line, appended to the run's folder.
+
+The launcher sets ``DISTAI_EVENTS_DIR``; each rank appends to ``rank{R}.jsonl`` there and the
+launcher tails those files live. Outside a launch (tests, a plain ``python`` call) events go
+nowhere unless a directory is given. Each line is written with one ``os.write`` on an
+``O_APPEND`` descriptor, so a killed rank leaves whole lines only (a torn last line is skipped
+by readers), and emitting costs a syscall, not a flush of Python buffers.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+EVENTS_DIR_ENV = "DISTAI_EVENTS_DIR"
+
+
+class EventSink:
+    def __init__(self, rank: int = 0, directory: str | os.PathLike | None = None):
+        self.rank = rank
+        directory = directory if directory is not None else os.environ.get(EVENTS_DIR_ENV)
+        self._fd: int | None = None
+        if directory:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+            path = Path(directory) / f"rank{rank}.jsonl"
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    @property
+    def enabled(self) -> bool:
+        return self._fd is not None
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        """Record one event; ``t`` (wall-clock seconds) and ``rank`` are added."""
+        if self._fd is None:
+            return
+        record = {"kind": kind, "t": time.time(), "rank": self.rank, **fields}
+        os.write(self._fd, (json.dumps(record, separators=(",", ":")) + "\n").encode())
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def read_events(path: str | os.PathLike) -> Iterator[dict]:
+    """Every complete event in one rank's file (a torn last line is ignored)."""
+    with open(path, "rb") as f:
+        for line in f:
+            if not line.endswith(b"\n"):
+                break
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                continue

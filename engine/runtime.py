@@ -1,0 +1,61 @@
+"""What every experiment does first: join the process group torchrun prepared.
+
+NCCL on GPUs, gloo on CPU processes. The launcher sets ``DISTAI_DEVICE`` (``cuda`` or ``cpu``);
+collectives get a timeout so a dead peer ends the run instead of hanging it.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from distai.engine.events import EventSink
+
+DEVICE_ENV = "DISTAI_DEVICE"
+TIMEOUT_ENV = "DISTAI_COLLECTIVE_TIMEOUT_S"
+
+
+@dataclass
+class DistContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+    events: EventSink
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+
+def choose_device(local_rank: int) -> torch.device:
+    wanted = os.environ.get(DEVICE_ENV, "cuda" if torch.cuda.is_available() else "cpu")
+    if wanted == "cuda" and torch.cuda.is_available():
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def init_distributed(timeout_s: float | None = None) -> DistContext:
+    """Join the group described by torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, …)."""
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = choose_device(local_rank)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    timeout = timedelta(seconds=float(timeout_s or os.environ.get(TIMEOUT_ENV, "120")))
+    if not dist.is_initialized():
+        kwargs = {"device_id": device} if backend == "nccl" else {}
+        dist.init_process_group(backend=backend, timeout=timeout, **kwargs)
+    return DistContext(rank, world_size, local_rank, device, backend, EventSink(rank))
+
+
+def shutdown(ctx: DistContext | None = None) -> None:
+    if ctx is not None:
+        ctx.events.close()
+    if dist.is_initialized():
+        dist.destroy_process_group()

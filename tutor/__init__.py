@@ -1,0 +1,1 @@
+"""The distai tutor: the Textual app, its screens, the CLI and the progress store."""

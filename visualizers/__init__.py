@@ -1,0 +1,1 @@
+"""Textual widgets that draw a lesson model's state. No torch, no I/O."""
