@@ -12,8 +12,8 @@ STRINGS: dict[str, dict[str, str]] = {
         "es": "tutor de terminal y laboratorio en vivo de IA distribuida",
     },
     "home_hint": {
-        "en": "Choose a lesson and press Enter (or click it).  ? help · l español · ctrl+p commands",
-        "es": "Elige una lección y pulsa Enter (o haz clic).  ? ayuda · l english · ctrl+p comandos",
+        "en": "Choose a lesson, press Enter or click it · ? help · l español",
+        "es": "Elige una lección, pulsa Enter o haz clic · ? ayuda · l english",
     },
     "lesson_n": {"en": "Lesson {n}", "es": "Lección {n}"},
     "minutes": {"en": "{m} min", "es": "{m} min"},

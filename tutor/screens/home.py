@@ -78,8 +78,8 @@ class HomeScreen(Screen):
 
     def _prompt(self, lesson: Lesson, progress: dict) -> Table:
         lang = self.lang
-        grid = Table.grid(padding=(0, 1))
-        grid.add_column(width=2, justify="right", style="bold")
+        grid = Table.grid(padding=(0, 1), pad_edge=False)
+        grid.add_column(width=2, style="bold", no_wrap=True)
         grid.add_column(ratio=1)
         text = Text()
         text.append(lesson.title[lang], style="bold")
@@ -94,7 +94,7 @@ class HomeScreen(Screen):
         if mastery is not None:
             parts.append(tr("mastery", lang, score=percent(mastery)))
         text.append(" · ".join(parts), style="dim")
-        grid.add_row(str(lesson.number), text)
+        grid.add_row(f"{lesson.number:>2}", text)
         return grid
 
     def _show_details(self) -> None:
