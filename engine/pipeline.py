@@ -282,6 +282,7 @@ class OpRecord:
     op: sim.Op
     t0: float
     t1: float
+    saved_bytes: int = 0  # forwards: activation bytes autograd kept for this block's backward
 
 
 @dataclass
@@ -460,10 +461,12 @@ class PipelineRunner:
                     x = receive(sim.Message(sim.FORWARD, mb, s - 1, (s - 1) % self.p, self.rank))
                     x.requires_grad_(True)
                 t0 = self._now()
+                before = self.meter.live
                 with self.meter:
                     out = module(x)
                     if s == last:
                         out = self.loss(out, targets[mb]) / self.m
+                saved = self.meter.live - before
                 t1 = self._now()
                 if s != first:
                     stage_in[(s, mb)] = x
@@ -483,7 +486,8 @@ class PipelineRunner:
                 t1 = self._now()
                 if s == first:
                     stage_in.pop((s, mb), None)
-            records.append(OpRecord(op, t0, t1))
+                saved = 0
+            records.append(OpRecord(op, t0, t1, saved))
         flush()
         for batch in sends_in_flight:
             batch.wait()
@@ -514,9 +518,9 @@ def microbatches(t: torch.Tensor, m: int) -> list[torch.Tensor]:
 
 
 def reference_grads(cfg: ModelConfig, ids: torch.Tensor, targets: torch.Tensor, seed: int = 0):
-    """Loss and gradients of the unsplit model on the whole batch: what a pipeline must reproduce.
-    Returns (loss, list of layers) with ``.grad`` filled."""
-    layers = build_layers(cfg, seed)
+    """Loss and gradients of the unsplit model on the whole batch (on the batch's device): what a
+    pipeline must reproduce. Returns (loss, list of layers) with ``.grad`` filled."""
+    layers = [layer.to(ids.device) for layer in build_layers(cfg, seed)]
     x = ids
     for layer in layers:
         x = layer(x)
