@@ -161,7 +161,7 @@ def run(
 #     def quiz(...): ...
 # It must import nothing heavy (torch, numpy, textual) at module level: `distai --help` imports it.
 # Placeholder commands below are registered only for names no module claimed.
-COMMAND_MODULES = ("cli_calc", "cli_quiz", "cli_run", "cli_runs")
+COMMAND_MODULES = ("cli_calc", "cli_quiz", "cli_run", "cli_runs", "cli_doctor", "cli_slurm")
 _PLACEHOLDERS = {
     "quiz": (quiz, {}),
     "run": (run, {"context_settings": {"allow_extra_args": True, "ignore_unknown_options": True}}),
