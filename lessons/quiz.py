@@ -128,11 +128,12 @@ def _candidates(text: str, q: Question) -> list[float]:
             bare = units.parse_number(text, lang)
         except (ValueError, TypeError, OverflowError):
             continue
+        # A bare number is first read in the unit the question asks for ("16.6" asked in GB).
         factor = _HINT_FACTORS.get(q.quantity, {}).get(q.unit)
         if factor is not None:
-            out.append(bare * factor)
+            out.insert(0, bare * factor)
         if q.quantity == "fraction" and 1 < abs(bare) <= 100:
-            out.append(bare / 100)  # "27.3" meaning percent
+            out.insert(0, bare / 100)  # "27.3" meaning percent
     return [v for v in out if math.isfinite(v)]
 
 
@@ -141,7 +142,7 @@ def _close(value: float, answer: float, q: Question) -> bool:
         return round(value) == round(answer) and abs(value - round(value)) < 1e-6 * max(1.0, abs(value))
     if answer == 0:
         return abs(value) <= 1e-12
-    return abs(value - answer) <= q.tolerance * abs(answer) + 1e-15
+    return abs(value - answer) <= q.tolerance * abs(answer) * (1 + 1e-12)
 
 
 def check_answer(q: Question, text) -> Check:
