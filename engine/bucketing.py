@@ -36,9 +36,10 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-MIB = 1024 * 1024
-DEFAULT_BUCKET_CAP_MB = 25            # torch DDP's default bucket_cap_mb
-DEFAULT_FIRST_BUCKET_BYTES = 1 * MIB  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+from distai.lessons.lesson6.formulas import DDP_BUCKET_CAP_MB as DEFAULT_BUCKET_CAP_MB
+from distai.lessons.lesson6.formulas import DDP_FIRST_BUCKET_BYTES as DEFAULT_FIRST_BUCKET_BYTES
+from distai.lessons.lesson6.formulas import MiB as MIB
+from distai.lessons.lesson6.formulas import ddp_buckets
 
 
 def assign_buckets(sizes: Sequence[int], limits: Sequence[int],
@@ -47,27 +48,21 @@ def assign_buckets(sizes: Sequence[int], limits: Sequence[int],
 
     Same rule as DDP's ``compute_bucket_assignment_by_size``: tensors of one key (dtype and
     device) accumulate into an open bucket; once its byte size reaches the current limit the
-    bucket closes and the next limit applies (the last limit repeats). Leftover open buckets
-    close at the end. Buckets are returned in the order of their first member.
+    bucket closes and the next limit applies (``limits`` is ``[first, cap]`` or ``[cap]``).
+    Leftover open buckets close at the end. Buckets are returned in the order of their first
+    member. Per key this is the lesson's formula :func:`ddp_buckets`.
     """
-    if not limits or any(l <= 0 for l in limits):
-        raise ValueError(f"bucket size limits must be positive, got {list(limits)}")
+    if not limits or any(l <= 0 for l in limits) or len(limits) > 2:
+        raise ValueError(f"bucket size limits must be one or two positive sizes, got {list(limits)}")
     keys = list(keys) if keys is not None else [None] * len(sizes)
-    open_buckets: dict[object, tuple[list[int], int]] = {}
-    limit_index: dict[object, int] = {}
+    by_key: dict[object, list[int]] = {}
+    for pos, key in enumerate(keys):
+        by_key.setdefault(key, []).append(pos)
     done: list[list[int]] = []
-    for pos, (size, key) in enumerate(zip(sizes, keys)):
-        members, total = open_buckets.get(key, ([], 0))
-        members.append(pos)
-        total += int(size)
-        li = limit_index.setdefault(key, 0)
-        if total >= limits[li]:
-            done.append(members)
-            open_buckets.pop(key, None)
-            limit_index[key] = min(li + 1, len(limits) - 1)
-        else:
-            open_buckets[key] = (members, total)
-    done.extend(members for members, _ in open_buckets.values() if members)
+    for positions in by_key.values():
+        groups = ddp_buckets([sizes[p] for p in positions], bucket_cap_bytes=limits[-1],
+                             first_bucket_bytes=limits[0])
+        done.extend([positions[i] for i in g] for g in groups)
     done.sort(key=lambda b: b[0])
     return done
 

@@ -38,8 +38,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-GRADSCALER_DEFAULTS = {"init_scale": 2.0 ** 16, "growth_factor": 2.0, "backoff_factor": 0.5,
-                       "growth_interval": 2000}
+from distai.lessons.lesson6.formulas import GRADSCALER_DEFAULTS
 
 
 def to_float32(x: float) -> float:

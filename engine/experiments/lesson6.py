@@ -20,7 +20,7 @@ Part 2, overlap. For each bucket size in ``--bucket-mb`` and each of three ways 
 parallelism — ours with overlap, ours with all buckets all-reduced after backward, torch DDP with
 the same ``bucket_cap_mb`` — the step time (forward, backward, gradient all-reduce, SGD step) of
 an fp32 MLP is measured on all ranks (the slowest rank counts), in rotating order over
-``--rounds`` rounds (median). One extra step per configuration records the timeline.
+``--rounds`` rounds; the figure is the median over all timed steps. One extra step per configuration records the timeline.
 
 Events (rank 0 unless noted; ``t`` and ``rank`` are added by the sink):
 
@@ -31,9 +31,10 @@ Events (rank 0 unless noted; ``t`` and ``rank`` are added by the sink):
   "zero_unscaled":f,"zero_scaled":f,"subnormal_unscaled":f,"subnormal_scaled":f,"dtype":...}``
   — counts[k] = how many fp32 gradient values have floor(log2|g|) = e0+k (ends clamp);
   zero_* = share of the non-zero fp32 values that the fp16 (or bf16) backward returned as 0,
-  without scaling and with scale S; subnormal_* = share that fp16 stores as subnormals.
+  without scaling and with scale S; subnormal_* = share that fp16 stores as subnormals;
+  relerr_* = median relative error of the low-precision gradient values against fp32.
 - ``{"kind":"sweep","bucket_mb":c,"mode":"overlap"|"no-overlap"|"ddp","step_ms":t,
-  "n_buckets":k,"round_ms":[...]}``
+  "n_buckets":k,"samples_ms":[...]}`` — step_ms is the median of the samples.
 - ``{"kind":"timeline","bucket_mb":c,"mode":...,"marks":{...},"layers":[[name,t0,t1]...],
   "buckets":[[index,bytes,t0,t1]...],"step_ms":t}`` (every rank; times in ms from step start)
 - ``{"kind":"summary", ...}`` with the figures printed at the end.
@@ -90,7 +91,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--dp-width", type=int, default=512)
     g.add_argument("--dp-depth", type=int, default=8)
     g.add_argument("--dp-batch", type=int, default=32)
-    g.add_argument("--timed-steps", type=int, default=5, help="timed steps per configuration and round")
+    g.add_argument("--timed-steps", type=int, default=6, help="timed steps per configuration and round")
     g.add_argument("--rounds", type=int, default=2)
     g.add_argument("--skip-scaling", action="store_true")
     g.add_argument("--skip-overlap", action="store_true")
@@ -142,6 +143,7 @@ def measure_underflow(probe: torch.nn.Module, x, y, device, dtype, scale: float)
     tiny = FM.smallest_normal("fp16")
     finite = bool(torch.isfinite(scaled).all())
     hist = exponent_histogram(ref.cpu().numpy())
+    rel = lambda g: float(((g - ref).abs()[nonzero] / ref.abs()[nonzero]).median())  # noqa: E731
     return {
         "lo": hist.lo, "counts": hist.counts, "zeros": hist.zeros,
         "zero_unscaled": float(((plain == 0) & nonzero).sum()) / n,
@@ -149,6 +151,8 @@ def measure_underflow(probe: torch.nn.Module, x, y, device, dtype, scale: float)
         "subnormal_unscaled": float(((ref.abs() < tiny) & nonzero).sum()) / n,
         "subnormal_scaled": float(((ref.abs() * scale < tiny) & nonzero).sum()) / n,
         "overflow_scaled": not finite,
+        "relerr_unscaled": rel(plain),
+        "relerr_scaled": rel(scaled) if finite else None,
     }
 
 
@@ -228,6 +232,9 @@ def run_loss_scaling(ctx, args) -> dict:
         "zero_scaled": (statistics.fmean(h["zero_scaled"] for h in hist if h["zero_scaled"] is not None)
                         if any(h["zero_scaled"] is not None for h in hist) else None),
         "subnormal_unscaled": statistics.fmean(h["subnormal_unscaled"] for h in hist) if hist else None,
+        "relerr_unscaled": statistics.median(h["relerr_unscaled"] for h in hist) if hist else None,
+        "relerr_scaled": (statistics.median(h["relerr_scaled"] for h in hist if h["relerr_scaled"] is not None)
+                          if any(h["relerr_scaled"] is not None for h in hist) else None),
     }
 
 
@@ -260,17 +267,19 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
-def time_steps(model, opt, x, y, n: int, device) -> float:
-    """Milliseconds per step on the slowest rank."""
-    _sync(device)
-    dist.barrier()
-    t0 = time.perf_counter()
+def time_steps(model, opt, x, y, n: int, device) -> list[float]:
+    """Milliseconds of each of ``n`` steps, on the slowest rank (ranks start each step together)."""
+    times = []
     for _ in range(n):
+        _sync(device)
+        dist.barrier()
+        t0 = time.perf_counter()
         train_step(model, opt, x, y)
-    _sync(device)
-    elapsed = torch.tensor([(time.perf_counter() - t0) * 1000.0 / n])
+        _sync(device)
+        times.append((time.perf_counter() - t0) * 1000.0)
+    elapsed = torch.tensor(times)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-    return float(elapsed)
+    return elapsed.tolist()
 
 
 def record_timeline(mode, model, opt, x, y) -> StepTimeline:
@@ -301,7 +310,7 @@ def run_overlap(ctx, args) -> dict:
                 opt = torch.optim.SGD(model.parameters(), lr=1e-3)
                 for _ in range(2):  # warm-up; both ours and DDP rebuild buckets after the first
                     train_step(model, opt, x, y)
-                times.setdefault((cap, mode), []).append(
+                times.setdefault((cap, mode), []).extend(
                     time_steps(model, opt, x, y, args.timed_steps, device))
                 if r == args.rounds - 1:
                     tl = record_timeline(mode, model, opt, x, y)
@@ -313,7 +322,7 @@ def run_overlap(ctx, args) -> dict:
     if rank == 0:
         for (cap, mode), v in times.items():
             ev.emit("sweep", bucket_mb=cap, mode=mode, step_ms=round(median[(cap, mode)], 3),
-                    n_buckets=nbuckets.get((cap, mode)), round_ms=[round(t, 3) for t in v])
+                    n_buckets=nbuckets.get((cap, mode)), samples_ms=[round(t, 3) for t in v])
     best = min(args.caps, key=lambda c: median[(c, "overlap")])
     n_params = sum(p.numel() for p in mlp(args.dp_width, args.dp_depth, args.dp_width).parameters())
     return {
@@ -361,7 +370,8 @@ def format_summary(s: dict) -> str:
         lines.append(
             f"  gradient values lost to zero in {sc['dtype']}: {_pct(sc['zero_unscaled'])} without "
             f"scaling, {_pct(sc['zero_scaled'])} with it; in fp16's subnormal range without "
-            f"scaling: {_pct(sc['subnormal_unscaled'])}")
+            f"scaling: {_pct(sc['subnormal_unscaled'])}; median relative error of the gradient "
+            f"values: {_pct(sc['relerr_unscaled'])} without scaling, {_pct(sc['relerr_scaled'])} with it")
     ov = s.get("overlap")
     if ov:
         lines.append(f"overlap ({ov['grad_mib']:.1f} MiB of gradients), step time in ms "
