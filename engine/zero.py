@@ -175,7 +175,7 @@ class ZeroEngine:
     def __init__(self, units: Sequence[nn.Module], stage: int,
                  optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer], *,
                  group=None, param_dtype: torch.dtype | None = None, prefetch: bool = True,
-                 reshard_after_forward: bool = True):
+                 reshard_after_forward: bool = True, trace: bool = False):
         if stage not in (1, 2, 3):
             raise ValueError(f"ZeRO stage must be 1, 2 or 3, not {stage!r}")
         self.stage = stage
@@ -189,6 +189,11 @@ class ZeroEngine:
         self.mixed = self.param_dtype != torch.float32
         self._units: list[_Unit] = []
         self._hooks: list = []
+        #: with ``trace=True``: (action, unit index) in the order they happen, action one of
+        #: forward, backward (a unit starts computing), all_gather (issued), free,
+        #: reduce_scatter (issued), step
+        self.trace: list[tuple[str, int]] | None = [] if trace else None
+        self.peak_gathered_units = 0  # stage 3: most units whose full parameters were alive at once
         seen: set[int] = set()
         for index, module in enumerate(units):
             params = [p for p in module.parameters() if p.requires_grad and id(p) not in seen]
@@ -268,6 +273,13 @@ class ZeroEngine:
         if storage.nbytes() != unit.full_nbytes:
             storage.resize_(unit.full_nbytes)
         unit.gather = self.comm.all_gather(unit.full, unit.shard, async_op=True)
+        self._note("all_gather", unit)
+        alive = sum(1 for u in self._units if u.full.untyped_storage().nbytes() > 0)
+        self.peak_gathered_units = max(self.peak_gathered_units, alive)
+
+    def _note(self, action: str, unit: _Unit | None) -> None:
+        if self.trace is not None:
+            self.trace.append((action, -1 if unit is None else unit.index))
 
     def _wait_gather(self, unit: _Unit) -> None:
         if unit.gather is not None:
@@ -279,6 +291,7 @@ class ZeroEngine:
         self._wait_gather(unit)
         unit.full.untyped_storage().resize_(0)
         unit.gathered = False
+        self._note("free", unit)
 
     # -- hooks ----------------------------------------------------------------------------------------
     def _neighbour(self, unit: _Unit, step: int) -> _Unit | None:
@@ -293,6 +306,7 @@ class ZeroEngine:
             if self.prefetch and nxt is not None:
                 self._unshard(nxt)
         self._wait_gather(unit)
+        self._note("forward", unit)
 
     def _post_forward(self, unit: _Unit, output):
         if self.stage == 3 and self.reshard_after_forward:
@@ -314,6 +328,7 @@ class ZeroEngine:
             if self.prefetch and prev is not None:
                 self._unshard(prev)
             self._wait_gather(unit)
+        self._note("backward", unit)
         if self.stage >= 2:
             unit.grad_full = torch.zeros(unit.padded, dtype=self.param_dtype, device=self.device)
             self._set_grad_views(unit)
@@ -327,6 +342,7 @@ class ZeroEngine:
         grad = unit.grad_full
         grad.div_(self.world_size)  # the mean over ranks, as DDP computes it
         unit.reduce = self.comm.reduce_scatter(unit.grad_shard, grad, async_op=True)
+        self._note("reduce_scatter", unit)
         if self.stage >= 2:
             for p in unit.params:
                 p.grad = None
@@ -356,6 +372,7 @@ class ZeroEngine:
             if self.mixed:
                 unit.master.grad = unit.grad_shard.float()
         self.optimizer.step()
+        self._note("step", None)
         with torch.no_grad():
             for unit in self._units:
                 if self.mixed:
@@ -364,6 +381,7 @@ class ZeroEngine:
                 if self.stage < 3:  # everyone needs everyone's updated slice: in-place all-gather
                     unit.gathered = False
                     unit.gather = self.comm.all_gather(unit.full, unit.shard, async_op=True)
+                    self._note("all_gather", unit)
                 if self.stage == 1:
                     unit.grad_full.zero_()
                 unit.grads_ready = 0

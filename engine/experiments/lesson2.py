@@ -243,12 +243,12 @@ class ZeroTrainer(Trainer):
     """Our ZeRO stage 1, 2 or 3 (``distai.engine.zero.ZeroEngine``)."""
 
     def __init__(self, model, rank, world_size, device, stage, optimizer="adam", precision="fp32",
-                 prefetch=True):
+                 prefetch=True, trace=False):
         super().__init__(model, rank, world_size, device)
         self.name = f"zero{stage}"
         dtype = torch.float32 if precision == "fp32" else torch.bfloat16
         self.engine = ZeroEngine(model.units, stage, lambda ps: make_optimizer(optimizer, ps),
-                                 param_dtype=dtype, prefetch=prefetch)
+                                 param_dtype=dtype, prefetch=prefetch, trace=trace)
 
     def step(self, batch):
         x, y = self.local(batch)
@@ -265,6 +265,9 @@ class ZeroTrainer(Trainer):
             return {n: p.detach().float().clone() for n, p in self.model.named_parameters()}
 
 
+_MESHES: dict = {}
+
+
 class FSDP2Trainer(Trainer):
     """torch's FSDP2: ``fully_shard`` on every unit, then on the root."""
 
@@ -275,7 +278,10 @@ class FSDP2Trainer(Trainer):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         super().__init__(model, rank, world_size, device)
-        mesh = init_device_mesh(device.type, (world_size,))
+        key = (device.type, world_size, id(dist.group.WORLD))
+        if key not in _MESHES:  # building a mesh sets up a process group: once per run
+            _MESHES[key] = init_device_mesh(device.type, (world_size,))
+        mesh = _MESHES[key]
         mp = MixedPrecisionPolicy()
         if precision != "fp32":
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
@@ -307,13 +313,13 @@ def _optimizer_tensors(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
 
 def make_trainer(strategy: str, cfg: ModelConfig, rank: int, world_size: int, device,
                  optimizer: str = "adam", precision: str = "fp32", seed: int = 0,
-                 prefetch: bool = True) -> Trainer:
+                 prefetch: bool = True, trace: bool = False) -> Trainer:
     model = make_model(cfg, seed, device)
     if strategy == "ddp":
         return DDPTrainer(model, rank, world_size, device, optimizer, precision)
     if strategy in ("zero1", "zero2", "zero3"):
         return ZeroTrainer(model, rank, world_size, device, int(strategy[-1]), optimizer, precision,
-                           prefetch=prefetch)
+                           prefetch=prefetch, trace=trace)
     if strategy == "fsdp2":
         return FSDP2Trainer(model, rank, world_size, device, optimizer, precision)
     raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
@@ -342,36 +348,38 @@ def count_params(cfg: ModelConfig) -> int:
 
 
 def predicted_model_state_bytes(num_params: int, world_size: int, strategy: str, optimizer: str,
-                                precision: str) -> float:
-    """The calculator's per-GPU model-state bytes for this strategy."""
+                                precision: str) -> dict[str, int]:
+    """The calculator's per-GPU model-state bytes for this strategy (params/grads/optimizer/total)."""
     from distai.lessons.lesson2.formulas import model_state_bytes
 
-    return float(model_state_bytes(num_params, world_size, CALC_STRATEGY[strategy], optimizer,
-                                   _calc_precision(precision)))
+    return model_state_bytes(num_params, world_size, CALC_STRATEGY[strategy], optimizer,
+                             calc_precision(precision))
 
 
 def predicted_traffic_bytes(num_params: int, world_size: int, strategy: str, precision: str) -> float:
-    """The calculator's bytes sent per rank per step for this strategy."""
-    from distai.lessons.lesson2 import formulas
+    """The calculator's bytes each rank sends per step: 2Ψ or 3Ψ elements times (N-1)/N."""
+    from distai.lessons.lesson2.formulas import comm_volume_per_step
 
-    return float(formulas.communication_bytes_per_rank(num_params, world_size, CALC_STRATEGY[strategy],
-                                                       _calc_precision(precision)))
+    elem = 4 if precision == "fp32" else 2
+    return float(comm_volume_per_step(num_params, CALC_STRATEGY[strategy], world_size, elem)["exact_bytes"])
 
 
-def _calc_precision(precision: str) -> str:
+def calc_precision(precision: str) -> str:
+    """This experiment's ``--precision`` in the calculator's words."""
     return "fp32" if precision == "fp32" else "mixed"
 
 
 def run_strategy(strategy: str, cfg: ModelConfig, batches, rank: int, world_size: int, device,
                  optimizer="adam", precision="fp32", meter_step: int | None = None,
-                 reference: dict | None = None, emit=None, fsdp_tracker: bool = True) -> dict:
+                 reference: dict | None = None, emit=None, fsdp_tracker: bool = True,
+                 trace: bool = False) -> dict:
     """Train ``strategy`` on ``batches``; measure memory and traffic on step ``meter_step``
     (default: the last one). Returns this rank's figures."""
     emit = emit or (lambda kind, **f: None)
     meter_step = len(batches) - 1 if meter_step is None else meter_step
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    trainer = make_trainer(strategy, cfg, rank, world_size, device, optimizer, precision)
+    trainer = make_trainer(strategy, cfg, rank, world_size, device, optimizer, precision, trace=trace)
     losses, times, held, meter, tracker = [], [], None, None, None
     for i, batch in enumerate(batches):
         dist.barrier()
@@ -385,13 +393,18 @@ def run_strategy(strategy: str, cfg: ModelConfig, batches, rank: int, world_size
             held = trainer.held()
         else:
             loss = trainer.step(batch)
-            times.append(time.perf_counter() - t0)
+            if i > 0 or len(batches) == 2:  # step 0 pays lazy initialisation (FSDP2)
+                times.append(time.perf_counter() - t0)
         losses.append(loss)
         emit("step", step=i, loss=loss, strategy=strategy)
     result = {"strategy": strategy, "losses": losses, "held": held,
               "sent": meter.sent if meter else None,
               "by_op": dict(meter.by_op) if meter else {}, "calls": dict(meter.calls) if meter else {},
               "step_time_s": _median(times) if times else float("nan")}
+    if isinstance(trainer, ZeroTrainer):
+        result["peak_gathered_units"] = trainer.engine.peak_gathered_units
+        result["trace"] = list(trainer.engine.trace or [])
+        result["units"] = len(trainer.engine.layout())
     if tracker is not None:
         snap = tracker.get_tracker_snapshot("current")
         per_device = next(iter(snap.values()), {})
@@ -472,13 +485,16 @@ def main(argv=None) -> int:
         held = r["held"]
         total = sum(held.values())
         try:
-            predicted = predicted_model_state_bytes(num_params, world, strategy, args.optimizer,
-                                                    args.precision)
+            parts = predicted_model_state_bytes(num_params, world, strategy, args.optimizer,
+                                                args.precision)
+            predicted = float(parts["total_bytes"])
             predicted_sent = predicted_traffic_bytes(num_params, world, strategy, args.precision)
         except (ImportError, AttributeError, ValueError, TypeError) as exc:
-            predicted = predicted_sent = float("nan")
+            parts, predicted = {}, float("nan")
+            predicted_sent = float("nan")
             ev.emit("log", msg=f"calculator unavailable: {exc}")
         ev.emit("memory", strategy=strategy, **held, total=total, predicted=predicted,
+                predicted_parts=parts,
                 peak=r.get("cuda_max_allocated"), fsdp_tracker=r.get("fsdp_tracker"), world_size=world,
                 num_params=num_params, precision=args.precision, optimizer_name=args.optimizer)
         ev.emit("comm", strategy=strategy, sent=r["sent"], by_op=r["by_op"], calls=r["calls"],
@@ -511,6 +527,9 @@ def _print_table(rows, num_params, world, args):
         print(f"{s:<8} {total * mb:>9.3f} MB {pred * mb:>7.3f} MB {total / pred:>6.3f}  "
               f"{sent * mb:>7.3f} MB {psent * mb:>7.3f} MB {sent / psent if psent else float('nan'):>6.3f}  "
               f"{st * 1e3:>6.1f}ms  {diff_s:>17}")
+    if any(r[0] == "fsdp2" for r in rows) and dist.get_backend() == "gloo":
+        print("(fsdp2 on gloo: torch's gloo reduce_scatter_tensor runs an all-reduce of a copy, so its "
+              "gradient traffic is 2x a real reduce-scatter; ours uses all_to_all_single instead)")
     if ddp_sent:
         ratios = ", ".join(f"{s} {sent / ddp_sent:.2f}x" for s, _, _, sent, *_ in rows)
         print(f"traffic relative to DDP: {ratios}")
