@@ -191,11 +191,15 @@ def memory_per_gpu(params, dp: int = 1, strategy: str = "ddp", optimizer: str = 
                    seq: int | None = None, micro_batch: int | None = None, heads: int | None = None,
                    tp: int = 1, sequence_parallel: bool = False, recompute: str = "none") -> dict:
     """Model states (:func:`model_state_bytes`) plus, when the shape is given, activations
-    (:func:`activation_bytes`). ``params`` is the count of parameters this GPU's data-parallel group
-    shards (for tensor parallelism pass Ψ/t yourself). Keys: params_bytes, grads_bytes,
-    optimizer_bytes, activations_bytes (None without a shape), total_bytes.
+    (:func:`activation_bytes`). With tensor parallelism of degree ``tp`` each GPU first holds ⌈Ψ/t⌉ of
+    the parameters (Megatron splits every weight matrix and the embedding t ways; layer norms, in fact
+    replicated, are divided too: a slight underestimate), which its data-parallel group then shards as ZeRO does.
+    Keys: params_bytes, grads_bytes, optimizer_bytes, activations_bytes (None without a shape),
+    total_bytes.
     """
-    out: dict = dict(model_state_bytes(params, dp, strategy, optimizer, precision))
+    psi = _count(params, "the number of parameters")
+    t = _count(tp, "the tensor-parallel degree")
+    out: dict = dict(model_state_bytes(-(-psi // t), dp, strategy, optimizer, precision))
     shape = (layers, hidden, seq, micro_batch, heads)
     if all(v is not None for v in shape):
         act = activation_bytes(layers, seq, micro_batch, hidden, heads, tp, sequence_parallel, recompute)
