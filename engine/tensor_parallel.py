@@ -292,12 +292,14 @@ class SPColumnLinear(torch.autograd.Function):
         tp = ctx.tp
         grad = grad.contiguous()
         grad_x = grad_w = grad_b = None
-        if ctx.needs_input_grad[0]:
-            grad_total = grad.matmul(weight)
-            grad_x = tp.reduce_scatter_seq(grad_total, ctx.site, layer=ctx.layer, phase="bwd")
+        # Megatron's order: the re-gather first (on GPUs it overlaps the input-gradient matmul),
+        # then the reduce-scatter of the input gradient.
         if ctx.needs_input_grad[1]:
             total = tp.all_gather_seq(x_shard, ctx.site + ".regather", layer=ctx.layer, phase="bwd")
             grad_w = grad.reshape(-1, grad.shape[-1]).t().matmul(total.reshape(-1, total.shape[-1]))
+        if ctx.needs_input_grad[0]:
+            grad_total = grad.matmul(weight)
+            grad_x = tp.reduce_scatter_seq(grad_total, ctx.site, layer=ctx.layer, phase="bwd")
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = grad.reshape(-1, grad.shape[-1]).sum(0)
         return grad_x, grad_w, grad_b, None, None

@@ -25,6 +25,7 @@ def check_all(rank: int, world_size: int) -> dict:
     for sp in (False, True):
         tr = L.train_against_dense(cfg, BATCH, sp, steps=2, lr=0.5, seed=3)
         tr["comm"] = L.comm_check(tr["counter"], cfg, BATCH, sp, world_size, tr["elem_size"])
+        tr["sequence0"] = [(r.phase, r.op, r.site) for r in tr["counter"].of(0)]
         tr["table"] = tr.pop("counter").table(include_sites=True)
         tr["memory"] = L.measure_activations(cfg, BATCH, sp, seed=3)
         tr["dtensor"] = L.compare_with_dtensor(cfg, BATCH, sp, seed=3)
@@ -185,3 +186,32 @@ def test_weights_are_really_split(results):
     assert sizes["blocks.0.mlp.fc1.weight"] == (4 * h // T, h)
     assert sizes["blocks.0.mlp.fc2.weight"] == (h, 4 * h // T)
     assert sizes["blocks.0.ln1.weight"] == (h,)
+
+
+@pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp+sp"])
+def test_engine_runs_exactly_the_collectives_the_visualizer_draws(results, sp):
+    from distai.lessons.lesson4.flow import collectives
+
+    r = _rank0(results)
+    expected = collectives(sp) if r["T"] > 1 else []
+    assert r[sp]["sequence0"] == expected
+
+
+@pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp+sp"])
+def test_calculator_gives_the_measured_figures(results, sp, capsys):
+    import json
+
+    from distai.tutor.cli import main
+
+    r = _rank0(results)
+    T = r["T"]
+    argv = ["calc", "tp-comm", "--hidden", str(SIZES["hidden"]), "--seq", str(SIZES["seq"]),
+            "--micro-batch", str(BATCH), "--tp", str(T), "--dtype", "fp32", "--json"]
+    assert main(argv + (["--sequence-parallel"] if sp else [])) == 0
+    calc = json.loads(capsys.readouterr().out)
+    row = r[sp]["comm"]["layers"]["0"]
+    for phase, key in (("fwd", "forward"), ("bwd", "backward")):
+        measured = {op: n for op, n in row[phase]["counts"].items() if n}
+        assert measured == (calc[key] if T > 1 else {})
+        # the ranks ran float64, the calculator was asked for fp32: exactly twice the bytes
+        assert row[phase]["wire_bytes"] == pytest.approx(2 * calc[f"{key}_bytes_per_rank"])
