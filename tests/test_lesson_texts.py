@@ -18,12 +18,21 @@ from distai.lessons import text_checks as tc
 from distai.lessons.registry import LANGUAGES, all_lessons
 
 LESSONS = all_lessons()
-# Lessons whose every worked number must carry a check (the others are being written by their
-# engineers; add a lesson here once its text is final).
-CHECKED_LESSONS = {"lesson1"}
+# Finished lessons: every result quoted with one of RESULT_UNITS in their prose must carry a check,
+# unless it is one of the lesson's stated inputs or published facts listed here (written the English
+# way; Spanish "12,4 %" is compared as "12.4%"). The others are being written by their engineers: add
+# a lesson here once its text is final.
+RESULT_UNITS = r"ms|µs|GB/s|h|min|%|days|días"
+CHECKED_LESSONS = {
+    # α, the link speed and a compute time of the examples
+    "lesson1": {"5 µs", "25 GB/s", "200 ms"},
+    # the checkpoint examples' inputs (C, R, intervals) and Llama 3's published percentages
+    "lesson3": {"5 min", "10 min", "1 h", "3 h", "54 days", "54 días", "78%", "58.7%", "90%"},
+}
 # Steps that teach with numbers: each needs at least one check in every language.
 NUMERIC_STEPS = {
     "lesson1": {"naive", "all-gather", "alpha-beta", "worked-example", "busbw", "try-it"},
+    "lesson3": {"failures", "lost-work", "young-daly", "worked-example"},
 }
 
 
@@ -167,25 +176,33 @@ def test_numeric_steps_carry_checks(lesson_id):
             assert checks, f"{lesson_id}/{lang}/{key}.md quotes worked numbers but has no check"
 
 
+def _canonical(value: str) -> str:
+    value = re.sub(r"\s+", " ", value).replace(",", ".").replace(" %", "%")
+    return value
+
+
 @pytest.mark.parametrize("lesson_id", sorted(CHECKED_LESSONS))
 def test_checked_lessons_have_no_unchecked_results(lesson_id):
-    """In a finished lesson, a number followed by a time or bandwidth unit must be checked.
+    """In a finished lesson, a number followed by a result unit must be checked.
 
-    Catches a worked result added to the prose without its check comment. Inputs such as
-    "α = 5 µs" or "25 GB/s" are allowed when they appear in a check's expression too (as
-    themselves) or are listed among the step's stated inputs below.
+    Catches a worked result added to the prose without its check comment. Inputs of the examples and
+    published facts are listed in CHECKED_LESSONS.
     """
     lesson = next(lesson for lesson in LESSONS if lesson.id == lesson_id)
-    unit_re = re.compile(r"(?<![\w.,])(\d[\d.,]*\s?(?:ms|µs|GB/s))")
-    inputs = {"5 µs", "25 GB/s", "25GB/s", "200 ms"}  # α, the link speed, the compute time of an example
+    unit_re = re.compile(r"(?<![\w.,])(\d[\d.,]*\s?(?:" + RESULT_UNITS + r"))(?![\w/])")
+    inputs = {_canonical(v) for v in CHECKED_LESSONS[lesson_id]}
+    unchecked = []
     for step in lesson.steps:
         for lang in LANGUAGES:
             md = lesson.step_text(step.key, lang)
-            shown = {re.sub(r"\s+", " ", c.shown) for c in tc.find_checks(md, lang)}
-            for m in unit_re.finditer(tc.visible_text(md)):
-                value = re.sub(r"\s+", " ", m.group(1))
-                assert value in shown or value in inputs or value.replace(",", ".") in inputs, (
-                    f"{lesson_id}/{lang}/{step.key}.md: {value!r} is quoted without a check")
+            shown = {_canonical(c.shown) for c in tc.find_checks(md, lang)}
+            prose = re.sub(r"```.*?```", "", tc.visible_text(md), flags=re.S)  # commands, code
+            prose = re.sub(r"`[^`]*`", "", prose)
+            for m in unit_re.finditer(prose):
+                value = _canonical(m.group(1))
+                if value not in shown and value not in inputs:
+                    unchecked.append(f"{lang}/{step.key}: {m.group(1)!r}")
+    assert not unchecked, f"{lesson_id}: results quoted without a check: {unchecked}"
 
 
 # --------------------------------------------------------------------------------------------

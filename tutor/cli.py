@@ -161,7 +161,7 @@ def run(
 #     def quiz(...): ...
 # It must import nothing heavy (torch, numpy, textual) at module level: `distai --help` imports it.
 # Placeholder commands below are registered only for names no module claimed.
-COMMAND_MODULES = ("cli_calc", "cli_quiz", "cli_run", "cli_runs")
+COMMAND_MODULES = ("cli_calc", "cli_quiz", "cli_run", "cli_runs", "cli_doctor", "cli_slurm")
 _PLACEHOLDERS = {
     "quiz": (quiz, {}),
     "run": (run, {"context_settings": {"allow_extra_args": True, "ignore_unknown_options": True}}),
@@ -195,6 +195,18 @@ if __name__ != "__main__":  # `python -m distai.tutor.cli` delegates to the impo
     _load_command_modules()
 
 
+def _click_exception_types() -> tuple[type, ...]:
+    """ClickException as Typer raises it (recent Typer vendors click as ``typer._click``)."""
+    types = {cls for cls in typer.BadParameter.__mro__ if cls.__name__ == "ClickException"}
+    try:
+        import click
+
+        types.add(click.exceptions.ClickException)
+    except ImportError:  # pragma: no cover
+        pass
+    return tuple(types)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: one-line errors and exit code 2 for bad input, never a traceback."""
     try:
@@ -211,10 +223,11 @@ def main(argv: list[str] | None = None) -> int:
         typer.echo("distai: interrupted", err=True)
         return 130
     except Exception as exc:  # click usage errors and the like
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
+        if isinstance(exc, _click_exception_types()):
+            message = " ".join(exc.format_message().split())
+            ctx = getattr(exc, "ctx", None)
+            hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+            typer.echo(f"distai: error: {message}{hint}", err=True)
             return exc.exit_code
         raise
     return 0
