@@ -25,7 +25,7 @@ LESSONS = all_lessons()
 RESULT_UNITS = r"ms|µs|GB/s|TB/s|GB|MB|KB|GiB|MiB|KiB|tokens/s|h|min|%|days|días|×"
 CHECKED_LESSONS = {
     # α, the link speed and a compute time of the examples
-    "lesson1": {"5 µs", "25 GB/s", "200 ms", "1 GB", "25 MiB"},
+    "lesson1": {"5 µs", "25 GB/s", "200 ms", "1 GB", "25 MiB", "1 KiB", "64 MiB"},
     # the checkpoint examples' inputs (C, R, intervals) and Llama 3's published percentages
     "lesson3": {"5 min", "10 min", "1 h", "3 h", "54 days", "54 días", "78%", "58.7%", "90%",
                 "1 MB", "4 GB", "2 TB/s", "7 TB/s"},
