@@ -22,16 +22,28 @@ from distai.tutor.screens.lesson import LessonScreen
 from distai.tutor.strings import tr
 
 
-def lesson_mastery(store, lesson_id: str) -> float | None:
-    """Mastery from spaced review (``distai.tutor.review.lesson_mastery``) once it exists."""
+def _optional_module(name: str):
     try:
-        review = importlib.import_module("distai.tutor.review")
+        return importlib.import_module(name)
     except ModuleNotFoundError as exc:
-        if exc.name == "distai.tutor.review":
+        if exc.name == name:
             return None
         raise
-    fn = getattr(review, "lesson_mastery", None)
-    return None if fn is None or store is None else fn(store, lesson_id)
+
+
+def lesson_mastery(store, lesson_id: str) -> float | None:
+    """Spaced-review mastery of a lesson (``distai.tutor.review.mastery``: the share of its question
+    kinds in Leitner box 3 or higher), or None before the learner answered any of its questions."""
+    review = _optional_module("distai.tutor.review")
+    quiz = _optional_module("distai.lessons.quiz")
+    if store is None or review is None or quiz is None:
+        return None
+    if not review.review_items(store, lesson_id):
+        return None
+    lesson = resolve_lesson(lesson_id)
+    if _optional_module(f"{lesson.package}.quiz") is None:
+        return None
+    return review.mastery(store, lesson_id, len(quiz.generators(lesson_id)))
 
 
 class DistaiApp(App):
