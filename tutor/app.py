@@ -8,7 +8,6 @@ does not import torch.
 """
 from __future__ import annotations
 
-import importlib
 from functools import partial
 from typing import Iterable
 
@@ -16,34 +15,11 @@ from textual.app import App, SystemCommand
 from textual.screen import Screen
 
 from distai.lessons.registry import LANGUAGES, all_lessons, resolve_lesson
+from distai.tutor.progress import lesson_mastery
 from distai.tutor.screens.help import HelpScreen
 from distai.tutor.screens.home import HomeScreen
 from distai.tutor.screens.lesson import LessonScreen
 from distai.tutor.strings import tr
-
-
-def _optional_module(name: str):
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name == name:
-            return None
-        raise
-
-
-def lesson_mastery(store, lesson_id: str) -> float | None:
-    """Spaced-review mastery of a lesson (``distai.tutor.review.mastery``: the share of its question
-    kinds in Leitner box 3 or higher), or None before the learner answered any of its questions."""
-    review = _optional_module("distai.tutor.review")
-    quiz = _optional_module("distai.lessons.quiz")
-    if store is None or review is None or quiz is None:
-        return None
-    if not review.review_items(store, lesson_id):
-        return None
-    lesson = resolve_lesson(lesson_id)
-    if _optional_module(f"{lesson.package}.quiz") is None:
-        return None
-    return review.mastery(store, lesson_id, len(quiz.generators(lesson_id)))
 
 
 class DistaiApp(App):
