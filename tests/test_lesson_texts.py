@@ -25,7 +25,7 @@ LESSONS = all_lessons()
 RESULT_UNITS = r"ms|µs|GB/s|TB/s|GB|MB|KB|GiB|MiB|KiB|tokens/s|h|min|%|days|días|×"
 CHECKED_LESSONS = {
     # α, the link speed and a compute time of the examples
-    "lesson1": {"5 µs", "25 GB/s", "200 ms", "1 GB", "25 MiB"},
+    "lesson1": {"5 µs", "25 GB/s", "200 ms", "1 GB", "25 MiB", "1 KiB", "64 MiB"},
     # the checkpoint examples' inputs (C, R, intervals) and Llama 3's published percentages
     "lesson3": {"5 min", "10 min", "1 h", "3 h", "54 days", "54 días", "78%", "58.7%", "90%",
                 "1 MB", "4 GB", "2 TB/s", "7 TB/s"},
@@ -320,3 +320,33 @@ def test_textual_markdown_hides_check_comments():
     screen = asyncio.run(render())
     assert "70.07" in screen and "ms" in screen  # the prose is rendered...
     assert "check:" not in screen and "ring_allreduce_time" not in screen  # ...the checks are not
+
+
+# --------------------------------------------------------------------------------------------
+# Calculator commands quoted in code blocks run as written.
+
+
+def _calc_commands():
+    out = []
+    for lesson, step in STEPS:
+        for lang in LANGUAGES:
+            if not lesson.has_step_text(step.key, lang):
+                continue
+            text = lesson.step_text(step.key, lang)
+            for block in re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S):
+                for line in block.splitlines():
+                    if line.strip().startswith("distai calc "):
+                        out.append(pytest.param(line.strip(), id=f"{lesson.id}/{lang}/{step.key}:{line.strip()[12:40]}"))
+    return out
+
+
+@pytest.mark.parametrize("command", _calc_commands())
+def test_quoted_calc_commands_run(command, capsys):
+    import shlex
+
+    from distai.tutor.cli import main
+
+    rc = main(shlex.split(command)[1:])
+    captured = capsys.readouterr()
+    assert rc == 0, f"`{command}` exits {rc}: {captured.err.strip()}"
+    assert captured.out.strip(), f"`{command}` printed nothing"
