@@ -28,11 +28,14 @@ CHECKED_LESSONS = {
     "lesson1": {"5 µs", "25 GB/s", "200 ms"},
     # the checkpoint examples' inputs (C, R, intervals) and Llama 3's published percentages
     "lesson3": {"5 min", "10 min", "1 h", "3 h", "54 days", "54 días", "78%", "58.7%", "90%"},
+    # H100 NVLink (both directions, one direction) and a 400 Gb/s NIC
+    "lesson4": {"900 GB/s", "450 GB/s", "50 GB/s"},
 }
 # Steps that teach with numbers: each needs at least one check in every language.
 NUMERIC_STEPS = {
     "lesson1": {"naive", "all-gather", "alpha-beta", "worked-example", "busbw", "try-it"},
     "lesson3": {"failures", "lost-work", "young-daly", "worked-example"},
+    "lesson4": {"comm", "sequence-parallel", "activation-memory", "vocab-parallel", "inside-a-node"},
 }
 
 
