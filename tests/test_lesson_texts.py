@@ -22,12 +22,16 @@ LESSONS = all_lessons()
 # unless it is one of the lesson's stated inputs or published facts listed here (written the English
 # way; Spanish "12,4 %" is compared as "12.4%"). The others are being written by their engineers: add
 # a lesson here once its text is final.
-RESULT_UNITS = r"ms|µs|GB/s|h|min|%|days|días"
+RESULT_UNITS = r"ms|µs|GB/s|TB/s|GB|MB|KB|GiB|MiB|KiB|tokens/s|h|min|%|days|días|×"
 CHECKED_LESSONS = {
     # α, the link speed and a compute time of the examples
-    "lesson1": {"5 µs", "25 GB/s", "200 ms"},
+    "lesson1": {"5 µs", "25 GB/s", "200 ms", "1 GB", "25 MiB", "1 KiB", "64 MiB"},
     # the checkpoint examples' inputs (C, R, intervals) and Llama 3's published percentages
-    "lesson3": {"5 min", "10 min", "1 h", "3 h", "54 days", "54 días", "78%", "58.7%", "90%"},
+    "lesson3": {"5 min", "10 min", "1 h", "3 h", "54 days", "54 días", "78%", "58.7%", "90%",
+                "1 MB", "4 GB", "2 TB/s", "7 TB/s"},
+    # H100 figures, the examples' prompt and sizes, and the vLLM and DistServe papers' results
+    "lesson7": {"3.35 TB/s", "80 GB", "20.4%", "38.2%", "99%", "5 µs", "50 ms", "4×", "2.1×", "7.4×",
+                "12.6×"},
     # H100 NVLink (both directions, one direction) and a 400 Gb/s NIC
     "lesson4": {"900 GB/s", "450 GB/s", "50 GB/s"},
 }
@@ -36,6 +40,7 @@ NUMERIC_STEPS = {
     "lesson1": {"naive", "all-gather", "alpha-beta", "worked-example", "busbw", "try-it"},
     "lesson3": {"failures", "lost-work", "young-daly", "worked-example"},
     "lesson4": {"comm", "sequence-parallel", "activation-memory", "vocab-parallel", "inside-a-node"},
+    "lesson7": {"prefill-decode", "kv-bytes", "tp-decode", "paged", "slo", "planner", "disaggregation"},
 }
 
 
@@ -202,6 +207,8 @@ def test_checked_lessons_have_no_unchecked_results(lesson_id):
             prose = re.sub(r"```.*?```", "", tc.visible_text(md), flags=re.S)  # commands, code
             prose = re.sub(r"`[^`]*`", "", prose)
             for m in unit_re.finditer(prose):
+                if m.group(1).endswith("×") and re.match(r"\s*\d", prose[m.end():]):
+                    continue  # a product such as "8192 × 2", not a ratio
                 value = _canonical(m.group(1))
                 if value not in shown and value not in inputs:
                     unchecked.append(f"{lang}/{step.key}: {m.group(1)!r}")
@@ -311,3 +318,33 @@ def test_textual_markdown_hides_check_comments():
     screen = asyncio.run(render())
     assert "70.07" in screen and "ms" in screen  # the prose is rendered...
     assert "check:" not in screen and "ring_allreduce_time" not in screen  # ...the checks are not
+
+
+# --------------------------------------------------------------------------------------------
+# Calculator commands quoted in code blocks run as written.
+
+
+def _calc_commands():
+    out = []
+    for lesson, step in STEPS:
+        for lang in LANGUAGES:
+            if not lesson.has_step_text(step.key, lang):
+                continue
+            text = lesson.step_text(step.key, lang)
+            for block in re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S):
+                for line in block.splitlines():
+                    if line.strip().startswith("distai calc "):
+                        out.append(pytest.param(line.strip(), id=f"{lesson.id}/{lang}/{step.key}:{line.strip()[12:40]}"))
+    return out
+
+
+@pytest.mark.parametrize("command", _calc_commands())
+def test_quoted_calc_commands_run(command, capsys):
+    import shlex
+
+    from distai.tutor.cli import main
+
+    rc = main(shlex.split(command)[1:])
+    captured = capsys.readouterr()
+    assert rc == 0, f"`{command}` exits {rc}: {captured.err.strip()}"
+    assert captured.out.strip(), f"`{command}` printed nothing"
