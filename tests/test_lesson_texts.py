@@ -30,6 +30,9 @@ CHECKED_LESSONS = {
     "lesson3": {"5 min", "10 min", "1 h", "3 h", "54 days", "54 días", "78%", "58.7%", "90%",
                 "1 MB", "4 GB", "2 TB/s", "7 TB/s"},
     # H100 figures, the examples' prompt and sizes, and the vLLM and DistServe papers' results
+    # GPU capacities, the replicated floors 4Ψ/2Ψ of the 7.5B example, and traffic ratios the experiment
+    # measures (not formulas: its printout shows them)
+    "lesson2": {"80 GB", "30 GB", "15 GB", "1.00×", "1.50×", "2.00×"},
     "lesson7": {"3.35 TB/s", "80 GB", "20.4%", "38.2%", "99%", "5 µs", "50 ms", "4×", "2.1×", "7.4×",
                 "12.6×"},
     # H100 NVLink (both directions, one direction) and a 400 Gb/s NIC
@@ -39,6 +42,8 @@ CHECKED_LESSONS = {
 NUMERIC_STEPS = {
     "lesson1": {"naive", "all-gather", "alpha-beta", "worked-example", "busbw", "try-it"},
     "lesson3": {"failures", "lost-work", "young-daly", "worked-example"},
+    "lesson2": {"copies", "bytes", "zero1", "zero2", "zero3", "worked-example", "traffic", "next-limits",
+                "what-fits"},
     "lesson4": {"comm", "sequence-parallel", "activation-memory", "vocab-parallel", "inside-a-node"},
     "lesson7": {"prefill-decode", "kv-bytes", "tp-decode", "paged", "slo", "planner", "disaggregation"},
 }
