@@ -35,6 +35,8 @@ CHECKED_LESSONS = {
     "lesson2": {"80 GB", "30 GB", "15 GB", "1.00×", "1.50×", "2.00×"},
     "lesson7": {"3.35 TB/s", "80 GB", "20.4%", "38.2%", "99%", "5 µs", "50 ms", "4×", "2.1×", "7.4×",
                 "12.6×"},
+    # H100 NVLink (both directions, one direction) and a 400 Gb/s NIC
+    "lesson4": {"900 GB/s", "450 GB/s", "50 GB/s"},
 }
 # Steps that teach with numbers: each needs at least one check in every language.
 NUMERIC_STEPS = {
@@ -42,6 +44,7 @@ NUMERIC_STEPS = {
     "lesson3": {"failures", "lost-work", "young-daly", "worked-example"},
     "lesson2": {"copies", "bytes", "zero1", "zero2", "zero3", "worked-example", "traffic", "next-limits",
                 "what-fits"},
+    "lesson4": {"comm", "sequence-parallel", "activation-memory", "vocab-parallel", "inside-a-node"},
     "lesson7": {"prefill-decode", "kv-bytes", "tp-decode", "paged", "slo", "planner", "disaggregation"},
 }
 
