@@ -264,7 +264,7 @@ async def test_code_step_shows_the_real_engine_source():
         app.push_screen(LessonScreen(lesson))
         await pilot.pause()
         code = app.screen.query_one("#code", Static)
-        assert code.display
+        assert app.screen.query_one("#code-box").display
         syntax = code.content
         assert syntax.code.rstrip() == read_source("distai.engine.runtime:init_distributed").source.rstrip()
         assert syntax.code.startswith("def init_distributed(")
@@ -280,7 +280,7 @@ async def test_code_step_with_a_missing_name_says_so():
         await pilot.pause()
         title = plain(app.screen.query_one("#code-title"))
         assert "Source not available" in title and "has no no_such_function" in title
-        assert not app.screen.query_one("#code").display
+        assert not app.screen.query_one("#code-box").display
 
 
 @pytest.mark.parametrize("size", [(80, 24), (100, 30), (120, 40)])
