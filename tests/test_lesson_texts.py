@@ -28,11 +28,15 @@ CHECKED_LESSONS = {
     "lesson1": {"5 µs", "25 GB/s", "200 ms"},
     # the checkpoint examples' inputs (C, R, intervals) and Llama 3's published percentages
     "lesson3": {"5 min", "10 min", "1 h", "3 h", "54 days", "54 días", "78%", "58.7%", "90%"},
+    # α, link speeds and the per-layer backward time of the examples
+    "lesson6": {"5 µs", "30 µs", "25 GB/s", "10 GB/s", "2 ms"},
 }
 # Steps that teach with numbers: each needs at least one check in every language.
 NUMERIC_STEPS = {
     "lesson1": {"naive", "all-gather", "alpha-beta", "worked-example", "busbw", "try-it"},
     "lesson3": {"failures", "lost-work", "young-daly", "worked-example"},
+    "lesson6": {"formats", "master-weights", "underflow", "loss-scaling", "dynamic", "bf16", "buckets",
+                "limits"},
 }
 
 
