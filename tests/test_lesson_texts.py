@@ -22,14 +22,19 @@ LESSONS = all_lessons()
 # unless it is one of the lesson's stated inputs or published facts listed here (written the English
 # way; Spanish "12,4 %" is compared as "12.4%"). The others are being written by their engineers: add
 # a lesson here once its text is final.
-RESULT_UNITS = r"ms|µs|GB/s|h|min|%|days|días"
+RESULT_UNITS = r"ms|µs|GB/s|TB/s|GB|MB|KB|GiB|MiB|KiB|tokens/s|h|min|%|days|días|×"
 CHECKED_LESSONS = {
     # α, the link speed and a compute time of the examples
-    "lesson1": {"5 µs", "25 GB/s", "200 ms"},
+    "lesson1": {"5 µs", "25 GB/s", "200 ms", "1 GB", "25 MiB"},
     # the checkpoint examples' inputs (C, R, intervals) and Llama 3's published percentages
-    "lesson3": {"5 min", "10 min", "1 h", "3 h", "54 days", "54 días", "78%", "58.7%", "90%"},
-    # α, link speeds and the per-layer backward time of the examples
-    "lesson6": {"5 µs", "30 µs", "25 GB/s", "10 GB/s", "2 ms"},
+    "lesson3": {"5 min", "10 min", "1 h", "3 h", "54 days", "54 días", "78%", "58.7%", "90%",
+                "1 MB", "4 GB", "2 TB/s", "7 TB/s"},
+    # H100 figures, the examples' prompt and sizes, and the vLLM and DistServe papers' results
+    "lesson7": {"3.35 TB/s", "80 GB", "20.4%", "38.2%", "99%", "5 µs", "50 ms", "4×", "2.1×", "7.4×",
+                "12.6×"},
+    # α, link speeds, sizes and the per-layer backward time of the examples
+    "lesson6": {"5 µs", "30 µs", "25 GB/s", "10 GB/s", "2 ms", "1 MiB", "4 MiB", "2 MiB", "25 MiB",
+                "0.25 MiB"},
 }
 # Steps that teach with numbers: each needs at least one check in every language.
 NUMERIC_STEPS = {
@@ -37,6 +42,7 @@ NUMERIC_STEPS = {
     "lesson3": {"failures", "lost-work", "young-daly", "worked-example"},
     "lesson6": {"formats", "master-weights", "underflow", "loss-scaling", "dynamic", "bf16", "buckets",
                 "limits"},
+    "lesson7": {"prefill-decode", "kv-bytes", "tp-decode", "paged", "slo", "planner", "disaggregation"},
 }
 
 
@@ -203,6 +209,8 @@ def test_checked_lessons_have_no_unchecked_results(lesson_id):
             prose = re.sub(r"```.*?```", "", tc.visible_text(md), flags=re.S)  # commands, code
             prose = re.sub(r"`[^`]*`", "", prose)
             for m in unit_re.finditer(prose):
+                if m.group(1).endswith("×") and re.match(r"\s*\d", prose[m.end():]):
+                    continue  # a product such as "8192 × 2", not a ratio
                 value = _canonical(m.group(1))
                 if value not in shown and value not in inputs:
                     unchecked.append(f"{lang}/{step.key}: {m.group(1)!r}")
