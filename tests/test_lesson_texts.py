@@ -25,16 +25,23 @@ LESSONS = all_lessons()
 RESULT_UNITS = r"ms|µs|GB/s|TB/s|GB|MB|KB|GiB|MiB|KiB|tokens/s|h|min|%|days|días|×"
 CHECKED_LESSONS = {
     # α, the link speed and a compute time of the examples
-    "lesson1": {"5 µs", "25 GB/s", "200 ms", "1 GB", "25 MiB"},
+    "lesson1": {"5 µs", "25 GB/s", "200 ms", "1 GB", "25 MiB", "1 KiB", "64 MiB"},
     # the checkpoint examples' inputs (C, R, intervals) and Llama 3's published percentages
     "lesson3": {"5 min", "10 min", "1 h", "3 h", "54 days", "54 días", "78%", "58.7%", "90%",
                 "1 MB", "4 GB", "2 TB/s", "7 TB/s"},
+    # GPU capacities, the replicated floors 4Ψ/2Ψ of the 7.5B example, and traffic ratios the experiment
+    # measures (not formulas: its printout shows them)
+    "lesson2": {"80 GB", "30 GB", "15 GB", "1.00×", "1.50×", "2.00×"},
+    # lesson 5 quotes no inputs with units: every percentage and ratio is a formula result
+    "lesson5": set(),
     # H100 figures, the examples' prompt and sizes, and the vLLM and DistServe papers' results
     "lesson7": {"3.35 TB/s", "80 GB", "20.4%", "38.2%", "99%", "5 µs", "50 ms", "4×", "2.1×", "7.4×",
                 "12.6×"},
     # α, link speeds, sizes and the per-layer backward time of the examples
     "lesson6": {"5 µs", "30 µs", "25 GB/s", "10 GB/s", "2 ms", "1 MiB", "4 MiB", "2 MiB", "25 MiB",
                 "0.25 MiB"},
+    # H100 NVLink (both directions, one direction) and a 400 Gb/s NIC
+    "lesson4": {"900 GB/s", "450 GB/s", "50 GB/s"},
 }
 # Steps that teach with numbers: each needs at least one check in every language.
 NUMERIC_STEPS = {
@@ -42,6 +49,11 @@ NUMERIC_STEPS = {
     "lesson3": {"failures", "lost-work", "young-daly", "worked-example"},
     "lesson6": {"formats", "master-weights", "underflow", "loss-scaling", "dynamic", "bf16", "buckets",
                 "limits"},
+    "lesson2": {"copies", "bytes", "zero1", "zero2", "zero3", "worked-example", "traffic", "next-limits",
+                "what-fits"},
+    "lesson4": {"comm", "sequence-parallel", "activation-memory", "vocab-parallel", "inside-a-node"},
+    "lesson5": {"stages", "microbatches", "gpipe", "1f1b", "same-time", "bubble", "interleaved", "warmup",
+                "run-it"},
     "lesson7": {"prefill-decode", "kv-bytes", "tp-decode", "paged", "slo", "planner", "disaggregation"},
 }
 
@@ -320,3 +332,33 @@ def test_textual_markdown_hides_check_comments():
     screen = asyncio.run(render())
     assert "70.07" in screen and "ms" in screen  # the prose is rendered...
     assert "check:" not in screen and "ring_allreduce_time" not in screen  # ...the checks are not
+
+
+# --------------------------------------------------------------------------------------------
+# Calculator commands quoted in code blocks run as written.
+
+
+def _calc_commands():
+    out = []
+    for lesson, step in STEPS:
+        for lang in LANGUAGES:
+            if not lesson.has_step_text(step.key, lang):
+                continue
+            text = lesson.step_text(step.key, lang)
+            for block in re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S):
+                for line in block.splitlines():
+                    if line.strip().startswith("distai calc "):
+                        out.append(pytest.param(line.strip(), id=f"{lesson.id}/{lang}/{step.key}:{line.strip()[12:40]}"))
+    return out
+
+
+@pytest.mark.parametrize("command", _calc_commands())
+def test_quoted_calc_commands_run(command, capsys):
+    import shlex
+
+    from distai.tutor.cli import main
+
+    rc = main(shlex.split(command)[1:])
+    captured = capsys.readouterr()
+    assert rc == 0, f"`{command}` exits {rc}: {captured.err.strip()}"
+    assert captured.out.strip(), f"`{command}` printed nothing"

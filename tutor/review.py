@@ -188,3 +188,13 @@ def review_questions(store, count: int, lang: str, seed: int | None = None, now:
         seed = random.SystemRandom().randrange(2 ** 31)
     return [make_question(i.lesson_id, i.kind, question_seed(seed, i.lesson_id, i.kind, n), lang)
             for n, i in enumerate(items)]
+
+
+def lesson_mastery(store, lesson_id: str) -> float | None:
+    """The home screen's mastery figure: :func:`mastery` over the lesson's question kinds, or None
+    when the learner has not answered any of its questions yet."""
+    from distai.lessons.quiz import generators
+
+    if not store.quiz_answers(lesson_id):
+        return None
+    return mastery(store, lesson_id, len(generators(lesson_id)))
