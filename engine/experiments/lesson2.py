@@ -531,6 +531,10 @@ def _print_table(rows, num_params, world, args):
     if any(r[0] == "fsdp2" for r in rows) and dist.get_backend() == "gloo":
         print("(fsdp2 on gloo: torch's gloo reduce_scatter_tensor runs an all-reduce of a copy, so its "
               "gradient traffic is 2x a real reduce-scatter; ours uses all_to_all_single instead)")
+    if args.precision != "fp32":
+        print("(bf16: ddp and the single-process reference use torch autocast, which keeps fp32 parameters "
+              "and all-reduces fp32 gradients; our ZeRO keeps bf16 parameters/gradients and an fp32 master "
+              "copy, so parameters differ from the reference at bf16 precision, ~1e-2)")
     if ddp_sent:
         ratios = ", ".join(f"{s} {sent / ddp_sent:.2f}x" for s, _, _, sent, *_ in rows)
         print(f"traffic relative to DDP: {ratios}")
