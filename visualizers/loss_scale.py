@@ -374,6 +374,11 @@ class LossScaleVisualizer(LessonVisualizer):
     def feed_event(self, event: dict) -> None:
         kind = event.get("kind")
         rank = event.get("rank", 0)
+        if kind == "run_start":  # a new run replaces the previous one's data
+            self.live = LiveRun()
+            self.live_bucket = None
+            self.hist_index = None
+            return
         if kind == "timeline":
             if self.live.rank is None:
                 self.live.rank = rank
