@@ -42,6 +42,19 @@ def lesson_or_fail(name: str):
         raise CliError(str(exc)) from None
 
 
+def open_progress():
+    """The progress store; a recovered (moved-aside) database is reported on stderr, once."""
+    from distai.tutor.progress import ProgressError, ProgressStore
+
+    try:
+        store = ProgressStore()
+    except ProgressError as exc:
+        raise CliError(str(exc), code=1) from None
+    if store.recovered_from:
+        typer.echo(f"distai: warning: {store.recovered_from}", err=True)
+    return store
+
+
 def not_yet_available(what: str) -> None:
     raise CliError(f"{what} is not yet available in this version of distai")
 
@@ -95,19 +108,30 @@ def lessons(
         language = detect_language(lang)
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    rows = [
-        {"id": l.id, "number": l.number, "slug": l.slug, "title": l.title[language],
-         "duration_min": l.duration_min, "steps": len(l.steps)}
-        for l in all_lessons()
-    ]
+    store = open_progress()
+    summary = store.summary()
+    store.close()
+    rows = []
+    for l in all_lessons():
+        p = summary[l.id]
+        rows.append({"id": l.id, "number": l.number, "slug": l.slug, "title": l.title[language],
+                     "duration_min": l.duration_min, "steps": len(l.steps),
+                     "steps_done": p["steps_done"], "steps_total": p["steps_total"],
+                     "best_quiz": p["best_quiz"], "runs": p["runs"]})
     if as_json:
         typer.echo(json.dumps(rows, ensure_ascii=False, indent=2))
         return
+    width = max(len(r["title"]) for r in rows)
+    head = {"en": ("lesson", "min", "steps", "quiz", "runs"),
+            "es": ("lección", "min", "pasos", "quiz", "runs")}[language]
+    typer.echo(f" #  {head[0]:<{width}}  {head[1]:>3}  {head[2]:>5}  {head[3]:>4}  {head[4]:>4}  slug")
     for r in rows:
-        typer.echo(f"{r['number']}. {r['title']} — {r['duration_min']} min ({r['slug']})")
+        quiz_txt = "—" if r["best_quiz"] is None else f"{round(100 * r['best_quiz'])}%"
+        steps_txt = f"{r['steps_done']}/{r['steps_total']}"
+        typer.echo(f" {r['number']}  {r['title']:<{width}}  {r['duration_min']:>3}  {steps_txt:>5}  "
+                   f"{quiz_txt:>4}  {r['runs']:>4}  {r['slug']}")
 
 
-@app.command()
 def quiz(
     lesson: Optional[str] = typer.Argument(None, help="Lesson: 1-7, lessonN or its slug."),
     count: int = typer.Option(5, "--count", "-n", help="How many questions."),
@@ -121,7 +145,6 @@ def quiz(
     not_yet_available("distai quiz")
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def run(
     ctx: typer.Context,
     lesson: str = typer.Argument(..., help="Lesson: 1-7, lessonN or its slug."),
@@ -129,6 +152,47 @@ def run(
     """Launch the lesson's real torch.distributed experiment."""
     lesson_or_fail(lesson)
     not_yet_available("distai run")
+
+
+# --- sub-commands that live in their own modules ------------------------------------------------
+# A module ``distai.tutor.cli_<name>`` registers its commands on import, e.g.
+#     from distai.tutor.cli import app, calc_app, CliError, lesson_or_fail
+#     @app.command()
+#     def quiz(...): ...
+# It must import nothing heavy (torch, numpy, textual) at module level: `distai --help` imports it.
+# Placeholder commands below are registered only for names no module claimed.
+COMMAND_MODULES = ("cli_calc", "cli_quiz", "cli_run", "cli_runs")
+_PLACEHOLDERS = {
+    "quiz": (quiz, {}),
+    "run": (run, {"context_settings": {"allow_extra_args": True, "ignore_unknown_options": True}}),
+}
+
+
+def _registered_names() -> set[str]:
+    names = set()
+    for info in app.registered_commands:
+        names.add(info.name or info.callback.__name__.replace("_", "-"))
+    return names
+
+
+def _load_command_modules() -> None:
+    import importlib
+
+    for name in COMMAND_MODULES:
+        full = f"distai.tutor.{name}"
+        try:
+            importlib.import_module(full)
+        except ModuleNotFoundError as exc:
+            if exc.name != full:
+                raise
+    taken = _registered_names()
+    for name, (func, kwargs) in _PLACEHOLDERS.items():
+        if name not in taken:
+            app.command(name, **kwargs)(func)
+
+
+if __name__ != "__main__":  # `python -m distai.tutor.cli` delegates to the imported module
+    _load_command_modules()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,4 +221,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from distai.tutor.cli import main as _main
+
+    sys.exit(_main())

@@ -1,0 +1,213 @@
+"""Lesson 1 formulas: the cost of all-reduce (and its halves) in the alpha-beta model.
+
+The alpha-beta (Hockney) model: sending one message of ``S`` bytes over one link costs
+``alpha + S * beta`` seconds, ``alpha`` the latency per message (s) and ``beta`` the time per
+byte (s/B, the inverse of the link bandwidth). Every rank has one full-duplex link (it can send
+one message and receive one message at the same time); messages a rank sends one after the
+other are serialised. Reduction arithmetic is free.
+
+Sources:
+- Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms for clusters of workstations",
+  J. Parallel Distrib. Comput. 69(2), 2009 (the ring all-reduce and its optimality).
+- Thakur, Rabenseifner & Gropp, "Optimization of collective communication operations in MPICH",
+  IJHPCA 19(1), 2005 (alpha-beta costs of ring, binomial-tree and naive collectives, Sec. 4).
+- NVIDIA nccl-tests, doc/PERFORMANCE.md (algbw and busbw definitions).
+
+Sizes are in bytes, times in seconds. Pure Python: no torch, no numpy.
+"""
+from __future__ import annotations
+
+import math
+
+ALGORITHMS = ("ring", "tree", "naive")
+
+
+def _check_n(n: int) -> int:
+    if int(n) != n or n < 1:
+        raise ValueError(f"the number of ranks must be a positive integer, got {n!r}")
+    return int(n)
+
+
+def _check_size(size_bytes: float) -> float:
+    if not (size_bytes >= 0) or math.isinf(size_bytes):
+        raise ValueError(f"the message size must be a finite number of bytes >= 0, got {size_bytes!r}")
+    return size_bytes
+
+
+def _check_alpha_beta(alpha: float, beta: float) -> None:
+    if not (alpha >= 0) or not (beta >= 0) or math.isinf(alpha) or math.isinf(beta):
+        raise ValueError("alpha and beta must be finite and >= 0")
+
+
+def ring_allreduce_time(size_bytes: float, n: int, alpha: float, beta: float) -> float:
+    """Time of a ring all-reduce of ``size_bytes`` on ``n`` ranks: 2(n-1)α + 2(n-1)/n·S·β.
+
+    The buffer is cut into n chunks of S/n bytes. Reduce-scatter: n-1 steps, in each every rank
+    sends one chunk to its right neighbour and adds the chunk it receives from its left one. All-gather:
+    n-1 more steps passing the finished chunks around. 2(n-1) steps of one S/n-byte message each
+    (Patarasuk & Yuan 2009; Thakur et al. 2005, Sec. 4.4). n = 1 costs nothing.
+    """
+    n = _check_n(n)
+    _check_size(size_bytes)
+    _check_alpha_beta(alpha, beta)
+    if n == 1:
+        return 0.0
+    return 2 * (n - 1) * alpha + 2 * (n - 1) / n * size_bytes * beta
+
+
+def ring_reduce_scatter_time(size_bytes: float, n: int, alpha: float, beta: float) -> float:
+    """Ring reduce-scatter of an ``size_bytes`` input on ``n`` ranks: (n-1)α + (n-1)/n·S·β.
+
+    The first half of the ring all-reduce (Thakur et al. 2005, Sec. 4.5): n-1 steps of S/n bytes;
+    each rank ends with one fully reduced S/n chunk.
+    """
+    n = _check_n(n)
+    _check_size(size_bytes)
+    _check_alpha_beta(alpha, beta)
+    if n == 1:
+        return 0.0
+    return (n - 1) * alpha + (n - 1) / n * size_bytes * beta
+
+
+def ring_allgather_time(size_bytes: float, n: int, alpha: float, beta: float) -> float:
+    """Ring all-gather producing ``size_bytes`` (the full output) on ``n`` ranks: (n-1)α + (n-1)/n·S·β.
+
+    Each rank starts with S/n bytes and passes chunks around the ring for n-1 steps
+    (Thakur et al. 2005, Sec. 4.1): the second half of the ring all-reduce.
+    """
+    n = _check_n(n)
+    _check_size(size_bytes)
+    _check_alpha_beta(alpha, beta)
+    if n == 1:
+        return 0.0
+    return (n - 1) * alpha + (n - 1) / n * size_bytes * beta
+
+
+def naive_allreduce_time(size_bytes: float, n: int, alpha: float, beta: float) -> float:
+    """Naive all-reduce: every rank sends its whole buffer to rank 0, which adds them and sends
+    the result back to each rank in turn: 2(n-1)(α + S·β).
+
+    Rank 0's single link receives n-1 full messages one after the other (reduce), then sends n-1 full
+    messages one after the other (broadcast): 2(n-1) serialised steps of S bytes each. The busiest link
+    carries (n-1)·S bytes each way — it grows with n, where the ring's stays below 2S.
+    """
+    n = _check_n(n)
+    _check_size(size_bytes)
+    _check_alpha_beta(alpha, beta)
+    if n == 1:
+        return 0.0
+    return 2 * (n - 1) * (alpha + size_bytes * beta)
+
+
+def tree_depth(n: int) -> int:
+    """Rounds of a binomial tree over ``n`` ranks: ⌈log2 n⌉ (0 for n = 1)."""
+    n = _check_n(n)
+    return (n - 1).bit_length()
+
+
+def tree_allreduce_time(size_bytes: float, n: int, alpha: float, beta: float) -> float:
+    """Tree all-reduce: a binomial-tree reduce to rank 0, then a binomial-tree broadcast back:
+    2⌈log2 n⌉(α + S·β).
+
+    Model (Thakur et al. 2005, Sec. 4.2 and 4.6, "binomial tree" reduce and broadcast, whole
+    messages, no pipelining): in round k = 1..⌈log2 n⌉ of the reduce, every rank whose index has bit
+    k-1 set (and no lower bit) sends its whole partial sum of S bytes to the rank 2^(k-1) below it;
+    the broadcast mirrors this. Each round is one message of S bytes, so 2⌈log2 n⌉ steps — few steps
+    (good for latency) but each moves the whole buffer (poor bandwidth). NCCL's own "tree" pipelines
+    chunks through a double binary tree and behaves differently; this is the textbook tree.
+    """
+    n = _check_n(n)
+    _check_size(size_bytes)
+    _check_alpha_beta(alpha, beta)
+    return 2 * tree_depth(n) * (alpha + size_bytes * beta)
+
+
+def allreduce_time(size_bytes: float, n: int, alpha: float, beta: float, algorithm: str = "ring") -> float:
+    """Dispatch to :func:`ring_allreduce_time`, :func:`tree_allreduce_time` or :func:`naive_allreduce_time`."""
+    funcs = {"ring": ring_allreduce_time, "tree": tree_allreduce_time, "naive": naive_allreduce_time}
+    if algorithm not in funcs:
+        raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
+    return funcs[algorithm](size_bytes, n, alpha, beta)
+
+
+def allreduce_steps(n: int, algorithm: str = "ring") -> int:
+    """Serialised message steps on the critical path: ring 2(n-1), tree 2⌈log2 n⌉, naive 2(n-1).
+
+    Same models as the ``*_allreduce_time`` functions: the α term is ``steps × α``.
+    """
+    n = _check_n(n)
+    if algorithm == "ring" or algorithm == "naive":
+        return 2 * (n - 1)
+    if algorithm == "tree":
+        return 2 * tree_depth(n)
+    raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
+
+
+def allreduce_bytes_per_rank(size_bytes: float, n: int, algorithm: str = "ring") -> float:
+    """Bytes sent by the busiest rank during one all-reduce of ``size_bytes`` (it receives as many).
+
+    - ring: every rank sends 2(n-1)/n·S (2(n-1) chunks of S/n) — the same on every rank;
+    - tree (binomial): the root sends ⌈log2 n⌉·S in the broadcast (and received as much in the reduce);
+    - naive: rank 0 sends (n-1)·S in the broadcast (and received (n-1)·S in the reduce).
+    This is also the bytes the busiest link carries in each direction.
+    """
+    n = _check_n(n)
+    _check_size(size_bytes)
+    if algorithm == "ring":
+        return 2 * (n - 1) / n * size_bytes
+    if algorithm == "tree":
+        return tree_depth(n) * size_bytes
+    if algorithm == "naive":
+        return (n - 1) * size_bytes
+    raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
+
+
+def ring_busiest_link_bytes(size_bytes: float, n: int) -> float:
+    """Bytes on any ring link, one direction, for one ring all-reduce: 2(n-1)/n·S (< 2S for all n).
+
+    Every link of the ring is equally loaded, which is why the ring is bandwidth-optimal
+    (Patarasuk & Yuan 2009, Sec. 3: no all-reduce can send less than 2(n-1)/n·S per rank).
+    """
+    return allreduce_bytes_per_rank(size_bytes, n, "ring")
+
+
+def busbw_factor(n: int) -> float:
+    """nccl-tests' all-reduce bus-bandwidth factor 2(n-1)/n (doc/PERFORMANCE.md, "AllReduce")."""
+    n = _check_n(n)
+    return 2 * (n - 1) / n
+
+
+def algbw(size_bytes: float, time_s: float) -> float:
+    """Algorithm bandwidth S / t in bytes/s (nccl-tests doc/PERFORMANCE.md, "Algorithm bandwidth")."""
+    _check_size(size_bytes)
+    if not (time_s > 0) or math.isinf(time_s):
+        raise ValueError(f"the time must be a finite number of seconds > 0, got {time_s!r}")
+    return size_bytes / time_s
+
+
+def busbw(size_bytes: float, time_s: float, n: int) -> float:
+    """Bus bandwidth of an all-reduce: algbw × 2(n-1)/n (nccl-tests doc/PERFORMANCE.md, "Bus bandwidth").
+
+    It is the per-link bandwidth the ring actually achieved, comparable to the hardware's peak
+    whatever the number of ranks.
+    """
+    return algbw(size_bytes, time_s) * busbw_factor(n)
+
+
+def alpha_beta_fit(sizes_bytes: list[float], times_s: list[float]) -> tuple[float, float]:
+    """Least-squares fit of t = a + b·S to measured all-reduce times; returns (a, b).
+
+    For a ring on n ranks, a = 2(n-1)α and b = 2(n-1)/n·β (from :func:`ring_allreduce_time`), so
+    α = a / (2(n-1)) and β = b / busbw_factor(n). Ordinary least squares, closed form.
+    """
+    if len(sizes_bytes) != len(times_s) or len(sizes_bytes) < 2:
+        raise ValueError("need at least two (size, time) pairs of equal length")
+    k = len(sizes_bytes)
+    mean_s = sum(sizes_bytes) / k
+    mean_t = sum(times_s) / k
+    var = sum((s - mean_s) ** 2 for s in sizes_bytes)
+    if var == 0:
+        raise ValueError("the sizes must not all be equal")
+    cov = sum((s - mean_s) * (t - mean_t) for s, t in zip(sizes_bytes, times_s))
+    b = cov / var
+    return mean_t - b * mean_s, b

@@ -1,0 +1,78 @@
+"""Lesson 4 formulas: the communication of Megatron-style tensor parallelism per transformer layer.
+
+Sources:
+- Shoeybi et al., "Megatron-LM: Training Multi-Billion Parameter Language Models Using Model
+  Parallelism", arXiv:1909.08053, Sec. 3 and Fig. 4: the f and g operators; 2 all-reduces in the
+  forward and 2 in the backward pass of each transformer layer.
+- Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models",
+  arXiv:2205.05198, Sec. 4.2.2: with sequence parallelism each all-reduce becomes a reduce-scatter
+  (g) paired with an all-gather (f); same bytes, activations between them sharded by t.
+- Ring costs from :mod:`distai.lessons.lesson1.formulas` (Thakur et al. 2005).
+
+Activation memory per layer (Korthikanti Table 2) lives in
+:func:`distai.lessons.lesson2.formulas.activation_bytes_per_layer`, re-exported here.
+Pure Python.
+"""
+from __future__ import annotations
+
+from distai.lessons.lesson1.formulas import (
+    ring_allgather_time,
+    ring_allreduce_time,
+    ring_reduce_scatter_time,
+)
+from distai.lessons.lesson2.formulas import _count, activation_bytes_per_layer  # noqa: F401
+
+
+def tp_comm_per_layer(hidden: int, seq: int, micro_batch: int, tp: int, sequence_parallel: bool = False,
+                      bytes_per_elem: int = 2, alpha: float | None = None, beta: float | None = None) -> dict:
+    """Collectives and bytes one rank sends per transformer layer under tensor parallelism of degree t.
+
+    Without sequence parallelism (Megatron-LM Sec. 3): forward — g after the attention block and g
+    after the MLP: 2 all-reduces of the s·b·h activation; backward — f before each block: 2 all-reduces
+    of the s·b·h input gradient. With sequence parallelism (Korthikanti Sec. 4.2.2): per direction
+    2 all-gathers (producing s·b·h from s·b·h/t shards) and 2 reduce-scatters (of s·b·h into s·b·h/t).
+    An all-reduce is a reduce-scatter plus an all-gather, so the bytes are the same. With a ring, an
+    all-reduce of X bytes sends 2(t-1)/t·X per rank; an all-gather or a reduce-scatter (t-1)/t·X.
+
+    Returns {"tensor_bytes": s·b·h·bytes, "forward": {op: count}, "backward": {op: count},
+    "forward_bytes_per_rank", "backward_bytes_per_rank", "total_bytes_per_rank",
+    and, when ``alpha`` and ``beta`` are given, "forward_time_s", "backward_time_s", "total_time_s"}.
+    (The small all-reduce of the layer-norm weight gradients that SP needs is not counted.)
+    """
+    h = _count(hidden, "the hidden size")
+    s = _count(seq, "the sequence length")
+    b = _count(micro_batch, "the micro-batch size")
+    t = _count(tp, "the tensor-parallel degree")
+    e = _count(bytes_per_elem, "the bytes per element")
+    x = s * b * h * e
+    if sequence_parallel:
+        ops = {"all_gather": 2, "reduce_scatter": 2}
+        per_dir = 2 * (t - 1) / t * x + 2 * (t - 1) / t * x
+    else:
+        ops = {"all_reduce": 2}
+        per_dir = 2 * (2 * (t - 1) / t * x)
+    out = {
+        "tensor_bytes": x,
+        "forward": dict(ops),
+        "backward": dict(ops),
+        "forward_bytes_per_rank": per_dir,
+        "backward_bytes_per_rank": per_dir,
+        "total_bytes_per_rank": 2 * per_dir,
+    }
+    if alpha is not None and beta is not None:
+        if sequence_parallel:
+            one_dir = 2 * ring_allgather_time(x, t, alpha, beta) + 2 * ring_reduce_scatter_time(x, t, alpha, beta)
+        else:
+            one_dir = 2 * ring_allreduce_time(x, t, alpha, beta)
+        out["forward_time_s"] = one_dir
+        out["backward_time_s"] = one_dir
+        out["total_time_s"] = 2 * one_dir
+    return out
+
+
+def tp_activation_saving(seq: int, micro_batch: int, hidden: int, heads: int, tp: int) -> float:
+    """Ratio of per-layer activation memory without to with sequence parallelism at the same t
+    (Korthikanti Table 2): (10 + 24/t + 5as/(ht)) / ((34 + 5as/h)/t)."""
+    without = activation_bytes_per_layer(seq, micro_batch, hidden, heads, tp, False)
+    with_sp = activation_bytes_per_layer(seq, micro_batch, hidden, heads, tp, True)
+    return without / with_sp

@@ -1,0 +1,287 @@
+"""Parsing and formatting of counts, sizes, times and bandwidths, in English and Spanish.
+
+Accepted inputs (case of the unit letters matters only for ``b``/``B`` in bandwidths):
+- counts (parameters, tokens): ``7.5B``, ``175e9``, ``70b``, ``1.3M``, ``13k``, ``1T`` (Spanish: ``7,5B``);
+- sizes in bytes: ``64MiB``, ``2GB``, ``16.6 GB``, ``1.66e10``, ``512`` (bytes), ``320 KiB``;
+  decimal prefixes are powers of 1000 (kB, MB, GB, TB, PB), binary ones of 1024 (KiB, MiB, GiB, TiB);
+- times: ``5us``, ``5µs``, ``1.5ms``, ``10s``, ``30min``, ``2h``, ``1d``, ``1 week``; a bare number is seconds;
+- bandwidths in bytes/s: ``100GB/s``, ``900 GB/s``, ``400Gb/s`` or ``400Gbps`` (bits), a bare number is B/s.
+Numbers may use a decimal comma (``16,6 GB``): a single comma is a decimal separator unless it is
+followed by exactly three digits in English (``1,000`` = one thousand); with both ``.`` and ``,`` the
+last one is the decimal separator (``1.234,5`` = ``1,234.5``); a single dot is always a decimal
+point; ``_`` and spaces between digit groups are ignored. Errors raise :class:`UnitError` (a ValueError) with a one-line message.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+__all__ = [
+    "UnitError", "parse_number", "parse_count", "parse_bytes", "parse_time", "parse_bandwidth",
+    "parse_quantity", "format_number", "format_bytes", "format_count", "format_time",
+    "format_bandwidth", "format_percent", "BYTE_UNITS", "TIME_UNITS",
+]
+
+
+class UnitError(ValueError):
+    """A value or unit that cannot be understood."""
+
+
+BYTE_UNITS = {
+    "b": 1, "byte": 1, "bytes": 1, "octet": 1, "octets": 1,
+    "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "pb": 1e15,
+    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40, "pib": 1 << 50,
+    "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12,
+}
+COUNT_UNITS = {
+    "": 1, "k": 1e3, "thousand": 1e3, "m": 1e6, "million": 1e6, "millions": 1e6, "mill": 1e6,
+    "b": 1e9, "bn": 1e9, "billion": 1e9, "billions": 1e9, "g": 1e9, "t": 1e12, "trillion": 1e12,
+}
+TIME_UNITS = {
+    "ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3,
+    "s": 1.0, "sec": 1.0, "secs": 1.0, "second": 1.0, "seconds": 1.0, "seg": 1.0, "segundo": 1.0,
+    "segundos": 1.0,
+    "min": 60.0, "mins": 60.0, "minute": 60.0, "minutes": 60.0, "minuto": 60.0, "minutos": 60.0,
+    "h": 3600.0, "hr": 3600.0, "hrs": 3600.0, "hour": 3600.0, "hours": 3600.0, "hora": 3600.0,
+    "horas": 3600.0,
+    "d": 86400.0, "day": 86400.0, "days": 86400.0, "dia": 86400.0, "día": 86400.0, "dias": 86400.0,
+    "días": 86400.0,
+    "w": 604800.0, "week": 604800.0, "weeks": 604800.0, "semana": 604800.0, "semanas": 604800.0,
+    "y": 365 * 86400.0, "year": 365 * 86400.0, "years": 365 * 86400.0, "año": 365 * 86400.0,
+    "años": 365 * 86400.0,
+}
+
+_NUM_RE = re.compile(r"^\s*([+-]?(?:[0-9][0-9_ .,']*[0-9]|[0-9])?(?:[.,][0-9]+)?(?:[eE][+-]?[0-9]+)?)\s*(.*?)\s*$")
+
+
+def parse_number(text: str, lang: str = "en") -> float:
+    """A plain number with optional decimal comma, thousands separators and exponent."""
+    if not isinstance(text, str):
+        raise UnitError(f"not a number: {text!r}")
+    s = text.strip().replace("\u2212", "-").replace("\u00a0", "").replace("\u202f", "")
+    if not s:
+        raise UnitError("empty value")
+    mant, exp = s, ""
+    m = re.match(r"^(.*?)([eE][+-]?\d+)$", s)
+    if m and re.search(r"\d", m.group(1)):
+        mant, exp = m.group(1), m.group(2)
+    sign = ""
+    if mant[:1] in "+-":
+        sign, mant = mant[0], mant[1:]
+    if not mant or not re.fullmatch(r"[0-9_ .,']*", mant) or not re.search(r"\d", mant):
+        raise UnitError(f"not a number: {text!r}")
+    mant = mant.replace("_", "").replace(" ", "").replace("'", "")
+    dots, commas = mant.count("."), mant.count(",")
+    if dots and commas:
+        dec = "." if mant.rfind(".") > mant.rfind(",") else ","
+        thou = "," if dec == "." else "."
+        if mant.count(dec) > 1:
+            raise UnitError(f"not a number: {text!r}")
+        mant = mant.replace(thou, "").replace(dec, ".")
+    elif commas > 1:
+        mant = _thousands(mant, ",", text)
+    elif commas == 1:
+        head, tail = mant.split(",")
+        if len(tail) == 3 and lang != "es" and head and len(head) <= 3 and head.isdigit():
+            mant = head + tail
+        else:
+            mant = head + "." + tail
+    elif dots > 1:
+        mant = _thousands(mant, ".", text)
+    if mant in ("", "."):
+        raise UnitError(f"not a number: {text!r}")
+    try:
+        value = float(sign + mant + exp)
+    except ValueError:
+        raise UnitError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise UnitError(f"not a finite number: {text!r}")
+    return value
+
+
+def _thousands(mant: str, sep: str, text: str) -> str:
+    groups = mant.split(sep)
+    if not (1 <= len(groups[0]) <= 3) or any(len(g) != 3 for g in groups[1:]):
+        raise UnitError(f"not a number: {text!r}")
+    return "".join(groups)
+
+
+def _split(text: str) -> tuple[str, str]:
+    if not isinstance(text, str):
+        text = str(text)
+    s = text.strip()
+    m = re.match(r"^([+\-\u2212]?[0-9][0-9_ .,'\u00a0\u202f]*(?:[eE][+-]?[0-9]+)?)\s*([^\s0-9].*)?$", s)
+    if not m:
+        raise UnitError(f"not a number with a unit: {text!r}")
+    num, unit = m.group(1).strip(), (m.group(2) or "").strip()
+    return num, unit
+
+
+def parse_count(text, lang: str = "en") -> float:
+    """A count such as a number of parameters or tokens: ``7.5B`` → 7.5e9, ``175e9``, ``13k``, ``1.3M``."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return _finite(float(text), text)
+    num, unit = _split(text)
+    key = unit.lower().rstrip(".")
+    if key not in COUNT_UNITS:
+        raise UnitError(f"unknown count suffix {unit!r} in {text!r} (use k, M, B or T)")
+    return _finite(parse_number(num, lang) * COUNT_UNITS[key], text)
+
+
+def parse_bytes(text, lang: str = "en") -> float:
+    """A size in bytes: ``64MiB`` → 67108864, ``2GB`` → 2e9, ``16,6 GB`` → 1.66e10, ``512`` → 512."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return _finite(float(text), text)
+    num, unit = _split(text)
+    key = unit.lower().replace(" ", "")
+    if key == "":
+        factor = 1
+    elif key in BYTE_UNITS:
+        factor = BYTE_UNITS[key]
+    else:
+        raise UnitError(f"unknown size unit {unit!r} in {text!r} (use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
+    return _finite(parse_number(num, lang) * factor, text)
+
+
+def parse_time(text, lang: str = "en") -> float:
+    """A duration in seconds: ``5us`` → 5e-6, ``1.5ms``, ``30min``, ``2h``, ``1d``; a bare number is seconds."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return _finite(float(text), text)
+    num, unit = _split(text)
+    key = unit.lower().rstrip(".")
+    if key == "":
+        factor = 1.0
+    elif key in TIME_UNITS:
+        factor = TIME_UNITS[key]
+    else:
+        raise UnitError(f"unknown time unit {unit!r} in {text!r} (use ns, us, ms, s, min, h, d)")
+    return _finite(parse_number(num, lang) * factor, text)
+
+
+def parse_bandwidth(text, lang: str = "en") -> float:
+    """A bandwidth in bytes/s: ``100GB/s`` → 1e11, ``400Gb/s``/``400Gbps`` → 5e10 (bits), a bare number is B/s."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return _finite(float(text), text)
+    num, unit = _split(text)
+    u = unit.replace(" ", "")
+    value = parse_number(num, lang)
+    if u == "":
+        return _finite(value, text)
+    m = re.fullmatch(r"([kKmMgGtTpP]?i?)([bB])(?:/s|ps|/sec)?", u)
+    if not m:
+        raise UnitError(f"unknown bandwidth unit {unit!r} in {text!r} (use GB/s, MB/s, Gb/s, Gbps)")
+    prefix, b = m.group(1), m.group(2)
+    if not re.search(r"(/s|ps|/sec)$", u):
+        raise UnitError(f"a bandwidth needs a per-second unit, e.g. GB/s: {text!r}")
+    factor = BYTE_UNITS[(prefix + "b").lower()] if prefix else 1
+    if b == "b":
+        factor /= 8  # bits
+    return _finite(value * factor, text)
+
+
+def parse_quantity(text, quantity: str, lang: str = "en") -> float:
+    """Dispatch on ``quantity``: bytes, seconds, count, bandwidth, fraction (``27.3%`` or ``0.273``), number."""
+    if quantity == "bytes":
+        return parse_bytes(text, lang)
+    if quantity == "seconds":
+        return parse_time(text, lang)
+    if quantity == "count":
+        return parse_count(text, lang)
+    if quantity == "bandwidth":
+        return parse_bandwidth(text, lang)
+    if quantity == "fraction":
+        s = str(text).strip()
+        if s.endswith("%"):
+            return parse_number(s[:-1], lang) / 100
+        return parse_number(s, lang)
+    if quantity == "number":
+        return parse_count(text, lang)
+    raise ValueError(f"unknown quantity {quantity!r}")
+
+
+def _finite(value: float, text) -> float:
+    if not math.isfinite(value):
+        raise UnitError(f"not a finite value: {text!r}")
+    return value
+
+
+# ----------------------------------------------------------------------------------- formatting
+
+
+def format_number(x: float, digits: int = 3, lang: str = "en") -> str:
+    """``x`` with ``digits`` significant digits (no exponent between 1e-4 and 1e15), decimal comma in Spanish."""
+    if x is None:
+        return "—"
+    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
+        return str(x)
+    if x == 0:
+        return "0"
+    ax = abs(x)
+    if ax >= 1e15 or ax < 1e-4:
+        s = f"{x:.{max(digits - 1, 0)}e}"
+    else:
+        decimals = max(digits - 1 - math.floor(math.log10(ax)), 0)
+        s = f"{x:.{decimals}f}"
+        if "." in s:
+            s = s.rstrip("0").rstrip(".")
+    if lang == "es":
+        s = s.replace(".", ",")
+    return s
+
+
+def _scaled(x: float, steps: list[tuple[float, str]], digits: int, lang: str, sep: str = " ") -> str:
+    ax = abs(x)
+    for factor, name in steps:
+        if ax >= factor:
+            return f"{format_number(x / factor, digits, lang)}{sep}{name}"
+    factor, name = steps[-1]
+    return f"{format_number(x / factor, digits, lang)}{sep}{name}"
+
+
+def format_bytes(n: float, binary: bool = False, digits: int = 3, lang: str = "en") -> str:
+    """``16640625000`` → ``16.6 GB`` (``16,6 GB`` in Spanish); ``binary=True`` → ``15.5 GiB``."""
+    if n is None:
+        return "—"
+    if binary:
+        steps = [(1 << 50, "PiB"), (1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"), (1, "B")]
+    else:
+        steps = [(1e15, "PB"), (1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB"), (1, "B")]
+    if abs(n) < 1:
+        return f"{format_number(n, digits, lang)} B"
+    return _scaled(n, steps, digits, lang)
+
+
+def format_count(n: float, digits: int = 3, lang: str = "en") -> str:
+    """``7.5e9`` → ``7.5B`` (English short scale; Spanish ``7,5 mil M``)."""
+    if lang == "es":
+        steps = [(1e12, "B"), (1e9, "mil M"), (1e6, "M"), (1e3, "mil"), (1, "")]
+        out = _scaled(n, steps, digits, lang, sep=" ")
+    else:
+        steps = [(1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k"), (1, "")]
+        out = _scaled(n, steps, digits, lang, sep="")
+    return out.strip()
+
+
+def format_time(seconds: float, digits: int = 3, lang: str = "en") -> str:
+    """``5e-6`` → ``5 µs``, ``0.0015`` → ``1.5 ms``, ``7200`` → ``2 h``, ``90`` → ``1.5 min``."""
+    if seconds is None:
+        return "—"
+    ax = abs(seconds)
+    if ax == 0:
+        return "0 s"
+    day = "d"
+    steps = [(86400.0, day), (3600.0, "h"), (60.0, "min"), (1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns")]
+    if ax >= 1e-9:
+        return _scaled(seconds, steps, digits, lang)
+    return f"{format_number(seconds, digits, lang)} s"
+
+
+def format_bandwidth(bps: float, digits: int = 3, lang: str = "en") -> str:
+    """Bytes/s with decimal prefixes: ``1e11`` → ``100 GB/s``."""
+    return format_bytes(bps, False, digits, lang) + "/s"
+
+
+def format_percent(fraction: float, digits: int = 3, lang: str = "en") -> str:
+    """``0.2727`` → ``27.3%`` (``27,3 %`` in Spanish)."""
+    s = format_number(100 * fraction, digits, lang)
+    return f"{s} %" if lang == "es" else f"{s}%"

@@ -1,0 +1,139 @@
+"""``distai calc ...``: JSON keys and values from the lessons' formulas, units, one-line errors."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from distai.lessons.lesson1 import formulas as f1
+from distai.lessons.lesson3 import formulas as f3
+from distai.lessons.lesson5 import formulas as f5
+from distai.tutor.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def calc_json(capsys, *argv):
+    code, out, err = run(capsys, "calc", *argv, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_memory_reproduces_zero_paper(capsys):
+    expected = {"ddp": 120e9, "zero1": 31.4e9, "zero2": 16.6e9, "zero3": 1.88e9}
+    for strategy, total in expected.items():
+        r = calc_json(capsys, "memory", "--params", "7.5B", "--dp", "64", "--strategy", strategy)
+        assert r["total_bytes"] == pytest.approx(total, rel=3e-3)
+        assert r["total_bytes"] == r["params_bytes"] + r["grads_bytes"] + r["optimizer_bytes"]
+        assert r["activations_bytes"] is None and r["k"] == 12
+    r = calc_json(capsys, "memory", "--params", "7.5e9", "--dp", "64", "--strategy", "zero2")
+    assert r["total_bytes"] == 16_640_625_000
+    assert isinstance(r["params_bytes"], int)
+
+
+def test_memory_with_activations_and_fit(capsys):
+    args = ["memory", "--params", "175B", "--dp", "8", "--strategy", "zero3", "--tp", "8", "--layers", "96",
+            "--hidden", "12288", "--seq", "2048", "--micro-batch", "1", "--heads", "96"]
+    plain = calc_json(capsys, *args)
+    sp = calc_json(capsys, *args, "--sequence-parallel", "--recompute", "selective")
+    sbh = 2048 * 12288
+    assert plain["activations_bytes"] == pytest.approx(96 * sbh * (10 + 24 / 8 + 80 / 8))
+    assert sp["activations_bytes"] == pytest.approx(96 * sbh * 34 / 8)
+    # Model states: 175e9/8 parameters per tensor-parallel rank, then ZeRO-3 over 8: 16 * 175e9 / 64.
+    assert sp["params_bytes"] + sp["grads_bytes"] + sp["optimizer_bytes"] == 16 * 175e9 / 64
+    fit = calc_json(capsys, *args, "--sequence-parallel", "--recompute", "selective", "--gpu-memory", "80GB")
+    assert fit["fits"] is True and fit["gpu_memory_bytes"] == 80e9
+    nofit = calc_json(capsys, *args, "--gpu-memory", "40GiB")
+    assert nofit["fits"] is False
+
+
+def test_memory_human_output_has_units(capsys):
+    code, out, _ = run(capsys, "calc", "memory", "--params", "7.5B", "--dp", "64", "--strategy", "zero2")
+    assert code == 0
+    assert "16.6 GB" in out and "16,640,625,000 B" in out
+
+
+def test_bubble(capsys):
+    r = calc_json(capsys, "bubble", "--stages", "4", "--microbatches", "8", "--schedule", "gpipe")
+    assert r["bubble_fraction"] == pytest.approx(3 / 11) and r["bubble_ratio"] == pytest.approx(3 / 8)
+    assert r["peak_inflight_microbatches"] == 8 and r["step_time_units"] == 11
+    r = calc_json(capsys, "bubble", "-p", "8", "-m", "32", "--schedule", "interleaved", "--chunks", "4")
+    assert r == {**f5.pipeline_bubble(8, 32, "interleaved", 4), "stages": 8, "microbatches": 32,
+                 "schedule": "interleaved", "chunks": 4}
+
+
+def test_allreduce(capsys):
+    r = calc_json(capsys, "allreduce", "--bytes", "1GB", "--ranks", "8", "--alpha", "5us", "--beta", "100GB/s")
+    assert r["time_s"] == pytest.approx(0.01757)
+    assert r["bytes_per_rank"] == 1.75e9 and r["steps"] == 14 and r["busbw_factor"] == 1.75
+    r2 = calc_json(capsys, "allreduce", "--bytes", "64MiB", "--ranks", "16", "--beta", "1e-10", "--algorithm", "tree")
+    assert r2["time_s"] == pytest.approx(f1.tree_allreduce_time(64 << 20, 16, 5e-6, 1e-10))
+    assert r2["steps"] == 8 and r2["size_bytes"] == 64 << 20
+
+
+def test_checkpoint(capsys):
+    r = calc_json(capsys, "checkpoint", "--mtbf", "24h", "--cost", "5min", "--restart", "10min")
+    assert r["young_interval_s"] == pytest.approx(7200)
+    assert r["daly_interval_s"] == pytest.approx(7001.389, abs=1e-3)
+    assert r["expected_waste_fraction"] == pytest.approx(f3.expected_waste_fraction(r["daly_interval_s"], 86400, 300, 600))
+    g = calc_json(capsys, "checkpoint", "--mtbf", "50000h", "--gpus", "16384", "--cost", "1min")
+    assert g["job_mtbf_s"] == pytest.approx(50000 * 3600 / 16384)
+
+
+def test_kvcache(capsys):
+    r = calc_json(capsys, "kvcache", "--layers", "80", "--kv-heads", "8", "--head-dim", "128", "--tokens", "1")
+    assert r["bytes_per_token"] == 327_680
+    r = calc_json(capsys, "kvcache", "--layers", "80", "--kv-heads", "8", "--head-dim", "128", "--dtype", "fp8",
+                  "--tokens", "128k", "--tp", "4", "--pp", "2")
+    assert r["total_bytes"] == 163_840 * 128_000
+    assert r["per_gpu_bytes"] == 2 * 40 * 2 * 128 * 1 * 128_000
+
+
+def test_tp_comm(capsys):
+    r = calc_json(capsys, "tp-comm", "--hidden", "4096", "--seq", "2048", "--tp", "4")
+    assert r["forward"] == {"all_reduce": 2} and r["tensor_bytes"] == 4096 * 2048 * 2
+    sp = calc_json(capsys, "tp-comm", "--hidden", "4096", "--seq", "2048", "--tp", "4", "--sequence-parallel",
+                   "--alpha", "5us", "--beta", "100GB/s")
+    assert sp["forward"] == {"all_gather": 2, "reduce_scatter": 2}
+    assert sp["total_bytes_per_rank"] == r["total_bytes_per_rank"]
+    assert sp["total_time_s"] > 0
+
+
+@pytest.mark.parametrize("argv", [
+    ["memory", "--params", "7.5X"],
+    ["memory", "--params", "-5"],
+    ["memory", "--params", "1B", "--dp", "0"],
+    ["memory", "--params", "1B", "--dp", "2.5"],
+    ["memory", "--params", "1B", "--strategy", "zero4"],
+    ["memory", "--params", "1B", "--layers", "2"],
+    ["memory", "--params", "nan"],
+    ["bubble", "--stages", "0", "--microbatches", "3"],
+    ["bubble", "--stages", "4", "--microbatches", "3", "--chunks", "2"],
+    ["allreduce", "--bytes", "1 parsec", "--ranks", "4"],
+    ["allreduce", "--bytes", "1GB", "--ranks", "4", "--beta", "0GB/s"],
+    ["checkpoint", "--mtbf", "0", "--cost", "1"],
+    ["checkpoint", "--mtbf", "1h", "--cost", "-1s"],
+    ["kvcache", "--layers", "80", "--kv-heads", "8", "--head-dim", "128", "--tokens", "1", "--tp", "3"],
+    ["kvcache", "--layers", "80", "--kv-heads", "8", "--head-dim", "128", "--tokens", "1", "--dtype", "fp4"],
+    ["tp-comm", "--hidden", "4096", "--seq", "2048", "--tp", "4", "--alpha", "1us"],
+])
+def test_bad_values_give_one_line_error(capsys, argv):
+    code, out, err = run(capsys, "calc", *argv)
+    assert code == 2
+    assert err.startswith("distai: error: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err and out == ""
+
+
+def test_calc_help_lists_json_keys_and_stays_light():
+    code = ("import sys\nfrom distai.tutor.cli import main\n"
+            "rc = main(['calc', 'memory', '--help'])\n"
+            "heavy = [m for m in ('torch', 'numpy', 'textual') if m in sys.modules]\n"
+            "print('HEAVY', heavy)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    assert "HEAVY []" in proc.stdout, proc.stdout + proc.stderr
+    assert "params_bytes" in proc.stdout and "total_bytes" in proc.stdout

@@ -1,0 +1,228 @@
+"""The progress store: transactions survive SIGKILL, corruption is moved aside with a message."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from distai.lessons.registry import all_lessons, resolve_lesson
+from distai.tutor.progress import SCHEMA_VERSION, ProgressError, ProgressStore
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = ProgressStore(tmp_path / "progress.db")
+    yield s
+    s.close()
+
+
+def test_default_path_follows_distai_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("DISTAI_HOME", str(tmp_path / "home"))
+    with ProgressStore() as s:
+        assert s.path == tmp_path / "home" / "progress.db"
+        assert s.path.exists()
+        assert s.recovered_from is None
+
+
+def test_pragmas_and_schema_version(store):
+    with store.connection() as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
+def test_steps_quiz_runs_and_summary(store):
+    store.mark_step_seen("lesson1", "replicate")
+    store.mark_step_seen("lesson1", "replicate")
+    store.mark_step_seen("lesson1", "averaging")
+    store.mark_step_seen("lesson1", "a-step-that-was-removed")
+    assert store.steps_seen("lesson1") == {"replicate", "averaging", "a-step-that-was-removed"}
+    assert store.steps_seen("lesson2") == set()
+    assert store.last_step_seen("lesson1") == "a-step-that-was-removed"
+
+    assert store.best_quiz_score("lesson1") is None
+    store.record_quiz_session("lesson1", 3, 5)
+    store.record_quiz_session("lesson1", 4, 5)
+    store.record_quiz_session("lesson1", 1, 4)
+    assert store.best_quiz_score("lesson1") == pytest.approx(0.8)
+    with pytest.raises(ValueError):
+        store.record_quiz_session("lesson1", 6, 5)
+    with pytest.raises(ValueError):
+        store.record_quiz_session("lesson1", 0, 0)
+
+    store.record_quiz_answer("lesson1", "ring-time", True, at=100.0)
+    store.record_quiz_answer("lesson1", "busbw", False)
+    answers = store.quiz_answers("lesson1")
+    assert [(a["question_kind"], a["correct"]) for a in answers] == [("ring-time", True), ("busbw", False)]
+    assert answers[0]["at"] == 100.0
+
+    store.record_run("r1", "lesson1", "running", "/tmp/r1")
+    store.record_run("r1", "lesson1", "done", "/tmp/r1")
+    store.record_run("r2", "lesson2", "failed", "/tmp/r2")
+    assert [r["status"] for r in store.runs("lesson1")] == ["done"]
+    assert {r["run_id"] for r in store.runs()} == {"r1", "r2"}
+
+    summary = store.summary()
+    assert list(summary) == [lesson.id for lesson in all_lessons()]
+    l1 = summary["lesson1"]
+    assert l1 == {"steps_done": 2, "steps_total": len(resolve_lesson(1).steps),
+                  "best_quiz": pytest.approx(0.8), "runs": 1}
+    assert summary["lesson3"] == {"steps_done": 0, "steps_total": len(resolve_lesson(3).steps),
+                                  "best_quiz": None, "runs": 0}
+
+
+def test_failed_transaction_rolls_back_and_other_modules_can_add_tables(store):
+    with store.transaction() as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS review (kind TEXT PRIMARY KEY, due REAL)")
+    with pytest.raises(RuntimeError):
+        with store.transaction() as conn:
+            conn.execute("INSERT INTO review VALUES ('a', 1.0)")
+            store.mark_step_seen("lesson1", "replicate")  # nested: joins the outer transaction
+            raise RuntimeError("boom")
+    with store.connection() as conn:
+        assert conn.execute("SELECT count(*) FROM review").fetchone()[0] == 0
+    assert store.steps_seen("lesson1") == set()
+
+
+def test_progress_persists_across_reopen(tmp_path):
+    path = tmp_path / "progress.db"
+    with ProgressStore(path) as s:
+        s.mark_step_seen("lesson2", "memory")
+        s.record_quiz_session("lesson2", 2, 2)
+    with ProgressStore(path) as s:
+        assert s.steps_seen("lesson2") == {"memory"}
+        assert s.best_quiz_score("lesson2") == 1.0
+        assert s.recovered_from is None
+
+
+WRITER = textwrap.dedent("""
+    import sys
+    from distai.tutor.progress import ProgressStore
+    store = ProgressStore(sys.argv[1])
+    i = 0
+    while True:
+        with store.transaction() as conn:
+            # a transaction with several statements: all of it or nothing survives
+            conn.execute("CREATE TABLE IF NOT EXISTS pairs (i INTEGER PRIMARY KEY, twice INTEGER)")
+            conn.execute("INSERT INTO pairs VALUES (?, ?)", (i, 2 * i))
+            store.mark_step_seen("lesson1", f"step-{i}")
+        print(i, flush=True)  # printed only once the transaction committed
+        i += 1
+""")
+
+
+def test_sigkill_mid_write_loses_nothing_committed(tmp_path):
+    path = tmp_path / "progress.db"
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE,
+                            text=True)
+    committed = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(committed) < 40 and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            committed.append(int(line))
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()
+    assert proc.returncode == -signal.SIGKILL
+    assert len(committed) >= 40, "the writer did not get going"
+
+    with ProgressStore(path) as s:
+        assert s.recovered_from is None
+        with s.connection() as conn:
+            assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+            pairs = dict(conn.execute("SELECT i, twice FROM pairs").fetchall())
+        seen = s.steps_seen("lesson1")
+    for i in committed:
+        assert pairs[i] == 2 * i
+        assert f"step-{i}" in seen
+    # nothing half-written: every pair row has its step row and the other way round
+    assert {f"step-{i}" for i in pairs} == seen
+
+
+def _assert_moved_aside(tmp_path, path, original_bytes):
+    with ProgressStore(path) as s:
+        assert s.recovered_from is not None
+        assert "\n" not in s.recovered_from
+        assert "moved it to" in s.recovered_from and str(s.moved_to) in s.recovered_from
+        assert s.moved_to.name.startswith("progress.db.corrupt-")
+        assert s.moved_to.read_bytes() == original_bytes  # never wiped
+        s.mark_step_seen("lesson1", "replicate")  # a fresh, working database
+        assert s.steps_seen("lesson1") == {"replicate"}
+    with ProgressStore(path) as s:  # and the fresh one is fine next time
+        assert s.recovered_from is None
+
+
+def test_not_sqlite_file_is_moved_aside(tmp_path):
+    path = tmp_path / "progress.db"
+    junk = b"this is not a database at all\n" * 200
+    path.write_bytes(junk)
+    _assert_moved_aside(tmp_path, path, junk)
+
+
+def test_damaged_sqlite_file_is_moved_aside(tmp_path):
+    path = tmp_path / "progress.db"
+    with ProgressStore(path) as s:
+        for i in range(300):
+            s.mark_step_seen("lesson1", f"k{i:04d}-" + "x" * 100)
+        with s.connection() as conn:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    data = bytearray(path.read_bytes())
+    assert len(data) > 4096 * 3
+    # scribble over the second page onward, keeping the valid SQLite header
+    data[4096:4096 * 3] = b"\xff" * (4096 * 2)
+    path.write_bytes(bytes(data))
+    _assert_moved_aside(tmp_path, path, bytes(data))
+
+
+def test_newer_schema_is_refused_not_wiped(tmp_path):
+    path = tmp_path / "progress.db"
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 5}")
+    conn.close()
+    with pytest.raises(ProgressError, match="newer distai"):
+        ProgressStore(path)
+    assert path.exists()
+
+
+def test_cli_lessons_shows_progress(tmp_path, monkeypatch):
+    monkeypatch.setenv("DISTAI_HOME", str(tmp_path))
+    with ProgressStore() as s:
+        s.mark_step_seen("lesson1", "replicate")
+        s.mark_step_seen("lesson1", "averaging")
+        s.record_quiz_session("lesson1", 3, 4)
+    env = dict(os.environ, DISTAI_HOME=str(tmp_path))
+    out = subprocess.run([sys.executable, "-m", "distai.tutor.cli", "lessons", "--json"],
+                         capture_output=True, text=True, env=env, check=True).stdout
+    rows = json.loads(out)
+    assert [r["id"] for r in rows] == [f"lesson{i}" for i in range(1, 8)]
+    l1 = rows[0]
+    assert l1["steps_done"] == 2 and l1["steps_total"] == len(resolve_lesson(1).steps)
+    assert l1["best_quiz"] == 0.75
+    assert rows[1]["steps_done"] == 0 and rows[1]["best_quiz"] is None
+
+    text = subprocess.run([sys.executable, "-m", "distai.tutor.cli", "lessons", "--lang", "en"],
+                          capture_output=True, text=True, env=env, check=True).stdout
+    assert "2/" in text and "75%" in text, text
+
+
+def test_cli_reports_recovered_database(tmp_path):
+    (tmp_path / "progress.db").write_bytes(b"garbage" * 1000)
+    env = dict(os.environ, DISTAI_HOME=str(tmp_path))
+    res = subprocess.run([sys.executable, "-m", "distai.tutor.cli", "lessons", "--json"],
+                         capture_output=True, text=True, env=env)
+    assert res.returncode == 0
+    assert "moved it to" in res.stderr and "corrupt-" in res.stderr
+    json.loads(res.stdout)  # stdout stays machine-readable
+    assert list(Path(tmp_path).glob("progress.db.corrupt-*"))

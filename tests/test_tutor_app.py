@@ -1,0 +1,337 @@
+"""The tutor driven through Textual's Pilot: home, lesson walk, language, help, palette, mouse."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+
+import pytest
+from textual.widgets import Markdown, OptionList, Static
+
+from distai.lessons.registry import Step, all_lessons, resolve_lesson
+from distai.tutor.app import DistaiApp
+from distai.tutor.progress import ProgressStore
+from distai.tutor.screens import lesson as lesson_module
+from distai.tutor.screens.help import HelpScreen
+from distai.tutor.screens.home import HomeScreen
+from distai.tutor.screens.lesson import LessonScreen, step_markdown
+from distai.tutor.strings import tr
+
+SIZE = (120, 40)
+
+
+def async_test(fn):
+    """Run an async test in its own event loop (no pytest-asyncio needed)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return asyncio.run(fn(*args, **kwargs))
+    return wrapper
+
+
+def plain(widget: Static) -> str:
+    content = widget.content
+    return content.plain if hasattr(content, "plain") else str(content)
+
+
+def shown(app) -> dict:
+    screen = app.screen
+    return {
+        "counter": plain(screen.query_one("#step-counter")),
+        "title": plain(screen.query_one("#step-title")),
+        "lesson": plain(screen.query_one("#lesson-title")),
+        "markdown": screen.query_one("#step-text", Markdown).source,
+    }
+
+
+def check_step(app, lesson, i, lang):
+    step = lesson.steps[i]
+    got = shown(app)
+    assert got["counter"] == tr("step_counter", lang, k=i + 1, n=len(lesson.steps))
+    assert got["title"] == step.title[lang]
+    assert lesson.title[lang] in got["lesson"]
+    assert got["markdown"] == step_markdown(lesson, step.key, lang)
+
+
+@async_test
+async def test_home_lists_every_lesson_with_progress():
+    app = DistaiApp("en")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert isinstance(app.screen, HomeScreen)
+        options = app.screen.query_one(OptionList)
+        lessons = all_lessons()
+        assert options.option_count == len(lessons) == 7
+        for i, lesson in enumerate(lessons):
+            prompt = options.get_option_at_index(i)
+            assert prompt.id == lesson.id
+        details = app.screen.query_one("#details", Static)
+        assert details.content is not None
+
+
+@async_test
+async def test_walk_lesson_forward_back_switch_language_and_quit(isolated_distai_home):
+    lesson = resolve_lesson("lesson1")
+    n = len(lesson.steps)
+    app = DistaiApp("en")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, LessonScreen) and app.screen.lesson.id == "lesson1"
+        check_step(app, lesson, 0, "en")
+        for i in range(1, n):
+            await pilot.press("right" if i % 2 else "n")
+            check_step(app, lesson, i, "en")
+        await pilot.press("right")  # past the end: stays on the last step
+        check_step(app, lesson, n - 1, "en")
+        for i in range(n - 2, -1, -1):
+            await pilot.press("left" if i % 2 else "p")
+            check_step(app, lesson, i, "en")
+        await pilot.press("left")
+        check_step(app, lesson, 0, "en")
+
+        await pilot.press("l")
+        await pilot.pause()
+        check_step(app, lesson, 0, "es")
+        assert shown(app)["counter"] == f"Paso 1 de {n}"
+        assert str(app.screen.query_one("#next").label) == "Siguiente ▶"
+        await pilot.press("right")
+        check_step(app, lesson, 1, "es")
+
+        await pilot.press("q")
+        await pilot.pause()
+        assert isinstance(app.screen, HomeScreen)
+        # the home screen followed the language switch and shows the progress
+        prompt = app.screen.query_one(OptionList).get_option_at_index(0).prompt
+        rendered = "".join(seg.text for seg in app.console.render(prompt))
+        assert lesson.title["es"] in rendered and f"pasos {n}/{n}" in rendered
+        await pilot.press("q")
+        await pilot.pause()
+    assert app.return_code == 0
+    assert not app.is_running
+
+    with ProgressStore(isolated_distai_home / "progress.db") as store:
+        assert store.steps_seen("lesson1") == {s.key for s in lesson.steps}
+        assert store.summary()["lesson1"]["steps_done"] == n
+
+
+@async_test
+async def test_reopening_a_lesson_resumes_at_the_last_step_seen():
+    app = DistaiApp("en")
+    async with app.run_test(size=SIZE) as pilot:
+        app.open_lesson("lesson2")
+        await pilot.pause()
+        await pilot.press("right", "right")
+        await pilot.press("q")
+        app.open_lesson("zero-fsdp")
+        await pilot.pause()
+        assert app.screen.index == 2
+        check_step(app, resolve_lesson(2), 2, "en")
+
+
+@async_test
+async def test_start_on_a_lesson_in_spanish_with_home_underneath():
+    lesson = resolve_lesson("ring-allreduce")
+    app = DistaiApp("es", lesson_id="1")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert isinstance(app.screen, LessonScreen)
+        check_step(app, lesson, 0, "es")
+        await pilot.press("escape")
+        await pilot.pause()
+        assert isinstance(app.screen, HomeScreen)
+
+
+@async_test
+async def test_mouse_clicks_open_lessons_and_press_buttons():
+    app = DistaiApp("en")
+    async with app.run_test(size=SIZE) as pilot:
+        # lesson 2 occupies rows 3-4 of the list (border, then two rows per lesson)
+        assert await pilot.click("#lesson-list", offset=(10, 3))
+        await pilot.pause()
+        assert isinstance(app.screen, LessonScreen) and app.screen.lesson.id == "lesson2"
+        for button_id, expected in (("#next", 1), ("#next", 2), ("#prev", 1)):
+            await pilot.click(button_id)
+            await pilot.pause(0.3)  # a human does not click twice within a few milliseconds
+            assert app.screen.index == expected
+
+
+@async_test
+async def test_help_overlay_lists_the_keys_and_closes():
+    app = DistaiApp("en")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("enter", "question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        keys = app.screen.query_one("#help-keys", Static).content
+        text = "".join(seg.text for seg in app.console.render(keys))
+        for label in ("key_next", "key_prev", "key_quiz", "key_run", "key_lang", "key_back"):
+            assert tr(label, "en") in text
+        await pilot.press("escape")
+        assert isinstance(app.screen, LessonScreen)
+
+
+@async_test
+async def test_command_palette_opens_lessons():
+    app = DistaiApp("en")
+    async with app.run_test(size=SIZE) as pilot:
+        commands = list(app.get_system_commands(app.screen))
+        opens = [c for c in commands if c.title.startswith("Open lesson")]
+        assert [c.title for c in opens] == [f"Open lesson {l.number}: {l.title['en']}" for l in all_lessons()]
+        opens[4].callback()
+        await pilot.pause()
+        assert app.screen.lesson.id == "lesson5"
+        # from inside a lesson, opening another one replaces it (no stacking)
+        opens[2].callback()
+        await pilot.pause()
+        assert app.screen.lesson.id == "lesson3"
+        assert [type(s).__name__ for s in app.screen_stack] == ["HomeScreen", "LessonScreen"]
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        assert type(app.screen).__name__ == "CommandPalette"
+
+
+@async_test
+async def test_quiz_and_run_fall_back_when_their_screens_are_missing(monkeypatch):
+    notes = []
+    monkeypatch.setattr(lesson_module, "load_screen_class", lambda module, name: None)
+    app = DistaiApp("en")
+    monkeypatch.setattr(app, "notify", lambda message, **kw: notes.append(message))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("enter", "t", "r")
+        await pilot.pause()
+        assert isinstance(app.screen, LessonScreen)
+    assert tr("quiz_unavailable", "en") in notes and tr("run_unavailable", "en") in notes
+
+
+@async_test
+async def test_quiz_and_run_open_their_screens_with_lesson_and_language(monkeypatch):
+    from textual.screen import Screen
+
+    opened = []
+
+    class Fake(Screen):
+        def __init__(self, lesson, language):
+            super().__init__()
+            opened.append((lesson.id, language))
+
+    monkeypatch.setattr(lesson_module, "load_screen_class", lambda module, name: Fake)
+    app = DistaiApp("es")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("enter", "t")
+        await pilot.pause()
+        assert isinstance(app.screen, Fake)
+        app.pop_screen()
+        await pilot.click("#run")
+        await pilot.pause()
+        assert isinstance(app.screen, Fake)
+    assert opened == [("lesson1", "es"), ("lesson1", "es")]
+
+
+def test_load_screen_class_tells_missing_modules_apart():
+    assert lesson_module.load_screen_class("distai.tutor.no_such_screen", "X") is None
+    assert lesson_module.load_screen_class("distai.tutor.screens.help", "HelpScreen") is HelpScreen
+
+
+def _fake_lesson(**step_fields):
+    base = resolve_lesson("lesson1")
+    steps = (Step(key="no-such-step", title={"en": "A step with no text", "es": "Un paso sin texto"},
+                  **step_fields),
+             base.steps[0])
+    return dataclasses.replace(base, steps=steps, visualizer=None)
+
+
+@async_test
+async def test_a_step_without_text_shows_a_note_not_a_crash():
+    lesson = _fake_lesson()
+    app = DistaiApp("en")
+    async with app.run_test(size=SIZE) as pilot:
+        app.push_screen(LessonScreen(lesson))
+        await pilot.pause()
+        md = shown(app)["markdown"]
+        assert "not yet written" in md and "lessons/lesson1/en/no-such-step.md" in md
+        await pilot.press("l")
+        await pilot.pause()
+        assert "aún no está escrito" in shown(app)["markdown"]
+
+
+@async_test
+async def test_code_step_shows_the_real_engine_source():
+    from distai.tutor.code_source import read_source
+
+    lesson = _fake_lesson(code="distai.engine.runtime:init_distributed")
+    app = DistaiApp("en")
+    async with app.run_test(size=SIZE) as pilot:
+        app.push_screen(LessonScreen(lesson))
+        await pilot.pause()
+        code = app.screen.query_one("#code", Static)
+        assert code.display
+        syntax = code.content
+        assert syntax.code.rstrip() == read_source("distai.engine.runtime:init_distributed").source.rstrip()
+        assert syntax.code.startswith("def init_distributed(")
+        assert "init_distributed" in plain(app.screen.query_one("#code-title"))
+
+
+@async_test
+async def test_code_step_with_a_missing_name_says_so():
+    lesson = _fake_lesson(code="distai.engine.runtime:no_such_function")
+    app = DistaiApp("en")
+    async with app.run_test(size=SIZE) as pilot:
+        app.push_screen(LessonScreen(lesson))
+        await pilot.pause()
+        title = plain(app.screen.query_one("#code-title"))
+        assert "Source not available" in title and "has no no_such_function" in title
+        assert not app.screen.query_one("#code").display
+
+
+@pytest.mark.parametrize("size", [(80, 24), (100, 30), (120, 40)])
+@async_test
+async def test_layout_fits_down_to_80x24(size):
+    width, height = size
+    app = DistaiApp("es")
+    async with app.run_test(size=size) as pilot:
+        await pilot.pause()
+        home = app.screen
+        for widget in home.query("#lesson-list, #lesson-details"):
+            assert widget.region.right <= width and widget.region.bottom <= height
+            assert widget.region.height >= 3
+        await pilot.press("enter")
+        await pilot.pause()
+        screen = app.screen
+        text = screen.query_one("#text-pane").region
+        viz = screen.query_one("#visualizer-pane").region
+        assert text.width >= 40 and text.height >= 5
+        assert viz.height >= 5 and viz.right <= width and viz.bottom <= height
+        if width < 100:
+            assert screen.has_class("-narrow") and viz.y >= text.bottom  # below the text
+        else:
+            assert screen.has_class("-wide") and viz.x >= text.right  # beside the text
+        for button_id in ("#prev", "#next", "#quiz", "#run"):
+            region = screen.query_one(button_id).region
+            assert region.width > 0 and region.right <= width and region.bottom <= height
+
+
+@async_test
+async def test_resize_switches_layouts_live():
+    app = DistaiApp("en")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.screen.has_class("-wide")
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        assert app.screen.has_class("-narrow")
+        await pilot.press("v")
+        assert not app.screen.query_one("#visualizer-pane").display
+
+
+@async_test
+async def test_recovered_database_is_announced(isolated_distai_home, monkeypatch):
+    (isolated_distai_home / "progress.db").write_bytes(b"not a database" * 500)
+    notes = []
+    app = DistaiApp("en")
+    monkeypatch.setattr(app, "notify", lambda message, **kw: notes.append((message, kw)))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+    assert app.store.recovered_from
+    assert any(msg == app.store.recovered_from and kw.get("severity") == "warning" for msg, kw in notes)
+    assert list(isolated_distai_home.glob("progress.db.corrupt-*"))

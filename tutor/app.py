@@ -1,0 +1,141 @@
+"""The Textual tutor: ``DistaiApp(language, lesson_id=None)``.
+
+Home lists the seven lessons with the learner's progress; a lesson walks its steps with the
+step's Markdown, the engine code it teaches and the lesson's visualizer; ``t`` opens the quiz
+(``distai.tutor.quiz_screen.QuizScreen``) and ``r`` the run panel
+(``distai.tutor.run_panel.RunPanelScreen``) once those modules exist. Importing this module
+does not import torch.
+"""
+from __future__ import annotations
+
+import importlib
+from functools import partial
+from typing import Iterable
+
+from textual.app import App, SystemCommand
+from textual.screen import Screen
+
+from distai.lessons.registry import LANGUAGES, all_lessons, resolve_lesson
+from distai.tutor.screens.help import HelpScreen
+from distai.tutor.screens.home import HomeScreen
+from distai.tutor.screens.lesson import LessonScreen
+from distai.tutor.strings import tr
+
+
+def lesson_mastery(store, lesson_id: str) -> float | None:
+    """Mastery from spaced review (``distai.tutor.review.lesson_mastery``) once it exists."""
+    try:
+        review = importlib.import_module("distai.tutor.review")
+    except ModuleNotFoundError as exc:
+        if exc.name == "distai.tutor.review":
+            return None
+        raise
+    fn = getattr(review, "lesson_mastery", None)
+    return None if fn is None or store is None else fn(store, lesson_id)
+
+
+class DistaiApp(App):
+    """The distai tutor."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "distai"
+
+    def __init__(self, language: str = "en", lesson_id: str | None = None, store=None):
+        super().__init__()
+        if language not in LANGUAGES:
+            raise ValueError(f"unknown language {language!r}; choose one of {', '.join(LANGUAGES)}")
+        self.language = language
+        self.initial_lesson = resolve_lesson(lesson_id) if lesson_id else None
+        self.store_error: str | None = None
+        self._owns_store = store is None
+        if store is None:
+            from distai.tutor.progress import ProgressError, ProgressStore
+
+            try:
+                store = ProgressStore()
+            except ProgressError as exc:
+                self.store_error = str(exc)
+        self.store = store
+
+    # -- screens ---------------------------------------------------------------------------------
+    def get_default_screen(self) -> Screen:
+        return HomeScreen()
+
+    def on_mount(self) -> None:
+        if self.store is not None and self.store.recovered_from:
+            self.notify(self.store.recovered_from, severity="warning", timeout=15)
+        if self.store_error:
+            self.notify(tr("progress_unsaved", self.language, error=self.store_error),
+                        severity="error", timeout=15)
+        if self.initial_lesson is not None:
+            self.open_lesson(self.initial_lesson.id)
+
+    def open_lesson(self, lesson_id: str) -> None:
+        """Show a lesson above the home screen, resuming at the step last seen."""
+        lesson = resolve_lesson(lesson_id)
+        while len(self.screen_stack) > 1 and not isinstance(self.screen, HomeScreen):
+            self.pop_screen()
+        start = 0
+        last = self.store.last_step_seen(lesson.id) if self.store is not None else None
+        if last is not None and last in [s.key for s in lesson.steps]:
+            start = lesson.step_index(last)
+        self.push_screen(LessonScreen(lesson, start=start))
+        if start:
+            self.notify(tr("resumed", self.language, k=start + 1), timeout=3)
+
+    def action_show_help_overlay(self) -> None:
+        if isinstance(self.screen, HelpScreen):
+            return
+        context = "lesson" if isinstance(self.screen, LessonScreen) else "home"
+        self.push_screen(HelpScreen(context, self.language))
+
+    async def action_toggle_language(self) -> None:
+        await self.set_language("es" if self.language == "en" else "en")
+
+    async def set_language(self, language: str) -> None:
+        """Switch the language and re-render every screen that knows how."""
+        self.language = language
+        for screen in self.screen_stack:
+            apply = getattr(screen, "apply_language", None)
+            if apply is not None:
+                result = apply()
+                if hasattr(result, "__await__"):
+                    await result
+        self.notify(tr("language_now", language), timeout=2)
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        lang = self.language
+        yield SystemCommand(tr("cmd_home", lang), tr("cmd_home_help", lang), self.go_home)
+        for lesson in all_lessons():
+            yield SystemCommand(
+                tr("cmd_open", lang, n=lesson.number, title=lesson.title[lang]),
+                tr("cmd_open_help", lang, m=lesson.duration_min, slug=lesson.slug),
+                partial(self.open_lesson, lesson.id),
+            )
+        yield SystemCommand(tr("cmd_lang", lang), tr("cmd_lang_help", lang),
+                            self.action_toggle_language)
+        yield from super().get_system_commands(screen)
+
+    def go_home(self) -> None:
+        while len(self.screen_stack) > 1:
+            self.pop_screen()
+
+    # -- progress (the screens go through these, so that a missing store is harmless) ------------
+    def mark_step_seen(self, lesson_id: str, step_key: str) -> None:
+        if self.store is not None:
+            self.store.mark_step_seen(lesson_id, step_key)
+
+    def steps_seen(self, lesson_id: str) -> set[str]:
+        return self.store.steps_seen(lesson_id) if self.store is not None else set()
+
+    def progress_summary(self) -> dict[str, dict]:
+        if self.store is None:
+            return {}
+        summary = self.store.summary()
+        for lesson_id, row in summary.items():
+            row["mastery"] = lesson_mastery(self.store, lesson_id)
+        return summary
+
+    def on_unmount(self) -> None:
+        if self.store is not None and self._owns_store:
+            self.store.close()

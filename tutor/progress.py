@@ -1,0 +1,330 @@
+"""The learner's progress: steps seen, quiz results and runs, in one SQLite database.
+
+Durability: the database runs in WAL mode with ``synchronous=FULL`` and every write is one
+transaction, so killing the process mid-write loses nothing that was already committed.
+
+Corruption: a file that is not SQLite, or that fails ``PRAGMA quick_check``, is never wiped.
+It is moved aside to ``progress.db.corrupt-<timestamp>`` (with its ``-wal``/``-shm`` files), a
+fresh database starts in its place, and :attr:`ProgressStore.recovered_from` holds a one-line
+message that the CLI and the tutor show.
+
+Schema: versioned with ``PRAGMA user_version`` (:data:`SCHEMA_VERSION`); migrations run in
+order inside one transaction. Other modules (spaced review, …) may keep their own tables in the
+same database: use :meth:`ProgressStore.transaction` and ``CREATE TABLE IF NOT EXISTS``.
+
+Progress is keyed on the stable lesson ids and step keys, so it survives content updates:
+``summary()`` counts only the steps that the lesson still has.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Iterator
+
+SCHEMA_VERSION = 1
+
+_MIGRATIONS: dict[int, str] = {
+    1: """
+    CREATE TABLE IF NOT EXISTS steps_seen (
+        lesson_id  TEXT NOT NULL,
+        step_key   TEXT NOT NULL,
+        first_seen REAL NOT NULL,
+        last_seen  REAL NOT NULL,
+        PRIMARY KEY (lesson_id, step_key)
+    );
+    CREATE TABLE IF NOT EXISTS quiz_answers (
+        id            INTEGER PRIMARY KEY AUTOINCREMENT,
+        lesson_id     TEXT NOT NULL,
+        question_kind TEXT NOT NULL,
+        correct       INTEGER NOT NULL CHECK (correct IN (0, 1)),
+        at            REAL NOT NULL
+    );
+    CREATE INDEX IF NOT EXISTS quiz_answers_lesson ON quiz_answers (lesson_id, question_kind);
+    CREATE TABLE IF NOT EXISTS quiz_sessions (
+        id        INTEGER PRIMARY KEY AUTOINCREMENT,
+        lesson_id TEXT NOT NULL,
+        correct   INTEGER NOT NULL CHECK (correct >= 0),
+        total     INTEGER NOT NULL CHECK (total > 0 AND correct <= total),
+        at        REAL NOT NULL
+    );
+    CREATE INDEX IF NOT EXISTS quiz_sessions_lesson ON quiz_sessions (lesson_id);
+    CREATE TABLE IF NOT EXISTS runs (
+        run_id     TEXT PRIMARY KEY,
+        lesson_id  TEXT NOT NULL,
+        status     TEXT NOT NULL,
+        path       TEXT NOT NULL,
+        started_at REAL NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    CREATE INDEX IF NOT EXISTS runs_lesson ON runs (lesson_id);
+    """,
+}
+
+
+class ProgressError(RuntimeError):
+    """The progress database cannot be used (and was not touched): message is one line."""
+
+
+def _timestamp(at) -> float:
+    if at is None:
+        return time.time()
+    if isinstance(at, datetime):
+        return at.timestamp()
+    return float(at)
+
+
+class ProgressStore:
+    """The progress database. ``ProgressStore()`` opens ``progress_db_path()``."""
+
+    def __init__(self, path: str | os.PathLike | None = None):
+        if path is None:
+            from distai.tutor.paths import progress_db_path
+
+            path = progress_db_path()
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        #: One line saying that a corrupt database was moved aside, or None.
+        self.recovered_from: str | None = None
+        #: Where the corrupt database went, or None.
+        self.moved_to: Path | None = None
+        self._lock = threading.RLock()
+        self._depth = 0
+        self._conn = self._open_checked()
+        self._migrate()
+
+    # -- opening -----------------------------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        # isolation_level=None: no implicit transactions; we BEGIN/COMMIT ourselves.
+        conn = sqlite3.connect(str(self.path), timeout=10.0, isolation_level=None,
+                               check_same_thread=False)
+        conn.row_factory = sqlite3.Row
+        return conn
+
+    def _open_checked(self) -> sqlite3.Connection:
+        existed = self.path.exists() and self.path.stat().st_size > 0
+        conn = None
+        problem = None
+        try:
+            conn = self._connect()
+            if existed:
+                rows = conn.execute("PRAGMA quick_check").fetchall()
+                results = [r[0] for r in rows]
+                if results != ["ok"]:
+                    problem = "; ".join(str(r) for r in results[:2])
+            self._configure(conn)
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except sqlite3.DatabaseError as exc:
+            problem = str(exc)
+        if problem is None:
+            return conn
+        if conn is not None:
+            conn.close()
+        if not existed:
+            raise ProgressError(f"cannot open the progress database {self.path}: {problem}")
+        self._move_aside(problem)
+        conn = self._connect()
+        self._configure(conn)
+        return conn
+
+    @staticmethod
+    def _configure(conn: sqlite3.Connection) -> None:
+        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if str(mode).lower() != "wal":  # e.g. a file system without shared memory
+            conn.execute("PRAGMA journal_mode=DELETE")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA foreign_keys=ON")
+
+    def _move_aside(self, problem: str) -> None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
+        n = 1
+        while target.exists():
+            n += 1
+            target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{n}")
+        try:
+            os.replace(self.path, target)
+            for suffix in ("-wal", "-shm", "-journal"):
+                side = self.path.with_name(self.path.name + suffix)
+                if side.exists():
+                    os.replace(side, target.with_name(target.name + suffix))
+        except OSError as exc:
+            raise ProgressError(
+                f"the progress database {self.path} is unreadable ({problem}) and could not be "
+                f"moved aside ({exc}); move it away yourself or set DISTAI_HOME") from None
+        self.moved_to = target
+        self.recovered_from = (
+            f"progress database was unreadable ({problem}); moved it to {target} and started fresh")
+
+    def _migrate(self) -> None:
+        with self.transaction() as conn:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise ProgressError(
+                    f"the progress database {self.path} was written by a newer distai (schema "
+                    f"{version} > {SCHEMA_VERSION}); upgrade distai or set DISTAI_HOME")
+            for target in range(version + 1, SCHEMA_VERSION + 1):
+                for statement in _MIGRATIONS[target].split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {int(target)}")
+
+    # -- plumbing for other modules ------------------------------------------------------------
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[sqlite3.Connection]:
+        """The raw connection (autocommit: wrap writes in :meth:`transaction`)."""
+        with self._lock:
+            yield self._conn
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (``BEGIN IMMEDIATE`` … ``COMMIT``; rolled back on error).
+
+        Nested calls join the outer transaction.
+        """
+        with self._lock:
+            if self._depth:
+                self._depth += 1
+                try:
+                    yield self._conn
+                finally:
+                    self._depth -= 1
+                return
+            self._conn.execute("BEGIN IMMEDIATE")
+            self._depth = 1
+            try:
+                yield self._conn
+            except BaseException:
+                self._depth = 0
+                self._conn.execute("ROLLBACK")
+                raise
+            self._depth = 0
+            self._conn.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> "ProgressStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- steps ---------------------------------------------------------------------------------
+    def mark_step_seen(self, lesson_id: str, step_key: str) -> None:
+        now = time.time()
+        with self.transaction() as conn:
+            conn.execute(
+                "INSERT INTO steps_seen (lesson_id, step_key, first_seen, last_seen) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT (lesson_id, step_key) "
+                "DO UPDATE SET last_seen = excluded.last_seen",
+                (lesson_id, step_key, now, now))
+
+    def steps_seen(self, lesson_id: str) -> set[str]:
+        with self.connection() as conn:
+            rows = conn.execute("SELECT step_key FROM steps_seen WHERE lesson_id = ?",
+                                (lesson_id,)).fetchall()
+        return {r[0] for r in rows}
+
+    def last_step_seen(self, lesson_id: str) -> str | None:
+        """The step the learner saw most recently in this lesson (to resume there)."""
+        with self.connection() as conn:
+            row = conn.execute("SELECT step_key FROM steps_seen WHERE lesson_id = ? "
+                               "ORDER BY last_seen DESC LIMIT 1", (lesson_id,)).fetchone()
+        return row[0] if row else None
+
+    # -- quizzes -------------------------------------------------------------------------------
+    def record_quiz_answer(self, lesson_id: str, question_kind: str, correct: bool, *,
+                           at=None) -> None:
+        """One answered question; ``at`` is a datetime or epoch seconds (default: now)."""
+        with self.transaction() as conn:
+            conn.execute(
+                "INSERT INTO quiz_answers (lesson_id, question_kind, correct, at) VALUES (?,?,?,?)",
+                (lesson_id, question_kind, 1 if correct else 0, _timestamp(at)))
+
+    def quiz_answers(self, lesson_id: str | None = None) -> list[dict]:
+        """Answered questions, oldest first: dicts with lesson_id, question_kind, correct, at."""
+        sql = "SELECT lesson_id, question_kind, correct, at FROM quiz_answers"
+        args: tuple = ()
+        if lesson_id is not None:
+            sql += " WHERE lesson_id = ?"
+            args = (lesson_id,)
+        with self.connection() as conn:
+            rows = conn.execute(sql + " ORDER BY at, id", args).fetchall()
+        return [{"lesson_id": r[0], "question_kind": r[1], "correct": bool(r[2]), "at": r[3]}
+                for r in rows]
+
+    def record_quiz_session(self, lesson_id: str, correct: int, total: int, *, at=None) -> None:
+        """A finished quiz: ``correct`` right answers out of ``total`` questions."""
+        correct, total = int(correct), int(total)
+        if total <= 0 or not 0 <= correct <= total:
+            raise ValueError(f"a quiz score needs 0 <= correct <= total and total > 0, "
+                             f"got {correct}/{total}")
+        with self.transaction() as conn:
+            conn.execute(
+                "INSERT INTO quiz_sessions (lesson_id, correct, total, at) VALUES (?,?,?,?)",
+                (lesson_id, correct, total, _timestamp(at)))
+
+    def best_quiz_score(self, lesson_id: str) -> float | None:
+        """The best finished quiz as a fraction in [0, 1], or None if none was taken."""
+        with self.connection() as conn:
+            row = conn.execute(
+                "SELECT max(CAST(correct AS REAL) / total) FROM quiz_sessions WHERE lesson_id = ?",
+                (lesson_id,)).fetchone()
+        return None if row[0] is None else float(row[0])
+
+    # -- runs ----------------------------------------------------------------------------------
+    def record_run(self, run_id: str, lesson_id: str, status: str, path) -> None:
+        """Insert a run or update its status/path (the start time is kept)."""
+        now = time.time()
+        with self.transaction() as conn:
+            conn.execute(
+                "INSERT INTO runs (run_id, lesson_id, status, path, started_at, updated_at) "
+                "VALUES (?,?,?,?,?,?) ON CONFLICT (run_id) DO UPDATE SET "
+                "lesson_id = excluded.lesson_id, status = excluded.status, "
+                "path = excluded.path, updated_at = excluded.updated_at",
+                (run_id, lesson_id, status, str(path), now, now))
+
+    def runs(self, lesson_id: str | None = None) -> list[dict]:
+        """Recorded runs, newest first."""
+        sql = "SELECT run_id, lesson_id, status, path, started_at, updated_at FROM runs"
+        args: tuple = ()
+        if lesson_id is not None:
+            sql += " WHERE lesson_id = ?"
+            args = (lesson_id,)
+        with self.connection() as conn:
+            rows = conn.execute(sql + " ORDER BY started_at DESC, rowid DESC", args).fetchall()
+        return [dict(r) for r in rows]
+
+    # -- overview ------------------------------------------------------------------------------
+    def summary(self) -> dict[str, dict]:
+        """Per lesson id: steps_done, steps_total, best_quiz (fraction or None), runs (count).
+
+        Only steps the lesson still has count, so renamed or removed steps do not inflate it.
+        """
+        from distai.lessons.registry import all_lessons
+
+        with self.connection() as conn:
+            seen: dict[str, set[str]] = {}
+            for lesson_id, key in conn.execute("SELECT lesson_id, step_key FROM steps_seen"):
+                seen.setdefault(lesson_id, set()).add(key)
+            best = {r[0]: float(r[1]) for r in conn.execute(
+                "SELECT lesson_id, max(CAST(correct AS REAL) / total) FROM quiz_sessions "
+                "GROUP BY lesson_id")}
+            runs = {r[0]: int(r[1]) for r in conn.execute(
+                "SELECT lesson_id, count(*) FROM runs GROUP BY lesson_id")}
+        out = {}
+        for lesson in all_lessons():
+            keys = {s.key for s in lesson.steps}
+            out[lesson.id] = {
+                "steps_done": len(keys & seen.get(lesson.id, set())),
+                "steps_total": len(keys),
+                "best_quiz": best.get(lesson.id),
+                "runs": runs.get(lesson.id, 0),
+            }
+        return out

@@ -1,0 +1,24 @@
+"""Helpers the tutor's screens share: bindings whose footer labels follow the language."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from textual.binding import BindingsMap
+from textual.dom import DOMNode
+
+from distai.tutor.strings import tr
+
+
+def localize_bindings(node: DOMNode, lang: str, labels: dict[str, str]) -> None:
+    """Give ``node``'s bindings the footer descriptions ``labels[action]`` (string keys) in ``lang``."""
+    merged = type(node)._merged_bindings
+    if merged is None:
+        return
+    new = BindingsMap()
+    for _key, bindings in merged.key_to_bindings.items():
+        for binding in bindings:
+            if binding.action in labels:
+                binding = replace(binding, description=tr(labels[binding.action], lang))
+            new._add_binding(binding)
+    node._bindings = new
+    node.refresh_bindings()

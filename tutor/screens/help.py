@@ -1,0 +1,64 @@
+"""The help overlay: the keys of the screen underneath, in the current language."""
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+from distai.tutor.strings import tr
+
+HOME_KEYS = [
+    ("↑ ↓", "key_move"),
+    ("Enter", "key_open"),
+    ("l", "key_lang"),
+    ("ctrl+p", "key_palette"),
+    ("?", "key_help"),
+    ("q", "key_back"),
+]
+LESSON_KEYS = [
+    ("→  n", "key_next"),
+    ("←  p", "key_prev"),
+    ("t", "key_quiz"),
+    ("r", "key_run"),
+    ("l", "key_lang"),
+    ("v", "key_visualizer"),
+    ("ctrl+p", "key_palette"),
+    ("?", "key_help"),
+    ("q  Esc", "key_back"),
+]
+
+
+class HelpScreen(ModalScreen[None]):
+    """Lists the bindings; Esc, q, ? or a click closes it."""
+
+    BINDINGS = [
+        Binding("escape,q,question_mark,enter", "close", "Close", show=False),
+    ]
+
+    def __init__(self, context: str, language: str):
+        super().__init__()
+        self.context = context
+        self.language = language
+
+    def compose(self) -> ComposeResult:
+        lang = self.language
+        table = Table.grid(padding=(0, 2))
+        table.add_column(style="bold cyan", no_wrap=True)
+        table.add_column()
+        for keys, label in (LESSON_KEYS if self.context == "lesson" else HOME_KEYS):
+            table.add_row(keys, tr(label, lang))
+        table.add_row(tr("mouse", lang), tr("key_mouse", lang))
+        with Vertical(id="help-box") as box:
+            box.border_title = tr("help_title", lang)
+            yield Static(table, id="help-keys")
+            yield Static(Text(tr("help_close", lang), style="dim"), id="help-close")
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+    def on_click(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,156 @@
+"""The home screen: the seven lessons with their duration and the learner's progress."""
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, OptionList, Static
+from textual.widgets.option_list import Option
+
+from distai.lessons.registry import Lesson, all_lessons
+from distai.tutor.screens.common import localize_bindings
+from distai.tutor.strings import percent, tr
+
+BINDING_LABELS = {
+    "open": "binding_open",
+    "quit_app": "binding_quit",
+    "help": "binding_help",
+    "toggle_language": "binding_lang",
+}
+
+
+class HomeScreen(Screen):
+    """The lesson list. Enter (or a click) opens the highlighted lesson."""
+
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
+    BINDINGS = [
+        Binding("enter", "open", "Open"),
+        Binding("q", "quit_app", "Quit"),
+        Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("l", "toggle_language", "Español"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="home-title")
+        yield Static(id="home-hint")
+        with Horizontal(id="home-body"):
+            yield OptionList(id="lesson-list")
+            with VerticalScroll(id="lesson-details"):
+                yield Static(id="details")
+        yield Footer()
+
+    @property
+    def lang(self) -> str:
+        return self.app.language
+
+    def on_mount(self) -> None:
+        self.apply_language()
+        self.query_one(OptionList).focus()
+
+    def on_screen_resume(self) -> None:
+        self.refresh_progress()
+
+    # -- rendering -------------------------------------------------------------------------------
+    def apply_language(self) -> None:
+        lang = self.lang
+        title = Text()
+        title.append(tr("app_title", lang), style="bold")
+        title.append("  —  " + tr("app_tagline", lang))
+        self.query_one("#home-title", Static).update(title)
+        self.query_one("#home-hint", Static).update(Text(tr("home_hint", lang)))
+        localize_bindings(self, lang, BINDING_LABELS)
+        self.refresh_progress()
+
+    def refresh_progress(self) -> None:
+        summary = self.app.progress_summary()
+        lessons = all_lessons()
+        option_list = self.query_one(OptionList)
+        keep = option_list.highlighted
+        option_list.clear_options()
+        option_list.add_options(
+            Option(self._prompt(lesson, summary.get(lesson.id, {})), id=lesson.id) for lesson in lessons)
+        option_list.highlighted = keep if keep is not None else 0
+        self._show_details()
+
+    def _prompt(self, lesson: Lesson, progress: dict) -> Table:
+        lang = self.lang
+        grid = Table.grid(padding=(0, 1), pad_edge=False)
+        grid.add_column(width=2, style="bold", no_wrap=True)
+        grid.add_column(ratio=1)
+        text = Text()
+        text.append(lesson.title[lang], style="bold")
+        text.append("\n")
+        parts = [tr("minutes", lang, m=lesson.duration_min),
+                 tr("steps_done", lang, done=progress.get("steps_done", 0),
+                    total=progress.get("steps_total", len(lesson.steps)))]
+        best = progress.get("best_quiz")
+        parts.append(tr("best_quiz", lang, score=percent(best)) if best is not None
+                     else tr("no_quiz", lang))
+        mastery = progress.get("mastery")
+        if mastery is not None:
+            parts.append(tr("mastery", lang, score=percent(mastery)))
+        text.append(" · ".join(parts), style="dim")
+        grid.add_row(f"{lesson.number:>2}", text)
+        return grid
+
+    def _show_details(self) -> None:
+        lesson = self.highlighted_lesson()
+        details = self.query_one("#details", Static)
+        if lesson is None:
+            details.update("")
+            return
+        lang = self.lang
+        seen = self.app.steps_seen(lesson.id)
+        text = Text()
+        text.append(f"{tr('lesson_n', lang, n=lesson.number)} · "
+                    f"{tr('minutes', lang, m=lesson.duration_min)}\n", style="dim")
+        text.append(lesson.title[lang] + "\n\n", style="bold")
+        text.append(lesson.summary[lang] + "\n\n")
+        steps = Table.grid(padding=(0, 1))
+        steps.add_column(width=1)
+        steps.add_column(width=3, justify="right")
+        steps.add_column(ratio=1)
+        for i, step in enumerate(lesson.steps, 1):
+            done = step.key in seen
+            steps.add_row(Text("✓" if done else "·", style="green" if done else "dim"), f"{i}.",
+                          step.title[lang])
+        refs = Text()
+        if lesson.references:
+            refs.append("\n" + tr("references", lang) + "\n", style="bold")
+            for ref in lesson.references:
+                refs.append(f"• {ref}\n", style="dim")
+        text.rstrip()
+        text.append("\n")
+        details.update(Group(text, steps, refs))
+
+    def highlighted_lesson(self) -> Lesson | None:
+        option = self.query_one(OptionList).highlighted_option
+        if option is None:
+            return None
+        return next(lesson for lesson in all_lessons() if lesson.id == option.id)
+
+    # -- events and actions ----------------------------------------------------------------------
+    def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        self._show_details()
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        event.stop()
+        self.app.open_lesson(event.option.id)
+
+    def action_open(self) -> None:
+        lesson = self.highlighted_lesson()
+        if lesson is not None:
+            self.app.open_lesson(lesson.id)
+
+    def action_quit_app(self) -> None:
+        self.app.exit()
+
+    def action_help(self) -> None:
+        self.app.action_show_help_overlay()
+
+    async def action_toggle_language(self) -> None:
+        await self.app.action_toggle_language()

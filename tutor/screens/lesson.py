@@ -1,0 +1,234 @@
+"""A lesson: a step-by-step walk with the step's text, its code and the lesson's visualizer."""
+from __future__ import annotations
+
+import importlib
+
+from rich.syntax import Syntax
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Container, Horizontal, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Button, Footer, Markdown, Static
+
+from distai.lessons.registry import Lesson
+from distai.tutor.code_source import CodeNotFound, read_source
+from distai.tutor.screens.common import localize_bindings
+from distai.tutor.strings import tr
+
+BINDING_LABELS = {
+    "next": "binding_next",
+    "prev": "binding_prev",
+    "back": "binding_back",
+    "quiz": "binding_quiz",
+    "run": "binding_run",
+    "toggle_language": "binding_lang",
+    "help": "binding_help",
+}
+
+
+def step_markdown(lesson: Lesson, key: str, lang: str) -> str:
+    """The step's Markdown, or a note saying that it is not written yet."""
+    if lesson.has_step_text(key, lang):
+        return lesson.step_text(key, lang)
+    folder = lesson.package.rsplit(".", 1)[-1]
+    return tr("text_missing", lang, path=f"lessons/{folder}/{lang}/{key}.md")
+
+
+def load_screen_class(module: str, name: str):
+    """``module.name`` if that module exists yet, else None (errors inside it propagate)."""
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name == module:
+            return None
+        raise
+    return getattr(mod, name, None)
+
+
+class LessonScreen(Screen):
+    """One lesson. Keyboard first; the buttons do the same with the mouse."""
+
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
+    BINDINGS = [
+        Binding("right,n", "next", "Next", priority=True),
+        Binding("left,p", "prev", "Previous", priority=True),
+        Binding("t", "quiz", "Quiz"),
+        Binding("r", "run", "Run"),
+        Binding("l", "toggle_language", "Español"),
+        Binding("v", "toggle_visualizer", "Visualizer", show=False),
+        Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("q,escape", "back", "Back"),
+    ]
+
+    def __init__(self, lesson: Lesson, start: int = 0):
+        super().__init__()
+        self.lesson = lesson
+        self.index = max(0, min(start, len(lesson.steps) - 1))
+        self.visualizer = None
+        self._visualizer_name: str | None = None
+        self._visualizer_lang: str | None = None
+
+    # -- layout ----------------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="lesson-bar"):
+            yield Static(id="lesson-title")
+            yield Static(id="lesson-duration")
+        with Horizontal(id="step-bar"):
+            yield Static(id="step-counter")
+            yield Static(id="step-title")
+            yield Static(id="step-dots")
+        with Container(id="body"):
+            with VerticalScroll(id="text-pane"):
+                yield Markdown(id="step-text")
+                yield Static(id="code-title")
+                yield Static(id="code")
+            yield Container(id="visualizer-pane")
+        with Horizontal(id="actions"):
+            yield Button("", id="prev", compact=True)
+            yield Button("", id="next", compact=True, variant="primary")
+            yield Static(classes="spacer")
+            yield Button("", id="quiz", compact=True)
+            yield Button("", id="run", compact=True, variant="success")
+        yield Footer()
+
+    @property
+    def lang(self) -> str:
+        return self.app.language
+
+    @property
+    def step(self):
+        return self.lesson.steps[self.index]
+
+    async def on_mount(self) -> None:
+        await self.apply_language()
+
+    # -- rendering -------------------------------------------------------------------------------
+    async def apply_language(self) -> None:
+        """Re-render everything in the app's current language."""
+        lang = self.lang
+        lesson = self.lesson
+        title = Text()
+        title.append(tr("lesson_n", lang, n=lesson.number) + " · ", style="bold")
+        title.append(lesson.title[lang], style="bold")
+        self.query_one("#lesson-title", Static).update(title)
+        self.query_one("#lesson-duration", Static).update(tr("minutes", lang, m=lesson.duration_min))
+        for button_id in ("prev", "next", "quiz", "run"):
+            button = self.query_one(f"#{button_id}", Button)
+            button.label = tr(button_id, lang)
+            button.refresh(layout=True)
+        self.query_one("#run", Button).display = bool(lesson.experiment)
+        localize_bindings(self, lang, BINDING_LABELS)
+        await self.show_step(self.index)
+
+    async def show_step(self, index: int) -> None:
+        self.index = index
+        lang = self.lang
+        lesson, step = self.lesson, self.lesson.steps[index]
+        n = len(lesson.steps)
+        self.query_one("#step-counter", Static).update(tr("step_counter", lang, k=index + 1, n=n))
+        self.query_one("#step-title", Static).update(Text(step.title[lang]))
+        dots = Text()
+        dots.append("●" * (index + 1), style="bold")
+        dots.append("○" * (n - index - 1), style="dim")
+        self.query_one("#step-dots", Static).update(dots)
+        self.query_one("#prev", Button).disabled = index == 0
+        self.query_one("#next", Button).disabled = index == n - 1
+        await self.query_one("#step-text", Markdown).update(step_markdown(lesson, step.key, lang))
+        self._show_code(step)
+        await self._show_visualizer(step)
+        self.query_one("#text-pane", VerticalScroll).scroll_home(animate=False)
+        self.app.mark_step_seen(lesson.id, step.key)
+
+    def _show_code(self, step) -> None:
+        code_title = self.query_one("#code-title", Static)
+        code = self.query_one("#code", Static)
+        if not step.code:
+            code_title.display = code.display = False
+            return
+        code_title.display = code.display = True
+        try:
+            src = read_source(step.code)
+        except CodeNotFound as exc:
+            code_title.update(Text(tr("code_missing", self.lang, spec=step.code, reason=str(exc)),
+                                   style="italic yellow"))
+            code.display = False
+            return
+        code_title.update(Text(tr("code_title", self.lang, where=src.where), style="bold"))
+        code.update(Syntax(src.source, "python", line_numbers=True, start_line=src.start_line,
+                           word_wrap=True, theme="monokai", background_color="default"))
+
+    async def _show_visualizer(self, step) -> None:
+        from distai.visualizers.base import make_visualizer
+
+        pane = self.query_one("#visualizer-pane", Container)
+        name = step.visualizer or self.lesson.visualizer
+        pane.border_title = f"{tr('visualizer', self.lang)}: {name or '—'}"
+        if self.visualizer is None or (name, self.lang) != (self._visualizer_name, self._visualizer_lang):
+            await pane.remove_children()
+            self.visualizer = None
+            try:
+                widget = make_visualizer(name, self.lang)
+            except Exception as exc:  # a broken visualizer must not take the lesson down
+                self.log.error(f"visualizer {name!r} failed: {exc!r}")
+                await pane.mount(Static(Text(f"{name}: {type(exc).__name__}: {exc}", style="red")))
+                self._visualizer_name, self._visualizer_lang = name, self.lang
+                return
+            self.visualizer = widget
+            self._visualizer_name, self._visualizer_lang = name, self.lang
+            await pane.mount(widget)
+        if self.visualizer is not None:
+            self.visualizer.show_step(step.key)
+
+    # -- actions ---------------------------------------------------------------------------------
+    async def action_next(self) -> None:
+        if self.index < len(self.lesson.steps) - 1:
+            await self.show_step(self.index + 1)
+        else:
+            self.notify(tr("last_step", self.lang), timeout=3)
+
+    async def action_prev(self) -> None:
+        if self.index > 0:
+            await self.show_step(self.index - 1)
+        else:
+            self.notify(tr("first_step", self.lang), timeout=3)
+
+    def action_back(self) -> None:
+        self.app.pop_screen()
+
+    def action_help(self) -> None:
+        self.app.action_show_help_overlay()
+
+    async def action_toggle_language(self) -> None:
+        await self.app.action_toggle_language()
+
+    def action_toggle_visualizer(self) -> None:
+        pane = self.query_one("#visualizer-pane")
+        pane.display = not pane.display
+
+    def action_quiz(self) -> None:
+        cls = load_screen_class("distai.tutor.quiz_screen", "QuizScreen")
+        if cls is None:
+            self.notify(tr("quiz_unavailable", self.lang), severity="warning")
+            return
+        self.app.push_screen(cls(self.lesson, self.lang))
+
+    def action_run(self) -> None:
+        if not self.lesson.experiment:
+            self.notify(tr("no_experiment", self.lang), severity="warning")
+            return
+        cls = load_screen_class("distai.tutor.run_panel", "RunPanelScreen")
+        if cls is None:
+            self.notify(tr("run_unavailable", self.lang), severity="warning")
+            return
+        self.app.push_screen(cls(self.lesson, self.lang))
+
+    async def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        actions = {"prev": self.action_prev, "next": self.action_next}
+        if event.button.id in actions:
+            await actions[event.button.id]()
+        elif event.button.id == "quiz":
+            self.action_quiz()
+        elif event.button.id == "run":
+            self.action_run()
