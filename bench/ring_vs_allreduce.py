@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     import torch.multiprocessing as mp
 
     from distai.engine.testing import free_port
-    from distai.lessons.lesson1.formulas import algbw, busbw_allreduce
+    from distai.lessons.lesson1.formulas import busbw
 
     sizes = [int(s * (1 << 20)) // 4 * 4 for s in args.sizes_mib]
     pieces = None if args.pieces == "auto" else int(args.pieces)
@@ -90,8 +90,8 @@ def main(argv=None) -> int:
     ratios = []
     for size in sizes:
         r = results[size]
-        ring_bus = busbw_allreduce(algbw(size, r["ring"]), n)
-        ar_bus = busbw_allreduce(algbw(size, r["all_reduce"]), n)
+        ring_bus = busbw(size, r["ring"], n)
+        ar_bus = busbw(size, r["all_reduce"], n)
         ratio = ring_bus / ar_bus
         ratios.append(ratio)
         print(f"{size / (1 << 20):8.1f}Mi {r['ring'] * 1e3:9.2f} {ring_bus / 1e9:9.3f}GB/s "

@@ -30,7 +30,8 @@ import torch.distributed as dist
 
 from distai.lessons.lesson1 import ring_model as model
 
-DEFAULT_PIECE_BYTES = 1 << 20  # aim for ~1 MiB sub-chunks (tuned with bench/ring_vs_allreduce.py)
+DEFAULT_PIECE_BYTES = 2 << 20  # aim for ~2 MiB sub-chunks (tuned with bench/ring_vs_allreduce.py)
+MIN_PIPELINED_CHUNK = 512 << 10  # chunks at least this big go in >= 2 pieces
 MAX_PIECES = 16
 
 _scratch: dict[tuple, torch.Tensor] = {}
@@ -48,7 +49,8 @@ def _scratch_buffer(numel: int, dtype: torch.dtype, device: torch.device) -> tor
 
 def choose_pieces(chunk_bytes: int, piece_bytes: int = DEFAULT_PIECE_BYTES) -> int:
     """How many sub-chunks to pipeline a chunk of ``chunk_bytes`` in."""
-    return max(1, min(MAX_PIECES, chunk_bytes // max(1, piece_bytes)))
+    pieces = max(1, min(MAX_PIECES, chunk_bytes // max(1, piece_bytes)))
+    return max(pieces, 2) if chunk_bytes >= MIN_PIPELINED_CHUNK else pieces
 
 
 def _group_info(group) -> tuple[int, int, Any]:
@@ -69,7 +71,7 @@ def ring_allreduce(tensor: torch.Tensor, op: str = "sum", group=None, *, pieces:
 
     ``op`` is ``"sum"`` or ``"avg"`` (the average divides each finished chunk once, by N,
     before the all-gather spreads it). ``pieces`` sub-chunks per chunk are pipelined
-    (default: about 1 MiB each, at most 16). ``trace``: an ``EventSink`` to receive one
+    (default: about 2 MiB each, at least 2 for chunks of 512 KiB or more, at most 16). ``trace``: an ``EventSink`` to receive one
     ``ring_step`` event per step; ``call`` numbers the all-reduce in those events.
     """
     if op not in ("sum", "avg"):
