@@ -112,8 +112,12 @@ class StepStats:
 def train_data_parallel(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int,
                         batch_size: int, lr: float, rank: int, world_size: int, group=None,
                         on_step: Callable[[StepStats], None] | None = None,
-                        ring_kwargs_for_step: Callable[[int], dict] | None = None) -> list[float]:
-    """SGD on ``model`` for ``steps`` steps, gradients averaged with the ring; returns losses."""
+                        ring_kwargs_for_step: Callable[[int], dict] | None = None,
+                        allreduce: Callable | None = None) -> list[float]:
+    """SGD on ``model`` for ``steps`` steps, gradients averaged with the ring; returns losses.
+
+    ``allreduce(flat)`` replaces the ring (the tests use a do-nothing one as a negative control).
+    """
     loss_fn = nn.MSELoss()
     params = list(model.parameters())
     losses = []
@@ -126,7 +130,7 @@ def train_data_parallel(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, s
         loss.backward()
         t1 = time.perf_counter()
         extra = ring_kwargs_for_step(step) if ring_kwargs_for_step else {}
-        nbytes = average_gradients(params, group=group, **extra)
+        nbytes = average_gradients(params, group=group, allreduce=allreduce, **extra)
         t2 = time.perf_counter()
         sgd_step(params, lr)
         # the global loss, for reporting only (not part of the training math)

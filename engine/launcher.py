@@ -209,13 +209,15 @@ def _signal_name(code: int) -> str:
 class Failure:
     rank: int | None
     message: str
+    reporter: int | None = None  # the rank whose error revealed it (for a hang: who waited)
 
 
 def analyse_failure(error_events: list[dict], torchrun_lines: list[str], exit_code: int) -> Failure:
     """Which rank failed first, and why: a missed barrier names the absent rank; otherwise the
     earliest ``error`` event; otherwise torchrun's "root cause" report."""
     texts = [e.get("error", "") + "\n" + e.get("traceback", "") for e in error_events] + torchrun_lines
-    for text in texts:
+    reporters = [e.get("rank") for e in error_events] + [None] * len(torchrun_lines)
+    for text, reporter in zip(texts, reporters):
         m = _BARRIER.search(text)
         if m:
             ranks = [int(r) for r in re.split(r"\s*,\s*", m.group("ranks"))]
@@ -223,10 +225,11 @@ def analyse_failure(error_events: list[dict], torchrun_lines: list[str], exit_co
             at = f" at barrier '{where.group('name')}'" if where else ""
             who = ", ".join(str(r) for r in ranks)
             return Failure(ranks[0], f"rank{'s' if len(ranks) > 1 else ''} {who} did not arrive{at} "
-                                     f"within {int(m.group('ms')) / 1000:g} s (hung or too slow)")
+                                     f"within {int(m.group('ms')) / 1000:g} s (hung or too slow)", reporter)
     if error_events:
         first = min(error_events, key=lambda e: e.get("t", 0.0))
-        return Failure(first.get("rank"), f"rank {first.get('rank')} failed: {first.get('error', '?')}")
+        return Failure(first.get("rank"), f"rank {first.get('rank')} failed: {first.get('error', '?')}",
+                       first.get("rank"))
     rank = code = None
     for line in torchrun_lines:
         m = _ROOT_RANK.match(line)
@@ -239,6 +242,15 @@ def analyse_failure(error_events: list[dict], torchrun_lines: list[str], exit_co
         how = f"was killed by {_signal_name(code)}" if code is not None and code < 0 else f"exited with code {code}"
         return Failure(rank, f"rank {rank} {how}")
     return Failure(None, f"torchrun exited with code {exit_code}")
+
+
+def _trim(lines: list[str]) -> list[str]:
+    """Drop blank lines at both ends."""
+    while lines and not lines[-1].strip():
+        lines = lines[:-1]
+    while lines and not lines[0].strip():
+        lines = lines[1:]
+    return lines
 
 
 # -- the launch ------------------------------------------------------------------------------------
@@ -287,6 +299,8 @@ class Launch:
         rec.status = "running"
         rec.launcher_pid = os.getpid()
         rec.save()
+        for local in range(self.spec.placement.nproc):  # every rank has a log, even a silent one
+            self._log(self.spec.global_rank(local))
         self._started = time.time()
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -462,10 +476,11 @@ class Launch:
             rec.status = "failed"
             failure = analyse_failure(self._errors, self._torchrun_lines, code)
             rec.failed_rank, rec.error = failure.rank, failure.message
-            if failure.rank is not None:
-                rec.error_tail = tail_lines(rec.rank_log(failure.rank), 15)
-            else:
-                rec.error_tail = self._torchrun_lines[-15:]
+            tail = _trim(tail_lines(rec.rank_log(failure.rank), 15)) if failure.rank is not None else []
+            if not tail and failure.reporter is not None and failure.reporter != failure.rank:
+                tail = [f"(rank {failure.rank} printed nothing; rank {failure.reporter} reported:)"] + \
+                    _trim(tail_lines(rec.rank_log(failure.reporter), 14))
+            rec.error_tail = tail or _trim(self._torchrun_lines[-15:])
         rec.save()
         self._dispatch({"kind": "run_end", "t": time.time(), "run_id": rec.id, "status": rec.status,
                         "exit_code": code, "error": rec.error, "failed_rank": rec.failed_rank,

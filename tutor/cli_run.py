@@ -256,6 +256,8 @@ def run_cmd(
         launch.stop(f"stopped by {signal.Signals(signum).name}")
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
+    # Ctrl-C stops the run even where SIGINT was inherited as ignored (a background job)
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
     interrupted = False
     try:
         with view:
