@@ -46,6 +46,7 @@ class Lesson:
     package: str
     visualizer: str | None = None
     experiment: str | None = None
+    ranks: int = 4  # processes (GPUs) the experiment uses by default
     calculators: tuple[str, ...] = ()
     references: tuple[str, ...] = field(default_factory=tuple)
 
@@ -85,6 +86,7 @@ def _parse(package: str, data: dict) -> Lesson:
         package=package,
         visualizer=data.get("visualizer"),
         experiment=data.get("experiment"),
+        ranks=int(data.get("ranks", 4)),
         calculators=tuple(data.get("calculators", ())),
         references=tuple(r["text"] for r in data.get("references", ())),
     )

@@ -9,7 +9,8 @@ widget does not render HTML comments, so the learner never sees it)::
 The part before the relation (`=` or `≈`, with a space on each side) is a Python expression. It may
 call the functions of the step's own lesson module ``distai.lessons.lessonN.formulas`` by their bare
 name, or any function of a module under ``distai.lessons`` by a dotted path relative to it
-(``lesson2.formulas.model_state_bytes(...)``); it may use numbers, strings, + − * / ** and a few
+(``lesson2.formulas.model_state_bytes(...)``); it may use numbers, strings, + − * / **, a string or
+integer subscript of a result (``kv_cache_total(...)["per_gpu_bytes"]``) and a few
 helpers (``abs``, ``min``, ``max``, ``sqrt``, ``log2``, ``ceil``, ``floor``). Keyword arguments are
 written without spaces around ``=``.
 
@@ -214,6 +215,11 @@ class _Evaluator:
             for kind, fn in ops.items():
                 if isinstance(node.op, kind):
                     return fn(self.eval(node.left), self.eval(node.right))
+        if isinstance(node, ast.Subscript):  # a field of a function's dict or tuple result
+            key = self.eval(node.slice)
+            if not isinstance(key, (str, int)):
+                raise CheckSyntaxError("only string or integer subscripts are allowed in checks")
+            return self.eval(node.value)[key]
         if isinstance(node, ast.Call):
             fn = self.resolve(node.func)
             args = [self.eval(a) for a in node.args]

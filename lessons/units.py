@@ -36,6 +36,9 @@ BYTE_UNITS = {
 COUNT_UNITS = {
     "": 1, "k": 1e3, "thousand": 1e3, "m": 1e6, "million": 1e6, "millions": 1e6, "mill": 1e6,
     "b": 1e9, "bn": 1e9, "billion": 1e9, "billions": 1e9, "g": 1e9, "t": 1e12, "trillion": 1e12,
+    # Spanish: "mil" = 10^3, "mil M" / "mil millones" = 10^9, "billón" = 10^12 (long scale).
+    "mil": 1e3, "millón": 1e6, "millon": 1e6, "millones": 1e6, "mil m": 1e9, "mil millones": 1e9,
+    "billón": 1e12, "billon": 1e12, "billones": 1e12,
 }
 TIME_UNITS = {
     "ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3,
@@ -122,7 +125,7 @@ def parse_count(text, lang: str = "en") -> float:
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         return _finite(float(text), text)
     num, unit = _split(text)
-    key = unit.lower().rstrip(".")
+    key = " ".join(unit.lower().rstrip(".").split())
     if key not in COUNT_UNITS:
         raise UnitError(f"unknown count suffix {unit!r} in {text!r} (use k, M, B or T)")
     return _finite(parse_number(num, lang) * COUNT_UNITS[key], text)
@@ -252,9 +255,9 @@ def format_bytes(n: float, binary: bool = False, digits: int = 3, lang: str = "e
 
 
 def format_count(n: float, digits: int = 3, lang: str = "en") -> str:
-    """``7.5e9`` → ``7.5B`` (English short scale; Spanish ``7,5 mil M``)."""
+    """``7.5e9`` → ``7.5B`` (English short scale; Spanish ``7,5 mil M``, and ``billones`` for 10^12)."""
     if lang == "es":
-        steps = [(1e12, "B"), (1e9, "mil M"), (1e6, "M"), (1e3, "mil"), (1, "")]
+        steps = [(1e12, "billones"), (1e9, "mil M"), (1e6, "M"), (1e3, "mil"), (1, "")]
         out = _scaled(n, steps, digits, lang, sep=" ")
     else:
         steps = [(1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k"), (1, "")]

@@ -29,6 +29,16 @@ def test_ring_worked_example():
     assert f1.busbw_factor(8) == pytest.approx(1.75)
 
 
+def test_lesson1_text_worked_example():
+    # Lesson 1, step "worked-example": 1 GB of fp16 gradients, N = 8, 25 GB/s links (beta = 4e-11 s/B),
+    # alpha = 5 us: 70 us + 70 ms = 70.07 ms; naive 560 ms (8.0x); N = 64: 79.38 ms; crossover 1 MB.
+    assert f1.ring_allreduce_time(1e9, 8, 5e-6, 4e-11) == pytest.approx(0.07007)
+    assert f1.naive_allreduce_time(1e9, 8, 5e-6, 4e-11) == pytest.approx(0.56007)
+    assert f1.ring_allreduce_time(1e9, 64, 5e-6, 4e-11) == pytest.approx(0.07938)
+    assert f1.ring_crossover_bytes(8, 5e-6, 4e-11) == pytest.approx(1e6)
+    assert f1.ring_allreduce_time(1e6, 8, 5e-6, 4e-11) == pytest.approx(140e-6)
+
+
 def test_ring_vs_naive_vs_tree():
     S, a, b = 256e6, 2e-6, 1 / 50e9
     for n in (2, 3, 4, 8, 16, 64, 1000):

@@ -210,6 +210,7 @@ def test_cli_lessons_shows_progress(tmp_path, monkeypatch):
     l1 = rows[0]
     assert l1["steps_done"] == 2 and l1["steps_total"] == len(resolve_lesson(1).steps)
     assert l1["best_quiz"] == 0.75
+    assert l1["mastery"] is None  # no question answered yet
     assert rows[1]["steps_done"] == 0 and rows[1]["best_quiz"] is None
 
     text = subprocess.run([sys.executable, "-m", "distai.tutor.cli", "lessons", "--lang", "en"],

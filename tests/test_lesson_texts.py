@@ -18,12 +18,43 @@ from distai.lessons import text_checks as tc
 from distai.lessons.registry import LANGUAGES, all_lessons
 
 LESSONS = all_lessons()
-# Lessons whose every worked number must carry a check (the others are being written by their
-# engineers; add a lesson here once its text is final).
-CHECKED_LESSONS = {"lesson1"}
+# Finished lessons: every result quoted with one of RESULT_UNITS in their prose must carry a check,
+# unless it is one of the lesson's stated inputs or published facts listed here (written the English
+# way; Spanish "12,4 %" is compared as "12.4%"). The others are being written by their engineers: add
+# a lesson here once its text is final.
+RESULT_UNITS = r"ms|µs|GB/s|TB/s|GB|MB|KB|GiB|MiB|KiB|tokens/s|h|min|%|days|días|×"
+CHECKED_LESSONS = {
+    # α, the link speed and a compute time of the examples
+    "lesson1": {"5 µs", "25 GB/s", "200 ms", "1 GB", "25 MiB", "1 KiB", "64 MiB"},
+    # the checkpoint examples' inputs (C, R, intervals) and Llama 3's published percentages
+    "lesson3": {"5 min", "10 min", "1 h", "3 h", "54 days", "54 días", "78%", "58.7%", "90%",
+                "1 MB", "4 GB", "2 TB/s", "7 TB/s"},
+    # GPU capacities, the replicated floors 4Ψ/2Ψ of the 7.5B example, and traffic ratios the experiment
+    # measures (not formulas: its printout shows them)
+    "lesson2": {"80 GB", "30 GB", "15 GB", "1.00×", "1.50×", "2.00×"},
+    # lesson 5 quotes no inputs with units: every percentage and ratio is a formula result
+    "lesson5": set(),
+    # H100 figures, the examples' prompt and sizes, and the vLLM and DistServe papers' results
+    "lesson7": {"3.35 TB/s", "80 GB", "20.4%", "38.2%", "99%", "5 µs", "50 ms", "4×", "2.1×", "7.4×",
+                "12.6×"},
+    # α, link speeds, sizes and the per-layer backward time of the examples
+    "lesson6": {"5 µs", "30 µs", "25 GB/s", "10 GB/s", "2 ms", "1 MiB", "4 MiB", "2 MiB", "25 MiB",
+                "0.25 MiB"},
+    # H100 NVLink (both directions, one direction) and a 400 Gb/s NIC
+    "lesson4": {"900 GB/s", "450 GB/s", "50 GB/s"},
+}
 # Steps that teach with numbers: each needs at least one check in every language.
 NUMERIC_STEPS = {
     "lesson1": {"naive", "all-gather", "alpha-beta", "worked-example", "busbw", "try-it"},
+    "lesson3": {"failures", "lost-work", "young-daly", "worked-example"},
+    "lesson6": {"formats", "master-weights", "underflow", "loss-scaling", "dynamic", "bf16", "buckets",
+                "limits"},
+    "lesson2": {"copies", "bytes", "zero1", "zero2", "zero3", "worked-example", "traffic", "next-limits",
+                "what-fits"},
+    "lesson4": {"comm", "sequence-parallel", "activation-memory", "vocab-parallel", "inside-a-node"},
+    "lesson5": {"stages", "microbatches", "gpipe", "1f1b", "same-time", "bubble", "interleaved", "warmup",
+                "run-it"},
+    "lesson7": {"prefill-decode", "kv-bytes", "tp-decode", "paged", "slo", "planner", "disaggregation"},
 }
 
 
@@ -167,25 +198,35 @@ def test_numeric_steps_carry_checks(lesson_id):
             assert checks, f"{lesson_id}/{lang}/{key}.md quotes worked numbers but has no check"
 
 
+def _canonical(value: str) -> str:
+    value = re.sub(r"\s+", " ", value).replace(",", ".").replace(" %", "%")
+    return value
+
+
 @pytest.mark.parametrize("lesson_id", sorted(CHECKED_LESSONS))
 def test_checked_lessons_have_no_unchecked_results(lesson_id):
-    """In a finished lesson, a number followed by a time or bandwidth unit must be checked.
+    """In a finished lesson, a number followed by a result unit must be checked.
 
-    Catches a worked result added to the prose without its check comment. Inputs such as
-    "α = 5 µs" or "25 GB/s" are allowed when they appear in a check's expression too (as
-    themselves) or are listed among the step's stated inputs below.
+    Catches a worked result added to the prose without its check comment. Inputs of the examples and
+    published facts are listed in CHECKED_LESSONS.
     """
     lesson = next(lesson for lesson in LESSONS if lesson.id == lesson_id)
-    unit_re = re.compile(r"(?<![\w.,])(\d[\d.,]*\s?(?:ms|µs|GB/s))")
-    inputs = {"5 µs", "25 GB/s", "25GB/s", "200 ms"}  # α, the link speed, the compute time of an example
+    unit_re = re.compile(r"(?<![\w.,])(\d[\d.,]*\s?(?:" + RESULT_UNITS + r"))(?![\w/])")
+    inputs = {_canonical(v) for v in CHECKED_LESSONS[lesson_id]}
+    unchecked = []
     for step in lesson.steps:
         for lang in LANGUAGES:
             md = lesson.step_text(step.key, lang)
-            shown = {re.sub(r"\s+", " ", c.shown) for c in tc.find_checks(md, lang)}
-            for m in unit_re.finditer(tc.visible_text(md)):
-                value = re.sub(r"\s+", " ", m.group(1))
-                assert value in shown or value in inputs or value.replace(",", ".") in inputs, (
-                    f"{lesson_id}/{lang}/{step.key}.md: {value!r} is quoted without a check")
+            shown = {_canonical(c.shown) for c in tc.find_checks(md, lang)}
+            prose = re.sub(r"```.*?```", "", tc.visible_text(md), flags=re.S)  # commands, code
+            prose = re.sub(r"`[^`]*`", "", prose)
+            for m in unit_re.finditer(prose):
+                if m.group(1).endswith("×") and re.match(r"\s*\d", prose[m.end():]):
+                    continue  # a product such as "8192 × 2", not a ratio
+                value = _canonical(m.group(1))
+                if value not in shown and value not in inputs:
+                    unchecked.append(f"{lang}/{step.key}: {m.group(1)!r}")
+    assert not unchecked, f"{lesson_id}: results quoted without a check: {unchecked}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -291,3 +332,33 @@ def test_textual_markdown_hides_check_comments():
     screen = asyncio.run(render())
     assert "70.07" in screen and "ms" in screen  # the prose is rendered...
     assert "check:" not in screen and "ring_allreduce_time" not in screen  # ...the checks are not
+
+
+# --------------------------------------------------------------------------------------------
+# Calculator commands quoted in code blocks run as written.
+
+
+def _calc_commands():
+    out = []
+    for lesson, step in STEPS:
+        for lang in LANGUAGES:
+            if not lesson.has_step_text(step.key, lang):
+                continue
+            text = lesson.step_text(step.key, lang)
+            for block in re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S):
+                for line in block.splitlines():
+                    if line.strip().startswith("distai calc "):
+                        out.append(pytest.param(line.strip(), id=f"{lesson.id}/{lang}/{step.key}:{line.strip()[12:40]}"))
+    return out
+
+
+@pytest.mark.parametrize("command", _calc_commands())
+def test_quoted_calc_commands_run(command, capsys):
+    import shlex
+
+    from distai.tutor.cli import main
+
+    rc = main(shlex.split(command)[1:])
+    captured = capsys.readouterr()
+    assert rc == 0, f"`{command}` exits {rc}: {captured.err.strip()}"
+    assert captured.out.strip(), f"`{command}` printed nothing"

@@ -69,6 +69,33 @@ async def test_home_lists_every_lesson_with_progress():
 
 
 @async_test
+async def test_home_shows_best_quiz_and_mastery(isolated_distai_home):
+    from distai.lessons.quiz import generators
+    from distai.tutor.strings import percent
+
+    day = 86400.0
+    with ProgressStore(isolated_distai_home / "progress.db") as store:
+        store.record_quiz_session("lesson1", 4, 5)
+        kind = next(iter(generators("lesson1")))
+        # right, then right again once due a day later: Leitner box 3 counts as mastered
+        store.record_quiz_answer("lesson1", kind, True, at=1000.0)
+        store.record_quiz_answer("lesson1", kind, True, at=1000.0 + day + 1)
+        store.record_quiz_answer("lesson2", next(iter(generators("lesson2"))), False, at=1000.0)
+    app = DistaiApp("en")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        options = app.screen.query_one(OptionList)
+
+        def row(i):
+            return "".join(seg.text for seg in app.console.render(options.get_option_at_index(i).prompt))
+
+        assert "best quiz 80%" in row(0)
+        assert f"mastery {percent(1 / len(generators('lesson1')))}" in row(0)
+        assert "quiz —" in row(1) and "mastery 0%" in row(1)
+        assert "mastery" not in row(2)  # no answers yet: no mastery figure
+
+
+@async_test
 async def test_walk_lesson_forward_back_switch_language_and_quit(isolated_distai_home):
     lesson = resolve_lesson("lesson1")
     n = len(lesson.steps)
@@ -264,7 +291,7 @@ async def test_code_step_shows_the_real_engine_source():
         app.push_screen(LessonScreen(lesson))
         await pilot.pause()
         code = app.screen.query_one("#code", Static)
-        assert code.display
+        assert app.screen.query_one("#code-box").display
         syntax = code.content
         assert syntax.code.rstrip() == read_source("distai.engine.runtime:init_distributed").source.rstrip()
         assert syntax.code.startswith("def init_distributed(")
@@ -280,7 +307,7 @@ async def test_code_step_with_a_missing_name_says_so():
         await pilot.pause()
         title = plain(app.screen.query_one("#code-title"))
         assert "Source not available" in title and "has no no_such_function" in title
-        assert not app.screen.query_one("#code").display
+        assert not app.screen.query_one("#code-box").display
 
 
 @pytest.mark.parametrize("size", [(80, 24), (100, 30), (120, 40)])

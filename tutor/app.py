@@ -8,7 +8,6 @@ does not import torch.
 """
 from __future__ import annotations
 
-import importlib
 from functools import partial
 from typing import Iterable
 
@@ -16,22 +15,11 @@ from textual.app import App, SystemCommand
 from textual.screen import Screen
 
 from distai.lessons.registry import LANGUAGES, all_lessons, resolve_lesson
+from distai.tutor.progress import lesson_mastery
 from distai.tutor.screens.help import HelpScreen
 from distai.tutor.screens.home import HomeScreen
 from distai.tutor.screens.lesson import LessonScreen
 from distai.tutor.strings import tr
-
-
-def lesson_mastery(store, lesson_id: str) -> float | None:
-    """Mastery from spaced review (``distai.tutor.review.lesson_mastery``) once it exists."""
-    try:
-        review = importlib.import_module("distai.tutor.review")
-    except ModuleNotFoundError as exc:
-        if exc.name == "distai.tutor.review":
-            return None
-        raise
-    fn = getattr(review, "lesson_mastery", None)
-    return None if fn is None or store is None else fn(store, lesson_id)
 
 
 class DistaiApp(App):

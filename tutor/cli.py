@@ -108,8 +108,12 @@ def lessons(
         language = detect_language(lang)
     except ValueError as exc:
         raise CliError(str(exc)) from None
+    from distai.tutor.progress import lesson_mastery
+
     store = open_progress()
     summary = store.summary()
+    for lesson_id, row in summary.items():
+        row["mastery"] = lesson_mastery(store, lesson_id)
     store.close()
     rows = []
     for l in all_lessons():
@@ -117,19 +121,23 @@ def lessons(
         rows.append({"id": l.id, "number": l.number, "slug": l.slug, "title": l.title[language],
                      "duration_min": l.duration_min, "steps": len(l.steps),
                      "steps_done": p["steps_done"], "steps_total": p["steps_total"],
-                     "best_quiz": p["best_quiz"], "runs": p["runs"]})
+                     "best_quiz": p["best_quiz"], "mastery": p["mastery"], "runs": p["runs"]})
     if as_json:
         typer.echo(json.dumps(rows, ensure_ascii=False, indent=2))
         return
     width = max(len(r["title"]) for r in rows)
-    head = {"en": ("lesson", "min", "steps", "quiz", "runs"),
-            "es": ("lección", "min", "pasos", "quiz", "runs")}[language]
-    typer.echo(f" #  {head[0]:<{width}}  {head[1]:>3}  {head[2]:>5}  {head[3]:>4}  {head[4]:>4}  slug")
+    head = {"en": ("lesson", "min", "steps", "quiz", "mastery", "runs"),
+            "es": ("lección", "min", "pasos", "quiz", "dominio", "runs")}[language]
+
+    def pct(x):
+        return "—" if x is None else f"{round(100 * x)}%"
+
+    typer.echo(f" #  {head[0]:<{width}}  {head[1]:>3}  {head[2]:>5}  {head[3]:>4}  {head[4]:>7}  "
+               f"{head[5]:>4}  slug")
     for r in rows:
-        quiz_txt = "—" if r["best_quiz"] is None else f"{round(100 * r['best_quiz'])}%"
         steps_txt = f"{r['steps_done']}/{r['steps_total']}"
         typer.echo(f" {r['number']}  {r['title']:<{width}}  {r['duration_min']:>3}  {steps_txt:>5}  "
-                   f"{quiz_txt:>4}  {r['runs']:>4}  {r['slug']}")
+                   f"{pct(r['best_quiz']):>4}  {pct(r['mastery']):>7}  {r['runs']:>4}  {r['slug']}")
 
 
 def quiz(
@@ -161,7 +169,7 @@ def run(
 #     def quiz(...): ...
 # It must import nothing heavy (torch, numpy, textual) at module level: `distai --help` imports it.
 # Placeholder commands below are registered only for names no module claimed.
-COMMAND_MODULES = ("cli_calc", "cli_quiz", "cli_run", "cli_runs")
+COMMAND_MODULES = ("cli_calc", "cli_quiz", "cli_run", "cli_runs", "cli_doctor", "cli_slurm")
 _PLACEHOLDERS = {
     "quiz": (quiz, {}),
     "run": (run, {"context_settings": {"allow_extra_args": True, "ignore_unknown_options": True}}),
@@ -195,6 +203,18 @@ if __name__ != "__main__":  # `python -m distai.tutor.cli` delegates to the impo
     _load_command_modules()
 
 
+def _click_exception_types() -> tuple[type, ...]:
+    """ClickException as Typer raises it (recent Typer vendors click as ``typer._click``)."""
+    types = {cls for cls in typer.BadParameter.__mro__ if cls.__name__ == "ClickException"}
+    try:
+        import click
+
+        types.add(click.exceptions.ClickException)
+    except ImportError:  # pragma: no cover
+        pass
+    return tuple(types)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: one-line errors and exit code 2 for bad input, never a traceback."""
     try:
@@ -214,10 +234,11 @@ def main(argv: list[str] | None = None) -> int:
         typer.echo("distai: interrupted", err=True)
         return 130
     except Exception as exc:  # click usage errors and the like
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
+        if isinstance(exc, _click_exception_types()):
+            message = " ".join(exc.format_message().split())
+            ctx = getattr(exc, "ctx", None)
+            hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+            typer.echo(f"distai: error: {message}{hint}", err=True)
             return exc.exit_code
         raise
     return 0

@@ -18,6 +18,7 @@ Progress is keyed on the stable lesson ids and step keys, so it survives content
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import sqlite3
 import threading
@@ -328,3 +329,29 @@ class ProgressStore:
                 "runs": runs.get(lesson.id, 0),
             }
         return out
+
+
+def _optional_module(name: str):
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name == name:
+            return None
+        raise
+
+
+def lesson_mastery(store, lesson_id: str) -> float | None:
+    """Spaced-review mastery of a lesson (``distai.tutor.review.mastery``: the share of its question
+    kinds in Leitner box 3 or higher), or None before the learner answered any of its questions."""
+    review = _optional_module("distai.tutor.review")
+    quiz = _optional_module("distai.lessons.quiz")
+    if store is None or review is None or quiz is None:
+        return None
+    if not review.review_items(store, lesson_id):
+        return None
+    from distai.lessons.registry import resolve_lesson
+
+    lesson = resolve_lesson(lesson_id)
+    if _optional_module(f"{lesson.package}.quiz") is None:
+        return None
+    return review.mastery(store, lesson_id, len(quiz.generators(lesson_id)))

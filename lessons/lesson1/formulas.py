@@ -211,3 +211,13 @@ def alpha_beta_fit(sizes_bytes: list[float], times_s: list[float]) -> tuple[floa
     cov = sum((s - mean_s) * (t - mean_t) for s, t in zip(sizes_bytes, times_s))
     b = cov / var
     return mean_t - b * mean_s, b
+
+
+def ring_crossover_bytes(n: int, alpha: float, beta: float) -> float:
+    """Message size where the ring's latency and bandwidth terms are equal:
+    2(n-1)α = 2(n-1)/n·S·β  ⇒  S = n·α/β. Below it the all-reduce is latency-bound."""
+    n = _check_n(n)
+    _check_alpha_beta(alpha, beta)
+    if beta == 0:
+        raise ValueError("beta must be > 0")
+    return n * alpha / beta

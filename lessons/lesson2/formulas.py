@@ -57,6 +57,24 @@ def bytes_per_param(optimizer: str = "adam", precision: str = "mixed") -> dict[s
     return {"params": 4, "grads": 4, "optimizer": state}
 
 
+def optimizer_state_parts(optimizer: str = "adam", precision: str = "mixed") -> dict[str, int]:
+    """Where the optimizer's K bytes per parameter go (ZeRO Sec. 3.1): {"master", "momentum", "variance"}.
+
+    Mixed precision keeps an fp32 master copy of the parameters (4); Adam keeps fp32 momentum (4) and
+    variance (4), SGD with momentum only the momentum, plain SGD nothing. In fp32 there is no master
+    copy (the parameters are already fp32). The parts add up to :func:`optimizer_k`.
+    """
+    per = bytes_per_param(optimizer, precision)  # validates both arguments
+    opt = "adam" if optimizer == "adamw" else optimizer
+    parts = {
+        "master": 4 if precision == "mixed" else 0,
+        "momentum": 4 if opt in ("adam", "sgd") else 0,
+        "variance": 4 if opt == "adam" else 0,
+    }
+    assert sum(parts.values()) == per["optimizer"]
+    return parts
+
+
 def optimizer_k(optimizer: str = "adam", precision: str = "mixed") -> int:
     """ZeRO's K: optimizer-state bytes per parameter (12 for mixed-precision Adam, ZeRO Sec. 3.1)."""
     return bytes_per_param(optimizer, precision)["optimizer"]

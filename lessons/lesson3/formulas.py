@@ -145,3 +145,9 @@ def optimal_interval_numeric(mtbf: float, cost: float, restart: float = 0.0) -> 
             e = a + g * (b - a)
             fe = f(e)
     return math.exp((a + b) / 2)
+
+
+def expected_failures(duration: float, mtbf: float) -> float:
+    """Expected failures in ``duration`` seconds: duration / M (Poisson process of rate 1/M)."""
+    _non_negative(duration, "the duration")
+    return duration / _positive(mtbf, "the MTBF")

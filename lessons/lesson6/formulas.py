@@ -160,6 +160,21 @@ def gradscaler_trajectory(overflows, init_scale: float = 2.0 ** 16, growth_facto
     return out
 
 
+def gradscaler_update(scale: float, good_steps: int, overflow: bool, growth_factor: float = 2.0,
+                      backoff_factor: float = 0.5, growth_interval: int = 2000) -> tuple[float, int]:
+    """One step of :func:`gradscaler_trajectory`'s rule: ``(scale, good_steps)`` after a step that
+    did (``overflow``) or did not overflow. Overflow: scale·backoff, count 0. Otherwise the count
+    grows; at ``growth_interval`` the scale is multiplied by ``growth_factor`` (if finite in fp32)
+    and the count restarts (``_amp_update_scale_`` in torch/amp)."""
+    if overflow:
+        return scale * backoff_factor, 0
+    good_steps += 1
+    if good_steps == growth_interval:
+        new = scale * growth_factor
+        return (new if new <= max_value("fp32") else scale), 0
+    return scale, good_steps
+
+
 def gradscaler_scale_after(good_steps: int, overflows_first: int = 0, init_scale: float = 2.0 ** 16,
                            growth_factor: float = 2.0, backoff_factor: float = 0.5,
                            growth_interval: int = 2000) -> float:
@@ -169,6 +184,11 @@ def gradscaler_scale_after(good_steps: int, overflows_first: int = 0, init_scale
         raise ValueError("step counts must be >= 0")
     return (init_scale * backoff_factor ** overflows_first
             * growth_factor ** (good_steps // growth_interval))
+
+
+DDP_BUCKET_CAP_MB = 25                 # DistributedDataParallel's default bucket_cap_mb
+DDP_FIRST_BUCKET_BYTES = 1 * MiB       # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES (first bucket
+                                       # when bucket_cap_mb is left at its default)
 
 
 def ddp_buckets(param_bytes, bucket_cap_bytes: int = 25 * MiB, first_bucket_bytes: int = 1 * MiB) -> list[list[int]]:

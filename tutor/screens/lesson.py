@@ -7,7 +7,7 @@ from rich.syntax import Syntax
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Container, Horizontal, VerticalScroll
+from textual.containers import Container, Horizontal, HorizontalScroll, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Markdown, Static
 
@@ -82,7 +82,8 @@ class LessonScreen(Screen):
             with VerticalScroll(id="text-pane"):
                 yield Markdown(id="step-text")
                 yield Static(id="code-title")
-                yield Static(id="code")
+                with HorizontalScroll(id="code-box"):
+                    yield Static(id="code")
             yield Container(id="visualizer-pane")
         with Horizontal(id="actions"):
             yield Button("", id="prev", compact=True)
@@ -143,20 +144,22 @@ class LessonScreen(Screen):
     def _show_code(self, step) -> None:
         code_title = self.query_one("#code-title", Static)
         code = self.query_one("#code", Static)
+        box = self.query_one("#code-box")
         if not step.code:
-            code_title.display = code.display = False
+            code_title.display = box.display = False
             return
-        code_title.display = code.display = True
+        code_title.display = box.display = True
         try:
             src = read_source(step.code)
         except CodeNotFound as exc:
             code_title.update(Text(tr("code_missing", self.lang, spec=step.code, reason=str(exc)),
                                    style="italic yellow"))
-            code.display = False
+            box.display = False
             return
         code_title.update(Text(tr("code_title", self.lang, where=src.where), style="bold"))
+        # no wrapping: long lines scroll sideways, so the code reads exactly as in its file
         code.update(Syntax(src.source, "python", line_numbers=True, start_line=src.start_line,
-                           word_wrap=True, theme="monokai", background_color="default"))
+                           word_wrap=False, theme="monokai", background_color="default"))
 
     async def _show_visualizer(self, step) -> None:
         from distai.visualizers.base import make_visualizer

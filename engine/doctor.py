@@ -1,0 +1,213 @@
+"""``distai doctor``: what this machine has, and how fast it moves bytes.
+
+Reports CPUs and memory, GPUs with their memory and interconnect (``nvidia-smi topo -m`` where
+present), torch / CUDA / NCCL / gloo versions, and a quick bandwidth test: host memcpy, TCP
+loopback, and an all-reduce across the local GPUs (NCCL) or CPU processes (gloo), reported as
+algbw and busbw with nccl-tests' definitions (the same functions lesson 1 teaches).
+"""
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from distai.lessons.lesson1.formulas import algbw, busbw
+
+MiB = 1 << 20
+
+
+def _read_first(path: str, key: str) -> str | None:
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(key):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        return None
+    return None
+
+
+def machine_info() -> dict[str, Any]:
+    mem_kib = _read_first("/proc/meminfo", "MemTotal")
+    info: dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu_model": _read_first("/proc/cpuinfo", "model name") or platform.processor() or None,
+        "cpus": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "memory_bytes": int(mem_kib.split()[0]) * 1024 if mem_kib else None,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda_available": torch.cuda.is_available(),
+        "cuda": torch.version.cuda,
+        "nccl": None,
+        "gloo": dist.is_available() and dist.is_gloo_available(),
+        "gpus": [],
+        "topology": None,
+    }
+    if torch.cuda.is_available():
+        try:
+            info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:  # noqa: BLE001 - NCCL missing from this build
+            info["nccl"] = None
+        for i in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(i)
+            info["gpus"].append({"index": i, "name": props.name, "memory_bytes": props.total_memory,
+                                 "capability": f"{props.major}.{props.minor}"})
+        info["topology"] = gpu_topology()
+    return info
+
+
+def gpu_topology() -> str | None:
+    """``nvidia-smi topo -m``: which GPU pairs talk over NVLink (NV#) or PCIe (PIX, PHB, SYS)."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    try:
+        out = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def host_memcpy_bandwidth(size_bytes: int = 256 * MiB, repeats: int = 5) -> float:
+    """Bytes per second of a host-to-host copy (read + write of ``size_bytes``), best of ``repeats``."""
+    src = torch.empty(size_bytes, dtype=torch.uint8).fill_(1)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return size_bytes / best
+
+
+def loopback_bandwidth(size_bytes: int = 256 * MiB, chunk: int = 4 * MiB) -> float:
+    """Bytes per second through a TCP connection on 127.0.0.1 (the path gloo takes on one host)."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    received = 0
+
+    def sink() -> None:
+        nonlocal received
+        conn, _ = server.accept()
+        with conn:
+            buf = bytearray(chunk)
+            view = memoryview(buf)
+            while received < size_bytes:
+                n = conn.recv_into(view)
+                if n == 0:
+                    break
+                received += n
+
+    thread = threading.Thread(target=sink, daemon=True)
+    thread.start()
+    payload = bytes(chunk)
+    with socket.create_connection(("127.0.0.1", port)) as client:
+        start = time.perf_counter()
+        sent = 0
+        while sent < size_bytes:
+            client.sendall(payload)
+            sent += chunk
+        thread.join(timeout=60)
+        elapsed = time.perf_counter() - start
+    server.close()
+    return received / elapsed
+
+
+def _allreduce_sweep(rank: int, world_size: int, sizes: list[int], repeats: int, device_type: str) -> list[dict]:
+    """Runs on every rank: timed all-reduces of each size (rank 0's results are reported)."""
+    device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
+    results = []
+    for size in sizes:
+        buf = torch.ones(size // 4, dtype=torch.float32, device=device)
+        dist.all_reduce(buf)  # warm-up: connections and buffers
+        if device_type == "cuda":
+            torch.cuda.synchronize()
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            dist.all_reduce(buf)
+        if device_type == "cuda":
+            torch.cuda.synchronize()
+        elapsed = (time.perf_counter() - start) / repeats
+        # The slowest rank defines the collective's time.
+        t = torch.tensor([elapsed], dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        elapsed = t.item()
+        results.append({"bytes": size, "time_s": elapsed, "algbw": algbw(size, elapsed),
+                        "busbw": busbw(size, elapsed, world_size)})
+    return results
+
+
+def _nccl_worker(rank: int, world_size: int, port: int, sizes: list[int], repeats: int, out: Any) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world_size)
+    try:
+        res = _allreduce_sweep(rank, world_size, sizes, repeats, "cuda")
+        if rank == 0:
+            out.put(res)
+    finally:
+        dist.destroy_process_group()
+
+
+def allreduce_bandwidth(ranks: int, sizes: list[int], repeats: int = 5) -> dict[str, Any]:
+    """All-reduce algbw/busbw across ``ranks`` local GPUs with NCCL if there are that many, else
+    across ``ranks`` CPU processes with gloo."""
+    if torch.cuda.is_available() and torch.cuda.device_count() >= ranks >= 2:
+        import torch.multiprocessing as mp
+
+        from distai.engine.testing import free_port
+
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        mp.start_processes(_nccl_worker, args=(ranks, free_port(), sizes, repeats, queue),
+                           nprocs=ranks, join=True, start_method="spawn")
+        return {"backend": "nccl", "ranks": ranks, "results": queue.get(timeout=10)}
+    from distai.engine.testing import run_in_group
+
+    per_rank = run_in_group(_allreduce_sweep, ranks, sizes, repeats, "cpu")
+    return {"backend": "gloo", "ranks": ranks, "results": per_rank[0]}
+
+
+def lesson_advice(info: dict[str, Any], lessons) -> list[dict[str, Any]]:
+    """Which lessons' experiments can run on GPUs here (one rank per GPU), and which on CPU."""
+    n_gpus = len(info["gpus"])
+    advice = []
+    for lesson in lessons:
+        ranks = lesson.ranks
+        if n_gpus >= ranks:
+            where, how = "gpu", f"distai run {lesson.id} --gpus {ranks}  (NCCL, one rank per GPU)"
+        elif n_gpus >= 1:
+            where, how = "cpu", (f"distai run {lesson.id} --cpu {ranks}  (needs {ranks} GPUs, this machine "
+                                 f"has {n_gpus}; gloo on CPU processes)")
+        else:
+            where, how = "cpu", f"distai run {lesson.id} --cpu {ranks}  (no CUDA: gloo on CPU processes)"
+        advice.append({"lesson": lesson.id, "ranks": ranks, "runs_on": where, "command": how})
+    return advice
+
+
+def diagnose(quick: bool = False, ranks: int | None = None) -> dict[str, Any]:
+    from distai.lessons.registry import all_lessons
+
+    info = machine_info()
+    size = 64 * MiB if quick else 256 * MiB
+    report: dict[str, Any] = {"machine": info, "bandwidth": {}}
+    report["bandwidth"]["host_memcpy_Bps"] = host_memcpy_bandwidth(size)
+    report["bandwidth"]["loopback_tcp_Bps"] = loopback_bandwidth(size)
+    n = ranks or (min(len(info["gpus"]), 8) if len(info["gpus"]) >= 2 else 2)
+    sizes = [1 * MiB, 16 * MiB] if quick else [1 * MiB, 16 * MiB, 64 * MiB]
+    report["bandwidth"]["allreduce"] = allreduce_bandwidth(n, sizes, repeats=3 if quick else 5)
+    report["advice"] = lesson_advice(info, all_lessons())
+    return report

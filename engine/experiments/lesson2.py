@@ -1,0 +1,540 @@
+"""Lesson 2 experiment: one small transformer trained five ways, and what each way costs.
+
+DDP, our ZeRO-1, ZeRO-2 and ZeRO-3 (``distai.engine.zero``) and torch's FSDP2
+(``fully_shard``) train the same model on the same data from the same initial weights. For
+each strategy every rank measures
+
+* the bytes it really holds in parameters, gradients and optimizer state right after the
+  optimizer step (distinct tensor storage, ``held_bytes``; for FSDP2 also FSDP2's own
+  memory tracker, ``torch.distributed._tools.fsdp2_mem_tracker``; on GPU also
+  ``torch.cuda.max_memory_allocated``),
+* the bytes it sends in one training step (``CommMeter``: every c10d collective, charged with
+  what the backend's algorithm sends per rank),
+* the step time, and how far its parameters end up from a single-process run on the whole
+  batch,
+
+and rank 0 prints measured against the calculator's prediction
+(``distai.lessons.lesson2.formulas``).
+
+Run: ``python -m torch.distributed.run --nproc-per-node 4 -m distai.engine.experiments.lesson2``
+(or ``distai run lesson2 --cpu 4``). Options: ``--steps``, ``--strategies ddp,zero1,...``,
+``--precision fp32|bf16``, ``--optimizer adam|sgd``, model size ``--d-model --layers --vocab
+--seq-len``, ``--batch`` (global batch, split across ranks).
+
+Events (besides the common ``phase``/``step``/``log``/``summary``):
+
+* ``{"kind": "memory", "strategy", "params", "grads", "optimizer", "total", "predicted",
+  "predicted_parts": {...}, "peak", "world_size", "num_params", "precision", "optimizer_name"}``
+  per rank and strategy: bytes held after the step;
+* ``{"kind": "comm", "strategy", "sent", "by_op": {...}, "calls": {...}, "predicted",
+  "num_params"}`` per rank and strategy: bytes sent in one step;
+* ``{"kind": "strategy_done", "strategy", "step_time_s", "max_abs_diff", "final_loss"}``.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from distai.engine.zero import CommMeter, ZeroEngine, held_bytes
+
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp2")
+#: the calculator's name for each strategy
+CALC_STRATEGY = {"ddp": "ddp", "zero1": "zero1", "zero2": "zero2", "zero3": "zero3", "fsdp2": "fsdp"}
+
+
+# ---------------------------------------------------------------------------------------------
+# The model and the data
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab: int = 256
+    d_model: int = 64
+    n_layers: int = 4
+    n_heads: int = 4
+    seq_len: int = 32
+
+
+class Embed(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.tok = nn.Embedding(cfg.vocab, cfg.d_model)
+        self.pos = nn.Embedding(cfg.seq_len, cfg.d_model)
+
+    def forward(self, idx):
+        positions = torch.arange(idx.shape[1], device=idx.device)
+        return self.tok(idx) + self.pos(positions)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: causal self-attention and a 4x MLP."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.ln1 = nn.LayerNorm(cfg.d_model)
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.ln2 = nn.LayerNorm(cfg.d_model)
+        self.fc = nn.Linear(cfg.d_model, 4 * cfg.d_model)
+        self.out = nn.Linear(4 * cfg.d_model, cfg.d_model)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.n_heads, d // self.n_heads).transpose(1, 2) for z in (q, k, v))
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class Head(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.ln = nn.LayerNorm(cfg.d_model)
+        self.lm = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
+
+    def forward(self, x):
+        return self.lm(self.ln(x))
+
+
+class TinyTransformer(nn.Module):
+    """A GPT-style model as a chain of units: embedding, ``n_layers`` blocks, head.
+
+    The units are what ZeRO-3 and FSDP2 gather and free one at a time.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.units = nn.ModuleList([Embed(cfg), *(Block(cfg) for _ in range(cfg.n_layers)), Head(cfg)])
+
+    def forward(self, idx):
+        x = idx
+        for unit in self.units:
+            x = unit(x)
+        return x
+
+
+def make_model(cfg: ModelConfig, seed: int = 0, device="cpu") -> TinyTransformer:
+    torch.manual_seed(seed)
+    return TinyTransformer(cfg).to(device)
+
+
+def make_batches(cfg: ModelConfig, steps: int, batch: int, seed: int = 1234) -> list[torch.Tensor]:
+    """``steps`` batches of ``batch`` token sequences (length seq_len + 1) from a random bigram
+    language (each token has a few likely successors), identical on every rank."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(cfg.vocab, cfg.vocab, generator=g) * 3.0
+    probs = torch.softmax(logits, dim=1)
+    out = []
+    for _ in range(steps):
+        seq = torch.empty(batch, cfg.seq_len + 1, dtype=torch.long)
+        seq[:, 0] = torch.randint(0, cfg.vocab, (batch,), generator=g)
+        for t in range(cfg.seq_len):
+            seq[:, t + 1] = torch.multinomial(probs[seq[:, t]], 1, generator=g).squeeze(1)
+        out.append(seq)
+    return out
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def make_optimizer(name: str, params, lr: float = 1e-3) -> torch.optim.Optimizer:
+    params = list(params)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, foreach=False)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr * 10, momentum=0.9, foreach=False)
+    raise ValueError(f"unknown optimizer {name!r}; choose adam or sgd")
+
+
+# ---------------------------------------------------------------------------------------------
+# One trainer per strategy, all with the same interface
+# ---------------------------------------------------------------------------------------------
+
+class Trainer:
+    """``step(batch)`` trains on this rank's slice of a global batch and returns the loss."""
+
+    name = "?"
+
+    def __init__(self, model: TinyTransformer, rank: int, world_size: int, device):
+        self.model, self.rank, self.world_size, self.device = model, rank, world_size, device
+
+    def local(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        per = batch.shape[0] // self.world_size
+        mine = batch[self.rank * per:(self.rank + 1) * per].to(self.device)
+        return mine[:, :-1], mine[:, 1:]
+
+    def step(self, batch: torch.Tensor) -> float:
+        raise NotImplementedError
+
+    def held(self) -> dict[str, int]:
+        raise NotImplementedError
+
+    def full_params(self) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+
+class SingleTrainer(Trainer):
+    """The reference: one process, the whole global batch, plain torch.optim."""
+
+    name = "single"
+
+    def __init__(self, model, device, optimizer="adam", precision="fp32"):
+        super().__init__(model, 0, 1, device)
+        self.opt = make_optimizer(optimizer, model.parameters())
+        self.autocast = precision != "fp32"
+
+    def step(self, batch):
+        self.opt.zero_grad(set_to_none=True)
+        x, y = self.local(batch)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            loss = loss_fn(self.model(x), y)
+        loss.backward()
+        self.opt.step()
+        return loss.item()
+
+    def full_params(self):
+        return {n: p.detach().float().clone() for n, p in self.model.named_parameters()}
+
+
+class DDPTrainer(Trainer):
+    """torch's DistributedDataParallel; gradients are views into its all-reduce buckets."""
+
+    name = "ddp"
+
+    def __init__(self, model, rank, world_size, device, optimizer="adam", precision="fp32"):
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        super().__init__(model, rank, world_size, device)
+        ids = [device.index] if device.type == "cuda" else None
+        self.ddp = DDP(model, device_ids=ids, gradient_as_bucket_view=True)
+        self.opt = make_optimizer(optimizer, model.parameters())
+        self.autocast = precision != "fp32"  # mixed precision the torch way: fp32 params, bf16 compute
+
+    def step(self, batch):
+        self.opt.zero_grad(set_to_none=False)
+        x, y = self.local(batch)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            loss = loss_fn(self.ddp(x), y)
+        loss.backward()
+        self.opt.step()
+        return loss.item()
+
+    def held(self):
+        params = list(self.model.parameters())
+        return held_bytes({"params": params, "grads": [p.grad for p in params],
+                           "optimizer": _optimizer_tensors(self.opt)})
+
+    def full_params(self):
+        return {n: p.detach().float().clone() for n, p in self.model.named_parameters()}
+
+
+class ZeroTrainer(Trainer):
+    """Our ZeRO stage 1, 2 or 3 (``distai.engine.zero.ZeroEngine``)."""
+
+    def __init__(self, model, rank, world_size, device, stage, optimizer="adam", precision="fp32",
+                 prefetch=True, trace=False):
+        super().__init__(model, rank, world_size, device)
+        self.name = f"zero{stage}"
+        dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+        self.engine = ZeroEngine(model.units, stage, lambda ps: make_optimizer(optimizer, ps),
+                                 param_dtype=dtype, prefetch=prefetch, trace=trace)
+
+    def step(self, batch):
+        x, y = self.local(batch)
+        loss = loss_fn(self.model(x), y)
+        loss.backward()
+        self.engine.step()
+        return loss.item()
+
+    def held(self):
+        return held_bytes(self.engine.held_tensors())
+
+    def full_params(self):
+        with self.engine.gathered_parameters():
+            return {n: p.detach().float().clone() for n, p in self.model.named_parameters()}
+
+
+_MESHES: dict = {}
+
+
+class FSDP2Trainer(Trainer):
+    """torch's FSDP2: ``fully_shard`` on every unit, then on the root."""
+
+    name = "fsdp2"
+
+    def __init__(self, model, rank, world_size, device, optimizer="adam", precision="fp32"):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        super().__init__(model, rank, world_size, device)
+        key = (device.type, world_size, id(dist.group.WORLD))
+        if key not in _MESHES:  # building a mesh sets up a process group: once per run
+            _MESHES[key] = init_device_mesh(device.type, (world_size,))
+        mesh = _MESHES[key]
+        mp = MixedPrecisionPolicy()
+        if precision != "fp32":
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
+        for unit in model.units:
+            fully_shard(unit, mesh=mesh, mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
+        self.opt = make_optimizer(optimizer, model.parameters())
+
+    def step(self, batch):
+        self.opt.zero_grad(set_to_none=True)
+        x, y = self.local(batch)
+        loss = loss_fn(self.model(x), y)
+        loss.backward()
+        self.opt.step()
+        return loss.item()
+
+    def held(self):
+        params = list(self.model.parameters())
+        return held_bytes({"params": params, "grads": [p.grad for p in params],
+                           "optimizer": _optimizer_tensors(self.opt)})
+
+    def full_params(self):
+        return {n: p.detach().full_tensor().float().clone() for n, p in self.model.named_parameters()}
+
+
+def _optimizer_tensors(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [v for state in opt.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+
+
+def make_trainer(strategy: str, cfg: ModelConfig, rank: int, world_size: int, device,
+                 optimizer: str = "adam", precision: str = "fp32", seed: int = 0,
+                 prefetch: bool = True, trace: bool = False) -> Trainer:
+    model = make_model(cfg, seed, device)
+    if strategy == "ddp":
+        return DDPTrainer(model, rank, world_size, device, optimizer, precision)
+    if strategy in ("zero1", "zero2", "zero3"):
+        return ZeroTrainer(model, rank, world_size, device, int(strategy[-1]), optimizer, precision,
+                           prefetch=prefetch, trace=trace)
+    if strategy == "fsdp2":
+        return FSDP2Trainer(model, rank, world_size, device, optimizer, precision)
+    raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
+
+
+def reference_params(cfg: ModelConfig, batches, optimizer="adam", precision="fp32", seed=0,
+                     device="cpu") -> tuple[dict[str, torch.Tensor], list[float]]:
+    """Parameters and losses of the single-process run on the whole batch (no collectives)."""
+    trainer = SingleTrainer(make_model(cfg, seed, device), torch.device(device), optimizer, precision)
+    losses = [trainer.step(b) for b in batches]
+    return trainer.full_params(), losses
+
+
+def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    if a.keys() != b.keys():
+        raise KeyError(f"parameter names differ: {sorted(set(a) ^ set(b))[:5]}")
+    return max((a[k].cpu() - b[k].cpu()).abs().max().item() for k in a)
+
+
+# ---------------------------------------------------------------------------------------------
+# Measuring one strategy
+# ---------------------------------------------------------------------------------------------
+
+def count_params(cfg: ModelConfig) -> int:
+    return sum(p.numel() for p in TinyTransformer(cfg).parameters())
+
+
+def predicted_model_state_bytes(num_params: int, world_size: int, strategy: str, optimizer: str,
+                                precision: str) -> dict[str, int]:
+    """The calculator's per-GPU model-state bytes for this strategy (params/grads/optimizer/total)."""
+    from distai.lessons.lesson2.formulas import model_state_bytes
+
+    return model_state_bytes(num_params, world_size, CALC_STRATEGY[strategy], optimizer,
+                             calc_precision(precision))
+
+
+def predicted_traffic_bytes(num_params: int, world_size: int, strategy: str, precision: str) -> float:
+    """The calculator's bytes each rank sends per step: 2Ψ or 3Ψ elements times (N-1)/N."""
+    from distai.lessons.lesson2.formulas import comm_volume_per_step
+
+    elem = 4 if precision == "fp32" else 2
+    return float(comm_volume_per_step(num_params, CALC_STRATEGY[strategy], world_size, elem)["exact_bytes"])
+
+
+def calc_precision(precision: str) -> str:
+    """This experiment's ``--precision`` in the calculator's words."""
+    return "fp32" if precision == "fp32" else "mixed"
+
+
+def run_strategy(strategy: str, cfg: ModelConfig, batches, rank: int, world_size: int, device,
+                 optimizer="adam", precision="fp32", meter_step: int | None = None,
+                 reference: dict | None = None, emit=None, fsdp_tracker: bool = True,
+                 trace: bool = False) -> dict:
+    """Train ``strategy`` on ``batches``; measure memory and traffic on step ``meter_step``
+    (default: the last one). Returns this rank's figures."""
+    emit = emit or (lambda kind, **f: None)
+    meter_step = len(batches) - 1 if meter_step is None else meter_step
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    trainer = make_trainer(strategy, cfg, rank, world_size, device, optimizer, precision, trace=trace)
+    losses, times, held, meter, tracker = [], [], None, None, None
+    for i, batch in enumerate(batches):
+        dist.barrier()
+        t0 = time.perf_counter()
+        if i == meter_step:
+            meter = CommMeter(world_size)
+            if strategy == "fsdp2" and fsdp_tracker:
+                tracker = _fsdp_tracker(trainer)
+            with meter, (tracker if tracker is not None else _null()):
+                loss = trainer.step(batch)
+            held = trainer.held()
+        else:
+            loss = trainer.step(batch)
+            if i > 0 or len(batches) == 2:  # step 0 pays lazy initialisation (FSDP2)
+                times.append(time.perf_counter() - t0)
+        losses.append(loss)
+        emit("step", step=i, loss=loss, strategy=strategy)
+    result = {"strategy": strategy, "losses": losses, "held": held,
+              "sent": meter.sent if meter else None,
+              "by_op": dict(meter.by_op) if meter else {}, "calls": dict(meter.calls) if meter else {},
+              "step_time_s": _median(times) if times else float("nan")}
+    if isinstance(trainer, ZeroTrainer):
+        result["peak_gathered_units"] = trainer.engine.peak_gathered_units
+        result["trace"] = list(trainer.engine.trace or [])
+        result["units"] = len(trainer.engine.layout())
+    if tracker is not None:
+        snap = tracker.get_tracker_snapshot("current")
+        per_device = next(iter(snap.values()), {})
+        result["fsdp_tracker"] = {str(k): int(v) for k, v in per_device.items()}
+    if device.type == "cuda":
+        result["cuda_max_allocated"] = int(torch.cuda.max_memory_allocated(device))
+    if reference is not None:
+        result["max_abs_diff"] = max_abs_diff(trainer.full_params(), reference)
+    return result
+
+
+def _fsdp_tracker(trainer: FSDP2Trainer):
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    return FSDPMemTracker(trainer.model, trainer.opt)
+
+
+@__import__("contextlib").contextmanager
+def _null():
+    yield
+
+
+def _median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else 0.5 * (xs[len(xs) // 2 - 1] + xs[len(xs) // 2])
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point
+# ---------------------------------------------------------------------------------------------
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="lesson2", description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=4, help="training steps per strategy (default 4)")
+    p.add_argument("--strategies", default=",".join(STRATEGIES),
+                   help=f"comma-separated subset of {','.join(STRATEGIES)}")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="fp32, or bf16 mixed precision (bf16 params/grads, fp32 master+states)")
+    p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
+    p.add_argument("--batch", type=int, default=16, help="global batch (split across ranks)")
+    p.add_argument("--d-model", type=int, default=64)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=256)
+    p.add_argument("--seq-len", type=int, default=32)
+    p.add_argument("--no-check", action="store_true", help="skip the single-process comparison")
+    args = p.parse_args(argv)
+    args.strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    bad = [s for s in args.strategies if s not in STRATEGIES]
+    if bad:
+        p.error(f"unknown strategies {bad}; choose from {', '.join(STRATEGIES)}")
+    if args.steps < 2:
+        p.error("--steps must be at least 2 (one timed step and one metered step)")
+    return args
+
+
+def main(argv=None) -> int:
+    from distai.engine.runtime import init_distributed, shutdown
+
+    args = parse_args(argv)
+    ctx = init_distributed()
+    rank, world, ev = ctx.rank, ctx.world_size, ctx.events
+    if args.batch % world:
+        args.batch = math.ceil(args.batch / world) * world
+    cfg = ModelConfig(args.vocab, args.d_model, args.layers, args.heads, args.seq_len)
+    num_params = count_params(cfg)
+    batches = make_batches(cfg, args.steps, args.batch)
+    ev.emit("phase", name="setup", world_size=world, num_params=num_params, precision=args.precision,
+            optimizer=args.optimizer, strategies=args.strategies, backend=ctx.backend)
+    reference = None
+    if not args.no_check:
+        reference, _ = reference_params(cfg, batches, args.optimizer, args.precision, device=ctx.device)
+    rows = []
+    for strategy in args.strategies:
+        ev.emit("phase", name=strategy)
+        r = run_strategy(strategy, cfg, batches, rank, world, ctx.device, args.optimizer,
+                         args.precision, reference=reference, emit=ev.emit)
+        held = r["held"]
+        total = sum(held.values())
+        try:
+            parts = predicted_model_state_bytes(num_params, world, strategy, args.optimizer,
+                                                args.precision)
+            predicted = float(parts["total_bytes"])
+            predicted_sent = predicted_traffic_bytes(num_params, world, strategy, args.precision)
+        except (ImportError, AttributeError, ValueError, TypeError) as exc:
+            parts, predicted = {}, float("nan")
+            predicted_sent = float("nan")
+            ev.emit("log", msg=f"calculator unavailable: {exc}")
+        ev.emit("memory", strategy=strategy, **held, total=total, predicted=predicted,
+                predicted_parts=parts,
+                peak=r.get("cuda_max_allocated"), fsdp_tracker=r.get("fsdp_tracker"), world_size=world,
+                num_params=num_params, precision=args.precision, optimizer_name=args.optimizer)
+        ev.emit("comm", strategy=strategy, sent=r["sent"], by_op=r["by_op"], calls=r["calls"],
+                predicted=predicted_sent, num_params=num_params)
+        ev.emit("strategy_done", strategy=strategy, step_time_s=r["step_time_s"],
+                max_abs_diff=r.get("max_abs_diff"), final_loss=r["losses"][-1])
+        rows.append((strategy, total, predicted, r["sent"], predicted_sent, r["step_time_s"],
+                     r.get("max_abs_diff"), r["losses"]))
+    if rank == 0:
+        _print_table(rows, num_params, world, args)
+        ev.emit("summary", world_size=world, num_params=num_params, precision=args.precision,
+                optimizer=args.optimizer,
+                strategies={s: {"model_state_bytes": t, "predicted_bytes": p, "sent_bytes": sent,
+                                "predicted_sent_bytes": ps, "step_time_s": st, "max_abs_diff": d,
+                                "final_loss": losses[-1]}
+                            for s, t, p, sent, ps, st, d, losses in rows})
+    shutdown(ctx)
+    return 0
+
+
+def _print_table(rows, num_params, world, args):
+    from distai.lessons.units import format_bytes as fb
+
+    print(f"lesson 2: {num_params:,} parameters on {world} ranks, {args.precision}, {args.optimizer}, "
+          f"{args.steps} steps, global batch {args.batch}  (rank 0's figures)")
+    print(f"{'strategy':<8} {'model states':>12} {'calculator':>10} {'ratio':>6}  "
+          f"{'sent/step':>10} {'calculator':>10} {'ratio':>6}  {'step':>8}  {'max|Δw| vs 1 proc':>17}")
+    ddp_sent = next((r[3] for r in rows if r[0] == "ddp"), None)
+    for s, total, pred, sent, psent, st, diff, _ in rows:
+        diff_s = "-" if diff is None else f"{diff:.1e}"
+        print(f"{s:<8} {fb(total):>12} {fb(pred):>10} {total / pred:>6.3f}  "
+              f"{fb(sent):>10} {fb(psent):>10} {sent / psent if psent else float('nan'):>6.3f}  "
+              f"{st * 1e3:>6.1f}ms  {diff_s:>17}")
+    if any(r[0] == "fsdp2" for r in rows) and dist.get_backend() == "gloo":
+        print("(fsdp2 on gloo: torch's gloo reduce_scatter_tensor runs an all-reduce of a copy, so its "
+              "gradient traffic is 2x a real reduce-scatter; ours uses all_to_all_single instead)")
+    if ddp_sent:
+        ratios = ", ".join(f"{s} {sent / ddp_sent:.2f}x" for s, _, _, sent, *_ in rows)
+        print(f"traffic relative to DDP: {ratios}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,440 @@
+"""Lesson 4 experiment: a whole Transformer, tensor-parallel from scratch, checked against the dense one.
+
+Run on T ranks (T = the world size; T divides the heads, the MLP width and the vocabulary)::
+
+    python -m torch.distributed.run --nproc-per-node 4 -m distai.engine.experiments.lesson4
+    distai run lesson4 --cpu 4
+
+For each mode, plain tensor parallelism (``tp``) and tensor + sequence parallelism (``tp+sp``):
+
+1. trains ``--steps`` SGD steps of :class:`~distai.engine.tensor_parallel.TPModel` and of the same
+   dense model on every rank (float64, dropout with the same masks) and reports the loss of both and
+   the largest gradient difference over every parameter;
+2. counts each rank's collectives and bytes per layer, forward and backward, against
+   ``tp_comm_per_layer`` (lesson 4's formula);
+3. measures the activation bytes each layer keeps for backward (bfloat16, from autograd's saved
+   tensors) against ``activation_bytes_per_layer`` (Korthikanti et al. 2022);
+4. shows two classic bugs being caught by the dense comparison: sequence parallelism without the
+   layer-norm gradient all-reduce, and a forgotten g.
+
+Then one block is compared with PyTorch's own DTensor tensor parallelism (``parallelize_module``
+with ColwiseParallel / RowwiseParallel, and SequenceParallel) on the same weights and input.
+
+Events (besides ``phase``, ``log`` and the final ``summary``):
+
+- ``config``: the model shape and T;
+- ``step``: ``mode``, ``step``, ``loss`` (tensor-parallel), ``dense_loss``, ``max_grad_diff``;
+- ``comm``: ``mode``, ``layer``, ``phase`` (fwd/bwd/grad-sync), ``op``, ``site``, ``count``,
+  ``wire_bytes`` (ring, per rank), ``payload_bytes``; and one ``comm_check`` per mode with the
+  per-layer totals next to the formula's (``formula``);
+- ``memory``: ``mode``, ``layer``, ``measured_bytes``, ``formula_bytes``, ``ln_stats_bytes``;
+- ``vocab``: the width of the logits a rank holds and the bytes of the loss's all-reduces;
+- ``pitfall``: ``name``, ``max_diff`` with the bug, ``fixed_diff`` without it;
+- ``dtensor``: ``mode``, differences ours/DTensor/dense and both sides' collective counts.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from distai.engine.tensor_parallel import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    REDUCE_SCATTER,
+    CommCounter,
+    DenseModel,
+    DropoutMasks,
+    ModelConfig,
+    SavedActivationMeter,
+    TPBlock,
+    TPGroup,
+    TPModel,
+    dtensor_parallelize_block,
+    full_grad,
+    make_batch,
+    reduce_sequence_parallel_grads,
+    shard_dense_state,
+)
+from distai.lessons.lesson4.formulas import activation_bytes_per_layer, tp_comm_per_layer
+
+MODES = {"tp": False, "tp+sp": True}
+# The f / g collectives of a layer, the ones the formula counts; the rest are reported beside them.
+REGATHER_SUFFIX = ".regather"
+
+
+DEVICE = torch.device("cpu")  # main() sets the run's device (cuda:N under NCCL)
+
+
+def _max_all_ranks(value: float) -> float:
+    t = torch.tensor([float(value)], dtype=torch.float64, device=DEVICE)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def grad_diffs(dense: torch.nn.Module, model: torch.nn.Module, rank: int, size: int) -> dict[str, float]:
+    """|dense gradient cut like this rank's shard − this rank's gradient|, max per parameter."""
+    ref = shard_dense_state({n: full_grad(p) for n, p in dense.named_parameters()}, rank, size)
+    mine = {n: full_grad(p) for n, p in model.named_parameters()}
+    if ref.keys() != mine.keys():
+        raise AssertionError(f"parameter names differ: {sorted(ref.keys() ^ mine.keys())}")
+    return {n: (ref[n] - mine[n]).abs().max().item() for n in ref}
+
+
+# ----------------------------------------------------------------------------------------------
+# 1-2. training steps against the dense model, and the collectives of one step
+# ----------------------------------------------------------------------------------------------
+
+def train_against_dense(cfg: ModelConfig, batch: int, sp: bool, steps: int = 2, lr: float = 0.1,
+                        seed: int = 0, dtype: torch.dtype = torch.float64, regather: bool = True,
+                        events=None, mode: str = "") -> dict:
+    """Train the TP model and the dense model side by side; returns losses, gradient differences,
+    the first step's collectives, the SP layer-norm gradients before their all-reduce, …"""
+    tp = TPGroup(sequence_parallel=sp, regather=regather)
+    cfg.check_tp(tp.size, sp)
+    dense = DenseModel(cfg, seed=seed, dtype=dtype, device=DEVICE)
+    model = TPModel(dense, tp)
+    masks = DropoutMasks(cfg.dropout, seed=seed)
+    dense.set_masks(masks)
+    model.set_masks(masks)
+    out: dict = {"losses": [], "dense_losses": [], "max_grad_diff": [], "per_param_diff": None,
+                 "sp_grads_unsynced_diff": None}
+    first_records = None
+    for step in range(steps):
+        masks.step = step  # fresh dropout masks each step, the same batch (so the loss falls)
+        ids, targets = make_batch(cfg, batch, seed, 0, device=DEVICE)
+        dense.zero_grad(set_to_none=True)
+        model.zero_grad(set_to_none=True)
+        dense_loss = dense(ids, targets)
+        dense_loss.backward()
+        tp.counter.reset()
+        loss = model(ids, targets)
+        loss.backward()
+        if sp and tp.size > 1 and step == 0:
+            # The classic bug, measured: layer-norm gradients of one sequence shard only.
+            d = grad_diffs(dense, model, tp.rank, tp.size)
+            out["sp_grads_unsynced_diff"] = _max_all_ranks(
+                max(v for n, v in d.items() if getattr(dict(model.named_parameters())[n], "sequence_parallel", False)))
+        reduce_sequence_parallel_grads(model, tp)
+        if step == 0:
+            first_records = list(tp.counter.records)
+            out["max_logits_width"] = getattr(tp.counter, "max_logits_width", None)
+        diffs = grad_diffs(dense, model, tp.rank, tp.size)
+        worst = _max_all_ranks(max(diffs.values()))
+        if step == 0:
+            out["per_param_diff"] = {n: _max_all_ranks(v) for n, v in sorted(diffs.items())}
+        out["losses"].append(loss.item())
+        out["dense_losses"].append(dense_loss.item())
+        out["max_grad_diff"].append(worst)
+        if events is not None:
+            events.emit("step", mode=mode, step=step, of=steps, loss=loss.item(),
+                        dense_loss=dense_loss.item(), max_grad_diff=worst)
+        with torch.no_grad():
+            for m in (dense, model):
+                for p in m.parameters():
+                    p -= lr * p.grad
+    counter = CommCounter()
+    counter.records = first_records or []
+    out["counter"] = counter
+    out["elem_size"] = torch.empty((), dtype=dtype).element_size()
+    out["T"] = tp.size
+    return out
+
+
+def comm_check(counter: CommCounter, cfg: ModelConfig, batch: int, sp: bool, T: int, elem_size: int) -> dict:
+    """Per transformer layer and direction: the f/g collectives counted vs ``tp_comm_per_layer``;
+    the other collectives (SP's backward re-gathers, the layer-norm gradient sync) beside them."""
+    formula = tp_comm_per_layer(cfg.hidden, cfg.seq, batch, T, sp, bytes_per_elem=elem_size)
+    layers = {}
+    for layer in range(cfg.layers):
+        row = {}
+        for phase, key in (("fwd", "forward"), ("bwd", "backward")):
+            fg = [r for r in counter.of(layer, phase) if not r.site.endswith(REGATHER_SUFFIX)]
+            extra = [r for r in counter.of(layer, phase) if r.site.endswith(REGATHER_SUFFIX)]
+            counts = {op: sum(1 for r in fg if r.op == op) for op in (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER)}
+            expected = {op: (formula[key].get(op, 0) if T > 1 else 0)
+                        for op in (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER)}
+            row[phase] = {
+                "counts": counts, "formula_counts": expected,
+                "wire_bytes": sum(r.wire_bytes for r in fg),
+                "formula_wire_bytes": formula[f"{key}_bytes_per_rank"],
+                "payload_bytes": sum(r.payload_bytes for r in fg),
+                "regather_count": len(extra), "regather_wire_bytes": sum(r.wire_bytes for r in extra),
+            }
+        sync = counter.of(layer, "grad-sync")
+        row["grad-sync"] = {"count": len(sync), "wire_bytes": sum(r.wire_bytes for r in sync),
+                            "payload_bytes": sum(r.payload_bytes for r in sync)}
+        layers[str(layer)] = row
+    ok = all(row[ph]["counts"] == row[ph]["formula_counts"]
+             and abs(row[ph]["wire_bytes"] - row[ph]["formula_wire_bytes"]) < 1e-6
+             for row in layers.values() for ph in ("fwd", "bwd"))
+    return {"layers": layers, "formula": formula, "match": ok}
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. activation memory per layer
+# ----------------------------------------------------------------------------------------------
+
+def measure_activations(cfg: ModelConfig, batch: int, sp: bool, seed: int = 0,
+                        regather: bool = True) -> dict:
+    """Bytes autograd keeps per layer on this rank (bfloat16 activations, 1-byte dropout masks)
+    vs Korthikanti's formula; the layer norms' mean and 1/std (2 numbers per token each, not in
+    the formula) are reported separately."""
+    if cfg.dropout <= 0:
+        raise ValueError("the activation formula counts dropout masks: measure with --dropout > 0")
+    tp = TPGroup(sequence_parallel=sp, regather=regather)
+    dense = DenseModel(cfg, seed=seed, dtype=torch.bfloat16, device=DEVICE)
+    model = TPModel(dense, tp)
+    model.set_masks(DropoutMasks(cfg.dropout, seed=seed))
+    model.meter = SavedActivationMeter()
+    ids, targets = make_batch(cfg, batch, seed, 0, device=DEVICE)
+    model(ids, targets).backward()
+    T = tp.size
+    formula = activation_bytes_per_layer(cfg.seq, batch, cfg.hidden, cfg.heads, T, sp and T > 1)
+    tokens = cfg.seq * batch // (T if sp else 1)
+    probe = torch.ones(2, cfg.hidden, dtype=torch.bfloat16, device=DEVICE)
+    stat_size = torch.native_layer_norm(probe, (cfg.hidden,), None, None, cfg.eps)[1].element_size()
+    ln_stats = 2 * 2 * tokens * stat_size  # 2 layer norms × (mean, rstd) per token
+    return {"per_layer": dict(model.meter.per_layer), "formula_bytes": formula, "ln_stats_bytes": ln_stats,
+            "T": T}
+
+
+# ----------------------------------------------------------------------------------------------
+# 4. a forgotten g, caught by the dense comparison
+# ----------------------------------------------------------------------------------------------
+
+def forgotten_g(cfg: ModelConfig, batch: int, seed: int = 0) -> dict:
+    """Loss difference vs dense when the MLP's g (its forward all-reduce) is skipped, and when not."""
+    out = {}
+    for name, skip in (("bug", {"mlp.g"}), ("fixed", set())):
+        tp = TPGroup(skip_sites=skip)
+        dense = DenseModel(cfg, seed=seed, dtype=torch.float64, device=DEVICE)
+        model = TPModel(dense, tp)
+        ids, targets = make_batch(cfg, batch, seed, 0, device=DEVICE)
+        with torch.no_grad():
+            out[name] = _max_all_ranks(abs(model(ids, targets).item() - dense(ids, targets).item()))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# DTensor: PyTorch's own tensor parallelism on the same block
+# ----------------------------------------------------------------------------------------------
+
+def _comm_counts(mode) -> dict[str, int]:
+    return {str(k).split(".")[-1]: int(v) for k, v in mode.get_comm_counts().items()}
+
+
+def compare_with_dtensor(cfg: ModelConfig, batch: int, sp: bool, seed: int = 0,
+                         dtype: torch.dtype = torch.float64) -> dict:
+    """One block, three ways on the same weights and input (dropout off: DTensor's local heads
+    do not know which global heads they are): dense, ours, DTensor's ``parallelize_module``."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    T = dist.get_world_size() if dist.is_initialized() else 1
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    cfg.check_tp(T, sp)
+    dense = DenseModel(cfg, seed=seed, dtype=dtype, device=DEVICE).blocks[0]
+    dt_block = copy.deepcopy(dense)
+    tp = TPGroup(sequence_parallel=sp)
+    ours = TPBlock(dense, tp, 0)
+    mesh = init_device_mesh(DEVICE.type, (T,))
+    dtensor_parallelize_block(dt_block, mesh, sp)
+
+    gen = torch.Generator().manual_seed(seed + 17)
+    x = torch.randn(cfg.seq, batch, cfg.hidden, dtype=dtype, generator=gen).to(DEVICE)
+    w = torch.randn(cfg.seq, batch, cfg.hidden, dtype=dtype, generator=gen).to(DEVICE)
+    local = (lambda t: t.chunk(T)[rank]) if sp else (lambda t: t)
+
+    xd = x.clone().requires_grad_()
+    yd = dense(xd)
+    (yd * w).sum().backward()
+
+    xo = local(x).clone().requires_grad_()
+    yo = ours(xo)
+    (yo * local(w)).sum().backward()
+    reduce_sequence_parallel_grads(ours, tp)
+
+    xt = local(x).clone().requires_grad_()
+    with CommDebugMode() as comm:
+        yt = dt_block(xt)
+        yt = yt.to_local() if hasattr(yt, "to_local") else yt
+        (yt * local(w)).sum().backward()
+    ours_ops = {}
+    for r in tp.counter.records:
+        ours_ops[r.op] = ours_ops.get(r.op, 0) + 1
+    return {
+        "out_ours_vs_dense": _max_all_ranks((yo - local(yd)).abs().max().item()),
+        "out_dtensor_vs_dense": _max_all_ranks((yt - local(yd)).abs().max().item()),
+        "out_ours_vs_dtensor": _max_all_ranks((yo - yt).abs().max().item()),
+        "input_grad_ours_vs_dense": _max_all_ranks((xo.grad - local(xd.grad)).abs().max().item()),
+        "input_grad_ours_vs_dtensor": _max_all_ranks((xo.grad - xt.grad).abs().max().item()),
+        "grad_ours_vs_dense": _max_all_ranks(max(grad_diffs(dense, ours, rank, T).values())),
+        "grad_ours_vs_dtensor": _max_all_ranks(max(grad_diffs(dt_block, ours, rank, T).values())),
+        "dtensor_comm": _comm_counts(comm),
+        "ours_comm": ours_ops,
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# The run
+# ----------------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lesson4", description=__doc__.split("\n\n")[0])
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--ffn", type=int, default=None, help="MLP width (default 4·hidden)")
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--micro-batch", type=int, default=4)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--vocab", type=int, default=512)
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--lr", type=float, default=0.5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--modes", default="tp,tp+sp", help="comma-separated: tp, tp+sp")
+    p.add_argument("--no-regather", dest="regather", action="store_false",
+                   help="with SP, keep the all-gathered input of the column-parallel linears instead "
+                        "of all-gathering it again in backward")
+    p.add_argument("--no-dtensor", dest="dtensor", action="store_false",
+                   help="skip the comparison with PyTorch's DTensor tensor parallelism")
+    return p
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from distai.engine.runtime import init_distributed, shutdown
+
+    ctx = init_distributed()
+    global DEVICE
+    DEVICE = ctx.device
+    ev, T, rank = ctx.events, ctx.world_size, ctx.rank
+    torch.set_num_threads(1) if ctx.device.type == "cpu" and T > 1 else None
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    cfg = ModelConfig(hidden=args.hidden, heads=args.heads, ffn=args.ffn, vocab=args.vocab,
+                      layers=args.layers, seq=args.seq, dropout=args.dropout)
+    try:
+        bad = [m for m in modes if m not in MODES]
+        if bad:
+            raise ValueError(f"unknown mode {bad[0]!r}; choose from {', '.join(MODES)}")
+        for m in modes:
+            cfg.check_tp(T, MODES[m])
+    except ValueError as exc:
+        if rank == 0:
+            print(f"lesson4: error: {exc}", file=sys.stderr)
+        shutdown(ctx)
+        return 2
+
+    t0 = time.time()
+    total = 2 * len(modes) + (1 if T > 1 else 0) + (len(modes) if args.dtensor else 0)
+    done = 0
+
+    def progress() -> None:
+        nonlocal done
+        done += 1
+        ev.emit("progress", done=done, total=total)
+
+    ev.emit("config", T=T, hidden=cfg.hidden, heads=cfg.heads, ffn=cfg.ffn_size, seq=cfg.seq,
+            micro_batch=args.micro_batch, layers=cfg.layers, vocab=cfg.vocab, dropout=cfg.dropout,
+            modes=modes, regather=args.regather, backend=ctx.backend)
+    summary: dict = {"T": T, "modes": {}}
+    lines = [f"lesson 4 — tensor parallelism over T={T} ranks ({ctx.backend}); h={cfg.hidden} a={cfg.heads} "
+             f"s={cfg.seq} b={args.micro_batch} L={cfg.layers} V={cfg.vocab}"]
+    for mode in modes:
+        sp = MODES[mode]
+        ev.emit("phase", name=f"{mode}: training against the dense model")
+        tr = train_against_dense(cfg, args.micro_batch, sp, args.steps, args.lr, args.seed,
+                                 regather=args.regather, events=ev, mode=mode)
+        cc = comm_check(tr["counter"], cfg, args.micro_batch, sp, T, tr["elem_size"])
+        for r in tr["counter"].records:
+            ev.emit("comm", mode=mode, layer=r.layer, phase=r.phase, op=r.op, site=r.site, count=1,
+                    wire_bytes=r.wire_bytes, payload_bytes=r.payload_bytes)
+        ev.emit("comm_check", mode=mode, layers=cc["layers"], formula=cc["formula"], match=cc["match"])
+        progress()
+        ev.emit("phase", name=f"{mode}: activation memory")
+        mem = measure_activations(cfg, args.micro_batch, sp, args.seed, args.regather)
+        for layer, measured in mem["per_layer"].items():
+            ev.emit("memory", mode=mode, layer=layer, measured_bytes=measured,
+                    formula_bytes=mem["formula_bytes"], ln_stats_bytes=mem["ln_stats_bytes"])
+        progress()
+        head = tr["counter"].of("head", "fwd", sites=("ce.max", "ce.target", "ce.sumexp"))
+        vocab = {"logits_width": tr["max_logits_width"], "vocab": cfg.vocab,
+                 "ce_allreduce_count": len(head), "ce_wire_bytes": sum(r.wire_bytes for r in head),
+                 "gather_logits_wire_bytes": (T - 1) / T * cfg.seq * args.micro_batch * cfg.vocab * tr["elem_size"]}
+        ev.emit("vocab", mode=mode, **vocab)
+        row = {"losses": tr["losses"], "dense_losses": tr["dense_losses"],
+               "max_grad_diff": max(tr["max_grad_diff"]), "comm_match": cc["match"],
+               "comm_layer0": cc["layers"]["0"], "formula": cc["formula"],
+               "memory_measured": mem["per_layer"]["0"], "memory_formula": mem["formula_bytes"],
+               "memory_ln_stats": mem["ln_stats_bytes"], "vocab": vocab}
+        if sp and T > 1:
+            ev.emit("pitfall", name="sp-layernorm-grads", max_diff=tr["sp_grads_unsynced_diff"],
+                    fixed_diff=max(tr["max_grad_diff"]))
+            row["sp_grads_unsynced_diff"] = tr["sp_grads_unsynced_diff"]
+        summary["modes"][mode] = row
+        l0 = cc["layers"]["0"]
+        lines.append(f"\n[{mode}] loss TP {tr['losses'][0]:.6f} vs dense {tr['dense_losses'][0]:.6f} "
+                     f"(step 0); after {args.steps} SGD steps {tr['losses'][-1]:.6f} vs {tr['dense_losses'][-1]:.6f}; "
+                     f"max |grad diff| {max(tr['max_grad_diff']):.1e}")
+        for ph in ("fwd", "bwd"):
+            c = l0[ph]
+            got = ", ".join(f"{v} {k}" for k, v in c["counts"].items() if v) or "none"
+            want = ", ".join(f"{v} {k}" for k, v in c["formula_counts"].items() if v) or "none"
+            extra = (f"  + {c['regather_count']} re-gather ({_fmt_bytes(c['regather_wire_bytes'])})"
+                     if c["regather_count"] else "")
+            lines.append(f"  layer 0 {ph}: {got}, {_fmt_bytes(c['wire_bytes'])} sent/rank — formula: {want}, "
+                         f"{_fmt_bytes(c['formula_wire_bytes'])}{extra}")
+        if l0["grad-sync"]["count"]:
+            lines.append(f"  layer 0 grad-sync (SP layer-norm/bias grads): {l0['grad-sync']['count']} all_reduce, "
+                         f"{_fmt_bytes(l0['grad-sync']['payload_bytes'])}")
+        lines.append(f"  activations/layer/rank (bf16): measured {_fmt_bytes(mem['per_layer']['0'])} = formula "
+                     f"{_fmt_bytes(mem['formula_bytes'])} + LN stats {_fmt_bytes(mem['ln_stats_bytes'])}")
+        lines.append(f"  vocab-parallel loss: each rank holds {vocab['logits_width']} of {cfg.vocab} logits/token; "
+                     f"{vocab['ce_allreduce_count']} all-reduces of s·b numbers = {_fmt_bytes(vocab['ce_wire_bytes'])} "
+                     f"(gathering the logits: {_fmt_bytes(vocab['gather_logits_wire_bytes'])})")
+        if sp and T > 1:
+            lines.append(f"  bug caught: SP without the layer-norm grad all-reduce → max |grad diff| "
+                         f"{tr['sp_grads_unsynced_diff']:.2e}")
+    if T > 1:
+        fg = forgotten_g(cfg, args.micro_batch, args.seed)
+        ev.emit("pitfall", name="forgotten-g", max_diff=fg["bug"], fixed_diff=fg["fixed"])
+        progress()
+        summary["forgotten_g"] = fg
+        lines.append(f"\nbug caught: MLP without its g (all-reduce) → |loss − dense loss| {fg['bug']:.3e} "
+                     f"(with it: {fg['fixed']:.1e})")
+    if args.dtensor:
+        summary["dtensor"] = {}
+        for mode in modes:
+            ev.emit("phase", name=f"{mode}: DTensor comparison")
+            cmp = compare_with_dtensor(cfg, args.micro_batch, MODES[mode], args.seed)
+            ev.emit("dtensor", mode=mode, **cmp)
+            progress()
+            summary["dtensor"][mode] = cmp
+            lines.append(f"DTensor [{mode}] one block: |ours − DTensor| out {cmp['out_ours_vs_dtensor']:.1e}, "
+                         f"grads {cmp['grad_ours_vs_dtensor']:.1e}; |ours − dense| out {cmp['out_ours_vs_dense']:.1e}; "
+                         f"collectives ours {cmp['ours_comm']} DTensor {cmp['dtensor_comm']}")
+    summary["seconds"] = time.time() - t0
+    if rank == 0:
+        ev.emit("summary", **summary)
+        print("\n".join(lines))
+        print(f"\n({summary['seconds']:.1f} s)")
+    shutdown(ctx)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

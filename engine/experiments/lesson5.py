@@ -1,0 +1,395 @@
+"""Lesson 5 experiment: pipeline schedules run for real, ours beside torch.distributed.pipelining.
+
+``python -m torch.distributed.run --nproc-per-node 4 -m distai.engine.experiments.lesson5``
+(or ``distai run lesson5 --cpu 4`` / ``--gpus 4``). Every rank is one pipeline stage (p = world
+size). For each schedule (GPipe, 1F1B, interleaved 1F1B with v chunks per rank) the same small
+transformer, from the same initial weights, on the same batches, is trained for ``--steps`` SGD
+steps twice:
+
+* by :class:`distai.engine.pipeline.PipelineRunner`, which executes the lesson simulator's own
+  order of forwards and backwards and sends activations and gradients with point-to-point ops;
+* by ``torch.distributed.pipelining``'s ``ScheduleGPipe`` / ``Schedule1F1B`` /
+  ``ScheduleInterleaved1F1B`` on the same stage modules.
+
+It reports, per schedule: the loss of each step for both; the largest gradient difference after the
+first step between ours, torch's and the unsplit model on the whole batch; the median step time of
+both; the bubble measured from the timestamps of every forward and backward, against the formula
+and against the simulator fed with the measured forward and backward times; and the peak
+activation memory each stage held (bytes autograd saved for backward, measured for ours and for
+torch's) in microbatches, against the formula.
+
+Events (besides ``phase``, ``step``, ``metric``, ``log``, ``summary``):
+
+* ``pp_config``: ``p, m, v, schedules, microbatch_size, d_model, layers, seq`` (rank 0, first);
+* ``pp_op``: one per forward/backward block of our runner (see ``distai.engine.pipeline``);
+* ``pp_step``: ``schedule, impl ("ours"/"torch"), step, t_start, t_end, loss`` per rank and step;
+* ``pp_stage``: rank 0, per schedule and rank: ``schedule, rank, bubble, bubble_formula,
+  peak_bytes, peak_microbatches, peak_formula, torch_peak_bytes``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from distai.engine import pipeline as pl
+from distai.engine.runtime import init_distributed, shutdown
+from distai.lessons.lesson5 import formulas
+from distai.lessons.lesson5 import simulator as sim
+
+SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved 1F1B"}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="distai run lesson5",
+                                 description="Pipeline schedules for real: GPipe, 1F1B, interleaved.")
+    ap.add_argument("--schedules", default="gpipe,1f1b,interleaved",
+                    help="comma-separated: gpipe, 1f1b, interleaved (default: all three)")
+    ap.add_argument("--microbatches", "-m", type=int, default=None,
+                    help="microbatches per step (default: 2 per stage)")
+    ap.add_argument("--chunks", "-v", type=int, default=2, help="chunks per rank for interleaved (default 2)")
+    ap.add_argument("--microbatch-size", type=int, default=None, help="sequences per microbatch")
+    ap.add_argument("--layers", type=int, default=None,
+                    help="transformer blocks (default: fewest >= 8 that split evenly for v = 1 and v)")
+    ap.add_argument("--d-model", type=int, default=None)
+    ap.add_argument("--heads", type=int, default=None)
+    ap.add_argument("--seq", type=int, default=None)
+    ap.add_argument("--vocab", type=int, default=None)
+    ap.add_argument("--steps", type=int, default=4, help="training steps per schedule (first is warm-up)")
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-torch", action="store_true", help="skip torch.distributed.pipelining's schedules")
+    return ap.parse_args(argv)
+
+
+def model_config(args, p: int, v: int, cuda: bool) -> pl.ModelConfig:
+    big = cuda
+    return pl.ModelConfig(
+        vocab=args.vocab or (1024 if big else 64),
+        d_model=args.d_model or (1024 if big else 64),
+        n_heads=args.heads or (16 if big else 4),
+        n_layers=args.layers or pl.default_layers(p, v),
+        seq=args.seq or (256 if big else 32),
+    )
+
+
+def check_args(args, p: int) -> tuple[list[str], int, int]:
+    """Schedules, m, v, or PipelineConfigError with a message that says what to change."""
+    if p < 2:
+        raise pl.PipelineConfigError("a pipeline needs at least 2 processes (one per stage); "
+                                     "run with --cpu 2 or more")
+    try:
+        schedules = [sim.normalize_schedule(s) for s in args.schedules.split(",") if s.strip()]
+    except sim.ScheduleError as exc:
+        raise pl.PipelineConfigError(str(exc)) from None
+    if not schedules:
+        raise pl.PipelineConfigError("no schedule given; use --schedules gpipe,1f1b,interleaved")
+    m = args.microbatches if args.microbatches is not None else 2 * p
+    v = args.chunks
+    if m < 1:
+        raise pl.PipelineConfigError(f"--microbatches must be at least 1, got {m}")
+    if "interleaved" in schedules and v < 2:
+        raise pl.PipelineConfigError(f"the interleaved schedule needs --chunks >= 2, got {v}")
+    for s in schedules:
+        try:
+            sim.validate(s, p, m, v if s == "interleaved" else 1)
+        except sim.ScheduleError as exc:
+            raise pl.PipelineConfigError(str(exc)) from None
+    if m < p and "1f1b" in schedules and not args.no_torch:
+        raise pl.PipelineConfigError(f"fewer microbatches than stages (m = {m} < p = {p}): torch's "
+                                     f"Schedule1F1B refuses it; use --microbatches {p} or more, or --no-torch")
+    if args.steps < 1:
+        raise pl.PipelineConfigError(f"--steps must be at least 1, got {args.steps}")
+    return schedules, m, v
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _batches(cfg, m: int, mb: int, steps: int, device):
+    return [pl.make_batch(cfg, m * mb, seed=1000 + i, device=device) for i in range(steps)]
+
+
+def _grads(modules) -> list[torch.Tensor]:
+    return [q.grad.detach().clone() for mod in modules for q in mod.parameters()]
+
+
+def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    return max((float((x - y).abs().max()) for x, y in zip(a, b)), default=0.0)
+
+
+def run_ours(ctx, schedule: str, cfg, p: int, m: int, v: int, mb: int, batches, lr: float, seed: int,
+             events=None):
+    rank = ctx.rank
+    chunks = pl.build_rank_chunks(cfg, p, v, rank, seed=seed, device=ctx.device)
+    runner = pl.PipelineRunner(chunks, rank=rank, p=p, m=m, schedule=schedule, v=v, microbatch_size=mb,
+                               device=ctx.device, events=events)
+    runner.validate()
+    params = list(runner.parameters())
+    opt = torch.optim.SGD(params, lr=lr)
+    out = {"losses": [], "times": [], "steps": [], "peak_bytes": 0, "grads0": None}
+    for i, (ids, tg) in enumerate(batches):
+        opt.zero_grad(set_to_none=True)
+        res = runner.step(pl.microbatches(ids, m) if 0 in chunks else None,
+                          pl.microbatches(tg, m) if p * v - 1 in chunks else None)
+        if i == 0:
+            out["grads0"] = _grads(chunks[s] for s in sorted(chunks))
+        opt.step()
+        out["losses"].append(res.loss)
+        out["times"].append(res.t_end - res.t_start)
+        out["steps"].append(res)
+        out["peak_bytes"] = max(out["peak_bytes"], res.peak_activation_bytes)
+        if events is not None:
+            events.emit("pp_step", schedule=schedule, impl="ours", step=i, t_start=res.t_start,
+                        t_end=res.t_end, loss=res.loss)
+    out["chunks"] = chunks
+    return out
+
+
+def run_torch(ctx, schedule: str, cfg, p: int, m: int, v: int, batches, lr: float, seed: int, events=None):
+    from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                              ScheduleInterleaved1F1B)
+
+    rank = ctx.rank
+    chunks = pl.build_rank_chunks(cfg, p, v, rank, seed=seed, device=ctx.device)
+    stages = [PipelineStage(chunks[c * p + rank], c * p + rank, p * v, ctx.device) for c in range(v)]
+    if schedule == "gpipe":
+        sched = ScheduleGPipe(stages[0], m, loss_fn=pl.loss_fn)
+    elif schedule == "1f1b":
+        sched = Schedule1F1B(stages[0], m, loss_fn=pl.loss_fn)
+    else:
+        sched = ScheduleInterleaved1F1B(stages, m, loss_fn=pl.loss_fn)
+    params = [q for s in sorted(chunks) for q in chunks[s].parameters()]
+    meter = pl.SavedActivationMeter(params)
+    opt = torch.optim.SGD(params, lr=lr)
+    first, last = 0 in chunks, p * v - 1 in chunks
+    out = {"losses": [], "times": [], "peak_bytes": 0, "grads0": None}
+    for i, (ids, tg) in enumerate(batches):
+        opt.zero_grad(set_to_none=True)
+        losses: list = []
+        dist.barrier()
+        _sync(ctx.device)
+        t0 = time.time()
+        meter.reset_peak()
+        with meter:
+            args = (ids,) if first else ()
+            kwargs = {"target": tg, "losses": losses} if last else {}
+            sched.step(*args, **kwargs)
+        _sync(ctx.device)
+        t1 = time.time()
+        loss = float(sum(x.detach() for x in losses) / m) if last else None
+        if i == 0:
+            out["grads0"] = _grads(chunks[s] for s in sorted(chunks))
+        opt.step()
+        out["losses"].append(loss)
+        out["times"].append(t1 - t0)
+        out["peak_bytes"] = max(out["peak_bytes"], meter.peak)
+        if events is not None:
+            events.emit("pp_step", schedule=schedule, impl="torch", step=i, t_start=t0, t_end=t1, loss=loss)
+    return out
+
+
+def formula_peak(schedule: str, p: int, m: int, v: int, rank: int) -> float:
+    """Microbatches of activations rank ``rank`` holds at its peak, from the lesson's formulas."""
+    if schedule == "gpipe":
+        return float(m)
+    if schedule == "1f1b":
+        return float(min(formulas.onef1b_warmup_forwards(p, m, rank) + 1, m))
+    return min(formulas.interleaved_warmup_chunks(p, m, v, rank) + 1, v * m) / v
+
+
+def measure(ours: dict, p: int, m: int, v: int, schedule: str, rank: int, gathered_steps) -> dict:
+    """This rank's measured bubble and activation figures from its timestamps (warm-up step
+    skipped when there is more than one step)."""
+    steps = ours["steps"]
+    first = 1 if len(steps) > 1 else 0
+    bubbles, fwd, bwd = [], [], []
+    for i in range(first, len(steps)):
+        span = max(t1 for _t0, t1 in gathered_steps[i]) - min(t0 for t0, _t1 in gathered_steps[i])
+        busy = sum(r.t1 - r.t0 for r in steps[i].records)
+        bubbles.append(1.0 - busy / span if span > 0 else 0.0)
+        fwd += [r.t1 - r.t0 for r in steps[i].records if r.op.kind == "F"]
+        bwd += [r.t1 - r.t0 for r in steps[i].records if r.op.kind == "B"]
+    saved: dict[int, list[int]] = {}
+    for r in steps[0].records:
+        if r.op.kind == "F":
+            saved.setdefault(r.op.chunk, []).append(r.saved_bytes)
+    chunk_bytes = {c: statistics.mean(x) for c, x in saved.items()}
+    per_mb = sum(chunk_bytes.values())
+    # the same order, weighted by what each chunk's forward really saved: the exact expected peak
+    held = expected = 0.0
+    for op in sim.schedule_order(schedule, p, m, v)[rank]:
+        held += chunk_bytes[op.chunk] if op.kind == "F" else -chunk_bytes[op.chunk]
+        expected = max(expected, held)
+    return {
+        "rank": rank,
+        "bubble": statistics.mean(bubbles),
+        "t_f": statistics.mean(fwd) * v,  # per microbatch through the rank's whole share
+        "t_b": statistics.mean(bwd) * v,
+        "peak_bytes": ours["peak_bytes"],
+        "bytes_per_microbatch": per_mb,
+        "peak_microbatches": ours["peak_bytes"] / per_mb if per_mb else 0.0,
+        "peak_expected_bytes": expected,
+        "peak_formula": formula_peak(schedule, p, m, v, rank),
+    }
+
+
+def run_schedule(ctx, schedule: str, cfg, p: int, m: int, v: int, args, batches) -> dict | None:
+    """Ours, torch's and the reference for one schedule; the figures on rank 0, None elsewhere."""
+    ev = ctx.events
+    mb = args.microbatch_size
+    ev.emit("phase", name=f"{schedule}: ours")
+    ours = run_ours(ctx, schedule, cfg, p, m, v, mb, batches, args.lr, args.seed, events=ev)
+    theirs = None
+    if not args.no_torch:
+        ev.emit("phase", name=f"{schedule}: torch.distributed.pipelining")
+        theirs = run_torch(ctx, schedule, cfg, p, m, v, batches, args.lr, args.seed, events=ev)
+    # the unsplit model on the first batch, for this rank's layers
+    ref_loss, ref_layers = pl.reference_grads(cfg, batches[0][0], batches[0][1], seed=args.seed)
+    ref_stages = pl.split_layers(ref_layers, p * v, cfg)
+    ref_grads = [q.grad.cpu() for s in sorted(ours["chunks"]) for q in ref_stages[s].parameters()]
+    ours_cpu = [g.cpu() for g in ours["grads0"]]
+    rel = max(float(g.abs().max()) for g in ref_grads)
+    mine = {
+        "diff_ours_ref": _max_diff(ours_cpu, ref_grads),
+        "diff_torch_ref": _max_diff([g.cpu() for g in theirs["grads0"]], ref_grads) if theirs else None,
+        "diff_ours_torch": _max_diff(ours_cpu, [g.cpu() for g in theirs["grads0"]]) if theirs else None,
+        "grad_scale": rel,
+        "ref_loss": ref_loss,
+        "losses": ours["losses"],
+        "torch_losses": theirs["losses"] if theirs else None,
+        "times": ours["times"],
+        "torch_times": theirs["times"] if theirs else None,
+        "torch_peak_bytes": theirs["peak_bytes"] if theirs else None,
+        "step_bounds": [(s.t_start, s.t_end) for s in ours["steps"]],
+    }
+    gathered: list = [None] * p
+    dist.all_gather_object(gathered, mine)
+    step_bounds = [[g["step_bounds"][i] for g in gathered] for i in range(len(batches))]
+    stage = measure(ours, p, m, v, schedule, ctx.rank, step_bounds)
+    stage.update({k: mine[k] for k in ("diff_ours_ref", "diff_torch_ref", "diff_ours_torch", "grad_scale",
+                                       "torch_peak_bytes")})
+    stages: list = [None] * p
+    dist.all_gather_object(stages, stage)
+    if ctx.rank != 0:
+        return None
+    last = gathered[p - 1]
+    skip = 1 if len(batches) > 1 else 0
+    t_f = statistics.mean(s["t_f"] for s in stages)
+    t_b = statistics.mean(s["t_b"] for s in stages)
+    predicted = sim.simulate(schedule, p, m, v, t_f=t_f, t_b=t_b)
+    step_times = [max(g["times"][i] for g in gathered) for i in range(skip, len(batches))]
+    torch_times = ([max(g["torch_times"][i] for g in gathered) for i in range(skip, len(batches))]
+                   if not args.no_torch else None)
+    f = formulas.pipeline_bubble(p, m, schedule, v)
+    result = {
+        "schedule": schedule, "p": p, "m": m, "v": v,
+        "loss": last["losses"], "torch_loss": last["torch_losses"], "ref_loss": last["ref_loss"],
+        "max_grad_diff_vs_unsplit": max(s["diff_ours_ref"] for s in stages),
+        "max_grad_diff_torch_vs_unsplit": (max(s["diff_torch_ref"] for s in stages)
+                                           if not args.no_torch else None),
+        "max_grad_diff_vs_torch": max(s["diff_ours_torch"] for s in stages) if not args.no_torch else None,
+        "grad_scale": max(s["grad_scale"] for s in stages),
+        "step_time_s": statistics.median(step_times),
+        "torch_step_time_s": statistics.median(torch_times) if torch_times else None,
+        "bubble_measured": statistics.mean(s["bubble"] for s in stages),
+        "bubble_formula": f["bubble_fraction"],
+        "bubble_simulated_with_measured_costs": predicted.bubble_fraction,
+        "step_time_simulated_s": predicted.makespan,
+        "t_f_s": t_f, "t_b_s": t_b,
+        "stages": [{k: s[k] for k in ("rank", "bubble", "peak_bytes", "bytes_per_microbatch",
+                                      "peak_microbatches", "peak_formula", "peak_expected_bytes",
+                                      "torch_peak_bytes")} for s in stages],
+    }
+    for s in result["stages"]:
+        ctx.events.emit("pp_stage", schedule=schedule, rank=s["rank"], bubble=s["bubble"],
+                        bubble_formula=f["bubble_fraction"], peak_bytes=s["peak_bytes"],
+                        peak_microbatches=s["peak_microbatches"], peak_formula=s["peak_formula"],
+                        torch_peak_bytes=s["torch_peak_bytes"])
+    ctx.events.emit("metric", name=f"{schedule}.bubble_measured", value=result["bubble_measured"])
+    ctx.events.emit("metric", name=f"{schedule}.step_time_s", value=result["step_time_s"])
+    return result
+
+
+def _mib(x) -> str:
+    return "—" if x is None else f"{x / 2**20:.2f} MiB"
+
+
+def print_summary(results: list[dict], cfg, args, p: int, m: int, v: int, device) -> None:
+    print(f"\nLesson 5 · pipeline over p = {p} ranks ({device.type}), m = {m} microbatches of "
+          f"{args.microbatch_size}, interleaved v = {v}; model: {cfg.n_layers} blocks, d = {cfg.d_model}, "
+          f"seq = {cfg.seq}")
+    for r in results:
+        name = SCHEDULE_NAMES[r["schedule"]]
+        print(f"\n{name}")
+        losses = ", ".join(f"{x:.4f}" for x in r["loss"])
+        print(f"  loss per step (ours):    {losses}")
+        if r["torch_loss"] is not None:
+            print(f"  loss per step (torch):   {', '.join(f'{x:.4f}' for x in r['torch_loss'])}")
+        print(f"  unsplit model, step 0:   {r['ref_loss']:.4f}")
+        line = f"  max |grad diff| vs unsplit model: {r['max_grad_diff_vs_unsplit']:.2e}"
+        if r["max_grad_diff_vs_torch"] is not None:
+            line += f" · vs torch: {r['max_grad_diff_vs_torch']:.2e}"
+        print(line + f" (largest grad {r['grad_scale']:.2e})")
+        line = f"  step time: {r['step_time_s'] * 1e3:.1f} ms"
+        if r["torch_step_time_s"]:
+            line += (f" · torch: {r['torch_step_time_s'] * 1e3:.1f} ms "
+                     f"(ours/torch = {r['step_time_s'] / r['torch_step_time_s']:.2f}x)")
+        print(line)
+        print(f"  bubble: measured {r['bubble_measured']:.1%} · formula {r['bubble_formula']:.1%} · "
+              f"simulated with measured F = {r['t_f_s'] * 1e3:.2f} ms, B = {r['t_b_s'] * 1e3:.2f} ms: "
+              f"{r['bubble_simulated_with_measured_costs']:.1%}")
+        for s in r["stages"]:
+            print(f"    rank {s['rank']}: bubble {s['bubble']:.1%} · peak activations {_mib(s['peak_bytes'])} "
+                  f"(schedule predicts {_mib(s['peak_expected_bytes'])}) = {s['peak_microbatches']:.2f} "
+                  f"microbatches (formula {s['peak_formula']:g})"
+                  + (f" · torch {_mib(s['torch_peak_bytes'])}" if s["torch_peak_bytes"] is not None else ""))
+    if device.type == "cpu" and (os.cpu_count() or 1) < p:
+        print(f"\nNote: {p} ranks share {os.cpu_count()} CPU cores, so at most {os.cpu_count()} stages compute at "
+              f"once; the measured bubble includes waiting for a core and gloo's latency, which the "
+              f"formula leaves out.")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    ctx = init_distributed()
+    p = ctx.world_size
+    try:
+        if ctx.device.type == "cpu":
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", p)))))
+        schedules, m, v = check_args(args, p)
+        cfg = model_config(args, p, v, ctx.is_cuda)
+        args.microbatch_size = args.microbatch_size or (8 if ctx.is_cuda else 4)
+        batches = _batches(cfg, m, args.microbatch_size, args.steps, ctx.device)
+        if ctx.rank == 0:
+            ctx.events.emit("pp_config", p=p, m=m, v=v, schedules=schedules,
+                            microbatch_size=args.microbatch_size, d_model=cfg.d_model,
+                            layers=cfg.n_layers, seq=cfg.seq)
+        results = []
+        for schedule in schedules:
+            res = run_schedule(ctx, schedule, cfg, p, m, v if schedule == "interleaved" else 1, args, batches)
+            if res is not None:
+                results.append(res)
+        if ctx.rank == 0:
+            ctx.events.emit("summary", lesson="lesson5", p=p, m=m, v=v, device=ctx.device.type,
+                            schedules={r["schedule"]: r for r in results})
+            print_summary(results, cfg, args, p, m, v, ctx.device)
+        return 0
+    except pl.PipelineConfigError as exc:
+        if ctx.rank == 0:
+            ctx.events.emit("log", msg=f"error: {exc}")
+            print(f"error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        shutdown(ctx)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,389 @@
+"""Lesson 6 experiment: dynamic loss scaling in fp16, and bucketed all-reduce overlapping backward.
+
+Run by torchrun (``distai run lesson6 --cpu 2`` or
+``python -m torch.distributed.run --nproc-per-node 2 -m distai.engine.experiments.lesson6``).
+
+Part 1, loss scaling. A student MLP learns a teacher's function, data parallel over the ranks
+with :class:`~distai.engine.bucketing.BucketedDataParallel`, computing in fp16 under
+``torch.autocast`` (bf16 with ``--dtype bf16``). Its parameters stay fp32: they are the fp32
+master weights the optimizer updates (``--weights explicit`` keeps the model itself in fp16 and
+the fp32 copies in :class:`~distai.engine.loss_scaling.MasterWeightOptimizer`). The loss is
+scaled by :class:`~distai.engine.loss_scaling.DynamicLossScaler`. At the steps in
+``--inject-overflow`` rank 0's gradient receives an inf before the all-reduce (what a bad batch
+does): the all-reduce spreads it, every rank finds it and skips the same step. With a short
+``--growth-interval`` the scale also grows until real fp16 overflows occur.
+Every ``--hist-every`` steps rank 0 measures, on the same batch, the gradient in fp32 (for the
+exponent histogram), in fp16 without scaling and in fp16 with the current scale, and counts the
+gradient values that came out zero in fp16 although they are not zero in fp32.
+
+Part 2, overlap. For each bucket size in ``--bucket-mb`` and each of three ways of doing data
+parallelism — ours with overlap, ours with all buckets all-reduced after backward, torch DDP with
+the same ``bucket_cap_mb`` — the step time (forward, backward, gradient all-reduce, SGD step) of
+an fp32 MLP is measured on all ranks (the slowest rank counts), in rotating order over
+``--rounds`` rounds; the figure is the median over all timed steps. One extra step per configuration records the timeline.
+
+Events (rank 0 unless noted; ``t`` and ``rank`` are added by the sink):
+
+- ``{"kind":"phase","name":"loss-scaling"|"overlap"}``
+- ``{"kind":"scale","step":i,"scale":S,"new_scale":S',"overflow":b,"skipped":b,"injected":b,
+  "growth_tracker":n,"loss":x}`` — S multiplied this step's loss; S' is the scale after update.
+- ``{"kind":"grad_hist","step":i,"lo":e0,"counts":[...],"zeros":n,"scale":S,
+  "zero_unscaled":f,"zero_scaled":f,"subnormal_unscaled":f,"subnormal_scaled":f,"dtype":...}``
+  — counts[k] = how many fp32 gradient values have floor(log2|g|) = e0+k (ends clamp);
+  zero_* = share of the non-zero fp32 values that the fp16 (or bf16) backward returned as 0,
+  without scaling and with scale S; subnormal_* = share that fp16 stores as subnormals;
+  relerr_* = median relative error of the low-precision gradient values against fp32.
+- ``{"kind":"sweep","bucket_mb":c,"mode":"overlap"|"no-overlap"|"ddp","step_ms":t,
+  "n_buckets":k,"samples_ms":[...]}`` — step_ms is the median of the samples.
+- ``{"kind":"timeline","bucket_mb":c,"mode":...,"marks":{...},"layers":[[name,t0,t1]...],
+  "buckets":[[index,bytes,t0,t1]...],"step_ms":t}`` (every rank; times in ms from step start)
+- ``{"kind":"summary", ...}`` with the figures printed at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from distai.engine.bucketing import (BucketedDataParallel, StepTimeline,
+                                     ddp_timed_allreduce_hook)
+from distai.engine.loss_scaling import DynamicLossScaler, MasterWeightOptimizer
+from distai.engine.runtime import init_distributed, shutdown
+from distai.lessons.lesson6 import formulas as FM
+from distai.lessons.lesson6.simulation import HIST_HI, HIST_LO, exponent_histogram
+
+MODES = ("overlap", "no-overlap", "ddp")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="lesson6", description=__doc__.split("\n\n")[0])
+    g = p.add_argument_group("loss scaling")
+    g.add_argument("--steps", type=int, default=100, help="training steps of the loss-scaling run")
+    g.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
+    g.add_argument("--weights", choices=("autocast", "explicit"), default="autocast",
+                   help="autocast: fp32 parameters, ops in fp16; explicit: fp16 model + fp32 "
+                        "master copies in the optimizer")
+    g.add_argument("--no-scaling", action="store_true", help="train without a loss scaler")
+    g.add_argument("--init-scale", type=float, default=FM.GRADSCALER_DEFAULTS["init_scale"])
+    g.add_argument("--growth-factor", type=float, default=FM.GRADSCALER_DEFAULTS["growth_factor"])
+    g.add_argument("--backoff-factor", type=float, default=FM.GRADSCALER_DEFAULTS["backoff_factor"])
+    g.add_argument("--growth-interval", type=int, default=5,
+                   help="good steps before the scale grows (GradScaler's default is 2000; "
+                        "short here so growth shows within the run)")
+    g.add_argument("--inject-overflow", default="20,21,60",
+                   help="comma-separated steps at which rank 0's gradient gets an inf ('' for none)")
+    g.add_argument("--hist-every", type=int, default=10)
+    g.add_argument("--width", type=int, default=128)
+    g.add_argument("--depth", type=int, default=3)
+    g.add_argument("--outputs", type=int, default=512)
+    g.add_argument("--batch", type=int, default=64)
+    g.add_argument("--lr", type=float, default=1e-3)
+    g = p.add_argument_group("overlap")
+    g.add_argument("--bucket-mb", default="0.25,1,4,25",
+                   help="comma-separated bucket sizes (MiB) to sweep")
+    g.add_argument("--dp-width", type=int, default=512)
+    g.add_argument("--dp-depth", type=int, default=8)
+    g.add_argument("--dp-batch", type=int, default=32)
+    g.add_argument("--timed-steps", type=int, default=6, help="timed steps per configuration and round")
+    g.add_argument("--rounds", type=int, default=2)
+    g.add_argument("--skip-scaling", action="store_true")
+    g.add_argument("--skip-overlap", action="store_true")
+    g.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    try:
+        args.inject = sorted({int(s) for s in args.inject_overflow.split(",") if s.strip()})
+        args.caps = [float(s) for s in args.bucket_mb.split(",") if s.strip()]
+    except ValueError as exc:
+        p.error(f"bad list: {exc}")
+    for name in ("steps", "hist_every", "width", "depth", "outputs", "batch", "dp_width", "dp_depth",
+                 "dp_batch", "timed_steps", "rounds", "growth_interval"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if not args.caps or any(c <= 0 for c in args.caps):
+        p.error("--bucket-mb needs positive sizes")
+    if not args.init_scale > 0 or not args.growth_factor > 1 or not 0 < args.backoff_factor < 1:
+        p.error("need --init-scale > 0, --growth-factor > 1, 0 < --backoff-factor < 1")
+    return args
+
+
+def mlp(width: int, depth: int, outputs: int, act=torch.nn.Tanh) -> torch.nn.Sequential:
+    layers: list[torch.nn.Module] = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(width, width), act()]
+    layers.append(torch.nn.Linear(width, outputs))
+    return torch.nn.Sequential(*layers)
+
+
+# ---- part 1: loss scaling ----------------------------------------------------------------
+def _flat_grads(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.grad.detach().float().flatten() for p in model.parameters()])
+
+
+def measure_underflow(probe: torch.nn.Module, x, y, device, dtype, scale: float) -> dict:
+    """Gradients of one batch in fp32, in low precision unscaled, and scaled by ``scale``."""
+    def grads(low: bool, s: float) -> torch.Tensor:
+        probe.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=dtype, enabled=low):
+            loss = F.mse_loss(probe(x).float(), y)
+        (loss * s).backward()
+        return _flat_grads(probe) / s
+
+    ref = grads(False, 1.0)
+    plain = grads(True, 1.0)
+    scaled = grads(True, scale)
+    nonzero = ref != 0
+    n = max(int(nonzero.sum()), 1)
+    tiny = FM.smallest_normal("fp16")
+    finite = bool(torch.isfinite(scaled).all())
+    hist = exponent_histogram(ref.cpu().numpy())
+    rel = lambda g: float(((g - ref).abs()[nonzero] / ref.abs()[nonzero]).median())  # noqa: E731
+    return {
+        "lo": hist.lo, "counts": hist.counts, "zeros": hist.zeros,
+        "zero_unscaled": float(((plain == 0) & nonzero).sum()) / n,
+        "zero_scaled": float(((scaled == 0) & nonzero).sum()) / n if finite else None,
+        "subnormal_unscaled": float(((ref.abs() < tiny) & nonzero).sum()) / n,
+        "subnormal_scaled": float(((ref.abs() * scale < tiny) & nonzero).sum()) / n,
+        "overflow_scaled": not finite,
+        "relerr_unscaled": rel(plain),
+        "relerr_scaled": rel(scaled) if finite else None,
+    }
+
+
+def run_loss_scaling(ctx, args) -> dict:
+    device, rank = ctx.device, ctx.rank
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+    torch.manual_seed(args.seed)
+    teacher = mlp(args.width, 1, args.outputs).to(device)
+    student = mlp(args.width, args.depth, args.outputs).to(device)
+    probe = mlp(args.width, args.depth, args.outputs).to(device)
+    explicit = args.weights == "explicit"
+    if explicit:
+        student = student.to(dtype)
+    target = list(student.parameters())[-2]  # last layer's weight: its gradient is ready first
+    inject_now = [False]
+
+    def poison(p):  # rank 0's gradient gets an inf before the all-reduce
+        if inject_now[0] and rank == 0:
+            p.grad.view(-1)[0] = float("inf")
+
+    target.register_post_accumulate_grad_hook(poison)  # runs before the bucket hook
+    model = BucketedDataParallel(student)
+    if explicit:
+        opt = MasterWeightOptimizer(student.parameters(), lambda ps: torch.optim.Adam(ps, lr=args.lr))
+    else:
+        opt = torch.optim.Adam(student.parameters(), lr=args.lr)
+    scaler = DynamicLossScaler(args.init_scale, args.growth_factor, args.backoff_factor,
+                               args.growth_interval, enabled=not args.no_scaling)
+    gen = torch.Generator().manual_seed(args.seed + 1000 + rank)
+    ev = ctx.events
+    ev.emit("phase", name="loss-scaling")
+    stats = {"overflows": 0, "injected": 0, "skipped": 0, "hist": []}
+    losses = []
+    for step in range(args.steps):
+        x = torch.randn(args.batch, args.width, generator=gen).to(device)
+        with torch.no_grad():
+            y = teacher(x)
+        if step % args.hist_every == 0 and rank == 0:
+            probe.load_state_dict({k: v.float() for k, v in student.state_dict().items()})
+            m = measure_underflow(probe, x, y, device, dtype, scaler.get_scale())
+            ev.emit("grad_hist", step=step, scale=scaler.get_scale(), dtype=args.dtype, **m)
+            stats["hist"].append(m)
+        opt.zero_grad(set_to_none=True)
+        inject_now[0] = step in args.inject
+        with torch.autocast(device.type, dtype=dtype, enabled=not explicit):
+            out = model(x.to(dtype) if explicit else x)
+            loss = F.mse_loss(out.float(), y)
+        scale = scaler.get_scale()
+        scaler.scale(loss).backward()
+        inject_now[0] = False
+        if explicit:
+            opt.grads_to_master()
+        scaler.step(opt)
+        rec = scaler.update()
+        overflow = bool(rec.found_inf) if rec is not None else False
+        loss_avg = loss.detach().float().reshape(1).clone()
+        dist.all_reduce(loss_avg)
+        loss_avg = float(loss_avg) / ctx.world_size
+        losses.append(loss_avg)
+        injected = step in args.inject
+        stats["overflows"] += overflow
+        stats["injected"] += injected
+        stats["skipped"] += overflow
+        if rank == 0:
+            ev.emit("scale", step=step, scale=scale, new_scale=scaler.get_scale(),
+                    overflow=overflow, skipped=overflow, injected=injected,
+                    growth_tracker=scaler.growth_tracker, loss=loss_avg)
+    hist = stats.pop("hist")
+    return {
+        **stats,
+        "dtype": args.dtype,
+        "weights": args.weights,
+        "natural_overflows": stats["overflows"] - stats["injected"],
+        "final_scale": scaler.get_scale(),
+        "first_loss": losses[0], "final_loss": losses[-1],
+        "zero_unscaled": statistics.fmean(h["zero_unscaled"] for h in hist) if hist else None,
+        "zero_scaled": (statistics.fmean(h["zero_scaled"] for h in hist if h["zero_scaled"] is not None)
+                        if any(h["zero_scaled"] is not None for h in hist) else None),
+        "subnormal_unscaled": statistics.fmean(h["subnormal_unscaled"] for h in hist) if hist else None,
+        "relerr_unscaled": statistics.median(h["relerr_unscaled"] for h in hist) if hist else None,
+        "relerr_scaled": (statistics.median(h["relerr_scaled"] for h in hist if h["relerr_scaled"] is not None)
+                          if any(h["relerr_scaled"] is not None for h in hist) else None),
+    }
+
+
+# ---- part 2: overlap ---------------------------------------------------------------------
+def build(mode: str, cap: float, args, device) -> torch.nn.Module:
+    torch.manual_seed(args.seed)
+    net = mlp(args.dp_width, args.dp_depth, args.dp_width, act=torch.nn.ReLU).to(device)
+    if mode == "ddp":
+        return DDP(net, bucket_cap_mb=cap)
+    return BucketedDataParallel(net, bucket_cap_mb=cap, overlap=(mode == "overlap"))
+
+
+def train_step(model, opt, x, y, timeline: StepTimeline | None = None) -> None:
+    opt.zero_grad(set_to_none=True)
+    if timeline is not None:
+        timeline.begin()
+    loss = F.mse_loss(model(x), y)
+    if timeline is not None:
+        timeline.mark("backward")
+    loss.backward()
+    if timeline is not None:
+        timeline.mark("backward_done")
+    opt.step()
+    if timeline is not None:
+        timeline.mark("step_done")
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_steps(model, opt, x, y, n: int, device) -> list[float]:
+    """Milliseconds of each of ``n`` steps, on the slowest rank (ranks start each step together)."""
+    times = []
+    for _ in range(n):
+        _sync(device)
+        dist.barrier()
+        t0 = time.perf_counter()
+        train_step(model, opt, x, y)
+        _sync(device)
+        times.append((time.perf_counter() - t0) * 1000.0)
+    elapsed = torch.tensor(times)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return elapsed.tolist()
+
+
+def record_timeline(mode, model, opt, x, y) -> StepTimeline:
+    tl = StepTimeline()
+    if mode == "ddp":
+        tl.attach(model.module)
+        model.register_comm_hook(tl, ddp_timed_allreduce_hook)
+    else:
+        model.timeline = tl
+    train_step(model, opt, x, y, timeline=tl)
+    tl.detach()
+    return tl
+
+
+def run_overlap(ctx, args) -> dict:
+    device, rank, ev = ctx.device, ctx.rank, ctx.events
+    ev.emit("phase", name="overlap")
+    gen = torch.Generator().manual_seed(args.seed + 2000 + rank)
+    x = torch.randn(args.dp_batch, args.dp_width, generator=gen).to(device)
+    y = torch.randn(args.dp_batch, args.dp_width, generator=gen).to(device)
+    times: dict[tuple[float, str], list[float]] = {}
+    nbuckets: dict[tuple[float, str], int] = {}
+    for r in range(args.rounds):
+        for ci, cap in enumerate(args.caps):
+            shift = (r + ci) % len(MODES)
+            for mode in MODES[shift:] + MODES[:shift]:
+                model = build(mode, cap, args, device)
+                opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+                for _ in range(2):  # warm-up; both ours and DDP rebuild buckets after the first
+                    train_step(model, opt, x, y)
+                times.setdefault((cap, mode), []).extend(
+                    time_steps(model, opt, x, y, args.timed_steps, device))
+                if r == args.rounds - 1:
+                    tl = record_timeline(mode, model, opt, x, y)
+                    nbuckets[(cap, mode)] = len(tl.launch)
+                    ev.emit("timeline", bucket_mb=cap, mode=mode,
+                            **tl.to_event(step_ms=round(tl.marks["step_done"] * 1000, 3)))
+                del model, opt
+    median = {k: statistics.median(v) for k, v in times.items()}
+    if rank == 0:
+        for (cap, mode), v in times.items():
+            ev.emit("sweep", bucket_mb=cap, mode=mode, step_ms=round(median[(cap, mode)], 3),
+                    n_buckets=nbuckets.get((cap, mode)), samples_ms=[round(t, 3) for t in v])
+    best = min(args.caps, key=lambda c: median[(c, "overlap")])
+    n_params = sum(p.numel() for p in mlp(args.dp_width, args.dp_depth, args.dp_width).parameters())
+    return {
+        "best_bucket_mb": best,
+        "step_ms": {f"{c:g}": {m: round(median[(c, m)], 3) for m in MODES} for c in args.caps},
+        "overlap_speedup": median[(best, "no-overlap")] / median[(best, "overlap")],
+        "ours_over_ddp": median[(best, "overlap")] / median[(best, "ddp")],
+        "n_buckets_best": nbuckets.get((best, "overlap")),
+        "grad_mib": n_params * 4 / 2 ** 20,
+    }
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    ctx = init_distributed()
+    try:
+        summary: dict = {"world_size": ctx.world_size, "device": str(ctx.device),
+                         "backend": ctx.backend}
+        if not args.skip_scaling:
+            summary["scaling"] = run_loss_scaling(ctx, args)
+        if not args.skip_overlap:
+            summary["overlap"] = run_overlap(ctx, args)
+        if ctx.rank == 0:
+            ctx.events.emit("summary", **summary)
+            print(format_summary(summary))
+            sys.stdout.flush()
+    finally:
+        shutdown(ctx)
+    return 0
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{100 * x:.2f}%"
+
+
+def format_summary(s: dict) -> str:
+    lines = [f"lesson 6 on {s['world_size']} ranks ({s['backend']}, {s['device']})"]
+    sc = s.get("scaling")
+    if sc:
+        lines.append(
+            f"loss scaling ({sc['dtype']}, {sc['weights']} weights): {sc['overflows']} overflows "
+            f"({sc['injected']} injected, {sc['natural_overflows']} from the scale growing), "
+            f"{sc['skipped']} steps skipped, final scale 2^{math.log2(sc['final_scale']):.0f}, "
+            f"loss {sc['first_loss']:.4g} -> {sc['final_loss']:.4g}")
+        lines.append(
+            f"  gradient values lost to zero in {sc['dtype']}: {_pct(sc['zero_unscaled'])} without "
+            f"scaling, {_pct(sc['zero_scaled'])} with it; in fp16's subnormal range without "
+            f"scaling: {_pct(sc['subnormal_unscaled'])}; median relative error of the gradient "
+            f"values: {_pct(sc['relerr_unscaled'])} without scaling, {_pct(sc['relerr_scaled'])} with it")
+    ov = s.get("overlap")
+    if ov:
+        lines.append(f"overlap ({ov['grad_mib']:.1f} MiB of gradients), step time in ms "
+                     "(overlap / all-reduce after backward / torch DDP):")
+        for cap, row in ov["step_ms"].items():
+            lines.append(f"  bucket {cap:>5} MiB: {row['overlap']:8.2f} / {row['no-overlap']:8.2f} / "
+                         f"{row['ddp']:8.2f}")
+        lines.append(f"best bucket size {ov['best_bucket_mb']:g} MiB ({ov['n_buckets_best']} buckets): "
+                     f"overlap speed-up {ov['overlap_speedup']:.2f}x over all-reduce after backward; "
+                     f"ours / DDP = {ov['ours_over_ddp']:.2f}x")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,91 @@
+"""``distai slurm``: an sbatch script that runs a lesson's experiment on K nodes × G GPUs.
+
+One ``srun`` task per node starts ``distai run`` there with the multi-node flags, which
+``distai run`` passes unchanged to torchrun: every node's agent meets the others through
+torchrun's c10d rendezvous at ``MASTER_ADDR:MASTER_PORT`` (the first host of the allocation),
+the rendezvous id being the job id so that two jobs never join each other.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+
+_TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$")
+
+
+@dataclass
+class SlurmJob:
+    lesson_id: str
+    nodes: int
+    gpus_per_node: int
+    partition: str | None = None
+    time: str | None = None
+    account: str | None = None
+    cpus_per_task: int | None = None
+    port: int | None = None  # default: derived from the job id (see below)
+    python: str = "python3"
+    extra_args: list[str] = field(default_factory=list)
+
+    def validate(self) -> None:
+        if not 1 <= self.nodes <= 4096:
+            raise ValueError(f"--nodes must be between 1 and 4096, got {self.nodes}")
+        if not 1 <= self.gpus_per_node <= 64:
+            raise ValueError(f"--gpus-per-node must be between 1 and 64, got {self.gpus_per_node}")
+        if self.time is not None and not _TIME.match(self.time):
+            raise ValueError(f"--time {self.time!r} is not a SLURM time (MM, HH:MM:SS, D-HH:MM, …)")
+        if self.port is not None and not 1024 <= self.port <= 65535:
+            raise ValueError(f"--port must be between 1024 and 65535, got {self.port}")
+        for name, value in (("partition", self.partition), ("account", self.account)):
+            if value is not None and not re.fullmatch(r"[\w.,-]+", value):
+                raise ValueError(f"--{name} {value!r} has characters SLURM does not accept")
+
+
+def sbatch_script(job: SlurmJob) -> str:
+    job.validate()
+    directives = [
+        f"#SBATCH --job-name=distai-{job.lesson_id}",
+        f"#SBATCH --nodes={job.nodes}",
+        "#SBATCH --ntasks-per-node=1            # one torchrun agent per node; it starts the GPU ranks",
+        f"#SBATCH --gpus-per-node={job.gpus_per_node}",
+        f"#SBATCH --cpus-per-task={job.cpus_per_task or max(4, 8 * job.gpus_per_node)}",
+        "#SBATCH --output=distai-%x-%j.out",
+    ]
+    if job.partition:
+        directives.append(f"#SBATCH --partition={job.partition}")
+    if job.time:
+        directives.append(f"#SBATCH --time={job.time}")
+    if job.account:
+        directives.append(f"#SBATCH --account={job.account}")
+    port = str(job.port) if job.port else "$((20000 + SLURM_JOB_ID % 20000))"
+    extra = " ".join(shlex.quote(a) for a in job.extra_args)
+    run_cmd = (f"{job.python} -m distai.tutor.cli run {job.lesson_id} --gpus {job.gpus_per_node} "
+               f"--nnodes $SLURM_NNODES --node-rank $SLURM_NODEID "
+               f"--master-addr $MASTER_ADDR --master-port $MASTER_PORT "
+               f"--run-dir \"$RUN_DIR/node$SLURM_NODEID\"" + (f" {extra}" if extra else ""))
+    return "\n".join([
+        "#!/bin/bash",
+        *directives,
+        "#",
+        f"# Written by `distai slurm {job.lesson_id}`. Submit with: sbatch <this file>",
+        "set -euo pipefail",
+        "",
+        "# The first host of the allocation hosts torchrun's c10d rendezvous.",
+        'nodes=( $(scontrol show hostnames "$SLURM_JOB_NODELIST") )',
+        'export MASTER_ADDR="${nodes[0]}"',
+        f'export MASTER_PORT="${{MASTER_PORT:-{port}}}"   # from the job id: two jobs never collide',
+        'export RUN_DIR="${RUN_DIR:-$PWD/distai-runs/$SLURM_JOB_ID}"',
+        "",
+        "# Debugging aids: NCCL's init and network choices, and errors instead of hangs.",
+        "export NCCL_DEBUG=${NCCL_DEBUG:-INFO}",
+        "export NCCL_DEBUG_SUBSYS=${NCCL_DEBUG_SUBSYS:-INIT,NET}",
+        "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1",
+        "export TORCH_DISTRIBUTED_DEBUG=${TORCH_DISTRIBUTED_DEBUG:-INFO}",
+        "export PYTHONUNBUFFERED=1",
+        "",
+        'echo "distai: ${#nodes[@]} nodes (${nodes[*]}), rendezvous at $MASTER_ADDR:$MASTER_PORT"',
+        "",
+        "# One task per node; SLURM_NODEID is expanded on each node, hence the single quotes.",
+        f"srun --kill-on-bad-exit=1 --ntasks={job.nodes} --ntasks-per-node=1 bash -c '{run_cmd}'",
+        "",
+    ])

@@ -1,0 +1,315 @@
+"""Quiz machinery shared by the seven lessons: questions, answer checking, reproducible quizzes.
+
+Each lesson's ``quiz.py`` exposes ``GENERATORS``: an ordered dict ``kind -> generator``; a generator
+takes a ``random.Random`` and a language (``en``/``es``) and returns a :class:`Question`. Numeric
+questions compute their answer with the lesson's formula functions (the same the calculators use)
+and carry the inputs in ``params``; every question carries an explanation that works the formula
+with the question's numbers.
+
+Answers: numeric answers may carry units (``16.6 GB``, ``1.66e10``, ``16,6 GB``, ``1.5 ms``,
+``27.3%``); a bare number is read in the unit the question asks for *and* in base units (bytes,
+seconds), so both ``16.6`` (asked in GB) and ``1.66e10`` are right. An answer is correct when it is
+within the question's relative tolerance (2% unless stated; exact for whole-number answers).
+Multiple choice: the option's number (``2``), letter (``b``) or its full text.
+Nothing here raises on any input string: :func:`check_answer` always returns a :class:`Check`.
+"""
+from __future__ import annotations
+
+import importlib
+import math
+import random
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+from distai.lessons import units
+
+DEFAULT_TOLERANCE = 0.02
+QUANTITIES = ("bytes", "seconds", "count", "fraction", "number", "bandwidth", "choice")
+LETTERS = "abcdefgh"
+
+# Units a question may ask in, with their factor to the base unit.
+_HINT_FACTORS = {
+    "bytes": {"B": 1, "kB": 1e3, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
+              "KiB": 2 ** 10, "MiB": 2 ** 20, "GiB": 2 ** 30, "TiB": 2 ** 40},
+    "seconds": {"s": 1, "ms": 1e-3, "µs": 1e-6, "us": 1e-6, "min": 60, "h": 3600, "d": 86400},
+    "bandwidth": {"B/s": 1, "MB/s": 1e6, "GB/s": 1e9, "TB/s": 1e12},
+    "count": {"": 1, "k": 1e3, "M": 1e6, "B": 1e9, "T": 1e12},
+    "fraction": {"": 1, "%": 0.01},
+    "number": {"": 1},
+}
+
+
+@dataclass
+class Question:
+    """One question. ``answer`` is in base units (bytes, seconds, bytes/s, a fraction, a count) for
+    numeric questions, or the index of the right option for multiple choice."""
+    lesson_id: str
+    kind: str
+    lang: str
+    prompt: str
+    explanation: str
+    answer: float
+    quantity: str
+    choices: tuple[str, ...] = ()
+    tolerance: float = DEFAULT_TOLERANCE
+    unit: str = ""          # the unit the prompt asks in (GB, ms, %, …)
+    integer: bool = False   # whole-number answer: must match exactly after rounding
+    params: dict = field(default_factory=dict)
+    seed: int | None = None
+
+    @property
+    def is_choice(self) -> bool:
+        return self.quantity == "choice"
+
+    def answer_text(self) -> str:
+        """The right answer, formatted in the question's language."""
+        if self.is_choice:
+            return f"{self.answer + 1}. {self.choices[self.answer]}"
+        return format_value(self.answer, self.quantity, self.unit, self.lang, integer=self.integer)
+
+    def tolerance_text(self) -> str:
+        if self.is_choice:
+            return ""
+        if self.integer:
+            return {"en": "exact whole number", "es": "número entero exacto"}[self.lang]
+        pct = units.format_number(100 * self.tolerance, 2, self.lang)
+        return f"±{pct}%"
+
+
+@dataclass
+class Check:
+    """The verdict on one answer. ``valid`` is False when the text could not be read at all
+    (the quiz may ask again); ``value`` is what was understood (base units or option index)."""
+    correct: bool
+    valid: bool
+    value: float | int | None
+    message: str
+
+
+def format_value(value: float, quantity: str, unit: str, lang: str, integer: bool = False) -> str:
+    """``value`` (base units) shown in ``unit`` when given, else in a natural unit."""
+    if integer:
+        return f"{int(round(value)):,}".replace(",", "." if lang == "es" else ",")
+    if quantity == "fraction":
+        return units.format_percent(value, 3, lang)
+    factors = _HINT_FACTORS.get(quantity, {})
+    if unit and unit in factors:
+        num = units.format_number(value / factors[unit], 3, lang)
+        sep = "" if quantity == "count" else " "
+        return f"{num}{sep}{unit}".strip()
+    if quantity == "bytes":
+        return units.format_bytes(value, lang=lang)
+    if quantity == "seconds":
+        return units.format_time(value, lang=lang)
+    if quantity == "bandwidth":
+        return units.format_bandwidth(value, lang=lang)
+    if quantity == "count":
+        return units.format_count(value, lang=lang)
+    return units.format_number(value, 4, lang)
+
+
+def _candidates(text: str, q: Question) -> list[float]:
+    """Every plausible reading of ``text`` as a value of the question's quantity, in base units."""
+    out: list[float] = []
+    langs = [q.lang] + [lang for lang in ("en", "es") if lang != q.lang]
+    parse_kind = {"number": "count"}.get(q.quantity, q.quantity)
+    for lang in langs:
+        try:
+            out.append(units.parse_quantity(text, parse_kind, lang))
+        except (ValueError, TypeError, OverflowError):
+            pass
+        # A bare number: also read it in the unit the question asks for.
+        # "32.768" is 32768 in Spanish (dot as thousands separator): read it both ways.
+        stripped = text.strip()
+        if re.fullmatch(r"[+-]?\d{1,3}(\.\d{3})+", stripped) or (lang == "en" and re.fullmatch(r"[+-]?\d{1,3}(,\d{3})+", stripped)):
+            out.append(float(re.sub(r"[.,]", "", stripped)))
+        try:
+            bare = units.parse_number(text, lang)
+        except (ValueError, TypeError, OverflowError):
+            continue
+        # A bare number is first read in the unit the question asks for ("16.6" asked in GB).
+        factor = _HINT_FACTORS.get(q.quantity, {}).get(q.unit)
+        if factor is not None:
+            out.insert(0, bare * factor)
+        if q.quantity == "fraction" and 1 < abs(bare) <= 100:
+            out.insert(0, bare / 100)  # "27.3" meaning percent
+    return [v for v in out if math.isfinite(v)]
+
+
+def _close(value: float, answer: float, q: Question) -> bool:
+    if q.integer:
+        return round(value) == round(answer) and abs(value - round(value)) < 1e-6 * max(1.0, abs(value))
+    if answer == 0:
+        return abs(value) <= 1e-12
+    return abs(value - answer) <= q.tolerance * abs(answer) * (1 + 1e-12)
+
+
+def check_answer(q: Question, text) -> Check:
+    """Judge ``text`` against ``q``. Never raises."""
+    try:
+        return _check(q, text)
+    except Exception as exc:  # noqa: BLE001 — a quiz never crashes on input
+        return Check(False, False, None, f"could not read the answer ({type(exc).__name__})")
+
+
+def _msg(q: Question, en: str, es: str) -> str:
+    return es if q.lang == "es" else en
+
+
+def _check(q: Question, text) -> Check:
+    if text is None:
+        text = ""
+    if not isinstance(text, str):
+        text = str(text)
+    s = text.strip()
+    if not s:
+        return Check(False, False, None, _msg(q, "no answer given", "sin respuesta"))
+    if q.is_choice:
+        n = len(q.choices)
+        idx = None
+        low = s.lower().rstrip(".)")
+        if low.isdigit() and 1 <= int(low) <= n:
+            idx = int(low) - 1
+        elif len(low) == 1 and low in LETTERS[:n]:
+            idx = LETTERS.index(low)
+        else:
+            for i, c in enumerate(q.choices):
+                if c.strip().lower() == s.lower():
+                    idx = i
+        if idx is None:
+            return Check(False, False, None,
+                         _msg(q, f"answer with a number from 1 to {n}", f"responde con un número del 1 al {n}"))
+        return Check(idx == q.answer, True, idx, "")
+    values = _candidates(s, q)
+    if not values:
+        hint = q.unit or {"bytes": "GB", "seconds": "s", "bandwidth": "GB/s"}.get(q.quantity, "")
+        return Check(False, False, None,
+                     _msg(q, f"could not read {s[:40]!r} as a number" + (f" (e.g. 12.5 {hint})" if hint else ""),
+                          f"no se pudo leer {s[:40]!r} como número" + (f" (p. ej. 12,5 {hint})" if hint else "")))
+    for v in values:
+        if _close(v, q.answer, q):
+            return Check(True, True, v, "")
+    return Check(False, True, values[0], "")
+
+
+# ------------------------------------------------------------------------------ building questions
+
+
+def t(lang: str, en: str, es: str) -> str:
+    """Pick the text for ``lang``."""
+    return es if lang == "es" else en
+
+
+def numeric(lesson_id: str, kind: str, lang: str, prompt: str, explanation: str, answer: float,
+            quantity: str, unit: str = "", params: dict | None = None, tolerance: float = DEFAULT_TOLERANCE,
+            integer: bool = False) -> Question:
+    if quantity not in QUANTITIES or quantity == "choice":
+        raise ValueError(f"bad quantity {quantity!r}")
+    if unit and unit not in _HINT_FACTORS.get(quantity, {}):
+        raise ValueError(f"unit {unit!r} is not a unit of {quantity}")
+    return Question(lesson_id, kind, lang, prompt, explanation, answer, quantity, (), tolerance, unit,
+                    integer, dict(params or {}))
+
+
+def choice(lesson_id: str, kind: str, lang: str, rng: random.Random, prompt: str, right: str,
+           wrong: list[str], explanation: str, params: dict | None = None, shuffle: bool = True) -> Question:
+    """A multiple-choice question; options shuffled with ``rng`` (``shuffle=False`` keeps the order)."""
+    options = [right] + list(wrong)
+    if len(set(options)) != len(options):
+        raise ValueError("options must differ")
+    order = list(range(len(options)))
+    if shuffle:
+        rng.shuffle(order)
+    choices = tuple(options[i] for i in order)
+    return Question(lesson_id, kind, lang, prompt, explanation, order.index(0), "choice", choices,
+                    0.0, "", False, dict(params or {}))
+
+
+def yes_no(lesson_id: str, kind: str, lang: str, prompt: str, yes: str, no: str, truth: bool, explanation: str,
+           params: dict | None = None) -> Question:
+    """A two-option question in fixed order (``yes`` first); the right option follows ``truth``."""
+    return Question(lesson_id, kind, lang, prompt, explanation, 0 if truth else 1, "choice", (yes, no),
+                    0.0, "", False, dict(params or {}))
+
+
+def fmt_bytes(n: float, lang: str) -> str:
+    return units.format_bytes(n, lang=lang)
+
+
+def fmt_time(s: float, lang: str) -> str:
+    return units.format_time(s, lang=lang)
+
+
+def fmt_num(x: float, lang: str, digits: int = 3) -> str:
+    return units.format_number(x, digits, lang)
+
+
+def fmt_int(n: int, lang: str) -> str:
+    return f"{int(n):,}".replace(",", "." if lang == "es" else ",")
+
+
+def fmt_count(n: float, lang: str) -> str:
+    return units.format_count(n, lang=lang)
+
+
+def fmt_pct(x: float, lang: str) -> str:
+    return units.format_percent(x, 3, lang)
+
+
+# ------------------------------------------------------------------------------ quizzes
+
+
+def generators(lesson_id: str) -> dict[str, Callable]:
+    """The ordered ``kind -> generator`` mapping of a lesson (``lesson3`` or its number/slug)."""
+    from distai.lessons.registry import resolve_lesson
+
+    lesson = resolve_lesson(lesson_id)
+    module = importlib.import_module(f"{lesson.package}.quiz")
+    return module.GENERATORS
+
+
+def question_seed(seed: int, lesson_id: str, kind: str, index: int) -> int:
+    """A stable per-question seed (no Python hash randomisation)."""
+    key = f"{seed}:{lesson_id}:{kind}:{index}".encode()
+    h = 1469598103934665603
+    for byte in key:
+        h = ((h ^ byte) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h >> 1
+
+
+def make_question(lesson_id: str, kind: str, seed: int, lang: str = "en") -> Question:
+    """Regenerate exactly one question: same (lesson, kind, seed, lang) → same question."""
+    from distai.lessons.registry import resolve_lesson
+
+    lesson = resolve_lesson(lesson_id)
+    gens = generators(lesson.id)
+    if kind not in gens:
+        raise KeyError(f"lesson {lesson.id} has no question kind {kind!r}")
+    q = gens[kind](random.Random(seed), lang)
+    q.lesson_id, q.kind, q.seed = lesson.id, kind, seed
+    return q
+
+
+def build_quiz(lesson_id: str, count: int = 5, seed: int | None = None, lang: str = "en",
+               kinds: list[str] | None = None) -> list[Question]:
+    """``count`` questions of a lesson, reproducible with ``seed``: kinds are dealt from a shuffled deck
+    so that every kind appears once before any repeats."""
+    from distai.lessons.registry import resolve_lesson
+
+    lesson = resolve_lesson(lesson_id)
+    if count < 1:
+        raise ValueError("count must be at least 1")
+    if seed is None:
+        seed = random.SystemRandom().randrange(2 ** 31)
+    rng = random.Random(seed)
+    pool = list(kinds) if kinds else list(generators(lesson.id))
+    out: list[Question] = []
+    deck: list[str] = []
+    for i in range(count):
+        if not deck:
+            deck = pool[:]
+            rng.shuffle(deck)
+        kind = deck.pop()
+        out.append(make_question(lesson.id, kind, question_seed(seed, lesson.id, kind, i), lang))
+    return out

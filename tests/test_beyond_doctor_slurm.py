@@ -1,0 +1,88 @@
+"""`distai doctor` and `distai slurm`: real measurements, and a script SLURM would run."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from distai.engine.slurm import SlurmJob, sbatch_script
+from distai.lessons.registry import all_lessons
+
+DISTAI = [sys.executable, "-m", "distai.tutor.cli"]
+
+
+def test_doctor_json_reports_machine_bandwidth_and_advice(tmp_path):
+    env = {**os.environ, "DISTAI_HOME": str(tmp_path)}
+    out = subprocess.run([*DISTAI, "doctor", "--quick", "--json"], capture_output=True, text=True,
+                         env=env, timeout=240)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    machine = report["machine"]
+    assert machine["cpus"] == os.cpu_count()
+    assert machine["torch"].split("+")[0] == __import__("torch").__version__.split("+")[0]
+    bw = report["bandwidth"]
+    assert bw["host_memcpy_Bps"] > 1e7 and bw["loopback_tcp_Bps"] > 1e6
+    ar = bw["allreduce"]
+    assert ar["backend"] in ("gloo", "nccl") and ar["ranks"] >= 2
+    for row in ar["results"]:
+        # nccl-tests: algbw = S/t, busbw = algbw * 2(N-1)/N
+        assert row["algbw"] == pytest.approx(row["bytes"] / row["time_s"])
+        assert row["busbw"] == pytest.approx(row["algbw"] * 2 * (ar["ranks"] - 1) / ar["ranks"])
+    assert [a["lesson"] for a in report["advice"]] == [l.id for l in all_lessons()]
+
+
+def test_doctor_rejects_bad_ranks():
+    out = subprocess.run([*DISTAI, "doctor", "--ranks", "1"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and "--ranks" in out.stderr
+
+
+def test_sbatch_script_launches_every_node_through_c10d():
+    script = sbatch_script(SlurmJob("lesson5", nodes=4, gpus_per_node=8, partition="gpu", time="01:00:00",
+                                    extra_args=["--schedule", "1f1b"]))
+    assert "#SBATCH --nodes=4" in script and "#SBATCH --gpus-per-node=8" in script
+    assert "#SBATCH --partition=gpu" in script and "#SBATCH --time=01:00:00" in script
+    assert "--ntasks=4 --ntasks-per-node=1" in script
+    assert "run lesson5 --gpus 8 --nnodes $SLURM_NNODES --node-rank $SLURM_NODEID" in script
+    assert "--master-addr $MASTER_ADDR --master-port $MASTER_PORT" in script
+    assert "NCCL_DEBUG" in script and script.rstrip().endswith("--schedule 1f1b'")
+    checked = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
+    assert checked.returncode == 0, checked.stderr
+
+
+def test_sbatch_master_addr_comes_from_the_node_list(tmp_path):
+    """Run the script's own preamble with a fake `scontrol` and a fake node list."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "scontrol").write_text('#!/bin/bash\n[ "$1 $2" = "show hostnames" ] || exit 1\n'
+                                       'echo "$3" | tr "," "\\n"\n')
+    (fake_bin / "srun").write_text('#!/bin/bash\necho "MASTER=$MASTER_ADDR:$MASTER_PORT ARGS=$*"\n')
+    for f in fake_bin.iterdir():
+        f.chmod(0o755)
+    script = tmp_path / "job.sh"
+    script.write_text(sbatch_script(SlurmJob("lesson1", nodes=2, gpus_per_node=4)))
+    env = {**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "gpu-a17,gpu-a18",
+           "SLURM_JOB_ID": "4242", "SLURM_NNODES": "2"}
+    out = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "MASTER=gpu-a17:24242" in out.stdout  # 20000 + 4242 % 20000
+    assert "--ntasks=2" in out.stdout
+
+
+@pytest.mark.parametrize("bad", [dict(nodes=0), dict(gpus_per_node=0), dict(time="soon"), dict(partition="a b")])
+def test_slurm_job_rejects_bad_values(bad):
+    job = SlurmJob("lesson1", **{"nodes": 2, "gpus_per_node": 4, **bad})
+    with pytest.raises(ValueError):
+        sbatch_script(job)
+
+
+def test_slurm_cli_one_line_errors(tmp_path):
+    out = subprocess.run([*DISTAI, "slurm", "lesson9", "--nodes", "2", "--gpus-per-node", "4"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "valid lessons" in out.stderr
+    target = tmp_path / "job.sbatch"
+    out = subprocess.run([*DISTAI, "slurm", "pipeline", "--nodes", "2", "--gpus-per-node", "4", "-o", str(target)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and target.read_text().startswith("#!/bin/bash")

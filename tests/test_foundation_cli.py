@@ -1,0 +1,140 @@
+"""The CLI: help and tutor start without torch, lesson names, one-line errors, --version."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from importlib.metadata import version
+
+import pytest
+
+from distai.lessons.registry import all_lessons, resolve_lesson
+from distai.tutor import cli
+
+HEAVY = ("torch", "numpy", "textual")
+
+
+def run_py(code: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], capture_output=True,
+                          text=True, env=dict(os.environ), timeout=120)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "distai.tutor.cli", *args], capture_output=True,
+                          text=True, env=dict(os.environ), timeout=120)
+
+
+def test_help_lists_the_commands_without_importing_heavy_modules():
+    res = run_py(f"""
+        import sys
+        from distai.tutor.cli import main
+        rc = main(["--help"])
+        heavy = sorted({{m.split(".")[0] for m in sys.modules}} & set({HEAVY!r}))
+        print("RC", rc, "HEAVY", heavy)
+    """)
+    assert res.returncode == 0, res.stderr
+    assert "RC 0 HEAVY []" in res.stdout, res.stdout[-500:]
+    for command in ("tutor", "lessons", "quiz", "calc", "run"):
+        assert f" {command} " in res.stdout
+
+
+def test_distai_tutor_starts_and_walks_a_lesson_without_torch():
+    """`distai tutor --lesson 1 --lang es` through main(), driven headless by Pilot."""
+    res = run_py("""
+        import asyncio, sys
+        from distai.tutor import app as app_module
+        from distai.tutor.cli import main
+
+        seen = {}
+
+        async def drive(app):
+            async with app.run_test(size=(120, 40)) as pilot:
+                await pilot.pause()
+                seen["screen"] = type(app.screen).__name__
+                seen["lang"] = app.language
+                for _ in app.screen.lesson.steps:  # every step, including the code step
+                    await pilot.press("right")
+                await pilot.press("q", "q")
+
+        app_module.DistaiApp.run = lambda self: asyncio.run(drive(self))
+        rc = main(["tutor", "--lesson", "1", "--lang", "es"])
+        print("RC", rc, seen["screen"], seen["lang"], "torch" in sys.modules)
+    """)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "RC 0 LessonScreen es False" in res.stdout, (res.stdout, res.stderr[-2000:])
+
+
+@pytest.mark.parametrize("name", ["1", "lesson1", "ring-allreduce", " Lesson1 ", "RING-ALLREDUCE"])
+def test_lesson_names_resolve(name):
+    assert resolve_lesson(name).id == "lesson1"
+
+
+def test_every_lesson_resolves_by_number_id_and_slug():
+    for lesson in all_lessons():
+        for name in (str(lesson.number), lesson.id, lesson.slug):
+            assert resolve_lesson(name) is lesson
+
+
+@pytest.mark.parametrize("name", ["1", "lesson1", "ring-allreduce"])
+def test_tutor_command_opens_the_named_lesson(name, monkeypatch):
+    from distai.tutor import app as app_module
+
+    opened = []
+    monkeypatch.setattr(app_module.DistaiApp, "run",
+                        lambda self: opened.append((self.initial_lesson.id, self.language)))
+    assert cli.main(["tutor", "--lesson", name, "--lang", "en"]) == 0
+    assert opened == [("lesson1", "en")]
+
+
+@pytest.mark.parametrize("argv", [
+    ["tutor", "--lesson", "lesson9"],
+    ["tutor", "--lesson", "foo"],
+    ["quiz", "lesson9"],
+    ["run", "foo"],
+    ["run", "0"],
+])
+def test_unknown_lessons_give_a_one_line_error_listing_valid_names(argv):
+    res = run_cli(*argv)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert "unknown lesson" in lines[0]
+    for lesson in all_lessons():
+        assert lesson.id in lines[0] and lesson.slug in lines[0]
+    assert "Traceback" not in res.stderr
+
+
+def test_bad_language_is_a_one_line_error():
+    for argv in (["tutor", "--lang", "fr"], ["lessons", "--lang", "de"]):
+        res = run_cli(*argv)
+        assert res.returncode == 2
+        assert len(res.stderr.strip().splitlines()) == 1 and "en, es" in res.stderr
+
+
+def test_unknown_command_is_a_usage_error_without_traceback():
+    res = run_cli("frobnicate")
+    assert res.returncode == 2
+    assert "Traceback" not in res.stderr and "frobnicate" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    res = run_cli("lessons", "--no-such-option")
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_version():
+    res = run_cli("--version")
+    assert res.returncode == 0
+    assert res.stdout.strip() == f"distai {version('distai')}"
+
+
+def test_language_from_locale(monkeypatch):
+    from distai.tutor import app as app_module
+
+    langs = []
+    monkeypatch.setattr(app_module.DistaiApp, "run", lambda self: langs.append(self.language))
+    monkeypatch.setenv("LANG", "es_ES.UTF-8")
+    assert cli.main(["tutor"]) == 0
+    monkeypatch.setenv("LANG", "en_GB.UTF-8")
+    assert cli.main(["tutor"]) == 0
+    assert cli.main(["tutor", "--lang", "es"]) == 0
+    assert langs == ["es", "en", "es"]

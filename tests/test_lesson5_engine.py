@@ -1,0 +1,210 @@
+"""Lesson 5 engine: a real pipeline over gloo processes (p = 2 and p = 4, one group each running
+every check) executes the simulator's schedules with gradients equal to the unsplit model and to
+torch.distributed.pipelining, holds the activations the formulas say, and fails clearly (not by
+hanging) on too few microbatches or shapes that do not chain. The p = 4 group ends by running the
+lesson's experiment itself."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from distai.engine import pipeline as pl
+from distai.engine.testing import run_in_group
+from distai.lessons.lesson5 import formulas
+from distai.lessons.lesson5 import simulator as sim
+
+SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2))
+MB = 2  # sequences per microbatch
+
+
+def _error_of(fn):
+    try:
+        fn()
+    except pl.PipelineConfigError as exc:
+        return str(exc)
+    return None
+
+
+def _pipeline_checks(rank: int, p: int, events_dir: str | None) -> dict:
+    torch.manual_seed(0)
+    m = 2 * p
+    cfg = pl.ModelConfig(d_model=32, n_heads=2, seq=16, n_layers=pl.default_layers(p, 2))
+    ids, tg = pl.make_batch(cfg, m * MB)
+    ref_loss, ref_layers = pl.reference_grads(cfg, ids, tg)
+    out: dict = {"ref_loss": ref_loss}
+    for schedule, v in SCHEDULES:
+        ref_stages = pl.split_layers(ref_layers, p * v, cfg)
+        chunks = pl.build_rank_chunks(cfg, p, v, rank)
+        runner = pl.PipelineRunner(chunks, rank=rank, p=p, m=m, schedule=schedule, v=v, microbatch_size=MB)
+        res = runner.step(pl.microbatches(ids, m) if 0 in chunks else None,
+                          pl.microbatches(tg, m) if p * v - 1 in chunks else None)
+        ours = [q.grad.clone() for s in sorted(chunks) for q in chunks[s].parameters()]
+        ref = [q.grad for s in sorted(chunks) for q in ref_stages[s].parameters()]
+        # what each chunk's forward saved, and the peak the order implies with those sizes
+        saved: dict[int, int] = {}
+        for rec in res.records:
+            if rec.op.kind == "F":
+                saved[rec.op.chunk] = rec.saved_bytes
+        held = expected = 0
+        for op in runner.order:
+            held += saved[op.chunk] if op.kind == "F" else -saved[op.chunk]
+            expected = max(expected, held)
+        entry = {
+            "loss": res.loss,
+            "max_diff_ref": max(float((a - b).abs().max()) for a, b in zip(ours, ref)),
+            "allclose_ref": all(torch.allclose(a, b, rtol=1e-4, atol=1e-7) for a, b in zip(ours, ref)),
+            "order": [(r.op.kind, r.op.mb, r.op.stage) for r in res.records],
+            "peak_bytes": res.peak_activation_bytes,
+            "expected_peak_bytes": expected,
+            "saved_per_chunk": saved,
+            "timestamps_ordered": all(r.t0 <= r.t1 for r in res.records)
+            and all(a.t1 <= b.t0 for a, b in zip(res.records, res.records[1:])),
+        }
+        if p == 4:  # the same stages under torch.distributed.pipelining
+            from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                                      ScheduleInterleaved1F1B)
+            tchunks = pl.build_rank_chunks(cfg, p, v, rank)
+            stages = [PipelineStage(tchunks[c * p + rank], c * p + rank, p * v, torch.device("cpu"))
+                      for c in range(v)]
+            cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}.get(schedule)
+            sched = cls(stages[0], m, loss_fn=pl.loss_fn) if cls else ScheduleInterleaved1F1B(stages, m, loss_fn=pl.loss_fn)
+            losses: list = []
+            args = (ids,) if 0 in tchunks else ()
+            kwargs = {"target": tg, "losses": losses} if p * v - 1 in tchunks else {}
+            sched.step(*args, **kwargs)
+            theirs = [q.grad for s in sorted(tchunks) for q in tchunks[s].parameters()]
+            entry["max_diff_torch"] = max(float((a - b).abs().max()) for a, b in zip(ours, theirs))
+            entry["torch_loss"] = float(sum(x.detach() for x in losses) / m) if losses else None
+        out[schedule] = entry
+
+    # errors that must stop every rank at once instead of hanging
+    few = pl.build_rank_chunks(cfg, p, 2, rank)
+    out["too_few_microbatches"] = _error_of(lambda: pl.PipelineRunner(
+        few, rank=rank, p=p, m=p - 1, schedule="interleaved", v=2, microbatch_size=MB))
+    chunks = pl.build_rank_chunks(cfg, p, 1, rank)
+    if rank == 1:  # stage 1 built for a narrower model than stage 0 sends
+        narrow = pl.ModelConfig(d_model=24, n_heads=2, seq=16, n_layers=pl.default_layers(p, 2))
+        chunks = {1: pl.StageModule([pl.Block(narrow) for _ in range(2)], narrow)}
+    runner = pl.PipelineRunner(chunks, rank=rank, p=p, m=m, schedule="1f1b", microbatch_size=MB)
+    out["shape_mismatch"] = _error_of(runner.validate)
+    dist.barrier()  # the group still works after the error: nobody is stuck in a receive
+
+    if events_dir is not None:  # the lesson's experiment end to end, in this group
+        from distai.engine.experiments import lesson5
+
+        os.environ["DISTAI_EVENTS_DIR"] = events_dir
+        out["experiment_rc"] = lesson5.main(["--steps", "1", "--d-model", "32", "--heads", "2", "--seq", "16",
+                                             "--microbatch-size", "2"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def p2():
+    return run_in_group(_pipeline_checks, 2, None, timeout_s=90)
+
+
+@pytest.fixture(scope="module")
+def p4(tmp_path_factory):
+    events = tmp_path_factory.mktemp("lesson5_events")
+    results = run_in_group(_pipeline_checks, 4, str(events), timeout_s=120)
+    return results, events
+
+
+def _all(results):
+    return results[0] if isinstance(results, list) else results[0]
+
+
+@pytest.mark.parametrize("schedule,v", SCHEDULES)
+def test_gradients_equal_the_unsplit_model(p2, p4, schedule, v):
+    for results in (p2, p4[0]):
+        for r in results:
+            assert r[schedule]["allclose_ref"], r[schedule]["max_diff_ref"]
+        last = results[-1]
+        assert last[schedule]["loss"] == pytest.approx(last["ref_loss"], rel=1e-5)
+        assert all(r[schedule]["loss"] is None for r in results[:-1])
+
+
+@pytest.mark.parametrize("schedule,v", SCHEDULES)
+def test_gradients_equal_torch_pipelining(p4, schedule, v):
+    results, _ = p4
+    for r in results:
+        assert r[schedule]["max_diff_torch"] < 1e-6
+    assert results[-1][schedule]["torch_loss"] == pytest.approx(results[-1][schedule]["loss"], rel=1e-6)
+
+
+@pytest.mark.parametrize("schedule,v", SCHEDULES)
+def test_ranks_run_the_simulators_order(p2, p4, schedule, v):
+    for results, p in ((p2, 2), (p4[0], 4)):
+        order = sim.schedule_order(schedule, p, 2 * p, v)
+        for rank, r in enumerate(results):
+            assert r[schedule]["order"] == [(op.kind, op.mb, op.stage) for op in order[rank]]
+            assert r[schedule]["timestamps_ordered"]
+
+
+@pytest.mark.parametrize("schedule,v", SCHEDULES)
+def test_activation_peak_matches_schedule_and_formula(p2, p4, schedule, v):
+    for results, p in ((p2, 2), (p4[0], 4)):
+        m = 2 * p
+        for rank, r in enumerate(results):
+            e = r[schedule]
+            assert e["peak_bytes"] == pytest.approx(e["expected_peak_bytes"], rel=0.01)
+            if rank < p - 1 and (schedule != "interleaved" or rank > 0):
+                # middle stages save the same bytes per chunk: measured microbatches = the formula
+                per_mb = sum(e["saved_per_chunk"].values())
+                held = e["peak_bytes"] / per_mb
+                if schedule == "gpipe":
+                    assert held == pytest.approx(m, rel=0.01)
+                elif schedule == "1f1b":
+                    assert held == pytest.approx(min(p - rank, m), rel=0.01)
+                else:
+                    want = min(formulas.interleaved_warmup_chunks(p, m, v, rank) + 1, v * m) / v
+                    assert held == pytest.approx(want, rel=0.01)
+        gpipe0 = results[0]["gpipe"]["peak_bytes"]
+        assert results[0]["1f1b"]["peak_bytes"] == pytest.approx(gpipe0 * p / m, rel=0.02)
+
+
+def test_too_few_microbatches_is_a_clear_error(p2, p4):
+    for results in (p2, p4[0]):
+        for r in results:
+            assert "at least as many microbatches as stages" in r["too_few_microbatches"]
+
+
+def test_shape_mismatch_is_a_clear_error_on_every_rank(p2, p4):
+    for results in (p2, p4[0]):
+        for r in results:
+            msg = r["shape_mismatch"]
+            assert msg is not None
+            assert "stage 0 (rank 0) sends float32[2, 16, 32] but stage 1 (rank 1) expects float32[2, 16, 24]" in msg
+
+
+def test_experiment_runs_and_reports(p4):
+    results, events_dir = p4
+    assert [r["experiment_rc"] for r in results] == [0, 0, 0, 0]
+    events = {}
+    for path in sorted(Path(events_dir).glob("rank*.jsonl")):
+        events[path.name] = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(events) == 4
+    m, v, steps = 8, 2, 1
+    for name, evs in events.items():
+        ops = [e for e in evs if e["kind"] == "pp_op"]
+        # every F and B of every step of every schedule, timestamped
+        assert len(ops) == steps * 2 * m * (1 + 1 + v)
+        assert all(e["t0"] <= e["t1"] for e in ops)
+    summary = [e for e in events["rank0.jsonl"] if e["kind"] == "summary"]
+    assert len(summary) == 1
+    config = [e for e in events["rank0.jsonl"] if e["kind"] == "pp_config"][0]
+    assert (config["p"], config["m"], config["v"]) == (4, m, v)
+    for schedule, res in summary[0]["schedules"].items():
+        assert res["max_grad_diff_vs_unsplit"] < 1e-6
+        assert res["max_grad_diff_vs_torch"] < 1e-6
+        assert res["loss"] == pytest.approx(res["torch_loss"], rel=1e-5)
+        assert res["bubble_formula"] == pytest.approx(formulas.bubble_fraction(4, m, v if schedule == "interleaved" else 1))
+        assert res["bubble_simulated_with_measured_costs"] == pytest.approx(res["bubble_formula"])
+        assert 0 < res["bubble_measured"] < 1
+        for stage in res["stages"]:
+            assert stage["peak_bytes"] == pytest.approx(stage["peak_expected_bytes"], rel=0.01)

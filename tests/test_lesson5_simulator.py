@@ -1,0 +1,212 @@
+"""Lesson 5 simulator: bubbles and activations equal the formulas; orders respect every dependency
+and match torch.distributed.pipelining; the point-to-point plan cannot deadlock."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from distai.lessons.lesson5 import formulas
+from distai.lessons.lesson5 import simulator as sim
+
+P_VALUES = (1, 2, 3, 4, 8)
+M_VALUES = (1, 2, 3, 4, 8, 12, 16)
+COSTS = ((1.0, 2.0), (1.0, 1.0), (1.0, 0.5), (1.5, 3.7))
+
+
+def _grid():
+    for p, m in itertools.product(P_VALUES, M_VALUES):
+        yield "gpipe", p, m, 1
+        yield "1f1b", p, m, 1
+        for v in (2, 3, 4):
+            try:
+                sim.validate("interleaved", p, m, v)
+            except sim.ScheduleError:
+                continue
+            yield "interleaved", p, m, v
+
+
+GRID = list(_grid())
+
+
+def _check_dependencies(tl: sim.Timeline) -> None:
+    """Independent of the simulator's own loop: every block respects the data flow, every stage
+    runs each microbatch's forward and backward exactly once, a rank runs one block at a time."""
+    p, m, v, eps = tl.p, tl.m, tl.v, 1e-9
+    n_stages = p * v
+    when = {}
+    for r in range(p):
+        prev_end = 0.0
+        for s, e, op in tl.blocks(r):
+            assert op.stage % p == r and op.stage == op.chunk * p + r
+            assert s >= prev_end - eps, f"rank {r} overlaps itself at {op}"
+            assert math.isclose(e - s, (tl.t_f if op.kind == "F" else tl.t_b) / v)
+            prev_end = e
+            key = (op.kind, op.stage, op.mb)
+            assert key not in when, f"{key} runs twice"
+            when[key] = (s, e)
+    assert len(when) == 2 * n_stages * m
+    hop = lambda a, b: tl.t_comm if a % p != b % p else 0.0  # noqa: E731
+    for (kind, s, mb), (start, _end) in when.items():
+        if kind == "F" and s > 0:
+            assert start >= when[("F", s - 1, mb)][1] + hop(s - 1, s) - eps, f"F{mb} on stage {s} too early"
+        if kind == "B":
+            assert start >= when[("F", s, mb)][1] - eps, f"B{mb} before its own forward on stage {s}"
+            if s < n_stages - 1:
+                assert start >= when[("B", s + 1, mb)][1] + hop(s + 1, s) - eps, f"B{mb} on stage {s} too early"
+
+
+@pytest.mark.parametrize("schedule,p,m,v", GRID)
+def test_bubble_and_step_time_equal_the_formulas(schedule, p, m, v):
+    for t_f, t_b in COSTS:
+        tl = sim.simulate(schedule, p, m, v, t_f=t_f, t_b=t_b)
+        assert tl.makespan == pytest.approx(formulas.step_time_units(p, m, v) * (t_f + t_b))
+        assert tl.bubble_fraction == pytest.approx(formulas.bubble_fraction(p, m, v))
+        assert tl.bubble_ratio == pytest.approx(formulas.bubble_ratio(p, m, v))
+        _check_dependencies(tl)
+
+
+@pytest.mark.parametrize("schedule,p,m,v", GRID)
+def test_peak_inflight_equals_the_formulas(schedule, p, m, v):
+    tl = sim.simulate(schedule, p, m, v)
+    if m % p == 0 or schedule != "interleaved":  # the formulas count rounds of p microbatches
+        if schedule != "interleaved" or v >= 2:
+            assert tl.peak_inflight[0] == pytest.approx(formulas.peak_inflight_microbatches(p, m, schedule, v))
+    for r in range(p):
+        if schedule == "gpipe":
+            assert tl.peak_inflight[r] == m
+        elif schedule == "1f1b":
+            assert tl.peak_inflight[r] == min(p - r, m) == min(formulas.onef1b_warmup_forwards(p, m, r) + 1, m)
+        elif m % p == 0:
+            expected = min(formulas.interleaved_warmup_chunks(p, m, v, r) + 1, v * m) / v
+            assert tl.peak_inflight[r] == pytest.approx(expected)
+    # the series the widget draws reaches the same peak
+    for r in range(p):
+        assert max(c for _t, c in tl.inflight_series(r)) == tl.inflight_peak_chunks[r]
+
+
+def test_gpipe_holds_m_and_1f1b_holds_p_microbatches():
+    p, m = 4, 32
+    assert sim.simulate("gpipe", p, m).peak_inflight[0] == 32
+    assert sim.simulate("1f1b", p, m).peak_inflight[0] == 4
+    assert sim.simulate("gpipe", p, m).makespan == sim.simulate("1f1b", p, m).makespan
+
+
+@pytest.mark.parametrize("p,m", [(4, 8), (8, 16), (3, 5), (4, 2)])
+def test_1f1b_warmup_count(p, m):
+    for r, ops in enumerate(sim.schedule_order("1f1b", p, m)):
+        first_b = next(i for i, op in enumerate(ops) if op.kind == "B")
+        assert first_b == min(m, p - r)  # p - r - 1 warm-up forwards, then one steady 1F
+        assert sim.warmup_forwards("1f1b", p, m, r) == formulas.onef1b_warmup_forwards(p, m, r)
+        # steady state alternates F and B
+        steady = ops[first_b - 1: first_b - 1 + 2 * (m - min(m, p - r - 1))]
+        assert [op.kind for op in steady] == ["F", "B"] * (len(steady) // 2)
+
+
+@pytest.mark.parametrize("p,m,v", [(4, 8, 2), (4, 16, 3), (2, 6, 2), (8, 16, 2)])
+def test_interleaved_warmup_count(p, m, v):
+    for r, ops in enumerate(sim.schedule_order("interleaved", p, m, v)):
+        first_b = next(i for i, op in enumerate(ops) if op.kind == "B")
+        assert first_b == formulas.interleaved_warmup_chunks(p, m, v, r) + 1
+
+
+def _torch_interleaved_order(p, m, v, rank):
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    if not hasattr(schedules, "_get_1f1b_rank_ops"):
+        pytest.skip("this torch has no _get_1f1b_rank_ops")
+    k = sim.microbatches_per_round(p, m)
+    warm = schedules._get_warmup_ops(rank, v, k, p, m, 2)
+    ops = schedules._get_1f1b_rank_ops(v, p, warm, v * m - warm, warm, rank,
+                                       lambda s: ((s // k) % v) * p + rank,
+                                       lambda s: (v - 1 - ((s - warm) // k) % v) * p + rank)
+    return [("F" if a.computation_type.name == "FORWARD" else "B", a.microbatch_index, a.stage_index)
+            for a in ops if a is not None]
+
+
+@pytest.mark.parametrize("p,m,v", [(4, 8, 2), (4, 10, 2), (2, 6, 3), (8, 16, 2), (4, 4, 4), (3, 9, 2)])
+def test_interleaved_order_is_torchs(p, m, v):
+    ours = sim.schedule_order("interleaved", p, m, v)
+    for r in range(p):
+        assert [(op.kind, op.mb, op.stage) for op in ours[r]] == _torch_interleaved_order(p, m, v, r)
+
+
+def test_interleaved_sends_more_messages_and_shrinks_the_bubble():
+    p, m = 4, 8
+    one = sim.simulate("1f1b", p, m)
+    two = sim.simulate("interleaved", p, m, 2)
+    assert one.p2p_messages == 2 * m * (p - 1)
+    assert two.p2p_messages == 2 * m * (2 * p - 1)
+    assert two.bubble_ratio == pytest.approx(one.bubble_ratio / 2)
+
+
+def test_communication_time_per_hop():
+    p, m, c = 4, 8, 0.25
+    tl = sim.simulate("gpipe", p, m, t_f=1, t_b=2, t_comm=c)
+    assert tl.makespan == pytest.approx((m + p - 1) * 3 + 2 * (p - 1) * c)  # fill and drain cross p-1 hops
+    for schedule, v in (("1f1b", 1), ("interleaved", 2)):
+        slow = sim.simulate(schedule, p, m, v, t_comm=c)
+        _check_dependencies(slow)
+        assert slow.makespan > sim.simulate(schedule, p, m, v).makespan
+
+
+@pytest.mark.parametrize("schedule,p,m,v", [g for g in GRID if g[1] > 1 and g[2] <= 12])
+def test_point_to_point_plan_cannot_deadlock(schedule, p, m, v):
+    tl = sim.simulate(schedule, p, m, v)
+    plan = sim.comm_plan(tl)
+    sim.check_comm_plan(plan)
+    # every cross-rank dependency is one message, sent once and received once
+    sends = sum(a.kind == "send" for rank_plan in plan for a in rank_plan)
+    recvs = sum(a.kind == "recv" for rank_plan in plan for a in rank_plan)
+    assert sends == recvs == tl.p2p_messages == 2 * m * (p * v - 1)
+
+
+def test_plan_checker_catches_a_bad_plan():
+    tl = sim.simulate("1f1b", 2, 4)
+    plan = sim.comm_plan(tl)
+    # rank 1 receiving two activations in swapped order would pair them wrongly
+    recv_idx = [i for i, a in enumerate(plan[1]) if a.kind == "recv"][:2]
+    bad = [list(plan[0]), list(plan[1])]
+    bad[1][recv_idx[0]], bad[1][recv_idx[1]] = bad[1][recv_idx[1]], bad[1][recv_idx[0]]
+    with pytest.raises(sim.ScheduleDeadlock, match="different order"):
+        sim.check_comm_plan(bad)
+    # rank 0 posting its first send only after waiting for the first gradient: both ranks wait
+    first_send = next(i for i, a in enumerate(plan[0]) if a.kind == "send")
+    late = list(plan[0])
+    send = late.pop(first_send)
+    late.append(send)
+    with pytest.raises(sim.ScheduleDeadlock):
+        sim.check_comm_plan([late, list(plan[1])])
+
+
+def test_an_order_that_waits_on_itself_is_reported():
+    order = sim.schedule_order("1f1b", 2, 2)
+    # rank 0 insists on B0 before F1, rank 1 on F1 before B0 — fine; now make rank 1 want B0 first
+    order[1] = [op for op in order[1] if op.kind == "B"][:1] + [op for op in order[1] if op.kind == "F"] + \
+        [op for op in order[1] if op.kind == "B"][1:]
+    with pytest.raises(sim.ScheduleDeadlock):
+        sim.simulate("1f1b", 2, 2, order=order)
+    cyclic = sim.schedule_order("gpipe", 2, 2)
+    cyclic[0] = [cyclic[0][2], cyclic[0][0], cyclic[0][1], cyclic[0][3]]  # B0 before F0 on stage 0
+    with pytest.raises(sim.ScheduleDeadlock, match="waits forever|before its own forward"):
+        sim.simulate("gpipe", 2, 2, order=cyclic)
+
+
+def test_clear_errors():
+    with pytest.raises(sim.ScheduleError, match="at least as many microbatches as stages"):
+        sim.simulate("interleaved", 4, 3, 2)
+    with pytest.raises(sim.ScheduleError, match="only applies to the interleaved"):
+        sim.simulate("1f1b", 4, 8, 2)
+    with pytest.raises(sim.ScheduleError, match="multiple of 2"):
+        sim.simulate("interleaved", 4, 9, 2)
+    with pytest.raises(sim.ScheduleError, match="unknown schedule"):
+        sim.simulate("zigzag", 4, 8)
+    with pytest.raises(sim.ScheduleError, match="positive integer"):
+        sim.simulate("gpipe", 0, 8)
+    assert sim.normalize_schedule("PipeDream-Flush") == "1f1b"
+
+
+def test_large_pipeline_runs():
+    tl = sim.simulate("1f1b", 64, 1024)
+    assert tl.bubble_ratio == pytest.approx(63 / 1024)
+    assert tl.peak_inflight[0] == 64

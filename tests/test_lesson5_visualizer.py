@@ -1,0 +1,160 @@
+"""Lesson 5 visualizer: the timelines it draws are the simulator's, keys change what is drawn,
+and a run's events become a measured timeline."""
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import pytest
+from textual.app import App
+
+from distai.lessons.lesson5 import formulas
+from distai.lessons.lesson5 import simulator as sim
+from distai.visualizers.base import visualizer_class
+from distai.visualizers.pipeline import IDLE_CHAR, Lanes, PipelineVisualizer, draw_lanes
+
+
+def _text(viz, width=120, height=None) -> str:
+    return "\n".join(line.plain for line in viz.build_lines(width, height))
+
+
+def test_registered_under_its_lesson_name():
+    assert visualizer_class("pipeline") is PipelineVisualizer
+
+
+def test_imports_no_torch():
+    code = "import sys, distai.visualizers.pipeline; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("schedule,p,m,v", [("gpipe", 4, 8, 1), ("1f1b", 4, 8, 1), ("interleaved", 4, 8, 2),
+                                            ("1f1b", 3, 5, 1)])
+def test_drawn_rows_are_the_simulated_timeline(schedule, p, m, v):
+    tl = sim.simulate(schedule, p, m, v)
+    lanes = Lanes.from_timeline(tl)
+    cols = int(lanes.makespan * 8)  # 8 columns per forward: every block is whole columns
+    rows = draw_lanes(lanes, cols, lanes.makespan, None, mem_max=m)
+    timeline_rows = rows[0::2]
+    strips = rows[1::2]
+    assert len(timeline_rows) == p
+    idle = sum(row.plain[4:4 + cols].count(IDLE_CHAR) for row in timeline_rows)
+    assert idle / (p * cols) == pytest.approx(formulas.bubble_fraction(p, m, v), abs=0.01)
+    # each rank's strip ends with "held now/peak" and the peak is the simulator's
+    for r, strip in enumerate(strips):
+        assert strip.plain.rstrip().endswith(f"/{tl.peak_inflight[r]:g}")
+    # forward labels appear in the simulator's order on each rank
+    for r, row in enumerate(timeline_rows):
+        labels = [str(op.mb) + ("abcdefgh"[op.chunk] if v > 1 else "") for op in tl.order[r]]
+        body = row.plain[4:4 + cols]
+        pos = 0
+        for label in labels:
+            found = body.find(label, pos)
+            assert found >= 0, (r, label, body)
+            pos = found + len(label)
+
+
+class _Host(App):
+    def __init__(self, language="en"):
+        super().__init__()
+        self.language_ = language
+
+    def compose(self):
+        yield PipelineVisualizer(language=self.language_)
+
+
+def test_keys_change_p_m_v_view_and_cursor():
+    asyncio.run(_keys())
+
+
+async def _keys():
+    app = _Host()
+    async with app.run_test(size=(130, 60)) as pilot:
+        viz = app.query_one(PipelineVisualizer)
+        viz.focus()
+        await pilot.press("space")  # pause the animation
+        assert viz.playing is False
+        assert (viz.p, viz.m, viz.v) == (4, 8, 2)
+        text = _text(viz)
+        assert "GPipe" in text and "1F1B" in text and "Interleaved 1F1B" in text
+        assert f"{formulas.bubble_fraction(4, 8):.1%}" in text
+        assert f"{formulas.bubble_fraction(4, 8, 2):.1%}" in text
+        await pilot.press("s", "m", "m", "c")
+        assert (viz.p, viz.m, viz.v) == (5, 10, 3)
+        assert f"{formulas.bubble_fraction(5, 10):.1%}" in _text(viz)
+        await pilot.press("S", "M", "M", "C")
+        assert (viz.p, viz.m, viz.v) == (4, 8, 2)
+        await pilot.press("1")
+        text = _text(viz)
+        assert "GPipe" in text and "Interleaved" not in text and "1F1B  " not in text
+        await pilot.press("2")
+        assert viz.shown_schedules() == ["1f1b"]
+        await pilot.press("3")
+        assert viz.shown_schedules() == ["interleaved"]
+        await pilot.press("0")
+        assert viz.shown_schedules() == list(sim.SCHEDULES)
+        await pilot.press("b")
+        assert viz.b_cost == 3.0 and "B = 3×F" in _text(viz)
+        await pilot.press("h")
+        assert viz.hop > 0
+        await pilot.press("right_square_bracket", "right_square_bracket")
+        assert viz.cursor > 0
+        before = viz.cursor
+        await pilot.press("space")
+        viz._tick()
+        assert viz.playing and viz.cursor > before
+
+
+def test_too_few_microbatches_for_interleaved_is_explained():
+    viz = PipelineVisualizer()
+    viz.m = 3
+    text = _text(viz)
+    assert "at least as many microbatches as stages" in text
+    assert "GPipe" in text  # the other schedules still draw
+
+
+def test_steps_pick_views_and_spanish():
+    viz = PipelineVisualizer(language="es")
+    viz.show_step("same-time")
+    assert viz.shown_schedules() == ["gpipe", "1f1b"]
+    viz.show_step("stages")
+    assert viz.m == 1 and viz.shown_schedules() == ["gpipe"]
+    text = _text(viz)
+    assert "burbuja" in text and "etapas" in text
+    assert f"{formulas.bubble_fraction(4, 1):.1%}" in text
+
+
+def test_small_windows_fold_panels():
+    viz = PipelineVisualizer()
+    full = viz.build_lines(100)
+    small = viz.build_lines(100, 20)
+    assert len(small) <= 20 < len(full)
+
+
+def _events_from(tl: sim.Timeline, schedule: str, scale: float = 0.01, t0: float = 1000.0):
+    for r in range(tl.p):
+        for s, e, op in tl.blocks(r):
+            yield {"kind": "pp_op", "rank": r, "schedule": schedule, "step": 0, "op": op.kind, "mb": op.mb,
+                   "chunk": op.chunk, "stage": op.stage, "t0": t0 + s * scale, "t1": t0 + e * scale}
+
+
+def test_measured_timeline_from_run_events():
+    viz = PipelineVisualizer()
+    viz.show_step("run-it")
+    viz.feed_event({"kind": "pp_config", "p": 4, "m": 8, "v": 2, "schedules": ["1f1b"]})
+    # a "measured" run that is the simulation stretched by a slow last stage
+    tl = sim.simulate("1f1b", 4, 8, t_f=1.0, t_b=2.0)
+    events = list(_events_from(tl, "1f1b"))
+    for ev in events[:-1]:
+        viz.feed_event(ev)
+    assert "waiting for a complete step" in _text(viz)
+    viz.feed_event(events[-1])
+    text = _text(viz)
+    assert "measured 1F1B, step 0: 330.0 ms" in text
+    assert f"bubble {tl.bubble_fraction:.0%}" in text
+    viz.feed_event({"kind": "summary", "lesson": "lesson5",
+                    "schedules": {"1f1b": {"bubble_formula": formulas.bubble_fraction(4, 8)}}})
+    assert f"(formula {formulas.bubble_fraction(4, 8):.0%})" in _text(viz)
+    # unrelated events are ignored
+    viz.feed_event({"kind": "log", "msg": "hello"})

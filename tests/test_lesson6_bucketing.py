@@ -1,0 +1,251 @@
+"""Lesson 6: our bucketed, overlapped data parallelism against torch DDP on gloo (2 and 4 ranks).
+
+One process group per world size runs every check (``checks``) and returns a dict; the tests
+assert on it. The 2-rank group ends by running the lesson's experiment with tiny settings.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from distai.engine.bucketing import (BucketedDataParallel, StepTimeline,
+                                     ddp_timed_allreduce_hook)
+from distai.engine.testing import run_in_group
+
+
+def _net(width=128, depth=5, seed=0):
+    torch.manual_seed(seed)
+    layers = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(width, 4))
+
+
+def _compare_with_ddp(rank, cap, width, steps=3, train_steps=2):
+    """Ours (overlap and not) beside DDP: gradients of ``steps`` batches from the same weights,
+    then ``train_steps`` SGD steps."""
+    ours = BucketedDataParallel(_net(width), bucket_cap_mb=cap)
+    after = BucketedDataParallel(_net(width), bucket_cap_mb=cap, overlap=False)
+    ddp = DDP(_net(width), bucket_cap_mb=cap)
+    models = (ours, after, ddp)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in models]
+    gen = torch.Generator().manual_seed(10 + rank)
+    out = {"grads_equal": [], "grads_close": [], "no_overlap_equal": []}
+    for step in range(steps + train_steps):
+        x, y = torch.randn(16, width, generator=gen), torch.randn(16, 4, generator=gen)
+        for m, o in zip(models, opts):
+            o.zero_grad()
+            torch.nn.functional.mse_loss(m(x), y).backward()
+        g = [[p.grad.clone() for p in m.parameters()] for m in models]
+        out["grads_equal"].append(all(torch.equal(a, b) for a, b in zip(g[0], g[2])))
+        out["grads_close"].append(all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(g[0], g[2])))
+        out["no_overlap_equal"].append(all(torch.equal(a, b) for a, b in zip(g[0], g[1])))
+        if step >= steps:
+            for o in opts:
+                o.step()
+    out["params_equal"] = all(torch.equal(a, b) for a, b in zip(ours.parameters(), ddp.parameters()))
+    out["bucket_names"] = ours.bucket_names()
+    out["bucket_bytes"] = ours.bucket_bytes()
+    return out
+
+
+def _ddp_layout(cap, width):
+    """DDP's buckets after its rebuild (step 2), as parameter names, via a recording comm hook."""
+    ddp = DDP(_net(width), bucket_cap_mb=cap)
+    names = {id(p): n for n, p in ddp.module.named_parameters()}
+    seen: dict[int, list[str]] = {}
+
+    def hook(state, bucket):
+        seen[bucket.index()] = [names[id(p)] for p in bucket.parameters()]
+        buf = bucket.buffer().div_(dist.get_world_size())
+        return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])
+
+    ddp.register_comm_hook(None, hook)
+    x = torch.randn(8, width)
+    for _ in range(2):
+        seen.clear()
+        ddp(x).sum().backward()
+    return [seen[i] for i in sorted(seen)]
+
+
+def _timelines(width):
+    out = {}
+    x = torch.randn(16, width)
+    for mode in ("overlap", "no-overlap", "ddp"):
+        net = _net(width, depth=6)
+        if mode == "ddp":
+            model = DDP(net, bucket_cap_mb=0.1)
+        else:
+            model = BucketedDataParallel(net, bucket_cap_mb=0.1, overlap=mode == "overlap")
+        for _ in range(2):
+            model(x).sum().backward()
+        tl = StepTimeline()
+        if mode == "ddp":
+            tl.attach(net)
+            model.register_comm_hook(tl, ddp_timed_allreduce_hook)
+        else:
+            model.timeline = tl
+        tl.begin()
+        loss = model(x).sum()
+        tl.mark("backward")
+        loss.backward()
+        tl.mark("backward_done")
+        out[mode] = tl.to_event()
+    return out
+
+
+def checks(rank, world_size, full):
+    torch.manual_seed(0)
+    res = {}
+    # 0.05 MiB buckets: several buckets (the 128x128 layers are 64 KiB each)
+    res["small"] = _compare_with_ddp(rank, 0.05, 128)
+    res["ddp_layout_small"] = _ddp_layout(0.05, 128)
+    if full:  # on 2 ranks only, to keep the module short
+        # DDP's defaults (25 MiB, first bucket 1 MiB) on a model of ~1.3 MiB of gradients
+        res["default"] = _compare_with_ddp(rank, None, 256, steps=2, train_steps=1)
+        res["timelines"] = _timelines(128)
+    # the average: every rank's gradient of a known function
+    m = BucketedDataParallel(torch.nn.Linear(3, 1, bias=False), bucket_cap_mb=1)
+    with torch.no_grad():
+        m.module.weight.fill_(1.0)
+    (m(torch.full((1, 3), float(rank + 1))).sum()).backward()
+    res["mean_grad"] = m.module.weight.grad.tolist()
+    # a parameter with no gradient: a clear error, like DDP without find_unused_parameters
+    class TwoHeads(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.a(x)
+    try:
+        BucketedDataParallel(TwoHeads(), bucket_cap_mb=1)(torch.randn(2, 4)).sum().backward()
+        res["unused_error"] = None
+    except RuntimeError as exc:
+        res["unused_error"] = str(exc)
+    dist.barrier()
+    if full:
+        from distai.engine.experiments import lesson6
+        d = tempfile.mkdtemp(prefix="lesson6-events-")
+        os.environ["DISTAI_EVENTS_DIR"] = d
+        lesson6.main(["--steps", "14", "--inject-overflow", "3,9", "--growth-interval", "2",
+                      "--hist-every", "7", "--bucket-mb", "0.1,1", "--dp-width", "128",
+                      "--dp-depth", "3", "--timed-steps", "1", "--rounds", "1"])
+        res["events"] = [json.loads(line) for line in Path(d, f"rank{rank}.jsonl").read_text().splitlines()]
+    return res
+
+
+@pytest.fixture(scope="module")
+def two():
+    return run_in_group(checks, 2, True, timeout_s=150)
+
+
+@pytest.fixture(scope="module")
+def four():
+    return run_in_group(checks, 4, False, timeout_s=150)
+
+
+@pytest.fixture(params=["two", "four"])
+def group(request):
+    return request.getfixturevalue(request.param)
+
+
+def test_gradients_equal_torch_ddp(group):
+    for case in ("small", "default"):
+        if case not in group[0]:
+            continue
+        r = group[0][case]
+        # from step 2 on, DDP uses buckets rebuilt in gradient-ready order, exactly as ours:
+        # same buckets, same gloo all-reduce, bit-identical gradients (and, after SGD steps
+        # from equal weights, bit-identical parameters)
+        assert all(r["grads_equal"][1:]), (case, r["grads_equal"])
+        # step 1: DDP all-reduces everything in one bucket; on 4 ranks gloo may then add the
+        # four contributions in another order (last-bit differences)
+        assert all(r["grads_close"]), case
+        assert all(r["no_overlap_equal"]), case
+        assert r["params_equal"], case
+    if len(group) == 2:  # two addends: a + b == b + a, so even step 1 is bit-identical
+        assert all(group[0]["small"]["grads_equal"]) and all(group[0]["default"]["grads_equal"])
+
+
+def test_every_rank_holds_the_same_average(group):
+    n = len(group)
+    avg = sum(range(1, n + 1)) / n
+    for r in group:
+        assert r["mean_grad"] == [[avg] * 3]
+        assert r["small"]["bucket_names"] == group[0]["small"]["bucket_names"]
+
+
+def test_buckets_follow_ddp_rules(group):
+    r = group[0]
+    # same buckets as DDP's after its rebuild (in the order gradients became ready)
+    assert r["small"]["bucket_names"] == r["ddp_layout_small"]
+    names = [n for b in r["small"]["bucket_names"] for n in b]
+    assert names[0] in ("10.bias", "10.weight")  # last layer first
+    assert names[-1] in ("0.weight", "0.bias")
+    if "default" not in r:
+        return
+    # defaults: a first bucket closed once it reaches 1 MiB, then the rest (< 25 MiB) in one
+    sizes = r["default"]["bucket_bytes"]
+    assert len(sizes) == 2 and 2 ** 20 <= sizes[0] < 2 ** 20 + 300_000
+    assert sum(sizes) == (5 * (256 * 256 + 256) + 256 * 4 + 4) * 4
+
+
+def test_timeline_shows_overlap(two):
+    tl = two[0]["timelines"]
+    last_grad = {m: max(end for _, _, end in t["layers"]) if t["layers"] else None for m, t in tl.items()}
+    ov, after = tl["overlap"], tl["no-overlap"]
+    assert len(ov["buckets"]) == len(after["buckets"]) >= 3
+    assert len(ov["layers"]) == 7
+    # with overlap the first all-reduce starts before backward has finished the first layer
+    assert ov["buckets"][0][2] < last_grad["overlap"]
+    # without, every all-reduce starts after the last gradient
+    assert all(b[2] >= last_grad["no-overlap"] for b in after["buckets"])
+    for t in tl.values():
+        assert all(b[3] >= b[2] for b in t["buckets"])
+    # DDP's timeline recorded through its communication hook: same number of buckets
+    assert len(tl["ddp"]["buckets"]) == len(ov["buckets"])
+    assert tl["ddp"]["buckets"][0][2] < last_grad["ddp"]
+
+
+def test_unused_parameter_is_a_clear_error(group):
+    err = group[0]["unused_error"]
+    assert err and "b.weight" in err and "unused" in err
+
+
+def test_experiment_events(two):
+    events = two[0]["events"]
+    kinds = [e["kind"] for e in events]
+    assert kinds[0] == "phase" and kinds[-1] == "summary"
+    scale = [e for e in events if e["kind"] == "scale"]
+    assert [e["step"] for e in scale] == list(range(14))
+    for e in scale:
+        if e["injected"]:
+            assert e["overflow"] and e["skipped"] and e["new_scale"] == e["scale"] / 2
+    assert {e["step"] for e in scale if e["injected"]} == {3, 9}
+    grown = [e for e in scale if e["new_scale"] > e["scale"]]
+    assert grown and all(not e["overflow"] for e in grown)
+    hists = [e for e in events if e["kind"] == "grad_hist"]
+    assert [e["step"] for e in hists] == [0, 7]
+    for h in hists:
+        assert sum(h["counts"]) > 10_000 and 0 <= h["zero_unscaled"] <= 1
+        assert h["zero_scaled"] <= h["zero_unscaled"]
+    sweep = [e for e in events if e["kind"] == "sweep"]
+    assert {(e["bucket_mb"], e["mode"]) for e in sweep} == {(c, m) for c in (0.1, 1.0)
+                                                            for m in ("overlap", "no-overlap", "ddp")}
+    assert all(e["step_ms"] > 0 for e in sweep)
+    timelines = [e for e in events if e["kind"] == "timeline"]
+    assert len(timelines) == 6 and all(t["layers"] and t["buckets"] for t in timelines)
+    # rank 1 wrote its own timelines too
+    assert sum(e["kind"] == "timeline" for e in two[1]["events"]) == 6
+    summary = events[-1]
+    assert summary["scaling"]["injected"] == 2 and summary["scaling"]["skipped"] >= 2
+    assert summary["overlap"]["best_bucket_mb"] in (0.1, 1.0)
+    assert summary["overlap"]["overlap_speedup"] > 0

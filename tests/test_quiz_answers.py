@@ -1,0 +1,202 @@
+"""Every quiz generator's answer equals the calculator's (the lesson formulas and `distai calc --json`),
+over many seeds and both languages; quizzes are reproducible; every question is well formed."""
+import json
+import math
+
+import pytest
+
+from distai.lessons import quiz
+from distai.lessons.lesson1 import formulas as f1
+from distai.lessons.lesson2 import formulas as f2
+from distai.lessons.lesson3 import formulas as f3
+from distai.lessons.lesson4 import formulas as f4
+from distai.lessons.lesson5 import formulas as f5
+from distai.lessons.lesson6 import formulas as f6
+from distai.lessons.lesson7 import formulas as f7
+from distai.lessons.registry import all_lessons
+
+SEEDS = range(40)
+
+# kind -> the answer recomputed from the question's params with the formula functions.
+EXPECTED = {
+    "lesson1": {
+        "ring-time": lambda p: f1.ring_allreduce_time(p["size_bytes"], p["n"], p["alpha"], p["beta"]),
+        "ring-bytes": lambda p: f1.allreduce_bytes_per_rank(p["size_bytes"], p["n"], "ring"),
+        "ring-steps": lambda p: 2 * (p["n"] - 1),
+        "tree-steps": lambda p: 2 * math.ceil(math.log2(p["n"])),
+        "busbw": lambda p: f1.busbw(p["size_bytes"], p["time_s"], p["n"]),
+        "algbw": lambda p: p["size_bytes"] / p["time_s"],
+        "naive-ratio": lambda p: (f1.naive_allreduce_time(p["size_bytes"], p["n"], p["alpha"], p["beta"])
+                                  / f1.ring_allreduce_time(p["size_bytes"], p["n"], p["alpha"], p["beta"])),
+        "crossover": lambda p: p["n"] * p["alpha"] / p["beta"],
+    },
+    "lesson2": {
+        "zero-total": lambda p: f2.model_state_bytes(p["params"], p["dp"], p["strategy"])["total_bytes"],
+        "ddp-total": lambda p: f2.model_state_bytes(p["params"], 1, "ddp", p["optimizer"], p["precision"])["total_bytes"],
+        "optimizer-shard": lambda p: 12 * p["params"] / p["dp"],
+        "comm-volume": lambda p: f2.comm_volume_per_step(p["params"], p["strategy"])["bytes"],
+        "max-fit": lambda p: f2.max_params_that_fit(p["memory_bytes"], p["dp"], p["strategy"]),
+        "activations": lambda p: f2.activation_bytes_per_layer(p["seq"], p["micro_batch"], p["hidden"], p["heads"]),
+        "k-value": lambda p: f2.optimizer_k(p["optimizer"], p["precision"]),
+    },
+    "lesson3": {
+        "job-mtbf": lambda p: p["gpu_mtbf"] / p["n_gpus"],
+        "young": lambda p: math.sqrt(2 * p["cost"] * p["mtbf"]),
+        "daly": lambda p: f3.daly_interval(p["mtbf"], p["cost"]),
+        "waste": lambda p: f3.expected_waste_fraction(p["interval"], p["mtbf"], p["cost"], p["restart"]),
+        "failures-per-day": lambda p: 86400 * p["n_gpus"] / p["gpu_mtbf"],
+        "gpu-mtbf-from-log": lambda p: p["n_components"] * p["duration_s"] / p["failures"],
+    },
+    "lesson4": {
+        "allreduce-count": lambda p: 4 * p["layers"],
+        "tensor-bytes": lambda p: p["seq"] * p["micro_batch"] * p["hidden"] * 2,
+        "bytes-per-rank": lambda p: f4.tp_comm_per_layer(p["hidden"], p["seq"], p["micro_batch"], p["tp"],
+                                                         p["sequence_parallel"])["total_bytes_per_rank"],
+        "activations-tp": lambda p: f2.activation_bytes_per_layer(p["seq"], p["micro_batch"], p["hidden"], p["heads"],
+                                                                  p["tp"], p["sequence_parallel"]),
+        "sp-saving": lambda p: f4.tp_activation_saving(p["seq"], 1, p["hidden"], p["heads"], p["tp"]),
+        "comm-time": lambda p: 4 * f1.ring_allreduce_time(p["seq"] * p["micro_batch"] * p["hidden"] * 2, p["tp"],
+                                                          p["alpha"], p["beta"]),
+    },
+    "lesson5": {
+        "bubble-fraction": lambda p: (p["p"] - 1) / (p["m"] + p["p"] - 1),
+        "bubble-ratio": lambda p: (p["p"] - 1) / p["m"],
+        "step-time": lambda p: p["m"] + p["p"] - 1,
+        "peak-inflight": lambda p: f5.peak_inflight_microbatches(p["p"], p["m"], p["schedule"]),
+        "interleaved": lambda p: f5.bubble_fraction(p["p"], p["m"], p["v"]),
+        "microbatches-needed": lambda p: f5.microbatches_for_bubble(p["p"], p["target"]),
+        "warmup": lambda p: p["p"] - p["rank"] - 1,
+    },
+    "lesson6": {
+        "max-value": lambda p: f6.max_value(p["fmt"]),
+        "smallest": lambda p: (f6.smallest_normal if p["which"] == "normal" else f6.smallest_subnormal)(p["fmt"]),
+        "spacing": lambda p: f6.spacing(p["x"], p["fmt"]),
+        "scale-after": lambda p: f6.gradscaler_trajectory([True] * p["overflows_first"] + [False] * p["good_steps"])[-1]
+        if p["overflows_first"] + p["good_steps"] else 2.0 ** 16,
+        "bucket-count": lambda p: f6.ddp_bucket_count([p["bytes_each"]] * p["n_params"]),
+        "epsilon": lambda p: f6.machine_epsilon(p["fmt"]),
+    },
+    "lesson7": {
+        "kv-per-token": lambda p: 2 * p["layers"] * p["kv_heads"] * p["head_dim"] * p["dtype_bytes"],
+        "kv-total": lambda p: f7.kv_cache_total(p["layers"], p["kv_heads"], p["head_dim"], p["dtype_bytes"],
+                                                p["tokens"])["total_bytes"],
+        "kv-per-gpu": lambda p: f7.kv_cache_total(p["layers"], p["kv_heads"], p["head_dim"], p["dtype_bytes"],
+                                                  p["tokens"], p["tp"], p["pp"])["per_gpu_bytes"],
+        "decode-bound": lambda p: p["bandwidth"] / p["bytes_per_token_read"],
+        "max-tokens": lambda p: p["free_bytes"] // p["bytes_per_token"],
+        "gqa-ratio": lambda p: p["heads"] / p["kv_heads"],
+        "decode-time": lambda p: max(2 * p["params"] * p["batch"] / p["peak_flops"],
+                                     (p["weight_bytes"] + p["batch"] * p["kv_bytes_per_seq"]) / p["bandwidth"]),
+        "ridge": lambda p: p["peak_flops"] / p["bandwidth"],
+    },
+}
+
+# Choice questions whose right option depends on the numbers: recompute which one is right.
+EXPECTED_CHOICE = {
+    ("lesson6", "update-lost"): lambda p: 0 if f6.round_to_format(f6.round_to_format(p["weight"], p["fmt"]) + p["update"],
+                                                                  p["fmt"]) == p["weight"] else 1,
+    ("lesson6", "underflow"): lambda p: 0 if p["value"] < f6.smallest_subnormal("fp16") / 2 else 1,
+}
+
+
+def _all_questions(lesson_id):
+    for lang in ("en", "es"):
+        for seed in SEEDS:
+            for kind in quiz.generators(lesson_id):
+                yield quiz.make_question(lesson_id, kind, seed, lang)
+
+
+@pytest.mark.parametrize("lesson", [l.id for l in all_lessons()])
+def test_generators_answer_with_the_formulas(lesson):
+    kinds = quiz.generators(lesson)
+    numeric = [k for k in kinds if not quiz.make_question(lesson, k, 0).is_choice]
+    choice_kinds = [k for k in kinds if quiz.make_question(lesson, k, 0).is_choice]
+    assert len(kinds) >= 8 and len(numeric) >= 5 and len(choice_kinds) >= 2
+    assert set(numeric) == set(EXPECTED[lesson]), "every numeric kind has an independent expectation"
+    for q in _all_questions(lesson):
+        if q.is_choice:
+            assert len(q.choices) == len(set(q.choices)) >= 2 and 0 <= q.answer < len(q.choices)
+            if (lesson, q.kind) in EXPECTED_CHOICE:
+                assert q.answer == EXPECTED_CHOICE[(lesson, q.kind)](q.params), (q.kind, q.params)
+        else:
+            expected = EXPECTED[lesson][q.kind](q.params)
+            assert q.answer == pytest.approx(expected, rel=1e-9), (q.kind, q.params)
+            assert q.tolerance <= 0.02
+        assert q.prompt and q.explanation and q.lesson_id == lesson
+        # The explanation works the numbers: it states the right answer as the question formats it
+        # (or, for multiple choice, at least one number or formula symbol).
+        if not q.is_choice and not q.integer:
+            assert any(ch.isdigit() for ch in q.explanation)
+        # The formatted right answer is accepted; a value 10% off is not.
+        right = str(q.answer + 1) if q.is_choice else q.answer_text()
+        assert quiz.check_answer(q, right).correct, (q.kind, right)
+        if not q.is_choice and q.answer != 0:
+            off = q.answer * 1.1 if not q.integer else q.answer + 1
+            assert not quiz.check_answer(q, repr(float(off))).correct
+
+
+def test_languages_differ_but_answers_agree():
+    for lesson in all_lessons():
+        for kind in quiz.generators(lesson.id):
+            en = quiz.make_question(lesson.id, kind, 7, "en")
+            es = quiz.make_question(lesson.id, kind, 7, "es")
+            assert en.answer == es.answer and en.params == es.params
+            if not en.is_choice:
+                assert en.prompt != es.prompt
+
+
+def test_quiz_is_reproducible_and_covers_kinds():
+    a = quiz.build_quiz("2", 20, seed=11, lang="en")
+    b = quiz.build_quiz("lesson2", 20, seed=11, lang="en")
+    assert [(q.kind, q.prompt, q.answer) for q in a] == [(q.kind, q.prompt, q.answer) for q in b]
+    c = quiz.build_quiz("2", 20, seed=12, lang="en")
+    assert [(q.kind, q.prompt) for q in a] != [(q.kind, q.prompt) for q in c]
+    kinds = list(quiz.generators("lesson2"))
+    first = [q.kind for q in a[:len(kinds)]]
+    assert sorted(first) == sorted(kinds)  # every kind once before any repeats
+
+
+def test_worked_examples_are_accepted_in_quiz_form():
+    # The ZeRO paper's 7.5B / 64 GPUs in quiz form: "16.6 GB", "1.66e10", "16,6 GB" (Spanish), "16.6" (asked in GB).
+    q = quiz.numeric("lesson2", "zero-total", "es", "?", "?",
+                     f2.model_state_bytes(7.5e9, 64, "zero2")["total_bytes"], "bytes", "GB")
+    for text in ("16.6 GB", "1.66e10", "16,6 GB", "16,6", "16.6", "15.5 GiB", "16640625000"):
+        assert quiz.check_answer(q, text).correct, text
+    for text in ("16.6 GiB", "166 GB", "1.66e9", "31.4 GB"):
+        assert not quiz.check_answer(q, text).correct, text
+    pct = quiz.numeric("lesson5", "bubble-fraction", "en", "?", "?", 3 / 11, "fraction", "%")
+    for text in ("27.3%", "27.3", "0.273", "27,3 %"):
+        assert quiz.check_answer(pct, text).correct, text
+
+
+def test_generators_match_distai_calc_json(capsys):
+    """The quiz and the CLI calculator give the same numbers for the same inputs."""
+    from distai.tutor.cli import main
+
+    def calc(*argv):
+        assert main(["calc", *argv, "--json"]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    for seed in range(6):
+        q = quiz.make_question("lesson2", "zero-total", seed)
+        p = q.params
+        r = calc("memory", "--params", repr(p["params"]), "--dp", str(p["dp"]), "--strategy", p["strategy"])
+        assert r["total_bytes"] == q.answer
+        q = quiz.make_question("lesson5", "interleaved", seed)
+        p = q.params
+        r = calc("bubble", "-p", str(p["p"]), "-m", str(p["m"]), "--schedule", "interleaved", "--chunks", str(p["v"]))
+        assert r["bubble_fraction"] == pytest.approx(q.answer, rel=1e-12)
+        q = quiz.make_question("lesson1", "ring-time", seed)
+        p = q.params
+        r = calc("allreduce", "--bytes", repr(p["size_bytes"]), "--ranks", str(p["n"]), "--alpha", repr(p["alpha"]),
+                 "--beta", repr(p["beta"]))
+        assert r["time_s"] == pytest.approx(q.answer, rel=1e-12)
+        q = quiz.make_question("lesson3", "daly", seed)
+        p = q.params
+        r = calc("checkpoint", "--mtbf", repr(p["mtbf"]), "--cost", repr(p["cost"]))
+        assert r["daly_interval_s"] == pytest.approx(q.answer, rel=1e-12)
+        q = quiz.make_question("lesson7", "kv-per-gpu", seed)
+        p = q.params
+        r = calc("kvcache", "--layers", str(p["layers"]), "--kv-heads", str(p["kv_heads"]), "--head-dim",
+                 str(p["head_dim"]), "--tokens", str(p["tokens"]), "--tp", str(p["tp"]), "--pp", str(p["pp"]))
+        assert r["per_gpu_bytes"] == q.answer

@@ -1,0 +1,100 @@
+"""No input crashes the answer parser or the unit parsers (hypothesis), and units round-trip."""
+import math
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from distai.lessons import quiz, units
+
+QUESTIONS = [quiz.make_question(lid, kind, 5, lang)
+             for lid in ("lesson1", "lesson2", "lesson3", "lesson5", "lesson6", "lesson7")
+             for kind in list(quiz.generators(lid))[:12] for lang in ("en", "es")]
+
+answer_text = st.one_of(
+    st.text(max_size=40),
+    st.text(alphabet="0123456789.,eE+-_ %µ'kMGTBibs/ ", max_size=25),
+    st.builds(lambda x, u: f"{x}{u}", st.floats(allow_nan=True, allow_infinity=True),
+              st.sampled_from(["", " GB", "GiB", "%", " ms", "us", "B", "k", "e", ",5", " mil M"])),
+)
+
+
+@settings(max_examples=250, deadline=None)
+@given(text=answer_text, index=st.integers(min_value=0, max_value=len(QUESTIONS) - 1))
+def test_check_answer_never_raises(text, index):
+    q = QUESTIONS[index]
+    c = quiz.check_answer(q, text)
+    assert isinstance(c.correct, bool) and isinstance(c.valid, bool)
+    if c.correct:
+        assert c.valid
+    if not c.valid:
+        assert c.message
+
+
+@settings(max_examples=250, deadline=None)
+@given(text=answer_text, lang=st.sampled_from(["en", "es"]))
+def test_unit_parsers_raise_only_unit_error(text, lang):
+    for parse in (units.parse_number, units.parse_count, units.parse_bytes, units.parse_time, units.parse_bandwidth):
+        try:
+            value = parse(text, lang)
+        except units.UnitError:
+            continue
+        assert math.isfinite(value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(x=st.floats(min_value=1e-3, max_value=1e18), lang=st.sampled_from(["en", "es"]))
+def test_format_bytes_round_trips_within_rounding(x, lang):
+    text = units.format_bytes(x, lang=lang)
+    assert units.parse_bytes(text, lang) == pytest.approx(x, rel=6e-3)
+    text = units.format_bytes(x, binary=True, lang=lang)
+    assert units.parse_bytes(text, lang) == pytest.approx(x, rel=6e-3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(x=st.floats(min_value=1e-9, max_value=1e8), lang=st.sampled_from(["en", "es"]))
+def test_format_time_round_trips(x, lang):
+    assert units.parse_time(units.format_time(x, lang=lang), lang) == pytest.approx(x, rel=6e-3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(x=st.floats(min_value=1, max_value=1e14), lang=st.sampled_from(["en", "es"]))
+def test_format_count_round_trips(x, lang):
+    assert units.parse_count(units.format_count(x, lang=lang), lang) == pytest.approx(x, rel=6e-3)
+
+
+def test_examples_from_the_issue():
+    assert units.parse_count("7.5B") == 7.5e9
+    assert units.parse_count("175e9") == 175e9
+    assert units.parse_bytes("64MiB") == 64 * 2 ** 20
+    assert units.parse_bytes("2GB") == 2e9
+    assert units.parse_time("5us") == pytest.approx(5e-6)
+    assert units.parse_time("5µs") == pytest.approx(5e-6)
+    assert units.parse_time("1.5ms") == pytest.approx(1.5e-3)
+    assert units.parse_bytes("16,6 GB", "es") == pytest.approx(16.6e9)
+    assert units.parse_bytes("1.66e10") == 1.66e10
+    assert units.parse_bandwidth("100GB/s") == 1e11
+    assert units.parse_bandwidth("400Gbps") == 5e10
+    assert units.parse_number("1,234.5") == 1234.5 and units.parse_number("1.234,5", "es") == 1234.5
+    assert units.parse_number("1,000") == 1000 and units.parse_number("1,5", "es") == 1.5
+    assert units.parse_count("7,5 mil M", "es") == 7.5e9
+    assert units.format_bytes(16_640_625_000) == "16.6 GB"
+    assert units.format_bytes(16_640_625_000, lang="es") == "16,6 GB"
+    assert units.format_bytes(327_680, binary=True) == "320 KiB"
+    assert units.format_time(5e-6) == "5 µs" and units.format_time(1.5e-3) == "1.5 ms"
+    assert units.format_count(7.5e9) == "7.5B"
+    for bad in ("", "GB", "1..2", "12 parsecs", "nan", "inf GB", "1e999"):
+        with pytest.raises(units.UnitError):
+            units.parse_bytes(bad)
+
+
+def test_choice_answers_by_number_letter_or_text():
+    q = quiz.make_question("lesson2", "which-stage", 3, "en")
+    right = q.answer
+    assert quiz.check_answer(q, str(right + 1)).correct
+    assert quiz.check_answer(q, "abcd"[right]).correct
+    assert quiz.check_answer(q, q.choices[right].upper()).correct
+    wrong = (right + 1) % len(q.choices)
+    c = quiz.check_answer(q, str(wrong + 1))
+    assert c.valid and not c.correct
+    for junk in ("0", "9", "zz", "", "   ", "1.5"):
+        assert not quiz.check_answer(q, junk).valid

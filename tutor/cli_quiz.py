@@ -1,0 +1,203 @@
+"""``distai quiz``: a lesson's quiz in the terminal, or the spaced review of what is due.
+
+Answers are read line by line from standard input, so a quiz can be scripted:
+``printf '1\\n2\\n' | distai quiz 1 --seed 3``. End of input ends the quiz gracefully (the answers
+given so far are kept; the score of an unfinished quiz is not saved).
+
+Imports only typer at module level: ``distai --help`` loads this module.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import typer
+
+from distai.tutor.cli import CliError, app, lesson_or_fail, open_progress
+
+TEXT = {
+    "en": {
+        "header": "{title} — {n} questions (seed {seed})",
+        "review_header": "Spaced review — {n} due question(s) (seed {seed})",
+        "howto": "Numbers may carry units (16.6 GB, 1.66e10, 1.5 ms, 27%); within the stated tolerance counts.",
+        "howto_choice": "Choices: answer with the option's number or letter.",
+        "howto_end": "Ctrl-D ends the quiz.",
+        "q": "Q{i}/{n}",
+        "prompt": "> ",
+        "right": "✓ Right.",
+        "wrong": "✗ Not quite — you answered {given}; the answer is {answer}.",
+        "unread": "✗ No readable answer; the answer is {answer}.",
+        "why": "Why: {text}",
+        "again": "  ({msg}; try again)",
+        "score": "Score: {c}/{n} ({pct}%).",
+        "saved": "Saved to your progress.",
+        "ended": "Input ended after {a} of {n} questions: answers kept, score not saved.",
+        "nothing_due": "Nothing is due for review.",
+        "next_due": "Next review due in {when} ({lesson}, {kind}).",
+        "no_history": "Take a quiz first (distai quiz 1) — review uses your answers.",
+        "tolerance": "(tolerance {tol})",
+        "need_lesson": "give a lesson (distai quiz 2) or --review",
+    },
+    "es": {
+        "header": "{title} — {n} preguntas (semilla {seed})",
+        "review_header": "Repaso espaciado — {n} pregunta(s) pendiente(s) (semilla {seed})",
+        "howto": "Los números pueden llevar unidades (16,6 GB, 1,66e10, 1,5 ms, 27 %); vale dentro de la tolerancia "
+                 "indicada.",
+        "howto_choice": "Opciones: responde con el número o la letra de la opción.",
+        "howto_end": "Ctrl-D termina el quiz.",
+        "q": "P{i}/{n}",
+        "prompt": "> ",
+        "right": "✓ Correcto.",
+        "wrong": "✗ No exactamente: respondiste {given}; la respuesta es {answer}.",
+        "unread": "✗ Sin respuesta legible; la respuesta es {answer}.",
+        "why": "Por qué: {text}",
+        "again": "  ({msg}; inténtalo de nuevo)",
+        "score": "Puntuación: {c}/{n} ({pct} %).",
+        "saved": "Guardado en tu progreso.",
+        "ended": "La entrada terminó tras {a} de {n} preguntas: respuestas guardadas, puntuación no.",
+        "nothing_due": "No hay nada pendiente de repaso.",
+        "next_due": "El próximo repaso toca dentro de {when} ({lesson}, {kind}).",
+        "no_history": "Haz antes un quiz (distai quiz 1): el repaso usa tus respuestas.",
+        "tolerance": "(tolerancia {tol})",
+        "need_lesson": "indica una lección (distai quiz 2) o --review",
+    },
+}
+
+
+def _read_line() -> Optional[str]:
+    line = sys.stdin.readline()
+    if line == "":
+        return None
+    return line.rstrip("\r\n")
+
+
+def _given(q, check, text: str) -> str:
+    from distai.lessons.quiz import format_value
+
+    if check.value is None:
+        return repr(text)
+    if q.is_choice:
+        return str(check.value + 1)
+    return format_value(check.value, q.quantity, q.unit, q.lang, q.integer)
+
+
+def run_quiz(questions, store, session_lesson, lang: str, header: str) -> int:
+    """Ask ``questions`` on the terminal; returns the exit code (0)."""
+    from distai.tutor.review import QuizSession
+
+    T = TEXT[lang]
+    session = QuizSession(questions, store, session_lesson)
+    typer.echo(header)
+    tips = [T["howto"]] if any(not q.is_choice for q in questions) else []
+    if any(q.is_choice for q in questions):
+        tips.append(T["howto_choice"])
+    typer.echo(" ".join(tips + [T["howto_end"]]))
+    n = len(questions)
+    eof = False
+    while not session.finished:
+        q = session.current
+        typer.echo("")
+        tol = "" if q.is_choice else " " + T["tolerance"].format(tol=q.tolerance_text())
+        typer.echo(f"{T['q'].format(i=session.index + 1, n=n)}  {q.prompt}{tol}")
+        for i, c in enumerate(q.choices):
+            typer.echo(f"  {i + 1}. {c}")
+        while True:
+            typer.echo(T["prompt"], nl=False)
+            sys.stdout.flush()
+            text = _read_line()
+            if text is None:
+                eof = True
+                typer.echo("")
+                break
+            out = session.answer(text)
+            if out.final:
+                if out.correct:
+                    typer.echo(T["right"])
+                elif not out.check.valid:
+                    typer.echo(T["unread"].format(answer=q.answer_text()))
+                else:
+                    typer.echo(T["wrong"].format(given=_given(q, out.check, text), answer=q.answer_text()))
+                typer.echo(T["why"].format(text=q.explanation))
+                break
+            typer.echo(T["again"].format(msg=out.check.message))
+        if eof:
+            break
+    typer.echo("")
+    if session.finished:
+        pct = round(100 * session.correct / n) if n else 0
+        typer.echo(T["score"].format(c=session.correct, n=n, pct=pct))
+        if session.saved:
+            typer.echo(T["saved"])
+    else:
+        typer.echo(T["ended"].format(a=session.answered, n=n))
+    return 0
+
+
+@app.command("quiz")
+def quiz(
+    lesson: Optional[str] = typer.Argument(None, help="Lesson: 1-7, lessonN or its slug."),
+    count: str = typer.Option("5", "--count", "-n", help="How many questions (1-100)."),
+    seed: Optional[str] = typer.Option(None, "--seed", help="Seed for reproducible questions."),
+    review: bool = typer.Option(False, "--review", help="Ask the question kinds due for spaced review."),
+    lang: Optional[str] = typer.Option(None, "--lang", help="Language: en or es (default: from the locale)."),
+) -> None:
+    """Quiz yourself on a lesson's formulas and ideas (answers read from stdin, pipe-friendly).
+
+    Numeric answers accept units (16.6 GB, 1.66e10, 16,6 GB, 1.5 ms, 27%) and are checked against
+    the calculators' formulas within the tolerance each question states. Every answer gets the
+    formula worked with the question's numbers. Results go to your progress; --review asks the
+    question kinds that are due (Leitner boxes: 0, 1, 3, 7, 21 days).
+    """
+    import random
+
+    from distai.tutor.i18n import detect_language
+
+    try:
+        language = detect_language(lang)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    try:
+        n = int(count)
+    except ValueError:
+        raise CliError(f"--count: must be a whole number, got {count!r}") from None
+    if not 1 <= n <= 100:
+        raise CliError(f"--count: must be between 1 and 100, got {n}")
+    if seed is None:
+        s = random.SystemRandom().randrange(10 ** 6)
+    else:
+        try:
+            s = int(seed)
+        except ValueError:
+            raise CliError(f"--seed: must be a whole number, got {seed!r}") from None
+    T = TEXT[language]
+    chosen = lesson_or_fail(lesson) if lesson is not None else None
+    if chosen is None and not review:
+        raise CliError(T["need_lesson"])
+    store = open_progress()
+    try:
+        if review:
+            from distai.tutor.review import next_due, review_items, review_questions
+
+            questions = review_questions(store, n, language, s, lesson_id=chosen.id if chosen else None)
+            if not questions:
+                typer.echo(T["nothing_due"])
+                upcoming = next_due(store, lesson_id=chosen.id if chosen else None)
+                if upcoming is not None:
+                    import time
+
+                    from distai.lessons.units import format_time
+
+                    typer.echo(T["next_due"].format(when=format_time(upcoming.due_at - time.time(), 2, language),
+                                                    lesson=upcoming.lesson_id, kind=upcoming.kind))
+                elif not review_items(store):
+                    typer.echo(T["no_history"])
+                return
+            run_quiz(questions, store, None, language, T["review_header"].format(n=len(questions), seed=s))
+            return
+        from distai.lessons.quiz import build_quiz
+
+        questions = build_quiz(chosen.id, n, s, language)
+        title = f"{chosen.number}. {chosen.title[language]}"
+        run_quiz(questions, store, chosen.id, language, T["header"].format(title=title, n=n, seed=s))
+    finally:
+        store.close()

@@ -1,0 +1,189 @@
+"""The lesson's quiz inside the tutor: ``QuizScreen(lesson, language)``, pushed by the lesson screen (``t``).
+
+Same questions, checking and explanations as ``distai quiz`` (:mod:`distai.lessons.quiz`), and the
+same recording (:class:`distai.tutor.review.QuizSession` on the app's progress store): each settled
+answer goes to the history that spaced review uses, a finished quiz saves its score for the home
+screen. Type the answer (units welcome: ``16.6 GB``, ``1.5 ms``, ``27%``) or the option's number,
+then Enter; Enter again moves on. ``ctrl+n`` deals a new quiz, ``escape`` goes back.
+"""
+from __future__ import annotations
+
+import random
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Input, OptionList, Static
+from textual.widgets.option_list import Option
+
+STRINGS = {
+    "title": {"en": "Quiz — {title}", "es": "Quiz — {title}"},
+    "counter": {"en": "Question {i} of {n} · {c} right so far", "es": "Pregunta {i} de {n} · {c} bien hasta ahora"},
+    "placeholder_num": {"en": "Your answer, e.g. 16.6 GB, 1.5 ms, 27% — Enter to check",
+                        "es": "Tu respuesta, p. ej. 16,6 GB, 1,5 ms, 27 % — Enter para comprobar"},
+    "placeholder_choice": {"en": "The option's number or letter (or pick it above) — Enter to check",
+                           "es": "El número o la letra de la opción (o elígela arriba) — Enter para comprobar"},
+    "placeholder_next": {"en": "Enter for the next question", "es": "Enter para la siguiente pregunta"},
+    "placeholder_done": {"en": "Enter or ctrl+n for a new quiz, escape to go back",
+                         "es": "Enter o ctrl+n para otro quiz, escape para volver"},
+    "tolerance": {"en": "Tolerance: {tol}", "es": "Tolerancia: {tol}"},
+    "right": {"en": "✓ Right.", "es": "✓ Correcto."},
+    "wrong": {"en": "✗ Not quite: the answer is {answer}.", "es": "✗ No exactamente: la respuesta es {answer}."},
+    "unread": {"en": "✗ No readable answer: the answer is {answer}.",
+               "es": "✗ Sin respuesta legible: la respuesta es {answer}."},
+    "why": {"en": "Why: ", "es": "Por qué: "},
+    "again": {"en": "{msg} — try again.", "es": "{msg}; inténtalo de nuevo."},
+    "score": {"en": "Score: {c}/{n} ({pct}%).", "es": "Puntuación: {c}/{n} ({pct} %)."},
+    "saved": {"en": " Saved to your progress.", "es": " Guardado en tu progreso."},
+    "not_saved": {"en": " (Progress is not being saved.)", "es": " (El progreso no se está guardando.)"},
+    "back": {"en": "Back", "es": "Volver"},
+    "new": {"en": "New quiz", "es": "Otro quiz"},
+}
+
+
+def s(key: str, lang: str, **kw) -> str:
+    return STRINGS[key][lang].format(**kw)
+
+
+class QuizScreen(Screen):
+    """A quiz of ``count`` questions on ``lesson`` (a registry Lesson) in ``language``."""
+
+    DEFAULT_CSS = """
+    QuizScreen { layout: vertical; }
+    QuizScreen #quiz-title { text-style: bold; padding: 0 1; }
+    QuizScreen #quiz-counter { color: $text-muted; padding: 0 1; }
+    QuizScreen #quiz-body { height: 1fr; padding: 0 1; }
+    QuizScreen #quiz-prompt { margin: 1 0 0 0; }
+    QuizScreen #quiz-choices { height: auto; max-height: 10; margin: 1 0 0 0; }
+    QuizScreen #quiz-feedback { margin: 1 0 0 0; }
+    QuizScreen #quiz-input { margin: 0 1; }
+    """
+    BINDINGS = [
+        Binding("escape", "back", "Back"),
+        Binding("ctrl+n", "new_quiz", "New quiz"),
+    ]
+
+    def __init__(self, lesson, language: str = "en", count: int = 5, seed: int | None = None):
+        super().__init__()
+        self.lesson = lesson
+        self.lang = language if language in ("en", "es") else "en"
+        self.count = count
+        self.seed = seed
+        self.session = None
+        self.mode = "asking"  # asking | feedback | done
+
+    # -- layout ------------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield Static(s("title", self.lang, title=self.lesson.title[self.lang]), id="quiz-title")
+        yield Static("", id="quiz-counter")
+        with VerticalScroll(id="quiz-body"):
+            yield Static("", id="quiz-prompt")
+            yield OptionList(id="quiz-choices")
+            yield Static("", id="quiz-feedback")
+        yield Input(id="quiz-input")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.new_quiz(self.seed)
+
+    # -- state -------------------------------------------------------------------------------
+    @property
+    def store(self):
+        return getattr(self.app, "store", None)
+
+    def new_quiz(self, seed: int | None = None) -> None:
+        from distai.lessons.quiz import build_quiz
+        from distai.tutor.review import QuizSession
+
+        if seed is None:
+            seed = random.SystemRandom().randrange(10 ** 6)
+        self.seed = seed
+        questions = build_quiz(self.lesson.id, self.count, seed, self.lang)
+        self.session = QuizSession(questions, self.store, self.lesson.id)
+        self.show_question()
+
+    def show_question(self) -> None:
+        q = self.session.current
+        self.mode = "asking"
+        self.query_one("#quiz-counter", Static).update(
+            s("counter", self.lang, i=self.session.index + 1, n=len(self.session.questions), c=self.session.correct))
+        prompt = Text(q.prompt, style="bold")
+        if not q.is_choice:
+            prompt.append("\n" + s("tolerance", self.lang, tol=q.tolerance_text()), style="dim")
+        self.query_one("#quiz-prompt", Static).update(prompt)
+        choices = self.query_one("#quiz-choices", OptionList)
+        choices.clear_options()
+        choices.display = q.is_choice
+        if q.is_choice:
+            choices.add_options(Option(f"{i + 1}. {c}", id=str(i)) for i, c in enumerate(q.choices))
+            choices.highlighted = None
+        self.query_one("#quiz-feedback", Static).update("")
+        box = self.query_one("#quiz-input", Input)
+        box.value = ""
+        box.placeholder = s("placeholder_choice" if q.is_choice else "placeholder_num", self.lang)
+        box.focus()
+
+    def submit(self, text: str) -> None:
+        """Check ``text`` against the current question (or move on after feedback)."""
+        if self.mode == "feedback":
+            if self.session.finished:
+                self.show_score()
+            else:
+                self.show_question()
+            return
+        if self.mode == "done":
+            self.new_quiz()
+            return
+        q = self.session.current
+        out = self.session.answer(text)
+        feedback = self.query_one("#quiz-feedback", Static)
+        if not out.final:
+            feedback.update(Text(s("again", self.lang, msg=out.check.message), style="yellow"))
+            return
+        msg = Text()
+        if out.correct:
+            msg.append(s("right", self.lang), style="bold green")
+        else:
+            key = "wrong" if out.check.valid else "unread"
+            msg.append(s(key, self.lang, answer=q.answer_text()), style="bold red")
+        msg.append("\n\n" + s("why", self.lang), style="bold")
+        msg.append(q.explanation)
+        feedback.update(msg)
+        self.mode = "feedback"
+        box = self.query_one("#quiz-input", Input)
+        box.value = ""
+        box.placeholder = s("placeholder_next", self.lang)
+        self.query_one("#quiz-counter", Static).update(
+            s("counter", self.lang, i=min(self.session.index, len(self.session.questions)),
+              n=len(self.session.questions), c=self.session.correct))
+
+    def show_score(self) -> None:
+        self.mode = "done"
+        n = len(self.session.questions)
+        pct = round(100 * self.session.correct / n)
+        text = Text(s("score", self.lang, c=self.session.correct, n=n, pct=pct), style="bold")
+        text.append(s("saved", self.lang) if self.session.saved else s("not_saved", self.lang))
+        self.query_one("#quiz-prompt", Static).update(text)
+        self.query_one("#quiz-choices", OptionList).display = False
+        self.query_one("#quiz-feedback", Static).update("")
+        box = self.query_one("#quiz-input", Input)
+        box.placeholder = s("placeholder_done", self.lang)
+        box.focus()
+
+    # -- events ------------------------------------------------------------------------------
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.submit(event.value)
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        event.stop()
+        if self.mode == "asking" and event.option.id is not None:
+            self.submit(str(int(event.option.id) + 1))
+
+    def action_back(self) -> None:
+        self.app.pop_screen()
+
+    def action_new_quiz(self) -> None:
+        self.new_quiz()

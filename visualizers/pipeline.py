@@ -1,0 +1,488 @@
+"""Lesson 5's visualizer: pipeline schedules as timelines.
+
+Stages are rows and time runs across. Forward blocks are light, backward blocks dark, both
+coloured and labelled by microbatch (with a chunk letter when a rank holds v > 1 chunks); idle
+time is shaded ``░`` — the bubble. Under each stage a memory strip shows how many microbatches'
+activations that stage holds over time. GPipe, 1F1B and interleaved 1F1B are drawn one above the
+other on one time scale for the same p and m, so equal lengths and different memory strips are
+seen at a glance. A cursor plays the step; the strips' right-hand figures say what each stage
+holds at the cursor and at its peak.
+
+Keys: ``s``/``S`` more/fewer stages, ``m``/``M`` microbatches, ``c``/``C`` chunks per rank, ``b``
+backward cost (1, 2, 3 forwards), ``h`` time per hop, ``0``–``3`` all / GPipe / 1F1B /
+interleaved, ``g`` next view, ``space`` play or pause, ``[``/``]`` move the cursor.
+
+Fed a run's events (``pp_config``, ``pp_op``, ``pp_stage``, ``summary`` from
+``distai.engine.experiments.lesson5``), it switches to the run's p, m and v and draws the measured
+timeline of the latest complete step under the simulated one. No torch, no I/O.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rich.console import Group
+from rich.text import Text
+from textual.binding import Binding
+
+from distai.lessons.lesson5 import simulator as sim
+from distai.visualizers.base import LessonVisualizer
+
+# Tableau 10: distinct hues; backward blocks use a darker shade of the same hue.
+_HUES = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
+         "#9c755f", "#bab0ac"]
+_LEVELS = " ▁▂▃▄▅▆▇█"
+_CHUNK_LETTERS = "abcdefgh"
+IDLE_CHAR = "░"
+
+VIEWS = ("all", "gpipe", "1f1b", "interleaved", "same-time")
+NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved 1F1B"}
+
+STRINGS = {
+    "en": {
+        "header": "p = {p} stages · m = {m} microbatches · v = {v} chunks · B = {b:g}×F · hop {h:g}",
+        "header_short": "p={p} · m={m} · v={v} · B={b:g}×F · hop {h:g}",
+        "time": "t = {t:.1f} of {T:.1f} (forward = 1)",
+        "step": "step {T:.1f}",
+        "bubble": "bubble {f:.1%} = (p−1)/({vm}+p−1)",
+        "peak": "peak {x:g} µb",
+        "measured": "measured {name}, step {step}: {ms:.1f} ms · bubble {f:.0%}",
+        "measured_formula": " (formula {f:.0%})",
+        "waiting": "measured {name}: waiting for a complete step…",
+        "legend": "light F · dark B · {idle} idle (bubble) · ▁▄█ activations held (now/peak)",
+        "legend_short": "light F · dark B · {idle} bubble · ▁▄█ held now/peak",
+        "keys": "Tab to focus · s/S stages · m/M microbatches · c/C chunks · b backward cost · h hop · "
+                "0-3,g view · space play · [ ] cursor",
+        "keys_short": "s/S p · m/M m · c/C v · b · h · 0-3 · space",
+        "playing": "▶", "paused": "❚❚",
+        "more": "… {n} more (taller window or 1-3 to pick one)",
+    },
+    "es": {
+        "header": "p = {p} etapas · m = {m} microbatches · v = {v} trozos · B = {b:g}×F · salto {h:g}",
+        "header_short": "p={p} · m={m} · v={v} · B={b:g}×F · salto {h:g}",
+        "time": "t = {t:.1f} de {T:.1f} (forward = 1)",
+        "step": "paso {T:.1f}",
+        "bubble": "burbuja {f:.1%} = (p−1)/({vm}+p−1)",
+        "peak": "pico {x:g} µb",
+        "measured": "medido {name}, paso {step}: {ms:.1f} ms · burbuja {f:.0%}",
+        "measured_formula": " (fórmula {f:.0%})",
+        "waiting": "medido {name}: esperando un paso completo…",
+        "legend": "F claro · B oscuro · {idle} ocioso (burbuja) · ▁▄█ activaciones retenidas (ahora/pico)",
+        "legend_short": "F claro · B oscuro · {idle} burbuja · ▁▄█ retenidas ahora/pico",
+        "keys": "Tab para enfocar · s/S etapas · m/M microbatches · c/C trozos · b coste del backward · "
+                "h salto · 0-3,g vista · espacio reproduce · [ ] cursor",
+        "keys_short": "s/S p · m/M m · c/C v · b · h · 0-3 · espacio",
+        "playing": "▶", "paused": "❚❚",
+        "more": "… {n} más (ventana más alta o 1-3 para elegir una)",
+    },
+}
+
+# what each step of the lesson shows: (view, microbatches or None to keep)
+STEP_PRESETS = {
+    "stages": ("gpipe", 1),
+    "microbatches": ("gpipe", 8),
+    "gpipe": ("gpipe", 8),
+    "1f1b": ("1f1b", 8),
+    "warmup": ("1f1b", 8),
+    "same-time": ("same-time", 8),
+    "bubble": ("all", None),
+    "interleaved": ("all", None),
+    "zero-bubble": ("all", None),
+    "run-it": ("run", None),
+}
+
+
+@dataclass
+class Lanes:
+    """What one panel draws: per rank, (start, end, op) blocks; the step's length; v."""
+
+    blocks: list[list[tuple[float, float, sim.Op]]]
+    makespan: float
+    v: int
+
+    @classmethod
+    def from_timeline(cls, tl: sim.Timeline) -> "Lanes":
+        # draw time in units of one forward through a whole stage
+        scale = 1.0 / tl.t_f
+        return cls([[(s * scale, e * scale, op) for s, e, op in tl.blocks(r)] for r in range(tl.p)],
+                   tl.makespan * scale, tl.v)
+
+    @property
+    def p(self) -> int:
+        return len(self.blocks)
+
+    def busy(self, rank: int) -> float:
+        return sum(e - s for s, e, _ in self.blocks[rank])
+
+    def bubble(self) -> float:
+        if not self.makespan:
+            return 0.0
+        return 1.0 - sum(self.busy(r) for r in range(self.p)) / (self.p * self.makespan)
+
+    def held_series(self, rank: int) -> list[tuple[float, int]]:
+        """(time, chunk-microbatches held from then on): +1 when a forward starts, −1 when a
+        backward ends."""
+        changes = sorted([(s, 1) if op.kind == "F" else (e, -1) for s, e, op in self.blocks[rank]],
+                         key=lambda c: (c[0], c[1]))
+        series, held = [(0.0, 0)], 0
+        for t, d in changes:
+            held += d
+            series.append((t, held))
+        return series
+
+    def peak(self, rank: int) -> float:
+        return max(c for _t, c in self.held_series(rank)) / self.v
+
+
+def _label(op: sim.Op, v: int) -> str:
+    return f"{op.mb}{_CHUNK_LETTERS[op.chunk % len(_CHUNK_LETTERS)]}" if v > 1 else str(op.mb)
+
+
+def _dark(hex_colour: str) -> str:
+    r, g, b = (int(hex_colour[i:i + 2], 16) for i in (1, 3, 5))
+    return "#{:02x}{:02x}{:02x}".format(int(r * 0.5), int(g * 0.5), int(b * 0.5))
+
+
+def _block_style(op: sim.Op) -> str:
+    hue = _HUES[op.mb % len(_HUES)]
+    return f"bold black on {hue}" if op.kind == "F" else f"bold white on {_dark(hue)}"
+
+
+def draw_lanes(lanes: Lanes, cols: int, t_max: float, cursor: float | None, mem_max: float,
+               memory: bool = True) -> list[Text]:
+    """Rows of one panel: per rank a timeline row (and a memory strip). ``t_max`` is the time the
+    ``cols`` columns span (shared by stacked panels), ``mem_max`` the activations a full strip means."""
+    dt = t_max / cols if t_max > 0 else 1.0
+    cursor_col = min(cols - 1, int(cursor / dt)) if cursor is not None else -1
+    rows: list[Text] = []
+    for r in range(lanes.p):
+        cells: list[tuple[str, str] | None] = [None] * cols
+        for s, e, op in lanes.blocks[r]:
+            c0, c1 = int(round(s / dt)), int(round(e / dt))
+            c1 = max(c1, c0 + 1) if e - s >= 0.5 * dt else c1
+            c0, c1 = max(0, c0), min(cols, c1)
+            if c1 <= c0:
+                continue
+            label = _label(op, lanes.v)
+            text = label if c1 - c0 >= len(label) else ""
+            style = _block_style(op)
+            for c in range(c0, c1):
+                k = c - c0
+                cells[c] = (text[k] if k < len(text) else " ", style)
+        end_col = int(round(lanes.makespan / dt))
+        row = Text(f"r{r:<2} ", style="bold")
+        for c in range(cols):
+            ch, style = cells[c] if cells[c] is not None else ((IDLE_CHAR, "grey35") if c < end_col else (" ", ""))
+            if c == cursor_col:
+                style = (style + " reverse").strip()
+            row.append(ch, style=style)
+        idle = 1.0 - lanes.busy(r) / lanes.makespan if lanes.makespan else 0.0
+        row.append(f" {idle:4.0%}", style="grey50")
+        rows.append(row)
+        if not memory:
+            continue
+        series = lanes.held_series(r)
+        strip = Text("    ")
+        j, held_now = 0, 0
+        for c in range(cols):
+            mid = (c + 0.5) * dt
+            while j + 1 < len(series) and series[j + 1][0] <= mid:
+                j += 1
+            held = series[j][1] / lanes.v if mid <= lanes.makespan or series[j][1] else 0
+            level = min(len(_LEVELS) - 1, int(round(held / mem_max * (len(_LEVELS) - 1)))) if mem_max else 0
+            if held > 0 and level == 0:
+                level = 1
+            ratio = held / mem_max if mem_max else 0
+            colour = "green" if ratio < 0.4 else ("yellow" if ratio < 0.75 else "red")
+            style = colour + (" reverse" if c == cursor_col else "")
+            strip.append(_LEVELS[level], style=style)
+            if c == cursor_col:
+                held_now = held
+        if cursor is not None:
+            held_now = 0
+            for t, count in series:
+                if t > cursor:
+                    break
+                held_now = count
+            held_now /= lanes.v
+        strip.append(f" {held_now:g}/{lanes.peak(r):g}", style="grey50")
+        rows.append(strip)
+    return rows
+
+
+@dataclass
+class Measured:
+    """A run's timestamps: schedule -> step -> rank -> [(t0, t1, op)]."""
+
+    p: int = 0
+    m: int = 0
+    v: int = 1
+    ops: dict = field(default_factory=dict)
+    stages: dict = field(default_factory=dict)  # schedule -> rank -> pp_stage event
+    summary: dict = field(default_factory=dict)
+
+    def latest_complete(self, schedule: str):
+        """(step, Lanes, seconds) of the latest step where every rank reported all its blocks."""
+        steps = self.ops.get(schedule, {})
+        v = self.v if schedule == "interleaved" else 1
+        want = 2 * self.m * v
+        for step in sorted(steps, reverse=True):
+            ranks = steps[step]
+            if len(ranks) == self.p and all(len(ranks.get(r, [])) == want for r in range(self.p)):
+                t0 = min(b[0] for r in range(self.p) for b in ranks[r])
+                t1 = max(b[1] for r in range(self.p) for b in ranks[r])
+                span = t1 - t0
+                # draw in units of the mean forward time, like the simulated panels
+                fwd = [b[1] - b[0] for r in range(self.p) for b in ranks[r] if b[2].kind == "F"]
+                unit = (sum(fwd) / len(fwd)) * v if fwd and sum(fwd) > 0 else (span or 1.0)
+                blocks = [[((a - t0) / unit, (b - t0) / unit, op) for a, b, op in sorted(ranks[r])]
+                          for r in range(self.p)]
+                return step, Lanes(blocks, span / unit, v), span
+        return None
+
+
+class PipelineVisualizer(LessonVisualizer):
+    """Timelines of GPipe, 1F1B and interleaved 1F1B, simulated and measured."""
+
+    can_focus = True
+    DEFAULT_CSS = """
+    PipelineVisualizer { height: 1fr; width: 1fr; padding: 0 1; }
+    PipelineVisualizer:focus { background: $boost; }
+    """
+    BINDINGS = [
+        Binding("s", "stages(1)", "more stages", show=False),
+        Binding("S", "stages(-1)", "fewer stages", show=False),
+        Binding("m", "microbatches(1)", "more microbatches", show=False),
+        Binding("M", "microbatches(-1)", "fewer microbatches", show=False),
+        Binding("c", "chunks(1)", "more chunks", show=False),
+        Binding("C", "chunks(-1)", "fewer chunks", show=False),
+        Binding("b", "backward_cost", "backward cost", show=False),
+        Binding("h", "hop", "time per hop", show=False),
+        Binding("g", "next_view", "next view", show=False),
+        Binding("0", "view('all')", "all schedules", show=False),
+        Binding("1", "view('gpipe')", "GPipe", show=False),
+        Binding("2", "view('1f1b')", "1F1B", show=False),
+        Binding("3", "view('interleaved')", "interleaved", show=False),
+        Binding("space", "play", "play/pause", show=False),
+        Binding("left_square_bracket", "seek(-1)", "cursor back", show=False),
+        Binding("right_square_bracket", "seek(1)", "cursor forward", show=False),
+    ]
+    P_RANGE = (2, 16)
+    M_RANGE = (1, 64)
+    V_RANGE = (2, 8)
+    B_COSTS = (2.0, 3.0, 1.0)
+    HOPS = (0.0, 0.25, 1.0)
+    TICKS_PER_PLAY = 160  # cursor steps across one step of the longest schedule
+
+    def __init__(self, language: str = "en", **kwargs):
+        super().__init__(language=language, **kwargs)
+        self.p, self.m, self.v = 4, 8, 2
+        self.b_cost, self.hop = 2.0, 0.0
+        self.view = "all"
+        self.cursor = 0.0
+        self.playing = True
+        self.measured = Measured()
+        self._cache: dict = {}
+        self._timer = None
+
+    # -- model ------------------------------------------------------------------------------------
+    def lanes(self, schedule: str) -> Lanes | str:
+        """The simulated panel for ``schedule`` at the current settings, or why it cannot run."""
+        v = self.v if schedule == "interleaved" else 1
+        key = (schedule, self.p, self.m, v, self.b_cost, self.hop)
+        if key not in self._cache:
+            try:
+                tl = sim.simulate(schedule, self.p, self.m, v, t_f=1.0, t_b=self.b_cost, t_comm=self.hop)
+                self._cache[key] = (Lanes.from_timeline(tl), tl)
+            except sim.ScheduleError as exc:
+                self._cache[key] = (str(exc), None)
+        return self._cache[key][0]
+
+    def timeline(self, schedule: str) -> sim.Timeline | None:
+        self.lanes(schedule)
+        v = self.v if schedule == "interleaved" else 1
+        return self._cache[(schedule, self.p, self.m, v, self.b_cost, self.hop)][1]
+
+    def shown_schedules(self) -> list[str]:
+        if self.view == "all":
+            return list(sim.SCHEDULES)
+        if self.view == "same-time":
+            return ["gpipe", "1f1b"]
+        if self.view == "run":
+            return [self._latest_measured_schedule() or "1f1b"]
+        return [self.view]
+
+    def _latest_measured_schedule(self) -> str | None:
+        done = [s for s in self.measured.ops if self.measured.latest_complete(s) is not None]
+        return done[-1] if done else (list(self.measured.ops)[-1] if self.measured.ops else None)
+
+    def t_max(self) -> float:
+        spans = [lanes.makespan for s in self.shown_schedules() if isinstance(lanes := self.lanes(s), Lanes)]
+        return max(spans, default=1.0)
+
+    # -- Textual ----------------------------------------------------------------------------------
+    def on_mount(self) -> None:
+        self._timer = self.set_interval(1 / 12, self._tick, pause=not self.playing)
+
+    def _tick(self) -> None:
+        if not self.playing:
+            return
+        t_max = self.t_max()
+        self.cursor += t_max / self.TICKS_PER_PLAY
+        if self.cursor > t_max * 1.1:
+            self.cursor = 0.0
+        self.refresh()
+
+    def show_step(self, step_key: str) -> None:
+        preset = STEP_PRESETS.get(step_key)
+        if preset is None:
+            return
+        view, m = preset
+        self.view = view
+        if m is not None and not self.measured.ops:
+            self.m = m
+        self.cursor = 0.0
+        self.refresh()
+
+    def feed_event(self, event: dict) -> None:
+        kind = event.get("kind")
+        meas = self.measured
+        if kind == "pp_config":
+            self.measured = Measured(p=int(event["p"]), m=int(event["m"]), v=int(event.get("v", 1)))
+            self.p, self.m = self.measured.p, self.measured.m
+            self.v = max(self.V_RANGE[0], self.measured.v)
+        elif kind == "pp_op" and meas.p:
+            op = sim.Op(event["op"], int(event["mb"]), int(event.get("chunk", 0)), int(event["stage"]))
+            rank = int(event.get("rank", int(event["stage"]) % meas.p))
+            by_step = meas.ops.setdefault(event["schedule"], {}).setdefault(int(event.get("step", 0)), {})
+            by_step.setdefault(rank, []).append((float(event["t0"]), float(event["t1"]), op))
+        elif kind == "pp_stage":
+            meas.stages.setdefault(event["schedule"], {})[int(event["rank"])] = event
+        elif kind == "summary" and event.get("lesson") == "lesson5":
+            meas.summary = event
+        else:
+            return
+        self.refresh()
+
+    # -- actions ----------------------------------------------------------------------------------
+    def _changed(self) -> None:
+        self.cursor = 0.0
+        self.refresh()
+
+    def action_stages(self, delta: int) -> None:
+        self.p = min(self.P_RANGE[1], max(self.P_RANGE[0], self.p + delta))
+        self._changed()
+
+    def action_microbatches(self, delta: int) -> None:
+        self.m = min(self.M_RANGE[1], max(self.M_RANGE[0], self.m + delta))
+        self._changed()
+
+    def action_chunks(self, delta: int) -> None:
+        self.v = min(self.V_RANGE[1], max(self.V_RANGE[0], self.v + delta))
+        self._changed()
+
+    def action_backward_cost(self) -> None:
+        self.b_cost = self.B_COSTS[(self.B_COSTS.index(self.b_cost) + 1) % len(self.B_COSTS)]
+        self._changed()
+
+    def action_hop(self) -> None:
+        self.hop = self.HOPS[(self.HOPS.index(self.hop) + 1) % len(self.HOPS)]
+        self._changed()
+
+    def action_view(self, view: str) -> None:
+        self.view = view
+        self._changed()
+
+    def action_next_view(self) -> None:
+        order = ["all", "gpipe", "1f1b", "interleaved", "same-time"]
+        self.view = order[(order.index(self.view) + 1) % len(order)] if self.view in order else "all"
+        self._changed()
+
+    def action_play(self) -> None:
+        self.playing = not self.playing
+        if self._timer is not None:
+            self._timer.resume() if self.playing else self._timer.pause()
+        self.refresh()
+
+    def action_seek(self, direction: int) -> None:
+        t_max = self.t_max()
+        self.cursor = min(t_max, max(0.0, self.cursor + direction * t_max / 40))
+        self.refresh()
+
+    # -- drawing ----------------------------------------------------------------------------------
+    def build_lines(self, width: int, height: int | None = None) -> list[Text]:
+        tr = STRINGS.get(self.language, STRINGS["en"])
+        width = max(30, width)
+        cols = width - 4 - 8  # "r0  " on the left, " 27%" / " 3/8" on the right
+        lines: list[Text] = []
+        narrow = width < 90
+        head = Text(tr["header_short" if narrow else "header"].format(p=self.p, m=self.m, v=self.v,
+                                                                      b=self.b_cost, h=self.hop), style="bold")
+        lines.append(head)
+        t_max = self.t_max()
+        status = Text(tr["playing"] if self.playing else tr["paused"], style="bold cyan")
+        status.append("  " + tr["time"].format(t=min(self.cursor, t_max), T=t_max))
+        lines.append(status)
+        panels: list[list[Text]] = []
+        schedules = self.shown_schedules()
+        mem_max = max([lanes.peak(0) for s in schedules if isinstance(lanes := self.lanes(s), Lanes)] + [1.0])
+        for schedule in schedules:
+            panel: list[Text] = []
+            lanes = self.lanes(schedule)
+            title = Text(NAMES[schedule] + ("" if schedule != "interleaved" else f" (v = {self.v})"),
+                         style="bold underline")
+            if isinstance(lanes, str):
+                title.append("  " + lanes, style="yellow")
+                panels.append([title])
+                continue
+            tl = self.timeline(schedule)
+            v = tl.v
+            title.append("  " + tr["step"].format(T=lanes.makespan))
+            bubble = tr["bubble"].format(f=tl.bubble_fraction, vm="m" if v == 1 else f"{v}m")
+            title.append(" · " + (bubble.split(" = ")[0] if narrow else bubble))
+            title.append(" · " + tr["peak"].format(x=tl.peak_inflight[0]))
+            panel.append(title)
+            panel.extend(draw_lanes(lanes, cols, t_max, self.cursor, mem_max))
+            measured = self._measured_panel(schedule, cols, mem_max, tr)
+            panel.extend(measured)
+            panels.append(panel)
+        footer = [Text(tr["legend_short" if narrow else "legend"].format(idle=IDLE_CHAR), style="grey50"),
+                  Text(tr["keys_short" if narrow else "keys"], style="grey50")]
+        budget = (height or 10_000) - len(lines) - len(footer)
+        used = 0
+        for i, panel in enumerate(panels):
+            if used + len(panel) > budget and i > 0:
+                compact = [ln for k, ln in enumerate(panel) if k == 0 or not ln.plain.startswith("    ")]
+                if used + len(compact) <= budget:
+                    lines.extend(compact)
+                    used += len(compact)
+                    continue
+                lines.append(Text(tr["more"].format(n=len(panels) - i), style="yellow"))
+                break
+            lines.extend(panel)
+            used += len(panel)
+        lines.extend(footer)
+        return lines
+
+    def _measured_panel(self, schedule: str, cols: int, mem_max: float, tr: dict) -> list[Text]:
+        meas = self.measured
+        if not meas.p or schedule not in meas.ops or self.view == "all":
+            return []
+        if (self.p, self.m) != (meas.p, meas.m) or (schedule == "interleaved" and self.v != meas.v):
+            return []
+        found = meas.latest_complete(schedule)
+        if found is None:
+            return [Text(tr["waiting"].format(name=NAMES[schedule]), style="italic")]
+        step, lanes, seconds = found
+        title = Text(tr["measured"].format(name=NAMES[schedule], step=step, ms=seconds * 1e3, f=lanes.bubble()),
+                     style="bold magenta")
+        res = meas.summary.get("schedules", {}).get(schedule) if meas.summary else None
+        if res:
+            title.append(tr["measured_formula"].format(f=res["bubble_formula"]), style="magenta")
+        return [title] + draw_lanes(lanes, cols, lanes.makespan, None, mem_max)
+
+    def render(self):
+        size = self.content_size
+        return Group(*self.build_lines(size.width or 100, size.height or None))
+
+
+VISUALIZER = PipelineVisualizer

@@ -1,0 +1,522 @@
+"""Lesson 2's visualizer: what every GPU holds under DDP, ZeRO-1, ZeRO-2 and ZeRO-3/FSDP.
+
+One bar per GPU (rows, side by side), its length the bytes that GPU holds, split into its states:
+``P`` parameters, ``G`` gradients, ``M`` fp32 master copy, ``m`` momentum, ``v`` variance (Adam) and
+``A`` activations. The background colour of each cell is the *owner* of that slice: under DDP every
+GPU holds every owner's slice of everything (all colours), a sharded state holds only its own. The
+``┃`` line is the GPU's capacity; whatever lies past it is red and the total says it does not fit.
+
+``space`` plays one ZeRO-3/FSDP training step (``.``/``,`` one phase at a time): each layer's
+parameters are all-gathered before its forward, freed, gathered again before its backward, its
+gradients reduce-scattered, with the bytes each rank has sent against DDP's. Keys: ``s`` strategy,
+``+``/``-`` model size Ψ, ``]``/``[`` N, ``m`` precision, ``o`` optimizer, ``c`` capacity,
+``a`` activations (none / selective / full recomputation), ``f`` prefetch. Numbers come from
+:mod:`distai.lessons.lesson2.layout` (on top of the formulas). A run of the lesson's experiment
+(``feed_event``) adds the bytes its ranks really held and sent. No torch, no I/O.
+"""
+from __future__ import annotations
+
+from rich.text import Text
+from textual.binding import Binding
+from textual.containers import Horizontal, VerticalScroll
+from textual.widgets import Button, Static
+
+from distai.lessons.lesson2 import formulas as F
+from distai.lessons.lesson2 import layout as L
+from distai.lessons.units import format_bytes, format_count
+from distai.visualizers.base import LessonVisualizer
+
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
+STRATEGY_NAME = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3 / FSDP"}
+#: (label, Ψ, (layers, hidden, heads) or None). GPT-3 shapes: Brown et al. 2020, Table 2.1;
+#: Llama 2 70B: Touvron et al. 2023. 7.5B is the ZeRO paper's example (no shape given there).
+PRESETS = (
+    ("1.3B", 1.3e9, (24, 2048, 24)),
+    ("6.7B", 6.7e9, (32, 4096, 32)),
+    ("7.5B", 7.5e9, None),
+    ("13B", 13e9, (40, 5140, 40)),
+    ("70B", 70e9, (80, 8192, 64)),
+    ("175B", 175e9, (96, 12288, 96)),
+)
+DP_CHOICES = (1, 2, 4, 8, 16, 64, 256, 1024)
+CAPACITIES = (24e9, 40e9, 80e9, 141e9)
+OPTIMIZERS = ("adam", "sgd", "sgd-nomomentum")
+PRECISIONS = ("mixed", "fp32")
+ACTIVATIONS = (None, "none", "selective", "full")  # None: not shown; else the recomputation
+SEQ, MICRO_BATCH = 2048, 1
+ANIMATION_LAYERS = 4
+MAX_BARS = 8
+OWNER_COLORS = ("dodger_blue2", "green3", "gold3", "magenta3", "turquoise2", "dark_orange3",
+                "medium_purple2", "spring_green3")
+LETTER = {"params": "P", "grads": "G", "master": "M", "momentum": "m", "variance": "v", "activations": "A"}
+LABEL_W, VALUE_W = 7, 10
+
+S = {
+    "en": {
+        "states": {"params": "params", "grads": "grads", "master": "fp32 master", "momentum": "momentum",
+                   "variance": "variance", "activations": "activations"},
+        "prec": {"mixed": "mixed prec.", "fp32": "fp32"},
+        "opt": {"adam": "Adam", "sgd": "SGD+momentum", "sgd-nomomentum": "plain SGD"},
+        "gpu": "GPU", "cap": "capacity", "fits": "fits", "nofit": "does not fit", "more": "⋮ {k} more GPUs, same bytes",
+        "per_gpu": "per GPU {b}", "states_line": "model states {b}", "act_line": " + activations {b} ({mode})",
+        "redundancy": "the cluster stores each model-state byte {x}×",
+        "largest": "largest Ψ that fits: {p}",
+        "owners": "owner of each slice: ", "replica": "(all N slices)", "shard": "(own slice)",
+        "act_modes": {"none": "no recomputation", "selective": "selective recomputation",
+                      "full": "full recomputation"},
+        "act_noshape": "activations: this preset has no published shape; pick another Ψ",
+        "keys": "s stage · +/- Ψ · ]/[ N · m precision\no optimizer · c GPU size · a activations\nspace ZeRO-3 step · . , phase · f prefetch",
+        "anim_title": "one ZeRO-3 / FSDP step, {k} layers{pf}", "prefetch": ", prefetch",
+        "phase": "{i}/{n} {stage} · {what}",
+        "actions": {"all_gather": "all-gather layer {l}'s parameters", "forward": "layer {l} computes",
+                    "backward": "layer {l}'s backward computes", "free": "free layer {l}'s full parameters",
+                    "reduce_scatter": "reduce-scatter layer {l}'s gradients", "step": "each rank updates its own slice"},
+        "stages": {"forward": "forward", "backward": "backward", "optimizer": "optimizer"},
+        "in_mem": "full parameters in memory: {g}", "none": "none",
+        "sent": "sent per rank so far in this step:",
+        "ratio": "per step: ZeRO-3 sends {x:.2f}× DDP (3Ψ vs 2Ψ)",
+        "run": "your run: Ψ={p} on N={n}, {prec}", "run_row": "{s}: held {m} (calculator {c}) · sent {x}",
+        "b_strategy": "strategy", "b_psi": "Ψ+", "b_dp": "N+", "b_play": "▶ step", "b_pause": "❚❚",
+    },
+    "es": {
+        "states": {"params": "parámetros", "grads": "gradientes", "master": "maestra fp32", "momentum": "momento",
+                   "variance": "varianza", "activations": "activaciones"},
+        "prec": {"mixed": "prec. mixta", "fp32": "fp32"},
+        "opt": {"adam": "Adam", "sgd": "SGD+momento", "sgd-nomomentum": "SGD simple"},
+        "gpu": "GPU", "cap": "capacidad", "fits": "cabe", "nofit": "no cabe",
+        "more": "⋮ {k} GPUs más, mismos bytes",
+        "per_gpu": "por GPU {b}", "states_line": "estados del modelo {b}", "act_line": " + activaciones {b} ({mode})",
+        "redundancy": "el clúster guarda cada byte de estado {x}×",
+        "largest": "Ψ máximo que cabe: {p}",
+        "owners": "dueño de cada trozo: ", "replica": "(los N trozos)", "shard": "(su trozo)",
+        "act_modes": {"none": "sin recomputación", "selective": "recomputación selectiva",
+                      "full": "recomputación completa"},
+        "act_noshape": "activaciones: este modelo no tiene forma publicada; elige otro Ψ",
+        "keys": "s etapa · +/- Ψ · ]/[ N · m precisión\no optimizador · c GPU · a activaciones\nespacio paso ZeRO-3 · . , fase · f prefetch",
+        "anim_title": "un paso de ZeRO-3 / FSDP, {k} capas{pf}", "prefetch": ", prefetch",
+        "phase": "{i}/{n} {stage} · {what}",
+        "actions": {"all_gather": "all-gather de los parámetros de la capa {l}",
+                    "forward": "la capa {l} calcula", "backward": "backward de la capa {l}",
+                    "free": "liberar los parámetros completos de la capa {l}",
+                    "reduce_scatter": "reduce-scatter de los gradientes de la capa {l}",
+                    "step": "cada rango actualiza su propio trozo"},
+        "stages": {"forward": "forward", "backward": "backward", "optimizer": "optimizador"},
+        "in_mem": "parámetros completos en memoria: {g}", "none": "ninguno",
+        "sent": "enviado por rango en este paso:",
+        "ratio": "por paso: ZeRO-3 envía {x:.2f}× lo de DDP (3Ψ frente a 2Ψ)",
+        "run": "tu ejecución: Ψ={p} en N={n}, {prec}", "run_row": "{s}: guarda {m} (calculadora {c}) · envía {x}",
+        "b_strategy": "estrategia", "b_psi": "Ψ+", "b_dp": "N+", "b_play": "▶ paso", "b_pause": "❚❚",
+    },
+}
+
+# What each lesson step shows: strategy, preset label, N, activations mode, animate
+STEP_VIEWS = {
+    "copies": ("ddp", "7.5B", 4, None, False),
+    "bytes": ("ddp", "7.5B", 4, None, False),
+    "zero1": ("zero1", "7.5B", 4, None, False),
+    "zero2": ("zero2", "7.5B", 4, None, False),
+    "zero3": ("zero3", "7.5B", 4, None, False),
+    "worked-example": ("zero1", "7.5B", 64, None, False),
+    "traffic": ("zero3", "7.5B", 4, None, True),
+    "fsdp2": ("zero3", "7.5B", 4, None, True),
+    "next-limits": ("zero3", "6.7B", 8, "none", False),
+    "what-fits": ("ddp", "6.7B", 8, "selective", False),
+}
+
+
+class ShardingVisualizer(LessonVisualizer):
+    """Per-GPU memory bars for DDP and ZeRO-1/2/3, and one ZeRO-3 step animated."""
+
+    can_focus = True
+    BINDINGS = [
+        Binding("s", "cycle_strategy(1)", "Strategy", show=False),
+        Binding("S", "cycle_strategy(-1)", "Strategy back", show=False),
+        Binding("plus,equals_sign", "psi(1)", "Bigger model", show=False),
+        Binding("minus,underscore", "psi(-1)", "Smaller model", show=False),
+        Binding("right_square_bracket", "dp(1)", "More GPUs", show=False),
+        Binding("left_square_bracket", "dp(-1)", "Fewer GPUs", show=False),
+        Binding("m", "precision", "Precision", show=False),
+        Binding("o", "optimizer", "Optimizer", show=False),
+        Binding("c", "capacity", "GPU capacity", show=False),
+        Binding("a", "activations", "Activations", show=False),
+        Binding("f", "prefetch", "Prefetch", show=False),
+        Binding("space", "play", "Play step", show=False),
+        Binding("full_stop", "phase(1)", "Next phase", show=False),
+        Binding("comma", "phase(-1)", "Previous phase", show=False),
+    ]
+    DEFAULT_CSS = """
+    ShardingVisualizer { layout: vertical; }
+    ShardingVisualizer #sh-scroll { height: 1fr; }
+    ShardingVisualizer #sh-body { height: auto; padding: 0 1; }
+    ShardingVisualizer #sh-buttons { height: 1; padding: 0 1; }
+    ShardingVisualizer #sh-buttons Button { margin: 0 1 0 0; width: auto; min-width: 4; }
+    """
+
+    def __init__(self, language: str = "en", **kwargs):
+        super().__init__(language=language, **kwargs)
+        self.strategy = "ddp"
+        self.preset = 2  # 7.5B
+        self.dp = 4
+        self.precision = "mixed"
+        self.optimizer = "adam"
+        self.capacity = 80e9
+        self.activations: str | None = None
+        self.prefetch = False
+        self.phase: int | None = None  # index into the ZeRO-3 step phases while animating
+        self.playing = False
+        self._timer = None
+        self.run_info: dict = {}
+        self.measured: dict[str, dict] = {}
+        self.sent: dict[str, dict] = {}
+
+    # -- model -----------------------------------------------------------------------------------
+    @property
+    def params(self) -> float:
+        return PRESETS[self.preset][1]
+
+    @property
+    def shape(self):
+        return PRESETS[self.preset][2]
+
+    def activation_bytes(self) -> float:
+        if self.activations is None or self.shape is None:
+            return 0.0
+        layers, hidden, heads = self.shape
+        return F.activation_bytes(layers, SEQ, MICRO_BATCH, hidden, heads, recompute=self.activations)
+
+    def current_layout(self) -> L.Layout:
+        shown = self.shown_ranks()
+        return L.layout(self.params, self.dp, self.strategy, self.optimizer, self.precision,
+                        capacity=self.capacity, activations=self.activation_bytes(),
+                        ranks=[r for r in shown if r is not None])
+
+    def shown_ranks(self) -> list[int | None]:
+        """The GPUs drawn (None marks the elided middle when N > MAX_BARS)."""
+        if self.dp <= MAX_BARS:
+            return list(range(self.dp))
+        return [0, 1, 2, 3, None, self.dp - 2, self.dp - 1]
+
+    def phases(self) -> list[L.Phase]:
+        return L.zero3_step(self.params, self.dp, ANIMATION_LAYERS, self.precision, self.prefetch)
+
+    def transient(self) -> list[L.Segment]:
+        """Extra segments one GPU holds at the current phase of the ZeRO-3 step."""
+        if self.phase is None:
+            return []
+        ph = self.phases()[self.phase]
+        b = L.layer_bytes(self.params, ANIMATION_LAYERS, self.precision)
+        owners = tuple(range(self.dp))
+        out = [L.Segment("params", b, owners, False) for _ in ph.gathered]
+        out += [L.Segment("grads", b, owners, False) for _ in ph.full_grads]
+        return out
+
+    # -- composition -----------------------------------------------------------------------------
+    def compose(self):
+        with VerticalScroll(id="sh-scroll"):
+            yield Static(id="sh-body")
+        with Horizontal(id="sh-buttons"):
+            s = S[self.language]
+            yield Button(s["b_strategy"], id="sh-strategy", compact=True, variant="primary")
+            yield Button(s["b_psi"], id="sh-psi", compact=True)
+            yield Button(s["b_dp"], id="sh-dp", compact=True)
+            yield Button(s["b_play"], id="sh-play", compact=True, variant="success")
+
+    def on_mount(self) -> None:
+        self.refresh_view()
+
+    def on_resize(self) -> None:
+        self.refresh_view()
+
+    # -- public API (the lesson screen) -------------------------------------------------------------
+    def show_step(self, step_key: str) -> None:
+        view = STEP_VIEWS.get(step_key)
+        if view is None:
+            return
+        strategy, preset, dp, act, animate = view
+        self.strategy = strategy
+        self.preset = next(i for i, p in enumerate(PRESETS) if p[0] == preset)
+        self.dp, self.activations = dp, act
+        self.prefetch = step_key == "fsdp2"
+        self._stop()
+        self.phase = 0 if animate else None
+        self.refresh_view()
+
+    def feed_event(self, event: dict) -> None:
+        kind = event.get("kind")
+        if kind == "phase" and event.get("name") == "setup":
+            self.run_info = {k: event.get(k) for k in ("world_size", "num_params", "precision", "optimizer")}
+        elif kind == "memory" and event.get("rank", 0) == 0:
+            self.measured[str(event.get("strategy"))] = event
+            self.run_info.setdefault("world_size", event.get("world_size"))
+            self.run_info.setdefault("num_params", event.get("num_params"))
+            self.run_info.setdefault("precision", event.get("precision"))
+        elif kind == "comm" and event.get("rank", 0) == 0:
+            self.sent[str(event.get("strategy"))] = event
+        else:
+            return
+        self.refresh_view()
+
+    # -- actions -----------------------------------------------------------------------------------
+    def action_cycle_strategy(self, step: int) -> None:
+        self.strategy = STRATEGIES[(STRATEGIES.index(self.strategy) + step) % len(STRATEGIES)]
+        if self.strategy != "zero3":
+            self._stop()
+            self.phase = None
+        self.refresh_view()
+
+    def action_psi(self, step: int) -> None:
+        self.preset = max(0, min(len(PRESETS) - 1, self.preset + step))
+        self.refresh_view()
+
+    def action_dp(self, step: int) -> None:
+        i = DP_CHOICES.index(self.dp) if self.dp in DP_CHOICES else 2
+        self.dp = DP_CHOICES[max(0, min(len(DP_CHOICES) - 1, i + step))]
+        self.refresh_view()
+
+    def action_precision(self) -> None:
+        self.precision = PRECISIONS[(PRECISIONS.index(self.precision) + 1) % len(PRECISIONS)]
+        self.refresh_view()
+
+    def action_optimizer(self) -> None:
+        self.optimizer = OPTIMIZERS[(OPTIMIZERS.index(self.optimizer) + 1) % len(OPTIMIZERS)]
+        self.refresh_view()
+
+    def action_capacity(self) -> None:
+        i = CAPACITIES.index(self.capacity) if self.capacity in CAPACITIES else 2
+        self.capacity = CAPACITIES[(i + 1) % len(CAPACITIES)]
+        self.refresh_view()
+
+    def action_activations(self) -> None:
+        self.activations = ACTIVATIONS[(ACTIVATIONS.index(self.activations) + 1) % len(ACTIVATIONS)]
+        self.refresh_view()
+
+    def action_prefetch(self) -> None:
+        self.prefetch = not self.prefetch
+        if self.phase is not None:
+            self.phase = min(self.phase, len(self.phases()) - 1)
+        self.refresh_view()
+
+    def action_phase(self, step: int) -> None:
+        self.strategy = "zero3"
+        n = len(self.phases())
+        self.phase = max(0, min(n - 1, (self.phase if self.phase is not None else -1) + step))
+        self.refresh_view()
+
+    def action_play(self) -> None:
+        if self.playing:
+            self._stop()
+        else:
+            self.strategy = "zero3"
+            if self.phase is None or self.phase >= len(self.phases()) - 1:
+                self.phase = 0
+            self.playing = True
+            self._timer = self.set_interval(0.6, self._tick)
+        self.refresh_view()
+
+    def _tick(self) -> None:
+        if self.phase is None or self.phase >= len(self.phases()) - 1:
+            self._stop()
+        else:
+            self.phase += 1
+        self.refresh_view()
+
+    def _stop(self) -> None:
+        self.playing = False
+        if self._timer is not None:
+            self._timer.stop()
+            self._timer = None
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        {"sh-strategy": lambda: self.action_cycle_strategy(1), "sh-psi": self._cycle_psi,
+         "sh-dp": self._cycle_dp, "sh-play": self.action_play}.get(event.button.id or "", lambda: None)()
+
+    def _cycle_psi(self) -> None:
+        self.preset = (self.preset + 1) % len(PRESETS)
+        self.refresh_view()
+
+    def _cycle_dp(self) -> None:
+        i = DP_CHOICES.index(self.dp) if self.dp in DP_CHOICES else 2
+        self.dp = DP_CHOICES[(i + 1) % len(DP_CHOICES)]
+        self.refresh_view()
+
+    # -- rendering ---------------------------------------------------------------------------------
+    def refresh_view(self) -> None:
+        if not self.is_mounted:
+            return
+        self.query_one("#sh-body", Static).update(self.render_body())
+        play = self.query_one("#sh-play", Button)
+        play.label = S[self.language]["b_pause" if self.playing else "b_play"]
+
+    def _fmt(self, n: float) -> str:
+        return format_bytes(n, lang=self.language)
+
+    def bar_width(self) -> int:
+        width = self.size.width or 60
+        return max(16, width - 2 - LABEL_W - VALUE_W - 3)
+
+    def render_body(self) -> Text:
+        s = S[self.language]
+        lay = self.current_layout()
+        extra = self.transient()
+        text = Text(no_wrap=True, overflow="ellipsis")
+        # header
+        k = F.optimizer_k(self.optimizer, self.precision)
+        text.append(STRATEGY_NAME[self.strategy], style="bold reverse")
+        text.append(f"  Ψ = {format_count(self.params, lang=self.language)} · N = {self.dp}\n", style="bold")
+        text.append(f"{s['prec'][self.precision]} · {s['opt'][self.optimizer]} K = {k} · "
+                    f"GPU {self._fmt(self.capacity)}\n", style="dim")
+        # axis and bars
+        gpu0 = lay.gpus[0]
+        total = gpu0.total + sum(x.bytes for x in extra)
+        width = self.bar_width()
+        scale = max(self.capacity, total) * 1.05
+        cap_col = round(self.capacity / scale * width)
+        axis = " " * (LABEL_W + 1) + "0" + " " * max(0, cap_col - 1) + "┃ " + self._fmt(self.capacity)
+        text.append(axis + "\n", style="dim")
+        by_rank = {g.rank: g for g in lay.gpus}
+        for rank in self.shown_ranks():
+            if rank is None:
+                text.append(" " * (LABEL_W + 1) + s["more"].format(k=self.dp - 6) + "\n", style="dim")
+                continue
+            text.append_text(self._bar(by_rank[rank], extra, width, scale, cap_col))
+            text.append("\n")
+        # summary
+        fits = total <= self.capacity
+        line = s["per_gpu"].format(b=self._fmt(total))
+        text.append(line + " · ", style="bold")
+        text.append(f"{'✓ ' + s['fits'] if fits else '✗ ' + s['nofit']}\n", style="bold green" if fits else "bold red")
+        text.append(s["states_line"].format(b=self._fmt(gpu0.model_states)))
+        if self.activations is not None:
+            if self.shape is None:
+                text.append("\n" + s["act_noshape"], style="yellow")
+            else:
+                text.append(s["act_line"].format(b=self._fmt(gpu0.bytes_of("activations")),
+                                                 mode=s["act_modes"][self.activations]))
+        text.append("\n")
+        text.append(s["redundancy"].format(x=_num(lay.redundancy, self.language)) + "\n", style="dim")
+        fit = F.max_params_that_fit(self.capacity, self.dp, self.strategy, self.optimizer, self.precision,
+                                    reserved_bytes=gpu0.bytes_of("activations"))
+        text.append(s["largest"].format(p=format_count(fit, lang=self.language)) + "\n", style="dim")
+        text.append_text(self._legend(gpu0))
+        if self.phase is not None:
+            text.append_text(self._animation())
+        if self.measured:
+            text.append_text(self._run())
+        text.append(s["keys"] + "\n", style="dim italic")
+        return text
+
+    def _bar(self, gpu: L.GPU, extra: list[L.Segment], width: int, scale: float, cap_col: int) -> Text:
+        s = S[self.language]
+        out = Text()
+        segments = list(gpu.segments) + extra
+        total = sum(x.bytes for x in segments)
+        fits = total <= self.capacity
+        out.append(f"{s['gpu']} {gpu.rank:<{LABEL_W - 4}}"[:LABEL_W].ljust(LABEL_W) + "▕",
+                   style="bold" if fits else "bold red")
+        cells: list[tuple[str, str]] = []
+        start = 0.0
+        for index, seg in enumerate(segments):
+            c0, c1 = round(start / scale * width), round((start + seg.bytes) / scale * width)
+            start += seg.bytes
+            transient = index >= len(gpu.segments)
+            for c in range(c0, c1):
+                if seg.state == "activations":
+                    color = "grey50"
+                elif len(seg.owners) == 1:
+                    color = OWNER_COLORS[seg.owners[0] % len(OWNER_COLORS)]
+                elif len(seg.owners) <= c1 - c0:  # a replica: every owner's slice, in owner order
+                    k = int((c - c0) / (c1 - c0) * len(seg.owners))
+                    color = OWNER_COLORS[seg.owners[k] % len(OWNER_COLORS)]
+                else:  # more owners than cells: every cell stands for several, colours cycle
+                    color = OWNER_COLORS[(c - c0) % len(OWNER_COLORS)]
+                letter = LETTER[seg.state].lower() if transient and seg.state == "params" else LETTER[seg.state]
+                style = f"bold black on {color}" + (" underline" if transient else "")
+                cells.append((letter, style))
+        for c in range(width):
+            if c < len(cells):
+                letter, style = cells[c]
+                if c >= cap_col:
+                    style = "bold white on red"
+                out.append(letter, style=style)
+            elif c == cap_col:
+                out.append("┃", style="bold")
+            else:
+                out.append(" ")
+        out.append(" " + self._fmt(total).rjust(VALUE_W - 1), style="bold" if fits else "bold red")
+        return out
+
+    def _legend(self, gpu: L.GPU) -> Text:
+        s = S[self.language]
+        out = Text()
+        for seg in gpu.segments:
+            out.append(f" {LETTER[seg.state]} ", style="bold black on grey70")
+            tag = "" if seg.state == "activations" else (" " + (s["shard"] if seg.sharded else s["replica"]))
+            out.append(f" {s['states'][seg.state]} {self._fmt(seg.bytes)}{tag}\n")
+        out.append(s["owners"], style="dim")
+        for r in range(min(self.dp, len(OWNER_COLORS))):
+            out.append(f" {r} ", style=f"bold black on {OWNER_COLORS[r]}")
+        if self.dp > len(OWNER_COLORS):
+            out.append(" …", style="dim")
+        out.append("\n")
+        return out
+
+    def _animation(self) -> Text:
+        s = S[self.language]
+        phases = self.phases()
+        ph = phases[self.phase]
+        out = Text()
+        pf = s["prefetch"] if self.prefetch else ""
+        out.append(s["anim_title"].format(k=ANIMATION_LAYERS, pf=pf) + "\n", style="bold underline")
+        what = s["actions"][ph.action].format(l=ph.layer)
+        if ph.moved:
+            what += f" (+{self._fmt(ph.moved)})"
+        style = {"all_gather": "bold cyan", "reduce_scatter": "bold orchid", "free": "yellow"}.get(ph.action, "bold")
+        out.append(s["phase"].format(i=self.phase + 1, n=len(phases), stage=s["stages"][ph.stage], what=what) + "\n",
+                   style=style)
+        gathered = ", ".join(f"L{g}" for g in ph.gathered) or s["none"]
+        out.append(s["in_mem"].format(g=gathered) + "\n")
+        last = phases[-1]
+        out.append(s["sent"] + "\n")
+        for name, value, end, color in (("ZeRO-3", ph.sent, last.sent, "cyan"),
+                                         ("DDP", ph.sent_ddp, last.sent_ddp, "white")):
+            out.append(f"{name:<7}")
+            out.append_text(self._progress(value, end, last.sent, color))
+            out.append(f" {self._fmt(value)} / {self._fmt(end)}\n")
+        if last.sent_ddp:
+            out.append(s["ratio"].format(x=last.sent / last.sent_ddp) + "\n", style="dim")
+        return out
+
+    def _progress(self, value: float, end: float, scale: float, color: str) -> Text:
+        """``value`` sent so far out of ``end`` this step; both on a common ``scale``."""
+        width = max(6, min(20, (self.size.width or 60) - 2 - 7 - 21))
+        k = round(value / scale * width) if scale else 0
+        e = round(end / scale * width) if scale else 0
+        out = Text("█" * k, style=color)
+        out.append("░" * max(0, e - k), style=color)
+        out.append(" " * (width - max(e, k)))
+        return out
+
+    def _run(self) -> Text:
+        s = S[self.language]
+        info = self.run_info
+        out = Text()
+        out.append(s["run"].format(p=f"{info.get('num_params') or 0:,}", n=info.get("world_size"),
+                                   prec=info.get("precision")) + "\n", style="bold")
+        for name, ev in self.measured.items():
+            pred = ev.get("predicted") or 0
+            ok = pred and abs(ev.get("total", 0) - pred) <= 0.05 * pred
+            sent = self.sent.get(name, {}).get("sent")
+            out.append("  " + s["run_row"].format(s=name, m=self._fmt(ev.get("total", 0)), c=self._fmt(pred),
+                                                  x=self._fmt(sent) if sent is not None else "—"),
+                       style="green" if ok else "yellow")
+            out.append(" ✓\n" if ok else "\n", style="green")
+        return out
+
+
+def _num(x: float, lang: str) -> str:
+    s = f"{x:.1f}" if abs(x - round(x)) > 0.05 else f"{round(x)}"
+    return s.replace(".", ",") if lang == "es" else s
+
+
+VISUALIZER = ShardingVisualizer

@@ -1,0 +1,396 @@
+"""Lesson 4's visualizer: one tensor-parallel Transformer block as a flow, stepped through.
+
+Each row is a stage of :func:`distai.lessons.lesson4.flow.block_flow`: the weight split (columns /
+rows / replicated), the tensor this rank holds afterwards and how it sits across the T ranks
+(replicated, by heads, by hidden, by sequence, partial sums), and the collectives (f, g, and their
+sequence-parallel versions) highlighted. The forward pass steps down, then the backward pass back
+up. ``s`` toggles sequence parallelism, ``c`` switches to the vocabulary-parallel cross-entropy
+walk-through, ``x`` changes T. Live runs (``feed_event``) add the collectives the ranks really
+counted. No torch, no I/O.
+"""
+from __future__ import annotations
+
+from rich.cells import cell_len
+from rich.text import Text
+from textual.binding import Binding
+from textual.containers import Horizontal, VerticalScroll
+from textual.widgets import Button, Static
+
+from distai.lessons.lesson4 import flow as F
+from distai.visualizers.base import LessonVisualizer
+
+LAYOUT_STYLE = {
+    F.REPLICATED: ("REPL", "bold white on dark_blue"),
+    F.HEADS: ("HEADS", "bold white on dark_magenta"),
+    F.HIDDEN: ("HID", "bold black on green"),
+    F.SEQUENCE: ("SEQ", "bold black on yellow"),
+    F.PARTIAL: ("PART", "bold white on dark_red"),
+}
+OP_STYLE = {"all_reduce": "bold red", "all_gather": "bold cyan", "reduce_scatter": "bold magenta"}
+OP_NAME = {"all_reduce": "all-reduce", "all_gather": "all-gather", "reduce_scatter": "reduce-scatter"}
+SPLIT = {"column": {"en": "cols", "es": "cols"}, "row": {"en": "rows", "es": "filas"},
+         "replicated": {"en": "repl", "es": "repl"}}
+T_CHOICES = (2, 4, 8)
+# A realistic layer for the byte figures until a run says otherwise (GPT-3 175B-like, bf16).
+DEFAULT_SHAPE = {"hidden": 12288, "seq": 2048, "micro_batch": 1, "bytes": 2}
+
+S = {
+    "en": {
+        "title": "Tensor-parallel block", "fwd": "FORWARD", "bwd": "BACKWARD", "sync": "GRADIENT SYNC",
+        "sp_on": "sequence parallel: ON", "sp_off": "sequence parallel: off", "ranks": "T = {t} ranks",
+        "keys": "space/. next · , back · s SP · c loss · x T",
+        "no_comm": "no communication",
+        "so_far": "this layer so far: {fwd} fwd, {bwd} bwd",
+        "none": "none",
+        "per_layer": "per layer (h={h}, s={s}, b={b}, {e} B/elt): each direction sends {mb} per rank",
+        "run": "your run (T={t}, {mode}): layer 0 fwd {fwd}, bwd {bwd} {ok}",
+        "ce_title": "Vocab-parallel cross-entropy (V=8, T=2, target={tgt})",
+        "ce_steps": {
+            "shard": "each rank computes only its V/T logits of the token",
+            "max": "local max → all-reduce(MAX): the global max, for a stable exp",
+            "sumexp": "Σ exp(z − max) on local logits → all-reduce(SUM)",
+            "target": "only the rank owning the target has its logit → all-reduce(SUM)",
+            "loss": "loss = log Σexp − (z_target − max): the same number on every rank",
+            "grad": "backward: softmax − one-hot on local columns, no communication",
+        },
+        "ce_dense": "one process: {v:.4f}",
+        "b_prev": "◀", "b_next": "▶", "b_sp": "SP", "b_ce": "loss",
+    },
+    "es": {
+        "title": "Bloque con paralelismo tensorial", "fwd": "FORWARD", "bwd": "BACKWARD",
+        "sync": "SINCRONIZACIÓN DE GRADIENTES",
+        "sp_on": "paral. de secuencia: SÍ", "sp_off": "paral. de secuencia: no", "ranks": "T = {t} rangos",
+        "keys": "espacio/, pasos · s SP · c pérdida · x T",
+        "no_comm": "sin comunicación",
+        "so_far": "esta capa hasta ahora: {fwd} fwd, {bwd} bwd",
+        "none": "ninguna",
+        "per_layer": "por capa (h={h}, s={s}, b={b}, {e} B/elem.): cada sentido envía {mb} por rango",
+        "run": "tu ejecución (T={t}, {mode}): capa 0 fwd {fwd}, bwd {bwd} {ok}",
+        "ce_title": "Entropía cruzada con vocabulario repartido (V=8, T=2, objetivo={tgt})",
+        "ce_steps": {
+            "shard": "cada rango calcula solo sus V/T logits del token",
+            "max": "máximo local → all-reduce(MAX): el máximo global, para un exp estable",
+            "sumexp": "Σ exp(z − máx) sobre los logits locales → all-reduce(SUM)",
+            "target": "solo el rango dueño del objetivo tiene su logit → all-reduce(SUM)",
+            "loss": "pérdida = log Σexp − (z_objetivo − máx): el mismo número en cada rango",
+            "grad": "backward: softmax − one-hot en las columnas locales, sin comunicación",
+        },
+        "ce_dense": "un solo proceso: {v:.4f}",
+        "b_prev": "◀", "b_next": "▶", "b_sp": "SP", "b_ce": "pérdida",
+    },
+}
+
+# Where each lesson step opens the flow: (sequence parallel, cross-entropy view, stage key, phase).
+STEP_VIEWS = {
+    "one-matmul": (False, False, "mlp.fc1", "fwd"),
+    "mlp": (False, False, "mlp.f", "fwd"),
+    "attention": (False, False, "core", "fwd"),
+    "f-and-g": (False, False, "attn.f", "bwd"),
+    "comm": (False, False, "attn.g", "fwd"),
+    "sequence-parallel": (True, False, "attn.f", "fwd"),
+    "activation-memory": (True, False, "ln1", "fwd"),
+    "vocab-parallel": (False, True, None, None),
+    "pitfalls": (True, False, "sp.grads", "grad-sync"),
+    "inside-a-node": (False, False, "mlp.g", "fwd"),
+}
+
+
+LABEL_CELLS = 21
+REPL_COLOR = "dodger_blue1"
+
+
+def _pad(text: str, cells: int) -> str:
+    """Pad or cut to a width in terminal cells (combining marks such as f̄ take none)."""
+    if cell_len(text) > cells:
+        while cell_len(text) > cells - 1:
+            text = text[:-1]
+        return text + "…"
+    return text + " " * (cells - cell_len(text))
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _ops_text(counts: dict[str, int], lang: str) -> str:
+    if not counts:
+        return S[lang]["none"]
+    return ", ".join(f"{c} {OP_NAME[op]}" for op, c in counts.items() if c)
+
+
+class TPBlockVisualizer(LessonVisualizer):
+    """The tensor-parallel block, stage by stage; the vocab-parallel loss as a second view."""
+
+    can_focus = True
+    BINDINGS = [
+        Binding("space,full_stop", "advance", "Step", show=False),
+        Binding("comma", "back", "Step back", show=False),
+        Binding("s", "toggle_sp", "Sequence parallel", show=False),
+        Binding("c", "toggle_ce", "Cross-entropy", show=False),
+        Binding("x", "cycle_t", "T", show=False),
+    ]
+    DEFAULT_CSS = """
+    TPBlockVisualizer { layout: vertical; }
+    TPBlockVisualizer #tp-header { height: auto; padding: 0 1; }
+    TPBlockVisualizer #tp-scroll { height: 1fr; }
+    TPBlockVisualizer #tp-flow { height: auto; padding: 0 1; }
+    TPBlockVisualizer #tp-detail { height: auto; padding: 0 1; border-top: solid $secondary 50%; }
+    TPBlockVisualizer #tp-buttons { height: 1; padding: 0 1; }
+    TPBlockVisualizer #tp-buttons Button { margin: 0 1 0 0; width: auto; min-width: 5; }
+    """
+
+    def __init__(self, language: str = "en", **kwargs):
+        super().__init__(language=language, **kwargs)
+        self.sp = False
+        self.ce = False
+        self.t = 4
+        self.index = 0
+        self.ce_index = 0
+        self.shape = dict(DEFAULT_SHAPE)
+        self.live: dict[str, dict] = {}
+        self.live_t: int | None = None
+
+    # -- model -----------------------------------------------------------------------------------
+    @property
+    def stages(self) -> list[F.Stage]:
+        return F.block_flow(self.sp)
+
+    @property
+    def stage(self) -> F.Stage:
+        return self.stages[self.index]
+
+    # -- composition -----------------------------------------------------------------------------
+    def compose(self):
+        yield Static(id="tp-header")
+        with VerticalScroll(id="tp-scroll"):
+            yield Static(id="tp-flow")
+        yield Static(id="tp-detail")
+        with Horizontal(id="tp-buttons"):
+            s = S[self.language]
+            yield Button(s["b_prev"], id="tp-prev", compact=True)
+            yield Button(s["b_next"], id="tp-next", compact=True, variant="primary")
+            yield Button(s["b_sp"], id="tp-sp", compact=True)
+            yield Button(s["b_ce"], id="tp-ce", compact=True)
+
+    def on_mount(self) -> None:
+        self.refresh_view()
+
+    # -- public API (the lesson screen) -----------------------------------------------------------
+    def show_step(self, step_key: str) -> None:
+        view = STEP_VIEWS.get(step_key)
+        if view is None:
+            return
+        sp, ce, key, phase = view
+        self.sp, self.ce = sp, ce
+        self.ce_index = 0
+        self.index = 0
+        if key is not None:
+            for i, st in enumerate(self.stages):
+                if st.key == key and st.phase == phase:
+                    self.index = i
+                    break
+        self.refresh_view()
+
+    def feed_event(self, event: dict) -> None:
+        kind = event.get("kind")
+        if kind == "config":
+            self.live_t = int(event.get("T", self.t))
+            if self.live_t in T_CHOICES:
+                self.t = self.live_t
+            self.shape = {"hidden": int(event.get("hidden", self.shape["hidden"])),
+                          "seq": int(event.get("seq", self.shape["seq"])),
+                          "micro_batch": int(event.get("micro_batch", self.shape["micro_batch"])),
+                          "bytes": 8}  # the experiment checks in float64
+        elif kind == "comm_check":
+            self.live[str(event.get("mode"))] = event
+        else:
+            return
+        self.refresh_view()
+
+    # -- actions -----------------------------------------------------------------------------------
+    def action_advance(self) -> None:
+        if self.ce:
+            self.ce_index = min(self.ce_index + 1, len(F.vocab_ce_walkthrough()) - 1)
+        else:
+            self.index = min(self.index + 1, len(self.stages) - 1)
+        self.refresh_view()
+
+    def action_back(self) -> None:
+        if self.ce:
+            self.ce_index = max(self.ce_index - 1, 0)
+        else:
+            self.index = max(self.index - 1, 0)
+        self.refresh_view()
+
+    def action_toggle_sp(self) -> None:
+        key, phase = self.stage.key, self.stage.phase
+        self.sp = not self.sp
+        self.ce = False
+        matches = [i for i, st in enumerate(self.stages) if st.key == key and st.phase == phase]
+        self.index = matches[0] if matches else min(self.index, len(self.stages) - 1)
+        self.refresh_view()
+
+    def action_toggle_ce(self) -> None:
+        self.ce = not self.ce
+        self.refresh_view()
+
+    def action_cycle_t(self) -> None:
+        self.t = T_CHOICES[(T_CHOICES.index(self.t) + 1) % len(T_CHOICES)] if self.t in T_CHOICES else 4
+        self.refresh_view()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        {"tp-prev": self.action_back, "tp-next": self.action_advance, "tp-sp": self.action_toggle_sp,
+         "tp-ce": self.action_toggle_ce}.get(event.button.id or "", lambda: None)()
+
+    # -- rendering ---------------------------------------------------------------------------------
+    def refresh_view(self) -> None:
+        if not self.is_mounted:
+            return
+        self.query_one("#tp-header", Static).update(self.render_header())
+        self.query_one("#tp-flow", Static).update(self.render_ce() if self.ce else self.render_flow())
+        self.query_one("#tp-detail", Static).update(Text() if self.ce else self.render_detail())
+        self.query_one("#tp-detail", Static).display = not self.ce
+        row = getattr(self, "_row_of_index", {}).get(self.index, 0)
+        scroll = self.query_one("#tp-scroll", VerticalScroll)
+        if self.ce:
+            if self.ce_index == 0:
+                scroll.scroll_home(animate=False)
+            else:
+                self.call_after_refresh(scroll.scroll_end, animate=False)
+        elif (row < scroll.scroll_y + 1 or row > scroll.scroll_y + scroll.size.height - 2):
+            scroll.scroll_to(y=max(0, row - 3), animate=False)
+
+    def render_header(self) -> Text:
+        s = S[self.language]
+        t = Text()
+        t.append(s["title"] + "\n", style="bold")
+        if self.ce:
+            t.append(s["keys"], style="dim")
+            return t
+        t.append(s["ranks"].format(t=self.t), style="bold cyan")
+        t.append(" · ")
+        t.append(s["sp_on"] if self.sp else s["sp_off"], style="bold yellow" if self.sp else "dim")
+        t.append("\n" + s["keys"], style="dim")
+        return t
+
+    def stage_label(self, st: F.Stage) -> str:
+        label = st.label[self.language]
+        if st.split and st.phase == "fwd":
+            label += " · " + SPLIT[st.split][self.language]
+        return label
+
+    def render_flow(self) -> Text:
+        lang = self.language
+        s = S[lang]
+        stages = self.stages
+        current = stages[self.index]
+        # Show the pass the current stage belongs to (the grad sync goes with the backward).
+        show_phase = "fwd" if current.phase == "fwd" else "bwd"
+        text = Text(no_wrap=True, overflow="ellipsis")
+        heading = s["fwd"] if show_phase == "fwd" else s["bwd"]
+        text.append(("▼ " if show_phase == "fwd" else "▲ ") + heading + "\n", style="bold underline")
+        self._row_of_index = {}
+        row = 1
+        for i, st in enumerate(stages):
+            if (st.phase == "fwd") != (show_phase == "fwd"):
+                continue
+            if st.phase == "grad-sync":
+                text.append(s["sync"] + "\n", style="bold underline")
+                row += 1
+            self._row_of_index[i] = row
+            row += 1
+            here = i == self.index
+            past = i < self.index
+            base = "reverse" if here else ("" if past else "dim")
+            text.append("▶ " if here else "  ", style="bold")
+            label_style = OP_STYLE.get(st.op or "", "bold" if st.split else "")
+            text.append(_pad(self.stage_label(st), LABEL_CELLS), style=f"{label_style} {base}".strip())
+            text.append(" " + _pad(st.shape, 8) + " ", style=base)
+            if st.layout:
+                name, style = LAYOUT_STYLE[st.layout]
+                text.append(_pad(name, 5), style=style if (here or past) else "dim")
+            text.append("\n")
+        return text
+
+    def _rank_strip(self, layout: str | None) -> Text:
+        """Two ranks per line, 16 cells each: what each rank holds of the full tensor."""
+        t, width = self.t, 16
+        out = Text()
+        seg = max(1, width // t)
+        for r in range(t):
+            out.append(f"r{r} ", style="bold")
+            if layout in (F.REPLICATED, None):
+                out.append("█" * width, style=REPL_COLOR)
+            elif layout == F.PARTIAL:
+                out.append("▒" * width, style="red")
+            else:
+                lo = r * seg
+                bar = "·" * lo + "█" * seg + "·" * (width - lo - seg)
+                style = {F.HEADS: "magenta", F.HIDDEN: "green", F.SEQUENCE: "yellow"}[layout]
+                out.append(bar, style=style)
+            out.append("  " if r % 2 == 0 and r + 1 < t else "\n")
+        return out
+
+    def render_detail(self) -> Text:
+        lang = self.language
+        s = S[lang]
+        st = self.stage
+        text = Text()
+        text.append(self.stage_label(st), style=OP_STYLE.get(st.op or "", "bold"))
+        text.append(" → " + st.shape + "\n", style="bold")
+        text.append(st.note[lang] + "\n")
+        if st.op:
+            text.append(f"⇄ {OP_NAME[st.op]} ", style=OP_STYLE[st.op])
+            text.append(f"({st.site})\n", style="dim")
+        text.append_text(self._rank_strip(st.layout))
+        if not text.plain.endswith("\n"):
+            text.append("\n")
+        done = self.stages[: self.index + 1]
+        text.append(s["so_far"].format(fwd=_ops_text(F.count_collectives(done, "fwd"), lang),
+                                       bwd=_ops_text(F.count_collectives(done, "bwd"), lang)) + "\n", style="cyan")
+        sh = self.shape
+        tensor = sh["seq"] * sh["micro_batch"] * sh["hidden"] * sh["bytes"]
+        per_dir = sum(F.ring_bytes_per_rank(x.op, tensor, self.t) for x in self.stages
+                      if x.op and x.phase == "fwd")
+        text.append(s["per_layer"].format(h=sh["hidden"], s=sh["seq"], b=sh["micro_batch"], e=sh["bytes"],
+                                          mb=_fmt_bytes(per_dir)) + "\n", style="dim")
+        live = self.live.get("tp+sp" if self.sp else "tp")
+        if live and "0" in live.get("layers", {}):
+            row = live["layers"]["0"]
+            text.append(s["run"].format(t=self.live_t, mode=live.get("mode"),
+                                        fwd=_ops_text(row["fwd"]["counts"], lang),
+                                        bwd=_ops_text(row["bwd"]["counts"], lang),
+                                        ok="✓" if live.get("match") else "✗"),
+                        style="bold green" if live.get("match") else "bold red")
+        return text
+
+    def render_ce(self) -> Text:
+        lang = self.language
+        s = S[lang]
+        steps = F.vocab_ce_walkthrough()
+        text = Text()
+        text.append(s["ce_title"].format(tgt=F.EXAMPLE_TARGET) + "\n\n", style="bold")
+        for i, step in enumerate(steps):
+            here = i == self.ce_index
+            if i > self.ce_index:
+                text.append("  " + s["ce_steps"][step["key"]] + "\n", style="dim")
+                continue
+            text.append("▶ " if here else "  ", style="bold")
+            text.append(s["ce_steps"][step["key"]] + "\n", style="reverse" if here else "")
+            for r, val in enumerate(step["per_rank"]):
+                shown = ("[" + ", ".join(f"{v:+.2f}" for v in val) + "]") if isinstance(val, list) else f"{val:.4f}"
+                text.append(f"    r{r}: {shown}\n", style="yellow" if here else "")
+            if step["collective"]:
+                op, red = step["collective"]
+                text.append(f"    ⇄ {OP_NAME[op]}({red.upper()}) → {step['value']:.4f}\n", style=OP_STYLE[op])
+        if self.ce_index >= 4:
+            text.append("\n" + s["ce_dense"].format(v=F.dense_cross_entropy()) + "\n", style="bold green")
+        return text
+
+
+VISUALIZER = TPBlockVisualizer
