@@ -82,8 +82,11 @@ def _check_count(flag: str, value: int, limit: int) -> None:
 
 
 def choose_placement(gpus: int | None = None, cpu: int | None = None,
-                     cuda_count: int | None = None) -> Placement:
-    """``--gpus N`` / ``--cpu N`` (or neither) → where and how many processes to run."""
+                     cuda_count: int | None = None, default_nproc: int = DEFAULT_CPU_PROCS) -> Placement:
+    """``--gpus N`` / ``--cpu N`` (or neither) → where and how many processes to run.
+
+    Neither: ``default_nproc`` (the lesson's ``ranks``) GPUs when at least two are visible
+    (fewer if fewer are), else that many CPU processes."""
     if gpus is not None and cpu is not None:
         raise LaunchError("choose either --gpus N or --cpu N, not both")
     if cpu is not None:
@@ -94,9 +97,10 @@ def choose_placement(gpus: int | None = None, cpu: int | None = None,
     count = visible_cuda_devices() if cuda_count is None else cuda_count
     if gpus is None:
         if count >= 2:
-            return Placement("cuda", count)
-        return Placement("cpu", DEFAULT_CPU_PROCS,
-                         None if count == 0 else "one GPU is not a ring: running 4 CPU processes with gloo")
+            return Placement("cuda", min(count, default_nproc))
+        return Placement("cpu", default_nproc,
+                         None if count == 0 else f"one GPU is not a ring: running {default_nproc} CPU "
+                                                 "processes with gloo")
     if count == 0:
         return Placement("cpu", gpus, f"no CUDA device found: running {gpus} CPU processes with gloo "
                                       "instead (timings are CPU timings)")

@@ -210,7 +210,7 @@ def run_cmd(
     ctx: typer.Context,
     lesson: str = typer.Argument(..., help="Lesson: 1-7, lessonN or its slug."),
     gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs per node (NCCL). Without CUDA: that many CPU processes."),
-    cpu: Optional[int] = typer.Option(None, "--cpu", help="CPU processes per node (gloo). Default: 4 without GPUs."),
+    cpu: Optional[int] = typer.Option(None, "--cpu", help="CPU processes per node (gloo). Default without GPUs: the lesson's ranks (4)."),
     nnodes: int = typer.Option(1, "--nnodes", help="Nodes (multi-node: run the same command on every node)."),
     node_rank: Optional[int] = typer.Option(None, "--node-rank", help="This node's rank (0 on the master)."),
     master_addr: Optional[str] = typer.Option(None, "--master-addr", help="Address of node 0."),
@@ -229,7 +229,7 @@ def run_cmd(
         raise CliError(f"lesson {chosen.number}'s experiment is not yet available in this version of distai")
     try:
         validate_nodes(nnodes, node_rank, master_addr, master_port)
-        placement = choose_placement(gpus=gpus, cpu=cpu)
+        placement = choose_placement(gpus=gpus, cpu=cpu, default_nproc=getattr(chosen, "ranks", 4))
     except LaunchError as exc:
         raise CliError(str(exc), code=exc.code) from None
     extra = list(ctx.args)
