@@ -149,6 +149,8 @@ def test_sequence_parallel_divides_activations_by_T(results):
 
 
 def test_vocab_parallel_loss_never_holds_full_logits(results):
+    from distai.lessons.lesson4.formulas import vocab_parallel_ce_bytes_per_rank
+
     for r in results:
         T = r["T"]
         for sp in (False, True):
@@ -158,6 +160,8 @@ def test_vocab_parallel_loss_never_holds_full_logits(results):
                 for site in ("ce.max", "ce.target", "ce.sumexp"):
                     cell = head[f"all_reduce:{site}"]
                     assert cell["count"] == 1 and cell["payload_bytes"] == SIZES["seq"] * BATCH * 8
+                sent = sum(head[f"all_reduce:{site}"]["wire_bytes"] for site in ("ce.max", "ce.target", "ce.sumexp"))
+                assert sent == pytest.approx(vocab_parallel_ce_bytes_per_rank(SIZES["seq"], BATCH, T, 8))
 
 
 def test_sequence_parallel_layernorm_grads_need_their_allreduce(results):

@@ -516,7 +516,8 @@ def main(argv=None) -> int:
 
 
 def _print_table(rows, num_params, world, args):
-    mb = 1 / 2**20
+    from distai.lessons.units import format_bytes as fb
+
     print(f"lesson 2: {num_params:,} parameters on {world} ranks, {args.precision}, {args.optimizer}, "
           f"{args.steps} steps, global batch {args.batch}  (rank 0's figures)")
     print(f"{'strategy':<8} {'model states':>12} {'calculator':>10} {'ratio':>6}  "
@@ -524,8 +525,8 @@ def _print_table(rows, num_params, world, args):
     ddp_sent = next((r[3] for r in rows if r[0] == "ddp"), None)
     for s, total, pred, sent, psent, st, diff, _ in rows:
         diff_s = "-" if diff is None else f"{diff:.1e}"
-        print(f"{s:<8} {total * mb:>9.3f} MB {pred * mb:>7.3f} MB {total / pred:>6.3f}  "
-              f"{sent * mb:>7.3f} MB {psent * mb:>7.3f} MB {sent / psent if psent else float('nan'):>6.3f}  "
+        print(f"{s:<8} {fb(total):>12} {fb(pred):>10} {total / pred:>6.3f}  "
+              f"{fb(sent):>10} {fb(psent):>10} {sent / psent if psent else float('nan'):>6.3f}  "
               f"{st * 1e3:>6.1f}ms  {diff_s:>17}")
     if any(r[0] == "fsdp2" for r in rows) and dist.get_backend() == "gloo":
         print("(fsdp2 on gloo: torch's gloo reduce_scatter_tensor runs an all-reduce of a copy, so its "
