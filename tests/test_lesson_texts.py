@@ -37,6 +37,9 @@ CHECKED_LESSONS = {
     # H100 figures, the examples' prompt and sizes, and the vLLM and DistServe papers' results
     "lesson7": {"3.35 TB/s", "80 GB", "20.4%", "38.2%", "99%", "5 µs", "50 ms", "4×", "2.1×", "7.4×",
                 "12.6×"},
+    # α, link speeds, sizes and the per-layer backward time of the examples
+    "lesson6": {"5 µs", "30 µs", "25 GB/s", "10 GB/s", "2 ms", "1 MiB", "4 MiB", "2 MiB", "25 MiB",
+                "0.25 MiB"},
     # H100 NVLink (both directions, one direction) and a 400 Gb/s NIC
     "lesson4": {"900 GB/s", "450 GB/s", "50 GB/s"},
 }
@@ -44,6 +47,8 @@ CHECKED_LESSONS = {
 NUMERIC_STEPS = {
     "lesson1": {"naive", "all-gather", "alpha-beta", "worked-example", "busbw", "try-it"},
     "lesson3": {"failures", "lost-work", "young-daly", "worked-example"},
+    "lesson6": {"formats", "master-weights", "underflow", "loss-scaling", "dynamic", "bf16", "buckets",
+                "limits"},
     "lesson2": {"copies", "bytes", "zero1", "zero2", "zero3", "worked-example", "traffic", "next-limits",
                 "what-fits"},
     "lesson4": {"comm", "sequence-parallel", "activation-memory", "vocab-parallel", "inside-a-node"},
