@@ -122,6 +122,7 @@ class LaunchSpec:
     master_port: int | None = None
     debug: bool = False  # TORCH_DISTRIBUTED_DEBUG=DETAIL (slower collectives, more checks)
     env: dict[str, str] = field(default_factory=dict)
+    max_restarts: int = 0  # torchrun's in-place restarts of the whole group (engine.supervisor relaunches)
 
     @property
     def multinode(self) -> bool:
@@ -158,7 +159,7 @@ def torchrun_command(spec: LaunchSpec, log_dir: str | os.PathLike) -> list[str]:
             cmd += ["--master-port", str(spec.master_port)]
     else:
         cmd += ["--standalone"]
-    cmd += ["--max-restarts", "0", "--tee", "3", "--log-dir", str(log_dir)]
+    cmd += ["--max-restarts", str(spec.max_restarts), "--tee", "3", "--log-dir", str(log_dir)]
     cmd += ["-m", spec.module, *spec.args]
     return cmd
 
@@ -278,6 +279,7 @@ class Launch:
         self._errors: list[dict] = []
         self._started = 0.0
         self._log_files: dict[int | None, object] = {}
+        self._event_offsets: dict[Path, int] = {}
 
     # ---- control ----
     def start(self) -> None:
@@ -303,6 +305,8 @@ class Launch:
         rec.status = "running"
         rec.launcher_pid = os.getpid()
         rec.save()
+        # a relaunch into the same run folder (engine.supervisor) streams only the new events
+        self._event_offsets = {p: p.stat().st_size for p in rec.events_dir.glob("rank*.jsonl")}
         for local in range(self.spec.placement.nproc):  # every rank has a log, even a silent one
             self._log(self.spec.global_rank(local))
         self._started = time.time()
@@ -408,7 +412,7 @@ class Launch:
             self._put({"kind": "output", "rank": rank, "line": text})
 
     def _tail_events(self) -> None:
-        offsets: dict[Path, int] = {}
+        offsets: dict[Path, int] = dict(self._event_offsets)
         partial: dict[Path, bytes] = {}
         directory = self.record.events_dir
         while True:

@@ -85,17 +85,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--forget", choices=FORGETTABLE, action="append", default=[],
                    help="leave this part of the state out when resuming (to see the resume go wrong)")
     p.add_argument("--no-compare", action="store_true", help="skip the uninterrupted reference run")
+    p.add_argument("--plain-init", action="store_true",
+                   help="join the group without per-attempt store keys (to see torchrun's in-place "
+                        "restart fail with gloo)")
     p.add_argument("--ckpt-dir", default=None, help="checkpoint folder (default: the run folder's checkpoints/)")
     p.add_argument("--amp", choices=("off", "fp16", "bf16"), default="off",
                    help="autocast dtype; fp16 adds a GradScaler (its state is checkpointed)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--samples", type=int, default=4096)
-    p.add_argument("--features", type=int, default=32)
+    p.add_argument("--features", type=int, default=16)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--batch", type=int, default=64, help="samples per rank per step")
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--noise", type=float, default=0.05, help="largest input-noise std (drawn per step)")
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--warmup", type=int, default=5)
     args = p.parse_args(argv)
     if args.steps < 1:
@@ -112,7 +115,7 @@ def make_data(args) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(10_000 + args.seed)
     x = torch.randn(args.samples, args.features, generator=g)
     w = torch.randn(args.features, 1, generator=g) / math.sqrt(args.features)
-    y = torch.sin(3 * x @ w) + 0.1 * torch.randn(args.samples, 1, generator=g)
+    y = torch.sin(2 * x @ w) + 0.1 * torch.randn(args.samples, 1, generator=g)
     return x, y
 
 
@@ -438,6 +441,32 @@ def format_summary(s: dict) -> str:
     return "\n".join(lines)
 
 
+def init_group_per_attempt(timeout_s: float | None = None) -> None:
+    """Join the group with store keys private to this attempt of the run.
+
+    torchrun's elastic agent hosts one TCPStore for every restart of the group, and the default
+    group's keys from the previous attempt are still in it: a restarted rank can read a peer's
+    *old* address and fail with "Gloo connectFullMesh failed … Connection refused" (seen here on
+    2 of 2 tries). Prefixing the store with ``TORCHELASTIC_RESTART_COUNT`` gives every attempt
+    fresh keys. Outside torchrun's agent store this is a plain ``init_process_group``.
+    """
+    from datetime import timedelta
+
+    from distai.engine.runtime import TIMEOUT_ENV, choose_device
+
+    if dist.is_initialized() or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    device = choose_device(int(os.environ.get("LOCAL_RANK", "0")))
+    timeout = timedelta(seconds=float(timeout_s or os.environ.get(TIMEOUT_ENV, "120")))
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                          timeout=timeout)
+    store = dist.PrefixStore(f"distai/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    kwargs = {"device_id": device} if backend == "nccl" else {}
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout, **kwargs)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if not os.environ.get(EVENTS_DIR_ENV):
@@ -449,6 +478,8 @@ def main(argv=None) -> int:
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS on GPUs
     from distai.engine.runtime import init_distributed, shutdown
 
+    if not args.plain_init:
+        init_group_per_attempt()
     ctx = init_distributed()
     try:
         return run(args, ctx)
