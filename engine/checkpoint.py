@@ -22,7 +22,8 @@ How a checkpoint is written (:class:`Checkpointer`), in a folder of checkpoints:
 2. the ranks send rank 0 the size and SHA-256 of what they wrote;
 3. rank 0 writes ``manifest.json`` (atomically, with a checksum of its own), ``fsync``s the
    folder and renames it to ``step_…`` — the one atomic step that makes the checkpoint exist —
-   and ``fsync``s the parent. Then older checkpoints beyond ``keep`` are removed.
+   and ``fsync``s the parent. Then older checkpoints beyond ``keep`` are removed, and a barrier
+   lets every rank return once the checkpoint exists.
 
 A kill at any moment leaves either the previous checkpoints untouched plus a stray ``.tmp-``
 folder, or the new checkpoint complete. On resume, rank 0 takes the newest ``step_…`` whose
@@ -527,6 +528,7 @@ class Checkpointer:
         if self.rank == 0:
             self.folder.publish(step, files, {"form": self.form, "world_size": self.world_size})
             info.pruned = self.folder.prune(self.keep)
+        _barrier()  # every rank returns once the checkpoint exists
         info.seconds = time.perf_counter() - t0
         return info
 

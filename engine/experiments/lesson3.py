@@ -386,7 +386,7 @@ def run(args, ctx) -> int:
     run_sha = weights_digest(state.model)
     result = {"lesson": "lesson3", "world_size": world, "steps": args.steps, "ckpt_every": args.ckpt_every,
               "form": args.format, "attempts": attempt + 1, "final_loss": losses[-1] if losses else None,
-              "run_sha256": run_sha, "forgot": list(args.forget)}
+              "run_sha256": run_sha, "forgot": list(args.forget), "losses": losses}
     where["phase"] = "compare"
     if not args.no_compare:
         events.emit("phase", name="compare", attempt=attempt)
