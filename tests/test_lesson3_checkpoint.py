@@ -64,8 +64,8 @@ def _check_folder(root: Path, published: int) -> dict:
         for name in NAMES:
             assert ck.read_checked(path / name) == payload(step, name)
     if (root / "latest.bin").exists():
-        data = ck.read_checked(root / "latest.bin")  # complete: the old or the new version
-        assert data in {payload(s, "latest") for s in range(max(1, published - 1), published + 2)}
+        data = ck.read_checked(root / "latest.bin")  # complete: one whole version, never a mix
+        assert data in {payload(s, "latest") for s in range(1, published + 2)}
     return {"step": found.step}
 
 

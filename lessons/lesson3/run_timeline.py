@@ -147,20 +147,24 @@ class RunTimeline:
             at = self.attempts[number]
             row = ["empty"] * width
 
-            def put(step: int, what: str) -> None:
-                col = min(width - 1, max(0, int((step - 1) * width / n)))
-                if CELL_ORDER.index(what) < CELL_ORDER.index(row[col]):
-                    row[col] = what
+            def cols_of(step: int) -> range:
+                c0 = min(width - 1, max(0, int((step - 1) * width / n)))
+                return range(c0, max(c0 + 1, min(width, int(step * width / n))))
+
+            def put(cols: range | list, what: str) -> None:
+                for col in cols:
+                    if CELL_ORDER.index(what) < CELL_ORDER.index(row[col]):
+                        row[col] = what
 
             for s in at.steps:
-                put(s, "redo" if s in at.redo else "step")
+                put(cols_of(s), "redo" if s in at.redo else "step")
             for c in at.checkpoints:
-                put(int(c["step"]), "checkpoint")
+                put([cols_of(int(c["step"]))[-1]], "checkpoint")
             if at.failure is not None:
-                put(max(1, int(at.failure.get("step") or at.last_step + 1)), "failure")
+                put(cols_of(max(1, int(at.failure.get("step") or at.last_step + 1))), "failure")
             if at.restart is not None and at.from_step >= 1:
-                put(at.from_step, "restart")
-            elif at.restart is not None:
-                row[0] = "restart" if row[0] == "empty" else row[0]
+                put([cols_of(at.from_step)[-1]], "restart")
+            elif at.restart is not None and row[0] == "empty":
+                row[0] = "restart"
             rows.append((number, row))
         return rows
