@@ -236,6 +236,11 @@ def analyse_failure(error_events: list[dict], torchrun_lines: list[str], exit_co
         return Failure(first.get("rank"), f"rank {first.get('rank')} failed: {first.get('error', '?')}",
                        first.get("rank"))
     rank = code = None
+    # torchrun lists every failed rank ("Failures:", the ones it stopped included) and then the
+    # "Root Cause (first observed failure)": prefer the latter
+    roots = [i for i, line in enumerate(torchrun_lines) if "Root Cause" in line]
+    if roots:
+        torchrun_lines = torchrun_lines[roots[-1]:]
     for line in torchrun_lines:
         m = _ROOT_RANK.match(line)
         if m and rank is None:

@@ -233,3 +233,13 @@ def test_make_launch_and_the_torchrun_command(tmp_path):
     assert isinstance(sup, Supervisor) and sup.relaunches == 3
     cmd = L.torchrun_command(spec, tmp_path)
     assert cmd[cmd.index("--max-restarts") + 1] == "3"
+
+
+def test_failure_analysis_takes_torchruns_root_cause_not_the_ranks_it_stopped():
+    # what torchrun prints when rank 1 is SIGKILLed: rank 0 (which it stopped) is listed first
+    lines = ["Failures:", "[1]:", "  time      : 2026-12-02_17:10:48", "  host      : localhost",
+             "  rank      : 0 (local_rank: 0)", "  exitcode  : -15 (pid: 6955)  (SIGTERM)",
+             "Root Cause (first observed failure):", "[0]:", "  time      : 2026-12-02_17:10:48",
+             "  host      : localhost", "  rank      : 1 (local_rank: 1)", "  exitcode  : -9 (pid: 6956)  (SIGKILL)"]
+    f = L.analyse_failure([], lines, 1)
+    assert f.rank == 1 and "SIGKILL" in f.message

@@ -14,7 +14,7 @@ folder's ``checkpoints/``.
 
 Fault injection: ``--kill-rank R --at-step S`` sends SIGKILL to rank R in the middle of step S
 (after its backward, before the gradient all-reduce), in the first attempt only (default: rank 1
-at step 23 when no other fault is chosen; ``--no-fault`` for none). ``--fail-every SECONDS``
+at step steps/2 + 3 — 23 of 40 — when no other fault is chosen; ``--no-fault`` for none). ``--fail-every SECONDS``
 kills a random rank at random times (exponential, mean SECONDS; at most ``--max-failures``).
 The surviving ranks' all-reduce fails; torchrun's elastic agent (``--max-restarts``) or the
 engine's supervisor starts the group again, and every start begins by resuming from the newest
@@ -78,7 +78,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--format", choices=("file", "dcp"), default="file",
                    help="file: framed torch.save files; dcp: torch.distributed.checkpoint")
     p.add_argument("--kill-rank", type=int, default=None, help="rank to SIGKILL (default 1, or 0 alone)")
-    p.add_argument("--at-step", type=int, default=23, help="step (from 1) in the middle of which it dies")
+    p.add_argument("--at-step", type=int, default=None,
+                   help="step (from 1) in the middle of which it dies (default: steps/2 + 3)")
     p.add_argument("--fail-every", type=float, default=0.0, help="random failures, mean seconds apart")
     p.add_argument("--max-failures", type=int, default=3, help="at most this many injected failures")
     p.add_argument("--no-fault", action="store_true", help="inject no failure")
@@ -103,6 +104,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.steps < 1:
         p.error("--steps must be at least 1")
+    if args.at_step is None:
+        args.at_step = min(args.steps, args.steps // 2 + 3)
     if args.ckpt_every < 1:
         p.error("--ckpt-every must be at least 1")
     if args.fail_every < 0:
@@ -300,7 +303,8 @@ def run(args, ctx) -> int:
     events = ctx.events
     if args.kill_rank is not None and not 0 <= args.kill_rank < world:
         raise SystemExit(f"--kill-rank {args.kill_rank}: this run has ranks 0..{world - 1}")
-    if args.at_step < 1 or args.at_step > args.steps:
+    if not args.no_fault and (args.kill_rank is not None or not args.fail_every) \
+            and not 1 <= args.at_step <= args.steps:
         raise SystemExit(f"--at-step must be between 1 and --steps ({args.steps})")
     if ctx.is_cuda:
         torch.use_deterministic_algorithms(True)
