@@ -809,7 +809,7 @@ class DenseBlock(nn.Module):
 class DenseModel(nn.Module):
     """Embedding → blocks → final layer norm → tied LM head → cross-entropy, on one process."""
 
-    def __init__(self, cfg: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32):
+    def __init__(self, cfg: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32, device=None):
         super().__init__()
         self.cfg = cfg
         with torch.random.fork_rng(devices=[]):
@@ -822,7 +822,7 @@ class DenseModel(nn.Module):
                 if isinstance(m, nn.LayerNorm):
                     nn.init.normal_(m.weight, mean=1.0, std=0.1)
                     nn.init.normal_(m.bias, std=0.1)
-        self.to(dtype)
+        self.to(dtype=dtype, device=device)  # initialised on the CPU: the same weights on any device
 
     def set_masks(self, masks: DropoutMasks | None) -> None:
         for b in self.blocks:
@@ -865,8 +865,9 @@ def full_grad(p: torch.Tensor) -> torch.Tensor:
     return g.full_tensor() if hasattr(g, "full_tensor") else g
 
 
-def make_batch(cfg: ModelConfig, batch: int, seed: int = 0, step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def make_batch(cfg: ModelConfig, batch: int, seed: int = 0, step: int = 0,
+               device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids and next-token targets ``[s, b]``, identical on every rank."""
     gen = torch.Generator().manual_seed(seed * 7919 + step)
-    ids = torch.randint(0, cfg.vocab, (cfg.seq + 1, batch), generator=gen)
+    ids = torch.randint(0, cfg.vocab, (cfg.seq + 1, batch), generator=gen).to(device)
     return ids[:-1].contiguous(), ids[1:].contiguous()

@@ -41,6 +41,21 @@ def check_all(rank: int, world_size: int) -> dict:
     dense = DenseModel(cfg, seed=3, dtype=torch.float64)
     model = TPModel(dense, TPGroup())
     out["param_sizes"] = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    if world_size == 2:  # last: the experiment's own entry point ends the process group
+        import os
+        import tempfile
+        from pathlib import Path
+
+        from distai.engine.events import read_events
+
+        events_dir = tempfile.mkdtemp()
+        os.environ["DISTAI_EVENTS_DIR"] = events_dir
+        rc = L.main(["--hidden", "32", "--heads", "4", "--seq", "8", "--micro-batch", "2", "--layers", "1",
+                     "--vocab", "64", "--steps", "2"])
+        events = list(read_events(Path(events_dir) / f"rank{rank}.jsonl"))
+        out["main"] = {"rc": rc, "kinds": sorted({e["kind"] for e in events}),
+                       "summary": next((e for e in events if e["kind"] == "summary"), None),
+                       "progress": [e["done"] / e["total"] for e in events if e["kind"] == "progress"]}
     return out
 
 
@@ -149,6 +164,8 @@ def test_sequence_parallel_divides_activations_by_T(results):
 
 
 def test_vocab_parallel_loss_never_holds_full_logits(results):
+    from distai.lessons.lesson4.formulas import vocab_parallel_ce_bytes_per_rank
+
     for r in results:
         T = r["T"]
         for sp in (False, True):
@@ -158,6 +175,8 @@ def test_vocab_parallel_loss_never_holds_full_logits(results):
                 for site in ("ce.max", "ce.target", "ce.sumexp"):
                     cell = head[f"all_reduce:{site}"]
                     assert cell["count"] == 1 and cell["payload_bytes"] == SIZES["seq"] * BATCH * 8
+                sent = sum(head[f"all_reduce:{site}"]["wire_bytes"] for site in ("ce.max", "ce.target", "ce.sumexp"))
+                assert sent == pytest.approx(vocab_parallel_ce_bytes_per_rank(SIZES["seq"], BATCH, T, 8))
 
 
 def test_sequence_parallel_layernorm_grads_need_their_allreduce(results):
@@ -215,3 +234,23 @@ def test_calculator_gives_the_measured_figures(results, sp, capsys):
         assert measured == (calc[key] if T > 1 else {})
         # the ranks ran float64, the calculator was asked for fp32: exactly twice the bytes
         assert row[phase]["wire_bytes"] == pytest.approx(2 * calc[f"{key}_bytes_per_rank"])
+
+
+def test_experiment_main_reports_everything(results):
+    r = _rank0(results)
+    if r["T"] != 2:
+        pytest.skip("the experiment's entry point runs in the T=2 group")
+    main = r["main"]
+    assert main["rc"] == 0
+    assert {"config", "step", "comm", "comm_check", "memory", "vocab", "pitfall", "dtensor", "progress",
+            "summary"} <= set(main["kinds"])
+    assert main["progress"][-1] == 1.0
+    summary = main["summary"]
+    for mode in ("tp", "tp+sp"):
+        row = summary["modes"][mode]
+        assert row["comm_match"] and row["max_grad_diff"] < TOL
+        assert row["memory_measured"] == row["memory_formula"] + row["memory_ln_stats"]
+        assert all(abs(a - b) < TOL for a, b in zip(row["losses"], row["dense_losses"]))
+        assert summary["dtensor"][mode]["out_ours_vs_dtensor"] < TOL
+    assert summary["forgotten_g"]["bug"] > 1e-3
+    assert results[1]["main"]["summary"] is None  # rank 0 alone writes the summary

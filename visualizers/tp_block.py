@@ -60,7 +60,7 @@ S = {
         "title": "Bloque con paralelismo tensorial", "fwd": "FORWARD", "bwd": "BACKWARD",
         "sync": "SINCRONIZACIÓN DE GRADIENTES",
         "sp_on": "paral. de secuencia: SÍ", "sp_off": "paral. de secuencia: no", "ranks": "T = {t} rangos",
-        "keys": "espacio sigue · , atrás · s SP · c pérdida · x T",
+        "keys": "espacio/, pasos · s SP · c pérdida · x T",
         "no_comm": "sin comunicación",
         "so_far": "esta capa hasta ahora: {fwd} fwd, {bwd} bwd",
         "none": "ninguna",
@@ -269,6 +269,9 @@ class TPBlockVisualizer(LessonVisualizer):
         s = S[self.language]
         t = Text()
         t.append(s["title"] + "\n", style="bold")
+        if self.ce:
+            t.append(s["keys"], style="dim")
+            return t
         t.append(s["ranks"].format(t=self.t), style="bold cyan")
         t.append(" · ")
         t.append(s["sp_on"] if self.sp else s["sp_off"], style="bold yellow" if self.sp else "dim")

@@ -67,8 +67,11 @@ MODES = {"tp": False, "tp+sp": True}
 REGATHER_SUFFIX = ".regather"
 
 
+DEVICE = torch.device("cpu")  # main() sets the run's device (cuda:N under NCCL)
+
+
 def _max_all_ranks(value: float) -> float:
-    t = torch.tensor([float(value)], dtype=torch.float64)
+    t = torch.tensor([float(value)], dtype=torch.float64, device=DEVICE)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t.item())
@@ -94,7 +97,7 @@ def train_against_dense(cfg: ModelConfig, batch: int, sp: bool, steps: int = 2, 
     the first step's collectives, the SP layer-norm gradients before their all-reduce, …"""
     tp = TPGroup(sequence_parallel=sp, regather=regather)
     cfg.check_tp(tp.size, sp)
-    dense = DenseModel(cfg, seed=seed, dtype=dtype)
+    dense = DenseModel(cfg, seed=seed, dtype=dtype, device=DEVICE)
     model = TPModel(dense, tp)
     masks = DropoutMasks(cfg.dropout, seed=seed)
     dense.set_masks(masks)
@@ -104,7 +107,7 @@ def train_against_dense(cfg: ModelConfig, batch: int, sp: bool, steps: int = 2, 
     first_records = None
     for step in range(steps):
         masks.step = step  # fresh dropout masks each step, the same batch (so the loss falls)
-        ids, targets = make_batch(cfg, batch, seed, 0)
+        ids, targets = make_batch(cfg, batch, seed, 0, device=DEVICE)
         dense.zero_grad(set_to_none=True)
         model.zero_grad(set_to_none=True)
         dense_loss = dense(ids, targets)
@@ -129,8 +132,8 @@ def train_against_dense(cfg: ModelConfig, batch: int, sp: bool, steps: int = 2, 
         out["dense_losses"].append(dense_loss.item())
         out["max_grad_diff"].append(worst)
         if events is not None:
-            events.emit("step", mode=mode, step=step, loss=loss.item(), dense_loss=dense_loss.item(),
-                        max_grad_diff=worst)
+            events.emit("step", mode=mode, step=step, of=steps, loss=loss.item(),
+                        dense_loss=dense_loss.item(), max_grad_diff=worst)
         with torch.no_grad():
             for m in (dense, model):
                 for p in m.parameters():
@@ -185,16 +188,18 @@ def measure_activations(cfg: ModelConfig, batch: int, sp: bool, seed: int = 0,
     if cfg.dropout <= 0:
         raise ValueError("the activation formula counts dropout masks: measure with --dropout > 0")
     tp = TPGroup(sequence_parallel=sp, regather=regather)
-    dense = DenseModel(cfg, seed=seed, dtype=torch.bfloat16)
+    dense = DenseModel(cfg, seed=seed, dtype=torch.bfloat16, device=DEVICE)
     model = TPModel(dense, tp)
     model.set_masks(DropoutMasks(cfg.dropout, seed=seed))
     model.meter = SavedActivationMeter()
-    ids, targets = make_batch(cfg, batch, seed, 0)
+    ids, targets = make_batch(cfg, batch, seed, 0, device=DEVICE)
     model(ids, targets).backward()
     T = tp.size
     formula = activation_bytes_per_layer(cfg.seq, batch, cfg.hidden, cfg.heads, T, sp and T > 1)
     tokens = cfg.seq * batch // (T if sp else 1)
-    ln_stats = 2 * 2 * tokens * 2  # 2 layer norms × (mean, rstd) × tokens × 2 bytes
+    probe = torch.ones(2, cfg.hidden, dtype=torch.bfloat16, device=DEVICE)
+    stat_size = torch.native_layer_norm(probe, (cfg.hidden,), None, None, cfg.eps)[1].element_size()
+    ln_stats = 2 * 2 * tokens * stat_size  # 2 layer norms × (mean, rstd) per token
     return {"per_layer": dict(model.meter.per_layer), "formula_bytes": formula, "ln_stats_bytes": ln_stats,
             "T": T}
 
@@ -208,9 +213,9 @@ def forgotten_g(cfg: ModelConfig, batch: int, seed: int = 0) -> dict:
     out = {}
     for name, skip in (("bug", {"mlp.g"}), ("fixed", set())):
         tp = TPGroup(skip_sites=skip)
-        dense = DenseModel(cfg, seed=seed, dtype=torch.float64)
+        dense = DenseModel(cfg, seed=seed, dtype=torch.float64, device=DEVICE)
         model = TPModel(dense, tp)
-        ids, targets = make_batch(cfg, batch, seed, 0)
+        ids, targets = make_batch(cfg, batch, seed, 0, device=DEVICE)
         with torch.no_grad():
             out[name] = _max_all_ranks(abs(model(ids, targets).item() - dense(ids, targets).item()))
     return out
@@ -234,17 +239,16 @@ def compare_with_dtensor(cfg: ModelConfig, batch: int, sp: bool, seed: int = 0,
     T = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
     cfg.check_tp(T, sp)
-    device = "cpu"
-    dense = DenseModel(cfg, seed=seed, dtype=dtype).blocks[0]
+    dense = DenseModel(cfg, seed=seed, dtype=dtype, device=DEVICE).blocks[0]
     dt_block = copy.deepcopy(dense)
     tp = TPGroup(sequence_parallel=sp)
     ours = TPBlock(dense, tp, 0)
-    mesh = init_device_mesh(device, (T,))
+    mesh = init_device_mesh(DEVICE.type, (T,))
     dtensor_parallelize_block(dt_block, mesh, sp)
 
     gen = torch.Generator().manual_seed(seed + 17)
-    x = torch.randn(cfg.seq, batch, cfg.hidden, dtype=dtype, generator=gen)
-    w = torch.randn(cfg.seq, batch, cfg.hidden, dtype=dtype, generator=gen)
+    x = torch.randn(cfg.seq, batch, cfg.hidden, dtype=dtype, generator=gen).to(DEVICE)
+    w = torch.randn(cfg.seq, batch, cfg.hidden, dtype=dtype, generator=gen).to(DEVICE)
     local = (lambda t: t.chunk(T)[rank]) if sp else (lambda t: t)
 
     xd = x.clone().requires_grad_()
@@ -316,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     from distai.engine.runtime import init_distributed, shutdown
 
     ctx = init_distributed()
+    global DEVICE
+    DEVICE = ctx.device
     ev, T, rank = ctx.events, ctx.world_size, ctx.rank
     torch.set_num_threads(1) if ctx.device.type == "cpu" and T > 1 else None
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -334,6 +340,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     t0 = time.time()
+    total = 2 * len(modes) + (1 if T > 1 else 0) + (len(modes) if args.dtensor else 0)
+    done = 0
+
+    def progress() -> None:
+        nonlocal done
+        done += 1
+        ev.emit("progress", done=done, total=total)
+
     ev.emit("config", T=T, hidden=cfg.hidden, heads=cfg.heads, ffn=cfg.ffn_size, seq=cfg.seq,
             micro_batch=args.micro_batch, layers=cfg.layers, vocab=cfg.vocab, dropout=cfg.dropout,
             modes=modes, regather=args.regather, backend=ctx.backend)
@@ -350,11 +364,13 @@ def main(argv: list[str] | None = None) -> int:
             ev.emit("comm", mode=mode, layer=r.layer, phase=r.phase, op=r.op, site=r.site, count=1,
                     wire_bytes=r.wire_bytes, payload_bytes=r.payload_bytes)
         ev.emit("comm_check", mode=mode, layers=cc["layers"], formula=cc["formula"], match=cc["match"])
+        progress()
         ev.emit("phase", name=f"{mode}: activation memory")
         mem = measure_activations(cfg, args.micro_batch, sp, args.seed, args.regather)
         for layer, measured in mem["per_layer"].items():
             ev.emit("memory", mode=mode, layer=layer, measured_bytes=measured,
                     formula_bytes=mem["formula_bytes"], ln_stats_bytes=mem["ln_stats_bytes"])
+        progress()
         head = tr["counter"].of("head", "fwd", sites=("ce.max", "ce.target", "ce.sumexp"))
         vocab = {"logits_width": tr["max_logits_width"], "vocab": cfg.vocab,
                  "ce_allreduce_count": len(head), "ce_wire_bytes": sum(r.wire_bytes for r in head),
@@ -396,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     if T > 1:
         fg = forgotten_g(cfg, args.micro_batch, args.seed)
         ev.emit("pitfall", name="forgotten-g", max_diff=fg["bug"], fixed_diff=fg["fixed"])
+        progress()
         summary["forgotten_g"] = fg
         lines.append(f"\nbug caught: MLP without its g (all-reduce) → |loss − dense loss| {fg['bug']:.3e} "
                      f"(with it: {fg['fixed']:.1e})")
@@ -405,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
             ev.emit("phase", name=f"{mode}: DTensor comparison")
             cmp = compare_with_dtensor(cfg, args.micro_batch, MODES[mode], args.seed)
             ev.emit("dtensor", mode=mode, **cmp)
+            progress()
             summary["dtensor"][mode] = cmp
             lines.append(f"DTensor [{mode}] one block: |ours − DTensor| out {cmp['out_ours_vs_dtensor']:.1e}, "
                          f"grads {cmp['grad_ours_vs_dtensor']:.1e}; |ours − dense| out {cmp['out_ours_vs_dense']:.1e}; "

@@ -76,3 +76,42 @@ def tp_activation_saving(seq: int, micro_batch: int, hidden: int, heads: int, tp
     without = activation_bytes_per_layer(seq, micro_batch, hidden, heads, tp, False)
     with_sp = activation_bytes_per_layer(seq, micro_batch, hidden, heads, tp, True)
     return without / with_sp
+
+
+def tp_comm_bytes_per_layer(hidden: int, seq: int, micro_batch: int, tp: int, sequence_parallel: bool = False,
+                            bytes_per_elem: int = 2) -> float:
+    """Bytes one rank sends per transformer layer, forward plus backward, with a ring: the scalar
+    ``tp_comm_per_layer(...)["total_bytes_per_rank"]`` = 4 · 2(t−1)/t · s·b·h·bytes, the same with
+    sequence parallelism (Megatron-LM Sec. 3; Korthikanti et al. Sec. 4.2.2)."""
+    return tp_comm_per_layer(hidden, seq, micro_batch, tp, sequence_parallel, bytes_per_elem)["total_bytes_per_rank"]
+
+
+def tp_comm_time_per_layer(hidden: int, seq: int, micro_batch: int, tp: int, alpha: float, beta: float,
+                           sequence_parallel: bool = False, bytes_per_elem: int = 2) -> float:
+    """Seconds of tensor-parallel communication per layer, forward plus backward, with ring collectives
+    under the α-β model (Thakur et al. 2005): the scalar ``tp_comm_per_layer(...)["total_time_s"]``."""
+    return tp_comm_per_layer(hidden, seq, micro_batch, tp, sequence_parallel, bytes_per_elem,
+                             alpha, beta)["total_time_s"]
+
+
+def vocab_parallel_ce_bytes_per_rank(seq: int, micro_batch: int, tp: int, bytes_per_elem: int = 4) -> float:
+    """Bytes one rank sends for the vocabulary-parallel cross-entropy: three all-reduces of s·b numbers
+    (the max logit, the target's logit, the sum of exponentials), 3 · 2(t−1)/t · s·b·bytes with a ring.
+    Shoeybi et al. 2019, Sec. 3: the output GEMM is fused with the loss so that only b×s scalars are
+    communicated instead of the b×s×V logits (Megatron-LM's ``vocab_parallel_cross_entropy``)."""
+    s = _count(seq, "the sequence length")
+    b = _count(micro_batch, "the micro-batch size")
+    t = _count(tp, "the tensor-parallel degree")
+    e = _count(bytes_per_elem, "the bytes per element")
+    return 3 * 2 * (t - 1) / t * s * b * e
+
+
+def gathered_logits_bytes_per_rank(seq: int, micro_batch: int, vocab: int, tp: int, bytes_per_elem: int = 4) -> float:
+    """Bytes one rank would send to all-gather the full logits instead, (t−1)/t · s·b·V·bytes with a ring:
+    the cost the vocabulary-parallel cross-entropy avoids (Shoeybi et al. 2019, Sec. 3)."""
+    s = _count(seq, "the sequence length")
+    b = _count(micro_batch, "the micro-batch size")
+    v = _count(vocab, "the vocabulary size")
+    t = _count(tp, "the tensor-parallel degree")
+    e = _count(bytes_per_elem, "the bytes per element")
+    return (t - 1) / t * s * b * v * e

@@ -319,3 +319,12 @@ class OverlapModel:
             m = OverlapModel(**{**self.__dict__, "bucket_mib": size, "first_bucket_mib": None})
             out[size] = m.run(True).end
         return out
+
+
+def overlap_step_time(bucket_mib: float, overlap: bool = True, n_layers: int = 12, layer_mib: float = 4.0,
+                      tensors_per_layer: int = 8, layer_backward_ms: float = 2.0, world_size: int = 8,
+                      alpha_us: float = 30.0, bandwidth_gbps: float = 10.0) -> float:
+    """Seconds of backward plus exposed communication of :class:`OverlapModel` (a number the
+    lesson text can check)."""
+    return OverlapModel(n_layers, layer_mib, tensors_per_layer, layer_backward_ms, world_size,
+                        alpha_us, bandwidth_gbps, bucket_mib).run(overlap).end

@@ -1,0 +1,621 @@
+"""Lesson 6's visualizer: loss-scale dynamics, gradient exponents against fp16's limits, and the
+timeline of backward compute against bucketed all-reduce.
+
+Three views (``m`` cycles them; the lesson's step picks one):
+
+- *scale*: the loss scale on a log2 axis over the steps, overflow steps marked (▼ a real fp16
+  overflow, ✕ an injected one), and the loss curve under it;
+- *exponents*: a histogram of the gradient values' exponents (floor(log2|g|)) coloured by what
+  fp16 (or bf16, ``x``) makes of them — zero, subnormal, normal, overflow — without scaling and
+  with the current scale, and the share that underflows to zero in each case;
+- *timeline*: for one step, when backward finished each layer and when each bucket's all-reduce
+  ran, for our overlapped buckets, for the same buckets all-reduced after backward, and for
+  torch DDP.
+
+With no run attached, the views draw the lesson's models (:mod:`distai.lessons.lesson6.simulation`)
+and the keys act as sliders: ``g/G`` growth interval, ``f/F`` growth factor, ``b/B`` backoff
+factor, ``i/I`` initial scale, ``k/K`` bucket size, ``[``/``]`` the histogram's step, ``0``
+resets. Events from ``distai run lesson6`` (``feed_event``) replace the simulation by the
+measured run; ``s`` switches between the two. No torch, no I/O.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from rich.text import Text
+from textual.binding import Binding
+from textual.widgets import Static
+
+from distai.lessons.lesson6.simulation import (REGIONS, ExponentHistogram, OverlapModel,
+                                               ScalerSimConfig, simulate_scaler)
+from distai.visualizers.base import LessonVisualizer
+
+VIEWS = ("scale", "exponents", "timeline")
+STEP_VIEWS = {"formats": "exponents", "master-weights": "exponents", "underflow": "exponents",
+              "loss-scaling": "exponents", "dynamic": "scale", "bf16": "exponents",
+              "buckets": "timeline", "overlap": "timeline", "limits": "timeline", "run-it": "timeline"}
+REGION_STYLE = {"zero": "red", "subnormal": "yellow", "normal": "green", "overflow": "magenta"}
+LANE_STYLES = ("cyan", "blue")
+MODE_ORDER = ("overlap", "no-overlap", "ddp")
+GROWTH_FACTORS = (1.25, 1.5, 2.0, 3.0, 4.0)
+BACKOFF_FACTORS = (0.125, 0.25, 0.5, 0.75, 0.875)
+GROWTH_INTERVALS = (5, 10, 20, 50, 100, 200, 500, 2000)
+BUCKET_MIB = (0.25, 0.5, 1, 2, 4, 8, 16, 25, 64, 1024)
+BLOCKS = " ▁▂▃▄▅▆▇█"
+
+T = {
+    "en": {
+        "scale_title": "loss scale (log2) over steps", "loss": "loss", "source_sim": "simulation",
+        "source_live": "live run", "overflow": "▼ overflow", "forced": "✕ injected",
+        "skipped": "{n} of {m} steps skipped", "exp_title": "gradient exponents vs {fmt}'s limits",
+        "without": "without scaling", "with": "scaled ×2^{k:g}", "step": "step {i}",
+        "zero": "zero", "subnormal": "subnormal", "normal": "normal", "overflow_r": "overflow",
+        "measured": "measured in the {fmt} backward: {u} of values became 0 unscaled, {s} scaled",
+        "tl_title": "one step: backward per layer vs bucket all-reduce (bucket {b} MiB)",
+        "backward": "backward", "allreduce": "all-reduce", "queued": "queued",
+        "exposed_short": "exposed comm (after backward)",
+        "sim_sweep": "simulated step time by bucket size (MiB: ms)",
+        "modes": {"overlap": "overlap (ours)", "no-overlap": "after backward", "ddp": "torch DDP"},
+        "sweep": "measured step time (ms): overlap / after backward / DDP",
+        "best": "best bucket {b} MiB: overlap {x:.2f}x faster than all-reduce after backward; ours/DDP {r:.2f}x",
+        "sliders": ["growth interval {gi}", "growth ×{gf:g}", "backoff ×{bf:g}", "initial 2^{i:g}"],
+        "keys_scale": "Tab to focus · m view · g/G interval · f/F growth · b/B backoff · i/I initial · 0 reset",
+        "keys_exp": "Tab to focus · m view · [ ] step · x fp16/bf16 · g/G f/F b/B i/I sliders",
+        "keys_tl": "Tab to focus · m view · k/K bucket size · s sim/live",
+        "sim_model": "model: {n} layers × {mb:g} MiB, {ms:g} ms backward each, {w} ranks, {bw:g} GB/s, α {a:g} µs",
+        "no_data": "waiting for the run's events…", "live_hint": "(s: switch to simulation)",
+    },
+    "es": {
+        "scale_title": "escala de la pérdida (log2) por paso", "loss": "pérdida",
+        "source_sim": "simulación", "source_live": "ejecución real", "overflow": "▼ desbordamiento",
+        "forced": "✕ inyectado", "skipped": "{n} de {m} pasos saltados",
+        "exp_title": "exponentes del gradiente frente a los límites de {fmt}",
+        "without": "sin escalar", "with": "escalado ×2^{k:g}", "step": "paso {i}",
+        "zero": "cero", "subnormal": "subnormal", "normal": "normal", "overflow_r": "desborda",
+        "measured": "medido en el backward en {fmt}: {u} de los valores quedaron en 0 sin escalar, {s} escalando",
+        "tl_title": "un paso: backward por capa frente al all-reduce por bucket (bucket {b} MiB)",
+        "backward": "backward", "allreduce": "all-reduce", "queued": "en cola",
+        "exposed_short": "comunicación expuesta (tras el backward)",
+        "sim_sweep": "tiempo por paso simulado según el bucket (MiB: ms)",
+        "modes": {"overlap": "solapado (nuestro)", "no-overlap": "tras el backward", "ddp": "DDP de torch"},
+        "sweep": "tiempo por paso medido (ms): solapado / tras backward / DDP",
+        "best": "mejor bucket {b} MiB: solapar es {x:.2f}x más rápido que reducir tras el backward; nuestro/DDP {r:.2f}x",
+        "sliders": ["intervalo {gi}", "crecimiento ×{gf:g}", "retroceso ×{bf:g}", "inicial 2^{i:g}"],
+        "keys_scale": "Tab para activar · m vista · g/G intervalo · f/F crecimiento · b/B retroceso · i/I inicial · 0 reinicia",
+        "keys_exp": "Tab para activar · m vista · [ ] paso · x fp16/bf16 · g/G f/F b/B i/I controles",
+        "keys_tl": "Tab para activar · m vista · k/K tamaño de bucket · s simulación/real",
+        "sim_model": "modelo: {n} capas × {mb:g} MiB, {ms:g} ms de backward cada una, {w} rangos, {bw:g} GB/s, α {a:g} µs",
+        "no_data": "esperando los eventos de la ejecución…", "live_hint": "(s: cambiar a la simulación)",
+    },
+}
+
+
+def _num(x: float, lang: str, digits: int = 1) -> str:
+    s = f"{x:.{digits}f}"
+    return s.replace(".", ",") if lang == "es" else s
+
+
+def _pct(x: float | None, lang: str) -> str:
+    if x is None:
+        return "—"
+    digits = 2 if 0 < x < 0.01 else 1
+    return _num(100 * x, lang, digits) + " %" if lang == "es" else _num(100 * x, lang, digits) + "%"
+
+
+def _ms(x: float, lang: str) -> str:
+    return f"{_num(x, lang, 1)} ms"
+
+
+# ---- pure renderers (tested directly) ----------------------------------------------------------
+def wrap_parts(parts: list[Text], width: int, sep: str = " · ") -> list[Text]:
+    """Join ``parts`` with ``sep`` into lines no wider than ``width`` (a part is never split)."""
+    lines: list[Text] = []
+    line = Text()
+    for part in parts:
+        if line.cell_len and line.cell_len + len(sep) + part.cell_len > width:
+            lines.append(line)
+            line = Text()
+        if line.cell_len:
+            line.append(sep, style="dim")
+        line.append_text(part)
+    if line.cell_len:
+        lines.append(line)
+    return lines
+
+
+def scale_plot(scales: list[float], overflow: list[bool], forced: list[bool], width: int,
+               height: int) -> list[Text]:
+    """The scale as a step line on a log2 axis; ▼/✕ above the columns with an overflow."""
+    if not scales:
+        return []
+    label_w = 6
+    cols = max(8, width - label_w - 1)
+    logs = [math.log2(s) for s in scales]
+    lo, hi = math.floor(min(logs)), math.ceil(max(logs))
+    if hi == lo:
+        hi = lo + 1
+    rows = max(3, height - 1)
+    n = len(scales)
+    per_col = max(1, math.ceil(n / cols))
+    ncols = math.ceil(n / per_col)
+    col_val, col_mark = [], []
+    for c in range(ncols):
+        a, b = c * per_col, min(n, (c + 1) * per_col)
+        col_val.append(logs[b - 1])
+        mark = "✕" if any(forced[a:b]) else ("▼" if any(overflow[a:b]) else " ")
+        col_mark.append(mark)
+
+    def row_of(v: float) -> int:
+        return round((v - lo) / (hi - lo) * (rows - 1))
+
+    grid = [[" "] * ncols for _ in range(rows)]
+    prev = None
+    for c, v in enumerate(col_val):
+        r = row_of(v)
+        if prev is not None and prev != r:
+            for rr in range(min(prev, r) + 1, max(prev, r)):
+                grid[rr][c] = "┃"
+        grid[r][c] = "━"
+        prev = r
+    out = []
+    marks = Text(" " * (label_w + 1))
+    for m in col_mark:
+        marks.append(m, style="bold magenta" if m == "✕" else "bold red")
+    out.append(marks)
+    for r in reversed(range(rows)):
+        value = lo + (hi - lo) * r / (rows - 1)
+        label = f"2^{value:.0f}" if r in (0, rows - 1) or r == (rows - 1) // 2 else ""
+        line = Text(f"{label:>{label_w}}┤", style="dim")
+        line.append("".join(grid[r]), style="bold cyan")
+        out.append(line)
+    return out
+
+
+def _resample(values: list, width: int) -> list[tuple[int, int]]:
+    """Index ranges [a, b) splitting ``len(values)`` items over at most ``width`` columns."""
+    n = len(values)
+    cols = min(n, max(1, width))
+    return [(c * n // cols, max(c * n // cols + 1, (c + 1) * n // cols)) for c in range(cols)]
+
+
+def bar_plot(values: list[float], width: int, height: int, style: str = "green",
+             styles: list[str] | None = None) -> list[Text]:
+    """Vertical bars (eighth blocks), one column per value (averaged down to ``width`` columns).
+    A bar under 1/500 of the tallest is not drawn."""
+    if not values:
+        return []
+    ranges = _resample(values, width)
+    vals = [sum(values[a:b]) / (b - a) for a, b in ranges]
+    col_styles = [styles[a] for a, _ in ranges] if styles else None
+    top = max(vals) or 1.0
+    lines = []
+    for r in reversed(range(height)):
+        line = Text()
+        for c, v in enumerate(vals):
+            visible = v > top / 500
+            level = v / top * height * 8 - r * 8
+            ch = BLOCKS[max(0, min(8, int(round(level))))] if visible else " "
+            if visible and r == 0 and ch == " ":
+                ch = BLOCKS[1]
+            line.append(ch, style=(col_styles[c] if col_styles else style))
+        lines.append(line)
+    return lines
+
+
+def histogram_plot(hist: ExponentHistogram, log2_scale: float, fmt: str, width: int, height: int,
+                   lang: str, lo: int = -40, hi: int = 17) -> list[Text]:
+    """Bars per exponent bin (after scaling), coloured by ``fmt``'s region; limits marked below."""
+    from distai.lessons.lesson6.simulation import region_of_bin
+
+    shift = round(log2_scale)
+    counts = dict(zip(hist.exponents(), hist.counts))
+    bins = list(range(lo, hi + 1))
+    vals, styles = [], []
+    for e in bins:
+        v = counts.get(e - shift, 0.0)
+        if e == lo:  # everything at or below the window's edge
+            v = sum(c for x, c in counts.items() if x + shift <= lo)
+        if e == hi:
+            v = sum(c for x, c in counts.items() if x + shift >= hi)
+        vals.append(v)
+        styles.append(REGION_STYLE[region_of_bin(e, fmt)])
+    cw = max(1, min(3, (width - 1) // len(bins)))
+    wide_vals = [v for v in vals for _ in range(cw)]
+    wide_styles = [s for s in styles for _ in range(cw)]
+    lines = bar_plot(wide_vals, len(wide_vals), height, styles=wide_styles)
+    axis = [" "] * len(wide_vals)
+    labels = {-24: "2⁻²⁴", -14: "2⁻¹⁴", 15: "65504"} if fmt == "fp16" else {-126: "2⁻¹²⁶"}
+    for e, text in labels.items():
+        if lo <= e <= hi:
+            pos = (e - lo) * cw
+            axis[pos] = "│"
+            start = pos + 1 if pos + 1 + len(text) <= len(axis) else pos - len(text)
+            for k, ch in enumerate(text):
+                if 0 <= start + k < len(axis):
+                    axis[start + k] = ch
+    lines.append(Text("".join(axis), style="dim"))
+    return lines
+
+
+def timeline_rows(tl: dict, t_max: float, width: int) -> tuple[Text, Text]:
+    """Two lanes (backward per layer, all-reduce per bucket) of one step, ``t_max`` ms wide."""
+    cols = max(10, width)
+    scale = cols / t_max if t_max > 0 else 1.0
+    back = [" "] * cols
+    back_style = [""] * cols
+    comm = [" "] * cols
+    comm_style = [""] * cols
+    for k, (name, a, b) in enumerate(tl["layers"]):
+        ca, cb = int(a * scale), max(int(a * scale) + 1, int(b * scale))
+        for c in range(max(0, ca), min(cols, cb)):
+            back[c] = "█"
+            back_style[c] = LANE_STYLES[k % 2]
+    prev_done = -math.inf
+    starts = []
+    for idx, _nbytes, a, b in tl["buckets"]:
+        # launched at a; if the previous all-reduce was still running, this one waited (░)
+        active = max(a, prev_done)
+        prev_done = max(prev_done, b)
+        ca, cs = int(a * scale), int(active * scale)
+        cb = max(cs + 1, int(b * scale))
+        style = "red" if idx % 2 == 0 else "magenta"
+        for c in range(max(0, ca), min(cols, cs)):
+            if comm[c] == " ":
+                comm[c], comm_style[c] = "░", style
+        for c in range(max(0, cs), min(cols, cb)):
+            comm[c], comm_style[c] = "▓", style
+        starts.append((idx, cs, cb))
+    for idx, cs, cb in starts:  # bucket numbers where there is room for them
+        if 0 <= cs < cols and cb - cs >= 2 and not (cs > 0 and comm[cs - 1].isdigit()):
+            comm[cs] = str(idx % 10)
+    lanes = []
+    for chars, styles in ((back, back_style), (comm, comm_style)):
+        t = Text()
+        for ch, st in zip(chars, styles):
+            t.append(ch, style=st or "dim")
+        lanes.append(t)
+    return lanes[0], lanes[1]
+
+
+def _sim_timeline_dict(tl) -> dict:
+    ms = 1000.0
+    return {"layers": [[n, a * ms, b * ms] for n, a, b in tl.layers],
+            "buckets": [[i, nb, a * ms, b * ms] for i, nb, a, b in tl.buckets],
+            "backward_end": tl.backward_end * ms, "end": tl.end * ms}
+
+
+def _live_timeline_dict(ev: dict) -> dict:
+    """A ``timeline`` event re-based so backward starts at 0."""
+    t0 = ev.get("marks", {}).get("backward")
+    if t0 is None:
+        t0 = min((a for _, a, _ in ev["layers"]), default=0.0)
+    layers = [[n, a - t0, b - t0] for n, a, b in ev["layers"]]
+    buckets = [[i, nb, a - t0, b - t0] for i, nb, a, b in ev["buckets"]]
+    backward_end = max((b for _, _, b in layers), default=0.0)
+    end = max([backward_end] + [b for *_, b in buckets])
+    return {"layers": layers, "buckets": buckets, "backward_end": backward_end, "end": end}
+
+
+# ---- live data ---------------------------------------------------------------------------------
+@dataclass
+class LiveRun:
+    scale: list[float] = field(default_factory=list)
+    overflow: list[bool] = field(default_factory=list)
+    forced: list[bool] = field(default_factory=list)
+    loss: list[float] = field(default_factory=list)
+    hists: list[dict] = field(default_factory=list)
+    timelines: dict = field(default_factory=dict)     # (bucket_mb, mode) -> event
+    sweep: dict = field(default_factory=dict)         # (bucket_mb, mode) -> step_ms
+    summary: dict | None = None
+    rank: int | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not (self.scale or self.hists or self.timelines)
+
+
+class LossScaleVisualizer(LessonVisualizer):
+    """See the module docstring."""
+
+    can_focus = True
+    DEFAULT_CSS = """
+    LossScaleVisualizer { height: 1fr; width: 1fr; }
+    LossScaleVisualizer:focus { background: $boost; }
+    LossScaleVisualizer > Static { width: 1fr; height: auto; }
+    """
+    BINDINGS = [
+        Binding("m", "cycle_view", "view"),
+        Binding("g", "slide('growth_interval', -1)", "interval−", show=False),
+        Binding("G", "slide('growth_interval', 1)", "interval+", show=False),
+        Binding("f", "slide('growth_factor', -1)", "growth−", show=False),
+        Binding("F", "slide('growth_factor', 1)", "growth+", show=False),
+        Binding("b", "slide('backoff_factor', -1)", "backoff−", show=False),
+        Binding("B", "slide('backoff_factor', 1)", "backoff+", show=False),
+        Binding("i", "slide('init_scale', -1)", "initial−", show=False),
+        Binding("I", "slide('init_scale', 1)", "initial+", show=False),
+        Binding("k", "slide('bucket', -1)", "bucket−", show=False),
+        Binding("K", "slide('bucket', 1)", "bucket+", show=False),
+        Binding("left_square_bracket", "hist_step(-1)", "step−", show=False),
+        Binding("right_square_bracket", "hist_step(1)", "step+", show=False),
+        Binding("x", "toggle_format", "fp16/bf16", show=False),
+        Binding("s", "toggle_source", "sim/live", show=False),
+        Binding("0", "reset", "reset", show=False),
+    ]
+
+    def __init__(self, language: str = "en", **kwargs):
+        super().__init__(language=language, **kwargs)
+        self.view = "scale"
+        self.fmt = "fp16"
+        self.config = ScalerSimConfig()
+        self.overlap_model = OverlapModel()
+        self.hist_index: int | None = None   # None: follow the latest
+        self.live = LiveRun()
+        self.use_live = False
+        self.live_bucket: float | None = None
+        self.last_text = Text()
+        self._sim = None
+
+    def compose(self):
+        yield Static(id="ls-body")
+
+    def on_mount(self) -> None:
+        self.refresh_view()
+
+    def on_resize(self, _event) -> None:
+        self.refresh_view()
+
+    # ---- lesson hooks ----------------------------------------------------------------------
+    def show_step(self, step_key: str) -> None:
+        self.view = STEP_VIEWS.get(step_key, self.view)
+        self.fmt = "bf16" if step_key == "bf16" else "fp16"
+        self.refresh_view()
+
+    def feed_event(self, event: dict) -> None:
+        kind = event.get("kind")
+        rank = event.get("rank", 0)
+        if kind == "run_start":  # a new run replaces the previous one's data
+            self.live = LiveRun()
+            self.live_bucket = None
+            self.hist_index = None
+            return
+        if kind == "timeline":
+            if self.live.rank is None:
+                self.live.rank = rank
+            if rank != self.live.rank:
+                return
+            self.live.timelines[(float(event["bucket_mb"]), event["mode"])] = event
+        elif kind == "scale":
+            self.live.scale.append(float(event["scale"]))
+            self.live.overflow.append(bool(event["overflow"]))
+            self.live.forced.append(bool(event.get("injected", False)))
+            self.live.loss.append(float(event["loss"]))
+        elif kind == "grad_hist":
+            self.live.hists.append(event)
+        elif kind == "sweep":
+            self.live.sweep[(float(event["bucket_mb"]), event["mode"])] = float(event["step_ms"])
+        elif kind == "summary":
+            self.live.summary = event
+        else:
+            return
+        if not self.use_live:
+            self.use_live = True
+        self.refresh_view()
+
+    # ---- actions ---------------------------------------------------------------------------
+    def action_cycle_view(self) -> None:
+        self.view = VIEWS[(VIEWS.index(self.view) + 1) % len(VIEWS)]
+        self.refresh_view()
+
+    def action_slide(self, what: str, direction: int) -> None:
+        c = self.config
+
+        def step(choices, value):
+            i = min(range(len(choices)), key=lambda k: abs(choices[k] - value))
+            return choices[max(0, min(len(choices) - 1, i + direction))]
+
+        if what == "growth_interval":
+            self.config = replace(c, growth_interval=step(GROWTH_INTERVALS, c.growth_interval))
+        elif what == "growth_factor":
+            self.config = replace(c, growth_factor=step(GROWTH_FACTORS, c.growth_factor))
+        elif what == "backoff_factor":
+            self.config = replace(c, backoff_factor=step(BACKOFF_FACTORS, c.backoff_factor))
+        elif what == "init_scale":
+            e = max(0, min(40, round(math.log2(c.init_scale)) + 2 * direction))
+            self.config = replace(c, init_scale=2.0 ** e)
+        elif what == "bucket":
+            if self.use_live and self.live.timelines:
+                sizes = sorted({b for b, _ in self.live.timelines})
+                cur = self._live_bucket()
+                self.live_bucket = sizes[max(0, min(len(sizes) - 1, sizes.index(cur) + direction))]
+            else:
+                m = self.overlap_model
+                self.overlap_model = replace(m, bucket_mib=step(BUCKET_MIB, m.bucket_mib))
+        self._sim = None
+        self.refresh_view()
+
+    def action_hist_step(self, direction: int) -> None:
+        n = len(self._hist_steps())
+        if n:
+            cur = n - 1 if self.hist_index is None else self.hist_index
+            self.hist_index = max(0, min(n - 1, cur + direction))
+        self.refresh_view()
+
+    def action_toggle_format(self) -> None:
+        self.fmt = "bf16" if self.fmt == "fp16" else "fp16"
+        self.refresh_view()
+
+    def action_toggle_source(self) -> None:
+        self.use_live = not self.use_live and not self.live.empty
+        self.refresh_view()
+
+    def action_reset(self) -> None:
+        self.config = ScalerSimConfig()
+        self.overlap_model = OverlapModel()
+        self.hist_index = None
+        self._sim = None
+        self.refresh_view()
+
+    # ---- data ------------------------------------------------------------------------------
+    def sim(self):
+        if self._sim is None:
+            self._sim = simulate_scaler(self.config)
+        return self._sim
+
+    def _hist_steps(self) -> list[int]:
+        if self.use_live and self.live.hists:
+            return [h["step"] for h in self.live.hists]
+        return list(range(0, self.config.steps, 25))
+
+    def _live_bucket(self) -> float:
+        sizes = sorted({b for b, _ in self.live.timelines})
+        if self.live_bucket in sizes:
+            return self.live_bucket
+        best = (self.live.summary or {}).get("overlap", {}).get("best_bucket_mb")
+        return best if best in sizes else sizes[0]
+
+    # ---- rendering -------------------------------------------------------------------------
+    def refresh_view(self) -> None:
+        width = max(40, (self.size.width or 80) - 2)
+        height = max(16, self.size.height or 24)
+        t = T[self.language]
+        parts: list[Text] = []
+        live = self.use_live and not self.live.empty
+        head = Text()
+        head.append({"scale": t["scale_title"], "exponents": t["exp_title"].format(fmt=self.fmt),
+                     "timeline": ""}[self.view], style="bold")
+        head.append(f"   [{t['source_live'] if live else t['source_sim']}]", style="italic dim")
+        if self.view != "timeline":
+            parts.append(head)
+        if self.view == "scale":
+            parts += self._render_scale(width, height, live)
+        elif self.view == "exponents":
+            parts += self._render_exponents(width, height, live)
+        else:
+            parts += self._render_timeline(width, live)
+        text = Text("\n").join(parts)
+        self.last_text = text
+        try:
+            self.query_one("#ls-body", Static).update(text)
+        except Exception:  # not mounted yet
+            pass
+
+    def _slider_lines(self, width: int) -> list[Text]:
+        c, t = self.config, T[self.language]
+        parts = [Text(p.format(gi=c.growth_interval, gf=c.growth_factor, bf=c.backoff_factor,
+                               i=math.log2(c.init_scale)), style="yellow") for p in t["sliders"]]
+        return wrap_parts(parts, width)
+
+    def _render_scale(self, width, height, live) -> list[Text]:
+        t = T[self.language]
+        if live:
+            scales, overflow, forced, loss = (self.live.scale, self.live.overflow, self.live.forced,
+                                              self.live.loss)
+            if not scales:
+                return [Text(t["no_data"], style="dim")]
+        else:
+            s = self.sim()
+            scales, overflow, forced, loss = s.scale, s.overflow, s.forced, s.loss
+        out = [] if live else self._slider_lines(width)
+        out += scale_plot(scales, overflow, forced, width, max(8, min(16, height // 2 - 2)))
+        out += wrap_parts([Text(t["overflow"], style="red"), Text(t["forced"], style="magenta"),
+                           Text(t["skipped"].format(n=sum(overflow), m=len(overflow)), style="dim")], width)
+        out.append(Text(f"{t['loss']}  {_num(max(loss), self.language, 4)} → {_num(loss[-1], self.language, 4)}",
+                        style="bold"))
+        out += bar_plot(loss, width - 2, 3, style="green")
+        out += wrap_parts([Text(k, style="dim italic") for k in t["keys_scale"].split(" · ")], width)
+        return out
+
+    def _render_exponents(self, width, height, live) -> list[Text]:
+        t, lang = T[self.language], self.language
+        steps = self._hist_steps()
+        idx = len(steps) - 1 if self.hist_index is None else min(self.hist_index, len(steps) - 1)
+        out = [] if live else self._slider_lines(width)
+        if live and self.live.hists:
+            ev = self.live.hists[idx]
+            hist = ExponentHistogram.from_dict(ev)
+            scale = float(ev["scale"])
+            step = ev["step"]
+        elif live:
+            return [Text(t["no_data"], style="dim")]
+        else:
+            step = steps[idx]
+            sim = self.sim()
+            hist = sim.histogram(step)
+            scale = sim.scale[step]
+        k = math.log2(scale)
+        rows = max(3, min(8, (height - 14) // 2))
+        for label, shift in ((t["without"], 0.0), (t["with"].format(k=round(k, 1)), k)):
+            line = Text(f"{label}  ", style="bold")
+            line.append(t["step"].format(i=step), style="dim")
+            out.append(line)
+            out += histogram_plot(hist, shift, self.fmt, width, rows, lang)
+            shares = hist.region_shares(round(shift), self.fmt)
+            out += wrap_parts([Text(f"■ {t['overflow_r'] if r == 'overflow' else t[r]} "
+                                    f"{_pct(shares[r], lang)}", style=REGION_STYLE[r]) for r in REGIONS],
+                              width)
+        if live and self.live.hists:
+            ev = self.live.hists[idx]
+            out.append(Text(t["measured"].format(fmt=ev.get("dtype", "fp16"), u=_pct(ev["zero_unscaled"], lang),
+                                                 s=_pct(ev.get("zero_scaled"), lang)), style="cyan"))
+        out += wrap_parts([Text(k, style="dim italic") for k in t["keys_exp"].split(" · ")], width)
+        return out
+
+    def _render_timeline(self, width, live) -> list[Text]:
+        t, lang = T[self.language], self.language
+        lane_w = max(20, width - 1)
+        out = []
+        if live and self.live.timelines:
+            bucket = self._live_bucket()
+            tls = {m: _live_timeline_dict(self.live.timelines[(bucket, m)])
+                   for m in MODE_ORDER if (bucket, m) in self.live.timelines}
+            title_bucket = f"{bucket:g}"
+        elif live:
+            return [Text(t["no_data"], style="dim")]
+        else:
+            m = self.overlap_model
+            tls = {"overlap": _sim_timeline_dict(m.run(True)),
+                   "no-overlap": _sim_timeline_dict(m.run(False))}
+            title_bucket = f"{m.bucket_mib:g}"
+        head = Text(t["tl_title"].format(b=title_bucket), style="bold")
+        head.append(f"   [{t['source_live'] if live else t['source_sim']}]", style="italic dim")
+        out.append(head)
+        t_max = max(d["end"] for d in tls.values()) or 1.0
+        for mode, d in tls.items():
+            line = Text(t["modes"][mode], style="bold")
+            line.append(f"  {_ms(d['end'], lang)}", style="bold")
+            line.append(f"  +{_ms(d['end'] - d['backward_end'], lang)}", style="red")
+            out.append(line)
+            back, comm = timeline_rows(d, t_max, lane_w)
+            out += [back, comm]
+        axis = Text("0", style="dim")
+        axis.append(" " * max(0, lane_w - len(_ms(t_max, lang)) - 1) + _ms(t_max, lang), style="dim")
+        out.append(axis)
+        out += wrap_parts([Text("█ " + t["backward"], style="cyan"),
+                           Text("▓ " + t["allreduce"] + " (0–9: bucket, ░ " + t["queued"] + ")", style="red"),
+                           Text("+ " + t["exposed_short"], style="red")], width, sep="   ")
+        if live and self.live.sweep:
+            out.append(Text(t["sweep"], style="bold"))
+            for b in sorted({b for b, _ in self.live.sweep}):
+                row = " / ".join(f"{self.live.sweep.get((b, m), float('nan')):8.2f}" for m in MODE_ORDER)
+                mark = " ◀" if b == self._live_bucket() else ""
+                out.append(Text(f"  {b:>6g} MiB: {row}{mark}".replace(".", "," if lang == "es" else ".")))
+            ov = (self.live.summary or {}).get("overlap")
+            if ov:
+                out.append(Text(t["best"].format(b=f"{ov['best_bucket_mb']:g}", x=ov["overlap_speedup"],
+                                                 r=ov["ours_over_ddp"]), style="green"))
+        elif not live:
+            m = self.overlap_model
+            out += wrap_parts([Text(x.strip(), style="dim") for x in t["sim_model"].format(
+                n=m.n_layers, mb=m.layer_mib, ms=m.layer_backward_ms, w=m.world_size, bw=m.bandwidth_gbps,
+                a=m.alpha_us).split(",")], width, sep=", ")
+            sweep = m.sweep(BUCKET_MIB)
+            best = min(sweep, key=sweep.get)
+            out.append(Text(t["sim_sweep"], style="bold"))
+            out += wrap_parts([Text(f"{b:g}:{_num(v * 1000, lang)}", style="bold green" if b == best else "")
+                               for b, v in sweep.items()], width, sep="  ")
+        out += wrap_parts([Text(k, style="dim italic") for k in t["keys_tl"].split(" · ")], width)
+        return out
+
+
+VISUALIZER = LossScaleVisualizer
