@@ -20,7 +20,8 @@ each reserves against what it really stores.
 Events (``events.emit``), one ``kv_step`` per iteration: ``cache`` (paged|contiguous), ``step``,
 ``allocated`` and ``freed`` (block ids), ``used_blocks``, ``num_blocks``, ``block_size``,
 ``tokens_stored``, ``reserved_tokens``, ``running``, ``waiting``, ``admitted``, ``finished``,
-``preempted`` (request ids), ``tables`` ({request id: block table}), ``t`` (wall clock);
+``preempted`` (request ids), ``tables`` ({request id: block table}), ``lengths`` ({request id:
+tokens stored}), ``t`` (wall clock);
 one ``request`` per finished request: ``rid``, ``prompt_len``, ``output_len``, ``arrival``,
 ``first_token_step``, ``finished_step``, ``ttft_s``, ``tpot_s``, ``preemptions``, ``tokens``.
 """
@@ -132,7 +133,8 @@ class ContinuousBatcher:
                                  tokens_stored=snap.tokens_stored, reserved_tokens=snap.reserved_tokens,
                                  running=snap.running, waiting=snap.waiting, admitted=snap.admitted,
                                  finished=snap.finished, preempted=snap.preempted,
-                                 tables={str(q): alloc.block_table(q) for q in snap.running})
+                                 tables={str(q): alloc.block_table(q) for q in snap.running},
+                                 lengths={str(q): alloc.lengths.get(q, 0) for q in snap.running})
         wall = time.perf_counter() - t_start
         return BatchRun(out, snaps, sorted(done_rows, key=lambda r: r["rid"]), wall,
                         sum(len(v) for v in out.values()))
