@@ -270,7 +270,7 @@ def routing_comparison(args, points: dict | None, ev) -> dict:
     probe = routing.poisson_workload(args.route_requests, 1.0, seed=args.seed + 11, **shape)
     batch = max(1, args.max_batch // 2)
     per_req = sum(cost.prefill(r.prompt_len) + (r.output_len - 1) * cost.decode(batch) / batch for r in probe)
-    per_req /= len(probe)
+    per_req = max(per_req / len(probe), 1e-9)
     rate = args.load * args.replicas / per_req
     reqs = routing.poisson_workload(args.route_requests, rate, seed=args.seed + 11, **shape)
     res = routing.compare(reqs, args.replicas, cost, max_batch=args.max_batch, prefix_slots=args.prefix_slots)

@@ -90,9 +90,16 @@ class CostModel:
 
     @classmethod
     def fit(cls, prefill_points, decode_points, source: str = "measured") -> "CostModel":
-        """From measurements: ``prefill_points`` [(tokens, seconds)], ``decode_points`` [(batch, seconds)]."""
-        pa, pb = linear_fit([p[0] for p in prefill_points], [p[1] for p in prefill_points])
-        da, db = linear_fit([p[0] for p in decode_points], [p[1] for p in decode_points])
+        """From measurements: ``prefill_points`` [(tokens, seconds)], ``decode_points`` [(batch, seconds)],
+        each fitted by least squares (a negative slope — noise — becomes a flat line at the mean)."""
+        def fit_line(points):
+            a, b = linear_fit([p[0] for p in points], [p[1] for p in points])
+            if b < 0:  # timing noise can tilt a flat line; a cost never falls with more work
+                a, b = sum(p[1] for p in points) / len(points), 0.0
+            return a, b
+
+        pa, pb = fit_line(prefill_points)
+        da, db = fit_line(decode_points)
         return cls(pa, pb, da, db, source)
 
     @classmethod
