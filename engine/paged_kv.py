@@ -2,7 +2,7 @@
 
 :func:`paged_store` gives a :class:`~distai.engine.inference.KVStore` whose allocator is a
 :class:`~distai.lessons.lesson7.paging.BlockAllocator`: K and V live in torch tensors of
-``num_blocks`` fixed-size blocks (``[layers, blocks, kv_heads, block_size, head_dim]``), each sequence
+``num_blocks`` fixed-size blocks (``[layers, blocks, block_size, kv_heads, head_dim]``), each sequence
 has a block table, a block is taken from the free list when the sequence's last one is full and
 returned when the sequence finishes, and attention gathers K/V through the block tables
 (``KVStore.read``: ``k[layer][tables]`` then the masked attention) — PagedAttention (Kwon et al.,
