@@ -220,9 +220,15 @@ def run_loss_scaling(ctx, args, progress: Progress) -> dict:
         inject_now[0] = False
         if explicit:
             opt.grads_to_master()
-        scaler.step(opt)
-        rec = scaler.update()
-        overflow = bool(rec.found_inf) if rec is not None else False
+        if scaler.enabled:
+            scaler.step(opt)
+            rec = scaler.update()
+            overflow, skipped = rec.found_inf, rec.skipped
+        else:  # no scaler: nothing checks the gradients, an inf goes into the weights
+            overflow = not all(bool(torch.isfinite(p.grad).all()) for g in opt.param_groups
+                               for p in g["params"] if p.grad is not None)
+            skipped = False
+            opt.step()
         loss_avg = loss.detach().float().reshape(1).clone()
         dist.all_reduce(loss_avg)
         loss_avg = float(loss_avg) / ctx.world_size
@@ -230,10 +236,10 @@ def run_loss_scaling(ctx, args, progress: Progress) -> dict:
         injected = step in args.inject
         stats["overflows"] += overflow
         stats["injected"] += injected
-        stats["skipped"] += overflow
+        stats["skipped"] += skipped
         if rank == 0:
             ev.emit("scale", step=step, scale=scale, new_scale=scaler.get_scale(),
-                    overflow=overflow, skipped=overflow, injected=injected,
+                    overflow=overflow, skipped=skipped, injected=injected,
                     growth_tracker=scaler.growth_tracker, loss=loss_avg)
             ev.emit("step", step=step, of=args.steps, loss=loss_avg)
         progress.advance("loss-scaling")
@@ -242,7 +248,8 @@ def run_loss_scaling(ctx, args, progress: Progress) -> dict:
         **stats,
         "dtype": args.dtype,
         "weights": args.weights,
-        "natural_overflows": stats["overflows"] - stats["injected"],
+        "scaler": scaler.enabled,
+        "natural_overflows": max(0, stats["overflows"] - stats["injected"]),
         "final_scale": scaler.get_scale(),
         "first_loss": losses[0], "final_loss": losses[-1],
         "zero_unscaled": statistics.fmean(h["zero_unscaled"] for h in hist) if hist else None,
@@ -376,6 +383,10 @@ def main(argv=None) -> int:
     return 0
 
 
+def _n(k: int, word: str) -> str:
+    return f"{k} {word}{'' if k == 1 else 's'}"
+
+
 def _pct(x) -> str:
     return "n/a" if x is None else f"{100 * x:.2f}%"
 
@@ -383,12 +394,16 @@ def _pct(x) -> str:
 def format_summary(s: dict) -> str:
     lines = [f"lesson 6 on {s['world_size']} ranks ({s['backend']}, {s['device']})"]
     sc = s.get("scaling")
-    if sc:
+    if sc and not sc.get("scaler", True):
         lines.append(
-            f"loss scaling ({sc['dtype']}, {sc['weights']} weights): {sc['overflows']} overflows "
+            f"no loss scaler ({sc['dtype']}, {sc['weights']} weights): {_n(sc['overflows'], 'step')} with inf/NaN "
+            f"gradients applied to the weights, loss {sc['first_loss']:.6g} -> {sc['final_loss']:.6g}")
+    elif sc:
+        lines.append(
+            f"loss scaling ({sc['dtype']}, {sc['weights']} weights): {_n(sc['overflows'], 'overflow')} "
             f"({sc['injected']} injected, {sc['natural_overflows']} from the scale growing), "
-            f"{sc['skipped']} steps skipped, final scale 2^{math.log2(sc['final_scale']):.0f}, "
-            f"loss {sc['first_loss']:.4g} -> {sc['final_loss']:.4g}")
+            f"{_n(sc['skipped'], 'step')} skipped, final scale 2^{math.log2(sc['final_scale']):.0f}, "
+            f"loss {sc['first_loss']:.6g} -> {sc['final_loss']:.6g}")
         lines.append(
             f"  gradient values lost to zero in {sc['dtype']}: {_pct(sc['zero_unscaled'])} without "
             f"scaling, {_pct(sc['zero_scaled'])} with it; in fp16's subnormal range without "
