@@ -392,7 +392,7 @@ class LossScaleVisualizer(LessonVisualizer):
             self.live.loss.append(float(event["loss"]))
         elif kind == "grad_hist":
             self.live.hists.append(event)
-        elif kind == "sweep":
+        elif kind == "bucket_sweep":
             self.live.sweep[(float(event["bucket_mb"]), event["mode"])] = float(event["step_ms"])
         elif kind == "summary":
             self.live.summary = event
