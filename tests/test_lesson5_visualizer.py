@@ -41,9 +41,9 @@ def test_drawn_rows_are_the_simulated_timeline(schedule, p, m, v):
     assert len(timeline_rows) == p
     idle = sum(row.plain[4:4 + cols].count(IDLE_CHAR) for row in timeline_rows)
     assert idle / (p * cols) == pytest.approx(formulas.bubble_fraction(p, m, v), abs=0.01)
-    # each rank's strip ends with "held now/peak" and the peak is the simulator's
+    # each rank's strip ends with its peak (no cursor given), and the peak is the simulator's
     for r, strip in enumerate(strips):
-        assert strip.plain.rstrip().endswith(f"/{tl.peak_inflight[r]:g}")
+        assert strip.plain.rstrip().endswith(f"▲{tl.peak_inflight[r]:g}")
     # forward labels appear in the simulator's order on each rank
     for r, row in enumerate(timeline_rows):
         labels = [str(op.mb) + ("abcdefgh"[op.chunk] if v > 1 else "") for op in tl.order[r]]
@@ -158,3 +158,6 @@ def test_measured_timeline_from_run_events():
     assert f"(formula {formulas.bubble_fraction(4, 8):.0%})" in _text(viz)
     # unrelated events are ignored
     viz.feed_event({"kind": "log", "msg": "hello"})
+    # a new run starts from a blank measured timeline
+    viz.feed_event({"kind": "run_start", "run_id": "x", "nproc": 4})
+    assert "measured 1F1B" not in _text(viz)

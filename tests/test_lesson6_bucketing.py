@@ -224,6 +224,10 @@ def test_experiment_events(two):
     events = two[0]["events"]
     kinds = [e["kind"] for e in events]
     assert kinds[0] == "phase" and kinds[-1] == "summary"
+    progress = [e for e in events if e["kind"] == "progress"]
+    assert progress[-1]["done"] == progress[-1]["total"] == 14 + 2 * 3
+    assert [e["step"] for e in events if e["kind"] == "step"] == list(range(14))
+    assert not any(e["kind"] in ("phase", "progress", "step") for e in two[1]["events"])
     scale = [e for e in events if e["kind"] == "scale"]
     assert [e["step"] for e in scale] == list(range(14))
     for e in scale:

@@ -137,6 +137,8 @@ def test_widget_sliders_steps_and_live_run():
             assert len(v.live.timelines) == 3  # rank 1's copies ignored
             await pilot.press("s")
             assert "[simulation]" in v.last_text.plain
+            v.feed_event({"kind": "run_start", "run_id": "x"})
+            assert v.live.empty
     asyncio.run(go())
 
 

@@ -362,3 +362,31 @@ async def test_recovered_database_is_announced(isolated_distai_home, monkeypatch
     assert app.store.recovered_from
     assert any(msg == app.store.recovered_from and kw.get("severity") == "warning" for msg, kw in notes)
     assert list(isolated_distai_home.glob("progress.db.corrupt-*"))
+
+
+@async_test
+async def test_every_lesson_opens_in_the_tutor_with_its_visualizer():
+    """Each lesson's first and last step render (text, code, visualizer) in both languages."""
+    from distai.visualizers.base import LessonVisualizer, visualizer_class
+
+    app = DistaiApp("en")
+    async with app.run_test(size=SIZE) as pilot:
+        for lesson in all_lessons():
+            app.open_lesson(lesson.id)
+            await pilot.pause()
+            screen = app.screen
+            assert isinstance(screen, LessonScreen) and screen.lesson.id == lesson.id
+            last = len(lesson.steps) - 1
+            for i in (0, last):
+                await screen.show_step(i)
+                check_step(app, lesson, i, app.language)
+                name = lesson.steps[i].visualizer or lesson.visualizer
+                expected = visualizer_class(name)
+                assert isinstance(screen.visualizer, LessonVisualizer)
+                if expected is not None:  # the lesson's own widget, not the placeholder
+                    assert isinstance(screen.visualizer, expected)
+            await app.action_toggle_language()
+            check_step(app, lesson, last, app.language)
+            app.pop_screen()
+            await pilot.pause()
+        assert isinstance(app.screen, HomeScreen)

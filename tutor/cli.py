@@ -218,7 +218,10 @@ def _click_exception_types() -> tuple[type, ...]:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: one-line errors and exit code 2 for bad input, never a traceback."""
     try:
-        app(args=argv, standalone_mode=False)
+        result = app(args=argv, standalone_mode=False)
+        # click returns (not raises) the code of a `typer.Exit(code)` when standalone_mode is off
+        if isinstance(result, int) and not isinstance(result, bool) and result != 0:
+            return result
     except CliError as exc:
         typer.echo(f"distai: error: {exc}", err=True)
         return exc.code

@@ -59,10 +59,10 @@ T = {
         "modes": {"overlap": "overlap (ours)", "no-overlap": "after backward", "ddp": "torch DDP"},
         "sweep": "measured step time (ms): overlap / after backward / DDP",
         "best": "best bucket {b} MiB: overlap {x:.2f}x faster than all-reduce after backward; ours/DDP {r:.2f}x",
-        "sliders": "growth interval {gi}  ·  growth ×{gf:g}  ·  backoff ×{bf:g}  ·  initial 2^{i:g}",
-        "keys_scale": "m view · g/G interval · f/F growth · b/B backoff · i/I initial · 0 reset",
-        "keys_exp": "m view · [ ] step · x fp16/bf16 · g/G f/F b/B i/I sliders",
-        "keys_tl": "m view · k/K bucket size · s sim/live",
+        "sliders": ["growth interval {gi}", "growth ×{gf:g}", "backoff ×{bf:g}", "initial 2^{i:g}"],
+        "keys_scale": "Tab to focus · m view · g/G interval · f/F growth · b/B backoff · i/I initial · 0 reset",
+        "keys_exp": "Tab to focus · m view · [ ] step · x fp16/bf16 · g/G f/F b/B i/I sliders",
+        "keys_tl": "Tab to focus · m view · k/K bucket size · s sim/live",
         "sim_model": "model: {n} layers × {mb:g} MiB, {ms:g} ms backward each, {w} ranks, {bw:g} GB/s, α {a:g} µs",
         "no_data": "waiting for the run's events…", "live_hint": "(s: switch to simulation)",
     },
@@ -81,10 +81,10 @@ T = {
         "modes": {"overlap": "solapado (nuestro)", "no-overlap": "tras el backward", "ddp": "DDP de torch"},
         "sweep": "tiempo por paso medido (ms): solapado / tras backward / DDP",
         "best": "mejor bucket {b} MiB: solapar es {x:.2f}x más rápido que reducir tras el backward; nuestro/DDP {r:.2f}x",
-        "sliders": "intervalo {gi}  ·  crecimiento ×{gf:g}  ·  retroceso ×{bf:g}  ·  inicial 2^{i:g}",
-        "keys_scale": "m vista · g/G intervalo · f/F crecimiento · b/B retroceso · i/I inicial · 0 reinicia",
-        "keys_exp": "m vista · [ ] paso · x fp16/bf16 · g/G f/F b/B i/I controles",
-        "keys_tl": "m vista · k/K tamaño de bucket · s simulación/real",
+        "sliders": ["intervalo {gi}", "crecimiento ×{gf:g}", "retroceso ×{bf:g}", "inicial 2^{i:g}"],
+        "keys_scale": "Tab para activar · m vista · g/G intervalo · f/F crecimiento · b/B retroceso · i/I inicial · 0 reinicia",
+        "keys_exp": "Tab para activar · m vista · [ ] paso · x fp16/bf16 · g/G f/F b/B i/I controles",
+        "keys_tl": "Tab para activar · m vista · k/K tamaño de bucket · s simulación/real",
         "sim_model": "modelo: {n} capas × {mb:g} MiB, {ms:g} ms de backward cada una, {w} rangos, {bw:g} GB/s, α {a:g} µs",
         "no_data": "esperando los eventos de la ejecución…", "live_hint": "(s: cambiar a la simulación)",
     },
@@ -108,6 +108,22 @@ def _ms(x: float, lang: str) -> str:
 
 
 # ---- pure renderers (tested directly) ----------------------------------------------------------
+def wrap_parts(parts: list[Text], width: int, sep: str = " · ") -> list[Text]:
+    """Join ``parts`` with ``sep`` into lines no wider than ``width`` (a part is never split)."""
+    lines: list[Text] = []
+    line = Text()
+    for part in parts:
+        if line.cell_len and line.cell_len + len(sep) + part.cell_len > width:
+            lines.append(line)
+            line = Text()
+        if line.cell_len:
+            line.append(sep, style="dim")
+        line.append_text(part)
+    if line.cell_len:
+        lines.append(line)
+    return lines
+
+
 def scale_plot(scales: list[float], overflow: list[bool], forced: list[bool], width: int,
                height: int) -> list[Text]:
     """The scale as a step line on a log2 axis; ▼/✕ above the columns with an overflow."""
@@ -236,17 +252,22 @@ def timeline_rows(tl: dict, t_max: float, width: int) -> tuple[Text, Text]:
             back[c] = "█"
             back_style[c] = LANE_STYLES[k % 2]
     prev_done = -math.inf
+    starts = []
     for idx, _nbytes, a, b in tl["buckets"]:
         # launched at a; if the previous all-reduce was still running, this one waited (░)
         active = max(a, prev_done)
         prev_done = max(prev_done, b)
-        ca, cs, cb = int(a * scale), int(active * scale), max(int(active * scale) + 1, int(b * scale))
-        for c in range(max(0, ca), min(cols, cb)):
-            if comm[c] in ("▓",) or (comm[c].isdigit() and c < cs):
-                continue
-            comm[c] = "▓" if c >= cs else "░"
-            comm_style[c] = "red" if idx % 2 == 0 else "magenta"
-        if 0 <= cs < cols:
+        ca, cs = int(a * scale), int(active * scale)
+        cb = max(cs + 1, int(b * scale))
+        style = "red" if idx % 2 == 0 else "magenta"
+        for c in range(max(0, ca), min(cols, cs)):
+            if comm[c] == " ":
+                comm[c], comm_style[c] = "░", style
+        for c in range(max(0, cs), min(cols, cb)):
+            comm[c], comm_style[c] = "▓", style
+        starts.append((idx, cs, cb))
+    for idx, cs, cb in starts:  # bucket numbers where there is room for them
+        if 0 <= cs < cols and cb - cs >= 2 and not (cs > 0 and comm[cs - 1].isdigit()):
             comm[cs] = str(idx % 10)
     lanes = []
     for chars, styles in ((back, back_style), (comm, comm_style)):
@@ -300,6 +321,7 @@ class LossScaleVisualizer(LessonVisualizer):
     can_focus = True
     DEFAULT_CSS = """
     LossScaleVisualizer { height: 1fr; width: 1fr; }
+    LossScaleVisualizer:focus { background: $boost; }
     LossScaleVisualizer > Static { width: 1fr; height: auto; }
     """
     BINDINGS = [
@@ -352,6 +374,11 @@ class LossScaleVisualizer(LessonVisualizer):
     def feed_event(self, event: dict) -> None:
         kind = event.get("kind")
         rank = event.get("rank", 0)
+        if kind == "run_start":  # a new run replaces the previous one's data
+            self.live = LiveRun()
+            self.live_bucket = None
+            self.hist_index = None
+            return
         if kind == "timeline":
             if self.live.rank is None:
                 self.live.rank = rank
@@ -473,10 +500,11 @@ class LossScaleVisualizer(LessonVisualizer):
         except Exception:  # not mounted yet
             pass
 
-    def _slider_line(self) -> Text:
+    def _slider_lines(self, width: int) -> list[Text]:
         c, t = self.config, T[self.language]
-        return Text(t["sliders"].format(gi=c.growth_interval, gf=c.growth_factor, bf=c.backoff_factor,
-                                        i=math.log2(c.init_scale)), style="yellow")
+        parts = [Text(p.format(gi=c.growth_interval, gf=c.growth_factor, bf=c.backoff_factor,
+                               i=math.log2(c.init_scale)), style="yellow") for p in t["sliders"]]
+        return wrap_parts(parts, width)
 
     def _render_scale(self, width, height, live) -> list[Text]:
         t = T[self.language]
@@ -488,24 +516,21 @@ class LossScaleVisualizer(LessonVisualizer):
         else:
             s = self.sim()
             scales, overflow, forced, loss = s.scale, s.overflow, s.forced, s.loss
-        out = [] if live else [self._slider_line()]
-        out += scale_plot(scales, overflow, forced, width, max(8, height // 2 - 2))
-        legend = Text()
-        legend.append(t["overflow"] + "   ", style="red")
-        legend.append(t["forced"] + "   ", style="magenta")
-        legend.append(t["skipped"].format(n=sum(overflow), m=len(overflow)), style="dim")
-        out.append(legend)
+        out = [] if live else self._slider_lines(width)
+        out += scale_plot(scales, overflow, forced, width, max(8, min(16, height // 2 - 2)))
+        out += wrap_parts([Text(t["overflow"], style="red"), Text(t["forced"], style="magenta"),
+                           Text(t["skipped"].format(n=sum(overflow), m=len(overflow)), style="dim")], width)
         out.append(Text(f"{t['loss']}  {_num(max(loss), self.language, 4)} → {_num(loss[-1], self.language, 4)}",
                         style="bold"))
         out += bar_plot(loss, width - 2, 3, style="green")
-        out.append(Text(t["keys_scale"], style="dim italic"))
+        out += wrap_parts([Text(k, style="dim italic") for k in t["keys_scale"].split(" · ")], width)
         return out
 
     def _render_exponents(self, width, height, live) -> list[Text]:
         t, lang = T[self.language], self.language
         steps = self._hist_steps()
         idx = len(steps) - 1 if self.hist_index is None else min(self.hist_index, len(steps) - 1)
-        out = [] if live else [self._slider_line()]
+        out = [] if live else self._slider_lines(width)
         if live and self.live.hists:
             ev = self.live.hists[idx]
             hist = ExponentHistogram.from_dict(ev)
@@ -519,30 +544,26 @@ class LossScaleVisualizer(LessonVisualizer):
             hist = sim.histogram(step)
             scale = sim.scale[step]
         k = math.log2(scale)
-        rows = max(3, (height - 12) // 2)
+        rows = max(3, min(8, (height - 14) // 2))
         for label, shift in ((t["without"], 0.0), (t["with"].format(k=round(k, 1)), k)):
             line = Text(f"{label}  ", style="bold")
             line.append(t["step"].format(i=step), style="dim")
             out.append(line)
             out += histogram_plot(hist, shift, self.fmt, width, rows, lang)
             shares = hist.region_shares(round(shift), self.fmt)
-            legend = Text()
-            for region in REGIONS:
-                name = t["overflow_r"] if region == "overflow" else t[region]
-                legend.append(f"■ {name} {_pct(shares[region], lang)}   ", style=REGION_STYLE[region])
-            out.append(legend)
+            out += wrap_parts([Text(f"■ {t['overflow_r'] if r == 'overflow' else t[r]} "
+                                    f"{_pct(shares[r], lang)}", style=REGION_STYLE[r]) for r in REGIONS],
+                              width)
         if live and self.live.hists:
             ev = self.live.hists[idx]
             out.append(Text(t["measured"].format(fmt=ev.get("dtype", "fp16"), u=_pct(ev["zero_unscaled"], lang),
                                                  s=_pct(ev.get("zero_scaled"), lang)), style="cyan"))
-        out.append(Text(t["keys_exp"], style="dim italic"))
+        out += wrap_parts([Text(k, style="dim italic") for k in t["keys_exp"].split(" · ")], width)
         return out
 
     def _render_timeline(self, width, live) -> list[Text]:
         t, lang = T[self.language], self.language
-        label_w = 16
-        right_w = 14
-        lane_w = max(20, width - label_w - right_w - 1)
+        lane_w = max(20, width - 1)
         out = []
         if live and self.live.timelines:
             bucket = self._live_bucket()
@@ -561,24 +582,18 @@ class LossScaleVisualizer(LessonVisualizer):
         out.append(head)
         t_max = max(d["end"] for d in tls.values()) or 1.0
         for mode, d in tls.items():
+            line = Text(t["modes"][mode], style="bold")
+            line.append(f"  {_ms(d['end'], lang)}", style="bold")
+            line.append(f"  +{_ms(d['end'] - d['backward_end'], lang)}", style="red")
+            out.append(line)
             back, comm = timeline_rows(d, t_max, lane_w)
-            name = t["modes"][mode]
-            line = Text(f"{name[:label_w]:<{label_w}}", style="bold")
-            line.append(back)
-            line.append(" " + _ms(d["end"], lang), style="bold")
-            out.append(line)
-            line = Text(f"{'':<{label_w}}")
-            line.append(comm)
-            line.append(" +" + _ms(d["end"] - d["backward_end"], lang), style="red")
-            out.append(line)
-        axis = Text(f"{'':<{label_w}}0", style="dim")
+            out += [back, comm]
+        axis = Text("0", style="dim")
         axis.append(" " * max(0, lane_w - len(_ms(t_max, lang)) - 1) + _ms(t_max, lang), style="dim")
         out.append(axis)
-        legend = Text(f"{'':<{label_w}}")
-        legend.append("█ " + t["backward"] + "   ", style="cyan")
-        legend.append("▓ " + t["allreduce"] + " (0–9: bucket, ░ " + t["queued"] + ")   ", style="red")
-        legend.append("+ " + t["exposed_short"], style="red")
-        out.append(legend)
+        out += wrap_parts([Text("█ " + t["backward"], style="cyan"),
+                           Text("▓ " + t["allreduce"] + " (0–9: bucket, ░ " + t["queued"] + ")", style="red"),
+                           Text("+ " + t["exposed_short"], style="red")], width, sep="   ")
         if live and self.live.sweep:
             out.append(Text(t["sweep"], style="bold"))
             for b in sorted({b for b, _ in self.live.sweep}):
@@ -591,16 +606,15 @@ class LossScaleVisualizer(LessonVisualizer):
                                                  r=ov["ours_over_ddp"]), style="green"))
         elif not live:
             m = self.overlap_model
-            out.append(Text(t["sim_model"].format(n=m.n_layers, mb=m.layer_mib, ms=m.layer_backward_ms,
-                                                  w=m.world_size, bw=m.bandwidth_gbps, a=m.alpha_us), style="dim"))
+            out += wrap_parts([Text(x.strip(), style="dim") for x in t["sim_model"].format(
+                n=m.n_layers, mb=m.layer_mib, ms=m.layer_backward_ms, w=m.world_size, bw=m.bandwidth_gbps,
+                a=m.alpha_us).split(",")], width, sep=", ")
             sweep = m.sweep(BUCKET_MIB)
             best = min(sweep, key=sweep.get)
-            row = Text("  ")
-            for b, v in sweep.items():
-                row.append(f"{b:g}:{_num(v * 1000, lang)}  ", style="bold green" if b == best else "")
             out.append(Text(t["sim_sweep"], style="bold"))
-            out.append(row)
-        out.append(Text(t["keys_tl"], style="dim italic"))
+            out += wrap_parts([Text(f"{b:g}:{_num(v * 1000, lang)}", style="bold green" if b == best else "")
+                               for b, v in sweep.items()], width, sep="  ")
+        out += wrap_parts([Text(k, style="dim italic") for k in t["keys_tl"].split(" · ")], width)
         return out
 
 

@@ -158,7 +158,7 @@ def draw_lanes(lanes: Lanes, cols: int, t_max: float, cursor: float | None, mem_
         cells: list[tuple[str, str] | None] = [None] * cols
         for s, e, op in lanes.blocks[r]:
             c0, c1 = int(round(s / dt)), int(round(e / dt))
-            c1 = max(c1, c0 + 1) if e - s >= 0.5 * dt else c1
+            c1 = max(c1, c0 + 1)  # a block shorter than a column still shows
             c0, c1 = max(0, c0), min(cols, c1)
             if c1 <= c0:
                 continue
@@ -204,7 +204,10 @@ def draw_lanes(lanes: Lanes, cols: int, t_max: float, cursor: float | None, mem_
                     break
                 held_now = count
             held_now /= lanes.v
-        strip.append(f" {held_now:g}/{lanes.peak(r):g}", style="grey50")
+        if cursor is None:  # a measured run: only its peak
+            strip.append(f" ▲{lanes.peak(r):g}", style="grey50")
+        else:
+            strip.append(f" {held_now:g}/{lanes.peak(r):g}", style="grey50")
         rows.append(strip)
     return rows
 
@@ -346,7 +349,9 @@ class PipelineVisualizer(LessonVisualizer):
     def feed_event(self, event: dict) -> None:
         kind = event.get("kind")
         meas = self.measured
-        if kind == "pp_config":
+        if kind == "run_start":  # a new run: forget the last one's timeline
+            self.measured = Measured()
+        elif kind == "pp_config":
             self.measured = Measured(p=int(event["p"]), m=int(event["m"]), v=int(event.get("v", 1)))
             self.p, self.m = self.measured.p, self.measured.m
             self.v = max(self.V_RANGE[0], self.measured.v)

@@ -55,17 +55,17 @@ S = {
     "en": {
         "states": {"params": "params", "grads": "grads", "master": "fp32 master", "momentum": "momentum",
                    "variance": "variance", "activations": "activations"},
-        "prec": {"mixed": "mixed precision", "fp32": "fp32"},
+        "prec": {"mixed": "mixed prec.", "fp32": "fp32"},
         "opt": {"adam": "Adam", "sgd": "SGD+momentum", "sgd-nomomentum": "plain SGD"},
         "gpu": "GPU", "cap": "capacity", "fits": "fits", "nofit": "does not fit", "more": "⋮ {k} more GPUs, same bytes",
         "per_gpu": "per GPU {b}", "states_line": "model states {b}", "act_line": " + activations {b} ({mode})",
         "redundancy": "the cluster stores each model-state byte {x}×",
-        "largest": "most that fits (model states): Ψ = {p}",
+        "largest": "largest Ψ that fits: {p}",
         "owners": "owner of each slice: ", "replica": "(all N slices)", "shard": "(own slice)",
         "act_modes": {"none": "no recomputation", "selective": "selective recomputation",
                       "full": "full recomputation"},
         "act_noshape": "activations: this preset has no published shape; pick another Ψ",
-        "keys": "s strategy · +/- Ψ · ]/[ N · m precision · o optimizer\nc capacity · a activations · space step · ./, phase",
+        "keys": "s stage · +/- Ψ · ]/[ N · m precision\no optimizer · c GPU size · a activations\nspace ZeRO-3 step · . , phase · f prefetch",
         "anim_title": "one ZeRO-3 / FSDP step, {k} layers{pf}", "prefetch": ", prefetch",
         "phase": "{i}/{n} {stage} · {what}",
         "actions": {"all_gather": "all-gather layer {l}'s parameters", "forward": "layer {l} computes",
@@ -73,7 +73,7 @@ S = {
                     "reduce_scatter": "reduce-scatter layer {l}'s gradients", "step": "each rank updates its own slice"},
         "stages": {"forward": "forward", "backward": "backward", "optimizer": "optimizer"},
         "in_mem": "full parameters in memory: {g}", "none": "none",
-        "sent": "sent per rank so far (DDP: its all-reduce, same step):",
+        "sent": "sent per rank so far in this step:",
         "ratio": "per step: ZeRO-3 sends {x:.2f}× DDP (3Ψ vs 2Ψ)",
         "run": "your run: Ψ={p} on N={n}, {prec}", "run_row": "{s}: held {m} (calculator {c}) · sent {x}",
         "b_strategy": "strategy", "b_psi": "Ψ+", "b_dp": "N+", "b_play": "▶ step", "b_pause": "❚❚",
@@ -81,18 +81,18 @@ S = {
     "es": {
         "states": {"params": "parámetros", "grads": "gradientes", "master": "maestra fp32", "momentum": "momento",
                    "variance": "varianza", "activations": "activaciones"},
-        "prec": {"mixed": "precisión mixta", "fp32": "fp32"},
+        "prec": {"mixed": "prec. mixta", "fp32": "fp32"},
         "opt": {"adam": "Adam", "sgd": "SGD+momento", "sgd-nomomentum": "SGD simple"},
         "gpu": "GPU", "cap": "capacidad", "fits": "cabe", "nofit": "no cabe",
         "more": "⋮ {k} GPUs más, mismos bytes",
         "per_gpu": "por GPU {b}", "states_line": "estados del modelo {b}", "act_line": " + activaciones {b} ({mode})",
         "redundancy": "el clúster guarda cada byte de estado {x}×",
-        "largest": "lo máximo que cabe (estados): Ψ = {p}",
+        "largest": "Ψ máximo que cabe: {p}",
         "owners": "dueño de cada trozo: ", "replica": "(los N trozos)", "shard": "(su trozo)",
         "act_modes": {"none": "sin recomputación", "selective": "recomputación selectiva",
                       "full": "recomputación completa"},
         "act_noshape": "activaciones: este modelo no tiene forma publicada; elige otro Ψ",
-        "keys": "s estrategia · +/- Ψ · ]/[ N · m precisión · o optimizador\nc capacidad · a activaciones · espacio paso · ./, fase",
+        "keys": "s etapa · +/- Ψ · ]/[ N · m precisión\no optimizador · c GPU · a activaciones\nespacio paso ZeRO-3 · . , fase · f prefetch",
         "anim_title": "un paso de ZeRO-3 / FSDP, {k} capas{pf}", "prefetch": ", prefetch",
         "phase": "{i}/{n} {stage} · {what}",
         "actions": {"all_gather": "all-gather de los parámetros de la capa {l}",
@@ -102,7 +102,7 @@ S = {
                     "step": "cada rango actualiza su propio trozo"},
         "stages": {"forward": "forward", "backward": "backward", "optimizer": "optimizador"},
         "in_mem": "parámetros completos en memoria: {g}", "none": "ninguno",
-        "sent": "enviado por rango hasta aquí (DDP: su all-reduce, mismo paso):",
+        "sent": "enviado por rango en este paso:",
         "ratio": "por paso: ZeRO-3 envía {x:.2f}× lo de DDP (3Ψ frente a 2Ψ)",
         "run": "tu ejecución: Ψ={p} en N={n}, {prec}", "run_row": "{s}: guarda {m} (calculadora {c}) · envía {x}",
         "b_strategy": "estrategia", "b_psi": "Ψ+", "b_dp": "N+", "b_play": "▶ paso", "b_pause": "❚❚",
@@ -243,7 +243,9 @@ class ShardingVisualizer(LessonVisualizer):
 
     def feed_event(self, event: dict) -> None:
         kind = event.get("kind")
-        if kind == "phase" and event.get("name") == "setup":
+        if kind == "run_start":  # a new run replaces the previous one's figures
+            self.run_info, self.measured, self.sent = {}, {}, {}
+        elif kind == "phase" and event.get("name") == "setup":
             self.run_info = {k: event.get(k) for k in ("world_size", "num_params", "precision", "optimizer")}
         elif kind == "memory" and event.get("rank", 0) == 0:
             self.measured[str(event.get("strategy"))] = event
@@ -364,8 +366,8 @@ class ShardingVisualizer(LessonVisualizer):
         k = F.optimizer_k(self.optimizer, self.precision)
         text.append(STRATEGY_NAME[self.strategy], style="bold reverse")
         text.append(f"  Ψ = {format_count(self.params, lang=self.language)} · N = {self.dp}\n", style="bold")
-        text.append(f"{s['prec'][self.precision]} · {s['opt'][self.optimizer]} (K = {k}) · "
-                    f"{s['cap']} {self._fmt(self.capacity)}\n", style="dim")
+        text.append(f"{s['prec'][self.precision]} · {s['opt'][self.optimizer]} K = {k} · "
+                    f"GPU {self._fmt(self.capacity)}\n", style="dim")
         # axis and bars
         gpu0 = lay.gpus[0]
         total = gpu0.total + sum(x.bytes for x in extra)
@@ -489,7 +491,7 @@ class ShardingVisualizer(LessonVisualizer):
 
     def _progress(self, value: float, end: float, scale: float, color: str) -> Text:
         """``value`` sent so far out of ``end`` this step; both on a common ``scale``."""
-        width = 20
+        width = max(6, min(20, (self.size.width or 60) - 2 - 7 - 21))
         k = round(value / scale * width) if scale else 0
         e = round(end / scale * width) if scale else 0
         out = Text("█" * k, style=color)

@@ -25,6 +25,8 @@ an fp32 MLP is measured on all ranks (the slowest rank counts), in rotating orde
 Events (rank 0 unless noted; ``t`` and ``rank`` are added by the sink):
 
 - ``{"kind":"phase","name":"loss-scaling"|"overlap"}``
+- ``{"kind":"progress","done":k,"total":n,"label":...}`` and ``{"kind":"step","step":i,"of":n,"loss":x}``
+  (the launcher's progress bar and loss curve)
 - ``{"kind":"scale","step":i,"scale":S,"new_scale":S',"overflow":b,"skipped":b,"injected":b,
   "growth_tracker":n,"loss":x}`` — S multiplied this step's loss; S' is the scale after update.
 - ``{"kind":"grad_hist","step":i,"lo":e0,"counts":[...],"zeros":n,"scale":S,
@@ -60,6 +62,18 @@ from distai.lessons.lesson6 import formulas as FM
 from distai.lessons.lesson6.simulation import HIST_HI, HIST_LO, exponent_histogram
 
 MODES = ("overlap", "no-overlap", "ddp")
+
+
+class Progress:
+    """``progress`` events from rank 0 for the run view."""
+
+    def __init__(self, ctx, total: int):
+        self.ctx, self.total, self.done = ctx, max(1, total), 0
+
+    def advance(self, label: str) -> None:
+        self.done += 1
+        if self.ctx.rank == 0:
+            self.ctx.events.emit("progress", done=self.done, total=self.total, label=label)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -156,7 +170,7 @@ def measure_underflow(probe: torch.nn.Module, x, y, device, dtype, scale: float)
     }
 
 
-def run_loss_scaling(ctx, args) -> dict:
+def run_loss_scaling(ctx, args, progress: Progress) -> dict:
     device, rank = ctx.device, ctx.rank
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     torch.manual_seed(args.seed)
@@ -183,7 +197,8 @@ def run_loss_scaling(ctx, args) -> dict:
                                args.growth_interval, enabled=not args.no_scaling)
     gen = torch.Generator().manual_seed(args.seed + 1000 + rank)
     ev = ctx.events
-    ev.emit("phase", name="loss-scaling")
+    if rank == 0:
+        ev.emit("phase", name="loss-scaling", steps=args.steps)
     stats = {"overflows": 0, "injected": 0, "skipped": 0, "hist": []}
     losses = []
     for step in range(args.steps):
@@ -220,6 +235,8 @@ def run_loss_scaling(ctx, args) -> dict:
             ev.emit("scale", step=step, scale=scale, new_scale=scaler.get_scale(),
                     overflow=overflow, skipped=overflow, injected=injected,
                     growth_tracker=scaler.growth_tracker, loss=loss_avg)
+            ev.emit("step", step=step, of=args.steps, loss=loss_avg)
+        progress.advance("loss-scaling")
     hist = stats.pop("hist")
     return {
         **stats,
@@ -294,9 +311,10 @@ def record_timeline(mode, model, opt, x, y) -> StepTimeline:
     return tl
 
 
-def run_overlap(ctx, args) -> dict:
+def run_overlap(ctx, args, progress: Progress) -> dict:
     device, rank, ev = ctx.device, ctx.rank, ctx.events
-    ev.emit("phase", name="overlap")
+    if rank == 0:
+        ev.emit("phase", name="overlap", bucket_mb=args.caps)
     gen = torch.Generator().manual_seed(args.seed + 2000 + rank)
     x = torch.randn(args.dp_batch, args.dp_width, generator=gen).to(device)
     y = torch.randn(args.dp_batch, args.dp_width, generator=gen).to(device)
@@ -318,6 +336,7 @@ def run_overlap(ctx, args) -> dict:
                     ev.emit("timeline", bucket_mb=cap, mode=mode,
                             **tl.to_event(step_ms=round(tl.marks["step_done"] * 1000, 3)))
                 del model, opt
+                progress.advance("overlap")
     median = {k: statistics.median(v) for k, v in times.items()}
     if rank == 0:
         for (cap, mode), v in times.items():
@@ -341,10 +360,13 @@ def main(argv=None) -> int:
     try:
         summary: dict = {"world_size": ctx.world_size, "device": str(ctx.device),
                          "backend": ctx.backend}
+        total = (0 if args.skip_scaling else args.steps) + \
+            (0 if args.skip_overlap else args.rounds * len(args.caps) * len(MODES))
+        progress = Progress(ctx, total)
         if not args.skip_scaling:
-            summary["scaling"] = run_loss_scaling(ctx, args)
+            summary["scaling"] = run_loss_scaling(ctx, args, progress)
         if not args.skip_overlap:
-            summary["overlap"] = run_overlap(ctx, args)
+            summary["overlap"] = run_overlap(ctx, args, progress)
         if ctx.rank == 0:
             ctx.events.emit("summary", **summary)
             print(format_summary(summary))
@@ -379,7 +401,8 @@ def format_summary(s: dict) -> str:
         for cap, row in ov["step_ms"].items():
             lines.append(f"  bucket {cap:>5} MiB: {row['overlap']:8.2f} / {row['no-overlap']:8.2f} / "
                          f"{row['ddp']:8.2f}")
-        lines.append(f"best bucket size {ov['best_bucket_mb']:g} MiB ({ov['n_buckets_best']} buckets): "
+        nb = ov['n_buckets_best']
+        lines.append(f"best bucket size {ov['best_bucket_mb']:g} MiB ({nb} bucket{'s' if nb != 1 else ''}): "
                      f"overlap speed-up {ov['overlap_speedup']:.2f}x over all-reduce after backward; "
                      f"ours / DDP = {ov['ours_over_ddp']:.2f}x")
     return "\n".join(lines)

@@ -245,7 +245,8 @@ def simulate(schedule: str, p: int, m: int, v: int = 1, t_f: float = 1.0, t_b: f
     ends: list[list[float]] = [[] for _ in range(p)]
     ptr = [0] * p
     free = [0.0] * p
-    waiting: dict[int, int] = {}  # key of awaited op (F: idx, B: -idx-1) -> rank waiting on it
+    size = n_stages * m
+    waiting = [-1] * (2 * size)  # awaited op (F: idx, B: size + idx) -> the rank waiting on it
     last = n_stages - 1
     messages = 0
     stack = list(range(p - 1, -1, -1))
@@ -273,7 +274,9 @@ def simulate(schedule: str, p: int, m: int, v: int = 1, t_f: float = 1.0, t_b: f
                 t = begin + cf
                 key = s * m + mb
                 f_end[key] = t
-                w = waiting.pop(key, None)
+                w = waiting[key]
+                if w >= 0:
+                    waiting[key] = -1
             else:
                 if s == last:
                     ready = f_end[s * m + mb]
@@ -284,7 +287,7 @@ def simulate(schedule: str, p: int, m: int, v: int = 1, t_f: float = 1.0, t_b: f
                     key = (s + 1) * m + mb
                     ready = b_end[key]
                     if ready == none:
-                        waiting[-key - 1] = r
+                        waiting[size + key] = r
                         break
                     if (s + 1) % p != r:
                         ready += t_comm
@@ -296,11 +299,13 @@ def simulate(schedule: str, p: int, m: int, v: int = 1, t_f: float = 1.0, t_b: f
                 t = begin + cb
                 key = s * m + mb
                 b_end[key] = t
-                w = waiting.pop(-key - 1, None)
+                w = waiting[size + key]
+                if w >= 0:
+                    waiting[size + key] = -1
             st.append(begin)
             en.append(t)
             i += 1
-            if w is not None:
+            if w >= 0:
                 stack.append(w)
         ptr[r], free[r] = i, t
     stuck = [r for r in range(p) if ptr[r] < len(order[r])]

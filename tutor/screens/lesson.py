@@ -51,8 +51,12 @@ class LessonScreen(Screen):
 
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
     BINDINGS = [
-        Binding("right,n", "next", "Next", priority=True),
-        Binding("left,p", "prev", "Previous", priority=True),
+        # Arrows always walk the steps (priority: even when the text or a visualizer has focus);
+        # n/p too unless a focused visualizer claims them.
+        Binding("right", "next", "Next", priority=True),
+        Binding("left", "prev", "Previous", priority=True),
+        Binding("n", "next", "Next", show=False),
+        Binding("p", "prev", "Previous", show=False),
         Binding("t", "quiz", "Quiz"),
         Binding("r", "run", "Run"),
         Binding("l", "toggle_language", "Español"),

@@ -1,0 +1,179 @@
+"""Data-parallel training with gradients averaged by our own ring all-reduce.
+
+Every rank holds the same model (same seed), takes its own slice of each global batch,
+computes the gradient of the mean loss over its slice, and the ranks average those gradients
+with :func:`distai.engine.ring.ring_allreduce`. With equal slices the average of the slices'
+mean-loss gradients is the gradient of the mean loss over the whole batch, so every rank takes
+the very step a single process would take on the full batch (the lesson's claim, checked in
+``tests/test_engine_ring.py`` against single-process training and against torch's
+``DistributedDataParallel``).
+
+Gradients travel as one flat bucket (as DDP's buckets do): one all-reduce per step, not one
+per parameter.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from distai.engine.ring import ring_allreduce
+
+
+def make_model(seed: int = 0, dtype: torch.dtype = torch.float32, in_features: int = 16,
+               hidden: int = 64, out_features: int = 1) -> nn.Module:
+    """The lesson's small model: a two-layer MLP, initialised from ``seed``."""
+    gen_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(in_features, hidden), nn.Tanh(), nn.Linear(hidden, out_features))
+    torch.random.set_rng_state(gen_state)
+    return model.to(dtype)
+
+
+def make_data(samples: int, seed: int = 1, dtype: torch.dtype = torch.float32,
+              in_features: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """A synthetic regression set, the same on every rank: y = sin(x·w/√d) + 0.05·noise."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(samples, in_features, generator=g, dtype=torch.float64)
+    w = torch.randn(in_features, 1, generator=g, dtype=torch.float64)
+    y = torch.sin(x @ w / in_features ** 0.5) + 0.05 * torch.randn(samples, 1, generator=g, dtype=torch.float64)
+    return x.to(dtype), y.to(dtype)
+
+
+def global_batch(x: torch.Tensor, y: torch.Tensor, step: int, batch_size: int):
+    """The ``step``-th global batch (cycling through the data set)."""
+    n = x.shape[0]
+    start = (step * batch_size) % n
+    idx = torch.arange(start, start + batch_size) % n
+    return x[idx], y[idx]
+
+
+def shard(batch: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """Rank ``rank``'s equal slice of a global batch."""
+    if batch.shape[0] % world_size:
+        raise ValueError(f"the global batch ({batch.shape[0]}) must split evenly over {world_size} ranks")
+    per = batch.shape[0] // world_size
+    return batch[rank * per:(rank + 1) * per]
+
+
+def sgd_step(params: Iterable[torch.Tensor], lr: float) -> None:
+    """Plain SGD, ``p -= lr * p.grad`` (what ``torch.optim.SGD`` does without momentum; written
+    out because creating a ``torch.optim`` optimizer imports torch._dynamo, seconds per rank)."""
+    with torch.no_grad():
+        for p in params:
+            if p.grad is not None:
+                p.add_(p.grad, alpha=-lr)
+
+
+def zero_grad(params: Iterable[torch.Tensor]) -> None:
+    for p in params:
+        p.grad = None
+
+
+def flat_grads(params: Sequence[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([p.grad.reshape(-1) for p in params])
+
+
+def average_gradients(params: Iterable[torch.Tensor], group=None,
+                      allreduce: Callable | None = None, **ring_kwargs) -> int:
+    """Average every parameter's ``.grad`` over the group in one flat bucket; returns bytes.
+
+    ``allreduce(flat)`` defaults to our ring with ``op="avg"``.
+    """
+    params = [p for p in params if p.grad is not None]
+    if not params:
+        return 0
+    flat = flat_grads(params)
+    if allreduce is None:
+        ring_allreduce(flat, op="avg", group=group, **ring_kwargs)
+    else:
+        allreduce(flat)
+    offset = 0
+    for p in params:
+        k = p.grad.numel()
+        p.grad.copy_(flat[offset:offset + k].view_as(p.grad))
+        offset += k
+    return flat.numel() * flat.element_size()
+
+
+@dataclass
+class StepStats:
+    step: int
+    loss: float  # the global batch's mean loss (average of the ranks' slice losses)
+    compute_s: float
+    comm_s: float
+    grad_bytes: int
+
+
+def train_data_parallel(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int,
+                        batch_size: int, lr: float, rank: int, world_size: int, group=None,
+                        on_step: Callable[[StepStats], None] | None = None,
+                        ring_kwargs_for_step: Callable[[int], dict] | None = None,
+                        allreduce: Callable | None = None) -> list[float]:
+    """SGD on ``model`` for ``steps`` steps, gradients averaged with the ring; returns losses.
+
+    ``allreduce(flat)`` replaces the ring (the tests use a do-nothing one as a negative control).
+    """
+    loss_fn = nn.MSELoss()
+    params = list(model.parameters())
+    losses = []
+    for step in range(steps):
+        t0 = time.perf_counter()
+        xb, yb = global_batch(x, y, step, batch_size)
+        xs, ys = shard(xb, rank, world_size), shard(yb, rank, world_size)
+        zero_grad(params)
+        loss = loss_fn(model(xs), ys)
+        loss.backward()
+        t1 = time.perf_counter()
+        extra = ring_kwargs_for_step(step) if ring_kwargs_for_step else {}
+        nbytes = average_gradients(params, group=group, allreduce=allreduce, **extra)
+        t2 = time.perf_counter()
+        sgd_step(params, lr)
+        # the global loss, for reporting only (not part of the training math)
+        report = loss.detach().to(torch.float64).reshape(1)
+        dist.all_reduce(report, group=group)
+        global_loss = report.item() / world_size
+        losses.append(global_loss)
+        if on_step is not None:
+            on_step(StepStats(step, global_loss, (t1 - t0) + (time.perf_counter() - t2), t2 - t1, nbytes))
+    return losses
+
+
+def train_single_process(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int,
+                         batch_size: int, lr: float) -> list[float]:
+    """The reference: the same SGD on the full global batch in one process."""
+    params = list(model.parameters())
+    loss_fn = nn.MSELoss()
+    losses = []
+    for step in range(steps):
+        xb, yb = global_batch(x, y, step, batch_size)
+        zero_grad(params)
+        loss = loss_fn(model(xb), yb)
+        loss.backward()
+        sgd_step(params, lr)
+        losses.append(loss.item())
+    return losses
+
+
+def train_ddp(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int, batch_size: int,
+              lr: float, rank: int, world_size: int) -> list[float]:
+    """The same training under torch's own ``DistributedDataParallel`` (for comparison)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ddp = DDP(model)
+    params = list(ddp.parameters())
+    loss_fn = nn.MSELoss()
+    losses = []
+    for step in range(steps):
+        xb, yb = global_batch(x, y, step, batch_size)
+        xs, ys = shard(xb, rank, world_size), shard(yb, rank, world_size)
+        zero_grad(params)
+        loss = loss_fn(ddp(xs), ys)
+        loss.backward()
+        sgd_step(params, lr)
+        losses.append(loss.item())
+    return losses

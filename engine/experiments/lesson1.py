@@ -1,0 +1,315 @@
+"""Lesson 1's experiment: data parallelism with our own ring all-reduce, and a bandwidth sweep.
+
+Run by the launcher (``distai run lesson1 --cpu 4``) or directly::
+
+    python -m torch.distributed.run --standalone --nproc-per-node 4 -m distai.engine.experiments.lesson1
+
+Phases (each emits a ``phase`` event, and ranks meet at a monitored barrier between them):
+
+1. ``check``: our ring all-reduce of an odd-sized random tensor against ``dist.all_reduce``.
+2. ``train``: ``--steps`` steps of data-parallel SGD on a small MLP, gradients averaged by the
+   ring. The first step's all-reduce is traced (``ring_step`` events) so the tutor can animate it.
+3. ``sweep``: nccl-tests style, message sizes from ``--sweep-min`` to ``--sweep-max`` (×2 each),
+   our ring and ``dist.all_reduce`` timed in alternation; time, algbw and busbw of each.
+4. ``fit``: the alpha-beta model fitted to the measured times, and its predictions.
+
+Events (beyond the common ``phase``/``progress``/``summary``/``log``):
+
+* ``step``      (rank 0) ``step, of, loss, compute_s, comm_s, grad_bytes``
+* ``ring_step`` (every rank) one per ring step of a traced call; see ``distai.engine.ring``
+* ``sweep``     (rank 0) ``size, n, ring_time_s, ring_algbw, ring_busbw, ar_time_s, ar_algbw,
+  ar_busbw, iters`` — times are the median over iterations of the slowest rank
+* ``fit``       (rank 0) ``impl, alpha_s, beta_s_per_byte, a_s, b_s_per_byte, predicted`` (a
+  list of ``[size, seconds]``)
+* ``check``     (rank 0) ``size, max_abs_diff``
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+from distai.engine.worker import checkpoint, run_experiment
+from distai.lessons.lesson1 import formulas
+from distai.lessons.units import UnitError, format_bandwidth, format_bytes, format_time, parse_bytes
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="distai run lesson1", description="Data parallelism and ring all-reduce.")
+    p.add_argument("--steps", type=int, default=40, help="data-parallel training steps (default 40)")
+    p.add_argument("--batch-per-rank", type=int, default=16, help="samples per rank per step (default 16)")
+    p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (default 0.1)")
+    p.add_argument("--hidden", type=int, default=64, help="hidden units of the MLP (default 64)")
+    p.add_argument("--sweep-min", default="1KiB", help="smallest message of the sweep (default 1KiB)")
+    p.add_argument("--sweep-max", default="64MiB", help="largest message of the sweep (default 64MiB)")
+    p.add_argument("--iters", type=int, default=None, help="timed iterations per size (default: by size)")
+    p.add_argument("--no-sweep", action="store_true", help="skip the bandwidth sweep")
+    p.add_argument("--trace", choices=("none", "first", "all"), default="first",
+                   help="ring_step events: none, the first (untimed) call of each size and the "
+                        "first training step (default), or every call (slow)")
+    p.add_argument("--pieces", type=int, default=None, help="ring sub-chunks per chunk (default: auto)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--barrier-timeout", type=float, default=None,
+                   help="seconds a rank may be late at a phase barrier before it is named (default 60)")
+    # Fault injection, for the launcher's tests and for lesson 3's demonstrations.
+    p.add_argument("--fail-rank", type=int, default=None, help="this rank raises an error …")
+    p.add_argument("--fail-step", type=int, default=0, help="… at this training step")
+    p.add_argument("--hang-rank", type=int, default=None,
+                   help="this rank never reaches the barrier after training (its peers name it)")
+    args = p.parse_args(argv)
+    try:
+        args.sweep_min_bytes = int(parse_bytes(args.sweep_min))
+        args.sweep_max_bytes = int(parse_bytes(args.sweep_max))
+    except (UnitError, ValueError) as exc:
+        p.error(str(exc))
+    if not 4 <= args.sweep_min_bytes <= args.sweep_max_bytes:
+        p.error("need 4 bytes <= --sweep-min <= --sweep-max")
+    if args.sweep_max_bytes > 4 << 30:
+        p.error("--sweep-max is capped at 4GiB")
+    if args.steps < 0 or args.batch_per_rank < 1 or args.hidden < 1:
+        p.error("--steps must be >= 0, --batch-per-rank and --hidden >= 1")
+    if args.iters is not None and args.iters < 1:
+        p.error("--iters must be >= 1")
+    return args
+
+
+def sweep_sizes(lo: int, hi: int) -> list[int]:
+    """Powers of two from ``lo`` to ``hi`` bytes (``hi`` included), rounded to float32 elements."""
+    sizes, size = [], lo
+    while size < hi:
+        sizes.append(size)
+        size *= 2
+    sizes.append(hi)
+    return sorted({max(4, s // 4 * 4) for s in sizes})
+
+
+def default_iters(size: int) -> int:
+    if size <= 256 << 10:
+        return 20
+    if size <= 4 << 20:
+        return 8
+    if size <= 16 << 20:
+        return 5
+    return 3
+
+
+class Progress:
+    def __init__(self, ctx, total: int):
+        self.ctx, self.total, self.done = ctx, max(1, total), 0
+
+    def advance(self, label: str, k: int = 1) -> None:
+        self.done += k
+        if self.ctx.rank == 0:
+            self.ctx.events.emit("progress", done=self.done, total=self.total, label=label)
+
+
+def phase(ctx, name: str, **fields) -> None:
+    if ctx.rank == 0:
+        ctx.events.emit("phase", name=name, **fields)
+
+
+def check_ring(ctx, seed: int) -> float:
+    import torch
+    import torch.distributed as dist
+
+    from distai.engine.ring import ring_allreduce
+
+    size = 10007  # odd, not divisible by any N > 1 used here
+    g = torch.Generator().manual_seed(seed + ctx.rank)
+    x = torch.randn(size, generator=g, dtype=torch.float32).to(ctx.device)
+    ref = x.clone()
+    dist.all_reduce(ref)
+    ring_allreduce(x)
+    diff = torch.tensor([(x - ref).abs().max().item()], dtype=torch.float64)
+    dist.all_reduce(diff, op=dist.ReduceOp.MAX)
+    scale = ref.abs().max().item()
+    if not diff.item() <= 1e-5 * max(1.0, scale):
+        raise RuntimeError(f"ring all-reduce differs from dist.all_reduce by {diff.item():.3g}")
+    if ctx.rank == 0:
+        ctx.events.emit("check", size=size * 4, max_abs_diff=diff.item())
+    return diff.item()
+
+
+def train(ctx, args, progress: Progress) -> list[float]:
+    import torch
+
+    from distai.engine.data_parallel import make_data, make_model, train_data_parallel
+
+    n = ctx.world_size
+    batch = args.batch_per_rank * n
+    x, y = make_data(samples=batch * 8, seed=args.seed + 1)
+    x, y = x.to(ctx.device), y.to(ctx.device)
+    model = make_model(seed=args.seed, hidden=args.hidden).to(ctx.device)
+    nparams = sum(p.numel() for p in model.parameters())
+    phase(ctx, "train", steps=args.steps, params=nparams, global_batch=batch, n=n)
+
+    def ring_kwargs(step: int) -> dict:
+        if step == args.fail_step and ctx.rank == args.fail_rank:
+            raise RuntimeError(f"injected failure on rank {ctx.rank} at step {step} (--fail-rank)")
+        traced = args.trace == "all" or (args.trace == "first" and step == 0)
+        return {"trace": ctx.events, "call": step} if traced else {"pieces": args.pieces}
+
+    def on_step(s) -> None:
+        if ctx.rank == 0:
+            ctx.events.emit("step", step=s.step, of=args.steps, loss=s.loss, compute_s=s.compute_s,
+                            comm_s=s.comm_s, grad_bytes=s.grad_bytes)
+        progress.advance("train")
+
+    torch.manual_seed(args.seed)
+    return train_data_parallel(model, x, y, steps=args.steps, batch_size=batch, lr=args.lr,
+                               rank=ctx.rank, world_size=n, on_step=on_step,
+                               ring_kwargs_for_step=ring_kwargs)
+
+
+def _timed(fn, cuda: bool) -> float:
+    import torch
+    import torch.distributed as dist
+
+    dist.barrier()
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def sweep(ctx, args, progress: Progress) -> list[dict]:
+    import torch
+    import torch.distributed as dist
+
+    from distai.engine.ring import ring_allreduce
+
+    n = ctx.world_size
+    sizes = sweep_sizes(args.sweep_min_bytes, args.sweep_max_bytes)
+    phase(ctx, "sweep", sizes=sizes, n=n)
+    rows = []
+    for k, size in enumerate(sizes):
+        x = torch.zeros(size // 4, dtype=torch.float32, device=ctx.device)
+        call = 1000 + k
+        trace = ctx.events if args.trace in ("first", "all") else None
+        ring_allreduce(x, pieces=args.pieces, trace=trace, call=call)  # warm-up (traced)
+        dist.all_reduce(x)
+        iters = args.iters or default_iters(size)
+        times = torch.zeros(2, iters, dtype=torch.float64)
+        for i in range(iters):
+            ring = lambda: ring_allreduce(x, pieces=args.pieces,  # noqa: E731
+                                          trace=ctx.events if args.trace == "all" else None, call=call)
+            ar = lambda: dist.all_reduce(x)  # noqa: E731
+            order = ((0, ring), (1, ar)) if i % 2 == 0 else ((1, ar), (0, ring))
+            for row, fn in order:
+                times[row, i] = _timed(fn, ctx.is_cuda)
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a collective takes as long as its slowest rank
+        t_ring = statistics.median(times[0].tolist())
+        t_ar = statistics.median(times[1].tolist())
+        row = {
+            "size": size, "n": n, "iters": iters,
+            "ring_time_s": t_ring, "ring_algbw": formulas.algbw(size, t_ring),
+            "ring_busbw": formulas.busbw(size, t_ring, n),
+            "ar_time_s": t_ar, "ar_algbw": formulas.algbw(size, t_ar),
+            "ar_busbw": formulas.busbw(size, t_ar, n),
+        }
+        rows.append(row)
+        if ctx.rank == 0:
+            ctx.events.emit("sweep", **row)
+        progress.advance("sweep")
+        del x
+    return rows
+
+
+def fit(ctx, rows: list[dict]) -> dict[str, dict]:
+    """alpha-beta fits of both implementations (from the lesson's formulas)."""
+    n = ctx.world_size
+    out = {}
+    if len(rows) < 2:
+        return out
+    sizes = [r["size"] for r in rows]
+    for impl, key in (("ring", "ring_time_s"), ("all_reduce", "ar_time_s")):
+        a, b = formulas.alpha_beta_fit(sizes, [r[key] for r in rows])
+        alpha, beta = a / (2 * (n - 1)), b / formulas.busbw_factor(n)
+        predicted = [[s, a + b * s] for s in sizes]
+        out[impl] = {"alpha_s": alpha, "beta_s_per_byte": beta, "a_s": a, "b_s_per_byte": b,
+                     "bandwidth": (1 / beta) if beta > 0 else None}
+        if ctx.rank == 0:
+            ctx.events.emit("fit", impl=impl, n=n, predicted=predicted, **out[impl])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv if argv is not None else sys.argv[1:])
+    import torch
+
+    from distai.engine.runtime import init_distributed, shutdown
+
+    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+    started = time.time()
+    ctx = init_distributed()
+    n = ctx.world_size
+    sizes = [] if args.no_sweep else sweep_sizes(args.sweep_min_bytes, args.sweep_max_bytes)
+    progress = Progress(ctx, 1 + args.steps + len(sizes))
+    if ctx.rank == 0:
+        ctx.events.emit("phase", name="start", n=n, backend=ctx.backend, device=str(ctx.device),
+                        steps=args.steps, sweep_sizes=sizes)
+    checkpoint("start", args.barrier_timeout)
+
+    phase(ctx, "check")
+    diff = check_ring(ctx, args.seed)
+    progress.advance("check")
+
+    losses = train(ctx, args, progress)
+    if ctx.rank == args.hang_rank:
+        if ctx.rank == 0:
+            ctx.events.emit("log", msg="rank 0 is hanging on purpose (--hang-rank)")
+        time.sleep(10 ** 6)
+    checkpoint("after-train", args.barrier_timeout)
+
+    rows = [] if args.no_sweep else sweep(ctx, args, progress)
+    fits = fit(ctx, rows)
+    checkpoint("end", args.barrier_timeout)
+
+    if ctx.rank == 0:
+        big = [r for r in rows if r["size"] >= 16 << 20]
+        ratio = statistics.median([r["ring_busbw"] / r["ar_busbw"] for r in big]) if big else None
+        peak = lambda key: max((r[key] for r in rows), default=None)  # noqa: E731
+        summary = {
+            "n": n, "backend": ctx.backend, "device": str(ctx.device),
+            "steps": args.steps, "first_loss": losses[0] if losses else None,
+            "final_loss": losses[-1] if losses else None,
+            "ring_vs_all_reduce_max_abs_diff": diff,
+            "sweep_sizes": len(rows),
+            "peak_ring_busbw": peak("ring_busbw"), "peak_ar_busbw": peak("ar_busbw"),
+            "busbw_ratio_16MiB_plus": ratio,
+            "fit": fits, "wall_s": time.time() - started,
+        }
+        ctx.events.emit("summary", **summary)
+        print(human_summary(summary), flush=True)
+    shutdown(ctx)
+    return 0
+
+
+def human_summary(s: dict) -> str:
+    lines = [f"lesson 1 on {s['n']} ranks ({s['backend']}, {s['device']}) in {s['wall_s']:.1f} s"]
+    lines.append(f"  ring all-reduce == dist.all_reduce (max |diff| {s['ring_vs_all_reduce_max_abs_diff']:.2g})")
+    if s["final_loss"] is not None:
+        lines.append(f"  data-parallel training: loss {s['first_loss']:.4f} -> {s['final_loss']:.4f} "
+                     f"in {s['steps']} steps")
+    if s["peak_ring_busbw"] is not None:
+        lines.append(f"  peak busbw: ring {format_bandwidth(s['peak_ring_busbw'])}, "
+                     f"dist.all_reduce {format_bandwidth(s['peak_ar_busbw'])}")
+    if s["busbw_ratio_16MiB_plus"] is not None:
+        lines.append(f"  busbw ratio ring / all_reduce at >= 16 MiB: {s['busbw_ratio_16MiB_plus']:.2f}")
+    f = s.get("fit", {}).get("ring")
+    if f:
+        lines.append(f"  alpha-beta fit (ring): alpha {format_time(f['alpha_s'])}, "
+                     f"beta {f['beta_s_per_byte']:.3g} s/B"
+                     + (f" (= {format_bandwidth(f['bandwidth'])})" if f.get("bandwidth") else ""))
+    if s["device"] == "cpu":
+        lines.append("  (timings are CPU timings: gloo over loopback TCP)")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    run_experiment(main)

@@ -1,0 +1,504 @@
+"""Launch an experiment through PyTorch's own launcher (torchrun) and stream its events live.
+
+``Launch(spec, record, consumer).run()`` starts ``python -m torch.distributed.run … -m
+<experiment> <args>`` as a subprocess in a session of its own, tails the ranks'
+``events/rank*.jsonl`` and torchrun's output, and hands every event to ``consumer(event)`` in
+the calling thread within about 0.1 s of its emission. Besides the ranks' events the consumer
+sees::
+
+    {"kind": "run_start", "run_id", "command", "nproc", "device", "note"}
+    {"kind": "output", "rank": R or None, "line": "..."}     # a line the rank (or torchrun) printed
+    {"kind": "run_end", "status", "exit_code", "error", "failed_rank", "tail", "duration_s"}
+
+Stopping (``stop()``, Ctrl-C in the caller, a rank dying): torchrun's whole process group gets
+SIGTERM — torchrun then stops its workers, which run in sessions of their own — and whatever
+is left of the run after a grace period gets SIGKILL. "What is left" is found by scanning
+``/proc`` for processes carrying this run's ``DISTAI_RUN_ID`` in their environment, so no
+worker outlives its run even if torchrun itself was killed first.
+
+Nothing here imports torch (``visible_cuda_devices`` does, lazily, when a GPU may exist) or the
+tutor; the caller chooses the runs folder.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from distai.engine.runs import RunRecord, set_command, tail_lines
+
+MAX_PROCS = 1024
+MAX_CPU_PROCS = 256
+DEFAULT_CPU_PROCS = 4
+RUN_ID_ENV = "DISTAI_RUN_ID"
+POLL_S = 0.05
+
+Consumer = Callable[[dict], None]
+
+
+class LaunchError(Exception):
+    """A launch request that cannot be honoured; one line, exit status ``code``."""
+
+    def __init__(self, message: str, code: int = 2):
+        super().__init__(message)
+        self.code = code
+
+
+# -- where the ranks run -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Placement:
+    device: str  # "cuda" or "cpu"
+    nproc: int  # processes on this node
+    note: str | None = None  # one line to show the learner (e.g. the CPU fallback)
+
+
+def visible_cuda_devices() -> int:
+    """CUDA devices this process can use (cheap when there is clearly no NVIDIA driver)."""
+    if sys.platform == "darwin":
+        return 0
+    if sys.platform.startswith("linux") and not glob.glob("/dev/nvidia[0-9]*") \
+            and not os.environ.get("CUDA_VISIBLE_DEVICES"):
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _check_count(flag: str, value: int, limit: int) -> None:
+    if value <= 0:
+        raise LaunchError(f"{flag} must be at least 1, got {value}")
+    if value > limit:
+        raise LaunchError(f"{flag} {value} is more than this launcher allows ({limit} per node)")
+
+
+def choose_placement(gpus: int | None = None, cpu: int | None = None,
+                     cuda_count: int | None = None, default_nproc: int = DEFAULT_CPU_PROCS) -> Placement:
+    """``--gpus N`` / ``--cpu N`` (or neither) → where and how many processes to run.
+
+    Neither: ``default_nproc`` (the lesson's ``ranks``) GPUs when at least two are visible
+    (fewer if fewer are), else that many CPU processes."""
+    if gpus is not None and cpu is not None:
+        raise LaunchError("choose either --gpus N or --cpu N, not both")
+    if cpu is not None:
+        _check_count("--cpu", cpu, MAX_CPU_PROCS)
+        return Placement("cpu", cpu)
+    if gpus is not None:
+        _check_count("--gpus", gpus, MAX_PROCS)
+    count = visible_cuda_devices() if cuda_count is None else cuda_count
+    if gpus is None:
+        if count >= 2:
+            return Placement("cuda", min(count, default_nproc))
+        return Placement("cpu", default_nproc,
+                         None if count == 0 else f"one GPU is not a ring: running {default_nproc} CPU "
+                                                 "processes with gloo")
+    if count == 0:
+        return Placement("cpu", gpus, f"no CUDA device found: running {gpus} CPU processes with gloo "
+                                      "instead (timings are CPU timings)")
+    if count < gpus:
+        raise LaunchError(f"asked for {gpus} GPUs but only {count} CUDA device{'s' if count != 1 else ''} "
+                          f"{'are' if count != 1 else 'is'} visible; use --gpus {count} or fewer")
+    return Placement("cuda", gpus)
+
+
+# -- the torchrun command ------------------------------------------------------------------------
+@dataclass
+class LaunchSpec:
+    module: str  # the experiment, run as ``-m module``
+    placement: Placement
+    args: list[str] = field(default_factory=list)  # passed to the experiment unchanged
+    nnodes: int = 1
+    node_rank: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    debug: bool = False  # TORCH_DISTRIBUTED_DEBUG=DETAIL (slower collectives, more checks)
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def multinode(self) -> bool:
+        return self.nnodes > 1 or self.master_addr is not None
+
+    def global_rank(self, local_rank: int) -> int:
+        return (self.node_rank or 0) * self.placement.nproc + local_rank
+
+
+def validate_nodes(nnodes: int, node_rank: int | None, master_addr: str | None, master_port: int | None) -> None:
+    if nnodes < 1 or nnodes > MAX_PROCS:
+        raise LaunchError(f"--nnodes must be between 1 and {MAX_PROCS}, got {nnodes}")
+    if node_rank is not None and not 0 <= node_rank < nnodes:
+        raise LaunchError(f"--node-rank must be between 0 and {nnodes - 1}, got {node_rank}")
+    if master_port is not None and not 1 <= master_port <= 65535:
+        raise LaunchError(f"--master-port must be a TCP port (1-65535), got {master_port}")
+    if nnodes > 1 and not master_addr:
+        raise LaunchError("a multi-node run needs --master-addr HOST (the address of node 0)")
+    if nnodes > 1 and node_rank is None:
+        raise LaunchError("a multi-node run needs --node-rank R on every node (0 on the master)")
+
+
+def torchrun_command(spec: LaunchSpec, log_dir: str | os.PathLike) -> list[str]:
+    """The exact command: single node → ``--standalone`` (torchrun picks a free port itself, so
+    two runs at once never collide); several nodes → the flags passed through unchanged."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(spec.placement.nproc)]
+    if spec.multinode:
+        cmd += ["--nnodes", str(spec.nnodes)]
+        if spec.node_rank is not None:
+            cmd += ["--node-rank", str(spec.node_rank)]
+        if spec.master_addr is not None:
+            cmd += ["--master-addr", spec.master_addr]
+        if spec.master_port is not None:
+            cmd += ["--master-port", str(spec.master_port)]
+    else:
+        cmd += ["--standalone"]
+    cmd += ["--max-restarts", "0", "--tee", "3", "--log-dir", str(log_dir)]
+    cmd += ["-m", spec.module, *spec.args]
+    return cmd
+
+
+# -- processes of a run ------------------------------------------------------------------------------
+def run_processes(run_id: str) -> list[int]:
+    """Live processes (not zombies) whose environment carries ``DISTAI_RUN_ID=run_id`` (Linux)."""
+    needle = f"{RUN_ID_ENV}={run_id}\0".encode()
+    found = []
+    me = os.getpid()
+    for env_path in glob.glob("/proc/[0-9]*/environ"):
+        pid = int(env_path.split("/")[2])
+        if pid == me:
+            continue
+        try:
+            with open(env_path, "rb") as f:
+                if needle not in f.read() + b"\0":
+                    continue
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+            if state not in (b"Z", b"X"):
+                found.append(pid)
+        except (OSError, IndexError):
+            continue
+    return found
+
+
+def _signal_pid_and_group(pid: int, sig: int) -> None:
+    for fn, target in ((os.killpg, pid), (os.kill, pid)):
+        try:
+            fn(target, sig)
+        except (ProcessLookupError, PermissionError, OSError):
+            pass
+
+
+# -- failure analysis ------------------------------------------------------------------------------
+_PREFIX = re.compile(r"^\[(?P<role>[A-Za-z_]*?)(?P<local>\d+)\]:(?P<text>.*)$")
+_BARRIER = re.compile(r"Ranks? (?P<ranks>\d+(?:\s*,\s*\d+)*) failed to pass monitoredBarrier in (?P<ms>\d+) ms")
+_ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*(?P<local>\d+)\)")
+_ROOT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(?P<code>-?\d+)")
+_CHECKPOINT = re.compile(r"checkpoint '(?P<name>[^']+)'")
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+@dataclass
+class Failure:
+    rank: int | None
+    message: str
+    reporter: int | None = None  # the rank whose error revealed it (for a hang: who waited)
+
+
+def analyse_failure(error_events: list[dict], torchrun_lines: list[str], exit_code: int) -> Failure:
+    """Which rank failed first, and why: a missed barrier names the absent rank; otherwise the
+    earliest ``error`` event; otherwise torchrun's "root cause" report."""
+    texts = [e.get("error", "") + "\n" + e.get("traceback", "") for e in error_events] + torchrun_lines
+    reporters = [e.get("rank") for e in error_events] + [None] * len(torchrun_lines)
+    for text, reporter in zip(texts, reporters):
+        m = _BARRIER.search(text)
+        if m:
+            ranks = [int(r) for r in re.split(r"\s*,\s*", m.group("ranks"))]
+            where = _CHECKPOINT.search(text)
+            at = f" at barrier '{where.group('name')}'" if where else ""
+            who = ", ".join(str(r) for r in ranks)
+            return Failure(ranks[0], f"rank{'s' if len(ranks) > 1 else ''} {who} did not arrive{at} "
+                                     f"within {int(m.group('ms')) / 1000:g} s (hung or too slow)", reporter)
+    if error_events:
+        first = min(error_events, key=lambda e: e.get("t", 0.0))
+        return Failure(first.get("rank"), f"rank {first.get('rank')} failed: {first.get('error', '?')}",
+                       first.get("rank"))
+    rank = code = None
+    for line in torchrun_lines:
+        m = _ROOT_RANK.match(line)
+        if m and rank is None:
+            rank = int(m.group("rank"))
+        m = _ROOT_EXIT.match(line)
+        if m and code is None:
+            code = int(m.group("code"))
+    if rank is not None:
+        how = f"was killed by {_signal_name(code)}" if code is not None and code < 0 else f"exited with code {code}"
+        return Failure(rank, f"rank {rank} {how}")
+    return Failure(None, f"torchrun exited with code {exit_code}")
+
+
+def _trim(lines: list[str]) -> list[str]:
+    """Drop blank lines at both ends."""
+    while lines and not lines[-1].strip():
+        lines = lines[:-1]
+    while lines and not lines[0].strip():
+        lines = lines[1:]
+    return lines
+
+
+# -- the launch ------------------------------------------------------------------------------------
+class Launch:
+    """One run of an experiment. ``run()`` blocks, feeding ``consumer`` in the calling thread."""
+
+    def __init__(self, spec: LaunchSpec, record: RunRecord, consumer: Consumer | None = None,
+                 grace_s: float = 5.0):
+        self.spec = spec
+        self.record = record
+        self.consumer = consumer
+        self.grace_s = grace_s
+        self.proc: subprocess.Popen | None = None
+        self._queue: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._stop_reason: str | None = None
+        self._kill_at: float | None = None
+        self._done_tailing = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._torchrun_lines: list[str] = []
+        self._errors: list[dict] = []
+        self._started = 0.0
+        self._log_files: dict[int | None, object] = {}
+
+    # ---- control ----
+    def start(self) -> None:
+        rec = self.record
+        cmd = torchrun_command(self.spec, rec.dir / "torchrun")
+        set_command(rec, cmd)
+        env = dict(os.environ)
+        env.update({
+            "DISTAI_DEVICE": self.spec.placement.device,
+            "DISTAI_EVENTS_DIR": str(rec.events_dir),
+            RUN_ID_ENV: rec.id,
+            "PYTHONUNBUFFERED": "1",
+        })
+        env.setdefault("OMP_NUM_THREADS", "1")
+        if self.spec.debug:
+            env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+        env.update(self.spec.env)
+        rec.config.update({"nproc": self.spec.placement.nproc, "device": self.spec.placement.device,
+                           "nnodes": self.spec.nnodes, "node_rank": self.spec.node_rank,
+                           "master_addr": self.spec.master_addr, "master_port": self.spec.master_port,
+                           "args": list(self.spec.args), "note": self.spec.placement.note,
+                           "debug": self.spec.debug})
+        rec.status = "running"
+        rec.launcher_pid = os.getpid()
+        rec.save()
+        for local in range(self.spec.placement.nproc):  # every rank has a log, even a silent one
+            self._log(self.spec.global_rank(local))
+        self._started = time.time()
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self._put({"kind": "run_start", "run_id": rec.id, "command": cmd, "nproc": self.spec.placement.nproc,
+                   "device": self.spec.placement.device, "note": self.spec.placement.note,
+                   "lesson": rec.lesson})
+        for target in (self._read_output, self._tail_events):
+            t = threading.Thread(target=target, daemon=True, name=f"distai-{target.__name__}")
+            t.start()
+            self._threads.append(t)
+
+    def stop(self, reason: str = "stopped by the user") -> None:
+        """Ask every rank to stop (thread-safe, idempotent); SIGKILL follows after the grace period."""
+        with self._lock:
+            if self._stop_reason is not None or self.proc is None:
+                return
+            self._stop_reason = reason
+            self._kill_at = time.monotonic() + self.grace_s
+        if self.proc.poll() is None:
+            _signal_pid_and_group(self.proc.pid, signal.SIGTERM)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop_reason is not None
+
+    def run(self) -> RunRecord:
+        """Start (if needed) and wait; Ctrl-C in the caller stops the run and is re-raised after."""
+        if self.proc is None:
+            self.start()
+        interrupted = False
+        while True:
+            try:
+                self._pump(POLL_S)
+                if self._kill_at is not None and time.monotonic() > self._kill_at:
+                    self._kill_everything()
+                    self._kill_at = time.monotonic() + 1.0
+                if self.proc.poll() is not None:
+                    break
+            except KeyboardInterrupt:
+                interrupted = True
+                self.stop("interrupted (Ctrl-C)")
+        record = self._finish()
+        if interrupted:
+            raise KeyboardInterrupt
+        return record
+
+    # ---- internals ----
+    def _put(self, event: dict) -> None:
+        event.setdefault("t", time.time())
+        self._queue.put(event)
+
+    def _pump(self, timeout: float) -> None:
+        try:
+            event = self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return
+        self._dispatch(event)
+        while True:
+            try:
+                event = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            self._dispatch(event)
+
+    def _dispatch(self, event: dict) -> None:
+        kind = event.get("kind")
+        if kind == "error":
+            self._errors.append(event)
+        elif kind == "summary":
+            self.record.summary = {k: v for k, v in event.items() if k not in ("kind", "t", "rank")}
+        if self.consumer is not None:
+            try:
+                self.consumer(event)
+            except Exception as exc:  # noqa: BLE001 - a broken view must not orphan the ranks
+                self.consumer = None
+                self.stop(f"the live view failed: {exc}")
+
+    def _log(self, rank: int | None):
+        f = self._log_files.get(rank)
+        if f is None:
+            name = "torchrun.log" if rank is None else f"rank{rank}.log"
+            f = open(self.record.logs_dir / name, "a", encoding="utf-8", buffering=1)
+            self._log_files[rank] = f
+        return f
+
+    def _read_output(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        everything = self._log(None)
+        for raw in self.proc.stdout:
+            line = raw.decode("utf-8", errors="replace").rstrip("\n")
+            everything.write(line + "\n")
+            m = _PREFIX.match(line)
+            if m:
+                rank = self.spec.global_rank(int(m.group("local")))
+                text = m.group("text")
+                self._log(rank).write(text + "\n")
+            else:
+                rank, text = None, line
+                self._torchrun_lines.append(line)
+                del self._torchrun_lines[:-400]
+            self._put({"kind": "output", "rank": rank, "line": text})
+
+    def _tail_events(self) -> None:
+        offsets: dict[Path, int] = {}
+        partial: dict[Path, bytes] = {}
+        directory = self.record.events_dir
+        while True:
+            finishing = self._done_tailing.is_set()
+            for path in sorted(directory.glob("rank*.jsonl")):
+                try:
+                    with open(path, "rb") as f:
+                        f.seek(offsets.get(path, 0))
+                        data = f.read()
+                except OSError:
+                    continue
+                if not data:
+                    continue
+                offsets[path] = offsets.get(path, 0) + len(data)
+                data = partial.pop(path, b"") + data
+                lines = data.split(b"\n")
+                if lines[-1]:
+                    partial[path] = lines[-1]
+                for line in lines[:-1]:
+                    if line.strip():
+                        try:
+                            self._queue.put(json.loads(line))
+                        except json.JSONDecodeError:
+                            continue
+            if finishing:
+                return
+            self._done_tailing.wait(POLL_S)
+
+    def _kill_everything(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            _signal_pid_and_group(self.proc.pid, signal.SIGKILL)
+        for pid in run_processes(self.record.id):
+            _signal_pid_and_group(pid, signal.SIGKILL)
+
+    def _reap_leftovers(self) -> None:
+        """torchrun is gone; make sure no worker of this run survives it."""
+        left = run_processes(self.record.id)
+        if not left:
+            return
+        for pid in left:
+            _signal_pid_and_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + min(self.grace_s, 2.0)
+        while time.monotonic() < deadline and run_processes(self.record.id):
+            time.sleep(0.05)
+        for pid in run_processes(self.record.id):
+            _signal_pid_and_group(pid, signal.SIGKILL)
+
+    def _finish(self) -> RunRecord:
+        assert self.proc is not None
+        code = self.proc.wait()
+        self._reap_leftovers()
+        for t in self._threads:
+            if t.name.endswith("_read_output"):
+                t.join(timeout=5)
+        self._done_tailing.set()
+        for t in self._threads:
+            t.join(timeout=5)
+        self._pump(0)
+        for f in self._log_files.values():
+            f.close()
+        rec = self.record
+        rec.exit_code = code
+        rec.duration_s = time.time() - self._started
+        if self._stop_reason is not None:
+            rec.status, rec.error = "stopped", self._stop_reason
+        elif code == 0:
+            rec.status = "ok"
+        else:
+            rec.status = "failed"
+            failure = analyse_failure(self._errors, self._torchrun_lines, code)
+            rec.failed_rank, rec.error = failure.rank, failure.message
+            tail = _trim(tail_lines(rec.rank_log(failure.rank), 15)) if failure.rank is not None else []
+            if not tail and failure.reporter is not None and failure.reporter != failure.rank:
+                tail = [f"(rank {failure.rank} printed nothing; rank {failure.reporter} reported:)"] + \
+                    _trim(tail_lines(rec.rank_log(failure.reporter), 14))
+            rec.error_tail = tail or _trim(self._torchrun_lines[-15:])
+        rec.save()
+        self._dispatch({"kind": "run_end", "t": time.time(), "run_id": rec.id, "status": rec.status,
+                        "exit_code": code, "error": rec.error, "failed_rank": rec.failed_rank,
+                        "tail": rec.error_tail, "duration_s": rec.duration_s})
+        return rec
+
+
+def experiment_available(module: str | None) -> bool:
+    """Whether the experiment module exists (without importing it, nor torch)."""
+    if not module:
+        return False
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False

@@ -1,0 +1,136 @@
+"""What a view needs to know about a run, folded from its events (live or replayed).
+
+The terminal view, the ``--json`` stream's consumers and the tutor's run panel all feed
+events to a :class:`RunState` and draw from it, so a replay (``distai runs show ID``) shows the
+same thing the live run did. Pure Python: no torch, no UI toolkit.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class RunState:
+    run_id: str | None = None
+    lesson: str | None = None
+    nproc: int | None = None
+    device: str | None = None
+    backend: str | None = None
+    note: str | None = None
+    phase: str | None = None
+    done: int = 0
+    total: int = 0
+    steps_of: int | None = None
+    losses: list[float] = field(default_factory=list)
+    last_step: dict[str, Any] | None = None
+    sweep: list[dict[str, Any]] = field(default_factory=list)
+    fits: dict[str, dict[str, Any]] = field(default_factory=dict)
+    check: dict[str, Any] | None = None
+    summary: dict[str, Any] | None = None
+    ring_steps: int = 0
+    last_ring_step: dict[str, Any] | None = None
+    output: deque = field(default_factory=lambda: deque(maxlen=500))
+    logs: deque = field(default_factory=lambda: deque(maxlen=200))
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    status: str = "starting"
+    error: str | None = None
+    failed_rank: int | None = None
+    tail: list[str] = field(default_factory=list)
+    exit_code: int | None = None
+    first_t: float | None = None
+    last_t: float | None = None
+    duration_s: float | None = None
+    events_seen: int = 0
+
+    @property
+    def fraction(self) -> float:
+        if self.status == "ok":
+            return 1.0
+        return min(1.0, self.done / self.total) if self.total else 0.0
+
+    @property
+    def elapsed(self) -> float:
+        if self.duration_s is not None:
+            return self.duration_s
+        if self.first_t is None or self.last_t is None:
+            return 0.0
+        return self.last_t - self.first_t
+
+    @property
+    def finished(self) -> bool:
+        return self.status in ("ok", "failed", "stopped", "interrupted")
+
+    def feed(self, e: dict[str, Any]) -> None:
+        self.events_seen += 1
+        t = e.get("t")
+        if isinstance(t, (int, float)):
+            self.first_t = t if self.first_t is None else min(self.first_t, t)
+            self.last_t = t if self.last_t is None else max(self.last_t, t)
+        kind = e.get("kind")
+        if kind == "run_start":
+            self.run_id, self.lesson = e.get("run_id"), e.get("lesson")
+            self.nproc, self.device, self.note = e.get("nproc"), e.get("device"), e.get("note")
+            self.status = "running"
+        elif kind == "phase":
+            self.phase = e.get("name")
+            if self.status == "starting":
+                self.status = "running"
+            if e.get("name") == "start":
+                self.backend = e.get("backend")
+                self.nproc = e.get("n", self.nproc)
+            if e.get("name") == "train":
+                self.steps_of = e.get("steps")
+        elif kind == "progress":
+            self.done, self.total = int(e.get("done", 0)), int(e.get("total", 0))
+        elif kind == "step":
+            if e.get("loss") is not None:
+                self.losses.append(float(e["loss"]))
+            self.steps_of = e.get("of", self.steps_of)
+            self.last_step = e
+        elif kind == "sweep":
+            self.sweep.append(e)
+        elif kind == "fit":
+            self.fits[e.get("impl", "?")] = e
+        elif kind == "check":
+            self.check = e
+        elif kind == "ring_step":
+            self.ring_steps += 1
+            self.last_ring_step = e
+        elif kind == "summary":
+            self.summary = {k: v for k, v in e.items() if k not in ("kind", "t", "rank")}
+        elif kind == "log":
+            self.logs.append((e.get("rank"), str(e.get("msg", ""))))
+        elif kind == "output":
+            self.output.append((e.get("rank"), str(e.get("line", ""))))
+        elif kind == "error":
+            self.errors.append(e)
+        elif kind == "run_end":
+            self.status = e.get("status", "failed")
+            self.error, self.failed_rank = e.get("error"), e.get("failed_rank")
+            self.tail = list(e.get("tail") or [])
+            self.exit_code = e.get("exit_code")
+            self.duration_s = e.get("duration_s")
+
+
+def replay_events(record) -> list[dict[str, Any]]:
+    """A finished (or crashed) run's events as the live consumer saw them, from its folder."""
+    events: list[dict[str, Any]] = [{
+        "kind": "run_start", "t": record.created, "run_id": record.id, "lesson": record.lesson,
+        "nproc": record.config.get("nproc"), "device": record.config.get("device"),
+        "note": record.config.get("note"), "command": record.command,
+    }]
+    events.extend(record.events())
+    for rank_file in sorted(record.logs_dir.glob("rank*.log")) if record.logs_dir.is_dir() else []:
+        rank = int(rank_file.stem[4:])
+        for line in rank_file.read_text(encoding="utf-8", errors="replace").splitlines()[-50:]:
+            events.append({"kind": "output", "rank": rank, "line": line, "t": None})
+    status = record.effective_status
+    end_t = record.created + (record.duration_s or 0.0)
+    if status != "running":
+        events.append({"kind": "run_end", "t": end_t, "run_id": record.id, "status": status,
+                       "exit_code": record.exit_code, "error": record.error if status != "interrupted"
+                       else "the launcher ended before the run did", "failed_rank": record.failed_rank,
+                       "tail": record.error_tail, "duration_s": record.duration_s})
+    return events

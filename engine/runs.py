@@ -1,0 +1,223 @@
+"""Run folders: every launch keeps its events, exact command, config, per-rank logs and outcome.
+
+Layout of one run (``<root>/<run id>/``)::
+
+    run.json            id, lesson, module, created, command (argv list), config, status,
+                        exit_code, duration_s, error, failed_rank, summary
+    command.txt         the exact torchrun command, shell-quoted
+    events/rank{R}.jsonl  the ranks' structured events (``distai.engine.events``)
+    logs/rank{R}.log    each rank's output (stdout and stderr, in arrival order)
+    logs/torchrun.log   everything torchrun printed, rank lines included
+
+``status`` is ``running`` while the launcher lives, then ``ok``, ``failed`` or ``stopped``;
+a ``running`` run whose launcher process is gone is reported as ``interrupted``.
+Nothing here imports torch or the tutor: the caller passes the root folder.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shlex
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from distai.engine.events import read_events
+
+RUN_FILE = "run.json"
+STATUSES = ("running", "ok", "failed", "stopped", "interrupted")
+
+
+class RunNotFound(LookupError):
+    """No run (or more than one) matches the given id."""
+
+
+@dataclass
+class RunRecord:
+    id: str
+    lesson: str
+    module: str
+    created: float
+    path: str
+    command: list[str] = field(default_factory=list)
+    argv: list[str] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+    status: str = "running"
+    exit_code: int | None = None
+    duration_s: float | None = None
+    error: str | None = None
+    failed_rank: int | None = None
+    error_tail: list[str] = field(default_factory=list)
+    summary: dict[str, Any] | None = None
+    launcher_pid: int | None = None
+    host: str = field(default_factory=lambda: os.uname().nodename if hasattr(os, "uname") else "")
+
+    # -- folders -------------------------------------------------------------------------------
+    @property
+    def dir(self) -> Path:
+        return Path(self.path)
+
+    @property
+    def events_dir(self) -> Path:
+        return self.dir / "events"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.dir / "logs"
+
+    def rank_log(self, rank: int) -> Path:
+        return self.logs_dir / f"rank{rank}.log"
+
+    # -- persistence ---------------------------------------------------------------------------
+    def save(self) -> None:
+        """Write ``run.json`` atomically (a reader never sees half a file)."""
+        tmp = self.dir / f".{RUN_FILE}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(asdict(self), indent=2, ensure_ascii=False), encoding="utf-8")
+        os.replace(tmp, self.dir / RUN_FILE)
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike) -> "RunRecord":
+        data = json.loads((Path(directory) / RUN_FILE).read_text(encoding="utf-8"))
+        known = {f for f in cls.__dataclass_fields__}
+        record = cls(**{k: v for k, v in data.items() if k in known})
+        record.path = str(Path(directory))
+        return record
+
+    # -- derived -------------------------------------------------------------------------------
+    @property
+    def effective_status(self) -> str:
+        """``interrupted`` for a run still marked running whose launcher is gone."""
+        if self.status == "running" and not _pid_alive(self.launcher_pid):
+            return "interrupted"
+        return self.status
+
+    @property
+    def started(self) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.created))
+
+    def events(self) -> list[dict]:
+        """Every rank's events, merged in time order (for replays)."""
+        return merged_events(self.events_dir)
+
+    def log_tail(self, rank: int, lines: int = 15) -> list[str]:
+        return tail_lines(self.rank_log(rank), lines)
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def new_run_id(lesson: str, now: float | None = None) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now or time.time()))
+    return f"{stamp}-{lesson}-{secrets.token_hex(2)}"
+
+
+def create_run(root: str | os.PathLike, lesson: str, module: str, *, run_dir: str | os.PathLike | None = None,
+               argv: Iterable[str] = (), config: dict | None = None) -> RunRecord:
+    """Make the run's folder (under ``root``, or exactly ``run_dir``) and its ``run.json``."""
+    now = time.time()
+    if run_dir is not None:
+        directory = Path(run_dir).expanduser().resolve()
+        if (directory / RUN_FILE).exists():
+            raise FileExistsError(f"{directory} already holds a run; choose an empty folder")
+        run_id = directory.name
+    else:
+        run_id = new_run_id(lesson, now)
+        directory = Path(root) / run_id
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "events").mkdir(exist_ok=True)
+    (directory / "logs").mkdir(exist_ok=True)
+    record = RunRecord(id=run_id, lesson=lesson, module=module, created=now, path=str(directory),
+                       argv=list(argv), config=dict(config or {}), launcher_pid=os.getpid())
+    record.save()
+    return record
+
+
+def set_command(record: RunRecord, command: list[str]) -> None:
+    record.command = list(command)
+    (record.dir / "command.txt").write_text(shlex.join(command) + "\n", encoding="utf-8")
+    record.save()
+
+
+def list_runs(root: str | os.PathLike) -> list[RunRecord]:
+    """Every run folder under ``root``, newest first (folders without ``run.json`` are skipped)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    runs = []
+    for child in root.iterdir():
+        if (child / RUN_FILE).is_file():
+            try:
+                runs.append(RunRecord.load(child))
+            except (OSError, ValueError, TypeError):
+                continue
+    return sorted(runs, key=lambda r: r.created, reverse=True)
+
+
+def find_run(root: str | os.PathLike, ident: str) -> RunRecord:
+    """A run by id, unique id prefix, folder path, or ``last``."""
+    path = Path(ident).expanduser()
+    if (path / RUN_FILE).is_file():
+        return RunRecord.load(path)
+    runs = list_runs(root)
+    if ident in ("last", "latest"):
+        if not runs:
+            raise RunNotFound("there are no runs yet; start one with `distai run lesson1`")
+        return runs[0]
+    exact = [r for r in runs if r.id == ident]
+    if exact:
+        return exact[0]
+    matches = [r for r in runs if r.id.startswith(ident) or ident in r.id]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise RunNotFound(f"no run matches {ident!r}; `distai runs` lists them")
+    raise RunNotFound(f"{len(matches)} runs match {ident!r}; give more of the id")
+
+
+def merged_events(events_dir: str | os.PathLike) -> list[dict]:
+    events: list[dict] = []
+    directory = Path(events_dir)
+    if directory.is_dir():
+        for path in sorted(directory.glob("rank*.jsonl")):
+            events.extend(read_events(path))
+    events.sort(key=lambda e: e.get("t", 0.0))
+    return events
+
+
+def tail_lines(path: str | os.PathLike, lines: int = 15) -> list[str]:
+    """The last ``lines`` lines of a text file (empty list if it does not exist)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 64 * 1024))
+            data = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    return [line for line in data.splitlines()[-lines:]]
+
+
+_RANK_FILE = re.compile(r"rank(\d+)\.(?:jsonl|log)$")
+
+
+def ranks_in(record: RunRecord) -> list[int]:
+    found = set()
+    for directory in (record.events_dir, record.logs_dir):
+        if directory.is_dir():
+            for p in directory.iterdir():
+                m = _RANK_FILE.search(p.name)
+                if m:
+                    found.add(int(m.group(1)))
+    return sorted(found)

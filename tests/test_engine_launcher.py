@@ -1,0 +1,360 @@
+"""The launcher: placement rules, the torchrun command, failure analysis, run folders, and real
+torchrun launches (a crashing rank, a hanging rank, Ctrl-C, a live --json run).
+
+The real launches start together in one module fixture (they mostly wait on torch's import
+and on timeouts, so running them side by side keeps this module short).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from distai.engine import launcher as L
+from distai.engine.run_state import RunState, replay_events
+from distai.engine.runs import RunNotFound, RunRecord, create_run, find_run, list_runs
+
+REPO = Path(__file__).resolve().parents[1]
+DISTAI = [sys.executable, "-m", "distai.tutor.cli"]
+LESSON1 = "distai.engine.experiments.lesson1"
+
+
+# ---------------------------------------------------------------------------------------- units
+def test_placement_rules():
+    assert L.choose_placement(cpu=3, cuda_count=0) == L.Placement("cpu", 3)
+    p = L.choose_placement(gpus=4, cuda_count=0)
+    assert p.device == "cpu" and p.nproc == 4 and "CPU timings" in p.note and "no CUDA" in p.note
+    assert L.choose_placement(gpus=2, cuda_count=8) == L.Placement("cuda", 2)
+    assert L.choose_placement(cuda_count=8) == L.Placement("cuda", 4)
+    assert L.choose_placement(cuda_count=3, default_nproc=8) == L.Placement("cuda", 3)
+    assert L.choose_placement(cuda_count=0) == L.Placement("cpu", 4)
+    assert L.choose_placement(cuda_count=0, default_nproc=2) == L.Placement("cpu", 2)
+    with pytest.raises(L.LaunchError, match="only 2 CUDA devices are visible"):
+        L.choose_placement(gpus=4, cuda_count=2)
+    with pytest.raises(L.LaunchError, match="only 1 CUDA device is visible"):
+        L.choose_placement(gpus=2, cuda_count=1)
+    for bad in (0, -1, 1025, 10**9):
+        with pytest.raises(L.LaunchError) as exc:
+            L.choose_placement(gpus=bad, cuda_count=0)
+        assert exc.value.code == 2 and "--gpus" in str(exc.value)
+    with pytest.raises(L.LaunchError, match="--cpu"):
+        L.choose_placement(cpu=0)
+    with pytest.raises(L.LaunchError, match="not both"):
+        L.choose_placement(gpus=1, cpu=1)
+
+
+def test_node_flags_are_validated():
+    L.validate_nodes(1, None, None, None)
+    L.validate_nodes(2, 1, "10.0.0.1", 29500)
+    for args, msg in (((2, None, "h", None), "--node-rank"), ((2, 0, None, None), "--master-addr"),
+                      ((2, 2, "h", None), "--node-rank"), ((1, None, None, 70000), "--master-port"),
+                      ((0, None, None, None), "--nnodes")):
+        with pytest.raises(L.LaunchError, match=msg):
+            L.validate_nodes(*args)
+
+
+def test_torchrun_command_single_node_uses_standalone_free_port(tmp_path):
+    spec = L.LaunchSpec(LESSON1, L.Placement("cpu", 3), ["--steps", "7", "--sweep-max", "1MiB"])
+    cmd = L.torchrun_command(spec, tmp_path)
+    assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert "--standalone" in cmd and "--master-port" not in cmd
+    assert cmd[cmd.index("--nproc-per-node") + 1] == "3"
+    assert cmd[-6:] == ["-m", LESSON1, "--steps", "7", "--sweep-max", "1MiB"]
+
+
+def test_torchrun_command_multi_node_passes_flags_through(tmp_path):
+    spec = L.LaunchSpec(LESSON1, L.Placement("cuda", 8), [], nnodes=2, node_rank=1,
+                        master_addr="node0.cluster", master_port=29512)
+    cmd = L.torchrun_command(spec, tmp_path)
+    joined = " ".join(cmd)
+    assert "--nnodes 2 --node-rank 1 --master-addr node0.cluster --master-port 29512" in joined
+    assert "--standalone" not in cmd
+    assert spec.global_rank(3) == 11
+
+
+def test_failure_analysis():
+    # a missed barrier names the absent rank, not the one that noticed
+    err = [{"rank": 0, "t": 5.0, "error": "RuntimeError: checkpoint 'after-train': [../ProcessGroupGloo.cpp:1] "
+                                         "Rank 2 failed to pass monitoredBarrier in 3000 ms"}]
+    f = L.analyse_failure(err, [], 1)
+    assert f.rank == 2 and "did not arrive at barrier 'after-train' within 3 s" in f.message and f.reporter == 0
+    # otherwise the earliest error wins (peers fail after the culprit)
+    errs = [{"rank": 0, "t": 9.0, "error": "Connection closed by peer"},
+            {"rank": 3, "t": 7.5, "error": "ValueError: boom"}]
+    f = L.analyse_failure(errs, [], 1)
+    assert f.rank == 3 and "ValueError: boom" in f.message
+    # no events (a segfault, a SIGKILL): torchrun's root-cause report
+    lines = ["Root Cause (first observed failure):", "[0]:", "  time      : 2025-01-01_00:00:00",
+             "  host      : x", "  rank      : 1 (local_rank: 1)", "  exitcode  : -9 (pid: 42)"]
+    f = L.analyse_failure([], lines, 1)
+    assert f.rank == 1 and "SIGKILL" in f.message
+    assert L.analyse_failure([], ["junk"], 3).message == "torchrun exited with code 3"
+
+
+def test_run_processes_finds_only_this_runs_processes():
+    env = dict(os.environ, **{L.RUN_ID_ENV: "test-run-xyz"})
+    other = dict(os.environ, **{L.RUN_ID_ENV: "test-run-xyz2"})
+    mine = subprocess.Popen(["sleep", "30"], env=env, start_new_session=True)
+    theirs = subprocess.Popen(["sleep", "30"], env=other, start_new_session=True)
+    try:
+        assert L.run_processes("test-run-xyz") == [mine.pid]
+    finally:
+        for p in (mine, theirs):
+            p.kill()
+            p.wait()
+    assert L.run_processes("test-run-xyz") == []
+
+
+def test_experiment_availability():
+    assert L.experiment_available(LESSON1)
+    assert not L.experiment_available("distai.engine.experiments.lesson_does_not_exist")
+    assert not L.experiment_available(None)
+
+
+def test_run_folders_list_find_and_interrupted(tmp_path):
+    a = create_run(tmp_path, "lesson1", LESSON1, config={"nproc": 2})
+    time.sleep(0.01)
+    b = create_run(tmp_path, "lesson1", LESSON1)
+    b.status, b.exit_code, b.duration_s, b.error = "failed", 1, 3.0, "rank 1 failed: boom"
+    b.save()
+    a.launcher_pid = 2 ** 22 + 12345  # a launcher that is gone
+    a.save()
+    runs = list_runs(tmp_path)
+    assert [r.id for r in runs] == [b.id, a.id]
+    assert runs[1].effective_status == "interrupted" and runs[0].effective_status == "failed"
+    assert find_run(tmp_path, "last").id == b.id
+    assert find_run(tmp_path, b.id[-4:]).id == b.id
+    assert find_run(tmp_path, str(b.dir)).id == b.id
+    with pytest.raises(RunNotFound):
+        find_run(tmp_path, "nope")
+    with pytest.raises(RunNotFound, match="runs match"):
+        find_run(tmp_path, "lesson1")
+    with pytest.raises(FileExistsError):
+        create_run(tmp_path, "lesson1", LESSON1, run_dir=a.dir)
+    assert RunRecord.load(b.dir).error == "rank 1 failed: boom"
+
+
+def test_run_state_folds_events():
+    s = RunState()
+    for e in [{"kind": "run_start", "run_id": "r", "nproc": 2, "device": "cpu", "t": 1.0},
+              {"kind": "phase", "name": "train", "steps": 3, "t": 1.5},
+              {"kind": "progress", "done": 1, "total": 4, "t": 1.6},
+              {"kind": "step", "step": 0, "of": 3, "loss": 0.5, "t": 2.0},
+              {"kind": "sweep", "size": 1024, "ring_busbw": 1.0, "ar_busbw": 2.0, "t": 3.0},
+              {"kind": "run_end", "status": "ok", "exit_code": 0, "duration_s": 2.5, "t": 3.5}]:
+        s.feed(e)
+    assert s.status == "ok" and s.losses == [0.5] and len(s.sweep) == 1 and s.fraction == 1.0
+    assert s.elapsed == 2.5 and s.finished
+
+
+def test_cli_lesson_without_experiment_is_not_yet_available(capsys):
+    from distai.lessons.registry import all_lessons
+    from distai.tutor.cli import main
+
+    missing = [l for l in all_lessons() if not L.experiment_available(l.experiment)]
+    if not missing:
+        pytest.skip("every lesson has its experiment now")
+    assert main(["run", missing[0].id]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "not yet available" in err and len(err.splitlines()) == 1
+
+
+def test_cli_help_does_not_import_torch():
+    code = ("import sys; from distai.tutor.cli import main; rc = main(['--help']); "
+            "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "NO-TORCH" in out.stdout and " run " in out.stdout and " runs " in out.stdout
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "lesson1", "--gpus", "0"], "--gpus must be at least 1"),
+    (["run", "lesson1", "--gpus", "-3"], "--gpus must be at least 1"),
+    (["run", "lesson1", "--gpus", "5000"], "more than this launcher allows"),
+    (["run", "lesson1", "--cpu", "2", "--gpus", "2"], "not both"),
+    (["run", "lesson42"], "unknown lesson"),
+    (["run", "lesson1", "--nnodes", "2", "--node-rank", "0"], "--master-addr"),
+    (["runs", "show", "no-such-run"], "no run matches"),
+])
+def test_cli_bad_requests_are_one_line_errors(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("DISTAI_HOME", str(tmp_path))
+    from distai.tutor.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------- real launches
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except OSError:
+        return False
+
+
+def _launch(home: Path, args: list[str]) -> dict:
+    rec = create_run(home / "runs", "lesson1", LESSON1)
+    seen: list[dict] = []
+    launch = L.Launch(L.LaunchSpec(LESSON1, L.Placement("cpu", 2), args), rec, consumer=seen.append, grace_s=3)
+    record = launch.run()
+    return {"record": record, "events": seen, "ended": time.time(), "left": L.run_processes(record.id)}
+
+
+def _ctrl_c(home: Path) -> dict:
+    env = dict(os.environ, DISTAI_HOME=str(home))
+    proc = subprocess.Popen([*DISTAI, "run", "lesson1", "--cpu", "2", "--steps", "1000000", "--no-sweep"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True, cwd=REPO)
+    runs = home / "runs"
+    deadline = time.time() + 240
+    pids, run_dir = [], None
+    while time.time() < deadline:  # wait until the ranks are training
+        dirs = list(runs.glob("*/events/rank0.jsonl")) if runs.is_dir() else []
+        if dirs and dirs[0].stat().st_size > 4000:  # rank 0 has emitted a dozen step events
+            run_dir = dirs[0].parents[1]
+            pids = L.run_processes(run_dir.name)
+            break
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    t0 = time.time()
+    proc.send_signal(signal.SIGINT)
+    try:
+        rc = proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        rc = None
+    took = time.time() - t0
+    time.sleep(0.3)
+    return {"rc": rc, "took": took, "pids": pids, "run_dir": run_dir,
+            "alive": [p for p in pids if _alive(p)], "stderr": proc.stderr.read().decode()}
+
+
+def _json_run(home: Path) -> dict:
+    env = dict(os.environ, DISTAI_HOME=str(home))
+    proc = subprocess.Popen([*DISTAI, "run", "lesson1", "--cpu", "2", "--json", "--steps", "60", "--no-sweep"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    events, latencies = [], []
+    for line in proc.stdout:
+        now = time.time()
+        event = json.loads(line)
+        events.append(event)
+        if event.get("rank") is not None and event.get("kind") != "output":
+            latencies.append(now - event["t"])
+    rc = proc.wait(timeout=60)
+    return {"rc": rc, "events": events, "latencies": latencies, "stderr": proc.stderr.read().decode()}
+
+
+@pytest.fixture(scope="module")
+def launches(tmp_path_factory):
+    home = tmp_path_factory.mktemp("home")
+    jobs = {
+        "crash": lambda: _launch(home, ["--steps", "50", "--no-sweep", "--fail-rank", "1", "--fail-step", "2"]),
+        "hang": lambda: _launch(home, ["--steps", "2", "--no-sweep", "--hang-rank", "1", "--barrier-timeout", "2"]),
+        "ctrl_c": lambda: _ctrl_c(tmp_path_factory.mktemp("home_ctrl_c")),
+        "json": lambda: _json_run(home),
+    }
+    results: dict = {}
+
+    def run(name, fn):
+        try:
+            results[name] = fn()
+        except BaseException as exc:  # noqa: BLE001 - reported by the test that needs it
+            results[name] = exc
+
+    threads = [threading.Thread(target=run, args=item) for item in jobs.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    results["home"] = home
+    return results
+
+
+def _get(launches, name):
+    value = launches[name]
+    if isinstance(value, BaseException):
+        raise value
+    return value
+
+
+def test_crashing_rank_is_named_with_its_last_lines_and_stops_the_others(launches):
+    r = _get(launches, "crash")
+    rec = r["record"]
+    assert rec.status == "failed" and rec.exit_code != 0
+    assert rec.failed_rank == 1
+    assert "injected failure on rank 1 at step 2" in rec.error
+    assert any("RuntimeError: injected failure" in line for line in rec.error_tail)
+    crash_t = min(e["t"] for e in r["events"] if e.get("kind") == "error")
+    assert r["ended"] - crash_t < 15, "the other ranks were not stopped within seconds"
+    assert r["left"] == []
+    assert RunRecord.load(rec.dir).failed_rank == 1
+    assert r["events"][-1]["kind"] == "run_end" and r["events"][-1]["failed_rank"] == 1
+
+
+def test_hanging_rank_is_named(launches):
+    rec = _get(launches, "hang")["record"]
+    assert rec.status == "failed" and rec.failed_rank == 1
+    assert "rank 1 did not arrive at barrier 'after-train'" in rec.error
+    assert rec.error_tail  # the reporter's lines when the hung rank printed nothing
+    assert _get(launches, "hang")["left"] == []
+
+
+def test_ctrl_c_stops_every_rank_and_leaves_no_orphans(launches):
+    r = _get(launches, "ctrl_c")
+    assert r["run_dir"] is not None, r["stderr"][-2000:]
+    assert len(r["pids"]) >= 3  # torchrun and its two workers were running
+    assert r["rc"] == 130, r["stderr"][-2000:]
+    assert r["took"] < 20
+    assert r["alive"] == [] and L.run_processes(r["run_dir"].name) == []
+    rec = RunRecord.load(r["run_dir"])
+    assert rec.status == "stopped" and "Ctrl-C" in rec.error
+
+
+def test_json_run_streams_events_live(launches):
+    r = _get(launches, "json")
+    assert r["rc"] == 0, r["stderr"][-3000:]
+    kinds = [e["kind"] for e in r["events"]]
+    assert kinds[0] == "run_start" and kinds[-1] == "run_end" and r["events"][-1]["status"] == "ok"
+    steps = [e for e in r["events"] if e["kind"] == "step"]
+    assert [e["step"] for e in steps] == list(range(60))
+    assert "summary" in kinds and any(e["kind"] == "output" for e in r["events"])
+    lat = sorted(r["latencies"])
+    assert len(lat) > 60
+    # handed over within 0.2 s of emission (through the launcher, the view and a pipe)
+    assert lat[len(lat) // 2] < 0.2 and lat[int(0.95 * len(lat))] < 0.2, lat[-10:]
+
+
+def test_runs_are_listed_and_replayed(launches):
+    _get(launches, "json")
+    home = launches["home"]
+    env = dict(os.environ, DISTAI_HOME=str(home))
+    listed = json.loads(subprocess.run([*DISTAI, "runs", "--json"], env=env, capture_output=True,
+                                       text=True, timeout=60, cwd=REPO).stdout)
+    statuses = sorted(r["status"] for r in listed)
+    assert statuses.count("failed") >= 2 and "ok" in statuses
+    assert all(r["error"] for r in listed if r["status"] == "failed")
+    ok = next(r for r in listed if r["status"] == "ok")
+    shown = subprocess.run([*DISTAI, "runs", "show", ok["id"], "--json"], env=env, capture_output=True,
+                           text=True, timeout=60, cwd=REPO)
+    replayed = [json.loads(line) for line in shown.stdout.splitlines()]
+    live = [e for e in _get(launches, "json")["events"] if e.get("rank") is not None and e["kind"] != "output"]
+    key = lambda e: (e["rank"], e["kind"], e["t"])  # noqa: E731
+    assert sorted(map(key, live)) == sorted(key(e) for e in replayed if e["kind"] not in ("output", "run_start", "run_end")
+                                            and e.get("rank") is not None)
+    assert replayed[-1]["kind"] == "run_end" and replayed[-1]["status"] == "ok"
+    table = subprocess.run([*DISTAI, "runs"], env=env, capture_output=True, text=True, timeout=60, cwd=REPO).stdout
+    assert ok["id"] in table and "did not arrive" in table and "injected failure" in table
+    record = find_run(home / "runs", ok["id"])
+    assert (record.dir / "command.txt").read_text().startswith(sys.executable)
+    assert record.rank_log(0).exists() and record.rank_log(1).exists()
+    assert replay_events(record)[0]["kind"] == "run_start"

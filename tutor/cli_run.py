@@ -1,0 +1,359 @@
+"""``distai run LESSON`` and ``distai runs [show ID]``: launch experiments, list and replay runs.
+
+``distai run`` starts the lesson's experiment through torchrun (``distai.engine.launcher``)
+and shows it live: a Rich view in a terminal, or one JSON object per event on stdout with
+``--json``. Options it does not know (``--sweep-max 1MiB``, ``--fail-rank 2``, …) go to the
+experiment unchanged. Exit status: 0 when the run succeeded, 1 when it failed, 130 when it was
+stopped, 2 for a bad request.
+
+``distai runs`` lists past runs (id, lesson, date, status, duration, error);
+``distai runs show ID`` replays one into the same views.
+
+Imports only typer at module level (``distai --help`` loads this module): the engine, Rich and
+the progress store are imported inside the commands.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from typing import Optional
+
+import typer
+
+from distai.tutor.cli import CliError, app, lesson_or_fail
+
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+# ------------------------------------------------------------------------------------ helpers
+def sparkline(values: list[float], width: int = 40) -> str:
+    """Unicode block sparkline of the last ``width`` values (min → ▁, max → █)."""
+    if not values:
+        return ""
+    vals = values[-width:]
+    lo, hi = min(vals), max(vals)
+    if hi - lo <= 0:
+        return SPARK[3] * len(vals)
+    return "".join(SPARK[min(7, int((v - lo) / (hi - lo) * 7.999))] for v in vals)
+
+
+def _fmt_bytes(n: float) -> str:
+    from distai.lessons.units import format_bytes
+
+    return format_bytes(n, binary=True)
+
+
+def _fmt_bw(bps: float | None) -> str:
+    from distai.lessons.units import format_bandwidth
+
+    return "—" if bps is None else format_bandwidth(bps)
+
+
+def _fmt_time(s: float | None) -> str:
+    from distai.lessons.units import format_time
+
+    return "—" if s is None else format_time(s)
+
+
+def record_in_progress_store(record) -> None:
+    """Note the run in the learner's progress store (never fails the run)."""
+    try:
+        from distai.tutor.progress import ProgressStore
+
+        store = ProgressStore()
+        try:
+            store.record_run(record.id, record.lesson, record.effective_status, record.path)
+        finally:
+            store.close()
+    except Exception:  # noqa: BLE001 - progress is a convenience, the run folder is the record
+        pass
+
+
+# ------------------------------------------------------------------------------------ the view
+def render_state(state, title: str = "distai run"):
+    """A Rich renderable of a :class:`~distai.engine.run_state.RunState`."""
+    from rich.console import Group
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+    from rich.text import Text
+
+    parts = []
+    head = Text()
+    head.append(f"{title} ", style="bold")
+    if state.run_id:
+        head.append(f"· {state.run_id} ", style="dim")
+    if state.nproc:
+        head.append(f"· {state.nproc} × {state.device or '?'}{' (' + state.backend + ')' if state.backend else ''} ")
+    head.append(f"· {state.status if state.finished else (state.phase or state.status)} ", style="cyan")
+    head.append(f"· {state.elapsed:.1f} s", style="dim")
+    parts.append(head)
+    if state.note:
+        parts.append(Text(state.note, style="yellow"))
+    bar = Table.grid(padding=(0, 1))
+    bar.add_row(ProgressBar(total=1.0, completed=state.fraction, width=50), Text(f"{100 * state.fraction:3.0f}%"))
+    parts.append(bar)
+
+    if state.losses:
+        last = state.last_step or {}
+        line = Text("train  ", style="bold")
+        line.append(f"loss {state.losses[0]:.4f} → {state.losses[-1]:.4f}  ")
+        line.append(sparkline(state.losses, 40), style="green")
+        line.append(f"  step {last.get('step', 0) + 1}/{state.steps_of or '?'}")
+        if last.get("comm_s") is not None:
+            line.append(f"  comm {_fmt_time(last['comm_s'])}  compute {_fmt_time(last['compute_s'])}", style="dim")
+        parts.append(line)
+    if state.last_ring_step:
+        r = state.last_ring_step
+        parts.append(Text(f"ring   call {r.get('call')}: step {r.get('step', 0) + 1}/{r.get('of')} "
+                          f"{r.get('phase')}: rank {r.get('rank')} sends chunk {r.get('chunk')} → rank "
+                          f"{r.get('to')} ({_fmt_bytes(r.get('bytes', 0))}); {state.ring_steps} steps traced",
+                          style="magenta"))
+    if state.check:
+        parts.append(Text(f"check  ring all-reduce == dist.all_reduce (max |diff| "
+                          f"{state.check.get('max_abs_diff', 0):.2g})", style="dim"))
+    if state.sweep:
+        table = Table(title="bandwidth sweep (median of the slowest rank)", title_justify="left",
+                      show_edge=False, pad_edge=False)
+        for col in ("size", "ring time", "ring busbw", "all_reduce time", "all_reduce busbw", "ratio"):
+            table.add_column(col, justify="right")
+        for row in state.sweep[-12:]:
+            ratio = row["ring_busbw"] / row["ar_busbw"] if row.get("ar_busbw") else float("nan")
+            table.add_row(_fmt_bytes(row["size"]), _fmt_time(row["ring_time_s"]), _fmt_bw(row["ring_busbw"]),
+                          _fmt_time(row["ar_time_s"]), _fmt_bw(row["ar_busbw"]),
+                          Text(f"{ratio:.2f}", style="green" if ratio >= 0.9 else "yellow"))
+        parts.append(table)
+    for impl, f in state.fits.items():
+        parts.append(Text(f"fit    {impl}: t = 2(N-1)·α + 2(N-1)/N·S·β with α = {_fmt_time(f.get('alpha_s'))}, "
+                          f"β = {f.get('beta_s_per_byte', 0):.3g} s/B (1/β = {_fmt_bw(f.get('bandwidth'))})",
+                          style="dim"))
+    lines = list(state.output)[-6:]
+    if lines:
+        out = Text()
+        for rank, text in lines:
+            out.append("torchrun " if rank is None else f"rank {rank:<3}", style="dim")
+            out.append(f" {text[:160]}\n")
+        out.rstrip()
+        parts.append(out)
+    if state.finished:
+        style = {"ok": "bold green", "stopped": "bold yellow"}.get(state.status, "bold red")
+        msg = Text(f"{state.status}", style=style)
+        if state.duration_s is not None:
+            msg.append(f" after {state.duration_s:.1f} s", style="dim")
+        if state.error:
+            msg.append(f": {state.error}")
+        parts.append(msg)
+        if state.tail and state.status == "failed":
+            who = f"rank {state.failed_rank}" if state.failed_rank is not None else "torchrun"
+            tail = Text(f"last lines of {who}:\n", style="bold")
+            tail.append("\n".join("  " + t for t in state.tail[-12:]), style="red")
+            parts.append(tail)
+    return Group(*parts)
+
+
+class TerminalView:
+    """Live Rich view in a terminal; a plain final render when stdout is not a terminal."""
+
+    def __init__(self, title: str, live: bool | None = None):
+        from rich.console import Console
+
+        from distai.engine.run_state import RunState
+
+        self.state = RunState()
+        self.title = title
+        self.console = Console()
+        self.live_enabled = self.console.is_terminal if live is None else live
+        self._live = None
+
+    def __enter__(self):
+        if self.live_enabled:
+            from rich.live import Live
+
+            self._live = Live(get_renderable=lambda: render_state(self.state, self.title),
+                              console=self.console, refresh_per_second=8, transient=False)
+            self._live.__enter__()
+        return self
+
+    def __call__(self, event: dict) -> None:
+        self.state.feed(event)
+
+    def __exit__(self, *exc):
+        if self._live is not None:
+            self._live.refresh()
+            self._live.__exit__(*exc)
+        else:
+            self.console.print(render_state(self.state, self.title))
+        return False
+
+
+class JsonView:
+    """One JSON object per event on stdout (flushed: a pipe sees it at once)."""
+
+    def __init__(self, out=None):
+        self.out = out or sys.stdout
+
+    def __enter__(self):
+        return self
+
+    def __call__(self, event: dict) -> None:
+        self.out.write(json.dumps(event, ensure_ascii=False, default=str) + "\n")
+        self.out.flush()
+
+    def __exit__(self, *exc):
+        return False
+
+
+# ------------------------------------------------------------------------------------ distai run
+@app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def run_cmd(
+    ctx: typer.Context,
+    lesson: str = typer.Argument(..., help="Lesson: 1-7, lessonN or its slug."),
+    gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs per node (NCCL). Without CUDA: that many CPU processes."),
+    cpu: Optional[int] = typer.Option(None, "--cpu", help="CPU processes per node (gloo). Default without GPUs: the lesson's ranks (4)."),
+    nnodes: int = typer.Option(1, "--nnodes", help="Nodes (multi-node: run the same command on every node)."),
+    node_rank: Optional[int] = typer.Option(None, "--node-rank", help="This node's rank (0 on the master)."),
+    master_addr: Optional[str] = typer.Option(None, "--master-addr", help="Address of node 0."),
+    master_port: Optional[int] = typer.Option(None, "--master-port", help="Port on node 0."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Training steps (passed to the experiment)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object per event instead of the live view."),
+    run_dir: Optional[str] = typer.Option(None, "--run-dir", help="Keep this run in DIR (default: the runs folder)."),
+    debug: bool = typer.Option(False, "--debug", help="TORCH_DISTRIBUTED_DEBUG=DETAIL (slower, more checks)."),
+) -> None:
+    """Launch the lesson's real torch.distributed experiment (extra options go to the experiment)."""
+    chosen = lesson_or_fail(lesson)
+    from distai.engine.launcher import (Launch, LaunchError, LaunchSpec, choose_placement,
+                                        experiment_available, validate_nodes)
+
+    if not experiment_available(chosen.experiment):
+        raise CliError(f"lesson {chosen.number}'s experiment is not yet available in this version of distai")
+    try:
+        validate_nodes(nnodes, node_rank, master_addr, master_port)
+        placement = choose_placement(gpus=gpus, cpu=cpu, default_nproc=getattr(chosen, "ranks", 4))
+    except LaunchError as exc:
+        raise CliError(str(exc), code=exc.code) from None
+    extra = list(ctx.args)
+    if steps is not None:
+        if steps < 0:
+            raise CliError(f"--steps must be >= 0, got {steps}")
+        extra = ["--steps", str(steps), *extra]
+    from distai.engine.runs import create_run
+    from distai.tutor.paths import runs_root
+
+    try:
+        record = create_run(runs_root(), chosen.id, chosen.experiment, run_dir=run_dir,
+                            argv=["distai", *sys.argv[1:]] if sys.argv else [])
+    except (FileExistsError, OSError) as exc:
+        raise CliError(str(exc)) from None
+    spec = LaunchSpec(chosen.experiment, placement, extra, nnodes=nnodes, node_rank=node_rank,
+                      master_addr=master_addr, master_port=master_port, debug=debug)
+    if placement.note and as_json:  # the live view shows it itself
+        typer.echo(f"distai: {placement.note}", err=True)
+    view = JsonView() if as_json else TerminalView(f"distai run {chosen.id}")
+    launch = Launch(spec, record, consumer=view)
+
+    def on_signal(signum, frame):  # closing the terminal or `kill`: stop the ranks too
+        launch.stop(f"stopped by {signal.Signals(signum).name}")
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
+    # Ctrl-C stops the run even where SIGINT was inherited as ignored (a background job)
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
+    interrupted = False
+    try:
+        with view:
+            launch.start()
+            record_in_progress_store(record)
+            try:
+                record = launch.run()
+            except KeyboardInterrupt:
+                interrupted = True
+                record = launch.record
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    record_in_progress_store(record)
+    if not as_json:
+        typer.echo(f"run folder: {record.path}", err=True)
+    if interrupted or record.status == "stopped":
+        raise typer.Exit(130)
+    if record.status != "ok":
+        raise typer.Exit(1)
+
+
+# ------------------------------------------------------------------------------------ distai runs
+runs_app = typer.Typer(help="List past runs, or replay one with `distai runs show ID`.",
+                       invoke_without_command=True, no_args_is_help=False)
+app.add_typer(runs_app, name="runs")
+
+
+def _duration(record) -> str:
+    return "—" if record.duration_s is None else f"{record.duration_s:.1f} s"
+
+
+@runs_app.callback(invoke_without_command=True)
+def runs_list(
+    ctx: typer.Context,
+    lesson: Optional[str] = typer.Option(None, "--lesson", "-l", help="Only this lesson's runs."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    limit: int = typer.Option(50, "--limit", "-n", help="At most this many runs (newest first)."),
+) -> None:
+    """List past runs: id, lesson, date, status, duration (and the error of failed ones)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from distai.engine.runs import list_runs
+    from distai.tutor.paths import runs_root
+
+    wanted = lesson_or_fail(lesson).id if lesson else None
+    runs = [r for r in list_runs(runs_root()) if wanted is None or r.lesson == wanted][:max(0, limit)]
+    rows = [{"id": r.id, "lesson": r.lesson, "started": r.started, "status": r.effective_status,
+             "duration_s": r.duration_s, "nproc": r.config.get("nproc"), "device": r.config.get("device"),
+             "error": r.error, "failed_rank": r.failed_rank, "path": r.path} for r in runs]
+    if as_json:
+        typer.echo(json.dumps(rows, ensure_ascii=False, indent=2))
+        return
+    if not rows:
+        typer.echo("no runs yet: start one with `distai run lesson1`")
+        return
+    width = max(len(r["id"]) for r in rows)
+    typer.echo(f"{'id':<{width}}  {'lesson':<8} {'started':<19}  {'status':<11} {'duration':>9}  procs")
+    for r, rec in zip(rows, runs):
+        procs = f"{r['nproc']}×{r['device']}" if r["nproc"] else ""
+        typer.echo(f"{r['id']:<{width}}  {r['lesson']:<8} {r['started']:<19}  {r['status']:<11} "
+                   f"{_duration(rec):>9}  {procs}")
+        if r["error"] and r["status"] != "ok":
+            typer.echo(f"{'':<{width}}  └ {r['error'][:150]}")
+
+
+@runs_app.command("show")
+def runs_show(
+    run_id: str = typer.Argument(..., help="Run id (or a unique part of it, or `last`)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the run's events as JSON lines."),
+    speed: float = typer.Option(0.0, "--speed", help="Replay at this multiple of real time (0: at once)."),
+) -> None:
+    """Replay a past run into the same views as a live one."""
+    from distai.engine.run_state import replay_events
+    from distai.engine.runs import RunNotFound, find_run
+    from distai.tutor.paths import runs_root
+
+    if speed < 0:
+        raise CliError(f"--speed must be >= 0, got {speed}")
+    try:
+        record = find_run(runs_root(), run_id)
+    except RunNotFound as exc:
+        raise CliError(str(exc)) from None
+    events = replay_events(record)
+    if as_json:
+        view = JsonView()
+    else:
+        view = TerminalView(f"distai runs show {record.lesson}", live=None if speed > 0 else False)
+    with view:
+        prev_t = None
+        for event in events:
+            t = event.get("t")
+            if speed > 0 and isinstance(t, (int, float)):
+                if prev_t is not None and t > prev_t:
+                    time.sleep(min(2.0, (t - prev_t) / speed))
+                prev_t = t
+            view(event)
+    if not as_json:
+        typer.echo(f"run folder: {record.path}", err=True)
