@@ -319,42 +319,43 @@ def run_schedule(ctx, schedule: str, cfg, p: int, m: int, v: int, args, batches)
 
 
 def _mib(x) -> str:
-    return "—" if x is None else f"{x / 2**20:.2f} MiB"
+    return "—" if x is None else f"{x / 2**20:.2f}"
 
 
 def print_summary(results: list[dict], cfg, args, p: int, m: int, v: int, device) -> None:
+    """The human summary, 80 columns wide (the launcher's width)."""
     print(f"\nLesson 5 · pipeline over p = {p} ranks ({device.type}), m = {m} microbatches of "
-          f"{args.microbatch_size}, interleaved v = {v}; model: {cfg.n_layers} blocks, d = {cfg.d_model}, "
-          f"seq = {cfg.seq}")
+          f"{args.microbatch_size}")
+    print(f"model: {cfg.n_layers} blocks, d = {cfg.d_model}, seq = {cfg.seq}; interleaved v = {v}")
     for r in results:
-        name = SCHEDULE_NAMES[r["schedule"]]
-        print(f"\n{name}")
-        losses = ", ".join(f"{x:.4f}" for x in r["loss"])
-        print(f"  loss per step (ours):    {losses}")
+        print(f"\n{SCHEDULE_NAMES[r['schedule']]}")
+        print(f"  loss (ours):   {', '.join(f'{x:.4f}' for x in r['loss'])}")
         if r["torch_loss"] is not None:
-            print(f"  loss per step (torch):   {', '.join(f'{x:.4f}' for x in r['torch_loss'])}")
-        print(f"  unsplit model, step 0:   {r['ref_loss']:.4f}")
-        line = f"  max |grad diff| vs unsplit model: {r['max_grad_diff_vs_unsplit']:.2e}"
+            print(f"  loss (torch):  {', '.join(f'{x:.4f}' for x in r['torch_loss'])}")
+        print(f"  unsplit model, first step: {r['ref_loss']:.4f}")
+        line = f"  max |grad diff|: vs unsplit {r['max_grad_diff_vs_unsplit']:.1e}"
         if r["max_grad_diff_vs_torch"] is not None:
-            line += f" · vs torch: {r['max_grad_diff_vs_torch']:.2e}"
-        print(line + f" (largest grad {r['grad_scale']:.2e})")
-        line = f"  step time: {r['step_time_s'] * 1e3:.1f} ms"
+            line += f" · vs torch {r['max_grad_diff_vs_torch']:.1e}"
+        print(line + f" (largest grad {r['grad_scale']:.1e})")
+        line = f"  step: ours {r['step_time_s'] * 1e3:.1f} ms"
         if r["torch_step_time_s"]:
-            line += (f" · torch: {r['torch_step_time_s'] * 1e3:.1f} ms "
-                     f"(ours/torch = {r['step_time_s'] / r['torch_step_time_s']:.2f}x)")
+            line += (f" · torch {r['torch_step_time_s'] * 1e3:.1f} ms · ours/torch "
+                     f"{r['step_time_s'] / r['torch_step_time_s']:.2f}x")
         print(line)
         print(f"  bubble: measured {r['bubble_measured']:.1%} · formula {r['bubble_formula']:.1%} · "
-              f"simulated with measured F = {r['t_f_s'] * 1e3:.2f} ms, B = {r['t_b_s'] * 1e3:.2f} ms: "
-              f"{r['bubble_simulated_with_measured_costs']:.1%}")
+              f"simulated {r['bubble_simulated_with_measured_costs']:.1%}")
+        print(f"          (simulated with the measured F = {r['t_f_s'] * 1e3:.2f} ms, "
+              f"B = {r['t_b_s'] * 1e3:.2f} ms)")
+        print("  rank  bubble  peak MiB  predicted MiB  microbatches  formula  torch MiB")
         for s in r["stages"]:
-            print(f"    rank {s['rank']}: bubble {s['bubble']:.1%} · peak activations {_mib(s['peak_bytes'])} "
-                  f"(schedule predicts {_mib(s['peak_expected_bytes'])}) = {s['peak_microbatches']:.2f} "
-                  f"microbatches (formula {s['peak_formula']:g})"
-                  + (f" · torch {_mib(s['torch_peak_bytes'])}" if s["torch_peak_bytes"] is not None else ""))
+            print(f"  {s['rank']:>4}  {s['bubble']:6.1%}  {_mib(s['peak_bytes']):>8}  "
+                  f"{_mib(s['peak_expected_bytes']):>13}  {s['peak_microbatches']:>12.2f}  "
+                  f"{s['peak_formula']:>7g}  {_mib(s['torch_peak_bytes']):>9}")
+        print("  (peak activations: what autograd saved for backward; predicted from the order")
+        print("   and each chunk's bytes; microbatches = peak / one microbatch's bytes)")
     if device.type == "cpu" and (os.cpu_count() or 1) < p:
-        print(f"\nNote: {p} ranks share {os.cpu_count()} CPU cores, so at most {os.cpu_count()} stages compute at "
-              f"once; the measured bubble includes waiting for a core and gloo's latency, which the "
-              f"formula leaves out.")
+        print(f"\nNote: {p} ranks share {os.cpu_count()} CPU cores, so at most {os.cpu_count()} stages "
+              f"compute at once;\nthe measured bubble also holds the wait for a core and gloo's latency.")
 
 
 def main(argv=None) -> int:
