@@ -155,6 +155,8 @@ def test_widget_speaks_spanish():
                 v.feed_event(ev)
             v.show_step("underflow")
             assert "cero 10,0 %" in v.last_text.plain
+            v.show_step("overlap")
+            assert "1,33x más rápido" in v.last_text.plain and "nuestro/DDP 0,92x" in v.last_text.plain
     asyncio.run(go())
 
 
