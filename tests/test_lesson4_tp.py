@@ -55,7 +55,8 @@ def check_all(rank: int, world_size: int) -> dict:
         events = list(read_events(Path(events_dir) / f"rank{rank}.jsonl"))
         out["main"] = {"rc": rc, "kinds": sorted({e["kind"] for e in events}),
                        "summary": next((e for e in events if e["kind"] == "summary"), None),
-                       "progress": [e["done"] / e["total"] for e in events if e["kind"] == "progress"]}
+                       "progress": [e["done"] / e["total"] for e in events if e["kind"] == "progress"],
+                       "for_visualizer": [e for e in events if e["kind"] in ("config", "comm_check")]}
     return out
 
 
@@ -254,3 +255,18 @@ def test_experiment_main_reports_everything(results):
         assert summary["dtensor"][mode]["out_ours_vs_dtensor"] < TOL
     assert summary["forgotten_g"]["bug"] > 1e-3
     assert results[1]["main"]["summary"] is None  # rank 0 alone writes the summary
+
+
+def test_visualizer_shows_the_runs_own_counts(results):
+    from distai.visualizers.tp_block import TPBlockVisualizer
+
+    r = _rank0(results)
+    if r["T"] != 2:
+        pytest.skip("the experiment's entry point runs in the T=2 group")
+    vis = TPBlockVisualizer(language="en")
+    for event in r["main"]["for_visualizer"]:
+        vis.feed_event(event)
+    assert vis.t == 2
+    assert "your run (T=2, tp): layer 0 fwd 2 all-reduce, bwd 2 all-reduce ✓" in vis.render_detail().plain
+    vis.show_step("sequence-parallel")
+    assert "fwd 2 all-gather, 2 reduce-scatter, bwd 2 all-gather, 2 reduce-scatter ✓" in vis.render_detail().plain

@@ -285,6 +285,36 @@ def compare_with_dtensor(cfg: ModelConfig, batch: int, sp: bool, seed: int = 0,
 # The run
 # ----------------------------------------------------------------------------------------------
 
+def verdict(summary: dict, cfg: ModelConfig, modes: list[str]) -> list[str]:
+    """The run in at most six short lines (what a live view shows last)."""
+    T, rows = summary["T"], summary["modes"]
+    ok = lambda b: "✓" if b else "✗"  # noqa: E731
+    out = [f"verdict, T={T} ({summary['seconds']:.1f} s):"]
+    out.append("  loss and every gradient = dense: " + ", ".join(
+        f"{m} max diff {rows[m]['max_grad_diff']:.1e} {ok(rows[m]['max_grad_diff'] < 1e-5)}" for m in modes))
+    out.append("  collectives/layer = formula: " + ", ".join(
+        f"{m} {_fmt_bytes(rows[m]['comm_layer0']['fwd']['wire_bytes'])} each way {ok(rows[m]['comm_match'])}"
+        for m in modes))
+    out.append("  activations/layer = Korthikanti + LN stats: " + ", ".join(
+        f"{m} {_fmt_bytes(rows[m]['memory_measured'])} "
+        f"{ok(rows[m]['memory_measured'] == rows[m]['memory_formula'] + rows[m]['memory_ln_stats'])}"
+        for m in modes))
+    v = rows[modes[0]]["vocab"]
+    out.append(f"  vocab-parallel loss: {v['logits_width']}/{cfg.vocab} logits per rank, "
+               f"{_fmt_bytes(v['ce_wire_bytes'])} sent instead of {_fmt_bytes(v['gather_logits_wire_bytes'])}")
+    extra = []
+    if "forgotten_g" in summary:
+        extra.append(f"forgotten g caught ({summary['forgotten_g']['bug']:.1e})")
+    if "tp+sp" in rows and rows["tp+sp"].get("sp_grads_unsynced_diff") is not None:
+        extra.append(f"SP LN-grad bug caught ({rows['tp+sp']['sp_grads_unsynced_diff']:.1e})")
+    if summary.get("dtensor"):
+        worst = max(max(d["out_ours_vs_dtensor"], d["grad_ours_vs_dtensor"]) for d in summary["dtensor"].values())
+        extra.append(f"= DTensor {worst:.0e} {ok(worst < 1e-5)}")
+    if extra:
+        out.append("  " + "; ".join(extra))
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lesson4", description=__doc__.split("\n\n")[0])
     p.add_argument("--hidden", type=int, default=128)
@@ -334,8 +364,8 @@ def main(argv: list[str] | None = None) -> int:
         for m in modes:
             cfg.check_tp(T, MODES[m])
     except ValueError as exc:
-        if rank == 0:
-            print(f"lesson4: error: {exc}", file=sys.stderr)
+        # every rank says why: whichever one the launcher reports first shows the message
+        print(f"lesson4: error: {exc}", file=sys.stderr)
         shutdown(ctx)
         return 2
 
@@ -431,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         ev.emit("summary", **summary)
         print("\n".join(lines))
-        print(f"\n({summary['seconds']:.1f} s)")
+        print("\n" + "\n".join(verdict(summary, cfg, modes)))
     shutdown(ctx)
     return 0
 
