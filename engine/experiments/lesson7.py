@@ -214,10 +214,10 @@ def paged_vs_contiguous(cfg, w, args, ctx) -> dict:
 
 
 @torch.no_grad()
-def measure_costs(cfg, w, device, repeats: int = 3) -> dict:
+def measure_costs(cfg, w, device, repeats: int = 5) -> dict:
     """Time the real model: prefill of one prompt per length, one decode step per batch size."""
     sh = DecoderShard(cfg, w, device=device)
-    lengths, batches = (8, 24, 48, 72), (1, 2, 4, 8, 16)
+    lengths, batches = (16, 64, 128, 256), (1, 4, 16, 32)
     sh.cache = KVStore(BlockAllocator(64, 128), cfg.layers, sh.kv_local, cfg.head_dim, sh.dtype, device)
 
     def timed(fn):
@@ -262,7 +262,7 @@ def measure_costs(cfg, w, device, repeats: int = 3) -> dict:
 def routing_comparison(args, points: dict | None, ev) -> dict:
     if args.cost == "measured":
         cost = routing.CostModel.fit(points["prefill"], points["decode"], "measured")
-        shape = dict(prefixes=16, prefix_len=48, suffix_range=(4, 16), mean_output=16, max_output=64)
+        shape = dict(prefixes=16, prefix_len=128, suffix_range=(8, 32), mean_output=16, max_output=64)
     else:  # Llama-2-70B on TP=4 H100s, 4,096-token contexts
         kv = f7.kv_cache_total(80, 8, 128, 2, 4096, tp=4)["per_gpu_bytes"]
         cost = routing.CostModel.roofline(69e9 / 4, 2 * 69e9 / 4, kv, 989e12, 3.35e12)
@@ -330,8 +330,9 @@ def main(argv: list[str] | None = None) -> int:
             kv_budget=args.kv_budget, params=cfg.params())
     prompts = torch.randint(0, cfg.vocab, (args.batch, args.prompt), generator=torch.Generator().manual_seed(args.seed + 1))
     summary: dict = {"lesson": "lesson7", "W": W, "device": ctx.device.type, "dtype": args.dtype}
-    lines = [f"lesson 7 — serving a {cfg.params() / 1e6:.2f}M-parameter decoder ({cfg.layers} layers, h={cfg.hidden}, "
-             f"{cfg.heads} heads, {cfg.kv_heads} KV heads, {args.dtype}) on W={W} ranks ({ctx.backend})"]
+    lines = [f"lesson 7 — a {cfg.params() / 1e6:.2f}M-parameter decoder (L={cfg.layers}, h={cfg.hidden}, "
+             f"{cfg.heads} heads, {cfg.kv_heads} KV heads, {args.dtype})",
+             f"served on W={W} ranks ({ctx.backend})"]
     ev.emit("phase", name="single-process reference")
     ref = single_process(cfg, w, prompts, args.new_tokens, ctx.device, ev, rank)
     summary["single"] = {"decode_tokens_per_s": args.batch * ref["decode_steps"] / ref["decode_s"]}
@@ -345,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
                                             "all_reduce_bytes_per_token", "decode_tokens_per_s")}
         summary["tp"]["shards"] = shards
         lines.append(f"\n[TP={W}] tokens {'=' if tp['equal'] else '≠'} single process; "
-                     f"{tp['all_reduces_per_token']:g} all-reduces per decode step (2·L = {2 * cfg.layers}), "
+                     f"{tp['all_reduces_per_token']:g} all-reduces per decode step")
+        lines.append(f"  (2·L = {2 * cfg.layers}), "
                      f"{_fmt_bytes(tp['all_reduce_bytes_per_token'] / max(1, tp['all_reduces_per_token']))} each")
         for r, sh in enumerate(shards):
             lines.append(f"  rank {r}: KV heads {sh['kv_heads']} — cache {_fmt_bytes(sh['kv_bytes'])} "
@@ -360,9 +362,8 @@ def main(argv: list[str] | None = None) -> int:
         summary["pp"]["shards"] = shards
         lines.append(f"\n[PP={W}, {pp['microbatches']} microbatches] tokens {'=' if pp['equal'] else '≠'} single process")
         for r, sh in enumerate(shards):
-            sends = (f"{sh['sends_per_token']:g} hidden-state sends per decode step" if r < W - 1 else
-                     "sends the new tokens back to stage 0")
-            lines.append(f"  stage {r}: layers {sh['layers'][0]}–{sh['layers'][-1]} — cache {_fmt_bytes(sh['kv_bytes'])} "
+            sends = (f"{sh['sends_per_token']:g} sends/step" if r < W - 1 else "tokens back to stage 0")
+            lines.append(f"  stage {r}: layers {sh['layers'][0]}–{sh['layers'][-1]}, cache {_fmt_bytes(sh['kv_bytes'])} "
                          f"(formula {_fmt_bytes(sh['formula_bytes'])}); {sends}")
 
     points = None
@@ -385,25 +386,27 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"\n[KV cache] {kv['requests']} requests, same KV memory ({kv['kv_budget_tokens']} tokens): "
                          f"tokens {'identical' if kv['tokens_equal'] else 'DIFFERENT'}")
             lines.append(f"  contiguous ({max(1, kv['kv_budget_tokens'] // kv['max_len'])} regions of {kv['max_len']}): "
-                         f"waste {c['waste_fraction']:.1%}, up to {c['max_running']} running, "
-                         f"{c['iterations']} iterations, {c['tokens_per_s']:.0f} tokens/s")
+                         f"waste {c['waste_fraction']:.1%}, up to {c['max_running']} running,")
+            lines.append(f"    {c['iterations']} iterations, {c['tokens_per_s']:.0f} tokens/s")
             lines.append(f"  paged (blocks of {kv['block_size']}): waste {p['waste_fraction']:.1%}, up to "
-                         f"{p['max_running']} running, {p['iterations']} iterations, {p['tokens_per_s']:.0f} tokens/s, "
-                         f"{p['preemptions']} preemptions → {kv['throughput_ratio']:.2f}× the throughput")
+                         f"{p['max_running']} running, {p['preemptions']} preemptions,")
+            lines.append(f"    {p['iterations']} iterations, {p['tokens_per_s']:.0f} tokens/s → "
+                         f"{kv['throughput_ratio']:.2f}× the contiguous cache's")
     if "routing" not in skip and rank == 0:
         ev.emit("phase", name="routing across replicas")
         rt = routing_comparison(args, points, ev)
         summary["routing"] = rt
         c = rt["cost"]
         lines.append(f"\n[routing] {rt['replicas']} replicas, {rt['requests']} requests at {rt['rate_per_s']:.1f}/s "
-                     f"(load {rt['load']:g}); costs {c['source']}: prefill {_ms(c['prefill_fixed_s'])} + "
-                     f"{c['prefill_per_token_s'] * 1e3:.3f} ms/token, decode step {_ms(c['decode_fixed_s'])} + "
-                     f"{c['decode_per_seq_s'] * 1e3:.3f} ms/sequence")
-        lines.append(f"  {'policy':<18} {'TTFT p50':>9} {'p99':>9} {'TPOT p50':>9} {'p99':>9} {'tokens/s':>9} {'prefix hits':>11}")
+                     f"(load {rt['load']:g}); costs {c['source']}:")
+        lines.append(f"  prefill {_ms(c['prefill_fixed_s'])} + {c['prefill_per_token_s'] * 1e3:.3f} ms/token, "
+                     f"decode step {_ms(c['decode_fixed_s'])} + {c['decode_per_seq_s'] * 1e3:.3f} ms/sequence")
+        lines.append(f"  {'policy':<18} {'TTFT p50/p99 ms':>15} {'TPOT p50/p99 ms':>15} {'tokens/s':>8} {'hits':>5}")
         for policy, mtr in rt["policies"].items():
-            lines.append(f"  {policy:<18} {_ms(mtr['ttft_p50_s']):>9} {_ms(mtr['ttft_p99_s']):>9} "
-                         f"{_ms(mtr['tpot_p50_s']):>9} {_ms(mtr['tpot_p99_s']):>9} "
-                         f"{mtr['throughput_tokens_per_s']:>9.0f} {mtr['prefix_hit_rate']:>11.0%}")
+            ttft = f"{mtr['ttft_p50_s'] * 1e3:.1f}/{mtr['ttft_p99_s'] * 1e3:.1f}"
+            tpot = f"{mtr['tpot_p50_s'] * 1e3:.1f}/{mtr['tpot_p99_s'] * 1e3:.1f}"
+            lines.append(f"  {policy:<18} {ttft:>15} {tpot:>15} {mtr['throughput_tokens_per_s']:>8.0f} "
+                         f"{mtr['prefix_hit_rate']:>5.0%}")
     summary["seconds"] = time.time() - t0
     ok = all(summary.get(k, {}).get("equal", True) for k in ("tp", "pp")) and \
         summary.get("kv", {}).get("tokens_equal", True)
