@@ -21,6 +21,8 @@ torch's) in microbatches, against the formula.
 Events (besides ``phase``, ``step``, ``metric``, ``log``, ``summary``):
 
 * ``pp_config``: ``p, m, v, schedules, microbatch_size, d_model, layers, seq`` (rank 0, first);
+* ``progress``: ``done, total`` training steps over all schedules and both implementations (rank 0);
+* ``step``: ``step, of, loss, schedule`` from the rank holding the last stage, for our runs;
 * ``pp_op``: one per forward/backward block of our runner (see ``distai.engine.pipeline``);
 * ``pp_step``: ``schedule, impl ("ours"/"torch"), step, t_start, t_end, loss`` per rank and step;
 * ``pp_stage``: rank 0, per schedule and rank: ``schedule, rank, bubble, bubble_formula,
@@ -126,7 +128,7 @@ def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
 
 
 def run_ours(ctx, schedule: str, cfg, p: int, m: int, v: int, mb: int, batches, lr: float, seed: int,
-             events=None):
+             events=None, progress=None):
     rank = ctx.rank
     chunks = pl.build_rank_chunks(cfg, p, v, rank, seed=seed, device=ctx.device)
     runner = pl.PipelineRunner(chunks, rank=rank, p=p, m=m, schedule=schedule, v=v, microbatch_size=mb,
@@ -149,11 +151,16 @@ def run_ours(ctx, schedule: str, cfg, p: int, m: int, v: int, mb: int, batches, 
         if events is not None:
             events.emit("pp_step", schedule=schedule, impl="ours", step=i, t_start=res.t_start,
                         t_end=res.t_end, loss=res.loss)
+            if res.loss is not None:
+                events.emit("step", step=i, of=len(batches), loss=res.loss, schedule=schedule)
+        if progress is not None:
+            progress()
     out["chunks"] = chunks
     return out
 
 
-def run_torch(ctx, schedule: str, cfg, p: int, m: int, v: int, batches, lr: float, seed: int, events=None):
+def run_torch(ctx, schedule: str, cfg, p: int, m: int, v: int, batches, lr: float, seed: int, events=None,
+              progress=None):
     from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
                                               ScheduleInterleaved1F1B)
 
@@ -193,6 +200,8 @@ def run_torch(ctx, schedule: str, cfg, p: int, m: int, v: int, batches, lr: floa
         out["peak_bytes"] = max(out["peak_bytes"], meter.peak)
         if events is not None:
             events.emit("pp_step", schedule=schedule, impl="torch", step=i, t_start=t0, t_end=t1, loss=loss)
+        if progress is not None:
+            progress()
     return out
 
 
@@ -241,16 +250,16 @@ def measure(ours: dict, p: int, m: int, v: int, schedule: str, rank: int, gather
     }
 
 
-def run_schedule(ctx, schedule: str, cfg, p: int, m: int, v: int, args, batches) -> dict | None:
+def run_schedule(ctx, schedule: str, cfg, p: int, m: int, v: int, args, batches, progress=None) -> dict | None:
     """Ours, torch's and the reference for one schedule; the figures on rank 0, None elsewhere."""
     ev = ctx.events
     mb = args.microbatch_size
     ev.emit("phase", name=f"{schedule}: ours")
-    ours = run_ours(ctx, schedule, cfg, p, m, v, mb, batches, args.lr, args.seed, events=ev)
+    ours = run_ours(ctx, schedule, cfg, p, m, v, mb, batches, args.lr, args.seed, events=ev, progress=progress)
     theirs = None
     if not args.no_torch:
         ev.emit("phase", name=f"{schedule}: torch.distributed.pipelining")
-        theirs = run_torch(ctx, schedule, cfg, p, m, v, batches, args.lr, args.seed, events=ev)
+        theirs = run_torch(ctx, schedule, cfg, p, m, v, batches, args.lr, args.seed, events=ev, progress=progress)
     # the unsplit model on the first batch, for this rank's layers
     ref_loss, ref_layers = pl.reference_grads(cfg, batches[0][0], batches[0][1], seed=args.seed)
     ref_stages = pl.split_layers(ref_layers, p * v, cfg)
@@ -373,9 +382,18 @@ def main(argv=None) -> int:
             ctx.events.emit("pp_config", p=p, m=m, v=v, schedules=schedules,
                             microbatch_size=args.microbatch_size, d_model=cfg.d_model,
                             layers=cfg.n_layers, seq=cfg.seq)
+        total = len(schedules) * args.steps * (1 if args.no_torch else 2)
+        done = [0]
+
+        def progress():
+            done[0] += 1
+            if ctx.rank == 0:
+                ctx.events.emit("progress", done=done[0], total=total)
+
         results = []
         for schedule in schedules:
-            res = run_schedule(ctx, schedule, cfg, p, m, v if schedule == "interleaved" else 1, args, batches)
+            res = run_schedule(ctx, schedule, cfg, p, m, v if schedule == "interleaved" else 1, args, batches,
+                               progress)
             if res is not None:
                 results.append(res)
         if ctx.rank == 0:
