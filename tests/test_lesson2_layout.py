@@ -225,3 +225,12 @@ def test_feed_event_shows_measured_bytes():
 
     body = _run(go)
     assert "your run" in body and "zero3: held 940 kB (calculator 940 kB)" in body and "2.11 MB" in body
+
+    async def restart(pilot, vis):
+        for ev in events:
+            vis.feed_event(ev)
+        vis.feed_event({"kind": "run_start", "run_id": "x"})
+        await pilot.pause()
+        return _body(vis)
+
+    assert "your run" not in _run(restart)

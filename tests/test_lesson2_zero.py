@@ -48,7 +48,24 @@ def _check_all(rank: int, world_size: int) -> dict:
     for s in STRATEGIES:
         r = run_strategy(s, CFG, batches[:2], rank, world_size, cpu, "adam", "bf16", fsdp_tracker=False)
         out[("bf16", s)] = {"held": r["held"], "sent": r["sent"]}
+    out["main"] = _run_main(rank)  # last: the experiment's main() ends by destroying the group
     return out
+
+
+def _run_main(rank: int) -> list[dict]:
+    """The experiment's entry point, as torchrun runs it, with its events captured."""
+    import os
+    import tempfile
+
+    from distai.engine.events import read_events
+    from distai.engine.experiments import lesson2
+
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["DISTAI_EVENTS_DIR"] = tmp
+        lesson2.main(["--steps", "2", "--strategies", "ddp,zero3", "--vocab", "64", "--d-model", "32",
+                      "--layers", "2", "--heads", "2", "--seq-len", "16", "--batch", "8"])
+        del os.environ["DISTAI_EVENTS_DIR"]
+        return list(read_events(os.path.join(tmp, f"rank{rank}.jsonl")))
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["2ranks", "4ranks"])
@@ -166,3 +183,23 @@ def test_zero3_prefetches_the_next_unit_and_frees_the_rest(group):
     for i in range(units):
         assert step.count(("all_gather", i)) == 2 and step.count(("free", i)) == 2
     assert r["peak_gathered_units"] == 2
+
+
+def test_experiment_main_reports_measured_against_calculator(group):
+    world_size, results = group
+    for rank, res in enumerate(results):
+        events = res["main"]
+        kinds = [e["kind"] for e in events]
+        assert {"phase", "step", "memory", "comm", "strategy_done", "progress"} <= set(kinds)
+        mem = {e["strategy"]: e for e in events if e["kind"] == "memory"}
+        assert set(mem) == {"ddp", "zero3"}
+        for e in mem.values():
+            assert e["total"] == pytest.approx(e["predicted"], rel=0.05)
+            assert e["predicted_parts"]["total_bytes"] == e["predicted"]
+        comm = {e["strategy"]: e for e in events if e["kind"] == "comm"}
+        assert comm["zero3"]["sent"] / comm["ddp"]["sent"] == pytest.approx(1.5, rel=0.03)
+        done = [e for e in events if e["kind"] == "strategy_done"]
+        assert all(d["max_abs_diff"] < TOL["adam"] for d in done)
+        progress = [e for e in events if e["kind"] == "progress"]
+        assert progress[-1]["done"] == progress[-1]["total"]
+        assert ("summary" in kinds) == (rank == 0)

@@ -243,7 +243,9 @@ class ShardingVisualizer(LessonVisualizer):
 
     def feed_event(self, event: dict) -> None:
         kind = event.get("kind")
-        if kind == "phase" and event.get("name") == "setup":
+        if kind == "run_start":  # a new run replaces the previous one's figures
+            self.run_info, self.measured, self.sent = {}, {}, {}
+        elif kind == "phase" and event.get("name") == "setup":
             self.run_info = {k: event.get(k) for k in ("world_size", "num_params", "precision", "optimizer")}
         elif kind == "memory" and event.get("rank", 0) == 0:
             self.measured[str(event.get("strategy"))] = event

@@ -28,7 +28,9 @@ Events (besides the common ``phase``/``step``/``log``/``summary``):
   per rank and strategy: bytes held after the step;
 * ``{"kind": "comm", "strategy", "sent", "by_op": {...}, "calls": {...}, "predicted",
   "num_params"}`` per rank and strategy: bytes sent in one step;
-* ``{"kind": "strategy_done", "strategy", "step_time_s", "max_abs_diff", "final_loss"}``.
+* ``{"kind": "strategy_done", "strategy", "step_time_s", "max_abs_diff", "final_loss"}``;
+* ``{"kind": "progress", "done", "total", "label"}`` (training steps over all strategies) and
+  ``{"kind": "step", "step", "of", "loss", "strategy"}``.
 """
 from __future__ import annotations
 
@@ -396,7 +398,7 @@ def run_strategy(strategy: str, cfg: ModelConfig, batches, rank: int, world_size
             if i > 0 or len(batches) == 2:  # step 0 pays lazy initialisation (FSDP2)
                 times.append(time.perf_counter() - t0)
         losses.append(loss)
-        emit("step", step=i, loss=loss, strategy=strategy)
+        emit("step", step=i, of=len(batches), loss=loss, strategy=strategy)
     result = {"strategy": strategy, "losses": losses, "held": held,
               "sent": meter.sent if meter else None,
               "by_op": dict(meter.by_op) if meter else {}, "calls": dict(meter.calls) if meter else {},
@@ -478,8 +480,10 @@ def main(argv=None) -> int:
     if not args.no_check:
         reference, _ = reference_params(cfg, batches, args.optimizer, args.precision, device=ctx.device)
     rows = []
-    for strategy in args.strategies:
+    total_steps = len(args.strategies) * args.steps
+    for k, strategy in enumerate(args.strategies):
         ev.emit("phase", name=strategy)
+        ev.emit("progress", done=k * args.steps, total=total_steps, label=strategy)
         r = run_strategy(strategy, cfg, batches, rank, world, ctx.device, args.optimizer,
                          args.precision, reference=reference, emit=ev.emit)
         held = r["held"]
@@ -501,6 +505,7 @@ def main(argv=None) -> int:
                 predicted=predicted_sent, num_params=num_params)
         ev.emit("strategy_done", strategy=strategy, step_time_s=r["step_time_s"],
                 max_abs_diff=r.get("max_abs_diff"), final_loss=r["losses"][-1])
+        ev.emit("progress", done=(k + 1) * args.steps, total=total_steps, label=strategy)
         rows.append((strategy, total, predicted, r["sent"], predicted_sent, r["step_time_s"],
                      r.get("max_abs_diff"), r["losses"]))
     if rank == 0:
@@ -516,24 +521,30 @@ def main(argv=None) -> int:
 
 
 def _print_table(rows, num_params, world, args):
+    """Rank 0's figures, in lines of at most 70 characters (the launcher prefixes each line)."""
     from distai.lessons.units import format_bytes as fb
 
-    print(f"lesson 2: {num_params:,} parameters on {world} ranks, {args.precision}, {args.optimizer}, "
-          f"{args.steps} steps, global batch {args.batch}  (rank 0's figures)")
-    print(f"{'strategy':<8} {'model states':>12} {'calculator':>10} {'ratio':>6}  "
-          f"{'sent/step':>10} {'calculator':>10} {'ratio':>6}  {'step':>8}  {'max|Δw| vs 1 proc':>17}")
+    print(f"lesson 2: {num_params:,} parameters, {world} ranks, {args.precision}, {args.optimizer}, "
+          f"{args.steps} steps")
+    print(f"{'':<6} {'model states held':^22}  {'bytes sent per step':^22}")
+    print(f"{'':<6} {'measured':>8} {'calc.':>8} {'ratio':>4}  {'measured':>8} {'calc.':>8} {'ratio':>4}"
+          f"  {'step':>7} {'max|Δw|':>7}")
     ddp_sent = next((r[3] for r in rows if r[0] == "ddp"), None)
     for s, total, pred, sent, psent, st, diff, _ in rows:
         diff_s = "-" if diff is None else f"{diff:.1e}"
-        print(f"{s:<8} {fb(total):>12} {fb(pred):>10} {total / pred:>6.3f}  "
-              f"{fb(sent):>10} {fb(psent):>10} {sent / psent if psent else float('nan'):>6.3f}  "
-              f"{st * 1e3:>6.1f}ms  {diff_s:>17}")
-    if any(r[0] == "fsdp2" for r in rows) and dist.get_backend() == "gloo":
-        print("(fsdp2 on gloo: torch's gloo reduce_scatter_tensor runs an all-reduce of a copy, so its "
-              "gradient traffic is 2x a real reduce-scatter; ours uses all_to_all_single instead)")
+        print(f"{s:<6} {fb(total):>8} {fb(pred):>8} {total / pred:>4.2f}  {fb(sent):>8} {fb(psent):>8} "
+              f"{sent / psent if psent else float('nan'):>4.2f}  {st * 1e3:>5.0f}ms {diff_s:>7}")
+    print("max|Δw|: largest difference from one process on the whole batch")
     if ddp_sent:
-        ratios = ", ".join(f"{s} {sent / ddp_sent:.2f}x" for s, _, _, sent, *_ in rows)
-        print(f"traffic relative to DDP: {ratios}")
+        ratios = ", ".join(f"{s} {sent / ddp_sent:.2f}x" for s, _, _, sent, *_ in rows if s != "ddp")
+        print(f"sent vs DDP: {ratios}")
+    if any(r[0] == "fsdp2" for r in rows) and dist.get_backend() == "gloo":
+        print("fsdp2 on gloo: gloo's reduce_scatter_tensor is an all-reduce of a")
+        print("copy, 2x a real reduce-scatter (ours uses all_to_all_single)")
+    if args.precision != "fp32":
+        print("bf16: ddp and the reference use autocast (fp32 parameters, fp32")
+        print("gradients all-reduced); our ZeRO keeps bf16 parameters and gradients")
+        print("and an fp32 master copy, so results differ at bf16 precision")
 
 
 if __name__ == "__main__":
