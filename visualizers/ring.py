@@ -75,10 +75,10 @@ S = {
         "controls": {"restart": "|◀", "back": "◀", "play": "▶", "pause": "❚❚", "fwd": "▶|",
                      "n_down": "N−", "n_up": "N+", "s_down": "S−", "s_up": "S+",
                      "slower": "½×", "faster": "2×", "algo": "{algo}", "chart": "chart", "ring": "ring",
-                     "load": "load run", "source_run": "run", "source_sim": "model"},
+                     "load": "load", "source_run": "run", "source_sim": "model"},
         "keys": "keys (Tab to focus): space play/pause · , . step · 0 start · [ ] N · s S size · "
                 "- + speed · a ring/tree/naive · g chart · o load last run · m model/run · c next call",
-        "chart_title": "Bandwidth sweep: busbw vs message size",
+        "chart_title": "busbw vs message size",
         "chart_none": "No sweep yet. Run `distai run lesson1 --cpu 4`, then press o here to load it.",
         "chart_legend": "● our ring  ◆ dist.all_reduce  · α-β fit",
         "chart_fit": "fit {impl}: α {a}, 1/β {bw}",
@@ -126,7 +126,7 @@ S = {
         "keys": "teclas (Tab para enfocar): espacio reproducir/pausa · , . paso · 0 inicio · [ ] N · "
                 "s S tamaño · - + velocidad · a anillo/árbol/ingenuo · g gráfica · o cargar la última "
                 "ejecución · m modelo/ejecución · c siguiente llamada",
-        "chart_title": "Barrido de ancho de banda: busbw según el tamaño",
+        "chart_title": "busbw según el tamaño del mensaje",
         "chart_none": "Aún no hay barrido. Ejecuta `distai run lesson1 --cpu 4` y pulsa o aquí para cargarlo.",
         "chart_legend": "● nuestro anillo  ◆ dist.all_reduce  · ajuste α-β",
         "chart_fit": "ajuste {impl}: α {a}, 1/β {bw}",
@@ -403,7 +403,7 @@ def sweep_chart(rows: list[dict], fits: dict[str, dict], width: int, height: int
                 bw="—" if bw is None else format_bandwidth(bw, lang=lang)), style="dim"))
     label_w = 10
     plot_w = max(8, width - label_w)
-    plot_h = max(3, height - 2 - len(legend) - len(fit_lines))
+    plot_h = max(3, height - 3 - len(legend) - len(fit_lines))  # title, axis, x labels
     sizes = sorted({int(r["size"]) for r in pts})
     lo, hi = math.log2(sizes[0]), math.log2(sizes[-1])
     span = max(hi - lo, 1e-9)
@@ -451,7 +451,7 @@ def sweep_chart(rows: list[dict], fits: dict[str, dict], width: int, height: int
             label = "0"
         elif y == (plot_h - 1) // 2:
             label = format_bandwidth(top * (plot_h - 1 - y) / (plot_h - 1), digits=2, lang=lang)
-        line = _span(f"{label:>{label_w - 2}} ┤", "dim")
+        line = _span(f"{label:>{label_w - 2}} " + ("┤" if label else "│"), "dim")
         run_ch, run_style = [], None
         for ch, style in grid[y]:
             if style != run_style and run_ch:
@@ -806,14 +806,14 @@ class RingVisualizer(LessonVisualizer):
         self.refresh()
 
     # -- mouse -------------------------------------------------------------------------------------
-    def on_click(self, event: events.Click) -> None:
+    async def on_click(self, event: events.Click) -> None:
         offset = event.get_content_offset(self)
         if offset is None:
             return
         for y, x0, x1, action in self.hits:
             if offset.y == y and x0 <= offset.x < x1:
                 event.stop()
-                self.run_action(action)
+                await self.run_action(action)
                 return
 
     def on_mouse_scroll_down(self, event: events.MouseScrollDown) -> None:
@@ -860,10 +860,13 @@ class RingVisualizer(LessonVisualizer):
         row_w = max(line.cell_len for line in header + rows)
         status = self._status(plan, frame, width)
         base = len(title) + len(rows) + len(status) + len(controls)
-        side_w = width - row_w - 3
-        if base > height and side_w >= 30:
-            return self._side_by_side(plan, frame, width, height, title, header, rows, row_w, controls,
-                                      control_hits, keys, caption)
+        if base > height:  # short pane: the ranks on the left, the figures on the right?
+            side_header, side_rows = self._rows(plan, frame, width - 33)
+            side_row_w = max(line.cell_len for line in side_header + side_rows)
+            if width - side_row_w - 3 >= 30:
+                controls, control_hits = self._controls(width, max_lines=1)
+                return self._side_by_side(plan, frame, width, height, title, side_header, side_rows,
+                                          side_row_w, controls, control_hits, keys, caption)
         legend = self._legend(n, width)
         compare = self._comparison(plan, frame, width)
         # what must show, then what fits, most useful first
@@ -919,6 +922,7 @@ class RingVisualizer(LessonVisualizer):
         body = []
         for y in range(h):
             line = left[y].copy() if y < len(left) else Text()
+            line.truncate(row_w)
             line.pad_right(row_w - line.cell_len)
             line.append(" │ ", style="dim")
             if y < len(right):
@@ -954,8 +958,7 @@ class RingVisualizer(LessonVisualizer):
         else:
             t.append(s["title"][self.algorithm], style=ALGO_STYLE[self.algorithm])
             t.append(f" · N = {self.n} · S = {_fmt_bytes(self.size_bytes, lang)}")
-        lines = t.wrap(_console(), width)
-        return list(lines)
+        return _wrap_text(t, width)
 
     def _status(self, plan: Plan, frame: int, width: int) -> list[Text]:
         s, lang = S[self.language], self.language
@@ -985,8 +988,8 @@ class RingVisualizer(LessonVisualizer):
         algo = plan.algorithm
         if algo == RING:
             if self.recorded is not None:
-                lo, hi = min(plan.sent[frame]), max(plan.sent[frame])
-                sent = _fmt_bytes(hi, lang) if lo == hi else f"{_fmt_bytes(lo, lang)}–{_fmt_bytes(hi, lang)}"
+                lo, hi = _fmt_bytes(min(plan.sent[frame]), lang), _fmt_bytes(max(plan.sent[frame]), lang)
+                sent = hi if lo == hi else f"{lo}–{hi}"
             else:
                 sent = _fmt_units(ring_model.bytes_sent(size, n, frame), size, lang)
             total_b = formulas.allreduce_bytes_per_rank(size, n, RING)
@@ -1007,7 +1010,7 @@ class RingVisualizer(LessonVisualizer):
         line3.append(" " + params, style="dim")
         out = []
         for line in (line1, line2, line3):
-            out.extend(line.wrap(_console(), width))
+            out.extend(_wrap_text(line, width))
         if self.recorded is not None:
             ok = plan.mismatches == 0
             out.append(Text(s["model_ok"] if ok else s["model_bad"].format(k=plan.mismatches),
@@ -1079,12 +1082,15 @@ class RingVisualizer(LessonVisualizer):
 
     def _legend(self, n: int, width: int) -> list[Text]:
         s = S[self.language]
-        t = _span(s["legend"] + " ", "dim")
-        t.append("1 ", style="dim")
+        for prefix, suffix in ((s["legend"] + " 1 ", f" {n} {s['complete']}"), ("1 ", f" {n} {s['complete']}"),
+                               ("1 ", f" {n}")):
+            if len(prefix) + n + len(suffix) <= width:
+                break
+        t = _span(prefix, "dim")
         for k in range(1, n + 1):
             t.append("█", style=fg_style(k, n, False))
-        t.append(f" {n} {s['complete']}", style="dim")
-        return t.wrap(_console(), width)[:2]
+        t.append(suffix, style="dim")
+        return [t]
 
     def _comparison(self, plan: Plan, frame: int, width: int) -> list[Text]:
         """Busiest link, steps and α-β time of ring, tree and naive for the same N and S."""
@@ -1127,7 +1133,7 @@ class RingVisualizer(LessonVisualizer):
             out.append(line)
         return out
 
-    def _controls(self, width: int) -> tuple[list[Text], list[tuple[int, int, int, str]]]:
+    def _controls(self, width: int, max_lines: int = 3) -> tuple[list[Text], list[tuple[int, int, int, str]]]:
         s = S[self.language]["controls"]
         rec_run = self.recorded is not None
         items = [(s["restart"], "restart"), (s["back"], "step(-1)"),
@@ -1136,16 +1142,21 @@ class RingVisualizer(LessonVisualizer):
                  (s["n_down"], "ranks(-1)"), (s["n_up"], "ranks(1)"),
                  (s["s_down"], "size(-1)"), (s["s_up"], "size(1)"),
                  ({"ring": s["ring"], "tree": {"en": "tree", "es": "árbol"}[self.language],
-                   "naive": {"en": "naive", "es": "ingenuo"}[self.language]}[self.algorithm] + " ⟳", "algorithm"),
+                   "naive": {"en": "naive", "es": "ingenuo"}[self.language]}[self.algorithm], "algorithm"),
                  (s["ring"] if self.view == "chart" else s["chart"], "chart"),
                  (s["source_sim"] if rec_run else (s["source_run"] if self.run.calls else s["load"]),
                   "source" if self.run.calls else "load_run")]
+        total_w = sum(len(label) + 3 for label, _ in items) - 1
+        lines_needed = 1 if total_w <= width else 2
+        if lines_needed > max_lines:  # a one-line bar: |◀ goes (0 and Home still restart)
+            items = items[1:]
+            total_w = sum(len(label) + 3 for label, _ in items) - 1
+        split_at = next(i for i, (_, a) in enumerate(items) if a == "ranks(-1)")
         lines, hits = [Text()], []
         x = 0
-        total_w = sum(len(label) + 3 for label, _ in items) - 1
         for i, (label, action) in enumerate(items):
             w = len(label) + 2
-            if x and (x + w > width or (i == 6 and total_w > width)):  # playback | settings
+            if x and (x + w > width or (i == split_at and total_w > width)):  # playback | settings
                 lines.append(Text())
                 x = 0
             if x:
@@ -1157,17 +1168,32 @@ class RingVisualizer(LessonVisualizer):
         return lines, hits
 
 
-_CONSOLE = None
+UNITS = {"B", "kB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "TiB", "s", "ms", "µs", "ns", "min", "h",
+         "kB/s", "MB/s", "GB/s", "TB/s", "="}
 
 
-def _console():
-    """A Rich console used only to wrap Text to a width (no output)."""
-    global _CONSOLE
-    if _CONSOLE is None:
-        from rich.console import Console
-
-        _CONSOLE = Console(width=200, color_system=None, file=None, force_terminal=False)
-    return _CONSOLE
+def _wrap_text(text: Text, width: int) -> list[Text]:
+    """Word-wrap styled text, never between a number and its unit nor around ``=``."""
+    plain = text.plain
+    if len(plain) <= width:
+        return [text]
+    breaks = []
+    for i, ch in enumerate(plain):
+        if ch != " " or i == 0:
+            continue
+        nxt = plain[i + 1:].split(" ", 1)[0]
+        prev = plain[:i].rsplit(" ", 1)[-1]
+        if nxt in UNITS or prev == "=":
+            continue
+        breaks.append(i)
+    lines, start = [], 0
+    while len(plain) - start > width:
+        fit = [b for b in breaks if start < b <= start + width]
+        cut = fit[-1] if fit else start + width
+        lines.append(text[start:cut])
+        start = cut + 1 if cut in breaks else cut
+    lines.append(text[start:])
+    return lines
 
 
 VISUALIZER = RingVisualizer
