@@ -31,6 +31,7 @@ from rich.style import Style
 from rich.text import Text
 from textual import events
 from textual.binding import Binding
+from textual.strip import Strip
 from textual.widget import Widget
 
 from distai.lessons.lesson1 import baselines, formulas, ring_model
@@ -44,7 +45,8 @@ SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20, 10 ** 9, 4 * 10 ** 9)
 DEFAULT_SIZE = 10 ** 9
 SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # steps per second
 DEFAULT_SPEED = 1.0
-FPS = 25  # animation frames per second while playing (nothing runs while paused)
+FPS = 25  # animation timer while playing (nothing runs while paused)
+PROGRESS_LEVELS = 16  # visible positions of a message on its way: a frame is drawn when one changes
 DEFAULT_ALPHA, DEFAULT_BETA = 5e-6, 4e-11  # the lesson's link: 5 µs, 25 GB/s
 
 PHASE_STYLE = {ring_model.REDUCE_SCATTER: "bold magenta", ring_model.ALL_GATHER: "bold cyan",
@@ -566,6 +568,10 @@ class RingVisualizer(LessonVisualizer):
         self.call: int | None = None
         self.follow_run = True  # a new run's first traced call takes over the view
         self.frames_rendered = 0
+        self.run_version = 0  # bumped by every event that changes what is drawn
+        self._strips: list[Strip] = []
+        self._strips_key: tuple | None = None
+        self._strip_cache: dict = {}
         self.hits: list[tuple[int, int, int, str]] = []  # (line, x0, x1, action)
         self._plan_cache: tuple | None = None
         self._timer = None
@@ -666,6 +672,7 @@ class RingVisualizer(LessonVisualizer):
             self.run.train_steps.append(int(event["step"]))
         else:
             return
+        self.run_version += 1
         self.refresh()
 
     def key_help(self) -> list[tuple[str, str]]:
@@ -793,6 +800,7 @@ class RingVisualizer(LessonVisualizer):
         if not self.playing:
             return
         plan = self.plan
+        seen = (self.frame, int(self.progress * PROGRESS_LEVELS))
         if self.frame >= plan.total:
             self._set_playing(False)
         elif self.frame < plan.ready:
@@ -803,7 +811,8 @@ class RingVisualizer(LessonVisualizer):
                 if self.frame >= plan.total or self.frame == self.stop_at:
                     self._set_playing(False)
                     self.stop_at = None
-        self.refresh()
+        if (self.frame, int(self.progress * PROGRESS_LEVELS)) != seen or not self.playing:
+            self.refresh()  # only when something visible moved
 
     # -- mouse -------------------------------------------------------------------------------------
     async def on_click(self, event: events.Click) -> None:
@@ -825,15 +834,42 @@ class RingVisualizer(LessonVisualizer):
         self.action_step(-1)
 
     # -- rendering ---------------------------------------------------------------------------------
-    def render(self) -> Text:
+    # Textual's line API: the frame is laid out once (``build``), each line turned into a Strip of
+    # segments directly, and lines that did not change since the last frame (title, legend,
+    # comparison, controls…) reuse their Strip. Much cheaper than handing Textual one big Text.
+    def _state_key(self) -> tuple:
+        return (self.size, self.frame, int(self.progress * PROGRESS_LEVELS), self.playing, self.n, self.algorithm,
+                self.size_bytes, self.alpha, self.beta, self.speed, self.view, self.source, self.call,
+                self.run_version, self.caption_key, self.language, self.rich_style)
+
+    def _frame_strips(self) -> list[Strip]:
+        key = self._state_key()
+        if key == self._strips_key:
+            return self._strips
         self.frames_rendered += 1
         width, height = self.size.width, self.size.height
-        lines, hits = self.build(max(20, width), max(1, height))
-        self.hits = hits
-        out = Text("\n").join(lines)
-        out.no_wrap = True
-        out.overflow = "crop"
-        return out
+        lines, self.hits = self.build(max(20, width), max(1, height))
+        base = self.rich_style
+        console = _console()
+        cache = self._strip_cache if len(self._strip_cache) < 4000 else {}
+        strips = []
+        for line in lines[:height]:
+            line_key = (line.plain, tuple((sp.start, sp.end, str(sp.style)) for sp in line.spans), width, base)
+            strip = cache.get(line_key)
+            if strip is None:
+                segments = [seg for seg in line.render(console) if seg.text]
+                strip = Strip(segments, line.cell_len).crop_extend(0, width, None).apply_style(base)
+                cache[line_key] = strip
+            strips.append(strip)
+        self._strip_cache = cache
+        self._strips, self._strips_key = strips, key
+        return strips
+
+    def render_line(self, y: int) -> Strip:
+        strips = self._frame_strips()
+        if 0 <= y < len(strips):
+            return strips[y]
+        return Strip.blank(self.size.width, self.rich_style)
 
     def build(self, width: int, height: int) -> tuple[list[Text], list[tuple[int, int, int, str]]]:
         """The lines to draw in ``width`` × ``height`` cells, and the clickable regions."""
@@ -1035,6 +1071,7 @@ class RingVisualizer(LessonVisualizer):
         for cell_w in (3, 2):
             need = rank_w + cell_w * n + 1 + label_w + arrow_w + dest_w
             if need <= width:
+                arrow_w += min(4, width - need)  # a longer arrow: a smoother trip
                 break
         else:
             cell_w, arrow_w = 2, 3
@@ -1166,6 +1203,19 @@ class RingVisualizer(LessonVisualizer):
             hits.append((len(lines) - 1, x, x + w, action))
             x += w
         return lines, hits
+
+
+_CONSOLE = None
+
+
+def _console():
+    """A Rich console used only to turn Text into segments (it prints nothing)."""
+    global _CONSOLE
+    if _CONSOLE is None:
+        from rich.console import Console
+
+        _CONSOLE = Console(width=400, color_system="truecolor", force_terminal=True, legacy_windows=False)
+    return _CONSOLE
 
 
 UNITS = {"B", "kB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "TiB", "s", "ms", "µs", "ns", "min", "h",
