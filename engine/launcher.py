@@ -306,8 +306,12 @@ class Launch:
         for local in range(self.spec.placement.nproc):  # every rank has a log, even a silent one
             self._log(self.spec.global_rank(local))
         self._started = time.time()
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        with self._lock:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            stop_early = self._stop_reason is not None
+        if stop_early:  # stop() came before the processes existed
+            _signal_pid_and_group(self.proc.pid, signal.SIGTERM)
         self._put({"kind": "run_start", "run_id": rec.id, "command": cmd, "nproc": self.spec.placement.nproc,
                    "device": self.spec.placement.device, "note": self.spec.placement.note,
                    "lesson": rec.lesson})
@@ -319,12 +323,13 @@ class Launch:
     def stop(self, reason: str = "stopped by the user") -> None:
         """Ask every rank to stop (thread-safe, idempotent); SIGKILL follows after the grace period."""
         with self._lock:
-            if self._stop_reason is not None or self.proc is None:
+            if self._stop_reason is not None:
                 return
             self._stop_reason = reason
             self._kill_at = time.monotonic() + self.grace_s
-        if self.proc.poll() is None:
-            _signal_pid_and_group(self.proc.pid, signal.SIGTERM)
+            proc = self.proc
+        if proc is not None and proc.poll() is None:
+            _signal_pid_and_group(proc.pid, signal.SIGTERM)
 
     @property
     def stopping(self) -> bool:

@@ -28,7 +28,8 @@ def check_all(rank: int, world_size: int) -> dict:
         tr["sequence0"] = [(r.phase, r.op, r.site) for r in tr["counter"].of(0)]
         tr["table"] = tr.pop("counter").table(include_sites=True)
         tr["memory"] = L.measure_activations(cfg, BATCH, sp, seed=3)
-        tr["dtensor"] = L.compare_with_dtensor(cfg, BATCH, sp, seed=3)
+        # DTensor on one rank is the dense block, and its first use costs seconds per process
+        tr["dtensor"] = L.compare_with_dtensor(cfg, BATCH, sp, seed=3, with_dtensor=world_size > 1)
         out[sp] = tr
     # SP keeping the gathered input (no re-gather): the formula's counts exactly, more memory.
     keep = L.train_against_dense(cfg, BATCH, True, steps=1, seed=3, regather=False)
@@ -55,7 +56,8 @@ def check_all(rank: int, world_size: int) -> dict:
         events = list(read_events(Path(events_dir) / f"rank{rank}.jsonl"))
         out["main"] = {"rc": rc, "kinds": sorted({e["kind"] for e in events}),
                        "summary": next((e for e in events if e["kind"] == "summary"), None),
-                       "progress": [e["done"] / e["total"] for e in events if e["kind"] == "progress"]}
+                       "progress": [e["done"] / e["total"] for e in events if e["kind"] == "progress"],
+                       "for_visualizer": [e for e in events if e["kind"] in ("config", "comm_check")]}
     return out
 
 
@@ -84,11 +86,12 @@ def test_loss_and_every_gradient_equal_dense(results, sp):
 @pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp+sp"])
 def test_block_output_and_grads_equal_dense_and_dtensor(results, sp):
     d = _rank0(results)[sp]["dtensor"]
-    for key in ("out_ours_vs_dense", "out_dtensor_vs_dense", "out_ours_vs_dtensor",
-                "input_grad_ours_vs_dense", "input_grad_ours_vs_dtensor",
-                "grad_ours_vs_dense", "grad_ours_vs_dtensor"):
-        assert d[key] < TOL, (key, d[key])
     T = _rank0(results)["T"]
+    keys = ["out_ours_vs_dense", "input_grad_ours_vs_dense", "grad_ours_vs_dense"]
+    if T > 1:  # on one rank DTensor's plan is the dense block itself: compared for T = 2 and 4
+        keys += ["out_dtensor_vs_dense", "out_ours_vs_dtensor", "input_grad_ours_vs_dtensor", "grad_ours_vs_dtensor"]
+    for key in keys:
+        assert d[key] < TOL, (key, d[key])
     if T > 1:  # both really communicated
         assert sum(d["dtensor_comm"].values()) > 0 and sum(d["ours_comm"].values()) > 0
 
@@ -254,3 +257,18 @@ def test_experiment_main_reports_everything(results):
         assert summary["dtensor"][mode]["out_ours_vs_dtensor"] < TOL
     assert summary["forgotten_g"]["bug"] > 1e-3
     assert results[1]["main"]["summary"] is None  # rank 0 alone writes the summary
+
+
+def test_visualizer_shows_the_runs_own_counts(results):
+    from distai.visualizers.tp_block import TPBlockVisualizer
+
+    r = _rank0(results)
+    if r["T"] != 2:
+        pytest.skip("the experiment's entry point runs in the T=2 group")
+    vis = TPBlockVisualizer(language="en")
+    for event in r["main"]["for_visualizer"]:
+        vis.feed_event(event)
+    assert vis.t == 2
+    assert "your run (T=2, tp): layer 0 fwd 2 all-reduce, bwd 2 all-reduce ✓" in vis.render_detail().plain
+    vis.show_step("sequence-parallel")
+    assert "fwd 2 all-gather, 2 reduce-scatter, bwd 2 all-gather, 2 reduce-scatter ✓" in vis.render_detail().plain

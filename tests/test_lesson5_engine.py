@@ -195,6 +195,10 @@ def test_experiment_runs_and_reports(p4):
         # every F and B of every step of every schedule, timestamped
         assert len(ops) == steps * 2 * m * (1 + 1 + v)
         assert all(e["t0"] <= e["t1"] for e in ops)
+    progress = [e for e in events["rank0.jsonl"] if e["kind"] == "progress"]
+    assert progress[-1]["done"] == progress[-1]["total"] == 3 * steps * 2  # schedules × steps × (ours, torch)
+    losses = [e for e in events["rank3.jsonl"] if e["kind"] == "step"]
+    assert [e["schedule"] for e in losses] == ["gpipe", "1f1b", "interleaved"]
     summary = [e for e in events["rank0.jsonl"] if e["kind"] == "summary"]
     assert len(summary) == 1
     config = [e for e in events["rank0.jsonl"] if e["kind"] == "pp_config"][0]

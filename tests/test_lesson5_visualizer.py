@@ -158,3 +158,6 @@ def test_measured_timeline_from_run_events():
     assert f"(formula {formulas.bubble_fraction(4, 8):.0%})" in _text(viz)
     # unrelated events are ignored
     viz.feed_event({"kind": "log", "msg": "hello"})
+    # a new run starts from a blank measured timeline
+    viz.feed_event({"kind": "run_start", "run_id": "x", "nproc": 4})
+    assert "measured 1F1B" not in _text(viz)

@@ -447,3 +447,140 @@ def tp_comm(
     if "total_time_s" in r:
         rows.append(("time per layer (fwd+bwd)", u.format_time(r["total_time_s"])))
     _table(rows)
+
+
+# ------------------------------------------------------------------------------------ serve
+
+
+def _flops(text: str, option: str) -> float:
+    """A peak compute figure: 989e12, 989T, 989 TFLOP/s, 989TFLOPS."""
+    import re
+
+    t = re.sub(r"\s*flop(s|/s)?\s*$", "", str(text).strip(), flags=re.IGNORECASE)
+    return _parse("count", t, option, minimum=0, strict_min=True)
+
+
+@_command("serve")
+def serve(
+    params: str = typer.Option(..., "--params", help="Parameters N of the model (70B, 69e9)."),
+    layers: str = typer.Option(..., "--layers", help="Layers L."),
+    hidden: str = typer.Option(..., "--hidden", help="Hidden size h."),
+    kv_heads: Optional[str] = typer.Option(None, "--kv-heads", help="Key/value heads H_kv (default: --heads)."),
+    heads: Optional[str] = typer.Option(None, "--heads", help="Query heads (default: hidden / head dim)."),
+    head_dim: Optional[str] = typer.Option(None, "--head-dim", help="Head dimension d (default: hidden / heads, or 128)."),
+    dtype: str = typer.Option("fp16", "--dtype", help="Weights and KV cache: fp16, bf16, fp8 or fp32."),
+    gpus: str = typer.Option(..., "--gpus", help="GPUs G to split into TP × PP × replicas."),
+    gpu_memory: str = typer.Option(..., "--gpu-memory", help="Memory per GPU (80GB)."),
+    bandwidth: str = typer.Option(..., "--bandwidth", help="Memory bandwidth per GPU (3.35TB/s)."),
+    flops: str = typer.Option("989T", "--flops", help="Peak dense FLOP/s per GPU (default 989T: H100 SXM bf16)."),
+    link_bandwidth: str = typer.Option("450GB/s", "--link-bandwidth",
+                                       help="Tensor-parallel link inside a node, per direction (default 450GB/s)."),
+    alpha: str = typer.Option("5us", "--alpha", help="Latency per all-reduce step inside a node (default 5us)."),
+    internode_bandwidth: str = typer.Option("50GB/s", "--internode-bandwidth",
+                                            help="Link between nodes (default 50GB/s = 400 Gb/s)."),
+    internode_alpha: str = typer.Option("10us", "--internode-alpha", help="Latency between nodes (default 10us)."),
+    gpus_per_node: str = typer.Option("8", "--gpus-per-node", help="GPUs per node (default 8)."),
+    memory_util: float = typer.Option(0.9, "--memory-util", help="Share of GPU memory usable (default 0.9)."),
+    prompt: str = typer.Option("2048", "--prompt", help="Prompt tokens per request (default 2048)."),
+    output: str = typer.Option("2048", "--output", help="Output tokens per request (default 2048)."),
+    ttft_slo: str = typer.Option(..., "--ttft-slo", help="Time-to-first-token target (1s, 500ms)."),
+    tpot_slo: str = typer.Option(..., "--tpot-slo", help="Time-per-output-token target (50ms)."),
+    max_batch: str = typer.Option("256", "--max-batch", help="Most sequences in flight per replica (default 256)."),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Serving planner: TP × PP × replicas ranked by throughput within the TTFT/TPOT targets.
+
+    Enumerates every split of --gpus, rejects what does not fit (weights of the busiest stage plus
+    one sequence's KV cache per GPU), estimates TTFT (prefill of one prompt) and TPOT (decode step of
+    every stage in turn) with the roofline, the tensor-parallel all-reduces (2 per layer per token)
+    and pipeline hops, picks the batch with the most tokens/s within the TPOT target, and ranks
+    (lesson 7's planner; no queueing, ideal overlap).
+
+    JSON keys: best (a configuration or null), accepted (configurations, best first), rejected (each
+    with reason: shape, memory, ttft or tpot, and detail), inputs. A configuration has tp, pp,
+    replicas, accepted, reason, detail, weights_per_gpu_bytes, usable_bytes, free_bytes,
+    kv_per_seq_per_gpu_bytes (one sequence of prompt+output tokens), max_seqs (per replica, memory),
+    batch (sequences in flight per replica), microbatches, microbatch_size, batch_limit (tpot, memory
+    or max-batch), kv_per_gpu_bytes, ttft_s, tpot_s, tpot_at_1_s, stage_time_s, comm_per_token_s,
+    hop_s, decode_bound (memory-bandwidth or compute), throughput_tokens_per_s (output tokens, all
+    replicas), throughput_per_gpu, requests_per_s; values a rejection left uncomputed are null.
+    """
+    from distai.lessons.lesson7 import formulas as f7
+    from distai.lessons.lesson7 import planner as pl
+
+    N = _parse("count", params, "--params", minimum=0, strict_min=True)
+    L = _int(layers, "--layers")
+    h = _int(hidden, "--hidden")
+    d = _int(head_dim, "--head-dim")
+    a = _int(heads, "--heads")
+    if a is None:
+        d = d or 128
+        if h % d:
+            raise CliError(f"--hidden {h} is not a multiple of the head dimension {d}; give --heads")
+        a = h // d
+    if d is None:
+        if h % a:
+            raise CliError(f"--hidden {h} is not a multiple of --heads {a}; give --head-dim")
+        d = h // a
+    hkv = _int(kv_heads, "--kv-heads") if kv_heads is not None else a
+    if a % hkv:
+        raise CliError(f"--heads {a} is not a multiple of --kv-heads {hkv}")
+    dt = _choice(dtype, ("fp16", "bf16", "fp8", "fp32"), "--dtype")
+    if not 0 < memory_util <= 1:
+        raise CliError(f"--memory-util: must be in (0, 1], got {memory_util:g}")
+    model = pl.ModelSpec(params=N, layers=L, hidden=h, heads=a, kv_heads=hkv, head_dim=d,
+                         dtype_bytes=f7.dtype_bytes(dt))
+    hw = pl.Hardware(
+        gpus=_int(gpus, "--gpus", maximum=4096),
+        gpu_memory=_parse("bytes", gpu_memory, "--gpu-memory", minimum=0, strict_min=True),
+        bandwidth=_parse("bandwidth", bandwidth, "--bandwidth", minimum=0, strict_min=True),
+        flops=_flops(flops, "--flops"),
+        link_bandwidth=_parse("bandwidth", link_bandwidth, "--link-bandwidth", minimum=0, strict_min=True),
+        alpha=_parse("time", alpha, "--alpha", minimum=0),
+        internode_bandwidth=_parse("bandwidth", internode_bandwidth, "--internode-bandwidth", minimum=0,
+                                   strict_min=True),
+        internode_alpha=_parse("time", internode_alpha, "--internode-alpha", minimum=0),
+        gpus_per_node=_int(gpus_per_node, "--gpus-per-node"),
+        memory_util=memory_util,
+    )
+    wl = pl.Workload(prompt=_int(prompt, "--prompt"), output=_int(output, "--output"),
+                     ttft_slo=_parse("time", ttft_slo, "--ttft-slo", minimum=0, strict_min=True),
+                     tpot_slo=_parse("time", tpot_slo, "--tpot-slo", minimum=0, strict_min=True),
+                     max_batch=_int(max_batch, "--max-batch"))
+    r = _call(pl.plan, model, hw, wl)
+    inputs = {"params": N, "layers": L, "hidden": h, "heads": a, "kv_heads": hkv, "head_dim": d, "dtype": dt,
+              "dtype_bytes": model.dtype_bytes, "gpus": hw.gpus, "gpu_memory_bytes": hw.gpu_memory,
+              "bandwidth_bytes_per_s": hw.bandwidth, "flops": hw.flops,
+              "link_bandwidth_bytes_per_s": hw.link_bandwidth, "alpha_s": hw.alpha,
+              "internode_bandwidth_bytes_per_s": hw.internode_bandwidth, "internode_alpha_s": hw.internode_alpha,
+              "gpus_per_node": hw.gpus_per_node, "memory_util": hw.memory_util, "prompt": wl.prompt,
+              "output": wl.output, "ttft_slo_s": wl.ttft_slo, "tpot_slo_s": wl.tpot_slo, "max_batch": wl.max_batch}
+    if as_json:
+        _emit_json({"best": r["best"].as_dict() if r["best"] else None,
+                    "accepted": [c.as_dict() for c in r["accepted"]],
+                    "rejected": [c.as_dict() for c in r["rejected"]], "inputs": inputs})
+        return
+    u = _units()
+    typer.echo(f"Serving {u.format_count(N)} parameters ({L} layers, h = {h}, {a} heads, {hkv} KV heads of {d}, "
+               f"{dt}) on {hw.gpus} × {u.format_bytes(hw.gpu_memory)} at {u.format_bandwidth(hw.bandwidth)}")
+    typer.echo(f"Requests: {wl.prompt:,} prompt + {wl.output:,} output tokens; targets TTFT ≤ "
+               f"{u.format_time(wl.ttft_slo)}, TPOT ≤ {u.format_time(wl.tpot_slo)}")
+    if r["accepted"]:
+        typer.echo("\nWithin the targets, best first:")
+        typer.echo(f"  {'#':>2}  {'TP×PP×R':<9} {'batch':>6} {'TTFT':>9} {'TPOT':>9} {'tokens/s':>10} "
+                   f"{'per GPU':>8}  limited by")
+        for i, c in enumerate(r["accepted"], 1):
+            typer.echo(f"  {i:>2}  {f'{c.tp}×{c.pp}×{c.replicas}':<9} {c.batch:>6} {u.format_time(c.ttft_s):>9} "
+                       f"{u.format_time(c.tpot_s):>9} {c.throughput_tokens_per_s:>10,.0f} "
+                       f"{c.throughput_per_gpu:>8,.0f}  {c.batch_limit}")
+    else:
+        typer.echo("\nNo configuration meets both targets.")
+    if r["rejected"]:
+        typer.echo("\nRejected:")
+        for c in r["rejected"]:
+            typer.echo(f"  {f'{c.tp}×{c.pp}×{c.replicas}':<9} {c.reason:<6} {c.detail}")
+    if r["best"]:
+        b = r["best"]
+        typer.echo(f"\n→ TP = {b.tp}, PP = {b.pp}, {b.replicas} replica{'s' if b.replicas > 1 else ''}: "
+                   f"{b.batch} sequences in flight each, KV {u.format_bytes(b.kv_per_gpu_bytes)} + weights "
+                   f"{u.format_bytes(b.weights_per_gpu_bytes)} per GPU; decode {b.decode_bound}-bound")

@@ -118,7 +118,7 @@ def render_state(state, title: str = "distai run"):
                       show_edge=False, pad_edge=False)
         for col in ("size", "ring time", "ring busbw", "all_reduce time", "all_reduce busbw", "ratio"):
             table.add_column(col, justify="right")
-        for row in state.sweep[-12:]:
+        for row in state.sweep:
             ratio = row["ring_busbw"] / row["ar_busbw"] if row.get("ar_busbw") else float("nan")
             table.add_row(_fmt_bytes(row["size"]), _fmt_time(row["ring_time_s"]), _fmt_bw(row["ring_busbw"]),
                           _fmt_time(row["ar_time_s"]), _fmt_bw(row["ar_busbw"]),

@@ -349,7 +349,9 @@ class PipelineVisualizer(LessonVisualizer):
     def feed_event(self, event: dict) -> None:
         kind = event.get("kind")
         meas = self.measured
-        if kind == "pp_config":
+        if kind == "run_start":  # a new run: forget the last one's timeline
+            self.measured = Measured()
+        elif kind == "pp_config":
             self.measured = Measured(p=int(event["p"]), m=int(event["m"]), v=int(event.get("v", 1)))
             self.p, self.m = self.measured.p, self.measured.m
             self.v = max(self.V_RANGE[0], self.measured.v)

@@ -521,28 +521,30 @@ def main(argv=None) -> int:
 
 
 def _print_table(rows, num_params, world, args):
+    """Rank 0's figures, in lines of at most 70 characters (the launcher prefixes each line)."""
     from distai.lessons.units import format_bytes as fb
 
-    print(f"lesson 2: {num_params:,} parameters on {world} ranks, {args.precision}, {args.optimizer}, "
-          f"{args.steps} steps, global batch {args.batch}  (rank 0's figures)")
-    print(f"{'strategy':<8} {'model states':>12} {'calculator':>10} {'ratio':>6}  "
-          f"{'sent/step':>10} {'calculator':>10} {'ratio':>6}  {'step':>8}  {'max|Δw| vs 1 proc':>17}")
+    print(f"lesson 2: {num_params:,} parameters, {world} ranks, {args.precision}, {args.optimizer}, "
+          f"{args.steps} steps")
+    print(f"{'':<6} {'model states held':^22}  {'bytes sent per step':^22}")
+    print(f"{'':<6} {'measured':>8} {'calc.':>8} {'ratio':>4}  {'measured':>8} {'calc.':>8} {'ratio':>4}"
+          f"  {'step':>7} {'max|Δw|':>7}")
     ddp_sent = next((r[3] for r in rows if r[0] == "ddp"), None)
     for s, total, pred, sent, psent, st, diff, _ in rows:
         diff_s = "-" if diff is None else f"{diff:.1e}"
-        print(f"{s:<8} {fb(total):>12} {fb(pred):>10} {total / pred:>6.3f}  "
-              f"{fb(sent):>10} {fb(psent):>10} {sent / psent if psent else float('nan'):>6.3f}  "
-              f"{st * 1e3:>6.1f}ms  {diff_s:>17}")
-    if any(r[0] == "fsdp2" for r in rows) and dist.get_backend() == "gloo":
-        print("(fsdp2 on gloo: torch's gloo reduce_scatter_tensor runs an all-reduce of a copy, so its "
-              "gradient traffic is 2x a real reduce-scatter; ours uses all_to_all_single instead)")
-    if args.precision != "fp32":
-        print("(bf16: ddp and the single-process reference use torch autocast, which keeps fp32 parameters "
-              "and all-reduces fp32 gradients; our ZeRO keeps bf16 parameters/gradients and an fp32 master "
-              "copy, so parameters differ from the reference at bf16 precision, ~1e-2)")
+        print(f"{s:<6} {fb(total):>8} {fb(pred):>8} {total / pred:>4.2f}  {fb(sent):>8} {fb(psent):>8} "
+              f"{sent / psent if psent else float('nan'):>4.2f}  {st * 1e3:>5.0f}ms {diff_s:>7}")
+    print("max|Δw|: largest difference from one process on the whole batch")
     if ddp_sent:
-        ratios = ", ".join(f"{s} {sent / ddp_sent:.2f}x" for s, _, _, sent, *_ in rows)
-        print(f"traffic relative to DDP: {ratios}")
+        ratios = ", ".join(f"{s} {sent / ddp_sent:.2f}x" for s, _, _, sent, *_ in rows if s != "ddp")
+        print(f"sent vs DDP: {ratios}")
+    if any(r[0] == "fsdp2" for r in rows) and dist.get_backend() == "gloo":
+        print("fsdp2 on gloo: gloo's reduce_scatter_tensor is an all-reduce of a")
+        print("copy, 2x a real reduce-scatter (ours uses all_to_all_single)")
+    if args.precision != "fp32":
+        print("bf16: ddp and the reference use autocast (fp32 parameters, fp32")
+        print("gradients all-reduced); our ZeRO keeps bf16 parameters and gradients")
+        print("and an fp32 master copy, so results differ at bf16 precision")
 
 
 if __name__ == "__main__":

@@ -230,12 +230,10 @@ def _comm_counts(mode) -> dict[str, int]:
 
 
 def compare_with_dtensor(cfg: ModelConfig, batch: int, sp: bool, seed: int = 0,
-                         dtype: torch.dtype = torch.float64) -> dict:
+                         dtype: torch.dtype = torch.float64, with_dtensor: bool = True) -> dict:
     """One block, three ways on the same weights and input (dropout off: DTensor's local heads
-    do not know which global heads they are): dense, ours, DTensor's ``parallelize_module``."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.debug import CommDebugMode
-
+    do not know which global heads they are): dense, ours, DTensor's ``parallelize_module``.
+    ``with_dtensor=False`` compares ours with dense only (DTensor's first use costs seconds)."""
     T = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
     cfg.check_tp(T, sp)
@@ -243,8 +241,6 @@ def compare_with_dtensor(cfg: ModelConfig, batch: int, sp: bool, seed: int = 0,
     dt_block = copy.deepcopy(dense)
     tp = TPGroup(sequence_parallel=sp)
     ours = TPBlock(dense, tp, 0)
-    mesh = init_device_mesh(DEVICE.type, (T,))
-    dtensor_parallelize_block(dt_block, mesh, sp)
 
     gen = torch.Generator().manual_seed(seed + 17)
     x = torch.randn(cfg.seq, batch, cfg.hidden, dtype=dtype, generator=gen).to(DEVICE)
@@ -259,31 +255,70 @@ def compare_with_dtensor(cfg: ModelConfig, batch: int, sp: bool, seed: int = 0,
     yo = ours(xo)
     (yo * local(w)).sum().backward()
     reduce_sequence_parallel_grads(ours, tp)
+    ours_ops: dict[str, int] = {}
+    for r in tp.counter.records:
+        ours_ops[r.op] = ours_ops.get(r.op, 0) + 1
+    out = {
+        "out_ours_vs_dense": _max_all_ranks((yo - local(yd)).abs().max().item()),
+        "input_grad_ours_vs_dense": _max_all_ranks((xo.grad - local(xd.grad)).abs().max().item()),
+        "grad_ours_vs_dense": _max_all_ranks(max(grad_diffs(dense, ours, rank, T).values())),
+        "ours_comm": ours_ops,
+    }
+    if not with_dtensor:
+        return out
 
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    dtensor_parallelize_block(dt_block, init_device_mesh(DEVICE.type, (T,)), sp)
     xt = local(x).clone().requires_grad_()
     with CommDebugMode() as comm:
         yt = dt_block(xt)
         yt = yt.to_local() if hasattr(yt, "to_local") else yt
         (yt * local(w)).sum().backward()
-    ours_ops = {}
-    for r in tp.counter.records:
-        ours_ops[r.op] = ours_ops.get(r.op, 0) + 1
-    return {
-        "out_ours_vs_dense": _max_all_ranks((yo - local(yd)).abs().max().item()),
+    out.update({
         "out_dtensor_vs_dense": _max_all_ranks((yt - local(yd)).abs().max().item()),
         "out_ours_vs_dtensor": _max_all_ranks((yo - yt).abs().max().item()),
-        "input_grad_ours_vs_dense": _max_all_ranks((xo.grad - local(xd.grad)).abs().max().item()),
         "input_grad_ours_vs_dtensor": _max_all_ranks((xo.grad - xt.grad).abs().max().item()),
-        "grad_ours_vs_dense": _max_all_ranks(max(grad_diffs(dense, ours, rank, T).values())),
         "grad_ours_vs_dtensor": _max_all_ranks(max(grad_diffs(dt_block, ours, rank, T).values())),
         "dtensor_comm": _comm_counts(comm),
-        "ours_comm": ours_ops,
-    }
+    })
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
 # The run
 # ----------------------------------------------------------------------------------------------
+
+def verdict(summary: dict, cfg: ModelConfig, modes: list[str]) -> list[str]:
+    """The run in at most six short lines (what a live view shows last)."""
+    T, rows = summary["T"], summary["modes"]
+    ok = lambda b: "✓" if b else "✗"  # noqa: E731
+    out = [f"verdict, T={T} ({summary['seconds']:.1f} s):"]
+    out.append("  loss and every gradient = dense: " + ", ".join(
+        f"{m} max diff {rows[m]['max_grad_diff']:.1e} {ok(rows[m]['max_grad_diff'] < 1e-5)}" for m in modes))
+    out.append("  collectives/layer = formula: " + ", ".join(
+        f"{m} {_fmt_bytes(rows[m]['comm_layer0']['fwd']['wire_bytes'])} each way {ok(rows[m]['comm_match'])}"
+        for m in modes))
+    out.append("  activations/layer = Korthikanti + LN stats: " + ", ".join(
+        f"{m} {_fmt_bytes(rows[m]['memory_measured'])} "
+        f"{ok(rows[m]['memory_measured'] == rows[m]['memory_formula'] + rows[m]['memory_ln_stats'])}"
+        for m in modes))
+    v = rows[modes[0]]["vocab"]
+    out.append(f"  vocab-parallel loss: {v['logits_width']}/{cfg.vocab} logits per rank, "
+               f"{_fmt_bytes(v['ce_wire_bytes'])} sent instead of {_fmt_bytes(v['gather_logits_wire_bytes'])}")
+    extra = []
+    if "forgotten_g" in summary:
+        extra.append(f"forgotten g caught ({summary['forgotten_g']['bug']:.1e})")
+    if "tp+sp" in rows and rows["tp+sp"].get("sp_grads_unsynced_diff") is not None:
+        extra.append(f"SP LN-grad bug caught ({rows['tp+sp']['sp_grads_unsynced_diff']:.1e})")
+    if summary.get("dtensor"):
+        worst = max(max(d["out_ours_vs_dtensor"], d["grad_ours_vs_dtensor"]) for d in summary["dtensor"].values())
+        extra.append(f"= DTensor {worst:.0e} {ok(worst < 1e-5)}")
+    if extra:
+        out.append("  " + "; ".join(extra))
+    return out
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lesson4", description=__doc__.split("\n\n")[0])
@@ -334,8 +369,8 @@ def main(argv: list[str] | None = None) -> int:
         for m in modes:
             cfg.check_tp(T, MODES[m])
     except ValueError as exc:
-        if rank == 0:
-            print(f"lesson4: error: {exc}", file=sys.stderr)
+        # every rank says why: whichever one the launcher reports first shows the message
+        print(f"lesson4: error: {exc}", file=sys.stderr)
         shutdown(ctx)
         return 2
 
@@ -431,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         ev.emit("summary", **summary)
         print("\n".join(lines))
-        print(f"\n({summary['seconds']:.1f} s)")
+        print("\n" + "\n".join(verdict(summary, cfg, modes)))
     shutdown(ctx)
     return 0
 

@@ -21,6 +21,8 @@ torch's) in microbatches, against the formula.
 Events (besides ``phase``, ``step``, ``metric``, ``log``, ``summary``):
 
 * ``pp_config``: ``p, m, v, schedules, microbatch_size, d_model, layers, seq`` (rank 0, first);
+* ``progress``: ``done, total`` training steps over all schedules and both implementations (rank 0);
+* ``step``: ``step, of, loss, schedule`` from the rank holding the last stage, for our runs;
 * ``pp_op``: one per forward/backward block of our runner (see ``distai.engine.pipeline``);
 * ``pp_step``: ``schedule, impl ("ours"/"torch"), step, t_start, t_end, loss`` per rank and step;
 * ``pp_stage``: rank 0, per schedule and rank: ``schedule, rank, bubble, bubble_formula,
@@ -126,7 +128,7 @@ def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
 
 
 def run_ours(ctx, schedule: str, cfg, p: int, m: int, v: int, mb: int, batches, lr: float, seed: int,
-             events=None):
+             events=None, progress=None):
     rank = ctx.rank
     chunks = pl.build_rank_chunks(cfg, p, v, rank, seed=seed, device=ctx.device)
     runner = pl.PipelineRunner(chunks, rank=rank, p=p, m=m, schedule=schedule, v=v, microbatch_size=mb,
@@ -149,11 +151,16 @@ def run_ours(ctx, schedule: str, cfg, p: int, m: int, v: int, mb: int, batches, 
         if events is not None:
             events.emit("pp_step", schedule=schedule, impl="ours", step=i, t_start=res.t_start,
                         t_end=res.t_end, loss=res.loss)
+            if res.loss is not None:
+                events.emit("step", step=i, of=len(batches), loss=res.loss, schedule=schedule)
+        if progress is not None:
+            progress()
     out["chunks"] = chunks
     return out
 
 
-def run_torch(ctx, schedule: str, cfg, p: int, m: int, v: int, batches, lr: float, seed: int, events=None):
+def run_torch(ctx, schedule: str, cfg, p: int, m: int, v: int, batches, lr: float, seed: int, events=None,
+              progress=None):
     from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
                                               ScheduleInterleaved1F1B)
 
@@ -193,6 +200,8 @@ def run_torch(ctx, schedule: str, cfg, p: int, m: int, v: int, batches, lr: floa
         out["peak_bytes"] = max(out["peak_bytes"], meter.peak)
         if events is not None:
             events.emit("pp_step", schedule=schedule, impl="torch", step=i, t_start=t0, t_end=t1, loss=loss)
+        if progress is not None:
+            progress()
     return out
 
 
@@ -241,16 +250,16 @@ def measure(ours: dict, p: int, m: int, v: int, schedule: str, rank: int, gather
     }
 
 
-def run_schedule(ctx, schedule: str, cfg, p: int, m: int, v: int, args, batches) -> dict | None:
+def run_schedule(ctx, schedule: str, cfg, p: int, m: int, v: int, args, batches, progress=None) -> dict | None:
     """Ours, torch's and the reference for one schedule; the figures on rank 0, None elsewhere."""
     ev = ctx.events
     mb = args.microbatch_size
     ev.emit("phase", name=f"{schedule}: ours")
-    ours = run_ours(ctx, schedule, cfg, p, m, v, mb, batches, args.lr, args.seed, events=ev)
+    ours = run_ours(ctx, schedule, cfg, p, m, v, mb, batches, args.lr, args.seed, events=ev, progress=progress)
     theirs = None
     if not args.no_torch:
         ev.emit("phase", name=f"{schedule}: torch.distributed.pipelining")
-        theirs = run_torch(ctx, schedule, cfg, p, m, v, batches, args.lr, args.seed, events=ev)
+        theirs = run_torch(ctx, schedule, cfg, p, m, v, batches, args.lr, args.seed, events=ev, progress=progress)
     # the unsplit model on the first batch, for this rank's layers
     ref_loss, ref_layers = pl.reference_grads(cfg, batches[0][0], batches[0][1], seed=args.seed)
     ref_stages = pl.split_layers(ref_layers, p * v, cfg)
@@ -319,42 +328,43 @@ def run_schedule(ctx, schedule: str, cfg, p: int, m: int, v: int, args, batches)
 
 
 def _mib(x) -> str:
-    return "—" if x is None else f"{x / 2**20:.2f} MiB"
+    return "—" if x is None else f"{x / 2**20:.2f}"
 
 
 def print_summary(results: list[dict], cfg, args, p: int, m: int, v: int, device) -> None:
+    """The human summary, 80 columns wide (the launcher's width)."""
     print(f"\nLesson 5 · pipeline over p = {p} ranks ({device.type}), m = {m} microbatches of "
-          f"{args.microbatch_size}, interleaved v = {v}; model: {cfg.n_layers} blocks, d = {cfg.d_model}, "
-          f"seq = {cfg.seq}")
+          f"{args.microbatch_size}")
+    print(f"model: {cfg.n_layers} blocks, d = {cfg.d_model}, seq = {cfg.seq}; interleaved v = {v}")
     for r in results:
-        name = SCHEDULE_NAMES[r["schedule"]]
-        print(f"\n{name}")
-        losses = ", ".join(f"{x:.4f}" for x in r["loss"])
-        print(f"  loss per step (ours):    {losses}")
+        print(f"\n{SCHEDULE_NAMES[r['schedule']]}")
+        print(f"  loss (ours):   {', '.join(f'{x:.4f}' for x in r['loss'])}")
         if r["torch_loss"] is not None:
-            print(f"  loss per step (torch):   {', '.join(f'{x:.4f}' for x in r['torch_loss'])}")
-        print(f"  unsplit model, step 0:   {r['ref_loss']:.4f}")
-        line = f"  max |grad diff| vs unsplit model: {r['max_grad_diff_vs_unsplit']:.2e}"
+            print(f"  loss (torch):  {', '.join(f'{x:.4f}' for x in r['torch_loss'])}")
+        print(f"  unsplit model, first step: {r['ref_loss']:.4f}")
+        line = f"  max |grad diff|: vs unsplit {r['max_grad_diff_vs_unsplit']:.1e}"
         if r["max_grad_diff_vs_torch"] is not None:
-            line += f" · vs torch: {r['max_grad_diff_vs_torch']:.2e}"
-        print(line + f" (largest grad {r['grad_scale']:.2e})")
-        line = f"  step time: {r['step_time_s'] * 1e3:.1f} ms"
+            line += f" · vs torch {r['max_grad_diff_vs_torch']:.1e}"
+        print(line + f" (largest grad {r['grad_scale']:.1e})")
+        line = f"  step: ours {r['step_time_s'] * 1e3:.1f} ms"
         if r["torch_step_time_s"]:
-            line += (f" · torch: {r['torch_step_time_s'] * 1e3:.1f} ms "
-                     f"(ours/torch = {r['step_time_s'] / r['torch_step_time_s']:.2f}x)")
+            line += (f" · torch {r['torch_step_time_s'] * 1e3:.1f} ms · ours/torch "
+                     f"{r['step_time_s'] / r['torch_step_time_s']:.2f}x")
         print(line)
         print(f"  bubble: measured {r['bubble_measured']:.1%} · formula {r['bubble_formula']:.1%} · "
-              f"simulated with measured F = {r['t_f_s'] * 1e3:.2f} ms, B = {r['t_b_s'] * 1e3:.2f} ms: "
-              f"{r['bubble_simulated_with_measured_costs']:.1%}")
+              f"simulated {r['bubble_simulated_with_measured_costs']:.1%}")
+        print(f"          (simulated with the measured F = {r['t_f_s'] * 1e3:.2f} ms, "
+              f"B = {r['t_b_s'] * 1e3:.2f} ms)")
+        print("  rank  bubble  peak MiB  predicted MiB  microbatches  formula  torch MiB")
         for s in r["stages"]:
-            print(f"    rank {s['rank']}: bubble {s['bubble']:.1%} · peak activations {_mib(s['peak_bytes'])} "
-                  f"(schedule predicts {_mib(s['peak_expected_bytes'])}) = {s['peak_microbatches']:.2f} "
-                  f"microbatches (formula {s['peak_formula']:g})"
-                  + (f" · torch {_mib(s['torch_peak_bytes'])}" if s["torch_peak_bytes"] is not None else ""))
+            print(f"  {s['rank']:>4}  {s['bubble']:6.1%}  {_mib(s['peak_bytes']):>8}  "
+                  f"{_mib(s['peak_expected_bytes']):>13}  {s['peak_microbatches']:>12.2f}  "
+                  f"{s['peak_formula']:>7g}  {_mib(s['torch_peak_bytes']):>9}")
+        print("  (peak activations: what autograd saved for backward; predicted from the order")
+        print("   and each chunk's bytes; microbatches = peak / one microbatch's bytes)")
     if device.type == "cpu" and (os.cpu_count() or 1) < p:
-        print(f"\nNote: {p} ranks share {os.cpu_count()} CPU cores, so at most {os.cpu_count()} stages compute at "
-              f"once; the measured bubble includes waiting for a core and gloo's latency, which the "
-              f"formula leaves out.")
+        print(f"\nNote: {p} ranks share {os.cpu_count()} CPU cores, so at most {os.cpu_count()} stages "
+              f"compute at once;\nthe measured bubble also holds the wait for a core and gloo's latency.")
 
 
 def main(argv=None) -> int:
@@ -372,9 +382,18 @@ def main(argv=None) -> int:
             ctx.events.emit("pp_config", p=p, m=m, v=v, schedules=schedules,
                             microbatch_size=args.microbatch_size, d_model=cfg.d_model,
                             layers=cfg.n_layers, seq=cfg.seq)
+        total = len(schedules) * args.steps * (1 if args.no_torch else 2)
+        done = [0]
+
+        def progress():
+            done[0] += 1
+            if ctx.rank == 0:
+                ctx.events.emit("progress", done=done[0], total=total)
+
         results = []
         for schedule in schedules:
-            res = run_schedule(ctx, schedule, cfg, p, m, v if schedule == "interleaved" else 1, args, batches)
+            res = run_schedule(ctx, schedule, cfg, p, m, v if schedule == "interleaved" else 1, args, batches,
+                               progress)
             if res is not None:
                 results.append(res)
         if ctx.rank == 0:

@@ -1,0 +1,558 @@
+"""A small decoder-only transformer served three ways: one process, tensor-parallel, pipeline-parallel.
+
+The model is Llama-shaped: token embedding, ``layers`` blocks of (norm → attention with rotary
+positions and ``kv_heads`` key/value heads shared by groups of query heads (GQA; ``kv_heads = heads``
+is plain multi-head attention, 1 is multi-query) → residual → norm → SwiGLU MLP → residual), a final
+norm and an output projection. The norm is RMSNorm (Llama) or LayerNorm (GPT), ``norm="rms"|"layer"``.
+Weights are drawn from a seed, so every process builds the same model and cuts its own part.
+
+Decoding is greedy (argmax) with a **KV cache**: the prompt is run once (prefill) and stores every
+layer's keys and values; each decode step runs one new token per sequence and appends its K/V.
+The cache is a :class:`KVStore` — torch tensors of fixed-size blocks addressed through an allocator
+from :mod:`distai.lessons.lesson7.paging`: a :class:`~distai.lessons.lesson7.paging.ContiguousAllocator`
+(one ``max_len`` region per sequence) or a paged
+:class:`~distai.lessons.lesson7.paging.BlockAllocator` (see :mod:`distai.engine.paged_kv`).
+Attention reads K and V through the sequence's block table.
+
+* **Single process** (:class:`DecoderShard` with ``tp_size=1`` and all layers): the reference for
+  the parallel versions; it is itself checked against :func:`reference_greedy`, which recomputes the
+  whole sequence every step without any cache, using PyTorch's ``scaled_dot_product_attention``.
+* **Tensor parallel** (``tp_size = T``): rank ``r`` owns query heads ``[r·H/T, (r+1)·H/T)`` and the
+  key/value heads they use, i.e. ``H_kv/T`` of them (when ``T > H_kv`` each KV head is replicated on
+  ``T/H_kv`` ranks, as vLLM does) — so **its KV cache holds only its heads**. Q/K/V and the MLP's gate
+  and up projections are column-parallel, the attention output and the MLP's down projection
+  row-parallel, so every layer ends its attention and its MLP with an all-reduce of ``batch·hidden``
+  numbers: **2 all-reduces per layer per decoded token** (Megatron-LM, Shoeybi et al. 2019). The
+  embedding and the output projection are replicated (vocabulary parallelism is lesson 4's).
+* **Pipeline parallel** (:func:`generate_pp`): stage ``r`` owns a contiguous run of layers and **the
+  KV cache of those layers only**; hidden states go from stage to stage with point-to-point sends
+  (``isend``/``recv``), and the last stage sends each new token back to the first. With ``m``
+  microbatches in flight the stages work on different microbatches at once.
+
+Every collective and point-to-point message is counted (:class:`Comm`) so the experiment can check
+the 2·L all-reduces per token and the ``p − 1`` hidden-state sends, and measure bytes.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from distai.lessons.lesson7.formulas import kv_heads_per_gpu
+from distai.lessons.lesson7.paging import ContiguousAllocator
+
+__all__ = ["InferenceConfig", "make_weights", "reference_logits", "reference_greedy", "Comm", "KVStore",
+           "DecoderShard", "generate", "generate_pp", "split_layers", "apply_rope"]
+
+
+# ----------------------------------------------------------------------------------------------
+# configuration and weights
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class InferenceConfig:
+    vocab: int = 512
+    hidden: int = 128
+    layers: int = 4
+    heads: int = 8
+    kv_heads: int = 2
+    ffn: int | None = None  # MLP width; default 3·hidden
+    norm: str = "rms"  # "rms" (RMSNorm) or "layer" (LayerNorm)
+    rope_theta: float = 10000.0
+    eps: float = 1e-5
+
+    def __post_init__(self):
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden {self.hidden} is not a multiple of heads {self.heads}")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads {self.heads} is not a multiple of kv_heads {self.kv_heads}")
+        if self.norm not in ("rms", "layer"):
+            raise ValueError("norm must be 'rms' or 'layer'")
+        if self.head_dim % 2:
+            raise ValueError("rotary embeddings need an even head dimension")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def ffn_size(self) -> int:
+        return self.ffn or 3 * self.hidden
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head."""
+        return self.heads // self.kv_heads
+
+    def check_tp(self, t: int) -> None:
+        if self.heads % t:
+            raise ValueError(f"{self.heads} heads cannot be split over {t} tensor-parallel ranks")
+        if self.ffn_size % t:
+            raise ValueError(f"MLP width {self.ffn_size} cannot be split over {t} ranks")
+        kv_heads_per_gpu(self.kv_heads, t)  # raises when T and H_kv do not divide either way
+
+    def check_pp(self, p: int) -> None:
+        if p > self.layers:
+            raise ValueError(f"{p} pipeline stages for {self.layers} layers")
+
+    def params(self, include_embedding: bool = False) -> int:
+        """Parameters of the layers, final norm and output projection (embedding optional)."""
+        h, d, f = self.hidden, self.head_dim, self.ffn_size
+        norm = h if self.norm == "rms" else 2 * h
+        layer = h * self.heads * d * 2 + h * self.kv_heads * d * 2 + 3 * h * f + 2 * norm
+        total = self.layers * layer + norm + self.vocab * h
+        return total + (self.vocab * h if include_embedding else 0)
+
+
+def make_weights(cfg: InferenceConfig, seed: int = 0, dtype: torch.dtype = torch.float32) -> dict:
+    """All weights of the model, drawn from ``seed`` (the same on every process). Linear weights are
+    ``[out, in]`` with std 1/√in, so activations stay O(1) and the logits are well spread (greedy
+    decoding then has no near-ties that rounding could flip)."""
+    g = torch.Generator().manual_seed(seed)
+    h, d, f = cfg.hidden, cfg.head_dim, cfg.ffn_size
+
+    def lin(out_f, in_f):
+        return (torch.randn(out_f, in_f, generator=g, dtype=torch.float64) / math.sqrt(in_f)).to(dtype)
+
+    def norm_w():
+        return (1 + 0.1 * torch.randn(h, generator=g, dtype=torch.float64)).to(dtype)
+
+    w = {"embed": torch.randn(cfg.vocab, h, generator=g, dtype=torch.float64).to(dtype)}
+    for i in range(cfg.layers):
+        w[f"l{i}.norm1"] = norm_w()
+        w[f"l{i}.wq"] = lin(cfg.heads * d, h)
+        w[f"l{i}.wk"] = lin(cfg.kv_heads * d, h)
+        w[f"l{i}.wv"] = lin(cfg.kv_heads * d, h)
+        w[f"l{i}.wo"] = lin(h, cfg.heads * d)
+        w[f"l{i}.norm2"] = norm_w()
+        w[f"l{i}.w_gate"] = lin(f, h)
+        w[f"l{i}.w_up"] = lin(f, h)
+        w[f"l{i}.w_down"] = lin(h, f)
+        if cfg.norm == "layer":
+            w[f"l{i}.norm1_b"] = (0.1 * torch.randn(h, generator=g, dtype=torch.float64)).to(dtype)
+            w[f"l{i}.norm2_b"] = (0.1 * torch.randn(h, generator=g, dtype=torch.float64)).to(dtype)
+    w["norm_f"] = norm_w()
+    if cfg.norm == "layer":
+        w["norm_f_b"] = (0.1 * torch.randn(h, generator=g, dtype=torch.float64)).to(dtype)
+    w["lm_head"] = lin(cfg.vocab, h) * 4  # sharper logits: greedy argmax far from ties
+    return w
+
+
+def _norm(cfg: InferenceConfig, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    if cfg.norm == "rms":
+        return F.rms_norm(x, (x.shape[-1],), weight, cfg.eps)
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, cfg.eps)
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary position embedding (Su et al. 2021), Llama's half-split layout.
+    ``x``: [B, s, heads, d]; ``positions``: [B, s] absolute positions."""
+    d = x.shape[-1]
+    inv = theta ** (-torch.arange(0, d, 2, dtype=torch.float64, device=x.device) / d)
+    ang = positions.to(torch.float64)[:, :, None, None] * inv  # [B, s, 1, d/2]
+    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+# ----------------------------------------------------------------------------------------------
+# the reference: no cache, the whole sequence recomputed every step
+# ----------------------------------------------------------------------------------------------
+
+def reference_logits(cfg: InferenceConfig, w: dict, ids: torch.Tensor) -> torch.Tensor:
+    """Logits at every position of ``ids`` [B, s], causal, no KV cache; attention by
+    ``F.scaled_dot_product_attention`` with ``enable_gqa``."""
+    B, s = ids.shape
+    d = cfg.head_dim
+    x = w["embed"][ids]
+    pos = torch.arange(s, device=ids.device).expand(B, s)
+    for i in range(cfg.layers):
+        a = _norm(cfg, x, w[f"l{i}.norm1"], w.get(f"l{i}.norm1_b"))
+        q = apply_rope((a @ w[f"l{i}.wq"].T).view(B, s, cfg.heads, d), pos, cfg.rope_theta).transpose(1, 2)
+        k = apply_rope((a @ w[f"l{i}.wk"].T).view(B, s, cfg.kv_heads, d), pos, cfg.rope_theta).transpose(1, 2)
+        v = (a @ w[f"l{i}.wv"].T).view(B, s, cfg.kv_heads, d).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        x = x + o.transpose(1, 2).reshape(B, s, cfg.heads * d) @ w[f"l{i}.wo"].T
+        m = _norm(cfg, x, w[f"l{i}.norm2"], w.get(f"l{i}.norm2_b"))
+        x = x + (F.silu(m @ w[f"l{i}.w_gate"].T) * (m @ w[f"l{i}.w_up"].T)) @ w[f"l{i}.w_down"].T
+    x = _norm(cfg, x, w["norm_f"], w.get("norm_f_b"))
+    return x @ w["lm_head"].T
+
+
+def reference_greedy(cfg: InferenceConfig, w: dict, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """Greedy decoding without a cache: ``new_tokens`` tokens per prompt, [B, new_tokens]."""
+    ids = prompts
+    out = []
+    for _ in range(new_tokens):
+        nxt = reference_logits(cfg, w, ids)[:, -1].argmax(-1)
+        out.append(nxt)
+        ids = torch.cat([ids, nxt[:, None]], dim=1)
+    return torch.stack(out, dim=1)
+
+
+# ----------------------------------------------------------------------------------------------
+# communication, counted
+# ----------------------------------------------------------------------------------------------
+
+@dataclass
+class Comm:
+    """The collectives and point-to-point messages one rank issued, counted."""
+
+    group: object = None
+    all_reduces: int = 0
+    all_reduce_bytes: int = 0  # payload (the full tensor), summed
+    sends: int = 0
+    send_bytes: int = 0
+    recvs: int = 0
+    pending: list = field(default_factory=list)
+
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        if dist.is_initialized() and dist.get_world_size(self.group) > 1:
+            dist.all_reduce(t, group=self.group)
+            self.all_reduces += 1
+            self.all_reduce_bytes += t.numel() * t.element_size()
+        return t
+
+    def isend(self, t: torch.Tensor, dst: int) -> None:
+        t = t.contiguous()
+        self.pending.append((dist.isend(t, dst, group=self.group), t))
+        self.sends += 1
+        self.send_bytes += t.numel() * t.element_size()
+
+    def recv(self, shape, dtype, src: int, device) -> torch.Tensor:
+        t = torch.empty(shape, dtype=dtype, device=device)
+        dist.recv(t, src, group=self.group)
+        self.recvs += 1
+        return t
+
+    def wait(self) -> None:
+        for work, _t in self.pending:
+            work.wait()
+        self.pending.clear()
+
+    def snapshot(self) -> dict:
+        return {"all_reduces": self.all_reduces, "all_reduce_bytes": self.all_reduce_bytes,
+                "sends": self.sends, "send_bytes": self.send_bytes, "recvs": self.recvs}
+
+
+# ----------------------------------------------------------------------------------------------
+# the KV cache: blocks of torch tensors addressed through an allocator
+# ----------------------------------------------------------------------------------------------
+
+@dataclass
+class Addressing:
+    """Where one forward's tokens go and what it reads, computed once for all layers: the
+    (block, offset) of every new token, the block tables padded to the longest sequence, and the
+    number of positions to read."""
+
+    blocks: torch.Tensor  # [B·s] physical block of each new token
+    offsets: torch.Tensor  # [B·s] offset inside it
+    tables: torch.Tensor  # [B, nb] block tables (padded with block 0)
+    length: int  # positions read: max over the batch of pos0 + s
+
+
+class KVStore:
+    """K and V of ``layers`` layers and ``kv_heads`` heads in ``allocator.num_blocks`` blocks of
+    ``allocator.block_size`` tokens: tensors ``[layers, blocks, block_size, kv_heads, head_dim]``
+    (token-major inside a block, so a gathered run of blocks is already a run of tokens).
+    Where token ``p`` of a sequence lives is the allocator's business (its block table)."""
+
+    def __init__(self, allocator, layers: int, kv_heads: int, head_dim: int, dtype=torch.float32,
+                 device="cpu"):
+        self.alloc = allocator
+        shape = (layers, allocator.num_blocks, allocator.block_size, kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
+
+    @property
+    def bytes_per_token(self) -> int:
+        """K and V of one token on this shard: 2·layers·kv_heads·head_dim·element size."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.k.element_size()
+
+    @property
+    def storage_bytes(self) -> int:
+        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+
+    def reserve(self, seq, new_len: int) -> None:
+        self.alloc.grow(seq, new_len)
+
+    def address(self, seqs, pos0, s: int) -> Addressing:
+        """The addressing of a forward that appends ``s`` tokens to each of ``seqs`` (holding
+        ``pos0[b]`` tokens): block tables looked up once, used by every layer."""
+        bs = self.alloc.block_size
+        tabs = [self.alloc.tables[q] for q in seqs]
+        blocks, offs = [], []
+        for table, p0 in zip(tabs, pos0):
+            for p in range(p0, p0 + s):
+                blocks.append(table[p // bs])
+                offs.append(p % bs)
+        length = max(pos0) + s
+        nb = -(-length // bs)
+        dev = self.k.device
+        return Addressing(torch.tensor(blocks, device=dev), torch.tensor(offs, device=dev),
+                          torch.tensor([(t + [0] * nb)[:nb] for t in tabs], dtype=torch.long, device=dev), length)
+
+    def write(self, layer: int, at: Addressing, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store ``k``, ``v`` [B, s, kv_heads, d] at the new positions of ``at``."""
+        B, s, H, d = k.shape
+        self.k[layer][at.blocks, at.offsets] = k.reshape(B * s, H, d)
+        self.v[layer][at.blocks, at.offsets] = v.reshape(B * s, H, d)
+
+    def read(self, layer: int, at: Addressing) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V of the first ``at.length`` positions of every sequence, gathered through the block
+        tables: [B, length, kv_heads, d] (positions past a sequence's end hold garbage; mask them)."""
+        B, nb = at.tables.shape
+        if nb == 1:  # one block per sequence (always so for a contiguous cache): slice, then gather
+            return self.k[layer, :, : at.length][at.tables[:, 0]], self.v[layer, :, : at.length][at.tables[:, 0]]
+        bs = self.alloc.block_size
+        K = self.k[layer][at.tables].view(B, nb * bs, self.kv_heads, self.head_dim)
+        V = self.v[layer][at.tables].view(B, nb * bs, self.kv_heads, self.head_dim)
+        return K[:, : at.length], V[:, : at.length]
+
+
+def contiguous_store(shard: "DecoderShard", sequences: int, max_len: int, dtype=None, device=None) -> KVStore:
+    """A pre-allocated contiguous cache: ``sequences`` regions of ``max_len`` tokens for ``shard``."""
+    return KVStore(ContiguousAllocator(sequences, max_len), len(shard.layers), shard.kv_local, shard.cfg.head_dim,
+                   dtype or shard.dtype, device or shard.device)
+
+
+# ----------------------------------------------------------------------------------------------
+# one process's part of the model
+# ----------------------------------------------------------------------------------------------
+
+def split_layers(layers: int, stages: int) -> list[range]:
+    """Contiguous layer ranges per pipeline stage, the first ``layers % stages`` one layer longer."""
+    if not 1 <= stages <= layers:
+        raise ValueError(f"{stages} stages for {layers} layers")
+    base, extra = divmod(layers, stages)
+    out, start = [], 0
+    for s in range(stages):
+        n = base + (1 if s < extra else 0)
+        out.append(range(start, start + n))
+        start += n
+    return out
+
+
+class DecoderShard:
+    """The layers ``layer_range`` of the model, and of each the heads and MLP columns of tensor-parallel
+    rank ``tp_rank`` of ``tp_size``. ``forward`` runs them with the KV cache ``self.cache``."""
+
+    def __init__(self, cfg: InferenceConfig, weights: dict, tp_rank: int = 0, tp_size: int = 1,
+                 layer_range: range | None = None, comm: Comm | None = None, device="cpu"):
+        cfg.check_tp(tp_size)
+        self.cfg, self.tp_rank, self.tp_size = cfg, tp_rank, tp_size
+        self.layers = list(layer_range if layer_range is not None else range(cfg.layers))
+        self.first, self.last = self.layers[0] == 0, self.layers[-1] == cfg.layers - 1
+        self.comm = comm or Comm()
+        self.device = torch.device(device)
+        d, t, r = cfg.head_dim, tp_size, tp_rank
+        self.q_local = cfg.heads // t
+        self.q0 = r * self.q_local
+        self.kv_local = kv_heads_per_gpu(cfg.kv_heads, t)
+        self.kv0 = self.q0 // cfg.group  # first KV head used by this rank's query heads
+        f_local = cfg.ffn_size // t
+        qs, ks = slice(self.q0 * d, (self.q0 + self.q_local) * d), slice(self.kv0 * d, (self.kv0 + self.kv_local) * d)
+        fs = slice(r * f_local, (r + 1) * f_local)
+        mine = {}
+        for i in self.layers:
+            p = f"l{i}."
+            mine[p + "norm1"] = weights[p + "norm1"]
+            mine[p + "norm2"] = weights[p + "norm2"]
+            for b in ("norm1_b", "norm2_b"):
+                if p + b in weights:
+                    mine[p + b] = weights[p + b]
+            mine[p + "wq"] = weights[p + "wq"][qs]  # column-parallel: output rows of my heads
+            mine[p + "wk"] = weights[p + "wk"][ks]
+            mine[p + "wv"] = weights[p + "wv"][ks]
+            mine[p + "wo"] = weights[p + "wo"][:, qs]  # row-parallel: input columns of my heads
+            mine[p + "w_gate"] = weights[p + "w_gate"][fs]
+            mine[p + "w_up"] = weights[p + "w_up"][fs]
+            mine[p + "w_down"] = weights[p + "w_down"][:, fs]
+        if self.first:
+            mine["embed"] = weights["embed"]
+        if self.last:
+            mine["norm_f"] = weights["norm_f"]
+            if "norm_f_b" in weights:
+                mine["norm_f_b"] = weights["norm_f_b"]
+            mine["lm_head"] = weights["lm_head"]
+        self.w = {k: v.detach().clone().contiguous().to(self.device) for k, v in mine.items()}
+        self.dtype = self.w[f"l{self.layers[0]}.wq"].dtype
+        self.cache: KVStore | None = None
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of this shard's weights a decode step reads (the embedding table excluded: a step
+        reads only one row of it)."""
+        return sum(v.numel() * v.element_size() for k, v in self.w.items() if k != "embed")
+
+    def _attention(self, i: int, li: int, a: torch.Tensor, at: Addressing, pos: torch.Tensor) -> torch.Tensor:
+        cfg, w, d = self.cfg, self.w, self.cfg.head_dim
+        B, s, _ = a.shape
+        q = (a @ w[f"l{i}.wq"].T).view(B, s, self.q_local, d)
+        k = (a @ w[f"l{i}.wk"].T).view(B, s, self.kv_local, d)
+        v = (a @ w[f"l{i}.wv"].T).view(B, s, self.kv_local, d)
+        q, k = apply_rope(q, pos, cfg.rope_theta), apply_rope(k, pos, cfg.rope_theta)
+        self.cache.write(li, at, k, v)
+        K, V = self.cache.read(li, at)  # [B, length, kv_local, d]
+        g = self.q_local // self.kv_local
+        qg = q.view(B, s, self.kv_local, g, d)
+        scores = torch.einsum("bskgd,blkd->bkgsl", qg, K) / math.sqrt(d)
+        keys = torch.arange(at.length, device=a.device)
+        mask = keys[None, None, :] <= pos[:, :, None]  # [B, s, length]: causal, and within each sequence
+        scores = scores.masked_fill(~mask[:, None, None], float("-inf"))
+        o = torch.einsum("bkgsl,blkd->bskgd", scores.softmax(-1), V).reshape(B, s, self.q_local * d)
+        return self._reduce(o @ w[f"l{i}.wo"].T)  # row-parallel: partial sums → all-reduce
+
+    def _mlp(self, i: int, m: torch.Tensor) -> torch.Tensor:
+        w = self.w
+        y = (F.silu(m @ w[f"l{i}.w_gate"].T) * (m @ w[f"l{i}.w_up"].T)) @ w[f"l{i}.w_down"].T
+        return self._reduce(y)
+
+    def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        """Sum the row-parallel partial outputs over the tensor-parallel ranks (Megatron's g)."""
+        return self.comm.all_reduce(partial) if self.tp_size > 1 else partial
+
+    @torch.no_grad()
+    def forward(self, inp: torch.Tensor, seqs, pos0) -> torch.Tensor:
+        """Run this shard's layers on ``inp`` — token ids [B, s] on the first stage, hidden states
+        [B, s, h] after — for sequences ``seqs`` whose caches hold ``pos0[b]`` tokens. Returns the
+        last position's logits [B, vocab] on the last stage, else the hidden states."""
+        if self.cache is None:
+            raise RuntimeError("attach a KV cache first (shard.cache = ...)")
+        cfg, w = self.cfg, self.w
+        s = inp.shape[1]
+        for b, q in enumerate(seqs):
+            self.cache.reserve(q, pos0[b] + s)
+        pos = torch.tensor([[p + j for j in range(s)] for p in pos0], device=self.device)
+        at = self.cache.address(seqs, pos0, s)
+        x = w["embed"][inp] if self.first else inp
+        for li, i in enumerate(self.layers):
+            a = _norm(cfg, x, w[f"l{i}.norm1"], w.get(f"l{i}.norm1_b"))
+            x = x + self._attention(i, li, a, at, pos)
+            m = _norm(cfg, x, w[f"l{i}.norm2"], w.get(f"l{i}.norm2_b"))
+            x = x + self._mlp(i, m)
+        if not self.last:
+            return x
+        x = _norm(cfg, x[:, -1], w["norm_f"], w.get("norm_f_b"))
+        return x @ w["lm_head"].T
+
+
+# ----------------------------------------------------------------------------------------------
+# greedy generation: one process or tensor-parallel (every TP rank gets the same logits)
+# ----------------------------------------------------------------------------------------------
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+@torch.no_grad()
+def generate(shard: DecoderShard, prompts: torch.Tensor, new_tokens: int, on_token=None) -> dict:
+    """Greedy decoding of a batch of equal-length prompts [B, s] with a contiguous cache (created if
+    the shard has none). Works for one process and for tensor parallelism (the shard all-reduces).
+    Returns ``tokens`` [B, new_tokens], ``prefill_s``, ``decode_s`` (the new_tokens − 1 decode
+    steps), ``comm_prefill`` and ``comm_decode`` (counts), ``kv_bytes`` (this rank's cache of the
+    batch at the end), ``kv_bytes_per_token``."""
+    if not (shard.first and shard.last):
+        raise ValueError("generate() needs a shard with all layers; use generate_pp for pipelines")
+    B, s = prompts.shape
+    if shard.cache is None:
+        shard.cache = contiguous_store(shard, B, s + new_tokens)
+    seqs = list(range(B))
+    prompts = prompts.to(shard.device)
+    c0 = shard.comm.snapshot()
+    _sync(shard.device)
+    t0 = time.perf_counter()
+    nxt = shard.forward(prompts, seqs, [0] * B).argmax(-1)
+    _sync(shard.device)
+    t1 = time.perf_counter()
+    c1 = shard.comm.snapshot()
+    out = [nxt]
+    if on_token:
+        on_token(0, nxt)
+    for step in range(1, new_tokens):
+        nxt = shard.forward(nxt[:, None], seqs, [s + step - 1] * B).argmax(-1)
+        out.append(nxt)
+        if on_token:
+            on_token(step, nxt)
+    _sync(shard.device)
+    t2 = time.perf_counter()
+    c2 = shard.comm.snapshot()
+    stored = s + new_tokens - 1
+    return {"tokens": torch.stack(out, 1).cpu(), "prefill_s": t1 - t0, "decode_s": t2 - t1,
+            "decode_steps": new_tokens - 1,
+            "comm_prefill": {k: c1[k] - c0[k] for k in c0}, "comm_decode": {k: c2[k] - c1[k] for k in c0},
+            "kv_bytes": shard.cache.bytes_per_token * stored * B,
+            "kv_bytes_per_token": shard.cache.bytes_per_token}
+
+
+# ----------------------------------------------------------------------------------------------
+# pipeline-parallel generation
+# ----------------------------------------------------------------------------------------------
+
+@torch.no_grad()
+def generate_pp(shard: DecoderShard, prompts: torch.Tensor, new_tokens: int, stage: int, stages: int,
+                microbatches: int = 1, on_token=None) -> dict:
+    """Greedy decoding through a pipeline of ``stages`` processes (this one is ``stage``, holding
+    ``shard.layers``). The batch is cut into ``microbatches``; for every position, each microbatch
+    goes through the stages in order: the hidden states [b, s, h] with ``isend``/``recv`` to the next
+    stage, and from the last stage the new tokens back to the first. Sends are non-blocking, so the
+    stages work on different microbatches at once. Every stage returns the tokens (broadcast from the
+    last stage at the end) and its own counts and cache bytes, like :func:`generate`."""
+    B, s = prompts.shape
+    m = max(1, min(microbatches, B))
+    if shard.cache is None:
+        shard.cache = contiguous_store(shard, B, s + new_tokens)
+    comm, dev, h = shard.comm, shard.device, shard.cfg.hidden
+    groups = [g.tolist() for g in torch.arange(B).tensor_split(m)]
+    prompts = prompts.to(dev)
+    last = stages - 1
+    tokens = torch.zeros(B, new_tokens, dtype=torch.long)
+    c0 = comm.snapshot()
+    _sync(dev)
+    t0 = time.perf_counter()
+    t1, c1 = None, None
+    for i in range(new_tokens):
+        for g in groups:
+            b, seq_len = len(g), (s if i == 0 else 1)
+            pos0 = [0 if i == 0 else s + i - 1] * b
+            if stage == 0:
+                if i == 0:
+                    inp = prompts[g[0]:g[-1] + 1]
+                else:
+                    inp = comm.recv((b, 1), torch.long, last, dev) if stages > 1 else \
+                        tokens[g[0]:g[-1] + 1, i - 1:i].to(dev)
+            else:
+                inp = comm.recv((b, seq_len, h), shard.dtype, stage - 1, dev)
+            out = shard.forward(inp, g, pos0)
+            if stage == last:
+                nxt = out.argmax(-1)
+                tokens[g[0]:g[-1] + 1, i] = nxt.cpu()
+                if on_token:
+                    on_token(i, g, nxt)
+                if stages > 1 and i < new_tokens - 1:
+                    comm.isend(nxt[:, None], 0)
+            else:
+                comm.isend(out, stage + 1)
+        if i == 0:
+            comm.wait()
+            _sync(dev)
+            t1, c1 = time.perf_counter(), comm.snapshot()
+    comm.wait()
+    _sync(dev)
+    t2 = time.perf_counter()
+    c2 = comm.snapshot()
+    if stages > 1:
+        tok = tokens.to(dev)
+        dist.broadcast(tok, last, group=comm.group)
+        tokens = tok.cpu()
+    stored = s + new_tokens - 1
+    return {"tokens": tokens, "prefill_s": t1 - t0, "decode_s": t2 - t1, "decode_steps": new_tokens - 1,
+            "comm_prefill": {k: c1[k] - c0[k] for k in c0}, "comm_decode": {k: c2[k] - c1[k] for k in c0},
+            "kv_bytes": shard.cache.bytes_per_token * stored * B,
+            "kv_bytes_per_token": shard.cache.bytes_per_token, "microbatches": m}

@@ -1,0 +1,346 @@
+"""Lesson 7 engine: tensor- and pipeline-parallel greedy decoding give the single-process model's
+tokens; the KV cache is sharded by heads (TP) and by layers (PP) with the formulas' sizes; TP decode
+costs 2 all-reduces per layer per token; the paged cache with continuous batching gives the same
+tokens as the contiguous one and as the no-cache reference, and wastes less memory.
+
+One process group per world size (2 and 4 ranks) runs every distributed check."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from distai.engine.inference import (
+    DecoderShard,
+    InferenceConfig,
+    contiguous_store,
+    generate,
+    generate_pp,
+    make_weights,
+    reference_greedy,
+    reference_logits,
+    split_layers,
+)
+from distai.engine.paged_kv import ContinuousBatcher, paged_store
+from distai.engine.testing import run_in_group
+from distai.lessons.lesson7 import formulas as f7
+from distai.lessons.lesson7.paging import BlockAllocator, ContiguousAllocator, poisson_requests, simulate
+
+PROMPT_LEN, NEW = 6, 8
+CONFIGS = {  # name -> config; "mqa" has 1 KV head: replicated on every TP rank
+    "gqa-rms": InferenceConfig(vocab=128, hidden=64, layers=4, heads=8, kv_heads=4, norm="rms"),
+    "mqa-layernorm": InferenceConfig(vocab=128, hidden=64, layers=4, heads=8, kv_heads=1, norm="layer"),
+}
+
+
+def _names(world: int) -> list[str]:
+    """Configurations checked on ``world`` ranks: all on 2; on 4 only GQA (the 4-process group is
+    the expensive one; replicated KV heads are covered on 2 ranks)."""
+    return list(CONFIGS) if world == 2 else ["gqa-rms"]
+
+
+def _prompts(cfg, batch=4, seed=1):
+    return torch.randint(0, cfg.vocab, (batch, PROMPT_LEN), generator=torch.Generator().manual_seed(seed))
+
+
+EXPERIMENT_ARGS = ["--requests", "16", "--route-requests", "300", "--new-tokens", "12"]
+
+
+def _group_checks(rank: int, world: int, events_dir: str) -> dict:
+    import torch.distributed as dist
+
+    from distai.engine.inference import Comm
+
+    out: dict = {}
+    for name, cfg in CONFIGS.items():
+        if name not in _names(world):
+            continue
+        w = make_weights(cfg, seed=0, dtype=torch.float64)
+        prompts = _prompts(cfg)
+        ref = reference_greedy(cfg, w, prompts, NEW)
+        # tensor parallel: heads split over all ranks
+        tp = DecoderShard(cfg, w, tp_rank=rank, tp_size=world, comm=Comm())
+        r = generate(tp, prompts, NEW)
+        out[(name, "tp")] = {"equal": torch.equal(r["tokens"], ref), "tokens": r["tokens"],
+                             "comm_prefill": r["comm_prefill"], "comm_decode": r["comm_decode"],
+                             "kv_bytes": r["kv_bytes"], "kv_local": tp.kv_local, "kv0": tp.kv0,
+                             "weight_bytes": tp.weight_bytes}
+        # pipeline parallel: layers split, 1 and 2 microbatches
+        for m in (1, 2):
+            rng = split_layers(cfg.layers, world)[rank]
+            pp = DecoderShard(cfg, w, layer_range=rng, comm=Comm())
+            r = generate_pp(pp, prompts, NEW, stage=rank, stages=world, microbatches=m)
+            out[(name, f"pp{m}")] = {"equal": torch.equal(r["tokens"], ref), "layers": list(rng),
+                                     "comm_prefill": r["comm_prefill"], "comm_decode": r["comm_decode"],
+                                     "kv_bytes": r["kv_bytes"]}
+    # a forgotten all-reduce is caught: TP without the MLP's all-reduce gives other logits
+    cfg = CONFIGS["gqa-rms"]
+    w = make_weights(cfg, seed=0, dtype=torch.float64)
+    bad = DecoderShard(cfg, w, tp_rank=rank, tp_size=world, comm=Comm())
+    bad._mlp = lambda i, m: (torch.nn.functional.silu(m @ bad.w[f"l{i}.w_gate"].T)
+                             * (m @ bad.w[f"l{i}.w_up"].T)) @ bad.w[f"l{i}.w_down"].T
+    bad.cache = contiguous_store(bad, 4, PROMPT_LEN + 1)
+    logits = bad.forward(_prompts(cfg), list(range(4)), [0] * 4)
+    out["forgotten_allreduce_diff"] = (logits - reference_logits(cfg, w, _prompts(cfg))[:, -1]).abs().max().item()
+    dist.barrier()
+    if world == 2:  # the lesson's experiment, in this same group (it ends the group: last)
+        import contextlib
+        import io
+        import os
+
+        from distai.engine.experiments import lesson7
+
+        os.environ["DISTAI_EVENTS_DIR"] = events_dir
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            rc = lesson7.main(EXPERIMENT_ARGS)
+        out["experiment"] = {"rc": rc, "stdout": buf.getvalue()}
+    return out
+
+
+@pytest.fixture(scope="module", params=[2, 4])
+def group(request, tmp_path_factory):
+    events = tmp_path_factory.mktemp(f"events{request.param}")
+    return request.param, run_in_group(_group_checks, request.param, str(events)), events
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_tensor_parallel_tokens_equal_single_process(group, name):
+    world, results, _events = group
+    if name not in _names(world):
+        pytest.skip(f"{name} runs on 2 ranks only")
+    for rank, res in enumerate(results):
+        assert res[(name, "tp")]["equal"], (world, rank, name)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("m", [1, 2])
+def test_pipeline_parallel_tokens_equal_single_process(group, name, m):
+    world, results, _events = group
+    if name not in _names(world):
+        pytest.skip(f"{name} runs on 2 ranks only")
+    for rank, res in enumerate(results):
+        assert res[(name, f"pp{m}")]["equal"], (world, rank, name, m)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_tp_decode_two_allreduces_per_layer_per_token(group, name):
+    world, results, _events = group
+    if name not in _names(world):
+        pytest.skip(f"{name} runs on 2 ranks only")
+    cfg = CONFIGS[name]
+    B = 4
+    for res in results:
+        r = res[(name, "tp")]
+        assert r["comm_prefill"]["all_reduces"] == 2 * cfg.layers
+        assert r["comm_decode"]["all_reduces"] == 2 * cfg.layers * (NEW - 1)
+        # each all-reduce carries batch · hidden numbers (float64) in decode
+        assert r["comm_decode"]["all_reduce_bytes"] == 2 * cfg.layers * (NEW - 1) * B * cfg.hidden * 8
+        assert r["comm_decode"]["sends"] == 0
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_kv_cache_sharded_by_heads_matches_formula(group, name):
+    world, results, _events = group
+    if name not in _names(world):
+        pytest.skip(f"{name} runs on 2 ranks only")
+    cfg = CONFIGS[name]
+    tokens = 4 * (PROMPT_LEN + NEW - 1)
+    want = f7.kv_cache_total(cfg.layers, cfg.kv_heads, cfg.head_dim, 8, tokens, tp=world)
+    for rank, res in enumerate(results):
+        r = res[(name, "tp")]
+        assert r["kv_bytes"] == want["per_gpu_bytes"]
+        assert r["kv_local"] == f7.kv_heads_per_gpu(cfg.kv_heads, world)
+    if cfg.kv_heads >= world:  # each rank a different slice of the heads; together all of them
+        assert sorted(res[(name, "tp")]["kv0"] for res in results) == \
+            [r * cfg.kv_heads // world for r in range(world)]
+        assert sum(res[(name, "tp")]["kv_bytes"] for res in results) == want["total_bytes"]
+    else:  # replicated: more bytes in total than one copy
+        assert sum(res[(name, "tp")]["kv_bytes"] for res in results) > want["total_bytes"]
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_kv_cache_sharded_by_layers_and_pp_sends(group, name):
+    world, results, _events = group
+    if name not in _names(world):
+        pytest.skip(f"{name} runs on 2 ranks only")
+    cfg = CONFIGS[name]
+    tokens = 4 * (PROMPT_LEN + NEW - 1)
+    per_layer = f7.kv_cache_bytes_per_token(1, cfg.kv_heads, cfg.head_dim, 8) * tokens
+    want_busiest = f7.kv_cache_total(cfg.layers, cfg.kv_heads, cfg.head_dim, 8, tokens, pp=world)["per_gpu_bytes"]
+    all_layers = []
+    for m in (1, 2):
+        for rank, res in enumerate(results):
+            r = res[(name, f"pp{m}")]
+            assert r["kv_bytes"] == per_layer * len(r["layers"])
+            assert r["comm_decode"]["all_reduces"] == 0
+            # each decode position, every microbatch crosses each stage boundary once (hidden states);
+            # the last stage sends the new tokens back to the first, except after the final position
+            want = m * (NEW - 2) if rank == world - 1 else m * (NEW - 1)
+            assert r["comm_decode"]["sends"] == want
+            if m == 1:
+                all_layers += r["layers"]
+        assert max(res[(name, f"pp{m}")]["kv_bytes"] for res in results) == want_busiest
+    assert all_layers == list(range(cfg.layers))
+
+
+def test_forgotten_allreduce_is_caught(group):
+    _world, results, _events = group
+    assert all(res["forgotten_allreduce_diff"] > 1e-3 for res in results)
+
+
+# ---------------------------------------------------------------------------------------------
+# single process: the cache against the no-cache reference, paged against contiguous
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def served():
+    torch.set_num_threads(1)
+    cfg = InferenceConfig(vocab=128, hidden=64, layers=2, heads=4, kv_heads=2)
+    w = make_weights(cfg, seed=0, dtype=torch.float64)
+    reqs = poisson_requests(14, 1.5, prompt_range=(3, 20), output_range=(2, 14), seed=5, vocab=cfg.vocab)
+    max_len = max(r.prompt_len + r.output_len - 1 for r in reqs)
+    runs = {}
+    for name, make in {
+        "paged": lambda sh: paged_store(sh, num_blocks=24, block_size=4),
+        "paged-tight": lambda sh: paged_store(sh, num_blocks=12, block_size=4),  # forces preemption
+        "contiguous": lambda sh: contiguous_store(sh, 3, max_len),
+    }.items():
+        sh = DecoderShard(cfg, w)
+        sh.cache = make(sh)
+        runs[name] = ContinuousBatcher(sh, max_batch=8).run(reqs)
+    refs = {r.rid: reference_greedy(cfg, w, torch.tensor([r.prompt]), r.output_len)[0].tolist() for r in reqs}
+    return cfg, reqs, runs, refs, max_len
+
+
+def test_cached_decoding_equals_no_cache_reference():
+    cfg = InferenceConfig(vocab=128, hidden=64, layers=3, heads=8, kv_heads=2)
+    w = make_weights(cfg, seed=3, dtype=torch.float64)
+    prompts = _prompts(cfg, batch=3, seed=4)
+    r = generate(DecoderShard(cfg, w), prompts, NEW)
+    assert torch.equal(r["tokens"], reference_greedy(cfg, w, prompts, NEW))
+    assert r["comm_decode"]["all_reduces"] == 0
+    assert len(set(r["tokens"].flatten().tolist())) > 3  # not a degenerate constant output
+
+
+def test_paged_and_contiguous_give_the_reference_tokens(served):
+    _cfg, reqs, runs, refs, _ = served
+    for name, run in runs.items():
+        assert run.tokens == refs, name
+        assert run.generated == sum(r.output_len for r in reqs)
+
+
+def test_paged_blocks_are_freed_and_reused(served):
+    _cfg, _reqs, runs, _refs, _ = served
+    snaps = runs["paged"].snapshots
+    freed = [b for s in snaps for b in s.freed]
+    allocated = [b for s in snaps for b in s.allocated]
+    assert sorted(freed) == sorted(allocated)  # everything returned at the end
+    assert len(allocated) > 24  # more allocations than blocks: blocks were reused
+    assert all(o is None for o in snaps[-1].owners)
+    # at every step a sequence's blocks hold its tokens with at most one partly filled block
+    for s in snaps:
+        for rid in set(o for o in s.owners if o is not None):
+            fills = [s.fills[b] for b, o in enumerate(s.owners) if o == rid]
+            assert sum(1 for f in fills if f < 4) <= 1
+
+
+def test_preemption_recomputes_and_keeps_tokens(served):
+    _cfg, _reqs, runs, refs, _ = served
+    run = runs["paged-tight"]
+    assert sum(len(s.preempted) for s in run.snapshots) > 0
+    assert run.tokens == refs
+
+
+def test_paged_wastes_less_than_contiguous(served):
+    _cfg, _reqs, runs, _refs, max_len = served
+    paged, contig = runs["paged"].waste(), runs["contiguous"].waste()
+    assert paged["waste_fraction"] < contig["waste_fraction"]
+    # paged waste is only partly filled last blocks: < block_size − 1 tokens per running sequence
+    for s in runs["paged"].snapshots:
+        assert s.reserved_tokens - s.tokens_stored <= 3 * len(set(o for o in s.owners if o is not None))
+    # contiguous reserves max_len per running request
+    for s in runs["contiguous"].snapshots:
+        assert s.reserved_tokens == max_len * sum(o is not None for o in s.owners)
+
+
+def test_engine_blocks_follow_the_pure_model(served):
+    _cfg, reqs, runs, _refs, max_len = served
+    for name, alloc in (("paged", BlockAllocator(24, 4)), ("paged-tight", BlockAllocator(12, 4)),
+                        ("contiguous", ContiguousAllocator(3, max_len))):
+        pure = simulate(reqs, alloc, max_batch=8)
+        real = runs[name].snapshots
+        assert [(s.owners, s.fills, s.allocated, s.freed) for s in pure] == \
+            [(s.owners, s.fills, s.allocated, s.freed) for s in real], name
+
+
+def test_request_timings(served):
+    _cfg, reqs, runs, _refs, _ = served
+    rows = runs["paged"].requests
+    assert [r["rid"] for r in rows] == [q.rid for q in reqs]
+    for row in rows:
+        assert row["ttft_s"] >= 0 and row["tpot_s"] >= 0
+        assert row["first_token_step"] >= row["arrival"]
+        assert row["finished_step"] - row["first_token_step"] >= row["output_len"] - 1
+
+
+# ---------------------------------------------------------------------------------------------
+# the experiment (run inside the 2-rank group above)
+# ---------------------------------------------------------------------------------------------
+
+def _experiment(group):
+    world, results, events = group
+    if world != 2:
+        pytest.skip("the experiment runs in the 2-rank group")
+    from distai.engine.events import read_events
+
+    return results[0]["experiment"], {r: list(read_events(events / f"rank{r}.jsonl")) for r in range(world)}
+
+
+def test_experiment_checks_and_summary(group):
+    exp, ev = _experiment(group)
+    assert exp["rc"] == 0, exp["stdout"]
+    summary = [e for e in ev[0] if e["kind"] == "summary"]
+    assert len(summary) == 1
+    s = summary[0]
+    assert s["ok"] and s["tp"]["equal"] and s["pp"]["equal"] and s["kv"]["tokens_equal"]
+    assert s["tp"]["all_reduces_per_token"] == s["tp"]["expected_per_token"] == 2 * 4
+    for shard in s["tp"]["shards"] + s["pp"]["shards"]:
+        assert shard["kv_bytes"] == shard["formula_bytes"]
+    assert s["kv"]["paged"]["waste_fraction"] < s["kv"]["contiguous"]["waste_fraction"]
+    assert set(s["routing"]["policies"]) == {"round-robin", "least-outstanding", "prefix-aware"}
+    assert s["routing"]["cost"]["source"] == "measured"
+    rr, pa = s["routing"]["policies"]["round-robin"], s["routing"]["policies"]["prefix-aware"]
+    assert pa["prefix_hit_rate"] > rr["prefix_hit_rate"]
+    assert "tokens = single process" in exp["stdout"] and "prefix-aware" in exp["stdout"]
+
+
+def test_experiment_events(group):
+    _exp, ev = _experiment(group)
+    kinds = {e["kind"] for e in ev[0]}
+    assert {"config", "tokens", "kv_shard", "decode", "kv_step", "request", "kv_compare", "cost_model",
+            "route", "routing", "summary"} <= kinds
+    steps = [e for e in ev[0] if e["kind"] == "kv_step" and e["cache"] == "paged"]
+    alloc = sum(len(e["allocated"]) for e in steps)
+    assert alloc == sum(len(e["freed"]) for e in steps) > 0
+    reqs = [e for e in ev[0] if e["kind"] == "request" and e["cache"] == "paged"]
+    assert len(reqs) == 16 and all(r["ttft_s"] >= 0 and r["tpot_s"] >= 0 for r in reqs)
+    assert sum(1 for e in ev[1] if e["kind"] == "kv_shard") == 2  # rank 1: its TP and PP shards
+    assert all(e["equal"] for r in ev for e in ev[r] if e["kind"] == "decode")
+
+
+def test_visualizer_replays_the_run(group):
+    from distai.visualizers.kv_cache import KVCacheVisualizer
+
+    _exp, ev = _experiment(group)
+    viz = KVCacheVisualizer()
+    for e in ev[0]:
+        viz.feed_event(e)
+    paged = [e for e in ev[0] if e["kind"] == "kv_step" and e["cache"] == "paged"]
+    assert len(viz.run_steps) == len(paged)
+    for snap, e in zip(viz.run_steps, paged):
+        assert sum(snap.fills) == e["tokens_stored"]
+        assert sum(o is not None for o in snap.owners) == e["used_blocks"]
+    viz.view = "paged"
+    text = "\n".join(line.plain for line in viz.build_lines(100, 60))
+    kc = next(e for e in ev[0] if e["kind"] == "kv_compare")
+    assert "(run)" in text and f"paged waste {kc['paged']['waste_fraction']:.1%}" in text
