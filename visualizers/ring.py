@@ -695,6 +695,14 @@ class RingVisualizer(LessonVisualizer):
         return rows[self.language]
 
     # -- actions -----------------------------------------------------------------------------------
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        """Leave a key to the screen when it binds it too (the run panel's ``s`` Stop, ``a`` Again)."""
+        keys = {"size": ("s", "S"), "algorithm": ("a",), "source": ("m",), "next_call": ("c",),
+                "chart": ("g",), "load_run": ("o",)}.get(action)
+        if keys and any(k in _screen_keys(self.screen) for k in keys):
+            return False
+        return True
+
     def _set_playing(self, playing: bool) -> None:
         self.playing = playing
         self._last_tick = time.monotonic()
@@ -915,14 +923,18 @@ class RingVisualizer(LessonVisualizer):
         room -= len(shown_rows)
         parts = {"header": [], "legend": [], "caption": [], "compare": [], "keys": [], "chart": []}
         for name, block in (("header", header), ("legend", legend), ("caption", caption),
-                            ("compare", compare), ("keys", keys)):
+                            ("compare", compare)):
             if block and len(block) <= room:
                 parts[name] = block
                 room -= len(block)
-        if self.run.sweep and room >= 9:
-            parts["chart"] = [Text("")] + sweep_chart(self.run.sweep, self.run.fits, width, room - 1,
-                                                      self.language)
+        chart_room = room - (len(keys) if room - len(keys) >= 12 else 0)  # a roomy chart, then the keys
+        if self.run.sweep and chart_room >= 9:
+            parts["chart"] = [Text("")] + sweep_chart(self.run.sweep, self.run.fits, width,
+                                                      min(chart_room, 18) - 1, self.language)
             room -= len(parts["chart"])
+        if len(keys) <= room:
+            parts["keys"] = keys
+            room -= len(keys)
         gaps = {}
         for after in (1, 4, 5, 6, 7):  # blank lines between sections while there is room
             if room > 0:
@@ -1205,6 +1217,15 @@ class RingVisualizer(LessonVisualizer):
         return lines, hits
 
 
+def _screen_keys(screen) -> set[str]:
+    """The keys a screen binds itself (from its BINDINGS)."""
+    keys: set[str] = set()
+    for b in getattr(type(screen), "BINDINGS", []):
+        key = b.key if isinstance(b, Binding) else b[0]
+        keys.update(k.strip() for k in key.split(","))
+    return keys
+
+
 _CONSOLE = None
 
 
@@ -1231,7 +1252,7 @@ def _wrap_text(text: Text, width: int) -> list[Text]:
     for i, ch in enumerate(plain):
         if ch != " " or i == 0:
             continue
-        nxt = plain[i + 1:].split(" ", 1)[0]
+        nxt = plain[i + 1:].split(" ", 1)[0].rstrip(").,;:")
         prev = plain[:i].rsplit(" ", 1)[-1]
         if nxt in UNITS or prev == "=":
             continue
