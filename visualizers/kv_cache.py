@@ -99,6 +99,12 @@ STRINGS = {
         "keys_shard": "Tab to focus · 1-4,g view · t/T TP · p/P PP · k/K tokens · m model",
         "keys_paged": "Tab to focus · 1-4,g view · space play · [ ] step · x model/run",
         "keys_planner": "Tab to focus · 1-4,g view · s/S TPOT target · d/D GPUs · m model",
+        "keys_shard_short": "1-4,g · t/T TP · p/P PP · k/K tok · m",
+        "legend_paged_short": "NN request · ▅N part-filled · ·· free",
+        "keys_paged_short": "1-4,g · space · [ ] · x model/run",
+        "keys_planner_short": "1-4,g · s/S TPOT · d/D GPUs · m",
+        "gpu_row_short": "GPU {g}: L{l0}–{l1} h{heads}{rep}: {kv} KV + {w} W",
+        "waste_short": "waste now {p:.0%} vs {c:.0%} · mean {pm:.0%} vs {cm:.0%} (paged vs contiguous)",
         "run_model": "the run's model",
         "more_gpus": "… {n} more GPUs",
         "reasons": {"shape": "shape", "memory": "memory", "ttft": "TTFT", "tpot": "TPOT"},
@@ -133,6 +139,12 @@ STRINGS = {
         "keys_shard": "Tab para enfocar · 1-4,g vista · t/T TP · p/P PP · k/K tokens · m modelo",
         "keys_paged": "Tab para enfocar · 1-4,g vista · espacio reproduce · [ ] paso · x modelo/ejecución",
         "keys_planner": "Tab para enfocar · 1-4,g vista · s/S objetivo TPOT · d/D GPUs · m modelo",
+        "keys_shard_short": "1-4,g · t/T TP · p/P PP · k/K tok · m",
+        "keys_paged_short": "1-4,g · espacio · [ ] · x modelo/ejec.",
+        "legend_paged_short": "NN petición · ▅N a medias · ·· libre",
+        "keys_planner_short": "1-4,g · s/S TPOT · d/D GPUs · m",
+        "gpu_row_short": "GPU {g}: L{l0}–{l1} h{heads}{rep}: {kv} KV + {w} pesos",
+        "waste_short": "desperdicio ahora {p:.0%} vs {c:.0%} · media {pm:.0%} vs {cm:.0%} (paginada vs contigua)",
         "run_model": "el modelo de la ejecución",
         "more_gpus": "… {n} GPUs más",
         "reasons": {"shape": "forma", "memory": "memoria", "ttft": "TTFT", "tpot": "TPOT"},
@@ -485,7 +497,7 @@ class KVCacheVisualizer(LessonVisualizer):
             hs = f"{heads[0]}–{heads[-1]}" if len(heads) > 1 else str(heads[0])
             rep = f" ×{len(owners[heads[0]])}" if len(owners[heads[0]]) > 1 else ""
             text = Text("■ ", style=_hue(row["gpu"]))
-            text.append(tr["gpu_row"].format(g=row["gpu"], l0=row["layers"][0], l1=row["layers"][-1], heads=hs,
+            text.append(tr["gpu_row_short" if narrow else "gpu_row"].format(g=row["gpu"], l0=row["layers"][0], l1=row["layers"][-1], heads=hs,
                                              rep=rep, kv=_bytes(row["kv_bytes"]), w=_bytes(row["weight_bytes"])))
             meas = self._measured_for(row)
             if meas is not None:
@@ -493,7 +505,7 @@ class KVCacheVisualizer(LessonVisualizer):
             out.append(text)
         if len(owners[0]) > 1:
             out.append(Text(tr["replicated"].format(n=len(owners[0]), H=m.kv_heads, tp=self.tp), style="yellow"))
-        out.append(Text(tr["keys_shard"], style="grey50"))
+        out.append(Text(tr["keys_shard_short" if narrow else "keys_shard"], style="grey50"))
         return out
 
     def _measured_for(self, row: dict):
@@ -546,7 +558,7 @@ class KVCacheVisualizer(LessonVisualizer):
             out.append(line)
         if k >= len(steps):
             out.append(Text(tr["paged_done"].format(N=len(steps)), style="grey50"))
-        out.append(Text(tr["legend_paged"], style="grey50"))
+        out.append(Text(tr["legend_paged_short" if narrow else "legend_paged"], style="grey50"))
         # contiguous
         if contig:
             ck = min(k, len(contig) - 1)
@@ -573,12 +585,13 @@ class KVCacheVisualizer(LessonVisualizer):
         pm = paging.waste_summary(steps[: k + 1])["waste_fraction"]
         cm = paging.waste_summary(contig[: k + 1])["waste_fraction"] if contig else 0.0
         cw = contig[k].waste_fraction if k < len(contig) else 0.0
-        out.append(Text(tr["waste"].format(p=snap.waste_fraction, c=cw, pm=pm, cm=cm), style="bold"))
+        out.append(Text(tr["waste_short" if narrow else "waste"].format(p=snap.waste_fraction, c=cw, pm=pm, cm=cm),
+                        style="bold"))
         if self.kv_compare and self.source == "run":
             kc = self.kv_compare
             out.append(Text(tr["compare"].format(p=kc["paged"]["waste_fraction"], c=kc["contiguous"]["waste_fraction"],
                                                  r=kc["throughput_ratio"]), style="magenta"))
-        out.append(Text(tr["keys_paged"], style="grey50"))
+        out.append(Text(tr["keys_paged_short" if narrow else "keys_paged"], style="grey50"))
         return out
 
     # planner --------------------------------------------------------------------------------------
@@ -652,7 +665,7 @@ class KVCacheVisualizer(LessonVisualizer):
             item.append(f"{c.tp}×{c.pp}×{c.replicas}")
             item.append(" ✓" if c.accepted else f" {tr['reasons'][c.reason]}", style="green" if c.accepted else "yellow")
             legend.append(item)
-        col_w = 16
+        col_w = 16 if width >= 64 else 14
         per_line = max(1, width // col_w)
         for j in range(0, len(legend), per_line):
             line = Text()
@@ -670,7 +683,7 @@ class KVCacheVisualizer(LessonVisualizer):
             else:
                 msg = f"{cfg} {tr['reasons'][c.reason]}: {c.detail}"
             out.append(Text(msg, style="yellow"))
-        out.append(Text(tr["keys_planner"], style="grey50"))
+        out.append(Text(tr["keys_planner_short" if narrow else "keys_planner"], style="grey50"))
         return out
 
 
