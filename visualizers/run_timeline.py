@@ -65,12 +65,16 @@ STRINGS = {
 
 
 def _axis(n: int, cols: int, pad: int) -> Text:
-    marks = [1] + [k for k in range(10, n + 1, 10)] if n >= 10 else list(range(1, n + 1))
-    line = [" "] * (cols + 6)
+    """Step numbers under the rows: 1, then round multiples at least 6 columns apart."""
+    every = next((k for k in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000)
+                  if k * cols / n >= 6), 20_000)
+    marks = [1] + list(range(every, n + 1, every))
+    line = [" "] * (cols + 8)
     for k in marks:
         col = min(cols - 1, int((k - 1) * cols / n))
         label = str(k)
-        if col + len(label) <= len(line) and all(c == " " for c in line[col:col + len(label)]):
+        lo, hi = max(0, col - 1), col + len(label) + 1
+        if hi <= len(line) and all(c == " " for c in line[lo:hi]):
             line[col:col + len(label)] = list(label)
     return Text(" " * pad + "".join(line).rstrip(), style="grey50")
 
