@@ -152,7 +152,7 @@ async def _test_spanish():
         for e in run_events():
             v.feed_event(e)
         text = plain(v)
-        assert "línea de tiempo: 12 pasos en 2 rangos" in text and "pérdidas idénticas" in text
+        assert "línea de tiempo: 12 pasos en 2 ranks" in text and "pérdidas idénticas" in text
 
 
 def test_run_timeline_cells():

@@ -40,13 +40,13 @@ STRINGS = {
         "lost": "work redone: {n} step{s}",
     },
     "es": {
-        "title": "línea de tiempo: {n} pasos en {w} rangos",
+        "title": "línea de tiempo: {n} pasos en {w} ranks",
         "waiting": "aún no hay ejecución: lanza `distai run lesson3 --cpu 2` (o desde el tutor) para ver "
                    "aquí sus pasos, checkpoints, el fallo y el reinicio",
         "try": "int. {n}",
         "legend": "█ paso  █ rehecho  ◆ checkpoint  ✕ fallo  ↻ reinicio",
-        "failure_step": "✕ rango {r} eliminado ({cause}) durante el paso {s}",
-        "failure_other": "✕ rango {r} eliminado ({cause}) durante el {phase} tras el paso {s}",
+        "failure_step": "✕ rank {r} eliminado ({cause}) durante el paso {s}",
+        "failure_other": "✕ rank {r} eliminado ({cause}) durante el {phase} tras el paso {s}",
         "restart": "↻ reinicio {a} ({how}): reanudado desde el checkpoint tras el paso {s} en {ms:.0f} ms",
         "restart_none": "↻ reinicio {a} ({how}): ningún checkpoint válido, desde el principio",
         "inplace": "torchrun, en el sitio", "relaunch": "supervisor, torchrun nuevo",
