@@ -384,9 +384,10 @@ class FailuresVisualizer(LessonVisualizer):
             if t < tl.horizon:
                 marks[min(cols - 1, int(t / dt))] = "✕"
         ckpts = [" "] * cols
-        for seg in tl.segments:
-            if seg.kind == "checkpoint" and seg.end <= tl.horizon:
-                ckpts[min(cols - 1, int(seg.end / dt))] = "◆"
+        if s.daly + self.params.cost >= 2 * dt:  # one mark per checkpoint, or none where they would merge
+            for seg in tl.segments:
+                if seg.kind == "checkpoint" and seg.end <= tl.horizon:
+                    ckpts[min(cols - 1, int(seg.end / dt))] = "◆"
         hours = [" "] * cols
         for h in range(0, 25, 6):
             label = f"{h} {tr['hours']}"
@@ -398,7 +399,13 @@ class FailuresVisualizer(LessonVisualizer):
         lost, ck, rs = tl.total("lost"), tl.total("checkpoint"), tl.total("restart")
         wasted = (lost + ck + rs) / tl.horizon
         n_fail = sum(1 for t, _ in tl.failures if t < tl.horizon)
-        who = ", ".join(f"#{g}" for t, g in tl.failures if t < tl.horizon)
+        who = ""
+        for g in (g for t, g in tl.failures if t < tl.horizon):
+            item = f"#{g}" if not who else f", #{g}"
+            if len(who) + len(item) > max(20, width - 22):
+                who += ", …"
+                break
+            who += item
         lines = [Text(tr["day_title"].format(tau=format_time(s.daly, 3, lang)), style="bold"),
                  Text("".join(marks), style="bold red"), Text("".join(ckpts), style="cyan"), strip, Text("".join(hours).rstrip(), style="grey62"),
                  Text(tr["day_stats"].format(f=n_fail, w=format_percent(wasted, 3, lang),
@@ -407,7 +414,7 @@ class FailuresVisualizer(LessonVisualizer):
                                              rs=format_percent(rs / tl.horizon, 2, lang))),
                  Text(tr["day_legend"], style="grey50")]
         if who:
-            lines.append(Text(tr["failed_gpus"].format(who=who[: max(20, width - 20)]), style="grey62"))
+            lines.append(Text(tr["failed_gpus"].format(who=who), style="grey62"))
         return lines
 
     def _redraw(self) -> None:

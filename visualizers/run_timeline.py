@@ -79,6 +79,21 @@ def _axis(n: int, cols: int, pad: int) -> Text:
     return Text(" " * pad + "".join(line).rstrip(), style="grey50")
 
 
+def _legend(text: str) -> Text:
+    """The legend with each glyph in its colour (the first █ is a step, the second a redone step)."""
+    out = Text(style="grey50")
+    blocks = iter((GLYPHS["step"][1], GLYPHS["redo"][1]))
+    colours = {"◆": GLYPHS["checkpoint"][1], "✕": GLYPHS["failure"][1], "↻": GLYPHS["restart"][1]}
+    for ch in text:
+        if ch == "█":
+            out.append(ch, style=next(blocks, "green"))
+        elif ch in colours:
+            out.append(ch, style=colours[ch])
+        else:
+            out.append(ch)
+    return out
+
+
 def timeline_lines(tl: RunTimeline, width: int = 80, language: str = "en", details: bool = True) -> list[Text]:
     """The rows, an axis, a legend and (``details``) one line per failure, restart and check."""
     tr = STRINGS.get(language, STRINGS["en"])
@@ -95,7 +110,7 @@ def timeline_lines(tl: RunTimeline, width: int = 80, language: str = "en", detai
             line.append(ch, style=style)
         lines.append(line)
     lines.append(_axis(n, cols, label_w))
-    lines.append(Text(tr["legend"], style="grey50"))
+    lines.append(_legend(tr["legend"]))
     if not details:
         return lines
     restarts_by_attempt = {r.get("attempt"): r for r in tl.restarts}
