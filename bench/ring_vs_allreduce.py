@@ -1,103 +1,77 @@
 """Our from-scratch ring all-reduce against ``dist.all_reduce``, side by side in one run.
 
-    python bench/ring_vs_allreduce.py [--world 4] [--sizes-mib 16 32 64] [--iters 7] [--pieces auto]
+    python bench/ring_vs_allreduce.py [--nproc 4] [--sizes 16MiB 32MiB 64MiB] [--iters 7]
+                                      [--channels 1|2] [--pieces K] [--gpus]
 
-Spawns ``--world`` processes in one process group (gloo on CPU; NCCL with ``--cuda``), and for
-each message size times the two implementations in alternation (ring, all_reduce, ring, …)
-so both see the same machine load, then prints the median time, algbw = S/t and
-busbw = algbw·2(N-1)/N (nccl-tests' definitions) and the ratio of our busbw to theirs.
-The issue's target: ratio >= 0.9 at 16 MiB and above.
+Launches lesson 1's experiment through the engine's launcher (torchrun, gloo on CPU processes;
+NCCL with ``--gpus``), with training off and the sweep limited to the given sizes. For each size
+the experiment times the two implementations in alternation (ring, all_reduce, all_reduce, ring,
+…) so both see the same machine load, takes the median over iterations of the slowest rank,
+and reports time, algbw = S/t and busbw = algbw·2(N-1)/N (nccl-tests' definitions). This script
+prints those rows and the ratio of our busbw to theirs. The issue's target: >= 0.9 at 16 MiB and
+above.
 """
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
-import time
-
-
-def _bench(rank: int, world: int, sizes: list[int], iters: int, pieces, cuda: bool) -> dict:
-    import torch
-    import torch.distributed as dist
-
-    from distai.engine.ring import ring_allreduce
-
-    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
-    results = {}
-    for size in sizes:
-        x = torch.ones(size // 4, dtype=torch.float32, device=device)
-        impls = {"ring": lambda: ring_allreduce(x, pieces=pieces), "all_reduce": lambda: dist.all_reduce(x)}
-        for fn in impls.values():  # warm up: connections, scratch buffers
-            fn()
-        times = {name: [] for name in impls}
-        for _ in range(iters):
-            for name, fn in impls.items():
-                dist.barrier()
-                if cuda:
-                    torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                fn()
-                if cuda:
-                    torch.cuda.synchronize()
-                times[name].append(time.perf_counter() - t0)
-        # the slowest rank decides a collective's time
-        med = torch.tensor([statistics.median(times[n]) for n in impls], dtype=torch.float64)
-        dist.all_reduce(med, op=dist.ReduceOp.MAX)
-        results[size] = dict(zip(impls, med.tolist()))
-    return results
-
-
-def _worker(rank, world, port, sizes, iters, pieces, cuda, queue):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    if cuda:
-        torch.cuda.set_device(rank)
-    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
-    out = _bench(rank, world, sizes, iters, pieces, cuda)
-    if rank == 0:
-        queue.put(out)
-    dist.destroy_process_group()
+import tempfile
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--world", type=int, default=4)
-    parser.add_argument("--sizes-mib", type=float, nargs="+", default=[16, 32, 64])
-    parser.add_argument("--iters", type=int, default=7)
-    parser.add_argument("--pieces", default="auto", help="sub-chunks per chunk (auto: ~1 MiB each)")
-    parser.add_argument("--cuda", action="store_true", help="NCCL on CUDA devices instead of gloo on CPU")
-    args = parser.parse_args(argv)
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--nproc", type=int, default=4)
+    p.add_argument("--sizes", nargs="+", default=["16MiB", "32MiB", "64MiB"])
+    p.add_argument("--iters", type=int, default=7)
+    p.add_argument("--channels", type=int, default=None, help="ring channels (default: the ring's choice)")
+    p.add_argument("--pieces", type=int, default=None, help="sub-chunks per chunk (default: the ring's choice)")
+    p.add_argument("--gpus", action="store_true", help="NCCL on GPUs instead of gloo on CPU processes")
+    args = p.parse_args(argv)
 
-    import torch.multiprocessing as mp
+    from distai.engine.launcher import Launch, LaunchSpec, Placement
+    from distai.engine.runs import create_run
+    from distai.lessons.units import format_bandwidth, format_time, parse_bytes
 
-    from distai.engine.testing import free_port
-    from distai.lessons.lesson1.formulas import busbw
+    sizes = sorted(int(parse_bytes(s)) for s in args.sizes)
+    exp_args = ["--steps", "0", "--trace", "none", "--iters", str(args.iters),
+                "--sweep-min", str(sizes[0]), "--sweep-max", str(sizes[-1])]
+    if args.channels:
+        exp_args += ["--channels", str(args.channels)]
+    if args.pieces:
+        exp_args += ["--pieces", str(args.pieces)]
+    rows: list[dict] = []
+    start: list[dict] = []
 
-    sizes = [int(s * (1 << 20)) // 4 * 4 for s in args.sizes_mib]
-    pieces = None if args.pieces == "auto" else int(args.pieces)
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    mp.start_processes(_worker, args=(args.world, free_port(), sizes, args.iters, pieces, args.cuda, queue),
-                       nprocs=args.world, join=True, start_method="spawn")
-    results = queue.get()
-    n = args.world
-    print(f"{'backend':8} N={n}  iters={args.iters}  pieces={args.pieces}")
-    print(f"{'size':>10} {'ring ms':>9} {'ring busbw':>11} {'ar ms':>9} {'ar busbw':>10} {'ratio':>6}")
+    def consumer(e: dict) -> None:
+        if e.get("kind") == "sweep":
+            rows.append(e)
+        elif e.get("kind") == "phase" and e.get("name") == "start":
+            start.append(e)
+
+    with tempfile.TemporaryDirectory() as root:
+        record = create_run(root, "lesson1", "distai.engine.experiments.lesson1")
+        placement = Placement("cuda" if args.gpus else "cpu", args.nproc)
+        record = Launch(LaunchSpec("distai.engine.experiments.lesson1", placement, exp_args), record,
+                        consumer=consumer).run()
+    if record.status != "ok":
+        print(f"run failed: {record.error}", file=sys.stderr)
+        print("\n".join(record.error_tail), file=sys.stderr)
+        return 1
+    backend = start[0]["backend"] if start else "?"
+    print(f"{backend}, N={args.nproc}, {args.iters} timed iterations per size, channels={args.channels or 'auto'}, "
+          f"pieces={args.pieces or 'auto'}")
+    print(f"{'size':>10} {'ring time':>10} {'ring busbw':>12} {'ar time':>10} {'ar busbw':>12} {'ratio':>6}")
     ratios = []
-    for size in sizes:
-        r = results[size]
-        ring_bus = busbw(size, r["ring"], n)
-        ar_bus = busbw(size, r["all_reduce"], n)
-        ratio = ring_bus / ar_bus
-        ratios.append(ratio)
-        print(f"{size / (1 << 20):8.1f}Mi {r['ring'] * 1e3:9.2f} {ring_bus / 1e9:9.3f}GB/s "
-              f"{r['all_reduce'] * 1e3:9.2f} {ar_bus / 1e9:8.3f}GB/s {ratio:6.2f}")
-    print(f"busbw ratio ring / dist.all_reduce at >=16 MiB: min {min(ratios):.2f}, "
-          f"median {statistics.median(ratios):.2f}")
+    for r in rows:
+        ratio = r["ring_busbw"] / r["ar_busbw"]
+        if r["size"] >= 16 << 20:
+            ratios.append(ratio)
+        print(f"{r['size'] / (1 << 20):8.1f}Mi {format_time(r['ring_time_s']):>10} {format_bandwidth(r['ring_busbw']):>12} "
+              f"{format_time(r['ar_time_s']):>10} {format_bandwidth(r['ar_busbw']):>12} {ratio:6.2f}")
+    if ratios:
+        print(f"busbw ratio ring / dist.all_reduce at >= 16 MiB: median {statistics.median(ratios):.2f}, "
+              f"min {min(ratios):.2f} (target >= 0.9)")
     return 0
 
 

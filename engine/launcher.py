@@ -122,6 +122,7 @@ class LaunchSpec:
     master_port: int | None = None
     debug: bool = False  # TORCH_DISTRIBUTED_DEBUG=DETAIL (slower collectives, more checks)
     env: dict[str, str] = field(default_factory=dict)
+    max_restarts: int = 0  # torchrun's in-place restarts of the whole group (engine.supervisor relaunches)
 
     @property
     def multinode(self) -> bool:
@@ -158,7 +159,7 @@ def torchrun_command(spec: LaunchSpec, log_dir: str | os.PathLike) -> list[str]:
             cmd += ["--master-port", str(spec.master_port)]
     else:
         cmd += ["--standalone"]
-    cmd += ["--max-restarts", "0", "--tee", "3", "--log-dir", str(log_dir)]
+    cmd += ["--max-restarts", str(spec.max_restarts), "--tee", "3", "--log-dir", str(log_dir)]
     cmd += ["-m", spec.module, *spec.args]
     return cmd
 
@@ -235,6 +236,11 @@ def analyse_failure(error_events: list[dict], torchrun_lines: list[str], exit_co
         return Failure(first.get("rank"), f"rank {first.get('rank')} failed: {first.get('error', '?')}",
                        first.get("rank"))
     rank = code = None
+    # torchrun lists every failed rank ("Failures:", the ones it stopped included) and then the
+    # "Root Cause (first observed failure)": prefer the latter
+    roots = [i for i, line in enumerate(torchrun_lines) if "Root Cause" in line]
+    if roots:
+        torchrun_lines = torchrun_lines[roots[-1]:]
     for line in torchrun_lines:
         m = _ROOT_RANK.match(line)
         if m and rank is None:
@@ -278,6 +284,7 @@ class Launch:
         self._errors: list[dict] = []
         self._started = 0.0
         self._log_files: dict[int | None, object] = {}
+        self._event_offsets: dict[Path, int] = {}
 
     # ---- control ----
     def start(self) -> None:
@@ -303,11 +310,17 @@ class Launch:
         rec.status = "running"
         rec.launcher_pid = os.getpid()
         rec.save()
+        # a relaunch into the same run folder (engine.supervisor) streams only the new events
+        self._event_offsets = {p: p.stat().st_size for p in rec.events_dir.glob("rank*.jsonl")}
         for local in range(self.spec.placement.nproc):  # every rank has a log, even a silent one
             self._log(self.spec.global_rank(local))
         self._started = time.time()
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        with self._lock:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            stop_early = self._stop_reason is not None
+        if stop_early:  # stop() came before the processes existed
+            _signal_pid_and_group(self.proc.pid, signal.SIGTERM)
         self._put({"kind": "run_start", "run_id": rec.id, "command": cmd, "nproc": self.spec.placement.nproc,
                    "device": self.spec.placement.device, "note": self.spec.placement.note,
                    "lesson": rec.lesson})
@@ -319,12 +332,13 @@ class Launch:
     def stop(self, reason: str = "stopped by the user") -> None:
         """Ask every rank to stop (thread-safe, idempotent); SIGKILL follows after the grace period."""
         with self._lock:
-            if self._stop_reason is not None or self.proc is None:
+            if self._stop_reason is not None:
                 return
             self._stop_reason = reason
             self._kill_at = time.monotonic() + self.grace_s
-        if self.proc.poll() is None:
-            _signal_pid_and_group(self.proc.pid, signal.SIGTERM)
+            proc = self.proc
+        if proc is not None and proc.poll() is None:
+            _signal_pid_and_group(proc.pid, signal.SIGTERM)
 
     @property
     def stopping(self) -> bool:
@@ -408,7 +422,7 @@ class Launch:
             self._put({"kind": "output", "rank": rank, "line": text})
 
     def _tail_events(self) -> None:
-        offsets: dict[Path, int] = {}
+        offsets: dict[Path, int] = dict(self._event_offsets)
         partial: dict[Path, bytes] = {}
         directory = self.record.events_dir
         while True:

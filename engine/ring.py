@@ -8,7 +8,15 @@ forward it). Every rank sends 2(N-1)/N·S bytes, the bandwidth-optimal amount.
 Pipelining: each chunk is cut into ``pieces`` sub-chunks. Since a rank forwards at step s+1
 the chunk it received at step s, a piece is reduced and sent on as soon as it arrives, while
 the rest of the chunk is still on the wire — the same trick gloo and NCCL use inside their own
-ring. On gloo every message is an independent ``isend``/``irecv`` tagged by (step, piece);
+ring. On gloo every message is an independent ``isend``/``irecv`` tagged by (channel, step,
+piece), receives are posted a few segments ahead into a small ring of scratch slots.
+
+Channels: with ``channels=2`` the buffer is split in two halves; the first half goes round the ring 0 → 1 → … → N-1 → 0, the
+second round the same ring backwards, each half following the model's schedule on its own ring
+order. Every TCP connection between neighbours then carries data both ways (NCCL likewise runs
+several rings, "channels", at once). Bytes sent per rank are unchanged: 2(N-1)/N·S. On
+loopback gloo it measured no faster than one ring, so one ring is the default.
+
 NCCL runs one step at a time with the send and the receive of that step grouped in
 ``batch_isend_irecv`` (NCCL needs them launched together to avoid a deadlock).
 
@@ -18,11 +26,13 @@ With ``trace`` (an ``EventSink``) the ring emits one ``ring_step`` event per ste
      "chunk": sent chunk, "to": right rank, "recv_chunk": received chunk, "from": left rank,
      "bytes": bytes sent this step, "size": bytes of the whole buffer, "n": N}
 
-so the tutor can animate a real run. Tracing is off unless asked for (it costs one write
-per step, which the bandwidth sweep does not want in its timed iterations).
+so the tutor can animate a real run. A traced call runs one channel, the textbook ring the
+model describes. Tracing is off unless asked for (the bandwidth sweep traces only its untimed
+warm-up calls).
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -30,16 +40,22 @@ import torch.distributed as dist
 
 from distai.lessons.lesson1 import ring_model as model
 
-DEFAULT_PIECE_BYTES = 2 << 20  # aim for ~2 MiB sub-chunks (tuned with bench/ring_vs_allreduce.py)
-MIN_PIPELINED_CHUNK = 512 << 10  # chunks at least this big go in >= 2 pieces
-MAX_PIECES = 16
+# Tuned with bench/ring_vs_allreduce.py on gloo (CPU, loopback); environment overrides for tuning.
+DEFAULT_PIECE_BYTES = int(os.environ.get("DISTAI_RING_PIECE_BYTES", 4 << 20))
+MIN_PIPELINED_CHUNK = 2 * DEFAULT_PIECE_BYTES  # smaller chunks travel whole
+MAX_PIECES = 64
+WINDOW_BYTES = int(os.environ.get("DISTAI_RING_WINDOW_BYTES", 16 << 20))  # receives posted ahead
+# Two counter-rotating rings measured no faster than one on loopback gloo (bench, 4 ranks on 2
+# cores), so they are opt-in: channels=2, or set this to a size to make them the default above it.
+MIN_TWO_CHANNEL_BYTES = int(os.environ.get("DISTAI_RING_TWO_CHANNEL_BYTES", 1 << 62))
+TAG_STRIDE = 1 << 20  # tags of channel c start at c·TAG_STRIDE
 
 _scratch: dict[tuple, torch.Tensor] = {}
 
 
-def _scratch_buffer(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def _scratch_buffer(numel: int, dtype: torch.dtype, device: torch.device, channel: int = 0) -> torch.Tensor:
     """A reusable receive buffer (page-faulting a fresh one every call costs real time)."""
-    key = (dtype, str(device))
+    key = (dtype, str(device), channel)
     buf = _scratch.get(key)
     if buf is None or buf.numel() < numel:
         buf = torch.empty(numel, dtype=dtype, device=device)
@@ -47,16 +63,17 @@ def _scratch_buffer(numel: int, dtype: torch.dtype, device: torch.device) -> tor
     return buf[:numel]
 
 
-def choose_pieces(chunk_bytes: int, piece_bytes: int = DEFAULT_PIECE_BYTES) -> int:
+def choose_pieces(chunk_bytes: int, piece_bytes: int | None = None) -> int:
     """How many sub-chunks to pipeline a chunk of ``chunk_bytes`` in."""
-    pieces = max(1, min(MAX_PIECES, chunk_bytes // max(1, piece_bytes)))
-    return max(pieces, 2) if chunk_bytes >= MIN_PIPELINED_CHUNK else pieces
+    piece_bytes = piece_bytes or DEFAULT_PIECE_BYTES
+    if chunk_bytes < MIN_PIPELINED_CHUNK:
+        return 1
+    return max(2, min(MAX_PIECES, chunk_bytes // max(1, piece_bytes)))
 
 
-def _group_info(group) -> tuple[int, int, Any]:
-    rank = dist.get_rank(group)
-    world = dist.get_world_size(group)
-    return rank, world, group
+def choose_channels(total_bytes: int, n: int, backend: str) -> int:
+    """Two counter-rotating rings on gloo when N >= 3 and the message reaches MIN_TWO_CHANNEL_BYTES."""
+    return 2 if backend != "nccl" and n >= 3 and total_bytes >= MIN_TWO_CHANNEL_BYTES else 1
 
 
 def _global(group, group_rank: int) -> int:
@@ -66,32 +83,40 @@ def _global(group, group_rank: int) -> int:
 
 
 def ring_allreduce(tensor: torch.Tensor, op: str = "sum", group=None, *, pieces: int | None = None,
-                   trace=None, call: int = 0) -> torch.Tensor:
+                   channels: int | None = None, trace=None, call: int = 0) -> torch.Tensor:
     """All-reduce ``tensor`` in place over ``group`` with the ring; returns ``tensor``.
 
     ``op`` is ``"sum"`` or ``"avg"`` (the average divides each finished chunk once, by N,
     before the all-gather spreads it). ``pieces`` sub-chunks per chunk are pipelined
-    (default: about 2 MiB each, at least 2 for chunks of 512 KiB or more, at most 16). ``trace``: an ``EventSink`` to receive one
-    ``ring_step`` event per step; ``call`` numbers the all-reduce in those events.
+    (default: chunks of 8 MiB or more in ~4 MiB pieces). ``channels``: 1 (one ring, the
+    default) or 2 (two counter-rotating rings on the two halves, gloo only).
+    ``trace``: an ``EventSink`` to receive one ``ring_step`` event per step (a traced call runs
+    one channel); ``call`` numbers the all-reduce in those events.
     """
     if op not in ("sum", "avg"):
         raise ValueError(f"op must be 'sum' or 'avg', got {op!r}")
     if op == "avg" and not tensor.is_floating_point():
         raise ValueError("op='avg' needs a floating-point tensor")
-    rank, n, group = _group_info(group)
+    rank, n = dist.get_rank(group), dist.get_world_size(group)
     if n == 1:
         return tensor
     flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
-    bounds = model.chunk_bounds(flat.numel(), n)
     elem = flat.element_size()
-    if pieces is None:
-        pieces = choose_pieces(((flat.numel() + n - 1) // n) * elem)
-    pieces = max(1, int(pieces))
     backend = dist.get_backend(group)
     if backend == "nccl":
-        _ring_grouped(flat, bounds, rank, n, group, op, trace, call)
+        _ring_grouped(flat, model.chunk_bounds(flat.numel(), n), rank, n, group, op, trace, call)
     else:
-        _ring_pipelined(flat, bounds, rank, n, group, op, pieces, trace, call)
+        if channels is None:
+            channels = 1 if trace is not None else choose_channels(flat.numel() * elem, n, backend)
+        channels = max(1, min(2, int(channels)))
+        parts = [p for p in flat.tensor_split(channels) if p.numel() > 0] if channels > 1 else [flat]
+        rings = []
+        for c, part in enumerate(parts):
+            order = list(range(n)) if c == 0 else [(-i) % n for i in range(n)]  # 0, N-1, …, 1
+            k = pieces if pieces is not None else choose_pieces(((part.numel() + n - 1) // n) * elem)
+            rings.append(_RingChannel(part, rank, n, order, group, op, max(1, int(k)), c,
+                                      trace if c == 0 else None, call))
+        _run_channels(rings)
     if flat.data_ptr() != tensor.data_ptr():
         tensor.copy_(flat.view_as(tensor))
     return tensor
@@ -114,76 +139,105 @@ def _emit_step(trace, call, rank, n, step, bounds, elem, total_bytes):
                **{"from": model.left(rank, n)}, bytes=(b - a) * elem, size=total_bytes)
 
 
-def _ring_pipelined(flat, bounds, rank, n, group, op, pieces, trace, call):
-    """Gloo (and other backends with independent async point-to-point): pipelined pieces."""
-    steps = model.num_steps(n)
-    rs_steps = n - 1
-    pb = _piece_bounds(bounds, pieces)
-    max_piece = max((q - p) for chunk in pb for p, q in chunk)
-    scratch = _scratch_buffer(2 * pieces * max_piece, flat.dtype, flat.device)
-    right_g, left_g = _global(group, model.right(rank, n)), _global(group, model.left(rank, n))
-    elem, total_bytes = flat.element_size(), flat.numel() * flat.element_size()
-    # (chunk, piece) -> sends still reading that memory. Each gloo send is waited exactly
-    # once: a second wait() on the same send blocks until the collective timeout.
-    outstanding: dict[tuple[int, int], list] = {}
+class _RingChannel:
+    """One ring over ``order`` (global ranks in ring order) reducing ``flat``: the model's
+    schedule with this rank's position on that ring, as a stream of segments
+    ``k = step·pieces + piece`` (gloo and other backends with independent async p2p)."""
 
-    def piece(chunk: int, j: int) -> torch.Tensor:
-        p, q = pb[chunk][j]
-        return flat[p:q]
+    def __init__(self, flat, rank, n, order, group, op, pieces, channel, trace, call):
+        self.flat, self.n, self.group, self.op, self.pieces = flat, n, group, op, pieces
+        self.trace, self.call, self.channel = trace, call, channel
+        self.pos = order.index(rank)  # this rank's place on the ring: the model's "rank"
+        self.right_g = _global(group, order[(self.pos + 1) % n])
+        self.left_g = _global(group, order[(self.pos - 1) % n])
+        self.steps = model.num_steps(n)
+        self.rs_steps = n - 1
+        self.bounds = model.chunk_bounds(flat.numel(), n)
+        self.pb = _piece_bounds(self.bounds, pieces)
+        self.max_piece = max(1, max((q - p) for chunk in self.pb for p, q in chunk))
+        self.elem = flat.element_size()
+        self.total = self.steps * pieces
+        self.window = max(2, min(self.total, WINDOW_BYTES // (self.max_piece * self.elem)))
+        self.slots = max(1, min(self.window, self.rs_steps * pieces))
+        self.scratch = _scratch_buffer(self.slots * self.max_piece, flat.dtype, flat.device, channel)
+        self.tag0 = channel * TAG_STRIDE
+        # (chunk, piece) -> sends still reading that memory. Each gloo send is waited exactly
+        # once: a second wait() on the same send blocks until the collective timeout.
+        self.outstanding: dict[tuple[int, int], list] = {}
+        self.recvs: dict[int, Any] = {}
 
-    def post_send(step: int, j: int) -> None:
-        c = model.send_chunk(rank, step, n)
-        src = piece(c, j)
-        if src.numel() == 0:
-            return
-        work = dist.isend(src, dst=right_g, group=group, tag=step * pieces + j)
-        outstanding.setdefault((c, j), []).append(work)
-
-    def post_recv(step: int, j: int):
-        c = model.recv_chunk(rank, step, n)
-        p, q = pb[c][j]
+    def _send(self, step: int, j: int) -> None:
+        c = model.send_chunk(self.pos, step, self.n)
+        p, q = self.pb[c][j]
         if q == p:
-            return None
-        if step < rs_steps:  # reduce-scatter lands in scratch, then gets added
-            off = ((step % 2) * pieces + j) * max_piece
-            target = scratch[off:off + (q - p)]
+            return
+        work = dist.isend(self.flat[p:q], dst=self.right_g, group=self.group, tag=self.tag0 + step * self.pieces + j)
+        self.outstanding.setdefault((c, j), []).append(work)
+
+    def _recv(self, k: int) -> None:
+        step, j = divmod(k, self.pieces)
+        c = model.recv_chunk(self.pos, step, self.n)
+        p, q = self.pb[c][j]
+        if q == p:
+            self.recvs[k] = None
+            return
+        if step < self.rs_steps:  # reduce-scatter lands in a scratch slot, then gets added
+            off = (k % self.slots) * self.max_piece
+            target = self.scratch[off:off + (q - p)]
         else:  # all-gather lands in place, once nothing still reads that memory
-            target = flat[p:q]
-            for work in outstanding.pop((c, j), []):
+            target = self.flat[p:q]
+            for work in self.outstanding.pop((c, j), []):
                 work.wait()
-        return dist.irecv(target, src=left_g, group=group, tag=step * pieces + j)
+        self.recvs[k] = dist.irecv(target, src=self.left_g, group=self.group, tag=self.tag0 + k)
 
-    recvs: dict[tuple[int, int], Any] = {}
-    for j in range(pieces):
-        recvs[(0, j)] = post_recv(0, j)
-    for j in range(pieces):
-        post_send(0, j)
-    if steps > 1:
-        for j in range(pieces):
-            recvs[(1, j)] = post_recv(1, j)
+    def start(self) -> None:
+        first = min(self.pieces, self.window)
+        for k in range(first):
+            self._recv(k)
+        for j in range(self.pieces):
+            self._send(0, j)
+        for k in range(first, self.window):
+            self._recv(k)
 
-    for step in range(steps):
-        c = model.recv_chunk(rank, step, n)
-        for j in range(pieces):
-            work = recvs.pop((step, j))
-            if work is not None:
-                work.wait()
-                if step < rs_steps:
-                    p, q = pb[c][j]
-                    off = ((step % 2) * pieces + j) * max_piece
-                    dst = flat[p:q]
-                    dst.add_(scratch[off:off + (q - p)])
-                    if op == "avg" and step == rs_steps - 1:
-                        dst.div_(n)
-            if step + 1 < steps:
-                post_send(step + 1, j)
-            if step + 2 < steps:
-                recvs[(step + 2, j)] = post_recv(step + 2, j)
-        if trace is not None:
-            _emit_step(trace, call, rank, n, step, bounds, elem, total_bytes)
-    for works in outstanding.values():
-        for work in works:
+    def advance(self, k: int) -> None:
+        """Segment ``k`` arrives: reduce it (reduce-scatter), forward it, post a receive."""
+        step, j = divmod(k, self.pieces)
+        work = self.recvs.pop(k)
+        if work is not None:
             work.wait()
+            if step < self.rs_steps:
+                c = model.recv_chunk(self.pos, step, self.n)
+                p, q = self.pb[c][j]
+                off = (k % self.slots) * self.max_piece
+                dst = self.flat[p:q]
+                dst.add_(self.scratch[off:off + (q - p)])
+                if self.op == "avg" and step == self.rs_steps - 1:
+                    dst.div_(self.n)
+        if step + 1 < self.steps:
+            self._send(step + 1, j)
+        if k + self.window < self.total:
+            self._recv(k + self.window)
+        if self.trace is not None and j == self.pieces - 1:
+            _emit_step(self.trace, self.call, self.pos, self.n, step, self.bounds, self.elem,
+                       self.flat.numel() * self.elem)
+
+    def finish(self) -> None:
+        for works in self.outstanding.values():
+            for work in works:
+                work.wait()
+        self.outstanding.clear()
+
+
+def _run_channels(rings: list[_RingChannel]) -> None:
+    """Drive the channels' segment streams side by side from one thread."""
+    for ring in rings:
+        ring.start()
+    for k in range(max(r.total for r in rings)):
+        for ring in rings:
+            if k < ring.total:
+                ring.advance(k)
+    for ring in rings:
+        ring.finish()
 
 
 def _ring_grouped(flat, bounds, rank, n, group, op, trace, call):

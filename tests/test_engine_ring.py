@@ -24,7 +24,7 @@ class ListSink:
 def _ring_checks(rank, world):
     from distai.engine.ring import ring_allreduce
 
-    out = {"allreduce": {}, "avg": {}, "int": {}, "shapes": {}}
+    out = {"allreduce": {}, "avg": {}, "int": {}, "shapes": {}, "channels2": {}}
     for size in SIZES:
         for pieces in (None, 1, 3):
             for dtype in (torch.float32, torch.float64):
@@ -34,6 +34,13 @@ def _ring_checks(rank, world):
                 dist.all_reduce(ref)
                 ring_allreduce(x, pieces=pieces)
                 out["allreduce"][(size, pieces, str(dtype))] = (x - ref).abs().max().item() / max(1.0, ref.abs().max().item())
+        # two counter-rotating rings on the two halves
+        g = torch.Generator().manual_seed(77 * rank + size)
+        x2 = torch.randn(size, generator=g, dtype=torch.float64)
+        ref2 = x2.clone()
+        dist.all_reduce(ref2)
+        ring_allreduce(x2, channels=2, pieces=None if size < 1000 else 3)
+        out["channels2"][size] = (x2 - ref2).abs().max().item() / max(1.0, ref2.abs().max().item())
         xi = torch.arange(size, dtype=torch.int64) * (rank + 1) - 7 * rank
         refi = xi.clone()
         dist.all_reduce(refi)
@@ -112,6 +119,7 @@ def test_ring_equals_dist_all_reduce(results):
             tol = 1e-6 if "float32" in key[2] else 1e-13
             assert rel <= tol, (world, rank, key, rel)
         assert all(r["ring"]["int"].values()), (world, rank, r["ring"]["int"])
+        assert max(r["ring"]["channels2"].values()) <= 1e-13, r["ring"]["channels2"]
 
 
 def test_ring_average(results):

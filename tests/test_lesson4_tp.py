@@ -28,7 +28,8 @@ def check_all(rank: int, world_size: int) -> dict:
         tr["sequence0"] = [(r.phase, r.op, r.site) for r in tr["counter"].of(0)]
         tr["table"] = tr.pop("counter").table(include_sites=True)
         tr["memory"] = L.measure_activations(cfg, BATCH, sp, seed=3)
-        tr["dtensor"] = L.compare_with_dtensor(cfg, BATCH, sp, seed=3)
+        # DTensor on one rank is the dense block, and its first use costs seconds per process
+        tr["dtensor"] = L.compare_with_dtensor(cfg, BATCH, sp, seed=3, with_dtensor=world_size > 1)
         out[sp] = tr
     # SP keeping the gathered input (no re-gather): the formula's counts exactly, more memory.
     keep = L.train_against_dense(cfg, BATCH, True, steps=1, seed=3, regather=False)
@@ -85,11 +86,12 @@ def test_loss_and_every_gradient_equal_dense(results, sp):
 @pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp+sp"])
 def test_block_output_and_grads_equal_dense_and_dtensor(results, sp):
     d = _rank0(results)[sp]["dtensor"]
-    for key in ("out_ours_vs_dense", "out_dtensor_vs_dense", "out_ours_vs_dtensor",
-                "input_grad_ours_vs_dense", "input_grad_ours_vs_dtensor",
-                "grad_ours_vs_dense", "grad_ours_vs_dtensor"):
-        assert d[key] < TOL, (key, d[key])
     T = _rank0(results)["T"]
+    keys = ["out_ours_vs_dense", "input_grad_ours_vs_dense", "grad_ours_vs_dense"]
+    if T > 1:  # on one rank DTensor's plan is the dense block itself: compared for T = 2 and 4
+        keys += ["out_dtensor_vs_dense", "out_ours_vs_dtensor", "input_grad_ours_vs_dtensor", "grad_ours_vs_dtensor"]
+    for key in keys:
+        assert d[key] < TOL, (key, d[key])
     if T > 1:  # both really communicated
         assert sum(d["dtensor_comm"].values()) > 0 and sum(d["ours_comm"].values()) > 0
 

@@ -241,7 +241,7 @@ def test_experiment_events(two):
     for h in hists:
         assert sum(h["counts"]) > 10_000 and 0 <= h["zero_unscaled"] <= 1
         assert h["zero_scaled"] <= h["zero_unscaled"]
-    sweep = [e for e in events if e["kind"] == "sweep"]
+    sweep = [e for e in events if e["kind"] == "bucket_sweep"]
     assert {(e["bucket_mb"], e["mode"]) for e in sweep} == {(c, m) for c in (0.1, 1.0)
                                                             for m in ("overlap", "no-overlap", "ddp")}
     assert all(e["step_ms"] > 0 for e in sweep)

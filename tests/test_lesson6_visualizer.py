@@ -85,7 +85,7 @@ def _events():
                    "marks": {"backward": 1.0},
                    "layers": [["2", 1.0, 3.0], ["0", 3.0, 5.0]],
                    "buckets": [[0, 1000, 3.0 if mode != "no-overlap" else 5.0, 7.0]]}
-        yield {"kind": "sweep", "bucket_mb": 1.0, "mode": mode, "step_ms": {"overlap": 6.0,
+        yield {"kind": "bucket_sweep", "bucket_mb": 1.0, "mode": mode, "step_ms": {"overlap": 6.0,
                "no-overlap": 8.0, "ddp": 6.5}[mode], "n_buckets": 1, "rank": 0}
     yield {"kind": "summary", "rank": 0, "overlap": {"best_bucket_mb": 1.0, "overlap_speedup": 8 / 6,
                                                       "ours_over_ddp": 6 / 6.5}}
@@ -155,6 +155,8 @@ def test_widget_speaks_spanish():
                 v.feed_event(ev)
             v.show_step("underflow")
             assert "cero 10,0 %" in v.last_text.plain
+            v.show_step("overlap")
+            assert "1,33x más rápido" in v.last_text.plain and "nuestro/DDP 0,92x" in v.last_text.plain
     asyncio.run(go())
 
 

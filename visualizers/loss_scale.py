@@ -58,7 +58,7 @@ T = {
         "sim_sweep": "simulated step time by bucket size (MiB: ms)",
         "modes": {"overlap": "overlap (ours)", "no-overlap": "after backward", "ddp": "torch DDP"},
         "sweep": "measured step time (ms): overlap / after backward / DDP",
-        "best": "best bucket {b} MiB: overlap {x:.2f}x faster than all-reduce after backward; ours/DDP {r:.2f}x",
+        "best": "best bucket {b} MiB: overlap {x}x faster than all-reduce after backward; ours/DDP {r}x",
         "sliders": ["growth interval {gi}", "growth ×{gf:g}", "backoff ×{bf:g}", "initial 2^{i:g}"],
         "keys_scale": "Tab to focus · m view · g/G interval · f/F growth · b/B backoff · i/I initial · 0 reset",
         "keys_exp": "Tab to focus · m view · [ ] step · x fp16/bf16 · g/G f/F b/B i/I sliders",
@@ -80,7 +80,7 @@ T = {
         "sim_sweep": "tiempo por paso simulado según el bucket (MiB: ms)",
         "modes": {"overlap": "solapado (nuestro)", "no-overlap": "tras el backward", "ddp": "DDP de torch"},
         "sweep": "tiempo por paso medido (ms): solapado / tras backward / DDP",
-        "best": "mejor bucket {b} MiB: solapar es {x:.2f}x más rápido que reducir tras el backward; nuestro/DDP {r:.2f}x",
+        "best": "mejor bucket {b} MiB: solapar es {x}x más rápido que reducir tras el backward; nuestro/DDP {r}x",
         "sliders": ["intervalo {gi}", "crecimiento ×{gf:g}", "retroceso ×{bf:g}", "inicial 2^{i:g}"],
         "keys_scale": "Tab para activar · m vista · g/G intervalo · f/F crecimiento · b/B retroceso · i/I inicial · 0 reinicia",
         "keys_exp": "Tab para activar · m vista · [ ] paso · x fp16/bf16 · g/G f/F b/B i/I controles",
@@ -392,7 +392,7 @@ class LossScaleVisualizer(LessonVisualizer):
             self.live.loss.append(float(event["loss"]))
         elif kind == "grad_hist":
             self.live.hists.append(event)
-        elif kind == "sweep":
+        elif kind == "bucket_sweep":
             self.live.sweep[(float(event["bucket_mb"]), event["mode"])] = float(event["step_ms"])
         elif kind == "summary":
             self.live.summary = event
@@ -569,14 +569,14 @@ class LossScaleVisualizer(LessonVisualizer):
             bucket = self._live_bucket()
             tls = {m: _live_timeline_dict(self.live.timelines[(bucket, m)])
                    for m in MODE_ORDER if (bucket, m) in self.live.timelines}
-            title_bucket = f"{bucket:g}"
+            title_bucket = f"{bucket:g}".replace(".", "," if lang == "es" else ".")
         elif live:
             return [Text(t["no_data"], style="dim")]
         else:
             m = self.overlap_model
             tls = {"overlap": _sim_timeline_dict(m.run(True)),
                    "no-overlap": _sim_timeline_dict(m.run(False))}
-            title_bucket = f"{m.bucket_mib:g}"
+            title_bucket = f"{m.bucket_mib:g}".replace(".", "," if lang == "es" else ".")
         head = Text(t["tl_title"].format(b=title_bucket), style="bold")
         head.append(f"   [{t['source_live'] if live else t['source_sim']}]", style="italic dim")
         out.append(head)
@@ -602,8 +602,9 @@ class LossScaleVisualizer(LessonVisualizer):
                 out.append(Text(f"  {b:>6g} MiB: {row}{mark}".replace(".", "," if lang == "es" else ".")))
             ov = (self.live.summary or {}).get("overlap")
             if ov:
-                out.append(Text(t["best"].format(b=f"{ov['best_bucket_mb']:g}", x=ov["overlap_speedup"],
-                                                 r=ov["ours_over_ddp"]), style="green"))
+                best = _num(ov["best_bucket_mb"], lang, 2).rstrip("0").rstrip(".,")
+                out.append(Text(t["best"].format(b=best, x=_num(ov["overlap_speedup"], lang, 2),
+                                                 r=_num(ov["ours_over_ddp"], lang, 2)), style="green"))
         elif not live:
             m = self.overlap_model
             out += wrap_parts([Text(x.strip(), style="dim") for x in t["sim_model"].format(

@@ -50,6 +50,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="ring_step events: none, the first (untimed) call of each size and the "
                         "first training step (default), or every call (slow)")
     p.add_argument("--pieces", type=int, default=None, help="ring sub-chunks per chunk (default: auto)")
+    p.add_argument("--channels", type=int, choices=(1, 2), default=None,
+                   help="rings at once: 1, or 2 counter-rotating (default: auto)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--barrier-timeout", type=float, default=None,
                    help="seconds a rank may be late at a phase barrier before it is named (default 60)")
@@ -149,7 +151,7 @@ def train(ctx, args, progress: Progress) -> list[float]:
         if step == args.fail_step and ctx.rank == args.fail_rank:
             raise RuntimeError(f"injected failure on rank {ctx.rank} at step {step} (--fail-rank)")
         traced = args.trace == "all" or (args.trace == "first" and step == 0)
-        return {"trace": ctx.events, "call": step} if traced else {"pieces": args.pieces}
+        return {"trace": ctx.events, "call": step} if traced else {"pieces": args.pieces, "channels": args.channels}
 
     def on_step(s) -> None:
         if ctx.rank == 0:
@@ -191,12 +193,13 @@ def sweep(ctx, args, progress: Progress) -> list[dict]:
         x = torch.zeros(size // 4, dtype=torch.float32, device=ctx.device)
         call = 1000 + k
         trace = ctx.events if args.trace in ("first", "all") else None
-        ring_allreduce(x, pieces=args.pieces, trace=trace, call=call)  # warm-up (traced)
+        ring_allreduce(x, pieces=args.pieces, channels=None if trace else args.channels,
+                       trace=trace, call=call)  # warm-up (traced: one channel, the textbook ring)
         dist.all_reduce(x)
         iters = args.iters or default_iters(size)
         times = torch.zeros(2, iters, dtype=torch.float64)
         for i in range(iters):
-            ring = lambda: ring_allreduce(x, pieces=args.pieces,  # noqa: E731
+            ring = lambda: ring_allreduce(x, pieces=args.pieces, channels=args.channels,  # noqa: E731
                                           trace=ctx.events if args.trace == "all" else None, call=call)
             ar = lambda: dist.all_reduce(x)  # noqa: E731
             order = ((0, ring), (1, ar)) if i % 2 == 0 else ((1, ar), (0, ring))

@@ -230,12 +230,10 @@ def _comm_counts(mode) -> dict[str, int]:
 
 
 def compare_with_dtensor(cfg: ModelConfig, batch: int, sp: bool, seed: int = 0,
-                         dtype: torch.dtype = torch.float64) -> dict:
+                         dtype: torch.dtype = torch.float64, with_dtensor: bool = True) -> dict:
     """One block, three ways on the same weights and input (dropout off: DTensor's local heads
-    do not know which global heads they are): dense, ours, DTensor's ``parallelize_module``."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.debug import CommDebugMode
-
+    do not know which global heads they are): dense, ours, DTensor's ``parallelize_module``.
+    ``with_dtensor=False`` compares ours with dense only (DTensor's first use costs seconds)."""
     T = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
     cfg.check_tp(T, sp)
@@ -243,8 +241,6 @@ def compare_with_dtensor(cfg: ModelConfig, batch: int, sp: bool, seed: int = 0,
     dt_block = copy.deepcopy(dense)
     tp = TPGroup(sequence_parallel=sp)
     ours = TPBlock(dense, tp, 0)
-    mesh = init_device_mesh(DEVICE.type, (T,))
-    dtensor_parallelize_block(dt_block, mesh, sp)
 
     gen = torch.Generator().manual_seed(seed + 17)
     x = torch.randn(cfg.seq, batch, cfg.hidden, dtype=dtype, generator=gen).to(DEVICE)
@@ -259,26 +255,35 @@ def compare_with_dtensor(cfg: ModelConfig, batch: int, sp: bool, seed: int = 0,
     yo = ours(xo)
     (yo * local(w)).sum().backward()
     reduce_sequence_parallel_grads(ours, tp)
+    ours_ops: dict[str, int] = {}
+    for r in tp.counter.records:
+        ours_ops[r.op] = ours_ops.get(r.op, 0) + 1
+    out = {
+        "out_ours_vs_dense": _max_all_ranks((yo - local(yd)).abs().max().item()),
+        "input_grad_ours_vs_dense": _max_all_ranks((xo.grad - local(xd.grad)).abs().max().item()),
+        "grad_ours_vs_dense": _max_all_ranks(max(grad_diffs(dense, ours, rank, T).values())),
+        "ours_comm": ours_ops,
+    }
+    if not with_dtensor:
+        return out
 
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    dtensor_parallelize_block(dt_block, init_device_mesh(DEVICE.type, (T,)), sp)
     xt = local(x).clone().requires_grad_()
     with CommDebugMode() as comm:
         yt = dt_block(xt)
         yt = yt.to_local() if hasattr(yt, "to_local") else yt
         (yt * local(w)).sum().backward()
-    ours_ops = {}
-    for r in tp.counter.records:
-        ours_ops[r.op] = ours_ops.get(r.op, 0) + 1
-    return {
-        "out_ours_vs_dense": _max_all_ranks((yo - local(yd)).abs().max().item()),
+    out.update({
         "out_dtensor_vs_dense": _max_all_ranks((yt - local(yd)).abs().max().item()),
         "out_ours_vs_dtensor": _max_all_ranks((yo - yt).abs().max().item()),
-        "input_grad_ours_vs_dense": _max_all_ranks((xo.grad - local(xd.grad)).abs().max().item()),
         "input_grad_ours_vs_dtensor": _max_all_ranks((xo.grad - xt.grad).abs().max().item()),
-        "grad_ours_vs_dense": _max_all_ranks(max(grad_diffs(dense, ours, rank, T).values())),
         "grad_ours_vs_dtensor": _max_all_ranks(max(grad_diffs(dt_block, ours, rank, T).values())),
         "dtensor_comm": _comm_counts(comm),
-        "ours_comm": ours_ops,
-    }
+    })
+    return out
 
 
 # ----------------------------------------------------------------------------------------------

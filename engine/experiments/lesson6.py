@@ -35,7 +35,7 @@ Events (rank 0 unless noted; ``t`` and ``rank`` are added by the sink):
   zero_* = share of the non-zero fp32 values that the fp16 (or bf16) backward returned as 0,
   without scaling and with scale S; subnormal_* = share that fp16 stores as subnormals;
   relerr_* = median relative error of the low-precision gradient values against fp32.
-- ``{"kind":"sweep","bucket_mb":c,"mode":"overlap"|"no-overlap"|"ddp","step_ms":t,
+- ``{"kind":"bucket_sweep","bucket_mb":c,"mode":"overlap"|"no-overlap"|"ddp","step_ms":t,
   "n_buckets":k,"samples_ms":[...]}`` — step_ms is the median of the samples.
 - ``{"kind":"timeline","bucket_mb":c,"mode":...,"marks":{...},"layers":[[name,t0,t1]...],
   "buckets":[[index,bytes,t0,t1]...],"step_ms":t}`` (every rank; times in ms from step start)
@@ -105,8 +105,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--dp-width", type=int, default=512)
     g.add_argument("--dp-depth", type=int, default=8)
     g.add_argument("--dp-batch", type=int, default=32)
-    g.add_argument("--timed-steps", type=int, default=6, help="timed steps per configuration and round")
-    g.add_argument("--rounds", type=int, default=2)
+    g.add_argument("--timed-steps", type=int, default=5, help="timed steps per configuration and round")
+    g.add_argument("--rounds", type=int, default=3)
     g.add_argument("--skip-scaling", action="store_true")
     g.add_argument("--skip-overlap", action="store_true")
     g.add_argument("--seed", type=int, default=0)
@@ -220,9 +220,15 @@ def run_loss_scaling(ctx, args, progress: Progress) -> dict:
         inject_now[0] = False
         if explicit:
             opt.grads_to_master()
-        scaler.step(opt)
-        rec = scaler.update()
-        overflow = bool(rec.found_inf) if rec is not None else False
+        if scaler.enabled:
+            scaler.step(opt)
+            rec = scaler.update()
+            overflow, skipped = rec.found_inf, rec.skipped
+        else:  # no scaler: nothing checks the gradients, an inf goes into the weights
+            overflow = not all(bool(torch.isfinite(p.grad).all()) for g in opt.param_groups
+                               for p in g["params"] if p.grad is not None)
+            skipped = False
+            opt.step()
         loss_avg = loss.detach().float().reshape(1).clone()
         dist.all_reduce(loss_avg)
         loss_avg = float(loss_avg) / ctx.world_size
@@ -230,10 +236,10 @@ def run_loss_scaling(ctx, args, progress: Progress) -> dict:
         injected = step in args.inject
         stats["overflows"] += overflow
         stats["injected"] += injected
-        stats["skipped"] += overflow
+        stats["skipped"] += skipped
         if rank == 0:
             ev.emit("scale", step=step, scale=scale, new_scale=scaler.get_scale(),
-                    overflow=overflow, skipped=overflow, injected=injected,
+                    overflow=overflow, skipped=skipped, injected=injected,
                     growth_tracker=scaler.growth_tracker, loss=loss_avg)
             ev.emit("step", step=step, of=args.steps, loss=loss_avg)
         progress.advance("loss-scaling")
@@ -242,7 +248,8 @@ def run_loss_scaling(ctx, args, progress: Progress) -> dict:
         **stats,
         "dtype": args.dtype,
         "weights": args.weights,
-        "natural_overflows": stats["overflows"] - stats["injected"],
+        "scaler": scaler.enabled,
+        "natural_overflows": max(0, stats["overflows"] - stats["injected"]),
         "final_scale": scaler.get_scale(),
         "first_loss": losses[0], "final_loss": losses[-1],
         "zero_unscaled": statistics.fmean(h["zero_unscaled"] for h in hist) if hist else None,
@@ -340,7 +347,7 @@ def run_overlap(ctx, args, progress: Progress) -> dict:
     median = {k: statistics.median(v) for k, v in times.items()}
     if rank == 0:
         for (cap, mode), v in times.items():
-            ev.emit("sweep", bucket_mb=cap, mode=mode, step_ms=round(median[(cap, mode)], 3),
+            ev.emit("bucket_sweep", bucket_mb=cap, mode=mode, step_ms=round(median[(cap, mode)], 3),
                     n_buckets=nbuckets.get((cap, mode)), samples_ms=[round(t, 3) for t in v])
     best = min(args.caps, key=lambda c: median[(c, "overlap")])
     n_params = sum(p.numel() for p in mlp(args.dp_width, args.dp_depth, args.dp_width).parameters())
@@ -376,35 +383,38 @@ def main(argv=None) -> int:
     return 0
 
 
+def _n(k: int, word: str) -> str:
+    return f"{k} {word}{'' if k == 1 else 's'}"
+
+
 def _pct(x) -> str:
     return "n/a" if x is None else f"{100 * x:.2f}%"
 
 
 def format_summary(s: dict) -> str:
-    lines = [f"lesson 6 on {s['world_size']} ranks ({s['backend']}, {s['device']})"]
+    """At most 6 lines of at most 71 columns: the launcher shows the last 6 lines of the output,
+    each after a 9-column rank label, in 80 columns."""
+    lines = []
     sc = s.get("scaling")
-    if sc:
-        lines.append(
-            f"loss scaling ({sc['dtype']}, {sc['weights']} weights): {sc['overflows']} overflows "
-            f"({sc['injected']} injected, {sc['natural_overflows']} from the scale growing), "
-            f"{sc['skipped']} steps skipped, final scale 2^{math.log2(sc['final_scale']):.0f}, "
-            f"loss {sc['first_loss']:.4g} -> {sc['final_loss']:.4g}")
-        lines.append(
-            f"  gradient values lost to zero in {sc['dtype']}: {_pct(sc['zero_unscaled'])} without "
-            f"scaling, {_pct(sc['zero_scaled'])} with it; in fp16's subnormal range without "
-            f"scaling: {_pct(sc['subnormal_unscaled'])}; median relative error of the gradient "
-            f"values: {_pct(sc['relerr_unscaled'])} without scaling, {_pct(sc['relerr_scaled'])} with it")
+    if sc and not sc.get("scaler", True):
+        lines.append(f"no scaler ({sc['dtype']}): {_n(sc['overflows'], 'step')} put inf/NaN "
+                     f"in the weights, loss {sc['final_loss']:.4g}")
+    elif sc:
+        lines.append(f"{sc['dtype']}: {_n(sc['skipped'], 'step')} skipped ({sc['injected']} "
+                     f"injected), scale 2^{math.log2(sc['final_scale']):.0f}, zeros "
+                     f"{_pct(sc['zero_unscaled'])} -> {_pct(sc['zero_scaled'])}")
     ov = s.get("overlap")
     if ov:
-        lines.append(f"overlap ({ov['grad_mib']:.1f} MiB of gradients), step time in ms "
-                     "(overlap / all-reduce after backward / torch DDP):")
-        for cap, row in ov["step_ms"].items():
-            lines.append(f"  bucket {cap:>5} MiB: {row['overlap']:8.2f} / {row['no-overlap']:8.2f} / "
-                         f"{row['ddp']:8.2f}")
-        nb = ov['n_buckets_best']
-        lines.append(f"best bucket size {ov['best_bucket_mb']:g} MiB ({nb} bucket{'s' if nb != 1 else ''}): "
-                     f"overlap speed-up {ov['overlap_speedup']:.2f}x over all-reduce after backward; "
-                     f"ours / DDP = {ov['ours_over_ddp']:.2f}x")
+        caps = list(ov["step_ms"])
+        best = f"{ov['best_bucket_mb']:g}"
+        lines.append("ms/step   bucket MiB" + "".join(f"{c:>8}" for c in caps))
+        for mode, label in (("overlap", "overlap (ours)"), ("no-overlap", "after backward"),
+                            ("ddp", "torch DDP")):
+            row = "".join(f"{ov['step_ms'][c][mode]:>7.1f}" + ("*" if c == best and mode == "overlap" else " ")
+                          for c in caps)
+            lines.append(f"{label:<20}{row}".rstrip())
+        lines.append(f"best {best} MiB: overlap {ov['overlap_speedup']:.2f}x vs after-backward, "
+                     f"ours/DDP {ov['ours_over_ddp']:.2f}x")
     return "\n".join(lines)
 
 

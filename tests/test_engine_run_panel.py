@@ -1,0 +1,159 @@
+"""The tutor's run panel: live charts, log, progress, Stop; a scripted launch and a real one."""
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+import time
+
+import pytest
+from textual.app import App
+from textual.widgets import ProgressBar, RichLog, Sparkline, Static
+
+from distai.lessons.registry import resolve_lesson
+from distai.tutor.run_panel import RunPanelScreen
+
+
+class Spec:
+    class placement:
+        nproc = 4
+
+
+class Record:
+    id = "fake-run"
+    path = "/tmp/fake-run"
+
+
+class FakeLaunch:
+    """Emits a scripted run from a thread, then holds until stop() (like a long run)."""
+
+    def __init__(self, lesson, consumer, nproc=None, args=None, flood: int = 0):
+        self.consumer, self.spec, self.record = consumer, Spec, Record
+        self.stopped = threading.Event()
+        self.stop_reason = None
+        self.flood = flood
+
+    @property
+    def stopping(self):
+        return self.stopped.is_set()
+
+    def stop(self, reason="stopped"):
+        self.stop_reason = reason
+        self.stopped.set()
+
+    def run(self):
+        now = time.time
+        c = self.consumer
+        c({"kind": "run_start", "run_id": "fake-run", "nproc": 4, "device": "cpu", "lesson": "lesson1", "t": now()})
+        c({"kind": "phase", "name": "start", "n": 4, "backend": "gloo", "rank": 0, "t": now()})
+        c({"kind": "phase", "name": "train", "steps": 20, "rank": 0, "t": now()})
+        for i in range(20):
+            c({"kind": "step", "step": i, "of": 20, "loss": 1.0 / (i + 1), "comm_s": 0.001, "compute_s": 0.002,
+               "rank": 0, "t": now()})
+            c({"kind": "progress", "done": i + 1, "total": 40, "rank": 0, "t": now()})
+            c({"kind": "output", "rank": i % 4, "line": f"hello from step {i}", "t": now()})
+        c({"kind": "phase", "name": "sweep", "rank": 0, "t": now()})
+        for k in range(3):
+            c({"kind": "sweep", "size": 1024 << k, "n": 4, "ring_time_s": 1e-3, "ring_algbw": 1e6,
+               "ring_busbw": 1.5e6 * (k + 1), "ar_time_s": 1e-3, "ar_algbw": 1e6, "ar_busbw": 1.6e6 * (k + 1),
+               "rank": 0, "t": now()})
+        for i in range(self.flood):  # a burst of ring events
+            c({"kind": "ring_step", "call": i, "step": 0, "of": 6, "chunk": 0, "to": 1, "from": 3,
+               "recv_chunk": 3, "phase": "reduce-scatter", "bytes": 4, "size": 16, "n": 4, "rank": 0, "t": now()})
+        self.stopped.wait(30)
+        c({"kind": "run_end", "status": "stopped", "error": self.stop_reason, "exit_code": 1,
+           "failed_rank": None, "tail": [], "duration_s": 1.0, "t": now()})
+
+
+class PanelApp(App):
+    def __init__(self, screen_factory, store=None):
+        super().__init__()
+        self.screen_factory = screen_factory
+        self.store = store
+        self.language = "en"
+
+    def on_mount(self):
+        self.push_screen(self.screen_factory())
+
+
+def as_text(renderable) -> str:
+    from rich.console import Console
+
+    console = Console(width=120, record=True, file=open("/dev/null", "w"))
+    console.print(renderable)
+    return console.export_text()
+
+
+def run_async(fn):
+    """Run an async test in its own event loop (no pytest-asyncio needed)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return asyncio.run(fn(*args, **kwargs))
+    return wrapper
+
+
+async def wait_for(pilot, predicate, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        await pilot.pause(0.05)
+    return predicate()
+
+
+@run_async
+async def test_panel_draws_a_scripted_run_and_stop_key_stops_it():
+    lesson = resolve_lesson("lesson1")
+    made = []
+
+    def factory(lesson, consumer, nproc=None, args=None):
+        made.append(FakeLaunch(lesson, consumer, flood=20000))
+        return made[-1]
+
+    app = PanelApp(lambda: RunPanelScreen(lesson, "en", launch_factory=factory))
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = app.screen
+        assert isinstance(screen, RunPanelScreen)
+        assert await wait_for(pilot, lambda: len(screen.state.sweep) == 3 and screen.state.ring_steps == 20000, 20)
+        # the UI stayed responsive through a 20 000-event burst: a key press is handled at once
+        t0 = time.monotonic()
+        await pilot.press("s")
+        assert await wait_for(pilot, lambda: screen.state.status == "stopped", 5)
+        assert time.monotonic() - t0 < 3
+        assert made[0].stop_reason == "stopped from the tutor"
+        assert screen.query_one("#loss-spark", Sparkline).data == [1.0 / (i + 1) for i in range(20)]
+        sweep = as_text(screen.query_one("#sweep-table", Static).content)
+        assert "1.5 MB/s" in sweep and "4.8 MB/s" in sweep and "0.94" in sweep
+        assert screen.query_one("#run-progress", ProgressBar).progress == pytest.approx(20 / 40)
+        status = str(screen.query_one("#run-status", Static).render())
+        assert "stopped" in status and "4 × cpu (gloo)" in status
+        log_text = "\n".join(str(line.text) for line in screen.query_one("#run-log", RichLog).lines)
+        assert "hello from step 19" in log_text and "stopped" in log_text
+        # escape closes the panel
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, RunPanelScreen)
+
+
+@run_async
+async def test_panel_runs_the_real_experiment(tmp_path):
+    from distai.tutor.progress import ProgressStore
+
+    lesson = resolve_lesson("lesson1")
+    store = ProgressStore(tmp_path / "progress.db")
+    app = PanelApp(lambda: RunPanelScreen(lesson, "es", nproc=2, args=["--steps", "8", "--no-sweep"]), store=store)
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = app.screen
+        assert await wait_for(pilot, lambda: screen.state.finished, 180), screen.state
+        await pilot.pause(0.3)
+        assert screen.state.status == "ok", (screen.state.error, screen.state.tail)
+        assert len(screen.state.losses) == 8
+        assert screen.query_one("#loss-spark", Sparkline).data == screen.state.losses
+        assert screen.query_one("#run-progress", ProgressBar).progress == pytest.approx(1.0)
+        status = str(screen.query_one("#run-status", Static).render())
+        assert "terminado" in status  # Spanish
+        log_text = "\n".join(str(line.text) for line in screen.query_one("#run-log", RichLog).lines)
+        assert "rank 0" in log_text and "carpeta de la ejecución" in log_text
+        runs = store.runs("lesson1")
+        assert len(runs) == 1 and runs[0]["status"] == "ok"
+    store.close()

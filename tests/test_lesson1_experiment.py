@@ -1,0 +1,103 @@
+"""Lesson 1's experiment end to end, launched through torchrun on 3 gloo processes (an odd N,
+so the chunks of most sizes are unequal): the numbers it reports are consistent with the
+lesson's formulas, and its traced ring steps follow the pure model."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from distai.engine import launcher as L
+from distai.engine.runs import create_run
+from distai.lessons.lesson1 import formulas
+from distai.lessons.lesson1 import ring_model as model
+
+N = 3
+ARGS = ["--steps", "6", "--sweep-min", "1KiB", "--sweep-max", "256KiB", "--iters", "2"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    record = create_run(root, "lesson1", "distai.engine.experiments.lesson1")
+    events: list[dict] = []
+    launch = L.Launch(L.LaunchSpec("distai.engine.experiments.lesson1", L.Placement("cpu", N), ARGS),
+                      record, consumer=events.append)
+    record = launch.run()
+    return record, events
+
+
+def of(events, kind):
+    return [e for e in events if e.get("kind") == kind]
+
+
+def test_run_succeeds_with_a_summary(run):
+    record, events = run
+    assert record.status == "ok", (record.error, record.error_tail)
+    s = record.summary
+    assert s["n"] == N and s["backend"] == "gloo" and s["steps"] == 6
+    assert s["ring_vs_all_reduce_max_abs_diff"] < 1e-5
+    assert [e["name"] for e in of(events, "phase")] == ["start", "check", "train", "sweep"]
+    last = of(events, "progress")[-1]
+    assert last["done"] == last["total"] == 1 + 6 + 9
+
+
+def test_training_steps_report_a_falling_loss(run):
+    _, events = run
+    steps = of(events, "step")
+    assert [e["step"] for e in steps] == list(range(6))
+    assert all(e["rank"] == 0 and math.isfinite(e["loss"]) for e in steps)
+    assert steps[-1]["loss"] < steps[0]["loss"]
+    assert all(e["grad_bytes"] == (16 * 64 + 64 + 64 + 1) * 4 for e in steps)
+
+
+def test_sweep_rows_follow_the_busbw_definitions(run):
+    _, events = run
+    rows = of(events, "sweep")
+    assert [r["size"] for r in rows] == [1024 * 2 ** k for k in range(9)]
+    for r in rows:
+        for impl in ("ring", "ar"):
+            t = r[f"{impl}_time_s"]
+            assert t > 0
+            assert r[f"{impl}_algbw"] == pytest.approx(r["size"] / t)
+            assert r[f"{impl}_busbw"] == pytest.approx(formulas.busbw(r["size"], t, N))
+            assert r[f"{impl}_busbw"] == pytest.approx(r[f"{impl}_algbw"] * 2 * (N - 1) / N)
+
+
+def test_alpha_beta_fit_is_the_least_squares_fit_of_the_sweep(run):
+    _, events = run
+    rows = of(events, "sweep")
+    fits = {f["impl"]: f for f in of(events, "fit")}
+    assert set(fits) == {"ring", "all_reduce"}
+    for impl, key in (("ring", "ring_time_s"), ("all_reduce", "ar_time_s")):
+        a, b = formulas.alpha_beta_fit([r["size"] for r in rows], [r[key] for r in rows])
+        f = fits[impl]
+        assert f["a_s"] == pytest.approx(a) and f["b_s_per_byte"] == pytest.approx(b)
+        assert f["alpha_s"] == pytest.approx(a / (2 * (N - 1)))
+        assert f["beta_s_per_byte"] == pytest.approx(b / formulas.busbw_factor(N))
+        for size, predicted in f["predicted"]:
+            assert predicted == pytest.approx(a + b * size)
+
+
+def test_traced_ring_steps_follow_the_model(run):
+    _, events = run
+    traced = of(events, "ring_step")
+    calls = {(e["rank"], e["call"]) for e in traced}
+    # every rank traced the first training step and the warm-up call of each sweep size
+    assert {c for _, c in calls} == {0} | {1000 + k for k in range(9)}
+    assert {r for r, _ in calls} == set(range(N))
+    for rank, call in calls:
+        steps = [e for e in traced if e["rank"] == rank and e["call"] == call]
+        assert [e["step"] for e in steps] == list(range(model.num_steps(N)))
+        size = steps[0]["size"]
+        bounds = model.chunk_bounds(size // 4, N)
+        for e in steps:
+            assert e["chunk"] == model.send_chunk(rank, e["step"], N)
+            assert e["recv_chunk"] == model.recv_chunk(rank, e["step"], N)
+            assert e["to"] == model.right(rank, N) and e["from"] == model.left(rank, N)
+            a, b = bounds[e["chunk"]]
+            assert e["bytes"] == (b - a) * 4
+    # the rank events were emitted before run_end, in time order per rank
+    for rank in range(N):
+        ts = [e["t"] for e in events if e.get("rank") == rank and e["kind"] != "output"]
+        assert ts == sorted(ts)

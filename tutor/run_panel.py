@@ -1,0 +1,348 @@
+"""The run panel: "Run this experiment" from a lesson, with live charts, a log and a Stop key.
+
+``RunPanelScreen(lesson, language)`` launches the lesson's experiment through the engine's
+launcher in a worker thread; the launcher's consumer only appends events to a queue, and a
+timer on the UI thread drains it ten times a second, so the interface stays responsive however
+fast the ranks emit. It shows a progress bar, the loss as a Sparkline, the bandwidth sweep
+(busbw of our ring and of ``dist.all_reduce`` per message size, as bars on one scale), the
+lesson's visualizer fed with the run's events (lesson 1: the ring, animated from the real
+``ring_step`` events), and the ranks' output. ``s`` stops every rank; ``escape``/``q`` closes
+(stopping a run still going); ``a`` runs again. Closing the tutor stops the run too.
+
+With ``record=`` (a finished run's ``RunRecord``) the panel replays that run instead.
+Imports no torch (the launcher starts torch in other processes).
+"""
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Callable
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Footer, ProgressBar, RichLog, Sparkline, Static
+
+from distai.engine.run_state import RunState, replay_events
+
+STRINGS = {
+    "title": {"en": "Run · lesson {n} · {title}", "es": "Ejecución · lección {n} · {title}"},
+    "starting": {"en": "starting {nproc} processes with torchrun…", "es": "arrancando {nproc} procesos con torchrun…"},
+    "running": {"en": "running", "es": "en marcha"},
+    "ok": {"en": "finished", "es": "terminado"},
+    "failed": {"en": "failed", "es": "falló"},
+    "stopped": {"en": "stopped", "es": "detenido"},
+    "interrupted": {"en": "interrupted", "es": "interrumpido"},
+    "starting_status": {"en": "starting", "es": "arrancando"},
+    "stopping": {"en": "stopping every rank…", "es": "deteniendo todos los procesos…"},
+    "loss": {"en": "loss", "es": "pérdida"},
+    "busbw": {"en": "bandwidth sweep: busbw by message size", "es": "barrido: busbw por tamaño de mensaje"},
+    "size": {"en": "size", "es": "tamaño"},
+    "ring": {"en": "our ring", "es": "nuestro anillo"},
+    "fit": {"en": "alpha-beta fit", "es": "ajuste alfa-beta"},
+    "no_loss": {"en": "waiting for the first training step…", "es": "esperando el primer paso de entrenamiento…"},
+    "no_sweep": {"en": "the sweep starts after training", "es": "el barrido empieza tras el entrenamiento"},
+    "log": {"en": "output", "es": "salida"},
+    "stop": {"en": "Stop", "es": "Detener"},
+    "close": {"en": "Close", "es": "Cerrar"},
+    "again": {"en": "Run again", "es": "Repetir"},
+    "folder": {"en": "run folder: {path}", "es": "carpeta de la ejecución: {path}"},
+    "failed_rank": {"en": "last lines of rank {rank}:", "es": "últimas líneas del proceso {rank}:"},
+    "unavailable": {"en": "this lesson's experiment is not yet available", "es": "el experimento de esta lección aún no está disponible"},
+    "replay": {"en": "replay of {id}", "es": "repetición de {id}"},
+    "phase": {"en": "phase", "es": "fase"},
+    "step": {"en": "step", "es": "paso"},
+}
+
+
+def t(key: str, lang: str, **fields) -> str:
+    entry = STRINGS[key]
+    return entry.get(lang, entry["en"]).format(**fields)
+
+
+BLOCKS = " ▏▎▍▌▋▊▉█"
+
+
+def hbar(value: float, top: float, width: int) -> str:
+    """A horizontal bar of ``value`` on a scale where ``top`` fills ``width`` cells (eighths)."""
+    if top <= 0 or value <= 0:
+        return " " * width
+    eighths = max(1, round(min(1.0, value / top) * width * 8))
+    full, rest = divmod(eighths, 8)
+    return ("█" * full + (BLOCKS[rest] if rest else "")).ljust(width)
+
+
+def default_launch_factory(lesson, consumer, nproc: int | None = None, args: list[str] | None = None):
+    """Create (not start) a ``Launch`` of the lesson's experiment in a new run folder (under the
+    engine's supervisor when the lesson restarts after failures, as lesson 3 does)."""
+    from distai.engine.launcher import LaunchSpec, choose_placement
+    from distai.engine.runs import create_run
+    from distai.engine.supervisor import make_launch
+    from distai.tutor.paths import runs_root
+
+    placement = choose_placement(cpu=nproc, default_nproc=getattr(lesson, "ranks", 4)) if nproc \
+        else choose_placement(default_nproc=getattr(lesson, "ranks", 4))
+    record = create_run(runs_root(), lesson.id, lesson.experiment, argv=["distai tutor"])
+    return make_launch(LaunchSpec(lesson.experiment, placement, list(args or [])), record, consumer=consumer,
+                       max_restarts=getattr(lesson, "max_restarts", 0))
+
+
+class RunPanelScreen(Screen):
+    """Live view of one run of a lesson's experiment."""
+
+    BINDINGS = [
+        Binding("s", "stop", "Stop"),
+        Binding("a", "again", "Run again"),
+        Binding("escape,q", "close", "Close"),
+    ]
+
+    DEFAULT_CSS = """
+    RunPanelScreen { layout: vertical; }
+    #run-title { height: 1; padding: 0 1; background: $primary; color: $text; text-style: bold; }
+    #run-status-bar { height: 1; padding: 0 1; }
+    #run-progress { width: 50; }
+    #run-status { width: 1fr; padding: 0 0 0 2; }
+    #run-body { height: 1fr; }
+    #run-charts { width: 1fr; height: 1fr; }
+    #run-visual { width: 1fr; height: 1fr; border: round $secondary 50%; }
+    .run-label { height: 1; padding: 0 1; color: $text-muted; }
+    #loss-spark { height: 4; margin: 0 1; }
+    #sweep-table { height: auto; max-height: 22; padding: 0 1; }
+    #run-log { height: 10; border: round $primary 50%; }
+    RunPanelScreen.-narrow #run-visual { display: none; }
+    """
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
+
+    def __init__(self, lesson, language: str = "en", *, nproc: int | None = None,
+                 args: list[str] | None = None, record=None,
+                 launch_factory: Callable | None = None, drain_interval: float = 0.1):
+        super().__init__()
+        self.lesson = lesson
+        self.language = language
+        self.nproc = nproc
+        self.args = list(args or [])
+        self.replay_record = record
+        self.launch_factory = launch_factory or default_launch_factory
+        self.drain_interval = drain_interval
+        self.state = RunState()
+        self.launch = None
+        self.visualizer = None
+        self._queue: collections.deque = collections.deque()
+        self._lock = threading.Lock()
+        self._worker = None
+        self._recorded_start = False
+        self.events_drained = 0
+
+    # -- layout ------------------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        lang = self.language
+        yield Static(t("title", lang, n=self.lesson.number, title=self.lesson.title[lang]), id="run-title")
+        with Horizontal(id="run-status-bar"):
+            yield ProgressBar(total=1.0, show_eta=False, id="run-progress")
+            yield Static("", id="run-status")
+        with Horizontal(id="run-body"):
+            with Vertical(id="run-charts"):
+                yield Static(t("loss", lang), id="loss-label", classes="run-label")
+                yield Sparkline([], summary_function=max, id="loss-spark")
+                yield Static(t("busbw", lang), id="busbw-label", classes="run-label")
+                yield Static("", id="sweep-table")
+            yield Vertical(id="run-visual")
+        yield RichLog(id="run-log", max_lines=2000, wrap=False, markup=False, highlight=False)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self._mount_visualizer()
+        self.set_interval(self.drain_interval, self._drain)
+        if self.replay_record is not None:
+            for event in replay_events(self.replay_record):
+                self._consume(event)
+            self.query_one("#run-title", Static).update(
+                t("title", self.language, n=self.lesson.number, title=self.lesson.title[self.language])
+                + " · " + t("replay", self.language, id=self.replay_record.id))
+        else:
+            self.start_run()
+        self._refresh()
+
+    def _mount_visualizer(self) -> None:
+        name = getattr(self.lesson, "visualizer", None)
+        if not name:
+            self.query_one("#run-visual").display = False
+            return
+        try:
+            from distai.visualizers.base import make_visualizer
+
+            self.visualizer = make_visualizer(name, self.language)
+            self.query_one("#run-visual").mount(self.visualizer)
+        except Exception:  # noqa: BLE001 - a visualizer's failure must not stop the run panel
+            self.visualizer = None
+            self.query_one("#run-visual").display = False
+
+    # -- running -----------------------------------------------------------------------------------
+    def start_run(self) -> None:
+        from distai.engine.launcher import experiment_available
+
+        if self.launch_factory is default_launch_factory and not experiment_available(self.lesson.experiment):
+            self.query_one("#run-status", Static).update(Text(t("unavailable", self.language), style="yellow"))
+            return
+        self.state = RunState()
+        self._recorded_start = False
+        self.query_one("#run-log", RichLog).clear()
+        self.launch = self.launch_factory(self.lesson, self._consume, nproc=self.nproc, args=self.args)
+        self.query_one("#run-status", Static).update(
+            t("starting", self.language, nproc=self.launch.spec.placement.nproc))
+        launch = self.launch
+        self._worker = self.run_worker(lambda: self._run_in_thread(launch), thread=True,
+                                       exclusive=True, group="distai-run", exit_on_error=False)
+
+    def _run_in_thread(self, launch) -> None:
+        try:
+            launch.run()
+        except Exception as exc:  # noqa: BLE001 - shown in the panel
+            self._consume({"kind": "run_end", "status": "failed", "error": f"launcher error: {exc}",
+                           "exit_code": None, "failed_rank": None, "tail": [], "duration_s": None})
+
+    def _consume(self, event: dict) -> None:
+        """Called from the launcher's thread: only queue (the UI thread draws)."""
+        self._queue.append(event)
+
+    @property
+    def running(self) -> bool:
+        return self.launch is not None and not self.state.finished and self.replay_record is None
+
+    # -- drawing -----------------------------------------------------------------------------------
+    def _drain(self) -> None:
+        if not self._queue:
+            return
+        log = self.query_one("#run-log", RichLog)
+        batch = []
+        while self._queue and len(batch) < 5000:
+            batch.append(self._queue.popleft())
+        for e in batch:
+            self.state.feed(e)
+            self.events_drained += 1
+            kind = e.get("kind")
+            if kind == "output":
+                who = "torchrun" if e.get("rank") is None else f"rank {e['rank']}"
+                log.write(Text.assemble((f"{who:>9} ", "dim"), str(e.get("line", ""))))
+            elif kind == "phase" and e.get("rank", 0) == 0:
+                log.write(Text(f"── {t('phase', self.language)}: {e.get('name')}", style="bold cyan"))
+            elif kind == "log":
+                log.write(Text(f"rank {e.get('rank')}: {e.get('msg')}", style="italic"))
+            elif kind == "run_start":
+                self._record_progress("running")
+            elif kind == "run_end":
+                self._on_end(e, log)
+            if self.visualizer is not None and kind not in ("output",):
+                try:
+                    self.visualizer.feed_event(e)
+                except Exception:  # noqa: BLE001
+                    pass
+        self._refresh()
+
+    def _on_end(self, e: dict, log: RichLog) -> None:
+        status = e.get("status")
+        style = {"ok": "bold green", "stopped": "bold yellow"}.get(status, "bold red")
+        msg = Text(t(status, self.language) if status in STRINGS else str(status), style=style)
+        if e.get("error"):
+            msg.append(f": {e['error']}")
+        log.write(msg)
+        if status == "failed" and e.get("tail"):
+            rank = e.get("failed_rank")
+            log.write(Text(t("failed_rank", self.language, rank="?" if rank is None else rank), style="bold"))
+            for line in e["tail"]:
+                log.write(Text("  " + line, style="red"))
+        if self.launch is not None:
+            log.write(Text(t("folder", self.language, path=self.launch.record.path), style="dim"))
+        self._record_progress(status)
+
+    def _record_progress(self, status: str) -> None:
+        """The app's progress store (UI thread only: SQLite objects stay in their thread)."""
+        store = getattr(self.app, "store", None)
+        if store is None or self.launch is None:
+            return
+        try:
+            store.record_run(self.launch.record.id, self.lesson.id, status, self.launch.record.path)
+        except Exception:  # noqa: BLE001 - progress is a convenience
+            pass
+
+    def _refresh(self) -> None:
+        s, lang = self.state, self.language
+        self.query_one("#run-progress", ProgressBar).update(total=1.0, progress=s.fraction)
+        status = Text()
+        if s.status == "starting":
+            label = t("starting_status", lang)
+        else:
+            label = t(s.status, lang) if s.status in STRINGS else s.status
+        status.append(label, style={"ok": "bold green", "failed": "bold red", "stopped": "bold yellow"}.get(s.status, "bold"))
+        if self.launch is not None and self.launch.stopping and not s.finished:
+            status.append(" · " + t("stopping", lang), style="yellow")
+        if s.nproc:
+            status.append(f" · {s.nproc} × {s.device or '?'}{' (' + s.backend + ')' if s.backend else ''}")
+        if s.phase and not s.finished:
+            status.append(f" · {t('phase', lang)} {s.phase}", style="cyan")
+        if s.last_step and s.steps_of:
+            status.append(f" · {t('step', lang)} {s.last_step.get('step', 0) + 1}/{s.steps_of}")
+        status.append(f" · {s.elapsed:.1f} s", style="dim")
+        if s.note:
+            status.append(f" · {s.note}", style="yellow")
+        self.query_one("#run-status", Static).update(status)
+        spark = self.query_one("#loss-spark", Sparkline)
+        if s.losses:
+            spark.data = list(s.losses[-200:])
+            self.query_one("#loss-label", Static).update(
+                f"{t('loss', lang)}: {s.losses[0]:.4f} → {s.losses[-1]:.4f}")
+        if s.sweep:
+            self.query_one("#sweep-table", Static).update(self._sweep_table())
+        elif s.phase in ("start", "check", "train"):
+            self.query_one("#sweep-table", Static).update(Text(t("no_sweep", lang), style="dim"))
+
+    def _sweep_table(self):
+        """Rows of the sweep with bars on one shared scale, then the alpha-beta fits."""
+        from rich.console import Group
+
+        from distai.lessons.units import format_bandwidth, format_bytes, format_time
+
+        lang = self.language
+        rows = self.state.sweep[-16:]
+        top = max(max(r["ring_busbw"], r["ar_busbw"]) for r in rows) or 1.0
+        table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold", padding=(0, 1))
+        table.add_column(t("size", lang), justify="right")
+        table.add_column(t("ring", lang), justify="left")
+        table.add_column("dist.all_reduce", justify="left")
+        table.add_column("ratio", justify="right")
+        for r in rows:
+            ratio = r["ring_busbw"] / r["ar_busbw"] if r.get("ar_busbw") else float("nan")
+            table.add_row(
+                format_bytes(r["size"], binary=True),
+                Text.assemble((hbar(r["ring_busbw"], top, 10), "green"), " ", format_bandwidth(r["ring_busbw"])),
+                Text.assemble((hbar(r["ar_busbw"], top, 10), "dark_orange"), " ", format_bandwidth(r["ar_busbw"])),
+                Text(f"{ratio:.2f}", style="green" if ratio >= 0.9 else "yellow"))
+        parts = [table]
+        for impl, f in self.state.fits.items():
+            bw = f.get("bandwidth")
+            parts.append(Text(f"{t('fit', lang)} ({impl}): α = {format_time(f['alpha_s'])}, "
+                              f"1/β = {format_bandwidth(bw) if bw else '—'}", style="dim"))
+        return Group(*parts)
+
+    # -- actions -----------------------------------------------------------------------------------
+    def action_stop(self) -> None:
+        if self.running:
+            self.launch.stop("stopped from the tutor")
+            self._refresh()
+
+    def action_again(self) -> None:
+        if self.replay_record is None and not self.running:
+            self.start_run()
+
+    def action_close(self) -> None:
+        if self.running:
+            self.launch.stop("the run panel was closed")
+        self.app.pop_screen()
+
+    def on_unmount(self) -> None:
+        # closing the tutor (or this screen) must not leave ranks running
+        if self.launch is not None and not self.state.finished:
+            self.launch.stop("the tutor was closed")
