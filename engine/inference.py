@@ -150,10 +150,10 @@ def _norm(cfg: InferenceConfig, x: torch.Tensor, weight: torch.Tensor, bias: tor
 
 def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """Rotary position embedding (Su et al. 2021), Llama's half-split layout.
-    ``x``: [B, heads, s, d]; ``positions``: [B, s] absolute positions."""
+    ``x``: [B, s, heads, d]; ``positions``: [B, s] absolute positions."""
     d = x.shape[-1]
     inv = theta ** (-torch.arange(0, d, 2, dtype=torch.float64, device=x.device) / d)
-    ang = positions.to(torch.float64)[:, None, :, None] * inv  # [B, 1, s, d/2]
+    ang = positions.to(torch.float64)[:, :, None, None] * inv  # [B, s, 1, d/2]
     cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
@@ -172,10 +172,9 @@ def reference_logits(cfg: InferenceConfig, w: dict, ids: torch.Tensor) -> torch.
     pos = torch.arange(s, device=ids.device).expand(B, s)
     for i in range(cfg.layers):
         a = _norm(cfg, x, w[f"l{i}.norm1"], w.get(f"l{i}.norm1_b"))
-        q = (a @ w[f"l{i}.wq"].T).view(B, s, cfg.heads, d).transpose(1, 2)
-        k = (a @ w[f"l{i}.wk"].T).view(B, s, cfg.kv_heads, d).transpose(1, 2)
+        q = apply_rope((a @ w[f"l{i}.wq"].T).view(B, s, cfg.heads, d), pos, cfg.rope_theta).transpose(1, 2)
+        k = apply_rope((a @ w[f"l{i}.wk"].T).view(B, s, cfg.kv_heads, d), pos, cfg.rope_theta).transpose(1, 2)
         v = (a @ w[f"l{i}.wv"].T).view(B, s, cfg.kv_heads, d).transpose(1, 2)
-        q, k = apply_rope(q, pos, cfg.rope_theta), apply_rope(k, pos, cfg.rope_theta)
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         x = x + o.transpose(1, 2).reshape(B, s, cfg.heads * d) @ w[f"l{i}.wo"].T
         m = _norm(cfg, x, w[f"l{i}.norm2"], w.get(f"l{i}.norm2_b"))
@@ -244,15 +243,28 @@ class Comm:
 # the KV cache: blocks of torch tensors addressed through an allocator
 # ----------------------------------------------------------------------------------------------
 
+@dataclass
+class Addressing:
+    """Where one forward's tokens go and what it reads, computed once for all layers: the
+    (block, offset) of every new token, the block tables padded to the longest sequence, and the
+    number of positions to read."""
+
+    blocks: torch.Tensor  # [B·s] physical block of each new token
+    offsets: torch.Tensor  # [B·s] offset inside it
+    tables: torch.Tensor  # [B, nb] block tables (padded with block 0)
+    length: int  # positions read: max over the batch of pos0 + s
+
+
 class KVStore:
     """K and V of ``layers`` layers and ``kv_heads`` heads in ``allocator.num_blocks`` blocks of
-    ``allocator.block_size`` tokens: tensors ``[layers, blocks, kv_heads, block_size, head_dim]``.
+    ``allocator.block_size`` tokens: tensors ``[layers, blocks, block_size, kv_heads, head_dim]``
+    (token-major inside a block, so a gathered run of blocks is already a run of tokens).
     Where token ``p`` of a sequence lives is the allocator's business (its block table)."""
 
     def __init__(self, allocator, layers: int, kv_heads: int, head_dim: int, dtype=torch.float32,
                  device="cpu"):
         self.alloc = allocator
-        shape = (layers, allocator.num_blocks, kv_heads, allocator.block_size, head_dim)
+        shape = (layers, allocator.num_blocks, allocator.block_size, kv_heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
@@ -269,42 +281,38 @@ class KVStore:
     def reserve(self, seq, new_len: int) -> None:
         self.alloc.grow(seq, new_len)
 
-    def _slots(self, seq, pos0: int, s: int):
+    def address(self, seqs, pos0, s: int) -> Addressing:
+        """The addressing of a forward that appends ``s`` tokens to each of ``seqs`` (holding
+        ``pos0[b]`` tokens): block tables looked up once, used by every layer."""
         bs = self.alloc.block_size
-        table = self.alloc.tables[seq]
-        if s == 1:
-            blk, off = divmod(pos0, bs)
-            return (torch.tensor([table[blk]], device=self.k.device), torch.tensor([off], device=self.k.device))
-        pos = torch.arange(pos0, pos0 + s)
-        blocks = torch.tensor(table, dtype=torch.long)[pos // bs]
-        return blocks.to(self.k.device), (pos % bs).to(self.k.device)
-
-    def write(self, layer: int, seqs, pos0, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store ``k``, ``v`` [B, kv_heads, s, d] at positions ``pos0[b] … pos0[b]+s−1``."""
-        B, H, s, d = k.shape
-        where = [self._slots(seq, pos0[b], s) for b, seq in enumerate(seqs)]
-        blocks = torch.cat([w[0] for w in where]) if B > 1 else where[0][0]
-        offs = torch.cat([w[1] for w in where]) if B > 1 else where[0][1]
-        self.k[layer][blocks, :, offs] = k.transpose(1, 2).reshape(B * s, H, d)
-        self.v[layer][blocks, :, offs] = v.transpose(1, 2).reshape(B * s, H, d)
-
-    def read(self, layer: int, seqs, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K, V of the first ``length`` positions of every sequence, gathered through the block
-        tables: [B, kv_heads, length, d] (positions past a sequence's end hold garbage; mask them)."""
-        bs = self.alloc.block_size
+        tabs = [self.alloc.tables[q] for q in seqs]
+        blocks, offs = [], []
+        for table, p0 in zip(tabs, pos0):
+            for p in range(p0, p0 + s):
+                blocks.append(table[p // bs])
+                offs.append(p % bs)
+        length = max(pos0) + s
         nb = -(-length // bs)
-        tables = torch.tensor([(self.alloc.tables[q] + [0] * nb)[:nb] for q in seqs], dtype=torch.long,
-                              device=self.k.device)
-        B = len(seqs)
-        if nb == 1:  # one block per sequence (always the case for a contiguous cache): slice first
-            K = self.k[layer, :, :, :length][tables[:, 0]]
-            V = self.v[layer, :, :, :length][tables[:, 0]]
-            return K, V
-        K = self.k[layer][tables]  # [B, nb, H, bs, d]
-        V = self.v[layer][tables]
-        K = K.permute(0, 2, 1, 3, 4).reshape(B, self.kv_heads, nb * bs, self.head_dim)[:, :, :length]
-        V = V.permute(0, 2, 1, 3, 4).reshape(B, self.kv_heads, nb * bs, self.head_dim)[:, :, :length]
-        return K, V
+        dev = self.k.device
+        return Addressing(torch.tensor(blocks, device=dev), torch.tensor(offs, device=dev),
+                          torch.tensor([(t + [0] * nb)[:nb] for t in tabs], dtype=torch.long, device=dev), length)
+
+    def write(self, layer: int, at: Addressing, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store ``k``, ``v`` [B, s, kv_heads, d] at the new positions of ``at``."""
+        B, s, H, d = k.shape
+        self.k[layer][at.blocks, at.offsets] = k.reshape(B * s, H, d)
+        self.v[layer][at.blocks, at.offsets] = v.reshape(B * s, H, d)
+
+    def read(self, layer: int, at: Addressing) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V of the first ``at.length`` positions of every sequence, gathered through the block
+        tables: [B, length, kv_heads, d] (positions past a sequence's end hold garbage; mask them)."""
+        B, nb = at.tables.shape
+        if nb == 1:  # one block per sequence (always so for a contiguous cache): slice, then gather
+            return self.k[layer, :, : at.length][at.tables[:, 0]], self.v[layer, :, : at.length][at.tables[:, 0]]
+        bs = self.alloc.block_size
+        K = self.k[layer][at.tables].view(B, nb * bs, self.kv_heads, self.head_dim)
+        V = self.v[layer][at.tables].view(B, nb * bs, self.kv_heads, self.head_dim)
+        return K[:, : at.length], V[:, : at.length]
 
 
 def contiguous_store(shard: "DecoderShard", sequences: int, max_len: int, dtype=None, device=None) -> KVStore:
@@ -382,24 +390,22 @@ class DecoderShard:
         reads only one row of it)."""
         return sum(v.numel() * v.element_size() for k, v in self.w.items() if k != "embed")
 
-    def _attention(self, i: int, li: int, a: torch.Tensor, seqs, pos0, pos: torch.Tensor) -> torch.Tensor:
+    def _attention(self, i: int, li: int, a: torch.Tensor, at: Addressing, pos: torch.Tensor) -> torch.Tensor:
         cfg, w, d = self.cfg, self.w, self.cfg.head_dim
         B, s, _ = a.shape
-        q = (a @ w[f"l{i}.wq"].T).view(B, s, self.q_local, d).transpose(1, 2)
-        k = (a @ w[f"l{i}.wk"].T).view(B, s, self.kv_local, d).transpose(1, 2)
-        v = (a @ w[f"l{i}.wv"].T).view(B, s, self.kv_local, d).transpose(1, 2)
+        q = (a @ w[f"l{i}.wq"].T).view(B, s, self.q_local, d)
+        k = (a @ w[f"l{i}.wk"].T).view(B, s, self.kv_local, d)
+        v = (a @ w[f"l{i}.wv"].T).view(B, s, self.kv_local, d)
         q, k = apply_rope(q, pos, cfg.rope_theta), apply_rope(k, pos, cfg.rope_theta)
-        self.cache.write(li, seqs, pos0, k, v)
-        length = max(pos0) + s
-        K, V = self.cache.read(li, seqs, length)  # [B, kv_local, length, d]
+        self.cache.write(li, at, k, v)
+        K, V = self.cache.read(li, at)  # [B, length, kv_local, d]
         g = self.q_local // self.kv_local
-        qg = q.view(B, self.kv_local, g, s, d)
-        scores = torch.einsum("bkgsd,bkld->bkgsl", qg, K) / math.sqrt(d)
-        keys = torch.arange(length, device=a.device)
+        qg = q.view(B, s, self.kv_local, g, d)
+        scores = torch.einsum("bskgd,blkd->bkgsl", qg, K) / math.sqrt(d)
+        keys = torch.arange(at.length, device=a.device)
         mask = keys[None, None, :] <= pos[:, :, None]  # [B, s, length]: causal, and within each sequence
         scores = scores.masked_fill(~mask[:, None, None], float("-inf"))
-        o = torch.einsum("bkgsl,bkld->bkgsd", scores.softmax(-1), V)
-        o = o.reshape(B, self.q_local, s, d).transpose(1, 2).reshape(B, s, self.q_local * d)
+        o = torch.einsum("bkgsl,blkd->bskgd", scores.softmax(-1), V).reshape(B, s, self.q_local * d)
         return self._reduce(o @ w[f"l{i}.wo"].T)  # row-parallel: partial sums → all-reduce
 
     def _mlp(self, i: int, m: torch.Tensor) -> torch.Tensor:
@@ -423,10 +429,11 @@ class DecoderShard:
         for b, q in enumerate(seqs):
             self.cache.reserve(q, pos0[b] + s)
         pos = torch.tensor([[p + j for j in range(s)] for p in pos0], device=self.device)
+        at = self.cache.address(seqs, pos0, s)
         x = w["embed"][inp] if self.first else inp
         for li, i in enumerate(self.layers):
             a = _norm(cfg, x, w[f"l{i}.norm1"], w.get(f"l{i}.norm1_b"))
-            x = x + self._attention(i, li, a, seqs, pos0, pos)
+            x = x + self._attention(i, li, a, at, pos)
             m = _norm(cfg, x, w[f"l{i}.norm2"], w.get(f"l{i}.norm2_b"))
             x = x + self._mlp(i, m)
         if not self.last:

@@ -2,7 +2,7 @@
 
 :func:`paged_store` gives a :class:`~distai.engine.inference.KVStore` whose allocator is a
 :class:`~distai.lessons.lesson7.paging.BlockAllocator`: K and V live in torch tensors of
-``num_blocks`` fixed-size blocks (``[layers, blocks, kv_heads, block_size, head_dim]``), each sequence
+``num_blocks`` fixed-size blocks (``[layers, blocks, block_size, kv_heads, head_dim]``), each sequence
 has a block table, a block is taken from the free list when the sequence's last one is full and
 returned when the sequence finishes, and attention gathers K/V through the block tables
 (``KVStore.read``: ``k[layer][tables]`` then the masked attention) — PagedAttention (Kwon et al.,
@@ -20,7 +20,8 @@ each reserves against what it really stores.
 Events (``events.emit``), one ``kv_step`` per iteration: ``cache`` (paged|contiguous), ``step``,
 ``allocated`` and ``freed`` (block ids), ``used_blocks``, ``num_blocks``, ``block_size``,
 ``tokens_stored``, ``reserved_tokens``, ``running``, ``waiting``, ``admitted``, ``finished``,
-``preempted`` (request ids), ``tables`` ({request id: block table}), ``t`` (wall clock);
+``preempted`` (request ids), ``tables`` ({request id: block table}), ``lengths`` ({request id:
+tokens stored}), ``t`` (wall clock);
 one ``request`` per finished request: ``rid``, ``prompt_len``, ``output_len``, ``arrival``,
 ``first_token_step``, ``finished_step``, ``ttft_s``, ``tpot_s``, ``preemptions``, ``tokens``.
 """
@@ -132,7 +133,8 @@ class ContinuousBatcher:
                                  tokens_stored=snap.tokens_stored, reserved_tokens=snap.reserved_tokens,
                                  running=snap.running, waiting=snap.waiting, admitted=snap.admitted,
                                  finished=snap.finished, preempted=snap.preempted,
-                                 tables={str(q): alloc.block_table(q) for q in snap.running})
+                                 tables={str(q): alloc.block_table(q) for q in snap.running},
+                                 lengths={str(q): alloc.lengths.get(q, 0) for q in snap.running})
         wall = time.perf_counter() - t_start
         return BatchRun(out, snaps, sorted(done_rows, key=lambda r: r["rid"]), wall,
                         sum(len(v) for v in out.values()))

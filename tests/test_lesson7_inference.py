@@ -42,7 +42,10 @@ def _prompts(cfg, batch=4, seed=1):
     return torch.randint(0, cfg.vocab, (batch, PROMPT_LEN), generator=torch.Generator().manual_seed(seed))
 
 
-def _group_checks(rank: int, world: int) -> dict:
+EXPERIMENT_ARGS = ["--requests", "16", "--route-requests", "300", "--new-tokens", "12"]
+
+
+def _group_checks(rank: int, world: int, events_dir: str) -> dict:
     import torch.distributed as dist
 
     from distai.engine.inference import Comm
@@ -79,17 +82,30 @@ def _group_checks(rank: int, world: int) -> dict:
     logits = bad.forward(_prompts(cfg), list(range(4)), [0] * 4)
     out["forgotten_allreduce_diff"] = (logits - reference_logits(cfg, w, _prompts(cfg))[:, -1]).abs().max().item()
     dist.barrier()
+    if world == 2:  # the lesson's experiment, in this same group (it ends the group: last)
+        import contextlib
+        import io
+        import os
+
+        from distai.engine.experiments import lesson7
+
+        os.environ["DISTAI_EVENTS_DIR"] = events_dir
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            rc = lesson7.main(EXPERIMENT_ARGS)
+        out["experiment"] = {"rc": rc, "stdout": buf.getvalue()}
     return out
 
 
 @pytest.fixture(scope="module", params=[2, 4])
-def group(request):
-    return request.param, run_in_group(_group_checks, request.param)
+def group(request, tmp_path_factory):
+    events = tmp_path_factory.mktemp(f"events{request.param}")
+    return request.param, run_in_group(_group_checks, request.param, str(events)), events
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_tensor_parallel_tokens_equal_single_process(group, name):
-    world, results = group
+    world, results, _events = group
     if name not in _names(world):
         pytest.skip(f"{name} runs on 2 ranks only")
     for rank, res in enumerate(results):
@@ -99,7 +115,7 @@ def test_tensor_parallel_tokens_equal_single_process(group, name):
 @pytest.mark.parametrize("name", list(CONFIGS))
 @pytest.mark.parametrize("m", [1, 2])
 def test_pipeline_parallel_tokens_equal_single_process(group, name, m):
-    world, results = group
+    world, results, _events = group
     if name not in _names(world):
         pytest.skip(f"{name} runs on 2 ranks only")
     for rank, res in enumerate(results):
@@ -108,7 +124,7 @@ def test_pipeline_parallel_tokens_equal_single_process(group, name, m):
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_tp_decode_two_allreduces_per_layer_per_token(group, name):
-    world, results = group
+    world, results, _events = group
     if name not in _names(world):
         pytest.skip(f"{name} runs on 2 ranks only")
     cfg = CONFIGS[name]
@@ -124,7 +140,7 @@ def test_tp_decode_two_allreduces_per_layer_per_token(group, name):
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_kv_cache_sharded_by_heads_matches_formula(group, name):
-    world, results = group
+    world, results, _events = group
     if name not in _names(world):
         pytest.skip(f"{name} runs on 2 ranks only")
     cfg = CONFIGS[name]
@@ -144,7 +160,7 @@ def test_kv_cache_sharded_by_heads_matches_formula(group, name):
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_kv_cache_sharded_by_layers_and_pp_sends(group, name):
-    world, results = group
+    world, results, _events = group
     if name not in _names(world):
         pytest.skip(f"{name} runs on 2 ranks only")
     cfg = CONFIGS[name]
@@ -168,7 +184,7 @@ def test_kv_cache_sharded_by_layers_and_pp_sends(group, name):
 
 
 def test_forgotten_allreduce_is_caught(group):
-    _world, results = group
+    _world, results, _events = group
     assert all(res["forgotten_allreduce_diff"] > 1e-3 for res in results)
 
 
@@ -265,3 +281,66 @@ def test_request_timings(served):
         assert row["ttft_s"] >= 0 and row["tpot_s"] >= 0
         assert row["first_token_step"] >= row["arrival"]
         assert row["finished_step"] - row["first_token_step"] >= row["output_len"] - 1
+
+
+# ---------------------------------------------------------------------------------------------
+# the experiment (run inside the 2-rank group above)
+# ---------------------------------------------------------------------------------------------
+
+def _experiment(group):
+    world, results, events = group
+    if world != 2:
+        pytest.skip("the experiment runs in the 2-rank group")
+    from distai.engine.events import read_events
+
+    return results[0]["experiment"], {r: list(read_events(events / f"rank{r}.jsonl")) for r in range(world)}
+
+
+def test_experiment_checks_and_summary(group):
+    exp, ev = _experiment(group)
+    assert exp["rc"] == 0, exp["stdout"]
+    summary = [e for e in ev[0] if e["kind"] == "summary"]
+    assert len(summary) == 1
+    s = summary[0]
+    assert s["ok"] and s["tp"]["equal"] and s["pp"]["equal"] and s["kv"]["tokens_equal"]
+    assert s["tp"]["all_reduces_per_token"] == s["tp"]["expected_per_token"] == 2 * 4
+    for shard in s["tp"]["shards"] + s["pp"]["shards"]:
+        assert shard["kv_bytes"] == shard["formula_bytes"]
+    assert s["kv"]["paged"]["waste_fraction"] < s["kv"]["contiguous"]["waste_fraction"]
+    assert set(s["routing"]["policies"]) == {"round-robin", "least-outstanding", "prefix-aware"}
+    assert s["routing"]["cost"]["source"] == "measured"
+    rr, pa = s["routing"]["policies"]["round-robin"], s["routing"]["policies"]["prefix-aware"]
+    assert pa["prefix_hit_rate"] > rr["prefix_hit_rate"]
+    assert "tokens = single process" in exp["stdout"] and "prefix-aware" in exp["stdout"]
+
+
+def test_experiment_events(group):
+    _exp, ev = _experiment(group)
+    kinds = {e["kind"] for e in ev[0]}
+    assert {"config", "tokens", "kv_shard", "decode", "kv_step", "request", "kv_compare", "cost_model",
+            "route", "routing", "summary"} <= kinds
+    steps = [e for e in ev[0] if e["kind"] == "kv_step" and e["cache"] == "paged"]
+    alloc = sum(len(e["allocated"]) for e in steps)
+    assert alloc == sum(len(e["freed"]) for e in steps) > 0
+    reqs = [e for e in ev[0] if e["kind"] == "request" and e["cache"] == "paged"]
+    assert len(reqs) == 16 and all(r["ttft_s"] >= 0 and r["tpot_s"] >= 0 for r in reqs)
+    assert sum(1 for e in ev[1] if e["kind"] == "kv_shard") == 2  # rank 1: its TP and PP shards
+    assert all(e["equal"] for r in ev for e in ev[r] if e["kind"] == "decode")
+
+
+def test_visualizer_replays_the_run(group):
+    from distai.visualizers.kv_cache import KVCacheVisualizer
+
+    _exp, ev = _experiment(group)
+    viz = KVCacheVisualizer()
+    for e in ev[0]:
+        viz.feed_event(e)
+    paged = [e for e in ev[0] if e["kind"] == "kv_step" and e["cache"] == "paged"]
+    assert len(viz.run_steps) == len(paged)
+    for snap, e in zip(viz.run_steps, paged):
+        assert sum(snap.fills) == e["tokens_stored"]
+        assert sum(o is not None for o in snap.owners) == e["used_blocks"]
+    viz.view = "paged"
+    text = "\n".join(line.plain for line in viz.build_lines(100, 60))
+    kc = next(e for e in ev[0] if e["kind"] == "kv_compare")
+    assert "(run)" in text and f"paged waste {kc['paged']['waste_fraction']:.1%}" in text

@@ -1,0 +1,423 @@
+"""Lesson 7 experiment: serving a small decoder-only model across ranks.
+
+Run on W ranks::
+
+    python -m torch.distributed.run --nproc-per-node 2 -m distai.engine.experiments.lesson7
+    distai run lesson7 --cpu 2          (or --cpu 4)
+
+1. **Tensor-parallel decode** over the W ranks (heads split, each rank's KV cache holds only its KV
+   heads): greedy tokens compared with the single-process model (every rank also decodes alone),
+   all-reduces counted per token against 2·L, each rank's KV bytes against ``kv_cache_total``.
+2. **Pipeline-parallel decode** over W stages (layers split, each stage caches only its layers),
+   ``--microbatches`` in flight: same token check, hidden-state sends counted, KV bytes per stage.
+3. **Paged vs contiguous KV cache** (rank 0): the same Poisson request mix served with continuous
+   batching on a paged cache (blocks of ``--block-size`` tokens) and on a contiguous one (a
+   ``max_len`` region per request) with the same KV memory (``--kv-budget`` tokens): tokens must be
+   identical; reserved vs stored KV memory measured every iteration, tokens/s of both.
+   Meanwhile the last rank times the real model's prefill (per prompt length) and decode step (per
+   batch size) — the cost model of the next part.
+4. **Routing** (rank 0): ``--replicas`` replicas behind round-robin, least-outstanding and
+   prefix-aware routers on a Poisson workload with shared prefixes (:mod:`distai.lessons.lesson7.routing`),
+   with the costs measured in 3 (``--cost measured``, the default) or the roofline of Llama-2-70B
+   on 4 H100s (``--cost roofline``); the arrival rate is set for an offered load of ``--load``.
+
+Events (besides ``phase``, ``log`` and rank 0's ``summary``):
+
+- ``config``: the model shape, W, dtype, device;
+- ``tokens``: ``mode`` (single|tp|pp), ``step``, ``tokens`` (one per sequence) — rank 0 for tp,
+  the last stage for pp;
+- ``kv_shard``: ``mode`` (tp|pp), ``rank``, ``layers`` (list), ``kv_heads`` (list of global KV head
+  ids), ``bytes`` (measured), ``formula_bytes``, ``tokens``;
+- ``decode``: ``mode``, ``rank``, ``equal`` (tokens = single process), ``all_reduces_per_token``,
+  ``sends_per_token``, ``decode_tokens_per_s``, ``prefill_s``;
+- ``kv_step`` and ``request`` from :class:`distai.engine.paged_kv.ContinuousBatcher` (``cache``:
+  paged|contiguous): blocks allocated/freed per iteration, per-request TTFT/TPOT;
+- ``kv_compare``: both caches' waste, peaks, tokens/s and ``tokens_equal``;
+- ``cost_model``: the fitted costs and the measured points;
+- ``route``: ``policy``, ``rid``, ``replica``, ``prefix_hit``, ``ttft_s``, ``tpot_s``;
+- ``routing``: ``policy`` and its metrics (TTFT/TPOT p50/p99, throughput, hit rate).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from distai.engine.inference import (
+    Comm,
+    DecoderShard,
+    InferenceConfig,
+    KVStore,
+    contiguous_store,
+    generate,
+    generate_pp,
+    make_weights,
+    split_layers,
+)
+from distai.engine.paged_kv import ContinuousBatcher, paged_store
+from distai.lessons.lesson7 import formulas as f7
+from distai.lessons.lesson7 import routing
+from distai.lessons.lesson7.paging import BlockAllocator, poisson_requests
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="distai run lesson7", description=__doc__.split("\n\n")[0])
+    g = p.add_argument_group("model")
+    g.add_argument("--hidden", type=int, default=128)
+    g.add_argument("--layers", type=int, default=4)
+    g.add_argument("--heads", type=int, default=8)
+    g.add_argument("--kv-heads", type=int, default=4)
+    g.add_argument("--vocab", type=int, default=512)
+    g.add_argument("--norm", choices=("rms", "layer"), default="rms")
+    g.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
+    g.add_argument("--seed", type=int, default=0)
+    g = p.add_argument_group("TP/PP decode")
+    g.add_argument("--batch", type=int, default=4, help="sequences decoded together")
+    g.add_argument("--prompt", type=int, default=16, help="prompt tokens")
+    g.add_argument("--new-tokens", type=int, default=24, help="tokens generated per sequence")
+    g.add_argument("--microbatches", type=int, default=None, help="pipeline microbatches (default W)")
+    g = p.add_argument_group("paged KV cache")
+    g.add_argument("--requests", type=int, default=32)
+    g.add_argument("--block-size", type=int, default=8)
+    g.add_argument("--kv-budget", type=int, default=640, help="KV memory of either cache, in tokens")
+    g.add_argument("--max-batch", type=int, default=16)
+    g.add_argument("--arrival-rate", type=float, default=1.0, help="requests per iteration")
+    g = p.add_argument_group("routing")
+    g.add_argument("--replicas", type=int, default=4)
+    g.add_argument("--route-requests", type=int, default=600)
+    g.add_argument("--load", type=float, default=1.3,
+                   help="offered work per replica per second, relative to one replica decoding max-batch/2 "
+                        "sequences (≈ utilisation; above 1 queues form)")
+    g.add_argument("--cost", choices=("measured", "roofline"), default="measured")
+    g.add_argument("--prefix-slots", type=int, default=4, help="prefixes each replica keeps cached")
+    g.add_argument("--skip", default="", help="comma-separated parts to skip: tp, pp, paged, routing")
+    return p
+
+
+def _max_all(value: float) -> float:
+    """The largest ``value`` over all ranks."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return float(value)
+    dev = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([float(value)], dtype=torch.float64, device=dev)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _all_true(flag: bool) -> bool:
+    return _max_all(0.0 if flag else 1.0) == 0.0
+
+
+# ----------------------------------------------------------------------------------------------
+# 1-2. TP and PP decode against the single process
+# ----------------------------------------------------------------------------------------------
+
+def single_process(cfg, w, prompts, n, device, ev, rank) -> dict:
+    sh = DecoderShard(cfg, w, device=device)
+    r = generate(sh, prompts, n)
+    if rank == 0:
+        for step in range(n):
+            ev.emit("tokens", mode="single", step=step, tokens=r["tokens"][:, step].tolist())
+    return r
+
+
+def tp_decode(cfg, w, prompts, n, ref, ctx) -> dict:
+    rank, W, ev = ctx.rank, ctx.world_size, ctx.events
+    sh = DecoderShard(cfg, w, tp_rank=rank, tp_size=W, comm=Comm(), device=ctx.device)
+    on_token = (lambda step, t: ev.emit("tokens", mode="tp", step=step, tokens=t.tolist())) if rank == 0 else None
+    r = generate(sh, prompts, n, on_token=on_token)
+    B, s = prompts.shape
+    tokens = B * (s + n - 1)
+    formula = f7.kv_cache_total(cfg.layers, cfg.kv_heads, cfg.head_dim, sh.cache.k.element_size(), tokens, tp=W)
+    equal = _all_true(torch.equal(r["tokens"], ref["tokens"]))
+    steps = max(1, r["decode_steps"])
+    out = {"equal": equal, "kv_bytes": r["kv_bytes"], "formula_bytes": formula["per_gpu_bytes"],
+           "kv_heads": list(range(sh.kv0, sh.kv0 + sh.kv_local)), "layers": sh.layers,
+           "all_reduces_per_token": r["comm_decode"]["all_reduces"] / steps, "expected_per_token": 2 * cfg.layers,
+           "all_reduce_bytes_per_token": r["comm_decode"]["all_reduce_bytes"] / steps,
+           "decode_tokens_per_s": B * r["decode_steps"] / r["decode_s"] if r["decode_s"] > 0 else None,
+           "prefill_s": r["prefill_s"], "weight_bytes": sh.weight_bytes}
+    ev.emit("kv_shard", mode="tp", rank=rank, layers=out["layers"], kv_heads=out["kv_heads"], bytes=out["kv_bytes"],
+            formula_bytes=out["formula_bytes"], tokens=tokens, kv_heads_total=cfg.kv_heads, layers_total=cfg.layers)
+    ev.emit("decode", mode="tp", rank=rank, equal=equal, all_reduces_per_token=out["all_reduces_per_token"],
+            sends_per_token=0, decode_tokens_per_s=out["decode_tokens_per_s"], prefill_s=r["prefill_s"])
+    return out
+
+
+def pp_decode(cfg, w, prompts, n, ref, ctx, microbatches: int) -> dict:
+    rank, W, ev = ctx.rank, ctx.world_size, ctx.events
+    rng = split_layers(cfg.layers, W)[rank]
+    sh = DecoderShard(cfg, w, layer_range=rng, comm=Comm(), device=ctx.device)
+    on_token = (lambda step, g, t: ev.emit("tokens", mode="pp", step=step, seqs=g, tokens=t.tolist())) \
+        if rank == W - 1 else None
+    r = generate_pp(sh, prompts, n, stage=rank, stages=W, microbatches=microbatches, on_token=on_token)
+    B, s = prompts.shape
+    tokens = B * (s + n - 1)
+    per_layer = f7.kv_cache_bytes_per_token(1, cfg.kv_heads, cfg.head_dim, sh.cache.k.element_size()) * tokens
+    equal = _all_true(torch.equal(r["tokens"], ref["tokens"]))
+    steps = max(1, r["decode_steps"])
+    out = {"equal": equal, "kv_bytes": r["kv_bytes"], "formula_bytes": per_layer * len(sh.layers),
+           "busiest_formula_bytes": f7.kv_cache_total(cfg.layers, cfg.kv_heads, cfg.head_dim,
+                                                      sh.cache.k.element_size(), tokens, pp=W)["per_gpu_bytes"],
+           "layers": sh.layers, "sends_per_token": r["comm_decode"]["sends"] / steps,
+           "send_bytes_per_token": r["comm_decode"]["send_bytes"] / steps, "microbatches": r["microbatches"],
+           "decode_tokens_per_s": B * r["decode_steps"] / r["decode_s"] if r["decode_s"] > 0 else None,
+           "prefill_s": r["prefill_s"], "weight_bytes": sh.weight_bytes}
+    ev.emit("kv_shard", mode="pp", rank=rank, layers=out["layers"], kv_heads=list(range(cfg.kv_heads)),
+            bytes=out["kv_bytes"], formula_bytes=out["formula_bytes"], tokens=tokens,
+            kv_heads_total=cfg.kv_heads, layers_total=cfg.layers)
+    ev.emit("decode", mode="pp", rank=rank, equal=equal, all_reduces_per_token=0,
+            sends_per_token=out["sends_per_token"], decode_tokens_per_s=out["decode_tokens_per_s"],
+            prefill_s=r["prefill_s"])
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. paged vs contiguous, and the cost model
+# ----------------------------------------------------------------------------------------------
+
+def paged_vs_contiguous(cfg, w, args, ctx) -> dict:
+    reqs = poisson_requests(args.requests, args.arrival_rate, prompt_range=(4, 32), output_range=(2, 48),
+                            seed=args.seed + 7, vocab=cfg.vocab)
+    max_len = max(r.prompt_len + r.output_len - 1 for r in reqs)
+    runs = {}
+    for name in ("contiguous", "paged"):
+        sh = DecoderShard(cfg, w, device=ctx.device)
+        if name == "paged":
+            sh.cache = paged_store(sh, args.kv_budget // args.block_size, args.block_size)
+        else:
+            sh.cache = contiguous_store(sh, max(1, args.kv_budget // max_len), max_len)
+        runs[name] = ContinuousBatcher(sh, max_batch=args.max_batch, events=ctx.events).run(reqs)
+        runs[name].bytes_per_token = sh.cache.bytes_per_token
+        runs[name].storage_bytes = sh.cache.storage_bytes
+    # unlimited memory: how much KV each needs at its peak for the same mix (pure model, same scheduler)
+    out = {"tokens_equal": runs["paged"].tokens == runs["contiguous"].tokens, "max_len": max_len,
+           "requests": len(reqs), "block_size": args.block_size, "kv_budget_tokens": args.kv_budget}
+    for name, run in runs.items():
+        ws = run.waste()
+        ttft = sorted(r["ttft_s"] for r in run.requests)
+        out[name] = {"waste_fraction": ws["waste_fraction"], "peak_reserved_tokens": ws["peak_reserved_tokens"],
+                     "peak_stored_tokens": ws["peak_stored_tokens"], "iterations": ws["iterations"],
+                     "mean_running": ws["mean_batch"], "tokens_per_s": run.tokens_per_s, "wall_s": run.wall_s,
+                     "preemptions": sum(len(s.preempted) for s in run.snapshots),
+                     "storage_bytes": run.storage_bytes, "bytes_per_token": run.bytes_per_token,
+                     "ttft_p50_s": routing.percentile(ttft, 50), "ttft_p99_s": routing.percentile(ttft, 99),
+                     "max_running": max(len(s.running) + len(s.finished) for s in run.snapshots)}
+    out["throughput_ratio"] = out["paged"]["tokens_per_s"] / out["contiguous"]["tokens_per_s"]
+    ctx.events.emit("kv_compare", **out)
+    return out
+
+
+@torch.no_grad()
+def measure_costs(cfg, w, device, repeats: int = 5) -> dict:
+    """Time the real model: prefill of one prompt per length, one decode step per batch size."""
+    sh = DecoderShard(cfg, w, device=device)
+    lengths, batches = (16, 64, 128, 256), (1, 4, 16, 32)
+    sh.cache = KVStore(BlockAllocator(64, 128), cfg.layers, sh.kv_local, cfg.head_dim, sh.dtype, device)
+
+    def timed(fn):
+        best = float("inf")
+        for _ in range(repeats):
+            for q in list(sh.cache.alloc.tables):
+                sh.cache.alloc.free(q)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    g = torch.Generator().manual_seed(0)
+    prefill = []
+    for n in lengths:
+        ids = torch.randint(0, cfg.vocab, (1, n), generator=g).to(device)
+        prefill.append((n, timed(lambda: sh.forward(ids, [0], [0]))))
+    decode = []
+    ctx_len = 48
+    for b in batches:
+        ids = torch.randint(0, cfg.vocab, (b, ctx_len), generator=g).to(device)
+        last = torch.randint(0, cfg.vocab, (b, 1), generator=g).to(device)
+
+        def step():
+            sh.cache.alloc.lengths.clear()
+            for q in range(b):
+                sh.cache.reserve(q, ctx_len + 1)
+            sh.forward(last, list(range(b)), [ctx_len] * b)
+
+        decode.append((b, timed(step)))
+    return {"prefill": prefill, "decode": decode, "decode_context": ctx_len}
+
+
+# ----------------------------------------------------------------------------------------------
+# 4. routing
+# ----------------------------------------------------------------------------------------------
+
+def routing_comparison(args, points: dict | None, ev) -> dict:
+    if args.cost == "measured":
+        cost = routing.CostModel.fit(points["prefill"], points["decode"], "measured")
+        shape = dict(prefixes=16, prefix_len=128, suffix_range=(8, 32), mean_output=16, max_output=64)
+    else:  # Llama-2-70B on TP=4 H100s, 4,096-token contexts
+        kv = f7.kv_cache_total(80, 8, 128, 2, 4096, tp=4)["per_gpu_bytes"]
+        cost = routing.CostModel.roofline(69e9 / 4, 2 * 69e9 / 4, kv, 989e12, 3.35e12)
+        shape = dict(prefixes=16, prefix_len=1024, suffix_range=(64, 512), mean_output=128, max_output=1024)
+    probe = routing.poisson_workload(args.route_requests, 1.0, seed=args.seed + 11, **shape)
+    batch = max(1, args.max_batch // 2)
+    per_req = sum(cost.prefill(r.prompt_len) + (r.output_len - 1) * cost.decode(batch) / batch for r in probe)
+    per_req = max(per_req / len(probe), 1e-9)
+    rate = args.load * args.replicas / per_req
+    reqs = routing.poisson_workload(args.route_requests, rate, seed=args.seed + 11, **shape)
+    res = routing.compare(reqs, args.replicas, cost, max_batch=args.max_batch, prefix_slots=args.prefix_slots)
+    for policy, r in res.items():
+        for row in r["requests"]:
+            ev.emit("route", policy=policy, rid=row["rid"], replica=row["replica"], prefix_hit=row["prefix_hit"],
+                    arrival=row["arrival"], ttft_s=row["ttft_s"], tpot_s=row["tpot_s"])
+        ev.emit("routing", policy=policy, replicas=args.replicas, cost_source=cost.source, **r["metrics"])
+    return {"cost": cost.as_dict(), "rate_per_s": rate, "load": args.load, "replicas": args.replicas,
+            "requests": len(reqs), "policies": {p: r["metrics"] for p, r in res.items()}}
+
+
+# ----------------------------------------------------------------------------------------------
+# the run
+# ----------------------------------------------------------------------------------------------
+
+def _fmt_bytes(n: float) -> str:
+    from distai.lessons.units import format_bytes
+
+    return format_bytes(n, binary=True)
+
+
+def _ms(x):
+    return f"{x * 1e3:.1f} ms"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from distai.engine.runtime import init_distributed, shutdown
+
+    ctx = init_distributed()
+    ev, W, rank = ctx.events, ctx.world_size, ctx.rank
+    if ctx.device.type == "cpu":
+        torch.set_num_threads(1)
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    try:
+        cfg = InferenceConfig(vocab=args.vocab, hidden=args.hidden, layers=args.layers, heads=args.heads,
+                              kv_heads=args.kv_heads, norm=args.norm)
+        if "tp" not in skip:
+            cfg.check_tp(W)
+        if "pp" not in skip:
+            cfg.check_pp(W)
+        bad = skip - {"tp", "pp", "paged", "routing"}
+        if bad:
+            raise ValueError(f"--skip: unknown part {sorted(bad)[0]!r}")
+    except ValueError as exc:
+        if rank == 0:
+            print(f"lesson7: error: {exc}", file=sys.stderr)
+        shutdown(ctx)
+        return 2
+    t0 = time.time()
+    dtype = DTYPES[args.dtype]
+    w = make_weights(cfg, args.seed, dtype)
+    ev.emit("config", W=W, hidden=cfg.hidden, layers=cfg.layers, heads=cfg.heads, kv_heads=cfg.kv_heads,
+            head_dim=cfg.head_dim, vocab=cfg.vocab, norm=cfg.norm, dtype=args.dtype, device=ctx.device.type,
+            batch=args.batch, prompt=args.prompt, new_tokens=args.new_tokens, block_size=args.block_size,
+            kv_budget=args.kv_budget, params=cfg.params())
+    prompts = torch.randint(0, cfg.vocab, (args.batch, args.prompt), generator=torch.Generator().manual_seed(args.seed + 1))
+    summary: dict = {"lesson": "lesson7", "W": W, "device": ctx.device.type, "dtype": args.dtype}
+    lines = [f"lesson 7 — a {cfg.params() / 1e6:.2f}M-parameter decoder (L={cfg.layers}, h={cfg.hidden}, "
+             f"{cfg.heads} heads, {cfg.kv_heads} KV heads, {args.dtype})",
+             f"served on W={W} ranks ({ctx.backend})"]
+    ev.emit("phase", name="single-process reference")
+    ref = single_process(cfg, w, prompts, args.new_tokens, ctx.device, ev, rank)
+    summary["single"] = {"decode_tokens_per_s": args.batch * ref["decode_steps"] / ref["decode_s"]}
+
+    if "tp" not in skip:
+        ev.emit("phase", name="tensor-parallel decode")
+        tp = tp_decode(cfg, w, prompts, args.new_tokens, ref, ctx)
+        shards = [None] * W
+        dist.all_gather_object(shards, {k: tp[k] for k in ("kv_bytes", "formula_bytes", "kv_heads")})
+        summary["tp"] = {k: tp[k] for k in ("equal", "all_reduces_per_token", "expected_per_token",
+                                            "all_reduce_bytes_per_token", "decode_tokens_per_s")}
+        summary["tp"]["shards"] = shards
+        lines.append(f"\n[TP={W}] tokens {'=' if tp['equal'] else '≠'} single process; "
+                     f"{tp['all_reduces_per_token']:g} all-reduces per decode step")
+        lines.append(f"  (2·L = {2 * cfg.layers}), "
+                     f"{_fmt_bytes(tp['all_reduce_bytes_per_token'] / max(1, tp['all_reduces_per_token']))} each")
+        for r, sh in enumerate(shards):
+            lines.append(f"  rank {r}: KV heads {sh['kv_heads']} — cache {_fmt_bytes(sh['kv_bytes'])} "
+                         f"(formula {_fmt_bytes(sh['formula_bytes'])})")
+    if "pp" not in skip:
+        ev.emit("phase", name="pipeline-parallel decode")
+        m = args.microbatches or W
+        pp = pp_decode(cfg, w, prompts, args.new_tokens, ref, ctx, m)
+        shards = [None] * W
+        dist.all_gather_object(shards, {k: pp[k] for k in ("kv_bytes", "formula_bytes", "layers", "sends_per_token")})
+        summary["pp"] = {k: pp[k] for k in ("equal", "microbatches", "decode_tokens_per_s")}
+        summary["pp"]["shards"] = shards
+        lines.append(f"\n[PP={W}, {pp['microbatches']} microbatches] tokens {'=' if pp['equal'] else '≠'} single process")
+        for r, sh in enumerate(shards):
+            sends = (f"{sh['sends_per_token']:g} sends/step" if r < W - 1 else "tokens back to stage 0")
+            lines.append(f"  stage {r}: layers {sh['layers'][0]}–{sh['layers'][-1]}, cache {_fmt_bytes(sh['kv_bytes'])} "
+                         f"(formula {_fmt_bytes(sh['formula_bytes'])}); {sends}")
+
+    points = None
+    if "paged" not in skip or "routing" not in skip:
+        ev.emit("phase", name="paged vs contiguous KV cache" if "paged" not in skip else "measuring costs")
+        kv = None
+        if rank == 0 and "paged" not in skip:
+            kv = paged_vs_contiguous(cfg, w, args, ctx)
+        if rank == W - 1 and args.cost == "measured" and "routing" not in skip:
+            points = measure_costs(cfg, w, ctx.device)
+        box = [points]
+        if W > 1:
+            dist.broadcast_object_list(box, src=W - 1)
+        points = box[0]
+        if rank == 0 and points is not None:
+            ev.emit("cost_model", **points)
+        if kv is not None:
+            summary["kv"] = kv
+            p, c = kv["paged"], kv["contiguous"]
+            lines.append(f"\n[KV cache] {kv['requests']} requests, same KV memory ({kv['kv_budget_tokens']} tokens): "
+                         f"tokens {'identical' if kv['tokens_equal'] else 'DIFFERENT'}")
+            lines.append(f"  contiguous ({max(1, kv['kv_budget_tokens'] // kv['max_len'])} regions of {kv['max_len']}): "
+                         f"waste {c['waste_fraction']:.1%}, up to {c['max_running']} running,")
+            lines.append(f"    {c['iterations']} iterations, {c['tokens_per_s']:.0f} tokens/s")
+            lines.append(f"  paged (blocks of {kv['block_size']}): waste {p['waste_fraction']:.1%}, up to "
+                         f"{p['max_running']} running, {p['preemptions']} preemptions,")
+            lines.append(f"    {p['iterations']} iterations, {p['tokens_per_s']:.0f} tokens/s → "
+                         f"{kv['throughput_ratio']:.2f}× the contiguous cache's")
+    if "routing" not in skip and rank == 0:
+        ev.emit("phase", name="routing across replicas")
+        rt = routing_comparison(args, points, ev)
+        summary["routing"] = rt
+        c = rt["cost"]
+        lines.append(f"\n[routing] {rt['replicas']} replicas, {rt['requests']} requests at {rt['rate_per_s']:.1f}/s "
+                     f"(load {rt['load']:g}); costs {c['source']}:")
+        lines.append(f"  prefill {_ms(c['prefill_fixed_s'])} + {c['prefill_per_token_s'] * 1e3:.3f} ms/token, "
+                     f"decode step {_ms(c['decode_fixed_s'])} + {c['decode_per_seq_s'] * 1e3:.3f} ms/sequence")
+        lines.append(f"  {'policy':<18} {'TTFT p50/p99 ms':>15} {'TPOT p50/p99 ms':>15} {'tokens/s':>8} {'hits':>5}")
+        for policy, mtr in rt["policies"].items():
+            ttft = f"{mtr['ttft_p50_s'] * 1e3:.1f}/{mtr['ttft_p99_s'] * 1e3:.1f}"
+            tpot = f"{mtr['tpot_p50_s'] * 1e3:.1f}/{mtr['tpot_p99_s'] * 1e3:.1f}"
+            lines.append(f"  {policy:<18} {ttft:>15} {tpot:>15} {mtr['throughput_tokens_per_s']:>8.0f} "
+                         f"{mtr['prefix_hit_rate']:>5.0%}")
+    summary["seconds"] = time.time() - t0
+    ok = all(summary.get(k, {}).get("equal", True) for k in ("tp", "pp")) and \
+        summary.get("kv", {}).get("tokens_equal", True)
+    summary["ok"] = ok
+    if rank == 0:
+        ev.emit("summary", **summary)
+        print("\n".join(lines))
+        print(f"\n({summary['seconds']:.1f} s)")
+    shutdown(ctx)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

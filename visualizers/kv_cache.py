@@ -1,0 +1,690 @@
+"""Lesson 7's visualizer: the KV cache across GPUs, paged blocks over time, and the planner's trade-off.
+
+Four views (``1``–``4``, ``g`` cycles; the lesson's step picks one):
+
+- *tp* and *pp* — the KV cache of one model as a grid of layers (rows, grouped when there are many)
+  × KV heads (columns), each cell coloured by the GPU that stores it: tensor parallelism cuts the
+  columns (heads), pipeline parallelism the rows (layers), both together a checkerboard; under it
+  each GPU's share in bytes from :func:`~distai.lessons.lesson7.formulas.kv_cache_total` for the
+  chosen number of cached tokens (and the weights it holds). With ``tp`` above the KV heads each
+  head is stored on several GPUs (marked ×n). ``t/T`` TP, ``p/P`` PP, ``k/K`` tokens, ``m`` model.
+- *paged* — a pool of KV blocks filling and freeing as requests arrive and leave
+  (:func:`~distai.lessons.lesson7.paging.simulate`, the scheduler the engine uses): each block
+  shows the request that owns it, a partly filled last block shows its fill; under it the same
+  requests in a contiguous cache with one ``max_len`` region each, the reserved-but-empty part
+  shaded, and both wastes. ``space`` plays, ``[``/``]`` step, ``x`` switches to a run's blocks.
+- *planner* — output tokens/s against TPOT for every TP × PP × replicas split of the GPUs
+  (:func:`~distai.lessons.lesson7.planner.plan`), one curve per configuration over batch sizes,
+  the TPOT target as a vertical line; configurations that do not fit are listed with the reason.
+  ``s/S`` tighter/looser TPOT target, ``d/D`` more/fewer GPUs, ``m`` model.
+
+Fed the events of ``distai run lesson7`` (``config``, ``kv_shard``, ``kv_step``, ``kv_compare``), it adds
+the run's model (measured bytes per rank beside the formula) and the run's paged blocks.
+No torch, no I/O.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rich.console import Group
+from rich.text import Text
+from textual.binding import Binding
+
+from distai.lessons.lesson7 import formulas as f
+from distai.lessons.lesson7 import paging
+from distai.lessons.lesson7 import planner as pl
+from distai.visualizers.base import LessonVisualizer
+
+VIEWS = ("tp", "pp", "paged", "planner")
+STEP_VIEWS = {"prefill-decode": "planner", "kv-bytes": "tp", "tp-decode": "tp", "pp-decode": "pp",
+              "paged": "paged", "replicas": "planner", "slo": "planner", "planner": "planner",
+              "disaggregation": "planner"}
+GPU_HUES = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
+            "#9c755f", "#bab0ac", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
+FILL = "▁▂▃▄▅▆▇█"
+MARKERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+TPOT_SLOS = (0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.2)
+GPU_COUNTS = (1, 2, 4, 8, 16, 32)
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    name: str
+    params: float
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    dtype_bytes: float = 2
+
+    def spec(self) -> pl.ModelSpec:
+        return pl.ModelSpec(self.params, self.layers, self.hidden, self.heads, self.kv_heads, self.head_dim,
+                            self.dtype_bytes)
+
+
+PRESETS = [
+    ModelPreset("Llama-2-70B", 69e9, 80, 8192, 64, 8, 128),
+    ModelPreset("Llama-2-13B", 13e9, 40, 5120, 40, 40, 128),
+    ModelPreset("Llama-3-8B", 8e9, 32, 4096, 32, 8, 128),
+    ModelPreset("Llama-2-7B", 6.7e9, 32, 4096, 32, 32, 128),
+]
+
+STRINGS = {
+    "en": {
+        "tp_title": "KV cache of {model}: {L} layers × {H} KV heads — TP = {tp} splits heads, PP = {pp} splits layers",
+        "tp_title_short": "{model}: TP={tp} (heads) × PP={pp} (layers)",
+        "axis": "rows: layers · columns: KV heads · colour: GPU",
+        "gpu_row": "GPU {g}: layers {l0}–{l1}, KV heads {heads}{rep} → {kv} KV + {w} weights",
+        "measured": " (measured {m})",
+        "tokens": "{T:,} cached tokens ({seqs})",
+        "per_token": "per token: {pt} in all, {pg} on each GPU",
+        "replicated": "×{n}: {H} KV heads < TP = {tp}, each head stored on {n} GPUs",
+        "invalid": "TP = {tp} does not fit {H} KV heads: {msg}",
+        "paged_title": "paged KV cache: {n} blocks of {bs} tokens · iteration {k}/{N} {src}",
+        "paged_title_short": "paged: {n}×{bs} · it {k}/{N} {src}",
+        "src_sim": "(model)", "src_run": "(run)",
+        "running": "running {r} · waiting {w} · +{a} blocks −{f} freed",
+        "waste": "waste now: paged {p:.0%} · contiguous {c:.0%}   mean: paged {pm:.0%} · contiguous {cm:.0%}",
+        "contig_title": "contiguous: {s} regions of {L} tokens (░ reserved, empty)",
+        "contig_done": "contiguous finished at iteration {N}",
+        "paged_done": "paged finished at iteration {N}",
+        "free": "free", "legend_paged": "NN request · ▁▅ partly filled last block · ·· free · bold: new this step",
+        "planner_title": "{model} on {G} GPUs: tokens/s vs TPOT, target {slo}",
+        "planner_title_short": "{model}, {G} GPUs, TPOT ≤ {slo}",
+        "best": "best: {cfg} — batch {b}, TPOT {tpot}, {thr} tokens/s",
+        "none": "no configuration meets the targets",
+        "x_axis": "TPOT (ms) →", "y_axis": "tokens/s (log)",
+        "keys_shard": "Tab to focus · 1-4,g view · t/T TP · p/P PP · k/K tokens · m model",
+        "keys_paged": "Tab to focus · 1-4,g view · space play · [ ] step · x model/run",
+        "keys_planner": "Tab to focus · 1-4,g view · s/S TPOT target · d/D GPUs · m model",
+        "keys_shard_short": "1-4,g · t/T TP · p/P PP · k/K tok · m",
+        "legend_paged_short": "NN request · ▅N part-filled · ·· free",
+        "keys_paged_short": "1-4,g · space · [ ] · x model/run",
+        "keys_planner_short": "1-4,g · s/S TPOT · d/D GPUs · m",
+        "gpu_row_short": "GPU {g}: L{l0}–{l1} h{heads}{rep}: {kv} KV + {w} W",
+        "waste_short": "waste now {p:.0%} vs {c:.0%} · mean {pm:.0%} vs {cm:.0%} (paged vs contiguous)",
+        "run_model": "the run's model",
+        "more_gpus": "… {n} more GPUs",
+        "reasons": {"shape": "shape", "memory": "memory", "ttft": "TTFT", "tpot": "TPOT"},
+        "no_fit": "{cfg} does not fit: weights {w} per GPU > {u} usable",
+        "no_kv": "{cfg} does not fit: no room for one sequence's KV cache ({kv})",
+        "compare": "run: paged waste {p:.1%} vs contiguous {c:.1%}; {r:.2f}× the tokens/s",
+    },
+    "es": {
+        "tp_title": "KV cache de {model}: {L} capas × {H} cabezas KV — TP = {tp} reparte cabezas, PP = {pp} reparte capas",
+        "tp_title_short": "{model}: TP={tp} (cabezas) × PP={pp} (capas)",
+        "axis": "filas: capas · columnas: cabezas KV · color: GPU",
+        "gpu_row": "GPU {g}: capas {l0}–{l1}, cabezas KV {heads}{rep} → {kv} de KV + {w} de pesos",
+        "measured": " (medido {m})",
+        "tokens": "{T:,} tokens en caché ({seqs})",
+        "per_token": "por token: {pt} en total, {pg} en cada GPU",
+        "replicated": "×{n}: {H} cabezas KV < TP = {tp}, cada cabeza se guarda en {n} GPUs",
+        "invalid": "TP = {tp} no encaja con {H} cabezas KV: {msg}",
+        "paged_title": "KV cache paginada: {n} bloques de {bs} tokens · iteración {k}/{N} {src}",
+        "paged_title_short": "paginada: {n}×{bs} · it {k}/{N} {src}",
+        "src_sim": "(modelo)", "src_run": "(ejecución)",
+        "running": "en curso {r} · en espera {w} · +{a} bloques −{f} liberados",
+        "waste": "desperdicio ahora: paginada {p:.0%} · contigua {c:.0%}   media: paginada {pm:.0%} · contigua {cm:.0%}",
+        "contig_title": "contigua: {s} regiones de {L} tokens (░ reservado, vacío)",
+        "contig_done": "la contigua terminó en la iteración {N}",
+        "paged_done": "la paginada terminó en la iteración {N}",
+        "free": "libre", "legend_paged": "NN petición · ▁▅ último bloque a medias · ·· libre · negrita: nuevo en este paso",
+        "planner_title": "{model} en {G} GPUs: tokens/s frente a TPOT, objetivo {slo}",
+        "planner_title_short": "{model}, {G} GPUs, TPOT ≤ {slo}",
+        "best": "mejor: {cfg} — lote {b}, TPOT {tpot}, {thr} tokens/s",
+        "none": "ninguna configuración cumple los objetivos",
+        "x_axis": "TPOT (ms) →", "y_axis": "tokens/s (log)",
+        "keys_shard": "Tab para enfocar · 1-4,g vista · t/T TP · p/P PP · k/K tokens · m modelo",
+        "keys_paged": "Tab para enfocar · 1-4,g vista · espacio reproduce · [ ] paso · x modelo/ejecución",
+        "keys_planner": "Tab para enfocar · 1-4,g vista · s/S objetivo TPOT · d/D GPUs · m modelo",
+        "keys_shard_short": "1-4,g · t/T TP · p/P PP · k/K tok · m",
+        "keys_paged_short": "1-4,g · espacio · [ ] · x modelo/ejec.",
+        "legend_paged_short": "NN petición · ▅N a medias · ·· libre",
+        "keys_planner_short": "1-4,g · s/S TPOT · d/D GPUs · m",
+        "gpu_row_short": "GPU {g}: L{l0}–{l1} h{heads}{rep}: {kv} KV + {w} pesos",
+        "waste_short": "desperdicio ahora {p:.0%} vs {c:.0%} · media {pm:.0%} vs {cm:.0%} (paginada vs contigua)",
+        "run_model": "el modelo de la ejecución",
+        "more_gpus": "… {n} GPUs más",
+        "reasons": {"shape": "forma", "memory": "memoria", "ttft": "TTFT", "tpot": "TPOT"},
+        "no_fit": "{cfg} no cabe: pesos {w} por GPU > {u} utilizables",
+        "no_kv": "{cfg} no cabe: no queda sitio para la KV cache de una secuencia ({kv})",
+        "compare": "ejecución: desperdicio paginada {p:.1%} frente a contigua {c:.1%}; {r:.2f}× los tokens/s",
+    },
+}
+
+
+def _bytes(n: float) -> str:
+    for unit, div in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= div:
+            return f"{n / div:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def _hue(i: int) -> str:
+    return GPU_HUES[i % len(GPU_HUES)]
+
+
+def _req_hue(rid: int) -> str:
+    return GPU_HUES[(rid * 7) % len(GPU_HUES)]
+
+
+# ---------------------------------------------------------------------------------------------
+# pure layout helpers (tested directly)
+# ---------------------------------------------------------------------------------------------
+
+def head_owners(kv_heads: int, tp: int) -> list[list[int]]:
+    """For each KV head, the tensor-parallel ranks that store it (one, or tp/kv_heads when replicated)."""
+    per = f.kv_heads_per_gpu(kv_heads, tp)  # raises when they do not divide either way
+    if kv_heads >= tp:
+        return [[h // per] for h in range(kv_heads)]
+    rep = tp // kv_heads
+    return [list(range(h * rep, (h + 1) * rep)) for h in range(kv_heads)]
+
+
+def layer_stage(layers: int, pp: int) -> list[int]:
+    """The pipeline stage of each layer (contiguous runs, the first ``layers % pp`` one longer — the
+    engine's ``split_layers``)."""
+    if not 1 <= pp <= layers:
+        raise ValueError(f"{pp} stages for {layers} layers")
+    base, extra = divmod(layers, pp)
+    out = []
+    for s in range(pp):
+        out += [s] * (base + (1 if s < extra else 0))
+    return out
+
+
+def shard_table(model: ModelPreset, tp: int, pp: int, tokens: int) -> list[dict]:
+    """Per GPU (index stage·tp + tp rank): layers, KV heads, KV bytes for ``tokens`` tokens, weights."""
+    owners = head_owners(model.kv_heads, tp)
+    stages = layer_stage(model.layers, pp)
+    rows = []
+    for s in range(pp):
+        layers = [i for i, st in enumerate(stages) if st == s]
+        for r in range(tp):
+            heads = [h for h, o in enumerate(owners) if r in o]
+            kv = f.kv_cache_bytes_per_token(len(layers), len(heads), model.head_dim, model.dtype_bytes) * tokens
+            rows.append({"gpu": s * tp + r, "stage": s, "tp_rank": r, "layers": layers, "kv_heads": heads,
+                         "kv_bytes": kv, "weight_bytes": model.params * model.dtype_bytes * len(layers)
+                         / model.layers / tp})
+    return rows
+
+
+class KVCacheVisualizer(LessonVisualizer):
+    """KV cache across GPUs (by heads, by layers), paged blocks over time, the planner's trade-off."""
+
+    can_focus = True
+    DEFAULT_CSS = """
+    KVCacheVisualizer { height: 1fr; width: 1fr; padding: 0 1; }
+    KVCacheVisualizer:focus { background: $boost; }
+    """
+    BINDINGS = [
+        Binding("1", "view('tp')", "TP view", show=False),
+        Binding("2", "view('pp')", "PP view", show=False),
+        Binding("3", "view('paged')", "paged view", show=False),
+        Binding("4", "view('planner')", "planner view", show=False),
+        Binding("g", "next_view", "next view", show=False),
+        Binding("t", "tp(1)", "more TP", show=False),
+        Binding("T", "tp(-1)", "less TP", show=False),
+        Binding("p", "pp(1)", "more PP", show=False),
+        Binding("P", "pp(-1)", "less PP", show=False),
+        Binding("k", "tokens(1)", "more tokens", show=False),
+        Binding("K", "tokens(-1)", "fewer tokens", show=False),
+        Binding("m", "model", "next model", show=False),
+        Binding("space", "play", "play/pause", show=False),
+        Binding("left_square_bracket", "seek(-1)", "step back", show=False),
+        Binding("right_square_bracket", "seek(1)", "step forward", show=False),
+        Binding("x", "source", "model/run", show=False),
+        Binding("s", "slo(-1)", "tighter TPOT", show=False),
+        Binding("S", "slo(1)", "looser TPOT", show=False),
+        Binding("d", "gpus(1)", "more GPUs", show=False),
+        Binding("D", "gpus(-1)", "fewer GPUs", show=False),
+    ]
+
+    def __init__(self, language: str = "en", **kwargs):
+        super().__init__(language=language, **kwargs)
+        self.view = "tp"
+        self.presets: list[ModelPreset] = list(PRESETS)
+        self.model_index = 0
+        self.tp, self.pp = 4, 1
+        self.tokens = 64 * 4096
+        self.playing = True
+        self.cursor = 0
+        self.source = "sim"
+        self.tpot_slo = 0.05
+        self.gpus = 8
+        self.ttft_slo = 1.0
+        # paged model: the same scheduler the engine uses, on a synthetic request mix
+        self.block_size, self.num_blocks = 8, 48
+        reqs = paging.poisson_requests(24, 0.6, prompt_range=(4, 40), output_range=(4, 56), seed=3)
+        self.max_len = max(r.prompt_len + r.output_len - 1 for r in reqs)
+        self.sim_paged = paging.simulate(reqs, paging.BlockAllocator(self.num_blocks, self.block_size), 16)
+        slots = self.num_blocks * self.block_size // self.max_len
+        self.sim_contig = paging.simulate(reqs, paging.ContiguousAllocator(slots, self.max_len), 16)
+        self.run_steps: list[paging.Snapshot] = []
+        self.run_pool: tuple[int, int] | None = None
+        self.run_contig: list[paging.Snapshot] = []
+        self.run_max_len: int | None = None
+        self.measured_shards: dict = {}  # (mode, rank) -> kv_shard event
+        self.run_config: dict | None = None
+        self.kv_compare: dict | None = None
+        self._plan_cache: dict = {}
+        self._timer = None
+
+    # -- model -------------------------------------------------------------------------------------
+    @property
+    def model(self) -> ModelPreset:
+        return self.presets[self.model_index % len(self.presets)]
+
+    def plan(self) -> dict:
+        key = (self.model, self.gpus, self.tpot_slo)
+        if key not in self._plan_cache:
+            hw = pl.h100_node(self.gpus)
+            wl = pl.Workload(prompt=2048, output=2048, ttft_slo=self.ttft_slo, tpot_slo=self.tpot_slo)
+            self._plan_cache[key] = pl.plan(self.model.spec(), hw, wl)
+        return self._plan_cache[key]
+
+    def paged_steps(self) -> tuple[list[paging.Snapshot], list[paging.Snapshot], int, int, int]:
+        """(paged snapshots, contiguous snapshots, blocks, block size, max_len) of the shown source."""
+        if self.source == "run" and self.run_steps:
+            n, bs = self.run_pool
+            return self.run_steps, self.run_contig, n, bs, self.run_max_len or bs
+        return self.sim_paged, self.sim_contig, self.num_blocks, self.block_size, self.max_len
+
+    def paged_total(self) -> int:
+        steps, contig = self.paged_steps()[:2]
+        return max(len(steps), len(contig))
+
+    # -- Textual -----------------------------------------------------------------------------------
+    def on_mount(self) -> None:
+        self._timer = self.set_interval(1 / 4, self._tick, pause=not self.playing)
+
+    def _tick(self) -> None:
+        if not self.playing or self.view != "paged":
+            return
+        self.cursor = (self.cursor + 1) % max(1, self.paged_total())
+        self.refresh()
+
+    def show_step(self, step_key: str) -> None:
+        view = STEP_VIEWS.get(step_key)
+        if view is None:
+            return
+        self.view = view
+        if step_key == "kv-bytes":
+            self.tp, self.pp = 1, 1
+        elif step_key == "tp-decode":
+            self.tp, self.pp = 4, 1
+        elif step_key == "pp-decode":
+            self.tp, self.pp = 1, 4
+        self.refresh()
+
+    def feed_event(self, event: dict) -> None:
+        kind = event.get("kind")
+        if kind == "config" and "kv_heads" in event and "head_dim" in event:
+            self.run_config = event
+            run = ModelPreset(STRINGS[self.language if self.language in STRINGS else "en"]["run_model"],
+                              float(event.get("params", 0)), int(event["layers"]), int(event["hidden"]),
+                              int(event["heads"]), int(event["kv_heads"]), int(event["head_dim"]),
+                              {"float32": 4, "float64": 8}.get(event.get("dtype"), 2))
+            self.presets = [p for p in self.presets if p.name != run.name] + [run]
+            self.model_index = len(self.presets) - 1
+            self.measured_shards = {}
+            self.run_steps, self.run_contig = [], []
+        elif kind == "kv_shard":
+            self.measured_shards[(event["mode"], int(event["rank"]))] = event
+            W = int(self.run_config["W"]) if self.run_config else 1
+            if event["mode"] == "tp":
+                self.tp, self.pp = W, 1
+            else:
+                self.tp, self.pp = 1, W
+            if self.run_config:
+                self.tokens = int(event["tokens"])
+        elif kind == "kv_step":
+            n, bs = int(event["num_blocks"]), int(event["block_size"])
+            owners: list = [None] * n
+            fills = [0] * n
+            lengths = {int(k): int(v) for k, v in (event.get("lengths") or {}).items()}
+            for rid, table in (event.get("tables") or {}).items():
+                left = lengths.get(int(rid), len(table) * bs)
+                for b in table:
+                    owners[b] = int(rid)
+                    fills[b] = max(0, min(bs, left))
+                    left -= bs
+            snap = paging.Snapshot(int(event["step"]), owners, fills, list(event.get("allocated", [])),
+                                   list(event.get("freed", [])), list(event.get("running", [])),
+                                   list(event.get("waiting", [])), list(event.get("admitted", [])),
+                                   list(event.get("finished", [])), list(event.get("preempted", [])),
+                                   int(event.get("tokens_stored", 0)), int(event.get("reserved_tokens", 0)))
+            if event.get("cache") == "paged":
+                self.run_pool = (n, bs)
+                self.run_steps.append(snap)
+                self.source = "run"
+            else:
+                self.run_contig.append(snap)
+                self.run_max_len = bs
+        elif kind == "kv_compare":
+            self.kv_compare = event
+        else:
+            return
+        self.refresh()
+
+    # -- actions -----------------------------------------------------------------------------------
+    def action_view(self, view: str) -> None:
+        self.view = view
+        self.refresh()
+
+    def action_next_view(self) -> None:
+        self.view = VIEWS[(VIEWS.index(self.view) + 1) % len(VIEWS)]
+        self.refresh()
+
+    def action_tp(self, d: int) -> None:
+        self.tp = max(1, min(64, self.tp * 2 if d > 0 else self.tp // 2))
+        self.refresh()
+
+    def action_pp(self, d: int) -> None:
+        self.pp = max(1, min(self.model.layers, self.pp * 2 if d > 0 else self.pp // 2))
+        self.refresh()
+
+    def action_tokens(self, d: int) -> None:
+        self.tokens = max(1, min(1 << 30, self.tokens * 2 if d > 0 else self.tokens // 2))
+        self.refresh()
+
+    def action_model(self) -> None:
+        self.model_index = (self.model_index + 1) % len(self.presets)
+        self.pp = min(self.pp, self.model.layers)
+        self.refresh()
+
+    def action_play(self) -> None:
+        self.playing = not self.playing
+        if self._timer is not None:
+            self._timer.resume() if self.playing else self._timer.pause()
+        self.refresh()
+
+    def action_seek(self, d: int) -> None:
+        self.cursor = max(0, min(self.paged_total() - 1, self.cursor + d))
+        self.refresh()
+
+    def action_source(self) -> None:
+        self.source = "run" if self.source == "sim" and self.run_steps else "sim"
+        self.cursor = 0
+        self.refresh()
+
+    def action_slo(self, d: int) -> None:
+        i = min(range(len(TPOT_SLOS)), key=lambda k: abs(TPOT_SLOS[k] - self.tpot_slo))
+        self.tpot_slo = TPOT_SLOS[max(0, min(len(TPOT_SLOS) - 1, i + d))]
+        self.refresh()
+
+    def action_gpus(self, d: int) -> None:
+        i = GPU_COUNTS.index(self.gpus) if self.gpus in GPU_COUNTS else 3
+        self.gpus = GPU_COUNTS[max(0, min(len(GPU_COUNTS) - 1, i + d))]
+        self.refresh()
+
+    # -- drawing -----------------------------------------------------------------------------------
+    def tr(self) -> dict:
+        return STRINGS.get(self.language, STRINGS["en"])
+
+    def build_lines(self, width: int, height: int | None = None) -> list[Text]:
+        width = max(40, width)
+        if self.view in ("tp", "pp"):
+            lines = self._shard_lines(width, height)
+        elif self.view == "paged":
+            lines = self._paged_lines(width, height)
+        else:
+            lines = self._planner_lines(width, height)
+        if height and len(lines) > height:
+            lines = lines[: height - 1] + [lines[-1]]
+        return lines
+
+    def render(self):
+        size = self.content_size
+        return Group(*self.build_lines(size.width or 80, size.height or None))
+
+    # tp / pp --------------------------------------------------------------------------------------
+    def _shard_lines(self, width: int, height: int | None) -> list[Text]:
+        tr, m = self.tr(), self.model
+        narrow = width < 80
+        out = [Text(tr["tp_title_short" if narrow else "tp_title"].format(
+            model=m.name, L=m.layers, H=m.kv_heads, tp=self.tp, pp=self.pp), style="bold")]
+        try:
+            owners = head_owners(m.kv_heads, self.tp)
+        except ValueError as exc:
+            out.append(Text(tr["invalid"].format(tp=self.tp, H=m.kv_heads, msg=exc), style="yellow"))
+            out.append(Text(tr["keys_shard"], style="grey50"))
+            return out
+        pp = min(self.pp, m.layers)
+        stages = layer_stage(m.layers, pp)
+        rows_avail = max(4, min(16, (height or 40) - 8 - min(self.tp * pp, 16)))
+        group = -(-m.layers // rows_avail)
+        cols = m.kv_heads
+        label_w = 8
+        cell = max(1, min(6, (width - label_w - 2) // max(1, cols)))
+        col_group = 1
+        while cell < 2 and col_group < cols:
+            col_group *= 2
+            cell = max(1, min(6, (width - label_w - 2) // -(-cols // col_group)))
+        out.append(Text(tr["axis"], style="grey50"))
+        head = Text(" " * label_w, style="grey62")
+        for h0 in range(0, cols, col_group):
+            name = f"h{h0}" if col_group == 1 else f"h{h0}+"
+            head.append(name[: cell - 1].center(cell - 1) + " " if cell > 1 else name[:1])
+        out.append(head)
+        for r0 in range(0, m.layers, group):
+            r1 = min(m.layers, r0 + group) - 1
+            line = Text(f"L{r0:>2}-{r1:<3}"[:label_w].ljust(label_w), style="grey62")
+            st = stages[r0]
+            for h0 in range(0, cols, col_group):
+                own = owners[h0]
+                gpu = st * self.tp + own[0]
+                label = (str(gpu) if len(own) == 1 else f"{gpu}×{len(own)}")
+                if cell > 2:
+                    line.append(label[: cell - 1].center(cell - 1), style=f"bold black on {_hue(gpu)}")
+                    line.append(" ")
+                else:
+                    line.append(label[:cell].center(cell), style=f"bold black on {_hue(gpu)}")
+            out.append(line)
+        seqs = f"{self.tokens // 4096} × 4,096" if self.tokens % 4096 == 0 and self.tokens >= 4096 else "1 ×"
+        total = f.kv_cache_total(m.layers, m.kv_heads, m.head_dim, m.dtype_bytes, self.tokens, self.tp, pp)
+        out.append(Text(tr["tokens"].format(T=self.tokens, seqs=seqs) + " · " + tr["per_token"].format(
+            pt=_bytes(total["bytes_per_token"]), pg=_bytes(total["per_gpu_bytes"] / self.tokens)), style="italic"))
+        rows = shard_table(m, self.tp, pp, self.tokens)
+        budget = (height or 100) - len(out) - 4
+        for i, row in enumerate(rows):
+            if i >= max(2, budget) and len(rows) - i > 1:
+                out.append(Text(tr["more_gpus"].format(n=len(rows) - i), style="grey50"))
+                break
+            heads = row["kv_heads"]
+            hs = f"{heads[0]}–{heads[-1]}" if len(heads) > 1 else str(heads[0])
+            rep = f" ×{len(owners[heads[0]])}" if len(owners[heads[0]]) > 1 else ""
+            text = Text("■ ", style=_hue(row["gpu"]))
+            text.append(tr["gpu_row_short" if narrow else "gpu_row"].format(g=row["gpu"], l0=row["layers"][0], l1=row["layers"][-1], heads=hs,
+                                             rep=rep, kv=_bytes(row["kv_bytes"]), w=_bytes(row["weight_bytes"])))
+            meas = self._measured_for(row)
+            if meas is not None:
+                text.append(tr["measured"].format(m=_bytes(meas)), style="bold magenta")
+            out.append(text)
+        if len(owners[0]) > 1:
+            out.append(Text(tr["replicated"].format(n=len(owners[0]), H=m.kv_heads, tp=self.tp), style="yellow"))
+        out.append(Text(tr["keys_shard_short" if narrow else "keys_shard"], style="grey50"))
+        return out
+
+    def _measured_for(self, row: dict):
+        if not self.run_config or self.model.name != self.presets[-1].name or self.model_index != len(self.presets) - 1:
+            return None
+        W = int(self.run_config["W"])
+        mode = "tp" if (self.tp, self.pp) == (W, 1) else "pp" if (self.tp, self.pp) == (1, W) else None
+        if mode is None:
+            return None
+        ev = self.measured_shards.get((mode, row["gpu"]))
+        if ev is None or int(ev.get("tokens", -1)) != self.tokens:
+            return None
+        return ev["bytes"]
+
+    # paged ----------------------------------------------------------------------------------------
+    def _paged_lines(self, width: int, height: int | None) -> list[Text]:
+        tr = self.tr()
+        steps, contig, n, bs, max_len = self.paged_steps()
+        if not steps:
+            return [Text("—")]
+        total = max(len(steps), len(contig))
+        k = min(self.cursor, total - 1)
+        snap = steps[min(k, len(steps) - 1)]
+        narrow = width < 80
+        src = tr["src_run"] if self.source == "run" and self.run_steps else tr["src_sim"]
+        out = [Text(tr["paged_title_short" if narrow else "paged_title"].format(
+            n=n, bs=bs, k=k + 1, N=total, src=src), style="bold")]
+        status = Text("▶ " if self.playing else "❚❚ ", style="bold cyan")
+        status.append(tr["running"].format(r=len(snap.running), w=len(snap.waiting), a=len(snap.allocated),
+                                           f=len(snap.freed)))
+        out.append(status)
+        per_row = max(4, (width - 1) // 3)
+        new = set(snap.allocated)
+        freed = set(snap.freed)
+        for r0 in range(0, n, per_row):
+            line = Text()
+            for b in range(r0, min(n, r0 + per_row)):
+                owner = snap.owners[b]
+                if owner is None:
+                    line.append("··", style="bold red" if b in freed else "grey35")
+                else:
+                    fill = snap.fills[b]
+                    style = f"black on {_req_hue(owner)}" + (" bold underline" if b in new else "")
+                    if fill >= bs:
+                        line.append(f"{owner % 100:02d}", style=style)
+                    else:
+                        glyph = FILL[max(0, min(len(FILL) - 1, math.ceil(fill / bs * len(FILL)) - 1))]
+                        line.append(glyph + f"{owner % 10}", style=style)
+                line.append(" ")
+            out.append(line)
+        if k >= len(steps):
+            out.append(Text(tr["paged_done"].format(N=len(steps)), style="grey50"))
+        out.append(Text(tr["legend_paged_short" if narrow else "legend_paged"], style="grey50"))
+        # contiguous
+        if contig:
+            ck = min(k, len(contig) - 1)
+            cs = contig[ck]
+            slots = len(cs.owners)
+            out.append(Text(tr["contig_title"].format(s=slots, L=max_len), style="bold"))
+            bar_w = max(10, width - 10)
+            room = (height or 100) - len(out) - 3
+            for s in range(slots):
+                if s >= max(1, room):
+                    out.append(Text(f"… {slots - s}", style="grey50"))
+                    break
+                owner = cs.owners[s]
+                line = Text(f"{s:>2} ", style="grey62")
+                if owner is None:
+                    line.append("·" * bar_w, style="grey35")
+                else:
+                    used = round(cs.fills[s] / max_len * bar_w)
+                    line.append(f"{owner % 100:02d}".ljust(max(2, used), " "), style=f"black on {_req_hue(owner)}")
+                    line.append("░" * max(0, bar_w - max(2, used)), style="red")
+                out.append(line)
+            if k >= len(contig):
+                out.append(Text(tr["contig_done"].format(N=len(contig)), style="grey50"))
+        pm = paging.waste_summary(steps[: k + 1])["waste_fraction"]
+        cm = paging.waste_summary(contig[: k + 1])["waste_fraction"] if contig else 0.0
+        cw = contig[k].waste_fraction if k < len(contig) else 0.0
+        out.append(Text(tr["waste_short" if narrow else "waste"].format(p=snap.waste_fraction, c=cw, pm=pm, cm=cm),
+                        style="bold"))
+        if self.kv_compare and self.source == "run":
+            kc = self.kv_compare
+            out.append(Text(tr["compare"].format(p=kc["paged"]["waste_fraction"], c=kc["contiguous"]["waste_fraction"],
+                                                 r=kc["throughput_ratio"]), style="magenta"))
+        out.append(Text(tr["keys_paged_short" if narrow else "keys_paged"], style="grey50"))
+        return out
+
+    # planner --------------------------------------------------------------------------------------
+    def _planner_lines(self, width: int, height: int | None) -> list[Text]:
+        tr = self.tr()
+        res = self.plan()
+        m = self.model
+        narrow = width < 80
+        slo = f"{self.tpot_slo * 1e3:g} ms"
+        out = [Text(tr["planner_title_short" if narrow else "planner_title"].format(
+            model=m.name, G=self.gpus, slo=slo), style="bold")]
+        cands = [c for c in res["accepted"] + res["rejected"] if c.curve]
+        cands.sort(key=lambda c: (c.tp, c.pp))
+        best = res["best"]
+        if best is not None:
+            out.append(Text(tr["best"].format(cfg=f"{best.tp}×{best.pp}×{best.replicas}", b=best.batch,
+                                              tpot=f"{best.tpot_s * 1e3:.1f} ms",
+                                              thr=f"{best.throughput_tokens_per_s:,.0f}"), style="bold green"))
+        else:
+            out.append(Text(tr["none"], style="bold yellow"))
+        chart_h = max(6, min(16, (height or 30) - 8 - len(cands) // 3 - 2))
+        chart_w = max(20, width - 9)
+        x_max = 2 * self.tpot_slo
+        pts = [(i, t, thr) for i, c in enumerate(cands) for (_n, t, thr) in c.curve if t <= x_max]
+        if pts:
+            y_lo = min(p[2] for p in pts)
+            y_hi = max(p[2] for p in pts)
+        else:
+            y_lo, y_hi = 1.0, 10.0
+        y_lo, y_hi = max(1e-9, y_lo * 0.8), y_hi * 1.25
+        ly_lo, ly_hi = math.log10(y_lo), math.log10(y_hi)
+        grid = [[(" ", "")] * chart_w for _ in range(chart_h)]
+        slo_col = min(chart_w - 1, int(self.tpot_slo / x_max * (chart_w - 1)))
+        for r in range(chart_h):
+            grid[r][slo_col] = ("┆", "yellow")
+        pts.sort(key=lambda p: (best is not None and cands[p[0]] is best, cands[p[0]].accepted))
+        for i, t, thr in pts:
+            c = cands[i]
+            col = min(chart_w - 1, int(t / x_max * (chart_w - 1)))
+            row = chart_h - 1 - int((math.log10(thr) - ly_lo) / (ly_hi - ly_lo) * (chart_h - 1))
+            row = max(0, min(chart_h - 1, row))
+            style = f"bold {_hue(i)}" if c.accepted else _hue(i)
+            if best is not None and c is best:
+                style += " reverse"
+            grid[row][col] = (MARKERS[i % len(MARKERS)], style)
+        out.append(Text(tr["y_axis"] + " ↑", style="grey50"))
+        for r in range(chart_h):
+            y = 10 ** (ly_hi - r / (chart_h - 1) * (ly_hi - ly_lo))
+            label = f"{y:>7,.0f}" if r in (0, chart_h - 1, chart_h // 2) else " " * 7
+            line = Text(label + "│", style="grey62")
+            for ch, st in grid[r]:
+                line.append(ch, style=st)
+            out.append(line)
+        axis = Text(" " * 7 + "└" + "─" * chart_w, style="grey62")
+        out.append(axis)
+        ticks = Text(" " * 8)
+        end_txt = f"{x_max * 1e3:g} ms"
+        tick_txt = [(0, "0"), (slo_col, f"{self.tpot_slo * 1e3:g}"), (chart_w - len(end_txt), end_txt)]
+        pos = 0
+        for col, txt in tick_txt:
+            if col >= pos:
+                ticks.append(" " * (col - pos))
+                ticks.append(txt, style="yellow" if txt == f"{self.tpot_slo * 1e3:g}" and col == slo_col else "grey62")
+                pos = col + len(txt)
+        if len(ticks.plain) + len(tr["x_axis"]) + 2 <= width:
+            ticks.append("  " + tr["x_axis"], style="grey50")
+        out.append(ticks)
+        legend: list[Text] = []
+        for i, c in enumerate(cands):
+            item = Text(f"{MARKERS[i % len(MARKERS)]} ", style=f"bold {_hue(i)}")
+            item.append(f"{c.tp}×{c.pp}×{c.replicas}")
+            item.append(" ✓" if c.accepted else f" {tr['reasons'][c.reason]}", style="green" if c.accepted else "yellow")
+            legend.append(item)
+        col_w = 16 if width >= 64 else 14
+        per_line = max(1, width // col_w)
+        for j in range(0, len(legend), per_line):
+            line = Text()
+            for item in legend[j:j + per_line]:
+                line.append_text(item)
+                line.append(" " * max(1, col_w - len(item.plain)))
+            out.append(line)
+        no_fit = [c for c in res["rejected"] if not c.curve]
+        for c in no_fit[:3]:
+            cfg = f"{c.tp}×{c.pp}×{c.replicas}"
+            if c.reason == "memory" and c.free_bytes is not None and c.free_bytes <= 0:
+                msg = tr["no_fit"].format(cfg=cfg, w=_bytes(c.weights_per_gpu_bytes), u=_bytes(c.usable_bytes))
+            elif c.reason == "memory":
+                msg = tr["no_kv"].format(cfg=cfg, kv=_bytes(c.kv_per_seq_per_gpu_bytes))
+            else:
+                msg = f"{cfg} {tr['reasons'][c.reason]}: {c.detail}"
+            out.append(Text(msg, style="yellow"))
+        out.append(Text(tr["keys_planner_short" if narrow else "keys_planner"], style="grey50"))
+        return out
+
+
+VISUALIZER = KVCacheVisualizer
