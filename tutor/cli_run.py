@@ -297,7 +297,10 @@ def run_cmd(
     interrupted = False
     try:
         with view:
-            launch.start()
+            try:
+                launch.start()
+            except OSError as exc:
+                raise CliError(f"could not start torchrun: {exc}", code=1) from None
             record_in_progress_store(record)
             try:
                 record = launch.run()
