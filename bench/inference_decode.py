@@ -257,7 +257,9 @@ def main(argv=None) -> int:
     print(f"  (a) same running requests: paged/contiguous = {r[k[1]]['tokens_per_s'] / r[k[0]]['tokens_per_s']:.2f}x "
           f"(the cost of gathering K/V through block tables)")
     print(f"  (b) same KV memory ({a.kv_budget} tokens): paged/contiguous = "
-          f"{r[k[3]]['tokens_per_s'] / r[k[2]]['tokens_per_s']:.2f}x (more requests fit at once)")
+          f"{r[k[3]]['tokens_per_s'] / r[k[2]]['tokens_per_s']:.2f}x (more requests fit at once); "
+          f"iterations contiguous/paged = {r[k[2]]['iterations'] / r[k[3]]['iterations']:.2f}x (the ratio where a "
+          f"decode step costs the same whatever the batch, as on a memory-bound GPU)")
     return 0
 
 
