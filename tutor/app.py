@@ -75,7 +75,9 @@ class DistaiApp(App):
         if isinstance(self.screen, HelpScreen):
             return
         context = "lesson" if isinstance(self.screen, LessonScreen) else "home"
-        self.push_screen(HelpScreen(context, self.language))
+        visualizer = getattr(self.screen, "visualizer", None)
+        keys = visualizer.key_help() if hasattr(visualizer, "key_help") else []
+        self.push_screen(HelpScreen(context, self.language, visualizer_keys=keys))
 
     async def action_toggle_language(self) -> None:
         await self.set_language("es" if self.language == "en" else "en")

@@ -88,6 +88,13 @@ STRINGS: dict[str, dict[str, str]] = {
     "cmd_open_help": {"en": "{m} min · {slug}", "es": "{m} min · {slug}"},
     "cmd_lang": {"en": "Switch language to Spanish", "es": "Cambiar idioma a inglés"},
     "cmd_lang_help": {"en": "Re-render the tutor in Spanish", "es": "Mostrar el tutor en inglés"},
+    "replay_none": {
+        "en": "No {lesson} run yet: start one with r (or `distai run {lesson}`)",
+        "es": "Aún no hay ejecuciones de {lesson}: lanza una con r (o `distai run {lesson}`)",
+    },
+    "replay_loaded": {"en": "Replaying run {run} ({status})", "es": "Reproduciendo la ejecución {run} ({status})"},
+    "replay_failed": {"en": "Could not replay the run: {error}", "es": "No se pudo reproducir la ejecución: {error}"},
+    "help_visualizer": {"en": "Visualizer", "es": "Visualizador"},
     "cmd_home": {"en": "Go to the lesson list", "es": "Ir a la lista de lecciones"},
     "cmd_home_help": {"en": "The seven lessons and your progress", "es": "Las siete lecciones y tu progreso"},
 }

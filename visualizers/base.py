@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 
+from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import Static
 
@@ -20,9 +21,24 @@ class LessonVisualizer(Widget):
     LessonVisualizer { height: 1fr; width: 1fr; }
     """
 
+    class ReplayRequested(Message):
+        """The learner asked to see the lesson's latest recorded run in this visualizer.
+
+        The tutor (which may read files; visualizers may not) answers by feeding that run's
+        events to ``visualizer.feed_event``.
+        """
+
+        def __init__(self, visualizer: "LessonVisualizer"):
+            super().__init__()
+            self.visualizer = visualizer
+
     def __init__(self, language: str = "en", **kwargs):
         super().__init__(**kwargs)
         self.language = language
+
+    def key_help(self) -> list[tuple[str, str]]:
+        """``(keys, what they do)`` in ``self.language`` for the help overlay (optional)."""
+        return []
 
     def show_step(self, step_key: str) -> None:
         """The lesson moved to ``step_key``: highlight what that step teaches (optional)."""

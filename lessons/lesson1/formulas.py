@@ -55,6 +55,21 @@ def ring_allreduce_time(size_bytes: float, n: int, alpha: float, beta: float) ->
     return 2 * (n - 1) * alpha + 2 * (n - 1) / n * size_bytes * beta
 
 
+def serial_messages_time(messages: int, message_bytes: float, alpha: float, beta: float) -> float:
+    """Time of ``messages`` messages of ``message_bytes`` each, sent one after the other:
+    messages·(α + message_bytes·β).
+
+    The alpha-beta (Hockney) cost every algorithm here is built from: after k of its steps the ring
+    has spent k·(α + S/n·β), the naive and tree all-reduces k·(α + S·β) (Thakur et al. 2005, Sec. 4).
+    With k = 2(n-1) and S/n bytes this is :func:`ring_allreduce_time`.
+    """
+    if int(messages) != messages or messages < 0:
+        raise ValueError(f"the number of messages must be an integer >= 0, got {messages!r}")
+    _check_size(message_bytes)
+    _check_alpha_beta(alpha, beta)
+    return messages * (alpha + message_bytes * beta)
+
+
 def ring_reduce_scatter_time(size_bytes: float, n: int, alpha: float, beta: float) -> float:
     """Ring reduce-scatter of an ``size_bytes`` input on ``n`` ranks: (n-1)α + (n-1)/n·S·β.
 

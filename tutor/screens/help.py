@@ -5,7 +5,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
@@ -39,10 +39,11 @@ class HelpScreen(ModalScreen[None]):
         Binding("escape,q,question_mark,enter", "close", "Close", show=False),
     ]
 
-    def __init__(self, context: str, language: str):
+    def __init__(self, context: str, language: str, visualizer_keys: list[tuple[str, str]] | None = None):
         super().__init__()
         self.context = context
         self.language = language
+        self.visualizer_keys = list(visualizer_keys or [])  # the lesson visualizer's own keys
 
     def compose(self) -> ComposeResult:
         lang = self.language
@@ -52,7 +53,12 @@ class HelpScreen(ModalScreen[None]):
         for keys, label in (LESSON_KEYS if self.context == "lesson" else HOME_KEYS):
             table.add_row(keys, tr(label, lang))
         table.add_row(tr("mouse", lang), tr("key_mouse", lang))
-        with Vertical(id="help-box") as box:
+        if self.visualizer_keys:
+            table.add_row("", "")
+            table.add_row(Text(tr("help_visualizer", lang), style="bold"), "")
+            for keys, label in self.visualizer_keys:
+                table.add_row(keys, label)
+        with VerticalScroll(id="help-box") as box:
             box.border_title = tr("help_title", lang)
             yield Static(table, id="help-keys")
             yield Static(Text(tr("help_close", lang), style="dim"), id="help-close")

@@ -187,6 +187,22 @@ class LessonScreen(Screen):
         if self.visualizer is not None:
             self.visualizer.show_step(step.key)
 
+    def on_lesson_visualizer_replay_requested(self, message) -> None:
+        """The visualizer asked for the lesson's latest run: read it here and feed it to it."""
+        message.stop()
+        from distai.tutor.replay import replay_latest
+
+        try:
+            record = replay_latest(self.lesson.id, message.visualizer)
+        except Exception as exc:  # noqa: BLE001 - a broken run folder must not take the lesson down
+            self.notify(tr("replay_failed", self.lang, error=str(exc)), severity="error")
+            return
+        if record is None:
+            self.notify(tr("replay_none", self.lang, lesson=self.lesson.id), severity="warning")
+        else:
+            self.notify(tr("replay_loaded", self.lang, run=record.id, status=record.effective_status),
+                        timeout=4)
+
     # -- actions ---------------------------------------------------------------------------------
     async def action_next(self) -> None:
         if self.index < len(self.lesson.steps) - 1:

@@ -1,0 +1,42 @@
+"""Replaying a recorded run into a lesson's visualizer (the tutor side: it reads the run folder).
+
+Visualizers do no I/O; when one posts ``LessonVisualizer.ReplayRequested`` (lesson 1's ring: key
+``o``), the lesson screen calls :func:`replay_latest`, which finds the lesson's newest run under
+``runs_root()`` and feeds its events — exactly those ``distai runs show ID`` replays — to the
+widget's ``feed_event``. Nothing here imports torch.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def latest_run(lesson_id: str, root: str | Path | None = None):
+    """The newest run of ``lesson_id`` (a ``RunRecord``), or None when there is none."""
+    from distai.engine.runs import list_runs
+    from distai.tutor.paths import runs_root
+
+    for record in list_runs(root if root is not None else runs_root()):
+        if record.lesson == lesson_id:
+            return record
+    return None
+
+
+def replay_into(visualizer, record) -> int:
+    """Feed ``record``'s events to ``visualizer`` in order; returns how many were fed."""
+    from distai.engine.run_state import replay_events
+
+    count = 0
+    for event in replay_events(record):
+        if event.get("kind") == "output":
+            continue
+        visualizer.feed_event(event)
+        count += 1
+    return count
+
+
+def replay_latest(lesson_id: str, visualizer, root: str | Path | None = None):
+    """Replay the newest run of ``lesson_id`` into ``visualizer``; returns its record or None."""
+    record = latest_run(lesson_id, root)
+    if record is not None:
+        replay_into(visualizer, record)
+    return record
