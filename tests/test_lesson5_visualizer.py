@@ -141,8 +141,8 @@ def _events_from(tl: sim.Timeline, schedule: str, scale: float = 0.01, t0: float
 
 def test_measured_timeline_from_run_events():
     viz = PipelineVisualizer()
-    viz.show_step("run-it")
     viz.feed_event({"kind": "pp_config", "p": 4, "m": 8, "v": 2, "schedules": ["1f1b"]})
+    assert viz.view == "run"  # a run's events switch to the measured view
     # a "measured" run that is the simulation stretched by a slow last stage
     tl = sim.simulate("1f1b", 4, 8, t_f=1.0, t_b=2.0)
     events = list(_events_from(tl, "1f1b"))

@@ -351,8 +351,9 @@ class PipelineVisualizer(LessonVisualizer):
         meas = self.measured
         if kind == "run_start":  # a new run: forget the last one's timeline
             self.measured = Measured()
-        elif kind == "pp_config":
+        elif kind == "pp_config":  # a run of this lesson: draw it beside its simulation
             self.measured = Measured(p=int(event["p"]), m=int(event["m"]), v=int(event.get("v", 1)))
+            self.view = "run"
             self.p, self.m = self.measured.p, self.measured.m
             self.v = max(self.V_RANGE[0], self.measured.v)
         elif kind == "pp_op" and meas.p:
