@@ -120,6 +120,10 @@ class LaunchSpec:
     node_rank: int | None = None
     master_addr: str | None = None
     master_port: int | None = None
+    # "static": --node-rank/--master-addr/--master-port as given; "c10d": torchrun's dynamic
+    # rendezvous at master-addr:master-port (node ranks assigned as agents arrive).
+    rdzv_backend: str = "static"
+    rdzv_id: str | None = None
     debug: bool = False  # TORCH_DISTRIBUTED_DEBUG=DETAIL (slower collectives, more checks)
     env: dict[str, str] = field(default_factory=dict)
     max_restarts: int = 0  # torchrun's in-place restarts of the whole group (engine.supervisor relaunches)
@@ -132,7 +136,12 @@ class LaunchSpec:
         return (self.node_rank or 0) * self.placement.nproc + local_rank
 
 
-def validate_nodes(nnodes: int, node_rank: int | None, master_addr: str | None, master_port: int | None) -> None:
+def validate_nodes(nnodes: int, node_rank: int | None, master_addr: str | None, master_port: int | None,
+                   rdzv_backend: str = "static") -> None:
+    if rdzv_backend not in ("static", "c10d"):
+        raise LaunchError(f"--rdzv-backend must be static or c10d, got {rdzv_backend!r}")
+    if rdzv_backend == "c10d" and not master_addr:
+        raise LaunchError("--rdzv-backend c10d needs --master-addr HOST (where the rendezvous runs)")
     if nnodes < 1 or nnodes > MAX_PROCS:
         raise LaunchError(f"--nnodes must be between 1 and {MAX_PROCS}, got {nnodes}")
     if node_rank is not None and not 0 <= node_rank < nnodes:
@@ -141,7 +150,7 @@ def validate_nodes(nnodes: int, node_rank: int | None, master_addr: str | None, 
         raise LaunchError(f"--master-port must be a TCP port (1-65535), got {master_port}")
     if nnodes > 1 and not master_addr:
         raise LaunchError("a multi-node run needs --master-addr HOST (the address of node 0)")
-    if nnodes > 1 and node_rank is None:
+    if nnodes > 1 and node_rank is None and rdzv_backend == "static":
         raise LaunchError("a multi-node run needs --node-rank R on every node (0 on the master)")
 
 
@@ -151,12 +160,16 @@ def torchrun_command(spec: LaunchSpec, log_dir: str | os.PathLike) -> list[str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(spec.placement.nproc)]
     if spec.multinode:
         cmd += ["--nnodes", str(spec.nnodes)]
-        if spec.node_rank is not None:
-            cmd += ["--node-rank", str(spec.node_rank)]
-        if spec.master_addr is not None:
-            cmd += ["--master-addr", spec.master_addr]
-        if spec.master_port is not None:
-            cmd += ["--master-port", str(spec.master_port)]
+        if spec.rdzv_backend == "c10d":  # node ranks come from the rendezvous, not from --node-rank
+            endpoint = f"{spec.master_addr}:{spec.master_port or 29400}"
+            cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", spec.rdzv_id or "distai"]
+        else:
+            if spec.node_rank is not None:
+                cmd += ["--node-rank", str(spec.node_rank)]
+            if spec.master_addr is not None:
+                cmd += ["--master-addr", spec.master_addr]
+            if spec.master_port is not None:
+                cmd += ["--master-port", str(spec.master_port)]
     else:
         cmd += ["--standalone"]
     cmd += ["--max-restarts", str(spec.max_restarts), "--tee", "3", "--log-dir", str(log_dir)]

@@ -238,6 +238,10 @@ def run_cmd(
     node_rank: Optional[int] = typer.Option(None, "--node-rank", help="This node's rank (0 on the master)."),
     master_addr: Optional[str] = typer.Option(None, "--master-addr", help="Address of node 0."),
     master_port: Optional[int] = typer.Option(None, "--master-port", help="Port on node 0."),
+    rdzv_backend: str = typer.Option("static", "--rdzv-backend",
+                                     help="static (ranks from --node-rank) or c10d (torchrun's dynamic rendezvous "
+                                          "at --master-addr:--master-port)."),
+    rdzv_id: Optional[str] = typer.Option(None, "--rdzv-id", help="c10d rendezvous id shared by every node (e.g. the job id)."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Training steps (passed to the experiment)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per event instead of the live view."),
     run_dir: Optional[str] = typer.Option(None, "--run-dir", help="Keep this run in DIR (default: the runs folder)."),
@@ -254,7 +258,7 @@ def run_cmd(
     if not experiment_available(chosen.experiment):
         raise CliError(f"lesson {chosen.number}'s experiment is not yet available in this version of distai")
     try:
-        validate_nodes(nnodes, node_rank, master_addr, master_port)
+        validate_nodes(nnodes, node_rank, master_addr, master_port, rdzv_backend)
         placement = choose_placement(gpus=gpus, cpu=cpu, default_nproc=getattr(chosen, "ranks", 4))
     except LaunchError as exc:
         raise CliError(str(exc), code=exc.code) from None
@@ -275,7 +279,8 @@ def run_cmd(
     except (FileExistsError, OSError) as exc:
         raise CliError(str(exc)) from None
     spec = LaunchSpec(chosen.experiment, placement, extra, nnodes=nnodes, node_rank=node_rank,
-                      master_addr=master_addr, master_port=master_port, debug=debug)
+                      master_addr=master_addr, master_port=master_port, rdzv_backend=rdzv_backend,
+                      rdzv_id=rdzv_id, debug=debug)
     if placement.note and as_json:  # the live view shows it itself
         typer.echo(f"distai: {placement.note}", err=True)
     view = JsonView() if as_json else TerminalView(f"distai run {chosen.id}", lesson=chosen.id)
@@ -292,7 +297,10 @@ def run_cmd(
     interrupted = False
     try:
         with view:
-            launch.start()
+            try:
+                launch.start()
+            except OSError as exc:
+                raise CliError(f"could not start torchrun: {exc}", code=1) from None
             record_in_progress_store(record)
             try:
                 record = launch.run()
