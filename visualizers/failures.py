@@ -13,10 +13,11 @@ Three views (``space`` cycles them, ``1``–``3`` pick one; the lesson's step ch
   worker group on its own row, its steps, checkpoints, the failure, the restart and the work
   redone, and the final comparison with an uninterrupted run.
 
-Keys (sliders): ``g``/``G`` GPUs ×2/÷2, ``m``/``M`` per-GPU MTBF ×2/÷2, ``c``/``C`` checkpoint
-cost ×2/÷2, ``e``/``E`` restart time ×2/÷2, ``0`` back to the Llama 3 example (16,384 GPUs, 419
-interruptions in 54 days, C = 60 s, R = 5 min). No torch, no I/O; the simulation runs in a
-worker thread.
+Keys (sliders, up/down a ladder of round values): ``g``/``G`` GPUs ×2/÷2, ``m``/``M`` per-GPU
+MTBF (… 20,000 h, 50,000 h, 100,000 h …), ``c``/``C`` checkpoint cost (… 10 s, 20 s, 30 s, 1 min
+…), ``e``/``E`` restart time (… 1 min, 2 min, 5 min …), ``0`` back to the Llama 3 example (16,384
+GPUs, 419 interruptions in 54 days, C = 60 s, R = 5 min). No torch, no I/O; the simulation runs
+in a worker thread.
 """
 from __future__ import annotations
 
@@ -41,6 +42,20 @@ STEP_VIEWS = {"failures": "day", "exact-state": "run", "atomic": "run", "sharded
 LLAMA3 = {"gpus": 16384, "gpu_mtbf": component_mtbf_from_log(16384, 54 * DAY, 419), "cost": 60.0, "restart": 300.0}
 FAILURES = 100_000  # failures in the simulated log behind the curve
 GPU_RANGE = (1, 1 << 20)
+HOUR = 3600.0
+LADDERS = {
+    "gpu_mtbf": [h * HOUR for h in (100, 200, 500, 1000, 2000, 5000, 10_000, 20_000, 50_000, 100_000, 200_000,
+                                    500_000, 1_000_000)],
+    "cost": [0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200],
+    "restart": [0, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600],
+}
+
+
+def ladder_step(value: float, ladder: list[float], up: bool) -> float:
+    """The next round value above (or below) ``value`` on ``ladder`` (the end if there is none)."""
+    if up:
+        return next((v for v in ladder if v > value * (1 + 1e-9)), ladder[-1])
+    return next((v for v in reversed(ladder) if v < value * (1 - 1e-9)), ladder[0])
 SEG_STYLE = {"work": ("█", "green"), "checkpoint": ("▌", "cyan"), "lost": ("░", "red"), "restart": ("▒", "magenta")}
 
 T = {
@@ -261,11 +276,7 @@ class FailuresVisualizer(LessonVisualizer):
             value = int(min(GPU_RANGE[1], max(GPU_RANGE[0], round(p.gpus * factor))))
             new = Params(value, p.gpu_mtbf, p.cost, p.restart)
         else:
-            value = getattr(p, what) * factor
-            limits = {"gpu_mtbf": (3600.0, 1e12), "cost": (0.5, 86400.0), "restart": (0.0, 86400.0)}[what]
-            value = min(limits[1], max(limits[0], value))
-            if what == "restart" and value < 1.0:
-                value = 0.0 if factor < 1 else 1.0
+            value = ladder_step(getattr(p, what), LADDERS[what], up=factor > 1)
             new = Params(**{**p.__dict__, what: value})
         if new.cost >= 2 * new.mtbf:  # past the model's range (Daly's τ = M): keep the previous
             self.app.bell()
@@ -292,7 +303,7 @@ class FailuresVisualizer(LessonVisualizer):
         tr = T.get(self.language, T["en"])
         p, lang = self.params, self.language
         fields = dict(g=_int(p.gpus, lang),
-                      mg=format_time(p.gpu_mtbf, 3, lang), m=format_time(p.mtbf, 3, lang),
+                      mg=f"{_int(round(p.gpu_mtbf / HOUR), lang)} h", m=format_time(p.mtbf, 3, lang),
                       c=format_time(p.cost, 3, lang), r=format_time(p.restart, 3, lang) if p.restart else "0 s")
         text = tr["params"].format(**fields)
         if len(text) > width:
@@ -373,9 +384,10 @@ class FailuresVisualizer(LessonVisualizer):
             if t < tl.horizon:
                 marks[min(cols - 1, int(t / dt))] = "✕"
         ckpts = [" "] * cols
-        for seg in tl.segments:
-            if seg.kind == "checkpoint" and seg.end <= tl.horizon:
-                ckpts[min(cols - 1, int(seg.end / dt))] = "◆"
+        if s.daly + self.params.cost >= 2 * dt:  # one mark per checkpoint, or none where they would merge
+            for seg in tl.segments:
+                if seg.kind == "checkpoint" and seg.end <= tl.horizon:
+                    ckpts[min(cols - 1, int(seg.end / dt))] = "◆"
         hours = [" "] * cols
         for h in range(0, 25, 6):
             label = f"{h} {tr['hours']}"
@@ -387,7 +399,13 @@ class FailuresVisualizer(LessonVisualizer):
         lost, ck, rs = tl.total("lost"), tl.total("checkpoint"), tl.total("restart")
         wasted = (lost + ck + rs) / tl.horizon
         n_fail = sum(1 for t, _ in tl.failures if t < tl.horizon)
-        who = ", ".join(f"#{g}" for t, g in tl.failures if t < tl.horizon)
+        who = ""
+        for g in (g for t, g in tl.failures if t < tl.horizon):
+            item = f"#{g}" if not who else f", #{g}"
+            if len(who) + len(item) > max(20, width - 22):
+                who += ", …"
+                break
+            who += item
         lines = [Text(tr["day_title"].format(tau=format_time(s.daly, 3, lang)), style="bold"),
                  Text("".join(marks), style="bold red"), Text("".join(ckpts), style="cyan"), strip, Text("".join(hours).rstrip(), style="grey62"),
                  Text(tr["day_stats"].format(f=n_fail, w=format_percent(wasted, 3, lang),
@@ -396,7 +414,7 @@ class FailuresVisualizer(LessonVisualizer):
                                              rs=format_percent(rs / tl.horizon, 2, lang))),
                  Text(tr["day_legend"], style="grey50")]
         if who:
-            lines.append(Text(tr["failed_gpus"].format(who=who[: max(20, width - 20)]), style="grey62"))
+            lines.append(Text(tr["failed_gpus"].format(who=who), style="grey62"))
         return lines
 
     def _redraw(self) -> None:

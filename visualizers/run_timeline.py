@@ -40,13 +40,13 @@ STRINGS = {
         "lost": "work redone: {n} step{s}",
     },
     "es": {
-        "title": "línea de tiempo: {n} pasos en {w} rangos",
+        "title": "línea de tiempo: {n} pasos en {w} ranks",
         "waiting": "aún no hay ejecución: lanza `distai run lesson3 --cpu 2` (o desde el tutor) para ver "
                    "aquí sus pasos, checkpoints, el fallo y el reinicio",
         "try": "int. {n}",
         "legend": "█ paso  █ rehecho  ◆ checkpoint  ✕ fallo  ↻ reinicio",
-        "failure_step": "✕ rango {r} eliminado ({cause}) durante el paso {s}",
-        "failure_other": "✕ rango {r} eliminado ({cause}) durante el {phase} tras el paso {s}",
+        "failure_step": "✕ rank {r} eliminado ({cause}) durante el paso {s}",
+        "failure_other": "✕ rank {r} eliminado ({cause}) durante el {phase} tras el paso {s}",
         "restart": "↻ reinicio {a} ({how}): reanudado desde el checkpoint tras el paso {s} en {ms:.0f} ms",
         "restart_none": "↻ reinicio {a} ({how}): ningún checkpoint válido, desde el principio",
         "inplace": "torchrun, en el sitio", "relaunch": "supervisor, torchrun nuevo",
@@ -65,14 +65,33 @@ STRINGS = {
 
 
 def _axis(n: int, cols: int, pad: int) -> Text:
-    marks = [1] + [k for k in range(10, n + 1, 10)] if n >= 10 else list(range(1, n + 1))
-    line = [" "] * (cols + 6)
+    """Step numbers under the rows: 1, then round multiples at least 6 columns apart."""
+    every = next((k for k in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000)
+                  if k * cols / n >= 6), 20_000)
+    marks = [1] + list(range(every, n + 1, every))
+    line = [" "] * (cols + 8)
     for k in marks:
         col = min(cols - 1, int((k - 1) * cols / n))
         label = str(k)
-        if col + len(label) <= len(line) and all(c == " " for c in line[col:col + len(label)]):
+        lo, hi = max(0, col - 1), col + len(label) + 1
+        if hi <= len(line) and all(c == " " for c in line[lo:hi]):
             line[col:col + len(label)] = list(label)
     return Text(" " * pad + "".join(line).rstrip(), style="grey50")
+
+
+def _legend(text: str) -> Text:
+    """The legend with each glyph in its colour (the first █ is a step, the second a redone step)."""
+    out = Text(style="grey50")
+    blocks = iter((GLYPHS["step"][1], GLYPHS["redo"][1]))
+    colours = {"◆": GLYPHS["checkpoint"][1], "✕": GLYPHS["failure"][1], "↻": GLYPHS["restart"][1]}
+    for ch in text:
+        if ch == "█":
+            out.append(ch, style=next(blocks, "green"))
+        elif ch in colours:
+            out.append(ch, style=colours[ch])
+        else:
+            out.append(ch)
+    return out
 
 
 def timeline_lines(tl: RunTimeline, width: int = 80, language: str = "en", details: bool = True) -> list[Text]:
@@ -91,7 +110,7 @@ def timeline_lines(tl: RunTimeline, width: int = 80, language: str = "en", detai
             line.append(ch, style=style)
         lines.append(line)
     lines.append(_axis(n, cols, label_w))
-    lines.append(Text(tr["legend"], style="grey50"))
+    lines.append(_legend(tr["legend"]))
     if not details:
         return lines
     restarts_by_attempt = {r.get("attempt"): r for r in tl.restarts}

@@ -72,7 +72,10 @@ FORGETTABLE = ("rng", "rng.torch", "rng.numpy", "rng.python", "sampler", "optimi
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="lesson3", description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=40, help="training steps")
+    p.add_argument("--steps", type=int, default=None, help="training steps (default 40; 200 with --fail-every)")
+    p.add_argument("--step-time", type=float, default=None,
+                   help="make each step last at least this many seconds (default 0; 0.1 with --fail-every, "
+                        "so random failures have time to strike)")
     p.add_argument("--ckpt-every", type=int, default=5, help="checkpoint every k steps")
     p.add_argument("--keep", type=int, default=3, help="checkpoints kept")
     p.add_argument("--format", choices=("file", "dcp"), default="file",
@@ -102,6 +105,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--warmup", type=int, default=5)
     args = p.parse_args(argv)
+    if args.steps is None:
+        args.steps = 200 if args.fail_every else 40
+    if args.step_time is None:
+        args.step_time = 0.1 if args.fail_every else 0.0
+    if args.step_time < 0:
+        p.error("--step-time must be >= 0 seconds")
     if args.steps < 1:
         p.error("--steps must be at least 1")
     if args.at_step is None:
@@ -317,14 +326,18 @@ def run(args, ctx) -> int:
     state = build(args, rank, world, ctx.device)
     trainer = Trainer(args, state, make_data(args), rank, world, ctx.device)
     ckpt = Checkpointer(root, rank, world, form=args.format, keep=args.keep)
-    where = {"phase": "step"}  # what this rank is doing, for a failure at a random moment
+    # what this rank is doing, for a failure at a random moment: the step in progress is the one
+    # after the last step reported
+    where = {"phase": "step", "reported": 0}
     faults = Faults(args, rank, world, attempt, events,
-                    lambda: (state.step + (where["phase"] == "step"), where["phase"]))
+                    lambda: (where["reported"] + 1, where["phase"]))
     say = print if rank == 0 else (lambda *a, **k: None)
     if attempt == 0:
         say(f"lesson 3: {world} ranks ({ctx.backend}), {args.steps} steps, checkpoint every {args.ckpt_every} "
             f"steps ({args.format}) in {root}", flush=True)
         say(f"fault: {faults.describe()}", flush=True)
+        if args.step_time:
+            say(f"steps paced to at least {args.step_time:g} s each (--step-time)", flush=True)
 
     resumed = ckpt.resume(state, skip=args.forget)
     history = _history(events_dir, attempt) if rank == 0 else {}
@@ -355,18 +368,23 @@ def run(args, ctx) -> int:
             f"{redo}" + (f" (forgetting {', '.join(args.forget)})" if args.forget else ""), flush=True)
 
     losses: list[float] = list(state.extra.get("losses", []))
+    where["reported"] = state.step
     faults.arm_timer()
     events.emit("phase", name="train", steps=args.steps, attempt=attempt)
     redone_reported = False
     while state.step < args.steps:
         step = state.step + 1  # counted from 1
+        t_step = time.perf_counter()
         loss = trainer.step(faults.mid_step(step))
+        if args.step_time:
+            time.sleep(max(0.0, args.step_time - (time.perf_counter() - t_step)))
         losses.append(loss)
         state.extra["losses"] = losses
         if rank == 0:
             events.emit("step", step=step - 1, of=args.steps, loss=loss, lr=state.scheduler.get_last_lr()[0],
                         attempt=attempt, redo=step <= redo_until)
             events.emit("progress", done=step, total=args.steps)
+        where["reported"] = step
         if rank == 0 and redo_until and not redone_reported and step >= redo_until:
             first = (resumed.step or 0) + 1
             before = history["losses"]
