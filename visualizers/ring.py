@@ -2,7 +2,7 @@
 
 N ranks (2–16) sit on a ring, one row each (rank r sends to the row below, the last rank to rank
 0: ``↺``); every rank's buffer is cut into N chunks, drawn as cells labelled and coloured by how
-many ranks' contributions the chunk holds (blue 1 … orange N−1, green N = complete). The
+many ranks' contributions the chunk holds (slate 1, blue 2 … orange N−1, green N = complete). The
 2(N−1) steps play one after the other: in reduce-scatter a chunk leaves each rank (underlined)
 and travels right (the ``●`` on the arrow), the receiver's cell adds it; in all-gather the
 finished chunks spread. The status lines give the phase, step k of 2(N−1), the bytes each rank
