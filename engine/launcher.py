@@ -120,8 +120,13 @@ class LaunchSpec:
     node_rank: int | None = None
     master_addr: str | None = None
     master_port: int | None = None
+    # "static": --node-rank/--master-addr/--master-port as given; "c10d": torchrun's dynamic
+    # rendezvous at master-addr:master-port (node ranks assigned as agents arrive).
+    rdzv_backend: str = "static"
+    rdzv_id: str | None = None
     debug: bool = False  # TORCH_DISTRIBUTED_DEBUG=DETAIL (slower collectives, more checks)
     env: dict[str, str] = field(default_factory=dict)
+    max_restarts: int = 0  # torchrun's in-place restarts of the whole group (engine.supervisor relaunches)
 
     @property
     def multinode(self) -> bool:
@@ -131,7 +136,12 @@ class LaunchSpec:
         return (self.node_rank or 0) * self.placement.nproc + local_rank
 
 
-def validate_nodes(nnodes: int, node_rank: int | None, master_addr: str | None, master_port: int | None) -> None:
+def validate_nodes(nnodes: int, node_rank: int | None, master_addr: str | None, master_port: int | None,
+                   rdzv_backend: str = "static") -> None:
+    if rdzv_backend not in ("static", "c10d"):
+        raise LaunchError(f"--rdzv-backend must be static or c10d, got {rdzv_backend!r}")
+    if rdzv_backend == "c10d" and not master_addr:
+        raise LaunchError("--rdzv-backend c10d needs --master-addr HOST (where the rendezvous runs)")
     if nnodes < 1 or nnodes > MAX_PROCS:
         raise LaunchError(f"--nnodes must be between 1 and {MAX_PROCS}, got {nnodes}")
     if node_rank is not None and not 0 <= node_rank < nnodes:
@@ -140,7 +150,7 @@ def validate_nodes(nnodes: int, node_rank: int | None, master_addr: str | None, 
         raise LaunchError(f"--master-port must be a TCP port (1-65535), got {master_port}")
     if nnodes > 1 and not master_addr:
         raise LaunchError("a multi-node run needs --master-addr HOST (the address of node 0)")
-    if nnodes > 1 and node_rank is None:
+    if nnodes > 1 and node_rank is None and rdzv_backend == "static":
         raise LaunchError("a multi-node run needs --node-rank R on every node (0 on the master)")
 
 
@@ -150,15 +160,19 @@ def torchrun_command(spec: LaunchSpec, log_dir: str | os.PathLike) -> list[str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(spec.placement.nproc)]
     if spec.multinode:
         cmd += ["--nnodes", str(spec.nnodes)]
-        if spec.node_rank is not None:
-            cmd += ["--node-rank", str(spec.node_rank)]
-        if spec.master_addr is not None:
-            cmd += ["--master-addr", spec.master_addr]
-        if spec.master_port is not None:
-            cmd += ["--master-port", str(spec.master_port)]
+        if spec.rdzv_backend == "c10d":  # node ranks come from the rendezvous, not from --node-rank
+            endpoint = f"{spec.master_addr}:{spec.master_port or 29400}"
+            cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", spec.rdzv_id or "distai"]
+        else:
+            if spec.node_rank is not None:
+                cmd += ["--node-rank", str(spec.node_rank)]
+            if spec.master_addr is not None:
+                cmd += ["--master-addr", spec.master_addr]
+            if spec.master_port is not None:
+                cmd += ["--master-port", str(spec.master_port)]
     else:
         cmd += ["--standalone"]
-    cmd += ["--max-restarts", "0", "--tee", "3", "--log-dir", str(log_dir)]
+    cmd += ["--max-restarts", str(spec.max_restarts), "--tee", "3", "--log-dir", str(log_dir)]
     cmd += ["-m", spec.module, *spec.args]
     return cmd
 
@@ -235,6 +249,11 @@ def analyse_failure(error_events: list[dict], torchrun_lines: list[str], exit_co
         return Failure(first.get("rank"), f"rank {first.get('rank')} failed: {first.get('error', '?')}",
                        first.get("rank"))
     rank = code = None
+    # torchrun lists every failed rank ("Failures:", the ones it stopped included) and then the
+    # "Root Cause (first observed failure)": prefer the latter
+    roots = [i for i, line in enumerate(torchrun_lines) if "Root Cause" in line]
+    if roots:
+        torchrun_lines = torchrun_lines[roots[-1]:]
     for line in torchrun_lines:
         m = _ROOT_RANK.match(line)
         if m and rank is None:
@@ -278,6 +297,7 @@ class Launch:
         self._errors: list[dict] = []
         self._started = 0.0
         self._log_files: dict[int | None, object] = {}
+        self._event_offsets: dict[Path, int] = {}
 
     # ---- control ----
     def start(self) -> None:
@@ -303,6 +323,8 @@ class Launch:
         rec.status = "running"
         rec.launcher_pid = os.getpid()
         rec.save()
+        # a relaunch into the same run folder (engine.supervisor) streams only the new events
+        self._event_offsets = {p: p.stat().st_size for p in rec.events_dir.glob("rank*.jsonl")}
         for local in range(self.spec.placement.nproc):  # every rank has a log, even a silent one
             self._log(self.spec.global_rank(local))
         self._started = time.time()
@@ -413,7 +435,7 @@ class Launch:
             self._put({"kind": "output", "rank": rank, "line": text})
 
     def _tail_events(self) -> None:
-        offsets: dict[Path, int] = {}
+        offsets: dict[Path, int] = dict(self._event_offsets)
         partial: dict[Path, bytes] = {}
         directory = self.record.events_dir
         while True:

@@ -62,7 +62,7 @@ def sbatch_script(job: SlurmJob) -> str:
     run_cmd = (f"{job.python} -m distai.tutor.cli run {job.lesson_id} --gpus {job.gpus_per_node} "
                f"--nnodes $SLURM_NNODES --node-rank $SLURM_NODEID "
                f"--master-addr $MASTER_ADDR --master-port $MASTER_PORT "
-               f"--run-dir \"$RUN_DIR/node$SLURM_NODEID\"" + (f" {extra}" if extra else ""))
+               f"--rdzv-backend c10d --rdzv-id $SLURM_JOB_ID --run-dir \"$RUN_DIR/node$SLURM_NODEID\"" + (f" {extra}" if extra else ""))
     return "\n".join([
         "#!/bin/bash",
         *directives,

@@ -47,6 +47,7 @@ class Lesson:
     visualizer: str | None = None
     experiment: str | None = None
     ranks: int = 4  # processes (GPUs) the experiment uses by default
+    max_restarts: int = 0  # restarts after a failure (torchrun --max-restarts, then relaunches)
     calculators: tuple[str, ...] = ()
     references: tuple[str, ...] = field(default_factory=tuple)
 
@@ -87,6 +88,7 @@ def _parse(package: str, data: dict) -> Lesson:
         visualizer=data.get("visualizer"),
         experiment=data.get("experiment"),
         ranks=int(data.get("ranks", 4)),
+        max_restarts=int(data.get("max_restarts", 0)),
         calculators=tuple(data.get("calculators", ())),
         references=tuple(r["text"] for r in data.get("references", ())),
     )

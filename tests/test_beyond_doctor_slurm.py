@@ -86,3 +86,40 @@ def test_slurm_cli_one_line_errors(tmp_path):
     out = subprocess.run([*DISTAI, "slurm", "pipeline", "--nodes", "2", "--gpus-per-node", "4", "-o", str(target)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and target.read_text().startswith("#!/bin/bash")
+
+
+def test_sbatch_script_runs_a_real_two_node_job_on_this_machine(tmp_path):
+    """The sbatch script itself, with fake `scontrol`/`srun` that start each "node" here: two
+    torchrun agents (nnodes=2) meeting through c10d rendezvous on localhost, 2 CPU ranks each."""
+    from distai.engine.testing import free_port
+
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "scontrol").write_text('#!/bin/bash\necho "$3" | tr "," "\\n"\n')
+    # srun: one task per node, SLURM_NODEID set as SLURM would; fails if any task fails.
+    (fake_bin / "srun").write_text(
+        '#!/bin/bash\nntasks=1; for a in "$@"; do case $a in --ntasks=*) ntasks=${a#--ntasks=};; esac; done\n'
+        'cmd="${@: -1}"; pids=()\n'
+        'for ((i=0; i<ntasks; i++)); do SLURM_NODEID=$i bash -c "$cmd" > "node$i.log" 2>&1 & pids+=($!); done\n'
+        'rc=0; for p in "${pids[@]}"; do wait $p || rc=1; done; exit $rc\n')
+    for f in fake_bin.iterdir():
+        f.chmod(0o755)
+    script = tmp_path / "job.sbatch"
+    script.write_text(sbatch_script(SlurmJob("lesson1", nodes=2, gpus_per_node=2,
+                                             extra_args=["--steps", "3", "--no-sweep", "--trace", "none"])))
+    path = f"{fake_bin}:{Path(sys.executable).parent}:{os.environ['PATH']}"
+    env = {**os.environ, "PATH": path, "SLURM_JOB_NODELIST": "localhost,localhost", "SLURM_JOB_ID": "77",
+           "SLURM_NNODES": "2", "MASTER_PORT": str(free_port()), "RUN_DIR": str(tmp_path / "runs"),
+           "DISTAI_HOME": str(tmp_path / "home"), "CUDA_VISIBLE_DEVICES": ""}
+    out = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    logs = "\n".join((tmp_path / f"node{i}.log").read_text() for i in range(2) if (tmp_path / f"node{i}.log").exists())
+    assert out.returncode == 0, out.stdout + out.stderr + logs
+    summaries = []
+    for node in range(2):
+        record = json.loads((tmp_path / "runs" / f"node{node}" / "run.json").read_text())
+        assert record["status"] == "ok", record
+        assert "--rdzv-backend" in record["command"] and "c10d" in record["command"]
+        for events in (tmp_path / "runs" / f"node{node}" / "events").glob("rank*.jsonl"):
+            summaries += [json.loads(l) for l in events.read_text().splitlines() if '"summary"' in l]
+    # One group of 2 nodes x 2 ranks: world size 4, one summary from global rank 0.
+    assert [s["n"] for s in summaries] == [4]

@@ -161,3 +161,34 @@ def test_measured_timeline_from_run_events():
     # a new run starts from a blank measured timeline
     viz.feed_event({"kind": "run_start", "run_id": "x", "nproc": 4})
     assert "measured 1F1B" not in _text(viz)
+
+
+def test_keys_the_screen_binds_go_to_the_screen():
+    asyncio.run(_screen_keys())
+
+
+async def _screen_keys():
+    from textual.binding import Binding
+    from textual.screen import Screen
+
+    class Panel(Screen):
+        BINDINGS = [Binding("s", "stop", "Stop"), Binding("a", "again", "Again")]
+        stopped = 0
+
+        def compose(self):
+            yield PipelineVisualizer()
+
+        def action_stop(self):
+            Panel.stopped += 1
+
+    class Host(App):
+        def on_mount(self):
+            self.push_screen(Panel())
+
+    app = Host()
+    async with app.run_test(size=(120, 50)) as pilot:
+        viz = app.screen.query_one(PipelineVisualizer)
+        viz.focus()
+        await pilot.press("s", "m")
+        assert viz.p == 4 and Panel.stopped == 1  # "s" stopped the run instead of adding a stage
+        assert viz.m == 9  # keys the screen does not bind still reach the visualizer

@@ -72,8 +72,23 @@ def record_in_progress_store(record) -> None:
 
 
 # ------------------------------------------------------------------------------------ the view
-def render_state(state, title: str = "distai run"):
-    """A Rich renderable of a :class:`~distai.engine.run_state.RunState`."""
+# lessons whose runs add a view of their own to the terminal view: "module:Class" with
+# ``feed(event)`` and ``renderables(width)`` (imported only when such a run is shown)
+LESSON_VIEWS = {"lesson3": "distai.visualizers.run_timeline:TerminalTimeline"}
+
+
+def lesson_view(lesson: str | None):
+    spec = LESSON_VIEWS.get(lesson or "")
+    if not spec:
+        return None
+    import importlib
+
+    module, name = spec.split(":")
+    return getattr(importlib.import_module(module), name)()
+
+
+def render_state(state, title: str = "distai run", extra=None, width: int = 100):
+    """A Rich renderable of a :class:`~distai.engine.run_state.RunState` (plus a lesson's own view)."""
     from rich.console import Group
     from rich.progress_bar import ProgressBar
     from rich.table import Table
@@ -104,6 +119,8 @@ def render_state(state, title: str = "distai run"):
         if last.get("comm_s") is not None:
             line.append(f"  comm {_fmt_time(last['comm_s'])}  compute {_fmt_time(last['compute_s'])}", style="dim")
         parts.append(line)
+    if extra is not None:
+        parts.extend(extra.renderables(width))
     if state.last_ring_step:
         r = state.last_ring_step
         parts.append(Text(f"ring   call {r.get('call')}: step {r.get('step', 0) + 1}/{r.get('of')} "
@@ -155,12 +172,13 @@ def render_state(state, title: str = "distai run"):
 class TerminalView:
     """Live Rich view in a terminal; a plain final render when stdout is not a terminal."""
 
-    def __init__(self, title: str, live: bool | None = None):
+    def __init__(self, title: str, live: bool | None = None, lesson: str | None = None):
         from rich.console import Console
 
         from distai.engine.run_state import RunState
 
         self.state = RunState()
+        self.extra = lesson_view(lesson)
         self.title = title
         self.console = Console()
         self.live_enabled = self.console.is_terminal if live is None else live
@@ -170,20 +188,25 @@ class TerminalView:
         if self.live_enabled:
             from rich.live import Live
 
-            self._live = Live(get_renderable=lambda: render_state(self.state, self.title),
+            self._live = Live(get_renderable=lambda: self.render(),
                               console=self.console, refresh_per_second=8, transient=False)
             self._live.__enter__()
         return self
 
+    def render(self):
+        return render_state(self.state, self.title, self.extra, self.console.width)
+
     def __call__(self, event: dict) -> None:
         self.state.feed(event)
+        if self.extra is not None:
+            self.extra.feed(event)
 
     def __exit__(self, *exc):
         if self._live is not None:
             self._live.refresh()
             self._live.__exit__(*exc)
         else:
-            self.console.print(render_state(self.state, self.title))
+            self.console.print(self.render())
         return False
 
 
@@ -215,23 +238,33 @@ def run_cmd(
     node_rank: Optional[int] = typer.Option(None, "--node-rank", help="This node's rank (0 on the master)."),
     master_addr: Optional[str] = typer.Option(None, "--master-addr", help="Address of node 0."),
     master_port: Optional[int] = typer.Option(None, "--master-port", help="Port on node 0."),
+    rdzv_backend: str = typer.Option("static", "--rdzv-backend",
+                                     help="static (ranks from --node-rank) or c10d (torchrun's dynamic rendezvous "
+                                          "at --master-addr:--master-port)."),
+    rdzv_id: Optional[str] = typer.Option(None, "--rdzv-id", help="c10d rendezvous id shared by every node (e.g. the job id)."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Training steps (passed to the experiment)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per event instead of the live view."),
     run_dir: Optional[str] = typer.Option(None, "--run-dir", help="Keep this run in DIR (default: the runs folder)."),
     debug: bool = typer.Option(False, "--debug", help="TORCH_DISTRIBUTED_DEBUG=DETAIL (slower, more checks)."),
+    max_restarts: Optional[int] = typer.Option(
+        None, "--max-restarts", help="After a failure restart the group up to N times (torchrun's elastic agent; "
+                                     "a fresh torchrun if that fails). Default: the lesson's (lesson 3: 3, others 0)."),
 ) -> None:
     """Launch the lesson's real torch.distributed experiment (extra options go to the experiment)."""
     chosen = lesson_or_fail(lesson)
-    from distai.engine.launcher import (Launch, LaunchError, LaunchSpec, choose_placement,
+    from distai.engine.launcher import (LaunchError, LaunchSpec, choose_placement,
                                         experiment_available, validate_nodes)
 
     if not experiment_available(chosen.experiment):
         raise CliError(f"lesson {chosen.number}'s experiment is not yet available in this version of distai")
     try:
-        validate_nodes(nnodes, node_rank, master_addr, master_port)
+        validate_nodes(nnodes, node_rank, master_addr, master_port, rdzv_backend)
         placement = choose_placement(gpus=gpus, cpu=cpu, default_nproc=getattr(chosen, "ranks", 4))
     except LaunchError as exc:
         raise CliError(str(exc), code=exc.code) from None
+    restarts = getattr(chosen, "max_restarts", 0) if max_restarts is None else max_restarts
+    if not 0 <= restarts <= 100:
+        raise CliError(f"--max-restarts must be between 0 and 100, got {restarts}")
     extra = list(ctx.args)
     if steps is not None:
         if steps < 0:
@@ -246,11 +279,14 @@ def run_cmd(
     except (FileExistsError, OSError) as exc:
         raise CliError(str(exc)) from None
     spec = LaunchSpec(chosen.experiment, placement, extra, nnodes=nnodes, node_rank=node_rank,
-                      master_addr=master_addr, master_port=master_port, debug=debug)
+                      master_addr=master_addr, master_port=master_port, rdzv_backend=rdzv_backend,
+                      rdzv_id=rdzv_id, debug=debug)
     if placement.note and as_json:  # the live view shows it itself
         typer.echo(f"distai: {placement.note}", err=True)
-    view = JsonView() if as_json else TerminalView(f"distai run {chosen.id}")
-    launch = Launch(spec, record, consumer=view)
+    view = JsonView() if as_json else TerminalView(f"distai run {chosen.id}", lesson=chosen.id)
+    from distai.engine.supervisor import make_launch
+
+    launch = make_launch(spec, record, consumer=view, max_restarts=restarts)
 
     def on_signal(signum, frame):  # closing the terminal or `kill`: stop the ranks too
         launch.stop(f"stopped by {signal.Signals(signum).name}")
@@ -261,7 +297,10 @@ def run_cmd(
     interrupted = False
     try:
         with view:
-            launch.start()
+            try:
+                launch.start()
+            except OSError as exc:
+                raise CliError(f"could not start torchrun: {exc}", code=1) from None
             record_in_progress_store(record)
             try:
                 record = launch.run()
@@ -345,7 +384,8 @@ def runs_show(
     if as_json:
         view = JsonView()
     else:
-        view = TerminalView(f"distai runs show {record.lesson}", live=None if speed > 0 else False)
+        view = TerminalView(f"distai runs show {record.lesson}", live=None if speed > 0 else False,
+                            lesson=record.lesson)
     with view:
         prev_t = None
         for event in events:

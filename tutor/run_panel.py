@@ -76,15 +76,18 @@ def hbar(value: float, top: float, width: int) -> str:
 
 
 def default_launch_factory(lesson, consumer, nproc: int | None = None, args: list[str] | None = None):
-    """Create (not start) a ``Launch`` of the lesson's experiment in a new run folder."""
-    from distai.engine.launcher import Launch, LaunchSpec, choose_placement
+    """Create (not start) a ``Launch`` of the lesson's experiment in a new run folder (under the
+    engine's supervisor when the lesson restarts after failures, as lesson 3 does)."""
+    from distai.engine.launcher import LaunchSpec, choose_placement
     from distai.engine.runs import create_run
+    from distai.engine.supervisor import make_launch
     from distai.tutor.paths import runs_root
 
     placement = choose_placement(cpu=nproc, default_nproc=getattr(lesson, "ranks", 4)) if nproc \
         else choose_placement(default_nproc=getattr(lesson, "ranks", 4))
     record = create_run(runs_root(), lesson.id, lesson.experiment, argv=["distai tutor"])
-    return Launch(LaunchSpec(lesson.experiment, placement, list(args or [])), record, consumer=consumer)
+    return make_launch(LaunchSpec(lesson.experiment, placement, list(args or [])), record, consumer=consumer,
+                       max_restarts=getattr(lesson, "max_restarts", 0))
 
 
 class RunPanelScreen(Screen):

@@ -369,6 +369,21 @@ class PipelineVisualizer(LessonVisualizer):
         self.refresh()
 
     # -- actions ----------------------------------------------------------------------------------
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        """Leave a key to the screen when the screen binds it too (the run panel's ``s`` Stop)."""
+        mine = {k for b in self.BINDINGS if b.action.split("(")[0] == action for k in b.key.split(",")}
+        try:
+            screen = self.screen
+        except Exception:  # noqa: BLE001 - not mounted: nothing to defer to
+            return True
+        theirs: set[str] = set()
+        for b in getattr(type(screen), "BINDINGS", []):
+            key = b.key if isinstance(b, Binding) else b[0]
+            theirs.update(k.strip() for k in key.split(","))
+        if mine & theirs or ({k.lower() for k in mine} & theirs):
+            return False
+        return True
+
     def _changed(self) -> None:
         self.cursor = 0.0
         self.refresh()

@@ -124,7 +124,7 @@ def check_ring(ctx, seed: int) -> float:
     ref = x.clone()
     dist.all_reduce(ref)
     ring_allreduce(x)
-    diff = torch.tensor([(x - ref).abs().max().item()], dtype=torch.float64)
+    diff = torch.tensor([(x - ref).abs().max().item()], dtype=torch.float64, device=ctx.device)
     dist.all_reduce(diff, op=dist.ReduceOp.MAX)
     scale = ref.abs().max().item()
     if not diff.item() <= 1e-5 * max(1.0, scale):
@@ -197,7 +197,7 @@ def sweep(ctx, args, progress: Progress) -> list[dict]:
                        trace=trace, call=call)  # warm-up (traced: one channel, the textbook ring)
         dist.all_reduce(x)
         iters = args.iters or default_iters(size)
-        times = torch.zeros(2, iters, dtype=torch.float64)
+        times = torch.zeros(2, iters, dtype=torch.float64)  # filled on the host, reduced on the device
         for i in range(iters):
             ring = lambda: ring_allreduce(x, pieces=args.pieces, channels=args.channels,  # noqa: E731
                                           trace=ctx.events if args.trace == "all" else None, call=call)
@@ -205,6 +205,7 @@ def sweep(ctx, args, progress: Progress) -> list[dict]:
             order = ((0, ring), (1, ar)) if i % 2 == 0 else ((1, ar), (0, ring))
             for row, fn in order:
                 times[row, i] = _timed(fn, ctx.is_cuda)
+        times = times.to(ctx.device)  # NCCL reduces device tensors only
         dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a collective takes as long as its slowest rank
         t_ring = statistics.median(times[0].tolist())
         t_ar = statistics.median(times[1].tolist())

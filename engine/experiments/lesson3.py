@@ -1,0 +1,513 @@
+"""Lesson 3 experiment: kill a rank mid-training, restart, resume from a checkpoint — exactly.
+
+Run by torchrun (``distai run lesson3 --cpu 2`` or ``python -m torch.distributed.run
+--nproc-per-node 2 --max-restarts 3 -m distai.engine.experiments.lesson3``).
+
+A small MLP (with dropout) learns a noisy regression, data parallel: every rank takes its own
+batch from a :class:`~distai.engine.checkpoint.ResumableSampler`, adds input noise whose size
+comes from Python's ``random`` and whose values come from numpy, runs dropout (torch's
+generator), and the ranks average gradients (and the loss) with one ``all_reduce`` of a flat
+buffer in a fixed layout. Adam with a warm-up + cosine learning-rate schedule (and, with ``--amp
+fp16``, a ``GradScaler``). Every ``--ckpt-every`` steps it writes a checkpoint with
+:class:`~distai.engine.checkpoint.Checkpointer` (``--format file`` or ``dcp``) into the run
+folder's ``checkpoints/``.
+
+Fault injection: ``--kill-rank R --at-step S`` sends SIGKILL to rank R in the middle of step S
+(after its backward, before the gradient all-reduce), in the first attempt only (default: rank 1
+at step steps/2 + 3 — 23 of 40 — when no other fault is chosen; ``--no-fault`` for none). ``--fail-every SECONDS``
+kills a random rank at random times (exponential, mean SECONDS; at most ``--max-failures``).
+The surviving ranks' all-reduce fails; torchrun's elastic agent (``--max-restarts``) or the
+engine's supervisor starts the group again, and every start begins by resuming from the newest
+good checkpoint. At the end, the ranks train again from scratch without faults or checkpoints
+(same seed) and compare: every loss of the resumed run must equal (``==``) the uninterrupted
+one, and the final weights must be bit-identical. ``--forget PART`` leaves a piece of state out of
+the resume (``rng``, ``rng.numpy``, ``sampler``, ``optimizer``, ``scheduler``, …) to see the
+comparison fail.
+
+Events (rank 0 unless noted; ``t`` and ``rank`` are added by the sink). Steps are numbered from 1
+in ``failure``/``restart``/``redone``/``checkpoint``; ``step`` events carry the 0-based index like
+every experiment (the 1-based number is ``step + 1``):
+
+- ``{"kind":"phase","name":"start","backend","n","attempt","restart_count"}``, then ``"train"``
+  (with ``steps``) and ``"compare"``
+- ``{"kind":"restart","attempt":a,"from_step":s,"checkpoint":name|null,"skipped":[[name,why]...],
+  "failed_rank":r|null,"failed_step":f|null,"lost_steps":n,"restart_count":k,"load_s":t}`` —
+  attempt a ≥ 1 resumed after s steps (``restart_count`` > 0: torchrun restarted the group in
+  place; 0: the supervisor relaunched torchrun)
+- ``{"kind":"step","step":i,"of":N,"loss":x,"lr":lr,"attempt":a,"redo":bool}`` and
+  ``{"kind":"progress","done":i+1,"total":N}``
+- ``{"kind":"checkpoint","step":s,"bytes":B,"seconds":t,"name":"step_…","form":f,"attempt":a}``
+- ``{"kind":"failure","rank":r,"step":s,"cause":"--kill-rank"|"--fail-every","attempt":a}``
+  (from the rank that is about to die)
+- ``{"kind":"redone","first":s0,"last":s1,"steps":n,"compared":k,"identical":bool}`` — once the
+  resumed run has redone the steps lost, whether their losses equal the first time's
+- ``{"kind":"compare","steps":N,"identical":bool,"equal_steps":k,"first_diff_step":s|null,
+  "max_abs_diff":d,"weights_identical":bool,"run_sha256","reference_sha256"}``
+- ``{"kind":"summary", ...}`` with the figures printed at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from distai.engine.checkpoint import (Checkpointer, ResumableSampler, TrainingState, read_checked,
+                                      write_checked)
+from distai.engine.events import EVENTS_DIR_ENV, read_events
+
+FORGETTABLE = ("rng", "rng.torch", "rng.numpy", "rng.python", "sampler", "optimizer", "scheduler", "scaler")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="lesson3", description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=None, help="training steps (default 40; 200 with --fail-every)")
+    p.add_argument("--step-time", type=float, default=None,
+                   help="make each step last at least this many seconds (default 0; 0.1 with --fail-every, "
+                        "so random failures have time to strike)")
+    p.add_argument("--ckpt-every", type=int, default=5, help="checkpoint every k steps")
+    p.add_argument("--keep", type=int, default=3, help="checkpoints kept")
+    p.add_argument("--format", choices=("file", "dcp"), default="file",
+                   help="file: framed torch.save files; dcp: torch.distributed.checkpoint")
+    p.add_argument("--kill-rank", type=int, default=None, help="rank to SIGKILL (default 1, or 0 alone)")
+    p.add_argument("--at-step", type=int, default=None,
+                   help="step (from 1) in the middle of which it dies (default: steps/2 + 3)")
+    p.add_argument("--fail-every", type=float, default=0.0, help="random failures, mean seconds apart")
+    p.add_argument("--max-failures", type=int, default=3, help="at most this many injected failures")
+    p.add_argument("--no-fault", action="store_true", help="inject no failure")
+    p.add_argument("--forget", choices=FORGETTABLE, action="append", default=[],
+                   help="leave this part of the state out when resuming (to see the resume go wrong)")
+    p.add_argument("--no-compare", action="store_true", help="skip the uninterrupted reference run")
+    p.add_argument("--plain-init", action="store_true",
+                   help="join the group without per-attempt store keys (to see torchrun's in-place "
+                        "restart fail with gloo)")
+    p.add_argument("--ckpt-dir", default=None, help="checkpoint folder (default: the run folder's checkpoints/)")
+    p.add_argument("--amp", choices=("off", "fp16", "bf16"), default="off",
+                   help="autocast dtype; fp16 adds a GradScaler (its state is checkpointed)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--samples", type=int, default=4096)
+    p.add_argument("--features", type=int, default=16)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--batch", type=int, default=64, help="samples per rank per step")
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--noise", type=float, default=0.05, help="largest input-noise std (drawn per step)")
+    p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--warmup", type=int, default=5)
+    args = p.parse_args(argv)
+    if args.steps is None:
+        args.steps = 200 if args.fail_every else 40
+    if args.step_time is None:
+        args.step_time = 0.1 if args.fail_every else 0.0
+    if args.step_time < 0:
+        p.error("--step-time must be >= 0 seconds")
+    if args.steps < 1:
+        p.error("--steps must be at least 1")
+    if args.at_step is None:
+        args.at_step = min(args.steps, args.steps // 2 + 3)
+    if args.ckpt_every < 1:
+        p.error("--ckpt-every must be at least 1")
+    if args.fail_every < 0:
+        p.error("--fail-every must be >= 0 seconds")
+    return args
+
+
+# ------------------------------------------------------------------------------------ model and data
+def make_data(args) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(10_000 + args.seed)
+    x = torch.randn(args.samples, args.features, generator=g)
+    w = torch.randn(args.features, 1, generator=g) / math.sqrt(args.features)
+    y = torch.sin(2 * x @ w) + 0.1 * torch.randn(args.samples, 1, generator=g)
+    return x, y
+
+
+def seed_rank(seed: int, rank: int) -> None:
+    """Each rank's own generators: its dropout masks, noise and noise sizes differ from the others'."""
+    s = seed * 1_000_003 + 7919 * (rank + 1)
+    torch.manual_seed(s)
+    np.random.seed(s % 2**32)
+    random.seed(s)
+
+
+def warmup_cosine(optimizer, warmup: int, total: int):
+    from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
+
+    warmup = max(1, min(warmup, total - 1)) if total > 1 else 1
+    return SequentialLR(optimizer, [LinearLR(optimizer, start_factor=0.1, total_iters=warmup),
+                                    CosineAnnealingLR(optimizer, T_max=max(1, total - warmup))],
+                        milestones=[warmup])
+
+
+def build(args, rank: int, world_size: int, device: torch.device) -> TrainingState:
+    """A fresh model, optimizer, schedule, scaler and sampler, and seeded generators."""
+    torch.manual_seed(args.seed)  # the same initial weights on every rank
+    model = torch.nn.Sequential(
+        torch.nn.Linear(args.features, args.hidden), torch.nn.Tanh(), torch.nn.Dropout(args.dropout),
+        torch.nn.Linear(args.hidden, args.hidden), torch.nn.Tanh(), torch.nn.Dropout(args.dropout),
+        torch.nn.Linear(args.hidden, 1)).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    scheduler = warmup_cosine(optimizer, args.warmup, args.steps)
+    scaler = torch.amp.GradScaler(device.type, growth_interval=5) if args.amp == "fp16" else None
+    sampler = ResumableSampler(args.samples, world_size, rank, seed=args.seed)
+    seed_rank(args.seed, rank)
+    return TrainingState(model, optimizer, scheduler, scaler, sampler, step=0, extra={"losses": []})
+
+
+def weights_digest(model) -> str:
+    h = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+class Trainer:
+    """One step at a time; ``hook(step, phase)`` runs mid-step (fault injection)."""
+
+    def __init__(self, args, state: TrainingState, data, rank: int, world_size: int, device: torch.device):
+        self.args, self.state, self.rank, self.world_size, self.device = args, state, rank, world_size, device
+        self.x, self.y = (t.to(device) for t in data)
+        self.params = [p for p in state.model.parameters()]
+        self.amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(args.amp)
+
+    def step(self, mid_step=None) -> float:
+        """One data-parallel step; returns the loss averaged over all ranks."""
+        st, args = self.state, self.args
+        idx = torch.tensor(st.sampler.next_batch(args.batch), device=self.device)
+        xb, yb = self.x[idx], self.y[idx]
+        std = random.uniform(0.0, args.noise)  # Python's generator
+        noise = np.random.standard_normal(tuple(xb.shape)).astype(np.float32)  # numpy's
+        xb = xb + std * torch.from_numpy(noise).to(self.device)
+        st.model.train()
+        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+            out = st.model(xb)  # dropout: torch's generator
+        loss = torch.nn.functional.mse_loss(out.float(), yb)
+        (st.scaler.scale(loss) if st.scaler is not None else loss).backward()
+        if mid_step is not None:
+            mid_step()
+        flat = torch.cat([p.grad.reshape(-1) for p in self.params] + [loss.detach().reshape(1)])
+        dist.all_reduce(flat)
+        flat /= self.world_size
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            p.grad.copy_(flat[offset:offset + n].view_as(p))
+            offset += n
+        if st.scaler is not None:
+            st.scaler.step(st.optimizer)
+            st.scaler.update()
+        else:
+            st.optimizer.step()
+        st.scheduler.step()
+        st.optimizer.zero_grad(set_to_none=True)
+        st.step += 1
+        return float(flat[-1].item())
+
+
+# ------------------------------------------------------------------------------------ faults
+class Faults:
+    """The injected failures of this attempt."""
+
+    def __init__(self, args, rank: int, world_size: int, attempt: int, events, progress):
+        self.args, self.rank, self.attempt, self.events, self.progress = args, rank, attempt, events, progress
+        self.kill_rank = None
+        self.kill_step = None
+        if not args.no_fault and (args.kill_rank is not None or not args.fail_every):
+            self.kill_rank = args.kill_rank if args.kill_rank is not None else (1 if world_size > 1 else 0)
+            self.kill_step = args.at_step
+        self.random_at: float | None = None
+        self.random_rank: int | None = None
+        if not args.no_fault and args.fail_every > 0 and attempt < args.max_failures:
+            r = random.Random(args.seed * 7919 + attempt)  # its own generator: training's are untouched
+            self.random_at = r.expovariate(1.0 / args.fail_every)
+            self.random_rank = r.randrange(world_size)
+
+    def describe(self) -> str:
+        parts = []
+        if self.kill_rank is not None:
+            parts.append(f"SIGKILL rank {self.kill_rank} during step {self.kill_step} (first attempt only)")
+        if self.args.fail_every > 0 and not self.args.no_fault:
+            parts.append(f"a random rank SIGKILLed every ~{self.args.fail_every:g} s (at most {self.args.max_failures})")
+        return "; ".join(parts) or "none"
+
+    def die(self, step: int, cause: str, phase: str = "step") -> None:
+        self.events.emit("failure", rank=self.rank, step=step, phase=phase, cause=cause, attempt=self.attempt)
+        where = f"during step {step}" if phase == "step" else f"during the {phase} after step {step - 1}"
+        print(f"rank {self.rank}: injected failure ({cause}) — SIGKILL {where}", flush=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def mid_step(self, step: int):
+        """The hook for step ``step`` (from 1), or None."""
+        if self.attempt == 0 and self.rank == self.kill_rank and step == self.kill_step:
+            return lambda: self.die(step, "--kill-rank")
+        return None
+
+    def arm_timer(self) -> None:
+        if self.random_at is None or self.rank != self.random_rank:
+            return
+
+        def fire():
+            time.sleep(self.random_at)
+            step, phase = self.progress()
+            self.die(step, "--fail-every", phase)
+
+        threading.Thread(target=fire, daemon=True, name="distai-fail-every").start()
+
+
+# ------------------------------------------------------------------------------------ the run
+def _attempt_number(root: Path, rank: int, device) -> int:
+    """How many times this run has started before (rank 0 counts in the checkpoint folder)."""
+    n = torch.zeros(1, dtype=torch.int64, device=device)
+    if rank == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        path = root / "attempts"
+        try:
+            count = int(json.loads(read_checked(path))["attempts"])
+        except Exception:  # noqa: BLE001 - missing or unreadable: a first start
+            count = 0
+        write_checked(path, json.dumps({"attempts": count + 1}).encode())
+        n[0] = count
+    dist.broadcast(n, src=0)
+    return int(n[0])
+
+
+def _history(events_dir: Path | None, before_attempt: int) -> dict:
+    """What earlier attempts recorded: the last failure, and the losses they computed per step."""
+    out = {"failure": None, "losses": {}, "last_step": 0, "failures": 0, "checkpoints": [], "restarts": []}
+    if events_dir is None or not events_dir.is_dir():
+        return out
+    for path in sorted(events_dir.glob("rank*.jsonl")):
+        for e in read_events(path):
+            if e.get("attempt", 0) >= before_attempt:
+                continue
+            kind = e.get("kind")
+            if kind == "failure":
+                out["failures"] += 1
+                if out["failure"] is None or e.get("t", 0) > out["failure"].get("t", 0):
+                    out["failure"] = e
+            elif kind == "step":
+                out["losses"][int(e["step"]) + 1] = e["loss"]
+                out["last_step"] = max(out["last_step"], int(e["step"]) + 1)
+            elif kind == "checkpoint":
+                out["checkpoints"].append(e)
+            elif kind == "restart":
+                out["restarts"].append(e)
+    return out
+
+
+def run(args, ctx) -> int:
+    rank, world = ctx.rank, ctx.world_size
+    events = ctx.events
+    if args.kill_rank is not None and not 0 <= args.kill_rank < world:
+        raise SystemExit(f"--kill-rank {args.kill_rank}: this run has ranks 0..{world - 1}")
+    if not args.no_fault and (args.kill_rank is not None or not args.fail_every) \
+            and not 1 <= args.at_step <= args.steps:
+        raise SystemExit(f"--at-step must be between 1 and --steps ({args.steps})")
+    if ctx.is_cuda:
+        torch.use_deterministic_algorithms(True)
+    events_dir = Path(os.environ[EVENTS_DIR_ENV]) if os.environ.get(EVENTS_DIR_ENV) else None
+    root = Path(args.ckpt_dir) if args.ckpt_dir else Path(events_dir).parent / "checkpoints"
+    attempt = _attempt_number(root, rank, ctx.device)
+    restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    events.emit("phase", name="start", backend=ctx.backend, n=world, attempt=attempt, restart_count=restart_count)
+
+    state = build(args, rank, world, ctx.device)
+    trainer = Trainer(args, state, make_data(args), rank, world, ctx.device)
+    ckpt = Checkpointer(root, rank, world, form=args.format, keep=args.keep)
+    # what this rank is doing, for a failure at a random moment: the step in progress is the one
+    # after the last step reported
+    where = {"phase": "step", "reported": 0}
+    faults = Faults(args, rank, world, attempt, events,
+                    lambda: (where["reported"] + 1, where["phase"]))
+    say = print if rank == 0 else (lambda *a, **k: None)
+    if attempt == 0:
+        say(f"lesson 3: {world} ranks ({ctx.backend}), {args.steps} steps, checkpoint every {args.ckpt_every} "
+            f"steps ({args.format}) in {root}", flush=True)
+        say(f"fault: {faults.describe()}", flush=True)
+        if args.step_time:
+            say(f"steps paced to at least {args.step_time:g} s each (--step-time)", flush=True)
+
+    resumed = ckpt.resume(state, skip=args.forget)
+    history = _history(events_dir, attempt) if rank == 0 else {}
+    redo_until = 0
+    if rank == 0 and (attempt > 0 or resumed.step is not None):
+        fail = history.get("failure") or {}
+        from_step = resumed.step or 0
+        last_done = history["last_step"]
+        lost = max(0, last_done - from_step)  # completed steps whose work was thrown away
+        redo_until = last_done if lost else 0
+        events.emit("restart", attempt=attempt, from_step=from_step,
+                    checkpoint=Path(resumed.path).name if resumed.path else None,
+                    skipped=[list(s) for s in resumed.skipped], failed_rank=fail.get("rank"),
+                    failed_step=fail.get("step"), failed_phase=fail.get("phase"), last_done=last_done,
+                    lost_steps=lost, restart_count=restart_count, load_s=resumed.seconds, forgot=list(args.forget))
+        how = "torchrun restarted the group in place" if restart_count else "the supervisor relaunched torchrun"
+        for name, why in resumed.skipped:
+            say(f"skipped checkpoint {name}: {why}", flush=True)
+        origin = f"the checkpoint after step {from_step}" if resumed.path else "the beginning (no good checkpoint)"
+        if fail:
+            who = (f"rank {fail['rank']} died during step {fail['step']}" if fail.get("phase") == "step"
+                   else f"rank {fail['rank']} died during the {fail.get('phase')} after step {fail['step'] - 1}")
+        else:
+            who = "the group stopped"
+        redo = f"{lost} completed step{'s' if lost != 1 else ''} lost ({from_step + 1}–{last_done})" if lost \
+            else "no completed step lost"
+        say(f"restart {attempt} ({how}): {who}; resumed from {origin} in {resumed.seconds * 1e3:.1f} ms; "
+            f"{redo}" + (f" (forgetting {', '.join(args.forget)})" if args.forget else ""), flush=True)
+
+    losses: list[float] = list(state.extra.get("losses", []))
+    where["reported"] = state.step
+    faults.arm_timer()
+    events.emit("phase", name="train", steps=args.steps, attempt=attempt)
+    redone_reported = False
+    while state.step < args.steps:
+        step = state.step + 1  # counted from 1
+        t_step = time.perf_counter()
+        loss = trainer.step(faults.mid_step(step))
+        if args.step_time:
+            time.sleep(max(0.0, args.step_time - (time.perf_counter() - t_step)))
+        losses.append(loss)
+        state.extra["losses"] = losses
+        if rank == 0:
+            events.emit("step", step=step - 1, of=args.steps, loss=loss, lr=state.scheduler.get_last_lr()[0],
+                        attempt=attempt, redo=step <= redo_until)
+            events.emit("progress", done=step, total=args.steps)
+        where["reported"] = step
+        if rank == 0 and redo_until and not redone_reported and step >= redo_until:
+            first = (resumed.step or 0) + 1
+            before = history["losses"]
+            compared = [s for s in range(first, redo_until + 1) if s in before]
+            same = all(before[s] == losses[s - 1] for s in compared)
+            events.emit("redone", first=first, last=redo_until, steps=redo_until - first + 1,
+                        compared=len(compared), identical=same)
+            say(f"redone steps {first}–{redo_until}: losses {'identical to' if same else 'DIFFERENT from'} "
+                f"the first time ({len(compared)} compared)", flush=True)
+            redone_reported = True
+        if step % args.ckpt_every == 0 or step == args.steps:
+            where["phase"] = "checkpoint"
+            info = ckpt.save(state)
+            where["phase"] = "step"
+            if rank == 0:
+                events.emit("checkpoint", step=step, bytes=info.bytes, seconds=info.seconds,
+                            name=Path(info.path).name, form=info.form, attempt=attempt, pruned=info.pruned)
+                say(f"checkpoint after step {step}: {info.bytes / 1024:.1f} KiB in {info.seconds * 1e3:.1f} ms "
+                    f"→ {Path(info.path).name}", flush=True)
+
+    run_sha = weights_digest(state.model)
+    result = {"lesson": "lesson3", "world_size": world, "steps": args.steps, "ckpt_every": args.ckpt_every,
+              "form": args.format, "attempts": attempt + 1, "final_loss": losses[-1] if losses else None,
+              "run_sha256": run_sha, "forgot": list(args.forget), "losses": losses}
+    where["phase"] = "compare"
+    if not args.no_compare:
+        events.emit("phase", name="compare", attempt=attempt)
+        ref_state = build(args, rank, world, ctx.device)
+        ref = Trainer(args, ref_state, make_data(args), rank, world, ctx.device)
+        ref_losses = [ref.step() for _ in range(args.steps)]
+        ref_sha = weights_digest(ref_state.model)
+        diffs = [abs(a - b) for a, b in zip(losses, ref_losses)]
+        unequal = [i + 1 for i, (a, b) in enumerate(zip(losses, ref_losses)) if a != b]
+        identical = not unequal and len(losses) == len(ref_losses)
+        cmp = {"steps": len(ref_losses), "identical": identical, "equal_steps": len(ref_losses) - len(unequal),
+               "first_diff_step": unequal[0] if unequal else None, "max_abs_diff": max(diffs, default=0.0),
+               "weights_identical": ref_sha == run_sha, "run_sha256": run_sha, "reference_sha256": ref_sha}
+        if rank == 0:
+            events.emit("compare", attempt=attempt, **cmp)
+        result.update(compare=cmp)
+    if rank == 0:
+        hist = _history(events_dir, attempt + 1)
+        cks = [c for c in hist["checkpoints"]]
+        restarts = [r for r in hist["restarts"]]
+        result.update(failures=hist["failures"], restarts=len(restarts),
+                      redone_steps=sum(r.get("lost_steps", 0) for r in restarts),
+                      checkpoints=len(cks),
+                      checkpoint_bytes=cks[-1]["bytes"] if cks else 0,
+                      checkpoint_seconds_mean=(sum(c["seconds"] for c in cks) / len(cks)) if cks else 0.0,
+                      checkpoint_dir=str(root))
+        events.emit("summary", **result)
+        print(format_summary(result), flush=True)
+    if not args.no_compare and not result["compare"]["identical"] and not args.forget:
+        return 3
+    return 0
+
+
+def format_summary(s: dict) -> str:
+    lines = [f"{s['steps']} steps on {s['world_size']} ranks, {s['attempts']} attempt"
+             f"{'s' if s['attempts'] != 1 else ''}: {s.get('failures', 0)} failure(s), {s.get('restarts', 0)} "
+             f"restart(s), {s.get('redone_steps', 0)} step(s) redone; {s.get('checkpoints', 0)} checkpoints "
+             f"({s['form']}) of {s.get('checkpoint_bytes', 0) / 1024:.1f} KiB, "
+             f"{s.get('checkpoint_seconds_mean', 0) * 1e3:.1f} ms each on average"]
+    c = s.get("compare")
+    if c:
+        if c["identical"]:
+            lines.append(f"resumed run vs uninterrupted run (same seed): {c['equal_steps']}/{c['steps']} losses "
+                         f"identical (==), final weights {'identical' if c['weights_identical'] else 'DIFFERENT'} "
+                         f"(sha256 {c['run_sha256'][:12]}…)")
+        else:
+            lines.append(f"resumed run vs uninterrupted run (same seed): NOT identical — {c['equal_steps']}/"
+                         f"{c['steps']} losses equal, first difference at step {c['first_diff_step']}, "
+                         f"max |diff| {c['max_abs_diff']:.3g}; weights "
+                         f"{'identical' if c['weights_identical'] else 'different'}"
+                         + (f" (resumed without: {', '.join(s['forgot'])})" if s.get("forgot") else ""))
+    return "\n".join(lines)
+
+
+def init_group_per_attempt(timeout_s: float | None = None) -> None:
+    """Join the group with store keys private to this attempt of the run.
+
+    torchrun's elastic agent hosts one TCPStore for every restart of the group, and the default
+    group's keys from the previous attempt are still in it: a restarted rank can read a peer's
+    *old* address and fail with "Gloo connectFullMesh failed … Connection refused" (seen here on
+    2 of 2 tries). Prefixing the store with ``TORCHELASTIC_RESTART_COUNT`` gives every attempt
+    fresh keys. Outside torchrun's agent store this is a plain ``init_process_group``.
+    """
+    from datetime import timedelta
+
+    from distai.engine.runtime import TIMEOUT_ENV, choose_device
+
+    if dist.is_initialized() or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    device = choose_device(int(os.environ.get("LOCAL_RANK", "0")))
+    timeout = timedelta(seconds=float(timeout_s or os.environ.get(TIMEOUT_ENV, "120")))
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                          timeout=timeout)
+    store = dist.PrefixStore(f"distai/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    kwargs = {"device_id": device} if backend == "nccl" else {}
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout, **kwargs)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not os.environ.get(EVENTS_DIR_ENV):
+        # no launcher: keep events (the journal a restart reads) next to the checkpoints
+        base = Path(args.ckpt_dir or "lesson3-run").resolve()
+        os.environ[EVENTS_DIR_ENV] = str(base.parent / f"{base.name}-events" if args.ckpt_dir else base / "events")
+        if not args.ckpt_dir:
+            args.ckpt_dir = str(base / "checkpoints")
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS on GPUs
+    from distai.engine.runtime import init_distributed, shutdown
+
+    if not args.plain_init:
+        init_group_per_attempt()
+    ctx = init_distributed()
+    try:
+        return run(args, ctx)
+    finally:
+        shutdown(ctx)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,191 @@
+"""Lesson 3's visualizer: the goodput curve with Young's, Daly's and the simulated optimum, the
+sliders, a simulated day, and the run timeline fed by a run's events (English and Spanish)."""
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import pytest
+from textual.app import App
+
+from distai.lessons.lesson3 import formulas as f
+from distai.lessons.lesson3.run_timeline import RunTimeline
+from distai.visualizers.base import make_visualizer
+from distai.visualizers.failures import LADDERS, LLAMA3, FailuresVisualizer, ladder_step
+
+
+def run_events() -> list[dict]:
+    """What a 12-step run with rank 1 killed during step 7 and checkpoints every 3 steps emits."""
+    ev = [{"kind": "run_start", "run_id": "r1"},
+          {"kind": "phase", "name": "start", "n": 2, "attempt": 0},
+          {"kind": "phase", "name": "train", "steps": 12, "attempt": 0}]
+    ev += [{"kind": "step", "step": i, "of": 12, "loss": 1.0 / (i + 1), "attempt": 0, "redo": False} for i in range(6)]
+    ev += [{"kind": "checkpoint", "step": s, "bytes": 4096, "seconds": 0.01, "attempt": 0} for s in (3, 6)]
+    ev += [{"kind": "failure", "rank": 1, "step": 7, "phase": "step", "cause": "--kill-rank", "attempt": 0},
+           {"kind": "phase", "name": "start", "n": 2, "attempt": 1},
+           {"kind": "restart", "attempt": 1, "from_step": 6, "checkpoint": "step_00000006", "skipped": [],
+            "failed_rank": 1, "failed_step": 7, "lost_steps": 0, "restart_count": 1, "load_s": 0.02}]
+    ev += [{"kind": "step", "step": i, "of": 12, "loss": 1.0 / (i + 1), "attempt": 1, "redo": False}
+           for i in range(6, 12)]
+    ev += [{"kind": "checkpoint", "step": s, "bytes": 4096, "seconds": 0.01, "attempt": 1} for s in (9, 12)]
+    ev += [{"kind": "compare", "steps": 12, "identical": True, "equal_steps": 12, "first_diff_step": None,
+            "max_abs_diff": 0.0, "weights_identical": True, "attempt": 1},
+           {"kind": "run_end", "status": "ok"}]
+    return ev
+
+
+class Host(App):
+    def __init__(self, language="en"):
+        super().__init__()
+        self.language = language
+
+    def compose(self):
+        yield FailuresVisualizer(language=self.language)
+
+
+def plain(v: FailuresVisualizer, width=130, height=34) -> str:
+    return "\n".join(line.plain for line in v.build_lines(width, height))
+
+
+def test_visualizer_module_imports_no_torch():
+    code = "import sys, distai.visualizers.failures; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_registered_under_the_lessons_name():
+    assert isinstance(make_visualizer("failures"), FailuresVisualizer)
+
+
+def test_ladders():
+    assert ladder_step(LLAMA3["gpu_mtbf"], LADDERS["gpu_mtbf"], up=False) == 50_000 * 3600
+    assert ladder_step(60, LADDERS["cost"], up=True) == 120 and ladder_step(60, LADDERS["cost"], up=False) == 30
+    assert ladder_step(0, LADDERS["restart"], up=False) == 0
+
+
+async def _test_curve_marks_young_daly_and_the_simulated_optimum():
+    app = Host()
+    async with app.run_test(size=(110, 34)) as pilot:
+        v = app.query_one(FailuresVisualizer)
+        await pilot.pause()
+        text = plain(v)
+        M = f.job_mtbf(LLAMA3["gpu_mtbf"], LLAMA3["gpus"])
+        assert "G = 16,384 GPUs" in text and "M = 3.09 h" in text
+        assert "Young √(2CM) = 19.3 min" in text and "Daly = 18.6 min" in text
+        s = v.sweep()
+        assert s.daly == pytest.approx(f.daly_interval(M, 60, 300))
+        assert abs(s.optimum - s.daly) / s.daly < 0.02
+        assert "S simulated optimum = 18.6 min" in text
+        assert "wasted at Daly's interval: 12.4%" in text  # the lesson's worked example
+
+
+async def _test_sliders_move_the_cluster_and_the_optimum_follows_daly():
+    app = Host()
+    async with app.run_test(size=(110, 34)) as pilot:
+        v = app.query_one(FailuresVisualizer)
+        v.focus()
+        # the worked example's second case: 50,000 h per GPU, 16,384 GPUs, C = 10 s, R = 5 min
+        await pilot.press("M", "C", "C", "C")
+        assert (v.params.gpu_mtbf, v.params.cost, v.params.restart, v.params.gpus) == (50_000 * 3600, 10, 300, 16384)
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        s = v.sweep(compute=False)
+        assert s is not None and s.cost == 10
+        assert abs(s.optimum - s.daly) / s.daly < 0.02
+        assert s.daly == pytest.approx(f.daly_interval(f.job_mtbf(50_000 * 3600, 16384), 10, 300))
+        await pilot.press("g", "e")  # twice the GPUs: the interval shrinks about √2
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        s2 = v.sweep(compute=False)
+        assert v.params.gpus == 32768 and v.params.restart == 600
+        assert s2.daly / s.daly == pytest.approx(2 ** -0.5, rel=0.02)
+        assert "G = 32,768 GPUs" in plain(v)
+        await pilot.press("0")
+        assert v.params.gpus == 16384 and v.params.cost == 60
+
+
+async def _test_a_simulated_day_and_the_views():
+    app = Host()
+    async with app.run_test(size=(110, 34)) as pilot:
+        v = app.query_one(FailuresVisualizer)
+        v.focus()
+        v.show_step("failures")
+        assert v.view == "day"
+        text = plain(v)
+        assert "a simulated day on this cluster, checkpointing every 18.6 min (Daly)" in text
+        assert "failures in 24 h" in text and "✕" in text and "◆" in text
+        await pilot.press("space")
+        assert v.view == "run"
+        assert "distai run lesson3" in plain(v)  # how to get a run, until one is fed
+        await pilot.press("1")
+        assert v.view == "interval"
+        v.show_step("elastic")
+        assert v.view == "run"
+
+
+async def _test_run_timeline_fed_by_events():
+    app = Host()
+    async with app.run_test(size=(110, 34)) as pilot:
+        v = app.query_one(FailuresVisualizer)
+        for e in run_events():
+            v.feed_event(e)
+        await pilot.pause()
+        assert v.view == "run"
+        text = plain(v)
+        assert "run timeline: 12 steps on 2 ranks" in text
+        rows = [line for line in text.splitlines() if line.startswith("try ")]
+        assert rows[0].startswith("try 0") and rows[0].count("◆") == 2 and "✕" in rows[0]
+        assert rows[1].startswith("try 1") and "↻" in rows[1] and rows[1].count("◆") == 2
+        assert "rank 1 killed (--kill-rank) during step 7" in text
+        assert "resumed from the checkpoint after step 6" in text
+        assert "12/12 losses identical (==), weights identical" in text
+
+
+async def _test_spanish():
+    app = Host("es")
+    async with app.run_test(size=(110, 34)) as pilot:
+        v = app.query_one(FailuresVisualizer)
+        await pilot.pause()
+        text = plain(v)
+        assert "óptimo simulado = 18,6 min" in text and "G = 16.384 GPUs" in text
+        for e in run_events():
+            v.feed_event(e)
+        text = plain(v)
+        assert "línea de tiempo: 12 pasos en 2 ranks" in text and "pérdidas idénticas" in text
+
+
+def test_run_timeline_cells():
+    tl = RunTimeline()
+    for e in run_events():
+        tl.feed(e)
+    rows = dict(tl.cells(12))
+    assert rows[0][:6] == ["step", "step", "checkpoint", "step", "step", "checkpoint"]
+    assert rows[0][6] == "failure" and rows[0][7:] == ["empty"] * 5
+    assert rows[1][5] == "restart" and rows[1][8] == "checkpoint" and rows[1][11] == "checkpoint"
+    assert tl.done == 12 and len(tl.failures) == 1 and len(tl.restarts) == 1
+    # a new run starts a new timeline; a relaunch of the same run does not
+    tl.feed({"kind": "run_start", "run_id": "r1", "relaunch": 1})
+    assert not tl.empty
+    tl.feed({"kind": "run_start", "run_id": "r2"})
+    assert tl.empty
+
+
+def test_curve_marks_young_daly_and_the_simulated_optimum():
+    asyncio.run(_test_curve_marks_young_daly_and_the_simulated_optimum())
+
+
+def test_sliders_move_the_cluster_and_the_optimum_follows_daly():
+    asyncio.run(_test_sliders_move_the_cluster_and_the_optimum_follows_daly())
+
+
+def test_a_simulated_day_and_the_views():
+    asyncio.run(_test_a_simulated_day_and_the_views())
+
+
+def test_run_timeline_fed_by_events():
+    asyncio.run(_test_run_timeline_fed_by_events())
+
+
+def test_spanish():
+    asyncio.run(_test_spanish())

@@ -1,0 +1,424 @@
+"""Lesson 3's visualizer: how often to checkpoint, a simulated day of failures, and a real run.
+
+Three views (``space`` cycles them, ``1``–``3`` pick one; the lesson's step chooses one):
+
+- *interval*: goodput (the share of wall-clock time spent on useful work) against the checkpoint
+  interval τ on a log axis, simulated by :mod:`distai.lessons.lesson3.failure_sim` — a long
+  failure log of the cluster played against each τ — as dots, over Daly's closed form as a thin
+  line. Vertical marks: Young's √(2·C·M) (``Y``), Daly's interval (``D``) and the simulated
+  optimum (``S``), which lands on Daly's.
+- *day*: one simulated day on that cluster checkpointing at Daly's interval: work, checkpoints,
+  the work lost to each failure, restarts, and the GPU that failed.
+- *run*: the timeline of a real ``distai run lesson3`` fed by ``feed_event`` — each start of the
+  worker group on its own row, its steps, checkpoints, the failure, the restart and the work
+  redone, and the final comparison with an uninterrupted run.
+
+Keys (sliders, up/down a ladder of round values): ``g``/``G`` GPUs ×2/÷2, ``m``/``M`` per-GPU
+MTBF (… 20,000 h, 50,000 h, 100,000 h …), ``c``/``C`` checkpoint cost (… 10 s, 20 s, 30 s, 1 min
+…), ``e``/``E`` restart time (… 1 min, 2 min, 5 min …), ``0`` back to the Llama 3 example (16,384
+GPUs, 419 interruptions in 54 days, C = 60 s, R = 5 min). No torch, no I/O; the simulation runs
+in a worker thread.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rich.console import Group
+from rich.text import Text
+from textual import work
+from textual.binding import Binding
+
+from distai.lessons.lesson3 import failure_sim as fs
+from distai.lessons.lesson3.formulas import DAY, component_mtbf_from_log, job_mtbf
+from distai.lessons.lesson3.run_timeline import RunTimeline
+from distai.lessons.units import format_percent, format_time
+from distai.visualizers.base import LessonVisualizer
+from distai.visualizers.run_timeline import timeline_lines
+
+VIEWS = ("interval", "day", "run")
+STEP_VIEWS = {"failures": "day", "exact-state": "run", "atomic": "run", "sharded": "run", "async": "interval",
+              "elastic": "run", "lost-work": "interval", "young-daly": "interval", "worked-example": "interval"}
+LLAMA3 = {"gpus": 16384, "gpu_mtbf": component_mtbf_from_log(16384, 54 * DAY, 419), "cost": 60.0, "restart": 300.0}
+FAILURES = 100_000  # failures in the simulated log behind the curve
+GPU_RANGE = (1, 1 << 20)
+HOUR = 3600.0
+LADDERS = {
+    "gpu_mtbf": [h * HOUR for h in (100, 200, 500, 1000, 2000, 5000, 10_000, 20_000, 50_000, 100_000, 200_000,
+                                    500_000, 1_000_000)],
+    "cost": [0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200],
+    "restart": [0, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600],
+}
+
+
+def ladder_step(value: float, ladder: list[float], up: bool) -> float:
+    """The next round value above (or below) ``value`` on ``ladder`` (the end if there is none)."""
+    if up:
+        return next((v for v in ladder if v > value * (1 + 1e-9)), ladder[-1])
+    return next((v for v in reversed(ladder) if v < value * (1 - 1e-9)), ladder[0])
+SEG_STYLE = {"work": ("█", "green"), "checkpoint": ("▌", "cyan"), "lost": ("░", "red"), "restart": ("▒", "magenta")}
+
+T = {
+    "en": {
+        "params": "G = {g} GPUs · per-GPU MTBF {mg} → job MTBF M = {m} · checkpoint C = {c} · restart R = {r}",
+        "params_short": "G={g} · M_gpu {mg} → M {m} · C {c} · R {r}",
+        "goodput": "goodput", "axis": "checkpoint interval τ (log scale)",
+        "marks": "Y Young √(2CM) = {y} · D Daly = {d} · S simulated optimum = {s} ({gap}; {n} failures)",
+        "waste": "wasted at Daly's interval: {w} (simulated {ws}); at 10×: {w10}; at ÷10: {w01}",
+        "legend": "• simulated  ─ Daly's expected time  │ Y / D / S",
+        "simulating": "simulating {n} failures…",
+        "day_title": "a simulated day on this cluster, checkpointing every {tau} (Daly)",
+        "day_stats": "{f} failures in 24 h · wasted {w}: lost work {lost}, checkpoints {ck}, restarts {rs}",
+        "day_legend": "█ work kept  ◆ checkpoint written  ░ work lost  ▒ restart  ✕ failure",
+        "failed_gpus": "GPUs that failed: {who}",
+        "hours": "h",
+        "keys": "Tab to focus · g/G GPUs · m/M MTBF · c/C checkpoint cost · e/E restart · space/1-3 view · 0 Llama 3",
+        "keys_short": "g/G · m/M · c/C · e/E · space · 0",
+        "views": {"interval": "interval", "day": "a day", "run": "the run"},
+    },
+    "es": {
+        "params": "G = {g} GPUs · MTBF por GPU {mg} → MTBF del trabajo M = {m} · checkpoint C = {c} · reinicio R = {r}",
+        "params_short": "G={g} · M_gpu {mg} → M {m} · C {c} · R {r}",
+        "goodput": "goodput", "axis": "intervalo entre checkpoints τ (escala log)",
+        "marks": "Y Young √(2CM) = {y} · D Daly = {d} · S óptimo simulado = {s} ({gap}; {n} fallos)",
+        "waste": "desperdicio con el intervalo de Daly: {w} (simulado {ws}); con 10×: {w10}; con ÷10: {w01}",
+        "legend": "• simulado  ─ tiempo esperado de Daly  │ Y / D / S",
+        "simulating": "simulando {n} fallos…",
+        "day_title": "un día simulado en este clúster, con checkpoint cada {tau} (Daly)",
+        "day_stats": "{f} fallos en 24 h · desperdicio {w}: trabajo perdido {lost}, checkpoints {ck}, reinicios {rs}",
+        "day_legend": "█ trabajo conservado  ◆ checkpoint escrito  ░ trabajo perdido  ▒ reinicio  ✕ fallo",
+        "failed_gpus": "GPUs que fallaron: {who}",
+        "hours": "h",
+        "keys": "Tab para enfocar · g/G GPUs · m/M MTBF · c/C coste del checkpoint · e/E reinicio · espacio/1-3 vista · "
+                "0 Llama 3",
+        "keys_short": "g/G · m/M · c/C · e/E · espacio · 0",
+        "views": {"interval": "intervalo", "day": "un día", "run": "la ejecución"},
+    },
+}
+
+
+@dataclass(frozen=True)
+class Params:
+    gpus: int
+    gpu_mtbf: float
+    cost: float
+    restart: float
+
+    @property
+    def mtbf(self) -> float:
+        return job_mtbf(self.gpu_mtbf, self.gpus)
+
+
+def _int(n: int, lang: str) -> str:
+    return f"{int(n):,}".replace(",", "." if lang == "es" else ",")
+
+
+def _waste_at(sweep: fs.Sweep, tau: float) -> float:
+    from distai.lessons.lesson3.formulas import expected_waste_fraction
+
+    return expected_waste_fraction(tau, sweep.mtbf, sweep.cost, sweep.restart)
+
+
+def plot_lines(sweep: fs.Sweep, width: int, height: int, lang: str) -> list[Text]:
+    """Goodput against log τ: simulated dots over Daly's curve, with the Y, D and S marks."""
+    tr = T.get(lang, T["en"])
+    label_w = 7
+    cols = max(20, width - label_w - 2)
+    rows = max(5, height)
+    x = sweep.intervals
+    lx0, lx1 = math.log(x[0]), math.log(x[-1])
+
+    def col(tau: float) -> int:
+        return min(cols - 1, max(0, int(round((math.log(tau) - lx0) / (lx1 - lx0) * (cols - 1)))))
+
+    lo = max(0.0, min(float(sweep.goodput.min()), float(sweep.expected.min())))
+    hi = min(1.0, max(float(sweep.goodput.max()), float(sweep.expected.max())))
+    span = max(hi - lo, 1e-3)
+    lo, hi = max(0.0, lo - 0.04 * span), min(1.0, hi + 0.06 * span)
+
+    def row(g: float) -> int:
+        return min(rows - 1, max(0, int(round((hi - g) / (hi - lo) * (rows - 1)))))
+
+    grid: list[list[tuple[str, str]]] = [[(" ", "")] * cols for _ in range(rows)]
+    # Daly's closed form, one value per column
+    for c in range(cols):
+        tau = math.exp(lx0 + (lx1 - lx0) * c / max(1, cols - 1))
+        grid[row(1 - _waste_at(sweep, tau))][c] = ("─", "grey50")
+    # S first: where it covers D, the simulation has found Daly's interval
+    marks = [(sweep.optimum, "S", "bold green"), (sweep.daly, "D", "magenta"), (sweep.young, "Y", "yellow")]
+    for tau, _label, style in marks:
+        if x[0] <= tau <= x[-1]:
+            c = col(tau)
+            top = row(1 - _waste_at(sweep, tau))
+            for r in range(top + 1, rows):
+                if grid[r][c][0] == " ":
+                    grid[r][c] = ("│", style)
+    for tau, g in zip(x, sweep.goodput):
+        grid[row(float(g))][col(float(tau))] = ("•", "bold cyan")
+    lines = [Text(tr["goodput"], style="bold")]
+    for r in range(rows):
+        value = hi - (hi - lo) * r / (rows - 1)
+        label = format_percent(value, 3, lang) if r % 2 == 0 else ""
+        line = Text(label.rjust(label_w - 1) + ("┤" if label else "│"), style="grey62")
+        for ch, style in grid[r]:
+            line.append(ch, style=style)
+        lines.append(line)
+    axis = Text(" " * (label_w - 1) + "└" + "─" * cols, style="grey62")
+    lines.append(axis)
+    # the marks' letters under their lines (a second row where two share a column)
+    label_rows = [[(" ", "")] * (cols + label_w + 2) for _ in range(3)]
+    for tau, label, style in marks:
+        if x[0] <= tau <= x[-1]:
+            c = label_w + col(tau)
+            for lr in label_rows:
+                if lr[c][0] == " ":
+                    lr[c] = (label, style)
+                    break
+    mark_lines = []
+    for lr in label_rows:
+        if any(ch != " " for ch, _ in lr):
+            t = Text()
+            for ch, style in lr:
+                t.append(ch, style=style)
+            mark_lines.append(t)
+    tick_line = [" "] * (cols + label_w + 12)
+    for k in range(5):
+        tau = math.exp(lx0 + (lx1 - lx0) * k / 4)
+        text = format_time(tau, 2, lang)
+        c = label_w + col(tau) - (len(text) // 2 if k else 0)
+        c = min(max(label_w, c), cols + label_w - len(text)) if k < 4 else cols + label_w - len(text)
+        if all(t == " " for t in tick_line[max(0, c - 1):c + len(text) + 1]):
+            tick_line[c:c + len(text)] = list(text)
+    lines.append(Text("".join(tick_line).rstrip(), style="grey62"))
+    lines.extend(mark_lines)
+    lines.append(Text(" " * label_w + tr["axis"], style="grey50"))
+    return lines
+
+
+class FailuresVisualizer(LessonVisualizer):
+    """Goodput against the checkpoint interval, a simulated day of failures, and a live run."""
+
+    can_focus = True
+    DEFAULT_CSS = """
+    FailuresVisualizer { height: 1fr; width: 1fr; padding: 0 1; }
+    FailuresVisualizer:focus { background: $boost; }
+    """
+    BINDINGS = [
+        Binding("g", "scale('gpus', 2)", "more GPUs", show=False),
+        Binding("G", "scale('gpus', 0.5)", "fewer GPUs", show=False),
+        Binding("m", "scale('gpu_mtbf', 2)", "longer MTBF", show=False),
+        Binding("M", "scale('gpu_mtbf', 0.5)", "shorter MTBF", show=False),
+        Binding("c", "scale('cost', 2)", "costlier checkpoints", show=False),
+        Binding("C", "scale('cost', 0.5)", "cheaper checkpoints", show=False),
+        Binding("e", "scale('restart', 2)", "slower restart", show=False),
+        Binding("E", "scale('restart', 0.5)", "faster restart", show=False),
+        Binding("space", "next_view", "next view", show=False),
+        Binding("1", "view('interval')", "interval", show=False),
+        Binding("2", "view('day')", "a day", show=False),
+        Binding("3", "view('run')", "the run", show=False),
+        Binding("0", "reset", "Llama 3 example", show=False),
+    ]
+
+    def __init__(self, language: str = "en", **kwargs):
+        super().__init__(language=language, **kwargs)
+        self.params = Params(**LLAMA3)
+        self.view = "interval"
+        self.run = RunTimeline()
+        self._sweeps: dict[Params, fs.Sweep] = {}
+        self._days: dict[Params, fs.Timeline] = {}
+
+    # -- model ------------------------------------------------------------------------------------
+    def sweep(self, compute: bool = True) -> fs.Sweep | None:
+        """The sweep for the current parameters (computed here if ``compute`` and not cached)."""
+        p = self.params
+        if p not in self._sweeps and compute:
+            self._sweeps[p] = fs.sweep(p.gpus, p.gpu_mtbf, p.cost, p.restart, failures=FAILURES)
+        return self._sweeps.get(p)
+
+    def day(self) -> fs.Timeline:
+        p = self.params
+        if p not in self._days:
+            s = self.sweep()
+            self._days[p] = fs.simulate_timeline(p.gpus, p.gpu_mtbf, p.cost, p.restart, s.daly, DAY, seed=3)
+        return self._days[p]
+
+    @work(thread=True, exclusive=True, group="failures-sweep")
+    def _compute(self, p: Params) -> None:
+        result = fs.sweep(p.gpus, p.gpu_mtbf, p.cost, p.restart, failures=FAILURES)
+        self.app.call_from_thread(self._computed, p, result)
+
+    def _computed(self, p: Params, result: fs.Sweep) -> None:
+        self._sweeps[p] = result
+        self._redraw()
+
+    # -- Textual ----------------------------------------------------------------------------------
+    def render(self):
+        size = self.content_size
+        return Group(*self.build_lines(size.width or 100, size.height or None))
+
+    def show_step(self, step_key: str) -> None:
+        view = STEP_VIEWS.get(step_key)
+        if view is not None:
+            self.view = view
+            self._redraw()
+
+    def feed_event(self, event: dict) -> None:
+        kind = event.get("kind")
+        if kind == "run_start" and not event.get("relaunch"):
+            self.view = "run"
+        if self.run.feed(event):
+            self._redraw()
+
+    # -- actions ----------------------------------------------------------------------------------
+    def action_scale(self, what: str, factor: float) -> None:
+        p = self.params
+        if what == "gpus":
+            value = int(min(GPU_RANGE[1], max(GPU_RANGE[0], round(p.gpus * factor))))
+            new = Params(value, p.gpu_mtbf, p.cost, p.restart)
+        else:
+            value = ladder_step(getattr(p, what), LADDERS[what], up=factor > 1)
+            new = Params(**{**p.__dict__, what: value})
+        if new.cost >= 2 * new.mtbf:  # past the model's range (Daly's τ = M): keep the previous
+            self.app.bell()
+            return
+        self.params = new
+        if new not in self._sweeps:
+            self._compute(new)
+        self._redraw()
+
+    def action_view(self, view: str) -> None:
+        self.view = view
+        self._redraw()
+
+    def action_next_view(self) -> None:
+        self.view = VIEWS[(VIEWS.index(self.view) + 1) % len(VIEWS)]
+        self._redraw()
+
+    def action_reset(self) -> None:
+        self.params = Params(**LLAMA3)
+        self._redraw()
+
+    # -- drawing ----------------------------------------------------------------------------------
+    def header(self, width: int) -> Text:
+        tr = T.get(self.language, T["en"])
+        p, lang = self.params, self.language
+        fields = dict(g=_int(p.gpus, lang),
+                      mg=f"{_int(round(p.gpu_mtbf / HOUR), lang)} h", m=format_time(p.mtbf, 3, lang),
+                      c=format_time(p.cost, 3, lang), r=format_time(p.restart, 3, lang) if p.restart else "0 s")
+        text = tr["params"].format(**fields)
+        if len(text) > width:
+            text = tr["params_short"].format(**fields)
+        return Text(text, style="bold")
+
+    def build_lines(self, width: int, height: int | None = None) -> list[Text]:
+        tr = T.get(self.language, T["en"])
+        width = max(40, width)
+        height = height or 30
+        tabs = Text()
+        for v in VIEWS:
+            label = f" {VIEWS.index(v) + 1} {tr['views'][v]} "
+            tabs.append(label, style="bold reverse" if v == self.view else "grey62")
+            tabs.append(" ")
+        lines = [tabs]
+        if self.view == "run":
+            lines.extend(timeline_lines(self.run, width, self.language))
+            if self.run.empty:
+                lines.append(Text(""))
+                lines.extend(self.day_lines(width))
+        else:
+            lines.append(self.header(width))
+            if self.view == "interval":
+                lines.extend(self.interval_lines(width, height - 4))
+            else:
+                lines.extend(self.day_lines(width))
+        lines.append(Text(tr["keys"] if len(tr["keys"]) <= width else tr["keys_short"], style="grey50"))
+        return lines
+
+    def interval_lines(self, width: int, height: int) -> list[Text]:
+        tr = T.get(self.language, T["en"])
+        lang = self.language
+        s = self.sweep(compute=not self._sweeps)  # the first one at once; later ones in the worker
+        if s is None:
+            return [Text(tr["simulating"].format(n=_int(FAILURES, lang)), style="italic")]
+        plot_h = max(5, min(16, height - 7))
+        lines = plot_lines(s, width, plot_h, lang)
+        gap = (s.optimum - s.daly) / s.daly
+        lines.append(Text(tr["marks"].format(y=format_time(s.young, 3, lang), d=format_time(s.daly, 3, lang),
+                                             s=format_time(s.optimum, 3, lang),
+                                             n=_int(s.failures, lang),
+                                             gap=("+" if gap >= 0 else "−") + format_percent(abs(gap), 2, lang)),
+                          style="bold"))
+        i = int(min(range(len(s.intervals)), key=lambda k: abs(math.log(s.intervals[k] / s.daly))))
+        lines.append(Text(tr["waste"].format(w=format_percent(_waste_at(s, s.daly), 3, lang),
+                                             ws=format_percent(1 - float(s.goodput[i]), 3, lang),
+                                             w10=format_percent(_waste_at(s, s.daly * 10), 3, lang),
+                                             w01=format_percent(_waste_at(s, s.daly / 10), 3, lang))))
+        lines.append(Text(tr["legend"], style="grey50"))
+        return lines
+
+    def day_lines(self, width: int) -> list[Text]:
+        tr = T.get(self.language, T["en"])
+        lang = self.language
+        s = self.sweep()
+        tl = self.day()
+        cols = max(20, width - 2)
+        dt = tl.horizon / cols
+        cells: list[tuple[str, str]] = [(" ", "")] * cols
+        order = ("lost", "restart", "checkpoint", "work")
+        weight: list[dict[str, float]] = [dict() for _ in range(cols)]
+        for seg in tl.segments:
+            a, b = max(0.0, seg.start), min(tl.horizon, seg.end)
+            c = int(a / dt)
+            while a < b and c < cols:
+                end = min(b, (c + 1) * dt)
+                weight[c][seg.kind] = weight[c].get(seg.kind, 0.0) + end - a
+                a, c = end, c + 1
+        for c in range(cols):
+            if weight[c]:
+                # a cell with any lost work or restart shows it (they are rare and short)
+                kind = next((k for k in order[:2] if weight[c].get(k, 0) > 0.15 * dt), None) \
+                    or max(weight[c], key=weight[c].get)
+                cells[c] = SEG_STYLE[kind]
+        marks = [" "] * cols
+        for t, _gpu in tl.failures:
+            if t < tl.horizon:
+                marks[min(cols - 1, int(t / dt))] = "✕"
+        ckpts = [" "] * cols
+        if s.daly + self.params.cost >= 2 * dt:  # one mark per checkpoint, or none where they would merge
+            for seg in tl.segments:
+                if seg.kind == "checkpoint" and seg.end <= tl.horizon:
+                    ckpts[min(cols - 1, int(seg.end / dt))] = "◆"
+        hours = [" "] * cols
+        for h in range(0, 25, 6):
+            label = f"{h} {tr['hours']}"
+            c = min(cols - len(label), int(h * 3600 / dt))
+            hours[c:c + len(label)] = list(label)
+        strip = Text()
+        for ch, style in cells:
+            strip.append(ch, style=style)
+        lost, ck, rs = tl.total("lost"), tl.total("checkpoint"), tl.total("restart")
+        wasted = (lost + ck + rs) / tl.horizon
+        n_fail = sum(1 for t, _ in tl.failures if t < tl.horizon)
+        who = ""
+        for g in (g for t, g in tl.failures if t < tl.horizon):
+            item = f"#{g}" if not who else f", #{g}"
+            if len(who) + len(item) > max(20, width - 22):
+                who += ", …"
+                break
+            who += item
+        lines = [Text(tr["day_title"].format(tau=format_time(s.daly, 3, lang)), style="bold"),
+                 Text("".join(marks), style="bold red"), Text("".join(ckpts), style="cyan"), strip, Text("".join(hours).rstrip(), style="grey62"),
+                 Text(tr["day_stats"].format(f=n_fail, w=format_percent(wasted, 3, lang),
+                                             lost=format_percent(lost / tl.horizon, 2, lang),
+                                             ck=format_percent(ck / tl.horizon, 2, lang),
+                                             rs=format_percent(rs / tl.horizon, 2, lang))),
+                 Text(tr["day_legend"], style="grey50")]
+        if who:
+            lines.append(Text(tr["failed_gpus"].format(who=who), style="grey62"))
+        return lines
+
+    def _redraw(self) -> None:
+        self.refresh()
+
+
+VISUALIZER = FailuresVisualizer
