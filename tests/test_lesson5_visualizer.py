@@ -192,6 +192,8 @@ async def _screen_keys():
         await pilot.press("s", "m")
         assert viz.p == 4 and Panel.stopped == 1  # "s" stopped the run instead of adding a stage
         assert viz.m == 9  # keys the screen does not bind still reach the visualizer
+        hints = viz.build_lines(110)[-1].plain
+        assert "stages" not in hints and "microbatches" in hints  # no hint for a key it cannot use
 
 
 def test_terminal_view_of_distai_run():

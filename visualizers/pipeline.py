@@ -383,20 +383,23 @@ class PipelineVisualizer(LessonVisualizer):
         self.refresh()
 
     # -- actions ----------------------------------------------------------------------------------
-    def check_action(self, action: str, parameters: tuple) -> bool | None:
-        """Leave a key to the screen when the screen binds it too (the run panel's ``s`` Stop)."""
-        mine = {k for b in self.BINDINGS if b.action.split("(")[0] == action for k in b.key.split(",")}
+    def _screen_keys(self) -> set[str]:
+        """Keys the screen binds itself (none when not mounted)."""
         try:
             screen = self.screen
         except Exception:  # noqa: BLE001 - not mounted: nothing to defer to
-            return True
+            return set()
         theirs: set[str] = set()
         for b in getattr(type(screen), "BINDINGS", []):
             key = b.key if isinstance(b, Binding) else b[0]
             theirs.update(k.strip() for k in key.split(","))
-        if mine & theirs or ({k.lower() for k in mine} & theirs):
-            return False
-        return True
+        return theirs
+
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        """Leave a key to the screen when the screen binds it too (the run panel's ``s`` Stop)."""
+        mine = {k for b in self.BINDINGS if b.action.split("(")[0] == action for k in b.key.split(",")}
+        theirs = self._screen_keys()
+        return not (mine & theirs or ({k.lower() for k in mine} & theirs))
 
     def _changed(self) -> None:
         self.cursor = 0.0
@@ -479,8 +482,11 @@ class PipelineVisualizer(LessonVisualizer):
             measured = self._measured_panel(schedule, cols, mem_max, tr)
             panel.extend(measured)
             panels.append(panel)
+        taken = self._screen_keys()
+        hints = [h for h in tr["keys_short" if narrow else "keys"].split(" · ")
+                 if not set(h.split(" ")[0].split("/")) & taken]  # keys the screen keeps for itself
         footer = [Text(tr["legend_short" if narrow else "legend"].format(idle=IDLE_CHAR), style="grey50"),
-                  Text(tr["keys_short" if narrow else "keys"], style="grey50")]
+                  Text(" · ".join(hints), style="grey50")]
         budget = (height or 10_000) - len(lines) - len(footer)
         used = 0
         for i, panel in enumerate(panels):
