@@ -255,7 +255,7 @@ def main(argv=None) -> int:
         print(f"  {name:<32} {r[name]['tokens_per_s']:>8.1f} tok/s  waste {r[name]['waste']:>5.1%}  "
               f"up to {r[name]['max_running']:>2} running  {r[name]['iterations']:>4} iterations")
     print(f"  (a) same running requests: paged/contiguous = {r[k[1]]['tokens_per_s'] / r[k[0]]['tokens_per_s']:.2f}x "
-          f"(the cost of gathering K/V through block tables)")
+          f"(only how K/V are addressed differs: block tables vs one region)")
     print(f"  (b) same KV memory ({a.kv_budget} tokens): paged/contiguous = "
           f"{r[k[3]]['tokens_per_s'] / r[k[2]]['tokens_per_s']:.2f}x (more requests fit at once); "
           f"iterations contiguous/paged = {r[k[2]]['iterations'] / r[k[3]]['iterations']:.2f}x (the ratio where a "
