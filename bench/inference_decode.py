@@ -7,7 +7,9 @@ and the paged KV cache's throughput over the contiguous one — all measured in 
 What it measures, per world size W (one process group each):
 
 * memory bandwidth: every rank copies a ``--copy-mib`` buffer at the same time (bytes read + written
-  / time), so the W-rank figure is what each rank gets while all W stream at once;
+  / time), so the W-rank figure is what each rank gets while all W stream at once; and the bandwidth
+  a ``batch × 4096`` by ``4096 × n`` matmul reaches streaming a ``--matvec-mib`` weight (decode's
+  kernel: on CPUs it stays well below a plain copy);
 * peak compute per rank: a float32 matmul, all ranks at once;
 * the all-reduce of one decode step's ``batch × hidden`` activations, and one point-to-point hop;
 * greedy decoding with tensor parallelism over W ranks and with a W-stage pipeline
@@ -15,11 +17,12 @@ What it measures, per world size W (one process group each):
   median decode step (a shared machine's hiccups hurt less than with the total time).
 
 The roofline estimate of a decode step uses lesson 7's formulas on what one rank does with the
-measured figures: TP, ``decode_time_per_token(N/W, weights/W, KV/W, peak, bandwidth_W, batch)`` +
+measured figures (once with each bandwidth): TP, ``decode_time_per_token(N/W, weights/W, KV/W, peak, bandwidth_W, batch)`` +
 2·L measured all-reduces; PP with m = W microbatches of batch/m, every stage busy: m ×
 ``decode_time_per_token(N/W, weights/W, KV/W, peak, bandwidth_W, batch/m)`` + m hops. Single process
-(W = 1): the same with no communication. The printed ratio measured/roofline says how close the
-engine gets to the machine's limits (below 1 would mean the model is wrong).
+(W = 1): the same with no communication. The printed ratio measured / roofline (matvec bandwidth)
+says how close the engine gets to what the machine's kernels allow (above 1 would mean the model is
+wrong).
 
 Last, one request mix served with continuous batching on the paged cache and on the contiguous one,
 (a) with room for the same number of running requests, so only the block-table gather differs, and
@@ -64,6 +67,13 @@ def bench_group(rank: int, world: int, args: dict) -> dict:
     t = _timed(lambda: dst.copy_(src), 5)
     out["bandwidth"] = 2 * n * 4 / t
     del src, dst
+    # what a batch-B matmul achieves streaming a weight matrix from memory (decode's kernel), all at once
+    wmat = torch.randn(args["matvec_mib"] * (1 << 20) // 4 // 4096, 4096)
+    xv = torch.randn(args["batch"], 4096)
+    dist.barrier()
+    t = _timed(lambda: torch.nn.functional.linear(xv, wmat), 5)
+    out["matvec_bandwidth"] = wmat.numel() * 4 / t
+    del wmat
     # peak float32 matmul throughput per rank, all at once
     a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
     dist.barrier()
@@ -165,6 +175,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=24)
     ap.add_argument("--copy-mib", type=int, default=256)
+    ap.add_argument("--matvec-mib", type=int, default=128)
     ap.add_argument("--worlds", default="1,2,4")
     ap.add_argument("--requests", type=int, default=48)
     ap.add_argument("--kv-budget", type=int, default=2048, help="KV tokens of either cache in part (b)")
@@ -186,22 +197,24 @@ def main(argv=None) -> int:
     ctx_mean = a.prompt + a.new_tokens // 2
     print(f"decode: {cfg_params / 1e6:.0f}M-parameter model (h={a.hidden}, L={L}, {a.heads} heads, {a.kv_heads} KV "
           f"heads, fp32), batch {B}, prompt {a.prompt}, {a.new_tokens} tokens; gloo on CPU, 1 thread per rank\n")
-    print(f"{'W':>2}  {'copy GB/s/rank':>14}  {'matmul GFLOP/s/rank':>19}  {'all-reduce':>10}  {'hop':>8}")
+    print(f"{'W':>2}  {'copy GB/s/rank':>14}  {'matvec GB/s/rank':>16}  {'matmul GFLOP/s/rank':>19}  "
+          f"{'all-reduce':>10}  {'hop':>8}")
     for W in worlds:
         r0 = res[W]
         bw = min(r["bandwidth"] for r in r0)
+        mv = min(r["matvec_bandwidth"] for r in r0)
         pk = min(r["peak_flops"] for r in r0)
         ar = f"{r0[0]['allreduce_s'] * 1e6:.0f} µs" if W > 1 else "—"
         hop = f"{r0[0]['hop_s'] * 1e6:.0f} µs" if W > 1 else "—"
-        print(f"{W:>2}  {bw / 1e9:>14.2f}  {pk / 1e9:>19.1f}  {ar:>10}  {hop:>8}")
-    print(f"\n{'mode':<8} {'W':>2}  {'measured tok/s':>14}  {'roofline tok/s':>14}  {'measured/roofline':>17}  "
-          f"{'speed-up vs W=1':>15}  tokens = W=1")
+        print(f"{W:>2}  {bw / 1e9:>14.2f}  {mv / 1e9:>16.2f}  {pk / 1e9:>19.1f}  {ar:>10}  {hop:>8}")
+    print(f"\n{'mode':<8} {'W':>2}  {'measured tok/s':>14}  {'roofline: copy bw':>17}  {'matvec bw':>9}  "
+          f"{'measured/matvec roofline':>24}  {'speed-up vs W=1':>15}  tokens = W=1")
     base = None
     ref_tokens = res[worlds[0]][0]["tp"]["tokens"]
     rows = []
     for W in worlds:
         r0 = res[W]
-        bw = min(r["bandwidth"] for r in r0)
+        bws = (min(r["bandwidth"] for r in r0), min(r["matvec_bandwidth"] for r in r0))
         pk = min(r["peak_flops"] for r in r0)
         for mode in ("tp", "pp"):
             if mode == "pp" and W == 1:
@@ -212,24 +225,27 @@ def main(argv=None) -> int:
             measured = B / step_s
             wb = max(r[mode]["weight_bytes"] for r in r0)
             kvb = max(r[mode]["kv_bytes_per_token"] for r in r0) * ctx_mean
-            if mode == "tp":
-                step = f.decode_time_per_token(cfg_params / W, wb, kvb, pk, bw, B)
-                if W > 1:
-                    step += 2 * L * r0[0]["allreduce_s"]
-            else:
-                mb = B // W
-                step = W * f.decode_time_per_token(cfg_params / W, wb, kvb, pk, bw, mb) + W * r0[0]["hop_s"]
-            roof = B / step
+            roofs = []
+            for bw in bws:
+                if mode == "tp":
+                    step = f.decode_time_per_token(cfg_params / W, wb, kvb, pk, bw, B)
+                    if W > 1:
+                        step += 2 * L * r0[0]["allreduce_s"]
+                else:
+                    mb = B // W
+                    step = W * f.decode_time_per_token(cfg_params / W, wb, kvb, pk, bw, mb) + W * r0[0]["hop_s"]
+                roofs.append(B / step)
             if base is None:
                 base = measured
             same = bool((m["tokens"] == ref_tokens).all())
             name = "single" if W == 1 else mode.upper()
-            rows.append((name, W, measured, roof))
-            print(f"{name:<8} {W:>2}  {measured:>14.1f}  {roof:>14.1f}  {measured / roof:>17.2f}  "
-                  f"{measured / base:>15.2f}  {'yes' if same else 'NO'}")
-    print("\nroofline: lesson 7's decode_time_per_token with the measured per-rank bandwidth and matmul peak"
-          " (+ 2·L all-reduces for TP, + hops for PP); the weights are read once per step (TP) or once per"
-          " microbatch (PP), so PP keeps every rank busy but does not shorten a token.")
+            rows.append((name, W, measured, roofs))
+            print(f"{name:<8} {W:>2}  {measured:>14.1f}  {roofs[0]:>17.1f}  {roofs[1]:>9.1f}  "
+                  f"{measured / roofs[1]:>24.2f}  {measured / base:>15.2f}  {'yes' if same else 'NO'}")
+    print("\nroofline: lesson 7's decode_time_per_token with the measured per-rank bandwidth (a plain copy, and"
+          " what a batch-B matmul achieves streaming weights) and matmul peak, + 2·L measured all-reduces"
+          " for TP, + hops for PP. The weights are read once per step (TP) or once per microbatch (PP), so"
+          " PP keeps every rank busy but does not shorten a token.")
     pv = paged_vs_contiguous(args)
     r = pv["runs"]
     k = list(r)
@@ -239,9 +255,11 @@ def main(argv=None) -> int:
         print(f"  {name:<32} {r[name]['tokens_per_s']:>8.1f} tok/s  waste {r[name]['waste']:>5.1%}  "
               f"up to {r[name]['max_running']:>2} running  {r[name]['iterations']:>4} iterations")
     print(f"  (a) same running requests: paged/contiguous = {r[k[1]]['tokens_per_s'] / r[k[0]]['tokens_per_s']:.2f}x "
-          f"(the cost of gathering K/V through block tables)")
+          f"(only how K/V are addressed differs: block tables vs one region)")
     print(f"  (b) same KV memory ({a.kv_budget} tokens): paged/contiguous = "
-          f"{r[k[3]]['tokens_per_s'] / r[k[2]]['tokens_per_s']:.2f}x (more requests fit at once)")
+          f"{r[k[3]]['tokens_per_s'] / r[k[2]]['tokens_per_s']:.2f}x (more requests fit at once); "
+          f"iterations contiguous/paged = {r[k[2]]['iterations'] / r[k[3]]['iterations']:.2f}x (the ratio where a "
+          f"decode step costs the same whatever the batch, as on a memory-bound GPU)")
     return 0
 
 

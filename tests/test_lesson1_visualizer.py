@@ -316,6 +316,23 @@ def test_sweep_chart_places_points_and_the_fitted_curve():
     assert R.sweep_chart([], {}, 40, 5, "en")[0].plain.startswith("No sweep yet")
 
 
+@async_test
+async def test_sweep_chart_widget_for_run_views():
+    class ChartHost(App):
+        def compose(self):
+            yield R.SweepChart(id="c")
+
+    app = ChartHost()
+    async with app.run_test(size=(50, 16)) as pilot:
+        chart = app.query_one("#c")
+        await pilot.pause()
+        assert "No sweep yet" in "".join(s.text for s in strips(chart))
+        rows = [{"size": 1024 * 4 ** k, "n": 2, "ring_busbw": 1e6 * (k + 1), "ar_busbw": 1e6} for k in range(4)]
+        chart.update(rows, {})
+        await pilot.pause()
+        assert sum(s.text.count("●") for s in strips(chart)) == 4 + 1  # four sizes and the legend
+
+
 # ------------------------------------------------------------------------------------ a real run
 def _traced_run(rank: int, world_size: int) -> list[dict]:
     import os

@@ -141,8 +141,8 @@ def _events_from(tl: sim.Timeline, schedule: str, scale: float = 0.01, t0: float
 
 def test_measured_timeline_from_run_events():
     viz = PipelineVisualizer()
-    viz.show_step("run-it")
     viz.feed_event({"kind": "pp_config", "p": 4, "m": 8, "v": 2, "schedules": ["1f1b"]})
+    assert viz.view == "run"  # a run's events switch to the measured view
     # a "measured" run that is the simulation stretched by a slow last stage
     tl = sim.simulate("1f1b", 4, 8, t_f=1.0, t_b=2.0)
     events = list(_events_from(tl, "1f1b"))
@@ -192,3 +192,25 @@ async def _screen_keys():
         await pilot.press("s", "m")
         assert viz.p == 4 and Panel.stopped == 1  # "s" stopped the run instead of adding a stage
         assert viz.m == 9  # keys the screen does not bind still reach the visualizer
+        hints = viz.build_lines(110)[-1].plain
+        assert "stages" not in hints and "microbatches" in hints  # no hint for a key it cannot use
+
+
+def test_terminal_view_of_distai_run():
+    from distai.tutor.cli_run import lesson_view
+    from distai.visualizers.pipeline import TerminalPipeline
+
+    view = lesson_view("lesson5")
+    assert isinstance(view, TerminalPipeline)
+    assert view.renderables(100) == []  # nothing before the run's events
+    view.feed({"kind": "pp_config", "p": 4, "m": 8, "v": 2})
+    tl = sim.simulate("gpipe", 4, 8)
+    for ev in _events_from(tl, "gpipe"):
+        view.feed(ev)
+    view.feed({"kind": "summary", "lesson": "lesson5", "schedules": {"gpipe": {
+        "bubble_measured": 0.5, "bubble_formula": formulas.bubble_fraction(4, 8), "step_time_s": 0.2,
+        "torch_step_time_s": 0.25, "max_grad_diff_vs_torch": 0.0,
+        "stages": [{"peak_microbatches": 8.0, "peak_formula": 8}]}}})
+    text = "\n".join(t.plain for t in view.renderables(100))
+    assert "measured GPipe, step 0: 330.0 ms" in text
+    assert "27.3%" in text and "0.80x" in text

@@ -74,7 +74,8 @@ def record_in_progress_store(record) -> None:
 # ------------------------------------------------------------------------------------ the view
 # lessons whose runs add a view of their own to the terminal view: "module:Class" with
 # ``feed(event)`` and ``renderables(width)`` (imported only when such a run is shown)
-LESSON_VIEWS = {"lesson3": "distai.visualizers.run_timeline:TerminalTimeline"}
+LESSON_VIEWS = {"lesson3": "distai.visualizers.run_timeline:TerminalTimeline",
+                "lesson5": "distai.visualizers.pipeline:TerminalPipeline"}
 
 
 def lesson_view(lesson: str | None):

@@ -55,6 +55,7 @@ STRINGS = {
         "keys_short": "s/S p · m/M m · c/C v · b · h · 0-3 · space",
         "playing": "▶", "paused": "❚❚",
         "more": "… {n} more (taller window or 1-3 to pick one)",
+        "table_head": ("schedule", "bubble", "formula", "peak µb", "formula", "ours/torch", "grad diff"),
     },
     "es": {
         "header": "p = {p} etapas · m = {m} microbatches · v = {v} trozos · B = {b:g}×F · salto {h:g}",
@@ -73,6 +74,8 @@ STRINGS = {
         "keys_short": "s/S p · m/M m · c/C v · b · h · 0-3 · espacio",
         "playing": "▶", "paused": "❚❚",
         "more": "… {n} más (ventana más alta o 1-3 para elegir una)",
+        "table_head": ("planificación", "burbuja", "fórmula", "pico µb", "fórmula", "nuestro/torch",
+                       "dif. grad"),
     },
 }
 
@@ -223,6 +226,27 @@ class Measured:
     stages: dict = field(default_factory=dict)  # schedule -> rank -> pp_stage event
     summary: dict = field(default_factory=dict)
 
+    def feed(self, event: dict) -> bool:
+        """Take one run event; True if it was one of this lesson's."""
+        kind = event.get("kind")
+        if kind == "pp_op" and self.p:
+            op = sim.Op(event["op"], int(event["mb"]), int(event.get("chunk", 0)), int(event["stage"]))
+            rank = int(event.get("rank", int(event["stage"]) % self.p))
+            by_step = self.ops.setdefault(event["schedule"], {}).setdefault(int(event.get("step", 0)), {})
+            by_step.setdefault(rank, []).append((float(event["t0"]), float(event["t1"]), op))
+        elif kind == "pp_stage":
+            self.stages.setdefault(event["schedule"], {})[int(event["rank"])] = event
+        elif kind == "summary" and event.get("lesson") == "lesson5":
+            self.summary = event
+        else:
+            return False
+        return True
+
+    def latest_schedule(self) -> str | None:
+        """The schedule of the run's latest complete step (or, before one, the latest with events)."""
+        done = [s for s in self.ops if self.latest_complete(s) is not None]
+        return done[-1] if done else (list(self.ops)[-1] if self.ops else None)
+
     def latest_complete(self, schedule: str):
         """(step, Lanes, seconds) of the latest step where every rank reported all its blocks."""
         steps = self.ops.get(schedule, {})
@@ -315,8 +339,7 @@ class PipelineVisualizer(LessonVisualizer):
         return [self.view]
 
     def _latest_measured_schedule(self) -> str | None:
-        done = [s for s in self.measured.ops if self.measured.latest_complete(s) is not None]
-        return done[-1] if done else (list(self.measured.ops)[-1] if self.measured.ops else None)
+        return self.measured.latest_schedule()
 
     def t_max(self) -> float:
         spans = [lanes.makespan for s in self.shown_schedules() if isinstance(lanes := self.lanes(s), Lanes)]
@@ -348,41 +371,35 @@ class PipelineVisualizer(LessonVisualizer):
 
     def feed_event(self, event: dict) -> None:
         kind = event.get("kind")
-        meas = self.measured
         if kind == "run_start":  # a new run: forget the last one's timeline
             self.measured = Measured()
-        elif kind == "pp_config":
+        elif kind == "pp_config":  # a run of this lesson: draw it beside its simulation
             self.measured = Measured(p=int(event["p"]), m=int(event["m"]), v=int(event.get("v", 1)))
+            self.view = "run"
             self.p, self.m = self.measured.p, self.measured.m
             self.v = max(self.V_RANGE[0], self.measured.v)
-        elif kind == "pp_op" and meas.p:
-            op = sim.Op(event["op"], int(event["mb"]), int(event.get("chunk", 0)), int(event["stage"]))
-            rank = int(event.get("rank", int(event["stage"]) % meas.p))
-            by_step = meas.ops.setdefault(event["schedule"], {}).setdefault(int(event.get("step", 0)), {})
-            by_step.setdefault(rank, []).append((float(event["t0"]), float(event["t1"]), op))
-        elif kind == "pp_stage":
-            meas.stages.setdefault(event["schedule"], {})[int(event["rank"])] = event
-        elif kind == "summary" and event.get("lesson") == "lesson5":
-            meas.summary = event
-        else:
+        elif not self.measured.feed(event):
             return
         self.refresh()
 
     # -- actions ----------------------------------------------------------------------------------
-    def check_action(self, action: str, parameters: tuple) -> bool | None:
-        """Leave a key to the screen when the screen binds it too (the run panel's ``s`` Stop)."""
-        mine = {k for b in self.BINDINGS if b.action.split("(")[0] == action for k in b.key.split(",")}
+    def _screen_keys(self) -> set[str]:
+        """Keys the screen binds itself (none when not mounted)."""
         try:
             screen = self.screen
         except Exception:  # noqa: BLE001 - not mounted: nothing to defer to
-            return True
+            return set()
         theirs: set[str] = set()
         for b in getattr(type(screen), "BINDINGS", []):
             key = b.key if isinstance(b, Binding) else b[0]
             theirs.update(k.strip() for k in key.split(","))
-        if mine & theirs or ({k.lower() for k in mine} & theirs):
-            return False
-        return True
+        return theirs
+
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        """Leave a key to the screen when the screen binds it too (the run panel's ``s`` Stop)."""
+        mine = {k for b in self.BINDINGS if b.action.split("(")[0] == action for k in b.key.split(",")}
+        theirs = self._screen_keys()
+        return not (mine & theirs or ({k.lower() for k in mine} & theirs))
 
     def _changed(self) -> None:
         self.cursor = 0.0
@@ -465,8 +482,11 @@ class PipelineVisualizer(LessonVisualizer):
             measured = self._measured_panel(schedule, cols, mem_max, tr)
             panel.extend(measured)
             panels.append(panel)
+        taken = self._screen_keys()
+        hints = [h for h in tr["keys_short" if narrow else "keys"].split(" · ")
+                 if not set(h.split(" ")[0].split("/")) & taken]  # keys the screen keeps for itself
         footer = [Text(tr["legend_short" if narrow else "legend"].format(idle=IDLE_CHAR), style="grey50"),
-                  Text(tr["keys_short" if narrow else "keys"], style="grey50")]
+                  Text(" · ".join(hints), style="grey50")]
         budget = (height or 10_000) - len(lines) - len(footer)
         used = 0
         for i, panel in enumerate(panels):
@@ -503,6 +523,50 @@ class PipelineVisualizer(LessonVisualizer):
     def render(self):
         size = self.content_size
         return Group(*self.build_lines(size.width or 100, size.height or None))
+
+
+class TerminalPipeline:
+    """``distai run lesson5``'s terminal view (see ``tutor.cli_run.LESSON_VIEWS``): the latest
+    measured step drawn as a timeline, then the run's figures against the formulas."""
+
+    def __init__(self, language: str = "en"):
+        self.language = language
+        self.measured = Measured()
+
+    def feed(self, event: dict) -> None:
+        if event.get("kind") == "pp_config":
+            self.measured = Measured(p=int(event["p"]), m=int(event["m"]), v=int(event.get("v", 1)))
+        else:
+            self.measured.feed(event)
+
+    def renderables(self, width: int = 100) -> list[Text]:
+        meas, tr = self.measured, STRINGS.get(self.language, STRINGS["en"])
+        out: list[Text] = []
+        schedule = meas.latest_schedule()
+        found = meas.latest_complete(schedule) if schedule else None
+        if found is not None:
+            step, lanes, seconds = found
+            out.append(Text(tr["measured"].format(name=NAMES[schedule], step=step, ms=seconds * 1e3,
+                                                  f=lanes.bubble()), style="bold magenta"))
+            cols = max(20, min(width, 120) - 12)
+            out.extend(draw_lanes(lanes, cols, lanes.makespan, None, max(lanes.peak(0), 1.0)))
+        results = (meas.summary or {}).get("schedules") or {}
+        if results:
+            widths = (17, 8, 8, 8, 8, 14, 10)
+            labels = tr["table_head"]
+            out.append(Text(labels[0].ljust(widths[0]) + "".join(
+                lab.rjust(w) for lab, w in zip(labels[1:], widths[1:])), style="bold"))
+            for name, r in results.items():
+                ratio = (f"{r['step_time_s'] / r['torch_step_time_s']:.2f}x"
+                         if r.get("torch_step_time_s") else "—")
+                grad = r.get("max_grad_diff_vs_torch")
+                peak0 = r["stages"][0] if r.get("stages") else {}
+                cells = (f"{r['bubble_measured']:.0%}", f"{r['bubble_formula']:.1%}",
+                         f"{peak0.get('peak_microbatches', 0):.2f}", f"{peak0.get('peak_formula', 0):g}",
+                         ratio, "—" if grad is None else f"{grad:.0e}")
+                out.append(Text(f"{NAMES[name]:<{widths[0]}}" + "".join(
+                    c.rjust(w) for c, w in zip(cells, widths[1:]))))
+        return out
 
 
 VISUALIZER = PipelineVisualizer

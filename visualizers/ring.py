@@ -2,7 +2,7 @@
 
 N ranks (2–16) sit on a ring, one row each (rank r sends to the row below, the last rank to rank
 0: ``↺``); every rank's buffer is cut into N chunks, drawn as cells labelled and coloured by how
-many ranks' contributions the chunk holds (blue 1 … orange N−1, green N = complete). The
+many ranks' contributions the chunk holds (slate 1, blue 2 … orange N−1, green N = complete). The
 2(N−1) steps play one after the other: in reduce-scatter a chunk leaves each rank (underlined)
 and travels right (the ``●`` on the arrow), the receiver's cell adds it; in all-gather the
 finished chunks spread. The status lines give the phase, step k of 2(N−1), the bytes each rank
@@ -60,7 +60,7 @@ S = {
         "title": {RING: "Ring all-reduce", TREE: "Binomial tree: reduce + broadcast",
                   NAIVE: "Naive: reduce to rank 0 + broadcast"},
         "run": "your run", "call_train": "train step {k}", "call_sweep": "sweep warm-up",
-        "call": "call {c}", "calls": "call {i}/{n} (c: next)",
+        "call": "call {c}", "calls": "call {i}/{n}",
         "phase": {ring_model.REDUCE_SCATTER: "reduce-scatter", ring_model.ALL_GATHER: "all-gather",
                   baselines.REDUCE: "reduce", baselines.BROADCAST: "broadcast"},
         "start": "start", "done": "done", "step": "{k} of {total} steps done",
@@ -106,7 +106,7 @@ S = {
         "title": {RING: "All-reduce en anillo", TREE: "Árbol binomial: reduce + broadcast",
                   NAIVE: "Ingenuo: reducir en el rango 0 + difundir"},
         "run": "tu ejecución", "call_train": "paso {k} de entrenamiento", "call_sweep": "calentamiento del barrido",
-        "call": "llamada {c}", "calls": "llamada {i}/{n} (c: siguiente)",
+        "call": "llamada {c}", "calls": "llamada {i}/{n}",
         "phase": {ring_model.REDUCE_SCATTER: "reduce-scatter", ring_model.ALL_GATHER: "all-gather",
                   baselines.REDUCE: "reducción", baselines.BROADCAST: "difusión"},
         "start": "inicio", "done": "terminado", "step": "{k} de {total} pasos hechos",
@@ -169,6 +169,11 @@ STEP_SETUP = {
     "code": dict(algorithm=RING, n=4, frame=0, play=False, prefer_run=True),
     "try-it": dict(algorithm=RING, n=4, frame=0, play=False, prefer_run=True),
 }
+
+
+# The status line a step is about (drawn bold): the bytes on the link, or the alpha-beta time.
+EMPHASIS = {"naive": "bytes", "reduce-scatter": "bytes", "all-gather": "bytes", "alpha-beta": "time",
+            "worked-example": "time"}
 
 
 # ------------------------------------------------------------------------------------ the plans
@@ -683,14 +688,16 @@ class RingVisualizer(LessonVisualizer):
                    ("[  ]", "fewer / more ranks (2–16)"), ("S  s", "smaller / bigger message"),
                    ("-  +", "slower / faster"), ("a", "ring → tree → naive"),
                    ("g", "bandwidth chart of your run"), ("o", "load your last lesson-1 run"),
-                   ("m  c", "model ↔ your run · next recorded call")],
+                   ("m  c", "model ↔ your run · next recorded call"),
+                   ("mouse", "click the buttons under it; the wheel steps")],
             "es": [("Tab", "enfocar el visualizador (o clic)"), ("espacio", "reproducir / pausa"),
                    (",  .", "paso atrás / adelante"), ("0  Fin", "al inicio / al final"),
                    ("[  ]", "menos / más rangos (2–16)"), ("S  s", "mensaje más pequeño / más grande"),
                    ("-  +", "más lento / más rápido"), ("a", "anillo → árbol → ingenuo"),
                    ("g", "gráfica de ancho de banda de tu ejecución"),
                    ("o", "cargar tu última ejecución de la lección 1"),
-                   ("m  c", "modelo ↔ tu ejecución · siguiente llamada")],
+                   ("m  c", "modelo ↔ tu ejecución · siguiente llamada"),
+                   ("ratón", "clic en los botones de abajo; la rueda avanza pasos")],
         }
         return rows[self.language]
 
@@ -1057,6 +1064,11 @@ class RingVisualizer(LessonVisualizer):
             a=format_time(alpha, lang=lang), bw=format_bandwidth(1 / beta, lang=lang) if beta > 0 else "∞")
         line3.append(" " + params, style="dim")
         out = []
+        emphasis = EMPHASIS.get(self.caption_key) if self.source == "sim" else None
+        if emphasis == "bytes":
+            line2.stylize("bold yellow")
+        elif emphasis == "time":
+            line3.stylize("bold yellow", 0, len(line3.plain) - len(params) - 1)
         for line in (line1, line2, line3):
             out.extend(_wrap_text(line, width))
         if self.recorded is not None:

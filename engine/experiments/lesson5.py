@@ -8,7 +8,8 @@ steps twice:
 
 * by :class:`distai.engine.pipeline.PipelineRunner`, which executes the lesson simulator's own
   order of forwards and backwards and sends activations and gradients with point-to-point ops;
-* by ``torch.distributed.pipelining``'s ``ScheduleGPipe`` / ``Schedule1F1B`` /
+* (alternating step by step, so that machine noise hits both alike) by
+  ``torch.distributed.pipelining``'s ``ScheduleGPipe`` / ``Schedule1F1B`` /
   ``ScheduleInterleaved1F1B`` on the same stage modules.
 
 It reports, per schedule: the loss of each step for both; the largest gradient difference after the
@@ -128,7 +129,8 @@ def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
 
 
 def run_ours(ctx, schedule: str, cfg, p: int, m: int, v: int, mb: int, batches, lr: float, seed: int,
-             events=None, progress=None):
+             out: dict, events=None, progress=None):
+    """Train with our runner, one step per ``next()``; figures accumulate in ``out``."""
     rank = ctx.rank
     chunks = pl.build_rank_chunks(cfg, p, v, rank, seed=seed, device=ctx.device)
     runner = pl.PipelineRunner(chunks, rank=rank, p=p, m=m, schedule=schedule, v=v, microbatch_size=mb,
@@ -136,7 +138,7 @@ def run_ours(ctx, schedule: str, cfg, p: int, m: int, v: int, mb: int, batches, 
     runner.validate()
     params = list(runner.parameters())
     opt = torch.optim.SGD(params, lr=lr)
-    out = {"losses": [], "times": [], "steps": [], "peak_bytes": 0, "grads0": None}
+    out.update({"losses": [], "times": [], "steps": [], "peak_bytes": 0, "grads0": None, "chunks": chunks})
     for i, (ids, tg) in enumerate(batches):
         opt.zero_grad(set_to_none=True)
         res = runner.step(pl.microbatches(ids, m) if 0 in chunks else None,
@@ -155,12 +157,12 @@ def run_ours(ctx, schedule: str, cfg, p: int, m: int, v: int, mb: int, batches, 
                 events.emit("step", step=i, of=len(batches), loss=res.loss, schedule=schedule)
         if progress is not None:
             progress()
-    out["chunks"] = chunks
-    return out
+        yield
 
 
-def run_torch(ctx, schedule: str, cfg, p: int, m: int, v: int, batches, lr: float, seed: int, events=None,
-              progress=None):
+def run_torch(ctx, schedule: str, cfg, p: int, m: int, v: int, batches, lr: float, seed: int, out: dict,
+              events=None, progress=None):
+    """Train with torch.distributed.pipelining, one step per ``next()``; figures go to ``out``."""
     from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
                                               ScheduleInterleaved1F1B)
 
@@ -177,7 +179,7 @@ def run_torch(ctx, schedule: str, cfg, p: int, m: int, v: int, batches, lr: floa
     meter = pl.SavedActivationMeter(params)
     opt = torch.optim.SGD(params, lr=lr)
     first, last = 0 in chunks, p * v - 1 in chunks
-    out = {"losses": [], "times": [], "peak_bytes": 0, "grads0": None}
+    out.update({"losses": [], "times": [], "peak_bytes": 0, "grads0": None})
     for i, (ids, tg) in enumerate(batches):
         opt.zero_grad(set_to_none=True)
         losses: list = []
@@ -202,7 +204,7 @@ def run_torch(ctx, schedule: str, cfg, p: int, m: int, v: int, batches, lr: floa
             events.emit("pp_step", schedule=schedule, impl="torch", step=i, t_start=t0, t_end=t1, loss=loss)
         if progress is not None:
             progress()
-    return out
+        yield
 
 
 def formula_peak(schedule: str, p: int, m: int, v: int, rank: int) -> float:
@@ -254,12 +256,17 @@ def run_schedule(ctx, schedule: str, cfg, p: int, m: int, v: int, args, batches,
     """Ours, torch's and the reference for one schedule; the figures on rank 0, None elsewhere."""
     ev = ctx.events
     mb = args.microbatch_size
-    ev.emit("phase", name=f"{schedule}: ours")
-    ours = run_ours(ctx, schedule, cfg, p, m, v, mb, batches, args.lr, args.seed, events=ev, progress=progress)
-    theirs = None
-    if not args.no_torch:
-        ev.emit("phase", name=f"{schedule}: torch.distributed.pipelining")
-        theirs = run_torch(ctx, schedule, cfg, p, m, v, batches, args.lr, args.seed, events=ev, progress=progress)
+    ev.emit("phase", name=f"{schedule}: ours" + ("" if args.no_torch else " and torch.distributed.pipelining"))
+    ours: dict = {}
+    theirs: dict | None = None if args.no_torch else {}
+    runs = [run_ours(ctx, schedule, cfg, p, m, v, mb, batches, args.lr, args.seed, ours, events=ev,
+                     progress=progress)]
+    if theirs is not None:
+        runs.append(run_torch(ctx, schedule, cfg, p, m, v, batches, args.lr, args.seed, theirs, events=ev,
+                              progress=progress))
+    for _ in batches:  # alternate their steps, so that machine noise hits both alike
+        for run in runs:
+            next(run)
     # the unsplit model on the first batch, for this rank's layers
     ref_loss, ref_layers = pl.reference_grads(cfg, batches[0][0], batches[0][1], seed=args.seed)
     ref_stages = pl.split_layers(ref_layers, p * v, cfg)
@@ -332,7 +339,7 @@ def _mib(x) -> str:
 
 
 def print_summary(results: list[dict], cfg, args, p: int, m: int, v: int, device) -> None:
-    """The human summary, 80 columns wide (the launcher's width)."""
+    """The human summary, 71 columns wide (80 in the launcher's view, after its "rank 0   ")."""
     print(f"\nLesson 5 · pipeline over p = {p} ranks ({device.type}), m = {m} microbatches of "
           f"{args.microbatch_size}")
     print(f"model: {cfg.n_layers} blocks, d = {cfg.d_model}, seq = {cfg.seq}; interleaved v = {v}")
@@ -345,7 +352,8 @@ def print_summary(results: list[dict], cfg, args, p: int, m: int, v: int, device
         line = f"  max |grad diff|: vs unsplit {r['max_grad_diff_vs_unsplit']:.1e}"
         if r["max_grad_diff_vs_torch"] is not None:
             line += f" · vs torch {r['max_grad_diff_vs_torch']:.1e}"
-        print(line + f" (largest grad {r['grad_scale']:.1e})")
+        print(line)
+        print(f"                   (largest gradient {r['grad_scale']:.1e})")
         line = f"  step: ours {r['step_time_s'] * 1e3:.1f} ms"
         if r["torch_step_time_s"]:
             line += (f" · torch {r['torch_step_time_s'] * 1e3:.1f} ms · ours/torch "
@@ -355,16 +363,16 @@ def print_summary(results: list[dict], cfg, args, p: int, m: int, v: int, device
               f"simulated {r['bubble_simulated_with_measured_costs']:.1%}")
         print(f"          (simulated with the measured F = {r['t_f_s'] * 1e3:.2f} ms, "
               f"B = {r['t_b_s'] * 1e3:.2f} ms)")
-        print("  rank  bubble  peak MiB  predicted MiB  microbatches  formula  torch MiB")
+        print("  rank  bubble  peak MiB  predicted  microbatches  formula  torch")
         for s in r["stages"]:
             print(f"  {s['rank']:>4}  {s['bubble']:6.1%}  {_mib(s['peak_bytes']):>8}  "
-                  f"{_mib(s['peak_expected_bytes']):>13}  {s['peak_microbatches']:>12.2f}  "
-                  f"{s['peak_formula']:>7g}  {_mib(s['torch_peak_bytes']):>9}")
-        print("  (peak activations: what autograd saved for backward; predicted from the order")
-        print("   and each chunk's bytes; microbatches = peak / one microbatch's bytes)")
+                  f"{_mib(s['peak_expected_bytes']):>9}  {s['peak_microbatches']:>12.2f}  "
+                  f"{s['peak_formula']:>7g}  {_mib(s['torch_peak_bytes']):>5}")
+        print("  (peak: activations autograd saved for backward; predicted from the")
+        print("   order and each chunk's bytes; microbatches = peak / one microbatch)")
     if device.type == "cpu" and (os.cpu_count() or 1) < p:
         print(f"\nNote: {p} ranks share {os.cpu_count()} CPU cores, so at most {os.cpu_count()} stages "
-              f"compute at once;\nthe measured bubble also holds the wait for a core and gloo's latency.")
+              f"compute at\nonce; the measured bubble also holds the wait for a core and gloo's\nlatency.")
 
 
 def main(argv=None) -> int:

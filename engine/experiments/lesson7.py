@@ -279,7 +279,11 @@ def routing_comparison(args, points: dict | None, ev) -> dict:
             ev.emit("route", policy=policy, rid=row["rid"], replica=row["replica"], prefix_hit=row["prefix_hit"],
                     arrival=row["arrival"], ttft_s=row["ttft_s"], tpot_s=row["tpot_s"])
         ev.emit("routing", policy=policy, replicas=args.replicas, cost_source=cost.source, **r["metrics"])
-    return {"cost": cost.as_dict(), "rate_per_s": rate, "load": args.load, "replicas": args.replicas,
+    plen = shape["prefix_len"] + sum(shape["suffix_range"]) // 2
+    examples = {"prefix_len": shape["prefix_len"], "prefill_prefix_s": cost.prefill(shape["prefix_len"]),
+                "prompt_len": plen, "prefill_prompt_s": cost.prefill(plen), "decode_1_s": cost.decode(1),
+                "max_batch": args.max_batch, "decode_max_s": cost.decode(args.max_batch)}
+    return {"cost": cost.as_dict(), "cost_examples": examples, "rate_per_s": rate, "load": args.load, "replicas": args.replicas,
             "requests": len(reqs), "policies": {p: r["metrics"] for p, r in res.items()}}
 
 
@@ -347,8 +351,9 @@ def main(argv: list[str] | None = None) -> int:
         summary["tp"]["shards"] = shards
         lines.append(f"\n[TP={W}] tokens {'=' if tp['equal'] else '≠'} single process; "
                      f"{tp['all_reduces_per_token']:g} all-reduces per decode step")
-        lines.append(f"  (2·L = {2 * cfg.layers}), "
-                     f"{_fmt_bytes(tp['all_reduce_bytes_per_token'] / max(1, tp['all_reduces_per_token']))} each")
+        if W > 1:
+            lines.append(f"  (2·L = {2 * cfg.layers}), "
+                         f"{_fmt_bytes(tp['all_reduce_bytes_per_token'] / max(1, tp['all_reduces_per_token']))} each")
         for r, sh in enumerate(shards):
             lines.append(f"  rank {r}: KV heads {sh['kv_heads']} — cache {_fmt_bytes(sh['kv_bytes'])} "
                          f"(formula {_fmt_bytes(sh['formula_bytes'])})")
@@ -399,8 +404,10 @@ def main(argv: list[str] | None = None) -> int:
         c = rt["cost"]
         lines.append(f"\n[routing] {rt['replicas']} replicas, {rt['requests']} requests at {rt['rate_per_s']:.1f}/s "
                      f"(load {rt['load']:g}); costs {c['source']}:")
-        lines.append(f"  prefill {_ms(c['prefill_fixed_s'])} + {c['prefill_per_token_s'] * 1e3:.3f} ms/token, "
-                     f"decode step {_ms(c['decode_fixed_s'])} + {c['decode_per_seq_s'] * 1e3:.3f} ms/sequence")
+        ex = rt["cost_examples"]
+        lines.append(f"  prefill {ex['prefix_len']} tok {_ms(ex['prefill_prefix_s'])}, {ex['prompt_len']} tok "
+                     f"{_ms(ex['prefill_prompt_s'])}; decode step b=1 {_ms(ex['decode_1_s'])}, "
+                     f"b={ex['max_batch']} {_ms(ex['decode_max_s'])}")
         lines.append(f"  {'policy':<18} {'TTFT p50/p99 ms':>15} {'TPOT p50/p99 ms':>15} {'tokens/s':>8} {'hits':>5}")
         for policy, mtr in rt["policies"].items():
             ttft = f"{mtr['ttft_p50_s'] * 1e3:.1f}/{mtr['ttft_p99_s'] * 1e3:.1f}"
