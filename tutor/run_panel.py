@@ -44,7 +44,7 @@ STRINGS = {
     "ring": {"en": "our ring", "es": "nuestro anillo"},
     "fit": {"en": "alpha-beta fit", "es": "ajuste alfa-beta"},
     "no_loss": {"en": "waiting for the first training step…", "es": "esperando el primer paso de entrenamiento…"},
-    "no_sweep": {"en": "the sweep starts after training", "es": "el barrido empieza tras el entrenamiento"},
+    "no_sweep": {"en": "no bandwidth sweep yet", "es": "aún no hay barrido de ancho de banda"},
     "log": {"en": "output", "es": "salida"},
     "stop": {"en": "Stop", "es": "Detener"},
     "close": {"en": "Close", "es": "Cerrar"},
