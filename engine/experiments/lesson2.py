@@ -180,7 +180,10 @@ class Trainer:
         raise NotImplementedError
 
     def held(self) -> dict[str, int]:
-        raise NotImplementedError
+        """Bytes of storage this rank holds for the model and a torch optimizer ``self.opt``."""
+        params = list(self.model.parameters())
+        return held_bytes({"params": params, "grads": [p.grad for p in params],
+                           "optimizer": _optimizer_tensors(self.opt)})
 
     def full_params(self) -> dict[str, torch.Tensor]:
         raise NotImplementedError
@@ -231,11 +234,6 @@ class DDPTrainer(Trainer):
         loss.backward()
         self.opt.step()
         return loss.item()
-
-    def held(self):
-        params = list(self.model.parameters())
-        return held_bytes({"params": params, "grads": [p.grad for p in params],
-                           "optimizer": _optimizer_tensors(self.opt)})
 
     def full_params(self):
         return {n: p.detach().float().clone() for n, p in self.model.named_parameters()}
@@ -299,11 +297,6 @@ class FSDP2Trainer(Trainer):
         loss.backward()
         self.opt.step()
         return loss.item()
-
-    def held(self):
-        params = list(self.model.parameters())
-        return held_bytes({"params": params, "grads": [p.grad for p in params],
-                           "optimizer": _optimizer_tensors(self.opt)})
 
     def full_params(self):
         return {n: p.detach().full_tensor().float().clone() for n, p in self.model.named_parameters()}
