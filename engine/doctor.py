@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distai.engine.runtime import timed_collective
 from distai.lessons.lesson1.formulas import algbw, busbw
 
 MiB = 1 << 20
@@ -132,19 +133,10 @@ def _allreduce_sweep(rank: int, world_size: int, sizes: list[int], repeats: int,
     for size in sizes:
         buf = torch.ones(size // 4, dtype=torch.float32, device=device)
         dist.all_reduce(buf)  # warm-up: connections and buffers
-        if device_type == "cuda":
-            torch.cuda.synchronize()
-        dist.barrier()
-        start = time.perf_counter()
-        for _ in range(repeats):
-            dist.all_reduce(buf)
-        if device_type == "cuda":
-            torch.cuda.synchronize()
-        elapsed = (time.perf_counter() - start) / repeats
-        # The slowest rank defines the collective's time.
-        t = torch.tensor([elapsed], dtype=torch.float64, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        elapsed = t.item()
+        times = torch.tensor([timed_collective(lambda: dist.all_reduce(buf), device_type == "cuda")
+                              for _ in range(repeats)], dtype=torch.float64, device=device)
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)  # the slowest rank defines the collective's time
+        elapsed = times.median().item()
         results.append({"bytes": size, "time_s": elapsed, "algbw": algbw(size, elapsed),
                         "busbw": busbw(size, elapsed, world_size)})
     return results

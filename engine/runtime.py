@@ -59,3 +59,18 @@ def shutdown(ctx: DistContext | None = None) -> None:
         ctx.events.close()
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def timed_collective(fn, cuda: bool) -> float:
+    """Seconds one call of ``fn`` takes on this rank, started together on every rank (a barrier
+    first) and, on CUDA, with the device's queued work included."""
+    import time
+
+    dist.barrier()
+    if cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - start

@@ -165,25 +165,12 @@ def train(ctx, args, progress: Progress) -> list[float]:
                                ring_kwargs_for_step=ring_kwargs)
 
 
-def _timed(fn, cuda: bool) -> float:
-    import torch
-    import torch.distributed as dist
-
-    dist.barrier()
-    if cuda:
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    if cuda:
-        torch.cuda.synchronize()
-    return time.perf_counter() - t0
-
-
 def sweep(ctx, args, progress: Progress) -> list[dict]:
     import torch
     import torch.distributed as dist
 
     from distai.engine.ring import ring_allreduce
+    from distai.engine.runtime import timed_collective
 
     n = ctx.world_size
     sizes = sweep_sizes(args.sweep_min_bytes, args.sweep_max_bytes)
@@ -204,7 +191,7 @@ def sweep(ctx, args, progress: Progress) -> list[dict]:
             ar = lambda: dist.all_reduce(x)  # noqa: E731
             order = ((0, ring), (1, ar)) if i % 2 == 0 else ((1, ar), (0, ring))
             for row, fn in order:
-                times[row, i] = _timed(fn, ctx.is_cuda)
+                times[row, i] = timed_collective(fn, ctx.is_cuda)
         times = times.to(ctx.device)  # NCCL reduces device tensors only
         dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a collective takes as long as its slowest rank
         t_ring = statistics.median(times[0].tolist())
