@@ -13,7 +13,6 @@ Also the cost of tracing one ring all-reduce (one ``ring_step`` event per step p
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile

@@ -55,8 +55,15 @@ def bench_group(rank: int, world: int, args: dict) -> dict:
     import torch
     import torch.distributed as dist
 
-    from distai.engine.inference import (Comm, DecoderShard, InferenceConfig, generate, generate_pp,
-                                         make_weights, split_layers)
+    from distai.engine.inference import (
+        Comm,
+        DecoderShard,
+        InferenceConfig,
+        generate,
+        generate_pp,
+        make_weights,
+        split_layers,
+    )
 
     torch.set_num_threads(1)
     out: dict = {}
@@ -64,14 +71,14 @@ def bench_group(rank: int, world: int, args: dict) -> dict:
     n = args["copy_mib"] * (1 << 20) // 4
     src, dst = torch.ones(n), torch.empty(n)
     dist.barrier()
-    t = _timed(lambda: dst.copy_(src), 5)
+    t = _timed(lambda src=src, dst=dst: dst.copy_(src), 5)
     out["bandwidth"] = 2 * n * 4 / t
     del src, dst
     # what a batch-B matmul achieves streaming a weight matrix from memory (decode's kernel), all at once
     wmat = torch.randn(args["matvec_mib"] * (1 << 20) // 4 // 4096, 4096)
     xv = torch.randn(args["batch"], 4096)
     dist.barrier()
-    t = _timed(lambda: torch.nn.functional.linear(xv, wmat), 5)
+    t = _timed(lambda wmat=wmat: torch.nn.functional.linear(xv, wmat), 5)
     out["matvec_bandwidth"] = wmat.numel() * 4 / t
     del wmat
     # peak float32 matmul throughput per rank, all at once

@@ -19,8 +19,12 @@ import time
 def _bench(rank: int, p: int, args: dict) -> dict:
     import torch
     import torch.distributed as dist
-    from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
-                                              ScheduleInterleaved1F1B)
+    from torch.distributed.pipelining import (
+        PipelineStage,
+        Schedule1F1B,
+        ScheduleGPipe,
+        ScheduleInterleaved1F1B,
+    )
 
     from distai.engine import pipeline as pl
 
@@ -67,9 +71,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seq", type=int, default=64)
     args = ap.parse_args(argv)
 
-    from distai.lessons.lesson5 import simulator as sim
-
     import os
+
+    from distai.lessons.lesson5 import simulator as sim
 
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     for schedule, v in (("1f1b", 1), ("gpipe", 1), ("interleaved", 2)):

@@ -19,8 +19,14 @@ def bench(rank: int, world_size: int, args: dict) -> dict:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from distai.engine.tensor_parallel import (DenseModel, ModelConfig, TPBlock, TPGroup,
-                                               dtensor_parallelize_block, reduce_sequence_parallel_grads)
+    from distai.engine.tensor_parallel import (
+        DenseModel,
+        ModelConfig,
+        TPBlock,
+        TPGroup,
+        dtensor_parallelize_block,
+        reduce_sequence_parallel_grads,
+    )
 
     torch.set_num_threads(args["threads"])
     cfg = ModelConfig(hidden=args["hidden"], heads=args["heads"], seq=args["seq"], layers=1, vocab=8 * world_size)

@@ -30,16 +30,16 @@ drawn next to ours.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
-from distai.lessons.lesson6.formulas import DDP_BUCKET_CAP_MB as DEFAULT_BUCKET_CAP_MB
-from distai.lessons.lesson6.formulas import DDP_FIRST_BUCKET_BYTES as DEFAULT_FIRST_BUCKET_BYTES
-from distai.lessons.lesson6.formulas import MiB as MIB
-from distai.lessons.lesson6.formulas import ddp_buckets
+from ..lessons.lesson6.formulas import DDP_BUCKET_CAP_MB as DEFAULT_BUCKET_CAP_MB
+from ..lessons.lesson6.formulas import DDP_FIRST_BUCKET_BYTES as DEFAULT_FIRST_BUCKET_BYTES
+from ..lessons.lesson6.formulas import MiB as MIB
+from ..lessons.lesson6.formulas import ddp_buckets
 
 
 def assign_buckets(sizes: Sequence[int], limits: Sequence[int],
@@ -117,7 +117,7 @@ class StepTimeline:
     def bucket_done(self, index: int) -> None:
         self.done[index] = self.now()
 
-    def attach(self, module: torch.nn.Module, prefix: str = "") -> "StepTimeline":
+    def attach(self, module: torch.nn.Module, prefix: str = "") -> StepTimeline:
         for name, p in module.named_parameters():
             if p.requires_grad:
                 self._handles.append(p.register_post_accumulate_grad_hook(

@@ -55,9 +55,10 @@ import random
 import shutil
 import struct
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 MAGIC = b"DISTAICK"
 FORMAT_VERSION = 1
@@ -588,8 +589,11 @@ class Checkpointer:
 
     def _dcp_load(self, state: TrainingState, path: str, skip: Iterable[str]) -> None:
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import (get_state_dict, set_model_state_dict,
-                                                             set_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import (
+            get_state_dict,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
 
         # get_state_dict gives the full structure (with optimizer state entries) to load into;
         # a fresh optimizer's own state_dict() has none, and DCP would restore nothing

@@ -14,14 +14,14 @@ per parameter.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from distai.engine.ring import ring_allreduce
+from .ring import ring_allreduce
 
 
 def make_model(seed: int = 0, dtype: torch.dtype = torch.float32, in_features: int = 16,

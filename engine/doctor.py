@@ -19,8 +19,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distai.engine.runtime import timed_collective
-from distai.lessons.lesson1.formulas import algbw, busbw
+from ..lessons.lesson1.formulas import algbw, busbw
+from .runtime import timed_collective
 
 MiB = 1 << 20
 
@@ -160,14 +160,14 @@ def allreduce_bandwidth(ranks: int, sizes: list[int], repeats: int = 5) -> dict[
     if torch.cuda.is_available() and torch.cuda.device_count() >= ranks >= 2:
         import torch.multiprocessing as mp
 
-        from distai.engine.testing import free_port
+        from .testing import free_port
 
         ctx = mp.get_context("spawn")
         queue = ctx.Queue()
         mp.start_processes(_nccl_worker, args=(ranks, free_port(), sizes, repeats, queue),
                            nprocs=ranks, join=True, start_method="spawn")
         return {"backend": "nccl", "ranks": ranks, "results": queue.get(timeout=10)}
-    from distai.engine.testing import run_in_group
+    from .testing import run_in_group
 
     per_rank = run_in_group(_allreduce_sweep, ranks, sizes, repeats, "cpu")
     return {"backend": "gloo", "ranks": ranks, "results": per_rank[0]}
@@ -191,7 +191,7 @@ def lesson_advice(info: dict[str, Any], lessons) -> list[dict[str, Any]]:
 
 
 def diagnose(quick: bool = False, ranks: int | None = None) -> dict[str, Any]:
-    from distai.lessons.registry import all_lessons
+    from ..lessons.registry import all_lessons
 
     info = machine_info()
     size = 64 * MiB if quick else 256 * MiB

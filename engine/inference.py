@@ -42,8 +42,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from distai.lessons.lesson7.formulas import kv_heads_per_gpu
-from distai.lessons.lesson7.paging import ContiguousAllocator
+from ..lessons.lesson7.formulas import kv_heads_per_gpu
+from ..lessons.lesson7.paging import ContiguousAllocator
 
 __all__ = ["InferenceConfig", "make_weights", "reference_logits", "reference_greedy", "Comm", "KVStore",
            "DecoderShard", "generate", "generate_pp", "split_layers", "apply_rope"]
@@ -315,7 +315,7 @@ class KVStore:
         return K[:, : at.length], V[:, : at.length]
 
 
-def contiguous_store(shard: "DecoderShard", sequences: int, max_len: int, dtype=None, device=None) -> KVStore:
+def contiguous_store(shard: DecoderShard, sequences: int, max_len: int, dtype=None, device=None) -> KVStore:
     """A pre-allocated contiguous cache: ``sequences`` regions of ``max_len`` tokens for ``shard``."""
     return KVStore(ContiguousAllocator(sequences, max_len), len(shard.layers), shard.kv_local, shard.cfg.head_dim,
                    dtype or shard.dtype, device or shard.device)

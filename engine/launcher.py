@@ -31,11 +31,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
-from distai.engine.runs import RunRecord, set_command, tail_lines
+from .runs import RunRecord, set_command, tail_lines
 
 MAX_PROCS = 1024
 MAX_CPU_PROCS = 256

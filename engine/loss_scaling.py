@@ -31,14 +31,14 @@ works on fp32 weights directly and needs no wrapper.)
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from distai.lessons.lesson6.formulas import GRADSCALER_DEFAULTS
+from ..lessons.lesson6.formulas import GRADSCALER_DEFAULTS
 
 
 def to_float32(x: float) -> float:

@@ -32,14 +32,14 @@ from dataclasses import dataclass
 
 import torch
 
-from distai.engine.inference import DecoderShard, KVStore, contiguous_store
-from distai.lessons.lesson7.paging import (
+from ..lessons.lesson7.paging import (
     BlockAllocator,
     Request,
     Scheduler,
     snapshot,
     waste_summary,
 )
+from .inference import DecoderShard, KVStore, contiguous_store
 
 __all__ = ["paged_store", "contiguous_store", "ContinuousBatcher", "BatchRun"]
 

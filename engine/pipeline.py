@@ -31,15 +31,15 @@ from __future__ import annotations
 import math
 import time
 import weakref
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from distai.lessons.lesson5 import simulator as sim
+from ..lessons.lesson5 import simulator as sim
 
 
 class PipelineConfigError(ValueError):
@@ -128,7 +128,7 @@ class TensorMeta:
     dtype: str
 
     @classmethod
-    def of(cls, t: torch.Tensor) -> "TensorMeta":
+    def of(cls, t: torch.Tensor) -> TensorMeta:
         return cls(tuple(t.shape), str(t.dtype).replace("torch.", ""))
 
     def __str__(self) -> str:

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distai.lessons.lesson1 import ring_model as model
+from ..lessons.lesson1 import ring_model as model
 
 # Tuned with bench/ring_vs_allreduce.py on gloo (CPU, loopback); environment overrides for tuning.
 DEFAULT_PIECE_BYTES = int(os.environ.get("DISTAI_RING_PIECE_BYTES", 4 << 20))

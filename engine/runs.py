@@ -21,11 +21,12 @@ import re
 import secrets
 import shlex
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-from distai.engine.events import read_events
+from .events import read_events
 
 RUN_FILE = "run.json"
 STATUSES = ("running", "ok", "failed", "stopped", "interrupted")
@@ -79,7 +80,7 @@ class RunRecord:
         os.replace(tmp, self.dir / RUN_FILE)
 
     @classmethod
-    def load(cls, directory: str | os.PathLike) -> "RunRecord":
+    def load(cls, directory: str | os.PathLike) -> RunRecord:
         data = json.loads((Path(directory) / RUN_FILE).read_text(encoding="utf-8"))
         known = {f for f in cls.__dataclass_fields__}
         record = cls(**{k: v for k, v in data.items() if k in known})

@@ -12,7 +12,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from distai.engine.events import EventSink
+from .events import EventSink
 
 DEVICE_ENV = "DISTAI_DEVICE"
 TIMEOUT_ENV = "DISTAI_COLLECTIVE_TIMEOUT_S"

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import time
 
-from distai.engine.launcher import Consumer, Launch, LaunchSpec
-from distai.engine.runs import RunRecord
+from .launcher import Consumer, Launch, LaunchSpec
+from .runs import RunRecord
 
 
 class Supervisor:

@@ -47,9 +47,9 @@ from __future__ import annotations
 import math
 import zlib
 from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -490,7 +490,7 @@ class TPAttention(nn.Module):
     row-parallel (g). Nothing inside a head ever needs another rank.
     """
 
-    def __init__(self, dense: "DenseAttention", tp: TPGroup, layer: int):
+    def __init__(self, dense: DenseAttention, tp: TPGroup, layer: int):
         super().__init__()
         r, t = tp.rank, tp.size
         qkv_w = torch.cat([_slice_rows(m.weight, r, t) for m in (dense.wq, dense.wk, dense.wv)])
@@ -519,7 +519,7 @@ class TPAttention(nn.Module):
 class TPMLP(nn.Module):
     """fc1 column-parallel (f) → GeLU on ``4h/T`` features, no communication → fc2 row-parallel (g)."""
 
-    def __init__(self, dense: "DenseMLP", tp: TPGroup):
+    def __init__(self, dense: DenseMLP, tp: TPGroup):
         super().__init__()
         r, t = tp.rank, tp.size
         self.fc1 = ColumnParallelLinear(_slice_rows(dense.fc1.weight, r, t),
@@ -537,7 +537,7 @@ class TPBlock(nn.Module):
     with sequence parallelism.
     """
 
-    def __init__(self, dense: "DenseBlock", tp: TPGroup, layer: int):
+    def __init__(self, dense: DenseBlock, tp: TPGroup, layer: int):
         super().__init__()
         self.tp, self.layer = tp, layer
         self.ln1 = TPLayerNorm(dense.ln1.weight, dense.ln1.bias, tp, dense.ln1.eps)
@@ -622,7 +622,7 @@ class TPModel(nn.Module):
     """Vocab-parallel embedding → L tensor-parallel blocks → final layer norm → LM head (the
     embedding's own shard, tied, column-parallel over the vocabulary) → vocab-parallel loss."""
 
-    def __init__(self, dense: "DenseModel", tp: TPGroup):
+    def __init__(self, dense: DenseModel, tp: TPGroup):
         super().__init__()
         cfg = dense.cfg
         cfg.check_tp(tp.size, tp.sequence_parallel)
@@ -845,8 +845,13 @@ def dtensor_parallelize_block(block: DenseBlock, mesh, sequence_parallel: bool =
     norms get SequenceParallel on the sequence dimension 0 and the attention / MLP inputs are
     all-gathered by PrepareModuleInput). In place; returns the block."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel, parallelize_module)
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
 
     out = {"output_layouts": Shard(0)} if sequence_parallel else {}
     plan = {"attn.wq": ColwiseParallel(), "attn.wk": ColwiseParallel(), "attn.wv": ColwiseParallel(),

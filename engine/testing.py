@@ -11,9 +11,10 @@ import pickle
 import socket
 import tempfile
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch.distributed as dist
 import torch.multiprocessing as mp

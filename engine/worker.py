@@ -16,10 +16,10 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Callable
 
-from distai.engine.events import EventSink
+from .events import EventSink
 
 BARRIER_TIMEOUT_ENV = "DISTAI_BARRIER_TIMEOUT_S"
 _gloo_group = None

@@ -59,8 +59,8 @@ from __future__ import annotations
 import contextlib
 import math
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist

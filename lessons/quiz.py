@@ -19,10 +19,10 @@ import importlib
 import math
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
-from distai.lessons import units
+from . import units
 
 DEFAULT_TOLERANCE = 0.02
 QUANTITIES = ("bytes", "seconds", "count", "fraction", "number", "bandwidth", "choice")
@@ -262,7 +262,7 @@ def fmt_pct(x: float, lang: str) -> str:
 
 def generators(lesson_id: str) -> dict[str, Callable]:
     """The ordered ``kind -> generator`` mapping of a lesson (``lesson3`` or its number/slug)."""
-    from distai.lessons.registry import resolve_lesson
+    from .registry import resolve_lesson
 
     lesson = resolve_lesson(lesson_id)
     module = importlib.import_module(f"{lesson.package}.quiz")
@@ -280,7 +280,7 @@ def question_seed(seed: int, lesson_id: str, kind: str, index: int) -> int:
 
 def make_question(lesson_id: str, kind: str, seed: int, lang: str = "en") -> Question:
     """Regenerate exactly one question: same (lesson, kind, seed, lang) → same question."""
-    from distai.lessons.registry import resolve_lesson
+    from .registry import resolve_lesson
 
     lesson = resolve_lesson(lesson_id)
     gens = generators(lesson.id)
@@ -295,7 +295,7 @@ def build_quiz(lesson_id: str, count: int = 5, seed: int | None = None, lang: st
                kinds: list[str] | None = None) -> list[Question]:
     """``count`` questions of a lesson, reproducible with ``seed``: kinds are dealt from a shuffled deck
     so that every kind appears once before any repeats."""
-    from distai.lessons.registry import resolve_lesson
+    from .registry import resolve_lesson
 
     lesson = resolve_lesson(lesson_id)
     if count < 1:

@@ -71,8 +71,13 @@ def _ring_checks(rank, world):
 
 
 def _dp_checks(rank, world):
-    from distai.engine.data_parallel import (make_data, make_model, train_data_parallel,
-                                             train_ddp, train_single_process)
+    from distai.engine.data_parallel import (
+        make_data,
+        make_model,
+        train_data_parallel,
+        train_ddp,
+        train_single_process,
+    )
 
     per_rank = 8
     batch = per_rank * world

@@ -16,7 +16,6 @@ from distai.lessons.lesson5 import formulas as f5
 from distai.lessons.lesson6 import formulas as f6
 from distai.lessons.lesson7 import formulas as f7
 
-
 # ----------------------------------------------------------------------------- lesson 1
 
 def test_ring_worked_example():
@@ -356,9 +355,9 @@ def test_gradscaler_trajectory_matches_torch():
 
 def test_ddp_buckets_match_torch_assignment():
     torch = pytest.importorskip("torch")
-    import torch.distributed as dist
-
     import random
+
+    import torch.distributed as dist
 
     rng = random.Random(1)
     for trial in range(30):

@@ -80,7 +80,6 @@ def test_installed_wheel_works_without_the_checkout(wheel, tmp_path):
     # the wheel's own dependencies (typer, ...) come from the interpreter's site dir, appended last.
     import site
 
-    site_dirs = os.pathsep.join(site.getsitepackages())
     res = subprocess.run([sys.executable, "-S", "-c",
                           f"import sys; sys.path += {site.getsitepackages()!r}; " + code, str(target)],
                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)

@@ -20,8 +20,15 @@ import pytest
 import torch
 
 from distai.engine.experiments.lesson2 import (
-    STRATEGIES, ModelConfig, count_params, make_batches, max_abs_diff, predicted_model_state_bytes,
-    predicted_traffic_bytes, reference_params, run_strategy,
+    STRATEGIES,
+    ModelConfig,
+    count_params,
+    make_batches,
+    max_abs_diff,
+    predicted_model_state_bytes,
+    predicted_traffic_bytes,
+    reference_params,
+    run_strategy,
 )
 from distai.engine.testing import run_in_group
 

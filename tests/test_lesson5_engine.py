@@ -66,8 +66,12 @@ def _pipeline_checks(rank: int, p: int, events_dir: str | None) -> dict:
             and all(a.t1 <= b.t0 for a, b in zip(res.records, res.records[1:])),
         }
         if p == 4:  # the same stages under torch.distributed.pipelining
-            from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
-                                                      ScheduleInterleaved1F1B)
+            from torch.distributed.pipelining import (
+                PipelineStage,
+                Schedule1F1B,
+                ScheduleGPipe,
+                ScheduleInterleaved1F1B,
+            )
             tchunks = pl.build_rank_chunks(cfg, p, v, rank)
             stages = [PipelineStage(tchunks[c * p + rank], c * p + rank, p * v, torch.device("cpu"))
                       for c in range(v)]

@@ -15,8 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from distai.engine.bucketing import (BucketedDataParallel, StepTimeline,
-                                     ddp_timed_allreduce_hook)
+from distai.engine.bucketing import BucketedDataParallel, StepTimeline, ddp_timed_allreduce_hook
 from distai.engine.testing import run_in_group
 
 

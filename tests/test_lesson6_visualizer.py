@@ -8,8 +8,13 @@ from textual.app import App
 
 from distai.lessons.lesson6.simulation import ExponentHistogram, simulate_scaler
 from distai.visualizers.base import visualizer_class
-from distai.visualizers.loss_scale import (VISUALIZER, LossScaleVisualizer, histogram_plot,
-                                           scale_plot, timeline_rows)
+from distai.visualizers.loss_scale import (
+    VISUALIZER,
+    LossScaleVisualizer,
+    histogram_plot,
+    scale_plot,
+    timeline_rows,
+)
 
 
 def test_registered_under_lesson_name():

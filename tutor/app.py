@@ -8,18 +8,18 @@ does not import torch.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from functools import partial
-from typing import Iterable
 
 from textual.app import App, SystemCommand
 from textual.screen import Screen
 
-from distai.lessons.registry import LANGUAGES, all_lessons, resolve_lesson
-from distai.tutor.progress import lesson_mastery
-from distai.tutor.screens.help import HelpScreen
-from distai.tutor.screens.home import HomeScreen
-from distai.tutor.screens.lesson import LessonScreen
-from distai.tutor.strings import tr
+from ..lessons.registry import LANGUAGES, all_lessons, resolve_lesson
+from .progress import lesson_mastery
+from .screens.help import HelpScreen
+from .screens.home import HomeScreen
+from .screens.lesson import LessonScreen
+from .strings import tr
 
 
 class DistaiApp(App):
@@ -37,7 +37,7 @@ class DistaiApp(App):
         self.store_error: str | None = None
         self._owns_store = store is None
         if store is None:
-            from distai.tutor.progress import ProgressError, ProgressStore
+            from .progress import ProgressError, ProgressStore
 
             try:
                 store = ProgressStore()

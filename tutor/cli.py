@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Optional
 
 import typer
 
-from distai.lessons.registry import UnknownLessonError, all_lessons, resolve_lesson
+from ..lessons.registry import UnknownLessonError, all_lessons, resolve_lesson
 
 app = typer.Typer(
     name="distai",
@@ -44,7 +43,7 @@ def lesson_or_fail(name: str):
 
 def open_progress():
     """The progress store; a recovered (moved-aside) database is reported on stderr, once."""
-    from distai.tutor.progress import ProgressError, ProgressStore
+    from .progress import ProgressError, ProgressStore
 
     try:
         store = ProgressStore()
@@ -80,18 +79,18 @@ def root(
 
 @app.command()
 def tutor(
-    lesson: Optional[str] = typer.Option(None, "--lesson", "-l", help="Open this lesson (1-7, lessonN or its slug)."),
-    lang: Optional[str] = typer.Option(None, "--lang", help="Language: en or es (default: from the locale)."),
+    lesson: str | None = typer.Option(None, "--lesson", "-l", help="Open this lesson (1-7, lessonN or its slug)."),
+    lang: str | None = typer.Option(None, "--lang", help="Language: en or es (default: from the locale)."),
 ) -> None:
     """Start the Textual tutor."""
-    from distai.tutor.i18n import detect_language
+    from .i18n import detect_language
 
     try:
         language = detect_language(lang)
     except ValueError as exc:
         raise CliError(str(exc)) from None
     chosen = lesson_or_fail(lesson) if lesson else None
-    from distai.tutor.app import DistaiApp
+    from .app import DistaiApp
 
     DistaiApp(language=language, lesson_id=chosen.id if chosen else None).run()
 
@@ -99,16 +98,16 @@ def tutor(
 @app.command()
 def lessons(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    lang: Optional[str] = typer.Option(None, "--lang", help="Language: en or es."),
+    lang: str | None = typer.Option(None, "--lang", help="Language: en or es."),
 ) -> None:
     """List the seven lessons with their duration and your progress."""
-    from distai.tutor.i18n import detect_language
+    from .i18n import detect_language
 
     try:
         language = detect_language(lang)
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    from distai.tutor.progress import lesson_mastery
+    from .progress import lesson_mastery
 
     store = open_progress()
     summary = store.summary()
@@ -141,11 +140,11 @@ def lessons(
 
 
 def quiz(
-    lesson: Optional[str] = typer.Argument(None, help="Lesson: 1-7, lessonN or its slug."),
+    lesson: str | None = typer.Argument(None, help="Lesson: 1-7, lessonN or its slug."),
     count: int = typer.Option(5, "--count", "-n", help="How many questions."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for reproducible questions."),
+    seed: int | None = typer.Option(None, "--seed", help="Seed for reproducible questions."),
     review: bool = typer.Option(False, "--review", help="Ask the questions due for spaced review."),
-    lang: Optional[str] = typer.Option(None, "--lang", help="Language: en or es."),
+    lang: str | None = typer.Option(None, "--lang", help="Language: en or es."),
 ) -> None:
     """Quiz yourself on a lesson's formulas and ideas."""
     if lesson is not None:
@@ -164,7 +163,7 @@ def run(
 
 # --- sub-commands that live in their own modules ------------------------------------------------
 # A module ``distai.tutor.cli_<name>`` registers its commands on import, e.g.
-#     from distai.tutor.cli import app, calc_app, CliError, lesson_or_fail
+#     from .cli import app, calc_app, CliError, lesson_or_fail
 #     @app.command()
 #     def quiz(...): ...
 # It must import nothing heavy (torch, numpy, textual) at module level: `distai --help` imports it.
@@ -245,6 +244,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from distai.tutor.cli import main as _main
+    from .cli import main as _main
 
     sys.exit(_main())

@@ -12,22 +12,21 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Optional
 
 import typer
 
-from distai.tutor.cli import CliError, calc_app
+from .cli import CliError, calc_app
 
 # ------------------------------------------------------------------------------------ helpers
 
 
 def _units():
-    from distai.lessons import units
+    from ..lessons import units
 
     return units
 
 
-def _parse(kind: str, text: Optional[str], option: str, *, minimum: float | None = None,
+def _parse(kind: str, text: str | None, option: str, *, minimum: float | None = None,
            strict_min: bool = False, integer: bool = False, maximum: float | None = None):
     """Parse one option's text with units; one-line errors naming the option."""
     if text is None:
@@ -127,15 +126,15 @@ def memory(
     optimizer: str = typer.Option("adam", "--optimizer",
                                   help="adam (K=12 mixed), sgd (with momentum, K=8) or sgd-nomomentum (K=4)."),
     precision: str = typer.Option("mixed", "--precision", help="mixed (fp16/bf16 + fp32 master) or fp32."),
-    layers: Optional[str] = typer.Option(None, "--layers", help="Transformer layers L (for activations)."),
-    hidden: Optional[str] = typer.Option(None, "--hidden", help="Hidden size h."),
-    seq: Optional[str] = typer.Option(None, "--seq", help="Sequence length s."),
-    micro_batch: Optional[str] = typer.Option(None, "--micro-batch", help="Micro-batch size b."),
-    heads: Optional[str] = typer.Option(None, "--heads", help="Attention heads a."),
+    layers: str | None = typer.Option(None, "--layers", help="Transformer layers L (for activations)."),
+    hidden: str | None = typer.Option(None, "--hidden", help="Hidden size h."),
+    seq: str | None = typer.Option(None, "--seq", help="Sequence length s."),
+    micro_batch: str | None = typer.Option(None, "--micro-batch", help="Micro-batch size b."),
+    heads: str | None = typer.Option(None, "--heads", help="Attention heads a."),
     tp: str = typer.Option("1", "--tp", help="Tensor-parallel degree t (divides parameters and activations)."),
     sequence_parallel: bool = typer.Option(False, "--sequence-parallel", help="Megatron sequence parallelism."),
     recompute: str = typer.Option("none", "--recompute", help="Activation recomputation: none, selective, full."),
-    gpu_memory: Optional[str] = typer.Option(None, "--gpu-memory", help="GPU memory (80GB) to check the fit."),
+    gpu_memory: str | None = typer.Option(None, "--gpu-memory", help="GPU memory (80GB) to check the fit."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Memory per GPU: ZeRO model states plus Korthikanti activations.
@@ -148,7 +147,7 @@ def memory(
     strategy, optimizer, precision, k (optimizer bytes per parameter); with --gpu-memory also
     gpu_memory_bytes and fits (bool).
     """
-    from distai.lessons.lesson2 import formulas as f2
+    from ..lessons.lesson2 import formulas as f2
 
     psi = _int(params, "--params")
     n = _int(dp, "--dp")
@@ -200,7 +199,7 @@ def bubble(
     stages: str = typer.Option(..., "--stages", "-p", help="Pipeline stages p."),
     microbatches: str = typer.Option(..., "--microbatches", "-m", help="Microbatches per step m."),
     schedule: str = typer.Option("1f1b", "--schedule", help="gpipe, 1f1b or interleaved."),
-    chunks: Optional[str] = typer.Option(None, "--chunks", "-v",
+    chunks: str | None = typer.Option(None, "--chunks", "-v",
                                          help="Model chunks per stage v (interleaved only; default 2)."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
@@ -214,7 +213,7 @@ def bubble(
     stage holds at once), step_time_units (step time in units of one microbatch's forward+backward on
     one stage), and the inputs stages, microbatches, schedule, chunks.
     """
-    from distai.lessons.lesson5 import formulas as f5
+    from ..lessons.lesson5 import formulas as f5
 
     p = _int(stages, "--stages")
     m = _int(microbatches, "--microbatches")
@@ -259,7 +258,7 @@ def allreduce(
     busbw_factor (2(N-1)/N), algbw_bytes_per_s (S/time), busbw_bytes_per_s, and the inputs
     size_bytes, ranks, alpha_s, beta_s_per_byte, algorithm.
     """
-    from distai.lessons.lesson1 import formulas as f1
+    from ..lessons.lesson1 import formulas as f1
 
     S = _parse("bytes", size, "--bytes", minimum=0)
     n = _int(ranks, "--ranks")
@@ -308,8 +307,8 @@ def checkpoint(
     mtbf: str = typer.Option(..., "--mtbf", help="Mean time between failures of the job (or per GPU with --gpus): 3h, 86400."),
     cost: str = typer.Option(..., "--cost", help="Time to write one checkpoint δ (30s, 5min)."),
     restart: str = typer.Option("0", "--restart", help="Time to restart and reload R (default 0)."),
-    gpus: Optional[str] = typer.Option(None, "--gpus", help="If given, --mtbf is per GPU; job MTBF = MTBF/G."),
-    interval: Optional[str] = typer.Option(None, "--interval",
+    gpus: str | None = typer.Option(None, "--gpus", help="If given, --mtbf is per GPU; job MTBF = MTBF/G."),
+    interval: str | None = typer.Option(None, "--interval",
                                            help="Evaluate the waste at this interval instead of Daly's."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
@@ -322,7 +321,7 @@ def checkpoint(
     lost to checkpoints, redone work and restarts, at --interval if given, else at Daly's interval),
     waste_at_young_fraction, interval_s (where the waste was evaluated), job_mtbf_s, cost_s, restart_s.
     """
-    from distai.lessons.lesson3 import formulas as f3
+    from ..lessons.lesson3 import formulas as f3
 
     M = _parse("time", mtbf, "--mtbf", minimum=0, strict_min=True)
     d = _parse("time", cost, "--cost", minimum=0, strict_min=True)
@@ -375,7 +374,7 @@ def kvcache(
     JSON keys: bytes_per_token, total_bytes, per_gpu_bytes (the busiest GPU), and the inputs layers,
     kv_heads, head_dim, dtype, dtype_bytes, tokens, tp, pp.
     """
-    from distai.lessons.lesson7 import formulas as f7
+    from ..lessons.lesson7 import formulas as f7
 
     L = _int(layers, "--layers")
     H = _int(kv_heads, "--kv-heads")
@@ -390,7 +389,6 @@ def kvcache(
     if as_json:
         _emit_json(out)
         return
-    u = _units()
     typer.echo(f"KV cache: L = {L}, H_kv = {H}, d = {d}, {dt}, {T:,} tokens, tp = {t}, pp = {p}")
     _table([("per token", _b(r["bytes_per_token"])), ("total", _b(r["total_bytes"])),
             ("per GPU", _b(r["per_gpu_bytes"]))])
@@ -407,8 +405,8 @@ def tp_comm(
     tp: str = typer.Option(..., "--tp", help="Tensor-parallel degree t."),
     sequence_parallel: bool = typer.Option(False, "--sequence-parallel", help="Megatron sequence parallelism."),
     dtype: str = typer.Option("bf16", "--dtype", help="Activation dtype: fp32, fp16, bf16, fp8."),
-    alpha: Optional[str] = typer.Option(None, "--alpha", help="Latency per message α, to estimate time."),
-    beta: Optional[str] = typer.Option(None, "--beta", help="s/B or a bandwidth (100GB/s), to estimate time."),
+    alpha: str | None = typer.Option(None, "--alpha", help="Latency per message α, to estimate time."),
+    beta: str | None = typer.Option(None, "--beta", help="s/B or a bandwidth (100GB/s), to estimate time."),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Tensor-parallel collectives and bytes per transformer layer.
@@ -419,8 +417,8 @@ def tp_comm(
     forward_bytes_per_rank, backward_bytes_per_rank, total_bytes_per_rank (ring), and with --alpha and
     --beta forward_time_s, backward_time_s, total_time_s; plus the inputs.
     """
-    from distai.lessons.lesson4 import formulas as f4
-    from distai.lessons.lesson7 import formulas as f7
+    from ..lessons.lesson4 import formulas as f4
+    from ..lessons.lesson7 import formulas as f7
 
     h, s, b, t = _int(hidden, "--hidden"), _int(seq, "--seq"), _int(micro_batch, "--micro-batch"), _int(tp, "--tp")
     dt = _choice(dtype, ("fp32", "fp16", "bf16", "fp8"), "--dtype")
@@ -465,9 +463,9 @@ def serve(
     params: str = typer.Option(..., "--params", help="Parameters N of the model (70B, 69e9)."),
     layers: str = typer.Option(..., "--layers", help="Layers L."),
     hidden: str = typer.Option(..., "--hidden", help="Hidden size h."),
-    kv_heads: Optional[str] = typer.Option(None, "--kv-heads", help="Key/value heads H_kv (default: --heads)."),
-    heads: Optional[str] = typer.Option(None, "--heads", help="Query heads (default: hidden / head dim)."),
-    head_dim: Optional[str] = typer.Option(None, "--head-dim", help="Head dimension d (default: hidden / heads, or 128)."),
+    kv_heads: str | None = typer.Option(None, "--kv-heads", help="Key/value heads H_kv (default: --heads)."),
+    heads: str | None = typer.Option(None, "--heads", help="Query heads (default: hidden / head dim)."),
+    head_dim: str | None = typer.Option(None, "--head-dim", help="Head dimension d (default: hidden / heads, or 128)."),
     dtype: str = typer.Option("fp16", "--dtype", help="Weights and KV cache: fp16, bf16, fp8 or fp32."),
     gpus: str = typer.Option(..., "--gpus", help="GPUs G to split into TP × PP × replicas."),
     gpu_memory: str = typer.Option(..., "--gpu-memory", help="Memory per GPU (80GB)."),
@@ -505,8 +503,8 @@ def serve(
     hop_s, decode_bound (memory-bandwidth or compute), throughput_tokens_per_s (output tokens, all
     replicas), throughput_per_gpu, requests_per_s; values a rejection left uncomputed are null.
     """
-    from distai.lessons.lesson7 import formulas as f7
-    from distai.lessons.lesson7 import planner as pl
+    from ..lessons.lesson7 import formulas as f7
+    from ..lessons.lesson7 import planner as pl
 
     N = _parse("count", params, "--params", minimum=0, strict_min=True)
     L = _int(layers, "--layers")

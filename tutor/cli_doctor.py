@@ -5,7 +5,7 @@ import json
 
 import typer
 
-from distai.tutor.cli import CliError, app
+from .cli import CliError, app
 
 
 def _gb_s(bps: float) -> str:
@@ -28,7 +28,7 @@ def doctor(
     """What this machine has (CPUs, GPUs, interconnect, torch/NCCL/gloo) and how fast it moves bytes."""
     if ranks is not None and not 2 <= ranks <= 64:
         raise CliError(f"--ranks must be between 2 and 64, got {ranks}")
-    from distai.engine.doctor import diagnose
+    from ..engine.doctor import diagnose
 
     report = diagnose(quick=quick, ranks=ranks)
     if as_json:

@@ -9,11 +9,10 @@ Imports only typer at module level: ``distai --help`` loads this module.
 from __future__ import annotations
 
 import sys
-from typing import Optional
 
 import typer
 
-from distai.tutor.cli import CliError, app, lesson_or_fail, open_progress
+from .cli import CliError, app, lesson_or_fail, open_progress
 
 TEXT = {
     "en": {
@@ -64,7 +63,7 @@ TEXT = {
 }
 
 
-def _read_line() -> Optional[str]:
+def _read_line() -> str | None:
     line = sys.stdin.readline()
     if line == "":
         return None
@@ -72,7 +71,7 @@ def _read_line() -> Optional[str]:
 
 
 def _given(q, check, text: str) -> str:
-    from distai.lessons.quiz import format_value
+    from ..lessons.quiz import format_value
 
     if check.value is None:
         return repr(text)
@@ -83,7 +82,7 @@ def _given(q, check, text: str) -> str:
 
 def run_quiz(questions, store, session_lesson, lang: str, header: str) -> int:
     """Ask ``questions`` on the terminal; returns the exit code (0)."""
-    from distai.tutor.review import QuizSession
+    from .review import QuizSession
 
     T = TEXT[lang]
     session = QuizSession(questions, store, session_lesson)
@@ -135,11 +134,11 @@ def run_quiz(questions, store, session_lesson, lang: str, header: str) -> int:
 
 @app.command("quiz")
 def quiz(
-    lesson: Optional[str] = typer.Argument(None, help="Lesson: 1-7, lessonN or its slug."),
+    lesson: str | None = typer.Argument(None, help="Lesson: 1-7, lessonN or its slug."),
     count: str = typer.Option("5", "--count", "-n", help="How many questions (1-100)."),
-    seed: Optional[str] = typer.Option(None, "--seed", help="Seed for reproducible questions."),
+    seed: str | None = typer.Option(None, "--seed", help="Seed for reproducible questions."),
     review: bool = typer.Option(False, "--review", help="Ask the question kinds due for spaced review."),
-    lang: Optional[str] = typer.Option(None, "--lang", help="Language: en or es (default: from the locale)."),
+    lang: str | None = typer.Option(None, "--lang", help="Language: en or es (default: from the locale)."),
 ) -> None:
     """Quiz yourself on a lesson's formulas and ideas (answers read from stdin, pipe-friendly).
 
@@ -150,7 +149,7 @@ def quiz(
     """
     import random
 
-    from distai.tutor.i18n import detect_language
+    from .i18n import detect_language
 
     try:
         language = detect_language(lang)
@@ -176,7 +175,7 @@ def quiz(
     store = open_progress()
     try:
         if review:
-            from distai.tutor.review import next_due, review_items, review_questions
+            from .review import next_due, review_items, review_questions
 
             questions = review_questions(store, n, language, s, lesson_id=chosen.id if chosen else None)
             if not questions:
@@ -185,7 +184,7 @@ def quiz(
                 if upcoming is not None:
                     import time
 
-                    from distai.lessons.units import format_time
+                    from ..lessons.units import format_time
 
                     typer.echo(T["next_due"].format(when=format_time(upcoming.due_at - time.time(), 2, language),
                                                     lesson=upcoming.lesson_id, kind=upcoming.kind))
@@ -194,7 +193,7 @@ def quiz(
                 return
             run_quiz(questions, store, None, language, T["review_header"].format(n=len(questions), seed=s))
             return
-        from distai.lessons.quiz import build_quiz
+        from ..lessons.quiz import build_quiz
 
         questions = build_quiz(chosen.id, n, s, language)
         title = f"{chosen.number}. {chosen.title[language]}"

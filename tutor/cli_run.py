@@ -18,11 +18,10 @@ import json
 import signal
 import sys
 import time
-from typing import Optional
 
 import typer
 
-from distai.tutor.cli import CliError, app, lesson_or_fail
+from .cli import CliError, app, lesson_or_fail
 
 SPARK = "▁▂▃▄▅▆▇█"
 
@@ -40,19 +39,19 @@ def sparkline(values: list[float], width: int = 40) -> str:
 
 
 def _fmt_bytes(n: float) -> str:
-    from distai.lessons.units import format_bytes
+    from ..lessons.units import format_bytes
 
     return format_bytes(n, binary=True)
 
 
 def _fmt_bw(bps: float | None) -> str:
-    from distai.lessons.units import format_bandwidth
+    from ..lessons.units import format_bandwidth
 
     return "—" if bps is None else format_bandwidth(bps)
 
 
 def _fmt_time(s: float | None) -> str:
-    from distai.lessons.units import format_time
+    from ..lessons.units import format_time
 
     return "—" if s is None else format_time(s)
 
@@ -60,7 +59,7 @@ def _fmt_time(s: float | None) -> str:
 def record_in_progress_store(record) -> None:
     """Note the run in the learner's progress store (never fails the run)."""
     try:
-        from distai.tutor.progress import ProgressStore
+        from .progress import ProgressStore
 
         store = ProgressStore()
         try:
@@ -176,7 +175,7 @@ class TerminalView:
     def __init__(self, title: str, live: bool | None = None, lesson: str | None = None):
         from rich.console import Console
 
-        from distai.engine.run_state import RunState
+        from ..engine.run_state import RunState
 
         self.state = RunState()
         self.extra = lesson_view(lesson)
@@ -233,28 +232,33 @@ class JsonView:
 def run_cmd(
     ctx: typer.Context,
     lesson: str = typer.Argument(..., help="Lesson: 1-7, lessonN or its slug."),
-    gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs per node (NCCL). Without CUDA: that many CPU processes."),
-    cpu: Optional[int] = typer.Option(None, "--cpu", help="CPU processes per node (gloo). Default without GPUs: the lesson's ranks (4)."),
+    gpus: int | None = typer.Option(None, "--gpus", help="GPUs per node (NCCL). Without CUDA: that many CPU processes."),
+    cpu: int | None = typer.Option(None, "--cpu", help="CPU processes per node (gloo). Default without GPUs: the lesson's ranks (4)."),
     nnodes: int = typer.Option(1, "--nnodes", help="Nodes (multi-node: run the same command on every node)."),
-    node_rank: Optional[int] = typer.Option(None, "--node-rank", help="This node's rank (0 on the master)."),
-    master_addr: Optional[str] = typer.Option(None, "--master-addr", help="Address of node 0."),
-    master_port: Optional[int] = typer.Option(None, "--master-port", help="Port on node 0."),
+    node_rank: int | None = typer.Option(None, "--node-rank", help="This node's rank (0 on the master)."),
+    master_addr: str | None = typer.Option(None, "--master-addr", help="Address of node 0."),
+    master_port: int | None = typer.Option(None, "--master-port", help="Port on node 0."),
     rdzv_backend: str = typer.Option("static", "--rdzv-backend",
                                      help="static (ranks from --node-rank) or c10d (torchrun's dynamic rendezvous "
                                           "at --master-addr:--master-port)."),
-    rdzv_id: Optional[str] = typer.Option(None, "--rdzv-id", help="c10d rendezvous id shared by every node (e.g. the job id)."),
-    steps: Optional[int] = typer.Option(None, "--steps", help="Training steps (passed to the experiment)."),
+    rdzv_id: str | None = typer.Option(None, "--rdzv-id", help="c10d rendezvous id shared by every node (e.g. the job id)."),
+    steps: int | None = typer.Option(None, "--steps", help="Training steps (passed to the experiment)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per event instead of the live view."),
-    run_dir: Optional[str] = typer.Option(None, "--run-dir", help="Keep this run in DIR (default: the runs folder)."),
+    run_dir: str | None = typer.Option(None, "--run-dir", help="Keep this run in DIR (default: the runs folder)."),
     debug: bool = typer.Option(False, "--debug", help="TORCH_DISTRIBUTED_DEBUG=DETAIL (slower, more checks)."),
-    max_restarts: Optional[int] = typer.Option(
+    max_restarts: int | None = typer.Option(
         None, "--max-restarts", help="After a failure restart the group up to N times (torchrun's elastic agent; "
                                      "a fresh torchrun if that fails). Default: the lesson's (lesson 3: 3, others 0)."),
 ) -> None:
     """Launch the lesson's real torch.distributed experiment (extra options go to the experiment)."""
     chosen = lesson_or_fail(lesson)
-    from distai.engine.launcher import (LaunchError, LaunchSpec, choose_placement,
-                                        experiment_available, validate_nodes)
+    from ..engine.launcher import (
+        LaunchError,
+        LaunchSpec,
+        choose_placement,
+        experiment_available,
+        validate_nodes,
+    )
 
     if not experiment_available(chosen.experiment):
         raise CliError(f"lesson {chosen.number}'s experiment is not yet available in this version of distai")
@@ -271,8 +275,8 @@ def run_cmd(
         if steps < 0:
             raise CliError(f"--steps must be >= 0, got {steps}")
         extra = ["--steps", str(steps), *extra]
-    from distai.engine.runs import create_run
-    from distai.tutor.paths import runs_root
+    from ..engine.runs import create_run
+    from .paths import runs_root
 
     try:
         record = create_run(runs_root(), chosen.id, chosen.experiment, run_dir=run_dir,
@@ -285,7 +289,7 @@ def run_cmd(
     if placement.note and as_json:  # the live view shows it itself
         typer.echo(f"distai: {placement.note}", err=True)
     view = JsonView() if as_json else TerminalView(f"distai run {chosen.id}", lesson=chosen.id)
-    from distai.engine.supervisor import make_launch
+    from ..engine.supervisor import make_launch
 
     launch = make_launch(spec, record, consumer=view, max_restarts=restarts)
 
@@ -333,15 +337,15 @@ def _duration(record) -> str:
 @runs_app.callback(invoke_without_command=True)
 def runs_list(
     ctx: typer.Context,
-    lesson: Optional[str] = typer.Option(None, "--lesson", "-l", help="Only this lesson's runs."),
+    lesson: str | None = typer.Option(None, "--lesson", "-l", help="Only this lesson's runs."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     limit: int = typer.Option(50, "--limit", "-n", help="At most this many runs (newest first)."),
 ) -> None:
     """List past runs: id, lesson, date, status, duration (and the error of failed ones)."""
     if ctx.invoked_subcommand is not None:
         return
-    from distai.engine.runs import list_runs
-    from distai.tutor.paths import runs_root
+    from ..engine.runs import list_runs
+    from .paths import runs_root
 
     wanted = lesson_or_fail(lesson).id if lesson else None
     runs = [r for r in list_runs(runs_root()) if wanted is None or r.lesson == wanted][:max(0, limit)]
@@ -371,9 +375,9 @@ def runs_show(
     speed: float = typer.Option(0.0, "--speed", help="Replay at this multiple of real time (0: at once)."),
 ) -> None:
     """Replay a past run into the same views as a live one."""
-    from distai.engine.run_state import replay_events
-    from distai.engine.runs import RunNotFound, find_run
-    from distai.tutor.paths import runs_root
+    from ..engine.run_state import replay_events
+    from ..engine.runs import RunNotFound, find_run
+    from .paths import runs_root
 
     if speed < 0:
         raise CliError(f"--speed must be >= 0, got {speed}")

@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
-from distai.tutor.cli import CliError, app, lesson_or_fail
+from .cli import CliError, app, lesson_or_fail
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -15,11 +14,11 @@ def slurm(
     lesson: str = typer.Argument(..., help="Lesson: 1-7, lessonN or its slug."),
     nodes: int = typer.Option(..., "--nodes", help="Number of nodes (K)."),
     gpus_per_node: int = typer.Option(..., "--gpus-per-node", help="GPUs per node (G): one rank each."),
-    partition: Optional[str] = typer.Option(None, "--partition", help="SLURM partition."),
-    time: Optional[str] = typer.Option(None, "--time", help="Time limit (e.g. 00:30:00)."),
-    account: Optional[str] = typer.Option(None, "--account", help="SLURM account."),
-    port: Optional[int] = typer.Option(None, "--port", help="Rendezvous port (default: from the job id)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the script here (default: stdout)."),
+    partition: str | None = typer.Option(None, "--partition", help="SLURM partition."),
+    time: str | None = typer.Option(None, "--time", help="Time limit (e.g. 00:30:00)."),
+    account: str | None = typer.Option(None, "--account", help="SLURM account."),
+    port: int | None = typer.Option(None, "--port", help="Rendezvous port (default: from the job id)."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Write the script here (default: stdout)."),
 ) -> None:
     """Write an sbatch script that runs LESSON's experiment with torchrun on every node.
 
@@ -28,7 +27,7 @@ def slurm(
     chosen = lesson_or_fail(lesson)
     if not chosen.experiment:
         raise CliError(f"{chosen.id} has no experiment to run")
-    from distai.engine.slurm import SlurmJob, sbatch_script
+    from ..engine.slurm import SlurmJob, sbatch_script
 
     job = SlurmJob(chosen.id, nodes, gpus_per_node, partition=partition, time=time, account=account,
                    port=port, extra_args=list(ctx.args))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from distai.lessons.registry import LANGUAGES
+from ..lessons.registry import LANGUAGES
 
 
 def detect_language(explicit: str | None = None, environ: dict[str, str] | None = None) -> str:

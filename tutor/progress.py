@@ -23,9 +23,9 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Iterator
 
 SCHEMA_VERSION = 1
 
@@ -84,7 +84,7 @@ class ProgressStore:
 
     def __init__(self, path: str | os.PathLike | None = None):
         if path is None:
-            from distai.tutor.paths import progress_db_path
+            from .paths import progress_db_path
 
             path = progress_db_path()
         self.path = Path(path)
@@ -210,7 +210,7 @@ class ProgressStore:
         with self._lock:
             self._conn.close()
 
-    def __enter__(self) -> "ProgressStore":
+    def __enter__(self) -> ProgressStore:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -308,7 +308,7 @@ class ProgressStore:
 
         Only steps the lesson still has count, so renamed or removed steps do not inflate it.
         """
-        from distai.lessons.registry import all_lessons
+        from ..lessons.registry import all_lessons
 
         with self.connection() as conn:
             seen: dict[str, set[str]] = {}
@@ -349,7 +349,7 @@ def lesson_mastery(store, lesson_id: str) -> float | None:
         return None
     if not review.review_items(store, lesson_id):
         return None
-    from distai.lessons.registry import resolve_lesson
+    from ..lessons.registry import resolve_lesson
 
     lesson = resolve_lesson(lesson_id)
     if _optional_module(f"{lesson.package}.quiz") is None:

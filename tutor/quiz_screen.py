@@ -94,8 +94,8 @@ class QuizScreen(Screen):
         return getattr(self.app, "store", None)
 
     def new_quiz(self, seed: int | None = None) -> None:
-        from distai.lessons.quiz import build_quiz
-        from distai.tutor.review import QuizSession
+        from ..lessons.quiz import build_quiz
+        from .review import QuizSession
 
         if seed is None:
             seed = random.SystemRandom().randrange(10 ** 6)

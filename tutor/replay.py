@@ -12,8 +12,8 @@ from pathlib import Path
 
 def latest_run(lesson_id: str, root: str | Path | None = None):
     """The newest run of ``lesson_id`` (a ``RunRecord``), or None when there is none."""
-    from distai.engine.runs import list_runs
-    from distai.tutor.paths import runs_root
+    from ..engine.runs import list_runs
+    from .paths import runs_root
 
     for record in list_runs(root if root is not None else runs_root()):
         if record.lesson == lesson_id:
@@ -23,7 +23,7 @@ def latest_run(lesson_id: str, root: str | Path | None = None):
 
 def replay_into(visualizer, record) -> int:
     """Feed ``record``'s events to ``visualizer`` in order; returns how many were fed."""
-    from distai.engine.run_state import replay_events
+    from ..engine.run_state import replay_events
 
     count = 0
     for event in replay_events(record):

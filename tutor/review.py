@@ -134,7 +134,7 @@ class QuizSession:
         return self.index >= len(self.questions)
 
     def answer(self, text) -> Outcome:
-        from distai.lessons.quiz import check_answer
+        from ..lessons.quiz import check_answer
 
         q = self.current
         if q is None:
@@ -179,8 +179,8 @@ def review_questions(store, count: int, lang: str, seed: int | None = None, now:
     """Fresh questions for the kinds due for review (at most ``count``)."""
     import random
 
-    from distai.lessons.quiz import generators, make_question, question_seed
-    from distai.lessons.registry import all_lessons
+    from ..lessons.quiz import generators, make_question, question_seed
+    from ..lessons.registry import all_lessons
 
     known = {lesson.id: set(generators(lesson.id)) for lesson in all_lessons()}
     items = due_items(store, now, lesson_id, count, known)
@@ -193,7 +193,7 @@ def review_questions(store, count: int, lang: str, seed: int | None = None, now:
 def lesson_mastery(store, lesson_id: str) -> float | None:
     """The home screen's mastery figure: :func:`mastery` over the lesson's question kinds, or None
     when the learner has not answered any of its questions yet."""
-    from distai.lessons.quiz import generators
+    from ..lessons.quiz import generators
 
     if not store.quiz_answers(lesson_id):
         return None

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from rich.table import Table
 from rich.text import Text
@@ -26,7 +26,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, ProgressBar, RichLog, Sparkline, Static
 
-from distai.engine.run_state import RunState, replay_events
+from ..engine.run_state import RunState, replay_events
 
 STRINGS = {
     "title": {"en": "Run · lesson {n} · {title}", "es": "Ejecución · lección {n} · {title}"},
@@ -78,10 +78,10 @@ def hbar(value: float, top: float, width: int) -> str:
 def default_launch_factory(lesson, consumer, nproc: int | None = None, args: list[str] | None = None):
     """Create (not start) a ``Launch`` of the lesson's experiment in a new run folder (under the
     engine's supervisor when the lesson restarts after failures, as lesson 3 does)."""
-    from distai.engine.launcher import LaunchSpec, choose_placement
-    from distai.engine.runs import create_run
-    from distai.engine.supervisor import make_launch
-    from distai.tutor.paths import runs_root
+    from ..engine.launcher import LaunchSpec, choose_placement
+    from ..engine.runs import create_run
+    from ..engine.supervisor import make_launch
+    from .paths import runs_root
 
     placement = choose_placement(cpu=nproc, default_nproc=getattr(lesson, "ranks", 4)) if nproc \
         else choose_placement(default_nproc=getattr(lesson, "ranks", 4))
@@ -172,7 +172,7 @@ class RunPanelScreen(Screen):
             self.query_one("#run-visual").display = False
             return
         try:
-            from distai.visualizers.base import make_visualizer
+            from ..visualizers.base import make_visualizer
 
             self.visualizer = make_visualizer(name, self.language)
             self.query_one("#run-visual").mount(self.visualizer)
@@ -182,7 +182,7 @@ class RunPanelScreen(Screen):
 
     # -- running -----------------------------------------------------------------------------------
     def start_run(self) -> None:
-        from distai.engine.launcher import experiment_available
+        from ..engine.launcher import experiment_available
 
         if self.launch_factory is default_launch_factory and not experiment_available(self.lesson.experiment):
             self.query_one("#run-status", Static).update(Text(t("unavailable", self.language), style="yellow"))
@@ -303,7 +303,7 @@ class RunPanelScreen(Screen):
         """Rows of the sweep with bars on one shared scale, then the alpha-beta fits."""
         from rich.console import Group
 
-        from distai.lessons.units import format_bandwidth, format_bytes, format_time
+        from ..lessons.units import format_bandwidth, format_bytes, format_time
 
         lang = self.language
         rows = self.state.sweep[-16:]

@@ -28,7 +28,7 @@ class LessonVisualizer(Widget):
         events to ``visualizer.feed_event``.
         """
 
-        def __init__(self, visualizer: "LessonVisualizer"):
+        def __init__(self, visualizer: LessonVisualizer):
             super().__init__()
             self.visualizer = visualizer
 

@@ -29,12 +29,12 @@ from rich.text import Text
 from textual import work
 from textual.binding import Binding
 
-from distai.lessons.lesson3 import failure_sim as fs
-from distai.lessons.lesson3.formulas import DAY, component_mtbf_from_log, job_mtbf
-from distai.lessons.lesson3.run_timeline import RunTimeline
-from distai.lessons.units import format_percent, format_time
-from distai.visualizers.base import LessonVisualizer
-from distai.visualizers.run_timeline import timeline_lines
+from ..lessons.lesson3 import failure_sim as fs
+from ..lessons.lesson3.formulas import DAY, component_mtbf_from_log, job_mtbf
+from ..lessons.lesson3.run_timeline import RunTimeline
+from ..lessons.units import format_percent, format_time
+from .base import LessonVisualizer
+from .run_timeline import timeline_lines
 
 VIEWS = ("interval", "day", "run")
 STEP_VIEWS = {"failures": "day", "exact-state": "run", "atomic": "run", "sharded": "run", "async": "interval",
@@ -114,7 +114,7 @@ def _int(n: int, lang: str) -> str:
 
 
 def _waste_at(sweep: fs.Sweep, tau: float) -> float:
-    from distai.lessons.lesson3.formulas import expected_waste_fraction
+    from ..lessons.lesson3.formulas import expected_waste_fraction
 
     return expected_waste_fraction(tau, sweep.mtbf, sweep.cost, sweep.restart)
 

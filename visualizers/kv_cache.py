@@ -31,10 +31,10 @@ from rich.console import Group
 from rich.text import Text
 from textual.binding import Binding
 
-from distai.lessons.lesson7 import formulas as f
-from distai.lessons.lesson7 import paging
-from distai.lessons.lesson7 import planner as pl
-from distai.visualizers.base import LessonVisualizer
+from ..lessons.lesson7 import formulas as f
+from ..lessons.lesson7 import paging
+from ..lessons.lesson7 import planner as pl
+from .base import LessonVisualizer
 
 VIEWS = ("tp", "pp", "paged", "planner")
 STEP_VIEWS = {"prefill-decode": "planner", "kv-bytes": "tp", "tp-decode": "tp", "pp-decode": "pp",

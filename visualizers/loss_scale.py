@@ -27,9 +27,14 @@ from rich.text import Text
 from textual.binding import Binding
 from textual.widgets import Static
 
-from distai.lessons.lesson6.simulation import (REGIONS, ExponentHistogram, OverlapModel,
-                                               ScalerSimConfig, simulate_scaler)
-from distai.visualizers.base import LessonVisualizer
+from ..lessons.lesson6.simulation import (
+    REGIONS,
+    ExponentHistogram,
+    OverlapModel,
+    ScalerSimConfig,
+    simulate_scaler,
+)
+from .base import LessonVisualizer
 
 VIEWS = ("scale", "exponents", "timeline")
 STEP_VIEWS = {"formats": "exponents", "master-weights": "exponents", "underflow": "exponents",
@@ -206,7 +211,7 @@ def bar_plot(values: list[float], width: int, height: int, style: str = "green",
 def histogram_plot(hist: ExponentHistogram, log2_scale: float, fmt: str, width: int, height: int,
                    lang: str, lo: int = -40, hi: int = 17) -> list[Text]:
     """Bars per exponent bin (after scaling), coloured by ``fmt``'s region; limits marked below."""
-    from distai.lessons.lesson6.simulation import region_of_bin
+    from ..lessons.lesson6.simulation import region_of_bin
 
     shift = round(log2_scale)
     counts = dict(zip(hist.exponents(), hist.counts))

@@ -24,8 +24,8 @@ from rich.console import Group
 from rich.text import Text
 from textual.binding import Binding
 
-from distai.lessons.lesson5 import simulator as sim
-from distai.visualizers.base import LessonVisualizer
+from ..lessons.lesson5 import simulator as sim
+from .base import LessonVisualizer
 
 # Tableau 10: distinct hues; backward blocks use a darker shade of the same hue.
 _HUES = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
@@ -103,7 +103,7 @@ class Lanes:
     v: int
 
     @classmethod
-    def from_timeline(cls, tl: sim.Timeline) -> "Lanes":
+    def from_timeline(cls, tl: sim.Timeline) -> Lanes:
         # draw time in units of one forward through a whole stage
         scale = 1.0 / tl.t_f
         return cls([[(s * scale, e * scale, op) for s, e, op in tl.blocks(r)] for r in range(tl.p)],
@@ -142,7 +142,7 @@ def _label(op: sim.Op, v: int) -> str:
 
 def _dark(hex_colour: str) -> str:
     r, g, b = (int(hex_colour[i:i + 2], 16) for i in (1, 3, 5))
-    return "#{:02x}{:02x}{:02x}".format(int(r * 0.5), int(g * 0.5), int(b * 0.5))
+    return f"#{int(r * 0.5):02x}{int(g * 0.5):02x}{int(b * 0.5):02x}"
 
 
 def _block_style(op: sim.Op) -> str:

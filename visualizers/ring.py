@@ -34,9 +34,9 @@ from textual.binding import Binding
 from textual.strip import Strip
 from textual.widget import Widget
 
-from distai.lessons.lesson1 import baselines, formulas, ring_model
-from distai.lessons.units import format_bandwidth, format_bytes, format_time
-from distai.visualizers.base import LessonVisualizer
+from ..lessons.lesson1 import baselines, formulas, ring_model
+from ..lessons.units import format_bandwidth, format_bytes, format_time
+from .base import LessonVisualizer
 
 RING, TREE, NAIVE = "ring", "tree", "naive"
 ALGORITHMS = (RING, TREE, NAIVE)
@@ -351,7 +351,8 @@ def count_rgb(count: int, n: int) -> tuple[int, int, int]:
 
 
 def _hex(rgb) -> str:
-    return "#%02x%02x%02x" % tuple(max(0, min(255, int(v))) for v in rgb)
+    r, g, b = (max(0, min(255, int(v))) for v in rgb)
+    return f"#{r:02x}{g:02x}{b:02x}"
 
 
 def _mix(a, b, f: float):
@@ -908,7 +909,6 @@ class RingVisualizer(LessonVisualizer):
         if self.caption_key and self.source == "sim":
             caption = [Text(line, style="italic") for line in _wrap(s["captions"][self.caption_key], width)]
         header, rows = self._rows(plan, frame, width)
-        row_w = max(line.cell_len for line in header + rows)
         status = self._status(plan, frame, width)
         base = len(title) + len(rows) + len(status) + len(controls)
         if base > height:  # short pane: the ranks on the left, the figures on the right?

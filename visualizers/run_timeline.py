@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from distai.lessons.lesson3.run_timeline import RunTimeline
+from ..lessons.lesson3.run_timeline import RunTimeline
 
 GLYPHS = {"step": ("█", "green"), "redo": ("█", "yellow"), "checkpoint": ("◆", "bold cyan"),
           "failure": ("✕", "bold red"), "restart": ("↻", "bold magenta"), "empty": (" ", "")}
@@ -146,7 +146,7 @@ def timeline_lines(tl: RunTimeline, width: int = 80, language: str = "en", detai
                           style="green" if rd.get("identical") else "bold red"))
     cks = tl.checkpoints
     if cks:
-        from distai.lessons.units import format_bytes
+        from ..lessons.units import format_bytes
 
         mean_ms = 1e3 * sum(float(c.get("seconds") or 0) for c in cks) / len(cks)
         lines.append(Text(tr["ckpts"].format(n=len(cks), size=format_bytes(cks[-1].get("bytes", 0), binary=True,

@@ -21,10 +21,10 @@ from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import Button, Static
 
-from distai.lessons.lesson2 import formulas as F
-from distai.lessons.lesson2 import layout as L
-from distai.lessons.units import format_bytes, format_count
-from distai.visualizers.base import LessonVisualizer
+from ..lessons.lesson2 import formulas as F
+from ..lessons.lesson2 import layout as L
+from ..lessons.units import format_bytes, format_count
+from .base import LessonVisualizer
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
 STRATEGY_NAME = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3 / FSDP"}

@@ -16,8 +16,8 @@ from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import Button, Static
 
-from distai.lessons.lesson4 import flow as F
-from distai.visualizers.base import LessonVisualizer
+from ..lessons.lesson4 import flow as F
+from .base import LessonVisualizer
 
 LAYOUT_STYLE = {
     F.REPLICATED: ("REPL", "bold white on dark_blue"),

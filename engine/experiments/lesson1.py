@@ -31,9 +31,9 @@ import statistics
 import sys
 import time
 
-from distai.engine.worker import checkpoint, run_experiment
-from distai.lessons.lesson1 import formulas
-from distai.lessons.units import UnitError, format_bandwidth, format_bytes, format_time, parse_bytes
+from ...lessons.lesson1 import formulas
+from ...lessons.units import UnitError, format_bandwidth, format_time, parse_bytes
+from ..worker import checkpoint, run_experiment
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -116,7 +116,7 @@ def check_ring(ctx, seed: int) -> float:
     import torch
     import torch.distributed as dist
 
-    from distai.engine.ring import ring_allreduce
+    from ..ring import ring_allreduce
 
     size = 10007  # odd, not divisible by any N > 1 used here
     g = torch.Generator().manual_seed(seed + ctx.rank)
@@ -137,7 +137,7 @@ def check_ring(ctx, seed: int) -> float:
 def train(ctx, args, progress: Progress) -> list[float]:
     import torch
 
-    from distai.engine.data_parallel import make_data, make_model, train_data_parallel
+    from ..data_parallel import make_data, make_model, train_data_parallel
 
     n = ctx.world_size
     batch = args.batch_per_rank * n
@@ -169,8 +169,8 @@ def sweep(ctx, args, progress: Progress) -> list[dict]:
     import torch
     import torch.distributed as dist
 
-    from distai.engine.ring import ring_allreduce
-    from distai.engine.runtime import timed_collective
+    from ..ring import ring_allreduce
+    from ..runtime import timed_collective
 
     n = ctx.world_size
     sizes = sweep_sizes(args.sweep_min_bytes, args.sweep_max_bytes)
@@ -186,9 +186,9 @@ def sweep(ctx, args, progress: Progress) -> list[dict]:
         iters = args.iters or default_iters(size)
         times = torch.zeros(2, iters, dtype=torch.float64)  # filled on the host, reduced on the device
         for i in range(iters):
-            ring = lambda: ring_allreduce(x, pieces=args.pieces, channels=args.channels,  # noqa: E731
+            ring = lambda x=x: ring_allreduce(x, pieces=args.pieces, channels=args.channels,  # noqa: E731
                                           trace=ctx.events if args.trace == "all" else None, call=call)
-            ar = lambda: dist.all_reduce(x)  # noqa: E731
+            ar = lambda x=x: dist.all_reduce(x)  # noqa: E731
             order = ((0, ring), (1, ar)) if i % 2 == 0 else ((1, ar), (0, ring))
             for row, fn in order:
                 times[row, i] = timed_collective(fn, ctx.is_cuda)
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv if argv is not None else sys.argv[1:])
     import torch
 
-    from distai.engine.runtime import init_distributed, shutdown
+    from ..runtime import init_distributed, shutdown
 
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     started = time.time()

@@ -44,7 +44,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from distai.engine.zero import CommMeter, ZeroEngine, held_bytes
+from ..zero import CommMeter, ZeroEngine, held_bytes
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp2")
 #: the calculator's name for each strategy
@@ -345,7 +345,7 @@ def count_params(cfg: ModelConfig) -> int:
 def predicted_model_state_bytes(num_params: int, world_size: int, strategy: str, optimizer: str,
                                 precision: str) -> dict[str, int]:
     """The calculator's per-GPU model-state bytes for this strategy (params/grads/optimizer/total)."""
-    from distai.lessons.lesson2.formulas import model_state_bytes
+    from ...lessons.lesson2.formulas import model_state_bytes
 
     return model_state_bytes(num_params, world_size, CALC_STRATEGY[strategy], optimizer,
                              calc_precision(precision))
@@ -353,7 +353,7 @@ def predicted_model_state_bytes(num_params: int, world_size: int, strategy: str,
 
 def predicted_traffic_bytes(num_params: int, world_size: int, strategy: str, precision: str) -> float:
     """The calculator's bytes each rank sends per step: 2Ψ or 3Ψ elements times (N-1)/N."""
-    from distai.lessons.lesson2.formulas import comm_volume_per_step
+    from ...lessons.lesson2.formulas import comm_volume_per_step
 
     elem = 4 if precision == "fp32" else 2
     return float(comm_volume_per_step(num_params, CALC_STRATEGY[strategy], world_size, elem)["exact_bytes"])
@@ -457,7 +457,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
-    from distai.engine.runtime import init_distributed, shutdown
+    from ..runtime import init_distributed, shutdown
 
     args = parse_args(argv)
     ctx = init_distributed()
@@ -515,7 +515,7 @@ def main(argv=None) -> int:
 
 def _print_table(rows, num_params, world, args):
     """Rank 0's figures, in lines of at most 70 characters (the launcher prefixes each line)."""
-    from distai.lessons.units import format_bytes as fb
+    from ...lessons.units import format_bytes as fb
 
     print(f"lesson 2: {num_params:,} parameters, {world} ranks, {args.precision}, {args.optimizer}, "
           f"{args.steps} steps")

@@ -63,9 +63,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from distai.engine.checkpoint import (Checkpointer, ResumableSampler, TrainingState, read_checked,
-                                      write_checked)
-from distai.engine.events import EVENTS_DIR_ENV, read_events
+from ..checkpoint import Checkpointer, ResumableSampler, TrainingState, read_checked, write_checked
+from ..events import EVENTS_DIR_ENV, read_events
 
 FORGETTABLE = ("rng", "rng.torch", "rng.numpy", "rng.python", "sampler", "optimizer", "scheduler", "scaler")
 
@@ -475,7 +474,7 @@ def init_group_per_attempt(timeout_s: float | None = None) -> None:
     """
     from datetime import timedelta
 
-    from distai.engine.runtime import TIMEOUT_ENV, choose_device
+    from ..runtime import TIMEOUT_ENV, choose_device
 
     if dist.is_initialized() or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return
@@ -499,7 +498,7 @@ def main(argv=None) -> int:
         if not args.ckpt_dir:
             args.ckpt_dir = str(base / "checkpoints")
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS on GPUs
-    from distai.engine.runtime import init_distributed, shutdown
+    from ..runtime import init_distributed, shutdown
 
     if not args.plain_init:
         init_group_per_attempt()

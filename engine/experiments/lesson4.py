@@ -42,7 +42,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from distai.engine.tensor_parallel import (
+from ...lessons.lesson4.formulas import activation_bytes_per_layer, tp_comm_per_layer
+from ..tensor_parallel import (
     ALL_GATHER,
     ALL_REDUCE,
     REDUCE_SCATTER,
@@ -60,7 +61,6 @@ from distai.engine.tensor_parallel import (
     reduce_sequence_parallel_grads,
     shard_dense_state,
 )
-from distai.lessons.lesson4.formulas import activation_bytes_per_layer, tp_comm_per_layer
 
 MODES = {"tp": False, "tp+sp": True}
 # The f / g collectives of a layer, the ones the formula counts; the rest are reported beside them.
@@ -352,7 +352,7 @@ def _fmt_bytes(n: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from distai.engine.runtime import init_distributed, shutdown
+    from ..runtime import init_distributed, shutdown
 
     ctx = init_distributed()
     global DEVICE

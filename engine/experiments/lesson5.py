@@ -40,10 +40,10 @@ import time
 import torch
 import torch.distributed as dist
 
-from distai.engine import pipeline as pl
-from distai.engine.runtime import init_distributed, shutdown
-from distai.lessons.lesson5 import formulas
-from distai.lessons.lesson5 import simulator as sim
+from ...lessons.lesson5 import formulas
+from ...lessons.lesson5 import simulator as sim
+from .. import pipeline as pl
+from ..runtime import init_distributed, shutdown
 
 SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved 1F1B"}
 
@@ -163,8 +163,12 @@ def run_ours(ctx, schedule: str, cfg, p: int, m: int, v: int, mb: int, batches, 
 def run_torch(ctx, schedule: str, cfg, p: int, m: int, v: int, batches, lr: float, seed: int, out: dict,
               events=None, progress=None):
     """Train with torch.distributed.pipelining, one step per ``next()``; figures go to ``out``."""
-    from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
-                                              ScheduleInterleaved1F1B)
+    from torch.distributed.pipelining import (
+        PipelineStage,
+        Schedule1F1B,
+        ScheduleGPipe,
+        ScheduleInterleaved1F1B,
+    )
 
     rank = ctx.rank
     chunks = pl.build_rank_chunks(cfg, p, v, rank, seed=seed, device=ctx.device)

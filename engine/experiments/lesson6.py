@@ -54,12 +54,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from distai.engine.bucketing import (BucketedDataParallel, StepTimeline,
-                                     ddp_timed_allreduce_hook)
-from distai.engine.loss_scaling import DynamicLossScaler, MasterWeightOptimizer
-from distai.engine.runtime import init_distributed, shutdown
-from distai.lessons.lesson6 import formulas as FM
-from distai.lessons.lesson6.simulation import HIST_HI, HIST_LO, exponent_histogram
+from ...lessons.lesson6 import formulas as FM
+from ...lessons.lesson6.simulation import exponent_histogram
+from ..bucketing import BucketedDataParallel, StepTimeline, ddp_timed_allreduce_hook
+from ..loss_scaling import DynamicLossScaler, MasterWeightOptimizer
+from ..runtime import init_distributed, shutdown
 
 MODES = ("overlap", "no-overlap", "ddp")
 

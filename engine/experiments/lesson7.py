@@ -46,7 +46,10 @@ import time
 import torch
 import torch.distributed as dist
 
-from distai.engine.inference import (
+from ...lessons.lesson7 import formulas as f7
+from ...lessons.lesson7 import routing
+from ...lessons.lesson7.paging import BlockAllocator, poisson_requests
+from ..inference import (
     Comm,
     DecoderShard,
     InferenceConfig,
@@ -57,10 +60,7 @@ from distai.engine.inference import (
     make_weights,
     split_layers,
 )
-from distai.engine.paged_kv import ContinuousBatcher, paged_store
-from distai.lessons.lesson7 import formulas as f7
-from distai.lessons.lesson7 import routing
-from distai.lessons.lesson7.paging import BlockAllocator, poisson_requests
+from ..paged_kv import ContinuousBatcher, paged_store
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -292,7 +292,7 @@ def routing_comparison(args, points: dict | None, ev) -> dict:
 # ----------------------------------------------------------------------------------------------
 
 def _fmt_bytes(n: float) -> str:
-    from distai.lessons.units import format_bytes
+    from ...lessons.units import format_bytes
 
     return format_bytes(n, binary=True)
 
@@ -303,7 +303,7 @@ def _ms(x):
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from distai.engine.runtime import init_distributed, shutdown
+    from ..runtime import init_distributed, shutdown
 
     ctx = init_distributed()
     ev, W, rank = ctx.events, ctx.world_size, ctx.rank

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import random
 
-from distai.lessons.lesson1 import formulas as f
-from distai.lessons.quiz import choice, fmt_bytes, fmt_int, fmt_num, fmt_time, numeric, t
+from ..quiz import choice, fmt_bytes, fmt_int, fmt_num, fmt_time, numeric, t
+from . import formulas as f
 
 L = "lesson1"
 SIZES = [64e6, 100e6, 256e6, 500e6, 1e9, 2e9, 4e9]

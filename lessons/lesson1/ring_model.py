@@ -20,8 +20,8 @@ No torch here, and no I/O: :func:`simulate` runs the schedule on numpy arrays.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 REDUCE_SCATTER = "reduce-scatter"
 ALL_GATHER = "all-gather"

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from distai.lessons.lesson2 import formulas as F
+from . import formulas as F
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")  # FSDP (full sharding) has ZeRO-3's layout
 MODEL_STATES = ("params", "grads", "master", "momentum", "variance")

@@ -1,8 +1,8 @@
 """Lesson 2 quiz: ZeRO/FSDP memory per GPU, communication volume, activations. Answers from :mod:`.formulas`."""
 from __future__ import annotations
 
-from distai.lessons.lesson2 import formulas as f
-from distai.lessons.quiz import choice, fmt_bytes, fmt_count, fmt_int, fmt_num, numeric, t
+from ..quiz import choice, fmt_bytes, fmt_count, fmt_int, fmt_num, numeric, t
+from . import formulas as f
 
 L = "lesson2"
 PARAMS = [1.3e9, 3e9, 7e9, 7.5e9, 13e9, 30e9, 70e9, 175e9]

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from distai.lessons.lesson3.formulas import daly_interval, expected_waste_fraction, job_mtbf, young_interval
+from .formulas import daly_interval, expected_waste_fraction, job_mtbf, young_interval
 
 DEFAULT_FAILURES = 200_000
 

@@ -1,8 +1,8 @@
 """Lesson 3 quiz: failures, checkpoint intervals, exact resumption. Answers from :mod:`.formulas`."""
 from __future__ import annotations
 
-from distai.lessons.lesson3 import formulas as f
-from distai.lessons.quiz import choice, fmt_int, fmt_num, fmt_pct, fmt_time, numeric, t
+from ..quiz import choice, fmt_int, fmt_num, fmt_pct, fmt_time, numeric, t
+from . import formulas as f
 
 L = "lesson3"
 GPU_MTBF_H = [20_000, 50_000, 100_000]

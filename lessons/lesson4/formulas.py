@@ -15,12 +15,12 @@ Pure Python.
 """
 from __future__ import annotations
 
-from distai.lessons.lesson1.formulas import (
+from ..lesson1.formulas import (
     ring_allgather_time,
     ring_allreduce_time,
     ring_reduce_scatter_time,
 )
-from distai.lessons.lesson2.formulas import _count, activation_bytes_per_layer  # noqa: F401
+from ..lesson2.formulas import _count, activation_bytes_per_layer  # noqa: F401
 
 
 def tp_comm_per_layer(hidden: int, seq: int, micro_batch: int, tp: int, sequence_parallel: bool = False,

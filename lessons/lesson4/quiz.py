@@ -1,8 +1,8 @@
 """Lesson 4 quiz: tensor parallelism of a transformer block. Answers from :mod:`.formulas`."""
 from __future__ import annotations
 
-from distai.lessons.lesson4 import formulas as f
-from distai.lessons.quiz import choice, fmt_bytes, fmt_int, fmt_num, fmt_time, numeric, t
+from ..quiz import choice, fmt_bytes, fmt_int, fmt_num, fmt_time, numeric, t
+from . import formulas as f
 
 L = "lesson4"
 SHAPES = [(2048, 16), (4096, 32), (5120, 40), (8192, 64), (12288, 96)]

@@ -1,8 +1,8 @@
 """Lesson 5 quiz: pipeline schedules, bubbles and activation memory. Answers from :mod:`.formulas`."""
 from __future__ import annotations
 
-from distai.lessons.lesson5 import formulas as f
-from distai.lessons.quiz import choice, fmt_num, fmt_pct, numeric, t
+from ..quiz import choice, fmt_num, fmt_pct, numeric, t
+from . import formulas as f
 
 L = "lesson5"
 PS = [2, 4, 8, 16]

@@ -372,7 +372,7 @@ class Action:
     message: Message | None = None
 
 
-def comm_plan(timeline: "Timeline") -> list[list[Action]]:
+def comm_plan(timeline: Timeline) -> list[list[Action]]:
     """Each rank's compute blocks interleaved with the sends and receives it posts.
 
     Every message gets one place in a global order: the simulated time its producer finishes

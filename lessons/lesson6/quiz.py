@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import math
 
-from distai.lessons.lesson6 import formulas as f
-from distai.lessons.quiz import choice, fmt_int, fmt_num, numeric, t, yes_no
+from ..quiz import choice, fmt_int, fmt_num, numeric, t, yes_no
+from . import formulas as f
 
 L = "lesson6"
 NAMES = {"fp16": "fp16", "bf16": "bf16", "fp32": "fp32"}

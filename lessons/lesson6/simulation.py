@@ -32,13 +32,13 @@ overlap all start after backward. The step ends when backward and the last all-r
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
-from distai.lessons.lesson1.formulas import ring_allreduce_time
-from distai.lessons.lesson6 import formulas as F
+from ..lesson1.formulas import ring_allreduce_time
+from . import formulas as F
 
 HIST_LO = -64   # lowest exponent bin (everything below is counted there)
 HIST_HI = 24    # highest exponent bin (everything above is counted there)
@@ -101,7 +101,7 @@ class ExponentHistogram:
         return {"lo": self.lo, "counts": list(self.counts), "zeros": self.zeros}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ExponentHistogram":
+    def from_dict(cls, d: dict) -> ExponentHistogram:
         return cls(int(d["lo"]), [float(c) for c in d["counts"]], int(d.get("zeros", 0)))
 
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import math
 
-from distai.lessons.lesson1.formulas import ring_allreduce_time
-from distai.lessons.lesson2.formulas import _count
+from ..lesson1.formulas import ring_allreduce_time
+from ..lesson2.formulas import _count
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
 

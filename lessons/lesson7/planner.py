@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from distai.lessons.lesson7 import formulas as f
+from . import formulas as f
 
 REASONS = ("shape", "memory", "ttft", "tpot")
 

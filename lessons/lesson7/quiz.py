@@ -1,8 +1,8 @@
 """Lesson 7 quiz: KV cache, decode rooflines, parallel inference. Answers from :mod:`.formulas`."""
 from __future__ import annotations
 
-from distai.lessons.lesson7 import formulas as f
-from distai.lessons.quiz import choice, fmt_bytes, fmt_count, fmt_int, fmt_num, fmt_time, numeric, t
+from ..quiz import choice, fmt_bytes, fmt_count, fmt_int, fmt_num, fmt_time, numeric, t
+from . import formulas as f
 
 L = "lesson7"
 # (name, layers, query heads, kv heads, head dim, parameters)

@@ -35,7 +35,7 @@ import random
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-from distai.lessons.lesson7 import formulas as f
+from . import formulas as f
 
 POLICIES = ("round-robin", "least-outstanding", "prefix-aware")
 
@@ -89,7 +89,7 @@ class CostModel:
         return max(0.0, self.decode_fixed + self.decode_per_seq * batch)
 
     @classmethod
-    def fit(cls, prefill_points, decode_points, source: str = "measured") -> "CostModel":
+    def fit(cls, prefill_points, decode_points, source: str = "measured") -> CostModel:
         """From measurements: ``prefill_points`` [(tokens, seconds)], ``decode_points`` [(batch, seconds)],
         each fitted by least squares (a negative slope — noise — becomes a flat line at the mean)."""
         def fit_line(points):
@@ -104,7 +104,7 @@ class CostModel:
 
     @classmethod
     def roofline(cls, params: float, weight_bytes: float, kv_bytes_per_seq: float, peak_flops: float,
-                 bandwidth: float) -> "CostModel":
+                 bandwidth: float) -> CostModel:
         """From the formulas: prefill :func:`~.formulas.prefill_time`, decode step
         :func:`~.formulas.decode_time_per_token` (KV read per sequence ``kv_bytes_per_seq``)."""
         args = (params, weight_bytes, peak_flops, bandwidth, kv_bytes_per_seq)

@@ -6,7 +6,7 @@ from dataclasses import replace
 from textual.binding import BindingsMap
 from textual.dom import DOMNode
 
-from distai.tutor.strings import tr
+from ..strings import tr
 
 
 def localize_bindings(node: DOMNode, lang: str, labels: dict[str, str]) -> None:

@@ -9,7 +9,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from distai.tutor.strings import tr
+from ..strings import tr
 
 HOME_KEYS = [
     ("↑ ↓", "key_move"),

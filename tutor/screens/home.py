@@ -11,9 +11,9 @@ from textual.screen import Screen
 from textual.widgets import Footer, OptionList, Static
 from textual.widgets.option_list import Option
 
-from distai.lessons.registry import Lesson, all_lessons
-from distai.tutor.screens.common import localize_bindings
-from distai.tutor.strings import percent, tr
+from ...lessons.registry import Lesson, all_lessons
+from ..strings import percent, tr
+from .common import localize_bindings
 
 BINDING_LABELS = {
     "open": "binding_open",

@@ -11,10 +11,10 @@ from textual.containers import Container, Horizontal, HorizontalScroll, Vertical
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Markdown, Static
 
-from distai.lessons.registry import Lesson
-from distai.tutor.code_source import CodeNotFound, read_source
-from distai.tutor.screens.common import localize_bindings
-from distai.tutor.strings import tr
+from ...lessons.registry import Lesson
+from ..code_source import CodeNotFound, read_source
+from ..strings import tr
+from .common import localize_bindings
 
 BINDING_LABELS = {
     "next": "binding_next",
@@ -166,7 +166,7 @@ class LessonScreen(Screen):
                            word_wrap=False, theme="monokai", background_color="default"))
 
     async def _show_visualizer(self, step) -> None:
-        from distai.visualizers.base import make_visualizer
+        from ...visualizers.base import make_visualizer
 
         pane = self.query_one("#visualizer-pane", Container)
         name = step.visualizer or self.lesson.visualizer
@@ -190,7 +190,7 @@ class LessonScreen(Screen):
     def on_lesson_visualizer_replay_requested(self, message) -> None:
         """The visualizer asked for the lesson's latest run: read it here and feed it to it."""
         message.stop()
-        from distai.tutor.replay import replay_latest
+        from ..replay import replay_latest
 
         try:
             record = replay_latest(self.lesson.id, message.visualizer)
