@@ -7,10 +7,13 @@ modules. Adding a lesson means adding a folder. Nothing here imports torch or Te
 """
 from __future__ import annotations
 
+import importlib
 import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
+
+from .calculator import Calculator
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -48,7 +51,8 @@ class Lesson:
     experiment: str | None = None
     ranks: int = 4  # processes (GPUs) the experiment uses by default
     max_restarts: int = 0  # restarts after a failure (torchrun --max-restarts, then relaunches)
-    calculators: tuple[str, ...] = ()
+    calculators: tuple[str, ...] = ()  # the calculators its steps use (its own or another lesson's)
+    calculator_modules: tuple[str, ...] = ()  # its own: the ``calc_<name>.py`` modules in its folder
     references: tuple[str, ...] = field(default_factory=tuple)
 
     def step_text(self, key: str, lang: str) -> str:
@@ -63,8 +67,12 @@ class Lesson:
     def step_index(self, key: str) -> int:
         return [s.key for s in self.steps].index(key)
 
+    def own_calculators(self) -> tuple[Calculator, ...]:
+        """The calculators this lesson declares (``calc_<name>.py`` -> its ``CALCULATOR``)."""
+        return tuple(importlib.import_module(m).CALCULATOR for m in self.calculator_modules)
 
-def _parse(package: str, data: dict) -> Lesson:
+
+def _parse(package: str, data: dict, files: list[str]) -> Lesson:
     steps = tuple(
         Step(
             key=s["key"],
@@ -90,6 +98,8 @@ def _parse(package: str, data: dict) -> Lesson:
         ranks=int(data.get("ranks", 4)),
         max_restarts=int(data.get("max_restarts", 0)),
         calculators=tuple(data.get("calculators", ())),
+        calculator_modules=tuple(f"{package}.{name[:-3]}" for name in sorted(files)
+                                 if name.startswith("calc_") and name.endswith(".py")),
         references=tuple(r["text"] for r in data.get("references", ())),
     )
 
@@ -103,8 +113,21 @@ def all_lessons() -> tuple[Lesson, ...]:
         toml = entry.joinpath("lesson.toml")
         if entry.is_dir() and toml.is_file():
             data = tomllib.loads(toml.read_text(encoding="utf-8"))
-            found.append(_parse(f"{__package__}.{entry.name}", data))
+            files = [f.name for f in entry.iterdir()]
+            found.append(_parse(f"{__package__}.{entry.name}", data, files))
     return tuple(sorted(found, key=lambda lesson: lesson.number))
+
+
+@lru_cache(maxsize=1)
+def all_calculators() -> dict[str, Calculator]:
+    """Every lesson's own calculators by name, in lesson order (``distai calc NAME``)."""
+    found: dict[str, Calculator] = {}
+    for lesson in all_lessons():
+        for calc in lesson.own_calculators():
+            if calc.name in found:
+                raise ValueError(f"two lessons declare the calculator {calc.name!r}")
+            found[calc.name] = calc
+    return found
 
 
 def valid_names() -> list[str]:

@@ -1,0 +1,152 @@
+"""A calculator: one of a lesson's formulas offered as ``distai calc NAME``, declared as data.
+
+A lesson owns a calculator by holding ``calc_<name>.py`` in its folder (``tp-comm`` ->
+``calc_tp_comm.py``) with ``CALCULATOR = Calculator(...)``: its options (what each one parses,
+its default, bounds and help), ``compute`` (the parsed options -> the JSON object, sizes in bytes,
+times in seconds, fractions in [0, 1]) and ``text`` (that object -> the lines printed, numbers via
+``lessons/units.py``). ``distai.lessons.registry`` discovers them; the tutor builds the Typer
+command from the declaration (``distai.tutor.cli_calc``).
+
+Numeric options accept units (``7.5B``, ``175e9``, ``64MiB``, ``2GB``, ``5us``, ``1.5ms``,
+``100GB/s``) and a decimal comma (``16,6 GB``). A bad value raises :class:`CalcError` (a
+``ValueError``) with one line naming the option. Imports nothing heavy: ``distai --help`` loads
+every declaration.
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from . import units
+
+REQUIRED = ...  # an option the learner must give (Typer's spelling of "no default")
+
+# what an option's text is parsed as
+KINDS = (
+    "whole",     # a whole count with units (128k, 7.5B): at least 1 unless ``minimum`` says otherwise
+    "count",     # a count, not necessarily whole (70B parameters)
+    "bytes",     # 1GB, 64MiB, 4e8
+    "time",      # 5us, 1.5ms, 3h
+    "bandwidth",  # 100GB/s
+    "per-byte",  # time per byte β: s/B (1e-11), or a bandwidth (100GB/s = 1e-11 s/B)
+    "flops",     # peak compute: 989e12, 989T, 989 TFLOP/s
+    "number",    # a plain number (0.9)
+    "choice",    # one of ``choices`` (case-insensitive)
+    "flag",      # a switch (--sequence-parallel)
+)
+
+
+class CalcError(ValueError):
+    """Bad input to a calculator: a one-line message for the learner."""
+
+
+@dataclass(frozen=True)
+class Option:
+    flag: str                          # "--micro-batch"
+    kind: str                          # one of KINDS
+    help: str
+    default: object = REQUIRED         # text as the learner would type it, None (optional), or a bool (flag)
+    short: str | None = None           # "-p"
+    choices: tuple[str, ...] = ()
+    minimum: float | None = None
+    strict_min: bool = False           # value must be > minimum (not >=)
+    maximum: float | None = None
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"{self.flag}: unknown option kind {self.kind!r}")
+
+    @property
+    def name(self) -> str:
+        """The key of the parsed value: ``--micro-batch`` -> ``micro_batch``."""
+        return self.flag.lstrip("-").replace("-", "_")
+
+    def parse(self, text):
+        """The value of ``text`` (None stays None); a :class:`CalcError` names the option."""
+        if text is None or self.kind == "flag":
+            return text
+        if self.kind == "choice":
+            value = str(text).strip().lower()
+            if value not in self.choices:
+                raise CalcError(f"{self.flag}: unknown value {text!r}; choose one of {', '.join(self.choices)}")
+            return value
+        text = str(text)
+        try:
+            value = _PARSERS[self.kind](text)
+        except ValueError as exc:
+            raise CalcError(f"{self.flag}: {exc}") from None
+        minimum = 1 if self.kind == "whole" and self.minimum is None else self.minimum
+        if self.kind == "whole":
+            if value != math.floor(value):
+                raise CalcError(f"{self.flag}: must be a whole number, got {text!r}")
+            value = int(value)
+        if minimum is not None:
+            if self.strict_min and not value > minimum:
+                raise CalcError(f"{self.flag}: must be greater than {minimum:g}, got {text!r}")
+            if not self.strict_min and value < minimum:
+                raise CalcError(f"{self.flag}: must be at least {minimum:g}, got {text!r}")
+        if self.maximum is not None and value > self.maximum:
+            raise CalcError(f"{self.flag}: must be at most {self.maximum:g}, got {text!r}")
+        return value
+
+
+def _per_byte(text: str) -> float:
+    """β in s/B, given as a time per byte or as a bandwidth (its inverse)."""
+    if any(tag in text for tag in ("/s", "bps", "Bps")):
+        bandwidth = units.parse_bandwidth(text.strip())
+        if not bandwidth > 0:
+            raise ValueError(f"a bandwidth must be greater than 0, got {text!r}")
+        return 1.0 / bandwidth
+    return units.parse_time(text.strip())
+
+
+def _flops(text: str) -> float:
+    """A peak compute figure: 989e12, 989T, 989 TFLOP/s, 989TFLOPS."""
+    return units.parse_count(re.sub(r"\s*flop(s|/s)?\s*$", "", text.strip(), flags=re.IGNORECASE))
+
+
+_PARSERS: dict[str, Callable[[str], float]] = {
+    "whole": units.parse_count, "count": units.parse_count, "bytes": units.parse_bytes,
+    "time": units.parse_time, "bandwidth": units.parse_bandwidth, "per-byte": _per_byte,
+    "flops": _flops, "number": units.parse_number,
+}
+
+
+@dataclass(frozen=True)
+class Calculator:
+    name: str                                  # the command: distai calc NAME
+    help: str                                  # summary line, blank line, sources and JSON keys
+    options: tuple[Option, ...]
+    compute: Callable[[dict], dict]            # parsed options -> the JSON object
+    text: Callable[[dict], list[str]]          # the JSON object -> the lines printed
+
+    def parse(self, given: dict) -> dict:
+        """Each option's value from its text in ``given`` (keyed by option name), in declared order."""
+        return {o.name: o.parse(given.get(o.name, None if o.default is REQUIRED else o.default))
+                for o in self.options}
+
+    def run(self, given: dict) -> dict:
+        """Parse, then compute; a formula's ValueError is the learner's bad input (one line)."""
+        values = self.parse(given)
+        try:
+            return self.compute(values)
+        except CalcError:
+            raise
+        except ValueError as exc:
+            raise CalcError(str(exc)) from None
+
+
+# ------------------------------------------------------------------------------------ text helpers
+def table(rows: list[tuple[str, str]]) -> list[str]:
+    """Label/value rows, labels padded to one width."""
+    width = max(len(label) for label, _ in rows)
+    return [f"  {label:<{width}}  {value}" for label, value in rows]
+
+
+def bytes_text(n) -> str:
+    """``16.6 GB  (15.5 GiB, 16,640,625,000 B)``; a dash for None."""
+    if n is None:
+        return "—"
+    return f"{units.format_bytes(n)}  ({units.format_bytes(n, binary=True)}, {round(n):,} B)"

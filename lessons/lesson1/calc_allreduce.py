@@ -1,0 +1,62 @@
+"""``distai calc allreduce``: all-reduce cost in the alpha-beta model (ring, tree, naive)."""
+from __future__ import annotations
+
+from .. import units
+from ..calculator import Calculator, Option, bytes_text, table
+from . import formulas as f
+
+
+def compute(v: dict) -> dict:
+    S, n, a, b, algo = v["bytes"], v["ranks"], v["alpha"], v["beta"], v["algorithm"]
+    t = f.allreduce_time(S, n, a, b, algo)
+    return {
+        "time_s": t,
+        "bytes_per_rank": f.allreduce_bytes_per_rank(S, n, algo),
+        "steps": f.allreduce_steps(n, algo),
+        "busbw_factor": f.busbw_factor(n),
+        "algbw_bytes_per_s": f.algbw(S, t) if t > 0 else None,
+        "busbw_bytes_per_s": f.busbw(S, t, n) if t > 0 else None,
+        "size_bytes": S, "ranks": n, "alpha_s": a, "beta_s_per_byte": b, "algorithm": algo,
+    }
+
+
+def text(r: dict) -> list[str]:
+    S, n, a, b, algo, t = r["size_bytes"], r["ranks"], r["alpha_s"], r["beta_s_per_byte"], r["algorithm"], r["time_s"]
+    bw_txt = units.format_bandwidth(1 / b) if b > 0 else "∞"
+    others = [x for x in f.ALGORITHMS if x != algo]
+    return [
+        f"All-reduce ({algo}) of {units.format_bytes(S)} on {n} ranks, α = {units.format_time(a)}, β = 1/({bw_txt})",
+        *table([
+            ("time", units.format_time(t)),
+            ("sent by busiest rank", bytes_text(r["bytes_per_rank"])),
+            ("steps", str(r["steps"])),
+            ("busbw factor 2(N-1)/N", units.format_number(r["busbw_factor"], 4)),
+            ("algbw / busbw", "—" if t == 0 else
+             f"{units.format_bandwidth(r['algbw_bytes_per_s'])} / {units.format_bandwidth(r['busbw_bytes_per_s'])}"),
+        ]),
+        "  compare: " + ", ".join(f"{x} {units.format_time(f.allreduce_time(S, n, a, b, x))}" for x in others),
+    ]
+
+
+CALCULATOR = Calculator(
+    name="allreduce",
+    help="""All-reduce cost in the alpha-beta model (ring, tree, naive).
+
+    Ring: 2(N-1)α + 2(N-1)/N·S·β; binomial tree: 2⌈log2 N⌉(α + S·β); naive: 2(N-1)(α + S·β).
+
+    JSON keys: time_s, bytes_per_rank (sent by the busiest rank), steps (serialised messages),
+    busbw_factor (2(N-1)/N), algbw_bytes_per_s (S/time), busbw_bytes_per_s, and the inputs
+    size_bytes, ranks, alpha_s, beta_s_per_byte, algorithm.
+    """,
+    options=(
+        Option("--bytes", "bytes", "Message size S (1GB, 64MiB, 4e8).", short="-s", minimum=0),
+        Option("--ranks", "whole", "Ranks N.", short="-n"),
+        Option("--alpha", "time", "Latency per message α (default 5us).", default="5us", minimum=0),
+        Option("--beta", "per-byte", "Time per byte β in s/B (1e-11), or a link bandwidth (100GB/s = 1e-11 s/B).",
+               default="100GB/s", minimum=0),
+        Option("--algorithm", "choice", "ring, tree (binomial) or naive (reduce+broadcast).", default="ring",
+               choices=f.ALGORITHMS),
+    ),
+    compute=compute,
+    text=text,
+)

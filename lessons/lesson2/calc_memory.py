@@ -1,0 +1,82 @@
+"""``distai calc memory``: memory per GPU, ZeRO model states plus Korthikanti activations."""
+from __future__ import annotations
+
+from .. import units
+from ..calculator import CalcError, Calculator, Option, bytes_text, table
+from . import formulas as f
+
+SHAPE = ("layers", "hidden", "seq", "micro_batch", "heads")
+
+
+def compute(v: dict) -> dict:
+    shape = {k: v[k] for k in SHAPE}
+    given = [k for k, x in shape.items() if x is not None]
+    if given and len(given) != len(shape):
+        missing = ", ".join("--" + k.replace("_", "-") for k, x in shape.items() if x is None)
+        raise CalcError(f"activations need the whole shape; missing {missing}")
+    if (v["sequence_parallel"] or v["recompute"] != "none") and not given:
+        raise CalcError("--sequence-parallel and --recompute need the shape (--layers --hidden --seq "
+                        "--micro-batch --heads)")
+    mem = f.memory_per_gpu(v["params"], v["dp"], v["strategy"], v["optimizer"], v["precision"], tp=v["tp"],
+                           sequence_parallel=v["sequence_parallel"], recompute=v["recompute"], **shape)
+    out = dict(mem)
+    out.update({"params": v["params"], "dp": v["dp"], "tp": v["tp"], "strategy": v["strategy"],
+                "optimizer": v["optimizer"], "precision": v["precision"],
+                "k": f.optimizer_k(v["optimizer"], v["precision"])})
+    if v["gpu_memory"] is not None:
+        out["gpu_memory_bytes"] = v["gpu_memory"]
+        out["fits"] = mem["total_bytes"] <= v["gpu_memory"]
+    return out
+
+
+def text(r: dict) -> list[str]:
+    t = r["tp"]
+    lines = [f"Memory per GPU: {r['strategy']}, Ψ = {units.format_count(r['params'])}, N_d = {r['dp']}"
+             + (f", t = {t}" if t > 1 else "") + f", {r['optimizer']}, {r['precision']} (K = {r['k']})"]
+    rows = [("parameters", bytes_text(r["params_bytes"])), ("gradients", bytes_text(r["grads_bytes"])),
+            ("optimizer states", bytes_text(r["optimizer_bytes"]))]
+    if r["activations_bytes"] is not None:
+        rows.append(("activations", bytes_text(r["activations_bytes"])))
+    rows.append(("total", bytes_text(r["total_bytes"])))
+    lines += table(rows)
+    if "fits" in r:
+        verdict = "fits" if r["fits"] else "does NOT fit"
+        lines.append(f"  → {verdict} in {units.format_bytes(r['gpu_memory_bytes'])}")
+    return lines
+
+
+CALCULATOR = Calculator(
+    name="memory",
+    help="""Memory per GPU: ZeRO model states plus Korthikanti activations.
+
+    Model states follow ZeRO (Rajbhandari et al. 2020, Fig. 1); activations per layer follow
+    Korthikanti et al. 2022 (Table 2), times --layers.
+
+    JSON keys: params_bytes, grads_bytes, optimizer_bytes, activations_bytes (null without
+    --layers/--hidden/--seq/--micro-batch/--heads), total_bytes, and the inputs: params, dp, tp,
+    strategy, optimizer, precision, k (optimizer bytes per parameter); with --gpu-memory also
+    gpu_memory_bytes and fits (bool).
+    """,
+    options=(
+        Option("--params", "whole", "Parameters Ψ of the model (7.5B, 175e9, 1.3M)."),
+        Option("--dp", "whole", "Data-parallel degree N_d the model states are sharded over.", default="1"),
+        Option("--strategy", "choice", "ddp, zero1, zero2, zero3 or fsdp.", default="ddp", choices=f.STRATEGIES),
+        Option("--optimizer", "choice", "adam (K=12 mixed), sgd (with momentum, K=8) or sgd-nomomentum (K=4).",
+               default="adam", choices=f.OPTIMIZERS + ("adamw",)),
+        Option("--precision", "choice", "mixed (fp16/bf16 + fp32 master) or fp32.", default="mixed",
+               choices=f.PRECISIONS),
+        Option("--layers", "whole", "Transformer layers L (for activations).", default=None),
+        Option("--hidden", "whole", "Hidden size h.", default=None),
+        Option("--seq", "whole", "Sequence length s.", default=None),
+        Option("--micro-batch", "whole", "Micro-batch size b.", default=None),
+        Option("--heads", "whole", "Attention heads a.", default=None),
+        Option("--tp", "whole", "Tensor-parallel degree t (divides parameters and activations).", default="1"),
+        Option("--sequence-parallel", "flag", "Megatron sequence parallelism.", default=False),
+        Option("--recompute", "choice", "Activation recomputation: none, selective, full.", default="none",
+               choices=f.RECOMPUTE),
+        Option("--gpu-memory", "bytes", "GPU memory (80GB) to check the fit.", default=None, minimum=0,
+               strict_min=True),
+    ),
+    compute=compute,
+    text=text,
+)

@@ -1,0 +1,50 @@
+"""``distai calc bubble``: pipeline bubble and memory of GPipe, 1F1B and interleaved 1F1B."""
+from __future__ import annotations
+
+from .. import units
+from ..calculator import Calculator, Option, table
+from . import formulas as f
+
+
+def compute(v: dict) -> dict:
+    p, m, schedule = v["stages"], v["microbatches"], v["schedule"]
+    chunks = v["chunks"] if v["chunks"] is not None else (2 if schedule == "interleaved" else 1)
+    return dict(f.pipeline_bubble(p, m, schedule, chunks), stages=p, microbatches=m, schedule=schedule,
+                chunks=chunks)
+
+
+def text(r: dict) -> list[str]:
+    p, m, v = r["stages"], r["microbatches"], r["chunks"]
+    return [
+        f"Pipeline {r['schedule']}: p = {p} stages, m = {m} microbatches" + (f", v = {v} chunks" if v > 1 else ""),
+        *table([
+            ("bubble (share of the step)", units.format_percent(r["bubble_fraction"])),
+            ("bubble / ideal time", units.format_percent(r["bubble_ratio"])),
+            ("peak in flight, first stage", f"{units.format_number(r['peak_inflight_microbatches'])} microbatches"),
+            ("step time", f"{units.format_number(r['step_time_units'])} × (t_f + t_b)"),
+        ]),
+    ]
+
+
+CALCULATOR = Calculator(
+    name="bubble",
+    help="""Pipeline bubble and memory of GPipe, 1F1B and interleaved 1F1B.
+
+    GPipe (Huang et al. 2019), 1F1B and interleaved (Narayanan et al. 2021); equal stage costs,
+    free communication.
+
+    JSON keys: bubble_fraction ((p-1)/(v·m+p-1), share of the step), bubble_ratio ((p-1)/(v·m),
+    relative to the ideal time), peak_inflight_microbatches (microbatches of activations the first
+    stage holds at once), step_time_units (step time in units of one microbatch's forward+backward on
+    one stage), and the inputs stages, microbatches, schedule, chunks.
+    """,
+    options=(
+        Option("--stages", "whole", "Pipeline stages p.", short="-p"),
+        Option("--microbatches", "whole", "Microbatches per step m.", short="-m"),
+        Option("--schedule", "choice", "gpipe, 1f1b or interleaved.", default="1f1b", choices=f.SCHEDULES),
+        Option("--chunks", "whole", "Model chunks per stage v (interleaved only; default 2).", default=None,
+               short="-v"),
+    ),
+    compute=compute,
+    text=text,
+)

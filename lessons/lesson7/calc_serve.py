@@ -1,0 +1,141 @@
+"""``distai calc serve``: the serving planner, TP × PP × replicas ranked within TTFT/TPOT targets."""
+from __future__ import annotations
+
+from .. import units
+from ..calculator import CalcError, Calculator, Option
+from . import formulas as f
+from . import planner as pl
+from .calc_kvcache import DTYPES
+
+
+def _heads(hidden: int, heads: int | None, head_dim: int | None, kv_heads: int | None) -> tuple[int, int, int]:
+    """(query heads, head dimension, KV heads), the missing ones derived from the hidden size."""
+    if heads is None:
+        head_dim = head_dim or 128
+        if hidden % head_dim:
+            raise CalcError(f"--hidden {hidden} is not a multiple of the head dimension {head_dim}; give --heads")
+        heads = hidden // head_dim
+    if head_dim is None:
+        if hidden % heads:
+            raise CalcError(f"--hidden {hidden} is not a multiple of --heads {heads}; give --head-dim")
+        head_dim = hidden // heads
+    kv_heads = heads if kv_heads is None else kv_heads
+    if heads % kv_heads:
+        raise CalcError(f"--heads {heads} is not a multiple of --kv-heads {kv_heads}")
+    return heads, head_dim, kv_heads
+
+
+def compute(v: dict) -> dict:
+    a, d, hkv = _heads(v["hidden"], v["heads"], v["head_dim"], v["kv_heads"])
+    if not 0 < v["memory_util"] <= 1:
+        raise CalcError(f"--memory-util: must be in (0, 1], got {v['memory_util']:g}")
+    model = pl.ModelSpec(params=v["params"], layers=v["layers"], hidden=v["hidden"], heads=a, kv_heads=hkv,
+                         head_dim=d, dtype_bytes=f.dtype_bytes(v["dtype"]))
+    hw = pl.Hardware(gpus=v["gpus"], gpu_memory=v["gpu_memory"], bandwidth=v["bandwidth"], flops=v["flops"],
+                     link_bandwidth=v["link_bandwidth"], alpha=v["alpha"],
+                     internode_bandwidth=v["internode_bandwidth"], internode_alpha=v["internode_alpha"],
+                     gpus_per_node=v["gpus_per_node"], memory_util=v["memory_util"])
+    wl = pl.Workload(prompt=v["prompt"], output=v["output"], ttft_slo=v["ttft_slo"], tpot_slo=v["tpot_slo"],
+                     max_batch=v["max_batch"])
+    r = pl.plan(model, hw, wl)
+    inputs = {"params": model.params, "layers": model.layers, "hidden": model.hidden, "heads": a, "kv_heads": hkv,
+              "head_dim": d, "dtype": v["dtype"], "dtype_bytes": model.dtype_bytes, "gpus": hw.gpus,
+              "gpu_memory_bytes": hw.gpu_memory, "bandwidth_bytes_per_s": hw.bandwidth, "flops": hw.flops,
+              "link_bandwidth_bytes_per_s": hw.link_bandwidth, "alpha_s": hw.alpha,
+              "internode_bandwidth_bytes_per_s": hw.internode_bandwidth, "internode_alpha_s": hw.internode_alpha,
+              "gpus_per_node": hw.gpus_per_node, "memory_util": hw.memory_util, "prompt": wl.prompt,
+              "output": wl.output, "ttft_slo_s": wl.ttft_slo, "tpot_slo_s": wl.tpot_slo, "max_batch": wl.max_batch}
+    return {"best": r["best"].as_dict() if r["best"] else None,
+            "accepted": [c.as_dict() for c in r["accepted"]],
+            "rejected": [c.as_dict() for c in r["rejected"]], "inputs": inputs}
+
+
+def _split(c: dict) -> str:
+    return f"{c['tp']}×{c['pp']}×{c['replicas']}"
+
+
+def text(r: dict) -> list[str]:
+    i, t = r["inputs"], units.format_time
+    lines = [
+        f"Serving {units.format_count(i['params'])} parameters ({i['layers']} layers, h = {i['hidden']}, "
+        f"{i['heads']} heads, {i['kv_heads']} KV heads of {i['head_dim']}, {i['dtype']}) on {i['gpus']} × "
+        f"{units.format_bytes(i['gpu_memory_bytes'])} at {units.format_bandwidth(i['bandwidth_bytes_per_s'])}",
+        f"Requests: {i['prompt']:,} prompt + {i['output']:,} output tokens; targets TTFT ≤ "
+        f"{t(i['ttft_slo_s'])}, TPOT ≤ {t(i['tpot_slo_s'])}",
+    ]
+    if r["accepted"]:
+        lines += ["", "Within the targets, best first:",
+                  f"  {'#':>2}  {'TP×PP×R':<9} {'batch':>6} {'TTFT':>9} {'TPOT':>9} {'tokens/s':>10} "
+                  f"{'per GPU':>8}  limited by"]
+        for n, c in enumerate(r["accepted"], 1):
+            lines.append(f"  {n:>2}  {_split(c):<9} {c['batch']:>6} {t(c['ttft_s']):>9} {t(c['tpot_s']):>9} "
+                         f"{c['throughput_tokens_per_s']:>10,.0f} {c['throughput_per_gpu']:>8,.0f}  "
+                         f"{c['batch_limit']}")
+    else:
+        lines += ["", "No configuration meets both targets."]
+    if r["rejected"]:
+        lines += ["", "Rejected:"]
+        lines += [f"  {_split(c):<9} {c['reason']:<6} {c['detail']}" for c in r["rejected"]]
+    if r["best"]:
+        b = r["best"]
+        lines += ["", f"→ TP = {b['tp']}, PP = {b['pp']}, {b['replicas']} replica{'s' if b['replicas'] > 1 else ''}: "
+                      f"{b['batch']} sequences in flight each, KV {units.format_bytes(b['kv_per_gpu_bytes'])} + "
+                      f"weights {units.format_bytes(b['weights_per_gpu_bytes'])} per GPU; "
+                      f"decode {b['decode_bound']}-bound"]
+    return lines
+
+
+def _bandwidth(flag: str, help: str, default=...) -> Option:
+    return Option(flag, "bandwidth", help, default=default, minimum=0, strict_min=True)
+
+
+CALCULATOR = Calculator(
+    name="serve",
+    help="""Serving planner: TP × PP × replicas ranked by throughput within the TTFT/TPOT targets.
+
+    Enumerates every split of --gpus, rejects what does not fit (weights of the busiest stage plus
+    one sequence's KV cache per GPU), estimates TTFT (prefill of one prompt) and TPOT (decode step of
+    every stage in turn) with the roofline, the tensor-parallel all-reduces (2 per layer per token)
+    and pipeline hops, picks the batch with the most tokens/s within the TPOT target, and ranks
+    (lesson 7's planner; no queueing, ideal overlap).
+
+    JSON keys: best (a configuration or null), accepted (configurations, best first), rejected (each
+    with reason: shape, memory, ttft or tpot, and detail), inputs. A configuration has tp, pp,
+    replicas, accepted, reason, detail, weights_per_gpu_bytes, usable_bytes, free_bytes,
+    kv_per_seq_per_gpu_bytes (one sequence of prompt+output tokens), max_seqs (per replica, memory),
+    batch (sequences in flight per replica), microbatches, microbatch_size, batch_limit (tpot, memory
+    or max-batch), kv_per_gpu_bytes, ttft_s, tpot_s, tpot_at_1_s, stage_time_s, comm_per_token_s,
+    hop_s, decode_bound (memory-bandwidth or compute), throughput_tokens_per_s (output tokens, all
+    replicas), throughput_per_gpu, requests_per_s; values a rejection left uncomputed are null.
+    """,
+    options=(
+        Option("--params", "count", "Parameters N of the model (70B, 69e9).", minimum=0, strict_min=True),
+        Option("--layers", "whole", "Layers L."),
+        Option("--hidden", "whole", "Hidden size h."),
+        Option("--kv-heads", "whole", "Key/value heads H_kv (default: --heads).", default=None),
+        Option("--heads", "whole", "Query heads (default: hidden / head dim).", default=None),
+        Option("--head-dim", "whole", "Head dimension d (default: hidden / heads, or 128).", default=None),
+        Option("--dtype", "choice", "Weights and KV cache: fp16, bf16, fp8 or fp32.", default="fp16",
+               choices=DTYPES),
+        Option("--gpus", "whole", "GPUs G to split into TP × PP × replicas.", maximum=4096),
+        Option("--gpu-memory", "bytes", "Memory per GPU (80GB).", minimum=0, strict_min=True),
+        _bandwidth("--bandwidth", "Memory bandwidth per GPU (3.35TB/s)."),
+        Option("--flops", "flops", "Peak dense FLOP/s per GPU (default 989T: H100 SXM bf16).", default="989T",
+               minimum=0, strict_min=True),
+        _bandwidth("--link-bandwidth", "Tensor-parallel link inside a node, per direction (default 450GB/s).",
+                   default="450GB/s"),
+        Option("--alpha", "time", "Latency per all-reduce step inside a node (default 5us).", default="5us",
+               minimum=0),
+        _bandwidth("--internode-bandwidth", "Link between nodes (default 50GB/s = 400 Gb/s).", default="50GB/s"),
+        Option("--internode-alpha", "time", "Latency between nodes (default 10us).", default="10us", minimum=0),
+        Option("--gpus-per-node", "whole", "GPUs per node (default 8).", default="8"),
+        Option("--memory-util", "number", "Share of GPU memory usable (default 0.9).", default="0.9"),
+        Option("--prompt", "whole", "Prompt tokens per request (default 2048).", default="2048"),
+        Option("--output", "whole", "Output tokens per request (default 2048).", default="2048"),
+        Option("--ttft-slo", "time", "Time-to-first-token target (1s, 500ms).", minimum=0, strict_min=True),
+        Option("--tpot-slo", "time", "Time-per-output-token target (50ms).", minimum=0, strict_min=True),
+        Option("--max-batch", "whole", "Most sequences in flight per replica (default 256).", default="256"),
+    ),
+    compute=compute,
+    text=text,
+)
