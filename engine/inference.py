@@ -28,6 +28,12 @@ Attention reads K and V through the sequence's block table.
   KV cache of those layers only**; hidden states go from stage to stage with point-to-point sends
   (``isend``/``recv``), and the last stage sends each new token back to the first. With ``m``
   microbatches in flight the stages work on different microbatches at once.
+* **Both at once** (``generate_pp(..., pipe=...)`` on a shard with ``tp_size > 1``): a (pp, tp) mesh.
+  The shard's :class:`Comm` all-reduces inside its stage's tensor-parallel group; ``pipe`` (a
+  :class:`Comm` over the ranks with the same tensor-parallel index, one per stage) carries the
+  hidden states and tokens. Every tensor-parallel rank of a stage holds the full hidden states after
+  its all-reduce and sends them to its peer in the next stage (Megatron-LM's layout, Narayanan et al.
+  2021, without the scatter/gather optimisation), so each rank's cache holds its heads of its layers.
 
 Every collective and point-to-point message is counted (:class:`Comm`) so the experiment can check
 the 2·L all-reduces per token and the ``p − 1`` hidden-state sends, and measure bytes.
@@ -46,7 +52,7 @@ from ..lessons.lesson7.formulas import kv_heads_per_gpu
 from ..lessons.lesson7.paging import ContiguousAllocator
 
 __all__ = ["InferenceConfig", "make_weights", "reference_logits", "reference_greedy", "Comm", "KVStore",
-           "DecoderShard", "generate", "generate_pp", "split_layers", "apply_rope"]
+           "DecoderShard", "generate", "generate_pp", "split_layers", "apply_rope", "mesh_shard"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -217,16 +223,26 @@ class Comm:
             self.all_reduce_bytes += t.numel() * t.element_size()
         return t
 
+    def peer(self, group_rank: int) -> int:
+        """The global rank of ``group_rank`` in this Comm's group (torch's point-to-point calls take
+        global ranks)."""
+        return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)
+
     def isend(self, t: torch.Tensor, dst: int) -> None:
         t = t.contiguous()
-        self.pending.append((dist.isend(t, dst, group=self.group), t))
+        self.pending.append((dist.isend(t, self.peer(dst), group=self.group), t))
         self.sends += 1
         self.send_bytes += t.numel() * t.element_size()
 
     def recv(self, shape, dtype, src: int, device) -> torch.Tensor:
         t = torch.empty(shape, dtype=dtype, device=device)
-        dist.recv(t, src, group=self.group)
+        dist.recv(t, self.peer(src), group=self.group)
         self.recvs += 1
+        return t
+
+    def broadcast(self, t: torch.Tensor, src: int) -> torch.Tensor:
+        """Broadcast ``t`` from group rank ``src`` (not counted: results, not decode traffic)."""
+        dist.broadcast(t, self.peer(src), group=self.group)
         return t
 
     def wait(self) -> None:
@@ -495,25 +511,43 @@ def generate(shard: DecoderShard, prompts: torch.Tensor, new_tokens: int, on_tok
 # pipeline-parallel generation
 # ----------------------------------------------------------------------------------------------
 
+def _counts(*comms: Comm) -> dict:
+    """The summed counts of distinct Comms (a shard's tensor-parallel one and a pipeline's)."""
+    total: dict = {}
+    for c in {id(c): c for c in comms}.values():
+        for k, v in c.snapshot().items():
+            total[k] = total.get(k, 0) + v
+    return total
+
+
 @torch.no_grad()
 def generate_pp(shard: DecoderShard, prompts: torch.Tensor, new_tokens: int, stage: int, stages: int,
-                microbatches: int = 1, on_token=None) -> dict:
+                microbatches: int = 1, on_token=None, pipe: Comm | None = None) -> dict:
     """Greedy decoding through a pipeline of ``stages`` processes (this one is ``stage``, holding
     ``shard.layers``). The batch is cut into ``microbatches``; for every position, each microbatch
     goes through the stages in order: the hidden states [b, s, h] with ``isend``/``recv`` to the next
     stage, and from the last stage the new tokens back to the first. Sends are non-blocking, so the
     stages work on different microbatches at once. Every stage returns the tokens (broadcast from the
-    last stage at the end) and its own counts and cache bytes, like :func:`generate`."""
+    last stage at the end) and its own counts and cache bytes, like :func:`generate`.
+
+    ``pipe`` is the Comm over the stages (default: the shard's own). With a tensor-parallel shard it
+    must be a separate one — the group of this rank's peers with the same tensor-parallel index —
+    and the counts returned are both Comms' together."""
     B, s = prompts.shape
     m = max(1, min(microbatches, B))
     if shard.cache is None:
         shard.cache = contiguous_store(shard, B, s + new_tokens)
-    comm, dev, h = shard.comm, shard.device, shard.cfg.hidden
+    comm, dev, h = pipe or shard.comm, shard.device, shard.cfg.hidden
+    if shard.tp_size > 1 and comm is shard.comm and stages > 1:
+        raise ValueError("tensor and pipeline parallelism together need a separate pipeline Comm (pipe=...)")
+
+    def counts():
+        return _counts(shard.comm, comm)
     groups = [g.tolist() for g in torch.arange(B).tensor_split(m)]
     prompts = prompts.to(dev)
     last = stages - 1
     tokens = torch.zeros(B, new_tokens, dtype=torch.long)
-    c0 = comm.snapshot()
+    c0 = counts()
     _sync(dev)
     t0 = time.perf_counter()
     t1, c1 = None, None
@@ -542,17 +576,31 @@ def generate_pp(shard: DecoderShard, prompts: torch.Tensor, new_tokens: int, sta
         if i == 0:
             comm.wait()
             _sync(dev)
-            t1, c1 = time.perf_counter(), comm.snapshot()
+            t1, c1 = time.perf_counter(), counts()
     comm.wait()
     _sync(dev)
     t2 = time.perf_counter()
-    c2 = comm.snapshot()
+    c2 = counts()
     if stages > 1:
         tok = tokens.to(dev)
-        dist.broadcast(tok, last, group=comm.group)
+        comm.broadcast(tok, last)
         tokens = tok.cpu()
     stored = s + new_tokens - 1
     return {"tokens": tokens, "prefill_s": t1 - t0, "decode_s": t2 - t1, "decode_steps": new_tokens - 1,
             "comm_prefill": {k: c1[k] - c0[k] for k in c0}, "comm_decode": {k: c2[k] - c1[k] for k in c0},
             "kv_bytes": shard.cache.bytes_per_token * stored * B,
             "kv_bytes_per_token": shard.cache.bytes_per_token, "microbatches": m}
+
+
+def mesh_shard(cfg: InferenceConfig, weights: dict, mesh, device="cpu") -> tuple[DecoderShard, Comm, int]:
+    """This rank's part of the model on a ``DeviceMesh`` with dimensions ("pp", "tp"): the layers of
+    its stage and, of those, the heads and MLP columns of its tensor-parallel rank. Returns the shard
+    (its Comm all-reduces over "tp"), the pipeline Comm (over "pp") and the stage, ready for
+    ``generate_pp(shard, ..., stage=stage, stages=mesh.size(0), pipe=pipe)``."""
+    pp, tp = mesh.size(mesh.mesh_dim_names.index("pp")), mesh.size(mesh.mesh_dim_names.index("tp"))
+    cfg.check_tp(tp)
+    cfg.check_pp(pp)
+    stage, tp_rank = mesh.get_local_rank("pp"), mesh.get_local_rank("tp")
+    shard = DecoderShard(cfg, weights, tp_rank=tp_rank, tp_size=tp, layer_range=split_layers(cfg.layers, pp)[stage],
+                         comm=Comm(mesh.get_group("tp")), device=device)
+    return shard, Comm(mesh.get_group("pp")), stage

@@ -43,6 +43,7 @@ def _prompts(cfg, batch=4, seed=1):
 
 
 EXPERIMENT_ARGS = ["--requests", "16", "--route-requests", "300", "--new-tokens", "12"]
+MESH_ARGS = ["--tp", "2", "--pp", "2", "--skip", "paged,routing", "--new-tokens", "6"]
 
 
 def _group_checks(rank: int, world: int, events_dir: str) -> dict:
@@ -81,19 +82,33 @@ def _group_checks(rank: int, world: int, events_dir: str) -> dict:
     bad.cache = contiguous_store(bad, 4, PROMPT_LEN + 1)
     logits = bad.forward(_prompts(cfg), list(range(4)), [0] * 4)
     out["forgotten_allreduce_diff"] = (logits - reference_logits(cfg, w, _prompts(cfg))[:, -1]).abs().max().item()
+    if world == 4:  # tensor × pipeline parallel on a (pp=2, tp=2) mesh, 1 and 2 microbatches
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from distai.engine.inference import mesh_shard
+
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "tp"))
+        w = make_weights(cfg, seed=0, dtype=torch.float64)
+        ref = reference_greedy(cfg, w, _prompts(cfg), NEW)
+        for m in (1, 2):
+            sh, pipe, stage = mesh_shard(cfg, w, mesh)
+            r = generate_pp(sh, _prompts(cfg), NEW, stage=stage, stages=2, microbatches=m, pipe=pipe)
+            out[("tp-pp", m)] = {"equal": torch.equal(r["tokens"], ref), "stage": stage, "tp_rank": sh.tp_rank,
+                                 "layers": sh.layers, "kv0": sh.kv0, "kv_local": sh.kv_local,
+                                 "comm_decode": r["comm_decode"], "kv_bytes": r["kv_bytes"]}
     dist.barrier()
-    if world == 2:  # the lesson's experiment, in this same group (it ends the group: last)
-        import contextlib
-        import io
-        import os
+    # the lesson's experiment, in this same group (it ends the group: last); on 4 ranks as TP=2 × PP=2
+    import contextlib
+    import io
+    import os
 
-        from distai.engine.experiments import lesson7
+    from distai.engine.experiments import lesson7
 
-        os.environ["DISTAI_EVENTS_DIR"] = events_dir
-        buf = io.StringIO()
-        with contextlib.redirect_stdout(buf):
-            rc = lesson7.main(EXPERIMENT_ARGS)
-        out["experiment"] = {"rc": rc, "stdout": buf.getvalue()}
+    os.environ["DISTAI_EVENTS_DIR"] = events_dir
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = lesson7.main(EXPERIMENT_ARGS if world == 2 else MESH_ARGS)
+    out["experiment"] = {"rc": rc, "stdout": buf.getvalue()}
     return out
 
 
@@ -181,6 +196,66 @@ def test_kv_cache_sharded_by_layers_and_pp_sends(group, name):
                 all_layers += r["layers"]
         assert max(res[(name, f"pp{m}")]["kv_bytes"] for res in results) == want_busiest
     assert all_layers == list(range(cfg.layers))
+
+
+def _mesh(group):
+    world, results, events = group
+    if world != 4:
+        pytest.skip("TP × PP runs in the 4-rank group")
+    return results, events
+
+
+@pytest.mark.parametrize("m", [1, 2])
+def test_tp_times_pp_tokens_equal_single_process(group, m):
+    results, _events = _mesh(group)
+    for rank, res in enumerate(results):
+        assert res[("tp-pp", m)]["equal"], (rank, m)
+
+
+@pytest.mark.parametrize("m", [1, 2])
+def test_tp_times_pp_shards_comm_and_cache(group, m):
+    results, _events = _mesh(group)
+    cfg = CONFIGS["gqa-rms"]
+    rows = [res[("tp-pp", m)] for res in results]
+    # a (pp, tp) mesh: rank = stage·tp + tp rank; each rank its stage's layers and its TP rank's KV heads
+    assert [(r["stage"], r["tp_rank"]) for r in rows] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [r["layers"] for r in rows] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    assert [r["kv0"] for r in rows] == [0, 2, 0, 2]
+    tokens = 4 * (PROMPT_LEN + NEW - 1)
+    want = f7.kv_cache_total(cfg.layers, cfg.kv_heads, cfg.head_dim, 8, tokens, tp=2, pp=2)["per_gpu_bytes"]
+    for r in rows:
+        assert r["kv_bytes"] == want
+        c = r["comm_decode"]
+        # every decode position, each microbatch: 2 all-reduces per layer of this stage, in its TP group
+        assert c["all_reduces"] == 2 * 2 * m * (NEW - 1)
+        want_sends = m * (NEW - 2) if r["stage"] == 1 else m * (NEW - 1)
+        assert c["sends"] == want_sends
+    assert sum(r["kv_bytes"] for r in rows) == f7.kv_cache_total(cfg.layers, cfg.kv_heads, cfg.head_dim, 8,
+                                                                  tokens)["total_bytes"]
+
+
+def test_tp_times_pp_experiment(group):
+    results, events = _mesh(group)
+    from distai.engine.events import read_events
+
+    exp = results[0]["experiment"]
+    assert exp["rc"] == 0, exp["stdout"]
+    s = next(e for e in read_events(events / "rank0.jsonl") if e["kind"] == "summary")
+    assert s["ok"] and s["tp_pp"]["equal"] and (s["tp_pp"]["tp"], s["tp_pp"]["pp"]) == (2, 2)
+    assert "tp" not in s and "pp" not in s  # the combined decode replaces the separate parts
+    for shard in s["tp_pp"]["shards"]:
+        assert shard["kv_bytes"] == shard["formula_bytes"]
+        assert shard["all_reduces_per_token"] == shard["expected_per_token"]
+    assert "[TP=2 × PP=2, 2 microbatches] tokens = single process" in exp["stdout"]
+    assert "rank 3 (stage 1, TP 1): layers 2–3, KV heads 2–3" in exp["stdout"]
+    from distai.visualizers.kv_cache import KVCacheVisualizer
+
+    viz = KVCacheVisualizer()
+    for e in read_events(events / "rank0.jsonl"):
+        viz.feed_event(e)
+    assert (viz.view, viz.tp, viz.pp) == ("tp", 2, 2)  # the checkerboard of the run's mesh
+    text = "\n".join(line.plain for line in viz.build_lines(110, 40))
+    assert "GPU 0: layers 0–1, KV heads 0–1" in text and "(measured" in text
 
 
 def test_forgotten_allreduce_is_caught(group):

@@ -334,7 +334,9 @@ class KVCacheVisualizer(LessonVisualizer):
         elif kind == "kv_shard":
             self.measured_shards[(event["mode"], int(event["rank"]))] = event
             W = int(self.run_config["W"]) if self.run_config else 1
-            if event["mode"] == "tp":
+            if event["mode"] == "tp-pp":  # a (pp, tp) mesh: rank = stage·tp + TP rank, as in shard_table
+                self.tp, self.pp = int(event["tp"]), int(event["pp"])
+            elif event["mode"] == "tp":
                 self.tp, self.pp = W, 1
             else:
                 self.tp, self.pp = 1, W
@@ -512,7 +514,9 @@ class KVCacheVisualizer(LessonVisualizer):
         if not self.run_config or self.model.name != self.presets[-1].name or self.model_index != len(self.presets) - 1:
             return None
         W = int(self.run_config["W"])
-        mode = "tp" if (self.tp, self.pp) == (W, 1) else "pp" if (self.tp, self.pp) == (1, W) else None
+        mesh = (self.run_config.get("tp"), self.run_config.get("pp"))
+        mode = "tp-pp" if (self.tp, self.pp) == mesh else "tp" if (self.tp, self.pp) == (W, 1) else \
+            "pp" if (self.tp, self.pp) == (1, W) else None
         if mode is None:
             return None
         ev = self.measured_shards.get((mode, row["gpu"]))

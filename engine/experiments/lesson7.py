@@ -10,6 +10,9 @@ Run on W ranks::
    all-reduces counted per token against 2·L, each rank's KV bytes against ``kv_cache_total``.
 2. **Pipeline-parallel decode** over W stages (layers split, each stage caches only its layers),
    ``--microbatches`` in flight: same token check, hidden-state sends counted, KV bytes per stage.
+   With ``--tp T --pp P`` (T·P = W) parts 1 and 2 become one **TP × PP decode** on a (pp, tp)
+   ``DeviceMesh``: each rank holds its TP rank's KV heads of its stage's layers, all-reduces inside
+   its stage and sends hidden states to its peer in the next stage; tokens checked the same way.
 3. **Paged vs contiguous KV cache** (rank 0): the same Poisson request mix served with continuous
    batching on a paged cache (blocks of ``--block-size`` tokens) and on a contiguous one (a
    ``max_len`` region per request) with the same KV memory (``--kv-budget`` tokens): tokens must be
@@ -24,9 +27,9 @@ Run on W ranks::
 Events (besides ``phase``, ``log`` and rank 0's ``summary``):
 
 - ``config``: the model shape, W, dtype, device;
-- ``tokens``: ``mode`` (single|tp|pp), ``step``, ``tokens`` (one per sequence) — rank 0 for tp,
+- ``tokens``: ``mode`` (single|tp|pp|tp-pp), ``step``, ``tokens`` (one per sequence) — rank 0 for tp,
   the last stage for pp;
-- ``kv_shard``: ``mode`` (tp|pp), ``rank``, ``layers`` (list), ``kv_heads`` (list of global KV head
+- ``kv_shard``: ``mode`` (tp|pp|tp-pp; tp-pp adds ``stage``, ``tp_rank``, ``tp``, ``pp``), ``rank``, ``layers`` (list), ``kv_heads`` (list of global KV head
   ids), ``bytes`` (measured), ``formula_bytes``, ``tokens``;
 - ``decode``: ``mode``, ``rank``, ``equal`` (tokens = single process), ``all_reduces_per_token``,
   ``sends_per_token``, ``decode_tokens_per_s``, ``prefill_s``;
@@ -58,6 +61,7 @@ from ..inference import (
     generate,
     generate_pp,
     make_weights,
+    mesh_shard,
     split_layers,
 )
 from ..paged_kv import ContinuousBatcher, paged_store
@@ -81,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", type=int, default=16, help="prompt tokens")
     g.add_argument("--new-tokens", type=int, default=24, help="tokens generated per sequence")
     g.add_argument("--microbatches", type=int, default=None, help="pipeline microbatches (default W)")
+    g.add_argument("--tp", type=int, default=None,
+                   help="decode on a (pp, tp) mesh: tensor-parallel degree (tp·pp = W; replaces the separate TP and PP parts)")
+    g.add_argument("--pp", type=int, default=None, help="decode on a (pp, tp) mesh: pipeline stages")
     g = p.add_argument_group("paged KV cache")
     g.add_argument("--requests", type=int, default=32)
     g.add_argument("--block-size", type=int, default=8)
@@ -172,6 +179,56 @@ def pp_decode(cfg, w, prompts, n, ref, ctx, microbatches: int) -> dict:
             bytes=out["kv_bytes"], formula_bytes=out["formula_bytes"], tokens=tokens,
             kv_heads_total=cfg.kv_heads, layers_total=cfg.layers)
     ev.emit("decode", mode="pp", rank=rank, equal=equal, all_reduces_per_token=0,
+            sends_per_token=out["sends_per_token"], decode_tokens_per_s=out["decode_tokens_per_s"],
+            prefill_s=r["prefill_s"])
+    return out
+
+
+def mesh_degrees(args, W: int) -> tuple[int, int] | None:
+    """(tp, pp) of a combined decode from ``--tp``/``--pp`` (the missing one is W / the other), or
+    None when neither is given. Raises ValueError when they do not multiply to the W ranks."""
+    if args.tp is None and args.pp is None:
+        return None
+    for name, v in (("--tp", args.tp), ("--pp", args.pp)):
+        if v is not None and v < 1:
+            raise ValueError(f"{name} must be ≥ 1, got {v}")
+    tp = args.tp if args.tp is not None else max(1, W // args.pp)
+    pp = args.pp if args.pp is not None else max(1, W // args.tp)
+    if tp * pp != W:
+        raise ValueError(f"--tp {tp} × --pp {pp} = {tp * pp} ranks, but this run has {W} "
+                         f"(start it with --cpu {tp * pp} or --gpus {tp * pp})")
+    return tp, pp
+
+
+def mesh_decode(cfg, w, prompts, n, ref, ctx, tp: int, pp: int, microbatches: int) -> dict:
+    """TP × PP decode on a (pp, tp) DeviceMesh: each rank holds the heads of its tensor-parallel rank
+    in the layers of its stage (engine.inference.mesh_shard + generate_pp)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    rank, ev = ctx.rank, ctx.events
+    mesh = init_device_mesh(ctx.device.type, (pp, tp), mesh_dim_names=("pp", "tp"))
+    sh, pipe, stage = mesh_shard(cfg, w, mesh, device=ctx.device)
+    last_stage_lead = stage == pp - 1 and sh.tp_rank == 0
+    on_token = (lambda step, g, t: ev.emit("tokens", mode="tp-pp", step=step, seqs=g, tokens=t.tolist())) \
+        if last_stage_lead else None
+    r = generate_pp(sh, prompts, n, stage=stage, stages=pp, microbatches=microbatches, on_token=on_token, pipe=pipe)
+    B, s = prompts.shape
+    tokens = B * (s + n - 1)
+    formula = f7.kv_cache_bytes_per_token(len(sh.layers), sh.kv_local, cfg.head_dim, sh.cache.k.element_size()) * tokens
+    equal = _all_true(torch.equal(r["tokens"], ref["tokens"]))
+    steps = max(1, r["decode_steps"])
+    m = r["microbatches"]
+    out = {"equal": equal, "kv_bytes": r["kv_bytes"], "formula_bytes": formula, "stage": stage, "tp_rank": sh.tp_rank,
+           "kv_heads": list(range(sh.kv0, sh.kv0 + sh.kv_local)), "layers": sh.layers, "microbatches": m,
+           # per decode position, each microbatch passes this stage's layers: 2 all-reduces each (Megatron)
+           "all_reduces_per_token": r["comm_decode"]["all_reduces"] / steps, "expected_per_token": 2 * len(sh.layers) * m,
+           "sends_per_token": r["comm_decode"]["sends"] / steps,
+           "decode_tokens_per_s": B * r["decode_steps"] / r["decode_s"] if r["decode_s"] > 0 else None,
+           "prefill_s": r["prefill_s"]}
+    ev.emit("kv_shard", mode="tp-pp", rank=rank, stage=stage, tp_rank=sh.tp_rank, tp=tp, pp=pp, layers=sh.layers,
+            kv_heads=out["kv_heads"], bytes=out["kv_bytes"], formula_bytes=formula, tokens=tokens,
+            kv_heads_total=cfg.kv_heads, layers_total=cfg.layers)
+    ev.emit("decode", mode="tp-pp", rank=rank, equal=equal, all_reduces_per_token=out["all_reduces_per_token"],
             sends_per_token=out["sends_per_token"], decode_tokens_per_s=out["decode_tokens_per_s"],
             prefill_s=r["prefill_s"])
     return out
@@ -313,6 +370,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = InferenceConfig(vocab=args.vocab, hidden=args.hidden, layers=args.layers, heads=args.heads,
                               kv_heads=args.kv_heads, norm=args.norm)
+        mesh = mesh_degrees(args, W)
+        if mesh is not None:  # the combined decode replaces the separate TP and PP parts
+            cfg.check_tp(mesh[0])
+            cfg.check_pp(mesh[1])
+            skip |= {"tp", "pp"}
         if "tp" not in skip:
             cfg.check_tp(W)
         if "pp" not in skip:
@@ -331,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     ev.emit("config", W=W, hidden=cfg.hidden, layers=cfg.layers, heads=cfg.heads, kv_heads=cfg.kv_heads,
             head_dim=cfg.head_dim, vocab=cfg.vocab, norm=cfg.norm, dtype=args.dtype, device=ctx.device.type,
             batch=args.batch, prompt=args.prompt, new_tokens=args.new_tokens, block_size=args.block_size,
-            kv_budget=args.kv_budget, params=cfg.params())
+            kv_budget=args.kv_budget, params=cfg.params(), tp=mesh[0] if mesh else None, pp=mesh[1] if mesh else None)
     prompts = torch.randint(0, cfg.vocab, (args.batch, args.prompt), generator=torch.Generator().manual_seed(args.seed + 1))
     summary: dict = {"lesson": "lesson7", "W": W, "device": ctx.device.type, "dtype": args.dtype}
     lines = [f"lesson 7 — a {cfg.params() / 1e6:.2f}M-parameter decoder (L={cfg.layers}, h={cfg.hidden}, "
@@ -370,6 +432,25 @@ def main(argv: list[str] | None = None) -> int:
             sends = (f"{sh['sends_per_token']:g} sends/step" if r < W - 1 else "tokens back to stage 0")
             lines.append(f"  stage {r}: layers {sh['layers'][0]}–{sh['layers'][-1]}, cache {_fmt_bytes(sh['kv_bytes'])} "
                          f"(formula {_fmt_bytes(sh['formula_bytes'])}); {sends}")
+
+    if mesh is not None:
+        tp_deg, pp_deg = mesh
+        ev.emit("phase", name="tensor × pipeline parallel decode")
+        mp = mesh_decode(cfg, w, prompts, args.new_tokens, ref, ctx, tp_deg, pp_deg, args.microbatches or pp_deg)
+        shards = [None] * W
+        dist.all_gather_object(shards, {k: mp[k] for k in ("stage", "tp_rank", "kv_bytes", "formula_bytes", "layers",
+                                                           "kv_heads", "all_reduces_per_token", "expected_per_token")})
+        summary["tp_pp"] = {"equal": mp["equal"], "tp": tp_deg, "pp": pp_deg, "microbatches": mp["microbatches"],
+                            "decode_tokens_per_s": mp["decode_tokens_per_s"], "shards": shards}
+        lines.append(f"\n[TP={tp_deg} × PP={pp_deg}, {mp['microbatches']} microbatches] tokens "
+                     f"{'=' if mp['equal'] else '≠'} single process")
+        for r, sh in enumerate(shards):
+            heads = sh["kv_heads"]
+            lines.append(f"  rank {r} (stage {sh['stage']}, TP {sh['tp_rank']}): layers {sh['layers'][0]}–{sh['layers'][-1]}, "
+                         f"KV heads {heads[0]}–{heads[-1]}: {_fmt_bytes(sh['kv_bytes'])} "
+                         f"(formula {_fmt_bytes(sh['formula_bytes'])})")
+            lines.append(f"    {sh['all_reduces_per_token']:g} all-reduces/step (2·{len(sh['layers'])} layers·"
+                         f"{mp['microbatches']} microbatches = {sh['expected_per_token']:g})")
 
     points = None
     if "paged" not in skip or "routing" not in skip:
@@ -415,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"  {policy:<18} {ttft:>15} {tpot:>15} {mtr['throughput_tokens_per_s']:>8.0f} "
                          f"{mtr['prefix_hit_rate']:>5.0%}")
     summary["seconds"] = time.time() - t0
-    ok = all(summary.get(k, {}).get("equal", True) for k in ("tp", "pp")) and \
+    ok = all(summary.get(k, {}).get("equal", True) for k in ("tp", "pp", "tp_pp")) and \
         summary.get("kv", {}).get("tokens_equal", True)
     summary["ok"] = ok
     if rank == 0:
