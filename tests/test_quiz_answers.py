@@ -91,6 +91,20 @@ EXPECTED = {
     },
 }
 
+EXPECTED["capstone"] = {
+    # row-major (pp, dp, tp) mesh, as torch's init_device_mesh numbers it: rank = (p·dp + d)·tp + t
+    "world-size": lambda p: p["pp"] * p["dp"] * p["tp"],
+    "coordinate": lambda p: {"tp": p["rank"] % p["tp"], "dp": p["rank"] // p["tp"] % p["dp"],
+                             "pp": p["rank"] // (p["dp"] * p["tp"])}[p["dim"]],
+    "group-count": lambda p: p["pp"] * p["dp"] * p["tp"] // p[p["dim"]],
+    "group-stride": lambda p: {"dp": p["tp"], "pp": p["dp"] * p["tp"]}[p["dim"]],
+    "params-per-gpu": lambda p: p["params"] / (p["pp"] * p["tp"]),
+    "microbatches": lambda p: p["global_batch"] // (p["dp"] * p["micro_batch"]),
+    "bubble": lambda p: f5.bubble_fraction(p["pp"], p["global_batch"] // (p["dp"] * p["micro_batch"])),
+    "dp-grad-bytes": lambda p: 2 * p["params"] / (p["pp"] * p["tp"]),
+    "p2p-bytes": lambda p: p["seq"] * p["micro_batch"] * p["hidden"] * 2 / p["tp"],
+}
+
 # Choice questions whose right option depends on the numbers: recompute which one is right.
 EXPECTED_CHOICE = {
     ("lesson6", "update-lost"): lambda p: 0 if f6.round_to_format(f6.round_to_format(p["weight"], p["fmt"]) + p["update"],

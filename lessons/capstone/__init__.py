@@ -1,0 +1,1 @@
+"""Capstone: data, tensor and pipeline parallelism composed on one device mesh, and the planner."""

@@ -1,0 +1,128 @@
+"""Capstone formulas: ranks on a (pp, dp, tp) device mesh, the groups each rank belongs to, and
+what each dimension costs per step.
+
+The mesh order is Megatron-LM's (``megatron/core/parallel_state.py``, ``RankGenerator`` with order
+"tp-dp-pp" read innermost first) and torchtitan's (``ParallelDims``: mesh dims ("pp", "dp", "tp")):
+tensor parallelism is the innermost (fastest-varying) dimension, so the t ranks of a TP group are
+consecutive global ranks — the GPUs of one node, joined by NVLink — and pipeline parallelism is the
+outermost. ``torch.distributed.device_mesh.init_device_mesh(device, (pp, dp, tp))`` lays ranks out the
+same way (row-major): rank = (p·dp + d)·tp + t.
+
+Sources:
+- Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM",
+  SC 2021, Sec. 3 (takeaways #1-#3: TP within a server, PP across servers, DP for the rest).
+- Per-dimension costs reuse lessons 1 (ring α-β), 2 (model states, activations), 4 (TP traffic) and
+  5 (bubble).
+Pure Python.
+"""
+from __future__ import annotations
+
+from ..lesson2.formulas import _count
+
+DIMS = ("pp", "dp", "tp")  # outermost first, as the mesh is built
+
+
+def _degrees(pp: int, dp: int, tp: int) -> tuple[int, int, int]:
+    return (_count(pp, "the pipeline-parallel degree"), _count(dp, "the data-parallel degree"),
+            _count(tp, "the tensor-parallel degree"))
+
+
+def world_size(pp: int, dp: int, tp: int) -> int:
+    """Ranks on the mesh: pp·dp·tp."""
+    p, d, t = _degrees(pp, dp, tp)
+    return p * d * t
+
+
+def mesh_coords(rank: int, pp: int, dp: int, tp: int) -> dict[str, int]:
+    """The (pp, dp, tp) coordinates of a global rank on a row-major (pp, dp, tp) mesh:
+    tp = rank mod t, dp = (rank div t) mod d, pp = rank div (d·t)."""
+    p, d, t = _degrees(pp, dp, tp)
+    if isinstance(rank, bool) or int(rank) != rank or not 0 <= rank < p * d * t:
+        raise ValueError(f"rank must be an integer in [0, {p * d * t}), got {rank!r}")
+    r = int(rank)
+    return {"pp": r // (d * t), "dp": (r // t) % d, "tp": r % t}
+
+
+def rank_at(pp_index: int, dp_index: int, tp_index: int, pp: int, dp: int, tp: int) -> int:
+    """The global rank at mesh coordinates (pp_index, dp_index, tp_index): (p·d_deg + d)·t_deg + t."""
+    p, d, t = _degrees(pp, dp, tp)
+    for value, size, name in ((pp_index, p, "pp"), (dp_index, d, "dp"), (tp_index, t, "tp")):
+        if not 0 <= value < size:
+            raise ValueError(f"{name} index must be in [0, {size}), got {value!r}")
+    return (pp_index * d + dp_index) * t + tp_index
+
+
+def group_ranks(rank: int, dim: str, pp: int, dp: int, tp: int) -> list[int]:
+    """The ranks of ``rank``'s group along ``dim`` (``pp``, ``dp`` or ``tp``): the ranks that share its
+    other two coordinates. TP groups are consecutive ranks; DP groups stride by t; PP groups by d·t."""
+    if dim not in DIMS:
+        raise ValueError(f"unknown mesh dimension {dim!r}; choose one of {', '.join(DIMS)}")
+    c = mesh_coords(rank, pp, dp, tp)
+    size = {"pp": pp, "dp": dp, "tp": tp}[dim]
+    out = []
+    for i in range(size):
+        coords = dict(c, **{dim: i})
+        out.append(rank_at(coords["pp"], coords["dp"], coords["tp"], pp, dp, tp))
+    return out
+
+
+def group_stride(dim: str, pp: int, dp: int, tp: int) -> int:
+    """Distance between consecutive global ranks of one group along ``dim``: 1 for tp, t for dp, d·t for pp."""
+    p, d, t = _degrees(pp, dp, tp)
+    return {"tp": 1, "dp": t, "pp": d * t}[dim]
+
+
+def group_count(dim: str, pp: int, dp: int, tp: int) -> int:
+    """How many groups of ``dim`` the mesh has: world / (the degree of ``dim``). Every rank is in exactly
+    one group of each dimension."""
+    if dim not in DIMS:
+        raise ValueError(f"unknown mesh dimension {dim!r}; choose one of {', '.join(DIMS)}")
+    p, d, t = _degrees(pp, dp, tp)
+    return p * d * t // {"pp": p, "dp": d, "tp": t}[dim]
+
+
+def nodes_spanned(dim: str, pp: int, dp: int, tp: int, gpus_per_node: int) -> int:
+    """How many nodes one group of ``dim`` touches when ranks fill nodes in order (rank // gpus_per_node
+    is its node): 1 means the group talks over NVLink only."""
+    g = _count(gpus_per_node, "the GPUs per node")
+    return len({r // g for r in group_ranks(0, dim, pp, dp, tp)})
+
+
+def microbatches_per_replica(global_batch: int, dp: int, micro_batch: int) -> int:
+    """Microbatches each pipeline runs per step: global batch / (dp · microbatch size), which must divide."""
+    b = _count(global_batch, "the global batch")
+    d = _count(dp, "the data-parallel degree")
+    mb = _count(micro_batch, "the micro-batch size")
+    if b % (d * mb):
+        raise ValueError(f"the global batch {b} is not a multiple of dp·microbatch = {d}·{mb} = {d * mb}")
+    return b // (d * mb)
+
+
+def params_per_gpu(params, pp: int, tp: int) -> float:
+    """Parameters each GPU holds before any ZeRO sharding: Ψ/(pp·tp) (every weight matrix split t ways,
+    the layers split p ways; embeddings and norms counted as if split evenly too)."""
+    psi = _count(params, "the number of parameters")
+    p = _count(pp, "the pipeline-parallel degree")
+    t = _count(tp, "the tensor-parallel degree")
+    return psi / (p * t)
+
+
+def pp_p2p_bytes_per_microbatch(seq: int, micro_batch: int, hidden: int, tp: int = 1,
+                                bytes_per_elem: int = 2, scatter_gather: bool = True) -> float:
+    """Bytes one stage boundary sends per microbatch and direction: the s·b·h activation (forward) or its
+    gradient (backward). Megatron's scatter/gather optimisation (Narayanan et al. 2021, Sec. 4.1) sends
+    only 1/t of it from each TP rank and all-gathers it over NVLink on the other side."""
+    s = _count(seq, "the sequence length")
+    b = _count(micro_batch, "the micro-batch size")
+    h = _count(hidden, "the hidden size")
+    t = _count(tp, "the tensor-parallel degree")
+    e = _count(bytes_per_elem, "the bytes per element")
+    x = s * b * h * e
+    return x / t if scatter_gather else x
+
+
+def dp_grad_bytes(params, pp: int, tp: int, bytes_per_elem: int = 2) -> float:
+    """Gradient bytes each data-parallel group reduces per step: the Ψ/(pp·tp) gradients of one rank's
+    shard of the model (bf16 gradients by default, as Megatron-LM and torchtitan reduce them)."""
+    e = _count(bytes_per_elem, "the bytes per element")
+    return params_per_gpu(params, pp, tp) * e
