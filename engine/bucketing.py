@@ -29,8 +29,9 @@ drawn next to ours.
 """
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -200,6 +201,9 @@ class BucketedDataParallel(torch.nn.Module):
                                    if process_group is not None else 0, group=process_group)
         self.timeline: StepTimeline | None = None
         self._rebuild_pending = rebuild_buckets
+        #: DDP's switch for gradient accumulation: while False (inside :meth:`no_sync`) gradients
+        #: only accumulate in ``.grad``; the backward that runs with it True syncs the total
+        self.require_backward_grad_sync = True
         self._ready_order: list[int] = []
         self._callback_queued = False
         self._next_bucket = 0
@@ -244,7 +248,18 @@ class BucketedDataParallel(torch.nn.Module):
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backwards inside accumulate gradients without communicating (DDP's ``no_sync``)."""
+        old, self.require_backward_grad_sync = self.require_backward_grad_sync, False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = old
+
     def _on_grad_ready(self, i: int) -> None:
+        if not self.require_backward_grad_sync:
+            return
         if self.timeline is not None:
             self.timeline.grad_ready(self.param_names[i])
         if not self._callback_queued:

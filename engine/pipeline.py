@@ -304,7 +304,8 @@ class PipelineRunner:
                  v: int = 1, microbatch_size: int, device: torch.device | str = "cpu",
                  loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = loss_fn,
                  group: dist.ProcessGroup | None = None, events=None, sync_timing: bool | None = None,
-                 meter: SavedActivationMeter | None = None):
+                 meter: SavedActivationMeter | None = None,
+                 before_backward: Callable[[sim.Op], None] | None = None):
         try:
             self.schedule = sim.validate(schedule, p, m, v)
         except sim.ScheduleError as exc:
@@ -327,6 +328,9 @@ class PipelineRunner:
         params = [q for mod in chunks.values() for q in mod.parameters()]
         self.meter = meter if meter is not None else SavedActivationMeter(params)
         self.metas: dict[int, tuple[TensorMeta, TensorMeta]] | None = None
+        # called with each backward block's op just before it runs (e.g. to let data parallelism
+        # sync a chunk's gradients only in its last microbatch's backward, as Megatron does)
+        self.before_backward = before_backward
         self._step = 0
 
     # -- ranks of stages and the group's global ranks --
@@ -407,7 +411,7 @@ class PipelineRunner:
         sends_in_flight: list = []
         pending: list[sim.Action] = []
         records: list[OpRecord] = []
-        total_loss = torch.zeros((), device=self.device) if last in self.chunks else None
+        total_loss = torch.zeros((), dtype=torch.float64, device=self.device) if last in self.chunks else None
         self.meter.reset_peak()
 
         def flush():
@@ -477,6 +481,8 @@ class PipelineRunner:
                     grad = None
                 else:
                     grad = receive(sim.Message(sim.BACKWARD, mb, s + 1, (s + 1) % self.p, self.rank))
+                if self.before_backward is not None:
+                    self.before_backward(op)
                 t0 = self._now()
                 if s == last:
                     out.backward()

@@ -54,7 +54,9 @@ def _start_method() -> str:
 
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return "spawn"
-    multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "distai.engine.testing"])
+    # torch._dynamo: the first optimizer a process builds imports it (seconds per rank otherwise)
+    multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo",
+                                            "distai.engine.testing"])
     return "forkserver"
 
 

@@ -50,7 +50,8 @@ gloo this module therefore reduce-scatters with one ``all_to_all_single`` (each 
 N-1 slices it does not own, (N-1)/N of the buffer, and sums what it receives), which is the
 traffic a real reduce-scatter has.
 
-Limits: one backward per ``step()`` (no gradient accumulation), every parameter must receive
+Limits: one backward per ``step()`` unless the others run with ``require_backward_grad_sync``
+False (stage 1 only: gradients accumulate in the flat buffer, DDP's ``no_sync``); every parameter must receive
 a gradient, units run in the order given. ``CommMeter`` counts bytes sent by any code
 (ours, DDP, FSDP2) and ``held_bytes`` measures the storage a set of tensors really holds.
 """
@@ -186,7 +187,10 @@ class ZeroEngine:
         first = next(p for u in units for p in u.parameters())
         self.device = first.device
         self.param_dtype = param_dtype or first.dtype
-        self.mixed = self.param_dtype != torch.float32
+        # fp32 masters (fp64 ones for fp64 parameters, so fp64 runs stay exact); "mixed" when
+        # the parameters are narrower than their masters
+        self.master_dtype = torch.float64 if self.param_dtype == torch.float64 else torch.float32
+        self.mixed = self.param_dtype != self.master_dtype
         self._units: list[_Unit] = []
         self._hooks: list = []
         #: with ``trace=True``: (action, unit index) in the order they happen, action one of
@@ -194,6 +198,9 @@ class ZeroEngine:
         #: reduce_scatter (issued), step
         self.trace: list[tuple[str, int]] | None = [] if trace else None
         self.peak_gathered_units = 0  # stage 3: most units whose full parameters were alive at once
+        #: False: backwards only accumulate into the gradient buffers, nothing is reduced (gradient
+        #: accumulation over microbatches, stage 1 only: DDP's ``no_sync``)
+        self.require_backward_grad_sync = True
         seen: set[int] = set()
         for index, module in enumerate(units):
             params = [p for p in module.parameters() if p.requires_grad and id(p) not in seen]
@@ -210,7 +217,7 @@ class ZeroEngine:
         shard_numel = math.ceil(numel / n)
         padded = shard_numel * n
         with torch.no_grad():
-            flat32 = torch.zeros(padded, dtype=torch.float32, device=self.device)
+            flat32 = torch.zeros(padded, dtype=self.master_dtype, device=self.device)
             offset = 0
             for p in params:
                 flat32[offset:offset + p.numel()].copy_(p.detach().reshape(-1))
@@ -334,6 +341,11 @@ class ZeroEngine:
             self._set_grad_views(unit)
 
     def _grad_accumulated(self, unit: _Unit) -> None:
+        if not self.require_backward_grad_sync:
+            if self.stage != 1:
+                raise RuntimeError("gradient accumulation without sync needs ZeRO stage 1 "
+                                   "(stages 2 and 3 free the full gradients after each backward)")
+            return
         unit.grads_ready += 1
         if unit.grads_ready == len(unit.params):
             self._post_backward(unit)
@@ -361,6 +373,11 @@ class ZeroEngine:
             unit.grad_full = None
 
     # -- the optimizer step -----------------------------------------------------------------------------
+    def wait_gradients(self) -> None:
+        """Wait for every gradient reduce-scatter (the rank's slices are final afterwards)."""
+        for unit in self._units:
+            self._finish_reduce(unit)
+
     def step(self) -> None:
         """Finish the gradient reduce-scatters, update this rank's shards, re-gather (stages 1-2)."""
         for unit in self._units:
@@ -370,7 +387,7 @@ class ZeroEngine:
                                    f"({unit.grads_ready}/{len(unit.params)} gradients; {missing[:3]})")
             self._finish_reduce(unit)
             if self.mixed:
-                unit.master.grad = unit.grad_shard.float()
+                unit.master.grad = unit.grad_shard.to(self.master_dtype)
         self.optimizer.step()
         self._note("step", None)
         with torch.no_grad():

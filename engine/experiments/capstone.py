@@ -1,0 +1,237 @@
+"""Capstone experiment: one training run with data, tensor and pipeline parallelism at once.
+
+``distai run capstone --dp 2 --tp 2 --pp 2 --cpu 8`` (or ``--gpus 8``; directly:
+``python -m torch.distributed.run --nproc-per-node 8 -m distai.engine.experiments.capstone
+--dp 2 --tp 2 --pp 2``). The ranks form a device mesh of shape (pp, dp, tp)
+(:mod:`distai.engine.mesh`); a small GPT is trained for ``--steps`` SGD steps with lesson 4's
+tensor-parallel blocks (with sequence parallelism), lesson 5's pipeline schedule (1F1B or
+interleaved) and lesson 6's bucketed data-parallel gradient sync (or lesson 2's ZeRO-1 with
+``--zero 1``). After every step the loss and every parameter are compared with the same model
+trained on one process on the same batches (``--no-check`` skips it). One step is metered: every
+collective and point-to-point message is attributed to its group and set against the formulas
+(:func:`distai.engine.mesh.expected_comm`).
+
+Events (besides ``phase``, ``log``, ``summary`` and lesson 5's ``pp_op`` from every rank):
+
+* ``mesh_config`` (rank 0, first): ``pp, dp, tp, schedule, v, m, microbatch_size, zero, layers,
+  hidden, heads, seq, vocab, dtype, device, ranks`` (``ranks``: ``[rank, pp, dp, tp]`` for every
+  rank, the mesh's coordinates);
+* ``progress`` (rank 0): ``done, total`` steps;
+* ``step`` (rank 0): ``step, of, loss, ref_loss, loss_rel_diff, param_rel_diff, step_time_s``
+  (``ref_*`` and ``*_diff`` are None with ``--no-check``);
+* ``mesh_step`` (every rank): ``step, pp, dp, tp, t_start, t_pipeline_end, t_end`` (wall-clock
+  seconds: the schedule ran from ``t_start`` to ``t_pipeline_end``, the gradient syncs that remain
+  and the optimizer until ``t_end``);
+* ``mesh_comm`` (rank 0, after the metered step): ``step`` and ``ranks``: for every rank
+  ``{"rank", "pp", "dp", "tp", "measured", "expected", "match"}`` where ``measured`` and
+  ``expected`` are ``{dim: {"ops": {op: {"calls", "bytes"}}, "calls", "bytes"}}`` for dim in pp,
+  dp, tp (bytes one rank sends with ring algorithms) and ``match`` is ``{dim: bool}``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+import torch.distributed as dist
+
+from ...lessons.units import format_bytes
+from .. import mesh as M
+from ..runtime import init_distributed, shutdown
+from ..tensor_parallel import ModelConfig
+from ..worker import run_experiment
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="distai run capstone",
+                                 description="Data × tensor × pipeline parallelism in one training run.")
+    ap.add_argument("--dp", type=int, default=None, help="data-parallel degree (default: what the ranks leave)")
+    ap.add_argument("--tp", type=int, default=None, help="tensor-parallel degree (default 2 when it divides)")
+    ap.add_argument("--pp", type=int, default=None, help="pipeline stages (default 2 when it divides)")
+    ap.add_argument("--zero", type=int, default=0, choices=(0, 1), help="1: ZeRO-1 over the DP group")
+    ap.add_argument("--schedule", default="1f1b", help="1f1b or interleaved")
+    ap.add_argument("--chunks", "-v", type=int, default=2, help="chunks per rank for interleaved (default 2)")
+    ap.add_argument("--microbatches", "-m", type=int, default=None, help="microbatches per step (default 2·pp)")
+    ap.add_argument("--microbatch-size", type=int, default=None, help="sequences per microbatch")
+    ap.add_argument("--layers", type=int, default=None, help="transformer blocks (default: 2 per stage, >= 4)")
+    ap.add_argument("--hidden", type=int, default=None)
+    ap.add_argument("--heads", type=int, default=None)
+    ap.add_argument("--seq", type=int, default=None)
+    ap.add_argument("--vocab", type=int, default=None)
+    ap.add_argument("--dtype", choices=("float32", "float64"), default=None,
+                    help="default: float64 on CPU (the comparison is then exact to ~1e-16), float32 on GPU")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-check", dest="check", action="store_false",
+                    help="skip the single-process reference run")
+    return ap.parse_args(argv)
+
+
+def choose_shape(args, world: int) -> M.MeshShape:
+    """The degrees given; the missing ones filled so that pp·dp·tp = world (tp first, then pp)."""
+    tp, pp, dp = args.tp, args.pp, args.dp
+    rest = world
+    for given in (tp, pp, dp):
+        if given is not None and given >= 1 and rest % given == 0:
+            rest //= given
+    if tp is None:
+        tp = 2 if rest % 2 == 0 and rest > 1 else 1
+        rest //= tp
+    if pp is None:
+        pp = 2 if rest % 2 == 0 and rest > 1 else 1
+        rest //= pp
+    if dp is None:
+        dp = max(1, rest)
+    return M.MeshShape(pp, dp, tp)
+
+
+def model_config(args, shape: M.MeshShape, v: int, cuda: bool) -> ModelConfig:
+    stages = shape.pp * v
+    return ModelConfig(hidden=args.hidden or (512 if cuda else 32), heads=args.heads or (8 if cuda else 4),
+                       vocab=args.vocab or (1024 if cuda else 64), seq=args.seq or (256 if cuda else 16),
+                       layers=args.layers or stages * max(1, -(-4 // stages)))
+
+
+def _max_over_world(x: float) -> float:
+    t = torch.tensor([x], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
+def print_summary(result: dict, accounts: list[dict]) -> None:
+    """The human summary, at most 71 columns wide."""
+    c = result["config"]
+    print(f"\nCapstone · pp={c['pp']} × dp={c['dp']} × tp={c['tp']} on {c['world']} ranks ({c['device']}), "
+          f"{c['dtype']}")
+    print(f"model: {c['layers']} blocks, h = {c['hidden']}, seq = {c['seq']}, vocab = {c['vocab']}; "
+          f"{c['schedule']}" + (f" v = {c['v']}" if c["schedule"] == "interleaved" else ""))
+    print(f"m = {c['m']} microbatches of {c['microbatch_size']} per DP rank; DP sync: "
+          + ("ZeRO-1" if c["zero"] else "bucketed all-reduce"))
+    print(f"\n  loss: {', '.join(f'{x:.4f}' for x in result['losses'])}")
+    if result["ref_losses"] is not None:
+        print(f"  one process: {', '.join(f'{x:.4f}' for x in result['ref_losses'])}")
+        print(f"  largest relative difference: loss {result['max_loss_rel_diff']:.1e} · "
+              f"parameters {result['max_param_rel_diff']:.1e}")
+    print(f"  step time (median): {result['step_time_s'] * 1e3:.1f} ms")
+    print("\n  communication per step and rank (bytes sent, ring algorithms)")
+    print("  stage  group  calls measured/formula   bytes measured/formula   ok")
+    seen = set()
+    for a in accounts:
+        key = a["pp"]
+        if key in seen:
+            continue
+        seen.add(key)
+        for dim in M.DIMS:
+            got, want = a["measured"][dim], a["expected"][dim]
+            print(f"  {a['pp']:>5}  {dim:>5}  {got['calls']:>8}/{want['calls']:<8}      "
+                  f"{format_bytes(got['bytes'], binary=True):>10}/{format_bytes(want['bytes'], binary=True):<10}"
+                  f"   {'yes' if a['match'][dim] else 'NO'}")
+    print("  (every rank of a pipeline stage sends the same; all ranks: "
+          + ("all match" if all(all(a["match"].values()) for a in accounts) else "MISMATCH") + ")")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    ctx = init_distributed()
+    try:
+        if ctx.device.type == "cpu":
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local)))
+        shape = choose_shape(args, ctx.world_size)
+        schedule = M.sim.normalize_schedule(args.schedule) if args.schedule else "1f1b"
+        v = args.chunks if schedule == "interleaved" else 1
+        if schedule == "interleaved" and v < 2:
+            raise M.MeshConfigError(f"the interleaved schedule needs --chunks >= 2, got {v}")
+        if args.steps < 1:
+            raise M.MeshConfigError(f"--steps must be at least 1, got {args.steps}")
+        cfg = model_config(args, shape, v, ctx.is_cuda)
+        m = args.microbatches if args.microbatches is not None else 2 * shape.pp
+        b = args.microbatch_size or (4 if ctx.is_cuda else 2)
+        dtype = getattr(torch, args.dtype or ("float32" if ctx.is_cuda else "float64"))
+        M.check_plan(shape, ctx.world_size, cfg, m, schedule, v)
+        ev = ctx.events
+        mesh = M.build_mesh(shape, ctx.device.type)
+        coords = [None] * ctx.world_size
+        dist.all_gather_object(coords, [ctx.rank, mesh.pp_rank, mesh.dp_rank, mesh.tp_rank])
+        config = {"pp": shape.pp, "dp": shape.dp, "tp": shape.tp, "world": shape.world, "schedule": schedule,
+                  "v": v, "m": m, "microbatch_size": b, "zero": args.zero, "layers": cfg.layers,
+                  "hidden": cfg.hidden, "heads": cfg.heads, "seq": cfg.seq, "vocab": cfg.vocab,
+                  "dtype": str(dtype).replace("torch.", ""), "device": ctx.device.type}
+        if ctx.rank == 0:
+            ev.emit("mesh_config", **config, ranks=coords)
+            ev.emit("phase", name=f"3D run: {shape}, {schedule}")
+        dense = M.DenseGPT(cfg, seed=args.seed, dtype=dtype, device=ctx.device)
+        trainer = M.MeshTrainer(dense, mesh, microbatches=m, microbatch_size=b, schedule=schedule, chunks=v,
+                                zero=args.zero, lr=args.lr, device=ctx.device, events=ev)
+        ref_opt = torch.optim.SGD(dense.parameters(), lr=args.lr, momentum=0.9) if args.check else None
+        if not args.check:
+            del dense
+        meter = M.MeshCommMeter(mesh.groups)
+        metered_step = 1 if args.steps > 1 else 0  # the first step also pays for warm-up
+        losses, ref_losses, times, loss_diffs, param_diffs = [], [], [], [], []
+        account = None
+        for step in range(args.steps):
+            ids, tg = M.global_batch(cfg, shape, m, b, step, seed=args.seed, device=ctx.device)
+            mine = (M.dp_share(ids, mesh.dp_rank, shape.dp), M.dp_share(tg, mesh.dp_rank, shape.dp))
+            if step == metered_step:
+                meter.reset()
+                with meter:
+                    out = trainer.step(*mine)
+                account = meter.account()
+            else:
+                out = trainer.step(*mine)
+            ev.emit("mesh_step", step=step, pp=mesh.pp_rank, dp=mesh.dp_rank, tp=mesh.tp_rank,
+                    t_start=out.t_start, t_pipeline_end=out.pipeline.t_end, t_end=out.t_end)
+            loss = trainer.global_loss(out)
+            span = _max_over_world(out.t_end) - (-_max_over_world(-out.t_start))
+            losses.append(loss)
+            times.append(span)
+            ref_loss = loss_diff = param_diff = None
+            if args.check:
+                ref_loss = M.dense_step(dense, ref_opt, ids, tg)
+                loss_diff = abs(loss - ref_loss) / abs(ref_loss)
+                param_diff = _max_over_world(M.max_relative_diff(trainer, dense))
+                ref_losses.append(ref_loss)
+                loss_diffs.append(loss_diff)
+                param_diffs.append(param_diff)
+            if ctx.rank == 0:
+                ev.emit("step", step=step, of=args.steps, loss=loss, ref_loss=ref_loss, loss_rel_diff=loss_diff,
+                        param_rel_diff=param_diff, step_time_s=span)
+                ev.emit("progress", done=step + 1, total=args.steps)
+        expected = M.expected_comm(cfg, shape, mesh.pp_rank, microbatches=m, microbatch_size=b, schedule=schedule,
+                                   chunks=v, zero=args.zero, elem_size=dtype.itemsize, backend=ctx.backend)
+        mine = {"rank": ctx.rank, "pp": mesh.pp_rank, "dp": mesh.dp_rank, "tp": mesh.tp_rank,
+                "measured": account, "expected": expected, "match": M.compare_accounts(account, expected)}
+        accounts = [None] * ctx.world_size
+        dist.all_gather_object(accounts, mine)
+        if ctx.rank != 0:
+            return 0
+        ev.emit("mesh_comm", step=metered_step, ranks=accounts)
+        for a in accounts:
+            for dim in M.DIMS:
+                ev.emit("metric", name=f"comm.{dim}.bytes.rank{a['rank']}", value=a["measured"][dim]["bytes"])
+        # the first step pays for warm-up and the metered one for the meter: timed from the others
+        timed = [t for i, t in enumerate(times) if i not in (0, metered_step)] or times
+        result = {"config": config, "losses": losses, "ref_losses": ref_losses if args.check else None,
+                  "max_loss_rel_diff": max(loss_diffs) if args.check else None,
+                  "max_param_rel_diff": max(param_diffs) if args.check else None,
+                  "step_time_s": statistics.median(timed),
+                  "comm_match": all(all(a["match"].values()) for a in accounts)}
+        ev.emit("metric", name="step_time_s", value=result["step_time_s"])
+        ev.emit("summary", lesson="capstone", **result)
+        print_summary(result, accounts)
+        return 0
+    except M.MeshConfigError as exc:
+        if ctx.rank == 0:
+            ctx.events.emit("log", msg=f"error: {exc}")
+            print(f"error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        shutdown(ctx)
+
+
+if __name__ == "__main__":
+    run_experiment(main)

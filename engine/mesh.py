@@ -1,0 +1,576 @@
+"""3D parallelism: data × tensor × pipeline parallelism on one device mesh (the capstone).
+
+The ranks form a ``torch.distributed.device_mesh.DeviceMesh`` of shape ``(pp, dp, tp)`` with
+tensor parallelism innermost (consecutive ranks, i.e. one node), then data, then pipeline: the
+order of Megatron-LM and torchtitan (Narayanan et al., SC 2021, Sec. 3: keep TP inside a node).
+Nothing here re-implements a parallelism; it composes the lessons' own engine:
+
+* **TP with sequence parallelism** (lesson 4, :mod:`distai.engine.tensor_parallel`): every
+  transformer block is a :class:`TPBlock`, the embedding a :class:`VocabParallelEmbedding`, the
+  LM head a column-parallel linear over the vocabulary, the loss a
+  :class:`VocabParallelCrossEntropy`; after backward :func:`reduce_sequence_parallel_grads`
+  sums the layer-norm and row-bias gradients over the TP group.
+* **PP** (lesson 5, :mod:`distai.engine.pipeline`): the blocks are cut into ``pp·v`` virtual
+  stages; a :class:`PipelineRunner` executes the lesson simulator's 1F1B or interleaved order
+  on the PP group. With SP a stage boundary carries the rank's ``s/t`` sequence shard, so each
+  TP rank talks to the same TP rank of the next stage and every message is 1/t of the
+  activation (Megatron's scatter/gather optimisation, Narayanan et al. 2021, Sec. 4.1).
+* **DP** (lessons 1 and 6, :mod:`distai.engine.bucketing`): each chunk is wrapped in a
+  :class:`BucketedDataParallel` whose bucket all-reduces stay off (``no_sync``) until the last
+  microbatch's backward of that chunk, where they overlap with the rest of it (what Megatron and
+  DDP do under gradient accumulation). With ``zero=1``, lesson 2's :class:`ZeroEngine` (stage 1)
+  reduce-scatters the gradients and shards the optimizer state over the DP group instead.
+
+The LM head is not tied to the embedding (Megatron's ``--untie-embeddings-and-output-weights``,
+the Llama layout): with tied weights the first and last pipeline stages would need one more
+gradient all-reduce of their own. :class:`DenseGPT` is the same model on one process, the
+reference every 3D run must reproduce step by step.
+
+:func:`expected_comm` gives, from the configuration alone, the collectives and bytes each of the
+three groups carries per step on a rank (lessons 1, 2, 4, 5 and 6's formulas, cited there);
+:class:`MeshCommMeter` measures them by intercepting every c10d call and attributing it to the
+process group it ran on.
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..lessons.lesson1.formulas import allreduce_bytes_per_rank
+from ..lessons.lesson4.formulas import tp_comm_per_layer, vocab_parallel_ce_bytes_per_rank
+from ..lessons.lesson5 import simulator as sim
+from ..lessons.lesson6.formulas import ddp_buckets
+from . import pipeline as pl
+from .bucketing import BucketedDataParallel, bucket_limits
+from .tensor_parallel import (
+    ColumnParallelLinear,
+    DenseModel,
+    ModelConfig,
+    TPBlock,
+    TPGroup,
+    TPLayerNorm,
+    VocabParallelCrossEntropy,
+    VocabParallelEmbedding,
+    make_batch,
+    reduce_sequence_parallel_grads,
+    shard_dense_state,
+)
+from .zero import ZeroEngine, sent_bytes_per_rank
+
+DIMS = ("pp", "dp", "tp")
+
+
+class MeshConfigError(ValueError):
+    """A mesh that cannot run this model: the message says what to change."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The shape and its checks
+
+@dataclass(frozen=True)
+class MeshShape:
+    pp: int
+    dp: int
+    tp: int
+
+    @property
+    def world(self) -> int:
+        return self.pp * self.dp * self.tp
+
+    @property
+    def dims(self) -> tuple[int, int, int]:
+        return (self.pp, self.dp, self.tp)
+
+    def __str__(self) -> str:
+        return f"pp={self.pp} × dp={self.dp} × tp={self.tp}"
+
+
+def check_plan(shape: MeshShape, world_size: int, cfg: ModelConfig, microbatches: int,
+               schedule: str, chunks: int = 1) -> str:
+    """Raise MeshConfigError unless ``shape`` runs ``cfg`` on ``world_size`` ranks; returns the
+    schedule's canonical name. ``chunks`` (v) applies to the interleaved schedule only."""
+    for name, value in zip(DIMS, shape.dims):
+        if not isinstance(value, int) or value < 1:
+            raise MeshConfigError(f"--{name} must be a positive integer, got {value!r}")
+    if shape.world != world_size:
+        raise MeshConfigError(f"dp·tp·pp = {shape.dp}·{shape.tp}·{shape.pp} = {shape.world} does not "
+                              f"match the {world_size} ranks; run with --cpu {shape.world} (or --gpus "
+                              f"{shape.world}) or change the degrees")
+    try:
+        cfg.check_tp(shape.tp, sequence_parallel=True)
+        schedule = sim.validate(schedule, shape.pp, microbatches, chunks)
+    except (ValueError, sim.ScheduleError) as exc:
+        raise MeshConfigError(str(exc)) from None
+    stages = shape.pp * chunks
+    if cfg.layers % stages:
+        raise MeshConfigError(f"{cfg.layers} layers do not split into pp·v = {shape.pp}·{chunks} = {stages} "
+                              f"equal stages; use a multiple of {stages} layers")
+    return schedule
+
+
+# ---------------------------------------------------------------------------------------------
+# The mesh
+
+@dataclass
+class Mesh3D:
+    """The device mesh, its three process groups and this rank's coordinates in it."""
+
+    shape: MeshShape
+    mesh: object  # torch.distributed.device_mesh.DeviceMesh
+    groups: dict[str, dist.ProcessGroup]
+    coords: dict[str, int]
+
+    @property
+    def pp_rank(self) -> int:
+        return self.coords["pp"]
+
+    @property
+    def dp_rank(self) -> int:
+        return self.coords["dp"]
+
+    @property
+    def tp_rank(self) -> int:
+        return self.coords["tp"]
+
+
+def build_mesh(shape: MeshShape, device_type: str = "cpu") -> Mesh3D:
+    """``init_device_mesh(device_type, (pp, dp, tp))`` and its groups (a collective call: every
+    rank of the world must make it, with the same shape)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(device_type, shape.dims, mesh_dim_names=DIMS)
+    coords = dict(zip(DIMS, mesh.get_coordinate()))
+    return Mesh3D(shape, mesh, {d: mesh.get_group(d) for d in DIMS}, coords)
+
+
+# ---------------------------------------------------------------------------------------------
+# The model: the lesson-4 GPT with an untied LM head, dense and cut into 3D stages
+
+class DenseGPT(DenseModel):
+    """:class:`DenseModel` with its own LM head (not tied to the embedding): the single-process
+    reference of a 3D run."""
+
+    def __init__(self, cfg: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32, device=None):
+        super().__init__(cfg, seed=seed, dtype=dtype, device=device)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed + 1)
+            head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+            nn.init.normal_(head.weight, std=cfg.hidden ** -0.5)
+        self.head = head.to(dtype=dtype, device=device)
+
+    def forward(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self.head(self.hidden(ids))
+        return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+class MeshStage(nn.Module):
+    """One virtual pipeline stage, tensor-parallel: [embedding] → blocks ``layers`` → [final layer
+    norm → LM head]. Input: token ids ``[s, b]`` (first stage) or this TP rank's sequence shard
+    ``[s/t, b, h]``; output: the next stage's input, or this rank's ``V/t`` logits ``[s, b, V/t]``."""
+
+    def __init__(self, dense: DenseGPT, tp: TPGroup, layers: range, first: bool, last: bool):
+        super().__init__()
+        cfg = dense.cfg
+        self.cfg, self.tp = cfg, tp
+        self.dtype = dense.embed.weight.dtype
+        self.embed = VocabParallelEmbedding(dense.embed.weight, tp) if first else None
+        self.blocks = nn.ModuleDict({str(i): TPBlock(dense.blocks[i], tp, i) for i in layers})
+        self.ln_f = TPLayerNorm(dense.ln_f.weight, dense.ln_f.bias, tp, dense.ln_f.eps) if last else None
+        self.head = (ColumnParallelLinear(dense.head.weight.chunk(tp.size)[tp.rank], None, tp, "head.f")
+                     if last else None)
+
+    def units(self) -> list[nn.Module]:
+        """The modules in the order their forwards run (ZeRO's units)."""
+        return [m for m in (self.embed, *self.blocks.values(), self.ln_f, self.head) if m is not None]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        counter = self.tp.counter
+        if self.embed is not None:
+            with counter.scope("embed"):
+                x = self.embed(x)
+        for block in self.blocks.values():
+            x = block(x)
+        if self.head is not None:
+            with counter.scope("head"):
+                x = self.head(self.ln_f(x))
+        return x
+
+    def input_meta(self, microbatch_size: int) -> pl.TensorMeta:
+        """What this stage receives (checked by the pipeline runner before the first step)."""
+        if self.embed is not None:
+            return pl.TensorMeta((self.cfg.seq, microbatch_size), "int64")
+        seq = self.cfg.seq // self.tp.size if self.tp.sequence_parallel else self.cfg.seq
+        return pl.TensorMeta((seq, microbatch_size, self.cfg.hidden), str(self.dtype).replace("torch.", ""))
+
+
+def stage_layers(cfg: ModelConfig, n_stages: int, stage: int) -> range:
+    per = cfg.layers // n_stages
+    return range(stage * per, (stage + 1) * per)
+
+
+def dense_shard(dense: DenseGPT, tp_rank: int, tp: int) -> dict[str, torch.Tensor]:
+    """The dense model's parameters cut the way TP rank ``tp_rank`` holds them in its stages
+    (names as in :class:`MeshStage`: ``blocks.{i}.…``, ``embed.weight``, ``head.weight``)."""
+    state = {n: p.detach() for n, p in dense.named_parameters()}
+    out = shard_dense_state(state, tp_rank, tp)
+    out["head.weight"] = state["head.weight"].chunk(tp)[tp_rank]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+
+@dataclass
+class StepOutcome:
+    loss: float | None  # this DP shard's loss, on the last pipeline stage's ranks
+    pipeline: pl.StepResult
+    t_start: float
+    t_end: float
+
+
+class MeshTrainer:
+    """One rank of a 3D-parallel training run (SGD with momentum: its one state tensor per
+    parameter is what ZeRO-1 shards).
+
+    ``step(ids, targets)`` takes this DP rank's share of the batch, ``[s, m·b]`` (any rank may
+    pass it; only the first and last stages use it), runs the pipeline schedule over the m
+    microbatches, syncs the gradients over DP and the sequence-parallel ones over TP, and
+    updates the weights.
+    """
+
+    def __init__(self, dense: DenseGPT, mesh: Mesh3D, *, microbatches: int, microbatch_size: int,
+                 schedule: str = "1f1b", chunks: int = 1, zero: int = 0, lr: float = 0.1,
+                 momentum: float = 0.9, bucket_cap_mb: float | None = None, device="cpu", events=None):
+        shape = mesh.shape
+        if zero not in (0, 1):
+            raise MeshConfigError(f"--zero must be 0 or 1 (ZeRO-1 shards the optimizer state), got {zero}")
+        v = chunks if sim.normalize_schedule(schedule) == "interleaved" else 1
+        self.schedule = check_plan(shape, shape.world, dense.cfg, microbatches, schedule, v)
+        self.mesh, self.cfg, self.m, self.v, self.mb = mesh, dense.cfg, microbatches, v, microbatch_size
+        self.zero_stage = zero
+        self.tp = TPGroup(mesh.groups["tp"], sequence_parallel=True)
+        p, r = shape.pp, mesh.pp_rank
+        n_stages = p * v
+        self.chunks: dict[int, MeshStage] = {}
+        for c in range(v):
+            s = c * p + r
+            self.chunks[s] = MeshStage(dense, self.tp, stage_layers(dense.cfg, n_stages, s),
+                                       s == 0, s == n_stages - 1).to(device)
+        self.first, self.last = 0 in self.chunks, n_stages - 1 in self.chunks
+        self.vocab_start = self.tp.rank * (dense.cfg.vocab // self.tp.size)
+        params = [q for s in sorted(self.chunks) for q in self.chunks[s].parameters()]
+
+        def make_sgd(ps):
+            return torch.optim.SGD(ps, lr=lr, momentum=momentum)
+
+        self.ddp: dict[int, BucketedDataParallel] = {}
+        self.zero: ZeroEngine | None = None
+        self.bucket_cap_mb = bucket_cap_mb
+        if zero:
+            units = [u for s in sorted(self.chunks) for u in self.chunks[s].units()]
+            self.zero = ZeroEngine(units, 1, make_sgd, group=mesh.groups["dp"])
+            self.optimizer = self.zero.optimizer
+        else:
+            if shape.dp > 1:
+                self.ddp = {s: BucketedDataParallel(mod, bucket_cap_mb, process_group=mesh.groups["dp"],
+                                                    rebuild_buckets=False)
+                            for s, mod in self.chunks.items()}
+            self.optimizer = make_sgd(params)
+        self.runner = pl.PipelineRunner(self.chunks, rank=r, p=p, m=microbatches, schedule=self.schedule, v=v,
+                                        microbatch_size=microbatch_size, device=device, loss=self._loss,
+                                        group=mesh.groups["pp"], events=events,
+                                        before_backward=self._before_backward)
+        self.runner.validate()
+        self.tp.counter.reset()
+
+    def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        with self.tp.counter.scope("head"):
+            return VocabParallelCrossEntropy.apply(logits, targets, self.tp, self.vocab_start).mean()
+
+    def _before_backward(self, op: sim.Op) -> None:
+        # Gradients accumulate over the microbatches; only the last backward of a chunk syncs
+        # them over DP, overlapped with the rest of that backward.
+        sync = op.mb == self.m - 1
+        if self.zero is not None:
+            self.zero.require_backward_grad_sync = sync
+        elif op.stage in self.ddp:
+            self.ddp[op.stage].require_backward_grad_sync = sync
+
+    def microbatches(self, t: torch.Tensor) -> list[torch.Tensor]:
+        if t.shape[1] != self.m * self.mb:
+            raise MeshConfigError(f"a DP rank's batch has {t.shape[1]} sequences, expected m·b = "
+                                  f"{self.m}·{self.mb}")
+        return [x.contiguous() for x in t.tensor_split(self.m, dim=1)]
+
+    def step(self, ids: torch.Tensor, targets: torch.Tensor) -> StepOutcome:
+        if self.zero is None:
+            self.optimizer.zero_grad(set_to_none=True)
+        res = self.runner.step(self.microbatches(ids) if self.first else None,
+                               self.microbatches(targets) if self.last else None)
+        if self.zero is not None:
+            self.zero.wait_gradients()
+        for s in sorted(self.chunks):
+            reduce_sequence_parallel_grads(self.chunks[s], self.tp)
+        if self.zero is not None:
+            self.zero.step()
+            self.zero.synchronize()
+        else:
+            self.optimizer.step()
+        t_end = self.runner._now()
+        return StepOutcome(res.loss, res, res.t_start, t_end)
+
+    def global_loss(self, outcome: StepOutcome, dtype=torch.float64) -> float:
+        """The whole batch's loss, on every rank (one small all-reduce over the world)."""
+        mine = outcome.loss / self.mesh.shape.dp if (self.last and self.tp.rank == 0) else 0.0
+        t = torch.tensor([mine], dtype=dtype, device=self.runner.device)
+        dist.all_reduce(t)
+        return float(t)
+
+    def named_parameters(self) -> dict[str, torch.Tensor]:
+        """This rank's parameters under the dense model's names."""
+        out = {}
+        for s in sorted(self.chunks):  # ModuleDict keys are the global layer indices
+            out.update(self.chunks[s].named_parameters())
+        return out
+
+
+def global_batch(cfg: ModelConfig, shape: MeshShape, microbatches: int, microbatch_size: int,
+                 step: int, seed: int = 0, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step's whole batch ``[s, dp·m·b]`` (identical on every rank and for the dense run)."""
+    return make_batch(cfg, shape.dp * microbatches * microbatch_size, seed=seed, step=step, device=device)
+
+
+def dp_share(t: torch.Tensor, dp_rank: int, dp: int) -> torch.Tensor:
+    """DP rank ``dp_rank``'s columns of a ``[s, B]`` batch."""
+    return t.tensor_split(dp, dim=1)[dp_rank].contiguous()
+
+
+def dense_step(dense: DenseGPT, optimizer: torch.optim.Optimizer, ids: torch.Tensor,
+               targets: torch.Tensor) -> float:
+    """One step of the single-process reference on the whole batch."""
+    optimizer.zero_grad(set_to_none=True)
+    loss = dense(ids, targets)
+    loss.backward()
+    optimizer.step()
+    return float(loss.detach())
+
+
+def max_relative_diff(trainer: MeshTrainer, dense: DenseGPT) -> float:
+    """Largest ``max|ours − dense| / max|dense|`` over this rank's parameters."""
+    want = dense_shard(dense, trainer.tp.rank, trainer.tp.size)
+    worst = 0.0
+    for name, p in trainer.named_parameters().items():
+        ref = want[name].to(p.device)
+        scale = float(ref.abs().max()) or 1.0
+        worst = max(worst, float((p.detach() - ref).abs().max()) / scale)
+    return worst
+
+
+# ---------------------------------------------------------------------------------------------
+# The communication account: measured per group, and from the formulas
+
+def _new_tally() -> dict:
+    return defaultdict(lambda: {"calls": 0, "bytes": 0.0})
+
+
+class MeshCommMeter(TorchDispatchMode):
+    """Every c10d call issued inside the ``with``, attributed to the mesh dimension whose process
+    group it ran on: ``tally[dim][op] = {"calls", "bytes"}``. Bytes are what one rank sends with
+    ring algorithms (:func:`distai.engine.zero.sent_bytes_per_rank` with NCCL's costs: gloo runs
+    a reduce-scatter as an all-reduce, but the account is of the algorithm, not of gloo's
+    shortcut); receives count as calls with 0 bytes. Calls on other groups go to ``"other"``;
+    barriers are not communication of the model and are not counted."""
+
+    _OPS = {"allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce",
+            "_allgather_base_": "all_gather", "allgather_": "all_gather",
+            "allgather_into_tensor_coalesced_": "all_gather",
+            "_reduce_scatter_base_": "reduce_scatter", "reduce_scatter_": "reduce_scatter",
+            "reduce_scatter_tensor_coalesced_": "reduce_scatter",
+            "alltoall_base_": "all_to_all", "alltoall_": "all_to_all",
+            "broadcast_": "broadcast", "send": "send", "recv_": "recv"}
+    _SENT_KIND = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reduce_scatter",
+                  "all_to_all": "alltoall", "broadcast": "broadcast", "send": "send"}
+    _PAYLOAD_ARG = {"reduce_scatter": 1, "all_to_all": 1}
+
+    def __init__(self, groups: dict[str, dist.ProcessGroup]):
+        super().__init__()
+        self.dims = {g.group_name: (name, g.size()) for name, g in groups.items()}
+        self.tally: dict[str, dict] = defaultdict(_new_tally)
+
+    def reset(self) -> None:
+        self.tally.clear()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.namespace == "c10d":
+            op = self._OPS.get(func._overloadpacket.__name__)
+            if op is not None:
+                group = next((a for a in args if isinstance(a, torch.ScriptObject)), None)
+                name = dist.ProcessGroup.unbox(group).group_name if group is not None else None
+                dim, size = self.dims.get(name, ("other", 1))
+                payload = _nbytes(args[self._PAYLOAD_ARG.get(op, 0)])
+                sent = sent_bytes_per_rank(self._SENT_KIND[op], payload, size, "nccl") if op != "recv" else 0.0
+                cell = self.tally[dim][op]
+                cell["calls"] += 1
+                cell["bytes"] += sent
+        return func(*args, **kwargs)
+
+    def account(self) -> dict[str, dict]:
+        """``{dim: {"ops": {op: {"calls", "bytes"}}, "calls", "bytes"}}`` for pp, dp, tp."""
+        out = {}
+        for dim in DIMS:
+            ops = {op: dict(cell) for op, cell in sorted(self.tally.get(dim, {}).items())}
+            out[dim] = {"ops": ops, "calls": sum(c["calls"] for c in ops.values()),
+                        "bytes": sum(c["bytes"] for c in ops.values())}
+        return out
+
+
+def _nbytes(x) -> int:
+    if isinstance(x, torch.Tensor):
+        return x.numel() * x.element_size()
+    if isinstance(x, (list, tuple)):
+        return sum(_nbytes(t) for t in x)
+    return 0
+
+
+def stage_parameter_sizes(cfg: ModelConfig, tp: int, layers: range, first: bool, last: bool) -> list[int]:
+    """Elements of each parameter tensor of a :class:`MeshStage`, in ``named_parameters`` order,
+    from the configuration alone (Megatron's TP layout: column-parallel QKV / fc1 and their
+    biases split by t, row-parallel W_o / fc2 split by t with whole biases, layer norms whole,
+    embedding and head split over the vocabulary)."""
+    h, f, V = cfg.hidden, cfg.ffn_size, cfg.vocab
+    block = [h, h,                       # ln1 weight, bias
+             3 * h * h // tp, 3 * h // tp,  # qkv (column-parallel)
+             h * h // tp, h,             # wo (row-parallel), its bias whole
+             h, h,                       # ln2
+             f * h // tp, f // tp,       # fc1 (column-parallel)
+             h * f // tp, h]             # fc2 (row-parallel)
+    sizes = [V // tp * h] if first else []
+    for _ in layers:
+        sizes += block
+    if last:
+        sizes += [h, h, V // tp * h]     # ln_f, head
+    return sizes
+
+
+def _ring(op: str, payload_bytes: float, n: int) -> float:
+    """Bytes one rank sends in a ring collective over ``payload_bytes`` (Thakur et al. 2005, as in
+    lesson 1: all-reduce 2(n−1)/n·S; all-gather, reduce-scatter, all-to-all (n−1)/n·S)."""
+    if op == "all_reduce":
+        return allreduce_bytes_per_rank(payload_bytes, n)
+    return (n - 1) / n * payload_bytes if n > 1 else 0.0
+
+
+def expected_comm(cfg: ModelConfig, shape: MeshShape, pp_rank: int, *, microbatches: int, microbatch_size: int,
+                  schedule: str = "1f1b", chunks: int = 1, zero: int = 0, bucket_cap_mb: float | None = None,
+                  elem_size: int = 4, backend: str = "gloo") -> dict[str, dict]:
+    """Per step, what rank ``pp_rank`` of the pipeline sends on each group, from the formulas.
+
+    * **tp** (lesson 4, Korthikanti et al. 2022 Sec. 4.2.2): per layer and microbatch,
+      ``tp_comm_per_layer`` with SP — 2 all-gathers and 2 reduce-scatters of ``s·b·h`` forward
+      and backward — plus Megatron's re-gather of the two column-parallel inputs in backward
+      (2 all-gathers); the embedding's g (a reduce-scatter forward, an all-gather backward), the
+      head's f (an all-gather forward, a re-gather and a reduce-scatter backward) and the
+      vocabulary-parallel loss's 3 all-reduces of ``s·b`` (``vocab_parallel_ce_bytes_per_rank``);
+      once per step, one all-reduce per layer of the sequence-parallel gradients (2 layer norms
+      and 2 row biases, 6h numbers; the final layer norm, 2h).
+    * **dp** (lessons 1 and 6): one ring all-reduce per DDP bucket (``ddp_buckets`` over the
+      chunk's parameter sizes in reverse order), ``2(d−1)/d`` of every gradient byte; with ZeRO-1
+      (lesson 2, Rajbhandari et al. 2020 Sec. 7.1: the same volume as DP), per unit a
+      reduce-scatter of the padded flat gradient (an all-to-all on gloo) and an all-gather of
+      the updated parameters, ``(d−1)/d`` of it each.
+    * **pp** (lesson 5): the messages of the simulator's plan for this rank (one activation
+      forward and one gradient backward per microbatch and stage boundary), each ``s/t·b·h``
+      elements (Narayanan et al. 2021, Sec. 4.1).
+
+    Returns ``{dim: {"ops": {op: {"calls", "bytes"}}, "calls", "bytes"}}`` like
+    :meth:`MeshCommMeter.account`.
+    """
+    p, d, t = shape.dims
+    v = chunks if sim.normalize_schedule(schedule) == "interleaved" else 1
+    n_stages = p * v
+    m, b, s, h, e = microbatches, microbatch_size, cfg.seq, cfg.hidden, elem_size
+    held = [c * p + pp_rank for c in range(v)]
+    tally: dict[str, dict] = defaultdict(_new_tally)
+
+    def add(dim: str, op: str, calls: int, sent: float) -> None:
+        if calls:
+            tally[dim][op]["calls"] += calls
+            tally[dim][op]["bytes"] += sent
+
+    x = s * b * h * e  # one microbatch's activation, bytes
+    if t > 1:
+        layers = sum(len(stage_layers(cfg, n_stages, st)) for st in held)
+        per_layer = tp_comm_per_layer(h, s, b, t, sequence_parallel=True, bytes_per_elem=e)
+        for direction in ("forward", "backward"):
+            for op, n in per_layer[direction].items():
+                add("tp", op, m * layers * n, m * layers * n * _ring(op, x, t))
+        add("tp", "all_gather", m * layers * 2, m * layers * 2 * _ring("all_gather", x, t))  # re-gathers
+        if 0 in held:
+            add("tp", "reduce_scatter", m, m * _ring("reduce_scatter", x, t))
+            add("tp", "all_gather", m, m * _ring("all_gather", x, t))
+        if n_stages - 1 in held:
+            add("tp", "all_gather", 2 * m, 2 * m * _ring("all_gather", x, t))
+            add("tp", "reduce_scatter", m, m * _ring("reduce_scatter", x, t))
+            add("tp", "all_reduce", 3 * m, m * vocab_parallel_ce_bytes_per_rank(s, b, t, e))
+            add("tp", "all_reduce", 1, _ring("all_reduce", 2 * h * e, t))
+        add("tp", "all_reduce", layers, layers * _ring("all_reduce", 6 * h * e, t))
+    if d > 1:
+        for st in held:
+            sizes = stage_parameter_sizes(cfg, t, stage_layers(cfg, n_stages, st), st == 0, st == n_stages - 1)
+            if zero:
+                units = _zero_units(sizes, st == 0, st == n_stages - 1)
+                for numel in units:
+                    padded = math.ceil(numel / d) * d * e
+                    add("dp", "all_to_all" if backend == "gloo" else "reduce_scatter", 1, _ring("reduce_scatter", padded, d))
+                    add("dp", "all_gather", 1, _ring("all_gather", padded, d))
+            else:
+                limits = bucket_limits(bucket_cap_mb)
+                rev = [n * e for n in reversed(sizes)]
+                for bucket in ddp_buckets(rev, bucket_cap_bytes=limits[-1], first_bucket_bytes=limits[0]):
+                    add("dp", "all_reduce", 1, _ring("all_reduce", sum(rev[i] for i in bucket), d))
+    if p > 1:
+        message = s // t * b * h * e
+        plan = sim.comm_plan(sim.simulate(sim.normalize_schedule(schedule), p, m, v))[pp_rank]
+        sends = sum(1 for a in plan if a.kind == "send")
+        add("pp", "send", sends, sends * float(message))
+        add("pp", "recv", sum(1 for a in plan if a.kind == "recv"), 0.0)
+    out = {}
+    for dim in DIMS:
+        ops = {op: dict(cell) for op, cell in sorted(tally.get(dim, {}).items())}
+        out[dim] = {"ops": ops, "calls": sum(c["calls"] for c in ops.values()),
+                    "bytes": sum(c["bytes"] for c in ops.values())}
+    return out
+
+
+def _zero_units(sizes: list[int], first: bool, last: bool) -> list[int]:
+    """Elements per ZeRO unit of a stage (embedding, each block, final norm, head)."""
+    units, i = [], 0
+    if first:
+        units.append(sizes[0])
+        i = 1
+    body_end = len(sizes) - (3 if last else 0)
+    while i < body_end:
+        units.append(sum(sizes[i:i + 12]))
+        i += 12
+    if last:
+        units += [sizes[-3] + sizes[-2], sizes[-1]]
+    return units
+
+
+def compare_accounts(measured: dict, expected: dict, rel: float = 1e-9) -> dict[str, bool]:
+    """Per dimension: the same calls per op and the same bytes (to rounding)."""
+    ok = {}
+    for dim in DIMS:
+        a, b = measured[dim], expected[dim]
+        same_calls = {op: c["calls"] for op, c in a["ops"].items()} == {op: c["calls"] for op, c in b["ops"].items()}
+        same_bytes = abs(a["bytes"] - b["bytes"]) <= rel * max(1.0, b["bytes"])
+        ok[dim] = same_calls and same_bytes
+    return ok
+
