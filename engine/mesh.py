@@ -48,6 +48,7 @@ from ..lessons.lesson5 import simulator as sim
 from ..lessons.lesson6.formulas import ddp_buckets
 from . import pipeline as pl
 from .bucketing import BucketedDataParallel, bucket_limits
+from .mesh_args import DIMS, MeshConfigError, MeshShape, check_plan
 from .tensor_parallel import (
     ColumnParallelLinear,
     DenseModel,
@@ -62,57 +63,6 @@ from .tensor_parallel import (
     shard_dense_state,
 )
 from .zero import ZeroEngine, sent_bytes_per_rank
-
-DIMS = ("pp", "dp", "tp")
-
-
-class MeshConfigError(ValueError):
-    """A mesh that cannot run this model: the message says what to change."""
-
-
-# ---------------------------------------------------------------------------------------------
-# The shape and its checks
-
-@dataclass(frozen=True)
-class MeshShape:
-    pp: int
-    dp: int
-    tp: int
-
-    @property
-    def world(self) -> int:
-        return self.pp * self.dp * self.tp
-
-    @property
-    def dims(self) -> tuple[int, int, int]:
-        return (self.pp, self.dp, self.tp)
-
-    def __str__(self) -> str:
-        return f"pp={self.pp} × dp={self.dp} × tp={self.tp}"
-
-
-def check_plan(shape: MeshShape, world_size: int, cfg: ModelConfig, microbatches: int,
-               schedule: str, chunks: int = 1) -> str:
-    """Raise MeshConfigError unless ``shape`` runs ``cfg`` on ``world_size`` ranks; returns the
-    schedule's canonical name. ``chunks`` (v) applies to the interleaved schedule only."""
-    for name, value in zip(DIMS, shape.dims):
-        if not isinstance(value, int) or value < 1:
-            raise MeshConfigError(f"--{name} must be a positive integer, got {value!r}")
-    if shape.world != world_size:
-        raise MeshConfigError(f"dp·tp·pp = {shape.dp}·{shape.tp}·{shape.pp} = {shape.world} does not "
-                              f"match the {world_size} ranks; run with --cpu {shape.world} (or --gpus "
-                              f"{shape.world}) or change the degrees")
-    try:
-        cfg.check_tp(shape.tp, sequence_parallel=True)
-        schedule = sim.validate(schedule, shape.pp, microbatches, chunks)
-    except (ValueError, sim.ScheduleError) as exc:
-        raise MeshConfigError(str(exc)) from None
-    stages = shape.pp * chunks
-    if cfg.layers % stages:
-        raise MeshConfigError(f"{cfg.layers} layers do not split into pp·v = {shape.pp}·{chunks} = {stages} "
-                              f"equal stages; use a multiple of {stages} layers")
-    return schedule
-
 
 # ---------------------------------------------------------------------------------------------
 # The mesh
@@ -251,7 +201,10 @@ class MeshTrainer:
         if zero not in (0, 1):
             raise MeshConfigError(f"--zero must be 0 or 1 (ZeRO-1 shards the optimizer state), got {zero}")
         v = chunks if sim.normalize_schedule(schedule) == "interleaved" else 1
-        self.schedule = check_plan(shape, shape.world, dense.cfg, microbatches, schedule, v)
+        cfg = dense.cfg
+        self.schedule = check_plan(shape, shape.world, hidden=cfg.hidden, heads=cfg.heads, ffn=cfg.ffn_size,
+                                   vocab=cfg.vocab, seq=cfg.seq, layers=cfg.layers, microbatches=microbatches,
+                                   schedule=schedule, chunks=v)
         self.mesh, self.cfg, self.m, self.v, self.mb = mesh, dense.cfg, microbatches, v, microbatch_size
         self.zero_stage = zero
         self.tp = TPGroup(mesh.groups["tp"], sequence_parallel=True)

@@ -77,6 +77,22 @@ LESSON_VIEWS = {"lesson3": "distai.visualizers.run_timeline:TerminalTimeline",
                 "lesson5": "distai.visualizers.pipeline:TerminalPipeline"}
 
 
+# lessons whose experiment sizes its own group from its options (the capstone: dp·tp·pp ranks),
+# checked before anything is launched: "module:function" (torch-free) called as
+# ``function(experiment_args, ranks_or_None, lesson_default, cuda) -> ranks``, raising ValueError
+LAUNCH_PLANS = {"capstone": "distai.engine.mesh_args:launch_ranks"}
+
+
+def launch_plan(lesson: str | None):
+    spec = LAUNCH_PLANS.get(lesson or "")
+    if not spec:
+        return None
+    import importlib
+
+    module, name = spec.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def lesson_view(lesson: str | None):
     spec = LESSON_VIEWS.get(lesson or "")
     if not spec:
@@ -262,11 +278,6 @@ def run_cmd(
 
     if not experiment_available(chosen.experiment):
         raise CliError(f"lesson {chosen.number}'s experiment is not yet available in this version of distai")
-    try:
-        validate_nodes(nnodes, node_rank, master_addr, master_port, rdzv_backend)
-        placement = choose_placement(gpus=gpus, cpu=cpu, default_nproc=getattr(chosen, "ranks", 4))
-    except LaunchError as exc:
-        raise CliError(str(exc), code=exc.code) from None
     restarts = getattr(chosen, "max_restarts", 0) if max_restarts is None else max_restarts
     if not 0 <= restarts <= 100:
         raise CliError(f"--max-restarts must be between 0 and 100, got {restarts}")
@@ -275,6 +286,22 @@ def run_cmd(
         if steps < 0:
             raise CliError(f"--steps must be >= 0, got {steps}")
         extra = ["--steps", str(steps), *extra]
+    default_ranks = getattr(chosen, "ranks", 4)
+    try:
+        validate_nodes(nnodes, node_rank, master_addr, master_port, rdzv_backend)
+        placement = choose_placement(gpus=gpus, cpu=cpu, default_nproc=default_ranks)
+        plan = launch_plan(chosen.id)
+        if plan is not None:
+            given = cpu if cpu is not None else gpus
+            cuda = placement.device == "cuda"
+            ranks = plan(extra, None if given is None else given * nnodes, default_ranks, cuda)
+            if given is None and ranks != placement.nproc * nnodes:
+                placement = choose_placement(gpus=gpus, cpu=cpu, default_nproc=max(1, ranks // nnodes))
+                plan(extra, placement.nproc * nnodes, default_ranks, placement.device == "cuda")
+    except LaunchError as exc:
+        raise CliError(str(exc), code=exc.code) from None
+    except ValueError as exc:  # the experiment's own plan refused the options
+        raise CliError(str(exc)) from None
     from ..engine.runs import create_run
     from .paths import runs_root
 

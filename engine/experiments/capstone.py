@@ -29,7 +29,6 @@ Events (besides ``phase``, ``log``, ``summary`` and lesson 5's ``pp_op`` from ev
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -39,60 +38,10 @@ import torch.distributed as dist
 
 from ...lessons.units import format_bytes
 from .. import mesh as M
+from ..mesh_args import MeshConfigError, plan_run
 from ..runtime import init_distributed, shutdown
 from ..tensor_parallel import ModelConfig
 from ..worker import run_experiment
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="distai run capstone",
-                                 description="Data × tensor × pipeline parallelism in one training run.")
-    ap.add_argument("--dp", type=int, default=None, help="data-parallel degree (default: what the ranks leave)")
-    ap.add_argument("--tp", type=int, default=None, help="tensor-parallel degree (default 2 when it divides)")
-    ap.add_argument("--pp", type=int, default=None, help="pipeline stages (default 2 when it divides)")
-    ap.add_argument("--zero", type=int, default=0, choices=(0, 1), help="1: ZeRO-1 over the DP group")
-    ap.add_argument("--schedule", default="1f1b", help="1f1b or interleaved")
-    ap.add_argument("--chunks", "-v", type=int, default=2, help="chunks per rank for interleaved (default 2)")
-    ap.add_argument("--microbatches", "-m", type=int, default=None, help="microbatches per step (default 2·pp)")
-    ap.add_argument("--microbatch-size", type=int, default=None, help="sequences per microbatch")
-    ap.add_argument("--layers", type=int, default=None, help="transformer blocks (default: 2 per stage, >= 4)")
-    ap.add_argument("--hidden", type=int, default=None)
-    ap.add_argument("--heads", type=int, default=None)
-    ap.add_argument("--seq", type=int, default=None)
-    ap.add_argument("--vocab", type=int, default=None)
-    ap.add_argument("--dtype", choices=("float32", "float64"), default=None,
-                    help="default: float64 on CPU (the comparison is then exact to ~1e-16), float32 on GPU")
-    ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--lr", type=float, default=0.1)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-check", dest="check", action="store_false",
-                    help="skip the single-process reference run")
-    return ap.parse_args(argv)
-
-
-def choose_shape(args, world: int) -> M.MeshShape:
-    """The degrees given; the missing ones filled so that pp·dp·tp = world (tp first, then pp)."""
-    tp, pp, dp = args.tp, args.pp, args.dp
-    rest = world
-    for given in (tp, pp, dp):
-        if given is not None and given >= 1 and rest % given == 0:
-            rest //= given
-    if tp is None:
-        tp = 2 if rest % 2 == 0 and rest > 1 else 1
-        rest //= tp
-    if pp is None:
-        pp = 2 if rest % 2 == 0 and rest > 1 else 1
-        rest //= pp
-    if dp is None:
-        dp = max(1, rest)
-    return M.MeshShape(pp, dp, tp)
-
-
-def model_config(args, shape: M.MeshShape, v: int, cuda: bool) -> ModelConfig:
-    stages = shape.pp * v
-    return ModelConfig(hidden=args.hidden or (512 if cuda else 32), heads=args.heads or (8 if cuda else 4),
-                       vocab=args.vocab or (1024 if cuda else 64), seq=args.seq or (256 if cuda else 16),
-                       layers=args.layers or stages * max(1, -(-4 // stages)))
 
 
 def _max_over_world(x: float) -> float:
@@ -134,24 +83,15 @@ def print_summary(result: dict, accounts: list[dict]) -> None:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
     ctx = init_distributed()
     try:
         if ctx.device.type == "cpu":
             local = int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local)))
-        shape = choose_shape(args, ctx.world_size)
-        schedule = M.sim.normalize_schedule(args.schedule) if args.schedule else "1f1b"
-        v = args.chunks if schedule == "interleaved" else 1
-        if schedule == "interleaved" and v < 2:
-            raise M.MeshConfigError(f"the interleaved schedule needs --chunks >= 2, got {v}")
-        if args.steps < 1:
-            raise M.MeshConfigError(f"--steps must be at least 1, got {args.steps}")
-        cfg = model_config(args, shape, v, ctx.is_cuda)
-        m = args.microbatches if args.microbatches is not None else 2 * shape.pp
-        b = args.microbatch_size or (4 if ctx.is_cuda else 2)
-        dtype = getattr(torch, args.dtype or ("float32" if ctx.is_cuda else "float64"))
-        M.check_plan(shape, ctx.world_size, cfg, m, schedule, v)
+        plan = plan_run(argv, ctx.world_size, ctx.is_cuda)
+        args, shape, schedule, v = plan.args, plan.shape, plan.schedule, plan.chunks
+        m, b, dtype = plan.microbatches, plan.microbatch_size, getattr(torch, plan.dtype)
+        cfg = ModelConfig(**plan.model)
         ev = ctx.events
         mesh = M.build_mesh(shape, ctx.device.type)
         coords = [None] * ctx.world_size
@@ -224,7 +164,7 @@ def main(argv=None) -> int:
         ev.emit("summary", lesson="capstone", **result)
         print_summary(result, accounts)
         return 0
-    except M.MeshConfigError as exc:
+    except MeshConfigError as exc:
         if ctx.rank == 0:
             ctx.events.emit("log", msg=f"error: {exc}")
             print(f"error: {exc}", file=sys.stderr)

@@ -1,0 +1,169 @@
+"""The capstone run's plan from its arguments, without torch: ``distai run capstone`` checks it
+before launching anything, and the experiment builds exactly this plan on every rank.
+
+A 3D run needs ``pp·dp·tp`` = the number of ranks, a TP degree that divides the heads, the
+feed-forward width, the vocabulary and the sequence (sequence parallelism splits it), ``pp·v``
+stages that split the layers evenly, and a microbatch count the schedule accepts (lesson 5's
+simulator says which). Anything else is refused with one line that says what to change.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from ..lessons.lesson5 import simulator as sim
+
+DIMS = ("pp", "dp", "tp")
+
+
+class MeshConfigError(ValueError):
+    """A mesh that cannot run this model: the message says what to change."""
+
+
+@dataclass(frozen=True)
+class MeshShape:
+    pp: int
+    dp: int
+    tp: int
+
+    @property
+    def world(self) -> int:
+        return self.pp * self.dp * self.tp
+
+    @property
+    def dims(self) -> tuple[int, int, int]:
+        return (self.pp, self.dp, self.tp)
+
+    def __str__(self) -> str:
+        return f"pp={self.pp} × dp={self.dp} × tp={self.tp}"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, no usage dump: the CLI and the ranks report it
+        raise MeshConfigError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog="distai run capstone",
+                 description="Data × tensor × pipeline parallelism in one training run.")
+    ap.add_argument("--dp", type=int, default=None, help="data-parallel degree (default: what the ranks leave)")
+    ap.add_argument("--tp", type=int, default=None, help="tensor-parallel degree (default 2 when it divides)")
+    ap.add_argument("--pp", type=int, default=None, help="pipeline stages (default 2 when it divides)")
+    ap.add_argument("--zero", type=int, default=0, choices=(0, 1), help="1: ZeRO-1 over the DP group")
+    ap.add_argument("--schedule", default="1f1b", help="1f1b or interleaved")
+    ap.add_argument("--chunks", "-v", type=int, default=2, help="chunks per rank for interleaved (default 2)")
+    ap.add_argument("--microbatches", "-m", type=int, default=None, help="microbatches per step (default 2·pp)")
+    ap.add_argument("--microbatch-size", type=int, default=None, help="sequences per microbatch")
+    ap.add_argument("--layers", type=int, default=None, help="transformer blocks (default: 2 per stage, >= 4)")
+    ap.add_argument("--hidden", type=int, default=None)
+    ap.add_argument("--heads", type=int, default=None)
+    ap.add_argument("--seq", type=int, default=None)
+    ap.add_argument("--vocab", type=int, default=None)
+    ap.add_argument("--dtype", choices=("float32", "float64"), default=None,
+                    help="default: float64 on CPU (the comparison is then exact to ~1e-16), float32 on GPU")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-check", dest="check", action="store_false",
+                    help="skip the single-process reference run")
+    return ap
+
+
+def choose_shape(tp: int | None, pp: int | None, dp: int | None, world: int) -> MeshShape:
+    """The degrees given; the missing ones filled so that pp·dp·tp = world (tp 2 first, then pp
+    2, dp the rest). Checked by :func:`check_plan`, not here."""
+    rest = world
+    for given in (tp, pp, dp):
+        if given is not None and given >= 1 and rest % given == 0:
+            rest //= given
+    if tp is None:
+        tp = 2 if rest % 2 == 0 and rest > 1 else 1
+        rest //= tp
+    if pp is None:
+        pp = 2 if rest % 2 == 0 and rest > 1 else 1
+        rest //= pp
+    if dp is None:
+        dp = max(1, rest)
+    return MeshShape(pp, dp, tp)
+
+
+def check_plan(shape: MeshShape, world: int, *, hidden: int, heads: int, ffn: int, vocab: int, seq: int,
+               layers: int, microbatches: int, schedule: str, chunks: int = 1) -> str:
+    """Raise MeshConfigError unless the mesh runs this model on ``world`` ranks; returns the
+    schedule's canonical name (``chunks`` = v, for the interleaved schedule)."""
+    for name, value in zip(DIMS, shape.dims):
+        if not isinstance(value, int) or value < 1:
+            raise MeshConfigError(f"--{name} must be a positive integer, got {value!r}")
+    if shape.world != world:
+        raise MeshConfigError(f"dp·tp·pp = {shape.dp}·{shape.tp}·{shape.pp} = {shape.world} does not match the "
+                              f"{world} ranks; run with --cpu {shape.world} (or --gpus {shape.world}) or change "
+                              "the degrees")
+    if hidden % heads:
+        raise MeshConfigError(f"hidden {hidden} is not divisible by heads {heads}")
+    t = shape.tp
+    for what, n in (("heads", heads), ("ffn", ffn), ("vocab", vocab)):
+        if n % t:
+            raise MeshConfigError(f"{what} = {n} is not divisible by the tensor-parallel size T={t}")
+    if seq % t:
+        raise MeshConfigError(f"sequence {seq} is not divisible by T={t} (needed by sequence parallelism)")
+    try:
+        schedule = sim.validate(schedule, shape.pp, microbatches, chunks)
+    except sim.ScheduleError as exc:
+        raise MeshConfigError(str(exc)) from None
+    stages = shape.pp * chunks
+    if layers % stages:
+        raise MeshConfigError(f"{layers} layers do not split into pp·v = {shape.pp}·{chunks} = {stages} "
+                              f"equal stages; use a multiple of {stages} layers")
+    return schedule
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    shape: MeshShape
+    schedule: str
+    chunks: int  # v (1 unless interleaved)
+    microbatches: int
+    microbatch_size: int
+    model: dict  # hidden, heads, vocab, seq, layers (ModelConfig's fields)
+    dtype: str
+    args: argparse.Namespace
+
+
+def plan_run(argv: list[str] | None, world: int, cuda: bool) -> RunPlan:
+    """Parse the experiment's arguments and check the whole plan (MeshConfigError if it cannot run)."""
+    args = build_parser().parse_args(argv)
+    shape = choose_shape(args.tp, args.pp, args.dp, world)
+    try:
+        schedule = sim.normalize_schedule(args.schedule)
+    except sim.ScheduleError as exc:
+        raise MeshConfigError(str(exc)) from None
+    v = args.chunks if schedule == "interleaved" else 1
+    if schedule == "interleaved" and v < 2:
+        raise MeshConfigError(f"the interleaved schedule needs --chunks >= 2, got {v}")
+    if args.steps < 1:
+        raise MeshConfigError(f"--steps must be at least 1, got {args.steps}")
+    stages = shape.pp * v
+    model = {"hidden": args.hidden or (512 if cuda else 32), "heads": args.heads or (8 if cuda else 4),
+             "vocab": args.vocab or (1024 if cuda else 64), "seq": args.seq or (256 if cuda else 16),
+             "layers": args.layers or stages * max(1, -(-4 // stages))}
+    for name, value in model.items():
+        if value < 1:
+            raise MeshConfigError(f"--{name} must be positive, got {value}")
+    m = args.microbatches if args.microbatches is not None else 2 * shape.pp
+    b = args.microbatch_size or (4 if cuda else 2)
+    if b < 1:
+        raise MeshConfigError(f"--microbatch-size must be positive, got {b}")
+    schedule = check_plan(shape, world, ffn=4 * model["hidden"], microbatches=m, schedule=schedule, chunks=v,
+                          **model)
+    return RunPlan(shape, schedule, v, m, b, model, args.dtype or ("float32" if cuda else "float64"), args)
+
+
+def launch_ranks(argv: list[str], ranks: int | None, default: int, cuda: bool) -> int:
+    """For ``distai run capstone``: how many ranks to launch (``ranks`` when --cpu/--gpus gave
+    it, else dp·tp·pp when all three are given, else ``default``), after checking the plan."""
+    if ranks is None:
+        args = build_parser().parse_known_args(argv)[0]
+        degrees = (args.dp, args.tp, args.pp)
+        ranks = degrees[0] * degrees[1] * degrees[2] if all(d is not None and d >= 1 for d in degrees) else default
+    plan_run(argv, ranks, cuda)
+    return ranks

@@ -1,0 +1,141 @@
+"""Capstone: 3D parallelism (pp × dp × tp on one device mesh) equals one process, step by step.
+
+One 8-rank gloo group; every mesh shape is built inside it with ``init_device_mesh``. For each
+shape a tiny GPT is trained for two steps by :class:`distai.engine.mesh.MeshTrainer` and by the
+same dense model on one process on the same batches: the loss and every parameter must agree
+(float64: 1e-12 relative, float32: 1e-5), and the communication each group carried, measured
+by intercepting every c10d call, must equal the lessons' formulas.
+"""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from distai.engine import mesh as M  # noqa: E402
+from distai.engine.mesh_args import check_plan  # noqa: E402
+from distai.engine.tensor_parallel import ModelConfig  # noqa: E402
+from distai.engine.testing import run_in_group  # noqa: E402
+
+CFG = dict(hidden=16, heads=4, vocab=32, layers=4, seq=8)
+# (pp, dp, tp), schedule, chunks, zero, dtype, microbatches
+CONFIGS = [
+    ((2, 2, 2), "1f1b", 1, 0, "float64", 2),
+    ((1, 2, 4), "1f1b", 1, 0, "float64", 2),
+    ((4, 1, 2), "1f1b", 1, 0, "float64", 4),
+    ((2, 4, 1), "1f1b", 1, 1, "float64", 2),
+    ((2, 2, 2), "interleaved", 2, 1, "float32", 2),
+]
+TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
+STEPS = 2
+
+
+def train_all_shapes(rank: int, world: int) -> list[dict]:
+    cfg = ModelConfig(**CFG)
+    results = []
+    for dims, schedule, chunks, zero, dtype_name, m in CONFIGS:
+        dtype = getattr(torch, dtype_name)
+        shape = M.MeshShape(*dims)
+        mesh = M.build_mesh(shape)
+        trainer = M.MeshTrainer(M.DenseGPT(cfg, seed=3, dtype=dtype), mesh, microbatches=m, microbatch_size=1,
+                                schedule=schedule, chunks=chunks, zero=zero, lr=0.1)
+        dense = M.DenseGPT(cfg, seed=3, dtype=dtype)
+        opt = torch.optim.SGD(dense.parameters(), lr=0.1, momentum=0.9)
+        meter = M.MeshCommMeter(mesh.groups)
+        steps = []
+        for step in range(STEPS):
+            ids, tg = M.global_batch(cfg, shape, m, 1, step, seed=5)
+            meter.reset()
+            with meter:
+                out = trainer.step(M.dp_share(ids, mesh.dp_rank, shape.dp), M.dp_share(tg, mesh.dp_rank, shape.dp))
+            loss = trainer.global_loss(out)
+            ref = M.dense_step(dense, opt, ids, tg)
+            steps.append({"loss": loss, "ref": ref, "loss_rel": abs(loss - ref) / abs(ref),
+                          "param_rel": M.max_relative_diff(trainer, dense), "account": meter.account()})
+        expected = M.expected_comm(cfg, shape, mesh.pp_rank, microbatches=m, microbatch_size=1, schedule=schedule,
+                                   chunks=chunks, zero=zero, elem_size=dtype.itemsize, backend="gloo")
+        results.append({"coords": dict(mesh.coords), "steps": steps, "expected": expected,
+                        "n_params": sum(p.numel() for p in trainer.named_parameters().values())})
+    return results
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return run_in_group(train_all_shapes, 8, timeout_s=300)
+
+
+@pytest.mark.parametrize("index", range(len(CONFIGS)), ids=[f"{c[0]}-{c[1]}-zero{c[3]}-{c[4]}" for c in CONFIGS])
+def test_every_step_equals_one_process(runs, index):
+    dims, _schedule, _chunks, _zero, dtype, _m = CONFIGS[index]
+    tol = TOLERANCE[dtype]
+    for rank, per_rank in enumerate(runs):
+        for step, s in enumerate(per_rank[index]["steps"]):
+            assert s["loss_rel"] <= tol, (rank, step, s["loss"], s["ref"])
+            assert s["param_rel"] <= tol, (rank, step, s["param_rel"])
+    # the model really trained (the loss moved) and is really split: every rank holds a share
+    losses = [s["loss"] for s in runs[0][index]["steps"]]
+    assert losses[0] != losses[1]
+    dense_params = sum(p.numel() for p in M.DenseGPT(ModelConfig(**CFG)).parameters())
+    assert sum(r[index]["n_params"] for r in runs) == dense_params * dims[1] + _replicated_by_tp(dims)
+
+
+def _replicated_by_tp(dims) -> int:
+    """Parameters every TP rank holds whole (layer norms, row-parallel biases), counted (t−1)
+    extra times per DP replica: the only duplication besides DP."""
+    _pp, dp, tp = dims
+    h, layers = CFG["hidden"], CFG["layers"]
+    whole = layers * 6 * h + 2 * h
+    return dp * (tp - 1) * whole
+
+
+@pytest.mark.parametrize("index", range(len(CONFIGS)), ids=[f"{c[0]}-{c[1]}-zero{c[3]}" for c in CONFIGS])
+def test_communication_per_group_equals_the_formulas(runs, index):
+    dims = dict(zip(M.DIMS, CONFIGS[index][0]))
+    for per_rank in runs:
+        run = per_rank[index]
+        for s in run["steps"]:
+            assert M.compare_accounts(s["account"], run["expected"]) == {d: True for d in M.DIMS}, \
+                (run["coords"], s["account"], run["expected"])
+            for dim in M.DIMS:  # a group of one never talks; a real group always does
+                assert (s["account"][dim]["calls"] > 0) == (dims[dim] > 1), (dim, s["account"][dim])
+            assert s["account"]["dp"]["bytes"] == pytest.approx(run["expected"]["dp"]["bytes"], rel=1e-12)
+
+
+def test_pipeline_messages_are_one_tp_shard_each():
+    """With TP and SP, a stage boundary carries s/t·b·h numbers (Narayanan et al. 2021, Sec. 4.1)."""
+    cfg = ModelConfig(**CFG)
+    shape = M.MeshShape(2, 1, 2)
+    acc = M.expected_comm(cfg, shape, 0, microbatches=3, microbatch_size=2, elem_size=4)
+    sends = acc["pp"]["ops"]["send"]
+    assert sends["calls"] == 3  # stage 0 sends one activation per microbatch, no gradient
+    assert sends["bytes"] == 3 * (CFG["seq"] // 2) * 2 * CFG["hidden"] * 4
+    assert acc["pp"]["ops"]["recv"]["calls"] == 3  # and receives one gradient per microbatch
+
+
+@pytest.mark.parametrize("dims,world,layers,heads,needle", [
+    ((2, 2, 2), 4, 4, 4, "does not match the 4 ranks"),
+    ((1, 1, 8), 8, 4, 4, "heads = 4 is not divisible by the tensor-parallel size T=8"),
+    ((3, 1, 1), 3, 4, 4, "4 layers do not split into pp·v = 3·1 = 3 equal stages"),
+])
+def test_bad_meshes_are_refused_with_a_reason(dims, world, layers, heads, needle):
+    with pytest.raises(M.MeshConfigError, match=needle.replace("·", ".").replace("(", r"\(")):
+        check_plan(M.MeshShape(*dims), world, hidden=16, heads=heads, ffn=64, vocab=48, seq=24, layers=layers,
+                   microbatches=4, schedule="1f1b")
+
+
+def test_launch_ranks_follow_the_degrees_and_refuse_a_mismatch():
+    from distai.engine.mesh_args import launch_ranks, plan_run
+
+    assert launch_ranks(["--dp", "2", "--tp", "2", "--pp", "2"], None, 4, False) == 8
+    assert launch_ranks(["--dp", "1", "--tp", "2", "--pp", "3"], 6, 8, False) == 6
+    assert launch_ranks([], None, 8, False) == 8  # defaults: tp 2, pp 2, dp the rest
+    assert plan_run([], 8, False).shape == M.MeshShape(pp=2, dp=2, tp=2)
+    assert plan_run(["--tp", "4"], 8, False).shape == M.MeshShape(pp=2, dp=1, tp=4)
+    for argv, ranks, needle in [
+        (["--dp", "2", "--tp", "2", "--pp", "2"], 4, "does not match the 4 ranks"),
+        (["--schedule", "zigzag"], 8, "unknown schedule"),
+        (["--pp", "x"], 8, "invalid int value"),
+        (["--schedule", "interleaved", "--chunks", "1"], 8, "needs --chunks >= 2"),
+    ]:
+        with pytest.raises(M.MeshConfigError, match=needle):
+            launch_ranks(argv, ranks, 8, False)
