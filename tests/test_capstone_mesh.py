@@ -139,3 +139,57 @@ def test_launch_ranks_follow_the_degrees_and_refuse_a_mismatch():
     ]:
         with pytest.raises(M.MeshConfigError, match=needle):
             launch_ranks(argv, ranks, 8, False)
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--dp", "2", "--tp", "2", "--pp", "2", "--cpu", "4"], "dp·tp·pp = 2·2·2 = 8 does not match the 4 ranks"),
+    (["--tp", "3", "--cpu", "6"], "heads = 4 is not divisible by the tensor-parallel size T=3"),
+    (["--pp", "3", "--layers", "4", "--cpu", "6"], "4 layers do not split into pp·v = 3·1 = 3 equal stages"),
+])
+def test_distai_run_capstone_refuses_a_bad_mesh_before_launching(argv, needle, tmp_path):
+    """One line, exit 2, no run folder, and torch never imported (the check runs in the CLI)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom distai.tutor.cli import main\nrc = main(sys.argv[1:])\n"
+            "print('RC', rc, 'TORCH', 'torch' in sys.modules)")
+    env = dict(os.environ, DISTAI_HOME=str(tmp_path))
+    res = subprocess.run([sys.executable, "-c", code, "run", "capstone", *argv], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert "RC 2 TORCH False" in res.stdout, (res.stdout, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], res.stderr
+    assert not any(tmp_path.rglob("*capstone*"))
+
+
+def run_experiment_main(rank: int, world: int, events_dir: str) -> int:
+    import os
+
+    os.environ["DISTAI_EVENTS_DIR"] = events_dir
+    from distai.engine.experiments import capstone
+
+    return capstone.main(["--pp", "2", "--tp", "2", "--steps", "3", "--layers", "4", "--seq", "8",
+                          "--hidden", "16", "--vocab", "32", "--microbatches", "2", "--microbatch-size", "1"])
+
+
+def test_the_experiment_streams_its_check_and_its_communication_account(tmp_path):
+    from distai.engine.events import read_events
+
+    assert run_in_group(run_experiment_main, 4, str(tmp_path), timeout_s=300) == [0, 0, 0, 0]
+    events = {r: list(read_events(tmp_path / f"rank{r}.jsonl")) for r in range(4)}
+    kinds = [e["kind"] for e in events[0]]
+    config = next(e for e in events[0] if e["kind"] == "mesh_config")
+    assert (config["pp"], config["dp"], config["tp"]) == (2, 1, 2)
+    assert sorted(tuple(c[1:]) for c in config["ranks"]) == [(0, 0, 0), (0, 0, 1), (1, 0, 0), (1, 0, 1)]
+    steps = [e for e in events[0] if e["kind"] == "step"]
+    assert [s["step"] for s in steps] == [0, 1, 2]
+    assert all(s["loss_rel_diff"] <= 1e-12 and s["param_rel_diff"] <= 1e-12 for s in steps)
+    comm = next(e for e in events[0] if e["kind"] == "mesh_comm")
+    assert len(comm["ranks"]) == 4 and all(all(a["match"].values()) for a in comm["ranks"])
+    assert comm["ranks"][0]["measured"]["tp"]["calls"] > 0 and comm["ranks"][0]["measured"]["dp"]["calls"] == 0
+    summary = next(e for e in events[0] if e["kind"] == "summary")
+    assert summary["comm_match"] and summary["max_param_rel_diff"] <= 1e-12
+    assert kinds.index("mesh_config") < kinds.index("step") < kinds.index("summary")
+    for r in range(4):  # every rank streams its pipeline blocks and its step times
+        assert any(e["kind"] == "pp_op" for e in events[r]) and any(e["kind"] == "mesh_step" for e in events[r])
