@@ -42,6 +42,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..lessons.capstone.formulas import pp_p2p_bytes_per_microbatch
 from ..lessons.lesson1.formulas import allreduce_bytes_per_rank
 from ..lessons.lesson4.formulas import tp_comm_per_layer, vocab_parallel_ce_bytes_per_rank
 from ..lessons.lesson5 import simulator as sim
@@ -440,7 +441,7 @@ def expected_comm(cfg: ModelConfig, shape: MeshShape, pp_rank: int, *, microbatc
       the updated parameters, ``(d−1)/d`` of it each.
     * **pp** (lesson 5): the messages of the simulator's plan for this rank (one activation
       forward and one gradient backward per microbatch and stage boundary), each ``s/t·b·h``
-      elements (Narayanan et al. 2021, Sec. 4.1).
+      elements (the capstone's ``pp_p2p_bytes_per_microbatch``: Narayanan et al. 2021, Sec. 4.1).
 
     Returns ``{dim: {"ops": {op: {"calls", "bytes"}}, "calls", "bytes"}}`` like
     :meth:`MeshCommMeter.account`.
@@ -489,7 +490,7 @@ def expected_comm(cfg: ModelConfig, shape: MeshShape, pp_rank: int, *, microbatc
                 for bucket in ddp_buckets(rev, bucket_cap_bytes=limits[-1], first_bucket_bytes=limits[0]):
                     add("dp", "all_reduce", 1, _ring("all_reduce", sum(rev[i] for i in bucket), d))
     if p > 1:
-        message = s // t * b * h * e
+        message = pp_p2p_bytes_per_microbatch(s, b, h, t, e)
         plan = sim.comm_plan(sim.simulate(sim.normalize_schedule(schedule), p, m, v))[pp_rank]
         sends = sum(1 for a in plan if a.kind == "send")
         add("pp", "send", sends, sends * float(message))

@@ -54,7 +54,8 @@ def train_all_shapes(rank: int, world: int) -> list[dict]:
                           "param_rel": M.max_relative_diff(trainer, dense), "account": meter.account()})
         expected = M.expected_comm(cfg, shape, mesh.pp_rank, microbatches=m, microbatch_size=1, schedule=schedule,
                                    chunks=chunks, zero=zero, elem_size=dtype.itemsize, backend="gloo")
-        results.append({"coords": dict(mesh.coords), "steps": steps, "expected": expected,
+        groups = {d: torch.distributed.get_process_group_ranks(mesh.groups[d]) for d in M.DIMS}
+        results.append({"coords": dict(mesh.coords), "groups": groups, "steps": steps, "expected": expected,
                         "n_params": sum(p.numel() for p in trainer.named_parameters().values())})
     return results
 
@@ -77,6 +78,19 @@ def test_every_step_equals_one_process(runs, index):
     assert losses[0] != losses[1]
     dense_params = sum(p.numel() for p in M.DenseGPT(ModelConfig(**CFG)).parameters())
     assert sum(r[index]["n_params"] for r in runs) == dense_params * dims[1] + _replicated_by_tp(dims)
+
+
+@pytest.mark.parametrize("index", range(len(CONFIGS)), ids=[str(c[0]) for c in CONFIGS])
+def test_the_device_mesh_forms_the_lessons_groups(runs, index):
+    """init_device_mesh's coordinates and groups are the capstone lesson's row-major (pp, dp, tp) model."""
+    from distai.lessons.capstone.formulas import group_ranks, mesh_coords
+
+    pp, dp, tp = CONFIGS[index][0]
+    for rank, per_rank in enumerate(runs):
+        run = per_rank[index]
+        assert run["coords"] == mesh_coords(rank, pp, dp, tp)
+        for dim in M.DIMS:
+            assert run["groups"][dim] == group_ranks(rank, dim, pp, dp, tp)
 
 
 def _replicated_by_tp(dims) -> int:
