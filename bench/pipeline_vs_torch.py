@@ -30,8 +30,10 @@ def _bench(rank: int, p: int, args: dict) -> dict:
 
     torch.set_num_threads(1)
     m, mb, steps = args["m"], args["mb"], args["steps"]
-    cfg = pl.ModelConfig(d_model=args["d_model"], n_heads=4, seq=args["seq"], vocab=256,
-                         n_layers=pl.default_layers(p, 2))
+    from distai.engine.model import GPTConfig
+
+    cfg = GPTConfig(hidden=args["d_model"], heads=4, seq=args["seq"], vocab=256,
+                    layers=pl.default_layers(p, 2), tie_embeddings=False)
     ids, tg = pl.make_batch(cfg, m * mb)
     out = {}
     for schedule, v in (("1f1b", 1), ("gpipe", 1), ("interleaved", 2)):

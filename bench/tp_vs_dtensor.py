@@ -19,9 +19,8 @@ def bench(rank: int, world_size: int, args: dict) -> dict:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
+    from distai.engine.model import GPT, GPTConfig
     from distai.engine.tensor_parallel import (
-        DenseModel,
-        ModelConfig,
         TPBlock,
         TPGroup,
         dtensor_parallelize_block,
@@ -29,11 +28,11 @@ def bench(rank: int, world_size: int, args: dict) -> dict:
     )
 
     torch.set_num_threads(args["threads"])
-    cfg = ModelConfig(hidden=args["hidden"], heads=args["heads"], seq=args["seq"], layers=1, vocab=8 * world_size)
+    cfg = GPTConfig(hidden=args["hidden"], heads=args["heads"], seq=args["seq"], layers=1, vocab=8 * world_size)
     mesh = init_device_mesh("cpu", (world_size,))
     out = {}
     for sp in (False, True):
-        dense = DenseModel(cfg, seed=0, dtype=torch.float32).blocks[0]
+        dense = GPT(cfg, seed=0, dtype=torch.float32).blocks[0]
         tp = TPGroup(sequence_parallel=sp)
         ours = TPBlock(dense, tp, 0)
         theirs = dtensor_parallelize_block(copy.deepcopy(dense), mesh, sp)

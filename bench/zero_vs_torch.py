@@ -45,14 +45,14 @@ def bench(rank: int, world_size: int, args) -> dict:
     import torch
     import torch.distributed as dist
 
-    from distai.engine.experiments.lesson2 import ModelConfig, make_batches, make_trainer
+    from distai.engine.experiments.lesson2 import count_params, make_batches, make_trainer, model_config
 
     threads = args.threads or max(1, (os.cpu_count() or 1) // world_size)
     torch.set_num_threads(threads)
     device = torch.device("cpu")
     if torch.cuda.is_available() and dist.get_backend() == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
-    cfg = ModelConfig(args.vocab, args.d_model, args.layers, args.heads, args.seq_len)
+    cfg = model_config(args.vocab, args.d_model, args.layers, args.heads, args.seq_len)
     names = ["ddp", "zero1", "zero2", "fsdp2", "zero3"]
     trainers = {n: make_trainer(n, cfg, rank, world_size, device, "adam", args.precision,
                                 prefetch=not args.no_prefetch) for n in names}
@@ -72,7 +72,7 @@ def bench(rank: int, world_size: int, args) -> dict:
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             if r >= args.warmup:
                 times[n].append(t.item())
-    params = sum(p.numel() for p in make_trainer.__globals__["TinyTransformer"](cfg).parameters())
+    params = count_params(cfg)
     return {"median": {n: sorted(v)[len(v) // 2] for n, v in times.items()}, "params": params,
             "threads": threads, "device": str(device)}
 

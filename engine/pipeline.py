@@ -1,4 +1,4 @@
-"""A real pipeline: a small transformer cut into stages, one process per stage, driven by the
+"""A real pipeline: the GPT (:mod:`distai.engine.model`, untied) cut into stages, one process per stage, driven by the
 lesson's simulator.
 
 Each rank holds ``v`` chunks (virtual stages ``rank, rank + p, …``) of the model. For a
@@ -19,8 +19,8 @@ The loss of each microbatch is divided by ``m``; gradients accumulate over the m
 after a step they equal the gradients of the whole batch through the unsplit model (the tests
 check it, and check them against ``torch.distributed.pipelining`` too).
 
-:class:`SavedActivationMeter` counts the bytes autograd keeps for backward (parameters
-excluded) as they are saved and freed, so the peak activation memory of a stage is measured the
+:class:`~distai.engine.metering.SavedActivationMeter` counts the bytes autograd keeps for
+backward (parameters excluded) as they are saved and freed, so the peak activation memory of a stage is measured the
 same way for our schedules and for torch's.
 
 Events (``kind`` = ``pp_op``) per block: ``schedule, step, op ("F"/"B"), mb, chunk, stage,
@@ -30,16 +30,16 @@ from __future__ import annotations
 
 import math
 import time
-import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-import torch.nn.functional as F
 
 from ..lessons.lesson5 import simulator as sim
+from .metering import SavedActivationMeter
+from .model import GPT, Embedding, GPTConfig, lm_loss
 
 
 class PipelineConfigError(ValueError):
@@ -47,79 +47,17 @@ class PipelineConfigError(ValueError):
 
 
 # ---------------------------------------------------------------------------------------------
-# The model: a small GPT, as a list of layers that can be cut anywhere.
+# The model: the GPT (``distai.engine.model``) as a list of layers that can be cut anywhere.
 
-@dataclass(frozen=True)
-class ModelConfig:
-    vocab: int = 64
-    d_model: int = 64
-    n_heads: int = 4
-    n_layers: int = 8
-    seq: int = 32
-
-    def __post_init__(self):
-        if self.d_model % self.n_heads:
-            raise PipelineConfigError(f"d_model = {self.d_model} is not divisible by n_heads = {self.n_heads}")
+def build_layers(cfg: GPTConfig, seed: int = 0) -> list[nn.Module]:
+    """Embedding, ``layers`` blocks, head: the same weights on every rank for the same seed."""
+    if cfg.tie_embeddings:
+        raise PipelineConfigError("the first and the last stage would each hold a copy of a tied "
+                                  "embedding: pipeline an untied model (tie_embeddings=False)")
+    return GPT(cfg, seed=seed).layers()
 
 
-class Embedding(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.tok = nn.Embedding(cfg.vocab, cfg.d_model)
-        self.pos = nn.Embedding(cfg.seq, cfg.d_model)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(ids.shape[1], device=ids.device)
-        return self.tok(ids) + self.pos(positions)
-
-
-class Block(nn.Module):
-    """Pre-LayerNorm transformer block: causal self-attention and a 4x MLP."""
-
-    def __init__(self, cfg: ModelConfig, d_model: int | None = None):
-        super().__init__()
-        d = d_model or cfg.d_model
-        self.d_model, self.n_heads = d, cfg.n_heads
-        self.ln1 = nn.LayerNorm(d)
-        self.qkv = nn.Linear(d, 3 * d)
-        self.proj = nn.Linear(d, d)
-        self.ln2 = nn.LayerNorm(d)
-        self.fc1 = nn.Linear(d, 4 * d)
-        self.fc2 = nn.Linear(4 * d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
-        heads = lambda t: t.view(b, s, self.n_heads, d // self.n_heads).transpose(1, 2)  # noqa: E731
-        att = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=True)
-        x = x + self.proj(att.transpose(1, 2).reshape(b, s, d))
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
-
-
-class Head(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.d_model = cfg.d_model
-        self.ln = nn.LayerNorm(cfg.d_model)
-        self.out = nn.Linear(cfg.d_model, cfg.vocab)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(self.ln(x))
-
-
-def build_layers(cfg: ModelConfig, seed: int = 0) -> list[nn.Module]:
-    """Embedding, ``n_layers`` blocks, head: the same weights on every rank for the same seed."""
-    gen_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
-        return [Embedding(cfg)] + [Block(cfg) for _ in range(cfg.n_layers)] + [Head(cfg)]
-    finally:
-        torch.random.set_rng_state(gen_state)
-
-
-def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+loss_fn = lm_loss
 
 
 @dataclass(frozen=True)
@@ -141,7 +79,7 @@ class TensorMeta:
 class StageModule(nn.Module):
     """A run of consecutive layers: one virtual stage."""
 
-    def __init__(self, layers: Sequence[nn.Module], cfg: ModelConfig):
+    def __init__(self, layers: Sequence[nn.Module], cfg: GPTConfig):
         super().__init__()
         self.cfg = cfg
         self.layers = nn.ModuleList(layers)
@@ -156,10 +94,10 @@ class StageModule(nn.Module):
         first = self.layers[0]
         if isinstance(first, Embedding):
             return TensorMeta((microbatch_size, self.cfg.seq), "int64")
-        return TensorMeta((microbatch_size, self.cfg.seq, first.d_model), "float32")
+        return TensorMeta((self.cfg.seq, microbatch_size, int(first.hidden)), "float32")
 
 
-def split_layers(layers: Sequence[nn.Module], n_stages: int, cfg: ModelConfig) -> list[StageModule]:
+def split_layers(layers: Sequence[nn.Module], n_stages: int, cfg: GPTConfig) -> list[StageModule]:
     """Cut the blocks into ``n_stages`` runs of equal length (embedding joins the first, head
     the last)."""
     blocks = list(layers[1:-1])
@@ -187,7 +125,7 @@ def default_layers(p: int, v: int, minimum: int = 8) -> int:
     return unit * max(1, math.ceil(minimum / unit))
 
 
-def make_batch(cfg: ModelConfig, batch: int, seed: int = 1234, device="cpu"):
+def make_batch(cfg: GPTConfig, batch: int, seed: int = 1234, device="cpu"):
     """A learnable toy task: predict the next token of sequences that count up modulo vocab."""
     g = torch.Generator().manual_seed(seed)
     start = torch.randint(0, cfg.vocab, (batch, 1), generator=g)
@@ -196,69 +134,6 @@ def make_batch(cfg: ModelConfig, batch: int, seed: int = 1234, device="cpu"):
     seqs = (start + step * idx) % cfg.vocab
     return seqs[:, :-1].contiguous().to(device), seqs[:, 1:].contiguous().to(device)
 
-
-# ---------------------------------------------------------------------------------------------
-# Measuring activation memory: bytes autograd saves for backward, live.
-
-class SavedActivationMeter:
-    """Counts the bytes of tensors autograd saves for backward while it is active (as a context
-    manager), deduplicated by storage, parameters excluded; each storage is uncounted when the graph
-    that saved it is freed. ``live`` and ``peak`` are in bytes."""
-
-    def __init__(self, params: Iterable[torch.Tensor] = ()):
-        self._skip = {p.untyped_storage().data_ptr() for p in params}
-        self._held: dict[int, list[int]] = {}  # storage ptr -> [references, nbytes]
-        self.live = 0
-        self.peak = 0
-        self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-
-    class _Saved:
-        __slots__ = ("tensor", "__weakref__")
-
-        def __init__(self, tensor):
-            self.tensor = tensor
-
-    def _pack(self, t: torch.Tensor):
-        storage = t.untyped_storage()
-        ptr = storage.data_ptr()
-        if ptr in self._skip or t.device.type == "meta":
-            return t
-        entry = self._held.get(ptr)
-        if entry is None:
-            entry = self._held[ptr] = [0, storage.nbytes()]
-            self.live += entry[1]
-            self.peak = max(self.peak, self.live)
-        entry[0] += 1
-        saved = self._Saved(t)
-        weakref.finalize(saved, self._release, ptr)
-        return saved
-
-    def _release(self, ptr: int) -> None:
-        entry = self._held.get(ptr)
-        if entry is None:
-            return
-        entry[0] -= 1
-        if entry[0] == 0:
-            self.live -= entry[1]
-            del self._held[ptr]
-
-    @staticmethod
-    def _unpack(saved):
-        return saved.tensor if isinstance(saved, SavedActivationMeter._Saved) else saved
-
-    def reset_peak(self) -> None:
-        self.peak = self.live
-
-    def __enter__(self):
-        self._ctx.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self._ctx.__exit__(*exc)
-
-
-# ---------------------------------------------------------------------------------------------
-# The runner.
 
 class _Batch:
     """The works of one batch_isend_irecv, waited at most once (a second wait on a finished gloo
@@ -510,7 +385,7 @@ class PipelineRunner:
         return StepResult(loss, records, t_start, t_end, self.meter.peak)
 
 
-def build_rank_chunks(cfg: ModelConfig, p: int, v: int, rank: int, seed: int = 0,
+def build_rank_chunks(cfg: GPTConfig, p: int, v: int, rank: int, seed: int = 0,
                       device="cpu") -> dict[int, StageModule]:
     """This rank's chunks of the model built from ``seed`` (identical on every rank)."""
     stages = split_layers(build_layers(cfg, seed), p * v, cfg)
@@ -523,7 +398,7 @@ def microbatches(t: torch.Tensor, m: int) -> list[torch.Tensor]:
     return list(t.tensor_split(m))
 
 
-def reference_grads(cfg: ModelConfig, ids: torch.Tensor, targets: torch.Tensor, seed: int = 0):
+def reference_grads(cfg: GPTConfig, ids: torch.Tensor, targets: torch.Tensor, seed: int = 0):
     """Loss and gradients of the unsplit model on the whole batch (on the batch's device): what a
     pipeline must reproduce. Returns (loss, list of layers) with ``.grad`` filled."""
     layers = [layer.to(ids.device) for layer in build_layers(cfg, seed)]

@@ -52,24 +52,24 @@ traffic a real reduce-scatter has.
 
 Limits: one backward per ``step()`` unless the others run with ``require_backward_grad_sync``
 False (stage 1 only: gradients accumulate in the flat buffer, DDP's ``no_sync``); every parameter must receive
-a gradient, units run in the order given. ``CommMeter`` counts bytes sent by any code
-(ours, DDP, FSDP2) and ``held_bytes`` measures the storage a set of tensors really holds.
+a gradient, units run in the order given. ``held_bytes`` measures the storage a set of tensors
+really holds (:class:`distai.engine.metering.CommMeter` counts the bytes any code sends).
 """
 from __future__ import annotations
 
 import contextlib
 import math
-from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["ZeroEngine", "Collectives", "CommMeter", "held_bytes", "sent_bytes_per_rank"]
+from .collectives import all_gather_into, reduce_scatter_into
+
+__all__ = ["ZeroEngine", "Collectives", "held_bytes"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -92,16 +92,6 @@ class _Handle:
         self._done = True
 
 
-def _all_gather_into(out, inp, group, async_op):
-    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    return fn(out, inp, group=group, async_op=async_op)
-
-
-def _reduce_scatter_into(out, inp, group, async_op):
-    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    return fn(out, inp, op=dist.ReduceOp.SUM, group=group, async_op=async_op)
-
-
 class Collectives:
     """The two collectives sharding needs, on one process group."""
 
@@ -117,7 +107,7 @@ class Collectives:
             if out.data_ptr() != inp.data_ptr():
                 out.copy_(inp)
             return _Handle()
-        return _Handle(_all_gather_into(out, inp, self.group, async_op))
+        return _Handle(all_gather_into(out, inp, self.group, async_op))
 
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, async_op: bool = True) -> _Handle:
         """``out`` (S elements) <- the sum over ranks of this rank's slice of ``inp`` (N*S)."""
@@ -125,7 +115,7 @@ class Collectives:
         if n == 1:
             return _Handle(finish=lambda: out.copy_(inp) if out.data_ptr() != inp.data_ptr() else None)
         if self.backend != "gloo":
-            return _Handle(_reduce_scatter_into(out, inp, self.group, async_op))
+            return _Handle(reduce_scatter_into(out, inp, self.group, async_op))
         received = torch.empty_like(inp)
         work = dist.all_to_all_single(received, inp, group=self.group, async_op=async_op)
 
@@ -464,7 +454,7 @@ class ZeroEngine:
 
 
 # ---------------------------------------------------------------------------------------------
-# Measurement: bytes held and bytes sent
+# Measurement: bytes held
 # ---------------------------------------------------------------------------------------------
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -493,75 +483,3 @@ def held_bytes(groups: dict[str, Iterable[torch.Tensor | None]]) -> dict[str, in
             total += storage.nbytes()
         out[name] = total
     return out
-
-
-#: Bytes one rank sends, as a fraction of the payload, per c10d op, for ring algorithms.
-#: all-reduce: reduce-scatter + all-gather around the ring, 2(N-1)/N of the buffer;
-#: all-gather: (N-1) times the rank's own input; reduce-scatter: (N-1)/N of the input
-#: (NCCL) -- but gloo implements reduce_scatter_tensor as an all-reduce of a copy;
-#: all-to-all: the N-1 slices meant for others.
-def sent_bytes_per_rank(op: str, payload: int, n: int, backend: str = "nccl") -> float:
-    """Bytes one rank sends for a collective over ``payload`` bytes (see the table above).
-
-    ``payload`` is the full buffer (all-reduce, reduce-scatter input, all-gather output,
-    all-to-all input); returns 0 for N = 1.
-    """
-    if n <= 1:
-        return 0.0
-    frac = (n - 1) / n
-    if op in ("allreduce", "allreduce_coalesced"):
-        return 2 * frac * payload
-    if op in ("reduce_scatter", "reduce_scatter_tensor"):
-        return (2 if backend == "gloo" else 1) * frac * payload
-    if op in ("allgather", "all_gather", "alltoall", "broadcast"):
-        return frac * payload
-    if op == "send":
-        return float(payload)
-    return 0.0
-
-
-def _nbytes(x) -> int:
-    if isinstance(x, torch.Tensor):
-        return x.numel() * x.element_size()
-    if isinstance(x, (list, tuple)):
-        return sum(_nbytes(t) for t in x)
-    return 0
-
-
-class CommMeter(TorchDispatchMode):
-    """Counts the bytes this rank sends in every c10d collective issued inside the ``with``.
-
-    Catches everything that reaches the dispatcher: our collectives, DDP's bucket all-reduces
-    and FSDP2's all-gathers/reduce-scatters. Each op is charged with ``sent_bytes_per_rank``
-    for the backend in use. It slows every op down (Python per op): meter a step, not a run.
-    """
-
-    _OPS = {  # c10d op -> (kind, index of the argument whose size is the payload)
-        "allreduce_": ("allreduce", 0), "allreduce_coalesced_": ("allreduce", 0),
-        "_allgather_base_": ("allgather", 0), "allgather_": ("allgather", 0),
-        "allgather_into_tensor_coalesced_": ("allgather", 0),
-        "_reduce_scatter_base_": ("reduce_scatter", 1), "reduce_scatter_": ("reduce_scatter", 1),
-        "reduce_scatter_tensor_coalesced_": ("reduce_scatter", 1),
-        "alltoall_base_": ("alltoall", 1), "alltoall_": ("alltoall", 1),
-        "broadcast_": ("broadcast", 0), "send": ("send", 0),
-    }
-
-    def __init__(self, world_size: int | None = None, backend: str | None = None):
-        super().__init__()
-        self.world_size = world_size or dist.get_world_size()
-        self.backend = (backend or str(dist.get_backend())).lower()
-        self.sent = 0.0
-        self.by_op: dict[str, float] = defaultdict(float)
-        self.calls: dict[str, int] = defaultdict(int)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func.namespace == "c10d":
-            name = func._overloadpacket.__name__
-            kind, index = self._OPS.get(name, (None, None))
-            if kind is not None:
-                sent = sent_bytes_per_rank(kind, _nbytes(args[index]), self.world_size, self.backend)
-                self.sent += sent
-                self.by_op[kind] += sent
-                self.calls[kind] += 1
-        return func(*args, **kwargs)

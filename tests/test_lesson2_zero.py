@@ -21,10 +21,10 @@ import torch
 
 from distai.engine.experiments.lesson2 import (
     STRATEGIES,
-    ModelConfig,
     count_params,
     make_batches,
     max_abs_diff,
+    model_config,
     predicted_model_state_bytes,
     predicted_traffic_bytes,
     reference_params,
@@ -32,7 +32,7 @@ from distai.engine.experiments.lesson2 import (
 )
 from distai.engine.testing import run_in_group
 
-CFG = ModelConfig(vocab=64, d_model=32, n_layers=2, n_heads=2, seq_len=16)
+CFG = model_config(vocab=64, d_model=32, layers=2, heads=2, seq_len=16)
 STEPS, BATCH = 3, 8
 TOL = {"adam": 1e-4, "sgd": 2e-5}
 

@@ -18,28 +18,29 @@ def check_all(rank: int, world_size: int) -> dict:
     import torch
 
     from distai.engine.experiments import lesson4 as L
-    from distai.engine.tensor_parallel import ModelConfig
+    from distai.engine.model import GPTConfig
 
-    cfg = ModelConfig(**SIZES)
+    cfg = GPTConfig(**SIZES)
     out: dict = {"T": world_size}
     for sp in (False, True):
         tr = L.train_against_dense(cfg, BATCH, sp, steps=2, lr=0.5, seed=3)
-        tr["comm"] = L.comm_check(tr["counter"], cfg, BATCH, sp, world_size, tr["elem_size"])
-        tr["sequence0"] = [(r.phase, r.op, r.site) for r in tr["counter"].of(0)]
-        tr["table"] = tr.pop("counter").table(include_sites=True)
+        tr["comm"] = L.comm_check(tr["meter"], cfg, BATCH, sp, world_size, tr["elem_size"])
+        tr["sequence0"] = [(r.phase, r.op, r.site) for r in tr["meter"].of(0)]
+        tr["table"] = tr.pop("meter").table(include_sites=True)
         tr["memory"] = L.measure_activations(cfg, BATCH, sp, seed=3)
         # DTensor on one rank is the dense block, and its first use costs seconds per process
         tr["dtensor"] = L.compare_with_dtensor(cfg, BATCH, sp, seed=3, with_dtensor=world_size > 1)
         out[sp] = tr
     # SP keeping the gathered input (no re-gather): the formula's counts exactly, more memory.
     keep = L.train_against_dense(cfg, BATCH, True, steps=1, seed=3, regather=False)
-    out["keep"] = {"comm": L.comm_check(keep["counter"], cfg, BATCH, True, world_size, keep["elem_size"]),
+    out["keep"] = {"comm": L.comm_check(keep["meter"], cfg, BATCH, True, world_size, keep["elem_size"]),
                    "max_grad_diff": keep["max_grad_diff"],
                    "memory": L.measure_activations(cfg, BATCH, True, seed=3, regather=False)}
     out["forgotten_g"] = L.forgotten_g(cfg, BATCH, seed=3) if world_size > 1 else None
     # Every rank holds a different shard: T that silently does not split would hold the dense sizes.
-    from distai.engine.tensor_parallel import DenseModel, TPGroup, TPModel
-    dense = DenseModel(cfg, seed=3, dtype=torch.float64)
+    from distai.engine.model import GPT
+    from distai.engine.tensor_parallel import TPGroup, TPModel
+    dense = GPT(cfg, seed=3, dtype=torch.float64)
     model = TPModel(dense, TPGroup())
     out["param_sizes"] = {n: tuple(p.shape) for n, p in model.named_parameters()}
     if world_size == 2:  # last: the experiment's own entry point ends the process group

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from distai.engine import pipeline as pl
+from distai.engine.model import Block, GPTConfig
 from distai.engine.testing import run_in_group
 from distai.lessons.lesson5 import formulas
 from distai.lessons.lesson5 import simulator as sim
@@ -33,7 +34,7 @@ def _error_of(fn):
 def _pipeline_checks(rank: int, p: int, events_dir: str | None) -> dict:
     torch.manual_seed(0)
     m = 2 * p
-    cfg = pl.ModelConfig(d_model=32, n_heads=2, seq=16, n_layers=pl.default_layers(p, 2))
+    cfg = GPTConfig(vocab=64, hidden=32, heads=2, seq=16, layers=pl.default_layers(p, 2), tie_embeddings=False)
     ids, tg = pl.make_batch(cfg, m * MB)
     ref_loss, ref_layers = pl.reference_grads(cfg, ids, tg)
     out: dict = {"ref_loss": ref_loss}
@@ -92,8 +93,9 @@ def _pipeline_checks(rank: int, p: int, events_dir: str | None) -> dict:
         few, rank=rank, p=p, m=p - 1, schedule="interleaved", v=2, microbatch_size=MB))
     chunks = pl.build_rank_chunks(cfg, p, 1, rank)
     if rank == 1:  # stage 1 built for a narrower model than stage 0 sends
-        narrow = pl.ModelConfig(d_model=24, n_heads=2, seq=16, n_layers=pl.default_layers(p, 2))
-        chunks = {1: pl.StageModule([pl.Block(narrow) for _ in range(2)], narrow)}
+        narrow = GPTConfig(vocab=64, hidden=24, heads=2, seq=16, layers=pl.default_layers(p, 2),
+                           tie_embeddings=False)
+        chunks = {1: pl.StageModule([Block(narrow) for _ in range(2)], narrow)}
     runner = pl.PipelineRunner(chunks, rank=rank, p=p, m=m, schedule="1f1b", microbatch_size=MB)
     out["shape_mismatch"] = _error_of(runner.validate)
     dist.barrier()  # the group still works after the error: nobody is stuck in a receive
@@ -183,7 +185,7 @@ def test_shape_mismatch_is_a_clear_error_on_every_rank(p2, p4):
         for r in results:
             msg = r["shape_mismatch"]
             assert msg is not None
-            assert "stage 0 (rank 0) sends float32[2, 16, 32] but stage 1 (rank 1) expects float32[2, 16, 24]" in msg
+            assert "stage 0 (rank 0) sends float32[16, 2, 32] but stage 1 (rank 1) expects float32[16, 2, 24]" in msg
 
 
 def test_experiment_runs_and_reports(p4):

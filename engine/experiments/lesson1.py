@@ -28,12 +28,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 
 from ...lessons.lesson1 import formulas
 from ...lessons.units import UnitError, format_bandwidth, format_time, parse_bytes
-from ..worker import checkpoint, run_experiment
+from ..experiment import Progress, checkpoint, exit_with, run_experiment
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -95,16 +94,6 @@ def default_iters(size: int) -> int:
     if size <= 16 << 20:
         return 5
     return 3
-
-
-class Progress:
-    def __init__(self, ctx, total: int):
-        self.ctx, self.total, self.done = ctx, max(1, total), 0
-
-    def advance(self, label: str, k: int = 1) -> None:
-        self.done += k
-        if self.ctx.rank == 0:
-            self.ctx.events.emit("progress", done=self.done, total=self.total, label=label)
 
 
 def phase(ctx, name: str, **fields) -> None:
@@ -230,14 +219,14 @@ def fit(ctx, rows: list[dict]) -> dict[str, dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv if argv is not None else sys.argv[1:])
-    import torch
+    return run_experiment("lesson1", parse_args, run, argv)
 
-    from ..runtime import init_distributed, shutdown
+
+def run(ctx, args: argparse.Namespace) -> dict | None:
+    import torch
 
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     started = time.time()
-    ctx = init_distributed()
     n = ctx.world_size
     sizes = [] if args.no_sweep else sweep_sizes(args.sweep_min_bytes, args.sweep_max_bytes)
     progress = Progress(ctx, 1 + args.steps + len(sizes))
@@ -275,10 +264,9 @@ def main(argv: list[str] | None = None) -> int:
             "busbw_ratio_16MiB_plus": ratio,
             "fit": fits, "wall_s": time.time() - started,
         }
-        ctx.events.emit("summary", **summary)
         print(human_summary(summary), flush=True)
-    shutdown(ctx)
-    return 0
+        return summary
+    return None
 
 
 def human_summary(s: dict) -> str:
@@ -303,4 +291,4 @@ def human_summary(s: dict) -> str:
 
 
 if __name__ == "__main__":
-    run_experiment(main)
+    exit_with(main)

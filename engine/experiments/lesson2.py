@@ -37,14 +37,14 @@ from __future__ import annotations
 import argparse
 import math
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from torch import nn
 
-from ..zero import CommMeter, ZeroEngine, held_bytes
+from ..experiment import UsageError, exit_with, run_experiment
+from ..metering import CommMeter
+from ..model import GPT, GPTConfig, ModelConfigError, lm_loss
+from ..zero import ZeroEngine, held_bytes
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp2")
 #: the calculator's name for each strategy
@@ -55,82 +55,18 @@ CALC_STRATEGY = {"ddp": "ddp", "zero1": "zero1", "zero2": "zero2", "zero3": "zer
 # The model and the data
 # ---------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class ModelConfig:
-    vocab: int = 256
-    d_model: int = 64
-    n_layers: int = 4
-    n_heads: int = 4
-    seq_len: int = 32
+def model_config(vocab: int = 256, d_model: int = 64, layers: int = 4, heads: int = 4,
+                 seq_len: int = 32) -> GPTConfig:
+    """The GPT this lesson trains: untied, because ZeRO-3 and FSDP2 shard its embedding, blocks
+    and head as separate units (a tied head would need the embedding's freed parameters)."""
+    return GPTConfig(vocab=vocab, hidden=d_model, layers=layers, heads=heads, seq=seq_len, tie_embeddings=False)
 
 
-class Embed(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.tok = nn.Embedding(cfg.vocab, cfg.d_model)
-        self.pos = nn.Embedding(cfg.seq_len, cfg.d_model)
-
-    def forward(self, idx):
-        positions = torch.arange(idx.shape[1], device=idx.device)
-        return self.tok(idx) + self.pos(positions)
+def make_model(cfg: GPTConfig, seed: int = 0, device="cpu") -> GPT:
+    return GPT(cfg, seed=seed, device=device)
 
 
-class Block(nn.Module):
-    """Pre-norm transformer block: causal self-attention and a 4x MLP."""
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.n_heads = cfg.n_heads
-        self.ln1 = nn.LayerNorm(cfg.d_model)
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
-        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
-        self.ln2 = nn.LayerNorm(cfg.d_model)
-        self.fc = nn.Linear(cfg.d_model, 4 * cfg.d_model)
-        self.out = nn.Linear(4 * cfg.d_model, cfg.d_model)
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
-        q, k, v = (z.view(b, t, self.n_heads, d // self.n_heads).transpose(1, 2) for z in (q, k, v))
-        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
-
-
-class Head(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.ln = nn.LayerNorm(cfg.d_model)
-        self.lm = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
-
-    def forward(self, x):
-        return self.lm(self.ln(x))
-
-
-class TinyTransformer(nn.Module):
-    """A GPT-style model as a chain of units: embedding, ``n_layers`` blocks, head.
-
-    The units are what ZeRO-3 and FSDP2 gather and free one at a time.
-    """
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.units = nn.ModuleList([Embed(cfg), *(Block(cfg) for _ in range(cfg.n_layers)), Head(cfg)])
-
-    def forward(self, idx):
-        x = idx
-        for unit in self.units:
-            x = unit(x)
-        return x
-
-
-def make_model(cfg: ModelConfig, seed: int = 0, device="cpu") -> TinyTransformer:
-    torch.manual_seed(seed)
-    return TinyTransformer(cfg).to(device)
-
-
-def make_batches(cfg: ModelConfig, steps: int, batch: int, seed: int = 1234) -> list[torch.Tensor]:
+def make_batches(cfg: GPTConfig, steps: int, batch: int, seed: int = 1234) -> list[torch.Tensor]:
     """``steps`` batches of ``batch`` token sequences (length seq_len + 1) from a random bigram
     language (each token has a few likely successors), identical on every rank."""
     g = torch.Generator().manual_seed(seed)
@@ -138,16 +74,16 @@ def make_batches(cfg: ModelConfig, steps: int, batch: int, seed: int = 1234) -> 
     probs = torch.softmax(logits, dim=1)
     out = []
     for _ in range(steps):
-        seq = torch.empty(batch, cfg.seq_len + 1, dtype=torch.long)
+        seq = torch.empty(batch, cfg.seq + 1, dtype=torch.long)
         seq[:, 0] = torch.randint(0, cfg.vocab, (batch,), generator=g)
-        for t in range(cfg.seq_len):
+        for t in range(cfg.seq):
             seq[:, t + 1] = torch.multinomial(probs[seq[:, t]], 1, generator=g).squeeze(1)
         out.append(seq)
     return out
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    return lm_loss(logits.float(), targets)
 
 
 def make_optimizer(name: str, params, lr: float = 1e-3) -> torch.optim.Optimizer:
@@ -168,7 +104,7 @@ class Trainer:
 
     name = "?"
 
-    def __init__(self, model: TinyTransformer, rank: int, world_size: int, device):
+    def __init__(self, model: GPT, rank: int, world_size: int, device):
         self.model, self.rank, self.world_size, self.device = model, rank, world_size, device
 
     def local(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -247,7 +183,7 @@ class ZeroTrainer(Trainer):
         super().__init__(model, rank, world_size, device)
         self.name = f"zero{stage}"
         dtype = torch.float32 if precision == "fp32" else torch.bfloat16
-        self.engine = ZeroEngine(model.units, stage, lambda ps: make_optimizer(optimizer, ps),
+        self.engine = ZeroEngine(model.units(), stage, lambda ps: make_optimizer(optimizer, ps),
                                  param_dtype=dtype, prefetch=prefetch, trace=trace)
 
     def step(self, batch):
@@ -285,7 +221,7 @@ class FSDP2Trainer(Trainer):
         mp = MixedPrecisionPolicy()
         if precision != "fp32":
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
-        for unit in model.units:
+        for unit in model.units():
             fully_shard(unit, mesh=mesh, mp_policy=mp)
         fully_shard(model, mesh=mesh, mp_policy=mp)
         self.opt = make_optimizer(optimizer, model.parameters())
@@ -306,7 +242,7 @@ def _optimizer_tensors(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [v for state in opt.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
 
 
-def make_trainer(strategy: str, cfg: ModelConfig, rank: int, world_size: int, device,
+def make_trainer(strategy: str, cfg: GPTConfig, rank: int, world_size: int, device,
                  optimizer: str = "adam", precision: str = "fp32", seed: int = 0,
                  prefetch: bool = True, trace: bool = False) -> Trainer:
     model = make_model(cfg, seed, device)
@@ -320,7 +256,7 @@ def make_trainer(strategy: str, cfg: ModelConfig, rank: int, world_size: int, de
     raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
 
 
-def reference_params(cfg: ModelConfig, batches, optimizer="adam", precision="fp32", seed=0,
+def reference_params(cfg: GPTConfig, batches, optimizer="adam", precision="fp32", seed=0,
                      device="cpu") -> tuple[dict[str, torch.Tensor], list[float]]:
     """Parameters and losses of the single-process run on the whole batch (no collectives)."""
     trainer = SingleTrainer(make_model(cfg, seed, device), torch.device(device), optimizer, precision)
@@ -338,8 +274,8 @@ def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> floa
 # Measuring one strategy
 # ---------------------------------------------------------------------------------------------
 
-def count_params(cfg: ModelConfig) -> int:
-    return sum(p.numel() for p in TinyTransformer(cfg).parameters())
+def count_params(cfg: GPTConfig) -> int:
+    return sum(p.numel() for p in GPT(cfg).parameters())
 
 
 def predicted_model_state_bytes(num_params: int, world_size: int, strategy: str, optimizer: str,
@@ -364,7 +300,7 @@ def calc_precision(precision: str) -> str:
     return "fp32" if precision == "fp32" else "mixed"
 
 
-def run_strategy(strategy: str, cfg: ModelConfig, batches, rank: int, world_size: int, device,
+def run_strategy(strategy: str, cfg: GPTConfig, batches, rank: int, world_size: int, device,
                  optimizer="adam", precision="fp32", meter_step: int | None = None,
                  reference: dict | None = None, emit=None, fsdp_tracker: bool = True,
                  trace: bool = False) -> dict:
@@ -380,7 +316,7 @@ def run_strategy(strategy: str, cfg: ModelConfig, batches, rank: int, world_size
         dist.barrier()
         t0 = time.perf_counter()
         if i == meter_step:
-            meter = CommMeter(world_size)
+            meter = CommMeter()
             if strategy == "fsdp2" and fsdp_tracker:
                 tracker = _fsdp_tracker(trainer)
             with meter, (tracker if tracker is not None else _null()):
@@ -431,7 +367,7 @@ def _median(xs):
 # Entry point
 # ---------------------------------------------------------------------------------------------
 
-def parse_args(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lesson2", description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=4, help="training steps per strategy (default 4)")
     p.add_argument("--strategies", default=",".join(STRATEGIES),
@@ -446,25 +382,36 @@ def parse_args(argv=None):
     p.add_argument("--vocab", type=int, default=256)
     p.add_argument("--seq-len", type=int, default=32)
     p.add_argument("--no-check", action="store_true", help="skip the single-process comparison")
-    args = p.parse_args(argv)
-    args.strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The arguments, with ``strategies`` as a list; UsageError on values argparse cannot check."""
+    args = build_parser().parse_args(argv)
+    return _checked(args)
+
+
+def _checked(args: argparse.Namespace) -> argparse.Namespace:
+    if isinstance(args.strategies, str):
+        args.strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     bad = [s for s in args.strategies if s not in STRATEGIES]
     if bad:
-        p.error(f"unknown strategies {bad}; choose from {', '.join(STRATEGIES)}")
+        raise UsageError(f"unknown strategies {bad}; choose from {', '.join(STRATEGIES)}")
     if args.steps < 2:
-        p.error("--steps must be at least 2 (one timed step and one metered step)")
+        raise UsageError("--steps must be at least 2 (one timed step and one metered step)")
     return args
 
 
 def main(argv=None) -> int:
-    from ..runtime import init_distributed, shutdown
+    return run_experiment("lesson2", build_parser().parse_args, run, argv, usage_errors=(ModelConfigError,))
 
-    args = parse_args(argv)
-    ctx = init_distributed()
+
+def run(ctx, args: argparse.Namespace) -> dict:
+    args = _checked(args)
     rank, world, ev = ctx.rank, ctx.world_size, ctx.events
     if args.batch % world:
         args.batch = math.ceil(args.batch / world) * world
-    cfg = ModelConfig(args.vocab, args.d_model, args.layers, args.heads, args.seq_len)
+    cfg = model_config(args.vocab, args.d_model, args.layers, args.heads, args.seq_len)
     num_params = count_params(cfg)
     batches = make_batches(cfg, args.steps, args.batch)
     ev.emit("phase", name="setup", world_size=world, num_params=num_params, precision=args.precision,
@@ -503,14 +450,12 @@ def main(argv=None) -> int:
                      r.get("max_abs_diff"), r["losses"]))
     if rank == 0:
         _print_table(rows, num_params, world, args)
-        ev.emit("summary", world_size=world, num_params=num_params, precision=args.precision,
-                optimizer=args.optimizer,
-                strategies={s: {"model_state_bytes": t, "predicted_bytes": p, "sent_bytes": sent,
-                                "predicted_sent_bytes": ps, "step_time_s": st, "max_abs_diff": d,
-                                "final_loss": losses[-1]}
-                            for s, t, p, sent, ps, st, d, losses in rows})
-    shutdown(ctx)
-    return 0
+    return {"world_size": world, "num_params": num_params, "precision": args.precision,
+            "optimizer": args.optimizer,
+            "strategies": {s: {"model_state_bytes": t, "predicted_bytes": p, "sent_bytes": sent,
+                               "predicted_sent_bytes": ps, "step_time_s": st, "max_abs_diff": d,
+                               "final_loss": losses[-1]}
+                           for s, t, p, sent, ps, st, d, losses in rows}}
 
 
 def _print_table(rows, num_params, world, args):
@@ -541,4 +486,4 @@ def _print_table(rows, num_params, world, args):
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_with(main)

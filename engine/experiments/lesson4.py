@@ -8,9 +8,10 @@ Run on T ranks (T = the world size; T divides the heads, the MLP width and the v
 For each mode, plain tensor parallelism (``tp``) and tensor + sequence parallelism (``tp+sp``):
 
 1. trains ``--steps`` SGD steps of :class:`~distai.engine.tensor_parallel.TPModel` and of the same
-   dense model on every rank (float64, dropout with the same masks) and reports the loss of both and
+   dense model (:class:`~distai.engine.model.GPT`) on every rank (float64, dropout with the same masks) and reports the loss of both and
    the largest gradient difference over every parameter;
-2. counts each rank's collectives and bytes per layer, forward and backward, against
+2. counts each rank's collectives and bytes per layer, forward and backward (a
+   :class:`~distai.engine.metering.CommMeter` around the step), against
    ``tp_comm_per_layer`` (lesson 4's formula);
 3. measures the activation bytes each layer keeps for backward (bfloat16, from autograd's saved
    tensors) against ``activation_bytes_per_layer`` (Korthikanti et al. 2022);
@@ -35,34 +36,30 @@ Events (besides ``phase``, ``log`` and the final ``summary``):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
-import sys
 import time
 
 import torch
 import torch.distributed as dist
 
 from ...lessons.lesson4.formulas import activation_bytes_per_layer, tp_comm_per_layer
+from ..experiment import Progress, UsageError, exit_with, max_over_ranks, run_experiment
+from ..metering import CommMeter, SavedActivationMeter
+from ..model import GPT, DropoutMasks, GPTConfig, ModelConfigError, make_batch
 from ..tensor_parallel import (
-    ALL_GATHER,
-    ALL_REDUCE,
-    REDUCE_SCATTER,
-    CommCounter,
-    DenseModel,
-    DropoutMasks,
-    ModelConfig,
-    SavedActivationMeter,
     TPBlock,
     TPGroup,
     TPModel,
     dtensor_parallelize_block,
     full_grad,
-    make_batch,
     reduce_sequence_parallel_grads,
     shard_dense_state,
 )
 
 MODES = {"tp": False, "tp+sp": True}
+#: the collectives of f and g, as torch.distributed names them (and the formula)
+OPS = ("all_reduce", "all_gather", "reduce_scatter")
 # The f / g collectives of a layer, the ones the formula counts; the rest are reported beside them.
 REGATHER_SUFFIX = ".regather"
 
@@ -71,10 +68,7 @@ DEVICE = torch.device("cpu")  # main() sets the run's device (cuda:N under NCCL)
 
 
 def _max_all_ranks(value: float) -> float:
-    t = torch.tensor([float(value)], dtype=torch.float64, device=DEVICE)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
+    return max_over_ranks(value, DEVICE)
 
 
 def grad_diffs(dense: torch.nn.Module, model: torch.nn.Module, rank: int, size: int) -> dict[str, float]:
@@ -90,21 +84,21 @@ def grad_diffs(dense: torch.nn.Module, model: torch.nn.Module, rank: int, size: 
 # 1-2. training steps against the dense model, and the collectives of one step
 # ----------------------------------------------------------------------------------------------
 
-def train_against_dense(cfg: ModelConfig, batch: int, sp: bool, steps: int = 2, lr: float = 0.1,
+def train_against_dense(cfg: GPTConfig, batch: int, sp: bool, steps: int = 2, lr: float = 0.1,
                         seed: int = 0, dtype: torch.dtype = torch.float64, regather: bool = True,
                         events=None, mode: str = "") -> dict:
     """Train the TP model and the dense model side by side; returns losses, gradient differences,
     the first step's collectives, the SP layer-norm gradients before their all-reduce, …"""
     tp = TPGroup(sequence_parallel=sp, regather=regather)
     cfg.check_tp(tp.size, sp)
-    dense = DenseModel(cfg, seed=seed, dtype=dtype, device=DEVICE)
+    dense = GPT(cfg, seed=seed, dtype=dtype, device=DEVICE)
     model = TPModel(dense, tp)
     masks = DropoutMasks(cfg.dropout, seed=seed)
     dense.set_masks(masks)
     model.set_masks(masks)
     out: dict = {"losses": [], "dense_losses": [], "max_grad_diff": [], "per_param_diff": None,
                  "sp_grads_unsynced_diff": None}
-    first_records = None
+    meter = CommMeter()  # around the first step only: it costs Python time on every op
     for step in range(steps):
         masks.step = step  # fresh dropout masks each step, the same batch (so the loss falls)
         ids, targets = make_batch(cfg, batch, seed, 0, device=DEVICE)
@@ -112,18 +106,18 @@ def train_against_dense(cfg: ModelConfig, batch: int, sp: bool, steps: int = 2, 
         model.zero_grad(set_to_none=True)
         dense_loss = dense(ids, targets)
         dense_loss.backward()
-        tp.counter.reset()
-        loss = model(ids, targets)
-        loss.backward()
+        with meter if step == 0 else contextlib.nullcontext():
+            loss = model(ids, targets)
+            loss.backward()
         if sp and tp.size > 1 and step == 0:
             # The classic bug, measured: layer-norm gradients of one sequence shard only.
             d = grad_diffs(dense, model, tp.rank, tp.size)
             out["sp_grads_unsynced_diff"] = _max_all_ranks(
                 max(v for n, v in d.items() if getattr(dict(model.named_parameters())[n], "sequence_parallel", False)))
-        reduce_sequence_parallel_grads(model, tp)
+        with meter if step == 0 else contextlib.nullcontext():
+            reduce_sequence_parallel_grads(model, tp)
         if step == 0:
-            first_records = list(tp.counter.records)
-            out["max_logits_width"] = getattr(tp.counter, "max_logits_width", None)
+            out["max_logits_width"] = tp.max_logits_width
         diffs = grad_diffs(dense, model, tp.rank, tp.size)
         worst = _max_all_ranks(max(diffs.values()))
         if step == 0:
@@ -138,15 +132,13 @@ def train_against_dense(cfg: ModelConfig, batch: int, sp: bool, steps: int = 2, 
             for m in (dense, model):
                 for p in m.parameters():
                     p -= lr * p.grad
-    counter = CommCounter()
-    counter.records = first_records or []
-    out["counter"] = counter
+    out["meter"] = meter
     out["elem_size"] = torch.empty((), dtype=dtype).element_size()
     out["T"] = tp.size
     return out
 
 
-def comm_check(counter: CommCounter, cfg: ModelConfig, batch: int, sp: bool, T: int, elem_size: int) -> dict:
+def comm_check(meter: CommMeter, cfg: GPTConfig, batch: int, sp: bool, T: int, elem_size: int) -> dict:
     """Per transformer layer and direction: the f/g collectives counted vs ``tp_comm_per_layer``;
     the other collectives (SP's backward re-gathers, the layer-norm gradient sync) beside them."""
     formula = tp_comm_per_layer(cfg.hidden, cfg.seq, batch, T, sp, bytes_per_elem=elem_size)
@@ -154,11 +146,10 @@ def comm_check(counter: CommCounter, cfg: ModelConfig, batch: int, sp: bool, T: 
     for layer in range(cfg.layers):
         row = {}
         for phase, key in (("fwd", "forward"), ("bwd", "backward")):
-            fg = [r for r in counter.of(layer, phase) if not r.site.endswith(REGATHER_SUFFIX)]
-            extra = [r for r in counter.of(layer, phase) if r.site.endswith(REGATHER_SUFFIX)]
-            counts = {op: sum(1 for r in fg if r.op == op) for op in (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER)}
-            expected = {op: (formula[key].get(op, 0) if T > 1 else 0)
-                        for op in (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER)}
+            fg = [r for r in meter.of(layer, phase) if not r.site.endswith(REGATHER_SUFFIX)]
+            extra = [r for r in meter.of(layer, phase) if r.site.endswith(REGATHER_SUFFIX)]
+            counts = {op: sum(1 for r in fg if r.op == op) for op in OPS}
+            expected = {op: (formula[key].get(op, 0) if T > 1 else 0) for op in OPS}
             row[phase] = {
                 "counts": counts, "formula_counts": expected,
                 "wire_bytes": sum(r.wire_bytes for r in fg),
@@ -166,7 +157,7 @@ def comm_check(counter: CommCounter, cfg: ModelConfig, batch: int, sp: bool, T: 
                 "payload_bytes": sum(r.payload_bytes for r in fg),
                 "regather_count": len(extra), "regather_wire_bytes": sum(r.wire_bytes for r in extra),
             }
-        sync = counter.of(layer, "grad-sync")
+        sync = meter.of(layer, "grad-sync")
         row["grad-sync"] = {"count": len(sync), "wire_bytes": sum(r.wire_bytes for r in sync),
                             "payload_bytes": sum(r.payload_bytes for r in sync)}
         layers[str(layer)] = row
@@ -180,7 +171,7 @@ def comm_check(counter: CommCounter, cfg: ModelConfig, batch: int, sp: bool, T: 
 # 3. activation memory per layer
 # ----------------------------------------------------------------------------------------------
 
-def measure_activations(cfg: ModelConfig, batch: int, sp: bool, seed: int = 0,
+def measure_activations(cfg: GPTConfig, batch: int, sp: bool, seed: int = 0,
                         regather: bool = True) -> dict:
     """Bytes autograd keeps per layer on this rank (bfloat16 activations, 1-byte dropout masks)
     vs Korthikanti's formula; the layer norms' mean and 1/std (2 numbers per token each, not in
@@ -188,10 +179,10 @@ def measure_activations(cfg: ModelConfig, batch: int, sp: bool, seed: int = 0,
     if cfg.dropout <= 0:
         raise ValueError("the activation formula counts dropout masks: measure with --dropout > 0")
     tp = TPGroup(sequence_parallel=sp, regather=regather)
-    dense = DenseModel(cfg, seed=seed, dtype=torch.bfloat16, device=DEVICE)
+    dense = GPT(cfg, seed=seed, dtype=torch.bfloat16, device=DEVICE)
     model = TPModel(dense, tp)
     model.set_masks(DropoutMasks(cfg.dropout, seed=seed))
-    model.meter = SavedActivationMeter()
+    model.meter = SavedActivationMeter(model.parameters())
     ids, targets = make_batch(cfg, batch, seed, 0, device=DEVICE)
     model(ids, targets).backward()
     T = tp.size
@@ -208,12 +199,12 @@ def measure_activations(cfg: ModelConfig, batch: int, sp: bool, seed: int = 0,
 # 4. a forgotten g, caught by the dense comparison
 # ----------------------------------------------------------------------------------------------
 
-def forgotten_g(cfg: ModelConfig, batch: int, seed: int = 0) -> dict:
+def forgotten_g(cfg: GPTConfig, batch: int, seed: int = 0) -> dict:
     """Loss difference vs dense when the MLP's g (its forward all-reduce) is skipped, and when not."""
     out = {}
     for name, skip in (("bug", {"mlp.g"}), ("fixed", set())):
         tp = TPGroup(skip_sites=skip)
-        dense = DenseModel(cfg, seed=seed, dtype=torch.float64, device=DEVICE)
+        dense = GPT(cfg, seed=seed, dtype=torch.float64, device=DEVICE)
         model = TPModel(dense, tp)
         ids, targets = make_batch(cfg, batch, seed, 0, device=DEVICE)
         with torch.no_grad():
@@ -229,7 +220,7 @@ def _comm_counts(mode) -> dict[str, int]:
     return {str(k).split(".")[-1]: int(v) for k, v in mode.get_comm_counts().items()}
 
 
-def compare_with_dtensor(cfg: ModelConfig, batch: int, sp: bool, seed: int = 0,
+def compare_with_dtensor(cfg: GPTConfig, batch: int, sp: bool, seed: int = 0,
                          dtype: torch.dtype = torch.float64, with_dtensor: bool = True) -> dict:
     """One block, three ways on the same weights and input (dropout off: DTensor's local heads
     do not know which global heads they are): dense, ours, DTensor's ``parallelize_module``.
@@ -237,7 +228,7 @@ def compare_with_dtensor(cfg: ModelConfig, batch: int, sp: bool, seed: int = 0,
     T = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
     cfg.check_tp(T, sp)
-    dense = DenseModel(cfg, seed=seed, dtype=dtype, device=DEVICE).blocks[0]
+    dense = GPT(cfg, seed=seed, dtype=dtype, device=DEVICE).blocks[0]
     dt_block = copy.deepcopy(dense)
     tp = TPGroup(sequence_parallel=sp)
     ours = TPBlock(dense, tp, 0)
@@ -252,12 +243,11 @@ def compare_with_dtensor(cfg: ModelConfig, batch: int, sp: bool, seed: int = 0,
     (yd * w).sum().backward()
 
     xo = local(x).clone().requires_grad_()
-    yo = ours(xo)
-    (yo * local(w)).sum().backward()
-    reduce_sequence_parallel_grads(ours, tp)
-    ours_ops: dict[str, int] = {}
-    for r in tp.counter.records:
-        ours_ops[r.op] = ours_ops.get(r.op, 0) + 1
+    with CommMeter() as meter:
+        yo = ours(xo)
+        (yo * local(w)).sum().backward()
+        reduce_sequence_parallel_grads(ours, tp)
+    ours_ops = meter.counts()
     out = {
         "out_ours_vs_dense": _max_all_ranks((yo - local(yd)).abs().max().item()),
         "input_grad_ours_vs_dense": _max_all_ranks((xo.grad - local(xd.grad)).abs().max().item()),
@@ -290,7 +280,7 @@ def compare_with_dtensor(cfg: ModelConfig, batch: int, sp: bool, seed: int = 0,
 # The run
 # ----------------------------------------------------------------------------------------------
 
-def verdict(summary: dict, cfg: ModelConfig, modes: list[str]) -> list[str]:
+def verdict(summary: dict, cfg: GPTConfig, modes: list[str]) -> list[str]:
     """The run in at most six short lines (what a live view shows last)."""
     T, rows = summary["T"], summary["modes"]
     ok = lambda b: "✓" if b else "✗"  # noqa: E731
@@ -351,37 +341,25 @@ def _fmt_bytes(n: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    from ..runtime import init_distributed, shutdown
+    return run_experiment("lesson4", build_parser().parse_args, run, argv, usage_errors=(UsageError, ModelConfigError))
 
-    ctx = init_distributed()
+
+def run(ctx, args: argparse.Namespace) -> dict:
     global DEVICE
     DEVICE = ctx.device
     ev, T, rank = ctx.events, ctx.world_size, ctx.rank
     torch.set_num_threads(1) if ctx.device.type == "cpu" and T > 1 else None
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    cfg = ModelConfig(hidden=args.hidden, heads=args.heads, ffn=args.ffn, vocab=args.vocab,
-                      layers=args.layers, seq=args.seq, dropout=args.dropout)
-    try:
-        bad = [m for m in modes if m not in MODES]
-        if bad:
-            raise ValueError(f"unknown mode {bad[0]!r}; choose from {', '.join(MODES)}")
-        for m in modes:
-            cfg.check_tp(T, MODES[m])
-    except ValueError as exc:
-        # every rank says why: whichever one the launcher reports first shows the message
-        print(f"lesson4: error: {exc}", file=sys.stderr)
-        shutdown(ctx)
-        return 2
+    cfg = GPTConfig(hidden=args.hidden, heads=args.heads, ffn=args.ffn, vocab=args.vocab,
+                    layers=args.layers, seq=args.seq, dropout=args.dropout)
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        raise UsageError(f"unknown mode {bad[0]!r}; choose from {', '.join(MODES)}")
+    for m in modes:
+        cfg.check_tp(T, MODES[m])
 
     t0 = time.time()
-    total = 2 * len(modes) + (1 if T > 1 else 0) + (len(modes) if args.dtensor else 0)
-    done = 0
-
-    def progress() -> None:
-        nonlocal done
-        done += 1
-        ev.emit("progress", done=done, total=total)
+    progress = Progress(ctx, 2 * len(modes) + (1 if T > 1 else 0) + (len(modes) if args.dtensor else 0))
 
     ev.emit("config", T=T, hidden=cfg.hidden, heads=cfg.heads, ffn=cfg.ffn_size, seq=cfg.seq,
             micro_batch=args.micro_batch, layers=cfg.layers, vocab=cfg.vocab, dropout=cfg.dropout,
@@ -394,8 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         ev.emit("phase", name=f"{mode}: training against the dense model")
         tr = train_against_dense(cfg, args.micro_batch, sp, args.steps, args.lr, args.seed,
                                  regather=args.regather, events=ev, mode=mode)
-        cc = comm_check(tr["counter"], cfg, args.micro_batch, sp, T, tr["elem_size"])
-        for r in tr["counter"].records:
+        cc = comm_check(tr["meter"], cfg, args.micro_batch, sp, T, tr["elem_size"])
+        for r in tr["meter"].records:
             ev.emit("comm", mode=mode, layer=r.layer, phase=r.phase, op=r.op, site=r.site, count=1,
                     wire_bytes=r.wire_bytes, payload_bytes=r.payload_bytes)
         ev.emit("comm_check", mode=mode, layers=cc["layers"], formula=cc["formula"], match=cc["match"])
@@ -406,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
             ev.emit("memory", mode=mode, layer=layer, measured_bytes=measured,
                     formula_bytes=mem["formula_bytes"], ln_stats_bytes=mem["ln_stats_bytes"])
         progress()
-        head = tr["counter"].of("head", "fwd", sites=("ce.max", "ce.target", "ce.sumexp"))
+        head = tr["meter"].of("head", "fwd", sites=("ce.max", "ce.target", "ce.sumexp"))
         vocab = {"logits_width": tr["max_logits_width"], "vocab": cfg.vocab,
                  "ce_allreduce_count": len(head), "ce_wire_bytes": sum(r.wire_bytes for r in head),
                  "gather_logits_wire_bytes": (T - 1) / T * cfg.seq * args.micro_batch * cfg.vocab * tr["elem_size"]}
@@ -464,12 +442,10 @@ def main(argv: list[str] | None = None) -> int:
                          f"collectives ours {cmp['ours_comm']} DTensor {cmp['dtensor_comm']}")
     summary["seconds"] = time.time() - t0
     if rank == 0:
-        ev.emit("summary", **summary)
         print("\n".join(lines))
         print("\n" + "\n".join(verdict(summary, cfg, modes)))
-    shutdown(ctx)
-    return 0
+    return summary
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main)

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 
 import torch
@@ -43,12 +42,14 @@ import torch.distributed as dist
 from ...lessons.lesson5 import formulas
 from ...lessons.lesson5 import simulator as sim
 from .. import pipeline as pl
-from ..runtime import init_distributed, shutdown
+from ..experiment import Progress, device_sync, exit_with, run_experiment
+from ..metering import SavedActivationMeter
+from ..model import GPTConfig, ModelConfigError
 
 SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved 1F1B"}
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="distai run lesson5",
                                  description="Pipeline schedules for real: GPipe, 1F1B, interleaved.")
     ap.add_argument("--schedules", default="gpipe,1f1b,interleaved",
@@ -67,17 +68,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-torch", action="store_true", help="skip torch.distributed.pipelining's schedules")
-    return ap.parse_args(argv)
+    return ap
 
 
-def model_config(args, p: int, v: int, cuda: bool) -> pl.ModelConfig:
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def model_config(args, p: int, v: int, cuda: bool) -> GPTConfig:
+    """The GPT, untied (the pipeline's ends are on different ranks); bigger on GPUs."""
     big = cuda
-    return pl.ModelConfig(
+    return GPTConfig(
         vocab=args.vocab or (1024 if big else 64),
-        d_model=args.d_model or (1024 if big else 64),
-        n_heads=args.heads or (16 if big else 4),
-        n_layers=args.layers or pl.default_layers(p, v),
+        hidden=args.d_model or (1024 if big else 64),
+        heads=args.heads or (16 if big else 4),
+        layers=args.layers or pl.default_layers(p, v),
         seq=args.seq or (256 if big else 32),
+        tie_embeddings=False,
     )
 
 
@@ -109,11 +116,6 @@ def check_args(args, p: int) -> tuple[list[str], int, int]:
     if args.steps < 1:
         raise pl.PipelineConfigError(f"--steps must be at least 1, got {args.steps}")
     return schedules, m, v
-
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _batches(cfg, m: int, mb: int, steps: int, device):
@@ -180,7 +182,7 @@ def run_torch(ctx, schedule: str, cfg, p: int, m: int, v: int, batches, lr: floa
     else:
         sched = ScheduleInterleaved1F1B(stages, m, loss_fn=pl.loss_fn)
     params = [q for s in sorted(chunks) for q in chunks[s].parameters()]
-    meter = pl.SavedActivationMeter(params)
+    meter = SavedActivationMeter(params)
     opt = torch.optim.SGD(params, lr=lr)
     first, last = 0 in chunks, p * v - 1 in chunks
     out.update({"losses": [], "times": [], "peak_bytes": 0, "grads0": None})
@@ -188,14 +190,14 @@ def run_torch(ctx, schedule: str, cfg, p: int, m: int, v: int, batches, lr: floa
         opt.zero_grad(set_to_none=True)
         losses: list = []
         dist.barrier()
-        _sync(ctx.device)
+        device_sync(ctx.device)
         t0 = time.time()
         meter.reset_peak()
         with meter:
             args = (ids,) if first else ()
             kwargs = {"target": tg, "losses": losses} if last else {}
             sched.step(*args, **kwargs)
-        _sync(ctx.device)
+        device_sync(ctx.device)
         t1 = time.time()
         loss = float(sum(x.detach() for x in losses) / m) if last else None
         if i == 0:
@@ -346,7 +348,7 @@ def print_summary(results: list[dict], cfg, args, p: int, m: int, v: int, device
     """The human summary, 71 columns wide (80 in the launcher's view, after its "rank 0   ")."""
     print(f"\nLesson 5 · pipeline over p = {p} ranks ({device.type}), m = {m} microbatches of "
           f"{args.microbatch_size}")
-    print(f"model: {cfg.n_layers} blocks, d = {cfg.d_model}, seq = {cfg.seq}; interleaved v = {v}")
+    print(f"model: {cfg.layers} blocks, d = {cfg.hidden}, seq = {cfg.seq}; interleaved v = {v}")
     for r in results:
         print(f"\n{SCHEDULE_NAMES[r['schedule']]}")
         print(f"  loss (ours):   {', '.join(f'{x:.4f}' for x in r['loss'])}")
@@ -380,47 +382,35 @@ def print_summary(results: list[dict], cfg, args, p: int, m: int, v: int, device
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    ctx = init_distributed()
+    return run_experiment("lesson5", build_parser().parse_args, run, argv,
+                          usage_errors=(pl.PipelineConfigError, ModelConfigError))
+
+
+def run(ctx, args: argparse.Namespace) -> dict | None:
     p = ctx.world_size
-    try:
-        if ctx.device.type == "cpu":
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", p)))))
-        schedules, m, v = check_args(args, p)
-        cfg = model_config(args, p, v, ctx.is_cuda)
-        args.microbatch_size = args.microbatch_size or (8 if ctx.is_cuda else 4)
-        batches = _batches(cfg, m, args.microbatch_size, args.steps, ctx.device)
-        if ctx.rank == 0:
-            ctx.events.emit("pp_config", p=p, m=m, v=v, schedules=schedules,
-                            microbatch_size=args.microbatch_size, d_model=cfg.d_model,
-                            layers=cfg.n_layers, seq=cfg.seq)
-        total = len(schedules) * args.steps * (1 if args.no_torch else 2)
-        done = [0]
-
-        def progress():
-            done[0] += 1
-            if ctx.rank == 0:
-                ctx.events.emit("progress", done=done[0], total=total)
-
-        results = []
-        for schedule in schedules:
-            res = run_schedule(ctx, schedule, cfg, p, m, v if schedule == "interleaved" else 1, args, batches,
-                               progress)
-            if res is not None:
-                results.append(res)
-        if ctx.rank == 0:
-            ctx.events.emit("summary", lesson="lesson5", p=p, m=m, v=v, device=ctx.device.type,
-                            schedules={r["schedule"]: r for r in results})
-            print_summary(results, cfg, args, p, m, v, ctx.device)
-        return 0
-    except pl.PipelineConfigError as exc:
-        if ctx.rank == 0:
-            ctx.events.emit("log", msg=f"error: {exc}")
-            print(f"error: {exc}", file=sys.stderr)
-        return 2
-    finally:
-        shutdown(ctx)
+    if ctx.device.type == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", p)))))
+    schedules, m, v = check_args(args, p)
+    cfg = model_config(args, p, v, ctx.is_cuda)
+    args.microbatch_size = args.microbatch_size or (8 if ctx.is_cuda else 4)
+    batches = _batches(cfg, m, args.microbatch_size, args.steps, ctx.device)
+    if ctx.rank == 0:
+        ctx.events.emit("pp_config", p=p, m=m, v=v, schedules=schedules,
+                        microbatch_size=args.microbatch_size, d_model=cfg.hidden,
+                        layers=cfg.layers, seq=cfg.seq)
+    progress = Progress(ctx, len(schedules) * args.steps * (1 if args.no_torch else 2))
+    results = []
+    for schedule in schedules:
+        res = run_schedule(ctx, schedule, cfg, p, m, v if schedule == "interleaved" else 1, args, batches,
+                           progress)
+        if res is not None:
+            results.append(res)
+    if ctx.rank != 0:
+        return None
+    print_summary(results, cfg, args, p, m, v, ctx.device)
+    return {"lesson": "lesson5", "p": p, "m": m, "v": v, "device": ctx.device.type,
+            "schedules": {r["schedule"]: r for r in results}}
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main)

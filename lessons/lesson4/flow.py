@@ -3,8 +3,8 @@
 Pure Python (no torch, no numpy). ``block_flow(sequence_parallel)`` lists what happens to one
 layer, forward then backward: which weight is split how, how the activation is laid out across
 the T ranks afterwards (``replicated``, ``heads``, ``hidden``, ``sequence``, ``partial``) and which
-collective runs where (``op``, ``site``) — the same site names the engine's ``CommCounter`` records
-(``distai.engine.tensor_parallel``), and the tests check that the engine runs exactly these
+collective runs where (``op``, ``site``) — the same site names the engine's collectives are tagged with
+(``distai.engine.tensor_parallel``, counted by ``distai.engine.metering.CommMeter``), and the tests check that the engine runs exactly these
 collectives. ``vocab_ce_walkthrough`` computes a tiny vocabulary-parallel cross-entropy by hand,
 rank by rank, with the all-reduces that make it exact.
 """

@@ -1,0 +1,178 @@
+"""The one entry point every experiment runs in, and the small helpers experiments share.
+
+:func:`run_experiment` parses the arguments, joins the process group, runs the experiment's body,
+emits the summary it returns (rank 0 only), and always shuts down (in a ``finally``):
+
+* bad input — argparse's own errors, or an exception of one of the experiment's ``usage_errors``
+  types — is one line on stderr (``lessonN: error: …``) and exit status 2, never a traceback;
+* any other exception on a rank becomes an ``error`` event (with its traceback) and exit status
+  1, so the launcher can say which rank failed first and why.
+
+Run as a script (``python -m …``), :func:`exit_with` ends the process with that status; on a
+failure it skips ``atexit`` hooks (a dead peer can make a process-group teardown hang there).
+No signal handlers are installed: torchrun's SIGTERM (and the launcher's SIGKILL) must end a
+rank even while it is blocked inside a collective.
+
+:func:`checkpoint` is a ``monitored_barrier`` between phases: when a rank does not arrive in
+time, rank 0's error names it ("Rank 2 failed to pass monitoredBarrier …"), which the launcher
+turns into "rank 2 did not arrive". It needs a gloo group; on NCCL runs a side gloo group is
+made once.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from .events import EventSink
+
+__all__ = ["run_experiment", "UsageError", "exit_with", "checkpoint", "Progress", "device_sync", "max_over_ranks",
+           "all_ranks_true", "BARRIER_TIMEOUT_ENV"]
+
+BARRIER_TIMEOUT_ENV = "DISTAI_BARRIER_TIMEOUT_S"
+_gloo_group: Any = None
+
+
+
+class UsageError(ValueError):
+    """Bad input an experiment finds itself (after argparse): one line, exit status 2."""
+
+
+Body = Callable[[Any, argparse.Namespace], "dict[str, Any] | None"]
+
+
+def _report_error(exc: BaseException, events: EventSink | None) -> None:
+    """An ``error`` event (this rank's sink, or a fresh one) and the traceback on stderr."""
+    tb = traceback.format_exc()
+    fields = {"error": f"{type(exc).__name__}: {exc}"[:2000], "traceback": tb[-6000:]}
+    try:
+        if events is not None and events.enabled:
+            events.emit("error", **fields)
+        else:
+            sink = EventSink(int(os.environ.get("RANK", "0")))
+            sink.emit("error", **fields)
+            sink.close()
+    except OSError:
+        pass
+    sys.stderr.write(tb)
+    sys.stderr.flush()
+
+
+def run_experiment(prog: str, parse: Callable[[list[str] | None], argparse.Namespace], body: Body,
+                   argv: list[str] | None = None, *,
+                   usage_errors: tuple[type[BaseException], ...] = ()) -> int:
+    """Parse ``argv`` with ``parse`` (an ``ArgumentParser.parse_args``: bad flags exit 2 with its
+    one-line message), join the group, run ``body(ctx, args)``, emit the summary it returns on
+    rank 0, shut down. Returns the exit status: 0, 1 (an exception, reported as an ``error``
+    event) or 2 (bad input: a :class:`UsageError` or a ``usage_errors`` exception, one line on
+    stderr)."""
+    args = parse(argv)
+    ctx = None
+    try:
+        from .runtime import init_distributed
+
+        ctx = init_distributed()
+        summary = body(ctx, args)
+        if summary is not None and ctx.rank == 0:
+            ctx.events.emit("summary", **summary)
+        return 0
+    except (UsageError, *usage_errors) as exc:
+        # every rank says why: whichever one the launcher reports first shows the message
+        print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - reported as an event, then the status says it
+        _report_error(exc, ctx.events if ctx is not None else None)
+        return 1
+    finally:
+        sys.stdout.flush()
+        from .runtime import shutdown
+
+        shutdown(ctx)
+
+
+def exit_with(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> None:
+    """End the process with ``main(argv)``'s status (for ``if __name__ == "__main__"``). An
+    exception that escapes ``main`` is reported like one inside it."""
+    try:
+        code = main(argv) or 0
+    except SystemExit:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - reported, then the process ends
+        _report_error(exc, None)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code:
+        os._exit(code)  # no atexit hooks: a dead peer can make their teardown hang
+    sys.exit(0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Helpers every experiment uses
+# ----------------------------------------------------------------------------------------------
+
+class Progress:
+    """``progress`` events (``done``, ``total``, ``label``) from rank 0 for the run view."""
+
+    def __init__(self, ctx: Any, total: int):
+        self.ctx, self.total, self.done = ctx, max(1, total), 0
+
+    def advance(self, label: str = "", k: int = 1) -> None:
+        self.done += k
+        if self.ctx.rank == 0:
+            self.ctx.events.emit("progress", done=self.done, total=self.total, label=label)
+
+    __call__ = advance
+
+
+def device_sync(device: Any) -> None:
+    """Wait for the device's queued work (CUDA); nothing on the CPU. Timings need it."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def max_over_ranks(value: float, device: Any = None) -> float:
+    """The largest ``value`` over all ranks (itself on one rank or outside a group)."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return float(value)
+    if device is None:
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([float(value)], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def all_ranks_true(flag: bool, device: Any = None) -> bool:
+    return max_over_ranks(0.0 if flag else 1.0, device) == 0.0
+
+
+def barrier_group() -> Any:
+    """A gloo group for monitored barriers (the world group itself when it is gloo)."""
+    global _gloo_group
+    import torch.distributed as dist
+
+    if dist.get_backend() == "gloo":
+        return None
+    if _gloo_group is None:
+        _gloo_group = dist.new_group(backend="gloo")
+    return _gloo_group
+
+
+def checkpoint(name: str, timeout_s: float | None = None) -> None:
+    """Every rank must reach ``name`` within ``timeout_s``; otherwise rank 0 names the missing ranks."""
+    import torch.distributed as dist
+
+    seconds = float(timeout_s if timeout_s is not None else os.environ.get(BARRIER_TIMEOUT_ENV, "60"))
+    try:
+        dist.monitored_barrier(group=barrier_group(), timeout=timedelta(seconds=seconds), wait_all_ranks=True)
+    except RuntimeError as exc:
+        raise RuntimeError(f"checkpoint {name!r}: {exc}") from None

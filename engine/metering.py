@@ -1,0 +1,309 @@
+"""What a rank sends and what it keeps for backward, measured rather than assumed.
+
+* :class:`CommMeter` — a ``TorchDispatchMode`` that sees every c10d operation issued inside its
+  ``with`` (our collectives, DDP's bucket all-reduces, FSDP2's and DTensor's gathers, pipeline
+  sends), whoever issues them. Each one becomes a :class:`CommRecord`: the op, the bytes of the
+  full tensor it is about, what one rank sends for it, the size of the group it ran on, and the
+  tags (``layer``, ``phase``, ``site``) that the code around it set with :func:`comm_scope`.
+* :class:`SavedActivationMeter` — the bytes of the tensors autograd saves for backward
+  (parameters excluded, each storage once), live and at their peak, and per layer.
+
+Bytes per rank for ring algorithms (Patarasuk & Yuan 2009; NCCL's ``busbw`` conventions,
+nccl-tests/doc/PERFORMANCE.md): an all-reduce is a reduce-scatter then an all-gather,
+``2(N-1)/N`` of the buffer; an all-gather or a reduce-scatter ``(N-1)/N`` of the full buffer;
+an all-to-all the ``N-1`` slices meant for others. Gloo runs ``reduce_scatter_tensor`` as an
+all-reduce of a copy (ProcessGroupGloo.cpp), so on gloo it really sends twice that:
+:func:`sent_bytes_per_rank` charges what the backend sends, :attr:`CommRecord.wire_bytes` what
+the ring algorithm sends (the lessons' formulas).
+"""
+from __future__ import annotations
+
+import weakref
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+
+__all__ = ["CommMeter", "CommRecord", "SavedActivationMeter", "comm_scope", "comm_tags",
+           "sent_bytes_per_rank", "ring_bytes_per_rank"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Tags: which layer, which phase, which site of the model a collective belongs to
+# ----------------------------------------------------------------------------------------------
+
+_TAG_NAMES = ("layer", "phase", "site")
+_TAGS: ContextVar[tuple[str, str, str]] = ContextVar("distai_comm_tags", default=("-", "fwd", ""))
+
+
+def comm_tags() -> dict[str, str]:
+    """The tags a collective issued now is recorded with (``layer``, ``phase``, ``site``)."""
+    return dict(zip(_TAG_NAMES, _TAGS.get()))
+
+
+@contextmanager
+def comm_scope(layer: object = None, phase: str | None = None, site: str | None = None) -> Iterator[None]:
+    """Collectives issued inside are tagged with these (``None`` keeps the enclosing tag).
+
+    Backward runs after the forward's scopes have closed: an autograd function stores its
+    forward's tags and reopens a scope with ``phase="bwd"`` around its backward collectives.
+    """
+    old = _TAGS.get()
+    new = tuple(old[i] if value is None else str(value) for i, value in enumerate((layer, phase, site)))
+    token = _TAGS.set((new[0], new[1], new[2]))
+    try:
+        yield
+    finally:
+        _TAGS.reset(token)
+
+
+# ----------------------------------------------------------------------------------------------
+# Bytes per rank
+# ----------------------------------------------------------------------------------------------
+
+def ring_bytes_per_rank(op: str, payload: float, n: int) -> float:
+    """Bytes one rank sends with the ring algorithm for ``op`` (torch.distributed's name) over a
+    full buffer of ``payload`` bytes among ``n`` ranks."""
+    if n <= 1:
+        return 0.0
+    frac = (n - 1) / n
+    if op == "all_reduce":
+        return 2 * frac * payload
+    if op in ("all_gather", "reduce_scatter", "all_to_all", "broadcast"):
+        return frac * payload
+    if op == "send":
+        return float(payload)
+    return 0.0
+
+
+def sent_bytes_per_rank(op: str, payload: int, n: int, backend: str = "nccl") -> float:
+    """Bytes one rank sends for c10d op family ``op`` (``allreduce``, ``allgather``,
+    ``reduce_scatter``, ``alltoall``, ``broadcast``, ``send``) over ``payload`` bytes on
+    ``backend``: the ring figure, except gloo's reduce-scatter, an all-reduce in disguise."""
+    api = _API_NAME.get(op, op)
+    sent = ring_bytes_per_rank(api, payload, n)
+    return 2 * sent if api == "reduce_scatter" and backend == "gloo" else sent
+
+
+#: c10d op -> (op family, index of the argument whose size is the payload)
+_C10D_OPS = {
+    "allreduce_": ("allreduce", 0), "allreduce_coalesced_": ("allreduce", 0),
+    "_allgather_base_": ("allgather", 0), "allgather_": ("allgather", 0),
+    "allgather_into_tensor_coalesced_": ("allgather", 0),
+    "_reduce_scatter_base_": ("reduce_scatter", 1), "reduce_scatter_": ("reduce_scatter", 1),
+    "reduce_scatter_tensor_coalesced_": ("reduce_scatter", 1),
+    "alltoall_base_": ("alltoall", 1), "alltoall_": ("alltoall", 1),
+    "broadcast_": ("broadcast", 0), "send": ("send", 0), "recv_": ("recv", 0),
+}
+#: c10d's op family -> torch.distributed's function name
+_API_NAME = {"allreduce": "all_reduce", "allgather": "all_gather", "reduce_scatter": "reduce_scatter",
+             "alltoall": "all_to_all", "broadcast": "broadcast", "send": "send", "recv": "recv"}
+
+
+def _nbytes(x: Any) -> int:
+    if isinstance(x, torch.Tensor):
+        return x.numel() * x.element_size()
+    if isinstance(x, (list, tuple)):
+        return sum(_nbytes(t) for t in x)
+    return 0
+
+
+def _group_of(args: tuple) -> Any:
+    """The process group a c10d op runs on (an argument boxed as a ScriptObject)."""
+    for a in args:
+        if isinstance(a, torch.ScriptObject):
+            try:
+                return dist.ProcessGroup.unbox(a)
+            except RuntimeError:  # another boxed argument (a reduce op, a timeout)
+                continue
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# The communication meter
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CommRecord:
+    """One c10d operation one rank took part in."""
+
+    op: str  # torch.distributed's name: all_reduce, all_gather, reduce_scatter, all_to_all, send, …
+    layer: str  # the comm_scope's tags: "embed", "0", "1", …, "head" ("-" outside any)
+    phase: str  # "fwd", "bwd", "grad-sync", …
+    site: str  # where in the model: "attn.g", "mlp.f", "ce.max", … ("" when untagged)
+    payload_bytes: int  # the full tensor (all-gather output, reduce-scatter input, …)
+    sent_bytes: float  # what this rank sends on the backend in use
+    world: int  # ranks in the group it ran on
+    group: str = ""  # that group's name
+
+    @property
+    def wire_bytes(self) -> float:
+        """Bytes one rank sends with the ring algorithm (the lessons' formulas)."""
+        return ring_bytes_per_rank(self.op, self.payload_bytes, self.world)
+
+
+class CommMeter(TorchDispatchMode):
+    """Every c10d operation issued inside the ``with`` on this rank, as :class:`CommRecord` s.
+
+    Catches everything that reaches the dispatcher: our collectives, DDP's bucket all-reduces,
+    FSDP2's all-gathers/reduce-scatters, point-to-point sends. ``sent`` totals the bytes sent;
+    ``by_op`` and ``calls`` break it down by c10d op family (``allreduce``, ``allgather``,
+    ``reduce_scatter``, ``alltoall``, ``broadcast``, ``send``). It costs Python time on every
+    op: meter a step, not a run. The meter may be entered several times; records accumulate.
+    """
+
+    def __init__(self, backend: str | None = None) -> None:
+        super().__init__()
+        self.backend = (backend or str(dist.get_backend())).lower()
+        self.records: list[CommRecord] = []
+        self.sent = 0.0
+        self.by_op: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+
+    def reset(self) -> None:
+        self.records.clear()
+        self.sent = 0.0
+        self.by_op.clear()
+        self.calls.clear()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.namespace == "c10d":
+            family, index = _C10D_OPS.get(func._overloadpacket.__name__, (None, 0))
+            if family is not None:
+                group = _group_of(args)
+                world = group.size() if group is not None else dist.get_world_size()
+                payload = _nbytes(args[index])
+                sent = sent_bytes_per_rank(family, payload, world, self.backend)
+                layer, phase, site = _TAGS.get()
+                self.records.append(CommRecord(_API_NAME[family], layer, phase, site, payload, sent, world,
+                                               str(getattr(group, "group_name", "")) if group else ""))
+                if family != "recv":
+                    self.sent += sent
+                    self.by_op[family] += sent
+                    self.calls[family] += 1
+        return func(*args, **kwargs)
+
+    # -- views -----------------------------------------------------------------------------------
+    def of(self, layer: object = None, phase: str | None = None, sites: Iterable[str] | None = None,
+           exclude_sites: Iterable[str] = (), op: str | None = None) -> list[CommRecord]:
+        """The records of ``layer`` (any when None) in ``phase``, at ``sites``, of ``op``."""
+        wanted = set(sites) if sites is not None else None
+        skip = set(exclude_sites)
+        return [r for r in self.records
+                if (layer is None or r.layer == str(layer)) and (phase is None or r.phase == phase)
+                and (wanted is None or r.site in wanted) and r.site not in skip
+                and (op is None or r.op == op)]
+
+    def table(self, include_sites: bool = False) -> dict:
+        """``{layer: {phase: {op[:site]: {"count", "payload_bytes", "wire_bytes"}}}}`` (JSON-ready)."""
+        out: dict = defaultdict(lambda: defaultdict(dict))
+        for r in self.records:
+            key = f"{r.op}:{r.site}" if include_sites else r.op
+            cell = out[r.layer][r.phase].setdefault(key, {"count": 0, "payload_bytes": 0, "wire_bytes": 0.0})
+            cell["count"] += 1
+            cell["payload_bytes"] += r.payload_bytes
+            cell["wire_bytes"] += r.wire_bytes
+        return {layer: {phase: dict(ops) for phase, ops in phases.items()} for layer, phases in out.items()}
+
+    def counts(self) -> dict[str, int]:
+        """Operations per torch.distributed name (``{"all_reduce": 4, …}``)."""
+        out: dict[str, int] = defaultdict(int)
+        for r in self.records:
+            out[r.op] += 1
+        return dict(out)
+
+
+# ----------------------------------------------------------------------------------------------
+# The activation meter
+# ----------------------------------------------------------------------------------------------
+
+class _Saved:
+    """What autograd holds instead of a saved tensor while the meter watches: its release
+    (the graph that saved it being freed) uncounts the storage."""
+
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+
+class SavedActivationMeter:
+    """Bytes of the tensors autograd saves for backward while the meter is entered (``with``),
+    each storage counted once, ``params`` excluded.
+
+    ``live``/``peak``: bytes saved and not yet freed (a storage is uncounted when the graph that
+    saved it is released), and their maximum since :meth:`reset_peak`. ``per_layer[layer]``:
+    the distinct bytes saved inside ``measure(layer)`` (a storage saved again by another layer
+    counts in both layers).
+    """
+
+    def __init__(self, params: Iterable[torch.Tensor] = ()) -> None:
+        self._skip = {p.untyped_storage().data_ptr() for p in params}
+        self._held: dict[int, list[int]] = {}  # storage ptr -> [references, nbytes]
+        self._layer: dict[int, int] | None = None
+        self.live = 0
+        self.peak = 0
+        self.per_layer: dict[str, int] = {}
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+
+    def exclude(self, params: Iterable[torch.Tensor]) -> None:
+        """Also leave these tensors' storages out (parameters created after the meter)."""
+        self._skip.update(p.untyped_storage().data_ptr() for p in params)
+
+    def _pack(self, t: torch.Tensor) -> Any:
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr in self._skip or t.device.type == "meta":
+            return t
+        if self._layer is not None and ptr not in self._layer:
+            self._layer[ptr] = storage.nbytes()
+        entry = self._held.get(ptr)
+        if entry is None:
+            entry = self._held[ptr] = [0, storage.nbytes()]
+            self.live += entry[1]
+            self.peak = max(self.peak, self.live)
+        entry[0] += 1
+        saved = _Saved(t)
+        weakref.finalize(saved, self._release, ptr)
+        return saved
+
+    def _release(self, ptr: int) -> None:
+        entry = self._held.get(ptr)
+        if entry is None:
+            return
+        entry[0] -= 1
+        if entry[0] == 0:
+            self.live -= entry[1]
+            del self._held[ptr]
+
+    @staticmethod
+    def _unpack(saved: Any) -> torch.Tensor:
+        return saved.tensor if isinstance(saved, _Saved) else saved
+
+    def reset_peak(self) -> None:
+        self.peak = self.live
+
+    @contextmanager
+    def measure(self, layer: object) -> Iterator[None]:
+        """Record in ``per_layer[str(layer)]`` the distinct bytes saved inside."""
+        outer, self._layer = self._layer, {}
+        try:
+            with self:
+                yield
+            self.per_layer[str(layer)] = sum(self._layer.values())
+        finally:
+            self._layer = outer
+
+    def __enter__(self) -> SavedActivationMeter:
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._hooks.__exit__(*exc)
