@@ -56,12 +56,11 @@ def bench_group(rank: int, world: int, args: dict) -> dict:
     import torch.distributed as dist
 
     from distai.engine.inference import (
-        Comm,
         DecoderShard,
-        InferenceConfig,
+        build_model,
+        decoder_config,
         generate,
         generate_pp,
-        make_weights,
         split_layers,
     )
 
@@ -86,7 +85,7 @@ def bench_group(rank: int, world: int, args: dict) -> dict:
     dist.barrier()
     t = _timed(lambda: a @ b, 5)
     out["peak_flops"] = 2 * 1024 ** 3 / t
-    cfg = InferenceConfig(vocab=args["vocab"], hidden=args["hidden"], layers=args["layers"], heads=args["heads"],
+    cfg = decoder_config(vocab=args["vocab"], hidden=args["hidden"], layers=args["layers"], heads=args["heads"],
                           kv_heads=args["kv_heads"])
     B = args["batch"]
     x = torch.randn(B, cfg.hidden)
@@ -103,11 +102,11 @@ def bench_group(rank: int, world: int, args: dict) -> dict:
                 dist.send(x, 0)
         dist.barrier()
         out["hop_s"] = _timed(hop, 50) / 2
-    w = make_weights(cfg, seed=0, dtype=torch.float32)
+    w = build_model(cfg, seed=0, dtype=torch.float32)
     prompts = torch.randint(0, cfg.vocab, (B, args["prompt"]), generator=torch.Generator().manual_seed(1))
     n_new = args["new_tokens"]
     # tensor parallel (W = 1: the single process)
-    sh = DecoderShard(cfg, w, tp_rank=rank, tp_size=world, comm=Comm())
+    sh = DecoderShard(cfg, w, tp_rank=rank, tp_size=world)
     stamps: list[float] = []
     dist.barrier()
     r = generate(sh, prompts, n_new, on_token=lambda i, t: stamps.append(time.perf_counter()))
@@ -117,7 +116,7 @@ def bench_group(rank: int, world: int, args: dict) -> dict:
     sh.cache = None
     del sh
     if world > 1:
-        pp = DecoderShard(cfg, w, layer_range=split_layers(cfg.layers, world)[rank], comm=Comm())
+        pp = DecoderShard(cfg, w, layer_range=split_layers(cfg.layers, world)[rank])
         stamps = []
         last_group = [b for b in range(B)][-1]
 
@@ -137,13 +136,13 @@ def bench_group(rank: int, world: int, args: dict) -> dict:
 def paged_vs_contiguous(args: dict) -> dict:
     import torch
 
-    from distai.engine.inference import DecoderShard, InferenceConfig, contiguous_store, make_weights
+    from distai.engine.inference import DecoderShard, build_model, contiguous_store, decoder_config
     from distai.engine.paged_kv import ContinuousBatcher, paged_store
     from distai.lessons.lesson7.paging import poisson_requests
 
     torch.set_num_threads(1)
-    cfg = InferenceConfig(vocab=512, hidden=256, layers=4, heads=8, kv_heads=2)
-    w = make_weights(cfg, seed=0, dtype=torch.float32)
+    cfg = decoder_config(vocab=512, hidden=256, layers=4, heads=8, kv_heads=2)
+    w = build_model(cfg, seed=0, dtype=torch.float32)
     reqs = poisson_requests(args["requests"], 2.0, prompt_range=(8, 64), output_range=(4, 96), seed=5,
                             vocab=cfg.vocab)
     max_len = max(r.prompt_len + r.output_len - 1 for r in reqs)

@@ -32,7 +32,7 @@ def bench(rank: int, world_size: int, args: dict) -> dict:
     mesh = init_device_mesh("cpu", (world_size,))
     out = {}
     for sp in (False, True):
-        dense = GPT(cfg, seed=0, dtype=torch.float32).blocks[0]
+        dense = GPT(cfg, seed=0, dtype=torch.float32).block_list()[0]
         tp = TPGroup(sequence_parallel=sp)
         ours = TPBlock(dense, tp, 0)
         theirs = dtensor_parallelize_block(copy.deepcopy(dense), mesh, sp)

@@ -33,6 +33,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -164,7 +165,7 @@ class _Bucket:
     offsets: list[int]
     buffer: torch.Tensor
     pending: int = 0
-    work: object = None
+    work: Any = None  # the in-flight all-reduce (a c10d Work)
     done_event: list = field(default_factory=list)
 
     @property
@@ -271,6 +272,7 @@ class BucketedDataParallel(torch.nn.Module):
         bucket = self.buckets[b]
         p = self.params[i]
         view = bucket.buffer[offset:offset + p.numel()].view_as(p)
+        assert p.grad is not None  # this hook runs once the gradient is accumulated
         with torch.no_grad():
             torch.mul(p.grad, 1.0 / self.world_size, out=view)  # DDP divides while copying
         bucket.pending -= 1
@@ -306,6 +308,7 @@ class BucketedDataParallel(torch.nn.Module):
                 bucket.work.wait()
                 for i, offset in zip(bucket.members, bucket.offsets):
                     p = self.params[i]
+                    assert p.grad is not None  # every bucket was complete (checked above)
                     p.grad.copy_(bucket.buffer[offset:offset + p.numel()].view_as(p))
         if self.timeline is not None:
             self.timeline.mark("grads_ready")

@@ -295,7 +295,7 @@ def capture_rng() -> dict:
     import numpy as np
     import torch
 
-    np_state = np.random.get_state()
+    np_state: Any = np.random.get_state()  # the legacy tuple (the stubs also allow a dict)
     py_version, py_state, py_gauss = random.getstate()
     state = {
         "torch": torch.random.get_rng_state(),
@@ -343,8 +343,9 @@ class ResumableSampler:
     def order(self, epoch: int) -> list[int]:
         from torch.utils.data import DistributedSampler
 
-        sampler = DistributedSampler(range(self.size), num_replicas=self.world_size, rank=self.rank,
-                                     shuffle=True, seed=self.seed, drop_last=True)
+        indices: Any = range(self.size)  # any sized sequence works (the stubs ask for a Dataset)
+        sampler: DistributedSampler[int] = DistributedSampler(indices, num_replicas=self.world_size, rank=self.rank,
+                                                              shuffle=True, seed=self.seed, drop_last=True)
         sampler.set_epoch(epoch)
         return list(iter(sampler))
 

@@ -75,7 +75,13 @@ def zero_grad(params: Iterable[torch.Tensor]) -> None:
 
 
 def flat_grads(params: Sequence[torch.Tensor]) -> torch.Tensor:
-    return torch.cat([p.grad.reshape(-1) for p in params])
+    return torch.cat([_grad(p).reshape(-1) for p in params])
+
+
+def _grad(p: torch.Tensor) -> torch.Tensor:
+    if p.grad is None:
+        raise ValueError("a parameter has no gradient")
+    return p.grad
 
 
 def average_gradients(params: Iterable[torch.Tensor], group=None,
@@ -94,9 +100,9 @@ def average_gradients(params: Iterable[torch.Tensor], group=None,
         allreduce(flat)
     offset = 0
     for p in params:
-        k = p.grad.numel()
-        p.grad.copy_(flat[offset:offset + k].view_as(p.grad))
-        offset += k
+        g = _grad(p)
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
     return flat.numel() * flat.element_size()
 
 

@@ -42,7 +42,9 @@ class UsageError(ValueError):
     """Bad input an experiment finds itself (after argparse): one line, exit status 2."""
 
 
-Body = Callable[[Any, argparse.Namespace], "dict[str, Any] | None"]
+#: ``body(ctx, args)`` returns the summary (rank 0's is emitted; None: nothing), or
+#: ``(summary, status)`` to end with a non-zero status that is not an error (a verdict)
+Body = Callable[[Any, argparse.Namespace], Any]
 
 
 def _report_error(exc: BaseException, events: EventSink | None) -> None:
@@ -64,23 +66,28 @@ def _report_error(exc: BaseException, events: EventSink | None) -> None:
 
 def run_experiment(prog: str, parse: Callable[[list[str] | None], argparse.Namespace], body: Body,
                    argv: list[str] | None = None, *,
-                   usage_errors: tuple[type[BaseException], ...] = ()) -> int:
+                   usage_errors: tuple[type[BaseException], ...] = (),
+                   before_init: Callable[[argparse.Namespace], None] | None = None) -> int:
     """Parse ``argv`` with ``parse`` (an ``ArgumentParser.parse_args``: bad flags exit 2 with its
     one-line message), join the group, run ``body(ctx, args)``, emit the summary it returns on
     rank 0, shut down. Returns the exit status: 0, 1 (an exception, reported as an ``error``
     event) or 2 (bad input: a :class:`UsageError` or a ``usage_errors`` exception, one line on
-    stderr)."""
+    stderr). ``before_init(args)`` runs first (environment a run needs, a custom rendezvous)."""
     args = parse(argv)
+    bad_input: tuple[type[BaseException], ...] = (UsageError, *usage_errors)
     ctx = None
     try:
         from .runtime import init_distributed
 
+        if before_init is not None:
+            before_init(args)
         ctx = init_distributed()
-        summary = body(ctx, args)
+        result = body(ctx, args)
+        summary, status = result if isinstance(result, tuple) else (result, 0)
         if summary is not None and ctx.rank == 0:
             ctx.events.emit("summary", **summary)
-        return 0
-    except (UsageError, *usage_errors) as exc:
+        return status
+    except bad_input as exc:
         # every rank says why: whichever one the launcher reports first shows the message
         print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
         return 2

@@ -1,10 +1,12 @@
 """A small decoder-only transformer served three ways: one process, tensor-parallel, pipeline-parallel.
 
-The model is Llama-shaped: token embedding, ``layers`` blocks of (norm → attention with rotary
+The model is the course's one GPT (:mod:`distai.engine.model`) in Llama's shape
+(:func:`decoder_config`): token embedding, ``layers`` blocks of (norm → attention with rotary
 positions and ``kv_heads`` key/value heads shared by groups of query heads (GQA; ``kv_heads = heads``
 is plain multi-head attention, 1 is multi-query) → residual → norm → SwiGLU MLP → residual), a final
 norm and an output projection. The norm is RMSNorm (Llama) or LayerNorm (GPT), ``norm="rms"|"layer"``.
-Weights are drawn from a seed, so every process builds the same model and cuts its own part.
+Weights are drawn from a seed, so every process builds the same model and cuts its own part; the
+decode path below runs those same weights (:func:`decoder_weights`) with a KV cache.
 
 Decoding is greedy (argmax) with a **KV cache**: the prompt is run once (prefill) and stores every
 layer's keys and values; each decode step runs one new token per sequence and appends its K/V.
@@ -15,8 +17,8 @@ from :mod:`distai.lessons.lesson7.paging`: a :class:`~distai.lessons.lesson7.pag
 Attention reads K and V through the sequence's block table.
 
 * **Single process** (:class:`DecoderShard` with ``tp_size=1`` and all layers): the reference for
-  the parallel versions; it is itself checked against :func:`reference_greedy`, which recomputes the
-  whole sequence every step without any cache, using PyTorch's ``scaled_dot_product_attention``.
+  the parallel versions; it is itself checked against :func:`reference_greedy`, which runs the
+  model itself (``GPT.forward``) on the whole sequence every step, without any cache.
 * **Tensor parallel** (``tp_size = T``): rank ``r`` owns query heads ``[r·H/T, (r+1)·H/T)`` and the
   key/value heads they use, i.e. ``H_kv/T`` of them (when ``T > H_kv`` each KV head is replicated on
   ``T/H_kv`` ranks, as vLLM does) — so **its KV cache holds only its heads**. Q/K/V and the MLP's gate
@@ -29,230 +31,167 @@ Attention reads K and V through the sequence's block table.
   (``isend``/``recv``), and the last stage sends each new token back to the first. With ``m``
   microbatches in flight the stages work on different microbatches at once.
 * **Both at once** (``generate_pp(..., pipe=...)`` on a shard with ``tp_size > 1``): a (pp, tp) mesh.
-  The shard's :class:`Comm` all-reduces inside its stage's tensor-parallel group; ``pipe`` (a
-  :class:`Comm` over the ranks with the same tensor-parallel index, one per stage) carries the
-  hidden states and tokens. Every tensor-parallel rank of a stage holds the full hidden states after
+  The shard all-reduces inside its stage's tensor-parallel group; ``pipe`` (the process group of
+  the ranks with the same tensor-parallel index, one per stage) carries the hidden states and tokens. Every tensor-parallel rank of a stage holds the full hidden states after
   its all-reduce and sends them to its peer in the next stage (Megatron-LM's layout, Narayanan et al.
   2021, without the scatter/gather optimisation), so each rank's cache holds its heads of its layers.
 
-Every collective and point-to-point message is counted (:class:`Comm`) so the experiment can check
-the 2·L all-reduces per token and the ``p − 1`` hidden-state sends, and measure bytes.
+Every collective and point-to-point message is counted by a
+:class:`~distai.engine.metering.CommMeter` around the run (prefill and decode tagged apart) so the
+experiment can check the 2·L all-reduces per token and the ``p − 1`` hidden-state sends, and
+measure bytes.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
+import torch.nn as nn
 import torch.nn.functional as F
 
 from ..lessons.lesson7.formulas import kv_heads_per_gpu
 from ..lessons.lesson7.paging import ContiguousAllocator
+from .experiment import device_sync
+from .metering import CommMeter, comm_scope
+from .model import GPT, GPTConfig, ModelConfigError, apply_rope
 
-__all__ = ["InferenceConfig", "make_weights", "reference_logits", "reference_greedy", "Comm", "KVStore",
-           "DecoderShard", "generate", "generate_pp", "split_layers", "apply_rope", "mesh_shard"]
+__all__ = ["decoder_config", "build_model", "decoder_weights", "check_tp", "check_pp", "decode_params",
+           "reference_logits", "reference_greedy", "comm_counts", "KVStore", "DecoderShard", "generate",
+           "generate_pp", "split_layers", "contiguous_store", "mesh_shard"]
 
 
 # ----------------------------------------------------------------------------------------------
-# configuration and weights
+# the model: the one GPT, in Llama's shape
 # ----------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class InferenceConfig:
-    vocab: int = 512
-    hidden: int = 128
-    layers: int = 4
-    heads: int = 8
-    kv_heads: int = 2
-    ffn: int | None = None  # MLP width; default 3·hidden
-    norm: str = "rms"  # "rms" (RMSNorm) or "layer" (LayerNorm)
-    rope_theta: float = 10000.0
-    eps: float = 1e-5
-
-    def __post_init__(self):
-        if self.hidden % self.heads:
-            raise ValueError(f"hidden {self.hidden} is not a multiple of heads {self.heads}")
-        if self.heads % self.kv_heads:
-            raise ValueError(f"heads {self.heads} is not a multiple of kv_heads {self.kv_heads}")
-        if self.norm not in ("rms", "layer"):
-            raise ValueError("norm must be 'rms' or 'layer'")
-        if self.head_dim % 2:
-            raise ValueError("rotary embeddings need an even head dimension")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-    @property
-    def ffn_size(self) -> int:
-        return self.ffn or 3 * self.hidden
-
-    @property
-    def group(self) -> int:
-        """Query heads per KV head."""
-        return self.heads // self.kv_heads
-
-    def check_tp(self, t: int) -> None:
-        if self.heads % t:
-            raise ValueError(f"{self.heads} heads cannot be split over {t} tensor-parallel ranks")
-        if self.ffn_size % t:
-            raise ValueError(f"MLP width {self.ffn_size} cannot be split over {t} ranks")
-        kv_heads_per_gpu(self.kv_heads, t)  # raises when T and H_kv do not divide either way
-
-    def check_pp(self, p: int) -> None:
-        if p > self.layers:
-            raise ValueError(f"{p} pipeline stages for {self.layers} layers")
-
-    def params(self, include_embedding: bool = False) -> int:
-        """Parameters of the layers, final norm and output projection (embedding optional)."""
-        h, d, f = self.hidden, self.head_dim, self.ffn_size
-        norm = h if self.norm == "rms" else 2 * h
-        layer = h * self.heads * d * 2 + h * self.kv_heads * d * 2 + 3 * h * f + 2 * norm
-        total = self.layers * layer + norm + self.vocab * h
-        return total + (self.vocab * h if include_embedding else 0)
+def decoder_config(vocab: int = 512, hidden: int = 128, layers: int = 4, heads: int = 8, kv_heads: int = 2,
+                   ffn: int | None = None, norm: str = "rms", rope_theta: float = 10000.0, eps: float = 1e-5,
+                   seq: int = 2048) -> GPTConfig:
+    """The GPT (:mod:`distai.engine.model`) in Llama's shape: ``norm`` (RMSNorm or LayerNorm),
+    SwiGLU MLP (width 3·hidden by default), ``kv_heads`` key/value heads, rotary positions, no
+    biases, untied head. ``seq`` is only the longest sequence the experiments ask for."""
+    return GPTConfig(vocab=vocab, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, ffn=ffn,
+                     norm=norm, mlp="swiglu", rope_theta=rope_theta, bias=False, eps=eps, seq=seq,
+                     tie_embeddings=False)
 
 
-def make_weights(cfg: InferenceConfig, seed: int = 0, dtype: torch.dtype = torch.float32) -> dict:
-    """All weights of the model, drawn from ``seed`` (the same on every process). Linear weights are
-    ``[out, in]`` with std 1/√in, so activations stay O(1) and the logits are well spread (greedy
-    decoding then has no near-ties that rounding could flip)."""
-    g = torch.Generator().manual_seed(seed)
-    h, d, f = cfg.hidden, cfg.head_dim, cfg.ffn_size
-
-    def lin(out_f, in_f):
-        return (torch.randn(out_f, in_f, generator=g, dtype=torch.float64) / math.sqrt(in_f)).to(dtype)
-
-    def norm_w():
-        return (1 + 0.1 * torch.randn(h, generator=g, dtype=torch.float64)).to(dtype)
-
-    w = {"embed": torch.randn(cfg.vocab, h, generator=g, dtype=torch.float64).to(dtype)}
-    for i in range(cfg.layers):
-        w[f"l{i}.norm1"] = norm_w()
-        w[f"l{i}.wq"] = lin(cfg.heads * d, h)
-        w[f"l{i}.wk"] = lin(cfg.kv_heads * d, h)
-        w[f"l{i}.wv"] = lin(cfg.kv_heads * d, h)
-        w[f"l{i}.wo"] = lin(h, cfg.heads * d)
-        w[f"l{i}.norm2"] = norm_w()
-        w[f"l{i}.w_gate"] = lin(f, h)
-        w[f"l{i}.w_up"] = lin(f, h)
-        w[f"l{i}.w_down"] = lin(h, f)
-        if cfg.norm == "layer":
-            w[f"l{i}.norm1_b"] = (0.1 * torch.randn(h, generator=g, dtype=torch.float64)).to(dtype)
-            w[f"l{i}.norm2_b"] = (0.1 * torch.randn(h, generator=g, dtype=torch.float64)).to(dtype)
-    w["norm_f"] = norm_w()
-    if cfg.norm == "layer":
-        w["norm_f_b"] = (0.1 * torch.randn(h, generator=g, dtype=torch.float64)).to(dtype)
-    w["lm_head"] = lin(cfg.vocab, h) * 4  # sharper logits: greedy argmax far from ties
-    return w
+def build_model(cfg: GPTConfig, seed: int = 0, dtype: torch.dtype = torch.float32) -> GPT:
+    """The model every process builds from ``seed`` (the same weights everywhere), for decoding."""
+    if cfg.bias or cfg.mlp != "swiglu" or cfg.rope_theta is None:
+        raise ModelConfigError("the decode path serves the Llama shape: decoder_config(...)")
+    model = GPT(cfg, seed=seed, dtype=dtype)
+    model.requires_grad_(False)
+    return model
 
 
-def _norm(cfg: InferenceConfig, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+def check_tp(cfg: GPTConfig, t: int) -> None:
+    """Raise ValueError if ``t`` tensor-parallel ranks cannot split the model's heads and MLP."""
+    if cfg.heads % t:
+        raise ValueError(f"{cfg.heads} heads cannot be split over {t} tensor-parallel ranks")
+    if cfg.ffn_size % t:
+        raise ValueError(f"MLP width {cfg.ffn_size} cannot be split over {t} ranks")
+    kv_heads_per_gpu(cfg.group_heads, t)  # raises when T and H_kv do not divide either way
+
+
+def check_pp(cfg: GPTConfig, p: int) -> None:
+    if p > cfg.layers:
+        raise ValueError(f"{p} pipeline stages for {cfg.layers} layers")
+
+
+def decode_params(cfg: GPTConfig, include_embedding: bool = False) -> int:
+    """Parameters a decode step reads: the layers, final norm and output projection (the embedding
+    table only when asked: a step reads one row of it)."""
+    return cfg.num_params() - (0 if include_embedding else cfg.vocab * cfg.hidden)
+
+
+def decoder_weights(model: GPT) -> dict[str, torch.Tensor]:
+    """The model's weights under the decode path's names (``l{i}.wq``, ``l{i}.w_gate``, …)."""
+    w = {"embed": model.embed.weight}
+    for i, block in enumerate(model.block_list()):
+        p = f"l{i}."
+        w[p + "norm1"], w[p + "norm2"] = block.ln1.weight, block.ln2.weight
+        if isinstance(block.ln1, nn.LayerNorm):
+            w[p + "norm1_b"], w[p + "norm2_b"] = block.ln1.bias, cast(nn.LayerNorm, block.ln2).bias
+        for name in ("wq", "wk", "wv", "wo"):
+            w[p + name] = getattr(block.attn, name).weight
+        assert block.mlp.gate is not None  # SwiGLU (build_model checks)
+        w[p + "w_gate"], w[p + "w_up"], w[p + "w_down"] = (block.mlp.gate.weight, block.mlp.fc1.weight,
+                                                          block.mlp.fc2.weight)
+    w["norm_f"] = model.head.norm.weight
+    if isinstance(model.head.norm, nn.LayerNorm):
+        w["norm_f_b"] = model.head.norm.bias
+    w["lm_head"] = model.head.lm_weight
+    return {k: v.detach() for k, v in w.items()}
+
+
+def _norm(cfg: GPTConfig, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     if cfg.norm == "rms":
         return F.rms_norm(x, (x.shape[-1],), weight, cfg.eps)
     return F.layer_norm(x, (x.shape[-1],), weight, bias, cfg.eps)
 
 
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary position embedding (Su et al. 2021), Llama's half-split layout.
-    ``x``: [B, s, heads, d]; ``positions``: [B, s] absolute positions."""
-    d = x.shape[-1]
-    inv = theta ** (-torch.arange(0, d, 2, dtype=torch.float64, device=x.device) / d)
-    ang = positions.to(torch.float64)[:, :, None, None] * inv  # [B, s, 1, d/2]
-    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-
-
 # ----------------------------------------------------------------------------------------------
-# the reference: no cache, the whole sequence recomputed every step
+# the reference: the model itself, no cache, the whole sequence recomputed every step
 # ----------------------------------------------------------------------------------------------
 
-def reference_logits(cfg: InferenceConfig, w: dict, ids: torch.Tensor) -> torch.Tensor:
-    """Logits at every position of ``ids`` [B, s], causal, no KV cache; attention by
-    ``F.scaled_dot_product_attention`` with ``enable_gqa``."""
-    B, s = ids.shape
-    d = cfg.head_dim
-    x = w["embed"][ids]
-    pos = torch.arange(s, device=ids.device).expand(B, s)
-    for i in range(cfg.layers):
-        a = _norm(cfg, x, w[f"l{i}.norm1"], w.get(f"l{i}.norm1_b"))
-        q = apply_rope((a @ w[f"l{i}.wq"].T).view(B, s, cfg.heads, d), pos, cfg.rope_theta).transpose(1, 2)
-        k = apply_rope((a @ w[f"l{i}.wk"].T).view(B, s, cfg.kv_heads, d), pos, cfg.rope_theta).transpose(1, 2)
-        v = (a @ w[f"l{i}.wv"].T).view(B, s, cfg.kv_heads, d).transpose(1, 2)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        x = x + o.transpose(1, 2).reshape(B, s, cfg.heads * d) @ w[f"l{i}.wo"].T
-        m = _norm(cfg, x, w[f"l{i}.norm2"], w.get(f"l{i}.norm2_b"))
-        x = x + (F.silu(m @ w[f"l{i}.w_gate"].T) * (m @ w[f"l{i}.w_up"].T)) @ w[f"l{i}.w_down"].T
-    x = _norm(cfg, x, w["norm_f"], w.get("norm_f_b"))
-    return x @ w["lm_head"].T
+@torch.no_grad()
+def reference_logits(model: GPT, ids: torch.Tensor) -> torch.Tensor:
+    """Logits at every position of ``ids`` [B, s], causal, no KV cache: [B, s, vocab]."""
+    return model(ids).transpose(0, 1)
 
 
-def reference_greedy(cfg: InferenceConfig, w: dict, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
+def reference_greedy(model: GPT, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
     """Greedy decoding without a cache: ``new_tokens`` tokens per prompt, [B, new_tokens]."""
     ids = prompts
     out = []
     for _ in range(new_tokens):
-        nxt = reference_logits(cfg, w, ids)[:, -1].argmax(-1)
+        nxt = reference_logits(model, ids)[:, -1].argmax(-1)
         out.append(nxt)
         ids = torch.cat([ids, nxt[:, None]], dim=1)
     return torch.stack(out, dim=1)
 
 
 # ----------------------------------------------------------------------------------------------
-# communication, counted
+# communication: plain torch.distributed, counted by a CommMeter around the run
 # ----------------------------------------------------------------------------------------------
 
-@dataclass
-class Comm:
-    """The collectives and point-to-point messages one rank issued, counted."""
+def _global(group: Any, group_rank: int) -> int:
+    """The global rank of ``group_rank`` in ``group`` (torch's point-to-point calls take global ranks)."""
+    return group_rank if group is None else dist.get_global_rank(group, group_rank)
 
-    group: object = None
-    all_reduces: int = 0
-    all_reduce_bytes: int = 0  # payload (the full tensor), summed
-    sends: int = 0
-    send_bytes: int = 0
-    recvs: int = 0
-    pending: list = field(default_factory=list)
 
-    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
-        if dist.is_initialized() and dist.get_world_size(self.group) > 1:
-            dist.all_reduce(t, group=self.group)
-            self.all_reduces += 1
-            self.all_reduce_bytes += t.numel() * t.element_size()
-        return t
+def _isend(t: torch.Tensor, dst: int, group: Any, pending: list) -> None:
+    t = t.contiguous()
+    pending.append((dist.isend(t, _global(group, dst), group=group), t))  # t lives until the send is done
 
-    def peer(self, group_rank: int) -> int:
-        """The global rank of ``group_rank`` in this Comm's group (torch's point-to-point calls take
-        global ranks)."""
-        return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)
 
-    def isend(self, t: torch.Tensor, dst: int) -> None:
-        t = t.contiguous()
-        self.pending.append((dist.isend(t, self.peer(dst), group=self.group), t))
-        self.sends += 1
-        self.send_bytes += t.numel() * t.element_size()
+def _recv(shape: tuple[int, ...], dtype: torch.dtype, src: int, device: Any, group: Any) -> torch.Tensor:
+    t = torch.empty(shape, dtype=dtype, device=device)
+    dist.recv(t, _global(group, src), group=group)
+    return t
 
-    def recv(self, shape, dtype, src: int, device) -> torch.Tensor:
-        t = torch.empty(shape, dtype=dtype, device=device)
-        dist.recv(t, self.peer(src), group=self.group)
-        self.recvs += 1
-        return t
 
-    def broadcast(self, t: torch.Tensor, src: int) -> torch.Tensor:
-        """Broadcast ``t`` from group rank ``src`` (not counted: results, not decode traffic)."""
-        dist.broadcast(t, self.peer(src), group=self.group)
-        return t
+def _wait(pending: list) -> None:
+    for work, _t in pending:
+        work.wait()
+    pending.clear()
 
-    def wait(self) -> None:
-        for work, _t in self.pending:
-            work.wait()
-        self.pending.clear()
 
-    def snapshot(self) -> dict:
-        return {"all_reduces": self.all_reduces, "all_reduce_bytes": self.all_reduce_bytes,
-                "sends": self.sends, "send_bytes": self.send_bytes, "recvs": self.recvs}
+def comm_counts(meter: CommMeter | None, phase: str) -> dict[str, int] | None:
+    """What one rank issued in ``phase`` (``prefill`` or ``decode``): all-reduces and their bytes
+    (the full tensor), sends and their bytes, receives. None without a meter."""
+    if meter is None:
+        return None
+    rs = meter.of(phase=phase)
+    ar, sends = [r for r in rs if r.op == "all_reduce"], [r for r in rs if r.op == "send"]
+    return {"all_reduces": len(ar), "all_reduce_bytes": sum(r.payload_bytes for r in ar),
+            "sends": len(sends), "send_bytes": sum(r.payload_bytes for r in sends),
+            "recvs": sum(1 for r in rs if r.op == "recv")}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -358,18 +297,22 @@ class DecoderShard:
     """The layers ``layer_range`` of the model, and of each the heads and MLP columns of tensor-parallel
     rank ``tp_rank`` of ``tp_size``. ``forward`` runs them with the KV cache ``self.cache``."""
 
-    def __init__(self, cfg: InferenceConfig, weights: dict, tp_rank: int = 0, tp_size: int = 1,
-                 layer_range: range | None = None, comm: Comm | None = None, device="cpu"):
-        cfg.check_tp(tp_size)
+    def __init__(self, cfg: GPTConfig, model: GPT, tp_rank: int = 0, tp_size: int = 1,
+                 layer_range: range | None = None, group: Any = None, device: Any = "cpu"):
+        check_tp(cfg, tp_size)
+        if cfg.rope_theta is None:
+            raise ModelConfigError("the decode path needs rotary positions: decoder_config(...)")
+        self.rope_theta = cfg.rope_theta
+        weights = decoder_weights(model)
         self.cfg, self.tp_rank, self.tp_size = cfg, tp_rank, tp_size
         self.layers = list(layer_range if layer_range is not None else range(cfg.layers))
         self.first, self.last = self.layers[0] == 0, self.layers[-1] == cfg.layers - 1
-        self.comm = comm or Comm()
+        self.group = group  # the tensor-parallel (or pipeline) group; None: the world
         self.device = torch.device(device)
         d, t, r = cfg.head_dim, tp_size, tp_rank
         self.q_local = cfg.heads // t
         self.q0 = r * self.q_local
-        self.kv_local = kv_heads_per_gpu(cfg.kv_heads, t)
+        self.kv_local = kv_heads_per_gpu(cfg.group_heads, t)
         self.kv0 = self.q0 // cfg.group  # first KV head used by this rank's query heads
         f_local = cfg.ffn_size // t
         qs, ks = slice(self.q0 * d, (self.q0 + self.q_local) * d), slice(self.kv0 * d, (self.kv0 + self.kv_local) * d)
@@ -407,12 +350,12 @@ class DecoderShard:
         return sum(v.numel() * v.element_size() for k, v in self.w.items() if k != "embed")
 
     def _attention(self, i: int, li: int, a: torch.Tensor, at: Addressing, pos: torch.Tensor) -> torch.Tensor:
-        cfg, w, d = self.cfg, self.w, self.cfg.head_dim
+        w, d = self.w, self.cfg.head_dim
         B, s, _ = a.shape
         q = (a @ w[f"l{i}.wq"].T).view(B, s, self.q_local, d)
         k = (a @ w[f"l{i}.wk"].T).view(B, s, self.kv_local, d)
         v = (a @ w[f"l{i}.wv"].T).view(B, s, self.kv_local, d)
-        q, k = apply_rope(q, pos, cfg.rope_theta), apply_rope(k, pos, cfg.rope_theta)
+        q, k = apply_rope(q, pos, self.rope_theta), apply_rope(k, pos, self.rope_theta)
         self.cache.write(li, at, k, v)
         K, V = self.cache.read(li, at)  # [B, length, kv_local, d]
         g = self.q_local // self.kv_local
@@ -431,7 +374,9 @@ class DecoderShard:
 
     def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
         """Sum the row-parallel partial outputs over the tensor-parallel ranks (Megatron's g)."""
-        return self.comm.all_reduce(partial) if self.tp_size > 1 else partial
+        if self.tp_size > 1:
+            dist.all_reduce(partial, group=self.group)
+        return partial
 
     @torch.no_grad()
     def forward(self, inp: torch.Tensor, seqs, pos0) -> torch.Tensor:
@@ -462,18 +407,21 @@ class DecoderShard:
 # greedy generation: one process or tensor-parallel (every TP rank gets the same logits)
 # ----------------------------------------------------------------------------------------------
 
-def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
 @torch.no_grad()
-def generate(shard: DecoderShard, prompts: torch.Tensor, new_tokens: int, on_token=None) -> dict:
+def generate(shard: DecoderShard, prompts: torch.Tensor, new_tokens: int, on_token=None,
+             meter: CommMeter | None = None) -> dict:
     """Greedy decoding of a batch of equal-length prompts [B, s] with a contiguous cache (created if
     the shard has none). Works for one process and for tensor parallelism (the shard all-reduces).
     Returns ``tokens`` [B, new_tokens], ``prefill_s``, ``decode_s`` (the new_tokens − 1 decode
-    steps), ``comm_prefill`` and ``comm_decode`` (counts), ``kv_bytes`` (this rank's cache of the
-    batch at the end), ``kv_bytes_per_token``."""
+    steps), ``comm_prefill`` and ``comm_decode`` (:func:`comm_counts`, with a ``meter``: it watches
+    the whole run, at a Python cost per op that the times then include), ``kv_bytes`` (this rank's
+    cache of the batch at the end), ``kv_bytes_per_token``."""
+    with meter if meter is not None else contextlib.nullcontext():
+        out = _generate(shard, prompts, new_tokens, on_token)
+    return {**out, "comm_prefill": comm_counts(meter, "prefill"), "comm_decode": comm_counts(meter, "decode")}
+
+
+def _generate(shard: DecoderShard, prompts: torch.Tensor, new_tokens: int, on_token) -> dict:
     if not (shard.first and shard.last):
         raise ValueError("generate() needs a shard with all layers; use generate_pp for pipelines")
     B, s = prompts.shape
@@ -481,28 +429,26 @@ def generate(shard: DecoderShard, prompts: torch.Tensor, new_tokens: int, on_tok
         shard.cache = contiguous_store(shard, B, s + new_tokens)
     seqs = list(range(B))
     prompts = prompts.to(shard.device)
-    c0 = shard.comm.snapshot()
-    _sync(shard.device)
+    device_sync(shard.device)
     t0 = time.perf_counter()
-    nxt = shard.forward(prompts, seqs, [0] * B).argmax(-1)
-    _sync(shard.device)
+    with comm_scope(phase="prefill"):
+        nxt = shard.forward(prompts, seqs, [0] * B).argmax(-1)
+    device_sync(shard.device)
     t1 = time.perf_counter()
-    c1 = shard.comm.snapshot()
     out = [nxt]
     if on_token:
         on_token(0, nxt)
-    for step in range(1, new_tokens):
-        nxt = shard.forward(nxt[:, None], seqs, [s + step - 1] * B).argmax(-1)
-        out.append(nxt)
-        if on_token:
-            on_token(step, nxt)
-    _sync(shard.device)
+    with comm_scope(phase="decode"):
+        for step in range(1, new_tokens):
+            nxt = shard.forward(nxt[:, None], seqs, [s + step - 1] * B).argmax(-1)
+            out.append(nxt)
+            if on_token:
+                on_token(step, nxt)
+    device_sync(shard.device)
     t2 = time.perf_counter()
-    c2 = shard.comm.snapshot()
     stored = s + new_tokens - 1
     return {"tokens": torch.stack(out, 1).cpu(), "prefill_s": t1 - t0, "decode_s": t2 - t1,
             "decode_steps": new_tokens - 1,
-            "comm_prefill": {k: c1[k] - c0[k] for k in c0}, "comm_decode": {k: c2[k] - c1[k] for k in c0},
             "kv_bytes": shard.cache.bytes_per_token * stored * B,
             "kv_bytes_per_token": shard.cache.bytes_per_token}
 
@@ -511,96 +457,94 @@ def generate(shard: DecoderShard, prompts: torch.Tensor, new_tokens: int, on_tok
 # pipeline-parallel generation
 # ----------------------------------------------------------------------------------------------
 
-def _counts(*comms: Comm) -> dict:
-    """The summed counts of distinct Comms (a shard's tensor-parallel one and a pipeline's)."""
-    total: dict = {}
-    for c in {id(c): c for c in comms}.values():
-        for k, v in c.snapshot().items():
-            total[k] = total.get(k, 0) + v
-    return total
-
-
 @torch.no_grad()
 def generate_pp(shard: DecoderShard, prompts: torch.Tensor, new_tokens: int, stage: int, stages: int,
-                microbatches: int = 1, on_token=None, pipe: Comm | None = None) -> dict:
+                microbatches: int = 1, on_token=None, meter: CommMeter | None = None, pipe: Any = None) -> dict:
     """Greedy decoding through a pipeline of ``stages`` processes (this one is ``stage``, holding
     ``shard.layers``). The batch is cut into ``microbatches``; for every position, each microbatch
     goes through the stages in order: the hidden states [b, s, h] with ``isend``/``recv`` to the next
     stage, and from the last stage the new tokens back to the first. Sends are non-blocking, so the
     stages work on different microbatches at once. Every stage returns the tokens (broadcast from the
-    last stage at the end) and its own counts and cache bytes, like :func:`generate`.
+    last stage at the end) and its own counts (with a ``meter``: the shard's all-reduces and the
+    pipeline's messages) and cache bytes, like :func:`generate`.
 
-    ``pipe`` is the Comm over the stages (default: the shard's own). With a tensor-parallel shard it
-    must be a separate one — the group of this rank's peers with the same tensor-parallel index —
-    and the counts returned are both Comms' together."""
+    ``pipe`` is the process group over the stages (default: the shard's own). With a
+    tensor-parallel shard it must be a separate one: the group of this rank's peers with the same
+    tensor-parallel index (:func:`mesh_shard`)."""
+    if pipe is None:
+        if shard.tp_size > 1 and stages > 1:
+            raise ValueError("tensor and pipeline parallelism together need a separate pipeline group (pipe=...)")
+        pipe = shard.group
+    with meter if meter is not None else contextlib.nullcontext():
+        out = _generate_pp(shard, prompts, new_tokens, stage, stages, microbatches, on_token, pipe)
+    return {**out, "comm_prefill": comm_counts(meter, "prefill"), "comm_decode": comm_counts(meter, "decode")}
+
+
+def _generate_pp(shard: DecoderShard, prompts: torch.Tensor, new_tokens: int, stage: int, stages: int,
+                 microbatches: int, on_token, group: Any) -> dict:
     B, s = prompts.shape
     m = max(1, min(microbatches, B))
     if shard.cache is None:
         shard.cache = contiguous_store(shard, B, s + new_tokens)
-    comm, dev, h = pipe or shard.comm, shard.device, shard.cfg.hidden
-    if shard.tp_size > 1 and comm is shard.comm and stages > 1:
-        raise ValueError("tensor and pipeline parallelism together need a separate pipeline Comm (pipe=...)")
-
-    def counts():
-        return _counts(shard.comm, comm)
+    dev, h = shard.device, shard.cfg.hidden
     groups = [g.tolist() for g in torch.arange(B).tensor_split(m)]
     prompts = prompts.to(dev)
     last = stages - 1
     tokens = torch.zeros(B, new_tokens, dtype=torch.long)
-    c0 = counts()
-    _sync(dev)
+    pending: list = []
+    device_sync(dev)
     t0 = time.perf_counter()
-    t1, c1 = None, None
+    t1 = t0
     for i in range(new_tokens):
-        for g in groups:
-            b, seq_len = len(g), (s if i == 0 else 1)
-            pos0 = [0 if i == 0 else s + i - 1] * b
-            if stage == 0:
-                if i == 0:
-                    inp = prompts[g[0]:g[-1] + 1]
+        with comm_scope(phase="prefill" if i == 0 else "decode"):
+            for g in groups:
+                b, seq_len = len(g), (s if i == 0 else 1)
+                pos0 = [0 if i == 0 else s + i - 1] * b
+                if stage == 0:
+                    if i == 0:
+                        inp = prompts[g[0]:g[-1] + 1]
+                    else:
+                        inp = _recv((b, 1), torch.long, last, dev, group) if stages > 1 else \
+                            tokens[g[0]:g[-1] + 1, i - 1:i].to(dev)
                 else:
-                    inp = comm.recv((b, 1), torch.long, last, dev) if stages > 1 else \
-                        tokens[g[0]:g[-1] + 1, i - 1:i].to(dev)
-            else:
-                inp = comm.recv((b, seq_len, h), shard.dtype, stage - 1, dev)
-            out = shard.forward(inp, g, pos0)
-            if stage == last:
-                nxt = out.argmax(-1)
-                tokens[g[0]:g[-1] + 1, i] = nxt.cpu()
-                if on_token:
-                    on_token(i, g, nxt)
-                if stages > 1 and i < new_tokens - 1:
-                    comm.isend(nxt[:, None], 0)
-            else:
-                comm.isend(out, stage + 1)
-        if i == 0:
-            comm.wait()
-            _sync(dev)
-            t1, c1 = time.perf_counter(), counts()
-    comm.wait()
-    _sync(dev)
+                    inp = _recv((b, seq_len, h), shard.dtype, stage - 1, dev, group)
+                out = shard.forward(inp, g, pos0)
+                if stage == last:
+                    nxt = out.argmax(-1)
+                    tokens[g[0]:g[-1] + 1, i] = nxt.cpu()
+                    if on_token:
+                        on_token(i, g, nxt)
+                    if stages > 1 and i < new_tokens - 1:
+                        _isend(nxt[:, None], 0, group, pending)
+                else:
+                    _isend(out, stage + 1, group, pending)
+            if i == 0:
+                _wait(pending)
+                device_sync(dev)
+                t1 = time.perf_counter()
+    _wait(pending)
+    device_sync(dev)
     t2 = time.perf_counter()
-    c2 = counts()
     if stages > 1:
         tok = tokens.to(dev)
-        comm.broadcast(tok, last)
+        with comm_scope(phase="gather-tokens"):
+            dist.broadcast(tok, _global(group, last), group=group)
         tokens = tok.cpu()
     stored = s + new_tokens - 1
     return {"tokens": tokens, "prefill_s": t1 - t0, "decode_s": t2 - t1, "decode_steps": new_tokens - 1,
-            "comm_prefill": {k: c1[k] - c0[k] for k in c0}, "comm_decode": {k: c2[k] - c1[k] for k in c0},
             "kv_bytes": shard.cache.bytes_per_token * stored * B,
             "kv_bytes_per_token": shard.cache.bytes_per_token, "microbatches": m}
 
 
-def mesh_shard(cfg: InferenceConfig, weights: dict, mesh, device="cpu") -> tuple[DecoderShard, Comm, int]:
+def mesh_shard(cfg: GPTConfig, model: GPT, mesh: Any, device: Any = "cpu") -> tuple[DecoderShard, Any, int]:
     """This rank's part of the model on a ``DeviceMesh`` with dimensions ("pp", "tp"): the layers of
     its stage and, of those, the heads and MLP columns of its tensor-parallel rank. Returns the shard
-    (its Comm all-reduces over "tp"), the pipeline Comm (over "pp") and the stage, ready for
+    (it all-reduces over "tp"), the pipeline group ("pp") and the stage, ready for
     ``generate_pp(shard, ..., stage=stage, stages=mesh.size(0), pipe=pipe)``."""
     pp, tp = mesh.size(mesh.mesh_dim_names.index("pp")), mesh.size(mesh.mesh_dim_names.index("tp"))
-    cfg.check_tp(tp)
-    cfg.check_pp(pp)
+    check_tp(cfg, tp)
+    check_pp(cfg, pp)
     stage, tp_rank = mesh.get_local_rank("pp"), mesh.get_local_rank("tp")
-    shard = DecoderShard(cfg, weights, tp_rank=tp_rank, tp_size=tp, layer_range=split_layers(cfg.layers, pp)[stage],
-                         comm=Comm(mesh.get_group("tp")), device=device)
-    return shard, Comm(mesh.get_group("pp")), stage
+    shard = DecoderShard(cfg, model, tp_rank=tp_rank, tp_size=tp, layer_range=split_layers(cfg.layers, pp)[stage],
+                         group=mesh.get_group("tp"), device=device)
+    return shard, mesh.get_group("pp"), stage

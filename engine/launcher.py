@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from .runs import RunRecord, set_command, tail_lines
 
@@ -296,7 +297,7 @@ class Launch:
         self._torchrun_lines: list[str] = []
         self._errors: list[dict] = []
         self._started = 0.0
-        self._log_files: dict[int | None, object] = {}
+        self._log_files: dict[int | None, IO[str]] = {}
         self._event_offsets: dict[Path, int] = {}
 
     # ---- control ----
@@ -361,6 +362,7 @@ class Launch:
         """Start (if needed) and wait; Ctrl-C in the caller stops the run and is re-raised after."""
         if self.proc is None:
             self.start()
+        assert self.proc is not None
         interrupted = False
         while True:
             try:

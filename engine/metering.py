@@ -160,7 +160,9 @@ class CommMeter(TorchDispatchMode):
 
     def __init__(self, backend: str | None = None) -> None:
         super().__init__()
-        self.backend = (backend or str(dist.get_backend())).lower()
+        if backend is None:
+            backend = str(dist.get_backend()) if dist.is_available() and dist.is_initialized() else "none"
+        self.backend = backend.lower()
         self.records: list[CommRecord] = []
         self.sent = 0.0
         self.by_op: dict[str, float] = defaultdict(float)

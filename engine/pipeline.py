@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -94,7 +94,7 @@ class StageModule(nn.Module):
         first = self.layers[0]
         if isinstance(first, Embedding):
             return TensorMeta((microbatch_size, self.cfg.seq), "int64")
-        return TensorMeta((self.cfg.seq, microbatch_size, int(first.hidden)), "float32")
+        return TensorMeta((self.cfg.seq, microbatch_size, self.cfg.hidden), "float32")
 
 
 def split_layers(layers: Sequence[nn.Module], n_stages: int, cfg: GPTConfig) -> list[StageModule]:
@@ -175,7 +175,7 @@ class PipelineRunner:
     ``chunks`` maps each of this rank's virtual stages (``chunk * p + rank``) to its module.
     """
 
-    def __init__(self, chunks: dict[int, nn.Module], *, rank: int, p: int, m: int, schedule: str,
+    def __init__(self, chunks: Mapping[int, StageModule], *, rank: int, p: int, m: int, schedule: str,
                  v: int = 1, microbatch_size: int, device: torch.device | str = "cpu",
                  loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = loss_fn,
                  group: dist.ProcessGroup | None = None, events=None, sync_timing: bool | None = None,
@@ -267,26 +267,26 @@ class PipelineRunner:
         """One pass of the schedule over the ``m`` microbatches. ``inputs`` (microbatches of token
         ids) are needed on the rank of stage 0, ``targets`` on the rank of the last stage.
         Gradients accumulate into the chunks' ``.grad``."""
-        if self.metas is None:
-            self.validate()
+        metas = self.metas if self.metas is not None else self.validate()
         first, last = 0, self.n_stages - 1
         if first in self.chunks and (inputs is None or len(inputs) != self.m):
             raise PipelineConfigError(f"the first stage needs {self.m} input microbatches")
         if last in self.chunks and (targets is None or len(targets) != self.m):
             raise PipelineConfigError(f"the last stage needs {self.m} target microbatches")
+        inputs, targets = inputs or (), targets or ()
         if first in self.chunks:
-            want = self.metas[0][0]
+            want = metas[0][0]
             for x in inputs:
                 if TensorMeta.of(x) != want:
                     raise PipelineConfigError(f"input microbatch is {TensorMeta.of(x)} but stage 0 expects {want}")
         stage_in: dict[tuple[int, int], torch.Tensor] = {}
         stage_out: dict[tuple[int, int], torch.Tensor] = {}
         recv_buf: dict[sim.Message, torch.Tensor] = {}
-        recv_work: dict[sim.Message, list] = {}
+        recv_work: dict[sim.Message, _Batch] = {}
         sends_in_flight: list = []
         pending: list[sim.Action] = []
         records: list[OpRecord] = []
-        total_loss = torch.zeros((), dtype=torch.float64, device=self.device) if last in self.chunks else None
+        total_loss = torch.zeros((), dtype=torch.float64, device=self.device)
         self.meter.reset_peak()
 
         def flush():
@@ -304,7 +304,7 @@ class PipelineRunner:
                     ops.append(dist.P2POp(dist.isend, t, self._peer(msg.dst % self.p), self.group))
                 else:
                     stage = msg.from_stage + 1 if msg.kind == sim.FORWARD else msg.from_stage - 1
-                    meta = self.metas[stage][0] if msg.kind == sim.FORWARD else self.metas[stage][1]
+                    meta = metas[stage][0] if msg.kind == sim.FORWARD else metas[stage][1]
                     buf = meta.empty(self.device)
                     recv_buf[msg] = buf
                     recvs.append(msg)
@@ -376,7 +376,7 @@ class PipelineRunner:
         if recv_work or stage_out:
             raise RuntimeError(f"rank {self.rank}: schedule left {len(recv_work)} receives and "
                                f"{len(stage_out)} activations behind")
-        loss = float(total_loss) if total_loss is not None else None
+        loss = float(total_loss) if last in self.chunks else None
         if self.events is not None:
             for rec in records:
                 self.events.emit("pp_op", schedule=self.schedule, step=self._step, op=rec.op.kind,

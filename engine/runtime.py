@@ -49,8 +49,7 @@ def init_distributed(timeout_s: float | None = None) -> DistContext:
     backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = timedelta(seconds=float(timeout_s or os.environ.get(TIMEOUT_ENV, "120")))
     if not dist.is_initialized():
-        kwargs = {"device_id": device} if backend == "nccl" else {}
-        dist.init_process_group(backend=backend, timeout=timeout, **kwargs)
+        dist.init_process_group(backend=backend, timeout=timeout, device_id=device if backend == "nccl" else None)
     return DistContext(rank, world_size, local_rank, device, backend, EventSink(rank))
 
 

@@ -113,7 +113,11 @@ class Collectives:
         """``out`` (S elements) <- the sum over ranks of this rank's slice of ``inp`` (N*S)."""
         n = self.world_size
         if n == 1:
-            return _Handle(finish=lambda: out.copy_(inp) if out.data_ptr() != inp.data_ptr() else None)
+            def copy() -> None:
+                if out.data_ptr() != inp.data_ptr():
+                    out.copy_(inp)
+
+            return _Handle(finish=copy)
         if self.backend != "gloo":
             return _Handle(reduce_scatter_into(out, inp, self.group, async_op))
         received = torch.empty_like(inp)
@@ -242,6 +246,7 @@ class ZeroEngine:
 
     @staticmethod
     def _set_grad_views(unit: _Unit) -> None:
+        assert unit.grad_full is not None
         offset = 0
         for p in unit.params:
             p.grad = unit.grad_full[offset:offset + p.numel()].view(p.shape)
@@ -341,9 +346,10 @@ class ZeroEngine:
             self._post_backward(unit)
 
     def _post_backward(self, unit: _Unit) -> None:
-        grad = unit.grad_full
+        grad, shard = unit.grad_full, unit.grad_shard
+        assert grad is not None and shard is not None  # made by _pre_backward / at construction
         grad.div_(self.world_size)  # the mean over ranks, as DDP computes it
-        unit.reduce = self.comm.reduce_scatter(unit.grad_shard, grad, async_op=True)
+        unit.reduce = self.comm.reduce_scatter(shard, grad, async_op=True)
         self._note("reduce_scatter", unit)
         if self.stage >= 2:
             for p in unit.params:
@@ -376,7 +382,7 @@ class ZeroEngine:
                 raise RuntimeError(f"ZeRO step before unit {unit.index}'s backward finished "
                                    f"({unit.grads_ready}/{len(unit.params)} gradients; {missing[:3]})")
             self._finish_reduce(unit)
-            if self.mixed:
+            if self.mixed and unit.grad_shard is not None:
                 unit.master.grad = unit.grad_shard.to(self.master_dtype)
         self.optimizer.step()
         self._note("step", None)
@@ -389,7 +395,7 @@ class ZeroEngine:
                     unit.gathered = False
                     unit.gather = self.comm.all_gather(unit.full, unit.shard, async_op=True)
                     self._note("all_gather", unit)
-                if self.stage == 1:
+                if self.stage == 1 and unit.grad_full is not None:
                     unit.grad_full.zero_()
                 unit.grads_ready = 0
 
@@ -432,7 +438,9 @@ class ZeroEngine:
         fp32 masters count as parameters when they share the parameters' storage (fp32
         training) and as optimizer state when they are a separate copy (mixed precision).
         """
-        params, grads, opt = [], [], []
+        params: list[torch.Tensor] = []
+        grads: list[torch.Tensor] = []
+        opt: list[torch.Tensor] = []
         for unit in self._units:
             params += [unit.full, unit.shard] + list(unit.params)
             grads += [t for t in (unit.grad_shard, unit.grad_full) if t is not None]

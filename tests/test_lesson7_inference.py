@@ -11,11 +11,11 @@ import torch
 
 from distai.engine.inference import (
     DecoderShard,
-    InferenceConfig,
+    build_model,
     contiguous_store,
+    decoder_config,
     generate,
     generate_pp,
-    make_weights,
     reference_greedy,
     reference_logits,
     split_layers,
@@ -27,8 +27,8 @@ from distai.lessons.lesson7.paging import BlockAllocator, ContiguousAllocator, p
 
 PROMPT_LEN, NEW = 6, 8
 CONFIGS = {  # name -> config; "mqa" has 1 KV head: replicated on every TP rank
-    "gqa-rms": InferenceConfig(vocab=128, hidden=64, layers=4, heads=8, kv_heads=4, norm="rms"),
-    "mqa-layernorm": InferenceConfig(vocab=128, hidden=64, layers=4, heads=8, kv_heads=1, norm="layer"),
+    "gqa-rms": decoder_config(vocab=128, hidden=64, layers=4, heads=8, kv_heads=4, norm="rms"),
+    "mqa-layernorm": decoder_config(vocab=128, hidden=64, layers=4, heads=8, kv_heads=1, norm="layer"),
 }
 
 
@@ -49,18 +49,18 @@ MESH_ARGS = ["--tp", "2", "--pp", "2", "--skip", "paged,routing", "--new-tokens"
 def _group_checks(rank: int, world: int, events_dir: str) -> dict:
     import torch.distributed as dist
 
-    from distai.engine.inference import Comm
+    from distai.engine.metering import CommMeter
 
     out: dict = {}
     for name, cfg in CONFIGS.items():
         if name not in _names(world):
             continue
-        w = make_weights(cfg, seed=0, dtype=torch.float64)
+        w = build_model(cfg, seed=0, dtype=torch.float64)
         prompts = _prompts(cfg)
-        ref = reference_greedy(cfg, w, prompts, NEW)
+        ref = reference_greedy(w, prompts, NEW)
         # tensor parallel: heads split over all ranks
-        tp = DecoderShard(cfg, w, tp_rank=rank, tp_size=world, comm=Comm())
-        r = generate(tp, prompts, NEW)
+        tp = DecoderShard(cfg, w, tp_rank=rank, tp_size=world)
+        r = generate(tp, prompts, NEW, meter=CommMeter())
         out[(name, "tp")] = {"equal": torch.equal(r["tokens"], ref), "tokens": r["tokens"],
                              "comm_prefill": r["comm_prefill"], "comm_decode": r["comm_decode"],
                              "kv_bytes": r["kv_bytes"], "kv_local": tp.kv_local, "kv0": tp.kv0,
@@ -68,31 +68,32 @@ def _group_checks(rank: int, world: int, events_dir: str) -> dict:
         # pipeline parallel: layers split, 1 and 2 microbatches
         for m in (1, 2):
             rng = split_layers(cfg.layers, world)[rank]
-            pp = DecoderShard(cfg, w, layer_range=rng, comm=Comm())
-            r = generate_pp(pp, prompts, NEW, stage=rank, stages=world, microbatches=m)
+            pp = DecoderShard(cfg, w, layer_range=rng)
+            r = generate_pp(pp, prompts, NEW, stage=rank, stages=world, microbatches=m, meter=CommMeter())
             out[(name, f"pp{m}")] = {"equal": torch.equal(r["tokens"], ref), "layers": list(rng),
                                      "comm_prefill": r["comm_prefill"], "comm_decode": r["comm_decode"],
                                      "kv_bytes": r["kv_bytes"]}
     # a forgotten all-reduce is caught: TP without the MLP's all-reduce gives other logits
     cfg = CONFIGS["gqa-rms"]
-    w = make_weights(cfg, seed=0, dtype=torch.float64)
-    bad = DecoderShard(cfg, w, tp_rank=rank, tp_size=world, comm=Comm())
+    w = build_model(cfg, seed=0, dtype=torch.float64)
+    bad = DecoderShard(cfg, w, tp_rank=rank, tp_size=world)
     bad._mlp = lambda i, m: (torch.nn.functional.silu(m @ bad.w[f"l{i}.w_gate"].T)
                              * (m @ bad.w[f"l{i}.w_up"].T)) @ bad.w[f"l{i}.w_down"].T
     bad.cache = contiguous_store(bad, 4, PROMPT_LEN + 1)
     logits = bad.forward(_prompts(cfg), list(range(4)), [0] * 4)
-    out["forgotten_allreduce_diff"] = (logits - reference_logits(cfg, w, _prompts(cfg))[:, -1]).abs().max().item()
+    out["forgotten_allreduce_diff"] = (logits - reference_logits(w, _prompts(cfg))[:, -1]).abs().max().item()
     if world == 4:  # tensor × pipeline parallel on a (pp=2, tp=2) mesh, 1 and 2 microbatches
         from torch.distributed.device_mesh import init_device_mesh
 
         from distai.engine.inference import mesh_shard
 
         mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "tp"))
-        w = make_weights(cfg, seed=0, dtype=torch.float64)
-        ref = reference_greedy(cfg, w, _prompts(cfg), NEW)
+        w = build_model(cfg, seed=0, dtype=torch.float64)
+        ref = reference_greedy(w, _prompts(cfg), NEW)
         for m in (1, 2):
             sh, pipe, stage = mesh_shard(cfg, w, mesh)
-            r = generate_pp(sh, _prompts(cfg), NEW, stage=stage, stages=2, microbatches=m, pipe=pipe)
+            r = generate_pp(sh, _prompts(cfg), NEW, stage=stage, stages=2, microbatches=m, pipe=pipe,
+                            meter=CommMeter())
             out[("tp-pp", m)] = {"equal": torch.equal(r["tokens"], ref), "stage": stage, "tp_rank": sh.tp_rank,
                                  "layers": sh.layers, "kv0": sh.kv0, "kv_local": sh.kv_local,
                                  "comm_decode": r["comm_decode"], "kv_bytes": r["kv_bytes"]}
@@ -270,8 +271,8 @@ def test_forgotten_allreduce_is_caught(group):
 @pytest.fixture(scope="module")
 def served():
     torch.set_num_threads(1)
-    cfg = InferenceConfig(vocab=128, hidden=64, layers=2, heads=4, kv_heads=2)
-    w = make_weights(cfg, seed=0, dtype=torch.float64)
+    cfg = decoder_config(vocab=128, hidden=64, layers=2, heads=4, kv_heads=2)
+    w = build_model(cfg, seed=0, dtype=torch.float64)
     reqs = poisson_requests(14, 1.5, prompt_range=(3, 20), output_range=(2, 14), seed=5, vocab=cfg.vocab)
     max_len = max(r.prompt_len + r.output_len - 1 for r in reqs)
     runs = {}
@@ -283,16 +284,18 @@ def served():
         sh = DecoderShard(cfg, w)
         sh.cache = make(sh)
         runs[name] = ContinuousBatcher(sh, max_batch=8).run(reqs)
-    refs = {r.rid: reference_greedy(cfg, w, torch.tensor([r.prompt]), r.output_len)[0].tolist() for r in reqs}
+    refs = {r.rid: reference_greedy(w, torch.tensor([r.prompt]), r.output_len)[0].tolist() for r in reqs}
     return cfg, reqs, runs, refs, max_len
 
 
 def test_cached_decoding_equals_no_cache_reference():
-    cfg = InferenceConfig(vocab=128, hidden=64, layers=3, heads=8, kv_heads=2)
-    w = make_weights(cfg, seed=3, dtype=torch.float64)
+    cfg = decoder_config(vocab=128, hidden=64, layers=3, heads=8, kv_heads=2)
+    w = build_model(cfg, seed=3, dtype=torch.float64)
     prompts = _prompts(cfg, batch=3, seed=4)
-    r = generate(DecoderShard(cfg, w), prompts, NEW)
-    assert torch.equal(r["tokens"], reference_greedy(cfg, w, prompts, NEW))
+    from distai.engine.metering import CommMeter
+
+    r = generate(DecoderShard(cfg, w), prompts, NEW, meter=CommMeter())
+    assert torch.equal(r["tokens"], reference_greedy(w, prompts, NEW))
     assert r["comm_decode"]["all_reduces"] == 0
     assert len(set(r["tokens"].flatten().tolist())) > 3  # not a degenerate constant output
 

@@ -49,11 +49,11 @@ def test_layer_stages_are_the_engines(layers, pp):
 def test_head_owners_are_the_engines(kv, tp):
     import torch
 
-    from distai.engine.inference import DecoderShard, InferenceConfig, make_weights
+    from distai.engine.inference import DecoderShard, build_model, decoder_config
 
     owners = head_owners(kv, tp)
-    cfg = InferenceConfig(vocab=16, hidden=8 * 16, layers=1, heads=16, kv_heads=kv)
-    w = make_weights(cfg, dtype=torch.float32)
+    cfg = decoder_config(vocab=16, hidden=8 * 16, layers=1, heads=16, kv_heads=kv)
+    w = build_model(cfg, dtype=torch.float32)
     for r in range(tp):
         sh = DecoderShard(cfg, w, tp_rank=r, tp_size=tp)
         mine = [h for h, o in enumerate(owners) if r in o]

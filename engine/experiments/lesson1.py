@@ -164,7 +164,7 @@ def sweep(ctx, args, progress: Progress) -> list[dict]:
     n = ctx.world_size
     sizes = sweep_sizes(args.sweep_min_bytes, args.sweep_max_bytes)
     phase(ctx, "sweep", sizes=sizes, n=n)
-    rows = []
+    rows: list[dict] = []
     for k, size in enumerate(sizes):
         x = torch.zeros(size // 4, dtype=torch.float32, device=ctx.device)
         call = 1000 + k
@@ -179,8 +179,8 @@ def sweep(ctx, args, progress: Progress) -> list[dict]:
                                           trace=ctx.events if args.trace == "all" else None, call=call)
             ar = lambda x=x: dist.all_reduce(x)  # noqa: E731
             order = ((0, ring), (1, ar)) if i % 2 == 0 else ((1, ar), (0, ring))
-            for row, fn in order:
-                times[row, i] = timed_collective(fn, ctx.is_cuda)
+            for which, fn in order:
+                times[which, i] = timed_collective(fn, ctx.is_cuda)
         times = times.to(ctx.device)  # NCCL reduces device tensors only
         dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a collective takes as long as its slowest rank
         t_ring = statistics.median(times[0].tolist())
@@ -203,7 +203,7 @@ def sweep(ctx, args, progress: Progress) -> list[dict]:
 def fit(ctx, rows: list[dict]) -> dict[str, dict]:
     """alpha-beta fits of both implementations (from the lesson's formulas)."""
     n = ctx.world_size
-    out = {}
+    out: dict[str, dict] = {}
     if len(rows) < 2 or n < 2:  # one rank sends nothing: the alpha-beta model has no terms to fit
         return out
     sizes = [r["size"] for r in rows]

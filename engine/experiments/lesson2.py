@@ -103,6 +103,7 @@ class Trainer:
     """``step(batch)`` trains on this rank's slice of a global batch and returns the loss."""
 
     name = "?"
+    opt: torch.optim.Optimizer  # the torch optimizer of the trainers that use one
 
     def __init__(self, model: GPT, rank: int, world_size: int, device):
         self.model, self.rank, self.world_size, self.device = model, rank, world_size, device
@@ -317,7 +318,7 @@ def run_strategy(strategy: str, cfg: GPTConfig, batches, rank: int, world_size: 
         t0 = time.perf_counter()
         if i == meter_step:
             meter = CommMeter()
-            if strategy == "fsdp2" and fsdp_tracker:
+            if isinstance(trainer, FSDP2Trainer) and fsdp_tracker:
                 tracker = _fsdp_tracker(trainer)
             with meter, (tracker if tracker is not None else _null()):
                 loss = trainer.step(batch)
@@ -338,7 +339,7 @@ def run_strategy(strategy: str, cfg: GPTConfig, batches, rank: int, world_size: 
         result["units"] = len(trainer.engine.layout())
     if tracker is not None:
         snap = tracker.get_tracker_snapshot("current")
-        per_device = next(iter(snap.values()), {})
+        per_device: dict = next(iter(snap.values()), {})
         result["fsdp_tracker"] = {str(k): int(v) for k, v in per_device.items()}
     if device.type == "cuda":
         result["cuda_max_allocated"] = int(torch.cuda.max_memory_allocated(device))

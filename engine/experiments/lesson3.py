@@ -58,6 +58,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -65,6 +66,7 @@ import torch.distributed as dist
 
 from ..checkpoint import Checkpointer, ResumableSampler, TrainingState, read_checked, write_checked
 from ..events import EVENTS_DIR_ENV, read_events
+from ..experiment import UsageError, exit_with, run_experiment
 
 FORGETTABLE = ("rng", "rng.torch", "rng.numpy", "rng.python", "sampler", "optimizer", "scheduler", "scaler")
 
@@ -182,6 +184,7 @@ class Trainer:
     def step(self, mid_step=None) -> float:
         """One data-parallel step; returns the loss averaged over all ranks."""
         st, args = self.state, self.args
+        assert st.sampler is not None  # build() gives every training state its sampler
         idx = torch.tensor(st.sampler.next_batch(args.batch), device=self.device)
         xb, yb = self.x[idx], self.y[idx]
         std = random.uniform(0.0, args.noise)  # Python's generator
@@ -284,7 +287,8 @@ def _attempt_number(root: Path, rank: int, device) -> int:
 
 def _history(events_dir: Path | None, before_attempt: int) -> dict:
     """What earlier attempts recorded: the last failure, and the losses they computed per step."""
-    out = {"failure": None, "losses": {}, "last_step": 0, "failures": 0, "checkpoints": [], "restarts": []}
+    out: dict[str, Any] = {"failure": None, "losses": {}, "last_step": 0, "failures": 0, "checkpoints": [],
+                           "restarts": []}
     if events_dir is None or not events_dir.is_dir():
         return out
     for path in sorted(events_dir.glob("rank*.jsonl")):
@@ -306,18 +310,23 @@ def _history(events_dir: Path | None, before_attempt: int) -> dict:
     return out
 
 
-def run(args, ctx) -> int:
+def run(ctx, args) -> tuple[dict | None, int]:
     rank, world = ctx.rank, ctx.world_size
     events = ctx.events
     if args.kill_rank is not None and not 0 <= args.kill_rank < world:
-        raise SystemExit(f"--kill-rank {args.kill_rank}: this run has ranks 0..{world - 1}")
+        raise UsageError(f"--kill-rank {args.kill_rank}: this run has ranks 0..{world - 1}")
     if not args.no_fault and (args.kill_rank is not None or not args.fail_every) \
             and not 1 <= args.at_step <= args.steps:
-        raise SystemExit(f"--at-step must be between 1 and --steps ({args.steps})")
+        raise UsageError(f"--at-step must be between 1 and --steps ({args.steps})")
     if ctx.is_cuda:
         torch.use_deterministic_algorithms(True)
     events_dir = Path(os.environ[EVENTS_DIR_ENV]) if os.environ.get(EVENTS_DIR_ENV) else None
-    root = Path(args.ckpt_dir) if args.ckpt_dir else Path(events_dir).parent / "checkpoints"
+    if args.ckpt_dir:
+        root = Path(args.ckpt_dir)
+    elif events_dir is not None:
+        root = events_dir.parent / "checkpoints"
+    else:
+        raise UsageError("--ckpt-dir is needed when DISTAI_EVENTS_DIR is not set")
     attempt = _attempt_number(root, rank, ctx.device)
     restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     events.emit("phase", name="start", backend=ctx.backend, n=world, attempt=attempt, restart_count=restart_count)
@@ -327,7 +336,7 @@ def run(args, ctx) -> int:
     ckpt = Checkpointer(root, rank, world, form=args.format, keep=args.keep)
     # what this rank is doing, for a failure at a random moment: the step in progress is the one
     # after the last step reported
-    where = {"phase": "step", "reported": 0}
+    where: dict[str, Any] = {"phase": "step", "reported": 0}
     faults = Faults(args, rank, world, attempt, events,
                     lambda: (where["reported"] + 1, where["phase"]))
     say = print if rank == 0 else (lambda *a, **k: None)
@@ -434,11 +443,10 @@ def run(args, ctx) -> int:
                       checkpoint_bytes=cks[-1]["bytes"] if cks else 0,
                       checkpoint_seconds_mean=(sum(c["seconds"] for c in cks) / len(cks)) if cks else 0.0,
                       checkpoint_dir=str(root))
-        events.emit("summary", **result)
         print(format_summary(result), flush=True)
-    if not args.no_compare and not result["compare"]["identical"] and not args.forget:
-        return 3
-    return 0
+    # a resumed run that differs from the uninterrupted one is the lesson's failure, not a crash
+    status = 3 if not args.no_compare and not result["compare"]["identical"] and not args.forget else 0
+    return (result if rank == 0 else None), status
 
 
 def format_summary(s: dict) -> str:
@@ -481,16 +489,20 @@ def init_group_per_attempt(timeout_s: float | None = None) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = choose_device(int(os.environ.get("LOCAL_RANK", "0")))
     timeout = timedelta(seconds=float(timeout_s or os.environ.get(TIMEOUT_ENV, "120")))
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
-                          timeout=timeout)
-    store = dist.PrefixStore(f"distai/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    agent_store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                                timeout=timeout)
+    store = dist.PrefixStore(f"distai/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", agent_store)
     backend = "nccl" if device.type == "cuda" else "gloo"
-    kwargs = {"device_id": device} if backend == "nccl" else {}
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout, **kwargs)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout,
+                            device_id=device if backend == "nccl" else None)
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    return run_experiment("lesson3", parse_args, run, argv, before_init=prepare)
+
+
+def prepare(args) -> None:
+    """Where events go without a launcher, deterministic cuBLAS, and the per-attempt rendezvous."""
     if not os.environ.get(EVENTS_DIR_ENV):
         # no launcher: keep events (the journal a restart reads) next to the checkpoints
         base = Path(args.ckpt_dir or "lesson3-run").resolve()
@@ -498,16 +510,9 @@ def main(argv=None) -> int:
         if not args.ckpt_dir:
             args.ckpt_dir = str(base / "checkpoints")
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS on GPUs
-    from ..runtime import init_distributed, shutdown
-
     if not args.plain_init:
         init_group_per_attempt()
-    ctx = init_distributed()
-    try:
-        return run(args, ctx)
-    finally:
-        shutdown(ctx)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_with(main)

@@ -131,7 +131,8 @@ def train_against_dense(cfg: GPTConfig, batch: int, sp: bool, steps: int = 2, lr
         with torch.no_grad():
             for m in (dense, model):
                 for p in m.parameters():
-                    p -= lr * p.grad
+                    if p.grad is not None:
+                        p.sub_(lr * p.grad)
     out["meter"] = meter
     out["elem_size"] = torch.empty((), dtype=dtype).element_size()
     out["T"] = tp.size
@@ -228,7 +229,7 @@ def compare_with_dtensor(cfg: GPTConfig, batch: int, sp: bool, seed: int = 0,
     T = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
     cfg.check_tp(T, sp)
-    dense = GPT(cfg, seed=seed, dtype=dtype, device=DEVICE).blocks[0]
+    dense = GPT(cfg, seed=seed, dtype=dtype, device=DEVICE).block_list()[0]
     dt_block = copy.deepcopy(dense)
     tp = TPGroup(sequence_parallel=sp)
     ours = TPBlock(dense, tp, 0)

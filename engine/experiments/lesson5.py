@@ -35,6 +35,7 @@ import argparse
 import os
 import statistics
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -174,7 +175,8 @@ def run_torch(ctx, schedule: str, cfg, p: int, m: int, v: int, batches, lr: floa
 
     rank = ctx.rank
     chunks = pl.build_rank_chunks(cfg, p, v, rank, seed=seed, device=ctx.device)
-    stages = [PipelineStage(chunks[c * p + rank], c * p + rank, p * v, ctx.device) for c in range(v)]
+    stages: list[Any] = [PipelineStage(chunks[c * p + rank], c * p + rank, p * v, ctx.device) for c in range(v)]
+    sched: ScheduleGPipe | Schedule1F1B | ScheduleInterleaved1F1B
     if schedule == "gpipe":
         sched = ScheduleGPipe(stages[0], m, loss_fn=pl.loss_fn)
     elif schedule == "1f1b":

@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import sys
 import time
 
 import torch
@@ -57,22 +56,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ...lessons.lesson6 import formulas as FM
 from ...lessons.lesson6.simulation import exponent_histogram
 from ..bucketing import BucketedDataParallel, StepTimeline, ddp_timed_allreduce_hook
+from ..experiment import Progress, device_sync, exit_with, run_experiment
 from ..loss_scaling import DynamicLossScaler, MasterWeightOptimizer
-from ..runtime import init_distributed, shutdown
 
 MODES = ("overlap", "no-overlap", "ddp")
-
-
-class Progress:
-    """``progress`` events from rank 0 for the run view."""
-
-    def __init__(self, ctx, total: int):
-        self.ctx, self.total, self.done = ctx, max(1, total), 0
-
-    def advance(self, label: str) -> None:
-        self.done += 1
-        if self.ctx.rank == 0:
-            self.ctx.events.emit("progress", done=self.done, total=self.total, label=label)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -136,7 +123,7 @@ def mlp(width: int, depth: int, outputs: int, act=torch.nn.Tanh) -> torch.nn.Seq
 
 # ---- part 1: loss scaling ----------------------------------------------------------------
 def _flat_grads(model: torch.nn.Module) -> torch.Tensor:
-    return torch.cat([p.grad.detach().float().flatten() for p in model.parameters()])
+    return torch.cat([p.grad.detach().float().flatten() for p in model.parameters() if p.grad is not None])
 
 
 def measure_underflow(probe: torch.nn.Module, x, y, device, dtype, scale: float) -> dict:
@@ -188,6 +175,7 @@ def run_loss_scaling(ctx, args, progress: Progress) -> dict:
 
     target.register_post_accumulate_grad_hook(poison)  # runs before the bucket hook
     model = BucketedDataParallel(student)
+    opt: MasterWeightOptimizer | torch.optim.Adam
     if explicit:
         opt = MasterWeightOptimizer(student.parameters(), lambda ps: torch.optim.Adam(ps, lr=args.lr))
     else:
@@ -198,7 +186,8 @@ def run_loss_scaling(ctx, args, progress: Progress) -> dict:
     ev = ctx.events
     if rank == 0:
         ev.emit("phase", name="loss-scaling", steps=args.steps)
-    stats = {"overflows": 0, "injected": 0, "skipped": 0, "hist": []}
+    stats = {"overflows": 0, "injected": 0, "skipped": 0}
+    hist: list[dict] = []
     losses = []
     for step in range(args.steps):
         x = torch.randn(args.batch, args.width, generator=gen).to(device)
@@ -208,7 +197,7 @@ def run_loss_scaling(ctx, args, progress: Progress) -> dict:
             probe.load_state_dict({k: v.float() for k, v in student.state_dict().items()})
             m = measure_underflow(probe, x, y, device, dtype, scaler.get_scale())
             ev.emit("grad_hist", step=step, scale=scaler.get_scale(), dtype=args.dtype, **m)
-            stats["hist"].append(m)
+            hist.append(m)
         opt.zero_grad(set_to_none=True)
         inject_now[0] = step in args.inject
         with torch.autocast(device.type, dtype=dtype, enabled=not explicit):
@@ -217,11 +206,12 @@ def run_loss_scaling(ctx, args, progress: Progress) -> dict:
         scale = scaler.get_scale()
         scaler.scale(loss).backward()
         inject_now[0] = False
-        if explicit:
+        if isinstance(opt, MasterWeightOptimizer):
             opt.grads_to_master()
         if scaler.enabled:
             scaler.step(opt)
             rec = scaler.update()
+            assert rec is not None  # an enabled scaler reports every update
             overflow, skipped = rec.found_inf, rec.skipped
         else:  # no scaler: nothing checks the gradients, an inf goes into the weights
             overflow = not all(bool(torch.isfinite(p.grad).all()) for g in opt.param_groups
@@ -233,16 +223,15 @@ def run_loss_scaling(ctx, args, progress: Progress) -> dict:
         loss_avg = float(loss_avg) / ctx.world_size
         losses.append(loss_avg)
         injected = step in args.inject
-        stats["overflows"] += overflow
-        stats["injected"] += injected
-        stats["skipped"] += skipped
+        stats["overflows"] += int(overflow)
+        stats["injected"] += int(injected)
+        stats["skipped"] += int(skipped)
         if rank == 0:
             ev.emit("scale", step=step, scale=scale, new_scale=scaler.get_scale(),
                     overflow=overflow, skipped=skipped, injected=injected,
                     growth_tracker=scaler.growth_tracker, loss=loss_avg)
             ev.emit("step", step=step, of=args.steps, loss=loss_avg)
         progress.advance("loss-scaling")
-    hist = stats.pop("hist")
     return {
         **stats,
         "dtype": args.dtype,
@@ -285,20 +274,15 @@ def train_step(model, opt, x, y, timeline: StepTimeline | None = None) -> None:
         timeline.mark("step_done")
 
 
-def _sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def time_steps(model, opt, x, y, n: int, device) -> list[float]:
     """Milliseconds of each of ``n`` steps, on the slowest rank (ranks start each step together)."""
     times = []
     for _ in range(n):
-        _sync(device)
+        device_sync(device)
         dist.barrier()
         t0 = time.perf_counter()
         train_step(model, opt, x, y)
-        _sync(device)
+        device_sync(device)
         times.append((time.perf_counter() - t0) * 1000.0)
     elapsed = torch.tensor(times)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
@@ -361,25 +345,22 @@ def run_overlap(ctx, args, progress: Progress) -> dict:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    ctx = init_distributed()
-    try:
-        summary: dict = {"world_size": ctx.world_size, "device": str(ctx.device),
-                         "backend": ctx.backend}
-        total = (0 if args.skip_scaling else args.steps) + \
-            (0 if args.skip_overlap else args.rounds * len(args.caps) * len(MODES))
-        progress = Progress(ctx, total)
-        if not args.skip_scaling:
-            summary["scaling"] = run_loss_scaling(ctx, args, progress)
-        if not args.skip_overlap:
-            summary["overlap"] = run_overlap(ctx, args, progress)
-        if ctx.rank == 0:
-            ctx.events.emit("summary", **summary)
-            print(format_summary(summary))
-            sys.stdout.flush()
-    finally:
-        shutdown(ctx)
-    return 0
+    return run_experiment("lesson6", parse_args, run, argv)
+
+
+def run(ctx, args: argparse.Namespace) -> dict | None:
+    summary: dict = {"world_size": ctx.world_size, "device": str(ctx.device), "backend": ctx.backend}
+    total = (0 if args.skip_scaling else args.steps) + \
+        (0 if args.skip_overlap else args.rounds * len(args.caps) * len(MODES))
+    progress = Progress(ctx, total)
+    if not args.skip_scaling:
+        summary["scaling"] = run_loss_scaling(ctx, args, progress)
+    if not args.skip_overlap:
+        summary["overlap"] = run_overlap(ctx, args, progress)
+    if ctx.rank != 0:
+        return None
+    print(format_summary(summary), flush=True)
+    return summary
 
 
 def _n(k: int, word: str) -> str:
@@ -418,4 +399,4 @@ def format_summary(s: dict) -> str:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_with(main)

@@ -43,7 +43,6 @@ Events (besides ``phase``, ``log`` and rank 0's ``summary``):
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
 import torch
@@ -52,18 +51,23 @@ import torch.distributed as dist
 from ...lessons.lesson7 import formulas as f7
 from ...lessons.lesson7 import routing
 from ...lessons.lesson7.paging import BlockAllocator, poisson_requests
+from ..experiment import UsageError, all_ranks_true, exit_with, run_experiment
 from ..inference import (
-    Comm,
     DecoderShard,
-    InferenceConfig,
     KVStore,
+    build_model,
+    check_pp,
+    check_tp,
     contiguous_store,
+    decode_params,
+    decoder_config,
     generate,
     generate_pp,
-    make_weights,
     mesh_shard,
     split_layers,
 )
+from ..metering import CommMeter
+from ..model import ModelConfigError
 from ..paged_kv import ContinuousBatcher, paged_store
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -106,18 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _max_all(value: float) -> float:
-    """The largest ``value`` over all ranks."""
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return float(value)
-    dev = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    t = torch.tensor([float(value)], dtype=torch.float64, device=dev)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
-
-
-def _all_true(flag: bool) -> bool:
-    return _max_all(0.0 if flag else 1.0) == 0.0
+#: tokens of the metered TP/PP runs that count the collectives (prefill + 2 decode steps): the
+#: meter costs Python time per op, so the timed runs are separate and unmetered
+METERED_TOKENS = 3
 
 
 # ----------------------------------------------------------------------------------------------
@@ -135,22 +130,25 @@ def single_process(cfg, w, prompts, n, device, ev, rank) -> dict:
 
 def tp_decode(cfg, w, prompts, n, ref, ctx) -> dict:
     rank, W, ev = ctx.rank, ctx.world_size, ctx.events
-    sh = DecoderShard(cfg, w, tp_rank=rank, tp_size=W, comm=Comm(), device=ctx.device)
+    sh = DecoderShard(cfg, w, tp_rank=rank, tp_size=W, device=ctx.device)
     on_token = (lambda step, t: ev.emit("tokens", mode="tp", step=step, tokens=t.tolist())) if rank == 0 else None
     r = generate(sh, prompts, n, on_token=on_token)
+    counted = generate(DecoderShard(cfg, w, tp_rank=rank, tp_size=W, device=ctx.device), prompts,
+                       min(n, METERED_TOKENS), meter=CommMeter())
     B, s = prompts.shape
     tokens = B * (s + n - 1)
-    formula = f7.kv_cache_total(cfg.layers, cfg.kv_heads, cfg.head_dim, sh.cache.k.element_size(), tokens, tp=W)
-    equal = _all_true(torch.equal(r["tokens"], ref["tokens"]))
-    steps = max(1, r["decode_steps"])
+    formula = f7.kv_cache_total(cfg.layers, cfg.group_heads, cfg.head_dim, sh.cache.k.element_size(), tokens, tp=W)
+    equal = all_ranks_true(torch.equal(r["tokens"], ref["tokens"]))
+    steps = max(1, counted["decode_steps"])
     out = {"equal": equal, "kv_bytes": r["kv_bytes"], "formula_bytes": formula["per_gpu_bytes"],
            "kv_heads": list(range(sh.kv0, sh.kv0 + sh.kv_local)), "layers": sh.layers,
-           "all_reduces_per_token": r["comm_decode"]["all_reduces"] / steps, "expected_per_token": 2 * cfg.layers,
-           "all_reduce_bytes_per_token": r["comm_decode"]["all_reduce_bytes"] / steps,
+           "all_reduces_per_token": counted["comm_decode"]["all_reduces"] / steps,
+           "expected_per_token": 2 * cfg.layers,
+           "all_reduce_bytes_per_token": counted["comm_decode"]["all_reduce_bytes"] / steps,
            "decode_tokens_per_s": B * r["decode_steps"] / r["decode_s"] if r["decode_s"] > 0 else None,
            "prefill_s": r["prefill_s"], "weight_bytes": sh.weight_bytes}
     ev.emit("kv_shard", mode="tp", rank=rank, layers=out["layers"], kv_heads=out["kv_heads"], bytes=out["kv_bytes"],
-            formula_bytes=out["formula_bytes"], tokens=tokens, kv_heads_total=cfg.kv_heads, layers_total=cfg.layers)
+            formula_bytes=out["formula_bytes"], tokens=tokens, kv_heads_total=cfg.group_heads, layers_total=cfg.layers)
     ev.emit("decode", mode="tp", rank=rank, equal=equal, all_reduces_per_token=out["all_reduces_per_token"],
             sends_per_token=0, decode_tokens_per_s=out["decode_tokens_per_s"], prefill_s=r["prefill_s"])
     return out
@@ -159,25 +157,29 @@ def tp_decode(cfg, w, prompts, n, ref, ctx) -> dict:
 def pp_decode(cfg, w, prompts, n, ref, ctx, microbatches: int) -> dict:
     rank, W, ev = ctx.rank, ctx.world_size, ctx.events
     rng = split_layers(cfg.layers, W)[rank]
-    sh = DecoderShard(cfg, w, layer_range=rng, comm=Comm(), device=ctx.device)
+    sh = DecoderShard(cfg, w, layer_range=rng, device=ctx.device)
     on_token = (lambda step, g, t: ev.emit("tokens", mode="pp", step=step, seqs=g, tokens=t.tolist())) \
         if rank == W - 1 else None
     r = generate_pp(sh, prompts, n, stage=rank, stages=W, microbatches=microbatches, on_token=on_token)
+    counted = generate_pp(DecoderShard(cfg, w, layer_range=rng, device=ctx.device), prompts,
+                          min(n, METERED_TOKENS), stage=rank, stages=W, microbatches=microbatches,
+                          meter=CommMeter())
     B, s = prompts.shape
     tokens = B * (s + n - 1)
-    per_layer = f7.kv_cache_bytes_per_token(1, cfg.kv_heads, cfg.head_dim, sh.cache.k.element_size()) * tokens
-    equal = _all_true(torch.equal(r["tokens"], ref["tokens"]))
-    steps = max(1, r["decode_steps"])
+    kv_heads = cfg.group_heads
+    per_layer = f7.kv_cache_bytes_per_token(1, kv_heads, cfg.head_dim, sh.cache.k.element_size()) * tokens
+    equal = all_ranks_true(torch.equal(r["tokens"], ref["tokens"]))
+    steps = max(1, counted["decode_steps"])
     out = {"equal": equal, "kv_bytes": r["kv_bytes"], "formula_bytes": per_layer * len(sh.layers),
-           "busiest_formula_bytes": f7.kv_cache_total(cfg.layers, cfg.kv_heads, cfg.head_dim,
+           "busiest_formula_bytes": f7.kv_cache_total(cfg.layers, kv_heads, cfg.head_dim,
                                                       sh.cache.k.element_size(), tokens, pp=W)["per_gpu_bytes"],
-           "layers": sh.layers, "sends_per_token": r["comm_decode"]["sends"] / steps,
-           "send_bytes_per_token": r["comm_decode"]["send_bytes"] / steps, "microbatches": r["microbatches"],
+           "layers": sh.layers, "sends_per_token": counted["comm_decode"]["sends"] / steps,
+           "send_bytes_per_token": counted["comm_decode"]["send_bytes"] / steps, "microbatches": r["microbatches"],
            "decode_tokens_per_s": B * r["decode_steps"] / r["decode_s"] if r["decode_s"] > 0 else None,
            "prefill_s": r["prefill_s"], "weight_bytes": sh.weight_bytes}
-    ev.emit("kv_shard", mode="pp", rank=rank, layers=out["layers"], kv_heads=list(range(cfg.kv_heads)),
+    ev.emit("kv_shard", mode="pp", rank=rank, layers=out["layers"], kv_heads=list(range(kv_heads)),
             bytes=out["kv_bytes"], formula_bytes=out["formula_bytes"], tokens=tokens,
-            kv_heads_total=cfg.kv_heads, layers_total=cfg.layers)
+            kv_heads_total=kv_heads, layers_total=cfg.layers)
     ev.emit("decode", mode="pp", rank=rank, equal=equal, all_reduces_per_token=0,
             sends_per_token=out["sends_per_token"], decode_tokens_per_s=out["decode_tokens_per_s"],
             prefill_s=r["prefill_s"])
@@ -212,22 +214,26 @@ def mesh_decode(cfg, w, prompts, n, ref, ctx, tp: int, pp: int, microbatches: in
     on_token = (lambda step, g, t: ev.emit("tokens", mode="tp-pp", step=step, seqs=g, tokens=t.tolist())) \
         if last_stage_lead else None
     r = generate_pp(sh, prompts, n, stage=stage, stages=pp, microbatches=microbatches, on_token=on_token, pipe=pipe)
+    sh2, pipe2, _ = mesh_shard(cfg, w, mesh, device=ctx.device)
+    counted = generate_pp(sh2, prompts, min(n, METERED_TOKENS), stage=stage, stages=pp, microbatches=microbatches,
+                          pipe=pipe2, meter=CommMeter())
     B, s = prompts.shape
     tokens = B * (s + n - 1)
     formula = f7.kv_cache_bytes_per_token(len(sh.layers), sh.kv_local, cfg.head_dim, sh.cache.k.element_size()) * tokens
-    equal = _all_true(torch.equal(r["tokens"], ref["tokens"]))
-    steps = max(1, r["decode_steps"])
+    equal = all_ranks_true(torch.equal(r["tokens"], ref["tokens"]))
+    steps = max(1, counted["decode_steps"])
     m = r["microbatches"]
     out = {"equal": equal, "kv_bytes": r["kv_bytes"], "formula_bytes": formula, "stage": stage, "tp_rank": sh.tp_rank,
            "kv_heads": list(range(sh.kv0, sh.kv0 + sh.kv_local)), "layers": sh.layers, "microbatches": m,
            # per decode position, each microbatch passes this stage's layers: 2 all-reduces each (Megatron)
-           "all_reduces_per_token": r["comm_decode"]["all_reduces"] / steps, "expected_per_token": 2 * len(sh.layers) * m,
-           "sends_per_token": r["comm_decode"]["sends"] / steps,
+           "all_reduces_per_token": counted["comm_decode"]["all_reduces"] / steps,
+           "expected_per_token": 2 * len(sh.layers) * m,
+           "sends_per_token": counted["comm_decode"]["sends"] / steps,
            "decode_tokens_per_s": B * r["decode_steps"] / r["decode_s"] if r["decode_s"] > 0 else None,
            "prefill_s": r["prefill_s"]}
     ev.emit("kv_shard", mode="tp-pp", rank=rank, stage=stage, tp_rank=sh.tp_rank, tp=tp, pp=pp, layers=sh.layers,
             kv_heads=out["kv_heads"], bytes=out["kv_bytes"], formula_bytes=formula, tokens=tokens,
-            kv_heads_total=cfg.kv_heads, layers_total=cfg.layers)
+            kv_heads_total=cfg.group_heads, layers_total=cfg.layers)
     ev.emit("decode", mode="tp-pp", rank=rank, equal=equal, all_reduces_per_token=out["all_reduces_per_token"],
             sends_per_token=out["sends_per_token"], decode_tokens_per_s=out["decode_tokens_per_s"],
             prefill_s=r["prefill_s"])
@@ -359,45 +365,43 @@ def _ms(x):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    from ..runtime import init_distributed, shutdown
+    return run_experiment("lesson7", build_parser().parse_args, run, argv, usage_errors=(ModelConfigError,))
 
-    ctx = init_distributed()
+
+def run(ctx, args: argparse.Namespace) -> tuple[dict | None, int]:
     ev, W, rank = ctx.events, ctx.world_size, ctx.rank
     if ctx.device.type == "cpu":
         torch.set_num_threads(1)
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    cfg = decoder_config(vocab=args.vocab, hidden=args.hidden, layers=args.layers, heads=args.heads,
+                         kv_heads=args.kv_heads, norm=args.norm)
     try:
-        cfg = InferenceConfig(vocab=args.vocab, hidden=args.hidden, layers=args.layers, heads=args.heads,
-                              kv_heads=args.kv_heads, norm=args.norm)
         mesh = mesh_degrees(args, W)
         if mesh is not None:  # the combined decode replaces the separate TP and PP parts
-            cfg.check_tp(mesh[0])
-            cfg.check_pp(mesh[1])
+            check_tp(cfg, mesh[0])
+            check_pp(cfg, mesh[1])
             skip |= {"tp", "pp"}
         if "tp" not in skip:
-            cfg.check_tp(W)
+            check_tp(cfg, W)
         if "pp" not in skip:
-            cfg.check_pp(W)
-        bad = skip - {"tp", "pp", "paged", "routing"}
-        if bad:
-            raise ValueError(f"--skip: unknown part {sorted(bad)[0]!r}")
+            check_pp(cfg, W)
     except ValueError as exc:
-        if rank == 0:
-            print(f"lesson7: error: {exc}", file=sys.stderr)
-        shutdown(ctx)
-        return 2
+        raise UsageError(str(exc)) from None
+    bad = skip - {"tp", "pp", "paged", "routing"}
+    if bad:
+        raise UsageError(f"--skip: unknown part {sorted(bad)[0]!r}")
     t0 = time.time()
     dtype = DTYPES[args.dtype]
-    w = make_weights(cfg, args.seed, dtype)
-    ev.emit("config", W=W, hidden=cfg.hidden, layers=cfg.layers, heads=cfg.heads, kv_heads=cfg.kv_heads,
+    w = build_model(cfg, args.seed, dtype)
+    ev.emit("config", W=W, hidden=cfg.hidden, layers=cfg.layers, heads=cfg.heads, kv_heads=cfg.group_heads,
             head_dim=cfg.head_dim, vocab=cfg.vocab, norm=cfg.norm, dtype=args.dtype, device=ctx.device.type,
             batch=args.batch, prompt=args.prompt, new_tokens=args.new_tokens, block_size=args.block_size,
-            kv_budget=args.kv_budget, params=cfg.params(), tp=mesh[0] if mesh else None, pp=mesh[1] if mesh else None)
+            kv_budget=args.kv_budget, params=decode_params(cfg), tp=mesh[0] if mesh else None,
+            pp=mesh[1] if mesh else None)
     prompts = torch.randint(0, cfg.vocab, (args.batch, args.prompt), generator=torch.Generator().manual_seed(args.seed + 1))
     summary: dict = {"lesson": "lesson7", "W": W, "device": ctx.device.type, "dtype": args.dtype}
-    lines = [f"lesson 7 — a {cfg.params() / 1e6:.2f}M-parameter decoder (L={cfg.layers}, h={cfg.hidden}, "
-             f"{cfg.heads} heads, {cfg.kv_heads} KV heads, {args.dtype})",
+    lines = [f"lesson 7 — a {decode_params(cfg) / 1e6:.2f}M-parameter decoder (L={cfg.layers}, h={cfg.hidden}, "
+             f"{cfg.heads} heads, {cfg.group_heads} KV heads, {args.dtype})",
              f"served on W={W} ranks ({ctx.backend})"]
     ev.emit("phase", name="single-process reference")
     ref = single_process(cfg, w, prompts, args.new_tokens, ctx.device, ev, rank)
@@ -500,12 +504,10 @@ def main(argv: list[str] | None = None) -> int:
         summary.get("kv", {}).get("tokens_equal", True)
     summary["ok"] = ok
     if rank == 0:
-        ev.emit("summary", **summary)
         print("\n".join(lines))
         print(f"\n({summary['seconds']:.1f} s)")
-    shutdown(ctx)
-    return 0 if ok else 1
+    return (summary if rank == 0 else None), 0 if ok else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main)

@@ -21,20 +21,22 @@ def dtensor_parallelize_block(block: Block, mesh: Any, sequence_parallel: bool =
         parallelize_module,
     )
 
-    out = {"output_layouts": Shard(0)} if sequence_parallel else {}
+    row = (lambda: RowwiseParallel(output_layouts=Shard(0))) if sequence_parallel else RowwiseParallel
     plan: dict[str, Any] = {
         "attn.wq": ColwiseParallel(), "attn.wk": ColwiseParallel(), "attn.wv": ColwiseParallel(),
-        "attn.wo": RowwiseParallel(**out), "mlp.fc1": ColwiseParallel(), "mlp.fc2": RowwiseParallel(**out)}
+        "attn.wo": row(), "mlp.fc1": ColwiseParallel(), "mlp.fc2": row()}
     if sequence_parallel:
-        gather = dict(input_layouts=(Shard(0),), desired_input_layouts=(Replicate(),))
+        gather = lambda: PrepareModuleInput(input_layouts=(Shard(0),), desired_input_layouts=(Replicate(),))
         plan.update({"ln1": SequenceParallel(sequence_dim=0), "ln2": SequenceParallel(sequence_dim=0),
-                     "attn": PrepareModuleInput(**gather), "mlp": PrepareModuleInput(**gather)})
+                     "attn": gather(), "mlp": gather()})
     parallelize_module(block, mesh, plan)
     return block
 
 
-def full_grad(p: torch.Tensor) -> torch.Tensor | None:
+def full_grad(p: torch.Tensor) -> torch.Tensor:
     """A parameter's gradient as a plain tensor (a DTensor's is gathered / reduced)."""
     g = p.grad
+    if g is None:
+        raise ValueError("this parameter has no gradient (no backward through it yet)")
     full = getattr(g, "full_tensor", None)
     return full() if full is not None else g

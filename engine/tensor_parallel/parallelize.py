@@ -5,13 +5,14 @@ parallelism needs, and the map from the dense model's tensors to a rank's shards
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import cast
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from ..metering import SavedActivationMeter, comm_scope
-from ..model import GPT, DropoutMasks, Head
+from ..model import GPT, DropoutMasks, Head, ModelConfigError
 from .block import TPBlock
 from .f_and_g import CopyToTP, GatherFromSequence, SPColumnLinear
 from .group import TPGroup
@@ -42,25 +43,31 @@ class TPModel(nn.Module):
     def __init__(self, dense: GPT, tp: TPGroup):
         super().__init__()
         cfg = dense.cfg
+        if not cfg.gpt2_shape:
+            raise ModelConfigError("tensor-parallel training splits the GPT-2 shape (LayerNorm, GeLU, "
+                                   "multi-head attention, no positions, biases)")
         cfg.check_tp(tp.size, tp.sequence_parallel)
         self.cfg, self.tp = cfg, tp
         self.embed = VocabParallelEmbedding(dense.embed.weight, tp)
-        self.blocks = nn.ModuleList(TPBlock(b, tp, i) for i, b in enumerate(dense.blocks))
+        self.blocks = nn.ModuleList(TPBlock(b, tp, i) for i, b in enumerate(dense.block_list()))
         self.head = TPHead(dense.head, self.embed, tp)
         self.masks: DropoutMasks | None = None
         #: when set, each block's forward is measured into ``meter.per_layer``
         self.meter: SavedActivationMeter | None = None
 
+    def block_list(self) -> list[TPBlock]:
+        return [cast(TPBlock, b) for b in self.blocks]
+
     def set_masks(self, masks: DropoutMasks | None) -> None:
         self.masks = masks
-        for b in self.blocks:
+        for b in self.block_list():
             b.set_masks(masks)
 
     def hidden_states(self, ids: torch.Tensor) -> torch.Tensor:
         """The final layer norm's output (this rank's sequence shard with SP)."""
         with comm_scope("embed", "fwd"):
             x = self.embed(ids)
-        for block in self.blocks:
+        for block in self.block_list():
             if self.meter is not None:
                 with self.meter.measure(block.layer):
                     x = block(x)
