@@ -47,14 +47,18 @@ def _torch_stage(dense, layers, first: bool, last: bool, tp_mesh):
     class Stage(nn.Module):
         def __init__(self):
             super().__init__()
-            self.embed = copy.deepcopy(dense.embed) if first else None
-            self.blocks = nn.ModuleList(copy.deepcopy(dense.blocks[i]) for i in layers)
-            self.ln_f = copy.deepcopy(dense.ln_f) if last else None
-            self.head = copy.deepcopy(dense.head) if last else None
+            self.embed = copy.deepcopy(dense.embed) if first else None  # ids [b, s] -> [s, b, h]
+            blocks = dense.block_list()
+            self.blocks = nn.ModuleList(copy.deepcopy(blocks[i]) for i in layers)
+            self.ln_f = copy.deepcopy(dense.head.norm) if last else None
+            self.head = None
+            if last:  # an nn.Linear, what ColwiseParallel splits
+                self.head = nn.Linear(dense.cfg.hidden, dense.cfg.vocab, bias=False)
+                self.head.weight = nn.Parameter(dense.head.lm_weight.detach().clone())
 
         def forward(self, x):
-            if self.embed is not None:  # pipelining splits the batch along dim 0: ids come as [b, s]
-                x = self.embed(x.t())
+            if self.embed is not None:
+                x = self.embed(x)
             for block in self.blocks:
                 x = block(x)
             if self.head is not None:
@@ -84,15 +88,15 @@ def _bench(rank: int, world: int, args: dict) -> dict:
     from torch.distributed.tensor.parallel import loss_parallel
 
     from distai.engine import mesh as M
-    from distai.engine.tensor_parallel import ModelConfig
+    from distai.engine.model import GPT, GPTConfig
 
     torch.set_num_threads(1)
     shape = M.MeshShape(args["pp"], args["dp"], args["tp"])
-    cfg = ModelConfig(hidden=args["hidden"], heads=args["heads"], vocab=args["vocab"], layers=args["layers"],
-                      seq=args["seq"])
+    cfg = GPTConfig(hidden=args["hidden"], heads=args["heads"], vocab=args["vocab"], layers=args["layers"],
+                    seq=args["seq"], tie_embeddings=False)
     m, b, steps = args["m"], args["mb"], args["steps"]
     mesh = M.build_mesh(shape)
-    dense = M.DenseGPT(cfg, seed=0)
+    dense = GPT(cfg, seed=0)
     ours = {zero: M.MeshTrainer(dense, mesh, microbatches=m, microbatch_size=b, schedule="1f1b", zero=zero,
                                 lr=args["lr"]) for zero in (0, 1)}
 
@@ -124,9 +128,9 @@ def _bench(rank: int, world: int, args: dict) -> dict:
         t0 = time.perf_counter()
         with loss_parallel():
             if first:
-                sched.step(ids.t(), **({"target": tg.t(), "losses": losses} if last else {}))
+                sched.step(ids, **({"target": tg, "losses": losses} if last else {}))
             elif last:
-                sched.step(target=tg.t(), losses=losses)
+                sched.step(target=tg, losses=losses)
             else:
                 sched.step()
         torch_opt.step()

@@ -23,13 +23,14 @@ Nothing here re-implements a parallelism; it composes the lessons' own engine:
 
 The LM head is not tied to the embedding (Megatron's ``--untie-embeddings-and-output-weights``,
 the Llama layout): with tied weights the first and last pipeline stages would need one more
-gradient all-reduce of their own. :class:`DenseGPT` is the same model on one process, the
-reference every 3D run must reproduce step by step.
+gradient all-reduce of their own. The course's :class:`~distai.engine.model.GPT` with
+``tie_embeddings=False`` is the same model on one process, the reference every 3D run must
+reproduce step by step.
 
 :func:`expected_comm` gives, from the configuration alone, the collectives and bytes each of the
 three groups carries per step on a rank (lessons 1, 2, 4, 5 and 6's formulas, cited there);
-:class:`MeshCommMeter` measures them by intercepting every c10d call and attributing it to the
-process group it ran on.
+:class:`MeshCommMeter` (the course's :class:`~distai.engine.metering.CommMeter`, which intercepts
+every c10d call) attributes what was measured to the process group it ran on.
 """
 from __future__ import annotations
 
@@ -40,7 +41,6 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..lessons.capstone.formulas import pp_p2p_bytes_per_microbatch
 from ..lessons.lesson1.formulas import allreduce_bytes_per_rank
@@ -50,20 +50,19 @@ from ..lessons.lesson6.formulas import ddp_buckets
 from . import pipeline as pl
 from .bucketing import BucketedDataParallel, bucket_limits
 from .mesh_args import DIMS, MeshConfigError, MeshShape, check_plan
+from .metering import CommMeter, comm_scope
+from .model import GPT, GPTConfig, make_batch
 from .tensor_parallel import (
     ColumnParallelLinear,
-    DenseModel,
-    ModelConfig,
     TPBlock,
     TPGroup,
     TPLayerNorm,
     VocabParallelCrossEntropy,
     VocabParallelEmbedding,
-    make_batch,
     reduce_sequence_parallel_grads,
     shard_dense_state,
 )
-from .zero import ZeroEngine, sent_bytes_per_rank
+from .zero import ZeroEngine
 
 # ---------------------------------------------------------------------------------------------
 # The mesh
@@ -101,39 +100,23 @@ def build_mesh(shape: MeshShape, device_type: str = "cpu") -> Mesh3D:
 
 
 # ---------------------------------------------------------------------------------------------
-# The model: the lesson-4 GPT with an untied LM head, dense and cut into 3D stages
-
-class DenseGPT(DenseModel):
-    """:class:`DenseModel` with its own LM head (not tied to the embedding): the single-process
-    reference of a 3D run."""
-
-    def __init__(self, cfg: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32, device=None):
-        super().__init__(cfg, seed=seed, dtype=dtype, device=device)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed + 1)
-            head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
-            nn.init.normal_(head.weight, std=cfg.hidden ** -0.5)
-        self.head = head.to(dtype=dtype, device=device)
-
-    def forward(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        logits = self.head(self.hidden(ids))
-        return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-
+# The model: the course's GPT with an untied LM head, dense and cut into 3D stages
 
 class MeshStage(nn.Module):
     """One virtual pipeline stage, tensor-parallel: [embedding] → blocks ``layers`` → [final layer
-    norm → LM head]. Input: token ids ``[s, b]`` (first stage) or this TP rank's sequence shard
+    norm → LM head]. Input: token ids ``[b, s]`` (first stage) or this TP rank's sequence shard
     ``[s/t, b, h]``; output: the next stage's input, or this rank's ``V/t`` logits ``[s, b, V/t]``."""
 
-    def __init__(self, dense: DenseGPT, tp: TPGroup, layers: range, first: bool, last: bool):
+    def __init__(self, dense: GPT, tp: TPGroup, layers: range, first: bool, last: bool):
         super().__init__()
         cfg = dense.cfg
         self.cfg, self.tp = cfg, tp
         self.dtype = dense.embed.weight.dtype
         self.embed = VocabParallelEmbedding(dense.embed.weight, tp) if first else None
-        self.blocks = nn.ModuleDict({str(i): TPBlock(dense.blocks[i], tp, i) for i in layers})
-        self.ln_f = TPLayerNorm(dense.ln_f.weight, dense.ln_f.bias, tp, dense.ln_f.eps) if last else None
-        self.head = (ColumnParallelLinear(dense.head.weight.chunk(tp.size)[tp.rank], None, tp, "head.f")
+        blocks = dense.block_list()
+        self.blocks = nn.ModuleDict({str(i): TPBlock(blocks[i], tp, i) for i in layers})
+        self.ln_f = TPLayerNorm(dense.head.norm, tp) if last else None
+        self.head = (ColumnParallelLinear(dense.head.lm_weight.chunk(tp.size)[tp.rank], None, tp, "head.f")
                      if last else None)
 
     def units(self) -> list[nn.Module]:
@@ -141,36 +124,36 @@ class MeshStage(nn.Module):
         return [m for m in (self.embed, *self.blocks.values(), self.ln_f, self.head) if m is not None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        counter = self.tp.counter
         if self.embed is not None:
-            with counter.scope("embed"):
+            with comm_scope("embed"):
                 x = self.embed(x)
         for block in self.blocks.values():
             x = block(x)
-        if self.head is not None:
-            with counter.scope("head"):
+        if self.head is not None and self.ln_f is not None:
+            with comm_scope("head"):
                 x = self.head(self.ln_f(x))
         return x
 
     def input_meta(self, microbatch_size: int) -> pl.TensorMeta:
         """What this stage receives (checked by the pipeline runner before the first step)."""
         if self.embed is not None:
-            return pl.TensorMeta((self.cfg.seq, microbatch_size), "int64")
+            return pl.TensorMeta((microbatch_size, self.cfg.seq), "int64")
         seq = self.cfg.seq // self.tp.size if self.tp.sequence_parallel else self.cfg.seq
         return pl.TensorMeta((seq, microbatch_size, self.cfg.hidden), str(self.dtype).replace("torch.", ""))
 
 
-def stage_layers(cfg: ModelConfig, n_stages: int, stage: int) -> range:
+def stage_layers(cfg: GPTConfig, n_stages: int, stage: int) -> range:
     per = cfg.layers // n_stages
     return range(stage * per, (stage + 1) * per)
 
 
-def dense_shard(dense: DenseGPT, tp_rank: int, tp: int) -> dict[str, torch.Tensor]:
+def dense_shard(dense: GPT, tp_rank: int, tp: int) -> dict[str, torch.Tensor]:
     """The dense model's parameters cut the way TP rank ``tp_rank`` holds them in its stages
-    (names as in :class:`MeshStage`: ``blocks.{i}.…``, ``embed.weight``, ``head.weight``)."""
+    (names as in :class:`MeshStage`: ``blocks.{i}.…``, ``embed.weight``, ``ln_f.…``, ``head.weight``)."""
     state = {n: p.detach() for n, p in dense.named_parameters()}
     out = shard_dense_state(state, tp_rank, tp)
-    out["head.weight"] = state["head.weight"].chunk(tp)[tp_rank]
+    for leaf in ("weight", "bias"):
+        out[f"ln_f.{leaf}"] = out.pop(f"head.norm.{leaf}")
     return out
 
 
@@ -195,7 +178,7 @@ class MeshTrainer:
     updates the weights.
     """
 
-    def __init__(self, dense: DenseGPT, mesh: Mesh3D, *, microbatches: int, microbatch_size: int,
+    def __init__(self, dense: GPT, mesh: Mesh3D, *, microbatches: int, microbatch_size: int,
                  schedule: str = "1f1b", chunks: int = 1, zero: int = 0, lr: float = 0.1,
                  momentum: float = 0.9, bucket_cap_mb: float | None = None, device="cpu", events=None):
         shape = mesh.shape
@@ -203,6 +186,8 @@ class MeshTrainer:
             raise MeshConfigError(f"--zero must be 0 or 1 (ZeRO-1 shards the optimizer state), got {zero}")
         v = chunks if sim.normalize_schedule(schedule) == "interleaved" else 1
         cfg = dense.cfg
+        if cfg.tie_embeddings or not cfg.gpt2_shape:
+            raise MeshConfigError("the 3D run splits the untied GPT-2 shape (GPTConfig(..., tie_embeddings=False))")
         self.schedule = check_plan(shape, shape.world, hidden=cfg.hidden, heads=cfg.heads, ffn=cfg.ffn_size,
                                    vocab=cfg.vocab, seq=cfg.seq, layers=cfg.layers, microbatches=microbatches,
                                    schedule=schedule, chunks=v)
@@ -241,11 +226,10 @@ class MeshTrainer:
                                         group=mesh.groups["pp"], events=events,
                                         before_backward=self._before_backward)
         self.runner.validate()
-        self.tp.counter.reset()
 
     def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        with self.tp.counter.scope("head"):
-            return VocabParallelCrossEntropy.apply(logits, targets, self.tp, self.vocab_start).mean()
+        with comm_scope("head"):
+            return VocabParallelCrossEntropy.apply(logits, targets.t(), self.tp, self.vocab_start).mean()
 
     def _before_backward(self, op: sim.Op) -> None:
         # Gradients accumulate over the microbatches; only the last backward of a chunk syncs
@@ -257,10 +241,10 @@ class MeshTrainer:
             self.ddp[op.stage].require_backward_grad_sync = sync
 
     def microbatches(self, t: torch.Tensor) -> list[torch.Tensor]:
-        if t.shape[1] != self.m * self.mb:
-            raise MeshConfigError(f"a DP rank's batch has {t.shape[1]} sequences, expected m·b = "
+        if t.shape[0] != self.m * self.mb:
+            raise MeshConfigError(f"a DP rank's batch has {t.shape[0]} sequences, expected m·b = "
                                   f"{self.m}·{self.mb}")
-        return [x.contiguous() for x in t.tensor_split(self.m, dim=1)]
+        return [x.contiguous() for x in t.tensor_split(self.m, dim=0)]
 
     def step(self, ids: torch.Tensor, targets: torch.Tensor) -> StepOutcome:
         if self.zero is None:
@@ -294,18 +278,18 @@ class MeshTrainer:
         return out
 
 
-def global_batch(cfg: ModelConfig, shape: MeshShape, microbatches: int, microbatch_size: int,
+def global_batch(cfg: GPTConfig, shape: MeshShape, microbatches: int, microbatch_size: int,
                  step: int, seed: int = 0, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The step's whole batch ``[s, dp·m·b]`` (identical on every rank and for the dense run)."""
+    """The step's whole batch ``[dp·m·b, s]`` (identical on every rank and for the dense run)."""
     return make_batch(cfg, shape.dp * microbatches * microbatch_size, seed=seed, step=step, device=device)
 
 
 def dp_share(t: torch.Tensor, dp_rank: int, dp: int) -> torch.Tensor:
-    """DP rank ``dp_rank``'s columns of a ``[s, B]`` batch."""
-    return t.tensor_split(dp, dim=1)[dp_rank].contiguous()
+    """DP rank ``dp_rank``'s rows of a ``[B, s]`` batch."""
+    return t.tensor_split(dp, dim=0)[dp_rank].contiguous()
 
 
-def dense_step(dense: DenseGPT, optimizer: torch.optim.Optimizer, ids: torch.Tensor,
+def dense_step(dense: GPT, optimizer: torch.optim.Optimizer, ids: torch.Tensor,
                targets: torch.Tensor) -> float:
     """One step of the single-process reference on the whole batch."""
     optimizer.zero_grad(set_to_none=True)
@@ -315,7 +299,7 @@ def dense_step(dense: DenseGPT, optimizer: torch.optim.Optimizer, ids: torch.Ten
     return float(loss.detach())
 
 
-def max_relative_diff(trainer: MeshTrainer, dense: DenseGPT) -> float:
+def max_relative_diff(trainer: MeshTrainer, dense: GPT) -> float:
     """Largest ``max|ours − dense| / max|dense|`` over this rank's parameters."""
     want = dense_shard(dense, trainer.tp.rank, trainer.tp.size)
     worst = 0.0
@@ -333,74 +317,42 @@ def _new_tally() -> dict:
     return defaultdict(lambda: {"calls": 0, "bytes": 0.0})
 
 
-class MeshCommMeter(TorchDispatchMode):
-    """Every c10d call issued inside the ``with``, attributed to the mesh dimension whose process
-    group it ran on: ``tally[dim][op] = {"calls", "bytes"}``. Bytes are what one rank sends with
-    ring algorithms (:func:`distai.engine.zero.sent_bytes_per_rank` with NCCL's costs: gloo runs
-    a reduce-scatter as an all-reduce, but the account is of the algorithm, not of gloo's
-    shortcut); receives count as calls with 0 bytes. Calls on other groups go to ``"other"``;
-    barriers are not communication of the model and are not counted."""
-
-    _OPS = {"allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce",
-            "_allgather_base_": "all_gather", "allgather_": "all_gather",
-            "allgather_into_tensor_coalesced_": "all_gather",
-            "_reduce_scatter_base_": "reduce_scatter", "reduce_scatter_": "reduce_scatter",
-            "reduce_scatter_tensor_coalesced_": "reduce_scatter",
-            "alltoall_base_": "all_to_all", "alltoall_": "all_to_all",
-            "broadcast_": "broadcast", "send": "send", "recv_": "recv"}
-    _SENT_KIND = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reduce_scatter",
-                  "all_to_all": "alltoall", "broadcast": "broadcast", "send": "send"}
-    _PAYLOAD_ARG = {"reduce_scatter": 1, "all_to_all": 1}
+class MeshCommMeter(CommMeter):
+    """The course's :class:`~distai.engine.metering.CommMeter`, its records attributed to the mesh
+    dimension whose process group each ran on: ``account()[dim]["ops"][op] = {"calls", "bytes"}``.
+    Bytes are what one rank sends with ring algorithms (:attr:`CommRecord.wire_bytes`: the account
+    is of the algorithm, not of gloo's shortcut of running a reduce-scatter as an all-reduce);
+    receives count as calls with 0 bytes. Calls on other groups go to ``"other"``; barriers are not
+    communication of the model and are not counted."""
 
     def __init__(self, groups: dict[str, dist.ProcessGroup]):
         super().__init__()
-        self.dims = {g.group_name: (name, g.size()) for name, g in groups.items()}
-        self.tally: dict[str, dict] = defaultdict(_new_tally)
-
-    def reset(self) -> None:
-        self.tally.clear()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func.namespace == "c10d":
-            op = self._OPS.get(func._overloadpacket.__name__)
-            if op is not None:
-                group = next((a for a in args if isinstance(a, torch.ScriptObject)), None)
-                name = dist.ProcessGroup.unbox(group).group_name if group is not None else None
-                dim, size = self.dims.get(name, ("other", 1))
-                payload = _nbytes(args[self._PAYLOAD_ARG.get(op, 0)])
-                sent = sent_bytes_per_rank(self._SENT_KIND[op], payload, size, "nccl") if op != "recv" else 0.0
-                cell = self.tally[dim][op]
-                cell["calls"] += 1
-                cell["bytes"] += sent
-        return func(*args, **kwargs)
+        self.dims = {g.group_name: name for name, g in groups.items()}
 
     def account(self) -> dict[str, dict]:
         """``{dim: {"ops": {op: {"calls", "bytes"}}, "calls", "bytes"}}`` for pp, dp, tp."""
+        tally: dict[str, dict] = defaultdict(_new_tally)
+        for r in self.records:
+            cell = tally[self.dims.get(r.group, "other")][r.op]
+            cell["calls"] += 1
+            cell["bytes"] += r.wire_bytes
         out = {}
         for dim in DIMS:
-            ops = {op: dict(cell) for op, cell in sorted(self.tally.get(dim, {}).items())}
+            ops = {op: dict(cell) for op, cell in sorted(tally.get(dim, {}).items())}
             out[dim] = {"ops": ops, "calls": sum(c["calls"] for c in ops.values()),
                         "bytes": sum(c["bytes"] for c in ops.values())}
         return out
 
 
-def _nbytes(x) -> int:
-    if isinstance(x, torch.Tensor):
-        return x.numel() * x.element_size()
-    if isinstance(x, (list, tuple)):
-        return sum(_nbytes(t) for t in x)
-    return 0
-
-
-def stage_parameter_sizes(cfg: ModelConfig, tp: int, layers: range, first: bool, last: bool) -> list[int]:
+def stage_parameter_sizes(cfg: GPTConfig, tp: int, layers: range, first: bool, last: bool) -> list[int]:
     """Elements of each parameter tensor of a :class:`MeshStage`, in ``named_parameters`` order,
     from the configuration alone (Megatron's TP layout: column-parallel QKV / fc1 and their
-    biases split by t, row-parallel W_o / fc2 split by t with whole biases, layer norms whole,
+    biases split by t (the attention's own query/value bias first: a module's own parameters come
+    before its children's), row-parallel W_o / fc2 split by t with whole biases, layer norms whole,
     embedding and head split over the vocabulary)."""
     h, f, V = cfg.hidden, cfg.ffn_size, cfg.vocab
     block = [h, h,                       # ln1 weight, bias
-             3 * h * h // tp, 3 * h // tp,  # qkv (column-parallel)
+             2 * h // tp, 3 * h * h // tp,  # query and value biases, qkv (column-parallel; keys unbiased)
              h * h // tp, h,             # wo (row-parallel), its bias whole
              h, h,                       # ln2
              f * h // tp, f // tp,       # fc1 (column-parallel)
@@ -421,7 +373,7 @@ def _ring(op: str, payload_bytes: float, n: int) -> float:
     return (n - 1) / n * payload_bytes if n > 1 else 0.0
 
 
-def expected_comm(cfg: ModelConfig, shape: MeshShape, pp_rank: int, *, microbatches: int, microbatch_size: int,
+def expected_comm(cfg: GPTConfig, shape: MeshShape, pp_rank: int, *, microbatches: int, microbatch_size: int,
                   schedule: str = "1f1b", chunks: int = 1, zero: int = 0, bucket_cap_mb: float | None = None,
                   elem_size: int = 4, backend: str = "gloo") -> dict[str, dict]:
     """Per step, what rank ``pp_rank`` of the pipeline sends on each group, from the formulas.

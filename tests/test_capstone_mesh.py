@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 from distai.engine import mesh as M  # noqa: E402
 from distai.engine.mesh_args import check_plan  # noqa: E402
-from distai.engine.tensor_parallel import ModelConfig  # noqa: E402
+from distai.engine.model import GPT, GPTConfig  # noqa: E402
 from distai.engine.testing import run_in_group  # noqa: E402
 
 CFG = dict(hidden=16, heads=4, vocab=32, layers=4, seq=8)
@@ -31,15 +31,15 @@ STEPS = 2
 
 
 def train_all_shapes(rank: int, world: int) -> list[dict]:
-    cfg = ModelConfig(**CFG)
+    cfg = GPTConfig(**CFG, tie_embeddings=False)
     results = []
     for dims, schedule, chunks, zero, dtype_name, m in CONFIGS:
         dtype = getattr(torch, dtype_name)
         shape = M.MeshShape(*dims)
         mesh = M.build_mesh(shape)
-        trainer = M.MeshTrainer(M.DenseGPT(cfg, seed=3, dtype=dtype), mesh, microbatches=m, microbatch_size=1,
+        trainer = M.MeshTrainer(GPT(cfg, seed=3, dtype=dtype), mesh, microbatches=m, microbatch_size=1,
                                 schedule=schedule, chunks=chunks, zero=zero, lr=0.1)
-        dense = M.DenseGPT(cfg, seed=3, dtype=dtype)
+        dense = GPT(cfg, seed=3, dtype=dtype)
         opt = torch.optim.SGD(dense.parameters(), lr=0.1, momentum=0.9)
         meter = M.MeshCommMeter(mesh.groups)
         steps = []
@@ -76,7 +76,7 @@ def test_every_step_equals_one_process(runs, index):
     # the model really trained (the loss moved) and is really split: every rank holds a share
     losses = [s["loss"] for s in runs[0][index]["steps"]]
     assert losses[0] != losses[1]
-    dense_params = sum(p.numel() for p in M.DenseGPT(ModelConfig(**CFG)).parameters())
+    dense_params = sum(p.numel() for p in GPT(GPTConfig(**CFG, tie_embeddings=False)).parameters())
     assert sum(r[index]["n_params"] for r in runs) == dense_params * dims[1] + _replicated_by_tp(dims)
 
 
@@ -117,7 +117,7 @@ def test_communication_per_group_equals_the_formulas(runs, index):
 
 def test_pipeline_messages_are_one_tp_shard_each():
     """With TP and SP, a stage boundary carries s/t·b·h numbers (Narayanan et al. 2021, Sec. 4.1)."""
-    cfg = ModelConfig(**CFG)
+    cfg = GPTConfig(**CFG, tie_embeddings=False)
     shape = M.MeshShape(2, 1, 2)
     acc = M.expected_comm(cfg, shape, 0, microbatches=3, microbatch_size=2, elem_size=4)
     sends = acc["pp"]["ops"]["send"]

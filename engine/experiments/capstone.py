@@ -29,25 +29,18 @@ Events (besides ``phase``, ``log``, ``summary`` and lesson 5's ``pp_op`` from ev
 """
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
-import sys
 
 import torch
 import torch.distributed as dist
 
 from ...lessons.units import format_bytes
 from .. import mesh as M
+from ..experiment import exit_with, max_over_ranks, run_experiment
 from ..mesh_args import MeshConfigError, plan_run
-from ..runtime import init_distributed, shutdown
-from ..tensor_parallel import ModelConfig
-from ..worker import run_experiment
-
-
-def _max_over_world(x: float) -> float:
-    t = torch.tensor([x], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t)
+from ..model import GPT, GPTConfig, ModelConfigError
 
 
 def print_summary(result: dict, accounts: list[dict]) -> None:
@@ -83,95 +76,91 @@ def print_summary(result: dict, accounts: list[dict]) -> None:
 
 
 def main(argv=None) -> int:
-    ctx = init_distributed()
-    try:
-        if ctx.device.type == "cpu":
-            local = int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local)))
-        plan = plan_run(argv, ctx.world_size, ctx.is_cuda)
-        args, shape, schedule, v = plan.args, plan.shape, plan.schedule, plan.chunks
-        m, b, dtype = plan.microbatches, plan.microbatch_size, getattr(torch, plan.dtype)
-        cfg = ModelConfig(**plan.model)
-        ev = ctx.events
-        mesh = M.build_mesh(shape, ctx.device.type)
-        coords = [None] * ctx.world_size
-        dist.all_gather_object(coords, [ctx.rank, mesh.pp_rank, mesh.dp_rank, mesh.tp_rank])
-        config = {"pp": shape.pp, "dp": shape.dp, "tp": shape.tp, "world": shape.world, "schedule": schedule,
-                  "v": v, "m": m, "microbatch_size": b, "zero": args.zero, "layers": cfg.layers,
-                  "hidden": cfg.hidden, "heads": cfg.heads, "seq": cfg.seq, "vocab": cfg.vocab,
-                  "dtype": str(dtype).replace("torch.", ""), "device": ctx.device.type}
-        if ctx.rank == 0:
-            ev.emit("mesh_config", **config, ranks=coords)
-            ev.emit("phase", name=f"3D run: {shape}, {schedule}")
-        dense = M.DenseGPT(cfg, seed=args.seed, dtype=dtype, device=ctx.device)
-        trainer = M.MeshTrainer(dense, mesh, microbatches=m, microbatch_size=b, schedule=schedule, chunks=v,
-                                zero=args.zero, lr=args.lr, device=ctx.device, events=ev)
-        ref_opt = torch.optim.SGD(dense.parameters(), lr=args.lr, momentum=0.9) if args.check else None
-        if not args.check:
-            del dense
-        meter = M.MeshCommMeter(mesh.groups)
-        metered_step = 1 if args.steps > 1 else 0  # the first step also pays for warm-up
-        losses, ref_losses, times, loss_diffs, param_diffs = [], [], [], [], []
-        account = None
-        for step in range(args.steps):
-            ids, tg = M.global_batch(cfg, shape, m, b, step, seed=args.seed, device=ctx.device)
-            mine = (M.dp_share(ids, mesh.dp_rank, shape.dp), M.dp_share(tg, mesh.dp_rank, shape.dp))
-            if step == metered_step:
-                meter.reset()
-                with meter:
-                    out = trainer.step(*mine)
-                account = meter.account()
-            else:
+    # the plan needs the world size: the arguments are parsed inside the run
+    return run_experiment("capstone", lambda a: argparse.Namespace(argv=a), run, argv,
+                          usage_errors=(MeshConfigError, ModelConfigError))
+
+
+def run(ctx, raw: argparse.Namespace) -> dict | None:
+    if ctx.device.type == "cpu":
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local)))
+    plan = plan_run(raw.argv, ctx.world_size, ctx.is_cuda)
+    args, shape, schedule, v = plan.args, plan.shape, plan.schedule, plan.chunks
+    m, b, dtype = plan.microbatches, plan.microbatch_size, getattr(torch, plan.dtype)
+    cfg = GPTConfig(**plan.model, tie_embeddings=False)
+    ev = ctx.events
+    mesh = M.build_mesh(shape, ctx.device.type)
+    coords = [None] * ctx.world_size
+    dist.all_gather_object(coords, [ctx.rank, mesh.pp_rank, mesh.dp_rank, mesh.tp_rank])
+    config = {"pp": shape.pp, "dp": shape.dp, "tp": shape.tp, "world": shape.world, "schedule": schedule,
+              "v": v, "m": m, "microbatch_size": b, "zero": args.zero, "layers": cfg.layers,
+              "hidden": cfg.hidden, "heads": cfg.heads, "seq": cfg.seq, "vocab": cfg.vocab,
+              "dtype": str(dtype).replace("torch.", ""), "device": ctx.device.type}
+    if ctx.rank == 0:
+        ev.emit("mesh_config", **config, ranks=coords)
+        ev.emit("phase", name=f"3D run: {shape}, {schedule}")
+    dense = GPT(cfg, seed=args.seed, dtype=dtype, device=ctx.device)
+    trainer = M.MeshTrainer(dense, mesh, microbatches=m, microbatch_size=b, schedule=schedule, chunks=v,
+                            zero=args.zero, lr=args.lr, device=ctx.device, events=ev)
+    ref_opt = torch.optim.SGD(dense.parameters(), lr=args.lr, momentum=0.9) if args.check else None
+    if not args.check:
+        del dense
+    meter = M.MeshCommMeter(mesh.groups)
+    metered_step = 1 if args.steps > 1 else 0  # the first step also pays for warm-up
+    losses, ref_losses, times, loss_diffs, param_diffs = [], [], [], [], []
+    account = None
+    for step in range(args.steps):
+        ids, tg = M.global_batch(cfg, shape, m, b, step, seed=args.seed, device=ctx.device)
+        mine = (M.dp_share(ids, mesh.dp_rank, shape.dp), M.dp_share(tg, mesh.dp_rank, shape.dp))
+        if step == metered_step:
+            meter.reset()
+            with meter:
                 out = trainer.step(*mine)
-            ev.emit("mesh_step", step=step, pp=mesh.pp_rank, dp=mesh.dp_rank, tp=mesh.tp_rank,
-                    t_start=out.t_start, t_pipeline_end=out.pipeline.t_end, t_end=out.t_end)
-            loss = trainer.global_loss(out)
-            span = _max_over_world(out.t_end) - (-_max_over_world(-out.t_start))
-            losses.append(loss)
-            times.append(span)
-            ref_loss = loss_diff = param_diff = None
-            if args.check:
-                ref_loss = M.dense_step(dense, ref_opt, ids, tg)
-                loss_diff = abs(loss - ref_loss) / abs(ref_loss)
-                param_diff = _max_over_world(M.max_relative_diff(trainer, dense))
-                ref_losses.append(ref_loss)
-                loss_diffs.append(loss_diff)
-                param_diffs.append(param_diff)
-            if ctx.rank == 0:
-                ev.emit("step", step=step, of=args.steps, loss=loss, ref_loss=ref_loss, loss_rel_diff=loss_diff,
-                        param_rel_diff=param_diff, step_time_s=span)
-                ev.emit("progress", done=step + 1, total=args.steps)
-        expected = M.expected_comm(cfg, shape, mesh.pp_rank, microbatches=m, microbatch_size=b, schedule=schedule,
-                                   chunks=v, zero=args.zero, elem_size=dtype.itemsize, backend=ctx.backend)
-        mine = {"rank": ctx.rank, "pp": mesh.pp_rank, "dp": mesh.dp_rank, "tp": mesh.tp_rank,
-                "measured": account, "expected": expected, "match": M.compare_accounts(account, expected)}
-        accounts = [None] * ctx.world_size
-        dist.all_gather_object(accounts, mine)
-        if ctx.rank != 0:
-            return 0
-        ev.emit("mesh_comm", step=metered_step, ranks=accounts)
-        for a in accounts:
-            for dim in M.DIMS:
-                ev.emit("metric", name=f"comm.{dim}.bytes.rank{a['rank']}", value=a["measured"][dim]["bytes"])
-        # the first step pays for warm-up and the metered one for the meter: timed from the others
-        timed = [t for i, t in enumerate(times) if i not in (0, metered_step)] or times
-        result = {"config": config, "losses": losses, "ref_losses": ref_losses if args.check else None,
-                  "max_loss_rel_diff": max(loss_diffs) if args.check else None,
-                  "max_param_rel_diff": max(param_diffs) if args.check else None,
-                  "step_time_s": statistics.median(timed),
-                  "comm_match": all(all(a["match"].values()) for a in accounts)}
-        ev.emit("metric", name="step_time_s", value=result["step_time_s"])
-        ev.emit("summary", lesson="capstone", **result)
-        print_summary(result, accounts)
-        return 0
-    except MeshConfigError as exc:
+            account = meter.account()
+        else:
+            out = trainer.step(*mine)
+        ev.emit("mesh_step", step=step, pp=mesh.pp_rank, dp=mesh.dp_rank, tp=mesh.tp_rank,
+                t_start=out.t_start, t_pipeline_end=out.pipeline.t_end, t_end=out.t_end)
+        loss = trainer.global_loss(out)
+        span = max_over_ranks(out.t_end) - (-max_over_ranks(-out.t_start))
+        losses.append(loss)
+        times.append(span)
+        ref_loss = loss_diff = param_diff = None
+        if args.check:
+            ref_loss = M.dense_step(dense, ref_opt, ids, tg)
+            loss_diff = abs(loss - ref_loss) / abs(ref_loss)
+            param_diff = max_over_ranks(M.max_relative_diff(trainer, dense))
+            ref_losses.append(ref_loss)
+            loss_diffs.append(loss_diff)
+            param_diffs.append(param_diff)
         if ctx.rank == 0:
-            ctx.events.emit("log", msg=f"error: {exc}")
-            print(f"error: {exc}", file=sys.stderr)
-        return 2
-    finally:
-        shutdown(ctx)
+            ev.emit("step", step=step, of=args.steps, loss=loss, ref_loss=ref_loss, loss_rel_diff=loss_diff,
+                    param_rel_diff=param_diff, step_time_s=span)
+            ev.emit("progress", done=step + 1, total=args.steps)
+    expected = M.expected_comm(cfg, shape, mesh.pp_rank, microbatches=m, microbatch_size=b, schedule=schedule,
+                               chunks=v, zero=args.zero, elem_size=dtype.itemsize, backend=ctx.backend)
+    mine = {"rank": ctx.rank, "pp": mesh.pp_rank, "dp": mesh.dp_rank, "tp": mesh.tp_rank,
+            "measured": account, "expected": expected, "match": M.compare_accounts(account, expected)}
+    accounts = [None] * ctx.world_size
+    dist.all_gather_object(accounts, mine)
+    if ctx.rank != 0:
+        return None
+    ev.emit("mesh_comm", step=metered_step, ranks=accounts)
+    for a in accounts:
+        for dim in M.DIMS:
+            ev.emit("metric", name=f"comm.{dim}.bytes.rank{a['rank']}", value=a["measured"][dim]["bytes"])
+    # the first step pays for warm-up and the metered one for the meter: timed from the others
+    timed = [t for i, t in enumerate(times) if i not in (0, metered_step)] or times
+    result = {"config": config, "losses": losses, "ref_losses": ref_losses if args.check else None,
+              "max_loss_rel_diff": max(loss_diffs) if args.check else None,
+              "max_param_rel_diff": max(param_diffs) if args.check else None,
+              "step_time_s": statistics.median(timed),
+              "comm_match": all(all(a["match"].values()) for a in accounts)}
+    ev.emit("metric", name="step_time_s", value=result["step_time_s"])
+    print_summary(result, accounts)
+    return {"lesson": "capstone", **result}
 
 
 if __name__ == "__main__":
-    run_experiment(main)
+    exit_with(main)
