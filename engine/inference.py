@@ -111,7 +111,7 @@ def decode_params(cfg: GPTConfig, include_embedding: bool = False) -> int:
 
 def decoder_weights(model: GPT) -> dict[str, torch.Tensor]:
     """The model's weights under the decode path's names (``l{i}.wq``, ``l{i}.w_gate``, …)."""
-    w = {"embed": model.embed.weight}
+    w: dict[str, Any] = {"embed": model.embed.weight}
     for i, block in enumerate(model.block_list()):
         p = f"l{i}."
         w[p + "norm1"], w[p + "norm2"] = block.ln1.weight, block.ln2.weight
@@ -344,6 +344,13 @@ class DecoderShard:
         self.cache: KVStore | None = None
 
     @property
+    def store(self) -> KVStore:
+        """The attached KV cache (``shard.cache = ...`` first)."""
+        if self.cache is None:
+            raise RuntimeError("attach a KV cache first (shard.cache = ...)")
+        return self.cache
+
+    @property
     def weight_bytes(self) -> int:
         """Bytes of this shard's weights a decode step reads (the embedding table excluded: a step
         reads only one row of it)."""
@@ -356,8 +363,8 @@ class DecoderShard:
         k = (a @ w[f"l{i}.wk"].T).view(B, s, self.kv_local, d)
         v = (a @ w[f"l{i}.wv"].T).view(B, s, self.kv_local, d)
         q, k = apply_rope(q, pos, self.rope_theta), apply_rope(k, pos, self.rope_theta)
-        self.cache.write(li, at, k, v)
-        K, V = self.cache.read(li, at)  # [B, length, kv_local, d]
+        self.store.write(li, at, k, v)
+        K, V = self.store.read(li, at)  # [B, length, kv_local, d]
         g = self.q_local // self.kv_local
         qg = q.view(B, s, self.kv_local, g, d)
         scores = torch.einsum("bskgd,blkd->bkgsl", qg, K) / math.sqrt(d)

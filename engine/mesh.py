@@ -95,7 +95,9 @@ def build_mesh(shape: MeshShape, device_type: str = "cpu") -> Mesh3D:
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh(device_type, shape.dims, mesh_dim_names=DIMS)
-    coords = dict(zip(DIMS, mesh.get_coordinate()))
+    coordinate = mesh.get_coordinate()
+    assert coordinate is not None  # every rank of the world is in the mesh
+    coords = dict(zip(DIMS, coordinate))
     return Mesh3D(shape, mesh, {d: mesh.get_group(d) for d in DIMS}, coords)
 
 
@@ -265,14 +267,15 @@ class MeshTrainer:
 
     def global_loss(self, outcome: StepOutcome, dtype=torch.float64) -> float:
         """The whole batch's loss, on every rank (one small all-reduce over the world)."""
-        mine = outcome.loss / self.mesh.shape.dp if (self.last and self.tp.rank == 0) else 0.0
+        counts = self.last and self.tp.rank == 0 and outcome.loss is not None
+        mine = outcome.loss / self.mesh.shape.dp if counts and outcome.loss is not None else 0.0
         t = torch.tensor([mine], dtype=dtype, device=self.runner.device)
         dist.all_reduce(t)
         return float(t)
 
     def named_parameters(self) -> dict[str, torch.Tensor]:
         """This rank's parameters under the dense model's names."""
-        out = {}
+        out: dict[str, torch.Tensor] = {}
         for s in sorted(self.chunks):  # ModuleDict keys are the global layer indices
             out.update(self.chunks[s].named_parameters())
         return out
@@ -327,7 +330,7 @@ class MeshCommMeter(CommMeter):
 
     def __init__(self, groups: dict[str, dist.ProcessGroup]):
         super().__init__()
-        self.dims = {g.group_name: name for name, g in groups.items()}
+        self.dims: dict[str, str] = {str(g.group_name): name for name, g in groups.items()}
 
     def account(self) -> dict[str, dict]:
         """``{dim: {"ops": {op: {"calls", "bytes"}}, "calls", "bytes"}}`` for pp, dp, tp."""

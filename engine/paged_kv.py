@@ -59,6 +59,8 @@ class BatchRun:
     requests: list  # per request: dict of timings (see module doc, ``request`` event)
     wall_s: float
     generated: int
+    bytes_per_token: int = 0  # of the cache it ran on (set by whoever reports it)
+    storage_bytes: int = 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -81,7 +83,7 @@ class ContinuousBatcher:
 
     @torch.no_grad()
     def run(self, requests: list[Request]) -> BatchRun:
-        shard, alloc = self.shard, self.shard.cache.alloc
+        shard, alloc = self.shard, self.shard.store.alloc
         if any(r.prompt is None for r in requests):
             raise ValueError("requests need prompt token ids")
         sched = Scheduler(alloc, self.max_batch)
@@ -109,8 +111,8 @@ class ContinuousBatcher:
                 seqs = [s.rid for s in plan.decode]
                 last = torch.tensor([[out[q][-1]] for q in seqs], dtype=torch.long, device=dev)
                 pos0 = [s.cached for s in plan.decode]
-                nxt = shard.forward(last, seqs, pos0).argmax(-1).tolist()
-                for q, tkn in zip(seqs, nxt):
+                new_tokens = shard.forward(last, seqs, pos0).argmax(-1).tolist()
+                for q, tkn in zip(seqs, new_tokens):
                     out[q].append(int(tkn))
             finished = sched.commit(plan)
             snap = snapshot(sched, plan, finished)

@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -74,6 +75,16 @@ class TensorMeta:
 
     def empty(self, device) -> torch.Tensor:
         return torch.empty(self.shape, dtype=getattr(torch, self.dtype), device=device)
+
+
+class Stage(Protocol):
+    """What the runner needs of a stage: call it, its parameters, what it receives."""
+
+    def __call__(self, x: torch.Tensor) -> Any: ...
+
+    def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]: ...
+
+    def input_meta(self, microbatch_size: int) -> TensorMeta: ...
 
 
 class StageModule(nn.Module):
@@ -175,7 +186,7 @@ class PipelineRunner:
     ``chunks`` maps each of this rank's virtual stages (``chunk * p + rank``) to its module.
     """
 
-    def __init__(self, chunks: Mapping[int, StageModule], *, rank: int, p: int, m: int, schedule: str,
+    def __init__(self, chunks: Mapping[int, Stage], *, rank: int, p: int, m: int, schedule: str,
                  v: int = 1, microbatch_size: int, device: torch.device | str = "cpu",
                  loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = loss_fn,
                  group: dist.ProcessGroup | None = None, events=None, sync_timing: bool | None = None,

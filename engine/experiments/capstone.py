@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -127,7 +128,7 @@ def run(ctx, raw: argparse.Namespace) -> dict | None:
         losses.append(loss)
         times.append(span)
         ref_loss = loss_diff = param_diff = None
-        if args.check:
+        if ref_opt is not None:
             ref_loss = M.dense_step(dense, ref_opt, ids, tg)
             loss_diff = abs(loss - ref_loss) / abs(ref_loss)
             param_diff = max_over_ranks(M.max_relative_diff(trainer, dense))
@@ -140,10 +141,11 @@ def run(ctx, raw: argparse.Namespace) -> dict | None:
             ev.emit("progress", done=step + 1, total=args.steps)
     expected = M.expected_comm(cfg, shape, mesh.pp_rank, microbatches=m, microbatch_size=b, schedule=schedule,
                                chunks=v, zero=args.zero, elem_size=dtype.itemsize, backend=ctx.backend)
-    mine = {"rank": ctx.rank, "pp": mesh.pp_rank, "dp": mesh.dp_rank, "tp": mesh.tp_rank,
-            "measured": account, "expected": expected, "match": M.compare_accounts(account, expected)}
-    accounts = [None] * ctx.world_size
-    dist.all_gather_object(accounts, mine)
+    assert account is not None  # the metered step ran
+    row = {"rank": ctx.rank, "pp": mesh.pp_rank, "dp": mesh.dp_rank, "tp": mesh.tp_rank,
+           "measured": account, "expected": expected, "match": M.compare_accounts(account, expected)}
+    accounts: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(accounts, row)
     if ctx.rank != 0:
         return None
     ev.emit("mesh_comm", step=metered_step, ranks=accounts)

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -137,7 +138,7 @@ def tp_decode(cfg, w, prompts, n, ref, ctx) -> dict:
                        min(n, METERED_TOKENS), meter=CommMeter())
     B, s = prompts.shape
     tokens = B * (s + n - 1)
-    formula = f7.kv_cache_total(cfg.layers, cfg.group_heads, cfg.head_dim, sh.cache.k.element_size(), tokens, tp=W)
+    formula = f7.kv_cache_total(cfg.layers, cfg.group_heads, cfg.head_dim, sh.store.k.element_size(), tokens, tp=W)
     equal = all_ranks_true(torch.equal(r["tokens"], ref["tokens"]))
     steps = max(1, counted["decode_steps"])
     out = {"equal": equal, "kv_bytes": r["kv_bytes"], "formula_bytes": formula["per_gpu_bytes"],
@@ -167,12 +168,12 @@ def pp_decode(cfg, w, prompts, n, ref, ctx, microbatches: int) -> dict:
     B, s = prompts.shape
     tokens = B * (s + n - 1)
     kv_heads = cfg.group_heads
-    per_layer = f7.kv_cache_bytes_per_token(1, kv_heads, cfg.head_dim, sh.cache.k.element_size()) * tokens
+    per_layer = f7.kv_cache_bytes_per_token(1, kv_heads, cfg.head_dim, sh.store.k.element_size()) * tokens
     equal = all_ranks_true(torch.equal(r["tokens"], ref["tokens"]))
     steps = max(1, counted["decode_steps"])
     out = {"equal": equal, "kv_bytes": r["kv_bytes"], "formula_bytes": per_layer * len(sh.layers),
            "busiest_formula_bytes": f7.kv_cache_total(cfg.layers, kv_heads, cfg.head_dim,
-                                                      sh.cache.k.element_size(), tokens, pp=W)["per_gpu_bytes"],
+                                                      sh.store.k.element_size(), tokens, pp=W)["per_gpu_bytes"],
            "layers": sh.layers, "sends_per_token": counted["comm_decode"]["sends"] / steps,
            "send_bytes_per_token": counted["comm_decode"]["send_bytes"] / steps, "microbatches": r["microbatches"],
            "decode_tokens_per_s": B * r["decode_steps"] / r["decode_s"] if r["decode_s"] > 0 else None,
@@ -219,7 +220,7 @@ def mesh_decode(cfg, w, prompts, n, ref, ctx, tp: int, pp: int, microbatches: in
                           pipe=pipe2, meter=CommMeter())
     B, s = prompts.shape
     tokens = B * (s + n - 1)
-    formula = f7.kv_cache_bytes_per_token(len(sh.layers), sh.kv_local, cfg.head_dim, sh.cache.k.element_size()) * tokens
+    formula = f7.kv_cache_bytes_per_token(len(sh.layers), sh.kv_local, cfg.head_dim, sh.store.k.element_size()) * tokens
     equal = all_ranks_true(torch.equal(r["tokens"], ref["tokens"]))
     steps = max(1, counted["decode_steps"])
     m = r["microbatches"]
@@ -323,7 +324,9 @@ def measure_costs(cfg, w, device, repeats: int = 5) -> dict:
 # ----------------------------------------------------------------------------------------------
 
 def routing_comparison(args, points: dict | None, ev) -> dict:
+    shape: dict[str, Any]
     if args.cost == "measured":
+        assert points is not None  # measured on the real model before routing runs
         cost = routing.CostModel.fit(points["prefill"], points["decode"], "measured")
         shape = dict(prefixes=16, prefix_len=128, suffix_range=(8, 32), mean_output=16, max_output=64)
     else:  # Llama-2-70B on TP=4 H100s, 4,096-token contexts
@@ -410,7 +413,7 @@ def run(ctx, args: argparse.Namespace) -> tuple[dict | None, int]:
     if "tp" not in skip:
         ev.emit("phase", name="tensor-parallel decode")
         tp = tp_decode(cfg, w, prompts, args.new_tokens, ref, ctx)
-        shards = [None] * W
+        shards: list[Any] = [None] * W
         dist.all_gather_object(shards, {k: tp[k] for k in ("kv_bytes", "formula_bytes", "kv_heads")})
         summary["tp"] = {k: tp[k] for k in ("equal", "all_reduces_per_token", "expected_per_token",
                                             "all_reduce_bytes_per_token", "decode_tokens_per_s")}

@@ -85,8 +85,10 @@ class TPLayerNorm(nn.Module):
     """A replicated layer norm. With SP it normalises only this rank's tokens, so its weight and
     bias gradients are partial sums (``sequence_parallel`` attribute set on them)."""
 
-    def __init__(self, dense: nn.LayerNorm, tp: TPGroup):
+    def __init__(self, dense: nn.Module, tp: TPGroup):
         super().__init__()
+        if not isinstance(dense, nn.LayerNorm):
+            raise TypeError(f"tensor parallelism splits LayerNorm blocks, not {type(dense).__name__}")
         self.weight = nn.Parameter(dense.weight.detach().clone())
         self.bias = nn.Parameter(dense.bias.detach().clone())
         self.eps = dense.eps
