@@ -13,11 +13,13 @@ so every track is a proper stack, as the format's viewers expect.
 Which events are timed operations (and the experiments that emit them):
 
 * ``span`` (:meth:`~distai.engine.events.EventSink.span`): ``name``, ``stream``, ``t0``, ``t1``;
+  ``step`` with ``t0``: a training step (lesson 3) ending at ``t``;
 * ``pp_op`` (lesson 5's pipeline): a forward or backward block, ``t0``/``t1``; ``pp_step``: a step;
 * ``ring_step`` with ``t0`` (lesson 1's traced ring): one step of the ring, its chunk and bytes;
 * ``checkpoint`` (lesson 3): ``seconds`` ending at ``t``; ``failure``/``restart``: instants;
 * ``timeline`` (lesson 6): one step's per-layer backward and bucket all-reduces (ms from ``t_begin``);
-* ``kv_step`` with ``t0`` (lesson 7): one decode iteration.
+* ``kv_step`` with ``t0`` (lesson 7): one decode iteration; ``request``: a request from its
+  arrival to its last token.
 
 :func:`check_trace` lists what breaks the format's rules (required keys, complete events with a
 duration, times that never go back on a track, begin/end pairs that match, complete events on one
@@ -72,6 +74,9 @@ def operations(events: Iterable[dict]) -> tuple[list[dict], list[dict]]:
         if kind == "span":
             add(_span(rank, str(e.get("stream") or "compute"), str(e.get("name", "?")), e.get("t0"), e.get("t1"),
                       "span", _args(e, ("name", "stream", "t0", "t1"))))
+        elif kind == "step" and "t0" in e:
+            add(_span(rank, "compute", f"step {e.get('step')}", e.get("t0"), e.get("t"), "step",
+                      _args(e, ("t0",))))
         elif kind == "pp_op":
             name = f"{e.get('op')} mb{e.get('mb')} stage{e.get('stage')}"
             add(_span(rank, "compute", name, e.get("t0"), e.get("t1"), "pp",
@@ -97,6 +102,9 @@ def operations(events: Iterable[dict]) -> tuple[list[dict], list[dict]]:
         elif kind == "kv_step" and "t0" in e:
             add(_span(rank, "compute", f"decode step {e.get('step')} ({e.get('cache')})", e.get("t0"), e.get("t"),
                       "decode", {k: e[k] for k in ("running", "waiting", "used_blocks") if k in e}))
+        elif kind == "request" and "t_arrival" in e:
+            add(_span(rank, "requests", f"request {e.get('rid')} ({e.get('cache')})", e.get("t_arrival"), e.get("t"),
+                      "request", _args(e, ("t_arrival", "tokens"))))
         elif kind in ("failure", "restart", "relaunch") and isinstance(e.get("t"), (int, float)):
             instants.append({"rank": rank, "stream": "compute", "name": kind, "t": e["t"], "cat": kind,
                              "args": _args(e, ())})

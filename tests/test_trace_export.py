@@ -7,18 +7,15 @@ import csv
 import io
 import json
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from distai.engine.events import EventSink
 from distai.engine.runs import create_run
 from distai.engine.trace_export import check_trace, chrome_trace, metric_rows, operations
+from distai.tutor.cli import main
 
-REPO = Path(__file__).resolve().parents[1]
-DISTAI = [sys.executable, "-m", "distai.tutor.cli"]
 T = 1_800_000_000.0  # a wall-clock second: times are offsets from it
 
 
@@ -76,6 +73,8 @@ def test_each_lessons_timed_events_become_operations():
         {"kind": "timeline", "rank": 1, "t": T + 3, "t_begin": T + 2.5, "mode": "overlap", "bucket_mb": 1.0,
          "layers": [["fc2", 0.0, 2.0], ["fc1", 2.0, 3.5]], "buckets": [[0, 4096, 2.1, 3.0]]},
         {"kind": "kv_step", "rank": 0, "t0": T + 4, "t": T + 4.01, "step": 5, "cache": "paged", "running": 3},
+        {"kind": "request", "rank": 0, "t_arrival": T + 3.9, "t": T + 4.2, "rid": 7, "cache": "paged", "tokens": [1]},
+        {"kind": "step", "rank": 0, "t0": T + 5, "t": T + 5.5, "step": 3, "loss": 2.0},
         {"kind": "pp_op", "rank": 1, "t0": T, "t1": T + 0.1, "op": "F", "mb": 0, "stage": 1, "chunk": 0,
          "schedule": "1f1b", "step": 0},
     ]
@@ -88,6 +87,8 @@ def test_each_lessons_timed_events_become_operations():
     assert by["all-reduce bucket 0"]["stream"] == "comm" and by["all-reduce bucket 0"]["args"]["bytes"] == 4096
     assert by["decode step 5 (paged)"]["t1"] - by["decode step 5 (paged)"]["t0"] == pytest.approx(0.01)
     assert by["F mb0 stage1"]["stream"] == "compute"
+    assert by["request 7 (paged)"]["stream"] == "requests" and "tokens" not in by["request 7 (paged)"]["args"]
+    assert by["step 3"]["t1"] == pytest.approx(T + 5.5) and by["step 3"]["args"]["loss"] == 2.0
     assert check_trace(chrome_trace(events)) == []
 
 
@@ -103,7 +104,7 @@ def test_metric_rows_flatten_steps_and_metrics():
                     {"step": None, "rank": 0, "name": "gpipe.bubble_measured", "value": 0.25}]
 
 
-def test_cli_export_writes_trace_and_metrics_and_fails_in_one_line(isolated_distai_home, tmp_path):
+def test_cli_export_writes_trace_and_metrics_and_fails_in_one_line(isolated_distai_home, tmp_path, capsys):
     rec = create_run(isolated_distai_home / "runs", "lesson1", "distai.engine.experiments.lesson1")
     for rank in (0, 1):
         sink = EventSink(rank, rec.events_dir)
@@ -113,11 +114,11 @@ def test_cli_export_writes_trace_and_metrics_and_fails_in_one_line(isolated_dist
             time.sleep(0.001)
         sink.emit("step", step=0, loss=2.0 + rank)
         sink.close()
-    env = {"DISTAI_HOME": str(isolated_distai_home), "PATH": "/usr/bin:/bin"}
-
     def distai(*args):
-        return subprocess.run([*DISTAI, "runs", "export", *args], capture_output=True, text=True, timeout=60,
-                              cwd=REPO, env=env)
+        capsys.readouterr()
+        code = main(["runs", "export", *args])
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out, err)
 
     out = distai(rec.id)
     assert out.returncode == 0, out.stderr

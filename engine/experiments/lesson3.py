@@ -373,7 +373,7 @@ def run(args, ctx) -> int:
     redone_reported = False
     while state.step < args.steps:
         step = state.step + 1  # counted from 1
-        t_step = time.perf_counter()
+        t_step, t_wall = time.perf_counter(), time.time()
         loss = trainer.step(faults.mid_step(step))
         if args.step_time:
             time.sleep(max(0.0, args.step_time - (time.perf_counter() - t_step)))
@@ -381,7 +381,7 @@ def run(args, ctx) -> int:
         state.extra["losses"] = losses
         if rank == 0:
             events.emit("step", step=step - 1, of=args.steps, loss=loss, lr=state.scheduler.get_last_lr()[0],
-                        attempt=attempt, redo=step <= redo_until)
+                        attempt=attempt, redo=step <= redo_until, t0=t_wall)
             events.emit("progress", done=step, total=args.steps)
         where["reported"] = step
         if rank == 0 and redo_until and not redone_reported and step >= redo_until:

@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 
 from ...lessons.lesson4.formulas import activation_bytes_per_layer, tp_comm_per_layer
+from ..comm_trace import traced_step
 from ..tensor_parallel import (
     ALL_GATHER,
     ALL_REDUCE,
@@ -113,8 +114,9 @@ def train_against_dense(cfg: ModelConfig, batch: int, sp: bool, steps: int = 2, 
         dense_loss = dense(ids, targets)
         dense_loss.backward()
         tp.counter.reset()
-        loss = model(ids, targets)
-        loss.backward()
+        with traced_step(events, f"{mode} step {step}", mode=mode, step=step):
+            loss = model(ids, targets)
+            loss.backward()
         if sp and tp.size > 1 and step == 0:
             # The classic bug, measured: layer-norm gradients of one sequence shard only.
             d = grad_diffs(dense, model, tp.rank, tp.size)
