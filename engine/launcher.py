@@ -14,7 +14,9 @@ Stopping (``stop()``, Ctrl-C in the caller, a rank dying): torchrun's whole proc
 SIGTERM — torchrun then stops its workers, which run in sessions of their own — and whatever
 is left of the run after a grace period gets SIGKILL. "What is left" is found by scanning
 ``/proc`` for processes carrying this run's ``DISTAI_RUN_ID`` in their environment, so no
-worker outlives its run even if torchrun itself was killed first.
+worker outlives its run even if torchrun itself was killed first. When the launcher itself is
+SIGKILLed, nothing of it runs: the kernel kills torchrun (its parent-death signal) and
+each rank kills itself when torchrun or the launcher is gone (:mod:`distai.engine.lifeline`).
 
 Nothing here imports torch (``visible_cuda_devices`` does, lazily, when a GPU may exist) or the
 tutor; the caller chooses the runs folder.
@@ -35,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .lifeline import LAUNCHER_PID_ENV, parent_death_signal
 from .runs import RunRecord, set_command, tail_lines
 
 MAX_PROCS = 1024
@@ -309,6 +312,7 @@ class Launch:
             "DISTAI_DEVICE": self.spec.placement.device,
             "DISTAI_EVENTS_DIR": str(rec.events_dir),
             RUN_ID_ENV: rec.id,
+            LAUNCHER_PID_ENV: str(os.getpid()),
             "PYTHONUNBUFFERED": "1",
         })
         env.setdefault("OMP_NUM_THREADS", "1")
@@ -330,7 +334,8 @@ class Launch:
         self._started = time.time()
         with self._lock:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                                         stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                         preexec_fn=parent_death_signal)
             stop_early = self._stop_reason is not None
         if stop_early:  # stop() came before the processes existed
             _signal_pid_and_group(self.proc.pid, signal.SIGTERM)

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from .events import EventSink
+from .lifeline import watch_launcher
 
 DEVICE_ENV = "DISTAI_DEVICE"
 TIMEOUT_ENV = "DISTAI_COLLECTIVE_TIMEOUT_S"
@@ -41,7 +42,9 @@ def choose_device(local_rank: int) -> torch.device:
 
 
 def init_distributed(timeout_s: float | None = None) -> DistContext:
-    """Join the group described by torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, …)."""
+    """Join the group described by torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, …).
+    Under ``distai run`` the rank first ties its life to torchrun's and the launcher's."""
+    watch_launcher()
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

@@ -371,14 +371,15 @@ def runs_list(
     """List past runs: id, lesson, date, status, duration (and the error of failed ones)."""
     if ctx.invoked_subcommand is not None:
         return
-    from ..engine.runs import list_runs
+    from ..engine.runs import list_runs, settle_killed
     from .paths import runs_root
 
     wanted = lesson_or_fail(lesson).id if lesson else None
-    runs = [r for r in list_runs(runs_root()) if wanted is None or r.lesson == wanted][:max(0, limit)]
+    runs = [settle_killed(r) for r in list_runs(runs_root()) if wanted is None or r.lesson == wanted][:max(0, limit)]
     rows = [{"id": r.id, "lesson": r.lesson, "started": r.started, "status": r.effective_status,
              "duration_s": r.duration_s, "nproc": r.config.get("nproc"), "device": r.config.get("device"),
-             "error": r.error, "failed_rank": r.failed_rank, "path": r.path} for r in runs]
+             "error": r.error, "failed_rank": r.failed_rank, "last_step": r.last_step, "path": r.path}
+            for r in runs]
     if as_json:
         typer.echo(json.dumps(rows, ensure_ascii=False, indent=2))
         return
@@ -403,13 +404,13 @@ def runs_show(
 ) -> None:
     """Replay a past run into the same views as a live one."""
     from ..engine.run_state import replay_events
-    from ..engine.runs import RunNotFound, find_run
+    from ..engine.runs import RunNotFound, find_run, settle_killed
     from .paths import runs_root
 
     if speed < 0:
         raise CliError(f"--speed must be >= 0, got {speed}")
     try:
-        record = find_run(runs_root(), run_id)
+        record = settle_killed(find_run(runs_root(), run_id))
     except RunNotFound as exc:
         raise CliError(str(exc)) from None
     events = replay_events(record)

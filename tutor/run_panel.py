@@ -35,7 +35,7 @@ STRINGS = {
     "ok": {"en": "finished", "es": "terminado"},
     "failed": {"en": "failed", "es": "falló"},
     "stopped": {"en": "stopped", "es": "detenido"},
-    "interrupted": {"en": "interrupted", "es": "interrumpido"},
+    "killed": {"en": "killed", "es": "abortado"},
     "starting_status": {"en": "starting", "es": "arrancando"},
     "stopping": {"en": "stopping every rank…", "es": "deteniendo todos los procesos…"},
     "loss": {"en": "loss", "es": "pérdida"},
