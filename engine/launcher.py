@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .lifeline import LAUNCHER_PID_ENV, parent_death_signal
+from .profiling import PROFILE_DIR_ENV
 from .runs import RunRecord, set_command, tail_lines
 
 MAX_PROCS = 1024
@@ -130,6 +131,7 @@ class LaunchSpec:
     debug: bool = False  # TORCH_DISTRIBUTED_DEBUG=DETAIL (slower collectives, more checks)
     env: dict[str, str] = field(default_factory=dict)
     max_restarts: int = 0  # torchrun's in-place restarts of the whole group (engine.supervisor relaunches)
+    profile: bool = False  # torch.profiler around each rank's work, traces in <run>/profile (engine.profiling)
 
     @property
     def multinode(self) -> bool:
@@ -318,6 +320,9 @@ class Launch:
         env.setdefault("OMP_NUM_THREADS", "1")
         if self.spec.debug:
             env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+        if self.spec.profile:
+            env[PROFILE_DIR_ENV] = str(rec.dir / "profile")
+            rec.config["profile_dir"] = env[PROFILE_DIR_ENV]
         env.update(self.spec.env)
         rec.config.update({"nproc": self.spec.placement.nproc, "device": self.spec.placement.device,
                            "nnodes": self.spec.nnodes, "node_rank": self.spec.node_rank,

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from .events import EventSink
 from .lifeline import watch_launcher
+from .profiling import start_profiler, stop_profiler
 
 DEVICE_ENV = "DISTAI_DEVICE"
 TIMEOUT_ENV = "DISTAI_COLLECTIVE_TIMEOUT_S"
@@ -27,6 +28,7 @@ class DistContext:
     device: torch.device
     backend: str
     events: EventSink
+    profiler: object = None  # torch.profiler.profile under ``distai run --profile``
 
     @property
     def is_cuda(self) -> bool:
@@ -54,11 +56,14 @@ def init_distributed(timeout_s: float | None = None) -> DistContext:
     if not dist.is_initialized():
         kwargs = {"device_id": device} if backend == "nccl" else {}
         dist.init_process_group(backend=backend, timeout=timeout, **kwargs)
-    return DistContext(rank, world_size, local_rank, device, backend, EventSink(rank))
+    return DistContext(rank, world_size, local_rank, device, backend, EventSink(rank),
+                       start_profiler(rank, device.type == "cuda"))
 
 
 def shutdown(ctx: DistContext | None = None) -> None:
     if ctx is not None:
+        stop_profiler(ctx.profiler)
+        ctx.profiler = None
         ctx.events.close()
     if dist.is_initialized():
         dist.destroy_process_group()

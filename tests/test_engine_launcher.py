@@ -214,10 +214,11 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _launch(home: Path, args: list[str]) -> dict:
+def _launch(home: Path, args: list[str], profile: bool = False) -> dict:
     rec = create_run(home / "runs", "lesson1", LESSON1)
     seen: list[dict] = []
-    launch = L.Launch(L.LaunchSpec(LESSON1, L.Placement("cpu", 2), args), rec, consumer=seen.append, grace_s=3)
+    launch = L.Launch(L.LaunchSpec(LESSON1, L.Placement("cpu", 2), args, profile=profile), rec,
+                      consumer=seen.append, grace_s=3)
     record = launch.run()
     return {"record": record, "events": seen, "ended": time.time(), "left": L.run_processes(record.id)}
 
@@ -304,6 +305,7 @@ def launches(tmp_path_factory):
         "hang": lambda: _launch(home, ["--steps", "2", "--no-sweep", "--hang-rank", "1", "--barrier-timeout", "2"]),
         "ctrl_c": lambda: _ctrl_c(tmp_path_factory.mktemp("home_ctrl_c")),
         "json": lambda: _json_run(home),
+        "profile": lambda: _launch(home, ["--steps", "3", "--no-sweep", "--trace", "none"], profile=True),
         "sigkill": lambda: _sigkill_launcher(tmp_path_factory.mktemp("home_sigkill")),
     }
     results: dict = {}
@@ -376,6 +378,21 @@ def test_sigkilled_launcher_leaves_no_process_and_a_killed_run(launches):
     steps = [e["step"] for e in rec.events() if e["kind"] == "step"]
     assert steps == list(range(len(steps))) and len(steps) == rec.last_step
     assert not list(rec.dir.glob(".*.tmp"))
+
+
+def test_profiled_run_saves_torch_profiler_traces_that_runs_show_points_to(launches):
+    rec = _get(launches, "profile")["record"]
+    assert rec.status == "ok", rec.error
+    profile_dir = Path(rec.config["profile_dir"])
+    assert profile_dir == rec.dir / "profile"
+    for rank in (0, 1):
+        trace = json.loads((profile_dir / f"rank{rank}.pt.trace.json").read_text())
+        names = {e.get("name", "") for e in trace["traceEvents"]}
+        assert any(n.startswith("aten::") for n in names)  # the rank's operators, as torch.profiler saw them
+        assert any("gloo" in n or "c10d" in n or "send" in n for n in names)  # and its communication
+    shown = subprocess.run([*DISTAI, "runs", "show", rec.id], capture_output=True, text=True, timeout=60, cwd=REPO,
+                           env=dict(os.environ, DISTAI_HOME=str(launches["home"])))
+    assert f"torch.profiler traces: {profile_dir} (2 files" in shown.stderr, shown.stderr
 
 
 def test_json_run_streams_events_live(launches):

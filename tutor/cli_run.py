@@ -18,6 +18,7 @@ import json
 import signal
 import sys
 import time
+from pathlib import Path
 
 import typer
 
@@ -262,6 +263,8 @@ def run_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per event instead of the live view."),
     run_dir: str | None = typer.Option(None, "--run-dir", help="Keep this run in DIR (default: the runs folder)."),
     debug: bool = typer.Option(False, "--debug", help="TORCH_DISTRIBUTED_DEBUG=DETAIL (slower, more checks)."),
+    profile: bool = typer.Option(False, "--profile", help="Record each rank with torch.profiler; the traces go "
+                                                          "to the run's profile/ folder."),
     max_restarts: int | None = typer.Option(
         None, "--max-restarts", help="After a failure restart the group up to N times (torchrun's elastic agent; "
                                      "a fresh torchrun if that fails). Default: the lesson's (lesson 3: 3, others 0)."),
@@ -312,7 +315,7 @@ def run_cmd(
         raise CliError(str(exc)) from None
     spec = LaunchSpec(chosen.experiment, placement, extra, nnodes=nnodes, node_rank=node_rank,
                       master_addr=master_addr, master_port=master_port, rdzv_backend=rdzv_backend,
-                      rdzv_id=rdzv_id, debug=debug)
+                      rdzv_id=rdzv_id, debug=debug, profile=profile)
     if placement.note and as_json:  # the live view shows it itself
         typer.echo(f"distai: {placement.note}", err=True)
     view = JsonView() if as_json else TerminalView(f"distai run {chosen.id}", lesson=chosen.id)
@@ -345,6 +348,9 @@ def run_cmd(
     record_in_progress_store(record)
     if not as_json:
         typer.echo(f"run folder: {record.path}", err=True)
+        if profile:
+            typer.echo(f"torch.profiler traces: {record.config.get('profile_dir')}", err=True)
+        typer.echo(f"export: distai runs export {record.id} --format chrome-trace|csv|jsonl", err=True)
     if interrupted or record.status == "stopped":
         raise typer.Exit(130)
     if record.status != "ok":
@@ -430,3 +436,9 @@ def runs_show(
             view(event)
     if not as_json:
         typer.echo(f"run folder: {record.path}", err=True)
+        profile_dir = record.config.get("profile_dir")
+        if profile_dir:
+            traces = sorted(Path(profile_dir).glob("rank*.pt.trace.json"))
+            typer.echo(f"torch.profiler traces: {profile_dir} ({len(traces)} file{'s' if len(traces) != 1 else ''}, "
+                       "open in ui.perfetto.dev)", err=True)
+        typer.echo(f"export: distai runs export {record.id} --format chrome-trace|csv|jsonl", err=True)
