@@ -16,7 +16,7 @@ Which events are timed operations (and the experiments that emit them):
   ``step`` with ``t0``: a training step (lesson 3) ending at ``t``;
 * ``pp_op`` (lesson 5's pipeline): a forward or backward block, ``t0``/``t1``; ``pp_step``: a step;
 * ``ring_step`` with ``t0`` (lesson 1's traced ring): one step of the ring, its chunk and bytes;
-* ``checkpoint`` (lesson 3): ``seconds`` ending at ``t``; ``failure``/``restart``: instants;
+* ``checkpoint`` (lesson 3): ``seconds`` ending at ``t_end`` (or ``t``); ``failure``/``restart``: instants;
 * ``timeline`` (lesson 6): one step's per-layer backward and bucket all-reduces (ms from ``t_begin``);
 * ``kv_step`` with ``t0`` (lesson 7): one decode iteration; ``request``: a request from its
   arrival to its last token.
@@ -90,7 +90,8 @@ def operations(events: Iterable[dict]) -> tuple[list[dict], list[dict]]:
             add(_span(rank, "comm", name, e.get("t0"), e.get("t"), "ring", _args(e, ("t0",))))
         elif kind == "checkpoint" and isinstance(e.get("seconds"), (int, float)):
             name = f"checkpoint after step {e.get('step')}" + (" (async)" if e.get("mode") == "async" else "")
-            add(_span(rank, "io", name, e["t"] - e["seconds"], e["t"], "checkpoint", _args(e, ())))
+            end = e.get("t_end") or e["t"]  # an async checkpoint is reported after it was published
+            add(_span(rank, "io", name, end - e["seconds"], end, "checkpoint", _args(e, ())))
         elif kind == "timeline" and isinstance(e.get("t_begin"), (int, float)):
             base, label = e["t_begin"], f"{e.get('mode')} {e.get('bucket_mb')} MiB"
             for layer, a, b in e.get("layers") or []:
