@@ -141,8 +141,23 @@ class LaunchSpec:
         return (self.node_rank or 0) * self.placement.nproc + local_rank
 
 
+def validate_text(flag: str, value: str | None) -> None:
+    """A value that goes into torchrun's command line: printable, no whitespace or NUL."""
+    if value is not None and (not value or any(not c.isprintable() or c.isspace() for c in value)):
+        raise LaunchError(f"{flag} must be a non-empty word without spaces or control characters, got {value!r}")
+
+
+def validate_args(args: list[str]) -> None:
+    """Options passed through to the experiment: anything a command line can carry (no NUL)."""
+    for arg in args:
+        if "\0" in arg:
+            raise LaunchError(f"an argument cannot contain a NUL character: {arg!r}")
+
+
 def validate_nodes(nnodes: int, node_rank: int | None, master_addr: str | None, master_port: int | None,
-                   rdzv_backend: str = "static") -> None:
+                   rdzv_backend: str = "static", rdzv_id: str | None = None) -> None:
+    validate_text("--master-addr", master_addr)
+    validate_text("--rdzv-id", rdzv_id)
     if rdzv_backend not in ("static", "c10d"):
         raise LaunchError(f"--rdzv-backend must be static or c10d, got {rdzv_backend!r}")
     if rdzv_backend == "c10d" and not master_addr:

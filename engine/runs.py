@@ -161,6 +161,8 @@ def create_run(root: str | os.PathLike, lesson: str, module: str, *, run_dir: st
     """Make the run's folder (under ``root``, or exactly ``run_dir``) and its ``run.json``."""
     now = time.time()
     if run_dir is not None:
+        if "\0" in str(run_dir):
+            raise ValueError(f"a folder name cannot contain a NUL character: {str(run_dir)!r}")
         directory = Path(run_dir).expanduser().resolve()
         if (directory / RUN_FILE).exists():
             raise FileExistsError(f"{directory} already holds a run; choose an empty folder")

@@ -276,6 +276,7 @@ def run_cmd(
         LaunchSpec,
         choose_placement,
         experiment_available,
+        validate_args,
         validate_nodes,
     )
 
@@ -291,7 +292,8 @@ def run_cmd(
         extra = ["--steps", str(steps), *extra]
     default_ranks = getattr(chosen, "ranks", 4)
     try:
-        validate_nodes(nnodes, node_rank, master_addr, master_port, rdzv_backend)
+        validate_nodes(nnodes, node_rank, master_addr, master_port, rdzv_backend, rdzv_id)
+        validate_args(extra)
         placement = choose_placement(gpus=gpus, cpu=cpu, default_nproc=default_ranks)
         plan = launch_plan(chosen.id)
         if plan is not None:
@@ -311,7 +313,7 @@ def run_cmd(
     try:
         record = create_run(runs_root(), chosen.id, chosen.experiment, run_dir=run_dir,
                             argv=["distai", *sys.argv[1:]] if sys.argv else [])
-    except (FileExistsError, OSError) as exc:
+    except (FileExistsError, OSError, ValueError) as exc:
         raise CliError(str(exc)) from None
     spec = LaunchSpec(chosen.experiment, placement, extra, nnodes=nnodes, node_rank=node_rank,
                       master_addr=master_addr, master_port=master_port, rdzv_backend=rdzv_backend,
