@@ -23,7 +23,7 @@ FLAGS = {
                            st.sampled_from(["a\x00b", ".", "..", "~", "-"])),
 }
 SWITCHES = ("--json", "--debug", "--profile")
-LESSONS = st.one_of(st.sampled_from(["1", "lesson3", "pipeline", "5", "inference"]), JUNK)
+LESSONS = st.one_of(st.sampled_from(["1", "lesson3", "pipeline", "5", "inference", "capstone"]), JUNK)
 EDGES = [  # found by this test or on the way to it; kept as explicit examples
     (["--run-dir", "a\x00b"]), (["--steps", str(10 ** 30)]), (["--master-port", "0"]),
     (["--nnodes", "2", "--rdzv-backend", "c10d", "--master-addr", "x\x00"]), (["--rdzv-id", "\x00"]),
