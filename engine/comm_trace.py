@@ -14,6 +14,7 @@ read, not a write. The wrappers are removed on exit, even on an exception.
 """
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from collections.abc import Iterator
@@ -53,20 +54,33 @@ def _size_label(n: int) -> str:
 
 
 @contextmanager
-def traced_collectives(events, stream: str = "comm", **fields) -> Iterator[list[dict]]:
+def traced_collectives(events, stream: str = "comm", groups: dict | None = None, **fields) -> Iterator[list[dict]]:
     """Within the block, every collective is recorded; on exit each is emitted as a ``span``
-    (with ``op``, ``bytes`` and ``fields``). Yields the list of records (also when events are off)."""
+    (with ``op``, ``bytes`` and ``fields``) on ``stream``, or on ``"comm NAME"`` when it ran on the
+    process group ``groups[NAME]`` (the capstone's ``dp``, ``tp`` and ``pp`` groups: one track
+    each). Yields the list of records (also when events are off)."""
     records: list[dict] = []
+    names = {id(g): name for name, g in (groups or {}).items() if g is not None}
     lock = threading.Lock()  # async completions arrive on the backend's threads
     originals = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
 
     def wrap(name, fn):
         op, index = COLLECTIVES[name]
 
+        signature = inspect.signature(fn) if names else None
+
         def traced(*args, **kwargs):
             payload = args[index] if len(args) > index else None
             nbytes = _nbytes(payload) if payload is not None else 0
-            rec = {"name": f"{op} {_size_label(nbytes)}", "op": op, "bytes": nbytes, "t0": time.time(), "t1": None}
+            on = stream
+            if signature is not None:
+                try:
+                    group = signature.bind_partial(*args, **kwargs).arguments.get("group")
+                except TypeError:
+                    group = None
+                on = f"comm {names[id(group)]}" if id(group) in names else stream
+            rec = {"name": f"{op} {_size_label(nbytes)}", "op": op, "bytes": nbytes, "t0": time.time(), "t1": None,
+                   "stream": on}
             work = fn(*args, **kwargs)
             if work is None or not kwargs.get("async_op", False):
                 rec["t1"] = time.time()
@@ -95,16 +109,16 @@ def traced_collectives(events, stream: str = "comm", **fields) -> Iterator[list[
             with lock:
                 finished = [r for r in records if r["t1"] is not None]
             for r in finished:
-                events.emit("span", name=r["name"], stream=stream, t0=r["t0"], t1=r["t1"], op=r["op"],
+                events.emit("span", name=r["name"], stream=r["stream"], t0=r["t0"], t1=r["t1"], op=r["op"],
                             bytes=r["bytes"], **fields)
 
 
 @contextmanager
-def traced_step(events, name: str, **fields) -> Iterator[None]:
-    """One training step as a ``compute`` span with its collectives as ``comm`` spans (nothing
-    at all when ``events`` is None or writes nowhere)."""
+def traced_step(events, name: str, groups: dict | None = None, **fields) -> Iterator[None]:
+    """One training step as a ``compute`` span with its collectives as ``comm`` spans (per group
+    with ``groups``; nothing at all when ``events`` is None or writes nowhere)."""
     if events is None or not getattr(events, "enabled", False):
         yield
         return
-    with events.span(name, "compute", **fields), traced_collectives(events, **fields):
+    with events.span(name, "compute", **fields), traced_collectives(events, groups=groups, **fields):
         yield

@@ -515,8 +515,9 @@ class PipelineRunner:
             for rec in records:
                 self.events.emit("pp_op", schedule=self.schedule, step=self._step, op=rec.op.kind,
                                  mb=rec.op.mb, chunk=rec.op.chunk, stage=rec.op.stage, t0=rec.t0, t1=rec.t1)
+            stream = "comm" if self.group is None else "comm pp"  # in a mesh: the pipeline's own group
             for what, t0, t1 in comm:
-                self.events.emit("span", name=what, stream="comm", t0=t0, t1=t1, schedule=self.schedule,
+                self.events.emit("span", name=what, stream=stream, t0=t0, t1=t1, schedule=self.schedule,
                                  step=self._step)
         self._step += 1
         return StepResult(loss, records, t_start, t_end, self.meter.peak)

@@ -4,7 +4,7 @@
 (ui.perfetto.dev) and chrome://tracing read (the format's reference: "Trace Event Format",
 Google, docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU): one process
 per rank (``M`` metadata events name it ``rank R``), one thread per stream (``compute``,
-``comm``, ``io``…), each timed operation a complete event (``ph: "X"``, ``ts``/``dur`` in µs
+``comm`` — or one per process group in the capstone, ``comm tp``/``comm pp``/``comm dp`` — ``io``…), each timed operation a complete event (``ph: "X"``, ``ts``/``dur`` in µs
 from the run's first event), and failures or restarts instant events (``ph: "i"``). Where
 events of one stream overlap without nesting (bucket all-reduces in flight together, requests
 being served side by side) the later ones go to a second track of that stream (``comm 2``…),
@@ -38,7 +38,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-STREAM_ORDER = ("compute", "comm", "io", "requests")
+STREAM_ORDER = ("compute", "comm", "comm tp", "comm pp", "comm dp", "io", "requests")
 # event fields that are bookkeeping, not metrics
 _NOT_METRICS = {"kind", "t", "rank", "step", "of", "t0", "t1", "t_start", "t_end", "attempt"}
 # string fields that say which series a step's numbers belong to (lesson 5's schedule, lesson 2's strategy…)
