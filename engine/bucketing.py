@@ -91,6 +91,7 @@ class StepTimeline:
     def __init__(self, clock: Callable[[], float] = time.perf_counter):
         self.clock = clock
         self.t0 = clock()
+        self.wall0 = time.time()
         self.ready: dict[str, float] = {}
         self.marks: dict[str, float] = {}
         self.launch: dict[int, float] = {}
@@ -103,6 +104,7 @@ class StepTimeline:
 
     def begin(self) -> None:
         self.t0 = self.clock()
+        self.wall0 = time.time()  # the same instant on the wall clock: where a run's trace places it
         self.ready.clear(); self.marks.clear(); self.launch.clear(); self.done.clear()
         self.nbytes.clear()
 
@@ -151,6 +153,7 @@ class StepTimeline:
         ms = lambda s: round(s * 1000.0, 3)  # noqa: E731
         return {
             **fields,
+            "t_begin": self.wall0,
             "marks": {k: ms(v) for k, v in self.marks.items()},
             "layers": [[n, ms(a), ms(b)] for n, a, b in self.layers()],
             "buckets": [[i, self.nbytes.get(i, 0), ms(self.launch[i]), ms(self.done.get(i, self.launch[i]))]

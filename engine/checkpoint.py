@@ -31,6 +31,11 @@ manifest and every file verify (sizes and SHA-256); a torn or corrupt one (flipp
 truncated file, missing manifest) is renamed ``…corrupt`` — kept for inspection, never loaded —
 and the previous good one is used. Rank 0 broadcasts its choice so every rank loads the same one.
 
+:meth:`Checkpointer.save_async` writes the "dcp" form with ``torch.distributed.checkpoint.async_save``:
+the state is staged (copied) before the call returns and written by a background thread, which
+publishes it in the same way once every rank's files are written — until then it is a ``.tmp-``
+folder, so a kill while the save is in flight falls back to the previous good checkpoint.
+
 The "dcp" form writes the same state with ``torch.distributed.checkpoint`` (every rank writes
 its own shard files in parallel; the model and optimizer go through
 ``torch.distributed.checkpoint.state_dict.get_state_dict``/``set_state_dict``). Two pitfalls it
@@ -54,6 +59,7 @@ import os
 import random
 import shutil
 import struct
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -468,12 +474,12 @@ def _broadcast(obj: Any, src: int = 0) -> Any:
     return box[0]
 
 
-def _gather(obj: Any) -> list:
+def _gather(obj: Any, group=None) -> list:
     dist = _dist()
     if dist is None:
         return [obj]
-    out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
+    out = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
     return out
 
 
@@ -483,9 +489,11 @@ class SaveInfo:
     step: int
     path: str
     bytes: int
-    seconds: float
+    seconds: float  # the time the caller was blocked
     form: str
     pruned: list[str] = field(default_factory=list)
+    written_s: float | None = None  # asynchronous saves: from the call until published
+    published_t: float | None = None  # and the wall-clock time they were published
 
 
 @dataclass
@@ -508,6 +516,8 @@ class Checkpointer:
             raise ValueError("keep at least one checkpoint")
         self.folder = CheckpointFolder(root)
         self.rank, self.world_size, self.form, self.keep = rank, world_size, form, keep
+        self._pending: threading.Thread | None = None  # the asynchronous save in flight
+        self._async_error: BaseException | None = None
 
     # -- save ----------------------------------------------------------------------------------
     def save(self, state: TrainingState) -> SaveInfo:
@@ -533,6 +543,83 @@ class Checkpointer:
         _barrier()  # every rank returns once the checkpoint exists
         info.seconds = time.perf_counter() - t0
         return info
+
+    # -- asynchronous save (torch.distributed.checkpoint.async_save) ---------------------------
+    def save_async(self, state: TrainingState, on_written=None) -> SaveInfo:
+        """Start a "dcp" checkpoint of ``state`` and return as soon as it is staged.
+
+        ``async_save`` copies the state into CPU memory of its own (staging) before it returns,
+        so training may change the weights at once; a background thread writes the shard files
+        (the plan's collectives run on a gloo group of the checkpointer's own, never interleaved
+        with the training's collectives), then gathers every rank's file digests on that group,
+        and rank 0 publishes the manifest and renames the folder into place, as :meth:`save`
+        does. Until then the checkpoint is a ``.tmp-`` folder that is never loaded: a kill while
+        a save is in flight leaves the previous good checkpoint the newest. One save at a time:
+        starting one first waits for the previous (that wait counts in the returned ``seconds``,
+        the time the training was blocked). ``on_written(step)`` runs in the background thread
+        once this rank's files are written, before they are published (fault injection).
+        """
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        t0 = time.perf_counter()
+        self.wait()
+        step = int(state.step)
+        if self.rank == 0:
+            self.folder.begin(step)
+        _barrier()
+        tmp = self.folder.tmp(step)
+        model_sd, optim_sd = get_state_dict(state.model, state.optimizer)
+        sd = self._dcp_layout(state, model_sd, optim_sd, state.per_rank())
+        group = self._async_group()
+        kwargs = {"process_group": group} if group is not None else {}
+        future = dcp.async_save(sd, checkpoint_id=str(tmp), **kwargs)
+        info = SaveInfo(step, str(self.folder.final(step)), 0, 0.0, "dcp")
+
+        def publish() -> None:
+            try:
+                future.result()  # type: ignore[union-attr]  # torch stubs: async_save returns a Future here
+                if on_written is not None:
+                    on_written(step)
+                mine = {p.name: file_digest(p) for p in sorted(tmp.glob(f"__{self.rank}_*.distcp"))}
+                if self.rank == 0 and (tmp / ".metadata").is_file():
+                    mine[".metadata"] = file_digest(tmp / ".metadata")
+                files: dict[str, dict] = {}
+                for part in _gather(mine, group):
+                    files.update(part)
+                info.bytes = sum(f["bytes"] for f in files.values())
+                if self.rank == 0:
+                    self.folder.publish(step, files, {"form": "dcp", "mode": "async", "world_size": self.world_size})
+                    info.pruned = self.folder.prune(self.keep)
+                info.written_s, info.published_t = time.perf_counter() - t0, time.time()
+            except BaseException as exc:  # noqa: BLE001 - re-raised by wait() in the training thread
+                self._async_error = exc
+
+        self._async_error = None
+        self._pending = threading.Thread(target=publish, name=f"distai-ckpt-{step}", daemon=True)
+        self._pending.start()
+        self._pending_info = info
+        info.seconds = time.perf_counter() - t0
+        return info
+
+    def wait(self) -> SaveInfo | None:
+        """Block until the asynchronous save in flight (if any) is published; its info."""
+        pending, self._pending = getattr(self, "_pending", None), None
+        if pending is None:
+            return None
+        pending.join()
+        if self._async_error is not None:
+            raise RuntimeError(f"asynchronous checkpoint failed: {self._async_error}") from self._async_error
+        return self._pending_info
+
+    def _async_group(self):
+        """A gloo group of the checkpointer's own for the background thread's collectives."""
+        dist = _dist()
+        if dist is None:
+            return None
+        if getattr(self, "_group", None) is None:
+            self._group = dist.new_group(backend="gloo")
+        return self._group
 
     def _dcp_save(self, state: TrainingState, tmp: Path) -> dict[str, dict]:
         import torch.distributed.checkpoint as dcp

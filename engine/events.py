@@ -12,6 +12,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,20 @@ class EventSink:
             return
         record = {"kind": kind, "t": time.time(), "rank": self.rank, **fields}
         os.write(self._fd, (json.dumps(record, separators=(",", ":")) + "\n").encode())
+
+    @contextmanager
+    def span(self, name: str, stream: str = "compute", **fields: Any) -> Iterator[None]:
+        """Time the ``with`` body as one ``span`` event (``t0``/``t1`` wall-clock seconds) on
+        ``stream`` (``compute``, ``comm``, ``io``…): what ``distai runs export --format
+        chrome-trace`` draws as one complete event on that stream's track."""
+        if self._fd is None:
+            yield
+            return
+        t0 = time.time()
+        try:
+            yield
+        finally:
+            self.emit("span", name=name, stream=stream, t0=t0, t1=time.time(), **fields)
 
     def close(self) -> None:
         if self._fd is not None:

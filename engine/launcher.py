@@ -14,7 +14,9 @@ Stopping (``stop()``, Ctrl-C in the caller, a rank dying): torchrun's whole proc
 SIGTERM — torchrun then stops its workers, which run in sessions of their own — and whatever
 is left of the run after a grace period gets SIGKILL. "What is left" is found by scanning
 ``/proc`` for processes carrying this run's ``DISTAI_RUN_ID`` in their environment, so no
-worker outlives its run even if torchrun itself was killed first.
+worker outlives its run even if torchrun itself was killed first. When the launcher itself is
+SIGKILLed, nothing of it runs: the kernel kills torchrun (its parent-death signal) and
+each rank kills itself when torchrun or the launcher is gone (:mod:`distai.engine.lifeline`).
 
 Nothing here imports torch (``visible_cuda_devices`` does, lazily, when a GPU may exist) or the
 tutor; the caller chooses the runs folder.
@@ -36,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from .lifeline import LAUNCHER_PID_ENV, parent_death_signal
+from .profiling import PROFILE_DIR_ENV
 from .runs import RunRecord, set_command, tail_lines
 
 MAX_PROCS = 1024
@@ -128,6 +132,7 @@ class LaunchSpec:
     debug: bool = False  # TORCH_DISTRIBUTED_DEBUG=DETAIL (slower collectives, more checks)
     env: dict[str, str] = field(default_factory=dict)
     max_restarts: int = 0  # torchrun's in-place restarts of the whole group (engine.supervisor relaunches)
+    profile: bool = False  # torch.profiler around each rank's work, traces in <run>/profile (engine.profiling)
 
     @property
     def multinode(self) -> bool:
@@ -137,8 +142,23 @@ class LaunchSpec:
         return (self.node_rank or 0) * self.placement.nproc + local_rank
 
 
+def validate_text(flag: str, value: str | None) -> None:
+    """A value that goes into torchrun's command line: printable, no whitespace or NUL."""
+    if value is not None and (not value or any(not c.isprintable() or c.isspace() for c in value)):
+        raise LaunchError(f"{flag} must be a non-empty word without spaces or control characters, got {value!r}")
+
+
+def validate_args(args: list[str]) -> None:
+    """Options passed through to the experiment: anything a command line can carry (no NUL)."""
+    for arg in args:
+        if "\0" in arg:
+            raise LaunchError(f"an argument cannot contain a NUL character: {arg!r}")
+
+
 def validate_nodes(nnodes: int, node_rank: int | None, master_addr: str | None, master_port: int | None,
-                   rdzv_backend: str = "static") -> None:
+                   rdzv_backend: str = "static", rdzv_id: str | None = None) -> None:
+    validate_text("--master-addr", master_addr)
+    validate_text("--rdzv-id", rdzv_id)
     if rdzv_backend not in ("static", "c10d"):
         raise LaunchError(f"--rdzv-backend must be static or c10d, got {rdzv_backend!r}")
     if rdzv_backend == "c10d" and not master_addr:
@@ -310,11 +330,15 @@ class Launch:
             "DISTAI_DEVICE": self.spec.placement.device,
             "DISTAI_EVENTS_DIR": str(rec.events_dir),
             RUN_ID_ENV: rec.id,
+            LAUNCHER_PID_ENV: str(os.getpid()),
             "PYTHONUNBUFFERED": "1",
         })
         env.setdefault("OMP_NUM_THREADS", "1")
         if self.spec.debug:
             env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+        if self.spec.profile:
+            env[PROFILE_DIR_ENV] = str(rec.dir / "profile")
+            rec.config["profile_dir"] = env[PROFILE_DIR_ENV]
         env.update(self.spec.env)
         rec.config.update({"nproc": self.spec.placement.nproc, "device": self.spec.placement.device,
                            "nnodes": self.spec.nnodes, "node_rank": self.spec.node_rank,
@@ -331,7 +355,8 @@ class Launch:
         self._started = time.time()
         with self._lock:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                                         stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                         preexec_fn=parent_death_signal)
             stop_early = self._stop_reason is not None
         if stop_early:  # stop() came before the processes existed
             _signal_pid_and_group(self.proc.pid, signal.SIGTERM)

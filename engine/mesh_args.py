@@ -124,7 +124,7 @@ class RunPlan:
     chunks: int  # v (1 unless interleaved)
     microbatches: int
     microbatch_size: int
-    model: dict  # hidden, heads, vocab, seq, layers (ModelConfig's fields)
+    model: dict  # hidden, heads, vocab, seq, layers (GPTConfig's fields)
     dtype: str
     args: argparse.Namespace
 

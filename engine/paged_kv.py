@@ -21,8 +21,8 @@ Events (``events.emit``), one ``kv_step`` per iteration: ``cache`` (paged|contig
 ``allocated`` and ``freed`` (block ids), ``used_blocks``, ``num_blocks``, ``block_size``,
 ``tokens_stored``, ``reserved_tokens``, ``running``, ``waiting``, ``admitted``, ``finished``,
 ``preempted`` (request ids), ``tables`` ({request id: block table}), ``lengths`` ({request id:
-tokens stored}), ``t`` (wall clock);
-one ``request`` per finished request: ``rid``, ``prompt_len``, ``output_len``, ``arrival``,
+tokens stored}), ``t0`` and ``t`` (wall clock at the iteration's start and end);
+one ``request`` per finished request: ``t_arrival`` (wall clock), ``rid``, ``prompt_len``, ``output_len``, ``arrival``,
 ``first_token_step``, ``finished_step``, ``ttft_s``, ``tpot_s``, ``preemptions``, ``tokens``.
 """
 from __future__ import annotations
@@ -94,11 +94,13 @@ class ContinuousBatcher:
         snaps, done_rows = [], []
         dev = shard.device
         t_start = time.perf_counter()
+        perf_to_wall = time.time() - t_start  # request events carry wall-clock times, as every event
         while not sched.done:
             now = time.perf_counter()
             for s in list(sched.pending):
                 if s.req.arrival <= sched.step:
                     arrival_wall.setdefault(s.rid, now)
+            t_iter = time.time()
             plan = sched.plan()
             # prefill each newly admitted sequence (prompt + tokens already produced, if preempted)
             for s in plan.prefill:
@@ -127,9 +129,10 @@ class ContinuousBatcher:
                        "preemptions": s.preemptions, "tokens": list(out[s.rid])}
                 done_rows.append(row)
                 if self.events is not None:
-                    self.events.emit("request", cache=self.cache_name, **row)
+                    self.events.emit("request", cache=self.cache_name, t_arrival=arrival_wall[s.rid] + perf_to_wall,
+                                     **row)
             if self.events is not None:
-                self.events.emit("kv_step", cache=self.cache_name, step=snap.step, allocated=snap.allocated,
+                self.events.emit("kv_step", cache=self.cache_name, t0=t_iter, step=snap.step, allocated=snap.allocated,
                                  freed=snap.freed, used_blocks=sum(o is not None for o in snap.owners),
                                  num_blocks=alloc.num_blocks, block_size=alloc.block_size,
                                  tokens_stored=snap.tokens_stored, reserved_tokens=snap.reserved_tokens,

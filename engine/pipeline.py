@@ -24,7 +24,9 @@ backward (parameters excluded) as they are saved and freed, so the peak activati
 same way for our schedules and for torch's.
 
 Events (``kind`` = ``pp_op``) per block: ``schedule, step, op ("F"/"B"), mb, chunk, stage,
-t0, t1`` (wall-clock seconds, on CUDA after a synchronize).
+t0, t1`` (wall-clock seconds, on CUDA after a synchronize); and ``span`` events on the ``comm``
+stream for posting the plan's sends and receives and for each wait on a receive (emitted after the
+step, so recording them does not slow it).
 """
 from __future__ import annotations
 
@@ -297,6 +299,7 @@ class PipelineRunner:
         sends_in_flight: list = []
         pending: list[sim.Action] = []
         records: list[OpRecord] = []
+        comm: list[tuple[str, float, float]] = []  # (what, t0, t1): posting sends/receives, waiting on one
         total_loss = torch.zeros((), dtype=torch.float64, device=self.device)
         self.meter.reset_peak()
 
@@ -320,7 +323,9 @@ class PipelineRunner:
                     recv_buf[msg] = buf
                     recvs.append(msg)
                     ops.append(dist.P2POp(dist.irecv, buf, self._peer(msg.src % self.p), self.group))
+            t0 = time.time()
             batch = _Batch(dist.batch_isend_irecv(ops), keep)
+            comm.append((" + ".join(_p2p_label(a.kind, a.message, self.p) for a in pending), t0, time.time()))
             for msg in recvs:
                 recv_work[msg] = batch
             if keep:
@@ -328,7 +333,9 @@ class PipelineRunner:
             pending.clear()
 
         def receive(msg: sim.Message) -> torch.Tensor:
+            t0 = time.time()
             recv_work.pop(msg).wait()
+            comm.append((f"wait {_p2p_label('recv', msg, self.p)}", t0, time.time()))
             return recv_buf.pop(msg)
 
         if self.group is not None:
@@ -381,8 +388,10 @@ class PipelineRunner:
                 saved = 0
             records.append(OpRecord(op, t0, t1, saved))
         flush()
+        t0 = time.time()
         for batch in sends_in_flight:
             batch.wait()
+        comm.append(("wait sends", t0, time.time()))
         t_end = self._now()
         if recv_work or stage_out:
             raise RuntimeError(f"rank {self.rank}: schedule left {len(recv_work)} receives and "
@@ -392,8 +401,19 @@ class PipelineRunner:
             for rec in records:
                 self.events.emit("pp_op", schedule=self.schedule, step=self._step, op=rec.op.kind,
                                  mb=rec.op.mb, chunk=rec.op.chunk, stage=rec.op.stage, t0=rec.t0, t1=rec.t1)
+            stream = "comm" if self.group is None else "comm pp"  # in a mesh: the pipeline's own group
+            for what, t0, t1 in comm:
+                self.events.emit("span", name=what, stream=stream, t0=t0, t1=t1, schedule=self.schedule,
+                                 step=self._step)
         self._step += 1
         return StepResult(loss, records, t_start, t_end, self.meter.peak)
+
+
+def _p2p_label(kind: str, msg: sim.Message, p: int) -> str:
+    """``send F mb3 → rank 2`` / ``recv B mb1 ← rank 0``: one point-to-point message of the plan."""
+    if kind == "send":
+        return f"send {msg.kind} mb{msg.mb} → rank {msg.dst % p}"
+    return f"recv {msg.kind} mb{msg.mb} ← rank {msg.src % p}"
 
 
 def build_rank_chunks(cfg: GPTConfig, p: int, v: int, rank: int, seed: int = 0,

@@ -24,7 +24,8 @@ With ``trace`` (an ``EventSink``) the ring emits one ``ring_step`` event per ste
 
     {"kind": "ring_step", "call": c, "phase": "reduce-scatter", "step": s, "of": 2(N-1),
      "chunk": sent chunk, "to": right rank, "recv_chunk": received chunk, "from": left rank,
-     "bytes": bytes sent this step, "size": bytes of the whole buffer, "n": N}
+     "bytes": bytes sent this step, "size": bytes of the whole buffer, "n": N,
+     "t0": wall-clock second the step began (the event's ``t`` is when it ended)}
 
 so the tutor can animate a real run. A traced call runs one channel, the textbook ring the
 model describes. Tracing is off unless asked for (the bandwidth sweep traces only its untimed
@@ -33,6 +34,7 @@ warm-up calls).
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import torch
@@ -130,13 +132,14 @@ def _piece_bounds(bounds, pieces):
     return out
 
 
-def _emit_step(trace, call, rank, n, step, bounds, elem, total_bytes):
+def _emit_step(trace, call, rank, n, step, bounds, elem, total_bytes, t0):
+    """One ``ring_step`` event; ``t0`` is when the step began (it ends now), for the run's trace."""
     phase, _ = model.phase_of(step, n)
     sent = model.send_chunk(rank, step, n)
     a, b = bounds[sent]
     trace.emit("ring_step", call=call, phase=phase, step=step, of=model.num_steps(n), n=n,
                chunk=sent, to=model.right(rank, n), recv_chunk=model.recv_chunk(rank, step, n),
-               **{"from": model.left(rank, n)}, bytes=(b - a) * elem, size=total_bytes)
+               **{"from": model.left(rank, n)}, bytes=(b - a) * elem, size=total_bytes, t0=t0)
 
 
 class _RingChannel:
@@ -191,6 +194,7 @@ class _RingChannel:
         self.recvs[k] = dist.irecv(target, src=self.left_g, group=self.group, tag=self.tag0 + k)
 
     def start(self) -> None:
+        self.step_t0 = time.time()  # a traced ring's step k runs from the end of step k - 1
         first = min(self.pieces, self.window)
         for k in range(first):
             self._recv(k)
@@ -219,7 +223,8 @@ class _RingChannel:
             self._recv(k + self.window)
         if self.trace is not None and j == self.pieces - 1:
             _emit_step(self.trace, self.call, self.pos, self.n, step, self.bounds, self.elem,
-                       self.flat.numel() * self.elem)
+                       self.flat.numel() * self.elem, self.step_t0)
+            self.step_t0 = time.time()
 
     def finish(self) -> None:
         for works in self.outstanding.values():
@@ -248,6 +253,7 @@ def _ring_grouped(flat, bounds, rank, n, group, op, trace, call):
     right_g, left_g = _global(group, model.right(rank, n)), _global(group, model.left(rank, n))
     elem, total_bytes = flat.element_size(), flat.numel() * flat.element_size()
     for step in range(steps):
+        t0 = time.time()
         sa, sb = bounds[model.send_chunk(rank, step, n)]
         ra, rb = bounds[model.recv_chunk(rank, step, n)]
         reduce = step < n - 1
@@ -265,4 +271,4 @@ def _ring_grouped(flat, bounds, rank, n, group, op, trace, call):
             if op == "avg" and step == n - 2:
                 flat[ra:rb].div_(n)
         if trace is not None:
-            _emit_step(trace, call, rank, n, step, bounds, elem, total_bytes)
+            _emit_step(trace, call, rank, n, step, bounds, elem, total_bytes, t0)

@@ -60,7 +60,7 @@ class RunState:
 
     @property
     def finished(self) -> bool:
-        return self.status in ("ok", "failed", "stopped", "interrupted")
+        return self.status in ("ok", "failed", "stopped", "killed")
 
     def feed(self, e: dict[str, Any]) -> None:
         self.events_seen += 1
@@ -130,7 +130,7 @@ def replay_events(record) -> list[dict[str, Any]]:
     end_t = record.created + (record.duration_s or 0.0)
     if status != "running":
         events.append({"kind": "run_end", "t": end_t, "run_id": record.id, "status": status,
-                       "exit_code": record.exit_code, "error": record.error if status != "interrupted"
-                       else "the launcher ended before the run did", "failed_rank": record.failed_rank,
+                       "exit_code": record.exit_code, "error": record.error if record.error or status != "killed"
+                       else "the launcher was killed before the run ended", "failed_rank": record.failed_rank,
                        "tail": record.error_tail, "duration_s": record.duration_s})
     return events

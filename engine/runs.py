@@ -10,7 +10,9 @@ Layout of one run (``<root>/<run id>/``)::
     logs/torchrun.log   everything torchrun printed, rank lines included
 
 ``status`` is ``running`` while the launcher lives, then ``ok``, ``failed`` or ``stopped``;
-a ``running`` run whose launcher process is gone is reported as ``interrupted``.
+a ``running`` run whose launcher process is gone (SIGKILLed, or the machine went down) is
+reported as ``killed``, with the last step its events show, and :func:`settle_killed` writes that
+into its ``run.json``.
 Nothing here imports torch or the tutor: the caller passes the root folder.
 """
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 from .events import read_events
 
 RUN_FILE = "run.json"
-STATUSES = ("running", "ok", "failed", "stopped", "interrupted")
+STATUSES = ("running", "ok", "failed", "stopped", "killed")
 
 
 class RunNotFound(LookupError):
@@ -54,7 +56,8 @@ class RunRecord:
     error_tail: list[str] = field(default_factory=list)
     summary: dict[str, Any] | None = None
     launcher_pid: int | None = None
-    host: str = field(default_factory=lambda: os.uname().nodename if hasattr(os, "uname") else "")
+    last_step: int | None = None  # steps done when the launcher was killed (1-based), if any
+    host: str = field(default_factory=lambda: _this_host())
 
     # -- folders -------------------------------------------------------------------------------
     @property
@@ -90,10 +93,19 @@ class RunRecord:
     # -- derived -------------------------------------------------------------------------------
     @property
     def effective_status(self) -> str:
-        """``interrupted`` for a run still marked running whose launcher is gone."""
-        if self.status == "running" and not _pid_alive(self.launcher_pid):
-            return "interrupted"
+        """``killed`` for a run still marked running whose launcher (on this host) is gone."""
+        if self.status == "running" and self.host == _this_host() and not _pid_alive(self.launcher_pid):
+            return "killed"
         return self.status
+
+    def steps_reached(self) -> tuple[int | None, int | None]:
+        """The last training step the ranks reported (counted from 1) and of how many."""
+        last = of = None
+        for e in self.events():
+            if e.get("kind") == "step" and isinstance(e.get("step"), int):
+                if last is None or e["step"] + 1 >= last:
+                    last, of = e["step"] + 1, e.get("of", of)
+        return last, of
 
     @property
     def started(self) -> str:
@@ -105,6 +117,26 @@ class RunRecord:
 
     def log_tail(self, rank: int, lines: int = 15) -> list[str]:
         return tail_lines(self.rank_log(rank), lines)
+
+
+def _this_host() -> str:
+    return os.uname().nodename if hasattr(os, "uname") else ""
+
+
+def settle_killed(record: RunRecord) -> RunRecord:
+    """A run whose launcher was killed, written down as such (``status: killed``, the last step
+    reached) so that its folder says what happened; any other run is returned unchanged."""
+    if record.effective_status != "killed" or record.status == "killed":
+        return record
+    last, of = record.steps_reached()
+    record.status, record.last_step = "killed", last
+    reached = "before its first step" if last is None else f"at step {last}" + (f"/{of}" if of else "")
+    record.error = f"the launcher was killed {reached}"
+    try:
+        record.save()
+    except OSError:  # a read-only folder: still reported as killed
+        pass
+    return record
 
 
 def _pid_alive(pid: int | None) -> bool:
@@ -129,6 +161,8 @@ def create_run(root: str | os.PathLike, lesson: str, module: str, *, run_dir: st
     """Make the run's folder (under ``root``, or exactly ``run_dir``) and its ``run.json``."""
     now = time.time()
     if run_dir is not None:
+        if "\0" in str(run_dir):
+            raise ValueError(f"a folder name cannot contain a NUL character: {str(run_dir)!r}")
         directory = Path(run_dir).expanduser().resolve()
         if (directory / RUN_FILE).exists():
             raise FileExistsError(f"{directory} already holds a run; choose an empty folder")

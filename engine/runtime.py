@@ -13,6 +13,8 @@ import torch
 import torch.distributed as dist
 
 from .events import EventSink
+from .lifeline import watch_launcher
+from .profiling import start_profiler, stop_profiler
 
 DEVICE_ENV = "DISTAI_DEVICE"
 TIMEOUT_ENV = "DISTAI_COLLECTIVE_TIMEOUT_S"
@@ -26,6 +28,7 @@ class DistContext:
     device: torch.device
     backend: str
     events: EventSink
+    profiler: object = None  # torch.profiler.profile under ``distai run --profile``
 
     @property
     def is_cuda(self) -> bool:
@@ -41,7 +44,9 @@ def choose_device(local_rank: int) -> torch.device:
 
 
 def init_distributed(timeout_s: float | None = None) -> DistContext:
-    """Join the group described by torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, …)."""
+    """Join the group described by torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, …).
+    Under ``distai run`` the rank first ties its life to torchrun's and the launcher's."""
+    watch_launcher()
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -50,11 +55,14 @@ def init_distributed(timeout_s: float | None = None) -> DistContext:
     timeout = timedelta(seconds=float(timeout_s or os.environ.get(TIMEOUT_ENV, "120")))
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, timeout=timeout, device_id=device if backend == "nccl" else None)
-    return DistContext(rank, world_size, local_rank, device, backend, EventSink(rank))
+    return DistContext(rank, world_size, local_rank, device, backend, EventSink(rank),
+                       start_profiler(rank, device.type == "cuda"))
 
 
 def shutdown(ctx: DistContext | None = None) -> None:
     if ctx is not None:
+        stop_profiler(ctx.profiler)
+        ctx.profiler = None
         ctx.events.close()
     if dist.is_initialized():
         dist.destroy_process_group()

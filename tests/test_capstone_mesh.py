@@ -207,3 +207,15 @@ def test_the_experiment_streams_its_check_and_its_communication_account(tmp_path
     assert kinds.index("mesh_config") < kinds.index("step") < kinds.index("summary")
     for r in range(4):  # every rank streams its pipeline blocks and its step times
         assert any(e["kind"] == "pp_op" for e in events[r]) and any(e["kind"] == "mesh_step" for e in events[r])
+    # the run's Chrome trace: valid, and the communication of each group that talked on a track of its own
+    from distai.engine.trace_export import check_trace, chrome_trace
+
+    trace = chrome_trace([e for r in range(4) for e in events[r]])
+    assert check_trace(trace) == []
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    on: dict[str, set] = {}
+    for e in trace["traceEvents"]:
+        if e["ph"] == "X":  # "comm tp 2" is a second lane of "comm tp"
+            on.setdefault(" ".join(threads[(e["pid"], e["tid"])].split(" ")[:2]), set()).add(e["name"].split(" ")[0])
+    assert on["comm tp"] and on["comm tp"] <= {"all_reduce", "all_gather", "reduce_scatter"}  # TP+SP collectives
+    assert on["comm pp"] and on["comm pp"] <= {"send", "recv", "wait"}  # the pipeline's point-to-point messages

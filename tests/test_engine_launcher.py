@@ -118,7 +118,7 @@ def test_experiment_availability():
     assert not L.experiment_available(None)
 
 
-def test_run_folders_list_find_and_interrupted(tmp_path):
+def test_run_folders_list_find_and_killed(tmp_path):
     a = create_run(tmp_path, "lesson1", LESSON1, config={"nproc": 2})
     time.sleep(0.01)
     b = create_run(tmp_path, "lesson1", LESSON1)
@@ -128,7 +128,20 @@ def test_run_folders_list_find_and_interrupted(tmp_path):
     a.save()
     runs = list_runs(tmp_path)
     assert [r.id for r in runs] == [b.id, a.id]
-    assert runs[1].effective_status == "interrupted" and runs[0].effective_status == "failed"
+    assert runs[1].effective_status == "killed" and runs[0].effective_status == "failed"
+    from distai.engine.events import EventSink
+    from distai.engine.runs import settle_killed
+
+    sink = EventSink(0, a.events_dir)
+    for step in range(3):
+        sink.emit("step", step=step, of=10, loss=1.0)
+    sink.close()
+    with open(a.events_dir / "rank0.jsonl", "ab") as f:
+        f.write(b'{"kind":"step","step":3,"of"')  # the line a kill tore
+    settle_killed(runs[1])
+    again = RunRecord.load(a.dir)
+    assert (again.status, again.last_step, again.error) == ("killed", 3, "the launcher was killed at step 3/10")
+    assert settle_killed(runs[0]).status == "failed"
     assert find_run(tmp_path, "last").id == b.id
     assert find_run(tmp_path, b.id[-4:]).id == b.id
     assert find_run(tmp_path, str(b.dir)).id == b.id
@@ -201,10 +214,11 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _launch(home: Path, args: list[str]) -> dict:
+def _launch(home: Path, args: list[str], profile: bool = False) -> dict:
     rec = create_run(home / "runs", "lesson1", LESSON1)
     seen: list[dict] = []
-    launch = L.Launch(L.LaunchSpec(LESSON1, L.Placement("cpu", 2), args), rec, consumer=seen.append, grace_s=3)
+    launch = L.Launch(L.LaunchSpec(LESSON1, L.Placement("cpu", 2), args, profile=profile), rec,
+                      consumer=seen.append, grace_s=3)
     record = launch.run()
     return {"record": record, "events": seen, "ended": time.time(), "left": L.run_processes(record.id)}
 
@@ -239,6 +253,35 @@ def _ctrl_c(home: Path) -> dict:
             "alive": [p for p in pids if _alive(p)], "stderr": proc.stderr.read().decode()}
 
 
+def _sigkill_launcher(home: Path) -> dict:
+    """SIGKILL `distai run` itself mid-run: nothing of it may survive (torchrun's parent-death
+    signal, the ranks' watch on their parent and on the launcher)."""
+    env = dict(os.environ, DISTAI_HOME=str(home))
+    proc = subprocess.Popen([*DISTAI, "run", "lesson1", "--cpu", "2", "--steps", "1000000", "--no-sweep", "--json"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True, cwd=REPO)
+    runs, deadline, run_dir, pids = home / "runs", time.time() + 240, None, []
+    while time.time() < deadline:  # wait until the ranks are training
+        found = list(runs.glob("*/events/rank0.jsonl")) if runs.is_dir() else []
+        if found and found[0].stat().st_size > 4000:
+            run_dir = found[0].parents[1]
+            pids = L.run_processes(run_dir.name)
+            break
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    t0 = time.time()
+    os.kill(proc.pid, signal.SIGKILL)  # the launcher alone, as the OOM killer or `kill -9` would
+    proc.wait()
+    left = L.run_processes(run_dir.name) if run_dir else []
+    while left and time.time() - t0 < 20:
+        time.sleep(0.05)
+        left = L.run_processes(run_dir.name)
+    return {"run_dir": run_dir, "pids": pids, "clean_after": time.time() - t0, "left": left,
+            "listed": subprocess.run([*DISTAI, "runs", "--json"], env=env, capture_output=True, text=True,
+                                     timeout=60, cwd=REPO)}
+
+
 def _json_run(home: Path) -> dict:
     env = dict(os.environ, DISTAI_HOME=str(home))
     proc = subprocess.Popen([*DISTAI, "run", "lesson1", "--cpu", "2", "--json", "--steps", "60", "--no-sweep"],
@@ -262,6 +305,8 @@ def launches(tmp_path_factory):
         "hang": lambda: _launch(home, ["--steps", "2", "--no-sweep", "--hang-rank", "1", "--barrier-timeout", "2"]),
         "ctrl_c": lambda: _ctrl_c(tmp_path_factory.mktemp("home_ctrl_c")),
         "json": lambda: _json_run(home),
+        "profile": lambda: _launch(home, ["--steps", "3", "--no-sweep", "--trace", "none"], profile=True),
+        "sigkill": lambda: _sigkill_launcher(tmp_path_factory.mktemp("home_sigkill")),
     }
     results: dict = {}
 
@@ -318,6 +363,36 @@ def test_ctrl_c_stops_every_rank_and_leaves_no_orphans(launches):
     assert r["alive"] == [] and L.run_processes(r["run_dir"].name) == []
     rec = RunRecord.load(r["run_dir"])
     assert rec.status == "stopped" and "Ctrl-C" in rec.error
+
+
+def test_sigkilled_launcher_leaves_no_process_and_a_killed_run(launches):
+    r = _get(launches, "sigkill")
+    assert r["run_dir"] is not None and len(r["pids"]) >= 3  # torchrun and its two workers were running
+    print(f"kill-to-clean: {r['clean_after']:.2f} s")
+    assert r["left"] == [] and r["clean_after"] < 5, r
+    (listed,) = json.loads(r["listed"].stdout)
+    assert listed["status"] == "killed" and listed["last_step"] >= 10
+    assert listed["error"].startswith(f"the launcher was killed at step {listed['last_step']}/1000000")
+    rec = RunRecord.load(r["run_dir"])  # the folder says so too, and every event line that is whole reads
+    assert rec.status == "killed" and rec.last_step == listed["last_step"]
+    steps = [e["step"] for e in rec.events() if e["kind"] == "step"]
+    assert steps == list(range(len(steps))) and len(steps) == rec.last_step
+    assert not list(rec.dir.glob(".*.tmp"))
+
+
+def test_profiled_run_saves_torch_profiler_traces_that_runs_show_points_to(launches):
+    rec = _get(launches, "profile")["record"]
+    assert rec.status == "ok", rec.error
+    profile_dir = Path(rec.config["profile_dir"])
+    assert profile_dir == rec.dir / "profile"
+    for rank in (0, 1):
+        trace = json.loads((profile_dir / f"rank{rank}.pt.trace.json").read_text())
+        names = {e.get("name", "") for e in trace["traceEvents"]}
+        assert any(n.startswith("aten::") for n in names)  # the rank's operators, as torch.profiler saw them
+        assert any("gloo" in n or "c10d" in n or "send" in n for n in names)  # and its communication
+    shown = subprocess.run([*DISTAI, "runs", "show", rec.id], capture_output=True, text=True, timeout=60, cwd=REPO,
+                           env=dict(os.environ, DISTAI_HOME=str(launches["home"])))
+    assert f"torch.profiler traces: {profile_dir} (2 files" in shown.stderr, shown.stderr
 
 
 def test_json_run_streams_events_live(launches):

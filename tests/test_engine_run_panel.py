@@ -154,6 +154,9 @@ async def test_panel_runs_the_real_experiment(tmp_path):
         assert "terminado" in status  # Spanish
         log_text = "\n".join(str(line.text) for line in screen.query_one("#run-log", RichLog).lines)
         assert "rank 0" in log_text and "carpeta de la ejecución" in log_text
+        record = screen.launch.record
+        assert f"como traza de Chrome (Perfetto): distai runs export {record.id} -o {record.dir / 'trace.json'}" \
+            in log_text.replace("\n", "")
         runs = store.runs("lesson1")
         assert len(runs) == 1 and runs[0]["status"] == "ok"
     store.close()

@@ -178,12 +178,20 @@ def _run(rank, world, args, root=None, stop_at=None, resume_skip=None, form="fil
     while state.step < args.steps:
         losses.append(trainer.step())
         if root is not None and state.step == stop_at:
-            ck.Checkpointer(root, rank, world, form=form).save(state)
+            if form == "dcp-async":  # async_save: training goes on while it is written, and must not leak into it
+                saver = ck.Checkpointer(root, rank, world, form="dcp")
+                saver.save_async(state)
+                for _ in range(3):
+                    trainer.step()
+                assert saver.wait().step == stop_at
+            else:
+                ck.Checkpointer(root, rank, world, form=form).save(state)
             state = build(args, rank, world, cpu)  # a new process would start like this...
             torch.manual_seed(999 + rank)  # ...with its generators wherever they happen to be
             np.random.seed(999 + rank)
             random.seed(999 + rank)
-            info = ck.Checkpointer(root, rank, world, form=form).resume(state, skip=resume_skip or ())
+            info = ck.Checkpointer(root, rank, world, form=form.removesuffix("-async")).resume(
+                state, skip=resume_skip or ())
             assert info.step == stop_at
             trainer = Trainer(args, state, make_data(args), rank, world, cpu)
     return losses
@@ -266,6 +274,7 @@ def _check_all(rank: int, world: int, tmp: str) -> dict:
     out["reference"] = ref
     out["file_resume"] = _run(rank, world, args, tmp / "ck_file", stop_at=5)
     out["dcp_resume"] = _run(rank, world, args, tmp / "ck_dcp", stop_at=5, form="dcp")
+    out["dcp-async_resume"] = _run(rank, world, args, tmp / "ck_dcp_async", stop_at=5, form="dcp-async")
     for part in ("rng.torch", "rng.numpy", "rng.python", "sampler", "optimizer", "scheduler"):
         out[f"forget_{part}"] = _run(rank, world, args, tmp / f"ck_forget_{part}", stop_at=5, resume_skip=[part])
     return out
@@ -306,7 +315,7 @@ def test_sampler_follows_distributed_sampler(group):
     assert all(r["sampler_epoch1"] for r in group)
 
 
-@pytest.mark.parametrize("form", ["file", "dcp"])
+@pytest.mark.parametrize("form", ["file", "dcp", "dcp-async"])
 def test_resume_is_exact(group, form):
     for r in group:
         assert len(r["reference"]) == 12

@@ -24,8 +24,9 @@ from distai.engine.supervisor import Supervisor, make_launch
 REPO = Path(__file__).resolve().parents[1]
 DISTAI = [sys.executable, "-m", "distai.tutor.cli"]
 MODULE = "distai.engine.experiments.lesson3"
-SMALL = ["--steps", "16", "--ckpt-every", "4", "--hidden", "64", "--samples", "1024"]
+SMALL = ["--steps", "16", "--ckpt-every", "4", "--hidden", "64", "--samples", "1024", "--no-ckpt-cost"]
 KILL = ["--kill-rank", "1", "--at-step", "11"]
+ASYNC_KILL = ["--ckpt-mode", "async", "--kill-rank", "1", "--at-step", "8", "--kill-in-flight"]
 
 
 def _cli_run(home: Path) -> dict:
@@ -54,11 +55,22 @@ def _uninterrupted(home: Path) -> dict:
     return {"record": record, "events": seen}
 
 
+def _async_killed_in_flight(home: Path) -> dict:
+    """Asynchronous checkpoints; rank 1 dies while the one after step 8 is being written; the
+    checkpoint cost is measured at the end."""
+    rec = create_run(home / "runs", "lesson3", MODULE)
+    seen: list[dict] = []
+    args = [a for a in SMALL if a != "--no-ckpt-cost"] + ASYNC_KILL
+    record = make_launch(L.LaunchSpec(MODULE, L.Placement("cpu", 2), args), rec, consumer=seen.append,
+                         max_restarts=2, grace_s=3).run()
+    return {"record": record, "events": seen}
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     home = tmp_path_factory.mktemp("home")
     jobs = {"cli": lambda: _cli_run(home), "relaunched": lambda: _relaunched(home),
-            "reference": lambda: _uninterrupted(home)}
+            "reference": lambda: _uninterrupted(home), "async": lambda: _async_killed_in_flight(home)}
     results: dict = {"home": home}
 
     def run(name, fn):
@@ -243,3 +255,33 @@ def test_failure_analysis_takes_torchruns_root_cause_not_the_ranks_it_stopped():
              "  host      : localhost", "  rank      : 1 (local_rank: 1)", "  exitcode  : -9 (pid: 6956)  (SIGKILL)"]
     f = L.analyse_failure([], lines, 1)
     assert f.rank == 1 and "SIGKILL" in f.message
+
+
+def test_kill_during_an_async_save_resumes_from_the_previous_good_checkpoint_exactly(runs):
+    r, ref = _get(runs, "async"), _get(runs, "reference")
+    rec, ev = r["record"], r["events"]
+    assert rec.status == "ok", (rec.error, rec.error_tail)
+    (failure,) = _kind(ev, "failure")
+    assert (failure["rank"], failure["phase"], failure["cause"]) == (1, "asynchronous checkpoint", "--kill-in-flight")
+    (restart,) = _kind(ev, "restart")
+    # the checkpoint of step 8 was written but never published: the resume takes step 4's
+    assert restart["from_step"] == 4 and restart["checkpoint"] == "step_00000004"
+    (cmp,) = _kind(ev, "compare")
+    assert cmp["identical"] and cmp["weights_identical"] and cmp["max_abs_diff"] == 0
+    s = _summary(ev)
+    assert s["losses"] == _summary(ref["events"])["losses"] and s["run_sha256"] == _summary(ref["events"])["run_sha256"]
+    cks = _kind(ev, "checkpoint")
+    assert [(c["step"], c["mode"], c["form"]) for c in cks] == [(k, "async", "dcp") for k in (4, 8, 12, 16)]
+    assert all(c["bytes"] > 0 and c["seconds"] >= c["blocked_s"] >= 0 for c in cks)
+    folder = CheckpointFolder(rec.dir / "checkpoints")
+    assert [k for k, _ in folder.complete()] == [16, 12, 8] and folder.latest_valid().step == 16
+    assert not list(folder.root.glob(".tmp-*")) and not (folder.root / ".cost").exists()
+    # the step-time cost of sync and async saves, measured and reported
+    (cost,) = _kind(ev, "ckpt_cost")
+    assert cost["every"] >= 2 and cost["steps"] == 3 * cost["every"] and cost["write_s"] > 0
+    for mode in ("none", "sync", "async"):
+        assert cost[mode]["step_s"] > 0
+    assert cost["sync"]["blocked_s"] > 0 and cost["async"]["blocked_s"] > 0 and cost["none"]["blocked_s"] == 0
+    assert s["ckpt_cost"]["sync"] == cost["sync"]
+    printed = [e["line"] for e in ev if e["kind"] == "output" and e.get("rank") == 0]
+    assert any(line.startswith("  async: ") and "a save blocks" in line for line in printed)

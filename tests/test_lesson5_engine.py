@@ -218,3 +218,35 @@ def test_experiment_runs_and_reports(p4):
         assert 0 < res["bubble_measured"] < 1
         for stage in res["stages"]:
             assert stage["peak_bytes"] == pytest.approx(stage["peak_expected_bytes"], rel=0.01)
+
+
+def test_experiment_exports_a_chrome_trace_in_the_schedules_order(p4):
+    """The run's events as a Chrome trace keep the Trace Event format's rules, and each rank's
+    forward/backward blocks appear on its compute track in the order the simulator schedules them,
+    with the sends, receives and waits on its comm track."""
+    from distai.engine.events import read_events
+    from distai.engine.trace_export import check_trace, chrome_trace
+
+    results, events_dir = p4
+    events = [e for path in sorted(Path(events_dir).glob("rank*.jsonl")) for e in read_events(path)]
+    trace = json.loads(json.dumps(chrome_trace(events)))  # as a viewer reads the file
+    assert check_trace(trace) == []
+    meta = [e for e in trace["traceEvents"] if e["ph"] == "M"]
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in meta if e["name"] in ("process_name", "thread_name")}
+    assert {names[(r, 0)] for r in range(4)} == {f"rank {r}" for r in range(4)}
+    m, v = 8, 2
+    for schedule, chunks in SCHEDULES:
+        order = sim.schedule_order(schedule, 4, m, v if schedule == "interleaved" else 1)
+        for rank in range(4):
+            ops = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["pid"] == rank and e["cat"] == "pp"
+                   and e["args"]["schedule"] == schedule]
+            assert {names[(rank, e["tid"])] for e in ops} == {"compute"}
+            got = [(e["args"]["op"], e["args"]["mb"], e["args"]["stage"]) for e in sorted(ops, key=lambda e: e["ts"])]
+            assert got == [(op.kind, op.mb, op.stage) for op in order[rank]]
+            comm = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["pid"] == rank
+                    and names[(rank, e["tid"])].startswith("comm") and e["args"].get("schedule") == schedule]
+            sends = sum(e["name"].count("send ") for e in comm)
+            # every activation leaves its stage once, every gradient once, except at the ends of the pipeline
+            assert sends == sum(1 for op in order[rank] if not (op.kind == "F" and op.stage == 4 * chunks - 1)
+                                and not (op.kind == "B" and op.stage == 0))
+            assert any(e["name"].startswith("wait recv") for e in comm)

@@ -18,6 +18,7 @@ import json
 import signal
 import sys
 import time
+from pathlib import Path
 
 import typer
 
@@ -262,6 +263,8 @@ def run_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per event instead of the live view."),
     run_dir: str | None = typer.Option(None, "--run-dir", help="Keep this run in DIR (default: the runs folder)."),
     debug: bool = typer.Option(False, "--debug", help="TORCH_DISTRIBUTED_DEBUG=DETAIL (slower, more checks)."),
+    profile: bool = typer.Option(False, "--profile", help="Record each rank with torch.profiler; the traces go "
+                                                          "to the run's profile/ folder."),
     max_restarts: int | None = typer.Option(
         None, "--max-restarts", help="After a failure restart the group up to N times (torchrun's elastic agent; "
                                      "a fresh torchrun if that fails). Default: the lesson's (lesson 3: 3, others 0)."),
@@ -273,6 +276,7 @@ def run_cmd(
         LaunchSpec,
         choose_placement,
         experiment_available,
+        validate_args,
         validate_nodes,
     )
 
@@ -288,7 +292,8 @@ def run_cmd(
         extra = ["--steps", str(steps), *extra]
     default_ranks = getattr(chosen, "ranks", 4)
     try:
-        validate_nodes(nnodes, node_rank, master_addr, master_port, rdzv_backend)
+        validate_nodes(nnodes, node_rank, master_addr, master_port, rdzv_backend, rdzv_id)
+        validate_args(extra)
         placement = choose_placement(gpus=gpus, cpu=cpu, default_nproc=default_ranks)
         plan = launch_plan(chosen.id)
         if plan is not None:
@@ -308,11 +313,11 @@ def run_cmd(
     try:
         record = create_run(runs_root(), chosen.id, chosen.experiment, run_dir=run_dir,
                             argv=["distai", *sys.argv[1:]] if sys.argv else [])
-    except (FileExistsError, OSError) as exc:
+    except (FileExistsError, OSError, ValueError) as exc:
         raise CliError(str(exc)) from None
     spec = LaunchSpec(chosen.experiment, placement, extra, nnodes=nnodes, node_rank=node_rank,
                       master_addr=master_addr, master_port=master_port, rdzv_backend=rdzv_backend,
-                      rdzv_id=rdzv_id, debug=debug)
+                      rdzv_id=rdzv_id, debug=debug, profile=profile)
     if placement.note and as_json:  # the live view shows it itself
         typer.echo(f"distai: {placement.note}", err=True)
     view = JsonView() if as_json else TerminalView(f"distai run {chosen.id}", lesson=chosen.id)
@@ -345,6 +350,9 @@ def run_cmd(
     record_in_progress_store(record)
     if not as_json:
         typer.echo(f"run folder: {record.path}", err=True)
+        if profile:
+            typer.echo(f"torch.profiler traces: {record.config.get('profile_dir')}", err=True)
+        typer.echo(f"export: distai runs export {record.id} --format chrome-trace|csv|jsonl", err=True)
     if interrupted or record.status == "stopped":
         raise typer.Exit(130)
     if record.status != "ok":
@@ -371,14 +379,15 @@ def runs_list(
     """List past runs: id, lesson, date, status, duration (and the error of failed ones)."""
     if ctx.invoked_subcommand is not None:
         return
-    from ..engine.runs import list_runs
+    from ..engine.runs import list_runs, settle_killed
     from .paths import runs_root
 
     wanted = lesson_or_fail(lesson).id if lesson else None
-    runs = [r for r in list_runs(runs_root()) if wanted is None or r.lesson == wanted][:max(0, limit)]
+    runs = [settle_killed(r) for r in list_runs(runs_root()) if wanted is None or r.lesson == wanted][:max(0, limit)]
     rows = [{"id": r.id, "lesson": r.lesson, "started": r.started, "status": r.effective_status,
              "duration_s": r.duration_s, "nproc": r.config.get("nproc"), "device": r.config.get("device"),
-             "error": r.error, "failed_rank": r.failed_rank, "path": r.path} for r in runs]
+             "error": r.error, "failed_rank": r.failed_rank, "last_step": r.last_step, "path": r.path}
+            for r in runs]
     if as_json:
         typer.echo(json.dumps(rows, ensure_ascii=False, indent=2))
         return
@@ -403,13 +412,13 @@ def runs_show(
 ) -> None:
     """Replay a past run into the same views as a live one."""
     from ..engine.run_state import replay_events
-    from ..engine.runs import RunNotFound, find_run
+    from ..engine.runs import RunNotFound, find_run, settle_killed
     from .paths import runs_root
 
     if speed < 0:
         raise CliError(f"--speed must be >= 0, got {speed}")
     try:
-        record = find_run(runs_root(), run_id)
+        record = settle_killed(find_run(runs_root(), run_id))
     except RunNotFound as exc:
         raise CliError(str(exc)) from None
     events = replay_events(record)
@@ -429,3 +438,9 @@ def runs_show(
             view(event)
     if not as_json:
         typer.echo(f"run folder: {record.path}", err=True)
+        profile_dir = record.config.get("profile_dir")
+        if profile_dir:
+            traces = sorted(Path(profile_dir).glob("rank*.pt.trace.json"))
+            typer.echo(f"torch.profiler traces: {profile_dir} ({len(traces)} file{'s' if len(traces) != 1 else ''}, "
+                       "open in ui.perfetto.dev)", err=True)
+        typer.echo(f"export: distai runs export {record.id} --format chrome-trace|csv|jsonl", err=True)

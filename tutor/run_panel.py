@@ -35,7 +35,7 @@ STRINGS = {
     "ok": {"en": "finished", "es": "terminado"},
     "failed": {"en": "failed", "es": "falló"},
     "stopped": {"en": "stopped", "es": "detenido"},
-    "interrupted": {"en": "interrupted", "es": "interrumpido"},
+    "killed": {"en": "killed", "es": "abortado"},
     "starting_status": {"en": "starting", "es": "arrancando"},
     "stopping": {"en": "stopping every rank…", "es": "deteniendo todos los procesos…"},
     "loss": {"en": "loss", "es": "pérdida"},
@@ -50,12 +50,21 @@ STRINGS = {
     "close": {"en": "Close", "es": "Cerrar"},
     "again": {"en": "Run again", "es": "Repetir"},
     "folder": {"en": "run folder: {path}", "es": "carpeta de la ejecución: {path}"},
+    "export": {"en": "as a Chrome trace (Perfetto): distai runs export {id} -o {path}",
+               "es": "como traza de Chrome (Perfetto): distai runs export {id} -o {path}"},
     "failed_rank": {"en": "last lines of rank {rank}:", "es": "últimas líneas del proceso {rank}:"},
     "unavailable": {"en": "this lesson's experiment is not yet available", "es": "el experimento de esta lección aún no está disponible"},
     "replay": {"en": "replay of {id}", "es": "repetición de {id}"},
     "phase": {"en": "phase", "es": "fase"},
     "step": {"en": "step", "es": "paso"},
 }
+
+
+def export_path(record) -> str:
+    """Where ``distai runs export`` puts a run's Chrome trace by default."""
+    from .cli_runs import default_export_path
+
+    return str(default_export_path(record.path, "chrome-trace"))
 
 
 def t(key: str, lang: str, **fields) -> str:
@@ -256,6 +265,9 @@ class RunPanelScreen(Screen):
                 log.write(Text("  " + line, style="red"))
         if self.launch is not None:
             log.write(Text(t("folder", self.language, path=self.launch.record.path), style="dim"))
+        record = self.launch.record if self.launch is not None else self.replay_record
+        if record is not None:
+            log.write(Text(t("export", self.language, id=record.id, path=export_path(record)), style="dim"))
         self._record_progress(status)
 
     def _record_progress(self, status: str) -> None:

@@ -39,6 +39,7 @@ import torch.distributed as dist
 
 from ...lessons.units import format_bytes
 from .. import mesh as M
+from ..comm_trace import traced_step
 from ..experiment import exit_with, max_over_ranks, run_experiment
 from ..mesh_args import MeshConfigError, plan_run
 from ..model import GPT, GPTConfig, ModelConfigError
@@ -114,13 +115,14 @@ def run(ctx, raw: argparse.Namespace) -> dict | None:
     for step in range(args.steps):
         ids, tg = M.global_batch(cfg, shape, m, b, step, seed=args.seed, device=ctx.device)
         mine = (M.dp_share(ids, mesh.dp_rank, shape.dp), M.dp_share(tg, mesh.dp_rank, shape.dp))
-        if step == metered_step:
-            meter.reset()
-            with meter:
+        with traced_step(ev, f"step {step}", groups=mesh.groups, step=step):  # the run's trace: a track per group
+            if step == metered_step:
+                meter.reset()
+                with meter:
+                    out = trainer.step(*mine)
+                account = meter.account()
+            else:
                 out = trainer.step(*mine)
-            account = meter.account()
-        else:
-            out = trainer.step(*mine)
         ev.emit("mesh_step", step=step, pp=mesh.pp_rank, dp=mesh.dp_rank, tp=mesh.tp_rank,
                 t_start=out.t_start, t_pipeline_end=out.pipeline.t_end, t_end=out.t_end)
         loss = trainer.global_loss(out)

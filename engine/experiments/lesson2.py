@@ -41,6 +41,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from ..comm_trace import traced_step
 from ..experiment import UsageError, exit_with, run_experiment
 from ..metering import CommMeter
 from ..model import GPT, GPTConfig, ModelConfigError, lm_loss
@@ -304,9 +305,10 @@ def calc_precision(precision: str) -> str:
 def run_strategy(strategy: str, cfg: GPTConfig, batches, rank: int, world_size: int, device,
                  optimizer="adam", precision="fp32", meter_step: int | None = None,
                  reference: dict | None = None, emit=None, fsdp_tracker: bool = True,
-                 trace: bool = False) -> dict:
+                 trace: bool = False, events=None) -> dict:
     """Train ``strategy`` on ``batches``; measure memory and traffic on step ``meter_step``
-    (default: the last one). Returns this rank's figures."""
+    (default: the last one). Returns this rank's figures. With ``events`` each step and its
+    all-gathers/reduce-scatters are timed for the run's trace."""
     emit = emit or (lambda kind, **f: None)
     meter_step = len(batches) - 1 if meter_step is None else meter_step
     if device.type == "cuda":
@@ -320,11 +322,13 @@ def run_strategy(strategy: str, cfg: GPTConfig, batches, rank: int, world_size: 
             meter = CommMeter()
             if isinstance(trainer, FSDP2Trainer) and fsdp_tracker:
                 tracker = _fsdp_tracker(trainer)
-            with meter, (tracker if tracker is not None else _null()):
+            with meter, (tracker if tracker is not None else _null()), \
+                    traced_step(events, f"{strategy} step {i}", strategy=strategy, step=i):
                 loss = trainer.step(batch)
             held = trainer.held()
         else:
-            loss = trainer.step(batch)
+            with traced_step(events, f"{strategy} step {i}", strategy=strategy, step=i):
+                loss = trainer.step(batch)
             if i > 0 or len(batches) == 2:  # step 0 pays lazy initialisation (FSDP2)
                 times.append(time.perf_counter() - t0)
         losses.append(loss)
@@ -426,7 +430,7 @@ def run(ctx, args: argparse.Namespace) -> dict:
         ev.emit("phase", name=strategy)
         ev.emit("progress", done=k * args.steps, total=total_steps, label=strategy)
         r = run_strategy(strategy, cfg, batches, rank, world, ctx.device, args.optimizer,
-                         args.precision, reference=reference, emit=ev.emit)
+                         args.precision, reference=reference, emit=ev.emit, events=ev)
         held = r["held"]
         total = sum(held.values())
         try:

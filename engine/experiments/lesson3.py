@@ -18,7 +18,9 @@ at step steps/2 + 3 — 23 of 40 — when no other fault is chosen; ``--no-fault
 kills a random rank at random times (exponential, mean SECONDS; at most ``--max-failures``).
 The surviving ranks' all-reduce fails; torchrun's elastic agent (``--max-restarts``) or the
 engine's supervisor starts the group again, and every start begins by resuming from the newest
-good checkpoint. At the end, the ranks train again from scratch without faults or checkpoints
+good checkpoint. ``--ckpt-mode async`` writes the checkpoints with
+``torch.distributed.checkpoint.async_save`` (the step goes on while they are written);
+``--kill-in-flight`` kills the rank while one is being written. At the end, the ranks train again from scratch without faults or checkpoints
 (same seed) and compare: every loss of the resumed run must equal (``==``) the uninterrupted
 one, and the final weights must be bit-identical. ``--forget PART`` leaves a piece of state out of
 the resume (``rng``, ``rng.numpy``, ``sampler``, ``optimizer``, ``scheduler``, …) to see the
@@ -36,7 +38,11 @@ every experiment (the 1-based number is ``step + 1``):
   place; 0: the supervisor relaunched torchrun)
 - ``{"kind":"step","step":i,"of":N,"loss":x,"lr":lr,"attempt":a,"redo":bool}`` and
   ``{"kind":"progress","done":i+1,"total":N}``
-- ``{"kind":"checkpoint","step":s,"bytes":B,"seconds":t,"name":"step_…","form":f,"attempt":a}``
+- ``{"kind":"checkpoint","step":s,"bytes":B,"seconds":t,"name":"step_…","form":f,"attempt":a,
+  "mode":"sync"|"async"}`` — an async one once published (``seconds`` from the call until then,
+  ``blocked_s`` the training's wait)
+- ``{"kind":"ckpt_cost","steps","every","none"|"sync"|"async": {"step_s","blocked_s",
+  "per_checkpoint_s"}}`` — the step-time cost of checkpoints, measured (``--no-ckpt-cost``: none)
 - ``{"kind":"failure","rank":r,"step":s,"cause":"--kill-rank"|"--fail-every","attempt":a}``
   (from the rank that is about to die)
 - ``{"kind":"redone","first":s0,"last":s1,"steps":n,"compared":k,"identical":bool}`` — once the
@@ -81,6 +87,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--keep", type=int, default=3, help="checkpoints kept")
     p.add_argument("--format", choices=("file", "dcp"), default="file",
                    help="file: framed torch.save files; dcp: torch.distributed.checkpoint")
+    p.add_argument("--ckpt-mode", choices=("sync", "async"), default="sync",
+                   help="sync: the step waits for the checkpoint; async: torch.distributed.checkpoint."
+                        "async_save writes it in the background (dcp form)")
+    p.add_argument("--no-ckpt-cost", action="store_true",
+                   help="skip measuring the step-time cost of sync and async checkpoints")
+    p.add_argument("--kill-in-flight", action="store_true",
+                   help="with --ckpt-mode async: the killed rank dies while its checkpoint after --at-step "
+                        "is being written (in flight), not mid-step")
     p.add_argument("--kill-rank", type=int, default=None, help="rank to SIGKILL (default 1, or 0 alone)")
     p.add_argument("--at-step", type=int, default=None,
                    help="step (from 1) in the middle of which it dies (default: steps/2 + 3)")
@@ -120,6 +134,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--ckpt-every must be at least 1")
     if args.fail_every < 0:
         p.error("--fail-every must be >= 0 seconds")
+    if args.ckpt_mode == "async":
+        args.format = "dcp"  # async_save is torch.distributed.checkpoint's
+    if args.kill_in_flight and (args.ckpt_mode != "async" or args.at_step % args.ckpt_every):
+        p.error("--kill-in-flight needs --ckpt-mode async and an --at-step that is a multiple of --ckpt-every")
     return args
 
 
@@ -252,9 +270,15 @@ class Faults:
 
     def mid_step(self, step: int):
         """The hook for step ``step`` (from 1), or None."""
-        if self.attempt == 0 and self.rank == self.kill_rank and step == self.kill_step:
+        if self.attempt == 0 and self.rank == self.kill_rank and step == self.kill_step \
+                and not self.args.kill_in_flight:
             return lambda: self.die(step, "--kill-rank")
         return None
+
+    def in_flight(self, step: int) -> None:
+        """Called once this rank's asynchronous checkpoint of ``step`` is written, not yet published."""
+        if self.attempt == 0 and self.rank == self.kill_rank and step == self.kill_step and self.args.kill_in_flight:
+            self.die(step + 1, "--kill-in-flight", "asynchronous checkpoint")
 
     def arm_timer(self) -> None:
         if self.random_at is None or self.rank != self.random_rank:
@@ -375,6 +399,18 @@ def run(ctx, args) -> tuple[dict | None, int]:
         say(f"restart {attempt} ({how}): {who}; resumed from {origin} in {resumed.seconds * 1e3:.1f} ms; "
             f"{redo}" + (f" (forgetting {', '.join(args.forget)})" if args.forget else ""), flush=True)
 
+    def report_async(info) -> None:
+        """An asynchronous checkpoint, once published: ``seconds`` from the call to publication,
+        ``blocked_s`` the part the training waited for."""
+        if info is None or rank != 0:
+            return
+        events.emit("checkpoint", step=info.step, bytes=info.bytes, seconds=info.written_s, blocked_s=info.seconds,
+                    t_end=info.published_t, name=Path(info.path).name, form=info.form, attempt=attempt,
+                    pruned=info.pruned, mode="async")
+        say(f"checkpoint after step {info.step}: {info.bytes / 1024:.1f} KiB, training blocked "
+            f"{info.seconds * 1e3:.1f} ms, written in {info.written_s * 1e3:.1f} ms (async) → "
+            f"{Path(info.path).name}", flush=True)
+
     losses: list[float] = list(state.extra.get("losses", []))
     where["reported"] = state.step
     faults.arm_timer()
@@ -382,7 +418,7 @@ def run(ctx, args) -> tuple[dict | None, int]:
     redone_reported = False
     while state.step < args.steps:
         step = state.step + 1  # counted from 1
-        t_step = time.perf_counter()
+        t_step, t_wall = time.perf_counter(), time.time()
         loss = trainer.step(faults.mid_step(step))
         if args.step_time:
             time.sleep(max(0.0, args.step_time - (time.perf_counter() - t_step)))
@@ -390,7 +426,7 @@ def run(ctx, args) -> tuple[dict | None, int]:
         state.extra["losses"] = losses
         if rank == 0:
             events.emit("step", step=step - 1, of=args.steps, loss=loss, lr=state.scheduler.get_last_lr()[0],
-                        attempt=attempt, redo=step <= redo_until)
+                        attempt=attempt, redo=step <= redo_until, t0=t_wall)
             events.emit("progress", done=step, total=args.steps)
         where["reported"] = step
         if rank == 0 and redo_until and not redone_reported and step >= redo_until:
@@ -405,13 +441,20 @@ def run(ctx, args) -> tuple[dict | None, int]:
             redone_reported = True
         if step % args.ckpt_every == 0 or step == args.steps:
             where["phase"] = "checkpoint"
-            info = ckpt.save(state)
+            if args.ckpt_mode == "async":
+                t_block = time.perf_counter()
+                report_async(ckpt.wait())  # the previous one, published: waiting for it blocks this save too
+                ckpt.save_async(state, on_written=faults.in_flight).seconds = time.perf_counter() - t_block
+            else:
+                info = ckpt.save(state)
+                if rank == 0:
+                    events.emit("checkpoint", step=step, bytes=info.bytes, seconds=info.seconds,
+                                name=Path(info.path).name, form=info.form, attempt=attempt, pruned=info.pruned,
+                                mode="sync")
+                    say(f"checkpoint after step {step}: {info.bytes / 1024:.1f} KiB in {info.seconds * 1e3:.1f} ms "
+                        f"→ {Path(info.path).name}", flush=True)
             where["phase"] = "step"
-            if rank == 0:
-                events.emit("checkpoint", step=step, bytes=info.bytes, seconds=info.seconds,
-                            name=Path(info.path).name, form=info.form, attempt=attempt, pruned=info.pruned)
-                say(f"checkpoint after step {step}: {info.bytes / 1024:.1f} KiB in {info.seconds * 1e3:.1f} ms "
-                    f"→ {Path(info.path).name}", flush=True)
+    report_async(ckpt.wait())
 
     run_sha = weights_digest(state.model)
     result = {"lesson": "lesson3", "world_size": world, "steps": args.steps, "ckpt_every": args.ckpt_every,
@@ -433,6 +476,12 @@ def run(ctx, args) -> tuple[dict | None, int]:
         if rank == 0:
             events.emit("compare", attempt=attempt, **cmp)
         result.update(compare=cmp)
+    if not args.no_ckpt_cost:
+        events.emit("phase", name="checkpoint cost", attempt=attempt)
+        cost = checkpoint_cost(args, rank, world, ctx.device, root / ".cost")
+        if rank == 0:
+            events.emit("ckpt_cost", attempt=attempt, **cost)
+        result.update(ckpt_cost=cost)
     if rank == 0:
         hist = _history(events_dir, attempt + 1)
         cks = [c for c in hist["checkpoints"]]
@@ -449,12 +498,80 @@ def run(ctx, args) -> tuple[dict | None, int]:
     return (result if rank == 0 else None), status
 
 
+def checkpoint_cost(args, rank: int, world: int, device, folder: Path, checkpoints: int = 3, rounds: int = 2) -> dict:
+    """What checkpoints cost the training loop, measured on this run's model and ranks.
+
+    A warm-up times a step and a synchronous "dcp" save; the interval ``every`` is then the
+    fewest steps in which a write fits twice (``every·t_step ≥ 2·t_write``, as one would choose it
+    for asynchronous checkpoints: a save that starts before the previous one is written waits
+    for it). Then the same ``checkpoints·every`` steps run with no checkpoint, with a synchronous
+    save every ``every`` steps, and with an asynchronous one (``async_save``); the modes alternate
+    over ``rounds`` and each keeps its fastest round (the least disturbed by other processes).
+    Per mode: ``step_s``, the loop's time per step (the slowest rank's); ``blocked_s``, how long
+    one save call held the loop; and for the two saving modes ``per_checkpoint_s``, the loop's
+    extra time per checkpoint against none (for async: the staging, and the background write's
+    share of the cores)."""
+    import shutil
+
+    def fresh():
+        state = build(args, rank, world, device)
+        return state, Trainer(args, state, make_data(args), rank, world, device)
+
+    def slowest(x: float) -> float:
+        t = torch.tensor([x], dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t)
+
+    state, trainer = fresh()
+    trainer.step()
+    t0 = time.perf_counter()
+    for _ in range(3):
+        trainer.step()
+    t_step = slowest((time.perf_counter() - t0) / 3)
+    warm = Checkpointer(folder / "warm-up", rank, world, form="dcp", keep=1)
+    warm.save(state)  # the first save pays one-time costs (planner, imports)
+    t_write = slowest(warm.save(state).seconds)
+    every = max(2, min(50, math.ceil(2 * t_write / max(t_step, 1e-6))))
+    steps = checkpoints * every
+    best: dict[str, dict] = {}
+    for _ in range(rounds):
+        for mode in ("none", "sync", "async"):
+            state, trainer = fresh()
+            ckpt = Checkpointer(folder / mode, rank, world, form="dcp", keep=1)
+            blocked = []
+            dist.barrier()
+            t0 = time.perf_counter()
+            for i in range(1, steps + 1):
+                trainer.step()
+                if mode != "none" and i % every == 0:
+                    blocked.append((ckpt.save if mode == "sync" else ckpt.save_async)(state).seconds)
+            loop = time.perf_counter() - t0
+            ckpt.wait()
+            row = {"step_s": slowest(loop) / steps, "blocked_s": slowest(sum(blocked) / len(blocked) if blocked else 0.0)}
+            if mode not in best or row["step_s"] < best[mode]["step_s"]:
+                best[mode] = row
+    dist.barrier()
+    if rank == 0:
+        shutil.rmtree(folder, ignore_errors=True)
+    for mode in ("sync", "async"):
+        best[mode]["per_checkpoint_s"] = (best[mode]["step_s"] - best["none"]["step_s"]) * every
+    return {"steps": steps, "every": every, "write_s": t_write, **best}
+
+
 def format_summary(s: dict) -> str:
     lines = [f"{s['steps']} steps on {s['world_size']} ranks, {s['attempts']} attempt"
              f"{'s' if s['attempts'] != 1 else ''}: {s.get('failures', 0)} failure(s), {s.get('restarts', 0)} "
              f"restart(s), {s.get('redone_steps', 0)} step(s) redone; {s.get('checkpoints', 0)} checkpoints "
              f"({s['form']}) of {s.get('checkpoint_bytes', 0) / 1024:.1f} KiB, "
              f"{s.get('checkpoint_seconds_mean', 0) * 1e3:.1f} ms each on average"]
+    k = s.get("ckpt_cost")
+    if k:
+        ms = lambda x: f"{x * 1e3:.1f} ms"  # noqa: E731
+        lines.append(f"checkpoint cost, a dcp save every {k['every']} steps: {ms(k['none']['step_s'])}/step without")
+        lines.append(f"  sync:  {ms(k['sync']['step_s'])}/step, a save blocks {ms(k['sync']['blocked_s'])}, "
+                     f"+{ms(k['sync']['per_checkpoint_s'])} per checkpoint")
+        lines.append(f"  async: {ms(k['async']['step_s'])}/step, a save blocks {ms(k['async']['blocked_s'])}, "
+                     f"+{ms(k['async']['per_checkpoint_s'])} per checkpoint")
     c = s.get("compare")
     if c:
         if c["identical"]:

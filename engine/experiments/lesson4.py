@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 from ...lessons.lesson4.formulas import activation_bytes_per_layer, tp_comm_per_layer
+from ..comm_trace import traced_step
 from ..experiment import Progress, UsageError, exit_with, max_over_ranks, run_experiment
 from ..metering import CommMeter, SavedActivationMeter
 from ..model import GPT, DropoutMasks, GPTConfig, ModelConfigError, make_batch
@@ -106,7 +107,8 @@ def train_against_dense(cfg: GPTConfig, batch: int, sp: bool, steps: int = 2, lr
         model.zero_grad(set_to_none=True)
         dense_loss = dense(ids, targets)
         dense_loss.backward()
-        with meter if step == 0 else contextlib.nullcontext():
+        with meter if step == 0 else contextlib.nullcontext(), \
+                traced_step(events, f"{mode} step {step}", mode=mode, step=step):
             loss = model(ids, targets)
             loss.backward()
         if sp and tp.size > 1 and step == 0:

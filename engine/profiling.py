@@ -1,0 +1,46 @@
+"""``distai run LESSON --profile``: PyTorch's own profiler around a rank's work, saved beside the run.
+
+The launcher sets ``DISTAI_PROFILE_DIR`` (``<run>/profile``); :func:`start_profiler`, called by
+:func:`~distai.engine.runtime.init_distributed` once the process group is up, starts
+``torch.profiler.profile`` with CPU activities (and CUDA where the rank runs on a GPU), and
+:func:`stop_profiler`, called by :func:`~distai.engine.runtime.shutdown`, writes
+``rank{R}.pt.trace.json`` there: a Chrome trace of every operator and collective the rank ran
+(Perfetto, chrome://tracing, or TensorBoard's profiler plugin open it).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PROFILE_DIR_ENV = "DISTAI_PROFILE_DIR"
+
+
+def profile_file(directory: str | os.PathLike, rank: int) -> Path:
+    return Path(directory) / f"rank{rank}.pt.trace.json"
+
+
+def start_profiler(rank: int, cuda: bool):
+    """The started profiler when this run was asked to profile, else None."""
+    directory = os.environ.get(PROFILE_DIR_ENV)
+    if not directory:
+        return None
+    import torch.profiler as tp
+
+    activities = [tp.ProfilerActivity.CPU] + ([tp.ProfilerActivity.CUDA] if cuda else [])
+    prof = tp.profile(activities=activities, record_shapes=False, with_stack=False)
+    prof.start()
+    prof.distai_rank = rank  # type: ignore[attr-defined]  # read back when the trace is written
+    return prof
+
+
+def stop_profiler(prof) -> Path | None:
+    """Stop ``prof`` and write its Chrome trace (atomically: a reader never sees half a file)."""
+    if prof is None:
+        return None
+    prof.stop()
+    path = profile_file(os.environ[PROFILE_DIR_ENV], prof.distai_rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    prof.export_chrome_trace(str(tmp))
+    os.replace(tmp, path)
+    return path

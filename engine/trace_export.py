@@ -1,0 +1,286 @@
+"""A run's events as files the field's tools open: a Chrome trace, and its metrics as CSV/JSON lines.
+
+:func:`chrome_trace` turns the ranks' events into the Trace Event Format that Perfetto
+(ui.perfetto.dev) and chrome://tracing read (the format's reference: "Trace Event Format",
+Google, docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU): one process
+per rank (``M`` metadata events name it ``rank R``), one thread per stream (``compute``,
+``comm`` — or one per process group in the capstone, ``comm tp``/``comm pp``/``comm dp`` — ``io``…), each timed operation a complete event (``ph: "X"``, ``ts``/``dur`` in µs
+from the run's first event), and failures or restarts instant events (``ph: "i"``). Where
+events of one stream overlap without nesting (bucket all-reduces in flight together, requests
+being served side by side) the later ones go to a second track of that stream (``comm 2``…),
+so every track is a proper stack, as the format's viewers expect.
+
+Which events are timed operations (and the experiments that emit them):
+
+* ``span`` (:meth:`~distai.engine.events.EventSink.span`): ``name``, ``stream``, ``t0``, ``t1``;
+  ``step`` with ``t0``: a training step (lesson 3) ending at ``t``;
+* ``pp_op`` (lesson 5's pipeline): a forward or backward block, ``t0``/``t1``; ``pp_step``: a step;
+* ``ring_step`` with ``t0`` (lesson 1's traced ring): one step of the ring, its chunk and bytes;
+* ``checkpoint`` (lesson 3): ``seconds`` ending at ``t_end`` (or ``t``); ``failure``/``restart``: instants;
+* ``timeline`` (lesson 6): one step's per-layer backward and bucket all-reduces (ms from ``t_begin``);
+* ``kv_step`` with ``t0`` (lesson 7): one decode iteration; ``request``: a request from its
+  arrival to its last token.
+
+:func:`check_trace` lists what breaks the format's rules (required keys, complete events with a
+duration, times that never go back on a track, begin/end pairs that match, complete events on one
+track that nest rather than overlap); :func:`metric_rows` flattens the numeric fields of the
+runs's ``step``/``metric`` events into ``(step, rank, name, value)`` rows.
+
+Pure Python: no torch, no UI.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+STREAM_ORDER = ("compute", "comm", "comm tp", "comm pp", "comm dp", "io", "requests")
+# event fields that are bookkeeping, not metrics
+_NOT_METRICS = {"kind", "t", "rank", "step", "of", "t0", "t1", "t_start", "t_end", "attempt"}
+# string fields that say which series a step's numbers belong to (lesson 5's schedule, lesson 2's strategy…)
+_SERIES_FIELDS = ("impl", "strategy", "schedule", "mode", "cache", "dtype")
+
+
+# -------------------------------------------------------------------------- timed operations
+def _span(rank, stream, name, t0, t1, cat, args=None) -> dict | None:
+    if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in (t0, t1)) or t1 < t0:
+        return None
+    return {"rank": rank, "stream": stream, "name": name, "t0": float(t0), "t1": float(t1), "cat": cat,
+            "args": args or {}}
+
+
+def _args(e: dict, drop: Iterable[str]) -> dict:
+    skip = set(drop) | {"kind", "t", "rank"}
+    return {k: v for k, v in e.items() if k not in skip and isinstance(v, (int, float, str, bool))}
+
+
+def operations(events: Iterable[dict]) -> tuple[list[dict], list[dict]]:
+    """The timed operations (spans) and instants in the ranks' events."""
+    spans: list[dict] = []
+    instants: list[dict] = []
+
+    def add(s):
+        if s is not None:
+            spans.append(s)
+
+    for e in events:
+        kind, rank = e.get("kind"), e.get("rank")
+        if rank is None:
+            continue
+        if kind == "span":
+            add(_span(rank, str(e.get("stream") or "compute"), str(e.get("name", "?")), e.get("t0"), e.get("t1"),
+                      "span", _args(e, ("name", "stream", "t0", "t1"))))
+        elif kind == "step" and "t0" in e:
+            add(_span(rank, "compute", f"step {e.get('step')}", e.get("t0"), e.get("t"), "step",
+                      _args(e, ("t0",))))
+        elif kind == "pp_op":
+            name = f"{e.get('op')} mb{e.get('mb')} stage{e.get('stage')}"
+            add(_span(rank, "compute", name, e.get("t0"), e.get("t1"), "pp",
+                      _args(e, ("t0", "t1"))))
+        elif kind == "pp_step":
+            add(_span(rank, "compute", f"{e.get('schedule')} step {e.get('step')} ({e.get('impl')})",
+                      e.get("t_start"), e.get("t_end"), "pp_step", _args(e, ("t_start", "t_end"))))
+        elif kind == "ring_step" and "t0" in e:
+            phase = e.get("phase", "")
+            name = f"ring {phase} step {int(e.get('step', 0)) + 1}/{e.get('of')}: chunk {e.get('chunk')} → rank {e.get('to')}"
+            add(_span(rank, "comm", name, e.get("t0"), e.get("t"), "ring", _args(e, ("t0",))))
+        elif kind == "checkpoint" and isinstance(e.get("seconds"), (int, float)):
+            name = f"checkpoint after step {e.get('step')}" + (" (async)" if e.get("mode") == "async" else "")
+            end = e.get("t_end") or e["t"]  # an async checkpoint is reported after it was published
+            add(_span(rank, "io", name, end - e["seconds"], end, "checkpoint", _args(e, ())))
+        elif kind == "timeline" and isinstance(e.get("t_begin"), (int, float)):
+            base, label = e["t_begin"], f"{e.get('mode')} {e.get('bucket_mb')} MiB"
+            for layer, a, b in e.get("layers") or []:
+                add(_span(rank, "compute", f"backward {layer}", base + a / 1e3, base + b / 1e3, "backward",
+                          {"run": label}))
+            for index, nbytes, a, b in e.get("buckets") or []:
+                add(_span(rank, "comm", f"all-reduce bucket {index}", base + a / 1e3, base + b / 1e3, "bucket",
+                          {"run": label, "bytes": nbytes}))
+        elif kind == "kv_step" and "t0" in e:
+            add(_span(rank, "compute", f"decode step {e.get('step')} ({e.get('cache')})", e.get("t0"), e.get("t"),
+                      "decode", {k: e[k] for k in ("running", "waiting", "used_blocks") if k in e}))
+        elif kind == "request" and "t_arrival" in e:
+            add(_span(rank, "requests", f"request {e.get('rid')} ({e.get('cache')})", e.get("t_arrival"), e.get("t"),
+                      "request", _args(e, ("t_arrival", "tokens"))))
+        elif kind in ("failure", "restart", "relaunch") and isinstance(e.get("t"), (int, float)):
+            instants.append({"rank": rank, "stream": "compute", "name": kind, "t": e["t"], "cat": kind,
+                             "args": _args(e, ())})
+    return spans, instants
+
+
+# -------------------------------------------------------------------------- the Chrome trace
+def _ns(t: float, origin: float) -> int:
+    return round((t - origin) * 1e9)
+
+
+def _lanes(spans: list[dict]) -> list[tuple[dict, int]]:
+    """Each span of one (rank, stream) with the lane it fits in: on a lane, spans nest or follow."""
+    placed = []
+    stacks: list[list[int]] = []  # per lane: end times of the spans still open
+    for s in sorted(spans, key=lambda s: (s["a"], -s["b"])):
+        for lane, stack in enumerate(stacks + [[]]):
+            while stack and stack[-1] <= s["a"]:
+                stack.pop()
+            if not stack or s["b"] <= stack[-1]:
+                if lane == len(stacks):
+                    stacks.append(stack)
+                stack.append(s["b"])
+                placed.append((s, lane))
+                break
+    return placed
+
+
+def chrome_trace(events: list[dict], run_id: str | None = None, lesson: str | None = None) -> dict:
+    """The events as a Trace Event Format object (``{"traceEvents": [...], ...}``)."""
+    spans, instants = operations(events)
+    times = [s["t0"] for s in spans] + [i["t"] for i in instants]
+    origin = min(times) if times else 0.0
+    by_track: dict[tuple[int, str], list[dict]] = defaultdict(list)
+    for s in spans:
+        s["a"], s["b"] = _ns(s["t0"], origin), _ns(s["t1"], origin)
+        by_track[(s["rank"], s["stream"])].append(s)
+    ranks = sorted({r for r, _ in by_track} | {i["rank"] for i in instants})
+    streams = sorted({st for _, st in by_track} | {"compute"},
+                     key=lambda st: (STREAM_ORDER.index(st) if st in STREAM_ORDER else len(STREAM_ORDER), st))
+    out: list[dict] = []
+    tids: dict[tuple[int, str, int], int] = {}
+    body: list[dict] = []
+    for (rank, stream), track in by_track.items():
+        for s, lane in _lanes(track):
+            tid = tids.setdefault((rank, stream, lane), 0)
+            body.append({"name": s["name"], "cat": s["cat"], "ph": "X", "ts": s["a"] / 1000,
+                         "dur": (s["b"] - s["a"]) / 1000, "pid": rank, "tid": (rank, stream, lane),
+                         "args": s["args"]})
+    for i in instants:
+        tids.setdefault((i["rank"], "compute", 0), 0)
+        body.append({"name": i["name"], "cat": i["cat"], "ph": "i", "s": "t", "ts": _ns(i["t"], origin) / 1000,
+                     "pid": i["rank"], "tid": (i["rank"], "compute", 0), "args": i["args"]})
+    # thread ids: streams in a fixed order, lanes after their stream, per rank
+    numbered: dict[tuple[int, str, int], int] = {}
+    for rank in ranks:
+        n = 0
+        for stream in streams:
+            for lane in sorted(lane for (r, st, lane) in tids if r == rank and st == stream):
+                n += 1
+                numbered[(rank, stream, lane)] = n
+    for rank in ranks:
+        out.append({"name": "process_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
+        out.append({"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
+        for (r, stream, lane), tid in sorted(numbered.items(), key=lambda kv: kv[1]):
+            if r != rank:
+                continue
+            label = stream if lane == 0 else f"{stream} {lane + 1}"
+            out.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": tid, "args": {"name": label}})
+            out.append({"name": "thread_sort_index", "ph": "M", "pid": rank, "tid": tid,
+                        "args": {"sort_index": tid}})
+    for ev in body:
+        ev["tid"] = numbered[ev["tid"]]
+    # time order; on equal starts the enclosing (longer) event first, as a viewer nests them
+    body.sort(key=lambda ev: (ev["ts"], -ev.get("dur", 0.0)))
+    meta = {"run_id": run_id, "lesson": lesson, "origin_unix_s": origin,
+            "source": "distai runs export --format chrome-trace"}
+    return {"traceEvents": out + body, "displayTimeUnit": "ms", "otherData": meta}
+
+
+# -------------------------------------------------------------------------- the format's rules
+_REQUIRED = {"X": ("name", "ph", "ts", "dur", "pid", "tid"), "B": ("name", "ph", "ts", "pid", "tid"),
+             "E": ("ph", "ts", "pid", "tid"), "i": ("name", "ph", "ts", "pid", "tid"),
+             "I": ("name", "ph", "ts", "pid", "tid"), "M": ("name", "ph", "pid", "args"),
+             "C": ("name", "ph", "ts", "pid", "args")}
+
+
+def check_trace(trace: Any) -> list[str]:
+    """Every way ``trace`` breaks the Trace Event Format's rules (empty when it keeps them all)."""
+    problems: list[str] = []
+    events = trace.get("traceEvents") if isinstance(trace, dict) else trace
+    if not isinstance(events, list):
+        return ["no traceEvents list"]
+    last_ts: dict[tuple, float] = {}
+    open_b: dict[tuple, list[str]] = defaultdict(list)
+    x_by_track: dict[tuple, list[tuple[int, int, str]]] = defaultdict(list)
+    for k, ev in enumerate(events):
+        if not isinstance(ev, dict):
+            problems.append(f"event {k} is not an object")
+            continue
+        ph = ev.get("ph")
+        if ph not in _REQUIRED:
+            problems.append(f"event {k}: unknown phase {ph!r}")
+            continue
+        missing = [key for key in _REQUIRED[ph] if key not in ev]
+        if missing:
+            problems.append(f"event {k} ({ph}): missing {', '.join(missing)}")
+            continue
+        if ph == "M":
+            if ev["name"] in ("process_name", "thread_name") and not isinstance(ev["args"].get("name"), str):
+                problems.append(f"event {k}: {ev['name']} without args.name")
+            continue
+        ts = ev["ts"]
+        if not isinstance(ts, (int, float)) or not math.isfinite(ts) or ts < 0:
+            problems.append(f"event {k}: ts {ts!r} is not a time in µs")
+            continue
+        track = (ev["pid"], ev.get("tid"))
+        if ts < last_ts.get(track, -math.inf):
+            problems.append(f"event {k} ({ev.get('name')}): ts {ts} goes back on track {track}")
+        last_ts[track] = ts
+        if ph == "X":
+            dur = ev["dur"]
+            if not isinstance(dur, (int, float)) or not math.isfinite(dur) or dur < 0:
+                problems.append(f"event {k} ({ev['name']}): dur {dur!r} is not a duration")
+                continue
+            x_by_track[track].append((round(ts * 1000), round((ts + dur) * 1000), str(ev["name"])))
+        elif ph == "B":
+            open_b[track].append(str(ev["name"]))
+        elif ph == "E":
+            if not open_b[track]:
+                problems.append(f"event {k}: end without a begin on track {track}")
+            else:
+                open_b[track].pop()
+    for track, names in open_b.items():
+        if names:
+            problems.append(f"track {track}: {len(names)} begin event(s) never ended ({names[-1]})")
+    for track, xs in x_by_track.items():
+        stack: list[tuple[int, int, str]] = []
+        for a, b, name in sorted(xs, key=lambda x: (x[0], -x[1])):
+            while stack and stack[-1][1] <= a:
+                stack.pop()
+            if stack and b > stack[-1][1]:
+                problems.append(f"track {track}: {name!r} overlaps {stack[-1][2]!r} without nesting in it")
+            stack.append((a, b, name))
+    return problems
+
+
+# -------------------------------------------------------------------------- metrics
+def metric_rows(events: Iterable[dict]) -> list[dict]:
+    """``{"step", "rank", "name", "value"}`` for every number of every ``step`` event (its series
+    prefixed: ``gpipe.loss``) and every ``metric`` event (``step`` empty), in time order."""
+    rows = []
+    for e in sorted(events, key=lambda e: e.get("t") or 0.0):
+        kind = e.get("kind")
+        if kind == "metric" and isinstance(e.get("value"), (int, float)) and not isinstance(e.get("value"), bool):
+            rows.append({"step": e.get("step"), "rank": e.get("rank"), "name": str(e.get("name")),
+                         "value": float(e["value"])})
+        elif kind == "step":
+            series = ".".join(str(e[f]) for f in _SERIES_FIELDS if isinstance(e.get(f), str))
+            for key, value in e.items():
+                if key in _NOT_METRICS or isinstance(value, bool) or not isinstance(value, (int, float)):
+                    continue
+                rows.append({"step": e.get("step"), "rank": e.get("rank"),
+                             "name": f"{series}.{key}" if series else key, "value": float(value)})
+    return rows
+
+
+def metrics_csv(rows: list[dict]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=["step", "rank", "name", "value"], lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: ("" if row[k] is None else row[k]) for k in ("step", "rank", "name", "value")})
+    return buf.getvalue()
+
+
+def metrics_jsonl(rows: list[dict]) -> str:
+    return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)

@@ -1,0 +1,41 @@
+"""Collectives timed for a run's trace: blocking and async ones (completion through the Work's
+future), named with their payload, emitted as comm spans nested in the step; the wrappers are gone
+after the block."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from distai.engine.comm_trace import traced_step
+from distai.engine.events import EventSink, read_events
+from distai.engine.testing import run_in_group
+
+
+def _traced(rank: int, world: int, events_dir: str) -> dict:
+    sink = EventSink(rank, events_dir)
+    original = dist.all_reduce
+    with traced_step(sink, "step 0", step=0):
+        x = torch.ones(1024)
+        dist.all_reduce(x)
+        out = torch.empty(world * 256)
+        dist.all_gather_into_tensor(out, torch.full((256,), float(rank)), async_op=True).wait()
+        shard = torch.empty(256)
+        dist.reduce_scatter_tensor(shard, torch.ones(world * 256))
+    untouched = dist.all_reduce is original
+    dist.all_reduce(torch.ones(4))  # after the block: not recorded
+    sink.close()
+    return {"sum": float(x[0]), "gathered": out.tolist()[::256], "untouched": untouched}
+
+
+def test_collectives_become_comm_spans_inside_the_step(tmp_path):
+    results = run_in_group(_traced, 2, str(tmp_path), timeout_s=60)
+    assert [r["sum"] for r in results] == [2.0, 2.0] and results[0]["gathered"] == [0.0, 1.0]
+    assert all(r["untouched"] for r in results)
+    for rank in (0, 1):
+        events = list(read_events(tmp_path / f"rank{rank}.jsonl"))
+        comm = [e for e in events if e["stream"] == "comm"]
+        (step,) = [e for e in events if e["stream"] == "compute"]
+        assert [(e["op"], e["bytes"]) for e in comm] == [("all_reduce", 4096), ("all_gather", 1024),
+                                                        ("reduce_scatter", 2048)]
+        assert [e["name"] for e in comm] == ["all_reduce 4.0 KiB", "all_gather 1.0 KiB", "reduce_scatter 2.0 KiB"]
+        assert all(step["t0"] <= e["t0"] <= e["t1"] <= step["t1"] and e["step"] == 0 for e in comm)

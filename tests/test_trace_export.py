@@ -1,0 +1,138 @@
+"""Run exports: the Chrome trace keeps the Trace Event format's rules (and the checker catches each
+way of breaking them), overlapping operations of one stream get their own track, metrics flatten
+to (step, rank, name, value), and `distai runs export` writes them or fails in one line."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import time
+
+import pytest
+
+from distai.engine.events import EventSink
+from distai.engine.runs import create_run
+from distai.engine.trace_export import check_trace, chrome_trace, metric_rows, operations
+from distai.tutor.cli import main
+
+T = 1_800_000_000.0  # a wall-clock second: times are offsets from it
+
+
+def _x(name, ts, dur, tid=1, pid=0):
+    return {"name": name, "ph": "X", "ts": ts, "dur": dur, "pid": pid, "tid": tid}
+
+
+def test_checker_accepts_nesting_and_catches_each_broken_rule():
+    good = [_x("step", 0, 10), _x("fwd", 1, 3), _x("bwd", 5, 4), _x("other track", 2, 20, tid=2),
+            {"name": "a", "ph": "B", "ts": 30, "pid": 0, "tid": 1}, {"ph": "E", "ts": 31, "pid": 0, "tid": 1},
+            {"name": "thread_name", "ph": "M", "pid": 0, "tid": 1, "args": {"name": "compute"}}]
+    assert check_trace({"traceEvents": good}) == []
+    broken = {
+        "missing": [{"name": "x", "ph": "X", "ts": 0, "pid": 0, "tid": 1}],
+        "overlaps": [_x("a", 0, 10), _x("b", 5, 10)],
+        "goes back": [_x("a", 5, 1), _x("b", 1, 1)],
+        "never ended": [{"name": "a", "ph": "B", "ts": 0, "pid": 0, "tid": 1}],
+        "end without a begin": [{"ph": "E", "ts": 0, "pid": 0, "tid": 1}],
+        "not a duration": [_x("a", 0, -1)],
+        "unknown phase": [{"name": "a", "ph": "Q", "ts": 0, "pid": 0, "tid": 1}],
+        "without args.name": [{"name": "thread_name", "ph": "M", "pid": 0, "tid": 1, "args": {}}],
+    }
+    for words, events in broken.items():
+        problems = check_trace({"traceEvents": events})
+        assert len(problems) == 1 and words in problems[0], (words, problems)
+
+
+def test_overlapping_operations_of_one_stream_get_their_own_track():
+    events = [  # two bucket all-reduces in flight together, nested in nothing; a step around compute
+        {"kind": "span", "rank": 1, "name": "all-reduce bucket 0", "stream": "comm", "t0": T + 0.001, "t1": T + 0.004},
+        {"kind": "span", "rank": 1, "name": "all-reduce bucket 1", "stream": "comm", "t0": T + 0.002, "t1": T + 0.005},
+        {"kind": "span", "rank": 1, "name": "step 0", "stream": "compute", "t0": T, "t1": T + 0.006},
+        {"kind": "span", "rank": 1, "name": "backward", "stream": "compute", "t0": T + 0.0005, "t1": T + 0.003},
+        {"kind": "failure", "rank": 0, "t": T + 0.007, "step": 3, "cause": "--kill-rank"},
+        {"kind": "step", "rank": 0, "t": T, "step": 0, "loss": 1.0},  # not timed: not in the trace
+    ]
+    trace = chrome_trace(events, run_id="r")
+    assert check_trace(trace) == []
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    xs = {e["name"]: e for e in trace["traceEvents"] if e["ph"] == "X"}
+    assert threads[(1, xs["all-reduce bucket 0"]["tid"])] == "comm"
+    assert threads[(1, xs["all-reduce bucket 1"]["tid"])] == "comm 2"
+    assert xs["step 0"]["tid"] == xs["backward"]["tid"] and threads[(1, xs["step 0"]["tid"])] == "compute"
+    assert xs["step 0"]["ts"] == 0 and xs["step 0"]["dur"] == pytest.approx(6000, abs=0.5)  # µs from the first event
+    assert xs["all-reduce bucket 1"]["ts"] == pytest.approx(2000, abs=0.5)
+    (failure,) = [e for e in trace["traceEvents"] if e["ph"] == "i"]
+    assert failure["pid"] == 0 and failure["ts"] == pytest.approx(7000, abs=0.5) and failure["args"]["cause"] == "--kill-rank"
+
+
+def test_each_lessons_timed_events_become_operations():
+    events = [
+        {"kind": "ring_step", "rank": 2, "t0": T, "t": T + 1e-3, "phase": "reduce-scatter", "step": 0, "of": 6,
+         "chunk": 2, "to": 3, "bytes": 4096},
+        {"kind": "checkpoint", "rank": 0, "t": T + 2, "seconds": 0.5, "step": 10, "bytes": 100, "mode": "async"},
+        {"kind": "timeline", "rank": 1, "t": T + 3, "t_begin": T + 2.5, "mode": "overlap", "bucket_mb": 1.0,
+         "layers": [["fc2", 0.0, 2.0], ["fc1", 2.0, 3.5]], "buckets": [[0, 4096, 2.1, 3.0]]},
+        {"kind": "kv_step", "rank": 0, "t0": T + 4, "t": T + 4.01, "step": 5, "cache": "paged", "running": 3},
+        {"kind": "request", "rank": 0, "t_arrival": T + 3.9, "t": T + 4.2, "rid": 7, "cache": "paged", "tokens": [1]},
+        {"kind": "step", "rank": 0, "t0": T + 5, "t": T + 5.5, "step": 3, "loss": 2.0},
+        {"kind": "pp_op", "rank": 1, "t0": T, "t1": T + 0.1, "op": "F", "mb": 0, "stage": 1, "chunk": 0,
+         "schedule": "1f1b", "step": 0},
+    ]
+    spans, _ = operations(events)
+    by = {s["name"]: s for s in spans}
+    assert by["ring reduce-scatter step 1/6: chunk 2 → rank 3"]["args"]["bytes"] == 4096
+    assert by["checkpoint after step 10 (async)"]["stream"] == "io"
+    assert by["checkpoint after step 10 (async)"]["t0"] == pytest.approx(T + 1.5)
+    assert by["backward fc1"]["t1"] == pytest.approx(T + 2.5035)
+    assert by["all-reduce bucket 0"]["stream"] == "comm" and by["all-reduce bucket 0"]["args"]["bytes"] == 4096
+    assert by["decode step 5 (paged)"]["t1"] - by["decode step 5 (paged)"]["t0"] == pytest.approx(0.01)
+    assert by["F mb0 stage1"]["stream"] == "compute"
+    assert by["request 7 (paged)"]["stream"] == "requests" and "tokens" not in by["request 7 (paged)"]["args"]
+    assert by["step 3"]["t1"] == pytest.approx(T + 5.5) and by["step 3"]["args"]["loss"] == 2.0
+    assert check_trace(chrome_trace(events)) == []
+
+
+def test_metric_rows_flatten_steps_and_metrics():
+    rows = metric_rows([
+        {"kind": "step", "rank": 3, "t": T + 1, "step": 0, "of": 2, "loss": 4.5, "schedule": "gpipe", "redo": False},
+        {"kind": "metric", "rank": 0, "t": T + 2, "name": "gpipe.bubble_measured", "value": 0.25},
+        {"kind": "step", "rank": 0, "t": T, "step": 7, "loss": 1.5, "comm_s": 0.01},
+    ])
+    assert rows == [{"step": 7, "rank": 0, "name": "loss", "value": 1.5},
+                    {"step": 7, "rank": 0, "name": "comm_s", "value": 0.01},
+                    {"step": 0, "rank": 3, "name": "gpipe.loss", "value": 4.5},
+                    {"step": None, "rank": 0, "name": "gpipe.bubble_measured", "value": 0.25}]
+
+
+def test_cli_export_writes_trace_and_metrics_and_fails_in_one_line(isolated_distai_home, tmp_path, capsys):
+    rec = create_run(isolated_distai_home / "runs", "lesson1", "distai.engine.experiments.lesson1")
+    for rank in (0, 1):
+        sink = EventSink(rank, rec.events_dir)
+        with sink.span("forward", "compute", step=0):
+            time.sleep(0.002)
+        with sink.span("all-reduce", "comm", bytes=1024):
+            time.sleep(0.001)
+        sink.emit("step", step=0, loss=2.0 + rank)
+        sink.close()
+    def distai(*args):
+        capsys.readouterr()
+        code = main(["runs", "export", *args])
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out, err)
+
+    out = distai(rec.id)
+    assert out.returncode == 0, out.stderr
+    trace = json.loads((rec.dir / "trace.json").read_text())
+    assert check_trace(trace) == [] and str(rec.dir / "trace.json") in out.stdout
+    assert sorted(e["name"] for e in trace["traceEvents"] if e["ph"] == "X") == ["all-reduce"] * 2 + ["forward"] * 2
+    table = list(csv.DictReader(io.StringIO(distai("last", "--format", "csv", "-o", "-").stdout)))
+    assert sorted((r["rank"], r["name"], float(r["value"])) for r in table) == [("0", "loss", 2.0), ("1", "loss", 3.0)]
+    target = tmp_path / "m.jsonl"
+    assert distai(rec.id, "-f", "jsonl", "-o", str(target)).returncode == 0
+    assert [json.loads(line)["value"] for line in target.read_text().splitlines()] == [2.0, 3.0]
+    for args, words in (((rec.id, "--format", "pdf"), "--format must be one of"),
+                        (("nope",), "no run matches"),
+                        ((rec.id, "-o", str(tmp_path)), "is a folder"),
+                        ((rec.id, "-o", str(tmp_path / "missing" / "t.json")), "cannot write")):
+        bad = distai(*args)
+        assert bad.returncode == 2 and words in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
