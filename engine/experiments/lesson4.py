@@ -68,10 +68,6 @@ REGATHER_SUFFIX = ".regather"
 DEVICE = torch.device("cpu")  # main() sets the run's device (cuda:N under NCCL)
 
 
-def _max_all_ranks(value: float) -> float:
-    return max_over_ranks(value, DEVICE)
-
-
 def grad_diffs(dense: torch.nn.Module, model: torch.nn.Module, rank: int, size: int) -> dict[str, float]:
     """|dense gradient cut like this rank's shard − this rank's gradient|, max per parameter."""
     ref = shard_dense_state({n: full_grad(p) for n, p in dense.named_parameters()}, rank, size)
@@ -114,16 +110,16 @@ def train_against_dense(cfg: GPTConfig, batch: int, sp: bool, steps: int = 2, lr
         if sp and tp.size > 1 and step == 0:
             # The classic bug, measured: layer-norm gradients of one sequence shard only.
             d = grad_diffs(dense, model, tp.rank, tp.size)
-            out["sp_grads_unsynced_diff"] = _max_all_ranks(
-                max(v for n, v in d.items() if getattr(dict(model.named_parameters())[n], "sequence_parallel", False)))
+            out["sp_grads_unsynced_diff"] = max_over_ranks(
+                max(v for n, v in d.items() if getattr(dict(model.named_parameters())[n], "sequence_parallel", False)), DEVICE)
         with meter if step == 0 else contextlib.nullcontext():
             reduce_sequence_parallel_grads(model, tp)
         if step == 0:
             out["max_logits_width"] = tp.max_logits_width
         diffs = grad_diffs(dense, model, tp.rank, tp.size)
-        worst = _max_all_ranks(max(diffs.values()))
+        worst = max_over_ranks(max(diffs.values()), DEVICE)
         if step == 0:
-            out["per_param_diff"] = {n: _max_all_ranks(v) for n, v in sorted(diffs.items())}
+            out["per_param_diff"] = {n: max_over_ranks(v, DEVICE) for n, v in sorted(diffs.items())}
         out["losses"].append(loss.item())
         out["dense_losses"].append(dense_loss.item())
         out["max_grad_diff"].append(worst)
@@ -211,7 +207,7 @@ def forgotten_g(cfg: GPTConfig, batch: int, seed: int = 0) -> dict:
         model = TPModel(dense, tp)
         ids, targets = make_batch(cfg, batch, seed, 0, device=DEVICE)
         with torch.no_grad():
-            out[name] = _max_all_ranks(abs(model(ids, targets).item() - dense(ids, targets).item()))
+            out[name] = max_over_ranks(abs(model(ids, targets).item() - dense(ids, targets).item()), DEVICE)
     return out
 
 
@@ -252,9 +248,9 @@ def compare_with_dtensor(cfg: GPTConfig, batch: int, sp: bool, seed: int = 0,
         reduce_sequence_parallel_grads(ours, tp)
     ours_ops = meter.counts()
     out = {
-        "out_ours_vs_dense": _max_all_ranks((yo - local(yd)).abs().max().item()),
-        "input_grad_ours_vs_dense": _max_all_ranks((xo.grad - local(xd.grad)).abs().max().item()),
-        "grad_ours_vs_dense": _max_all_ranks(max(grad_diffs(dense, ours, rank, T).values())),
+        "out_ours_vs_dense": max_over_ranks((yo - local(yd)).abs().max().item(), DEVICE),
+        "input_grad_ours_vs_dense": max_over_ranks((xo.grad - local(xd.grad)).abs().max().item(), DEVICE),
+        "grad_ours_vs_dense": max_over_ranks(max(grad_diffs(dense, ours, rank, T).values()), DEVICE),
         "ours_comm": ours_ops,
     }
     if not with_dtensor:
@@ -270,10 +266,10 @@ def compare_with_dtensor(cfg: GPTConfig, batch: int, sp: bool, seed: int = 0,
         yt = yt.to_local() if hasattr(yt, "to_local") else yt
         (yt * local(w)).sum().backward()
     out.update({
-        "out_dtensor_vs_dense": _max_all_ranks((yt - local(yd)).abs().max().item()),
-        "out_ours_vs_dtensor": _max_all_ranks((yo - yt).abs().max().item()),
-        "input_grad_ours_vs_dtensor": _max_all_ranks((xo.grad - xt.grad).abs().max().item()),
-        "grad_ours_vs_dtensor": _max_all_ranks(max(grad_diffs(dt_block, ours, rank, T).values())),
+        "out_dtensor_vs_dense": max_over_ranks((yt - local(yd)).abs().max().item(), DEVICE),
+        "out_ours_vs_dtensor": max_over_ranks((yo - yt).abs().max().item(), DEVICE),
+        "input_grad_ours_vs_dtensor": max_over_ranks((xo.grad - xt.grad).abs().max().item(), DEVICE),
+        "grad_ours_vs_dtensor": max_over_ranks(max(grad_diffs(dt_block, ours, rank, T).values()), DEVICE),
         "dtensor_comm": _comm_counts(comm),
     })
     return out
