@@ -265,13 +265,24 @@ def analyse_failure(error_events: list[dict], torchrun_lines: list[str], exit_co
             who = ", ".join(str(r) for r in ranks)
             return Failure(ranks[0], f"rank{'s' if len(ranks) > 1 else ''} {who} did not arrive{at} "
                                      f"within {int(m.group('ms')) / 1000:g} s (hung or too slow)", reporter)
-    if error_events:
+    rank, code = _root_cause(torchrun_lines)
+    # a rank killed by a signal reports nothing; its peers' errors (a closed connection) follow it
+    killed_silently = rank is not None and code is not None and code < 0 and \
+        rank not in {e.get("rank") for e in error_events}
+    if error_events and not killed_silently:
         first = min(error_events, key=lambda e: e.get("t", 0.0))
         return Failure(first.get("rank"), f"rank {first.get('rank')} failed: {first.get('error', '?')}",
                        first.get("rank"))
+    if rank is not None:
+        how = f"was killed by {_signal_name(code)}" if code is not None and code < 0 else f"exited with code {code}"
+        return Failure(rank, f"rank {rank} {how}")
+    return Failure(None, f"torchrun exited with code {exit_code}")
+
+
+def _root_cause(torchrun_lines: list[str]) -> tuple[int | None, int | None]:
+    """The rank and exit code of torchrun's "Root Cause (first observed failure)" report (torchrun
+    lists every failed rank, the ones it stopped included, and then the root cause: prefer it)."""
     rank = code = None
-    # torchrun lists every failed rank ("Failures:", the ones it stopped included) and then the
-    # "Root Cause (first observed failure)": prefer the latter
     roots = [i for i, line in enumerate(torchrun_lines) if "Root Cause" in line]
     if roots:
         torchrun_lines = torchrun_lines[roots[-1]:]
@@ -282,10 +293,7 @@ def analyse_failure(error_events: list[dict], torchrun_lines: list[str], exit_co
         m = _ROOT_EXIT.match(line)
         if m and code is None:
             code = int(m.group("code"))
-    if rank is not None:
-        how = f"was killed by {_signal_name(code)}" if code is not None and code < 0 else f"exited with code {code}"
-        return Failure(rank, f"rank {rank} {how}")
-    return Failure(None, f"torchrun exited with code {exit_code}")
+    return rank, code
 
 
 def _trim(lines: list[str]) -> list[str]:

@@ -95,6 +95,9 @@ def test_failure_analysis():
              "  host      : x", "  rank      : 1 (local_rank: 1)", "  exitcode  : -9 (pid: 42)"]
     f = L.analyse_failure([], lines, 1)
     assert f.rank == 1 and "SIGKILL" in f.message
+    # a killed rank reports nothing, its peers report the closed connection: the killed one failed
+    f = L.analyse_failure([{"rank": 0, "t": 9.0, "error": "RuntimeError: Connection closed by peer"}], lines, 1)
+    assert f.rank == 1 and "SIGKILL" in f.message
     assert L.analyse_failure([], ["junk"], 3).message == "torchrun exited with code 3"
 
 
