@@ -146,3 +146,21 @@ def predicted_step_time(name: str) -> float:
 
 def best_step_time(name: str) -> float:
     return reproduce(name)["best"].step_time_s
+
+
+# The planner step's example: the command of issue 15 (a Llama-3-70B-shaped model on 512 H100s).
+EXAMPLE_MODEL = pl.ModelSpec(70e9, 80, 8192, 64, 8, 4096)
+EXAMPLE_CLUSTER = pl.Cluster(512, 80e9)
+EXAMPLE_BATCH = 1024
+
+
+@cache
+def example_plan() -> dict:
+    """``distai calc plan --params 70B --layers 80 --hidden 8192 --heads 64 --kv-heads 8 --seq 4096
+    --global-batch 1024 --gpus 512 --gpu-mem 80GB`` as the planner's result."""
+    return pl.plan(EXAMPLE_MODEL, EXAMPLE_CLUSTER, EXAMPLE_BATCH)
+
+
+def example_config(rank: int = 1) -> dict:
+    """The example's configuration at ``rank`` (1 = best) as a dict (``memory``, ``time`` inside)."""
+    return example_plan()["configs"][rank - 1].as_dict()
