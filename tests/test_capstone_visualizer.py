@@ -83,6 +83,17 @@ def test_widget_draws_every_view_and_replays_a_run():
         assert v.shape == SHAPES[1] and v.view == "step"
 
 
+def test_terminal_view_draws_the_run():
+    from distai.visualizers.mesh import TerminalMesh
+
+    view = TerminalMesh("en")
+    assert view.renderables(80) == []
+    for e in _events():
+        view.feed(e)
+    text = "\n".join(t.plain for t in view.renderables(80))
+    assert "(2, 2, 2)" in text and "r7" in text and "4 KiB/4 KiB" in text and "✓" in text
+
+
 def test_widget_mounts_in_the_capstone_lesson():
     from distai.tutor.app import DistaiApp
 

@@ -391,4 +391,26 @@ class MeshVisualizer(LessonVisualizer):
         return Group(*self.build_lines(size.width or 80, size.height or None))
 
 
+class TerminalMesh:
+    """``distai run capstone``'s text view of the run (the ``[run] terminal`` contract: ``feed(event)``,
+    ``renderables(width)``): the mesh at the run's shape, the loss against one process and each
+    stage's bytes per group against the formulas — the widget's run view without its animation."""
+
+    def __init__(self, language: str = "en"):
+        self.view = MeshVisualizer(language)
+        self.view.playing = False
+
+    def feed(self, event: dict) -> None:
+        self.view.feed_event(event)
+
+    def renderables(self, width: int = 100) -> list[Text]:
+        v = self.view
+        if v.run.shape is None:
+            return []
+        tr = STRINGS.get(v.language, STRINGS["en"])
+        pp, dp, tp = v.shape
+        head = Text(tr["title"].format(pp=pp, dp=dp, tp=tp, n=f.world_size(pp, dp, tp)), style="bold")
+        return [head, Text(tr["rows"], style="grey50"), *v.grid_lines(max(20, min(width, 120))), *v.run_lines(tr)]
+
+
 VISUALIZER = MeshVisualizer
