@@ -73,11 +73,13 @@ def text(r: dict) -> list[str]:
     node = ("TP may cross nodes (--tp-across-nodes)" if i["tp_across_nodes"]
             else f"TP kept inside a node of {i['gpus_per_node']} GPUs (NVLink); --tp-across-nodes lifts it")
     lines = [
-        f"Training {units.format_count(i['params'])} parameters ({i['layers']} layers, h = {i['hidden']}, "
-        f"{i['heads']} heads, {i['kv_heads']} KV heads), sequence {i['seq']:,}, global batch {i['global_batch']:,}",
-        f"on {i['gpus']:,} GPUs × {units.format_bytes(i['gpu_memory_bytes'])} at {units.format_count(i['flops'])} FLOP/s "
-        f"(efficiency {units.format_number(i['efficiency'])}), NVLink {units.format_bandwidth(i['intra_bandwidth_bytes_per_s'])}, "
-        f"between nodes {units.format_bandwidth(i['inter_bandwidth_bytes_per_s'])} per GPU",
+        f"Training {units.format_count(i['params'])} parameters: {i['layers']} layers, h = {i['hidden']}, "
+        f"{i['heads']} heads, {i['kv_heads']} KV heads",
+        f"sequence {i['seq']:,}, global batch {i['global_batch']:,} on {i['gpus']:,} GPUs × "
+        f"{units.format_bytes(i['gpu_memory_bytes'])}",
+        f"{units.format_count(i['flops'])} FLOP/s at efficiency {units.format_number(i['efficiency'])}, NVLink "
+        f"{units.format_bandwidth(i['intra_bandwidth_bytes_per_s'])}, between nodes "
+        f"{units.format_bandwidth(i['inter_bandwidth_bytes_per_s'])} per GPU",
         node + ".",
         "",
         f"  {'#':>3}  {'TP':>3} {'PP':>3} {'DP':>5} {'mb':>3} {'ZeRO':>4} {'recompute':<9} {'v':>2} "
@@ -92,10 +94,11 @@ def text(r: dict) -> list[str]:
         lines.append(f"  … {more:,} more feasible (--top N, or --json for all)")
     b, bt = r["best"], r["best"]["time"]
     lines += ["", f"→ best: TP {b['tp']} × PP {b['pp']} × DP {b['dp']}, microbatch {b['microbatch']} "
-                  f"(m = {b['microbatches']} per pipeline), ZeRO-{b['zero']}, {b['recompute']} recompute"
-                  + (f", {b['chunks']} chunks per stage" if b["chunks"] > 1 else ""),
-              f"  step {t(b['step_time_s'])} = compute {t(bt['compute_s'])} + TP {t(bt['tp_comm_s'])} + "
-              f"PP {t(bt['pp_comm_s'])} + bubble {t(bt['bubble_s'])} + DP (exposed) {t(bt['dp_comm_exposed_s'])}",
+                  f"(m = {b['microbatches']} per pipeline),",
+              f"  ZeRO-{b['zero']}, {b['recompute']} recompute"
+              + (f", {b['chunks']} chunks per stage" if b["chunks"] > 1 else ""),
+              f"  step {t(b['step_time_s'])}: compute {t(bt['compute_s'])}, TP {t(bt['tp_comm_s'])}, "
+              f"PP {t(bt['pp_comm_s'])}, bubble {t(bt['bubble_s'])}, DP not hidden {t(bt['dp_comm_exposed_s'])}",
               f"  memory {units.format_bytes(b['memory_bytes'])} per GPU: model states "
               f"{units.format_bytes(b['memory']['model_states_bytes'])}, activations "
               f"{units.format_bytes(b['memory']['activations_bytes'])}"]

@@ -170,8 +170,8 @@ def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, o
         return c
     c.microbatches = m
     if c.zero >= 2 and pp > 1:
-        c.reason = (f"ZeRO-{c.zero} with pp = {pp}: the gradients accumulate over the microbatches, so "
-                    f"pipeline engines allow ZeRO-0 or 1 only")
+        c.reason = (f"ZeRO-{c.zero} with pp = {pp}: gradients accumulate over microbatches "
+                    f"(pipeline engines allow ZeRO-0/1)")
         return c
     if c.zero > 0 and dp == 1:
         c.reason = f"ZeRO-{c.zero} with dp = 1: nothing to shard over"
