@@ -272,7 +272,8 @@ def test_kill_during_an_async_save_resumes_from_the_previous_good_checkpoint_exa
     assert s["losses"] == _summary(ref["events"])["losses"] and s["run_sha256"] == _summary(ref["events"])["run_sha256"]
     cks = _kind(ev, "checkpoint")
     assert [(c["step"], c["mode"], c["form"]) for c in cks] == [(k, "async", "dcp") for k in (4, 8, 12, 16)]
-    assert all(c["bytes"] > 0 and c["seconds"] >= c["blocked_s"] >= 0 for c in cks)
+    # seconds: this checkpoint's call to publication; blocked_s: the step's wait, which may include the previous write
+    assert all(c["bytes"] > 0 and c["seconds"] > 0 and c["blocked_s"] >= 0 for c in cks)
     folder = CheckpointFolder(rec.dir / "checkpoints")
     assert [k for k, _ in folder.complete()] == [16, 12, 8] and folder.latest_valid().step == 16
     assert not list(folder.root.glob(".tmp-*")) and not (folder.root / ".cost").exists()

@@ -42,6 +42,8 @@ CHECKED_LESSONS = {
                 "0.25 MiB"},
     # H100 NVLink (both directions, one direction) and a 400 Gb/s NIC
     "lesson4": {"900 GB/s", "450 GB/s", "50 GB/s"},
+    # the H100's memory, Llama 3's published MFUs (Table 4), and mesh degrees written TP 8 × PP 16
+    "capstone": {"80 GB", "43%", "41%", "4 ×", "8 ×", "16 ×"},
 }
 # Steps that teach with numbers: each needs at least one check in every language.
 NUMERIC_STEPS = {
@@ -55,6 +57,7 @@ NUMERIC_STEPS = {
     "lesson5": {"stages", "microbatches", "gpipe", "1f1b", "same-time", "bubble", "interleaved", "warmup",
                 "run-it"},
     "lesson7": {"prefill-decode", "kv-bytes", "tp-decode", "paged", "slo", "planner", "disaggregation"},
+    "capstone": {"mesh", "groups", "order", "memory", "communication", "planner", "published"},
 }
 
 

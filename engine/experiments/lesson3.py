@@ -40,7 +40,8 @@ every experiment (the 1-based number is ``step + 1``):
   ``{"kind":"progress","done":i+1,"total":N}``
 - ``{"kind":"checkpoint","step":s,"bytes":B,"seconds":t,"name":"step_…","form":f,"attempt":a,
   "mode":"sync"|"async"}`` — an async one once published (``seconds`` from the call until then,
-  ``blocked_s`` the training's wait)
+  ``blocked_s`` the training's wait, which includes waiting for the previous write if it was
+  still in flight)
 - ``{"kind":"ckpt_cost","steps","every","none"|"sync"|"async": {"step_s","blocked_s",
   "per_checkpoint_s"}}`` — the step-time cost of checkpoints, measured (``--no-ckpt-cost``: none)
 - ``{"kind":"failure","rank":r,"step":s,"cause":"--kill-rank"|"--fail-every","attempt":a}``
@@ -498,20 +499,22 @@ def run(ctx, args) -> tuple[dict | None, int]:
     return (result if rank == 0 else None), status
 
 
-def checkpoint_cost(args, rank: int, world: int, device, folder: Path, checkpoints: int = 3, rounds: int = 2) -> dict:
+def checkpoint_cost(args, rank: int, world: int, device, folder: Path, checkpoints: int = 3, rounds: int = 3) -> dict:
     """What checkpoints cost the training loop, measured on this run's model and ranks.
 
     A warm-up times a step and a synchronous "dcp" save; the interval ``every`` is then the
     fewest steps in which a write fits twice (``every·t_step ≥ 2·t_write``, as one would choose it
     for asynchronous checkpoints: a save that starts before the previous one is written waits
     for it). Then the same ``checkpoints·every`` steps run with no checkpoint, with a synchronous
-    save every ``every`` steps, and with an asynchronous one (``async_save``); the modes alternate
-    over ``rounds`` and each keeps its fastest round (the least disturbed by other processes).
+    save every ``every`` steps, and with an asynchronous one (``async_save``), one after the other,
+    ``rounds`` times; medians over the rounds, and the extra time of a saving mode taken against the
+    run without checkpoints of the same round (neighbours in time share the machine's load).
     Per mode: ``step_s``, the loop's time per step (the slowest rank's); ``blocked_s``, how long
     one save call held the loop; and for the two saving modes ``per_checkpoint_s``, the loop's
     extra time per checkpoint against none (for async: the staging, and the background write's
     share of the cores)."""
     import shutil
+    import statistics
 
     def fresh():
         state = build(args, rank, world, device)
@@ -533,29 +536,29 @@ def checkpoint_cost(args, rank: int, world: int, device, folder: Path, checkpoin
     t_write = slowest(warm.save(state).seconds)
     every = max(2, min(50, math.ceil(2 * t_write / max(t_step, 1e-6))))
     steps = checkpoints * every
-    best: dict[str, dict] = {}
+    loops: dict[str, list[float]] = {"none": [], "sync": [], "async": []}
+    blocked: dict[str, list[float]] = {"none": [], "sync": [], "async": []}
     for _ in range(rounds):
         for mode in ("none", "sync", "async"):
             state, trainer = fresh()
             ckpt = Checkpointer(folder / mode, rank, world, form="dcp", keep=1)
-            blocked = []
             dist.barrier()
             t0 = time.perf_counter()
             for i in range(1, steps + 1):
                 trainer.step()
                 if mode != "none" and i % every == 0:
-                    blocked.append((ckpt.save if mode == "sync" else ckpt.save_async)(state).seconds)
-            loop = time.perf_counter() - t0
+                    blocked[mode].append((ckpt.save if mode == "sync" else ckpt.save_async)(state).seconds)
+            loops[mode].append(slowest(time.perf_counter() - t0))
             ckpt.wait()
-            row = {"step_s": slowest(loop) / steps, "blocked_s": slowest(sum(blocked) / len(blocked) if blocked else 0.0)}
-            if mode not in best or row["step_s"] < best[mode]["step_s"]:
-                best[mode] = row
     dist.barrier()
     if rank == 0:
         shutil.rmtree(folder, ignore_errors=True)
-    for mode in ("sync", "async"):
-        best[mode]["per_checkpoint_s"] = (best[mode]["step_s"] - best["none"]["step_s"]) * every
-    return {"steps": steps, "every": every, "write_s": t_write, **best}
+    med = statistics.median
+    out = {mode: {"step_s": med(loops[mode]) / steps, "blocked_s": slowest(med(blocked[mode])) if blocked[mode] else 0.0}
+           for mode in loops}
+    for mode in ("sync", "async"):  # paired with the run without checkpoints of the same round
+        out[mode]["per_checkpoint_s"] = med(a - b for a, b in zip(loops[mode], loops["none"])) / checkpoints
+    return {"steps": steps, "every": every, "write_s": t_write, **out}
 
 
 def format_summary(s: dict) -> str:

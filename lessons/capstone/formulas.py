@@ -126,3 +126,74 @@ def dp_grad_bytes(params, pp: int, tp: int, bytes_per_elem: int = 2) -> float:
     shard of the model (bf16 gradients by default, as Megatron-LM and torchtitan reduce them)."""
     e = _count(bytes_per_elem, "the bytes per element")
     return params_per_gpu(params, pp, tp) * e
+
+
+# ------------------------------------------------------------------------------ FLOPs and MFU
+
+def model_flops_per_token(params, layers: int, hidden: int, seq: int) -> float:
+    """Training FLOPs per token that count toward MFU: 6Ψ + 12·L·h·s — the 6Ψ of the forward and
+    backward matmuls plus the attention scores and their use (Chowdhery et al., "PaLM", 2022,
+    Appendix B). Recomputation is not counted: MFU asks how much of the peak went into the model."""
+    psi = _count(params, "the number of parameters")
+    L = _count(layers, "the number of layers")
+    h = _count(hidden, "the hidden size")
+    s = _count(seq, "the sequence length")
+    return 6 * psi + 12 * L * h * s
+
+
+def hardware_flops_per_token(params, layers: int, hidden: int, seq: int, recompute: str = "none") -> float:
+    """FLOPs the GPUs actually execute per token: :func:`model_flops_per_token` plus what
+    recomputation repeats (Korthikanti et al. 2022, Sec. 5): full recomputation runs every layer's
+    forward again (2Ψ + 4·L·h·s), selective recomputation only the attention core's forward (4·L·h·s)."""
+    base = model_flops_per_token(params, layers, hidden, seq)
+    attention_forward = 4 * layers * hidden * seq
+    extra = {"none": 0, "selective": attention_forward, "full": 2 * params + attention_forward}
+    if recompute not in extra:
+        raise ValueError(f"unknown recompute {recompute!r}; choose one of none, selective, full")
+    return base + extra[recompute]
+
+
+def megatron_flops_per_step(batch: int, seq: int, layers: int, hidden: int, vocab: int) -> float:
+    """FLOPs per step as Megatron-LM counts them for its published throughputs, with full activation
+    recomputation: 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) (Narayanan et al. 2021, Sec. 5.1, eq. 3).
+    BLOOM's throughput uses the same count (BigScience tr11-176B-ml README, "Throughput")."""
+    B = _count(batch, "the global batch")
+    s = _count(seq, "the sequence length")
+    L = _count(layers, "the number of layers")
+    h = _count(hidden, "the hidden size")
+    V = _count(vocab, "the vocabulary size")
+    return 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+
+
+def mfu(model_flops_per_step: float, step_time_s: float, gpus: int, peak_flops: float) -> float:
+    """Model FLOPs utilisation: model FLOPs per step / (GPUs · peak FLOP/s · step time)
+    (Chowdhery et al. 2022, Sec. 4.1 and Appendix B)."""
+    n = _count(gpus, "the number of GPUs")
+    if not (step_time_s > 0 and peak_flops > 0):
+        raise ValueError("the step time and the peak FLOP/s must be greater than 0")
+    return model_flops_per_step / (n * peak_flops * step_time_s)
+
+
+def published_mfu(achieved_flops_per_gpu: float, counted_flops: float, model_flops: float,
+                  peak_flops: float) -> float:
+    """A published per-GPU throughput turned into MFU: the publisher counted ``counted_flops`` per step
+    (with recomputation, for Megatron-LM and BLOOM) and achieved ``achieved_flops_per_gpu``; only
+    ``model_flops`` of them were the model's: achieved · model/counted / peak."""
+    if not (achieved_flops_per_gpu > 0 and counted_flops > 0 and model_flops > 0 and peak_flops > 0):
+        raise ValueError("published throughputs and FLOP counts must be greater than 0")
+    return achieved_flops_per_gpu * model_flops / counted_flops / peak_flops
+
+
+def stage_layers(layers: int, pp: int) -> int:
+    """Transformer layers on the busiest pipeline stage. ``pp`` must divide the layers, or the layers
+    plus two: the embedding and the output layer then take one layer's slot each on the first and last
+    stages — BLOOM's ``--pp-partition-method 'type:transformer|embedding'`` (70 + 2 = 12 × 6) and
+    Llama 3 405B's balanced pipeline (126 + 2 = 16 × 8; Llama 3 paper, Sec. 3.3.2)."""
+    L = _count(layers, "the number of layers")
+    p = _count(pp, "the pipeline-parallel degree")
+    if L % p == 0:
+        return L // p
+    if (L + 2) % p == 0:
+        return (L + 2) // p
+    raise ValueError(f"pp = {p} divides neither the {L} layers nor {L + 2} (layers plus the embedding and "
+                     f"output slots)")

@@ -1,0 +1,416 @@
+"""The capstone's visualizer: the ranks of a (pp, dp, tp) device mesh, and which group talks when.
+
+Each pipeline stage is a block; inside it, rows are data-parallel replicas and columns tensor-parallel
+shards, each cell a global rank (``rank = (p·dp + d)·tp + t``, :func:`~distai.lessons.capstone.formulas
+.mesh_coords`). Views (``g``):
+
+- **step**: the phases of one step played in turn (:func:`~distai.lessons.capstone.mesh_run.step_phases`):
+  TP groups light up inside the stage computing, PP pairs between two stages as activations go forward
+  and gradients come back, DP groups at the end;
+- **groups**: one rank's three groups at once (``,`` ``.`` pick the rank);
+- **nodes**: which ranks share a node (4 GPUs per node here), so TP stays on NVLink and DP/PP cross;
+- **run**: a capstone run's latest complete step replayed from its events
+  (:class:`~distai.lessons.capstone.mesh_run.MeshRun`), with each stage's bytes per group against the
+  formulas and the loss against one process.
+
+``m`` cycles the mesh shape (the shapes the capstone's tests run); ``space`` plays or pauses. No torch,
+no I/O.
+"""
+from __future__ import annotations
+
+from rich.console import Group
+from rich.text import Text
+from textual.binding import Binding
+
+from ..lessons import units
+from ..lessons.capstone import formulas as f
+from ..lessons.capstone.mesh_run import MeshRun, Phase, step_phases
+from .base import LessonVisualizer
+
+SHAPES = ((2, 2, 2), (1, 2, 4), (4, 1, 2), (2, 4, 1))  # (pp, dp, tp), the capstone's test meshes
+GPUS_PER_NODE = 4  # small nodes, so that the 8-rank mesh spans two
+VIEWS = ("step", "groups", "nodes", "run")
+COLOURS = {"tp": "black on #59a14f", "pp": "black on #b07aa1", "dp": "black on #edc948"}
+NODE_COLOURS = ("black on #4e79a7", "black on #f28e2b", "black on #76b7b2", "black on #ff9da7")
+DIM_STYLE = "grey42"
+
+STRINGS = {
+    "en": {
+        "title": "mesh (pp, dp, tp) = ({pp}, {dp}, {tp}) · {n} ranks",
+        "stage": "stage {s}",
+        "rows": "rows: DP replicas · columns: TP shards",
+        "forward": "forward on stage {s}: its TP groups all-gather and reduce-scatter",
+        "forward1": "forward on stage {s} (tp = 1: no collectives)",
+        "backward": "backward on stage {s}: its TP groups all-gather and reduce-scatter gradients",
+        "backward1": "backward on stage {s} (tp = 1: no collectives)",
+        "send": "PP: stage {a} sends the activation to stage {b}",
+        "send-grad": "PP: stage {a} sends the gradient back to stage {b}",
+        "reduce": "DP: each DP group reduces its gradients (all-reduce, or ZeRO's reduce-scatter)",
+        "reduce1": "dp = 1: no gradient reduction",
+        "update": "optimizer step: no communication",
+        "phase": "phase {i} of {n}",
+        "mb": " · microbatch {mb}",
+        "at": " · t = {t}",
+        "groups": "rank {r} = stage {p}, replica {d}, shard {t}",
+        "legend": "{tp} TP group  {pp} PP group  {dp} DP group",
+        "nodes": "{g} GPUs per node: TP groups stay inside a node; DP spans {dpn}, PP {ppn} node(s)",
+        "waiting": "no capstone run yet: distai run capstone --dp 2 --tp 2 --pp 2 --cpu 8",
+        "waiting_step": "run {shape}: waiting for a complete step…",
+        "comm_head": "st grp       bytes/formula calls ok",
+        "loss": "step {step}: loss {loss} · one process {ref} · largest difference: loss {dl}, parameters {dp}",
+        "coords": "rank coordinates as mesh_coords: {ok}",
+        "yes": "yes", "no": "NO",
+        "hint": "g view · m mesh · space play · , . step",
+        "hint_groups": "g view · m mesh · , . rank",
+        "views": {"step": "step", "groups": "groups", "nodes": "nodes", "run": "run"},
+    },
+    "es": {
+        "title": "malla (pp, dp, tp) = ({pp}, {dp}, {tp}) · {n} rangos",
+        "stage": "etapa {s}",
+        "rows": "filas: réplicas DP · columnas: trozos TP",
+        "forward": "forward en la etapa {s}: sus grupos TP hacen all-gather y reduce-scatter",
+        "forward1": "forward en la etapa {s} (tp = 1: sin colectivas)",
+        "backward": "backward en la etapa {s}: sus grupos TP hacen all-gather y reduce-scatter de gradientes",
+        "backward1": "backward en la etapa {s} (tp = 1: sin colectivas)",
+        "send": "PP: la etapa {a} envía la activación a la etapa {b}",
+        "send-grad": "PP: la etapa {a} devuelve el gradiente a la etapa {b}",
+        "reduce": "DP: cada grupo DP reduce sus gradientes (all-reduce, o el reduce-scatter de ZeRO)",
+        "reduce1": "dp = 1: sin reducción de gradientes",
+        "update": "paso del optimizador: sin comunicación",
+        "phase": "fase {i} de {n}",
+        "mb": " · microbatch {mb}",
+        "at": " · t = {t}",
+        "groups": "rango {r} = etapa {p}, réplica {d}, trozo {t}",
+        "legend": "{tp} grupo TP  {pp} grupo PP  {dp} grupo DP",
+        "nodes": "{g} GPUs por nodo: los grupos TP no salen del nodo; DP ocupa {dpn} y PP {ppn} nodo(s)",
+        "waiting": "aún no hay ejecución: distai run capstone --dp 2 --tp 2 --pp 2 --cpu 8",
+        "waiting_step": "ejecución {shape}: esperando un paso completo…",
+        "comm_head": "et grp       bytes/fórmula  llam. ok",
+        "loss": "paso {step}: pérdida {loss} · un proceso {ref} · mayor diferencia: pérdida {dl}, parámetros {dp}",
+        "coords": "coordenadas de los rangos como mesh_coords: {ok}",
+        "yes": "sí", "no": "NO",
+        "hint": "g vista · m malla · espacio reproduce · , . paso",
+        "hint_groups": "g vista · m malla · , . rango",
+        "views": {"step": "paso", "groups": "grupos", "nodes": "nodos", "run": "ejecución"},
+    },
+}
+
+# what each step of the lesson shows
+STEP_VIEWS = {"mesh": "step", "groups": "groups", "order": "nodes", "communication": "step", "run-it": "run"}
+
+
+def phase_text(phase: Phase, tp: int, dp: int, tr: dict) -> str:
+    s = phase.stages
+    if phase.what in ("forward", "backward"):
+        return tr[phase.what + ("" if tp > 1 else "1")].format(s=s[0])
+    if phase.what in ("send", "send-grad"):
+        return tr[phase.what].format(a=s[0], b=s[1])
+    if phase.what == "reduce":
+        return tr["reduce" if dp > 1 else "reduce1"]
+    return tr["update"]
+
+
+class MeshVisualizer(LessonVisualizer):
+    """The (pp, dp, tp) mesh with the groups that talk in each phase of a step."""
+
+    can_focus = True
+    DEFAULT_CSS = """
+    MeshVisualizer { height: 1fr; width: 1fr; padding: 0 1; }
+    MeshVisualizer:focus { background: $boost; }
+    """
+    BINDINGS = [
+        Binding("g", "next_view", "next view", show=False),
+        Binding("m", "next_mesh", "next mesh", show=False),
+        Binding("space", "play", "play/pause", show=False),
+        Binding("full_stop", "step(1)", "step forward", show=False),
+        Binding("comma", "step(-1)", "step back", show=False),
+        Binding("0", "restart", "back to the start", show=False),
+    ]
+    SECONDS_PER_PHASE = 1.2
+
+    def __init__(self, language: str = "en", **kwargs):
+        super().__init__(language=language, **kwargs)
+        self.shape = SHAPES[0]
+        self.view = "step"
+        self.frame = 0
+        self.rank = 5
+        self.playing = True
+        self.run = MeshRun()
+        self._timer = None
+        self._elapsed = 0.0
+
+    # -- model ------------------------------------------------------------------------------------
+    def phases(self) -> list[Phase]:
+        if self.view == "run":
+            return self.run.replay_phases()
+        return step_phases(*self.shape)
+
+    def current_phase(self) -> Phase | None:
+        phases = self.phases()
+        return phases[self.frame % len(phases)] if phases else None
+
+    # -- Textual ----------------------------------------------------------------------------------
+    def on_mount(self) -> None:
+        self._timer = self.set_interval(0.1, self._tick, pause=not self.playing)
+
+    def _tick(self) -> None:
+        if not self.playing or self.view not in ("step", "run"):
+            return
+        self._elapsed += 0.1
+        if self._elapsed >= self.SECONDS_PER_PHASE:
+            self._elapsed = 0.0
+            self.frame += 1
+            self.refresh()
+
+    def show_step(self, step_key: str) -> None:
+        view = STEP_VIEWS.get(step_key)
+        if view is None:
+            return
+        if view == "run" and self.run.shape is None:
+            view = "step"
+        self.view, self.frame = view, 0
+        if view == "groups":
+            self.rank = min(5, f.world_size(*self.shape) - 1)
+        self.refresh()
+
+    def feed_event(self, event: dict) -> None:
+        if not self.run.feed(event):
+            return
+        if event.get("kind") == "mesh_config" and self.run.shape:
+            self.shape, self.view, self.frame = self.run.shape, "run", 0
+        self.refresh()
+
+    # -- actions ----------------------------------------------------------------------------------
+    def _screen_keys(self) -> set[str]:
+        try:
+            screen = self.screen
+        except Exception:  # noqa: BLE001 - not mounted: nothing to defer to
+            return set()
+        keys: set[str] = set()
+        for b in getattr(type(screen), "BINDINGS", []):
+            key = b.key if isinstance(b, Binding) else b[0]
+            keys.update(k.strip() for k in key.split(","))
+        return keys
+
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        """Leave a key to the screen when the screen binds it too."""
+        mine = {k for b in self.BINDINGS if b.action.split("(")[0] == action for k in b.key.split(",")}
+        return not (mine & self._screen_keys())
+
+    def action_next_view(self) -> None:
+        views = [v for v in VIEWS if v != "run" or self.run.shape is not None]
+        self.view = views[(views.index(self.view) + 1) % len(views)] if self.view in views else views[0]
+        self.frame = 0
+        self.refresh()
+
+    def action_next_mesh(self) -> None:
+        i = SHAPES.index(self.shape) if self.shape in SHAPES else -1
+        self.shape = SHAPES[(i + 1) % len(SHAPES)]
+        self.rank = min(self.rank, f.world_size(*self.shape) - 1)
+        if self.view == "run":
+            self.view = "step"
+        self.frame = 0
+        self.refresh()
+
+    def action_play(self) -> None:
+        self.playing = not self.playing
+        if self._timer is not None:
+            self._timer.resume() if self.playing else self._timer.pause()
+        self.refresh()
+
+    def action_step(self, delta: int) -> None:
+        self.playing = False
+        if self._timer is not None:
+            self._timer.pause()
+        if self.view == "groups":
+            self.rank = (self.rank + delta) % f.world_size(*self.shape)
+        else:
+            self.frame += delta
+        self.refresh()
+
+    def action_restart(self) -> None:
+        self.frame = 0
+        self.refresh()
+
+    # -- drawing ----------------------------------------------------------------------------------
+    def cell_styles(self) -> dict[int, str]:
+        """Style of each rank's cell in the current view."""
+        pp, dp, tp = self.shape
+        n = f.world_size(pp, dp, tp)
+        if self.view == "nodes":
+            return {r: NODE_COLOURS[(r // GPUS_PER_NODE) % len(NODE_COLOURS)] for r in range(n)}
+        if self.view == "groups":
+            r = min(self.rank, n - 1)
+            out = {}
+            for dim in ("dp", "pp", "tp"):  # TP last: the rank itself shows its TP colour
+                for other in f.group_ranks(r, dim, pp, dp, tp):
+                    if len(f.group_ranks(r, dim, pp, dp, tp)) > 1:
+                        out[other] = COLOURS[dim]
+            out[r] = "bold white on #e15759"
+            return out
+        phase = self.current_phase()
+        if phase is None or not phase.dim:
+            on = set() if phase is None else {x for x in range(n) if f.mesh_coords(x, pp, dp, tp)["pp"] in phase.stages}
+            return {x: "bold" for x in on}
+        return {x: COLOURS[phase.dim] for x in range(n) if f.mesh_coords(x, pp, dp, tp)["pp"] in phase.stages}
+
+    def grid_lines(self, width: int) -> list[Text]:
+        pp, dp, tp = self.shape
+        tr = STRINGS.get(self.language, STRINGS["en"])
+        styles = self.cell_styles()
+        cell = 5  # " r12 "
+        block_w = max(tp * cell, len(tr["stage"].format(s=pp - 1))) + 2
+        per_row = max(1, min(pp, (width + 1) // (block_w + 1)))
+        lines: list[Text] = []
+        for first in range(0, pp, per_row):
+            stages = range(first, min(pp, first + per_row))
+            head = Text()
+            for s in stages:
+                head.append(tr["stage"].format(s=s).ljust(block_w) + " ", style="bold")
+            lines.append(head)
+            for d in range(dp):
+                row = Text()
+                for s in stages:
+                    row.append("│")
+                    for t in range(tp):
+                        r = f.rank_at(s, d, t, pp, dp, tp)
+                        row.append(f" r{r:<2} ", style=styles.get(r, DIM_STYLE))
+                    row.append(" " * (block_w - 2 - tp * cell) + "│ ")
+                lines.append(row)
+        return lines
+
+    def caption(self, tr: dict) -> list[Text]:
+        pp, dp, tp = self.shape
+        if self.view == "groups":
+            r = min(self.rank, f.world_size(pp, dp, tp) - 1)
+            c = f.mesh_coords(r, pp, dp, tp)
+            return [Text(tr["groups"].format(r=r, p=c["pp"], d=c["dp"], t=c["tp"]), style="bold"), self.legend(tr)]
+        if self.view == "nodes":
+            return [Text(tr["nodes"].format(g=GPUS_PER_NODE, dpn=f.nodes_spanned("dp", pp, dp, tp, GPUS_PER_NODE),
+                                            ppn=f.nodes_spanned("pp", pp, dp, tp, GPUS_PER_NODE)))]
+        phases = self.phases()
+        if not phases:
+            return []
+        i = self.frame % len(phases)
+        phase = phases[i]
+        text = Text(tr["phase"].format(i=i + 1, n=len(phases)) + ": ", style="bold")
+        text.append(phase_text(phase, tp, dp, tr))
+        if self.view == "run":
+            text.append(tr["mb"].format(mb=phase.microbatch))
+            if phase.t0 is not None:
+                text.append(tr["at"].format(t=units.format_time(phase.t0, lang=self.language)))
+        return [text, self.group_line(phase, width=None), self.legend(tr)]
+
+    def group_line(self, phase: Phase, width: int | None) -> Text:
+        """The groups that talk in ``phase``, by their ranks: TP groups {4 5}, PP pairs 0→4, DP groups {0 2}."""
+        pp, dp, tp = self.shape
+        n = f.world_size(pp, dp, tp)
+        if not phase.dim:
+            return Text("")
+        if phase.dim == "pp":
+            a, b = phase.stages
+            pairs = [f"{r}→{f.rank_at(b, f.mesh_coords(r, pp, dp, tp)['dp'], f.mesh_coords(r, pp, dp, tp)['tp'], pp, dp, tp)}"
+                     for r in range(n) if f.mesh_coords(r, pp, dp, tp)["pp"] == a]
+            body = "  ".join(pairs)
+        else:
+            seen: list[tuple[int, ...]] = []
+            for r in range(n):
+                if f.mesh_coords(r, pp, dp, tp)["pp"] in phase.stages:
+                    g = tuple(f.group_ranks(r, phase.dim, pp, dp, tp))
+                    if g not in seen:
+                        seen.append(g)
+            body = "  ".join("{" + " ".join(map(str, g)) + "}" for g in seen)
+        return Text(f"{phase.dim.upper()}: {body}", style=COLOURS[phase.dim].replace("black on ", ""))
+
+    def legend(self, tr: dict) -> Text:
+        out = Text()
+        parts = tr["legend"].split("{")
+        out.append(parts[0])
+        for part in parts[1:]:
+            key, rest = part.split("}", 1)
+            out.append("  ", style=COLOURS[key])
+            out.append(rest)
+        return out
+
+    def run_lines(self, tr: dict) -> list[Text]:
+        run = self.run
+        if run.shape is None:
+            return [Text(tr["waiting"], style="italic")]
+        out: list[Text] = []
+        if run.latest_complete_step() is None:
+            out.append(Text(tr["waiting_step"].format(shape=run.shape), style="italic"))
+        ok = tr["yes"] if run.coords_match_formulas() else tr["no"]
+        out.append(Text(tr["coords"].format(ok=ok)))
+        if run.steps:
+            s = run.steps[-1]
+
+            def num(x, spec):
+                return "—" if x is None else format(x, spec)
+            out.append(Text(tr["loss"].format(step=s["step"], loss=num(s["loss"], ".4f"), ref=num(s["ref_loss"], ".4f"),
+                                              dl=num(s["loss_rel_diff"], ".1e"), dp=num(s["param_rel_diff"], ".1e"))))
+        comm = run.comm_by_stage()
+        if comm:
+            out.append(Text(tr["comm_head"], style="bold"))
+            for stage, dims in comm.items():
+                for dim, c in dims.items():
+                    bytes_ = (f"{units.format_bytes(c['bytes'], binary=True, lang=self.language)}/"
+                              f"{units.format_bytes(c['expected_bytes'], binary=True, lang=self.language)}")
+                    row = Text(f"{stage:>2} ")
+                    row.append(f" {dim} ", style=COLOURS[dim])
+                    row.append(f" {bytes_:>19} {c['calls']:>5} {'✓' if c['match'] else '✗'}")
+                    out.append(row)
+        return out
+
+    def build_lines(self, width: int, height: int | None = None) -> list[Text]:
+        tr = STRINGS.get(self.language, STRINGS["en"])
+        pp, dp, tp = self.shape
+        head = Text(tr["title"].format(pp=pp, dp=dp, tp=tp, n=f.world_size(pp, dp, tp)), style="bold")
+        head.append("  [" + tr["views"][self.view] + "]", style="cyan")
+        rows_line = Text(tr["rows"], style="grey50")
+        lines = [head, rows_line]
+        lines += self.grid_lines(max(20, width))
+        lines += self.caption(tr)
+        if self.view == "run":
+            lines += self.run_lines(tr)
+        hint = tr["hint_groups" if self.view == "groups" else "hint"]
+        taken = self._screen_keys()
+        parts = [p for p in hint.split(" · ") if p.split(" ")[0] not in taken]
+        lines.append(Text(" · ".join(parts), style="grey50"))
+        if height is not None and len(lines) > height:
+            # a short pane drops the explanations first: the rows line, then the colour legend
+            legend = self.legend(tr).plain
+            for drop in (rows_line.plain, legend):
+                if len(lines) > height:
+                    lines = [ln for ln in lines if ln.plain != drop]
+            if len(lines) > height:
+                lines = lines[:height - 1] + [lines[-1]]
+        return lines
+
+    def render(self):
+        size = self.content_size
+        return Group(*self.build_lines(size.width or 80, size.height or None))
+
+
+class TerminalMesh:
+    """``distai run capstone``'s text view of the run (the ``[run] terminal`` contract: ``feed(event)``,
+    ``renderables(width)``): the mesh at the run's shape, the loss against one process and each
+    stage's bytes per group against the formulas — the widget's run view without its animation."""
+
+    def __init__(self, language: str = "en"):
+        self.view = MeshVisualizer(language)
+        self.view.playing = False
+
+    def feed(self, event: dict) -> None:
+        self.view.feed_event(event)
+
+    def renderables(self, width: int = 100) -> list[Text]:
+        v = self.view
+        if v.run.shape is None:
+            return []
+        tr = STRINGS.get(v.language, STRINGS["en"])
+        pp, dp, tp = v.shape
+        head = Text(tr["title"].format(pp=pp, dp=dp, tp=tp, n=f.world_size(pp, dp, tp)), style="bold")
+        return [head, Text(tr["rows"], style="grey50"), *v.grid_lines(max(20, min(width, 120))), *v.run_lines(tr)]
+
+
+VISUALIZER = MeshVisualizer
