@@ -10,7 +10,9 @@ The launcher sets ``DISTAI_PROFILE_DIR`` (``<run>/profile``); :func:`start_profi
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 PROFILE_DIR_ENV = "DISTAI_PROFILE_DIR"
 
@@ -19,7 +21,13 @@ def profile_file(directory: str | os.PathLike, rank: int) -> Path:
     return Path(directory) / f"rank{rank}.pt.trace.json"
 
 
-def start_profiler(rank: int, cuda: bool):
+@dataclass
+class RankProfile:
+    profiler: Any  # torch.profiler.profile, started
+    rank: int
+
+
+def start_profiler(rank: int, cuda: bool) -> RankProfile | None:
     """The started profiler when this run was asked to profile, else None."""
     directory = os.environ.get(PROFILE_DIR_ENV)
     if not directory:
@@ -29,18 +37,17 @@ def start_profiler(rank: int, cuda: bool):
     activities = [tp.ProfilerActivity.CPU] + ([tp.ProfilerActivity.CUDA] if cuda else [])
     prof = tp.profile(activities=activities, record_shapes=False, with_stack=False)
     prof.start()
-    prof.distai_rank = rank  # type: ignore[attr-defined]  # read back when the trace is written
-    return prof
+    return RankProfile(prof, rank)
 
 
-def stop_profiler(prof) -> Path | None:
+def stop_profiler(prof: RankProfile | None) -> Path | None:
     """Stop ``prof`` and write its Chrome trace (atomically: a reader never sees half a file)."""
     if prof is None:
         return None
-    prof.stop()
-    path = profile_file(os.environ[PROFILE_DIR_ENV], prof.distai_rank)
+    prof.profiler.stop()
+    path = profile_file(os.environ[PROFILE_DIR_ENV], prof.rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    prof.export_chrome_trace(str(tmp))
+    prof.profiler.export_chrome_trace(str(tmp))
     os.replace(tmp, path)
     return path

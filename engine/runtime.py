@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from .events import EventSink
 from .lifeline import watch_launcher
-from .profiling import start_profiler, stop_profiler
+from .profiling import RankProfile, start_profiler, stop_profiler
 
 DEVICE_ENV = "DISTAI_DEVICE"
 TIMEOUT_ENV = "DISTAI_COLLECTIVE_TIMEOUT_S"
@@ -28,7 +28,7 @@ class DistContext:
     device: torch.device
     backend: str
     events: EventSink
-    profiler: object = None  # torch.profiler.profile under ``distai run --profile``
+    profiler: RankProfile | None = None  # torch.profiler.profile under ``distai run --profile``
 
     @property
     def is_cuda(self) -> bool:
