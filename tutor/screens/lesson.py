@@ -9,12 +9,13 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Container, Horizontal, HorizontalScroll, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Button, Footer, Markdown, Static
+from textual.widgets import Button, Footer, Static
 
 from ...lessons.registry import Lesson
 from ..code_source import CodeNotFound, read_source
 from ..strings import tr
 from .common import localize_bindings
+from .step_text import StepText
 
 BINDING_LABELS = {
     "next": "binding_next",
@@ -84,7 +85,7 @@ class LessonScreen(Screen):
             yield Static(id="step-dots")
         with Container(id="body"):
             with VerticalScroll(id="text-pane"):
-                yield Markdown(id="step-text")
+                yield StepText(id="step-text")
                 yield Static(id="code-title")
                 with HorizontalScroll(id="code-box"):
                     yield Static(id="code")
@@ -139,7 +140,7 @@ class LessonScreen(Screen):
         self.query_one("#step-dots", Static).update(dots)
         self.query_one("#prev", Button).disabled = index == 0
         self.query_one("#next", Button).disabled = index == n - 1
-        await self.query_one("#step-text", Markdown).update(step_markdown(lesson, step.key, lang))
+        await self.query_one("#step-text", StepText).update(step_markdown(lesson, step.key, lang))
         self._show_code(step)
         await self._show_visualizer(step)
         self.query_one("#text-pane", VerticalScroll).scroll_home(animate=False)
