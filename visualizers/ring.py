@@ -30,13 +30,12 @@ from functools import lru_cache
 from rich.style import Style
 from rich.text import Text
 from textual import events
-from textual.binding import Binding
 from textual.strip import Strip
 from textual.widget import Widget
 
 from ..lessons.lesson1 import baselines, formulas, ring_model
 from ..lessons.units import format_bandwidth, format_bytes, format_time
-from .base import LessonVisualizer
+from .base import PLAYBACK_CONTROLS, Control, LessonVisualizer
 
 RING, TREE, NAIVE = "ring", "tree", "naive"
 ALGORITHMS = (RING, TREE, NAIVE)
@@ -78,8 +77,6 @@ S = {
                      "n_down": "N−", "n_up": "N+", "s_down": "S−", "s_up": "S+",
                      "slower": "½×", "faster": "2×", "algo": "{algo}", "chart": "chart", "ring": "ring",
                      "load": "load", "source_run": "run", "source_sim": "model"},
-        "keys": "keys (Tab to focus): space play/pause · , . step · 0 start · [ ] N · s S size · "
-                "- + speed · a ring/tree/naive · g chart · o load last run · m model/run · c next call",
         "chart_title": "busbw vs message size",
         "chart_none": "No sweep yet. Run `distai run lesson1 --cpu 4`, then press o here to load it.",
         "chart_legend": "● our ring  ◆ dist.all_reduce  · α-β fit",
@@ -90,7 +87,7 @@ S = {
         "captions": {
             "replicate": "Each rank starts with its own gradients: every chunk holds 1 contribution.",
             "averaging": "The mean of the N gradients is their sum / N: all-reduce the sum, divide once.",
-            "allreduce": "All-reduce: every rank ends with the sum of all N buffers. Press space.",
+            "allreduce": "All-reduce: every rank ends with the sum of all N buffers. Press space to play.",
             "naive": "Naive: all traffic goes through rank 0's link, (N−1)·S each way. Compare the ring (a).",
             "reduce-scatter": "Reduce-scatter: each hop adds one contribution; after N−1 steps each rank "
                               "owns one complete chunk.",
@@ -125,9 +122,6 @@ S = {
                      "n_down": "N−", "n_up": "N+", "s_down": "S−", "s_up": "S+",
                      "slower": "½×", "faster": "2×", "algo": "{algo}", "chart": "gráfica", "ring": "anillo",
                      "load": "cargar", "source_run": "ejecución", "source_sim": "modelo"},
-        "keys": "teclas (Tab para enfocar): espacio reproducir/pausa · , . paso · 0 inicio · [ ] N · "
-                "s S tamaño · - + velocidad · a anillo/árbol/ingenuo · g gráfica · o cargar la última "
-                "ejecución · m modelo/ejecución · c siguiente llamada",
         "chart_title": "busbw según el tamaño del mensaje",
         "chart_none": "Aún no hay barrido. Ejecuta `distai run lesson1 --cpu 4` y pulsa o aquí para cargarlo.",
         "chart_legend": "● nuestro anillo  ◆ dist.all_reduce  · ajuste α-β",
@@ -138,7 +132,7 @@ S = {
         "captions": {
             "replicate": "Cada rango empieza con sus propios gradientes: cada trozo tiene 1 contribución.",
             "averaging": "La media de los N gradientes es su suma / N: all-reduce de la suma y una división.",
-            "allreduce": "All-reduce: cada rango termina con la suma de los N buffers. Pulsa espacio.",
+            "allreduce": "All-reduce: cada rango termina con la suma de los N buffers. Pulsa espacio para reproducir.",
             "naive": "Ingenuo: todo pasa por el enlace del rango 0, (N−1)·S por sentido. Compáralo con el "
                      "anillo (a).",
             "reduce-scatter": "Reduce-scatter: cada salto suma una contribución; tras N−1 pasos cada rango "
@@ -533,24 +527,17 @@ class RingVisualizer(LessonVisualizer):
     """The ring all-reduce (and the tree and naive all-reduces it beats), step by step."""
 
     can_focus = True
-    BINDINGS = [
-        Binding("space", "play", "play/pause", show=False),
-        Binding("full_stop", "step(1)", "step forward", show=False),
-        Binding("comma", "step(-1)", "step back", show=False),
-        Binding("0,home", "restart", "to the start", show=False),
-        Binding("end", "to_end", "to the end", show=False),
-        Binding("right_square_bracket", "ranks(1)", "more ranks", show=False),
-        Binding("left_square_bracket", "ranks(-1)", "fewer ranks", show=False),
-        Binding("s", "size(1)", "bigger message", show=False),
-        Binding("S", "size(-1)", "smaller message", show=False),
-        Binding("plus,equals_sign", "speed(1)", "faster", show=False),
-        Binding("minus", "speed(-1)", "slower", show=False),
-        Binding("a", "algorithm", "ring/tree/naive", show=False),
-        Binding("g", "chart", "bandwidth chart", show=False),
-        Binding("o", "load_run", "load the last run", show=False),
-        Binding("m", "source", "model/run", show=False),
-        Binding("c", "next_call", "next recorded call", show=False),
-    ]
+    CONTROLS = PLAYBACK_CONTROLS + (
+        Control("right_square_bracket", "ranks(1)", {"en": "more / fewer ranks (2–16)", "es": "más / menos rangos (2–16)"},
+                back_keys="left_square_bracket", back_action="ranks(-1)", hint=True),
+        Control("s", "size(1)", {"en": "bigger / smaller message", "es": "mensaje más grande / más pequeño"},
+                back_keys="S", back_action="size(-1)"),
+        Control("a", "algorithm", {"en": "ring → tree → naive", "es": "anillo → árbol → ingenuo"}, hint=True),
+        Control("g", "chart", {"en": "bandwidth chart of your run", "es": "gráfica de ancho de banda de tu ejecución"}),
+        Control("o", "load_run", {"en": "load your last lesson-1 run", "es": "cargar tu última ejecución de la lección 1"}),
+        Control("m", "source", {"en": "model ↔ your run", "es": "modelo ↔ tu ejecución"}),
+        Control("c", "next_call", {"en": "next recorded call", "es": "siguiente llamada grabada"}),
+    )
     DEFAULT_CSS = """
     RingVisualizer { padding: 0 1; }
     RingVisualizer:focus { background: $boost; }
@@ -681,36 +668,7 @@ class RingVisualizer(LessonVisualizer):
         self.run_version += 1
         self.refresh()
 
-    def key_help(self) -> list[tuple[str, str]]:
-        """The widget's keys, for the tutor's help overlay."""
-        rows = {
-            "en": [("Tab", "focus the visualizer (or click it)"), ("space", "play / pause"),
-                   (",  .", "step back / forward"), ("0  End", "to the start / end"),
-                   ("[  ]", "fewer / more ranks (2–16)"), ("S  s", "smaller / bigger message"),
-                   ("-  +", "slower / faster"), ("a", "ring → tree → naive"),
-                   ("g", "bandwidth chart of your run"), ("o", "load your last lesson-1 run"),
-                   ("m  c", "model ↔ your run · next recorded call"),
-                   ("mouse", "click the buttons under it; the wheel steps")],
-            "es": [("Tab", "enfocar el visualizador (o clic)"), ("espacio", "reproducir / pausa"),
-                   (",  .", "paso atrás / adelante"), ("0  Fin", "al inicio / al final"),
-                   ("[  ]", "menos / más rangos (2–16)"), ("S  s", "mensaje más pequeño / más grande"),
-                   ("-  +", "más lento / más rápido"), ("a", "anillo → árbol → ingenuo"),
-                   ("g", "gráfica de ancho de banda de tu ejecución"),
-                   ("o", "cargar tu última ejecución de la lección 1"),
-                   ("m  c", "modelo ↔ tu ejecución · siguiente llamada"),
-                   ("ratón", "clic en los botones de abajo; la rueda avanza pasos")],
-        }
-        return rows[self.language]
-
     # -- actions -----------------------------------------------------------------------------------
-    def check_action(self, action: str, parameters: tuple) -> bool | None:
-        """Leave a key to the screen when it binds it too (the run panel's ``s`` Stop, ``a`` Again)."""
-        keys = {"size": ("s", "S"), "algorithm": ("a",), "source": ("m",), "next_call": ("c",),
-                "chart": ("g",), "load_run": ("o",)}.get(action)
-        if keys and any(k in _screen_keys(self.screen) for k in keys):
-            return False
-        return True
-
     def _set_playing(self, playing: bool) -> None:
         self.playing = playing
         self._last_tick = time.monotonic()
@@ -891,7 +849,7 @@ class RingVisualizer(LessonVisualizer):
         """The lines to draw in ``width`` × ``height`` cells, and the clickable regions."""
         s = S[self.language]
         controls, control_hits = self._controls(width)
-        keys = [Text(line, style="dim") for line in _wrap(s["keys"], width)]
+        keys = [Text(line, style="dim") for line in _wrap(self.controls_hint(), width)]
         if self.view == "chart":
             body = sweep_chart(self.run.sweep, self.run.fits, width,
                                max(3, height - len(controls) - len(keys)), self.language)
@@ -1227,15 +1185,6 @@ class RingVisualizer(LessonVisualizer):
             hits.append((len(lines) - 1, x, x + w, action))
             x += w
         return lines, hits
-
-
-def _screen_keys(screen) -> set[str]:
-    """The keys a screen binds itself (from its BINDINGS)."""
-    keys: set[str] = set()
-    for b in getattr(type(screen), "BINDINGS", []):
-        key = b.key if isinstance(b, Binding) else b[0]
-        keys.update(k.strip() for k in key.split(","))
-    return keys
 
 
 _CONSOLE = None
