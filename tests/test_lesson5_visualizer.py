@@ -98,7 +98,7 @@ async def _keys():
         assert viz.b_cost == 3.0 and "B = 3×F" in _text(viz)
         await pilot.press("h")
         assert viz.hop > 0
-        await pilot.press("right_square_bracket", "right_square_bracket")
+        await pilot.press("full_stop", "full_stop")
         assert viz.cursor > 0
         before = viz.cursor
         await pilot.press("space")

@@ -155,9 +155,9 @@ async def _keys():
     async with app.run_test(size=(110, 50)) as pilot:
         viz = app.query_one(KVCacheVisualizer)
         viz.focus()
-        await pilot.press("t", "p")
+        await pilot.press("right_square_bracket", "right_curly_bracket")
         assert (viz.tp, viz.pp) == (8, 2)
-        await pilot.press("T", "T", "P")
+        await pilot.press("left_square_bracket", "left_square_bracket", "left_curly_bracket")
         assert (viz.tp, viz.pp) == (2, 1)
         tokens = viz.tokens
         await pilot.press("k")
@@ -169,7 +169,7 @@ async def _keys():
         await pilot.press("space")
         assert viz.playing is False
         start = viz.cursor  # the animation may have moved it before the pause
-        await pilot.press("right_square_bracket", "right_square_bracket")
+        await pilot.press("full_stop", "full_stop")
         assert viz.cursor == start + 2
         await pilot.press("4")
         assert viz.view == "planner"

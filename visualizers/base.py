@@ -70,6 +70,7 @@ TO_END = Control("end", "to_end", {"en": "to the end", "es": "al final"})
 SPEED = Control("plus,equals_sign", "speed(1)", {"en": "faster / slower", "es": "más rápido / más lento"},
                 back_keys="minus", back_action="speed(-1)")
 PLAYBACK_CONTROLS = (PLAY, STEP, RESTART, TO_END, SPEED)
+NEXT_VIEW = Control("g", "next_view", {"en": "next view", "es": "vista siguiente"}, hint=True)
 MORE_KEYS = {"en": "? all keys", "es": "? todas las teclas"}
 
 
@@ -85,6 +86,7 @@ class LessonVisualizer(Widget):
     LessonVisualizer { height: 1fr; width: 1fr; }
     """
     CONTROLS: ClassVar[tuple[Control, ...]] = ()
+    HINTS: ClassVar[dict[str, tuple[str, ...]]] = {}  # per view: the actions its hint line shows
 
     def __init_subclass__(cls, **kwargs):
         if "CONTROLS" in cls.__dict__:  # before Textual's own hook reads BINDINGS
@@ -110,11 +112,23 @@ class LessonVisualizer(Widget):
         """``(keys, what they do)`` in ``self.language`` for the help overlay."""
         return [(c.shown(self.language), c.label[self.language]) for c in self.CONTROLS]
 
-    def controls_hint(self) -> str:
-        """One line: the main controls, in words, and where to find the rest."""
+    def controls_hint(self, width: int | None = None, actions: tuple[str, ...] | None = None) -> str:
+        """One line: the main controls, in words, and where to find the rest (``?``); with
+        ``width``, as many of them as fit in it; ``actions`` (names) picks other controls than
+        the ``hint`` ones (those of the view shown, say)."""
         lang = self.language
-        parts = [f"{c.shown(lang)} {c.label[lang]}" for c in self.CONTROLS if c.hint]
+        taken = _screen_keys(self.screen) if self.is_attached else set()
+        picked = [c for c in self.CONTROLS
+                  if (c.action.split("(", 1)[0] in actions if actions is not None else c.hint)
+                  and not any(k in taken for k in c.key_names())]  # keys the screen keeps
+        parts = [f"{c.shown(lang)} {c.label[lang]}" for c in picked]
+        while parts and width is not None and len(" · ".join(parts + [MORE_KEYS[lang]])) > width:
+            parts.pop()
         return " · ".join(parts + [MORE_KEYS[lang]])
+
+    def hint_parts(self, view: str) -> list[str]:
+        """The hint of ``self.HINTS[view]`` (a visualizer's per-view hints), one part per control."""
+        return self.controls_hint(None, self.HINTS[view]).split(" · ")
 
     def control_for(self, key: str) -> tuple[str, Control] | None:
         """The action ``key`` runs here, with its control, or None."""
@@ -151,6 +165,22 @@ class LessonVisualizer(Widget):
 
     def feed_event(self, event: dict) -> None:
         """One event from a live or replayed run of the lesson's experiment (optional)."""
+
+
+def wrap_words(text: str, width: int) -> list[str]:
+    """Greedy word wrap for hints and captions (a word longer than ``width`` keeps its own line)."""
+    width = max(8, width)
+    out: list[str] = []
+    line = ""
+    for word in text.split(" "):
+        if line and len(line) + 1 + len(word) > width:
+            out.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    if line:
+        out.append(line)
+    return out
 
 
 def _screen_keys(screen) -> set[str]:

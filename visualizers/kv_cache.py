@@ -29,12 +29,11 @@ from dataclasses import dataclass
 
 from rich.console import Group
 from rich.text import Text
-from textual.binding import Binding
 
 from ..lessons.lesson7 import formulas as f
 from ..lessons.lesson7 import paging
 from ..lessons.lesson7 import planner as pl
-from .base import LessonVisualizer
+from .base import NEXT_VIEW, PLAY, Control, LessonVisualizer
 
 VIEWS = ("tp", "pp", "paged", "planner")
 STEP_VIEWS = {"prefill-decode": "planner", "kv-bytes": "tp", "tp-decode": "tp", "pp-decode": "pp",
@@ -96,13 +95,7 @@ STRINGS = {
         "best": "best: {cfg} — batch {b}, TPOT {tpot}, {thr} tokens/s",
         "none": "no configuration meets the targets",
         "x_axis": "TPOT (ms) →", "y_axis": "tokens/s (log)",
-        "keys_shard": "Tab to focus · 1-4,g view · t/T TP · p/P PP · k/K tokens · m model",
-        "keys_paged": "Tab to focus · 1-4,g view · space play · [ ] step · x model/run",
-        "keys_planner": "Tab to focus · 1-4,g view · s/S TPOT target · d/D GPUs · m model",
-        "keys_shard_short": "1-4,g · t/T TP · p/P PP · k/K tok · m",
         "legend_paged_short": "NN request · ▅N part-filled · ·· free",
-        "keys_paged_short": "1-4,g · space · [ ] · x model/run",
-        "keys_planner_short": "1-4,g · s/S TPOT · d/D GPUs · m",
         "gpu_row_short": "GPU {g}: L{l0}–{l1} h{heads}{rep}: {kv} KV + {w} W",
         "waste_short": "waste now {p:.0%} vs {c:.0%} · mean {pm:.0%} vs {cm:.0%} (paged vs contiguous)",
         "run_model": "the run's model",
@@ -136,13 +129,7 @@ STRINGS = {
         "best": "mejor: {cfg} — lote {b}, TPOT {tpot}, {thr} tokens/s",
         "none": "ninguna configuración cumple los objetivos",
         "x_axis": "TPOT (ms) →", "y_axis": "tokens/s (log)",
-        "keys_shard": "Tab para enfocar · 1-4,g vista · t/T TP · p/P PP · k/K tokens · m modelo",
-        "keys_paged": "Tab para enfocar · 1-4,g vista · espacio reproduce · [ ] paso · x modelo/ejecución",
-        "keys_planner": "Tab para enfocar · 1-4,g vista · s/S objetivo TPOT · d/D GPUs · m modelo",
-        "keys_shard_short": "1-4,g · t/T TP · p/P PP · k/K tok · m",
-        "keys_paged_short": "1-4,g · espacio · [ ] · x modelo/ejec.",
         "legend_paged_short": "NN petición · ▅N a medias · ·· libre",
-        "keys_planner_short": "1-4,g · s/S TPOT · d/D GPUs · m",
         "gpu_row_short": "GPU {g}: L{l0}–{l1} h{heads}{rep}: {kv} KV + {w} pesos",
         "waste_short": "desperdicio ahora {p:.0%} vs {c:.0%} · media {pm:.0%} vs {cm:.0%} (paginada vs contigua)",
         "run_model": "el modelo de la ejecución",
@@ -219,28 +206,30 @@ class KVCacheVisualizer(LessonVisualizer):
     KVCacheVisualizer { height: 1fr; width: 1fr; padding: 0 1; }
     KVCacheVisualizer:focus { background: $boost; }
     """
-    BINDINGS = [
-        Binding("1", "view('tp')", "TP view", show=False),
-        Binding("2", "view('pp')", "PP view", show=False),
-        Binding("3", "view('paged')", "paged view", show=False),
-        Binding("4", "view('planner')", "planner view", show=False),
-        Binding("g", "next_view", "next view", show=False),
-        Binding("t", "tp(1)", "more TP", show=False),
-        Binding("T", "tp(-1)", "less TP", show=False),
-        Binding("p", "pp(1)", "more PP", show=False),
-        Binding("P", "pp(-1)", "less PP", show=False),
-        Binding("k", "tokens(1)", "more tokens", show=False),
-        Binding("K", "tokens(-1)", "fewer tokens", show=False),
-        Binding("m", "model", "next model", show=False),
-        Binding("space", "play", "play/pause", show=False),
-        Binding("left_square_bracket", "seek(-1)", "step back", show=False),
-        Binding("right_square_bracket", "seek(1)", "step forward", show=False),
-        Binding("x", "source", "model/run", show=False),
-        Binding("s", "slo(-1)", "tighter TPOT", show=False),
-        Binding("S", "slo(1)", "looser TPOT", show=False),
-        Binding("d", "gpus(1)", "more GPUs", show=False),
-        Binding("D", "gpus(-1)", "fewer GPUs", show=False),
-    ]
+    CONTROLS = (
+        NEXT_VIEW,
+        Control("1", "view('tp')", {"en": "view: KV cache split by heads (TP)", "es": "vista: caché KV por cabezas (TP)"}),
+        Control("2", "view('pp')", {"en": "view: KV cache split by layers (PP)", "es": "vista: caché KV por capas (PP)"}),
+        Control("3", "view('paged')", {"en": "view: paged blocks over time", "es": "vista: bloques paginados en el tiempo"}),
+        Control("4", "view('planner')", {"en": "view: the planner's trade-off", "es": "vista: el compromiso del planificador"}),
+        Control("right_square_bracket", "tp(1)", {"en": "more / less tensor parallelism", "es": "más / menos paralelismo de tensor"},
+                back_keys="left_square_bracket", back_action="tp(-1)"),
+        Control("right_curly_bracket", "pp(1)", {"en": "more / fewer pipeline stages", "es": "más / menos etapas de pipeline"},
+                back_keys="left_curly_bracket", back_action="pp(-1)"),
+        Control("k", "tokens(1)", {"en": "more / fewer tokens cached", "es": "más / menos tokens en caché"},
+                back_keys="K", back_action="tokens(-1)"),
+        Control("m", "model", {"en": "next model", "es": "modelo siguiente"}),
+        PLAY,
+        Control("full_stop", "seek(1)", {"en": "step forward / back", "es": "paso adelante / atrás"},
+                back_keys="comma", back_action="seek(-1)"),
+        Control("x", "source", {"en": "model ↔ your run", "es": "modelo ↔ tu ejecución"}),
+        Control("s", "slo(-1)", {"en": "tighter / looser TPOT target", "es": "objetivo de TPOT más estricto / holgado"},
+                back_keys="S", back_action="slo(1)"),
+        Control("d", "gpus(1)", {"en": "more / fewer GPUs", "es": "más / menos GPUs"},
+                back_keys="D", back_action="gpus(-1)"),
+    )
+    HINTS = {"shard": ("next_view", "tp", "pp", "tokens", "model"), "paged": ("next_view", "play", "seek", "source"),
+             "planner": ("next_view", "slo", "gpus", "model")}
 
     def __init__(self, language: str = "en", **kwargs):
         super().__init__(language=language, **kwargs)
@@ -452,7 +441,7 @@ class KVCacheVisualizer(LessonVisualizer):
             owners = head_owners(m.kv_heads, self.tp)
         except ValueError as exc:
             out.append(Text(tr["invalid"].format(tp=self.tp, H=m.kv_heads, msg=exc), style="yellow"))
-            out.append(Text(tr["keys_shard"], style="grey50"))
+            out.append(Text(self.controls_hint(width, self.HINTS["shard"]), style="grey50"))
             return out
         pp = min(self.pp, m.layers)
         stages = layer_stage(m.layers, pp)
@@ -507,7 +496,7 @@ class KVCacheVisualizer(LessonVisualizer):
             out.append(text)
         if len(owners[0]) > 1:
             out.append(Text(tr["replicated"].format(n=len(owners[0]), H=m.kv_heads, tp=self.tp), style="yellow"))
-        out.append(Text(tr["keys_shard_short" if narrow else "keys_shard"], style="grey50"))
+        out.append(Text(self.controls_hint(width, self.HINTS["shard"]), style="grey50"))
         return out
 
     def _measured_for(self, row: dict):
@@ -595,7 +584,7 @@ class KVCacheVisualizer(LessonVisualizer):
             kc = self.kv_compare
             out.append(Text(tr["compare"].format(p=kc["paged"]["waste_fraction"], c=kc["contiguous"]["waste_fraction"],
                                                  r=kc["throughput_ratio"]), style="magenta"))
-        out.append(Text(tr["keys_paged_short" if narrow else "keys_paged"], style="grey50"))
+        out.append(Text(self.controls_hint(width, self.HINTS["paged"]), style="grey50"))
         return out
 
     # planner --------------------------------------------------------------------------------------
@@ -687,7 +676,7 @@ class KVCacheVisualizer(LessonVisualizer):
             else:
                 msg = f"{cfg} {tr['reasons'][c.reason]}: {c.detail}"
             out.append(Text(msg, style="yellow"))
-        out.append(Text(tr["keys_planner_short" if narrow else "keys_planner"], style="grey50"))
+        out.append(Text(self.controls_hint(width, self.HINTS["planner"]), style="grey50"))
         return out
 
 

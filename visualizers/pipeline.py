@@ -22,10 +22,9 @@ from dataclasses import dataclass, field
 
 from rich.console import Group
 from rich.text import Text
-from textual.binding import Binding
 
 from ..lessons.lesson5 import simulator as sim
-from .base import LessonVisualizer
+from .base import NEXT_VIEW, PLAY, Control, LessonVisualizer
 
 # Tableau 10: distinct hues; backward blocks use a darker shade of the same hue.
 _HUES = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
@@ -50,9 +49,6 @@ STRINGS = {
         "waiting": "measured {name}: waiting for a complete step…",
         "legend": "light F · dark B · {idle} idle (bubble) · ▁▄█ activations held (now/peak)",
         "legend_short": "light F · dark B · {idle} bubble · ▁▄█ held now/peak",
-        "keys": "Tab to focus · s/S stages · m/M microbatches · c/C chunks · b backward cost · h hop · "
-                "0-3,g view · space play · [ ] cursor",
-        "keys_short": "s/S p · m/M m · c/C v · b · h · 0-3 · space",
         "playing": "▶", "paused": "❚❚",
         "more": "… {n} more (taller window or 1-3 to pick one)",
         "table_head": ("schedule", "bubble", "formula", "peak µb", "formula", "ours/torch", "grad diff"),
@@ -69,9 +65,6 @@ STRINGS = {
         "waiting": "medido {name}: esperando un paso completo…",
         "legend": "F claro · B oscuro · {idle} ocioso (burbuja) · ▁▄█ activaciones retenidas (ahora/pico)",
         "legend_short": "F claro · B oscuro · {idle} burbuja · ▁▄█ retenidas ahora/pico",
-        "keys": "Tab para enfocar · s/S etapas · m/M microbatches · c/C trozos · b coste del backward · "
-                "h salto · 0-3,g vista · espacio reproduce · [ ] cursor",
-        "keys_short": "s/S p · m/M m · c/C v · b · h · 0-3 · espacio",
         "playing": "▶", "paused": "❚❚",
         "more": "… {n} más (ventana más alta o 1-3 para elegir una)",
         "table_head": ("planificación", "burbuja", "fórmula", "pico µb", "fórmula", "nuestro/torch",
@@ -275,24 +268,26 @@ class PipelineVisualizer(LessonVisualizer):
     PipelineVisualizer { height: 1fr; width: 1fr; padding: 0 1; }
     PipelineVisualizer:focus { background: $boost; }
     """
-    BINDINGS = [
-        Binding("s", "stages(1)", "more stages", show=False),
-        Binding("S", "stages(-1)", "fewer stages", show=False),
-        Binding("m", "microbatches(1)", "more microbatches", show=False),
-        Binding("M", "microbatches(-1)", "fewer microbatches", show=False),
-        Binding("c", "chunks(1)", "more chunks", show=False),
-        Binding("C", "chunks(-1)", "fewer chunks", show=False),
-        Binding("b", "backward_cost", "backward cost", show=False),
-        Binding("h", "hop", "time per hop", show=False),
-        Binding("g", "next_view", "next view", show=False),
-        Binding("0", "view('all')", "all schedules", show=False),
-        Binding("1", "view('gpipe')", "GPipe", show=False),
-        Binding("2", "view('1f1b')", "1F1B", show=False),
-        Binding("3", "view('interleaved')", "interleaved", show=False),
-        Binding("space", "play", "play/pause", show=False),
-        Binding("left_square_bracket", "seek(-1)", "cursor back", show=False),
-        Binding("right_square_bracket", "seek(1)", "cursor forward", show=False),
-    ]
+    CONTROLS = (
+        PLAY,
+        Control("full_stop", "seek(1)", {"en": "cursor forward / back", "es": "cursor adelante / atrás"},
+                back_keys="comma", back_action="seek(-1)"),
+        NEXT_VIEW,
+        Control("0", "view('all')", {"en": "view: all three schedules", "es": "vista: los tres calendarios"}),
+        Control("1", "view('gpipe')", {"en": "view: GPipe", "es": "vista: GPipe"}),
+        Control("2", "view('1f1b')", {"en": "view: 1F1B", "es": "vista: 1F1B"}),
+        Control("3", "view('interleaved')", {"en": "view: interleaved 1F1B", "es": "vista: 1F1B intercalado"}),
+        Control("s", "stages(1)", {"en": "more / fewer stages", "es": "más / menos etapas"},
+                back_keys="S", back_action="stages(-1)", hint=True),
+        Control("m", "microbatches(1)", {"en": "more / fewer microbatches", "es": "más / menos microbatches"},
+                back_keys="M", back_action="microbatches(-1)", hint=True),
+        Control("c", "chunks(1)", {"en": "more / fewer chunks per stage (interleaved)",
+                                   "es": "más / menos trozos por etapa (intercalado)"},
+                back_keys="C", back_action="chunks(-1)"),
+        Control("b", "backward_cost", {"en": "backward cost: 2×, 3×, 1× the forward",
+                                       "es": "coste del backward: 2×, 3×, 1× el forward"}),
+        Control("h", "hop", {"en": "time per hop between stages", "es": "tiempo por salto entre etapas"}),
+    )
     P_RANGE = (2, 16)
     M_RANGE = (1, 64)
     V_RANGE = (2, 8)
@@ -383,24 +378,6 @@ class PipelineVisualizer(LessonVisualizer):
         self.refresh()
 
     # -- actions ----------------------------------------------------------------------------------
-    def _screen_keys(self) -> set[str]:
-        """Keys the screen binds itself (none when not mounted)."""
-        try:
-            screen = self.screen
-        except Exception:  # noqa: BLE001 - not mounted: nothing to defer to
-            return set()
-        theirs: set[str] = set()
-        for b in getattr(type(screen), "BINDINGS", []):
-            key = b.key if isinstance(b, Binding) else b[0]
-            theirs.update(k.strip() for k in key.split(","))
-        return theirs
-
-    def check_action(self, action: str, parameters: tuple) -> bool | None:
-        """Leave a key to the screen when the screen binds it too (the run panel's ``s`` Stop)."""
-        mine = {k for b in self.BINDINGS if b.action.split("(")[0] == action for k in b.key.split(",")}
-        theirs = self._screen_keys()
-        return not (mine & theirs or ({k.lower() for k in mine} & theirs))
-
     def _changed(self) -> None:
         self.cursor = 0.0
         self.refresh()
@@ -482,11 +459,8 @@ class PipelineVisualizer(LessonVisualizer):
             measured = self._measured_panel(schedule, cols, mem_max, tr)
             panel.extend(measured)
             panels.append(panel)
-        taken = self._screen_keys()
-        hints = [h for h in tr["keys_short" if narrow else "keys"].split(" · ")
-                 if not set(h.split(" ")[0].split("/")) & taken]  # keys the screen keeps for itself
         footer = [Text(tr["legend_short" if narrow else "legend"].format(idle=IDLE_CHAR), style="grey50"),
-                  Text(" · ".join(hints), style="grey50")]
+                  Text(self.controls_hint(width), style="grey50")]
         budget = (height or 10_000) - len(lines) - len(footer)
         used = 0
         for i, panel in enumerate(panels):

@@ -17,14 +17,13 @@ gradients reduce-scattered, with the bytes each rank has sent against DDP's. Key
 from __future__ import annotations
 
 from rich.text import Text
-from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import Button, Static
 
 from ..lessons.lesson2 import formulas as F
 from ..lessons.lesson2 import layout as L
 from ..lessons.units import format_bytes, format_count
-from .base import LessonVisualizer
+from .base import Control, LessonVisualizer, wrap_words
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
 STRATEGY_NAME = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3 / FSDP"}
@@ -65,7 +64,6 @@ S = {
         "act_modes": {"none": "no recomputation", "selective": "selective recomputation",
                       "full": "full recomputation"},
         "act_noshape": "activations: this preset has no published shape; pick another Ψ",
-        "keys": "s stage · +/- Ψ · ]/[ N · m precision\no optimizer · c GPU size · a activations\nspace ZeRO-3 step · . , phase · f prefetch",
         "anim_title": "one ZeRO-3 / FSDP step, {k} layers{pf}", "prefetch": ", prefetch",
         "phase": "{i}/{n} {stage} · {what}",
         "actions": {"all_gather": "all-gather layer {l}'s parameters", "forward": "layer {l} computes",
@@ -92,7 +90,6 @@ S = {
         "act_modes": {"none": "sin recomputación", "selective": "recomputación selectiva",
                       "full": "recomputación completa"},
         "act_noshape": "activaciones: este modelo no tiene forma publicada; elige otro Ψ",
-        "keys": "s etapa · +/- Ψ · ]/[ N · m precisión\no optimizador · c GPU · a activaciones\nespacio paso ZeRO-3 · . , fase · f prefetch",
         "anim_title": "un paso de ZeRO-3 / FSDP, {k} capas{pf}", "prefetch": ", prefetch",
         "phase": "{i}/{n} {stage} · {what}",
         "actions": {"all_gather": "all-gather de los parámetros de la capa {l}",
@@ -128,22 +125,24 @@ class ShardingVisualizer(LessonVisualizer):
     """Per-GPU memory bars for DDP and ZeRO-1/2/3, and one ZeRO-3 step animated."""
 
     can_focus = True
-    BINDINGS = [
-        Binding("s", "cycle_strategy(1)", "Strategy", show=False),
-        Binding("S", "cycle_strategy(-1)", "Strategy back", show=False),
-        Binding("plus,equals_sign", "psi(1)", "Bigger model", show=False),
-        Binding("minus,underscore", "psi(-1)", "Smaller model", show=False),
-        Binding("right_square_bracket", "dp(1)", "More GPUs", show=False),
-        Binding("left_square_bracket", "dp(-1)", "Fewer GPUs", show=False),
-        Binding("m", "precision", "Precision", show=False),
-        Binding("o", "optimizer", "Optimizer", show=False),
-        Binding("c", "capacity", "GPU capacity", show=False),
-        Binding("a", "activations", "Activations", show=False),
-        Binding("f", "prefetch", "Prefetch", show=False),
-        Binding("space", "play", "Play step", show=False),
-        Binding("full_stop", "phase(1)", "Next phase", show=False),
-        Binding("comma", "phase(-1)", "Previous phase", show=False),
-    ]
+    CONTROLS = (
+        Control("s", "cycle_strategy(1)", {"en": "next / previous strategy: DDP, ZeRO-1, 2, 3",
+                                           "es": "estrategia siguiente / anterior: DDP, ZeRO-1, 2, 3"},
+                back_keys="S", back_action="cycle_strategy(-1)", hint=True),
+        Control("plus,equals_sign", "psi(1)", {"en": "bigger / smaller model (Ψ)", "es": "modelo mayor / menor (Ψ)"},
+                back_keys="minus,underscore", back_action="psi(-1)", hint=True),
+        Control("right_square_bracket", "dp(1)", {"en": "more / fewer GPUs (N)", "es": "más / menos GPUs (N)"},
+                back_keys="left_square_bracket", back_action="dp(-1)", hint=True),
+        Control("m", "precision", {"en": "precision", "es": "precisión"}),
+        Control("o", "optimizer", {"en": "optimizer", "es": "optimizador"}),
+        Control("c", "capacity", {"en": "GPU memory size", "es": "memoria de la GPU"}),
+        Control("a", "activations", {"en": "activation recomputation", "es": "recomputación de activaciones"}),
+        Control("space", "play", {"en": "play / pause one ZeRO-3 step", "es": "reproducir / pausa un paso de ZeRO-3"},
+                hint=True),
+        Control("full_stop", "phase(1)", {"en": "next / previous phase of the step", "es": "fase siguiente / anterior del paso"},
+                back_keys="comma", back_action="phase(-1)"),
+        Control("f", "prefetch", {"en": "prefetch on / off", "es": "prefetch sí / no"}),
+    )
     DEFAULT_CSS = """
     ShardingVisualizer { layout: vertical; }
     ShardingVisualizer #sh-scroll { height: 1fr; }
@@ -405,7 +404,8 @@ class ShardingVisualizer(LessonVisualizer):
             text.append_text(self._animation())
         if self.measured:
             text.append_text(self._run())
-        text.append(s["keys"] + "\n", style="dim italic")
+        for line in wrap_words(self.controls_hint(), max(20, self.content_size.width - 2)):
+            text.append(line + "\n", style="dim italic")
         return text
 
     def _bar(self, gpu: L.GPU, extra: list[L.Segment], width: int, scale: float, cap_col: int) -> Text:
