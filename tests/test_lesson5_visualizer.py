@@ -102,7 +102,7 @@ async def _keys():
         assert viz.cursor > 0
         before = viz.cursor
         await pilot.press("space")
-        viz._tick()
+        viz._on_tick()  # one tick of the playback timer
         assert viz.playing and viz.cursor > before
 
 

@@ -33,7 +33,8 @@ from rich.text import Text
 from ..lessons.lesson7 import formulas as f
 from ..lessons.lesson7 import paging
 from ..lessons.lesson7 import planner as pl
-from .base import NEXT_VIEW, PLAY, Control, LessonVisualizer
+from .base import NEXT_VIEW, PLAY, STEP, Control
+from .playback import PlaybackVisualizer
 
 VIEWS = ("tp", "pp", "paged", "planner")
 STEP_VIEWS = {"prefill-decode": "planner", "kv-bytes": "tp", "tp-decode": "tp", "pp-decode": "pp",
@@ -198,10 +199,11 @@ def shard_table(model: ModelPreset, tp: int, pp: int, tokens: int) -> list[dict]
     return rows
 
 
-class KVCacheVisualizer(LessonVisualizer):
+class KVCacheVisualizer(PlaybackVisualizer):
     """KV cache across GPUs (by heads, by layers), paged blocks over time, the planner's trade-off."""
 
     can_focus = True
+    TICK_S = 1 / 4
     DEFAULT_CSS = """
     KVCacheVisualizer { height: 1fr; width: 1fr; padding: 0 1; }
     KVCacheVisualizer:focus { background: $boost; }
@@ -220,15 +222,14 @@ class KVCacheVisualizer(LessonVisualizer):
                 back_keys="K", back_action="tokens(-1)"),
         Control("m", "model", {"en": "next model", "es": "modelo siguiente"}),
         PLAY,
-        Control("full_stop", "seek(1)", {"en": "step forward / back", "es": "paso adelante / atrás"},
-                back_keys="comma", back_action="seek(-1)"),
+        STEP,
         Control("x", "source", {"en": "model ↔ your run", "es": "modelo ↔ tu ejecución"}),
         Control("s", "slo(-1)", {"en": "tighter / looser TPOT target", "es": "objetivo de TPOT más estricto / holgado"},
                 back_keys="S", back_action="slo(1)"),
         Control("d", "gpus(1)", {"en": "more / fewer GPUs", "es": "más / menos GPUs"},
                 back_keys="D", back_action="gpus(-1)"),
     )
-    HINTS = {"shard": ("next_view", "tp", "pp", "tokens", "model"), "paged": ("next_view", "play", "seek", "source"),
+    HINTS = {"shard": ("next_view", "tp", "pp", "tokens", "model"), "paged": ("next_view", "play", "step", "source"),
              "planner": ("next_view", "slo", "gpus", "model")}
 
     def __init__(self, language: str = "en", **kwargs):
@@ -259,7 +260,6 @@ class KVCacheVisualizer(LessonVisualizer):
         self.run_config: dict | None = None
         self.kv_compare: dict | None = None
         self._plan_cache: dict = {}
-        self._timer = None
 
     # -- model -------------------------------------------------------------------------------------
     @property
@@ -286,14 +286,21 @@ class KVCacheVisualizer(LessonVisualizer):
         return max(len(steps), len(contig))
 
     # -- Textual -----------------------------------------------------------------------------------
-    def on_mount(self) -> None:
-        self._timer = self.set_interval(1 / 4, self._tick, pause=not self.playing)
+    # playback (visualizers/playback.py): the paged view's cursor, one scheduler step per tick, looping
+    def advance(self, dt: float) -> bool:
+        if self.view == "paged":
+            self.cursor = (self.cursor + 1) % max(1, self.paged_total())
+            self.refresh()
+        return True
 
-    def _tick(self) -> None:
-        if not self.playing or self.view != "paged":
-            return
-        self.cursor = (self.cursor + 1) % max(1, self.paged_total())
-        self.refresh()
+    def seek(self, frames: int) -> None:
+        self.cursor = max(0, min(self.paged_total() - 1, self.cursor + frames))
+
+    def rewind(self) -> None:
+        self.cursor = 0
+
+    def to_end(self) -> None:
+        self.cursor = max(0, self.paged_total() - 1)
 
     def show_step(self, step_key: str) -> None:
         view = STEP_VIEWS.get(step_key)
@@ -384,16 +391,6 @@ class KVCacheVisualizer(LessonVisualizer):
     def action_model(self) -> None:
         self.model_index = (self.model_index + 1) % len(self.presets)
         self.pp = min(self.pp, self.model.layers)
-        self.refresh()
-
-    def action_play(self) -> None:
-        self.playing = not self.playing
-        if self._timer is not None:
-            self._timer.resume() if self.playing else self._timer.pause()
-        self.refresh()
-
-    def action_seek(self, d: int) -> None:
-        self.cursor = max(0, min(self.paged_total() - 1, self.cursor + d))
         self.refresh()
 
     def action_source(self) -> None:

@@ -18,13 +18,15 @@ timeline of the latest complete step under the simulated one. No torch, no I/O.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rich.console import Group
 from rich.text import Text
 
 from ..lessons.lesson5 import simulator as sim
-from .base import NEXT_VIEW, PLAY, Control, LessonVisualizer
+from ..lessons.lesson5.run_timeline import CompleteStep, PipelineRun
+from .base import NEXT_VIEW, PLAY, Control
+from .playback import PlaybackVisualizer
 
 # Tableau 10: distinct hues; backward blocks use a darker shade of the same hue.
 _HUES = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
@@ -101,6 +103,11 @@ class Lanes:
         scale = 1.0 / tl.t_f
         return cls([[(s * scale, e * scale, op) for s, e, op in tl.blocks(r)] for r in range(tl.p)],
                    tl.makespan * scale, tl.v)
+
+    @classmethod
+    def of_step(cls, step: CompleteStep) -> Lanes:
+        """A measured step (already in forward-time units)."""
+        return cls(step.blocks, step.makespan, step.v)
 
     @property
     def p(self) -> int:
@@ -208,59 +215,7 @@ def draw_lanes(lanes: Lanes, cols: int, t_max: float, cursor: float | None, mem_
     return rows
 
 
-@dataclass
-class Measured:
-    """A run's timestamps: schedule -> step -> rank -> [(t0, t1, op)]."""
-
-    p: int = 0
-    m: int = 0
-    v: int = 1
-    ops: dict = field(default_factory=dict)
-    stages: dict = field(default_factory=dict)  # schedule -> rank -> pp_stage event
-    summary: dict = field(default_factory=dict)
-
-    def feed(self, event: dict) -> bool:
-        """Take one run event; True if it was one of this lesson's."""
-        kind = event.get("kind")
-        if kind == "pp_op" and self.p:
-            op = sim.Op(event["op"], int(event["mb"]), int(event.get("chunk", 0)), int(event["stage"]))
-            rank = int(event.get("rank", int(event["stage"]) % self.p))
-            by_step = self.ops.setdefault(event["schedule"], {}).setdefault(int(event.get("step", 0)), {})
-            by_step.setdefault(rank, []).append((float(event["t0"]), float(event["t1"]), op))
-        elif kind == "pp_stage":
-            self.stages.setdefault(event["schedule"], {})[int(event["rank"])] = event
-        elif kind == "summary" and event.get("lesson") == "lesson5":
-            self.summary = event
-        else:
-            return False
-        return True
-
-    def latest_schedule(self) -> str | None:
-        """The schedule of the run's latest complete step (or, before one, the latest with events)."""
-        done = [s for s in self.ops if self.latest_complete(s) is not None]
-        return done[-1] if done else (list(self.ops)[-1] if self.ops else None)
-
-    def latest_complete(self, schedule: str):
-        """(step, Lanes, seconds) of the latest step where every rank reported all its blocks."""
-        steps = self.ops.get(schedule, {})
-        v = self.v if schedule == "interleaved" else 1
-        want = 2 * self.m * v
-        for step in sorted(steps, reverse=True):
-            ranks = steps[step]
-            if len(ranks) == self.p and all(len(ranks.get(r, [])) == want for r in range(self.p)):
-                t0 = min(b[0] for r in range(self.p) for b in ranks[r])
-                t1 = max(b[1] for r in range(self.p) for b in ranks[r])
-                span = t1 - t0
-                # draw in units of the mean forward time, like the simulated panels
-                fwd = [b[1] - b[0] for r in range(self.p) for b in ranks[r] if b[2].kind == "F"]
-                unit = (sum(fwd) / len(fwd)) * v if fwd and sum(fwd) > 0 else (span or 1.0)
-                blocks = [[((a - t0) / unit, (b - t0) / unit, op) for a, b, op in sorted(ranks[r])]
-                          for r in range(self.p)]
-                return step, Lanes(blocks, span / unit, v), span
-        return None
-
-
-class PipelineVisualizer(LessonVisualizer):
+class PipelineVisualizer(PlaybackVisualizer):
     """Timelines of GPipe, 1F1B and interleaved 1F1B, simulated and measured."""
 
     can_focus = True
@@ -270,8 +225,8 @@ class PipelineVisualizer(LessonVisualizer):
     """
     CONTROLS = (
         PLAY,
-        Control("full_stop", "seek(1)", {"en": "cursor forward / back", "es": "cursor adelante / atrás"},
-                back_keys="comma", back_action="seek(-1)"),
+        Control("full_stop", "step(1)", {"en": "cursor forward / back", "es": "cursor adelante / atrás"},
+                back_keys="comma", back_action="step(-1)"),
         NEXT_VIEW,
         Control("0", "view('all')", {"en": "view: all three schedules", "es": "vista: los tres calendarios"}),
         Control("1", "view('gpipe')", {"en": "view: GPipe", "es": "vista: GPipe"}),
@@ -293,6 +248,7 @@ class PipelineVisualizer(LessonVisualizer):
     V_RANGE = (2, 8)
     B_COSTS = (2.0, 3.0, 1.0)
     HOPS = (0.0, 0.25, 1.0)
+    TICK_S = 1 / 12
     TICKS_PER_PLAY = 160  # cursor steps across one step of the longest schedule
 
     def __init__(self, language: str = "en", **kwargs):
@@ -302,9 +258,8 @@ class PipelineVisualizer(LessonVisualizer):
         self.view = "all"
         self.cursor = 0.0
         self.playing = True
-        self.measured = Measured()
+        self.measured = PipelineRun()
         self._cache: dict = {}
-        self._timer = None
 
     # -- model ------------------------------------------------------------------------------------
     def lanes(self, schedule: str) -> Lanes | str:
@@ -341,17 +296,24 @@ class PipelineVisualizer(LessonVisualizer):
         return max(spans, default=1.0)
 
     # -- Textual ----------------------------------------------------------------------------------
-    def on_mount(self) -> None:
-        self._timer = self.set_interval(1 / 12, self._tick, pause=not self.playing)
-
-    def _tick(self) -> None:
-        if not self.playing:
-            return
+    # playback (visualizers/playback.py): a cursor across the step, looping
+    def advance(self, dt: float) -> bool:
         t_max = self.t_max()
         self.cursor += t_max / self.TICKS_PER_PLAY
         if self.cursor > t_max * 1.1:
             self.cursor = 0.0
         self.refresh()
+        return True
+
+    def seek(self, frames: int) -> None:
+        t_max = self.t_max()
+        self.cursor = min(t_max, max(0.0, self.cursor + frames * t_max / 40))
+
+    def rewind(self) -> None:
+        self.cursor = 0.0
+
+    def to_end(self) -> None:
+        self.cursor = self.t_max()
 
     def show_step(self, step_key: str) -> None:
         preset = STEP_PRESETS.get(step_key)
@@ -365,16 +327,14 @@ class PipelineVisualizer(LessonVisualizer):
         self.refresh()
 
     def feed_event(self, event: dict) -> None:
-        kind = event.get("kind")
-        if kind == "run_start":  # a new run: forget the last one's timeline
-            self.measured = Measured()
-        elif kind == "pp_config":  # a run of this lesson: draw it beside its simulation
-            self.measured = Measured(p=int(event["p"]), m=int(event["m"]), v=int(event.get("v", 1)))
+        """Fold the event into the run (``lessons/lesson5/run_timeline.py``); a run of this lesson
+        (``pp_config``) is drawn beside its simulation, with its p, m and v."""
+        if not self.measured.feed(event):
+            return
+        if event.get("kind") == "pp_config":
             self.view = "run"
             self.p, self.m = self.measured.p, self.measured.m
             self.v = max(self.V_RANGE[0], self.measured.v)
-        elif not self.measured.feed(event):
-            return
         self.refresh()
 
     # -- actions ----------------------------------------------------------------------------------
@@ -410,17 +370,6 @@ class PipelineVisualizer(LessonVisualizer):
         order = ["all", "gpipe", "1f1b", "interleaved", "same-time"]
         self.view = order[(order.index(self.view) + 1) % len(order)] if self.view in order else "all"
         self._changed()
-
-    def action_play(self) -> None:
-        self.playing = not self.playing
-        if self._timer is not None:
-            self._timer.resume() if self.playing else self._timer.pause()
-        self.refresh()
-
-    def action_seek(self, direction: int) -> None:
-        t_max = self.t_max()
-        self.cursor = min(t_max, max(0.0, self.cursor + direction * t_max / 40))
-        self.refresh()
 
     # -- drawing ----------------------------------------------------------------------------------
     def build_lines(self, width: int, height: int | None = None) -> list[Text]:
@@ -486,7 +435,7 @@ class PipelineVisualizer(LessonVisualizer):
         found = meas.latest_complete(schedule)
         if found is None:
             return [Text(tr["waiting"].format(name=NAMES[schedule]), style="italic")]
-        step, lanes, seconds = found
+        step, lanes, seconds = found.step, Lanes.of_step(found), found.seconds
         title = Text(tr["measured"].format(name=NAMES[schedule], step=step, ms=seconds * 1e3, f=lanes.bubble()),
                      style="bold magenta")
         res = meas.summary.get("schedules", {}).get(schedule) if meas.summary else None
@@ -505,13 +454,10 @@ class TerminalPipeline:
 
     def __init__(self, language: str = "en"):
         self.language = language
-        self.measured = Measured()
+        self.measured = PipelineRun()
 
     def feed(self, event: dict) -> None:
-        if event.get("kind") == "pp_config":
-            self.measured = Measured(p=int(event["p"]), m=int(event["m"]), v=int(event.get("v", 1)))
-        else:
-            self.measured.feed(event)
+        self.measured.feed(event)
 
     def renderables(self, width: int = 100) -> list[Text]:
         meas, tr = self.measured, STRINGS.get(self.language, STRINGS["en"])
@@ -519,7 +465,7 @@ class TerminalPipeline:
         schedule = meas.latest_schedule()
         found = meas.latest_complete(schedule) if schedule else None
         if found is not None:
-            step, lanes, seconds = found
+            step, lanes, seconds = found.step, Lanes.of_step(found), found.seconds
             out.append(Text(tr["measured"].format(name=NAMES[schedule], step=step, ms=seconds * 1e3,
                                                   f=lanes.bubble()), style="bold magenta"))
             cols = max(20, min(width, 120) - 12)

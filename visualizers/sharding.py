@@ -23,7 +23,8 @@ from textual.widgets import Button, Static
 from ..lessons.lesson2 import formulas as F
 from ..lessons.lesson2 import layout as L
 from ..lessons.units import format_bytes, format_count
-from .base import Control, LessonVisualizer, wrap_words
+from .base import Control, wrap_words
+from .playback import PlaybackVisualizer
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
 STRATEGY_NAME = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3 / FSDP"}
@@ -121,10 +122,11 @@ STEP_VIEWS = {
 }
 
 
-class ShardingVisualizer(LessonVisualizer):
+class ShardingVisualizer(PlaybackVisualizer):
     """Per-GPU memory bars for DDP and ZeRO-1/2/3, and one ZeRO-3 step animated."""
 
     can_focus = True
+    TICK_S = 0.6
     CONTROLS = (
         Control("s", "cycle_strategy(1)", {"en": "next / previous strategy: DDP, ZeRO-1, 2, 3",
                                            "es": "estrategia siguiente / anterior: DDP, ZeRO-1, 2, 3"},
@@ -139,8 +141,8 @@ class ShardingVisualizer(LessonVisualizer):
         Control("a", "activations", {"en": "activation recomputation", "es": "recomputación de activaciones"}),
         Control("space", "play", {"en": "play / pause one ZeRO-3 step", "es": "reproducir / pausa un paso de ZeRO-3"},
                 hint=True),
-        Control("full_stop", "phase(1)", {"en": "next / previous phase of the step", "es": "fase siguiente / anterior del paso"},
-                back_keys="comma", back_action="phase(-1)"),
+        Control("full_stop", "step(1)", {"en": "next / previous phase of the step", "es": "fase siguiente / anterior del paso"},
+                back_keys="comma", back_action="step(-1)"),
         Control("f", "prefetch", {"en": "prefetch on / off", "es": "prefetch sí / no"}),
     )
     DEFAULT_CSS = """
@@ -162,8 +164,6 @@ class ShardingVisualizer(LessonVisualizer):
         self.activations: str | None = None
         self.prefetch = False
         self.phase: int | None = None  # index into the ZeRO-3 step phases while animating
-        self.playing = False
-        self._timer = None
         self.run_info: dict = {}
         self.measured: dict[str, dict] = {}
         self.sent: dict[str, dict] = {}
@@ -221,6 +221,7 @@ class ShardingVisualizer(LessonVisualizer):
             yield Button(s["b_play"], id="sh-play", compact=True, variant="success")
 
     def on_mount(self) -> None:
+        super().on_mount()
         self.refresh_view()
 
     def on_resize(self) -> None:
@@ -236,7 +237,7 @@ class ShardingVisualizer(LessonVisualizer):
         self.preset = next(i for i, p in enumerate(PRESETS) if p[0] == preset)
         self.dp, self.activations = dp, act
         self.prefetch = step_key == "fsdp2"
-        self._stop()
+        self.playing = False
         self.phase = 0 if animate else None
         self.refresh_view()
 
@@ -261,7 +262,7 @@ class ShardingVisualizer(LessonVisualizer):
     def action_cycle_strategy(self, step: int) -> None:
         self.strategy = STRATEGIES[(STRATEGIES.index(self.strategy) + step) % len(STRATEGIES)]
         if self.strategy != "zero3":
-            self._stop()
+            self.playing = False
             self.phase = None
         self.refresh_view()
 
@@ -303,29 +304,31 @@ class ShardingVisualizer(LessonVisualizer):
         self.phase = max(0, min(n - 1, (self.phase if self.phase is not None else -1) + step))
         self.refresh_view()
 
-    def action_play(self) -> None:
-        if self.playing:
-            self._stop()
-        else:
-            self.strategy = "zero3"
-            if self.phase is None or self.phase >= len(self.phases()) - 1:
-                self.phase = 0
-            self.playing = True
-            self._timer = self.set_interval(0.6, self._tick)
+    # playback (visualizers/playback.py): one ZeRO-3 step, a phase per tick
+    def at_end(self) -> bool:
+        return self.phase is None or self.phase >= len(self.phases()) - 1
+
+    def rewind(self) -> None:
+        self.strategy = "zero3"
+        self.phase = 0
         self.refresh_view()
 
-    def _tick(self) -> None:
-        if self.phase is None or self.phase >= len(self.phases()) - 1:
-            self._stop()
-        else:
-            self.phase += 1
-        self.refresh_view()
+    def to_end(self) -> None:
+        self.action_phase(len(self.phases()))
 
-    def _stop(self) -> None:
-        self.playing = False
-        if self._timer is not None:
-            self._timer.stop()
-            self._timer = None
+    def seek(self, frames: int) -> None:
+        self.action_phase(frames)
+
+    def advance(self, dt: float) -> bool:
+        if self.at_end():
+            return False
+        self.phase += 1
+        self.refresh_view()
+        return True
+
+    def watch_playing(self, playing: bool) -> None:
+        super().watch_playing(playing)
+        self.refresh_view()  # the Play button's label
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()
