@@ -449,8 +449,8 @@ class PipelineVisualizer(PlaybackVisualizer):
 
 
 class TerminalPipeline:
-    """``distai run lesson5``'s terminal view (see ``tutor.cli_run.LESSON_VIEWS``): the latest
-    measured step drawn as a timeline, then the run's figures against the formulas."""
+    """``distai run lesson5``'s terminal view (``[run] terminal`` in lessons/lesson5/lesson.toml): the
+    latest measured step drawn as a timeline, then the run's figures against the formulas."""
 
     def __init__(self, language: str = "en"):
         self.language = language
