@@ -179,18 +179,22 @@ def _parse(package: str, data: dict, files: list[str]) -> Lesson:
     )
 
 
-@lru_cache(maxsize=1)
-def all_lessons() -> tuple[Lesson, ...]:
-    """Every lesson folder that holds a ``lesson.toml``: the numbered ones by number, then the others
-    by folder name, numbered on from the last."""
-    root = resources.files(__package__)
+def _found_lessons() -> list[Lesson]:
     found = []
-    for entry in root.iterdir():
+    for entry in resources.files(__package__).iterdir():
         toml = entry.joinpath("lesson.toml")
         if entry.is_dir() and toml.is_file():
             data = tomllib.loads(toml.read_text(encoding="utf-8"))
             files = [f.name for f in entry.iterdir()]
             found.append(_parse(f"{__package__}.{entry.name}", data, files))
+    return found
+
+
+@lru_cache(maxsize=1)
+def all_lessons() -> tuple[Lesson, ...]:
+    """Every lesson folder that holds a ``lesson.toml``: the numbered ones by number, then the others
+    by folder name, numbered on from the last."""
+    found = _found_lessons()
     numbered = sorted((lesson for lesson in found if lesson.numbered), key=lambda lesson: lesson.number)
     last = max((lesson.number for lesson in numbered), default=0)
     others = sorted((lesson for lesson in found if not lesson.numbered), key=lambda lesson: lesson.package)
