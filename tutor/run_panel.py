@@ -235,6 +235,7 @@ class RunPanelScreen(Screen):
         self.query_one("#run-log", RichLog).clear()
         self.query_one("#run-log").styles.height = None  # back to the stylesheet's while it runs
         self.query_one("#run-body").styles.height = None
+        self.set_class(False, "-view-summary")
         self.launch = self.launch_factory(self.lesson, self._consume, nproc=self.nproc, args=self.args)
         self.query_one("#run-status", Static).update(
             t("starting", self.language, nproc=self.launch.spec.placement.nproc))
