@@ -6,11 +6,15 @@ A lesson that lacks a piece, or names one that does not exist, fails here; CONTR
 from __future__ import annotations
 
 import pytest
+import tomllib
 
 from distai.lessons.calculator import Calculator
 from distai.lessons.registry import all_calculators, all_lessons
 
 LESSONS = all_lessons()
+# a visualizer still being written (the tutor shows a placeholder meanwhile): lesson id -> its module;
+# the test fails once it exists, so the entry goes when it lands
+PENDING_VISUALIZERS = {"capstone": "mesh"}
 
 
 def test_calculators_are_declared_where_their_lesson_lives():
@@ -68,10 +72,15 @@ def test_lesson_has_every_piece(lesson):
     # its visualizer, and the visualizers its steps switch to
     for name in {lesson.visualizer, *(s.visualizer for s in lesson.steps)} - {None}:
         cls = visualizer_class(name)
+        if PENDING_VISUALIZERS.get(lesson.id) == name:
+            assert cls is None, f"visualizers/{name}.py landed: remove it from PENDING_VISUALIZERS"
+            continue
         assert cls is not None and issubclass(cls, LessonVisualizer), f"{lesson.id}: no visualizer {name!r}"
     # its experiment (it may land after the lesson: `distai run` then says "not yet available"), and how
     # a run of it is shown
     assert lesson.experiment and lesson.experiment.startswith("distai.engine.experiments."), lesson.experiment
+    toml = tomllib.loads(folder.joinpath("lesson.toml").read_text(encoding="utf-8"))
+    assert "run" in toml, f"{lesson.id}: lesson.toml declares no [run] (how a run of its experiment is shown)"
     run = lesson.run
     assert set(run.panel) <= set(RUN_PANELS) and run.summary in RUN_SUMMARIES
     if run.terminal:
@@ -82,6 +91,9 @@ def test_lesson_has_every_piece(lesson):
         fold = lesson.fold_class()
         assert fold.__module__.startswith(lesson.package + ".")
         fold().feed({"kind": "run_start", "run_id": "x"})
+    if run.launch_plan:
+        module, name = run.launch_plan.split(":")
+        assert callable(getattr(importlib.import_module(module), name))
 
 
 def test_lessons_are_numbered_in_order_and_resolvable():
