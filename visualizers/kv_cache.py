@@ -13,13 +13,20 @@ Four views (``1``–``4``, ``g`` cycles; the lesson's step picks one):
   shows the request that owns it, a partly filled last block shows its fill; under it the same
   requests in a contiguous cache with one ``max_len`` region each, the reserved-but-empty part
   shaded, and both wastes. ``space`` plays, ``[``/``]`` step, ``x`` switches to a run's blocks.
+- *prefix* — prefix sharing: the same pool when every request starts with one system prompt
+  (:class:`~distai.lessons.lesson7.paging.PrefixCachingAllocator`): a block held by several
+  requests shows its reference count (×N), blocks no request holds but kept for reuse are shaded,
+  copies made on write are underlined; under it the memory saved (physical against logical blocks),
+  the prompt tokens found cached and the TTFT (in iterations) against the same requests unshared.
+  ``5`` shows it; the same playback keys as *paged*.
 - *planner* — output tokens/s against TPOT for every TP × PP × replicas split of the GPUs
   (:func:`~distai.lessons.lesson7.planner.plan`), one curve per configuration over batch sizes,
   the TPOT target as a vertical line; configurations that do not fit are listed with the reason.
   ``s/S`` tighter/looser TPOT target, ``d/D`` more/fewer GPUs, ``m`` model.
 
-Fed the events of ``distai run lesson7`` (``config``, ``kv_shard``, ``kv_step``, ``kv_compare``), it adds
-the run's model (measured bytes per rank beside the formula) and the run's paged blocks.
+Fed the events of ``distai run lesson7`` (``config``, ``kv_shard``, ``kv_step``, ``kv_compare``,
+``prefix_compare``), it adds the run's model (measured bytes per rank beside the formula) and the run's
+paged and shared blocks.
 No torch, no I/O.
 """
 from __future__ import annotations
@@ -36,9 +43,9 @@ from ..lessons.lesson7 import planner as pl
 from .base import NEXT_VIEW, PLAY, STEP, Control
 from .playback import PlaybackVisualizer
 
-VIEWS = ("tp", "pp", "paged", "planner")
+VIEWS = ("tp", "pp", "paged", "prefix", "planner")
 STEP_VIEWS = {"prefill-decode": "planner", "kv-bytes": "tp", "tp-decode": "tp", "pp-decode": "pp",
-              "paged": "paged", "replicas": "planner", "slo": "planner", "planner": "planner",
+              "paged": "paged", "prefix": "prefix", "replicas": "planner", "slo": "planner", "planner": "planner",
               "disaggregation": "planner"}
 GPU_HUES = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
             "#9c755f", "#bab0ac", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
@@ -105,6 +112,16 @@ STRINGS = {
         "no_fit": "{cfg} does not fit: weights {w} per GPU > {u} usable",
         "no_kv": "{cfg} does not fit: no room for one sequence's KV cache ({kv})",
         "compare": "run: paged waste {p:.1%} vs contiguous {c:.1%}; {r:.2f}× the tokens/s",
+        "prefix_title": "prefix sharing: {n} blocks of {bs} tokens, a {sp}-token system prompt · iteration {k}/{N} {src}",
+        "prefix_title_short": "sharing: {n}×{bs} · it {k}/{N} {src}",
+        "prefix_status": "running {r} · waiting {w} · {s} shared blocks (up to ×{m}) · {c} cached",
+        "prefix_memory": "in use: {p} blocks hold what {l} would unshared ({saved:.0%} saved)",
+        "prefix_step": "this iteration: {t} prompt tokens found cached · {cow} copied on write · {e} evicted",
+        "prefix_total": "so far {r:,} of {T:,} prompt tokens found cached; mean TTFT {a:.1f} iterations vs {b:.1f} unshared",
+        "legend_prefix": "×N shared by N requests · ░░ cached, no reference (evicted LRU first) · NN one request · "
+                         "·· free · underlined: new or copied",
+        "legend_prefix_short": "×N shared · ░░ cached · NN one request · ·· free",
+        "prefix_compare": "run: {saved:.0%} KV memory saved · peak {pb} vs {nb} blocks · TTFT p50 {t1} vs {t0} ({r:.1f}×)",
     },
     "es": {
         "tp_title": "KV cache de {model}: {L} capas × {H} cabezas KV — TP = {tp} reparte cabezas, PP = {pp} reparte capas",
@@ -139,6 +156,19 @@ STRINGS = {
         "no_fit": "{cfg} no cabe: pesos {w} por GPU > {u} utilizables",
         "no_kv": "{cfg} no cabe: no queda sitio para la KV cache de una secuencia ({kv})",
         "compare": "ejecución: desperdicio paginada {p:.1%} frente a contigua {c:.1%}; {r:.2f}× los tokens/s",
+        "prefix_title": "prefijos compartidos: {n} bloques de {bs} tokens, un prompt de sistema de {sp} tokens · "
+                        "iteración {k}/{N} {src}",
+        "prefix_title_short": "compartida: {n}×{bs} · it {k}/{N} {src}",
+        "prefix_status": "en curso {r} · en espera {w} · {s} bloques compartidos (hasta ×{m}) · {c} en caché",
+        "prefix_memory": "en uso: {p} bloques guardan lo que ocuparían {l} sin compartir ({saved:.0%} ahorrado)",
+        "prefix_step": "esta iteración: {t} tokens de prompt ya en caché · {cow} copias al escribir · {e} expulsados",
+        "prefix_total": "hasta ahora {r:,} de {T:,} tokens de prompt en caché; TTFT medio {a:.1f} iteraciones "
+                        "frente a {b:.1f} sin compartir",
+        "legend_prefix": "×N compartido por N peticiones · ░░ en caché, sin referencias (se expulsa el menos usado) · "
+                         "NN una petición · ·· libre · subrayado: nuevo o copiado",
+        "legend_prefix_short": "×N compartido · ░░ en caché · NN una petición · ·· libre",
+        "prefix_compare": "ejecución: {saved:.0%} de memoria KV ahorrada · pico {pb} frente a {nb} bloques · "
+                          "TTFT p50 {t1} frente a {t0} ({r:.1f}×)",
     },
 }
 
@@ -199,6 +229,50 @@ def shard_table(model: ModelPreset, tp: int, pp: int, tokens: int) -> list[dict]
     return rows
 
 
+def ttft_iterations(requests, snaps: list[paging.Snapshot]) -> dict[int, int]:
+    """Per request: iterations from its arrival to its first token (the iteration that prefills it
+    gives the first token)."""
+    first: dict[int, int] = {}
+    for s in snaps:
+        for rid in s.admitted:
+            first.setdefault(rid, s.step)
+    return {r.rid: first[r.rid] - r.arrival for r in requests if r.rid in first}
+
+
+def prefix_pool_lines(snap: paging.Snapshot, block_size: int, width: int) -> list[Text]:
+    """The pool with prefix sharing, two characters a block: ``×N`` a block N requests hold (``NN`` from
+    10 on, on the same green), ``░░`` a
+    cached block nobody holds, the owner's number (or fill glyph and number) for a private block, ``··``
+    free; new or copied blocks underlined."""
+    n = len(snap.owners)
+    refs = snap.refs or [0 if o is None else 1 for o in snap.owners]
+    cached, new = set(snap.cached), set(snap.allocated) | set(snap.cow)
+    per_row = max(4, (width - 1) // 3)
+    out = []
+    for r0 in range(0, n, per_row):
+        line = Text()
+        for b in range(r0, min(n, r0 + per_row)):
+            mark = " underline" if b in new else ""
+            if refs[b] > 1:
+                label = f"×{refs[b]}" if refs[b] < 10 else f"{min(refs[b], 99)}"
+                line.append(label, style="bold white on #2f6f4f" + mark)
+            elif b in cached:
+                line.append("░░", style="grey58")
+            elif snap.owners[b] is None:
+                line.append("··", style="grey35")
+            else:
+                owner, fill = snap.owners[b], snap.fills[b]
+                style = f"black on {_req_hue(owner)}" + mark
+                if fill >= block_size:
+                    line.append(f"{owner % 100:02d}", style=style)
+                else:
+                    glyph = FILL[max(0, min(len(FILL) - 1, math.ceil(fill / block_size * len(FILL)) - 1))]
+                    line.append(glyph + f"{owner % 10}", style=style)
+            line.append(" ")
+        out.append(line)
+    return out
+
+
 class KVCacheVisualizer(PlaybackVisualizer):
     """KV cache across GPUs (by heads, by layers), paged blocks over time, the planner's trade-off."""
 
@@ -214,6 +288,7 @@ class KVCacheVisualizer(PlaybackVisualizer):
         Control("2", "view('pp')", {"en": "view: KV cache split by layers (PP)", "es": "vista: caché KV por capas (PP)"}),
         Control("3", "view('paged')", {"en": "view: paged blocks over time", "es": "vista: bloques paginados en el tiempo"}),
         Control("4", "view('planner')", {"en": "view: the planner's trade-off", "es": "vista: el compromiso del planificador"}),
+        Control("5", "view('prefix')", {"en": "view: shared prompt prefixes", "es": "vista: prefijos de prompt compartidos"}),
         Control("right_square_bracket", "tp(1)", {"en": "more / less tensor parallelism", "es": "más / menos paralelismo de tensor"},
                 back_keys="left_square_bracket", back_action="tp(-1)"),
         Control("right_curly_bracket", "pp(1)", {"en": "more / fewer pipeline stages", "es": "más / menos etapas de pipeline"},
@@ -230,6 +305,7 @@ class KVCacheVisualizer(PlaybackVisualizer):
                 back_keys="D", back_action="gpus(-1)"),
     )
     HINTS = {"shard": ("next_view", "tp", "pp", "tokens", "model"), "paged": ("next_view", "play", "step", "source"),
+             "prefix": ("next_view", "play", "step", "source"),
              "planner": ("next_view", "slo", "gpus", "model")}
 
     def __init__(self, language: str = "en", **kwargs):
@@ -252,6 +328,17 @@ class KVCacheVisualizer(PlaybackVisualizer):
         self.sim_paged = paging.simulate(reqs, paging.BlockAllocator(self.num_blocks, self.block_size), 16)
         slots = self.num_blocks * self.block_size // self.max_len
         self.sim_contig = paging.simulate(reqs, paging.ContiguousAllocator(slots, self.max_len), 16)
+        # prefix sharing: every request starts with the same system prompt (token ids needed)
+        self.system_prompt = 29  # 3 full blocks of 8 and 5 tokens: the 4th block is copied on write
+        shared = paging.poisson_requests(24, 0.6, prompt_range=(2, 16), output_range=(4, 40), seed=3, vocab=64,
+                                         system_prompt=self.system_prompt)
+        self.sim_prefix = paging.simulate(shared, paging.PrefixCachingAllocator(self.num_blocks, self.block_size), 16)
+        self.sim_prefix_ttft = (ttft_iterations(shared, self.sim_prefix), ttft_iterations(
+            shared, paging.simulate(shared, paging.BlockAllocator(self.num_blocks, self.block_size), 16)))
+        self.sim_prompt_tokens = sum(r.prompt_len for r in shared)
+        self.run_prefix: list[paging.Snapshot] = []
+        self.run_prefix_pool: tuple[int, int] | None = None
+        self.prefix_compare: dict | None = None
         self.run_steps: list[paging.Snapshot] = []
         self.run_pool: tuple[int, int] | None = None
         self.run_contig: list[paging.Snapshot] = []
@@ -281,14 +368,23 @@ class KVCacheVisualizer(PlaybackVisualizer):
             return self.run_steps, self.run_contig, n, bs, self.run_max_len or bs
         return self.sim_paged, self.sim_contig, self.num_blocks, self.block_size, self.max_len
 
+    def prefix_steps(self) -> tuple[list[paging.Snapshot], int, int]:
+        """(snapshots, blocks, block size) of the shown source, with prefix sharing."""
+        if self.source == "run" and self.run_prefix:
+            n, bs = self.run_prefix_pool
+            return self.run_prefix, n, bs
+        return self.sim_prefix, self.num_blocks, self.block_size
+
     def paged_total(self) -> int:
+        if self.view == "prefix":
+            return len(self.prefix_steps()[0])
         steps, contig = self.paged_steps()[:2]
         return max(len(steps), len(contig))
 
     # -- Textual -----------------------------------------------------------------------------------
     # playback (visualizers/playback.py): the paged view's cursor, one scheduler step per tick, looping
     def advance(self, dt: float) -> bool:
-        if self.view == "paged":
+        if self.view in ("paged", "prefix"):
             self.cursor = (self.cursor + 1) % max(1, self.paged_total())
             self.refresh()
         return True
@@ -339,30 +435,47 @@ class KVCacheVisualizer(PlaybackVisualizer):
             if self.run_config:
                 self.tokens = int(event["tokens"])
         elif kind == "kv_step":
+            cache = event.get("cache")
+            if cache not in ("paged", "contiguous", "prefix"):
+                return  # e.g. the no-sharing run beside "prefix": its figures come in prefix_compare
             n, bs = int(event["num_blocks"]), int(event["block_size"])
             owners: list = [None] * n
             fills = [0] * n
+            refs = [0] * n
             lengths = {int(k): int(v) for k, v in (event.get("lengths") or {}).items()}
             for rid, table in (event.get("tables") or {}).items():
                 left = lengths.get(int(rid), len(table) * bs)
                 for b in table:
                     owners[b] = int(rid)
                     fills[b] = max(0, min(bs, left))
+                    refs[b] += 1  # a block in several tables is shared: its count is theirs
                     left -= bs
+            cached = {int(b): int(t) for b, t in (event.get("cached") or {}).items()}
+            for b, t in cached.items():
+                fills[b] = t
             snap = paging.Snapshot(int(event["step"]), owners, fills, list(event.get("allocated", [])),
                                    list(event.get("freed", [])), list(event.get("running", [])),
                                    list(event.get("waiting", [])), list(event.get("admitted", [])),
                                    list(event.get("finished", [])), list(event.get("preempted", [])),
-                                   int(event.get("tokens_stored", 0)), int(event.get("reserved_tokens", 0)))
-            if event.get("cache") == "paged":
+                                   int(event.get("tokens_stored", 0)), int(event.get("reserved_tokens", 0)),
+                                   refs=refs, cached=sorted(cached), cow=list(event.get("cow", [])),
+                                   evicted=list(event.get("evicted", [])),
+                                   reused_tokens=int(event.get("reused_tokens", 0)))
+            if cache == "paged":
                 self.run_pool = (n, bs)
                 self.run_steps.append(snap)
+                self.source = "run"
+            elif cache == "prefix":
+                self.run_prefix_pool = (n, bs)
+                self.run_prefix.append(snap)
                 self.source = "run"
             else:
                 self.run_contig.append(snap)
                 self.run_max_len = bs
         elif kind == "kv_compare":
             self.kv_compare = event
+        elif kind == "prefix_compare":
+            self.prefix_compare = event
         else:
             return
         self.refresh()
@@ -394,7 +507,7 @@ class KVCacheVisualizer(PlaybackVisualizer):
         self.refresh()
 
     def action_source(self) -> None:
-        self.source = "run" if self.source == "sim" and self.run_steps else "sim"
+        self.source = "run" if self.source == "sim" and (self.run_steps or self.run_prefix) else "sim"
         self.cursor = 0
         self.refresh()
 
@@ -418,6 +531,8 @@ class KVCacheVisualizer(PlaybackVisualizer):
             lines = self._shard_lines(width, height)
         elif self.view == "paged":
             lines = self._paged_lines(width, height)
+        elif self.view == "prefix":
+            lines = self._prefix_lines(width, height)
         else:
             lines = self._planner_lines(width, height)
         if height and len(lines) > height:
@@ -582,6 +697,46 @@ class KVCacheVisualizer(PlaybackVisualizer):
             out.append(Text(tr["compare"].format(p=kc["paged"]["waste_fraction"], c=kc["contiguous"]["waste_fraction"],
                                                  r=kc["throughput_ratio"]), style="magenta"))
         out.append(Text(self.controls_hint(width, self.HINTS["paged"]), style="grey50"))
+        return out
+
+    # prefix sharing -------------------------------------------------------------------------------
+    def _prefix_lines(self, width: int, height: int | None) -> list[Text]:
+        tr = self.tr()
+        steps, n, bs = self.prefix_steps()
+        if not steps:
+            return [Text("—")]
+        k = min(self.cursor, len(steps) - 1)
+        snap = steps[k]
+        narrow = width < 80
+        run = self.source == "run" and bool(self.run_prefix)
+        src = tr["src_run"] if run else tr["src_sim"]
+        sp = int(self.prefix_compare.get("system_prompt", 0)) if run and self.prefix_compare else self.system_prompt
+        out = [Text(tr["prefix_title_short" if narrow else "prefix_title"].format(
+            n=n, bs=bs, sp=sp, k=k + 1, N=len(steps), src=src), style="bold")]
+        refs = snap.refs or [0 if o is None else 1 for o in snap.owners]
+        shared = [r for r in refs if r > 1]
+        status = Text("▶ " if self.playing else "❚❚ ", style="bold cyan")
+        status.append(tr["prefix_status"].format(r=len(snap.running), w=len(snap.waiting), s=len(shared),
+                                                 m=max(shared, default=1), c=len(snap.cached)))
+        out.append(status)
+        out.extend(prefix_pool_lines(snap, bs, width))
+        out.append(Text(tr["legend_prefix_short" if narrow else "legend_prefix"], style="grey50"))
+        phys, logical = sum(1 for r in refs if r), sum(refs)
+        out.append(Text(tr["prefix_memory"].format(p=phys, l=logical, saved=1 - phys / logical if logical else 0.0),
+                        style="bold"))
+        out.append(Text(tr["prefix_step"].format(t=snap.reused_tokens, cow=len(snap.cow), e=len(snap.evicted))))
+        if run and self.prefix_compare:
+            pc = self.prefix_compare
+            a, b = pc["no-sharing"], pc["prefix"]
+            out.append(Text(tr["prefix_compare"].format(
+                saved=b["memory_saved"], pb=b["peak_blocks"], nb=a["peak_blocks"], t1=f"{b['ttft_p50_s'] * 1e3:.1f} ms",
+                t0=f"{a['ttft_p50_s'] * 1e3:.1f} ms", r=pc["ttft_ratio"]), style="magenta"))
+        elif not run:
+            shared_ttft, plain_ttft = self.sim_prefix_ttft
+            out.append(Text(tr["prefix_total"].format(
+                r=sum(s.reused_tokens for s in steps[: k + 1]), T=self.sim_prompt_tokens,
+                a=sum(shared_ttft.values()) / len(shared_ttft), b=sum(plain_ttft.values()) / len(plain_ttft))))
+        out.append(Text(self.controls_hint(width, self.HINTS["prefix"]), style="grey50"))
         return out
 
     # planner --------------------------------------------------------------------------------------
