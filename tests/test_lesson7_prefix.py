@@ -8,6 +8,7 @@ a block another sequence or the tree can read (copy-on-write), and every evictio
 unreferenced block, least recently released first."""
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -210,3 +211,24 @@ def test_scheduler_with_prefix_sharing_serves_everyone(seed, block_size, num_blo
         assert s.physical_blocks <= num_blocks and s.physical_blocks <= s.logical_blocks
         assert s.tokens_stored <= s.reserved_tokens
     assert not any(snaps[-1].refs)
+
+
+@pytest.mark.parametrize("n,prefix,total,bs", [(4, 10, 20, 4), (3, 8, 13, 4), (5, 0, 7, 2), (2, 16, 40, 16),
+                                               (6, 33, 34, 8)])
+def test_prefix_sharing_blocks_is_what_the_allocator_holds(n, prefix, total, bs):
+    """The lesson's worked formula against the allocator: n sequences sharing a prefix, one after another."""
+    want = paging.prefix_sharing_blocks(n, prefix, total, bs)
+    shared, plain = paging.PrefixCachingAllocator(1000, bs), paging.BlockAllocator(1000, bs)
+    for i in range(n):
+        toks = list(range(prefix)) + [1000 + 100 * i + j for j in range(total - prefix)]
+        _admit(shared, i, toks)
+        _admit(plain, i, toks)
+    assert (shared.used_blocks, plain.used_blocks) == (want["shared"], want["unshared"])
+    # as many sequences as fit in the unshared footprint, shared
+    fit = paging.sequences_that_fit(want["unshared"], prefix, total, bs)
+    pool = paging.PrefixCachingAllocator(want["unshared"], bs)
+    admitted = 0
+    while _admit(pool, admitted, list(range(prefix)) + [1000 + 100 * admitted + j for j in range(total - prefix)]) \
+            is not None:
+        admitted += 1
+    assert admitted == fit >= n

@@ -731,6 +731,32 @@ def waste_summary(snaps: list[Snapshot]) -> dict:
     }
 
 
+def prefix_sharing_blocks(sequences: int, prefix_tokens: int, seq_tokens: int, block_size: int = 16) -> dict:
+    """KV blocks of ``sequences`` sequences of ``seq_tokens`` tokens whose first ``prefix_tokens`` are
+    the same, without and with prefix sharing: {"unshared", "shared", "saved_fraction"}.
+
+    Unshared, each holds ⌈T/b⌉ blocks. Shared, the ⌊P/b⌋ blocks filled by the prefix alone are held
+    once (the radix tree's shared path) and each sequence keeps the rest, ⌈T/b⌉ − ⌊P/b⌋ (a block mixing
+    prefix and own tokens is its own: copied on write)."""
+    if sequences < 1 or seq_tokens < 1 or not 0 <= prefix_tokens <= seq_tokens:
+        raise ValueError("need ≥ 1 sequence of ≥ 1 token and 0 ≤ prefix ≤ sequence length")
+    per_seq = blocks_for(seq_tokens, block_size)
+    common = prefix_tokens // block_size
+    unshared = sequences * per_seq
+    shared = common + sequences * (per_seq - common)
+    return {"unshared": unshared, "shared": shared, "saved_fraction": 1 - shared / unshared}
+
+
+def sequences_that_fit(blocks: int, prefix_tokens: int, seq_tokens: int, block_size: int = 16,
+                       shared: bool = True) -> int:
+    """How many such sequences ``blocks`` blocks hold, with or without prefix sharing."""
+    per_seq = blocks_for(seq_tokens, block_size)
+    common = prefix_tokens // block_size if shared else 0
+    if per_seq == common:
+        raise ValueError("a sequence with no tokens of its own needs no block of its own")
+    return max(0, (blocks - common) // (per_seq - common))
+
+
 def poisson_requests(n: int, rate_per_step: float, prompt_range=(8, 48), output_range=(4, 64),
                      seed: int = 0, vocab: int | None = None, system_prompt: int = 0) -> list[Request]:
     """A synthetic mix: Poisson arrivals (exponential gaps, ``rate_per_step`` per iteration),
