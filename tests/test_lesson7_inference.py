@@ -493,4 +493,7 @@ def test_visualizer_replays_the_run(group):
     viz.view = "prefix"
     pc = next(e for e in ev[0] if e["kind"] == "prefix_compare")
     text = "\n".join(line.plain for line in viz.build_lines(100, 60))
-    assert "100-token system prompt" in text and f"{pc['prefix']['memory_saved']:.0%} KV memory saved" in text
+    from distai.lessons.units import format_percent
+
+    saved = format_percent(pc["prefix"]["memory_saved"], 2)
+    assert "100-token system prompt" in text and f"{saved} KV memory saved" in text

@@ -40,6 +40,7 @@ from rich.text import Text
 from ..lessons.lesson7 import formulas as f
 from ..lessons.lesson7 import paging
 from ..lessons.lesson7 import planner as pl
+from ..lessons.units import format_number, format_percent, format_time
 from .base import NEXT_VIEW, PLAY, STEP, Control
 from .playback import PlaybackVisualizer
 
@@ -115,13 +116,18 @@ STRINGS = {
         "prefix_title": "prefix sharing: {n} blocks of {bs} tokens, a {sp}-token system prompt · iteration {k}/{N} {src}",
         "prefix_title_short": "sharing: {n}×{bs} · it {k}/{N} {src}",
         "prefix_status": "running {r} · waiting {w} · {s} shared blocks (up to ×{m}) · {c} cached",
-        "prefix_memory": "in use: {p} blocks hold what {l} would unshared ({saved:.0%} saved)",
+        "prefix_memory": "in use: {p} blocks hold what {l} would unshared ({saved} saved)",
         "prefix_step": "this iteration: {t} prompt tokens found cached · {cow} copied on write · {e} evicted",
-        "prefix_total": "so far {r:,} of {T:,} prompt tokens found cached; mean TTFT {a:.1f} iterations vs {b:.1f} unshared",
+        "prefix_total": "so far {r} of {T} prompt tokens found cached; mean TTFT {a} iterations vs {b} unshared",
         "legend_prefix": "×N shared by N requests · ░░ cached, no reference (evicted LRU first) · NN one request · "
                          "·· free · underlined: new or copied",
         "legend_prefix_short": "×N shared · ░░ cached · NN one request · ·· free",
-        "prefix_compare": "run: {saved:.0%} KV memory saved · peak {pb} vs {nb} blocks · TTFT p50 {t1} vs {t0} ({r:.1f}×)",
+        "prefix_compare": "run: {saved} KV memory saved · peak {pb} vs {nb} blocks · TTFT p50 {t1} vs {t0} ({r}×)",
+        "prefix_status_short": "run {r} · wait {w} · {s} shared (≤×{m}) · {c} cached",
+        "prefix_memory_short": "{p} blocks for {l} unshared ({saved} saved)",
+        "prefix_step_short": "+{t} cached tokens · {cow} copied · {e} evicted",
+        "prefix_total_short": "cached {r} of {T} prompt tokens · TTFT {a} vs {b} it.",
+        "prefix_compare_short": "run: {saved} saved · TTFT p50 {t1} vs {t0} ({r}×)",
     },
     "es": {
         "tp_title": "KV cache de {model}: {L} capas × {H} cabezas KV — TP = {tp} reparte cabezas, PP = {pp} reparte capas",
@@ -160,15 +166,20 @@ STRINGS = {
                         "iteración {k}/{N} {src}",
         "prefix_title_short": "compartida: {n}×{bs} · it {k}/{N} {src}",
         "prefix_status": "en curso {r} · en espera {w} · {s} bloques compartidos (hasta ×{m}) · {c} en caché",
-        "prefix_memory": "en uso: {p} bloques guardan lo que ocuparían {l} sin compartir ({saved:.0%} ahorrado)",
-        "prefix_step": "esta iteración: {t} tokens de prompt ya en caché · {cow} copias al escribir · {e} expulsados",
-        "prefix_total": "hasta ahora {r:,} de {T:,} tokens de prompt en caché; TTFT medio {a:.1f} iteraciones "
-                        "frente a {b:.1f} sin compartir",
+        "prefix_memory": "en uso: {p} bloques guardan lo que ocuparían {l} sin compartir ({saved} ahorrado)",
+        "prefix_step": "esta iteración: {t} tokens de prompt ya en caché · copiados al escribir: {cow} · expulsados: {e}",
+        "prefix_total": "hasta ahora {r} de {T} tokens de prompt en caché; TTFT medio {a} iteraciones "
+                        "frente a {b} sin compartir",
         "legend_prefix": "×N compartido por N peticiones · ░░ en caché, sin referencias (se expulsa el menos usado) · "
                          "NN una petición · ·· libre · subrayado: nuevo o copiado",
         "legend_prefix_short": "×N compartido · ░░ en caché · NN una petición · ·· libre",
-        "prefix_compare": "ejecución: {saved:.0%} de memoria KV ahorrada · pico {pb} frente a {nb} bloques · "
-                          "TTFT p50 {t1} frente a {t0} ({r:.1f}×)",
+        "prefix_compare": "ejecución: {saved} de memoria KV ahorrada · pico {pb} frente a {nb} bloques · "
+                          "TTFT p50 {t1} frente a {t0} ({r}×)",
+        "prefix_status_short": "en curso {r} · espera {w} · {s} compartidos (≤×{m}) · {c} en caché",
+        "prefix_memory_short": "{p} bloques por {l} sin compartir ({saved} ahorrado)",
+        "prefix_step_short": "+{t} tokens en caché · {cow} copiados · {e} expulsados",
+        "prefix_total_short": "en caché {r} de {T} tokens de prompt · TTFT {a} frente a {b} it.",
+        "prefix_compare_short": "ejecución: {saved} ahorrado · TTFT p50 {t1} frente a {t0} ({r}×)",
     },
 }
 
@@ -713,29 +724,37 @@ class KVCacheVisualizer(PlaybackVisualizer):
         sp = int(self.prefix_compare.get("system_prompt", 0)) if run and self.prefix_compare else self.system_prompt
         out = [Text(tr["prefix_title_short" if narrow else "prefix_title"].format(
             n=n, bs=bs, sp=sp, k=k + 1, N=len(steps), src=src), style="bold")]
+        lang = self.language if self.language in STRINGS else "en"
+        short = "_short" if narrow else ""
+
+        def count(n: int) -> str:  # 1,234 / 1.234
+            return f"{n:,}".replace(",", "." if lang == "es" else ",")
+
         refs = snap.refs or [0 if o is None else 1 for o in snap.owners]
         shared = [r for r in refs if r > 1]
         status = Text("▶ " if self.playing else "❚❚ ", style="bold cyan")
-        status.append(tr["prefix_status"].format(r=len(snap.running), w=len(snap.waiting), s=len(shared),
-                                                 m=max(shared, default=1), c=len(snap.cached)))
+        status.append(tr["prefix_status" + short].format(r=len(snap.running), w=len(snap.waiting), s=len(shared),
+                                                         m=max(shared, default=1), c=len(snap.cached)))
         out.append(status)
         out.extend(prefix_pool_lines(snap, bs, width))
-        out.append(Text(tr["legend_prefix_short" if narrow else "legend_prefix"], style="grey50"))
+        out.append(Text(tr["legend_prefix" + short], style="grey50"))
         phys, logical = sum(1 for r in refs if r), sum(refs)
-        out.append(Text(tr["prefix_memory"].format(p=phys, l=logical, saved=1 - phys / logical if logical else 0.0),
-                        style="bold"))
-        out.append(Text(tr["prefix_step"].format(t=snap.reused_tokens, cow=len(snap.cow), e=len(snap.evicted))))
+        saved = format_percent(1 - phys / logical if logical else 0.0, 2, lang)
+        out.append(Text(tr["prefix_memory" + short].format(p=phys, l=logical, saved=saved), style="bold"))
+        out.append(Text(tr["prefix_step" + short].format(t=snap.reused_tokens, cow=len(snap.cow), e=len(snap.evicted))))
         if run and self.prefix_compare:
             pc = self.prefix_compare
             a, b = pc["no-sharing"], pc["prefix"]
-            out.append(Text(tr["prefix_compare"].format(
-                saved=b["memory_saved"], pb=b["peak_blocks"], nb=a["peak_blocks"], t1=f"{b['ttft_p50_s'] * 1e3:.1f} ms",
-                t0=f"{a['ttft_p50_s'] * 1e3:.1f} ms", r=pc["ttft_ratio"]), style="magenta"))
+            out.append(Text(tr["prefix_compare" + short].format(
+                saved=format_percent(b["memory_saved"], 2, lang), pb=b["peak_blocks"], nb=a["peak_blocks"],
+                t1=format_time(b["ttft_p50_s"], 3, lang), t0=format_time(a["ttft_p50_s"], 3, lang),
+                r=format_number(pc["ttft_ratio"], 2, lang)), style="magenta"))
         elif not run:
             shared_ttft, plain_ttft = self.sim_prefix_ttft
-            out.append(Text(tr["prefix_total"].format(
-                r=sum(s.reused_tokens for s in steps[: k + 1]), T=self.sim_prompt_tokens,
-                a=sum(shared_ttft.values()) / len(shared_ttft), b=sum(plain_ttft.values()) / len(plain_ttft))))
+            out.append(Text(tr["prefix_total" + short].format(
+                r=count(sum(s.reused_tokens for s in steps[: k + 1])), T=count(self.sim_prompt_tokens),
+                a=format_number(sum(shared_ttft.values()) / len(shared_ttft), 2, lang),
+                b=format_number(sum(plain_ttft.values()) / len(plain_ttft), 2, lang))))
         out.append(Text(self.controls_hint(width, self.HINTS["prefix"]), style="grey50"))
         return out
 
