@@ -40,13 +40,13 @@ def main(argv=None) -> int:
 
     import torch
 
-    from distai.engine.inference import DecoderShard, InferenceConfig, make_weights
+    from distai.engine.inference import DecoderShard, build_model, decoder_config
     from distai.engine.paged_kv import compare_prefix_sharing
     from distai.lessons.lesson7.paging import blocks_for, poisson_requests
 
     torch.set_num_threads(1)
-    cfg = InferenceConfig(vocab=512, hidden=args.hidden, layers=args.layers, heads=8, kv_heads=4)
-    w = make_weights(cfg, 0, torch.float32)
+    cfg = decoder_config(vocab=512, hidden=args.hidden, layers=args.layers, heads=8, kv_heads=4)
+    w = build_model(cfg, 0, torch.float32)
     reqs = poisson_requests(args.requests, args.arrival_rate, prompt_range=(4, 24), output_range=(2, 24), seed=7,
                             vocab=cfg.vocab, system_prompt=args.system_prompt)
     ample = sum(blocks_for(r.prompt_len + r.output_len - 1, args.block_size) for r in reqs)

@@ -171,7 +171,7 @@ class ContinuousBatcher:
                                  logical_blocks=snap.logical_blocks)
         wall = time.perf_counter() - t_start
         return BatchRun(out, snaps, sorted(done_rows, key=lambda r: r["rid"]), wall,
-                        sum(len(v) for v in out.values()), prefilled)
+                        sum(len(v) for v in out.values()), prefill_tokens=prefilled)
 
 
 def compare_prefix_sharing(make_shard, requests: list[Request], num_blocks: int, block_size: int,
