@@ -140,7 +140,7 @@ class RunPanelScreen(Screen):
     RunPanelScreen.-narrow.-no-charts #run-body { display: none; }
     """
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
-    SUMMARY_BODY_ROWS = 6  # what the charts and visualizer keep when the log grows to show the summary
+    SUMMARY_BODY_ROWS = 5  # what the charts and visualizer keep when the log grows to show the summary
 
     def __init__(self, lesson, language: str = "en", *, nproc: int | None = None,
                  args: list[str] | None = None, record=None,
