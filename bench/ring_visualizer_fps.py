@@ -46,14 +46,14 @@ async def playback(app_factory, get_vis, seconds: float) -> dict:
         vis.view = "ring"
         vis.speed = 2.0
         vis.frame, vis.progress, vis.stop_at = 0, 0.0, None
-        vis._set_playing(True)
+        vis.playing = True
         await pilot.pause(0.3)
         frames0, cpu0, wall0 = vis.frames_rendered, time.process_time(), time.perf_counter()
         deadline = wall0 + seconds
         while time.perf_counter() < deadline:
             if not vis.playing:  # loop the animation
                 vis.frame, vis.progress = 0, 0.0
-                vis._set_playing(True)
+                vis.playing = True
             await asyncio.sleep(0.05)
         wall = time.perf_counter() - wall0
         cpu = time.process_time() - cpu0

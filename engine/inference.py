@@ -236,9 +236,18 @@ class KVStore:
     def reserve(self, seq, new_len: int) -> None:
         self.alloc.grow(seq, new_len)
 
+    def copy_pending(self) -> None:
+        """Carry out the allocator's copy-on-write copies (source block, destination block, tokens):
+        the first ``tokens`` positions of K and V, every layer. Done before any write of the next
+        forward, so a source block is read before anything can reuse it."""
+        for src, dst, n in getattr(self.alloc, "take_copies", list)():
+            self.k[:, dst, :n] = self.k[:, src, :n]
+            self.v[:, dst, :n] = self.v[:, src, :n]
+
     def address(self, seqs, pos0, s: int) -> Addressing:
         """The addressing of a forward that appends ``s`` tokens to each of ``seqs`` (holding
         ``pos0[b]`` tokens): block tables looked up once, used by every layer."""
+        self.copy_pending()
         bs = self.alloc.block_size
         tabs = [self.alloc.tables[q] for q in seqs]
         blocks, offs = [], []

@@ -1,15 +1,26 @@
-"""The lessons, discovered from their folders.
+"""The lessons, discovered from their folders: the lesson is the registry.
 
-Each ``lessons/lessonN/`` folder is a lesson's whole story: ``lesson.toml`` (ids, titles,
-step outline, wiring to a visualizer, calculators and an experiment), Markdown per language
-in ``en/`` and ``es/`` (one file per step key), and its models and quiz generators as Python
-modules. Adding a lesson means adding a folder. Nothing here imports torch or Textual.
+Each folder under ``lessons/`` that holds a ``lesson.toml`` is a lesson's whole story:
+
+- ``lesson.toml``: id, number (optional: a lesson without one, like the capstone, comes after
+  the numbered ones), titles, the steps (key, titles, the visualizer and its settings for the
+  step, the calculator and the engine code it shows), the experiment, and ``[run]``: how a run
+  of the experiment is shown (:class:`RunView`);
+- ``en/<step>.md`` and ``es/<step>.md``: the text of each step;
+- ``formulas.py``: the formulas every number comes from;
+- ``quiz.py``: ``GENERATORS``, the quiz's question kinds;
+- ``calc_<name>.py``: the calculators it owns (``distai calc NAME``, see ``lessons/calculator.py``);
+- the run-event fold its ``[run]`` table names (a pure module of the folder).
+
+The tutor, the CLI and the tests find everything here; adding a lesson means adding a folder
+(and its visualizer under ``visualizers/``). ``tests/test_lesson_registry.py`` fails when a lesson
+lacks a piece. Nothing here imports torch or Textual.
 """
 from __future__ import annotations
 
 import importlib
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
 
@@ -35,12 +46,41 @@ class Step:
     calc: str | None = None
     code: str | None = None  # "module:qualname" of the engine function this step shows
     experiment: bool = False
+    view: dict = field(default_factory=dict)  # the visualizer's settings for this step (``view = {...}``)
+
+
+# what the tutor's run panel can show beside the lesson's visualizer while a run goes
+RUN_PANELS = ("loss", "sweep", "view")
+# what the learner reads once the run has ended: rank 0's printed summary, or the lesson's own view
+RUN_SUMMARIES = ("output", "view")
+
+
+@dataclass(frozen=True)
+class RunView:
+    """How a run of the lesson's experiment is shown (``[run]`` in ``lesson.toml``).
+
+    ``panel``: the run panel's charts, top to bottom: ``loss`` (the training loss), ``sweep``
+    (lesson 1's bandwidth sweep), ``view`` (the lesson's own view of the run, ``terminal``).
+    ``summary``: what the learner reads once the run ended: ``output`` (the log grows to show
+    rank 0's printed summary) or ``view`` (the lesson's own view holds it).
+    ``terminal``: ``"module:Class"`` in ``distai.visualizers`` drawing the run as text (``feed(event)``,
+    ``renderables(width)``): under ``distai run``'s common view, and the run panel's ``view``.
+    ``fold``: ``"module:Class"`` in the lesson's folder folding the run's events into what its
+    views draw (pure: ``feed(event)``).
+    ``launch_plan``: ``"module:function"`` (torch-free) for an experiment that sizes its own group from
+    its options (the capstone: dp·tp·pp ranks), checked before anything is launched.
+    """
+    panel: tuple[str, ...] = ("loss",)
+    summary: str = "output"
+    terminal: str | None = None
+    fold: str | None = None
+    launch_plan: str | None = None
 
 
 @dataclass(frozen=True)
 class Lesson:
     id: str
-    number: int
+    number: int  # from lesson.toml, or the next after the numbered lessons
     slug: str
     duration_min: int
     title: dict[str, str]
@@ -54,6 +94,8 @@ class Lesson:
     calculators: tuple[str, ...] = ()  # the calculators its steps use (its own or another lesson's)
     calculator_modules: tuple[str, ...] = ()  # its own: the ``calc_<name>.py`` modules in its folder
     references: tuple[str, ...] = field(default_factory=tuple)
+    run: RunView = field(default_factory=RunView)
+    numbered: bool = True  # False: no number in lesson.toml (ordered after the numbered lessons)
 
     def step_text(self, key: str, lang: str) -> str:
         """The Markdown of one step in ``lang`` (``en`` or ``es``)."""
@@ -67,9 +109,39 @@ class Lesson:
     def step_index(self, key: str) -> int:
         return [s.key for s in self.steps].index(key)
 
+    def quiz_kinds(self) -> tuple[str, ...]:
+        """The question kinds of its quiz (``quiz.py``'s ``GENERATORS``)."""
+        return tuple(importlib.import_module(f"{self.package}.quiz").GENERATORS)
+
+    def fold_class(self) -> type | None:
+        """The class its ``[run] fold`` names, in the lesson's folder (None if it declares none)."""
+        if not self.run.fold:
+            return None
+        module, name = self.run.fold.split(":")
+        return getattr(importlib.import_module(f"{self.package}.{module}"), name)
+
+    def terminal_view(self, language: str = "en"):
+        """A new instance of its ``[run] terminal`` view (None if it declares none). Imports Rich."""
+        if not self.run.terminal:
+            return None
+        module, name = self.run.terminal.split(":")
+        cls = getattr(importlib.import_module(f"distai.visualizers.{module}"), name)
+        return cls(language=language)
+
     def own_calculators(self) -> tuple[Calculator, ...]:
         """The calculators this lesson declares (``calc_<name>.py`` -> its ``CALCULATOR``)."""
         return tuple(importlib.import_module(m).CALCULATOR for m in self.calculator_modules)
+
+
+def _run_view(lesson_id: str, data: dict) -> RunView:
+    view = RunView(panel=tuple(data.get("panel", RunView.panel)), summary=data.get("summary", RunView.summary),
+                   terminal=data.get("terminal"), fold=data.get("fold"), launch_plan=data.get("launch_plan"))
+    unknown = [p for p in view.panel if p not in RUN_PANELS]
+    if unknown or view.summary not in RUN_SUMMARIES:
+        raise ValueError(f"{lesson_id}: [run] panel takes {RUN_PANELS} and summary one of {RUN_SUMMARIES}")
+    if "view" in view.panel + (view.summary,) and not view.terminal:
+        raise ValueError(f"{lesson_id}: [run] shows its view but names no terminal view")
+    return view
 
 
 def _parse(package: str, data: dict, files: list[str]) -> Lesson:
@@ -81,12 +153,14 @@ def _parse(package: str, data: dict, files: list[str]) -> Lesson:
             calc=s.get("calc"),
             code=s.get("code"),
             experiment=bool(s.get("experiment", False)),
+            view=dict(s.get("view", {})),
         )
         for s in data["steps"]
     )
     return Lesson(
         id=data["id"],
-        number=int(data["number"]),
+        number=int(data.get("number", 0)),
+        numbered="number" in data,
         slug=data["slug"],
         duration_min=int(data["duration_min"]),
         title=dict(data["title"]),
@@ -101,21 +175,30 @@ def _parse(package: str, data: dict, files: list[str]) -> Lesson:
         calculator_modules=tuple(f"{package}.{name[:-3]}" for name in sorted(files)
                                  if name.startswith("calc_") and name.endswith(".py")),
         references=tuple(r["text"] for r in data.get("references", ())),
+        run=_run_view(data["id"], data.get("run", {})),
     )
 
 
-@lru_cache(maxsize=1)
-def all_lessons() -> tuple[Lesson, ...]:
-    """Every lesson folder that holds a ``lesson.toml``, ordered by lesson number."""
-    root = resources.files(__package__)
+def _found_lessons() -> list[Lesson]:
     found = []
-    for entry in root.iterdir():
+    for entry in resources.files(__package__).iterdir():
         toml = entry.joinpath("lesson.toml")
         if entry.is_dir() and toml.is_file():
             data = tomllib.loads(toml.read_text(encoding="utf-8"))
             files = [f.name for f in entry.iterdir()]
             found.append(_parse(f"{__package__}.{entry.name}", data, files))
-    return tuple(sorted(found, key=lambda lesson: lesson.number))
+    return found
+
+
+@lru_cache(maxsize=1)
+def all_lessons() -> tuple[Lesson, ...]:
+    """Every lesson folder that holds a ``lesson.toml``: the numbered ones by number, then the others
+    by folder name, numbered on from the last."""
+    found = _found_lessons()
+    numbered = sorted((lesson for lesson in found if lesson.numbered), key=lambda lesson: lesson.number)
+    last = max((lesson.number for lesson in numbered), default=0)
+    others = sorted((lesson for lesson in found if not lesson.numbered), key=lambda lesson: lesson.package)
+    return tuple(numbered) + tuple(replace(lesson, number=last + i) for i, lesson in enumerate(others, 1))
 
 
 @lru_cache(maxsize=1)

@@ -10,7 +10,7 @@ import pytest
 from textual.app import App
 from textual.widgets import ProgressBar, RichLog, Sparkline, Static
 
-from distai.lessons.registry import resolve_lesson
+from distai.lessons.registry import all_lessons, resolve_lesson
 from distai.tutor.run_panel import RunPanelScreen
 
 
@@ -160,3 +160,76 @@ async def test_panel_runs_the_real_experiment(tmp_path):
         runs = store.runs("lesson1")
         assert len(runs) == 1 and runs[0]["status"] == "ok"
     store.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Each lesson's run view (its [run] table): the charts it declares, a summary readable whole.
+SUMMARY = [f"summary line {i}: " + "figures " * 6 for i in range(24)]
+
+
+class ScriptedLaunch(FakeLaunch):
+    """A finished run of ``lesson``: a few steps, lesson 5's schedule events, rank 0's summary."""
+
+    def run(self):
+        now = time.time
+        c = self.consumer
+        c({"kind": "run_start", "run_id": "fake-run", "nproc": 2, "device": "cpu", "lesson": "x", "t": now()})
+        c({"kind": "phase", "name": "train", "steps": 4, "rank": 0, "t": now()})
+        for i in range(4):
+            c({"kind": "step", "step": i, "of": 4, "loss": 2.0 - i / 4, "rank": 0, "t": now()})
+        c({"kind": "pp_config", "p": 2, "m": 2, "v": 1, "rank": 0, "t": now()})
+        t0 = now()
+        for rank in range(2):  # one 1F1B step on 2 stages: F0 F1 B0 B1 each
+            for k, (op, mb) in enumerate((("F", 0), ("F", 1), ("B", 0), ("B", 1))):
+                c({"kind": "pp_op", "rank": rank, "schedule": "1f1b", "step": 0, "op": op, "mb": mb, "chunk": 0,
+                   "stage": rank, "t0": t0 + k + rank, "t1": t0 + k + rank + 0.9, "t": now()})
+        for line in SUMMARY:
+            c({"kind": "output", "rank": 0, "line": line, "t": now()})
+        c({"kind": "run_end", "status": "ok", "error": None, "exit_code": 0, "failed_rank": None, "tail": [],
+           "duration_s": 1.0, "t": now()})
+
+
+def _finished_panel(lesson_id, size):
+    lesson = resolve_lesson(lesson_id)
+
+    def factory(lesson, consumer, nproc=None, args=None):
+        return ScriptedLaunch(lesson, consumer)
+
+    return lesson, PanelApp(lambda: RunPanelScreen(lesson, "en", launch_factory=factory)), size
+
+
+def _visible(screen, widget) -> bool:
+    region = widget.region
+    return widget.display and region.height > 0 and screen.region.contains_region(region)
+
+
+@pytest.mark.parametrize("lesson_id,size", [(lesson.id, (120, 40)) for lesson in all_lessons() if lesson.experiment]
+                         + [("lesson5", (80, 24)), ("lesson7", (80, 24))])
+@run_async
+async def test_each_lesson_shows_its_run_view(lesson_id, size):
+    lesson, app, size = _finished_panel(lesson_id, size)
+    async with app.run_test(size=size) as pilot:
+        screen = app.screen
+        assert await wait_for(pilot, lambda: screen.state.finished, 10)
+        await pilot.pause(0.3)
+        panel = lesson.run.panel
+        # only the charts the lesson declares: no empty bandwidth sweep or loss chart elsewhere
+        assert bool(screen.query("#sweep-table")) == ("sweep" in panel)
+        assert bool(screen.query("#loss-spark")) == ("loss" in panel)
+        if "view" in panel:  # the lesson's own view of the run, drawn from its events, even at 80x24
+            view = screen.query_one("#lesson-view", Static)
+            assert _visible(screen, view)
+            text = as_text(view.content)
+            assert "r0" in text and "r1" in text if lesson_id == "lesson5" else text.strip()
+        # the status line is whole (it wraps rather than being cut)
+        status = screen.query_one("#run-status", Static)
+        assert _visible(screen, status)
+        assert status.region.width * status.region.height >= len(str(status.render()).rstrip())
+        log = screen.query_one("#run-log", RichLog)
+        if lesson.run.summary == "output" and size == (120, 40):
+            # rank 0's summary is readable without scrolling: every line of it is on screen at once
+            # (once the layout has settled: a loaded machine takes a while)
+            assert await wait_for(pilot, lambda: len(log.lines) <= log.scrollable_content_region.height, 5), (
+                len(log.lines), log.scrollable_content_region.height)
+            text = "\n".join(str(line.text) for line in log.lines)
+            assert all(line.strip() in text for line in SUMMARY)

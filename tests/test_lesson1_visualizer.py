@@ -21,6 +21,7 @@ from distai.lessons.lesson1 import baselines, formulas
 from distai.lessons.lesson1 import ring_model as model
 from distai.lessons.units import format_bytes, format_time
 from distai.visualizers import ring as R
+from distai.visualizers import ring_drawing
 from distai.visualizers.base import visualizer_class
 
 RUN_N = 3
@@ -115,7 +116,7 @@ def test_partial_alpha_beta_time_adds_up_to_the_formulas():
 def test_colours_tell_counts_apart():
     for n in range(2, 17):
         rgbs = [R.count_rgb(k, n) for k in range(1, n + 1)]
-        assert len(set(rgbs)) == n and rgbs[-1] == R._COMPLETE
+        assert len(set(rgbs)) == n and rgbs[-1] == ring_drawing._COMPLETE
 
 
 # ------------------------------------------------------------------------------------ drawing

@@ -94,7 +94,7 @@ async def _test_sliders_move_the_cluster_and_the_optimum_follows_daly():
         assert s is not None and s.cost == 10
         assert abs(s.optimum - s.daly) / s.daly < 0.02
         assert s.daly == pytest.approx(f.daly_interval(f.job_mtbf(50_000 * 3600, 16384), 10, 300))
-        await pilot.press("g", "e")  # twice the GPUs: the interval shrinks about √2
+        await pilot.press("d", "e")  # twice the GPUs: the interval shrinks about √2
         await app.workers.wait_for_complete()
         await pilot.pause()
         s2 = v.sweep(compute=False)
@@ -115,7 +115,7 @@ async def _test_a_simulated_day_and_the_views():
         text = plain(v)
         assert "a simulated day on this cluster, checkpointing every 18.6 min (Daly)" in text
         assert "failures in 24 h" in text and "✕" in text and "◆" in text
-        await pilot.press("space")
+        await pilot.press("g")
         assert v.view == "run"
         assert "distai run lesson3" in plain(v)  # how to get a run, until one is fed
         await pilot.press("1")

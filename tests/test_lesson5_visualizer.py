@@ -98,11 +98,11 @@ async def _keys():
         assert viz.b_cost == 3.0 and "B = 3×F" in _text(viz)
         await pilot.press("h")
         assert viz.hop > 0
-        await pilot.press("right_square_bracket", "right_square_bracket")
+        await pilot.press("full_stop", "full_stop")
         assert viz.cursor > 0
         before = viz.cursor
         await pilot.press("space")
-        viz._tick()
+        viz._on_tick()  # one tick of the playback timer
         assert viz.playing and viz.cursor > before
 
 

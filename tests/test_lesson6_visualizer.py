@@ -105,13 +105,13 @@ def test_widget_sliders_steps_and_live_run():
             v.show_step("dynamic")
             assert v.view == "scale" and "[simulation]" in v.last_text.plain
             sim_before = v.sim().scale
-            await pilot.press("G")  # growth interval 50 -> 100
+            await pilot.press("w")  # growth interval 50 -> 100
             assert v.config.growth_interval == 100
             assert "growth interval 100" in v.last_text.plain
             assert v.sim().scale != sim_before
-            await pilot.press("i", "i")  # initial scale 2^16 -> 2^12
+            await pilot.press("I", "I")  # initial scale 2^16 -> 2^12
             assert v.config.init_scale == 2.0 ** 12 and "initial 2^12" in v.last_text.plain
-            await pilot.press("F", "b")
+            await pilot.press("f", "B")
             assert v.config.growth_factor == 3.0 and v.config.backoff_factor == 0.25
             want = simulate_scaler(v.config)
             assert f"{want.skipped} of 400 steps skipped" in v.last_text.plain
@@ -124,9 +124,9 @@ def test_widget_sliders_steps_and_live_run():
             v.show_step("overlap")
             text = v.last_text.plain
             assert v.view == "timeline" and "after backward" in text and "simulated step time" in text
-            await pilot.press("K")
+            await pilot.press("k")
             assert v.overlap_model.bucket_mib == 16 and "bucket 16 MiB" in v.last_text.plain
-            await pilot.press("m")
+            await pilot.press("g")
             assert v.view == "scale"
             # a live run replaces the simulation
             for ev in _events():

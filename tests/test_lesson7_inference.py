@@ -20,10 +20,16 @@ from distai.engine.inference import (
     reference_logits,
     split_layers,
 )
-from distai.engine.paged_kv import ContinuousBatcher, paged_store
+from distai.engine.paged_kv import ContinuousBatcher, paged_store, prefix_store
 from distai.engine.testing import run_in_group
 from distai.lessons.lesson7 import formulas as f7
-from distai.lessons.lesson7.paging import BlockAllocator, ContiguousAllocator, poisson_requests, simulate
+from distai.lessons.lesson7.paging import (
+    BlockAllocator,
+    ContiguousAllocator,
+    PrefixCachingAllocator,
+    poisson_requests,
+    simulate,
+)
 
 PROMPT_LEN, NEW = 6, 8
 CONFIGS = {  # name -> config; "mqa" has 1 KV head: replicated on every TP rank
@@ -285,7 +291,18 @@ def served():
         sh.cache = make(sh)
         runs[name] = ContinuousBatcher(sh, max_batch=8).run(reqs)
     refs = {r.rid: reference_greedy(w, torch.tensor([r.prompt]), r.output_len)[0].tolist() for r in reqs}
-    return cfg, reqs, runs, refs, max_len
+    # prefix sharing: a shared 21-token system prompt (5 blocks of 4 and one token: copy-on-write)
+    shared = poisson_requests(14, 1.5, prompt_range=(3, 10), output_range=(2, 14), seed=5, vocab=cfg.vocab,
+                              system_prompt=21)
+    for name, blocks in (("prefix", 40), ("prefix-tight", 16)):  # tight: evicts and preempts
+        sh = DecoderShard(cfg, w)
+        sh.cache = prefix_store(sh, num_blocks=blocks, block_size=4)
+        runs[name] = ContinuousBatcher(sh, max_batch=8).run(shared)
+    sh = DecoderShard(cfg, w)
+    sh.cache = paged_store(sh, num_blocks=40, block_size=4)
+    runs["no-sharing"] = ContinuousBatcher(sh, max_batch=8).run(shared)
+    refs_shared = {r.rid: reference_greedy(w, torch.tensor([r.prompt]), r.output_len)[0].tolist() for r in shared}
+    return cfg, reqs, runs, refs, max_len, shared, refs_shared
 
 
 def test_cached_decoding_equals_no_cache_reference():
@@ -301,14 +318,16 @@ def test_cached_decoding_equals_no_cache_reference():
 
 
 def test_paged_and_contiguous_give_the_reference_tokens(served):
-    _cfg, reqs, runs, refs, _ = served
+    _cfg, reqs, runs, refs, *_ = served
     for name, run in runs.items():
+        if name in ("prefix", "prefix-tight", "no-sharing"):
+            continue
         assert run.tokens == refs, name
         assert run.generated == sum(r.output_len for r in reqs)
 
 
 def test_paged_blocks_are_freed_and_reused(served):
-    _cfg, _reqs, runs, _refs, _ = served
+    _cfg, _reqs, runs, _refs, *_ = served
     snaps = runs["paged"].snapshots
     freed = [b for s in snaps for b in s.freed]
     allocated = [b for s in snaps for b in s.allocated]
@@ -323,14 +342,14 @@ def test_paged_blocks_are_freed_and_reused(served):
 
 
 def test_preemption_recomputes_and_keeps_tokens(served):
-    _cfg, _reqs, runs, refs, _ = served
+    _cfg, _reqs, runs, refs, *_ = served
     run = runs["paged-tight"]
     assert sum(len(s.preempted) for s in run.snapshots) > 0
     assert run.tokens == refs
 
 
 def test_paged_wastes_less_than_contiguous(served):
-    _cfg, _reqs, runs, _refs, max_len = served
+    _cfg, _reqs, runs, _refs, max_len, *_ = served
     paged, contig = runs["paged"].waste(), runs["contiguous"].waste()
     assert paged["waste_fraction"] < contig["waste_fraction"]
     # paged waste is only partly filled last blocks: < block_size − 1 tokens per running sequence
@@ -342,7 +361,7 @@ def test_paged_wastes_less_than_contiguous(served):
 
 
 def test_engine_blocks_follow_the_pure_model(served):
-    _cfg, reqs, runs, _refs, max_len = served
+    _cfg, reqs, runs, _refs, max_len, *_ = served
     for name, alloc in (("paged", BlockAllocator(24, 4)), ("paged-tight", BlockAllocator(12, 4)),
                         ("contiguous", ContiguousAllocator(3, max_len))):
         pure = simulate(reqs, alloc, max_batch=8)
@@ -351,8 +370,43 @@ def test_engine_blocks_follow_the_pure_model(served):
             [(s.owners, s.fills, s.allocated, s.freed) for s in real], name
 
 
+def test_prefix_sharing_keeps_the_tokens(served):
+    *_, shared, refs_shared = served
+    _cfg, _reqs, runs, *_ = served
+    for name in ("no-sharing", "prefix", "prefix-tight"):
+        assert runs[name].tokens == refs_shared, name  # = the no-cache reference, so = each other
+    tight = runs["prefix-tight"].snapshots
+    assert sum(len(s.evicted) for s in tight) > 0 and sum(len(s.preempted) for s in tight) > 0
+
+
+def test_prefix_sharing_saves_memory_and_prefill(served):
+    *_, shared, _refs_shared = served
+    _cfg, _reqs, runs, *_ = served
+    run, plain = runs["prefix"], runs["no-sharing"]
+    # the 5 full blocks of the system prompt are shared while two or more requests run
+    assert max(s.refs[b] for s in run.snapshots for b in range(len(s.refs))) >= 2
+    assert sum(s.physical_blocks for s in run.snapshots) < sum(s.logical_blocks for s in run.snapshots)
+    assert sum(len(s.cow) for s in run.snapshots) > 0  # the 21st token's block is copied, not shared
+    # every request after the first finds at least the 5 full blocks cached: 20 tokens not prefilled
+    reused = [r["reused"] for r in run.requests]
+    assert reused[0] == 0 and all(x >= 20 for x in reused[1:])
+    assert sum(len(s.preempted) for s in run.snapshots) == 0
+    assert run.prefill_tokens == sum(r.prompt_len for r in shared) - sum(reused)
+    assert plain.prefill_tokens >= sum(r.prompt_len for r in shared)  # (more after a preemption)
+
+
+def test_engine_prefix_blocks_follow_the_pure_model(served):
+    *_, shared, _refs_shared = served
+    _cfg, _reqs, runs, *_ = served
+    for name, blocks in (("prefix", 40), ("prefix-tight", 16)):
+        pure = simulate(shared, PrefixCachingAllocator(blocks, 4), max_batch=8)
+        fields = ("owners", "fills", "refs", "cached", "allocated", "freed", "cow", "evicted", "reused_tokens")
+        assert [[getattr(s, f) for f in fields] for s in pure] == \
+            [[getattr(s, f) for f in fields] for s in runs[name].snapshots], name
+
+
 def test_request_timings(served):
-    _cfg, reqs, runs, _refs, _ = served
+    _cfg, reqs, runs, _refs, *_ = served
     rows = runs["paged"].requests
     assert [r["rid"] for r in rows] == [q.rid for q in reqs]
     for row in rows:
@@ -390,13 +444,19 @@ def test_experiment_checks_and_summary(group):
     rr, pa = s["routing"]["policies"]["round-robin"], s["routing"]["policies"]["prefix-aware"]
     assert pa["prefix_hit_rate"] > rr["prefix_hit_rate"]
     assert "tokens = single process" in exp["stdout"] and "prefix-aware" in exp["stdout"]
+    px = s["prefix"]
+    assert px["tokens_equal"] and px["system_prompt"] == 100
+    b, a = px["prefix"], px["no-sharing"]
+    assert 0 < b["memory_saved"] < 1 and b["peak_blocks"] <= a["peak_blocks"]
+    assert b["prefill_tokens"] < a["prefill_tokens"] and b["reused_tokens"] > 0 and b["cow"] > 0
+    assert "[prefix sharing] 16 requests sharing a 100-token system prompt" in exp["stdout"]
 
 
 def test_experiment_events(group):
     _exp, ev = _experiment(group)
     kinds = {e["kind"] for e in ev[0]}
     assert {"config", "tokens", "kv_shard", "decode", "kv_step", "request", "kv_compare", "cost_model",
-            "route", "routing", "summary"} <= kinds
+            "route", "routing", "summary", "prefix_compare"} <= kinds
     steps = [e for e in ev[0] if e["kind"] == "kv_step" and e["cache"] == "paged"]
     alloc = sum(len(e["allocated"]) for e in steps)
     assert alloc == sum(len(e["freed"]) for e in steps) > 0
@@ -422,3 +482,18 @@ def test_visualizer_replays_the_run(group):
     text = "\n".join(line.plain for line in viz.build_lines(100, 60))
     kc = next(e for e in ev[0] if e["kind"] == "kv_compare")
     assert "(run)" in text and f"paged waste {kc['paged']['waste_fraction']:.1%}" in text
+    # the prefix-sharing run: each block's reference count is the number of tables holding it
+    shared = [e for e in ev[0] if e["kind"] == "kv_step" and e["cache"] == "prefix"]
+    assert len(viz.run_prefix) == len(shared)
+    for snap, e in zip(viz.run_prefix, shared):
+        held = [b for t in e["tables"].values() for b in t]
+        assert snap.refs == [held.count(b) for b in range(e["num_blocks"])]
+        assert snap.cached == sorted(int(b) for b in e["cached"])
+    assert max(max(snap.refs) for snap in viz.run_prefix) > 1
+    viz.view = "prefix"
+    pc = next(e for e in ev[0] if e["kind"] == "prefix_compare")
+    text = "\n".join(line.plain for line in viz.build_lines(100, 60))
+    from distai.lessons.units import format_percent
+
+    saved = format_percent(pc["prefix"]["memory_saved"], 2)
+    assert "100-token system prompt" in text and f"{saved} KV memory saved" in text

@@ -124,6 +124,34 @@ def test_paged_view_contiguous_wastes_more():
     assert f"mean: paged {p:.0%} · contiguous {c:.0%}" in _text(viz, 100, 80)
 
 
+def test_prefix_view_draws_shared_blocks_and_their_counts():
+    viz = KVCacheVisualizer()
+    viz.view = "prefix"
+    viz.playing = False
+    seen_shared = seen_cached = False
+    for k in range(len(viz.sim_prefix)):
+        viz.cursor = k
+        snap = viz.sim_prefix[k]
+        lines = viz.build_lines(100, 80)
+        pool = " ".join(ln.plain for ln in lines[2:2 + -(-viz.num_blocks // 33)]).split()
+        assert len(pool) == viz.num_blocks
+        for b, cell in enumerate(pool):
+            if snap.refs[b] > 1:
+                assert cell == (f"×{snap.refs[b]}" if snap.refs[b] < 10 else str(snap.refs[b]))
+                seen_shared = True
+            elif b in snap.cached:
+                assert cell == "░░" and snap.owners[b] is None
+                seen_cached = True
+            elif snap.refs[b] == 0:
+                assert cell == "··"
+        phys, logical = sum(1 for r in snap.refs if r), sum(snap.refs)
+        assert f"in use: {phys} blocks hold what {logical} would unshared" in _text(viz, 100, 80)
+    assert seen_shared and seen_cached
+    # the simulated TTFT: sharing admits requests sooner than the same pool unshared
+    shared, plain = viz.sim_prefix_ttft
+    assert sum(shared.values()) < sum(plain.values())
+
+
 def test_planner_view_is_the_planners_ranking():
     viz = KVCacheVisualizer()
     viz.view = "planner"
@@ -155,9 +183,9 @@ async def _keys():
     async with app.run_test(size=(110, 50)) as pilot:
         viz = app.query_one(KVCacheVisualizer)
         viz.focus()
-        await pilot.press("t", "p")
+        await pilot.press("right_square_bracket", "right_curly_bracket")
         assert (viz.tp, viz.pp) == (8, 2)
-        await pilot.press("T", "T", "P")
+        await pilot.press("left_square_bracket", "left_square_bracket", "left_curly_bracket")
         assert (viz.tp, viz.pp) == (2, 1)
         tokens = viz.tokens
         await pilot.press("k")
@@ -169,8 +197,10 @@ async def _keys():
         await pilot.press("space")
         assert viz.playing is False
         start = viz.cursor  # the animation may have moved it before the pause
-        await pilot.press("right_square_bracket", "right_square_bracket")
+        await pilot.press("full_stop", "full_stop")
         assert viz.cursor == start + 2
+        await pilot.press("5")
+        assert viz.view == "prefix" and "prefix sharing" in _text(viz)
         await pilot.press("4")
         assert viz.view == "planner"
         await pilot.press("s")
@@ -190,6 +220,8 @@ def test_steps_pick_views_and_spanish():
     assert "capas" in _text(viz)
     viz.show_step("paged")
     assert viz.view == "paged" and "paginada" in _text(viz)
+    viz.show_step("prefix")
+    assert viz.view == "prefix" and "bloques compartidos" in _text(viz)
     viz.show_step("planner")
     assert viz.view == "planner" and "no cabe" in _text(viz)
 

@@ -56,7 +56,7 @@ NUMERIC_STEPS = {
     "lesson4": {"comm", "sequence-parallel", "activation-memory", "vocab-parallel", "inside-a-node"},
     "lesson5": {"stages", "microbatches", "gpipe", "1f1b", "same-time", "bubble", "interleaved", "warmup",
                 "run-it"},
-    "lesson7": {"prefill-decode", "kv-bytes", "tp-decode", "paged", "slo", "planner", "disaggregation"},
+    "lesson7": {"prefill-decode", "kv-bytes", "tp-decode", "paged", "prefix", "slo", "planner", "disaggregation"},
     "capstone": {"mesh", "groups", "order", "memory", "communication", "planner", "published"},
 }
 

@@ -6,10 +6,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from distai.lessons import quiz, units
+from distai.lessons.registry import all_lessons
 
-QUESTIONS = [quiz.make_question(lid, kind, 5, lang)
-             for lid in ("lesson1", "lesson2", "lesson3", "lesson5", "lesson6", "lesson7")
-             for kind in list(quiz.generators(lid))[:12] for lang in ("en", "es")]
+QUESTIONS = [quiz.make_question(lesson.id, kind, 5, lang)
+             for lesson in all_lessons() for kind in lesson.quiz_kinds()[:12] for lang in ("en", "es")]
 
 answer_text = st.one_of(
     st.text(max_size=40),

@@ -72,20 +72,16 @@ def record_in_progress_store(record) -> None:
 
 
 # ------------------------------------------------------------------------------------ the view
-# lessons whose runs add a view of their own to the terminal view: "module:Class" with
-# ``feed(event)`` and ``renderables(width)`` (imported only when such a run is shown)
-LESSON_VIEWS = {"lesson3": "distai.visualizers.run_timeline:TerminalTimeline",
-                "lesson5": "distai.visualizers.pipeline:TerminalPipeline"}
-
-
-# lessons whose experiment sizes its own group from its options (the capstone: dp·tp·pp ranks),
-# checked before anything is launched: "module:function" (torch-free) called as
-# ``function(experiment_args, ranks_or_None, lesson_default, cuda) -> ranks``, raising ValueError
-LAUNCH_PLANS = {"capstone": "distai.engine.mesh_args:launch_ranks"}
-
-
 def launch_plan(lesson: str | None):
-    spec = LAUNCH_PLANS.get(lesson or "")
+    """The lesson's check of its own group size (its ``[run] launch_plan``: the capstone's dp·tp·pp ranks),
+    called before anything is launched as ``function(experiment_args, ranks_or_None, lesson_default, cuda)
+    -> ranks``, raising ValueError; None for a lesson whose group is just ``--gpus``/``--cpu``."""
+    from ..lessons.registry import UnknownLessonError, resolve_lesson
+
+    try:
+        spec = resolve_lesson(lesson).run.launch_plan if lesson else None
+    except UnknownLessonError:
+        return None
     if not spec:
         return None
     import importlib
@@ -95,13 +91,13 @@ def launch_plan(lesson: str | None):
 
 
 def lesson_view(lesson: str | None):
-    spec = LESSON_VIEWS.get(lesson or "")
-    if not spec:
-        return None
-    import importlib
+    """The lesson's own view of a run, drawn under the common one (its ``[run] terminal``), or None."""
+    from ..lessons.registry import UnknownLessonError, resolve_lesson
 
-    module, name = spec.split(":")
-    return getattr(importlib.import_module(module), name)()
+    try:
+        return resolve_lesson(lesson).terminal_view() if lesson else None
+    except UnknownLessonError:  # a run folder of a lesson this version does not have
+        return None
 
 
 def render_state(state, title: str = "distai run", extra=None, width: int = 100):

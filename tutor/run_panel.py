@@ -3,11 +3,16 @@
 ``RunPanelScreen(lesson, language)`` launches the lesson's experiment through the engine's
 launcher in a worker thread; the launcher's consumer only appends events to a queue, and a
 timer on the UI thread drains it ten times a second, so the interface stays responsive however
-fast the ranks emit. It shows a progress bar, the loss as a Sparkline, the bandwidth sweep
-(busbw of our ring and of ``dist.all_reduce`` per message size, as bars on one scale), the
-lesson's visualizer fed with the run's events (lesson 1: the ring, animated from the real
-``ring_step`` events), and the ranks' output. ``s`` stops every rank; ``escape``/``q`` closes
-(stopping a run still going); ``a`` runs again. Closing the tutor stops the run too.
+fast the ranks emit. It shows a progress bar and the status, the charts the lesson declares in
+its ``[run]`` table (``lessons/registry.py``, ``RunView``): the loss as a Sparkline, lesson 1's
+bandwidth sweep (busbw of our ring and of ``dist.all_reduce`` per message size, as bars on one
+scale), the lesson's own view of a run (lesson 3's timeline, lesson 5's measured schedule);
+beside them the lesson's visualizer fed with the run's events (lesson 1: the ring, animated from
+the real ``ring_step`` events); below, the ranks' output. When the run ends, a lesson whose
+summary is rank 0's output gets a log tall enough to read it whole. ``s`` stops every rank
+(torchrun's own report of the stop signal stays in the run folder's log, not on screen);
+``escape``/``q`` closes (stopping a run still going); ``a`` runs again. Closing the tutor stops the
+run too.
 
 With ``record=`` (a finished run's ``RunRecord``) the panel replays that run instead.
 Imports no torch (the launcher starts torch in other processes).
@@ -22,7 +27,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, ProgressBar, RichLog, Sparkline, Static
 
@@ -57,6 +62,10 @@ STRINGS = {
     "replay": {"en": "replay of {id}", "es": "repetición de {id}"},
     "phase": {"en": "phase", "es": "fase"},
     "step": {"en": "step", "es": "paso"},
+    "view": {"en": "this run", "es": "esta ejecución"},
+    "no_view": {"en": "waiting for the run's events…", "es": "esperando los eventos de la ejecución…"},
+    "stop_report": {"en": "(torchrun's report of the stop signal: {path})",
+                    "es": "(el informe de torchrun sobre la señal de parada: {path})"},
 }
 
 
@@ -111,19 +120,27 @@ class RunPanelScreen(Screen):
     DEFAULT_CSS = """
     RunPanelScreen { layout: vertical; }
     #run-title { height: 1; padding: 0 1; background: $primary; color: $text; text-style: bold; }
-    #run-status-bar { height: 1; padding: 0 1; }
-    #run-progress { width: 50; }
-    #run-status { width: 1fr; padding: 0 0 0 2; }
-    #run-body { height: 1fr; }
+    #run-status-bar { height: auto; padding: 0 1; }
+    #run-progress { width: 40; }
+    #run-status { width: 1fr; height: auto; padding: 0 0 0 2; }
+    #run-body { height: 2fr; }
     #run-charts { width: 1fr; height: 1fr; }
     #run-visual { width: 1fr; height: 1fr; border: round $secondary 50%; }
     .run-label { height: 1; padding: 0 1; color: $text-muted; }
     #loss-spark { height: 4; margin: 0 1; }
-    #sweep-table { height: auto; max-height: 22; padding: 0 1; }
-    #run-log { height: 10; border: round $primary 50%; }
+    #sweep-table { height: auto; padding: 0 1; }
+    #lesson-view { height: auto; padding: 0 1; }
+    #run-log { height: 1fr; min-height: 5; border: round $primary 50%; }
     RunPanelScreen.-narrow #run-visual { display: none; }
+    RunPanelScreen.-narrow #run-status-bar { layout: vertical; }
+    RunPanelScreen.-narrow #run-status { padding: 0; }
+    RunPanelScreen.-narrow #run-progress { width: 1fr; }
+    RunPanelScreen.-no-charts #run-charts { display: none; }
+    RunPanelScreen.-view-summary #run-charts { width: 2fr; }
+    RunPanelScreen.-narrow.-no-charts #run-body { display: none; }
     """
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
+    SUMMARY_BODY_ROWS = 5  # what the charts and visualizer keep when the log grows to show the summary
 
     def __init__(self, lesson, language: str = "en", *, nproc: int | None = None,
                  args: list[str] | None = None, record=None,
@@ -137,8 +154,11 @@ class RunPanelScreen(Screen):
         self.launch_factory = launch_factory or default_launch_factory
         self.drain_interval = drain_interval
         self.state = RunState()
+        self.view = lesson.run  # what this lesson's runs show (its [run] table)
+        self.lesson_view = None  # the lesson's own view of the run (its [run] terminal), fed every event
         self.launch = None
         self.visualizer = None
+        self.stop_lines_hidden = 0
         self._queue: collections.deque = collections.deque()
         self._lock = threading.Lock()
         self._worker = None
@@ -147,33 +167,45 @@ class RunPanelScreen(Screen):
 
     # -- layout ------------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
-        lang = self.language
+        lang, panel = self.language, self.view.panel
         yield Static(t("title", lang, n=self.lesson.number, title=self.lesson.title[lang]), id="run-title")
         with Horizontal(id="run-status-bar"):
             yield ProgressBar(total=1.0, show_eta=False, id="run-progress")
             yield Static("", id="run-status")
         with Horizontal(id="run-body"):
-            with Vertical(id="run-charts"):
-                yield Static(t("loss", lang), id="loss-label", classes="run-label")
-                yield Sparkline([], summary_function=max, id="loss-spark")
-                yield Static(t("busbw", lang), id="busbw-label", classes="run-label")
-                yield Static("", id="sweep-table")
+            with VerticalScroll(id="run-charts"):
+                if "loss" in panel:
+                    yield Static(t("loss", lang), id="loss-label", classes="run-label")
+                    yield Sparkline([], summary_function=max, id="loss-spark")
+                if "sweep" in panel:
+                    yield Static(t("busbw", lang), id="busbw-label", classes="run-label")
+                    yield Static("", id="sweep-table")
+                if "view" in panel:
+                    yield Static(t("view", lang), id="view-label", classes="run-label")
+                    yield Static(Text(t("no_view", lang), style="dim"), id="lesson-view")
             yield Vertical(id="run-visual")
-        yield RichLog(id="run-log", max_lines=2000, wrap=False, markup=False, highlight=False)
+        yield RichLog(id="run-log", max_lines=2000, min_width=20, wrap=True, markup=False, highlight=False)
         yield Footer()
 
     def on_mount(self) -> None:
+        self.set_class(not self.view.panel, "-no-charts")
         self._mount_visualizer()
         self.set_interval(self.drain_interval, self._drain)
         if self.replay_record is not None:
-            for event in replay_events(self.replay_record):
-                self._consume(event)
+            self.lesson_view = self.lesson.terminal_view(self.language) if self.view.terminal else None
             self.query_one("#run-title", Static).update(
                 t("title", self.language, n=self.lesson.number, title=self.lesson.title[self.language])
                 + " · " + t("replay", self.language, id=self.replay_record.id))
+            # fed once laid out: the log wraps its lines at the width it has then
+            self.call_after_refresh(self._replay)
         else:
             self.start_run()
         self._refresh()
+
+    def _replay(self) -> None:
+        for event in replay_events(self.replay_record):
+            self._consume(event)
+        self._drain()
 
     def _mount_visualizer(self) -> None:
         name = getattr(self.lesson, "visualizer", None)
@@ -197,8 +229,13 @@ class RunPanelScreen(Screen):
             self.query_one("#run-status", Static).update(Text(t("unavailable", self.language), style="yellow"))
             return
         self.state = RunState()
+        self.lesson_view = self.lesson.terminal_view(self.language) if self.view.terminal else None
         self._recorded_start = False
+        self.stop_lines_hidden = 0
         self.query_one("#run-log", RichLog).clear()
+        self.query_one("#run-log").styles.height = None  # back to the stylesheet's while it runs
+        self.query_one("#run-body").styles.height = None
+        self.set_class(False, "-view-summary")
         self.launch = self.launch_factory(self.lesson, self._consume, nproc=self.nproc, args=self.args)
         self.query_one("#run-status", Static).update(
             t("starting", self.language, nproc=self.launch.spec.placement.nproc))
@@ -231,15 +268,21 @@ class RunPanelScreen(Screen):
             batch.append(self._queue.popleft())
         for e in batch:
             self.state.feed(e)
+            if self.lesson_view is not None:
+                self.lesson_view.feed(e)
             self.events_drained += 1
             kind = e.get("kind")
-            if kind == "output":
+            if kind == "output" and e.get("rank") is None and self.launch is not None and self.launch.stopping:
+                # torchrun answers the stop signal with a SignalException traceback: noise here, kept
+                # in the run folder's logs/torchrun.log
+                self.stop_lines_hidden += 1
+            elif kind == "output":
                 who = "torchrun" if e.get("rank") is None else f"rank {e['rank']}"
-                log.write(Text.assemble((f"{who:>9} ", "dim"), str(e.get("line", ""))))
+                self._write(log, Text.assemble((f"{who:>9} ", "dim"), str(e.get("line", ""))))
             elif kind == "phase" and e.get("rank", 0) == 0:
-                log.write(Text(f"── {t('phase', self.language)}: {e.get('name')}", style="bold cyan"))
+                self._write(log, Text(f"── {t('phase', self.language)}: {e.get('name')}", style="bold cyan"))
             elif kind == "log":
-                log.write(Text(f"rank {e.get('rank')}: {e.get('msg')}", style="italic"))
+                self._write(log, Text(f"rank {e.get('rank')}: {e.get('msg')}", style="italic"))
             elif kind == "run_start":
                 self._record_progress("running")
             elif kind == "run_end":
@@ -251,23 +294,32 @@ class RunPanelScreen(Screen):
                     pass
         self._refresh()
 
+    @staticmethod
+    def _write(log: RichLog, text: Text) -> None:
+        """Wrapped at the log's own width (RichLog would measure against the app console's)."""
+        width = log.scrollable_content_region.width
+        log.write(text, width=width if width > 0 else None)
+
     def _on_end(self, e: dict, log: RichLog) -> None:
         status = e.get("status")
         style = {"ok": "bold green", "stopped": "bold yellow"}.get(status, "bold red")
         msg = Text(t(status, self.language) if status in STRINGS else str(status), style=style)
         if e.get("error"):
             msg.append(f": {e['error']}")
-        log.write(msg)
+        self._write(log, msg)
+        if self.stop_lines_hidden and self.launch is not None:
+            self._write(log, Text(t("stop_report", self.language, path=f"{self.launch.record.path}/logs/torchrun.log"),
+                           style="dim"))
         if status == "failed" and e.get("tail"):
             rank = e.get("failed_rank")
-            log.write(Text(t("failed_rank", self.language, rank="?" if rank is None else rank), style="bold"))
+            self._write(log, Text(t("failed_rank", self.language, rank="?" if rank is None else rank), style="bold"))
             for line in e["tail"]:
-                log.write(Text("  " + line, style="red"))
+                self._write(log, Text("  " + line, style="red"))
         if self.launch is not None:
-            log.write(Text(t("folder", self.language, path=self.launch.record.path), style="dim"))
+            self._write(log, Text(t("folder", self.language, path=self.launch.record.path), style="dim"))
         record = self.launch.record if self.launch is not None else self.replay_record
         if record is not None:
-            log.write(Text(t("export", self.language, id=record.id, path=export_path(record)), style="dim"))
+            self._write(log, Text(t("export", self.language, id=record.id, path=export_path(record)), style="dim"))
         self._record_progress(status)
 
     def _record_progress(self, status: str) -> None:
@@ -301,15 +353,51 @@ class RunPanelScreen(Screen):
         if s.note:
             status.append(f" · {s.note}", style="yellow")
         self.query_one("#run-status", Static).update(status)
-        spark = self.query_one("#loss-spark", Sparkline)
-        if s.losses:
-            spark.data = list(s.losses[-200:])
+        panel = self.view.panel
+        if "loss" in panel and s.losses:
+            self.query_one("#loss-spark", Sparkline).data = list(s.losses[-200:])
             self.query_one("#loss-label", Static).update(
                 f"{t('loss', lang)}: {s.losses[0]:.4f} → {s.losses[-1]:.4f}")
-        if s.sweep:
+        elif "loss" in panel and s.finished:
+            self.query_one("#loss-label", Static).display = False
+            self.query_one("#loss-spark", Sparkline).display = False
+        if "sweep" in panel and s.sweep:
             self.query_one("#sweep-table", Static).update(self._sweep_table())
-        elif s.phase in ("start", "check", "train"):
+        elif "sweep" in panel and s.phase in ("start", "check", "train"):
             self.query_one("#sweep-table", Static).update(Text(t("no_sweep", lang), style="dim"))
+        if "view" in panel and self.lesson_view is not None:
+            from rich.console import Group
+
+            width = max(20, self.query_one("#run-charts").size.width - 2)
+            parts = self.lesson_view.renderables(width)
+            if parts:
+                self.query_one("#lesson-view", Static).update(Group(*parts))
+        if s.finished:
+            self.set_class(self.view.summary == "view", "-view-summary")
+            self._fit_summary()
+
+    def _fit_summary(self) -> None:
+        """Once the run ended, a lesson whose summary is rank 0's output gets a log tall enough to read
+        it whole (the charts and visualizer keep a few rows, and their own scrolling)."""
+        if self.view.summary != "output":
+            return
+        log, body = self.query_one("#run-log", RichLog), self.query_one("#run-body")
+        fixed = sum(w.outer_size.height for w in (self.query_one("#run-title"), self.query_one("#run-status-bar"),
+                                                   self.query_one(Footer)))
+        room = self.size.height - fixed
+        keep = self.SUMMARY_BODY_ROWS if body.display else 0
+        need = len(log.lines) + 2  # its border
+        rows = max(min(need, room - keep), log.outer_size.height)
+        if rows != log.outer_size.height:
+            log.styles.height = rows
+            body.styles.height = "1fr"
+        log.scroll_end(animate=False)
+
+    def on_resize(self) -> None:
+        if self.state.finished:
+            self.query_one("#run-log").styles.height = None
+            self.query_one("#run-body").styles.height = None
+            self.call_after_refresh(self._fit_summary)
 
     def _sweep_table(self):
         """Rows of the sweep with bars on one shared scale, then the alpha-beta fits."""
@@ -321,16 +409,16 @@ class RunPanelScreen(Screen):
         rows = self.state.sweep[-16:]
         top = max(max(r["ring_busbw"], r["ar_busbw"]) for r in rows) or 1.0
         table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold", padding=(0, 1))
-        table.add_column(t("size", lang), justify="right")
-        table.add_column(t("ring", lang), justify="left")
-        table.add_column("dist.all_reduce", justify="left")
-        table.add_column("ratio", justify="right")
+        table.add_column(t("size", lang), justify="right", no_wrap=True)
+        table.add_column(t("ring", lang), justify="left", no_wrap=True)
+        table.add_column("dist.all_reduce", justify="left", no_wrap=True)
+        table.add_column("ratio", justify="right", no_wrap=True)
         for r in rows:
             ratio = r["ring_busbw"] / r["ar_busbw"] if r.get("ar_busbw") else float("nan")
             table.add_row(
                 format_bytes(r["size"], binary=True),
-                Text.assemble((hbar(r["ring_busbw"], top, 10), "green"), " ", format_bandwidth(r["ring_busbw"])),
-                Text.assemble((hbar(r["ar_busbw"], top, 10), "dark_orange"), " ", format_bandwidth(r["ar_busbw"])),
+                Text.assemble((hbar(r["ring_busbw"], top, 8), "green"), " ", format_bandwidth(r["ring_busbw"])),
+                Text.assemble((hbar(r["ar_busbw"], top, 8), "dark_orange"), " ", format_bandwidth(r["ar_busbw"])),
                 Text(f"{ratio:.2f}", style="green" if ratio >= 0.9 else "yellow"))
         parts = [table]
         for impl, f in self.state.fits.items():

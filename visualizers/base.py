@@ -8,18 +8,90 @@ Visualizers draw a lesson model's state: no torch, no I/O.
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
+from typing import ClassVar
 
+from textual.binding import Binding
 from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import Static
 
+# The lesson screen's keys: they work whatever has focus, so no visualizer may bind them.
+LESSON_KEYS = frozenset({"n", "p", "t", "r", "l", "v", "q", "question_mark", "escape", "left", "right",
+                         "tab", "shift+tab", "ctrl+p"})
+# How Textual's key names read in the help and the hints.
+KEY_NAMES = {"space": "space", "comma": ",", "full_stop": ".", "left_square_bracket": "[",
+             "right_square_bracket": "]", "plus": "+", "minus": "-", "equals_sign": "=",
+             "underscore": "_", "home": "Home", "end": "End"}
+KEY_NAMES_ES = {**KEY_NAMES, "space": "espacio", "end": "Fin", "home": "Inicio"}
+
+
+@dataclass(frozen=True)
+class Control:
+    """One thing the learner can do in a visualizer: its key(s), the action, what it does.
+
+    ``keys`` are Textual key names (comma-separated for aliases). A pair (``more`` / ``less``)
+    gives ``back_keys`` and ``back_action`` too, shown as ``s / S``. ``hint`` puts it in the
+    one-line hint a visualizer draws (the help overlay, ``?``, lists every control).
+    """
+
+    keys: str
+    action: str
+    label: dict[str, str]
+    back_keys: str = ""
+    back_action: str = ""
+    hint: bool = False
+
+    def bindings(self) -> list[Binding]:
+        out = [Binding(self.keys, self.action, self.label["en"], show=False)]
+        if self.back_keys:
+            out.append(Binding(self.back_keys, self.back_action, self.label["en"], show=False))
+        return out
+
+    def key_names(self) -> list[str]:
+        return [k.strip() for k in f"{self.keys},{self.back_keys}".split(",") if k.strip()]
+
+    def shown(self, lang: str) -> str:
+        names = KEY_NAMES_ES if lang == "es" else KEY_NAMES
+
+        def first(keys: str) -> str:
+            key = keys.split(",")[0].strip()
+            return names.get(key, key)
+
+        return f"{first(self.keys)} / {first(self.back_keys)}" if self.back_keys else first(self.keys)
+
+
+# The controls every animated visualizer shares (the playback base's actions).
+PLAY = Control("space", "play", {"en": "play / pause", "es": "reproducir / pausa"}, hint=True)
+STEP = Control("full_stop", "step(1)", {"en": "step forward / back", "es": "paso adelante / atrás"},
+               back_keys="comma", back_action="step(-1)", hint=True)
+RESTART = Control("0,home", "restart", {"en": "back to the start", "es": "volver al inicio"})
+TO_END = Control("end", "to_end", {"en": "to the end", "es": "al final"})
+SPEED = Control("plus,equals_sign", "speed(1)", {"en": "faster / slower", "es": "más rápido / más lento"},
+                back_keys="minus", back_action="speed(-1)")
+PLAYBACK_CONTROLS = (PLAY, STEP, RESTART, TO_END, SPEED)
+NEXT_VIEW = Control("g", "next_view", {"en": "next view", "es": "vista siguiente"}, hint=True)
+MORE_KEYS = {"en": "? all keys", "es": "? todas las teclas"}
+
 
 class LessonVisualizer(Widget):
-    """Base class: a widget the lesson screen shows beside the step text."""
+    """Base class: a widget the lesson screen shows beside the step text.
+
+    A visualizer declares its ``CONTROLS``; the bindings, the help overlay's list (``key_help``)
+    and the hint line (``controls_hint``) all come from them. The lesson screen hands it the
+    keys that nothing else takes (``press``), so its keys work without focusing it first.
+    """
 
     DEFAULT_CSS = """
     LessonVisualizer { height: 1fr; width: 1fr; }
     """
+    CONTROLS: ClassVar[tuple[Control, ...]] = ()
+    HINTS: ClassVar[dict[str, tuple[str, ...]]] = {}  # per view: the actions its hint line shows
+
+    def __init_subclass__(cls, **kwargs):
+        if "CONTROLS" in cls.__dict__:  # before Textual's own hook reads BINDINGS
+            cls.BINDINGS = [b for c in cls.CONTROLS for b in c.bindings()]
+        super().__init_subclass__(**kwargs)
 
     class ReplayRequested(Message):
         """The learner asked to see the lesson's latest recorded run in this visualizer.
@@ -37,14 +109,87 @@ class LessonVisualizer(Widget):
         self.language = language
 
     def key_help(self) -> list[tuple[str, str]]:
-        """``(keys, what they do)`` in ``self.language`` for the help overlay (optional)."""
-        return []
+        """``(keys, what they do)`` in ``self.language`` for the help overlay."""
+        return [(c.shown(self.language), c.label[self.language]) for c in self.CONTROLS]
+
+    def controls_hint(self, width: int | None = None, actions: tuple[str, ...] | None = None) -> str:
+        """One line: the main controls, in words, and where to find the rest (``?``); with
+        ``width``, as many of them as fit in it; ``actions`` (names) picks other controls than
+        the ``hint`` ones (those of the view shown, say)."""
+        lang = self.language
+        taken = _screen_keys(self.screen) if self.is_attached else set()
+        picked = [c for c in self.CONTROLS
+                  if (c.action.split("(", 1)[0] in actions if actions is not None else c.hint)
+                  and not any(k in taken for k in c.key_names())]  # keys the screen keeps
+        parts = [f"{c.shown(lang)} {c.label[lang]}" for c in picked]
+        while parts and width is not None and len(" · ".join(parts + [MORE_KEYS[lang]])) > width:
+            parts.pop()
+        return " · ".join(parts + [MORE_KEYS[lang]])
+
+    def hint_parts(self, view: str) -> list[str]:
+        """The hint of ``self.HINTS[view]`` (a visualizer's per-view hints), one part per control."""
+        return self.controls_hint(None, self.HINTS[view]).split(" · ")
+
+    def control_for(self, key: str) -> tuple[str, Control] | None:
+        """The action ``key`` runs here, with its control, or None."""
+        for control in self.CONTROLS:
+            if key in [k.strip() for k in control.keys.split(",")]:
+                return control.action, control
+            if key in [k.strip() for k in control.back_keys.split(",") if k.strip()]:
+                return control.back_action, control
+        return None
+
+    async def press(self, key: str) -> bool:
+        """Run the control bound to ``key`` (the lesson screen's unclaimed keys); True if one ran."""
+        found = self.control_for(key)
+        if found is None:
+            return False
+        action = found[0]
+        name = action.split("(", 1)[0]
+        if self.check_action(name, ()) is False:
+            return False
+        await self.run_action(action)
+        return True
+
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        """Leave a key to the screen when it binds it too (the run panel's ``s`` Stop, ``a`` Again)."""
+        taken = _screen_keys(self.screen) if self.is_attached else set()
+        for control in self.CONTROLS:
+            if action in (control.action.split("(", 1)[0], control.back_action.split("(", 1)[0]):
+                if any(k in taken for k in control.key_names()):
+                    return False
+        return True
 
     def show_step(self, step_key: str) -> None:
         """The lesson moved to ``step_key``: highlight what that step teaches (optional)."""
 
     def feed_event(self, event: dict) -> None:
         """One event from a live or replayed run of the lesson's experiment (optional)."""
+
+
+def wrap_words(text: str, width: int) -> list[str]:
+    """Greedy word wrap for hints and captions (a word longer than ``width`` keeps its own line)."""
+    width = max(8, width)
+    out: list[str] = []
+    line = ""
+    for word in text.split(" "):
+        if line and len(line) + 1 + len(word) > width:
+            out.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    if line:
+        out.append(line)
+    return out
+
+
+def _screen_keys(screen) -> set[str]:
+    """The keys a screen binds itself (from its BINDINGS)."""
+    keys: set[str] = set()
+    for b in getattr(type(screen), "BINDINGS", []):
+        key = b.key if isinstance(b, Binding) else b[0]
+        keys.update(k.strip() for k in key.split(","))
+    return keys
 
 
 class Placeholder(LessonVisualizer):

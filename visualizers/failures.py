@@ -27,13 +27,12 @@ from dataclasses import dataclass
 from rich.console import Group
 from rich.text import Text
 from textual import work
-from textual.binding import Binding
 
 from ..lessons.lesson3 import failure_sim as fs
 from ..lessons.lesson3.formulas import DAY, component_mtbf_from_log, job_mtbf
 from ..lessons.lesson3.run_timeline import RunTimeline
 from ..lessons.units import format_percent, format_time
-from .base import LessonVisualizer
+from .base import NEXT_VIEW, Control, LessonVisualizer
 from .run_timeline import timeline_lines
 
 VIEWS = ("interval", "day", "run")
@@ -72,8 +71,6 @@ T = {
         "day_legend": "█ work kept  ◆ checkpoint written  ░ work lost  ▒ restart  ✕ failure",
         "failed_gpus": "GPUs that failed: {who}",
         "hours": "h",
-        "keys": "Tab to focus · g/G GPUs · m/M MTBF · c/C checkpoint cost · e/E restart · space/1-3 view · 0 Llama 3",
-        "keys_short": "g/G · m/M · c/C · e/E · space · 0",
         "views": {"interval": "interval", "day": "a day", "run": "the run"},
     },
     "es": {
@@ -89,9 +86,6 @@ T = {
         "day_legend": "█ trabajo conservado  ◆ checkpoint escrito  ░ trabajo perdido  ▒ reinicio  ✕ fallo",
         "failed_gpus": "GPUs que fallaron: {who}",
         "hours": "h",
-        "keys": "Tab para enfocar · g/G GPUs · m/M MTBF · c/C coste del checkpoint · e/E reinicio · espacio/1-3 vista · "
-                "0 Llama 3",
-        "keys_short": "g/G · m/M · c/C · e/E · espacio · 0",
         "views": {"interval": "intervalo", "day": "un día", "run": "la ejecución"},
     },
 }
@@ -203,21 +197,22 @@ class FailuresVisualizer(LessonVisualizer):
     FailuresVisualizer { height: 1fr; width: 1fr; padding: 0 1; }
     FailuresVisualizer:focus { background: $boost; }
     """
-    BINDINGS = [
-        Binding("g", "scale('gpus', 2)", "more GPUs", show=False),
-        Binding("G", "scale('gpus', 0.5)", "fewer GPUs", show=False),
-        Binding("m", "scale('gpu_mtbf', 2)", "longer MTBF", show=False),
-        Binding("M", "scale('gpu_mtbf', 0.5)", "shorter MTBF", show=False),
-        Binding("c", "scale('cost', 2)", "costlier checkpoints", show=False),
-        Binding("C", "scale('cost', 0.5)", "cheaper checkpoints", show=False),
-        Binding("e", "scale('restart', 2)", "slower restart", show=False),
-        Binding("E", "scale('restart', 0.5)", "faster restart", show=False),
-        Binding("space", "next_view", "next view", show=False),
-        Binding("1", "view('interval')", "interval", show=False),
-        Binding("2", "view('day')", "a day", show=False),
-        Binding("3", "view('run')", "the run", show=False),
-        Binding("0", "reset", "Llama 3 example", show=False),
-    ]
+    CONTROLS = (
+        NEXT_VIEW,
+        Control("1", "view('interval')", {"en": "view: goodput vs checkpoint interval",
+                                          "es": "vista: goodput según el intervalo"}),
+        Control("2", "view('day')", {"en": "view: a simulated day", "es": "vista: un día simulado"}),
+        Control("3", "view('run')", {"en": "view: your run", "es": "vista: tu ejecución"}),
+        Control("d", "scale('gpus', 2)", {"en": "more / fewer GPUs (×2)", "es": "más / menos GPUs (×2)"},
+                back_keys="D", back_action="scale('gpus', 0.5)", hint=True),
+        Control("m", "scale('gpu_mtbf', 2)", {"en": "longer / shorter MTBF per GPU", "es": "MTBF por GPU más largo / corto"},
+                back_keys="M", back_action="scale('gpu_mtbf', 0.5)", hint=True),
+        Control("c", "scale('cost', 2)", {"en": "costlier / cheaper checkpoint", "es": "checkpoint más caro / barato"},
+                back_keys="C", back_action="scale('cost', 0.5)", hint=True),
+        Control("e", "scale('restart', 2)", {"en": "slower / faster restart", "es": "reinicio más lento / rápido"},
+                back_keys="E", back_action="scale('restart', 0.5)"),
+        Control("0", "reset", {"en": "back to the Llama 3 example", "es": "volver al ejemplo de Llama 3"}),
+    )
 
     def __init__(self, language: str = "en", **kwargs):
         super().__init__(language=language, **kwargs)
@@ -331,7 +326,7 @@ class FailuresVisualizer(LessonVisualizer):
                 lines.extend(self.interval_lines(width, height - 4))
             else:
                 lines.extend(self.day_lines(width))
-        lines.append(Text(tr["keys"] if len(tr["keys"]) <= width else tr["keys_short"], style="grey50"))
+        lines.append(Text(self.controls_hint(width), style="grey50"))
         return lines
 
     def interval_lines(self, width: int, height: int) -> list[Text]:

@@ -13,13 +13,20 @@ Four views (``1``–``4``, ``g`` cycles; the lesson's step picks one):
   shows the request that owns it, a partly filled last block shows its fill; under it the same
   requests in a contiguous cache with one ``max_len`` region each, the reserved-but-empty part
   shaded, and both wastes. ``space`` plays, ``[``/``]`` step, ``x`` switches to a run's blocks.
+- *prefix* — prefix sharing: the same pool when every request starts with one system prompt
+  (:class:`~distai.lessons.lesson7.paging.PrefixCachingAllocator`): a block held by several
+  requests shows its reference count (×N), blocks no request holds but kept for reuse are shaded,
+  copies made on write are underlined; under it the memory saved (physical against logical blocks),
+  the prompt tokens found cached and the TTFT (in iterations) against the same requests unshared.
+  ``5`` shows it; the same playback keys as *paged*.
 - *planner* — output tokens/s against TPOT for every TP × PP × replicas split of the GPUs
   (:func:`~distai.lessons.lesson7.planner.plan`), one curve per configuration over batch sizes,
   the TPOT target as a vertical line; configurations that do not fit are listed with the reason.
   ``s/S`` tighter/looser TPOT target, ``d/D`` more/fewer GPUs, ``m`` model.
 
-Fed the events of ``distai run lesson7`` (``config``, ``kv_shard``, ``kv_step``, ``kv_compare``), it adds
-the run's model (measured bytes per rank beside the formula) and the run's paged blocks.
+Fed the events of ``distai run lesson7`` (``config``, ``kv_shard``, ``kv_step``, ``kv_compare``,
+``prefix_compare``), it adds the run's model (measured bytes per rank beside the formula) and the run's
+paged and shared blocks.
 No torch, no I/O.
 """
 from __future__ import annotations
@@ -29,16 +36,17 @@ from dataclasses import dataclass
 
 from rich.console import Group
 from rich.text import Text
-from textual.binding import Binding
 
 from ..lessons.lesson7 import formulas as f
 from ..lessons.lesson7 import paging
 from ..lessons.lesson7 import planner as pl
-from .base import LessonVisualizer
+from ..lessons.units import format_number, format_percent, format_time
+from .base import NEXT_VIEW, PLAY, STEP, Control
+from .playback import PlaybackVisualizer
 
-VIEWS = ("tp", "pp", "paged", "planner")
+VIEWS = ("tp", "pp", "paged", "prefix", "planner")
 STEP_VIEWS = {"prefill-decode": "planner", "kv-bytes": "tp", "tp-decode": "tp", "pp-decode": "pp",
-              "paged": "paged", "replicas": "planner", "slo": "planner", "planner": "planner",
+              "paged": "paged", "prefix": "prefix", "replicas": "planner", "slo": "planner", "planner": "planner",
               "disaggregation": "planner"}
 GPU_HUES = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
             "#9c755f", "#bab0ac", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
@@ -96,13 +104,7 @@ STRINGS = {
         "best": "best: {cfg} — batch {b}, TPOT {tpot}, {thr} tokens/s",
         "none": "no configuration meets the targets",
         "x_axis": "TPOT (ms) →", "y_axis": "tokens/s (log)",
-        "keys_shard": "Tab to focus · 1-4,g view · t/T TP · p/P PP · k/K tokens · m model",
-        "keys_paged": "Tab to focus · 1-4,g view · space play · [ ] step · x model/run",
-        "keys_planner": "Tab to focus · 1-4,g view · s/S TPOT target · d/D GPUs · m model",
-        "keys_shard_short": "1-4,g · t/T TP · p/P PP · k/K tok · m",
         "legend_paged_short": "NN request · ▅N part-filled · ·· free",
-        "keys_paged_short": "1-4,g · space · [ ] · x model/run",
-        "keys_planner_short": "1-4,g · s/S TPOT · d/D GPUs · m",
         "gpu_row_short": "GPU {g}: L{l0}–{l1} h{heads}{rep}: {kv} KV + {w} W",
         "waste_short": "waste now {p:.0%} vs {c:.0%} · mean {pm:.0%} vs {cm:.0%} (paged vs contiguous)",
         "run_model": "the run's model",
@@ -111,6 +113,21 @@ STRINGS = {
         "no_fit": "{cfg} does not fit: weights {w} per GPU > {u} usable",
         "no_kv": "{cfg} does not fit: no room for one sequence's KV cache ({kv})",
         "compare": "run: paged waste {p:.1%} vs contiguous {c:.1%}; {r:.2f}× the tokens/s",
+        "prefix_title": "prefix sharing: {n} blocks of {bs} tokens, a {sp}-token system prompt · iteration {k}/{N} {src}",
+        "prefix_title_short": "sharing: {n}×{bs} · it {k}/{N} {src}",
+        "prefix_status": "running {r} · waiting {w} · {s} shared blocks (up to ×{m}) · {c} cached",
+        "prefix_memory": "in use: {p} blocks hold what {l} would unshared ({saved} saved)",
+        "prefix_step": "this iteration: {t} prompt tokens found cached · {cow} copied on write · {e} evicted",
+        "prefix_total": "so far {r} of {T} prompt tokens found cached; mean TTFT {a} iterations vs {b} unshared",
+        "legend_prefix": "×N shared by N requests · ░░ cached, no reference (evicted LRU first) · NN one request · "
+                         "·· free · underlined: new or copied",
+        "legend_prefix_short": "×N shared · ░░ cached · NN one request · ·· free",
+        "prefix_compare": "run: {saved} KV memory saved · peak {pb} vs {nb} blocks · TTFT p50 {t1} vs {t0} ({r}×)",
+        "prefix_status_short": "run {r} · wait {w} · {s} shared (≤×{m}) · {c} cached",
+        "prefix_memory_short": "{p} blocks for {l} unshared ({saved} saved)",
+        "prefix_step_short": "+{t} cached tokens · {cow} copied · {e} evicted",
+        "prefix_total_short": "cached {r} of {T} prompt tokens · TTFT {a} vs {b} it.",
+        "prefix_compare_short": "run: {saved} saved · TTFT p50 {t1} vs {t0} ({r}×)",
     },
     "es": {
         "tp_title": "KV cache de {model}: {L} capas × {H} cabezas KV — TP = {tp} reparte cabezas, PP = {pp} reparte capas",
@@ -136,13 +153,7 @@ STRINGS = {
         "best": "mejor: {cfg} — lote {b}, TPOT {tpot}, {thr} tokens/s",
         "none": "ninguna configuración cumple los objetivos",
         "x_axis": "TPOT (ms) →", "y_axis": "tokens/s (log)",
-        "keys_shard": "Tab para enfocar · 1-4,g vista · t/T TP · p/P PP · k/K tokens · m modelo",
-        "keys_paged": "Tab para enfocar · 1-4,g vista · espacio reproduce · [ ] paso · x modelo/ejecución",
-        "keys_planner": "Tab para enfocar · 1-4,g vista · s/S objetivo TPOT · d/D GPUs · m modelo",
-        "keys_shard_short": "1-4,g · t/T TP · p/P PP · k/K tok · m",
-        "keys_paged_short": "1-4,g · espacio · [ ] · x modelo/ejec.",
         "legend_paged_short": "NN petición · ▅N a medias · ·· libre",
-        "keys_planner_short": "1-4,g · s/S TPOT · d/D GPUs · m",
         "gpu_row_short": "GPU {g}: L{l0}–{l1} h{heads}{rep}: {kv} KV + {w} pesos",
         "waste_short": "desperdicio ahora {p:.0%} vs {c:.0%} · media {pm:.0%} vs {cm:.0%} (paginada vs contigua)",
         "run_model": "el modelo de la ejecución",
@@ -151,6 +162,24 @@ STRINGS = {
         "no_fit": "{cfg} no cabe: pesos {w} por GPU > {u} utilizables",
         "no_kv": "{cfg} no cabe: no queda sitio para la KV cache de una secuencia ({kv})",
         "compare": "ejecución: desperdicio paginada {p:.1%} frente a contigua {c:.1%}; {r:.2f}× los tokens/s",
+        "prefix_title": "prefijos compartidos: {n} bloques de {bs} tokens, un prompt de sistema de {sp} tokens · "
+                        "iteración {k}/{N} {src}",
+        "prefix_title_short": "compartida: {n}×{bs} · it {k}/{N} {src}",
+        "prefix_status": "en curso {r} · en espera {w} · {s} bloques compartidos (hasta ×{m}) · {c} en caché",
+        "prefix_memory": "en uso: {p} bloques guardan lo que ocuparían {l} sin compartir ({saved} ahorrado)",
+        "prefix_step": "esta iteración: {t} tokens de prompt ya en caché · copiados al escribir: {cow} · expulsados: {e}",
+        "prefix_total": "hasta ahora {r} de {T} tokens de prompt en caché; TTFT medio {a} iteraciones "
+                        "frente a {b} sin compartir",
+        "legend_prefix": "×N compartido por N peticiones · ░░ en caché, sin referencias (se expulsa el menos usado) · "
+                         "NN una petición · ·· libre · subrayado: nuevo o copiado",
+        "legend_prefix_short": "×N compartido · ░░ en caché · NN una petición · ·· libre",
+        "prefix_compare": "ejecución: {saved} de memoria KV ahorrada · pico {pb} frente a {nb} bloques · "
+                          "TTFT p50 {t1} frente a {t0} ({r}×)",
+        "prefix_status_short": "en curso {r} · espera {w} · {s} compartidos (≤×{m}) · {c} en caché",
+        "prefix_memory_short": "{p} bloques por {l} sin compartir ({saved} ahorrado)",
+        "prefix_step_short": "+{t} tokens en caché · {cow} copiados · {e} expulsados",
+        "prefix_total_short": "en caché {r} de {T} tokens de prompt · TTFT {a} frente a {b} it.",
+        "prefix_compare_short": "ejecución: {saved} ahorrado · TTFT p50 {t1} frente a {t0} ({r}×)",
     },
 }
 
@@ -211,36 +240,84 @@ def shard_table(model: ModelPreset, tp: int, pp: int, tokens: int) -> list[dict]
     return rows
 
 
-class KVCacheVisualizer(LessonVisualizer):
+def ttft_iterations(requests, snaps: list[paging.Snapshot]) -> dict[int, int]:
+    """Per request: iterations from its arrival to its first token (the iteration that prefills it
+    gives the first token)."""
+    first: dict[int, int] = {}
+    for s in snaps:
+        for rid in s.admitted:
+            first.setdefault(rid, s.step)
+    return {r.rid: first[r.rid] - r.arrival for r in requests if r.rid in first}
+
+
+def prefix_pool_lines(snap: paging.Snapshot, block_size: int, width: int) -> list[Text]:
+    """The pool with prefix sharing, two characters a block: ``×N`` a block N requests hold (``NN`` from
+    10 on, on the same green), ``░░`` a
+    cached block nobody holds, the owner's number (or fill glyph and number) for a private block, ``··``
+    free; new or copied blocks underlined."""
+    n = len(snap.owners)
+    refs = snap.refs or [0 if o is None else 1 for o in snap.owners]
+    cached, new = set(snap.cached), set(snap.allocated) | set(snap.cow)
+    per_row = max(4, (width - 1) // 3)
+    out = []
+    for r0 in range(0, n, per_row):
+        line = Text()
+        for b in range(r0, min(n, r0 + per_row)):
+            mark = " underline" if b in new else ""
+            if refs[b] > 1:
+                label = f"×{refs[b]}" if refs[b] < 10 else f"{min(refs[b], 99)}"
+                line.append(label, style="bold white on #2f6f4f" + mark)
+            elif b in cached:
+                line.append("░░", style="grey58")
+            elif snap.owners[b] is None:
+                line.append("··", style="grey35")
+            else:
+                owner, fill = snap.owners[b], snap.fills[b]
+                style = f"black on {_req_hue(owner)}" + mark
+                if fill >= block_size:
+                    line.append(f"{owner % 100:02d}", style=style)
+                else:
+                    glyph = FILL[max(0, min(len(FILL) - 1, math.ceil(fill / block_size * len(FILL)) - 1))]
+                    line.append(glyph + f"{owner % 10}", style=style)
+            line.append(" ")
+        out.append(line)
+    return out
+
+
+class KVCacheVisualizer(PlaybackVisualizer):
     """KV cache across GPUs (by heads, by layers), paged blocks over time, the planner's trade-off."""
 
     can_focus = True
+    TICK_S = 1 / 4
     DEFAULT_CSS = """
     KVCacheVisualizer { height: 1fr; width: 1fr; padding: 0 1; }
     KVCacheVisualizer:focus { background: $boost; }
     """
-    BINDINGS = [
-        Binding("1", "view('tp')", "TP view", show=False),
-        Binding("2", "view('pp')", "PP view", show=False),
-        Binding("3", "view('paged')", "paged view", show=False),
-        Binding("4", "view('planner')", "planner view", show=False),
-        Binding("g", "next_view", "next view", show=False),
-        Binding("t", "tp(1)", "more TP", show=False),
-        Binding("T", "tp(-1)", "less TP", show=False),
-        Binding("p", "pp(1)", "more PP", show=False),
-        Binding("P", "pp(-1)", "less PP", show=False),
-        Binding("k", "tokens(1)", "more tokens", show=False),
-        Binding("K", "tokens(-1)", "fewer tokens", show=False),
-        Binding("m", "model", "next model", show=False),
-        Binding("space", "play", "play/pause", show=False),
-        Binding("left_square_bracket", "seek(-1)", "step back", show=False),
-        Binding("right_square_bracket", "seek(1)", "step forward", show=False),
-        Binding("x", "source", "model/run", show=False),
-        Binding("s", "slo(-1)", "tighter TPOT", show=False),
-        Binding("S", "slo(1)", "looser TPOT", show=False),
-        Binding("d", "gpus(1)", "more GPUs", show=False),
-        Binding("D", "gpus(-1)", "fewer GPUs", show=False),
-    ]
+    CONTROLS = (
+        NEXT_VIEW,
+        Control("1", "view('tp')", {"en": "view: KV cache split by heads (TP)", "es": "vista: caché KV por cabezas (TP)"}),
+        Control("2", "view('pp')", {"en": "view: KV cache split by layers (PP)", "es": "vista: caché KV por capas (PP)"}),
+        Control("3", "view('paged')", {"en": "view: paged blocks over time", "es": "vista: bloques paginados en el tiempo"}),
+        Control("4", "view('planner')", {"en": "view: the planner's trade-off", "es": "vista: el compromiso del planificador"}),
+        Control("5", "view('prefix')", {"en": "view: shared prompt prefixes", "es": "vista: prefijos de prompt compartidos"}),
+        Control("right_square_bracket", "tp(1)", {"en": "more / less tensor parallelism", "es": "más / menos paralelismo de tensor"},
+                back_keys="left_square_bracket", back_action="tp(-1)"),
+        Control("right_curly_bracket", "pp(1)", {"en": "more / fewer pipeline stages", "es": "más / menos etapas de pipeline"},
+                back_keys="left_curly_bracket", back_action="pp(-1)"),
+        Control("k", "tokens(1)", {"en": "more / fewer tokens cached", "es": "más / menos tokens en caché"},
+                back_keys="K", back_action="tokens(-1)"),
+        Control("m", "model", {"en": "next model", "es": "modelo siguiente"}),
+        PLAY,
+        STEP,
+        Control("x", "source", {"en": "model ↔ your run", "es": "modelo ↔ tu ejecución"}),
+        Control("s", "slo(-1)", {"en": "tighter / looser TPOT target", "es": "objetivo de TPOT más estricto / holgado"},
+                back_keys="S", back_action="slo(1)"),
+        Control("d", "gpus(1)", {"en": "more / fewer GPUs", "es": "más / menos GPUs"},
+                back_keys="D", back_action="gpus(-1)"),
+    )
+    HINTS = {"shard": ("next_view", "tp", "pp", "tokens", "model"), "paged": ("next_view", "play", "step", "source"),
+             "prefix": ("next_view", "play", "step", "source"),
+             "planner": ("next_view", "slo", "gpus", "model")}
 
     def __init__(self, language: str = "en", **kwargs):
         super().__init__(language=language, **kwargs)
@@ -262,6 +339,17 @@ class KVCacheVisualizer(LessonVisualizer):
         self.sim_paged = paging.simulate(reqs, paging.BlockAllocator(self.num_blocks, self.block_size), 16)
         slots = self.num_blocks * self.block_size // self.max_len
         self.sim_contig = paging.simulate(reqs, paging.ContiguousAllocator(slots, self.max_len), 16)
+        # prefix sharing: every request starts with the same system prompt (token ids needed)
+        self.system_prompt = 29  # 3 full blocks of 8 and 5 tokens: the 4th block is copied on write
+        shared = paging.poisson_requests(24, 0.6, prompt_range=(2, 16), output_range=(4, 40), seed=3, vocab=64,
+                                         system_prompt=self.system_prompt)
+        self.sim_prefix = paging.simulate(shared, paging.PrefixCachingAllocator(self.num_blocks, self.block_size), 16)
+        self.sim_prefix_ttft = (ttft_iterations(shared, self.sim_prefix), ttft_iterations(
+            shared, paging.simulate(shared, paging.BlockAllocator(self.num_blocks, self.block_size), 16)))
+        self.sim_prompt_tokens = sum(r.prompt_len for r in shared)
+        self.run_prefix: list[paging.Snapshot] = []
+        self.run_prefix_pool: tuple[int, int] | None = None
+        self.prefix_compare: dict | None = None
         self.run_steps: list[paging.Snapshot] = []
         self.run_pool: tuple[int, int] | None = None
         self.run_contig: list[paging.Snapshot] = []
@@ -270,7 +358,6 @@ class KVCacheVisualizer(LessonVisualizer):
         self.run_config: dict | None = None
         self.kv_compare: dict | None = None
         self._plan_cache: dict = {}
-        self._timer = None
 
     # -- model -------------------------------------------------------------------------------------
     @property
@@ -292,19 +379,35 @@ class KVCacheVisualizer(LessonVisualizer):
             return self.run_steps, self.run_contig, n, bs, self.run_max_len or bs
         return self.sim_paged, self.sim_contig, self.num_blocks, self.block_size, self.max_len
 
+    def prefix_steps(self) -> tuple[list[paging.Snapshot], int, int]:
+        """(snapshots, blocks, block size) of the shown source, with prefix sharing."""
+        if self.source == "run" and self.run_prefix:
+            n, bs = self.run_prefix_pool
+            return self.run_prefix, n, bs
+        return self.sim_prefix, self.num_blocks, self.block_size
+
     def paged_total(self) -> int:
+        if self.view == "prefix":
+            return len(self.prefix_steps()[0])
         steps, contig = self.paged_steps()[:2]
         return max(len(steps), len(contig))
 
     # -- Textual -----------------------------------------------------------------------------------
-    def on_mount(self) -> None:
-        self._timer = self.set_interval(1 / 4, self._tick, pause=not self.playing)
+    # playback (visualizers/playback.py): the paged view's cursor, one scheduler step per tick, looping
+    def advance(self, dt: float) -> bool:
+        if self.view in ("paged", "prefix"):
+            self.cursor = (self.cursor + 1) % max(1, self.paged_total())
+            self.refresh()
+        return True
 
-    def _tick(self) -> None:
-        if not self.playing or self.view != "paged":
-            return
-        self.cursor = (self.cursor + 1) % max(1, self.paged_total())
-        self.refresh()
+    def seek(self, frames: int) -> None:
+        self.cursor = max(0, min(self.paged_total() - 1, self.cursor + frames))
+
+    def rewind(self) -> None:
+        self.cursor = 0
+
+    def to_end(self) -> None:
+        self.cursor = max(0, self.paged_total() - 1)
 
     def show_step(self, step_key: str) -> None:
         view = STEP_VIEWS.get(step_key)
@@ -343,30 +446,47 @@ class KVCacheVisualizer(LessonVisualizer):
             if self.run_config:
                 self.tokens = int(event["tokens"])
         elif kind == "kv_step":
+            cache = event.get("cache")
+            if cache not in ("paged", "contiguous", "prefix"):
+                return  # e.g. the no-sharing run beside "prefix": its figures come in prefix_compare
             n, bs = int(event["num_blocks"]), int(event["block_size"])
             owners: list = [None] * n
             fills = [0] * n
+            refs = [0] * n
             lengths = {int(k): int(v) for k, v in (event.get("lengths") or {}).items()}
             for rid, table in (event.get("tables") or {}).items():
                 left = lengths.get(int(rid), len(table) * bs)
                 for b in table:
                     owners[b] = int(rid)
                     fills[b] = max(0, min(bs, left))
+                    refs[b] += 1  # a block in several tables is shared: its count is theirs
                     left -= bs
+            cached = {int(b): int(t) for b, t in (event.get("cached") or {}).items()}
+            for b, t in cached.items():
+                fills[b] = t
             snap = paging.Snapshot(int(event["step"]), owners, fills, list(event.get("allocated", [])),
                                    list(event.get("freed", [])), list(event.get("running", [])),
                                    list(event.get("waiting", [])), list(event.get("admitted", [])),
                                    list(event.get("finished", [])), list(event.get("preempted", [])),
-                                   int(event.get("tokens_stored", 0)), int(event.get("reserved_tokens", 0)))
-            if event.get("cache") == "paged":
+                                   int(event.get("tokens_stored", 0)), int(event.get("reserved_tokens", 0)),
+                                   refs=refs, cached=sorted(cached), cow=list(event.get("cow", [])),
+                                   evicted=list(event.get("evicted", [])),
+                                   reused_tokens=int(event.get("reused_tokens", 0)))
+            if cache == "paged":
                 self.run_pool = (n, bs)
                 self.run_steps.append(snap)
+                self.source = "run"
+            elif cache == "prefix":
+                self.run_prefix_pool = (n, bs)
+                self.run_prefix.append(snap)
                 self.source = "run"
             else:
                 self.run_contig.append(snap)
                 self.run_max_len = bs
         elif kind == "kv_compare":
             self.kv_compare = event
+        elif kind == "prefix_compare":
+            self.prefix_compare = event
         else:
             return
         self.refresh()
@@ -397,18 +517,8 @@ class KVCacheVisualizer(LessonVisualizer):
         self.pp = min(self.pp, self.model.layers)
         self.refresh()
 
-    def action_play(self) -> None:
-        self.playing = not self.playing
-        if self._timer is not None:
-            self._timer.resume() if self.playing else self._timer.pause()
-        self.refresh()
-
-    def action_seek(self, d: int) -> None:
-        self.cursor = max(0, min(self.paged_total() - 1, self.cursor + d))
-        self.refresh()
-
     def action_source(self) -> None:
-        self.source = "run" if self.source == "sim" and self.run_steps else "sim"
+        self.source = "run" if self.source == "sim" and (self.run_steps or self.run_prefix) else "sim"
         self.cursor = 0
         self.refresh()
 
@@ -432,6 +542,8 @@ class KVCacheVisualizer(LessonVisualizer):
             lines = self._shard_lines(width, height)
         elif self.view == "paged":
             lines = self._paged_lines(width, height)
+        elif self.view == "prefix":
+            lines = self._prefix_lines(width, height)
         else:
             lines = self._planner_lines(width, height)
         if height and len(lines) > height:
@@ -452,7 +564,7 @@ class KVCacheVisualizer(LessonVisualizer):
             owners = head_owners(m.kv_heads, self.tp)
         except ValueError as exc:
             out.append(Text(tr["invalid"].format(tp=self.tp, H=m.kv_heads, msg=exc), style="yellow"))
-            out.append(Text(tr["keys_shard"], style="grey50"))
+            out.append(Text(self.controls_hint(width, self.HINTS["shard"]), style="grey50"))
             return out
         pp = min(self.pp, m.layers)
         stages = layer_stage(m.layers, pp)
@@ -507,7 +619,7 @@ class KVCacheVisualizer(LessonVisualizer):
             out.append(text)
         if len(owners[0]) > 1:
             out.append(Text(tr["replicated"].format(n=len(owners[0]), H=m.kv_heads, tp=self.tp), style="yellow"))
-        out.append(Text(tr["keys_shard_short" if narrow else "keys_shard"], style="grey50"))
+        out.append(Text(self.controls_hint(width, self.HINTS["shard"]), style="grey50"))
         return out
 
     def _measured_for(self, row: dict):
@@ -595,7 +707,55 @@ class KVCacheVisualizer(LessonVisualizer):
             kc = self.kv_compare
             out.append(Text(tr["compare"].format(p=kc["paged"]["waste_fraction"], c=kc["contiguous"]["waste_fraction"],
                                                  r=kc["throughput_ratio"]), style="magenta"))
-        out.append(Text(tr["keys_paged_short" if narrow else "keys_paged"], style="grey50"))
+        out.append(Text(self.controls_hint(width, self.HINTS["paged"]), style="grey50"))
+        return out
+
+    # prefix sharing -------------------------------------------------------------------------------
+    def _prefix_lines(self, width: int, height: int | None) -> list[Text]:
+        tr = self.tr()
+        steps, n, bs = self.prefix_steps()
+        if not steps:
+            return [Text("—")]
+        k = min(self.cursor, len(steps) - 1)
+        snap = steps[k]
+        narrow = width < 80
+        run = self.source == "run" and bool(self.run_prefix)
+        src = tr["src_run"] if run else tr["src_sim"]
+        sp = int(self.prefix_compare.get("system_prompt", 0)) if run and self.prefix_compare else self.system_prompt
+        out = [Text(tr["prefix_title_short" if narrow else "prefix_title"].format(
+            n=n, bs=bs, sp=sp, k=k + 1, N=len(steps), src=src), style="bold")]
+        lang = self.language if self.language in STRINGS else "en"
+        short = "_short" if narrow else ""
+
+        def count(n: int) -> str:  # 1,234 / 1.234
+            return f"{n:,}".replace(",", "." if lang == "es" else ",")
+
+        refs = snap.refs or [0 if o is None else 1 for o in snap.owners]
+        shared = [r for r in refs if r > 1]
+        status = Text("▶ " if self.playing else "❚❚ ", style="bold cyan")
+        status.append(tr["prefix_status" + short].format(r=len(snap.running), w=len(snap.waiting), s=len(shared),
+                                                         m=max(shared, default=1), c=len(snap.cached)))
+        out.append(status)
+        out.extend(prefix_pool_lines(snap, bs, width))
+        out.append(Text(tr["legend_prefix" + short], style="grey50"))
+        phys, logical = sum(1 for r in refs if r), sum(refs)
+        saved = format_percent(1 - phys / logical if logical else 0.0, 2, lang)
+        out.append(Text(tr["prefix_memory" + short].format(p=phys, l=logical, saved=saved), style="bold"))
+        out.append(Text(tr["prefix_step" + short].format(t=snap.reused_tokens, cow=len(snap.cow), e=len(snap.evicted))))
+        if run and self.prefix_compare:
+            pc = self.prefix_compare
+            a, b = pc["no-sharing"], pc["prefix"]
+            out.append(Text(tr["prefix_compare" + short].format(
+                saved=format_percent(b["memory_saved"], 2, lang), pb=b["peak_blocks"], nb=a["peak_blocks"],
+                t1=format_time(b["ttft_p50_s"], 3, lang), t0=format_time(a["ttft_p50_s"], 3, lang),
+                r=format_number(pc["ttft_ratio"], 2, lang)), style="magenta"))
+        elif not run:
+            shared_ttft, plain_ttft = self.sim_prefix_ttft
+            out.append(Text(tr["prefix_total" + short].format(
+                r=count(sum(s.reused_tokens for s in steps[: k + 1])), T=count(self.sim_prompt_tokens),
+                a=format_number(sum(shared_ttft.values()) / len(shared_ttft), 2, lang),
+                b=format_number(sum(plain_ttft.values()) / len(plain_ttft), 2, lang))))
+        out.append(Text(self.controls_hint(width, self.HINTS["prefix"]), style="grey50"))
         return out
 
     # planner --------------------------------------------------------------------------------------
@@ -687,7 +847,7 @@ class KVCacheVisualizer(LessonVisualizer):
             else:
                 msg = f"{cfg} {tr['reasons'][c.reason]}: {c.detail}"
             out.append(Text(msg, style="yellow"))
-        out.append(Text(tr["keys_planner_short" if narrow else "keys_planner"], style="grey50"))
+        out.append(Text(self.controls_hint(width, self.HINTS["planner"]), style="grey50"))
         return out
 
 

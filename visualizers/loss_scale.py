@@ -24,7 +24,6 @@ import math
 from dataclasses import dataclass, field, replace
 
 from rich.text import Text
-from textual.binding import Binding
 from textual.widgets import Static
 
 from ..lessons.lesson6.simulation import (
@@ -34,7 +33,7 @@ from ..lessons.lesson6.simulation import (
     ScalerSimConfig,
     simulate_scaler,
 )
-from .base import LessonVisualizer
+from .base import Control, LessonVisualizer
 
 VIEWS = ("scale", "exponents", "timeline")
 STEP_VIEWS = {"formats": "exponents", "master-weights": "exponents", "underflow": "exponents",
@@ -65,9 +64,6 @@ T = {
         "sweep": "measured step time (ms): overlap / after backward / DDP",
         "best": "best bucket {b} MiB: overlap {x}x faster than all-reduce after backward; ours/DDP {r}x",
         "sliders": ["growth interval {gi}", "growth ×{gf:g}", "backoff ×{bf:g}", "initial 2^{i:g}"],
-        "keys_scale": "Tab to focus · m view · g/G interval · f/F growth · b/B backoff · i/I initial · 0 reset",
-        "keys_exp": "Tab to focus · m view · [ ] step · x fp16/bf16 · g/G f/F b/B i/I sliders",
-        "keys_tl": "Tab to focus · m view · k/K bucket size · s sim/live",
         "sim_model": "model: {n} layers × {mb:g} MiB, {ms:g} ms backward each, {w} ranks, {bw:g} GB/s, α {a:g} µs",
         "no_data": "waiting for the run's events…", "live_hint": "(s: switch to simulation)",
     },
@@ -87,9 +83,6 @@ T = {
         "sweep": "tiempo por paso medido (ms): solapado / tras backward / DDP",
         "best": "mejor bucket {b} MiB: solapar es {x}x más rápido que reducir tras el backward; nuestro/DDP {r}x",
         "sliders": ["intervalo {gi}", "crecimiento ×{gf:g}", "retroceso ×{bf:g}", "inicial 2^{i:g}"],
-        "keys_scale": "Tab para activar · m vista · g/G intervalo · f/F crecimiento · b/B retroceso · i/I inicial · 0 reinicia",
-        "keys_exp": "Tab para activar · m vista · [ ] paso · x fp16/bf16 · g/G f/F b/B i/I controles",
-        "keys_tl": "Tab para activar · m vista · k/K tamaño de bucket · s simulación/real",
         "sim_model": "modelo: {n} capas × {mb:g} MiB, {ms:g} ms de backward cada una, {w} rangos, {bw:g} GB/s, α {a:g} µs",
         "no_data": "esperando los eventos de la ejecución…", "live_hint": "(s: cambiar a la simulación)",
     },
@@ -329,24 +322,32 @@ class LossScaleVisualizer(LessonVisualizer):
     LossScaleVisualizer:focus { background: $boost; }
     LossScaleVisualizer > Static { width: 1fr; height: auto; }
     """
-    BINDINGS = [
-        Binding("m", "cycle_view", "view"),
-        Binding("g", "slide('growth_interval', -1)", "interval−", show=False),
-        Binding("G", "slide('growth_interval', 1)", "interval+", show=False),
-        Binding("f", "slide('growth_factor', -1)", "growth−", show=False),
-        Binding("F", "slide('growth_factor', 1)", "growth+", show=False),
-        Binding("b", "slide('backoff_factor', -1)", "backoff−", show=False),
-        Binding("B", "slide('backoff_factor', 1)", "backoff+", show=False),
-        Binding("i", "slide('init_scale', -1)", "initial−", show=False),
-        Binding("I", "slide('init_scale', 1)", "initial+", show=False),
-        Binding("k", "slide('bucket', -1)", "bucket−", show=False),
-        Binding("K", "slide('bucket', 1)", "bucket+", show=False),
-        Binding("left_square_bracket", "hist_step(-1)", "step−", show=False),
-        Binding("right_square_bracket", "hist_step(1)", "step+", show=False),
-        Binding("x", "toggle_format", "fp16/bf16", show=False),
-        Binding("s", "toggle_source", "sim/live", show=False),
-        Binding("0", "reset", "reset", show=False),
-    ]
+    # lowercase more, uppercase less, as in every visualizer
+    CONTROLS = (
+        Control("g", "cycle_view", {"en": "next view: scale, exponents, timeline",
+                                    "es": "vista siguiente: escala, exponentes, línea temporal"}, hint=True),
+        Control("w", "slide('growth_interval', 1)", {"en": "longer / shorter growth interval",
+                                                     "es": "intervalo de crecimiento más largo / corto"},
+                back_keys="W", back_action="slide('growth_interval', -1)"),
+        Control("f", "slide('growth_factor', 1)", {"en": "bigger / smaller growth factor",
+                                                   "es": "factor de crecimiento mayor / menor"},
+                back_keys="F", back_action="slide('growth_factor', -1)"),
+        Control("b", "slide('backoff_factor', 1)", {"en": "milder / harsher backoff",
+                                                    "es": "retroceso más suave / más fuerte"},
+                back_keys="B", back_action="slide('backoff_factor', -1)"),
+        Control("i", "slide('init_scale', 1)", {"en": "bigger / smaller initial scale",
+                                                "es": "escala inicial mayor / menor"},
+                back_keys="I", back_action="slide('init_scale', -1)"),
+        Control("k", "slide('bucket', 1)", {"en": "bigger / smaller bucket", "es": "bucket mayor / menor"},
+                back_keys="K", back_action="slide('bucket', -1)"),
+        Control("full_stop", "hist_step(1)", {"en": "step forward / back", "es": "paso adelante / atrás"},
+                back_keys="comma", back_action="hist_step(-1)"),
+        Control("x", "toggle_format", {"en": "fp16 ↔ bf16", "es": "fp16 ↔ bf16"}),
+        Control("s", "toggle_source", {"en": "simulation ↔ your run", "es": "simulación ↔ tu ejecución"}),
+        Control("0", "reset", {"en": "back to the defaults", "es": "volver a los valores iniciales"}),
+    )
+    HINTS = {"scale": ("cycle_view", "slide", "reset"), "exponents": ("cycle_view", "hist_step", "toggle_format"),
+             "timeline": ("cycle_view", "slide", "toggle_source")}
 
     def __init__(self, language: str = "en", **kwargs):
         super().__init__(language=language, **kwargs)
@@ -528,7 +529,7 @@ class LossScaleVisualizer(LessonVisualizer):
         out.append(Text(f"{t['loss']}  {_num(max(loss), self.language, 4)} → {_num(loss[-1], self.language, 4)}",
                         style="bold"))
         out += bar_plot(loss, width - 2, 3, style="green")
-        out += wrap_parts([Text(k, style="dim italic") for k in t["keys_scale"].split(" · ")], width)
+        out += wrap_parts([Text(k, style="dim italic") for k in self.hint_parts("scale")], width)
         return out
 
     def _render_exponents(self, width, height, live) -> list[Text]:
@@ -563,7 +564,7 @@ class LossScaleVisualizer(LessonVisualizer):
             ev = self.live.hists[idx]
             out.append(Text(t["measured"].format(fmt=ev.get("dtype", "fp16"), u=_pct(ev["zero_unscaled"], lang),
                                                  s=_pct(ev.get("zero_scaled"), lang)), style="cyan"))
-        out += wrap_parts([Text(k, style="dim italic") for k in t["keys_exp"].split(" · ")], width)
+        out += wrap_parts([Text(k, style="dim italic") for k in self.hint_parts("exponents")], width)
         return out
 
     def _render_timeline(self, width, live) -> list[Text]:
@@ -620,7 +621,7 @@ class LossScaleVisualizer(LessonVisualizer):
             out.append(Text(t["sim_sweep"], style="bold"))
             out += wrap_parts([Text(f"{b:g}:{_num(v * 1000, lang)}", style="bold green" if b == best else "")
                                for b, v in sweep.items()], width, sep="  ")
-        out += wrap_parts([Text(k, style="dim italic") for k in t["keys_tl"].split(" · ")], width)
+        out += wrap_parts([Text(k, style="dim italic") for k in self.hint_parts("timeline")], width)
         return out
 
 

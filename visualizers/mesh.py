@@ -20,12 +20,12 @@ from __future__ import annotations
 
 from rich.console import Group
 from rich.text import Text
-from textual.binding import Binding
 
 from ..lessons import units
 from ..lessons.capstone import formulas as f
 from ..lessons.capstone.mesh_run import MeshRun, Phase, step_phases
-from .base import LessonVisualizer
+from .base import NEXT_VIEW, PLAY, Control
+from .playback import PlaybackVisualizer
 
 SHAPES = ((2, 2, 2), (1, 2, 4), (4, 1, 2), (2, 4, 1))  # (pp, dp, tp), the capstone's test meshes
 GPUS_PER_NODE = 4  # small nodes, so that the 8-rank mesh spans two
@@ -60,8 +60,6 @@ STRINGS = {
         "loss": "step {step}: loss {loss} · one process {ref} · largest difference: loss {dl}, parameters {dp}",
         "coords": "rank coordinates as mesh_coords: {ok}",
         "yes": "yes", "no": "NO",
-        "hint": "g view · m mesh · space play · , . step",
-        "hint_groups": "g view · m mesh · , . rank",
         "views": {"step": "step", "groups": "groups", "nodes": "nodes", "run": "run"},
     },
     "es": {
@@ -89,8 +87,6 @@ STRINGS = {
         "loss": "paso {step}: pérdida {loss} · un proceso {ref} · mayor diferencia: pérdida {dl}, parámetros {dp}",
         "coords": "coordenadas de los rangos como mesh_coords: {ok}",
         "yes": "sí", "no": "NO",
-        "hint": "g vista · m malla · espacio reproduce · , . paso",
-        "hint_groups": "g vista · m malla · , . rango",
         "views": {"step": "paso", "groups": "grupos", "nodes": "nodos", "run": "ejecución"},
     },
 }
@@ -110,7 +106,7 @@ def phase_text(phase: Phase, tp: int, dp: int, tr: dict) -> str:
     return tr["update"]
 
 
-class MeshVisualizer(LessonVisualizer):
+class MeshVisualizer(PlaybackVisualizer):
     """The (pp, dp, tp) mesh with the groups that talk in each phase of a step."""
 
     can_focus = True
@@ -118,14 +114,17 @@ class MeshVisualizer(LessonVisualizer):
     MeshVisualizer { height: 1fr; width: 1fr; padding: 0 1; }
     MeshVisualizer:focus { background: $boost; }
     """
-    BINDINGS = [
-        Binding("g", "next_view", "next view", show=False),
-        Binding("m", "next_mesh", "next mesh", show=False),
-        Binding("space", "play", "play/pause", show=False),
-        Binding("full_stop", "step(1)", "step forward", show=False),
-        Binding("comma", "step(-1)", "step back", show=False),
-        Binding("0", "restart", "back to the start", show=False),
-    ]
+    TICK_S = 0.1
+    CONTROLS = (
+        NEXT_VIEW,
+        Control("m", "next_mesh", {"en": "next mesh shape (pp, dp, tp)", "es": "siguiente forma de malla (pp, dp, tp)"},
+                hint=True),
+        PLAY,
+        Control("full_stop", "step(1)", {"en": "next / previous phase (rank, in the groups view)",
+                                         "es": "fase siguiente / anterior (rango, en la vista de grupos)"},
+                back_keys="comma", back_action="step(-1)", hint=True),
+        Control("0", "restart", {"en": "back to the start", "es": "volver al inicio"}),
+    )
     SECONDS_PER_PHASE = 1.2
 
     def __init__(self, language: str = "en", **kwargs):
@@ -136,7 +135,6 @@ class MeshVisualizer(LessonVisualizer):
         self.rank = 5
         self.playing = True
         self.run = MeshRun()
-        self._timer = None
         self._elapsed = 0.0
 
     # -- model ------------------------------------------------------------------------------------
@@ -150,17 +148,24 @@ class MeshVisualizer(LessonVisualizer):
         return phases[self.frame % len(phases)] if phases else None
 
     # -- Textual ----------------------------------------------------------------------------------
-    def on_mount(self) -> None:
-        self._timer = self.set_interval(0.1, self._tick, pause=not self.playing)
+    # playback (visualizers/playback.py): a phase every SECONDS_PER_PHASE, looping
+    def advance(self, dt: float) -> bool:
+        if self.view in ("step", "run"):
+            self._elapsed += dt
+            if self._elapsed >= self.SECONDS_PER_PHASE:
+                self._elapsed = 0.0
+                self.frame += 1
+                self.refresh()
+        return True
 
-    def _tick(self) -> None:
-        if not self.playing or self.view not in ("step", "run"):
-            return
-        self._elapsed += 0.1
-        if self._elapsed >= self.SECONDS_PER_PHASE:
-            self._elapsed = 0.0
-            self.frame += 1
-            self.refresh()
+    def seek(self, frames: int) -> None:
+        if self.view == "groups":
+            self.rank = (self.rank + frames) % f.world_size(*self.shape)
+        else:
+            self.frame += frames
+
+    def rewind(self) -> None:
+        self.frame = 0
 
     def show_step(self, step_key: str) -> None:
         view = STEP_VIEWS.get(step_key)
@@ -181,22 +186,6 @@ class MeshVisualizer(LessonVisualizer):
         self.refresh()
 
     # -- actions ----------------------------------------------------------------------------------
-    def _screen_keys(self) -> set[str]:
-        try:
-            screen = self.screen
-        except Exception:  # noqa: BLE001 - not mounted: nothing to defer to
-            return set()
-        keys: set[str] = set()
-        for b in getattr(type(screen), "BINDINGS", []):
-            key = b.key if isinstance(b, Binding) else b[0]
-            keys.update(k.strip() for k in key.split(","))
-        return keys
-
-    def check_action(self, action: str, parameters: tuple) -> bool | None:
-        """Leave a key to the screen when the screen binds it too."""
-        mine = {k for b in self.BINDINGS if b.action.split("(")[0] == action for k in b.key.split(",")}
-        return not (mine & self._screen_keys())
-
     def action_next_view(self) -> None:
         views = [v for v in VIEWS if v != "run" or self.run.shape is not None]
         self.view = views[(views.index(self.view) + 1) % len(views)] if self.view in views else views[0]
@@ -209,26 +198,6 @@ class MeshVisualizer(LessonVisualizer):
         self.rank = min(self.rank, f.world_size(*self.shape) - 1)
         if self.view == "run":
             self.view = "step"
-        self.frame = 0
-        self.refresh()
-
-    def action_play(self) -> None:
-        self.playing = not self.playing
-        if self._timer is not None:
-            self._timer.resume() if self.playing else self._timer.pause()
-        self.refresh()
-
-    def action_step(self, delta: int) -> None:
-        self.playing = False
-        if self._timer is not None:
-            self._timer.pause()
-        if self.view == "groups":
-            self.rank = (self.rank + delta) % f.world_size(*self.shape)
-        else:
-            self.frame += delta
-        self.refresh()
-
-    def action_restart(self) -> None:
         self.frame = 0
         self.refresh()
 
@@ -372,10 +341,7 @@ class MeshVisualizer(LessonVisualizer):
         lines += self.caption(tr)
         if self.view == "run":
             lines += self.run_lines(tr)
-        hint = tr["hint_groups" if self.view == "groups" else "hint"]
-        taken = self._screen_keys()
-        parts = [p for p in hint.split(" · ") if p.split(" ")[0] not in taken]
-        lines.append(Text(" · ".join(parts), style="grey50"))
+        lines.append(Text(self.controls_hint(width), style="grey50"))
         if height is not None and len(lines) > height:
             # a short pane drops the explanations first: the rows line, then the colour legend
             legend = self.legend(tr).plain

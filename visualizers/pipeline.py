@@ -18,14 +18,15 @@ timeline of the latest complete step under the simulated one. No torch, no I/O.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rich.console import Group
 from rich.text import Text
-from textual.binding import Binding
 
 from ..lessons.lesson5 import simulator as sim
-from .base import LessonVisualizer
+from ..lessons.lesson5.run_timeline import CompleteStep, PipelineRun
+from .base import NEXT_VIEW, PLAY, Control
+from .playback import PlaybackVisualizer
 
 # Tableau 10: distinct hues; backward blocks use a darker shade of the same hue.
 _HUES = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
@@ -50,9 +51,6 @@ STRINGS = {
         "waiting": "measured {name}: waiting for a complete step…",
         "legend": "light F · dark B · {idle} idle (bubble) · ▁▄█ activations held (now/peak)",
         "legend_short": "light F · dark B · {idle} bubble · ▁▄█ held now/peak",
-        "keys": "Tab to focus · s/S stages · m/M microbatches · c/C chunks · b backward cost · h hop · "
-                "0-3,g view · space play · [ ] cursor",
-        "keys_short": "s/S p · m/M m · c/C v · b · h · 0-3 · space",
         "playing": "▶", "paused": "❚❚",
         "more": "… {n} more (taller window or 1-3 to pick one)",
         "table_head": ("schedule", "bubble", "formula", "peak µb", "formula", "ours/torch", "grad diff"),
@@ -69,9 +67,6 @@ STRINGS = {
         "waiting": "medido {name}: esperando un paso completo…",
         "legend": "F claro · B oscuro · {idle} ocioso (burbuja) · ▁▄█ activaciones retenidas (ahora/pico)",
         "legend_short": "F claro · B oscuro · {idle} burbuja · ▁▄█ retenidas ahora/pico",
-        "keys": "Tab para enfocar · s/S etapas · m/M microbatches · c/C trozos · b coste del backward · "
-                "h salto · 0-3,g vista · espacio reproduce · [ ] cursor",
-        "keys_short": "s/S p · m/M m · c/C v · b · h · 0-3 · espacio",
         "playing": "▶", "paused": "❚❚",
         "more": "… {n} más (ventana más alta o 1-3 para elegir una)",
         "table_head": ("planificación", "burbuja", "fórmula", "pico µb", "fórmula", "nuestro/torch",
@@ -108,6 +103,11 @@ class Lanes:
         scale = 1.0 / tl.t_f
         return cls([[(s * scale, e * scale, op) for s, e, op in tl.blocks(r)] for r in range(tl.p)],
                    tl.makespan * scale, tl.v)
+
+    @classmethod
+    def of_step(cls, step: CompleteStep) -> Lanes:
+        """A measured step (already in forward-time units)."""
+        return cls(step.blocks, step.makespan, step.v)
 
     @property
     def p(self) -> int:
@@ -215,59 +215,7 @@ def draw_lanes(lanes: Lanes, cols: int, t_max: float, cursor: float | None, mem_
     return rows
 
 
-@dataclass
-class Measured:
-    """A run's timestamps: schedule -> step -> rank -> [(t0, t1, op)]."""
-
-    p: int = 0
-    m: int = 0
-    v: int = 1
-    ops: dict = field(default_factory=dict)
-    stages: dict = field(default_factory=dict)  # schedule -> rank -> pp_stage event
-    summary: dict = field(default_factory=dict)
-
-    def feed(self, event: dict) -> bool:
-        """Take one run event; True if it was one of this lesson's."""
-        kind = event.get("kind")
-        if kind == "pp_op" and self.p:
-            op = sim.Op(event["op"], int(event["mb"]), int(event.get("chunk", 0)), int(event["stage"]))
-            rank = int(event.get("rank", int(event["stage"]) % self.p))
-            by_step = self.ops.setdefault(event["schedule"], {}).setdefault(int(event.get("step", 0)), {})
-            by_step.setdefault(rank, []).append((float(event["t0"]), float(event["t1"]), op))
-        elif kind == "pp_stage":
-            self.stages.setdefault(event["schedule"], {})[int(event["rank"])] = event
-        elif kind == "summary" and event.get("lesson") == "lesson5":
-            self.summary = event
-        else:
-            return False
-        return True
-
-    def latest_schedule(self) -> str | None:
-        """The schedule of the run's latest complete step (or, before one, the latest with events)."""
-        done = [s for s in self.ops if self.latest_complete(s) is not None]
-        return done[-1] if done else (list(self.ops)[-1] if self.ops else None)
-
-    def latest_complete(self, schedule: str):
-        """(step, Lanes, seconds) of the latest step where every rank reported all its blocks."""
-        steps = self.ops.get(schedule, {})
-        v = self.v if schedule == "interleaved" else 1
-        want = 2 * self.m * v
-        for step in sorted(steps, reverse=True):
-            ranks = steps[step]
-            if len(ranks) == self.p and all(len(ranks.get(r, [])) == want for r in range(self.p)):
-                t0 = min(b[0] for r in range(self.p) for b in ranks[r])
-                t1 = max(b[1] for r in range(self.p) for b in ranks[r])
-                span = t1 - t0
-                # draw in units of the mean forward time, like the simulated panels
-                fwd = [b[1] - b[0] for r in range(self.p) for b in ranks[r] if b[2].kind == "F"]
-                unit = (sum(fwd) / len(fwd)) * v if fwd and sum(fwd) > 0 else (span or 1.0)
-                blocks = [[((a - t0) / unit, (b - t0) / unit, op) for a, b, op in sorted(ranks[r])]
-                          for r in range(self.p)]
-                return step, Lanes(blocks, span / unit, v), span
-        return None
-
-
-class PipelineVisualizer(LessonVisualizer):
+class PipelineVisualizer(PlaybackVisualizer):
     """Timelines of GPipe, 1F1B and interleaved 1F1B, simulated and measured."""
 
     can_focus = True
@@ -275,29 +223,32 @@ class PipelineVisualizer(LessonVisualizer):
     PipelineVisualizer { height: 1fr; width: 1fr; padding: 0 1; }
     PipelineVisualizer:focus { background: $boost; }
     """
-    BINDINGS = [
-        Binding("s", "stages(1)", "more stages", show=False),
-        Binding("S", "stages(-1)", "fewer stages", show=False),
-        Binding("m", "microbatches(1)", "more microbatches", show=False),
-        Binding("M", "microbatches(-1)", "fewer microbatches", show=False),
-        Binding("c", "chunks(1)", "more chunks", show=False),
-        Binding("C", "chunks(-1)", "fewer chunks", show=False),
-        Binding("b", "backward_cost", "backward cost", show=False),
-        Binding("h", "hop", "time per hop", show=False),
-        Binding("g", "next_view", "next view", show=False),
-        Binding("0", "view('all')", "all schedules", show=False),
-        Binding("1", "view('gpipe')", "GPipe", show=False),
-        Binding("2", "view('1f1b')", "1F1B", show=False),
-        Binding("3", "view('interleaved')", "interleaved", show=False),
-        Binding("space", "play", "play/pause", show=False),
-        Binding("left_square_bracket", "seek(-1)", "cursor back", show=False),
-        Binding("right_square_bracket", "seek(1)", "cursor forward", show=False),
-    ]
+    CONTROLS = (
+        PLAY,
+        Control("full_stop", "step(1)", {"en": "cursor forward / back", "es": "cursor adelante / atrás"},
+                back_keys="comma", back_action="step(-1)"),
+        NEXT_VIEW,
+        Control("0", "view('all')", {"en": "view: all three schedules", "es": "vista: los tres calendarios"}),
+        Control("1", "view('gpipe')", {"en": "view: GPipe", "es": "vista: GPipe"}),
+        Control("2", "view('1f1b')", {"en": "view: 1F1B", "es": "vista: 1F1B"}),
+        Control("3", "view('interleaved')", {"en": "view: interleaved 1F1B", "es": "vista: 1F1B intercalado"}),
+        Control("s", "stages(1)", {"en": "more / fewer stages", "es": "más / menos etapas"},
+                back_keys="S", back_action="stages(-1)", hint=True),
+        Control("m", "microbatches(1)", {"en": "more / fewer microbatches", "es": "más / menos microbatches"},
+                back_keys="M", back_action="microbatches(-1)", hint=True),
+        Control("c", "chunks(1)", {"en": "more / fewer chunks per stage (interleaved)",
+                                   "es": "más / menos trozos por etapa (intercalado)"},
+                back_keys="C", back_action="chunks(-1)"),
+        Control("b", "backward_cost", {"en": "backward cost: 2×, 3×, 1× the forward",
+                                       "es": "coste del backward: 2×, 3×, 1× el forward"}),
+        Control("h", "hop", {"en": "time per hop between stages", "es": "tiempo por salto entre etapas"}),
+    )
     P_RANGE = (2, 16)
     M_RANGE = (1, 64)
     V_RANGE = (2, 8)
     B_COSTS = (2.0, 3.0, 1.0)
     HOPS = (0.0, 0.25, 1.0)
+    TICK_S = 1 / 12
     TICKS_PER_PLAY = 160  # cursor steps across one step of the longest schedule
 
     def __init__(self, language: str = "en", **kwargs):
@@ -307,9 +258,8 @@ class PipelineVisualizer(LessonVisualizer):
         self.view = "all"
         self.cursor = 0.0
         self.playing = True
-        self.measured = Measured()
+        self.measured = PipelineRun()
         self._cache: dict = {}
-        self._timer = None
 
     # -- model ------------------------------------------------------------------------------------
     def lanes(self, schedule: str) -> Lanes | str:
@@ -346,17 +296,24 @@ class PipelineVisualizer(LessonVisualizer):
         return max(spans, default=1.0)
 
     # -- Textual ----------------------------------------------------------------------------------
-    def on_mount(self) -> None:
-        self._timer = self.set_interval(1 / 12, self._tick, pause=not self.playing)
-
-    def _tick(self) -> None:
-        if not self.playing:
-            return
+    # playback (visualizers/playback.py): a cursor across the step, looping
+    def advance(self, dt: float) -> bool:
         t_max = self.t_max()
         self.cursor += t_max / self.TICKS_PER_PLAY
         if self.cursor > t_max * 1.1:
             self.cursor = 0.0
         self.refresh()
+        return True
+
+    def seek(self, frames: int) -> None:
+        t_max = self.t_max()
+        self.cursor = min(t_max, max(0.0, self.cursor + frames * t_max / 40))
+
+    def rewind(self) -> None:
+        self.cursor = 0.0
+
+    def to_end(self) -> None:
+        self.cursor = self.t_max()
 
     def show_step(self, step_key: str) -> None:
         preset = STEP_PRESETS.get(step_key)
@@ -370,37 +327,17 @@ class PipelineVisualizer(LessonVisualizer):
         self.refresh()
 
     def feed_event(self, event: dict) -> None:
-        kind = event.get("kind")
-        if kind == "run_start":  # a new run: forget the last one's timeline
-            self.measured = Measured()
-        elif kind == "pp_config":  # a run of this lesson: draw it beside its simulation
-            self.measured = Measured(p=int(event["p"]), m=int(event["m"]), v=int(event.get("v", 1)))
+        """Fold the event into the run (``lessons/lesson5/run_timeline.py``); a run of this lesson
+        (``pp_config``) is drawn beside its simulation, with its p, m and v."""
+        if not self.measured.feed(event):
+            return
+        if event.get("kind") == "pp_config":
             self.view = "run"
             self.p, self.m = self.measured.p, self.measured.m
             self.v = max(self.V_RANGE[0], self.measured.v)
-        elif not self.measured.feed(event):
-            return
         self.refresh()
 
     # -- actions ----------------------------------------------------------------------------------
-    def _screen_keys(self) -> set[str]:
-        """Keys the screen binds itself (none when not mounted)."""
-        try:
-            screen = self.screen
-        except Exception:  # noqa: BLE001 - not mounted: nothing to defer to
-            return set()
-        theirs: set[str] = set()
-        for b in getattr(type(screen), "BINDINGS", []):
-            key = b.key if isinstance(b, Binding) else b[0]
-            theirs.update(k.strip() for k in key.split(","))
-        return theirs
-
-    def check_action(self, action: str, parameters: tuple) -> bool | None:
-        """Leave a key to the screen when the screen binds it too (the run panel's ``s`` Stop)."""
-        mine = {k for b in self.BINDINGS if b.action.split("(")[0] == action for k in b.key.split(",")}
-        theirs = self._screen_keys()
-        return not (mine & theirs or ({k.lower() for k in mine} & theirs))
-
     def _changed(self) -> None:
         self.cursor = 0.0
         self.refresh()
@@ -433,17 +370,6 @@ class PipelineVisualizer(LessonVisualizer):
         order = ["all", "gpipe", "1f1b", "interleaved", "same-time"]
         self.view = order[(order.index(self.view) + 1) % len(order)] if self.view in order else "all"
         self._changed()
-
-    def action_play(self) -> None:
-        self.playing = not self.playing
-        if self._timer is not None:
-            self._timer.resume() if self.playing else self._timer.pause()
-        self.refresh()
-
-    def action_seek(self, direction: int) -> None:
-        t_max = self.t_max()
-        self.cursor = min(t_max, max(0.0, self.cursor + direction * t_max / 40))
-        self.refresh()
 
     # -- drawing ----------------------------------------------------------------------------------
     def build_lines(self, width: int, height: int | None = None) -> list[Text]:
@@ -482,11 +408,8 @@ class PipelineVisualizer(LessonVisualizer):
             measured = self._measured_panel(schedule, cols, mem_max, tr)
             panel.extend(measured)
             panels.append(panel)
-        taken = self._screen_keys()
-        hints = [h for h in tr["keys_short" if narrow else "keys"].split(" · ")
-                 if not set(h.split(" ")[0].split("/")) & taken]  # keys the screen keeps for itself
         footer = [Text(tr["legend_short" if narrow else "legend"].format(idle=IDLE_CHAR), style="grey50"),
-                  Text(" · ".join(hints), style="grey50")]
+                  Text(self.controls_hint(width), style="grey50")]
         budget = (height or 10_000) - len(lines) - len(footer)
         used = 0
         for i, panel in enumerate(panels):
@@ -512,7 +435,7 @@ class PipelineVisualizer(LessonVisualizer):
         found = meas.latest_complete(schedule)
         if found is None:
             return [Text(tr["waiting"].format(name=NAMES[schedule]), style="italic")]
-        step, lanes, seconds = found
+        step, lanes, seconds = found.step, Lanes.of_step(found), found.seconds
         title = Text(tr["measured"].format(name=NAMES[schedule], step=step, ms=seconds * 1e3, f=lanes.bubble()),
                      style="bold magenta")
         res = meas.summary.get("schedules", {}).get(schedule) if meas.summary else None
@@ -526,18 +449,15 @@ class PipelineVisualizer(LessonVisualizer):
 
 
 class TerminalPipeline:
-    """``distai run lesson5``'s terminal view (see ``tutor.cli_run.LESSON_VIEWS``): the latest
-    measured step drawn as a timeline, then the run's figures against the formulas."""
+    """``distai run lesson5``'s terminal view (``[run] terminal`` in lessons/lesson5/lesson.toml): the
+    latest measured step drawn as a timeline, then the run's figures against the formulas."""
 
     def __init__(self, language: str = "en"):
         self.language = language
-        self.measured = Measured()
+        self.measured = PipelineRun()
 
     def feed(self, event: dict) -> None:
-        if event.get("kind") == "pp_config":
-            self.measured = Measured(p=int(event["p"]), m=int(event["m"]), v=int(event.get("v", 1)))
-        else:
-            self.measured.feed(event)
+        self.measured.feed(event)
 
     def renderables(self, width: int = 100) -> list[Text]:
         meas, tr = self.measured, STRINGS.get(self.language, STRINGS["en"])
@@ -545,7 +465,7 @@ class TerminalPipeline:
         schedule = meas.latest_schedule()
         found = meas.latest_complete(schedule) if schedule else None
         if found is not None:
-            step, lanes, seconds = found
+            step, lanes, seconds = found.step, Lanes.of_step(found), found.seconds
             out.append(Text(tr["measured"].format(name=NAMES[schedule], step=step, ms=seconds * 1e3,
                                                   f=lanes.bubble()), style="bold magenta"))
             cols = max(20, min(width, 120) - 12)

@@ -23,37 +23,39 @@ One widget, rendered as Rich ``Text`` (no child widgets); the controls line is c
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import dataclass, field
-from functools import lru_cache
 
-from rich.style import Style
 from rich.text import Text
 from textual import events
-from textual.binding import Binding
 from textual.strip import Strip
-from textual.widget import Widget
 
 from ..lessons.lesson1 import baselines, formulas, ring_model
-from ..lessons.units import format_bandwidth, format_bytes, format_time
-from .base import LessonVisualizer
+from ..lessons.lesson1.ring_run import RecordedCall, RingRun
+from ..lessons.units import format_bandwidth, format_time
+from .base import PLAYBACK_CONTROLS, Control, wrap_words
+from .playback import PlaybackVisualizer
+from .ring_chart import SweepChart, sweep_chart  # noqa: F401 - SweepChart: the run view's chart
+from .ring_drawing import (
+    ALGO_STYLE,
+    PHASE_STYLE,
+    RUN_COLOR,
+    cell_style,
+    count_rgb,  # noqa: F401 - the colour scale, for callers and tests
+    fg_style,
+    fmt_bytes,
+    fmt_units,
+    styled,
+    text_strip,
+    wrap_text,
+)
+from .ring_plan import ALGORITHMS, NAIVE, RING, TREE, Plan, model_plan, recorded_plan
 
-RING, TREE, NAIVE = "ring", "tree", "naive"
-ALGORITHMS = (RING, TREE, NAIVE)
 N_MIN, N_MAX = 2, 16
 SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20, 10 ** 9, 4 * 10 ** 9)
 DEFAULT_SIZE = 10 ** 9
-SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # steps per second
-DEFAULT_SPEED = 1.0
-FPS = 25  # animation timer while playing (nothing runs while paused)
+DEFAULT_SPEED = 1.0  # steps per second
+FPS = 25  # the animation timer while playing (nothing runs while paused)
 PROGRESS_LEVELS = 16  # visible positions of a message on its way: a frame is drawn when one changes
 DEFAULT_ALPHA, DEFAULT_BETA = 5e-6, 4e-11  # the lesson's link: 5 µs, 25 GB/s
-
-PHASE_STYLE = {ring_model.REDUCE_SCATTER: "bold magenta", ring_model.ALL_GATHER: "bold cyan",
-               baselines.REDUCE: "bold magenta", baselines.BROADCAST: "bold cyan"}
-ALGO_STYLE = {RING: "bold green", TREE: "bold yellow", NAIVE: "bold red"}
-RUN_COLOR = "#5fafff"
-AR_COLOR = "#ff5fd7"
 
 S = {
     "en": {
@@ -78,19 +80,12 @@ S = {
                      "n_down": "N−", "n_up": "N+", "s_down": "S−", "s_up": "S+",
                      "slower": "½×", "faster": "2×", "algo": "{algo}", "chart": "chart", "ring": "ring",
                      "load": "load", "source_run": "run", "source_sim": "model"},
-        "keys": "keys (Tab to focus): space play/pause · , . step · 0 start · [ ] N · s S size · "
-                "- + speed · a ring/tree/naive · g chart · o load last run · m model/run · c next call",
-        "chart_title": "busbw vs message size",
-        "chart_none": "No sweep yet. Run `distai run lesson1 --cpu 4`, then press o here to load it.",
-        "chart_legend": "● our ring  ◆ dist.all_reduce  · α-β fit",
-        "chart_fit": "fit {impl}: α {a}, 1/β {bw}",
-        "impl": {"ring": "ring", "all_reduce": "all_reduce"},
         "run_none": "no traced ring steps in this run (run with --trace first)",
         "too_many": "the run has N = {n} ranks; the visualizer draws 2 to 16",
         "captions": {
             "replicate": "Each rank starts with its own gradients: every chunk holds 1 contribution.",
             "averaging": "The mean of the N gradients is their sum / N: all-reduce the sum, divide once.",
-            "allreduce": "All-reduce: every rank ends with the sum of all N buffers. Press space.",
+            "allreduce": "All-reduce: every rank ends with the sum of all N buffers. Press space to play.",
             "naive": "Naive: all traffic goes through rank 0's link, (N−1)·S each way. Compare the ring (a).",
             "reduce-scatter": "Reduce-scatter: each hop adds one contribution; after N−1 steps each rank "
                               "owns one complete chunk.",
@@ -125,20 +120,12 @@ S = {
                      "n_down": "N−", "n_up": "N+", "s_down": "S−", "s_up": "S+",
                      "slower": "½×", "faster": "2×", "algo": "{algo}", "chart": "gráfica", "ring": "anillo",
                      "load": "cargar", "source_run": "ejecución", "source_sim": "modelo"},
-        "keys": "teclas (Tab para enfocar): espacio reproducir/pausa · , . paso · 0 inicio · [ ] N · "
-                "s S tamaño · - + velocidad · a anillo/árbol/ingenuo · g gráfica · o cargar la última "
-                "ejecución · m modelo/ejecución · c siguiente llamada",
-        "chart_title": "busbw según el tamaño del mensaje",
-        "chart_none": "Aún no hay barrido. Ejecuta `distai run lesson1 --cpu 4` y pulsa o aquí para cargarlo.",
-        "chart_legend": "● nuestro anillo  ◆ dist.all_reduce  · ajuste α-β",
-        "chart_fit": "ajuste {impl}: α {a}, 1/β {bw}",
-        "impl": {"ring": "anillo", "all_reduce": "all_reduce"},
         "run_none": "esta ejecución no trazó pasos del anillo (ejecútala con --trace first)",
         "too_many": "la ejecución tiene N = {n} rangos; el visualizador dibuja de 2 a 16",
         "captions": {
             "replicate": "Cada rango empieza con sus propios gradientes: cada trozo tiene 1 contribución.",
             "averaging": "La media de los N gradientes es su suma / N: all-reduce de la suma y una división.",
-            "allreduce": "All-reduce: cada rango termina con la suma de los N buffers. Pulsa espacio.",
+            "allreduce": "All-reduce: cada rango termina con la suma de los N buffers. Pulsa espacio para reproducir.",
             "naive": "Ingenuo: todo pasa por el enlace del rango 0, (N−1)·S por sentido. Compáralo con el "
                      "anillo (a).",
             "reduce-scatter": "Reduce-scatter: cada salto suma una contribución; tras N−1 pasos cada rango "
@@ -177,380 +164,22 @@ EMPHASIS = {"naive": "bytes", "reduce-scatter": "bytes", "all-gather": "bytes", 
 
 
 # ------------------------------------------------------------------------------------ the plans
-@dataclass(frozen=True)
-class Send:
-    """One message of a step: ``src`` → ``dst``, the chunks it carries, add or overwrite, bytes."""
-
-    src: int
-    dst: int
-    chunks: tuple[int, ...]
-    reduce: bool
-    nbytes: float
-
-
-@dataclass
-class Plan:
-    """Everything the drawing needs, per step and per frame (frame k = after k steps).
-
-    ``sent``/``recv`` are cumulative per rank, in bytes (simulated plans: in units of S, scaled at
-    drawing time). ``ready`` is how many steps are known (a live run may still be sending).
-    """
-
-    algorithm: str
-    n: int
-    total: int  # steps the algorithm takes
-    phases: list[str]
-    sends: list[list[Send]]
-    counts: list[tuple[tuple[int, ...], ...]]
-    sent: list[tuple[float, ...]]
-    recv: list[tuple[float, ...]]
-    whole_buffer: bool
-    missing: list[list[int]] = field(default_factory=list)  # per step: ranks not heard from yet
-    mismatches: int = 0
-
-    @property
-    def ready(self) -> int:
-        return len(self.counts) - 1
-
-    def receivers(self, step: int) -> dict[int, Send]:
-        return {s.dst: s for s in self.sends[step]}
-
-    def senders(self, step: int) -> dict[int, Send]:
-        return {s.src: s for s in self.sends[step]}
-
-
-def _fold(n: int, sends: list[list[Send]]):
-    holds = [[frozenset({r})] * n for r in range(n)]
-    counts = [tuple(tuple(len(h) for h in row) for row in holds)]
-    sent = [tuple([0.0] * n)]
-    recv = [tuple([0.0] * n)]
-    for step in sends:
-        payloads = [[holds[s.src][c] for c in s.chunks] for s in step]  # all send, then all receive
-        out, got = list(sent[-1]), list(recv[-1])
-        for s, payload in zip(step, payloads):
-            for c, p in zip(s.chunks, payload):
-                holds[s.dst][c] = holds[s.dst][c] | p if s.reduce else p
-            out[s.src] += s.nbytes
-            got[s.dst] += s.nbytes
-        counts.append(tuple(tuple(len(h) for h in row) for row in holds))
-        sent.append(tuple(out))
-        recv.append(tuple(got))
-    return counts, sent, recv
-
-
-@lru_cache(maxsize=64)
-def model_plan(algorithm: str, n: int) -> Plan:
-    """The simulated plan of ``algorithm`` on ``n`` ranks (bytes in units of the buffer size S)."""
-    if algorithm == RING:
-        sends = [[Send(t.src, t.dst, (t.chunk,), t.reduce, 1.0 / n) for t in step]
-                 for step in ring_model.schedule(n)]
-        phases = [ring_model.phase_of(k, n)[0] for k in range(len(sends))]
-    else:
-        sched = baselines.schedule(algorithm, n)
-        every = tuple(range(n))
-        sends = [[Send(m.src, m.dst, every, m.reduce, 1.0) for m in step] for step in sched]
-        phases = [step[0].phase for step in sched]
-    counts, sent, recv = _fold(n, sends)
-    return Plan(algorithm, n, len(sends), phases, sends, counts, sent, recv, algorithm != RING,
-                missing=[[] for _ in sends])
-
-
-@dataclass
-class RecordedCall:
-    """The ``ring_step`` events of one traced ring all-reduce (``call``) of a run."""
-
-    call: int
-    n: int
-    size: int
-    total: int
-    events: dict[tuple[int, int], dict] = field(default_factory=dict)  # (step, rank) -> event
-
-    def plan(self) -> Plan:
-        n = self.n
-        sends: list[list[Send]] = []
-        phases: list[str] = []
-        missing: list[list[int]] = []
-        mismatches = 0
-        for step in range(self.total):
-            phase = ring_model.phase_of(step, n)[0]
-            phases.append(phase)
-            row = [self.events.get((step, r)) for r in range(n)]
-            gone = [r for r, e in enumerate(row) if e is None]
-            missing.append(gone)
-            if gone:
-                break
-            step_sends = []
-            for r, e in enumerate(row):
-                chunk, dst = int(e.get("chunk", -1)), int(e.get("to", -1))
-                if (chunk != ring_model.send_chunk(r, step, n) or dst != ring_model.right(r, n)
-                        or int(e.get("recv_chunk", -1)) != ring_model.recv_chunk(r, step, n)):
-                    mismatches += 1
-                if not (0 <= chunk < n and 0 <= dst < n):
-                    continue
-                step_sends.append(Send(r, dst, (chunk,), e.get("phase", phase) == ring_model.REDUCE_SCATTER,
-                                       float(e.get("bytes", 0))))
-            sends.append(step_sends)
-        phases += [ring_model.phase_of(k, n)[0] for k in range(len(phases), self.total)]
-        missing += [list(range(n)) for _ in range(len(missing), self.total)]
-        counts, sent, recv = _fold(n, sends)
-        return Plan(RING, n, self.total, phases, sends + [[] for _ in range(self.total - len(sends))],
-                    counts, sent, recv, False, missing=missing, mismatches=mismatches)
-
-
-@dataclass
-class RunData:
-    """What the widget has been fed from one run."""
-
-    run_id: str | None = None
-    calls: dict[int, RecordedCall] = field(default_factory=dict)
-    sweep: list[dict] = field(default_factory=list)
-    fits: dict[str, dict] = field(default_factory=dict)
-    train_steps: list[int] = field(default_factory=list)
-
-    def add_ring_step(self, e: dict) -> RecordedCall | None:
-        try:
-            call, n, step, rank = int(e.get("call", 0)), int(e["n"]), int(e["step"]), int(e["rank"])
-            total = int(e.get("of", ring_model.num_steps(n)))
-        except (KeyError, TypeError, ValueError):
-            return None
-        rec = self.calls.get(call)
-        if rec is None:
-            rec = self.calls[call] = RecordedCall(call, n, int(e.get("size", 0)), total)
-        if 0 <= step < rec.total and 0 <= rank < rec.n:
-            rec.events[(step, rank)] = e
-        return rec
-
-    def fit_params(self, impl: str = "ring") -> tuple[float, float] | None:
-        f = self.fits.get(impl)
-        if not f:
-            return None
-        a, b = f.get("alpha_s"), f.get("beta_s_per_byte")
-        if not isinstance(a, (int, float)) or not isinstance(b, (int, float)) or a < 0 or b <= 0:
-            return None
-        return float(a), float(b)
-
-
-# ------------------------------------------------------------------------------------ colours
-_OWN = (0x3a, 0x44, 0x5c)  # 1: only the rank's own contribution (slate)
-_RAMP = ((0x1f, 0x6f, 0xd1), (0x9b, 0x3f, 0xc0), (0xe0, 0x7a, 0x1f))  # 2 → N−1: blue, purple, orange
-_COMPLETE = (0x23, 0xa0, 0x3c)  # N: green
-
-
-def count_rgb(count: int, n: int) -> tuple[int, int, int]:
-    """The colour of a chunk that holds ``count`` of ``n`` contributions."""
-    if count >= n:
-        return _COMPLETE
-    if count <= 1:
-        return _OWN
-    t = 0.0 if n <= 3 else (count - 2) / (n - 3)
-    t = min(1.0, max(0.0, t)) * (len(_RAMP) - 1)
-    i = min(int(t), len(_RAMP) - 2)
-    f = t - i
-    a, b = _RAMP[i], _RAMP[i + 1]
-    return tuple(round(a[j] + (b[j] - a[j]) * f) for j in range(3))  # type: ignore[return-value]
-
-
-def _hex(rgb) -> str:
-    r, g, b = (max(0, min(255, int(v))) for v in rgb)
-    return f"#{r:02x}{g:02x}{b:02x}"
-
-
-def _mix(a, b, f: float):
-    return tuple(a[j] + (b[j] - a[j]) * f for j in range(3))
-
-
-@lru_cache(maxsize=4096)
-def cell_style(count: int, n: int, odd: bool = False, sending: bool = False,
-               blend_to: int | None = None, blend: int = 0) -> Style:
-    """Background by contributions (odd columns a shade darker, so neighbours stay apart)."""
-    rgb = count_rgb(count, n)
-    if blend_to is not None:
-        rgb = _mix(rgb, count_rgb(blend_to, n), blend / 8)
-    if odd:
-        rgb = tuple(v * 0.8 for v in rgb)
-    return Style(bgcolor=_hex(rgb), color="white", bold=sending, underline=sending)
-
-
-@lru_cache(maxsize=512)
-def fg_style(count: int, n: int, bold: bool = True) -> Style:
-    return Style(color=_hex(count_rgb(count, n)), bold=bold)
-
-
-def _fmt_bytes(x: float, lang: str) -> str:
-    binary = x >= 1024 and float(x).is_integer() and (int(x) & (int(x) - 1)) == 0
-    return format_bytes(x, binary=binary, lang=lang)
-
-
-def _fmt_units(x: float, size: float, lang: str) -> str:
-    """Bytes that are a simple multiple of S, in the unit S itself is written in."""
-    binary = size >= 1024 and float(size).is_integer() and (int(size) & (int(size) - 1)) == 0
-    return format_bytes(x, binary=binary, lang=lang)
-
-
-# ------------------------------------------------------------------------------------ the chart
-def sweep_chart(rows: list[dict], fits: dict[str, dict], width: int, height: int,
-                lang: str = "en") -> list[Text]:
-    """busbw against message size (log₂ axis): our ring ●, ``dist.all_reduce`` ◆, fitted α-β curves ·.
-
-    The fitted curves are ``formulas.busbw(S, a + b·S, n)`` with the run's ``fit`` events' a, b.
-    Returns ``height`` lines at most, each at most ``width`` cells.
-    """
-    s = S[lang]
-    lines: list[Text] = []
-    pts = [r for r in rows if r.get("size") and r.get("ring_busbw") is not None]
-    if not pts:
-        return [Text(part, style="dim") for part in _wrap(s["chart_none"], width)][:height]
-    legend = [Text(line) for line in _wrap(s["chart_legend"], width)]
-    fit_lines = []
-    for impl in ("ring", "all_reduce"):
-        f = fits.get(impl)
-        if f and isinstance(f.get("alpha_s"), (int, float)) and f.get("beta_s_per_byte"):
-            bw = 1 / f["beta_s_per_byte"] if f["beta_s_per_byte"] > 0 else None
-            fit_lines.append(Text(s["chart_fit"].format(
-                impl=s["impl"][impl], a=format_time(f["alpha_s"], lang=lang),
-                bw="—" if bw is None else format_bandwidth(bw, lang=lang)), style="dim"))
-    label_w = 10
-    plot_w = max(8, width - label_w)
-    plot_h = max(3, height - 3 - len(legend) - len(fit_lines))  # title, axis, x labels
-    sizes = sorted({int(r["size"]) for r in pts})
-    lo, hi = math.log2(sizes[0]), math.log2(sizes[-1])
-    span = max(hi - lo, 1e-9)
-    n = int(pts[0].get("n", 2))
-
-    def col(size: float) -> int:
-        return max(0, min(plot_w - 1, round((math.log2(size) - lo) / span * (plot_w - 1))))
-
-    curves: dict[str, list[float | None]] = {}
-    for impl in ("ring", "all_reduce"):
-        f = fits.get(impl)
-        if not f or not isinstance(f.get("a_s"), (int, float)) or not isinstance(f.get("b_s_per_byte"), (int, float)):
-            continue
-        vals: list[float | None] = []
-        for c in range(plot_w):
-            size = 2 ** (lo + span * c / max(1, plot_w - 1))
-            t = f["a_s"] + f["b_s_per_byte"] * size
-            vals.append(formulas.busbw(size, t, int(f.get("n", n))) if t > 0 else None)
-        curves[impl] = vals
-    top = max([r["ring_busbw"] for r in pts] + [r.get("ar_busbw") or 0 for r in pts]
-              + [v for vals in curves.values() for v in vals if v is not None])
-    top = top * 1.05 if top > 0 else 1.0
-
-    def row_of(v: float) -> int:
-        return max(0, min(plot_h - 1, plot_h - 1 - round(v / top * (plot_h - 1))))
-
-    grid: list[list[tuple[str, str | None]]] = [[(" ", None)] * plot_w for _ in range(plot_h)]
-    for impl, colour in (("all_reduce", AR_COLOR), ("ring", RUN_COLOR)):
-        for c, v in enumerate(curves.get(impl, [])):
-            if v is not None and v <= top:
-                grid[row_of(v)][c] = ("·", colour)
-    for r in pts:
-        if r.get("ar_busbw") is not None:
-            grid[row_of(r["ar_busbw"])][col(r["size"])] = ("◆", f"bold {AR_COLOR}")
-    for r in pts:
-        grid[row_of(r["ring_busbw"])][col(r["size"])] = ("●", f"bold {RUN_COLOR}")
-    title = _span(s["chart_title"], "bold")
-    title.append(f"  N = {n}", style="dim")
-    lines.append(title)
-    for y in range(plot_h):
-        label = ""
-        if y == 0:
-            label = format_bandwidth(top * (plot_h - 1) / (plot_h - 1), digits=2, lang=lang)
-        elif y == plot_h - 1:
-            label = "0"
-        elif y == (plot_h - 1) // 2:
-            label = format_bandwidth(top * (plot_h - 1 - y) / (plot_h - 1), digits=2, lang=lang)
-        line = _span(f"{label:>{label_w - 2}} " + ("┤" if label else "│"), "dim")
-        run_ch, run_style = [], None
-        for ch, style in grid[y]:
-            if style != run_style and run_ch:
-                line.append("".join(run_ch), style=run_style)
-                run_ch = []
-            run_style = style
-            run_ch.append(ch)
-        if run_ch:
-            line.append("".join(run_ch), style=run_style)
-        lines.append(line)
-    axis = Text(" " * (label_w - 1) + "└" + "─" * plot_w, style="dim")
-    lines.append(axis)
-    xl = [" "] * plot_w
-    for size in (sizes[0], sizes[len(sizes) // 2], sizes[-1]):
-        lab = _fmt_bytes(size, lang).replace(" ", "")
-        start = max(0, min(plot_w - len(lab), col(size) - len(lab) // 2))
-        if all(ch == " " for ch in xl[max(0, start - 1):start + len(lab) + 1]):
-            xl[start:start + len(lab)] = list(lab)
-    lines.append(Text(" " * label_w + "".join(xl), style="dim"))
-    lines.extend(legend)
-    lines.extend(fit_lines)
-    return lines[:max(height, 1)]
-
-
-def _span(text: str, style: str = "") -> Text:
-    """A Text whose style covers this text only (not text appended later)."""
-    t = Text()
-    t.append(text, style=style or None)
-    return t
-
-
-def _wrap(text: str, width: int) -> list[str]:
-    """Greedy word wrap (for the short captions and hints)."""
-    width = max(8, width)
-    out, line = [], ""
-    for word in text.split(" "):
-        if line and len(line) + 1 + len(word) > width:
-            out.append(line)
-            line = word
-        else:
-            line = f"{line} {word}" if line else word
-    if line:
-        out.append(line)
-    return out
-
-
-class SweepChart(Widget):
-    """The bandwidth-sweep chart alone, for a run view: ``update(rows, fits)``."""
-
-    DEFAULT_CSS = "SweepChart { height: 1fr; width: 1fr; }"
-
-    def __init__(self, language: str = "en", **kwargs):
-        super().__init__(**kwargs)
-        self.language = language
-        self.rows: list[dict] = []
-        self.fits: dict[str, dict] = {}
-
-    def update(self, rows: list[dict], fits: dict[str, dict]) -> None:
-        self.rows, self.fits = list(rows), dict(fits)
-        self.refresh()
-
-    def render(self) -> Text:
-        lines = sweep_chart(self.rows, self.fits, self.size.width, self.size.height, self.language)
-        out = Text("\n").join(lines)
-        out.no_wrap = True
-        return out
-
-
-# ------------------------------------------------------------------------------------ the widget
-class RingVisualizer(LessonVisualizer):
+class RingVisualizer(PlaybackVisualizer):
     """The ring all-reduce (and the tree and naive all-reduces it beats), step by step."""
 
     can_focus = True
-    BINDINGS = [
-        Binding("space", "play", "play/pause", show=False),
-        Binding("full_stop", "step(1)", "step forward", show=False),
-        Binding("comma", "step(-1)", "step back", show=False),
-        Binding("0,home", "restart", "to the start", show=False),
-        Binding("end", "to_end", "to the end", show=False),
-        Binding("right_square_bracket", "ranks(1)", "more ranks", show=False),
-        Binding("left_square_bracket", "ranks(-1)", "fewer ranks", show=False),
-        Binding("s", "size(1)", "bigger message", show=False),
-        Binding("S", "size(-1)", "smaller message", show=False),
-        Binding("plus,equals_sign", "speed(1)", "faster", show=False),
-        Binding("minus", "speed(-1)", "slower", show=False),
-        Binding("a", "algorithm", "ring/tree/naive", show=False),
-        Binding("g", "chart", "bandwidth chart", show=False),
-        Binding("o", "load_run", "load the last run", show=False),
-        Binding("m", "source", "model/run", show=False),
-        Binding("c", "next_call", "next recorded call", show=False),
-    ]
+    TICK_S = 1 / FPS
+    CONTROLS = PLAYBACK_CONTROLS + (
+        Control("right_square_bracket", "ranks(1)", {"en": "more / fewer ranks (2–16)", "es": "más / menos rangos (2–16)"},
+                back_keys="left_square_bracket", back_action="ranks(-1)", hint=True),
+        Control("s", "size(1)", {"en": "bigger / smaller message", "es": "mensaje más grande / más pequeño"},
+                back_keys="S", back_action="size(-1)"),
+        Control("a", "algorithm", {"en": "ring → tree → naive", "es": "anillo → árbol → ingenuo"}, hint=True),
+        Control("g", "chart", {"en": "bandwidth chart of your run", "es": "gráfica de ancho de banda de tu ejecución"}),
+        Control("o", "load_run", {"en": "load your last lesson-1 run", "es": "cargar tu última ejecución de la lección 1"}),
+        Control("m", "source", {"en": "model ↔ your run", "es": "modelo ↔ tu ejecución"}),
+        Control("c", "next_call", {"en": "next recorded call", "es": "siguiente llamada grabada"}),
+    )
     DEFAULT_CSS = """
     RingVisualizer { padding: 0 1; }
     RingVisualizer:focus { background: $boost; }
@@ -565,12 +194,11 @@ class RingVisualizer(LessonVisualizer):
         self.speed = DEFAULT_SPEED
         self.frame = 0
         self.progress = 0.0
-        self.playing = False
         self.stop_at: int | None = None
         self.view = "ring"
         self.source = "sim"  # or "run"
         self.caption_key: str | None = None
-        self.run = RunData()
+        self.run = RingRun()
         self.call: int | None = None
         self.follow_run = True  # a new run's first traced call takes over the view
         self.frames_rendered = 0
@@ -580,8 +208,6 @@ class RingVisualizer(LessonVisualizer):
         self._strip_cache: dict = {}
         self.hits: list[tuple[int, int, int, str]] = []  # (line, x0, x1, action)
         self._plan_cache: tuple | None = None
-        self._timer = None
-        self._last_tick = 0.0
 
     # -- plan --------------------------------------------------------------------------------
     @property
@@ -597,7 +223,7 @@ class RingVisualizer(LessonVisualizer):
             return model_plan(self.algorithm, self.n)
         key = (rec.call, len(rec.events), id(rec))
         if self._plan_cache is None or self._plan_cache[0] != key:
-            self._plan_cache = (key, rec.plan())
+            self._plan_cache = (key, recorded_plan(rec))
         return self._plan_cache[1]
 
     @property
@@ -620,9 +246,6 @@ class RingVisualizer(LessonVisualizer):
         return self.alpha, self.beta, False
 
     # -- public API (the lesson screen) ------------------------------------------------------------
-    def on_mount(self) -> None:
-        self._timer = self.set_interval(1 / FPS, self._tick, pause=True)
-
     def show_step(self, step_key: str) -> None:
         setup = STEP_SETUP.get(step_key)
         self.caption_key = step_key if step_key in S["en"]["captions"] else None
@@ -650,104 +273,72 @@ class RingVisualizer(LessonVisualizer):
         self.frame = (plan.n - 1) if frame == "rs" else plan.total if frame == "end" else int(frame)
         self.stop_at = (plan.n - 1) if setup.get("stop") == "rs" else None
         self.progress = 0.0
-        self._set_playing(bool(setup.get("play")))
+        self.playing = bool(setup.get("play"))
         self.refresh()
 
     def feed_event(self, event: dict) -> None:
+        """Fold the event into the run (``lessons/lesson1/ring_run.py``); a new run's first traced
+        call takes over the view."""
+        if not self.run.feed(event):
+            return
         kind = event.get("kind")
-        if kind == "run_start":  # a new run replaces the previous one's data
-            self.run = RunData(run_id=event.get("run_id"))
+        if kind == "run_start":
             self.follow_run = True
             self._plan_cache = None
             if self.source == "run":
                 self.source, self.call, self.frame, self.progress = "sim", None, 0, 0.0
         elif kind == "ring_step":
-            rec = self.run.add_ring_step(event)
-            if rec is None:
-                return
-            if self.follow_run and 2 <= rec.n <= N_MAX:
+            rec = self.run.calls.get(int(event.get("call", 0)))
+            if rec is not None and self.follow_run and 2 <= rec.n <= N_MAX:
                 self.follow_run = False
                 self.source, self.call, self.view = "run", rec.call, "ring"
                 self.frame, self.progress, self.stop_at = 0, 0.0, None
-                self._set_playing(True)
-        elif kind == "sweep":
-            self.run.sweep.append(event)
-        elif kind == "fit":
-            self.run.fits[str(event.get("impl", "ring"))] = event
-        elif kind == "step" and event.get("step") is not None:
-            self.run.train_steps.append(int(event["step"]))
-        else:
-            return
+                self.playing = True
         self.run_version += 1
         self.refresh()
 
-    def key_help(self) -> list[tuple[str, str]]:
-        """The widget's keys, for the tutor's help overlay."""
-        rows = {
-            "en": [("Tab", "focus the visualizer (or click it)"), ("space", "play / pause"),
-                   (",  .", "step back / forward"), ("0  End", "to the start / end"),
-                   ("[  ]", "fewer / more ranks (2–16)"), ("S  s", "smaller / bigger message"),
-                   ("-  +", "slower / faster"), ("a", "ring → tree → naive"),
-                   ("g", "bandwidth chart of your run"), ("o", "load your last lesson-1 run"),
-                   ("m  c", "model ↔ your run · next recorded call"),
-                   ("mouse", "click the buttons under it; the wheel steps")],
-            "es": [("Tab", "enfocar el visualizador (o clic)"), ("espacio", "reproducir / pausa"),
-                   (",  .", "paso atrás / adelante"), ("0  Fin", "al inicio / al final"),
-                   ("[  ]", "menos / más rangos (2–16)"), ("S  s", "mensaje más pequeño / más grande"),
-                   ("-  +", "más lento / más rápido"), ("a", "anillo → árbol → ingenuo"),
-                   ("g", "gráfica de ancho de banda de tu ejecución"),
-                   ("o", "cargar tu última ejecución de la lección 1"),
-                   ("m  c", "modelo ↔ tu ejecución · siguiente llamada"),
-                   ("ratón", "clic en los botones de abajo; la rueda avanza pasos")],
-        }
-        return rows[self.language]
-
     # -- actions -----------------------------------------------------------------------------------
-    def check_action(self, action: str, parameters: tuple) -> bool | None:
-        """Leave a key to the screen when it binds it too (the run panel's ``s`` Stop, ``a`` Again)."""
-        keys = {"size": ("s", "S"), "algorithm": ("a",), "source": ("m",), "next_call": ("c",),
-                "chart": ("g",), "load_run": ("o",)}.get(action)
-        if keys and any(k in _screen_keys(self.screen) for k in keys):
-            return False
-        return True
+    # playback (visualizers/playback.py): a frame is one step, ``progress`` the way through it
+    def at_end(self) -> bool:
+        return self.frame >= self.plan.total
 
-    def _set_playing(self, playing: bool) -> None:
-        self.playing = playing
-        self._last_tick = time.monotonic()
-        if self._timer is not None:
-            self._timer.resume() if playing else self._timer.pause()
-
-    def action_play(self) -> None:
-        plan = self.plan
-        if not self.playing and self.frame >= plan.total:
-            self.frame, self.progress = 0, 0.0  # play again from the start
-        if self.stop_at is not None and self.frame >= self.stop_at:
-            self.stop_at = None
-        self._set_playing(not self.playing)
-        self.refresh()
-
-    def action_step(self, delta: int) -> None:
-        plan = self.plan
-        self._set_playing(False)
-        self.stop_at = None
-        limit = min(plan.total, plan.ready)
-        if delta < 0 and self.progress > 0:
-            self.progress = 0.0
-        else:
-            self.frame = max(0, min(limit, self.frame + delta))
-            self.progress = 0.0
-        self.refresh()
-
-    def action_restart(self) -> None:
-        self._set_playing(False)
+    def rewind(self) -> None:
         self.frame, self.progress = 0, 0.0
-        self.refresh()
 
-    def action_to_end(self) -> None:
-        self._set_playing(False)
+    def to_end(self) -> None:
         plan = self.plan
         self.frame, self.progress = min(plan.total, plan.ready), 0.0
-        self.refresh()
+
+    def seek(self, frames: int) -> None:
+        plan = self.plan
+        self.stop_at = None
+        if frames < 0 and self.progress > 0:
+            self.progress = 0.0  # back to the start of the step under way
+        else:
+            self.frame = max(0, min(min(plan.total, plan.ready), self.frame + frames))
+            self.progress = 0.0
+
+    def advance(self, dt: float) -> bool:
+        plan = self.plan
+        seen = (self.frame, int(self.progress * PROGRESS_LEVELS))
+        playing = True
+        if self.frame >= plan.total:
+            playing = False
+        elif self.frame < plan.ready:  # a live run: wait for the ranks' next step
+            self.progress += dt
+            if self.progress >= 1.0:
+                self.frame += 1
+                self.progress = 0.0
+                if self.frame >= plan.total or self.frame == self.stop_at:
+                    playing, self.stop_at = False, None
+        if (self.frame, int(self.progress * PROGRESS_LEVELS)) != seen or not playing:
+            self.refresh()  # only when something visible moved
+        return playing
+
+    def action_play(self) -> None:
+        if self.stop_at is not None and self.frame >= self.stop_at:
+            self.stop_at = None
+        super().action_play()
 
     def _to_model(self) -> None:
         if self.source == "run":
@@ -766,11 +357,6 @@ class RingVisualizer(LessonVisualizer):
         sizes = list(SIZES)
         i = min(range(len(sizes)), key=lambda j: abs(math.log(sizes[j]) - math.log(self.size_bytes)))
         self.size_bytes = sizes[max(0, min(len(sizes) - 1, i + delta))]
-        self.refresh()
-
-    def action_speed(self, delta: int) -> None:
-        i = min(range(len(SPEEDS)), key=lambda j: abs(SPEEDS[j] - self.speed))
-        self.speed = SPEEDS[max(0, min(len(SPEEDS) - 1, i + delta))]
         self.refresh()
 
     def action_algorithm(self) -> None:
@@ -810,26 +396,6 @@ class RingVisualizer(LessonVisualizer):
         self.frame, self.progress, self.stop_at = 0, 0.0, None
         self.refresh()
 
-    def _tick(self) -> None:
-        now = time.monotonic()
-        dt, self._last_tick = min(0.25, now - self._last_tick), now
-        if not self.playing:
-            return
-        plan = self.plan
-        seen = (self.frame, int(self.progress * PROGRESS_LEVELS))
-        if self.frame >= plan.total:
-            self._set_playing(False)
-        elif self.frame < plan.ready:
-            self.progress += dt * self.speed
-            if self.progress >= 1.0:
-                self.frame += 1
-                self.progress = 0.0
-                if self.frame >= plan.total or self.frame == self.stop_at:
-                    self._set_playing(False)
-                    self.stop_at = None
-        if (self.frame, int(self.progress * PROGRESS_LEVELS)) != seen or not self.playing:
-            self.refresh()  # only when something visible moved
-
     # -- mouse -------------------------------------------------------------------------------------
     async def on_click(self, event: events.Click) -> None:
         offset = event.get_content_offset(self)
@@ -865,18 +431,8 @@ class RingVisualizer(LessonVisualizer):
         self.frames_rendered += 1
         width, height = self.size.width, self.size.height
         lines, self.hits = self.build(max(20, width), max(1, height))
-        base = self.rich_style
-        console = _console()
         cache = self._strip_cache if len(self._strip_cache) < 4000 else {}
-        strips = []
-        for line in lines[:height]:
-            line_key = (line.plain, tuple((sp.start, sp.end, str(sp.style)) for sp in line.spans), width, base)
-            strip = cache.get(line_key)
-            if strip is None:
-                segments = [seg for seg in line.render(console) if seg.text]
-                strip = Strip(segments, line.cell_len).crop_extend(0, width, None).apply_style(base)
-                cache[line_key] = strip
-            strips.append(strip)
+        strips = [text_strip(line, width, self.rich_style, cache) for line in lines[:height]]
         self._strip_cache = cache
         self._strips, self._strips_key = strips, key
         return strips
@@ -891,7 +447,7 @@ class RingVisualizer(LessonVisualizer):
         """The lines to draw in ``width`` × ``height`` cells, and the clickable regions."""
         s = S[self.language]
         controls, control_hits = self._controls(width)
-        keys = [Text(line, style="dim") for line in _wrap(s["keys"], width)]
+        keys = [Text(line, style="dim") for line in wrap_words(self.controls_hint(), width)]
         if self.view == "chart":
             body = sweep_chart(self.run.sweep, self.run.fits, width,
                                max(3, height - len(controls) - len(keys)), self.language)
@@ -907,7 +463,7 @@ class RingVisualizer(LessonVisualizer):
         title = self._title(width)
         caption = []
         if self.caption_key and self.source == "sim":
-            caption = [Text(line, style="italic") for line in _wrap(s["captions"][self.caption_key], width)]
+            caption = [Text(line, style="italic") for line in wrap_words(s["captions"][self.caption_key], width)]
         header, rows = self._rows(plan, frame, width)
         status = self._status(plan, frame, width)
         base = len(title) + len(rows) + len(status) + len(controls)
@@ -926,7 +482,7 @@ class RingVisualizer(LessonVisualizer):
         shown_rows = rows
         if len(rows) > room:
             keep = max(1, room - 1)
-            shown_rows = rows[:keep] + [_span(s["more_ranks"].format(k=len(rows) - keep), "dim")]
+            shown_rows = rows[:keep] + [styled(s["more_ranks"].format(k=len(rows) - keep), "dim")]
         room -= len(shown_rows)
         parts = {"header": [], "legend": [], "caption": [], "compare": [], "keys": [], "chart": []}
         for name, block in (("header", header), ("legend", legend), ("caption", caption),
@@ -968,7 +524,7 @@ class RingVisualizer(LessonVisualizer):
         left = list(header) + rows if len(rows) + len(header) <= body_h else rows
         if len(left) > body_h:
             keep = max(1, body_h - 1)
-            left = rows[:keep] + [_span(s["more_ranks"].format(k=len(rows) - keep), "dim")]
+            left = rows[:keep] + [styled(s["more_ranks"].format(k=len(rows) - keep), "dim")]
         right = list(status)
         for block in (self._comparison(plan, frame, side_w), self._legend(plan.n, side_w)):
             if len(right) + len(block) <= max(body_h, len(left)):
@@ -1006,14 +562,14 @@ class RingVisualizer(LessonVisualizer):
         if rec is not None:
             t.append(s["run"], style=f"bold {RUN_COLOR}")
             label = (s["call_train"].format(k=rec.call) if rec.call < 1000 else s["call_sweep"])
-            t.append(f" · {label} · N = {rec.n} · S = {_fmt_bytes(rec.size, lang)}")
+            t.append(f" · {label} · N = {rec.n} · S = {fmt_bytes(rec.size, lang)}")
             calls = sorted(self.run.calls)
             if len(calls) > 1:
                 t.append(" · " + s["calls"].format(i=calls.index(rec.call) + 1, n=len(calls)), style="dim")
         else:
             t.append(s["title"][self.algorithm], style=ALGO_STYLE[self.algorithm])
-            t.append(f" · N = {self.n} · S = {_fmt_bytes(self.size_bytes, lang)}")
-        return _wrap_text(t, width)
+            t.append(f" · N = {self.n} · S = {fmt_bytes(self.size_bytes, lang)}")
+        return wrap_text(t, width)
 
     def _status(self, plan: Plan, frame: int, width: int) -> list[Text]:
         s, lang = S[self.language], self.language
@@ -1043,18 +599,18 @@ class RingVisualizer(LessonVisualizer):
         algo = plan.algorithm
         if algo == RING:
             if self.recorded is not None:
-                lo, hi = _fmt_bytes(min(plan.sent[frame]), lang), _fmt_bytes(max(plan.sent[frame]), lang)
+                lo, hi = fmt_bytes(min(plan.sent[frame]), lang), fmt_bytes(max(plan.sent[frame]), lang)
                 sent = hi if lo == hi else f"{lo}–{hi}"
             else:
-                sent = _fmt_units(ring_model.bytes_sent(size, n, frame), size, lang)
+                sent = fmt_units(ring_model.bytes_sent(size, n, frame), size, lang)
             total_b = formulas.allreduce_bytes_per_rank(size, n, RING)
-            line2 = Text(s["sent_ring"].format(sent=sent, total=_fmt_units(total_b, size, lang)))
+            line2 = Text(s["sent_ring"].format(sent=sent, total=fmt_units(total_b, size, lang)))
             msg = size / n
         else:
             line2 = Text(s["sent_busiest"].format(
-                recv=_fmt_units(plan.recv[frame][0] * size, size, lang),
-                sent=_fmt_units(plan.sent[frame][0] * size, size, lang),
-                total=_fmt_units(formulas.allreduce_bytes_per_rank(size, n, algo), size, lang)))
+                recv=fmt_units(plan.recv[frame][0] * size, size, lang),
+                sent=fmt_units(plan.sent[frame][0] * size, size, lang),
+                total=fmt_units(formulas.allreduce_bytes_per_rank(size, n, algo), size, lang)))
             msg = size
         done_steps = min(frame, total)
         t_now = formulas.serial_messages_time(done_steps, msg, alpha, beta)
@@ -1070,7 +626,7 @@ class RingVisualizer(LessonVisualizer):
         elif emphasis == "time":
             line3.stylize("bold yellow", 0, len(line3.plain) - len(params) - 1)
         for line in (line1, line2, line3):
-            out.extend(_wrap_text(line, width))
+            out.extend(wrap_text(line, width))
         if self.recorded is not None:
             ok = plan.mismatches == 0
             out.append(Text(s["model_ok"] if ok else s["model_bad"].format(k=plan.mismatches),
@@ -1110,7 +666,7 @@ class RingVisualizer(LessonVisualizer):
         rows = []
         pos = min(arrow_w - 2, int(self.progress * (arrow_w - 1)))
         for r in range(n):
-            line = _span(f"r{r}".ljust(rank_w), "bold")
+            line = styled(f"r{r}".ljust(rank_w), "bold")
             send = senders.get(r)
             recv = receivers.get(r)
             for c in range(n):
@@ -1147,7 +703,7 @@ class RingVisualizer(LessonVisualizer):
                                ("1 ", f" {n}")):
             if len(prefix) + n + len(suffix) <= width:
                 break
-        t = _span(prefix, "dim")
+        t = styled(prefix, "dim")
         for k in range(1, n + 1):
             t.append("█", style=fg_style(k, n, False))
         t.append(suffix, style="dim")
@@ -1161,7 +717,7 @@ class RingVisualizer(LessonVisualizer):
         figs = {a: (formulas.allreduce_bytes_per_rank(size, n, a), formulas.allreduce_steps(n, a),
                     formulas.allreduce_time(size, n, alpha, beta, a)) for a in ALGORITHMS}
         top = max(f[0] for f in figs.values()) or 1.0
-        texts = {a: (_fmt_units(figs[a][0], size, lang), str(figs[a][1]), format_time(figs[a][2], lang=lang))
+        texts = {a: (fmt_units(figs[a][0], size, lang), str(figs[a][1]), format_time(figs[a][2], lang=lang))
                  for a in ALGORITHMS}
         bw = max(len(t[0]) for t in texts.values())
         tw = max(len(t[2]) for t in texts.values())
@@ -1174,7 +730,7 @@ class RingVisualizer(LessonVisualizer):
             bar_w = 0
         for a in ALGORITHMS:
             cur = a == plan.algorithm
-            line = _span(("▸ " if cur else "  ") + names[a].ljust(name_w - 1), ALGO_STYLE[a] if cur else "")
+            line = styled(("▸ " if cur else "  ") + names[a].ljust(name_w - 1), ALGO_STYLE[a] if cur else "")
             if bar_w:
                 full = figs[a][0] / top * bar_w
                 if cur:
@@ -1228,55 +784,6 @@ class RingVisualizer(LessonVisualizer):
             x += w
         return lines, hits
 
-
-def _screen_keys(screen) -> set[str]:
-    """The keys a screen binds itself (from its BINDINGS)."""
-    keys: set[str] = set()
-    for b in getattr(type(screen), "BINDINGS", []):
-        key = b.key if isinstance(b, Binding) else b[0]
-        keys.update(k.strip() for k in key.split(","))
-    return keys
-
-
-_CONSOLE = None
-
-
-def _console():
-    """A Rich console used only to turn Text into segments (it prints nothing)."""
-    global _CONSOLE
-    if _CONSOLE is None:
-        from rich.console import Console
-
-        _CONSOLE = Console(width=400, color_system="truecolor", force_terminal=True, legacy_windows=False)
-    return _CONSOLE
-
-
-UNITS = {"B", "kB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "TiB", "s", "ms", "µs", "ns", "min", "h",
-         "kB/s", "MB/s", "GB/s", "TB/s", "="}
-
-
-def _wrap_text(text: Text, width: int) -> list[Text]:
-    """Word-wrap styled text, never between a number and its unit nor around ``=``."""
-    plain = text.plain
-    if len(plain) <= width:
-        return [text]
-    breaks = []
-    for i, ch in enumerate(plain):
-        if ch != " " or i == 0:
-            continue
-        nxt = plain[i + 1:].split(" ", 1)[0].rstrip(").,;:")
-        prev = plain[:i].rsplit(" ", 1)[-1]
-        if nxt in UNITS or prev == "=":
-            continue
-        breaks.append(i)
-    lines, start = [], 0
-    while len(plain) - start > width:
-        fit = [b for b in breaks if start < b <= start + width]
-        cut = fit[-1] if fit else start + width
-        lines.append(text[start:cut])
-        start = cut + 1 if cut in breaks else cut
-    lines.append(text[start:])
-    return lines
 
 
 VISUALIZER = RingVisualizer

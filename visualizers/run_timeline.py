@@ -166,7 +166,7 @@ def timeline_lines(tl: RunTimeline, width: int = 80, language: str = "en", detai
 
 
 class TerminalTimeline:
-    """The timeline for ``distai run``'s terminal view (see ``tutor.cli_run.LESSON_VIEWS``)."""
+    """The timeline for ``distai run``'s terminal view (``[run] terminal`` in lessons/lesson3/lesson.toml)."""
 
     def __init__(self, language: str = "en"):
         self.timeline = RunTimeline()

@@ -17,14 +17,14 @@ gradients reduce-scattered, with the bytes each rank has sent against DDP's. Key
 from __future__ import annotations
 
 from rich.text import Text
-from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import Button, Static
 
 from ..lessons.lesson2 import formulas as F
 from ..lessons.lesson2 import layout as L
 from ..lessons.units import format_bytes, format_count
-from .base import LessonVisualizer
+from .base import Control, wrap_words
+from .playback import PlaybackVisualizer
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
 STRATEGY_NAME = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3 / FSDP"}
@@ -65,7 +65,6 @@ S = {
         "act_modes": {"none": "no recomputation", "selective": "selective recomputation",
                       "full": "full recomputation"},
         "act_noshape": "activations: this preset has no published shape; pick another Ψ",
-        "keys": "s stage · +/- Ψ · ]/[ N · m precision\no optimizer · c GPU size · a activations\nspace ZeRO-3 step · . , phase · f prefetch",
         "anim_title": "one ZeRO-3 / FSDP step, {k} layers{pf}", "prefetch": ", prefetch",
         "phase": "{i}/{n} {stage} · {what}",
         "actions": {"all_gather": "all-gather layer {l}'s parameters", "forward": "layer {l} computes",
@@ -92,7 +91,6 @@ S = {
         "act_modes": {"none": "sin recomputación", "selective": "recomputación selectiva",
                       "full": "recomputación completa"},
         "act_noshape": "activaciones: este modelo no tiene forma publicada; elige otro Ψ",
-        "keys": "s etapa · +/- Ψ · ]/[ N · m precisión\no optimizador · c GPU · a activaciones\nespacio paso ZeRO-3 · . , fase · f prefetch",
         "anim_title": "un paso de ZeRO-3 / FSDP, {k} capas{pf}", "prefetch": ", prefetch",
         "phase": "{i}/{n} {stage} · {what}",
         "actions": {"all_gather": "all-gather de los parámetros de la capa {l}",
@@ -124,26 +122,29 @@ STEP_VIEWS = {
 }
 
 
-class ShardingVisualizer(LessonVisualizer):
+class ShardingVisualizer(PlaybackVisualizer):
     """Per-GPU memory bars for DDP and ZeRO-1/2/3, and one ZeRO-3 step animated."""
 
     can_focus = True
-    BINDINGS = [
-        Binding("s", "cycle_strategy(1)", "Strategy", show=False),
-        Binding("S", "cycle_strategy(-1)", "Strategy back", show=False),
-        Binding("plus,equals_sign", "psi(1)", "Bigger model", show=False),
-        Binding("minus,underscore", "psi(-1)", "Smaller model", show=False),
-        Binding("right_square_bracket", "dp(1)", "More GPUs", show=False),
-        Binding("left_square_bracket", "dp(-1)", "Fewer GPUs", show=False),
-        Binding("m", "precision", "Precision", show=False),
-        Binding("o", "optimizer", "Optimizer", show=False),
-        Binding("c", "capacity", "GPU capacity", show=False),
-        Binding("a", "activations", "Activations", show=False),
-        Binding("f", "prefetch", "Prefetch", show=False),
-        Binding("space", "play", "Play step", show=False),
-        Binding("full_stop", "phase(1)", "Next phase", show=False),
-        Binding("comma", "phase(-1)", "Previous phase", show=False),
-    ]
+    TICK_S = 0.6
+    CONTROLS = (
+        Control("s", "cycle_strategy(1)", {"en": "next / previous strategy: DDP, ZeRO-1, 2, 3",
+                                           "es": "estrategia siguiente / anterior: DDP, ZeRO-1, 2, 3"},
+                back_keys="S", back_action="cycle_strategy(-1)", hint=True),
+        Control("plus,equals_sign", "psi(1)", {"en": "bigger / smaller model (Ψ)", "es": "modelo mayor / menor (Ψ)"},
+                back_keys="minus,underscore", back_action="psi(-1)", hint=True),
+        Control("right_square_bracket", "dp(1)", {"en": "more / fewer GPUs (N)", "es": "más / menos GPUs (N)"},
+                back_keys="left_square_bracket", back_action="dp(-1)", hint=True),
+        Control("m", "precision", {"en": "precision", "es": "precisión"}),
+        Control("o", "optimizer", {"en": "optimizer", "es": "optimizador"}),
+        Control("c", "capacity", {"en": "GPU memory size", "es": "memoria de la GPU"}),
+        Control("a", "activations", {"en": "activation recomputation", "es": "recomputación de activaciones"}),
+        Control("space", "play", {"en": "play / pause one ZeRO-3 step", "es": "reproducir / pausa un paso de ZeRO-3"},
+                hint=True),
+        Control("full_stop", "step(1)", {"en": "next / previous phase of the step", "es": "fase siguiente / anterior del paso"},
+                back_keys="comma", back_action="step(-1)"),
+        Control("f", "prefetch", {"en": "prefetch on / off", "es": "prefetch sí / no"}),
+    )
     DEFAULT_CSS = """
     ShardingVisualizer { layout: vertical; }
     ShardingVisualizer #sh-scroll { height: 1fr; }
@@ -163,8 +164,6 @@ class ShardingVisualizer(LessonVisualizer):
         self.activations: str | None = None
         self.prefetch = False
         self.phase: int | None = None  # index into the ZeRO-3 step phases while animating
-        self.playing = False
-        self._timer = None
         self.run_info: dict = {}
         self.measured: dict[str, dict] = {}
         self.sent: dict[str, dict] = {}
@@ -222,6 +221,7 @@ class ShardingVisualizer(LessonVisualizer):
             yield Button(s["b_play"], id="sh-play", compact=True, variant="success")
 
     def on_mount(self) -> None:
+        super().on_mount()
         self.refresh_view()
 
     def on_resize(self) -> None:
@@ -237,7 +237,7 @@ class ShardingVisualizer(LessonVisualizer):
         self.preset = next(i for i, p in enumerate(PRESETS) if p[0] == preset)
         self.dp, self.activations = dp, act
         self.prefetch = step_key == "fsdp2"
-        self._stop()
+        self.playing = False
         self.phase = 0 if animate else None
         self.refresh_view()
 
@@ -262,7 +262,7 @@ class ShardingVisualizer(LessonVisualizer):
     def action_cycle_strategy(self, step: int) -> None:
         self.strategy = STRATEGIES[(STRATEGIES.index(self.strategy) + step) % len(STRATEGIES)]
         if self.strategy != "zero3":
-            self._stop()
+            self.playing = False
             self.phase = None
         self.refresh_view()
 
@@ -304,29 +304,31 @@ class ShardingVisualizer(LessonVisualizer):
         self.phase = max(0, min(n - 1, (self.phase if self.phase is not None else -1) + step))
         self.refresh_view()
 
-    def action_play(self) -> None:
-        if self.playing:
-            self._stop()
-        else:
-            self.strategy = "zero3"
-            if self.phase is None or self.phase >= len(self.phases()) - 1:
-                self.phase = 0
-            self.playing = True
-            self._timer = self.set_interval(0.6, self._tick)
+    # playback (visualizers/playback.py): one ZeRO-3 step, a phase per tick
+    def at_end(self) -> bool:
+        return self.phase is None or self.phase >= len(self.phases()) - 1
+
+    def rewind(self) -> None:
+        self.strategy = "zero3"
+        self.phase = 0
         self.refresh_view()
 
-    def _tick(self) -> None:
-        if self.phase is None or self.phase >= len(self.phases()) - 1:
-            self._stop()
-        else:
-            self.phase += 1
-        self.refresh_view()
+    def to_end(self) -> None:
+        self.action_phase(len(self.phases()))
 
-    def _stop(self) -> None:
-        self.playing = False
-        if self._timer is not None:
-            self._timer.stop()
-            self._timer = None
+    def seek(self, frames: int) -> None:
+        self.action_phase(frames)
+
+    def advance(self, dt: float) -> bool:
+        if self.at_end():
+            return False
+        self.phase += 1
+        self.refresh_view()
+        return True
+
+    def watch_playing(self, playing: bool) -> None:
+        super().watch_playing(playing)
+        self.refresh_view()  # the Play button's label
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()
@@ -405,7 +407,8 @@ class ShardingVisualizer(LessonVisualizer):
             text.append_text(self._animation())
         if self.measured:
             text.append_text(self._run())
-        text.append(s["keys"] + "\n", style="dim italic")
+        for line in wrap_words(self.controls_hint(), max(20, self.content_size.width - 2)):
+            text.append(line + "\n", style="dim italic")
         return text
 
     def _bar(self, gpu: L.GPU, extra: list[L.Segment], width: int, scale: float, cap_col: int) -> Text:

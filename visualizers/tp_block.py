@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from rich.cells import cell_len
 from rich.text import Text
-from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import Button, Static
 
 from ..lessons.lesson4 import flow as F
-from .base import LessonVisualizer
+from .base import Control, LessonVisualizer
 
 LAYOUT_STYLE = {
     F.REPLICATED: ("REPL", "bold white on dark_blue"),
@@ -38,7 +37,6 @@ S = {
     "en": {
         "title": "Tensor-parallel block", "fwd": "FORWARD", "bwd": "BACKWARD", "sync": "GRADIENT SYNC",
         "sp_on": "sequence parallel: ON", "sp_off": "sequence parallel: off", "ranks": "T = {t} ranks",
-        "keys": "space/. next · , back · s SP · c loss · x T",
         "no_comm": "no communication",
         "so_far": "this layer so far: {fwd} fwd, {bwd} bwd",
         "none": "none",
@@ -60,7 +58,6 @@ S = {
         "title": "Bloque con paralelismo tensorial", "fwd": "FORWARD", "bwd": "BACKWARD",
         "sync": "SINCRONIZACIÓN DE GRADIENTES",
         "sp_on": "paral. de secuencia: SÍ", "sp_off": "paral. de secuencia: no", "ranks": "T = {t} rangos",
-        "keys": "espacio/, pasos · s SP · c pérdida · x T",
         "no_comm": "sin comunicación",
         "so_far": "esta capa hasta ahora: {fwd} fwd, {bwd} bwd",
         "none": "ninguna",
@@ -126,13 +123,15 @@ class TPBlockVisualizer(LessonVisualizer):
     """The tensor-parallel block, stage by stage; the vocab-parallel loss as a second view."""
 
     can_focus = True
-    BINDINGS = [
-        Binding("space,full_stop", "advance", "Step", show=False),
-        Binding("comma", "back", "Step back", show=False),
-        Binding("s", "toggle_sp", "Sequence parallel", show=False),
-        Binding("c", "toggle_ce", "Cross-entropy", show=False),
-        Binding("x", "cycle_t", "T", show=False),
-    ]
+    CONTROLS = (
+        Control("full_stop,space", "advance", {"en": "next / previous stage", "es": "etapa siguiente / anterior"},
+                back_keys="comma", back_action="back", hint=True),
+        Control("s", "toggle_sp", {"en": "sequence parallelism on / off", "es": "paralelismo de secuencia sí / no"},
+                hint=True),
+        Control("c", "toggle_ce", {"en": "block ↔ vocab-parallel loss", "es": "bloque ↔ pérdida con vocabulario paralelo"},
+                hint=True),
+        Control("x", "cycle_t", {"en": "number of ranks T", "es": "número de rangos T"}, hint=True),
+    )
     DEFAULT_CSS = """
     TPBlockVisualizer { layout: vertical; }
     TPBlockVisualizer #tp-header { height: auto; padding: 0 1; }
@@ -270,12 +269,12 @@ class TPBlockVisualizer(LessonVisualizer):
         t = Text()
         t.append(s["title"] + "\n", style="bold")
         if self.ce:
-            t.append(s["keys"], style="dim")
+            t.append(self.controls_hint(), style="dim")
             return t
         t.append(s["ranks"].format(t=self.t), style="bold cyan")
         t.append(" · ")
         t.append(s["sp_on"] if self.sp else s["sp_off"], style="bold yellow" if self.sp else "dim")
-        t.append("\n" + s["keys"], style="dim")
+        t.append("\n" + self.controls_hint(), style="dim")
         return t
 
     def stage_label(self, st: F.Stage) -> str:

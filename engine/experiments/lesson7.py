@@ -19,7 +19,12 @@ Run on W ranks::
    identical; reserved vs stored KV memory measured every iteration, tokens/s of both.
    Meanwhile the last rank times the real model's prefill (per prompt length) and decode step (per
    batch size) — the cost model of the next part.
-4. **Routing** (rank 0): ``--replicas`` replicas behind round-robin, least-outstanding and
+4. **Prefix sharing** (rank 0): requests that all start with the same ``--system-prompt`` tokens,
+   served on a paged cache of the same ``--kv-budget`` without and with prefix sharing (a radix tree
+   of shared blocks, :class:`distai.lessons.lesson7.paging.PrefixCachingAllocator`): tokens must be
+   identical; KV blocks in use (against what the same sequences would hold unshared), prompt tokens
+   computed and TTFT measured side by side.
+5. **Routing** (rank 0): ``--replicas`` replicas behind round-robin, least-outstanding and
    prefix-aware routers on a Poisson workload with shared prefixes (:mod:`distai.lessons.lesson7.routing`),
    with the costs measured in 3 (``--cost measured``, the default) or the roofline of Llama-2-70B
    on 4 H100s (``--cost roofline``); the arrival rate is set for an offered load of ``--load``.
@@ -36,6 +41,8 @@ Events (besides ``phase``, ``log`` and rank 0's ``summary``):
 - ``kv_step`` and ``request`` from :class:`distai.engine.paged_kv.ContinuousBatcher` (``cache``:
   paged|contiguous): blocks allocated/freed per iteration, per-request TTFT/TPOT;
 - ``kv_compare``: both caches' waste, peaks, tokens/s and ``tokens_equal``;
+- ``kv_step``/``request`` with ``cache`` no-sharing|prefix, then ``prefix_compare``
+  (:func:`distai.engine.paged_kv.compare_prefix_sharing`'s figures);
 - ``cost_model``: the fitted costs and the measured points;
 - ``route``: ``policy``, ``rid``, ``replica``, ``prefix_hit``, ``ttft_s``, ``tpot_s``;
 - ``routing``: ``policy`` and its metrics (TTFT/TPOT p50/p99, throughput, hit rate).
@@ -69,7 +76,7 @@ from ..inference import (
 )
 from ..metering import CommMeter
 from ..model import ModelConfigError
-from ..paged_kv import ContinuousBatcher, paged_store
+from ..paged_kv import ContinuousBatcher, compare_prefix_sharing, paged_store
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -99,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--kv-budget", type=int, default=640, help="KV memory of either cache, in tokens")
     g.add_argument("--max-batch", type=int, default=16)
     g.add_argument("--arrival-rate", type=float, default=1.0, help="requests per iteration")
+    g = p.add_argument_group("prefix sharing")
+    g.add_argument("--system-prompt", type=int, default=100, help="tokens of the system prompt every request shares")
     g = p.add_argument_group("routing")
     g.add_argument("--replicas", type=int, default=4)
     g.add_argument("--route-requests", type=int, default=600)
@@ -107,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "sequences (≈ utilisation; above 1 queues form)")
     g.add_argument("--cost", choices=("measured", "roofline"), default="measured")
     g.add_argument("--prefix-slots", type=int, default=4, help="prefixes each replica keeps cached")
-    g.add_argument("--skip", default="", help="comma-separated parts to skip: tp, pp, paged, routing")
+    g.add_argument("--skip", default="", help="comma-separated parts to skip: tp, pp, paged, prefix, routing")
     return p
 
 
@@ -277,6 +286,16 @@ def paged_vs_contiguous(cfg, w, args, ctx) -> dict:
     return out
 
 
+def prefix_sharing(cfg, w, args, ctx) -> dict:
+    """The same shared-system-prompt workload without and with prefix sharing, same KV memory."""
+    reqs = poisson_requests(args.requests, args.arrival_rate, prompt_range=(4, 24), output_range=(2, 24),
+                            seed=args.seed + 9, vocab=cfg.vocab, system_prompt=args.system_prompt)
+    res = compare_prefix_sharing(lambda: DecoderShard(cfg, w, device=ctx.device), reqs,
+                                 args.kv_budget // args.block_size, args.block_size, args.max_batch, ctx.events)
+    res.pop("runs")
+    return res
+
+
 @torch.no_grad()
 def measure_costs(cfg, w, device, repeats: int = 5) -> dict:
     """Time the real model: prefill of one prompt per length, one decode step per batch size."""
@@ -388,9 +407,11 @@ def run(ctx, args: argparse.Namespace) -> tuple[dict | None, int]:
             check_tp(cfg, W)
         if "pp" not in skip:
             check_pp(cfg, W)
+        if args.system_prompt < 1:
+            raise ValueError(f"--system-prompt must be ≥ 1, got {args.system_prompt}")
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    bad = skip - {"tp", "pp", "paged", "routing"}
+    bad = skip - {"tp", "pp", "paged", "prefix", "routing"}
     if bad:
         raise UsageError(f"--skip: unknown part {sorted(bad)[0]!r}")
     t0 = time.time()
@@ -485,6 +506,20 @@ def run(ctx, args: argparse.Namespace) -> tuple[dict | None, int]:
                          f"{p['max_running']} running, {p['preemptions']} preemptions,")
             lines.append(f"    {p['iterations']} iterations, {p['tokens_per_s']:.0f} tokens/s → "
                          f"{kv['throughput_ratio']:.2f}× the contiguous cache's")
+    if "prefix" not in skip and rank == 0:
+        ev.emit("phase", name="prefix sharing")
+        px = prefix_sharing(cfg, w, args, ctx)
+        summary["prefix"] = px
+        a, b = px["no-sharing"], px["prefix"]
+        lines.append(f"\n[prefix sharing] {px['requests']} requests sharing a {px['system_prompt']}-token system "
+                     f"prompt, same KV memory: tokens {'identical' if px['tokens_equal'] else 'DIFFERENT'}")
+        lines.append(f"  KV blocks in use: on average {b['mean_blocks']:.0f} hold what {b['logical_blocks_mean']:.0f} "
+                     f"would unshared ({b['memory_saved']:.0%} saved)")
+        lines.append(f"  peak {b['peak_blocks']} blocks ({_fmt_bytes(b['peak_kv_bytes'])}) vs {a['peak_blocks']} "
+                     f"({_fmt_bytes(a['peak_kv_bytes'])}) without sharing")
+        lines.append(f"  prefill {b['prefill_tokens']:,} tokens vs {a['prefill_tokens']:,} ({b['hit_rate']:.0%} of "
+                     f"prompt tokens cached); {b['cow']} copy-on-write, {b['evicted']} evicted")
+        lines.append(f"  TTFT p50 {_ms(b['ttft_p50_s'])} vs {_ms(a['ttft_p50_s'])} → {px['ttft_ratio']:.1f}× sooner")
     if "routing" not in skip and rank == 0:
         ev.emit("phase", name="routing across replicas")
         rt = routing_comparison(args, points, ev)
@@ -504,7 +539,7 @@ def run(ctx, args: argparse.Namespace) -> tuple[dict | None, int]:
                          f"{mtr['prefix_hit_rate']:>5.0%}")
     summary["seconds"] = time.time() - t0
     ok = all(summary.get(k, {}).get("equal", True) for k in ("tp", "pp", "tp_pp")) and \
-        summary.get("kv", {}).get("tokens_equal", True)
+        all(summary.get(k, {}).get("tokens_equal", True) for k in ("kv", "prefix"))
     summary["ok"] = ok
     if rank == 0:
         print("\n".join(lines))

@@ -17,6 +17,10 @@ lesson's visualizer, so what the widget draws is what the engine does.
   are free. When a running sequence cannot get a block for its next token, the most recently
   admitted sequence is **preempted** (its blocks freed; it is re-queued first and its prompt plus
   the tokens it already produced are recomputed later — vLLM's recompute preemption).
+* :class:`PrefixCachingAllocator` — a :class:`BlockAllocator` whose sequences **share the KV
+  blocks of a common prompt prefix**: a radix tree over block-sized token runs (SGLang's
+  RadixAttention, Zheng et al. 2024; vLLM's automatic prefix caching), reference counts,
+  copy-on-write of a partly matched last block, and LRU eviction of unreferenced cached blocks.
 * :func:`simulate` — runs the scheduler on a request mix with fixed output lengths and returns one
   :class:`Snapshot` per iteration (block owners and fill, allocated/freed blocks, waste).
 
@@ -137,6 +141,22 @@ class BlockAllocator:
         out, self.log = self.log, []
         return out
 
+    # -- prefix sharing hooks: nothing is shared here ------------------------------------------------
+    def admit(self, seq, tokens) -> int:
+        """Attach the cached blocks of ``tokens``' longest cached prefix to ``seq``; returns how many
+        tokens were found (their K/V need not be computed). Without prefix sharing: 0."""
+        return 0
+
+    def computed(self, seq, tokens) -> None:
+        """``tokens`` (all of ``seq``'s tokens whose K/V are now in its blocks) were computed."""
+
+    def refcount(self, block: int) -> int:
+        return 0 if self.owner[block] is None else 1
+
+    def cached_blocks(self) -> list[int]:
+        """Blocks no sequence references that keep K/V for later reuse (none without sharing)."""
+        return []
+
 
 class ContiguousAllocator:
     """One contiguous region of ``max_len`` tokens per admitted request (the pre-paging baseline).
@@ -168,6 +188,10 @@ class ContiguousAllocator:
     fill = BlockAllocator.fill
     free = BlockAllocator.free
     drain_log = BlockAllocator.drain_log
+    admit = BlockAllocator.admit
+    computed = BlockAllocator.computed
+    refcount = BlockAllocator.refcount
+    cached_blocks = BlockAllocator.cached_blocks
 
     def needed(self, seq, new_len: int) -> int:
         if new_len > self.max_len:
@@ -193,6 +217,276 @@ class ContiguousAllocator:
             self.log.append(("alloc", seq, s))
         self.lengths[seq] = max(self.lengths.get(seq, 0), int(new_len))
         return new
+
+
+# ---------------------------------------------------------------------------------------------
+# prefix sharing: a radix tree of KV blocks
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(eq=False)
+class CachedBlock:
+    """A node of the prefix tree: physical ``block`` holds the K/V of ``tokens`` (a full block's
+    ``block_size`` tokens; fewer for the partial last block a finished sequence left behind, always
+    a leaf), following the token path of its ``parent`` (None: the first block of a prompt). Its
+    K/V depend on every token of that path, so the path — not the block's own tokens — is the key."""
+
+    block: int
+    tokens: tuple
+    parent: CachedBlock | None
+    depth: int
+    children: dict = field(default_factory=dict)  # tokens -> CachedBlock
+    last_use: int = 0
+
+
+class PrefixCachingAllocator(BlockAllocator):
+    """Paged KV blocks shared between sequences with a common prefix.
+
+    * **Radix tree.** Every full block a sequence computed is a node keyed by its ``block_size``
+      tokens under the node of the block before it, so a path from the root spells a token prefix
+      block by block. A sequence admitted with tokens ``t`` walks the tree (:meth:`admit`) and
+      references the nodes of its longest cached prefix instead of recomputing them; two sequences
+      that computed the same block side by side keep one (:meth:`computed` deduplicates).
+    * **Reference counts.** ``refs[b]`` = the number of block tables holding ``b``. A block with
+      ``refs > 1``, or in the tree, is never written: it is immutable.
+    * **Copy-on-write.** When the first token a sequence writes lands in an immutable block — its
+      prefix matched only part of a block (the partial last block of a finished sequence, or the first
+      tokens of a full one) — :meth:`grow` gives it a private copy: a new block, the matched tokens'
+      K/V copied (recorded in ``copies`` for the engine), the shared one released.
+    * **Eviction.** A tree block whose count falls to 0 stays cached (its K/V can still be reused)
+      and counts as free; when the free list is empty the least recently used unreferenced block is
+      evicted (a leaf: an unreferenced block's children are unreferenced and used no later, and ties
+      go to the deeper block). Since a sequence's table is a tree path, ``refs`` of a child never
+      exceed its parent's.
+
+    At most ``len(t) − 1`` tokens are taken from the cache: the last one is always computed, since
+    its logits give the next token. Sequences whose tokens are unknown (``None``) share nothing.
+    """
+
+    kind = "prefix"
+
+    def __init__(self, num_blocks: int, block_size: int = 16):
+        super().__init__(num_blocks, block_size)
+        self.refs = [0] * self.num_blocks
+        self.roots: dict[tuple, CachedBlock] = {}
+        self.nodes: dict[int, CachedBlock] = {}  # block -> its tree node
+        self.evictable: set[int] = set()  # tree blocks with refs == 0
+        self.token_ids: dict[object, list] = {}
+        self.copies: list[tuple[int, int, int]] = []  # (source, destination, tokens) to copy, for the engine
+        self.clock = 0
+        self.reused_tokens = 0  # tokens taken from the cache at admissions, in all
+        self.looked_up_tokens = 0
+
+    # -- queries ---------------------------------------------------------------------------------
+    @property
+    def free_blocks(self) -> int:
+        """Free-list blocks and unreferenced cached ones (evicted when needed)."""
+        return len(self.free_list) + len(self.evictable)
+
+    @property
+    def used_blocks(self) -> int:
+        return self.num_blocks - self.free_blocks
+
+    def refcount(self, block: int) -> int:
+        return self.refs[block]
+
+    def cached_blocks(self) -> list[int]:
+        return sorted(self.evictable)
+
+    def immutable(self, block: int) -> bool:
+        return self.refs[block] > 1 or block in self.nodes
+
+    def fill(self, block: int) -> int:
+        node = self.nodes.get(block)
+        if node is not None:
+            return len(node.tokens)
+        return super().fill(block)
+
+    def tokens_stored(self) -> int:
+        """Tokens in referenced blocks, each physical block counted once (shared ones too)."""
+        return sum(self.fill(b) for b in range(self.num_blocks) if self.refs[b])
+
+    def logical_tokens(self) -> int:
+        """Tokens the live sequences hold, a shared block counted once per sequence."""
+        return sum(self.lengths.values())
+
+    def needed(self, seq, new_len: int) -> int:
+        return super().needed(seq, new_len) + (1 if self._cow_block(seq, new_len) is not None else 0)
+
+    def _cow_block(self, seq, new_len: int):
+        """The index in ``seq``'s table of an immutable block its next write lands in, or None."""
+        old = self.lengths.get(seq, 0)
+        table = self.tables.get(seq, ())
+        if new_len <= old or old % self.block_size == 0 or old // self.block_size >= len(table):
+            return None
+        i = old // self.block_size
+        return i if self.immutable(table[i]) else None
+
+    def lookup(self, tokens) -> tuple[list[CachedBlock], CachedBlock | None, int]:
+        """The longest cached prefix of ``tokens[:-1]``: the full nodes matched, then the node sharing
+        the most further tokens (None if none) and how many."""
+        bs, limit = self.block_size, len(tokens) - 1
+        path: list[CachedBlock] = []
+        children = self.roots
+        i = 0
+        while i + bs <= limit:
+            node = children.get(tuple(tokens[i:i + bs]))
+            if node is None:
+                break
+            path.append(node)
+            children = node.children
+            i += bs
+        best, k = None, 0
+        rest = tokens[i:limit]
+        for key, node in children.items():
+            n = 0
+            while n < min(len(key), len(rest)) and key[n] == rest[n]:
+                n += 1
+            if n > k:
+                best, k = node, n
+        return path, best, k
+
+    # -- changes ---------------------------------------------------------------------------------
+    def admit(self, seq, tokens) -> int:
+        if tokens is None or self.tables.get(seq):
+            return 0
+        self.token_ids[seq] = list(tokens)
+        path, partial, k = self.lookup(tokens)
+        self.clock += 1
+        table = self.tables.setdefault(seq, [])
+        for node in path + ([partial] if partial is not None else []):
+            node.last_use = self.clock
+            self._ref(node.block, seq)
+            table.append(node.block)
+            self.log.append(("share", seq, node.block))
+        found = len(path) * self.block_size + k
+        self.lengths[seq] = found
+        self.reused_tokens += found
+        self.looked_up_tokens += len(tokens)
+        return found
+
+    def grow(self, seq, new_len: int) -> list[int]:
+        n = self.needed(seq, new_len)
+        if n > self.free_blocks:
+            raise OutOfBlocks(f"{seq!r} needs {n} blocks, {self.free_blocks} free")
+        table = self.tables.setdefault(seq, [])
+        new = []
+        i = self._cow_block(seq, new_len)
+        if i is not None:  # copy-on-write: never write into a block someone else may read
+            src = table[i]
+            dst = self._take(seq)
+            self.copies.append((src, dst, self.lengths[seq] % self.block_size))
+            table[i] = dst
+            self.log.append(("cow", seq, dst))
+            self._unref(src, seq)
+            new.append(dst)
+        for _ in range(super().needed(seq, new_len)):
+            b = self._take(seq)
+            table.append(b)
+            new.append(b)
+        self.lengths[seq] = max(self.lengths.get(seq, 0), int(new_len))
+        return new
+
+    def computed(self, seq, tokens) -> None:
+        """Register ``seq``'s newly full blocks in the tree (in order); a block whose path is already
+        cached is replaced by the cached one and returned to the pool (deduplication)."""
+        if tokens is None or seq not in self.tables:
+            return
+        self.token_ids[seq] = list(tokens)
+        table, bs = self.tables[seq], self.block_size
+        parent = None
+        for i in range(min(len(tokens) // bs, len(table))):
+            b = table[i]
+            node = self.nodes.get(b)
+            if node is not None and len(node.tokens) == bs:
+                parent = node
+                continue
+            key = tuple(tokens[i * bs:(i + 1) * bs])
+            siblings = parent.children if parent is not None else self.roots
+            twin = siblings.get(key)
+            if twin is not None:  # computed twice side by side: keep the cached one
+                table[i] = twin.block
+                self._ref(twin.block, seq)
+                twin.last_use = self.clock
+                self._unref(b, seq)
+                self.log.append(("share", seq, twin.block))
+                parent = twin
+            else:
+                parent = self._insert(b, key, parent)
+
+    def free(self, seq) -> list[int]:
+        """``seq`` ends (or is preempted): its partial last block joins the tree as a leaf (when its
+        path is cached), then every block loses one reference; unreferenced tree blocks stay cached."""
+        table = self.tables.pop(seq, [])
+        length = self.lengths.pop(seq, 0)
+        tokens = self.token_ids.pop(seq, None)
+        bs = self.block_size
+        self.clock += 1
+        if tokens is not None and table and length % bs and len(tokens) >= length:
+            i = length // bs
+            parent = self.nodes.get(table[i - 1]) if i else None
+            key = tuple(tokens[i * bs:length])
+            siblings = parent.children if parent is not None else self.roots
+            if (i == 0 or parent is not None) and table[i] not in self.nodes and key not in siblings:
+                self._insert(table[i], key, parent)
+        for b in table:
+            if b in self.nodes:
+                self.nodes[b].last_use = self.clock
+            self._unref(b, seq)
+        return table
+
+    def take_copies(self) -> list[tuple[int, int, int]]:
+        out, self.copies = self.copies, []
+        return out
+
+    # -- internals -------------------------------------------------------------------------------
+    def _insert(self, block: int, key: tuple, parent: CachedBlock | None) -> CachedBlock:
+        node = CachedBlock(block, key, parent, 0 if parent is None else parent.depth + 1, last_use=self.clock)
+        (parent.children if parent is not None else self.roots)[key] = node
+        self.nodes[block] = node
+        return node
+
+    def _ref(self, block: int, seq) -> None:
+        self.refs[block] += 1
+        self.evictable.discard(block)
+        if self.owner[block] is None:
+            self.owner[block] = seq
+
+    def _unref(self, block: int, seq) -> None:
+        self.refs[block] -= 1
+        if self.refs[block] < 0:
+            raise AssertionError(f"block {block} released more often than referenced")
+        if self.refs[block] == 0:
+            self.owner[block] = None
+            if block in self.nodes:
+                self.evictable.add(block)
+                self.log.append(("cache", seq, block))
+            else:
+                self.free_list.append(block)
+                self.log.append(("free", seq, block))
+        elif self.owner[block] == seq:
+            self.owner[block] = next(q for q, t in self.tables.items() if block in t)
+
+    def eviction_order(self) -> list[int]:
+        """Unreferenced cached blocks, the next to evict first: least recently used, deeper first."""
+        return sorted(self.evictable, key=lambda b: (self.nodes[b].last_use, -self.nodes[b].depth, b))
+
+    def _take(self, seq) -> int:
+        """A block for ``seq``: from the free list, else by evicting the LRU unreferenced cached block."""
+        if self.free_list:
+            b = self.free_list.popleft()
+        else:
+            b = self.eviction_order()[0]
+            node = self.nodes.pop(b)
+            if node.children:
+                raise AssertionError(f"evicting block {b}, which has cached children")
+            siblings = node.parent.children if node.parent is not None else self.roots
+            del siblings[node.tokens]
+            self.evictable.discard(b)
+            self.log.append(("evict", None, b))
+        self.refs[b] = 1
+        self.owner[b] = seq
+        self.log.append(("alloc", seq, b))
+        return b
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,10 +521,16 @@ class SeqState:
     finished_at: int | None = None
     preemptions: int = 0
     cached: int = 0  # tokens whose K/V are in the cache now
+    reused: int = 0  # of those, found in the prefix cache at the last admission (not computed)
+    output: list = field(default_factory=list)  # output token ids (placeholders in a pure simulation)
 
     @property
     def rid(self) -> int:
         return self.req.rid
+
+    def token_ids(self) -> list | None:
+        """Prompt and output token ids (None when the request has no prompt ids)."""
+        return None if self.req.prompt is None else list(self.req.prompt) + self.output
 
     @property
     def context_len(self) -> int:
@@ -309,7 +609,10 @@ class Scheduler:
         if not plan.preempted:
             while self.waiting and len(self.running) < self.max_batch:
                 s = self.waiting[0]
+                s.reused = self.alloc.admit(s.rid, s.token_ids())  # a cached prefix is not recomputed
                 if not self.alloc.can_grow(s.rid, s.context_len):
+                    self.alloc.free(s.rid)  # let go of the cached blocks admit attached
+                    s.reused = 0
                     break
                 self.waiting.popleft()
                 self.alloc.grow(s.rid, s.context_len)
@@ -318,17 +621,22 @@ class Scheduler:
                 plan.prefill.append(s)
         return plan
 
-    def commit(self, plan: Plan) -> list[SeqState]:
-        """Record that ``plan`` ran (one token more for every sequence in it); finished sequences
-        leave and free their memory. Returns them."""
+    def commit(self, plan: Plan, new_tokens: dict | None = None) -> list[SeqState]:
+        """Record that ``plan`` ran (one token more for every sequence in it: ``new_tokens[rid]``, or a
+        placeholder ``-(rid + 1)`` that matches no prompt in a pure simulation); the allocator learns
+        which tokens are now cached; finished sequences leave and free their memory. Returns them."""
         for s in plan.prefill:
             s.cached = s.context_len
-            s.generated += 1
             if s.first_token_at is None:
                 s.first_token_at = plan.step
         for s in plan.decode:
             s.cached += 1
+        for s in plan.prefill + plan.decode:
             s.generated += 1
+            s.output.append(new_tokens[s.rid] if new_tokens is not None else -(s.rid + 1))
+            ids = s.token_ids()
+            if ids is not None:
+                self.alloc.computed(s.rid, ids[: s.cached])
         done = [s for s in self.running if s.generated >= s.req.output_len]
         for s in done:
             s.finished_at = plan.step
@@ -355,6 +663,22 @@ class Snapshot:
     preempted: list[int]
     tokens_stored: int
     reserved_tokens: int
+    # prefix sharing (a PrefixCachingAllocator; trivial otherwise)
+    refs: list[int] = field(default_factory=list)  # per block: block tables holding it
+    cached: list[int] = field(default_factory=list)  # unreferenced blocks kept for reuse (evictable)
+    shared: list[int] = field(default_factory=list)  # blocks a sequence started sharing this iteration
+    cow: list[int] = field(default_factory=list)  # private copies made this iteration (copy-on-write)
+    evicted: list[int] = field(default_factory=list)
+    reused_tokens: int = 0  # prompt tokens admissions found cached this iteration
+
+    @property
+    def logical_blocks(self) -> int:
+        """Blocks the running sequences would hold without sharing: Σ refs."""
+        return sum(self.refs)
+
+    @property
+    def physical_blocks(self) -> int:
+        return sum(1 for r in self.refs if r)
 
     @property
     def waste_fraction(self) -> float:
@@ -371,7 +695,10 @@ def snapshot(sched: Scheduler, plan: Plan, finished: list[SeqState]) -> Snapshot
                     running=[s.rid for s in sched.running], waiting=[s.rid for s in sched.waiting],
                     admitted=[s.rid for s in plan.prefill], finished=[s.rid for s in finished],
                     preempted=[s.rid for s in plan.preempted], tokens_stored=a.tokens_stored(),
-                    reserved_tokens=a.reserved_tokens())
+                    reserved_tokens=a.reserved_tokens(), refs=[a.refcount(b) for b in range(a.num_blocks)],
+                    cached=a.cached_blocks(), shared=[b for op, _s, b in log if op == "share"],
+                    cow=[b for op, _s, b in log if op == "cow"], evicted=[b for op, _s, b in log if op == "evict"],
+                    reused_tokens=sum(s.reused for s in plan.prefill))
 
 
 def simulate(requests, allocator, max_batch: int = 16, max_steps: int = 100_000) -> list[Snapshot]:
@@ -404,19 +731,50 @@ def waste_summary(snaps: list[Snapshot]) -> dict:
     }
 
 
+def prefix_sharing_blocks(sequences: int, prefix_tokens: int, seq_tokens: int, block_size: int = 16) -> dict:
+    """KV blocks of ``sequences`` sequences of ``seq_tokens`` tokens whose first ``prefix_tokens`` are
+    the same, without and with prefix sharing: {"unshared", "shared", "saved_fraction"}.
+
+    Unshared, each holds ⌈T/b⌉ blocks. Shared, the ⌊P/b⌋ blocks filled by the prefix alone are held
+    once (the radix tree's shared path) and each sequence keeps the rest, ⌈T/b⌉ − ⌊P/b⌋ (a block mixing
+    prefix and own tokens is its own: copied on write)."""
+    if sequences < 1 or seq_tokens < 1 or not 0 <= prefix_tokens <= seq_tokens:
+        raise ValueError("need ≥ 1 sequence of ≥ 1 token and 0 ≤ prefix ≤ sequence length")
+    per_seq = blocks_for(seq_tokens, block_size)
+    common = prefix_tokens // block_size
+    unshared = sequences * per_seq
+    shared = common + sequences * (per_seq - common)
+    return {"unshared": unshared, "shared": shared, "saved_fraction": 1 - shared / unshared}
+
+
+def sequences_that_fit(blocks: int, prefix_tokens: int, seq_tokens: int, block_size: int = 16,
+                       shared: bool = True) -> int:
+    """How many such sequences ``blocks`` blocks hold, with or without prefix sharing."""
+    per_seq = blocks_for(seq_tokens, block_size)
+    common = prefix_tokens // block_size if shared else 0
+    if per_seq == common:
+        raise ValueError("a sequence with no tokens of its own needs no block of its own")
+    return max(0, (blocks - common) // (per_seq - common))
+
+
 def poisson_requests(n: int, rate_per_step: float, prompt_range=(8, 48), output_range=(4, 64),
-                     seed: int = 0, vocab: int | None = None) -> list[Request]:
+                     seed: int = 0, vocab: int | None = None, system_prompt: int = 0) -> list[Request]:
     """A synthetic mix: Poisson arrivals (exponential gaps, ``rate_per_step`` per iteration),
-    prompt and output lengths uniform in the ranges; with ``vocab`` also random prompt token ids."""
+    prompt and output lengths uniform in the ranges; with ``vocab`` also random prompt token ids.
+    ``system_prompt`` > 0 (needs ``vocab``): every prompt starts with the same that many tokens (a
+    shared system prompt), followed by its own ``prompt_range`` tokens."""
     import random
 
+    if system_prompt and not vocab:
+        raise ValueError("a shared system prompt needs token ids (vocab)")
     rng = random.Random(seed)
+    system = [rng.randrange(vocab) for _ in range(system_prompt)] if system_prompt else []
     t = 0.0
     out = []
     for i in range(n):
         t += rng.expovariate(rate_per_step) if rate_per_step > 0 else 0.0
         p = rng.randint(*prompt_range)
         o = rng.randint(*output_range)
-        prompt = [rng.randrange(vocab) for _ in range(p)] if vocab else None
-        out.append(Request(i, p, o, int(t), prompt))
+        prompt = system + [rng.randrange(vocab) for _ in range(p)] if vocab else None
+        out.append(Request(i, p + len(system), o, int(t), prompt))
     return out

@@ -9,12 +9,13 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Container, Horizontal, HorizontalScroll, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Button, Footer, Markdown, Static
+from textual.widgets import Button, Footer, Static
 
 from ...lessons.registry import Lesson
 from ..code_source import CodeNotFound, read_source
 from ..strings import tr
 from .common import localize_bindings
+from .step_text import StepText
 
 BINDING_LABELS = {
     "next": "binding_next",
@@ -50,19 +51,17 @@ class LessonScreen(Screen):
     """One lesson. Keyboard first; the buttons do the same with the mouse."""
 
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
+    # The lesson's keys work whatever has focus (priority), so no visualizer may bind them
+    # (visualizers.base.LESSON_KEYS); every other key goes to the visualizer (on_key).
     BINDINGS = [
-        # Arrows always walk the steps (priority: even when the text or a visualizer has focus);
-        # n/p too unless a focused visualizer claims them.
-        Binding("right", "next", "Next", priority=True),
-        Binding("left", "prev", "Previous", priority=True),
-        Binding("n", "next", "Next", show=False),
-        Binding("p", "prev", "Previous", show=False),
-        Binding("t", "quiz", "Quiz"),
-        Binding("r", "run", "Run"),
-        Binding("l", "toggle_language", "Español"),
-        Binding("v", "toggle_visualizer", "Visualizer", show=False),
-        Binding("question_mark", "help", "Help", key_display="?"),
-        Binding("q,escape", "back", "Back"),
+        Binding("right,n", "next", "Next", key_display="→", priority=True),
+        Binding("left,p", "prev", "Previous", key_display="←", priority=True),
+        Binding("t", "quiz", "Quiz", priority=True),
+        Binding("r", "run", "Run", priority=True),
+        Binding("l", "toggle_language", "Español", priority=True),
+        Binding("v", "toggle_visualizer", "Visualizer", show=False, priority=True),
+        Binding("question_mark", "help", "Help", key_display="?", priority=True),
+        Binding("q,escape", "back", "Back", priority=True),
     ]
 
     def __init__(self, lesson: Lesson, start: int = 0):
@@ -84,7 +83,7 @@ class LessonScreen(Screen):
             yield Static(id="step-dots")
         with Container(id="body"):
             with VerticalScroll(id="text-pane"):
-                yield Markdown(id="step-text")
+                yield StepText(id="step-text")
                 yield Static(id="code-title")
                 with HorizontalScroll(id="code-box"):
                     yield Static(id="code")
@@ -139,7 +138,7 @@ class LessonScreen(Screen):
         self.query_one("#step-dots", Static).update(dots)
         self.query_one("#prev", Button).disabled = index == 0
         self.query_one("#next", Button).disabled = index == n - 1
-        await self.query_one("#step-text", Markdown).update(step_markdown(lesson, step.key, lang))
+        await self.query_one("#step-text", StepText).update(step_markdown(lesson, step.key, lang))
         self._show_code(step)
         await self._show_visualizer(step)
         self.query_one("#text-pane", VerticalScroll).scroll_home(animate=False)
@@ -245,6 +244,17 @@ class LessonScreen(Screen):
             self.notify(tr("run_unavailable", self.lang), severity="warning")
             return
         self.app.push_screen(cls(self.lesson, self.lang))
+
+    async def on_key(self, event) -> None:
+        """A key nothing else took goes to the visualizer: its controls work without focusing it."""
+        visualizer = self.visualizer
+        if visualizer is None or not self.query_one("#visualizer-pane").display:
+            return
+        if self.focused is visualizer:
+            return  # its own bindings already had the key
+        if await visualizer.press(event.key):
+            event.stop()
+            event.prevent_default()
 
     async def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()

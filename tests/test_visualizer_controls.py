@@ -1,0 +1,66 @@
+"""One control scheme for the visualizers (issue 20): keys work without focusing the visualizer,
+the lesson's keys always win, and `?` lists every visualizer's controls."""
+from __future__ import annotations
+
+import asyncio
+
+from distai.lessons.registry import all_lessons, resolve_lesson
+from distai.tutor.app import DistaiApp
+from distai.tutor.screens.help import HelpScreen
+from distai.tutor.screens.lesson import LessonScreen
+from distai.visualizers.base import LESSON_KEYS, visualizer_class
+
+
+def _visualizers():
+    names = {step.visualizer or lesson.visualizer for lesson in all_lessons() for step in lesson.steps}
+    classes = [visualizer_class(name) for name in sorted(n for n in names if n)]
+    return [cls for cls in classes if cls is not None]
+
+
+def test_every_visualizer_declares_its_controls_and_leaves_the_lesson_keys_alone():
+    classes = _visualizers()
+    assert len(classes) >= 7
+    for cls in classes:
+        assert cls.CONTROLS, f"{cls.__name__} declares no controls"
+        for control in cls.CONTROLS:
+            assert set(control.key_names()).isdisjoint(LESSON_KEYS), (cls.__name__, control)
+            assert control.label["en"] and control.label["es"], (cls.__name__, control)
+        keys = [k for c in cls.CONTROLS for k in c.key_names()]
+        assert len(keys) == len(set(keys)), f"{cls.__name__} binds a key twice"
+        for lang in ("en", "es"):
+            widget = cls(language=lang)
+            assert len(widget.key_help()) == len(cls.CONTROLS)
+            assert widget.controls_hint().endswith(("? all keys", "? todas las teclas"))
+
+
+def test_keys_reach_the_visualizer_without_focus_and_lesson_keys_always_work():
+    async def go():
+        app = DistaiApp("en")
+        async with app.run_test(size=(120, 40)) as pilot:
+            lesson = resolve_lesson("lesson1")
+            screen = LessonScreen(lesson, start=lesson.step_index("allreduce"))
+            await app.push_screen(screen)
+            await pilot.pause()
+            ring = screen.visualizer
+            assert app.focused is not ring and not ring.playing
+            await pilot.press("space")  # "Press space to play." works as written
+            assert ring.playing
+            await pilot.press("space", "full_stop", "full_stop")
+            assert not ring.playing and ring.frame == 2
+            await pilot.press("question_mark")
+            assert isinstance(app.screen, HelpScreen)
+            rows = app.screen.visualizer_keys
+            assert ("space", "play / pause") in rows and (". / ,", "step forward / back") in rows
+            await pilot.press("escape")
+            await app.pop_screen()
+            lesson7 = resolve_lesson("lesson7")
+            screen = LessonScreen(lesson7)
+            await app.push_screen(screen)
+            await pilot.pause()
+            screen.visualizer.focus()  # even when the visualizer has focus, t and p are the lesson's
+            await pilot.press("right", "right", "p")
+            assert screen.index == 1
+            await pilot.press("t")
+            assert type(app.screen).__name__ == "QuizScreen"
+
+    asyncio.run(go())

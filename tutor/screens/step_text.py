@@ -1,0 +1,242 @@
+"""A lesson step's Markdown as the tutor shows it: commands and code wrapped, tables that fit.
+
+Textual's ``Markdown`` cuts what is wider than the pane: a fence scrolls sideways with no
+scrollbar (``--beta 25G`` for ``--beta 25GB/s``) and a table cell ends in ``…``. Here:
+
+- a shell command that does not fit is wrapped at a space with a `` \\`` continuation, so what
+  is shown can be typed as shown; other code wraps with a ``↪`` mark; ``text`` fences (diagrams,
+  whose columns must line up) keep their lines and get a visible horizontal scrollbar;
+- a table is laid out by Rich, which shrinks the widest columns first and wraps between words.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from rich import box
+from rich.table import Table
+from rich.text import Text
+from textual.widget import Widget
+from textual.widgets import Markdown, Static
+from textual.widgets._markdown import MarkdownFence, MarkdownTable
+
+SHELL_LEXERS = frozenset({"bash", "sh", "shell", "console", "zsh"})
+DIAGRAM_LEXERS = frozenset({"text", "txt"})
+CONTINUATION = " \\"  # the shell's line continuation
+COMMAND_INDENT = "    "
+CODE_MARK = "↪ "
+
+
+def is_command_block(lexer: str, code: str) -> bool:
+    """A shell block: labelled as one, or unlabelled with every line a command (``distai …``)."""
+    if lexer in SHELL_LEXERS:
+        return True
+    lines = [line for line in code.splitlines() if line.strip()]
+    return not lexer and bool(lines) and all(
+        line.lstrip().startswith(("distai ", "python ", "torchrun ", "pip ", "$ ")) for line in lines)
+
+
+@lru_cache(maxsize=512)
+def wrap_command(line: str, width: int) -> tuple[str, ...]:
+    """One shell line as lines of at most ``width`` cells that the shell reads as the same command.
+
+    Breaks go at spaces, before an option when one fits (`` \\`` ends the line, the next is
+    indented); a word longer than a line is split with a bare ``\\`` and its rest starts the next
+    line unindented, since the shell joins a backslash-newline inside a word without a space.
+    """
+    width = max(width, len(COMMAND_INDENT) + len(CONTINUATION) + 8)
+    out: list[str] = []
+    rest, prefix = line, ""
+    while len(prefix) + len(rest) > width:
+        room = width - len(prefix) - len(CONTINUATION)
+        cut = rest.rfind(" -", 1, room + 1)  # keep an option next to its value
+        if cut <= 0:
+            cut = rest.rfind(" ", 1, room + 1)
+        if cut > 0:
+            out.append(prefix + rest[:cut].rstrip() + CONTINUATION)
+            rest, prefix = rest[cut:].lstrip(" "), COMMAND_INDENT
+        else:
+            out.append(prefix + rest[:room + 1] + "\\")
+            rest, prefix = rest[room + 1:], ""
+    out.append(prefix + rest)
+    return tuple(out)
+
+
+@lru_cache(maxsize=512)
+def wrap_code(line: str, width: int) -> tuple[str, ...]:
+    """A code line as lines of at most ``width`` cells; continuations start with ``↪``."""
+    width = max(width, len(CODE_MARK) + 8)
+    if len(line) <= width:
+        return (line,)
+    indent = " " * min(len(line) - len(line.lstrip(" ")), width // 2)
+    out, rest, prefix = [], line, ""
+    while len(prefix) + len(rest) > width:
+        room = width - len(prefix)
+        cut = rest.rfind(" ", 1, room + 1)
+        cut = cut if cut > 0 else room
+        out.append(prefix + rest[:cut].rstrip())
+        rest = rest[cut:].lstrip(" ")
+        prefix = indent + CODE_MARK
+    out.append(prefix + rest)
+    return tuple(out)
+
+
+def unwrap_command(lines: list[str]) -> list[str]:
+    """The commands that ``wrap_command``'s lines stand for (the shell's reading of them)."""
+    out: list[str] = []
+    pending, joined_word = "", False
+    for line in lines:
+        if pending and not joined_word and line.startswith(COMMAND_INDENT):
+            line = line[len(COMMAND_INDENT):]
+        if line.endswith(CONTINUATION):
+            pending, joined_word = pending + line[:-len(CONTINUATION)] + " ", False
+        elif line.endswith("\\"):
+            pending, joined_word = pending + line[:-1], True
+        else:
+            out.append(pending + line)
+            pending, joined_word = "", False
+    if pending:
+        out.append(pending)
+    return out
+
+
+class WrappedCode(Widget):
+    """A fence's code wrapped to the widget's width (its height follows)."""
+
+    DEFAULT_CSS = """
+    WrappedCode { width: 1fr; height: auto; padding: 1 2; }
+    MarkdownFence:ansi WrappedCode { padding: 1 0; }
+    """
+
+    def __init__(self, code: str, lexer: str, command: bool):
+        super().__init__()
+        self.code = code.rstrip("\n")
+        self.lexer = lexer
+        self.command = command
+
+    def wrapped_lines(self, width: int) -> list[str]:
+        wrap = wrap_command if self.command else wrap_code
+        return [part for line in self.code.split("\n") for part in wrap(line, width)]
+
+    def get_content_width(self, container, viewport) -> int:
+        return container.width
+
+    def get_content_height(self, container, viewport, width: int) -> int:
+        return max(1, len(self.wrapped_lines(width)))
+
+    def render(self):
+        text = "\n".join(self.wrapped_lines(self.content_size.width or 80))
+        return MarkdownFence.highlight(text, self.lexer or "", ansi=self.app.native_ansi_color,
+                                       dark=self.app.current_theme.dark)
+
+
+class WrappingFence(MarkdownFence):
+    """A fence that is never cut: commands and code wrap, diagrams scroll with a scrollbar."""
+
+    DEFAULT_CSS = """
+    WrappingFence { overflow: hidden hidden; }
+    WrappingFence.-diagram { overflow: auto hidden; scrollbar-size-horizontal: 1; }
+    """
+
+    def compose(self):
+        if (self.lexer or "") in DIAGRAM_LEXERS:
+            self.add_class("-diagram")
+            yield from super().compose()
+        else:
+            yield WrappedCode(self.code, self.lexer or "",
+                              command=is_command_block(self.lexer or "", self.code))
+
+    async def _update_from_block(self, block) -> None:
+        await self.recompose() if isinstance(block, MarkdownFence) else await super()._update_from_block(block)
+
+
+# the inline styles Textual's Markdown gives a cell (component classes), as Rich styles
+INLINE_STYLES = {".strong": "bold", ".em": "italic", ".s": "strike", ".code_inline": "bold cyan"}
+
+
+def _rich_text(content) -> Text:
+    """A Markdown cell's Textual ``Content`` as a Rich ``Text`` that wraps between words."""
+    text = Text(content.plain, overflow="fold")
+    for span in content.spans:
+        style = INLINE_STYLES.get(span.style) if isinstance(span.style, str) else None
+        if style:
+            text.stylize(style, span.start, span.end)
+    return text
+
+
+def column_widths(mins: list[int], body: list[int], maxs: list[int], room: int) -> list[int]:
+    """Widths for columns in ``room`` cells: all they want (``maxs``, their longest cell) if it
+    fits; else each its longest word (``mins``), then, cheapest first, whole body cells on one
+    line (``body``: rows wrap worse than headers), then whole headers, then what is left."""
+    if sum(maxs) <= room:
+        return list(maxs)
+    widths = list(mins)
+    spare = room - sum(widths)
+    for target in (body, maxs):
+        for i in sorted(range(len(widths)), key=lambda j: target[j] - widths[j]):
+            need = target[i] - widths[i]
+            if 0 < need <= spare:
+                widths[i] += need
+                spare -= need
+    return widths
+
+
+class FitTable:
+    """A Rich renderable: the table laid out for the width it is given (see ``column_widths``)."""
+
+    GAP = 2  # cells between columns
+
+    def __init__(self, headers: list[Text], rows: list[list[Text]]):
+        self.headers, self.rows = headers, rows
+
+    def _columns(self) -> list[list[Text]]:
+        return [[self.headers[i]] + [row[i] for row in self.rows if i < len(row)]
+                for i in range(len(self.headers))]
+
+    def _bounds(self) -> tuple[list[int], list[int], list[int]]:
+        """Per column: its longest word, its longest body cell, its longest cell."""
+        columns = self._columns()
+        mins = [max((len(word) for cell in col for word in cell.plain.split()), default=1) for col in columns]
+        body = [max([mins[i]] + [cell.cell_len for cell in col[1:]]) for i, col in enumerate(columns)]
+        maxs = [max(cell.cell_len for cell in col) for col in columns]
+        return mins, body, maxs
+
+    def __rich_measure__(self, console, options):
+        from rich.measure import Measurement
+
+        mins, _, maxs = self._bounds()
+        gaps = self.GAP * max(0, len(mins) - 1)
+        return Measurement(sum(mins) + gaps, sum(maxs) + gaps)
+
+    def __rich_console__(self, console, options):
+        mins, body, maxs = self._bounds()
+        widths = column_widths(mins, body, maxs, options.max_width - self.GAP * max(0, len(mins) - 1))
+        table = Table(box=box.SIMPLE_HEAD, padding=(0, self.GAP - 1, 0, 0), pad_edge=False, show_edge=False,
+                      header_style="bold", border_style="dim", expand=False, collapse_padding=True)
+        for header, width in zip(self.headers, widths):
+            table.add_column(header, width=width, overflow="fold")
+        for row in self.rows:
+            table.add_row(*row)
+        yield table
+
+
+class FittingTable(MarkdownTable):
+    """A table laid out for the pane: columns never narrower than their longest word while the
+    words fit, cells wrapped between words (Textual's own cuts cells with ``…``)."""
+
+    DEFAULT_CSS = "FittingTable { width: 1fr; height: auto; margin-bottom: 1; }"
+
+    def compose(self):
+        headers, rows = self._get_headers_and_rows()
+        self._headers, self._rows = headers, rows
+        yield Static(FitTable([_rich_text(h) for h in headers],
+                              [[_rich_text(c) for c in row] for row in rows]), classes="table-body")
+
+    async def _update_from_block(self, block) -> None:
+        await self.recompose()
+
+
+class StepText(Markdown):
+    """The Markdown widget of a lesson step (see the module docstring)."""
+
+    BLOCKS = {**Markdown.BLOCKS, "fence": WrappingFence, "code_block": WrappingFence,
+              "table_open": FittingTable}

@@ -1,0 +1,137 @@
+"""Lesson 1's visualizer, the drawing: chunk colours by contributions, styles, sizes, wrapping.
+
+A chunk's cell is coloured by how many ranks' contributions it holds (slate 1, blue 2 … orange
+N−1, green N = complete); odd columns are a shade darker so neighbours stay apart. Text lines
+wrap without parting a number from its unit, and turn into Textual strips once per distinct line.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from rich.style import Style
+from rich.text import Text
+from textual.strip import Strip
+
+from ..lessons.lesson1 import baselines, ring_model
+from ..lessons.units import format_bytes
+from .ring_plan import NAIVE, RING, TREE
+
+PHASE_STYLE = {ring_model.REDUCE_SCATTER: "bold magenta", ring_model.ALL_GATHER: "bold cyan",
+               baselines.REDUCE: "bold magenta", baselines.BROADCAST: "bold cyan"}
+ALGO_STYLE = {RING: "bold green", TREE: "bold yellow", NAIVE: "bold red"}
+RUN_COLOR = "#5fafff"
+AR_COLOR = "#ff5fd7"
+
+_OWN = (0x3a, 0x44, 0x5c)  # 1: only the rank's own contribution (slate)
+_RAMP = ((0x1f, 0x6f, 0xd1), (0x9b, 0x3f, 0xc0), (0xe0, 0x7a, 0x1f))  # 2 → N−1: blue, purple, orange
+_COMPLETE = (0x23, 0xa0, 0x3c)  # N: green
+
+
+def count_rgb(count: int, n: int) -> tuple[int, int, int]:
+    """The colour of a chunk that holds ``count`` of ``n`` contributions."""
+    if count >= n:
+        return _COMPLETE
+    if count <= 1:
+        return _OWN
+    t = 0.0 if n <= 3 else (count - 2) / (n - 3)
+    t = min(1.0, max(0.0, t)) * (len(_RAMP) - 1)
+    i = min(int(t), len(_RAMP) - 2)
+    f = t - i
+    a, b = _RAMP[i], _RAMP[i + 1]
+    return tuple(round(a[j] + (b[j] - a[j]) * f) for j in range(3))  # type: ignore[return-value]
+
+
+def _hex(rgb) -> str:
+    r, g, b = (max(0, min(255, int(v))) for v in rgb)
+    return f"#{r:02x}{g:02x}{b:02x}"
+
+
+def _mix(a, b, f: float):
+    return tuple(a[j] + (b[j] - a[j]) * f for j in range(3))
+
+
+@lru_cache(maxsize=4096)
+def cell_style(count: int, n: int, odd: bool = False, sending: bool = False,
+               blend_to: int | None = None, blend: int = 0) -> Style:
+    """Background by contributions (odd columns a shade darker, so neighbours stay apart)."""
+    rgb = count_rgb(count, n)
+    if blend_to is not None:
+        rgb = _mix(rgb, count_rgb(blend_to, n), blend / 8)
+    if odd:
+        rgb = tuple(v * 0.8 for v in rgb)
+    return Style(bgcolor=_hex(rgb), color="white", bold=sending, underline=sending)
+
+
+@lru_cache(maxsize=512)
+def fg_style(count: int, n: int, bold: bool = True) -> Style:
+    return Style(color=_hex(count_rgb(count, n)), bold=bold)
+
+
+def fmt_bytes(x: float, lang: str) -> str:
+    binary = x >= 1024 and float(x).is_integer() and (int(x) & (int(x) - 1)) == 0
+    return format_bytes(x, binary=binary, lang=lang)
+
+
+def fmt_units(x: float, size: float, lang: str) -> str:
+    """Bytes that are a simple multiple of S, in the unit S itself is written in."""
+    binary = size >= 1024 and float(size).is_integer() and (int(size) & (int(size) - 1)) == 0
+    return format_bytes(x, binary=binary, lang=lang)
+
+
+def styled(text: str, style: str = "") -> Text:
+    """A Text whose style covers this text only (not text appended later)."""
+    t = Text()
+    t.append(text, style=style or None)
+    return t
+
+
+_CONSOLE = None
+
+
+def _console():
+    """A Rich console used only to turn Text into segments (it prints nothing)."""
+    global _CONSOLE
+    if _CONSOLE is None:
+        from rich.console import Console
+
+        _CONSOLE = Console(width=400, color_system="truecolor", force_terminal=True, legacy_windows=False)
+    return _CONSOLE
+
+
+UNITS = {"B", "kB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "TiB", "s", "ms", "µs", "ns", "min", "h",
+         "kB/s", "MB/s", "GB/s", "TB/s", "="}
+
+
+def wrap_text(text: Text, width: int) -> list[Text]:
+    """Word-wrap styled text, never between a number and its unit nor around ``=``."""
+    plain = text.plain
+    if len(plain) <= width:
+        return [text]
+    breaks = []
+    for i, ch in enumerate(plain):
+        if ch != " " or i == 0:
+            continue
+        nxt = plain[i + 1:].split(" ", 1)[0].rstrip(").,;:")
+        prev = plain[:i].rsplit(" ", 1)[-1]
+        if nxt in UNITS or prev == "=":
+            continue
+        breaks.append(i)
+    lines, start = [], 0
+    while len(plain) - start > width:
+        fit = [b for b in breaks if start < b <= start + width]
+        cut = fit[-1] if fit else start + width
+        lines.append(text[start:cut])
+        start = cut + 1 if cut in breaks else cut
+    lines.append(text[start:])
+    return lines
+
+
+def text_strip(line: Text, width: int, base, cache: dict) -> Strip:
+    """``line`` as a Textual strip ``width`` cells wide in the widget's ``base`` style (cached:
+    the lines that did not change since the last frame reuse their strip)."""
+    key = (line.plain, tuple((sp.start, sp.end, str(sp.style)) for sp in line.spans), width, base)
+    strip = cache.get(key)
+    if strip is None:
+        segments = [seg for seg in line.render(_console()) if seg.text]
+        strip = cache[key] = Strip(segments, line.cell_len).crop_extend(0, width, None).apply_style(base)
+    return strip
