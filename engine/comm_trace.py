@@ -23,7 +23,7 @@ from contextlib import contextmanager
 import torch.distributed as dist
 
 from ..lessons.units import format_bytes
-from .zero import _nbytes
+from .metering import _nbytes
 
 # function name -> (what the span says, index of the argument whose size is the payload: the
 # input, i.e. a shard for an all-gather and the full tensor for a reduce-scatter)
