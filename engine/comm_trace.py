@@ -20,8 +20,10 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import torch
 import torch.distributed as dist
+
+from ..lessons.units import format_bytes
+from .metering import _nbytes
 
 # function name -> (what the span says, index of the argument whose size is the payload: the
 # input, i.e. a shard for an all-gather and the full tensor for a reduce-scatter)
@@ -36,21 +38,6 @@ COLLECTIVES = {
     "all_to_all_single": ("all_to_all", 1),
     "broadcast": ("broadcast", 0),
 }
-
-
-def _nbytes(x) -> int:
-    if isinstance(x, torch.Tensor):
-        return x.numel() * x.element_size()
-    if isinstance(x, (list, tuple)):
-        return sum(_nbytes(t) for t in x)
-    return 0
-
-
-def _size_label(n: int) -> str:
-    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
 
 
 @contextmanager
@@ -79,7 +66,7 @@ def traced_collectives(events, stream: str = "comm", groups: dict | None = None,
                 except TypeError:
                     group = None
                 on = f"comm {names[id(group)]}" if id(group) in names else stream
-            rec = {"name": f"{op} {_size_label(nbytes)}", "op": op, "bytes": nbytes, "t0": time.time(), "t1": None,
+            rec = {"name": f"{op} {format_bytes(nbytes, binary=True)}", "op": op, "bytes": nbytes, "t0": time.time(), "t1": None,
                    "stream": on}
             work = fn(*args, **kwargs)
             if work is None or not kwargs.get("async_op", False):

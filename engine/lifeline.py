@@ -25,6 +25,8 @@ import sys
 import threading
 import time
 
+from .runs import pid_alive
+
 LAUNCHER_PID_ENV = "DISTAI_LAUNCHER_PID"
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 CHECK_EVERY_S = 0.5
@@ -63,16 +65,6 @@ def parent_death_signal() -> None:
     _prctl_pdeathsig(signal.SIGKILL)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def watch_launcher(env: dict | None = None) -> bool:
     """In a rank started by ``distai run``: die with torchrun (SIGKILL), and with the launcher
     (checked every ``CHECK_EVERY_S``). Outside a launch (no ``DISTAI_LAUNCHER_PID``): nothing.
@@ -89,7 +81,7 @@ def watch_launcher(env: dict | None = None) -> bool:
     _prctl_pdeathsig(signal.SIGKILL)
 
     def orphaned() -> bool:
-        return os.getppid() != parent or not _alive(launcher)
+        return os.getppid() != parent or not pid_alive(launcher)
 
     if orphaned():  # the parent went before prctl took effect
         os.kill(os.getpid(), signal.SIGKILL)

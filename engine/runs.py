@@ -94,7 +94,7 @@ class RunRecord:
     @property
     def effective_status(self) -> str:
         """``killed`` for a run still marked running whose launcher (on this host) is gone."""
-        if self.status == "running" and self.host == _this_host() and not _pid_alive(self.launcher_pid):
+        if self.status == "running" and self.host == _this_host() and not pid_alive(self.launcher_pid):
             return "killed"
         return self.status
 
@@ -139,7 +139,8 @@ def settle_killed(record: RunRecord) -> RunRecord:
     return record
 
 
-def _pid_alive(pid: int | None) -> bool:
+def pid_alive(pid: int | None) -> bool:
+    """Whether process ``pid`` exists on this machine (one we may not signal counts)."""
     if not pid:
         return False
     try:

@@ -37,5 +37,5 @@ def test_collectives_become_comm_spans_inside_the_step(tmp_path):
         (step,) = [e for e in events if e["stream"] == "compute"]
         assert [(e["op"], e["bytes"]) for e in comm] == [("all_reduce", 4096), ("all_gather", 1024),
                                                         ("reduce_scatter", 2048)]
-        assert [e["name"] for e in comm] == ["all_reduce 4.0 KiB", "all_gather 1.0 KiB", "reduce_scatter 2.0 KiB"]
+        assert [e["name"] for e in comm] == ["all_reduce 4 KiB", "all_gather 1 KiB", "reduce_scatter 2 KiB"]
         assert all(step["t0"] <= e["t0"] <= e["t1"] <= step["t1"] and e["step"] == 0 for e in comm)

@@ -226,23 +226,25 @@ def _launch(home: Path, args: list[str], profile: bool = False) -> dict:
     return {"record": record, "events": seen, "ended": time.time(), "left": L.run_processes(record.id)}
 
 
-def _ctrl_c(home: Path) -> dict:
+def _training_run(home: Path, *flags: str, stderr=subprocess.PIPE):
+    """`distai run lesson1` for ever, once its ranks are training: (process, run folder, the run's pids)."""
     env = dict(os.environ, DISTAI_HOME=str(home))
-    proc = subprocess.Popen([*DISTAI, "run", "lesson1", "--cpu", "2", "--steps", "1000000", "--no-sweep"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True, cwd=REPO)
+    proc = subprocess.Popen([*DISTAI, "run", "lesson1", "--cpu", "2", "--steps", "1000000", "--no-sweep", *flags],
+                            env=env, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True, cwd=REPO)
     runs = home / "runs"
     deadline = time.time() + 240
-    pids, run_dir = [], None
-    while time.time() < deadline:  # wait until the ranks are training
+    while time.time() < deadline:
         dirs = list(runs.glob("*/events/rank0.jsonl")) if runs.is_dir() else []
         if dirs and dirs[0].stat().st_size > 4000:  # rank 0 has emitted a dozen step events
-            run_dir = dirs[0].parents[1]
-            pids = L.run_processes(run_dir.name)
-            break
+            return proc, dirs[0].parents[1], L.run_processes(dirs[0].parents[1].name)
         if proc.poll() is not None:
             break
         time.sleep(0.2)
+    return proc, None, []
+
+
+def _ctrl_c(home: Path) -> dict:
+    proc, run_dir, pids = _training_run(home)
     t0 = time.time()
     proc.send_signal(signal.SIGINT)
     try:
@@ -259,20 +261,7 @@ def _ctrl_c(home: Path) -> dict:
 def _sigkill_launcher(home: Path) -> dict:
     """SIGKILL `distai run` itself mid-run: nothing of it may survive (torchrun's parent-death
     signal, the ranks' watch on their parent and on the launcher)."""
-    env = dict(os.environ, DISTAI_HOME=str(home))
-    proc = subprocess.Popen([*DISTAI, "run", "lesson1", "--cpu", "2", "--steps", "1000000", "--no-sweep", "--json"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True, cwd=REPO)
-    runs, deadline, run_dir, pids = home / "runs", time.time() + 240, None, []
-    while time.time() < deadline:  # wait until the ranks are training
-        found = list(runs.glob("*/events/rank0.jsonl")) if runs.is_dir() else []
-        if found and found[0].stat().st_size > 4000:
-            run_dir = found[0].parents[1]
-            pids = L.run_processes(run_dir.name)
-            break
-        if proc.poll() is not None:
-            break
-        time.sleep(0.2)
+    proc, run_dir, pids = _training_run(home, "--json", stderr=subprocess.DEVNULL)
     t0 = time.time()
     os.kill(proc.pid, signal.SIGKILL)  # the launcher alone, as the OOM killer or `kill -9` would
     proc.wait()
@@ -281,8 +270,8 @@ def _sigkill_launcher(home: Path) -> dict:
         time.sleep(0.05)
         left = L.run_processes(run_dir.name)
     return {"run_dir": run_dir, "pids": pids, "clean_after": time.time() - t0, "left": left,
-            "listed": subprocess.run([*DISTAI, "runs", "--json"], env=env, capture_output=True, text=True,
-                                     timeout=60, cwd=REPO)}
+            "listed": subprocess.run([*DISTAI, "runs", "--json"], env=dict(os.environ, DISTAI_HOME=str(home)),
+                                     capture_output=True, text=True, timeout=60, cwd=REPO)}
 
 
 def _json_run(home: Path) -> dict:
