@@ -18,7 +18,8 @@ from distai.engine.model import GPT, GPTConfig  # noqa: E402
 from distai.engine.testing import run_in_group  # noqa: E402
 
 CFG = dict(hidden=16, heads=4, vocab=32, layers=4, seq=8)
-# (pp, dp, tp), schedule, chunks, zero, dtype, microbatches
+# (pp, dp, tp) — the mesh's own order; the issue's (dp, tp, pp) = (2,2,2), (1,2,4), (4,1,2), (2,4,1)
+# are the first four — schedule, chunks, zero, dtype, microbatches
 CONFIGS = [
     ((2, 2, 2), "1f1b", 1, 0, "float64", 2),
     ((1, 2, 4), "1f1b", 1, 0, "float64", 2),
@@ -27,6 +28,13 @@ CONFIGS = [
     ((2, 2, 2), "interleaved", 2, 1, "float32", 2),
 ]
 TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
+
+
+def _name(c) -> str:
+    (pp, dp, tp), schedule, _v, zero, dtype, _m = c
+    return f"dp{dp}-tp{tp}-pp{pp}-{schedule}-zero{zero}-{dtype}"
+
+
 STEPS = 2
 
 
@@ -65,7 +73,7 @@ def runs():
     return run_in_group(train_all_shapes, 8, timeout_s=300)
 
 
-@pytest.mark.parametrize("index", range(len(CONFIGS)), ids=[f"{c[0]}-{c[1]}-zero{c[3]}-{c[4]}" for c in CONFIGS])
+@pytest.mark.parametrize("index", range(len(CONFIGS)), ids=[_name(c) for c in CONFIGS])
 def test_every_step_equals_one_process(runs, index):
     dims, _schedule, _chunks, _zero, dtype, _m = CONFIGS[index]
     tol = TOLERANCE[dtype]
@@ -80,7 +88,7 @@ def test_every_step_equals_one_process(runs, index):
     assert sum(r[index]["n_params"] for r in runs) == dense_params * dims[1] + _replicated_by_tp(dims)
 
 
-@pytest.mark.parametrize("index", range(len(CONFIGS)), ids=[str(c[0]) for c in CONFIGS])
+@pytest.mark.parametrize("index", range(len(CONFIGS)), ids=[_name(c) for c in CONFIGS])
 def test_the_device_mesh_forms_the_lessons_groups(runs, index):
     """init_device_mesh's coordinates and groups are the capstone lesson's row-major (pp, dp, tp) model."""
     from distai.lessons.capstone.formulas import group_ranks, mesh_coords
@@ -102,7 +110,7 @@ def _replicated_by_tp(dims) -> int:
     return dp * (tp - 1) * whole
 
 
-@pytest.mark.parametrize("index", range(len(CONFIGS)), ids=[f"{c[0]}-{c[1]}-zero{c[3]}" for c in CONFIGS])
+@pytest.mark.parametrize("index", range(len(CONFIGS)), ids=[_name(c) for c in CONFIGS])
 def test_communication_per_group_equals_the_formulas(runs, index):
     dims = dict(zip(M.DIMS, CONFIGS[index][0]))
     for per_rank in runs:
