@@ -288,3 +288,21 @@ def format_percent(fraction: float, digits: int = 3, lang: str = "en") -> str:
     """``0.2727`` → ``27.3%`` (``27,3 %`` in Spanish)."""
     s = format_number(100 * fraction, digits, lang)
     return f"{s} %" if lang == "es" else f"{s}%"
+
+
+def format_fixed(x: float, decimals: int = 1, lang: str = "en") -> str:
+    """``x`` with exactly ``decimals`` decimals (a table column, a ratio): ``1.50`` / ``1,50``."""
+    s = f"{x:.{decimals}f}"
+    return s.replace(".", ",") if lang == "es" else s
+
+
+def format_integer(n: float, lang: str = "en") -> str:
+    """A whole number with thousands grouped: ``262,144`` (``262.144`` in Spanish)."""
+    s = f"{round(n):,}"
+    return s.replace(",", ".") if lang == "es" else s
+
+
+def format_plain(x: float, lang: str = "en") -> str:
+    """Python's ``{x:g}`` (shortest form: ``0.5``, ``2``, ``1e-05``) with the decimal comma in Spanish."""
+    s = f"{x:g}"
+    return s.replace(".", ",") if lang == "es" else s

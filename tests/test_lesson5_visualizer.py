@@ -11,6 +11,7 @@ from textual.app import App
 
 from distai.lessons.lesson5 import formulas
 from distai.lessons.lesson5 import simulator as sim
+from distai.lessons.units import format_percent
 from distai.visualizers.base import visualizer_class
 from distai.visualizers.pipeline import IDLE_CHAR, Lanes, PipelineVisualizer, draw_lanes
 
@@ -122,7 +123,7 @@ def test_steps_pick_views_and_spanish():
     assert viz.m == 1 and viz.shown_schedules() == ["gpipe"]
     text = _text(viz)
     assert "burbuja" in text and "etapas" in text
-    assert f"{formulas.bubble_fraction(4, 1):.1%}" in text
+    assert format_percent(formulas.bubble_fraction(4, 1), 3, "es") in text  # "75 %", the Spanish way
 
 
 def test_small_windows_fold_panels():
@@ -151,7 +152,7 @@ def test_measured_timeline_from_run_events():
     assert "waiting for a complete step" in _text(viz)
     viz.feed_event(events[-1])
     text = _text(viz)
-    assert "measured 1F1B, step 0: 330.0 ms" in text
+    assert "measured 1F1B, step 0: 330 ms" in text
     assert f"bubble {tl.bubble_fraction:.0%}" in text
     viz.feed_event({"kind": "summary", "lesson": "lesson5",
                     "schedules": {"1f1b": {"bubble_formula": formulas.bubble_fraction(4, 8)}}})
@@ -212,5 +213,5 @@ def test_terminal_view_of_distai_run():
         "torch_step_time_s": 0.25, "max_grad_diff_vs_torch": 0.0,
         "stages": [{"peak_microbatches": 8.0, "peak_formula": 8}]}}})
     text = "\n".join(t.plain for t in view.renderables(100))
-    assert "measured GPipe, step 0: 330.0 ms" in text
+    assert "measured GPipe, step 0: 330 ms" in text
     assert "27.3%" in text and "0.80x" in text

@@ -40,7 +40,15 @@ from rich.text import Text
 from ..lessons.lesson7 import formulas as f
 from ..lessons.lesson7 import paging
 from ..lessons.lesson7 import planner as pl
-from ..lessons.units import format_number, format_percent, format_time
+from ..lessons.units import (
+    format_bytes,
+    format_fixed,
+    format_integer,
+    format_number,
+    format_percent,
+    format_plain,
+    format_time,
+)
 from .base import NEXT_VIEW, PLAY, STEP, Control
 from .playback import PlaybackVisualizer
 
@@ -86,7 +94,7 @@ STRINGS = {
         "axis": "rows: layers · columns: KV heads · colour: GPU",
         "gpu_row": "GPU {g}: layers {l0}–{l1}, KV heads {heads}{rep} → {kv} KV + {w} weights",
         "measured": " (measured {m})",
-        "tokens": "{T:,} cached tokens ({seqs})",
+        "tokens": "{T} cached tokens ({seqs})",
         "per_token": "per token: {pt} in all, {pg} on each GPU",
         "replicated": "×{n}: {H} KV heads < TP = {tp}, each head stored on {n} GPUs",
         "invalid": "TP = {tp} does not fit {H} KV heads: {msg}",
@@ -112,7 +120,7 @@ STRINGS = {
         "reasons": {"shape": "shape", "memory": "memory", "ttft": "TTFT", "tpot": "TPOT"},
         "no_fit": "{cfg} does not fit: weights {w} per GPU > {u} usable",
         "no_kv": "{cfg} does not fit: no room for one sequence's KV cache ({kv})",
-        "compare": "run: paged waste {p:.1%} vs contiguous {c:.1%}; {r:.2f}× the tokens/s",
+        "compare": "run: paged waste {p} vs contiguous {c}; {r}× the tokens/s",
         "prefix_title": "prefix sharing: {n} blocks of {bs} tokens, a {sp}-token system prompt · iteration {k}/{N} {src}",
         "prefix_title_short": "sharing: {n}×{bs} · it {k}/{N} {src}",
         "prefix_status": "running {r} · waiting {w} · {s} shared blocks (up to ×{m}) · {c} cached",
@@ -135,7 +143,7 @@ STRINGS = {
         "axis": "filas: capas · columnas: cabezas KV · color: GPU",
         "gpu_row": "GPU {g}: capas {l0}–{l1}, cabezas KV {heads}{rep} → {kv} de KV + {w} de pesos",
         "measured": " (medido {m})",
-        "tokens": "{T:,} tokens en caché ({seqs})",
+        "tokens": "{T} tokens en caché ({seqs})",
         "per_token": "por token: {pt} en total, {pg} en cada GPU",
         "replicated": "×{n}: {H} cabezas KV < TP = {tp}, cada cabeza se guarda en {n} GPUs",
         "invalid": "TP = {tp} no encaja con {H} cabezas KV: {msg}",
@@ -161,7 +169,7 @@ STRINGS = {
         "reasons": {"shape": "forma", "memory": "memoria", "ttft": "TTFT", "tpot": "TPOT"},
         "no_fit": "{cfg} no cabe: pesos {w} por GPU > {u} utilizables",
         "no_kv": "{cfg} no cabe: no queda sitio para la KV cache de una secuencia ({kv})",
-        "compare": "ejecución: desperdicio paginada {p:.1%} frente a contigua {c:.1%}; {r:.2f}× los tokens/s",
+        "compare": "ejecución: desperdicio paginada {p} frente a contigua {c}; {r}× los tokens/s",
         "prefix_title": "prefijos compartidos: {n} bloques de {bs} tokens, un prompt de sistema de {sp} tokens · "
                         "iteración {k}/{N} {src}",
         "prefix_title_short": "compartida: {n}×{bs} · it {k}/{N} {src}",
@@ -184,11 +192,8 @@ STRINGS = {
 }
 
 
-def _bytes(n: float) -> str:
-    for unit, div in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= div:
-            return f"{n / div:.3g} {unit}"
-    return f"{n:.0f} B"
+def _bytes(n: float, lang: str = "en") -> str:
+    return format_bytes(n, lang=lang)
 
 
 def _hue(i: int) -> str:
@@ -597,10 +602,10 @@ class KVCacheVisualizer(PlaybackVisualizer):
                 else:
                     line.append(label[:cell].center(cell), style=f"bold black on {_hue(gpu)}")
             out.append(line)
-        seqs = f"{self.tokens // 4096} × 4,096" if self.tokens % 4096 == 0 and self.tokens >= 4096 else "1 ×"
+        seqs = f"{self.tokens // 4096} × {format_integer(4096, self.language)}" if self.tokens % 4096 == 0 and self.tokens >= 4096 else "1 ×"
         total = f.kv_cache_total(m.layers, m.kv_heads, m.head_dim, m.dtype_bytes, self.tokens, self.tp, pp)
-        out.append(Text(tr["tokens"].format(T=self.tokens, seqs=seqs) + " · " + tr["per_token"].format(
-            pt=_bytes(total["bytes_per_token"]), pg=_bytes(total["per_gpu_bytes"] / self.tokens)), style="italic"))
+        out.append(Text(tr["tokens"].format(T=format_integer(self.tokens, self.language), seqs=seqs) + " · " + tr["per_token"].format(
+            pt=_bytes(total["bytes_per_token"], self.language), pg=_bytes(total["per_gpu_bytes"] / self.tokens, self.language)), style="italic"))
         rows = shard_table(m, self.tp, pp, self.tokens)
         budget = (height or 100) - len(out) - 4
         for i, row in enumerate(rows):
@@ -612,10 +617,10 @@ class KVCacheVisualizer(PlaybackVisualizer):
             rep = f" ×{len(owners[heads[0]])}" if len(owners[heads[0]]) > 1 else ""
             text = Text("■ ", style=_hue(row["gpu"]))
             text.append(tr["gpu_row_short" if narrow else "gpu_row"].format(g=row["gpu"], l0=row["layers"][0], l1=row["layers"][-1], heads=hs,
-                                             rep=rep, kv=_bytes(row["kv_bytes"]), w=_bytes(row["weight_bytes"])))
+                                             rep=rep, kv=_bytes(row["kv_bytes"], self.language), w=_bytes(row["weight_bytes"], self.language)))
             meas = self._measured_for(row)
             if meas is not None:
-                text.append(tr["measured"].format(m=_bytes(meas)), style="bold magenta")
+                text.append(tr["measured"].format(m=_bytes(meas, self.language)), style="bold magenta")
             out.append(text)
         if len(owners[0]) > 1:
             out.append(Text(tr["replicated"].format(n=len(owners[0]), H=m.kv_heads, tp=self.tp), style="yellow"))
@@ -705,8 +710,10 @@ class KVCacheVisualizer(PlaybackVisualizer):
                         style="bold"))
         if self.kv_compare and self.source == "run":
             kc = self.kv_compare
-            out.append(Text(tr["compare"].format(p=kc["paged"]["waste_fraction"], c=kc["contiguous"]["waste_fraction"],
-                                                 r=kc["throughput_ratio"]), style="magenta"))
+            out.append(Text(tr["compare"].format(
+                p=format_percent(kc["paged"]["waste_fraction"], 2, self.language),
+                c=format_percent(kc["contiguous"]["waste_fraction"], 2, self.language),
+                r=format_fixed(kc["throughput_ratio"], 2, self.language)), style="magenta"))
         out.append(Text(self.controls_hint(width, self.HINTS["paged"]), style="grey50"))
         return out
 
@@ -764,7 +771,7 @@ class KVCacheVisualizer(PlaybackVisualizer):
         res = self.plan()
         m = self.model
         narrow = width < 80
-        slo = f"{self.tpot_slo * 1e3:g} ms"
+        slo = format_time(self.tpot_slo, lang=self.language)
         out = [Text(tr["planner_title_short" if narrow else "planner_title"].format(
             model=m.name, G=self.gpus, slo=slo), style="bold")]
         cands = [c for c in res["accepted"] + res["rejected"] if c.curve]
@@ -772,8 +779,8 @@ class KVCacheVisualizer(PlaybackVisualizer):
         best = res["best"]
         if best is not None:
             out.append(Text(tr["best"].format(cfg=f"{best.tp}×{best.pp}×{best.replicas}", b=best.batch,
-                                              tpot=f"{best.tpot_s * 1e3:.1f} ms",
-                                              thr=f"{best.throughput_tokens_per_s:,.0f}"), style="bold green"))
+                                              tpot=format_time(best.tpot_s, lang=self.language),
+                                              thr=format_integer(best.throughput_tokens_per_s, self.language)), style="bold green"))
         else:
             out.append(Text(tr["none"], style="bold yellow"))
         chart_h = max(6, min(16, (height or 30) - 8 - len(cands) // 3 - 2))
@@ -804,7 +811,7 @@ class KVCacheVisualizer(PlaybackVisualizer):
         out.append(Text(tr["y_axis"] + " ↑", style="grey50"))
         for r in range(chart_h):
             y = 10 ** (ly_hi - r / (chart_h - 1) * (ly_hi - ly_lo))
-            label = f"{y:>7,.0f}" if r in (0, chart_h - 1, chart_h // 2) else " " * 7
+            label = format_integer(y, self.language).rjust(7) if r in (0, chart_h - 1, chart_h // 2) else " " * 7
             line = Text(label + "│", style="grey62")
             for ch, st in grid[r]:
                 line.append(ch, style=st)
@@ -812,13 +819,13 @@ class KVCacheVisualizer(PlaybackVisualizer):
         axis = Text(" " * 7 + "└" + "─" * chart_w, style="grey62")
         out.append(axis)
         ticks = Text(" " * 8)
-        end_txt = f"{x_max * 1e3:g} ms"
-        tick_txt = [(0, "0"), (slo_col, f"{self.tpot_slo * 1e3:g}"), (chart_w - len(end_txt), end_txt)]
+        end_txt = f"{format_plain(x_max * 1e3, self.language)} ms"
+        tick_txt = [(0, "0"), (slo_col, format_plain(self.tpot_slo * 1e3, self.language)), (chart_w - len(end_txt), end_txt)]
         pos = 0
         for col, txt in tick_txt:
             if col >= pos:
                 ticks.append(" " * (col - pos))
-                ticks.append(txt, style="yellow" if txt == f"{self.tpot_slo * 1e3:g}" and col == slo_col else "grey62")
+                ticks.append(txt, style="yellow" if txt == format_plain(self.tpot_slo * 1e3, self.language) and col == slo_col else "grey62")
                 pos = col + len(txt)
         if len(ticks.plain) + len(tr["x_axis"]) + 2 <= width:
             ticks.append("  " + tr["x_axis"], style="grey50")
@@ -841,9 +848,9 @@ class KVCacheVisualizer(PlaybackVisualizer):
         for c in no_fit[:3]:
             cfg = f"{c.tp}×{c.pp}×{c.replicas}"
             if c.reason == "memory" and c.free_bytes is not None and c.free_bytes <= 0:
-                msg = tr["no_fit"].format(cfg=cfg, w=_bytes(c.weights_per_gpu_bytes), u=_bytes(c.usable_bytes))
+                msg = tr["no_fit"].format(cfg=cfg, w=_bytes(c.weights_per_gpu_bytes, self.language), u=_bytes(c.usable_bytes, self.language))
             elif c.reason == "memory":
-                msg = tr["no_kv"].format(cfg=cfg, kv=_bytes(c.kv_per_seq_per_gpu_bytes))
+                msg = tr["no_kv"].format(cfg=cfg, kv=_bytes(c.kv_per_seq_per_gpu_bytes, self.language))
             else:
                 msg = f"{cfg} {tr['reasons'][c.reason]}: {c.detail}"
             out.append(Text(msg, style="yellow"))

@@ -33,6 +33,7 @@ from ..lessons.lesson6.simulation import (
     ScalerSimConfig,
     simulate_scaler,
 )
+from ..lessons.units import format_fixed, format_plain
 from .base import Control, LessonVisualizer
 
 VIEWS = ("scale", "exponents", "timeline")
@@ -53,7 +54,7 @@ T = {
         "scale_title": "loss scale (log2) over steps", "loss": "loss", "source_sim": "simulation",
         "source_live": "live run", "overflow": "▼ overflow", "forced": "✕ injected",
         "skipped": "{n} of {m} steps skipped", "exp_title": "gradient exponents vs {fmt}'s limits",
-        "without": "without scaling", "with": "scaled ×2^{k:g}", "step": "step {i}",
+        "without": "without scaling", "with": "scaled ×2^{k}", "step": "step {i}",
         "zero": "zero", "subnormal": "subnormal", "normal": "normal", "overflow_r": "overflow",
         "measured": "measured in the {fmt} backward: {u} of values became 0 unscaled, {s} scaled",
         "tl_title": "one step: backward per layer vs bucket all-reduce (bucket {b} MiB)",
@@ -63,8 +64,8 @@ T = {
         "modes": {"overlap": "overlap (ours)", "no-overlap": "after backward", "ddp": "torch DDP"},
         "sweep": "measured step time (ms): overlap / after backward / DDP",
         "best": "best bucket {b} MiB: overlap {x}x faster than all-reduce after backward; ours/DDP {r}x",
-        "sliders": ["growth interval {gi}", "growth ×{gf:g}", "backoff ×{bf:g}", "initial 2^{i:g}"],
-        "sim_model": "model: {n} layers × {mb:g} MiB, {ms:g} ms backward each, {w} ranks, {bw:g} GB/s, α {a:g} µs",
+        "sliders": ["growth interval {gi}", "growth ×{gf}", "backoff ×{bf}", "initial 2^{i}"],
+        "sim_model": "model: {n} layers × {mb} MiB, {ms} ms backward each, {w} ranks, {bw} GB/s, α {a} µs",
         "no_data": "waiting for the run's events…", "live_hint": "(s: switch to simulation)",
     },
     "es": {
@@ -72,7 +73,7 @@ T = {
         "source_sim": "simulación", "source_live": "ejecución real", "overflow": "▼ desbordamiento",
         "forced": "✕ inyectado", "skipped": "{n} de {m} pasos saltados",
         "exp_title": "exponentes del gradiente frente a los límites de {fmt}",
-        "without": "sin escalar", "with": "escalado ×2^{k:g}", "step": "paso {i}",
+        "without": "sin escalar", "with": "escalado ×2^{k}", "step": "paso {i}",
         "zero": "cero", "subnormal": "subnormal", "normal": "normal", "overflow_r": "desborda",
         "measured": "medido en el backward en {fmt}: {u} de los valores quedaron en 0 sin escalar, {s} escalando",
         "tl_title": "un paso: backward por capa frente al all-reduce por bucket (bucket {b} MiB)",
@@ -82,16 +83,15 @@ T = {
         "modes": {"overlap": "solapado (nuestro)", "no-overlap": "tras el backward", "ddp": "DDP de torch"},
         "sweep": "tiempo por paso medido (ms): solapado / tras backward / DDP",
         "best": "mejor bucket {b} MiB: solapar es {x}x más rápido que reducir tras el backward; nuestro/DDP {r}x",
-        "sliders": ["intervalo {gi}", "crecimiento ×{gf:g}", "retroceso ×{bf:g}", "inicial 2^{i:g}"],
-        "sim_model": "modelo: {n} capas × {mb:g} MiB, {ms:g} ms de backward cada una, {w} rangos, {bw:g} GB/s, α {a:g} µs",
+        "sliders": ["intervalo {gi}", "crecimiento ×{gf}", "retroceso ×{bf}", "inicial 2^{i}"],
+        "sim_model": "modelo: {n} capas × {mb} MiB, {ms} ms de backward cada una, {w} rangos, {bw} GB/s, α {a} µs",
         "no_data": "esperando los eventos de la ejecución…", "live_hint": "(s: cambiar a la simulación)",
     },
 }
 
 
 def _num(x: float, lang: str, digits: int = 1) -> str:
-    s = f"{x:.{digits}f}"
-    return s.replace(".", ",") if lang == "es" else s
+    return format_fixed(x, digits, lang)
 
 
 def _pct(x: float | None, lang: str) -> str:
@@ -508,8 +508,10 @@ class LossScaleVisualizer(LessonVisualizer):
 
     def _slider_lines(self, width: int) -> list[Text]:
         c, t = self.config, T[self.language]
-        parts = [Text(p.format(gi=c.growth_interval, gf=c.growth_factor, bf=c.backoff_factor,
-                               i=math.log2(c.init_scale)), style="yellow") for p in t["sliders"]]
+        lang = self.language
+        parts = [Text(p.format(gi=c.growth_interval, gf=format_plain(c.growth_factor, lang),
+                               bf=format_plain(c.backoff_factor, lang),
+                               i=format_plain(math.log2(c.init_scale), lang)), style="yellow") for p in t["sliders"]]
         return wrap_parts(parts, width)
 
     def _render_scale(self, width, height, live) -> list[Text]:
@@ -551,7 +553,7 @@ class LossScaleVisualizer(LessonVisualizer):
             scale = sim.scale[step]
         k = math.log2(scale)
         rows = max(3, min(8, (height - 14) // 2))
-        for label, shift in ((t["without"], 0.0), (t["with"].format(k=round(k, 1)), k)):
+        for label, shift in ((t["without"], 0.0), (t["with"].format(k=format_plain(round(k, 1), self.language)), k)):
             line = Text(f"{label}  ", style="bold")
             line.append(t["step"].format(i=step), style="dim")
             out.append(line)
@@ -614,12 +616,13 @@ class LossScaleVisualizer(LessonVisualizer):
         elif not live:
             m = self.overlap_model
             out += wrap_parts([Text(x.strip(), style="dim") for x in t["sim_model"].format(
-                n=m.n_layers, mb=m.layer_mib, ms=m.layer_backward_ms, w=m.world_size, bw=m.bandwidth_gbps,
-                a=m.alpha_us).split(",")], width, sep=", ")
+                n=m.n_layers, mb=format_plain(m.layer_mib, lang), ms=format_plain(m.layer_backward_ms, lang),
+                w=m.world_size, bw=format_plain(m.bandwidth_gbps, lang),
+                a=format_plain(m.alpha_us, lang)).split(", ")], width, sep=", ")
             sweep = m.sweep(BUCKET_MIB)
             best = min(sweep, key=sweep.get)
             out.append(Text(t["sim_sweep"], style="bold"))
-            out += wrap_parts([Text(f"{b:g}:{_num(v * 1000, lang)}", style="bold green" if b == best else "")
+            out += wrap_parts([Text(f"{format_plain(b, lang)}:{_num(v * 1000, lang)}", style="bold green" if b == best else "")
                                for b, v in sweep.items()], width, sep="  ")
         out += wrap_parts([Text(k, style="dim italic") for k in self.hint_parts("timeline")], width)
         return out

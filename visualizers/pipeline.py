@@ -25,6 +25,7 @@ from rich.text import Text
 
 from ..lessons.lesson5 import simulator as sim
 from ..lessons.lesson5.run_timeline import CompleteStep, PipelineRun
+from ..lessons.units import format_fixed, format_percent, format_plain, format_time
 from .base import NEXT_VIEW, PLAY, Control
 from .playback import PlaybackVisualizer
 
@@ -40,14 +41,14 @@ NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved 1F1B"}
 
 STRINGS = {
     "en": {
-        "header": "p = {p} stages · m = {m} microbatches · v = {v} chunks · B = {b:g}×F · hop {h:g}",
-        "header_short": "p={p} · m={m} · v={v} · B={b:g}×F · hop {h:g}",
-        "time": "t = {t:.1f} of {T:.1f} (forward = 1)",
-        "step": "step {T:.1f}",
-        "bubble": "bubble {f:.1%} = (p−1)/({vm}+p−1)",
-        "peak": "peak {x:g} µb",
-        "measured": "measured {name}, step {step}: {ms:.1f} ms · bubble {f:.0%}",
-        "measured_formula": " (formula {f:.0%})",
+        "header": "p = {p} stages · m = {m} microbatches · v = {v} chunks · B = {b}×F · hop {h}",
+        "header_short": "p={p} · m={m} · v={v} · B={b}×F · hop {h}",
+        "time": "t = {t} of {T} (forward = 1)",
+        "step": "step {T}",
+        "bubble": "bubble {f} = (p−1)/({vm}+p−1)",
+        "peak": "peak {x} µb",
+        "measured": "measured {name}, step {step}: {ms} · bubble {f}",
+        "measured_formula": " (formula {f})",
         "waiting": "measured {name}: waiting for a complete step…",
         "legend": "light F · dark B · {idle} idle (bubble) · ▁▄█ activations held (now/peak)",
         "legend_short": "light F · dark B · {idle} bubble · ▁▄█ held now/peak",
@@ -56,14 +57,14 @@ STRINGS = {
         "table_head": ("schedule", "bubble", "formula", "peak µb", "formula", "ours/torch", "grad diff"),
     },
     "es": {
-        "header": "p = {p} etapas · m = {m} microbatches · v = {v} trozos · B = {b:g}×F · salto {h:g}",
-        "header_short": "p={p} · m={m} · v={v} · B={b:g}×F · salto {h:g}",
-        "time": "t = {t:.1f} de {T:.1f} (forward = 1)",
-        "step": "paso {T:.1f}",
-        "bubble": "burbuja {f:.1%} = (p−1)/({vm}+p−1)",
-        "peak": "pico {x:g} µb",
-        "measured": "medido {name}, paso {step}: {ms:.1f} ms · burbuja {f:.0%}",
-        "measured_formula": " (fórmula {f:.0%})",
+        "header": "p = {p} etapas · m = {m} microbatches · v = {v} trozos · B = {b}×F · salto {h}",
+        "header_short": "p={p} · m={m} · v={v} · B={b}×F · salto {h}",
+        "time": "t = {t} de {T} (forward = 1)",
+        "step": "paso {T}",
+        "bubble": "burbuja {f} = (p−1)/({vm}+p−1)",
+        "peak": "pico {x} µb",
+        "measured": "medido {name}, paso {step}: {ms} · burbuja {f}",
+        "measured_formula": " (fórmula {f})",
         "waiting": "medido {name}: esperando un paso completo…",
         "legend": "F claro · B oscuro · {idle} ocioso (burbuja) · ▁▄█ activaciones retenidas (ahora/pico)",
         "legend_short": "F claro · B oscuro · {idle} burbuja · ▁▄█ retenidas ahora/pico",
@@ -151,7 +152,7 @@ def _block_style(op: sim.Op) -> str:
 
 
 def draw_lanes(lanes: Lanes, cols: int, t_max: float, cursor: float | None, mem_max: float,
-               memory: bool = True) -> list[Text]:
+               memory: bool = True, lang: str = "en") -> list[Text]:
     """Rows of one panel: per rank a timeline row (and a memory strip). ``t_max`` is the time the
     ``cols`` columns span (shared by stacked panels), ``mem_max`` the activations a full strip means."""
     dt = t_max / cols if t_max > 0 else 1.0
@@ -208,9 +209,9 @@ def draw_lanes(lanes: Lanes, cols: int, t_max: float, cursor: float | None, mem_
                 held_now = count
             held_now /= lanes.v
         if cursor is None:  # a measured run: only its peak
-            strip.append(f" ▲{lanes.peak(r):g}", style="grey50")
+            strip.append(f" ▲{format_plain(lanes.peak(r), lang)}", style="grey50")
         else:
-            strip.append(f" {held_now:g}/{lanes.peak(r):g}", style="grey50")
+            strip.append(f" {format_plain(held_now, lang)}/{format_plain(lanes.peak(r), lang)}", style="grey50")
         rows.append(strip)
     return rows
 
@@ -374,16 +375,17 @@ class PipelineVisualizer(PlaybackVisualizer):
     # -- drawing ----------------------------------------------------------------------------------
     def build_lines(self, width: int, height: int | None = None) -> list[Text]:
         tr = STRINGS.get(self.language, STRINGS["en"])
+        lang = self.language
         width = max(30, width)
         cols = width - 4 - 8  # "r0  " on the left, " 27%" / " 3/8" on the right
         lines: list[Text] = []
         narrow = width < 90
-        head = Text(tr["header_short" if narrow else "header"].format(p=self.p, m=self.m, v=self.v,
-                                                                      b=self.b_cost, h=self.hop), style="bold")
+        head = Text(tr["header_short" if narrow else "header"].format(
+            p=self.p, m=self.m, v=self.v, b=format_plain(self.b_cost, self.language), h=format_plain(self.hop, self.language)), style="bold")
         lines.append(head)
         t_max = self.t_max()
         status = Text(tr["playing"] if self.playing else tr["paused"], style="bold cyan")
-        status.append("  " + tr["time"].format(t=min(self.cursor, t_max), T=t_max))
+        status.append("  " + tr["time"].format(t=format_fixed(min(self.cursor, t_max), 1, lang), T=format_fixed(t_max, 1, lang)))
         lines.append(status)
         panels: list[list[Text]] = []
         schedules = self.shown_schedules()
@@ -399,12 +401,12 @@ class PipelineVisualizer(PlaybackVisualizer):
                 continue
             tl = self.timeline(schedule)
             v = tl.v
-            title.append("  " + tr["step"].format(T=lanes.makespan))
-            bubble = tr["bubble"].format(f=tl.bubble_fraction, vm="m" if v == 1 else f"{v}m")
+            title.append("  " + tr["step"].format(T=format_fixed(lanes.makespan, 1, lang)))
+            bubble = tr["bubble"].format(f=format_percent(tl.bubble_fraction, 3, lang), vm="m" if v == 1 else f"{v}m")
             title.append(" · " + (bubble.split(" = ")[0] if narrow else bubble))
-            title.append(" · " + tr["peak"].format(x=tl.peak_inflight[0]))
+            title.append(" · " + tr["peak"].format(x=format_plain(tl.peak_inflight[0], lang)))
             panel.append(title)
-            panel.extend(draw_lanes(lanes, cols, t_max, self.cursor, mem_max))
+            panel.extend(draw_lanes(lanes, cols, t_max, self.cursor, mem_max, lang=self.language))
             measured = self._measured_panel(schedule, cols, mem_max, tr)
             panel.extend(measured)
             panels.append(panel)
@@ -436,12 +438,13 @@ class PipelineVisualizer(PlaybackVisualizer):
         if found is None:
             return [Text(tr["waiting"].format(name=NAMES[schedule]), style="italic")]
         step, lanes, seconds = found.step, Lanes.of_step(found), found.seconds
-        title = Text(tr["measured"].format(name=NAMES[schedule], step=step, ms=seconds * 1e3, f=lanes.bubble()),
+        title = Text(tr["measured"].format(name=NAMES[schedule], step=step, ms=format_time(seconds, lang=self.language),
+                                           f=format_percent(lanes.bubble(), 2, self.language)),
                      style="bold magenta")
         res = meas.summary.get("schedules", {}).get(schedule) if meas.summary else None
         if res:
-            title.append(tr["measured_formula"].format(f=res["bubble_formula"]), style="magenta")
-        return [title] + draw_lanes(lanes, cols, lanes.makespan, None, mem_max)
+            title.append(tr["measured_formula"].format(f=format_percent(res["bubble_formula"], 2, self.language)), style="magenta")
+        return [title] + draw_lanes(lanes, cols, lanes.makespan, None, mem_max, lang=self.language)
 
     def render(self):
         size = self.content_size
@@ -466,10 +469,12 @@ class TerminalPipeline:
         found = meas.latest_complete(schedule) if schedule else None
         if found is not None:
             step, lanes, seconds = found.step, Lanes.of_step(found), found.seconds
-            out.append(Text(tr["measured"].format(name=NAMES[schedule], step=step, ms=seconds * 1e3,
-                                                  f=lanes.bubble()), style="bold magenta"))
+            out.append(Text(tr["measured"].format(name=NAMES[schedule], step=step,
+                                                  ms=format_time(seconds, lang=self.language),
+                                                  f=format_percent(lanes.bubble(), 2, self.language)),
+                            style="bold magenta"))
             cols = max(20, min(width, 120) - 12)
-            out.extend(draw_lanes(lanes, cols, lanes.makespan, None, max(lanes.peak(0), 1.0)))
+            out.extend(draw_lanes(lanes, cols, lanes.makespan, None, max(lanes.peak(0), 1.0), lang=self.language))
         results = (meas.summary or {}).get("schedules") or {}
         if results:
             widths = (17, 8, 8, 8, 8, 14, 10)

@@ -22,7 +22,7 @@ from textual.widgets import Button, Static
 
 from ..lessons.lesson2 import formulas as F
 from ..lessons.lesson2 import layout as L
-from ..lessons.units import format_bytes, format_count
+from ..lessons.units import format_bytes, format_count, format_fixed, format_integer
 from .base import Control, wrap_words
 from .playback import PlaybackVisualizer
 
@@ -73,7 +73,7 @@ S = {
         "stages": {"forward": "forward", "backward": "backward", "optimizer": "optimizer"},
         "in_mem": "full parameters in memory: {g}", "none": "none",
         "sent": "sent per rank so far in this step:",
-        "ratio": "per step: ZeRO-3 sends {x:.2f}× DDP (3Ψ vs 2Ψ)",
+        "ratio": "per step: ZeRO-3 sends {x}× DDP (3Ψ vs 2Ψ)",
         "run": "your run: Ψ={p} on N={n}, {prec}", "run_row": "{s}: held {m} (calculator {c}) · sent {x}",
         "b_strategy": "strategy", "b_psi": "Ψ+", "b_dp": "N+", "b_play": "▶ step", "b_pause": "❚❚",
     },
@@ -101,7 +101,7 @@ S = {
         "stages": {"forward": "forward", "backward": "backward", "optimizer": "optimizador"},
         "in_mem": "parámetros completos en memoria: {g}", "none": "ninguno",
         "sent": "enviado por rango en este paso:",
-        "ratio": "por paso: ZeRO-3 envía {x:.2f}× lo de DDP (3Ψ frente a 2Ψ)",
+        "ratio": "por paso: ZeRO-3 envía {x}× lo de DDP (3Ψ frente a 2Ψ)",
         "run": "tu ejecución: Ψ={p} en N={n}, {prec}", "run_row": "{s}: guarda {m} (calculadora {c}) · envía {x}",
         "b_strategy": "estrategia", "b_psi": "Ψ+", "b_dp": "N+", "b_play": "▶ paso", "b_pause": "❚❚",
     },
@@ -489,7 +489,7 @@ class ShardingVisualizer(PlaybackVisualizer):
             out.append_text(self._progress(value, end, last.sent, color))
             out.append(f" {self._fmt(value)} / {self._fmt(end)}\n")
         if last.sent_ddp:
-            out.append(s["ratio"].format(x=last.sent / last.sent_ddp) + "\n", style="dim")
+            out.append(s["ratio"].format(x=format_fixed(last.sent / last.sent_ddp, 2, self.language)) + "\n", style="dim")
         return out
 
     def _progress(self, value: float, end: float, scale: float, color: str) -> Text:
@@ -506,7 +506,7 @@ class ShardingVisualizer(PlaybackVisualizer):
         s = S[self.language]
         info = self.run_info
         out = Text()
-        out.append(s["run"].format(p=f"{info.get('num_params') or 0:,}", n=info.get("world_size"),
+        out.append(s["run"].format(p=format_integer(info.get('num_params') or 0, self.language), n=info.get("world_size"),
                                    prec=info.get("precision")) + "\n", style="bold")
         for name, ev in self.measured.items():
             pred = ev.get("predicted") or 0
@@ -520,8 +520,7 @@ class ShardingVisualizer(PlaybackVisualizer):
 
 
 def _num(x: float, lang: str) -> str:
-    s = f"{x:.1f}" if abs(x - round(x)) > 0.05 else f"{round(x)}"
-    return s.replace(".", ",") if lang == "es" else s
+    return format_fixed(x, 1, lang) if abs(x - round(x)) > 0.05 else str(round(x))
 
 
 VISUALIZER = ShardingVisualizer

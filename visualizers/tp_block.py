@@ -16,6 +16,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import Button, Static
 
 from ..lessons.lesson4 import flow as F
+from ..lessons.units import format_bytes, format_fixed
 from .base import Control, LessonVisualizer
 
 LAYOUT_STYLE = {
@@ -51,7 +52,7 @@ S = {
             "loss": "loss = log Σexp − (z_target − max): the same number on every rank",
             "grad": "backward: softmax − one-hot on local columns, no communication",
         },
-        "ce_dense": "one process: {v:.4f}",
+        "ce_dense": "one process: {v}",
         "b_prev": "◀", "b_next": "▶", "b_sp": "SP", "b_ce": "loss",
     },
     "es": {
@@ -72,7 +73,7 @@ S = {
             "loss": "pérdida = log Σexp − (z_objetivo − máx): el mismo número en cada rango",
             "grad": "backward: softmax − one-hot en las columnas locales, sin comunicación",
         },
-        "ce_dense": "un solo proceso: {v:.4f}",
+        "ce_dense": "un solo proceso: {v}",
         "b_prev": "◀", "b_next": "▶", "b_sp": "SP", "b_ce": "pérdida",
     },
 }
@@ -105,12 +106,8 @@ def _pad(text: str, cells: int) -> str:
     return text + " " * (cells - cell_len(text))
 
 
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+def _fmt_bytes(n: float, lang: str = "en") -> str:
+    return format_bytes(n, binary=True, lang=lang)
 
 
 def _ops_text(counts: dict[str, int], lang: str) -> str:
@@ -357,7 +354,7 @@ class TPBlockVisualizer(LessonVisualizer):
         per_dir = sum(F.ring_bytes_per_rank(x.op, tensor, self.t) for x in self.stages
                       if x.op and x.phase == "fwd")
         text.append(s["per_layer"].format(h=sh["hidden"], s=sh["seq"], b=sh["micro_batch"], e=sh["bytes"],
-                                          mb=_fmt_bytes(per_dir)) + "\n", style="dim")
+                                          mb=_fmt_bytes(per_dir, self.language)) + "\n", style="dim")
         live = self.live.get("tp+sp" if self.sp else "tp")
         if live and "0" in live.get("layers", {}):
             row = live["layers"]["0"]
@@ -382,13 +379,16 @@ class TPBlockVisualizer(LessonVisualizer):
             text.append("▶ " if here else "  ", style="bold")
             text.append(s["ce_steps"][step["key"]] + "\n", style="reverse" if here else "")
             for r, val in enumerate(step["per_rank"]):
-                shown = ("[" + ", ".join(f"{v:+.2f}" for v in val) + "]") if isinstance(val, list) else f"{val:.4f}"
+                lang = self.language
+                sep = "; " if lang == "es" else ", "  # the decimal comma needs another separator
+                shown = ("[" + sep.join(("+" if v >= 0 else "") + format_fixed(v, 2, lang) for v in val) + "]"
+                         if isinstance(val, list) else format_fixed(val, 4, lang))
                 text.append(f"    r{r}: {shown}\n", style="yellow" if here else "")
             if step["collective"]:
                 op, red = step["collective"]
-                text.append(f"    ⇄ {OP_NAME[op]}({red.upper()}) → {step['value']:.4f}\n", style=OP_STYLE[op])
+                text.append(f"    ⇄ {OP_NAME[op]}({red.upper()}) → {format_fixed(step['value'], 4, self.language)}\n", style=OP_STYLE[op])
         if self.ce_index >= 4:
-            text.append("\n" + s["ce_dense"].format(v=F.dense_cross_entropy()) + "\n", style="bold green")
+            text.append("\n" + s["ce_dense"].format(v=format_fixed(F.dense_cross_entropy(), 4, self.language)) + "\n", style="bold green")
         return text
 
 
