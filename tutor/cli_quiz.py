@@ -135,8 +135,9 @@ def run_quiz(questions, store, session_lesson, lang: str, header: str) -> int:
 @app.command("quiz")
 def quiz(
     lesson: str | None = typer.Argument(None, help="Lesson: 1-7, lessonN or its slug."),
-    count: str = typer.Option("5", "--count", "-n", help="How many questions (1-100)."),
-    seed: str | None = typer.Option(None, "--seed", help="Seed for reproducible questions."),
+    # read as text and checked here (a clear one-line error, exit 2); the help says what they take
+    count: str = typer.Option("5", "--count", "-n", metavar="N", help="How many questions (1-100)."),
+    seed: str | None = typer.Option(None, "--seed", metavar="N", help="Seed for reproducible questions."),
     review: bool = typer.Option(False, "--review", help="Ask the question kinds due for spaced review."),
     lang: str | None = typer.Option(None, "--lang", help="Language: en or es (default: from the locale)."),
 ) -> None:

@@ -21,6 +21,12 @@ STRINGS: dict[str, dict[str, str]] = {
     "best_quiz": {"en": "best quiz {score}", "es": "mejor quiz {score}"},
     "no_quiz": {"en": "quiz —", "es": "quiz —"},
     "mastery": {"en": "mastery {score}", "es": "dominio {score}"},
+    "mastery_explained": {
+        "en": "Mastery: the share of this lesson's question kinds you have answered right twice, a day "
+              "apart; `distai quiz --review` asks the ones that are due.",
+        "es": "Dominio: la parte de los tipos de pregunta de esta lección que has acertado dos veces, con "
+              "un día de separación; `distai quiz --review` te pregunta las que tocan.",
+    },
     "runs": {"en": "runs {n}", "es": "ejecuciones {n}"},
     "summary": {"en": "What you will learn", "es": "Qué aprenderás"},
     "references": {"en": "References", "es": "Referencias"},

@@ -72,6 +72,8 @@ SPEED = Control("plus,equals_sign", "speed(1)", {"en": "faster / slower", "es": 
 PLAYBACK_CONTROLS = (PLAY, STEP, RESTART, TO_END, SPEED)
 NEXT_VIEW = Control("g", "next_view", {"en": "next view", "es": "vista siguiente"}, hint=True)
 MORE_KEYS = {"en": "? all keys", "es": "? todas las teclas"}
+MORE_LINES = {"en": "▼ {n} more lines: a taller terminal shows them",
+              "es": "▼ {n} líneas más: se ven con una terminal más alta"}
 
 
 class LessonVisualizer(Widget):
@@ -129,6 +131,20 @@ class LessonVisualizer(Widget):
     def hint_parts(self, view: str) -> list[str]:
         """The hint of ``self.HINTS[view]`` (a visualizer's per-view hints), one part per control."""
         return self.controls_hint(None, self.HINTS[view]).split(" · ")
+
+    def fit_height(self, lines: list, height: int | None) -> list:
+        """``lines`` cut to ``height``, never silently: the last line (the hint) stays and a mark
+        says how many lines a taller pane (or ``v`` hiding the text… a bigger terminal) would show."""
+        from rich.text import Text
+
+        if not height or len(lines) <= height:
+            return lines
+        if height < 3:
+            return lines[:height]
+        keep = height - 2
+        hidden = len(lines) - 1 - keep
+        mark = Text(MORE_LINES[self.language].format(n=hidden), style="dim italic")
+        return lines[:keep] + [mark, lines[-1]]
 
     def control_for(self, key: str) -> tuple[str, Control] | None:
         """The action ``key`` runs here, with its control, or None."""

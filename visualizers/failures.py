@@ -327,7 +327,7 @@ class FailuresVisualizer(LessonVisualizer):
             else:
                 lines.extend(self.day_lines(width))
         lines.append(Text(self.controls_hint(width), style="grey50"))
-        return lines
+        return self.fit_height(lines, height)
 
     def interval_lines(self, width: int, height: int) -> list[Text]:
         tr = T.get(self.language, T["en"])

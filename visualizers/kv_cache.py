@@ -551,9 +551,7 @@ class KVCacheVisualizer(PlaybackVisualizer):
             lines = self._prefix_lines(width, height)
         else:
             lines = self._planner_lines(width, height)
-        if height and len(lines) > height:
-            lines = lines[: height - 1] + [lines[-1]]
-        return lines
+        return self.fit_height(lines, height)
 
     def render(self):
         size = self.content_size

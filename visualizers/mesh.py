@@ -349,7 +349,7 @@ class MeshVisualizer(PlaybackVisualizer):
                 if len(lines) > height:
                     lines = [ln for ln in lines if ln.plain != drop]
             if len(lines) > height:
-                lines = lines[:height - 1] + [lines[-1]]
+                lines = self.fit_height(lines, height)
         return lines
 
     def render(self):

@@ -110,6 +110,7 @@ class HomeScreen(Screen):
                     f"{tr('minutes', lang, m=lesson.duration_min)}\n", style="dim")
         text.append(lesson.title[lang] + "\n\n", style="bold")
         text.append(lesson.summary[lang] + "\n\n")
+        text.append(tr("mastery_explained", lang) + "\n\n", style="dim italic")
         steps = Table.grid(padding=(0, 1))
         steps.add_column(width=1)
         steps.add_column(width=3, justify="right")
