@@ -343,11 +343,16 @@ class MeshVisualizer(PlaybackVisualizer):
             lines += self.run_lines(tr)
         lines.append(Text(self.controls_hint(width), style="grey50"))
         if height is not None and len(lines) > height:
-            # a short pane drops the explanations first: the rows line, then the colour legend
+            # a short pane drops the explanations first (the rows line, the colour legend, the list of
+            # groups) and keeps the phase on one line: the grid and what happens stay in view
             legend = self.legend(tr).plain
-            for drop in (rows_line.plain, legend):
-                if len(lines) > height:
+            phase = self.current_phase() if self.view in ("step", "run") else None
+            group = self.group_line(phase, None).plain if phase is not None and phase.dim else None
+            for drop in (rows_line.plain, legend, group):
+                if len(lines) > height and drop:
                     lines = [ln for ln in lines if ln.plain != drop]
+            for ln in lines[:-1]:  # one row each, cut with … rather than wrapped
+                ln.no_wrap, ln.overflow = True, "ellipsis"
             if len(lines) > height:
                 lines = self.fit_height(lines, height)
         return lines
