@@ -1,26 +1,81 @@
-"""Quiz machinery shared by the seven lessons: questions, answer checking, reproducible quizzes.
+"""Quiz machinery shared by the lessons: a declarative question builder, answer checking, reproducible quizzes.
 
-Each lesson's ``quiz.py`` exposes ``GENERATORS``: an ordered dict ``kind -> generator``; a generator
-takes a ``random.Random`` and a language (``en``/``es``) and returns a :class:`Question`. Numeric
-questions compute their answer with the lesson's formula functions (the same the calculators use)
-and carry the inputs in ``params``; every question carries an explanation that works the formula
-with the question's numbers.
+Writing a lesson's quiz
+-----------------------
+A lesson's ``quiz.py`` declares its question kinds and builds ``GENERATORS`` (an ordered dict
+``kind -> generator``; a generator takes a ``random.Random`` and a language and returns a
+:class:`Question`); the texts, in English and Spanish, live beside it in ``quiz.toml``::
 
-Answers: numeric answers may carry units (``16.6 GB``, ``1.66e10``, ``16,6 GB``, ``1.5 ms``,
-``27.3%``); a bare number is read in the unit the question asks for *and* in base units (bytes,
-seconds), so both ``16.6`` (asked in GB) and ``1.66e10`` are right. An answer is correct when it is
-within the question's relative tolerance (2% unless stated; exact for whole-number answers).
-Multiple choice: the option's number (``2``), letter (``b``) or its full text.
-Nothing here raises on any input string: :func:`check_answer` always returns a :class:`Check`.
+    from ..quiz import Choice, Numeric, build
+    from . import formulas as f
+
+    GENERATORS = build("lesson5", __package__, values=worked_numbers, kinds=[
+        Numeric("bubble-ratio", draw={"p": [2, 4, 8], "m": [4, 8, 16]}, answer=f.bubble_ratio,
+                quantity="fraction", unit="%", where=lambda p, m: (p - 1) / m >= 0.1,
+                wrong={"the bubble share (p−1)/(m+p−1)": f.bubble_fraction}),
+        Numeric("warmup", draw={"p": [4, 8], "m": lambda p: [2 * p, 4 * p], "rank": lambda p: range(p)},
+                answer=lambda p, m, rank: f.warmup_forwards("1f1b", p, m, rank), integer=True),
+        Choice("same-time"),
+    ])
+
+``quiz.toml`` has one table per kind and language::
+
+    [bubble-ratio.en]
+    prompt = "GPipe with p = {p} and m = {m}: how long is the bubble relative to the ideal time, in %?"
+    explain = "(p−1)/m = {p1}/{m} = {answer:pct}."
+    [same-time.en]
+    prompt = "..."
+    right = "..."                  # multiple choice: the right option ...
+    wrong = ["...", "...", "..."]  # ... and the wrong ones (shown shuffled)
+
+What a kind declares (:class:`Kind`, keyword arguments after the name):
+
+- ``draw``: the parameters, in order: ``name -> a list or range`` to draw from, a constant, or a
+  function of the earlier parameters returning either (``lambda p: range(p)``); a tuple of names
+  unpacks a drawn tuple (``("layers", "heads"): MODELS``). ``where``: a predicate the parameters
+  must satisfy (redrawn until it holds). :meth:`Kind.space` enumerates every combination, so tests
+  can check a kind over its whole range.
+- ``values``: a function of the parameters returning more numbers for the texts (``build``'s
+  ``values`` adds one for every kind of the lesson). ``variant``: a parameter whose value picks a
+  sub-table of a text field (``explain.gpipe = ...``, ``explain.1f1b = ...``).
+- :class:`Numeric`: ``answer`` (the lesson's formula, called with the parameters its signature
+  names, in base units: bytes, seconds, bytes/s, a fraction, a count), ``quantity`` (one of
+  ``QUANTITIES``), ``unit`` the prompt asks in (``GB``, ``ms``, ``%``), ``tolerance`` (relative, 2%
+  by default), ``integer`` (a whole number, matched exactly), and ``wrong``: the formulas a learner
+  might confuse it with, named; the tolerance must reject each of them over the whole ``space()``
+  (tests/test_quiz_builder.py checks every lesson's kinds).
+- :class:`Choice`: texts ``right`` + ``wrong`` (shuffled), or ``options`` in a fixed order with
+  ``answer`` a function of the parameters giving the right option's index.
+
+Templates are ``str.format`` strings over the parameters, the ``values`` and, for numeric kinds,
+``answer`` and ``answer_text`` (the answer as the question shows it). After a colon, a spec picks
+how a number is written in the question's language: ``bytes`` (16.6 GB), ``time`` (1.5 ms),
+``bw`` (100 GB/s), ``count`` (7.5B / 7,5 mil millones), ``pct`` (27.3% / 27,3 %), ``int``
+(thousands separators), ``num`` / ``numN`` (3 or N significant digits); any other spec is Python's.
+
+Answers
+-------
+Numeric answers may carry units (``16.6 GB``, ``1.66e10``, ``16,6 GB``, ``1.5 ms``, ``27.3%``); a
+bare number is read in the unit the question asks for *and* in base units (bytes, seconds), so both
+``16.6`` (asked in GB) and ``1.66e10`` are right. An answer is correct when it is within the
+question's relative tolerance (2% unless stated; exact for whole-number answers). Multiple choice:
+the option's number (``2``), letter (``b``) or its full text. Nothing here raises on any input
+string: :func:`check_answer` always returns a :class:`Check`.
 """
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 import random
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import string
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass, field, replace
+from functools import cache
+from importlib import resources
+from typing import Any
 
 from . import units
 
@@ -255,6 +310,215 @@ def fmt_count(n: float, lang: str) -> str:
 
 def fmt_pct(x: float, lang: str) -> str:
     return units.format_percent(x, 3, lang)
+
+
+# ------------------------------------------------------------------------------ the question builder
+
+# The text formats a template may name after a field's colon: ``{size:bytes}``, ``{alpha:time}``.
+_FORMATS: dict[str, Callable[[Any, str], str]] = {
+    "bytes": lambda v, lang: units.format_bytes(v, lang=lang),
+    "time": lambda v, lang: units.format_time(v, lang=lang),
+    "bw": lambda v, lang: units.format_bandwidth(v, lang=lang),
+    "count": lambda v, lang: units.format_count(v, lang=lang),
+    "pct": lambda v, lang: units.format_percent(v, 3, lang),
+    "int": lambda v, lang: fmt_int(v, lang),
+}
+
+
+class _Formatter(string.Formatter):
+    """``str.format`` with the question's language: ``{x:bytes}``, ``{x:time}``, ``{x:bw}``,
+    ``{x:count}``, ``{x:pct}``, ``{x:int}`` (thousands separators), ``{x:num}``/``{x:numN}`` (3 or N
+    significant digits, decimal comma in Spanish); any other spec is Python's. A bare ``{x}`` shows
+    an int as is and a float with 3 significant digits."""
+
+    def __init__(self, lang: str):
+        super().__init__()
+        self.lang = lang
+
+    def format_field(self, value, format_spec):
+        if format_spec in _FORMATS:
+            return _FORMATS[format_spec](value, self.lang)
+        digits = re.fullmatch(r"num(\d*)", format_spec)
+        if digits:
+            return units.format_number(value, int(digits.group(1) or 3), self.lang)
+        if not format_spec and isinstance(value, float):
+            return units.format_number(value, 3, self.lang)
+        return super().format_field(value, format_spec)
+
+
+def call_with(func: Callable, params: Mapping[str, Any]):
+    """``func`` called with the parameters its signature names (all of them if it takes ``**kwargs``)."""
+    sig = inspect.signature(func)
+    if any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
+        return func(**params)
+    return func(**{k: params[k] for k in sig.parameters if k in params})
+
+
+def _options(spec, params: Mapping[str, Any]) -> list:
+    if callable(spec):
+        spec = call_with(spec, params)
+    if isinstance(spec, (str, bytes)) or not isinstance(spec, (Sequence, range)):
+        return [spec]
+    return list(spec)
+
+
+def _assign(params: dict, key, value) -> None:
+    if isinstance(key, tuple):
+        params.update(zip(key, value))
+    else:
+        params[key] = value
+
+
+@cache
+def question_texts(package: str) -> dict:
+    """The ``quiz.toml`` of a lesson package: ``{kind: {lang: {field: template}}}``."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    return tomllib.loads(resources.files(package).joinpath("quiz.toml").read_text(encoding="utf-8"))
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What every question kind declares: its name, how its parameters are drawn, and the numbers
+    its texts show. Subclasses: :class:`Numeric` and :class:`Choice`."""
+
+    name: str
+    _: KW_ONLY
+    # name (or tuple of names, unpacked) -> a sequence to draw from, a constant, or a function of
+    # the earlier parameters returning either. Drawn in order with the question's Random.
+    draw: Mapping[Any, Any] = field(default_factory=dict)
+    where: Callable[..., bool] | None = None      # keep only parameters where this is true
+    values: Callable[..., Mapping[str, Any]] | None = None  # more numbers for the texts
+    variant: str | None = None  # a parameter whose value picks a sub-table of a text field
+
+    def sample(self, rng: random.Random) -> dict:
+        """One draw of the parameters (redrawn until ``where`` holds)."""
+        for _ in range(10_000):
+            params: dict = {}
+            for key, spec in self.draw.items():
+                _assign(params, key, rng.choice(_options(spec, params)))
+            if self.where is None or call_with(self.where, params):
+                return params
+        raise RuntimeError(f"question kind {self.name!r}: no parameters satisfy its condition")
+
+    def space(self) -> Iterator[dict]:
+        """Every combination of parameters the kind can draw (where ``where`` holds)."""
+        def walk(items, params):
+            if not items:
+                if self.where is None or call_with(self.where, params):
+                    yield dict(params)
+                return
+            (key, spec), rest = items[0], items[1:]
+            for value in _options(spec, params):
+                inner = dict(params)
+                _assign(inner, key, value)
+                yield from walk(rest, inner)
+        yield from walk(list(self.draw.items()), {})
+
+    def fields(self, params: Mapping[str, Any]) -> dict:
+        out = dict(params)
+        if self.values is not None:
+            out.update(call_with(self.values, params))
+        return out
+
+    def text(self, package: str, lang: str, key: str, fields: Mapping[str, Any]):
+        """A text field of this kind in ``lang``, its template filled with ``fields`` (a list stays a list)."""
+        try:
+            template = question_texts(package)[self.name][lang][key]
+        except KeyError:
+            raise KeyError(f"{package}/quiz.toml has no [{self.name}.{lang}] {key}") from None
+        if isinstance(template, dict):
+            template = template[str(fields[self.variant])]
+        fmt = _Formatter(lang)
+        if isinstance(template, list):
+            return [fmt.format(x, **fields) for x in template]
+        return fmt.format(template, **fields)
+
+    def question(self, lesson_id: str, package: str, rng: random.Random, lang: str) -> Question:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Numeric(Kind):
+    """A question answered with a number: ``answer`` (a formula of the lesson, called with the
+    parameters it names) in base units; ``wrong`` names the formulas a learner might confuse it
+    with, which the tolerance must reject over the whole parameter space (tested)."""
+
+    answer: Callable[..., float] = None  # type: ignore[assignment]
+    quantity: str = "number"
+    unit: str = ""
+    tolerance: float = DEFAULT_TOLERANCE
+    integer: bool = False
+    wrong: Mapping[str, Callable[..., float]] = field(default_factory=dict)
+
+    def value(self, params: Mapping[str, Any]) -> float:
+        return call_with(self.answer, params)
+
+    def question(self, lesson_id: str, package: str, rng: random.Random, lang: str) -> Question:
+        params = self.sample(rng)
+        answer = self.value(params)
+        fields = self.fields(params)
+        fields["answer"] = answer
+        fields["answer_text"] = format_value(answer, self.quantity, self.unit, lang, integer=self.integer)
+        return numeric(lesson_id, self.name, lang, self.text(package, lang, "prompt", fields),
+                       self.text(package, lang, "explain", fields), answer, self.quantity, self.unit,
+                       params, self.tolerance, self.integer)
+
+
+@dataclass(frozen=True)
+class Choice(Kind):
+    """A multiple-choice question. Its texts give either ``right`` and ``wrong`` (a list; shown
+    shuffled) or ``options`` in a fixed order with ``answer`` (called with the parameters) the
+    index of the right one."""
+
+    answer: Callable[..., int] | None = None
+
+    def question(self, lesson_id: str, package: str, rng: random.Random, lang: str) -> Question:
+        params = self.sample(rng)
+        fields = self.fields(params)
+        prompt = self.text(package, lang, "prompt", fields)
+        explanation = self.text(package, lang, "explain", fields)
+        if self.answer is not None:
+            options = tuple(self.text(package, lang, "options", fields))
+            return Question(lesson_id, self.name, lang, prompt, explanation, call_with(self.answer, params),
+                            "choice", options, 0.0, "", False, params)
+        return choice(lesson_id, self.name, lang, rng, prompt, self.text(package, lang, "right", fields),
+                      self.text(package, lang, "wrong", fields), explanation, params)
+
+
+@dataclass(frozen=True)
+class Generator:
+    """What a lesson's ``GENERATORS`` maps a kind's name to: called with a Random and a language."""
+
+    kind: Kind
+    lesson_id: str
+    package: str
+
+    def __call__(self, rng: random.Random, lang: str) -> Question:
+        return self.kind.question(self.lesson_id, self.package, rng, lang)
+
+
+def build(lesson_id: str, package: str, kinds: Sequence[Kind],
+          values: Callable[..., Mapping[str, Any]] | None = None) -> dict[str, Generator]:
+    """A lesson's ``GENERATORS`` from its declared kinds (texts in ``package``'s ``quiz.toml``);
+    ``values``, if given, adds numbers for every kind's texts (a kind's own ``values`` win)."""
+    names = [k.name for k in kinds]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{lesson_id}: duplicate question kinds")
+    if values is not None:
+        kinds = [replace(k, values=_merged(values, k.values)) for k in kinds]
+    return {k.name: Generator(k, lesson_id, package) for k in kinds}
+
+
+def _merged(shared: Callable[..., Mapping[str, Any]], own: Callable[..., Mapping[str, Any]] | None):
+    def values(**params):
+        out = dict(call_with(shared, params))
+        if own is not None:
+            out.update(call_with(own, params))
+        return out
+    return values
 
 
 # ------------------------------------------------------------------------------ quizzes

@@ -168,7 +168,7 @@ def test_activation_peak_matches_schedule_and_formula(p2, p4, schedule, v):
                 elif schedule == "1f1b":
                     assert held == pytest.approx(min(p - rank, m), rel=0.01)
                 else:
-                    want = min(formulas.interleaved_warmup_chunks(p, m, v, rank) + 1, v * m) / v
+                    want = min(formulas.warmup_forwards("interleaved", p, m, rank, v) + 1, v * m) / v
                     assert held == pytest.approx(want, rel=0.01)
         gpipe0 = results[0]["gpipe"]["peak_bytes"]
         assert results[0]["1f1b"]["peak_bytes"] == pytest.approx(gpipe0 * p / m, rel=0.02)

@@ -70,20 +70,78 @@ def test_bubble_and_step_time_equal_the_formulas(schedule, p, m, v):
 @pytest.mark.parametrize("schedule,p,m,v", GRID)
 def test_peak_inflight_equals_the_formulas(schedule, p, m, v):
     tl = sim.simulate(schedule, p, m, v)
-    if m % p == 0 or schedule != "interleaved":  # the formulas count rounds of p microbatches
-        if schedule != "interleaved" or v >= 2:
-            assert tl.peak_inflight[0] == pytest.approx(formulas.peak_inflight_microbatches(p, m, schedule, v))
     for r in range(p):
+        assert tl.peak_inflight[r] == pytest.approx(formulas.peak_inflight_microbatches(p, m, schedule, v, r))
         if schedule == "gpipe":
             assert tl.peak_inflight[r] == m
         elif schedule == "1f1b":
-            assert tl.peak_inflight[r] == min(p - r, m) == min(formulas.onef1b_warmup_forwards(p, m, r) + 1, m)
-        elif m % p == 0:
-            expected = min(formulas.interleaved_warmup_chunks(p, m, v, r) + 1, v * m) / v
-            assert tl.peak_inflight[r] == pytest.approx(expected)
+            assert tl.peak_inflight[r] == min(p - r, m)
     # the series the widget draws reaches the same peak
     for r in range(p):
         assert max(c for _t, c in tl.inflight_series(r)) == tl.inflight_peak_chunks[r]
+
+
+def _refusal(func, *args):
+    try:
+        func(*args)
+    except sim.ScheduleError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.parametrize("schedule", sim.SCHEDULES)
+def test_formula_and_simulator_agree_or_refuse_alike(schedule):
+    """Over every (p, m, v): the calculator's figures equal the simulated step's, or both refuse
+    with the same reason (issue 19.1: `calc bubble -p 8 -m 1 --schedule interleaved` used to answer)."""
+    for p, m, v in itertools.product((1, 2, 3, 4, 8), range(1, 25), (1, 2, 3, 4)):
+        refused = _refusal(formulas.pipeline_bubble, p, m, schedule, v)
+        assert refused == _refusal(sim.simulate, schedule, p, m, v), (schedule, p, m, v)
+        if refused:
+            continue
+        figures = formulas.pipeline_bubble(p, m, schedule, v)
+        tl = sim.simulate(schedule, p, m, v, t_f=1.0, t_b=2.0)
+        assert figures["step_time_units"] * 3.0 == pytest.approx(tl.makespan)
+        assert figures["bubble_fraction"] == pytest.approx(tl.bubble_fraction)
+        assert figures["bubble_ratio"] == pytest.approx(tl.bubble_ratio)
+        assert figures["peak_inflight_microbatches"] == pytest.approx(tl.peak_inflight[0])
+        # a step is never shorter than one microbatch through every stage
+        assert figures["step_time_units"] >= p / v * 1 - 1e-9 and figures["step_time_units"] >= m
+
+
+def test_the_audits_cases():
+    for p, m, v in ((8, 1, 4), (8, 4, 2), (4, 9, 2), (8, 4, 4)):
+        with pytest.raises(sim.ScheduleError):
+            formulas.pipeline_bubble(p, m, "interleaved", v)
+    # peak in flight as torch's ScheduleInterleaved1F1B orders the work (was 5.5 and 10.33)
+    assert formulas.peak_inflight_microbatches(4, 6, "interleaved", 2) == 6.0
+    assert formulas.peak_inflight_microbatches(8, 12, "interleaved", 3) == 12.0
+
+
+def _torch_schedule_order(p, m, v, rank):
+    """Rank ``rank``'s work as torch's own ScheduleInterleaved1F1B computes it (its __init__'s rounds,
+    then its _calculate_single_rank_operations), without building stages or a process group."""
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    sched = object.__new__(schedules.ScheduleInterleaved1F1B)
+    sched.pp_group_size, sched.n_local_stages, sched.rank, sched._n_microbatches = p, v, rank, m
+    sched.number_of_rounds = max(1, m // p)
+    sched.microbatches_per_round = m // sched.number_of_rounds
+    try:
+        ops = sched._calculate_single_rank_operations(rank)
+    except AttributeError as exc:  # another torch keeps other attributes
+        pytest.skip(f"this torch's ScheduleInterleaved1F1B differs: {exc}")
+    return ["F" if a.computation_type.name == "FORWARD" else "B" for a in ops if a is not None]
+
+
+@pytest.mark.parametrize("p,m,v", [(4, 6, 2), (8, 12, 3), (4, 8, 2), (3, 9, 2), (2, 6, 3), (4, 10, 2)])
+def test_interleaved_peak_inflight_is_torchs(p, m, v):
+    """Activations each rank holds at once, counted on torch's ScheduleInterleaved1F1B order
+    (issue 19.1: the calculator said 5.5 for p=4, m=6, v=2 and 10.33 for p=8, m=12, v=3)."""
+    for r in range(p):
+        held = peak = 0
+        for kind in _torch_schedule_order(p, m, v, r):
+            held += 1 if kind == "F" else -1
+            peak = max(peak, held)
+        assert peak / v == pytest.approx(formulas.peak_inflight_microbatches(p, m, "interleaved", v, r))
 
 
 def test_gpipe_holds_m_and_1f1b_holds_p_microbatches():
@@ -98,7 +156,7 @@ def test_1f1b_warmup_count(p, m):
     for r, ops in enumerate(sim.schedule_order("1f1b", p, m)):
         first_b = next(i for i, op in enumerate(ops) if op.kind == "B")
         assert first_b == min(m, p - r)  # p - r - 1 warm-up forwards, then one steady 1F
-        assert sim.warmup_forwards("1f1b", p, m, r) == formulas.onef1b_warmup_forwards(p, m, r)
+        assert sim.warmup_forwards("1f1b", p, m, r) == formulas.warmup_forwards("1f1b", p, m, r)
         # steady state alternates F and B
         steady = ops[first_b - 1: first_b - 1 + 2 * (m - min(m, p - r - 1))]
         assert [op.kind for op in steady] == ["F", "B"] * (len(steady) // 2)
@@ -108,7 +166,7 @@ def test_1f1b_warmup_count(p, m):
 def test_interleaved_warmup_count(p, m, v):
     for r, ops in enumerate(sim.schedule_order("interleaved", p, m, v)):
         first_b = next(i for i, op in enumerate(ops) if op.kind == "B")
-        assert first_b == formulas.interleaved_warmup_chunks(p, m, v, r) + 1
+        assert first_b == formulas.warmup_forwards("interleaved", p, m, r, v) + 1
 
 
 def _torch_interleaved_order(p, m, v, rank):

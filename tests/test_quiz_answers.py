@@ -64,8 +64,9 @@ EXPECTED = {
         "step-time": lambda p: p["m"] + p["p"] - 1,
         "peak-inflight": lambda p: f5.peak_inflight_microbatches(p["p"], p["m"], p["schedule"]),
         "interleaved": lambda p: f5.bubble_fraction(p["p"], p["m"], p["v"]),
-        "microbatches-needed": lambda p: f5.microbatches_for_bubble(p["p"], p["target"]),
+        "microbatches-needed": lambda p: f5.microbatches_for_bubble(p["p"], p["target_fraction"]),
         "warmup": lambda p: p["p"] - p["rank"] - 1,
+        "interleaving-messages": lambda p: (p["v"] * p["p"] - 1) / (p["p"] - 1),
     },
     "lesson6": {
         "max-value": lambda p: f6.max_value(p["fmt"]),

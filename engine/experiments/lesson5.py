@@ -217,11 +217,7 @@ def run_torch(ctx, schedule: str, cfg, p: int, m: int, v: int, batches, lr: floa
 
 def formula_peak(schedule: str, p: int, m: int, v: int, rank: int) -> float:
     """Microbatches of activations rank ``rank`` holds at its peak, from the lesson's formulas."""
-    if schedule == "gpipe":
-        return float(m)
-    if schedule == "1f1b":
-        return float(min(formulas.onef1b_warmup_forwards(p, m, rank) + 1, m))
-    return min(formulas.interleaved_warmup_chunks(p, m, v, rank) + 1, v * m) / v
+    return formulas.peak_inflight_microbatches(p, m, schedule, v, rank)
 
 
 def measure(ours: dict, p: int, m: int, v: int, schedule: str, rank: int, gathered_steps) -> dict:

@@ -13,8 +13,8 @@ Sources:
   Megatron-LM", SC 2021, Sec. 2.2: bubble time fraction (p−1)/m (relative to the ideal time), and
   (1/v)·(p−1)/m for the interleaved schedule with v model chunks per device.
 - Megatron-LM ``forward_backward_pipelining_with_interleaving`` and torch.distributed.pipelining's
-  ``ScheduleInterleaved1F1B`` (``_get_warmup_ops``): rank r runs (v−1)·p + 2(p−1−r) warm-up forward
-  chunks, capped at v·m, before its first backward.
+  ``ScheduleInterleaved1F1B`` (``_get_warmup_ops``): rank r runs (v−1)·k + 2(p−1−r) warm-up forward
+  chunks, k microbatches per round (p when p divides m), capped at v·m, before its first backward.
 Pure Python.
 """
 from __future__ import annotations
@@ -24,10 +24,81 @@ import math
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 
+class ScheduleError(ValueError):
+    """A schedule that cannot be built for these p, m, v (the message says why and what to change)."""
+
+
 def _positive_int(value, what: str) -> int:
-    if isinstance(value, bool) or int(value) != value or value < 1:
-        raise ValueError(f"{what} must be a positive integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value < 1:
+        raise ScheduleError(f"{what} must be a positive integer, got {value!r}")
     return int(value)
+
+
+def normalize_schedule(name: str) -> str:
+    """The canonical name of a schedule (``gpipe``, ``1f1b``, ``interleaved``) from its usual spellings."""
+    key = str(name).strip().lower().replace("-", "").replace("_", "")
+    aliases = {"gpipe": "gpipe", "1f1b": "1f1b", "pipedreamflush": "1f1b", "pipedream": "1f1b",
+               "interleaved": "interleaved", "interleaved1f1b": "interleaved", "i1f1b": "interleaved"}
+    if key not in aliases:
+        raise ScheduleError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
+    return aliases[key]
+
+
+def check_schedule(schedule: str, p: int, m: int, v: int = 1) -> str:
+    """The one place that decides what a schedule accepts; returns its canonical name or raises
+    :class:`ScheduleError` saying why. The calculator, the quiz, the simulator and the engine all ask it.
+
+    GPipe and 1F1B take any p, m ≥ 1 and one chunk per stage. Interleaved 1F1B needs v ≥ 2 chunks,
+    m ≥ p microbatches, and m splitting into equal rounds of ``microbatches_per_round(p, m)``:
+    Megatron-LM asserts m % p == 0 (``forward_backward_pipelining_with_interleaving``) and
+    torch.distributed.pipelining's ``ScheduleInterleaved1F1B`` rejects m < p and unequal rounds.
+    """
+    schedule = normalize_schedule(schedule)
+    p = _positive_int(p, "p (stages)")
+    m = _positive_int(m, "m (microbatches)")
+    v = _positive_int(v, "v (chunks per stage)")
+    if schedule != "interleaved" and v != 1:
+        raise ScheduleError(f"v = {v} chunks per stage only applies to the interleaved schedule; "
+                            f"{schedule} uses v = 1")
+    if schedule == "interleaved":
+        if v < 2:
+            raise ScheduleError("the interleaved schedule needs at least 2 chunks per stage (v >= 2)")
+        if m < p:
+            raise ScheduleError(f"the interleaved schedule needs at least as many microbatches as stages: "
+                                f"m = {m} < p = {p}; use m >= {p}")
+        rounds = m // p
+        if m % rounds:
+            raise ScheduleError(f"the interleaved schedule runs microbatches in {rounds} rounds of equal size, "
+                                f"so m must be a multiple of {rounds}: m = {m} is not (try m = {p * rounds} "
+                                f"or another multiple of p = {p})")
+    return schedule
+
+
+def microbatches_per_round(p: int, m: int) -> int:
+    """Interleaved 1F1B walks the chunks in rounds of this many microbatches: m // (m // p), which is p
+    when p divides m (torch.distributed.pipelining ``ScheduleInterleaved1F1B.microbatches_per_round``)."""
+    return m // max(1, m // p)
+
+
+def warmup_forwards(schedule: str, p: int, m: int, rank: int = 0, v: int = 1) -> int:
+    """Forwards (chunk forwards when interleaved) ``rank`` runs before its first backward, not counting
+    the steady state's first forward:
+
+    - gpipe: m (every forward comes first);
+    - 1f1b: min(p − rank − 1, m) (PipeDream-Flush; Megatron-LM
+      ``forward_backward_pipelining_without_interleaving``);
+    - interleaved: min((v−1)·k + 2(p−1−rank), v·m) with k = ``microbatches_per_round(p, m)``
+      (Megatron-LM; torch.distributed.pipelining ``_get_warmup_ops``).
+    """
+    schedule = check_schedule(schedule, p, m, v)
+    if not isinstance(rank, int) or not 0 <= rank < p:
+        raise ScheduleError(f"rank must be in 0..{p - 1}, got {rank!r}")
+    if schedule == "gpipe":
+        return m
+    if schedule == "1f1b":
+        return min(p - rank - 1, m)
+    k = microbatches_per_round(p, m)
+    return min((v - 1) * k + 2 * (p - 1 - rank), v * m)
 
 
 def bubble_fraction(p: int, m: int, v: int = 1) -> float:
@@ -35,85 +106,55 @@ def bubble_fraction(p: int, m: int, v: int = 1) -> float:
 
     GPipe and 1F1B (v = 1): (p−1)/(m+p−1) — the step takes (m + p − 1) units, m of them useful
     (GPipe Sec. 2.3). Interleaved with v chunks: the fill and drain shrink to (p−1)/v units
-    (Narayanan et al. 2021, Sec. 2.2.2), so (p−1)/v / (m + (p−1)/v).
+    (Narayanan et al. 2021, Sec. 2.2.2), so (p−1)/v / (m + (p−1)/v). v ≥ 2 must be a valid
+    interleaved schedule (:func:`check_schedule`).
     """
-    p = _positive_int(p, "the number of stages")
-    m = _positive_int(m, "the number of microbatches")
-    v = _positive_int(v, "the number of chunks")
+    check_schedule("interleaved" if v != 1 else "1f1b", p, m, v)
     return (p - 1) / (v * m + p - 1)
 
 
 def bubble_ratio(p: int, m: int, v: int = 1) -> float:
     """Bubble time over ideal time: (p−1)/m, and (p−1)/(v·m) interleaved (Narayanan et al. 2021, Sec. 2.2)."""
-    p = _positive_int(p, "the number of stages")
-    m = _positive_int(m, "the number of microbatches")
-    v = _positive_int(v, "the number of chunks")
+    check_schedule("interleaved" if v != 1 else "1f1b", p, m, v)
     return (p - 1) / (v * m)
 
 
 def step_time_units(p: int, m: int, v: int = 1) -> float:
     """Step time in units of t_f + t_b: m + (p−1)/v (m useful units plus the fill and drain)."""
-    p = _positive_int(p, "the number of stages")
-    m = _positive_int(m, "the number of microbatches")
-    v = _positive_int(v, "the number of chunks")
+    check_schedule("interleaved" if v != 1 else "1f1b", p, m, v)
     return m + (p - 1) / v
 
 
-def interleaved_warmup_chunks(p: int, m: int, v: int, rank: int = 0) -> int:
-    """Warm-up forward chunks of ``rank`` in interleaved 1F1B: min((v−1)·p + 2(p−1−rank), v·m)
-    (Megatron-LM; torch.distributed.pipelining ``_get_warmup_ops`` with microbatches_per_round = p)."""
-    p = _positive_int(p, "the number of stages")
-    m = _positive_int(m, "the number of microbatches")
-    v = _positive_int(v, "the number of chunks")
-    if not 0 <= rank < p:
-        raise ValueError(f"rank must be in 0..{p - 1}, got {rank!r}")
-    return min((v - 1) * p + 2 * (p - 1 - rank), v * m)
-
-
-def onef1b_warmup_forwards(p: int, m: int, rank: int = 0) -> int:
-    """Warm-up forwards of ``rank`` in 1F1B before its first backward: min(p − rank − 1, m)
-    (PipeDream-Flush; Megatron-LM ``forward_backward_pipelining_without_interleaving``)."""
-    p = _positive_int(p, "the number of stages")
-    m = _positive_int(m, "the number of microbatches")
-    if not 0 <= rank < p:
-        raise ValueError(f"rank must be in 0..{p - 1}, got {rank!r}")
-    return min(p - rank - 1, m)
-
-
-def peak_inflight_microbatches(p: int, m: int, schedule: str, v: int = 1) -> float:
-    """Most microbatches whose activations the first stage holds at once, in units of one microbatch's
-    activations for the whole stage:
+def peak_inflight_microbatches(p: int, m: int, schedule: str, v: int = 1, rank: int = 0) -> float:
+    """Most microbatches whose activations ``rank`` (the first stage by default, which holds the most)
+    has at once, in units of one microbatch's activations for the whole stage: its warm-up forwards
+    plus the steady state's first, capped at all of them, each chunk holding 1/v of the stage:
+    min(warm-up + 1, v·m)/v.
 
     - gpipe: m (all forwards run before any backward; GPipe Sec. 2.3);
-    - 1f1b: min(p, m) (p−1 warm-up forwards, then one more forward before each backward);
-    - interleaved: min((v−1)·p + 2(p−1) + 1, v·m) chunk-activations, each 1/v of the stage's
-      layers, so min(v·p + p − 1, v·m)/v = p + (p−1)/v when m ≥ p + (p−1)/v — slightly more than 1F1B
-      (Narayanan et al. 2021 Sec. 2.2.2 notes the extra memory; warm-up count from Megatron-LM).
+    - 1f1b: min(p − rank, m);
+    - interleaved: min((v−1)·k + 2(p−1) + 1, v·m)/v, = p + (p−1)/v when p divides m — slightly more than
+      1F1B (Narayanan et al. 2021 Sec. 2.2.2 notes the extra memory).
     """
-    p = _positive_int(p, "the number of stages")
-    m = _positive_int(m, "the number of microbatches")
-    v = _positive_int(v, "the number of chunks")
-    if schedule == "gpipe":
-        return float(m)
-    if schedule == "1f1b":
-        return float(min(p, m))
-    if schedule == "interleaved":
-        chunks = min(interleaved_warmup_chunks(p, m, v, 0) + 1, v * m)
-        return chunks / v
-    raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
+    schedule = check_schedule(schedule, p, m, v)
+    return min(warmup_forwards(schedule, p, m, rank, v) + 1, v * m) / v
+
+
+def interleaved_p2p_factor(p: int, v: int) -> float:
+    """How many times more point-to-point messages interleaving sends: a microbatch crosses v·p − 1
+    chunk boundaries instead of p − 1 (the hop from the last rank back to the first is one of them):
+    (v·p − 1)/(p − 1)."""
+    p = _positive_int(p, "p (stages)")
+    v = _positive_int(v, "v (chunks per stage)")
+    if p < 2:
+        raise ScheduleError("one stage sends no point-to-point messages (p must be at least 2)")
+    return (v * p - 1) / (p - 1)
 
 
 def pipeline_bubble(p: int, m: int, schedule: str = "1f1b", v: int = 1) -> dict:
     """All of the above for one schedule: {"bubble_fraction", "bubble_ratio",
-    "peak_inflight_microbatches", "step_time_units"}. GPipe and 1F1B ignore ``v`` (it must be 1);
-    interleaved needs v ≥ 2 chunks."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
-    v = _positive_int(v, "the number of chunks")
-    if schedule != "interleaved" and v != 1:
-        raise ValueError(f"{schedule} has one chunk per stage; --chunks is for the interleaved schedule")
-    if schedule == "interleaved" and v < 2:
-        raise ValueError("the interleaved schedule needs at least 2 chunks per stage")
+    "peak_inflight_microbatches", "step_time_units"}, after :func:`check_schedule` accepted it."""
+    schedule = check_schedule(schedule, p, m, v)
     return {
         "bubble_fraction": bubble_fraction(p, m, v),
         "bubble_ratio": bubble_ratio(p, m, v),
@@ -124,10 +165,14 @@ def pipeline_bubble(p: int, m: int, schedule: str = "1f1b", v: int = 1) -> dict:
 
 def microbatches_for_bubble(p: int, target_fraction: float, v: int = 1) -> int:
     """Fewest microbatches m with bubble_fraction(p, m, v) ≤ target: m ≥ (p−1)(1−f)/(f·v)."""
-    p = _positive_int(p, "the number of stages")
+    p = _positive_int(p, "p (stages)")
     if not 0 < target_fraction < 1:
         raise ValueError("the target bubble fraction must be between 0 and 1")
     m = max(1, math.ceil((p - 1) * (1 - target_fraction) / (target_fraction * v) - 1e-12))
-    while bubble_fraction(p, m, v) > target_fraction:
+    while True:  # interleaved (v ≥ 2) skips the m the schedule refuses
+        try:
+            if bubble_fraction(p, m, v) <= target_fraction:
+                return m
+        except ScheduleError:
+            pass
         m += 1
-    return m

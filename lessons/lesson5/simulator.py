@@ -31,12 +31,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+from .formulas import (
+    SCHEDULES,
+    ScheduleError,
+    check_schedule,
+    microbatches_per_round,
+    normalize_schedule,
+    warmup_forwards,
+)
+
+__all__ = ["SCHEDULES", "ScheduleError", "ScheduleDeadlock", "Op", "Timeline", "validate", "normalize_schedule",
+           "microbatches_per_round", "warmup_forwards", "schedule_order", "simulate", "comm_plan",
+           "check_comm_plan", "exchanges", "Message", "Action"]
 FORWARD, BACKWARD = "F", "B"
-
-
-class ScheduleError(ValueError):
-    """A schedule that cannot be built for these p, m, v (message says why and what to change)."""
 
 
 class ScheduleDeadlock(RuntimeError):
@@ -55,50 +62,8 @@ class Op(NamedTuple):
         return f"{self.kind}{self.mb}" if self.chunk == 0 else f"{self.kind}{self.mb}.{self.chunk}"
 
 
-def normalize_schedule(name: str) -> str:
-    key = str(name).strip().lower().replace("-", "").replace("_", "")
-    aliases = {"gpipe": "gpipe", "1f1b": "1f1b", "pipedreamflush": "1f1b", "pipedream": "1f1b",
-               "interleaved": "interleaved", "interleaved1f1b": "interleaved", "i1f1b": "interleaved"}
-    if key not in aliases:
-        raise ScheduleError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
-    return aliases[key]
-
-
-def validate(schedule: str, p: int, m: int, v: int = 1) -> str:
-    """Check p, m, v for a schedule; returns the canonical schedule name or raises ScheduleError."""
-    schedule = normalize_schedule(schedule)
-    for name, value in (("p (stages)", p), ("m (microbatches)", m), ("v (chunks per rank)", v)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ScheduleError(f"{name} must be a positive integer, got {value!r}")
-    if schedule != "interleaved" and v != 1:
-        raise ScheduleError(f"v = {v} chunks per rank only applies to the interleaved schedule; "
-                            f"{schedule} uses v = 1")
-    if schedule == "interleaved":
-        if m < p:
-            raise ScheduleError(f"the interleaved schedule needs at least as many microbatches as stages: "
-                                f"m = {m} < p = {p}; use m >= {p}")
-        rounds = max(1, m // p)
-        if m % rounds:
-            raise ScheduleError(f"the interleaved schedule runs microbatches in {rounds} rounds of equal size, "
-                                f"so m must be a multiple of {rounds}: m = {m} is not (try m = {p * rounds} "
-                                f"or another multiple of p = {p})")
-    return schedule
-
-
-def microbatches_per_round(p: int, m: int) -> int:
-    """Interleaved 1F1B walks the chunks in rounds of this many microbatches (p when p divides m)."""
-    return m // max(1, m // p)
-
-
-def warmup_forwards(schedule: str, p: int, m: int, rank: int, v: int = 1) -> int:
-    """How many forwards rank ``rank`` runs before its first backward, not counting the steady 1F."""
-    schedule = validate(schedule, p, m, v)
-    if schedule == "gpipe":
-        return m
-    if schedule == "1f1b":
-        return min(m, p - rank - 1)
-    k = microbatches_per_round(p, m)
-    return min(m * v, (v - 1) * k + 2 * (p - 1 - rank))
+# What a schedule accepts and how long each rank warms up is decided once, in the formulas.
+validate = check_schedule
 
 
 def schedule_order(schedule: str, p: int, m: int, v: int = 1) -> list[list[Op]]:
@@ -115,7 +80,7 @@ def _rank_order(schedule: str, p: int, m: int, v: int, r: int) -> list[Op]:
         return ([_new(Op, ("F", i, 0, r)) for i in range(m)]
                 + [_new(Op, ("B", i, 0, r)) for i in range(m)])
     if schedule == "1f1b":
-        w = min(m, p - r - 1)
+        w = warmup_forwards(schedule, p, m, r)
         ops = [_new(Op, ("F", i, 0, r)) for i in range(w)]
         for i in range(m - w):
             ops.append(_new(Op, ("F", w + i, 0, r)))
@@ -126,7 +91,7 @@ def _rank_order(schedule: str, p: int, m: int, v: int, r: int) -> list[Op]:
     # chunk counted from the top; microbatches advance per chunk in order.
     per_round = microbatches_per_round(p, m)
     total = m * v
-    warm = min(total, (v - 1) * per_round + 2 * (p - 1 - r))
+    warm = warmup_forwards(schedule, p, m, r, v)
     fwd, bwd = [], []
     next_f = [0] * v
     next_b = [0] * v
