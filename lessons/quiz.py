@@ -149,6 +149,8 @@ def format_value(value: float, quantity: str, unit: str, lang: str, integer: boo
     if quantity == "fraction":
         return units.format_percent(value, 3, lang)
     factors = _HINT_FACTORS.get(quantity, {})
+    if quantity == "count" and lang == "es":
+        return units.format_count(value, lang=lang)  # 7,5 mil millones, never 7,5B
     if unit and unit in factors:
         num = units.format_number(value / factors[unit], 3, lang)
         sep = "" if quantity == "count" else " "

@@ -17,7 +17,7 @@ import math
 import re
 
 __all__ = [
-    "UnitError", "parse_number", "parse_count", "parse_bytes", "parse_time", "parse_bandwidth",
+    "UnitError", "parse_number", "parse_count", "parse_bytes", "parse_size", "parse_time", "parse_bandwidth",
     "parse_quantity", "format_number", "format_bytes", "format_count", "format_time",
     "format_bandwidth", "format_percent", "BYTE_UNITS", "TIME_UNITS",
 ]
@@ -146,6 +146,28 @@ def parse_bytes(text, lang: str = "en") -> float:
     return _finite(parse_number(num, lang) * factor, text)
 
 
+def parse_size(text, lang: str = "en", *, smallest: float = 0.0, what: str = "a size") -> float:
+    """A size in bytes typed into a calculator, refusing the readings a learner does not mean, each with
+    a one-line :class:`UnitError` that suggests the unit:
+
+    - a lone ``B`` after the number (``70B``): bytes to :func:`parse_bytes`, billions to anyone who
+      knows model sizes; write ``70`` or ``70 bytes``, or ``70GB``;
+    - a fractional number of bytes (``1.5``): did you mean ``1.5GB``?
+    - a bare number below ``smallest`` (``--gpu-memory 80``, 80 bytes): did you mean ``80GB``?
+    """
+    num, unit = _split(text) if isinstance(text, str) else (str(text), "")
+    if unit in ("B", "b"):
+        raise UnitError(f"{str(text).strip()!r} is ambiguous: B reads as bytes here, but also as billions; "
+                        f"write {num} bytes as '{num}' or '{num} bytes', or give a unit such as {num}GB")
+    value = parse_bytes(text, lang)
+    if value != math.floor(value):
+        raise UnitError(f"{str(text).strip()!r} is not a whole number of bytes; did you mean {num}GB?")
+    if not unit and 0 < value < smallest:
+        raise UnitError(f"{str(text).strip()!r} reads as {format_number(value, 3, lang)} bytes, far too small "
+                        f"for {what}; did you mean {num}GB?")
+    return value
+
+
 def parse_time(text, lang: str = "en") -> float:
     """A duration in seconds: ``5us`` → 5e-6, ``1.5ms``, ``30min``, ``2h``, ``1d``; a bare number is seconds."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
@@ -221,7 +243,10 @@ def format_number(x: float, digits: int = 3, lang: str = "en") -> str:
         return "0"
     ax = abs(x)
     if ax >= 1e15 or ax < 1e-4:
-        s = f"{x:.{max(digits - 1, 0)}e}"
+        mantissa, exponent = f"{x:.{max(digits - 1, 0)}e}".split("e")
+        if "." in mantissa:
+            mantissa = mantissa.rstrip("0").rstrip(".")
+        s = f"{mantissa}e{int(exponent)}"  # 1e30, 5.96e-8: no "+" nor leading zeros
     else:
         decimals = max(digits - 1 - math.floor(math.log10(ax)), 0)
         s = f"{x:.{decimals}f}"
@@ -234,6 +259,9 @@ def format_number(x: float, digits: int = 3, lang: str = "en") -> str:
 
 def _scaled(x: float, steps: list[tuple[float, str]], digits: int, lang: str, sep: str = " ") -> str:
     ax = abs(x)
+    if ax >= steps[0][0] * 1e6:  # beyond the largest prefix: 1e30 B, not 1e15 PB
+        base = next(name for factor, name in steps if factor == 1)
+        return f"{format_number(x, digits, lang)}{sep}{base}"
     for factor, name in steps:
         if ax >= factor:
             return f"{format_number(x / factor, digits, lang)}{sep}{name}"
@@ -255,9 +283,10 @@ def format_bytes(n: float, binary: bool = False, digits: int = 3, lang: str = "e
 
 
 def format_count(n: float, digits: int = 3, lang: str = "en") -> str:
-    """``7.5e9`` → ``7.5B`` (English short scale; Spanish ``7,5 mil M``, and ``billones`` for 10^12)."""
+    """``7.5e9`` → ``7.5B`` (English short scale); Spanish ``7,5 mil millones``, ``billones`` for 10^12
+    (long scale), the one notation for billions in every Spanish text and answer."""
     if lang == "es":
-        steps = [(1e12, "billones"), (1e9, "mil M"), (1e6, "M"), (1e3, "mil"), (1, "")]
+        steps = [(1e12, "billones"), (1e9, "mil millones"), (1e6, "millones"), (1e3, "mil"), (1, "")]
         out = _scaled(n, steps, digits, lang, sep=" ")
     else:
         steps = [(1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k"), (1, "")]

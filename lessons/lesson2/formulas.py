@@ -34,6 +34,32 @@ def _count(value, what: str) -> int:
     return int(value) if isinstance(value, int) else int(as_float)
 
 
+def check_tp_degree(tp, *, hidden=None, heads=None, kv_heads=None, seq=None,
+                    sequence_parallel: bool = False) -> int:
+    """The one check of a tensor-parallel degree t against a model's shape, shared by every formula and
+    calculator that takes one (Megatron-LM, Shoeybi et al. 2019, Sec. 3; Korthikanti et al. 2022, Sec. 4.2.2):
+
+    - t divides the hidden size h (weight matrices are split by columns, then rows) and the attention
+      heads a (each rank computes whole heads);
+    - the KV heads H_kv split evenly over t, or t is a multiple of H_kv and each KV head is replicated on
+      t / H_kv ranks (grouped-query attention, as vLLM does);
+    - with sequence parallelism t divides the sequence length s (each rank keeps s/t positions).
+    Returns t; raises ValueError naming what t fails to divide. Shape values left out are not checked.
+    """
+    t = _count(tp, "the tensor-parallel degree")
+    for value, what in ((hidden, "hidden size"), (heads, "attention heads")):
+        if value is not None and _count(value, f"the {what}") % t:
+            raise ValueError(f"tensor-parallel degree {t} does not divide the {what} {value}")
+    if kv_heads is not None:
+        H = _count(kv_heads, "the number of KV heads")
+        if (H % t if H >= t else t % H):
+            raise ValueError(f"tensor-parallel degree {t} neither divides the {H} KV heads nor is a multiple of them")
+    if sequence_parallel and seq is not None and _count(seq, "the sequence length") % t:
+        raise ValueError(f"sequence parallelism needs the tensor-parallel degree {t} to divide the sequence "
+                         f"length {seq}")
+    return t
+
+
 def bytes_per_param(optimizer: str = "adam", precision: str = "mixed") -> dict[str, int]:
     """Bytes per parameter of each model state before sharding: {"params", "grads", "optimizer"}.
 
@@ -184,7 +210,7 @@ def activation_bytes_per_layer(seq: int, micro_batch: int, hidden: int, heads: i
     b = _count(micro_batch, "the micro-batch size")
     h = _count(hidden, "the hidden size")
     a = _count(heads, "the number of heads")
-    t = _count(tp, "the tensor-parallel degree")
+    t = check_tp_degree(tp, hidden=h, heads=a, seq=s, sequence_parallel=sequence_parallel)
     if recompute not in RECOMPUTE:
         raise ValueError(f"unknown recompute {recompute!r}; choose one of {', '.join(RECOMPUTE)}")
     sbh = s * b * h

@@ -64,7 +64,7 @@ def young_interval(mtbf: float, cost: float) -> float:
     """
     M = _positive(mtbf, "the MTBF")
     d = _positive(cost, "the checkpoint cost")
-    return math.sqrt(2 * d * M)
+    return math.sqrt(2 * d) * math.sqrt(M)  # not √(2δM): the product can overflow
 
 
 def daly_interval(mtbf: float, cost: float, restart: float = 0.0) -> float:
@@ -83,7 +83,20 @@ def daly_interval(mtbf: float, cost: float, restart: float = 0.0) -> float:
     if d >= 2 * M:
         return M
     x = d / (2 * M)
-    return math.sqrt(2 * d * M) * (1 + math.sqrt(x) / 3 + x / 9) - d
+    return young_interval(M, d) * (1 + math.sqrt(x) / 3 + x / 9) - d
+
+
+def log_wall_time_ratio(interval: float, mtbf: float, cost: float, restart: float = 0.0) -> float:
+    """ln(T_w/T_s), the logarithm of :func:`expected_wall_time` per second of work:
+    ln M + R/M + ln(e^{(τ+δ)/M} − 1) − ln τ, computed without overflow however often failures come
+    (e^{(τ+δ)/M} alone overflows a float once (τ+δ)/M passes 709)."""
+    tau = _positive(interval, "the checkpoint interval")
+    M = _positive(mtbf, "the MTBF")
+    d = _non_negative(cost, "the checkpoint cost")
+    R = _non_negative(restart, "the restart time")
+    b = (tau + d) / M
+    log_expm1 = math.log(math.expm1(b)) if b < 50 else b + math.log1p(-math.exp(-b))
+    return math.log(M) + R / M + log_expm1 - math.log(tau)
 
 
 def expected_wall_time(work: float, interval: float, mtbf: float, cost: float, restart: float = 0.0) -> float:
@@ -93,14 +106,15 @@ def expected_wall_time(work: float, interval: float, mtbf: float, cost: float, r
 
     for exponential failures with mean M that may also strike during checkpoints and restarts,
     checkpoints of cost δ every τ seconds of work, restarts of R seconds. Exact for this model when
-    T_s is a whole number of intervals.
+    T_s is a whole number of intervals. Raises ValueError when the time is beyond any float (failures
+    come so often, relative to τ + δ + R, that the work practically never finishes).
     """
     _non_negative(work, "the work")
-    tau = _positive(interval, "the checkpoint interval")
-    M = _positive(mtbf, "the MTBF")
-    d = _non_negative(cost, "the checkpoint cost")
-    R = _non_negative(restart, "the restart time")
-    return M * math.exp(R / M) * math.expm1((tau + d) / M) * work / tau
+    log_ratio = log_wall_time_ratio(interval, mtbf, cost, restart)
+    if log_ratio > 700:
+        raise ValueError(f"the expected time is about e^{log_ratio:.0f} times the work: with failures every "
+                         f"{mtbf:g} s the job practically never finishes")
+    return math.exp(log_ratio) * work
 
 
 def expected_waste_fraction(interval: float, mtbf: float, cost: float, restart: float = 0.0) -> float:
@@ -109,8 +123,11 @@ def expected_waste_fraction(interval: float, mtbf: float, cost: float, restart: 
 
     It counts checkpoint writes, work redone after failures, and restarts. For τ, δ, R ≪ M it is
     close to x/(1+x) with x the first-order overhead δ/τ + (τ+δ)/(2M) + R/M (:func:`first_order_overhead`).
+    It tends to 1 (everything wasted) when failures come much faster than τ + δ, and is computed in
+    logarithms so that it reaches 1 instead of overflowing.
     """
-    return 1.0 - 1.0 / expected_wall_time(1.0, interval, mtbf, cost, restart) if interval > 0 else 1.0
+    # T_w ≥ T_s in this model; rounding can put ln(T_w/T_s) a hair below 0 when M dwarfs τ + δ + R
+    return max(0.0, -math.expm1(-log_wall_time_ratio(interval, mtbf, cost, restart)))
 
 
 def first_order_overhead(interval: float, mtbf: float, cost: float, restart: float = 0.0) -> float:

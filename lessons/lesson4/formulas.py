@@ -20,7 +20,7 @@ from ..lesson1.formulas import (
     ring_allreduce_time,
     ring_reduce_scatter_time,
 )
-from ..lesson2.formulas import _count, activation_bytes_per_layer  # noqa: F401
+from ..lesson2.formulas import _count, activation_bytes_per_layer, check_tp_degree  # noqa: F401
 
 
 def tp_comm_per_layer(hidden: int, seq: int, micro_batch: int, tp: int, sequence_parallel: bool = False,
@@ -42,7 +42,7 @@ def tp_comm_per_layer(hidden: int, seq: int, micro_batch: int, tp: int, sequence
     h = _count(hidden, "the hidden size")
     s = _count(seq, "the sequence length")
     b = _count(micro_batch, "the micro-batch size")
-    t = _count(tp, "the tensor-parallel degree")
+    t = check_tp_degree(tp, hidden=h, seq=s, sequence_parallel=sequence_parallel)
     e = _count(bytes_per_elem, "the bytes per element")
     x = s * b * h * e
     if sequence_parallel:

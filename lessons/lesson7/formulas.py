@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 
 from ..lesson1.formulas import ring_allreduce_time
-from ..lesson2.formulas import _count
+from ..lesson2.formulas import _count, check_tp_degree
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
 
@@ -50,14 +50,8 @@ def kv_heads_per_gpu(kv_heads: int, tp: int) -> int:
     replicated on t / H_kv ranks, so every rank holds one (as vLLM does). Other combinations are
     rejected."""
     H = _count(kv_heads, "the number of KV heads")
-    t = _count(tp, "the tensor-parallel degree")
-    if H >= t:
-        if H % t:
-            raise ValueError(f"{H} KV heads cannot be split evenly over tensor-parallel degree {t}")
-        return H // t
-    if t % H:
-        raise ValueError(f"tensor-parallel degree {t} is not a multiple of the {H} KV heads")
-    return 1
+    t = check_tp_degree(tp, kv_heads=H)
+    return max(1, H // t)
 
 
 def kv_cache_total(layers: int, kv_heads: int, head_dim: int, dtype_bytes: float, tokens: int,

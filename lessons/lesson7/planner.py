@@ -180,11 +180,8 @@ def ttft(m: ModelSpec, hw: Hardware, wl: Workload, tp: int, pp: int) -> float:
 def evaluate(m: ModelSpec, hw: Hardware, wl: Workload, tp: int, pp: int) -> Candidate:
     """One configuration: fit, TTFT, TPOT, the best batch within the TPOT target, throughput."""
     c = Candidate(tp, pp, hw.gpus // (tp * pp))
-    if m.heads % tp:
-        c.reason, c.detail = "shape", f"tp={tp} does not divide the {m.heads} query heads"
-        return c
     try:
-        f.kv_heads_per_gpu(m.kv_heads, tp)
+        f.check_tp_degree(tp, hidden=m.hidden, heads=m.heads, kv_heads=m.kv_heads)
     except ValueError as exc:
         c.reason, c.detail = "shape", str(exc)
         return c

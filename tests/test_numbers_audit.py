@@ -1,0 +1,111 @@
+"""The audit's cases (issue 19), each a number or a crash a learner met: now right, or refused in one line."""
+import contextlib
+import io
+import json
+
+import pytest
+
+from distai.lessons import quiz, units
+from distai.lessons.lesson2 import formulas as f2
+from distai.lessons.lesson3 import formulas as f3
+from distai.lessons.lesson4 import formulas as f4
+from distai.tutor.cli import main
+
+
+def run(*argv, stdin=None):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+def refused(*argv):
+    code, _out, err = run("calc", *argv)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, (argv, code, err)
+    return err
+
+
+# 19.1: interleaved 1F1B with m < p or unequal rounds is refused, as the simulator and the text say
+@pytest.mark.parametrize("argv", [("-p", "8", "-m", "1", "-v", "4"), ("-p", "8", "-m", "4"), ("-p", "4", "-m", "9")])
+def test_interleaved_refusals(argv):
+    assert "interleaved schedule" in refused("bubble", "--schedule", "interleaved", *argv)
+
+
+def test_interleaved_peak_is_the_simulators():
+    code, out, _ = run("calc", "bubble", "-p", "4", "-m", "6", "--schedule", "interleaved", "--json")
+    assert code == 0 and json.loads(out)["peak_inflight_microbatches"] == 6.0
+
+
+# 19.2: checkpoint waste saturates instead of overflowing
+@pytest.mark.parametrize("argv", [("--mtbf", "10s", "--cost", "2h"), ("--mtbf", "1s", "--cost", "1h"),
+                                  ("--mtbf", "3h", "--cost", "1min", "--interval", "1e300"),
+                                  ("--mtbf", "3h", "--cost", "1min", "--restart", "1e6h"),
+                                  ("--mtbf", "50000h", "--cost", "1min", "--gpus", "1e18")])
+def test_checkpoint_saturates(argv):
+    code, out, err = run("calc", "checkpoint", *argv, "--json")
+    assert code == 0, err
+    r = json.loads(out)
+    assert r["expected_waste_fraction"] == pytest.approx(1.0, abs=1e-6) or r["expected_waste_fraction"] <= 1
+    assert 0 <= r["waste_at_young_fraction"] <= 1
+
+
+def test_waste_in_logarithms_equals_the_closed_form():
+    for args in ((600, 3 * 3600, 60, 300), (3600, 86400, 120, 0), (60, 1800, 10, 600)):
+        assert f3.expected_waste_fraction(*args) == pytest.approx(1 - 1 / f3.expected_wall_time(1.0, *args), rel=1e-12)
+    assert f3.expected_waste_fraction(600, 1, 3600) == 1.0
+
+
+# 19.3: one tensor-parallel degree check for every command
+@pytest.mark.parametrize("argv", [
+    ("memory", "--params", "7B", "--layers", "32", "--hidden", "8192", "--seq", "2048", "--micro-batch", "1",
+     "--heads", "64", "--tp", "3"),
+    ("tp-comm", "--hidden", "8192", "--seq", "2048", "--tp", "3"),
+    ("tp-comm", "--hidden", "8192", "--seq", "2048", "--tp", "16384"),
+    ("tp-comm", "--hidden", "8192", "--seq", "2047", "--tp", "8", "--sequence-parallel"),
+    ("kvcache", "--layers", "80", "--kv-heads", "8", "--head-dim", "128", "--tokens", "4096", "--tp", "3"),
+])
+def test_tensor_parallel_degree_refused_alike(argv):
+    assert "tensor-parallel degree" in refused(*argv)
+
+
+def test_one_check_behind_every_formula():
+    with pytest.raises(ValueError, match="does not divide the hidden size"):
+        f4.tp_comm_per_layer(8192, 2048, 1, 3)
+    with pytest.raises(ValueError, match="does not divide the attention heads"):
+        f2.activation_bytes_per_layer(2048, 1, 8192, 60, 8)
+    assert f2.check_tp_degree(16, kv_heads=8) == 16  # KV heads replicated, as vLLM does
+
+
+# 19.4: units a learner misreads
+@pytest.mark.parametrize("argv,hint", [
+    (("memory", "--params", "7B", "--gpu-memory", "80"), "did you mean 80GB?"),
+    (("serve", "--params", "70B", "--layers", "80", "--hidden", "8192", "--gpus", "8", "--gpu-memory", "80",
+      "--bandwidth", "3.35TB/s", "--ttft-slo", "1s", "--tpot-slo", "50ms"), "did you mean 80GB?"),
+    (("allreduce", "-s", "70B", "-n", "8"), "70GB"),
+    (("allreduce", "-s", "1.5", "-n", "8"), "whole number of bytes"),
+])
+def test_units_suggested(argv, hint):
+    assert hint in refused(*argv)
+
+
+def test_huge_inputs_print_sanely():
+    code, out, _ = run("calc", "memory", "--params", "1e30")
+    assert code == 0 and "e+" not in out and "1e30" in out
+    assert units.format_count(1e30) == "1e30" and units.format_bytes(1.6e31) == "1.6e31 B"
+
+
+def test_spanish_billions_are_mil_millones():
+    assert units.format_count(7.5e9, lang="es") == "7,5 mil millones"
+    assert units.parse_count("7,5 mil millones", "es") == 7.5e9
+
+
+# 19.5: the quiz echoes what was typed
+def test_quiz_echoes_the_typed_answer(monkeypatch):
+    q = quiz.make_question("lesson1", "ring-steps", 3)
+    monkeypatch.setattr("sys.stdin", io.StringIO(f"{q.answer - 0.1}\n"))
+    from distai.tutor import cli_quiz
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        cli_quiz.run_quiz([q], None, "lesson1", "en", "")
+    assert f"you answered {q.answer - 0.1}" in out.getvalue()
