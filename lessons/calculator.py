@@ -27,7 +27,8 @@ REQUIRED = ...  # an option the learner must give (Typer's spelling of "no defau
 KINDS = (
     "whole",     # a whole count with units (128k, 7.5B): at least 1 unless ``minimum`` says otherwise
     "count",     # a count, not necessarily whole (70B parameters)
-    "bytes",     # 1GB, 64MiB, 4e8
+    "bytes",     # 1GB, 64MiB, 4e8: whole bytes; a lone B (70B: bytes or billions?) is refused
+    "capacity",  # a GPU's memory (80GB): as bytes, and a bare number below 1 MB asks "did you mean 80GB?"
     "time",      # 5us, 1.5ms, 3h
     "bandwidth",  # 100GB/s
     "per-byte",  # time per byte β: s/B (1e-11), or a bandwidth (100GB/s = 1e-11 s/B)
@@ -108,7 +109,8 @@ def _flops(text: str) -> float:
 
 
 _PARSERS: dict[str, Callable[[str], float]] = {
-    "whole": units.parse_count, "count": units.parse_count, "bytes": units.parse_bytes,
+    "whole": units.parse_count, "count": units.parse_count, "bytes": units.parse_size,
+    "capacity": lambda text: units.parse_size(text, smallest=1e6, what="a GPU's memory"),
     "time": units.parse_time, "bandwidth": units.parse_bandwidth, "per-byte": _per_byte,
     "flops": _flops, "number": units.parse_number,
 }
@@ -146,7 +148,10 @@ def table(rows: list[tuple[str, str]]) -> list[str]:
 
 
 def bytes_text(n) -> str:
-    """``16.6 GB  (15.5 GiB, 16,640,625,000 B)``; a dash for None."""
+    """``16.6 GB  (15.5 GiB, 16,640,625,000 B)``; a dash for None; past a petabyte-million just ``1e30 B``
+    (a 31-digit byte count is no help)."""
     if n is None:
         return "—"
+    if abs(n) >= 1e21:
+        return units.format_bytes(n)
     return f"{units.format_bytes(n)}  ({units.format_bytes(n, binary=True)}, {round(n):,} B)"

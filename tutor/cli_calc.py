@@ -53,7 +53,7 @@ def run_calculator(calc: Calculator, given: dict, as_json: bool) -> None:
 
 
 # what the help shows instead of <str>: the kind of value the option reads
-METAVARS = {"whole": "N", "count": "N", "bytes": "SIZE", "time": "TIME", "bandwidth": "RATE",
+METAVARS = {"whole": "N", "count": "N", "bytes": "SIZE", "capacity": "SIZE", "time": "TIME", "bandwidth": "RATE",
             "per-byte": "S/B|RATE", "flops": "FLOP/S", "number": "X"}
 
 

@@ -74,7 +74,7 @@ CALCULATOR = Calculator(
         Option("--sequence-parallel", "flag", "Megatron sequence parallelism.", default=False),
         Option("--recompute", "choice", "Activation recomputation: none, selective, full.", default="none",
                choices=f.RECOMPUTE),
-        Option("--gpu-memory", "bytes", "GPU memory (80GB) to check the fit.", default=None, minimum=0,
+        Option("--gpu-memory", "capacity", "GPU memory (80GB) to check the fit.", default=None, minimum=0,
                strict_min=True),
     ),
     compute=compute,

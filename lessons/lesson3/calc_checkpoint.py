@@ -34,6 +34,8 @@ def text(r: dict) -> list[str]:
             (f"expected waste at {t(r['interval_s'])}", units.format_percent(r["expected_waste_fraction"])),
             ("expected waste at Young's", units.format_percent(r["waste_at_young_fraction"])),
         ]),
+        *(["  note: failures come about as fast as intervals, checkpoints and restarts take: practically "
+           "all time is wasted (the waste tends to 100%)"] if r["expected_waste_fraction"] > 0.999 else []),
     ]
 
 

@@ -118,7 +118,7 @@ CALCULATOR = Calculator(
         Option("--dtype", "choice", "Weights and KV cache: fp16, bf16, fp8 or fp32.", default="fp16",
                choices=DTYPES),
         Option("--gpus", "whole", "GPUs G to split into TP × PP × replicas.", maximum=4096),
-        Option("--gpu-memory", "bytes", "Memory per GPU (80GB).", minimum=0, strict_min=True),
+        Option("--gpu-memory", "capacity", "Memory per GPU (80GB).", minimum=0, strict_min=True),
         _bandwidth("--bandwidth", "Memory bandwidth per GPU (3.35TB/s)."),
         Option("--flops", "flops", "Peak dense FLOP/s per GPU (default 989T: H100 SXM bf16).", default="989T",
                minimum=0, strict_min=True),
