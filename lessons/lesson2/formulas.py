@@ -244,12 +244,12 @@ def memory_per_gpu(params, dp: int = 1, strategy: str = "ddp", optimizer: str = 
     psi = _count(params, "the number of parameters")
     t = _count(tp, "the tensor-parallel degree")
     out: dict = dict(model_state_bytes(-(-psi // t), dp, strategy, optimizer, precision))
-    shape = (layers, hidden, seq, micro_batch, heads)
-    if all(v is not None for v in shape):
+    if layers is not None and hidden is not None and seq is not None and micro_batch is not None \
+            and heads is not None:
         act = activation_bytes(layers, seq, micro_batch, hidden, heads, tp, sequence_parallel, recompute)
         out["activations_bytes"] = act
         out["total_bytes"] = out["total_bytes"] + act
-    elif any(v is not None for v in shape):
+    elif any(v is not None for v in (layers, hidden, seq, micro_batch, heads)):
         raise ValueError("activations need all of layers, hidden, seq, micro_batch and heads")
     else:
         out["activations_bytes"] = None

@@ -59,7 +59,7 @@ def float_format(fmt: str | FloatFormat) -> FloatFormat:
     return FORMATS[key]
 
 
-def max_value(fmt: str) -> float:
+def max_value(fmt: str | FloatFormat) -> float:
     """Largest finite value: (2 − 2^−m)·2^(2^(e−1)−1) for IEEE-like formats
     (fp16 65504, bf16 ≈ 3.39e38, fp32 ≈ 3.40e38); fp8 E4M3 is 448 (Micikevicius et al. 2022)."""
     f = float_format(fmt)
@@ -68,12 +68,12 @@ def max_value(fmt: str) -> float:
     return (2 - 2.0 ** -f.mantissa_bits) * 2.0 ** f.bias
 
 
-def smallest_normal(fmt: str) -> float:
+def smallest_normal(fmt: str | FloatFormat) -> float:
     """Smallest positive normal value 2^(1−bias): fp16 2^−14 ≈ 6.10e-5, bf16 and fp32 2^−126."""
     return 2.0 ** (1 - float_format(fmt).bias)
 
 
-def smallest_subnormal(fmt: str) -> float:
+def smallest_subnormal(fmt: str | FloatFormat) -> float:
     """Smallest positive subnormal 2^(1−bias−m): fp16 2^−24 ≈ 5.96e-8, bf16 2^−133, fp32 2^−149."""
     f = float_format(fmt)
     return 2.0 ** (1 - f.bias - f.mantissa_bits)
@@ -84,7 +84,7 @@ def machine_epsilon(fmt: str) -> float:
     return 2.0 ** -float_format(fmt).mantissa_bits
 
 
-def spacing(x: float, fmt: str) -> float:
+def spacing(x: float, fmt: str | FloatFormat) -> float:
     """The gap between adjacent representable numbers of ``fmt`` around |x| (the ulp of x's binade):
     2^(⌊log2|x|⌋ − m) for normal x, the smallest subnormal below the normal range. Equals
     numpy.spacing(|x|) for fp16 and fp32 values, except at the largest value (numpy gives inf)."""

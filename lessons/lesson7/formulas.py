@@ -31,7 +31,7 @@ def dtype_bytes(dtype: str) -> int:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_BYTES)}") from None
 
 
-def kv_cache_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: float = 2) -> int:
+def kv_cache_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: float = 2) -> float:
     """KV-cache bytes one token adds: 2 (K and V) · L · H_kv · d_head · bytes (Pope et al. 2023, Sec. 2).
 
     Llama-2-70B (80 layers, 8 KV heads, d = 128, fp16): 2·80·8·128·2 = 327,680 B = 320 KiB per token.
