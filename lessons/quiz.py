@@ -51,7 +51,9 @@ Templates are ``str.format`` strings over the parameters, the ``values`` and, fo
 ``answer`` and ``answer_text`` (the answer as the question shows it). After a colon, a spec picks
 how a number is written in the question's language: ``bytes`` (16.6 GB), ``time`` (1.5 ms),
 ``bw`` (100 GB/s), ``count`` (7.5B / 7,5 mil millones), ``pct`` (27.3% / 27,3 %), ``int``
-(thousands separators), ``num`` / ``numN`` (3 or N significant digits); any other spec is Python's.
+(thousands separators), ``num`` / ``numN`` (3 or N significant digits), ``term`` (the value's
+name in the language, from the file's ``[terms.en]`` / ``[terms.es]`` tables: ``{optimizer:term}``
+→ "SGD con momento"); any other spec is Python's.
 
 Answers
 -------
@@ -330,14 +332,18 @@ _FORMATS: dict[str, Callable[[Any, str], str]] = {
 class _Formatter(string.Formatter):
     """``str.format`` with the question's language: ``{x:bytes}``, ``{x:time}``, ``{x:bw}``,
     ``{x:count}``, ``{x:pct}``, ``{x:int}`` (thousands separators), ``{x:num}``/``{x:numN}`` (3 or N
-    significant digits, decimal comma in Spanish); any other spec is Python's. A bare ``{x}`` shows
-    an int as is and a float with 3 significant digits."""
+    significant digits, decimal comma in Spanish), ``{x:term}`` (x's name in the lesson's ``[terms.LANG]``
+    table); any other spec is Python's. A bare ``{x}`` shows an int as is and a float with 3 significant
+    digits."""
 
-    def __init__(self, lang: str):
+    def __init__(self, lang: str, terms: Mapping[str, str] | None = None):
         super().__init__()
         self.lang = lang
+        self.terms = terms or {}
 
     def format_field(self, value, format_spec):
+        if format_spec == "term":
+            return self.terms.get(str(value), str(value))
         if format_spec in _FORMATS:
             return _FORMATS[format_spec](value, self.lang)
         digits = re.fullmatch(r"num(\d*)", format_spec)
@@ -433,7 +439,7 @@ class Kind:
             raise KeyError(f"{package}/quiz.toml has no [{self.name}.{lang}] {key}") from None
         if isinstance(template, dict):
             template = template[str(fields[self.variant])]
-        fmt = _Formatter(lang)
+        fmt = _Formatter(lang, question_texts(package).get("terms", {}).get(lang))
         if isinstance(template, list):
             return [fmt.format(x, **fields) for x in template]
         return fmt.format(template, **fields)
