@@ -2,6 +2,7 @@
 import contextlib
 import io
 import json
+from pathlib import Path
 
 import pytest
 
@@ -109,3 +110,35 @@ def test_quiz_echoes_the_typed_answer(monkeypatch):
     with contextlib.redirect_stdout(out):
         cli_quiz.run_quiz([q], None, "lesson1", "en", "")
     assert f"you answered {q.answer - 0.1}" in out.getvalue()
+
+
+# 19.6: texts
+LESSONS = Path(__file__).resolve().parents[1] / "lessons"
+
+
+def test_texts_say_what_is_true():
+    import math
+    import re
+
+    sim = (LESSONS / "lesson6" / "simulation.py").read_text()
+    exponent = re.search(r"65504 ≈ 2\^([\d.]+)", sim).group(1)
+    assert exponent == f"{math.log2(65504):.4f}"
+    for lang in ("en", "es"):
+        assert "SHARD_GRAD_OP" in (LESSONS / "lesson2" / lang / "copies.md").read_text()
+        interleaved = (LESSONS / "lesson5" / lang / "interleaved.md").read_text()
+        assert "one more hop" not in interleaved and "un salto más" not in interleaved
+
+
+def test_spanish_writes_billions_and_percent_one_way():
+    import re
+
+    for path in LESSONS.glob("*/es/*.md"):
+        for line in path.read_text().splitlines():
+            if "distai " in line or "<!--" in line:
+                continue  # commands and check comments use the parser's syntax
+            prose = re.sub(r"\b(GPT-3|Llama 3) \d+(\.\d+)?B\b", "", line)  # model names stay names
+            assert not re.search(r"(?<![\w.-])\d+(,\d+)?B\b", prose), (path, line)  # 7,5B → 7,5 mil millones
+            assert not re.search(r"\d\.\d{3} millones", line), (path, line)  # 7.500 millones → 7,5 mil millones
+            assert not re.search(r"\d%", line), (path, line)  # 27,3 % with a space, as units.format_percent
+    q = quiz.make_question("lesson2", "max-fit", 1, "es")
+    assert "mil millones" in q.prompt and "mil millones" in q.answer_text()

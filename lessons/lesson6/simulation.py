@@ -12,7 +12,7 @@ a bin is (by its middle, ``e + 1/2``):
 
 - *zero* below 2^-25 (half the smallest subnormal 2^-24: rounding to nearest gives 0);
 - *subnormal* below 2^-14 (the smallest normal): kept with fewer significant bits;
-- *overflow* from 2^16 on (fp16's largest value is 65504 ≈ 2^15.9996): becomes inf;
+- *overflow* from 2^16 on (fp16's largest value is 65504 ≈ 2^15.9993): becomes inf;
 - *normal* otherwise.
 
 *Scaler dynamics.* A model of how gradients behave in training: at each step the exponents of
