@@ -22,7 +22,11 @@ PRECISIONS = ("mixed", "fp32")
 RECOMPUTE = ("none", "selective", "full")
 
 
-def _count(value, what: str) -> int:
+LARGEST_COUNT = 2 ** 53  # past it a count is no model's shape, and products of a few overflow a float
+
+
+def _count(value, what: str, maximum: float = LARGEST_COUNT) -> int:
+    """``value`` as a positive whole number no larger than ``maximum`` (a ValueError saying which, if not)."""
     if isinstance(value, bool) or value is None:
         raise ValueError(f"{what} must be a positive whole number, got {value!r}")
     try:
@@ -31,6 +35,8 @@ def _count(value, what: str) -> int:
         raise ValueError(f"{what} must be a positive whole number, got {value!r}") from None
     if not math.isfinite(as_float) or as_float < 1 or as_float != int(as_float):
         raise ValueError(f"{what} must be a positive whole number, got {value!r}")
+    if as_float > maximum:
+        raise ValueError(f"{what} must be at most {maximum:.3g}, got {value!r}")
     return int(value) if isinstance(value, int) else int(as_float)
 
 
@@ -122,7 +128,7 @@ def model_state_bytes(params, dp: int = 1, strategy: str = "ddp", optimizer: str
     Returns {"params_bytes", "grads_bytes", "optimizer_bytes", "total_bytes"}; a sharded state holds
     ⌈Ψ/N⌉ elements. Transient buffers (all-gathered layers, communication buckets) are not counted.
     """
-    psi = _count(params, "the number of parameters")
+    psi = _count(params, "the number of parameters", math.inf)
     n = _count(dp, "the data-parallel degree")
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
@@ -171,7 +177,7 @@ def comm_volume_per_step(params, strategy: str = "ddp", dp: int | None = None,
     ``exact_elements`` applies that (N-1)/N factor. ``bytes_per_elem`` = 2 for fp16/bf16 traffic.
     Returns {"elements", "bytes", "exact_elements", "exact_bytes", "collectives"}.
     """
-    psi = _count(params, "the number of parameters")
+    psi = _count(params, "the number of parameters", math.inf)
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
     if strategy == "ddp":
@@ -241,7 +247,7 @@ def memory_per_gpu(params, dp: int = 1, strategy: str = "ddp", optimizer: str = 
     Keys: params_bytes, grads_bytes, optimizer_bytes, activations_bytes (None without a shape),
     total_bytes.
     """
-    psi = _count(params, "the number of parameters")
+    psi = _count(params, "the number of parameters", math.inf)
     t = _count(tp, "the tensor-parallel degree")
     out: dict = dict(model_state_bytes(-(-psi // t), dp, strategy, optimizer, precision))
     if layers is not None and hidden is not None and seq is not None and micro_batch is not None \
