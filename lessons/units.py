@@ -120,30 +120,33 @@ def _split(text: str) -> tuple[str, str]:
     return num, unit
 
 
-def parse_count(text, lang: str = "en") -> float:
-    """A count such as a number of parameters or tokens: ``7.5B`` → 7.5e9, ``175e9``, ``13k``, ``1.3M``."""
+def _with_unit(text, lang: str, factors: dict, key: str, error: str) -> float:
+    """A number followed by a unit looked up (as ``key``, normalised by the caller) in ``factors``; a
+    Python number is taken as is. ``error`` names the units to use when ``key`` is unknown."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         return _finite(float(text), text)
-    num, unit = _split(text)
-    key = " ".join(unit.lower().rstrip(".").split())
-    if key not in COUNT_UNITS:
-        raise UnitError(f"unknown count suffix {unit!r} in {text!r} (use k, M, B or T)")
-    return _finite(parse_number(num, lang) * COUNT_UNITS[key], text)
+    num, _unit = _split(text)
+    if key not in factors:
+        raise UnitError(error)
+    return _finite(parse_number(num, lang) * factors[key], text)
+
+
+def _unit_of(text) -> str:
+    return _split(text)[1] if isinstance(text, str) else ""
+
+
+def parse_count(text, lang: str = "en") -> float:
+    """A count such as a number of parameters or tokens: ``7.5B`` → 7.5e9, ``175e9``, ``13k``, ``1.3M``."""
+    unit = _unit_of(text)
+    return _with_unit(text, lang, COUNT_UNITS, " ".join(unit.lower().rstrip(".").split()),
+                      f"unknown count suffix {unit!r} in {text!r} (use k, M, B or T)")
 
 
 def parse_bytes(text, lang: str = "en") -> float:
     """A size in bytes: ``64MiB`` → 67108864, ``2GB`` → 2e9, ``16,6 GB`` → 1.66e10, ``512`` → 512."""
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        return _finite(float(text), text)
-    num, unit = _split(text)
-    key = unit.lower().replace(" ", "")
-    if key == "":
-        factor = 1
-    elif key in BYTE_UNITS:
-        factor = BYTE_UNITS[key]
-    else:
-        raise UnitError(f"unknown size unit {unit!r} in {text!r} (use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
-    return _finite(parse_number(num, lang) * factor, text)
+    unit = _unit_of(text)
+    return _with_unit(text, lang, {"": 1, **BYTE_UNITS}, unit.lower().replace(" ", ""),
+                      f"unknown size unit {unit!r} in {text!r} (use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
 
 
 def parse_size(text, lang: str = "en", *, smallest: float = 0.0, what: str = "a size") -> float:
@@ -170,17 +173,9 @@ def parse_size(text, lang: str = "en", *, smallest: float = 0.0, what: str = "a 
 
 def parse_time(text, lang: str = "en") -> float:
     """A duration in seconds: ``5us`` → 5e-6, ``1.5ms``, ``30min``, ``2h``, ``1d``; a bare number is seconds."""
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        return _finite(float(text), text)
-    num, unit = _split(text)
-    key = unit.lower().rstrip(".")
-    if key == "":
-        factor = 1.0
-    elif key in TIME_UNITS:
-        factor = TIME_UNITS[key]
-    else:
-        raise UnitError(f"unknown time unit {unit!r} in {text!r} (use ns, us, ms, s, min, h, d)")
-    return _finite(parse_number(num, lang) * factor, text)
+    unit = _unit_of(text)
+    return _with_unit(text, lang, {"": 1.0, **TIME_UNITS}, unit.lower().rstrip("."),
+                      f"unknown time unit {unit!r} in {text!r} (use ns, us, ms, s, min, h, d)")
 
 
 def parse_bandwidth(text, lang: str = "en") -> float:
