@@ -120,6 +120,8 @@ def _physical(result: dict) -> None:
     """What holds for every calculator: finite numbers; sizes, times, rates and counts >= 0; fractions in [0, 1]."""
     for key, value in _walk(result):
         assert math.isfinite(value), (key, value)
+        if key == "free_bytes":
+            continue  # a difference: negative when a rejected split does not fit
         if key.endswith(("_bytes", "_s", "_per_s", "_units", "fraction", "_microbatches")) or key.startswith("bytes"):
             assert value >= 0, (key, value)
         if "fraction" in key:
@@ -206,7 +208,7 @@ def test_bubble_over_small_pipelines(p, m, schedule, v):
         check_bubble(r, None)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(params=st.sampled_from(["7B", "13B", "70B", "1e12", "1"]), layers=st.sampled_from(["32", "80", "1"]),
        hidden=st.sampled_from(["8192", "4096", "5120"]), gpus=st.sampled_from(["1", "2", "8", "16"]),
        mem=st.sampled_from(["80GB", "40GB", "141GB", "1GB"]), bw=st.sampled_from(["3.35TB/s", "2TB/s", "100GB/s"]),
