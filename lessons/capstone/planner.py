@@ -51,7 +51,7 @@ from ..lesson1.formulas import (
 )
 from ..lesson2.formulas import activation_bytes, activation_bytes_per_layer, model_state_bytes
 from ..lesson4.formulas import tp_comm_time_per_layer
-from ..lesson5.formulas import bubble_fraction, peak_inflight_microbatches
+from ..lesson5.formulas import ScheduleError, bubble_fraction, check_schedule, peak_inflight_microbatches
 from . import formulas as f
 
 MICROBATCHES = (1, 2, 4, 8)
@@ -181,9 +181,12 @@ def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, o
         c.reason = (f"{v} chunks per stage need pp > 1 and must divide the stage's {stage} layers"
                     if pp > 1 else "interleaved chunks need pp > 1")
         return c
-    if v > 1 and m < pp:
-        c.reason = f"interleaved schedule with m = {m} microbatches < pp = {pp}"
-        return c
+    if v > 1:
+        try:  # lesson 5 decides what the interleaved schedule accepts (m >= pp, equal rounds)
+            check_schedule("interleaved", pp, m, v)
+        except ScheduleError as exc:
+            c.reason = str(exc)
+            return c
 
     # memory (lesson 2's model states and activations, lesson 5's microbatches in flight)
     params_gpu = -(-int(model.params) // (tp * pp))
