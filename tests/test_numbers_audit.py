@@ -142,3 +142,7 @@ def test_spanish_writes_billions_and_percent_one_way():
             assert not re.search(r"\d%", line), (path, line)  # 27,3 % with a space, as units.format_percent
     q = quiz.make_question("lesson2", "max-fit", 1, "es")
     assert "mil millones" in q.prompt and "mil millones" in q.answer_text()
+
+
+def test_absurd_rank_counts_are_refused_not_overflowed():
+    assert "at most" in refused("allreduce", "-s", "0", "-n", "8.98846567431158e+307", "--algorithm", "naive")

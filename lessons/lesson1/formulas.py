@@ -22,9 +22,14 @@ import math
 ALGORITHMS = ("ring", "tree", "naive")
 
 
+MAX_RANKS = 2 ** 53  # beyond any cluster; past it 2(n−1) no longer fits a float
+
+
 def _check_n(n: int) -> int:
     if int(n) != n or n < 1:
         raise ValueError(f"the number of ranks must be a positive integer, got {n!r}")
+    if n > MAX_RANKS:
+        raise ValueError(f"the number of ranks must be at most {MAX_RANKS:.3g}, got {n!r}")
     return int(n)
 
 
