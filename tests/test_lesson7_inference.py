@@ -481,7 +481,9 @@ def test_visualizer_replays_the_run(group):
     viz.view = "paged"
     text = "\n".join(line.plain for line in viz.build_lines(100, 60))
     kc = next(e for e in ev[0] if e["kind"] == "kv_compare")
-    assert "(run)" in text and f"paged waste {kc['paged']['waste_fraction']:.1%}" in text
+    from distai.lessons.units import format_percent
+
+    assert "(run)" in text and f"paged waste {format_percent(kc['paged']['waste_fraction'])}" in text
     # the prefix-sharing run: each block's reference count is the number of tables holding it
     shared = [e for e in ev[0] if e["kind"] == "kv_step" and e["cache"] == "prefix"]
     assert len(viz.run_prefix) == len(shared)

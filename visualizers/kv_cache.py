@@ -709,8 +709,8 @@ class KVCacheVisualizer(PlaybackVisualizer):
         if self.kv_compare and self.source == "run":
             kc = self.kv_compare
             out.append(Text(tr["compare"].format(
-                p=format_percent(kc["paged"]["waste_fraction"], 2, self.language),
-                c=format_percent(kc["contiguous"]["waste_fraction"], 2, self.language),
+                p=format_percent(kc["paged"]["waste_fraction"], lang=self.language),
+                c=format_percent(kc["contiguous"]["waste_fraction"], lang=self.language),
                 r=format_fixed(kc["throughput_ratio"], 2, self.language)), style="magenta"))
         out.append(Text(self.controls_hint(width, self.HINTS["paged"]), style="grey50"))
         return out
