@@ -1,19 +1,107 @@
 """``distai runs export ID --format chrome-trace|csv|jsonl [-o FILE]``: a past run as files the
 field's tools open (Perfetto / chrome://tracing for the trace, pandas or a notebook for the metrics).
 
-Registers on the ``distai runs`` group of :mod:`distai.tutor.cli_run`; imports only typer at
-module level (the engine's pure-Python exporter is imported inside the command).
+Also ``distai runs`` (list) and ``distai runs show ID`` (replay). Imports only typer at module
+level (the engine's pure-Python exporter and the run views are imported inside the commands).
 """
 from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import typer
 
-from .cli import CliError
-from .cli_run import runs_app
+from .cli import CliError, app, lesson_or_fail
+
+# ------------------------------------------------------------------------------------ distai runs
+runs_app = typer.Typer(help="List past runs, or replay one with `distai runs show ID`.",
+                       invoke_without_command=True, no_args_is_help=False)
+app.add_typer(runs_app, name="runs")
+
+
+def _duration(record) -> str:
+    return "—" if record.duration_s is None else f"{record.duration_s:.1f} s"
+
+
+@runs_app.callback(invoke_without_command=True)
+def runs_list(
+    ctx: typer.Context,
+    lesson: str | None = typer.Option(None, "--lesson", "-l", help="Only this lesson's runs."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    limit: int = typer.Option(50, "--limit", "-n", help="At most this many runs (newest first)."),
+) -> None:
+    """List past runs: id, lesson, date, status, duration (and the error of failed ones)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from ..engine.runs import list_runs, settle_killed
+    from .paths import runs_root
+
+    wanted = lesson_or_fail(lesson).id if lesson else None
+    runs = [settle_killed(r) for r in list_runs(runs_root()) if wanted is None or r.lesson == wanted][:max(0, limit)]
+    rows = [{"id": r.id, "lesson": r.lesson, "started": r.started, "status": r.effective_status,
+             "duration_s": r.duration_s, "nproc": r.config.get("nproc"), "device": r.config.get("device"),
+             "error": r.error, "failed_rank": r.failed_rank, "last_step": r.last_step, "path": r.path}
+            for r in runs]
+    if as_json:
+        typer.echo(json.dumps(rows, ensure_ascii=False, indent=2))
+        return
+    if not rows:
+        typer.echo("no runs yet: start one with `distai run lesson1`")
+        return
+    width = max(len(r["id"]) for r in rows)
+    typer.echo(f"{'id':<{width}}  {'lesson':<8} {'started':<19}  {'status':<11} {'duration':>9}  procs")
+    for r, rec in zip(rows, runs):
+        procs = f"{r['nproc']}×{r['device']}" if r["nproc"] else ""
+        typer.echo(f"{r['id']:<{width}}  {r['lesson']:<8} {r['started']:<19}  {r['status']:<11} "
+                   f"{_duration(rec):>9}  {procs}")
+        if r["error"] and r["status"] != "ok":
+            typer.echo(f"{'':<{width}}  └ {r['error'][:150]}")
+
+
+@runs_app.command("show")
+def runs_show(
+    run_id: str = typer.Argument(..., help="Run id (or a unique part of it, or `last`)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the run's events as JSON lines."),
+    speed: float = typer.Option(0.0, "--speed", help="Replay at this multiple of real time (0: at once)."),
+) -> None:
+    """Replay a past run into the same views as a live one."""
+    from ..engine.run_state import replay_events
+    from ..engine.runs import RunNotFound, find_run, settle_killed
+    from .cli_run import JsonView, TerminalView
+    from .paths import runs_root
+
+    if speed < 0:
+        raise CliError(f"--speed must be >= 0, got {speed}")
+    try:
+        record = settle_killed(find_run(runs_root(), run_id))
+    except RunNotFound as exc:
+        raise CliError(str(exc)) from None
+    events = replay_events(record)
+    if as_json:
+        view = JsonView()
+    else:
+        view = TerminalView(f"distai runs show {record.lesson}", live=None if speed > 0 else False,
+                            lesson=record.lesson)
+    with view:
+        prev_t = None
+        for event in events:
+            t = event.get("t")
+            if speed > 0 and isinstance(t, (int, float)):
+                if prev_t is not None and t > prev_t:
+                    time.sleep(min(2.0, (t - prev_t) / speed))
+                prev_t = t
+            view(event)
+    if not as_json:
+        typer.echo(f"run folder: {record.path}", err=True)
+        profile_dir = record.config.get("profile_dir")
+        if profile_dir:
+            traces = sorted(Path(profile_dir).glob("rank*.pt.trace.json"))
+            typer.echo(f"torch.profiler traces: {profile_dir} ({len(traces)} file{'s' if len(traces) != 1 else ''}, "
+                       "open in ui.perfetto.dev)", err=True)
+        typer.echo(f"export: distai runs export {record.id} --format chrome-trace|csv|jsonl", err=True)
+
 
 EXPORT_FORMATS = {"chrome-trace": "trace.json", "csv": "metrics.csv", "jsonl": "metrics.jsonl"}
 
