@@ -167,3 +167,42 @@ def launch_ranks(argv: list[str], ranks: int | None, default: int, cuda: bool) -
         ranks = degrees[0] * degrees[1] * degrees[2] if all(d is not None and d >= 1 for d in degrees) else default
     plan_run(argv, ranks, cuda)
     return ranks
+
+
+# ------------------------------------------------------------- lesson 7's (pp, tp) decode mesh
+def mesh_degrees(args, W: int) -> tuple[int, int] | None:
+    """(tp, pp) of a combined decode from ``--tp``/``--pp`` (the missing one is W / the other), or
+    None when neither is given. Raises ValueError when they do not multiply to the W ranks."""
+    if args.tp is None and args.pp is None:
+        return None
+    for name, v in (("--tp", args.tp), ("--pp", args.pp)):
+        if v is not None and v < 1:
+            raise ValueError(f"{name} must be ≥ 1, got {v}")
+    tp = args.tp if args.tp is not None else max(1, W // args.pp)
+    pp = args.pp if args.pp is not None else max(1, W // args.tp)
+    if tp * pp != W:
+        raise ValueError(f"--tp {tp} × --pp {pp} = {tp * pp} ranks, but this run has {W} "
+                         f"(start it with --cpu {tp * pp} or --gpus {tp * pp})")
+    return tp, pp
+
+
+def decode_launch_ranks(argv: list[str], ranks: int | None, default: int, cuda: bool) -> int:
+    """For ``distai run lesson7 --tp T --pp P``: T·P ranks when --cpu/--gpus did not say how many,
+    after checking that the degrees fit the ranks (the experiment checks the same on every rank)."""
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--tp", default=None)
+    ap.add_argument("--pp", default=None)
+    raw = ap.parse_known_args(argv)[0]
+    degrees = {}
+    for name in ("tp", "pp"):
+        value = getattr(raw, name)
+        try:
+            degrees[name] = None if value is None else int(value)
+        except ValueError:
+            raise ValueError(f"--{name} must be a whole number, got {value!r}") from None
+    args = argparse.Namespace(**degrees)
+    if ranks is None and args.tp is not None and args.pp is not None:
+        ranks = args.tp * args.pp
+    ranks = default if ranks is None else ranks
+    mesh_degrees(args, ranks)
+    return ranks

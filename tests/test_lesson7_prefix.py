@@ -232,3 +232,18 @@ def test_prefix_sharing_blocks_is_what_the_allocator_holds(n, prefix, total, bs)
             is not None:
         admitted += 1
     assert admitted == fit >= n
+
+
+def test_distai_run_lesson7_sizes_its_group_from_tp_and_pp():
+    """`distai run lesson7 --tp 2 --pp 2` launches tp·pp ranks; a group the degrees do not fit is refused."""
+    import pytest
+
+    from distai.engine.mesh_args import decode_launch_ranks
+
+    assert decode_launch_ranks(["--tp", "2", "--pp", "2"], None, 2, False) == 4
+    assert decode_launch_ranks(["--tp", "2"], None, 2, False) == 2      # pp = 2 / 2
+    assert decode_launch_ranks([], None, 2, False) == 2                 # no mesh: the lesson's default
+    assert decode_launch_ranks(["--pp", "4"], 4, 2, False) == 4
+    for argv, ranks in ((["--tp", "2", "--pp", "2"], 2), (["--tp", "x"], None), (["--pp", "0"], None)):
+        with pytest.raises(ValueError):
+            decode_launch_ranks(argv, ranks, 2, False)

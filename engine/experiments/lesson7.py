@@ -74,6 +74,7 @@ from ..inference import (
     mesh_shard,
     split_layers,
 )
+from ..mesh_args import mesh_degrees
 from ..metering import CommMeter
 from ..model import ModelConfigError
 from ..paged_kv import ContinuousBatcher, compare_prefix_sharing, paged_store
@@ -194,22 +195,6 @@ def pp_decode(cfg, w, prompts, n, ref, ctx, microbatches: int) -> dict:
             sends_per_token=out["sends_per_token"], decode_tokens_per_s=out["decode_tokens_per_s"],
             prefill_s=r["prefill_s"])
     return out
-
-
-def mesh_degrees(args, W: int) -> tuple[int, int] | None:
-    """(tp, pp) of a combined decode from ``--tp``/``--pp`` (the missing one is W / the other), or
-    None when neither is given. Raises ValueError when they do not multiply to the W ranks."""
-    if args.tp is None and args.pp is None:
-        return None
-    for name, v in (("--tp", args.tp), ("--pp", args.pp)):
-        if v is not None and v < 1:
-            raise ValueError(f"{name} must be ≥ 1, got {v}")
-    tp = args.tp if args.tp is not None else max(1, W // args.pp)
-    pp = args.pp if args.pp is not None else max(1, W // args.tp)
-    if tp * pp != W:
-        raise ValueError(f"--tp {tp} × --pp {pp} = {tp * pp} ranks, but this run has {W} "
-                         f"(start it with --cpu {tp * pp} or --gpus {tp * pp})")
-    return tp, pp
 
 
 def mesh_decode(cfg, w, prompts, n, ref, ctx, tp: int, pp: int, microbatches: int) -> dict:
