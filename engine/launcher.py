@@ -266,9 +266,13 @@ def analyse_failure(error_events: list[dict], torchrun_lines: list[str], exit_co
             return Failure(ranks[0], f"rank{'s' if len(ranks) > 1 else ''} {who} did not arrive{at} "
                                      f"within {int(m.group('ms')) / 1000:g} s (hung or too slow)", reporter)
     rank, code = _root_cause(torchrun_lines)
-    # a rank killed by a signal reports nothing; its peers' errors (a closed connection) follow it
-    killed_silently = rank is not None and code is not None and code < 0 and \
-        rank not in {e.get("rank") for e in error_events}
+    # a rank killed by a signal reports nothing; its peers' errors (a closed connection) follow it,
+    # and torchrun may even name such a peer as the root cause (it saw its error file first)
+    reported = {e.get("rank") for e in error_events}
+    silent = [(r, c) for r, c in _reported_failures(torchrun_lines) if c < 0 and r not in reported]
+    if silent and (rank is None or code is None or code >= 0 or rank in reported):
+        rank, code = silent[0]
+    killed_silently = rank is not None and code is not None and code < 0 and rank not in reported
     if error_events and not killed_silently:
         first = min(error_events, key=lambda e: e.get("t", 0.0))
         return Failure(first.get("rank"), f"rank {first.get('rank')} failed: {first.get('error', '?')}",
@@ -294,6 +298,21 @@ def _root_cause(torchrun_lines: list[str]) -> tuple[int | None, int | None]:
         if m and code is None:
             code = int(m.group("code"))
     return rank, code
+
+
+def _reported_failures(torchrun_lines: list[str]) -> list[tuple[int, int]]:
+    """Every (rank, exit code) of torchrun's failure report, in the order it lists them."""
+    out, rank = [], None
+    for line in torchrun_lines:
+        m = _ROOT_RANK.match(line)
+        if m:
+            rank = int(m.group("rank"))
+            continue
+        m = _ROOT_EXIT.match(line)
+        if m and rank is not None:
+            out.append((rank, int(m.group("code"))))
+            rank = None
+    return out
 
 
 def _trim(lines: list[str]) -> list[str]:

@@ -98,6 +98,13 @@ def test_failure_analysis():
     # a killed rank reports nothing, its peers report the closed connection: the killed one failed
     f = L.analyse_failure([{"rank": 0, "t": 9.0, "error": "RuntimeError: Connection closed by peer"}], lines, 1)
     assert f.rank == 1 and "SIGKILL" in f.message
+    # torchrun saw the peer's error file first and names it the root cause; the killed rank is listed
+    # among the failures: the killed one still failed first
+    report = ["Failures:", "[1]:", "  rank      : 1 (local_rank: 1)", "  exitcode  : -9 (pid: 43)",
+              "Root Cause (first observed failure):", "[0]:", "  rank      : 0 (local_rank: 0)",
+              "  exitcode  : 1 (pid: 42)"]
+    f = L.analyse_failure([{"rank": 0, "t": 9.0, "error": "RuntimeError: Connection closed by peer"}], report, 1)
+    assert f.rank == 1 and "SIGKILL" in f.message
     assert L.analyse_failure([], ["junk"], 3).message == "torchrun exited with code 3"
 
 
