@@ -339,12 +339,18 @@ class MeshCommMeter(CommMeter):
             cell = tally[self.dims.get(r.group, "other")][r.op]
             cell["calls"] += 1
             cell["bytes"] += r.wire_bytes
-        out = {}
-        for dim in DIMS:
-            ops = {op: dict(cell) for op, cell in sorted(tally.get(dim, {}).items())}
-            out[dim] = {"ops": ops, "calls": sum(c["calls"] for c in ops.values()),
-                        "bytes": sum(c["bytes"] for c in ops.values())}
-        return out
+        return _account(tally)
+
+
+def _account(tally: dict) -> dict:
+    """Per group (pp, dp, tp): each op's calls and bytes, and their totals: the one shape in which the
+    measured and the expected accounts are compared."""
+    out = {}
+    for dim in DIMS:
+        ops = {op: dict(cell) for op, cell in sorted(tally.get(dim, {}).items())}
+        out[dim] = {"ops": ops, "calls": sum(c["calls"] for c in ops.values()),
+                    "bytes": sum(c["bytes"] for c in ops.values())}
+    return out
 
 
 def stage_parameter_sizes(cfg: GPTConfig, tp: int, layers: range, first: bool, last: bool) -> list[int]:
@@ -450,12 +456,7 @@ def expected_comm(cfg: GPTConfig, shape: MeshShape, pp_rank: int, *, microbatche
         sends = sum(1 for a in plan if a.kind == "send")
         add("pp", "send", sends, sends * float(message))
         add("pp", "recv", sum(1 for a in plan if a.kind == "recv"), 0.0)
-    out = {}
-    for dim in DIMS:
-        ops = {op: dict(cell) for op, cell in sorted(tally.get(dim, {}).items())}
-        out[dim] = {"ops": ops, "calls": sum(c["calls"] for c in ops.values()),
-                    "bytes": sum(c["bytes"] for c in ops.values())}
-    return out
+    return _account(tally)
 
 
 def _zero_units(sizes: list[int], first: bool, last: bool) -> list[int]:
