@@ -286,18 +286,9 @@ def analyse_failure(error_events: list[dict], torchrun_lines: list[str], exit_co
 def _root_cause(torchrun_lines: list[str]) -> tuple[int | None, int | None]:
     """The rank and exit code of torchrun's "Root Cause (first observed failure)" report (torchrun
     lists every failed rank, the ones it stopped included, and then the root cause: prefer it)."""
-    rank = code = None
     roots = [i for i, line in enumerate(torchrun_lines) if "Root Cause" in line]
-    if roots:
-        torchrun_lines = torchrun_lines[roots[-1]:]
-    for line in torchrun_lines:
-        m = _ROOT_RANK.match(line)
-        if m and rank is None:
-            rank = int(m.group("rank"))
-        m = _ROOT_EXIT.match(line)
-        if m and code is None:
-            code = int(m.group("code"))
-    return rank, code
+    failures = _reported_failures(torchrun_lines[roots[-1]:] if roots else torchrun_lines)
+    return failures[0] if failures else (None, None)
 
 
 def _reported_failures(torchrun_lines: list[str]) -> list[tuple[int, int]]:
