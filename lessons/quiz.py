@@ -80,6 +80,7 @@ from importlib import resources
 from typing import Any
 
 from . import units
+from .strings import translated
 
 DEFAULT_TOLERANCE = 0.02
 QUANTITIES = ("bytes", "seconds", "count", "fraction", "number", "bandwidth", "choice")
@@ -129,9 +130,8 @@ class Question:
         if self.is_choice:
             return ""
         if self.integer:
-            return {"en": "exact whole number", "es": "número entero exacto"}[self.lang]
-        pct = units.format_number(100 * self.tolerance, 2, self.lang)
-        return f"±{pct}%"
+            return translated("quiz", "exact_whole_number", self.lang)
+        return "±" + units.format_percent(self.tolerance, 2, self.lang)
 
 
 @dataclass
@@ -147,7 +147,7 @@ class Check:
 def format_value(value: float, quantity: str, unit: str, lang: str, integer: bool = False) -> str:
     """``value`` (base units) shown in ``unit`` when given, else in a natural unit."""
     if integer:
-        return f"{int(round(value)):,}".replace(",", "." if lang == "es" else ",")
+        return units.format_integer(value, lang)
     if quantity == "fraction":
         return units.format_percent(value, 3, lang)
     factors = _HINT_FACTORS.get(quantity, {})
@@ -255,11 +255,6 @@ def _check(q: Question, text) -> Check:
 # ------------------------------------------------------------------------------ building questions
 
 
-def t(lang: str, en: str, es: str) -> str:
-    """Pick the text for ``lang``."""
-    return es if lang == "es" else en
-
-
 def numeric(lesson_id: str, kind: str, lang: str, prompt: str, explanation: str, answer: float,
             quantity: str, unit: str = "", params: dict | None = None, tolerance: float = DEFAULT_TOLERANCE,
             integer: bool = False) -> Question:
@@ -305,7 +300,7 @@ def fmt_num(x: float, lang: str, digits: int = 3) -> str:
 
 
 def fmt_int(n: int, lang: str) -> str:
-    return f"{int(n):,}".replace(",", "." if lang == "es" else ",")
+    return units.format_integer(n, lang)
 
 
 def fmt_count(n: float, lang: str) -> str:

@@ -25,13 +25,12 @@ from functools import lru_cache
 from importlib import resources
 
 from .calculator import Calculator
+from .strings import LANGUAGES
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
-
-LANGUAGES = ("en", "es")
 
 
 class UnknownLessonError(ValueError):
@@ -211,6 +210,23 @@ def all_calculators() -> dict[str, Calculator]:
                 raise ValueError(f"two lessons declare the calculator {calc.name!r}")
             found[calc.name] = calc
     return found
+
+
+def step_view(visualizer: str, step_key: str) -> dict:
+    """What the step ``step_key`` asks of the visualizer ``visualizer`` (its ``view = {...}`` in
+    ``lesson.toml``): ``{}`` when the step declares nothing or shows another visualizer."""
+    return _step_views().get((visualizer.replace("-", "_"), step_key), {})
+
+
+@lru_cache(maxsize=1)
+def _step_views() -> dict[tuple[str, str], dict]:
+    views: dict[tuple[str, str], dict] = {}
+    for lesson in all_lessons():
+        for step in lesson.steps:
+            shown = step.visualizer or lesson.visualizer
+            if shown and step.view:
+                views[(shown.replace("-", "_"), step.key)] = step.view
+    return views
 
 
 def valid_names() -> list[str]:

@@ -314,6 +314,11 @@ def format_percent(fraction: float, digits: int = 3, lang: str = "en") -> str:
     return f"{s} %" if lang == "es" else f"{s}%"
 
 
+def format_score(fraction: float | None, lang: str = "en") -> str:
+    """A score as a whole percentage: ``0.8`` → ``80%`` (``80 %`` in Spanish); None → ``—``."""
+    return "—" if fraction is None else format_percent(round(fraction, 2), 3, lang)
+
+
 def format_fixed(x: float, decimals: int = 1, lang: str = "en") -> str:
     """``x`` with exactly ``decimals`` decimals (a table column, a ratio): ``1.50`` / ``1,50``."""
     s = f"{x:.{decimals}f}"

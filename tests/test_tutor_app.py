@@ -9,13 +9,13 @@ import pytest
 from textual.widgets import Markdown, OptionList, Static
 
 from distai.lessons.registry import Step, all_lessons, resolve_lesson
+from distai.lessons.strings import translated
 from distai.tutor.app import DistaiApp
 from distai.tutor.progress import ProgressStore
 from distai.tutor.screens import lesson as lesson_module
 from distai.tutor.screens.help import HelpScreen
 from distai.tutor.screens.home import HomeScreen
 from distai.tutor.screens.lesson import LessonScreen, step_markdown
-from distai.tutor.strings import tr
 
 SIZE = (120, 40)
 
@@ -46,7 +46,7 @@ def shown(app) -> dict:
 def check_step(app, lesson, i, lang):
     step = lesson.steps[i]
     got = shown(app)
-    assert got["counter"] == tr("step_counter", lang, k=i + 1, n=len(lesson.steps))
+    assert got["counter"] == translated("tutor", "step_counter", lang, k=i + 1, n=len(lesson.steps))
     assert got["title"] == step.title[lang]
     assert lesson.title[lang] in got["lesson"]
     assert got["markdown"] == step_markdown(lesson, step.key, lang)
@@ -71,7 +71,6 @@ async def test_home_lists_every_lesson_with_progress():
 @async_test
 async def test_home_shows_best_quiz_and_mastery(isolated_distai_home):
     from distai.lessons.quiz import generators
-    from distai.tutor.strings import percent
 
     day = 86400.0
     with ProgressStore(isolated_distai_home / "progress.db") as store:
@@ -90,7 +89,7 @@ async def test_home_shows_best_quiz_and_mastery(isolated_distai_home):
             return "".join(seg.text for seg in app.console.render(options.get_option_at_index(i).prompt))
 
         assert "best quiz 80%" in row(0)
-        assert f"mastery {percent(1 / len(generators('lesson1')))}" in row(0)
+        assert f"mastery {round(100 / len(generators('lesson1')))}%" in row(0)
         assert "quiz —" in row(1) and "mastery 0%" in row(1)
         assert "mastery" not in row(2)  # no answers yet: no mastery figure
 
@@ -192,7 +191,7 @@ async def test_help_overlay_lists_the_keys_and_closes():
         keys = app.screen.query_one("#help-keys", Static).content
         text = "".join(seg.text for seg in app.console.render(keys))
         for label in ("key_next", "key_prev", "key_quiz", "key_run", "key_lang", "key_back"):
-            assert tr(label, "en") in text
+            assert translated("tutor", label, "en") in text
         await pilot.press("escape")
         assert isinstance(app.screen, LessonScreen)
 
@@ -227,7 +226,7 @@ async def test_quiz_and_run_fall_back_when_their_screens_are_missing(monkeypatch
         await pilot.press("enter", "t", "r")
         await pilot.pause()
         assert isinstance(app.screen, LessonScreen)
-    assert tr("quiz_unavailable", "en") in notes and tr("run_unavailable", "en") in notes
+    assert translated("tutor", "quiz_unavailable", "en") in notes and translated("tutor", "run_unavailable", "en") in notes
 
 
 @async_test

@@ -15,11 +15,11 @@ from textual.app import App, SystemCommand
 from textual.screen import Screen
 
 from ..lessons.registry import LANGUAGES, all_lessons, resolve_lesson
+from ..lessons.strings import translated
 from .progress import lesson_mastery
 from .screens.help import HelpScreen
 from .screens.home import HomeScreen
 from .screens.lesson import LessonScreen
-from .strings import tr
 
 
 class DistaiApp(App):
@@ -53,7 +53,7 @@ class DistaiApp(App):
         if self.store is not None and self.store.recovered_from:
             self.notify(self.store.recovered_from, severity="warning", timeout=15)
         if self.store_error:
-            self.notify(tr("progress_unsaved", self.language, error=self.store_error),
+            self.notify(translated("tutor", "progress_unsaved", self.language, error=self.store_error),
                         severity="error", timeout=15)
         if self.initial_lesson is not None:
             self.open_lesson(self.initial_lesson.id)
@@ -69,7 +69,7 @@ class DistaiApp(App):
             start = lesson.step_index(last)
         self.push_screen(LessonScreen(lesson, start=start))
         if start:
-            self.notify(tr("resumed", self.language, k=start + 1), timeout=3)
+            self.notify(translated("tutor", "resumed", self.language, k=start + 1), timeout=3)
 
     def action_show_help_overlay(self) -> None:
         if isinstance(self.screen, HelpScreen):
@@ -91,18 +91,18 @@ class DistaiApp(App):
                 result = apply()
                 if hasattr(result, "__await__"):
                     await result
-        self.notify(tr("language_now", language), timeout=2)
+        self.notify(translated("tutor", "language_now", language), timeout=2)
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         lang = self.language
-        yield SystemCommand(tr("cmd_home", lang), tr("cmd_home_help", lang), self.go_home)
+        yield SystemCommand(translated("tutor", "cmd_home", lang), translated("tutor", "cmd_home_help", lang), self.go_home)
         for lesson in all_lessons():
             yield SystemCommand(
-                tr("cmd_open", lang, n=lesson.number, title=lesson.title[lang]),
-                tr("cmd_open_help", lang, m=lesson.duration_min, slug=lesson.slug),
+                translated("tutor", "cmd_open", lang, n=lesson.number, title=lesson.title[lang]),
+                translated("tutor", "cmd_open_help", lang, m=lesson.duration_min, slug=lesson.slug),
                 partial(self.open_lesson, lesson.id),
             )
-        yield SystemCommand(tr("cmd_lang", lang), tr("cmd_lang_help", lang),
+        yield SystemCommand(translated("tutor", "cmd_lang", lang), translated("tutor", "cmd_lang_help", lang),
                             self.action_toggle_language)
         yield from super().get_system_commands(screen)
 

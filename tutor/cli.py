@@ -11,6 +11,8 @@ import sys
 import typer
 
 from ..lessons.registry import UnknownLessonError, all_lessons, resolve_lesson
+from ..lessons.strings import strings
+from ..lessons.units import format_score
 
 app = typer.Typer(
     name="distai",
@@ -125,11 +127,10 @@ def lessons(
         typer.echo(json.dumps(rows, ensure_ascii=False, indent=2))
         return
     width = max(len(r["title"]) for r in rows)
-    head = {"en": ("lesson", "min", "steps", "quiz", "mastery", "runs"),
-            "es": ("lección", "min", "pasos", "quiz", "dominio", "runs")}[language]
+    head = strings("tutor", language)["progress_columns"]
 
     def pct(x):
-        return "—" if x is None else f"{round(100 * x)}%"
+        return format_score(x, language)
 
     typer.echo(f" #  {head[0]:<{width}}  {head[1]:>3}  {head[2]:>5}  {head[3]:>4}  {head[4]:>7}  "
                f"{head[5]:>4}  slug")

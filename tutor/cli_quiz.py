@@ -12,55 +12,9 @@ import sys
 
 import typer
 
+from ..lessons.strings import strings
+from ..lessons.units import format_score
 from .cli import CliError, app, lesson_or_fail, open_progress
-
-TEXT = {
-    "en": {
-        "header": "{title} — {n} questions (seed {seed})",
-        "review_header": "Spaced review — {n} due question(s) (seed {seed})",
-        "howto": "Numbers may carry units (16.6 GB, 1.66e10, 1.5 ms, 27%); within the stated tolerance counts.",
-        "howto_choice": "Choices: answer with the option's number or letter.",
-        "howto_end": "Ctrl-D ends the quiz.",
-        "q": "Q{i}/{n}",
-        "prompt": "> ",
-        "right": "✓ Right.",
-        "wrong": "✗ Not quite — you answered {given}; the answer is {answer}.",
-        "unread": "✗ No readable answer; the answer is {answer}.",
-        "why": "Why: {text}",
-        "again": "  ({msg}; try again)",
-        "score": "Score: {c}/{n} ({pct}%).",
-        "saved": "Saved to your progress.",
-        "ended": "Input ended after {a} of {n} questions: answers kept, score not saved.",
-        "nothing_due": "Nothing is due for review.",
-        "next_due": "Next review due in {when} ({lesson}, {kind}).",
-        "no_history": "Take a quiz first (distai quiz 1) — review uses your answers.",
-        "tolerance": "(tolerance {tol})",
-        "need_lesson": "give a lesson (distai quiz 2) or --review",
-    },
-    "es": {
-        "header": "{title} — {n} preguntas (semilla {seed})",
-        "review_header": "Repaso espaciado — {n} pregunta(s) pendiente(s) (semilla {seed})",
-        "howto": "Los números pueden llevar unidades (16,6 GB, 1,66e10, 1,5 ms, 27 %); vale dentro de la tolerancia "
-                 "indicada.",
-        "howto_choice": "Opciones: responde con el número o la letra de la opción.",
-        "howto_end": "Ctrl-D termina el quiz.",
-        "q": "P{i}/{n}",
-        "prompt": "> ",
-        "right": "✓ Correcto.",
-        "wrong": "✗ No exactamente: respondiste {given}; la respuesta es {answer}.",
-        "unread": "✗ Sin respuesta legible; la respuesta es {answer}.",
-        "why": "Por qué: {text}",
-        "again": "  ({msg}; inténtalo de nuevo)",
-        "score": "Puntuación: {c}/{n} ({pct} %).",
-        "saved": "Guardado en tu progreso.",
-        "ended": "La entrada terminó tras {a} de {n} preguntas: respuestas guardadas, puntuación no.",
-        "nothing_due": "No hay nada pendiente de repaso.",
-        "next_due": "El próximo repaso toca dentro de {when} ({lesson}, {kind}).",
-        "no_history": "Haz antes un quiz (distai quiz 1): el repaso usa tus respuestas.",
-        "tolerance": "(tolerancia {tol})",
-        "need_lesson": "indica una lección (distai quiz 2) o --review",
-    },
-}
 
 
 def _read_line() -> str | None:
@@ -83,7 +37,7 @@ def run_quiz(questions, store, session_lesson, lang: str, header: str) -> int:
     """Ask ``questions`` on the terminal; returns the exit code (0)."""
     from .review import QuizSession
 
-    T = TEXT[lang]
+    T = strings("quiz_cli", lang)
     session = QuizSession(questions, store, session_lesson)
     typer.echo(header)
     tips = [T["howto"]] if any(not q.is_choice for q in questions) else []
@@ -122,7 +76,7 @@ def run_quiz(questions, store, session_lesson, lang: str, header: str) -> int:
             break
     typer.echo("")
     if session.finished:
-        pct = round(100 * session.correct / n) if n else 0
+        pct = format_score(session.correct / n if n else 0, lang)
         typer.echo(T["score"].format(c=session.correct, n=n, pct=pct))
         if session.saved:
             typer.echo(T["saved"])
@@ -168,7 +122,7 @@ def quiz(
             s = int(seed)
         except ValueError:
             raise CliError(f"--seed: must be a whole number, got {seed!r}") from None
-    T = TEXT[language]
+    T = strings("quiz_cli", language)
     chosen = lesson_or_fail(lesson) if lesson is not None else None
     if chosen is None and not review:
         raise CliError(T["need_lesson"])

@@ -18,33 +18,8 @@ from textual.screen import Screen
 from textual.widgets import Footer, Input, OptionList, Static
 from textual.widgets.option_list import Option
 
-STRINGS = {
-    "title": {"en": "Quiz — {title}", "es": "Quiz — {title}"},
-    "counter": {"en": "Question {i} of {n} · {c} right so far", "es": "Pregunta {i} de {n} · {c} bien hasta ahora"},
-    "placeholder_num": {"en": "Your answer, e.g. 16.6 GB, 1.5 ms, 27% — Enter to check",
-                        "es": "Tu respuesta, p. ej. 16,6 GB, 1,5 ms, 27 % — Enter para comprobar"},
-    "placeholder_choice": {"en": "The option's number or letter (or pick it above) — Enter to check",
-                           "es": "El número o la letra de la opción (o elígela arriba) — Enter para comprobar"},
-    "placeholder_next": {"en": "Enter for the next question", "es": "Enter para la siguiente pregunta"},
-    "placeholder_done": {"en": "Enter or ctrl+n for a new quiz, escape to go back",
-                         "es": "Enter o ctrl+n para otro quiz, escape para volver"},
-    "tolerance": {"en": "Tolerance: {tol}", "es": "Tolerancia: {tol}"},
-    "right": {"en": "✓ Right.", "es": "✓ Correcto."},
-    "wrong": {"en": "✗ Not quite: the answer is {answer}.", "es": "✗ No exactamente: la respuesta es {answer}."},
-    "unread": {"en": "✗ No readable answer: the answer is {answer}.",
-               "es": "✗ Sin respuesta legible: la respuesta es {answer}."},
-    "why": {"en": "Why: ", "es": "Por qué: "},
-    "again": {"en": "{msg} — try again.", "es": "{msg}; inténtalo de nuevo."},
-    "score": {"en": "Score: {c}/{n} ({pct}%).", "es": "Puntuación: {c}/{n} ({pct} %)."},
-    "saved": {"en": " Saved to your progress.", "es": " Guardado en tu progreso."},
-    "not_saved": {"en": " (Progress is not being saved.)", "es": " (El progreso no se está guardando.)"},
-    "back": {"en": "Back", "es": "Volver"},
-    "new": {"en": "New quiz", "es": "Otro quiz"},
-}
-
-
-def s(key: str, lang: str, **kw) -> str:
-    return STRINGS[key][lang].format(**kw)
+from ..lessons.strings import translated
+from ..lessons.units import format_score
 
 
 class QuizScreen(Screen):
@@ -76,7 +51,7 @@ class QuizScreen(Screen):
 
     # -- layout ------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
-        yield Static(s("title", self.lang, title=self.lesson.title[self.lang]), id="quiz-title")
+        yield Static(translated("quiz_screen", "title", self.lang, title=self.lesson.title[self.lang]), id="quiz-title")
         yield Static("", id="quiz-counter")
         with VerticalScroll(id="quiz-body"):
             yield Static("", id="quiz-prompt")
@@ -108,10 +83,10 @@ class QuizScreen(Screen):
         q = self.session.current
         self.mode = "asking"
         self.query_one("#quiz-counter", Static).update(
-            s("counter", self.lang, i=self.session.index + 1, n=len(self.session.questions), c=self.session.correct))
+            translated("quiz_screen", "counter", self.lang, i=self.session.index + 1, n=len(self.session.questions), c=self.session.correct))
         prompt = Text(q.prompt, style="bold")
         if not q.is_choice:
-            prompt.append("\n" + s("tolerance", self.lang, tol=q.tolerance_text()), style="dim")
+            prompt.append("\n" + translated("quiz_screen", "tolerance", self.lang, tol=q.tolerance_text()), style="dim")
         self.query_one("#quiz-prompt", Static).update(prompt)
         choices = self.query_one("#quiz-choices", OptionList)
         choices.clear_options()
@@ -122,7 +97,7 @@ class QuizScreen(Screen):
         self.query_one("#quiz-feedback", Static).update("")
         box = self.query_one("#quiz-input", Input)
         box.value = ""
-        box.placeholder = s("placeholder_choice" if q.is_choice else "placeholder_num", self.lang)
+        box.placeholder = translated("quiz_screen", "placeholder_choice" if q.is_choice else "placeholder_num", self.lang)
         box.focus()
 
     def submit(self, text: str) -> None:
@@ -140,36 +115,36 @@ class QuizScreen(Screen):
         out = self.session.answer(text)
         feedback = self.query_one("#quiz-feedback", Static)
         if not out.final:
-            feedback.update(Text(s("again", self.lang, msg=out.check.message), style="yellow"))
+            feedback.update(Text(translated("quiz_screen", "again", self.lang, msg=out.check.message), style="yellow"))
             return
         msg = Text()
         if out.correct:
-            msg.append(s("right", self.lang), style="bold green")
+            msg.append(translated("quiz_screen", "right", self.lang), style="bold green")
         else:
             key = "wrong" if out.check.valid else "unread"
-            msg.append(s(key, self.lang, answer=q.answer_text()), style="bold red")
-        msg.append("\n\n" + s("why", self.lang), style="bold")
+            msg.append(translated("quiz_screen", key, self.lang, answer=q.answer_text()), style="bold red")
+        msg.append("\n\n" + translated("quiz_screen", "why", self.lang), style="bold")
         msg.append(q.explanation)
         feedback.update(msg)
         self.mode = "feedback"
         box = self.query_one("#quiz-input", Input)
         box.value = ""
-        box.placeholder = s("placeholder_next", self.lang)
+        box.placeholder = translated("quiz_screen", "placeholder_next", self.lang)
         self.query_one("#quiz-counter", Static).update(
-            s("counter", self.lang, i=min(self.session.index, len(self.session.questions)),
+            translated("quiz_screen", "counter", self.lang, i=min(self.session.index, len(self.session.questions)),
               n=len(self.session.questions), c=self.session.correct))
 
     def show_score(self) -> None:
         self.mode = "done"
         n = len(self.session.questions)
-        pct = round(100 * self.session.correct / n)
-        text = Text(s("score", self.lang, c=self.session.correct, n=n, pct=pct), style="bold")
-        text.append(s("saved", self.lang) if self.session.saved else s("not_saved", self.lang))
+        pct = format_score(self.session.correct / n, self.lang)
+        text = Text(translated("quiz_screen", "score", self.lang, c=self.session.correct, n=n, pct=pct), style="bold")
+        text.append(translated("quiz_screen", "saved", self.lang) if self.session.saved else translated("quiz_screen", "not_saved", self.lang))
         self.query_one("#quiz-prompt", Static).update(text)
         self.query_one("#quiz-choices", OptionList).display = False
         self.query_one("#quiz-feedback", Static).update("")
         box = self.query_one("#quiz-input", Input)
-        box.placeholder = s("placeholder_done", self.lang)
+        box.placeholder = translated("quiz_screen", "placeholder_done", self.lang)
         box.focus()
 
     # -- events ------------------------------------------------------------------------------

@@ -32,41 +32,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, ProgressBar, RichLog, Sparkline, Static
 
 from ..engine.run_state import RunState, replay_events
-
-STRINGS = {
-    "title": {"en": "Run · lesson {n} · {title}", "es": "Ejecución · lección {n} · {title}"},
-    "starting": {"en": "starting {nproc} processes with torchrun…", "es": "arrancando {nproc} procesos con torchrun…"},
-    "running": {"en": "running", "es": "en marcha"},
-    "ok": {"en": "finished", "es": "terminado"},
-    "failed": {"en": "failed", "es": "falló"},
-    "stopped": {"en": "stopped", "es": "detenido"},
-    "killed": {"en": "killed", "es": "abortado"},
-    "starting_status": {"en": "starting", "es": "arrancando"},
-    "stopping": {"en": "stopping every rank…", "es": "deteniendo todos los procesos…"},
-    "loss": {"en": "loss", "es": "pérdida"},
-    "busbw": {"en": "bandwidth sweep: busbw by message size", "es": "barrido: busbw por tamaño de mensaje"},
-    "size": {"en": "size", "es": "tamaño"},
-    "ring": {"en": "our ring", "es": "nuestro anillo"},
-    "fit": {"en": "alpha-beta fit", "es": "ajuste alfa-beta"},
-    "no_loss": {"en": "waiting for the first training step…", "es": "esperando el primer paso de entrenamiento…"},
-    "no_sweep": {"en": "no bandwidth sweep yet", "es": "aún no hay barrido de ancho de banda"},
-    "log": {"en": "output", "es": "salida"},
-    "stop": {"en": "Stop", "es": "Detener"},
-    "close": {"en": "Close", "es": "Cerrar"},
-    "again": {"en": "Run again", "es": "Repetir"},
-    "folder": {"en": "run folder: {path}", "es": "carpeta de la ejecución: {path}"},
-    "export": {"en": "as a Chrome trace (Perfetto): distai runs export {id} -o {path}",
-               "es": "como traza de Chrome (Perfetto): distai runs export {id} -o {path}"},
-    "failed_rank": {"en": "last lines of rank {rank}:", "es": "últimas líneas del proceso {rank}:"},
-    "unavailable": {"en": "this lesson's experiment is not yet available", "es": "el experimento de esta lección aún no está disponible"},
-    "replay": {"en": "replay of {id}", "es": "repetición de {id}"},
-    "phase": {"en": "phase", "es": "fase"},
-    "step": {"en": "step", "es": "paso"},
-    "view": {"en": "this run", "es": "esta ejecución"},
-    "no_view": {"en": "waiting for the run's events…", "es": "esperando los eventos de la ejecución…"},
-    "stop_report": {"en": "(torchrun's report of the stop signal: {path})",
-                    "es": "(el informe de torchrun sobre la señal de parada: {path})"},
-}
+from ..lessons.strings import has, translated
 
 
 def export_path(record) -> str:
@@ -75,10 +41,6 @@ def export_path(record) -> str:
 
     return str(default_export_path(record.path, "chrome-trace"))
 
-
-def t(key: str, lang: str, **fields) -> str:
-    entry = STRINGS[key]
-    return entry.get(lang, entry["en"]).format(**fields)
 
 
 BLOCKS = " ▏▎▍▌▋▊▉█"
@@ -168,21 +130,21 @@ class RunPanelScreen(Screen):
     # -- layout ------------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         lang, panel = self.language, self.view.panel
-        yield Static(t("title", lang, n=self.lesson.number, title=self.lesson.title[lang]), id="run-title")
+        yield Static(translated("run", "title", lang, n=self.lesson.number, title=self.lesson.title[lang]), id="run-title")
         with Horizontal(id="run-status-bar"):
             yield ProgressBar(total=1.0, show_eta=False, id="run-progress")
             yield Static("", id="run-status")
         with Horizontal(id="run-body"):
             with VerticalScroll(id="run-charts"):
                 if "loss" in panel:
-                    yield Static(t("loss", lang), id="loss-label", classes="run-label")
+                    yield Static(translated("run", "loss", lang), id="loss-label", classes="run-label")
                     yield Sparkline([], summary_function=max, id="loss-spark")
                 if "sweep" in panel:
-                    yield Static(t("busbw", lang), id="busbw-label", classes="run-label")
+                    yield Static(translated("run", "busbw", lang), id="busbw-label", classes="run-label")
                     yield Static("", id="sweep-table")
                 if "view" in panel:
-                    yield Static(t("view", lang), id="view-label", classes="run-label")
-                    yield Static(Text(t("no_view", lang), style="dim"), id="lesson-view")
+                    yield Static(translated("run", "view", lang), id="view-label", classes="run-label")
+                    yield Static(Text(translated("run", "no_view", lang), style="dim"), id="lesson-view")
             yield Vertical(id="run-visual")
         yield RichLog(id="run-log", max_lines=2000, min_width=20, wrap=True, markup=False, highlight=False)
         yield Footer()
@@ -194,8 +156,8 @@ class RunPanelScreen(Screen):
         if self.replay_record is not None:
             self.lesson_view = self.lesson.terminal_view(self.language) if self.view.terminal else None
             self.query_one("#run-title", Static).update(
-                t("title", self.language, n=self.lesson.number, title=self.lesson.title[self.language])
-                + " · " + t("replay", self.language, id=self.replay_record.id))
+                translated("run", "title", self.language, n=self.lesson.number, title=self.lesson.title[self.language])
+                + " · " + translated("run", "replay", self.language, id=self.replay_record.id))
             # fed once laid out: the log wraps its lines at the width it has then
             self.call_after_refresh(self._replay)
         else:
@@ -226,7 +188,7 @@ class RunPanelScreen(Screen):
         from ..engine.launcher import experiment_available
 
         if self.launch_factory is default_launch_factory and not experiment_available(self.lesson.experiment):
-            self.query_one("#run-status", Static).update(Text(t("unavailable", self.language), style="yellow"))
+            self.query_one("#run-status", Static).update(Text(translated("run", "unavailable", self.language), style="yellow"))
             return
         self.state = RunState()
         self.lesson_view = self.lesson.terminal_view(self.language) if self.view.terminal else None
@@ -238,7 +200,7 @@ class RunPanelScreen(Screen):
         self.set_class(False, "-view-summary")
         self.launch = self.launch_factory(self.lesson, self._consume, nproc=self.nproc, args=self.args)
         self.query_one("#run-status", Static).update(
-            t("starting", self.language, nproc=self.launch.spec.placement.nproc))
+            translated("run", "starting", self.language, nproc=self.launch.spec.placement.nproc))
         launch = self.launch
         self._worker = self.run_worker(lambda: self._run_in_thread(launch), thread=True,
                                        exclusive=True, group="distai-run", exit_on_error=False)
@@ -280,7 +242,7 @@ class RunPanelScreen(Screen):
                 who = "torchrun" if e.get("rank") is None else f"rank {e['rank']}"
                 self._write(log, Text.assemble((f"{who:>9} ", "dim"), str(e.get("line", ""))))
             elif kind == "phase" and e.get("rank", 0) == 0:
-                self._write(log, Text(f"── {t('phase', self.language)}: {e.get('name')}", style="bold cyan"))
+                self._write(log, Text(f"── {translated('run', 'phase', self.language)}: {e.get('name')}", style="bold cyan"))
             elif kind == "log":
                 self._write(log, Text(f"rank {e.get('rank')}: {e.get('msg')}", style="italic"))
             elif kind == "run_start":
@@ -303,23 +265,23 @@ class RunPanelScreen(Screen):
     def _on_end(self, e: dict, log: RichLog) -> None:
         status = e.get("status")
         style = {"ok": "bold green", "stopped": "bold yellow"}.get(status, "bold red")
-        msg = Text(t(status, self.language) if status in STRINGS else str(status), style=style)
+        msg = Text(translated("run", status, self.language) if has("run", status) else str(status), style=style)
         if e.get("error"):
             msg.append(f": {e['error']}")
         self._write(log, msg)
         if self.stop_lines_hidden and self.launch is not None:
-            self._write(log, Text(t("stop_report", self.language, path=f"{self.launch.record.path}/logs/torchrun.log"),
+            self._write(log, Text(translated("run", "stop_report", self.language, path=f"{self.launch.record.path}/logs/torchrun.log"),
                            style="dim"))
         if status == "failed" and e.get("tail"):
             rank = e.get("failed_rank")
-            self._write(log, Text(t("failed_rank", self.language, rank="?" if rank is None else rank), style="bold"))
+            self._write(log, Text(translated("run", "failed_rank", self.language, rank="?" if rank is None else rank), style="bold"))
             for line in e["tail"]:
                 self._write(log, Text("  " + line, style="red"))
         if self.launch is not None:
-            self._write(log, Text(t("folder", self.language, path=self.launch.record.path), style="dim"))
+            self._write(log, Text(translated("run", "folder", self.language, path=self.launch.record.path), style="dim"))
         record = self.launch.record if self.launch is not None else self.replay_record
         if record is not None:
-            self._write(log, Text(t("export", self.language, id=record.id, path=export_path(record)), style="dim"))
+            self._write(log, Text(translated("run", "export", self.language, id=record.id, path=export_path(record)), style="dim"))
         self._record_progress(status)
 
     def _record_progress(self, status: str) -> None:
@@ -337,18 +299,18 @@ class RunPanelScreen(Screen):
         self.query_one("#run-progress", ProgressBar).update(total=1.0, progress=s.fraction)
         status = Text()
         if s.status == "starting":
-            label = t("starting_status", lang)
+            label = translated("run", "starting_status", lang)
         else:
-            label = t(s.status, lang) if s.status in STRINGS else s.status
+            label = translated("run", s.status, lang) if has("run", s.status) else s.status
         status.append(label, style={"ok": "bold green", "failed": "bold red", "stopped": "bold yellow"}.get(s.status, "bold"))
         if self.launch is not None and self.launch.stopping and not s.finished:
-            status.append(" · " + t("stopping", lang), style="yellow")
+            status.append(" · " + translated("run", "stopping", lang), style="yellow")
         if s.nproc:
             status.append(f" · {s.nproc} × {s.device or '?'}{' (' + s.backend + ')' if s.backend else ''}")
         if s.phase and not s.finished:
-            status.append(f" · {t('phase', lang)} {s.phase}", style="cyan")
+            status.append(f" · {translated('run', 'phase', lang)} {s.phase}", style="cyan")
         if s.last_step and s.steps_of:
-            status.append(f" · {t('step', lang)} {s.last_step.get('step', 0) + 1}/{s.steps_of}")
+            status.append(f" · {translated('run', 'step', lang)} {s.last_step.get('step', 0) + 1}/{s.steps_of}")
         status.append(f" · {s.elapsed:.1f} s", style="dim")
         if s.note:
             status.append(f" · {s.note}", style="yellow")
@@ -357,14 +319,14 @@ class RunPanelScreen(Screen):
         if "loss" in panel and s.losses:
             self.query_one("#loss-spark", Sparkline).data = list(s.losses[-200:])
             self.query_one("#loss-label", Static).update(
-                f"{t('loss', lang)}: {s.losses[0]:.4f} → {s.losses[-1]:.4f}")
+                f"{translated('run', 'loss', lang)}: {s.losses[0]:.4f} → {s.losses[-1]:.4f}")
         elif "loss" in panel and s.finished:
             self.query_one("#loss-label", Static).display = False
             self.query_one("#loss-spark", Sparkline).display = False
         if "sweep" in panel and s.sweep:
             self.query_one("#sweep-table", Static).update(self._sweep_table())
         elif "sweep" in panel and s.phase in ("start", "check", "train"):
-            self.query_one("#sweep-table", Static).update(Text(t("no_sweep", lang), style="dim"))
+            self.query_one("#sweep-table", Static).update(Text(translated("run", "no_sweep", lang), style="dim"))
         if "view" in panel and self.lesson_view is not None:
             from rich.console import Group
 
@@ -409,8 +371,8 @@ class RunPanelScreen(Screen):
         rows = self.state.sweep[-16:]
         top = max(max(r["ring_busbw"], r["ar_busbw"]) for r in rows) or 1.0
         table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold", padding=(0, 1))
-        table.add_column(t("size", lang), justify="right", no_wrap=True)
-        table.add_column(t("ring", lang), justify="left", no_wrap=True)
+        table.add_column(translated("run", "size", lang), justify="right", no_wrap=True)
+        table.add_column(translated("run", "ring", lang), justify="left", no_wrap=True)
         table.add_column("dist.all_reduce", justify="left", no_wrap=True)
         table.add_column("ratio", justify="right", no_wrap=True)
         for r in rows:
@@ -423,7 +385,7 @@ class RunPanelScreen(Screen):
         parts = [table]
         for impl, f in self.state.fits.items():
             bw = f.get("bandwidth")
-            parts.append(Text(f"{t('fit', lang)} ({impl}): α = {format_time(f['alpha_s'])}, "
+            parts.append(Text(f"{translated('run', 'fit', lang)} ({impl}): α = {format_time(f['alpha_s'])}, "
                               f"1/β = {format_bandwidth(bw) if bw else '—'}", style="dim"))
         return Group(*parts)
 

@@ -16,6 +16,8 @@ from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import Static
 
+from ..lessons.registry import step_view
+
 # The lesson screen's keys: they work whatever has focus, so no visualizer may bind them.
 LESSON_KEYS = frozenset({"n", "p", "t", "r", "l", "v", "q", "question_mark", "escape", "left", "right",
                          "tab", "shift+tab", "ctrl+p"})
@@ -177,7 +179,14 @@ class LessonVisualizer(Widget):
         return True
 
     def show_step(self, step_key: str) -> None:
-        """The lesson moved to ``step_key``: highlight what that step teaches (optional)."""
+        """The lesson moved to ``step_key``: highlight what that step teaches (optional).
+
+        What a step shows is declared by the step itself (``view = {...}`` in its lesson.toml,
+        read with :meth:`step_view`), not by the visualizer."""
+
+    def step_view(self, step_key: str) -> dict:
+        """The settings the lesson's step ``step_key`` gives this visualizer (``{}`` if none)."""
+        return step_view(type(self).__module__.rsplit(".", 1)[-1], step_key)
 
     def feed_event(self, event: dict) -> None:
         """One event from a live or replayed run of the lesson's experiment (optional)."""

@@ -6,7 +6,7 @@ from dataclasses import replace
 from textual.binding import BindingsMap
 from textual.dom import DOMNode
 
-from ..strings import tr
+from ...lessons.strings import translated
 
 
 def localize_bindings(node: DOMNode, lang: str, labels: dict[str, str]) -> None:
@@ -18,7 +18,7 @@ def localize_bindings(node: DOMNode, lang: str, labels: dict[str, str]) -> None:
     for _key, bindings in merged.key_to_bindings.items():
         for binding in bindings:
             if binding.action in labels:
-                binding = replace(binding, description=tr(labels[binding.action], lang))
+                binding = replace(binding, description=translated("tutor", labels[binding.action], lang))
             new._add_binding(binding)
     node._bindings = new
     node.refresh_bindings()

@@ -9,7 +9,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from ..strings import tr
+from ...lessons.strings import translated
 
 HOME_KEYS = [
     ("↑ ↓", "key_move"),
@@ -51,17 +51,17 @@ class HelpScreen(ModalScreen[None]):
         table.add_column(style="bold cyan", no_wrap=True)
         table.add_column()
         for keys, label in (LESSON_KEYS if self.context == "lesson" else HOME_KEYS):
-            table.add_row(keys, tr(label, lang))
-        table.add_row(tr("mouse", lang), tr("key_mouse", lang))
+            table.add_row(keys, translated("tutor", label, lang))
+        table.add_row(translated("tutor", "mouse", lang), translated("tutor", "key_mouse", lang))
         if self.visualizer_keys:
             table.add_row("", "")
-            table.add_row(Text(tr("help_visualizer", lang), style="bold"), "")
+            table.add_row(Text(translated("tutor", "help_visualizer", lang), style="bold"), "")
             for keys, label in self.visualizer_keys:
                 table.add_row(keys, label)
         with VerticalScroll(id="help-box") as box:
-            box.border_title = tr("help_title", lang)
+            box.border_title = translated("tutor", "help_title", lang)
             yield Static(table, id="help-keys")
-            yield Static(Text(tr("help_close", lang), style="dim"), id="help-close")
+            yield Static(Text(translated("tutor", "help_close", lang), style="dim"), id="help-close")
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -12,7 +12,8 @@ from textual.widgets import Footer, OptionList, Static
 from textual.widgets.option_list import Option
 
 from ...lessons.registry import Lesson, all_lessons
-from ..strings import percent, tr
+from ...lessons.strings import translated
+from ...lessons.units import format_score
 from .common import localize_bindings
 
 BINDING_LABELS = {
@@ -58,10 +59,10 @@ class HomeScreen(Screen):
     def apply_language(self) -> None:
         lang = self.lang
         title = Text()
-        title.append(tr("app_title", lang), style="bold")
-        title.append("  —  " + tr("app_tagline", lang))
+        title.append(translated("tutor", "app_title", lang), style="bold")
+        title.append("  —  " + translated("tutor", "app_tagline", lang))
         self.query_one("#home-title", Static).update(title)
-        self.query_one("#home-hint", Static).update(Text(tr("home_hint", lang)))
+        self.query_one("#home-hint", Static).update(Text(translated("tutor", "home_hint", lang)))
         localize_bindings(self, lang, BINDING_LABELS)
         self.refresh_progress()
 
@@ -84,15 +85,15 @@ class HomeScreen(Screen):
         text = Text()
         text.append(lesson.title[lang], style="bold")
         text.append("\n")
-        parts = [tr("minutes", lang, m=lesson.duration_min),
-                 tr("steps_done", lang, done=progress.get("steps_done", 0),
+        parts = [translated("tutor", "minutes", lang, m=lesson.duration_min),
+                 translated("tutor", "steps_done", lang, done=progress.get("steps_done", 0),
                     total=progress.get("steps_total", len(lesson.steps)))]
         best = progress.get("best_quiz")
-        parts.append(tr("best_quiz", lang, score=percent(best)) if best is not None
-                     else tr("no_quiz", lang))
+        parts.append(translated("tutor", "best_quiz", lang, score=format_score(best, lang)) if best is not None
+                     else translated("tutor", "no_quiz", lang))
         mastery = progress.get("mastery")
         if mastery is not None:
-            parts.append(tr("mastery", lang, score=percent(mastery)))
+            parts.append(translated("tutor", "mastery", lang, score=format_score(mastery, lang)))
         text.append(" · ".join(parts), style="dim")
         grid.add_row(f"{lesson.number:>2}", text)
         return grid
@@ -106,11 +107,11 @@ class HomeScreen(Screen):
         lang = self.lang
         seen = self.app.steps_seen(lesson.id)
         text = Text()
-        text.append(f"{tr('lesson_n', lang, n=lesson.number)} · "
-                    f"{tr('minutes', lang, m=lesson.duration_min)}\n", style="dim")
+        text.append(f"{translated('tutor', 'lesson_n', lang, n=lesson.number)} · "
+                    f"{translated('tutor', 'minutes', lang, m=lesson.duration_min)}\n", style="dim")
         text.append(lesson.title[lang] + "\n\n", style="bold")
         text.append(lesson.summary[lang] + "\n\n")
-        text.append(tr("mastery_explained", lang) + "\n\n", style="dim italic")
+        text.append(translated("tutor", "mastery_explained", lang) + "\n\n", style="dim italic")
         steps = Table.grid(padding=(0, 1))
         steps.add_column(width=1)
         steps.add_column(width=3, justify="right")
@@ -121,7 +122,7 @@ class HomeScreen(Screen):
                           step.title[lang])
         refs = Text()
         if lesson.references:
-            refs.append("\n" + tr("references", lang) + "\n", style="bold")
+            refs.append("\n" + translated("tutor", "references", lang) + "\n", style="bold")
             for ref in lesson.references:
                 refs.append(f"• {ref}\n", style="dim")
         text.rstrip()

@@ -12,8 +12,8 @@ from textual.screen import Screen
 from textual.widgets import Button, Footer, Static
 
 from ...lessons.registry import Lesson
+from ...lessons.strings import translated
 from ..code_source import CodeNotFound, read_source
-from ..strings import tr
 from .common import localize_bindings
 from .step_text import StepText
 
@@ -33,7 +33,7 @@ def step_markdown(lesson: Lesson, key: str, lang: str) -> str:
     if lesson.has_step_text(key, lang):
         return lesson.step_text(key, lang)
     folder = lesson.package.rsplit(".", 1)[-1]
-    return tr("text_missing", lang, path=f"lessons/{folder}/{lang}/{key}.md")
+    return translated("tutor", "text_missing", lang, path=f"lessons/{folder}/{lang}/{key}.md")
 
 
 def load_screen_class(module: str, name: str):
@@ -113,13 +113,13 @@ class LessonScreen(Screen):
         lang = self.lang
         lesson = self.lesson
         title = Text()
-        title.append(tr("lesson_n", lang, n=lesson.number) + " · ", style="bold")
+        title.append(translated("tutor", "lesson_n", lang, n=lesson.number) + " · ", style="bold")
         title.append(lesson.title[lang], style="bold")
         self.query_one("#lesson-title", Static).update(title)
-        self.query_one("#lesson-duration", Static).update(tr("minutes", lang, m=lesson.duration_min))
+        self.query_one("#lesson-duration", Static).update(translated("tutor", "minutes", lang, m=lesson.duration_min))
         for button_id in ("prev", "next", "quiz", "run"):
             button = self.query_one(f"#{button_id}", Button)
-            button.label = tr(button_id, lang)
+            button.label = translated("tutor", button_id, lang)
             button.refresh(layout=True)
         self.query_one("#run", Button).display = bool(lesson.experiment)
         localize_bindings(self, lang, BINDING_LABELS)
@@ -130,7 +130,7 @@ class LessonScreen(Screen):
         lang = self.lang
         lesson, step = self.lesson, self.lesson.steps[index]
         n = len(lesson.steps)
-        self.query_one("#step-counter", Static).update(tr("step_counter", lang, k=index + 1, n=n))
+        self.query_one("#step-counter", Static).update(translated("tutor", "step_counter", lang, k=index + 1, n=n))
         self.query_one("#step-title", Static).update(Text(step.title[lang]))
         dots = Text()
         dots.append("●" * (index + 1), style="bold")
@@ -155,11 +155,11 @@ class LessonScreen(Screen):
         try:
             src = read_source(step.code)
         except CodeNotFound as exc:
-            code_title.update(Text(tr("code_missing", self.lang, spec=step.code, reason=str(exc)),
+            code_title.update(Text(translated("tutor", "code_missing", self.lang, spec=step.code, reason=str(exc)),
                                    style="italic yellow"))
             box.display = False
             return
-        code_title.update(Text(tr("code_title", self.lang, where=src.where), style="bold"))
+        code_title.update(Text(translated("tutor", "code_title", self.lang, where=src.where), style="bold"))
         # no wrapping: long lines scroll sideways, so the code reads exactly as in its file
         code.update(Syntax(src.source, "python", line_numbers=True, start_line=src.start_line,
                            word_wrap=False, theme="monokai", background_color="default"))
@@ -169,7 +169,7 @@ class LessonScreen(Screen):
 
         pane = self.query_one("#visualizer-pane", Container)
         name = step.visualizer or self.lesson.visualizer
-        pane.border_title = f"{tr('visualizer', self.lang)}: {name or '—'}"
+        pane.border_title = f"{translated('tutor', 'visualizer', self.lang)}: {name or '—'}"
         if self.visualizer is None or (name, self.lang) != (self._visualizer_name, self._visualizer_lang):
             await pane.remove_children()
             self.visualizer = None
@@ -194,12 +194,12 @@ class LessonScreen(Screen):
         try:
             record = replay_latest(self.lesson.id, message.visualizer)
         except Exception as exc:  # noqa: BLE001 - a broken run folder must not take the lesson down
-            self.notify(tr("replay_failed", self.lang, error=str(exc)), severity="error")
+            self.notify(translated("tutor", "replay_failed", self.lang, error=str(exc)), severity="error")
             return
         if record is None:
-            self.notify(tr("replay_none", self.lang, lesson=self.lesson.id), severity="warning")
+            self.notify(translated("tutor", "replay_none", self.lang, lesson=self.lesson.id), severity="warning")
         else:
-            self.notify(tr("replay_loaded", self.lang, run=record.id, status=record.effective_status),
+            self.notify(translated("tutor", "replay_loaded", self.lang, run=record.id, status=record.effective_status),
                         timeout=4)
 
     # -- actions ---------------------------------------------------------------------------------
@@ -207,13 +207,13 @@ class LessonScreen(Screen):
         if self.index < len(self.lesson.steps) - 1:
             await self.show_step(self.index + 1)
         else:
-            self.notify(tr("last_step", self.lang), timeout=3)
+            self.notify(translated("tutor", "last_step", self.lang), timeout=3)
 
     async def action_prev(self) -> None:
         if self.index > 0:
             await self.show_step(self.index - 1)
         else:
-            self.notify(tr("first_step", self.lang), timeout=3)
+            self.notify(translated("tutor", "first_step", self.lang), timeout=3)
 
     def action_back(self) -> None:
         self.app.pop_screen()
@@ -231,17 +231,17 @@ class LessonScreen(Screen):
     def action_quiz(self) -> None:
         cls = load_screen_class("distai.tutor.quiz_screen", "QuizScreen")
         if cls is None:
-            self.notify(tr("quiz_unavailable", self.lang), severity="warning")
+            self.notify(translated("tutor", "quiz_unavailable", self.lang), severity="warning")
             return
         self.app.push_screen(cls(self.lesson, self.lang))
 
     def action_run(self) -> None:
         if not self.lesson.experiment:
-            self.notify(tr("no_experiment", self.lang), severity="warning")
+            self.notify(translated("tutor", "no_experiment", self.lang), severity="warning")
             return
         cls = load_screen_class("distai.tutor.run_panel", "RunPanelScreen")
         if cls is None:
-            self.notify(tr("run_unavailable", self.lang), severity="warning")
+            self.notify(translated("tutor", "run_unavailable", self.lang), severity="warning")
             return
         self.app.push_screen(cls(self.lesson, self.lang))
 

@@ -1,0 +1,92 @@
+"""The one catalog of translated strings, and its one lookup.
+
+Every string the learner reads outside the lessons' Markdown lives in ``lessons/catalog/``: one
+TOML file per area (``tutor.toml`` for the app's screens, ``quiz.toml``, ``run.toml``,
+``controls.toml`` for every visualizer's keys, one file per visualizer), each with an ``[en]``
+and an ``[es]`` table holding the same keys. A value is a ``str.format`` template or a nested
+table (``reasons.memory``). Numbers reach a template already formatted by ``lessons/units.py``,
+so each language's decimal separator is applied in one place.
+
+``translated(area, key, lang, **fields)`` formats one string; ``strings(area, lang)`` is the whole
+table of an area (a visualizer indexes it on every frame). A key missing in Spanish falls back
+to English, never to a KeyError; ``tests/test_strings_catalog.py`` fails on any key, field or
+nesting that differs between the languages.
+"""
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from functools import cache
+from importlib import resources
+from types import MappingProxyType
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+LANGUAGES = ("en", "es")  # every text of the course exists in these; the first is the fallback
+FALLBACK = "en"
+
+
+def areas() -> tuple[str, ...]:
+    """The catalog's areas: the names of the files in ``lessons/catalog/``."""
+    folder = resources.files(__package__).joinpath("catalog")
+    return tuple(sorted(p.name.removesuffix(".toml") for p in folder.iterdir() if p.name.endswith(".toml")))
+
+
+@cache
+def _area(area: str) -> dict[str, dict[str, Any]]:
+    path = resources.files(__package__).joinpath("catalog", f"{area}.toml")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise KeyError(f"no string catalog area {area!r} (lessons/catalog/{area}.toml)") from None
+    return data
+
+
+def _merged(primary: Mapping[str, Any], fallback: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(fallback)
+    for key, value in primary.items():
+        if isinstance(value, Mapping) and isinstance(fallback.get(key), Mapping):
+            out[key] = _merged(value, fallback[key])
+        else:
+            out[key] = value
+    return out
+
+
+def _frozen(table: Mapping[str, Any]) -> Mapping[str, Any]:
+    return MappingProxyType({k: _frozen(v) if isinstance(v, Mapping) else v for k, v in table.items()})
+
+
+@cache
+def strings(area: str, lang: str) -> Mapping[str, Any]:
+    """The whole table of ``area`` in ``lang`` (an unknown language, or a missing key, reads English)."""
+    data = _area(area)
+    english = data.get(FALLBACK, {})
+    chosen = data.get(lang, {}) if lang in LANGUAGES else {}
+    return _frozen(_merged(chosen, english))
+
+
+def translated(area: str, key: str, lang: str, /, **fields: Any) -> str:
+    """The string ``key`` of ``area`` in ``lang``, formatted with ``fields``.
+
+    ``key`` may be dotted to reach into a nested table (``"reasons.memory"``).
+    """
+    value: Any = strings(area, lang)
+    for part in key.split("."):
+        value = value[part]
+    if not isinstance(value, str):
+        raise KeyError(f"{area}.{key} is a table of strings, not a string")
+    return value.format(**fields) if fields else value
+
+
+def has(area: str, key: str) -> bool:
+    """Whether ``area`` holds the string ``key`` (in English, the catalog's reference language)."""
+    value: Any = strings(area, FALLBACK)
+    for part in key.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return False
+        value = value[part]
+    return isinstance(value, str)
