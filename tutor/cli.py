@@ -43,6 +43,16 @@ def lesson_or_fail(name: str):
         raise CliError(str(exc)) from None
 
 
+def language_or_fail(explicit: str | None) -> str:
+    """``--lang`` (or the locale's language); an unknown one is a one-line error."""
+    from .i18n import detect_language
+
+    try:
+        return detect_language(explicit)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
 def open_progress():
     """The progress store; a recovered (moved-aside) database is reported on stderr, once."""
     from .progress import ProgressError, ProgressStore
@@ -85,12 +95,7 @@ def tutor(
     lang: str | None = typer.Option(None, "--lang", help="Language: en or es (default: from the locale)."),
 ) -> None:
     """Start the Textual tutor."""
-    from .i18n import detect_language
-
-    try:
-        language = detect_language(lang)
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
+    language = language_or_fail(lang)
     chosen = lesson_or_fail(lesson) if lesson else None
     from .app import DistaiApp
 
@@ -103,12 +108,7 @@ def lessons(
     lang: str | None = typer.Option(None, "--lang", help="Language: en or es."),
 ) -> None:
     """List the seven lessons with their duration and your progress."""
-    from .i18n import detect_language
-
-    try:
-        language = detect_language(lang)
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
+    language = language_or_fail(lang)
     from .progress import lesson_mastery
 
     store = open_progress()

@@ -14,7 +14,7 @@ import typer
 
 from ..lessons.strings import strings
 from ..lessons.units import format_score
-from .cli import CliError, app, lesson_or_fail, open_progress
+from .cli import CliError, app, language_or_fail, lesson_or_fail, open_progress
 
 
 def _read_line() -> str | None:
@@ -103,12 +103,7 @@ def quiz(
     """
     import random
 
-    from .i18n import detect_language
-
-    try:
-        language = detect_language(lang)
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
+    language = language_or_fail(lang)
     try:
         n = int(count)
     except ValueError:

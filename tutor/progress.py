@@ -250,13 +250,8 @@ class ProgressStore:
 
     def quiz_answers(self, lesson_id: str | None = None) -> list[dict]:
         """Answered questions, oldest first: dicts with lesson_id, question_kind, correct, at."""
-        sql = "SELECT lesson_id, question_kind, correct, at FROM quiz_answers"
-        args: tuple = ()
-        if lesson_id is not None:
-            sql += " WHERE lesson_id = ?"
-            args = (lesson_id,)
-        with self.connection() as conn:
-            rows = conn.execute(sql + " ORDER BY at, id", args).fetchall()
+        rows = self._select("SELECT lesson_id, question_kind, correct, at FROM quiz_answers", lesson_id,
+                            "at, id")
         return [{"lesson_id": r[0], "question_kind": r[1], "correct": bool(r[2]), "at": r[3]}
                 for r in rows]
 
@@ -293,14 +288,18 @@ class ProgressStore:
 
     def runs(self, lesson_id: str | None = None) -> list[dict]:
         """Recorded runs, newest first."""
-        sql = "SELECT run_id, lesson_id, status, path, started_at, updated_at FROM runs"
+        rows = self._select("SELECT run_id, lesson_id, status, path, started_at, updated_at FROM runs",
+                            lesson_id, "started_at DESC, rowid DESC")
+        return [dict(r) for r in rows]
+
+    def _select(self, sql: str, lesson_id: str | None, order: str) -> list:
+        """The rows of ``sql``, of one lesson when ``lesson_id`` is given, in ``order``."""
         args: tuple = ()
         if lesson_id is not None:
             sql += " WHERE lesson_id = ?"
             args = (lesson_id,)
         with self.connection() as conn:
-            rows = conn.execute(sql + " ORDER BY started_at DESC, rowid DESC", args).fetchall()
-        return [dict(r) for r in rows]
+            return conn.execute(f"{sql} ORDER BY {order}", args).fetchall()
 
     # -- overview ------------------------------------------------------------------------------
     def summary(self) -> dict[str, dict]:

@@ -1,7 +1,9 @@
-"""Helpers the tutor's screens share: bindings whose footer labels follow the language."""
+"""What the tutor's screens share: bindings whose footer labels follow the language, and the
+actions every screen offers (help, language)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from textual.binding import BindingsMap
 from textual.dom import DOMNode
@@ -22,3 +24,15 @@ def localize_bindings(node: DOMNode, lang: str, labels: dict[str, str]) -> None:
             new._add_binding(binding)
     node._bindings = new
     node.refresh_bindings()
+
+
+class CommonActions:
+    """The actions of every tutor screen: the help overlay (``?``) and the language switch (``l``)."""
+
+    app: Any
+
+    def action_help(self) -> None:
+        self.app.action_show_help_overlay()
+
+    async def action_toggle_language(self) -> None:
+        await self.app.action_toggle_language()

@@ -14,7 +14,7 @@ from textual.widgets.option_list import Option
 from ...lessons.registry import Lesson, all_lessons
 from ...lessons.strings import translated
 from ...lessons.units import format_score
-from .common import localize_bindings
+from .common import CommonActions, localize_bindings
 
 BINDING_LABELS = {
     "open": "binding_open",
@@ -24,7 +24,7 @@ BINDING_LABELS = {
 }
 
 
-class HomeScreen(Screen):
+class HomeScreen(CommonActions, Screen):
     """The lesson list. Enter (or a click) opens the highlighted lesson."""
 
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
@@ -151,8 +151,3 @@ class HomeScreen(Screen):
     def action_quit_app(self) -> None:
         self.app.exit()
 
-    def action_help(self) -> None:
-        self.app.action_show_help_overlay()
-
-    async def action_toggle_language(self) -> None:
-        await self.app.action_toggle_language()

@@ -14,7 +14,7 @@ from textual.widgets import Button, Footer, Static
 from ...lessons.registry import Lesson
 from ...lessons.strings import translated
 from ..code_source import CodeNotFound, read_source
-from .common import localize_bindings
+from .common import CommonActions, localize_bindings
 from .step_text import StepText
 
 BINDING_LABELS = {
@@ -47,7 +47,7 @@ def load_screen_class(module: str, name: str):
     return getattr(mod, name, None)
 
 
-class LessonScreen(Screen):
+class LessonScreen(CommonActions, Screen):
     """One lesson. Keyboard first; the buttons do the same with the mouse."""
 
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
@@ -218,11 +218,6 @@ class LessonScreen(Screen):
     def action_back(self) -> None:
         self.app.pop_screen()
 
-    def action_help(self) -> None:
-        self.app.action_show_help_overlay()
-
-    async def action_toggle_language(self) -> None:
-        await self.app.action_toggle_language()
 
     def action_toggle_visualizer(self) -> None:
         pane = self.query_one("#visualizer-pane")
