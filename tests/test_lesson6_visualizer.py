@@ -139,11 +139,11 @@ def test_widget_sliders_steps_and_live_run():
             v.show_step("overlap")
             text = v.last_text.plain
             assert "torch DDP" in text and "1.33x faster" in text and "ours/DDP 0.92x" in text
-            assert len(v.live.timelines) == 3  # rank 1's copies ignored
+            assert len(v.run.timelines) == 3  # rank 1's copies ignored
             await pilot.press("s")
             assert "[simulation]" in v.last_text.plain
             v.feed_event({"kind": "run_start", "run_id": "x"})
-            assert v.live.empty
+            assert v.run.empty
     asyncio.run(go())
 
 

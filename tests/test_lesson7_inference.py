@@ -474,8 +474,8 @@ def test_visualizer_replays_the_run(group):
     for e in ev[0]:
         viz.feed_event(e)
     paged = [e for e in ev[0] if e["kind"] == "kv_step" and e["cache"] == "paged"]
-    assert len(viz.run_steps) == len(paged)
-    for snap, e in zip(viz.run_steps, paged):
+    assert len(viz.run.paged) == len(paged)
+    for snap, e in zip(viz.run.paged, paged):
         assert sum(snap.fills) == e["tokens_stored"]
         assert sum(o is not None for o in snap.owners) == e["used_blocks"]
     viz.view = "paged"
@@ -486,12 +486,12 @@ def test_visualizer_replays_the_run(group):
     assert "(run)" in text and f"paged waste {format_percent(kc['paged']['waste_fraction'])}" in text
     # the prefix-sharing run: each block's reference count is the number of tables holding it
     shared = [e for e in ev[0] if e["kind"] == "kv_step" and e["cache"] == "prefix"]
-    assert len(viz.run_prefix) == len(shared)
-    for snap, e in zip(viz.run_prefix, shared):
+    assert len(viz.run.prefix) == len(shared)
+    for snap, e in zip(viz.run.prefix, shared):
         held = [b for t in e["tables"].values() for b in t]
         assert snap.refs == [held.count(b) for b in range(e["num_blocks"])]
         assert snap.cached == sorted(int(b) for b in e["cached"])
-    assert max(max(snap.refs) for snap in viz.run_prefix) > 1
+    assert max(max(snap.refs) for snap in viz.run.prefix) > 1
     viz.view = "prefix"
     pc = next(e for e in ev[0] if e["kind"] == "prefix_compare")
     text = "\n".join(line.plain for line in viz.build_lines(100, 60))

@@ -238,7 +238,7 @@ def test_feed_events_switch_to_the_run():
                     "allocated": [0, 1], "freed": [], "running": [7], "waiting": [], "admitted": [7],
                     "finished": [], "preempted": [], "tables": {"7": [0, 1]}, "lengths": {"7": 6},
                     "tokens_stored": 6, "reserved_tokens": 8})
-    assert viz.source == "run" and viz.run_steps[0].fills == [4, 2, 0, 0]
+    assert viz.source == "run" and viz.run.paged[0].fills == [4, 2, 0, 0]
     viz.view = "paged"
     text = _text(viz)
     assert "(run)" in text and "07" in text and "paged 25%" in text

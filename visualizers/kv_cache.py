@@ -40,6 +40,7 @@ from rich.text import Text
 from ..lessons.lesson7 import formulas as f
 from ..lessons.lesson7 import paging
 from ..lessons.lesson7 import planner as pl
+from ..lessons.lesson7.serving_run import ServingRun
 from ..lessons.units import (
     format_bytes,
     format_fixed,
@@ -53,9 +54,6 @@ from .base import NEXT_VIEW, PLAY, STEP, Control
 from .playback import PlaybackVisualizer
 
 VIEWS = ("tp", "pp", "paged", "prefix", "planner")
-STEP_VIEWS = {"prefill-decode": "planner", "kv-bytes": "tp", "tp-decode": "tp", "pp-decode": "pp",
-              "paged": "paged", "prefix": "prefix", "replicas": "planner", "slo": "planner", "planner": "planner",
-              "disaggregation": "planner"}
 GPU_HUES = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
             "#9c755f", "#bab0ac", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
 FILL = "▁▂▃▄▅▆▇█"
@@ -352,16 +350,7 @@ class KVCacheVisualizer(PlaybackVisualizer):
         self.sim_prefix_ttft = (ttft_iterations(shared, self.sim_prefix), ttft_iterations(
             shared, paging.simulate(shared, paging.BlockAllocator(self.num_blocks, self.block_size), 16)))
         self.sim_prompt_tokens = sum(r.prompt_len for r in shared)
-        self.run_prefix: list[paging.Snapshot] = []
-        self.run_prefix_pool: tuple[int, int] | None = None
-        self.prefix_compare: dict | None = None
-        self.run_steps: list[paging.Snapshot] = []
-        self.run_pool: tuple[int, int] | None = None
-        self.run_contig: list[paging.Snapshot] = []
-        self.run_max_len: int | None = None
-        self.measured_shards: dict = {}  # (mode, rank) -> kv_shard event
-        self.run_config: dict | None = None
-        self.kv_compare: dict | None = None
+        self.run = ServingRun()
         self._plan_cache: dict = {}
 
     # -- model -------------------------------------------------------------------------------------
@@ -379,16 +368,17 @@ class KVCacheVisualizer(PlaybackVisualizer):
 
     def paged_steps(self) -> tuple[list[paging.Snapshot], list[paging.Snapshot], int, int, int]:
         """(paged snapshots, contiguous snapshots, blocks, block size, max_len) of the shown source."""
-        if self.source == "run" and self.run_steps:
-            n, bs = self.run_pool
-            return self.run_steps, self.run_contig, n, bs, self.run_max_len or bs
+        run = self.run
+        if self.source == "run" and run.paged and run.paged_pool:
+            n, bs = run.paged_pool
+            return run.paged, run.contiguous, n, bs, run.contiguous_len or bs
         return self.sim_paged, self.sim_contig, self.num_blocks, self.block_size, self.max_len
 
     def prefix_steps(self) -> tuple[list[paging.Snapshot], int, int]:
         """(snapshots, blocks, block size) of the shown source, with prefix sharing."""
-        if self.source == "run" and self.run_prefix:
-            n, bs = self.run_prefix_pool
-            return self.run_prefix, n, bs
+        if self.source == "run" and self.run.prefix and self.run.prefix_pool:
+            n, bs = self.run.prefix_pool
+            return self.run.prefix, n, bs
         return self.sim_prefix, self.num_blocks, self.block_size
 
     def paged_total(self) -> int:
@@ -415,85 +405,32 @@ class KVCacheVisualizer(PlaybackVisualizer):
         self.cursor = max(0, self.paged_total() - 1)
 
     def show_step(self, step_key: str) -> None:
-        view = STEP_VIEWS.get(step_key)
-        if view is None:
+        view = self.step_view(step_key)  # lessons/lesson7/lesson.toml
+        if not view:
             return
-        self.view = view
-        if step_key == "kv-bytes":
-            self.tp, self.pp = 1, 1
-        elif step_key == "tp-decode":
-            self.tp, self.pp = 4, 1
-        elif step_key == "pp-decode":
-            self.tp, self.pp = 1, 4
+        self.view = view["show"]
+        if "tp" in view:
+            self.tp, self.pp = view["tp"], view["pp"]
         self.refresh()
 
     def feed_event(self, event: dict) -> None:
-        kind = event.get("kind")
-        if kind == "config" and "kv_heads" in event and "head_dim" in event:
-            self.run_config = event
-            run = ModelPreset(STRINGS[self.language if self.language in STRINGS else "en"]["run_model"],
-                              float(event.get("params", 0)), int(event["layers"]), int(event["hidden"]),
-                              int(event["heads"]), int(event["kv_heads"]), int(event["head_dim"]),
-                              {"float32": 4, "float64": 8}.get(event.get("dtype"), 2))
-            self.presets = [p for p in self.presets if p.name != run.name] + [run]
-            self.model_index = len(self.presets) - 1
-            self.measured_shards = {}
-            self.run_steps, self.run_contig = [], []
-        elif kind == "kv_shard":
-            self.measured_shards[(event["mode"], int(event["rank"]))] = event
-            W = int(self.run_config["W"]) if self.run_config else 1
-            if event["mode"] == "tp-pp":  # a (pp, tp) mesh: rank = stage·tp + TP rank, as in shard_table
-                self.tp, self.pp = int(event["tp"]), int(event["pp"])
-            elif event["mode"] == "tp":
-                self.tp, self.pp = W, 1
-            else:
-                self.tp, self.pp = 1, W
-            if self.run_config:
-                self.tokens = int(event["tokens"])
-        elif kind == "kv_step":
-            cache = event.get("cache")
-            if cache not in ("paged", "contiguous", "prefix"):
-                return  # e.g. the no-sharing run beside "prefix": its figures come in prefix_compare
-            n, bs = int(event["num_blocks"]), int(event["block_size"])
-            owners: list = [None] * n
-            fills = [0] * n
-            refs = [0] * n
-            lengths = {int(k): int(v) for k, v in (event.get("lengths") or {}).items()}
-            for rid, table in (event.get("tables") or {}).items():
-                left = lengths.get(int(rid), len(table) * bs)
-                for b in table:
-                    owners[b] = int(rid)
-                    fills[b] = max(0, min(bs, left))
-                    refs[b] += 1  # a block in several tables is shared: its count is theirs
-                    left -= bs
-            cached = {int(b): int(t) for b, t in (event.get("cached") or {}).items()}
-            for b, t in cached.items():
-                fills[b] = t
-            snap = paging.Snapshot(int(event["step"]), owners, fills, list(event.get("allocated", [])),
-                                   list(event.get("freed", [])), list(event.get("running", [])),
-                                   list(event.get("waiting", [])), list(event.get("admitted", [])),
-                                   list(event.get("finished", [])), list(event.get("preempted", [])),
-                                   int(event.get("tokens_stored", 0)), int(event.get("reserved_tokens", 0)),
-                                   refs=refs, cached=sorted(cached), cow=list(event.get("cow", [])),
-                                   evicted=list(event.get("evicted", [])),
-                                   reused_tokens=int(event.get("reused_tokens", 0)))
-            if cache == "paged":
-                self.run_pool = (n, bs)
-                self.run_steps.append(snap)
-                self.source = "run"
-            elif cache == "prefix":
-                self.run_prefix_pool = (n, bs)
-                self.run_prefix.append(snap)
-                self.source = "run"
-            else:
-                self.run_contig.append(snap)
-                self.run_max_len = bs
-        elif kind == "kv_compare":
-            self.kv_compare = event
-        elif kind == "prefix_compare":
-            self.prefix_compare = event
-        else:
+        run = self.run
+        if not run.feed(event):
             return
+        kind = event["kind"]
+        if kind == "config":
+            name = STRINGS[self.language if self.language in STRINGS else "en"]["run_model"]
+            model = ModelPreset(name, float(event.get("params", 0)), int(event["layers"]), int(event["hidden"]),
+                                int(event["heads"]), int(event["kv_heads"]), int(event["head_dim"]),
+                                run.dtype_bytes())
+            self.presets = [p for p in self.presets if p.name != model.name] + [model]
+            self.model_index = len(self.presets) - 1
+        elif kind == "kv_shard":
+            self.tp, self.pp = run.mesh(event)
+            if run.config:
+                self.tokens = int(event["tokens"])
+        elif kind == "kv_step" and event.get("cache") in ("paged", "prefix"):
+            self.source = "run"
         self.refresh()
 
     # -- actions -----------------------------------------------------------------------------------
@@ -523,7 +460,7 @@ class KVCacheVisualizer(PlaybackVisualizer):
         self.refresh()
 
     def action_source(self) -> None:
-        self.source = "run" if self.source == "sim" and (self.run_steps or self.run_prefix) else "sim"
+        self.source = "run" if self.source == "sim" and (self.run.paged or self.run.prefix) else "sim"
         self.cursor = 0
         self.refresh()
 
@@ -626,15 +563,10 @@ class KVCacheVisualizer(PlaybackVisualizer):
         return out
 
     def _measured_for(self, row: dict):
-        if not self.run_config or self.model.name != self.presets[-1].name or self.model_index != len(self.presets) - 1:
+        if self.model_index != len(self.presets) - 1 or self.model.name != self.presets[-1].name:
             return None
-        W = int(self.run_config["W"])
-        mesh = (self.run_config.get("tp"), self.run_config.get("pp"))
-        mode = "tp-pp" if (self.tp, self.pp) == mesh else "tp" if (self.tp, self.pp) == (W, 1) else \
-            "pp" if (self.tp, self.pp) == (1, W) else None
-        if mode is None:
-            return None
-        ev = self.measured_shards.get((mode, row["gpu"]))
+        mode = self.run.mode_of(self.tp, self.pp)
+        ev = self.run.shards.get((mode, row["gpu"])) if mode else None
         if ev is None or int(ev.get("tokens", -1)) != self.tokens:
             return None
         return ev["bytes"]
@@ -649,7 +581,7 @@ class KVCacheVisualizer(PlaybackVisualizer):
         k = min(self.cursor, total - 1)
         snap = steps[min(k, len(steps) - 1)]
         narrow = width < 80
-        src = tr["src_run"] if self.source == "run" and self.run_steps else tr["src_sim"]
+        src = tr["src_run"] if self.source == "run" and self.run.paged else tr["src_sim"]
         out = [Text(tr["paged_title_short" if narrow else "paged_title"].format(
             n=n, bs=bs, k=k + 1, N=total, src=src), style="bold")]
         status = Text("▶ " if self.playing else "❚❚ ", style="bold cyan")
@@ -706,8 +638,8 @@ class KVCacheVisualizer(PlaybackVisualizer):
         cw = contig[k].waste_fraction if k < len(contig) else 0.0
         out.append(Text(tr["waste_short" if narrow else "waste"].format(p=snap.waste_fraction, c=cw, pm=pm, cm=cm),
                         style="bold"))
-        if self.kv_compare and self.source == "run":
-            kc = self.kv_compare
+        if self.run.kv_compare and self.source == "run":
+            kc = self.run.kv_compare
             out.append(Text(tr["compare"].format(
                 p=format_percent(kc["paged"]["waste_fraction"], lang=self.language),
                 c=format_percent(kc["contiguous"]["waste_fraction"], lang=self.language),
@@ -724,9 +656,10 @@ class KVCacheVisualizer(PlaybackVisualizer):
         k = min(self.cursor, len(steps) - 1)
         snap = steps[k]
         narrow = width < 80
-        run = self.source == "run" and bool(self.run_prefix)
+        run = self.source == "run" and bool(self.run.prefix)
         src = tr["src_run"] if run else tr["src_sim"]
-        sp = int(self.prefix_compare.get("system_prompt", 0)) if run and self.prefix_compare else self.system_prompt
+        pc = self.run.prefix_compare
+        sp = int(pc.get("system_prompt", 0)) if run and pc else self.system_prompt
         out = [Text(tr["prefix_title_short" if narrow else "prefix_title"].format(
             n=n, bs=bs, sp=sp, k=k + 1, N=len(steps), src=src), style="bold")]
         lang = self.language if self.language in STRINGS else "en"
@@ -747,8 +680,7 @@ class KVCacheVisualizer(PlaybackVisualizer):
         saved = format_percent(1 - phys / logical if logical else 0.0, 2, lang)
         out.append(Text(tr["prefix_memory" + short].format(p=phys, l=logical, saved=saved), style="bold"))
         out.append(Text(tr["prefix_step" + short].format(t=snap.reused_tokens, cow=len(snap.cow), e=len(snap.evicted))))
-        if run and self.prefix_compare:
-            pc = self.prefix_compare
+        if run and pc:
             a, b = pc["no-sharing"], pc["prefix"]
             out.append(Text(tr["prefix_compare" + short].format(
                 saved=format_percent(b["memory_saved"], 2, lang), pb=b["peak_blocks"], nb=a["peak_blocks"],

@@ -21,11 +21,12 @@ measured run; ``s`` switches between the two. No torch, no I/O.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from rich.text import Text
 from textual.widgets import Static
 
+from ..lessons.lesson6.mixed_precision_run import MixedPrecisionRun
 from ..lessons.lesson6.simulation import (
     REGIONS,
     ExponentHistogram,
@@ -37,9 +38,6 @@ from ..lessons.units import format_fixed, format_plain
 from .base import Control, LessonVisualizer
 
 VIEWS = ("scale", "exponents", "timeline")
-STEP_VIEWS = {"formats": "exponents", "master-weights": "exponents", "underflow": "exponents",
-              "loss-scaling": "exponents", "dynamic": "scale", "bf16": "exponents",
-              "buckets": "timeline", "overlap": "timeline", "limits": "timeline", "run-it": "timeline"}
 REGION_STYLE = {"zero": "red", "subnormal": "yellow", "normal": "green", "overflow": "magenta"}
 LANE_STYLES = ("cyan", "blue")
 MODE_ORDER = ("overlap", "no-overlap", "ddp")
@@ -283,36 +281,6 @@ def _sim_timeline_dict(tl) -> dict:
             "backward_end": tl.backward_end * ms, "end": tl.end * ms}
 
 
-def _live_timeline_dict(ev: dict) -> dict:
-    """A ``timeline`` event re-based so backward starts at 0."""
-    t0 = ev.get("marks", {}).get("backward")
-    if t0 is None:
-        t0 = min((a for _, a, _ in ev["layers"]), default=0.0)
-    layers = [[n, a - t0, b - t0] for n, a, b in ev["layers"]]
-    buckets = [[i, nb, a - t0, b - t0] for i, nb, a, b in ev["buckets"]]
-    backward_end = max((b for _, _, b in layers), default=0.0)
-    end = max([backward_end] + [b for *_, b in buckets])
-    return {"layers": layers, "buckets": buckets, "backward_end": backward_end, "end": end}
-
-
-# ---- live data ---------------------------------------------------------------------------------
-@dataclass
-class LiveRun:
-    scale: list[float] = field(default_factory=list)
-    overflow: list[bool] = field(default_factory=list)
-    forced: list[bool] = field(default_factory=list)
-    loss: list[float] = field(default_factory=list)
-    hists: list[dict] = field(default_factory=list)
-    timelines: dict = field(default_factory=dict)     # (bucket_mb, mode) -> event
-    sweep: dict = field(default_factory=dict)         # (bucket_mb, mode) -> step_ms
-    summary: dict | None = None
-    rank: int | None = None
-
-    @property
-    def empty(self) -> bool:
-        return not (self.scale or self.hists or self.timelines)
-
-
 class LossScaleVisualizer(LessonVisualizer):
     """See the module docstring."""
 
@@ -356,7 +324,7 @@ class LossScaleVisualizer(LessonVisualizer):
         self.config = ScalerSimConfig()
         self.overlap_model = OverlapModel()
         self.hist_index: int | None = None   # None: follow the latest
-        self.live = LiveRun()
+        self.run = MixedPrecisionRun()
         self.use_live = False
         self.live_bucket: float | None = None
         self.last_text = Text()
@@ -373,38 +341,18 @@ class LossScaleVisualizer(LessonVisualizer):
 
     # ---- lesson hooks ----------------------------------------------------------------------
     def show_step(self, step_key: str) -> None:
-        self.view = STEP_VIEWS.get(step_key, self.view)
-        self.fmt = "bf16" if step_key == "bf16" else "fp16"
+        view = self.step_view(step_key)  # lessons/lesson6/lesson.toml
+        self.view = view.get("show", self.view)
+        self.fmt = view.get("format", "fp16")
         self.refresh_view()
 
     def feed_event(self, event: dict) -> None:
-        kind = event.get("kind")
-        rank = event.get("rank", 0)
-        if kind == "run_start":  # a new run replaces the previous one's data
-            self.live = LiveRun()
+        if not self.run.feed(event):
+            return
+        if event.get("kind") == "run_start":  # a new run replaces the previous one's data
             self.live_bucket = None
             self.hist_index = None
-            return
-        if kind == "timeline":
-            if self.live.rank is None:
-                self.live.rank = rank
-            if rank != self.live.rank:
-                return
-            self.live.timelines[(float(event["bucket_mb"]), event["mode"])] = event
-        elif kind == "scale":
-            self.live.scale.append(float(event["scale"]))
-            self.live.overflow.append(bool(event["overflow"]))
-            self.live.forced.append(bool(event.get("injected", False)))
-            self.live.loss.append(float(event["loss"]))
-        elif kind == "grad_hist":
-            self.live.hists.append(event)
-        elif kind == "bucket_sweep":
-            self.live.sweep[(float(event["bucket_mb"]), event["mode"])] = float(event["step_ms"])
-        elif kind == "summary":
-            self.live.summary = event
         else:
-            return
-        if not self.use_live:
             self.use_live = True
         self.refresh_view()
 
@@ -430,8 +378,8 @@ class LossScaleVisualizer(LessonVisualizer):
             e = max(0, min(40, round(math.log2(c.init_scale)) + 2 * direction))
             self.config = replace(c, init_scale=2.0 ** e)
         elif what == "bucket":
-            if self.use_live and self.live.timelines:
-                sizes = sorted({b for b, _ in self.live.timelines})
+            if self.use_live and self.run.timelines:
+                sizes = self.run.bucket_sizes()
                 cur = self._live_bucket()
                 self.live_bucket = sizes[max(0, min(len(sizes) - 1, sizes.index(cur) + direction))]
             else:
@@ -452,7 +400,7 @@ class LossScaleVisualizer(LessonVisualizer):
         self.refresh_view()
 
     def action_toggle_source(self) -> None:
-        self.use_live = not self.use_live and not self.live.empty
+        self.use_live = not self.use_live and not self.run.empty
         self.refresh_view()
 
     def action_reset(self) -> None:
@@ -469,16 +417,16 @@ class LossScaleVisualizer(LessonVisualizer):
         return self._sim
 
     def _hist_steps(self) -> list[int]:
-        if self.use_live and self.live.hists:
-            return [h["step"] for h in self.live.hists]
+        if self.use_live and self.run.hists:
+            return [h["step"] for h in self.run.hists]
         return list(range(0, self.config.steps, 25))
 
     def _live_bucket(self) -> float:
-        sizes = sorted({b for b, _ in self.live.timelines})
+        sizes = self.run.bucket_sizes()
         if self.live_bucket in sizes:
             return self.live_bucket
-        best = (self.live.summary or {}).get("overlap", {}).get("best_bucket_mb")
-        return best if best in sizes else sizes[0]
+        best = self.run.best_bucket()
+        return best if best is not None else sizes[0]
 
     # ---- rendering -------------------------------------------------------------------------
     def refresh_view(self) -> None:
@@ -486,7 +434,7 @@ class LossScaleVisualizer(LessonVisualizer):
         height = max(16, self.size.height or 24)
         t = T[self.language]
         parts: list[Text] = []
-        live = self.use_live and not self.live.empty
+        live = self.use_live and not self.run.empty
         head = Text()
         head.append({"scale": t["scale_title"], "exponents": t["exp_title"].format(fmt=self.fmt),
                      "timeline": ""}[self.view], style="bold")
@@ -517,8 +465,8 @@ class LossScaleVisualizer(LessonVisualizer):
     def _render_scale(self, width, height, live) -> list[Text]:
         t = T[self.language]
         if live:
-            scales, overflow, forced, loss = (self.live.scale, self.live.overflow, self.live.forced,
-                                              self.live.loss)
+            scales, overflow, forced, loss = (self.run.scale, self.run.overflow, self.run.forced,
+                                              self.run.loss)
             if not scales:
                 return [Text(t["no_data"], style="dim")]
         else:
@@ -539,8 +487,8 @@ class LossScaleVisualizer(LessonVisualizer):
         steps = self._hist_steps()
         idx = len(steps) - 1 if self.hist_index is None else min(self.hist_index, len(steps) - 1)
         out = [] if live else self._slider_lines(width)
-        if live and self.live.hists:
-            ev = self.live.hists[idx]
+        if live and self.run.hists:
+            ev = self.run.hists[idx]
             hist = ExponentHistogram.from_dict(ev)
             scale = float(ev["scale"])
             step = ev["step"]
@@ -562,8 +510,8 @@ class LossScaleVisualizer(LessonVisualizer):
             out += wrap_parts([Text(f"■ {t['overflow_r'] if r == 'overflow' else t[r]} "
                                     f"{_pct(shares[r], lang)}", style=REGION_STYLE[r]) for r in REGIONS],
                               width)
-        if live and self.live.hists:
-            ev = self.live.hists[idx]
+        if live and self.run.hists:
+            ev = self.run.hists[idx]
             out.append(Text(t["measured"].format(fmt=ev.get("dtype", "fp16"), u=_pct(ev["zero_unscaled"], lang),
                                                  s=_pct(ev.get("zero_scaled"), lang)), style="cyan"))
         out += wrap_parts([Text(k, style="dim italic") for k in self.hint_parts("exponents")], width)
@@ -573,10 +521,9 @@ class LossScaleVisualizer(LessonVisualizer):
         t, lang = T[self.language], self.language
         lane_w = max(20, width - 1)
         out = []
-        if live and self.live.timelines:
+        if live and self.run.timelines:
             bucket = self._live_bucket()
-            tls = {m: _live_timeline_dict(self.live.timelines[(bucket, m)])
-                   for m in MODE_ORDER if (bucket, m) in self.live.timelines}
+            tls = {m: self.run.timeline(bucket, m) for m in MODE_ORDER if (bucket, m) in self.run.timelines}
             title_bucket = f"{bucket:g}".replace(".", "," if lang == "es" else ".")
         elif live:
             return [Text(t["no_data"], style="dim")]
@@ -602,13 +549,13 @@ class LossScaleVisualizer(LessonVisualizer):
         out += wrap_parts([Text("█ " + t["backward"], style="cyan"),
                            Text("▓ " + t["allreduce"] + " (0–9: bucket, ░ " + t["queued"] + ")", style="red"),
                            Text("+ " + t["exposed_short"], style="red")], width, sep="   ")
-        if live and self.live.sweep:
+        if live and self.run.sweep:
             out.append(Text(t["sweep"], style="bold"))
-            for b in sorted({b for b, _ in self.live.sweep}):
-                row = " / ".join(f"{self.live.sweep.get((b, m), float('nan')):8.2f}" for m in MODE_ORDER)
+            for b in sorted({b for b, _ in self.run.sweep}):
+                row = " / ".join(f"{self.run.sweep.get((b, m), float('nan')):8.2f}" for m in MODE_ORDER)
                 mark = " ◀" if b == self._live_bucket() else ""
                 out.append(Text(f"  {b:>6g} MiB: {row}{mark}".replace(".", "," if lang == "es" else ".")))
-            ov = (self.live.summary or {}).get("overlap")
+            ov = (self.run.summary or {}).get("overlap")
             if ov:
                 best = _num(ov["best_bucket_mb"], lang, 2).rstrip("0").rstrip(".,")
                 out.append(Text(t["best"].format(b=best, x=_num(ov["overlap_speedup"], lang, 2),

@@ -22,6 +22,7 @@ from textual.widgets import Button, Static
 
 from ..lessons.lesson2 import formulas as F
 from ..lessons.lesson2 import layout as L
+from ..lessons.lesson2.sharding_run import ShardingRun
 from ..lessons.units import format_bytes, format_count, format_fixed, format_integer
 from .base import Control, wrap_words
 from .playback import PlaybackVisualizer
@@ -107,21 +108,6 @@ S = {
     },
 }
 
-# What each lesson step shows: strategy, preset label, N, activations mode, animate
-STEP_VIEWS = {
-    "copies": ("ddp", "7.5B", 4, None, False),
-    "bytes": ("ddp", "7.5B", 4, None, False),
-    "zero1": ("zero1", "7.5B", 4, None, False),
-    "zero2": ("zero2", "7.5B", 4, None, False),
-    "zero3": ("zero3", "7.5B", 4, None, False),
-    "worked-example": ("zero1", "7.5B", 64, None, False),
-    "traffic": ("zero3", "7.5B", 4, None, True),
-    "fsdp2": ("zero3", "7.5B", 4, None, True),
-    "next-limits": ("zero3", "6.7B", 8, "none", False),
-    "what-fits": ("ddp", "6.7B", 8, "selective", False),
-}
-
-
 class ShardingVisualizer(PlaybackVisualizer):
     """Per-GPU memory bars for DDP and ZeRO-1/2/3, and one ZeRO-3 step animated."""
 
@@ -164,9 +150,7 @@ class ShardingVisualizer(PlaybackVisualizer):
         self.activations: str | None = None
         self.prefetch = False
         self.phase: int | None = None  # index into the ZeRO-3 step phases while animating
-        self.run_info: dict = {}
-        self.measured: dict[str, dict] = {}
-        self.sent: dict[str, dict] = {}
+        self.run = ShardingRun()
 
     # -- model -----------------------------------------------------------------------------------
     @property
@@ -229,34 +213,21 @@ class ShardingVisualizer(PlaybackVisualizer):
 
     # -- public API (the lesson screen) -------------------------------------------------------------
     def show_step(self, step_key: str) -> None:
-        view = STEP_VIEWS.get(step_key)
-        if view is None:
+        view = self.step_view(step_key)  # lessons/lesson2/lesson.toml
+        if not view:
             return
-        strategy, preset, dp, act, animate = view
-        self.strategy = strategy
-        self.preset = next(i for i, p in enumerate(PRESETS) if p[0] == preset)
-        self.dp, self.activations = dp, act
-        self.prefetch = step_key == "fsdp2"
+        self.strategy = view["strategy"]
+        self.preset = next(i for i, p in enumerate(PRESETS) if p[0] == view["model"])
+        self.dp = view["gpus"]
+        self.activations = view.get("activations")
+        self.prefetch = view.get("prefetch", False)
         self.playing = False
-        self.phase = 0 if animate else None
+        self.phase = 0 if view.get("animate") else None
         self.refresh_view()
 
     def feed_event(self, event: dict) -> None:
-        kind = event.get("kind")
-        if kind == "run_start":  # a new run replaces the previous one's figures
-            self.run_info, self.measured, self.sent = {}, {}, {}
-        elif kind == "phase" and event.get("name") == "setup":
-            self.run_info = {k: event.get(k) for k in ("world_size", "num_params", "precision", "optimizer")}
-        elif kind == "memory" and event.get("rank", 0) == 0:
-            self.measured[str(event.get("strategy"))] = event
-            self.run_info.setdefault("world_size", event.get("world_size"))
-            self.run_info.setdefault("num_params", event.get("num_params"))
-            self.run_info.setdefault("precision", event.get("precision"))
-        elif kind == "comm" and event.get("rank", 0) == 0:
-            self.sent[str(event.get("strategy"))] = event
-        else:
-            return
-        self.refresh_view()
+        if self.run.feed(event):
+            self.refresh_view()
 
     # -- actions -----------------------------------------------------------------------------------
     def action_cycle_strategy(self, step: int) -> None:
@@ -405,7 +376,7 @@ class ShardingVisualizer(PlaybackVisualizer):
         text.append_text(self._legend(gpu0))
         if self.phase is not None:
             text.append_text(self._animation())
-        if self.measured:
+        if not self.run.empty:
             text.append_text(self._run())
         for line in wrap_words(self.controls_hint(), max(20, self.content_size.width - 2)):
             text.append(line + "\n", style="dim italic")
@@ -504,14 +475,14 @@ class ShardingVisualizer(PlaybackVisualizer):
 
     def _run(self) -> Text:
         s = S[self.language]
-        info = self.run_info
+        info = self.run.setup
         out = Text()
         out.append(s["run"].format(p=format_integer(info.get('num_params') or 0, self.language), n=info.get("world_size"),
                                    prec=info.get("precision")) + "\n", style="bold")
-        for name, ev in self.measured.items():
+        for name, ev in self.run.memory.items():
             pred = ev.get("predicted") or 0
             ok = pred and abs(ev.get("total", 0) - pred) <= 0.05 * pred
-            sent = self.sent.get(name, {}).get("sent")
+            sent = self.run.sent_bytes(name)
             out.append("  " + s["run_row"].format(s=name, m=self._fmt(ev.get("total", 0)), c=self._fmt(pred),
                                                   x=self._fmt(sent) if sent is not None else "—"),
                        style="green" if ok else "yellow")

@@ -16,6 +16,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import Button, Static
 
 from ..lessons.lesson4 import flow as F
+from ..lessons.lesson4.tp_run import TPRun
 from ..lessons.units import format_bytes, format_fixed
 from .base import Control, LessonVisualizer
 
@@ -78,21 +79,6 @@ S = {
     },
 }
 
-# Where each lesson step opens the flow: (sequence parallel, cross-entropy view, stage key, phase).
-STEP_VIEWS = {
-    "one-matmul": (False, False, "mlp.fc1", "fwd"),
-    "mlp": (False, False, "mlp.f", "fwd"),
-    "attention": (False, False, "core", "fwd"),
-    "f-and-g": (False, False, "attn.f", "bwd"),
-    "comm": (False, False, "attn.g", "fwd"),
-    "sequence-parallel": (True, False, "attn.f", "fwd"),
-    "activation-memory": (True, False, "ln1", "fwd"),
-    "vocab-parallel": (False, True, None, None),
-    "pitfalls": (True, False, "sp.grads", "grad-sync"),
-    "inside-a-node": (False, False, "mlp.g", "fwd"),
-}
-
-
 LABEL_CELLS = 21
 REPL_COLOR = "dodger_blue1"
 
@@ -146,9 +132,7 @@ class TPBlockVisualizer(LessonVisualizer):
         self.t = 4
         self.index = 0
         self.ce_index = 0
-        self.shape = dict(DEFAULT_SHAPE)
-        self.live: dict[str, dict] = {}
-        self.live_t: int | None = None
+        self.run = TPRun()
 
     # -- model -----------------------------------------------------------------------------------
     @property
@@ -158,6 +142,11 @@ class TPBlockVisualizer(LessonVisualizer):
     @property
     def stage(self) -> F.Stage:
         return self.stages[self.index]
+
+    @property
+    def shape(self) -> dict:
+        """The layer the byte figures are for: the run's, or a realistic default."""
+        return self.run.shape or DEFAULT_SHAPE
 
     # -- composition -----------------------------------------------------------------------------
     def compose(self):
@@ -177,34 +166,24 @@ class TPBlockVisualizer(LessonVisualizer):
 
     # -- public API (the lesson screen) -----------------------------------------------------------
     def show_step(self, step_key: str) -> None:
-        view = STEP_VIEWS.get(step_key)
-        if view is None:
+        view = self.step_view(step_key)  # lessons/lesson4/lesson.toml
+        if not view:
             return
-        sp, ce, key, phase = view
-        self.sp, self.ce = sp, ce
+        self.sp = view.get("sequence_parallel", False)
+        self.ce = view.get("cross_entropy", False)
         self.ce_index = 0
         self.index = 0
-        if key is not None:
-            for i, st in enumerate(self.stages):
-                if st.key == key and st.phase == phase:
-                    self.index = i
-                    break
+        for i, st in enumerate(self.stages):
+            if (st.key, st.phase) == (view.get("stage"), view.get("phase")):
+                self.index = i
+                break
         self.refresh_view()
 
     def feed_event(self, event: dict) -> None:
-        kind = event.get("kind")
-        if kind == "config":
-            self.live_t = int(event.get("T", self.t))
-            if self.live_t in T_CHOICES:
-                self.t = self.live_t
-            self.shape = {"hidden": int(event.get("hidden", self.shape["hidden"])),
-                          "seq": int(event.get("seq", self.shape["seq"])),
-                          "micro_batch": int(event.get("micro_batch", self.shape["micro_batch"])),
-                          "bytes": 8}  # the experiment checks in float64
-        elif kind == "comm_check":
-            self.live[str(event.get("mode"))] = event
-        else:
+        if not self.run.feed(event):
             return
+        if event.get("kind") == "config" and self.run.t in T_CHOICES:
+            self.t = self.run.t
         self.refresh_view()
 
     # -- actions -----------------------------------------------------------------------------------
@@ -355,14 +334,12 @@ class TPBlockVisualizer(LessonVisualizer):
                       if x.op and x.phase == "fwd")
         text.append(s["per_layer"].format(h=sh["hidden"], s=sh["seq"], b=sh["micro_batch"], e=sh["bytes"],
                                           mb=_fmt_bytes(per_dir, self.language)) + "\n", style="dim")
-        live = self.live.get("tp+sp" if self.sp else "tp")
-        if live and "0" in live.get("layers", {}):
-            row = live["layers"]["0"]
-            text.append(s["run"].format(t=self.live_t, mode=live.get("mode"),
-                                        fwd=_ops_text(row["fwd"]["counts"], lang),
-                                        bwd=_ops_text(row["bwd"]["counts"], lang),
-                                        ok="✓" if live.get("match") else "✗"),
-                        style="bold green" if live.get("match") else "bold red")
+        mode = "tp+sp" if self.sp else "tp"
+        counts = self.run.layer_counts(mode)
+        if counts is not None:
+            text.append(s["run"].format(t=self.run.t, mode=mode, fwd=_ops_text(counts["fwd"], lang),
+                                        bwd=_ops_text(counts["bwd"], lang), ok="✓" if counts["match"] else "✗"),
+                        style="bold green" if counts["match"] else "bold red")
         return text
 
     def render_ce(self) -> Text:
