@@ -8,6 +8,7 @@ Visualizers draw a lesson model's state: no torch, no I/O.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -17,65 +18,72 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from ..lessons.registry import step_view
+from ..lessons.strings import strings, translated
 
 # The lesson screen's keys: they work whatever has focus, so no visualizer may bind them.
 LESSON_KEYS = frozenset({"n", "p", "t", "r", "l", "v", "q", "question_mark", "escape", "left", "right",
                          "tab", "shift+tab", "ctrl+p"})
-# How Textual's key names read in the help and the hints.
-KEY_NAMES = {"space": "space", "comma": ",", "full_stop": ".", "left_square_bracket": "[",
-             "right_square_bracket": "]", "plus": "+", "minus": "-", "equals_sign": "=",
-             "underscore": "_", "home": "Home", "end": "End"}
-KEY_NAMES_ES = {**KEY_NAMES, "space": "espacio", "end": "Fin", "home": "Inicio"}
+# How Textual's key names read in the help and the hints (the words among them, ``space``, ``home``
+# and ``end``, are in the catalog: lessons/catalog/visualizer.toml's ``key_names``).
+KEY_SYMBOLS = {"comma": ",", "full_stop": ".", "left_square_bracket": "[", "right_square_bracket": "]",
+               "plus": "+", "minus": "-", "equals_sign": "=", "underscore": "_"}
+
+
+def key_name(key: str, lang: str) -> str:
+    """How the Textual key ``key`` reads to a learner in ``lang`` (``space`` → ``espacio``)."""
+    if key in KEY_SYMBOLS:
+        return KEY_SYMBOLS[key]
+    words = strings("visualizer", lang)["key_names"]
+    return words.get(key, key)
 
 
 @dataclass(frozen=True)
 class Control:
     """One thing the learner can do in a visualizer: its key(s), the action, what it does.
 
-    ``keys`` are Textual key names (comma-separated for aliases). A pair (``more`` / ``less``)
-    gives ``back_keys`` and ``back_action`` too, shown as ``s / S``. ``hint`` puts it in the
-    one-line hint a visualizer draws (the help overlay, ``?``, lists every control).
+    ``keys`` are Textual key names (comma-separated for aliases). ``label`` names what it does in
+    lessons/catalog/controls.toml (``"ring.size"``: the ``size`` of the ``ring`` table). A pair
+    (``more`` / ``less``) gives ``back_keys`` and ``back_action`` too, shown as ``s / S``. ``hint``
+    puts it in the one-line hint a visualizer draws (the help overlay, ``?``, lists every control).
     """
 
     keys: str
     action: str
-    label: dict[str, str]
+    label: str
     back_keys: str = ""
     back_action: str = ""
     hint: bool = False
 
+    def text(self, lang: str) -> str:
+        """What the control does, in ``lang``."""
+        if isinstance(self.label, Mapping):  # a visualizer not yet moved to the catalog (issue 18)
+            return self.label[lang]
+        return translated("controls", self.label, lang)
+
     def bindings(self) -> list[Binding]:
-        out = [Binding(self.keys, self.action, self.label["en"], show=False)]
+        out = [Binding(self.keys, self.action, self.text("en"), show=False)]
         if self.back_keys:
-            out.append(Binding(self.back_keys, self.back_action, self.label["en"], show=False))
+            out.append(Binding(self.back_keys, self.back_action, self.text("en"), show=False))
         return out
 
     def key_names(self) -> list[str]:
         return [k.strip() for k in f"{self.keys},{self.back_keys}".split(",") if k.strip()]
 
     def shown(self, lang: str) -> str:
-        names = KEY_NAMES_ES if lang == "es" else KEY_NAMES
-
         def first(keys: str) -> str:
-            key = keys.split(",")[0].strip()
-            return names.get(key, key)
+            return key_name(keys.split(",")[0].strip(), lang)
 
         return f"{first(self.keys)} / {first(self.back_keys)}" if self.back_keys else first(self.keys)
 
 
 # The controls every animated visualizer shares (the playback base's actions).
-PLAY = Control("space", "play", {"en": "play / pause", "es": "reproducir / pausa"}, hint=True)
-STEP = Control("full_stop", "step(1)", {"en": "step forward / back", "es": "paso adelante / atrás"},
-               back_keys="comma", back_action="step(-1)", hint=True)
-RESTART = Control("0,home", "restart", {"en": "back to the start", "es": "volver al inicio"})
-TO_END = Control("end", "to_end", {"en": "to the end", "es": "al final"})
-SPEED = Control("plus,equals_sign", "speed(1)", {"en": "faster / slower", "es": "más rápido / más lento"},
-                back_keys="minus", back_action="speed(-1)")
+PLAY = Control("space", "play", "playback.play", hint=True)
+STEP = Control("full_stop", "step(1)", "playback.step", back_keys="comma", back_action="step(-1)", hint=True)
+RESTART = Control("0,home", "restart", "playback.restart")
+TO_END = Control("end", "to_end", "playback.to_end")
+SPEED = Control("plus,equals_sign", "speed(1)", "playback.speed", back_keys="minus", back_action="speed(-1)")
 PLAYBACK_CONTROLS = (PLAY, STEP, RESTART, TO_END, SPEED)
-NEXT_VIEW = Control("g", "next_view", {"en": "next view", "es": "vista siguiente"}, hint=True)
-MORE_KEYS = {"en": "? all keys", "es": "? todas las teclas"}
-MORE_LINES = {"en": "▼ {n} more lines: a taller terminal shows them",
-              "es": "▼ {n} líneas más: se ven con una terminal más alta"}
+NEXT_VIEW = Control("g", "next_view", "playback.next_view", hint=True)
 
 
 class LessonVisualizer(Widget):
@@ -114,7 +122,7 @@ class LessonVisualizer(Widget):
 
     def key_help(self) -> list[tuple[str, str]]:
         """``(keys, what they do)`` in ``self.language`` for the help overlay."""
-        return [(c.shown(self.language), c.label[self.language]) for c in self.CONTROLS]
+        return [(c.shown(self.language), c.text(self.language)) for c in self.CONTROLS]
 
     def controls_hint(self, width: int | None = None, actions: tuple[str, ...] | None = None) -> str:
         """One line: the main controls, in words, and where to find the rest (``?``); with
@@ -125,10 +133,11 @@ class LessonVisualizer(Widget):
         picked = [c for c in self.CONTROLS
                   if (c.action.split("(", 1)[0] in actions if actions is not None else c.hint)
                   and not any(k in taken for k in c.key_names())]  # keys the screen keeps
-        parts = [f"{c.shown(lang)} {c.label[lang]}" for c in picked]
-        while parts and width is not None and len(" · ".join(parts + [MORE_KEYS[lang]])) > width:
+        parts = [f"{c.shown(lang)} {c.text(lang)}" for c in picked]
+        more = translated("visualizer", "more_keys", lang)
+        while parts and width is not None and len(" · ".join(parts + [more])) > width:
             parts.pop()
-        return " · ".join(parts + [MORE_KEYS[lang]])
+        return " · ".join(parts + [more])
 
     def hint_parts(self, view: str) -> list[str]:
         """The hint of ``self.HINTS[view]`` (a visualizer's per-view hints), one part per control."""
@@ -145,7 +154,7 @@ class LessonVisualizer(Widget):
             return lines[:height]
         keep = height - 2
         hidden = len(lines) - 1 - keep
-        mark = Text(MORE_LINES[self.language].format(n=hidden), style="dim italic")
+        mark = Text(translated("visualizer", "more_lines", self.language, n=hidden), style="dim italic")
         return lines[:keep] + [mark, lines[-1]]
 
     def control_for(self, key: str) -> tuple[str, Control] | None:
@@ -225,7 +234,7 @@ class Placeholder(LessonVisualizer):
         self.visualizer_name = name
 
     def compose(self):
-        label = {"en": "visualizer coming soon", "es": "visualizador en preparación"}[self.language]
+        label = translated("visualizer", "coming_soon", self.language)
         yield Static(f"[dim]{self.visualizer_name or '—'}: {label}[/dim]")
 
 

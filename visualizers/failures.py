@@ -199,19 +199,18 @@ class FailuresVisualizer(LessonVisualizer):
     """
     CONTROLS = (
         NEXT_VIEW,
-        Control("1", "view('interval')", {"en": "view: goodput vs checkpoint interval",
-                                          "es": "vista: goodput según el intervalo"}),
-        Control("2", "view('day')", {"en": "view: a simulated day", "es": "vista: un día simulado"}),
-        Control("3", "view('run')", {"en": "view: your run", "es": "vista: tu ejecución"}),
-        Control("d", "scale('gpus', 2)", {"en": "more / fewer GPUs (×2)", "es": "más / menos GPUs (×2)"},
+        Control("1", "view('interval')", "failures.view_interval"),
+        Control("2", "view('day')", "failures.view_day"),
+        Control("3", "view('run')", "failures.view_run"),
+        Control("d", "scale('gpus', 2)", "failures.gpus",
                 back_keys="D", back_action="scale('gpus', 0.5)", hint=True),
-        Control("m", "scale('gpu_mtbf', 2)", {"en": "longer / shorter MTBF per GPU", "es": "MTBF por GPU más largo / corto"},
+        Control("m", "scale('gpu_mtbf', 2)", "failures.gpu_mtbf",
                 back_keys="M", back_action="scale('gpu_mtbf', 0.5)", hint=True),
-        Control("c", "scale('cost', 2)", {"en": "costlier / cheaper checkpoint", "es": "checkpoint más caro / barato"},
+        Control("c", "scale('cost', 2)", "failures.cost",
                 back_keys="C", back_action="scale('cost', 0.5)", hint=True),
-        Control("e", "scale('restart', 2)", {"en": "slower / faster restart", "es": "reinicio más lento / rápido"},
+        Control("e", "scale('restart', 2)", "failures.restart",
                 back_keys="E", back_action="scale('restart', 0.5)"),
-        Control("0", "reset", {"en": "back to the Llama 3 example", "es": "volver al ejemplo de Llama 3"}),
+        Control("0", "reset", "failures.reset"),
     )
 
     def __init__(self, language: str = "en", **kwargs):

@@ -117,13 +117,11 @@ class MeshVisualizer(PlaybackVisualizer):
     TICK_S = 0.1
     CONTROLS = (
         NEXT_VIEW,
-        Control("m", "next_mesh", {"en": "next mesh shape (pp, dp, tp)", "es": "siguiente forma de malla (pp, dp, tp)"},
-                hint=True),
+        Control("m", "next_mesh", "mesh.next_mesh", hint=True),
         PLAY,
-        Control("full_stop", "step(1)", {"en": "next / previous phase (rank, in the groups view)",
-                                         "es": "fase siguiente / anterior (rango, en la vista de grupos)"},
+        Control("full_stop", "step(1)", "mesh.phase",
                 back_keys="comma", back_action="step(-1)", hint=True),
-        Control("0", "restart", {"en": "back to the start", "es": "volver al inicio"}),
+        Control("0", "restart", "playback.restart"),
     )
     SECONDS_PER_PHASE = 1.2
 

@@ -226,23 +226,21 @@ class PipelineVisualizer(PlaybackVisualizer):
     """
     CONTROLS = (
         PLAY,
-        Control("full_stop", "step(1)", {"en": "cursor forward / back", "es": "cursor adelante / atrás"},
+        Control("full_stop", "step(1)", "pipeline.cursor",
                 back_keys="comma", back_action="step(-1)"),
         NEXT_VIEW,
-        Control("0", "view('all')", {"en": "view: all three schedules", "es": "vista: los tres calendarios"}),
-        Control("1", "view('gpipe')", {"en": "view: GPipe", "es": "vista: GPipe"}),
-        Control("2", "view('1f1b')", {"en": "view: 1F1B", "es": "vista: 1F1B"}),
-        Control("3", "view('interleaved')", {"en": "view: interleaved 1F1B", "es": "vista: 1F1B intercalado"}),
-        Control("s", "stages(1)", {"en": "more / fewer stages", "es": "más / menos etapas"},
+        Control("0", "view('all')", "pipeline.view_all"),
+        Control("1", "view('gpipe')", "pipeline.view_gpipe"),
+        Control("2", "view('1f1b')", "pipeline.view_1f1b"),
+        Control("3", "view('interleaved')", "pipeline.view_interleaved"),
+        Control("s", "stages(1)", "pipeline.stages",
                 back_keys="S", back_action="stages(-1)", hint=True),
-        Control("m", "microbatches(1)", {"en": "more / fewer microbatches", "es": "más / menos microbatches"},
+        Control("m", "microbatches(1)", "pipeline.microbatches",
                 back_keys="M", back_action="microbatches(-1)", hint=True),
-        Control("c", "chunks(1)", {"en": "more / fewer chunks per stage (interleaved)",
-                                   "es": "más / menos trozos por etapa (intercalado)"},
+        Control("c", "chunks(1)", "pipeline.chunks",
                 back_keys="C", back_action="chunks(-1)"),
-        Control("b", "backward_cost", {"en": "backward cost: 2×, 3×, 1× the forward",
-                                       "es": "coste del backward: 2×, 3×, 1× el forward"}),
-        Control("h", "hop", {"en": "time per hop between stages", "es": "tiempo por salto entre etapas"}),
+        Control("b", "backward_cost", "pipeline.backward_cost"),
+        Control("h", "hop", "pipeline.hop"),
     )
     P_RANGE = (2, 16)
     M_RANGE = (1, 64)

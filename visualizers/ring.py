@@ -170,15 +170,14 @@ class RingVisualizer(PlaybackVisualizer):
     can_focus = True
     TICK_S = 1 / FPS
     CONTROLS = PLAYBACK_CONTROLS + (
-        Control("right_square_bracket", "ranks(1)", {"en": "more / fewer ranks (2–16)", "es": "más / menos rangos (2–16)"},
+        Control("right_square_bracket", "ranks(1)", "ring.ranks",
                 back_keys="left_square_bracket", back_action="ranks(-1)", hint=True),
-        Control("s", "size(1)", {"en": "bigger / smaller message", "es": "mensaje más grande / más pequeño"},
-                back_keys="S", back_action="size(-1)"),
-        Control("a", "algorithm", {"en": "ring → tree → naive", "es": "anillo → árbol → ingenuo"}, hint=True),
-        Control("g", "chart", {"en": "bandwidth chart of your run", "es": "gráfica de ancho de banda de tu ejecución"}),
-        Control("o", "load_run", {"en": "load your last lesson-1 run", "es": "cargar tu última ejecución de la lección 1"}),
-        Control("m", "source", {"en": "model ↔ your run", "es": "modelo ↔ tu ejecución"}),
-        Control("c", "next_call", {"en": "next recorded call", "es": "siguiente llamada grabada"}),
+        Control("s", "size(1)", "ring.size", back_keys="S", back_action="size(-1)"),
+        Control("a", "algorithm", "ring.algorithm", hint=True),
+        Control("g", "chart", "ring.chart"),
+        Control("o", "load_run", "ring.load_run"),
+        Control("m", "source", "ring.source"),
+        Control("c", "next_call", "ring.next_call"),
     )
     DEFAULT_CSS = """
     RingVisualizer { padding: 0 1; }
