@@ -22,14 +22,8 @@ NUMBER_FORMATTING_HOME = {"lessons/units.py"}
 # Files still carrying their own tables while they move to the catalog (issue 18); empty when done.
 NOT_YET_IN_CATALOG: set[str] = {
     "lessons/lesson4/flow.py",
-    "visualizers/failures.py",
     "visualizers/kv_cache.py",
     "visualizers/loss_scale.py",
-    "visualizers/mesh.py",
-    "visualizers/pipeline.py",
-    "visualizers/ring.py",
-    "visualizers/ring_chart.py",
-    "visualizers/run_timeline.py",
     "visualizers/sharding.py",
     "visualizers/tp_block.py",
 }

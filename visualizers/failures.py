@@ -31,13 +31,12 @@ from textual import work
 from ..lessons.lesson3 import failure_sim as fs
 from ..lessons.lesson3.formulas import DAY, component_mtbf_from_log, job_mtbf
 from ..lessons.lesson3.run_timeline import RunTimeline
-from ..lessons.units import format_percent, format_time
+from ..lessons.strings import strings
+from ..lessons.units import format_integer, format_percent, format_time
 from .base import NEXT_VIEW, Control, LessonVisualizer
 from .run_timeline import timeline_lines
 
 VIEWS = ("interval", "day", "run")
-STEP_VIEWS = {"failures": "day", "exact-state": "run", "atomic": "run", "sharded": "run", "async": "interval",
-              "elastic": "run", "lost-work": "interval", "young-daly": "interval", "worked-example": "interval"}
 LLAMA3 = {"gpus": 16384, "gpu_mtbf": component_mtbf_from_log(16384, 54 * DAY, 419), "cost": 60.0, "restart": 300.0}
 FAILURES = 100_000  # failures in the simulated log behind the curve
 GPU_RANGE = (1, 1 << 20)
@@ -57,40 +56,6 @@ def ladder_step(value: float, ladder: list[float], up: bool) -> float:
     return next((v for v in reversed(ladder) if v < value * (1 - 1e-9)), ladder[0])
 SEG_STYLE = {"work": ("█", "green"), "checkpoint": ("▌", "cyan"), "lost": ("░", "red"), "restart": ("▒", "magenta")}
 
-T = {
-    "en": {
-        "params": "G = {g} GPUs · per-GPU MTBF {mg} → job MTBF M = {m} · checkpoint C = {c} · restart R = {r}",
-        "params_short": "G={g} · M_gpu {mg} → M {m} · C {c} · R {r}",
-        "goodput": "goodput", "axis": "checkpoint interval τ (log scale)",
-        "marks": "Y Young √(2CM) = {y} · D Daly = {d} · S simulated optimum = {s} ({gap}; {n} failures)",
-        "waste": "wasted at Daly's interval: {w} (simulated {ws}); at 10×: {w10}; at ÷10: {w01}",
-        "legend": "• simulated  ─ Daly's expected time  │ Y / D / S",
-        "simulating": "simulating {n} failures…",
-        "day_title": "a simulated day on this cluster, checkpointing every {tau} (Daly)",
-        "day_stats": "{f} failures in 24 h · wasted {w}: lost work {lost}, checkpoints {ck}, restarts {rs}",
-        "day_legend": "█ work kept  ◆ checkpoint written  ░ work lost  ▒ restart  ✕ failure",
-        "failed_gpus": "GPUs that failed: {who}",
-        "hours": "h",
-        "views": {"interval": "interval", "day": "a day", "run": "the run"},
-    },
-    "es": {
-        "params": "G = {g} GPUs · MTBF por GPU {mg} → MTBF del trabajo M = {m} · checkpoint C = {c} · reinicio R = {r}",
-        "params_short": "G={g} · M_gpu {mg} → M {m} · C {c} · R {r}",
-        "goodput": "goodput", "axis": "intervalo entre checkpoints τ (escala log)",
-        "marks": "Y Young √(2CM) = {y} · D Daly = {d} · S óptimo simulado = {s} ({gap}; {n} fallos)",
-        "waste": "desperdicio con el intervalo de Daly: {w} (simulado {ws}); con 10×: {w10}; con ÷10: {w01}",
-        "legend": "• simulado  ─ tiempo esperado de Daly  │ Y / D / S",
-        "simulating": "simulando {n} fallos…",
-        "day_title": "un día simulado en este clúster, con checkpoint cada {tau} (Daly)",
-        "day_stats": "{f} fallos en 24 h · desperdicio {w}: trabajo perdido {lost}, checkpoints {ck}, reinicios {rs}",
-        "day_legend": "█ trabajo conservado  ◆ checkpoint escrito  ░ trabajo perdido  ▒ reinicio  ✕ fallo",
-        "failed_gpus": "GPUs que fallaron: {who}",
-        "hours": "h",
-        "views": {"interval": "intervalo", "day": "un día", "run": "la ejecución"},
-    },
-}
-
-
 @dataclass(frozen=True)
 class Params:
     gpus: int
@@ -103,10 +68,6 @@ class Params:
         return job_mtbf(self.gpu_mtbf, self.gpus)
 
 
-def _int(n: int, lang: str) -> str:
-    return f"{int(n):,}".replace(",", "." if lang == "es" else ",")
-
-
 def _waste_at(sweep: fs.Sweep, tau: float) -> float:
     from ..lessons.lesson3.formulas import expected_waste_fraction
 
@@ -115,7 +76,7 @@ def _waste_at(sweep: fs.Sweep, tau: float) -> float:
 
 def plot_lines(sweep: fs.Sweep, width: int, height: int, lang: str) -> list[Text]:
     """Goodput against log τ: simulated dots over Daly's curve, with the Y, D and S marks."""
-    tr = T.get(lang, T["en"])
+    tr = strings("failures", lang)
     label_w = 7
     cols = max(20, width - label_w - 2)
     rows = max(5, height)
@@ -251,7 +212,8 @@ class FailuresVisualizer(LessonVisualizer):
         return Group(*self.build_lines(size.width or 100, size.height or None))
 
     def show_step(self, step_key: str) -> None:
-        view = STEP_VIEWS.get(step_key)
+        """Show the view the step declares (``view = { show = "day" }`` in lessons/lesson3/lesson.toml)."""
+        view = self.step_view(step_key).get("show")
         if view is not None:
             self.view = view
             self._redraw()
@@ -294,10 +256,10 @@ class FailuresVisualizer(LessonVisualizer):
 
     # -- drawing ----------------------------------------------------------------------------------
     def header(self, width: int) -> Text:
-        tr = T.get(self.language, T["en"])
+        tr = strings("failures", self.language)
         p, lang = self.params, self.language
-        fields = dict(g=_int(p.gpus, lang),
-                      mg=f"{_int(round(p.gpu_mtbf / HOUR), lang)} h", m=format_time(p.mtbf, 3, lang),
+        fields = dict(g=format_integer(p.gpus, lang),
+                      mg=f"{format_integer(round(p.gpu_mtbf / HOUR), lang)} h", m=format_time(p.mtbf, 3, lang),
                       c=format_time(p.cost, 3, lang), r=format_time(p.restart, 3, lang) if p.restart else "0 s")
         text = tr["params"].format(**fields)
         if len(text) > width:
@@ -305,7 +267,7 @@ class FailuresVisualizer(LessonVisualizer):
         return Text(text, style="bold")
 
     def build_lines(self, width: int, height: int | None = None) -> list[Text]:
-        tr = T.get(self.language, T["en"])
+        tr = strings("failures", self.language)
         width = max(40, width)
         height = height or 30
         tabs = Text()
@@ -329,17 +291,17 @@ class FailuresVisualizer(LessonVisualizer):
         return self.fit_height(lines, height)
 
     def interval_lines(self, width: int, height: int) -> list[Text]:
-        tr = T.get(self.language, T["en"])
+        tr = strings("failures", self.language)
         lang = self.language
         s = self.sweep(compute=not self._sweeps)  # the first one at once; later ones in the worker
         if s is None:
-            return [Text(tr["simulating"].format(n=_int(FAILURES, lang)), style="italic")]
+            return [Text(tr["simulating"].format(n=format_integer(FAILURES, lang)), style="italic")]
         plot_h = max(5, min(16, height - 7))
         lines = plot_lines(s, width, plot_h, lang)
         gap = (s.optimum - s.daly) / s.daly
         lines.append(Text(tr["marks"].format(y=format_time(s.young, 3, lang), d=format_time(s.daly, 3, lang),
                                              s=format_time(s.optimum, 3, lang),
-                                             n=_int(s.failures, lang),
+                                             n=format_integer(s.failures, lang),
                                              gap=("+" if gap >= 0 else "−") + format_percent(abs(gap), 2, lang)),
                           style="bold"))
         i = int(min(range(len(s.intervals)), key=lambda k: abs(math.log(s.intervals[k] / s.daly))))
@@ -351,7 +313,7 @@ class FailuresVisualizer(LessonVisualizer):
         return lines
 
     def day_lines(self, width: int) -> list[Text]:
-        tr = T.get(self.language, T["en"])
+        tr = strings("failures", self.language)
         lang = self.language
         s = self.sweep()
         tl = self.day()

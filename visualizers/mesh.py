@@ -18,12 +18,15 @@ no I/O.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from rich.console import Group
 from rich.text import Text
 
 from ..lessons import units
 from ..lessons.capstone import formulas as f
 from ..lessons.capstone.mesh_run import MeshRun, Phase, step_phases
+from ..lessons.strings import strings
 from .base import NEXT_VIEW, PLAY, Control
 from .playback import PlaybackVisualizer
 
@@ -34,68 +37,7 @@ COLOURS = {"tp": "black on #59a14f", "pp": "black on #b07aa1", "dp": "black on #
 NODE_COLOURS = ("black on #4e79a7", "black on #f28e2b", "black on #76b7b2", "black on #ff9da7")
 DIM_STYLE = "grey42"
 
-STRINGS = {
-    "en": {
-        "title": "mesh (pp, dp, tp) = ({pp}, {dp}, {tp}) · {n} ranks",
-        "stage": "stage {s}",
-        "rows": "rows: DP replicas · columns: TP shards",
-        "forward": "forward on stage {s}: its TP groups all-gather and reduce-scatter",
-        "forward1": "forward on stage {s} (tp = 1: no collectives)",
-        "backward": "backward on stage {s}: its TP groups all-gather and reduce-scatter gradients",
-        "backward1": "backward on stage {s} (tp = 1: no collectives)",
-        "send": "PP: stage {a} sends the activation to stage {b}",
-        "send-grad": "PP: stage {a} sends the gradient back to stage {b}",
-        "reduce": "DP: each DP group reduces its gradients (all-reduce, or ZeRO's reduce-scatter)",
-        "reduce1": "dp = 1: no gradient reduction",
-        "update": "optimizer step: no communication",
-        "phase": "phase {i} of {n}",
-        "mb": " · microbatch {mb}",
-        "at": " · t = {t}",
-        "groups": "rank {r} = stage {p}, replica {d}, shard {t}",
-        "legend": "{tp} TP group  {pp} PP group  {dp} DP group",
-        "nodes": "{g} GPUs per node: TP groups stay inside a node; DP spans {dpn}, PP {ppn} node(s)",
-        "waiting": "no capstone run yet: distai run capstone --dp 2 --tp 2 --pp 2 --cpu 8",
-        "waiting_step": "run {shape}: waiting for a complete step…",
-        "comm_head": "st grp       bytes/formula calls ok",
-        "loss": "step {step}: loss {loss} · one process {ref} · largest difference: loss {dl}, parameters {dp}",
-        "coords": "rank coordinates as mesh_coords: {ok}",
-        "yes": "yes", "no": "NO",
-        "views": {"step": "step", "groups": "groups", "nodes": "nodes", "run": "run"},
-    },
-    "es": {
-        "title": "malla (pp, dp, tp) = ({pp}, {dp}, {tp}) · {n} rangos",
-        "stage": "etapa {s}",
-        "rows": "filas: réplicas DP · columnas: trozos TP",
-        "forward": "forward en la etapa {s}: sus grupos TP hacen all-gather y reduce-scatter",
-        "forward1": "forward en la etapa {s} (tp = 1: sin colectivas)",
-        "backward": "backward en la etapa {s}: sus grupos TP hacen all-gather y reduce-scatter de gradientes",
-        "backward1": "backward en la etapa {s} (tp = 1: sin colectivas)",
-        "send": "PP: la etapa {a} envía la activación a la etapa {b}",
-        "send-grad": "PP: la etapa {a} devuelve el gradiente a la etapa {b}",
-        "reduce": "DP: cada grupo DP reduce sus gradientes (all-reduce, o el reduce-scatter de ZeRO)",
-        "reduce1": "dp = 1: sin reducción de gradientes",
-        "update": "paso del optimizador: sin comunicación",
-        "phase": "fase {i} de {n}",
-        "mb": " · microbatch {mb}",
-        "at": " · t = {t}",
-        "groups": "rango {r} = etapa {p}, réplica {d}, trozo {t}",
-        "legend": "{tp} grupo TP  {pp} grupo PP  {dp} grupo DP",
-        "nodes": "{g} GPUs por nodo: los grupos TP no salen del nodo; DP ocupa {dpn} y PP {ppn} nodo(s)",
-        "waiting": "aún no hay ejecución: distai run capstone --dp 2 --tp 2 --pp 2 --cpu 8",
-        "waiting_step": "ejecución {shape}: esperando un paso completo…",
-        "comm_head": "et grp       bytes/fórmula  llam. ok",
-        "loss": "paso {step}: pérdida {loss} · un proceso {ref} · mayor diferencia: pérdida {dl}, parámetros {dp}",
-        "coords": "coordenadas de los rangos como mesh_coords: {ok}",
-        "yes": "sí", "no": "NO",
-        "views": {"step": "paso", "groups": "grupos", "nodes": "nodos", "run": "ejecución"},
-    },
-}
-
-# what each step of the lesson shows
-STEP_VIEWS = {"mesh": "step", "groups": "groups", "order": "nodes", "communication": "step", "run-it": "run"}
-
-
-def phase_text(phase: Phase, tp: int, dp: int, tr: dict) -> str:
+def phase_text(phase: Phase, tp: int, dp: int, tr: Mapping) -> str:
     s = phase.stages
     if phase.what in ("forward", "backward"):
         return tr[phase.what + ("" if tp > 1 else "1")].format(s=s[0])
@@ -166,7 +108,9 @@ class MeshVisualizer(PlaybackVisualizer):
         self.frame = 0
 
     def show_step(self, step_key: str) -> None:
-        view = STEP_VIEWS.get(step_key)
+        """Show the view the step declares (``view = { show = "groups" }`` in lessons/capstone/lesson.toml);
+        ``run`` only once a run is loaded."""
+        view = self.step_view(step_key).get("show")
         if view is None:
             return
         if view == "run" and self.run.shape is None:
@@ -223,7 +167,7 @@ class MeshVisualizer(PlaybackVisualizer):
 
     def grid_lines(self, width: int) -> list[Text]:
         pp, dp, tp = self.shape
-        tr = STRINGS.get(self.language, STRINGS["en"])
+        tr = strings("mesh", self.language)
         styles = self.cell_styles()
         cell = 5  # " r12 "
         block_w = max(tp * cell, len(tr["stage"].format(s=pp - 1))) + 2
@@ -246,7 +190,7 @@ class MeshVisualizer(PlaybackVisualizer):
                 lines.append(row)
         return lines
 
-    def caption(self, tr: dict) -> list[Text]:
+    def caption(self, tr: Mapping) -> list[Text]:
         pp, dp, tp = self.shape
         if self.view == "groups":
             r = min(self.rank, f.world_size(pp, dp, tp) - 1)
@@ -289,7 +233,7 @@ class MeshVisualizer(PlaybackVisualizer):
             body = "  ".join("{" + " ".join(map(str, g)) + "}" for g in seen)
         return Text(f"{phase.dim.upper()}: {body}", style=COLOURS[phase.dim].replace("black on ", ""))
 
-    def legend(self, tr: dict) -> Text:
+    def legend(self, tr: Mapping) -> Text:
         out = Text()
         parts = tr["legend"].split("{")
         out.append(parts[0])
@@ -299,7 +243,7 @@ class MeshVisualizer(PlaybackVisualizer):
             out.append(rest)
         return out
 
-    def run_lines(self, tr: dict) -> list[Text]:
+    def run_lines(self, tr: Mapping) -> list[Text]:
         run = self.run
         if run.shape is None:
             return [Text(tr["waiting"], style="italic")]
@@ -311,10 +255,15 @@ class MeshVisualizer(PlaybackVisualizer):
         if run.steps:
             s = run.steps[-1]
 
-            def num(x, spec):
-                return "—" if x is None else format(x, spec)
-            out.append(Text(tr["loss"].format(step=s["step"], loss=num(s["loss"], ".4f"), ref=num(s["ref_loss"], ".4f"),
-                                              dl=num(s["loss_rel_diff"], ".1e"), dp=num(s["param_rel_diff"], ".1e"))))
+            lang = self.language
+
+            def loss(x):
+                return "—" if x is None else units.format_fixed(x, 4, lang)
+
+            def diff(x):
+                return "—" if x is None else units.format_number(x, 2, lang)
+            out.append(Text(tr["loss"].format(step=s["step"], loss=loss(s["loss"]), ref=loss(s["ref_loss"]),
+                                              dl=diff(s["loss_rel_diff"]), dp=diff(s["param_rel_diff"]))))
         comm = run.comm_by_stage()
         if comm:
             out.append(Text(tr["comm_head"], style="bold"))
@@ -329,7 +278,7 @@ class MeshVisualizer(PlaybackVisualizer):
         return out
 
     def build_lines(self, width: int, height: int | None = None) -> list[Text]:
-        tr = STRINGS.get(self.language, STRINGS["en"])
+        tr = strings("mesh", self.language)
         pp, dp, tp = self.shape
         head = Text(tr["title"].format(pp=pp, dp=dp, tp=tp, n=f.world_size(pp, dp, tp)), style="bold")
         head.append("  [" + tr["views"][self.view] + "]", style="cyan")
@@ -376,7 +325,7 @@ class TerminalMesh:
         v = self.view
         if v.run.shape is None:
             return []
-        tr = STRINGS.get(v.language, STRINGS["en"])
+        tr = strings("mesh", v.language)
         pp, dp, tp = v.shape
         head = Text(tr["title"].format(pp=pp, dp=dp, tp=tp, n=f.world_size(pp, dp, tp)), style="bold")
         return [head, Text(tr["rows"], style="grey50"), *v.grid_lines(max(20, min(width, 120))), *v.run_lines(tr)]

@@ -18,6 +18,7 @@ timeline of the latest complete step under the simulated one. No torch, no I/O.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from rich.console import Group
@@ -25,7 +26,15 @@ from rich.text import Text
 
 from ..lessons.lesson5 import simulator as sim
 from ..lessons.lesson5.run_timeline import CompleteStep, PipelineRun
-from ..lessons.units import format_fixed, format_percent, format_plain, format_time
+from ..lessons.strings import strings
+from ..lessons.units import (
+    format_fixed,
+    format_number,
+    format_percent,
+    format_plain,
+    format_score,
+    format_time,
+)
 from .base import NEXT_VIEW, PLAY, Control
 from .playback import PlaybackVisualizer
 
@@ -38,57 +47,6 @@ IDLE_CHAR = "░"
 
 VIEWS = ("all", "gpipe", "1f1b", "interleaved", "same-time")
 NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved 1F1B"}
-
-STRINGS = {
-    "en": {
-        "header": "p = {p} stages · m = {m} microbatches · v = {v} chunks · B = {b}×F · hop {h}",
-        "header_short": "p={p} · m={m} · v={v} · B={b}×F · hop {h}",
-        "time": "t = {t} of {T} (forward = 1)",
-        "step": "step {T}",
-        "bubble": "bubble {f} = (p−1)/({vm}+p−1)",
-        "peak": "peak {x} µb",
-        "measured": "measured {name}, step {step}: {ms} · bubble {f}",
-        "measured_formula": " (formula {f})",
-        "waiting": "measured {name}: waiting for a complete step…",
-        "legend": "light F · dark B · {idle} idle (bubble) · ▁▄█ activations held (now/peak)",
-        "legend_short": "light F · dark B · {idle} bubble · ▁▄█ held now/peak",
-        "playing": "▶", "paused": "❚❚",
-        "more": "… {n} more (taller window or 1-3 to pick one)",
-        "table_head": ("schedule", "bubble", "formula", "peak µb", "formula", "ours/torch", "grad diff"),
-    },
-    "es": {
-        "header": "p = {p} etapas · m = {m} microbatches · v = {v} trozos · B = {b}×F · salto {h}",
-        "header_short": "p={p} · m={m} · v={v} · B={b}×F · salto {h}",
-        "time": "t = {t} de {T} (forward = 1)",
-        "step": "paso {T}",
-        "bubble": "burbuja {f} = (p−1)/({vm}+p−1)",
-        "peak": "pico {x} µb",
-        "measured": "medido {name}, paso {step}: {ms} · burbuja {f}",
-        "measured_formula": " (fórmula {f})",
-        "waiting": "medido {name}: esperando un paso completo…",
-        "legend": "F claro · B oscuro · {idle} ocioso (burbuja) · ▁▄█ activaciones retenidas (ahora/pico)",
-        "legend_short": "F claro · B oscuro · {idle} burbuja · ▁▄█ retenidas ahora/pico",
-        "playing": "▶", "paused": "❚❚",
-        "more": "… {n} más (ventana más alta o 1-3 para elegir una)",
-        "table_head": ("planificación", "burbuja", "fórmula", "pico µb", "fórmula", "nuestro/torch",
-                       "dif. grad"),
-    },
-}
-
-# what each step of the lesson shows: (view, microbatches or None to keep)
-STEP_PRESETS = {
-    "stages": ("gpipe", 1),
-    "microbatches": ("gpipe", 8),
-    "gpipe": ("gpipe", 8),
-    "1f1b": ("1f1b", 8),
-    "warmup": ("1f1b", 8),
-    "same-time": ("same-time", 8),
-    "bubble": ("all", None),
-    "interleaved": ("all", None),
-    "zero-bubble": ("all", None),
-    "run-it": ("run", None),
-}
-
 
 @dataclass
 class Lanes:
@@ -180,7 +138,7 @@ def draw_lanes(lanes: Lanes, cols: int, t_max: float, cursor: float | None, mem_
                 style = (style + " reverse").strip()
             row.append(ch, style=style)
         idle = 1.0 - lanes.busy(r) / lanes.makespan if lanes.makespan else 0.0
-        row.append(f" {idle:4.0%}", style="grey50")
+        row.append(" " + format_score(idle, lang).rjust(4), style="grey50")
         rows.append(row)
         if not memory:
             continue
@@ -315,13 +273,14 @@ class PipelineVisualizer(PlaybackVisualizer):
         self.cursor = self.t_max()
 
     def show_step(self, step_key: str) -> None:
-        preset = STEP_PRESETS.get(step_key)
-        if preset is None:
+        """Show what the step declares (``view = { show = "gpipe", microbatches = 8 }`` in
+        lessons/lesson5/lesson.toml); a run's own m stays once one is drawn."""
+        view = self.step_view(step_key)
+        if "show" not in view:
             return
-        view, m = preset
-        self.view = view
-        if m is not None and not self.measured.ops:
-            self.m = m
+        self.view = view["show"]
+        if "microbatches" in view and not self.measured.ops:
+            self.m = view["microbatches"]
         self.cursor = 0.0
         self.refresh()
 
@@ -372,7 +331,7 @@ class PipelineVisualizer(PlaybackVisualizer):
 
     # -- drawing ----------------------------------------------------------------------------------
     def build_lines(self, width: int, height: int | None = None) -> list[Text]:
-        tr = STRINGS.get(self.language, STRINGS["en"])
+        tr = strings("pipeline", self.language)
         lang = self.language
         width = max(30, width)
         cols = width - 4 - 8  # "r0  " on the left, " 27%" / " 3/8" on the right
@@ -426,7 +385,7 @@ class PipelineVisualizer(PlaybackVisualizer):
         lines.extend(footer)
         return lines
 
-    def _measured_panel(self, schedule: str, cols: int, mem_max: float, tr: dict) -> list[Text]:
+    def _measured_panel(self, schedule: str, cols: int, mem_max: float, tr: Mapping) -> list[Text]:
         meas = self.measured
         if not meas.p or schedule not in meas.ops or self.view == "all":
             return []
@@ -461,7 +420,7 @@ class TerminalPipeline:
         self.measured.feed(event)
 
     def renderables(self, width: int = 100) -> list[Text]:
-        meas, tr = self.measured, STRINGS.get(self.language, STRINGS["en"])
+        meas, tr, lang = self.measured, strings("pipeline", self.language), self.language
         out: list[Text] = []
         schedule = meas.latest_schedule()
         found = meas.latest_complete(schedule) if schedule else None
@@ -480,13 +439,14 @@ class TerminalPipeline:
             out.append(Text(labels[0].ljust(widths[0]) + "".join(
                 lab.rjust(w) for lab, w in zip(labels[1:], widths[1:])), style="bold"))
             for name, r in results.items():
-                ratio = (f"{r['step_time_s'] / r['torch_step_time_s']:.2f}x"
+                ratio = (format_fixed(r["step_time_s"] / r["torch_step_time_s"], 2, lang) + "x"
                          if r.get("torch_step_time_s") else "—")
                 grad = r.get("max_grad_diff_vs_torch")
                 peak0 = r["stages"][0] if r.get("stages") else {}
-                cells = (f"{r['bubble_measured']:.0%}", f"{r['bubble_formula']:.1%}",
-                         f"{peak0.get('peak_microbatches', 0):.2f}", f"{peak0.get('peak_formula', 0):g}",
-                         ratio, "—" if grad is None else f"{grad:.0e}")
+                cells = (format_score(r["bubble_measured"], lang), format_percent(r["bubble_formula"], 3, lang),
+                         format_fixed(peak0.get("peak_microbatches", 0), 2, lang),
+                         format_plain(peak0.get("peak_formula", 0), lang),
+                         ratio, "—" if grad is None else format_number(grad, 1, lang))
                 out.append(Text(f"{NAMES[name]:<{widths[0]}}" + "".join(
                     c.rjust(w) for c, w in zip(cells, widths[1:]))))
         return out

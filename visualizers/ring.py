@@ -28,9 +28,10 @@ from rich.text import Text
 from textual import events
 from textual.strip import Strip
 
-from ..lessons.lesson1 import baselines, formulas, ring_model
+from ..lessons.lesson1 import formulas, ring_model
 from ..lessons.lesson1.ring_run import RecordedCall, RingRun
-from ..lessons.units import format_bandwidth, format_time
+from ..lessons.strings import has, strings
+from ..lessons.units import format_bandwidth, format_plain, format_time
 from .base import PLAYBACK_CONTROLS, Control, wrap_words
 from .playback import PlaybackVisualizer
 from .ring_chart import SweepChart, sweep_chart  # noqa: F401 - SweepChart: the run view's chart
@@ -47,7 +48,15 @@ from .ring_drawing import (
     text_strip,
     wrap_text,
 )
-from .ring_plan import ALGORITHMS, NAIVE, RING, TREE, Plan, model_plan, recorded_plan
+from .ring_plan import (
+    ALGORITHMS,
+    NAIVE,  # noqa: F401 - the algorithms' names, for callers and tests
+    RING,
+    TREE,  # noqa: F401
+    Plan,
+    model_plan,
+    recorded_plan,
+)
 
 N_MIN, N_MAX = 2, 16
 SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20, 10 ** 9, 4 * 10 ** 9)
@@ -56,112 +65,6 @@ DEFAULT_SPEED = 1.0  # steps per second
 FPS = 25  # the animation timer while playing (nothing runs while paused)
 PROGRESS_LEVELS = 16  # visible positions of a message on its way: a frame is drawn when one changes
 DEFAULT_ALPHA, DEFAULT_BETA = 5e-6, 4e-11  # the lesson's link: 5 µs, 25 GB/s
-
-S = {
-    "en": {
-        "title": {RING: "Ring all-reduce", TREE: "Binomial tree: reduce + broadcast",
-                  NAIVE: "Naive: reduce to rank 0 + broadcast"},
-        "run": "your run", "call_train": "train step {k}", "call_sweep": "sweep warm-up",
-        "call": "call {c}", "calls": "call {i}/{n}",
-        "phase": {ring_model.REDUCE_SCATTER: "reduce-scatter", ring_model.ALL_GATHER: "all-gather",
-                  baselines.REDUCE: "reduce", baselines.BROADCAST: "broadcast"},
-        "start": "start", "done": "done", "step": "{k} of {total} steps done",
-        "playing": "▶ {speed} step/s", "paused": "❚❚ paused", "waiting": "waiting for ranks {ranks}",
-        "sent_ring": "sent per rank {sent} of 2(N−1)/N·S = {total}",
-        "sent_run": "sent per rank {sent} of 2(N−1)/N·S = {total}",
-        "sent_busiest": "rank 0 link: in {recv}, out {sent}, of {total} each way",
-        "time": "α-β time {t} of {total}",
-        "time_params": "(α {a}, {bw})", "time_fit": "(your fit: α {a}, {bw})",
-        "model_ok": "✓ every message matches the model", "model_bad": "✗ {k} messages differ from the model",
-        "chunks": "chunks", "sends": "sends", "legend": "contributions", "complete": "complete",
-        "more_ranks": "… {k} more ranks (taller pane shows them)",
-        "cmp_head": "busiest link (one way) · steps · α-β time",
-        "controls": {"restart": "|◀", "back": "◀", "play": "▶", "pause": "❚❚", "fwd": "▶|",
-                     "n_down": "N−", "n_up": "N+", "s_down": "S−", "s_up": "S+",
-                     "slower": "½×", "faster": "2×", "algo": "{algo}", "chart": "chart", "ring": "ring",
-                     "load": "load", "source_run": "run", "source_sim": "model"},
-        "run_none": "no traced ring steps in this run (run with --trace first)",
-        "too_many": "the run has N = {n} ranks; the visualizer draws 2 to 16",
-        "captions": {
-            "replicate": "Each rank starts with its own gradients: every chunk holds 1 contribution.",
-            "averaging": "The mean of the N gradients is their sum / N: all-reduce the sum, divide once.",
-            "allreduce": "All-reduce: every rank ends with the sum of all N buffers. Press space to play.",
-            "naive": "Naive: all traffic goes through rank 0's link, (N−1)·S each way. Compare the ring (a).",
-            "reduce-scatter": "Reduce-scatter: each hop adds one contribution; after N−1 steps each rank "
-                              "owns one complete chunk.",
-            "all-gather": "All-gather: the complete (green) chunks chase each other around the ring.",
-            "alpha-beta": "Every step costs α + (S/N)·β for every rank at once: 2(N−1) steps in all.",
-            "worked-example": "The worked example: S = 1 GB, N = 8, α = 5 µs, 25 GB/s. Step to the end.",
-            "busbw": "Your run's sweep: busbw levels off at the link's bandwidth (o loads your last run).",
-            "code": "engine/ring.py walks this schedule; o loads a real run's messages.",
-            "try-it": "Step with , and . at N = 4, then N = 8 ([ ]). o replays your last run.",
-        },
-    },
-    "es": {
-        "title": {RING: "All-reduce en anillo", TREE: "Árbol binomial: reduce + broadcast",
-                  NAIVE: "Ingenuo: reducir en el rango 0 + difundir"},
-        "run": "tu ejecución", "call_train": "paso {k} de entrenamiento", "call_sweep": "calentamiento del barrido",
-        "call": "llamada {c}", "calls": "llamada {i}/{n}",
-        "phase": {ring_model.REDUCE_SCATTER: "reduce-scatter", ring_model.ALL_GATHER: "all-gather",
-                  baselines.REDUCE: "reducción", baselines.BROADCAST: "difusión"},
-        "start": "inicio", "done": "terminado", "step": "{k} de {total} pasos hechos",
-        "playing": "▶ {speed} pasos/s", "paused": "❚❚ en pausa", "waiting": "esperando a los rangos {ranks}",
-        "sent_ring": "enviado por rango {sent} de 2(N−1)/N·S = {total}",
-        "sent_run": "enviado por rango {sent} de 2(N−1)/N·S = {total}",
-        "sent_busiest": "enlace del rango 0: entra {recv}, sale {sent}, de {total} por sentido",
-        "time": "tiempo α-β {t} de {total}",
-        "time_params": "(α {a}, {bw})", "time_fit": "(tu ajuste: α {a}, {bw})",
-        "model_ok": "✓ todos los mensajes coinciden con el modelo",
-        "model_bad": "✗ {k} mensajes difieren del modelo",
-        "chunks": "trozos", "sends": "envía", "legend": "contribuciones", "complete": "completo",
-        "more_ranks": "… {k} rangos más (se ven con un panel más alto)",
-        "cmp_head": "enlace más cargado (un sentido) · pasos · tiempo α-β",
-        "controls": {"restart": "|◀", "back": "◀", "play": "▶", "pause": "❚❚", "fwd": "▶|",
-                     "n_down": "N−", "n_up": "N+", "s_down": "S−", "s_up": "S+",
-                     "slower": "½×", "faster": "2×", "algo": "{algo}", "chart": "gráfica", "ring": "anillo",
-                     "load": "cargar", "source_run": "ejecución", "source_sim": "modelo"},
-        "run_none": "esta ejecución no trazó pasos del anillo (ejecútala con --trace first)",
-        "too_many": "la ejecución tiene N = {n} rangos; el visualizador dibuja de 2 a 16",
-        "captions": {
-            "replicate": "Cada rango empieza con sus propios gradientes: cada trozo tiene 1 contribución.",
-            "averaging": "La media de los N gradientes es su suma / N: all-reduce de la suma y una división.",
-            "allreduce": "All-reduce: cada rango termina con la suma de los N buffers. Pulsa espacio para reproducir.",
-            "naive": "Ingenuo: todo pasa por el enlace del rango 0, (N−1)·S por sentido. Compáralo con el "
-                     "anillo (a).",
-            "reduce-scatter": "Reduce-scatter: cada salto suma una contribución; tras N−1 pasos cada rango "
-                              "tiene un trozo completo.",
-            "all-gather": "All-gather: los trozos completos (verdes) se persiguen alrededor del anillo.",
-            "alpha-beta": "Cada paso cuesta α + (S/N)·β a todos los rangos a la vez: 2(N−1) pasos en total.",
-            "worked-example": "El ejemplo resuelto: S = 1 GB, N = 8, α = 5 µs, 25 GB/s. Avanza hasta el final.",
-            "busbw": "El barrido de tu ejecución: busbw se estabiliza en el ancho de banda del enlace "
-                     "(o carga la última).",
-            "code": "engine/ring.py recorre este calendario; o carga los mensajes de una ejecución real.",
-            "try-it": "Avanza con , y . con N = 4 y luego N = 8 ([ ]). o reproduce tu última ejecución.",
-        },
-    },
-}
-
-# What each lesson step sets up: algorithm, N, size, start frame ("rs" = end of reduce-scatter,
-# "end"), frame to stop at when playing, autoplay, view.
-STEP_SETUP = {
-    "replicate": dict(algorithm=RING, n=4, frame=0, play=False),
-    "averaging": dict(algorithm=RING, n=4, frame=0, play=False),
-    "allreduce": dict(algorithm=RING, n=4, frame=0, play=False),
-    "naive": dict(algorithm=NAIVE, n=4, frame=0, play=True),
-    "reduce-scatter": dict(algorithm=RING, n=4, frame=0, stop="rs", play=True),
-    "all-gather": dict(algorithm=RING, n=4, frame="rs", play=True),
-    "alpha-beta": dict(algorithm=RING, n=8, frame=0, play=False),
-    "worked-example": dict(algorithm=RING, n=8, size=10 ** 9, alpha=5e-6, beta=4e-11, frame=0, play=False),
-    "busbw": dict(view="chart"),
-    "code": dict(algorithm=RING, n=4, frame=0, play=False, prefer_run=True),
-    "try-it": dict(algorithm=RING, n=4, frame=0, play=False, prefer_run=True),
-}
-
-
-# The status line a step is about (drawn bold): the bytes on the link, or the alpha-beta time.
-EMPHASIS = {"naive": "bytes", "reduce-scatter": "bytes", "all-gather": "bytes", "alpha-beta": "time",
-            "worked-example": "time"}
-
 
 # ------------------------------------------------------------------------------------ the plans
 class RingVisualizer(PlaybackVisualizer):
@@ -197,6 +100,7 @@ class RingVisualizer(PlaybackVisualizer):
         self.view = "ring"
         self.source = "sim"  # or "run"
         self.caption_key: str | None = None
+        self.emphasis: str | None = None  # the status line the step stresses: "bytes" or "time"
         self.run = RingRun()
         self.call: int | None = None
         self.follow_run = True  # a new run's first traced call takes over the view
@@ -246,33 +150,39 @@ class RingVisualizer(PlaybackVisualizer):
 
     # -- public API (the lesson screen) ------------------------------------------------------------
     def show_step(self, step_key: str) -> None:
-        setup = STEP_SETUP.get(step_key)
-        self.caption_key = step_key if step_key in S["en"]["captions"] else None
-        if setup is None:
+        """Set up what the step declares (``view = {...}`` in lessons/lesson1/lesson.toml): ``show =
+        "chart"``, or the ring view's ``algorithm``, ``ranks``, ``size_bytes``, ``alpha_s`` and
+        ``beta_s_per_byte``, the frame to start and to stop at (``start_at``/``stop_at``: where a
+        phase begins), ``play``, ``source = "run"`` (the learner's run, once one is loaded) and the
+        status line to stress (``emphasis``: ``bytes`` or ``time``). A step's caption is
+        ``captions.<step>`` in lessons/catalog/ring.toml."""
+        view = self.step_view(step_key)
+        self.caption_key = step_key if has("ring", f"captions.{step_key}") else None
+        self.emphasis = view.get("emphasis")
+        if not view:
             self.refresh()
             return
-        if "view" in setup:
-            self.view = setup["view"]
+        if "show" in view:
+            self.view = view["show"]
             self.refresh()
             return
         self.view = "ring"
-        if setup.get("prefer_run") and self.run.calls:
+        if view.get("source") == "run" and self.run.calls:
             self.source = "run"
             if self.call not in self.run.calls:
                 self.call = min(self.run.calls)
         else:
             self.source = "sim"
-        self.algorithm = setup.get("algorithm", self.algorithm)
-        self.n = setup.get("n", self.n)
-        self.size_bytes = setup.get("size", self.size_bytes)
-        if "alpha" in setup:
-            self.alpha, self.beta = setup["alpha"], setup["beta"]
+        self.algorithm = view.get("algorithm", self.algorithm)
+        self.n = view.get("ranks", self.n)
+        self.size_bytes = view.get("size_bytes", self.size_bytes)
+        if "alpha_s" in view:
+            self.alpha, self.beta = view["alpha_s"], view["beta_s_per_byte"]
         plan = self.plan
-        frame = setup.get("frame", 0)
-        self.frame = (plan.n - 1) if frame == "rs" else plan.total if frame == "end" else int(frame)
-        self.stop_at = (plan.n - 1) if setup.get("stop") == "rs" else None
+        self.frame = plan.phases.index(view["start_at"]) if "start_at" in view else 0
+        self.stop_at = plan.phases.index(view["stop_at"]) if "stop_at" in view else None
         self.progress = 0.0
-        self.playing = bool(setup.get("play"))
+        self.playing = bool(view.get("play"))
         self.refresh()
 
     def feed_event(self, event: dict) -> None:
@@ -421,7 +331,7 @@ class RingVisualizer(PlaybackVisualizer):
     def _state_key(self) -> tuple:
         return (self.size, self.frame, int(self.progress * PROGRESS_LEVELS), self.playing, self.n, self.algorithm,
                 self.size_bytes, self.alpha, self.beta, self.speed, self.view, self.source, self.call,
-                self.run_version, self.caption_key, self.language, self.rich_style)
+                self.run_version, self.caption_key, self.emphasis, self.language, self.rich_style)
 
     def _frame_strips(self) -> list[Strip]:
         key = self._state_key()
@@ -444,7 +354,7 @@ class RingVisualizer(PlaybackVisualizer):
 
     def build(self, width: int, height: int) -> tuple[list[Text], list[tuple[int, int, int, str]]]:
         """The lines to draw in ``width`` × ``height`` cells, and the clickable regions."""
-        s = S[self.language]
+        s = strings("ring", self.language)
         controls, control_hits = self._controls(width)
         keys = [Text(line, style="dim") for line in wrap_words(self.controls_hint(), width)]
         if self.view == "chart":
@@ -516,7 +426,7 @@ class RingVisualizer(PlaybackVisualizer):
     def _side_by_side(self, plan, frame, width, height, title, header, rows, row_w, controls,
                       control_hits, keys, caption):
         """A short, wide pane (the tutor at 80×24): the ranks on the left, the figures on the right."""
-        s = S[self.language]
+        s = strings("ring", self.language)
         side_w = width - row_w - 3
         status = self._status(plan, frame, side_w)
         body_h = max(1, height - len(title) - len(controls))
@@ -555,7 +465,7 @@ class RingVisualizer(PlaybackVisualizer):
 
     # -- pieces ------------------------------------------------------------------------------------
     def _title(self, width: int) -> list[Text]:
-        s, lang = S[self.language], self.language
+        s, lang = strings("ring", self.language), self.language
         t = Text()
         rec = self.recorded
         if rec is not None:
@@ -571,7 +481,7 @@ class RingVisualizer(PlaybackVisualizer):
         return wrap_text(t, width)
 
     def _status(self, plan: Plan, frame: int, width: int) -> list[Text]:
-        s, lang = S[self.language], self.language
+        s, lang = strings("ring", self.language), self.language
         n, size = plan.n, self.effective_size
         total = plan.total
         line1 = Text()
@@ -590,8 +500,7 @@ class RingVisualizer(PlaybackVisualizer):
             line1.append(" · ")
             line1.append(s["waiting"].format(ranks=",".join(map(str, plan.missing[frame]))), style="yellow")
         elif self.playing:
-            speed = f"{self.speed:g}".replace(".", "," if lang == "es" else ".")
-            more = " · " + s["playing"].format(speed=speed)
+            more = " · " + s["playing"].format(speed=format_plain(self.speed, lang))
             if line1.cell_len + len(more) <= width:
                 line1.append(more, style="green")
         alpha, beta, fitted = self.alpha_beta
@@ -619,7 +528,7 @@ class RingVisualizer(PlaybackVisualizer):
             a=format_time(alpha, lang=lang), bw=format_bandwidth(1 / beta, lang=lang) if beta > 0 else "∞")
         line3.append(" " + params, style="dim")
         out = []
-        emphasis = EMPHASIS.get(self.caption_key) if self.source == "sim" else None
+        emphasis = self.emphasis if self.source == "sim" else None
         if emphasis == "bytes":
             line2.stylize("bold yellow")
         elif emphasis == "time":
@@ -634,7 +543,7 @@ class RingVisualizer(PlaybackVisualizer):
 
     def _rows(self, plan: Plan, frame: int, width: int) -> tuple[list[Text], list[Text]]:
         """Column header and one line per rank."""
-        s = S[self.language]
+        s = strings("ring", self.language)
         n = plan.n
         rank_w = len(f"r{n - 1}") + 1
         total = plan.total
@@ -697,7 +606,7 @@ class RingVisualizer(PlaybackVisualizer):
         return [header], rows
 
     def _legend(self, n: int, width: int) -> list[Text]:
-        s = S[self.language]
+        s = strings("ring", self.language)
         for prefix, suffix in ((s["legend"] + " 1 ", f" {n} {s['complete']}"), ("1 ", f" {n} {s['complete']}"),
                                ("1 ", f" {n}")):
             if len(prefix) + n + len(suffix) <= width:
@@ -710,7 +619,7 @@ class RingVisualizer(PlaybackVisualizer):
 
     def _comparison(self, plan: Plan, frame: int, width: int) -> list[Text]:
         """Busiest link, steps and α-β time of ring, tree and naive for the same N and S."""
-        s, lang = S[self.language], self.language
+        s, lang = strings("ring", self.language), self.language
         n, size = plan.n, self.effective_size
         alpha, beta, _ = self.alpha_beta
         figs = {a: (formulas.allreduce_bytes_per_rank(size, n, a), formulas.allreduce_steps(n, a),
@@ -720,8 +629,7 @@ class RingVisualizer(PlaybackVisualizer):
                  for a in ALGORITHMS}
         bw = max(len(t[0]) for t in texts.values())
         tw = max(len(t[2]) for t in texts.values())
-        names = {RING: s["controls"]["ring"], TREE: {"en": "tree", "es": "árbol"}[lang],
-                 NAIVE: {"en": "naive", "es": "ingenuo"}[lang]}
+        names = s["algorithm"]
         name_w = max(len(v) for v in names.values()) + 2
         bar_w = width - name_w - 1 - bw - 4 - tw - 2
         out = [Text(s["cmp_head"], style="dim")] if len(s["cmp_head"]) <= width else []
@@ -750,15 +658,14 @@ class RingVisualizer(PlaybackVisualizer):
         return out
 
     def _controls(self, width: int, max_lines: int = 3) -> tuple[list[Text], list[tuple[int, int, int, str]]]:
-        s = S[self.language]["controls"]
+        s = strings("ring", self.language)["controls"]
         rec_run = self.recorded is not None
         items = [(s["restart"], "restart"), (s["back"], "step(-1)"),
                  (s["pause"] if self.playing else s["play"], "play"), (s["fwd"], "step(1)"),
                  (s["slower"], "speed(-1)"), (s["faster"], "speed(1)"),
                  (s["n_down"], "ranks(-1)"), (s["n_up"], "ranks(1)"),
                  (s["s_down"], "size(-1)"), (s["s_up"], "size(1)"),
-                 ({"ring": s["ring"], "tree": {"en": "tree", "es": "árbol"}[self.language],
-                   "naive": {"en": "naive", "es": "ingenuo"}[self.language]}[self.algorithm], "algorithm"),
+                 (strings("ring", self.language)["algorithm"][self.algorithm], "algorithm"),
                  (s["ring"] if self.view == "chart" else s["chart"], "chart"),
                  (s["source_sim"] if rec_run else (s["source_run"] if self.run.calls else s["load"]),
                   "source" if self.run.calls else "load_run")]

@@ -11,26 +11,10 @@ from rich.text import Text
 from textual.widget import Widget
 
 from ..lessons.lesson1 import formulas
+from ..lessons.strings import strings
 from ..lessons.units import format_bandwidth, format_time
 from .base import wrap_words
 from .ring_drawing import AR_COLOR, RUN_COLOR, fmt_bytes, styled
-
-STRINGS = {
-    "en": {
-        "chart_title": "busbw vs message size",
-        "chart_none": "No sweep yet. Run `distai run lesson1 --cpu 4`, then press o here to load it.",
-        "chart_legend": "● our ring  ◆ dist.all_reduce  · α-β fit",
-        "chart_fit": "fit {impl}: α {a}, 1/β {bw}",
-        "impl": {"ring": "ring", "all_reduce": "all_reduce"},
-    },
-    "es": {
-        "chart_title": "busbw según el tamaño del mensaje",
-        "chart_none": "Aún no hay barrido. Ejecuta `distai run lesson1 --cpu 4` y pulsa o aquí para cargarlo.",
-        "chart_legend": "● nuestro anillo  ◆ dist.all_reduce  · ajuste α-β",
-        "chart_fit": "ajuste {impl}: α {a}, 1/β {bw}",
-        "impl": {"ring": "anillo", "all_reduce": "all_reduce"},
-    },
-}
 
 
 def sweep_chart(rows: list[dict], fits: dict[str, dict], width: int, height: int,
@@ -40,18 +24,18 @@ def sweep_chart(rows: list[dict], fits: dict[str, dict], width: int, height: int
     The fitted curves are ``formulas.busbw(S, a + b·S, n)`` with the run's ``fit`` events' a, b.
     Returns ``height`` lines at most, each at most ``width`` cells.
     """
-    s = STRINGS[lang]
+    s = strings("ring", lang)["chart"]
     lines: list[Text] = []
     pts = [r for r in rows if r.get("size") and r.get("ring_busbw") is not None]
     if not pts:
-        return [Text(part, style="dim") for part in wrap_words(s["chart_none"], width)][:height]
-    legend = [Text(line) for line in wrap_words(s["chart_legend"], width)]
+        return [Text(part, style="dim") for part in wrap_words(s["none"], width)][:height]
+    legend = [Text(line) for line in wrap_words(s["legend"], width)]
     fit_lines = []
     for impl in ("ring", "all_reduce"):
         f = fits.get(impl)
         if f and isinstance(f.get("alpha_s"), (int, float)) and f.get("beta_s_per_byte"):
             bw = 1 / f["beta_s_per_byte"] if f["beta_s_per_byte"] > 0 else None
-            fit_lines.append(Text(s["chart_fit"].format(
+            fit_lines.append(Text(s["fit"].format(
                 impl=s["impl"][impl], a=format_time(f["alpha_s"], lang=lang),
                 bw="—" if bw is None else format_bandwidth(bw, lang=lang)), style="dim"))
     label_w = 10
@@ -93,7 +77,7 @@ def sweep_chart(rows: list[dict], fits: dict[str, dict], width: int, height: int
             grid[row_of(r["ar_busbw"])][col(r["size"])] = ("◆", f"bold {AR_COLOR}")
     for r in pts:
         grid[row_of(r["ring_busbw"])][col(r["size"])] = ("●", f"bold {RUN_COLOR}")
-    title = styled(s["chart_title"], "bold")
+    title = styled(s["title"], "bold")
     title.append(f"  N = {n}", style="dim")
     lines.append(title)
     for y in range(plot_h):

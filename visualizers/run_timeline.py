@@ -12,57 +12,11 @@ from __future__ import annotations
 from rich.text import Text
 
 from ..lessons.lesson3.run_timeline import RunTimeline
+from ..lessons.strings import strings
+from ..lessons.units import format_bytes, format_number, format_time
 
 GLYPHS = {"step": ("█", "green"), "redo": ("█", "yellow"), "checkpoint": ("◆", "bold cyan"),
           "failure": ("✕", "bold red"), "restart": ("↻", "bold magenta"), "empty": (" ", "")}
-
-STRINGS = {
-    "en": {
-        "title": "run timeline: {n} steps on {w} ranks",
-        "waiting": "no run yet: start one with `distai run lesson3 --cpu 2` (or from the tutor) to see "
-                   "its steps, checkpoints, failure and restart here",
-        "try": "try {n}",
-        "legend": "█ step  █ redone  ◆ checkpoint  ✕ failure  ↻ restart",
-        "failure_step": "✕ rank {r} killed ({cause}) during step {s}",
-        "failure_other": "✕ rank {r} killed ({cause}) during the {phase} after step {s}",
-        "restart": "↻ restart {a} ({how}): resumed from the checkpoint after step {s} in {ms:.0f} ms",
-        "restart_none": "↻ restart {a} ({how}): no good checkpoint, started over",
-        "inplace": "torchrun, in place", "relaunch": "supervisor, fresh torchrun",
-        "skipped": "  skipped {name}: {why}",
-        "relaunched": "↻ torchrun gave up ({err}); relaunch {k} of {of} on a fresh port",
-        "redone": "  redone steps {a}–{b}: losses {same} the first time",
-        "same": "identical to", "diff": "DIFFERENT from",
-        "ckpts": "◆ {n} checkpoints of {size}, {ms:.0f} ms each on average (the last: after step {s})",
-        "compare_ok": "= resumed vs uninterrupted (same seed): {k}/{n} losses identical (==), weights {w}",
-        "compare_bad": "≠ resumed vs uninterrupted: {k}/{n} losses equal, first difference at step {s} "
-                       "(max |diff| {d:.2g})",
-        "w_same": "identical", "w_diff": "different",
-        "lost": "work redone: {n} step{s}",
-    },
-    "es": {
-        "title": "línea de tiempo: {n} pasos en {w} ranks",
-        "waiting": "aún no hay ejecución: lanza `distai run lesson3 --cpu 2` (o desde el tutor) para ver "
-                   "aquí sus pasos, checkpoints, el fallo y el reinicio",
-        "try": "int. {n}",
-        "legend": "█ paso  █ rehecho  ◆ checkpoint  ✕ fallo  ↻ reinicio",
-        "failure_step": "✕ rank {r} eliminado ({cause}) durante el paso {s}",
-        "failure_other": "✕ rank {r} eliminado ({cause}) durante el {phase} tras el paso {s}",
-        "restart": "↻ reinicio {a} ({how}): reanudado desde el checkpoint tras el paso {s} en {ms:.0f} ms",
-        "restart_none": "↻ reinicio {a} ({how}): ningún checkpoint válido, desde el principio",
-        "inplace": "torchrun, en el sitio", "relaunch": "supervisor, torchrun nuevo",
-        "skipped": "  descartado {name}: {why}",
-        "relaunched": "↻ torchrun se rindió ({err}); relanzamiento {k} de {of} en un puerto nuevo",
-        "redone": "  pasos rehechos {a}–{b}: pérdidas {same} la primera vez",
-        "same": "idénticas a", "diff": "DISTINTAS de",
-        "ckpts": "◆ {n} checkpoints de {size}, {ms:.0f} ms cada uno de media (el último: tras el paso {s})",
-        "compare_ok": "= reanudada vs sin interrupción (misma semilla): {k}/{n} pérdidas idénticas (==), pesos {w}",
-        "compare_bad": "≠ reanudada vs sin interrupción: {k}/{n} pérdidas iguales, primera diferencia en el paso {s} "
-                       "(máx |dif| {d:.2g})",
-        "w_same": "idénticos", "w_diff": "distintos",
-        "lost": "trabajo rehecho: {n} paso{s}",
-    },
-}
-
 
 def _axis(n: int, cols: int, pad: int) -> Text:
     """Step numbers under the rows: 1, then round multiples at least 6 columns apart."""
@@ -96,7 +50,7 @@ def _legend(text: str) -> Text:
 
 def timeline_lines(tl: RunTimeline, width: int = 80, language: str = "en", details: bool = True) -> list[Text]:
     """The rows, an axis, a legend and (``details``) one line per failure, restart and check."""
-    tr = STRINGS.get(language, STRINGS["en"])
+    tr = strings("failures", language)["timeline"]
     if tl.empty:
         return [Text(tr["waiting"], style="italic grey62")]
     n = tl.span()
@@ -121,7 +75,8 @@ def timeline_lines(tl: RunTimeline, width: int = 80, language: str = "en", detai
             how = tr["inplace"] if r.get("restart_count") else tr["relaunch"]
             if r.get("checkpoint"):
                 lines.append(Text(tr["restart"].format(a=number, how=how, s=r.get("from_step", 0),
-                                                       ms=1e3 * float(r.get("load_s") or 0)), style="magenta"))
+                                                       t=format_time(float(r.get("load_s") or 0), lang=language)),
+                                  style="magenta"))
             else:
                 lines.append(Text(tr["restart_none"].format(a=number, how=how), style="magenta"))
             for name, why in r.get("skipped") or []:
@@ -146,12 +101,11 @@ def timeline_lines(tl: RunTimeline, width: int = 80, language: str = "en", detai
                           style="green" if rd.get("identical") else "bold red"))
     cks = tl.checkpoints
     if cks:
-        from ..lessons.units import format_bytes
-
-        mean_ms = 1e3 * sum(float(c.get("seconds") or 0) for c in cks) / len(cks)
+        mean_s = sum(float(c.get("seconds") or 0) for c in cks) / len(cks)
         lines.append(Text(tr["ckpts"].format(n=len(cks), size=format_bytes(cks[-1].get("bytes", 0), binary=True,
                                                                               lang=language),
-                                             ms=mean_ms, s=cks[-1].get("step")), style="cyan"))
+                                             t=format_time(mean_s, lang=language), s=cks[-1].get("step")),
+                          style="cyan"))
     c = tl.compare
     if c:
         if c.get("identical"):
@@ -160,7 +114,8 @@ def timeline_lines(tl: RunTimeline, width: int = 80, language: str = "en", detai
                               style="bold green"))
         else:
             lines.append(Text(tr["compare_bad"].format(k=c.get("equal_steps"), n=c.get("steps"),
-                                                       s=c.get("first_diff_step"), d=float(c.get("max_abs_diff") or 0)),
+                                                       s=c.get("first_diff_step"),
+                                                       d=format_number(float(c.get("max_abs_diff") or 0), 2, language)),
                               style="bold red"))
     return lines
 
