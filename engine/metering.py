@@ -3,8 +3,9 @@
 * :class:`CommMeter` — a ``TorchDispatchMode`` that sees every c10d operation issued inside its
   ``with`` (our collectives, DDP's bucket all-reduces, FSDP2's and DTensor's gathers, pipeline
   sends), whoever issues them. Each one becomes a :class:`CommRecord`: the op, the bytes of the
-  full tensor it is about, what one rank sends for it, the size of the group it ran on, and the
-  tags (``layer``, ``phase``, ``site``) that the code around it set with :func:`comm_scope`.
+  full tensor it is about, what one rank sends for it, the size of the group it ran on, the
+  tags (``layer``, ``phase``, ``site``) that the code around it set with :func:`comm_scope`,
+  and when it was issued and completed (the run's trace draws these: ``comm_trace.py``).
 * :class:`SavedActivationMeter` — the bytes of the tensors autograd saves for backward
   (parameters excluded, each storage once), live and at their peak, and per layer.
 
@@ -18,6 +19,7 @@ the ring algorithm sends (the lessons' formulas).
 """
 from __future__ import annotations
 
+import time
 import weakref
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
@@ -91,15 +93,16 @@ def sent_bytes_per_rank(op: str, payload: int, n: int, backend: str = "nccl") ->
     return 2 * sent if api == "reduce_scatter" and backend == "gloo" else sent
 
 
-#: c10d op -> (op family, index of the argument whose size is the payload)
+#: c10d op -> (op family, index of the argument whose size is the payload, index of the input):
+#: they differ for an all-gather, whose payload is the gathered output and input this rank's shard
 _C10D_OPS = {
-    "allreduce_": ("allreduce", 0), "allreduce_coalesced_": ("allreduce", 0),
-    "_allgather_base_": ("allgather", 0), "allgather_": ("allgather", 0),
-    "allgather_into_tensor_coalesced_": ("allgather", 0),
-    "_reduce_scatter_base_": ("reduce_scatter", 1), "reduce_scatter_": ("reduce_scatter", 1),
-    "reduce_scatter_tensor_coalesced_": ("reduce_scatter", 1),
-    "alltoall_base_": ("alltoall", 1), "alltoall_": ("alltoall", 1),
-    "broadcast_": ("broadcast", 0), "send": ("send", 0), "recv_": ("recv", 0),
+    "allreduce_": ("allreduce", 0, 0), "allreduce_coalesced_": ("allreduce", 0, 0),
+    "_allgather_base_": ("allgather", 0, 1), "allgather_": ("allgather", 0, 1),
+    "allgather_into_tensor_coalesced_": ("allgather", 0, 1),
+    "_reduce_scatter_base_": ("reduce_scatter", 1, 1), "reduce_scatter_": ("reduce_scatter", 1, 1),
+    "reduce_scatter_tensor_coalesced_": ("reduce_scatter", 1, 1),
+    "alltoall_base_": ("alltoall", 1, 1), "alltoall_": ("alltoall", 1, 1),
+    "broadcast_": ("broadcast", 0, 0), "send": ("send", 0, 0), "recv_": ("recv", 0, 0),
 }
 #: c10d's op family -> torch.distributed's function name
 _API_NAME = {"allreduce": "all_reduce", "allgather": "all_gather", "reduce_scatter": "reduce_scatter",
@@ -129,9 +132,10 @@ def _group_of(args: tuple) -> Any:
 # The communication meter
 # ----------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
+@dataclass
 class CommRecord:
-    """One c10d operation one rank took part in."""
+    """One c10d operation one rank took part in (``t1`` is set from the backend's thread when it
+    completes)."""
 
     op: str  # torch.distributed's name: all_reduce, all_gather, reduce_scatter, all_to_all, send, …
     layer: str  # the comm_scope's tags: "embed", "0", "1", …, "head" ("-" outside any)
@@ -141,11 +145,49 @@ class CommRecord:
     sent_bytes: float  # what this rank sends on the backend in use
     world: int  # ranks in the group it ran on
     group: str = ""  # that group's name
+    input_bytes: int = 0  # what this rank contributes: its shard for an all-gather, else the payload
+    t0: float = 0.0  # wall-clock seconds when it was issued
+    t1: float | None = None  # … and when it completed (None: not yet, or not observable)
 
     @property
     def wire_bytes(self) -> float:
         """Bytes one rank sends with the ring algorithm (the lessons' formulas)."""
         return ring_bytes_per_rank(self.op, self.payload_bytes, self.world)
+
+
+def _is_async(func: Any, args: tuple, kwargs: dict) -> bool:
+    """The c10d op's ``async_op`` argument (true for ops without one: sends and receives)."""
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.name == "async_op":
+            return bool(kwargs.get("async_op", args[i] if i < len(args) else True))
+    return True
+
+
+def _time_completion(func: Any, args: tuple, kwargs: dict, out: Any, record: CommRecord) -> None:
+    """Set ``record.t1`` when the c10d op ``func`` that returned ``out`` completes.
+
+    The returned ``Work``'s future runs the callback on the backend's thread (gloo completes it
+    before ``wait()`` returns; on NCCL a Work's future completes when the kernel is enqueued, so
+    there ``t1`` is the launch). Some Works have no future (gloo's reduce-scatter and
+    point-to-point) and their ``wait()`` happens in the caller, out of the dispatcher's sight: a
+    blocking op's Work is waited for here (its caller waits for it next anyway), an async one is
+    timed to its launch.
+    """
+    work = next((dist.Work.unbox(x) for x in (out if isinstance(out, tuple) else (out,))
+                 if isinstance(x, torch.ScriptObject)), None)
+    try:
+        future = work.get_future() if work is not None else None
+    except RuntimeError:  # "Work::getFuture not implemented"
+        future = None
+    if future is None:
+        if work is not None and not _is_async(func, args, kwargs):
+            work.wait()
+        record.t1 = time.time()
+        return
+
+    def done(_future: Any) -> None:
+        record.t1 = time.time()
+    future.add_done_callback(done)
 
 
 class CommMeter(TorchDispatchMode):
@@ -176,21 +218,26 @@ class CommMeter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func.namespace == "c10d":
-            family, index = _C10D_OPS.get(func._overloadpacket.__name__, (None, 0))
-            if family is not None:
-                group = _group_of(args)
-                world = group.size() if group is not None else dist.get_world_size()
-                payload = _nbytes(args[index])
-                sent = sent_bytes_per_rank(family, payload, world, self.backend)
-                layer, phase, site = _TAGS.get()
-                self.records.append(CommRecord(_API_NAME[family], layer, phase, site, payload, sent, world,
-                                               str(getattr(group, "group_name", "")) if group else ""))
-                if family != "recv":
-                    self.sent += sent
-                    self.by_op[family] += sent
-                    self.calls[family] += 1
-        return func(*args, **kwargs)
+        family, index, input_index = (_C10D_OPS.get(func._overloadpacket.__name__, (None, 0, 0))
+                                      if func.namespace == "c10d" else (None, 0, 0))
+        if family is None:
+            return func(*args, **kwargs)
+        group = _group_of(args)
+        world = group.size() if group is not None else dist.get_world_size()
+        payload = _nbytes(args[index])
+        sent = sent_bytes_per_rank(family, payload, world, self.backend)
+        layer, phase, site = _TAGS.get()
+        record = CommRecord(_API_NAME[family], layer, phase, site, payload, sent, world,
+                            str(getattr(group, "group_name", "")) if group else "", _nbytes(args[input_index]),
+                            time.time())
+        self.records.append(record)
+        if family != "recv":
+            self.sent += sent
+            self.by_op[family] += sent
+            self.calls[family] += 1
+        out = func(*args, **kwargs)
+        _time_completion(func, args, kwargs, out, record)
+        return out
 
     # -- views -----------------------------------------------------------------------------------
     def of(self, layer: object = None, phase: str | None = None, sites: Iterable[str] | None = None,

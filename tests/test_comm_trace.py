@@ -1,6 +1,6 @@
-"""Collectives timed for a run's trace: blocking and async ones (completion through the Work's
-future), named with their payload, emitted as comm spans nested in the step; the wrappers are gone
-after the block."""
+"""Collectives timed for a run's trace by the one communication meter (a dispatch mode, no wrapper
+of torch.distributed): blocking and async ones, named with their payload, emitted as comm spans
+nested in the step; nothing is recorded after the block."""
 from __future__ import annotations
 
 import torch
@@ -15,13 +15,13 @@ def _traced(rank: int, world: int, events_dir: str) -> dict:
     sink = EventSink(rank, events_dir)
     original = dist.all_reduce
     with traced_step(sink, "step 0", step=0):
+        untouched = dist.all_reduce is original
         x = torch.ones(1024)
         dist.all_reduce(x)
         out = torch.empty(world * 256)
         dist.all_gather_into_tensor(out, torch.full((256,), float(rank)), async_op=True).wait()
         shard = torch.empty(256)
         dist.reduce_scatter_tensor(shard, torch.ones(world * 256))
-    untouched = dist.all_reduce is original
     dist.all_reduce(torch.ones(4))  # after the block: not recorded
     sink.close()
     return {"sum": float(x[0]), "gathered": out.tolist()[::256], "untouched": untouched}
