@@ -15,6 +15,7 @@ A function remembers the layer its forward ran in and tags its backward collecti
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,56 +25,50 @@ from ..metering import comm_tags
 from .group import TPGroup
 
 
-class CopyToTP(torch.autograd.Function):
-    """f: identity forward, all-reduce backward (the input was replicated, its gradient is a sum
-    of every rank's partial gradient)."""
+def _identity(tp: TPGroup, t: torch.Tensor, site: str, **tags: Any) -> torch.Tensor:
+    return t.view_as(t)
 
-    @staticmethod
+
+def _all_reduce(tp: TPGroup, t: torch.Tensor, site: str, **tags: Any) -> torch.Tensor:
+    return tp.all_reduce(t.clone(), site, **tags)
+
+
+def _all_gather(tp: TPGroup, t: torch.Tensor, site: str, **tags: Any) -> torch.Tensor:
+    return tp.all_gather_seq(t, site, **tags)
+
+
+def _reduce_scatter(tp: TPGroup, t: torch.Tensor, site: str, **tags: Any) -> torch.Tensor:
+    return tp.reduce_scatter_seq(t, site, **tags)
+
+
+_Op = Callable[..., torch.Tensor]
+
+
+def _conjugate_pair(name: str, forward_op: _Op, backward_op: _Op, doc: str) -> type[torch.autograd.Function]:
+    """An autograd function ``(x, tp, site)`` that runs ``forward_op`` on the input and
+    ``backward_op`` on its gradient, the backward tagged with the forward's layer (f and g are
+    each other's conjugate: what one does forward, the other does backward)."""
+
     def forward(ctx: Any, x: torch.Tensor, tp: TPGroup, site: str) -> torch.Tensor:
         ctx.tp, ctx.site, ctx.layer = tp, site, comm_tags()["layer"]
-        return x.view_as(x)
+        return forward_op(tp, x, site)
 
-    @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return ctx.tp.all_reduce(grad.clone(), ctx.site, layer=ctx.layer, phase="bwd"), None, None
+        return backward_op(ctx.tp, grad, ctx.site, layer=ctx.layer, phase="bwd"), None, None
+
+    return type(name, (torch.autograd.Function,), {"__doc__": doc, "__module__": __name__,
+                                                   "forward": staticmethod(forward),
+                                                   "backward": staticmethod(backward)})
 
 
-class ReduceFromTP(torch.autograd.Function):
-    """g: all-reduce forward (every rank holds a partial sum), identity backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, tp: TPGroup, site: str) -> torch.Tensor:
-        return tp.all_reduce(x.clone(), site)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return grad, None, None
-
-
-class GatherFromSequence(torch.autograd.Function):
-    """f with sequence parallelism: all-gather along the sequence forward, reduce-scatter backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, tp: TPGroup, site: str) -> torch.Tensor:
-        ctx.tp, ctx.site, ctx.layer = tp, site, comm_tags()["layer"]
-        return tp.all_gather_seq(x, site)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return ctx.tp.reduce_scatter_seq(grad, ctx.site, layer=ctx.layer, phase="bwd"), None, None
-
-
-class ReduceScatterToSequence(torch.autograd.Function):
-    """g with sequence parallelism: reduce-scatter along the sequence forward, all-gather backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, tp: TPGroup, site: str) -> torch.Tensor:
-        ctx.tp, ctx.site, ctx.layer = tp, site, comm_tags()["layer"]
-        return tp.reduce_scatter_seq(x, site)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return ctx.tp.all_gather_seq(grad, ctx.site, layer=ctx.layer, phase="bwd"), None, None
+CopyToTP = _conjugate_pair("CopyToTP", _identity, _all_reduce, """f: identity forward, all-reduce backward
+    (the input was replicated, its gradient is a sum of every rank's partial gradient).""")
+ReduceFromTP = _conjugate_pair("ReduceFromTP", _all_reduce, _identity, """g: all-reduce forward (every rank
+    holds a partial sum), identity backward.""")
+GatherFromSequence = _conjugate_pair("GatherFromSequence", _all_gather, _reduce_scatter, """f with sequence
+    parallelism: all-gather along the sequence forward, reduce-scatter backward.""")
+ReduceScatterToSequence = _conjugate_pair("ReduceScatterToSequence", _reduce_scatter, _all_gather, """g with
+    sequence parallelism: reduce-scatter along the sequence forward, all-gather backward.""")
 
 
 class SPColumnLinear(torch.autograd.Function):
