@@ -31,7 +31,7 @@ from typing import Any
 from .events import EventSink
 
 __all__ = ["run_experiment", "UsageError", "exit_with", "checkpoint", "Progress", "device_sync", "max_over_ranks",
-           "all_ranks_true", "BARRIER_TIMEOUT_ENV"]
+           "all_ranks_true", "add_model_options", "BARRIER_TIMEOUT_ENV"]
 
 BARRIER_TIMEOUT_ENV = "DISTAI_BARRIER_TIMEOUT_S"
 _gloo_group: Any = None
@@ -45,6 +45,17 @@ class UsageError(ValueError):
 #: ``body(ctx, args)`` returns the summary (rank 0's is emitted; None: nothing), or
 #: ``(summary, status)`` to end with a non-zero status that is not an error (a verdict)
 Body = Callable[[Any, argparse.Namespace], Any]
+
+
+def add_model_options(parser: argparse.ArgumentParser, *, hidden: int, heads: int, layers: int, vocab: int,
+                      seq: int) -> None:
+    """``--hidden --heads --layers --vocab --seq``: the size of the GPT an experiment trains (the
+    fields of :class:`~distai.engine.model.GPTConfig`, as the calculators name them), with this
+    experiment's defaults."""
+    for name, default, what in (("hidden", hidden, "hidden size h"), ("heads", heads, "attention heads"),
+                                ("layers", layers, "Transformer blocks"), ("vocab", vocab, "vocabulary size"),
+                                ("seq", seq, "sequence length")):
+        parser.add_argument(f"--{name}", type=int, default=default, help=f"{what} (default {default})")
 
 
 def _report_error(exc: BaseException, events: EventSink | None) -> None:

@@ -316,7 +316,18 @@ def _trim(lines: list[str]) -> list[str]:
 
 
 # -- the launch ------------------------------------------------------------------------------------
-class Launch:
+class Stoppable:
+    """A run the user can stop (:class:`Launch`, and the Supervisor that relaunches it): once a
+    stop is asked for, with its reason, the run is ``stopping`` until it ends."""
+
+    _stop_reason: str | None = None
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop_reason is not None
+
+
+class Launch(Stoppable):
     """One run of an experiment. ``run()`` blocks, feeding ``consumer`` in the calling thread."""
 
     def __init__(self, spec: LaunchSpec, record: RunRecord, consumer: Consumer | None = None,
@@ -396,10 +407,6 @@ class Launch:
             proc = self.proc
         if proc is not None and proc.poll() is None:
             _signal_pid_and_group(proc.pid, signal.SIGTERM)
-
-    @property
-    def stopping(self) -> bool:
-        return self._stop_reason is not None
 
     def run(self) -> RunRecord:
         """Start (if needed) and wait; Ctrl-C in the caller stops the run and is re-raised after."""

@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import time
 
-from .launcher import Consumer, Launch, LaunchSpec
+from .launcher import Consumer, Launch, LaunchSpec, Stoppable
 from .runs import RunRecord
 
 
-class Supervisor:
+class Supervisor(Stoppable):
     """A run that is relaunched (fresh torchrun, fresh port) after a failure, ``relaunches`` times at most."""
 
     def __init__(self, spec: LaunchSpec, record: RunRecord, consumer: Consumer | None = None,
@@ -57,10 +57,6 @@ class Supervisor:
         self._stop_reason = self._stop_reason or reason
         if self.current is not None:
             self.current.stop(reason)
-
-    @property
-    def stopping(self) -> bool:
-        return self._stop_reason is not None
 
     def run(self) -> RunRecord:
         """Run, relaunching after failures; Ctrl-C stops the current attempt and is re-raised."""

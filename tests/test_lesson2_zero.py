@@ -32,7 +32,7 @@ from distai.engine.experiments.lesson2 import (
 )
 from distai.engine.testing import run_in_group
 
-CFG = model_config(vocab=64, d_model=32, layers=2, heads=2, seq_len=16)
+CFG = model_config(vocab=64, hidden=32, layers=2, heads=2, seq=16)
 STEPS, BATCH = 3, 8
 TOL = {"adam": 1e-4, "sgd": 2e-5}
 
@@ -69,8 +69,8 @@ def _run_main(rank: int) -> list[dict]:
 
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["DISTAI_EVENTS_DIR"] = tmp
-        lesson2.main(["--steps", "2", "--strategies", "ddp,zero3", "--vocab", "64", "--d-model", "32",
-                      "--layers", "2", "--heads", "2", "--seq-len", "16", "--batch", "8"])
+        lesson2.main(["--steps", "2", "--strategies", "ddp,zero3", "--vocab", "64", "--hidden", "32",
+                      "--layers", "2", "--heads", "2", "--seq", "16", "--batch", "8"])
         del os.environ["DISTAI_EVENTS_DIR"]
         return list(read_events(os.path.join(tmp, f"rank{rank}.jsonl")))
 

@@ -18,8 +18,8 @@ and rank 0 prints measured against the calculator's prediction
 
 Run: ``python -m torch.distributed.run --nproc-per-node 4 -m distai.engine.experiments.lesson2``
 (or ``distai run lesson2 --cpu 4``). Options: ``--steps``, ``--strategies ddp,zero1,...``,
-``--precision fp32|bf16``, ``--optimizer adam|sgd``, model size ``--d-model --layers --vocab
---seq-len``, ``--batch`` (global batch, split across ranks).
+``--precision fp32|bf16``, ``--optimizer adam|sgd``, model size ``--hidden --heads --layers --vocab
+--seq``, ``--batch`` (global batch, split across ranks).
 
 Events (besides the common ``phase``/``step``/``log``/``summary``):
 
@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from ..comm_trace import traced_step
-from ..experiment import UsageError, exit_with, run_experiment
+from ..experiment import UsageError, add_model_options, exit_with, run_experiment
 from ..metering import CommMeter
 from ..model import GPT, GPTConfig, ModelConfigError, lm_loss
 from ..zero import ZeroEngine, held_bytes
@@ -56,11 +56,11 @@ CALC_STRATEGY = {"ddp": "ddp", "zero1": "zero1", "zero2": "zero2", "zero3": "zer
 # The model and the data
 # ---------------------------------------------------------------------------------------------
 
-def model_config(vocab: int = 256, d_model: int = 64, layers: int = 4, heads: int = 4,
-                 seq_len: int = 32) -> GPTConfig:
+def model_config(vocab: int = 256, hidden: int = 64, layers: int = 4, heads: int = 4,
+                 seq: int = 32) -> GPTConfig:
     """The GPT this lesson trains: untied, because ZeRO-3 and FSDP2 shard its embedding, blocks
     and head as separate units (a tied head would need the embedding's freed parameters)."""
-    return GPTConfig(vocab=vocab, hidden=d_model, layers=layers, heads=heads, seq=seq_len, tie_embeddings=False)
+    return GPTConfig(vocab=vocab, hidden=hidden, layers=layers, heads=heads, seq=seq, tie_embeddings=False)
 
 
 def make_model(cfg: GPTConfig, seed: int = 0, device="cpu") -> GPT:
@@ -68,7 +68,7 @@ def make_model(cfg: GPTConfig, seed: int = 0, device="cpu") -> GPT:
 
 
 def make_batches(cfg: GPTConfig, steps: int, batch: int, seed: int = 1234) -> list[torch.Tensor]:
-    """``steps`` batches of ``batch`` token sequences (length seq_len + 1) from a random bigram
+    """``steps`` batches of ``batch`` token sequences (length seq + 1) from a random bigram
     language (each token has a few likely successors), identical on every rank."""
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(cfg.vocab, cfg.vocab, generator=g) * 3.0
@@ -117,6 +117,18 @@ class Trainer:
     def step(self, batch: torch.Tensor) -> float:
         raise NotImplementedError
 
+    def _optimizer_step(self, module: torch.nn.Module, batch: torch.Tensor, autocast: bool = False,
+                        set_to_none: bool = True) -> float:
+        """A step with the torch optimizer ``self.opt``: ``module`` (the model, or the wrapper that
+        communicates for it) on this rank's slice, in bf16 autocast when ``autocast``."""
+        self.opt.zero_grad(set_to_none=set_to_none)
+        x, y = self.local(batch)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=autocast):
+            loss = loss_fn(module(x), y)
+        loss.backward()
+        self.opt.step()
+        return loss.item()
+
     def held(self) -> dict[str, int]:
         """Bytes of storage this rank holds for the model and a torch optimizer ``self.opt``."""
         params = list(self.model.parameters())
@@ -138,13 +150,7 @@ class SingleTrainer(Trainer):
         self.autocast = precision != "fp32"
 
     def step(self, batch):
-        self.opt.zero_grad(set_to_none=True)
-        x, y = self.local(batch)
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-            loss = loss_fn(self.model(x), y)
-        loss.backward()
-        self.opt.step()
-        return loss.item()
+        return self._optimizer_step(self.model, batch, self.autocast)
 
     def full_params(self):
         return {n: p.detach().float().clone() for n, p in self.model.named_parameters()}
@@ -165,13 +171,7 @@ class DDPTrainer(Trainer):
         self.autocast = precision != "fp32"  # mixed precision the torch way: fp32 params, bf16 compute
 
     def step(self, batch):
-        self.opt.zero_grad(set_to_none=False)
-        x, y = self.local(batch)
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-            loss = loss_fn(self.ddp(x), y)
-        loss.backward()
-        self.opt.step()
-        return loss.item()
+        return self._optimizer_step(self.ddp, batch, self.autocast, set_to_none=False)  # grads are bucket views
 
     def full_params(self):
         return {n: p.detach().float().clone() for n, p in self.model.named_parameters()}
@@ -229,12 +229,7 @@ class FSDP2Trainer(Trainer):
         self.opt = make_optimizer(optimizer, model.parameters())
 
     def step(self, batch):
-        self.opt.zero_grad(set_to_none=True)
-        x, y = self.local(batch)
-        loss = loss_fn(self.model(x), y)
-        loss.backward()
-        self.opt.step()
-        return loss.item()
+        return self._optimizer_step(self.model, batch)  # mixed precision: FSDP2's own policy
 
     def full_params(self):
         return {n: p.detach().full_tensor().float().clone() for n, p in self.model.named_parameters()}
@@ -381,11 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fp32, or bf16 mixed precision (bf16 params/grads, fp32 master+states)")
     p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
     p.add_argument("--batch", type=int, default=16, help="global batch (split across ranks)")
-    p.add_argument("--d-model", type=int, default=64)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--vocab", type=int, default=256)
-    p.add_argument("--seq-len", type=int, default=32)
+    add_model_options(p, hidden=64, heads=4, layers=4, vocab=256, seq=32)
     p.add_argument("--no-check", action="store_true", help="skip the single-process comparison")
     return p
 
@@ -416,7 +407,7 @@ def run(ctx, args: argparse.Namespace) -> dict:
     rank, world, ev = ctx.rank, ctx.world_size, ctx.events
     if args.batch % world:
         args.batch = math.ceil(args.batch / world) * world
-    cfg = model_config(args.vocab, args.d_model, args.layers, args.heads, args.seq_len)
+    cfg = model_config(args.vocab, args.hidden, args.layers, args.heads, args.seq)
     num_params = count_params(cfg)
     batches = make_batches(cfg, args.steps, args.batch)
     ev.emit("phase", name="setup", world_size=world, num_params=num_params, precision=args.precision,

@@ -45,7 +45,7 @@ import torch.distributed as dist
 
 from ...lessons.lesson4.formulas import activation_bytes_per_layer, tp_comm_per_layer
 from ..comm_trace import traced_step
-from ..experiment import Progress, UsageError, exit_with, max_over_ranks, run_experiment
+from ..experiment import Progress, UsageError, add_model_options, exit_with, max_over_ranks, run_experiment
 from ..metering import CommMeter, SavedActivationMeter
 from ..model import GPT, DropoutMasks, GPTConfig, ModelConfigError, make_batch
 from ..tensor_parallel import (
@@ -311,13 +311,9 @@ def verdict(summary: dict, cfg: GPTConfig, modes: list[str]) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lesson4", description=__doc__.split("\n\n")[0])
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--heads", type=int, default=8)
+    add_model_options(p, hidden=128, heads=8, layers=2, vocab=512, seq=64)
     p.add_argument("--ffn", type=int, default=None, help="MLP width (default 4·hidden)")
-    p.add_argument("--seq", type=int, default=64)
     p.add_argument("--micro-batch", type=int, default=4)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--vocab", type=int, default=512)
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--lr", type=float, default=0.5)
