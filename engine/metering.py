@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
 __all__ = ["CommMeter", "CommRecord", "SavedActivationMeter", "comm_scope", "comm_tags",
            "sent_bytes_per_rank", "ring_bytes_per_rank"]
@@ -104,6 +104,15 @@ _C10D_OPS = {
     "alltoall_base_": ("alltoall", 1, 1), "alltoall_": ("alltoall", 1, 1),
     "broadcast_": ("broadcast", 0, 0), "send": ("send", 0, 0), "recv_": ("recv", 0, 0),
 }
+#: functional collective (``_c10d_functional``: DTensor's redistributions, torch.distributed's
+#: ``_functional_collectives``) -> c10d op family; the input is the first argument, the group's
+#: name the last, and the result is waited for by ``wait_tensor``
+_FUNCTIONAL_OPS = {
+    "all_reduce": "allreduce", "all_reduce_coalesced": "allreduce",
+    "all_gather_into_tensor": "allgather", "all_gather_into_tensor_coalesced": "allgather",
+    "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "all_to_all_single": "alltoall", "broadcast": "broadcast",
+}
 #: c10d's op family -> torch.distributed's function name
 _API_NAME = {"allreduce": "all_reduce", "allgather": "all_gather", "reduce_scatter": "reduce_scatter",
              "alltoall": "all_to_all", "broadcast": "broadcast", "send": "send", "recv": "recv"}
@@ -115,6 +124,25 @@ def _nbytes(x: Any) -> int:
     if isinstance(x, (list, tuple)):
         return sum(_nbytes(t) for t in x)
     return 0
+
+
+def _storage_keys(x: Any) -> list[int]:
+    """The storages of a collective's result (inside a wrapper such as an AsyncCollectiveTensor)."""
+    keys = []
+    for t in x if isinstance(x, (list, tuple)) else [x]:
+        if is_traceable_wrapper_subclass(t):
+            keys += _storage_keys([getattr(t, inner) for inner in t.__tensor_flatten__()[0]])
+        elif isinstance(t, torch.Tensor):
+            keys.append(t.untyped_storage().data_ptr())
+    return keys
+
+
+def _named_group(name: Any) -> Any:
+    """The process group a functional collective names (None: unknown, taken as the world)."""
+    try:
+        return dist.distributed_c10d._resolve_process_group(name)
+    except (AttributeError, KeyError, RuntimeError, ValueError):
+        return None
 
 
 def _group_of(args: tuple) -> Any:
@@ -194,7 +222,8 @@ class CommMeter(TorchDispatchMode):
     """Every c10d operation issued inside the ``with`` on this rank, as :class:`CommRecord` s.
 
     Catches everything that reaches the dispatcher: our collectives, DDP's bucket all-reduces,
-    FSDP2's all-gathers/reduce-scatters, point-to-point sends. ``sent`` totals the bytes sent;
+    FSDP2's all-gathers/reduce-scatters, point-to-point sends, and functional collectives
+    (DTensor's redistributions). ``sent`` totals the bytes sent;
     ``by_op`` and ``calls`` break it down by c10d op family (``allreduce``, ``allgather``,
     ``reduce_scatter``, ``alltoall``, ``broadcast``, ``send``). It costs Python time on every
     op: meter a step, not a run. The meter may be entered several times; records accumulate.
@@ -209,35 +238,62 @@ class CommMeter(TorchDispatchMode):
         self.sent = 0.0
         self.by_op: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
+        self._in_flight: dict[int, CommRecord] = {}  # functional collectives' results -> their records
 
     def reset(self) -> None:
         self.records.clear()
+        self._in_flight.clear()
         self.sent = 0.0
         self.by_op.clear()
         self.calls.clear()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        family, index, input_index = (_C10D_OPS.get(func._overloadpacket.__name__, (None, 0, 0))
-                                      if func.namespace == "c10d" else (None, 0, 0))
-        if family is None:
-            return func(*args, **kwargs)
-        group = _group_of(args)
+        namespace = func.namespace
+        if namespace == "c10d":
+            family, index, input_index = _C10D_OPS.get(func._overloadpacket.__name__, (None, 0, 0))
+            if family is None:
+                return func(*args, **kwargs)
+            group = _group_of(args)
+            record = self._record(family, group, _nbytes(args[index]), _nbytes(args[input_index]))
+            out = func(*args, **kwargs)
+            _time_completion(func, args, kwargs, out, record)
+            return out
+        if namespace == "_c10d_functional":
+            # A functional op runs its c10d op with this mode off: it is recorded here and completes
+            # at the wait_tensor on its result, unless an AsyncCollectiveTensor waits inside its own
+            # dispatch, out of this mode's sight (t1 then stays None).
+            name = func._overloadpacket.__name__
+            out = func(*args, **kwargs)
+            if name == "wait_tensor":
+                for key in _storage_keys(args[0]):
+                    waited = self._in_flight.pop(key, None)
+                    if waited is not None:
+                        waited.t1 = time.time()
+            elif name in _FUNCTIONAL_OPS:
+                family = _FUNCTIONAL_OPS[name]
+                group = _named_group(kwargs.get("group_name", args[-1]))
+                sent_in = _nbytes(args[0])
+                payload = _nbytes(out) if family == "allgather" else sent_in
+                record = self._record(family, group, payload, sent_in)
+                for key in _storage_keys(out):
+                    self._in_flight[key] = record
+            return out
+        return func(*args, **kwargs)
+
+    def _record(self, family: str, group: Any, payload: int, input_bytes: int) -> CommRecord:
+        """Record, tagged and issued now, one op of c10d ``family`` on ``group`` (None: the world)."""
         world = group.size() if group is not None else dist.get_world_size()
-        payload = _nbytes(args[index])
         sent = sent_bytes_per_rank(family, payload, world, self.backend)
         layer, phase, site = _TAGS.get()
         record = CommRecord(_API_NAME[family], layer, phase, site, payload, sent, world,
-                            str(getattr(group, "group_name", "")) if group else "", _nbytes(args[input_index]),
-                            time.time())
+                            str(getattr(group, "group_name", "")) if group else "", input_bytes, time.time())
         self.records.append(record)
         if family != "recv":
             self.sent += sent
             self.by_op[family] += sent
             self.calls[family] += 1
-        out = func(*args, **kwargs)
-        _time_completion(func, args, kwargs, out, record)
-        return out
+        return record
 
     # -- views -----------------------------------------------------------------------------------
     def of(self, layer: object = None, phase: str | None = None, sites: Iterable[str] | None = None,

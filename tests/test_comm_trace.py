@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 
 from distai.engine.comm_trace import traced_step
 from distai.engine.events import EventSink, read_events
@@ -22,20 +23,25 @@ def _traced(rank: int, world: int, events_dir: str) -> dict:
         dist.all_gather_into_tensor(out, torch.full((256,), float(rank)), async_op=True).wait()
         shard = torch.empty(256)
         dist.reduce_scatter_tensor(shard, torch.ones(world * 256))
+        # a functional collective (DTensor's kind): its c10d op is out of sight, its wait is not
+        functional = funcol.wait_tensor(funcol.all_gather_tensor(torch.full((128,), float(rank)), 0,
+                                                                 dist.group.WORLD))
     dist.all_reduce(torch.ones(4))  # after the block: not recorded
     sink.close()
-    return {"sum": float(x[0]), "gathered": out.tolist()[::256], "untouched": untouched}
+    return {"sum": float(x[0]), "gathered": out.tolist()[::256], "untouched": untouched,
+            "functional": functional.tolist()[::128]}
 
 
 def test_collectives_become_comm_spans_inside_the_step(tmp_path):
     results = run_in_group(_traced, 2, str(tmp_path), timeout_s=60)
     assert [r["sum"] for r in results] == [2.0, 2.0] and results[0]["gathered"] == [0.0, 1.0]
-    assert all(r["untouched"] for r in results)
+    assert all(r["untouched"] for r in results) and results[1]["functional"] == [0.0, 1.0]
     for rank in (0, 1):
         events = list(read_events(tmp_path / f"rank{rank}.jsonl"))
         comm = [e for e in events if e["stream"] == "comm"]
         (step,) = [e for e in events if e["stream"] == "compute"]
         assert [(e["op"], e["bytes"]) for e in comm] == [("all_reduce", 4096), ("all_gather", 1024),
-                                                        ("reduce_scatter", 2048)]
-        assert [e["name"] for e in comm] == ["all_reduce 4 KiB", "all_gather 1 KiB", "reduce_scatter 2 KiB"]
+                                                        ("reduce_scatter", 2048), ("all_gather", 512)]
+        assert [e["name"] for e in comm] == ["all_reduce 4 KiB", "all_gather 1 KiB", "reduce_scatter 2 KiB",
+                                             "all_gather 512 B"]
         assert all(step["t0"] <= e["t0"] <= e["t1"] <= step["t1"] and e["step"] == 0 for e in comm)
