@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 from ...lessons.lesson4.formulas import activation_bytes_per_layer, tp_comm_per_layer
+from ...lessons.units import format_bytes
 from ..comm_trace import traced_step
 from ..experiment import Progress, UsageError, add_model_options, exit_with, max_over_ranks, run_experiment
 from ..metering import CommMeter, SavedActivationMeter
@@ -328,11 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n}"
+    return format_bytes(n, binary=True)
 
 
 def main(argv: list[str] | None = None) -> int:
