@@ -11,12 +11,12 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from concurrent_jobs import outcome, run_concurrently
 from distai.engine import launcher as L
 from distai.engine.run_state import RunState, replay_events
 from distai.engine.runs import RunNotFound, RunRecord, create_run, find_run, list_runs
@@ -307,32 +307,11 @@ def launches(tmp_path_factory):
         "profile": lambda: _launch(home, ["--steps", "3", "--no-sweep", "--trace", "none"], profile=True),
         "sigkill": lambda: _sigkill_launcher(tmp_path_factory.mktemp("home_sigkill")),
     }
-    results: dict = {}
-
-    def run(name, fn):
-        try:
-            results[name] = fn()
-        except BaseException as exc:  # noqa: BLE001 - reported by the test that needs it
-            results[name] = exc
-
-    threads = [threading.Thread(target=run, args=item) for item in jobs.items()]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    results["home"] = home
-    return results
-
-
-def _get(launches, name):
-    value = launches[name]
-    if isinstance(value, BaseException):
-        raise value
-    return value
+    return {**run_concurrently(jobs, timeout_s=300), "home": home}
 
 
 def test_crashing_rank_is_named_with_its_last_lines_and_stops_the_others(launches):
-    r = _get(launches, "crash")
+    r = outcome(launches, "crash")
     rec = r["record"]
     assert rec.status == "failed" and rec.exit_code != 0
     assert rec.failed_rank == 1
@@ -346,15 +325,15 @@ def test_crashing_rank_is_named_with_its_last_lines_and_stops_the_others(launche
 
 
 def test_hanging_rank_is_named(launches):
-    rec = _get(launches, "hang")["record"]
+    rec = outcome(launches, "hang")["record"]
     assert rec.status == "failed" and rec.failed_rank == 1
     assert "rank 1 did not arrive at barrier 'after-train'" in rec.error
     assert rec.error_tail  # the reporter's lines when the hung rank printed nothing
-    assert _get(launches, "hang")["left"] == []
+    assert outcome(launches, "hang")["left"] == []
 
 
 def test_ctrl_c_stops_every_rank_and_leaves_no_orphans(launches):
-    r = _get(launches, "ctrl_c")
+    r = outcome(launches, "ctrl_c")
     assert r["run_dir"] is not None, r["stderr"][-2000:]
     assert len(r["pids"]) >= 3  # torchrun and its two workers were running
     assert r["rc"] == 130, r["stderr"][-2000:]
@@ -365,7 +344,7 @@ def test_ctrl_c_stops_every_rank_and_leaves_no_orphans(launches):
 
 
 def test_sigkilled_launcher_leaves_no_process_and_a_killed_run(launches):
-    r = _get(launches, "sigkill")
+    r = outcome(launches, "sigkill")
     assert r["run_dir"] is not None and len(r["pids"]) >= 3  # torchrun and its two workers were running
     print(f"kill-to-clean: {r['clean_after']:.2f} s")
     assert r["left"] == [] and r["clean_after"] < 5, r
@@ -380,7 +359,7 @@ def test_sigkilled_launcher_leaves_no_process_and_a_killed_run(launches):
 
 
 def test_profiled_run_saves_torch_profiler_traces_that_runs_show_points_to(launches):
-    rec = _get(launches, "profile")["record"]
+    rec = outcome(launches, "profile")["record"]
     assert rec.status == "ok", rec.error
     profile_dir = Path(rec.config["profile_dir"])
     assert profile_dir == rec.dir / "profile"
@@ -395,7 +374,7 @@ def test_profiled_run_saves_torch_profiler_traces_that_runs_show_points_to(launc
 
 
 def test_json_run_streams_events_live(launches):
-    r = _get(launches, "json")
+    r = outcome(launches, "json")
     assert r["rc"] == 0, r["stderr"][-3000:]
     kinds = [e["kind"] for e in r["events"]]
     assert kinds[0] == "run_start" and kinds[-1] == "run_end" and r["events"][-1]["status"] == "ok"
@@ -409,7 +388,7 @@ def test_json_run_streams_events_live(launches):
 
 
 def test_runs_are_listed_and_replayed(launches):
-    _get(launches, "json")
+    outcome(launches, "json")
     home = launches["home"]
     env = dict(os.environ, DISTAI_HOME=str(home))
     listed = json.loads(subprocess.run([*DISTAI, "runs", "--json"], env=env, capture_output=True,
@@ -421,7 +400,7 @@ def test_runs_are_listed_and_replayed(launches):
     shown = subprocess.run([*DISTAI, "runs", "show", ok["id"], "--json"], env=env, capture_output=True,
                            text=True, timeout=60, cwd=REPO)
     replayed = [json.loads(line) for line in shown.stdout.splitlines()]
-    live = [e for e in _get(launches, "json")["events"] if e.get("rank") is not None and e["kind"] != "output"]
+    live = [e for e in outcome(launches, "json")["events"] if e.get("rank") is not None and e["kind"] != "output"]
     key = lambda e: (e["rank"], e["kind"], e["t"])  # noqa: E731
     assert sorted(map(key, live)) == sorted(key(e) for e in replayed if e["kind"] not in ("output", "run_start", "run_end")
                                             and e.get("rank") is not None)

@@ -3,11 +3,14 @@
 The four packages (``engine/``, ``lessons/``, ``visualizers/``, ``tutor/``) install as ``distai.*``
 and import each other relatively, so a reader or a tool can follow every edge in a checkout. Data
 flows one way: lesson models -> visualizers -> tutor; engine -> events -> tutor. This test walks
-the AST of every module and fails on an import that breaks those rules.
+the AST of every module and fails on an import that breaks those rules; one test then imports the
+visualizers for real, to confirm that none of them loads torch.
 """
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -158,6 +161,19 @@ def test_the_tutor_and_cli_start_without_torch(name):
     seen = startup_closure(name)
     heavy = [_chain(seen, m) for m in seen for banned in NOT_AT_STARTUP if _under(m, banned)]
     assert not heavy, f"loading {name} imports torch at module level: {heavy}"
+
+
+def test_the_visualizers_load_without_torch():
+    """What the static rules promise, seen in a fresh interpreter: the first visualizer that loads torch."""
+    modules = [module for module in sorted(MODULES) if _under(module, "distai.visualizers")]
+    code = ("import importlib, sys\n"
+            "for module in sys.argv[1:]:\n"
+            "    importlib.import_module(module)\n"
+            "    if 'torch' in sys.modules:\n"
+            "        print(module)\n"
+            "        break\n")
+    out = subprocess.run([sys.executable, "-c", code, *modules], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"importing {out.stdout.strip()} loads torch"
 
 
 def test_the_rules_catch_a_violation(tmp_path):

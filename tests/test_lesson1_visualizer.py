@@ -9,8 +9,6 @@ naive models the widget compares it with are checked here.
 """
 from __future__ import annotations
 
-import asyncio
-import functools
 import json
 
 import pytest
@@ -23,25 +21,10 @@ from distai.lessons.units import format_bytes, format_time
 from distai.visualizers import ring as R
 from distai.visualizers import ring_drawing
 from distai.visualizers.base import visualizer_class
+from pilot_harness import async_test, mounted
 
 RUN_N = 3
 RUN_ARGS = ["--steps", "2", "--sweep-min", "1KiB", "--sweep-max", "16KiB", "--iters", "2", "--hidden", "8"]
-
-
-def async_test(fn):
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        return asyncio.run(fn(*args, **kwargs))
-    return wrapper
-
-
-class Host(App):
-    def __init__(self, lang: str = "en"):
-        super().__init__()
-        self.lang = lang
-
-    def compose(self):
-        yield R.RingVisualizer(language=self.lang, id="v")
 
 
 def strips(vis):
@@ -126,11 +109,7 @@ def test_registered_as_the_ring_visualizer():
 
 @async_test
 async def test_stepping_draws_the_model_and_the_formulas_numbers():
-    app = Host()
-    async with app.run_test(size=(60, 40)) as pilot:
-        vis = app.query_one("#v")
-        vis.focus()
-        await pilot.pause()
+    async with mounted(R.RingVisualizer, size=(60, 40)) as (pilot, vis):
         n, size = 4, R.DEFAULT_SIZE
         states = list(model.states(n))
         total = model.num_steps(n)
@@ -168,10 +147,7 @@ async def test_stepping_draws_the_model_and_the_formulas_numbers():
 
 @async_test
 async def test_keys_change_n_size_algorithm_and_the_comparison_follows():
-    app = Host()
-    async with app.run_test(size=(60, 40)) as pilot:
-        vis = app.query_one("#v")
-        vis.focus()
+    async with mounted(R.RingVisualizer, size=(60, 40)) as (pilot, vis):
         await pilot.press(*["right_square_bracket"] * 20)
         assert vis.n == 16
         rows = drawn_rows(vis, 16)
@@ -206,11 +182,7 @@ async def test_keys_change_n_size_algorithm_and_the_comparison_follows():
 
 @async_test
 async def test_mouse_controls_and_scrolling():
-    app = Host()
-    async with app.run_test(size=(60, 40)) as pilot:
-        vis = app.query_one("#v")
-        await pilot.pause()
-
+    async with mounted(R.RingVisualizer, size=(60, 40)) as (pilot, vis):
         def spot(action):
             y, x0, x1, _ = next(h for h in vis.hits if h[3] == action)
             return (x0 + 1 + 1, y)  # +1 for the widget's left padding
@@ -241,9 +213,7 @@ async def test_mouse_controls_and_scrolling():
 
 @async_test
 async def test_play_animates_and_reduce_scatter_step_stops_at_its_end():
-    app = Host()
-    async with app.run_test(size=(60, 40)) as pilot:
-        vis = app.query_one("#v")
+    async with mounted(R.RingVisualizer, size=(60, 40)) as (pilot, vis):
         vis.show_step("reduce-scatter")
         assert vis.playing and vis.algorithm == R.RING and vis.n == 4
         vis.speed = 8.0
@@ -274,9 +244,7 @@ async def test_play_animates_and_reduce_scatter_step_stops_at_its_end():
 
 @async_test
 async def test_spanish_and_narrow_short_panes():
-    app = Host("es")
-    async with app.run_test(size=(46, 34)) as pilot:
-        vis = app.query_one("#v")
+    async with mounted(R.RingVisualizer, "es", size=(46, 34)) as (pilot, vis):
         vis.n = 16
         vis.refresh()
         await pilot.pause()
@@ -286,10 +254,7 @@ async def test_spanish_and_narrow_short_panes():
         joined = " ".join(line.strip() for line in text)
         assert "enviado por rango 0 B de 2(N−1)/N·S = 1,88 GB" in joined
         assert "tiempo α-β 0 s de 75,1 ms" in joined
-    app = Host()
-    async with app.run_test(size=(76, 6)) as pilot:  # the tutor's pane at 80×24
-        vis = app.query_one("#v")
-        await pilot.pause()
+    async with mounted(R.RingVisualizer, size=(76, 6)) as (pilot, vis):  # the tutor's pane at 80×24
         text = screen_text(vis)
         assert sorted(drawn_rows(vis, 4)) == [0, 1, 2, 3]
         assert any("steps done" in line for line in text)
@@ -364,9 +329,7 @@ def _merged(per_rank):
 @async_test
 async def _replay_checks(per_rank):
     events = _merged(per_rank)
-    app = Host()
-    async with app.run_test(size=(60, 60)) as pilot:
-        vis = app.query_one("#v")
+    async with mounted(R.RingVisualizer, size=(60, 60)) as (pilot, vis):
         vis.feed_event({"kind": "run_start", "run_id": "test"})
         for e in events:
             vis.feed_event(e)

@@ -4,13 +4,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from textual.app import App
 
 from distai.lessons.lesson2 import formulas as F
 from distai.lessons.lesson2 import layout as L
 from distai.lessons.registry import resolve_lesson, step_view
 from distai.visualizers.base import visualizer_class
 from distai.visualizers.sharding import PRESETS, STRATEGIES, ShardingVisualizer
+from pilot_harness import mounted
 
 
 @pytest.mark.parametrize("strategy", L.STRATEGIES)
@@ -99,22 +99,9 @@ def test_zero3_step_moves_three_psi_against_ddps_two(prefetch, n, precision):
 # The widget
 
 
-class _Host(App):
-    def __init__(self, lang="en"):
-        super().__init__()
-        self.lang = lang
-
-    def compose(self):
-        yield ShardingVisualizer(language=self.lang)
-
-
 def _run(coro_fn, lang="en", size=(70, 50)):
     async def main():
-        app = _Host(lang)
-        async with app.run_test(size=size) as pilot:
-            vis = app.query_one(ShardingVisualizer)
-            vis.focus()
-            await pilot.pause()
+        async with mounted(ShardingVisualizer, lang, size) as (pilot, vis):
             return await coro_fn(pilot, vis)
 
     return asyncio.run(main())

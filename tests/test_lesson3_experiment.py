@@ -11,11 +11,11 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
+from concurrent_jobs import outcome, run_concurrently
 from distai.engine import launcher as L
 from distai.engine.checkpoint import CheckpointFolder
 from distai.engine.runs import create_run
@@ -71,27 +71,7 @@ def runs(tmp_path_factory):
     home = tmp_path_factory.mktemp("home")
     jobs = {"cli": lambda: _cli_run(home), "relaunched": lambda: _relaunched(home),
             "reference": lambda: _uninterrupted(home), "async": lambda: _async_killed_in_flight(home)}
-    results: dict = {"home": home}
-
-    def run(name, fn):
-        try:
-            results[name] = fn()
-        except BaseException as exc:  # noqa: BLE001 - reported by the test that needs it
-            results[name] = exc
-
-    threads = [threading.Thread(target=run, args=item) for item in jobs.items()]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=450)
-    return results
-
-
-def _get(runs, name):
-    value = runs[name]
-    if isinstance(value, BaseException):
-        raise value
-    return value
+    return {**run_concurrently(jobs, timeout_s=450), "home": home}
 
 
 def _kind(events, kind):
@@ -104,7 +84,7 @@ def _summary(events) -> dict:
 
 
 def test_uninterrupted_run(runs):
-    r = _get(runs, "reference")
+    r = outcome(runs, "reference")
     assert r["record"].status == "ok"
     assert not _kind(r["events"], "failure") and not _kind(r["events"], "restart")
     s = _summary(r["events"])
@@ -113,7 +93,7 @@ def test_uninterrupted_run(runs):
 
 
 def test_killed_rank_restarted_in_place_resumes_exactly(runs):
-    r, ref = _get(runs, "cli"), _get(runs, "reference")
+    r, ref = outcome(runs, "cli"), outcome(runs, "reference")
     assert r["rc"] == 0, r["stderr"][-3000:]
     ev = r["events"]
     (failure,) = _kind(ev, "failure")
@@ -146,7 +126,7 @@ def test_killed_rank_restarted_in_place_resumes_exactly(runs):
 
 
 def test_supervisor_relaunches_a_fresh_torchrun_and_the_run_resumes_exactly(runs):
-    r, ref = _get(runs, "relaunched"), _get(runs, "reference")
+    r, ref = outcome(runs, "relaunched"), outcome(runs, "reference")
     rec, ev = r["record"], r["events"]
     assert rec.status == "ok", (rec.error, rec.error_tail)
     (relaunch,) = _kind(ev, "relaunch")
@@ -165,7 +145,7 @@ def test_supervisor_relaunches_a_fresh_torchrun_and_the_run_resumes_exactly(runs
 
 
 def test_runs_show_draws_the_timeline(runs):
-    _get(runs, "cli")
+    outcome(runs, "cli")
     env = dict(os.environ, DISTAI_HOME=str(runs["home"]))
     out = subprocess.run([*DISTAI, "runs", "show", "last"], env=env, capture_output=True, cwd=REPO, timeout=60)
     text = out.stdout.decode()
@@ -258,7 +238,7 @@ def test_failure_analysis_takes_torchruns_root_cause_not_the_ranks_it_stopped():
 
 
 def test_kill_during_an_async_save_resumes_from_the_previous_good_checkpoint_exactly(runs):
-    r, ref = _get(runs, "async"), _get(runs, "reference")
+    r, ref = outcome(runs, "async"), outcome(runs, "reference")
     rec, ev = r["record"], r["events"]
     assert rec.status == "ok", (rec.error, rec.error_tail)
     (failure,) = _kind(ev, "failure")

@@ -3,16 +3,14 @@ sliders, a simulated day, and the run timeline fed by a run's events (English an
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 
 import pytest
-from textual.app import App
 
 from distai.lessons.lesson3 import formulas as f
 from distai.lessons.lesson3.run_timeline import RunTimeline
 from distai.visualizers.base import make_visualizer
 from distai.visualizers.failures import LADDERS, LLAMA3, FailuresVisualizer, ladder_step
+from pilot_harness import drawn_text, mounted
 
 
 def run_events() -> list[dict]:
@@ -35,23 +33,8 @@ def run_events() -> list[dict]:
     return ev
 
 
-class Host(App):
-    def __init__(self, language="en"):
-        super().__init__()
-        self.language = language
-
-    def compose(self):
-        yield FailuresVisualizer(language=self.language)
-
-
 def plain(v: FailuresVisualizer, width=130, height=34) -> str:
-    return "\n".join(line.plain for line in v.build_lines(width, height))
-
-
-def test_visualizer_module_imports_no_torch():
-    code = "import sys, distai.visualizers.failures; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    return drawn_text(v, width, height)
 
 
 def test_registered_under_the_lessons_name():
@@ -65,10 +48,7 @@ def test_ladders():
 
 
 async def _test_curve_marks_young_daly_and_the_simulated_optimum():
-    app = Host()
-    async with app.run_test(size=(110, 34)) as pilot:
-        v = app.query_one(FailuresVisualizer)
-        await pilot.pause()
+    async with mounted(FailuresVisualizer, size=(110, 34)) as (pilot, v):
         text = plain(v)
         M = f.job_mtbf(LLAMA3["gpu_mtbf"], LLAMA3["gpus"])
         assert "G = 16,384 GPUs" in text and "M = 3.09 h" in text
@@ -81,21 +61,18 @@ async def _test_curve_marks_young_daly_and_the_simulated_optimum():
 
 
 async def _test_sliders_move_the_cluster_and_the_optimum_follows_daly():
-    app = Host()
-    async with app.run_test(size=(110, 34)) as pilot:
-        v = app.query_one(FailuresVisualizer)
-        v.focus()
+    async with mounted(FailuresVisualizer, size=(110, 34)) as (pilot, v):
         # the worked example's second case: 50,000 h per GPU, 16,384 GPUs, C = 10 s, R = 5 min
         await pilot.press("M", "C", "C", "C")
         assert (v.params.gpu_mtbf, v.params.cost, v.params.restart, v.params.gpus) == (50_000 * 3600, 10, 300, 16384)
-        await app.workers.wait_for_complete()
+        await pilot.app.workers.wait_for_complete()
         await pilot.pause()
         s = v.sweep(compute=False)
         assert s is not None and s.cost == 10
         assert abs(s.optimum - s.daly) / s.daly < 0.02
         assert s.daly == pytest.approx(f.daly_interval(f.job_mtbf(50_000 * 3600, 16384), 10, 300))
         await pilot.press("d", "e")  # twice the GPUs: the interval shrinks about √2
-        await app.workers.wait_for_complete()
+        await pilot.app.workers.wait_for_complete()
         await pilot.pause()
         s2 = v.sweep(compute=False)
         assert v.params.gpus == 32768 and v.params.restart == 600
@@ -106,10 +83,7 @@ async def _test_sliders_move_the_cluster_and_the_optimum_follows_daly():
 
 
 async def _test_a_simulated_day_and_the_views():
-    app = Host()
-    async with app.run_test(size=(110, 34)) as pilot:
-        v = app.query_one(FailuresVisualizer)
-        v.focus()
+    async with mounted(FailuresVisualizer, size=(110, 34)) as (pilot, v):
         v.show_step("failures")
         assert v.view == "day"
         text = plain(v)
@@ -125,9 +99,7 @@ async def _test_a_simulated_day_and_the_views():
 
 
 async def _test_run_timeline_fed_by_events():
-    app = Host()
-    async with app.run_test(size=(110, 34)) as pilot:
-        v = app.query_one(FailuresVisualizer)
+    async with mounted(FailuresVisualizer, size=(110, 34)) as (pilot, v):
         for e in run_events():
             v.feed_event(e)
         await pilot.pause()
@@ -143,10 +115,7 @@ async def _test_run_timeline_fed_by_events():
 
 
 async def _test_spanish():
-    app = Host("es")
-    async with app.run_test(size=(110, 34)) as pilot:
-        v = app.query_one(FailuresVisualizer)
-        await pilot.pause()
+    async with mounted(FailuresVisualizer, "es", size=(110, 34)) as (pilot, v):
         text = plain(v)
         assert "óptimo simulado = 18,6 min" in text and "G = 16.384 GPUs" in text
         for e in run_events():

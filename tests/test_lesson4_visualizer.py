@@ -1,18 +1,16 @@
 """Lesson 4's flow model and its visualizer: what is drawn is what the engine and formulas say."""
 from __future__ import annotations
 
-import asyncio
-import functools
 import math
 
 import pytest
-from textual.app import App
 
 from distai.lessons.lesson4 import flow as F
 from distai.lessons.lesson4.formulas import tp_comm_per_layer
 from distai.lessons.registry import resolve_lesson, step_view
 from distai.visualizers.base import visualizer_class
 from distai.visualizers.tp_block import TPBlockVisualizer
+from pilot_harness import async_test, mounted
 
 
 @pytest.mark.parametrize("sp", [False, True])
@@ -77,34 +75,13 @@ def test_registered_and_every_lesson_step_has_a_view():
         assert view.get("cross_entropy") or (view["stage"], view["phase"]) in [(s.key, s.phase) for s in stages]
 
 
-def async_test(fn):
-    """Run an async test in its own event loop (no pytest-asyncio needed)."""
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        return asyncio.run(fn(*args, **kwargs))
-    return wrapper
-
-
-class _Host(App):
-    def __init__(self, lang="en"):
-        super().__init__()
-        self.lang = lang
-
-    def compose(self):
-        yield TPBlockVisualizer(language=self.lang)
-
-
 def _flow_text(vis) -> str:
     return vis.render_ce().plain if vis.ce else vis.render_flow().plain
 
 
 @async_test
 async def test_widget_steps_toggles_and_live_events():
-    app = _Host()
-    async with app.run_test(size=(60, 40)) as pilot:
-        vis = app.query_one(TPBlockVisualizer)
-        vis.focus()
-        await pilot.pause()
+    async with mounted(TPBlockVisualizer, size=(60, 40)) as (pilot, vis):
         assert vis.index == 0 and "FORWARD" in _flow_text(vis)
         for _ in range(6):
             await pilot.press("space")
@@ -147,9 +124,7 @@ async def test_widget_steps_toggles_and_live_events():
 
 @async_test
 async def test_widget_show_step_and_spanish():
-    app = _Host("es")
-    async with app.run_test(size=(60, 40)) as pilot:
-        vis = app.query_one(TPBlockVisualizer)
+    async with mounted(TPBlockVisualizer, "es", size=(60, 40)) as (pilot, vis):
         for step in resolve_lesson("lesson4").steps:
             view = step_view("tp-block", step.key)
             vis.show_step(step.key)

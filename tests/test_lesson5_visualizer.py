@@ -3,8 +3,6 @@ and a run's events become a measured timeline."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 
 import pytest
 from textual.app import App
@@ -14,20 +12,15 @@ from distai.lessons.lesson5 import simulator as sim
 from distai.lessons.units import format_percent
 from distai.visualizers.base import visualizer_class
 from distai.visualizers.pipeline import IDLE_CHAR, Lanes, PipelineVisualizer, draw_lanes
+from pilot_harness import drawn_text, mounted
 
 
 def _text(viz, width=120, height=None) -> str:
-    return "\n".join(line.plain for line in viz.build_lines(width, height))
+    return drawn_text(viz, width, height)
 
 
 def test_registered_under_its_lesson_name():
     assert visualizer_class("pipeline") is PipelineVisualizer
-
-
-def test_imports_no_torch():
-    code = "import sys, distai.visualizers.pipeline; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
 
 
 @pytest.mark.parametrize("schedule,p,m,v", [("gpipe", 4, 8, 1), ("1f1b", 4, 8, 1), ("interleaved", 4, 8, 2),
@@ -56,24 +49,12 @@ def test_drawn_rows_are_the_simulated_timeline(schedule, p, m, v):
             pos = found + len(label)
 
 
-class _Host(App):
-    def __init__(self, language="en"):
-        super().__init__()
-        self.language_ = language
-
-    def compose(self):
-        yield PipelineVisualizer(language=self.language_)
-
-
 def test_keys_change_p_m_v_view_and_cursor():
     asyncio.run(_keys())
 
 
 async def _keys():
-    app = _Host()
-    async with app.run_test(size=(130, 60)) as pilot:
-        viz = app.query_one(PipelineVisualizer)
-        viz.focus()
+    async with mounted(PipelineVisualizer, size=(130, 60)) as (pilot, viz):
         await pilot.press("space")  # pause the animation
         assert viz.playing is False
         assert (viz.p, viz.m, viz.v) == (4, 8, 2)

@@ -4,8 +4,6 @@ from __future__ import annotations
 import asyncio
 import math
 
-from textual.app import App
-
 from distai.lessons.lesson6.simulation import ExponentHistogram, simulate_scaler
 from distai.visualizers.base import visualizer_class
 from distai.visualizers.loss_scale import (
@@ -15,6 +13,7 @@ from distai.visualizers.loss_scale import (
     scale_plot,
     timeline_rows,
 )
+from pilot_harness import mounted
 
 
 def test_registered_under_lesson_name():
@@ -64,15 +63,6 @@ def test_timeline_rows_draw_compute_and_buckets():
     assert comm.plain[5] == "0" and comm.plain[12] == "1" and "░" not in comm.plain[5:12]
 
 
-class _Host(App):
-    def __init__(self, lang="en"):
-        super().__init__()
-        self.lang = lang
-
-    def compose(self):
-        yield LossScaleVisualizer(language=self.lang, id="v")
-
-
 def _events():
     yield {"kind": "phase", "name": "loss-scaling", "rank": 0}
     for i, (s, o, inj) in enumerate([(65536.0, False, False), (65536.0, True, True),
@@ -98,10 +88,7 @@ def _events():
 
 def test_widget_sliders_steps_and_live_run():
     async def go():
-        app = _Host()
-        async with app.run_test(size=(100, 40)) as pilot:
-            v = app.query_one(LossScaleVisualizer)
-            v.focus()
+        async with mounted(LossScaleVisualizer, size=(100, 40)) as (pilot, v):
             v.show_step("dynamic")
             assert v.view == "scale" and "[simulation]" in v.last_text.plain
             sim_before = v.sim().scale
@@ -149,9 +136,7 @@ def test_widget_sliders_steps_and_live_run():
 
 def test_widget_speaks_spanish():
     async def go():
-        app = _Host("es")
-        async with app.run_test(size=(100, 40)):
-            v = app.query_one(LossScaleVisualizer)
+        async with mounted(LossScaleVisualizer, "es", size=(100, 40)) as (_pilot, v):
             v.show_step("dynamic")
             assert "escala de la pérdida" in v.last_text.plain and "pasos saltados" in v.last_text.plain
             v.show_step("overlap")

@@ -31,7 +31,9 @@ from distai.lessons.lesson7.paging import (
     simulate,
 )
 
-PROMPT_LEN, NEW = 6, 8
+PROMPT_LEN, NEW, BATCH = 6, 8, 4
+# cached positions per run: each prompt, then every generated token but the last (never fed back)
+CACHED_TOKENS = BATCH * (PROMPT_LEN + NEW - 1)
 CONFIGS = {  # name -> config; "mqa" has 1 KV head: replicated on every TP rank
     "gqa-rms": decoder_config(vocab=128, hidden=64, layers=4, heads=8, kv_heads=4, norm="rms"),
     "mqa-layernorm": decoder_config(vocab=128, hidden=64, layers=4, heads=8, kv_heads=1, norm="layer"),
@@ -44,7 +46,7 @@ def _names(world: int) -> list[str]:
     return list(CONFIGS) if world == 2 else ["gqa-rms"]
 
 
-def _prompts(cfg, batch=4, seed=1):
+def _prompts(cfg, batch=BATCH, seed=1):
     return torch.randint(0, cfg.vocab, (batch, PROMPT_LEN), generator=torch.Generator().manual_seed(seed))
 
 
@@ -125,11 +127,17 @@ def group(request, tmp_path_factory):
     return request.param, run_in_group(_group_checks, request.param, str(events)), events
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
-def test_tensor_parallel_tokens_equal_single_process(group, name):
+def _checked(group, name):
+    """``(world, per-rank results, config)`` of a configuration the group checked; skipped where it did not."""
     world, results, _events = group
     if name not in _names(world):
         pytest.skip(f"{name} runs on 2 ranks only")
+    return world, results, CONFIGS[name]
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_tensor_parallel_tokens_equal_single_process(group, name):
+    world, results, _cfg = _checked(group, name)
     for rank, res in enumerate(results):
         assert res[(name, "tp")]["equal"], (world, rank, name)
 
@@ -137,37 +145,27 @@ def test_tensor_parallel_tokens_equal_single_process(group, name):
 @pytest.mark.parametrize("name", list(CONFIGS))
 @pytest.mark.parametrize("m", [1, 2])
 def test_pipeline_parallel_tokens_equal_single_process(group, name, m):
-    world, results, _events = group
-    if name not in _names(world):
-        pytest.skip(f"{name} runs on 2 ranks only")
+    world, results, _cfg = _checked(group, name)
     for rank, res in enumerate(results):
         assert res[(name, f"pp{m}")]["equal"], (world, rank, name, m)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_tp_decode_two_allreduces_per_layer_per_token(group, name):
-    world, results, _events = group
-    if name not in _names(world):
-        pytest.skip(f"{name} runs on 2 ranks only")
-    cfg = CONFIGS[name]
-    B = 4
+    world, results, cfg = _checked(group, name)
     for res in results:
         r = res[(name, "tp")]
         assert r["comm_prefill"]["all_reduces"] == 2 * cfg.layers
         assert r["comm_decode"]["all_reduces"] == 2 * cfg.layers * (NEW - 1)
         # each all-reduce carries batch · hidden numbers (float64) in decode
-        assert r["comm_decode"]["all_reduce_bytes"] == 2 * cfg.layers * (NEW - 1) * B * cfg.hidden * 8
+        assert r["comm_decode"]["all_reduce_bytes"] == 2 * cfg.layers * (NEW - 1) * BATCH * cfg.hidden * 8
         assert r["comm_decode"]["sends"] == 0
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_kv_cache_sharded_by_heads_matches_formula(group, name):
-    world, results, _events = group
-    if name not in _names(world):
-        pytest.skip(f"{name} runs on 2 ranks only")
-    cfg = CONFIGS[name]
-    tokens = 4 * (PROMPT_LEN + NEW - 1)
-    want = f7.kv_cache_total(cfg.layers, cfg.kv_heads, cfg.head_dim, 8, tokens, tp=world)
+    world, results, cfg = _checked(group, name)
+    want = f7.kv_cache_total(cfg.layers, cfg.kv_heads, cfg.head_dim, 8, CACHED_TOKENS, tp=world)
     for rank, res in enumerate(results):
         r = res[(name, "tp")]
         assert r["kv_bytes"] == want["per_gpu_bytes"]
@@ -182,13 +180,9 @@ def test_kv_cache_sharded_by_heads_matches_formula(group, name):
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_kv_cache_sharded_by_layers_and_pp_sends(group, name):
-    world, results, _events = group
-    if name not in _names(world):
-        pytest.skip(f"{name} runs on 2 ranks only")
-    cfg = CONFIGS[name]
-    tokens = 4 * (PROMPT_LEN + NEW - 1)
-    per_layer = f7.kv_cache_bytes_per_token(1, cfg.kv_heads, cfg.head_dim, 8) * tokens
-    want_busiest = f7.kv_cache_total(cfg.layers, cfg.kv_heads, cfg.head_dim, 8, tokens, pp=world)["per_gpu_bytes"]
+    world, results, cfg = _checked(group, name)
+    per_layer = f7.kv_cache_bytes_per_token(1, cfg.kv_heads, cfg.head_dim, 8) * CACHED_TOKENS
+    want_busiest = f7.kv_cache_total(cfg.layers, cfg.kv_heads, cfg.head_dim, 8, CACHED_TOKENS, pp=world)["per_gpu_bytes"]
     all_layers = []
     for m in (1, 2):
         for rank, res in enumerate(results):
@@ -228,8 +222,7 @@ def test_tp_times_pp_shards_comm_and_cache(group, m):
     assert [(r["stage"], r["tp_rank"]) for r in rows] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert [r["layers"] for r in rows] == [[0, 1], [0, 1], [2, 3], [2, 3]]
     assert [r["kv0"] for r in rows] == [0, 2, 0, 2]
-    tokens = 4 * (PROMPT_LEN + NEW - 1)
-    want = f7.kv_cache_total(cfg.layers, cfg.kv_heads, cfg.head_dim, 8, tokens, tp=2, pp=2)["per_gpu_bytes"]
+    want = f7.kv_cache_total(cfg.layers, cfg.kv_heads, cfg.head_dim, 8, CACHED_TOKENS, tp=2, pp=2)["per_gpu_bytes"]
     for r in rows:
         assert r["kv_bytes"] == want
         c = r["comm_decode"]
@@ -238,7 +231,7 @@ def test_tp_times_pp_shards_comm_and_cache(group, m):
         want_sends = m * (NEW - 2) if r["stage"] == 1 else m * (NEW - 1)
         assert c["sends"] == want_sends
     assert sum(r["kv_bytes"] for r in rows) == f7.kv_cache_total(cfg.layers, cfg.kv_heads, cfg.head_dim, 8,
-                                                                  tokens)["total_bytes"]
+                                                                  CACHED_TOKENS)["total_bytes"]
 
 
 def test_tp_times_pp_experiment(group):

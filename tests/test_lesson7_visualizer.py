@@ -3,11 +3,8 @@ scheduler's pool, the chart is the planner's, keys change what is drawn."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 
 import pytest
-from textual.app import App
 
 from distai.lessons.lesson7 import formulas as f
 from distai.lessons.lesson7 import paging
@@ -20,20 +17,15 @@ from distai.visualizers.kv_cache import (
     layer_stage,
     shard_table,
 )
+from pilot_harness import drawn_text, mounted
 
 
 def _text(viz, width=100, height=None) -> str:
-    return "\n".join(line.plain for line in viz.build_lines(width, height))
+    return drawn_text(viz, width, height)
 
 
 def test_registered_under_its_lesson_name():
     assert visualizer_class("kv-cache") is KVCacheVisualizer
-
-
-def test_imports_no_torch():
-    code = "import sys, distai.visualizers.kv_cache; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
 
 
 @pytest.mark.parametrize("layers,pp", [(4, 2), (5, 2), (80, 8), (7, 3), (4, 4)])
@@ -165,24 +157,12 @@ def test_planner_view_is_the_planners_ranking():
         assert f"{c.tp}×{c.pp}×{c.replicas} ✓" in text
 
 
-class _Host(App):
-    def __init__(self, language="en"):
-        super().__init__()
-        self.language_ = language
-
-    def compose(self):
-        yield KVCacheVisualizer(language=self.language_)
-
-
 def test_keys():
     asyncio.run(_keys())
 
 
 async def _keys():
-    app = _Host()
-    async with app.run_test(size=(110, 50)) as pilot:
-        viz = app.query_one(KVCacheVisualizer)
-        viz.focus()
+    async with mounted(KVCacheVisualizer, size=(110, 50)) as (pilot, viz):
         await pilot.press("right_square_bracket", "right_curly_bracket")
         assert (viz.tp, viz.pp) == (8, 2)
         await pilot.press("left_square_bracket", "left_square_bracket", "left_curly_bracket")

@@ -73,16 +73,20 @@ def _step_id(item):
 STEPS = _steps()
 
 
-def _all_checks():
-    out = []
+def _step_texts():
+    """``(lesson, step, lang, markdown)`` of every step text that exists (the missing ones are reported
+    by the existence test)."""
     for lesson, step in STEPS:
         for lang in LANGUAGES:
-            if not lesson.has_step_text(step.key, lang):
-                continue
-            md = lesson.step_text(step.key, lang)
-            for i, check in enumerate(tc.find_checks(md, lang)):
-                out.append(pytest.param(lesson, step.key, lang, check, md,
-                                        id=f"{lesson.id}/{lang}/{step.key}#{i}"))
+            if lesson.has_step_text(step.key, lang):
+                yield lesson, step, lang, lesson.step_text(step.key, lang)
+
+
+def _all_checks():
+    out = []
+    for lesson, step, lang, md in _step_texts():
+        for i, check in enumerate(tc.find_checks(md, lang)):
+            out.append(pytest.param(lesson, step.key, lang, check, md, id=f"{lesson.id}/{lang}/{step.key}#{i}"))
     return out
 
 
@@ -345,15 +349,11 @@ def test_textual_markdown_hides_check_comments():
 
 def _calc_commands():
     out = []
-    for lesson, step in STEPS:
-        for lang in LANGUAGES:
-            if not lesson.has_step_text(step.key, lang):
-                continue
-            text = lesson.step_text(step.key, lang)
-            for block in re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S):
-                for line in block.splitlines():
-                    if line.strip().startswith("distai calc "):
-                        out.append(pytest.param(line.strip(), id=f"{lesson.id}/{lang}/{step.key}:{line.strip()[12:40]}"))
+    for lesson, step, lang, text in _step_texts():
+        for block in re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S):
+            for line in block.splitlines():
+                if line.strip().startswith("distai calc "):
+                    out.append(pytest.param(line.strip(), id=f"{lesson.id}/{lang}/{step.key}:{line.strip()[12:40]}"))
     return out
 
 

@@ -1,9 +1,8 @@
 """The tutor driven through Textual's Pilot: home, lesson walk, language, help, palette, mouse."""
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import functools
+from contextlib import asynccontextmanager
 
 import pytest
 from textual.widgets import Markdown, OptionList, Static
@@ -16,16 +15,9 @@ from distai.tutor.screens import lesson as lesson_module
 from distai.tutor.screens.help import HelpScreen
 from distai.tutor.screens.home import HomeScreen
 from distai.tutor.screens.lesson import LessonScreen, step_markdown
+from pilot_harness import async_test
 
 SIZE = (120, 40)
-
-
-def async_test(fn):
-    """Run an async test in its own event loop (no pytest-asyncio needed)."""
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        return asyncio.run(fn(*args, **kwargs))
-    return wrapper
 
 
 def plain(widget: Static) -> str:
@@ -266,13 +258,19 @@ def _fake_lesson(**step_fields):
     return dataclasses.replace(base, steps=steps, visualizer=None)
 
 
-@async_test
-async def test_a_step_without_text_shows_a_note_not_a_crash():
-    lesson = _fake_lesson()
+@asynccontextmanager
+async def _fake_lesson_screen(**step_fields):
+    """The tutor showing ``_fake_lesson(**step_fields)``'s first step: ``(app, pilot)``."""
     app = DistaiApp("en")
     async with app.run_test(size=SIZE) as pilot:
-        app.push_screen(LessonScreen(lesson))
+        app.push_screen(LessonScreen(_fake_lesson(**step_fields)))
         await pilot.pause()
+        yield app, pilot
+
+
+@async_test
+async def test_a_step_without_text_shows_a_note_not_a_crash():
+    async with _fake_lesson_screen() as (app, pilot):
         md = shown(app)["markdown"]
         assert "not yet written" in md and "lessons/lesson1/en/no-such-step.md" in md
         await pilot.press("l")
@@ -284,11 +282,7 @@ async def test_a_step_without_text_shows_a_note_not_a_crash():
 async def test_code_step_shows_the_real_engine_source():
     from distai.tutor.code_source import read_source
 
-    lesson = _fake_lesson(code="distai.engine.runtime:init_distributed")
-    app = DistaiApp("en")
-    async with app.run_test(size=SIZE) as pilot:
-        app.push_screen(LessonScreen(lesson))
-        await pilot.pause()
+    async with _fake_lesson_screen(code="distai.engine.runtime:init_distributed") as (app, pilot):
         code = app.screen.query_one("#code", Static)
         assert app.screen.query_one("#code-box").display
         syntax = code.content
@@ -299,11 +293,7 @@ async def test_code_step_shows_the_real_engine_source():
 
 @async_test
 async def test_code_step_with_a_missing_name_says_so():
-    lesson = _fake_lesson(code="distai.engine.runtime:no_such_function")
-    app = DistaiApp("en")
-    async with app.run_test(size=SIZE) as pilot:
-        app.push_screen(LessonScreen(lesson))
-        await pilot.pause()
+    async with _fake_lesson_screen(code="distai.engine.runtime:no_such_function") as (app, pilot):
         title = plain(app.screen.query_one("#code-title"))
         assert "Source not available" in title and "has no no_such_function" in title
         assert not app.screen.query_one("#code-box").display

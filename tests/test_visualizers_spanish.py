@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import re
 
-from textual.app import App
 from textual.geometry import Region
 
 from distai.lessons.registry import all_lessons
 from distai.visualizers.base import visualizer_class
+from pilot_harness import mounted
 
 # a decimal point between digits ('1.5', '0.25'), not Spanish thousands ('16.384') nor a version
 # or a dotted name ('Llama-3.1'); and English thousands ('9,903' where Spanish writes '9.903')
@@ -35,23 +35,13 @@ def test_every_visualizer_writes_spanish_numbers():
             if name and visualizer_class(name) is not None:
                 by_name.setdefault(name, []).append(step.key)
 
-    class Host(App):
-        def __init__(self, cls):
-            super().__init__()
-            self.cls = cls
-
-        def compose(self):
-            yield self.cls(language="es")
-
     async def draw(name: str, steps: list[str]) -> list[str]:
         bad = []
-        app = Host(visualizer_class(name))
-        async with app.run_test(size=(120, 40)) as pilot:
-            vis = app.query_one(app.cls)
+        async with mounted(visualizer_class(name), "es", size=(120, 40)) as (pilot, vis):
             for key in steps:
                 vis.show_step(key)
                 await pilot.pause()
-                await app.workers.wait_for_complete()
+                await pilot.app.workers.wait_for_complete()
                 await pilot.pause()
                 for line in _screen_text(vis).splitlines():
                     if DECIMAL_POINT.search(line) or ENGLISH_THOUSANDS.search(line):

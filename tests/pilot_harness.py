@@ -1,0 +1,50 @@
+"""Helpers of the Textual tests: an event loop per test, one visualizer mounted alone, and what a
+visualizer draws as plain text."""
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from textual.app import App
+from textual.pilot import Pilot
+from textual.widget import Widget
+
+
+def async_test(fn):
+    """Run an async test in its own event loop (no pytest-asyncio needed)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return asyncio.run(fn(*args, **kwargs))
+    return wrapper
+
+
+class VisualizerHost(App):
+    """An app whose only widget is one visualizer, with id ``v`` (for ``pilot.click("#v")``)."""
+
+    def __init__(self, visualizer_class: type[Widget], language: str = "en"):
+        super().__init__()
+        self.visualizer_class = visualizer_class
+        self.visualizer_language = language
+
+    def compose(self):
+        yield self.visualizer_class(language=self.visualizer_language, id="v")
+
+
+@asynccontextmanager
+async def mounted(visualizer_class: type[Widget], language: str = "en",
+                  size: tuple[int, int] = (120, 40)) -> AsyncIterator[tuple[Pilot, Widget]]:
+    """The visualizer mounted, focused and drawn once in a ``size`` terminal: ``(pilot, visualizer)``."""
+    app = VisualizerHost(visualizer_class, language)
+    async with app.run_test(size=size) as pilot:
+        vis = app.query_one(visualizer_class)
+        vis.focus()
+        await pilot.pause()
+        yield pilot, vis
+
+
+def drawn_text(vis, width: int, height: int | None = None) -> str:
+    """What ``vis.build_lines`` draws in ``width`` columns (and ``height`` rows), as plain text."""
+    return "\n".join(line.plain for line in vis.build_lines(width, height))
+
