@@ -10,9 +10,7 @@ Prints ours/DDP (goal ≤ 1.15x) and ours/no-overlap.
 """
 from __future__ import annotations
 
-import argparse
-import statistics
-import time
+from _bench import options, ratio, slowest_rank_medians, timed_rounds
 
 MODES = ("overlap", "no-overlap", "ddp")
 
@@ -50,22 +48,9 @@ def bench(rank: int, world_size: int, args: dict) -> dict:
         F.mse_loss(models[mode](x), y).backward()
         opts[mode].step()
 
-    for _ in range(args["warmup"]):
-        for mode in MODES:
-            step(mode)
-    times = {m: [] for m in MODES}
-    for i in range(args["steps"]):
-        order = MODES[i % 3:] + MODES[:i % 3]
-        for mode in order:
-            dist.barrier()
-            t0 = time.perf_counter()
-            step(mode)
-            times[mode].append(time.perf_counter() - t0)
-    out = {}
-    for mode in MODES:
-        t = torch.tensor(times[mode])
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        out[mode] = statistics.median(t.tolist())
+    steps = {mode: lambda _round, mode=mode: step(mode) for mode in MODES}
+    times, _ = timed_rounds(steps, args["steps"], args["warmup"], barrier=dist.barrier)
+    out: dict = slowest_rank_medians(times)
     same = all(torch.equal(a, b) for a, b in zip(models["overlap"].parameters(), models["ddp"].parameters()))
     out["same_params"] = same
     out["n_buckets"] = len(models["overlap"].buckets)
@@ -74,16 +59,8 @@ def bench(rank: int, world_size: int, args: dict) -> dict:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--width", type=int, default=512)
-    p.add_argument("--depth", type=int, default=8)
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--bucket-mb", type=float, default=4.0)
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--threads", type=int, default=1)
-    a = p.parse_args()
+    a = options(__doc__, ranks=2, width=512, depth=8, batch=32, bucket_mb=4.0, steps=30, warmup=3,
+                threads=1).parse_args()
     from distai.engine.testing import run_in_group
 
     r = run_in_group(bench, a.ranks, vars(a), timeout_s=600)[0]
@@ -94,9 +71,9 @@ def main() -> int:
     print(f"  ours, overlapped       {ms['overlap']:8.2f} ms/step")
     print(f"  ours, after backward   {ms['no-overlap']:8.2f} ms/step")
     print(f"  torch DDP              {ms['ddp']:8.2f} ms/step")
-    print(f"ours/DDP        {ms['overlap'] / ms['ddp']:.3f}x (goal <= 1.15x)")
-    print(f"ours/no-overlap {ms['overlap'] / ms['no-overlap']:.3f}x "
-          f"(overlap speed-up {ms['no-overlap'] / ms['overlap']:.2f}x)")
+    print(ratio("ours/DDP", ms["overlap"], ms["ddp"], goal=1.15))
+    print(ratio("ours/no-overlap", ms["overlap"], ms["no-overlap"])
+          + f" (overlap speed-up {ms['no-overlap'] / ms['overlap']:.2f}x)")
     print(f"parameters identical to DDP's after training: {r['same_params']}")
     return 0
 

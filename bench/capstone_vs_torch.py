@@ -15,19 +15,18 @@ of shape (pp, dp, tp) over gloo processes:
   gathered between microbatches as torchtitan does under PP) for DP; the pipelining schedule
   turns its gradient sync off for all but the last microbatch, as ours does.
 
-Their steps alternate (ours, torch's, ours with ZeRO-1, …) so that machine noise hits both alike. A step is
+Their steps take turns (ours, torch's, ours with ZeRO-1; the order rotating every step) so that
+machine noise hits both alike. A step is
 timed on every rank from a barrier to the end of its optimizer step; the step's time is the
 slowest rank's; the first two steps of each are warm-up. The losses of both are printed side by
 side (they agree to float32 rounding). Goal: ours / torch ≤ 1.15.
 """
 from __future__ import annotations
 
-import argparse
 import copy
-import os
-import statistics
 import sys
-import time
+
+from _bench import load_average, options, ratio, slowest_rank_medians, timed_rounds
 
 
 def _torch_stage(dense, layers, first: bool, last: bool, tp_mesh):
@@ -114,18 +113,13 @@ def _bench(rank: int, world: int, args: dict) -> dict:
         return F.cross_entropy(logits.flatten(0, 1), targets.t().flatten())
 
     sched = Schedule1F1B(stage, m, loss_fn=loss_fn)
+    batches = [tuple(M.dp_share(t, mesh.dp_rank, shape.dp) for t in M.global_batch(cfg, shape, m, b, step))
+               for step in range(steps)]
 
-    def step_ours(trainer, ids, tg):
-        dist.barrier()
-        t0 = time.perf_counter()
-        out = trainer.step(ids, tg)
-        return time.perf_counter() - t0, out.loss
-
-    def step_torch(ids, tg):
+    def step_torch(step):  # the microbatches' losses (on the last stage), summed after the timing
+        ids, tg = batches[step]
         torch_opt.zero_grad(set_to_none=True)
         losses: list = []
-        dist.barrier()
-        t0 = time.perf_counter()
         with loss_parallel():
             if first:
                 sched.step(ids, **({"target": tg, "losses": losses} if last else {}))
@@ -134,66 +128,43 @@ def _bench(rank: int, world: int, args: dict) -> dict:
             else:
                 sched.step()
         torch_opt.step()
-        elapsed = time.perf_counter() - t0
-        loss = float(sum(x.detach().full_tensor() if hasattr(x, "full_tensor") else x.detach() for x in losses)
-                     / m) if last else None
-        return elapsed, loss
+        return losses
 
-    times: dict = {"ours": [], "ours_zero1": [], "torch": []}
-    losses: dict = {"ours": [], "ours_zero1": [], "torch": []}
-    for step in range(steps):
-        ids, tg = M.global_batch(cfg, shape, m, b, step)
-        ids, tg = M.dp_share(ids, mesh.dp_rank, shape.dp), M.dp_share(tg, mesh.dp_rank, shape.dp)
-        for name, run in (("ours", lambda: step_ours(ours[0], ids, tg)), ("torch", lambda: step_torch(ids, tg)),
-                          ("ours_zero1", lambda: step_ours(ours[1], ids, tg))):
-            t, loss = run()
-            times[name].append(t)
-            losses[name].append(loss)
-    return {"times": times, "losses": losses}
+    warm = 2 if steps > 3 else 0
+    times, values = timed_rounds({"ours": lambda step: ours[0].step(*batches[step]).loss, "torch": step_torch,
+                                  "ours_zero1": lambda step: ours[1].step(*batches[step]).loss},
+                                 steps - warm, warm, barrier=dist.barrier)
+    values["torch"] = [float(sum(x.detach().full_tensor() if hasattr(x, "full_tensor") else x.detach()
+                                 for x in losses) / m) if last else None for losses in values["torch"]]
+    return {"median": slowest_rank_medians(times), "losses": values}
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pp", type=int, default=2)
-    ap.add_argument("--dp", type=int, default=2)
-    ap.add_argument("--tp", type=int, default=2)
-    ap.add_argument("--hidden", type=int, default=64)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--seq", type=int, default=32)
-    ap.add_argument("--m", type=int, default=4, help="microbatches per step")
-    ap.add_argument("--microbatch-size", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--lr", type=float, default=0.05)
-    args = ap.parse_args(argv)
+    args = options(__doc__, pp=2, dp=2, tp=2, hidden=64, heads=4, vocab=256, layers=4, seq=32,
+                   m=(4, "microbatches per step"), microbatch_size=2, steps=10, lr=0.05).parse_args(argv)
     world = args.pp * args.dp * args.tp
 
     from distai.engine.testing import run_in_group
 
-    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(load_average())
     results = run_in_group(_bench, world, {"pp": args.pp, "dp": args.dp, "tp": args.tp, "hidden": args.hidden,
                                            "heads": args.heads, "vocab": args.vocab, "layers": args.layers,
                                            "seq": args.seq, "m": args.m, "mb": args.microbatch_size,
                                            "steps": args.steps, "lr": args.lr}, timeout_s=600)
-    warm = 2 if args.steps > 3 else 0
-    timed = range(warm, args.steps)
-    med = {name: statistics.median(max(r["times"][name][i] for r in results) for i in timed)
-           for name in ("ours", "ours_zero1", "torch")}
+    med = results[0]["median"]
     last = next(r["losses"] for r in results if r["losses"]["ours"][0] is not None)  # a last-stage rank
     ours, theirs = med["ours"], med["torch"]
     print(f"3D mesh pp={args.pp} × dp={args.dp} × tp={args.tp} ({world} gloo ranks on CPU), 1F1B with m={args.m} "
           f"microbatches of {args.microbatch_size};")
     print(f"GPT: {args.layers} blocks, h={args.hidden}, seq={args.seq}, vocab={args.vocab}, float32; "
-          f"{len(timed)} timed steps each (median of slowest rank)")
+          f"{len(last['ours'])} timed steps each (median of slowest rank)")
     for name in ("ours", "ours_zero1", "torch"):
         print(f"  loss {name:10s} " + " ".join(f"{x:.4f}" for x in last[name][:6]))
     gap = max(abs(a - b) for a, b in zip(last["ours"], last["torch"]))
     print(f"  largest loss difference ours vs torch: {gap:.1e}")
     print(f"  torch (DTensor TP+SP, pipelining Schedule1F1B, FSDP2): {theirs * 1e3:.1f} ms")
-    print(f"  ours (bucketed DP all-reduce): {ours * 1e3:.1f} ms · ours/torch {ours / theirs:.2f}x")
-    print(f"  ours (ZeRO-1): {med['ours_zero1'] * 1e3:.1f} ms · ours/torch {med['ours_zero1'] / theirs:.2f}x")
-    print(f"goal ours/torch <= 1.15x: {'met' if ours / theirs <= 1.15 else 'NOT met'} ({ours / theirs:.2f}x)")
+    print(f"  ours (bucketed DP all-reduce): {ours * 1e3:.1f} ms · " + ratio("ours/torch", ours, theirs, goal=1.15))
+    print(f"  ours (ZeRO-1): {med['ours_zero1'] * 1e3:.1f} ms · " + ratio("ours/torch", med["ours_zero1"], theirs))
     return 0
 
 

@@ -5,14 +5,14 @@ processes, interleaved, and the medians compared. Usage: python bench/cli_startu
 """
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from _bench import options, ratio, timed_rounds
 
 
 def distai_command() -> list[str]:
@@ -23,29 +23,22 @@ def distai_command() -> list[str]:
     return [found, "--help"] if found else [sys.executable, "-m", "distai.tutor.cli", "--help"]
 
 
-def wall(cmd: list[str]) -> float:
+def run_quietly(cmd: list[str]) -> None:
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="0")
-    start = time.perf_counter()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    return time.perf_counter() - start
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=9)
-    args = parser.parse_args()
+    args = options(__doc__, runs=9).parse_args()
     help_cmd = distai_command()
     typer_cmd = [sys.executable, "-c", "import typer"]
-    for cmd in (help_cmd, typer_cmd):  # warm the page cache and .pyc files
-        wall(cmd)
-    help_times, typer_times = [], []
-    for _ in range(args.runs):
-        help_times.append(wall(help_cmd))
-        typer_times.append(wall(typer_cmd))
-    h, t = statistics.median(help_times), statistics.median(typer_times)
+    # a warm-up round fills the page cache and the .pyc files
+    times, _ = timed_rounds({"help": lambda _round: run_quietly(help_cmd),
+                             "typer": lambda _round: run_quietly(typer_cmd)}, args.runs, warmup=1)
+    h, t = statistics.median(times["help"]), statistics.median(times["typer"])
     print(f"distai --help          median {h * 1000:7.1f} ms over {args.runs} runs ({' '.join(help_cmd)})")
     print(f"python -c 'import typer' median {t * 1000:7.1f} ms over {args.runs} runs")
-    print(f"ratio {h / t:.2f}x (goal <= 4x)")
+    print(ratio("ratio", h, t, goal=4))
     return 0
 
 

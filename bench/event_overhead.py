@@ -12,11 +12,12 @@ Also the cost of tracing one ring all-reduce (one ``ring_step`` event per step p
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import tempfile
 import time
+
+from _bench import options
 
 
 def emit_cost(n: int) -> float:
@@ -81,11 +82,7 @@ def _train(rank, world, steps, events_dir):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--world", type=int, default=4)
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--emits", type=int, default=20000)
-    args = p.parse_args(argv)
+    args = options(__doc__, world=4, steps=60, emits=20000).parse_args(argv)
 
     from distai.engine.testing import run_in_group
 

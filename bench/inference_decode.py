@@ -31,24 +31,17 @@ interleaved rounds, the best tokens/s of each configuration.
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # noqa: E402  (run from a checkout)
+from _bench import options, timed_rounds
 
 
 def _timed(fn, repeats: int = 5) -> float:
     """Median seconds of ``fn()`` over ``repeats`` (after one warm-up)."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    times, _ = timed_rounds({"fn": lambda _round: fn()}, repeats, warmup=1)
+    return statistics.median(times["fn"])
 
 
 def bench_group(rank: int, world: int, args: dict) -> dict:
@@ -129,7 +122,7 @@ def bench_group(rank: int, world: int, args: dict) -> dict:
                      "kv_bytes_per_token": r["kv_bytes_per_token"], "tokens": r["tokens"],
                      "median_step_s": statistics.median(b - a for a, b in zip(stamps, stamps[1:]))
                      if len(stamps) > 2 else None}
-    out["params"] = cfg.params()
+    out["params"] = cfg.num_params()
     return out
 
 
@@ -171,22 +164,10 @@ def paged_vs_contiguous(args: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--hidden", type=int, default=1024)
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--kv-heads", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=1024)
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--prompt", type=int, default=32)
-    ap.add_argument("--new-tokens", type=int, default=24)
-    ap.add_argument("--copy-mib", type=int, default=256)
-    ap.add_argument("--matvec-mib", type=int, default=128)
-    ap.add_argument("--worlds", default="1,2,4")
-    ap.add_argument("--requests", type=int, default=48)
-    ap.add_argument("--kv-budget", type=int, default=2048, help="KV tokens of either cache in part (b)")
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of part (a)/(b); best of each")
-    a = ap.parse_args(argv)
+    a = options(__doc__, hidden=1024, layers=8, heads=16, kv_heads=4, vocab=1024, batch=4, prompt=32, new_tokens=24,
+                copy_mib=256, matvec_mib=128, worlds="1,2,4", requests=48,
+                kv_budget=(2048, "KV tokens of either cache in part (b)"),
+                rounds=(3, "interleaved rounds of part (a)/(b); best of each")).parse_args(argv)
     args = vars(a)
 
     from distai.engine.testing import run_in_group

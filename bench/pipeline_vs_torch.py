@@ -10,10 +10,10 @@ work; the first two steps of each are warm-up. Goal: ours / torch ≤ 1.1 for 1F
 """
 from __future__ import annotations
 
-import argparse
-import statistics
 import sys
 import time
+
+from _bench import load_average, options, ratio, slowest_rank_medians
 
 
 def _bench(rank: int, p: int, args: dict) -> dict:
@@ -56,28 +56,20 @@ def _bench(rank: int, p: int, args: dict) -> dict:
             for mod in theirs.values():
                 mod.zero_grad(set_to_none=True)
             dist.barrier()
-            t0 = time.time()
+            t0 = time.perf_counter()
             sched.step(*((ids,) if first else ()), **({"target": tg, "losses": []} if last else {}))
-            t_torch.append(time.time() - t0)
-        out[schedule] = (t_ours, t_torch)
+            t_torch.append(time.perf_counter() - t0)
+        warm = args["warmup"]
+        out[schedule] = slowest_rank_medians({"ours": t_ours[warm:], "torch": t_torch[warm:]})
     return out
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--p", type=int, default=4)
-    ap.add_argument("--m", type=int, default=8)
-    ap.add_argument("--microbatch-size", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--d-model", type=int, default=128)
-    ap.add_argument("--seq", type=int, default=64)
-    args = ap.parse_args(argv)
-
-    import os
+    args = options(__doc__, p=4, m=8, microbatch_size=4, steps=12, d_model=128, seq=64).parse_args(argv)
 
     from distai.lessons.lesson5 import simulator as sim
 
-    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(load_average())
     for schedule, v in (("1f1b", 1), ("gpipe", 1), ("interleaved", 2)):
         t0, c0 = time.perf_counter(), time.process_time()
         tl = sim.simulate(schedule, 64, 1024, v)
@@ -87,20 +79,15 @@ def main(argv=None) -> int:
 
     from distai.engine.testing import run_in_group
 
-    results = run_in_group(_bench, args.p, {"m": args.m, "mb": args.microbatch_size, "steps": args.steps,
-                                            "d_model": args.d_model, "seq": args.seq}, timeout_s=600)
     warm = 2 if args.steps > 3 else 0
+    results = run_in_group(_bench, args.p, {"m": args.m, "mb": args.microbatch_size, "steps": args.steps,
+                                            "warmup": warm, "d_model": args.d_model, "seq": args.seq}, timeout_s=600)
     print(f"pipeline p={args.p}, m={args.m} microbatches of {args.microbatch_size}, d={args.d_model}, "
           f"seq={args.seq}, gloo on CPU, {args.steps - warm} timed steps each (median of slowest rank):")
-    ratio_1f1b = None
     for schedule in ("1f1b", "gpipe", "interleaved"):
-        ours = statistics.median(max(r[schedule][0][i] for r in results) for i in range(warm, args.steps))
-        theirs = statistics.median(max(r[schedule][1][i] for r in results) for i in range(warm, args.steps))
-        ratio = ours / theirs
-        if schedule == "1f1b":
-            ratio_1f1b = ratio
-        print(f"  {schedule:11s} ours {ours * 1e3:7.1f} ms · torch {theirs * 1e3:7.1f} ms · ours/torch {ratio:.2f}x")
-    print(f"goal 1F1B ours/torch <= 1.1x: {'met' if ratio_1f1b <= 1.1 else 'NOT met'} ({ratio_1f1b:.2f}x)")
+        ours, theirs = results[0][schedule]["ours"], results[0][schedule]["torch"]
+        print(f"  {schedule:11s} ours {ours * 1e3:7.1f} ms · torch {theirs * 1e3:7.1f} ms · "
+              + ratio("ours/torch", ours, theirs, goal=1.1 if schedule == "1f1b" else None))
     return 0
 
 

@@ -18,25 +18,16 @@ ratio. Outputs must be identical (greedy decoding), or it exits 1.
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # noqa: E402  (run from a checkout)
+from _bench import options
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--requests", type=int, default=32)
-    p.add_argument("--system-prompt", type=int, default=250)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--kv-budget", type=int, default=2048, help="tokens of KV in the 'same memory' pool")
-    p.add_argument("--arrival-rate", type=float, default=1.0, help="requests per iteration")
-    p.add_argument("--rounds", type=int, default=3)
-    args = p.parse_args(argv)
+    args = options(__doc__, hidden=256, layers=4, requests=32, system_prompt=250, block_size=16,
+                   kv_budget=(2048, "tokens of KV in the 'same memory' pool"),
+                   arrival_rate=(1.0, "requests per iteration"), rounds=3).parse_args(argv)
 
     import torch
 

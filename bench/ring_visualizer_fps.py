@@ -18,12 +18,13 @@ Usage: python bench/ring_visualizer_fps.py [--seconds 5] [--frames 150]
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import statistics
 import tempfile
 import time
+
+from _bench import load_average, options
 
 TARGET_FPS = 20.0
 MAX_CPU_SHARE = 0.5  # "without pegging a core": well under one core
@@ -100,10 +101,7 @@ async def frame_cost(frames: int) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--frames", type=int, default=150)
-    args = parser.parse_args()
+    args = options(__doc__, seconds=5.0, frames=150).parse_args()
     os.environ.setdefault("DISTAI_HOME", tempfile.mkdtemp(prefix="distai-bench-"))
 
     from textual.app import App
@@ -137,9 +135,8 @@ def main() -> int:
           f"(wall {1e3 * cost['wall_median_s']:.2f} ms; the widget's own layout {1e3 * cost['build_median_s']:.2f} ms)")
     print(f"  -> one core could draw {1 / per_frame:.0f} frames/s; the {FPS} frames/s animation needs "
           f"{100 * FPS * per_frame:.0f}% of a core")
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"  (load average {load:.1f} on {os.cpu_count()} CPUs while measuring: frame rates below the "
-          f"timer's {FPS}/s mean the process was waiting for a CPU)")
+    print(f"  ({load_average()} while measuring: frame rates below the timer's {FPS}/s mean the process "
+          f"was waiting for a CPU)")
     ok = 1 / per_frame >= TARGET_FPS and FPS * per_frame <= MAX_CPU_SHARE
     print(f"  goal >= {TARGET_FPS:.0f} frames/s using <= {100 * MAX_CPU_SHARE:.0f}% of a core: "
           f"{'met' if ok else 'NOT met'} (from the CPU time per frame)")

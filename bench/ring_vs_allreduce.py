@@ -13,17 +13,16 @@ above.
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import tempfile
 
+from _bench import options
+
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--nproc", type=int, default=4)
+    p = options(__doc__, nproc=4, iters=7)
     p.add_argument("--sizes", nargs="+", default=["16MiB", "32MiB", "64MiB"])
-    p.add_argument("--iters", type=int, default=7)
     p.add_argument("--channels", type=int, default=None, help="ring channels (default: the ring's choice)")
     p.add_argument("--pieces", type=int, default=None, help="sub-chunks per chunk (default: the ring's choice)")
     p.add_argument("--gpus", action="store_true", help="NCCL on GPUs instead of gloo on CPU processes")

@@ -1,17 +1,17 @@
 """Our from-scratch tensor-parallel block vs PyTorch's DTensor tensor parallelism, forward+backward.
 
 Same dense block (same weights), same ranks, same input; both timed in one run, interleaved
-iteration by iteration, median over ``--iters``. Prints ours/DTensor per mode (goal: ≤ 1.1x).
+iteration by iteration (a step lasts as long as its slowest rank), median over ``--iters``.
+Prints ours/DTensor per mode (goal: ≤ 1.1x).
 
     python bench/tp_vs_dtensor.py --ranks 2            # gloo on CPU
     python bench/tp_vs_dtensor.py --ranks 4 --hidden 512 --seq 256
 """
 from __future__ import annotations
 
-import argparse
 import copy
-import statistics
-import time
+
+from _bench import options, ratio, slowest_rank_medians, timed_rounds
 
 
 def bench(rank: int, world_size: int, args: dict) -> dict:
@@ -41,12 +41,14 @@ def bench(rank: int, world_size: int, args: dict) -> dict:
         if sp:
             x = x.chunk(world_size)[rank].contiguous()
 
-        def step_ours():
+        def step_ours(_round):
+            ours.zero_grad(set_to_none=True)
             xi = x.clone().requires_grad_()
             ours(xi).sum().backward()
             reduce_sequence_parallel_grads(ours, tp)
 
-        def step_theirs():
+        def step_theirs(_round):
+            theirs.zero_grad(set_to_none=True)
             xi = x.clone().requires_grad_()
             y = theirs(xi)
             (y.to_local() if hasattr(y, "to_local") else y).sum().backward()
@@ -55,33 +57,14 @@ def bench(rank: int, world_size: int, args: dict) -> dict:
                     if p.grad is not None and any(pl.is_partial() for pl in p.grad.placements):
                         p.grad = p.grad.redistribute(placements=p.placements)
 
-        times = {"ours": [], "dtensor": []}
-        for i in range(args["warmup"] + args["iters"]):
-            order = (("ours", step_ours), ("dtensor", step_theirs))
-            for name, fn in (order if i % 2 == 0 else order[::-1]):
-                for m in (ours, theirs):
-                    m.zero_grad(set_to_none=True)
-                dist.barrier()
-                t0 = time.perf_counter()
-                fn()
-                dist.barrier()
-                if i >= args["warmup"]:
-                    times[name].append(time.perf_counter() - t0)
-        out["tp+sp" if sp else "tp"] = {k: statistics.median(v) for k, v in times.items()}
+        times, _ = timed_rounds({"ours": step_ours, "dtensor": step_theirs}, args["iters"], args["warmup"],
+                                barrier=dist.barrier)
+        out["tp+sp" if sp else "tp"] = slowest_rank_medians(times)
     return out
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--threads", type=int, default=1)
-    a = p.parse_args()
+    a = options(__doc__, ranks=2, hidden=256, heads=8, seq=128, batch=4, iters=20, warmup=3, threads=1).parse_args()
     from distai.engine.testing import run_in_group
 
     res = run_in_group(bench, a.ranks, vars(a), timeout_s=600)[0]
@@ -89,7 +72,7 @@ def main() -> None:
           f"s={a.seq} b={a.batch}, median of {a.iters}")
     for mode, t in res.items():
         print(f"  {mode:6s} ours {t['ours'] * 1e3:8.2f} ms   DTensor {t['dtensor'] * 1e3:8.2f} ms   "
-              f"ours/DTensor = {t['ours'] / t['dtensor']:.2f}x  (goal ≤ 1.1x)")
+              + ratio("ours/DTensor", t["ours"], t["dtensor"], goal=1.1))
 
 
 if __name__ == "__main__":

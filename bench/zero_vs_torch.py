@@ -16,25 +16,16 @@ Run (4 CPU ranks, gloo)::
 """
 from __future__ import annotations
 
-import argparse
 import os
-import sys
-import time
+
+from _bench import options, ratio, slowest_rank_medians, timed_rounds
 
 GOALS = {("zero3", "fsdp2"): 1.3, ("zero1", "ddp"): 1.1, ("zero2", "ddp"): 1.1}
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description="our ZeRO vs torch DDP/FSDP2 step time")
-    p.add_argument("--nproc", type=int, default=4, help="ranks to spawn when not under torchrun")
-    p.add_argument("--rounds", type=int, default=12)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--d-model", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--vocab", type=int, default=1024)
-    p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--batch", type=int, default=16, help="global batch")
+    p = options(__doc__, nproc=(4, "ranks to spawn when not under torchrun"), rounds=12, warmup=3, d_model=256,
+                layers=4, heads=4, vocab=1024, seq_len=64, batch=(16, "global batch"))
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--no-prefetch", action="store_true", help="turn off ZeRO-3's prefetch (to see it matter)")
     p.add_argument("--threads", type=int, default=0, help="torch threads per rank (0: cores / ranks)")
@@ -57,24 +48,20 @@ def bench(rank: int, world_size: int, args) -> dict:
     trainers = {n: make_trainer(n, cfg, rank, world_size, device, "adam", args.precision,
                                 prefetch=not args.no_prefetch) for n in names}
     batches = make_batches(cfg, 4, args.batch)
-    times = {n: [] for n in names}
-    for r in range(args.warmup + args.rounds):
-        for n in names:
-            dist.barrier()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            trainers[n].step(batches[r % len(batches)])
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            # the slowest rank's time is the step time
-            t = torch.tensor([time.perf_counter() - t0])
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            if r >= args.warmup:
-                times[n].append(t.item())
-    params = count_params(cfg)
-    return {"median": {n: sorted(v)[len(v) // 2] for n, v in times.items()}, "params": params,
-            "threads": threads, "device": str(device)}
+
+    def barrier():  # a GPU's queued work ends before the clock starts
+        dist.barrier()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def step(name, r):
+        trainers[name].step(batches[r % len(batches)])
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    times, _ = timed_rounds({n: lambda r, n=n: step(n, r) for n in names}, args.rounds, args.warmup, barrier=barrier)
+    return {"median": slowest_rank_medians(times), "params": count_params(cfg), "threads": threads,
+            "device": str(device)}
 
 
 def report(res: dict, world_size: int, args) -> bool:
@@ -83,12 +70,9 @@ def report(res: dict, world_size: int, args) -> bool:
           f"({res['threads']} threads each), {args.precision}, median of {args.rounds} interleaved steps")
     for n, t in med.items():
         print(f"  {n:<6} {t * 1e3:8.1f} ms/step")
-    ok = True
     for (ours, theirs), goal in GOALS.items():
-        ratio = med[ours] / med[theirs]
-        ok &= ratio <= goal
-        print(f"  {ours}/{theirs}: {ratio:.2f}x  (goal <= {goal}x) {'ok' if ratio <= goal else 'MISSED'}")
-    return ok
+        print("  " + ratio(f"{ours}/{theirs}:", med[ours], med[theirs], goal=goal))
+    return all(med[ours] / med[theirs] <= goal for (ours, theirs), goal in GOALS.items())
 
 
 def _torchrun_main(args) -> int:
@@ -114,5 +98,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     raise SystemExit(main())
