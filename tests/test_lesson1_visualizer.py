@@ -67,7 +67,7 @@ def test_baselines_reduce_everywhere_with_the_formulas_costs(algorithm):
         assert len(sched) == formulas.allreduce_steps(n, algorithm)
         for step in sched:  # one full-duplex link per rank: one send and one receive at most
             assert len({m.src for m in step}) == len(step) == len({m.dst for m in step})
-        sent, got = baselines.bytes_sent(algorithm, n, 1e9), baselines.bytes_received(algorithm, n, 1e9)
+        sent, got = baselines.link_bytes(algorithm, n, 1e9)
         assert max(max(sent), max(got)) == formulas.allreduce_bytes_per_rank(1e9, n, algorithm)
         assert sent[0] == got[0] == formulas.allreduce_bytes_per_rank(1e9, n, algorithm)  # rank 0 is busiest
     # negative control: the reduce half alone leaves the non-root ranks without the sum

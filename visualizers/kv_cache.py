@@ -74,8 +74,8 @@ class ModelPreset:
     dtype_bytes: float = 2
 
     def spec(self) -> pl.ModelSpec:
-        return pl.ModelSpec(self.params, self.layers, self.hidden, self.heads, self.kv_heads, self.head_dim,
-                            self.dtype_bytes)
+        return pl.ModelSpec(self.params, self.layers, self.hidden, self.heads, self.kv_heads,
+                            head_dim=self.head_dim, dtype_bytes=self.dtype_bytes)
 
 
 PRESETS = [

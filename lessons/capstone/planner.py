@@ -52,6 +52,7 @@ from ..lesson1.formulas import (
 from ..lesson2.formulas import activation_bytes, activation_bytes_per_layer, model_state_bytes
 from ..lesson4.formulas import tp_comm_time_per_layer
 from ..lesson5.formulas import ScheduleError, bubble_fraction, check_schedule, peak_inflight_microbatches
+from ..model_spec import ModelSpec
 from . import formulas as f
 
 MICROBATCHES = (1, 2, 4, 8)
@@ -59,20 +60,6 @@ ZERO_STAGES = (0, 1, 2, 3)
 RECOMPUTE = ("none", "selective", "full")
 CHUNKS = (1, 2, 4, 8)
 GRAD_BYTES = 2  # bf16 gradients, reduced as Megatron-LM and torchtitan do by default
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    params: float
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    seq: int
-    vocab: int = 0  # 0: leave the logits out of the memory
-
-    def model_flops_per_step(self, global_batch: int) -> float:
-        return global_batch * self.seq * f.model_flops_per_token(self.params, self.layers, self.hidden, self.seq)
 
 
 @dataclass(frozen=True)
@@ -256,9 +243,14 @@ def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, o
               "tp_over_nodes": _spans_nodes(1, tp, g), "pp_over_nodes": _spans_nodes(dp * tp, pp, g),
               "dp_over_nodes": _spans_nodes(tp, dp, g)}
     c.bubble_fraction = bubble
-    c.mfu = f.mfu(model.model_flops_per_step(global_batch), c.step_time_s, n, cluster.flops)
+    c.mfu = f.mfu(model_flops_per_step(model, global_batch), c.step_time_s, n, cluster.flops)
     c.tokens_per_s = tokens / c.step_time_s
     return c
+
+
+def model_flops_per_step(model: ModelSpec, global_batch: int) -> float:
+    """The model's FLOPs in one step of ``global_batch`` sequences (no recomputation): what MFU counts."""
+    return global_batch * model.seq * f.model_flops_per_token(model.params, model.layers, model.hidden, model.seq)
 
 
 def plan(model: ModelSpec, cluster: Cluster, global_batch: int, optimizer: str = "adam",
@@ -270,6 +262,8 @@ def plan(model: ModelSpec, cluster: Cluster, global_batch: int, optimizer: str =
     narrow the search to what a framework offers (Megatron-LM in 2021 had no ZeRO: ``zero=(0,)``). A fixed
     degree that does not divide the GPUs, the heads, the layers or the batch is a ValueError."""
     n = cluster.gpus
+    if model.seq < 1:
+        raise ValueError(f"the training sequence length must be at least 1 token, got {model.seq}")
     for name, value in (("tp", tp), ("pp", pp), ("dp", dp)):
         if value is not None and n % value:
             raise ValueError(f"--{name} {value} does not divide the {n} GPUs")

@@ -107,7 +107,7 @@ def published_mfu(name: str) -> float:
         return p.published_mfu_value
     m = p.model
     counted = f.megatron_flops_per_step(p.global_batch, m.seq, m.layers, m.hidden, m.vocab)
-    return f.published_mfu(p.achieved_flops, counted, m.model_flops_per_step(p.global_batch), p.cluster.flops)
+    return f.published_mfu(p.achieved_flops, counted, pl.model_flops_per_step(m, p.global_batch), p.cluster.flops)
 
 
 @cache

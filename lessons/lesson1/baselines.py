@@ -92,19 +92,11 @@ def holds_after(algorithm: str, n: int) -> list[tuple[frozenset[int], ...]]:
     return out
 
 
-def bytes_sent(algorithm: str, n: int, size_bytes: float) -> list[float]:
-    """Bytes each rank sends over the whole all-reduce (index = rank)."""
-    sent = [0.0] * n
+def link_bytes(algorithm: str, n: int, size_bytes: float) -> tuple[list[float], list[float]]:
+    """Bytes each rank sends and receives over the whole all-reduce: ``(sent, received)``, index = rank."""
+    sent, received = [0.0] * n, [0.0] * n
     for messages in schedule(algorithm, n):
         for m in messages:
             sent[m.src] += size_bytes
-    return sent
-
-
-def bytes_received(algorithm: str, n: int, size_bytes: float) -> list[float]:
-    """Bytes each rank receives over the whole all-reduce (index = rank)."""
-    got = [0.0] * n
-    for messages in schedule(algorithm, n):
-        for m in messages:
-            got[m.dst] += size_bytes
-    return got
+            received[m.dst] += size_bytes
+    return sent, received

@@ -93,14 +93,10 @@ def ring_allgather_time(size_bytes: float, n: int, alpha: float, beta: float) ->
     """Ring all-gather producing ``size_bytes`` (the full output) on ``n`` ranks: (n-1)α + (n-1)/n·S·β.
 
     Each rank starts with S/n bytes and passes chunks around the ring for n-1 steps
-    (Thakur et al. 2005, Sec. 4.1): the second half of the ring all-reduce.
+    (Thakur et al. 2005, Sec. 4.1): the second half of the ring all-reduce. Its messages are the
+    reduce-scatter's (n-1 steps of S/n bytes), without the additions: the same time.
     """
-    n = _check_n(n)
-    _check_size(size_bytes)
-    _check_alpha_beta(alpha, beta)
-    if n == 1:
-        return 0.0
-    return (n - 1) * alpha + (n - 1) / n * size_bytes * beta
+    return ring_reduce_scatter_time(size_bytes, n, alpha, beta)
 
 
 def naive_allreduce_time(size_bytes: float, n: int, alpha: float, beta: float) -> float:

@@ -11,6 +11,7 @@ rank by rank, with the all-reduces that make it exact.
 from __future__ import annotations
 
 import math
+import unicodedata
 from dataclasses import dataclass
 
 REPLICATED, HEADS, HIDDEN, SEQUENCE, PARTIAL = "replicated", "heads", "hidden", "sequence", "partial"
@@ -33,6 +34,44 @@ class Stage:
 
 def _t(en: str, es: str) -> dict[str, str]:
     return {"en": en, "es": es}
+
+
+# Megatron's conjugate operators at the two ends of each block: f where the block's input enters, g
+# where its output leaves. Where partial results are summed (f backward, g forward) it is an all-reduce,
+# a reduce-scatter with sequence parallelism; on the other pass f and g do nothing without it and
+# all-gather the sequence with it (Shoeybi et al. 2019; Korthikanti et al. 2022). What each one does:
+_CONJUGATE_NOTES = {
+    ("f", "fwd", False): _t("forward: nothing to do, the input is already on every rank",
+                            "forward: nada que hacer, la entrada ya está en cada rango"),
+    ("f", "fwd", True): _t("gather the sequence: every rank needs all s tokens for its matmul",
+                           "juntar la secuencia: cada rango necesita los s tokens para su matmul"),
+    ("g", "fwd", False): _t("sum the partial results: every rank gets the full output",
+                            "sumar los parciales: cada rango recibe la salida completa"),
+    ("g", "fwd", True): _t("sum the partial results and keep only this rank's s/T tokens",
+                           "sumar los parciales y quedarse solo con los s/T tokens de este rango"),
+    ("g", "bwd", False): _t("the gradient of a sum is the same for every term: nothing to do",
+                            "el gradiente de una suma es el mismo para cada sumando: nada que hacer"),
+    ("g", "bwd", True): _t("the output's gradient arrives by sequence shard: gather it",
+                           "el gradiente de la salida llega por trozos de secuencia: juntarlo"),
+    ("f", "bwd", False): _t("sum the partial input gradients: the input was replicated",
+                            "sumar los gradientes parciales: la entrada estaba replicada"),
+    ("f", "bwd", True): _t("sum the partial input gradients, keep this rank's tokens",
+                           "sumar los gradientes parciales de la entrada, quedarse con los tokens propios"),
+}
+
+
+def _conjugate(blk: str, end: str, phase: str, sp: bool) -> Stage:
+    """Operator ``end`` ("f" or "g") of block ``blk`` in ``phase``, e.g. "ḡ bwd: all-gather": a
+    reduce-scatter leaves each rank its s/T tokens, anything else the whole tensor on every rank."""
+    sums = (end == "f") == (phase == "bwd")
+    op = ("reduce_scatter" if sp else "all_reduce") if sums else ("all_gather" if sp else None)
+    name = unicodedata.normalize("NFC", end + ("\u0304" if sp else ""))  # f̄, ḡ: the SP forms
+    name += " bwd" if phase == "bwd" else ""
+    label = {lang: f"{name}: {op.replace('_', '-') if op else identity}"
+             for lang, identity in (("en", "identity"), ("es", "identidad"))}
+    shape, layout = ("s/T·b·h", SEQUENCE) if op == "reduce_scatter" else ("s·b·h", REPLICATED)
+    return Stage(f"{blk}.{end}", phase, label, _CONJUGATE_NOTES[(end, phase, sp)], shape, layout, op=op,
+                 site=f"{blk}.{end}" if op else None, block=blk)
 
 
 def _forward(sp: bool) -> list[Stage]:
@@ -59,16 +98,7 @@ def _forward(sp: bool) -> list[Stage]:
                   "elemento a elemento sobre 4h/T rasgos: sin comunicación"),
                "s·b·4h/T", HIDDEN, block="mlp")),
     ):
-        if sp:
-            st.append(Stage(f"{blk}.f", "fwd", _t("f̄: all-gather", "f̄: all-gather"),
-                            _t("gather the sequence: every rank needs all s tokens for its matmul",
-                               "juntar la secuencia: cada rango necesita los s tokens para su matmul"),
-                            "s·b·h", REPLICATED, op="all_gather", site=f"{blk}.f", block=blk))
-        else:
-            st.append(Stage(f"{blk}.f", "fwd", _t("f: identity", "f: identidad"),
-                            _t("forward: nothing to do, the input is already on every rank",
-                               "forward: nada que hacer, la entrada ya está en cada rango"),
-                            "s·b·h", REPLICATED, block=blk))
+        st.append(_conjugate(blk, "f", "fwd", sp))
         st.append(Stage(f"{blk}.{col['en'].lower()}", "fwd", col,
                         _t("weight split by columns (output features): each rank computes its slice",
                            "peso partido por columnas (rasgos de salida): cada rango calcula su parte"),
@@ -78,16 +108,7 @@ def _forward(sp: bool) -> list[Stage]:
                         _t("weight split by rows (input features): each rank has a partial sum",
                            "peso partido por filas (rasgos de entrada): cada rango tiene una suma parcial"),
                         "s·b·h", PARTIAL, split="row", block=blk))
-        if sp:
-            st.append(Stage(f"{blk}.g", "fwd", _t("ḡ: reduce-scatter", "ḡ: reduce-scatter"),
-                            _t("sum the partial results and keep only this rank's s/T tokens",
-                               "sumar los parciales y quedarse solo con los s/T tokens de este rango"),
-                            "s/T·b·h", SEQUENCE, op="reduce_scatter", site=f"{blk}.g", block=blk))
-        else:
-            st.append(Stage(f"{blk}.g", "fwd", _t("g: all-reduce", "g: all-reduce"),
-                            _t("sum the partial results: every rank gets the full output",
-                               "sumar los parciales: cada rango recibe la salida completa"),
-                            "s·b·h", REPLICATED, op="all_reduce", site=f"{blk}.g", block=blk))
+        st.append(_conjugate(blk, "g", "fwd", sp))
         st.append(Stage(f"{blk}.residual", "fwd", _t("bias, dropout, + x", "sesgo, dropout, + x"),
                         _t("on s/T tokens per rank" if sp else "repeated identically on every rank",
                            "sobre s/T tokens por rango" if sp else "repetido igual en cada rango"),
@@ -102,16 +123,7 @@ def _backward(sp: bool) -> list[Stage]:
     x_shape, x_layout = ("s/T·b·h", SEQUENCE) if sp else ("s·b·h", REPLICATED)
     st: list[Stage] = []
     for blk, col, row in (("mlp", "fc1", "fc2"), ("attn", "QKV", "W_o")):
-        if sp:
-            st.append(Stage(f"{blk}.g", "bwd", _t("ḡ bwd: all-gather", "ḡ bwd: all-gather"),
-                            _t("the output's gradient arrives by sequence shard: gather it",
-                               "el gradiente de la salida llega por trozos de secuencia: juntarlo"),
-                            "s·b·h", REPLICATED, op="all_gather", site=f"{blk}.g", block=blk))
-        else:
-            st.append(Stage(f"{blk}.g", "bwd", _t("g bwd: identity", "g bwd: identidad"),
-                            _t("the gradient of a sum is the same for every term: nothing to do",
-                               "el gradiente de una suma es el mismo para cada sumando: nada que hacer"),
-                            "s·b·h", REPLICATED, block=blk))
+        st.append(_conjugate(blk, "g", "bwd", sp))
         st.append(Stage(f"{blk}.{row.lower().replace('_', '')}", "bwd", _t(f"{row} grads", f"grad. de {row}"),
                         _t("local: this rank's rows of the weight, its slice of the input gradient",
                            "local: las filas del peso de este rango, su parte del gradiente de entrada"),
@@ -125,15 +137,7 @@ def _backward(sp: bool) -> list[Stage]:
                             _t("the weight gradient needs all s tokens: all-gather the saved s/T shard again",
                                "el gradiente del peso necesita los s tokens: all-gather otra vez del trozo guardado"),
                             "s·b·h", REPLICATED, op="all_gather", site=f"{blk}.f.regather", block=blk))
-            st.append(Stage(f"{blk}.f", "bwd", _t("f̄ bwd: reduce-scatter", "f̄ bwd: reduce-scatter"),
-                            _t("sum the partial input gradients, keep this rank's tokens",
-                               "sumar los gradientes parciales de la entrada, quedarse con los tokens propios"),
-                            x_shape, x_layout, op="reduce_scatter", site=f"{blk}.f", block=blk))
-        else:
-            st.append(Stage(f"{blk}.f", "bwd", _t("f bwd: all-reduce", "f bwd: all-reduce"),
-                            _t("sum the partial input gradients: the input was replicated",
-                               "sumar los gradientes parciales: la entrada estaba replicada"),
-                            x_shape, x_layout, op="all_reduce", site=f"{blk}.f", block=blk))
+        st.append(_conjugate(blk, "f", "bwd", sp))
         ln = "ln2" if blk == "mlp" else "ln1"
         st.append(Stage(ln, "bwd", _t(f"LayerNorm {ln[-1]} grads", f"grad. de LayerNorm {ln[-1]}"),
                         _t("from this rank's tokens only: a partial gradient" if sp else "identical on every rank",

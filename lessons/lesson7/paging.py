@@ -80,6 +80,10 @@ class BlockAllocator:
 
     def needed(self, seq, new_len: int) -> int:
         """Extra blocks ``seq`` needs to hold ``new_len`` tokens."""
+        return self._blocks_to_add(seq, new_len)
+
+    def _blocks_to_add(self, seq, new_len: int) -> int:
+        """Blocks ``seq``'s table grows by to hold ``new_len`` tokens."""
         have = len(self.tables.get(seq, ()))
         return max(0, blocks_for(new_len, self.block_size) - have)
 
@@ -117,15 +121,24 @@ class BlockAllocator:
         if n > self.free_blocks:
             raise OutOfBlocks(f"{seq!r} needs {n} blocks, {self.free_blocks} free")
         table = self.tables.setdefault(seq, [])
-        new = []
-        for _ in range(n):
-            b = self.free_list.popleft()
-            self.owner[b] = seq
+        new = self._copy_on_write(seq, new_len)
+        for _ in range(self._blocks_to_add(seq, new_len)):
+            b = self._take(seq)
             table.append(b)
             new.append(b)
-            self.log.append(("alloc", seq, b))
         self.lengths[seq] = max(self.lengths.get(seq, 0), int(new_len))
         return new
+
+    def _take(self, seq) -> int:
+        """A free block, now ``seq``'s."""
+        b = self.free_list.popleft()
+        self.owner[b] = seq
+        self.log.append(("alloc", seq, b))
+        return b
+
+    def _copy_on_write(self, seq, new_len: int) -> list[int]:
+        """The blocks that replace shared ones before ``seq`` writes into them: none without sharing."""
+        return []
 
     def free(self, seq) -> list[int]:
         """Return all of ``seq``'s blocks to the pool; returns their ids."""
@@ -158,65 +171,28 @@ class BlockAllocator:
         return []
 
 
-class ContiguousAllocator:
+class ContiguousAllocator(BlockAllocator):
     """One contiguous region of ``max_len`` tokens per admitted request (the pre-paging baseline).
 
-    The pool holds ``slots`` such regions. The same interface as :class:`BlockAllocator`, with a
-    "block" being a whole slot."""
+    The pool holds ``slots`` such regions: a block allocator whose one block per request is a whole
+    slot, and a request may never outgrow it."""
 
     kind = "contiguous"
 
     def __init__(self, slots: int, max_len: int):
         if slots < 1 or max_len < 1:
             raise ValueError("need at least one slot of at least one token")
-        self.slots = int(slots)
-        self.max_len = int(max_len)
-        self.block_size = self.max_len
-        self.num_blocks = self.slots
-        self.free_list: deque[int] = deque(range(self.slots))
-        self.tables: dict[object, list[int]] = {}
-        self.lengths: dict[object, int] = {}
-        self.owner: list[object | None] = [None] * self.slots
-        self.log: list[tuple[str, object, int]] = []
+        super().__init__(slots, max_len)
+        self.slots = self.num_blocks
+        self.max_len = self.block_size
 
-    free_blocks = BlockAllocator.free_blocks
-    used_blocks = BlockAllocator.used_blocks
-    capacity_tokens = BlockAllocator.capacity_tokens
-    tokens_stored = BlockAllocator.tokens_stored
-    reserved_tokens = BlockAllocator.reserved_tokens
-    block_table = BlockAllocator.block_table
-    fill = BlockAllocator.fill
-    free = BlockAllocator.free
-    drain_log = BlockAllocator.drain_log
-    admit = BlockAllocator.admit
-    computed = BlockAllocator.computed
-    refcount = BlockAllocator.refcount
-    cached_blocks = BlockAllocator.cached_blocks
-
-    def needed(self, seq, new_len: int) -> int:
+    def _blocks_to_add(self, seq, new_len: int) -> int:
         if new_len > self.max_len:
             raise OutOfBlocks(f"{seq!r} needs {new_len} tokens, more than a slot's {self.max_len}")
-        return 0 if seq in self.tables else 1
+        return super()._blocks_to_add(seq, new_len)
 
     def can_grow(self, seq, new_len: int) -> bool:
-        return new_len <= self.max_len and self.needed(seq, new_len) <= self.free_blocks
-
-    def slot(self, seq, pos: int) -> tuple[int, int]:
-        return self.tables[seq][0], pos
-
-    def grow(self, seq, new_len: int) -> list[int]:
-        n = self.needed(seq, new_len)
-        if n > self.free_blocks:
-            raise OutOfBlocks(f"{seq!r} needs a slot, none free")
-        new = []
-        if n:
-            s = self.free_list.popleft()
-            self.owner[s] = seq
-            self.tables[seq] = [s]
-            new.append(s)
-            self.log.append(("alloc", seq, s))
-        self.lengths[seq] = max(self.lengths.get(seq, 0), int(new_len))
-        return new
+        return new_len <= self.max_len and super().can_grow(seq, new_len)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,7 +286,7 @@ class PrefixCachingAllocator(BlockAllocator):
         return sum(self.lengths.values())
 
     def needed(self, seq, new_len: int) -> int:
-        return super().needed(seq, new_len) + (1 if self._cow_block(seq, new_len) is not None else 0)
+        return self._blocks_to_add(seq, new_len) + (1 if self._cow_block(seq, new_len) is not None else 0)
 
     def _cow_block(self, seq, new_len: int):
         """The index in ``seq``'s table of an immutable block its next write lands in, or None."""
@@ -364,27 +340,20 @@ class PrefixCachingAllocator(BlockAllocator):
         self.looked_up_tokens += len(tokens)
         return found
 
-    def grow(self, seq, new_len: int) -> list[int]:
-        n = self.needed(seq, new_len)
-        if n > self.free_blocks:
-            raise OutOfBlocks(f"{seq!r} needs {n} blocks, {self.free_blocks} free")
-        table = self.tables.setdefault(seq, [])
-        new = []
+    def _copy_on_write(self, seq, new_len: int) -> list[int]:
+        """Never write into a block someone else may read: the partly filled last block, when shared
+        or cached, is copied into a fresh one first."""
         i = self._cow_block(seq, new_len)
-        if i is not None:  # copy-on-write: never write into a block someone else may read
-            src = table[i]
-            dst = self._take(seq)
-            self.copies.append((src, dst, self.lengths[seq] % self.block_size))
-            table[i] = dst
-            self.log.append(("cow", seq, dst))
-            self._unref(src, seq)
-            new.append(dst)
-        for _ in range(super().needed(seq, new_len)):
-            b = self._take(seq)
-            table.append(b)
-            new.append(b)
-        self.lengths[seq] = max(self.lengths.get(seq, 0), int(new_len))
-        return new
+        if i is None:
+            return []
+        table = self.tables[seq]
+        src = table[i]
+        dst = self._take(seq)
+        self.copies.append((src, dst, self.lengths[seq] % self.block_size))
+        table[i] = dst
+        self.log.append(("cow", seq, dst))
+        self._unref(src, seq)
+        return [dst]
 
     def computed(self, seq, tokens) -> None:
         """Register ``seq``'s newly full blocks in the tree (in order); a block whose path is already

@@ -33,28 +33,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from ..model_spec import ModelSpec
 from . import formulas as f
 
 REASONS = ("shape", "memory", "ttft", "tpot")
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    params: float
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int | None = None  # default hidden / heads
-    dtype_bytes: float = 2
-
-    @property
-    def d(self) -> int:
-        return self.head_dim or self.hidden // self.heads
-
-    @property
-    def weight_bytes(self) -> float:
-        return self.params * self.dtype_bytes
 
 
 @dataclass(frozen=True)
