@@ -86,6 +86,13 @@ PLAYBACK_CONTROLS = (PLAY, STEP, RESTART, TO_END, SPEED)
 NEXT_VIEW = Control("g", "next_view", "playback.next_view", hint=True)
 
 
+def view_controls(area: str, views: tuple[str, ...], first: int = 1) -> tuple[Control, ...]:
+    """A digit key per view, in order from ``first``: ``1`` shows ``views[0]`` (``view('…')``), its
+    label ``<area>.view_<view>`` in lessons/catalog/controls.toml."""
+    return tuple(Control(str(first + i), f"view('{view}')", f"{area}.view_{view.replace('-', '_')}")
+                 for i, view in enumerate(views))
+
+
 class LessonVisualizer(Widget):
     """Base class: a widget the lesson screen shows beside the step text.
 
@@ -94,11 +101,15 @@ class LessonVisualizer(Widget):
     keys that nothing else takes (``press``), so its keys work without focusing it first.
     """
 
+    # ``DEFAULT_CLASSES = "panel"``: lines of text one cell in from the sides, lit while focused
     DEFAULT_CSS = """
     LessonVisualizer { height: 1fr; width: 1fr; }
+    LessonVisualizer.panel { padding: 0 1; }
+    LessonVisualizer.panel:focus { background: $boost; }
     """
     CONTROLS: ClassVar[tuple[Control, ...]] = ()
     HINTS: ClassVar[dict[str, tuple[str, ...]]] = {}  # per view: the actions its hint line shows
+    VIEWS: ClassVar[tuple[str, ...]] = ()  # the views ``self.view`` takes, in the order ``g`` cycles them
 
     def __init_subclass__(cls, **kwargs):
         if "CONTROLS" in cls.__dict__:  # before Textual's own hook reads BINDINGS
@@ -186,6 +197,21 @@ class LessonVisualizer(Widget):
                 if any(k in taken for k in control.key_names()):
                     return False
         return True
+
+    def action_view(self, view: str) -> None:
+        """Show ``view`` (one of ``VIEWS``)."""
+        self.view = view
+        self.refresh()
+
+    def action_next_view(self) -> None:
+        """Show the next of the views that can be shown now (``NEXT_VIEW``, ``g``)."""
+        views = self.views_available()
+        at = views.index(self.view) + 1 if self.view in views else 0
+        self.action_view(views[at % len(views)])
+
+    def views_available(self) -> tuple[str, ...]:
+        """The ``VIEWS`` there is something to show in (all of them, unless a subclass says)."""
+        return self.VIEWS
 
     def show_step(self, step_key: str) -> None:
         """The lesson moved to ``step_key``: highlight what that step teaches (optional).

@@ -33,10 +33,9 @@ from ..lessons.lesson3.formulas import DAY, component_mtbf_from_log, job_mtbf
 from ..lessons.lesson3.run_timeline import RunTimeline
 from ..lessons.strings import strings
 from ..lessons.units import format_integer, format_percent, format_time
-from .base import NEXT_VIEW, Control, LessonVisualizer
+from .base import NEXT_VIEW, Control, LessonVisualizer, view_controls
 from .run_timeline import timeline_lines
 
-VIEWS = ("interval", "day", "run")
 LLAMA3 = {"gpus": 16384, "gpu_mtbf": component_mtbf_from_log(16384, 54 * DAY, 419), "cost": 60.0, "restart": 300.0}
 FAILURES = 100_000  # failures in the simulated log behind the curve
 GPU_RANGE = (1, 1 << 20)
@@ -154,15 +153,11 @@ class FailuresVisualizer(LessonVisualizer):
     """Goodput against the checkpoint interval, a simulated day of failures, and a live run."""
 
     can_focus = True
-    DEFAULT_CSS = """
-    FailuresVisualizer { height: 1fr; width: 1fr; padding: 0 1; }
-    FailuresVisualizer:focus { background: $boost; }
-    """
+    DEFAULT_CLASSES = "panel"
+    VIEWS = ("interval", "day", "run")
     CONTROLS = (
         NEXT_VIEW,
-        Control("1", "view('interval')", "failures.view_interval"),
-        Control("2", "view('day')", "failures.view_day"),
-        Control("3", "view('run')", "failures.view_run"),
+        *view_controls("failures", VIEWS),
         Control("d", "scale('gpus', 2)", "failures.gpus",
                 back_keys="D", back_action="scale('gpus', 0.5)", hint=True),
         Control("m", "scale('gpu_mtbf', 2)", "failures.gpu_mtbf",
@@ -242,14 +237,6 @@ class FailuresVisualizer(LessonVisualizer):
             self._compute(new)
         self._redraw()
 
-    def action_view(self, view: str) -> None:
-        self.view = view
-        self._redraw()
-
-    def action_next_view(self) -> None:
-        self.view = VIEWS[(VIEWS.index(self.view) + 1) % len(VIEWS)]
-        self._redraw()
-
     def action_reset(self) -> None:
         self.params = Params(**LLAMA3)
         self._redraw()
@@ -271,8 +258,8 @@ class FailuresVisualizer(LessonVisualizer):
         width = max(40, width)
         height = height or 30
         tabs = Text()
-        for v in VIEWS:
-            label = f" {VIEWS.index(v) + 1} {tr['views'][v]} "
+        for v in self.VIEWS:
+            label = f" {self.VIEWS.index(v) + 1} {tr['views'][v]} "
             tabs.append(label, style="bold reverse" if v == self.view else "grey62")
             tabs.append(" ")
         lines = [tabs]

@@ -32,7 +32,6 @@ from .playback import PlaybackVisualizer
 
 SHAPES = ((2, 2, 2), (1, 2, 4), (4, 1, 2), (2, 4, 1))  # (pp, dp, tp), the capstone's test meshes
 GPUS_PER_NODE = 4  # small nodes, so that the 8-rank mesh spans two
-VIEWS = ("step", "groups", "nodes", "run")
 COLOURS = {"tp": "black on #59a14f", "pp": "black on #b07aa1", "dp": "black on #edc948"}
 NODE_COLOURS = ("black on #4e79a7", "black on #f28e2b", "black on #76b7b2", "black on #ff9da7")
 DIM_STYLE = "grey42"
@@ -52,10 +51,8 @@ class MeshVisualizer(PlaybackVisualizer):
     """The (pp, dp, tp) mesh with the groups that talk in each phase of a step."""
 
     can_focus = True
-    DEFAULT_CSS = """
-    MeshVisualizer { height: 1fr; width: 1fr; padding: 0 1; }
-    MeshVisualizer:focus { background: $boost; }
-    """
+    DEFAULT_CLASSES = "panel"
+    VIEWS = ("step", "groups", "nodes", "run")
     TICK_S = 0.1
     CONTROLS = (
         NEXT_VIEW,
@@ -128,11 +125,12 @@ class MeshVisualizer(PlaybackVisualizer):
         self.refresh()
 
     # -- actions ----------------------------------------------------------------------------------
-    def action_next_view(self) -> None:
-        views = [v for v in VIEWS if v != "run" or self.run.shape is not None]
-        self.view = views[(views.index(self.view) + 1) % len(views)] if self.view in views else views[0]
+    def views_available(self) -> tuple[str, ...]:
+        return tuple(v for v in self.VIEWS if v != "run" or self.run.shape is not None)
+
+    def action_view(self, view: str) -> None:
         self.frame = 0
-        self.refresh()
+        super().action_view(view)
 
     def action_next_mesh(self) -> None:
         i = SHAPES.index(self.shape) if self.shape in SHAPES else -1

@@ -35,7 +35,7 @@ from ..lessons.units import (
     format_score,
     format_time,
 )
-from .base import NEXT_VIEW, PLAY, Control
+from .base import NEXT_VIEW, PLAY, Control, view_controls
 from .playback import PlaybackVisualizer
 
 # Tableau 10: distinct hues; backward blocks use a darker shade of the same hue.
@@ -45,7 +45,6 @@ _LEVELS = " ▁▂▃▄▅▆▇█"
 _CHUNK_LETTERS = "abcdefgh"
 IDLE_CHAR = "░"
 
-VIEWS = ("all", "gpipe", "1f1b", "interleaved", "same-time")
 NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved 1F1B"}
 
 @dataclass
@@ -178,19 +177,14 @@ class PipelineVisualizer(PlaybackVisualizer):
     """Timelines of GPipe, 1F1B and interleaved 1F1B, simulated and measured."""
 
     can_focus = True
-    DEFAULT_CSS = """
-    PipelineVisualizer { height: 1fr; width: 1fr; padding: 0 1; }
-    PipelineVisualizer:focus { background: $boost; }
-    """
+    DEFAULT_CLASSES = "panel"
+    VIEWS = ("all", "gpipe", "1f1b", "interleaved", "same-time")
     CONTROLS = (
         PLAY,
         Control("full_stop", "step(1)", "pipeline.cursor",
                 back_keys="comma", back_action="step(-1)"),
         NEXT_VIEW,
-        Control("0", "view('all')", "pipeline.view_all"),
-        Control("1", "view('gpipe')", "pipeline.view_gpipe"),
-        Control("2", "view('1f1b')", "pipeline.view_1f1b"),
-        Control("3", "view('interleaved')", "pipeline.view_interleaved"),
+        *view_controls("pipeline", VIEWS[:4], first=0),  # all, GPipe, 1F1B, interleaved
         Control("s", "stages(1)", "pipeline.stages",
                 back_keys="S", back_action="stages(-1)", hint=True),
         Control("m", "microbatches(1)", "pipeline.microbatches",
@@ -321,12 +315,7 @@ class PipelineVisualizer(PlaybackVisualizer):
         self._changed()
 
     def action_view(self, view: str) -> None:
-        self.view = view
-        self._changed()
-
-    def action_next_view(self) -> None:
-        order = ["all", "gpipe", "1f1b", "interleaved", "same-time"]
-        self.view = order[(order.index(self.view) + 1) % len(order)] if self.view in order else "all"
+        self.view = view  # "run" too, though g does not cycle to it
         self._changed()
 
     # -- drawing ----------------------------------------------------------------------------------

@@ -82,10 +82,7 @@ class RingVisualizer(PlaybackVisualizer):
         Control("m", "source", "ring.source"),
         Control("c", "next_call", "ring.next_call"),
     )
-    DEFAULT_CSS = """
-    RingVisualizer { padding: 0 1; }
-    RingVisualizer:focus { background: $boost; }
-    """
+    DEFAULT_CLASSES = "panel"
 
     def __init__(self, language: str = "en", **kwargs):
         super().__init__(language=language, **kwargs)
