@@ -37,6 +37,20 @@ def test_every_visualizer_declares_its_controls_and_leaves_the_lesson_keys_alone
             assert widget.controls_hint().endswith(("? all keys", "? todas las teclas"))
 
 
+def test_every_step_view_gives_settings_its_visualizer_reads():
+    for lesson in all_lessons():
+        for step in lesson.steps:
+            cls = visualizer_class(step.visualizer or lesson.visualizer)
+            if cls is None or not cls.STEP_SETTINGS:
+                continue
+            unknown = set(step.view) - cls.STEP_SETTINGS
+            assert not unknown, f"{lesson.id}/{step.key}: view sets {sorted(unknown)}, {cls.__name__} reads none of them"
+            if "show" in step.view and cls.VIEWS:
+                widget = cls()
+                widget.show_step(step.key)
+                assert widget.view == step.view["show"] or step.view["show"] == "run", (lesson.id, step.key)
+
+
 def test_keys_reach_the_visualizer_without_focus_and_lesson_keys_always_work():
     async def go():
         app = DistaiApp("en")

@@ -110,6 +110,8 @@ class LessonVisualizer(Widget):
     CONTROLS: ClassVar[tuple[Control, ...]] = ()
     HINTS: ClassVar[dict[str, tuple[str, ...]]] = {}  # per view: the actions its hint line shows
     VIEWS: ClassVar[tuple[str, ...]] = ()  # the views ``self.view`` takes, in the order ``g`` cycles them
+    # the settings a step's ``view = {...}`` may give it (empty: not declared; a test holds lesson.toml to it)
+    STEP_SETTINGS: ClassVar[frozenset[str]] = frozenset()
 
     def __init_subclass__(cls, **kwargs):
         if "CONTROLS" in cls.__dict__:  # before Textual's own hook reads BINDINGS

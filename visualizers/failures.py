@@ -155,6 +155,7 @@ class FailuresVisualizer(LessonVisualizer):
     can_focus = True
     DEFAULT_CLASSES = "panel"
     VIEWS = ("interval", "day", "run")
+    STEP_SETTINGS = frozenset({"show"})
     CONTROLS = (
         NEXT_VIEW,
         *view_controls("failures", VIEWS),

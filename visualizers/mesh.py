@@ -53,6 +53,7 @@ class MeshVisualizer(PlaybackVisualizer):
     can_focus = True
     DEFAULT_CLASSES = "panel"
     VIEWS = ("step", "groups", "nodes", "run")
+    STEP_SETTINGS = frozenset({"show"})
     TICK_S = 0.1
     CONTROLS = (
         NEXT_VIEW,

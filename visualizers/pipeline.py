@@ -179,6 +179,7 @@ class PipelineVisualizer(PlaybackVisualizer):
     can_focus = True
     DEFAULT_CLASSES = "panel"
     VIEWS = ("all", "gpipe", "1f1b", "interleaved", "same-time")
+    STEP_SETTINGS = frozenset({"show", "microbatches"})
     CONTROLS = (
         PLAY,
         Control("full_stop", "step(1)", "pipeline.cursor",

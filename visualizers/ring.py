@@ -83,6 +83,8 @@ class RingVisualizer(PlaybackVisualizer):
         Control("c", "next_call", "ring.next_call"),
     )
     DEFAULT_CLASSES = "panel"
+    STEP_SETTINGS = frozenset({"show", "algorithm", "ranks", "size_bytes", "alpha_s", "beta_s_per_byte", "start_at",
+                               "stop_at", "play", "source", "emphasis"})
 
     def __init__(self, language: str = "en", **kwargs):
         super().__init__(language=language, **kwargs)
