@@ -40,13 +40,16 @@ def emit_cost(n: int) -> float:
 def _train(rank, world, steps, events_dir):
     import torch
 
-    from distai.engine.data_parallel import make_data, make_model, train_data_parallel
+    from distai.engine.data_parallel import train_data_parallel
     from distai.engine.events import EventSink
+    from distai.engine.experiments import lesson1
+    from distai.engine.model import GPT, make_batch
     from distai.engine.ring import ring_allreduce
 
     torch.set_num_threads(1)
     batch = 16 * world
-    x, y = make_data(samples=batch * 8, seed=1)
+    cfg = lesson1.parse_args([]).model  # lesson 1's default GPT
+    x, y = make_batch(cfg, batch * 8, seed=1)
     results = {}
     for round_ in range(3):  # alternate on/off, three rounds each
         for mode in ("on", "off"):
@@ -63,7 +66,7 @@ def _train(rank, world, steps, events_dir):
                 times.append(now - last[0])
                 last[0] = now
 
-            train_data_parallel(make_model(seed=0), x, y, steps=steps, batch_size=batch, lr=0.1,
+            train_data_parallel(GPT(cfg, seed=0), x, y, steps=steps, batch_size=batch, lr=0.1,
                                 rank=rank, world_size=world, on_step=on_step)
             results.setdefault(mode, []).extend(times[1:])
             sink.close()

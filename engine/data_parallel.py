@@ -1,8 +1,9 @@
 """Data-parallel training with gradients averaged by our own ring all-reduce.
 
-Every rank holds the same model (same seed), takes its own slice of each global batch,
-computes the gradient of the mean loss over its slice, and the ranks average those gradients
-with :func:`distai.engine.ring.ring_allreduce`. With equal slices the average of the slices'
+Every rank holds the same model — the project's GPT (:mod:`distai.engine.model`), built from the
+same seed — takes its own slice of each global batch of token sequences, computes the gradient
+of the mean next-token loss over its slice, and the ranks average those gradients with
+:func:`distai.engine.ring.ring_allreduce`. With equal slices the average of the slices'
 mean-loss gradients is the gradient of the mean loss over the whole batch, so every rank takes
 the very step a single process would take on the full batch (the lesson's claim, checked in
 ``tests/test_engine_ring.py`` against single-process training and against torch's
@@ -24,28 +25,9 @@ from torch import nn
 from .ring import ring_allreduce
 
 
-def make_model(seed: int = 0, dtype: torch.dtype = torch.float32, in_features: int = 16,
-               hidden: int = 64, out_features: int = 1) -> nn.Module:
-    """The lesson's small model: a two-layer MLP, initialised from ``seed``."""
-    gen_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(in_features, hidden), nn.Tanh(), nn.Linear(hidden, out_features))
-    torch.random.set_rng_state(gen_state)
-    return model.to(dtype)
-
-
-def make_data(samples: int, seed: int = 1, dtype: torch.dtype = torch.float32,
-              in_features: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
-    """A synthetic regression set, the same on every rank: y = sin(x·w/√d) + 0.05·noise."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(samples, in_features, generator=g, dtype=torch.float64)
-    w = torch.randn(in_features, 1, generator=g, dtype=torch.float64)
-    y = torch.sin(x @ w / in_features ** 0.5) + 0.05 * torch.randn(samples, 1, generator=g, dtype=torch.float64)
-    return x.to(dtype), y.to(dtype)
-
-
 def global_batch(x: torch.Tensor, y: torch.Tensor, step: int, batch_size: int):
-    """The ``step``-th global batch (cycling through the data set)."""
+    """The ``step``-th global batch of rows of ``x`` (token ids) and ``y`` (their targets),
+    cycling through the data set (:func:`distai.engine.model.make_batch` makes one)."""
     n = x.shape[0]
     start = (step * batch_size) % n
     idx = torch.arange(start, start + batch_size) % n
@@ -122,9 +104,9 @@ def train_data_parallel(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, s
                         allreduce: Callable | None = None) -> list[float]:
     """SGD on ``model`` for ``steps`` steps, gradients averaged with the ring; returns losses.
 
+    ``model(ids, targets)`` is the mean loss of a slice (the GPT's next-token cross-entropy).
     ``allreduce(flat)`` replaces the ring (the tests use a do-nothing one as a negative control).
     """
-    loss_fn = nn.MSELoss()
     params = list(model.parameters())
     losses = []
     for step in range(steps):
@@ -132,7 +114,7 @@ def train_data_parallel(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, s
         xb, yb = global_batch(x, y, step, batch_size)
         xs, ys = shard(xb, rank, world_size), shard(yb, rank, world_size)
         zero_grad(params)
-        loss = loss_fn(model(xs), ys)
+        loss = model(xs, ys)
         loss.backward()
         t1 = time.perf_counter()
         extra = ring_kwargs_for_step(step) if ring_kwargs_for_step else {}
@@ -153,12 +135,11 @@ def train_single_process(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, 
                          batch_size: int, lr: float) -> list[float]:
     """The reference: the same SGD on the full global batch in one process."""
     params = list(model.parameters())
-    loss_fn = nn.MSELoss()
     losses = []
     for step in range(steps):
         xb, yb = global_batch(x, y, step, batch_size)
         zero_grad(params)
-        loss = loss_fn(model(xb), yb)
+        loss = model(xb, yb)
         loss.backward()
         sgd_step(params, lr)
         losses.append(loss.item())
@@ -172,13 +153,12 @@ def train_ddp(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int,
 
     ddp = DDP(model)
     params = list(ddp.parameters())
-    loss_fn = nn.MSELoss()
     losses = []
     for step in range(steps):
         xb, yb = global_batch(x, y, step, batch_size)
         xs, ys = shard(xb, rank, world_size), shard(yb, rank, world_size)
         zero_grad(params)
-        loss = loss_fn(ddp(xs), ys)
+        loss = ddp(xs, ys)
         loss.backward()
         sgd_step(params, lr)
         losses.append(loss.item())

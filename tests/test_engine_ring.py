@@ -71,28 +71,24 @@ def _ring_checks(rank, world):
 
 
 def _dp_checks(rank, world):
-    from distai.engine.data_parallel import (
-        make_data,
-        make_model,
-        train_data_parallel,
-        train_ddp,
-        train_single_process,
-    )
+    from distai.engine.data_parallel import train_data_parallel, train_ddp, train_single_process
+    from distai.engine.model import GPT, GPTConfig, make_batch
 
+    cfg = GPTConfig(vocab=64, hidden=32, heads=4, layers=2, seq=16)  # tiny: the equalities, not the speed
     per_rank = 8
     batch = per_rank * world
-    x, y = make_data(samples=batch * 3, seed=5)
+    x, y = make_batch(cfg, batch * 3, seed=5)
     kw = dict(steps=DP_STEPS, batch_size=batch, lr=0.1)
-    ring_model = make_model(seed=3)
+    ring_model = GPT(cfg, seed=3)
     ring_losses = train_data_parallel(ring_model, x, y, rank=rank, world_size=world, **kw)
-    single_model = make_model(seed=3)
+    single_model = GPT(cfg, seed=3)
     single_losses = train_single_process(single_model, x, y, **kw)
     ddp_model = None
     if world == 2:  # constructing DDP imports torch._dynamo (seconds per process): N=2 only
-        ddp_model = make_model(seed=3)
+        ddp_model = GPT(cfg, seed=3)
         train_ddp(ddp_model, x, y, rank=rank, world_size=world, **kw)
     # negative control: "averaging" that does nothing must not match
-    lazy_model = make_model(seed=3)
+    lazy_model = GPT(cfg, seed=3)
     train_data_parallel(lazy_model, x, y, rank=rank, world_size=world, allreduce=lambda flat: None, **kw)
 
     def maxdiff(a, b):
@@ -102,7 +98,7 @@ def _dp_checks(rank, world):
         "ring_vs_single": maxdiff(ring_model, single_model),
         "ring_vs_ddp": None if ddp_model is None else maxdiff(ring_model, ddp_model),
         "lazy_vs_single": maxdiff(lazy_model, single_model),
-        "moved": maxdiff(ring_model, make_model(seed=3)),
+        "moved": maxdiff(ring_model, GPT(cfg, seed=3)),
         "loss_diff": max(abs(a - b) for a, b in zip(ring_losses, single_losses)),
     }
 

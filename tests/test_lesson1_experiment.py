@@ -8,6 +8,7 @@ import math
 import pytest
 
 from distai.engine import launcher as L
+from distai.engine.model import GPTConfig
 from distai.engine.runs import create_run
 from distai.lessons.lesson1 import formulas
 from distai.lessons.lesson1 import ring_model as model
@@ -48,7 +49,9 @@ def test_training_steps_report_a_falling_loss(run):
     assert [e["step"] for e in steps] == list(range(6))
     assert all(e["rank"] == 0 and math.isfinite(e["loss"]) for e in steps)
     assert steps[-1]["loss"] < steps[0]["loss"]
-    assert all(e["grad_bytes"] == (16 * 64 + 64 + 64 + 1) * 4 for e in steps)
+    # one fp32 gradient per parameter of the default GPT (lesson 1's --hidden 64 --layers 2 ...)
+    params = GPTConfig(vocab=64, hidden=64, heads=4, layers=2, seq=16).num_params()
+    assert all(e["grad_bytes"] == params * 4 for e in steps)
 
 
 def test_sweep_rows_follow_the_busbw_definitions(run):

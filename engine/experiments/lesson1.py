@@ -7,8 +7,8 @@ Run by the launcher (``distai run lesson1 --cpu 4``) or directly::
 Phases (each emits a ``phase`` event, and ranks meet at a monitored barrier between them):
 
 1. ``check``: our ring all-reduce of an odd-sized random tensor against ``dist.all_reduce``.
-2. ``train``: ``--steps`` steps of data-parallel SGD on a small MLP, gradients averaged by the
-   ring. The first step's all-reduce is traced (``ring_step`` events) so the tutor can animate it.
+2. ``train``: ``--steps`` steps of data-parallel SGD on a small GPT (:mod:`distai.engine.model`;
+   ``--hidden --layers --heads --vocab --seq`` size it), gradients averaged by the ring. The first step's all-reduce is traced (``ring_step`` events) so the tutor can animate it.
 3. ``sweep``: nccl-tests style, message sizes from ``--sweep-min`` to ``--sweep-max`` (×2 each),
    our ring and ``dist.all_reduce`` timed in alternation; time, algbw and busbw of each.
 4. ``fit``: the alpha-beta model fitted to the measured times, and its predictions.
@@ -38,9 +38,13 @@ from ..experiment import Progress, checkpoint, exit_with, run_experiment
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="distai run lesson1", description="Data parallelism and ring all-reduce.")
     p.add_argument("--steps", type=int, default=40, help="data-parallel training steps (default 40)")
-    p.add_argument("--batch-per-rank", type=int, default=16, help="samples per rank per step (default 16)")
+    p.add_argument("--batch-per-rank", type=int, default=16, help="sequences per rank per step (default 16)")
     p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (default 0.1)")
-    p.add_argument("--hidden", type=int, default=64, help="hidden units of the MLP (default 64)")
+    p.add_argument("--hidden", type=int, default=64, help="the GPT's hidden size (default 64)")
+    p.add_argument("--layers", type=int, default=2, help="the GPT's blocks (default 2)")
+    p.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
+    p.add_argument("--vocab", type=int, default=64, help="vocabulary size (default 64)")
+    p.add_argument("--seq", type=int, default=16, help="tokens per sequence (default 16)")
     p.add_argument("--sweep-min", default="1KiB", help="smallest message of the sweep (default 1KiB)")
     p.add_argument("--sweep-max", default="64MiB", help="largest message of the sweep (default 64MiB)")
     p.add_argument("--iters", type=int, default=None, help="timed iterations per size (default: by size)")
@@ -69,11 +73,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("need 4 bytes <= --sweep-min <= --sweep-max")
     if args.sweep_max_bytes > 4 << 30:
         p.error("--sweep-max is capped at 4GiB")
-    if args.steps < 0 or args.batch_per_rank < 1 or args.hidden < 1:
-        p.error("--steps must be >= 0, --batch-per-rank and --hidden >= 1")
+    if args.steps < 0 or args.batch_per_rank < 1:
+        p.error("--steps must be >= 0, --batch-per-rank >= 1")
+    try:
+        args.model = model_config(args)
+    except ValueError as exc:  # ModelConfigError: a shape the GPT cannot take
+        p.error(str(exc))
     if args.iters is not None and args.iters < 1:
         p.error("--iters must be >= 1")
     return args
+
+
+def model_config(args: argparse.Namespace):
+    """The GPT the ``train`` phase trains (its size flags are GPTConfig's fields)."""
+    from ..model import GPTConfig
+
+    return GPTConfig(vocab=args.vocab, hidden=args.hidden, heads=args.heads, layers=args.layers, seq=args.seq)
 
 
 def sweep_sizes(lo: int, hi: int) -> list[int]:
@@ -126,13 +141,13 @@ def check_ring(ctx, seed: int) -> float:
 def train(ctx, args, progress: Progress) -> list[float]:
     import torch
 
-    from ..data_parallel import make_data, make_model, train_data_parallel
+    from ..data_parallel import train_data_parallel
+    from ..model import GPT, make_batch
 
     n = ctx.world_size
     batch = args.batch_per_rank * n
-    x, y = make_data(samples=batch * 8, seed=args.seed + 1)
-    x, y = x.to(ctx.device), y.to(ctx.device)
-    model = make_model(seed=args.seed, hidden=args.hidden).to(ctx.device)
+    x, y = make_batch(args.model, batch * 8, seed=args.seed + 1, device=ctx.device)  # 8 global batches
+    model = GPT(args.model, seed=args.seed, device=ctx.device)
     nparams = sum(p.numel() for p in model.parameters())
     phase(ctx, "train", steps=args.steps, params=nparams, global_batch=batch, n=n)
 
