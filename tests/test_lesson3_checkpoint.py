@@ -157,7 +157,7 @@ def test_pruning_and_stale_cleanup(tmp_path):
 def _trainer_args(**over):
     from distai.engine.experiments.lesson3 import parse_args
 
-    argv = ["--steps", "12", "--hidden", "32", "--samples", "512", "--batch", "16", "--warmup", "3"]
+    argv = ["--steps", "12", "--hidden", "32", "--seq", "8", "--samples", "512", "--batch", "8", "--warmup", "3"]
     for k, v in over.items():
         argv += [f"--{k.replace('_', '-')}", str(v)]
     return parse_args(argv)
@@ -204,6 +204,7 @@ def _check_all(rank: int, world: int, tmp: str) -> dict:
     from torch.utils.data import DistributedSampler
 
     from distai.engine.experiments.lesson3 import build
+    from distai.engine.model import make_batch
 
     out: dict = {}
     tmp = Path(tmp)
@@ -216,7 +217,7 @@ def _check_all(rank: int, world: int, tmp: str) -> dict:
     # -- pitfall 2: loading into a fresh optimizer's own state_dict() restores nothing
     args = _trainer_args()
     st = build(args, rank, world, torch.device("cpu"))
-    st.model(torch.randn(8, args.features)).sum().backward()
+    st.model(*make_batch(args.model, 8)).backward()
     st.optimizer.step()
     dcp.save({"optim": st.optimizer.state_dict()}, checkpoint_id=str(tmp / "optim"))
     fresh = build(args, rank, world, torch.device("cpu"))

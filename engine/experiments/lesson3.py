@@ -3,11 +3,12 @@
 Run by torchrun (``distai run lesson3 --cpu 2`` or ``python -m torch.distributed.run
 --nproc-per-node 2 --max-restarts 3 -m distai.engine.experiments.lesson3``).
 
-A small MLP (with dropout) learns a noisy regression, data parallel: every rank takes its own
-batch from a :class:`~distai.engine.checkpoint.ResumableSampler`, adds input noise whose size
-comes from Python's ``random`` and whose values come from numpy, runs dropout (torch's
-generator), and the ranks average gradients (and the loss) with one ``all_reduce`` of a flat
-buffer in a fixed layout. Adam with a warm-up + cosine learning-rate schedule (and, with ``--amp
+A small GPT (:mod:`distai.engine.model`, with dropout) learns next-token prediction on a fixed
+set of token sequences (``make_batch``), data parallel: every rank takes its own batch from a
+:class:`~distai.engine.checkpoint.ResumableSampler`, corrupts its input tokens (the share comes
+from Python's ``random``, which tokens and what they become from numpy), drops activations with
+masks seeded from torch's generator (:class:`~distai.engine.model.DropoutMasks`), and the ranks
+average gradients (and the loss) with one ``all_reduce`` of a flat buffer in a fixed layout. Adam with a warm-up + cosine learning-rate schedule (and, with ``--amp
 fp16``, a ``GradScaler``). Every ``--ckpt-every`` steps it writes a checkpoint with
 :class:`~distai.engine.checkpoint.Checkpointer` (``--format file`` or ``dcp``) into the run
 folder's ``checkpoints/``.
@@ -74,6 +75,7 @@ import torch.distributed as dist
 from ..checkpoint import Checkpointer, ResumableSampler, TrainingState, read_checked, write_checked
 from ..events import EVENTS_DIR_ENV, read_events
 from ..experiment import UsageError, exit_with, run_experiment
+from ..model import GPT, DropoutMasks, GPTConfig, ModelConfigError, lm_loss, make_batch
 
 FORGETTABLE = ("rng", "rng.torch", "rng.numpy", "rng.python", "sampler", "optimizer", "scheduler", "scaler")
 
@@ -112,12 +114,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--amp", choices=("off", "fp16", "bf16"), default="off",
                    help="autocast dtype; fp16 adds a GradScaler (its state is checkpointed)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--samples", type=int, default=4096)
-    p.add_argument("--features", type=int, default=16)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--batch", type=int, default=64, help="samples per rank per step")
+    p.add_argument("--samples", type=int, default=1024, help="token sequences in the data set")
+    p.add_argument("--hidden", type=int, default=64, help="the GPT's hidden size")
+    p.add_argument("--layers", type=int, default=2, help="the GPT's blocks")
+    p.add_argument("--heads", type=int, default=4, help="attention heads")
+    p.add_argument("--vocab", type=int, default=64, help="vocabulary size")
+    p.add_argument("--seq", type=int, default=16, help="tokens per sequence")
+    p.add_argument("--features", type=int, default=None, help=argparse.SUPPRESS)  # the MLP's; refused below
+    p.add_argument("--batch", type=int, default=32, help="sequences per rank per step")
     p.add_argument("--dropout", type=float, default=0.1)
-    p.add_argument("--noise", type=float, default=0.05, help="largest input-noise std (drawn per step)")
+    p.add_argument("--noise", type=float, default=0.1,
+                   help="largest share of input tokens replaced by random ones (drawn per step)")
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--warmup", type=int, default=5)
     args = p.parse_args(argv)
@@ -129,6 +136,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--step-time must be >= 0 seconds")
     if args.steps < 1:
         p.error("--steps must be at least 1")
+    if args.features is not None:
+        p.error("--features is gone: lesson 3 trains a GPT now; size it with --vocab, --seq, --hidden, --layers")
+    if args.samples < 1 or args.batch < 1 or not 0.0 <= args.noise <= 1.0:
+        p.error("--samples and --batch must be at least 1, --noise between 0 and 1")
+    try:
+        args.model = GPTConfig(vocab=args.vocab, hidden=args.hidden, heads=args.heads, layers=args.layers,
+                               seq=args.seq, dropout=args.dropout)
+    except ModelConfigError as exc:
+        p.error(str(exc))
     if args.at_step is None:
         args.at_step = min(args.steps, args.steps // 2 + 3)
     if args.ckpt_every < 1:
@@ -144,15 +160,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 # ------------------------------------------------------------------------------------ model and data
 def make_data(args) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(10_000 + args.seed)
-    x = torch.randn(args.samples, args.features, generator=g)
-    w = torch.randn(args.features, 1, generator=g) / math.sqrt(args.features)
-    y = torch.sin(2 * x @ w) + 0.1 * torch.randn(args.samples, 1, generator=g)
-    return x, y
+    """The data set: ``--samples`` token sequences and their next-token targets ``[samples, seq]``."""
+    return make_batch(args.model, args.samples, seed=10_000 + args.seed)
 
 
 def seed_rank(seed: int, rank: int) -> None:
-    """Each rank's own generators: its dropout masks, noise and noise sizes differ from the others'."""
+    """Each rank's own generators: its dropout masks and corrupted tokens differ from the others'."""
     s = seed * 1_000_003 + 7919 * (rank + 1)
     torch.manual_seed(s)
     np.random.seed(s % 2**32)
@@ -170,11 +183,7 @@ def warmup_cosine(optimizer, warmup: int, total: int):
 
 def build(args, rank: int, world_size: int, device: torch.device) -> TrainingState:
     """A fresh model, optimizer, schedule, scaler and sampler, and seeded generators."""
-    torch.manual_seed(args.seed)  # the same initial weights on every rank
-    model = torch.nn.Sequential(
-        torch.nn.Linear(args.features, args.hidden), torch.nn.Tanh(), torch.nn.Dropout(args.dropout),
-        torch.nn.Linear(args.hidden, args.hidden), torch.nn.Tanh(), torch.nn.Dropout(args.dropout),
-        torch.nn.Linear(args.hidden, 1)).to(device)
+    model = GPT(args.model, seed=args.seed, device=device)  # the same initial weights on every rank
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     scheduler = warmup_cosine(optimizer, args.warmup, args.steps)
     scaler = torch.amp.GradScaler(device.type, growth_interval=5) if args.amp == "fp16" else None
@@ -192,27 +201,37 @@ def weights_digest(model) -> str:
 
 
 class Trainer:
-    """One step at a time; ``hook(step, phase)`` runs mid-step (fault injection)."""
+    """One step at a time; ``hook(step, phase)`` runs mid-step (fault injection).
+
+    Each step draws from all three generators a rank owns, as real input pipelines do: Python's
+    ``random`` the share of input tokens to corrupt, numpy which tokens and what they become,
+    torch the seed of the step's dropout masks (:class:`DropoutMasks` turns (seed, step, layer,
+    site) into masks, so the masks are exactly what torch's generator says, on any device)."""
 
     def __init__(self, args, state: TrainingState, data, rank: int, world_size: int, device: torch.device):
         self.args, self.state, self.rank, self.world_size, self.device = args, state, rank, world_size, device
-        self.x, self.y = (t.to(device) for t in data)
+        self.ids, self.targets = (t.to(device) for t in data)
         self.params = [p for p in state.model.parameters()]
         self.amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(args.amp)
+        self.masks = DropoutMasks(args.model.dropout)
+        state.model.set_masks(self.masks)
 
     def step(self, mid_step=None) -> float:
         """One data-parallel step; returns the loss averaged over all ranks."""
         st, args = self.state, self.args
         assert st.sampler is not None  # build() gives every training state its sampler
         idx = torch.tensor(st.sampler.next_batch(args.batch), device=self.device)
-        xb, yb = self.x[idx], self.y[idx]
-        std = random.uniform(0.0, args.noise)  # Python's generator
-        noise = np.random.standard_normal(tuple(xb.shape)).astype(np.float32)  # numpy's
-        xb = xb + std * torch.from_numpy(noise).to(self.device)
+        ids, targets = self.ids[idx], self.targets[idx]
+        share = random.uniform(0.0, args.noise)  # Python's generator
+        corrupt = np.random.random_sample(tuple(ids.shape)) < share  # numpy's
+        tokens = np.random.randint(0, args.model.vocab, size=tuple(ids.shape))
+        ids = torch.where(torch.from_numpy(corrupt).to(self.device), torch.from_numpy(tokens).to(ids), ids)
+        self.masks.seed = int(torch.randint(0, 2 ** 31 - 1, ()))  # torch's generator
+        self.masks.step = st.step
         st.model.train()
         with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-            out = st.model(xb)  # dropout: torch's generator
-        loss = torch.nn.functional.mse_loss(out.float(), yb)
+            logits = st.model(ids)
+        loss = lm_loss(logits.float(), targets)
         (st.scaler.scale(loss) if st.scaler is not None else loss).backward()
         if mid_step is not None:
             mid_step()
