@@ -135,8 +135,8 @@ def checks(rank, world_size, full):
         d = tempfile.mkdtemp(prefix="lesson6-events-")
         os.environ["DISTAI_EVENTS_DIR"] = d
         lesson6.main(["--steps", "14", "--inject-overflow", "3,9", "--growth-interval", "2",
-                      "--hist-every", "7", "--bucket-mb", "0.1,1", "--dp-width", "128",
-                      "--dp-depth", "3", "--timed-steps", "1", "--rounds", "1"])
+                      "--hist-every", "7", "--bucket-mb", "0.1,1", "--hidden", "32", "--vocab", "128",
+                      "--seq", "8", "--dp-hidden", "64", "--dp-batch", "2", "--timed-steps", "1", "--rounds", "1"])
         res["events"] = [json.loads(line) for line in Path(d, f"rank{rank}.jsonl").read_text().splitlines()]
     return res
 

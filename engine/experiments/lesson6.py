@@ -3,13 +3,15 @@
 Run by torchrun (``distai run lesson6 --cpu 2`` or
 ``python -m torch.distributed.run --nproc-per-node 2 -m distai.engine.experiments.lesson6``).
 
-Part 1, loss scaling. A student MLP learns a teacher's function, data parallel over the ranks
-with :class:`~distai.engine.bucketing.BucketedDataParallel`, computing in fp16 under
-``torch.autocast`` (bf16 with ``--dtype bf16``). Its parameters stay fp32: they are the fp32
+Part 1, loss scaling. A small GPT (:mod:`distai.engine.model`; ``--hidden --layers --heads
+--vocab --seq`` size it) learns next-token prediction on batches from ``make_batch``, data
+parallel over the ranks with :class:`~distai.engine.bucketing.BucketedDataParallel`, computing
+in fp16 under ``torch.autocast`` (bf16 with ``--dtype bf16``). Its parameters stay fp32: they are the fp32
 master weights the optimizer updates (``--weights explicit`` keeps the model itself in fp16 and
 the fp32 copies in :class:`~distai.engine.loss_scaling.MasterWeightOptimizer`). The loss is
 scaled by :class:`~distai.engine.loss_scaling.DynamicLossScaler`. At the steps in
-``--inject-overflow`` rank 0's gradient receives an inf before the all-reduce (what a bad batch
+``--inject-overflow`` rank 0's gradient (of the final norm's weight, the first one ready) receives
+an inf before the all-reduce (what a bad batch
 does): the all-reduce spreads it, every rank finds it and skips the same step. With a short
 ``--growth-interval`` the scale also grows until real fp16 overflows occur.
 Every ``--hist-every`` steps rank 0 measures, on the same batch, the gradient in fp32 (for the
@@ -19,7 +21,7 @@ gradient values that came out zero in fp16 although they are not zero in fp32.
 Part 2, overlap. For each bucket size in ``--bucket-mb`` and each of three ways of doing data
 parallelism — ours with overlap, ours with all buckets all-reduced after backward, torch DDP with
 the same ``bucket_cap_mb`` — the step time (forward, backward, gradient all-reduce, SGD step) of
-an fp32 MLP is measured on all ranks (the slowest rank counts), in rotating order over
+a larger fp32 GPT (``--dp-hidden --dp-layers --dp-batch``) is measured on all ranks (the slowest rank counts), in rotating order over
 ``--rounds`` rounds; the figure is the median over all timed steps. One extra step per configuration records the timeline.
 
 Events (rank 0 unless noted; ``t`` and ``rank`` are added by the sink):
@@ -50,7 +52,6 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ...lessons.lesson6 import formulas as FM
@@ -58,6 +59,7 @@ from ...lessons.lesson6.simulation import exponent_histogram
 from ..bucketing import BucketedDataParallel, StepTimeline, ddp_timed_allreduce_hook
 from ..experiment import Progress, device_sync, exit_with, run_experiment
 from ..loss_scaling import DynamicLossScaler, MasterWeightOptimizer
+from ..model import GPT, GPTConfig, ModelConfigError, lm_loss, make_batch
 
 MODES = ("overlap", "no-overlap", "ddp")
 
@@ -80,17 +82,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--inject-overflow", default="20,21,60",
                    help="comma-separated steps at which rank 0's gradient gets an inf ('' for none)")
     g.add_argument("--hist-every", type=int, default=10)
-    g.add_argument("--width", type=int, default=128)
-    g.add_argument("--depth", type=int, default=3)
-    g.add_argument("--outputs", type=int, default=512)
-    g.add_argument("--batch", type=int, default=64)
+    g.add_argument("--hidden", "--width", dest="hidden", type=int, default=64, help="the GPT's hidden size")
+    g.add_argument("--layers", "--depth", dest="layers", type=int, default=2, help="the GPT's blocks")
+    g.add_argument("--vocab", "--outputs", dest="vocab", type=int, default=256, help="vocabulary (the head's outputs)")
+    g.add_argument("--heads", type=int, default=4, help="attention heads (both parts)")
+    g.add_argument("--seq", type=int, default=16, help="tokens per sequence (both parts)")
+    g.add_argument("--batch", type=int, default=4, help="sequences per rank per step")
     g.add_argument("--lr", type=float, default=1e-3)
     g = p.add_argument_group("overlap")
     g.add_argument("--bucket-mb", default="0.25,1,4,25",
                    help="comma-separated bucket sizes (MiB) to sweep")
-    g.add_argument("--dp-width", type=int, default=512)
-    g.add_argument("--dp-depth", type=int, default=8)
-    g.add_argument("--dp-batch", type=int, default=32)
+    g.add_argument("--dp-hidden", "--dp-width", dest="dp_hidden", type=int, default=256,
+                   help="hidden size of the GPT whose steps are timed")
+    g.add_argument("--dp-layers", "--dp-depth", dest="dp_layers", type=int, default=2, help="its blocks")
+    g.add_argument("--dp-batch", type=int, default=2, help="its sequences per rank per step")
     g.add_argument("--timed-steps", type=int, default=5, help="timed steps per configuration and round")
     g.add_argument("--rounds", type=int, default=3)
     g.add_argument("--skip-scaling", action="store_true")
@@ -102,10 +107,16 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.caps = [float(s) for s in args.bucket_mb.split(",") if s.strip()]
     except ValueError as exc:
         p.error(f"bad list: {exc}")
-    for name in ("steps", "hist_every", "width", "depth", "outputs", "batch", "dp_width", "dp_depth",
-                 "dp_batch", "timed_steps", "rounds", "growth_interval"):
+    for name in ("steps", "hist_every", "batch", "dp_batch", "timed_steps", "rounds", "growth_interval"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
+    try:
+        args.model = GPTConfig(vocab=args.vocab, hidden=args.hidden, heads=args.heads, layers=args.layers,
+                               seq=args.seq)
+        args.dp_model = GPTConfig(vocab=args.vocab, hidden=args.dp_hidden, heads=args.heads,
+                                  layers=args.dp_layers, seq=args.seq)
+    except ModelConfigError as exc:
+        p.error(str(exc))
     if not args.caps or any(c <= 0 for c in args.caps):
         p.error("--bucket-mb needs positive sizes")
     if not args.init_scale > 0 or not args.growth_factor > 1 or not 0 < args.backoff_factor < 1:
@@ -113,25 +124,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def mlp(width: int, depth: int, outputs: int, act=torch.nn.Tanh) -> torch.nn.Sequential:
-    layers: list[torch.nn.Module] = []
-    for _ in range(depth):
-        layers += [torch.nn.Linear(width, width), act()]
-    layers.append(torch.nn.Linear(width, outputs))
-    return torch.nn.Sequential(*layers)
-
-
 # ---- part 1: loss scaling ----------------------------------------------------------------
 def _flat_grads(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.grad.detach().float().flatten() for p in model.parameters() if p.grad is not None])
 
 
-def measure_underflow(probe: torch.nn.Module, x, y, device, dtype, scale: float) -> dict:
+def measure_underflow(probe: torch.nn.Module, ids, targets, device, dtype, scale: float) -> dict:
     """Gradients of one batch in fp32, in low precision unscaled, and scaled by ``scale``."""
     def grads(low: bool, s: float) -> torch.Tensor:
         probe.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=dtype, enabled=low):
-            loss = F.mse_loss(probe(x).float(), y)
+            logits = probe(ids)
+        loss = lm_loss(logits.float(), targets)
         (loss * s).backward()
         return _flat_grads(probe) / s
 
@@ -159,14 +163,10 @@ def measure_underflow(probe: torch.nn.Module, x, y, device, dtype, scale: float)
 def run_loss_scaling(ctx, args, progress: Progress) -> dict:
     device, rank = ctx.device, ctx.rank
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
-    torch.manual_seed(args.seed)
-    teacher = mlp(args.width, 1, args.outputs).to(device)
-    student = mlp(args.width, args.depth, args.outputs).to(device)
-    probe = mlp(args.width, args.depth, args.outputs).to(device)
     explicit = args.weights == "explicit"
-    if explicit:
-        student = student.to(dtype)
-    target = list(student.parameters())[-2]  # last layer's weight: its gradient is ready first
+    student = GPT(args.model, seed=args.seed, dtype=dtype if explicit else torch.float32, device=device)
+    probe = GPT(args.model, seed=args.seed, device=device)  # an fp32 copy, for the measurements
+    target = student.head.norm.weight  # the final norm's: backward reaches it first
     inject_now = [False]
 
     def poison(p):  # rank 0's gradient gets an inf before the all-reduce
@@ -182,7 +182,6 @@ def run_loss_scaling(ctx, args, progress: Progress) -> dict:
         opt = torch.optim.Adam(student.parameters(), lr=args.lr)
     scaler = DynamicLossScaler(args.init_scale, args.growth_factor, args.backoff_factor,
                                args.growth_interval, enabled=not args.no_scaling)
-    gen = torch.Generator().manual_seed(args.seed + 1000 + rank)
     ev = ctx.events
     if rank == 0:
         ev.emit("phase", name="loss-scaling", steps=args.steps)
@@ -190,19 +189,17 @@ def run_loss_scaling(ctx, args, progress: Progress) -> dict:
     hist: list[dict] = []
     losses = []
     for step in range(args.steps):
-        x = torch.randn(args.batch, args.width, generator=gen).to(device)
-        with torch.no_grad():
-            y = teacher(x)
+        ids, targets = make_batch(args.model, args.batch, seed=args.seed + 1000 + rank, step=step, device=device)
         if step % args.hist_every == 0 and rank == 0:
             probe.load_state_dict({k: v.float() for k, v in student.state_dict().items()})
-            m = measure_underflow(probe, x, y, device, dtype, scaler.get_scale())
+            m = measure_underflow(probe, ids, targets, device, dtype, scaler.get_scale())
             ev.emit("grad_hist", step=step, scale=scaler.get_scale(), dtype=args.dtype, **m)
             hist.append(m)
         opt.zero_grad(set_to_none=True)
         inject_now[0] = step in args.inject
         with torch.autocast(device.type, dtype=dtype, enabled=not explicit):
-            out = model(x.to(dtype) if explicit else x)
-            loss = F.mse_loss(out.float(), y)
+            logits = model(ids)
+        loss = lm_loss(logits.float(), targets)
         scale = scaler.get_scale()
         scaler.scale(loss).backward()
         inject_now[0] = False
@@ -252,18 +249,17 @@ def run_loss_scaling(ctx, args, progress: Progress) -> dict:
 
 # ---- part 2: overlap ---------------------------------------------------------------------
 def build(mode: str, cap: float, args, device) -> torch.nn.Module:
-    torch.manual_seed(args.seed)
-    net = mlp(args.dp_width, args.dp_depth, args.dp_width, act=torch.nn.ReLU).to(device)
+    net = GPT(args.dp_model, seed=args.seed, device=device)
     if mode == "ddp":
         return DDP(net, bucket_cap_mb=cap)
     return BucketedDataParallel(net, bucket_cap_mb=cap, overlap=(mode == "overlap"))
 
 
-def train_step(model, opt, x, y, timeline: StepTimeline | None = None) -> None:
+def train_step(model, opt, ids, targets, timeline: StepTimeline | None = None) -> None:
     opt.zero_grad(set_to_none=True)
     if timeline is not None:
         timeline.begin()
-    loss = F.mse_loss(model(x), y)
+    loss = model(ids, targets)
     if timeline is not None:
         timeline.mark("backward")
     loss.backward()
@@ -305,9 +301,7 @@ def run_overlap(ctx, args, progress: Progress) -> dict:
     device, rank, ev = ctx.device, ctx.rank, ctx.events
     if rank == 0:
         ev.emit("phase", name="overlap", bucket_mb=args.caps)
-    gen = torch.Generator().manual_seed(args.seed + 2000 + rank)
-    x = torch.randn(args.dp_batch, args.dp_width, generator=gen).to(device)
-    y = torch.randn(args.dp_batch, args.dp_width, generator=gen).to(device)
+    x, y = make_batch(args.dp_model, args.dp_batch, seed=args.seed + 2000 + rank, device=device)
     times: dict[tuple[float, str], list[float]] = {}
     nbuckets: dict[tuple[float, str], int] = {}
     for r in range(args.rounds):
@@ -333,7 +327,7 @@ def run_overlap(ctx, args, progress: Progress) -> dict:
             ev.emit("bucket_sweep", bucket_mb=cap, mode=mode, step_ms=round(median[(cap, mode)], 3),
                     n_buckets=nbuckets.get((cap, mode)), samples_ms=[round(t, 3) for t in v])
     best = min(args.caps, key=lambda c: median[(c, "overlap")])
-    n_params = sum(p.numel() for p in mlp(args.dp_width, args.dp_depth, args.dp_width).parameters())
+    n_params = args.dp_model.num_params()
     return {
         "best_bucket_mb": best,
         "step_ms": {f"{c:g}": {m: round(median[(c, m)], 3) for m in MODES} for c in args.caps},
