@@ -166,7 +166,7 @@ def run_loss_scaling(ctx, args, progress: Progress) -> dict:
     explicit = args.weights == "explicit"
     student = GPT(args.model, seed=args.seed, dtype=dtype if explicit else torch.float32, device=device)
     probe = GPT(args.model, seed=args.seed, device=device)  # an fp32 copy, for the measurements
-    target = student.head.norm.weight  # the final norm's: backward reaches it first
+    target = dict(student.named_parameters())["head.norm.weight"]  # the final norm's: backward reaches it first
     inject_now = [False]
 
     def poison(p):  # rank 0's gradient gets an inf before the all-reduce
