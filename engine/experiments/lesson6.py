@@ -362,7 +362,8 @@ def _n(k: int, word: str) -> str:
 
 
 def _pct(x) -> str:
-    return "n/a" if x is None else f"{100 * x:.2f}%"
+    """Two significant digits: the underflow shares are often a few thousandths of a percent."""
+    return "n/a" if x is None else f"{100 * x:.2g}%"
 
 
 def format_summary(s: dict) -> str:
