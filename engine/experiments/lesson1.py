@@ -32,7 +32,7 @@ import time
 
 from ...lessons.lesson1 import formulas
 from ...lessons.units import UnitError, format_bandwidth, format_time, parse_bytes
-from ..experiment import Progress, checkpoint, exit_with, run_experiment
+from ..experiment import Progress, add_model_options, checkpoint, exit_with, run_experiment
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -40,11 +40,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=40, help="data-parallel training steps (default 40)")
     p.add_argument("--batch-per-rank", type=int, default=16, help="sequences per rank per step (default 16)")
     p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (default 0.1)")
-    p.add_argument("--hidden", type=int, default=64, help="the GPT's hidden size (default 64)")
-    p.add_argument("--layers", type=int, default=2, help="the GPT's blocks (default 2)")
-    p.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
-    p.add_argument("--vocab", type=int, default=64, help="vocabulary size (default 64)")
-    p.add_argument("--seq", type=int, default=16, help="tokens per sequence (default 16)")
+    add_model_options(p, hidden=64, heads=4, layers=2, vocab=64, seq=16)
     p.add_argument("--sweep-min", default="1KiB", help="smallest message of the sweep (default 1KiB)")
     p.add_argument("--sweep-max", default="64MiB", help="largest message of the sweep (default 64MiB)")
     p.add_argument("--iters", type=int, default=None, help="timed iterations per size (default: by size)")

@@ -74,7 +74,7 @@ import torch.distributed as dist
 
 from ..checkpoint import Checkpointer, ResumableSampler, TrainingState, read_checked, write_checked
 from ..events import EVENTS_DIR_ENV, read_events
-from ..experiment import UsageError, exit_with, run_experiment
+from ..experiment import UsageError, add_model_options, exit_with, run_experiment
 from ..model import GPT, DropoutMasks, GPTConfig, ModelConfigError, lm_loss, make_batch
 
 FORGETTABLE = ("rng", "rng.torch", "rng.numpy", "rng.python", "sampler", "optimizer", "scheduler", "scaler")
@@ -115,11 +115,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="autocast dtype; fp16 adds a GradScaler (its state is checkpointed)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--samples", type=int, default=1024, help="token sequences in the data set")
-    p.add_argument("--hidden", type=int, default=64, help="the GPT's hidden size")
-    p.add_argument("--layers", type=int, default=2, help="the GPT's blocks")
-    p.add_argument("--heads", type=int, default=4, help="attention heads")
-    p.add_argument("--vocab", type=int, default=64, help="vocabulary size")
-    p.add_argument("--seq", type=int, default=16, help="tokens per sequence")
+    add_model_options(p, hidden=64, heads=4, layers=2, vocab=64, seq=16)
     p.add_argument("--features", type=int, default=None, help=argparse.SUPPRESS)  # the MLP's; refused below
     p.add_argument("--batch", type=int, default=32, help="sequences per rank per step")
     p.add_argument("--dropout", type=float, default=0.1)

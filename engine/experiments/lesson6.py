@@ -57,7 +57,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ...lessons.lesson6 import formulas as FM
 from ...lessons.lesson6.simulation import exponent_histogram
 from ..bucketing import BucketedDataParallel, StepTimeline, ddp_timed_allreduce_hook
-from ..experiment import Progress, device_sync, exit_with, run_experiment
+from ..experiment import Progress, add_model_options, device_sync, exit_with, run_experiment
 from ..loss_scaling import DynamicLossScaler, MasterWeightOptimizer
 from ..model import GPT, GPTConfig, ModelConfigError, lm_loss, make_batch
 
@@ -82,11 +82,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--inject-overflow", default="20,21,60",
                    help="comma-separated steps at which rank 0's gradient gets an inf ('' for none)")
     g.add_argument("--hist-every", type=int, default=10)
-    g.add_argument("--hidden", "--width", dest="hidden", type=int, default=64, help="the GPT's hidden size")
-    g.add_argument("--layers", "--depth", dest="layers", type=int, default=2, help="the GPT's blocks")
-    g.add_argument("--vocab", "--outputs", dest="vocab", type=int, default=256, help="vocabulary (the head's outputs)")
-    g.add_argument("--heads", type=int, default=4, help="attention heads (both parts)")
-    g.add_argument("--seq", type=int, default=16, help="tokens per sequence (both parts)")
+    # the loss-scaling GPT (--heads, --vocab and --seq serve the overlap part too)
+    add_model_options(p, hidden=64, heads=4, layers=2, vocab=256, seq=16)
+    for old, new in (("--width", "hidden"), ("--depth", "layers"), ("--outputs", "vocab")):  # the MLP's names
+        p.add_argument(old, dest=new, type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     g.add_argument("--batch", type=int, default=4, help="sequences per rank per step")
     g.add_argument("--lr", type=float, default=1e-3)
     g = p.add_argument_group("overlap")
