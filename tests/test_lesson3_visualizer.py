@@ -2,15 +2,13 @@
 sliders, a simulated day, and the run timeline fed by a run's events (English and Spanish)."""
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from distai.lessons.lesson3 import formulas as f
 from distai.lessons.lesson3.run_timeline import RunTimeline
 from distai.visualizers.base import make_visualizer
 from distai.visualizers.failures import LADDERS, LLAMA3, FailuresVisualizer, ladder_step
-from pilot_harness import drawn_text, mounted
+from pilot_harness import async_test, drawn_text, mounted
 
 
 def run_events() -> list[dict]:
@@ -47,7 +45,8 @@ def test_ladders():
     assert ladder_step(0, LADDERS["restart"], up=False) == 0
 
 
-async def _test_curve_marks_young_daly_and_the_simulated_optimum():
+@async_test
+async def test_curve_marks_young_daly_and_the_simulated_optimum():
     async with mounted(FailuresVisualizer, size=(110, 34)) as (pilot, v):
         text = plain(v)
         M = f.job_mtbf(LLAMA3["gpu_mtbf"], LLAMA3["gpus"])
@@ -60,7 +59,8 @@ async def _test_curve_marks_young_daly_and_the_simulated_optimum():
         assert "wasted at Daly's interval: 12.4%" in text  # the lesson's worked example
 
 
-async def _test_sliders_move_the_cluster_and_the_optimum_follows_daly():
+@async_test
+async def test_sliders_move_the_cluster_and_the_optimum_follows_daly():
     async with mounted(FailuresVisualizer, size=(110, 34)) as (pilot, v):
         # the worked example's second case: 50,000 h per GPU, 16,384 GPUs, C = 10 s, R = 5 min
         await pilot.press("M", "C", "C", "C")
@@ -82,7 +82,8 @@ async def _test_sliders_move_the_cluster_and_the_optimum_follows_daly():
         assert v.params.gpus == 16384 and v.params.cost == 60
 
 
-async def _test_a_simulated_day_and_the_views():
+@async_test
+async def test_a_simulated_day_and_the_views():
     async with mounted(FailuresVisualizer, size=(110, 34)) as (pilot, v):
         v.show_step("failures")
         assert v.view == "day"
@@ -98,7 +99,8 @@ async def _test_a_simulated_day_and_the_views():
         assert v.view == "run"
 
 
-async def _test_run_timeline_fed_by_events():
+@async_test
+async def test_run_timeline_fed_by_events():
     async with mounted(FailuresVisualizer, size=(110, 34)) as (pilot, v):
         for e in run_events():
             v.feed_event(e)
@@ -114,7 +116,8 @@ async def _test_run_timeline_fed_by_events():
         assert "12/12 losses identical (==), weights identical" in text
 
 
-async def _test_spanish():
+@async_test
+async def test_spanish():
     async with mounted(FailuresVisualizer, "es", size=(110, 34)) as (pilot, v):
         text = plain(v)
         assert "óptimo simulado = 18,6 min" in text and "G = 16.384 GPUs" in text
@@ -138,23 +141,3 @@ def test_run_timeline_cells():
     assert not tl.empty
     tl.feed({"kind": "run_start", "run_id": "r2"})
     assert tl.empty
-
-
-def test_curve_marks_young_daly_and_the_simulated_optimum():
-    asyncio.run(_test_curve_marks_young_daly_and_the_simulated_optimum())
-
-
-def test_sliders_move_the_cluster_and_the_optimum_follows_daly():
-    asyncio.run(_test_sliders_move_the_cluster_and_the_optimum_follows_daly())
-
-
-def test_a_simulated_day_and_the_views():
-    asyncio.run(_test_a_simulated_day_and_the_views())
-
-
-def test_run_timeline_fed_by_events():
-    asyncio.run(_test_run_timeline_fed_by_events())
-
-
-def test_spanish():
-    asyncio.run(_test_spanish())
