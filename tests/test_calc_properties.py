@@ -132,7 +132,8 @@ def check_memory(r, argv):
     parts = [r["params_bytes"], r["grads_bytes"], r["optimizer_bytes"]]
     if r["activations_bytes"] is not None:
         parts.append(r["activations_bytes"])
-    assert r["total_bytes"] == sum(parts)
+    # float arithmetic: at 1e17 bytes and beyond, a few activation bytes vanish in the rounding of the sum
+    assert math.isclose(r["total_bytes"], sum(parts), rel_tol=1e-12)
     assert all(float(x).is_integer() for x in parts[:3])  # whole bytes
     if "fits" in r:
         assert r["fits"] == (r["total_bytes"] <= r["gpu_memory_bytes"])
