@@ -45,7 +45,6 @@ _LEVELS = " ▁▂▃▄▅▆▇█"
 _CHUNK_LETTERS = "abcdefgh"
 IDLE_CHAR = "░"
 
-NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved 1F1B"}
 
 @dataclass
 class Lanes:
@@ -340,7 +339,7 @@ class PipelineVisualizer(PlaybackVisualizer):
         for schedule in schedules:
             panel: list[Text] = []
             lanes = self.lanes(schedule)
-            title = Text(NAMES[schedule] + ("" if schedule != "interleaved" else f" (v = {self.v})"),
+            title = Text(tr["schedules"][schedule] + ("" if schedule != "interleaved" else f" (v = {self.v})"),
                          style="bold underline")
             if isinstance(lanes, str):
                 title.append("  " + lanes, style="yellow")
@@ -383,9 +382,9 @@ class PipelineVisualizer(PlaybackVisualizer):
             return []
         found = meas.latest_complete(schedule)
         if found is None:
-            return [Text(tr["waiting"].format(name=NAMES[schedule]), style="italic")]
+            return [Text(tr["waiting"].format(name=tr["schedules"][schedule]), style="italic")]
         step, lanes, seconds = found.step, Lanes.of_step(found), found.seconds
-        title = Text(tr["measured"].format(name=NAMES[schedule], step=step, ms=format_time(seconds, lang=self.language),
+        title = Text(tr["measured"].format(name=tr["schedules"][schedule], step=step, ms=format_time(seconds, lang=self.language),
                                            f=format_percent(lanes.bubble(), 2, self.language)),
                      style="bold magenta")
         res = meas.summary.get("schedules", {}).get(schedule) if meas.summary else None
@@ -416,7 +415,7 @@ class TerminalPipeline:
         found = meas.latest_complete(schedule) if schedule else None
         if found is not None:
             step, lanes, seconds = found.step, Lanes.of_step(found), found.seconds
-            out.append(Text(tr["measured"].format(name=NAMES[schedule], step=step,
+            out.append(Text(tr["measured"].format(name=tr["schedules"][schedule], step=step,
                                                   ms=format_time(seconds, lang=self.language),
                                                   f=format_percent(lanes.bubble(), 2, self.language)),
                             style="bold magenta"))
@@ -437,7 +436,7 @@ class TerminalPipeline:
                          format_fixed(peak0.get("peak_microbatches", 0), 2, lang),
                          format_plain(peak0.get("peak_formula", 0), lang),
                          ratio, "—" if grad is None else format_number(grad, 1, lang))
-                out.append(Text(f"{NAMES[name]:<{widths[0]}}" + "".join(
+                out.append(Text(tr["schedules"][name].ljust(widths[0]) + "".join(
                     c.rjust(w) for c, w in zip(cells, widths[1:]))))
         return out
 

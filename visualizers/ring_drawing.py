@@ -68,8 +68,8 @@ def fg_style(count: int, n: int, bold: bool = True) -> Style:
 
 
 def fmt_bytes(x: float, lang: str) -> str:
-    binary = x >= 1024 and float(x).is_integer() and (int(x) & (int(x) - 1)) == 0
-    return format_bytes(x, binary=binary, lang=lang)
+    """A size: binary units for a power of two (``64 KiB``), decimal ones otherwise (``1 GB``)."""
+    return fmt_units(x, x, lang)
 
 
 def fmt_units(x: float, size: float, lang: str) -> str:
