@@ -1,12 +1,12 @@
 """Our bucketed, overlapped data parallelism vs torch DDP and vs our all-reduce-after-backward.
 
-Same model (an fp32 MLP), same weights, same ranks, same bucket size, same data; the three are
+Same model (lesson 6's overlap GPT from engine/model.py, fp32), same weights, same ranks, same bucket size, same data; the three are
 built side by side and timed step by step in rotating order (each step: forward, backward with
 the gradient all-reduce, SGD update; the slowest rank counts), median over ``--steps``.
 Prints ours/DDP (goal ≤ 1.15x) and ours/no-overlap.
 
     python bench/bucketing_vs_ddp.py                       # 2 gloo ranks on CPU
-    python bench/bucketing_vs_ddp.py --ranks 4 --bucket-mb 4 --width 1024
+    python bench/bucketing_vs_ddp.py --ranks 4 --bucket-mb 4 --hidden 512 --layers 4
 """
 from __future__ import annotations
 
@@ -18,19 +18,17 @@ MODES = ("overlap", "no-overlap", "ddp")
 def bench(rank: int, world_size: int, args: dict) -> dict:
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from distai.engine.bucketing import BucketedDataParallel
+    from distai.engine.model import GPT, GPTConfig, make_batch
 
     torch.set_num_threads(args["threads"])
+    cfg = GPTConfig(vocab=args["vocab"], hidden=args["hidden"], heads=args["heads"], layers=args["layers"],
+                    seq=args["seq"])
 
     def net():
-        torch.manual_seed(0)
-        layers = []
-        for _ in range(args["depth"]):
-            layers += [torch.nn.Linear(args["width"], args["width"]), torch.nn.ReLU()]
-        return torch.nn.Sequential(*layers, torch.nn.Linear(args["width"], args["width"]))
+        return GPT(cfg, seed=0)
 
     cap = args["bucket_mb"]
     models = {
@@ -39,13 +37,11 @@ def bench(rank: int, world_size: int, args: dict) -> dict:
         "ddp": DDP(net(), bucket_cap_mb=cap),
     }
     opts = {m: torch.optim.SGD(models[m].parameters(), lr=1e-4) for m in MODES}
-    gen = torch.Generator().manual_seed(rank)
-    x = torch.randn(args["batch"], args["width"], generator=gen)
-    y = torch.randn(args["batch"], args["width"], generator=gen)
+    ids, targets = make_batch(cfg, args["batch"], seed=rank)
 
     def step(mode):
         opts[mode].zero_grad(set_to_none=True)
-        F.mse_loss(models[mode](x), y).backward()
+        models[mode](ids, targets).backward()
         opts[mode].step()
 
     steps = {mode: lambda _round, mode=mode: step(mode) for mode in MODES}
@@ -54,19 +50,20 @@ def bench(rank: int, world_size: int, args: dict) -> dict:
     same = all(torch.equal(a, b) for a, b in zip(models["overlap"].parameters(), models["ddp"].parameters()))
     out["same_params"] = same
     out["n_buckets"] = len(models["overlap"].buckets)
-    out["grad_mib"] = sum(p.numel() for p in models["ddp"].parameters()) * 4 / 2 ** 20
+    out["grad_mib"] = cfg.num_params() * 4 / 2 ** 20
     return out
 
 
 def main() -> int:
-    a = options(__doc__, ranks=2, width=512, depth=8, batch=32, bucket_mb=4.0, steps=30, warmup=3,
-                threads=1).parse_args()
+    # lesson 6's overlap model by default (engine/experiments/lesson6.py: --dp-hidden, --dp-layers, --dp-batch)
+    a = options(__doc__, ranks=2, hidden=256, layers=2, heads=4, vocab=256, seq=16, batch=(2, "sequences per rank"),
+                bucket_mb=4.0, steps=30, warmup=3, threads=1).parse_args()
     from distai.engine.testing import run_in_group
 
     r = run_in_group(bench, a.ranks, vars(a), timeout_s=600)[0]
     ms = {m: r[m] * 1000 for m in MODES}
-    print(f"{a.ranks} gloo ranks, MLP {a.depth + 1}x{a.width} ({r['grad_mib']:.1f} MiB of gradients), "
-          f"batch {a.batch}, bucket {a.bucket_mb:g} MiB ({r['n_buckets']} buckets), "
+    print(f"{a.ranks} gloo ranks, GPT {a.layers}x{a.hidden} ({r['grad_mib']:.1f} MiB of gradients), "
+          f"batch {a.batch}x{a.seq} tokens, bucket {a.bucket_mb:g} MiB ({r['n_buckets']} buckets), "
           f"median of {a.steps} steps each")
     print(f"  ours, overlapped       {ms['overlap']:8.2f} ms/step")
     print(f"  ours, after backward   {ms['no-overlap']:8.2f} ms/step")

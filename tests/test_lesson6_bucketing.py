@@ -16,15 +16,17 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from distai.engine.bucketing import BucketedDataParallel, StepTimeline, ddp_timed_allreduce_hook
+from distai.engine.model import GPT, GPTConfig, make_batch
 from distai.engine.testing import run_in_group
 
 
-def _net(width=128, depth=5, seed=0):
-    torch.manual_seed(seed)
-    layers = []
-    for _ in range(depth):
-        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
-    return torch.nn.Sequential(*layers, torch.nn.Linear(width, 4))
+def _config(width=64, depth=2) -> GPTConfig:
+    """The lesson's GPT, small: its tied embedding is a parameter used twice (head and input)."""
+    return GPTConfig(vocab=64, hidden=width, heads=4, layers=depth, seq=8)
+
+
+def _net(width=64, depth=2, seed=0):
+    return GPT(_config(width, depth), seed=seed)
 
 
 def _compare_with_ddp(rank, cap, width, steps=3, train_steps=2):
@@ -35,13 +37,12 @@ def _compare_with_ddp(rank, cap, width, steps=3, train_steps=2):
     ddp = DDP(_net(width), bucket_cap_mb=cap)
     models = (ours, after, ddp)
     opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in models]
-    gen = torch.Generator().manual_seed(10 + rank)
     out = {"grads_equal": [], "grads_close": [], "no_overlap_equal": []}
     for step in range(steps + train_steps):
-        x, y = torch.randn(16, width, generator=gen), torch.randn(16, 4, generator=gen)
+        ids, targets = make_batch(_config(width), 8, seed=10 + rank, step=step)
         for m, o in zip(models, opts):
             o.zero_grad()
-            torch.nn.functional.mse_loss(m(x), y).backward()
+            m(ids, targets).backward()
         g = [[p.grad.clone() for p in m.parameters()] for m in models]
         out["grads_equal"].append(all(torch.equal(a, b) for a, b in zip(g[0], g[2])))
         out["grads_close"].append(all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(g[0], g[2])))
@@ -67,24 +68,24 @@ def _ddp_layout(cap, width):
         return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])
 
     ddp.register_comm_hook(None, hook)
-    x = torch.randn(8, width)
+    ids, targets = make_batch(_config(width), 4)
     for _ in range(2):
         seen.clear()
-        ddp(x).sum().backward()
+        ddp(ids, targets).backward()
     return [seen[i] for i in sorted(seen)]
 
 
 def _timelines(width):
     out = {}
-    x = torch.randn(16, width)
+    ids, targets = make_batch(_config(width), 8)
     for mode in ("overlap", "no-overlap", "ddp"):
-        net = _net(width, depth=6)
+        net = _net(width)
         if mode == "ddp":
             model = DDP(net, bucket_cap_mb=0.1)
         else:
             model = BucketedDataParallel(net, bucket_cap_mb=0.1, overlap=mode == "overlap")
         for _ in range(2):
-            model(x).sum().backward()
+            model(ids, targets).backward()
         tl = StepTimeline()
         if mode == "ddp":
             tl.attach(net)
@@ -92,7 +93,7 @@ def _timelines(width):
         else:
             model.timeline = tl
         tl.begin()
-        loss = model(x).sum()
+        loss = model(ids, targets)
         tl.mark("backward")
         loss.backward()
         tl.mark("backward_done")
@@ -103,13 +104,13 @@ def _timelines(width):
 def checks(rank, world_size, full):
     torch.manual_seed(0)
     res = {}
-    # 0.05 MiB buckets: several buckets (the 128x128 layers are 64 KiB each)
-    res["small"] = _compare_with_ddp(rank, 0.05, 128)
-    res["ddp_layout_small"] = _ddp_layout(0.05, 128)
+    # 0.05 MiB buckets: several buckets (an MLP weight of the 64-wide GPT is 64 KiB, W_q 16 KiB)
+    res["small"] = _compare_with_ddp(rank, 0.05, 64)
+    res["ddp_layout_small"] = _ddp_layout(0.05, 64)
     if full:  # on 2 ranks only, to keep the module short
-        # DDP's defaults (25 MiB, first bucket 1 MiB) on a model of ~1.3 MiB of gradients
-        res["default"] = _compare_with_ddp(rank, None, 256, steps=2, train_steps=1)
-        res["timelines"] = _timelines(128)
+        # DDP's defaults (25 MiB, first bucket 1 MiB) on a model of ~1.5 MiB of gradients
+        res["default"] = _compare_with_ddp(rank, None, 128, steps=2, train_steps=1)
+        res["timelines"] = _timelines(64)
     # the average: every rank's gradient of a known function
     m = BucketedDataParallel(torch.nn.Linear(3, 1, bias=False), bucket_cap_mb=1)
     with torch.no_grad():
@@ -187,14 +188,14 @@ def test_buckets_follow_ddp_rules(group):
     # same buckets as DDP's after its rebuild (in the order gradients became ready)
     assert r["small"]["bucket_names"] == r["ddp_layout_small"]
     names = [n for b in r["small"]["bucket_names"] for n in b]
-    assert names[0] in ("10.bias", "10.weight")  # last layer first
-    assert names[-1] in ("0.weight", "0.bias")
+    assert names[0] in ("head.norm.bias", "head.norm.weight")  # the final norm first
+    assert names[-1] == "embed.weight"  # tied: complete once the input embedding's share arrives
     if "default" not in r:
         return
     # defaults: a first bucket closed once it reaches 1 MiB, then the rest (< 25 MiB) in one
     sizes = r["default"]["bucket_bytes"]
     assert len(sizes) == 2 and 2 ** 20 <= sizes[0] < 2 ** 20 + 300_000
-    assert sum(sizes) == (5 * (256 * 256 + 256) + 256 * 4 + 4) * 4
+    assert sum(sizes) == _config(128).num_params() * 4
 
 
 def test_timeline_shows_overlap(two):
@@ -202,7 +203,7 @@ def test_timeline_shows_overlap(two):
     last_grad = {m: max(end for _, _, end in t["layers"]) if t["layers"] else None for m, t in tl.items()}
     ov, after = tl["overlap"], tl["no-overlap"]
     assert len(ov["buckets"]) == len(after["buckets"]) >= 3
-    assert len(ov["layers"]) == 7
+    assert len(ov["layers"]) == len({name.rsplit(".", 1)[0] for name, _ in _net().named_parameters()})
     # with overlap the first all-reduce starts before backward has finished the first layer
     assert ov["buckets"][0][2] < last_grad["overlap"]
     # without, every all-reduce starts after the last gradient

@@ -11,37 +11,42 @@ import torch.distributed as dist
 
 from distai.engine.bucketing import assign_buckets, bucket_limits
 from distai.engine.loss_scaling import DynamicLossScaler, MasterWeightOptimizer, to_float32
+from distai.engine.model import GPT, GPTConfig, lm_loss, make_batch
 from distai.lessons.lesson6 import formulas as F
 from distai.lessons.lesson6 import simulation as S
 
 INJECT = {4: float("inf"), 5: float("inf"), 11: float("nan"), 19: float("-inf")}
 
 
-def _model(seed=0):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32),
-                               torch.nn.Tanh(), torch.nn.Linear(32, 8))
+CFG = GPTConfig(vocab=32, hidden=16, heads=2, layers=1, seq=8)  # the lesson's GPT, tiny
 
 
 def _train(scaler, steps=28, explicit=False, dtype=torch.float16):
     """A training run with injected infs/NaNs; returns per-step scale, params and Adam step counts."""
-    model = _model()
-    gen = torch.Generator().manual_seed(1)
-    xs, ys = torch.randn(steps, 8, 16, generator=gen), torch.randn(steps, 8, 8, generator=gen)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: a second thread only adds synchronisation (slow on a busy machine)
+    try:
+        return _train_run(scaler, steps, explicit, dtype)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_run(scaler, steps, explicit, dtype):
+    model = GPT(CFG, seed=0, dtype=dtype if explicit else torch.float32)
     if explicit:
-        model = model.to(dtype)
         opt = MasterWeightOptimizer(model.parameters(), lambda ps: torch.optim.Adam(ps, lr=1e-2))
     else:
         opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     scales, params, counts = [], [], []
     for i in range(steps):
         opt.zero_grad()
+        ids, targets = make_batch(CFG, 8, seed=1, step=i)
         with torch.autocast("cpu", dtype=dtype, enabled=not explicit):
-            out = model(xs[i].to(dtype) if explicit else xs[i])
-            loss = torch.nn.functional.mse_loss(out.float(), ys[i])
+            logits = model(ids)
+        loss = lm_loss(logits.float(), targets)
         scaler.scale(loss).backward()
         if i in INJECT:
-            model[2].weight.grad[1, 2] = INJECT[i]
+            model.blocks[0].mlp.fc1.weight.grad[1, 2] = INJECT[i]
         if explicit:
             opt.grads_to_master()
         scales.append(scaler.get_scale())
