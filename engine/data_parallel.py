@@ -134,16 +134,7 @@ def train_data_parallel(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, s
 def train_single_process(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int,
                          batch_size: int, lr: float) -> list[float]:
     """The reference: the same SGD on the full global batch in one process."""
-    params = list(model.parameters())
-    losses = []
-    for step in range(steps):
-        xb, yb = global_batch(x, y, step, batch_size)
-        zero_grad(params)
-        loss = model(xb, yb)
-        loss.backward()
-        sgd_step(params, lr)
-        losses.append(loss.item())
-    return losses
+    return _train_on_slices(model, x, y, steps=steps, batch_size=batch_size, lr=lr, rank=0, world_size=1)
 
 
 def train_ddp(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int, batch_size: int,
@@ -151,14 +142,20 @@ def train_ddp(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int,
     """The same training under torch's own ``DistributedDataParallel`` (for comparison)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    ddp = DDP(model)
-    params = list(ddp.parameters())
+    return _train_on_slices(DDP(model), x, y, steps=steps, batch_size=batch_size, lr=lr, rank=rank,
+                            world_size=world_size)
+
+
+def _train_on_slices(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int, batch_size: int,
+                     lr: float, rank: int, world_size: int) -> list[float]:
+    """SGD on this rank's slice of each global batch with the gradients ``model``'s backward leaves
+    (DDP's are averaged over the ranks already); this rank's losses."""
+    params = list(model.parameters())
     losses = []
     for step in range(steps):
         xb, yb = global_batch(x, y, step, batch_size)
-        xs, ys = shard(xb, rank, world_size), shard(yb, rank, world_size)
         zero_grad(params)
-        loss = ddp(xs, ys)
+        loss = model(shard(xb, rank, world_size), shard(yb, rank, world_size))
         loss.backward()
         sgd_step(params, lr)
         losses.append(loss.item())
