@@ -19,7 +19,7 @@ import re
 __all__ = [
     "UnitError", "parse_number", "parse_count", "parse_bytes", "parse_size", "parse_time", "parse_bandwidth",
     "parse_quantity", "format_number", "format_bytes", "format_count", "format_time",
-    "format_bandwidth", "format_percent", "BYTE_UNITS", "TIME_UNITS",
+    "format_bandwidth", "format_percent", "format_fixed_percent", "number_separator", "BYTE_UNITS", "TIME_UNITS",
 ]
 
 
@@ -310,8 +310,21 @@ def format_bandwidth(bps: float, digits: int = 3, lang: str = "en") -> str:
 
 def format_percent(fraction: float, digits: int = 3, lang: str = "en") -> str:
     """``0.2727`` → ``27.3%`` (``27,3 %`` in Spanish)."""
-    s = format_number(100 * fraction, digits, lang)
-    return f"{s} %" if lang == "es" else f"{s}%"
+    return _with_percent_sign(format_number(100 * fraction, digits, lang), lang)
+
+
+def format_fixed_percent(fraction: float, decimals: int = 1, lang: str = "en") -> str:
+    """A share with exactly ``decimals`` decimals (a column of shares): ``0.1`` → ``10.0%`` (``10,0 %``)."""
+    return _with_percent_sign(format_fixed(100 * fraction, decimals, lang), lang)
+
+
+def number_separator(lang: str = "en") -> str:
+    """Between the numbers of a list: ``, `` (``; `` in Spanish, whose comma is the decimal separator)."""
+    return "; " if lang == "es" else ", "
+
+
+def _with_percent_sign(number: str, lang: str) -> str:
+    return f"{number} %" if lang == "es" else f"{number}%"
 
 
 def format_score(fraction: float | None, lang: str = "en") -> str:

@@ -32,7 +32,9 @@ No torch, no I/O.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from rich.console import Group
 from rich.text import Text
@@ -41,6 +43,7 @@ from ..lessons.lesson7 import formulas as f
 from ..lessons.lesson7 import paging
 from ..lessons.lesson7 import planner as pl
 from ..lessons.lesson7.serving_run import ServingRun
+from ..lessons.strings import strings, translated
 from ..lessons.units import (
     format_bytes,
     format_fixed,
@@ -85,113 +88,13 @@ PRESETS = [
     ModelPreset("Llama-2-7B", 6.7e9, 32, 4096, 32, 32, 128),
 ]
 
-STRINGS = {
-    "en": {
-        "tp_title": "KV cache of {model}: {L} layers × {H} KV heads — TP = {tp} splits heads, PP = {pp} splits layers",
-        "tp_title_short": "{model}: TP={tp} (heads) × PP={pp} (layers)",
-        "axis": "rows: layers · columns: KV heads · colour: GPU",
-        "gpu_row": "GPU {g}: layers {l0}–{l1}, KV heads {heads}{rep} → {kv} KV + {w} weights",
-        "measured": " (measured {m})",
-        "tokens": "{T} cached tokens ({seqs})",
-        "per_token": "per token: {pt} in all, {pg} on each GPU",
-        "replicated": "×{n}: {H} KV heads < TP = {tp}, each head stored on {n} GPUs",
-        "invalid": "TP = {tp} does not fit {H} KV heads: {msg}",
-        "paged_title": "paged KV cache: {n} blocks of {bs} tokens · iteration {k}/{N} {src}",
-        "paged_title_short": "paged: {n}×{bs} · it {k}/{N} {src}",
-        "src_sim": "(model)", "src_run": "(run)",
-        "running": "running {r} · waiting {w} · +{a} blocks −{f} freed",
-        "waste": "waste now: paged {p:.0%} · contiguous {c:.0%}   mean: paged {pm:.0%} · contiguous {cm:.0%}",
-        "contig_title": "contiguous: {s} regions of {L} tokens (░ reserved, empty)",
-        "contig_done": "contiguous finished at iteration {N}",
-        "paged_done": "paged finished at iteration {N}",
-        "free": "free", "legend_paged": "NN request · ▁▅ partly filled last block · ·· free · bold: new this step",
-        "planner_title": "{model} on {G} GPUs: tokens/s vs TPOT, target {slo}",
-        "planner_title_short": "{model}, {G} GPUs, TPOT ≤ {slo}",
-        "best": "best: {cfg} — batch {b}, TPOT {tpot}, {thr} tokens/s",
-        "none": "no configuration meets the targets",
-        "x_axis": "TPOT (ms) →", "y_axis": "tokens/s (log)",
-        "legend_paged_short": "NN request · ▅N part-filled · ·· free",
-        "gpu_row_short": "GPU {g}: L{l0}–{l1} h{heads}{rep}: {kv} KV + {w} W",
-        "waste_short": "waste now {p:.0%} vs {c:.0%} · mean {pm:.0%} vs {cm:.0%} (paged vs contiguous)",
-        "run_model": "the run's model",
-        "more_gpus": "… {n} more GPUs",
-        "reasons": {"shape": "shape", "memory": "memory", "ttft": "TTFT", "tpot": "TPOT"},
-        "no_fit": "{cfg} does not fit: weights {w} per GPU > {u} usable",
-        "no_kv": "{cfg} does not fit: no room for one sequence's KV cache ({kv})",
-        "compare": "run: paged waste {p} vs contiguous {c}; {r}× the tokens/s",
-        "prefix_title": "prefix sharing: {n} blocks of {bs} tokens, a {sp}-token system prompt · iteration {k}/{N} {src}",
-        "prefix_title_short": "sharing: {n}×{bs} · it {k}/{N} {src}",
-        "prefix_status": "running {r} · waiting {w} · {s} shared blocks (up to ×{m}) · {c} cached",
-        "prefix_memory": "in use: {p} blocks hold what {l} would unshared ({saved} saved)",
-        "prefix_step": "this iteration: {t} prompt tokens found cached · {cow} copied on write · {e} evicted",
-        "prefix_total": "so far {r} of {T} prompt tokens found cached; mean TTFT {a} iterations vs {b} unshared",
-        "legend_prefix": "×N shared by N requests · ░░ cached, no reference (evicted LRU first) · NN one request · "
-                         "·· free · underlined: new or copied",
-        "legend_prefix_short": "×N shared · ░░ cached · NN one request · ·· free",
-        "prefix_compare": "run: {saved} KV memory saved · peak {pb} vs {nb} blocks · TTFT p50 {t1} vs {t0} ({r}×)",
-        "prefix_status_short": "run {r} · wait {w} · {s} shared (≤×{m}) · {c} cached",
-        "prefix_memory_short": "{p} blocks for {l} unshared ({saved} saved)",
-        "prefix_step_short": "+{t} cached tokens · {cow} copied · {e} evicted",
-        "prefix_total_short": "cached {r} of {T} prompt tokens · TTFT {a} vs {b} it.",
-        "prefix_compare_short": "run: {saved} saved · TTFT p50 {t1} vs {t0} ({r}×)",
-    },
-    "es": {
-        "tp_title": "KV cache de {model}: {L} capas × {H} cabezas KV — TP = {tp} reparte cabezas, PP = {pp} reparte capas",
-        "tp_title_short": "{model}: TP={tp} (cabezas) × PP={pp} (capas)",
-        "axis": "filas: capas · columnas: cabezas KV · color: GPU",
-        "gpu_row": "GPU {g}: capas {l0}–{l1}, cabezas KV {heads}{rep} → {kv} de KV + {w} de pesos",
-        "measured": " (medido {m})",
-        "tokens": "{T} tokens en caché ({seqs})",
-        "per_token": "por token: {pt} en total, {pg} en cada GPU",
-        "replicated": "×{n}: {H} cabezas KV < TP = {tp}, cada cabeza se guarda en {n} GPUs",
-        "invalid": "TP = {tp} no encaja con {H} cabezas KV: {msg}",
-        "paged_title": "KV cache paginada: {n} bloques de {bs} tokens · iteración {k}/{N} {src}",
-        "paged_title_short": "paginada: {n}×{bs} · it {k}/{N} {src}",
-        "src_sim": "(modelo)", "src_run": "(ejecución)",
-        "running": "en curso {r} · en espera {w} · +{a} bloques −{f} liberados",
-        "waste": "desperdicio ahora: paginada {p:.0%} · contigua {c:.0%}   media: paginada {pm:.0%} · contigua {cm:.0%}",
-        "contig_title": "contigua: {s} regiones de {L} tokens (░ reservado, vacío)",
-        "contig_done": "la contigua terminó en la iteración {N}",
-        "paged_done": "la paginada terminó en la iteración {N}",
-        "free": "libre", "legend_paged": "NN petición · ▁▅ último bloque a medias · ·· libre · negrita: nuevo en este paso",
-        "planner_title": "{model} en {G} GPUs: tokens/s frente a TPOT, objetivo {slo}",
-        "planner_title_short": "{model}, {G} GPUs, TPOT ≤ {slo}",
-        "best": "mejor: {cfg} — lote {b}, TPOT {tpot}, {thr} tokens/s",
-        "none": "ninguna configuración cumple los objetivos",
-        "x_axis": "TPOT (ms) →", "y_axis": "tokens/s (log)",
-        "legend_paged_short": "NN petición · ▅N a medias · ·· libre",
-        "gpu_row_short": "GPU {g}: L{l0}–{l1} h{heads}{rep}: {kv} KV + {w} pesos",
-        "waste_short": "desperdicio ahora {p:.0%} vs {c:.0%} · media {pm:.0%} vs {cm:.0%} (paginada vs contigua)",
-        "run_model": "el modelo de la ejecución",
-        "more_gpus": "… {n} GPUs más",
-        "reasons": {"shape": "forma", "memory": "memoria", "ttft": "TTFT", "tpot": "TPOT"},
-        "no_fit": "{cfg} no cabe: pesos {w} por GPU > {u} utilizables",
-        "no_kv": "{cfg} no cabe: no queda sitio para la KV cache de una secuencia ({kv})",
-        "compare": "ejecución: desperdicio paginada {p} frente a contigua {c}; {r}× los tokens/s",
-        "prefix_title": "prefijos compartidos: {n} bloques de {bs} tokens, un prompt de sistema de {sp} tokens · "
-                        "iteración {k}/{N} {src}",
-        "prefix_title_short": "compartida: {n}×{bs} · it {k}/{N} {src}",
-        "prefix_status": "en curso {r} · en espera {w} · {s} bloques compartidos (hasta ×{m}) · {c} en caché",
-        "prefix_memory": "en uso: {p} bloques guardan lo que ocuparían {l} sin compartir ({saved} ahorrado)",
-        "prefix_step": "esta iteración: {t} tokens de prompt ya en caché · copiados al escribir: {cow} · expulsados: {e}",
-        "prefix_total": "hasta ahora {r} de {T} tokens de prompt en caché; TTFT medio {a} iteraciones "
-                        "frente a {b} sin compartir",
-        "legend_prefix": "×N compartido por N peticiones · ░░ en caché, sin referencias (se expulsa el menos usado) · "
-                         "NN una petición · ·· libre · subrayado: nuevo o copiado",
-        "legend_prefix_short": "×N compartido · ░░ en caché · NN una petición · ·· libre",
-        "prefix_compare": "ejecución: {saved} de memoria KV ahorrada · pico {pb} frente a {nb} bloques · "
-                          "TTFT p50 {t1} frente a {t0} ({r}×)",
-        "prefix_status_short": "en curso {r} · espera {w} · {s} compartidos (≤×{m}) · {c} en caché",
-        "prefix_memory_short": "{p} bloques por {l} sin compartir ({saved} ahorrado)",
-        "prefix_step_short": "+{t} tokens en caché · {cow} copiados · {e} expulsados",
-        "prefix_total_short": "en caché {r} de {T} tokens de prompt · TTFT {a} frente a {b} it.",
-        "prefix_compare_short": "ejecución: {saved} ahorrado · TTFT p50 {t1} frente a {t0} ({r}×)",
-    },
-}
-
-
 def _bytes(n: float, lang: str = "en") -> str:
     return format_bytes(n, lang=lang)
+
+
+def _whole_percent(fraction: float, lang: str) -> str:
+    """``0.254`` -> ``25%`` (``25 %`` in Spanish)."""
+    return format_percent(round(fraction, 2), 3, lang)
 
 
 def _hue(i: int) -> str:
@@ -253,6 +156,16 @@ def ttft_iterations(requests, snaps: list[paging.Snapshot]) -> dict[int, int]:
     return {r.rid: first[r.rid] - r.arrival for r in requests if r.rid in first}
 
 
+def owned_block(owner: int, fill: int, block_size: int, emphasis: str = "") -> tuple[str, str]:
+    """A block request ``owner`` holds, two characters and their style: its number (``07``) when the block
+    is full, else a glyph of how full it is and the number's last digit (``▃7``)."""
+    style = f"black on {_req_hue(owner)}" + emphasis
+    if fill >= block_size:
+        return f"{owner % 100:02d}", style
+    glyph = FILL[max(0, min(len(FILL) - 1, math.ceil(fill / block_size * len(FILL)) - 1))]
+    return glyph + f"{owner % 10}", style
+
+
 def prefix_pool_lines(snap: paging.Snapshot, block_size: int, width: int) -> list[Text]:
     """The pool with prefix sharing, two characters a block: ``×N`` a block N requests hold (``NN`` from
     10 on, on the same green), ``░░`` a
@@ -275,13 +188,7 @@ def prefix_pool_lines(snap: paging.Snapshot, block_size: int, width: int) -> lis
             elif snap.owners[b] is None:
                 line.append("··", style="grey35")
             else:
-                owner, fill = snap.owners[b], snap.fills[b]
-                style = f"black on {_req_hue(owner)}" + mark
-                if fill >= block_size:
-                    line.append(f"{owner % 100:02d}", style=style)
-                else:
-                    glyph = FILL[max(0, min(len(FILL) - 1, math.ceil(fill / block_size * len(FILL)) - 1))]
-                    line.append(glyph + f"{owner % 10}", style=style)
+                line.append(*owned_block(snap.owners[b], snap.fills[b], block_size, mark))
             line.append(" ")
         out.append(line)
     return out
@@ -419,7 +326,7 @@ class KVCacheVisualizer(PlaybackVisualizer):
             return
         kind = event["kind"]
         if kind == "config":
-            name = STRINGS[self.language if self.language in STRINGS else "en"]["run_model"]
+            name = translated("kv_cache", "run_model", self.language)
             model = ModelPreset(name, float(event.get("params", 0)), int(event["layers"]), int(event["hidden"]),
                                 int(event["heads"]), int(event["kv_heads"]), int(event["head_dim"]),
                                 run.dtype_bytes())
@@ -475,8 +382,8 @@ class KVCacheVisualizer(PlaybackVisualizer):
         self.refresh()
 
     # -- drawing -----------------------------------------------------------------------------------
-    def tr(self) -> dict:
-        return STRINGS.get(self.language, STRINGS["en"])
+    def tr(self) -> Mapping[str, Any]:
+        return strings("kv_cache", self.language)
 
     def build_lines(self, width: int, height: int | None = None) -> list[Text]:
         width = max(40, width)
@@ -598,13 +505,7 @@ class KVCacheVisualizer(PlaybackVisualizer):
                 if owner is None:
                     line.append("··", style="bold red" if b in freed else "grey35")
                 else:
-                    fill = snap.fills[b]
-                    style = f"black on {_req_hue(owner)}" + (" bold underline" if b in new else "")
-                    if fill >= bs:
-                        line.append(f"{owner % 100:02d}", style=style)
-                    else:
-                        glyph = FILL[max(0, min(len(FILL) - 1, math.ceil(fill / bs * len(FILL)) - 1))]
-                        line.append(glyph + f"{owner % 10}", style=style)
+                    line.append(*owned_block(owner, snap.fills[b], bs, " bold underline" if b in new else ""))
                 line.append(" ")
             out.append(line)
         if k >= len(steps):
@@ -636,8 +537,10 @@ class KVCacheVisualizer(PlaybackVisualizer):
         pm = paging.waste_summary(steps[: k + 1])["waste_fraction"]
         cm = paging.waste_summary(contig[: k + 1])["waste_fraction"] if contig else 0.0
         cw = contig[k].waste_fraction if k < len(contig) else 0.0
-        out.append(Text(tr["waste_short" if narrow else "waste"].format(p=snap.waste_fraction, c=cw, pm=pm, cm=cm),
-                        style="bold"))
+        lang = self.language
+        out.append(Text(tr["waste_short" if narrow else "waste"].format(
+            p=_whole_percent(snap.waste_fraction, lang), c=_whole_percent(cw, lang),
+            pm=_whole_percent(pm, lang), cm=_whole_percent(cm, lang)), style="bold"))
         if self.run.kv_compare and self.source == "run":
             kc = self.run.kv_compare
             out.append(Text(tr["compare"].format(
@@ -662,11 +565,8 @@ class KVCacheVisualizer(PlaybackVisualizer):
         sp = int(pc.get("system_prompt", 0)) if run and pc else self.system_prompt
         out = [Text(tr["prefix_title_short" if narrow else "prefix_title"].format(
             n=n, bs=bs, sp=sp, k=k + 1, N=len(steps), src=src), style="bold")]
-        lang = self.language if self.language in STRINGS else "en"
+        lang = self.language
         short = "_short" if narrow else ""
-
-        def count(n: int) -> str:  # 1,234 / 1.234
-            return f"{n:,}".replace(",", "." if lang == "es" else ",")
 
         refs = snap.refs or [0 if o is None else 1 for o in snap.owners]
         shared = [r for r in refs if r > 1]
@@ -689,7 +589,8 @@ class KVCacheVisualizer(PlaybackVisualizer):
         elif not run:
             shared_ttft, plain_ttft = self.sim_prefix_ttft
             out.append(Text(tr["prefix_total" + short].format(
-                r=count(sum(s.reused_tokens for s in steps[: k + 1])), T=count(self.sim_prompt_tokens),
+                r=format_integer(sum(s.reused_tokens for s in steps[: k + 1]), lang),
+                T=format_integer(self.sim_prompt_tokens, lang),
                 a=format_number(sum(shared_ttft.values()) / len(shared_ttft), 2, lang),
                 b=format_number(sum(plain_ttft.values()) / len(plain_ttft), 2, lang))))
         out.append(Text(self.controls_hint(width, self.HINTS["prefix"]), style="grey50"))

@@ -34,7 +34,8 @@ from ..lessons.lesson6.simulation import (
     ScalerSimConfig,
     simulate_scaler,
 )
-from ..lessons.units import format_fixed, format_plain
+from ..lessons.strings import strings
+from ..lessons.units import format_fixed, format_fixed_percent, format_plain
 from .base import Control, LessonVisualizer
 
 VIEWS = ("scale", "exponents", "timeline")
@@ -47,47 +48,6 @@ GROWTH_INTERVALS = (5, 10, 20, 50, 100, 200, 500, 2000)
 BUCKET_MIB = (0.25, 0.5, 1, 2, 4, 8, 16, 25, 64, 1024)
 BLOCKS = " ▁▂▃▄▅▆▇█"
 
-T = {
-    "en": {
-        "scale_title": "loss scale (log2) over steps", "loss": "loss", "source_sim": "simulation",
-        "source_live": "live run", "overflow": "▼ overflow", "forced": "✕ injected",
-        "skipped": "{n} of {m} steps skipped", "exp_title": "gradient exponents vs {fmt}'s limits",
-        "without": "without scaling", "with": "scaled ×2^{k}", "step": "step {i}",
-        "zero": "zero", "subnormal": "subnormal", "normal": "normal", "overflow_r": "overflow",
-        "measured": "measured in the {fmt} backward: {u} of values became 0 unscaled, {s} scaled",
-        "tl_title": "one step: backward per layer vs bucket all-reduce (bucket {b} MiB)",
-        "backward": "backward", "allreduce": "all-reduce", "queued": "queued",
-        "exposed_short": "exposed comm (after backward)",
-        "sim_sweep": "simulated step time by bucket size (MiB: ms)",
-        "modes": {"overlap": "overlap (ours)", "no-overlap": "after backward", "ddp": "torch DDP"},
-        "sweep": "measured step time (ms): overlap / after backward / DDP",
-        "best": "best bucket {b} MiB: overlap {x}x faster than all-reduce after backward; ours/DDP {r}x",
-        "sliders": ["growth interval {gi}", "growth ×{gf}", "backoff ×{bf}", "initial 2^{i}"],
-        "sim_model": "model: {n} layers × {mb} MiB, {ms} ms backward each, {w} ranks, {bw} GB/s, α {a} µs",
-        "no_data": "waiting for the run's events…", "live_hint": "(s: switch to simulation)",
-    },
-    "es": {
-        "scale_title": "escala de la pérdida (log2) por paso", "loss": "pérdida",
-        "source_sim": "simulación", "source_live": "ejecución real", "overflow": "▼ desbordamiento",
-        "forced": "✕ inyectado", "skipped": "{n} de {m} pasos saltados",
-        "exp_title": "exponentes del gradiente frente a los límites de {fmt}",
-        "without": "sin escalar", "with": "escalado ×2^{k}", "step": "paso {i}",
-        "zero": "cero", "subnormal": "subnormal", "normal": "normal", "overflow_r": "desborda",
-        "measured": "medido en el backward en {fmt}: {u} de los valores quedaron en 0 sin escalar, {s} escalando",
-        "tl_title": "un paso: backward por capa frente al all-reduce por bucket (bucket {b} MiB)",
-        "backward": "backward", "allreduce": "all-reduce", "queued": "en cola",
-        "exposed_short": "comunicación expuesta (tras el backward)",
-        "sim_sweep": "tiempo por paso simulado según el bucket (MiB: ms)",
-        "modes": {"overlap": "solapado (nuestro)", "no-overlap": "tras el backward", "ddp": "DDP de torch"},
-        "sweep": "tiempo por paso medido (ms): solapado / tras backward / DDP",
-        "best": "mejor bucket {b} MiB: solapar es {x}x más rápido que reducir tras el backward; nuestro/DDP {r}x",
-        "sliders": ["intervalo {gi}", "crecimiento ×{gf}", "retroceso ×{bf}", "inicial 2^{i}"],
-        "sim_model": "modelo: {n} capas × {mb} MiB, {ms} ms de backward cada una, {w} rangos, {bw} GB/s, α {a} µs",
-        "no_data": "esperando los eventos de la ejecución…", "live_hint": "(s: cambiar a la simulación)",
-    },
-}
-
-
 def _num(x: float, lang: str, digits: int = 1) -> str:
     return format_fixed(x, digits, lang)
 
@@ -95,8 +55,7 @@ def _num(x: float, lang: str, digits: int = 1) -> str:
 def _pct(x: float | None, lang: str) -> str:
     if x is None:
         return "—"
-    digits = 2 if 0 < x < 0.01 else 1
-    return _num(100 * x, lang, digits) + " %" if lang == "es" else _num(100 * x, lang, digits) + "%"
+    return format_fixed_percent(x, 2 if 0 < x < 0.01 else 1, lang)
 
 
 def _ms(x: float, lang: str) -> str:
@@ -432,7 +391,7 @@ class LossScaleVisualizer(LessonVisualizer):
     def refresh_view(self) -> None:
         width = max(40, (self.size.width or 80) - 2)
         height = max(16, self.size.height or 24)
-        t = T[self.language]
+        t = strings("loss_scale", self.language)
         parts: list[Text] = []
         live = self.use_live and not self.run.empty
         head = Text()
@@ -455,7 +414,7 @@ class LossScaleVisualizer(LessonVisualizer):
             pass
 
     def _slider_lines(self, width: int) -> list[Text]:
-        c, t = self.config, T[self.language]
+        c, t = self.config, strings("loss_scale", self.language)
         lang = self.language
         parts = [Text(p.format(gi=c.growth_interval, gf=format_plain(c.growth_factor, lang),
                                bf=format_plain(c.backoff_factor, lang),
@@ -463,7 +422,7 @@ class LossScaleVisualizer(LessonVisualizer):
         return wrap_parts(parts, width)
 
     def _render_scale(self, width, height, live) -> list[Text]:
-        t = T[self.language]
+        t = strings("loss_scale", self.language)
         if live:
             scales, overflow, forced, loss = (self.run.scale, self.run.overflow, self.run.forced,
                                               self.run.loss)
@@ -483,7 +442,7 @@ class LossScaleVisualizer(LessonVisualizer):
         return out
 
     def _render_exponents(self, width, height, live) -> list[Text]:
-        t, lang = T[self.language], self.language
+        t, lang = strings("loss_scale", self.language), self.language
         steps = self._hist_steps()
         idx = len(steps) - 1 if self.hist_index is None else min(self.hist_index, len(steps) - 1)
         out = [] if live else self._slider_lines(width)
@@ -518,20 +477,20 @@ class LossScaleVisualizer(LessonVisualizer):
         return out
 
     def _render_timeline(self, width, live) -> list[Text]:
-        t, lang = T[self.language], self.language
+        t, lang = strings("loss_scale", self.language), self.language
         lane_w = max(20, width - 1)
         out = []
         if live and self.run.timelines:
             bucket = self._live_bucket()
             tls = {m: self.run.timeline(bucket, m) for m in MODE_ORDER if (bucket, m) in self.run.timelines}
-            title_bucket = f"{bucket:g}".replace(".", "," if lang == "es" else ".")
+            title_bucket = format_plain(bucket, lang)
         elif live:
             return [Text(t["no_data"], style="dim")]
         else:
             m = self.overlap_model
             tls = {"overlap": _sim_timeline_dict(m.run(True)),
                    "no-overlap": _sim_timeline_dict(m.run(False))}
-            title_bucket = f"{m.bucket_mib:g}".replace(".", "," if lang == "es" else ".")
+            title_bucket = format_plain(m.bucket_mib, lang)
         head = Text(t["tl_title"].format(b=title_bucket), style="bold")
         head.append(f"   [{t['source_live'] if live else t['source_sim']}]", style="italic dim")
         out.append(head)
@@ -552,13 +511,13 @@ class LossScaleVisualizer(LessonVisualizer):
         if live and self.run.sweep:
             out.append(Text(t["sweep"], style="bold"))
             for b in sorted({b for b, _ in self.run.sweep}):
-                row = " / ".join(f"{self.run.sweep.get((b, m), float('nan')):8.2f}" for m in MODE_ORDER)
+                row = " / ".join(f"{format_fixed(self.run.sweep.get((b, m), float('nan')), 2, lang):>8}"
+                                 for m in MODE_ORDER)
                 mark = " ◀" if b == self._live_bucket() else ""
-                out.append(Text(f"  {b:>6g} MiB: {row}{mark}".replace(".", "," if lang == "es" else ".")))
+                out.append(Text(f"  {format_plain(b, lang):>6} MiB: {row}{mark}"))
             ov = (self.run.summary or {}).get("overlap")
             if ov:
-                best = _num(ov["best_bucket_mb"], lang, 2).rstrip("0").rstrip(".,")
-                out.append(Text(t["best"].format(b=best, x=_num(ov["overlap_speedup"], lang, 2),
+                out.append(Text(t["best"].format(b=format_plain(ov["best_bucket_mb"], lang), x=_num(ov["overlap_speedup"], lang, 2),
                                                  r=_num(ov["ours_over_ddp"], lang, 2)), style="green"))
         elif not live:
             m = self.overlap_model

@@ -23,6 +23,7 @@ from textual.widgets import Button, Static
 from ..lessons.lesson2 import formulas as F
 from ..lessons.lesson2 import layout as L
 from ..lessons.lesson2.sharding_run import ShardingRun
+from ..lessons.strings import strings
 from ..lessons.units import format_bytes, format_count, format_fixed, format_integer
 from .base import Control, wrap_words
 from .playback import PlaybackVisualizer
@@ -51,62 +52,6 @@ OWNER_COLORS = ("dodger_blue2", "green3", "gold3", "magenta3", "turquoise2", "da
                 "medium_purple2", "spring_green3")
 LETTER = {"params": "P", "grads": "G", "master": "M", "momentum": "m", "variance": "v", "activations": "A"}
 LABEL_W, VALUE_W = 7, 10
-
-S = {
-    "en": {
-        "states": {"params": "params", "grads": "grads", "master": "fp32 master", "momentum": "momentum",
-                   "variance": "variance", "activations": "activations"},
-        "prec": {"mixed": "mixed prec.", "fp32": "fp32"},
-        "opt": {"adam": "Adam", "sgd": "SGD+momentum", "sgd-nomomentum": "plain SGD"},
-        "gpu": "GPU", "cap": "capacity", "fits": "fits", "nofit": "does not fit", "more": "⋮ {k} more GPUs, same bytes",
-        "per_gpu": "per GPU {b}", "states_line": "model states {b}", "act_line": " + activations {b} ({mode})",
-        "redundancy": "the cluster stores each model-state byte {x}×",
-        "largest": "largest Ψ that fits: {p}",
-        "owners": "owner of each slice: ", "replica": "(all N slices)", "shard": "(own slice)",
-        "act_modes": {"none": "no recomputation", "selective": "selective recomputation",
-                      "full": "full recomputation"},
-        "act_noshape": "activations: this preset has no published shape; pick another Ψ",
-        "anim_title": "one ZeRO-3 / FSDP step, {k} layers{pf}", "prefetch": ", prefetch",
-        "phase": "{i}/{n} {stage} · {what}",
-        "actions": {"all_gather": "all-gather layer {l}'s parameters", "forward": "layer {l} computes",
-                    "backward": "layer {l}'s backward computes", "free": "free layer {l}'s full parameters",
-                    "reduce_scatter": "reduce-scatter layer {l}'s gradients", "step": "each rank updates its own slice"},
-        "stages": {"forward": "forward", "backward": "backward", "optimizer": "optimizer"},
-        "in_mem": "full parameters in memory: {g}", "none": "none",
-        "sent": "sent per rank so far in this step:",
-        "ratio": "per step: ZeRO-3 sends {x}× DDP (3Ψ vs 2Ψ)",
-        "run": "your run: Ψ={p} on N={n}, {prec}", "run_row": "{s}: held {m} (calculator {c}) · sent {x}",
-        "b_strategy": "strategy", "b_psi": "Ψ+", "b_dp": "N+", "b_play": "▶ step", "b_pause": "❚❚",
-    },
-    "es": {
-        "states": {"params": "parámetros", "grads": "gradientes", "master": "maestra fp32", "momentum": "momento",
-                   "variance": "varianza", "activations": "activaciones"},
-        "prec": {"mixed": "prec. mixta", "fp32": "fp32"},
-        "opt": {"adam": "Adam", "sgd": "SGD+momento", "sgd-nomomentum": "SGD simple"},
-        "gpu": "GPU", "cap": "capacidad", "fits": "cabe", "nofit": "no cabe",
-        "more": "⋮ {k} GPUs más, mismos bytes",
-        "per_gpu": "por GPU {b}", "states_line": "estados del modelo {b}", "act_line": " + activaciones {b} ({mode})",
-        "redundancy": "el clúster guarda cada byte de estado {x}×",
-        "largest": "Ψ máximo que cabe: {p}",
-        "owners": "dueño de cada trozo: ", "replica": "(los N trozos)", "shard": "(su trozo)",
-        "act_modes": {"none": "sin recomputación", "selective": "recomputación selectiva",
-                      "full": "recomputación completa"},
-        "act_noshape": "activaciones: este modelo no tiene forma publicada; elige otro Ψ",
-        "anim_title": "un paso de ZeRO-3 / FSDP, {k} capas{pf}", "prefetch": ", prefetch",
-        "phase": "{i}/{n} {stage} · {what}",
-        "actions": {"all_gather": "all-gather de los parámetros de la capa {l}",
-                    "forward": "la capa {l} calcula", "backward": "backward de la capa {l}",
-                    "free": "liberar los parámetros completos de la capa {l}",
-                    "reduce_scatter": "reduce-scatter de los gradientes de la capa {l}",
-                    "step": "cada rango actualiza su propio trozo"},
-        "stages": {"forward": "forward", "backward": "backward", "optimizer": "optimizador"},
-        "in_mem": "parámetros completos en memoria: {g}", "none": "ninguno",
-        "sent": "enviado por rango en este paso:",
-        "ratio": "por paso: ZeRO-3 envía {x}× lo de DDP (3Ψ frente a 2Ψ)",
-        "run": "tu ejecución: Ψ={p} en N={n}, {prec}", "run_row": "{s}: guarda {m} (calculadora {c}) · envía {x}",
-        "b_strategy": "estrategia", "b_psi": "Ψ+", "b_dp": "N+", "b_play": "▶ paso", "b_pause": "❚❚",
-    },
-}
 
 class ShardingVisualizer(PlaybackVisualizer):
     """Per-GPU memory bars for DDP and ZeRO-1/2/3, and one ZeRO-3 step animated."""
@@ -198,7 +143,7 @@ class ShardingVisualizer(PlaybackVisualizer):
         with VerticalScroll(id="sh-scroll"):
             yield Static(id="sh-body")
         with Horizontal(id="sh-buttons"):
-            s = S[self.language]
+            s = strings("sharding", self.language)
             yield Button(s["b_strategy"], id="sh-strategy", compact=True, variant="primary")
             yield Button(s["b_psi"], id="sh-psi", compact=True)
             yield Button(s["b_dp"], id="sh-dp", compact=True)
@@ -231,7 +176,7 @@ class ShardingVisualizer(PlaybackVisualizer):
 
     # -- actions -----------------------------------------------------------------------------------
     def action_cycle_strategy(self, step: int) -> None:
-        self.strategy = STRATEGIES[(STRATEGIES.index(self.strategy) + step) % len(STRATEGIES)]
+        self.strategy = _cycled(STRATEGIES, self.strategy, step)
         if self.strategy != "zero3":
             self.playing = False
             self.phase = None
@@ -247,20 +192,19 @@ class ShardingVisualizer(PlaybackVisualizer):
         self.refresh_view()
 
     def action_precision(self) -> None:
-        self.precision = PRECISIONS[(PRECISIONS.index(self.precision) + 1) % len(PRECISIONS)]
+        self.precision = _cycled(PRECISIONS, self.precision)
         self.refresh_view()
 
     def action_optimizer(self) -> None:
-        self.optimizer = OPTIMIZERS[(OPTIMIZERS.index(self.optimizer) + 1) % len(OPTIMIZERS)]
+        self.optimizer = _cycled(OPTIMIZERS, self.optimizer)
         self.refresh_view()
 
     def action_capacity(self) -> None:
-        i = CAPACITIES.index(self.capacity) if self.capacity in CAPACITIES else 2
-        self.capacity = CAPACITIES[(i + 1) % len(CAPACITIES)]
+        self.capacity = _cycled(CAPACITIES, self.capacity)
         self.refresh_view()
 
     def action_activations(self) -> None:
-        self.activations = ACTIVATIONS[(ACTIVATIONS.index(self.activations) + 1) % len(ACTIVATIONS)]
+        self.activations = _cycled(ACTIVATIONS, self.activations)
         self.refresh_view()
 
     def action_prefetch(self) -> None:
@@ -311,8 +255,7 @@ class ShardingVisualizer(PlaybackVisualizer):
         self.refresh_view()
 
     def _cycle_dp(self) -> None:
-        i = DP_CHOICES.index(self.dp) if self.dp in DP_CHOICES else 2
-        self.dp = DP_CHOICES[(i + 1) % len(DP_CHOICES)]
+        self.dp = _cycled(DP_CHOICES, self.dp)
         self.refresh_view()
 
     # -- rendering ---------------------------------------------------------------------------------
@@ -321,7 +264,7 @@ class ShardingVisualizer(PlaybackVisualizer):
             return
         self.query_one("#sh-body", Static).update(self.render_body())
         play = self.query_one("#sh-play", Button)
-        play.label = S[self.language]["b_pause" if self.playing else "b_play"]
+        play.label = strings("sharding", self.language)["b_pause" if self.playing else "b_play"]
 
     def _fmt(self, n: float) -> str:
         return format_bytes(n, lang=self.language)
@@ -331,7 +274,7 @@ class ShardingVisualizer(PlaybackVisualizer):
         return max(16, width - 2 - LABEL_W - VALUE_W - 3)
 
     def render_body(self) -> Text:
-        s = S[self.language]
+        s = strings("sharding", self.language)
         lay = self.current_layout()
         extra = self.transient()
         text = Text(no_wrap=True, overflow="ellipsis")
@@ -383,7 +326,7 @@ class ShardingVisualizer(PlaybackVisualizer):
         return text
 
     def _bar(self, gpu: L.GPU, extra: list[L.Segment], width: int, scale: float, cap_col: int) -> Text:
-        s = S[self.language]
+        s = strings("sharding", self.language)
         out = Text()
         segments = list(gpu.segments) + extra
         total = sum(x.bytes for x in segments)
@@ -423,7 +366,7 @@ class ShardingVisualizer(PlaybackVisualizer):
         return out
 
     def _legend(self, gpu: L.GPU) -> Text:
-        s = S[self.language]
+        s = strings("sharding", self.language)
         out = Text()
         for seg in gpu.segments:
             out.append(f" {LETTER[seg.state]} ", style="bold black on grey70")
@@ -438,7 +381,7 @@ class ShardingVisualizer(PlaybackVisualizer):
         return out
 
     def _animation(self) -> Text:
-        s = S[self.language]
+        s = strings("sharding", self.language)
         phases = self.phases()
         ph = phases[self.phase]
         out = Text()
@@ -474,7 +417,7 @@ class ShardingVisualizer(PlaybackVisualizer):
         return out
 
     def _run(self) -> Text:
-        s = S[self.language]
+        s = strings("sharding", self.language)
         info = self.run.setup
         out = Text()
         out.append(s["run"].format(p=format_integer(info.get('num_params') or 0, self.language), n=info.get("world_size"),
@@ -488,6 +431,12 @@ class ShardingVisualizer(PlaybackVisualizer):
                        style="green" if ok else "yellow")
             out.append(" ✓\n" if ok else "\n", style="green")
         return out
+
+
+def _cycled(choices: tuple, value, step: int = 1):
+    """The choice ``step`` places after ``value`` (round the end; from the third when ``value`` is none of them)."""
+    i = choices.index(value) if value in choices else 2
+    return choices[(i + step) % len(choices)]
 
 
 def _num(x: float, lang: str) -> str:

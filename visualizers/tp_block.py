@@ -17,7 +17,8 @@ from textual.widgets import Button, Static
 
 from ..lessons.lesson4 import flow as F
 from ..lessons.lesson4.tp_run import TPRun
-from ..lessons.units import format_bytes, format_fixed
+from ..lessons.strings import strings
+from ..lessons.units import format_bytes, format_fixed, number_separator
 from .base import Control, LessonVisualizer
 
 LAYOUT_STYLE = {
@@ -29,55 +30,9 @@ LAYOUT_STYLE = {
 }
 OP_STYLE = {"all_reduce": "bold red", "all_gather": "bold cyan", "reduce_scatter": "bold magenta"}
 OP_NAME = {"all_reduce": "all-reduce", "all_gather": "all-gather", "reduce_scatter": "reduce-scatter"}
-SPLIT = {"column": {"en": "cols", "es": "cols"}, "row": {"en": "rows", "es": "filas"},
-         "replicated": {"en": "repl", "es": "repl"}}
 T_CHOICES = (2, 4, 8)
 # A realistic layer for the byte figures until a run says otherwise (GPT-3 175B-like, bf16).
 DEFAULT_SHAPE = {"hidden": 12288, "seq": 2048, "micro_batch": 1, "bytes": 2}
-
-S = {
-    "en": {
-        "title": "Tensor-parallel block", "fwd": "FORWARD", "bwd": "BACKWARD", "sync": "GRADIENT SYNC",
-        "sp_on": "sequence parallel: ON", "sp_off": "sequence parallel: off", "ranks": "T = {t} ranks",
-        "no_comm": "no communication",
-        "so_far": "this layer so far: {fwd} fwd, {bwd} bwd",
-        "none": "none",
-        "per_layer": "per layer (h={h}, s={s}, b={b}, {e} B/elt): each direction sends {mb} per rank",
-        "run": "your run (T={t}, {mode}): layer 0 fwd {fwd}, bwd {bwd} {ok}",
-        "ce_title": "Vocab-parallel cross-entropy (V=8, T=2, target={tgt})",
-        "ce_steps": {
-            "shard": "each rank computes only its V/T logits of the token",
-            "max": "local max → all-reduce(MAX): the global max, for a stable exp",
-            "sumexp": "Σ exp(z − max) on local logits → all-reduce(SUM)",
-            "target": "only the rank owning the target has its logit → all-reduce(SUM)",
-            "loss": "loss = log Σexp − (z_target − max): the same number on every rank",
-            "grad": "backward: softmax − one-hot on local columns, no communication",
-        },
-        "ce_dense": "one process: {v}",
-        "b_prev": "◀", "b_next": "▶", "b_sp": "SP", "b_ce": "loss",
-    },
-    "es": {
-        "title": "Bloque con paralelismo tensorial", "fwd": "FORWARD", "bwd": "BACKWARD",
-        "sync": "SINCRONIZACIÓN DE GRADIENTES",
-        "sp_on": "paral. de secuencia: SÍ", "sp_off": "paral. de secuencia: no", "ranks": "T = {t} rangos",
-        "no_comm": "sin comunicación",
-        "so_far": "esta capa hasta ahora: {fwd} fwd, {bwd} bwd",
-        "none": "ninguna",
-        "per_layer": "por capa (h={h}, s={s}, b={b}, {e} B/elem.): cada sentido envía {mb} por rango",
-        "run": "tu ejecución (T={t}, {mode}): capa 0 fwd {fwd}, bwd {bwd} {ok}",
-        "ce_title": "Entropía cruzada con vocabulario repartido (V=8, T=2, objetivo={tgt})",
-        "ce_steps": {
-            "shard": "cada rango calcula solo sus V/T logits del token",
-            "max": "máximo local → all-reduce(MAX): el máximo global, para un exp estable",
-            "sumexp": "Σ exp(z − máx) sobre los logits locales → all-reduce(SUM)",
-            "target": "solo el rango dueño del objetivo tiene su logit → all-reduce(SUM)",
-            "loss": "pérdida = log Σexp − (z_objetivo − máx): el mismo número en cada rango",
-            "grad": "backward: softmax − one-hot en las columnas locales, sin comunicación",
-        },
-        "ce_dense": "un solo proceso: {v}",
-        "b_prev": "◀", "b_next": "▶", "b_sp": "SP", "b_ce": "pérdida",
-    },
-}
 
 LABEL_CELLS = 21
 REPL_COLOR = "dodger_blue1"
@@ -98,7 +53,7 @@ def _fmt_bytes(n: float, lang: str = "en") -> str:
 
 def _ops_text(counts: dict[str, int], lang: str) -> str:
     if not counts:
-        return S[lang]["none"]
+        return strings("tp_block", lang)["none"]
     return ", ".join(f"{c} {OP_NAME[op]}" for op, c in counts.items() if c)
 
 
@@ -155,7 +110,7 @@ class TPBlockVisualizer(LessonVisualizer):
             yield Static(id="tp-flow")
         yield Static(id="tp-detail")
         with Horizontal(id="tp-buttons"):
-            s = S[self.language]
+            s = strings("tp_block", self.language)
             yield Button(s["b_prev"], id="tp-prev", compact=True)
             yield Button(s["b_next"], id="tp-next", compact=True, variant="primary")
             yield Button(s["b_sp"], id="tp-sp", compact=True)
@@ -241,7 +196,7 @@ class TPBlockVisualizer(LessonVisualizer):
             scroll.scroll_to(y=max(0, row - 3), animate=False)
 
     def render_header(self) -> Text:
-        s = S[self.language]
+        s = strings("tp_block", self.language)
         t = Text()
         t.append(s["title"] + "\n", style="bold")
         if self.ce:
@@ -256,12 +211,12 @@ class TPBlockVisualizer(LessonVisualizer):
     def stage_label(self, st: F.Stage) -> str:
         label = st.label[self.language]
         if st.split and st.phase == "fwd":
-            label += " · " + SPLIT[st.split][self.language]
+            label += " · " + strings("tp_block", self.language)["split"][st.split]
         return label
 
     def render_flow(self) -> Text:
         lang = self.language
-        s = S[lang]
+        s = strings("tp_block", lang)
         stages = self.stages
         current = stages[self.index]
         # Show the pass the current stage belongs to (the grad sync goes with the backward).
@@ -313,7 +268,7 @@ class TPBlockVisualizer(LessonVisualizer):
 
     def render_detail(self) -> Text:
         lang = self.language
-        s = S[lang]
+        s = strings("tp_block", lang)
         st = self.stage
         text = Text()
         text.append(self.stage_label(st), style=OP_STYLE.get(st.op or "", "bold"))
@@ -344,7 +299,7 @@ class TPBlockVisualizer(LessonVisualizer):
 
     def render_ce(self) -> Text:
         lang = self.language
-        s = S[lang]
+        s = strings("tp_block", lang)
         steps = F.vocab_ce_walkthrough()
         text = Text()
         text.append(s["ce_title"].format(tgt=F.EXAMPLE_TARGET) + "\n\n", style="bold")
@@ -356,9 +311,7 @@ class TPBlockVisualizer(LessonVisualizer):
             text.append("▶ " if here else "  ", style="bold")
             text.append(s["ce_steps"][step["key"]] + "\n", style="reverse" if here else "")
             for r, val in enumerate(step["per_rank"]):
-                lang = self.language
-                sep = "; " if lang == "es" else ", "  # the decimal comma needs another separator
-                shown = ("[" + sep.join(("+" if v >= 0 else "") + format_fixed(v, 2, lang) for v in val) + "]"
+                shown = ("[" + number_separator(lang).join(("+" if v >= 0 else "") + format_fixed(v, 2, lang) for v in val) + "]"
                          if isinstance(val, list) else format_fixed(val, 4, lang))
                 text.append(f"    r{r}: {shown}\n", style="yellow" if here else "")
             if step["collective"]:
