@@ -209,7 +209,7 @@ class TPBlockVisualizer(LessonVisualizer):
         return t
 
     def stage_label(self, st: F.Stage) -> str:
-        label = st.label[self.language]
+        label = st.label(self.language)
         if st.split and st.phase == "fwd":
             label += " · " + strings("tp_block", self.language)["split"][st.split]
         return label
@@ -273,7 +273,7 @@ class TPBlockVisualizer(LessonVisualizer):
         text = Text()
         text.append(self.stage_label(st), style=OP_STYLE.get(st.op or "", "bold"))
         text.append(" → " + st.shape + "\n", style="bold")
-        text.append(st.note[lang] + "\n")
+        text.append(st.note(lang) + "\n")
         if st.op:
             text.append(f"⇄ {OP_NAME[st.op]} ", style=OP_STYLE[st.op])
             text.append(f"({st.site})\n", style="dim")

@@ -11,111 +11,78 @@ rank by rank, with the all-reduces that make it exact.
 from __future__ import annotations
 
 import math
-import unicodedata
 from dataclasses import dataclass
+
+from ..strings import translated
 
 REPLICATED, HEADS, HIDDEN, SEQUENCE, PARTIAL = "replicated", "heads", "hidden", "sequence", "partial"
 LAYOUTS = (REPLICATED, HEADS, HIDDEN, SEQUENCE, PARTIAL)
+
+
+AREA = "lesson4_flow"  # the stages' texts: lessons/catalog/lesson4_flow.toml
 
 
 @dataclass(frozen=True)
 class Stage:
     key: str  # e.g. "ln1", "attn.f", "qkv"
     phase: str  # "fwd", "bwd" or "grad-sync"
-    label: dict[str, str]  # short name, en / es
-    note: dict[str, str]  # one line: what happens, en / es
+    text: str  # its table in the catalog (AREA): a short ``label`` and a one-line ``note``
     shape: str = ""  # the tensor this rank holds afterwards, e.g. "s/T·b·h"
     layout: str | None = None  # how that tensor sits across ranks
     split: str | None = None  # "column", "row" or "replicated" for a stage with weights
     op: str | None = None  # collective: all_reduce, all_gather, reduce_scatter
     site: str | None = None  # the engine's site name for that collective
     block: str = ""  # "attn", "mlp" or "" (layer norms, residuals)
+    fields: tuple[tuple[str, str], ...] = ()  # what its texts name (the weight, the LayerNorm's number)
+
+    def label(self, lang: str) -> str:
+        """Its short name in ``lang``."""
+        return translated(AREA, f"{self.text}.label", lang, **dict(self.fields))
+
+    def note(self, lang: str) -> str:
+        """What happens in it, one line in ``lang``."""
+        return translated(AREA, f"{self.text}.note", lang, **dict(self.fields))
 
 
-def _t(en: str, es: str) -> dict[str, str]:
-    return {"en": en, "es": es}
-
-
-# Megatron's conjugate operators at the two ends of each block: f where the block's input enters, g
-# where its output leaves. Where partial results are summed (f backward, g forward) it is an all-reduce,
-# a reduce-scatter with sequence parallelism; on the other pass f and g do nothing without it and
-# all-gather the sequence with it (Shoeybi et al. 2019; Korthikanti et al. 2022). What each one does:
-_CONJUGATE_NOTES = {
-    ("f", "fwd", False): _t("forward: nothing to do, the input is already on every rank",
-                            "forward: nada que hacer, la entrada ya está en cada rango"),
-    ("f", "fwd", True): _t("gather the sequence: every rank needs all s tokens for its matmul",
-                           "juntar la secuencia: cada rango necesita los s tokens para su matmul"),
-    ("g", "fwd", False): _t("sum the partial results: every rank gets the full output",
-                            "sumar los parciales: cada rango recibe la salida completa"),
-    ("g", "fwd", True): _t("sum the partial results and keep only this rank's s/T tokens",
-                           "sumar los parciales y quedarse solo con los s/T tokens de este rango"),
-    ("g", "bwd", False): _t("the gradient of a sum is the same for every term: nothing to do",
-                            "el gradiente de una suma es el mismo para cada sumando: nada que hacer"),
-    ("g", "bwd", True): _t("the output's gradient arrives by sequence shard: gather it",
-                           "el gradiente de la salida llega por trozos de secuencia: juntarlo"),
-    ("f", "bwd", False): _t("sum the partial input gradients: the input was replicated",
-                            "sumar los gradientes parciales: la entrada estaba replicada"),
-    ("f", "bwd", True): _t("sum the partial input gradients, keep this rank's tokens",
-                           "sumar los gradientes parciales de la entrada, quedarse con los tokens propios"),
-}
+def _sp(text: str, sp: bool) -> str:
+    """The text of a stage that reads otherwise with sequence parallelism."""
+    return text + "_sp" if sp else text
 
 
 def _conjugate(blk: str, end: str, phase: str, sp: bool) -> Stage:
-    """Operator ``end`` ("f" or "g") of block ``blk`` in ``phase``, e.g. "ḡ bwd: all-gather": a
-    reduce-scatter leaves each rank its s/T tokens, anything else the whole tensor on every rank."""
+    """Megatron's conjugate operator ``end`` ("f" where block ``blk``'s input enters, "g" where its output
+    leaves) in ``phase``. Where partial results are summed (f backward, g forward) it is an all-reduce,
+    a reduce-scatter with sequence parallelism; on the other pass f and g do nothing without it and
+    all-gather the sequence with it (Shoeybi et al. 2019; Korthikanti et al. 2022). A reduce-scatter
+    leaves each rank its s/T tokens, anything else the whole tensor on every rank."""
     sums = (end == "f") == (phase == "bwd")
     op = ("reduce_scatter" if sp else "all_reduce") if sums else ("all_gather" if sp else None)
-    name = unicodedata.normalize("NFC", end + ("\u0304" if sp else ""))  # f̄, ḡ: the SP forms
-    name += " bwd" if phase == "bwd" else ""
-    label = {lang: f"{name}: {op.replace('_', '-') if op else identity}"
-             for lang, identity in (("en", "identity"), ("es", "identidad"))}
     shape, layout = ("s/T·b·h", SEQUENCE) if op == "reduce_scatter" else ("s·b·h", REPLICATED)
-    return Stage(f"{blk}.{end}", phase, label, _CONJUGATE_NOTES[(end, phase, sp)], shape, layout, op=op,
+    return Stage(f"{blk}.{end}", phase, _sp(f"{end}_{phase}", sp), shape, layout, op=op,
                  site=f"{blk}.{end}" if op else None, block=blk)
 
 
 def _forward(sp: bool) -> list[Stage]:
     x_shape, x_layout = ("s/T·b·h", SEQUENCE) if sp else ("s·b·h", REPLICATED)
     st: list[Stage] = [
-        Stage("x", "fwd", _t("input x", "entrada x"),
-              _t("the layer's input: " + ("each rank holds s/T of the tokens" if sp else "every rank holds all of it"),
-                 "la entrada de la capa: " + ("cada rango tiene s/T de los tokens" if sp else "cada rango la tiene entera")),
-              x_shape, x_layout),
-        Stage("ln1", "fwd", _t("LayerNorm 1", "LayerNorm 1"),
-              _t("on this rank's tokens only (weights replicated)" if sp else "same weights, same result on every rank",
-                 "solo sobre los tokens de este rango (pesos replicados)" if sp else "mismos pesos, mismo resultado en cada rango"),
-              x_shape, x_layout, split="replicated"),
+        Stage("x", "fwd", _sp("input", sp), x_shape, x_layout),
+        Stage("ln1", "fwd", _sp("layernorm", sp), x_shape, x_layout, split="replicated", fields=(("n", "1"),)),
     ]
     for blk, col, row, col_shape, col_layout, middle in (
-        ("attn", _t("QKV", "QKV"), _t("W_o", "W_o"), "s·b·3h/T", HEADS,
-         Stage("core", "fwd", _t("attention", "atención"),
-               _t("softmax(QKᵀ/√d)·V for a/T whole heads: no communication",
-                  "softmax(QKᵀ/√d)·V de a/T cabezas enteras: sin comunicación"),
-               "s·b·h/T", HEADS, block="attn")),
-        ("mlp", _t("fc1", "fc1"), _t("fc2", "fc2"), "s·b·4h/T", HIDDEN,
-         Stage("gelu", "fwd", _t("GeLU", "GeLU"),
-               _t("element-wise on 4h/T features: no communication",
-                  "elemento a elemento sobre 4h/T rasgos: sin comunicación"),
-               "s·b·4h/T", HIDDEN, block="mlp")),
+        ("attn", "QKV", "W_o", "s·b·3h/T", HEADS, Stage("core", "fwd", "attention", "s·b·h/T", HEADS, block="attn")),
+        ("mlp", "fc1", "fc2", "s·b·4h/T", HIDDEN, Stage("gelu", "fwd", "gelu", "s·b·4h/T", HIDDEN, block="mlp")),
     ):
         st.append(_conjugate(blk, "f", "fwd", sp))
-        st.append(Stage(f"{blk}.{col['en'].lower()}", "fwd", col,
-                        _t("weight split by columns (output features): each rank computes its slice",
-                           "peso partido por columnas (rasgos de salida): cada rango calcula su parte"),
-                        col_shape, col_layout, split="column", block=blk))
+        st.append(Stage(f"{blk}.{col.lower()}", "fwd", "column", col_shape, col_layout, split="column", block=blk,
+                        fields=(("weight", col),)))
         st.append(middle)
-        st.append(Stage(f"{blk}.{row['en'].lower().replace('_', '')}", "fwd", row,
-                        _t("weight split by rows (input features): each rank has a partial sum",
-                           "peso partido por filas (rasgos de entrada): cada rango tiene una suma parcial"),
-                        "s·b·h", PARTIAL, split="row", block=blk))
+        st.append(Stage(f"{blk}.{row.lower().replace('_', '')}", "fwd", "row", "s·b·h", PARTIAL, split="row",
+                        block=blk, fields=(("weight", row),)))
         st.append(_conjugate(blk, "g", "fwd", sp))
-        st.append(Stage(f"{blk}.residual", "fwd", _t("bias, dropout, + x", "sesgo, dropout, + x"),
-                        _t("on s/T tokens per rank" if sp else "repeated identically on every rank",
-                           "sobre s/T tokens por rango" if sp else "repetido igual en cada rango"),
-                        x_shape, x_layout, block=blk))
+        st.append(Stage(f"{blk}.residual", "fwd", _sp("residual", sp), x_shape, x_layout, block=blk))
         if blk == "attn":
-            st.append(Stage("ln2", "fwd", _t("LayerNorm 2", "LayerNorm 2"), st[1].note, x_shape, x_layout,
-                            split="replicated"))
+            st.append(Stage("ln2", "fwd", _sp("layernorm", sp), x_shape, x_layout, split="replicated",
+                            fields=(("n", "2"),)))
     return st
 
 
@@ -124,30 +91,20 @@ def _backward(sp: bool) -> list[Stage]:
     st: list[Stage] = []
     for blk, col, row in (("mlp", "fc1", "fc2"), ("attn", "QKV", "W_o")):
         st.append(_conjugate(blk, "g", "bwd", sp))
-        st.append(Stage(f"{blk}.{row.lower().replace('_', '')}", "bwd", _t(f"{row} grads", f"grad. de {row}"),
-                        _t("local: this rank's rows of the weight, its slice of the input gradient",
-                           "local: las filas del peso de este rango, su parte del gradiente de entrada"),
-                        "s·b·4h/T" if blk == "mlp" else "s·b·h/T", HIDDEN if blk == "mlp" else HEADS, split="row", block=blk))
-        st.append(Stage(f"{blk}.{col.lower()}", "bwd", _t(f"{col} grads", f"grad. de {col}"),
-                        _t("each rank's input gradient covers only its columns: a partial sum",
-                           "el gradiente de entrada de cada rango cubre solo sus columnas: una suma parcial"),
-                        "s·b·h", PARTIAL, split="column", block=blk))
+        st.append(Stage(f"{blk}.{row.lower().replace('_', '')}", "bwd", "row_grads",
+                        "s·b·4h/T" if blk == "mlp" else "s·b·h/T", HIDDEN if blk == "mlp" else HEADS, split="row",
+                        block=blk, fields=(("weight", row),)))
+        st.append(Stage(f"{blk}.{col.lower()}", "bwd", "column_grads", "s·b·h", PARTIAL, split="column", block=blk,
+                        fields=(("weight", col),)))
         if sp:
-            st.append(Stage(f"{blk}.f.regather", "bwd", _t("re-gather input", "re-gather (entrada)"),
-                            _t("the weight gradient needs all s tokens: all-gather the saved s/T shard again",
-                               "el gradiente del peso necesita los s tokens: all-gather otra vez del trozo guardado"),
-                            "s·b·h", REPLICATED, op="all_gather", site=f"{blk}.f.regather", block=blk))
+            st.append(Stage(f"{blk}.f.regather", "bwd", "regather", "s·b·h", REPLICATED, op="all_gather",
+                            site=f"{blk}.f.regather", block=blk))
         st.append(_conjugate(blk, "f", "bwd", sp))
         ln = "ln2" if blk == "mlp" else "ln1"
-        st.append(Stage(ln, "bwd", _t(f"LayerNorm {ln[-1]} grads", f"grad. de LayerNorm {ln[-1]}"),
-                        _t("from this rank's tokens only: a partial gradient" if sp else "identical on every rank",
-                           "solo de los tokens de este rango: gradiente parcial" if sp else "idénticos en cada rango"),
-                        x_shape, x_layout, split="replicated"))
+        st.append(Stage(ln, "bwd", _sp("layernorm_grads", sp), x_shape, x_layout, split="replicated",
+                        fields=(("n", ln[-1]),)))
     if sp:
-        st.append(Stage("sp.grads", "grad-sync", _t("LN grads: all-reduce", "grad. LN: all-reduce"),
-                        _t("layer-norm weights and row-parallel biases saw s/T tokens each: sum them (the classic bug)",
-                           "los pesos de LayerNorm y los sesgos por filas vieron s/T tokens cada uno: sumarlos (el bug clásico)"),
-                        "6h", REPLICATED, op="all_reduce", site="sp.grads"))
+        st.append(Stage("sp.grads", "grad-sync", "sp_grads", "6h", REPLICATED, op="all_reduce", site="sp.grads"))
     return st
 
 
