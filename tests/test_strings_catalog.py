@@ -20,12 +20,7 @@ PACKAGES = ("tutor", "lessons", "visualizers", "engine")
 # lessons/units.py is where a language's number convention lives.
 NUMBER_FORMATTING_HOME = {"lessons/units.py"}
 # Files still carrying their own tables while they move to the catalog (issue 18); empty when done.
-NOT_YET_IN_CATALOG: set[str] = {
-    "visualizers/kv_cache.py",
-    "visualizers/loss_scale.py",
-    "visualizers/sharding.py",
-    "visualizers/tp_block.py",
-}
+NOT_YET_IN_CATALOG: set[str] = set()
 
 
 def _fields(template: str) -> set[str]:

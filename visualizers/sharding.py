@@ -59,22 +59,19 @@ class ShardingVisualizer(PlaybackVisualizer):
     can_focus = True
     TICK_S = 0.6
     CONTROLS = (
-        Control("s", "cycle_strategy(1)", {"en": "next / previous strategy: DDP, ZeRO-1, 2, 3",
-                                           "es": "estrategia siguiente / anterior: DDP, ZeRO-1, 2, 3"},
+        Control("s", "cycle_strategy(1)", "sharding.cycle_strategy",
                 back_keys="S", back_action="cycle_strategy(-1)", hint=True),
-        Control("plus,equals_sign", "psi(1)", {"en": "bigger / smaller model (Ψ)", "es": "modelo mayor / menor (Ψ)"},
+        Control("plus,equals_sign", "psi(1)", "sharding.psi",
                 back_keys="minus,underscore", back_action="psi(-1)", hint=True),
-        Control("right_square_bracket", "dp(1)", {"en": "more / fewer GPUs (N)", "es": "más / menos GPUs (N)"},
+        Control("right_square_bracket", "dp(1)", "sharding.dp",
                 back_keys="left_square_bracket", back_action="dp(-1)", hint=True),
-        Control("m", "precision", {"en": "precision", "es": "precisión"}),
-        Control("o", "optimizer", {"en": "optimizer", "es": "optimizador"}),
-        Control("c", "capacity", {"en": "GPU memory size", "es": "memoria de la GPU"}),
-        Control("a", "activations", {"en": "activation recomputation", "es": "recomputación de activaciones"}),
-        Control("space", "play", {"en": "play / pause one ZeRO-3 step", "es": "reproducir / pausa un paso de ZeRO-3"},
-                hint=True),
-        Control("full_stop", "step(1)", {"en": "next / previous phase of the step", "es": "fase siguiente / anterior del paso"},
-                back_keys="comma", back_action="step(-1)"),
-        Control("f", "prefetch", {"en": "prefetch on / off", "es": "prefetch sí / no"}),
+        Control("m", "precision", "sharding.precision"),
+        Control("o", "optimizer", "sharding.optimizer"),
+        Control("c", "capacity", "sharding.capacity"),
+        Control("a", "activations", "sharding.activations"),
+        Control("space", "play", "sharding.play", hint=True),
+        Control("full_stop", "step(1)", "sharding.step", back_keys="comma", back_action="step(-1)"),
+        Control("f", "prefetch", "sharding.prefetch"),
     )
     DEFAULT_CSS = """
     ShardingVisualizer { layout: vertical; }

@@ -62,13 +62,10 @@ class TPBlockVisualizer(LessonVisualizer):
 
     can_focus = True
     CONTROLS = (
-        Control("full_stop,space", "advance", {"en": "next / previous stage", "es": "etapa siguiente / anterior"},
-                back_keys="comma", back_action="back", hint=True),
-        Control("s", "toggle_sp", {"en": "sequence parallelism on / off", "es": "paralelismo de secuencia sí / no"},
-                hint=True),
-        Control("c", "toggle_ce", {"en": "block ↔ vocab-parallel loss", "es": "bloque ↔ pérdida con vocabulario paralelo"},
-                hint=True),
-        Control("x", "cycle_t", {"en": "number of ranks T", "es": "número de rangos T"}, hint=True),
+        Control("full_stop,space", "advance", "tp_block.advance", back_keys="comma", back_action="back", hint=True),
+        Control("s", "toggle_sp", "tp_block.toggle_sp", hint=True),
+        Control("c", "toggle_ce", "tp_block.toggle_ce", hint=True),
+        Control("x", "cycle_t", "tp_block.cycle_t", hint=True),
     )
     DEFAULT_CSS = """
     TPBlockVisualizer { layout: vertical; }
