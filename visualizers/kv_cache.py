@@ -53,10 +53,9 @@ from ..lessons.units import (
     format_plain,
     format_time,
 )
-from .base import NEXT_VIEW, PLAY, STEP, Control
+from .base import NEXT_VIEW, PLAY, STEP, Control, view_controls
 from .playback import PlaybackVisualizer
 
-VIEWS = ("tp", "pp", "paged", "prefix", "planner")
 GPU_HUES = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
             "#9c755f", "#bab0ac", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
 FILL = "▁▂▃▄▅▆▇█"
@@ -199,17 +198,12 @@ class KVCacheVisualizer(PlaybackVisualizer):
 
     can_focus = True
     TICK_S = 1 / 4
-    DEFAULT_CSS = """
-    KVCacheVisualizer { height: 1fr; width: 1fr; padding: 0 1; }
-    KVCacheVisualizer:focus { background: $boost; }
-    """
+    DEFAULT_CLASSES = "panel"
+    VIEWS = ("tp", "pp", "paged", "prefix", "planner")
+    STEP_SETTINGS = frozenset({"show", "tp", "pp"})  # lessons/lesson7/lesson.toml
     CONTROLS = (
         NEXT_VIEW,
-        Control("1", "view('tp')", "kv_cache.view_tp"),
-        Control("2", "view('pp')", "kv_cache.view_pp"),
-        Control("3", "view('paged')", "kv_cache.view_paged"),
-        Control("4", "view('planner')", "kv_cache.view_planner"),
-        Control("5", "view('prefix')", "kv_cache.view_prefix"),
+        *view_controls("kv_cache", ("tp", "pp", "paged", "planner", "prefix")),
         Control("right_square_bracket", "tp(1)", "kv_cache.tp",
                 back_keys="left_square_bracket", back_action="tp(-1)"),
         Control("right_curly_bracket", "pp(1)", "kv_cache.pp", back_keys="left_curly_bracket", back_action="pp(-1)"),
@@ -337,14 +331,6 @@ class KVCacheVisualizer(PlaybackVisualizer):
         self.refresh()
 
     # -- actions -----------------------------------------------------------------------------------
-    def action_view(self, view: str) -> None:
-        self.view = view
-        self.refresh()
-
-    def action_next_view(self) -> None:
-        self.view = VIEWS[(VIEWS.index(self.view) + 1) % len(VIEWS)]
-        self.refresh()
-
     def action_tp(self, d: int) -> None:
         self.tp = max(1, min(64, self.tp * 2 if d > 0 else self.tp // 2))
         self.refresh()

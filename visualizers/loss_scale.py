@@ -38,7 +38,6 @@ from ..lessons.strings import strings
 from ..lessons.units import format_fixed, format_fixed_percent, format_plain
 from .base import Control, LessonVisualizer
 
-VIEWS = ("scale", "exponents", "timeline")
 REGION_STYLE = {"zero": "red", "subnormal": "yellow", "normal": "green", "overflow": "magenta"}
 LANE_STYLES = ("cyan", "blue")
 MODE_ORDER = ("overlap", "no-overlap", "ddp")
@@ -251,7 +250,7 @@ class LossScaleVisualizer(LessonVisualizer):
     """
     # lowercase more, uppercase less, as in every visualizer
     CONTROLS = (
-        Control("g", "cycle_view", "loss_scale.cycle_view", hint=True),
+        Control("g", "next_view", "loss_scale.next_view", hint=True),
         Control("w", "slide('growth_interval', 1)", "loss_scale.growth_interval",
                 back_keys="W", back_action="slide('growth_interval', -1)"),
         Control("f", "slide('growth_factor', 1)", "loss_scale.growth_factor",
@@ -266,8 +265,10 @@ class LossScaleVisualizer(LessonVisualizer):
         Control("s", "toggle_source", "loss_scale.toggle_source"),
         Control("0", "reset", "loss_scale.reset"),
     )
-    HINTS = {"scale": ("cycle_view", "slide", "reset"), "exponents": ("cycle_view", "hist_step", "toggle_format"),
-             "timeline": ("cycle_view", "slide", "toggle_source")}
+    HINTS = {"scale": ("next_view", "slide", "reset"), "exponents": ("next_view", "hist_step", "toggle_format"),
+             "timeline": ("next_view", "slide", "toggle_source")}
+    VIEWS = ("scale", "exponents", "timeline")
+    STEP_SETTINGS = frozenset({"show", "format"})  # lessons/lesson6/lesson.toml
 
     def __init__(self, language: str = "en", **kwargs):
         super().__init__(language=language, **kwargs)
@@ -309,8 +310,8 @@ class LossScaleVisualizer(LessonVisualizer):
         self.refresh_view()
 
     # ---- actions ---------------------------------------------------------------------------
-    def action_cycle_view(self) -> None:
-        self.view = VIEWS[(VIEWS.index(self.view) + 1) % len(VIEWS)]
+    def action_view(self, view: str) -> None:
+        self.view = view
         self.refresh_view()
 
     def action_slide(self, what: str, direction: int) -> None:

@@ -58,6 +58,7 @@ class ShardingVisualizer(PlaybackVisualizer):
 
     can_focus = True
     TICK_S = 0.6
+    STEP_SETTINGS = frozenset({"strategy", "model", "gpus", "activations", "animate", "prefetch"})  # lessons/lesson2/lesson.toml
     CONTROLS = (
         Control("s", "cycle_strategy(1)", "sharding.cycle_strategy",
                 back_keys="S", back_action="cycle_strategy(-1)", hint=True),

@@ -61,6 +61,7 @@ class TPBlockVisualizer(LessonVisualizer):
     """The tensor-parallel block, stage by stage; the vocab-parallel loss as a second view."""
 
     can_focus = True
+    STEP_SETTINGS = frozenset({"sequence_parallel", "cross_entropy", "stage", "phase"})  # lessons/lesson4/lesson.toml
     CONTROLS = (
         Control("full_stop,space", "advance", "tp_block.advance", back_keys="comma", back_action="back", hint=True),
         Control("s", "toggle_sp", "tp_block.toggle_sp", hint=True),
