@@ -9,8 +9,9 @@ sees whatever reaches the c10d dispatcher, so DDP's reducer's all-reduces are ti
 Point-to-point messages are left to the pipeline, which names them after its plan.
 
 Spans are emitted when the step ends (a collective still in flight then is left out). The meter
-is a dispatch mode: every operation of a traced step passes through Python (some µs each on a
-CPU), which step times measured inside one include.
+is a dispatch mode: every operation of a step traced with ``collectives=True`` passes through
+Python (some µs each), so an experiment draws the collectives of the step it meters anyway and
+times the others (``collectives=False``: the step's span alone, at the cost of two clock reads).
 """
 from __future__ import annotations
 
@@ -36,11 +37,17 @@ def comm_spans(records: Iterable[CommRecord], stream: str = "comm", groups: dict
 
 
 @contextmanager
-def traced_step(events, name: str, groups: dict | None = None, **fields) -> Iterator[None]:
-    """One training step as a ``compute`` span with its collectives as ``comm`` spans (per group
-    with ``groups``; nothing at all, and no meter, when ``events`` is None or writes nowhere)."""
+def traced_step(events, name: str, groups: dict | None = None, collectives: bool = True,
+                **fields) -> Iterator[None]:
+    """One training step as a ``compute`` span with, when ``collectives``, its collectives as
+    ``comm`` spans (per group with ``groups``); nothing at all, and no meter, when ``events`` is
+    None or writes nowhere."""
     if events is None or not getattr(events, "enabled", False):
         yield
+        return
+    if not collectives:
+        with events.span(name, "compute", **fields):
+            yield
         return
     meter = CommMeter()
     with events.span(name, "compute", **fields):

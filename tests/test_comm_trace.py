@@ -27,9 +27,12 @@ def _traced(rank: int, world: int, events_dir: str) -> dict:
         functional = funcol.wait_tensor(funcol.all_gather_tensor(torch.full((128,), float(rank)), 0,
                                                                  dist.group.WORLD))
     dist.all_reduce(torch.ones(4))  # after the block: not recorded
+    with traced_step(sink, "step 1", collectives=False, step=1):  # a timed step: no meter, its span only
+        metered = torch._C._is_torch_function_mode_enabled() or bool(torch.utils._python_dispatch._get_current_dispatch_mode())
+        dist.all_reduce(torch.ones(8))
     sink.close()
     return {"sum": float(x[0]), "gathered": out.tolist()[::256], "untouched": untouched,
-            "functional": functional.tolist()[::128]}
+            "functional": functional.tolist()[::128], "metered": metered}
 
 
 def test_collectives_become_comm_spans_inside_the_step(tmp_path):
@@ -39,7 +42,8 @@ def test_collectives_become_comm_spans_inside_the_step(tmp_path):
     for rank in (0, 1):
         events = list(read_events(tmp_path / f"rank{rank}.jsonl"))
         comm = [e for e in events if e["stream"] == "comm"]
-        (step,) = [e for e in events if e["stream"] == "compute"]
+        step, timed = [e for e in events if e["stream"] == "compute"]
+        assert (step["name"], timed["name"]) == ("step 0", "step 1") and not results[rank]["metered"]
         assert [(e["op"], e["bytes"]) for e in comm] == [("all_reduce", 4096), ("all_gather", 1024),
                                                         ("reduce_scatter", 2048), ("all_gather", 512)]
         assert [e["name"] for e in comm] == ["all_reduce 4 KiB", "all_gather 1 KiB", "reduce_scatter 2 KiB",

@@ -115,7 +115,9 @@ def run(ctx, raw: argparse.Namespace) -> dict | None:
     for step in range(args.steps):
         ids, tg = M.global_batch(cfg, shape, m, b, step, seed=args.seed, device=ctx.device)
         mine = (M.dp_share(ids, mesh.dp_rank, shape.dp), M.dp_share(tg, mesh.dp_rank, shape.dp))
-        with traced_step(ev, f"step {step}", groups=mesh.groups, step=step):  # the run's trace: a track per group
+        # the run's trace: every step's span; the metered step's collectives on a track per group
+        # (the others are timed, so they run without the meter)
+        with traced_step(ev, f"step {step}", groups=mesh.groups, collectives=step == metered_step, step=step):
             if step == metered_step:
                 meter.reset()
                 with meter:
