@@ -27,8 +27,7 @@ def test_every_visualizer_declares_its_controls_and_leaves_the_lesson_keys_alone
             assert set(control.key_names()).isdisjoint(LESSON_KEYS), (cls.__name__, control)
             # what it does is a string of the catalog (lessons/catalog/controls.toml), in both languages
             assert control.text("en") and control.text("es"), (cls.__name__, control)
-            if isinstance(control.label, str):
-                assert has("controls", control.label), (cls.__name__, control.label)
+            assert has("controls", control.label), (cls.__name__, control.label)
         keys = [k for c in cls.CONTROLS for k in c.key_names()]
         assert len(keys) == len(set(keys)), f"{cls.__name__} binds a key twice"
         for lang in ("en", "es"):

@@ -8,7 +8,6 @@ Visualizers draw a lesson model's state: no torch, no I/O.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -56,8 +55,6 @@ class Control:
 
     def text(self, lang: str) -> str:
         """What the control does, in ``lang``."""
-        if isinstance(self.label, Mapping):  # a visualizer not yet moved to the catalog (issue 18)
-            return self.label[lang]
         return translated("controls", self.label, lang)
 
     def bindings(self) -> list[Binding]:
