@@ -157,7 +157,8 @@ def test_pruning_and_stale_cleanup(tmp_path):
 def _trainer_args(**over):
     from distai.engine.experiments.lesson3 import parse_args
 
-    argv = ["--steps", "12", "--hidden", "32", "--seq", "8", "--samples", "512", "--batch", "8", "--warmup", "3"]
+    argv = ["--steps", "12", "--hidden", "32", "--layers", "1", "--seq", "8", "--samples", "512", "--batch", "8",
+            "--warmup", "3"]
     for k, v in over.items():
         argv += [f"--{k.replace('_', '-')}", str(v)]
     return parse_args(argv)

@@ -24,7 +24,8 @@ from distai.engine.supervisor import Supervisor, make_launch
 REPO = Path(__file__).resolve().parents[1]
 DISTAI = [sys.executable, "-m", "distai.tutor.cli"]
 MODULE = "distai.engine.experiments.lesson3"
-SMALL = ["--steps", "16", "--ckpt-every", "4", "--hidden", "64", "--samples", "1024", "--no-ckpt-cost"]
+SMALL = ["--steps", "16", "--ckpt-every", "4", "--hidden", "32", "--layers", "1", "--seq", "8", "--batch", "8",
+         "--samples", "512", "--no-ckpt-cost"]  # a one-block GPT: four runs share two cores
 KILL = ["--kill-rank", "1", "--at-step", "11"]
 ASYNC_KILL = ["--ckpt-mode", "async", "--kill-rank", "1", "--at-step", "8", "--kill-in-flight"]
 
