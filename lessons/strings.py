@@ -2,8 +2,8 @@
 
 Every string the learner reads outside the lessons' Markdown lives in ``lessons/catalog/``: one
 TOML file per area (``tutor.toml`` for the app's screens, ``quiz.toml``, ``run.toml``,
-``controls.toml`` for every visualizer's keys, one file per visualizer), each with an ``[en]``
-and an ``[es]`` table holding the same keys. A value is a ``str.format`` template or a nested
+``visualizer.toml`` for what all visualizers share, and one file per visualizer, what its keys do
+included), each with an ``[en]`` and an ``[es]`` table holding the same keys. A value is a ``str.format`` template or a nested
 table (``reasons.memory``). Numbers reach a template already formatted by ``lessons/units.py``,
 so each language's decimal separator is applied in one place.
 

@@ -25,9 +25,9 @@ def test_every_visualizer_declares_its_controls_and_leaves_the_lesson_keys_alone
         assert cls.CONTROLS, f"{cls.__name__} declares no controls"
         for control in cls.CONTROLS:
             assert set(control.key_names()).isdisjoint(LESSON_KEYS), (cls.__name__, control)
-            # what it does is a string of the catalog (lessons/catalog/controls.toml), in both languages
+            # what it does is a string of the catalog (the key_actions table of its area), in both languages
             assert control.text("en") and control.text("es"), (cls.__name__, control)
-            assert has("controls", control.label), (cls.__name__, control.label)
+            assert has(*control.catalog_key()), (cls.__name__, control.label)
         keys = [k for c in cls.CONTROLS for k in c.key_names()]
         assert len(keys) == len(set(keys)), f"{cls.__name__} binds a key twice"
         for lang in ("en", "es"):

@@ -40,8 +40,9 @@ def key_name(key: str, lang: str) -> str:
 class Control:
     """One thing the learner can do in a visualizer: its key(s), the action, what it does.
 
-    ``keys`` are Textual key names (comma-separated for aliases). ``label`` names what it does in
-    lessons/catalog/controls.toml (``"ring.size"``: the ``size`` of the ``ring`` table). A pair
+    ``keys`` are Textual key names (comma-separated for aliases). ``label`` names what it does in the
+    catalog: ``"ring.size"`` is ``size`` in the ``key_actions`` table of lessons/catalog/ring.toml, so
+    a visualizer's strings, its keys' included, are one file. A pair
     (``more`` / ``less``) gives ``back_keys`` and ``back_action`` too, shown as ``s / S``. ``hint``
     puts it in the one-line hint a visualizer draws (the help overlay, ``?``, lists every control).
     """
@@ -55,7 +56,12 @@ class Control:
 
     def text(self, lang: str) -> str:
         """What the control does, in ``lang``."""
-        return translated("controls", self.label, lang)
+        return translated(*self.catalog_key(), lang)
+
+    def catalog_key(self) -> tuple[str, str]:
+        """(area, key) of its label in the catalog: ``"ring.size"`` → ``("ring", "key_actions.size")``."""
+        area, _, name = self.label.partition(".")
+        return area, f"key_actions.{name}"
 
     def bindings(self) -> list[Binding]:
         out = [Binding(self.keys, self.action, self.text("en"), show=False)]
@@ -74,18 +80,18 @@ class Control:
 
 
 # The controls every animated visualizer shares (the playback base's actions).
-PLAY = Control("space", "play", "playback.play", hint=True)
-STEP = Control("full_stop", "step(1)", "playback.step", back_keys="comma", back_action="step(-1)", hint=True)
-RESTART = Control("0,home", "restart", "playback.restart")
-TO_END = Control("end", "to_end", "playback.to_end")
-SPEED = Control("plus,equals_sign", "speed(1)", "playback.speed", back_keys="minus", back_action="speed(-1)")
+PLAY = Control("space", "play", "visualizer.play", hint=True)
+STEP = Control("full_stop", "step(1)", "visualizer.step", back_keys="comma", back_action="step(-1)", hint=True)
+RESTART = Control("0,home", "restart", "visualizer.restart")
+TO_END = Control("end", "to_end", "visualizer.to_end")
+SPEED = Control("plus,equals_sign", "speed(1)", "visualizer.speed", back_keys="minus", back_action="speed(-1)")
 PLAYBACK_CONTROLS = (PLAY, STEP, RESTART, TO_END, SPEED)
-NEXT_VIEW = Control("g", "next_view", "playback.next_view", hint=True)
+NEXT_VIEW = Control("g", "next_view", "visualizer.next_view", hint=True)
 
 
 def view_controls(area: str, views: tuple[str, ...], first: int = 1) -> tuple[Control, ...]:
     """A digit key per view, in order from ``first``: ``1`` shows ``views[0]`` (``view('…')``), its
-    label ``<area>.view_<view>`` in lessons/catalog/controls.toml."""
+    label ``<area>.view_<view>`` (``view_<view>`` in the ``key_actions`` table of the area)."""
     return tuple(Control(str(first + i), f"view('{view}')", f"{area}.view_{view.replace('-', '_')}")
                  for i, view in enumerate(views))
 

@@ -61,7 +61,7 @@ class MeshVisualizer(PlaybackVisualizer):
         PLAY,
         Control("full_stop", "step(1)", "mesh.phase",
                 back_keys="comma", back_action="step(-1)", hint=True),
-        Control("0", "restart", "playback.restart"),
+        Control("0", "restart", "visualizer.restart"),
     )
     SECONDS_PER_PHASE = 1.2
 
