@@ -129,15 +129,13 @@ def lessons(
     width = max(len(r["title"]) for r in rows)
     head = strings("tutor", language)["progress_columns"]
 
-    def pct(x):
-        return format_score(x, language)
-
     typer.echo(f" #  {head[0]:<{width}}  {head[1]:>3}  {head[2]:>5}  {head[3]:>4}  {head[4]:>7}  "
                f"{head[5]:>4}  slug")
     for r in rows:
         steps_txt = f"{r['steps_done']}/{r['steps_total']}"
+        best, mastery = format_score(r["best_quiz"], language), format_score(r["mastery"], language)
         typer.echo(f" {r['number']}  {r['title']:<{width}}  {r['duration_min']:>3}  {steps_txt:>5}  "
-                   f"{pct(r['best_quiz']):>4}  {pct(r['mastery']):>7}  {r['runs']:>4}  {r['slug']}")
+                   f"{best:>4}  {mastery:>7}  {r['runs']:>4}  {r['slug']}")
 
 
 def quiz(
