@@ -358,10 +358,6 @@ class SavedActivationMeter:
         self.per_layer: dict[str, int] = {}
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
-    def exclude(self, params: Iterable[torch.Tensor]) -> None:
-        """Also leave these tensors' storages out (parameters created after the meter)."""
-        self._skip.update(p.untyped_storage().data_ptr() for p in params)
-
     def _pack(self, t: torch.Tensor) -> Any:
         storage = t.untyped_storage()
         ptr = storage.data_ptr()

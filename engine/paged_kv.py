@@ -192,15 +192,13 @@ def compare_prefix_sharing(make_shard, requests: list[Request], num_blocks: int,
     out: dict = {"requests": len(requests), "num_blocks": num_blocks, "block_size": block_size,
                  "system_prompt": common, "prompt_tokens": sum(map(len, prompts))}
     runs = {}
-    for name, alloc in (("no-sharing", BlockAllocator(num_blocks, block_size)),
-                        ("prefix", PrefixCachingAllocator(num_blocks, block_size))):
+    for name, store in (("no-sharing", paged_store), ("prefix", prefix_store)):
         sh = make_shard()
-        sh.cache = KVStore(alloc, len(sh.layers), sh.kv_local, sh.cfg.head_dim, sh.dtype, sh.device)
+        sh.cache = store(sh, num_blocks, block_size)
         run = ContinuousBatcher(sh, max_batch=max_batch, events=events, cache_name=name).run(requests)
         runs[name] = run
         ttft = sorted(r["ttft_s"] for r in run.requests)
-        blocks = [s.physical_blocks if name == "prefix" else sum(o is not None for o in s.owners)
-                  for s in run.snapshots]
+        blocks = [s.physical_blocks for s in run.snapshots]
         busy = [b for b in blocks if b]
         per_block = sh.cache.bytes_per_token * block_size
         row = {"ttft_p50_s": percentile(ttft, 50), "ttft_mean_s": sum(ttft) / len(ttft), "wall_s": run.wall_s,
@@ -213,7 +211,7 @@ def compare_prefix_sharing(make_shard, requests: list[Request], num_blocks: int,
             row.update(logical_blocks_mean=sum(logical) / len(logical),
                        memory_saved=1 - sum(busy) / sum(logical),
                        reused_tokens=sum(s.reused_tokens for s in run.snapshots),
-                       hit_rate=alloc.reused_tokens / max(1, alloc.looked_up_tokens),
+                       hit_rate=sh.cache.alloc.reused_tokens / max(1, sh.cache.alloc.looked_up_tokens),
                        cow=sum(len(s.cow) for s in run.snapshots), evicted=sum(len(s.evicted) for s in run.snapshots))
         out[name] = row
     a, b = out["no-sharing"], out["prefix"]

@@ -382,13 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    """The arguments, with ``strategies`` as a list; UsageError on values argparse cannot check."""
-    args = build_parser().parse_args(argv)
-    return _checked(args)
-
-
 def _checked(args: argparse.Namespace) -> argparse.Namespace:
+    """The arguments, with ``strategies`` as a list; UsageError on values argparse cannot check."""
     if isinstance(args.strategies, str):
         args.strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     bad = [s for s in args.strategies if s not in STRATEGIES]

@@ -74,7 +74,7 @@ import torch.distributed as dist
 
 from ..checkpoint import Checkpointer, ResumableSampler, TrainingState, read_checked, write_checked
 from ..events import EVENTS_DIR_ENV, read_events
-from ..experiment import UsageError, add_model_options, exit_with, run_experiment
+from ..experiment import UsageError, add_model_options, exit_with, max_over_ranks, run_experiment
 from ..model import GPT, DropoutMasks, GPTConfig, ModelConfigError, lm_loss, make_batch
 
 FORGETTABLE = ("rng", "rng.torch", "rng.numpy", "rng.python", "sampler", "optimizer", "scheduler", "scaler")
@@ -535,20 +535,15 @@ def checkpoint_cost(args, rank: int, world: int, device, folder: Path, checkpoin
         state = build(args, rank, world, device)
         return state, Trainer(args, state, make_data(args), rank, world, device)
 
-    def slowest(x: float) -> float:
-        t = torch.tensor([x], dtype=torch.float64, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return float(t)
-
     state, trainer = fresh()
     trainer.step()
     t0 = time.perf_counter()
     for _ in range(3):
         trainer.step()
-    t_step = slowest((time.perf_counter() - t0) / 3)
+    t_step = max_over_ranks((time.perf_counter() - t0) / 3, device)
     warm = Checkpointer(folder / "warm-up", rank, world, form="dcp", keep=1)
     warm.save(state)  # the first save pays one-time costs (planner, imports)
-    t_write = slowest(warm.save(state).seconds)
+    t_write = max_over_ranks(warm.save(state).seconds, device)
     every = max(2, min(50, math.ceil(2 * t_write / max(t_step, 1e-6))))
     steps = checkpoints * every
     loops: dict[str, list[float]] = {"none": [], "sync": [], "async": []}
@@ -563,13 +558,13 @@ def checkpoint_cost(args, rank: int, world: int, device, folder: Path, checkpoin
                 trainer.step()
                 if mode != "none" and i % every == 0:
                     blocked[mode].append((ckpt.save if mode == "sync" else ckpt.save_async)(state).seconds)
-            loops[mode].append(slowest(time.perf_counter() - t0))
+            loops[mode].append(max_over_ranks(time.perf_counter() - t0, device))
             ckpt.wait()
     dist.barrier()
     if rank == 0:
         shutil.rmtree(folder, ignore_errors=True)
     med = statistics.median
-    out = {mode: {"step_s": med(loops[mode]) / steps, "blocked_s": slowest(med(blocked[mode])) if blocked[mode] else 0.0}
+    out = {mode: {"step_s": med(loops[mode]) / steps, "blocked_s": max_over_ranks(med(blocked[mode]), device) if blocked[mode] else 0.0}
            for mode in loops}
     for mode in ("sync", "async"):  # paired with the run without checkpoints of the same round
         out[mode]["per_checkpoint_s"] = med(a - b for a, b in zip(loops[mode], loops["none"])) / checkpoints

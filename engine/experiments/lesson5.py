@@ -72,10 +72,6 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    return build_parser().parse_args(argv)
-
-
 def model_config(args, p: int, v: int, cuda: bool) -> GPTConfig:
     """The GPT, untied (the pipeline's ends are on different ranks); bigger on GPUs."""
     big = cuda
