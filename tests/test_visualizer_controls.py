@@ -3,6 +3,7 @@ the lesson's keys always win, and `?` lists every visualizer's controls."""
 from __future__ import annotations
 
 import asyncio
+import re
 
 from distai.lessons.registry import all_lessons, resolve_lesson
 from distai.lessons.strings import has
@@ -28,12 +29,16 @@ def test_every_visualizer_declares_its_controls_and_leaves_the_lesson_keys_alone
             # what it does is a string of the catalog (the key_actions table of its area), in both languages
             assert control.text("en") and control.text("es"), (cls.__name__, control)
             assert has(*control.catalog_key()), (cls.__name__, control.label)
+            for lang in ("en", "es"):  # keys read as a learner types them, not as Textual names them
+                assert not re.search(r"[a-z]_[a-z]", control.shown(lang)), (cls.__name__, control.shown(lang))
         keys = [k for c in cls.CONTROLS for k in c.key_names()]
         assert len(keys) == len(set(keys)), f"{cls.__name__} binds a key twice"
         for lang in ("en", "es"):
             widget = cls(language=lang)
             assert len(widget.key_help()) == len(cls.CONTROLS)
             assert widget.controls_hint().endswith(("? all keys", "? todas las teclas"))
+            for view, names in cls.HINTS.items():  # a view's hint names controls that exist, each once
+                assert sorted(names) == sorted({c.name for c in cls.CONTROLS} & set(names)), (cls.__name__, view)
 
 
 def test_every_step_view_gives_settings_its_visualizer_reads():

@@ -25,6 +25,7 @@ LESSON_KEYS = frozenset({"n", "p", "t", "r", "l", "v", "q", "question_mark", "es
 # How Textual's key names read in the help and the hints (the words among them, ``space``, ``home``
 # and ``end``, are in the catalog: lessons/catalog/visualizer.toml's ``key_names``).
 KEY_SYMBOLS = {"comma": ",", "full_stop": ".", "left_square_bracket": "[", "right_square_bracket": "]",
+               "left_curly_bracket": "{", "right_curly_bracket": "}",
                "plus": "+", "minus": "-", "equals_sign": "=", "underscore": "_"}
 
 
@@ -57,6 +58,11 @@ class Control:
     def text(self, lang: str) -> str:
         """What the control does, in ``lang``."""
         return translated(*self.catalog_key(), lang)
+
+    @property
+    def name(self) -> str:
+        """The control's own name, unique in its visualizer: its label's key (``"ring.size"`` → ``size``)."""
+        return self.label.partition(".")[2]
 
     def catalog_key(self) -> tuple[str, str]:
         """(area, key) of its label in the catalog: ``"ring.size"`` → ``("ring", "key_actions.size")``."""
@@ -111,7 +117,7 @@ class LessonVisualizer(Widget):
     LessonVisualizer.panel:focus { background: $boost; }
     """
     CONTROLS: ClassVar[tuple[Control, ...]] = ()
-    HINTS: ClassVar[dict[str, tuple[str, ...]]] = {}  # per view: the actions its hint line shows
+    HINTS: ClassVar[dict[str, tuple[str, ...]]] = {}  # per view: the controls (names) its hint line shows
     VIEWS: ClassVar[tuple[str, ...]] = ()  # the views ``self.view`` takes, in the order ``g`` cycles them
     # the settings a step's ``view = {...}`` may give it (empty: not declared; a test holds lesson.toml to it)
     STEP_SETTINGS: ClassVar[frozenset[str]] = frozenset()
@@ -140,24 +146,27 @@ class LessonVisualizer(Widget):
         """``(keys, what they do)`` in ``self.language`` for the help overlay."""
         return [(c.shown(self.language), c.text(self.language)) for c in self.CONTROLS]
 
-    def controls_hint(self, width: int | None = None, actions: tuple[str, ...] | None = None) -> str:
+    def controls_hint(self, width: int | None = None, names: tuple[str, ...] | None = None) -> str:
         """One line: the main controls, in words, and where to find the rest (``?``); with
-        ``width``, as many of them as fit in it; ``actions`` (names) picks other controls than
-        the ``hint`` ones (those of the view shown, say)."""
-        lang = self.language
-        taken = _screen_keys(self.screen) if self.is_attached else set()
-        picked = [c for c in self.CONTROLS
-                  if (c.action.split("(", 1)[0] in actions if actions is not None else c.hint)
-                  and not any(k in taken for k in c.key_names())]  # keys the screen keeps
-        parts = [f"{c.shown(lang)} {c.text(lang)}" for c in picked]
-        more = translated("visualizer", "more_keys", lang)
+        ``width``, as many of them as fit in it; ``names`` (controls' :attr:`Control.name`) picks
+        other controls than the ``hint`` ones (those of the view shown, say)."""
+        parts = self._hint_parts(names)
+        more = parts.pop()
         while parts and width is not None and len(" · ".join(parts + [more])) > width:
             parts.pop()
         return " · ".join(parts + [more])
 
     def hint_parts(self, view: str) -> list[str]:
         """The hint of ``self.HINTS[view]`` (a visualizer's per-view hints), one part per control."""
-        return self.controls_hint(None, self.HINTS[view]).split(" · ")
+        return self._hint_parts(self.HINTS[view])
+
+    def _hint_parts(self, names: tuple[str, ...] | None) -> list[str]:
+        lang = self.language
+        taken = _screen_keys(self.screen) if self.is_attached else set()
+        picked = [c for c in self.CONTROLS
+                  if (c.name in names if names is not None else c.hint)
+                  and not any(k in taken for k in c.key_names())]  # keys the screen keeps
+        return [f"{c.shown(lang)} {c.text(lang)}" for c in picked] + [translated("visualizer", "more_keys", lang)]
 
     def fit_height(self, lines: list, height: int | None) -> list:
         """``lines`` cut to ``height``, never silently: the last line (the hint) stays and a mark

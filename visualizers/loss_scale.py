@@ -265,8 +265,9 @@ class LossScaleVisualizer(LessonVisualizer):
         Control("s", "toggle_source", "loss_scale.toggle_source"),
         Control("0", "reset", "loss_scale.reset"),
     )
-    HINTS = {"scale": ("next_view", "slide", "reset"), "exponents": ("next_view", "hist_step", "toggle_format"),
-             "timeline": ("next_view", "slide", "toggle_source")}
+    SLIDERS = ("growth_interval", "growth_factor", "backoff_factor", "init_scale")  # the scaler's settings
+    HINTS = {"scale": ("next_view", *SLIDERS, "reset"), "exponents": ("next_view", "hist_step", "toggle_format", *SLIDERS),
+             "timeline": ("next_view", "bucket", "toggle_source")}
     VIEWS = ("scale", "exponents", "timeline")
     STEP_SETTINGS = frozenset({"show", "format"})  # lessons/lesson6/lesson.toml
 
