@@ -20,6 +20,7 @@ from textual.widgets.option_list import Option
 
 from ..lessons.strings import translated
 from ..lessons.units import format_score
+from .screens.common import localize_bindings
 
 
 class QuizScreen(Screen):
@@ -61,6 +62,8 @@ class QuizScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
+        # the footer's words in the quiz's language (the catalog's back and new)
+        localize_bindings(self, self.lang, {"back": "back", "new_quiz": "new"}, area="quiz_screen")
         self.new_quiz(self.seed)
 
     # -- state -------------------------------------------------------------------------------

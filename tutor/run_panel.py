@@ -33,6 +33,7 @@ from textual.widgets import Footer, ProgressBar, RichLog, Sparkline, Static
 
 from ..engine.run_state import RunState, replay_events
 from ..lessons.strings import has, translated
+from ..lessons.units import format_bandwidth, format_bytes, format_fixed, format_time
 
 
 def export_path(record) -> str:
@@ -311,7 +312,7 @@ class RunPanelScreen(Screen):
             status.append(f" · {translated('run', 'phase', lang)} {s.phase}", style="cyan")
         if s.last_step and s.steps_of:
             status.append(f" · {translated('run', 'step', lang)} {s.last_step.get('step', 0) + 1}/{s.steps_of}")
-        status.append(f" · {s.elapsed:.1f} s", style="dim")
+        status.append(f" · {format_fixed(s.elapsed, 1, lang)} s", style="dim")
         if s.note:
             status.append(f" · {s.note}", style="yellow")
         self.query_one("#run-status", Static).update(status)
@@ -319,7 +320,7 @@ class RunPanelScreen(Screen):
         if "loss" in panel and s.losses:
             self.query_one("#loss-spark", Sparkline).data = list(s.losses[-200:])
             self.query_one("#loss-label", Static).update(
-                f"{translated('run', 'loss', lang)}: {s.losses[0]:.4f} → {s.losses[-1]:.4f}")
+                f"{translated('run', 'loss', lang)}: {format_fixed(s.losses[0], 4, lang)} → {format_fixed(s.losses[-1], 4, lang)}")
         elif "loss" in panel and s.finished:
             self.query_one("#loss-label", Static).display = False
             self.query_one("#loss-spark", Sparkline).display = False
@@ -365,8 +366,6 @@ class RunPanelScreen(Screen):
         """Rows of the sweep with bars on one shared scale, then the alpha-beta fits."""
         from rich.console import Group
 
-        from ..lessons.units import format_bandwidth, format_bytes, format_time
-
         lang = self.language
         rows = self.state.sweep[-16:]
         top = max(max(r["ring_busbw"], r["ar_busbw"]) for r in rows) or 1.0
@@ -374,19 +373,19 @@ class RunPanelScreen(Screen):
         table.add_column(translated("run", "size", lang), justify="right", no_wrap=True)
         table.add_column(translated("run", "ring", lang), justify="left", no_wrap=True)
         table.add_column("dist.all_reduce", justify="left", no_wrap=True)
-        table.add_column("ratio", justify="right", no_wrap=True)
+        table.add_column(translated("run", "ratio", lang), justify="right", no_wrap=True)
         for r in rows:
             ratio = r["ring_busbw"] / r["ar_busbw"] if r.get("ar_busbw") else float("nan")
             table.add_row(
-                format_bytes(r["size"], binary=True),
-                Text.assemble((hbar(r["ring_busbw"], top, 8), "green"), " ", format_bandwidth(r["ring_busbw"])),
-                Text.assemble((hbar(r["ar_busbw"], top, 8), "dark_orange"), " ", format_bandwidth(r["ar_busbw"])),
-                Text(f"{ratio:.2f}", style="green" if ratio >= 0.9 else "yellow"))
+                format_bytes(r["size"], binary=True, lang=lang),
+                Text.assemble((hbar(r["ring_busbw"], top, 8), "green"), " ", format_bandwidth(r["ring_busbw"], lang=lang)),
+                Text.assemble((hbar(r["ar_busbw"], top, 8), "dark_orange"), " ", format_bandwidth(r["ar_busbw"], lang=lang)),
+                Text(format_fixed(ratio, 2, lang), style="green" if ratio >= 0.9 else "yellow"))
         parts = [table]
         for impl, f in self.state.fits.items():
             bw = f.get("bandwidth")
-            parts.append(Text(f"{translated('run', 'fit', lang)} ({impl}): α = {format_time(f['alpha_s'])}, "
-                              f"1/β = {format_bandwidth(bw) if bw else '—'}", style="dim"))
+            parts.append(Text(f"{translated('run', 'fit', lang)} ({impl}): α = {format_time(f['alpha_s'], lang=lang)}, "
+                              f"1/β = {format_bandwidth(bw, lang=lang) if bw else '—'}", style="dim"))
         return Group(*parts)
 
     # -- actions -----------------------------------------------------------------------------------

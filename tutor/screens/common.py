@@ -11,8 +11,9 @@ from textual.dom import DOMNode
 from ...lessons.strings import translated
 
 
-def localize_bindings(node: DOMNode, lang: str, labels: dict[str, str]) -> None:
-    """Give ``node``'s bindings the footer descriptions ``labels[action]`` (string keys) in ``lang``."""
+def localize_bindings(node: DOMNode, lang: str, labels: dict[str, str], area: str = "tutor") -> None:
+    """Give ``node``'s bindings the footer descriptions ``labels[action]`` (keys of the catalog's
+    ``area``) in ``lang``."""
     merged = type(node)._merged_bindings
     if merged is None:
         return
@@ -20,7 +21,7 @@ def localize_bindings(node: DOMNode, lang: str, labels: dict[str, str]) -> None:
     for _key, bindings in merged.key_to_bindings.items():
         for binding in bindings:
             if binding.action in labels:
-                binding = replace(binding, description=translated("tutor", labels[binding.action], lang))
+                binding = replace(binding, description=translated(area, labels[binding.action], lang))
             new._add_binding(binding)
     node._bindings = new
     node.refresh_bindings()
