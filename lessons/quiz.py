@@ -287,30 +287,6 @@ def yes_no(lesson_id: str, kind: str, lang: str, prompt: str, yes: str, no: str,
                     0.0, "", False, dict(params or {}))
 
 
-def fmt_bytes(n: float, lang: str) -> str:
-    return units.format_bytes(n, lang=lang)
-
-
-def fmt_time(s: float, lang: str) -> str:
-    return units.format_time(s, lang=lang)
-
-
-def fmt_num(x: float, lang: str, digits: int = 3) -> str:
-    return units.format_number(x, digits, lang)
-
-
-def fmt_int(n: int, lang: str) -> str:
-    return units.format_integer(n, lang)
-
-
-def fmt_count(n: float, lang: str) -> str:
-    return units.format_count(n, lang=lang)
-
-
-def fmt_pct(x: float, lang: str) -> str:
-    return units.format_percent(x, 3, lang)
-
-
 # ------------------------------------------------------------------------------ the question builder
 
 # The text formats a template may name after a field's colon: ``{size:bytes}``, ``{alpha:time}``.
@@ -320,7 +296,7 @@ _FORMATS: dict[str, Callable[[Any, str], str]] = {
     "bw": lambda v, lang: units.format_bandwidth(v, lang=lang),
     "count": lambda v, lang: units.format_count(v, lang=lang),
     "pct": lambda v, lang: units.format_percent(v, 3, lang),
-    "int": lambda v, lang: fmt_int(v, lang),
+    "int": lambda v, lang: units.format_integer(v, lang),
 }
 
 

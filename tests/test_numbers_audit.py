@@ -46,7 +46,7 @@ def test_checkpoint_saturates(argv):
     code, out, err = run("calc", "checkpoint", *argv, "--json")
     assert code == 0, err
     r = json.loads(out)
-    assert r["expected_waste_fraction"] == pytest.approx(1.0, abs=1e-6) or r["expected_waste_fraction"] <= 1
+    assert r["expected_waste_fraction"] == pytest.approx(1.0, abs=1e-6)
     assert 0 <= r["waste_at_young_fraction"] <= 1
 
 
