@@ -16,7 +16,7 @@ times the others (``collectives=False``: the step's span alone, at the cost of t
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 from ..lessons.units import format_bytes
 from .metering import CommMeter, CommRecord
@@ -38,10 +38,12 @@ def comm_spans(records: Iterable[CommRecord], stream: str = "comm", groups: dict
 
 @contextmanager
 def traced_step(events, name: str, groups: dict | None = None, collectives: bool = True,
-                **fields) -> Iterator[None]:
+                meter: CommMeter | None = None, **fields) -> Iterator[None]:
     """One training step as a ``compute`` span with, when ``collectives``, its collectives as
     ``comm`` spans (per group with ``groups``); nothing at all, and no meter, when ``events`` is
-    None or writes nowhere."""
+    None or writes nowhere. ``meter``: one the caller runs around the step anyway; the spans come
+    from the records it gains in the block (a second meter would route every op through Python
+    twice)."""
     if events is None or not getattr(events, "enabled", False):
         yield
         return
@@ -49,11 +51,13 @@ def traced_step(events, name: str, groups: dict | None = None, collectives: bool
         with events.span(name, "compute", **fields):
             yield
         return
-    meter = CommMeter()
+    own = meter is None
+    step_meter = CommMeter() if meter is None else meter
+    first = len(step_meter.records)
     with events.span(name, "compute", **fields):
         try:
-            with meter:
+            with step_meter if own else nullcontext():
                 yield
         finally:
-            for span in comm_spans(meter.records, groups=groups):
+            for span in comm_spans(step_meter.records[first:], groups=groups):
                 events.emit("span", **span, **fields)

@@ -9,6 +9,7 @@ import torch.distributed._functional_collectives as funcol
 
 from distai.engine.comm_trace import traced_step
 from distai.engine.events import EventSink, read_events
+from distai.engine.metering import CommMeter
 from distai.engine.testing import run_in_group
 
 
@@ -30,9 +31,14 @@ def _traced(rank: int, world: int, events_dir: str) -> dict:
     with traced_step(sink, "step 1", collectives=False, step=1):  # a timed step: no meter, its span only
         metered = torch._C._is_torch_function_mode_enabled() or bool(torch.utils._python_dispatch._get_current_dispatch_mode())
         dist.all_reduce(torch.ones(8))
+    caller = CommMeter()  # a step the experiment meters anyway: its meter's records are drawn
+    with caller, traced_step(sink, "step 2", meter=caller, step=2):
+        meters = len(torch.utils._python_dispatch._get_current_dispatch_mode_stack())
+        dist.all_reduce(torch.ones(16))
     sink.close()
     return {"sum": float(x[0]), "gathered": out.tolist()[::256], "untouched": untouched,
-            "functional": functional.tolist()[::128], "metered": metered}
+            "functional": functional.tolist()[::128], "metered": metered, "meters": meters,
+            "caller_ops": [r.op for r in caller.records]}
 
 
 def test_collectives_become_comm_spans_inside_the_step(tmp_path):
@@ -41,9 +47,13 @@ def test_collectives_become_comm_spans_inside_the_step(tmp_path):
     assert all(r["untouched"] for r in results) and results[1]["functional"] == [0.0, 1.0]
     for rank in (0, 1):
         events = list(read_events(tmp_path / f"rank{rank}.jsonl"))
-        comm = [e for e in events if e["stream"] == "comm"]
-        step, timed = [e for e in events if e["stream"] == "compute"]
+        comm = [e for e in events if e["stream"] == "comm" and e["step"] == 0]
+        step, timed, shared = [e for e in events if e["stream"] == "compute"]
         assert (step["name"], timed["name"]) == ("step 0", "step 1") and not results[rank]["metered"]
+        # with the caller's meter: one dispatch mode, and its record drawn as the step's span
+        assert results[rank]["meters"] == 1 and results[rank]["caller_ops"] == ["all_reduce"]
+        assert [(e["op"], e["bytes"], e["step"]) for e in events if e["stream"] == "comm" and e["step"] == 2] \
+            == [("all_reduce", 64, 2)]
         assert [(e["op"], e["bytes"]) for e in comm] == [("all_reduce", 4096), ("all_gather", 1024),
                                                         ("reduce_scatter", 2048), ("all_gather", 512)]
         assert [e["name"] for e in comm] == ["all_reduce 4 KiB", "all_gather 1 KiB", "reduce_scatter 2 KiB",

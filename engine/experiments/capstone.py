@@ -117,9 +117,11 @@ def run(ctx, raw: argparse.Namespace) -> dict | None:
         mine = (M.dp_share(ids, mesh.dp_rank, shape.dp), M.dp_share(tg, mesh.dp_rank, shape.dp))
         # the run's trace: every step's span; the metered step's collectives on a track per group
         # (the others are timed, so they run without the meter)
-        with traced_step(ev, f"step {step}", groups=mesh.groups, collectives=step == metered_step, step=step):
+        if step == metered_step:
+            meter.reset()
+        with traced_step(ev, f"step {step}", groups=mesh.groups, collectives=step == metered_step, meter=meter,
+                         step=step):
             if step == metered_step:
-                meter.reset()
                 with meter:
                     out = trainer.step(*mine)
                 account = meter.account()

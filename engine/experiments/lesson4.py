@@ -105,7 +105,7 @@ def train_against_dense(cfg: GPTConfig, batch: int, sp: bool, steps: int = 2, lr
         dense_loss = dense(ids, targets)
         dense_loss.backward()
         with meter if step == 0 else contextlib.nullcontext(), \
-                traced_step(events, f"{mode} step {step}", mode=mode, step=step):
+                traced_step(events, f"{mode} step {step}", meter=meter if step == 0 else None, mode=mode, step=step):
             loss = model(ids, targets)
             loss.backward()
         if sp and tp.size > 1 and step == 0:
