@@ -1,6 +1,6 @@
 """Lesson 3's visualizer: how often to checkpoint, a simulated day of failures, and a real run.
 
-Three views (``space`` cycles them, ``1``–``3`` pick one; the lesson's step chooses one):
+Three views (the lesson's step chooses one; the keys are its ``CONTROLS``, listed by ``?``):
 
 - *interval*: goodput (the share of wall-clock time spent on useful work) against the checkpoint
   interval τ on a log axis, simulated by :mod:`distai.lessons.lesson3.failure_sim` — a long
@@ -13,10 +13,9 @@ Three views (``space`` cycles them, ``1``–``3`` pick one; the lesson's step ch
   worker group on its own row, its steps, checkpoints, the failure, the restart and the work
   redone, and the final comparison with an uninterrupted run.
 
-Keys (sliders, up/down a ladder of round values): ``g``/``G`` GPUs ×2/÷2, ``m``/``M`` per-GPU
-MTBF (… 20,000 h, 50,000 h, 100,000 h …), ``c``/``C`` checkpoint cost (… 10 s, 20 s, 30 s, 1 min
-…), ``e``/``E`` restart time (… 1 min, 2 min, 5 min …), ``0`` back to the Llama 3 example (16,384
-GPUs, 419 interruptions in 54 days, C = 60 s, R = 5 min). No torch, no I/O; the simulation runs
+The sliders move the GPUs (×2/÷2), the per-GPU MTBF, the checkpoint cost and the restart time up
+and down ladders of round values; reset goes back to the Llama 3 example (16,384 GPUs, 419
+interruptions in 54 days, C = 60 s, R = 5 min). No torch, no I/O; the simulation runs
 in a worker thread.
 """
 from __future__ import annotations

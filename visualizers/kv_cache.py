@@ -1,24 +1,24 @@
 """Lesson 7's visualizer: the KV cache across GPUs, paged blocks over time, and the planner's trade-off.
 
-Four views (``1``–``4``, ``g`` cycles; the lesson's step picks one):
+Five views (the lesson's step picks one; the keys are its ``CONTROLS``, listed by ``?``):
 
 - *tp* and *pp* — the KV cache of one model as a grid of layers (rows, grouped when there are many)
   × KV heads (columns), each cell coloured by the GPU that stores it: tensor parallelism cuts the
   columns (heads), pipeline parallelism the rows (layers), both together a checkerboard; under it
   each GPU's share in bytes from :func:`~distai.lessons.lesson7.formulas.kv_cache_total` for the
   chosen number of cached tokens (and the weights it holds). With ``tp`` above the KV heads each
-  head is stored on several GPUs (marked ×n). ``t/T`` TP, ``p/P`` PP, ``k/K`` tokens, ``m`` model.
+  head is stored on several GPUs (marked ×n). Keys change TP, PP, the cached tokens and the model.
 - *paged* — a pool of KV blocks filling and freeing as requests arrive and leave
   (:func:`~distai.lessons.lesson7.paging.simulate`, the scheduler the engine uses): each block
   shows the request that owns it, a partly filled last block shows its fill; under it the same
   requests in a contiguous cache with one ``max_len`` region each, the reserved-but-empty part
-  shaded, and both wastes. ``space`` plays, ``[``/``]`` step, ``x`` switches to a run's blocks.
+  shaded, and both wastes. It plays and steps, and switches to a run's blocks.
 - *prefix* — prefix sharing: the same pool when every request starts with one system prompt
   (:class:`~distai.lessons.lesson7.paging.PrefixCachingAllocator`): a block held by several
   requests shows its reference count (×N), blocks no request holds but kept for reuse are shaded,
   copies made on write are underlined; under it the memory saved (physical against logical blocks),
   the prompt tokens found cached and the TTFT (in iterations) against the same requests unshared.
-  ``5`` shows it; the same playback keys as *paged*.
+  The same playback as *paged*.
 - *planner* — output tokens/s against TPOT for every TP × PP × replicas split of the GPUs
   (:func:`~distai.lessons.lesson7.planner.plan`), one curve per configuration over batch sizes,
   the TPOT target as a vertical line; configurations that do not fit are listed with the reason.

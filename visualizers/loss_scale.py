@@ -1,7 +1,7 @@
 """Lesson 6's visualizer: loss-scale dynamics, gradient exponents against fp16's limits, and the
 timeline of backward compute against bucketed all-reduce.
 
-Three views (``m`` cycles them; the lesson's step picks one):
+Three views (the lesson's step picks one; the keys are its ``CONTROLS``, listed by ``?``):
 
 - *scale*: the loss scale on a log2 axis over the steps, overflow steps marked (▼ a real fp16
   overflow, ✕ an injected one), and the loss curve under it;
@@ -13,10 +13,9 @@ Three views (``m`` cycles them; the lesson's step picks one):
   torch DDP.
 
 With no run attached, the views draw the lesson's models (:mod:`distai.lessons.lesson6.simulation`)
-and the keys act as sliders: ``g/G`` growth interval, ``f/F`` growth factor, ``b/B`` backoff
-factor, ``i/I`` initial scale, ``k/K`` bucket size, ``[``/``]`` the histogram's step, ``0``
-resets. Events from ``distai run lesson6`` (``feed_event``) replace the simulation by the
-measured run; ``s`` switches between the two. No torch, no I/O.
+and the keys act as sliders: growth interval, growth factor, backoff factor, initial scale and
+bucket size, plus the histogram's step and a reset. Events from ``distai run lesson6``
+(``feed_event``) replace the simulation by the measured run; a key switches between the two. No torch, no I/O.
 """
 from __future__ import annotations
 

@@ -8,9 +8,8 @@ other on one time scale for the same p and m, so equal lengths and different mem
 seen at a glance. A cursor plays the step; the strips' right-hand figures say what each stage
 holds at the cursor and at its peak.
 
-Keys: ``s``/``S`` more/fewer stages, ``m``/``M`` microbatches, ``c``/``C`` chunks per rank, ``b``
-backward cost (1, 2, 3 forwards), ``h`` time per hop, ``0``–``3`` all / GPipe / 1F1B /
-interleaved, ``g`` next view, ``space`` play or pause, ``[``/``]`` move the cursor.
+Its ``CONTROLS`` (listed by ``?``) change the stages, microbatches, chunks per rank, the backward's
+cost (1, 2, 3 forwards) and the time per hop, pick the schedules shown, play and move the cursor.
 
 Fed a run's events (``pp_config``, ``pp_op``, ``pp_stage``, ``summary`` from
 ``distai.engine.experiments.lesson5``), it switches to the run's p, m and v and draws the measured
