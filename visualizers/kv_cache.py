@@ -51,6 +51,7 @@ from ..lessons.units import (
     format_number,
     format_percent,
     format_plain,
+    format_score,
     format_time,
 )
 from .base import NEXT_VIEW, PLAY, STEP, Control, view_controls
@@ -89,11 +90,6 @@ PRESETS = [
 
 def _bytes(n: float, lang: str = "en") -> str:
     return format_bytes(n, lang=lang)
-
-
-def _whole_percent(fraction: float, lang: str) -> str:
-    """``0.254`` -> ``25%`` (``25 %`` in Spanish)."""
-    return format_percent(round(fraction, 2), 3, lang)
 
 
 def _hue(i: int) -> str:
@@ -521,8 +517,8 @@ class KVCacheVisualizer(PlaybackVisualizer):
         cw = contig[k].waste_fraction if k < len(contig) else 0.0
         lang = self.language
         out.append(Text(tr["waste_short" if narrow else "waste"].format(
-            p=_whole_percent(snap.waste_fraction, lang), c=_whole_percent(cw, lang),
-            pm=_whole_percent(pm, lang), cm=_whole_percent(cm, lang)), style="bold"))
+            p=format_score(snap.waste_fraction, lang), c=format_score(cw, lang),
+            pm=format_score(pm, lang), cm=format_score(cm, lang)), style="bold"))
         if self.run.kv_compare and self.source == "run":
             kc = self.run.kv_compare
             out.append(Text(tr["compare"].format(
