@@ -119,6 +119,15 @@ class Lesson:
         module, name = self.run.fold.split(":")
         return getattr(importlib.import_module(f"{self.package}.{module}"), name)
 
+    def launch_plan_function(self):
+        """The function its ``[run] launch_plan`` names (None if it declares none): the lesson's
+        check of its own group size, ``function(experiment_args, ranks_or_None, lesson_default,
+        cuda) -> ranks``, raising ValueError; torch-free, called before anything is launched."""
+        if not self.run.launch_plan:
+            return None
+        module, name = self.run.launch_plan.split(":")
+        return getattr(importlib.import_module(module), name)
+
     def terminal_view(self, language: str = "en"):
         """A new instance of its ``[run] terminal`` view (None if it declares none). Imports Rich."""
         if not self.run.terminal:

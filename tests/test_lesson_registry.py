@@ -92,8 +92,7 @@ def test_lesson_has_every_piece(lesson):
         assert fold.__module__.startswith(lesson.package + ".")
         fold().feed({"kind": "run_start", "run_id": "x"})
     if run.launch_plan:
-        module, name = run.launch_plan.split(":")
-        assert callable(getattr(importlib.import_module(module), name))
+        assert callable(lesson.launch_plan_function())
 
 
 def test_lessons_are_numbered_in_order_and_resolvable():

@@ -70,24 +70,6 @@ def record_in_progress_store(record) -> None:
 
 
 # ------------------------------------------------------------------------------------ the view
-def launch_plan(lesson: str | None):
-    """The lesson's check of its own group size (its ``[run] launch_plan``: the capstone's dp·tp·pp ranks),
-    called before anything is launched as ``function(experiment_args, ranks_or_None, lesson_default, cuda)
-    -> ranks``, raising ValueError; None for a lesson whose group is just ``--gpus``/``--cpu``."""
-    from ..lessons.registry import UnknownLessonError, resolve_lesson
-
-    try:
-        spec = resolve_lesson(lesson).run.launch_plan if lesson else None
-    except UnknownLessonError:
-        return None
-    if not spec:
-        return None
-    import importlib
-
-    module, name = spec.split(":")
-    return getattr(importlib.import_module(module), name)
-
-
 def lesson_view(lesson: str | None):
     """The lesson's own view of a run, drawn under the common one (its ``[run] terminal``), or None."""
     from ..lessons.registry import UnknownLessonError, resolve_lesson
@@ -289,7 +271,7 @@ def run_cmd(
         validate_nodes(nnodes, node_rank, master_addr, master_port, rdzv_backend, rdzv_id)
         validate_args(extra)
         placement = choose_placement(gpus=gpus, cpu=cpu, default_nproc=default_ranks)
-        plan = launch_plan(chosen.id)
+        plan = chosen.launch_plan_function()
         if plan is not None:
             given = cpu if cpu is not None else gpus
             cuda = placement.device == "cuda"
