@@ -144,8 +144,8 @@ def tp_decode(cfg, w, prompts, n, ref, ctx) -> dict:
     sh = DecoderShard(cfg, w, tp_rank=rank, tp_size=W, device=ctx.device)
     on_token = (lambda step, t: ev.emit("tokens", mode="tp", step=step, tokens=t.tolist())) if rank == 0 else None
     r = generate(sh, prompts, n, on_token=on_token)
-    counted = generate(DecoderShard(cfg, w, tp_rank=rank, tp_size=W, device=ctx.device), prompts,
-                       min(n, METERED_TOKENS), meter=CommMeter())
+    sh.cache = None  # the metered decode: a fresh cache on the same shard (no second copy of the weights)
+    counted = generate(sh, prompts, min(n, METERED_TOKENS), meter=CommMeter())
     B, s = prompts.shape
     tokens = B * (s + n - 1)
     formula = f7.kv_cache_total(cfg.layers, cfg.group_heads, cfg.head_dim, sh.store.k.element_size(), tokens, tp=W)
@@ -172,8 +172,8 @@ def pp_decode(cfg, w, prompts, n, ref, ctx, microbatches: int) -> dict:
     on_token = (lambda step, g, t: ev.emit("tokens", mode="pp", step=step, seqs=g, tokens=t.tolist())) \
         if rank == W - 1 else None
     r = generate_pp(sh, prompts, n, stage=rank, stages=W, microbatches=microbatches, on_token=on_token)
-    counted = generate_pp(DecoderShard(cfg, w, layer_range=rng, device=ctx.device), prompts,
-                          min(n, METERED_TOKENS), stage=rank, stages=W, microbatches=microbatches,
+    sh.cache = None  # the metered decode: a fresh cache on the same shard (no second copy of the weights)
+    counted = generate_pp(sh, prompts, min(n, METERED_TOKENS), stage=rank, stages=W, microbatches=microbatches,
                           meter=CommMeter())
     B, s = prompts.shape
     tokens = B * (s + n - 1)
@@ -209,9 +209,9 @@ def mesh_decode(cfg, w, prompts, n, ref, ctx, tp: int, pp: int, microbatches: in
     on_token = (lambda step, g, t: ev.emit("tokens", mode="tp-pp", step=step, seqs=g, tokens=t.tolist())) \
         if last_stage_lead else None
     r = generate_pp(sh, prompts, n, stage=stage, stages=pp, microbatches=microbatches, on_token=on_token, pipe=pipe)
-    sh2, pipe2, _ = mesh_shard(cfg, w, mesh, device=ctx.device)
-    counted = generate_pp(sh2, prompts, min(n, METERED_TOKENS), stage=stage, stages=pp, microbatches=microbatches,
-                          pipe=pipe2, meter=CommMeter())
+    sh.cache = None  # the metered decode: a fresh cache on the same shard (no second copy of the weights)
+    counted = generate_pp(sh, prompts, min(n, METERED_TOKENS), stage=stage, stages=pp, microbatches=microbatches,
+                          pipe=pipe, meter=CommMeter())
     B, s = prompts.shape
     tokens = B * (s + n - 1)
     formula = f7.kv_cache_bytes_per_token(len(sh.layers), sh.kv_local, cfg.head_dim, sh.store.k.element_size()) * tokens
