@@ -517,7 +517,9 @@ class Checkpointer:
         self.folder = CheckpointFolder(root)
         self.rank, self.world_size, self.form, self.keep = rank, world_size, form, keep
         self._pending: threading.Thread | None = None  # the asynchronous save in flight
+        self._pending_info: SaveInfo | None = None
         self._async_error: BaseException | None = None
+        self._group = None  # the background saves' own gloo group, made on the first one
 
     # -- save ----------------------------------------------------------------------------------
     def save(self, state: TrainingState) -> SaveInfo:
@@ -533,13 +535,8 @@ class Checkpointer:
                 mine["shared.pt"] = write_checked(tmp / "shared.pt", to_bytes(state.shared()))
         else:
             mine = self._dcp_save(state, tmp)
-        files: dict[str, dict] = {}
-        for part in _gather(mine):
-            files.update(part)
-        info = SaveInfo(step, str(self.folder.final(step)), sum(f["bytes"] for f in files.values()), 0.0, self.form)
-        if self.rank == 0:
-            self.folder.publish(step, files, {"form": self.form, "world_size": self.world_size})
-            info.pruned = self.folder.prune(self.keep)
+        info = SaveInfo(step, str(self.folder.final(step)), 0, 0.0, self.form)
+        self._publish(info, mine, {"form": self.form, "world_size": self.world_size})
         _barrier()  # every rank returns once the checkpoint exists
         info.seconds = time.perf_counter() - t0
         return info
@@ -560,7 +557,6 @@ class Checkpointer:
         once this rank's files are written, before they are published (fault injection).
         """
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
 
         t0 = time.perf_counter()
         self.wait()
@@ -569,8 +565,7 @@ class Checkpointer:
             self.folder.begin(step)
         _barrier()
         tmp = self.folder.tmp(step)
-        model_sd, optim_sd = get_state_dict(state.model, state.optimizer)
-        sd = self._dcp_layout(state, model_sd, optim_sd, state.per_rank())
+        sd = self._dcp_state(state)
         group = self._async_group()
         kwargs = {"process_group": group} if group is not None else {}
         future = dcp.async_save(sd, checkpoint_id=str(tmp), **kwargs)
@@ -581,16 +576,8 @@ class Checkpointer:
                 future.result()  # type: ignore[union-attr]  # torch stubs: async_save returns a Future here
                 if on_written is not None:
                     on_written(step)
-                mine = {p.name: file_digest(p) for p in sorted(tmp.glob(f"__{self.rank}_*.distcp"))}
-                if self.rank == 0 and (tmp / ".metadata").is_file():
-                    mine[".metadata"] = file_digest(tmp / ".metadata")
-                files: dict[str, dict] = {}
-                for part in _gather(mine, group):
-                    files.update(part)
-                info.bytes = sum(f["bytes"] for f in files.values())
-                if self.rank == 0:
-                    self.folder.publish(step, files, {"form": "dcp", "mode": "async", "world_size": self.world_size})
-                    info.pruned = self.folder.prune(self.keep)
+                self._publish(info, self._dcp_digests(tmp),
+                              {"form": "dcp", "mode": "async", "world_size": self.world_size}, group)
                 info.written_s, info.published_t = time.perf_counter() - t0, time.time()
             except BaseException as exc:  # noqa: BLE001 - re-raised by wait() in the training thread
                 self._async_error = exc
@@ -604,7 +591,7 @@ class Checkpointer:
 
     def wait(self) -> SaveInfo | None:
         """Block until the asynchronous save in flight (if any) is published; its info."""
-        pending, self._pending = getattr(self, "_pending", None), None
+        pending, self._pending = self._pending, None
         if pending is None:
             return None
         pending.join()
@@ -617,30 +604,48 @@ class Checkpointer:
         dist = _dist()
         if dist is None:
             return None
-        if getattr(self, "_group", None) is None:
+        if self._group is None:
             self._group = dist.new_group(backend="gloo")
         return self._group
 
+    def _publish(self, info: SaveInfo, mine: dict[str, dict], meta: dict, group=None) -> None:
+        """Gather every rank's file digests; rank 0 writes the manifest, renames the folder into
+        place and prunes old checkpoints. Fills ``info.bytes`` (and ``info.pruned`` on rank 0)."""
+        files: dict[str, dict] = {}
+        for part in _gather(mine, group):
+            files.update(part)
+        info.bytes = sum(f["bytes"] for f in files.values())
+        if self.rank == 0:
+            self.folder.publish(info.step, files, meta)
+            info.pruned = self.folder.prune(self.keep)
+
     def _dcp_save(self, state: TrainingState, tmp: Path) -> dict[str, dict]:
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model_sd, optim_sd = get_state_dict(state.model, state.optimizer)
-        sd = self._dcp_layout(state, model_sd, optim_sd, state.per_rank())
-        dcp.save(sd, checkpoint_id=str(tmp))
+        dcp.save(self._dcp_state(state), checkpoint_id=str(tmp))
+        return self._dcp_digests(tmp)
+
+    def _dcp_digests(self, tmp: Path) -> dict[str, dict]:
+        """This rank's shard files of a DCP checkpoint (and rank 0's ``.metadata``), by digest."""
         mine = {p.name: file_digest(p) for p in sorted(tmp.glob(f"__{self.rank}_*.distcp"))}
         if self.rank == 0 and (tmp / ".metadata").is_file():
             mine[".metadata"] = file_digest(tmp / ".metadata")
         return mine
 
-    def _dcp_layout(self, state: TrainingState, model_sd: dict, optim_sd: dict, mine: dict) -> dict:
+    def _dcp_state(self, state: TrainingState) -> dict:
+        """The state as DCP saves and loads it. ``get_state_dict`` gives the full structure (with
+        the optimizer's state entries) to load into; a fresh optimizer's own ``state_dict()`` has
+        none, and DCP would restore nothing."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_sd, optim_sd = get_state_dict(state.model, state.optimizer)
         # per-rank state under a per-rank key: under one shared key DCP would keep one rank's copy
         return {"model": model_sd, "optim": optim_sd,
                 "scheduler": state.scheduler.state_dict() if state.scheduler is not None else None,
                 "scaler": state.scaler.state_dict() if state.scaler is not None else None,
                 # one opaque object: DCP loads only the keys the template already has
                 "train": {"step": int(state.step), "extra": json.dumps(state.extra)},
-                f"rank{self.rank}": mine}
+                f"rank{self.rank}": state.per_rank()}
 
     # -- resume --------------------------------------------------------------------------------
     def find(self) -> Found:
@@ -677,16 +682,9 @@ class Checkpointer:
 
     def _dcp_load(self, state: TrainingState, path: str, skip: Iterable[str]) -> None:
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import (
-            get_state_dict,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
-        # get_state_dict gives the full structure (with optimizer state entries) to load into;
-        # a fresh optimizer's own state_dict() has none, and DCP would restore nothing
-        model_sd, optim_sd = get_state_dict(state.model, state.optimizer)
-        sd = self._dcp_layout(state, model_sd, optim_sd, state.per_rank())
+        sd = self._dcp_state(state)
         dcp.load(sd, checkpoint_id=path)
         skip = set(skip)
         if "model" not in skip:
