@@ -47,15 +47,27 @@ class UsageError(ValueError):
 Body = Callable[[Any, argparse.Namespace], Any]
 
 
+# the size flags of every experiment's GPT (GPTConfig's fields, as the calculators name them)
+MODEL_OPTIONS = {"hidden": "hidden size h", "heads": "attention heads", "layers": "Transformer blocks",
+                 "vocab": "vocabulary size", "seq": "sequence length"}
+
+
 def add_model_options(parser: argparse.ArgumentParser, *, hidden: int, heads: int, layers: int, vocab: int,
                       seq: int) -> None:
     """``--hidden --heads --layers --vocab --seq``: the size of the GPT an experiment trains (the
     fields of :class:`~distai.engine.model.GPTConfig`, as the calculators name them), with this
     experiment's defaults."""
-    for name, default, what in (("hidden", hidden, "hidden size h"), ("heads", heads, "attention heads"),
-                                ("layers", layers, "Transformer blocks"), ("vocab", vocab, "vocabulary size"),
-                                ("seq", seq, "sequence length")):
-        parser.add_argument(f"--{name}", type=int, default=default, help=f"{what} (default {default})")
+    defaults = {"hidden": hidden, "heads": heads, "layers": layers, "vocab": vocab, "seq": seq}
+    for name, what in MODEL_OPTIONS.items():
+        parser.add_argument(f"--{name}", type=int, default=defaults[name], help=f"{what} (default {defaults[name]})")
+
+
+def model_config(args: argparse.Namespace, **fields):
+    """The GPT of the size flags :func:`add_model_options` added (``fields`` add or override
+    some: ``dropout``, ``ffn``, another ``hidden``); ModelConfigError on a shape it cannot build."""
+    from .model import GPTConfig
+
+    return GPTConfig(**{**{name: getattr(args, name) for name in MODEL_OPTIONS}, **fields})
 
 
 def _report_error(exc: BaseException, events: EventSink | None) -> None:

@@ -32,7 +32,7 @@ import time
 
 from ...lessons.lesson1 import formulas
 from ...lessons.units import UnitError, format_bandwidth, format_time, parse_bytes
-from ..experiment import Progress, add_model_options, checkpoint, exit_with, run_experiment
+from ..experiment import Progress, add_model_options, checkpoint, exit_with, model_config, run_experiment
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -78,13 +78,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.iters is not None and args.iters < 1:
         p.error("--iters must be >= 1")
     return args
-
-
-def model_config(args: argparse.Namespace):
-    """The GPT the ``train`` phase trains (its size flags are GPTConfig's fields)."""
-    from ..model import GPTConfig
-
-    return GPTConfig(vocab=args.vocab, hidden=args.hidden, heads=args.heads, layers=args.layers, seq=args.seq)
 
 
 def sweep_sizes(lo: int, hi: int) -> list[int]:

@@ -74,8 +74,15 @@ import torch.distributed as dist
 
 from ..checkpoint import Checkpointer, ResumableSampler, TrainingState, read_checked, write_checked
 from ..events import EVENTS_DIR_ENV, read_events
-from ..experiment import UsageError, add_model_options, exit_with, max_over_ranks, run_experiment
-from ..model import GPT, DropoutMasks, GPTConfig, ModelConfigError, lm_loss, make_batch
+from ..experiment import (
+    UsageError,
+    add_model_options,
+    exit_with,
+    max_over_ranks,
+    model_config,
+    run_experiment,
+)
+from ..model import GPT, DropoutMasks, ModelConfigError, lm_loss, make_batch
 
 FORGETTABLE = ("rng", "rng.torch", "rng.numpy", "rng.python", "sampler", "optimizer", "scheduler", "scaler")
 
@@ -137,8 +144,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.samples < 1 or args.batch < 1 or not 0.0 <= args.noise <= 1.0:
         p.error("--samples and --batch must be at least 1, --noise between 0 and 1")
     try:
-        args.model = GPTConfig(vocab=args.vocab, hidden=args.hidden, heads=args.heads, layers=args.layers,
-                               seq=args.seq, dropout=args.dropout)
+        args.model = model_config(args, dropout=args.dropout)
     except ModelConfigError as exc:
         p.error(str(exc))
     if args.at_step is None:

@@ -46,7 +46,15 @@ import torch.distributed as dist
 from ...lessons.lesson4.formulas import activation_bytes_per_layer, tp_comm_per_layer
 from ...lessons.units import format_bytes
 from ..comm_trace import traced_step
-from ..experiment import Progress, UsageError, add_model_options, exit_with, max_over_ranks, run_experiment
+from ..experiment import (
+    Progress,
+    UsageError,
+    add_model_options,
+    exit_with,
+    max_over_ranks,
+    model_config,
+    run_experiment,
+)
 from ..metering import CommMeter, SavedActivationMeter
 from ..model import GPT, DropoutMasks, GPTConfig, ModelConfigError, make_batch
 from ..tensor_parallel import (
@@ -342,8 +350,7 @@ def run(ctx, args: argparse.Namespace) -> dict:
     ev, T, rank = ctx.events, ctx.world_size, ctx.rank
     torch.set_num_threads(1) if ctx.device.type == "cpu" and T > 1 else None
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    cfg = GPTConfig(hidden=args.hidden, heads=args.heads, ffn=args.ffn, vocab=args.vocab,
-                    layers=args.layers, seq=args.seq, dropout=args.dropout)
+    cfg = model_config(args, ffn=args.ffn, dropout=args.dropout)
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise UsageError(f"unknown mode {bad[0]!r}; choose from {', '.join(MODES)}")

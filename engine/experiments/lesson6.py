@@ -57,9 +57,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ...lessons.lesson6 import formulas as FM
 from ...lessons.lesson6.simulation import exponent_histogram
 from ..bucketing import BucketedDataParallel, StepTimeline, ddp_timed_allreduce_hook
-from ..experiment import Progress, add_model_options, device_sync, exit_with, run_experiment
+from ..experiment import Progress, add_model_options, device_sync, exit_with, model_config, run_experiment
 from ..loss_scaling import DynamicLossScaler, MasterWeightOptimizer
-from ..model import GPT, GPTConfig, ModelConfigError, lm_loss, make_batch
+from ..model import GPT, ModelConfigError, lm_loss, make_batch
 
 MODES = ("overlap", "no-overlap", "ddp")
 
@@ -110,10 +110,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     try:
-        args.model = GPTConfig(vocab=args.vocab, hidden=args.hidden, heads=args.heads, layers=args.layers,
-                               seq=args.seq)
-        args.dp_model = GPTConfig(vocab=args.vocab, hidden=args.dp_hidden, heads=args.heads,
-                                  layers=args.dp_layers, seq=args.seq)
+        args.model = model_config(args)
+        args.dp_model = model_config(args, hidden=args.dp_hidden, layers=args.dp_layers)
     except ModelConfigError as exc:
         p.error(str(exc))
     if not args.caps or any(c <= 0 for c in args.caps):
