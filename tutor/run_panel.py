@@ -155,7 +155,7 @@ class RunPanelScreen(Screen):
         self._mount_visualizer()
         self.set_interval(self.drain_interval, self._drain)
         if self.replay_record is not None:
-            self.lesson_view = self.lesson.terminal_view(self.language) if self.view.terminal else None
+            self.lesson_view = self.lesson.terminal_view(self.language)
             self.query_one("#run-title", Static).update(
                 translated("run", "title", self.language, n=self.lesson.number, title=self.lesson.title[self.language])
                 + " · " + translated("run", "replay", self.language, id=self.replay_record.id))
@@ -192,7 +192,7 @@ class RunPanelScreen(Screen):
             self.query_one("#run-status", Static).update(Text(translated("run", "unavailable", self.language), style="yellow"))
             return
         self.state = RunState()
-        self.lesson_view = self.lesson.terminal_view(self.language) if self.view.terminal else None
+        self.lesson_view = self.lesson.terminal_view(self.language)
         self._recorded_start = False
         self.stop_lines_hidden = 0
         self.query_one("#run-log", RichLog).clear()
