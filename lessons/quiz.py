@@ -212,10 +212,6 @@ def check_answer(q: Question, text) -> Check:
         return Check(False, False, None, f"could not read the answer ({type(exc).__name__})")
 
 
-def _msg(q: Question, en: str, es: str) -> str:
-    return es if q.lang == "es" else en
-
-
 def _check(q: Question, text) -> Check:
     if text is None:
         text = ""
@@ -223,7 +219,7 @@ def _check(q: Question, text) -> Check:
         text = str(text)
     s = text.strip()
     if not s:
-        return Check(False, False, None, _msg(q, "no answer given", "sin respuesta"))
+        return Check(False, False, None, translated("quiz", "no_answer", q.lang))
     if q.is_choice:
         n = len(q.choices)
         idx = None
@@ -238,14 +234,14 @@ def _check(q: Question, text) -> Check:
                     idx = i
         if idx is None:
             return Check(False, False, None,
-                         _msg(q, f"answer with a number from 1 to {n}", f"responde con un número del 1 al {n}"))
+                         translated("quiz", "choose_option", q.lang, n=n))
         return Check(idx == q.answer, True, idx, "")
     values = _candidates(s, q)
     if not values:
         hint = q.unit or {"bytes": "GB", "seconds": "s", "bandwidth": "GB/s"}.get(q.quantity, "")
         return Check(False, False, None,
-                     _msg(q, f"could not read {s[:40]!r} as a number" + (f" (e.g. 12.5 {hint})" if hint else ""),
-                          f"no se pudo leer {s[:40]!r} como número" + (f" (p. ej. 12,5 {hint})" if hint else "")))
+                     translated("quiz", "unreadable_with_unit" if hint else "unreadable", q.lang, text=repr(s[:40]),
+                                example=f"{units.format_number(12.5, 3, q.lang)} {hint}"))
     for v in values:
         if _close(v, q.answer, q):
             return Check(True, True, v, "")
