@@ -1,0 +1,178 @@
+"""Lesson 9 formulas: long context, context parallelism and ring attention.
+
+Sources:
+- Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models",
+  arXiv:2205.05198, Sec. 4 and Table 2: activations per layer ``s·b·h·(34 + 5·a·s/h)`` bytes
+  (16-bit, with dropout masks); the ``5·a·s/h`` term is the attention scores, softmax and dropout.
+- Dao et al., "FlashAttention", NeurIPS 2022: the scores are never stored (recomputed tile by tile
+  in the backward from the row statistics), which removes the ``5·a·s/h`` term.
+- Milakov & Gimelshein, "Online normalizer calculation for softmax", arXiv:1805.02867, 2018: the
+  running maximum and sum that merge partial softmaxes exactly.
+- Liu, Zaharia & Abbeel, "Ring Attention with Blockwise Transformers for Near-Infinite Context",
+  arXiv:2310.01889, 2023: the K/V ring; compute hides the transfer once each block is large enough.
+- Llama Team, AI @ Meta, "The Llama 3 Herd of Models", arXiv:2407.21783, 2024, Sec. 3.3.2 and
+  Table 4: context parallelism by all-gathering K/V (with GQA, 8 K/V heads for 128 query heads),
+  the load-balanced 2·CP chunk layout, and the long-context stage of Llama 3 405B: 131,072-token
+  sequences on 16,384 H100s as TP 8 × CP 16 × PP 16 × DP 8 at 380 TFLOP/s per GPU.
+- Ring and all-gather costs in the alpha-beta model: :mod:`distai.lessons.lesson1.formulas`.
+
+The engine's own activation count (:func:`model_activation_bytes_per_layer`) is what the course's
+GPT (``engine/model.py``) saves for backward, checked against the measurement of a real run.
+Sizes are in bytes, times in seconds. Pure Python.
+"""
+from __future__ import annotations
+
+import math
+
+from ..lesson2.formulas import _count
+from . import ring_schedule as plan
+
+# Llama 3 405B (Llama 3 paper, Table 3) and its long-context stage (Sec. 3.3.2, Table 4)
+LLAMA3_405B = {"layers": 126, "hidden": 16384, "heads": 128, "kv_heads": 8, "ffn": 53248, "vocab": 128256}
+LLAMA3_LONG = {"seq": 131072, "tp": 8, "cp": 16, "pp": 16, "dp": 8, "gpus": 16384, "tflops": 380}
+
+
+def _cp_degree(cp: int, seq: int) -> int:
+    c = _count(cp, "the context-parallel size")
+    if seq % c:
+        raise ValueError(f"sequence {seq} is not divisible by the context-parallel size {c}")
+    return c
+
+
+def activation_bytes_per_layer(seq: int, micro_batch: int, hidden: int, heads: int, cp: int = 1, tp: int = 1,
+                               flash: bool = False) -> float:
+    """Activation bytes one transformer layer stores per GPU (Korthikanti Table 2 with tensor and
+    sequence parallelism of degree ``tp``), each GPU holding ``seq/cp`` tokens:
+    ``(s/cp)·b·h/t·(34 + 5·a·s/h)``. Each GPU's queries still meet all ``s`` keys, so the score
+    term keeps one full ``s``. ``flash``: the scores are never stored, ``(s/cp)·b·h·34/t``."""
+    s = _count(seq, "the sequence length")
+    b = _count(micro_batch, "the micro-batch size")
+    h = _count(hidden, "the hidden size")
+    a = _count(heads, "the number of heads")
+    c = _cp_degree(cp, s)
+    t = _count(tp, "the tensor-parallel size")
+    scores = 0.0 if flash else 5 * a * s / h
+    return s / c * b * h / t * (34 + scores)
+
+
+def activation_bytes_per_gpu(layers: int, seq: int, micro_batch: int, hidden: int, heads: int, cp: int = 1,
+                             tp: int = 1, pp: int = 1, flash: bool = False) -> float:
+    """The activations of one GPU's ``layers/pp`` layers for one micro-batch (Korthikanti's count)."""
+    per_stage = math.ceil(_count(layers, "the number of layers") / _count(pp, "the pipeline size"))
+    return per_stage * activation_bytes_per_layer(seq, micro_batch, hidden, heads, cp, tp, flash)
+
+
+def score_bytes(seq: int, micro_batch: int, heads: int, cp: int = 1, tp: int = 1, elem_bytes: float = 2) -> float:
+    """The softmax probabilities of one layer per GPU: ``b·(a/t)·(s/cp)·s`` scores."""
+    s = _count(seq, "the sequence length")
+    return _count(micro_batch, "the micro-batch size") * heads / tp * s / _cp_degree(cp, s) * s * elem_bytes
+
+
+def kv_block_bytes(seq: int, micro_batch: int, kv_heads: int, head_dim: int, cp: int, elem_bytes: float = 2,
+                   tp: int = 1) -> float:
+    """One rank's K and V for one layer: ``2·b·(s/cp)·(g/t)·d`` elements, what one ring hop carries."""
+    s = _count(seq, "the sequence length")
+    g = _count(kv_heads, "the number of K/V heads")
+    return 2 * _count(micro_batch, "the micro-batch size") * s / _cp_degree(cp, s) * max(1, g // tp) * \
+        _count(head_dim, "the head dimension") * elem_bytes
+
+
+def cp_comm_per_layer(seq: int, micro_batch: int, kv_heads: int, head_dim: int, cp: int, variant: str = "ring",
+                      elem_bytes: float = 2, tp: int = 1) -> dict:
+    """What one rank sends per layer for attention under context parallelism.
+
+    Ring: the forward passes the K/V block ``cp − 1`` hops; the backward passes it again
+    ``cp − 1`` hops and its gradient ``cp`` hops (one hop behind its block, the last one home).
+    All-gather (Llama 3): an all-gather of the K/V in the forward, again in the backward, and a
+    reduce-scatter of their gradients, each ``(cp − 1)/cp`` of the ``cp`` blocks per rank.
+    Returns the block's bytes, the messages and bytes per rank in each direction, and the total.
+    """
+    if variant not in plan.VARIANTS:
+        raise ValueError(f"variant must be one of {', '.join(plan.VARIANTS)}, not {variant!r}")
+    block = kv_block_bytes(seq, micro_batch, kv_heads, head_dim, cp, elem_bytes, tp)
+    c = _cp_degree(cp, seq)
+    if variant == "ring":
+        fwd_msgs, bwd_msgs = c - 1, (c - 1) + (c if c > 1 else 0)
+        fwd, bwd = (c - 1) * block, bwd_msgs * block
+    else:
+        fwd_msgs, bwd_msgs = (1, 2) if c > 1 else (0, 0)
+        fwd, bwd = (c - 1) * block, 2 * (c - 1) * block
+    return {"block_bytes": block, "forward_messages": fwd_msgs, "backward_messages": bwd_msgs,
+            "forward_bytes_per_rank": fwd, "backward_bytes_per_rank": bwd, "total_bytes_per_rank": fwd + bwd}
+
+
+def ring_step_flops(seq: int, micro_batch: int, hidden: int, cp: int, tp: int = 1) -> float:
+    """Forward attention FLOPs of one ring step on one rank, load-balanced: ``QKᵀ`` and ``PV`` over
+    half of an ``(s/cp) × (s/cp)`` block, ``2 · 2·b·(s/cp)²·(h/t) / 2 = 2·b·(s/cp)²·h/t``."""
+    s = _count(seq, "the sequence length")
+    n = s / _cp_degree(cp, s)
+    return 2 * _count(micro_batch, "the micro-batch size") * n * n * _count(hidden, "the hidden size") / tp
+
+
+def ring_overlap(seq: int, micro_batch: int, hidden: int, kv_heads: int, head_dim: int, cp: int, flops: float,
+                 alpha: float, beta: float, elem_bytes: float = 2, tp: int = 1) -> dict:
+    """Does a ring hop hide behind one step's attention? compute ``ring_step_flops / flops`` vs
+    the hop ``α + block·β``; ``min_tokens``: the shard length ``s/cp`` above which it hides
+    (``2·b·n²·h/t/F ≥ α + 2·b·n·(g/t)·d·e·β``, solved for ``n``)."""
+    compute = ring_step_flops(seq, micro_batch, hidden, cp, tp) / flops
+    block = kv_block_bytes(seq, micro_batch, kv_heads, head_dim, cp, elem_bytes, tp)
+    hop = alpha + block * beta
+    b, g = micro_batch, max(1, kv_heads // tp)
+    quad, lin = 2 * b * hidden / tp / flops, 2 * b * g * head_dim * elem_bytes * beta
+    min_tokens = (lin + math.sqrt(lin * lin + 4 * quad * alpha)) / (2 * quad)
+    return {"compute_s": compute, "hop_s": hop, "hidden": compute >= hop, "min_tokens": min_tokens,
+            "shard_tokens": seq / cp}
+
+
+def online_softmax_merge(m1: float, l1: float, o1: float, m2: float, l2: float, o2: float) -> dict:
+    """Merge two partial softmax results of one query row: running maxima ``m``, sums
+    ``l = Σ exp(score − m)`` and unnormalised outputs ``o = Σ exp(score − m)·v``.
+    ``m = max(m1, m2)``, ``l = l1·e^(m1−m) + l2·e^(m2−m)``, likewise ``o``; the output is ``o/l``."""
+    m = max(m1, m2)
+    w1, w2 = math.exp(m1 - m), math.exp(m2 - m)
+    l, o = l1 * w1 + l2 * w2, o1 * w1 + o2 * w2
+    return {"m": m, "l": l, "o": o, "out": o / l, "lse": m + math.log(l)}
+
+
+def partial_softmax(scores: list[float], values: list[float]) -> dict:
+    """One block's partial result for one query row: ``m``, ``l`` and ``o`` of its scores."""
+    m = max(scores)
+    weights = [math.exp(x - m) for x in scores]
+    return {"m": m, "l": sum(weights), "o": sum(w * v for w, v in zip(weights, values))}
+
+
+def idle_fraction(cp: int, layout: str = "contiguous", seq: int | None = None) -> float:
+    """The share of rank-steps a causal ring spends waiting (each step lasts as long as its busiest
+    rank); ``seq`` defaults to a long one, where the contiguous layout tends to ``(cp−1)/(2cp−1)``."""
+    c = _count(cp, "the context-parallel size")
+    return plan.idle_fraction(seq if seq is not None else 2 * c * 4096, c, layout)
+
+
+def model_activation_bytes_per_layer(tokens: int, hidden: int, heads: int, kv_heads: int, ffn: int,
+                                     elem_bytes: float, rope: bool = False, seq: int | None = None,
+                                     batch: int = 1) -> float:
+    """What one block of the course's GPT (LayerNorm, GeLU) saves for backward for ``tokens``
+    tokens on a rank: the two norms' inputs and outputs, ``q``, ``k``, ``v``, the attention output,
+    the MLP's two ``ffn``-wide tensors, and the attention core's row statistics (``heads`` per
+    token); with ``rope`` the unrotated ``q`` and ``k`` too. ``seq``: the whole sequence of a core
+    that forms the probabilities (one process): ``batch·heads·seq²`` of them, the causal mask
+    (``seq²`` bytes) and, with grouped-query attention, the K/V expanded to every head."""
+    kv = kv_heads * (hidden // heads)
+    per_token = 4 * hidden + hidden + 2 * kv + hidden + 2 * ffn + (hidden + kv if rope else 0)
+    if seq is None:
+        return tokens * (per_token + heads) * elem_bytes
+    expanded = 2 * hidden if kv_heads != heads else 0
+    return tokens * (per_token + expanded) * elem_bytes + batch * heads * seq * seq * elem_bytes + seq * seq
+
+
+def llama3_long_context(dtype_bytes: float = 2) -> dict:
+    """Llama 3 405B's 128K stage, per GPU: the layers and tokens each GPU holds, its activations
+    per micro-batch with and without CP (flash attention), and the GPUs the layout uses."""
+    m, r = LLAMA3_405B, LLAMA3_LONG
+    with_cp = activation_bytes_per_gpu(m["layers"], r["seq"], 1, m["hidden"], m["heads"], r["cp"], r["tp"], r["pp"],
+                                       flash=True)
+    without = activation_bytes_per_gpu(m["layers"], r["seq"], 1, m["hidden"], m["heads"], 1, r["tp"], r["pp"],
+                                       flash=True)
+    return {"gpus": r["tp"] * r["cp"] * r["pp"] * r["dp"], "tokens_per_gpu": r["seq"] // r["cp"],
+            "layers_per_gpu": math.ceil(m["layers"] / r["pp"]), "with_cp_bytes": with_cp,
+            "without_cp_bytes": without}
