@@ -69,13 +69,13 @@ class Option:
         if text is None or self.kind == "flag":
             return text
         if self.kind == "choice":
-            value = str(text).strip().lower()
-            if value not in self.choices:
+            choice = str(text).strip().lower()
+            if choice not in self.choices:
                 raise CalcError(f"{self.flag}: unknown value {text!r}; choose one of {', '.join(self.choices)}")
-            return value
+            return choice
         text = str(text)
         try:
-            value = _PARSERS[self.kind](text)
+            value: float = _PARSERS[self.kind](text)
         except ValueError as exc:
             raise CalcError(f"{self.flag}: {exc}") from None
         minimum = 1 if self.kind == "whole" and self.minimum is None else self.minimum

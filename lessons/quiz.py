@@ -87,7 +87,7 @@ QUANTITIES = ("bytes", "seconds", "count", "fraction", "number", "bandwidth", "c
 LETTERS = "abcdefgh"
 
 # Units a question may ask in, with their factor to the base unit.
-_HINT_FACTORS = {
+_HINT_FACTORS: dict[str, dict[str, float]] = {
     "bytes": {"B": 1, "kB": 1e3, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
               "KiB": 2 ** 10, "MiB": 2 ** 20, "GiB": 2 ** 30, "TiB": 2 ** 40},
     "seconds": {"s": 1, "ms": 1e-3, "µs": 1e-6, "us": 1e-6, "min": 60, "h": 3600, "d": 86400},
@@ -123,7 +123,7 @@ class Question:
     def answer_text(self) -> str:
         """The right answer, formatted in the question's language."""
         if self.is_choice:
-            return f"{self.answer + 1}. {self.choices[self.answer]}"
+            return f"{self.answer + 1}. {self.choices[int(self.answer)]}"
         return format_value(self.answer, self.quantity, self.unit, self.lang, integer=self.integer)
 
     def tolerance_text(self) -> str:
@@ -405,6 +405,9 @@ class Kind:
         except KeyError:
             raise KeyError(f"{package}/quiz.toml has no [{self.name}.{lang}] {key}") from None
         if isinstance(template, dict):
+            if self.variant is None:
+                raise KeyError(f"{package}/quiz.toml [{self.name}.{lang}] {key} is a table by variant, "
+                               f"and kind {self.name!r} names no variant")
             template = template[str(fields[self.variant])]
         fmt = _Formatter(lang, question_texts(package).get("terms", {}).get(lang))
         if isinstance(template, list):
@@ -421,7 +424,7 @@ class Numeric(Kind):
     parameters it names) in base units; ``wrong`` names the formulas a learner might confuse it
     with, which the tolerance must reject over the whole parameter space (tested)."""
 
-    answer: Callable[..., float] = None  # type: ignore[assignment]
+    answer: Callable[..., float] = field(kw_only=True)
     quantity: str = "number"
     unit: str = ""
     tolerance: float = DEFAULT_TOLERANCE

@@ -268,6 +268,7 @@ def format_bytes(n: float, binary: bool = False, digits: int = 3, lang: str = "e
     """``16640625000`` → ``16.6 GB`` (``16,6 GB`` in Spanish); ``binary=True`` → ``15.5 GiB``."""
     if n is None:
         return "—"
+    steps: list[tuple[float, str]]
     if binary:
         steps = [(1 << 50, "PiB"), (1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"), (1, "B")]
     else:

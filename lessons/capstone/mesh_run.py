@@ -74,10 +74,10 @@ class MeshRun:
         """Fold one event; True when it changed what there is to draw."""
         kind = event.get("kind")
         if kind == "run_start":
-            self.__init__()
+            MeshRun.__init__(self)
             return True
         if kind == "mesh_config":
-            self.__init__()
+            MeshRun.__init__(self)
             self.shape = (int(event["pp"]), int(event["dp"]), int(event["tp"]))
             self.config = {k: v for k, v in event.items() if k not in ("kind", "ranks", "t")}
             self.coords = {int(r[0]): (int(r[1]), int(r[2]), int(r[3])) for r in event.get("ranks") or ()}

@@ -150,6 +150,8 @@ def shape_reason(model: ModelSpec, cluster: Cluster, tp: int, pp: int) -> str:
 def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, optimizer: str = "adam") -> Config:
     """Fill in ``c``'s memory, time and MFU, or its ``reason`` when it is infeasible."""
     tp, pp, dp, b, v = c.tp, c.pp, c.dp, c.microbatch, c.chunks
+    if b is None or v is None or c.zero is None or c.recompute is None:
+        raise ValueError(f"evaluate needs the microbatch, ZeRO stage, recomputation and chunks of {c}")
     try:
         m = f.microbatches_per_replica(global_batch, dp, b)
     except ValueError as exc:
@@ -276,8 +278,7 @@ def plan(model: ModelSpec, cluster: Cluster, global_batch: int, optimizer: str =
         f.stage_layers(model.layers, pp)  # its ValueError explains the division
     if dp is not None and global_batch % dp:
         raise ValueError(f"--dp {dp} does not divide the global batch of {global_batch} sequences")
-    fixed = [v for v in (tp, pp, dp) if v is not None]
-    if len(fixed) == 3 and tp * pp * dp != n:
+    if tp is not None and pp is not None and dp is not None and tp * pp * dp != n:
         raise ValueError(f"tp·pp·dp = {tp}·{pp}·{dp} = {tp * pp * dp} is not the {n} GPUs")
     feasible: list[Config] = []
     rejected: list[Config] = []

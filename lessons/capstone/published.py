@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
+from typing import TypedDict
 
 from . import formulas as f
 from . import planner as pl
@@ -37,9 +38,19 @@ from . import planner as pl
 # no tensor or pipeline parallelism and overlaps its all-reduce, so its 137 TFLOP/s (counted with
 # recomputation) of 312 is the kernels' own fraction of peak. The other runs are predicted from it.
 A100_2021_EFFICIENCY = 137e12 / 312e12
-A100 = dict(flops=312e12, intra_bandwidth=300e9, inter_bandwidth=25e9,  # Selene (DGX A100)
+
+
+class Hardware(TypedDict, total=False):
+    """A GPU's and its network's figures, as :class:`~.planner.Cluster` keywords."""
+    flops: float
+    intra_bandwidth: float
+    inter_bandwidth: float
+    efficiency: float
+
+
+A100: Hardware = dict(flops=312e12, intra_bandwidth=300e9, inter_bandwidth=25e9,  # Selene (DGX A100)
             efficiency=A100_2021_EFFICIENCY)
-H100 = dict(flops=989e12, intra_bandwidth=450e9, inter_bandwidth=50e9)  # Meta's Grand Teton, 400 Gb/s RoCE
+H100: Hardware = dict(flops=989e12, intra_bandwidth=450e9, inter_bandwidth=50e9)  # Meta's Grand Teton, 400 Gb/s RoCE
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ class RingRun:
         """Take one event; True if it changed what the run says (a ``run_start`` starts afresh)."""
         kind = event.get("kind")
         if kind == "run_start":
-            self.__init__(run_id=event.get("run_id"))  # type: ignore[misc]
+            RingRun.__init__(self, run_id=event.get("run_id"))
         elif kind == "ring_step":
             return self.add_ring_step(event) is not None
         elif kind == "sweep":

@@ -29,7 +29,7 @@ class ShardingRun:
         """Take one event; True if it changed what the run says (a ``run_start`` starts afresh)."""
         kind = event.get("kind")
         if kind == "run_start":
-            self.__init__(run_id=event.get("run_id"))  # type: ignore[misc]
+            ShardingRun.__init__(self, run_id=event.get("run_id"))
         elif kind == "phase" and event.get("name") == "setup":
             self.setup = {k: event.get(k) for k in SETUP_FIELDS}
         elif kind == "memory" and event.get("rank", 0) == 0:

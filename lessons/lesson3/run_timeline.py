@@ -67,7 +67,7 @@ class RunTimeline:
         number = int(a) if isinstance(a, int) else self._current
         if kind == "run_start":
             if not e.get("relaunch") and (self.attempts or self.run_id not in (None, e.get("run_id"))):
-                self.__init__()  # a new run
+                RunTimeline.__init__(self)  # a new run: every field back to its default
             self.run_id = e.get("run_id")
             self.status = "running"
         elif kind == "run_end":
@@ -115,11 +115,11 @@ class RunTimeline:
 
     @property
     def failures(self) -> list[dict]:
-        return [self.attempts[n].failure for n in sorted(self.attempts) if self.attempts[n].failure]
+        return [f for n in sorted(self.attempts) if (f := self.attempts[n].failure)]
 
     @property
     def restarts(self) -> list[dict]:
-        return [self.attempts[n].restart for n in sorted(self.attempts) if self.attempts[n].restart]
+        return [r for n in sorted(self.attempts) if (r := self.attempts[n].restart)]
 
     @property
     def redone_steps(self) -> int:

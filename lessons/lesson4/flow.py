@@ -115,7 +115,7 @@ def block_flow(sequence_parallel: bool = False) -> list[Stage]:
 
 def collectives(sequence_parallel: bool = False) -> list[tuple[str, str, str]]:
     """``(phase, op, site)`` of every collective one layer runs, in order."""
-    return [(s.phase, s.op, s.site) for s in block_flow(sequence_parallel) if s.op]
+    return [(s.phase, s.op, s.site) for s in block_flow(sequence_parallel) if s.op and s.site]
 
 
 def count_collectives(stages: list[Stage], phase: str | None = None) -> dict[str, int]:

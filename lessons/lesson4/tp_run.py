@@ -27,7 +27,7 @@ class TPRun:
         """Take one event; True if it changed what the run says (a ``run_start`` starts afresh)."""
         kind = event.get("kind")
         if kind == "run_start":
-            self.__init__(run_id=event.get("run_id"))  # type: ignore[misc]
+            TPRun.__init__(self, run_id=event.get("run_id"))
         elif kind == "config" and all(k in event for k in ("T", "hidden", "seq", "micro_batch")):
             self.t = int(event["T"])
             self.shape = {"hidden": int(event["hidden"]), "seq": int(event["seq"]),

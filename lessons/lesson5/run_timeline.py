@@ -43,9 +43,9 @@ class PipelineRun:
         start afresh)."""
         kind = event.get("kind")
         if kind == "run_start":
-            self.__init__()  # type: ignore[misc]
+            PipelineRun.__init__(self)
         elif kind == "pp_config":
-            self.__init__(p=int(event["p"]), m=int(event["m"]), v=int(event.get("v", 1)))  # type: ignore[misc]
+            PipelineRun.__init__(self, p=int(event["p"]), m=int(event["m"]), v=int(event.get("v", 1)))
         elif kind == "pp_op" and self.p:
             op = sim.Op(event["op"], int(event["mb"]), int(event.get("chunk", 0)), int(event["stage"]))
             rank = int(event.get("rank", int(event["stage"]) % self.p))

@@ -29,7 +29,7 @@ A 64-stage, 1024-microbatch 1F1B simulation takes a fraction of a second.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from .formulas import (
     SCHEDULES,
@@ -337,6 +337,10 @@ class Action:
     message: Message | None = None
 
 
+# a rank's plan as check_comm_plan walks it: a block of work, or a batch of messages posted together
+PlanStep = tuple[Literal["compute"], Op] | tuple[Literal["batch"], list[Message]]
+
+
 def comm_plan(timeline: Timeline) -> list[list[Action]]:
     """Each rank's compute blocks interleaved with the sends and receives it posts.
 
@@ -366,7 +370,8 @@ def comm_plan(timeline: Timeline) -> list[list[Action]]:
 
 def exchanges(plan_for_rank: list[Action]) -> list[list[Action]]:
     """Consecutive sends and receives of a rank's plan, posted together as one batch."""
-    groups, current = [], []
+    groups: list[list[Action]] = []
+    current: list[Action] = []
     for action in plan_for_rank:
         if action.kind == "compute":
             if current:
@@ -390,48 +395,52 @@ def check_comm_plan(plan: list[list[Action]]) -> None:
     recvs: dict[tuple[int, int], list[Message]] = {}
     for r, rank_plan in enumerate(plan):
         for a in rank_plan:
+            if a.message is None:  # a block of work
+                continue
             if a.kind == "send":
                 sends.setdefault((r, a.message.dst), []).append(a.message)
             elif a.kind == "recv":
                 recvs.setdefault((a.message.src, r), []).append(a.message)
     for pair in set(sends) | set(recvs):
         if sends.get(pair, []) != recvs.get(pair, []):
-            a, b = pair
-            raise ScheduleDeadlock(f"rank {a} sends to rank {b} in a different order than rank {b} "
+            src, dst = pair
+            raise ScheduleDeadlock(f"rank {src} sends to rank {dst} in a different order than rank {dst} "
                                    f"receives: messages would be paired wrongly")
     # a rank's plan as alternating compute blocks and batches
-    steps: list[list[tuple[str, object]]] = []
+    steps: list[list[PlanStep]] = []
     for r, rank_plan in enumerate(plan):
-        seq, current = [], []
+        seq: list[PlanStep] = []
+        batch: list[Message] = []
         for a in rank_plan:
-            if a.kind == "compute":
-                if current:
-                    seq.append(("batch", current))
-                    current = []
+            if a.op is not None:
+                if batch:
+                    seq.append(("batch", batch))
+                    batch = []
                 seq.append(("compute", a.op))
-            else:
-                current.append(a.message)
-        if current:
-            seq.append(("batch", current))
+            elif a.message is not None:
+                batch.append(a.message)
+        if batch:
+            seq.append(("batch", batch))
         steps.append(seq)
-    n_stages = max((op.stage for rank_plan in plan for a in rank_plan if a.kind == "compute"
-                    for op in [a.op]), default=0) + 1
+    n_stages = max((a.op.stage for rank_plan in plan for a in rank_plan if a.op is not None), default=0) + 1
     pos = [0] * p
-    matched = [set() for _ in range(p)]  # messages of the current batch already matched
-    received = [set() for _ in range(p)]
+    matched: list[set[Message]] = [set() for _ in range(p)]  # messages of the current batch already matched
+    received: list[set[Message]] = [set() for _ in range(p)]
     progress = True
     while progress:
         progress = False
         for r in range(p):
             while pos[r] < len(steps[r]):
-                what, item = steps[r][pos[r]]
-                if what == "compute":
-                    need = _input_message(item, p, n_stages) if p > 1 else None
+                step = steps[r][pos[r]]
+                if step[0] == "compute":
+                    op = step[1]
+                    need = _input_message(op, p, n_stages) if p > 1 else None
                     if need is not None and need not in received[r]:
-                        raise ScheduleDeadlock(f"rank {r} runs {item} before receiving its input")
+                        raise ScheduleDeadlock(f"rank {r} runs {op} before receiving its input")
                     pos[r] += 1
                     progress = True
                     continue
+                item = step[1]
                 for msg in item:
                     if msg in matched[r]:
                         continue

@@ -35,7 +35,7 @@ class MixedPrecisionRun:
         """Take one event; True if it changed what the run says (a ``run_start`` starts afresh)."""
         kind = event.get("kind")
         if kind == "run_start":
-            self.__init__(run_id=event.get("run_id"))  # type: ignore[misc]
+            MixedPrecisionRun.__init__(self, run_id=event.get("run_id"))
         elif kind == "timeline":
             rank = event.get("rank", 0)
             if self.rank is None:

@@ -139,7 +139,7 @@ def decode_time_per_token(params: float, weight_bytes: float, kv_bytes_per_seq: 
 
 
 def tp_decode_comm_time(layers: int, hidden: int, batch: int, tp: int, alpha: float, beta: float,
-                        bytes_per_elem: int = 2) -> float:
+                        bytes_per_elem: float = 2) -> float:
     """Tensor-parallel all-reduce time per decoded token: 2 ring all-reduces of B·h elements per layer
     (Megatron-LM's g after attention and after the MLP): 2·L·ring_allreduce_time(B·h·bytes, t, α, β)."""
     L = _count(layers, "the number of layers")

@@ -737,7 +737,7 @@ def poisson_requests(n: int, rate_per_step: float, prompt_range=(8, 48), output_
     if system_prompt and not vocab:
         raise ValueError("a shared system prompt needs token ids (vocab)")
     rng = random.Random(seed)
-    system = [rng.randrange(vocab) for _ in range(system_prompt)] if system_prompt else []
+    system = [rng.randrange(vocab) for _ in range(system_prompt)] if system_prompt and vocab else []
     t = 0.0
     out = []
     for i in range(n):

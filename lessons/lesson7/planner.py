@@ -243,8 +243,8 @@ def plan(m: ModelSpec, hw: Hardware, wl: Workload) -> dict:
     if not 0 < hw.memory_util <= 1:
         raise ValueError("memory utilisation must be in (0, 1]")
     cands = [evaluate(m, hw, wl, tp, pp) for tp, pp, _r in enumerate_configs(hw.gpus)]
-    accepted = sorted([c for c in cands if c.accepted], key=lambda c: (-c.throughput_tokens_per_s, c.tpot_s))
-    order = {r: i for i, r in enumerate(REASONS)}
+    accepted = sorted([c for c in cands if c.accepted], key=lambda c: (-(c.throughput_tokens_per_s or 0), c.tpot_s))
+    order: dict[str | None, int] = {r: i for i, r in enumerate(REASONS)}
     rejected = sorted([c for c in cands if not c.accepted],
                       key=lambda c: (order[c.reason], -(c.throughput_tokens_per_s or 0), c.tp, c.pp))
     return {"accepted": accepted, "rejected": rejected, "best": accepted[0] if accepted else None}

@@ -38,7 +38,7 @@ class ServingRun:
         """Take one event; True if it changed what the run says (a ``run_start`` starts afresh)."""
         kind = event.get("kind")
         if kind == "run_start":
-            self.__init__(run_id=event.get("run_id"))  # type: ignore[misc]
+            ServingRun.__init__(self, run_id=event.get("run_id"))
         elif kind == "config" and "kv_heads" in event and "head_dim" in event:
             self.config = event
             self.shards, self.paged, self.contiguous = {}, [], []
