@@ -80,6 +80,7 @@ async def frame_cost(frames: int) -> dict:
     async with app.run_test(size=(120, 40)) as pilot:
         vis = app.query_one("#v")
         vis.n = 16
+        vis.progress = 0.5  # the pause draws this state (reactive): the loop's first frame is another
         await pilot.pause()
         steps = 2 * (16 - 1)
         for i in range(frames):

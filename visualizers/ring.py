@@ -10,9 +10,9 @@ has sent so far against 2(N−1)/N·S and the alpha-beta time so far; a comparis
 busiest link's bytes, the steps and the time of the ring, a binomial tree and the naive
 reduce-to-one + broadcast (``a`` animates those two with the same cells).
 
-Everything drawn comes from the pure models (``lessons/lesson1/ring_model.py``,
-``lessons/lesson1/baselines.py``) and formulas (``lessons/lesson1/formulas.py``), precomputed
-per (algorithm, N) and cached. ``feed_event`` takes the events of ``distai run lesson1`` (live or
+Everything drawn comes from the pure view model (``lessons/lesson1/ring_view.py``: the state, its
+moves and the figures, over the models ``ring_plan.py``, ``ring_model.py``, ``baselines.py`` and
+``formulas.py``), precomputed per (algorithm, N) and cached. ``feed_event`` takes the events of ``distai run lesson1`` (live or
 replayed by the tutor, which does the reading: this module does no I/O): the ``ring_step``
 events of a traced call replace the model's transfers with the ranks' own (checked against the
 model), and the ``sweep``/``fit`` events draw the bandwidth chart (``g``; :func:`sweep_chart`,
@@ -22,14 +22,29 @@ One widget, rendered as Rich ``Text`` (no child widgets); the controls line is c
 """
 from __future__ import annotations
 
-import math
-
 from rich.text import Text
 from textual import events
+from textual.reactive import reactive
 from textual.strip import Strip
 
-from ..lessons.lesson1 import formulas, ring_model
+from ..lessons.lesson1 import ring_view as rv
+from ..lessons.lesson1.ring_plan import (
+    NAIVE,  # noqa: F401 - the algorithms' names, for callers and tests
+    RING,
+    TREE,  # noqa: F401
+    Plan,
+    model_plan,  # noqa: F401 - the simulated plans, for callers and tests
+)
 from ..lessons.lesson1.ring_run import RecordedCall, RingRun
+from ..lessons.lesson1.ring_view import (  # noqa: F401 - the settings' range, for callers and tests
+    DEFAULT_ALPHA,
+    DEFAULT_BETA,
+    DEFAULT_SIZE,
+    N_MAX,
+    N_MIN,
+    SIZES,
+    RingState,
+)
 from ..lessons.strings import has, strings
 from ..lessons.units import format_bandwidth, format_plain, format_time
 from .base import PLAYBACK_CONTROLS, Control, wrap_words
@@ -48,27 +63,20 @@ from .ring_drawing import (
     text_strip,
     wrap_text,
 )
-from .ring_plan import (
-    ALGORITHMS,
-    NAIVE,  # noqa: F401 - the algorithms' names, for callers and tests
-    RING,
-    TREE,  # noqa: F401
-    Plan,
-    model_plan,
-    recorded_plan,
-)
+from .view_state import read_state, write_state
 
-N_MIN, N_MAX = 2, 16
-SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20, 10 ** 9, 4 * 10 ** 9)
-DEFAULT_SIZE = 10 ** 9
 DEFAULT_SPEED = 1.0  # steps per second
 FPS = 25  # the animation timer while playing (nothing runs while paused)
 PROGRESS_LEVELS = 16  # visible positions of a message on its way: a frame is drawn when one changes
-DEFAULT_ALPHA, DEFAULT_BETA = 5e-6, 4e-11  # the lesson's link: 5 µs, 25 GB/s
+_START = RingState()
 
-# ------------------------------------------------------------------------------------ the plans
+
 class RingVisualizer(PlaybackVisualizer):
-    """The ring all-reduce (and the tree and naive all-reduces it beats), step by step."""
+    """The ring all-reduce (and the tree and naive all-reduces it beats), step by step.
+
+    Its state is :class:`~distai.lessons.lesson1.ring_view.RingState`, one reactive attribute per
+    field (a change repaints; ``progress`` repaints when the message moves a visible position);
+    :class:`~distai.lessons.lesson1.ring_view.RingView` computes the next state and the figures."""
 
     can_focus = True
     TICK_S = 1 / FPS
@@ -86,66 +94,69 @@ class RingVisualizer(PlaybackVisualizer):
     STEP_SETTINGS = frozenset({"show", "algorithm", "ranks", "size_bytes", "alpha_s", "beta_s_per_byte", "start_at",
                                "stop_at", "play", "source", "emphasis"})
 
+    algorithm: reactive[str] = reactive(_START.algorithm)
+    n: reactive[int] = reactive(_START.n)
+    size_bytes: reactive[float] = reactive(_START.size_bytes)
+    alpha: reactive[float] = reactive(_START.alpha)
+    beta: reactive[float] = reactive(_START.beta)
+    frame: reactive[int] = reactive(_START.frame)
+    progress: reactive[float] = reactive(_START.progress, repaint=False)  # see watch_progress
+    stop_at: reactive[int | None] = reactive(_START.stop_at, repaint=False)
+    view: reactive[str] = reactive(_START.view)
+    source: reactive[str] = reactive(_START.source)
+    call: reactive[int | None] = reactive(_START.call)
+    caption_key: reactive[str | None] = reactive(_START.caption_key)
+    emphasis: reactive[str | None] = reactive(_START.emphasis)
+    follow_run: reactive[bool] = reactive(_START.follow_run, repaint=False)
+    run_version: reactive[int] = reactive(0)  # bumped by every event that changes what is drawn
+
     def __init__(self, language: str = "en", **kwargs):
         super().__init__(language=language, **kwargs)
-        self.algorithm = RING
-        self.n = 4
-        self.size_bytes: float = DEFAULT_SIZE
-        self.alpha, self.beta = DEFAULT_ALPHA, DEFAULT_BETA
+        self.model = rv.RingView()
         self.speed = DEFAULT_SPEED
-        self.frame = 0
-        self.progress = 0.0
-        self.stop_at: int | None = None
-        self.view = "ring"
-        self.source = "sim"  # or "run"
-        self.caption_key: str | None = None
-        self.emphasis: str | None = None  # the status line the step stresses: "bytes" or "time"
-        self.run = RingRun()
-        self.call: int | None = None
-        self.follow_run = True  # a new run's first traced call takes over the view
         self.frames_rendered = 0
-        self.run_version = 0  # bumped by every event that changes what is drawn
         self._strips: list[Strip] = []
         self._strips_key: tuple | None = None
         self._strip_cache: dict = {}
         self.hits: list[tuple[int, int, int, str]] = []  # (line, x0, x1, action)
-        self._plan_cache: tuple | None = None
 
-    # -- plan --------------------------------------------------------------------------------
+    def watch_progress(self, old: float, new: float) -> None:
+        if int(old * PROGRESS_LEVELS) != int(new * PROGRESS_LEVELS):
+            self.refresh()  # only when the message moved a visible position
+
+    # -- the state and what it shows (lessons/lesson1/ring_view.py) ------------------------------------
+    @property
+    def state(self) -> RingState:
+        return read_state(self, RingState)
+
+    @state.setter
+    def state(self, state: RingState) -> None:
+        write_state(self, state)
+
+    @property
+    def run(self) -> RingRun:
+        return self.model.run
+
     @property
     def recorded(self) -> RecordedCall | None:
-        if self.source != "run" or self.call is None:
-            return None
-        return self.run.calls.get(self.call)
+        return self.model.recorded(self.state)
 
     @property
     def plan(self) -> Plan:
-        rec = self.recorded
-        if rec is None:
-            return model_plan(self.algorithm, self.n)
-        key = (rec.call, len(rec.events), id(rec))
-        if self._plan_cache is None or self._plan_cache[0] != key:
-            self._plan_cache = (key, recorded_plan(rec))
-        return self._plan_cache[1]
+        return self.model.plan(self.state)
 
     @property
     def effective_n(self) -> int:
-        rec = self.recorded
-        return rec.n if rec is not None else self.n
+        return self.model.effective_n(self.state)
 
     @property
     def effective_size(self) -> float:
-        rec = self.recorded
-        return float(rec.size) if rec is not None else float(self.size_bytes)
+        return self.model.effective_size(self.state)
 
     @property
     def alpha_beta(self) -> tuple[float, float, bool]:
         """(α, β, from the run's fit?)"""
-        if self.recorded is not None:
-            fit = self.run.fit_params("ring")
-            if fit is not None:
-                return fit[0], fit[1], True
-        return self.alpha, self.beta, False
+        return self.model.alpha_beta(self.state)
 
     # -- public API (the lesson screen) ------------------------------------------------------------
     def show_step(self, step_key: str) -> None:
@@ -155,154 +166,64 @@ class RingVisualizer(PlaybackVisualizer):
         phase begins), ``play``, ``source = "run"`` (the learner's run, once one is loaded) and the
         status line to stress (``emphasis``: ``bytes`` or ``time``). A step's caption is
         ``captions.<step>`` in lessons/catalog/ring.toml."""
-        view = self.step_view(step_key)
-        self.caption_key = step_key if has("ring", f"captions.{step_key}") else None
-        self.emphasis = view.get("emphasis")
-        if not view:
-            self.refresh()
-            return
-        if "show" in view:
-            self.view = view["show"]
-            self.refresh()
-            return
-        self.view = "ring"
-        if view.get("source") == "run" and self.run.calls:
-            self.source = "run"
-            if self.call not in self.run.calls:
-                self.call = min(self.run.calls)
-        else:
-            self.source = "sim"
-        self.algorithm = view.get("algorithm", self.algorithm)
-        self.n = view.get("ranks", self.n)
-        self.size_bytes = view.get("size_bytes", self.size_bytes)
-        if "alpha_s" in view:
-            self.alpha, self.beta = view["alpha_s"], view["beta_s_per_byte"]
-        plan = self.plan
-        self.frame = plan.phases.index(view["start_at"]) if "start_at" in view else 0
-        self.stop_at = plan.phases.index(view["stop_at"]) if "stop_at" in view else None
-        self.progress = 0.0
-        self.playing = bool(view.get("play"))
-        self.refresh()
+        caption = step_key if has("ring", f"captions.{step_key}") else None
+        self.state = self.model.show_step(self.state, self.step_view(step_key), caption)
 
     def feed_event(self, event: dict) -> None:
         """Fold the event into the run (``lessons/lesson1/ring_run.py``); a new run's first traced
         call takes over the view."""
-        if not self.run.feed(event):
-            return
-        kind = event.get("kind")
-        if kind == "run_start":
-            self.follow_run = True
-            self._plan_cache = None
-            if self.source == "run":
-                self.source, self.call, self.frame, self.progress = "sim", None, 0, 0.0
-        elif kind == "ring_step":
-            rec = self.run.calls.get(int(event.get("call", 0)))
-            if rec is not None and self.follow_run and 2 <= rec.n <= N_MAX:
-                self.follow_run = False
-                self.source, self.call, self.view = "run", rec.call, "ring"
-                self.frame, self.progress, self.stop_at = 0, 0.0, None
-                self.playing = True
-        self.run_version += 1
-        self.refresh()
+        state = self.model.feed(self.state, event)
+        if state is not None:
+            self.state = state
+            self.run_version += 1
 
     # -- actions -----------------------------------------------------------------------------------
     # playback (visualizers/playback.py): a frame is one step, ``progress`` the way through it
     def at_end(self) -> bool:
-        return self.frame >= self.plan.total
+        return self.model.at_end(self.state)
 
     def rewind(self) -> None:
-        self.frame, self.progress = 0, 0.0
+        self.state = rv.rewound(self.state)
 
     def to_end(self) -> None:
-        plan = self.plan
-        self.frame, self.progress = min(plan.total, plan.ready), 0.0
+        self.state = self.model.to_end(self.state)
 
     def seek(self, frames: int) -> None:
-        plan = self.plan
-        self.stop_at = None
-        if frames < 0 and self.progress > 0:
-            self.progress = 0.0  # back to the start of the step under way
-        else:
-            self.frame = max(0, min(min(plan.total, plan.ready), self.frame + frames))
-            self.progress = 0.0
+        self.state = self.model.seek(self.state, frames)
 
     def advance(self, dt: float) -> bool:
-        plan = self.plan
-        seen = (self.frame, int(self.progress * PROGRESS_LEVELS))
-        playing = True
-        if self.frame >= plan.total:
-            playing = False
-        elif self.frame < plan.ready:  # a live run: wait for the ranks' next step
-            self.progress += dt
-            if self.progress >= 1.0:
-                self.frame += 1
-                self.progress = 0.0
-                if self.frame >= plan.total or self.frame == self.stop_at:
-                    playing, self.stop_at = False, None
-        if (self.frame, int(self.progress * PROGRESS_LEVELS)) != seen or not playing:
-            self.refresh()  # only when something visible moved
-        return playing
+        self.state = self.model.advance(self.state, dt)
+        return self.playing
 
     def action_play(self) -> None:
         if self.stop_at is not None and self.frame >= self.stop_at:
             self.stop_at = None
         super().action_play()
 
-    def _to_model(self) -> None:
-        if self.source == "run":
-            self.source = "sim"
-            self.frame, self.progress = 0, 0.0
-
     def action_ranks(self, delta: int) -> None:
-        self._to_model()
-        self.n = max(N_MIN, min(N_MAX, self.n + delta))
-        self.frame = min(self.frame, model_plan(self.algorithm, self.n).total)
-        self.progress, self.stop_at = 0.0, None
-        self.refresh()
+        self.state = self.model.ranks(self.state, delta)
 
     def action_size(self, delta: int) -> None:
-        self._to_model()
-        sizes = list(SIZES)
-        i = min(range(len(sizes)), key=lambda j: abs(math.log(sizes[j]) - math.log(self.size_bytes)))
-        self.size_bytes = sizes[max(0, min(len(sizes) - 1, i + delta))]
-        self.refresh()
+        self.state = rv.next_size(self.state, delta)
 
     def action_algorithm(self) -> None:
-        self._to_model()
-        self.view = "ring"
-        self.algorithm = ALGORITHMS[(ALGORITHMS.index(self.algorithm) + 1) % len(ALGORITHMS)]
-        self.frame, self.progress, self.stop_at = 0, 0.0, None
-        self.refresh()
+        self.state = rv.next_algorithm(self.state)
 
     def action_chart(self) -> None:
-        self.view = "ring" if self.view == "chart" else "chart"
-        self.refresh()
+        self.state = rv.toggle_chart(self.state)
 
     def action_load_run(self) -> None:
         self.post_message(self.ReplayRequested(self))
 
     def action_source(self) -> None:
-        if self.source == "run":
-            self._to_model()
-        elif self.run.calls:
-            self.source = "run"
-            self.view = "ring"
-            if self.call not in self.run.calls:
-                self.call = min(self.run.calls)
-            self.frame, self.progress, self.stop_at = 0, 0.0, None
-        else:
+        state = self.model.switch_source(self.state)
+        if state is None:
             self.post_message(self.ReplayRequested(self))
-        self.refresh()
+        else:
+            self.state = state
 
     def action_next_call(self) -> None:
-        if not self.run.calls:
-            return
-        calls = sorted(self.run.calls)
-        i = calls.index(self.call) if self.call in calls else -1
-        self.call = calls[(i + 1) % len(calls)] if self.source == "run" else calls[0]
-        self.source, self.view = "run", "ring"
-        self.frame, self.progress, self.stop_at = 0, 0.0, None
-        self.refresh()
+        self.state = self.model.next_call(self.state)
 
     # -- mouse -------------------------------------------------------------------------------------
     async def on_click(self, event: events.Click) -> None:
@@ -354,7 +275,8 @@ class RingVisualizer(PlaybackVisualizer):
     def build(self, width: int, height: int) -> tuple[list[Text], list[tuple[int, int, int, str]]]:
         """The lines to draw in ``width`` × ``height`` cells, and the clickable regions."""
         s = strings("ring", self.language)
-        controls, control_hits = self._controls(width)
+        state = self.state  # one snapshot for the whole frame
+        controls, control_hits = self._controls(state, width)
         keys = [Text(line, style="dim") for line in wrap_words(self.controls_hint(), width)]
         if self.view == "chart":
             body = sweep_chart(self.run.sweep, self.run.fits, width,
@@ -366,24 +288,24 @@ class RingVisualizer(PlaybackVisualizer):
         if n > N_MAX:
             msg = [Text(s["too_many"].format(n=n), style="yellow")]
             return self._assemble([msg, controls, keys], control_hits, 1)
-        plan = self.plan
-        frame = min(self.frame, plan.ready)
-        title = self._title(width)
+        plan = self.model.plan(state)
+        frame = self.model.shown_frame(state)
+        title = self._title(state, width)
         caption = []
         if self.caption_key and self.source == "sim":
             caption = [Text(line, style="italic") for line in wrap_words(s["captions"][self.caption_key], width)]
         header, rows = self._rows(plan, frame, width)
-        status = self._status(plan, frame, width)
+        status = self._status(state, plan, frame, width)
         base = len(title) + len(rows) + len(status) + len(controls)
         if base > height:  # short pane: the ranks on the left, the figures on the right?
             side_header, side_rows = self._rows(plan, frame, width - 33)
             side_row_w = max(line.cell_len for line in side_header + side_rows)
             if width - side_row_w - 3 >= 30:
-                controls, control_hits = self._controls(width, max_lines=1)
-                return self._side_by_side(plan, frame, width, height, title, side_header, side_rows,
+                controls, control_hits = self._controls(state, width, max_lines=1)
+                return self._side_by_side(state, plan, frame, width, height, title, side_header, side_rows,
                                           side_row_w, controls, control_hits, keys, caption)
         legend = self._legend(n, width)
-        compare = self._comparison(plan, frame, width)
+        compare = self._comparison(state, plan, frame, width)
         # what must show, then what fits, most useful first
         fixed = len(title) + len(status) + len(controls)
         room = height - fixed
@@ -392,7 +314,8 @@ class RingVisualizer(PlaybackVisualizer):
             keep = max(1, room - 1)
             shown_rows = rows[:keep] + [styled(s["more_ranks"].format(k=len(rows) - keep), "dim")]
         room -= len(shown_rows)
-        parts = {"header": [], "legend": [], "caption": [], "compare": [], "keys": [], "chart": []}
+        parts: dict[str, list[Text]] = {"header": [], "legend": [], "caption": [], "compare": [], "keys": [],
+                                        "chart": []}
         for name, block in (("header", header), ("legend", legend), ("caption", caption),
                             ("compare", compare)):
             if block and len(block) <= room:
@@ -413,7 +336,8 @@ class RingVisualizer(PlaybackVisualizer):
                 room -= 1
         blocks = [title, parts["caption"], parts["header"], shown_rows, parts["legend"], status,
                   parts["compare"], parts["chart"], controls, parts["keys"]]
-        spaced, controls_at = [], 0
+        spaced: list[list[Text]] = []
+        controls_at = 0
         for i, block in enumerate(blocks):
             if i == 8:
                 controls_at = len(spaced)
@@ -422,19 +346,19 @@ class RingVisualizer(PlaybackVisualizer):
                 spaced.append(gaps[i])
         return self._assemble(spaced, control_hits, controls_at)
 
-    def _side_by_side(self, plan, frame, width, height, title, header, rows, row_w, controls,
+    def _side_by_side(self, state, plan, frame, width, height, title, header, rows, row_w, controls,
                       control_hits, keys, caption):
         """A short, wide pane (the tutor at 80×24): the ranks on the left, the figures on the right."""
         s = strings("ring", self.language)
         side_w = width - row_w - 3
-        status = self._status(plan, frame, side_w)
+        status = self._status(state, plan, frame, side_w)
         body_h = max(1, height - len(title) - len(controls))
         left = list(header) + rows if len(rows) + len(header) <= body_h else rows
         if len(left) > body_h:
             keep = max(1, body_h - 1)
             left = rows[:keep] + [styled(s["more_ranks"].format(k=len(rows) - keep), "dim")]
         right = list(status)
-        for block in (self._comparison(plan, frame, side_w), self._legend(plan.n, side_w)):
+        for block in (self._comparison(state, plan, frame, side_w), self._legend(plan.n, side_w)):
             if len(right) + len(block) <= max(body_h, len(left)):
                 right += block
         h = min(body_h, max(len(left), len(right)))
@@ -463,10 +387,10 @@ class RingVisualizer(PlaybackVisualizer):
         return lines, hits
 
     # -- pieces ------------------------------------------------------------------------------------
-    def _title(self, width: int) -> list[Text]:
+    def _title(self, state: RingState, width: int) -> list[Text]:
         s, lang = strings("ring", self.language), self.language
         t = Text()
-        rec = self.recorded
+        rec = self.model.recorded(state)
         if rec is not None:
             t.append(s["run"], style=f"bold {RUN_COLOR}")
             label = (s["call_train"].format(k=rec.call) if rec.call < 1000 else s["call_sweep"])
@@ -479,64 +403,50 @@ class RingVisualizer(PlaybackVisualizer):
             t.append(f" · N = {self.n} · S = {fmt_bytes(self.size_bytes, lang)}")
         return wrap_text(t, width)
 
-    def _status(self, plan: Plan, frame: int, width: int) -> list[Text]:
+    def _status(self, state: RingState, plan: Plan, frame: int, width: int) -> list[Text]:
         s, lang = strings("ring", self.language), self.language
-        n, size = plan.n, self.effective_size
-        total = plan.total
+        st = self.model.status(state, frame)
+        size = self.model.effective_size(state)
         line1 = Text()
-        if frame > 0 and (frame >= total or plan.phases[frame - 1] != plan.phases[frame]):
-            before = plan.phases[frame - 1]
-            line1.append(s["phase"][before] + " ✓", style=PHASE_STYLE[before])
+        if st.finished_phase is not None:
+            line1.append(s["phase"][st.finished_phase] + " ✓", style=PHASE_STYLE[st.finished_phase])
             line1.append(" → ")
-        if frame >= total:
+        if st.phase is None:
             line1.append(s["done"], style="bold green")
         else:
-            phase = plan.phases[frame]
-            line1.append(s["phase"][phase], style=PHASE_STYLE[phase])
-        line1.append(" · " + s["step"].format(k=frame, total=total))
-        waiting = frame < total and frame >= plan.ready and self.recorded is not None
-        if waiting:
+            line1.append(s["phase"][st.phase], style=PHASE_STYLE[st.phase])
+        line1.append(" · " + s["step"].format(k=frame, total=st.total))
+        if st.waiting:
             line1.append(" · ")
-            line1.append(s["waiting"].format(ranks=",".join(map(str, plan.missing[frame]))), style="yellow")
+            line1.append(s["waiting"].format(ranks=",".join(map(str, st.waiting))), style="yellow")
         elif self.playing:
             more = " · " + s["playing"].format(speed=format_plain(self.speed, lang))
             if line1.cell_len + len(more) <= width:
                 line1.append(more, style="green")
-        alpha, beta, fitted = self.alpha_beta
-        algo = plan.algorithm
-        if algo == RING:
-            if self.recorded is not None:
-                lo, hi = fmt_bytes(min(plan.sent[frame]), lang), fmt_bytes(max(plan.sent[frame]), lang)
-                sent = hi if lo == hi else f"{lo}–{hi}"
-            else:
-                sent = fmt_units(ring_model.bytes_sent(size, n, frame), size, lang)
-            total_b = formulas.allreduce_bytes_per_rank(size, n, RING)
-            line2 = Text(s["sent_ring"].format(sent=sent, total=fmt_units(total_b, size, lang)))
-            msg = size / n
+        total_b = fmt_units(st.total_bytes, size, lang)
+        if st.busiest is not None:
+            line2 = Text(s["sent_busiest"].format(recv=fmt_units(st.busiest[0], size, lang),
+                                                  sent=fmt_units(st.busiest[1], size, lang), total=total_b))
+        elif st.sent_range is not None:
+            lo, hi = fmt_bytes(st.sent_range[0], lang), fmt_bytes(st.sent_range[1], lang)
+            line2 = Text(s["sent_ring"].format(sent=hi if lo == hi else f"{lo}–{hi}", total=total_b))
         else:
-            line2 = Text(s["sent_busiest"].format(
-                recv=fmt_units(plan.recv[frame][0] * size, size, lang),
-                sent=fmt_units(plan.sent[frame][0] * size, size, lang),
-                total=fmt_units(formulas.allreduce_bytes_per_rank(size, n, algo), size, lang)))
-            msg = size
-        done_steps = min(frame, total)
-        t_now = formulas.serial_messages_time(done_steps, msg, alpha, beta)
-        t_all = formulas.allreduce_time(size, n, alpha, beta, algo)
-        line3 = Text(s["time"].format(t=format_time(t_now, lang=lang), total=format_time(t_all, lang=lang)))
-        params = (s["time_fit"] if fitted else s["time_params"]).format(
-            a=format_time(alpha, lang=lang), bw=format_bandwidth(1 / beta, lang=lang) if beta > 0 else "∞")
+            line2 = Text(s["sent_ring"].format(sent=fmt_units(st.sent, size, lang), total=total_b))
+        line3 = Text(s["time"].format(t=format_time(st.time_now, lang=lang), total=format_time(st.time_all, lang=lang)))
+        params = (s["time_fit"] if st.fitted else s["time_params"]).format(
+            a=format_time(st.alpha, lang=lang), bw=format_bandwidth(1 / st.beta, lang=lang) if st.beta > 0 else "∞")
         line3.append(" " + params, style="dim")
-        out = []
         emphasis = self.emphasis if self.source == "sim" else None
         if emphasis == "bytes":
             line2.stylize("bold yellow")
         elif emphasis == "time":
             line3.stylize("bold yellow", 0, len(line3.plain) - len(params) - 1)
+        out = []
         for line in (line1, line2, line3):
             out.extend(wrap_text(line, width))
-        if self.recorded is not None:
-            ok = plan.mismatches == 0
-            out.append(Text(s["model_ok"] if ok else s["model_bad"].format(k=plan.mismatches),
+        if st.mismatches is not None:
+            ok = st.mismatches == 0
+            out.append(Text(s["model_ok"] if ok else s["model_bad"].format(k=st.mismatches),
                             style="green" if ok else "bold red"))
         return out
 
@@ -549,8 +459,8 @@ class RingVisualizer(PlaybackVisualizer):
         upcoming = frame < total and frame < plan.ready
         senders = plan.senders(frame) if upcoming else {}
         receivers = plan.receivers(frame) if upcoming else {}
-        nxt = plan.counts[frame + 1] if upcoming else None
         counts = plan.counts[frame]
+        nxt = plan.counts[frame + 1] if upcoming else counts  # what the receivers blend to
         blend = int(self.progress * 8) if upcoming else 0
         # the arrow after the cells: " c12 ─●──▶r3"
         label_w = 0 if plan.whole_buffer else len(f"c{n - 1}") + 1
@@ -616,16 +526,14 @@ class RingVisualizer(PlaybackVisualizer):
         t.append(suffix, style="dim")
         return [t]
 
-    def _comparison(self, plan: Plan, frame: int, width: int) -> list[Text]:
+    def _comparison(self, state: RingState, plan: Plan, frame: int, width: int) -> list[Text]:
         """Busiest link, steps and α-β time of ring, tree and naive for the same N and S."""
         s, lang = strings("ring", self.language), self.language
-        n, size = plan.n, self.effective_size
-        alpha, beta, _ = self.alpha_beta
-        figs = {a: (formulas.allreduce_bytes_per_rank(size, n, a), formulas.allreduce_steps(n, a),
-                    formulas.allreduce_time(size, n, alpha, beta, a)) for a in ALGORITHMS}
-        top = max(f[0] for f in figs.values()) or 1.0
-        texts = {a: (fmt_units(figs[a][0], size, lang), str(figs[a][1]), format_time(figs[a][2], lang=lang))
-                 for a in ALGORITHMS}
+        size = self.model.effective_size(state)
+        costs = self.model.comparison(state, frame)
+        top = max(c.link_bytes for c in costs) or 1.0
+        texts = {c.algorithm: (fmt_units(c.link_bytes, size, lang), str(c.steps), format_time(c.time, lang=lang))
+                 for c in costs}
         bw = max(len(t[0]) for t in texts.values())
         tw = max(len(t[2]) for t in texts.values())
         names = s["algorithm"]
@@ -634,17 +542,12 @@ class RingVisualizer(PlaybackVisualizer):
         out = [Text(s["cmp_head"], style="dim")] if len(s["cmp_head"]) <= width else []
         if bar_w < 4:
             bar_w = 0
-        for a in ALGORITHMS:
-            cur = a == plan.algorithm
+        for c in costs:
+            a, cur = c.algorithm, c.done_bytes is not None
             line = styled(("▸ " if cur else "  ") + names[a].ljust(name_w - 1), ALGO_STYLE[a] if cur else "")
             if bar_w:
-                full = figs[a][0] / top * bar_w
-                if cur:
-                    done_units = max(max(plan.sent[frame]), max(plan.recv[frame]))
-                    done_b = done_units if self.recorded is not None else done_units * size
-                    filled = min(full, done_b / top * bar_w)
-                else:
-                    filled = 0.0
+                full = c.link_bytes / top * bar_w
+                filled = min(full, c.done_bytes / top * bar_w) if c.done_bytes is not None else 0.0
                 cells = max(1, round(full))
                 lit = min(cells, round(filled))
                 line.append("█" * lit, style=ALGO_STYLE[a].replace("bold ", ""))
@@ -656,9 +559,10 @@ class RingVisualizer(PlaybackVisualizer):
             out.append(line)
         return out
 
-    def _controls(self, width: int, max_lines: int = 3) -> tuple[list[Text], list[tuple[int, int, int, str]]]:
+    def _controls(self, state: RingState, width: int,
+                  max_lines: int = 3) -> tuple[list[Text], list[tuple[int, int, int, str]]]:
         s = strings("ring", self.language)["controls"]
-        rec_run = self.recorded is not None
+        rec_run = self.model.recorded(state) is not None
         items = [(s["restart"], "restart"), (s["back"], "step(-1)"),
                  (s["pause"] if self.playing else s["play"], "play"), (s["fwd"], "step(1)"),
                  (s["slower"], "speed(-1)"), (s["faster"], "speed(1)"),

@@ -16,6 +16,8 @@ from ..lessons.units import format_bandwidth, format_time
 from .base import wrap_words
 from .ring_drawing import AR_COLOR, RUN_COLOR, fmt_bytes, styled
 
+Cell = tuple[str, str | None]  # a character of the plot and its style
+
 
 def sweep_chart(rows: list[dict], fits: dict[str, dict], width: int, height: int,
                 lang: str = "en") -> list[Text]:
@@ -25,19 +27,11 @@ def sweep_chart(rows: list[dict], fits: dict[str, dict], width: int, height: int
     Returns ``height`` lines at most, each at most ``width`` cells.
     """
     s = strings("ring", lang)["chart"]
-    lines: list[Text] = []
     pts = [r for r in rows if r.get("size") and r.get("ring_busbw") is not None]
     if not pts:
         return [Text(part, style="dim") for part in wrap_words(s["none"], width)][:height]
     legend = [Text(line) for line in wrap_words(s["legend"], width)]
-    fit_lines = []
-    for impl in ("ring", "all_reduce"):
-        f = fits.get(impl)
-        if f and isinstance(f.get("alpha_s"), (int, float)) and f.get("beta_s_per_byte"):
-            bw = 1 / f["beta_s_per_byte"] if f["beta_s_per_byte"] > 0 else None
-            fit_lines.append(Text(s["fit"].format(
-                impl=s["impl"][impl], a=format_time(f["alpha_s"], lang=lang),
-                bw="—" if bw is None else format_bandwidth(bw, lang=lang)), style="dim"))
+    fit_lines = _fit_lines(fits, s, lang)
     label_w = 10
     plot_w = max(8, width - label_w)
     plot_h = max(3, height - 3 - len(legend) - len(fit_lines))  # title, axis, x labels
@@ -49,17 +43,7 @@ def sweep_chart(rows: list[dict], fits: dict[str, dict], width: int, height: int
     def col(size: float) -> int:
         return max(0, min(plot_w - 1, round((math.log2(size) - lo) / span * (plot_w - 1))))
 
-    curves: dict[str, list[float | None]] = {}
-    for impl in ("ring", "all_reduce"):
-        f = fits.get(impl)
-        if not f or not isinstance(f.get("a_s"), (int, float)) or not isinstance(f.get("b_s_per_byte"), (int, float)):
-            continue
-        vals: list[float | None] = []
-        for c in range(plot_w):
-            size = 2 ** (lo + span * c / max(1, plot_w - 1))
-            t = f["a_s"] + f["b_s_per_byte"] * size
-            vals.append(formulas.busbw(size, t, int(f.get("n", n))) if t > 0 else None)
-        curves[impl] = vals
+    curves = _fitted_curves(fits, lo, span, plot_w, n)
     top = max([r["ring_busbw"] for r in pts] + [r.get("ar_busbw") or 0 for r in pts]
               + [v for vals in curves.values() for v in vals if v is not None])
     top = top * 1.05 if top > 0 else 1.0
@@ -67,7 +51,7 @@ def sweep_chart(rows: list[dict], fits: dict[str, dict], width: int, height: int
     def row_of(v: float) -> int:
         return max(0, min(plot_h - 1, plot_h - 1 - round(v / top * (plot_h - 1))))
 
-    grid: list[list[tuple[str, str | None]]] = [[(" ", None)] * plot_w for _ in range(plot_h)]
+    grid: list[list[Cell]] = [[(" ", None)] * plot_w for _ in range(plot_h)]
     for impl, colour in (("all_reduce", AR_COLOR), ("ring", RUN_COLOR)):
         for c, v in enumerate(curves.get(impl, [])):
             if v is not None and v <= top:
@@ -79,7 +63,7 @@ def sweep_chart(rows: list[dict], fits: dict[str, dict], width: int, height: int
         grid[row_of(r["ring_busbw"])][col(r["size"])] = ("●", f"bold {RUN_COLOR}")
     title = styled(s["title"], "bold")
     title.append(f"  N = {n}", style="dim")
-    lines.append(title)
+    lines = [title]
     for y in range(plot_h):
         label = ""
         if y == 0:
@@ -88,19 +72,8 @@ def sweep_chart(rows: list[dict], fits: dict[str, dict], width: int, height: int
             label = "0"
         elif y == (plot_h - 1) // 2:
             label = format_bandwidth(top * (plot_h - 1 - y) / (plot_h - 1), digits=2, lang=lang)
-        line = styled(f"{label:>{label_w - 2}} " + ("┤" if label else "│"), "dim")
-        run_ch, run_style = [], None
-        for ch, style in grid[y]:
-            if style != run_style and run_ch:
-                line.append("".join(run_ch), style=run_style)
-                run_ch = []
-            run_style = style
-            run_ch.append(ch)
-        if run_ch:
-            line.append("".join(run_ch), style=run_style)
-        lines.append(line)
-    axis = Text(" " * (label_w - 1) + "└" + "─" * plot_w, style="dim")
-    lines.append(axis)
+        lines.append(_plot_line(styled(f"{label:>{label_w - 2}} " + ("┤" if label else "│"), "dim"), grid[y]))
+    lines.append(Text(" " * (label_w - 1) + "└" + "─" * plot_w, style="dim"))
     xl = [" "] * plot_w
     for size in (sizes[0], sizes[len(sizes) // 2], sizes[-1]):
         lab = fmt_bytes(size, lang).replace(" ", "")
@@ -111,6 +84,51 @@ def sweep_chart(rows: list[dict], fits: dict[str, dict], width: int, height: int
     lines.extend(legend)
     lines.extend(fit_lines)
     return lines[:max(height, 1)]
+
+
+def _fit_lines(fits: dict[str, dict], s: dict, lang: str) -> list[Text]:
+    """One line per fitted implementation: its α and 1/β."""
+    out = []
+    for impl in ("ring", "all_reduce"):
+        f = fits.get(impl)
+        if f and isinstance(f.get("alpha_s"), (int, float)) and f.get("beta_s_per_byte"):
+            bw = 1 / f["beta_s_per_byte"] if f["beta_s_per_byte"] > 0 else None
+            out.append(Text(s["fit"].format(
+                impl=s["impl"][impl], a=format_time(f["alpha_s"], lang=lang),
+                bw="—" if bw is None else format_bandwidth(bw, lang=lang)), style="dim"))
+    return out
+
+
+def _fitted_curves(fits: dict[str, dict], lo: float, span: float, plot_w: int,
+                   n: int) -> dict[str, list[float | None]]:
+    """Per fitted implementation, the busbw of ``a + b·S`` at each column's size (None: t ≤ 0)."""
+    curves: dict[str, list[float | None]] = {}
+    for impl in ("ring", "all_reduce"):
+        f = fits.get(impl)
+        if not f or not isinstance(f.get("a_s"), (int, float)) or not isinstance(f.get("b_s_per_byte"), (int, float)):
+            continue
+        vals: list[float | None] = []
+        for c in range(plot_w):
+            size = 2 ** (lo + span * c / max(1, plot_w - 1))
+            t = f["a_s"] + f["b_s_per_byte"] * size
+            vals.append(formulas.busbw(size, t, int(f.get("n", n))) if t > 0 else None)
+        curves[impl] = vals
+    return curves
+
+
+def _plot_line(line: Text, cells: list[Cell]) -> Text:
+    """``line`` with the plot's ``cells`` appended, one span per run of the same style."""
+    run_ch: list[str] = []
+    run_style: str | None = None
+    for ch, style in cells:
+        if style != run_style and run_ch:
+            line.append("".join(run_ch), style=run_style)
+            run_ch = []
+        run_style = style
+        run_ch.append(ch)
+    if run_ch:
+        line.append("".join(run_ch), style=run_style)
+    return line
 
 
 class SweepChart(Widget):

@@ -13,8 +13,8 @@ from rich.text import Text
 from textual.strip import Strip
 
 from ..lessons.lesson1 import baselines, ring_model
+from ..lessons.lesson1.ring_plan import NAIVE, RING, TREE
 from ..lessons.units import format_bytes
-from .ring_plan import NAIVE, RING, TREE
 
 PHASE_STYLE = {ring_model.REDUCE_SCATTER: "bold magenta", ring_model.ALL_GATHER: "bold cyan",
                baselines.REDUCE: "bold magenta", baselines.BROADCAST: "bold cyan"}
@@ -54,7 +54,7 @@ def _mix(a, b, f: float):
 def cell_style(count: int, n: int, odd: bool = False, sending: bool = False,
                blend_to: int | None = None, blend: int = 0) -> Style:
     """Background by contributions (odd columns a shade darker, so neighbours stay apart)."""
-    rgb = count_rgb(count, n)
+    rgb: tuple[float, ...] = count_rgb(count, n)
     if blend_to is not None:
         rgb = _mix(rgb, count_rgb(blend_to, n), blend / 8)
     if odd:

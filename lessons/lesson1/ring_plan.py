@@ -1,19 +1,19 @@
-"""Lesson 1's visualizer, the model it plays back: every step's messages and what each rank holds.
+"""The all-reduce lesson 1's visualizer plays back: every step's messages and what each rank holds.
 
 A :class:`Plan` is an all-reduce laid out for drawing: per step the messages (:class:`Send`),
 and per frame (frame k = after k steps) the contributions each chunk of each rank holds and the
 bytes each rank has sent and received. :func:`model_plan` builds it from the pure models
-(``lessons/lesson1/ring_model.py`` for the ring, ``lessons/lesson1/baselines.py`` for the tree
-and the naive all-reduce); :func:`recorded_plan` from a real run's traced call
-(``lessons/lesson1/ring_run.py``), checked message by message against the model.
+(``ring_model.py`` for the ring, ``baselines.py`` for the tree and the naive all-reduce);
+:func:`recorded_plan` from a real run's traced call (``ring_run.py``), checked message by message
+against the model.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from ..lessons.lesson1 import baselines, ring_model
-from ..lessons.lesson1.ring_run import RecordedCall
+from . import baselines, ring_model
+from .ring_run import RecordedCall
 
 RING, TREE, NAIVE = "ring", "tree", "naive"
 ALGORITHMS = (RING, TREE, NAIVE)
@@ -108,13 +108,13 @@ def recorded_plan(rec: RecordedCall) -> Plan:
     for step in range(rec.total):
         phase = ring_model.phase_of(step, n)[0]
         phases.append(phase)
-        row = [rec.events.get((step, r)) for r in range(n)]
-        gone = [r for r, e in enumerate(row) if e is None]
+        row = {r: e for r in range(n) if (e := rec.events.get((step, r))) is not None}
+        gone = [r for r in range(n) if r not in row]
         missing.append(gone)
         if gone:
             break
         step_sends = []
-        for r, e in enumerate(row):
+        for r, e in row.items():
             chunk, dst = int(e.get("chunk", -1)), int(e.get("to", -1))
             if (chunk != ring_model.send_chunk(r, step, n) or dst != ring_model.right(r, n)
                     or int(e.get("recv_chunk", -1)) != ring_model.recv_chunk(r, step, n)):

@@ -1,0 +1,30 @@
+"""A visualizer's state, kept in its reactive attributes and handled as one value.
+
+The large visualizers keep what they show in a frozen dataclass of their lesson's view model
+(``lessons/lesson1/ring_view.py``'s ``RingState``, …), which computes the next state purely; the
+widget declares one Textual ``reactive`` per field, so a change repaints it (or runs its watcher)
+without a hand-written ``refresh()``. These two functions move a whole state in and out.
+"""
+from __future__ import annotations
+
+from dataclasses import fields
+from functools import cache
+from typing import Any, TypeVar
+
+State = TypeVar("State")
+
+
+def read_state(widget: Any, cls: type[State]) -> State:
+    """The widget's reactive attributes as a ``cls`` (a dataclass whose fields they are)."""
+    return cls(**{name: getattr(widget, name) for name in _names(cls)})
+
+
+def write_state(widget: Any, state: Any) -> None:
+    """Set the widget's reactive attributes from ``state``: only those that changed repaint."""
+    for name in _names(type(state)):
+        setattr(widget, name, getattr(state, name))
+
+
+@cache
+def _names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
