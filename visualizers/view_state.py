@@ -8,7 +8,6 @@ without a hand-written ``refresh()``. These two functions move a whole state in 
 from __future__ import annotations
 
 from dataclasses import fields
-from functools import cache
 from typing import Any, TypeVar
 
 State = TypeVar("State")
@@ -25,6 +24,11 @@ def write_state(widget: Any, state: Any) -> None:
         setattr(widget, name, getattr(state, name))
 
 
-@cache
+_NAMES: dict[type, tuple[str, ...]] = {}
+
+
 def _names(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
+    """The dataclass's field names (read once per class: a frame reads the state often)."""
+    if cls not in _NAMES:
+        _NAMES[cls] = tuple(f.name for f in fields(cls))
+    return _NAMES[cls]
