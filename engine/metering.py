@@ -137,6 +137,15 @@ def _storage_keys(x: Any) -> list[int]:
     return keys
 
 
+def _kept_bytes(x: Any, input_splits: Any, group: Any) -> int | None:
+    """The bytes of all-to-all input ``x`` that stay on this rank (its own split), or None when
+    the splits are even (empty): then every destination, itself included, gets 1/world of it."""
+    if not isinstance(x, torch.Tensor) or not input_splits or x.shape[0] == 0:
+        return None if not input_splits else 0
+    rank = group.rank() if group is not None else dist.get_rank()
+    return int(input_splits[rank]) * (_nbytes(x) // x.shape[0])
+
+
 def _named_group(name: Any) -> Any:
     """The process group a functional collective names (None: unknown, taken as the world)."""
     try:
@@ -176,10 +185,14 @@ class CommRecord:
     input_bytes: int = 0  # what this rank contributes: its shard for an all-gather, else the payload
     t0: float = 0.0  # wall-clock seconds when it was issued
     t1: float | None = None  # … and when it completed (None: not yet, or not observable)
+    kept_bytes: int | None = None  # an all-to-all's own slice (None: an even split, 1/world of it)
 
     @property
     def wire_bytes(self) -> float:
-        """Bytes one rank sends with the ring algorithm (the lessons' formulas)."""
+        """Bytes one rank sends with the ring algorithm (the lessons' formulas); an all-to-all
+        with uneven splits sends all but its own slice."""
+        if self.kept_bytes is not None:
+            return float(self.payload_bytes - self.kept_bytes)
         return ring_bytes_per_rank(self.op, self.payload_bytes, self.world)
 
 
@@ -251,11 +264,13 @@ class CommMeter(TorchDispatchMode):
         kwargs = kwargs or {}
         namespace = func.namespace
         if namespace == "c10d":
-            family, index, input_index = _C10D_OPS.get(func._overloadpacket.__name__, (None, 0, 0))
+            name = func._overloadpacket.__name__
+            family, index, input_index = _C10D_OPS.get(name, (None, 0, 0))
             if family is None:
                 return func(*args, **kwargs)
             group = _group_of(args)
-            record = self._record(family, group, _nbytes(args[index]), _nbytes(args[input_index]))
+            kept = _kept_bytes(args[1], args[4], group) if name == "alltoall_base_" else None
+            record = self._record(family, group, _nbytes(args[index]), _nbytes(args[input_index]), kept)
             out = func(*args, **kwargs)
             _time_completion(func, args, kwargs, out, record)
             return out
@@ -275,19 +290,24 @@ class CommMeter(TorchDispatchMode):
                 group = _named_group(kwargs.get("group_name", args[-1]))
                 sent_in = _nbytes(args[0])
                 payload = _nbytes(out) if family == "allgather" else sent_in
-                record = self._record(family, group, payload, sent_in)
+                kept = _kept_bytes(args[0], args[2], group) if family == "alltoall" else None
+                record = self._record(family, group, payload, sent_in, kept)
                 for key in _storage_keys(out):
                     self._in_flight[key] = record
             return out
         return func(*args, **kwargs)
 
-    def _record(self, family: str, group: Any, payload: int, input_bytes: int) -> CommRecord:
-        """Record, tagged and issued now, one op of c10d ``family`` on ``group`` (None: the world)."""
+    def _record(self, family: str, group: Any, payload: int, input_bytes: int,
+                kept_bytes: int | None = None) -> CommRecord:
+        """Record, tagged and issued now, one op of c10d ``family`` on ``group`` (None: the world);
+        ``kept_bytes``: an all-to-all's slice for this rank itself, which it does not send."""
         world = group.size() if group is not None else dist.get_world_size()
-        sent = sent_bytes_per_rank(family, payload, world, self.backend)
+        sent = (sent_bytes_per_rank(family, payload, world, self.backend) if kept_bytes is None
+                else float(payload - kept_bytes))
         layer, phase, site = _TAGS.get()
         record = CommRecord(_API_NAME[family], layer, phase, site, payload, sent, world,
-                            str(getattr(group, "group_name", "")) if group else "", input_bytes, time.time())
+                            str(getattr(group, "group_name", "")) if group else "", input_bytes, time.time(),
+                            kept_bytes=kept_bytes)
         self.records.append(record)
         if family != "recv":
             self.sent += sent
