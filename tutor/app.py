@@ -76,7 +76,7 @@ class DistaiApp(App):
             return
         context = "lesson" if isinstance(self.screen, LessonScreen) else "home"
         visualizer = getattr(self.screen, "visualizer", None)
-        keys = visualizer.key_help() if hasattr(visualizer, "key_help") else []
+        keys = visualizer.key_help() if visualizer is not None and hasattr(visualizer, "key_help") else []
         self.push_screen(HelpScreen(context, self.language, visualizer_keys=keys))
 
     async def action_toggle_language(self) -> None:

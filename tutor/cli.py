@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
+from typing import Any, Protocol, cast
 
 import typer
 
@@ -168,7 +170,7 @@ def run(
 # It must import nothing heavy (torch, numpy, textual) at module level: `distai --help` imports it.
 # Placeholder commands below are registered only for names no module claimed.
 COMMAND_MODULES = ("cli_calc", "cli_quiz", "cli_run", "cli_runs", "cli_doctor", "cli_slurm")
-_PLACEHOLDERS = {
+_PLACEHOLDERS: dict[str, tuple[Callable[..., None], dict[str, Any]]] = {
     "quiz": (quiz, {}),
     "run": (run, {"context_settings": {"allow_extra_args": True, "ignore_unknown_options": True}}),
 }
@@ -177,7 +179,10 @@ _PLACEHOLDERS = {
 def _registered_names() -> set[str]:
     names = set()
     for info in app.registered_commands:
-        names.add(info.name or info.callback.__name__.replace("_", "-"))
+        if info.name:
+            names.add(info.name)
+        elif info.callback is not None:
+            names.add(info.callback.__name__.replace("_", "-"))
     return names
 
 
@@ -199,6 +204,13 @@ def _load_command_modules() -> None:
 
 if __name__ != "__main__":  # `python -m distai.tutor.cli` delegates to the imported module
     _load_command_modules()
+
+
+class _ClickError(Protocol):
+    """What :func:`main` reads of a ClickException (of click, or of the copy Typer vendors)."""
+    exit_code: int
+
+    def format_message(self) -> str: ...
 
 
 def _click_exception_types() -> tuple[type, ...]:
@@ -233,11 +245,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as exc:  # click usage errors and the like
         if isinstance(exc, _click_exception_types()):
-            message = " ".join(exc.format_message().split())
+            error = cast(_ClickError, exc)
+            message = " ".join(error.format_message().split())
             ctx = getattr(exc, "ctx", None)
             hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
             typer.echo(f"distai: error: {message}{hint}", err=True)
-            return exc.exit_code
+            return error.exit_code
         raise
     return 0
 

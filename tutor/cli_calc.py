@@ -67,6 +67,7 @@ def _metavar(option) -> str | None:
 
 def _parameter(option) -> inspect.Parameter:
     names = (option.flag,) + ((option.short,) if option.short else ())
+    annotation: object
     if option.kind == "flag":
         annotation, default = bool, bool(option.default)
     else:
@@ -87,7 +88,8 @@ def command_for(calc: Calculator):
         run_calculator(calc, given, as_json)
 
     command.__name__ = calc.name.replace("-", "_")
-    command.__signature__ = inspect.Signature(params, return_annotation=None)
+    # what Typer reads (inspect.signature honours it, PEP 362); typeshed's functions do not declare it
+    command.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
     command.__annotations__ = {p.name: p.annotation for p in params}
     return command
 

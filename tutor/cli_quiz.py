@@ -46,8 +46,7 @@ def run_quiz(questions, store, session_lesson, lang: str, header: str) -> int:
     typer.echo(" ".join(tips + [T["howto_end"]]))
     n = len(questions)
     eof = False
-    while not session.finished:
-        q = session.current
+    while (q := session.current) is not None:
         typer.echo("")
         tol = "" if q.is_choice else " " + T["tolerance"].format(tol=q.tolerance_text())
         typer.echo(f"{T['q'].format(i=session.index + 1, n=n)}  {q.prompt}{tol}")
@@ -123,7 +122,7 @@ def quiz(
         raise CliError(T["need_lesson"])
     store = open_progress()
     try:
-        if review:
+        if review or chosen is None:  # (no lesson without --review was refused above)
             from .review import next_due, review_items, review_questions
 
             questions = review_questions(store, n, language, s, lesson_id=chosen.id if chosen else None)

@@ -17,10 +17,14 @@ from __future__ import annotations
 import json
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 import typer
 
 from .cli import CliError, app, lesson_or_fail
+
+if TYPE_CHECKING:
+    from rich.live import Live
 
 SPARK = "▁▂▃▄▅▆▇█"
 
@@ -82,12 +86,12 @@ def lesson_view(lesson: str | None):
 
 def render_state(state, title: str = "distai run", extra=None, width: int = 100):
     """A Rich renderable of a :class:`~distai.engine.run_state.RunState` (plus a lesson's own view)."""
-    from rich.console import Group
+    from rich.console import Group, RenderableType
     from rich.progress_bar import ProgressBar
     from rich.table import Table
     from rich.text import Text
 
-    parts = []
+    parts: list[RenderableType] = []
     head = Text()
     head.append(f"{title} ", style="bold")
     if state.run_id:
@@ -175,7 +179,7 @@ class TerminalView:
         self.title = title
         self.console = Console()
         self.live_enabled = self.console.is_terminal if live is None else live
-        self._live = None
+        self._live: Live | None = None
 
     def __enter__(self):
         if self.live_enabled:

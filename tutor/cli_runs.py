@@ -10,6 +10,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -40,7 +41,7 @@ def runs_list(
 
     wanted = lesson_or_fail(lesson).id if lesson else None
     runs = [settle_killed(r) for r in list_runs(runs_root()) if wanted is None or r.lesson == wanted][:max(0, limit)]
-    rows = [{"id": r.id, "lesson": r.lesson, "started": r.started, "status": r.effective_status,
+    rows: list[dict[str, Any]] = [{"id": r.id, "lesson": r.lesson, "started": r.started, "status": r.effective_status,
              "duration_s": r.duration_s, "nproc": r.config.get("nproc"), "device": r.config.get("device"),
              "error": r.error, "failed_rank": r.failed_rank, "last_step": r.last_step, "path": r.path}
             for r in runs]
@@ -79,6 +80,7 @@ def runs_show(
     except RunNotFound as exc:
         raise CliError(str(exc)) from None
     events = replay_events(record)
+    view: JsonView | TerminalView
     if as_json:
         view = JsonView()
     else:

@@ -33,7 +33,7 @@ class CodeSource:
         return f"{self.module}:{self.qualname} ({self.path.name}:{self.start_line})"
 
 
-def _children(node: ast.AST):
+def _children(node: ast.AST) -> list[ast.stmt]:
     return getattr(node, "body", [])
 
 
@@ -47,10 +47,10 @@ def _name_of(node: ast.AST) -> list[str]:
     return []
 
 
-def find_definition(tree: ast.Module, qualname: str) -> ast.AST | None:
+def find_definition(tree: ast.Module, qualname: str) -> ast.stmt | None:
     """The node defining ``qualname`` (``func``, ``Class``, ``Class.method``) in ``tree``."""
     scope: ast.AST = tree
-    found = None
+    found: ast.stmt | None = None
     for part in qualname.split("."):
         found = None
         # the last definition wins, as at run time

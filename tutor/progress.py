@@ -109,9 +109,9 @@ class ProgressStore:
     def _open_checked(self) -> sqlite3.Connection:
         existed = self.path.exists() and self.path.stat().st_size > 0
         conn = None
-        problem = None
         try:
             conn = self._connect()
+            problem = None
             if existed:
                 rows = conn.execute("PRAGMA quick_check").fetchall()
                 results = [r[0] for r in rows]
@@ -119,10 +119,10 @@ class ProgressStore:
                     problem = "; ".join(str(r) for r in results[:2])
             self._configure(conn)
             conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            if problem is None:
+                return conn
         except sqlite3.DatabaseError as exc:
             problem = str(exc)
-        if problem is None:
-            return conn
         if conn is not None:
             conn.close()
         if not existed:

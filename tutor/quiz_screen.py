@@ -9,6 +9,7 @@ then Enter; Enter again moves on. ``ctrl+n`` deals a new quiz, ``escape`` goes b
 from __future__ import annotations
 
 import random
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -21,6 +22,9 @@ from textual.widgets.option_list import Option
 from ..lessons.strings import translated
 from ..lessons.units import format_score
 from .screens.common import localize_bindings
+
+if TYPE_CHECKING:
+    from .review import QuizSession
 
 
 class QuizScreen(Screen):
@@ -47,7 +51,7 @@ class QuizScreen(Screen):
         self.lang = language if language in ("en", "es") else "en"
         self.count = count
         self.seed = seed
-        self.session = None
+        self.session: QuizSession | None = None  # built by new_quiz when the screen mounts
         self.mode = "asking"  # asking | feedback | done
 
     # -- layout ------------------------------------------------------------------------------
@@ -71,6 +75,13 @@ class QuizScreen(Screen):
     def store(self):
         return getattr(self.app, "store", None)
 
+    @property
+    def quiz(self) -> QuizSession:
+        """The quiz in progress."""
+        if self.session is None:
+            raise RuntimeError("the quiz screen has no quiz before it is mounted")
+        return self.session
+
     def new_quiz(self, seed: int | None = None) -> None:
         from ..lessons.quiz import build_quiz
         from .review import QuizSession
@@ -83,10 +94,13 @@ class QuizScreen(Screen):
         self.show_question()
 
     def show_question(self) -> None:
-        q = self.session.current
+        q = self.quiz.current
+        if q is None:  # every question answered
+            self.show_score()
+            return
         self.mode = "asking"
         self.query_one("#quiz-counter", Static).update(
-            translated("quiz_screen", "counter", self.lang, i=self.session.index + 1, n=len(self.session.questions), c=self.session.correct))
+            translated("quiz_screen", "counter", self.lang, i=self.quiz.index + 1, n=len(self.quiz.questions), c=self.quiz.correct))
         prompt = Text(q.prompt, style="bold")
         if not q.is_choice:
             prompt.append("\n" + translated("quiz_screen", "tolerance", self.lang, tol=q.tolerance_text()), style="dim")
@@ -106,7 +120,7 @@ class QuizScreen(Screen):
     def submit(self, text: str) -> None:
         """Check ``text`` against the current question (or move on after feedback)."""
         if self.mode == "feedback":
-            if self.session.finished:
+            if self.quiz.finished:
                 self.show_score()
             else:
                 self.show_question()
@@ -114,8 +128,11 @@ class QuizScreen(Screen):
         if self.mode == "done":
             self.new_quiz()
             return
-        q = self.session.current
-        out = self.session.answer(text)
+        q = self.quiz.current
+        if q is None:
+            self.show_score()
+            return
+        out = self.quiz.answer(text)
         feedback = self.query_one("#quiz-feedback", Static)
         if not out.final:
             feedback.update(Text(translated("quiz_screen", "again", self.lang, msg=out.check.message), style="yellow"))
@@ -134,15 +151,15 @@ class QuizScreen(Screen):
         box.value = ""
         box.placeholder = translated("quiz_screen", "placeholder_next", self.lang)
         self.query_one("#quiz-counter", Static).update(
-            translated("quiz_screen", "counter", self.lang, i=min(self.session.index, len(self.session.questions)),
-              n=len(self.session.questions), c=self.session.correct))
+            translated("quiz_screen", "counter", self.lang, i=min(self.quiz.index, len(self.quiz.questions)),
+              n=len(self.quiz.questions), c=self.quiz.correct))
 
     def show_score(self) -> None:
         self.mode = "done"
-        n = len(self.session.questions)
-        pct = format_score(self.session.correct / n, self.lang)
-        text = Text(translated("quiz_screen", "score", self.lang, c=self.session.correct, n=n, pct=pct), style="bold")
-        text.append(translated("quiz_screen", "saved", self.lang) if self.session.saved else translated("quiz_screen", "not_saved", self.lang))
+        n = len(self.quiz.questions)
+        pct = format_score(self.quiz.correct / n, self.lang)
+        text = Text(translated("quiz_screen", "score", self.lang, c=self.quiz.correct, n=n, pct=pct), style="bold")
+        text.append(translated("quiz_screen", "saved", self.lang) if self.quiz.saved else translated("quiz_screen", "not_saved", self.lang))
         self.query_one("#quiz-prompt", Static).update(text)
         self.query_one("#quiz-choices", OptionList).display = False
         self.query_one("#quiz-feedback", Static).update("")

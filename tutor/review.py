@@ -17,6 +17,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..lessons.quiz import Check, Question
 
 DAY = 86400.0
 INTERVALS = {1: 0.0, 2: 1 * DAY, 3: 3 * DAY, 4: 7 * DAY, 5: 21 * DAY}
@@ -102,7 +106,7 @@ MAX_INVALID = 3  # unreadable answers to one question before it counts as wrong
 class Outcome:
     """What happened to one answer: ``final`` is True when the question is settled (right, wrong, or
     too many unreadable answers); otherwise the same question should be asked again."""
-    check: object  # distai.lessons.quiz.Check
+    check: Check
     final: bool
     correct: bool
 
@@ -114,7 +118,7 @@ class QuizSession:
     review, which records the answers only). Used by ``distai quiz`` and the tutor's QuizScreen.
     """
 
-    def __init__(self, questions: list, store=None, session_lesson: str | None = None):
+    def __init__(self, questions: list[Question], store=None, session_lesson: str | None = None):
         self.questions = list(questions)
         self.store = store
         self.session_lesson = session_lesson
@@ -126,7 +130,7 @@ class QuizSession:
         self.saved = False
 
     @property
-    def current(self):
+    def current(self) -> Question | None:
         return self.questions[self.index] if self.index < len(self.questions) else None
 
     @property

@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 from rich.text import Text
@@ -34,6 +35,13 @@ from textual.widgets import Footer, ProgressBar, RichLog, Sparkline, Static
 from ..engine.run_state import RunState, replay_events
 from ..lessons.strings import has, translated
 from ..lessons.units import format_bandwidth, format_bytes, format_fixed, format_time
+
+if TYPE_CHECKING:
+    from textual.worker import Worker
+
+    from ..engine.launcher import Launch
+    from ..engine.supervisor import Supervisor
+    from ..visualizers.base import LessonVisualizer
 
 
 def export_path(record) -> str:
@@ -119,12 +127,12 @@ class RunPanelScreen(Screen):
         self.state = RunState()
         self.view = lesson.run  # what this lesson's runs show (its [run] table)
         self.lesson_view = None  # the lesson's own view of the run (its [run] terminal), fed every event
-        self.launch = None
-        self.visualizer = None
+        self.launch: Launch | Supervisor | None = None
+        self.visualizer: LessonVisualizer | None = None
         self.stop_lines_hidden = 0
         self._queue: collections.deque = collections.deque()
         self._lock = threading.Lock()
-        self._worker = None
+        self._worker: Worker[None] | None = None
         self._recorded_start = False
         self.events_drained = 0
 
@@ -226,7 +234,7 @@ class RunPanelScreen(Screen):
         if not self._queue:
             return
         log = self.query_one("#run-log", RichLog)
-        batch = []
+        batch: list[dict] = []
         while self._queue and len(batch) < 5000:
             batch.append(self._queue.popleft())
         for e in batch:
@@ -264,7 +272,7 @@ class RunPanelScreen(Screen):
         log.write(text, width=width if width > 0 else None)
 
     def _on_end(self, e: dict, log: RichLog) -> None:
-        status = e.get("status")
+        status = e.get("status") or "failed"  # as RunState reads a run_end without one
         style = {"ok": "bold green", "stopped": "bold yellow"}.get(status, "bold red")
         msg = Text(translated("run", status, self.language) if has("run", status) else str(status), style=style)
         if e.get("error"):
@@ -381,7 +389,7 @@ class RunPanelScreen(Screen):
                 Text.assemble((hbar(r["ring_busbw"], top, 8), "green"), " ", format_bandwidth(r["ring_busbw"], lang=lang)),
                 Text.assemble((hbar(r["ar_busbw"], top, 8), "dark_orange"), " ", format_bandwidth(r["ar_busbw"], lang=lang)),
                 Text(format_fixed(ratio, 2, lang), style="green" if ratio >= 0.9 else "yellow"))
-        parts = [table]
+        parts: list[Table | Text] = [table]
         for impl, f in self.state.fits.items():
             bw = f.get("bandwidth")
             parts.append(Text(f"{translated('run', 'fit', lang)} ({impl}): α = {format_time(f['alpha_s'], lang=lang)}, "
@@ -390,7 +398,7 @@ class RunPanelScreen(Screen):
 
     # -- actions -----------------------------------------------------------------------------------
     def action_stop(self) -> None:
-        if self.running:
+        if self.running and self.launch is not None:
             self.launch.stop("stopped from the tutor")
             self._refresh()
 
@@ -399,7 +407,7 @@ class RunPanelScreen(Screen):
             self.start_run()
 
     def action_close(self) -> None:
-        if self.running:
+        if self.running and self.launch is not None:
             self.launch.stop("the run panel was closed")
         self.app.pop_screen()
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from rich.syntax import Syntax
 from rich.text import Text
@@ -16,6 +17,9 @@ from ...lessons.strings import translated
 from ..code_source import CodeNotFound, read_source
 from .common import CommonActions, localize_bindings
 from .step_text import StepText
+
+if TYPE_CHECKING:
+    from ...visualizers.base import LessonVisualizer
 
 BINDING_LABELS = {
     "next": "binding_next",
@@ -68,7 +72,7 @@ class LessonScreen(CommonActions, Screen):
         super().__init__()
         self.lesson = lesson
         self.index = max(0, min(start, len(lesson.steps) - 1))
-        self.visualizer = None
+        self.visualizer: LessonVisualizer | None = None
         self._visualizer_name: str | None = None
         self._visualizer_lang: str | None = None
 
