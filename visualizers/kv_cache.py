@@ -27,21 +27,35 @@ Five views (the lesson's step picks one; the keys are its ``CONTROLS``, listed b
 Fed the events of ``distai run lesson7`` (``config``, ``kv_shard``, ``kv_step``, ``kv_compare``,
 ``prefix_compare``), it adds the run's model (measured bytes per rank beside the formula) and the run's
 paged and shared blocks.
-No torch, no I/O.
+
+What it shows is a pure view model, ``lessons/lesson7/kv_cache_view.py`` (the state, its moves, the
+layouts, the pools' and the planner chart's figures); the widget keeps the state in one reactive
+attribute per field (a change repaints) and draws. No torch, no I/O.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Group
 from rich.text import Text
+from textual.reactive import reactive
 
 from ..lessons.lesson7 import formulas as f
+from ..lessons.lesson7 import kv_cache_view as kv
 from ..lessons.lesson7 import paging
-from ..lessons.lesson7 import planner as pl
+from ..lessons.lesson7.kv_cache_view import (  # noqa: F401 - the presets and layouts, for callers and tests
+    GPU_COUNTS,
+    PRESETS,
+    TPOT_SLOS,
+    KVState,
+    ModelPreset,
+    head_owners,
+    layer_stage,
+    shard_table,
+    ttft_iterations,
+)
 from ..lessons.lesson7.serving_run import ServingRun
 from ..lessons.strings import strings, translated
 from ..lessons.units import (
@@ -56,37 +70,14 @@ from ..lessons.units import (
 )
 from .base import NEXT_VIEW, PLAY, STEP, Control, view_controls
 from .playback import PlaybackVisualizer
+from .view_state import read_state, write_state
 
 GPU_HUES = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
             "#9c755f", "#bab0ac", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
 FILL = "▁▂▃▄▅▆▇█"
 MARKERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-TPOT_SLOS = (0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.2)
-GPU_COUNTS = (1, 2, 4, 8, 16, 32)
+_START = KVState()
 
-
-@dataclass(frozen=True)
-class ModelPreset:
-    name: str
-    params: float
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    dtype_bytes: float = 2
-
-    def spec(self) -> pl.ModelSpec:
-        return pl.ModelSpec(self.params, self.layers, self.hidden, self.heads, self.kv_heads,
-                            head_dim=self.head_dim, dtype_bytes=self.dtype_bytes)
-
-
-PRESETS = [
-    ModelPreset("Llama-2-70B", 69e9, 80, 8192, 64, 8, 128),
-    ModelPreset("Llama-2-13B", 13e9, 40, 5120, 40, 40, 128),
-    ModelPreset("Llama-3-8B", 8e9, 32, 4096, 32, 8, 128),
-    ModelPreset("Llama-2-7B", 6.7e9, 32, 4096, 32, 32, 128),
-]
 
 def _bytes(n: float, lang: str = "en") -> str:
     return format_bytes(n, lang=lang)
@@ -101,55 +92,8 @@ def _req_hue(rid: int) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# pure layout helpers (tested directly)
+# pure drawing helpers (tested directly; the layouts are lessons/lesson7/kv_cache_view.py's)
 # ---------------------------------------------------------------------------------------------
-
-def head_owners(kv_heads: int, tp: int) -> list[list[int]]:
-    """For each KV head, the tensor-parallel ranks that store it (one, or tp/kv_heads when replicated)."""
-    per = f.kv_heads_per_gpu(kv_heads, tp)  # raises when they do not divide either way
-    if kv_heads >= tp:
-        return [[h // per] for h in range(kv_heads)]
-    rep = tp // kv_heads
-    return [list(range(h * rep, (h + 1) * rep)) for h in range(kv_heads)]
-
-
-def layer_stage(layers: int, pp: int) -> list[int]:
-    """The pipeline stage of each layer (contiguous runs, the first ``layers % pp`` one longer — the
-    engine's ``split_layers``)."""
-    if not 1 <= pp <= layers:
-        raise ValueError(f"{pp} stages for {layers} layers")
-    base, extra = divmod(layers, pp)
-    out = []
-    for s in range(pp):
-        out += [s] * (base + (1 if s < extra else 0))
-    return out
-
-
-def shard_table(model: ModelPreset, tp: int, pp: int, tokens: int) -> list[dict]:
-    """Per GPU (index stage·tp + tp rank): layers, KV heads, KV bytes for ``tokens`` tokens, weights."""
-    owners = head_owners(model.kv_heads, tp)
-    stages = layer_stage(model.layers, pp)
-    rows = []
-    for s in range(pp):
-        layers = [i for i, st in enumerate(stages) if st == s]
-        for r in range(tp):
-            heads = [h for h, o in enumerate(owners) if r in o]
-            kv = f.kv_cache_bytes_per_token(len(layers), len(heads), model.head_dim, model.dtype_bytes) * tokens
-            rows.append({"gpu": s * tp + r, "stage": s, "tp_rank": r, "layers": layers, "kv_heads": heads,
-                         "kv_bytes": kv, "weight_bytes": model.params * model.dtype_bytes * len(layers)
-                         / model.layers / tp})
-    return rows
-
-
-def ttft_iterations(requests, snaps: list[paging.Snapshot]) -> dict[int, int]:
-    """Per request: iterations from its arrival to its first token (the iteration that prefills it
-    gives the first token)."""
-    first: dict[int, int] = {}
-    for s in snaps:
-        for rid in s.admitted:
-            first.setdefault(rid, s.step)
-    return {r.rid: first[r.rid] - r.arrival for r in requests if r.rid in first}
-
 
 def owned_block(owner: int, fill: int, block_size: int, emphasis: str = "") -> tuple[str, str]:
     """A block request ``owner`` holds, two characters and their style: its number (``07``) when the block
@@ -215,185 +159,168 @@ class KVCacheVisualizer(PlaybackVisualizer):
              "prefix": ("next_view", "play", "step", "source"),
              "planner": ("next_view", "slo", "gpus", "model")}
 
+    view: reactive[str] = reactive(_START.view)
+    model_index: reactive[int] = reactive(_START.model_index)
+    tp: reactive[int] = reactive(_START.tp)
+    pp: reactive[int] = reactive(_START.pp)
+    tokens: reactive[int] = reactive(_START.tokens)
+    cursor: reactive[int] = reactive(_START.cursor)
+    source: reactive[str] = reactive(_START.source)
+    tpot_slo: reactive[float] = reactive(_START.tpot_slo)
+    gpus: reactive[int] = reactive(_START.gpus)
+    run_version: reactive[int] = reactive(0)  # bumped by every event that changes what is drawn
+
     def __init__(self, language: str = "en", **kwargs):
         super().__init__(language=language, **kwargs)
-        self.view = "tp"
-        self.presets: list[ModelPreset] = list(PRESETS)
-        self.model_index = 0
-        self.tp, self.pp = 4, 1
-        self.tokens = 64 * 4096
+        self.figures = kv.KVCacheView()
         self.playing = True
-        self.cursor = 0
-        self.source = "sim"
-        self.tpot_slo = 0.05
-        self.gpus = 8
-        self.ttft_slo = 1.0
-        # paged model: the same scheduler the engine uses, on a synthetic request mix
-        self.block_size, self.num_blocks = 8, 48
-        reqs = paging.poisson_requests(24, 0.6, prompt_range=(4, 40), output_range=(4, 56), seed=3)
-        self.max_len = max(r.prompt_len + r.output_len - 1 for r in reqs)
-        self.sim_paged = paging.simulate(reqs, paging.BlockAllocator(self.num_blocks, self.block_size), 16)
-        slots = self.num_blocks * self.block_size // self.max_len
-        self.sim_contig = paging.simulate(reqs, paging.ContiguousAllocator(slots, self.max_len), 16)
-        # prefix sharing: every request starts with the same system prompt (token ids needed)
-        self.system_prompt = 29  # 3 full blocks of 8 and 5 tokens: the 4th block is copied on write
-        shared = paging.poisson_requests(24, 0.6, prompt_range=(2, 16), output_range=(4, 40), seed=3, vocab=64,
-                                         system_prompt=self.system_prompt)
-        self.sim_prefix = paging.simulate(shared, paging.PrefixCachingAllocator(self.num_blocks, self.block_size), 16)
-        self.sim_prefix_ttft = (ttft_iterations(shared, self.sim_prefix), ttft_iterations(
-            shared, paging.simulate(shared, paging.BlockAllocator(self.num_blocks, self.block_size), 16)))
-        self.sim_prompt_tokens = sum(r.prompt_len for r in shared)
-        self.run = ServingRun()
-        self._plan_cache: dict = {}
 
-    # -- model -------------------------------------------------------------------------------------
+    # -- the state and what it shows (lessons/lesson7/kv_cache_view.py) --------------------------------
+    @property
+    def state(self) -> KVState:
+        return read_state(self, KVState)
+
+    @state.setter
+    def state(self, state: KVState) -> None:
+        write_state(self, state)
+
+    @property
+    def run(self) -> ServingRun:
+        return self.figures.run
+
     @property
     def model(self) -> ModelPreset:
-        return self.presets[self.model_index % len(self.presets)]
+        return self.figures.model(self.state)
+
+    @property
+    def presets(self) -> list[ModelPreset]:
+        return self.figures.presets
 
     def plan(self) -> dict:
-        key = (self.model, self.gpus, self.tpot_slo)
-        if key not in self._plan_cache:
-            hw = pl.h100_node(self.gpus)
-            wl = pl.Workload(prompt=2048, output=2048, ttft_slo=self.ttft_slo, tpot_slo=self.tpot_slo)
-            self._plan_cache[key] = pl.plan(self.model.spec(), hw, wl)
-        return self._plan_cache[key]
+        return self.figures.plan(self.state)
 
-    def paged_steps(self) -> tuple[list[paging.Snapshot], list[paging.Snapshot], int, int, int]:
-        """(paged snapshots, contiguous snapshots, blocks, block size, max_len) of the shown source."""
-        run = self.run
-        if self.source == "run" and run.paged and run.paged_pool:
-            n, bs = run.paged_pool
-            return run.paged, run.contiguous, n, bs, run.contiguous_len or bs
-        return self.sim_paged, self.sim_contig, self.num_blocks, self.block_size, self.max_len
-
-    def prefix_steps(self) -> tuple[list[paging.Snapshot], int, int]:
-        """(snapshots, blocks, block size) of the shown source, with prefix sharing."""
-        if self.source == "run" and self.run.prefix and self.run.prefix_pool:
-            n, bs = self.run.prefix_pool
-            return self.run.prefix, n, bs
-        return self.sim_prefix, self.num_blocks, self.block_size
-
-    def paged_total(self) -> int:
-        if self.view == "prefix":
-            return len(self.prefix_steps()[0])
-        steps, contig = self.paged_steps()[:2]
-        return max(len(steps), len(contig))
+    # the simulated pools, for tests and callers
+    sim_paged = property(lambda self: self.figures.sim_paged)
+    sim_contig = property(lambda self: self.figures.sim_contig)
+    sim_prefix = property(lambda self: self.figures.sim_prefix)
+    sim_prefix_ttft = property(lambda self: self.figures.sim_prefix_ttft)
+    num_blocks = property(lambda self: self.figures.NUM_BLOCKS)
 
     # -- Textual -----------------------------------------------------------------------------------
     # playback (visualizers/playback.py): the paged view's cursor, one scheduler step per tick, looping
     def advance(self, dt: float) -> bool:
-        if self.view in ("paged", "prefix"):
-            self.cursor = (self.cursor + 1) % max(1, self.paged_total())
-            self.refresh()
+        self.state = self.figures.advance(self.state)
         return True
 
     def seek(self, frames: int) -> None:
-        self.cursor = max(0, min(self.paged_total() - 1, self.cursor + frames))
+        self.state = self.figures.seek(self.state, frames)
 
     def rewind(self) -> None:
         self.cursor = 0
 
     def to_end(self) -> None:
-        self.cursor = max(0, self.paged_total() - 1)
+        self.state = self.figures.to_end(self.state)
 
     def show_step(self, step_key: str) -> None:
-        view = self.step_view(step_key)  # lessons/lesson7/lesson.toml
-        if not view:
-            return
-        self.view = view["show"]
-        if "tp" in view:
-            self.tp, self.pp = view["tp"], view["pp"]
-        self.refresh()
+        self.state = kv.show_step(self.state, self.step_view(step_key))  # lessons/lesson7/lesson.toml
 
     def feed_event(self, event: dict) -> None:
-        run = self.run
-        if not run.feed(event):
-            return
-        kind = event["kind"]
-        if kind == "config":
-            name = translated("kv_cache", "run_model", self.language)
-            model = ModelPreset(name, float(event.get("params", 0)), int(event["layers"]), int(event["hidden"]),
-                                int(event["heads"]), int(event["kv_heads"]), int(event["head_dim"]),
-                                run.dtype_bytes())
-            self.presets = [p for p in self.presets if p.name != model.name] + [model]
-            self.model_index = len(self.presets) - 1
-        elif kind == "kv_shard":
-            self.tp, self.pp = run.mesh(event)
-            if run.config:
-                self.tokens = int(event["tokens"])
-        elif kind == "kv_step" and event.get("cache") in ("paged", "prefix"):
-            self.source = "run"
-        self.refresh()
+        state = self.figures.feed(self.state, event, translated("kv_cache", "run_model", self.language))
+        if state is not None:
+            self.state = state
+            self.run_version += 1
 
     # -- actions -----------------------------------------------------------------------------------
     def action_tp(self, d: int) -> None:
-        self.tp = max(1, min(64, self.tp * 2 if d > 0 else self.tp // 2))
-        self.refresh()
+        self.state = kv.with_tp(self.state, d)
 
     def action_pp(self, d: int) -> None:
-        self.pp = max(1, min(self.model.layers, self.pp * 2 if d > 0 else self.pp // 2))
-        self.refresh()
+        self.state = self.figures.with_pp(self.state, d)
 
     def action_tokens(self, d: int) -> None:
-        self.tokens = max(1, min(1 << 30, self.tokens * 2 if d > 0 else self.tokens // 2))
-        self.refresh()
+        self.state = kv.with_tokens(self.state, d)
 
     def action_model(self) -> None:
-        self.model_index = (self.model_index + 1) % len(self.presets)
-        self.pp = min(self.pp, self.model.layers)
-        self.refresh()
+        self.state = self.figures.next_model(self.state)
 
     def action_source(self) -> None:
-        self.source = "run" if self.source == "sim" and (self.run.paged or self.run.prefix) else "sim"
-        self.cursor = 0
-        self.refresh()
+        self.state = self.figures.switch_source(self.state)
 
     def action_slo(self, d: int) -> None:
-        i = min(range(len(TPOT_SLOS)), key=lambda k: abs(TPOT_SLOS[k] - self.tpot_slo))
-        self.tpot_slo = TPOT_SLOS[max(0, min(len(TPOT_SLOS) - 1, i + d))]
-        self.refresh()
+        self.state = kv.with_slo(self.state, d)
 
     def action_gpus(self, d: int) -> None:
-        i = GPU_COUNTS.index(self.gpus) if self.gpus in GPU_COUNTS else 3
-        self.gpus = GPU_COUNTS[max(0, min(len(GPU_COUNTS) - 1, i + d))]
-        self.refresh()
+        self.state = kv.with_gpus(self.state, d)
 
     # -- drawing -----------------------------------------------------------------------------------
     def tr(self) -> Mapping[str, Any]:
         return strings("kv_cache", self.language)
 
     def build_lines(self, width: int, height: int | None = None) -> list[Text]:
-        width = max(40, width)
-        if self.view in ("tp", "pp"):
-            lines = self._shard_lines(width, height)
-        elif self.view == "paged":
-            lines = self._paged_lines(width, height)
-        elif self.view == "prefix":
-            lines = self._prefix_lines(width, height)
+        width, state = max(40, width), self.state
+        if state.view in ("tp", "pp"):
+            lines = self._shard_lines(state, width, height)
+        elif state.view == "paged":
+            lines = self._paged_lines(state, width, height)
+        elif state.view == "prefix":
+            lines = self._prefix_lines(state, width, height)
         else:
-            lines = self._planner_lines(width, height)
+            lines = self._planner_lines(state, width, height)
         return self.fit_height(lines, height)
 
     def render(self):
         size = self.content_size
         return Group(*self.build_lines(size.width or 80, size.height or None))
 
+    def _hint(self, width: int, hint: str) -> Text:
+        return Text(self.controls_hint(width, self.HINTS[hint]), style="grey50")
+
     # tp / pp --------------------------------------------------------------------------------------
-    def _shard_lines(self, width: int, height: int | None) -> list[Text]:
-        tr, m = self.tr(), self.model
+    def _shard_lines(self, state: KVState, width: int, height: int | None) -> list[Text]:
+        tr, m, lang = self.tr(), self.figures.model(state), self.language
         narrow = width < 80
         out = [Text(tr["tp_title_short" if narrow else "tp_title"].format(
-            model=m.name, L=m.layers, H=m.kv_heads, tp=self.tp, pp=self.pp), style="bold")]
+            model=m.name, L=m.layers, H=m.kv_heads, tp=state.tp, pp=state.pp), style="bold")]
         try:
-            owners = head_owners(m.kv_heads, self.tp)
+            owners = head_owners(m.kv_heads, state.tp)
         except ValueError as exc:
-            out.append(Text(tr["invalid"].format(tp=self.tp, H=m.kv_heads, msg=exc), style="yellow"))
-            out.append(Text(self.controls_hint(width, self.HINTS["shard"]), style="grey50"))
+            out.append(Text(tr["invalid"].format(tp=state.tp, H=m.kv_heads, msg=exc), style="yellow"))
+            out.append(self._hint(width, "shard"))
             return out
-        pp = min(self.pp, m.layers)
+        pp = min(state.pp, m.layers)
+        out += self._shard_grid(state, m, owners, pp, width, height)
+        tokens = state.tokens
+        seqs = f"{tokens // 4096} × {format_integer(4096, lang)}" if tokens % 4096 == 0 and tokens >= 4096 else "1 ×"
+        total = f.kv_cache_total(m.layers, m.kv_heads, m.head_dim, m.dtype_bytes, tokens, state.tp, pp)
+        out.append(Text(tr["tokens"].format(T=format_integer(tokens, lang), seqs=seqs) + " · " + tr["per_token"].format(
+            pt=_bytes(total["bytes_per_token"], lang), pg=_bytes(total["per_gpu_bytes"] / tokens, lang)), style="italic"))
+        rows = shard_table(m, state.tp, pp, tokens)
+        budget = (height or 100) - len(out) - 4
+        for i, row in enumerate(rows):
+            if i >= max(2, budget) and len(rows) - i > 1:
+                out.append(Text(tr["more_gpus"].format(n=len(rows) - i), style="grey50"))
+                break
+            heads = row["kv_heads"]
+            hs = f"{heads[0]}–{heads[-1]}" if len(heads) > 1 else str(heads[0])
+            rep = f" ×{len(owners[heads[0]])}" if len(owners[heads[0]]) > 1 else ""
+            text = Text("■ ", style=_hue(row["gpu"]))
+            text.append(tr["gpu_row_short" if narrow else "gpu_row"].format(
+                g=row["gpu"], l0=row["layers"][0], l1=row["layers"][-1], heads=hs, rep=rep,
+                kv=_bytes(row["kv_bytes"], lang), w=_bytes(row["weight_bytes"], lang)))
+            meas = self.figures.measured_for(state, row)
+            if meas is not None:
+                text.append(tr["measured"].format(m=_bytes(meas, lang)), style="bold magenta")
+            out.append(text)
+        if len(owners[0]) > 1:
+            out.append(Text(tr["replicated"].format(n=len(owners[0]), H=m.kv_heads, tp=state.tp), style="yellow"))
+        out.append(self._hint(width, "shard"))
+        return out
+
+    def _shard_grid(self, state: KVState, m: ModelPreset, owners: list[list[int]], pp: int, width: int,
+                    height: int | None) -> list[Text]:
+        """Layers (rows, grouped when many) × KV heads (columns), each cell the GPU storing it."""
         stages = layer_stage(m.layers, pp)
-        rows_avail = max(4, min(16, (height or 40) - 8 - min(self.tp * pp, 16)))
+        rows_avail = max(4, min(16, (height or 40) - 8 - min(state.tp * pp, 16)))
         group = -(-m.layers // rows_avail)
         cols = m.kv_heads
         label_w = 8
@@ -402,7 +329,7 @@ class KVCacheVisualizer(PlaybackVisualizer):
         while cell < 2 and col_group < cols:
             col_group *= 2
             cell = max(1, min(6, (width - label_w - 2) // -(-cols // col_group)))
-        out.append(Text(tr["axis"], style="grey50"))
+        out = [Text(self.tr()["axis"], style="grey50")]
         head = Text(" " * label_w, style="grey62")
         for h0 in range(0, cols, col_group):
             name = f"h{h0}" if col_group == 1 else f"h{h0}+"
@@ -414,7 +341,7 @@ class KVCacheVisualizer(PlaybackVisualizer):
             st = stages[r0]
             for h0 in range(0, cols, col_group):
                 own = owners[h0]
-                gpu = st * self.tp + own[0]
+                gpu = st * state.tp + own[0]
                 label = (str(gpu) if len(own) == 1 else f"{gpu}×{len(own)}")
                 if cell > 2:
                     line.append(label[: cell - 1].center(cell - 1), style=f"bold black on {_hue(gpu)}")
@@ -422,53 +349,20 @@ class KVCacheVisualizer(PlaybackVisualizer):
                 else:
                     line.append(label[:cell].center(cell), style=f"bold black on {_hue(gpu)}")
             out.append(line)
-        seqs = f"{self.tokens // 4096} × {format_integer(4096, self.language)}" if self.tokens % 4096 == 0 and self.tokens >= 4096 else "1 ×"
-        total = f.kv_cache_total(m.layers, m.kv_heads, m.head_dim, m.dtype_bytes, self.tokens, self.tp, pp)
-        out.append(Text(tr["tokens"].format(T=format_integer(self.tokens, self.language), seqs=seqs) + " · " + tr["per_token"].format(
-            pt=_bytes(total["bytes_per_token"], self.language), pg=_bytes(total["per_gpu_bytes"] / self.tokens, self.language)), style="italic"))
-        rows = shard_table(m, self.tp, pp, self.tokens)
-        budget = (height or 100) - len(out) - 4
-        for i, row in enumerate(rows):
-            if i >= max(2, budget) and len(rows) - i > 1:
-                out.append(Text(tr["more_gpus"].format(n=len(rows) - i), style="grey50"))
-                break
-            heads = row["kv_heads"]
-            hs = f"{heads[0]}–{heads[-1]}" if len(heads) > 1 else str(heads[0])
-            rep = f" ×{len(owners[heads[0]])}" if len(owners[heads[0]]) > 1 else ""
-            text = Text("■ ", style=_hue(row["gpu"]))
-            text.append(tr["gpu_row_short" if narrow else "gpu_row"].format(g=row["gpu"], l0=row["layers"][0], l1=row["layers"][-1], heads=hs,
-                                             rep=rep, kv=_bytes(row["kv_bytes"], self.language), w=_bytes(row["weight_bytes"], self.language)))
-            meas = self._measured_for(row)
-            if meas is not None:
-                text.append(tr["measured"].format(m=_bytes(meas, self.language)), style="bold magenta")
-            out.append(text)
-        if len(owners[0]) > 1:
-            out.append(Text(tr["replicated"].format(n=len(owners[0]), H=m.kv_heads, tp=self.tp), style="yellow"))
-        out.append(Text(self.controls_hint(width, self.HINTS["shard"]), style="grey50"))
         return out
 
-    def _measured_for(self, row: dict):
-        if self.model_index != len(self.presets) - 1 or self.model.name != self.presets[-1].name:
-            return None
-        mode = self.run.mode_of(self.tp, self.pp)
-        ev = self.run.shards.get((mode, row["gpu"])) if mode else None
-        if ev is None or int(ev.get("tokens", -1)) != self.tokens:
-            return None
-        return ev["bytes"]
-
     # paged ----------------------------------------------------------------------------------------
-    def _paged_lines(self, width: int, height: int | None) -> list[Text]:
-        tr = self.tr()
-        steps, contig, n, bs, max_len = self.paged_steps()
-        if not steps:
+    def _paged_lines(self, state: KVState, width: int, height: int | None) -> list[Text]:
+        tr, lang = self.tr(), self.language
+        fig = self.figures.paged(state)
+        if fig is None:
             return [Text("—")]
-        total = max(len(steps), len(contig))
-        k = min(self.cursor, total - 1)
-        snap = steps[min(k, len(steps) - 1)]
+        steps, contig, n, bs, max_len = self.figures.paged_steps(state)
+        snap, k = fig.snap, fig.k
         narrow = width < 80
-        src = tr["src_run"] if self.source == "run" and self.run.paged else tr["src_sim"]
+        src = tr["src_run"] if state.source == "run" and self.run.paged else tr["src_sim"]
         out = [Text(tr["paged_title_short" if narrow else "paged_title"].format(
-            n=n, bs=bs, k=k + 1, N=total, src=src), style="bold")]
+            n=n, bs=bs, k=k + 1, N=fig.total, src=src), style="bold")]
         status = Text("▶ " if self.playing else "❚❚ ", style="bold cyan")
         status.append(tr["running"].format(r=len(snap.running), w=len(snap.waiting), a=len(snap.allocated),
                                            f=len(snap.freed)))
@@ -489,74 +383,66 @@ class KVCacheVisualizer(PlaybackVisualizer):
         if k >= len(steps):
             out.append(Text(tr["paged_done"].format(N=len(steps)), style="grey50"))
         out.append(Text(tr["legend_paged_short" if narrow else "legend_paged"], style="grey50"))
-        # contiguous
-        if contig:
-            ck = min(k, len(contig) - 1)
-            cs = contig[ck]
-            slots = len(cs.owners)
-            out.append(Text(tr["contig_title"].format(s=slots, L=max_len), style="bold"))
-            bar_w = max(10, width - 10)
-            room = (height or 100) - len(out) - 3
-            for s in range(slots):
-                if s >= max(1, room):
-                    out.append(Text(f"… {slots - s}", style="grey50"))
-                    break
-                owner = cs.owners[s]
-                line = Text(f"{s:>2} ", style="grey62")
-                if owner is None:
-                    line.append("·" * bar_w, style="grey35")
-                else:
-                    used = round(cs.fills[s] / max_len * bar_w)
-                    line.append(f"{owner % 100:02d}".ljust(max(2, used), " "), style=f"black on {_req_hue(owner)}")
-                    line.append("░" * max(0, bar_w - max(2, used)), style="red")
-                out.append(line)
+        if fig.contig is not None:
+            out += self._contiguous_lines(fig.contig, max_len, width, (height or 100) - len(out) - 4)
             if k >= len(contig):
                 out.append(Text(tr["contig_done"].format(N=len(contig)), style="grey50"))
-        pm = paging.waste_summary(steps[: k + 1])["waste_fraction"]
-        cm = paging.waste_summary(contig[: k + 1])["waste_fraction"] if contig else 0.0
-        cw = contig[k].waste_fraction if k < len(contig) else 0.0
-        lang = self.language
         out.append(Text(tr["waste_short" if narrow else "waste"].format(
-            p=format_score(snap.waste_fraction, lang), c=format_score(cw, lang),
-            pm=format_score(pm, lang), cm=format_score(cm, lang)), style="bold"))
-        if self.run.kv_compare and self.source == "run":
+            p=format_score(fig.paged_waste, lang), c=format_score(fig.contig_waste, lang),
+            pm=format_score(fig.paged_mean, lang), cm=format_score(fig.contig_mean, lang)), style="bold"))
+        if self.run.kv_compare and state.source == "run":
             kc = self.run.kv_compare
             out.append(Text(tr["compare"].format(
-                p=format_percent(kc["paged"]["waste_fraction"], lang=self.language),
-                c=format_percent(kc["contiguous"]["waste_fraction"], lang=self.language),
-                r=format_fixed(kc["throughput_ratio"], 2, self.language)), style="magenta"))
-        out.append(Text(self.controls_hint(width, self.HINTS["paged"]), style="grey50"))
+                p=format_percent(kc["paged"]["waste_fraction"], lang=lang),
+                c=format_percent(kc["contiguous"]["waste_fraction"], lang=lang),
+                r=format_fixed(kc["throughput_ratio"], 2, lang)), style="magenta"))
+        out.append(self._hint(width, "paged"))
+        return out
+
+    def _contiguous_lines(self, cs: paging.Snapshot, max_len: int, width: int, room: int) -> list[Text]:
+        """The same requests in one ``max_len`` slot each: the reserved-but-empty part shaded."""
+        slots = len(cs.owners)
+        out = [Text(self.tr()["contig_title"].format(s=slots, L=max_len), style="bold")]
+        bar_w = max(10, width - 10)
+        for s in range(slots):
+            if s >= max(1, room):
+                out.append(Text(f"… {slots - s}", style="grey50"))
+                break
+            owner = cs.owners[s]
+            line = Text(f"{s:>2} ", style="grey62")
+            if owner is None:
+                line.append("·" * bar_w, style="grey35")
+            else:
+                used = round(cs.fills[s] / max_len * bar_w)
+                line.append(f"{owner % 100:02d}".ljust(max(2, used), " "), style=f"black on {_req_hue(owner)}")
+                line.append("░" * max(0, bar_w - max(2, used)), style="red")
+            out.append(line)
         return out
 
     # prefix sharing -------------------------------------------------------------------------------
-    def _prefix_lines(self, width: int, height: int | None) -> list[Text]:
-        tr = self.tr()
-        steps, n, bs = self.prefix_steps()
-        if not steps:
+    def _prefix_lines(self, state: KVState, width: int, height: int | None) -> list[Text]:
+        tr, lang = self.tr(), self.language
+        fig = self.figures.prefix(state)
+        if fig is None:
             return [Text("—")]
-        k = min(self.cursor, len(steps) - 1)
-        snap = steps[k]
+        steps, n, bs = self.figures.prefix_steps(state)
+        snap = steps[fig.k]
         narrow = width < 80
-        run = self.source == "run" and bool(self.run.prefix)
+        run = state.source == "run" and bool(self.run.prefix)
         src = tr["src_run"] if run else tr["src_sim"]
         pc = self.run.prefix_compare
-        sp = int(pc.get("system_prompt", 0)) if run and pc else self.system_prompt
+        sp = int(pc.get("system_prompt", 0)) if run and pc else self.figures.SYSTEM_PROMPT
         out = [Text(tr["prefix_title_short" if narrow else "prefix_title"].format(
-            n=n, bs=bs, sp=sp, k=k + 1, N=len(steps), src=src), style="bold")]
-        lang = self.language
+            n=n, bs=bs, sp=sp, k=fig.k + 1, N=len(steps), src=src), style="bold")]
         short = "_short" if narrow else ""
-
-        refs = snap.refs or [0 if o is None else 1 for o in snap.owners]
-        shared = [r for r in refs if r > 1]
         status = Text("▶ " if self.playing else "❚❚ ", style="bold cyan")
-        status.append(tr["prefix_status" + short].format(r=len(snap.running), w=len(snap.waiting), s=len(shared),
-                                                         m=max(shared, default=1), c=len(snap.cached)))
+        status.append(tr["prefix_status" + short].format(r=len(snap.running), w=len(snap.waiting), s=len(fig.shared),
+                                                         m=max(fig.shared, default=1), c=len(snap.cached)))
         out.append(status)
         out.extend(prefix_pool_lines(snap, bs, width))
         out.append(Text(tr["legend_prefix" + short], style="grey50"))
-        phys, logical = sum(1 for r in refs if r), sum(refs)
-        saved = format_percent(1 - phys / logical if logical else 0.0, 2, lang)
-        out.append(Text(tr["prefix_memory" + short].format(p=phys, l=logical, saved=saved), style="bold"))
+        saved = format_percent(1 - fig.physical / fig.logical if fig.logical else 0.0, 2, lang)
+        out.append(Text(tr["prefix_memory" + short].format(p=fig.physical, l=fig.logical, saved=saved), style="bold"))
         out.append(Text(tr["prefix_step" + short].format(t=snap.reused_tokens, cow=len(snap.cow), e=len(snap.evicted))))
         if run and pc:
             a, b = pc["no-sharing"], pc["prefix"]
@@ -565,80 +451,85 @@ class KVCacheVisualizer(PlaybackVisualizer):
                 t1=format_time(b["ttft_p50_s"], 3, lang), t0=format_time(a["ttft_p50_s"], 3, lang),
                 r=format_number(pc["ttft_ratio"], 2, lang)), style="magenta"))
         elif not run:
-            shared_ttft, plain_ttft = self.sim_prefix_ttft
+            shared_ttft, plain_ttft = self.figures.sim_prefix_ttft
             out.append(Text(tr["prefix_total" + short].format(
-                r=format_integer(sum(s.reused_tokens for s in steps[: k + 1]), lang),
-                T=format_integer(self.sim_prompt_tokens, lang),
+                r=format_integer(fig.reused_so_far, lang), T=format_integer(self.figures.sim_prompt_tokens, lang),
                 a=format_number(sum(shared_ttft.values()) / len(shared_ttft), 2, lang),
                 b=format_number(sum(plain_ttft.values()) / len(plain_ttft), 2, lang))))
-        out.append(Text(self.controls_hint(width, self.HINTS["prefix"]), style="grey50"))
+        out.append(self._hint(width, "prefix"))
         return out
 
     # planner --------------------------------------------------------------------------------------
-    def _planner_lines(self, width: int, height: int | None) -> list[Text]:
-        tr = self.tr()
-        res = self.plan()
-        m = self.model
+    def _planner_lines(self, state: KVState, width: int, height: int | None) -> list[Text]:
+        tr, lang = self.tr(), self.language
+        res = self.figures.plan(state)
+        m = self.figures.model(state)
         narrow = width < 80
-        slo = format_time(self.tpot_slo, lang=self.language)
         out = [Text(tr["planner_title_short" if narrow else "planner_title"].format(
-            model=m.name, G=self.gpus, slo=slo), style="bold")]
-        cands = [c for c in res["accepted"] + res["rejected"] if c.curve]
-        cands.sort(key=lambda c: (c.tp, c.pp))
+            model=m.name, G=state.gpus, slo=format_time(state.tpot_slo, lang=lang)), style="bold")]
         best = res["best"]
         if best is not None:
             out.append(Text(tr["best"].format(cfg=f"{best.tp}×{best.pp}×{best.replicas}", b=best.batch,
-                                              tpot=format_time(best.tpot_s, lang=self.language),
-                                              thr=format_integer(best.throughput_tokens_per_s, self.language)), style="bold green"))
+                                              tpot=format_time(best.tpot_s, lang=lang),
+                                              thr=format_integer(best.throughput_tokens_per_s, lang)), style="bold green"))
         else:
             out.append(Text(tr["none"], style="bold yellow"))
-        chart_h = max(6, min(16, (height or 30) - 8 - len(cands) // 3 - 2))
-        chart_w = max(20, width - 9)
-        x_max = 2 * self.tpot_slo
-        pts = [(i, t, thr) for i, c in enumerate(cands) for (_n, t, thr) in c.curve if t <= x_max]
-        if pts:
-            y_lo = min(p[2] for p in pts)
-            y_hi = max(p[2] for p in pts)
-        else:
-            y_lo, y_hi = 1.0, 10.0
-        y_lo, y_hi = max(1e-9, y_lo * 0.8), y_hi * 1.25
-        ly_lo, ly_hi = math.log10(y_lo), math.log10(y_hi)
+        n_curves = sum(1 for c in res["accepted"] + res["rejected"] if c.curve)
+        chart_h = max(6, min(16, (height or 30) - 8 - n_curves // 3 - 2))
+        chart = self.figures.planner_chart(state, max(20, width - 9), chart_h)
+        out += self._planner_chart_lines(state, chart, max(20, width - 9), chart_h, width)
+        out += self._planner_legend(chart.candidates, width)
+        for c in [c for c in res["rejected"] if not c.curve][:3]:
+            cfg = f"{c.tp}×{c.pp}×{c.replicas}"
+            if c.reason == "memory" and c.free_bytes is not None and c.free_bytes <= 0:
+                msg = tr["no_fit"].format(cfg=cfg, w=_bytes(c.weights_per_gpu_bytes, lang), u=_bytes(c.usable_bytes, lang))
+            elif c.reason == "memory":
+                msg = tr["no_kv"].format(cfg=cfg, kv=_bytes(c.kv_per_seq_per_gpu_bytes, lang))
+            else:
+                msg = f"{cfg} {tr['reasons'][c.reason]}: {c.detail}"
+            out.append(Text(msg, style="yellow"))
+        out.append(self._hint(width, "planner"))
+        return out
+
+    def _planner_chart_lines(self, state: KVState, chart: kv.PlannerChart, chart_w: int, chart_h: int,
+                             width: int) -> list[Text]:
+        """Output tokens/s (log) against TPOT: a marker per configuration and batch, the target ┆."""
+        tr, lang = self.tr(), self.language
         grid = [[(" ", "")] * chart_w for _ in range(chart_h)]
-        slo_col = min(chart_w - 1, int(self.tpot_slo / x_max * (chart_w - 1)))
         for r in range(chart_h):
-            grid[r][slo_col] = ("┆", "yellow")
-        pts.sort(key=lambda p: (best is not None and cands[p[0]] is best, cands[p[0]].accepted))
-        for i, t, thr in pts:
-            c = cands[i]
-            col = min(chart_w - 1, int(t / x_max * (chart_w - 1)))
-            row = chart_h - 1 - int((math.log10(thr) - ly_lo) / (ly_hi - ly_lo) * (chart_h - 1))
-            row = max(0, min(chart_h - 1, row))
-            style = f"bold {_hue(i)}" if c.accepted else _hue(i)
-            if best is not None and c is best:
+            grid[r][chart.slo_col] = ("┆", "yellow")
+        for p in chart.points:
+            c = chart.candidates[p.candidate]
+            style = f"bold {_hue(p.candidate)}" if c.accepted else _hue(p.candidate)
+            if chart.best is not None and c is chart.best:
                 style += " reverse"
-            grid[row][col] = (MARKERS[i % len(MARKERS)], style)
-        out.append(Text(tr["y_axis"] + " ↑", style="grey50"))
+            grid[p.row][p.col] = (MARKERS[p.candidate % len(MARKERS)], style)
+        out = [Text(tr["y_axis"] + " ↑", style="grey50")]
         for r in range(chart_h):
-            y = 10 ** (ly_hi - r / (chart_h - 1) * (ly_hi - ly_lo))
-            label = format_integer(y, self.language).rjust(7) if r in (0, chart_h - 1, chart_h // 2) else " " * 7
+            labelled = r in (0, chart_h - 1, chart_h // 2)
+            label = format_integer(chart.y_at(r, chart_h), lang).rjust(7) if labelled else " " * 7
             line = Text(label + "│", style="grey62")
             for ch, st in grid[r]:
                 line.append(ch, style=st)
             out.append(line)
-        axis = Text(" " * 7 + "└" + "─" * chart_w, style="grey62")
-        out.append(axis)
+        out.append(Text(" " * 7 + "└" + "─" * chart_w, style="grey62"))
         ticks = Text(" " * 8)
-        end_txt = f"{format_plain(x_max * 1e3, self.language)} ms"
-        tick_txt = [(0, "0"), (slo_col, format_plain(self.tpot_slo * 1e3, self.language)), (chart_w - len(end_txt), end_txt)]
+        end_txt = f"{format_plain(chart.x_max * 1e3, lang)} ms"
+        slo_txt = format_plain(state.tpot_slo * 1e3, lang)
         pos = 0
-        for col, txt in tick_txt:
+        for col, txt in [(0, "0"), (chart.slo_col, slo_txt), (chart_w - len(end_txt), end_txt)]:
             if col >= pos:
                 ticks.append(" " * (col - pos))
-                ticks.append(txt, style="yellow" if txt == format_plain(self.tpot_slo * 1e3, self.language) and col == slo_col else "grey62")
+                ticks.append(txt, style="yellow" if txt == slo_txt and col == chart.slo_col else "grey62")
                 pos = col + len(txt)
         if len(ticks.plain) + len(tr["x_axis"]) + 2 <= width:
             ticks.append("  " + tr["x_axis"], style="grey50")
         out.append(ticks)
+        return out
+
+    def _planner_legend(self, cands: list, width: int) -> list[Text]:
+        """Each configuration's marker, TP×PP×replicas and ✓ or why it misses the targets, in columns."""
+        tr = self.tr()
         legend: list[Text] = []
         for i, c in enumerate(cands):
             item = Text(f"{MARKERS[i % len(MARKERS)]} ", style=f"bold {_hue(i)}")
@@ -647,24 +538,13 @@ class KVCacheVisualizer(PlaybackVisualizer):
             legend.append(item)
         col_w = 16 if width >= 64 else 14
         per_line = max(1, width // col_w)
+        out = []
         for j in range(0, len(legend), per_line):
             line = Text()
             for item in legend[j:j + per_line]:
                 line.append_text(item)
                 line.append(" " * max(1, col_w - len(item.plain)))
             out.append(line)
-        no_fit = [c for c in res["rejected"] if not c.curve]
-        for c in no_fit[:3]:
-            cfg = f"{c.tp}×{c.pp}×{c.replicas}"
-            if c.reason == "memory" and c.free_bytes is not None and c.free_bytes <= 0:
-                msg = tr["no_fit"].format(cfg=cfg, w=_bytes(c.weights_per_gpu_bytes, self.language), u=_bytes(c.usable_bytes, self.language))
-            elif c.reason == "memory":
-                msg = tr["no_kv"].format(cfg=cfg, kv=_bytes(c.kv_per_seq_per_gpu_bytes, self.language))
-            else:
-                msg = f"{cfg} {tr['reasons'][c.reason]}: {c.detail}"
-            out.append(Text(msg, style="yellow"))
-        out.append(Text(self.controls_hint(width, self.HINTS["planner"]), style="grey50"))
         return out
-
 
 VISUALIZER = KVCacheVisualizer

@@ -112,7 +112,7 @@ class RingVisualizer(PlaybackVisualizer):
 
     def __init__(self, language: str = "en", **kwargs):
         super().__init__(language=language, **kwargs)
-        self.model = rv.RingView()
+        self.figures = rv.RingView()
         self.speed = DEFAULT_SPEED
         self.frames_rendered = 0
         self._strips: list[Strip] = []
@@ -135,28 +135,28 @@ class RingVisualizer(PlaybackVisualizer):
 
     @property
     def run(self) -> RingRun:
-        return self.model.run
+        return self.figures.run
 
     @property
     def recorded(self) -> RecordedCall | None:
-        return self.model.recorded(self.state)
+        return self.figures.recorded(self.state)
 
     @property
     def plan(self) -> Plan:
-        return self.model.plan(self.state)
+        return self.figures.plan(self.state)
 
     @property
     def effective_n(self) -> int:
-        return self.model.effective_n(self.state)
+        return self.figures.effective_n(self.state)
 
     @property
     def effective_size(self) -> float:
-        return self.model.effective_size(self.state)
+        return self.figures.effective_size(self.state)
 
     @property
     def alpha_beta(self) -> tuple[float, float, bool]:
         """(α, β, from the run's fit?)"""
-        return self.model.alpha_beta(self.state)
+        return self.figures.alpha_beta(self.state)
 
     # -- public API (the lesson screen) ------------------------------------------------------------
     def show_step(self, step_key: str) -> None:
@@ -167,12 +167,12 @@ class RingVisualizer(PlaybackVisualizer):
         status line to stress (``emphasis``: ``bytes`` or ``time``). A step's caption is
         ``captions.<step>`` in lessons/catalog/ring.toml."""
         caption = step_key if has("ring", f"captions.{step_key}") else None
-        self.state = self.model.show_step(self.state, self.step_view(step_key), caption)
+        self.state = self.figures.show_step(self.state, self.step_view(step_key), caption)
 
     def feed_event(self, event: dict) -> None:
         """Fold the event into the run (``lessons/lesson1/ring_run.py``); a new run's first traced
         call takes over the view."""
-        state = self.model.feed(self.state, event)
+        state = self.figures.feed(self.state, event)
         if state is not None:
             self.state = state
             self.run_version += 1
@@ -180,19 +180,19 @@ class RingVisualizer(PlaybackVisualizer):
     # -- actions -----------------------------------------------------------------------------------
     # playback (visualizers/playback.py): a frame is one step, ``progress`` the way through it
     def at_end(self) -> bool:
-        return self.model.at_end(self.state)
+        return self.figures.at_end(self.state)
 
     def rewind(self) -> None:
         self.state = rv.rewound(self.state)
 
     def to_end(self) -> None:
-        self.state = self.model.to_end(self.state)
+        self.state = self.figures.to_end(self.state)
 
     def seek(self, frames: int) -> None:
-        self.state = self.model.seek(self.state, frames)
+        self.state = self.figures.seek(self.state, frames)
 
     def advance(self, dt: float) -> bool:
-        self.state = self.model.advance(self.state, dt)
+        self.state = self.figures.advance(self.state, dt)
         return self.playing
 
     def action_play(self) -> None:
@@ -201,7 +201,7 @@ class RingVisualizer(PlaybackVisualizer):
         super().action_play()
 
     def action_ranks(self, delta: int) -> None:
-        self.state = self.model.ranks(self.state, delta)
+        self.state = self.figures.ranks(self.state, delta)
 
     def action_size(self, delta: int) -> None:
         self.state = rv.next_size(self.state, delta)
@@ -216,14 +216,14 @@ class RingVisualizer(PlaybackVisualizer):
         self.post_message(self.ReplayRequested(self))
 
     def action_source(self) -> None:
-        state = self.model.switch_source(self.state)
+        state = self.figures.switch_source(self.state)
         if state is None:
             self.post_message(self.ReplayRequested(self))
         else:
             self.state = state
 
     def action_next_call(self) -> None:
-        self.state = self.model.next_call(self.state)
+        self.state = self.figures.next_call(self.state)
 
     # -- mouse -------------------------------------------------------------------------------------
     async def on_click(self, event: events.Click) -> None:
@@ -288,8 +288,8 @@ class RingVisualizer(PlaybackVisualizer):
         if n > N_MAX:
             msg = [Text(s["too_many"].format(n=n), style="yellow")]
             return self._assemble([msg, controls, keys], control_hits, 1)
-        plan = self.model.plan(state)
-        frame = self.model.shown_frame(state)
+        plan = self.figures.plan(state)
+        frame = self.figures.shown_frame(state)
         title = self._title(state, width)
         caption = []
         if self.caption_key and self.source == "sim":
@@ -390,7 +390,7 @@ class RingVisualizer(PlaybackVisualizer):
     def _title(self, state: RingState, width: int) -> list[Text]:
         s, lang = strings("ring", self.language), self.language
         t = Text()
-        rec = self.model.recorded(state)
+        rec = self.figures.recorded(state)
         if rec is not None:
             t.append(s["run"], style=f"bold {RUN_COLOR}")
             label = (s["call_train"].format(k=rec.call) if rec.call < 1000 else s["call_sweep"])
@@ -405,8 +405,8 @@ class RingVisualizer(PlaybackVisualizer):
 
     def _status(self, state: RingState, plan: Plan, frame: int, width: int) -> list[Text]:
         s, lang = strings("ring", self.language), self.language
-        st = self.model.status(state, frame)
-        size = self.model.effective_size(state)
+        st = self.figures.status(state, frame)
+        size = self.figures.effective_size(state)
         line1 = Text()
         if st.finished_phase is not None:
             line1.append(s["phase"][st.finished_phase] + " ✓", style=PHASE_STYLE[st.finished_phase])
@@ -529,8 +529,8 @@ class RingVisualizer(PlaybackVisualizer):
     def _comparison(self, state: RingState, plan: Plan, frame: int, width: int) -> list[Text]:
         """Busiest link, steps and α-β time of ring, tree and naive for the same N and S."""
         s, lang = strings("ring", self.language), self.language
-        size = self.model.effective_size(state)
-        costs = self.model.comparison(state, frame)
+        size = self.figures.effective_size(state)
+        costs = self.figures.comparison(state, frame)
         top = max(c.link_bytes for c in costs) or 1.0
         texts = {c.algorithm: (fmt_units(c.link_bytes, size, lang), str(c.steps), format_time(c.time, lang=lang))
                  for c in costs}
@@ -562,7 +562,7 @@ class RingVisualizer(PlaybackVisualizer):
     def _controls(self, state: RingState, width: int,
                   max_lines: int = 3) -> tuple[list[Text], list[tuple[int, int, int, str]]]:
         s = strings("ring", self.language)["controls"]
-        rec_run = self.model.recorded(state) is not None
+        rec_run = self.figures.recorded(state) is not None
         items = [(s["restart"], "restart"), (s["back"], "step(-1)"),
                  (s["pause"] if self.playing else s["play"], "play"), (s["fwd"], "step(1)"),
                  (s["slower"], "speed(-1)"), (s["faster"], "speed(1)"),
