@@ -40,7 +40,7 @@ def test_registered_under_the_lessons_name():
 
 
 def test_ladders():
-    assert ladder_step(LLAMA3["gpu_mtbf"], LADDERS["gpu_mtbf"], up=False) == 50_000 * 3600
+    assert ladder_step(LLAMA3.gpu_mtbf, LADDERS["gpu_mtbf"], up=False) == 50_000 * 3600
     assert ladder_step(60, LADDERS["cost"], up=True) == 120 and ladder_step(60, LADDERS["cost"], up=False) == 30
     assert ladder_step(0, LADDERS["restart"], up=False) == 0
 
@@ -49,7 +49,7 @@ def test_ladders():
 async def test_curve_marks_young_daly_and_the_simulated_optimum():
     async with mounted(FailuresVisualizer, size=(110, 34)) as (pilot, v):
         text = plain(v)
-        M = f.job_mtbf(LLAMA3["gpu_mtbf"], LLAMA3["gpus"])
+        M = f.job_mtbf(LLAMA3.gpu_mtbf, LLAMA3.gpus)
         assert "G = 16,384 GPUs" in text and "M = 3.09 h" in text
         assert "Young √(2CM) = 19.3 min" in text and "Daly = 18.6 min" in text
         s = v.sweep()

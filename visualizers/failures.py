@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal, overload
 
 from rich.console import Group
 from rich.text import Text
@@ -35,11 +36,10 @@ from ..lessons.units import format_integer, format_percent, format_time
 from .base import NEXT_VIEW, Control, LessonVisualizer, view_controls
 from .run_timeline import timeline_lines
 
-LLAMA3 = {"gpus": 16384, "gpu_mtbf": component_mtbf_from_log(16384, 54 * DAY, 419), "cost": 60.0, "restart": 300.0}
 FAILURES = 100_000  # failures in the simulated log behind the curve
 GPU_RANGE = (1, 1 << 20)
 HOUR = 3600.0
-LADDERS = {
+LADDERS: dict[str, list[float]] = {
     "gpu_mtbf": [h * HOUR for h in (100, 200, 500, 1000, 2000, 5000, 10_000, 20_000, 50_000, 100_000, 200_000,
                                     500_000, 1_000_000)],
     "cost": [0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200],
@@ -64,6 +64,9 @@ class Params:
     @property
     def mtbf(self) -> float:
         return job_mtbf(self.gpu_mtbf, self.gpus)
+
+
+LLAMA3 = Params(16384, component_mtbf_from_log(16384, 54 * DAY, 419), cost=60.0, restart=300.0)
 
 
 def _waste_at(sweep: fs.Sweep, tau: float) -> float:
@@ -171,13 +174,18 @@ class FailuresVisualizer(LessonVisualizer):
 
     def __init__(self, language: str = "en", **kwargs):
         super().__init__(language=language, **kwargs)
-        self.params = Params(**LLAMA3)
+        self.params = LLAMA3
         self.view = "interval"
         self.run = RunTimeline()
         self._sweeps: dict[Params, fs.Sweep] = {}
         self._days: dict[Params, fs.Timeline] = {}
 
     # -- model ------------------------------------------------------------------------------------
+    @overload
+    def sweep(self, compute: Literal[True] = ...) -> fs.Sweep: ...
+    @overload
+    def sweep(self, compute: bool) -> fs.Sweep | None: ...
+
     def sweep(self, compute: bool = True) -> fs.Sweep | None:
         """The sweep for the current parameters (computed here if ``compute`` and not cached)."""
         p = self.params
@@ -223,6 +231,7 @@ class FailuresVisualizer(LessonVisualizer):
     # -- actions ----------------------------------------------------------------------------------
     def action_scale(self, what: str, factor: float) -> None:
         p = self.params
+        value: float
         if what == "gpus":
             value = int(min(GPU_RANGE[1], max(GPU_RANGE[0], round(p.gpus * factor))))
             new = Params(value, p.gpu_mtbf, p.cost, p.restart)
@@ -238,7 +247,7 @@ class FailuresVisualizer(LessonVisualizer):
         self._redraw()
 
     def action_reset(self) -> None:
-        self.params = Params(**LLAMA3)
+        self.params = LLAMA3
         self._redraw()
 
     # -- drawing ----------------------------------------------------------------------------------
@@ -319,8 +328,9 @@ class FailuresVisualizer(LessonVisualizer):
         for c in range(cols):
             if weight[c]:
                 # a cell with any lost work or restart shows it (they are rare and short)
-                kind = next((k for k in order[:2] if weight[c].get(k, 0) > 0.15 * dt), None) \
-                    or max(weight[c], key=weight[c].get)
+                time_in = weight[c]
+                kind = next((k for k in order[:2] if time_in.get(k, 0) > 0.15 * dt), None) \
+                    or max(time_in, key=lambda k: time_in[k])
                 cells[c] = SEG_STYLE[kind]
         marks = [" "] * cols
         for t, _gpu in tl.failures:

@@ -130,7 +130,8 @@ def draw_lanes(lanes: Lanes, cols: int, t_max: float, cursor: float | None, mem_
         end_col = int(round(lanes.makespan / dt))
         row = Text(f"r{r:<2} ", style="bold")
         for c in range(cols):
-            ch, style = cells[c] if cells[c] is not None else ((IDLE_CHAR, "grey35") if c < end_col else (" ", ""))
+            cell = cells[c]
+            ch, style = cell if cell is not None else ((IDLE_CHAR, "grey35") if c < end_col else (" ", ""))
             if c == cursor_col:
                 style = (style + " reverse").strip()
             row.append(ch, style=style)
@@ -141,7 +142,8 @@ def draw_lanes(lanes: Lanes, cols: int, t_max: float, cursor: float | None, mem_
             continue
         series = lanes.held_series(r)
         strip = Text("    ")
-        j, held_now = 0, 0
+        j = 0
+        held_now: float = 0
         for c in range(cols):
             mid = (c + 0.5) * dt
             while j + 1 < len(series) and series[j + 1][0] <= mid:
@@ -345,6 +347,8 @@ class PipelineVisualizer(PlaybackVisualizer):
                 panels.append([title])
                 continue
             tl = self.timeline(schedule)
+            if tl is None:  # (lanes and timeline are simulated together: a panel with lanes has one)
+                continue
             v = tl.v
             title.append("  " + tr["step"].format(T=format_fixed(lanes.makespan, 1, lang)))
             bubble = tr["bubble"].format(f=format_percent(tl.bubble_fraction, 3, lang), vm="m" if v == 1 else f"{v}m")

@@ -11,6 +11,7 @@ import time
 from typing import ClassVar
 
 from textual.reactive import reactive
+from textual.timer import Timer
 
 from .base import LessonVisualizer
 
@@ -26,7 +27,7 @@ class PlaybackVisualizer(LessonVisualizer):
 
     def __init__(self, language: str = "en", **kwargs):
         super().__init__(language=language, **kwargs)
-        self._timer = None
+        self._timer: Timer | None = None
         self._last_tick = time.monotonic()
 
     # -- what a subclass says --------------------------------------------------------------------

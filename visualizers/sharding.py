@@ -233,7 +233,7 @@ class ShardingVisualizer(PlaybackVisualizer):
         self.action_phase(frames)
 
     def advance(self, dt: float) -> bool:
-        if self.at_end():
+        if self.phase is None or self.at_end():
             return False
         self.phase += 1
         self.refresh_view()
@@ -316,7 +316,7 @@ class ShardingVisualizer(PlaybackVisualizer):
         text.append(s["largest"].format(p=format_count(fit, lang=self.language)) + "\n", style="dim")
         text.append_text(self._legend(gpu0))
         if self.phase is not None:
-            text.append_text(self._animation())
+            text.append_text(self._animation(self.phase))
         if not self.run.empty:
             text.append_text(self._run())
         for line in wrap_words(self.controls_hint(), max(20, self.content_size.width - 2)):
@@ -378,10 +378,10 @@ class ShardingVisualizer(PlaybackVisualizer):
         out.append("\n")
         return out
 
-    def _animation(self) -> Text:
+    def _animation(self, phase: int) -> Text:
         s = strings("sharding", self.language)
         phases = self.phases()
-        ph = phases[self.phase]
+        ph = phases[phase]
         out = Text()
         pf = s["prefetch"] if self.prefetch else ""
         out.append(s["anim_title"].format(k=ANIMATION_LAYERS, pf=pf) + "\n", style="bold underline")
@@ -389,7 +389,7 @@ class ShardingVisualizer(PlaybackVisualizer):
         if ph.moved:
             what += f" (+{self._fmt(ph.moved)})"
         style = {"all_gather": "bold cyan", "reduce_scatter": "bold orchid", "free": "yellow"}.get(ph.action, "bold")
-        out.append(s["phase"].format(i=self.phase + 1, n=len(phases), stage=s["stages"][ph.stage], what=what) + "\n",
+        out.append(s["phase"].format(i=phase + 1, n=len(phases), stage=s["stages"][ph.stage], what=what) + "\n",
                    style=style)
         gathered = ", ".join(f"L{g}" for g in ph.gathered) or s["none"]
         out.append(s["in_mem"].format(g=gathered) + "\n")
