@@ -58,7 +58,7 @@ from ..lessons.lesson7.formulas import kv_heads_per_gpu
 from ..lessons.lesson7.paging import ContiguousAllocator
 from .experiment import device_sync
 from .metering import CommMeter, comm_scope
-from .model import GPT, GPTConfig, ModelConfigError, apply_rope
+from .model import GPT, MLP, GPTConfig, ModelConfigError, apply_rope
 
 __all__ = ["decoder_config", "build_model", "decoder_weights", "check_tp", "check_pp", "decode_params",
            "reference_logits", "reference_greedy", "comm_counts", "KVStore", "DecoderShard", "generate",
@@ -119,9 +119,9 @@ def decoder_weights(model: GPT) -> dict[str, torch.Tensor]:
             w[p + "norm1_b"], w[p + "norm2_b"] = block.ln1.bias, cast(nn.LayerNorm, block.ln2).bias
         for name in ("wq", "wk", "wv", "wo"):
             w[p + name] = getattr(block.attn, name).weight
-        assert block.mlp.gate is not None  # SwiGLU (build_model checks)
-        w[p + "w_gate"], w[p + "w_up"], w[p + "w_down"] = (block.mlp.gate.weight, block.mlp.fc1.weight,
-                                                          block.mlp.fc2.weight)
+        mlp = cast(MLP, block.mlp)
+        assert mlp.gate is not None  # SwiGLU (build_model checks)
+        w[p + "w_gate"], w[p + "w_up"], w[p + "w_down"] = mlp.gate.weight, mlp.fc1.weight, mlp.fc2.weight
     w["norm_f"] = model.head.norm.weight
     if isinstance(model.head.norm, nn.LayerNorm):
         w["norm_f_b"] = model.head.norm.bias

@@ -8,24 +8,16 @@ sequence parallelism the layer norms, dropouts and residual adds run on ``s/T`` 
 """
 from __future__ import annotations
 
-import math
+from typing import cast
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from ..metering import comm_scope
-from ..model import MLP, Attention, Block, DropoutMasks
+from ..model import MLP, Attention, Block, DropoutMasks, attend, masked_dropout
 from .group import TPGroup
-from .layers import (
-    ColumnParallelLinear,
-    RowParallelLinear,
-    ScaledCausalSoftmax,
-    TPLayerNorm,
-    masked_dropout,
-    slice_cols,
-    slice_rows,
-)
+from .layers import ColumnParallelLinear, RowParallelLinear, TPLayerNorm, slice_cols, slice_rows
 
 
 class TPAttention(nn.Module):
@@ -58,11 +50,11 @@ class TPAttention(nn.Module):
         local_heads = self.heads // tp.size
         q, k, v = (u.view(s, b, local_heads, self.head_dim).permute(1, 2, 0, 3)
                    for u in qkv.chunk(3, dim=-1))  # [b, a/T, s, d]
-        probs = ScaledCausalSoftmax.apply(q.matmul(k.transpose(-1, -2)), 1.0 / math.sqrt(self.head_dim))
-        lo = tp.rank * local_heads
-        probs = masked_dropout(probs, self.masks, self.layer, "attn.probs", (b, self.heads, s, s),
-                               lambda m: m[:, lo:lo + local_heads])
-        ctx = probs.matmul(v).permute(2, 0, 1, 3).reshape(s, b, local_heads * self.head_dim)
+        lo, masks = tp.rank * local_heads, self.masks
+        ctx = attend(q, k, v, dropout=lambda p: masked_dropout(p, masks, self.layer, "attn.probs",
+                                                                (b, self.heads, s, s),
+                                                                lambda m: m[:, lo:lo + local_heads]))
+        ctx = ctx.permute(2, 0, 1, 3).reshape(s, b, local_heads * self.head_dim)
         return self.wo(ctx)
 
 
@@ -90,7 +82,7 @@ class TPBlock(nn.Module):
         self.ln1 = TPLayerNorm(dense.ln1, tp)
         self.attn = TPAttention(dense.attn, tp, layer)
         self.ln2 = TPLayerNorm(dense.ln2, tp)
-        self.mlp = TPMLP(dense.mlp, tp)
+        self.mlp = TPMLP(cast(MLP, dense.mlp), tp)
         self.masks: DropoutMasks | None = None
 
     def set_masks(self, masks: DropoutMasks | None) -> None:

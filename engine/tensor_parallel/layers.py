@@ -1,20 +1,16 @@
 """The tensor-parallel layers: a linear split by output features (column-parallel, behind f),
-one split by input features (row-parallel, before g), a replicated layer norm, and the memory-lean
-softmax and dropout the block uses.
+one split by input features (row-parallel, before g) and a replicated layer norm (the memory-lean
+softmax and dropout are the model's own: :func:`~distai.engine.model.attend`).
 
 Weights are cut from the dense model's: rank ``r`` of ``T`` holds rows ``[r·n/T, (r+1)·n/T)``
 (:func:`slice_rows`) or the same columns (:func:`slice_cols`).
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..model import DropoutMasks
 from .f_and_g import CopyToTP, GatherFromSequence, ReduceFromTP, ReduceScatterToSequence, SPColumnLinear
 from .group import TPGroup
 
@@ -97,51 +93,3 @@ class TPLayerNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
-
-
-class ScaledCausalSoftmax(torch.autograd.Function):
-    """softmax(scale·scores + causal mask), saving only its output (like Megatron's fused
-    scale-mask-softmax): the scores themselves are not kept for backward."""
-
-    @staticmethod
-    def forward(ctx: Any, scores: torch.Tensor, scale: float) -> torch.Tensor:
-        s_q, s_k = scores.shape[-2:]
-        future = torch.ones(s_q, s_k, dtype=torch.bool, device=scores.device).triu_(1)
-        probs = torch.softmax((scores * scale).masked_fill_(future, float("-inf")), dim=-1)
-        ctx.save_for_backward(probs)
-        ctx.scale = scale
-        return probs
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        (probs,) = ctx.saved_tensors
-        dot = (grad * probs).sum(-1, keepdim=True)
-        return probs * (grad - dot) * ctx.scale, None
-
-
-class _MaskedDropout(torch.autograd.Function):
-    """Dropout with a given keep-mask, saving only the (1-byte) mask."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
-        ctx.save_for_backward(keep)
-        ctx.scale = scale
-        return torch.where(keep, x * scale, torch.zeros((), dtype=x.dtype, device=x.device))
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        (keep,) = ctx.saved_tensors
-        return torch.where(keep, grad * ctx.scale, torch.zeros((), dtype=grad.dtype, device=grad.device)), None, None
-
-
-def masked_dropout(x: torch.Tensor, masks: DropoutMasks | None, layer: object, site: str,
-                   full_shape: tuple[int, ...],
-                   slicer: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
-    """Dropout of this rank's part of a tensor of ``full_shape``: the dense model's mask, sliced."""
-    if masks is None or masks.p == 0.0:
-        return x
-    keep = masks.full(layer, site, tuple(full_shape), device=x.device)
-    if slicer is not None:
-        keep = slicer(keep)
-    keep = keep.clone()  # own storage: never keep the full mask alive through a view
-    return _MaskedDropout.apply(x, keep, masks.scale)
