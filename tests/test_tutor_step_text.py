@@ -129,3 +129,56 @@ def test_every_step_shows_whole_commands_and_tables_that_fit(monkeypatch):
 
     checked = asyncio.run(walk())
     assert checked > 100  # the walk really met the lessons' code blocks and tables
+
+
+def _listing_lines(rendered: list[str]) -> list[str]:
+    """The source lines a rendered listing stands for: numbered lines start one, ``↪`` lines go on."""
+    lines: list[str] = []
+    for row in rendered:
+        head, _, rest = row.strip().partition(" ")
+        if head.isdigit():
+            lines.append(rest)
+        elif row.strip().startswith("↪"):
+            lines[-1] += " " + row.strip()[1:]
+    return lines
+
+
+def test_every_code_step_shows_its_listing_whole_inside_the_pane(monkeypatch):
+    """Issue 27.1: "The code that runs" wraps (numbered gutter, ``↪`` continuations), never cut."""
+    monkeypatch.setattr("distai.visualizers.base.visualizer_class", lambda name: None)
+    from distai.tutor.code_source import read_source
+
+    async def walk():
+        app = DistaiApp("en")
+        checked = 0
+        async with app.run_test(size=SIZES[0]) as pilot:
+            for size in SIZES:
+                await pilot.resize_terminal(*size)
+                for lang in ("en", "es"):
+                    app.language = lang
+                    for lesson in all_lessons():
+                        steps = [i for i, step in enumerate(lesson.steps) if step.code]
+                        if not steps:
+                            continue
+                        screen = LessonScreen(lesson, start=steps[0])
+                        await app.push_screen(screen)
+                        for index in steps:
+                            step = lesson.steps[index]
+                            await screen.show_step(index)
+                            await pilot.pause()
+                            where = f"{lesson.id}/{lang}/{step.key} at {size}"
+                            assert screen.query_one("#visualizer-pane").display, where
+                            code = screen.query_one("#code")
+                            pane = screen.query_one("#text-pane")
+                            assert code.region.right <= pane.content_region.right, f"{where}: listing cut"
+                            rendered = _rendered(code)
+                            assert all(len(row.rstrip()) <= code.region.width for row in rendered), where
+                            source = read_source(step.code).source.split("\n")
+                            shown = _listing_lines(rendered)
+                            assert [line.split() for line in shown] == [line.split() for line in source], \
+                                f"{where}: the listing is cut:\n" + "\n".join(rendered)
+                            checked += 1
+                        await app.pop_screen()
+        return checked
+
+    assert asyncio.run(walk()) >= 4 * len([s for lesson in all_lessons() for s in lesson.steps if s.code])

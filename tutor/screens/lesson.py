@@ -4,11 +4,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from rich.syntax import Syntax
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Container, Horizontal, HorizontalScroll, VerticalScroll
+from textual.containers import Container, Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Static
 
@@ -16,7 +15,7 @@ from ...lessons.registry import Lesson
 from ...lessons.strings import translated
 from ..code_source import CodeNotFound, read_source
 from .common import CommonActions, localize_bindings
-from .step_text import StepText
+from .step_text import CodeListing, StepText
 
 if TYPE_CHECKING:
     from ...visualizers.base import LessonVisualizer
@@ -89,7 +88,7 @@ class LessonScreen(CommonActions, Screen):
             with VerticalScroll(id="text-pane"):
                 yield StepText(id="step-text")
                 yield Static(id="code-title")
-                with HorizontalScroll(id="code-box"):
+                with Container(id="code-box"):
                     yield Static(id="code")
             yield Container(id="visualizer-pane")
         with Horizontal(id="actions"):
@@ -164,9 +163,8 @@ class LessonScreen(CommonActions, Screen):
             box.display = False
             return
         code_title.update(Text(translated("tutor", "code_title", self.lang, where=src.where), style="bold"))
-        # no wrapping: long lines scroll sideways, so the code reads exactly as in its file
-        code.update(Syntax(src.source, "python", line_numbers=True, start_line=src.start_line,
-                           word_wrap=False, theme="monokai", background_color="default"))
+        # wrapped, never cut: the listing reads whole beside the visualizer, at 80 columns too
+        code.update(CodeListing(src.source, src.start_line))
 
     async def _show_visualizer(self, step) -> None:
         from ...visualizers.base import make_visualizer

@@ -61,23 +61,74 @@ def wrap_command(line: str, width: int) -> tuple[str, ...]:
     return tuple(out)
 
 
+def code_pieces(line: str, width: int) -> tuple[tuple[int, int], ...]:
+    """Where ``wrap_code`` cuts ``line``: the (start, end) of each piece, breaks at spaces."""
+    width = max(width, len(CODE_MARK) + 8)
+    if len(line) <= width:
+        return ((0, len(line)),)
+    indent = min(len(line) - len(line.lstrip(" ")), width // 2)
+    pieces, start, prefix = [], 0, 0
+    while prefix + len(line) - start > width:
+        room = width - prefix
+        cut = line.rfind(" ", start + 1, start + room + 1)
+        cut = cut if cut > start else start + room
+        pieces.append((start, len(line[:cut].rstrip())))
+        start = len(line) - len(line[cut:].lstrip(" "))
+        prefix = indent + len(CODE_MARK)
+    pieces.append((start, len(line)))
+    return tuple(pieces)
+
+
+def continuation_prefix(line: str, width: int) -> str:
+    """What starts a continuation of ``line``: its indent (at most half the width) and ``↪``."""
+    return " " * min(len(line) - len(line.lstrip(" ")), max(width, len(CODE_MARK) + 8) // 2) + CODE_MARK
+
+
 @lru_cache(maxsize=512)
 def wrap_code(line: str, width: int) -> tuple[str, ...]:
     """A code line as lines of at most ``width`` cells; continuations start with ``↪``."""
-    width = max(width, len(CODE_MARK) + 8)
-    if len(line) <= width:
-        return (line,)
-    indent = " " * min(len(line) - len(line.lstrip(" ")), width // 2)
-    out, rest, prefix = [], line, ""
-    while len(prefix) + len(rest) > width:
-        room = width - len(prefix)
-        cut = rest.rfind(" ", 1, room + 1)
-        cut = cut if cut > 0 else room
-        out.append(prefix + rest[:cut].rstrip())
-        rest = rest[cut:].lstrip(" ")
-        prefix = indent + CODE_MARK
-    out.append(prefix + rest)
-    return tuple(out)
+    prefix = continuation_prefix(line, width)
+    return tuple(("" if i == 0 else prefix) + line[start:end]
+                 for i, (start, end) in enumerate(code_pieces(line, width)))
+
+
+class CodeListing:
+    """A Rich renderable: source lines highlighted, numbered in a gutter and wrapped to the width
+    it is given (continuations as ``wrap_code``'s, under an empty gutter), so no line is cut."""
+
+    def __init__(self, source: str, start_line: int, lexer: str = "python", theme: str = "monokai"):
+        self.source, self.start_line, self.lexer, self.theme = source.rstrip("\n"), start_line, lexer, theme
+
+    def gutter_width(self) -> int:
+        return len(str(self.start_line + self.source.count("\n"))) + 2
+
+    def __rich_measure__(self, console, options):
+        from rich.measure import Measurement
+
+        longest = max((len(line) for line in self.source.split("\n")), default=0)
+        return Measurement(self.gutter_width() + len(CODE_MARK) + 8, self.gutter_width() + longest)
+
+    def lines(self, width: int) -> list[Text]:
+        from rich.syntax import Syntax
+
+        gutter = self.gutter_width()
+        room = max(1, width - gutter)
+        highlighted = Syntax(self.source, self.lexer, theme=self.theme, background_color="default")
+        out: list[Text] = []
+        for number, line in enumerate(highlighted.highlight(self.source).split("\n"), self.start_line):
+            plain = line.plain.rstrip("\n")
+            prefix = continuation_prefix(plain, room)
+            for i, (start, end) in enumerate(code_pieces(plain, room)):
+                row = Text(f"{number:>{gutter - 1}} " if i == 0 else " " * gutter, style="dim")
+                if i:
+                    row.append(prefix[:-len(CODE_MARK)])
+                    row.append(CODE_MARK, style="dim")
+                row.append_text(line[start:end])
+                out.append(row)
+        return out
+
+    def __rich_console__(self, console, options):
+        yield from self.lines(options.max_width)
 
 
 def unwrap_command(lines: list[str]) -> list[str]:
