@@ -71,7 +71,7 @@ class DynamicLossScaler:
     def __init__(self, init_scale: float = GRADSCALER_DEFAULTS["init_scale"],
                  growth_factor: float = GRADSCALER_DEFAULTS["growth_factor"],
                  backoff_factor: float = GRADSCALER_DEFAULTS["backoff_factor"],
-                 growth_interval: int = GRADSCALER_DEFAULTS["growth_interval"],
+                 growth_interval: int = int(GRADSCALER_DEFAULTS["growth_interval"]),
                  enabled: bool = True, sync_found_inf: bool = False, process_group=None):
         if not (init_scale > 0 and math.isfinite(init_scale)):
             raise ValueError(f"init_scale must be a positive finite number, got {init_scale}")

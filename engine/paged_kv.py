@@ -68,6 +68,14 @@ def prefix_store(shard: DecoderShard, num_blocks: int, block_size: int = 16) -> 
                    shard.cfg.head_dim, shard.dtype, shard.device)
 
 
+def _prompt_ids(requests: list[Request]) -> dict[int, list[int]]:
+    """Each request's prompt token ids by request id (a model runs ids, not lengths)."""
+    prompts = {r.rid: r.prompt for r in requests if r.prompt is not None}
+    if len(prompts) < len(requests):
+        raise ValueError("requests need prompt token ids")
+    return prompts
+
+
 @dataclass
 class BatchRun:
     """The outcome of serving a request mix."""
@@ -103,8 +111,7 @@ class ContinuousBatcher:
     @torch.no_grad()
     def run(self, requests: list[Request]) -> BatchRun:
         shard, alloc = self.shard, self.shard.store.alloc
-        if any(r.prompt is None for r in requests):
-            raise ValueError("requests need prompt token ids")
+        prompts = _prompt_ids(requests)
         sched = Scheduler(alloc, self.max_batch)
         sched.add(requests)
         out: dict[int, list[int]] = {r.rid: [] for r in requests}
@@ -126,7 +133,7 @@ class ContinuousBatcher:
             # prefill each newly admitted sequence (prompt + tokens already produced, if preempted)
             new_tokens: dict[int, int] = {}
             for s in plan.prefill:  # from the first token not found in the prefix cache
-                ids = torch.tensor([(s.req.prompt + out[s.rid])[s.reused:]], dtype=torch.long, device=dev)
+                ids = torch.tensor([(prompts[s.rid] + out[s.rid])[s.reused:]], dtype=torch.long, device=dev)
                 prefilled += ids.shape[1]
                 nxt = int(shard.forward(ids, [s.rid], [s.reused]).argmax(-1)[0])
                 out[s.rid].append(nxt)
@@ -187,7 +194,7 @@ def compare_prefix_sharing(make_shard, requests: list[Request], num_blocks: int,
     ``reused_tokens``, ``hit_rate`` (prompt tokens found cached / prompt tokens), ``cow`` and
     ``evicted`` (counts); and ``tokens_equal`` (identical outputs), ``ttft_ratio`` (p50 without /
     with), ``peak_memory_ratio`` (peak KV with / without)."""
-    prompts = [r.prompt for r in requests]
+    prompts = list(_prompt_ids(requests).values())
     common = next((i for i in range(min(map(len, prompts))) if len({p[i] for p in prompts}) > 1), min(map(len, prompts)))
     out: dict = {"requests": len(requests), "num_blocks": num_blocks, "block_size": block_size,
                  "system_prompt": common, "prompt_tokens": sum(map(len, prompts))}

@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -470,7 +470,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return local if isinstance(local, torch.Tensor) else t
 
 
-def held_bytes(groups: dict[str, Iterable[torch.Tensor | None]]) -> dict[str, int]:
+def held_bytes(groups: Mapping[str, Iterable[torch.Tensor | None]]) -> dict[str, int]:
     """Bytes of distinct tensor storage per category, each storage counted once (first wins).
 
     What a rank really holds: a view and its base count once, a freed storage (resized to

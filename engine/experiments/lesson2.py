@@ -232,7 +232,15 @@ class FSDP2Trainer(Trainer):
         return self._optimizer_step(self.model, batch)  # mixed precision: FSDP2's own policy
 
     def full_params(self):
-        return {n: p.detach().full_tensor().float().clone() for n, p in self.model.named_parameters()}
+        from torch.distributed.tensor import DTensor
+
+        out = {}
+        for n, p in self.model.named_parameters():
+            shard = p.detach()
+            if not isinstance(shard, DTensor):  # fully_shard made every parameter a DTensor
+                raise TypeError(f"{n} is not sharded by fully_shard")
+            out[n] = shard.full_tensor().float().clone()
+        return out
 
 
 def _optimizer_tensors(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
