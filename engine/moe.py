@@ -101,7 +101,7 @@ class MoEStats:
     routed: list[int] = field(default_factory=list)  # routing choices per expert (before drops)
     kept: list[int] = field(default_factory=list)  # … that an expert processed
     tokens: int = 0  # tokens of the group
-    capacity: int | None = None  # per expert, in the EP group
+    capacity: int | None = None  # per expert: its limit in each EP group times the groups (None: dropless)
     aux_loss: float = 0.0  # Switch's loss over the global batch
     sent_rows: list[int] = field(default_factory=list)  # this rank: token rows sent to each EP rank
     received_rows: list[int] = field(default_factory=list)  # … and received from each
@@ -156,6 +156,9 @@ class MoELayer(nn.Module):
         self.dp_group: Any = None  # whose tokens make the global batch (None: the world once sharded)
         self.ep, self.ep_rank = 1, 0
         self.sharded = False  # set by shard(): the global batch is the data-parallel group's
+        # unsharded: the tokens form this many consecutive groups, each with its own capacity (the
+        # single-process twin of EP groups inside data parallelism)
+        self.capacity_groups = 1
         self.aux_loss: torch.Tensor = torch.zeros(())
         self.stats = MoEStats()
 
@@ -217,36 +220,41 @@ class MoELayer(nn.Module):
     def _routed(self, tokens: torch.Tensor) -> torch.Tensor:
         moe, n, dev = self.moe, tokens.shape[0], tokens.device
         E, k, ep, El = moe.experts, moe.top_k, self.ep, self.local_experts
+        G = self.capacity_groups if ep == 1 else 1  # capacity groups among my tokens
+        if n % G:
+            raise MoEConfigError(f"{n} tokens do not split into {G} capacity groups")
         probs, chosen, gates = self.route(tokens)
         # the k·n routing choices, first choices first (GShard's priority), sorted by expert
         expert_of = chosen.t().reshape(-1)
         token_of = torch.arange(n, device=dev).repeat(k)
+        slot_of = torch.arange(k, device=dev).repeat_interleave(n)
+        group_of = token_of // (n // G)
         gate_of = gates.t().reshape(-1)
-        order = torch.sort(expert_of, stable=True).indices  # expert, then choice, then token
-        slot_expert = (torch.arange(k, device=dev).repeat_interleave(n) * E + expert_of)
-        counts = torch.bincount(slot_expert, minlength=k * E).view(k, E)  # [choice, expert]
+        order = torch.sort(group_of * E + expert_of, stable=True).indices  # (group), expert, choice, token
+        counts = torch.bincount((group_of * k + slot_of) * E + expert_of, minlength=G * k * E).view(G, k, E)
         # exchange the counts: what I send to each owner's experts, what each source sends to mine
-        to_owner = counts.view(k, ep, El).transpose(0, 1)  # [owner, choice, local expert]
+        to_owner = counts if ep == 1 else counts[0].view(k, ep, El).transpose(0, 1)  # [owner, choice, local expert]
         with comm_scope(site="moe.counts"):
             from_source = to_owner if ep == 1 else _all_to_all_counts(to_owner, self.ep_group)
-        tokens_group = n * ep
-        capacity = moe.capacity(tokens_group)
+        capacity = moe.capacity(n * ep // G)  # over the EP group's tokens (or one group's)
         if capacity is not None:
-            # an expert keeps its first C choices in (choice, source rank, token) order
-            per = from_source.permute(1, 0, 2).reshape(k * ep, El)
+            # an expert keeps its first C choices in (choice, source rank, token) order; the
+            # sources of an EP group share C, capacity groups each have their own
+            per = from_source.permute(1, 0, 2).reshape(k * ep, El) if ep > 1 else from_source.transpose(0, 1)
             before = per.cumsum(0) - per
-            kept_from = (capacity - before).clamp(min=0).minimum(per).view(k, ep, El).permute(1, 0, 2)
+            kept_from = (capacity - before).clamp(min=0).minimum(per)
+            kept_from = kept_from.view(k, ep, El).permute(1, 0, 2) if ep > 1 else kept_from.transpose(0, 1)
             with comm_scope(site="moe.kept"):
                 kept_to = kept_from if ep == 1 else _all_to_all_counts(kept_from, self.ep_group)
         else:
             kept_from, kept_to = from_source, to_owner
-        kept = kept_to.transpose(0, 1).reshape(k, E)  # [choice, expert] kept of mine
-        # keep, within each (expert, choice) run of the sorted choices, its first kept[choice, expert]
-        sorted_key = (expert_of * k + torch.arange(k, device=dev).repeat_interleave(n))[order]
-        run_counts = counts.t().reshape(-1)  # [expert, choice] order, as sorted
+        kept = kept_to if ep == 1 else kept_to.transpose(0, 1).reshape(1, k, E)  # [group, choice, expert] of mine
+        # keep, within each (group, expert, choice) run of the sorted choices, its first kept[...]
+        sorted_key = ((group_of * E + expert_of) * k + slot_of)[order]
+        run_counts = counts.transpose(1, 2).reshape(-1)  # [group, expert, choice], as sorted
         run_start = run_counts.cumsum(0) - run_counts
         position = torch.arange(k * n, device=dev) - run_start[sorted_key]
-        send = order[position < kept.t().reshape(-1)[sorted_key]]
+        send = order[position < kept.transpose(1, 2).reshape(-1)[sorted_key]]
         send_splits = kept_to.sum(dim=(1, 2)).tolist()
         recv_splits = kept_from.sum(dim=(1, 2)).tolist()
         rows = tokens.index_select(0, token_of[send])
@@ -256,7 +264,7 @@ class MoELayer(nn.Module):
         with comm_scope(site="moe.combine"):
             rows = rows if ep == 1 else _all_to_all_rows(rows, send_splits, recv_splits, self.ep_group)
         out = torch.zeros_like(tokens).index_add(0, token_of[send], rows * gate_of[send, None].to(rows.dtype))
-        self._balance(probs, counts.sum(0), kept.sum(0), n, capacity, send_splits, recv_splits)
+        self._balance(probs, counts.sum((0, 1)), kept.sum((0, 1)), n, capacity, G, send_splits, recv_splits)
         return out
 
     def _run_experts(self, rows: torch.Tensor, kept_from: torch.Tensor) -> torch.Tensor:
@@ -270,7 +278,7 @@ class MoELayer(nn.Module):
         return torch.cat(outs).index_select(0, torch.argsort(by_expert))
 
     def _balance(self, probs: torch.Tensor, routed: torch.Tensor, kept: torch.Tensor, n: int,
-                 capacity: int | None, send_splits: list[int], recv_splits: list[int]) -> None:
+                 capacity: int | None, groups: int, send_splits: list[int], recv_splits: list[int]) -> None:
         """Switch's loss over the global batch, and this forward's :class:`MoEStats`."""
         moe = self.moe
         totals = self._global_sum(torch.cat([routed, kept, routed.new_tensor([n])]))
@@ -279,7 +287,8 @@ class MoELayer(nn.Module):
         self.aux_loss = moe.aux_alpha * moe.experts * (f * probs.mean(0)).sum()
         aux_mean = self._global_sum(self.aux_loss.detach().reshape(1))
         ranks = tokens // n
-        self.stats = MoEStats(routed_all.tolist(), kept_all.tolist(), tokens, capacity,
+        limit = None if capacity is None else capacity * groups * (ranks // self.ep)
+        self.stats = MoEStats(routed_all.tolist(), kept_all.tolist(), tokens, limit,
                               float(aux_mean) / ranks, send_splits, recv_splits)
 
 

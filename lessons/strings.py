@@ -14,6 +14,7 @@ nesting that differs between the languages.
 """
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping
 from functools import cache
@@ -28,6 +29,24 @@ else:  # pragma: no cover
 
 LANGUAGES = ("en", "es")  # every text of the course exists in these; the first is the fallback
 FALLBACK = "en"
+
+
+def detect_language(explicit: str | None = None, environ: Mapping[str, str] | None = None) -> str:
+    """``explicit`` (``--lang``), else the locale (``LANG=es_ES.UTF-8`` gives Spanish), else English.
+    The tutor and the experiments (which inherit the learner's environment) read it alike."""
+    if explicit:
+        lang = explicit.strip().lower()
+        if lang not in LANGUAGES:
+            raise ValueError(f"unknown language {explicit!r}; choose one of {', '.join(LANGUAGES)}")
+        return lang
+    env = os.environ if environ is None else environ
+    # POSIX precedence: LC_ALL overrides LC_MESSAGES, which overrides LANG.
+    for var in ("LC_ALL", "LC_MESSAGES", "LANG"):
+        value = env.get(var, "")
+        if value:
+            code = value.split(".")[0].split("_")[0].lower()
+            return code if code in LANGUAGES else FALLBACK
+    return FALLBACK
 
 
 def areas() -> tuple[str, ...]:

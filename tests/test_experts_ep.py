@@ -43,7 +43,7 @@ def _step(model, ids, targets, sync=False, group=None):
 
 
 def compare(rank: int, ep_group, dp_group, expert_dp, job_ranks: list[int], moe, dtype, steps: int = 1,
-            seed: int = 5) -> dict:
+            seed: int = 5, capacity_groups: int = 1) -> dict:
     """Train the EP model (this rank's slice of the job's batch) and the single-process one (the
     whole batch) side by side; the largest relative difference of each quantity."""
     import torch.distributed as dist
@@ -57,6 +57,8 @@ def compare(rank: int, ep_group, dp_group, expert_dp, job_ranks: list[int], moe,
     me = job_ranks.index(rank)
     ref = make_moe(GPT(cfg, seed=seed, dtype=dtype), moe, seed=seed)
     model = apply_ep(make_moe(GPT(cfg, seed=seed, dtype=dtype), moe, seed=seed), ep_group, expert_dp, dp_group)
+    for layer in moe_layers(ref):  # one process: each EP group's tokens have their own capacity
+        layer.capacity_groups = capacity_groups
     out: dict = {"loss": 0.0, "logits": 0.0, "grads": 0.0, "n_grads": 0, "kept_equal": True, "routed": [],
                  "kept": [], "bias": 0.0}
     ep = dist.get_world_size(ep_group)
@@ -139,10 +141,35 @@ def check_all(rank: int, world: int) -> dict:
     ep_group, expert_dp = groups[2]
     moe = MoEConfig(experts=EXPERTS, top_k=2, shared_experts=1, bias_rate=1e-3)
     out["ep2xdp4"] = compare(rank, ep_group, None, expert_dp, list(range(world)), moe, torch.float64, steps=2)
+    moe = MoEConfig(experts=EXPERTS, top_k=2, capacity_factor=0.75)
+    out["ep2xdp4-cf"] = compare(rank, ep_group, None, expert_dp, list(range(world)), moe, torch.float64,
+                                capacity_groups=world // 2)
     out["metered"] = {cf: metered_step(rank, groups[8][0], MoEConfig(experts=EXPERTS, top_k=2, capacity_factor=cf))
                       for cf in (None, 1.0)}
     dist.barrier()
+    out["main"] = run_main(rank)  # last: the experiment's own entry point ends the process group
     return out
+
+
+def run_main(rank: int) -> dict:
+    """``distai run experts --ep 4`` on the 8 ranks (EP = 4 × DP = 2), in Spanish."""
+    import contextlib
+    import io
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from distai.engine.events import read_events
+    from distai.engine.experiments import experts
+
+    events_dir = tempfile.mkdtemp()
+    os.environ["DISTAI_EVENTS_DIR"] = events_dir
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        rc = experts.main(["--ep", "4", "--steps", "3", "--micro-batch", "2", "--hidden", "16", "--heads", "2",
+                           "--seq", "8", "--vocab", "32", "--capacity-factor", "1.0", "--lang", "es"])
+    events = list(read_events(Path(events_dir) / f"rank{rank}.jsonl"))
+    return {"rc": rc, "printed": printed.getvalue(), "events": [e for e in events if e["kind"] != "span"]}
 
 
 @pytest.fixture(scope="module")
@@ -166,11 +193,15 @@ def test_ep_equals_single_process(results, case):
         assert sum(map(sum, kept)) < sum(map(sum, routed))
 
 
-def test_ep_inside_data_parallel_with_shared_experts_and_bias_balancing(results):
+@pytest.mark.parametrize("case", ["ep2xdp4", "ep2xdp4-cf"])
+def test_ep_inside_data_parallel(results, case):
+    """Shared experts and the bias balance over two steps (dropless); a capacity per EP group."""
     for r in results:
-        got = r["ep2xdp4"]
+        got = r[case]
         assert got["loss"] <= 1e-12 and got["logits"] <= 1e-12 and got["grads"] <= 1e-12, got
         assert got["kept_equal"] and got["bias"] == 0.0
+    if case.endswith("cf"):
+        assert sum(map(sum, results[0][case]["kept"])) < sum(map(sum, results[0][case]["routed"]))
 
 
 @pytest.mark.parametrize("cf", [None, 1.0], ids=["dropless", "cf1.0"])
@@ -182,3 +213,74 @@ def test_all_to_all_bytes_and_calls_match_formula(results, cf):
         # dispatch sends the rows bound for other ranks, combine returns those that came from them;
         # backward runs the same two in reverse
         assert m["fwd_token_bytes"] == m["bwd_bytes"] == sum(m["rows"]) * h * m["elem"] > 0
+
+
+def test_experiment_streams_loads_and_checks_everything(results):
+    main = results[0]["main"]
+    assert main["rc"] == 0
+    kinds = {e["kind"] for e in main["events"]}
+    assert {"moe_config", "moe_load", "step", "moe_comm", "moe_memory", "progress", "summary"} <= kinds
+    config = next(e for e in main["events"] if e["kind"] == "moe_config")
+    assert (config["ep"], config["dp"], config["experts_per_rank"]) == (4, 2, 2)
+    loads = [e for e in main["events"] if e["kind"] == "moe_load"]
+    assert len(loads) == 3 * SIZES["layers"]
+    for e in loads:  # the capacity holds, the drops are what it cut
+        assert all(k <= min(r, e["capacity"]) for r, k in zip(e["routed"], e["kept"]))
+        assert e["drop_rate"] == pytest.approx(1 - sum(e["kept"]) / sum(e["routed"]))
+    comm = next(e for e in main["events"] if e["kind"] == "moe_comm")
+    assert len(comm["ranks"]) == WORLD and all(r["match"] and r["measured"]["calls"] > 0 for r in comm["ranks"])
+    memory = next(e for e in main["events"] if e["kind"] == "moe_memory")
+    for r in memory["ranks"]:
+        assert r["expert_bytes"] == r["formula_bytes"] == r["all_experts_bytes"] // 4
+    summary = next(e for e in main["events"] if e["kind"] == "summary")
+    assert summary["max_param_rel_diff"] <= 1e-5 and summary["comm_match"] and summary["memory_match"]
+    assert "Mezcla de expertos · 8 expertos sobre EP = 4 (× DP = 2)" in main["printed"]
+    assert all(r["main"]["printed"] == "" for r in results[1:])  # rank 0 alone prints the summary
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--experts", "6", "--ep", "4"], "6 experts do not split evenly over EP = 4 ranks"),
+    (["--experts", "4", "--top-k", "5"], "top-k must be between 1 and the number of experts (4), got 5"),
+    (["--capacity-factor", "0"], "--capacity-factor: must be positive, got 0"),
+    (["--capacity-factor", "1", "--dropless"], "not allowed with argument"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
+    from distai.engine.experiments import experts
+
+    try:
+        rc = experts.main(argv)
+    except SystemExit as exc:  # argparse's own errors
+        rc = exc.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and message in err[-1] and "Traceback" not in "\n".join(err)
+
+
+@pytest.mark.parametrize("k, cf", [(1, None), (2, None), (1, 1.0), (2, 0.5)])
+def test_single_process_moe_equals_gshard_dense_combine(k, cf):
+    """The sort-based layer against GShard's formulation: every expert on every token, weighted
+    by a combine matrix that is zero for unchosen and dropped (expert, token) pairs."""
+    import torch
+
+    from distai.engine.model import GPT, GPTConfig
+    from distai.engine.moe import MoEConfig, make_moe, moe_layers
+
+    moe = MoEConfig(experts=4, top_k=k, capacity_factor=cf)
+    layer = moe_layers(make_moe(GPT(GPTConfig(**SIZES), seed=1, dtype=torch.float64), moe, seed=1))[0]
+    x = torch.randn(8, 3, SIZES["hidden"], dtype=torch.float64, generator=torch.Generator().manual_seed(k))
+    y = layer(x)
+    t = x.transpose(0, 1).reshape(-1, SIZES["hidden"])
+    p = layer.router(t).softmax(-1)
+    top = p.topk(k, -1).indices
+    g = p.gather(1, top)
+    g = g / g.sum(-1, keepdim=True) if k > 1 else g
+    n, C = t.shape[0], moe.capacity(t.shape[0])
+    combine, fill = torch.zeros(n, 4, dtype=torch.float64), [0] * 4
+    for j in range(k):  # first choices first, then in token order
+        for i in range(n):
+            e = int(top[i, j])
+            if C is None or fill[e] < C:
+                fill[e] += 1
+                combine[i, e] += g[i, j]
+    ref = sum(combine[:, e:e + 1] * layer.experts[e](t) for e in range(4))
+    assert _rel(y.transpose(0, 1).reshape(-1, SIZES["hidden"]), ref) < 1e-14
+    assert layer.stats.kept == fill and (cf is None or sum(fill) < n * k)

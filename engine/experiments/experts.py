@@ -1,0 +1,319 @@
+"""The Mixture-of-Experts experiment: a GPT whose MLPs are experts, sharded over an EP group.
+
+``distai run experts --cpu 4 [--ep E] [--experts X] [--top-k K] [--capacity-factor C | --dropless]``
+(or ``--gpus N``; directly: ``python -m torch.distributed.run --nproc-per-node 4 -m
+distai.engine.experiments.experts``). The N ranks form N/E EP groups of E consecutive ranks
+(default E = N): each rank holds E_total/E experts of every layer, its own slice of the global
+batch and a copy of everything else (attention, norms, router: data parallel). Every step:
+
+1. trains one SGD step with :mod:`distai.engine.moe` (router, counts all-to-all, token dispatch
+   and combine all-to-alls, Switch's balancing loss over the global batch) and, unless
+   ``--no-check``, the same MoE on one process on the whole batch: the loss and every parameter
+   are compared;
+2. streams each layer's load: the routing choices per expert, what each kept (the capacity),
+   the drop rate and the balancing loss.
+
+One step is metered (:class:`~distai.engine.metering.CommMeter`): every all-to-all's calls and
+bytes on every rank against the formula of the rows that rank really sent and received
+(``lessons/experts/formulas.py``); the bytes of expert weights each rank holds against E/ep.
+
+Events (besides ``phase``, ``progress`` and ``summary``):
+
+* ``moe_config`` (rank 0): ``experts, ep, dp, world, top_k, capacity_factor, aux_alpha,
+  shared_experts, bias_rate, layers, hidden, heads, seq, vocab, micro_batch, tokens, capacity,
+  experts_per_rank, dtype, device``;
+* ``moe_load`` (rank 0, every step and layer): ``step, layer, routed, kept`` (per expert),
+  ``capacity`` (None: dropless), ``drop_rate, aux_loss``;
+* ``step`` (rank 0): ``step, of, loss, ref_loss, loss_rel_diff, param_rel_diff, aux_loss,
+  drop_rate, step_time_s``;
+* ``moe_comm`` (rank 0): ``step`` and ``ranks``: per rank ``{"rank", "measured", "formula",
+  "match"}``, each ``{"calls", "token_bytes", "count_bytes"}`` for one step, all layers;
+* ``moe_memory`` (rank 0): ``ranks``: per rank ``{"rank", "expert_bytes", "formula_bytes",
+  "replicated_bytes", "all_experts_bytes"}``.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ...lessons.experts.formulas import (
+    all_to_all_calls_per_layer,
+    count_all_to_all_bytes,
+    expert_bytes_per_rank,
+    token_all_to_all_bytes,
+)
+from ...lessons.strings import detect_language, translated
+from ...lessons.units import format_bytes, format_fixed, format_integer, format_percent, format_time
+from ..comm_trace import traced_step
+from ..data_parallel import sgd_step
+from ..experiment import (
+    UsageError,
+    add_model_options,
+    device_sync,
+    exit_with,
+    max_over_ranks,
+    model_config,
+    run_experiment,
+)
+from ..metering import CommMeter, comm_scope
+from ..model import GPT, ModelConfigError, lm_loss, make_batch
+from ..moe import (
+    MoEConfig,
+    MoEConfigError,
+    apply_ep,
+    ep_groups,
+    expert_param_bytes,
+    make_moe,
+    moe_aux_loss,
+    moe_layers,
+    sync_moe_grads,
+)
+
+AREA = "experts"  # the catalog file of the lesson's strings (lessons/catalog/experts.toml)
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="experts", description="Mixture of Experts with expert parallelism")
+    p.add_argument("--ep", type=int, default=None, help="expert-parallel ranks (default: all)")
+    p.add_argument("--experts", type=int, default=8, help="routed experts per layer (default 8)")
+    p.add_argument("--top-k", type=int, default=2, help="experts per token (default 2)")
+    limit = p.add_mutually_exclusive_group()
+    limit.add_argument("--capacity-factor", type=positive_float, default=1.25,
+                       help="capacity c: an expert takes at most ceil(c·T·k/E) tokens (default 1.25)")
+    limit.add_argument("--dropless", action="store_true", help="no capacity limit: no token is dropped")
+    p.add_argument("--aux-alpha", type=float, default=0.01, help="Switch's load-balancing weight α (default 0.01)")
+    p.add_argument("--shared-experts", type=int, default=0, help="shared experts every token uses (default 0)")
+    p.add_argument("--bias-balance", type=float, default=0.0,
+                   help="DeepSeek-V3's bias update rate γ (auxiliary-loss-free balancing; default 0: off)")
+    p.add_argument("--micro-batch", type=int, default=4, help="sequences per rank (default 4)")
+    p.add_argument("--steps", type=int, default=12, help="training steps (default 12)")
+    p.add_argument("--lr", type=float, default=0.3, help="SGD learning rate (default 0.3)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    p.add_argument("--no-check", dest="check", action="store_false",
+                   help="skip the single-process comparison")
+    p.add_argument("--lang", default=None, help="language of the summary: en or es (default: the locale)")
+    add_model_options(p, hidden=32, heads=4, layers=2, vocab=64, seq=16)
+    args = p.parse_args(argv)
+    if args.micro_batch < 1 or args.steps < 1:
+        p.error("--micro-batch and --steps must be at least 1")
+    try:
+        args.lang = detect_language(args.lang)
+    except ValueError as exc:
+        p.error(str(exc))
+    return args
+
+
+def moe_config(args: argparse.Namespace) -> MoEConfig:
+    return MoEConfig(experts=args.experts, top_k=args.top_k,
+                     capacity_factor=None if args.dropless else args.capacity_factor, aux_alpha=args.aux_alpha,
+                     shared_experts=args.shared_experts, bias_rate=args.bias_balance)
+
+
+def train_step(model: torch.nn.Module, ids: torch.Tensor, targets: torch.Tensor, lr: float,
+               group: Any = None, sync: bool = True) -> torch.Tensor:
+    """One SGD step of ``model`` on its tokens: language-model loss + balancing loss; the
+    gradients synchronised (``sync``) over the data-parallel ``group``; the bias balance nudged."""
+    model.zero_grad(set_to_none=True)
+    loss = lm_loss(model(ids), targets) + moe_aux_loss(model).to(ids.device)
+    with comm_scope(phase="bwd"):
+        loss.backward()
+    if sync:
+        sync_moe_grads(model, group)
+    sgd_step(model.parameters(), lr)
+    for layer in moe_layers(model):
+        layer.update_balance_bias()
+    return loss.detach()
+
+
+def max_relative_diff(model: torch.nn.Module, ref: torch.nn.Module, first_expert: int) -> float:
+    """The largest relative difference of this rank's parameters from the single-process ones
+    (local expert i is global expert ``first_expert + i``)."""
+    ref_params = dict(ref.named_parameters())
+    worst = 0.0
+    for name, p in model.named_parameters():
+        if ".experts." in name:
+            head, tail = name.split(".experts.")
+            i, rest = tail.split(".", 1)
+            name = f"{head}.experts.{first_expert + int(i)}.{rest}"
+        r = ref_params[name].detach()
+        worst = max(worst, ((p.detach() - r).abs().max() / r.abs().max().clamp_min(1e-30)).item())
+    return worst
+
+
+def comm_account(meter: CommMeter, model: torch.nn.Module, moe: MoEConfig, hidden: int, elem: int,
+                 ep_rank: int, ep: int) -> dict:
+    """This rank's all-to-alls of the metered step, and the formula of the rows it moved."""
+    a2a = [r for r in meter.records if r.op == "all_to_all"]
+    layers = moe_layers(model)
+    sent = sum(n for layer in layers for q, n in enumerate(layer.stats.sent_rows) if q != ep_rank)
+    received = sum(n for layer in layers for q, n in enumerate(layer.stats.received_rows) if q != ep_rank)
+    calls = all_to_all_calls_per_layer(dropless=moe.capacity_factor is None)
+    counts_per_layer = calls["fwd"] - 2
+    measured = {"calls": len(a2a),
+                "token_bytes": sum(r.sent_bytes for r in a2a if r.site in ("moe.dispatch", "moe.combine")
+                                   or r.phase == "bwd"),
+                "count_bytes": sum(r.sent_bytes for r in a2a if r.site in ("moe.counts", "moe.kept"))}
+    formula = {"calls": len(layers) * sum(calls.values()) if ep > 1 else 0,
+               "token_bytes": 2 * token_all_to_all_bytes(sent, received, hidden, elem),  # forward, backward
+               "count_bytes": len(layers) * counts_per_layer * count_all_to_all_bytes(ep, moe.top_k,
+                                                                                       moe.experts // ep)}
+    return {"measured": measured, "formula": formula, "match": measured == formula}
+
+
+def print_summary(r: dict, lang: str) -> None:
+    c = r["config"]
+
+    def say(key: str, **fields: Any) -> None:
+        print(translated(AREA, f"summary.{key}", lang, **fields))
+
+    say("title", experts=format_integer(c["experts"], lang), ep=format_integer(c["ep"], lang),
+        dp=format_integer(c["dp"], lang), top_k=format_integer(c["top_k"], lang), device=c["device"])
+    if c["capacity"] is None:
+        say("dropless")
+    else:
+        say("capacity", factor=format_fixed(c["capacity_factor"], 2, lang), capacity=format_integer(c["capacity"], lang),
+            tokens=format_integer(c["tokens"], lang))
+    say("loss", first=format_fixed(r["losses"][0], 4, lang), last=format_fixed(r["losses"][-1], 4, lang))
+    if r["max_param_rel_diff"] is not None:
+        say("check", loss=f"{r['max_loss_rel_diff']:.1e}", params=f"{r['max_param_rel_diff']:.1e}")
+    say("balance", drop=format_percent(r["drop_rates"][0], lang=lang), drop_last=format_percent(r["drop_rates"][-1], lang=lang),
+        aux=format_fixed(r["aux_losses"][0], 4, lang), aux_last=format_fixed(r["aux_losses"][-1], 4, lang))
+    say("load", loads=" ".join(format_integer(n, lang) for n in r["last_load"]))
+    say("comm", calls=format_integer(r["comm"]["measured"]["calls"], lang),
+        bytes=format_bytes(r["comm"]["measured"]["token_bytes"], binary=True, lang=lang),
+        verdict=translated(AREA, "summary.match" if r["comm_match"] else "summary.mismatch", lang))
+    say("memory", mine=format_bytes(r["memory"]["expert_bytes"], binary=True, lang=lang),
+        all=format_bytes(r["memory"]["all_experts_bytes"], binary=True, lang=lang),
+        fraction=format_integer(c["experts_per_rank"], lang), experts=format_integer(c["experts"], lang))
+    say("time", time=format_time(r["step_time_s"], lang=lang))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_experiment("experts", parse_args, run, argv, usage_errors=(MoEConfigError, ModelConfigError),
+                          before_init=check_input)
+
+
+def check_input(args: argparse.Namespace) -> None:
+    """What can be refused before joining the group (a MoEConfigError: one line, exit 2)."""
+    moe = moe_config(args)
+    if args.ep is not None:
+        moe.check_ep(args.ep)
+    model_config(args)
+
+
+def run(ctx: Any, args: argparse.Namespace) -> dict | None:
+    ep = args.ep or ctx.world_size
+    if ep < 1 or ctx.world_size % ep:
+        raise UsageError(f"--ep {ep} does not divide the {ctx.world_size} ranks")
+    moe = moe_config(args)
+    moe.check_ep(ep)
+    cfg = model_config(args)
+    dtype, dev, ev = getattr(torch, args.dtype), ctx.device, ctx.events
+    ep_group, expert_dp = ep_groups(ep)
+    ep_rank, dp = dist.get_rank(ep_group), ctx.world_size // ep
+    model = apply_ep(make_moe(GPT(cfg, seed=args.seed, dtype=dtype, device=dev), moe, args.seed), ep_group,
+                     expert_dp)
+    ref = make_moe(GPT(cfg, seed=args.seed, dtype=dtype, device=dev), moe, args.seed) if args.check else None
+    for layer in moe_layers(ref) if ref is not None else []:
+        layer.capacity_groups = dp  # each EP group has its own capacity
+    b, world = args.micro_batch, ctx.world_size
+    tokens = b * cfg.seq * ep  # the EP group's: what the capacity is counted over
+    config = {"experts": moe.experts, "ep": ep, "dp": dp, "world": world, "top_k": moe.top_k,
+              "capacity_factor": moe.capacity_factor, "aux_alpha": moe.aux_alpha,
+              "shared_experts": moe.shared_experts, "bias_rate": moe.bias_rate, "layers": cfg.layers,
+              "hidden": cfg.hidden, "heads": cfg.heads, "seq": cfg.seq, "vocab": cfg.vocab, "micro_batch": b,
+              "tokens": tokens, "capacity": moe.capacity(tokens), "experts_per_rank": moe.experts // ep,
+              "dtype": args.dtype, "device": dev.type}
+    if ctx.rank == 0:
+        ev.emit("moe_config", **config)
+        ev.emit("phase", name=f"MoE: {moe.experts} experts over EP = {ep} (× DP = {dp})")
+    meter = CommMeter()
+    metered = 1 if args.steps > 1 else 0  # the first step also pays for warm-up
+    losses: list[float] = []
+    ref_losses: list[float] = []
+    loss_diffs: list[float] = []
+    param_diffs: list[float] = []
+    drops: list[float] = []
+    auxes: list[float] = []
+    times: list[float] = []
+    for step in range(args.steps):
+        ids, targets = make_batch(cfg, b * world, args.seed, step, device=dev)
+        mine = slice(ctx.rank * b, (ctx.rank + 1) * b)
+        device_sync(dev)
+        t0 = time.perf_counter()
+        with traced_step(ev, f"step {step}", collectives=step == metered, meter=meter if step == metered else None,
+                         step=step):
+            if step == metered:
+                with meter:
+                    loss = train_step(model, ids[mine], targets[mine], args.lr)
+            else:
+                loss = train_step(model, ids[mine], targets[mine], args.lr)
+        device_sync(dev)
+        times.append(max_over_ranks(time.perf_counter() - t0, dev))
+        total = loss.to(torch.float64).reshape(1)
+        dist.all_reduce(total)
+        losses.append(total.item() / world)
+        layers = moe_layers(model)
+        drop = sum(layer.stats.dropped for layer in layers) / max(1, sum(sum(layer.stats.routed) for layer in layers))
+        aux = sum(layer.stats.aux_loss for layer in layers)
+        drops.append(drop)
+        auxes.append(aux)
+        ref_loss = loss_diff = param_diff = None
+        if ref is not None:
+            ref_loss = train_step(ref, ids, targets, args.lr, sync=False).item()
+            loss_diff = abs(losses[-1] - ref_loss) / abs(ref_loss)
+            param_diff = max_over_ranks(max_relative_diff(model, ref, moe_layers(model)[0].first_expert), dev)
+            ref_losses.append(ref_loss)
+            loss_diffs.append(loss_diff)
+            param_diffs.append(param_diff)
+        if ctx.rank == 0:
+            for layer in layers:
+                s = layer.stats
+                ev.emit("moe_load", step=step, layer=layer.layer, routed=s.routed, kept=s.kept, capacity=s.capacity,
+                        drop_rate=s.drop_rate, aux_loss=s.aux_loss)
+            ev.emit("step", step=step, of=args.steps, loss=losses[-1], ref_loss=ref_loss, loss_rel_diff=loss_diff,
+                    param_rel_diff=param_diff, aux_loss=aux, drop_rate=drop, step_time_s=times[-1])
+            ev.emit("progress", done=step + 1, total=args.steps)
+        if step == metered:
+            account = comm_account(meter, model, moe, cfg.hidden, dtype.itemsize, ep_rank, ep)
+    expert_bytes = expert_param_bytes(model)
+    per_expert = sum(p.numel() for p in moe_layers(model)[0].experts[0].parameters())
+    memory = {"rank": ctx.rank, "expert_bytes": expert_bytes,
+              "formula_bytes": expert_bytes_per_rank(cfg.layers, moe.experts, ep, per_expert, dtype.itemsize),
+              "replicated_bytes": sum(p.numel() * p.element_size() for p in model.parameters()) - expert_bytes,
+              "all_experts_bytes": cfg.layers * moe.experts * per_expert * dtype.itemsize}
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, ({"rank": ctx.rank, **account}, memory))
+    if ctx.rank != 0:
+        return None
+    ev.emit("moe_comm", step=metered, ranks=[g[0] for g in gathered])
+    ev.emit("moe_memory", ranks=[g[1] for g in gathered])
+    timed = [t for i, t in enumerate(times) if i not in (0, metered)] or times
+    result = {"config": config, "losses": losses, "ref_losses": ref_losses or None,
+              "max_loss_rel_diff": max(loss_diffs) if loss_diffs else None,
+              "max_param_rel_diff": max(param_diffs) if param_diffs else None,
+              "drop_rates": drops, "aux_losses": auxes,
+              "last_load": [sum(x) for x in zip(*(layer.stats.routed for layer in moe_layers(model)))],
+              "comm": account, "comm_match": all(g[0]["match"] for g in gathered),
+              "memory": memory, "memory_match": all(g[1]["expert_bytes"] == g[1]["formula_bytes"] for g in gathered),
+              "step_time_s": statistics.median(timed)}
+    ev.emit("metric", name="step_time_s", value=result["step_time_s"])
+    print_summary(result, args.lang)
+    return {"lesson": "experts", **result}
+
+
+if __name__ == "__main__":
+    exit_with(main)
