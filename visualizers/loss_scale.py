@@ -15,36 +15,39 @@ Three views (the lesson's step picks one; the keys are its ``CONTROLS``, listed 
 With no run attached, the views draw the lesson's models (:mod:`distai.lessons.lesson6.simulation`)
 and the keys act as sliders: growth interval, growth factor, backoff factor, initial scale and
 bucket size, plus the histogram's step and a reset. Events from ``distai run lesson6``
-(``feed_event``) replace the simulation by the measured run; a key switches between the two. No torch, no I/O.
+(``feed_event``) replace the simulation by the measured run; a key switches between the two.
+
+What it shows is a pure view model, ``lessons/lesson6/loss_scale_view.py`` (the state, its moves,
+the series of the simulation or the run); the widget keeps the state in one reactive attribute per
+field and renders itself from it (a change repaints, a resize re-lays out). No torch, no I/O.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 from rich.text import Text
-from textual.widgets import Static
+from textual.reactive import reactive
 
-from ..lessons.lesson6.mixed_precision_run import MixedPrecisionRun
-from ..lessons.lesson6.simulation import (
-    REGIONS,
-    ExponentHistogram,
-    OverlapModel,
-    ScalerSimConfig,
-    simulate_scaler,
+from ..lessons.lesson6 import loss_scale_view as ls
+from ..lessons.lesson6.loss_scale_view import (  # noqa: F401 - the sliders' notches, for callers and tests
+    BACKOFF_FACTORS,
+    BUCKET_MIB,
+    GROWTH_FACTORS,
+    GROWTH_INTERVALS,
+    MODE_ORDER,
+    LossScaleState,
 )
+from ..lessons.lesson6.mixed_precision_run import MixedPrecisionRun
+from ..lessons.lesson6.simulation import REGIONS, ExponentHistogram, OverlapModel, ScalerSim, ScalerSimConfig
 from ..lessons.strings import strings
 from ..lessons.units import format_fixed, format_fixed_percent, format_plain
 from .base import Control, LessonVisualizer
+from .view_state import read_state, write_state
 
 REGION_STYLE = {"zero": "red", "subnormal": "yellow", "normal": "green", "overflow": "magenta"}
 LANE_STYLES = ("cyan", "blue")
-MODE_ORDER = ("overlap", "no-overlap", "ddp")
-GROWTH_FACTORS = (1.25, 1.5, 2.0, 3.0, 4.0)
-BACKOFF_FACTORS = (0.125, 0.25, 0.5, 0.75, 0.875)
-GROWTH_INTERVALS = (5, 10, 20, 50, 100, 200, 500, 2000)
-BUCKET_MIB = (0.25, 0.5, 1, 2, 4, 8, 16, 25, 64, 1024)
 BLOCKS = " ▁▂▃▄▅▆▇█"
+_START = LossScaleState()
 
 def _num(x: float, lang: str, digits: int = 1) -> str:
     return format_fixed(x, digits, lang)
@@ -231,13 +234,6 @@ def timeline_rows(tl: dict, t_max: float, width: int) -> tuple[Text, Text]:
     return lanes[0], lanes[1]
 
 
-def _sim_timeline_dict(tl) -> dict:
-    ms = 1000.0
-    return {"layers": [[n, a * ms, b * ms] for n, a, b in tl.layers],
-            "buckets": [[i, nb, a * ms, b * ms] for i, nb, a, b in tl.buckets],
-            "backward_end": tl.backward_end * ms, "end": tl.end * ms}
-
-
 class LossScaleVisualizer(LessonVisualizer):
     """See the module docstring."""
 
@@ -245,7 +241,6 @@ class LossScaleVisualizer(LessonVisualizer):
     DEFAULT_CSS = """
     LossScaleVisualizer { height: 1fr; width: 1fr; }
     LossScaleVisualizer:focus { background: $boost; }
-    LossScaleVisualizer > Static { width: 1fr; height: auto; }
     """
     # lowercase more, uppercase less, as in every visualizer
     CONTROLS = (
@@ -270,224 +265,148 @@ class LossScaleVisualizer(LessonVisualizer):
     VIEWS = ("scale", "exponents", "timeline")
     STEP_SETTINGS = frozenset({"show", "format"})  # lessons/lesson6/lesson.toml
 
+    view: reactive[str] = reactive(_START.view)
+    fmt: reactive[str] = reactive(_START.fmt)
+    config: reactive[ScalerSimConfig] = reactive(ScalerSimConfig)
+    overlap_model: reactive[OverlapModel] = reactive(OverlapModel)
+    hist_index: reactive[int | None] = reactive(_START.hist_index)
+    use_live: reactive[bool] = reactive(_START.use_live)
+    live_bucket: reactive[float | None] = reactive(_START.live_bucket)
+    run_version: reactive[int] = reactive(0)  # bumped by every event that changes what is drawn
+
     def __init__(self, language: str = "en", **kwargs):
         super().__init__(language=language, **kwargs)
-        self.view = "scale"
-        self.fmt = "fp16"
-        self.config = ScalerSimConfig()
-        self.overlap_model = OverlapModel()
-        self.hist_index: int | None = None   # None: follow the latest
-        self.run = MixedPrecisionRun()
-        self.use_live = False
-        self.live_bucket: float | None = None
-        self.last_text = Text()
-        self._sim = None
+        self.figures = ls.LossScaleView()
 
-    def compose(self):
-        yield Static(id="ls-body")
+    # ---- the state and what it shows (lessons/lesson6/loss_scale_view.py) ---------------------------
+    @property
+    def state(self) -> LossScaleState:
+        return read_state(self, LossScaleState)
 
-    def on_mount(self) -> None:
-        self.refresh_view()
+    @state.setter
+    def state(self, state: LossScaleState) -> None:
+        write_state(self, state)
 
-    def on_resize(self, _event) -> None:
-        self.refresh_view()
+    @property
+    def run(self) -> MixedPrecisionRun:
+        return self.figures.run
+
+    def sim(self) -> ScalerSim:
+        return self.figures.sim(self.state)
 
     # ---- lesson hooks ----------------------------------------------------------------------
     def show_step(self, step_key: str) -> None:
-        view = self.step_view(step_key)  # lessons/lesson6/lesson.toml
-        self.view = view.get("show", self.view)
-        self.fmt = view.get("format", "fp16")
-        self.refresh_view()
+        self.state = ls.show_step(self.state, self.step_view(step_key))  # lessons/lesson6/lesson.toml
 
     def feed_event(self, event: dict) -> None:
-        if not self.run.feed(event):
-            return
-        if event.get("kind") == "run_start":  # a new run replaces the previous one's data
-            self.live_bucket = None
-            self.hist_index = None
-        else:
-            self.use_live = True
-        self.refresh_view()
+        state = self.figures.feed(self.state, event)
+        if state is not None:
+            self.state = state
+            self.run_version += 1
 
     # ---- actions ---------------------------------------------------------------------------
-    def action_view(self, view: str) -> None:
-        self.view = view
-        self.refresh_view()
-
     def action_slide(self, what: str, direction: int) -> None:
-        c = self.config
-
-        def step(choices, value):
-            i = min(range(len(choices)), key=lambda k: abs(choices[k] - value))
-            return choices[max(0, min(len(choices) - 1, i + direction))]
-
-        if what == "growth_interval":
-            self.config = replace(c, growth_interval=step(GROWTH_INTERVALS, c.growth_interval))
-        elif what == "growth_factor":
-            self.config = replace(c, growth_factor=step(GROWTH_FACTORS, c.growth_factor))
-        elif what == "backoff_factor":
-            self.config = replace(c, backoff_factor=step(BACKOFF_FACTORS, c.backoff_factor))
-        elif what == "init_scale":
-            e = max(0, min(40, round(math.log2(c.init_scale)) + 2 * direction))
-            self.config = replace(c, init_scale=2.0 ** e)
-        elif what == "bucket":
-            if self.use_live and self.run.timelines:
-                sizes = self.run.bucket_sizes()
-                cur = self._live_bucket()
-                self.live_bucket = sizes[max(0, min(len(sizes) - 1, sizes.index(cur) + direction))]
-            else:
-                m = self.overlap_model
-                self.overlap_model = replace(m, bucket_mib=step(BUCKET_MIB, m.bucket_mib))
-        self._sim = None
-        self.refresh_view()
+        self.state = self.figures.slide(self.state, what, direction)
 
     def action_hist_step(self, direction: int) -> None:
-        n = len(self._hist_steps())
-        if n:
-            cur = n - 1 if self.hist_index is None else self.hist_index
-            self.hist_index = max(0, min(n - 1, cur + direction))
-        self.refresh_view()
+        self.state = self.figures.hist_step(self.state, direction)
 
     def action_toggle_format(self) -> None:
-        self.fmt = "bf16" if self.fmt == "fp16" else "fp16"
-        self.refresh_view()
+        self.state = ls.toggle_format(self.state)
 
     def action_toggle_source(self) -> None:
-        self.use_live = not self.use_live and not self.run.empty
-        self.refresh_view()
+        self.state = self.figures.toggle_source(self.state)
 
     def action_reset(self) -> None:
-        self.config = ScalerSimConfig()
-        self.overlap_model = OverlapModel()
-        self.hist_index = None
-        self._sim = None
-        self.refresh_view()
-
-    # ---- data ------------------------------------------------------------------------------
-    def sim(self):
-        if self._sim is None:
-            self._sim = simulate_scaler(self.config)
-        return self._sim
-
-    def _hist_steps(self) -> list[int]:
-        if self.use_live and self.run.hists:
-            return [h["step"] for h in self.run.hists]
-        return list(range(0, self.config.steps, 25))
-
-    def _live_bucket(self) -> float:
-        sizes = self.run.bucket_sizes()
-        if self.live_bucket in sizes:
-            return self.live_bucket
-        best = self.run.best_bucket()
-        return best if best is not None else sizes[0]
+        self.state = ls.reset(self.state)
 
     # ---- rendering -------------------------------------------------------------------------
-    def refresh_view(self) -> None:
+    def render(self) -> Text:
+        return self.last_text
+
+    @property
+    def last_text(self) -> Text:
+        """Everything drawn, for the widget's size (80 × 24 before it has one)."""
         width = max(40, (self.size.width or 80) - 2)
         height = max(16, self.size.height or 24)
-        t = strings("loss_scale", self.language)
+        state, t = self.state, strings("loss_scale", self.language)
+        live = self.figures.live(state)
         parts: list[Text] = []
-        live = self.use_live and not self.run.empty
-        head = Text()
-        head.append({"scale": t["scale_title"], "exponents": t["exp_title"].format(fmt=self.fmt),
-                     "timeline": ""}[self.view], style="bold")
-        head.append(f"   [{t['source_live'] if live else t['source_sim']}]", style="italic dim")
-        if self.view != "timeline":
+        if state.view != "timeline":
+            head = Text()
+            head.append({"scale": t["scale_title"], "exponents": t["exp_title"].format(fmt=state.fmt)}[state.view],
+                        style="bold")
+            head.append(f"   [{t['source_live'] if live else t['source_sim']}]", style="italic dim")
             parts.append(head)
-        if self.view == "scale":
-            parts += self._render_scale(width, height, live)
-        elif self.view == "exponents":
-            parts += self._render_exponents(width, height, live)
+        if state.view == "scale":
+            parts += self._render_scale(state, width, height, live)
+        elif state.view == "exponents":
+            parts += self._render_exponents(state, width, height, live)
         else:
-            parts += self._render_timeline(width, live)
-        text = Text("\n").join(parts)
-        self.last_text = text
-        try:
-            self.query_one("#ls-body", Static).update(text)
-        except Exception:  # not mounted yet
-            pass
+            parts += self._render_timeline(state, width, live)
+        return Text("\n").join(parts)
 
-    def _slider_lines(self, width: int) -> list[Text]:
-        c, t = self.config, strings("loss_scale", self.language)
+    def _slider_lines(self, state: LossScaleState, width: int) -> list[Text]:
+        c, t = state.config, strings("loss_scale", self.language)
         lang = self.language
         parts = [Text(p.format(gi=c.growth_interval, gf=format_plain(c.growth_factor, lang),
                                bf=format_plain(c.backoff_factor, lang),
                                i=format_plain(math.log2(c.init_scale), lang)), style="yellow") for p in t["sliders"]]
         return wrap_parts(parts, width)
 
-    def _render_scale(self, width, height, live) -> list[Text]:
+    def _hint_lines(self, view: str, width: int) -> list[Text]:
+        return wrap_parts([Text(k, style="dim italic") for k in self.hint_parts(view)], width)
+
+    def _render_scale(self, state: LossScaleState, width: int, height: int, live: bool) -> list[Text]:
         t = strings("loss_scale", self.language)
-        if live:
-            scales, overflow, forced, loss = (self.run.scale, self.run.overflow, self.run.forced,
-                                              self.run.loss)
-            if not scales:
-                return [Text(t["no_data"], style="dim")]
-        else:
-            s = self.sim()
-            scales, overflow, forced, loss = s.scale, s.overflow, s.forced, s.loss
-        out = [] if live else self._slider_lines(width)
+        series = self.figures.scale_series(state)
+        if series is None:
+            return [Text(t["no_data"], style="dim")]
+        scales, overflow, forced, loss = series
+        out = [] if live else self._slider_lines(state, width)
         out += scale_plot(scales, overflow, forced, width, max(8, min(16, height // 2 - 2)))
         out += wrap_parts([Text(t["overflow"], style="red"), Text(t["forced"], style="magenta"),
                            Text(t["skipped"].format(n=sum(overflow), m=len(overflow)), style="dim")], width)
         out.append(Text(f"{t['loss']}  {_num(max(loss), self.language, 4)} → {_num(loss[-1], self.language, 4)}",
                         style="bold"))
         out += bar_plot(loss, width - 2, 3, style="green")
-        out += wrap_parts([Text(k, style="dim italic") for k in self.hint_parts("scale")], width)
+        out += self._hint_lines("scale", width)
         return out
 
-    def _render_exponents(self, width, height, live) -> list[Text]:
+    def _render_exponents(self, state: LossScaleState, width: int, height: int, live: bool) -> list[Text]:
         t, lang = strings("loss_scale", self.language), self.language
-        steps = self._hist_steps()
-        idx = len(steps) - 1 if self.hist_index is None else min(self.hist_index, len(steps) - 1)
-        out = [] if live else self._slider_lines(width)
-        if live and self.run.hists:
-            ev = self.run.hists[idx]
-            hist = ExponentHistogram.from_dict(ev)
-            scale = float(ev["scale"])
-            step = ev["step"]
-        elif live:
+        shown = self.figures.histogram(state)
+        if shown is None:
             return [Text(t["no_data"], style="dim")]
-        else:
-            step = steps[idx]
-            sim = self.sim()
-            hist = sim.histogram(step)
-            scale = sim.scale[step]
-        k = math.log2(scale)
+        out = [] if live else self._slider_lines(state, width)
+        k = math.log2(shown.scale)
         rows = max(3, min(8, (height - 14) // 2))
-        for label, shift in ((t["without"], 0.0), (t["with"].format(k=format_plain(round(k, 1), self.language)), k)):
+        for label, shift in ((t["without"], 0.0), (t["with"].format(k=format_plain(round(k, 1), lang)), k)):
             line = Text(f"{label}  ", style="bold")
-            line.append(t["step"].format(i=step), style="dim")
+            line.append(t["step"].format(i=shown.step), style="dim")
             out.append(line)
-            out += histogram_plot(hist, shift, self.fmt, width, rows, lang)
-            shares = hist.region_shares(round(shift), self.fmt)
+            out += histogram_plot(shown.hist, shift, state.fmt, width, rows, lang)
+            shares = shown.hist.region_shares(round(shift), state.fmt)
             out += wrap_parts([Text(f"■ {t['overflow_r'] if r == 'overflow' else t[r]} "
                                     f"{_pct(shares[r], lang)}", style=REGION_STYLE[r]) for r in REGIONS],
                               width)
-        if live and self.run.hists:
-            ev = self.run.hists[idx]
+        if shown.measured is not None:
+            ev = shown.measured
             out.append(Text(t["measured"].format(fmt=ev.get("dtype", "fp16"), u=_pct(ev["zero_unscaled"], lang),
                                                  s=_pct(ev.get("zero_scaled"), lang)), style="cyan"))
-        out += wrap_parts([Text(k, style="dim italic") for k in self.hint_parts("exponents")], width)
+        out += self._hint_lines("exponents", width)
         return out
 
-    def _render_timeline(self, width, live) -> list[Text]:
+    def _render_timeline(self, state: LossScaleState, width: int, live: bool) -> list[Text]:
         t, lang = strings("loss_scale", self.language), self.language
         lane_w = max(20, width - 1)
-        out = []
-        if live and self.run.timelines:
-            bucket = self._live_bucket()
-            tls = {m: self.run.timeline(bucket, m) for m in MODE_ORDER if (bucket, m) in self.run.timelines}
-            title_bucket = format_plain(bucket, lang)
-        elif live:
+        shown = self.figures.timelines(state)
+        if shown is None:
             return [Text(t["no_data"], style="dim")]
-        else:
-            m = self.overlap_model
-            tls = {"overlap": _sim_timeline_dict(m.run(True)),
-                   "no-overlap": _sim_timeline_dict(m.run(False))}
-            title_bucket = format_plain(m.bucket_mib, lang)
-        head = Text(t["tl_title"].format(b=title_bucket), style="bold")
+        tls, bucket = shown
+        head = Text(t["tl_title"].format(b=format_plain(bucket, lang)), style="bold")
         head.append(f"   [{t['source_live'] if live else t['source_sim']}]", style="italic dim")
-        out.append(head)
+        out = [head]
         t_max = max(d["end"] for d in tls.values()) or 1.0
         for mode, d in tls.items():
             line = Text(t["modes"][mode], style="bold")
@@ -502,30 +421,41 @@ class LossScaleVisualizer(LessonVisualizer):
         out += wrap_parts([Text("█ " + t["backward"], style="cyan"),
                            Text("▓ " + t["allreduce"] + " (0–9: bucket, ░ " + t["queued"] + ")", style="red"),
                            Text("+ " + t["exposed_short"], style="red")], width, sep="   ")
-        if live and self.run.sweep:
-            out.append(Text(t["sweep"], style="bold"))
-            for b in sorted({b for b, _ in self.run.sweep}):
-                row = " / ".join(f"{format_fixed(self.run.sweep.get((b, m), float('nan')), 2, lang):>8}"
-                                 for m in MODE_ORDER)
-                mark = " ◀" if b == self._live_bucket() else ""
-                out.append(Text(f"  {format_plain(b, lang):>6} MiB: {row}{mark}"))
-            ov = (self.run.summary or {}).get("overlap")
-            if ov:
-                out.append(Text(t["best"].format(b=format_plain(ov["best_bucket_mb"], lang), x=_num(ov["overlap_speedup"], lang, 2),
-                                                 r=_num(ov["ours_over_ddp"], lang, 2)), style="green"))
-        elif not live:
-            m = self.overlap_model
-            out += wrap_parts([Text(x.strip(), style="dim") for x in t["sim_model"].format(
-                n=m.n_layers, mb=format_plain(m.layer_mib, lang), ms=format_plain(m.layer_backward_ms, lang),
-                w=m.world_size, bw=format_plain(m.bandwidth_gbps, lang),
-                a=format_plain(m.alpha_us, lang)).split(", ")], width, sep=", ")
-            sweep = m.sweep(BUCKET_MIB)
-            best = min(sweep, key=sweep.get)
-            out.append(Text(t["sim_sweep"], style="bold"))
-            out += wrap_parts([Text(f"{format_plain(b, lang)}:{_num(v * 1000, lang)}", style="bold green" if b == best else "")
-                               for b, v in sweep.items()], width, sep="  ")
-        out += wrap_parts([Text(k, style="dim italic") for k in self.hint_parts("timeline")], width)
+        if live:
+            out += self._run_sweep_lines(state)
+        else:
+            out += self._sim_sweep_lines(state.overlap_model, width)
+        out += self._hint_lines("timeline", width)
         return out
 
+    def _run_sweep_lines(self, state: LossScaleState) -> list[Text]:
+        """The run's step time per bucket size and mode, the bucket shown marked, and the summary."""
+        t, lang, run = strings("loss_scale", self.language), self.language, self.run
+        if not run.sweep:
+            return []
+        out = [Text(t["sweep"], style="bold")]
+        for b in sorted({b for b, _ in run.sweep}):
+            row = " / ".join(f"{format_fixed(run.sweep.get((b, m), float('nan')), 2, lang):>8}" for m in MODE_ORDER)
+            mark = " ◀" if b == self.figures.live_bucket(state) else ""
+            out.append(Text(f"  {format_plain(b, lang):>6} MiB: {row}{mark}"))
+        ov = (run.summary or {}).get("overlap")
+        if ov:
+            out.append(Text(t["best"].format(b=format_plain(ov["best_bucket_mb"], lang), x=_num(ov["overlap_speedup"], lang, 2),
+                                             r=_num(ov["ours_over_ddp"], lang, 2)), style="green"))
+        return out
+
+    def _sim_sweep_lines(self, m: OverlapModel, width: int) -> list[Text]:
+        """The simulated model's settings and its step time per bucket size, the fastest in green."""
+        t, lang = strings("loss_scale", self.language), self.language
+        out = wrap_parts([Text(x.strip(), style="dim") for x in t["sim_model"].format(
+            n=m.n_layers, mb=format_plain(m.layer_mib, lang), ms=format_plain(m.layer_backward_ms, lang),
+            w=m.world_size, bw=format_plain(m.bandwidth_gbps, lang),
+            a=format_plain(m.alpha_us, lang)).split(", ")], width, sep=", ")
+        sweep = m.sweep(BUCKET_MIB)
+        best = min(sweep, key=lambda b: sweep[b])
+        out.append(Text(t["sim_sweep"], style="bold"))
+        out += wrap_parts([Text(f"{format_plain(b, lang)}:{_num(v * 1000, lang)}", style="bold green" if b == best else "")
+                           for b, v in sweep.items()], width, sep="  ")
+        return out
 
 VISUALIZER = LossScaleVisualizer
