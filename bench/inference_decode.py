@@ -51,11 +51,11 @@ def bench_group(rank: int, world: int, args: dict) -> dict:
     from distai.engine.inference import (
         DecoderShard,
         build_model,
-        decoder_config,
-        generate,
+            generate,
         generate_pp,
         split_layers,
     )
+    from distai.lessons.model_size import ModelSize
 
     torch.set_num_threads(1)
     out: dict = {}
@@ -78,7 +78,7 @@ def bench_group(rank: int, world: int, args: dict) -> dict:
     dist.barrier()
     t = _timed(lambda: a @ b, 5)
     out["peak_flops"] = 2 * 1024 ** 3 / t
-    cfg = decoder_config(vocab=args["vocab"], hidden=args["hidden"], layers=args["layers"], heads=args["heads"],
+    cfg = ModelSize.preset("llama-tiny", vocab=args["vocab"], hidden=args["hidden"], layers=args["layers"], heads=args["heads"],
                           kv_heads=args["kv_heads"])
     B = args["batch"]
     x = torch.randn(B, cfg.hidden)
@@ -129,12 +129,13 @@ def bench_group(rank: int, world: int, args: dict) -> dict:
 def paged_vs_contiguous(args: dict) -> dict:
     import torch
 
-    from distai.engine.inference import DecoderShard, build_model, contiguous_store, decoder_config
+    from distai.engine.inference import DecoderShard, build_model, contiguous_store
     from distai.engine.paged_kv import ContinuousBatcher, paged_store
     from distai.lessons.lesson7.paging import poisson_requests
+    from distai.lessons.model_size import ModelSize
 
     torch.set_num_threads(1)
-    cfg = decoder_config(vocab=512, hidden=256, layers=4, heads=8, kv_heads=2)
+    cfg = ModelSize.preset("llama-tiny", vocab=512, hidden=256, layers=4, heads=8, kv_heads=2)
     w = build_model(cfg, seed=0, dtype=torch.float32)
     reqs = poisson_requests(args["requests"], 2.0, prompt_range=(8, 64), output_range=(4, 96), seed=5,
                             vocab=cfg.vocab)

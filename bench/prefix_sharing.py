@@ -31,12 +31,13 @@ def main(argv=None) -> int:
 
     import torch
 
-    from distai.engine.inference import DecoderShard, build_model, decoder_config
+    from distai.engine.inference import DecoderShard, build_model
     from distai.engine.paged_kv import compare_prefix_sharing
     from distai.lessons.lesson7.paging import blocks_for, poisson_requests
+    from distai.lessons.model_size import ModelSize
 
     torch.set_num_threads(1)
-    cfg = decoder_config(vocab=512, hidden=args.hidden, layers=args.layers, heads=8, kv_heads=4)
+    cfg = ModelSize.preset("llama-tiny", vocab=512, hidden=args.hidden, layers=args.layers, heads=8, kv_heads=4)
     w = build_model(cfg, 0, torch.float32)
     reqs = poisson_requests(args.requests, args.arrival_rate, prompt_range=(4, 24), output_range=(2, 24), seed=7,
                             vocab=cfg.vocab, system_prompt=args.system_prompt)

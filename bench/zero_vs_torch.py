@@ -17,6 +17,7 @@ Run (4 CPU ranks, gloo)::
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 from _bench import options, ratio, slowest_rank_medians, timed_rounds
 
@@ -36,14 +37,15 @@ def bench(rank: int, world_size: int, args) -> dict:
     import torch
     import torch.distributed as dist
 
-    from distai.engine.experiments.lesson2 import count_params, make_batches, make_trainer, model_config
+    from distai.engine.experiments.lesson2 import DEFAULT_MODEL, count_params, make_batches, make_trainer
 
     threads = args.threads or max(1, (os.cpu_count() or 1) // world_size)
     torch.set_num_threads(threads)
     device = torch.device("cpu")
     if torch.cuda.is_available() and dist.get_backend() == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
-    cfg = model_config(args.vocab, args.d_model, args.layers, args.heads, args.seq_len)
+    cfg = replace(DEFAULT_MODEL, vocab=args.vocab, hidden=args.d_model, layers=args.layers, heads=args.heads,
+                  seq=args.seq_len)
     names = ["ddp", "zero1", "zero2", "fsdp2", "zero3"]
     trainers = {n: make_trainer(n, cfg, rank, world_size, device, "adam", args.precision,
                                 prefetch=not args.no_prefetch) for n in names}

@@ -31,7 +31,7 @@ from typing import Any
 from .events import EventSink
 
 __all__ = ["run_experiment", "UsageError", "exit_with", "checkpoint", "Progress", "device_sync", "max_over_ranks",
-           "all_ranks_true", "add_model_options", "BARRIER_TIMEOUT_ENV"]
+           "all_ranks_true", "BARRIER_TIMEOUT_ENV"]
 
 BARRIER_TIMEOUT_ENV = "DISTAI_BARRIER_TIMEOUT_S"
 _gloo_group: Any = None
@@ -45,29 +45,6 @@ class UsageError(ValueError):
 #: ``body(ctx, args)`` returns the summary (rank 0's is emitted; None: nothing), or
 #: ``(summary, status)`` to end with a non-zero status that is not an error (a verdict)
 Body = Callable[[Any, argparse.Namespace], Any]
-
-
-# the size flags of every experiment's GPT (GPTConfig's fields, as the calculators name them)
-MODEL_OPTIONS = {"hidden": "hidden size h", "heads": "attention heads", "layers": "Transformer blocks",
-                 "vocab": "vocabulary size", "seq": "sequence length"}
-
-
-def add_model_options(parser: argparse.ArgumentParser, *, hidden: int, heads: int, layers: int, vocab: int,
-                      seq: int) -> None:
-    """``--hidden --heads --layers --vocab --seq``: the size of the GPT an experiment trains (the
-    fields of :class:`~distai.engine.model.GPTConfig`, as the calculators name them), with this
-    experiment's defaults."""
-    defaults = {"hidden": hidden, "heads": heads, "layers": layers, "vocab": vocab, "seq": seq}
-    for name, what in MODEL_OPTIONS.items():
-        parser.add_argument(f"--{name}", type=int, default=defaults[name], help=f"{what} (default {defaults[name]})")
-
-
-def model_config(args: argparse.Namespace, **fields):
-    """The GPT of the size flags :func:`add_model_options` added (``fields`` add or override
-    some: ``dropout``, ``ffn``, another ``hidden``); ModelConfigError on a shape it cannot build."""
-    from .model import GPTConfig
-
-    return GPTConfig(**{**{name: getattr(args, name) for name in MODEL_OPTIONS}, **fields})
 
 
 def _report_error(exc: BaseException, events: EventSink | None) -> None:

@@ -1,7 +1,7 @@
 """A small decoder-only transformer served three ways: one process, tensor-parallel, pipeline-parallel.
 
 The model is the course's one GPT (:mod:`distai.engine.model`) in Llama's shape
-(:func:`decoder_config`): token embedding, ``layers`` blocks of (norm → attention with rotary
+(``GPTConfig.preset("llama-tiny", ...)``): token embedding, ``layers`` blocks of (norm → attention with rotary
 positions and ``kv_heads`` key/value heads shared by groups of query heads (GQA; ``kv_heads = heads``
 is plain multi-head attention, 1 is multi-query) → residual → norm → SwiGLU MLP → residual), a final
 norm and an output projection. The norm is RMSNorm (Llama) or LayerNorm (GPT), ``norm="rms"|"layer"``.
@@ -60,7 +60,7 @@ from .experiment import device_sync
 from .metering import CommMeter, comm_scope
 from .model import GPT, MLP, GPTConfig, ModelConfigError, apply_rope
 
-__all__ = ["decoder_config", "build_model", "decoder_weights", "check_tp", "check_pp", "decode_params",
+__all__ = ["build_model", "decoder_weights", "check_tp", "check_pp", "decode_params",
            "reference_logits", "reference_greedy", "comm_counts", "KVStore", "DecoderShard", "generate",
            "generate_pp", "split_layers", "contiguous_store", "mesh_shard"]
 
@@ -69,21 +69,10 @@ __all__ = ["decoder_config", "build_model", "decoder_weights", "check_tp", "chec
 # the model: the one GPT, in Llama's shape
 # ----------------------------------------------------------------------------------------------
 
-def decoder_config(vocab: int = 512, hidden: int = 128, layers: int = 4, heads: int = 8, kv_heads: int = 2,
-                   ffn: int | None = None, norm: str = "rms", rope_theta: float = 10000.0, eps: float = 1e-5,
-                   seq: int = 2048) -> GPTConfig:
-    """The GPT (:mod:`distai.engine.model`) in Llama's shape: ``norm`` (RMSNorm or LayerNorm),
-    SwiGLU MLP (width 3·hidden by default), ``kv_heads`` key/value heads, rotary positions, no
-    biases, untied head. ``seq`` is only the longest sequence the experiments ask for."""
-    return GPTConfig(vocab=vocab, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, ffn=ffn,
-                     norm=norm, mlp="swiglu", rope_theta=rope_theta, bias=False, eps=eps, seq=seq,
-                     tie_embeddings=False)
-
-
 def build_model(cfg: GPTConfig, seed: int = 0, dtype: torch.dtype = torch.float32) -> GPT:
     """The model every process builds from ``seed`` (the same weights everywhere), for decoding."""
     if cfg.bias or cfg.mlp != "swiglu" or cfg.rope_theta is None:
-        raise ModelConfigError("the decode path serves the Llama shape: decoder_config(...)")
+        raise ModelConfigError("the decode path serves the Llama shape: GPTConfig.preset('llama-tiny', ...)")
     model = GPT(cfg, seed=seed, dtype=dtype)
     model.requires_grad_(False)
     return model
@@ -310,7 +299,7 @@ class DecoderShard:
                  layer_range: range | None = None, group: Any = None, device: Any = "cpu"):
         check_tp(cfg, tp_size)
         if cfg.rope_theta is None:
-            raise ModelConfigError("the decode path needs rotary positions: decoder_config(...)")
+            raise ModelConfigError("the decode path needs rotary positions: GPTConfig.preset('llama-tiny', ...)")
         self.rope_theta = cfg.rope_theta
         weights = decoder_weights(model)
         self.cfg, self.tp_rank, self.tp_size = cfg, tp_rank, tp_size

@@ -12,8 +12,12 @@ import argparse
 from dataclasses import dataclass
 
 from ..lessons.lesson5 import simulator as sim
+from ..lessons.model_size import ModelSize, add_model_options
 
 DIMS = ("pp", "dp", "tp")
+#: the GPT the 3D run trains: GPT-2's shape, untied (the pipeline's ends are on different ranks)
+MODEL_CPU = ModelSize(vocab=64, hidden=32, heads=4, seq=16, tie_embeddings=False)
+MODEL_GPU = ModelSize(vocab=1024, hidden=512, heads=8, seq=256, tie_embeddings=False)
 
 
 class MeshConfigError(ValueError):
@@ -54,11 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--chunks", "-v", type=int, default=2, help="chunks per rank for interleaved (default 2)")
     ap.add_argument("--microbatches", "-m", type=int, default=None, help="microbatches per step (default 2·pp)")
     ap.add_argument("--microbatch-size", type=int, default=None, help="sequences per microbatch")
-    ap.add_argument("--layers", type=int, default=None, help="transformer blocks (default: 2 per stage, >= 4)")
-    ap.add_argument("--hidden", type=int, default=None)
-    ap.add_argument("--heads", type=int, default=None)
-    ap.add_argument("--seq", type=int, default=None)
-    ap.add_argument("--vocab", type=int, default=None)
+    add_model_options(ap, None)  # default: MODEL_CPU or MODEL_GPU, with layers a multiple of pp·v (>= 4)
     ap.add_argument("--dtype", choices=("float32", "float64"), default=None,
                     help="default: float64 on CPU (the comparison is then exact to ~1e-16), float32 on GPU")
     ap.add_argument("--steps", type=int, default=6)
@@ -124,7 +124,7 @@ class RunPlan:
     chunks: int  # v (1 unless interleaved)
     microbatches: int
     microbatch_size: int
-    model: dict  # hidden, heads, vocab, seq, layers (GPTConfig's fields)
+    model: ModelSize
     dtype: str
     args: argparse.Namespace
 
@@ -143,18 +143,15 @@ def plan_run(argv: list[str] | None, world: int, cuda: bool) -> RunPlan:
     if args.steps < 1:
         raise MeshConfigError(f"--steps must be at least 1, got {args.steps}")
     stages = shape.pp * v
-    model = {"hidden": args.hidden or (512 if cuda else 32), "heads": args.heads or (8 if cuda else 4),
-             "vocab": args.vocab or (1024 if cuda else 64), "seq": args.seq or (256 if cuda else 16),
-             "layers": args.layers or stages * max(1, -(-4 // stages))}
-    for name, value in model.items():
-        if value < 1:
-            raise MeshConfigError(f"--{name} must be positive, got {value}")
+    layers = args.layers if args.layers is not None else stages * max(1, -(-4 // stages))
+    model = ModelSize.from_args(args, MODEL_GPU if cuda else MODEL_CPU, layers=layers)
     m = args.microbatches if args.microbatches is not None else 2 * shape.pp
     b = args.microbatch_size or (4 if cuda else 2)
     if b < 1:
         raise MeshConfigError(f"--microbatch-size must be positive, got {b}")
-    schedule = check_plan(shape, world, ffn=4 * model["hidden"], microbatches=m, schedule=schedule, chunks=v,
-                          **model)
+    schedule = check_plan(shape, world, hidden=model.hidden, heads=model.heads, ffn=model.ffn_size,
+                          vocab=model.vocab, seq=model.seq, layers=model.layers, microbatches=m,
+                          schedule=schedule, chunks=v)
     return RunPlan(shape, schedule, v, m, b, model, args.dtype or ("float32" if cuda else "float64"), args)
 
 

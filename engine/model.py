@@ -47,98 +47,19 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..lessons.model_size import ModelConfigError
+from ..lessons.model_size import ModelSize as GPTConfig  # the engine's name for the model's size
 from .metering import comm_scope
 
 __all__ = ["GPTConfig", "ModelConfigError", "DropoutMasks", "Attention", "MLP", "Block", "Embedding", "Head",
            "GPT", "KVCache", "GrowingKVCache", "attend", "project", "masked_dropout", "ScaledMaskedSoftmax",
            "apply_rope", "lm_loss", "make_batch"]
-
-
-class ModelConfigError(ValueError):
-    """A model shape that cannot be built or split as asked (a clear one-line message)."""
-
-
-@dataclass(frozen=True)
-class GPTConfig:
-    vocab: int = 128
-    hidden: int = 64
-    heads: int = 4
-    layers: int = 2
-    seq: int = 16
-    ffn: int | None = None  # MLP width; default 4·hidden
-    dropout: float = 0.0
-    eps: float = 1e-5
-    tie_embeddings: bool = True
-    kv_heads: int | None = None  # key/value heads (grouped-query attention); None: = heads
-    norm: str = "layer"  # "layer" (LayerNorm) or "rms" (RMSNorm)
-    mlp: str = "gelu"  # "gelu" (fc2(gelu(fc1 x))) or "swiglu" (fc2(silu(gate x) * fc1 x))
-    rope_theta: float | None = None  # rotary positions with this base; None: no positions
-    bias: bool = True  # biases in the linear layers (keys never have one: see Attention)
-
-    def __post_init__(self) -> None:
-        if min(self.vocab, self.hidden, self.heads, self.layers, self.seq) < 1:
-            raise ModelConfigError(f"every model size must be at least 1: {self}")
-        if self.hidden % self.heads:
-            raise ModelConfigError(f"hidden {self.hidden} is not divisible by heads {self.heads}")
-        if self.heads % self.group_heads:
-            raise ModelConfigError(f"heads {self.heads} is not a multiple of kv_heads {self.kv_heads}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ModelConfigError(f"dropout probability must be in [0, 1), got {self.dropout}")
-        if self.norm not in ("layer", "rms"):
-            raise ModelConfigError(f"norm must be 'layer' or 'rms', not {self.norm!r}")
-        if self.mlp not in ("gelu", "swiglu"):
-            raise ModelConfigError(f"mlp must be 'gelu' or 'swiglu', not {self.mlp!r}")
-        if self.rope_theta is not None and self.head_dim % 2:
-            raise ModelConfigError(f"rotary positions need an even head dimension, not {self.head_dim}")
-
-    @property
-    def ffn_size(self) -> int:
-        return self.ffn or (3 if self.mlp == "swiglu" else 4) * self.hidden
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-    @property
-    def group_heads(self) -> int:
-        """Key/value heads (``kv_heads``, or ``heads`` without grouped-query attention)."""
-        return self.kv_heads or self.heads
-
-    @property
-    def group(self) -> int:
-        """Query heads per key/value head."""
-        return self.heads // self.group_heads
-
-    @property
-    def gpt2_shape(self) -> bool:
-        """LayerNorm, GeLU, multi-head, no positions, biases: what tensor-parallel training splits."""
-        return (self.norm, self.mlp, self.group_heads, self.rope_theta, self.bias) == \
-            ("layer", "gelu", self.heads, None, True)
-
-    def check_tp(self, t: int, sequence_parallel: bool = False, seq: int | None = None) -> None:
-        """Raise ModelConfigError if this model cannot be split over ``t`` tensor-parallel ranks."""
-        for what, n in (("heads", self.heads), ("ffn", self.ffn_size), ("vocab", self.vocab)):
-            if n % t:
-                raise ModelConfigError(f"{what} = {n} is not divisible by the tensor-parallel size T={t}")
-        s = seq if seq is not None else self.seq
-        if sequence_parallel and s % t:
-            raise ModelConfigError(f"sequence {s} is not divisible by T={t} (needed by sequence parallelism)")
-
-    def num_params(self) -> int:
-        """Parameters of the model (a tied head adds none)."""
-        h, f, L, kv = self.hidden, self.ffn_size, self.layers, self.group_heads * self.head_dim
-        b = 1 if self.bias else 0
-        attn = 2 * h * h + 2 * h * kv + b * (2 * h + kv)  # W_q, W_k, W_v, W_o; no key bias
-        mlp = (3 if self.mlp == "swiglu" else 2) * h * f + b * ((2 if self.mlp == "swiglu" else 1) * f + h)
-        norm = h if self.norm == "rms" else 2 * h
-        return self.vocab * h + L * (attn + mlp + 2 * norm) + norm + (0 if self.tie_embeddings else self.vocab * h)
 
 
 class DropoutMasks:

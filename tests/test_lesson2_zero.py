@@ -16,15 +16,17 @@ assert on what the ranks measured:
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from distai.engine.experiments.lesson2 import (
+    DEFAULT_MODEL,
     STRATEGIES,
     count_params,
     make_batches,
     max_abs_diff,
-    model_config,
     predicted_model_state_bytes,
     predicted_traffic_bytes,
     reference_params,
@@ -32,7 +34,7 @@ from distai.engine.experiments.lesson2 import (
 )
 from distai.engine.testing import run_in_group
 
-CFG = model_config(vocab=64, hidden=32, layers=2, heads=2, seq=16)
+CFG = replace(DEFAULT_MODEL, vocab=64, hidden=32, layers=2, heads=2, seq=16)
 STEPS, BATCH = 3, 8
 TOL = {"adam": 1e-4, "sgd": 2e-5}
 

@@ -104,7 +104,7 @@ def _pipeline_checks(rank: int, p: int, events_dir: str | None) -> dict:
         from distai.engine.experiments import lesson5
 
         os.environ["DISTAI_EVENTS_DIR"] = events_dir
-        out["experiment_rc"] = lesson5.main(["--steps", "1", "--d-model", "32", "--heads", "2", "--seq", "16",
+        out["experiment_rc"] = lesson5.main(["--steps", "1", "--hidden", "32", "--heads", "2", "--seq", "16",
                                              "--microbatch-size", "2"])
     return out
 

@@ -13,7 +13,6 @@ from distai.engine.inference import (
     DecoderShard,
     build_model,
     contiguous_store,
-    decoder_config,
     generate,
     generate_pp,
     reference_greedy,
@@ -30,13 +29,14 @@ from distai.lessons.lesson7.paging import (
     poisson_requests,
     simulate,
 )
+from distai.lessons.model_size import ModelSize
 
 PROMPT_LEN, NEW, BATCH = 6, 8, 4
 # cached positions per run: each prompt, then every generated token but the last (never fed back)
 CACHED_TOKENS = BATCH * (PROMPT_LEN + NEW - 1)
 CONFIGS = {  # name -> config; "mqa" has 1 KV head: replicated on every TP rank
-    "gqa-rms": decoder_config(vocab=128, hidden=64, layers=4, heads=8, kv_heads=4, norm="rms"),
-    "mqa-layernorm": decoder_config(vocab=128, hidden=64, layers=4, heads=8, kv_heads=1, norm="layer"),
+    "gqa-rms": ModelSize.preset("llama-tiny", vocab=128, hidden=64, layers=4, heads=8, kv_heads=4, norm="rms"),
+    "mqa-layernorm": ModelSize.preset("llama-tiny", vocab=128, hidden=64, layers=4, heads=8, kv_heads=1, norm="layer"),
 }
 
 
@@ -270,7 +270,7 @@ def test_forgotten_allreduce_is_caught(group):
 @pytest.fixture(scope="module")
 def served():
     torch.set_num_threads(1)
-    cfg = decoder_config(vocab=128, hidden=64, layers=2, heads=4, kv_heads=2)
+    cfg = ModelSize.preset("llama-tiny", vocab=128, hidden=64, layers=2, heads=4, kv_heads=2)
     w = build_model(cfg, seed=0, dtype=torch.float64)
     reqs = poisson_requests(14, 1.5, prompt_range=(3, 20), output_range=(2, 14), seed=5, vocab=cfg.vocab)
     max_len = max(r.prompt_len + r.output_len - 1 for r in reqs)
@@ -299,7 +299,7 @@ def served():
 
 
 def test_cached_decoding_equals_no_cache_reference():
-    cfg = decoder_config(vocab=128, hidden=64, layers=3, heads=8, kv_heads=2)
+    cfg = ModelSize.preset("llama-tiny", vocab=128, hidden=64, layers=3, heads=8, kv_heads=2)
     w = build_model(cfg, seed=3, dtype=torch.float64)
     prompts = _prompts(cfg, batch=3, seed=4)
     from distai.engine.metering import CommMeter

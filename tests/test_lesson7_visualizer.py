@@ -41,10 +41,11 @@ def test_layer_stages_are_the_engines(layers, pp):
 def test_head_owners_are_the_engines(kv, tp):
     import torch
 
-    from distai.engine.inference import DecoderShard, build_model, decoder_config
+    from distai.engine.inference import DecoderShard, build_model
+    from distai.lessons.model_size import ModelSize
 
     owners = head_owners(kv, tp)
-    cfg = decoder_config(vocab=16, hidden=8 * 16, layers=1, heads=16, kv_heads=kv)
+    cfg = ModelSize.preset("llama-tiny", vocab=16, hidden=8 * 16, layers=1, heads=16, kv_heads=kv)
     w = build_model(cfg, dtype=torch.float32)
     for r in range(tp):
         sh = DecoderShard(cfg, w, tp_rank=r, tp_size=tp)

@@ -42,7 +42,7 @@ from .. import mesh as M
 from ..comm_trace import traced_step
 from ..experiment import exit_with, max_over_ranks, run_experiment
 from ..mesh_args import MeshConfigError, plan_run
-from ..model import GPT, GPTConfig, ModelConfigError
+from ..model import GPT, ModelConfigError
 
 
 def print_summary(result: dict, accounts: list[dict]) -> None:
@@ -90,7 +90,7 @@ def run(ctx, raw: argparse.Namespace) -> dict | None:
     plan = plan_run(raw.argv, ctx.world_size, ctx.is_cuda)
     args, shape, schedule, v = plan.args, plan.shape, plan.schedule, plan.chunks
     m, b, dtype = plan.microbatches, plan.microbatch_size, getattr(torch, plan.dtype)
-    cfg = GPTConfig(**plan.model, tie_embeddings=False)
+    cfg = plan.model
     ev = ctx.events
     mesh = M.build_mesh(shape, ctx.device.type)
     coords = [None] * ctx.world_size

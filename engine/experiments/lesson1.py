@@ -31,8 +31,12 @@ import statistics
 import time
 
 from ...lessons.lesson1 import formulas
+from ...lessons.model_size import ModelSize, add_model_options
 from ...lessons.units import UnitError, format_bandwidth, format_time, parse_bytes
-from ..experiment import Progress, add_model_options, checkpoint, exit_with, model_config, run_experiment
+from ..experiment import Progress, checkpoint, exit_with, run_experiment
+
+#: the GPT whose gradients the ring all-reduces (its size flags default to this)
+DEFAULT_MODEL = ModelSize(vocab=64, hidden=64, heads=4, layers=2, seq=16)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -40,7 +44,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=40, help="data-parallel training steps (default 40)")
     p.add_argument("--batch-per-rank", type=int, default=16, help="sequences per rank per step (default 16)")
     p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (default 0.1)")
-    add_model_options(p, hidden=64, heads=4, layers=2, vocab=64, seq=16)
+    add_model_options(p, DEFAULT_MODEL)
     p.add_argument("--sweep-min", default="1KiB", help="smallest message of the sweep (default 1KiB)")
     p.add_argument("--sweep-max", default="64MiB", help="largest message of the sweep (default 64MiB)")
     p.add_argument("--iters", type=int, default=None, help="timed iterations per size (default: by size)")
@@ -72,7 +76,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.steps < 0 or args.batch_per_rank < 1:
         p.error("--steps must be >= 0, --batch-per-rank >= 1")
     try:
-        args.model = model_config(args)
+        args.model = ModelSize.from_args(args, DEFAULT_MODEL)
     except ValueError as exc:  # ModelConfigError: a shape the GPT cannot take
         p.error(str(exc))
     if args.iters is not None and args.iters < 1:

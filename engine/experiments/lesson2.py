@@ -41,8 +41,9 @@ import time
 import torch
 import torch.distributed as dist
 
+from ...lessons.model_size import ModelSize, add_model_options
 from ..comm_trace import traced_step
-from ..experiment import UsageError, add_model_options, exit_with, run_experiment
+from ..experiment import UsageError, exit_with, run_experiment
 from ..metering import CommMeter
 from ..model import GPT, GPTConfig, ModelConfigError, lm_loss
 from ..zero import ZeroEngine, held_bytes
@@ -56,11 +57,10 @@ CALC_STRATEGY = {"ddp": "ddp", "zero1": "zero1", "zero2": "zero2", "zero3": "zer
 # The model and the data
 # ---------------------------------------------------------------------------------------------
 
-def model_config(vocab: int = 256, hidden: int = 64, layers: int = 4, heads: int = 4,
-                 seq: int = 32) -> GPTConfig:
-    """The GPT this lesson trains: untied, because ZeRO-3 and FSDP2 shard its embedding, blocks
-    and head as separate units (a tied head would need the embedding's freed parameters)."""
-    return GPTConfig(vocab=vocab, hidden=hidden, layers=layers, heads=heads, seq=seq, tie_embeddings=False)
+#: the GPT this lesson trains (its size flags default to this): untied, because ZeRO-3 and FSDP2
+#: shard its embedding, blocks and head as separate units (a tied head would need the embedding's
+#: freed parameters)
+DEFAULT_MODEL = ModelSize(vocab=256, hidden=64, layers=4, heads=4, seq=32, tie_embeddings=False)
 
 
 def make_model(cfg: GPTConfig, seed: int = 0, device="cpu") -> GPT:
@@ -385,7 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fp32, or bf16 mixed precision (bf16 params/grads, fp32 master+states)")
     p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
     p.add_argument("--batch", type=int, default=16, help="global batch (split across ranks)")
-    add_model_options(p, hidden=64, heads=4, layers=4, vocab=256, seq=32)
+    add_model_options(p, DEFAULT_MODEL)
     p.add_argument("--no-check", action="store_true", help="skip the single-process comparison")
     return p
 
@@ -411,7 +411,7 @@ def run(ctx, args: argparse.Namespace) -> dict:
     rank, world, ev = ctx.rank, ctx.world_size, ctx.events
     if args.batch % world:
         args.batch = math.ceil(args.batch / world) * world
-    cfg = model_config(args.vocab, args.hidden, args.layers, args.heads, args.seq)
+    cfg = ModelSize.from_args(args, DEFAULT_MODEL)
     num_params = count_params(cfg)
     batches = make_batches(cfg, args.steps, args.batch)
     ev.emit("phase", name="setup", world_size=world, num_params=num_params, precision=args.precision,

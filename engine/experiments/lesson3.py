@@ -72,18 +72,19 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ...lessons.model_size import ModelSize, add_model_options
 from ..checkpoint import Checkpointer, ResumableSampler, TrainingState, read_checked, write_checked
 from ..events import EVENTS_DIR_ENV, read_events
 from ..experiment import (
     UsageError,
-    add_model_options,
     exit_with,
     max_over_ranks,
-    model_config,
     run_experiment,
 )
 from ..model import GPT, DropoutMasks, ModelConfigError, lm_loss, make_batch
 
+#: the GPT the run trains (its size flags default to this), with dropout: resuming must redraw the masks
+DEFAULT_MODEL = ModelSize(vocab=64, hidden=64, heads=4, layers=2, seq=16, dropout=0.1)
 FORGETTABLE = ("rng", "rng.torch", "rng.numpy", "rng.python", "sampler", "optimizer", "scheduler", "scaler")
 
 
@@ -122,10 +123,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="autocast dtype; fp16 adds a GradScaler (its state is checkpointed)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--samples", type=int, default=1024, help="token sequences in the data set")
-    add_model_options(p, hidden=64, heads=4, layers=2, vocab=64, seq=16)
+    add_model_options(p, DEFAULT_MODEL, ("hidden", "heads", "layers", "vocab", "seq", "dropout"))
     p.add_argument("--features", type=int, default=None, help=argparse.SUPPRESS)  # the MLP's; refused below
     p.add_argument("--batch", type=int, default=32, help="sequences per rank per step")
-    p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--noise", type=float, default=0.1,
                    help="largest share of input tokens replaced by random ones (drawn per step)")
     p.add_argument("--lr", type=float, default=1e-2)
@@ -144,7 +144,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.samples < 1 or args.batch < 1 or not 0.0 <= args.noise <= 1.0:
         p.error("--samples and --batch must be at least 1, --noise between 0 and 1")
     try:
-        args.model = model_config(args, dropout=args.dropout)
+        args.model = ModelSize.from_args(args, DEFAULT_MODEL)
     except ModelConfigError as exc:
         p.error(str(exc))
     if args.at_step is None:

@@ -44,15 +44,14 @@ import torch
 import torch.distributed as dist
 
 from ...lessons.lesson4.formulas import activation_bytes_per_layer, tp_comm_per_layer
+from ...lessons.model_size import ModelSize, add_model_options
 from ...lessons.units import format_bytes
 from ..comm_trace import traced_step
 from ..experiment import (
     Progress,
     UsageError,
-    add_model_options,
     exit_with,
     max_over_ranks,
-    model_config,
     run_experiment,
 )
 from ..metering import CommMeter, SavedActivationMeter
@@ -67,6 +66,8 @@ from ..tensor_parallel import (
     shard_dense_state,
 )
 
+#: the GPT the run splits (its size flags default to this)
+DEFAULT_MODEL = ModelSize(vocab=512, hidden=128, heads=8, layers=2, seq=64, dropout=0.1)
 MODES = {"tp": False, "tp+sp": True}
 #: the collectives of f and g, as torch.distributed names them (and the formula)
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -320,10 +321,8 @@ def verdict(summary: dict, cfg: GPTConfig, modes: list[str]) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lesson4", description=__doc__.split("\n\n")[0])
-    add_model_options(p, hidden=128, heads=8, layers=2, vocab=512, seq=64)
-    p.add_argument("--ffn", type=int, default=None, help="MLP width (default 4·hidden)")
+    add_model_options(p, DEFAULT_MODEL, ("hidden", "heads", "layers", "vocab", "seq", "ffn", "dropout"))
     p.add_argument("--micro-batch", type=int, default=4)
-    p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--lr", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=0)
@@ -350,7 +349,7 @@ def run(ctx, args: argparse.Namespace) -> dict:
     ev, T, rank = ctx.events, ctx.world_size, ctx.rank
     torch.set_num_threads(1) if ctx.device.type == "cpu" and T > 1 else None
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    cfg = model_config(args, ffn=args.ffn, dropout=args.dropout)
+    cfg = ModelSize.from_args(args, DEFAULT_MODEL)
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise UsageError(f"unknown mode {bad[0]!r}; choose from {', '.join(MODES)}")

@@ -42,10 +42,11 @@ import torch.distributed as dist
 
 from ...lessons.lesson5 import formulas
 from ...lessons.lesson5 import simulator as sim
+from ...lessons.model_size import ModelSize, add_model_options
 from .. import pipeline as pl
 from ..experiment import Progress, device_sync, exit_with, run_experiment
 from ..metering import SavedActivationMeter
-from ..model import GPTConfig, ModelConfigError
+from ..model import ModelConfigError
 
 SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved 1F1B"}
 
@@ -59,12 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="microbatches per step (default: 2 per stage)")
     ap.add_argument("--chunks", "-v", type=int, default=2, help="chunks per rank for interleaved (default 2)")
     ap.add_argument("--microbatch-size", type=int, default=None, help="sequences per microbatch")
-    ap.add_argument("--layers", type=int, default=None,
-                    help="transformer blocks (default: fewest >= 8 that split evenly for v = 1 and v)")
-    ap.add_argument("--d-model", type=int, default=None)
-    ap.add_argument("--heads", type=int, default=None)
-    ap.add_argument("--seq", type=int, default=None)
-    ap.add_argument("--vocab", type=int, default=None)
+    # default: MODEL_CPU or MODEL_GPU, with the fewest layers >= 8 that split evenly for v = 1 and v
+    add_model_options(ap, None)
     ap.add_argument("--steps", type=int, default=4, help="training steps per schedule (first is warm-up)")
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
@@ -72,17 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def model_config(args, p: int, v: int, cuda: bool) -> GPTConfig:
-    """The GPT, untied (the pipeline's ends are on different ranks); bigger on GPUs."""
-    big = cuda
-    return GPTConfig(
-        vocab=args.vocab or (1024 if big else 64),
-        hidden=args.d_model or (1024 if big else 64),
-        heads=args.heads or (16 if big else 4),
-        layers=args.layers or pl.default_layers(p, v),
-        seq=args.seq or (256 if big else 32),
-        tie_embeddings=False,
-    )
+#: the GPT the pipeline splits, untied (its ends are on different ranks); bigger on GPUs
+MODEL_CPU = ModelSize(vocab=64, hidden=64, heads=4, seq=32, tie_embeddings=False)
+MODEL_GPU = ModelSize(vocab=1024, hidden=1024, heads=16, seq=256, tie_embeddings=False)
 
 
 def check_args(args, p: int) -> tuple[list[str], int, int]:
@@ -385,7 +374,8 @@ def run(ctx, args: argparse.Namespace) -> dict | None:
     if ctx.device.type == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", p)))))
     schedules, m, v = check_args(args, p)
-    cfg = model_config(args, p, v, ctx.is_cuda)
+    layers = args.layers if args.layers is not None else pl.default_layers(p, v)  # p·v equal stages
+    cfg = ModelSize.from_args(args, MODEL_GPU if ctx.is_cuda else MODEL_CPU, layers=layers)
     args.microbatch_size = args.microbatch_size or (8 if ctx.is_cuda else 4)
     batches = _batches(cfg, m, args.microbatch_size, args.steps, ctx.device)
     if ctx.rank == 0:

@@ -56,11 +56,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ...lessons.lesson6 import formulas as FM
 from ...lessons.lesson6.simulation import exponent_histogram
+from ...lessons.model_size import ModelSize, add_model_options
 from ..bucketing import BucketedDataParallel, StepTimeline, ddp_timed_allreduce_hook
-from ..experiment import Progress, add_model_options, device_sync, exit_with, model_config, run_experiment
+from ..experiment import Progress, device_sync, exit_with, run_experiment
 from ..loss_scaling import DynamicLossScaler, MasterWeightOptimizer
 from ..model import GPT, ModelConfigError, lm_loss, make_batch
 
+#: the GPT the run trains (its size flags default to this)
+DEFAULT_MODEL = ModelSize(vocab=256, hidden=64, heads=4, layers=2, seq=16)
 MODES = ("overlap", "no-overlap", "ddp")
 
 
@@ -83,7 +86,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="comma-separated steps at which rank 0's gradient gets an inf ('' for none)")
     g.add_argument("--hist-every", type=int, default=10)
     # the loss-scaling GPT (--heads, --vocab and --seq serve the overlap part too)
-    add_model_options(p, hidden=64, heads=4, layers=2, vocab=256, seq=16)
+    add_model_options(p, DEFAULT_MODEL)
     for old, new in (("--width", "hidden"), ("--depth", "layers"), ("--outputs", "vocab")):  # the MLP's names
         p.add_argument(old, dest=new, type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     g.add_argument("--batch", type=int, default=4, help="sequences per rank per step")
@@ -110,8 +113,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     try:
-        args.model = model_config(args)
-        args.dp_model = model_config(args, hidden=args.dp_hidden, layers=args.dp_layers)
+        args.model = ModelSize.from_args(args, DEFAULT_MODEL)
+        args.dp_model = ModelSize.from_args(args, DEFAULT_MODEL, hidden=args.dp_hidden, layers=args.dp_layers)
     except ModelConfigError as exc:
         p.error(str(exc))
     if not args.caps or any(c <= 0 for c in args.caps):

@@ -59,6 +59,7 @@ import torch.distributed as dist
 from ...lessons.lesson7 import formulas as f7
 from ...lessons.lesson7 import routing
 from ...lessons.lesson7.paging import BlockAllocator, poisson_requests
+from ...lessons.model_size import ModelSize, add_model_options
 from ..experiment import UsageError, all_ranks_true, exit_with, run_experiment
 from ..inference import (
     DecoderShard,
@@ -68,7 +69,6 @@ from ..inference import (
     check_tp,
     contiguous_store,
     decode_params,
-    decoder_config,
     generate,
     generate_pp,
     mesh_shard,
@@ -79,18 +79,15 @@ from ..metering import CommMeter
 from ..model import ModelConfigError
 from ..paged_kv import ContinuousBatcher, compare_prefix_sharing, paged_store
 
+#: the GPT this lesson serves, in Llama's shape (its size flags default to this)
+DEFAULT_MODEL = ModelSize.preset("llama-tiny", kv_heads=4)
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="distai run lesson7", description=__doc__.split("\n\n")[0])
     g = p.add_argument_group("model")
-    g.add_argument("--hidden", type=int, default=128)
-    g.add_argument("--layers", type=int, default=4)
-    g.add_argument("--heads", type=int, default=8)
-    g.add_argument("--kv-heads", type=int, default=4)
-    g.add_argument("--vocab", type=int, default=512)
-    g.add_argument("--norm", choices=("rms", "layer"), default="rms")
+    add_model_options(g, DEFAULT_MODEL, ("hidden", "layers", "heads", "kv_heads", "vocab", "norm"))
     g.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     g.add_argument("--seed", type=int, default=0)
     g = p.add_argument_group("TP/PP decode")
@@ -380,8 +377,7 @@ def run(ctx, args: argparse.Namespace) -> tuple[dict | None, int]:
     if ctx.device.type == "cpu":
         torch.set_num_threads(1)
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
-    cfg = decoder_config(vocab=args.vocab, hidden=args.hidden, layers=args.layers, heads=args.heads,
-                         kv_heads=args.kv_heads, norm=args.norm)
+    cfg = ModelSize.from_args(args, DEFAULT_MODEL)
     try:
         mesh = mesh_degrees(args, W)
         if mesh is not None:  # the combined decode replaces the separate TP and PP parts
