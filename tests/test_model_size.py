@@ -9,7 +9,7 @@ import pytest
 
 from distai.lessons.model_size import PRESETS, SIZE_FLAGS, ModelConfigError, ModelSize, add_model_options
 
-EXPERIMENTS = ("lesson1", "lesson2", "lesson3", "lesson4", "lesson6", "lesson7")
+EXPERIMENTS = ("lesson1", "lesson2", "lesson3", "lesson4", "lesson6", "lesson7", "experts")
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

@@ -47,17 +47,16 @@ from ...lessons.experts.formulas import (
     expert_bytes_per_rank,
     token_all_to_all_bytes,
 )
+from ...lessons.model_size import ModelSize, add_model_options
 from ...lessons.strings import detect_language, translated
 from ...lessons.units import format_bytes, format_fixed, format_integer, format_percent, format_time
 from ..comm_trace import traced_step
 from ..data_parallel import sgd_step
 from ..experiment import (
     UsageError,
-    add_model_options,
     device_sync,
     exit_with,
     max_over_ranks,
-    model_config,
     run_experiment,
 )
 from ..metering import CommMeter, comm_scope
@@ -74,6 +73,8 @@ from ..moe import (
     sync_moe_grads,
 )
 
+#: the GPT whose MLPs become experts (its size flags default to this)
+DEFAULT_MODEL = ModelSize(vocab=64, hidden=32, heads=4, layers=2, seq=16)
 AREA = "experts"  # the catalog file of the lesson's strings (lessons/catalog/experts.toml)
 
 
@@ -105,7 +106,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-check", dest="check", action="store_false",
                    help="skip the single-process comparison")
     p.add_argument("--lang", default=None, help="language of the summary: en or es (default: the locale)")
-    add_model_options(p, hidden=32, heads=4, layers=2, vocab=64, seq=16)
+    add_model_options(p, DEFAULT_MODEL)
     args = p.parse_args(argv)
     if args.micro_batch < 1 or args.steps < 1:
         p.error("--micro-batch and --steps must be at least 1")
@@ -211,7 +212,7 @@ def check_input(args: argparse.Namespace) -> None:
     moe = moe_config(args)
     if args.ep is not None:
         moe.check_ep(args.ep)
-    model_config(args)
+    ModelSize.from_args(args, DEFAULT_MODEL)
 
 
 def run(ctx: Any, args: argparse.Namespace) -> dict | None:
@@ -220,7 +221,7 @@ def run(ctx: Any, args: argparse.Namespace) -> dict | None:
         raise UsageError(f"--ep {ep} does not divide the {ctx.world_size} ranks")
     moe = moe_config(args)
     moe.check_ep(ep)
-    cfg = model_config(args)
+    cfg = ModelSize.from_args(args, DEFAULT_MODEL)
     dtype, dev, ev = getattr(torch, args.dtype), ctx.device, ctx.events
     ep_group, expert_dp = ep_groups(ep)
     ep_rank, dp = dist.get_rank(ep_group), ctx.world_size // ep
