@@ -97,6 +97,8 @@ _HINT_FACTORS: dict[str, dict[str, float]] = {
     "number": {"": 1},
 }
 
+_ALIASES = {"us", "KB"}  # read, never suggested: µs and kB are the units shown
+
 
 @dataclass
 class Question:
@@ -196,6 +198,20 @@ def _candidates(text: str, q: Question) -> list[float]:
     return [v for v in out if math.isfinite(v)]
 
 
+def _foreign_unit(text: str, lang: str) -> str:
+    """The unit of ``text`` when it is a readable number followed by one (``12 GB``), else ""."""
+    match = units.NUMBER_AND_UNIT.match(text)
+    if not match or not match.group(1) or not match.group(2):
+        return ""
+    for reading in (lang, "en", "es"):
+        try:
+            units.parse_number(match.group(1), reading)
+            return match.group(2)
+        except (ValueError, TypeError, OverflowError):
+            continue
+    return ""
+
+
 def _close(value: float, answer: float, q: Question) -> bool:
     if q.integer:
         return round(value) == round(answer) and abs(value - round(value)) < 1e-6 * max(1.0, abs(value))
@@ -239,9 +255,17 @@ def _check(q: Question, text) -> Check:
     values = _candidates(s, q)
     if not values:
         hint = q.unit or {"bytes": "GB", "seconds": "s", "bandwidth": "GB/s"}.get(q.quantity, "")
+        example = f"{units.format_number(12.5, 3, q.lang)} {hint}".strip()
+        unit = _foreign_unit(s, q.lang)
+        if unit:
+            taken = ([translated("quiz", "count_units", q.lang)] if q.quantity == "count" else
+                     [u for u in _HINT_FACTORS.get(q.quantity, {}) if u and u not in _ALIASES])
+            return Check(False, False, None,
+                         translated("quiz", "wrong_unit" if taken else "no_unit", q.lang, unit=repr(unit),
+                                    units=", ".join(taken), example=example))
         return Check(False, False, None,
                      translated("quiz", "unreadable_with_unit" if hint else "unreadable", q.lang, text=repr(s[:40]),
-                                example=f"{units.format_number(12.5, 3, q.lang)} {hint}"))
+                                example=example))
     for v in values:
         if _close(v, q.answer, q):
             return Check(True, True, v, "")
@@ -296,19 +320,38 @@ _FORMATS: dict[str, Callable[[Any, str], str]] = {
 }
 
 
+@dataclass(frozen=True)
+class _Shown:
+    """A field already formatted with the others of its template (``sum-bytes``)."""
+    text: str
+
+
 class _Formatter(string.Formatter):
     """``str.format`` with the question's language: ``{x:bytes}``, ``{x:time}``, ``{x:bw}``,
     ``{x:count}``, ``{x:pct}``, ``{x:int}`` (thousands separators), ``{x:num}``/``{x:numN}`` (3 or N
     significant digits, decimal comma in Spanish), ``{x:term}`` (x's name in the lesson's ``[terms.LANG]``
-    table); any other spec is Python's. A bare ``{x}`` shows an int as is and a float with 3 significant
-    digits."""
+    table), ``{x:sum-bytes}`` (every such field of a template in one unit and precision: the terms
+    of a sum and its total, which then add up); any other spec is Python's. A bare ``{x}`` shows an
+    int as is and a float with 3 significant digits."""
 
     def __init__(self, lang: str, terms: Mapping[str, str] | None = None):
         super().__init__()
         self.lang = lang
         self.terms = terms or {}
+        self.together: dict[str, str] = {}
+
+    def vformat(self, format_string, args, kwargs):
+        names = [name for _, name, spec, _ in self.parse(format_string) if spec == "sum-bytes" and name]
+        shown = units.format_bytes_together([kwargs[name] for name in names], lang=self.lang)
+        self.together = dict(zip(names, shown))
+        return super().vformat(format_string, args, kwargs)
+
+    def get_value(self, key, args, kwargs):
+        return _Shown(self.together[key]) if key in self.together else super().get_value(key, args, kwargs)
 
     def format_field(self, value, format_spec):
+        if isinstance(value, _Shown):
+            return value.text
         if format_spec == "term":
             return self.terms.get(str(value), str(value))
         if format_spec in _FORMATS:

@@ -54,7 +54,8 @@ TIME_UNITS = {
     "años": 365 * 86400.0,
 }
 
-_NUM_RE = re.compile(r"^\s*([+-]?(?:[0-9][0-9_ .,']*[0-9]|[0-9])?(?:[.,][0-9]+)?(?:[eE][+-]?[0-9]+)?)\s*(.*?)\s*$")
+# a number and the unit after it (``12.5 GB`` → "12.5", "GB")
+NUMBER_AND_UNIT = re.compile(r"^\s*([+-]?(?:[0-9][0-9_ .,']*[0-9]|[0-9])?(?:[.,][0-9]+)?(?:[eE][+-]?[0-9]+)?)\s*(.*?)\s*$")
 
 
 def parse_number(text: str, lang: str = "en") -> float:
@@ -276,6 +277,23 @@ def format_bytes(n: float, binary: bool = False, digits: int = 3, lang: str = "e
     if abs(n) < 1:
         return f"{format_number(n, digits, lang)} B"
     return _scaled(n, steps, digits, lang)
+
+
+def format_bytes_together(values: list[float], digits: int = 3, lang: str = "en") -> list[str]:
+    """Terms of a sum and its total (``values``) in one unit, the largest's, and at one precision,
+    the finest any of them needs at ``digits`` significant digits, so that the terms shown add up
+    to the total shown: ``140 GB + 17.5 GB + 105 GB = 262.5 GB``, not ``= 262 GB``."""
+    largest = max((abs(v) for v in values), default=0.0)
+    steps = [(1e15, "PB"), (1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB"), (1, "B")]
+    factor, name = next(((f, n) for f, n in steps if largest >= f), steps[-1])
+    scaled = [v / factor for v in values]
+    decimals = min(3, max((max(digits - 1 - math.floor(math.log10(abs(x))), 0) for x in scaled if x), default=0))
+    out = []
+    for x in scaled:
+        text = f"{x:.{decimals}f}"
+        text = text.rstrip("0").rstrip(".") if "." in text else text
+        out.append(f"{text.replace('.', ',') if lang == 'es' else text} {name}")
+    return out
 
 
 def format_count(n: float, digits: int = 3, lang: str = "en") -> str:

@@ -215,3 +215,46 @@ def test_generators_match_distai_calc_json(capsys):
         r = calc("kvcache", "--layers", str(p["layers"]), "--kv-heads", str(p["kv_heads"]), "--head-dim",
                  str(p["head_dim"]), "--tokens", str(p["tokens"]), "--tp", str(p["tp"]), "--pp", str(p["pp"]))
         assert r["per_gpu_bytes"] == q.answer
+
+
+def test_an_answer_in_a_foreign_unit_is_told_the_units_it_takes():
+    """Issue 27.3: '12 GB' for a count is a unit problem, not an unreadable number."""
+    for lesson in all_lessons():
+        for kind in quiz.generators(lesson.id):
+            for lang in ("en", "es"):
+                q = quiz.make_question(lesson.id, kind, 0, lang)
+                if q.is_choice:
+                    continue
+                foreign = "12 furlongs"
+                message = quiz.check_answer(q, foreign).message
+                assert "'furlongs'" in message, (lesson.id, kind, lang, message)
+                if q.quantity in ("bytes", "seconds", "bandwidth"):
+                    shown = quiz.format_value(q.answer, q.quantity, q.unit, lang).split()[-1]
+                    assert shown in message, (kind, lang, message)  # the unit of the right answer is offered
+    count = quiz.numeric("lesson2", "x", "en", "p", "e", 12e9, "count", unit="B")
+    message = quiz.check_answer(count, "12 GB").message
+    assert "'GB'" in message and "B" in message.split(":")[1] and "could not read" not in message
+    es = quiz.numeric("lesson2", "x", "es", "p", "e", 12e9, "count", unit="B")
+    assert "mil millones" in quiz.check_answer(es, "12 GB").message
+    plain = quiz.numeric("lesson2", "x", "en", "p", "e", 12.0, "number")
+    assert "plain number" in quiz.check_answer(plain, "12 GB").message
+
+
+def test_an_explained_sum_adds_up_as_shown():
+    """Issue 27.3: '140 GB + 17.5 GB + 105 GB = 262 GB' showed a total rounded apart from its terms."""
+    from distai.lessons import units
+
+    sums = 0
+    for seed in SEEDS:
+        for lang in ("en", "es"):
+            text = quiz.make_question("lesson2", "zero-total", seed, lang).explanation
+            body = text.split(": ", 1)[1].split(";")[0]
+            terms_text, total_text = body.split(" = ")
+            terms = [units.parse_bytes(part.split(" (")[0], lang) for part in terms_text.split(" + ")]
+            total = units.parse_bytes(total_text, lang)
+            decimals = max(len(t.split()[0].replace(",", ".").partition(".")[2])
+                           for t in terms_text.split(" + ") + [total_text])
+            unit = units.parse_bytes("1 " + total_text.split()[-1], lang)
+            assert abs(sum(terms) - total) <= 0.5 * len(terms) * 10 ** -decimals * unit, (seed, lang, text)
+            sums += 1
+    assert sums == 2 * len(SEEDS)
