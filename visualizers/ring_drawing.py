@@ -38,7 +38,8 @@ def count_rgb(count: int, n: int) -> tuple[int, int, int]:
     i = min(int(t), len(_RAMP) - 2)
     f = t - i
     a, b = _RAMP[i], _RAMP[i + 1]
-    return tuple(round(a[j] + (b[j] - a[j]) * f) for j in range(3))  # type: ignore[return-value]
+    red, green, blue = (round(a[j] + (b[j] - a[j]) * f) for j in range(3))
+    return red, green, blue
 
 
 def _hex(rgb) -> str:
