@@ -88,8 +88,8 @@ def command_for(calc: Calculator):
         run_calculator(calc, given, as_json)
 
     command.__name__ = calc.name.replace("-", "_")
-    # what Typer reads (inspect.signature honours it, PEP 362); typeshed's functions do not declare it
-    command.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
+    # what Typer reads (inspect.signature honours __signature__, PEP 362; typeshed's functions lack it)
+    command.__dict__["__signature__"] = inspect.Signature(params, return_annotation=None)
     command.__annotations__ = {p.name: p.annotation for p in params}
     return command
 
