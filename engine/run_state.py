@@ -58,6 +58,18 @@ class RunState:
             return 0.0
         return self.last_t - self.first_t
 
+    def clock(self, now: float | None = None) -> float:
+        """Seconds since the launch: ``elapsed`` once finished (or replayed, ``now`` None), else
+        counted to ``now`` from the launcher's ``run_start``, so it runs while ranks start."""
+        if self.finished or now is None or self.first_t is None:
+            return self.elapsed
+        return max(self.elapsed, now - self.first_t)
+
+    @property
+    def ranks_starting(self) -> bool:
+        """Launched, and no rank has reported yet (torchrun and the interpreters are starting)."""
+        return self.status == "starting" or (self.status == "running" and self.phase is None)
+
     @property
     def finished(self) -> bool:
         return self.status in ("ok", "failed", "stopped", "killed")

@@ -233,3 +233,34 @@ async def test_each_lesson_shows_its_run_view(lesson_id, size):
                 len(log.lines), log.scrollable_content_region.height)
             text = "\n".join(str(line.text) for line in log.lines)
             assert all(line.strip() in text for line in SUMMARY)
+
+
+class SilentLaunch(FakeLaunch):
+    """Launched, and the ranks say nothing yet: torchrun and the interpreters are starting."""
+
+    def run(self):
+        self.consumer({"kind": "run_start", "run_id": "fake-run", "nproc": 4, "device": "cpu",
+                       "lesson": "lesson1", "t": time.time()})
+        self.stopped.wait(30)
+        self.consumer({"kind": "run_end", "status": "stopped", "error": self.stop_reason, "exit_code": 1,
+                       "failed_rank": None, "tail": [], "duration_s": None, "t": time.time()})
+
+
+@run_async
+async def test_the_run_clock_counts_from_the_launch_while_ranks_start():
+    """Issue 27.5: the clock read 0.0 s for the ~9 s the ranks took to start."""
+    lesson = resolve_lesson("lesson1")
+    app = PanelApp(lambda: RunPanelScreen(lesson, "en", launch_factory=lambda *a, **k: SilentLaunch(*a, **k)))
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = app.screen
+        assert await wait_for(pilot, lambda: screen.state.status == "running", 5)
+        started = time.monotonic()
+
+        def status() -> str:
+            return str(screen.query_one("#run-status", Static).render())
+
+        assert await wait_for(pilot, lambda: time.monotonic() - started > 1.2 and "starting ranks" in status(), 5)
+        shown = float(status().split(" · ")[-1].split()[0])
+        assert shown >= 1.0, status()
+        await pilot.press("s")
+        assert await wait_for(pilot, lambda: screen.state.finished, 5)

@@ -138,3 +138,20 @@ def test_language_from_locale(monkeypatch):
     assert cli.main(["tutor"]) == 0
     assert cli.main(["tutor", "--lang", "es"]) == 0
     assert langs == ["es", "en", "es"]
+
+
+def test_help_counts_the_lessons_from_the_registry():
+    """Issue 27.5: the help said "the seven lessons" and "Lesson: 1-7" while the registry had more."""
+    from typer.testing import CliRunner
+
+    import distai.tutor.cli_quiz  # noqa: F401 - registers its commands
+    import distai.tutor.cli_run  # noqa: F401
+    import distai.tutor.cli_slurm  # noqa: F401
+
+    numbers = sorted(lesson.number for lesson in all_lessons())
+    runner = CliRunner()
+    top = runner.invoke(cli.app, ["--help"], terminal_width=200, env={"COLUMNS": "200"})
+    assert f"List the {len(all_lessons())} lessons" in top.output and "seven" not in top.output
+    for command in ("run", "quiz", "slurm", "tutor"):
+        out = runner.invoke(cli.app, [command, "--help"], terminal_width=200, env={"COLUMNS": "200"}).output
+        assert f"{numbers[0]}-{numbers[-1]}, lessonN" in out, (command, out)

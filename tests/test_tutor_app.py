@@ -379,3 +379,18 @@ async def test_every_lesson_opens_in_the_tutor_with_its_visualizer():
             app.pop_screen()
             await pilot.pause()
         assert isinstance(app.screen, HomeScreen)
+
+
+@async_test
+async def test_a_boundary_key_pressed_again_replaces_its_toast():
+    """Issue 27.5: ← held on the first step stacked one toast per press over the text."""
+    app = DistaiApp("en")
+    async with app.run_test(size=SIZE) as pilot:
+        app.open_lesson("lesson1")
+        await pilot.pause()
+        for _ in range(4):
+            await pilot.press("left")
+            await pilot.pause(0.1)
+        # the app's notifications are what its toast rack draws (headless runs mount no rack)
+        shown = [n.message for n in app._notifications]
+        assert shown == [translated("tutor", "first_step", "en")], shown

@@ -30,6 +30,15 @@ app.add_typer(calc_app, name="calc")
 USAGE_ERROR = 2
 
 
+def lesson_numbers() -> str:
+    """The lessons' numbers as the help names them (``1-8``), from the registry: it grows."""
+    numbers = sorted(lesson.number for lesson in all_lessons())
+    return f"{numbers[0]}-{numbers[-1]}"
+
+
+LESSON_HELP = f"Lesson: {lesson_numbers()}, lessonN or its slug."
+
+
 class CliError(Exception):
     """An error the learner caused: printed as one line, exit code 2 unless told otherwise."""
 
@@ -93,7 +102,7 @@ def root(
 
 @app.command()
 def tutor(
-    lesson: str | None = typer.Option(None, "--lesson", "-l", help="Open this lesson (1-7, lessonN or its slug)."),
+    lesson: str | None = typer.Option(None, "--lesson", "-l", help=f"Open this lesson ({lesson_numbers()}, lessonN or its slug)."),
     lang: str | None = typer.Option(None, "--lang", help="Language: en or es (default: from the locale)."),
 ) -> None:
     """Start the Textual tutor."""
@@ -104,12 +113,11 @@ def tutor(
     DistaiApp(language=language, lesson_id=chosen.id if chosen else None).run()
 
 
-@app.command()
+@app.command(help=f"List the {len(all_lessons())} lessons with their duration and your progress.")
 def lessons(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     lang: str | None = typer.Option(None, "--lang", help="Language: en or es."),
 ) -> None:
-    """List the seven lessons with their duration and your progress."""
     language = language_or_fail(lang)
     from .progress import lesson_mastery
 
@@ -141,7 +149,7 @@ def lessons(
 
 
 def quiz(
-    lesson: str | None = typer.Argument(None, help="Lesson: 1-7, lessonN or its slug."),
+    lesson: str | None = typer.Argument(None, help=LESSON_HELP),
     count: int = typer.Option(5, "--count", "-n", help="How many questions."),
     seed: int | None = typer.Option(None, "--seed", help="Seed for reproducible questions."),
     review: bool = typer.Option(False, "--review", help="Ask the questions due for spaced review."),
@@ -155,7 +163,7 @@ def quiz(
 
 def run(
     ctx: typer.Context,
-    lesson: str = typer.Argument(..., help="Lesson: 1-7, lessonN or its slug."),
+    lesson: str = typer.Argument(..., help=LESSON_HELP),
 ) -> None:
     """Launch the lesson's real torch.distributed experiment."""
     lesson_or_fail(lesson)

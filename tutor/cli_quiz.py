@@ -14,7 +14,7 @@ import typer
 
 from ..lessons.strings import strings
 from ..lessons.units import format_score
-from .cli import CliError, app, language_or_fail, lesson_or_fail, open_progress
+from .cli import LESSON_HELP, CliError, app, language_or_fail, lesson_or_fail, open_progress
 
 
 def _read_line() -> str | None:
@@ -86,7 +86,7 @@ def run_quiz(questions, store, session_lesson, lang: str, header: str) -> int:
 
 @app.command("quiz")
 def quiz(
-    lesson: str | None = typer.Argument(None, help="Lesson: 1-7, lessonN or its slug."),
+    lesson: str | None = typer.Argument(None, help=LESSON_HELP),
     # read as text and checked here (a clear one-line error, exit 2); the help says what they take
     count: str = typer.Option("5", "--count", "-n", metavar="N", help="How many questions (1-100)."),
     seed: str | None = typer.Option(None, "--seed", metavar="N", help="Seed for reproducible questions."),

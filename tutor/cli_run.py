@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from .cli import CliError, app, lesson_or_fail
+from .cli import LESSON_HELP, CliError, app, lesson_or_fail
 
 if TYPE_CHECKING:
     from rich.live import Live
@@ -84,8 +84,9 @@ def lesson_view(lesson: str | None):
         return None
 
 
-def render_state(state, title: str = "distai run", extra=None, width: int = 100):
-    """A Rich renderable of a :class:`~distai.engine.run_state.RunState` (plus a lesson's own view)."""
+def render_state(state, title: str = "distai run", extra=None, width: int = 100, now: float | None = None):
+    """A Rich renderable of a :class:`~distai.engine.run_state.RunState` (plus a lesson's own view);
+    ``now`` (a live run's wall clock) keeps its clock running while the ranks start."""
     from rich.console import Group, RenderableType
     from rich.progress_bar import ProgressBar
     from rich.table import Table
@@ -98,8 +99,12 @@ def render_state(state, title: str = "distai run", extra=None, width: int = 100)
         head.append(f"· {state.run_id} ", style="dim")
     if state.nproc:
         head.append(f"· {state.nproc} × {state.device or '?'}{' (' + state.backend + ')' if state.backend else ''} ")
-    head.append(f"· {state.status if state.finished else (state.phase or state.status)} ", style="cyan")
-    head.append(f"· {state.elapsed:.1f} s", style="dim")
+    from ..lessons.strings import translated
+
+    shown = (translated("run", "starting_status", "en") if state.ranks_starting
+             else state.status if state.finished else (state.phase or state.status))
+    head.append(f"· {shown} ", style="cyan")
+    head.append(f"· {state.clock(now):.1f} s", style="dim")
     parts.append(head)
     if state.note:
         parts.append(Text(state.note, style="yellow"))
@@ -169,7 +174,7 @@ def render_state(state, title: str = "distai run", extra=None, width: int = 100)
 class TerminalView:
     """Live Rich view in a terminal; a plain final render when stdout is not a terminal."""
 
-    def __init__(self, title: str, live: bool | None = None, lesson: str | None = None):
+    def __init__(self, title: str, live: bool | None = None, lesson: str | None = None, replay: bool = False):
         from rich.console import Console
 
         from ..engine.run_state import RunState
@@ -177,6 +182,7 @@ class TerminalView:
         self.state = RunState()
         self.extra = lesson_view(lesson)
         self.title = title
+        self.replay = replay  # a replay's clock is its events' (a live one's runs from the launch)
         self.console = Console()
         self.live_enabled = self.console.is_terminal if live is None else live
         self._live: Live | None = None
@@ -191,7 +197,10 @@ class TerminalView:
         return self
 
     def render(self):
-        return render_state(self.state, self.title, self.extra, self.console.width)
+        import time
+
+        return render_state(self.state, self.title, self.extra, self.console.width,
+                            now=None if self.replay else time.time())
 
     def __call__(self, event: dict) -> None:
         self.state.feed(event)
@@ -228,7 +237,7 @@ class JsonView:
 @app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def run_cmd(
     ctx: typer.Context,
-    lesson: str = typer.Argument(..., help="Lesson: 1-7, lessonN or its slug."),
+    lesson: str = typer.Argument(..., help=LESSON_HELP),
     gpus: int | None = typer.Option(None, "--gpus", help="GPUs per node (NCCL). Without CUDA: that many CPU processes."),
     cpu: int | None = typer.Option(None, "--cpu", help="CPU processes per node (gloo). Default without GPUs: the lesson's ranks (4)."),
     nnodes: int = typer.Option(1, "--nnodes", help="Nodes (multi-node: run the same command on every node)."),

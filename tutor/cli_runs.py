@@ -85,7 +85,7 @@ def runs_show(
         view = JsonView()
     else:
         view = TerminalView(f"distai runs show {record.lesson}", live=None if speed > 0 else False,
-                            lesson=record.lesson)
+                            lesson=record.lesson, replay=True)
     with view:
         prev_t = None
         for event in events:

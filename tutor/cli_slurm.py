@@ -5,13 +5,13 @@ from pathlib import Path
 
 import typer
 
-from .cli import CliError, app, lesson_or_fail
+from .cli import LESSON_HELP, CliError, app, lesson_or_fail
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def slurm(
     ctx: typer.Context,
-    lesson: str = typer.Argument(..., help="Lesson: 1-7, lessonN or its slug."),
+    lesson: str = typer.Argument(..., help=LESSON_HELP),
     nodes: int = typer.Option(..., "--nodes", help="Number of nodes (K)."),
     gpus_per_node: int = typer.Option(..., "--gpus-per-node", help="GPUs per node (G): one rank each."),
     partition: str | None = typer.Option(None, "--partition", help="SLURM partition."),

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -232,6 +233,8 @@ class RunPanelScreen(Screen):
     # -- drawing -----------------------------------------------------------------------------------
     def _drain(self) -> None:
         if not self._queue:
+            if self.running:
+                self._refresh()  # the clock runs while the ranks are silent
             return
         log = self.query_one("#run-log", RichLog)
         batch: list[dict] = []
@@ -307,7 +310,7 @@ class RunPanelScreen(Screen):
         s, lang = self.state, self.language
         self.query_one("#run-progress", ProgressBar).update(total=1.0, progress=s.fraction)
         status = Text()
-        if s.status == "starting":
+        if s.ranks_starting:
             label = translated("run", "starting_status", lang)
         else:
             label = translated("run", s.status, lang) if has("run", s.status) else s.status
@@ -320,7 +323,8 @@ class RunPanelScreen(Screen):
             status.append(f" · {translated('run', 'phase', lang)} {s.phase}", style="cyan")
         if s.last_step and s.steps_of:
             status.append(f" · {translated('run', 'step', lang)} {s.last_step.get('step', 0) + 1}/{s.steps_of}")
-        status.append(f" · {format_fixed(s.elapsed, 1, lang)} s", style="dim")
+        status.append(f" · {format_fixed(s.clock(None if self.replay_record else time.time()), 1, lang)} s",
+                      style="dim")
         if s.note:
             status.append(f" · {s.note}", style="yellow")
         self.query_one("#run-status", Static).update(status)

@@ -209,13 +209,18 @@ class LessonScreen(CommonActions, Screen):
         if self.index < len(self.lesson.steps) - 1:
             await self.show_step(self.index + 1)
         else:
-            self.notify(translated("tutor", "last_step", self.lang), timeout=3)
+            self.notify_alone(translated("tutor", "last_step", self.lang))
 
     async def action_prev(self) -> None:
         if self.index > 0:
             await self.show_step(self.index - 1)
         else:
-            self.notify(translated("tutor", "first_step", self.lang), timeout=3)
+            self.notify_alone(translated("tutor", "first_step", self.lang))
+
+    def notify_alone(self, message: str) -> None:
+        """A toast that replaces those shown: a key held at the first step must not pile them up."""
+        self.app.clear_notifications()
+        self.notify(message, timeout=3)
 
     def action_back(self) -> None:
         self.app.pop_screen()
