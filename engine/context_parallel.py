@@ -17,7 +17,7 @@ slice unchanged; attention needs every earlier key, so the ranks exchange keys a
   reduce-scatter their gradients in the backward. With grouped-query attention the K/V are
   ``heads/kv_heads`` times smaller than the queries, so gathering them is cheap, and the one
   collective is simpler to overlap and to combine with masks than a ring.
-* **Layouts** (:mod:`distai.lessons.lesson9.ring_schedule`): under the causal mask the contiguous
+* **Layouts** (:mod:`distai.lessons.context.ring_schedule`): under the causal mask the contiguous
   split leaves the first ranks idle most of the ring; the zigzag split (chunks ``i`` and
   ``2·cp − 1 − i`` on rank ``i``) gives every rank the same work at every step.
 
@@ -38,7 +38,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..lessons.lesson9 import ring_schedule as plan
+from ..lessons.context import ring_schedule as plan
 from .metering import comm_scope, comm_tags
 from .zero import Collectives
 
@@ -170,13 +170,21 @@ def _tiles(cp: CPGroup, step: int, src: int):
             if (kind := plan.tile_kind(qc, kc)) != plan.SKIP]
 
 
-def _record(cp: CPGroup, phase: str, step: int, src: int, tiles, scores: int, t0: float, t1: float,
-            t2: float) -> None:
+def _record(cp: CPGroup, phase: str, step: int, src: int, tiles, scores: int, sent: list[torch.Tensor],
+            t0: float, t1: float, t2: float) -> None:
+    """One ring step in ``cp.trace``: ``sent`` the tensors this rank handed to the network in it."""
     if cp.trace is None:
         return
     cp.trace.append({"phase": phase, "step": step, "owner": src, "layer": comm_tags()["layer"],
                      "tiles": [plan.DIAGONAL if diag else plan.FULL for _, _, diag in tiles],
-                     "scores": scores, "compute_s": t1 - t0, "wait_s": t2 - t1})
+                     "scores": scores, "compute_s": t1 - t0, "wait_s": t2 - t1, "messages": len(sent),
+                     "sent_bytes": sum(_sent_bytes(cp, t) for t in sent)})
+
+
+def _sent_bytes(cp: CPGroup, t: torch.Tensor) -> float:
+    """What this rank sends for ``t``: all of a hop; ``(cp−1)/cp`` of a gathered or scattered whole."""
+    nbytes = t.numel() * t.element_size()
+    return nbytes if cp.variant == "ring" else nbytes * (cp.size - 1) / cp.size
 
 
 class _RingAttention(torch.autograd.Function):
@@ -193,6 +201,7 @@ class _RingAttention(torch.autograd.Function):
         for step in range(cp.size):
             src = plan.owner(cp.rank, step, cp.size)
             hop = _Hop(cp, kv, "cp.kv") if gathered is None and step < cp.size - 1 else None
+            sent = [kv] if hop is not None else [gathered] if gathered is not None and step == 0 and cp.size > 1 else []
             block = gathered[src] if gathered is not None else kv
             t0 = time.perf_counter()
             tiles, scores = _tiles(cp, step, src), 0
@@ -204,7 +213,7 @@ class _RingAttention(torch.autograd.Function):
             t1 = time.perf_counter()
             if hop is not None:
                 kv = hop.wait()
-            _record(cp, "fwd", step, src, tiles, scores, t0, t1, time.perf_counter())
+            _record(cp, "fwd", step, src, tiles, scores, sent, t0, t1, time.perf_counter())
         out = acc / l[..., None]
         lse = m + torch.log(l)
         ctx.save_for_backward(q, k, v, out, lse)
@@ -226,6 +235,7 @@ class _RingAttention(torch.autograd.Function):
             for step in range(cp.size):
                 src = plan.owner(cp.rank, step, cp.size)
                 hop = _Hop(cp, kv, "cp.kv") if gathered is None and step < cp.size - 1 else None
+                sent = [kv] if hop is not None else [gathered] if gathered is not None and step == 0 and cp.size > 1 else []
                 block = gathered[src] if gathered is not None else kv
                 t0 = time.perf_counter()
                 dkv = dkv_all[src] if dkv_all is not None else torch.zeros_like(kv)
@@ -238,18 +248,19 @@ class _RingAttention(torch.autograd.Function):
                     _chunk(dkv[0], b, c).add_(dk_t)
                     _chunk(dkv[1], b, c).add_(dv_t)
                 t1 = time.perf_counter()
-                if gathered is None:
+                if gathered is None and cp.size > 1:
                     if dkv_hop is not None:  # the gradient of this block so far, from the left
                         dkv.add_(dkv_hop.wait())
                     dkv_hop = _Hop(cp, dkv, "cp.dkv")  # one hop behind its block; the last one goes home
+                    sent.append(dkv)
                     if hop is not None:
                         kv = hop.wait()
+                elif dkv_all is not None and step == cp.size - 1 and cp.size > 1:
+                    dkv = _scatter(cp, dkv_all)
+                    sent.append(dkv_all)
                 _record(cp, "bwd", step, src, tiles, sum(plan.tile_scores(plan.DIAGONAL if d else plan.FULL, c)
-                                                         for _, _, d in tiles), t0, t1, time.perf_counter())
-            if dkv_all is not None:
-                dkv = _scatter(cp, dkv_all)
-            else:
-                assert dkv_hop is not None
+                                                         for _, _, d in tiles), sent, t0, t1, time.perf_counter())
+            if dkv_hop is not None:  # the ring's last hop: this rank's own block's gradient, home
                 dkv = dkv_hop.wait()
         return dq, dkv[0], dkv[1], None
 
@@ -294,22 +305,22 @@ def apply_cp(model: Any, cp: CPGroup) -> Any:
     if model.cfg.dropout:
         raise ValueError("context parallelism never forms the attention probabilities: use dropout 0")
     for block in model.block_list():
-        if not hasattr(block.attn, "core"):
-            raise TypeError("this model's attention has no swappable core to replace")
-        block.attn.core = CPCore(cp, block.layer)
+        block.attn.core = CPCore(cp)
     return model
 
 
 class CPCore:
-    """The attention core the model calls, ``core(q, k, v)`` on ``[b, heads, n, d]``, its
-    exchanges tagged with the block's layer."""
+    """The attention core :class:`~distai.engine.model.Attention` calls (``block.attn.core``):
+    causal attention of this rank's queries over the whole sequence's keys and values."""
 
-    def __init__(self, cp: CPGroup, layer: object = None):
-        self.cp, self.layer = cp, layer
+    def __init__(self, cp: CPGroup):
+        self.cp = cp
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        with comm_scope(layer=self.layer):
-            return ring_attention(q, k, v, self.cp)
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+                 dropout: Any = None) -> torch.Tensor:
+        if mask is not None or dropout is not None:
+            raise ValueError("ring attention is causal training attention: no KV cache, no dropout")
+        return ring_attention(q, k, v, self.cp)
 
 
 def shard_sequence(x: torch.Tensor, cp: CPGroup, dim: int = 1) -> torch.Tensor:
@@ -317,24 +328,28 @@ def shard_sequence(x: torch.Tensor, cp: CPGroup, dim: int = 1) -> torch.Tensor:
     return x.index_select(dim, cp.positions(x.shape[dim], x.device))
 
 
-def cp_loss(local_loss: torch.Tensor, cp: CPGroup) -> torch.Tensor:
-    """The whole sequence's mean loss from this rank's mean over its equal share of the tokens:
-    the mean of the ranks' means (detached, for reporting: backward uses the local loss, then
-    :func:`sync_cp_grads`)."""
+def cp_loss(local_loss: torch.Tensor, group: Any = None) -> torch.Tensor:
+    """The whole batch's mean loss from this rank's mean over its equal share of the tokens: the
+    mean of the ranks' means over ``group`` (the CP group, or with data parallelism every rank that
+    holds a share; None: the world). Detached, for reporting: backward uses the local loss, then
+    :func:`sync_cp_grads`."""
     total = local_loss.detach().clone()
-    if cp.size > 1:
+    size = dist.get_world_size(group) if dist.is_initialized() else 1
+    if size > 1:
         with comm_scope(phase="loss", site="cp.loss"):
-            dist.all_reduce(total, group=cp.group)
-    return total / cp.size
+            dist.all_reduce(total, group=group)
+    return total / size
 
 
-def sync_cp_grads(model: Any, cp: CPGroup) -> None:
-    """Average the parameters' gradients over the CP group: each rank's are those of its share
-    of the tokens' mean loss, so their mean is the whole sequence's gradient."""
-    if cp.size == 1:
+def sync_cp_grads(model: Any, group: Any = None) -> None:
+    """Average the parameters' gradients over ``group`` (as :func:`cp_loss`): each rank's are
+    those of its share of the tokens' mean loss, so their mean is the whole batch's gradient
+    (Megatron-LM reduces over data × context parallel ranks alike)."""
+    size = dist.get_world_size(group) if dist.is_initialized() else 1
+    if size == 1:
         return
     with comm_scope(phase="grad-sync", site="cp.grads"):
         for p in model.parameters():
             if p.grad is not None:
-                dist.all_reduce(p.grad, group=cp.group)
-                p.grad.div_(cp.size)
+                dist.all_reduce(p.grad, group=group)
+                p.grad.div_(size)

@@ -11,11 +11,11 @@ from __future__ import annotations
 import pytest
 
 from distai.engine.testing import run_in_group
-from distai.lessons.lesson9 import formulas as F
-from distai.lessons.lesson9 import ring_schedule as plan
+from distai.lessons.context import formulas as F
+from distai.lessons.context import ring_schedule as plan
 
 WORLD = 8
-CP_SIZES = (2, 4, 8)
+CP_SIZES = (1, 2, 4, 8)
 TOLERANCE = {"float64": 1e-12, "float32": 1e-5}  # relative to the reference's largest entry
 SHAPE = dict(batch=2, heads=4, kv_heads=2, seq=64, head_dim=8)  # seq: a multiple of 2·8
 
@@ -62,7 +62,8 @@ def _core_check(cp_group, layout: str, variant: str, dtype_name: str) -> dict:
     return {"out": rel(out, reference[:, :, pos]), "dq": rel(mine[0].grad, q.grad[:, :, pos]),
             "dk": rel(mine[1].grad, k.grad[:, :, pos]), "dv": rel(mine[2].grad, v.grad[:, :, pos]),
             "sent": sent, "messages": messages, "elem": out.element_size(), "rank": cp.rank,
-            "work": [(t["phase"], t["step"], t["scores"]) for t in cp.trace]}
+            "work": [(t["phase"], t["step"], t["scores"]) for t in cp.trace],
+            "steps": [(t["phase"], t["step"], t["messages"], t["sent_bytes"]) for t in cp.trace]}
 
 
 def _torch_context_parallel() -> dict:
@@ -88,6 +89,51 @@ def _torch_context_parallel() -> dict:
     return {"ran": True, "diff": float((out - reference[:, :, cp.positions(32)]).abs().max())}
 
 
+MODEL = dict(vocab=64, hidden=32, heads=4, kv_heads=2, layers=2, seq=32, rope_theta=10000.0)
+
+
+def _model_check(cp_group, layout: str, variant: str, dtype_name: str) -> dict:
+    """The course's GPT with ring attention in every block, on this rank's tokens (with their
+    positions, for the rotary embeddings): the loss and every parameter's gradient, averaged over
+    the CP group, against the same model on one process."""
+    import torch
+
+    from distai.engine import context_parallel as C
+    from distai.engine.model import GPT, GPTConfig, make_batch
+
+    cfg, dtype = GPTConfig(**MODEL), getattr(torch, dtype_name)
+    reference = GPT(cfg, seed=5, dtype=dtype)
+    cp = C.CPGroup(cp_group, layout, variant)
+    model = C.apply_cp(GPT(cfg, seed=5, dtype=dtype), cp)
+    ids, targets = make_batch(cfg, 2, seed=9)
+    full = reference(ids, targets)
+    full.backward()
+    local = model(C.shard_sequence(ids, cp), C.shard_sequence(targets, cp), positions=cp.positions(cfg.seq))
+    local.backward()
+    C.sync_cp_grads(model, cp_group)
+    loss = C.cp_loss(local, cp_group)
+    grads = {name: float((p.grad - q.grad).abs().max() / q.grad.abs().max())
+             for (name, p), q in zip(model.named_parameters(), reference.parameters())}
+    return {"loss": abs(float(loss) / float(full) - 1), "grads": grads,
+            "params": len([p for p in reference.parameters() if p.grad is not None])}
+
+
+def _experiment(rank: int) -> dict:
+    """The experiment's own entry point, last (it ends the process group): cp 4 × dp 2 on 8 ranks."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from distai.engine.events import read_events
+    from distai.engine.experiments import context as E
+
+    events_dir = tempfile.mkdtemp()
+    os.environ["DISTAI_EVENTS_DIR"] = events_dir
+    rc = E.main(["--cp", "4", "--seq", "64", "--hidden", "32", "--heads", "4", "--kv-heads", "2", "--layers", "2",
+                 "--vocab", "64", "--steps", "2", "--layout", "contiguous"])
+    return {"rc": rc, "events": list(read_events(Path(events_dir) / f"rank{rank}.jsonl"))}
+
+
 def check_all(rank: int, world_size: int) -> dict:
     out: dict = {}
     for cp in CP_SIZES:
@@ -96,7 +142,9 @@ def check_all(rank: int, world_size: int) -> dict:
             for variant in plan.VARIANTS:
                 for dtype in TOLERANCE:
                     out[(cp, layout, variant, dtype)] = _core_check(group, layout, variant, dtype)
+                    out[("model", cp, layout, variant, dtype)] = _model_check(group, layout, variant, dtype)
     out["torch"] = _torch_context_parallel()
+    out["experiment"] = _experiment(rank)
     return out
 
 
@@ -118,6 +166,16 @@ def test_output_and_gradients_equal_one_process(results, case):
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_the_models_loss_and_every_gradient_equal_one_process(results, case):
+    tol = TOLERANCE[case[3]]
+    for r in results:
+        got = r[("model", *case)]
+        assert got["loss"] <= tol
+        assert len(got["grads"]) == got["params"] >= 30  # every parameter: embedding, 2 blocks, final norm
+        assert max(got["grads"].values()) <= tol, got["grads"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
 def test_messages_and_bytes_equal_the_formula(results, case):
     cp, _, variant, _ = case
     for r in results:
@@ -126,6 +184,9 @@ def test_messages_and_bytes_equal_the_formula(results, case):
                                    got["elem"])
         assert got["messages"] == {"fwd": want["forward_messages"], "bwd": want["backward_messages"]}
         assert got["sent"] == {"fwd": want["forward_bytes_per_rank"], "bwd": want["backward_bytes_per_rank"]}
+        for phase, step, messages, sent in got["steps"]:  # step by step, as the engine reports them
+            expected = F.cp_step_traffic(cp, step, phase, variant, want["block_bytes"])
+            assert (messages, sent) == (expected["messages"], expected["bytes"])
 
 
 @pytest.mark.parametrize("layout", plan.LAYOUTS)
@@ -142,10 +203,46 @@ def test_every_step_computes_the_schedules_causal_scores(results, cp, layout):
 
 
 def test_zigzag_balances_what_contiguous_leaves_idle():
-    for cp in CP_SIZES:
+    for cp in CP_SIZES[1:]:
         assert plan.idle_fraction(SHAPE["seq"], cp, "zigzag") == 0.0
         assert plan.idle_fraction(SHAPE["seq"], cp, "contiguous") > 0.3
     assert F.idle_fraction(8, "contiguous") == pytest.approx(7 / 15, abs=1e-3)  # (cp−1)/(2cp−1), long sequences
+
+
+def test_experiment_streams_every_ring_step_and_checks_itself(results):
+    for rank, r in enumerate(results):
+        got = r["experiment"]
+        assert got["rc"] == 0
+        ring = [e for e in got["events"] if e["kind"] == "cp_step"]
+        if rank < 4:  # replica 0's ranks stream their steps: 2 training steps × 2 layers × fwd+bwd × 4 steps
+            assert len(ring) == 2 * 2 * 2 * 4 and all(e["match"] for e in ring)
+        else:
+            assert not ring
+    events = results[0]["experiment"]["events"]
+    summary = next(e for e in events if e["kind"] == "summary")
+    assert summary["cp"] == 4 and summary["dp"] == 2 and summary["train_ok"] and summary["comm_match"]
+    assert summary["max_grad_rel_diff"] <= 1e-12
+    for m in summary["memory"]:  # measured against the count of what the GPT saves: within 10% (here exact)
+        assert abs(m["measured_bytes"] / m["formula_bytes"] - 1) <= 0.10
+        assert abs(m["one_process_bytes"] / m["one_process_formula_bytes"] - 1) <= 0.10
+    seqs = [m["seq"] for m in summary["memory"]]
+    measured = [m["measured_bytes"] for m in summary["memory"]]
+    one = [m["one_process_bytes"] for m in summary["memory"]]
+    assert seqs == [16, 32, 64] and measured[2] == 4 * measured[0]  # the ring's grows linearly
+    assert one[2] > 4.5 * one[0]  # one process's with the square of the sequence
+    assert summary["idle_schedule"] > 0.3  # the contiguous layout idles
+
+
+def test_bad_input_gets_one_line_and_exit_2(capsys, monkeypatch):
+    """Checked before any rank joins a group (the experiment's ``before_init``)."""
+    from distai.engine.experiments import context as E
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    for argv in (["--seq", "36"], ["--cp", "3"], ["--layout", "contiguous", "--seq", "30"],
+                 ["--memory-seqs", "64,100"]):
+        assert E.main(argv) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("distai run context: error: "), lines
 
 
 def test_torch_context_parallel_agrees_where_it_runs(results):
@@ -155,3 +252,86 @@ def test_torch_context_parallel_agrees_where_it_runs(results):
                     f"torch: {got['why']}")
     for r in results:
         assert r["torch"]["diff"] <= 1e-12
+
+
+# --------------------------------------------------------------------------------------------
+# The visualizer, the run view and the fold, fed the real run above
+
+
+def test_online_softmax_row_merged_step_by_step_equals_one_softmax():
+    for layout in plan.LAYOUTS:
+        for cp in (1, 2, 4, 8):
+            trace = F.row_trace(64, cp, layout)
+            assert len(trace) == cp and sum(t["keys"] for t in trace) == 64  # the last token meets every key
+            assert trace[-1]["out"] == pytest.approx(trace[-1]["direct"], rel=1e-12)
+            ms = [t["m"] for t in trace if t["keys"]]
+            assert ms == sorted(ms)  # the running maximum never falls
+
+
+def test_run_fold_and_run_view_keep_the_runs_ring_steps(results):
+    from distai.lessons.context.cp_run import CPRun
+    from distai.visualizers.ring_attention import RingAttentionRunView
+
+    events = [e for r in results[:4] for e in r["experiment"]["events"]]
+    fold, view = CPRun(), RingAttentionRunView("es")
+    for e in sorted(events, key=lambda e: e["t"]):
+        fold.feed(e)
+        view.feed(e)
+    assert fold.cp == 4 and fold.train_step == 1  # the latest training step's ring
+    for phase in ("fwd", "bwd"):
+        for t in range(4):
+            assert sorted(fold.step_records(phase, t)) == [0, 1, 2, 3]
+    assert fold.idle_share("fwd") is not None and len(fold.memory) == 3
+    text = "\n".join(line.plain for line in view.renderables(100))
+    assert "cp = 4 × dp = 2" in text and "contiguo" in text
+    assert "sí" in text  # every ring step as the formula
+
+
+def test_visualizer_lights_the_tiles_the_engine_computed(results):
+    """Replaying the run: at each ring step, the tiles lit in each rank's rows are as many as the
+    tiles that rank's engine computed at that step (from its trace)."""
+    import asyncio
+
+    from distai.visualizers.ring_attention import RingAttentionVisualizer
+    from pilot_harness import mounted
+
+    events = sorted((e for r in results[:4] for e in r["experiment"]["events"]), key=lambda e: e["t"])
+
+    async def go():
+        async with mounted(RingAttentionVisualizer, "en", size=(120, 60)) as (pilot, vis):
+            for e in events:
+                vis.feed_event(e)
+            await pilot.pause()
+            assert vis.source == "run" and vis.cp == 4 and vis.seq_layout == "contiguous"
+            for step in range(4):
+                vis.step = step
+                lines = [line.plain for line in vis.build_lines(120)]
+                for r in range(4):
+                    lit = sum(line.count("█") + line.count("◣") for line in lines
+                              if line.startswith("q") and line.rstrip().endswith(f"R{r}"))
+                    engine = vis.run.step_records("fwd", step)[r]["tiles"]
+                    assert lit == 2 * len(engine), (step, r)  # two cells a tile
+                assert f"R{r}" in "\n".join(lines) and "compute" in "\n".join(lines)
+            await pilot.press("z")  # back to the schedule, zigzag
+            assert vis.source == "model" and vis.seq_layout == "zigzag"
+            await pilot.press("right_square_bracket")
+            assert vis.cp == 8
+
+    asyncio.run(go())
+
+
+def test_calculator_reproduces_the_texts_worked_numbers():
+    """`distai calc context` on Llama 3 405B's long-context layout gives the numbers the lesson quotes."""
+    from distai.lessons.context.calc_context import CALCULATOR
+
+    r = CALCULATOR.run({"seq": "131072", "hidden": "16384", "heads": "128", "kv_heads": "8",
+                                          "layers": "126", "cp": "16", "tp": "8", "pp": "16"})
+    gib, mib = 2 ** 30, 2 ** 20
+    assert r["tokens_per_gpu"] == 8192
+    assert r["activation_bytes_per_gpu"] == 4.25 * gib and r["activation_bytes_per_gpu_without_cp"] == 68 * gib
+    assert r["kv_block_bytes"] == 4 * mib
+    assert (r["ring"]["forward_messages"], r["ring"]["backward_messages"]) == (15, 31)
+    assert r["ring"]["total_bytes_per_rank"] == 184 * mib and r["allgather"]["total_bytes_per_rank"] == 180 * mib
+    assert round(r["overlap"]["compute_s"] * 1e6) == 723 and round(r["overlap"]["hop_s"] * 1e7) == 889
+    assert r["overlap"]["hidden"] and round(r["overlap"]["min_tokens"]) == 1305
+    assert round(r["idle_fraction_contiguous"], 3) == 0.484

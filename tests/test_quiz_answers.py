@@ -106,6 +106,31 @@ EXPECTED["capstone"] = {
     "p2p-bytes": lambda p: p["seq"] * p["micro_batch"] * p["hidden"] * 2 / p["tp"],
 }
 
+
+def _kv_block(p):
+    return 2 * p["seq"] / p["cp"] * max(1, p["kv_heads"] // p["tp"]) * p["hidden"] / p["heads"] * 2
+
+
+def _contiguous_idle(cp, chunk=4096 * 2):
+    """Chunks of ``chunk`` tokens: step 0 is the diagonal (c(c+1)/2 scores), later steps a full tile
+    (c²) for the busiest rank; every rank's work summed is the causal triangle."""
+    diagonal, full = chunk * (chunk + 1) / 2, chunk * chunk
+    work = cp * diagonal + full * cp * (cp - 1) / 2
+    return 1 - work / (cp * (diagonal + (cp - 1) * full))
+
+
+EXPECTED["context"] = {
+    "activations-cp": lambda p: p["seq"] / p["cp"] * p["hidden"] / p["tp"] * 34,
+    "scores": lambda p: p["heads"] / p["tp"] * p["seq"] / p["cp"] * p["seq"] * 2,
+    "kv-block": _kv_block,
+    "ring-messages": lambda p: 3 * p["cp"] - 2,
+    "ring-bytes": lambda p: (3 * p["cp"] - 2) * _kv_block(p),
+    "allgather-bytes": lambda p: 3 * (p["cp"] - 1) * _kv_block(p),
+    "idle": lambda p: _contiguous_idle(p["cp"]),
+    "merge": lambda p: sum(math.exp(p[f"score_{x}"]) * p[f"value_{x}"] for x in "abc")
+    / sum(math.exp(p[f"score_{x}"]) for x in "abc"),
+}
+
 # Choice questions whose right option depends on the numbers: recompute which one is right.
 EXPECTED_CHOICE = {
     ("lesson6", "update-lost"): lambda p: 0 if f6.round_to_format(f6.round_to_format(p["weight"], p["fmt"]) + p["update"],

@@ -77,28 +77,44 @@ def kv_block_bytes(seq: int, micro_batch: int, kv_heads: int, head_dim: int, cp:
         _count(head_dim, "the head dimension") * elem_bytes
 
 
+def cp_step_traffic(cp: int, step: int, phase: str, variant: str = "ring", block_bytes: float = 1.0) -> dict:
+    """Messages one rank sends, and their bytes, at ring step ``step`` of one layer's attention.
+
+    Ring: each forward step but the last passes the K/V block one hop on; each backward step
+    passes it too, and then the gradient of the block it just used, one hop behind (the last
+    backward step's goes home). All-gather (Llama 3): the forward's all-gather at step 0; in
+    the backward an all-gather at step 0 and the reduce-scatter of the K/V gradients after the
+    last, each ``(cp − 1)/cp`` of the ``cp`` blocks.
+    """
+    c = _count(cp, "the context-parallel size")
+    if phase not in ("fwd", "bwd") or variant not in plan.VARIANTS or not 0 <= step < c:
+        raise ValueError(f"no step {step} of phase {phase!r} in the {variant!r} variant with cp = {c}")
+    if c == 1:
+        return {"messages": 0, "bytes": 0.0}
+    if variant == "ring":
+        messages = (1 if step < c - 1 else 0) + (1 if phase == "bwd" else 0)
+        return {"messages": messages, "bytes": messages * block_bytes}
+    messages = (1 if step == 0 else 0) + (1 if phase == "bwd" and step == c - 1 else 0)
+    return {"messages": messages, "bytes": messages * (c - 1) * block_bytes}
+
+
 def cp_comm_per_layer(seq: int, micro_batch: int, kv_heads: int, head_dim: int, cp: int, variant: str = "ring",
                       elem_bytes: float = 2, tp: int = 1) -> dict:
-    """What one rank sends per layer for attention under context parallelism.
-
-    Ring: the forward passes the K/V block ``cp − 1`` hops; the backward passes it again
-    ``cp − 1`` hops and its gradient ``cp`` hops (one hop behind its block, the last one home).
-    All-gather (Llama 3): an all-gather of the K/V in the forward, again in the backward, and a
-    reduce-scatter of their gradients, each ``(cp − 1)/cp`` of the ``cp`` blocks per rank.
-    Returns the block's bytes, the messages and bytes per rank in each direction, and the total.
+    """What one rank sends per layer for attention under context parallelism (the sum of
+    :func:`cp_step_traffic` over the steps): ring, ``cp − 1`` K/V hops forward, ``cp − 1`` K/V
+    hops and ``cp`` gradient hops backward; all-gather, ``(cp − 1)`` blocks in one all-gather
+    forward, twice that (an all-gather and a reduce-scatter) backward. Returns the block's
+    bytes, the messages and bytes per rank in each direction, and the total.
     """
-    if variant not in plan.VARIANTS:
-        raise ValueError(f"variant must be one of {', '.join(plan.VARIANTS)}, not {variant!r}")
     block = kv_block_bytes(seq, micro_batch, kv_heads, head_dim, cp, elem_bytes, tp)
     c = _cp_degree(cp, seq)
-    if variant == "ring":
-        fwd_msgs, bwd_msgs = c - 1, (c - 1) + (c if c > 1 else 0)
-        fwd, bwd = (c - 1) * block, bwd_msgs * block
-    else:
-        fwd_msgs, bwd_msgs = (1, 2) if c > 1 else (0, 0)
-        fwd, bwd = (c - 1) * block, 2 * (c - 1) * block
-    return {"block_bytes": block, "forward_messages": fwd_msgs, "backward_messages": bwd_msgs,
-            "forward_bytes_per_rank": fwd, "backward_bytes_per_rank": bwd, "total_bytes_per_rank": fwd + bwd}
+    out: dict = {"block_bytes": block}
+    for phase, name in (("fwd", "forward"), ("bwd", "backward")):
+        steps = [cp_step_traffic(c, t, phase, variant, block) for t in range(c)]
+        out[f"{name}_messages"] = sum(x["messages"] for x in steps)
+        out[f"{name}_bytes_per_rank"] = sum(x["bytes"] for x in steps)
+    out["total_bytes_per_rank"] = out["forward_bytes_per_rank"] + out["backward_bytes_per_rank"]
+    return out
 
 
 def ring_step_flops(seq: int, micro_batch: int, hidden: int, cp: int, tp: int = 1) -> float:
@@ -152,17 +168,18 @@ def model_activation_bytes_per_layer(tokens: int, hidden: int, heads: int, kv_he
                                      elem_bytes: float, rope: bool = False, seq: int | None = None,
                                      batch: int = 1) -> float:
     """What one block of the course's GPT (LayerNorm, GeLU) saves for backward for ``tokens``
-    tokens on a rank: the two norms' inputs and outputs, ``q``, ``k``, ``v``, the attention output,
-    the MLP's two ``ffn``-wide tensors, and the attention core's row statistics (``heads`` per
-    token); with ``rope`` the unrotated ``q`` and ``k`` too. ``seq``: the whole sequence of a core
-    that forms the probabilities (one process): ``batch·heads·seq²`` of them, the causal mask
-    (``seq²`` bytes) and, with grouped-query attention, the K/V expanded to every head."""
-    kv = kv_heads * (hidden // heads)
-    per_token = 4 * hidden + hidden + 2 * kv + hidden + 2 * ffn + (hidden + kv if rope else 0)
+    tokens on a rank, counted tensor by tensor (in ``elem_bytes`` per number): per token, the two
+    norms' inputs and outputs (``4h``) and their mean and 1/std (4), ``q`` (``h``), the MLP's two
+    ``ffn``-wide tensors, the attention output entering W_o (``h``), with ``rope`` the cosines and
+    sines of the rotations of q and k (``2·d``). A ring (or flash) core adds ``k`` and ``v``
+    (``2·kv_heads·d``) and one log-sum-exp per head. ``seq``: a core on one process that forms the
+    probabilities instead (``engine.model.attend``, whose softmax keeps only its output): the K/V
+    expanded to every head (``2h``) and ``batch·heads·seq²`` probabilities."""
+    d = hidden // heads
+    per_token = 4 * hidden + 4 + hidden + hidden + 2 * ffn + (2 * d if rope else 0)
     if seq is None:
-        return tokens * (per_token + heads) * elem_bytes
-    expanded = 2 * hidden if kv_heads != heads else 0
-    return tokens * (per_token + expanded) * elem_bytes + batch * heads * seq * seq * elem_bytes + seq * seq
+        return tokens * (per_token + 2 * kv_heads * d + heads) * elem_bytes
+    return tokens * (per_token + 2 * hidden) * elem_bytes + batch * heads * seq * seq * elem_bytes
 
 
 def llama3_long_context(dtype_bytes: float = 2) -> dict:
@@ -176,3 +193,52 @@ def llama3_long_context(dtype_bytes: float = 2) -> dict:
     return {"gpus": r["tp"] * r["cp"] * r["pp"] * r["dp"], "tokens_per_gpu": r["seq"] // r["cp"],
             "layers_per_gpu": math.ceil(m["layers"] / r["pp"]), "with_cp_bytes": with_cp,
             "without_cp_bytes": without}
+
+
+def two_block_example(score_a: float, value_a: float, score_b: float, value_b: float, score_c: float,
+                      value_c: float) -> dict:
+    """The text's worked merge: one query row whose first block holds keys a and b and whose second
+    holds key c (scalar values). The partial results (``m1 l1 o1``, ``m2 l2 o2``), the merged ``m``,
+    ``l``, ``o`` and output, and the output of one softmax over all three keys (``direct``)."""
+    first = partial_softmax([score_a, score_b], [value_a, value_b])
+    second = partial_softmax([score_c], [value_c])
+    merged = online_softmax_merge(first["m"], first["l"], first["o"], second["m"], second["l"], second["o"])
+    scores, values = (score_a, score_b, score_c), (value_a, value_b, value_c)
+    weights = [math.exp(x) for x in scores]
+    direct = sum(w * v for w, v in zip(weights, values)) / sum(weights)
+    return {"m1": first["m"], "l1": first["l"], "o1": first["o"], "m2": second["m"], "l2": second["l"],
+            "o2": second["o"], **merged, "direct": direct}
+
+
+def example_row(seq: int) -> tuple[list[float], list[float]]:
+    """Scores and scalar values of one query row against ``seq`` keys, for the visualizer's row
+    panel: deterministic, varied, with the maximum somewhere in the middle."""
+    scores = [round(2.0 * math.sin(0.9 * k) - 3.0 * k / seq, 3) for k in range(seq)]
+    values = [round(math.cos(0.5 * k), 3) for k in range(seq)]
+    return scores, values
+
+
+def row_trace(seq: int, cp: int, layout: str, position: int | None = None) -> list[dict]:
+    """The running ``m``, ``l`` and output of the query at ``position`` (default the last token)
+    after each ring step of the forward, merging the keys its rank meets at that step (the
+    causal ones). The last entry equals one softmax over all earlier keys (``direct``)."""
+    plan.check_layout(seq, cp, layout)
+    pos = seq - 1 if position is None else position
+    rank = next(r for r in range(cp) if pos in plan.positions(r, seq, cp, layout))
+    scores, values = example_row(seq)
+    m, l, o = -math.inf, 0.0, 0.0
+    out = []
+    for step in range(cp):
+        keys = [k for k in plan.positions(plan.owner(rank, step, cp), seq, cp, layout) if k <= pos]
+        if keys:
+            part = partial_softmax([scores[k] for k in keys], [values[k] for k in keys])
+            if m == -math.inf:
+                m, l, o = part["m"], part["l"], part["o"]
+            else:
+                merged = online_softmax_merge(m, l, o, part["m"], part["l"], part["o"])
+                m, l, o = merged["m"], merged["l"], merged["o"]
+        out.append({"step": step, "rank": rank, "keys": len(keys), "m": m, "l": l,
+                    "out": o / l if l else None})
+    weights = [math.exp(scores[k]) for k in range(pos + 1)]
+    out[-1]["direct"] = sum(w * values[k] for k, w in enumerate(weights)) / sum(weights)
+    return out

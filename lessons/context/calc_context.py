@@ -1,0 +1,89 @@
+"""``distai calc context``: activation memory per GPU under context parallelism, the K/V bytes each
+rank sends per layer (ring and all-gather), and whether a ring hop hides behind one step's compute."""
+from __future__ import annotations
+
+from .. import units
+from ..calculator import CalcError, Calculator, Option, bytes_text, table
+from ..lesson7.formulas import dtype_bytes
+from . import formulas as f
+
+
+def compute(v: dict) -> dict:
+    s, h, a, g, cp, tp = v["seq"], v["hidden"], v["heads"], v["kv_heads"], v["cp"], v["tp"]
+    if h % a or a % g:
+        raise CalcError("--hidden must be a multiple of --heads, and --heads of --kv-heads")
+    if s % cp:
+        raise CalcError(f"--seq {s} is not divisible by --cp {cp}")
+    e, d, b = dtype_bytes(v["dtype"]), h // a, v["micro_batch"]
+    try:
+        memory = {flash: f.activation_bytes_per_gpu(v["layers"], s, b, h, a, cp, tp, v["pp"], flash)
+                  for flash in (True, False)}
+        without_cp = f.activation_bytes_per_gpu(v["layers"], s, b, h, a, 1, tp, v["pp"], True)
+        comm = {variant: f.cp_comm_per_layer(s, b, g, d, cp, variant, e, tp) for variant in ("ring", "allgather")}
+        overlap = f.ring_overlap(s, b, h, g, d, cp, v["flops"], v["alpha"], v["beta"], e, tp)
+    except ValueError as exc:
+        raise CalcError(str(exc)) from None
+    return {"activation_bytes_per_gpu": memory[True], "activation_bytes_per_gpu_with_scores": memory[False],
+            "activation_bytes_per_gpu_without_cp": without_cp, "tokens_per_gpu": s // cp,
+            "score_bytes_per_layer": f.score_bytes(s, b, a, cp, tp, e), "kv_block_bytes": comm["ring"]["block_bytes"],
+            "ring": comm["ring"], "allgather": comm["allgather"], "overlap": overlap,
+            "idle_fraction_contiguous": f.idle_fraction(cp, "contiguous", s) if s % (2 * cp) == 0 else None,
+            "seq": s, "hidden": h, "heads": a, "kv_heads": g, "layers": v["layers"], "cp": cp, "tp": tp,
+            "pp": v["pp"], "micro_batch": b, "dtype": v["dtype"], "flops": v["flops"], "alpha": v["alpha"],
+            "beta": v["beta"]}
+
+
+def text(r: dict) -> list[str]:
+    o = r["overlap"]
+    rows = [("tokens per GPU", f"{r['tokens_per_gpu']:,}"),
+            ("activations per GPU (flash)", bytes_text(r["activation_bytes_per_gpu"])),
+            ("  the same without CP", bytes_text(r["activation_bytes_per_gpu_without_cp"])),
+            ("  with the scores stored", bytes_text(r["activation_bytes_per_gpu_with_scores"])),
+            ("K/V block (one hop)", bytes_text(r["kv_block_bytes"]))]
+    for variant in ("ring", "allgather"):
+        c = r[variant]
+        rows.append((f"{variant}: sent per layer", f"{bytes_text(c['total_bytes_per_rank'])}  "
+                     f"({c['forward_messages']} + {c['backward_messages']} messages fwd + bwd)"))
+    rows += [("ring step: compute", units.format_time(o["compute_s"])),
+             ("ring step: one hop", units.format_time(o["hop_s"])),
+             ("hop hidden behind compute", "yes" if o["hidden"] else "no"),
+             ("shard needed to hide it", f"{o['min_tokens']:,.0f} tokens")]
+    if r["idle_fraction_contiguous"] is not None:
+        rows.append(("idle, contiguous causal split", units.format_percent(r["idle_fraction_contiguous"])))
+    return [f"Context parallelism cp = {r['cp']} (tp = {r['tp']}, pp = {r['pp']}): s = {r['seq']:,}, "
+            f"h = {r['hidden']}, a = {r['heads']}, kv heads = {r['kv_heads']}, L = {r['layers']}, {r['dtype']}",
+            *table(rows)]
+
+
+CALCULATOR = Calculator(
+    name="context",
+    help="""Context parallelism: activation memory per GPU, K/V traffic per layer, ring overlap.
+
+    Activations after Korthikanti et al. 2022 with TP+SP, each GPU holding s/cp tokens (flash: no
+    stored scores); the ring of Liu et al. 2023 and Llama 3's all-gather of K/V (Dubey et al. 2024).
+
+    JSON keys: activation_bytes_per_gpu (flash attention), activation_bytes_per_gpu_with_scores,
+    activation_bytes_per_gpu_without_cp, tokens_per_gpu, score_bytes_per_layer, kv_block_bytes,
+    ring and allgather ({forward,backward}_messages, {forward,backward,total}_bytes_per_rank),
+    overlap (compute_s, hop_s, hidden, min_tokens, shard_tokens), idle_fraction_contiguous; plus
+    the inputs.
+    """,
+    options=(
+        Option("--seq", "whole", "Sequence length s (131072, 128k)."),
+        Option("--hidden", "whole", "Hidden size h."),
+        Option("--heads", "whole", "Attention heads a."),
+        Option("--kv-heads", "whole", "Key/value heads (grouped-query attention)."),
+        Option("--layers", "whole", "Transformer layers L."),
+        Option("--cp", "whole", "Context-parallel degree."),
+        Option("--tp", "whole", "Tensor-parallel degree (with sequence parallelism).", default="1"),
+        Option("--pp", "whole", "Pipeline-parallel degree (layers per GPU: L/pp).", default="1"),
+        Option("--micro-batch", "whole", "Micro-batch size b.", default="1"),
+        Option("--dtype", "choice", "Activation dtype: fp32, fp16, bf16, fp8.", default="bf16",
+               choices=("fp32", "fp16", "bf16", "fp8")),
+        Option("--flops", "flops", "Attention compute rate per GPU.", default="380T"),
+        Option("--alpha", "time", "Latency per message α.", default="5us", minimum=0),
+        Option("--beta", "per-byte", "s/B or a bandwidth per GPU (50GB/s).", default="50GB/s", minimum=0),
+    ),
+    compute=compute,
+    text=text,
+)

@@ -1,0 +1,76 @@
+"""A run of lesson 9's experiment folded from its events, for the visualizer and the run view.
+Pure Python: no torch, no Textual, no I/O.
+
+Events of ``distai.engine.experiments.context``: ``cp_config`` (the group's shape, layout, variant
+and the model), ``cp_step`` (one rank's ring step of one layer: its tiles, the causal scores it
+computed, its compute and wait times, the messages and bytes it sent, and the schedule's and the
+formula's figures for it), ``step`` (the loss against one process), ``memory`` (activations per
+layer at one sequence length, measured and from the formula, with CP and on one process) and
+``summary``. The ring steps kept are those of the latest training step, layer 0.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class CPRun:
+    config: dict = field(default_factory=dict)
+    # (phase, step) -> rank -> the cp_step event of layer 0 in the latest training step
+    ring: dict[tuple[str, int], dict[int, dict]] = field(default_factory=dict)
+    train_step: int | None = None
+    steps: list[dict] = field(default_factory=list)
+    memory: list[dict] = field(default_factory=list)
+    summary: dict | None = None
+
+    def feed(self, event: dict) -> bool:
+        """Fold one event; True when it changed what there is to draw (a ``run_start`` starts afresh)."""
+        kind = event.get("kind")
+        if kind == "run_start":
+            CPRun.__init__(self)
+            return True
+        if kind == "cp_config":
+            CPRun.__init__(self)
+            self.config = {k: v for k, v in event.items() if k not in ("kind", "t", "rank")}
+            return True
+        if not self.config:
+            return False
+        if kind == "cp_step":
+            if str(event.get("layer")) != "0":
+                return False
+            step = int(event.get("train_step", 0))
+            if self.train_step is None or step > self.train_step:
+                self.train_step, self.ring = step, {}
+            elif step < self.train_step:
+                return False
+            self.ring.setdefault((str(event["phase"]), int(event["step"])), {})[int(event["rank"])] = event
+            return True
+        if kind == "step":
+            self.steps.append({k: event.get(k) for k in ("step", "loss", "reference_loss", "max_grad_rel_diff")})
+            return True
+        if kind == "memory":
+            self.memory.append({k: v for k, v in event.items() if k not in ("kind", "t")})
+            return True
+        if kind == "summary":
+            self.summary = {k: v for k, v in event.items() if k not in ("kind", "t")}
+            return True
+        return False
+
+    @property
+    def cp(self) -> int:
+        return int(self.config.get("cp", 0))
+
+    def step_records(self, phase: str, step: int) -> dict[int, dict]:
+        """Rank -> its cp_step record at ``step`` of ``phase`` (layer 0, latest training step)."""
+        return self.ring.get((phase, step), {})
+
+    def idle_share(self, phase: str = "fwd") -> float | None:
+        """Measured: the share of rank-steps' compute time the ranks waited for the slowest rank of
+        each step (None until every step of every rank arrived)."""
+        cp = self.cp
+        steps = [self.step_records(phase, t) for t in range(cp)]
+        if not cp or any(len(s) < cp for s in steps):
+            return None
+        busiest = sum(max(r["compute_s"] for r in s.values()) for s in steps)
+        worked = sum(r["compute_s"] for s in steps for r in s.values())
+        return 1.0 - worked / (cp * busiest) if busiest > 0 else 0.0
