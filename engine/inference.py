@@ -60,7 +60,7 @@ from .experiment import device_sync
 from .metering import CommMeter, comm_scope
 from .model import GPT, MLP, GPTConfig, ModelConfigError, apply_rope
 
-__all__ = ["build_model", "decoder_weights", "check_tp", "check_pp", "decode_params",
+__all__ = ["build_model", "decoder_weights", "check_decode", "decode_params",
            "reference_logits", "reference_greedy", "comm_counts", "KVStore", "DecoderShard", "generate",
            "generate_pp", "split_layers", "contiguous_store", "mesh_shard"]
 
@@ -78,18 +78,11 @@ def build_model(cfg: GPTConfig, seed: int = 0, dtype: torch.dtype = torch.float3
     return model
 
 
-def check_tp(cfg: GPTConfig, t: int) -> None:
-    """Raise ValueError if ``t`` tensor-parallel ranks cannot split the model's heads and MLP."""
-    if cfg.heads % t:
-        raise ValueError(f"{cfg.heads} heads cannot be split over {t} tensor-parallel ranks")
-    if cfg.ffn_size % t:
-        raise ValueError(f"MLP width {cfg.ffn_size} cannot be split over {t} ranks")
-    kv_heads_per_gpu(cfg.group_heads, t)  # raises when T and H_kv do not divide either way
-
-
-def check_pp(cfg: GPTConfig, p: int) -> None:
-    if p > cfg.layers:
-        raise ValueError(f"{p} pipeline stages for {cfg.layers} layers")
+def check_decode(cfg: GPTConfig, tp: int = 1, pp: int = 1) -> None:
+    """Raise ShapeError (a ModelConfigError) unless the course's one shape check allows decoding on
+    ``tp`` × ``pp`` ranks: heads, MLP and KV heads (split or replicated) over tp, at most one stage
+    per layer. The embedding and the output projection are replicated: the vocabulary is not split."""
+    cfg.check_degrees(tp=tp, pp=pp, split_vocab=False)
 
 
 def decode_params(cfg: GPTConfig, include_embedding: bool = False) -> int:
@@ -297,7 +290,7 @@ class DecoderShard:
 
     def __init__(self, cfg: GPTConfig, model: GPT, tp_rank: int = 0, tp_size: int = 1,
                  layer_range: range | None = None, group: Any = None, device: Any = "cpu"):
-        check_tp(cfg, tp_size)
+        check_decode(cfg, tp=tp_size)
         if cfg.rope_theta is None:
             raise ModelConfigError("the decode path needs rotary positions: GPTConfig.preset('llama-tiny', ...)")
         self.rope_theta = cfg.rope_theta
@@ -547,8 +540,7 @@ def mesh_shard(cfg: GPTConfig, model: GPT, mesh: Any, device: Any = "cpu") -> tu
     (it all-reduces over "tp"), the pipeline group ("pp") and the stage, ready for
     ``generate_pp(shard, ..., stage=stage, stages=mesh.size(0), pipe=pipe)``."""
     pp, tp = mesh.size(mesh.mesh_dim_names.index("pp")), mesh.size(mesh.mesh_dim_names.index("tp"))
-    check_tp(cfg, tp)
-    check_pp(cfg, pp)
+    check_decode(cfg, tp=tp, pp=pp)
     stage, tp_rank = mesh.get_local_rank("pp"), mesh.get_local_rank("tp")
     shard = DecoderShard(cfg, model, tp_rank=tp_rank, tp_size=tp, layer_range=split_layers(cfg.layers, pp)[stage],
                          group=mesh.get_group("tp"), device=device)

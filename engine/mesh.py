@@ -190,9 +190,7 @@ class MeshTrainer:
         cfg = dense.cfg
         if cfg.tie_embeddings or not cfg.gpt2_shape:
             raise MeshConfigError("the 3D run splits the untied GPT-2 shape (GPTConfig(..., tie_embeddings=False))")
-        self.schedule = check_plan(shape, shape.world, hidden=cfg.hidden, heads=cfg.heads, ffn=cfg.ffn_size,
-                                   vocab=cfg.vocab, seq=cfg.seq, layers=cfg.layers, microbatches=microbatches,
-                                   schedule=schedule, chunks=v)
+        self.schedule = check_plan(shape, shape.world, cfg, microbatches=microbatches, schedule=schedule, chunks=v)
         self.mesh, self.cfg, self.m, self.v, self.mb = mesh, dense.cfg, microbatches, v, microbatch_size
         self.zero_stage = zero
         self.tp = TPGroup(mesh.groups["tp"], sequence_parallel=True)

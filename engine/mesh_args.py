@@ -1,10 +1,11 @@
 """The capstone run's plan from its arguments, without torch: ``distai run capstone`` checks it
 before launching anything, and the experiment builds exactly this plan on every rank.
 
-A 3D run needs ``pp·dp·tp`` = the number of ranks, a TP degree that divides the heads, the
-feed-forward width, the vocabulary and the sequence (sequence parallelism splits it), ``pp·v``
-stages that split the layers evenly, and a microbatch count the schedule accepts (lesson 5's
-simulator says which). Anything else is refused with one line that says what to change.
+A 3D run needs ``pp·dp·tp`` = the number of ranks, degrees the model's shape allows (the course's
+one shape check, :func:`distai.lessons.model_size.refusals`: TP over the heads, the hidden and
+feed-forward widths, the vocabulary and, with sequence parallelism, the sequence; ``pp·v`` stages
+that split the layers evenly), and a microbatch count the schedule accepts (lesson 5's simulator
+says which). Anything else is refused with one line that says what to change.
 """
 from __future__ import annotations
 
@@ -87,10 +88,12 @@ def choose_shape(tp: int | None, pp: int | None, dp: int | None, world: int) -> 
     return MeshShape(pp, dp, tp)
 
 
-def check_plan(shape: MeshShape, world: int, *, hidden: int, heads: int, ffn: int, vocab: int, seq: int,
-               layers: int, microbatches: int, schedule: str, chunks: int = 1) -> str:
-    """Raise MeshConfigError unless the mesh runs this model on ``world`` ranks; returns the
-    schedule's canonical name (``chunks`` = v, for the interleaved schedule)."""
+def check_plan(shape: MeshShape, world: int, model: ModelSize, *, microbatches: int, schedule: str,
+               chunks: int = 1) -> str:
+    """Raise MeshConfigError unless the mesh runs this model on ``world`` ranks, or ShapeError (the
+    course's one shape check: tensor parallelism with sequence parallelism, pp·v equal stages)
+    unless its shape allows the degrees; returns the schedule's canonical name (``chunks`` = v, for
+    the interleaved schedule)."""
     for name, value in zip(DIMS, shape.dims):
         if not isinstance(value, int) or value < 1:
             raise MeshConfigError(f"--{name} must be a positive integer, got {value!r}")
@@ -98,23 +101,11 @@ def check_plan(shape: MeshShape, world: int, *, hidden: int, heads: int, ffn: in
         raise MeshConfigError(f"dp·tp·pp = {shape.dp}·{shape.tp}·{shape.pp} = {shape.world} does not match the "
                               f"{world} ranks; run with --cpu {shape.world} (or --gpus {shape.world}) or change "
                               "the degrees")
-    if hidden % heads:
-        raise MeshConfigError(f"hidden {hidden} is not divisible by heads {heads}")
-    t = shape.tp
-    for what, n in (("heads", heads), ("ffn", ffn), ("vocab", vocab)):
-        if n % t:
-            raise MeshConfigError(f"{what} = {n} is not divisible by the tensor-parallel size T={t}")
-    if seq % t:
-        raise MeshConfigError(f"sequence {seq} is not divisible by T={t} (needed by sequence parallelism)")
+    model.check_degrees(tp=shape.tp, sequence_parallel=True, pp=shape.pp, chunks=chunks, stages="even")
     try:
-        schedule = sim.validate(schedule, shape.pp, microbatches, chunks)
+        return sim.validate(schedule, shape.pp, microbatches, chunks)
     except sim.ScheduleError as exc:
         raise MeshConfigError(str(exc)) from None
-    stages = shape.pp * chunks
-    if layers % stages:
-        raise MeshConfigError(f"{layers} layers do not split into pp·v = {shape.pp}·{chunks} = {stages} "
-                              f"equal stages; use a multiple of {stages} layers")
-    return schedule
 
 
 @dataclass(frozen=True)
@@ -149,9 +140,7 @@ def plan_run(argv: list[str] | None, world: int, cuda: bool) -> RunPlan:
     b = args.microbatch_size or (4 if cuda else 2)
     if b < 1:
         raise MeshConfigError(f"--microbatch-size must be positive, got {b}")
-    schedule = check_plan(shape, world, hidden=model.hidden, heads=model.heads, ffn=model.ffn_size,
-                          vocab=model.vocab, seq=model.seq, layers=model.layers, microbatches=m,
-                          schedule=schedule, chunks=v)
+    schedule = check_plan(shape, world, model, microbatches=m, schedule=schedule, chunks=v)
     return RunPlan(shape, schedule, v, m, b, model, args.dtype or ("float32" if cuda else "float64"), args)
 
 

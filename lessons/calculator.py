@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import units
+from .model_size import ShapeError
+from .strings import detect_language
 
 REQUIRED = ...  # an option the learner must give (Typer's spelling of "no default")
 
@@ -130,12 +132,15 @@ class Calculator:
                 for o in self.options}
 
     def run(self, given: dict) -> dict:
-        """Parse, then compute; a formula's ValueError is the learner's bad input (one line)."""
+        """Parse, then compute; a formula's ValueError is the learner's bad input (one line), and a
+        shape the degrees do not fit says why in the learner's language."""
         values = self.parse(given)
         try:
             return self.compute(values)
         except CalcError:
             raise
+        except ShapeError as exc:
+            raise CalcError(exc.text(detect_language())) from None
         except ValueError as exc:
             raise CalcError(str(exc)) from None
 

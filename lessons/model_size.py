@@ -1,4 +1,4 @@
-"""The size and shape of the course's one GPT, without torch: every experiment, the capstone's
+"""The size and shape of the course's one GPT, and the one check of the degrees a shape allows, without torch: every experiment, the capstone's
 pre-launch check and the engine's model (``distai.engine.model.GPTConfig`` is this class) build it
 here, from a lesson's defaults, from the command-line flags (:func:`add_model_options`, then
 :meth:`ModelSize.from_args`) or from a named preset (:meth:`ModelSize.preset`).
@@ -7,6 +7,27 @@ The fields are GPT-2's shape by default (LayerNorm, GeLU MLP of width 4·hidden,
 attention, no positions, biases, head tied to the embedding); Llama's shape is a configuration of
 the same fields (``norm="rms"``, ``mlp="swiglu"`` of width 3·hidden, ``kv_heads`` < ``heads``,
 ``rope_theta``, ``bias=False``, untied head): see ``PRESETS``.
+
+:func:`refusals` is the one rule of which parallel degrees a shape allows (tensor with or without
+sequence parallelism, pipeline, context, expert), each refusal a :class:`Refusal` whose sentence is
+in ``lessons/catalog/shape.toml`` (English and Spanish). Every caller — the formulas, the
+calculators, the planners, the engine, ``distai run``'s pre-launch check — asks it, so one input
+gets one verdict. The rules:
+
+- tp divides the attention heads, the hidden size, the MLP width and (when the head and embedding
+  are split, as in training) the vocabulary: Megatron-LM (Shoeybi et al. 2019, Sec. 3) splits whole
+  heads and the weight matrices by columns, then rows;
+- key/value heads (grouped-query attention): tp divides them (each rank holds H_kv/tp), or tp is a
+  multiple of them and each KV head is replicated on tp/H_kv ranks (vLLM's way); anything else is
+  refused;
+- sequence parallelism (Korthikanti et al. 2022, Sec. 4.2.2): tp·cp divides the sequence;
+- context parallelism: cp divides the sequence, 2·cp in the zigzag layout (each rank holds two
+  chunks, one from each end);
+- pipeline: pp·v stages (v chunks per rank, 1 unless interleaved) are at most the layers; where the
+  stages must be equal, as in the capstone's run, pp·v divides the layers; where the embedding and
+  the output layer take a layer's slot each (the capstone's planner, after BLOOM and Llama 3), pp
+  divides the layers or the layers plus two;
+- experts: ep divides the experts.
 """
 from __future__ import annotations
 
@@ -15,7 +36,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-__all__ = ["ModelConfigError", "ModelSize", "PRESETS", "SIZE_FLAGS", "add_model_options"]
+from . import units
+from .strings import translated
+
+__all__ = ["ModelConfigError", "ModelSize", "PRESETS", "SIZE_FLAGS", "add_model_options", "Refusal", "ShapeError",
+           "refusals", "check_degrees", "explain", "STAGE_RULES"]
 
 
 class ModelConfigError(ValueError):
@@ -102,14 +127,24 @@ class ModelSize:
         return (self.norm, self.mlp, self.group_heads, self.rope_theta, self.bias) == \
             ("layer", "gelu", self.heads, None, True)
 
+    def refusals(self, *, tp: int = 1, sequence_parallel: bool = False, split_vocab: bool = True,
+                 seq: int | None = None, **degrees: Any) -> list[Refusal]:
+        """:func:`refusals` for this shape: ``split_vocab=False`` where the embedding and the
+        output layer are replicated (the decode path); ``seq`` another sequence length than
+        ``self.seq``; ``degrees`` the others (``pp``, ``chunks``, ``stages``, ``cp``, ...)."""
+        return refusals(tp=tp, sequence_parallel=sequence_parallel, heads=self.heads, kv_heads=self.group_heads,
+                        hidden=self.hidden, ffn=self.ffn_size, vocab=self.vocab if split_vocab else None,
+                        seq=seq if seq is not None else self.seq, layers=self.layers, **degrees)
+
+    def check_degrees(self, **degrees: Any) -> None:
+        """Raise :class:`ShapeError` (a ModelConfigError, one line) unless this shape allows the degrees."""
+        found = self.refusals(**degrees)
+        if found:
+            raise ShapeError(found)
+
     def check_tp(self, t: int, sequence_parallel: bool = False, seq: int | None = None) -> None:
-        """Raise ModelConfigError if this model cannot be split over ``t`` tensor-parallel ranks."""
-        for what, n in (("heads", self.heads), ("ffn", self.ffn_size), ("vocab", self.vocab)):
-            if n % t:
-                raise ModelConfigError(f"{what} = {n} is not divisible by the tensor-parallel size T={t}")
-        s = seq if seq is not None else self.seq
-        if sequence_parallel and s % t:
-            raise ModelConfigError(f"sequence {s} is not divisible by T={t} (needed by sequence parallelism)")
+        """Raise ShapeError if this model cannot be split over ``t`` tensor-parallel ranks."""
+        self.check_degrees(tp=t, sequence_parallel=sequence_parallel, seq=seq)
 
     def num_params(self) -> int:
         """Parameters of the model (a tied head adds none)."""
@@ -151,3 +186,102 @@ def add_model_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
         choices = ("layer", "rms") if name == "norm" else None
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, default=default, choices=choices,
                             help=said)
+
+
+# ---------------------------------------------------------------------------------------------
+# the one shape check
+# ---------------------------------------------------------------------------------------------
+
+AREA = "shape"  # the catalog file of the refusals' sentences
+#: how pipeline stages must take the layers: "any" (at least one layer each), "even" (equal
+#: stages, pp·v | layers), "with-ends" (pp | layers or layers + 2: embedding and output take a slot)
+STAGE_RULES = ("any", "even", "with-ends")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """One degree a shape does not allow: which degree, the rule it breaks (the key of its sentence
+    in ``lessons/catalog/shape.toml``) and the numbers that sentence names."""
+    degree: str  # "tp", "pp", "cp" or "ep"
+    rule: str
+    numbers: tuple[tuple[str, int], ...]
+
+    def text(self, lang: str = "en") -> str:
+        """The reason as one sentence in ``lang``, its numbers through ``lessons/units.py``."""
+        return translated(AREA, self.rule, lang, **{k: units.format_integer(v, lang) for k, v in self.numbers})
+
+    def __str__(self) -> str:
+        return self.text()
+
+
+def explain(found: Sequence[Refusal], lang: str = "en") -> str:
+    """Every reason, on one line."""
+    return "; ".join(r.text(lang) for r in found)
+
+
+class ShapeError(ModelConfigError):
+    """Degrees a model shape does not allow; ``refusals`` says why (``text(lang)`` in either language)."""
+
+    def __init__(self, found: Sequence[Refusal]):
+        self.refusals = tuple(found)
+        super().__init__(explain(self.refusals))
+
+    def text(self, lang: str = "en") -> str:
+        return explain(self.refusals, lang)
+
+
+def _whole(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ModelConfigError(f"{what} must be a positive whole number, got {value!r}")
+    return value
+
+
+def refusals(*, tp: int = 1, sequence_parallel: bool = False, pp: int = 1, chunks: int = 1, stages: str = "any",
+             cp: int = 1, zigzag: bool = False, ep: int = 1, heads: int | None = None, kv_heads: int | None = None,
+             hidden: int | None = None, ffn: int | None = None, vocab: int | None = None, seq: int | None = None,
+             layers: int | None = None, experts: int | None = None) -> list[Refusal]:
+    """Why the degrees do not fit the shape, one :class:`Refusal` per broken rule (empty: they fit).
+    A size left out (None) is not checked; ``chunks`` is v (pipeline chunks per rank), ``stages``
+    one of ``STAGE_RULES``, ``zigzag`` the layout of context parallelism. A degree or size that is
+    no positive whole number is a ModelConfigError."""
+    t, p, v, c, e = (_whole(x, name) for x, name in ((tp, "tp"), (pp, "pp"), (chunks, "v"), (cp, "cp"), (ep, "ep")))
+    if stages not in STAGE_RULES:
+        raise ModelConfigError(f"stages must be one of {', '.join(STAGE_RULES)}, not {stages!r}")
+    shape = {name: _whole(x, name) for name, x in (("heads", heads), ("kv_heads", kv_heads), ("hidden", hidden),
+                                                    ("ffn", ffn), ("vocab", vocab), ("seq", seq),
+                                                    ("layers", layers), ("experts", experts)) if x is not None}
+    out: list[Refusal] = []
+
+    def refuse(degree: str, rule: str, **numbers: int) -> None:
+        out.append(Refusal(degree, rule, tuple(numbers.items())))
+
+    for name in ("heads", "hidden", "ffn", "vocab"):
+        if name in shape and shape[name] % t:
+            refuse("tp", name, tp=t, size=shape[name])
+    kv = shape.get("kv_heads")
+    if kv is not None and kv % t and t % kv:  # split (kv % t == 0) or replicate (t % kv == 0), else refuse
+        refuse("tp", "kv_heads", tp=t, size=kv)
+    s = shape.get("seq")
+    if s is not None:
+        if c > 1 and s % ((2 if zigzag else 1) * c):
+            refuse("cp", "seq_cp_zigzag" if zigzag else "seq_cp", cp=c, n=(2 if zigzag else 1) * c, size=s)
+        if sequence_parallel and s % (t * c):
+            refuse("tp", "seq_sp" if c == 1 else "seq_sp_cp", tp=t, cp=c, n=t * c, size=s)
+    L = shape.get("layers")
+    if L is not None:
+        if p * v > L:
+            refuse("pp", "stages", pp=p, v=v, n=p * v, size=L)
+        elif stages == "even" and L % (p * v):
+            refuse("pp", "even_stages", pp=p, v=v, n=p * v, size=L)
+        elif stages == "with-ends" and L % p and (L + 2) % p:
+            refuse("pp", "stages_with_ends", pp=p, size=L, ends=L + 2)
+    if "experts" in shape and shape["experts"] % e:
+        refuse("ep", "experts", ep=e, size=shape["experts"])
+    return out
+
+
+def check_degrees(**shape_and_degrees: Any) -> None:
+    """Raise :class:`ShapeError` unless :func:`refusals` finds none."""
+    found = refusals(**shape_and_degrees)
+    if found:
+        raise ShapeError(found)

@@ -98,7 +98,8 @@ def test_cli_json_keys_and_text(capsys):
 
 @pytest.mark.parametrize("extra, words", [
     (["--tp", "3"], "does not divide the 512 GPUs"),
-    (["--tp", "16"], "does not divide"),
+    (["--tp", "16"], "tp = 16 spans more than one node of 8 GPUs"),  # 8 KV heads replicated: the shape allows it
+    (["--tp", "8", "--vocab", "50257"], "tp = 8 does not divide the vocabulary of 50,257 tokens"),
     (["--gpus", "448", "--pp", "7"], "divides neither the 80 layers"),
     (["--dp", "512", "--global-batch", "1000"], "global batch"),
     (["--gpus", "8", "--gpu-mem", "16GB"], "no configuration fits"),

@@ -56,23 +56,29 @@ def test_waste_in_logarithms_equals_the_closed_form():
     assert f3.expected_waste_fraction(600, 1, 3600) == 1.0
 
 
-# 19.3: one tensor-parallel degree check for every command
-@pytest.mark.parametrize("argv", [
-    ("memory", "--params", "7B", "--layers", "32", "--hidden", "8192", "--seq", "2048", "--micro-batch", "1",
-     "--heads", "64", "--tp", "3"),
-    ("tp-comm", "--hidden", "8192", "--seq", "2048", "--tp", "3"),
-    ("tp-comm", "--hidden", "8192", "--seq", "2048", "--tp", "16384"),
-    ("tp-comm", "--hidden", "8192", "--seq", "2047", "--tp", "8", "--sequence-parallel"),
-    ("kvcache", "--layers", "80", "--kv-heads", "8", "--head-dim", "128", "--tokens", "4096", "--tp", "3"),
+# 19.3: one tensor-parallel degree check for every command (lessons/model_size.refusals)
+@pytest.mark.parametrize("argv,reason", [
+    (("memory", "--params", "7B", "--layers", "32", "--hidden", "8192", "--seq", "2048", "--micro-batch", "1",
+      "--heads", "64", "--tp", "3"),
+     "tp = 3 does not divide the 64 attention heads; tp = 3 does not divide the hidden size 8,192"),
+    (("tp-comm", "--hidden", "8192", "--seq", "2048", "--tp", "3"), "tp = 3 does not divide the hidden size 8,192"),
+    (("tp-comm", "--hidden", "8192", "--seq", "2048", "--tp", "16384"),
+     "tp = 16,384 does not divide the hidden size 8,192"),
+    (("tp-comm", "--hidden", "8192", "--seq", "2047", "--tp", "8", "--sequence-parallel"),
+     "sequence parallelism needs tp = 8 to divide the sequence length 2,047"),
+    (("kvcache", "--layers", "80", "--kv-heads", "8", "--head-dim", "128", "--tokens", "4096", "--tp", "3"),
+     "tp = 3 neither divides the 8 KV heads nor is a multiple of them (each rank holds whole KV heads, or one "
+     "replicated)"),
 ])
-def test_tensor_parallel_degree_refused_alike(argv):
-    assert "tensor-parallel degree" in refused(*argv)
+def test_tensor_parallel_degree_refused_alike(argv, reason, monkeypatch):
+    monkeypatch.setenv("LC_ALL", "C")  # English: the reasons follow the learner's locale
+    assert refused(*argv) == f"distai: error: {reason}\n"
 
 
 def test_one_check_behind_every_formula():
-    with pytest.raises(ValueError, match="does not divide the hidden size"):
+    with pytest.raises(ValueError, match="^tp = 3 does not divide the hidden size 8,192$"):
         f4.tp_comm_per_layer(8192, 2048, 1, 3)
-    with pytest.raises(ValueError, match="does not divide the attention heads"):
+    with pytest.raises(ValueError, match="^tp = 8 does not divide the 60 attention heads$"):
         f2.activation_bytes_per_layer(2048, 1, 8192, 60, 8)
     assert f2.check_tp_degree(16, kv_heads=8) == 16  # KV heads replicated, as vLLM does
 

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from ..lessons.model_size import ShapeError
+from ..lessons.strings import detect_language
 from .cli import LESSON_HELP, CliError, app, lesson_or_fail
 
 if TYPE_CHECKING:
@@ -294,6 +296,8 @@ def run_cmd(
                 plan(extra, placement.nproc * nnodes, default_ranks, placement.device == "cuda")
     except LaunchError as exc:
         raise CliError(str(exc), code=exc.code) from None
+    except ShapeError as exc:  # the model's shape does not allow the degrees: why, in the learner's language
+        raise CliError(exc.text(detect_language())) from None
     except ValueError as exc:  # the experiment's own plan refused the options
         raise CliError(str(exc)) from None
     from ..engine.runs import create_run

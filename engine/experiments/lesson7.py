@@ -65,8 +65,7 @@ from ..inference import (
     DecoderShard,
     KVStore,
     build_model,
-    check_pp,
-    check_tp,
+    check_decode,
     contiguous_store,
     decode_params,
     generate,
@@ -381,13 +380,12 @@ def run(ctx, args: argparse.Namespace) -> tuple[dict | None, int]:
     try:
         mesh = mesh_degrees(args, W)
         if mesh is not None:  # the combined decode replaces the separate TP and PP parts
-            check_tp(cfg, mesh[0])
-            check_pp(cfg, mesh[1])
+            check_decode(cfg, tp=mesh[0], pp=mesh[1])
             skip |= {"tp", "pp"}
         if "tp" not in skip:
-            check_tp(cfg, W)
+            check_decode(cfg, tp=W)
         if "pp" not in skip:
-            check_pp(cfg, W)
+            check_decode(cfg, pp=W)
         if args.system_prompt < 1:
             raise ValueError(f"--system-prompt must be ≥ 1, got {args.system_prompt}")
     except ValueError as exc:

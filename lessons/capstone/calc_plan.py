@@ -11,7 +11,8 @@ RECOMPUTE_CHOICES = ("any",) + pl.RECOMPUTE
 
 def _kind(reason: str) -> str:
     """A short label for a rejection, to group them in the text."""
-    for key, label in (("attention heads", "heads"), ("KV heads", "kv-heads"), ("node", "node"),
+    for key, label in (("attention heads", "heads"), ("KV heads", "kv-heads"), ("hidden size", "hidden"),
+                       ("vocabulary", "vocab"), ("sequence length", "seq"), ("node", "node"),
                        ("layers", "layers"), ("global batch", "batch"), ("ZeRO", "zero"), ("chunks", "chunks"),
                        ("interleaved", "chunks"), ("per GPU, more than the usable", "memory")):
         if key in reason:

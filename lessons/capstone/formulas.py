@@ -18,6 +18,7 @@ Pure Python.
 from __future__ import annotations
 
 from ..lesson2.formulas import _count
+from ..model_size import check_degrees
 
 DIMS = ("pp", "dp", "tp")  # outermost first, as the mesh is built
 
@@ -191,9 +192,5 @@ def stage_layers(layers: int, pp: int) -> int:
     Llama 3 405B's balanced pipeline (126 + 2 = 16 × 8; Llama 3 paper, Sec. 3.3.2)."""
     L = _count(layers, "the number of layers")
     p = _count(pp, "the pipeline-parallel degree")
-    if L % p == 0:
-        return L // p
-    if (L + 2) % p == 0:
-        return (L + 2) // p
-    raise ValueError(f"pp = {p} divides neither the {L} layers nor {L + 2} (layers plus the embedding and "
-                     f"output slots)")
+    check_degrees(pp=p, stages="with-ends", layers=L)  # the course's one shape check
+    return L // p if L % p == 0 else (L + 2) // p

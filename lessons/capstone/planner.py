@@ -52,6 +52,7 @@ from ..lesson1.formulas import (
 from ..lesson2.formulas import activation_bytes, activation_bytes_per_layer, model_state_bytes
 from ..lesson4.formulas import tp_comm_time_per_layer
 from ..lesson5.formulas import ScheduleError, bubble_fraction, check_schedule, peak_inflight_microbatches
+from ..model_size import Refusal, ShapeError, explain, refusals
 from ..model_spec import ModelSpec
 from . import formulas as f
 
@@ -127,23 +128,27 @@ def _link(cluster: Cluster, across: bool) -> tuple[float, float]:
     return cluster.alpha, 1 / cluster.intra_bandwidth
 
 
+def shape_refusals(model: ModelSpec, tp: int | None = None, pp: int | None = None) -> list[Refusal]:
+    """The course's one shape check (:func:`~distai.lessons.model_size.refusals`) for a (tp, pp)
+    split as this planner runs it: sequence parallelism whenever tp > 1, a vocabulary-parallel head,
+    KV heads split or replicated, and stages that hold the layers with the embedding and output
+    slots (:func:`~.formulas.stage_layers`). A degree left out is not checked."""
+    t, p = tp or 1, pp or 1
+    return refusals(tp=t, sequence_parallel=t > 1, heads=model.heads, kv_heads=model.kv_heads,
+                    hidden=model.hidden, vocab=model.vocab or None, seq=model.seq,
+                    pp=p, stages="with-ends", layers=model.layers if pp is not None else None)
+
+
 def shape_reason(model: ModelSpec, cluster: Cluster, tp: int, pp: int) -> str:
     """Why a (tp, pp) split cannot hold the model, or "" when it can."""
-    if model.heads % tp:
-        return f"tp = {tp} does not divide the {model.heads} attention heads"
-    if model.kv_heads % tp:
-        return f"tp = {tp} does not divide the {model.kv_heads} KV heads"
+    found = shape_refusals(model, tp, pp)
+    if found:
+        return explain(found)
     if _spans_nodes(1, tp, cluster.gpus_per_node) and not cluster.tp_across_nodes:
         where = ("spans more than one node" if tp > cluster.gpus_per_node
                  else "does not divide the node, so some TP groups straddle two nodes")
         return (f"tp = {tp} {where} of {cluster.gpus_per_node} GPUs (TP stays on NVLink; allow it with "
                 f"--tp-across-nodes)")
-    if pp > model.layers:
-        return f"pp = {pp} is more than the {model.layers} layers"
-    try:
-        f.stage_layers(model.layers, pp)
-    except ValueError as exc:
-        return str(exc)
     return ""
 
 
@@ -269,13 +274,9 @@ def plan(model: ModelSpec, cluster: Cluster, global_batch: int, optimizer: str =
     for name, value in (("tp", tp), ("pp", pp), ("dp", dp)):
         if value is not None and n % value:
             raise ValueError(f"--{name} {value} does not divide the {n} GPUs")
-    if tp is not None and (model.heads % tp or model.kv_heads % tp):
-        raise ValueError(f"--tp {tp} does not divide the {model.heads} attention heads and the "
-                         f"{model.kv_heads} KV heads")
-    if pp is not None:
-        if pp > model.layers:
-            raise ValueError(f"--pp {pp} is more than the {model.layers} layers")
-        f.stage_layers(model.layers, pp)  # its ValueError explains the division
+    found = shape_refusals(model, tp, pp)
+    if found:
+        raise ShapeError(found)
     if dp is not None and global_batch % dp:
         raise ValueError(f"--dp {dp} does not divide the global batch of {global_batch} sequences")
     if tp is not None and pp is not None and dp is not None and tp * pp * dp != n:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 
 from ..lesson2.formulas import _count
+from ..model_size import check_degrees
 from . import ring_schedule as plan
 
 # Llama 3 405B (Llama 3 paper, Table 3) and its long-context stage (Sec. 3.3.2, Table 4)
@@ -34,8 +35,7 @@ LLAMA3_LONG = {"seq": 131072, "tp": 8, "cp": 16, "pp": 16, "dp": 8, "gpus": 1638
 
 def _cp_degree(cp: int, seq: int) -> int:
     c = _count(cp, "the context-parallel size")
-    if seq % c:
-        raise ValueError(f"sequence {seq} is not divisible by the context-parallel size {c}")
+    check_degrees(cp=c, seq=seq)  # the course's one shape check
     return c
 
 

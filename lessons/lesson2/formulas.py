@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import math
 
+from ..model_size import check_degrees
+
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp")
 OPTIMIZERS = ("adam", "sgd", "sgd-nomomentum")
 PRECISIONS = ("mixed", "fp32")
@@ -42,27 +44,19 @@ def _count(value, what: str, maximum: float = LARGEST_COUNT) -> int:
 
 def check_tp_degree(tp, *, hidden=None, heads=None, kv_heads=None, seq=None,
                     sequence_parallel: bool = False) -> int:
-    """The one check of a tensor-parallel degree t against a model's shape, shared by every formula and
-    calculator that takes one (Megatron-LM, Shoeybi et al. 2019, Sec. 3; Korthikanti et al. 2022, Sec. 4.2.2):
-
-    - t divides the hidden size h (weight matrices are split by columns, then rows) and the attention
-      heads a (each rank computes whole heads);
-    - the KV heads H_kv split evenly over t, or t is a multiple of H_kv and each KV head is replicated on
-      t / H_kv ranks (grouped-query attention, as vLLM does);
-    - with sequence parallelism t divides the sequence length s (each rank keeps s/t positions).
-    Returns t; raises ValueError naming what t fails to divide. Shape values left out are not checked.
-    """
+    """A tensor-parallel degree t checked against a model's shape by the course's one shape check
+    (:func:`distai.lessons.model_size.refusals`; Megatron-LM, Shoeybi et al. 2019, Sec. 3;
+    Korthikanti et al. 2022, Sec. 4.2.2): t divides the hidden size h and the attention heads a; the KV
+    heads H_kv split evenly over t, or t is a multiple of H_kv and each KV head is replicated on
+    t / H_kv ranks (vLLM's way); with sequence parallelism t divides the sequence length s.
+    Returns t; raises ValueError (a ShapeError) naming what t fails to divide. Shape values left out
+    are not checked."""
     t = _count(tp, "the tensor-parallel degree")
-    for value, what in ((hidden, "hidden size"), (heads, "attention heads")):
-        if value is not None and _count(value, f"the {what}") % t:
-            raise ValueError(f"tensor-parallel degree {t} does not divide the {what} {value}")
-    if kv_heads is not None:
-        H = _count(kv_heads, "the number of KV heads")
-        if (H % t if H >= t else t % H):
-            raise ValueError(f"tensor-parallel degree {t} neither divides the {H} KV heads nor is a multiple of them")
-    if sequence_parallel and seq is not None and _count(seq, "the sequence length") % t:
-        raise ValueError(f"sequence parallelism needs the tensor-parallel degree {t} to divide the sequence "
-                         f"length {seq}")
+    sizes = {name: _count(value, f"the {what}") if value is not None else None
+             for name, value, what in (("hidden", hidden, "hidden size"), ("heads", heads, "attention heads"),
+                                       ("kv_heads", kv_heads, "number of KV heads"),
+                                       ("seq", seq, "sequence length"))}
+    check_degrees(tp=t, sequence_parallel=sequence_parallel, **sizes)
     return t
 
 

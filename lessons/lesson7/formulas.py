@@ -19,6 +19,7 @@ import math
 
 from ..lesson1.formulas import ring_allreduce_time
 from ..lesson2.formulas import _count, check_tp_degree
+from ..model_size import check_degrees
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
 
@@ -66,8 +67,8 @@ def kv_cache_total(layers: int, kv_heads: int, head_dim: int, dtype_bytes: float
     T = _count(tokens, "the number of tokens")
     p = _count(pp, "the pipeline-parallel degree")
     L = _count(layers, "the number of layers")
-    if p > L:
-        raise ValueError(f"pipeline-parallel degree {p} exceeds the {L} layers")
+    check_degrees(tp=_count(tp, "the tensor-parallel degree"), kv_heads=_count(kv_heads, "the number of KV heads"),
+                  pp=p, layers=L)  # the course's one shape check: KV heads split or replicated, a layer per stage
     per_token = kv_cache_bytes_per_token(L, kv_heads, head_dim, dtype_bytes)
     per_gpu = kv_cache_bytes_per_token(-(-L // p), kv_heads_per_gpu(kv_heads, tp), head_dim, dtype_bytes) * T
     return {"bytes_per_token": per_token, "total_bytes": per_token * T, "per_gpu_bytes": per_gpu}

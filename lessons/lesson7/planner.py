@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from ..model_size import Refusal, explain, refusals
 from ..model_spec import ModelSpec
 from . import formulas as f
 
@@ -159,16 +160,20 @@ def ttft(m: ModelSpec, hw: Hardware, wl: Workload, tp: int, pp: int) -> float:
     return pp * (pre + comm) + (pp - 1) * hop_time(m, hw, wl.prompt, tp, pp)
 
 
+def shape_refusals(m: ModelSpec, tp: int, pp: int) -> list[Refusal]:
+    """The course's one shape check (:func:`~distai.lessons.model_size.refusals`) for serving: tp
+    over the heads, the hidden size and the KV heads (split, or replicated when tp is a multiple of
+    them), at most one pipeline stage per layer; the embedding and output layer are replicated and
+    decode has no sequence parallelism, so the vocabulary and the sequence are not split."""
+    return refusals(tp=tp, pp=pp, heads=m.heads, kv_heads=m.kv_heads, hidden=m.hidden, layers=m.layers)
+
+
 def evaluate(m: ModelSpec, hw: Hardware, wl: Workload, tp: int, pp: int) -> Candidate:
     """One configuration: fit, TTFT, TPOT, the best batch within the TPOT target, throughput."""
     c = Candidate(tp, pp, hw.gpus // (tp * pp))
-    try:
-        f.check_tp_degree(tp, hidden=m.hidden, heads=m.heads, kv_heads=m.kv_heads)
-    except ValueError as exc:
-        c.reason, c.detail = "shape", str(exc)
-        return c
-    if pp > m.layers:
-        c.reason, c.detail = "shape", f"pp={pp} exceeds the {m.layers} layers"
+    found = shape_refusals(m, tp, pp)
+    if found:
+        c.reason, c.detail = "shape", explain(found)
         return c
     _n, w_gpu, _layers = stage_params(m, tp, pp)
     c.weights_per_gpu_bytes = w_gpu
