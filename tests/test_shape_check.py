@@ -13,6 +13,7 @@ from distai.engine.inference import check_decode
 from distai.engine.mesh_args import MeshShape, check_plan, launch_ranks
 from distai.lessons.calculator import CalcError
 from distai.lessons.capstone.calc_plan import CALCULATOR as CALC_PLAN
+from distai.lessons.context import formulas as f9
 from distai.lessons.lesson2 import formulas as f2
 from distai.lessons.lesson2.calc_memory import CALCULATOR as CALC_MEMORY
 from distai.lessons.lesson4 import formulas as f4
@@ -21,7 +22,6 @@ from distai.lessons.lesson7 import formulas as f7
 from distai.lessons.lesson7 import planner as serving
 from distai.lessons.lesson7.calc_kvcache import CALCULATOR as CALC_KVCACHE
 from distai.lessons.lesson7.calc_serve import CALCULATOR as CALC_SERVE
-from distai.lessons.lesson9 import formulas as f9
 from distai.lessons.model_size import ModelSize, Refusal, ShapeError, explain, refusals
 from distai.lessons.model_spec import ModelSpec
 from distai.tutor.cli import main
