@@ -1,1 +1,1 @@
-"""The seven lessons: content per language, models (pure formulas and simulators), quizzes, wiring."""
+"""The lessons: content per language, models (pure formulas and simulators), quizzes, wiring."""

@@ -175,7 +175,18 @@ def check_serve(r, argv):
         assert c["tp"] * c["pp"] * c["replicas"] <= r["inputs"]["gpus"]
 
 
-CHECKS = {"memory": check_memory, "bubble": check_bubble, "allreduce": check_allreduce,
+def check_moe(r, argv):
+    assert r["active_params"] <= r["total_params"] and r["expert_params"] < r["total_params"]
+    assert r["experts_per_gpu"] * r["ep"] == r["experts"]
+    # sharding the experts over ep GPUs divides their bytes by ep, never the replicated rest
+    elem = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}[r["dtype"]]
+    assert r["expert_bytes_per_gpu"] * r["ep"] == r["expert_params"] * elem
+    assert r["replicated_bytes_per_gpu"] == (r["total_params"] - r["expert_params"]) * elem
+    assert 0 <= r["expected_drop_rate"] <= 1 and r["capacity"] >= 1
+    assert (r["all_to_all_forward_bytes_per_layer"] == 0) == (r["ep"] == 1)
+
+
+CHECKS = {"moe": check_moe, "memory": check_memory, "bubble": check_bubble, "allreduce": check_allreduce,
           "checkpoint": check_checkpoint, "kvcache": check_kvcache, "tp-comm": check_tp_comm, "serve": check_serve}
 CALCULATORS = all_calculators()
 

@@ -284,3 +284,16 @@ def test_single_process_moe_equals_gshard_dense_combine(k, cf):
     ref = sum(combine[:, e:e + 1] * layer.experts[e](t) for e in range(4))
     assert _rel(y.transpose(0, 1).reshape(-1, SIZES["hidden"]), ref) < 1e-14
     assert layer.stats.kept == fill and (cf is None or sum(fill) < n * k)
+
+
+def test_run_fold_keeps_each_steps_loads_and_the_checks(results):
+    from distai.lessons.experts.experts_run import ExpertsRun
+
+    run = ExpertsRun()
+    events = results[0]["main"]["events"]
+    for e in events:
+        run.feed(e)
+    assert run.config["experts"] == EXPERTS and len(run.loads) == 3 == len(run.drop_rates)
+    for load, rate in zip(run.loads, run.drop_rates):
+        assert load.layers == SIZES["layers"] and sum(load.dropped) == pytest.approx(rate * sum(load.routed))
+    assert run.comm_match is True and run.memory is not None

@@ -42,6 +42,8 @@ CHECKED_LESSONS = {
                 "0.25 MiB"},
     # H100 NVLink (both directions, one direction) and a 400 Gb/s NIC
     "lesson4": {"900 GB/s", "450 GB/s", "50 GB/s"},
+    # a GPU's memory, the links and α of the examples, the hot expert's share
+    "experts": {"80 GB", "450 GB/s", "50 GB/s", "5 µs", "30%"},
     # the H100's memory, Llama 3's published MFUs (Table 4), and mesh degrees written TP 8 × PP 16
     "capstone": {"80 GB", "43%", "41%", "4 ×", "8 ×", "16 ×"},
 }
@@ -58,6 +60,8 @@ NUMERIC_STEPS = {
                 "run-it"},
     "lesson7": {"prefill-decode", "kv-bytes", "tp-decode", "paged", "prefix", "slo", "planner", "disaggregation"},
     "capstone": {"mesh", "groups", "order", "memory", "communication", "planner", "published"},
+    "experts": {"why-experts", "router", "capacity", "balance", "shared", "expert-parallel", "all-to-all",
+                "ep-dp-tp", "inference", "run-it"},
 }
 
 
@@ -94,9 +98,11 @@ def _all_checks():
 # Files: every step in both languages, nothing else, valid UTF-8 Markdown with the step's title.
 
 
-def test_seven_lessons_and_the_capstone_with_steps():
-    assert [lesson.number for lesson in LESSONS] == [1, 2, 3, 4, 5, 6, 7, 8]
-    assert LESSONS[-1].id == "capstone"
+def test_the_lessons_then_the_capstone_with_steps():
+    assert [lesson.number for lesson in LESSONS] == list(range(1, len(LESSONS) + 1))
+    ids = [lesson.id for lesson in LESSONS]
+    assert ids[:8] == [f"lesson{n}" for n in range(1, 8)] + ["experts"]
+    assert ids[-1] == "capstone"
     for lesson in LESSONS:
         keys = [s.key for s in lesson.steps]
         assert len(keys) == len(set(keys)), f"{lesson.id} repeats a step key"

@@ -132,6 +132,30 @@ EXPECTED["context"] = {
 }
 
 # Choice questions whose right option depends on the numbers: recompute which one is right.
+def _moe_params(p: dict, experts_used: int) -> float:
+    h, kv = p["hidden"], p["kv_heads"] * p["hidden"] // p["heads"]
+    per_layer = 2 * h * h + 2 * h * kv + h * p["experts"] + 2 * h + experts_used * 3 * h * p["ffn"]
+    return p["layers"] * per_layer + 2 * p["vocab"] * h + h
+
+
+def _binomial_overflow(n: int, q: float, c: int) -> float:
+    return sum((x - c) * math.comb(n, x) * q ** x * (1 - q) ** (n - x) for x in range(c + 1, n + 1))
+
+
+EXPECTED["experts"] = {
+    "total-params": lambda p: _moe_params(p, p["experts"]),
+    "active-params": lambda p: _moe_params(p, p["top_k"]),
+    "capacity": lambda p: math.ceil(p["capacity_factor"] * p["tokens"] * p["top_k"] / p["experts"]),
+    "drop-rate": lambda p: p["experts"] * _binomial_overflow(
+        p["tokens"] * p["top_k"], 1 / p["experts"],
+        math.ceil(p["capacity_factor"] * p["tokens"] * p["top_k"] / p["experts"])) / (p["tokens"] * p["top_k"]),
+    "aux-loss": lambda p: p["alpha"] * p["experts"] * (p["hot"] ** 2 + (1 - p["hot"]) ** 2 / (p["experts"] - 1)),
+    "experts-per-gpu": lambda p: p["experts"] // p["ep"],
+    "expert-memory": lambda p: p["layers"] * p["experts"] // p["ep"] * 3 * p["hidden"] * p["ffn"] * 2,
+    "a2a-bytes": lambda p: 2 * p["tokens"] * p["top_k"] * (p["ep"] - 1) / p["ep"] * p["hidden"] * 2,
+    "hot-expert": lambda p: p["hot"] * p["experts"] / 100,
+}
+
 EXPECTED_CHOICE = {
     ("lesson6", "update-lost"): lambda p: 0 if f6.round_to_format(f6.round_to_format(p["weight"], p["fmt"]) + p["update"],
                                                                   p["fmt"]) == p["weight"] else 1,

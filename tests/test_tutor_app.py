@@ -52,7 +52,7 @@ async def test_home_lists_every_lesson_with_progress():
         assert isinstance(app.screen, HomeScreen)
         options = app.screen.query_one(OptionList)
         lessons = all_lessons()
-        assert options.option_count == len(lessons) == 8
+        assert options.option_count == len(lessons) >= 8
         for i, lesson in enumerate(lessons):
             prompt = options.get_option_at_index(i)
             assert prompt.id == lesson.id

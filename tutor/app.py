@@ -1,6 +1,6 @@
 """The Textual tutor: ``DistaiApp(language, lesson_id=None)``.
 
-Home lists the seven lessons with the learner's progress; a lesson walks its steps with the
+Home lists the lessons with the learner's progress; a lesson walks its steps with the
 step's Markdown, the engine code it teaches and the lesson's visualizer; ``t`` opens the quiz
 (``distai.tutor.quiz_screen.QuizScreen``) and ``r`` the run panel
 (``distai.tutor.run_panel.RunPanelScreen``) once those modules exist. Importing this module

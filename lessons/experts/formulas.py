@@ -133,3 +133,10 @@ def dispatch_bytes_per_layer(tokens_per_rank: int, hidden: int, top_k: int, ep: 
 def all_to_all_time(sent_bytes: float, ep: int, alpha: float, beta: float) -> float:
     """One all-to-all among ``ep`` ranks (pairwise exchange): ``(ep−1)·α + bytes·β``."""
     return (ep - 1) * alpha + sent_bytes * beta
+
+
+def top_k_gates(probs: list[float], k: int) -> list[float]:
+    """The gates of a token's ``k`` largest router probabilities: the probability itself for
+    ``k = 1`` (Switch), renormalised to sum to 1 for ``k > 1`` (GShard, Mixtral)."""
+    top = sorted(probs, reverse=True)[:k]
+    return top if k == 1 else [p / sum(top) for p in top]

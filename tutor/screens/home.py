@@ -1,4 +1,4 @@
-"""The home screen: the seven lessons with their duration and the learner's progress."""
+"""The home screen: the lessons with their duration and the learner's progress."""
 from __future__ import annotations
 
 from rich.console import Group

@@ -1,0 +1,85 @@
+"""``distai calc moe``: a Mixture-of-Experts model's total and active parameters, its memory per GPU
+under expert parallelism, the all-to-all bytes per layer and the expected drops."""
+from __future__ import annotations
+
+from .. import units
+from ..calculator import CalcError, Calculator, Option, bytes_text, table
+from ..lesson7.formulas import dtype_bytes
+from . import formulas as f
+
+
+def compute(v: dict) -> dict:
+    if v["top_k"] > v["experts"]:
+        raise CalcError(f"--top-k {v['top_k']} is more than the {v['experts']} experts")
+    if v["experts"] % v["ep"]:
+        raise CalcError(f"{v['experts']} experts do not split over --ep {v['ep']}")
+    if v["hidden"] % v["heads"] or v["heads"] % v["kv_heads"]:
+        raise CalcError("--hidden must divide by --heads, and --heads by --kv-heads")
+    p = f.moe_model_params(v["layers"], v["hidden"], v["ffn"], v["experts"], v["top_k"], v["vocab"], v["heads"],
+                           v["kv_heads"], v["shared_experts"])
+    elem = dtype_bytes(v["dtype"])
+    expert_bytes = f.expert_bytes_per_rank(v["layers"], v["experts"], v["ep"], f.expert_params(v["hidden"], v["ffn"]),
+                                           elem)
+    replicated_bytes = (p["total_params"] - p["expert_params"]) * elem
+    per_direction = f.dispatch_bytes_per_layer(v["tokens"], v["hidden"], v["top_k"], v["ep"], elem)
+    group_tokens = v["tokens"] * v["ep"]
+    return {**v, **p, "active_fraction": p["active_params"] / p["total_params"],
+            "experts_per_gpu": v["experts"] // v["ep"], "expert_bytes_per_gpu": expert_bytes,
+            "replicated_bytes_per_gpu": replicated_bytes, "weight_bytes_per_gpu": expert_bytes + replicated_bytes,
+            "all_to_all_forward_bytes_per_layer": per_direction, "all_to_all_backward_bytes_per_layer": per_direction,
+            "all_to_all_calls_per_layer": f.all_to_all_calls_per_layer(dropless=False),
+            "capacity": f.capacity(group_tokens, v["experts"], v["top_k"], v["capacity_factor"]),
+            "expected_drop_rate": f.expected_drop_rate(group_tokens, v["experts"], v["top_k"], v["capacity_factor"])}
+
+
+def text(r: dict) -> list[str]:
+    rows = [("total parameters", units.format_count(r["total_params"])),
+            ("active per token", f"{units.format_count(r['active_params'])} "
+                                 f"({units.format_percent(r['active_fraction'])})"),
+            (f"experts per GPU (EP = {r['ep']})", str(r["experts_per_gpu"])),
+            (f"expert weights per GPU ({r['dtype']})", bytes_text(r["expert_bytes_per_gpu"])),
+            ("other weights per GPU (replicated)", bytes_text(r["replicated_bytes_per_gpu"])),
+            ("all-to-all per layer, forward", bytes_text(r["all_to_all_forward_bytes_per_layer"])),
+            ("all-to-all per layer, backward", bytes_text(r["all_to_all_backward_bytes_per_layer"])),
+            (f"capacity per expert (c = {units.format_plain(r['capacity_factor'])})", str(r["capacity"])),
+            ("expected drops (uniform router)", units.format_fixed_percent(r["expected_drop_rate"], 2))]
+    return [f"MoE: {r['layers']} layers × {r['experts']} experts (top-{r['top_k']}"
+            + (f", {r['shared_experts']} shared" if r["shared_experts"] else "")
+            + f"), {units.format_count(r['tokens'])} tokens per GPU", *table(rows)]
+
+
+CALCULATOR = Calculator(
+    name="moe",
+    help="""Mixture of Experts: parameters, memory per GPU under expert parallelism, all-to-all bytes.
+
+    Mixtral's shape (SwiGLU experts, grouped-query attention, RMSNorm, no biases, untied head):
+    Mixtral 8x7B (--layers 32 --hidden 4096 --ffn 14336 --experts 8 --top-k 2 --vocab 32000
+    --heads 32 --kv-heads 8) gives 46.7B total, 12.9B active. DeepSeek-V3's Multi-head Latent
+    Attention and dense first layers are not described by these flags.
+
+    JSON keys: total_params, active_params, expert_params, active_fraction, experts_per_gpu,
+    expert_bytes_per_gpu, replicated_bytes_per_gpu, weight_bytes_per_gpu,
+    all_to_all_forward_bytes_per_layer and all_to_all_backward_bytes_per_layer (one GPU's dispatch
+    and combine under uniform routing), all_to_all_calls_per_layer, capacity (per expert in the
+    EP group), expected_drop_rate; plus the inputs.
+    """,
+    options=(
+        Option("--layers", "whole", "Transformer blocks (every one an MoE block)."),
+        Option("--hidden", "whole", "Hidden size h."),
+        Option("--ffn", "whole", "Width of one expert's MLP."),
+        Option("--experts", "whole", "Routed experts per layer E."),
+        Option("--top-k", "whole", "Experts per token k."),
+        Option("--vocab", "whole", "Vocabulary size."),
+        Option("--heads", "whole", "Attention (query) heads."),
+        Option("--kv-heads", "whole", "Key/value heads (grouped-query attention)."),
+        Option("--shared-experts", "whole", "Shared experts every token uses.", default="0", minimum=0),
+        Option("--ep", "whole", "Expert-parallel GPUs.", default="1"),
+        Option("--tokens", "whole", "Tokens per GPU per step (micro-batch × sequence).", default="4096"),
+        Option("--capacity-factor", "number", "Capacity factor c, for the capacity and the drops.", default="1.25",
+               minimum=0, strict_min=True),
+        Option("--dtype", "choice", "Weights and activations: fp32, fp16, bf16, fp8.", default="bf16",
+               choices=("fp32", "fp16", "bf16", "fp8")),
+    ),
+    compute=compute,
+    text=text,
+)

@@ -1,0 +1,71 @@
+"""What a run of the experts experiment measured, folded from its events.
+
+Fed the events of ``distai run experts`` (live, or replayed from a run folder), :class:`ExpertsRun`
+keeps the run's ``moe_config``, every step's load per expert summed over the layers (routing
+choices and what the experts kept: the difference is the dropped tokens), the capacity line, the
+drop rate and the balancing loss per step, and the two checks (``moe_comm``, ``moe_memory``).
+Pure Python, no I/O.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StepLoad:
+    """One step, all layers: choices per expert, kept per expert, the capacity per layer."""
+
+    step: int
+    routed: list[int]
+    kept: list[int]
+    capacity: int | None
+    layers: int = 0
+
+    @property
+    def dropped(self) -> list[int]:
+        return [r - k for r, k in zip(self.routed, self.kept)]
+
+
+@dataclass
+class ExpertsRun:
+    run_id: str | None = None
+    config: dict | None = None
+    loads: list[StepLoad] = field(default_factory=list)
+    drop_rates: list[float] = field(default_factory=list)
+    aux_losses: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    comm: dict | None = None
+    memory: dict | None = None
+
+    def feed(self, event: dict) -> bool:
+        """Take one event; True if it changed what the run says (a ``run_start`` starts afresh)."""
+        kind = event.get("kind")
+        if kind == "run_start":
+            ExpertsRun.__init__(self, run_id=event.get("run_id"))
+        elif kind == "moe_config":
+            self.config = event
+            self.loads, self.drop_rates, self.aux_losses, self.losses = [], [], [], []
+        elif kind == "moe_load":
+            step = int(event["step"])
+            if not self.loads or self.loads[-1].step != step:
+                self.loads.append(StepLoad(step, [0] * len(event["routed"]), [0] * len(event["kept"]),
+                                           event.get("capacity")))
+            load = self.loads[-1]
+            load.routed = [a + int(b) for a, b in zip(load.routed, event["routed"])]
+            load.kept = [a + int(b) for a, b in zip(load.kept, event["kept"])]
+            load.layers += 1
+        elif kind == "step" and "drop_rate" in event:
+            self.drop_rates.append(float(event["drop_rate"]))
+            self.aux_losses.append(float(event["aux_loss"]))
+            self.losses.append(float(event["loss"]))
+        elif kind == "moe_comm":
+            self.comm = event
+        elif kind == "moe_memory":
+            self.memory = event
+        else:
+            return False
+        return True
+
+    @property
+    def comm_match(self) -> bool | None:
+        return None if self.comm is None else all(r["match"] for r in self.comm["ranks"])
