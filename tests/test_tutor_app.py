@@ -285,9 +285,9 @@ async def test_code_step_shows_the_real_engine_source():
     async with _fake_lesson_screen(code="distai.engine.runtime:init_distributed") as (app, pilot):
         code = app.screen.query_one("#code", Static)
         assert app.screen.query_one("#code-box").display
-        syntax = code.content
-        assert syntax.code.rstrip() == read_source("distai.engine.runtime:init_distributed").source.rstrip()
-        assert syntax.code.startswith("def init_distributed(")
+        listing = code.content
+        assert listing.source.rstrip() == read_source("distai.engine.runtime:init_distributed").source.rstrip()
+        assert listing.source.startswith("def init_distributed(")
         assert "init_distributed" in plain(app.screen.query_one("#code-title"))
 
 
