@@ -70,7 +70,7 @@ from ..lessons.units import (
 )
 from .base import NEXT_VIEW, PLAY, STEP, Control, view_controls
 from .playback import PlaybackVisualizer
-from .view_state import read_state, write_state
+from .view_state import StateOf
 
 GPU_HUES = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
             "#9c755f", "#bab0ac", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
@@ -169,6 +169,7 @@ class KVCacheVisualizer(PlaybackVisualizer):
     tpot_slo: reactive[float] = reactive(_START.tpot_slo)
     gpus: reactive[int] = reactive(_START.gpus)
     run_version: reactive[int] = reactive(0)  # bumped by every event that changes what is drawn
+    state = StateOf(KVState)  # the reactive attributes of its fields, as one KVState
 
     def __init__(self, language: str = "en", **kwargs):
         super().__init__(language=language, **kwargs)
@@ -176,14 +177,6 @@ class KVCacheVisualizer(PlaybackVisualizer):
         self.playing = True
 
     # -- the state and what it shows (lessons/lesson7/kv_cache_view.py) --------------------------------
-    @property
-    def state(self) -> KVState:
-        return read_state(self, KVState)
-
-    @state.setter
-    def state(self, state: KVState) -> None:
-        write_state(self, state)
-
     @property
     def run(self) -> ServingRun:
         return self.figures.run

@@ -42,7 +42,7 @@ from ..lessons.lesson6.simulation import REGIONS, ExponentHistogram, OverlapMode
 from ..lessons.strings import strings
 from ..lessons.units import format_fixed, format_fixed_percent, format_plain
 from .base import Control, LessonVisualizer
-from .view_state import read_state, write_state
+from .view_state import StateOf
 
 REGION_STYLE = {"zero": "red", "subnormal": "yellow", "normal": "green", "overflow": "magenta"}
 LANE_STYLES = ("cyan", "blue")
@@ -273,20 +273,13 @@ class LossScaleVisualizer(LessonVisualizer):
     use_live: reactive[bool] = reactive(_START.use_live)
     live_bucket: reactive[float | None] = reactive(_START.live_bucket)
     run_version: reactive[int] = reactive(0)  # bumped by every event that changes what is drawn
+    state = StateOf(LossScaleState)  # the reactive attributes of its fields, as one LossScaleState
 
     def __init__(self, language: str = "en", **kwargs):
         super().__init__(language=language, **kwargs)
         self.figures = ls.LossScaleView()
 
     # ---- the state and what it shows (lessons/lesson6/loss_scale_view.py) ---------------------------
-    @property
-    def state(self) -> LossScaleState:
-        return read_state(self, LossScaleState)
-
-    @state.setter
-    def state(self, state: LossScaleState) -> None:
-        write_state(self, state)
-
     @property
     def run(self) -> MixedPrecisionRun:
         return self.figures.run

@@ -63,7 +63,7 @@ from .ring_drawing import (
     text_strip,
     wrap_text,
 )
-from .view_state import read_state, write_state
+from .view_state import StateOf
 
 DEFAULT_SPEED = 1.0  # steps per second
 FPS = 25  # the animation timer while playing (nothing runs while paused)
@@ -109,6 +109,7 @@ class RingVisualizer(PlaybackVisualizer):
     emphasis: reactive[str | None] = reactive(_START.emphasis)
     follow_run: reactive[bool] = reactive(_START.follow_run, repaint=False)
     run_version: reactive[int] = reactive(0)  # bumped by every event that changes what is drawn
+    state = StateOf(RingState)  # the reactive attributes of its fields, as one RingState
 
     def __init__(self, language: str = "en", **kwargs):
         super().__init__(language=language, **kwargs)
@@ -125,14 +126,6 @@ class RingVisualizer(PlaybackVisualizer):
             self.refresh()  # only when the message moved a visible position
 
     # -- the state and what it shows (lessons/lesson1/ring_view.py) ------------------------------------
-    @property
-    def state(self) -> RingState:
-        return read_state(self, RingState)
-
-    @state.setter
-    def state(self, state: RingState) -> None:
-        write_state(self, state)
-
     @property
     def run(self) -> RingRun:
         return self.figures.run
