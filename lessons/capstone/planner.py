@@ -3,9 +3,11 @@ pipeline chunks) for G GPUs, ranked by predicted step time.
 
 For every split ``tp · pp · dp = G`` the planner
 
-1. **checks the shape**: ``tp`` divides the attention heads and the KV heads (Megatron-LM splits heads,
-   and KV groups, across the TP ranks) and stays inside a node unless allowed (Narayanan et al. 2021,
-   takeaway #1: TP's per-layer all-reduces need NVLink); ``pp`` divides the layers, or the layers plus
+1. **checks the shape** with the course's one shape check (:func:`~distai.lessons.model_size.refusals`):
+   ``tp`` divides the attention heads, the hidden size, the vocabulary and (sequence parallelism) the
+   sequence, and divides the KV heads or is a multiple of them (each KV head then replicated on
+   ``tp/H_kv`` ranks, vLLM's way; the model states still count ``Ψ/tp`` per rank); ``tp`` stays inside a
+   node unless allowed (Narayanan et al. 2021, takeaway #1: TP's per-layer all-reduces need NVLink); ``pp`` divides the layers, or the layers plus
    the embedding and output slots (:func:`~.formulas.stage_layers`); the global batch splits into
    ``dp · microbatch``-sized pieces (:func:`~.formulas.microbatches_per_replica`); ZeRO-2/3 only without
    pipeline parallelism (the gradients accumulate over the microbatches; DeepSpeed's pipeline engine
