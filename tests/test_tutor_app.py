@@ -87,7 +87,8 @@ async def test_home_shows_best_quiz_and_mastery(isolated_distai_home):
 
 
 @async_test
-async def test_walk_lesson_forward_back_switch_language_and_quit(isolated_distai_home):
+async def test_walk_lesson_forward_back_switch_language_and_quit(isolated_distai_home, monkeypatch):
+    monkeypatch.setattr(LessonScreen, "DONE_AFTER_S", 0.01)  # every step shown counts as done here
     lesson = resolve_lesson("lesson1")
     n = len(lesson.steps)
     app = DistaiApp("en")
@@ -394,3 +395,35 @@ async def test_a_boundary_key_pressed_again_replaces_its_toast():
         # the app's notifications are what its toast rack draws (headless runs mount no rack)
         shown = [n.message for n in app._notifications]
         assert shown == [translated("tutor", "first_step", "en")], shown
+
+
+@async_test
+async def test_paging_through_marks_no_step_done_but_a_moment_or_the_end_does(isolated_distai_home, monkeypatch):
+    """Issue 27.7: → through a lesson marked every step done (pasos 10/10)."""
+    lesson = resolve_lesson("lesson1")
+    app = DistaiApp("en")
+    async with app.run_test(size=SIZE) as pilot:
+        app.open_lesson("lesson1")
+        await pilot.pause()
+        for _ in lesson.steps:
+            await pilot.press("right")
+        await pilot.pause()
+        assert app.steps_seen("lesson1") == set()  # paged through: nothing read yet
+        screen = app.screen
+        assert screen.index == len(lesson.steps) - 1
+        await pilot.press("q")
+        app.open_lesson("lesson1")  # resumes where the learner was, done or not
+        await pilot.pause()
+        screen = app.screen
+        assert screen.index == len(lesson.steps) - 1
+        await pilot.press("left")
+        await pilot.pause()
+        pane = screen.query_one("#text-pane")
+        assert pane.max_scroll_y > 0
+        pane.scroll_end(animate=False)  # read to its end
+        await pilot.pause()
+        assert app.steps_seen("lesson1") == {lesson.steps[-2].key}
+        monkeypatch.setattr(LessonScreen, "DONE_AFTER_S", 0.3)
+        await pilot.press("left")
+        await pilot.pause(0.6)  # a moment on it
+        assert app.steps_seen("lesson1") == {lesson.steps[-2].key, lesson.steps[-3].key}

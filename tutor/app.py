@@ -115,6 +115,10 @@ class DistaiApp(App):
         if self.store is not None:
             self.store.mark_step_seen(lesson_id, step_key)
 
+    def remember_position(self, lesson_id: str, step_key: str) -> None:
+        if self.store is not None:
+            self.store.set_position(lesson_id, step_key)
+
     def steps_seen(self, lesson_id: str) -> set[str]:
         return self.store.steps_seen(lesson_id) if self.store is not None else set()
 

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -63,6 +63,14 @@ _MIGRATIONS: dict[int, str] = {
         updated_at REAL NOT NULL
     );
     CREATE INDEX IF NOT EXISTS runs_lesson ON runs (lesson_id);
+    """,
+    # where the learner is in each lesson (to resume there), apart from the steps done
+    2: """
+    CREATE TABLE IF NOT EXISTS positions (
+        lesson_id TEXT PRIMARY KEY,
+        step_key  TEXT NOT NULL,
+        at        REAL NOT NULL
+    );
     """,
 }
 
@@ -232,12 +240,21 @@ class ProgressStore:
                                 (lesson_id,)).fetchall()
         return {r[0] for r in rows}
 
+    def set_position(self, lesson_id: str, step_key: str) -> None:
+        """The step the learner is on (shown, not yet done: see ``mark_step_seen``)."""
+        with self.transaction() as conn:
+            conn.execute("INSERT INTO positions (lesson_id, step_key, at) VALUES (?, ?, ?) "
+                         "ON CONFLICT (lesson_id) DO UPDATE SET step_key = excluded.step_key, at = excluded.at",
+                         (lesson_id, step_key, time.time()))
+
     def last_step_seen(self, lesson_id: str) -> str | None:
-        """The step the learner saw most recently in this lesson (to resume there)."""
+        """The step the learner was on most recently in this lesson (to resume there)."""
         with self.connection() as conn:
-            row = conn.execute("SELECT step_key FROM steps_seen WHERE lesson_id = ? "
-                               "ORDER BY last_seen DESC LIMIT 1", (lesson_id,)).fetchone()
-        return row[0] if row else None
+            row = conn.execute("SELECT step_key, at FROM positions WHERE lesson_id = ?", (lesson_id,)).fetchone()
+            done = conn.execute("SELECT step_key, last_seen FROM steps_seen WHERE lesson_id = ? "
+                                "ORDER BY last_seen DESC LIMIT 1", (lesson_id,)).fetchone()
+        latest = max((r for r in (row, done) if r), key=lambda r: r[1], default=None)
+        return latest[0] if latest else None
 
     # -- quizzes -------------------------------------------------------------------------------
     def record_quiz_answer(self, lesson_id: str, question_kind: str, correct: bool, *,

@@ -10,6 +10,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from ...lessons.strings import translated
+from ...lessons.units import format_fixed
 
 HOME_KEYS = [
     ("↑ ↓", "key_move"),
@@ -53,6 +54,12 @@ class HelpScreen(ModalScreen[None]):
         for keys, label in (LESSON_KEYS if self.context == "lesson" else HOME_KEYS):
             table.add_row(keys, translated("tutor", label, lang))
         table.add_row(translated("tutor", "mouse", lang), translated("tutor", "key_mouse", lang))
+        if self.context == "lesson":
+            from .lesson import LessonScreen
+
+            table.add_row("", "")
+            table.add_row(translated("tutor", "progress", lang),
+                          translated("tutor", "progress_rule", lang, s=format_fixed(LessonScreen.DONE_AFTER_S, 0, lang)))
         if self.visualizer_keys:
             table.add_row("", "")
             table.add_row(Text(translated("tutor", "help_visualizer", lang), style="bold"), "")

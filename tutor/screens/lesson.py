@@ -18,6 +18,8 @@ from .common import CommonActions, localize_bindings
 from .step_text import CodeListing, StepText
 
 if TYPE_CHECKING:
+    from textual.timer import Timer
+
     from ...visualizers.base import LessonVisualizer
 
 BINDING_LABELS = {
@@ -54,6 +56,9 @@ class LessonScreen(CommonActions, Screen):
     """One lesson. Keyboard first; the buttons do the same with the mouse."""
 
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
+    # A step is done once the learner has spent this long on it or scrolled its text to the end
+    # (the help says so): paging through with → marks nothing.
+    DONE_AFTER_S = 5.0
     # The lesson's keys work whatever has focus (priority), so no visualizer may bind them
     # (visualizers.base.LESSON_KEYS); every other key goes to the visualizer (on_key).
     BINDINGS = [
@@ -74,6 +79,7 @@ class LessonScreen(CommonActions, Screen):
         self.visualizer: LessonVisualizer | None = None
         self._visualizer_name: str | None = None
         self._visualizer_lang: str | None = None
+        self._done_timer: Timer | None = None
 
     # -- layout ----------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -108,6 +114,7 @@ class LessonScreen(CommonActions, Screen):
         return self.lesson.steps[self.index]
 
     async def on_mount(self) -> None:
+        self.watch(self.query_one("#text-pane", VerticalScroll), "scroll_y", self._text_scrolled, init=False)
         await self.apply_language()
 
     # -- rendering -------------------------------------------------------------------------------
@@ -145,7 +152,19 @@ class LessonScreen(CommonActions, Screen):
         self._show_code(step)
         await self._show_visualizer(step)
         self.query_one("#text-pane", VerticalScroll).scroll_home(animate=False)
-        self.app.mark_step_seen(lesson.id, step.key)
+        self.app.remember_position(lesson.id, step.key)
+        if self._done_timer is not None:
+            self._done_timer.stop()
+        self._done_timer = self.set_timer(self.DONE_AFTER_S, lambda: self._mark_done(index))
+
+    def _mark_done(self, index: int) -> None:
+        if index == self.index:
+            self.app.mark_step_seen(self.lesson.id, self.lesson.steps[index].key)
+
+    def _text_scrolled(self, scroll_y: float) -> None:
+        pane = self.query_one("#text-pane", VerticalScroll)
+        if pane.max_scroll_y > 0 and scroll_y >= pane.max_scroll_y:
+            self._mark_done(self.index)  # read to its end
 
     def _show_code(self, step) -> None:
         code_title = self.query_one("#code-title", Static)
