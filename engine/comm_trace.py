@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 
+from ..lessons.events import SPAN
 from ..lessons.units import format_bytes
 from .metering import CommMeter, CommRecord
 
@@ -60,4 +61,4 @@ def traced_step(events, name: str, groups: dict | None = None, collectives: bool
                 yield
         finally:
             for span in comm_spans(step_meter.records[first:], groups=groups):
-                events.emit("span", **span, **fields)
+                SPAN.emit_fields(events, {**span, **fields})

@@ -16,12 +16,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ..lessons.events import SPAN
+
 EVENTS_DIR_ENV = "DISTAI_EVENTS_DIR"
+#: "1": every event is checked against its declaration (lessons/events.py) before it is written
+CHECK_EVENTS_ENV = "DISTAI_CHECK_EVENTS"
 
 
 class EventSink:
     def __init__(self, rank: int = 0, directory: str | os.PathLike | None = None):
         self.rank = rank
+        self.check_events = os.environ.get(CHECK_EVENTS_ENV) == "1"
         directory = directory if directory is not None else os.environ.get(EVENTS_DIR_ENV)
         self._fd: int | None = None
         if directory:
@@ -34,7 +39,8 @@ class EventSink:
         return self._fd is not None
 
     def emit(self, kind: str, **fields: Any) -> None:
-        """Record one event; ``t`` (wall-clock seconds) and ``rank`` are added."""
+        """Record one event; ``t`` (wall-clock seconds) and ``rank`` are added. Experiments emit
+        through the kind's declaration (``KIND.emit(sink, {...})``, ``lessons/events.py``)."""
         if self._fd is None:
             return
         record = {"kind": kind, "t": time.time(), "rank": self.rank, **fields}
@@ -52,7 +58,7 @@ class EventSink:
         try:
             yield
         finally:
-            self.emit("span", name=name, stream=stream, t0=t0, t1=time.time(), **fields)
+            SPAN.emit_fields(self, {"name": name, "stream": stream, "t0": t0, "t1": time.time(), **fields})
 
     def close(self) -> None:
         if self._fd is not None:

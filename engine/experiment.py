@@ -28,6 +28,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from ..lessons.events import ERROR, PROGRESS, SUMMARY, Error
 from .events import EventSink
 
 __all__ = ["run_experiment", "UsageError", "exit_with", "checkpoint", "Progress", "device_sync", "max_over_ranks",
@@ -50,13 +51,13 @@ Body = Callable[[Any, argparse.Namespace], Any]
 def _report_error(exc: BaseException, events: EventSink | None) -> None:
     """An ``error`` event (this rank's sink, or a fresh one) and the traceback on stderr."""
     tb = traceback.format_exc()
-    fields = {"error": f"{type(exc).__name__}: {exc}"[:2000], "traceback": tb[-6000:]}
+    fields: Error = {"error": f"{type(exc).__name__}: {exc}"[:2000], "traceback": tb[-6000:]}
     try:
         if events is not None and events.enabled:
-            events.emit("error", **fields)
+            ERROR.emit(events, fields)
         else:
             sink = EventSink(int(os.environ.get("RANK", "0")))
-            sink.emit("error", **fields)
+            ERROR.emit(sink, fields)
             sink.close()
     except OSError:
         pass
@@ -85,7 +86,7 @@ def run_experiment(prog: str, parse: Callable[[list[str] | None], argparse.Names
         result = body(ctx, args)
         summary, status = result if isinstance(result, tuple) else (result, 0)
         if summary is not None and ctx.rank == 0:
-            ctx.events.emit("summary", **summary)
+            SUMMARY.emit_fields(ctx.events, summary)
         return status
     except bad_input as exc:
         # every rank says why: whichever one the launcher reports first shows the message
@@ -131,7 +132,7 @@ class Progress:
     def advance(self, label: str = "", k: int = 1) -> None:
         self.done += k
         if self.ctx.rank == 0:
-            self.ctx.events.emit("progress", done=self.done, total=self.total, label=label)
+            PROGRESS.emit(self.ctx.events, {"done": self.done, "total": self.total, "label": label})
 
     __call__ = advance
 

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..lessons.lesson7.events import KV_STEP, PREFIX_COMPARE, REQUEST
 from ..lessons.lesson7.paging import (
     BlockAllocator,
     PrefixCachingAllocator,
@@ -162,20 +163,21 @@ class ContinuousBatcher:
                        "preemptions": s.preemptions, "reused": first_reused[s.rid], "tokens": list(out[s.rid])}
                 done_rows.append(row)
                 if self.events is not None:
-                    self.events.emit("request", cache=self.cache_name, t_arrival=arrival_wall[s.rid] + perf_to_wall,
-                                     **row)
+                    REQUEST.emit_fields(self.events, {"cache": self.cache_name,
+                                                      "t_arrival": arrival_wall[s.rid] + perf_to_wall, **row})
             if self.events is not None:
-                self.events.emit("kv_step", cache=self.cache_name, t0=t_iter, step=snap.step, allocated=snap.allocated,
-                                 freed=snap.freed, used_blocks=sum(o is not None for o in snap.owners),
-                                 num_blocks=alloc.num_blocks, block_size=alloc.block_size,
-                                 tokens_stored=snap.tokens_stored, reserved_tokens=snap.reserved_tokens,
-                                 running=snap.running, waiting=snap.waiting, admitted=snap.admitted,
-                                 finished=snap.finished, preempted=snap.preempted,
-                                 tables={str(q): alloc.block_table(q) for q in snap.running},
-                                 lengths={str(q): alloc.lengths.get(q, 0) for q in snap.running},
-                                 cached={str(b): snap.fills[b] for b in snap.cached}, cow=snap.cow,
-                                 evicted=snap.evicted, reused_tokens=snap.reused_tokens,
-                                 logical_blocks=snap.logical_blocks)
+                KV_STEP.emit(self.events, {
+                    "cache": self.cache_name, "t0": t_iter, "step": snap.step, "allocated": snap.allocated,
+                    "freed": snap.freed, "used_blocks": sum(o is not None for o in snap.owners),
+                    "num_blocks": alloc.num_blocks, "block_size": alloc.block_size,
+                    "tokens_stored": snap.tokens_stored, "reserved_tokens": snap.reserved_tokens,
+                    "running": snap.running, "waiting": snap.waiting, "admitted": snap.admitted,
+                    "finished": snap.finished, "preempted": snap.preempted,
+                    "tables": {str(q): alloc.block_table(q) for q in snap.running},
+                    "lengths": {str(q): alloc.lengths.get(q, 0) for q in snap.running},
+                    "cached": {str(b): snap.fills[b] for b in snap.cached}, "cow": snap.cow,
+                    "evicted": snap.evicted, "reused_tokens": snap.reused_tokens,
+                    "logical_blocks": snap.logical_blocks})
         wall = time.perf_counter() - t_start
         return BatchRun(out, snaps, sorted(done_rows, key=lambda r: r["rid"]), wall,
                         sum(len(v) for v in out.values()), prefill_tokens=prefilled)
@@ -226,6 +228,6 @@ def compare_prefix_sharing(make_shard, requests: list[Request], num_blocks: int,
     out["ttft_ratio"] = a["ttft_p50_s"] / b["ttft_p50_s"] if b["ttft_p50_s"] > 0 else float("nan")
     out["peak_memory_ratio"] = b["peak_blocks"] / a["peak_blocks"]
     if events is not None:
-        events.emit("prefix_compare", **out)
+        PREFIX_COMPARE.emit_fields(events, out)
     out["runs"] = runs
     return out

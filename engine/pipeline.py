@@ -40,7 +40,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from ..lessons.events import SPAN
 from ..lessons.lesson5 import simulator as sim
+from ..lessons.lesson5.events import PP_OP
 from .metering import SavedActivationMeter
 from .model import GPT, Embedding, GPTConfig, lm_loss
 
@@ -281,6 +283,37 @@ class PipelineRunner:
         ids) are needed on the rank of stage 0, ``targets`` on the rank of the last stage.
         Gradients accumulate into the chunks' ``.grad``."""
         metas = self.metas if self.metas is not None else self.validate()
+        run = _ScheduleRun(self, metas, *self._checked_batches(metas, inputs, targets))
+        self.meter.reset_peak()
+        if self.group is not None:
+            dist.barrier(group=self.group)
+        else:
+            dist.barrier()
+        t_start = self._now()
+        for action in self.plan:
+            if action.kind != "compute":
+                run.pending.append(action)
+                continue
+            run.flush()
+            if action.op.kind == sim.FORWARD:
+                run.forward(action.op)
+            else:
+                run.backward(action.op)
+        run.flush()
+        run.wait_sends()
+        t_end = self._now()
+        if run.recv_work or run.stage_out:
+            raise RuntimeError(f"rank {self.rank}: schedule left {len(run.recv_work)} receives and "
+                               f"{len(run.stage_out)} activations behind")
+        loss = float(run.total_loss) if self.n_stages - 1 in self.chunks else None
+        self._emit_trace(run.records, run.comm)
+        self._step += 1
+        return StepResult(loss, run.records, t_start, t_end, self.meter.peak)
+
+    def _checked_batches(self, metas, inputs: Sequence[torch.Tensor] | None,
+                         targets: Sequence[torch.Tensor] | None) -> tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]]:
+        """The microbatches this rank's stages need, checked against the plan and the first
+        stage's declared input."""
         first, last = 0, self.n_stages - 1
         if first in self.chunks and (inputs is None or len(inputs) != self.m):
             raise PipelineConfigError(f"the first stage needs {self.m} input microbatches")
@@ -292,121 +325,125 @@ class PipelineRunner:
             for x in inputs:
                 if TensorMeta.of(x) != want:
                     raise PipelineConfigError(f"input microbatch is {TensorMeta.of(x)} but stage 0 expects {want}")
-        stage_in: dict[tuple[int, int], torch.Tensor] = {}
-        stage_out: dict[tuple[int, int], torch.Tensor] = {}
-        recv_buf: dict[sim.Message, torch.Tensor] = {}
-        recv_work: dict[sim.Message, _Batch] = {}
-        sends_in_flight: list = []
-        pending: list[sim.Action] = []
-        records: list[OpRecord] = []
-        comm: list[tuple[str, float, float]] = []  # (what, t0, t1): posting sends/receives, waiting on one
-        total_loss = torch.zeros((), dtype=torch.float64, device=self.device)
-        self.meter.reset_peak()
+        return inputs, targets
 
-        def flush():
-            if not pending:
-                return
-            ops, recvs, keep = [], [], []
-            for a in pending:
-                msg = a.message
-                if a.kind == "send":
-                    if msg.kind == sim.FORWARD:
-                        t = stage_out[(msg.from_stage, msg.mb)].detach()
-                    else:
-                        t = stage_in.pop((msg.from_stage, msg.mb)).grad
-                    keep.append(t)
-                    ops.append(dist.P2POp(dist.isend, t, self._peer(msg.dst % self.p), self.group))
+    def _emit_trace(self, records: list[OpRecord], comm: list[tuple[str, float, float]]) -> None:
+        """The step's blocks (``pp_op``) and its point-to-point posts and waits (``span``), after
+        the step so that recording them does not slow it."""
+        if self.events is None:
+            return
+        for rec in records:
+            PP_OP.emit(self.events, {"schedule": self.schedule, "step": self._step, "op": rec.op.kind,
+                                     "mb": rec.op.mb, "chunk": rec.op.chunk, "stage": rec.op.stage,
+                                     "t0": rec.t0, "t1": rec.t1})
+        stream = "comm" if self.group is None else "comm pp"  # in a mesh: the pipeline's own group
+        for what, t0, t1 in comm:
+            SPAN.emit(self.events, {"name": what, "stream": stream, "t0": t0, "t1": t1, "schedule": self.schedule,
+                                    "step": self._step})
+
+
+class _ScheduleRun:
+    """One step of a :class:`PipelineRunner`'s plan in flight: the activations each stage keeps
+    for its backward, the point-to-point messages posted and awaited, the blocks' timings."""
+
+    def __init__(self, runner: PipelineRunner, metas, inputs: Sequence[torch.Tensor],
+                 targets: Sequence[torch.Tensor]):
+        self.runner, self.metas, self.inputs, self.targets = runner, metas, inputs, targets
+        self.first, self.last = 0, runner.n_stages - 1
+        self.stage_in: dict[tuple[int, int], torch.Tensor] = {}
+        self.stage_out: dict[tuple[int, int], torch.Tensor] = {}
+        self.recv_buf: dict[sim.Message, torch.Tensor] = {}
+        self.recv_work: dict[sim.Message, _Batch] = {}
+        self.sends_in_flight: list = []
+        self.pending: list[sim.Action] = []
+        self.records: list[OpRecord] = []
+        self.comm: list[tuple[str, float, float]] = []  # (what, t0, t1): posting sends/receives, waiting on one
+        self.total_loss = torch.zeros((), dtype=torch.float64, device=runner.device)
+
+    def flush(self) -> None:
+        """Post the pending sends and receives as one batch."""
+        if not self.pending:
+            return
+        r = self.runner
+        ops, recvs, keep = [], [], []
+        for a in self.pending:
+            msg = a.message
+            if a.kind == "send":
+                if msg.kind == sim.FORWARD:
+                    t = self.stage_out[(msg.from_stage, msg.mb)].detach()
                 else:
-                    stage = msg.from_stage + 1 if msg.kind == sim.FORWARD else msg.from_stage - 1
-                    meta = metas[stage][0] if msg.kind == sim.FORWARD else metas[stage][1]
-                    buf = meta.empty(self.device)
-                    recv_buf[msg] = buf
-                    recvs.append(msg)
-                    ops.append(dist.P2POp(dist.irecv, buf, self._peer(msg.src % self.p), self.group))
-            t0 = time.time()
-            batch = _Batch(dist.batch_isend_irecv(ops), keep)
-            comm.append((" + ".join(_p2p_label(a.kind, a.message, self.p) for a in pending), t0, time.time()))
-            for msg in recvs:
-                recv_work[msg] = batch
-            if keep:
-                sends_in_flight.append(batch)
-            pending.clear()
-
-        def receive(msg: sim.Message) -> torch.Tensor:
-            t0 = time.time()
-            recv_work.pop(msg).wait()
-            comm.append((f"wait {_p2p_label('recv', msg, self.p)}", t0, time.time()))
-            return recv_buf.pop(msg)
-
-        if self.group is not None:
-            dist.barrier(group=self.group)
-        else:
-            dist.barrier()
-        t_start = self._now()
-        for action in self.plan:
-            if action.kind != "compute":
-                pending.append(action)
-                continue
-            flush()
-            op = action.op
-            s, mb = op.stage, op.mb
-            module = self.chunks[s]
-            if op.kind == sim.FORWARD:
-                if s == first:
-                    x = inputs[mb]
-                else:
-                    x = receive(sim.Message(sim.FORWARD, mb, s - 1, (s - 1) % self.p, self.rank))
-                    x.requires_grad_(True)
-                t0 = self._now()
-                before = self.meter.live
-                with self.meter:
-                    out = module(x)
-                    if s == last:
-                        out = self.loss(out, targets[mb]) / self.m
-                saved = self.meter.live - before
-                t1 = self._now()
-                if s != first:
-                    stage_in[(s, mb)] = x
-                stage_out[(s, mb)] = out
+                    grad = self.stage_in.pop((msg.from_stage, msg.mb)).grad
+                    assert grad is not None  # the backward of this block just filled it
+                    t = grad
+                keep.append(t)
+                ops.append(dist.P2POp(dist.isend, t, r._peer(msg.dst % r.p), r.group))
             else:
-                out = stage_out.pop((s, mb))
-                if s == last:
-                    grad = None
-                else:
-                    grad = receive(sim.Message(sim.BACKWARD, mb, s + 1, (s + 1) % self.p, self.rank))
-                if self.before_backward is not None:
-                    self.before_backward(op)
-                t0 = self._now()
-                if s == last:
-                    out.backward()
-                    total_loss += out.detach()
-                else:
-                    out.backward(grad)
-                t1 = self._now()
-                if s == first:
-                    stage_in.pop((s, mb), None)
-                saved = 0
-            records.append(OpRecord(op, t0, t1, saved))
-        flush()
+                stage = msg.from_stage + 1 if msg.kind == sim.FORWARD else msg.from_stage - 1
+                meta = self.metas[stage][0] if msg.kind == sim.FORWARD else self.metas[stage][1]
+                buf = meta.empty(r.device)
+                self.recv_buf[msg] = buf
+                recvs.append(msg)
+                ops.append(dist.P2POp(dist.irecv, buf, r._peer(msg.src % r.p), r.group))
         t0 = time.time()
-        for batch in sends_in_flight:
+        batch = _Batch(dist.batch_isend_irecv(ops), keep)
+        self.comm.append((" + ".join(_p2p_label(a.kind, a.message, r.p) for a in self.pending), t0, time.time()))
+        for msg in recvs:
+            self.recv_work[msg] = batch
+        if keep:
+            self.sends_in_flight.append(batch)
+        self.pending.clear()
+
+    def receive(self, msg: sim.Message) -> torch.Tensor:
+        t0 = time.time()
+        self.recv_work.pop(msg).wait()
+        self.comm.append((f"wait {_p2p_label('recv', msg, self.runner.p)}", t0, time.time()))
+        return self.recv_buf.pop(msg)
+
+    def forward(self, op) -> None:
+        r, s, mb = self.runner, op.stage, op.mb
+        if s == self.first:
+            x = self.inputs[mb]
+        else:
+            x = self.receive(sim.Message(sim.FORWARD, mb, s - 1, (s - 1) % r.p, r.rank))
+            x.requires_grad_(True)
+        t0 = r._now()
+        before = r.meter.live
+        with r.meter:
+            out = r.chunks[s](x)
+            if s == self.last:
+                out = r.loss(out, self.targets[mb]) / r.m
+        saved = r.meter.live - before
+        t1 = r._now()
+        if s != self.first:
+            self.stage_in[(s, mb)] = x
+        self.stage_out[(s, mb)] = out
+        self.records.append(OpRecord(op, t0, t1, saved))
+
+    def backward(self, op) -> None:
+        r, s, mb = self.runner, op.stage, op.mb
+        out = self.stage_out.pop((s, mb))
+        if s == self.last:
+            grad = None
+        else:
+            grad = self.receive(sim.Message(sim.BACKWARD, mb, s + 1, (s + 1) % r.p, r.rank))
+        if r.before_backward is not None:
+            r.before_backward(op)
+        t0 = r._now()
+        if s == self.last:
+            out.backward()
+            self.total_loss += out.detach()
+        else:
+            out.backward(grad)
+        t1 = r._now()
+        if s == self.first:
+            self.stage_in.pop((s, mb), None)
+        self.records.append(OpRecord(op, t0, t1, 0))
+
+    def wait_sends(self) -> None:
+        t0 = time.time()
+        for batch in self.sends_in_flight:
             batch.wait()
-        comm.append(("wait sends", t0, time.time()))
-        t_end = self._now()
-        if recv_work or stage_out:
-            raise RuntimeError(f"rank {self.rank}: schedule left {len(recv_work)} receives and "
-                               f"{len(stage_out)} activations behind")
-        loss = float(total_loss) if last in self.chunks else None
-        if self.events is not None:
-            for rec in records:
-                self.events.emit("pp_op", schedule=self.schedule, step=self._step, op=rec.op.kind,
-                                 mb=rec.op.mb, chunk=rec.op.chunk, stage=rec.op.stage, t0=rec.t0, t1=rec.t1)
-            stream = "comm" if self.group is None else "comm pp"  # in a mesh: the pipeline's own group
-            for what, t0, t1 in comm:
-                self.events.emit("span", name=what, stream=stream, t0=t0, t1=t1, schedule=self.schedule,
-                                 step=self._step)
-        self._step += 1
-        return StepResult(loss, records, t_start, t_end, self.meter.peak)
+        self.comm.append(("wait sends", t0, time.time()))
 
 
 def _p2p_label(kind: str, msg: sim.Message, p: int) -> str:

@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from ..lessons.lesson1 import ring_model as model
+from ..lessons.lesson1.events import RING_STEP
 
 # Tuned with bench/ring_vs_allreduce.py on gloo (CPU, loopback); environment overrides for tuning.
 DEFAULT_PIECE_BYTES = int(os.environ.get("DISTAI_RING_PIECE_BYTES", 4 << 20))
@@ -137,9 +138,9 @@ def _emit_step(trace, call, rank, n, step, bounds, elem, total_bytes, t0):
     phase, _ = model.phase_of(step, n)
     sent = model.send_chunk(rank, step, n)
     a, b = bounds[sent]
-    trace.emit("ring_step", call=call, phase=phase, step=step, of=model.num_steps(n), n=n,
-               chunk=sent, to=model.right(rank, n), recv_chunk=model.recv_chunk(rank, step, n),
-               **{"from": model.left(rank, n)}, bytes=(b - a) * elem, size=total_bytes, t0=t0)
+    RING_STEP.emit(trace, {"call": call, "phase": phase, "step": step, "of": model.num_steps(n), "n": n,
+                           "chunk": sent, "to": model.right(rank, n), "recv_chunk": model.recv_chunk(rank, step, n),
+                           "from": model.left(rank, n), "bytes": (b - a) * elem, "size": total_bytes, "t0": t0})
 
 
 class _RingChannel:

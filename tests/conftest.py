@@ -1,4 +1,5 @@
-"""Shared test setup: every test gets its own DISTAI_HOME; Textual renders deterministically."""
+"""Shared test setup: every test gets its own DISTAI_HOME; Textual renders deterministically; events are
+checked against their declarations."""
 from __future__ import annotations
 
 import os
@@ -10,6 +11,9 @@ os.environ["TEXTUAL_ANIMATIONS"] = "none"
 for _var in ("LC_ALL", "LC_MESSAGES"):
     os.environ.pop(_var, None)
 os.environ["LANG"] = "C.UTF-8"
+# every event an experiment emits in the suite (in-process or launched) is checked against its
+# declaration (distai/lessons/events.py): a field the declaration lacks fails the run
+os.environ["DISTAI_CHECK_EVENTS"] = "1"
 
 
 @pytest.fixture(autouse=True)

@@ -12,31 +12,22 @@ collective and point-to-point message is attributed to its group and set against
 (:func:`distai.engine.mesh.expected_comm`).
 
 Events (besides ``phase``, ``log``, ``summary`` and lesson 5's ``pp_op`` from every rank):
-
-* ``mesh_config`` (rank 0, first): ``pp, dp, tp, schedule, v, m, microbatch_size, zero, layers,
-  hidden, heads, seq, vocab, dtype, device, ranks`` (``ranks``: ``[rank, pp, dp, tp]`` for every
-  rank, the mesh's coordinates);
-* ``progress`` (rank 0): ``done, total`` steps;
-* ``step`` (rank 0): ``step, of, loss, ref_loss, loss_rel_diff, param_rel_diff, step_time_s``
-  (``ref_*`` and ``*_diff`` are None with ``--no-check``);
-* ``mesh_step`` (every rank): ``step, pp, dp, tp, t_start, t_pipeline_end, t_end`` (wall-clock
-  seconds: the schedule ran from ``t_start`` to ``t_pipeline_end``, the gradient syncs that remain
-  and the optimizer until ``t_end``);
-* ``mesh_comm`` (rank 0, after the metered step): ``step`` and ``ranks``: for every rank
-  ``{"rank", "pp", "dp", "tp", "measured", "expected", "match"}`` where ``measured`` and
-  ``expected`` are ``{dim: {"ops": {op: {"calls", "bytes"}}, "calls", "bytes"}}`` for dim in pp,
-  dp, tp (bytes one rank sends with ring algorithms) and ``match`` is ``{dim: bool}``.
+``mesh_config`` (rank 0, first), ``progress`` and ``step`` (rank 0), ``mesh_step`` (every rank) and
+``mesh_comm`` (rank 0, after the metered step), declared in ``lessons/capstone/events.py``.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import statistics
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from ...lessons.capstone.events import MESH_COMM, MESH_CONFIG, MESH_STEP, STEP, MeshShape
+from ...lessons.events import METRIC, PHASE, PROGRESS
 from ...lessons.units import format_bytes
 from .. import mesh as M
 from ..comm_trace import traced_step
@@ -93,27 +84,70 @@ def run(ctx, raw: argparse.Namespace) -> dict | None:
     cfg = plan.model
     ev = ctx.events
     mesh = M.build_mesh(shape, ctx.device.type)
-    coords = [None] * ctx.world_size
-    dist.all_gather_object(coords, [ctx.rank, mesh.pp_rank, mesh.dp_rank, mesh.tp_rank])
-    config = {"pp": shape.pp, "dp": shape.dp, "tp": shape.tp, "world": shape.world, "schedule": schedule,
-              "v": v, "m": m, "microbatch_size": b, "zero": args.zero, "layers": cfg.layers,
-              "hidden": cfg.hidden, "heads": cfg.heads, "seq": cfg.seq, "vocab": cfg.vocab,
-              "dtype": str(dtype).replace("torch.", ""), "device": ctx.device.type}
-    if ctx.rank == 0:
-        ev.emit("mesh_config", **config, ranks=coords)
-        ev.emit("phase", name=f"3D run: {shape}, {schedule}")
+    config: MeshShape = {"pp": shape.pp, "dp": shape.dp, "tp": shape.tp, "world": shape.world, "schedule": schedule,
+                         "v": v, "m": m, "microbatch_size": b, "zero": args.zero, "layers": cfg.layers,
+                         "hidden": cfg.hidden, "heads": cfg.heads, "seq": cfg.seq, "vocab": cfg.vocab,
+                         "dtype": str(dtype).replace("torch.", ""), "device": ctx.device.type}
+    _announce(ctx, mesh, config)
     dense = GPT(cfg, seed=args.seed, dtype=dtype, device=ctx.device)
     trainer = M.MeshTrainer(dense, mesh, microbatches=m, microbatch_size=b, schedule=schedule, chunks=v,
                             zero=args.zero, lr=args.lr, device=ctx.device, events=ev)
-    ref_opt = torch.optim.SGD(dense.parameters(), lr=args.lr, momentum=0.9) if args.check else None
-    if not args.check:
-        del dense
+    reference = (dense, torch.optim.SGD(dense.parameters(), lr=args.lr, momentum=0.9)) if args.check else None
+    del dense  # with --check the reference keeps it
     meter = M.MeshCommMeter(mesh.groups)
     metered_step = 1 if args.steps > 1 else 0  # the first step also pays for warm-up
-    losses, ref_losses, times, loss_diffs, param_diffs = [], [], [], [], []
-    account = None
+    steps = _train(ctx, args, cfg, mesh, trainer, (m, b), reference, meter, metered_step)
+    expected = M.expected_comm(cfg, shape, mesh.pp_rank, microbatches=m, microbatch_size=b, schedule=schedule,
+                               chunks=v, zero=args.zero, elem_size=dtype.itemsize, backend=ctx.backend)
+    assert steps.account is not None  # the metered step ran
+    row = {"rank": ctx.rank, "pp": mesh.pp_rank, "dp": mesh.dp_rank, "tp": mesh.tp_rank,
+           "measured": steps.account, "expected": expected, "match": M.compare_accounts(steps.account, expected)}
+    accounts: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(accounts, row)
+    if ctx.rank != 0:
+        return None
+    _report_comm(ev, metered_step, accounts)
+    # the first step pays for warm-up and the metered one for the meter: timed from the others
+    timed = [t for i, t in enumerate(steps.times) if i not in (0, metered_step)] or steps.times
+    result = {"config": config, "losses": steps.losses, "ref_losses": steps.ref_losses if args.check else None,
+              "max_loss_rel_diff": max(steps.loss_diffs) if args.check else None,
+              "max_param_rel_diff": max(steps.param_diffs) if args.check else None,
+              "step_time_s": statistics.median(timed),
+              "comm_match": all(all(a["match"].values()) for a in accounts)}
+    METRIC.emit(ev, {"name": "step_time_s", "value": result["step_time_s"]})
+    print_summary(result, accounts)
+    return {"lesson": "capstone", **result}
+
+
+def _announce(ctx, mesh, config: MeshShape) -> None:
+    """Rank 0's ``mesh_config``, with every rank's coordinates on the mesh, and the run's phase."""
+    coords: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(coords, [ctx.rank, mesh.pp_rank, mesh.dp_rank, mesh.tp_rank])
+    if ctx.rank == 0:
+        MESH_CONFIG.emit(ctx.events, {**config, "ranks": coords})
+        PHASE.emit(ctx.events, {"name": f"3D run: {mesh.shape}, {config['schedule']}"})
+
+
+@dataclass
+class _Steps:
+    """What the training steps measured (the ``ref_`` and ``_diffs`` lists: with ``--check``)."""
+    losses: list[float] = field(default_factory=list)
+    ref_losses: list[float] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    loss_diffs: list[float] = field(default_factory=list)
+    param_diffs: list[float] = field(default_factory=list)
+    account: Any = None  # the metered step's communication
+
+
+def _train(ctx, args, cfg, mesh, trainer, microbatches: tuple[int, int], reference, meter,
+           metered_step: int) -> _Steps:
+    """``--steps`` steps on the mesh (``microbatches``: how many per DP rank, of how many
+    sequences), each checked against one process's (``reference``: its model and optimizer), step
+    ``metered_step`` with its communication metered."""
+    ev, shape = ctx.events, mesh.shape
+    out = _Steps()
     for step in range(args.steps):
-        ids, tg = M.global_batch(cfg, shape, m, b, step, seed=args.seed, device=ctx.device)
+        ids, tg = M.global_batch(cfg, shape, *microbatches, step, seed=args.seed, device=ctx.device)
         mine = (M.dp_share(ids, mesh.dp_rank, shape.dp), M.dp_share(tg, mesh.dp_rank, shape.dp))
         # the run's trace: every step's span; the metered step's collectives on a track per group
         # (the others are timed, so they run without the meter)
@@ -123,51 +157,39 @@ def run(ctx, raw: argparse.Namespace) -> dict | None:
                          step=step):
             if step == metered_step:
                 with meter:
-                    out = trainer.step(*mine)
-                account = meter.account()
+                    result = trainer.step(*mine)
+                out.account = meter.account()
             else:
-                out = trainer.step(*mine)
-        ev.emit("mesh_step", step=step, pp=mesh.pp_rank, dp=mesh.dp_rank, tp=mesh.tp_rank,
-                t_start=out.t_start, t_pipeline_end=out.pipeline.t_end, t_end=out.t_end)
-        loss = trainer.global_loss(out)
-        span = max_over_ranks(out.t_end) - (-max_over_ranks(-out.t_start))
-        losses.append(loss)
-        times.append(span)
+                result = trainer.step(*mine)
+        MESH_STEP.emit(ev, {"step": step, "pp": mesh.pp_rank, "dp": mesh.dp_rank, "tp": mesh.tp_rank,
+                            "t_start": result.t_start, "t_pipeline_end": result.pipeline.t_end,
+                            "t_end": result.t_end})
+        loss = trainer.global_loss(result)
+        span = max_over_ranks(result.t_end) - (-max_over_ranks(-result.t_start))
+        out.losses.append(loss)
+        out.times.append(span)
         ref_loss = loss_diff = param_diff = None
-        if ref_opt is not None:
+        if reference is not None:
+            dense, ref_opt = reference
             ref_loss = M.dense_step(dense, ref_opt, ids, tg)
             loss_diff = abs(loss - ref_loss) / abs(ref_loss)
             param_diff = max_over_ranks(M.max_relative_diff(trainer, dense))
-            ref_losses.append(ref_loss)
-            loss_diffs.append(loss_diff)
-            param_diffs.append(param_diff)
+            out.ref_losses.append(ref_loss)
+            out.loss_diffs.append(loss_diff)
+            out.param_diffs.append(param_diff)
         if ctx.rank == 0:
-            ev.emit("step", step=step, of=args.steps, loss=loss, ref_loss=ref_loss, loss_rel_diff=loss_diff,
-                    param_rel_diff=param_diff, step_time_s=span)
-            ev.emit("progress", done=step + 1, total=args.steps)
-    expected = M.expected_comm(cfg, shape, mesh.pp_rank, microbatches=m, microbatch_size=b, schedule=schedule,
-                               chunks=v, zero=args.zero, elem_size=dtype.itemsize, backend=ctx.backend)
-    assert account is not None  # the metered step ran
-    row = {"rank": ctx.rank, "pp": mesh.pp_rank, "dp": mesh.dp_rank, "tp": mesh.tp_rank,
-           "measured": account, "expected": expected, "match": M.compare_accounts(account, expected)}
-    accounts: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(accounts, row)
-    if ctx.rank != 0:
-        return None
-    ev.emit("mesh_comm", step=metered_step, ranks=accounts)
+            STEP.emit(ev, {"step": step, "of": args.steps, "loss": loss, "ref_loss": ref_loss,
+                           "loss_rel_diff": loss_diff, "param_rel_diff": param_diff, "step_time_s": span})
+            PROGRESS.emit(ev, {"done": step + 1, "total": args.steps})
+    return out
+
+
+def _report_comm(ev, metered_step: int, accounts: list[dict]) -> None:
+    """Every rank's communication in the metered step, and each group's bytes as metrics."""
+    MESH_COMM.emit(ev, {"step": metered_step, "ranks": accounts})
     for a in accounts:
         for dim in M.DIMS:
-            ev.emit("metric", name=f"comm.{dim}.bytes.rank{a['rank']}", value=a["measured"][dim]["bytes"])
-    # the first step pays for warm-up and the metered one for the meter: timed from the others
-    timed = [t for i, t in enumerate(times) if i not in (0, metered_step)] or times
-    result = {"config": config, "losses": losses, "ref_losses": ref_losses if args.check else None,
-              "max_loss_rel_diff": max(loss_diffs) if args.check else None,
-              "max_param_rel_diff": max(param_diffs) if args.check else None,
-              "step_time_s": statistics.median(timed),
-              "comm_match": all(all(a["match"].values()) for a in accounts)}
-    ev.emit("metric", name="step_time_s", value=result["step_time_s"])
-    print_summary(result, accounts)
-    return {"lesson": "capstone", **result}
+            METRIC.emit(ev, {"name": f"comm.{dim}.bytes.rank{a['rank']}", "value": a["measured"][dim]["bytes"]})
 
 
 if __name__ == "__main__":

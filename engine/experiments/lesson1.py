@@ -30,7 +30,9 @@ import os
 import statistics
 import time
 
+from ...lessons.events import LOG
 from ...lessons.lesson1 import formulas
+from ...lessons.lesson1.events import CHECK, FIT, PHASE, STEP, SWEEP, Phase
 from ...lessons.model_size import ModelSize, add_model_options
 from ...lessons.units import UnitError, format_bandwidth, format_time, parse_bytes
 from ..experiment import Progress, checkpoint, exit_with, run_experiment
@@ -104,9 +106,9 @@ def default_iters(size: int) -> int:
     return 3
 
 
-def phase(ctx, name: str, **fields) -> None:
+def phase(ctx, fields: Phase) -> None:
     if ctx.rank == 0:
-        ctx.events.emit("phase", name=name, **fields)
+        PHASE.emit(ctx.events, fields)
 
 
 def check_ring(ctx, seed: int) -> float:
@@ -127,7 +129,7 @@ def check_ring(ctx, seed: int) -> float:
     if not diff.item() <= 1e-5 * max(1.0, scale):
         raise RuntimeError(f"ring all-reduce differs from dist.all_reduce by {diff.item():.3g}")
     if ctx.rank == 0:
-        ctx.events.emit("check", size=size * 4, max_abs_diff=diff.item())
+        CHECK.emit(ctx.events, {"size": size * 4, "max_abs_diff": diff.item()})
     return diff.item()
 
 
@@ -142,7 +144,7 @@ def train(ctx, args, progress: Progress) -> list[float]:
     x, y = make_batch(args.model, batch * 8, seed=args.seed + 1, device=ctx.device)  # 8 global batches
     model = GPT(args.model, seed=args.seed, device=ctx.device)
     nparams = sum(p.numel() for p in model.parameters())
-    phase(ctx, "train", steps=args.steps, params=nparams, global_batch=batch, n=n)
+    phase(ctx, {"name": "train", "steps": args.steps, "params": nparams, "global_batch": batch, "n": n})
 
     def ring_kwargs(step: int) -> dict:
         if step == args.fail_step and ctx.rank == args.fail_rank:
@@ -152,8 +154,8 @@ def train(ctx, args, progress: Progress) -> list[float]:
 
     def on_step(s) -> None:
         if ctx.rank == 0:
-            ctx.events.emit("step", step=s.step, of=args.steps, loss=s.loss, compute_s=s.compute_s,
-                            comm_s=s.comm_s, grad_bytes=s.grad_bytes)
+            STEP.emit(ctx.events, {"step": s.step, "of": args.steps, "loss": s.loss, "compute_s": s.compute_s,
+                                   "comm_s": s.comm_s, "grad_bytes": s.grad_bytes})
         progress.advance("train")
 
     torch.manual_seed(args.seed)
@@ -171,7 +173,7 @@ def sweep(ctx, args, progress: Progress) -> list[dict]:
 
     n = ctx.world_size
     sizes = sweep_sizes(args.sweep_min_bytes, args.sweep_max_bytes)
-    phase(ctx, "sweep", sizes=sizes, n=n)
+    phase(ctx, {"name": "sweep", "sizes": sizes, "n": n})
     rows: list[dict] = []
     for k, size in enumerate(sizes):
         x = torch.zeros(size // 4, dtype=torch.float32, device=ctx.device)
@@ -202,7 +204,7 @@ def sweep(ctx, args, progress: Progress) -> list[dict]:
         }
         rows.append(row)
         if ctx.rank == 0:
-            ctx.events.emit("sweep", **row)
+            SWEEP.emit_fields(ctx.events, row)
         progress.advance("sweep")
         del x
     return rows
@@ -222,7 +224,7 @@ def fit(ctx, rows: list[dict]) -> dict[str, dict]:
         out[impl] = {"alpha_s": alpha, "beta_s_per_byte": beta, "a_s": a, "b_s_per_byte": b,
                      "bandwidth": (1 / beta) if beta > 0 else None}
         if ctx.rank == 0:
-            ctx.events.emit("fit", impl=impl, n=n, predicted=predicted, **out[impl])
+            FIT.emit_fields(ctx.events, {"impl": impl, "n": n, "predicted": predicted, **out[impl]})
     return out
 
 
@@ -238,19 +240,18 @@ def run(ctx, args: argparse.Namespace) -> dict | None:
     n = ctx.world_size
     sizes = [] if args.no_sweep else sweep_sizes(args.sweep_min_bytes, args.sweep_max_bytes)
     progress = Progress(ctx, 1 + args.steps + len(sizes))
-    if ctx.rank == 0:
-        ctx.events.emit("phase", name="start", n=n, backend=ctx.backend, device=str(ctx.device),
-                        steps=args.steps, sweep_sizes=sizes)
+    phase(ctx, {"name": "start", "n": n, "backend": ctx.backend, "device": str(ctx.device), "steps": args.steps,
+                "sweep_sizes": sizes})
     checkpoint("start", args.barrier_timeout)
 
-    phase(ctx, "check")
+    phase(ctx, {"name": "check"})
     diff = check_ring(ctx, args.seed)
     progress.advance("check")
 
     losses = train(ctx, args, progress)
     if ctx.rank == args.hang_rank:
         if ctx.rank == 0:
-            ctx.events.emit("log", msg="rank 0 is hanging on purpose (--hang-rank)")
+            LOG.emit(ctx.events, {"msg": "rank 0 is hanging on purpose (--hang-rank)"})
         time.sleep(10 ** 6)
     checkpoint("after-train", args.barrier_timeout)
 

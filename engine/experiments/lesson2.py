@@ -41,6 +41,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from ...lessons.events import LOG, PROGRESS
+from ...lessons.lesson2.events import COMM, MEMORY, PHASE, STEP, STRATEGY_DONE
 from ...lessons.model_size import ModelSize, add_model_options
 from ..comm_trace import traced_step
 from ..experiment import UsageError, exit_with, run_experiment
@@ -307,12 +309,11 @@ def calc_precision(precision: str) -> str:
 
 def run_strategy(strategy: str, cfg: GPTConfig, batches, rank: int, world_size: int, device,
                  optimizer="adam", precision="fp32", meter_step: int | None = None,
-                 reference: dict | None = None, emit=None, fsdp_tracker: bool = True,
+                 reference: dict | None = None, fsdp_tracker: bool = True,
                  trace: bool = False, events=None) -> dict:
     """Train ``strategy`` on ``batches``; measure memory and traffic on step ``meter_step``
     (default: the last one). Returns this rank's figures. With ``events`` each step and its
     all-gathers/reduce-scatters are timed for the run's trace."""
-    emit = emit or (lambda kind, **f: None)
     meter_step = len(batches) - 1 if meter_step is None else meter_step
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -336,7 +337,7 @@ def run_strategy(strategy: str, cfg: GPTConfig, batches, rank: int, world_size: 
             if i > 0 or len(batches) == 2:  # step 0 pays lazy initialisation (FSDP2)
                 times.append(time.perf_counter() - t0)
         losses.append(loss)
-        emit("step", step=i, of=len(batches), loss=loss, strategy=strategy)
+        STEP.emit(events, {"step": i, "of": len(batches), "loss": loss, "strategy": strategy})
     result = {"strategy": strategy, "losses": losses, "held": held,
               "sent": meter.sent if meter else None,
               "by_op": dict(meter.by_op) if meter else {}, "calls": dict(meter.calls) if meter else {},
@@ -414,18 +415,18 @@ def run(ctx, args: argparse.Namespace) -> dict:
     cfg = ModelSize.from_args(args, DEFAULT_MODEL)
     num_params = count_params(cfg)
     batches = make_batches(cfg, args.steps, args.batch)
-    ev.emit("phase", name="setup", world_size=world, num_params=num_params, precision=args.precision,
-            optimizer=args.optimizer, strategies=args.strategies, backend=ctx.backend)
+    PHASE.emit(ev, {"name": "setup", "world_size": world, "num_params": num_params, "precision": args.precision,
+                    "optimizer": args.optimizer, "strategies": args.strategies, "backend": ctx.backend})
     reference = None
     if not args.no_check:
         reference, _ = reference_params(cfg, batches, args.optimizer, args.precision, device=ctx.device)
     rows = []
     total_steps = len(args.strategies) * args.steps
     for k, strategy in enumerate(args.strategies):
-        ev.emit("phase", name=strategy)
-        ev.emit("progress", done=k * args.steps, total=total_steps, label=strategy)
+        PHASE.emit(ev, {"name": strategy})
+        PROGRESS.emit(ev, {"done": k * args.steps, "total": total_steps, "label": strategy})
         r = run_strategy(strategy, cfg, batches, rank, world, ctx.device, args.optimizer,
-                         args.precision, reference=reference, emit=ev.emit, events=ev)
+                         args.precision, reference=reference, events=ev)
         held = r["held"]
         total = sum(held.values())
         try:
@@ -436,16 +437,16 @@ def run(ctx, args: argparse.Namespace) -> dict:
         except (ImportError, AttributeError, ValueError, TypeError) as exc:
             parts, predicted = {}, float("nan")
             predicted_sent = float("nan")
-            ev.emit("log", msg=f"calculator unavailable: {exc}")
-        ev.emit("memory", strategy=strategy, **held, total=total, predicted=predicted,
-                predicted_parts=parts,
-                peak=r.get("cuda_max_allocated"), fsdp_tracker=r.get("fsdp_tracker"), world_size=world,
-                num_params=num_params, precision=args.precision, optimizer_name=args.optimizer)
-        ev.emit("comm", strategy=strategy, sent=r["sent"], by_op=r["by_op"], calls=r["calls"],
-                predicted=predicted_sent, num_params=num_params)
-        ev.emit("strategy_done", strategy=strategy, step_time_s=r["step_time_s"],
-                max_abs_diff=r.get("max_abs_diff"), final_loss=r["losses"][-1])
-        ev.emit("progress", done=(k + 1) * args.steps, total=total_steps, label=strategy)
+            LOG.emit(ev, {"msg": f"calculator unavailable: {exc}"})
+        MEMORY.emit(ev, {"strategy": strategy, "params": held["params"], "grads": held["grads"],
+                         "optimizer": held["optimizer"], "total": total, "predicted": predicted, "predicted_parts": parts,
+                         "peak": r.get("cuda_max_allocated"), "fsdp_tracker": r.get("fsdp_tracker"), "world_size": world,
+                         "num_params": num_params, "precision": args.precision, "optimizer_name": args.optimizer})
+        COMM.emit(ev, {"strategy": strategy, "sent": r["sent"], "by_op": r["by_op"], "calls": r["calls"],
+                       "predicted": predicted_sent, "num_params": num_params})
+        STRATEGY_DONE.emit(ev, {"strategy": strategy, "step_time_s": r["step_time_s"],
+                                "max_abs_diff": r.get("max_abs_diff"), "final_loss": r["losses"][-1]})
+        PROGRESS.emit(ev, {"done": (k + 1) * args.steps, "total": total_steps, "label": strategy})
         rows.append((strategy, total, predicted, r["sent"], predicted_sent, r["step_time_s"],
                      r.get("max_abs_diff"), r["losses"]))
     if rank == 0:

@@ -27,31 +27,9 @@ one, and the final weights must be bit-identical. ``--forget PART`` leaves a pie
 the resume (``rng``, ``rng.numpy``, ``sampler``, ``optimizer``, ``scheduler``, …) to see the
 comparison fail.
 
-Events (rank 0 unless noted; ``t`` and ``rank`` are added by the sink). Steps are numbered from 1
-in ``failure``/``restart``/``redone``/``checkpoint``; ``step`` events carry the 0-based index like
-every experiment (the 1-based number is ``step + 1``):
-
-- ``{"kind":"phase","name":"start","backend","n","attempt","restart_count"}``, then ``"train"``
-  (with ``steps``) and ``"compare"``
-- ``{"kind":"restart","attempt":a,"from_step":s,"checkpoint":name|null,"skipped":[[name,why]...],
-  "failed_rank":r|null,"failed_step":f|null,"lost_steps":n,"restart_count":k,"load_s":t}`` —
-  attempt a ≥ 1 resumed after s steps (``restart_count`` > 0: torchrun restarted the group in
-  place; 0: the supervisor relaunched torchrun)
-- ``{"kind":"step","step":i,"of":N,"loss":x,"lr":lr,"attempt":a,"redo":bool}`` and
-  ``{"kind":"progress","done":i+1,"total":N}``
-- ``{"kind":"checkpoint","step":s,"bytes":B,"seconds":t,"name":"step_…","form":f,"attempt":a,
-  "mode":"sync"|"async"}`` — an async one once published (``seconds`` from the call until then,
-  ``blocked_s`` the training's wait, which includes waiting for the previous write if it was
-  still in flight)
-- ``{"kind":"ckpt_cost","steps","every","none"|"sync"|"async": {"step_s","blocked_s",
-  "per_checkpoint_s"}}`` — the step-time cost of checkpoints, measured (``--no-ckpt-cost``: none)
-- ``{"kind":"failure","rank":r,"step":s,"cause":"--kill-rank"|"--fail-every","attempt":a}``
-  (from the rank that is about to die)
-- ``{"kind":"redone","first":s0,"last":s1,"steps":n,"compared":k,"identical":bool}`` — once the
-  resumed run has redone the steps lost, whether their losses equal the first time's
-- ``{"kind":"compare","steps":N,"identical":bool,"equal_steps":k,"first_diff_step":s|null,
-  "max_abs_diff":d,"weights_identical":bool,"run_sha256","reference_sha256"}``
-- ``{"kind":"summary", ...}`` with the figures printed at the end.
+Events (rank 0 unless noted): ``phase`` (``start``, ``train``, ``compare``), ``restart``, ``step``
+and ``progress``, ``checkpoint``, ``ckpt_cost``, ``failure`` (from the rank about to die),
+``redone``, ``compare`` and the ``summary``, their fields declared in ``lessons/lesson3/events.py``.
 """
 from __future__ import annotations
 
@@ -72,6 +50,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ...lessons.events import PROGRESS
+from ...lessons.lesson3.events import CHECKPOINT, CKPT_COST, COMPARE, FAILURE, PHASE, REDONE, RESTART, STEP
 from ...lessons.model_size import ModelSize, add_model_options
 from ..checkpoint import Checkpointer, ResumableSampler, TrainingState, read_checked, write_checked
 from ..events import EVENTS_DIR_ENV, read_events
@@ -283,7 +263,8 @@ class Faults:
         return "; ".join(parts) or "none"
 
     def die(self, step: int, cause: str, phase: str = "step") -> None:
-        self.events.emit("failure", rank=self.rank, step=step, phase=phase, cause=cause, attempt=self.attempt)
+        FAILURE.emit(self.events, {"rank": self.rank, "step": step, "phase": phase, "cause": cause,
+                                   "attempt": self.attempt})
         where = f"during step {step}" if phase == "step" else f"during the {phase} after step {step - 1}"
         print(f"rank {self.rank}: injected failure ({cause}) — SIGKILL {where}", flush=True)
         sys.stdout.flush()
@@ -341,75 +322,127 @@ def _history(events_dir: Path | None, before_attempt: int) -> dict:
         for e in read_events(path):
             if e.get("attempt", 0) >= before_attempt:
                 continue
-            kind = e.get("kind")
-            if kind == "failure":
+            if FAILURE.matches(e):
                 out["failures"] += 1
                 if out["failure"] is None or e.get("t", 0) > out["failure"].get("t", 0):
                     out["failure"] = e
-            elif kind == "step":
+            elif STEP.matches(e):
                 out["losses"][int(e["step"]) + 1] = e["loss"]
                 out["last_step"] = max(out["last_step"], int(e["step"]) + 1)
-            elif kind == "checkpoint":
+            elif CHECKPOINT.matches(e):
                 out["checkpoints"].append(e)
-            elif kind == "restart":
+            elif RESTART.matches(e):
                 out["restarts"].append(e)
     return out
 
 
-def run(ctx, args) -> tuple[dict | None, int]:
-    rank, world = ctx.rank, ctx.world_size
-    events = ctx.events
+def _check_args(args, world: int) -> None:
     if args.kill_rank is not None and not 0 <= args.kill_rank < world:
         raise UsageError(f"--kill-rank {args.kill_rank}: this run has ranks 0..{world - 1}")
     if not args.no_fault and (args.kill_rank is not None or not args.fail_every) \
             and not 1 <= args.at_step <= args.steps:
         raise UsageError(f"--at-step must be between 1 and --steps ({args.steps})")
+
+
+def _checkpoint_root(args, events_dir: Path | None) -> Path:
+    if args.ckpt_dir:
+        return Path(args.ckpt_dir)
+    if events_dir is not None:
+        return events_dir.parent / "checkpoints"
+    raise UsageError("--ckpt-dir is needed when DISTAI_EVENTS_DIR is not set")
+
+
+def run(ctx, args) -> tuple[dict | None, int]:
+    rank, world = ctx.rank, ctx.world_size
+    _check_args(args, world)
     if ctx.is_cuda:
         torch.use_deterministic_algorithms(True)
     events_dir = Path(os.environ[EVENTS_DIR_ENV]) if os.environ.get(EVENTS_DIR_ENV) else None
-    if args.ckpt_dir:
-        root = Path(args.ckpt_dir)
-    elif events_dir is not None:
-        root = events_dir.parent / "checkpoints"
-    else:
-        raise UsageError("--ckpt-dir is needed when DISTAI_EVENTS_DIR is not set")
+    root = _checkpoint_root(args, events_dir)
     attempt = _attempt_number(root, rank, ctx.device)
     restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    events.emit("phase", name="start", backend=ctx.backend, n=world, attempt=attempt, restart_count=restart_count)
-
-    state = build(args, rank, world, ctx.device)
-    trainer = Trainer(args, state, make_data(args), rank, world, ctx.device)
-    ckpt = Checkpointer(root, rank, world, form=args.format, keep=args.keep)
-    # what this rank is doing, for a failure at a random moment: the step in progress is the one
-    # after the last step reported
-    where: dict[str, Any] = {"phase": "step", "reported": 0}
-    faults = Faults(args, rank, world, attempt, events,
-                    lambda: (where["reported"] + 1, where["phase"]))
-    say = print if rank == 0 else (lambda *a, **k: None)
+    PHASE.emit(ctx.events, {"name": "start", "backend": ctx.backend, "n": world, "attempt": attempt,
+                            "restart_count": restart_count})
+    this = Attempt(ctx, args, root, attempt)
     if attempt == 0:
-        say(f"lesson 3: {world} ranks ({ctx.backend}), {args.steps} steps, checkpoint every {args.ckpt_every} "
-            f"steps ({args.format}) in {root}", flush=True)
-        say(f"fault: {faults.describe()}", flush=True)
-        if args.step_time:
-            say(f"steps paced to at least {args.step_time:g} s each (--step-time)", flush=True)
-
-    resumed = ckpt.resume(state, skip=args.forget)
+        this.announce()
     history = _history(events_dir, attempt) if rank == 0 else {}
-    redo_until = 0
-    if rank == 0 and (attempt > 0 or resumed.step is not None):
+    redo_until = this.resume(history, restart_count)
+    losses = this.train(history, redo_until)
+    result = {"lesson": "lesson3", "world_size": world, "steps": args.steps, "ckpt_every": args.ckpt_every,
+              "form": args.format, "attempts": attempt + 1, "final_loss": losses[-1] if losses else None,
+              "run_sha256": weights_digest(this.state.model), "forgot": list(args.forget), "losses": losses}
+    this.where["phase"] = "compare"
+    if not args.no_compare:
+        result.update(compare=this.compare(losses, result["run_sha256"]))
+    if not args.no_ckpt_cost:
+        result.update(ckpt_cost=this.checkpoint_cost())
+    if rank == 0:
+        result.update(_run_history(events_dir, attempt, root))
+        print(format_summary(result), flush=True)
+    # a resumed run that differs from the uninterrupted one is the lesson's failure, not a crash
+    status = 3 if not args.no_compare and not result["compare"]["identical"] and not args.forget else 0
+    return (result if rank == 0 else None), status
+
+
+def _run_history(events_dir: Path | None, attempt: int, root: Path) -> dict:
+    """The summary's account of every attempt so far (rank 0)."""
+    hist = _history(events_dir, attempt + 1)
+    cks, restarts = hist["checkpoints"], hist["restarts"]
+    return {"failures": hist["failures"], "restarts": len(restarts),
+            "redone_steps": sum(r.get("lost_steps", 0) for r in restarts), "checkpoints": len(cks),
+            "checkpoint_bytes": cks[-1]["bytes"] if cks else 0,
+            "checkpoint_seconds_mean": (sum(c["seconds"] for c in cks) / len(cks)) if cks else 0.0,
+            "checkpoint_dir": str(root)}
+
+
+class Attempt:
+    """One start of the run on this rank: resume from the newest good checkpoint, train to the
+    end with checkpoints, then compare with a run without faults and measure what checkpoints cost."""
+
+    def __init__(self, ctx, args, root: Path, attempt: int):
+        self.ctx, self.args, self.root, self.attempt = ctx, args, root, attempt
+        self.rank, self.world, self.events = ctx.rank, ctx.world_size, ctx.events
+        self.state = build(args, self.rank, self.world, ctx.device)
+        self.trainer = Trainer(args, self.state, make_data(args), self.rank, self.world, ctx.device)
+        self.ckpt = Checkpointer(root, self.rank, self.world, form=args.format, keep=args.keep)
+        # what this rank is doing, for a failure at a random moment: the step in progress is the one
+        # after the last step reported
+        self.where: dict[str, Any] = {"phase": "step", "reported": 0}
+        self.faults = Faults(args, self.rank, self.world, attempt, self.events,
+                             lambda: (self.where["reported"] + 1, self.where["phase"]))
+        self.say = print if self.rank == 0 else (lambda *a, **k: None)
+        self.resumed: Any = None
+
+    def announce(self) -> None:
+        args = self.args
+        self.say(f"lesson 3: {self.world} ranks ({self.ctx.backend}), {args.steps} steps, checkpoint every "
+                 f"{args.ckpt_every} steps ({args.format}) in {self.root}", flush=True)
+        self.say(f"fault: {self.faults.describe()}", flush=True)
+        if args.step_time:
+            self.say(f"steps paced to at least {args.step_time:g} s each (--step-time)", flush=True)
+
+    def resume(self, history: dict, restart_count: int) -> int:
+        """Load the newest good checkpoint; rank 0 reports the restart. Returns the last step
+        whose work the failure threw away (0: none), which the training redoes."""
+        args = self.args
+        resumed = self.resumed = self.ckpt.resume(self.state, skip=args.forget)
+        if not (self.rank == 0 and (self.attempt > 0 or resumed.step is not None)):
+            return 0
         fail = history.get("failure") or {}
         from_step = resumed.step or 0
         last_done = history["last_step"]
         lost = max(0, last_done - from_step)  # completed steps whose work was thrown away
-        redo_until = last_done if lost else 0
-        events.emit("restart", attempt=attempt, from_step=from_step,
-                    checkpoint=Path(resumed.path).name if resumed.path else None,
-                    skipped=[list(s) for s in resumed.skipped], failed_rank=fail.get("rank"),
-                    failed_step=fail.get("step"), failed_phase=fail.get("phase"), last_done=last_done,
-                    lost_steps=lost, restart_count=restart_count, load_s=resumed.seconds, forgot=list(args.forget))
+        RESTART.emit(self.events, {
+            "attempt": self.attempt, "from_step": from_step,
+            "checkpoint": Path(resumed.path).name if resumed.path else None,
+            "skipped": [list(s) for s in resumed.skipped], "failed_rank": fail.get("rank"),
+            "failed_step": fail.get("step"), "failed_phase": fail.get("phase"), "last_done": last_done,
+            "lost_steps": lost, "restart_count": restart_count, "load_s": resumed.seconds,
+            "forgot": list(args.forget)})
         how = "torchrun restarted the group in place" if restart_count else "the supervisor relaunched torchrun"
         for name, why in resumed.skipped:
-            say(f"skipped checkpoint {name}: {why}", flush=True)
+            self.say(f"skipped checkpoint {name}: {why}", flush=True)
         origin = f"the checkpoint after step {from_step}" if resumed.path else "the beginning (no good checkpoint)"
         if fail:
             who = (f"rank {fail['rank']} died during step {fail['step']}" if fail.get("phase") == "step"
@@ -418,75 +451,86 @@ def run(ctx, args) -> tuple[dict | None, int]:
             who = "the group stopped"
         redo = f"{lost} completed step{'s' if lost != 1 else ''} lost ({from_step + 1}–{last_done})" if lost \
             else "no completed step lost"
-        say(f"restart {attempt} ({how}): {who}; resumed from {origin} in {resumed.seconds * 1e3:.1f} ms; "
-            f"{redo}" + (f" (forgetting {', '.join(args.forget)})" if args.forget else ""), flush=True)
+        self.say(f"restart {self.attempt} ({how}): {who}; resumed from {origin} in {resumed.seconds * 1e3:.1f} ms; "
+                 f"{redo}" + (f" (forgetting {', '.join(args.forget)})" if args.forget else ""), flush=True)
+        return last_done if lost else 0
 
-    def report_async(info) -> None:
+    def train(self, history: dict, redo_until: int) -> list[float]:
+        """Train from the resumed step to ``--steps``, checkpointing every ``--ckpt-every``."""
+        args, state = self.args, self.state
+        losses: list[float] = list(state.extra.get("losses", []))
+        self.where["reported"] = state.step
+        self.faults.arm_timer()
+        PHASE.emit(self.events, {"name": "train", "steps": args.steps, "attempt": self.attempt})
+        redone_reported = False
+        while state.step < args.steps:
+            step = state.step + 1  # counted from 1
+            t_step, t_wall = time.perf_counter(), time.time()
+            loss = self.trainer.step(self.faults.mid_step(step))
+            if args.step_time:
+                time.sleep(max(0.0, args.step_time - (time.perf_counter() - t_step)))
+            losses.append(loss)
+            state.extra["losses"] = losses
+            if self.rank == 0:
+                STEP.emit(self.events, {"step": step - 1, "of": args.steps, "loss": loss,
+                                        "lr": state.scheduler.get_last_lr()[0], "attempt": self.attempt,
+                                        "redo": step <= redo_until, "t0": t_wall})
+                PROGRESS.emit(self.events, {"done": step, "total": args.steps})
+            self.where["reported"] = step
+            if self.rank == 0 and redo_until and not redone_reported and step >= redo_until:
+                self._report_redone(history["losses"], losses, redo_until)
+                redone_reported = True
+            if step % args.ckpt_every == 0 or step == args.steps:
+                self.where["phase"] = "checkpoint"
+                self._checkpoint(step)
+                self.where["phase"] = "step"
+        self._report_async(self.ckpt.wait())
+        return losses
+
+    def _report_redone(self, before: dict[int, float], losses: list[float], redo_until: int) -> None:
+        """Once the lost steps are done again: whether their losses equal the first time's."""
+        first = (self.resumed.step or 0) + 1
+        compared = [s for s in range(first, redo_until + 1) if s in before]
+        same = all(before[s] == losses[s - 1] for s in compared)
+        REDONE.emit(self.events, {"first": first, "last": redo_until, "steps": redo_until - first + 1,
+                                  "compared": len(compared), "identical": same})
+        self.say(f"redone steps {first}–{redo_until}: losses {'identical to' if same else 'DIFFERENT from'} "
+                 f"the first time ({len(compared)} compared)", flush=True)
+
+    def _checkpoint(self, step: int) -> None:
+        if self.args.ckpt_mode == "async":
+            t_block = time.perf_counter()
+            self._report_async(self.ckpt.wait())  # the previous one, published: waiting for it blocks this save too
+            self.ckpt.save_async(self.state, on_written=self.faults.in_flight).seconds = time.perf_counter() - t_block
+            return
+        info = self.ckpt.save(self.state)
+        if self.rank == 0:
+            CHECKPOINT.emit(self.events, {"step": step, "bytes": info.bytes, "seconds": info.seconds,
+                                          "name": Path(info.path).name, "form": info.form, "attempt": self.attempt,
+                                          "pruned": info.pruned, "mode": "sync"})
+            self.say(f"checkpoint after step {step}: {info.bytes / 1024:.1f} KiB in {info.seconds * 1e3:.1f} ms "
+                     f"→ {Path(info.path).name}", flush=True)
+
+    def _report_async(self, info) -> None:
         """An asynchronous checkpoint, once published: ``seconds`` from the call to publication,
         ``blocked_s`` the part the training waited for."""
-        if info is None or rank != 0:
+        if info is None or self.rank != 0:
             return
-        events.emit("checkpoint", step=info.step, bytes=info.bytes, seconds=info.written_s, blocked_s=info.seconds,
-                    t_end=info.published_t, name=Path(info.path).name, form=info.form, attempt=attempt,
-                    pruned=info.pruned, mode="async")
-        say(f"checkpoint after step {info.step}: {info.bytes / 1024:.1f} KiB, training blocked "
-            f"{info.seconds * 1e3:.1f} ms, written in {info.written_s * 1e3:.1f} ms (async) → "
-            f"{Path(info.path).name}", flush=True)
+        CHECKPOINT.emit(self.events, {"step": info.step, "bytes": info.bytes, "seconds": info.written_s,
+                                      "blocked_s": info.seconds, "t_end": info.published_t,
+                                      "name": Path(info.path).name, "form": info.form, "attempt": self.attempt,
+                                      "pruned": info.pruned, "mode": "async"})
+        self.say(f"checkpoint after step {info.step}: {info.bytes / 1024:.1f} KiB, training blocked "
+                 f"{info.seconds * 1e3:.1f} ms, written in {info.written_s * 1e3:.1f} ms (async) → "
+                 f"{Path(info.path).name}", flush=True)
 
-    losses: list[float] = list(state.extra.get("losses", []))
-    where["reported"] = state.step
-    faults.arm_timer()
-    events.emit("phase", name="train", steps=args.steps, attempt=attempt)
-    redone_reported = False
-    while state.step < args.steps:
-        step = state.step + 1  # counted from 1
-        t_step, t_wall = time.perf_counter(), time.time()
-        loss = trainer.step(faults.mid_step(step))
-        if args.step_time:
-            time.sleep(max(0.0, args.step_time - (time.perf_counter() - t_step)))
-        losses.append(loss)
-        state.extra["losses"] = losses
-        if rank == 0:
-            events.emit("step", step=step - 1, of=args.steps, loss=loss, lr=state.scheduler.get_last_lr()[0],
-                        attempt=attempt, redo=step <= redo_until, t0=t_wall)
-            events.emit("progress", done=step, total=args.steps)
-        where["reported"] = step
-        if rank == 0 and redo_until and not redone_reported and step >= redo_until:
-            first = (resumed.step or 0) + 1
-            before = history["losses"]
-            compared = [s for s in range(first, redo_until + 1) if s in before]
-            same = all(before[s] == losses[s - 1] for s in compared)
-            events.emit("redone", first=first, last=redo_until, steps=redo_until - first + 1,
-                        compared=len(compared), identical=same)
-            say(f"redone steps {first}–{redo_until}: losses {'identical to' if same else 'DIFFERENT from'} "
-                f"the first time ({len(compared)} compared)", flush=True)
-            redone_reported = True
-        if step % args.ckpt_every == 0 or step == args.steps:
-            where["phase"] = "checkpoint"
-            if args.ckpt_mode == "async":
-                t_block = time.perf_counter()
-                report_async(ckpt.wait())  # the previous one, published: waiting for it blocks this save too
-                ckpt.save_async(state, on_written=faults.in_flight).seconds = time.perf_counter() - t_block
-            else:
-                info = ckpt.save(state)
-                if rank == 0:
-                    events.emit("checkpoint", step=step, bytes=info.bytes, seconds=info.seconds,
-                                name=Path(info.path).name, form=info.form, attempt=attempt, pruned=info.pruned,
-                                mode="sync")
-                    say(f"checkpoint after step {step}: {info.bytes / 1024:.1f} KiB in {info.seconds * 1e3:.1f} ms "
-                        f"→ {Path(info.path).name}", flush=True)
-            where["phase"] = "step"
-    report_async(ckpt.wait())
-
-    run_sha = weights_digest(state.model)
-    result = {"lesson": "lesson3", "world_size": world, "steps": args.steps, "ckpt_every": args.ckpt_every,
-              "form": args.format, "attempts": attempt + 1, "final_loss": losses[-1] if losses else None,
-              "run_sha256": run_sha, "forgot": list(args.forget), "losses": losses}
-    where["phase"] = "compare"
-    if not args.no_compare:
-        events.emit("phase", name="compare", attempt=attempt)
-        ref_state = build(args, rank, world, ctx.device)
-        ref = Trainer(args, ref_state, make_data(args), rank, world, ctx.device)
+    def compare(self, losses: list[float], run_sha: str) -> dict:
+        """Train again from scratch without faults or checkpoints (same seed): every loss and the
+        final weights must be identical."""
+        args, device = self.args, self.ctx.device
+        PHASE.emit(self.events, {"name": "compare", "attempt": self.attempt})
+        ref_state = build(args, self.rank, self.world, device)
+        ref = Trainer(args, ref_state, make_data(args), self.rank, self.world, device)
         ref_losses = [ref.step() for _ in range(args.steps)]
         ref_sha = weights_digest(ref_state.model)
         diffs = [abs(a - b) for a, b in zip(losses, ref_losses)]
@@ -495,29 +539,16 @@ def run(ctx, args) -> tuple[dict | None, int]:
         cmp = {"steps": len(ref_losses), "identical": identical, "equal_steps": len(ref_losses) - len(unequal),
                "first_diff_step": unequal[0] if unequal else None, "max_abs_diff": max(diffs, default=0.0),
                "weights_identical": ref_sha == run_sha, "run_sha256": run_sha, "reference_sha256": ref_sha}
-        if rank == 0:
-            events.emit("compare", attempt=attempt, **cmp)
-        result.update(compare=cmp)
-    if not args.no_ckpt_cost:
-        events.emit("phase", name="checkpoint cost", attempt=attempt)
-        cost = checkpoint_cost(args, rank, world, ctx.device, root / ".cost")
-        if rank == 0:
-            events.emit("ckpt_cost", attempt=attempt, **cost)
-        result.update(ckpt_cost=cost)
-    if rank == 0:
-        hist = _history(events_dir, attempt + 1)
-        cks = [c for c in hist["checkpoints"]]
-        restarts = [r for r in hist["restarts"]]
-        result.update(failures=hist["failures"], restarts=len(restarts),
-                      redone_steps=sum(r.get("lost_steps", 0) for r in restarts),
-                      checkpoints=len(cks),
-                      checkpoint_bytes=cks[-1]["bytes"] if cks else 0,
-                      checkpoint_seconds_mean=(sum(c["seconds"] for c in cks) / len(cks)) if cks else 0.0,
-                      checkpoint_dir=str(root))
-        print(format_summary(result), flush=True)
-    # a resumed run that differs from the uninterrupted one is the lesson's failure, not a crash
-    status = 3 if not args.no_compare and not result["compare"]["identical"] and not args.forget else 0
-    return (result if rank == 0 else None), status
+        if self.rank == 0:
+            COMPARE.emit_fields(self.events, {"attempt": self.attempt, **cmp})
+        return cmp
+
+    def checkpoint_cost(self) -> dict:
+        PHASE.emit(self.events, {"name": "checkpoint cost", "attempt": self.attempt})
+        cost = checkpoint_cost(self.args, self.rank, self.world, self.ctx.device, self.root / ".cost")
+        if self.rank == 0:
+            CKPT_COST.emit_fields(self.events, {"attempt": self.attempt, **cost})
+        return cost
 
 
 def checkpoint_cost(args, rank: int, world: int, device, folder: Path, checkpoints: int = 3, rounds: int = 3) -> dict:

@@ -43,6 +43,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from ...lessons.events import PHASE
+from ...lessons.lesson4.events import COMM, COMM_CHECK, CONFIG, DTENSOR, MEMORY, PITFALL, STEP, VOCAB
 from ...lessons.lesson4.formulas import activation_bytes_per_layer, tp_comm_per_layer
 from ...lessons.model_size import ModelSize, add_model_options
 from ...lessons.units import format_bytes
@@ -134,8 +136,8 @@ def train_against_dense(cfg: GPTConfig, batch: int, sp: bool, steps: int = 2, lr
         out["dense_losses"].append(dense_loss.item())
         out["max_grad_diff"].append(worst)
         if events is not None:
-            events.emit("step", mode=mode, step=step, of=steps, loss=loss.item(),
-                        dense_loss=dense_loss.item(), max_grad_diff=worst)
+            STEP.emit(events, {"mode": mode, "step": step, "of": steps, "loss": loss.item(),
+                               "dense_loss": dense_loss.item(), "max_grad_diff": worst})
         with torch.no_grad():
             for m in (dense, model):
                 for p in m.parameters():
@@ -359,42 +361,42 @@ def run(ctx, args: argparse.Namespace) -> dict:
     t0 = time.time()
     progress = Progress(ctx, 2 * len(modes) + (1 if T > 1 else 0) + (len(modes) if args.dtensor else 0))
 
-    ev.emit("config", T=T, hidden=cfg.hidden, heads=cfg.heads, ffn=cfg.ffn_size, seq=cfg.seq,
-            micro_batch=args.micro_batch, layers=cfg.layers, vocab=cfg.vocab, dropout=cfg.dropout,
-            modes=modes, regather=args.regather, backend=ctx.backend)
+    CONFIG.emit(ev, {"T": T, "hidden": cfg.hidden, "heads": cfg.heads, "ffn": cfg.ffn_size, "seq": cfg.seq,
+                     "micro_batch": args.micro_batch, "layers": cfg.layers, "vocab": cfg.vocab, "dropout": cfg.dropout,
+                     "modes": modes, "regather": args.regather, "backend": ctx.backend})
     summary: dict = {"T": T, "modes": {}}
     lines = [f"lesson 4 — tensor parallelism over T={T} ranks ({ctx.backend}); h={cfg.hidden} a={cfg.heads} "
              f"s={cfg.seq} b={args.micro_batch} L={cfg.layers} V={cfg.vocab}"]
     for mode in modes:
         sp = MODES[mode]
-        ev.emit("phase", name=f"{mode}: training against the dense model")
+        PHASE.emit(ev, {"name": f"{mode}: training against the dense model"})
         tr = train_against_dense(cfg, args.micro_batch, sp, args.steps, args.lr, args.seed,
                                  regather=args.regather, events=ev, mode=mode)
         cc = comm_check(tr["meter"], cfg, args.micro_batch, sp, T, tr["elem_size"])
         for r in tr["meter"].records:
-            ev.emit("comm", mode=mode, layer=r.layer, phase=r.phase, op=r.op, site=r.site, count=1,
-                    wire_bytes=r.wire_bytes, payload_bytes=r.payload_bytes)
-        ev.emit("comm_check", mode=mode, layers=cc["layers"], formula=cc["formula"], match=cc["match"])
+            COMM.emit(ev, {"mode": mode, "layer": r.layer, "phase": r.phase, "op": r.op, "site": r.site, "count": 1,
+                           "wire_bytes": r.wire_bytes, "payload_bytes": r.payload_bytes})
+        COMM_CHECK.emit(ev, {"mode": mode, "layers": cc["layers"], "formula": cc["formula"], "match": cc["match"]})
         progress()
-        ev.emit("phase", name=f"{mode}: activation memory")
+        PHASE.emit(ev, {"name": f"{mode}: activation memory"})
         mem = measure_activations(cfg, args.micro_batch, sp, args.seed, args.regather)
         for layer, measured in mem["per_layer"].items():
-            ev.emit("memory", mode=mode, layer=layer, measured_bytes=measured,
-                    formula_bytes=mem["formula_bytes"], ln_stats_bytes=mem["ln_stats_bytes"])
+            MEMORY.emit(ev, {"mode": mode, "layer": layer, "measured_bytes": measured,
+                             "formula_bytes": mem["formula_bytes"], "ln_stats_bytes": mem["ln_stats_bytes"]})
         progress()
         head = tr["meter"].of("head", "fwd", sites=("ce.max", "ce.target", "ce.sumexp"))
         vocab = {"logits_width": tr["max_logits_width"], "vocab": cfg.vocab,
                  "ce_allreduce_count": len(head), "ce_wire_bytes": sum(r.wire_bytes for r in head),
                  "gather_logits_wire_bytes": (T - 1) / T * cfg.seq * args.micro_batch * cfg.vocab * tr["elem_size"]}
-        ev.emit("vocab", mode=mode, **vocab)
+        VOCAB.emit_fields(ev, {"mode": mode, **vocab})
         row = {"losses": tr["losses"], "dense_losses": tr["dense_losses"],
                "max_grad_diff": max(tr["max_grad_diff"]), "comm_match": cc["match"],
                "comm_layer0": cc["layers"]["0"], "formula": cc["formula"],
                "memory_measured": mem["per_layer"]["0"], "memory_formula": mem["formula_bytes"],
                "memory_ln_stats": mem["ln_stats_bytes"], "vocab": vocab}
         if sp and T > 1:
-            ev.emit("pitfall", name="sp-layernorm-grads", max_diff=tr["sp_grads_unsynced_diff"],
-                    fixed_diff=max(tr["max_grad_diff"]))
+            PITFALL.emit(ev, {"name": "sp-layernorm-grads", "max_diff": tr["sp_grads_unsynced_diff"],
+                              "fixed_diff": max(tr["max_grad_diff"])})
             row["sp_grads_unsynced_diff"] = tr["sp_grads_unsynced_diff"]
         summary["modes"][mode] = row
         l0 = cc["layers"]["0"]
@@ -422,7 +424,7 @@ def run(ctx, args: argparse.Namespace) -> dict:
                          f"{tr['sp_grads_unsynced_diff']:.2e}")
     if T > 1:
         fg = forgotten_g(cfg, args.micro_batch, args.seed)
-        ev.emit("pitfall", name="forgotten-g", max_diff=fg["bug"], fixed_diff=fg["fixed"])
+        PITFALL.emit(ev, {"name": "forgotten-g", "max_diff": fg["bug"], "fixed_diff": fg["fixed"]})
         progress()
         summary["forgotten_g"] = fg
         lines.append(f"\nbug caught: MLP without its g (all-reduce) → |loss − dense loss| {fg['bug']:.3e} "
@@ -430,9 +432,9 @@ def run(ctx, args: argparse.Namespace) -> dict:
     if args.dtensor:
         summary["dtensor"] = {}
         for mode in modes:
-            ev.emit("phase", name=f"{mode}: DTensor comparison")
+            PHASE.emit(ev, {"name": f"{mode}: DTensor comparison"})
             cmp = compare_with_dtensor(cfg, args.micro_batch, MODES[mode], args.seed)
-            ev.emit("dtensor", mode=mode, **cmp)
+            DTENSOR.emit_fields(ev, {"mode": mode, **cmp})
             progress()
             summary["dtensor"][mode] = cmp
             lines.append(f"DTensor [{mode}] one block: |ours − DTensor| out {cmp['out_ours_vs_dtensor']:.1e}, "

@@ -40,8 +40,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ...lessons.events import METRIC, PHASE
 from ...lessons.lesson5 import formulas
 from ...lessons.lesson5 import simulator as sim
+from ...lessons.lesson5.events import PP_CONFIG, PP_STAGE, PP_STEP, STEP
 from ...lessons.model_size import ModelSize, add_model_options
 from .. import pipeline as pl
 from ..experiment import Progress, device_sync, exit_with, run_experiment
@@ -139,10 +141,10 @@ def run_ours(ctx, schedule: str, cfg, p: int, m: int, v: int, mb: int, batches, 
         out["steps"].append(res)
         out["peak_bytes"] = max(out["peak_bytes"], res.peak_activation_bytes)
         if events is not None:
-            events.emit("pp_step", schedule=schedule, impl="ours", step=i, t_start=res.t_start,
-                        t_end=res.t_end, loss=res.loss)
+            PP_STEP.emit(events, {"schedule": schedule, "impl": "ours", "step": i, "t_start": res.t_start,
+                                  "t_end": res.t_end, "loss": res.loss})
             if res.loss is not None:
-                events.emit("step", step=i, of=len(batches), loss=res.loss, schedule=schedule)
+                STEP.emit(events, {"step": i, "of": len(batches), "loss": res.loss, "schedule": schedule})
         if progress is not None:
             progress()
         yield
@@ -194,7 +196,8 @@ def run_torch(ctx, schedule: str, cfg, p: int, m: int, v: int, batches, lr: floa
         out["times"].append(t1 - t0)
         out["peak_bytes"] = max(out["peak_bytes"], meter.peak)
         if events is not None:
-            events.emit("pp_step", schedule=schedule, impl="torch", step=i, t_start=t0, t_end=t1, loss=loss)
+            PP_STEP.emit(events, {"schedule": schedule, "impl": "torch", "step": i, "t_start": t0, "t_end": t1,
+                                  "loss": loss})
         if progress is not None:
             progress()
         yield
@@ -245,7 +248,7 @@ def run_schedule(ctx, schedule: str, cfg, p: int, m: int, v: int, args, batches,
     """Ours, torch's and the reference for one schedule; the figures on rank 0, None elsewhere."""
     ev = ctx.events
     mb = args.microbatch_size
-    ev.emit("phase", name=f"{schedule}: ours" + ("" if args.no_torch else " and torch.distributed.pipelining"))
+    PHASE.emit(ev, {"name": f"{schedule}: ours" + ("" if args.no_torch else " and torch.distributed.pipelining")})
     ours: dict = {}
     theirs: dict | None = None if args.no_torch else {}
     runs = [run_ours(ctx, schedule, cfg, p, m, v, mb, batches, args.lr, args.seed, ours, events=ev,
@@ -314,12 +317,12 @@ def run_schedule(ctx, schedule: str, cfg, p: int, m: int, v: int, args, batches,
                                       "torch_peak_bytes")} for s in stages],
     }
     for s in result["stages"]:
-        ctx.events.emit("pp_stage", schedule=schedule, rank=s["rank"], bubble=s["bubble"],
-                        bubble_formula=f["bubble_fraction"], peak_bytes=s["peak_bytes"],
-                        peak_microbatches=s["peak_microbatches"], peak_formula=s["peak_formula"],
-                        torch_peak_bytes=s["torch_peak_bytes"])
-    ctx.events.emit("metric", name=f"{schedule}.bubble_measured", value=result["bubble_measured"])
-    ctx.events.emit("metric", name=f"{schedule}.step_time_s", value=result["step_time_s"])
+        PP_STAGE.emit(ctx.events, {"schedule": schedule, "rank": s["rank"], "bubble": s["bubble"],
+                                   "bubble_formula": f["bubble_fraction"], "peak_bytes": s["peak_bytes"],
+                                   "peak_microbatches": s["peak_microbatches"], "peak_formula": s["peak_formula"],
+                                   "torch_peak_bytes": s["torch_peak_bytes"]})
+    METRIC.emit(ctx.events, {"name": f"{schedule}.bubble_measured", "value": result["bubble_measured"]})
+    METRIC.emit(ctx.events, {"name": f"{schedule}.step_time_s", "value": result["step_time_s"]})
     return result
 
 
@@ -379,9 +382,9 @@ def run(ctx, args: argparse.Namespace) -> dict | None:
     args.microbatch_size = args.microbatch_size or (8 if ctx.is_cuda else 4)
     batches = _batches(cfg, m, args.microbatch_size, args.steps, ctx.device)
     if ctx.rank == 0:
-        ctx.events.emit("pp_config", p=p, m=m, v=v, schedules=schedules,
-                        microbatch_size=args.microbatch_size, d_model=cfg.hidden,
-                        layers=cfg.layers, seq=cfg.seq)
+        PP_CONFIG.emit(ctx.events, {"p": p, "m": m, "v": v, "schedules": schedules,
+                                    "microbatch_size": args.microbatch_size, "d_model": cfg.hidden,
+                                    "layers": cfg.layers, "seq": cfg.seq})
     progress = Progress(ctx, len(schedules) * args.steps * (1 if args.no_torch else 2))
     results = []
     for schedule in schedules:

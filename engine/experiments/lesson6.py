@@ -55,6 +55,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ...lessons.lesson6 import formulas as FM
+from ...lessons.lesson6.events import BUCKET_SWEEP, GRAD_HIST, PHASE, SCALE, STEP, TIMELINE
 from ...lessons.lesson6.simulation import exponent_histogram
 from ...lessons.model_size import ModelSize, add_model_options
 from ..bucketing import BucketedDataParallel, StepTimeline, ddp_timed_allreduce_hook
@@ -160,13 +161,12 @@ def measure_underflow(probe: torch.nn.Module, ids, targets, device, dtype, scale
     }
 
 
-def run_loss_scaling(ctx, args, progress: Progress) -> dict:
-    device, rank = ctx.device, ctx.rank
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
-    explicit = args.weights == "explicit"
-    student = GPT(args.model, seed=args.seed, dtype=dtype if explicit else torch.float32, device=device)
-    probe = GPT(args.model, seed=args.seed, device=device)  # an fp32 copy, for the measurements
-    target = dict(student.named_parameters())["head.norm.weight"]  # the final norm's: backward reaches it first
+def _student(args, device, rank: int, dtype) -> tuple[GPT, BucketedDataParallel, list[bool]]:
+    """The trained GPT, in bucketed data parallelism, and the switch that puts an inf into rank
+    0's gradient of the final norm (the first one backward reaches) before its all-reduce."""
+    student = GPT(args.model, seed=args.seed, dtype=dtype if args.weights == "explicit" else torch.float32,
+                  device=device)
+    target = dict(student.named_parameters())["head.norm.weight"]
     inject_now = [False]
 
     def poison(p):  # rank 0's gradient gets an inf before the all-reduce
@@ -174,7 +174,30 @@ def run_loss_scaling(ctx, args, progress: Progress) -> dict:
             p.grad.view(-1)[0] = float("inf")
 
     target.register_post_accumulate_grad_hook(poison)  # runs before the bucket hook
-    model = BucketedDataParallel(student)
+    return student, BucketedDataParallel(student), inject_now
+
+
+def _optimizer_step(opt, scaler: DynamicLossScaler) -> tuple[bool, bool]:
+    """Step (through the scaler when it is on); whether the gradients overflowed, and whether
+    the step was skipped."""
+    if scaler.enabled:
+        scaler.step(opt)
+        rec = scaler.update()
+        assert rec is not None  # an enabled scaler reports every update
+        return rec.found_inf, rec.skipped
+    # no scaler: nothing checks the gradients, an inf goes into the weights
+    overflow = not all(bool(torch.isfinite(p.grad).all()) for g in opt.param_groups
+                       for p in g["params"] if p.grad is not None)
+    opt.step()
+    return overflow, False
+
+
+def run_loss_scaling(ctx, args, progress: Progress) -> dict:
+    device, rank, ev = ctx.device, ctx.rank, ctx.events
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+    explicit = args.weights == "explicit"
+    student, model, inject_now = _student(args, device, rank, dtype)
+    probe = GPT(args.model, seed=args.seed, device=device)  # an fp32 copy, for the measurements
     opt: MasterWeightOptimizer | torch.optim.Adam
     if explicit:
         opt = MasterWeightOptimizer(student.parameters(), lambda ps: torch.optim.Adam(ps, lr=args.lr))
@@ -182,9 +205,8 @@ def run_loss_scaling(ctx, args, progress: Progress) -> dict:
         opt = torch.optim.Adam(student.parameters(), lr=args.lr)
     scaler = DynamicLossScaler(args.init_scale, args.growth_factor, args.backoff_factor,
                                args.growth_interval, enabled=not args.no_scaling)
-    ev = ctx.events
     if rank == 0:
-        ev.emit("phase", name="loss-scaling", steps=args.steps)
+        PHASE.emit(ev, {"name": "loss-scaling", "steps": args.steps})
     stats = {"overflows": 0, "injected": 0, "skipped": 0}
     hist: list[dict] = []
     losses = []
@@ -193,7 +215,7 @@ def run_loss_scaling(ctx, args, progress: Progress) -> dict:
         if step % args.hist_every == 0 and rank == 0:
             probe.load_state_dict({k: v.float() for k, v in student.state_dict().items()})
             m = measure_underflow(probe, ids, targets, device, dtype, scaler.get_scale())
-            ev.emit("grad_hist", step=step, scale=scaler.get_scale(), dtype=args.dtype, **m)
+            GRAD_HIST.emit_fields(ev, {"step": step, "scale": scaler.get_scale(), "dtype": args.dtype, **m})
             hist.append(m)
         opt.zero_grad(set_to_none=True)
         inject_now[0] = step in args.inject
@@ -205,30 +227,31 @@ def run_loss_scaling(ctx, args, progress: Progress) -> dict:
         inject_now[0] = False
         if isinstance(opt, MasterWeightOptimizer):
             opt.grads_to_master()
-        if scaler.enabled:
-            scaler.step(opt)
-            rec = scaler.update()
-            assert rec is not None  # an enabled scaler reports every update
-            overflow, skipped = rec.found_inf, rec.skipped
-        else:  # no scaler: nothing checks the gradients, an inf goes into the weights
-            overflow = not all(bool(torch.isfinite(p.grad).all()) for g in opt.param_groups
-                               for p in g["params"] if p.grad is not None)
-            skipped = False
-            opt.step()
+        overflow, skipped = _optimizer_step(opt, scaler)
         loss_avg = loss.detach().float().reshape(1).clone()
         dist.all_reduce(loss_avg)
-        loss_avg = float(loss_avg) / ctx.world_size
-        losses.append(loss_avg)
+        losses.append(float(loss_avg) / ctx.world_size)
         injected = step in args.inject
         stats["overflows"] += int(overflow)
         stats["injected"] += int(injected)
         stats["skipped"] += int(skipped)
         if rank == 0:
-            ev.emit("scale", step=step, scale=scale, new_scale=scaler.get_scale(),
-                    overflow=overflow, skipped=skipped, injected=injected,
-                    growth_tracker=scaler.growth_tracker, loss=loss_avg)
-            ev.emit("step", step=step, of=args.steps, loss=loss_avg)
+            SCALE.emit(ev, {"step": step, "scale": scale, "new_scale": scaler.get_scale(), "overflow": overflow,
+                            "skipped": skipped, "injected": injected, "growth_tracker": scaler.growth_tracker,
+                            "loss": losses[-1]})
+            STEP.emit(ev, {"step": step, "of": args.steps, "loss": losses[-1]})
         progress.advance("loss-scaling")
+    return _loss_scaling_summary(args, stats, scaler, losses, hist)
+
+
+def _loss_scaling_summary(args, stats: dict, scaler: DynamicLossScaler, losses: list[float], hist: list[dict]) -> dict:
+    def mean(key: str) -> float | None:
+        return statistics.fmean(h[key] for h in hist) if hist else None
+
+    def of_finite(key: str, average) -> float | None:  # a scaled measurement that overflowed is None
+        values = [h[key] for h in hist if h[key] is not None]
+        return average(values) if values else None
+
     return {
         **stats,
         "dtype": args.dtype,
@@ -237,13 +260,11 @@ def run_loss_scaling(ctx, args, progress: Progress) -> dict:
         "natural_overflows": max(0, stats["overflows"] - stats["injected"]),
         "final_scale": scaler.get_scale(),
         "first_loss": losses[0], "final_loss": losses[-1],
-        "zero_unscaled": statistics.fmean(h["zero_unscaled"] for h in hist) if hist else None,
-        "zero_scaled": (statistics.fmean(h["zero_scaled"] for h in hist if h["zero_scaled"] is not None)
-                        if any(h["zero_scaled"] is not None for h in hist) else None),
-        "subnormal_unscaled": statistics.fmean(h["subnormal_unscaled"] for h in hist) if hist else None,
+        "zero_unscaled": mean("zero_unscaled"),
+        "zero_scaled": of_finite("zero_scaled", statistics.fmean),
+        "subnormal_unscaled": mean("subnormal_unscaled"),
         "relerr_unscaled": statistics.median(h["relerr_unscaled"] for h in hist) if hist else None,
-        "relerr_scaled": (statistics.median(h["relerr_scaled"] for h in hist if h["relerr_scaled"] is not None)
-                          if any(h["relerr_scaled"] is not None for h in hist) else None),
+        "relerr_scaled": of_finite("relerr_scaled", statistics.median),
     }
 
 
@@ -300,7 +321,7 @@ def record_timeline(mode, model, opt, x, y) -> StepTimeline:
 def run_overlap(ctx, args, progress: Progress) -> dict:
     device, rank, ev = ctx.device, ctx.rank, ctx.events
     if rank == 0:
-        ev.emit("phase", name="overlap", bucket_mb=args.caps)
+        PHASE.emit(ev, {"name": "overlap", "bucket_mb": args.caps})
     x, y = make_batch(args.dp_model, args.dp_batch, seed=args.seed + 2000 + rank, device=device)
     times: dict[tuple[float, str], list[float]] = {}
     nbuckets: dict[tuple[float, str], int] = {}
@@ -317,15 +338,15 @@ def run_overlap(ctx, args, progress: Progress) -> dict:
                 if r == args.rounds - 1:
                     tl = record_timeline(mode, model, opt, x, y)
                     nbuckets[(cap, mode)] = len(tl.launch)
-                    ev.emit("timeline", bucket_mb=cap, mode=mode,
-                            **tl.to_event(step_ms=round(tl.marks["step_done"] * 1000, 3)))
+                    TIMELINE.emit_fields(ev, tl.to_event(bucket_mb=cap, mode=mode,
+                                                         step_ms=round(tl.marks["step_done"] * 1000, 3)))
                 del model, opt
                 progress.advance("overlap")
     median = {k: statistics.median(v) for k, v in times.items()}
     if rank == 0:
         for (cap, mode), v in times.items():
-            ev.emit("bucket_sweep", bucket_mb=cap, mode=mode, step_ms=round(median[(cap, mode)], 3),
-                    n_buckets=nbuckets.get((cap, mode)), samples_ms=[round(t, 3) for t in v])
+            BUCKET_SWEEP.emit(ev, {"bucket_mb": cap, "mode": mode, "step_ms": round(median[(cap, mode)], 3),
+                                   "n_buckets": nbuckets.get((cap, mode)), "samples_ms": [round(t, 3) for t in v]})
     best = min(args.caps, key=lambda c: median[(c, "overlap")])
     n_params = args.dp_model.num_params()
     return {

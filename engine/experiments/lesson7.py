@@ -56,8 +56,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ...lessons.events import PHASE
 from ...lessons.lesson7 import formulas as f7
 from ...lessons.lesson7 import routing
+from ...lessons.lesson7.events import (
+    CONFIG,
+    COST_MODEL,
+    DECODE,
+    KV_COMPARE,
+    KV_SHARD,
+    ROUTE,
+    ROUTING,
+    TOKENS,
+)
 from ...lessons.lesson7.paging import BlockAllocator, poisson_requests
 from ...lessons.model_size import ModelSize, add_model_options
 from ..experiment import UsageError, all_ranks_true, exit_with, run_experiment
@@ -131,14 +142,15 @@ def single_process(cfg, w, prompts, n, device, ev, rank) -> dict:
     r = generate(sh, prompts, n)
     if rank == 0:
         for step in range(n):
-            ev.emit("tokens", mode="single", step=step, tokens=r["tokens"][:, step].tolist())
+            TOKENS.emit(ev, {"mode": "single", "step": step, "tokens": r["tokens"][:, step].tolist()})
     return r
 
 
 def tp_decode(cfg, w, prompts, n, ref, ctx) -> dict:
     rank, W, ev = ctx.rank, ctx.world_size, ctx.events
     sh = DecoderShard(cfg, w, tp_rank=rank, tp_size=W, device=ctx.device)
-    on_token = (lambda step, t: ev.emit("tokens", mode="tp", step=step, tokens=t.tolist())) if rank == 0 else None
+    on_token = (lambda step, t: TOKENS.emit(ev, {"mode": "tp", "step": step, "tokens": t.tolist()})) \
+        if rank == 0 else None
     r = generate(sh, prompts, n, on_token=on_token)
     sh.cache = None  # the metered decode: a fresh cache on the same shard (no second copy of the weights)
     counted = generate(sh, prompts, min(n, METERED_TOKENS), meter=CommMeter())
@@ -154,10 +166,12 @@ def tp_decode(cfg, w, prompts, n, ref, ctx) -> dict:
            "all_reduce_bytes_per_token": counted["comm_decode"]["all_reduce_bytes"] / steps,
            "decode_tokens_per_s": B * r["decode_steps"] / r["decode_s"] if r["decode_s"] > 0 else None,
            "prefill_s": r["prefill_s"], "weight_bytes": sh.weight_bytes}
-    ev.emit("kv_shard", mode="tp", rank=rank, layers=out["layers"], kv_heads=out["kv_heads"], bytes=out["kv_bytes"],
-            formula_bytes=out["formula_bytes"], tokens=tokens, kv_heads_total=cfg.group_heads, layers_total=cfg.layers)
-    ev.emit("decode", mode="tp", rank=rank, equal=equal, all_reduces_per_token=out["all_reduces_per_token"],
-            sends_per_token=0, decode_tokens_per_s=out["decode_tokens_per_s"], prefill_s=r["prefill_s"])
+    KV_SHARD.emit(ev, {"mode": "tp", "rank": rank, "layers": out["layers"], "kv_heads": out["kv_heads"],
+                       "bytes": out["kv_bytes"], "formula_bytes": out["formula_bytes"], "tokens": tokens,
+                       "kv_heads_total": cfg.group_heads, "layers_total": cfg.layers})
+    DECODE.emit(ev, {"mode": "tp", "rank": rank, "equal": equal, "all_reduces_per_token": out["all_reduces_per_token"],
+                     "sends_per_token": 0, "decode_tokens_per_s": out["decode_tokens_per_s"],
+                     "prefill_s": r["prefill_s"]})
     return out
 
 
@@ -165,7 +179,7 @@ def pp_decode(cfg, w, prompts, n, ref, ctx, microbatches: int) -> dict:
     rank, W, ev = ctx.rank, ctx.world_size, ctx.events
     rng = split_layers(cfg.layers, W)[rank]
     sh = DecoderShard(cfg, w, layer_range=rng, device=ctx.device)
-    on_token = (lambda step, g, t: ev.emit("tokens", mode="pp", step=step, seqs=g, tokens=t.tolist())) \
+    on_token = (lambda step, g, t: TOKENS.emit(ev, {"mode": "pp", "step": step, "seqs": g, "tokens": t.tolist()})) \
         if rank == W - 1 else None
     r = generate_pp(sh, prompts, n, stage=rank, stages=W, microbatches=microbatches, on_token=on_token)
     sh.cache = None  # the metered decode: a fresh cache on the same shard (no second copy of the weights)
@@ -184,12 +198,12 @@ def pp_decode(cfg, w, prompts, n, ref, ctx, microbatches: int) -> dict:
            "send_bytes_per_token": counted["comm_decode"]["send_bytes"] / steps, "microbatches": r["microbatches"],
            "decode_tokens_per_s": B * r["decode_steps"] / r["decode_s"] if r["decode_s"] > 0 else None,
            "prefill_s": r["prefill_s"], "weight_bytes": sh.weight_bytes}
-    ev.emit("kv_shard", mode="pp", rank=rank, layers=out["layers"], kv_heads=list(range(kv_heads)),
-            bytes=out["kv_bytes"], formula_bytes=out["formula_bytes"], tokens=tokens,
-            kv_heads_total=kv_heads, layers_total=cfg.layers)
-    ev.emit("decode", mode="pp", rank=rank, equal=equal, all_reduces_per_token=0,
-            sends_per_token=out["sends_per_token"], decode_tokens_per_s=out["decode_tokens_per_s"],
-            prefill_s=r["prefill_s"])
+    KV_SHARD.emit(ev, {"mode": "pp", "rank": rank, "layers": out["layers"], "kv_heads": list(range(kv_heads)),
+                       "bytes": out["kv_bytes"], "formula_bytes": out["formula_bytes"], "tokens": tokens,
+                       "kv_heads_total": kv_heads, "layers_total": cfg.layers})
+    DECODE.emit(ev, {"mode": "pp", "rank": rank, "equal": equal, "all_reduces_per_token": 0,
+                     "sends_per_token": out["sends_per_token"], "decode_tokens_per_s": out["decode_tokens_per_s"],
+                     "prefill_s": r["prefill_s"]})
     return out
 
 
@@ -202,7 +216,7 @@ def mesh_decode(cfg, w, prompts, n, ref, ctx, tp: int, pp: int, microbatches: in
     mesh = init_device_mesh(ctx.device.type, (pp, tp), mesh_dim_names=("pp", "tp"))
     sh, pipe, stage = mesh_shard(cfg, w, mesh, device=ctx.device)
     last_stage_lead = stage == pp - 1 and sh.tp_rank == 0
-    on_token = (lambda step, g, t: ev.emit("tokens", mode="tp-pp", step=step, seqs=g, tokens=t.tolist())) \
+    on_token = (lambda step, g, t: TOKENS.emit(ev, {"mode": "tp-pp", "step": step, "seqs": g, "tokens": t.tolist()})) \
         if last_stage_lead else None
     r = generate_pp(sh, prompts, n, stage=stage, stages=pp, microbatches=microbatches, on_token=on_token, pipe=pipe)
     sh.cache = None  # the metered decode: a fresh cache on the same shard (no second copy of the weights)
@@ -222,12 +236,13 @@ def mesh_decode(cfg, w, prompts, n, ref, ctx, tp: int, pp: int, microbatches: in
            "sends_per_token": counted["comm_decode"]["sends"] / steps,
            "decode_tokens_per_s": B * r["decode_steps"] / r["decode_s"] if r["decode_s"] > 0 else None,
            "prefill_s": r["prefill_s"]}
-    ev.emit("kv_shard", mode="tp-pp", rank=rank, stage=stage, tp_rank=sh.tp_rank, tp=tp, pp=pp, layers=sh.layers,
-            kv_heads=out["kv_heads"], bytes=out["kv_bytes"], formula_bytes=formula, tokens=tokens,
-            kv_heads_total=cfg.group_heads, layers_total=cfg.layers)
-    ev.emit("decode", mode="tp-pp", rank=rank, equal=equal, all_reduces_per_token=out["all_reduces_per_token"],
-            sends_per_token=out["sends_per_token"], decode_tokens_per_s=out["decode_tokens_per_s"],
-            prefill_s=r["prefill_s"])
+    KV_SHARD.emit(ev, {"mode": "tp-pp", "rank": rank, "stage": stage, "tp_rank": sh.tp_rank, "tp": tp, "pp": pp,
+                       "layers": sh.layers, "kv_heads": out["kv_heads"], "bytes": out["kv_bytes"],
+                       "formula_bytes": formula, "tokens": tokens, "kv_heads_total": cfg.group_heads,
+                       "layers_total": cfg.layers})
+    DECODE.emit(ev, {"mode": "tp-pp", "rank": rank, "equal": equal,
+                     "all_reduces_per_token": out["all_reduces_per_token"], "sends_per_token": out["sends_per_token"],
+                     "decode_tokens_per_s": out["decode_tokens_per_s"], "prefill_s": r["prefill_s"]})
     return out
 
 
@@ -263,7 +278,7 @@ def paged_vs_contiguous(cfg, w, args, ctx) -> dict:
                      "ttft_p50_s": routing.percentile(ttft, 50), "ttft_p99_s": routing.percentile(ttft, 99),
                      "max_running": max(len(s.running) + len(s.finished) for s in run.snapshots)}
     out["throughput_ratio"] = out["paged"]["tokens_per_s"] / out["contiguous"]["tokens_per_s"]
-    ctx.events.emit("kv_compare", **out)
+    KV_COMPARE.emit_fields(ctx.events, out)
     return out
 
 
@@ -342,9 +357,11 @@ def routing_comparison(args, points: dict | None, ev) -> dict:
     res = routing.compare(reqs, args.replicas, cost, max_batch=args.max_batch, prefix_slots=args.prefix_slots)
     for policy, r in res.items():
         for row in r["requests"]:
-            ev.emit("route", policy=policy, rid=row["rid"], replica=row["replica"], prefix_hit=row["prefix_hit"],
-                    arrival=row["arrival"], ttft_s=row["ttft_s"], tpot_s=row["tpot_s"])
-        ev.emit("routing", policy=policy, replicas=args.replicas, cost_source=cost.source, **r["metrics"])
+            ROUTE.emit(ev, {"policy": policy, "rid": row["rid"], "replica": row["replica"],
+                            "prefix_hit": row["prefix_hit"], "arrival": row["arrival"], "ttft_s": row["ttft_s"],
+                            "tpot_s": row["tpot_s"]})
+        ROUTING.emit_fields(ev, {"policy": policy, "replicas": args.replicas, "cost_source": cost.source,
+                                 **r["metrics"]})
     plen = shape["prefix_len"] + sum(shape["suffix_range"]) // 2
     examples = {"prefix_len": shape["prefix_len"], "prefill_prefix_s": cost.prefill(shape["prefix_len"]),
                 "prompt_len": plen, "prefill_prompt_s": cost.prefill(plen), "decode_1_s": cost.decode(1),
@@ -396,22 +413,22 @@ def run(ctx, args: argparse.Namespace) -> tuple[dict | None, int]:
     t0 = time.time()
     dtype = DTYPES[args.dtype]
     w = build_model(cfg, args.seed, dtype)
-    ev.emit("config", W=W, hidden=cfg.hidden, layers=cfg.layers, heads=cfg.heads, kv_heads=cfg.group_heads,
-            head_dim=cfg.head_dim, vocab=cfg.vocab, norm=cfg.norm, dtype=args.dtype, device=ctx.device.type,
-            batch=args.batch, prompt=args.prompt, new_tokens=args.new_tokens, block_size=args.block_size,
-            kv_budget=args.kv_budget, params=decode_params(cfg), tp=mesh[0] if mesh else None,
-            pp=mesh[1] if mesh else None)
+    CONFIG.emit(ev, {"W": W, "hidden": cfg.hidden, "layers": cfg.layers, "heads": cfg.heads,
+                     "kv_heads": cfg.group_heads, "head_dim": cfg.head_dim, "vocab": cfg.vocab, "norm": cfg.norm,
+                     "dtype": args.dtype, "device": ctx.device.type, "batch": args.batch, "prompt": args.prompt,
+                     "new_tokens": args.new_tokens, "block_size": args.block_size, "kv_budget": args.kv_budget,
+                     "params": decode_params(cfg), "tp": mesh[0] if mesh else None, "pp": mesh[1] if mesh else None})
     prompts = torch.randint(0, cfg.vocab, (args.batch, args.prompt), generator=torch.Generator().manual_seed(args.seed + 1))
     summary: dict = {"lesson": "lesson7", "W": W, "device": ctx.device.type, "dtype": args.dtype}
     lines = [f"lesson 7 — a {decode_params(cfg) / 1e6:.2f}M-parameter decoder (L={cfg.layers}, h={cfg.hidden}, "
              f"{cfg.heads} heads, {cfg.group_heads} KV heads, {args.dtype})",
              f"served on W={W} ranks ({ctx.backend})"]
-    ev.emit("phase", name="single-process reference")
+    PHASE.emit(ev, {"name": "single-process reference"})
     ref = single_process(cfg, w, prompts, args.new_tokens, ctx.device, ev, rank)
     summary["single"] = {"decode_tokens_per_s": args.batch * ref["decode_steps"] / ref["decode_s"]}
 
     if "tp" not in skip:
-        ev.emit("phase", name="tensor-parallel decode")
+        PHASE.emit(ev, {"name": "tensor-parallel decode"})
         tp = tp_decode(cfg, w, prompts, args.new_tokens, ref, ctx)
         shards: list[Any] = [None] * W
         dist.all_gather_object(shards, {k: tp[k] for k in ("kv_bytes", "formula_bytes", "kv_heads")})
@@ -427,7 +444,7 @@ def run(ctx, args: argparse.Namespace) -> tuple[dict | None, int]:
             lines.append(f"  rank {r}: KV heads {sh['kv_heads']} — cache {_fmt_bytes(sh['kv_bytes'])} "
                          f"(formula {_fmt_bytes(sh['formula_bytes'])})")
     if "pp" not in skip:
-        ev.emit("phase", name="pipeline-parallel decode")
+        PHASE.emit(ev, {"name": "pipeline-parallel decode"})
         m = args.microbatches or W
         pp = pp_decode(cfg, w, prompts, args.new_tokens, ref, ctx, m)
         shards = [None] * W
@@ -442,7 +459,7 @@ def run(ctx, args: argparse.Namespace) -> tuple[dict | None, int]:
 
     if mesh is not None:
         tp_deg, pp_deg = mesh
-        ev.emit("phase", name="tensor × pipeline parallel decode")
+        PHASE.emit(ev, {"name": "tensor × pipeline parallel decode"})
         mp = mesh_decode(cfg, w, prompts, args.new_tokens, ref, ctx, tp_deg, pp_deg, args.microbatches or pp_deg)
         shards = [None] * W
         dist.all_gather_object(shards, {k: mp[k] for k in ("stage", "tp_rank", "kv_bytes", "formula_bytes", "layers",
@@ -461,7 +478,7 @@ def run(ctx, args: argparse.Namespace) -> tuple[dict | None, int]:
 
     points = None
     if "paged" not in skip or "routing" not in skip:
-        ev.emit("phase", name="paged vs contiguous KV cache" if "paged" not in skip else "measuring costs")
+        PHASE.emit(ev, {"name": "paged vs contiguous KV cache" if "paged" not in skip else "measuring costs"})
         kv = None
         if rank == 0 and "paged" not in skip:
             kv = paged_vs_contiguous(cfg, w, args, ctx)
@@ -472,7 +489,7 @@ def run(ctx, args: argparse.Namespace) -> tuple[dict | None, int]:
             dist.broadcast_object_list(box, src=W - 1)
         points = box[0]
         if rank == 0 and points is not None:
-            ev.emit("cost_model", **points)
+            COST_MODEL.emit_fields(ev, points)
         if kv is not None:
             summary["kv"] = kv
             p, c = kv["paged"], kv["contiguous"]
@@ -486,7 +503,7 @@ def run(ctx, args: argparse.Namespace) -> tuple[dict | None, int]:
             lines.append(f"    {p['iterations']} iterations, {p['tokens_per_s']:.0f} tokens/s → "
                          f"{kv['throughput_ratio']:.2f}× the contiguous cache's")
     if "prefix" not in skip and rank == 0:
-        ev.emit("phase", name="prefix sharing")
+        PHASE.emit(ev, {"name": "prefix sharing"})
         px = prefix_sharing(cfg, w, args, ctx)
         summary["prefix"] = px
         a, b = px["no-sharing"], px["prefix"]
@@ -500,7 +517,7 @@ def run(ctx, args: argparse.Namespace) -> tuple[dict | None, int]:
                      f"prompt tokens cached); {b['cow']} copy-on-write, {b['evicted']} evicted")
         lines.append(f"  TTFT p50 {_ms(b['ttft_p50_s'])} vs {_ms(a['ttft_p50_s'])} → {px['ttft_ratio']:.1f}× sooner")
     if "routing" not in skip and rank == 0:
-        ev.emit("phase", name="routing across replicas")
+        PHASE.emit(ev, {"name": "routing across replicas"})
         rt = routing_comparison(args, points, ev)
         summary["routing"] = rt
         c = rt["cost"]
