@@ -4,11 +4,9 @@
 <experiment> <args>`` as a subprocess in a session of its own, tails the ranks'
 ``events/rank*.jsonl`` and torchrun's output, and hands every event to ``consumer(event)`` in
 the calling thread within about 0.1 s of its emission. Besides the ranks' events the consumer
-sees::
-
-    {"kind": "run_start", "run_id", "command", "nproc", "device", "note"}
-    {"kind": "output", "rank": R or None, "line": "..."}     # a line the rank (or torchrun) printed
-    {"kind": "run_end", "status", "exit_code", "error", "failed_rank", "tail", "duration_s"}
+sees ``run_start`` (the command, ranks and device), ``output`` (a line a rank, or torchrun with
+``rank`` None, printed) and ``run_end`` (status, exit code, the error and the failed rank's last
+lines), declared in ``lessons/events.py``.
 
 Stopping (``stop()``, Ctrl-C in the caller, a rank dying): torchrun's whole process group gets
 SIGTERM — torchrun then stops its workers, which run in sessions of their own — and whatever
@@ -33,11 +31,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
+from ..lessons.events import ERROR, OUTPUT, RUN_END, RUN_START, SUMMARY, Error
 from .lifeline import LAUNCHER_PID_ENV, parent_death_signal
 from .profiling import PROFILE_DIR_ENV
 from .runs import RunRecord, set_command, tail_lines
@@ -251,7 +250,7 @@ class Failure:
     reporter: int | None = None  # the rank whose error revealed it (for a hang: who waited)
 
 
-def analyse_failure(error_events: list[dict], torchrun_lines: list[str], exit_code: int) -> Failure:
+def analyse_failure(error_events: Sequence[Mapping[str, Any]], torchrun_lines: list[str], exit_code: int) -> Failure:
     """Which rank failed first, and why: a missed barrier names the absent rank; otherwise the
     earliest ``error`` event; otherwise torchrun's "root cause" report."""
     texts = [e.get("error", "") + "\n" + e.get("traceback", "") for e in error_events] + torchrun_lines
@@ -344,7 +343,7 @@ class Launch(Stoppable):
         self._done_tailing = threading.Event()
         self._threads: list[threading.Thread] = []
         self._torchrun_lines: list[str] = []
-        self._errors: list[dict] = []
+        self._errors: list[Error] = []
         self._started = 0.0
         self._log_files: dict[int | None, IO[str]] = {}
         self._event_offsets: dict[Path, int] = {}
@@ -389,9 +388,9 @@ class Launch(Stoppable):
             stop_early = self._stop_reason is not None
         if stop_early:  # stop() came before the processes existed
             _signal_pid_and_group(self.proc.pid, signal.SIGTERM)
-        self._put({"kind": "run_start", "run_id": rec.id, "command": cmd, "nproc": self.spec.placement.nproc,
-                   "device": self.spec.placement.device, "note": self.spec.placement.note,
-                   "lesson": rec.lesson})
+        self._put(RUN_START.event({"run_id": rec.id, "command": cmd, "nproc": self.spec.placement.nproc,
+                                   "device": self.spec.placement.device, "note": self.spec.placement.note,
+                                   "lesson": rec.lesson}))
         for target in (self._read_output, self._tail_events):
             t = threading.Thread(target=target, daemon=True, name=f"distai-{target.__name__}")
             t.start()
@@ -449,10 +448,9 @@ class Launch(Stoppable):
             self._dispatch(event)
 
     def _dispatch(self, event: dict) -> None:
-        kind = event.get("kind")
-        if kind == "error":
+        if ERROR.matches(event):
             self._errors.append(event)
-        elif kind == "summary":
+        elif SUMMARY.matches(event):
             self.record.summary = {k: v for k, v in event.items() if k not in ("kind", "t", "rank")}
         if self.consumer is not None:
             try:
@@ -484,7 +482,7 @@ class Launch(Stoppable):
                 rank, text = None, line
                 self._torchrun_lines.append(line)
                 del self._torchrun_lines[:-400]
-            self._put({"kind": "output", "rank": rank, "line": text})
+            self._put(OUTPUT.event({"rank": rank, "line": text}))
 
     def _tail_events(self) -> None:
         offsets: dict[Path, int] = dict(self._event_offsets)
@@ -565,9 +563,9 @@ class Launch(Stoppable):
                     _trim(tail_lines(rec.rank_log(failure.reporter), 14))
             rec.error_tail = tail or _trim(self._torchrun_lines[-15:])
         rec.save()
-        self._dispatch({"kind": "run_end", "t": time.time(), "run_id": rec.id, "status": rec.status,
-                        "exit_code": code, "error": rec.error, "failed_rank": rec.failed_rank,
-                        "tail": rec.error_tail, "duration_s": rec.duration_s})
+        self._dispatch(RUN_END.event({"t": time.time(), "run_id": rec.id, "status": rec.status, "exit_code": code,
+                                      "error": rec.error, "failed_rank": rec.failed_rank, "tail": rec.error_tail,
+                                      "duration_s": rec.duration_s}))
         return rec
 
 

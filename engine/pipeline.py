@@ -295,10 +295,12 @@ class PipelineRunner:
                 run.pending.append(action)
                 continue
             run.flush()
-            if action.op.kind == sim.FORWARD:
-                run.forward(action.op)
+            op = action.op
+            assert op is not None  # a compute action runs a block
+            if op.kind == sim.FORWARD:
+                run.forward(op)
             else:
-                run.backward(action.op)
+                run.backward(op)
         run.flush()
         run.wait_sends()
         t_end = self._now()
@@ -365,9 +367,11 @@ class _ScheduleRun:
         if not self.pending:
             return
         r = self.runner
-        ops, recvs, keep = [], [], []
+        ops, recvs, keep, labels = [], [], [], []
         for a in self.pending:
             msg = a.message
+            assert msg is not None  # a send or a receive carries its message
+            labels.append(_p2p_label(a.kind, msg, r.p))
             if a.kind == "send":
                 if msg.kind == sim.FORWARD:
                     t = self.stage_out[(msg.from_stage, msg.mb)].detach()
@@ -386,7 +390,7 @@ class _ScheduleRun:
                 ops.append(dist.P2POp(dist.irecv, buf, r._peer(msg.src % r.p), r.group))
         t0 = time.time()
         batch = _Batch(dist.batch_isend_irecv(ops), keep)
-        self.comm.append((" + ".join(_p2p_label(a.kind, a.message, r.p) for a in self.pending), t0, time.time()))
+        self.comm.append((" + ".join(labels), t0, time.time()))
         for msg in recvs:
             self.recv_work[msg] = batch
         if keep:

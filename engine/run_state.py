@@ -10,6 +10,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..lessons.events import ERROR, LOG, OUTPUT, PHASE, PROGRESS, RUN_END, RUN_START, STEP, SUMMARY
+from ..lessons.lesson1.events import CHECK, FIT, RING_STEP, SWEEP
+
 
 @dataclass
 class RunState:
@@ -80,12 +83,12 @@ class RunState:
         if isinstance(t, (int, float)):
             self.first_t = t if self.first_t is None else min(self.first_t, t)
             self.last_t = t if self.last_t is None else max(self.last_t, t)
-        kind = e.get("kind")
-        if kind == "run_start":
+        kind = e.get("kind")  # any lesson's variant of a kind: read by name, as a dict
+        if kind == RUN_START.name:
             self.run_id, self.lesson = e.get("run_id"), e.get("lesson")
             self.nproc, self.device, self.note = e.get("nproc"), e.get("device"), e.get("note")
             self.status = "running"
-        elif kind == "phase":
+        elif kind == PHASE.name:
             self.phase = e.get("name")
             if self.status == "starting":
                 self.status = "running"
@@ -94,31 +97,31 @@ class RunState:
                 self.nproc = e.get("n", self.nproc)
             if e.get("name") == "train":
                 self.steps_of = e.get("steps")
-        elif kind == "progress":
+        elif kind == PROGRESS.name:
             self.done, self.total = int(e.get("done", 0)), int(e.get("total", 0))
-        elif kind == "step":
+        elif kind == STEP.name:
             if e.get("loss") is not None:
                 self.losses.append(float(e["loss"]))
             self.steps_of = e.get("of", self.steps_of)
             self.last_step = e
-        elif kind == "sweep":
+        elif kind == SWEEP.name:
             self.sweep.append(e)
-        elif kind == "fit":
+        elif kind == FIT.name:
             self.fits[e.get("impl", "?")] = e
-        elif kind == "check":
+        elif kind == CHECK.name:
             self.check = e
-        elif kind == "ring_step":
+        elif kind == RING_STEP.name:
             self.ring_steps += 1
             self.last_ring_step = e
-        elif kind == "summary":
+        elif kind == SUMMARY.name:
             self.summary = {k: v for k, v in e.items() if k not in ("kind", "t", "rank")}
-        elif kind == "log":
+        elif kind == LOG.name:
             self.logs.append((e.get("rank"), str(e.get("msg", ""))))
-        elif kind == "output":
+        elif kind == OUTPUT.name:
             self.output.append((e.get("rank"), str(e.get("line", ""))))
-        elif kind == "error":
+        elif kind == ERROR.name:
             self.errors.append(e)
-        elif kind == "run_end":
+        elif kind == RUN_END.name:
             self.status = e.get("status", "failed")
             self.error, self.failed_rank = e.get("error"), e.get("failed_rank")
             self.tail = list(e.get("tail") or [])
@@ -128,21 +131,20 @@ class RunState:
 
 def replay_events(record) -> list[dict[str, Any]]:
     """A finished (or crashed) run's events as the live consumer saw them, from its folder."""
-    events: list[dict[str, Any]] = [{
-        "kind": "run_start", "t": record.created, "run_id": record.id, "lesson": record.lesson,
-        "nproc": record.config.get("nproc"), "device": record.config.get("device"),
-        "note": record.config.get("note"), "command": record.command,
-    }]
+    events: list[dict[str, Any]] = [RUN_START.event({
+        "t": record.created, "run_id": record.id, "lesson": record.lesson, "nproc": record.config.get("nproc"),
+        "device": record.config.get("device"), "note": record.config.get("note"), "command": record.command,
+    })]
     events.extend(record.events())
     for rank_file in sorted(record.logs_dir.glob("rank*.log")) if record.logs_dir.is_dir() else []:
         rank = int(rank_file.stem[4:])
         for line in rank_file.read_text(encoding="utf-8", errors="replace").splitlines()[-50:]:
-            events.append({"kind": "output", "rank": rank, "line": line, "t": None})
+            events.append(OUTPUT.event({"rank": rank, "line": line, "t": None}))
     status = record.effective_status
     end_t = record.created + (record.duration_s or 0.0)
     if status != "running":
-        events.append({"kind": "run_end", "t": end_t, "run_id": record.id, "status": status,
-                       "exit_code": record.exit_code, "error": record.error if record.error or status != "killed"
-                       else "the launcher was killed before the run ended", "failed_rank": record.failed_rank,
-                       "tail": record.error_tail, "duration_s": record.duration_s})
+        events.append(RUN_END.event({
+            "t": end_t, "run_id": record.id, "status": status, "exit_code": record.exit_code,
+            "error": record.error if record.error or status != "killed" else "the launcher was killed before the run ended",
+            "failed_rank": record.failed_rank, "tail": record.error_tail, "duration_s": record.duration_s}))
     return events

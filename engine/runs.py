@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..lessons.events import STEP
 from .events import read_events
 
 RUN_FILE = "run.json"
@@ -102,7 +103,7 @@ class RunRecord:
         """The last training step the ranks reported (counted from 1) and of how many."""
         last = of = None
         for e in self.events():
-            if e.get("kind") == "step" and isinstance(e.get("step"), int):
+            if e.get("kind") == STEP.name and isinstance(e.get("step"), int):
                 if last is None or e["step"] + 1 >= last:
                     last, of = e["step"] + 1, e.get("of", of)
         return last, of

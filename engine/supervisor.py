@@ -9,12 +9,9 @@ from its last checkpoint whichever way it was restarted (it must always start by
 
 :class:`Supervisor` has :class:`~distai.engine.launcher.Launch`'s interface (``start``, ``run``,
 ``stop``, ``record``), so a caller swaps one for the other (:func:`make_launch`). The consumer
-sees one run: the ``run_end`` of a failed attempt that will be relaunched becomes::
-
-    {"kind": "relaunch", "attempt": k, "of": relaunches, "error": ..., "failed_rank": r,
-     "exit_code": c, "duration_s": t}
-
-and only the last attempt's ``run_end`` (with the total duration) goes through. Each relaunch
+sees one run: the ``run_end`` of a failed attempt that will be relaunched becomes a ``relaunch``
+(attempt ``k`` of ``relaunches``, with the failure's error, rank, exit code and duration;
+``lessons/events.py``), and only the last attempt's ``run_end`` (with the total duration) goes through. Each relaunch
 streams only the events written after it starts (the run folder keeps every attempt's). The
 record's ``config["relaunches"]`` lists the failures that caused them. Single node only: a
 multi-node run is launched once, as before (its port is the user's).
@@ -25,6 +22,7 @@ from __future__ import annotations
 
 import time
 
+from ..lessons.events import RELAUNCH, RUN_END, RUN_START
 from .launcher import Consumer, Launch, LaunchSpec, Stoppable
 from .runs import RunRecord
 
@@ -88,15 +86,15 @@ class Supervisor(Stoppable):
     def _forward(self, event: dict) -> None:
         if self.consumer is None:
             return
-        kind = event.get("kind")
-        if kind == "run_end":
+        if RUN_END.matches(event):
             if self._will_relaunch(event.get("status")):
-                event = {"kind": "relaunch", "t": event.get("t", time.time()), "attempt": self.attempt + 1,
-                         "of": self.relaunches, "error": event.get("error"), "failed_rank": event.get("failed_rank"),
-                         "exit_code": event.get("exit_code"), "duration_s": event.get("duration_s")}
+                event = RELAUNCH.event({"t": event.get("t", time.time()), "attempt": self.attempt + 1,
+                                        "of": self.relaunches, "error": event.get("error"),
+                                        "failed_rank": event.get("failed_rank"), "exit_code": event.get("exit_code"),
+                                        "duration_s": event.get("duration_s")})
             elif self._started is not None:
                 event = {**event, "duration_s": time.time() - self._started, "relaunches": self.attempt}
-        elif kind == "run_start" and self.attempt:
+        elif RUN_START.matches(event) and self.attempt:
             event = {**event, "relaunch": self.attempt}
         self.consumer(event)
 

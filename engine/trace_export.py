@@ -38,6 +38,13 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
+from ..lessons.events import METRIC, RELAUNCH, SPAN, STEP
+from ..lessons.lesson1.events import RING_STEP
+from ..lessons.lesson3.events import CHECKPOINT, FAILURE, RESTART
+from ..lessons.lesson5.events import PP_OP, PP_STEP
+from ..lessons.lesson6.events import TIMELINE
+from ..lessons.lesson7.events import KV_STEP, REQUEST
+
 STREAM_ORDER = ("compute", "comm", "comm tp", "comm pp", "comm dp", "io", "requests")
 # event fields that are bookkeeping, not metrics
 _NOT_METRICS = {"kind", "t", "rank", "step", "of", "t0", "t1", "t_start", "t_end", "attempt"}
@@ -71,28 +78,28 @@ def operations(events: Iterable[dict]) -> tuple[list[dict], list[dict]]:
         kind, rank = e.get("kind"), e.get("rank")
         if rank is None:
             continue
-        if kind == "span":
+        if kind == SPAN.name:
             add(_span(rank, str(e.get("stream") or "compute"), str(e.get("name", "?")), e.get("t0"), e.get("t1"),
                       "span", _args(e, ("name", "stream", "t0", "t1"))))
-        elif kind == "step" and "t0" in e:
+        elif kind == STEP.name and "t0" in e:
             add(_span(rank, "compute", f"step {e.get('step')}", e.get("t0"), e.get("t"), "step",
                       _args(e, ("t0",))))
-        elif kind == "pp_op":
+        elif kind == PP_OP.name:
             name = f"{e.get('op')} mb{e.get('mb')} stage{e.get('stage')}"
             add(_span(rank, "compute", name, e.get("t0"), e.get("t1"), "pp",
                       _args(e, ("t0", "t1"))))
-        elif kind == "pp_step":
+        elif kind == PP_STEP.name:
             add(_span(rank, "compute", f"{e.get('schedule')} step {e.get('step')} ({e.get('impl')})",
                       e.get("t_start"), e.get("t_end"), "pp_step", _args(e, ("t_start", "t_end"))))
-        elif kind == "ring_step" and "t0" in e:
+        elif kind == RING_STEP.name and "t0" in e:
             phase = e.get("phase", "")
             name = f"ring {phase} step {int(e.get('step', 0)) + 1}/{e.get('of')}: chunk {e.get('chunk')} → rank {e.get('to')}"
             add(_span(rank, "comm", name, e.get("t0"), e.get("t"), "ring", _args(e, ("t0",))))
-        elif kind == "checkpoint" and isinstance(e.get("seconds"), (int, float)):
+        elif kind == CHECKPOINT.name and isinstance(e.get("seconds"), (int, float)):
             name = f"checkpoint after step {e.get('step')}" + (" (async)" if e.get("mode") == "async" else "")
             end = e.get("t_end") or e["t"]  # an async checkpoint is reported after it was published
             add(_span(rank, "io", name, end - e["seconds"], end, "checkpoint", _args(e, ())))
-        elif kind == "timeline" and isinstance(e.get("t_begin"), (int, float)):
+        elif kind == TIMELINE.name and isinstance(e.get("t_begin"), (int, float)):
             base, label = e["t_begin"], f"{e.get('mode')} {e.get('bucket_mb')} MiB"
             for layer, a, b in e.get("layers") or []:
                 add(_span(rank, "compute", f"backward {layer}", base + a / 1e3, base + b / 1e3, "backward",
@@ -100,13 +107,13 @@ def operations(events: Iterable[dict]) -> tuple[list[dict], list[dict]]:
             for index, nbytes, a, b in e.get("buckets") or []:
                 add(_span(rank, "comm", f"all-reduce bucket {index}", base + a / 1e3, base + b / 1e3, "bucket",
                           {"run": label, "bytes": nbytes}))
-        elif kind == "kv_step" and "t0" in e:
+        elif kind == KV_STEP.name and "t0" in e:
             add(_span(rank, "compute", f"decode step {e.get('step')} ({e.get('cache')})", e.get("t0"), e.get("t"),
                       "decode", {k: e[k] for k in ("running", "waiting", "used_blocks") if k in e}))
-        elif kind == "request" and "t_arrival" in e:
+        elif kind == REQUEST.name and "t_arrival" in e:
             add(_span(rank, "requests", f"request {e.get('rid')} ({e.get('cache')})", e.get("t_arrival"), e.get("t"),
                       "request", _args(e, ("t_arrival", "tokens"))))
-        elif kind in ("failure", "restart", "relaunch") and isinstance(e.get("t"), (int, float)):
+        elif kind in (FAILURE.name, RESTART.name, RELAUNCH.name) and isinstance(e.get("t"), (int, float)):
             instants.append({"rank": rank, "stream": "compute", "name": kind, "t": e["t"], "cat": kind,
                              "args": _args(e, ())})
     return spans, instants
@@ -260,10 +267,10 @@ def metric_rows(events: Iterable[dict]) -> list[dict]:
     rows = []
     for e in sorted(events, key=lambda e: e.get("t") or 0.0):
         kind = e.get("kind")
-        if kind == "metric" and isinstance(e.get("value"), (int, float)) and not isinstance(e.get("value"), bool):
+        if kind == METRIC.name and isinstance(e.get("value"), (int, float)) and not isinstance(e.get("value"), bool):
             rows.append({"step": e.get("step"), "rank": e.get("rank"), "name": str(e.get("name")),
                          "value": float(e["value"])})
-        elif kind == "step":
+        elif kind == STEP.name:
             series = ".".join(str(e[f]) for f in _SERIES_FIELDS if isinstance(e.get(f), str))
             for key, value in e.items():
                 if key in _NOT_METRICS or isinstance(value, bool) or not isinstance(value, (int, float)):

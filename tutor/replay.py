@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..lessons.events import OUTPUT
+
 
 def latest_run(lesson_id: str, root: str | Path | None = None):
     """The newest run of ``lesson_id`` (a ``RunRecord``), or None when there is none."""
@@ -27,7 +29,7 @@ def replay_into(visualizer, record) -> int:
 
     count = 0
     for event in replay_events(record):
-        if event.get("kind") == "output":
+        if OUTPUT.matches(event):
             continue
         visualizer.feed_event(event)
         count += 1

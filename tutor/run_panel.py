@@ -34,6 +34,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, ProgressBar, RichLog, Sparkline, Static
 
 from ..engine.run_state import RunState, replay_events
+from ..lessons.events import LOG, OUTPUT, PHASE, RUN_END, RUN_START
 from ..lessons.strings import has, translated
 from ..lessons.units import format_bandwidth, format_bytes, format_fixed, format_time
 
@@ -219,8 +220,8 @@ class RunPanelScreen(Screen):
         try:
             launch.run()
         except Exception as exc:  # noqa: BLE001 - shown in the panel
-            self._consume({"kind": "run_end", "status": "failed", "error": f"launcher error: {exc}",
-                           "exit_code": None, "failed_rank": None, "tail": [], "duration_s": None})
+            self._consume(RUN_END.event({"status": "failed", "error": f"launcher error: {exc}", "exit_code": None,
+                                         "failed_rank": None, "tail": [], "duration_s": None}))
 
     def _consume(self, event: dict) -> None:
         """Called from the launcher's thread: only queue (the UI thread draws)."""
@@ -246,22 +247,22 @@ class RunPanelScreen(Screen):
                 self.lesson_view.feed(e)
             self.events_drained += 1
             kind = e.get("kind")
-            if kind == "output" and e.get("rank") is None and self.launch is not None and self.launch.stopping:
+            if kind == OUTPUT.name and e.get("rank") is None and self.launch is not None and self.launch.stopping:
                 # torchrun answers the stop signal with a SignalException traceback: noise here, kept
                 # in the run folder's logs/torchrun.log
                 self.stop_lines_hidden += 1
-            elif kind == "output":
+            elif kind == OUTPUT.name:
                 who = "torchrun" if e.get("rank") is None else f"rank {e['rank']}"
                 self._write(log, Text.assemble((f"{who:>9} ", "dim"), str(e.get("line", ""))))
-            elif kind == "phase" and e.get("rank", 0) == 0:
+            elif kind == PHASE.name and e.get("rank", 0) == 0:
                 self._write(log, Text(f"── {translated('run', 'phase', self.language)}: {e.get('name')}", style="bold cyan"))
-            elif kind == "log":
+            elif kind == LOG.name:
                 self._write(log, Text(f"rank {e.get('rank')}: {e.get('msg')}", style="italic"))
-            elif kind == "run_start":
+            elif kind == RUN_START.name:
                 self._record_progress("running")
-            elif kind == "run_end":
+            elif kind == RUN_END.name:
                 self._on_end(e, log)
-            if self.visualizer is not None and kind not in ("output",):
+            if self.visualizer is not None and kind != OUTPUT.name:
                 try:
                     self.visualizer.feed_event(e)
                 except Exception:  # noqa: BLE001

@@ -28,6 +28,7 @@ from rich.console import Group
 from rich.text import Text
 from textual import work
 
+from ..lessons.events import RUN_START
 from ..lessons.lesson3 import failure_sim as fs
 from ..lessons.lesson3.formulas import DAY, component_mtbf_from_log, job_mtbf
 from ..lessons.lesson3.run_timeline import RunTimeline
@@ -222,8 +223,7 @@ class FailuresVisualizer(LessonVisualizer):
             self._redraw()
 
     def feed_event(self, event: dict) -> None:
-        kind = event.get("kind")
-        if kind == "run_start" and not event.get("relaunch"):
+        if RUN_START.matches(event) and not event.get("relaunch"):
             self.view = "run"
         if self.run.feed(event):
             self._redraw()

@@ -25,6 +25,7 @@ from rich.text import Text
 
 from ..lessons import units
 from ..lessons.capstone import formulas as f
+from ..lessons.capstone.events import MESH_CONFIG
 from ..lessons.capstone.mesh_run import MeshRun, Phase, step_phases
 from ..lessons.strings import strings
 from .base import NEXT_VIEW, PLAY, Control
@@ -121,7 +122,7 @@ class MeshVisualizer(PlaybackVisualizer):
     def feed_event(self, event: dict) -> None:
         if not self.run.feed(event):
             return
-        if event.get("kind") == "mesh_config" and self.run.shape:
+        if MESH_CONFIG.matches(event) and self.run.shape:
             self.shape, self.view, self.frame = self.run.shape, "run", 0
         self.refresh()
 

@@ -24,6 +24,7 @@ from rich.console import Group
 from rich.text import Text
 
 from ..lessons.lesson5 import simulator as sim
+from ..lessons.lesson5.events import PP_CONFIG
 from ..lessons.lesson5.run_timeline import CompleteStep, PipelineRun
 from ..lessons.strings import strings
 from ..lessons.units import (
@@ -284,7 +285,7 @@ class PipelineVisualizer(PlaybackVisualizer):
         (``pp_config``) is drawn beside its simulation, with its p, m and v."""
         if not self.measured.feed(event):
             return
-        if event.get("kind") == "pp_config":
+        if PP_CONFIG.matches(event):
             self.view = "run"
             self.p, self.m = self.measured.p, self.measured.m
             self.v = max(self.V_RANGE[0], self.measured.v)

@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from rich.text import Text
 from textual.widget import Widget
@@ -19,7 +21,7 @@ from .ring_drawing import AR_COLOR, RUN_COLOR, fmt_bytes, styled
 Cell = tuple[str, str | None]  # a character of the plot and its style
 
 
-def sweep_chart(rows: list[dict], fits: dict[str, dict], width: int, height: int,
+def sweep_chart(rows: Sequence[Mapping[str, Any]], fits: Mapping[str, Mapping[str, Any]], width: int, height: int,
                 lang: str = "en") -> list[Text]:
     """busbw against message size (log₂ axis): our ring ●, ``dist.all_reduce`` ◆, fitted α-β curves ·.
 
@@ -86,7 +88,7 @@ def sweep_chart(rows: list[dict], fits: dict[str, dict], width: int, height: int
     return lines[:max(height, 1)]
 
 
-def _fit_lines(fits: dict[str, dict], s: dict, lang: str) -> list[Text]:
+def _fit_lines(fits: Mapping[str, Mapping[str, Any]], s: dict, lang: str) -> list[Text]:
     """One line per fitted implementation: its α and 1/β."""
     out = []
     for impl in ("ring", "all_reduce"):
@@ -99,7 +101,7 @@ def _fit_lines(fits: dict[str, dict], s: dict, lang: str) -> list[Text]:
     return out
 
 
-def _fitted_curves(fits: dict[str, dict], lo: float, span: float, plot_w: int,
+def _fitted_curves(fits: Mapping[str, Mapping[str, Any]], lo: float, span: float, plot_w: int,
                    n: int) -> dict[str, list[float | None]]:
     """Per fitted implementation, the busbw of ``a + b·S`` at each column's size (None: t ≤ 0)."""
     curves: dict[str, list[float | None]] = {}
@@ -139,10 +141,10 @@ class SweepChart(Widget):
     def __init__(self, language: str = "en", **kwargs):
         super().__init__(**kwargs)
         self.language = language
-        self.rows: list[dict] = []
-        self.fits: dict[str, dict] = {}
+        self.rows: list[Mapping[str, Any]] = []
+        self.fits: dict[str, Mapping[str, Any]] = {}
 
-    def update(self, rows: list[dict], fits: dict[str, dict]) -> None:
+    def update(self, rows: Sequence[Mapping[str, Any]], fits: Mapping[str, Mapping[str, Any]]) -> None:
         self.rows, self.fits = list(rows), dict(fits)
         self.refresh()
 

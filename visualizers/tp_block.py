@@ -16,6 +16,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import Button, Static
 
 from ..lessons.lesson4 import flow as F
+from ..lessons.lesson4.events import CONFIG
 from ..lessons.lesson4.tp_run import TPRun
 from ..lessons.strings import strings
 from ..lessons.units import format_bytes, format_fixed, number_separator
@@ -135,7 +136,7 @@ class TPBlockVisualizer(LessonVisualizer):
     def feed_event(self, event: dict) -> None:
         if not self.run.feed(event):
             return
-        if event.get("kind") == "config" and self.run.t in T_CHOICES:
+        if CONFIG.matches(event) and self.run.t in T_CHOICES:
             self.t = self.run.t
         self.refresh_view()
 

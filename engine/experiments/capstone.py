@@ -109,11 +109,11 @@ def run(ctx, raw: argparse.Namespace) -> dict | None:
     _report_comm(ev, metered_step, accounts)
     # the first step pays for warm-up and the metered one for the meter: timed from the others
     timed = [t for i, t in enumerate(steps.times) if i not in (0, metered_step)] or steps.times
-    result = {"config": config, "losses": steps.losses, "ref_losses": steps.ref_losses if args.check else None,
-              "max_loss_rel_diff": max(steps.loss_diffs) if args.check else None,
-              "max_param_rel_diff": max(steps.param_diffs) if args.check else None,
-              "step_time_s": statistics.median(timed),
-              "comm_match": all(all(a["match"].values()) for a in accounts)}
+    result: dict[str, Any] = {
+        "config": config, "losses": steps.losses, "ref_losses": steps.ref_losses if args.check else None,
+        "max_loss_rel_diff": max(steps.loss_diffs) if args.check else None,
+        "max_param_rel_diff": max(steps.param_diffs) if args.check else None,
+        "step_time_s": statistics.median(timed), "comm_match": all(all(a["match"].values()) for a in accounts)}
     METRIC.emit(ev, {"name": "step_time_s", "value": result["step_time_s"]})
     print_summary(result, accounts)
     return {"lesson": "capstone", **result}

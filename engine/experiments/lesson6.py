@@ -54,8 +54,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ...lessons.events import STEP
 from ...lessons.lesson6 import formulas as FM
-from ...lessons.lesson6.events import BUCKET_SWEEP, GRAD_HIST, PHASE, SCALE, STEP, TIMELINE
+from ...lessons.lesson6.events import BUCKET_SWEEP, GRAD_HIST, PHASE, SCALE, TIMELINE
 from ...lessons.lesson6.simulation import exponent_histogram
 from ...lessons.model_size import ModelSize, add_model_options
 from ..bucketing import BucketedDataParallel, StepTimeline, ddp_timed_allreduce_hook

@@ -17,7 +17,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..events import RUN_START, SUMMARY
+from ..lesson5.events import PP_OP
 from . import formulas as f
+from .events import MESH_COMM, MESH_CONFIG, STEP
 
 DIMS = ("tp", "pp", "dp")
 
@@ -72,11 +75,10 @@ class MeshRun:
 
     def feed(self, event: dict) -> bool:
         """Fold one event; True when it changed what there is to draw."""
-        kind = event.get("kind")
-        if kind == "run_start":
+        if RUN_START.matches(event):
             MeshRun.__init__(self)
             return True
-        if kind == "mesh_config":
+        if MESH_CONFIG.matches(event):
             MeshRun.__init__(self)
             self.shape = (int(event["pp"]), int(event["dp"]), int(event["tp"]))
             self.config = {k: v for k, v in event.items() if k not in ("kind", "ranks", "t")}
@@ -84,21 +86,21 @@ class MeshRun:
             return True
         if self.shape is None:
             return False
-        if kind == "pp_op":
+        if PP_OP.matches(event):
             key = (int(event["stage"]), str(event["op"]), int(event["mb"]), int(event.get("chunk") or 0))
             blocks = self.ops.setdefault(int(event["step"]), {})
             t0, t1 = float(event["t0"]), float(event["t1"])
             old = blocks.get(key)  # every rank of a stage reports its block: keep the widest span
             blocks[key] = (min(t0, old[0]), max(t1, old[1])) if old else (t0, t1)
             return False  # drawn once a step is complete
-        if kind == "step":
+        if STEP.matches(event):
             self.steps.append({k: event.get(k) for k in ("step", "loss", "ref_loss", "loss_rel_diff",
                                                          "param_rel_diff", "step_time_s")})
             return True
-        if kind == "mesh_comm":
+        if MESH_COMM.matches(event):
             self.comm = list(event.get("ranks") or ())
             return True
-        if kind == "summary":
+        if event.get("kind") == SUMMARY.name:  # open: the lesson's own figures
             self.summary = {k: v for k, v in event.items() if k not in ("kind", "t")}
             return True
         return False

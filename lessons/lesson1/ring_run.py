@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..events import RUN_START
 from . import ring_model
+from .events import FIT, RING_STEP, STEP, SWEEP, Fit, RingStep, Sweep
 
-KINDS = ("run_start", "ring_step", "sweep", "fit", "step")
+KINDS = tuple(k.name for k in (RUN_START, RING_STEP, SWEEP, FIT, STEP))
 
 
 @dataclass
@@ -22,7 +24,7 @@ class RecordedCall:
     n: int
     size: int
     total: int
-    events: dict[tuple[int, int], dict] = field(default_factory=dict)  # (step, rank) -> event
+    events: dict[tuple[int, int], RingStep] = field(default_factory=dict)  # (step, rank) -> event
 
 
 @dataclass
@@ -31,31 +33,33 @@ class RingRun:
 
     run_id: str | None = None
     calls: dict[int, RecordedCall] = field(default_factory=dict)
-    sweep: list[dict] = field(default_factory=list)
-    fits: dict[str, dict] = field(default_factory=dict)
+    sweep: list[Sweep] = field(default_factory=list)
+    fits: dict[str, Fit] = field(default_factory=dict)
     train_steps: list[int] = field(default_factory=list)
 
     def feed(self, event: dict) -> bool:
         """Take one event; True if it changed what the run says (a ``run_start`` starts afresh)."""
-        kind = event.get("kind")
-        if kind == "run_start":
+        if RUN_START.matches(event):
             RingRun.__init__(self, run_id=event.get("run_id"))
-        elif kind == "ring_step":
+        elif RING_STEP.matches(event):
             return self.add_ring_step(event) is not None
-        elif kind == "sweep":
+        elif SWEEP.matches(event):
             self.sweep.append(event)
-        elif kind == "fit":
+        elif FIT.matches(event):
             self.fits[str(event.get("impl", "ring"))] = event
-        elif kind == "step" and event.get("step") is not None:
+        elif STEP.matches(event) and event.get("step") is not None:
             self.train_steps.append(int(event["step"]))
         else:
             return False
         return True
 
-    def add_ring_step(self, e: dict) -> RecordedCall | None:
+    def add_ring_step(self, e: RingStep) -> RecordedCall | None:
         """File one ``ring_step`` event under its call; None if it is malformed."""
+        rank = e.get("rank")
+        if rank is None:
+            return None
         try:
-            call, n, step, rank = int(e.get("call", 0)), int(e["n"]), int(e["step"]), int(e["rank"])
+            call, n, step, rank = int(e.get("call", 0)), int(e["n"]), int(e["step"]), int(rank)
             total = int(e.get("of", ring_model.num_steps(n)))
         except (KeyError, TypeError, ValueError):
             return None

@@ -12,7 +12,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from ..events import RUN_START
 from . import formulas, ring_model
+from .events import RING_STEP
 from .ring_plan import ALGORITHMS, RING, Plan, model_plan, recorded_plan
 from .ring_run import RecordedCall, RingRun
 
@@ -191,13 +193,12 @@ class RingView:
         A new run's first traced call takes over the view."""
         if not self.run.feed(event):
             return None
-        kind = event.get("kind")
-        if kind == "run_start":
+        if RUN_START.matches(event):
             self._plan_cache = None
             state = replace(state, follow_run=True)
             if state.source == "run":
                 state = replace(state, source="sim", call=None, frame=0, progress=0.0)
-        elif kind == "ring_step":
+        elif RING_STEP.matches(event):
             rec = self.run.calls.get(int(event.get("call", 0)))
             if rec is not None and state.follow_run and 2 <= rec.n <= N_MAX:
                 state = restarted(state, follow_run=False, source="run", call=rec.call, view="ring", playing=True)

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..events import RUN_START
+from .events import COMM, MEMORY, PHASE, Comm, Memory
+
 SETUP_FIELDS = ("world_size", "num_params", "precision", "optimizer")
 
 
@@ -18,8 +21,8 @@ class ShardingRun:
 
     run_id: str | None = None
     setup: dict = field(default_factory=dict)
-    memory: dict[str, dict] = field(default_factory=dict)  # strategy -> rank 0's memory event
-    sent: dict[str, dict] = field(default_factory=dict)  # strategy -> rank 0's comm event
+    memory: dict[str, Memory] = field(default_factory=dict)  # strategy -> rank 0's memory event
+    sent: dict[str, Comm] = field(default_factory=dict)  # strategy -> rank 0's comm event
 
     @property
     def empty(self) -> bool:
@@ -27,16 +30,15 @@ class ShardingRun:
 
     def feed(self, event: dict) -> bool:
         """Take one event; True if it changed what the run says (a ``run_start`` starts afresh)."""
-        kind = event.get("kind")
-        if kind == "run_start":
+        if RUN_START.matches(event):
             ShardingRun.__init__(self, run_id=event.get("run_id"))
-        elif kind == "phase" and event.get("name") == "setup":
+        elif PHASE.matches(event) and event.get("name") == "setup":
             self.setup = {k: event.get(k) for k in SETUP_FIELDS}
-        elif kind == "memory" and event.get("rank", 0) == 0:
+        elif MEMORY.matches(event) and event.get("rank", 0) == 0:
             self.memory[str(event.get("strategy"))] = event
             for k in SETUP_FIELDS[:3]:  # a replay that starts after the setup phase still has them
                 self.setup.setdefault(k, event.get(k))
-        elif kind == "comm" and event.get("rank", 0) == 0:
+        elif COMM.matches(event) and event.get("rank", 0) == 0:
             self.sent[str(event.get("strategy"))] = event
         else:
             return False
@@ -44,4 +46,5 @@ class ShardingRun:
 
     def sent_bytes(self, strategy: str) -> float | None:
         """What rank 0 sent in one step under ``strategy`` (None if the run has not said)."""
-        return self.sent.get(strategy, {}).get("sent")
+        comm = self.sent.get(strategy)
+        return comm.get("sent") if comm is not None else None

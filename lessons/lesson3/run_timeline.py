@@ -12,8 +12,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-KINDS = ("run_start", "run_end", "phase", "step", "checkpoint", "failure", "restart", "relaunch", "redone",
-         "compare", "summary")
+from ..events import RELAUNCH, RUN_END, RUN_START, SUMMARY, Relaunch
+from .events import (
+    CHECKPOINT,
+    COMPARE,
+    FAILURE,
+    PHASE,
+    REDONE,
+    RESTART,
+    STEP,
+    Checkpoint,
+    Compare,
+    Failure,
+    Redone,
+    Restart,
+)
+
+KINDS = tuple(k.name for k in (RUN_START, RUN_END, PHASE, STEP, CHECKPOINT, FAILURE, RESTART, RELAUNCH, REDONE,
+                               COMPARE, SUMMARY))
 
 
 @dataclass
@@ -22,9 +38,9 @@ class Attempt:
     from_step: int = 0  # steps already done when it started (resumed from a checkpoint after them)
     steps: dict[int, float] = field(default_factory=dict)  # step (from 1) -> loss
     redo: set[int] = field(default_factory=set)
-    checkpoints: list[dict] = field(default_factory=list)
-    failure: dict | None = None
-    restart: dict | None = None  # the restart event that began it (None for the first)
+    checkpoints: list[Checkpoint] = field(default_factory=list)
+    failure: Failure | None = None
+    restart: Restart | None = None  # the restart event that began it (None for the first)
 
     @property
     def last_step(self) -> int:
@@ -41,9 +57,9 @@ class RunTimeline:
     world_size: int | None = None
     ckpt_every: int | None = None
     attempts: dict[int, Attempt] = field(default_factory=dict)
-    relaunches: list[dict] = field(default_factory=list)
-    redone: list[dict] = field(default_factory=list)
-    compare: dict | None = None
+    relaunches: list[Relaunch] = field(default_factory=list)
+    redone: list[Redone] = field(default_factory=list)
+    compare: Compare | None = None
     summary: dict | None = None
     status: str = "waiting"
     run_id: str | None = None
@@ -60,48 +76,47 @@ class RunTimeline:
 
     def feed(self, e: dict[str, Any]) -> bool:
         """Fold one event in; True when it changed what is drawn."""
-        kind = e.get("kind")
-        if kind not in KINDS:
+        if e.get("kind") not in KINDS:
             return False
         a = e.get("attempt")
         number = int(a) if isinstance(a, int) else self._current
-        if kind == "run_start":
+        if RUN_START.matches(e):
             if not e.get("relaunch") and (self.attempts or self.run_id not in (None, e.get("run_id"))):
                 RunTimeline.__init__(self)  # a new run: every field back to its default
             self.run_id = e.get("run_id")
             self.status = "running"
-        elif kind == "run_end":
+        elif RUN_END.matches(e):
             self.status = e.get("status", "failed")
-        elif kind == "phase":
+        elif PHASE.matches(e):
             self._current = number
             if e.get("name") == "start":
                 self.world_size = e.get("n", self.world_size)
                 self.attempt(number)
             elif e.get("name") == "train":
                 self.steps_of = int(e.get("steps") or self.steps_of)
-        elif kind == "step":
+        elif STEP.matches(e):
             at = self.attempt(number)
             s = int(e["step"]) + 1
             at.steps[s] = float(e["loss"]) if e.get("loss") is not None else float("nan")
             if e.get("redo"):
                 at.redo.add(s)
             self.steps_of = int(e.get("of") or self.steps_of)
-        elif kind == "checkpoint":
+        elif CHECKPOINT.matches(e):
             self.attempt(number).checkpoints.append(e)
-        elif kind == "failure":
+        elif FAILURE.matches(e):
             self.attempt(number).failure = e
-        elif kind == "restart":
+        elif RESTART.matches(e):
             at = self.attempt(number)
             at.restart = e
             at.from_step = int(e.get("from_step") or 0)
             self._current = number
-        elif kind == "relaunch":
+        elif RELAUNCH.matches(e):
             self.relaunches.append(e)
-        elif kind == "redone":
+        elif REDONE.matches(e):
             self.redone.append(e)
-        elif kind == "compare":
+        elif COMPARE.matches(e):
             self.compare = e
-        elif kind == "summary":
+        elif e.get("kind") == SUMMARY.name:  # open: the lesson's own figures, read as a dict
             if e.get("lesson", "lesson3") != "lesson3":
                 return False
             self.summary = e
@@ -110,15 +125,15 @@ class RunTimeline:
 
     # ---- derived figures ----
     @property
-    def checkpoints(self) -> list[dict]:
+    def checkpoints(self) -> list[Checkpoint]:
         return [c for n in sorted(self.attempts) for c in self.attempts[n].checkpoints]
 
     @property
-    def failures(self) -> list[dict]:
+    def failures(self) -> list[Failure]:
         return [f for n in sorted(self.attempts) if (f := self.attempts[n].failure)]
 
     @property
-    def restarts(self) -> list[dict]:
+    def restarts(self) -> list[Restart]:
         return [r for n in sorted(self.attempts) if (r := self.attempts[n].restart)]
 
     @property

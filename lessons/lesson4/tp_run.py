@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..events import RUN_START
+from .events import COMM_CHECK, CONFIG, CommCheck
+
 # The experiment checks its layers in float64 (engine/experiments/lesson4.py).
 RUN_ELEMENT_BYTES = 8
 
@@ -21,18 +24,17 @@ class TPRun:
     run_id: str | None = None
     t: int | None = None  # the run's tensor-parallel degree
     shape: dict | None = None  # hidden, seq, micro_batch, bytes (per element) of the run's layer
-    checks: dict[str, dict] = field(default_factory=dict)  # mode -> its comm_check event
+    checks: dict[str, CommCheck] = field(default_factory=dict)  # mode -> its comm_check event
 
     def feed(self, event: dict) -> bool:
         """Take one event; True if it changed what the run says (a ``run_start`` starts afresh)."""
-        kind = event.get("kind")
-        if kind == "run_start":
+        if RUN_START.matches(event):
             TPRun.__init__(self, run_id=event.get("run_id"))
-        elif kind == "config" and all(k in event for k in ("T", "hidden", "seq", "micro_batch")):
+        elif CONFIG.matches(event) and all(k in event for k in ("T", "hidden", "seq", "micro_batch")):
             self.t = int(event["T"])
             self.shape = {"hidden": int(event["hidden"]), "seq": int(event["seq"]),
                           "micro_batch": int(event["micro_batch"]), "bytes": RUN_ELEMENT_BYTES}
-        elif kind == "comm_check":
+        elif COMM_CHECK.matches(event):
             self.checks[str(event.get("mode"))] = event
         else:
             return False

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..events import RUN_START, SUMMARY
 from . import simulator as sim
+from .events import PP_CONFIG, PP_OP, PP_STAGE, PipelineStage
 
-KINDS = ("run_start", "pp_config", "pp_op", "pp_stage", "summary")
+KINDS = tuple(k.name for k in (RUN_START, PP_CONFIG, PP_OP, PP_STAGE, SUMMARY))
 
 
 @dataclass(frozen=True)
@@ -35,25 +37,25 @@ class PipelineRun:
     m: int = 0
     v: int = 1
     ops: dict = field(default_factory=dict)
-    stages: dict = field(default_factory=dict)  # schedule -> rank -> pp_stage event
+    stages: dict[str, dict[int, PipelineStage]] = field(default_factory=dict)  # schedule -> rank -> pp_stage event
     summary: dict = field(default_factory=dict)
 
     def feed(self, event: dict) -> bool:
         """Take one run event; True if it was one of this lesson's (``run_start`` and ``pp_config``
         start afresh)."""
-        kind = event.get("kind")
-        if kind == "run_start":
+        if RUN_START.matches(event):
             PipelineRun.__init__(self)
-        elif kind == "pp_config":
+        elif PP_CONFIG.matches(event):
             PipelineRun.__init__(self, p=int(event["p"]), m=int(event["m"]), v=int(event.get("v", 1)))
-        elif kind == "pp_op" and self.p:
+        elif PP_OP.matches(event) and self.p:
             op = sim.Op(event["op"], int(event["mb"]), int(event.get("chunk", 0)), int(event["stage"]))
-            rank = int(event.get("rank", int(event["stage"]) % self.p))
+            rank = event.get("rank")
+            rank = int(event["stage"]) % self.p if rank is None else int(rank)
             by_step = self.ops.setdefault(event["schedule"], {}).setdefault(int(event.get("step", 0)), {})
             by_step.setdefault(rank, []).append((float(event["t0"]), float(event["t1"]), op))
-        elif kind == "pp_stage":
-            self.stages.setdefault(event["schedule"], {})[int(event["rank"])] = event
-        elif kind == "summary" and event.get("lesson") == "lesson5":
+        elif PP_STAGE.matches(event):
+            self.stages.setdefault(event["schedule"], {})[int(event.get("rank") or 0)] = event
+        elif event.get("kind") == SUMMARY.name and event.get("lesson") == "lesson5":  # open: read as a dict
             self.summary = event
         else:
             return False

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from ..events import RUN_START
 from .mixed_precision_run import MixedPrecisionRun
 from .simulation import ExponentHistogram, OverlapModel, ScalerSim, ScalerSimConfig, simulate_scaler
 
@@ -131,7 +132,7 @@ class LossScaleView:
         """Fold ``event`` into the run; the state after it (the run shown), None when it changed nothing."""
         if not self.run.feed(event):
             return None
-        if event.get("kind") == "run_start":  # a new run replaces the previous one's data
+        if RUN_START.matches(event):  # a new run replaces the previous one's data
             return replace(state, live_bucket=None, hist_index=None)
         return replace(state, use_live=True)
 

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..events import RUN_START, SUMMARY
+from .events import BUCKET_SWEEP, GRAD_HIST, SCALE, TIMELINE, GradHist, Timeline
+
 
 @dataclass
 class MixedPrecisionRun:
@@ -21,8 +24,8 @@ class MixedPrecisionRun:
     overflow: list[bool] = field(default_factory=list)
     forced: list[bool] = field(default_factory=list)  # an overflow the experiment injected
     loss: list[float] = field(default_factory=list)
-    hists: list[dict] = field(default_factory=list)
-    timelines: dict[tuple[float, str], dict] = field(default_factory=dict)  # (bucket MiB, mode) -> event
+    hists: list[GradHist] = field(default_factory=list)
+    timelines: dict[tuple[float, str], Timeline] = field(default_factory=dict)  # (bucket MiB, mode) -> event
     sweep: dict[tuple[float, str], float] = field(default_factory=dict)  # (bucket MiB, mode) -> step ms
     summary: dict | None = None
     rank: int | None = None  # the rank whose timelines are kept (the first one heard)
@@ -33,26 +36,25 @@ class MixedPrecisionRun:
 
     def feed(self, event: dict) -> bool:
         """Take one event; True if it changed what the run says (a ``run_start`` starts afresh)."""
-        kind = event.get("kind")
-        if kind == "run_start":
+        if RUN_START.matches(event):
             MixedPrecisionRun.__init__(self, run_id=event.get("run_id"))
-        elif kind == "timeline":
+        elif TIMELINE.matches(event):
             rank = event.get("rank", 0)
             if self.rank is None:
                 self.rank = rank
             if rank != self.rank:
                 return False
             self.timelines[(float(event["bucket_mb"]), event["mode"])] = event
-        elif kind == "scale":
+        elif SCALE.matches(event):
             self.scale.append(float(event["scale"]))
             self.overflow.append(bool(event["overflow"]))
             self.forced.append(bool(event.get("injected", False)))
             self.loss.append(float(event["loss"]))
-        elif kind == "grad_hist":
+        elif GRAD_HIST.matches(event):
             self.hists.append(event)
-        elif kind == "bucket_sweep":
+        elif BUCKET_SWEEP.matches(event):
             self.sweep[(float(event["bucket_mb"]), event["mode"])] = float(event["step_ms"])
-        elif kind == "summary":
+        elif event.get("kind") == SUMMARY.name:  # open: the lesson's own figures, read as a dict
             self.summary = event
         else:
             return False

@@ -32,7 +32,7 @@ overlap all start after backward. The step ends when backward and the last all-r
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -101,7 +101,7 @@ class ExponentHistogram:
         return {"lo": self.lo, "counts": list(self.counts), "zeros": self.zeros}
 
     @classmethod
-    def from_dict(cls, d: dict) -> ExponentHistogram:
+    def from_dict(cls, d: Mapping) -> ExponentHistogram:
         return cls(int(d["lo"]), [float(c) for c in d["counts"]], int(d.get("zeros", 0)))
 
 

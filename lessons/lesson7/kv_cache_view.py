@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from . import formulas as f
 from . import paging
 from . import planner as pl
+from .events import CONFIG, KV_SHARD, KV_STEP
 from .serving_run import ServingRun
 
 TPOT_SLOS = (0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.2)
@@ -302,18 +303,17 @@ class KVCacheView:
         run = self.run
         if not run.feed(event):
             return None
-        kind = event["kind"]
-        if kind == "config":
+        if CONFIG.matches(event):
             model = ModelPreset(run_model_name, float(event.get("params", 0)), int(event["layers"]),
                                 int(event["hidden"]), int(event["heads"]), int(event["kv_heads"]),
                                 int(event["head_dim"]), run.dtype_bytes())
             self.presets = [p for p in self.presets if p.name != model.name] + [model]
             return replace(state, model_index=len(self.presets) - 1)
-        if kind == "kv_shard":
+        if KV_SHARD.matches(event):
             tp, pp = run.mesh(event)
             state = replace(state, tp=tp, pp=pp)
             return replace(state, tokens=int(event["tokens"])) if run.config else state
-        if kind == "kv_step" and event.get("cache") in ("paged", "prefix"):
+        if KV_STEP.matches(event) and event.get("cache") in ("paged", "prefix"):
             return replace(state, source="run")
         return state
 

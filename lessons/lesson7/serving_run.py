@@ -12,6 +12,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..events import RUN_START
+from .events import (
+    CONFIG,
+    KV_COMPARE,
+    KV_SHARD,
+    KV_STEP,
+    PREFIX_COMPARE,
+    Config,
+    KVCompare,
+    KVShard,
+    KVStep,
+    PrefixCompare,
+)
 from .paging import Snapshot
 
 CACHES = ("paged", "contiguous", "prefix")  # the kv_step caches drawn (not the no-sharing twin of prefix)
@@ -23,28 +36,27 @@ class ServingRun:
     """Everything one run has said so far (see the module docstring)."""
 
     run_id: str | None = None
-    config: dict | None = None
-    shards: dict[tuple[str, int], dict] = field(default_factory=dict)  # (mode, rank) -> kv_shard event
+    config: Config | None = None
+    shards: dict[tuple[str, int], KVShard] = field(default_factory=dict)  # (mode, rank) -> kv_shard event
     paged: list[Snapshot] = field(default_factory=list)
     paged_pool: tuple[int, int] | None = None  # (blocks, block size)
     contiguous: list[Snapshot] = field(default_factory=list)
     contiguous_len: int | None = None  # tokens reserved per sequence (the slot size)
     prefix: list[Snapshot] = field(default_factory=list)
     prefix_pool: tuple[int, int] | None = None
-    kv_compare: dict | None = None
-    prefix_compare: dict | None = None
+    kv_compare: KVCompare | None = None
+    prefix_compare: PrefixCompare | None = None
 
     def feed(self, event: dict) -> bool:
         """Take one event; True if it changed what the run says (a ``run_start`` starts afresh)."""
-        kind = event.get("kind")
-        if kind == "run_start":
+        if RUN_START.matches(event):
             ServingRun.__init__(self, run_id=event.get("run_id"))
-        elif kind == "config" and "kv_heads" in event and "head_dim" in event:
+        elif CONFIG.matches(event) and "kv_heads" in event and "head_dim" in event:
             self.config = event
             self.shards, self.paged, self.contiguous = {}, [], []
-        elif kind == "kv_shard":
-            self.shards[(event["mode"], int(event["rank"]))] = event
-        elif kind == "kv_step" and event.get("cache") in CACHES:
+        elif KV_SHARD.matches(event):
+            self.shards[(event["mode"], int(event.get("rank") or 0))] = event
+        elif KV_STEP.matches(event) and event.get("cache") in CACHES:
             snap = snapshot(event)
             pool = (int(event["num_blocks"]), int(event["block_size"]))
             if event["cache"] == "paged":
@@ -56,9 +68,9 @@ class ServingRun:
             else:
                 self.contiguous.append(snap)
                 self.contiguous_len = pool[1]
-        elif kind == "kv_compare":
+        elif KV_COMPARE.matches(event):
             self.kv_compare = event
-        elif kind == "prefix_compare":
+        elif PREFIX_COMPARE.matches(event):
             self.prefix_compare = event
         else:
             return False
@@ -70,9 +82,10 @@ class ServingRun:
 
     def dtype_bytes(self) -> float:
         """Bytes per element of the run's model."""
-        return DTYPE_BYTES.get(str((self.config or {}).get("dtype")), 2)
+        dtype = self.config.get("dtype") if self.config else None
+        return DTYPE_BYTES.get(str(dtype), 2)
 
-    def mesh(self, shard: dict) -> tuple[int, int]:
+    def mesh(self, shard: KVShard) -> tuple[int, int]:
         """(TP, PP) of the layout a ``kv_shard`` event measured: a (pp, tp) mesh, all ranks in TP, or in PP."""
         if shard["mode"] == "tp-pp":  # rank = stage·tp + TP rank
             return int(shard["tp"]), int(shard["pp"])
@@ -90,7 +103,7 @@ class ServingRun:
         return "tp" if (tp, pp) == (w, 1) else "pp" if (tp, pp) == (1, w) else None
 
 
-def snapshot(event: dict) -> Snapshot:
+def snapshot(event: KVStep) -> Snapshot:
     """The pool a ``kv_step`` event describes: each block's owner and fill from the block tables (a block
     in several tables is shared, its reference count theirs), the cached blocks' fills."""
     n, bs = int(event["num_blocks"]), int(event["block_size"])
