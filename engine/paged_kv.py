@@ -23,17 +23,11 @@ longest cached prefix and prefills only the rest (``forward`` from position ``re
 reading the shared blocks through its table); a partly matched block is copied before the first write
 (``KVStore.copy_pending``); finished requests leave their blocks cached until evicted (LRU).
 
-Events (``events.emit``), one ``kv_step`` per iteration: ``cache`` (paged|contiguous), ``step``,
-``allocated`` and ``freed`` (block ids), ``used_blocks``, ``num_blocks``, ``block_size``,
-``tokens_stored``, ``reserved_tokens``, ``running``, ``waiting``, ``admitted``, ``finished``,
-``preempted`` (request ids), ``tables`` ({request id: block table}), ``lengths`` ({request id:
-tokens stored}), ``t0`` and ``t`` (wall clock at the iteration's start and end), and for prefix
-sharing ``cached`` ({block: tokens} of unreferenced cached blocks), ``cow`` and ``evicted`` (block ids),
-``reused_tokens``, ``logical_blocks`` (Σ table lengths) — a block in several tables is shared, its
-reference count the number of tables;
-one ``request`` per finished request: ``t_arrival`` (wall clock), ``rid``, ``prompt_len``, ``output_len``, ``arrival``,
-``first_token_step``, ``finished_step``, ``ttft_s``, ``tpot_s``, ``preemptions``, ``reused`` (prompt
-tokens found cached at its first admission), ``tokens``.
+Events: one ``kv_step`` per iteration (the blocks allocated and freed, the requests by state,
+each running request's block table and length, the cached blocks, copies on write and evictions:
+a block in several tables is shared, its reference count the number of tables) and one
+``request`` per finished request (its time to first token, per token, the prompt tokens found
+cached at its first admission), declared in ``lessons/lesson7/events.py``.
 """
 from __future__ import annotations
 

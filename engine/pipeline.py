@@ -23,9 +23,8 @@ check it, and check them against ``torch.distributed.pipelining`` too).
 backward (parameters excluded) as they are saved and freed, so the peak activation memory of a stage is measured the
 same way for our schedules and for torch's.
 
-Events (``kind`` = ``pp_op``) per block: ``schedule, step, op ("F"/"B"), mb, chunk, stage,
-t0, t1`` (wall-clock seconds, on CUDA after a synchronize); and ``span`` events on the ``comm``
-stream for posting the plan's sends and receives and for each wait on a receive (emitted after the
+Events: a ``pp_op`` per block (``lessons/lesson5/events.py``; its times on CUDA after a
+synchronize) and ``span`` events on the ``comm`` stream for posting the plan's sends and receives and for each wait on a receive (emitted after the
 step, so recording them does not slow it).
 """
 from __future__ import annotations

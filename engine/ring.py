@@ -20,14 +20,9 @@ loopback gloo it measured no faster than one ring, so one ring is the default.
 NCCL runs one step at a time with the send and the receive of that step grouped in
 ``batch_isend_irecv`` (NCCL needs them launched together to avoid a deadlock).
 
-With ``trace`` (an ``EventSink``) the ring emits one ``ring_step`` event per step::
-
-    {"kind": "ring_step", "call": c, "phase": "reduce-scatter", "step": s, "of": 2(N-1),
-     "chunk": sent chunk, "to": right rank, "recv_chunk": received chunk, "from": left rank,
-     "bytes": bytes sent this step, "size": bytes of the whole buffer, "n": N,
-     "t0": wall-clock second the step began (the event's ``t`` is when it ended)}
-
-so the tutor can animate a real run. A traced call runs one channel, the textbook ring the
+With ``trace`` (an ``EventSink``) the ring emits one ``ring_step`` event per step (the chunk sent
+to the right neighbour and the one received from the left, their bytes, when the step began;
+``lessons/lesson1/events.py``) so the tutor can animate a real run. A traced call runs one channel, the textbook ring the
 model describes. Tracing is off unless asked for (the bandwidth sweep traces only its untimed
 warm-up calls).
 """

@@ -17,19 +17,9 @@ One step is metered (:class:`~distai.engine.metering.CommMeter`): every all-to-a
 bytes on every rank against the formula of the rows that rank really sent and received
 (``lessons/experts/formulas.py``); the bytes of expert weights each rank holds against E/ep.
 
-Events (besides ``phase``, ``progress`` and ``summary``):
-
-* ``moe_config`` (rank 0): ``experts, ep, dp, world, top_k, capacity_factor, aux_alpha,
-  shared_experts, bias_rate, layers, hidden, heads, seq, vocab, micro_batch, tokens, capacity,
-  experts_per_rank, dtype, device``;
-* ``moe_load`` (rank 0, every step and layer): ``step, layer, routed, kept`` (per expert),
-  ``capacity`` (None: dropless), ``drop_rate, aux_loss``;
-* ``step`` (rank 0): ``step, of, loss, ref_loss, loss_rel_diff, param_rel_diff, aux_loss,
-  drop_rate, step_time_s``;
-* ``moe_comm`` (rank 0): ``step`` and ``ranks``: per rank ``{"rank", "measured", "formula",
-  "match"}``, each ``{"calls", "token_bytes", "count_bytes"}`` for one step, all layers;
-* ``moe_memory`` (rank 0): ``ranks``: per rank ``{"rank", "expert_bytes", "formula_bytes",
-  "replicated_bytes", "all_experts_bytes"}``.
+Events (besides ``phase``, ``progress`` and ``summary``): ``moe_config`` (rank 0, first),
+``moe_load`` (rank 0, every step and layer), ``step``, ``moe_comm`` and ``moe_memory`` (rank 0),
+declared in ``lessons/experts/events.py``.
 """
 from __future__ import annotations
 
@@ -41,6 +31,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ...lessons.events import METRIC, PHASE, PROGRESS
+from ...lessons.experts.events import MOE_COMM, MOE_CONFIG, MOE_LOAD, MOE_MEMORY, STEP
 from ...lessons.experts.formulas import (
     all_to_all_calls_per_layer,
     count_all_to_all_bytes,
@@ -239,8 +231,8 @@ def run(ctx: Any, args: argparse.Namespace) -> dict | None:
               "tokens": tokens, "capacity": moe.capacity(tokens), "experts_per_rank": moe.experts // ep,
               "dtype": args.dtype, "device": dev.type}
     if ctx.rank == 0:
-        ev.emit("moe_config", **config)
-        ev.emit("phase", name=f"MoE: {moe.experts} experts over EP = {ep} (× DP = {dp})")
+        MOE_CONFIG.emit_fields(ev, config)
+        PHASE.emit(ev, {"name": f"MoE: {moe.experts} experts over EP = {ep} (× DP = {dp})"})
     meter = CommMeter()
     metered = 1 if args.steps > 1 else 0  # the first step also pays for warm-up
     losses: list[float] = []
@@ -283,11 +275,12 @@ def run(ctx: Any, args: argparse.Namespace) -> dict | None:
         if ctx.rank == 0:
             for layer in layers:
                 s = layer.stats
-                ev.emit("moe_load", step=step, layer=layer.layer, routed=s.routed, kept=s.kept, capacity=s.capacity,
-                        drop_rate=s.drop_rate, aux_loss=s.aux_loss)
-            ev.emit("step", step=step, of=args.steps, loss=losses[-1], ref_loss=ref_loss, loss_rel_diff=loss_diff,
-                    param_rel_diff=param_diff, aux_loss=aux, drop_rate=drop, step_time_s=times[-1])
-            ev.emit("progress", done=step + 1, total=args.steps)
+                MOE_LOAD.emit(ev, {"step": step, "layer": layer.layer, "routed": s.routed, "kept": s.kept,
+                                   "capacity": s.capacity, "drop_rate": s.drop_rate, "aux_loss": s.aux_loss})
+            STEP.emit(ev, {"step": step, "of": args.steps, "loss": losses[-1], "ref_loss": ref_loss,
+                           "loss_rel_diff": loss_diff, "param_rel_diff": param_diff, "aux_loss": aux, "drop_rate": drop,
+                           "step_time_s": times[-1]})
+            PROGRESS.emit(ev, {"done": step + 1, "total": args.steps})
         if step == metered:
             account = comm_account(meter, model, moe, cfg.hidden, dtype.itemsize, ep_rank, ep)
     expert_bytes = expert_param_bytes(model)
@@ -300,10 +293,10 @@ def run(ctx: Any, args: argparse.Namespace) -> dict | None:
     dist.all_gather_object(gathered, ({"rank": ctx.rank, **account}, memory))
     if ctx.rank != 0:
         return None
-    ev.emit("moe_comm", step=metered, ranks=[g[0] for g in gathered])
-    ev.emit("moe_memory", ranks=[g[1] for g in gathered])
+    MOE_COMM.emit(ev, {"step": metered, "ranks": [g[0] for g in gathered]})
+    MOE_MEMORY.emit(ev, {"ranks": [g[1] for g in gathered]})
     timed = [t for i, t in enumerate(times) if i not in (0, metered)] or times
-    result = {"config": config, "losses": losses, "ref_losses": ref_losses or None,
+    result: dict[str, Any] = {"config": config, "losses": losses, "ref_losses": ref_losses or None,
               "max_loss_rel_diff": max(loss_diffs) if loss_diffs else None,
               "max_param_rel_diff": max(param_diffs) if param_diffs else None,
               "drop_rates": drops, "aux_losses": auxes,
@@ -311,7 +304,7 @@ def run(ctx: Any, args: argparse.Namespace) -> dict | None:
               "comm": account, "comm_match": all(g[0]["match"] for g in gathered),
               "memory": memory, "memory_match": all(g[1]["expert_bytes"] == g[1]["formula_bytes"] for g in gathered),
               "step_time_s": statistics.median(timed)}
-    ev.emit("metric", name="step_time_s", value=result["step_time_s"])
+    METRIC.emit(ev, {"name": "step_time_s", "value": result["step_time_s"]})
     print_summary(result, args.lang)
     return {"lesson": "experts", **result}
 

@@ -13,15 +13,9 @@ Phases (each emits a ``phase`` event, and ranks meet at a monitored barrier betw
    our ring and ``dist.all_reduce`` timed in alternation; time, algbw and busbw of each.
 4. ``fit``: the alpha-beta model fitted to the measured times, and its predictions.
 
-Events (beyond the common ``phase``/``progress``/``summary``/``log``):
-
-* ``step``      (rank 0) ``step, of, loss, compute_s, comm_s, grad_bytes``
-* ``ring_step`` (every rank) one per ring step of a traced call; see ``distai.engine.ring``
-* ``sweep``     (rank 0) ``size, n, ring_time_s, ring_algbw, ring_busbw, ar_time_s, ar_algbw,
-  ar_busbw, iters`` — times are the median over iterations of the slowest rank
-* ``fit``       (rank 0) ``impl, alpha_s, beta_s_per_byte, a_s, b_s_per_byte, predicted`` (a
-  list of ``[size, seconds]``)
-* ``check``     (rank 0) ``size, max_abs_diff``
+Events (beyond the common ``phase``/``progress``/``summary``/``log``): ``step``, ``ring_step``
+(every rank, a traced call's), ``sweep`` (the median over iterations of the slowest rank), ``fit``
+and ``check``, declared in ``lessons/lesson1/events.py``.
 """
 from __future__ import annotations
 

@@ -21,16 +21,10 @@ Run: ``python -m torch.distributed.run --nproc-per-node 4 -m distai.engine.exper
 ``--precision fp32|bf16``, ``--optimizer adam|sgd``, model size ``--hidden --heads --layers --vocab
 --seq``, ``--batch`` (global batch, split across ranks).
 
-Events (besides the common ``phase``/``step``/``log``/``summary``):
-
-* ``{"kind": "memory", "strategy", "params", "grads", "optimizer", "total", "predicted",
-  "predicted_parts": {...}, "peak", "world_size", "num_params", "precision", "optimizer_name"}``
-  per rank and strategy: bytes held after the step;
-* ``{"kind": "comm", "strategy", "sent", "by_op": {...}, "calls": {...}, "predicted",
-  "num_params"}`` per rank and strategy: bytes sent in one step;
-* ``{"kind": "strategy_done", "strategy", "step_time_s", "max_abs_diff", "final_loss"}``;
-* ``{"kind": "progress", "done", "total", "label"}`` (training steps over all strategies) and
-  ``{"kind": "step", "step", "of", "loss", "strategy"}``.
+Events (besides the common ``phase``/``step``/``log``/``summary``): per rank and strategy
+``memory`` (bytes held after the metered step, beside the calculator's) and ``comm`` (bytes sent in
+it), ``strategy_done``, and ``progress`` over all strategies' steps, declared in
+``lessons/lesson2/events.py``.
 """
 from __future__ import annotations
 

@@ -19,15 +19,10 @@ and against the simulator fed with the measured forward and backward times; and 
 activation memory each stage held (bytes autograd saved for backward, measured for ours and for
 torch's) in microbatches, against the formula.
 
-Events (besides ``phase``, ``step``, ``metric``, ``log``, ``summary``):
-
-* ``pp_config``: ``p, m, v, schedules, microbatch_size, d_model, layers, seq`` (rank 0, first);
-* ``progress``: ``done, total`` training steps over all schedules and both implementations (rank 0);
-* ``step``: ``step, of, loss, schedule`` from the rank holding the last stage, for our runs;
-* ``pp_op``: one per forward/backward block of our runner (see ``distai.engine.pipeline``);
-* ``pp_step``: ``schedule, impl ("ours"/"torch"), step, t_start, t_end, loss`` per rank and step;
-* ``pp_stage``: rank 0, per schedule and rank: ``schedule, rank, bubble, bubble_formula,
-  peak_bytes, peak_microbatches, peak_formula, torch_peak_bytes``.
+Events (besides ``phase``, ``step``, ``metric``, ``log``, ``summary``): ``pp_config`` (rank 0,
+first), ``progress`` over all schedules and both implementations, ``pp_op`` (our runner's blocks,
+``distai.engine.pipeline``), ``pp_step`` per rank and step, ``pp_stage`` (rank 0, per schedule and
+rank), declared in ``lessons/lesson5/events.py``.
 """
 from __future__ import annotations
 

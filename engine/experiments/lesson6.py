@@ -24,24 +24,10 @@ the same ``bucket_cap_mb`` — the step time (forward, backward, gradient all-re
 a larger fp32 GPT (``--dp-hidden --dp-layers --dp-batch``) is measured on all ranks (the slowest rank counts), in rotating order over
 ``--rounds`` rounds; the figure is the median over all timed steps. One extra step per configuration records the timeline.
 
-Events (rank 0 unless noted; ``t`` and ``rank`` are added by the sink):
-
-- ``{"kind":"phase","name":"loss-scaling"|"overlap"}``
-- ``{"kind":"progress","done":k,"total":n,"label":...}`` and ``{"kind":"step","step":i,"of":n,"loss":x}``
-  (the launcher's progress bar and loss curve)
-- ``{"kind":"scale","step":i,"scale":S,"new_scale":S',"overflow":b,"skipped":b,"injected":b,
-  "growth_tracker":n,"loss":x}`` — S multiplied this step's loss; S' is the scale after update.
-- ``{"kind":"grad_hist","step":i,"lo":e0,"counts":[...],"zeros":n,"scale":S,
-  "zero_unscaled":f,"zero_scaled":f,"subnormal_unscaled":f,"subnormal_scaled":f,"dtype":...}``
-  — counts[k] = how many fp32 gradient values have floor(log2|g|) = e0+k (ends clamp);
-  zero_* = share of the non-zero fp32 values that the fp16 (or bf16) backward returned as 0,
-  without scaling and with scale S; subnormal_* = share that fp16 stores as subnormals;
-  relerr_* = median relative error of the low-precision gradient values against fp32.
-- ``{"kind":"bucket_sweep","bucket_mb":c,"mode":"overlap"|"no-overlap"|"ddp","step_ms":t,
-  "n_buckets":k,"samples_ms":[...]}`` — step_ms is the median of the samples.
-- ``{"kind":"timeline","bucket_mb":c,"mode":...,"marks":{...},"layers":[[name,t0,t1]...],
-  "buckets":[[index,bytes,t0,t1]...],"step_ms":t}`` (every rank; times in ms from step start)
-- ``{"kind":"summary", ...}`` with the figures printed at the end.
+Events (rank 0 unless noted): ``phase`` (``loss-scaling``, ``overlap``), ``progress`` and ``step``,
+``scale`` (the scale S that multiplied the step's loss and S' after the update), ``grad_hist``,
+``bucket_sweep``, ``timeline`` (every rank) and the ``summary``, declared in
+``lessons/lesson6/events.py``.
 """
 from __future__ import annotations
 

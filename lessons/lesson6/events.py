@@ -12,8 +12,9 @@ class Phase(shared.Phase):
 
 
 class Scale(Envelope):
-    """One step of the loss scaler: the scale before and after, whether the gradients
-    overflowed (``injected``: on purpose) and the step was skipped."""
+    """One step of the loss scaler: ``scale`` multiplied the step's loss, ``new_scale`` is the
+    scale after the update; whether the gradients overflowed (``injected``: on purpose) and the
+    step was skipped."""
     step: int
     scale: float
     new_scale: float
@@ -25,8 +26,10 @@ class Scale(Envelope):
 
 
 class GradHist(Envelope):
-    """The gradients' exponents (``counts`` per power of two from ``2**lo``; ``zeros``) and
-    the share lost to zero or subnormals in ``dtype``, unscaled against scaled."""
+    """The fp32 gradients' exponents (``counts[k]``: values with floor(log2|g|) = ``lo`` + k, the
+    ends clamped; ``zeros``), the share of the non-zero values that the ``dtype`` backward returned
+    as 0 (``zero_*``) or stores as subnormals (``subnormal_*``), without scaling and with scale
+    ``scale``, and the median relative error of the low-precision values (``relerr_*``)."""
     step: int
     scale: float
     dtype: str

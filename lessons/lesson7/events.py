@@ -65,7 +65,9 @@ class Decode(Envelope):
 class KVStep(Envelope):
     """One step of the continuous batcher on ``cache`` (``contiguous``, ``paged``,
     ``no-sharing``, ``prefix``): blocks allocated and freed, requests by state, each running
-    request's block table and length, cached blocks' fill, copies on write, evictions."""
+    request's block table and length, cached blocks' fill (unreferenced ones), copies on write,
+    evictions, ``logical_blocks`` (Σ table lengths: a block in several tables is shared); ``t0``
+    and ``t``: the wall clock at the iteration's start and end."""
     cache: str
     t0: float
     step: int
