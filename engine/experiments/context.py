@@ -16,10 +16,9 @@ Run on cp·dp ranks (``--cp`` divides the world; the rest is data parallelism)::
 3. the activations each block saves for backward (float32), at three sequence lengths, with CP and
    on one process, against :func:`~distai.lessons.context.formulas.model_activation_bytes_per_layer`.
 
-Events (besides ``phase``, ``progress`` and the final ``summary``): ``cp_config``, ``step``
-(``loss``, ``reference_loss``, ``max_grad_rel_diff``), ``cp_step`` (replica 0's ranks, see above),
-``comm_check`` and ``memory`` (``seq``, ``measured_bytes``, ``formula_bytes``, ``one_process_bytes``,
-``one_process_formula_bytes``, ``peak_bytes``). Rank 0 prints the summary from the string catalog
+Events (besides ``phase``, ``progress`` and the final ``summary``): ``cp_config``, ``step``,
+``cp_step`` (replica 0's ranks, see above), ``comm_check`` and ``memory``, declared in
+``lessons/context/events.py``. Rank 0 prints the summary from the string catalog
 (``lessons/catalog/ring_attention.toml``).
 """
 from __future__ import annotations
@@ -33,6 +32,8 @@ import torch.distributed as dist
 
 from ...lessons.context import formulas as F
 from ...lessons.context import ring_schedule as plan
+from ...lessons.context.events import COMM_CHECK, CP_CONFIG, CP_STEP, MEMORY, STEP
+from ...lessons.events import PHASE
 from ...lessons.model_size import ModelSize, add_model_options
 from ...lessons.strings import LANGUAGES, detect_language, strings
 from ...lessons.units import format_bytes, format_integer, format_number, format_percent
@@ -159,8 +160,8 @@ def train_against_one_process(cfg: GPTConfig, cp: CPGroup, replica: int, replica
         if on_step is not None:
             on_step(step, out["ring"][-1])
         if events is not None:
-            events.emit("step", step=step, of=steps, loss=float(loss), reference_loss=ref_loss,
-                        max_grad_rel_diff=out["max_grad_rel_diff"][-1])
+            STEP.emit(events, {"step": step, "of": steps, "loss": float(loss), "reference_loss": ref_loss,
+                               "max_grad_rel_diff": out["max_grad_rel_diff"][-1]})
         with torch.no_grad():
             for m in (model, reference):
                 for p in m.parameters():
@@ -248,11 +249,11 @@ def run(ctx, args: argparse.Namespace) -> dict:
     cp = CPGroup(group, args.layout, args.variant)
     replicas = world // cp_size
     progress = Progress(ctx, 1 + len(seqs))
-    ev.emit("cp_config", cp=cp_size, dp=replicas, world=world, backend=ctx.backend, layout=args.layout,
-            variant=args.variant, seq=cfg.seq, batch=args.batch, hidden=cfg.hidden, heads=cfg.heads,
-            kv_heads=cfg.group_heads, layers=cfg.layers, vocab=cfg.vocab)
+    CP_CONFIG.emit(ev, {"cp": cp_size, "dp": replicas, "world": world, "backend": ctx.backend, "layout": args.layout,
+                        "variant": args.variant, "seq": cfg.seq, "batch": args.batch, "hidden": cfg.hidden,
+                        "heads": cfg.heads, "kv_heads": cfg.group_heads, "layers": cfg.layers, "vocab": cfg.vocab})
 
-    ev.emit("phase", name="training against one process")
+    PHASE.emit(ev, {"name": "training against one process"})
     elem = 8  # float64
     matched: list[bool] = []
 
@@ -262,19 +263,19 @@ def run(ctx, args: argparse.Namespace) -> dict:
         matched.extend(c["match"] for c in checked)
         if replica == 0:
             for c in checked:
-                ev.emit("cp_step", train_step=step, rank=cp.rank, **c)
+                CP_STEP.emit_fields(ev, {"train_step": step, "rank": cp.rank, **c})
 
     tr = train_against_one_process(cfg, cp, replica, replicas, args.batch, args.steps, args.lr, args.seed,
                                    ev if rank == 0 else None, device, on_step=stream)
     steps_ok = all(matched)
     comm = comm_check(tr["meters"][0], cfg, cp, args.batch, elem)
-    ev.emit("comm_check", **comm)
+    COMM_CHECK.emit_fields(ev, comm)
     comm_ok = all(v == 0.0 for v in [max_over_ranks(0.0 if comm["match"] and steps_ok else 1.0, device)])
     fwd0 = [c for c in tr["ring"][-1] if c["phase"] == "fwd" and c["layer"] == "0"]
     measured_idle = _measured_idle(fwd0, cp, device)
     progress("training")
 
-    ev.emit("phase", name="activation memory")
+    PHASE.emit(ev, {"name": "activation memory"})
     memory = []
     for s in seqs:
         m = measure_memory(replace(cfg, seq=s), cp, args.batch, args.seed, device)
@@ -283,7 +284,7 @@ def run(ctx, args: argparse.Namespace) -> dict:
                "peak_bytes": m["cp_peak"], "one_process_peak_bytes": m["one_peak"]}
         memory.append(row)
         if rank == 0:
-            ev.emit("memory", **row)
+            MEMORY.emit_fields(ev, row)
         progress(f"memory s={s}")
     memory_ok = all(abs(r["measured_bytes"] / r["formula_bytes"] - 1) <= MEMORY_TOLERANCE and
                     abs(r["one_process_bytes"] / r["one_process_formula_bytes"] - 1) <= MEMORY_TOLERANCE

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..events import RUN_START, SUMMARY
+from .events import CP_CONFIG, CP_STEP, MEMORY, STEP, CPStep
+
 
 @dataclass
 class CPRun:
     config: dict = field(default_factory=dict)
     # (phase, step) -> rank -> the cp_step event of layer 0 in the latest training step
-    ring: dict[tuple[str, int], dict[int, dict]] = field(default_factory=dict)
+    ring: dict[tuple[str, int], dict[int, CPStep]] = field(default_factory=dict)
     train_step: int | None = None
     steps: list[dict] = field(default_factory=list)
     memory: list[dict] = field(default_factory=list)
@@ -25,17 +28,16 @@ class CPRun:
 
     def feed(self, event: dict) -> bool:
         """Fold one event; True when it changed what there is to draw (a ``run_start`` starts afresh)."""
-        kind = event.get("kind")
-        if kind == "run_start":
+        if RUN_START.matches(event):
             CPRun.__init__(self)
             return True
-        if kind == "cp_config":
+        if CP_CONFIG.matches(event):
             CPRun.__init__(self)
             self.config = {k: v for k, v in event.items() if k not in ("kind", "t", "rank")}
             return True
         if not self.config:
             return False
-        if kind == "cp_step":
+        if CP_STEP.matches(event):
             if str(event.get("layer")) != "0":
                 return False
             step = int(event.get("train_step", 0))
@@ -43,15 +45,15 @@ class CPRun:
                 self.train_step, self.ring = step, {}
             elif step < self.train_step:
                 return False
-            self.ring.setdefault((str(event["phase"]), int(event["step"])), {})[int(event["rank"])] = event
+            self.ring.setdefault((str(event["phase"]), int(event["step"])), {})[int(event.get("rank") or 0)] = event
             return True
-        if kind == "step":
+        if STEP.matches(event):
             self.steps.append({k: event.get(k) for k in ("step", "loss", "reference_loss", "max_grad_rel_diff")})
             return True
-        if kind == "memory":
+        if MEMORY.matches(event):
             self.memory.append({k: v for k, v in event.items() if k not in ("kind", "t")})
             return True
-        if kind == "summary":
+        if event.get("kind") == SUMMARY.name:  # open: the lesson's own figures
             self.summary = {k: v for k, v in event.items() if k not in ("kind", "t")}
             return True
         return False
@@ -60,7 +62,7 @@ class CPRun:
     def cp(self) -> int:
         return int(self.config.get("cp", 0))
 
-    def step_records(self, phase: str, step: int) -> dict[int, dict]:
+    def step_records(self, phase: str, step: int) -> dict[int, CPStep]:
         """Rank -> its cp_step record at ``step`` of ``phase`` (layer 0, latest training step)."""
         return self.ring.get((phase, step), {})
 
