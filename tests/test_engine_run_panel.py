@@ -264,3 +264,27 @@ async def test_the_run_clock_counts_from_the_launch_while_ranks_start():
         assert shown >= 1.0, status()
         await pilot.press("s")
         assert await wait_for(pilot, lambda: screen.state.finished, 5)
+
+
+@run_async
+async def test_a_spanish_panel_labels_its_keys_and_log_in_spanish():
+    """Issue 27.2: the footer read 's Stop  a Run again  esc Close' and the log 'rank 0' in Spanish."""
+    from distai.lessons.strings import translated
+
+    lesson = resolve_lesson("lesson1")
+    made = []
+
+    def factory(lesson, consumer, nproc=None, args=None):
+        made.append(FakeLaunch(lesson, consumer))
+        return made[-1]
+
+    app = PanelApp(lambda: RunPanelScreen(lesson, "es", launch_factory=factory))
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = app.screen
+        assert await wait_for(pilot, lambda: len(screen.state.sweep) == 3, 20)
+        labels = {b.action: b.description for _, b in screen._bindings if b.action in ("stop", "again", "close")}
+        assert labels == {action: translated("run", action, "es") for action in ("stop", "again", "close")}
+        log_text = "\n".join(str(line.text) for line in screen.query_one("#run-log", RichLog).lines)
+        assert "proceso 3 hello from step 19" in " ".join(log_text.split()) and "rank " not in log_text
+        await pilot.press("s")
+        assert await wait_for(pilot, lambda: screen.state.finished, 5)

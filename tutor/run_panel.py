@@ -37,6 +37,7 @@ from ..engine.run_state import RunState, replay_events
 from ..lessons.events import LOG, OUTPUT, PHASE, RUN_END, RUN_START
 from ..lessons.strings import has, translated
 from ..lessons.units import format_bandwidth, format_bytes, format_fixed, format_time
+from .screens.common import localize_bindings
 
 if TYPE_CHECKING:
     from textual.worker import Worker
@@ -161,6 +162,7 @@ class RunPanelScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
+        localize_bindings(self, self.language, {"stop": "stop", "again": "again", "close": "close"}, area="run")
         self.set_class(not self.view.panel, "-no-charts")
         self._mount_visualizer()
         self.set_interval(self.drain_interval, self._drain)
@@ -252,12 +254,13 @@ class RunPanelScreen(Screen):
                 # in the run folder's logs/torchrun.log
                 self.stop_lines_hidden += 1
             elif kind == OUTPUT.name:
-                who = "torchrun" if e.get("rank") is None else f"rank {e['rank']}"
+                who = "torchrun" if e.get("rank") is None else translated("run", "rank_n", self.language, rank=e["rank"])
                 self._write(log, Text.assemble((f"{who:>9} ", "dim"), str(e.get("line", ""))))
             elif kind == PHASE.name and e.get("rank", 0) == 0:
                 self._write(log, Text(f"── {translated('run', 'phase', self.language)}: {e.get('name')}", style="bold cyan"))
             elif kind == LOG.name:
-                self._write(log, Text(f"rank {e.get('rank')}: {e.get('msg')}", style="italic"))
+                who = translated("run", "rank_n", self.language, rank=e.get("rank"))
+                self._write(log, Text(f"{who}: {e.get('msg')}", style="italic"))
             elif kind == RUN_START.name:
                 self._record_progress("running")
             elif kind == RUN_END.name:
