@@ -187,6 +187,16 @@ def _sent_bytes(cp: CPGroup, t: torch.Tensor) -> float:
     return nbytes if cp.variant == "ring" else nbytes * (cp.size - 1) / cp.size
 
 
+def _step_block(cp: CPGroup, step: int, kv: torch.Tensor, gathered: torch.Tensor | None):
+    """At ring ``step``: whose K/V this rank uses, the hop passing the block it holds on (posted
+    now, before the compute; None on the last step and with the all-gather), what it sends in the
+    step (for the trace) and the block ``[2, b, kv_heads, n, d]`` it computes with."""
+    src = plan.owner(cp.rank, step, cp.size)
+    hop = _Hop(cp, kv, "cp.kv") if gathered is None and step < cp.size - 1 else None
+    sent = [kv] if hop is not None else [gathered] if gathered is not None and step == 0 and cp.size > 1 else []
+    return src, hop, sent, gathered[src] if gathered is not None else kv
+
+
 class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: CPGroup) -> torch.Tensor:  # type: ignore[override]
@@ -199,10 +209,7 @@ class _RingAttention(torch.autograd.Function):
         kv = torch.stack((k, v))  # one message a hop
         gathered = _gather(cp, kv) if cp.variant == "allgather" else None
         for step in range(cp.size):
-            src = plan.owner(cp.rank, step, cp.size)
-            hop = _Hop(cp, kv, "cp.kv") if gathered is None and step < cp.size - 1 else None
-            sent = [kv] if hop is not None else [gathered] if gathered is not None and step == 0 and cp.size > 1 else []
-            block = gathered[src] if gathered is not None else kv
+            src, hop, sent, block = _step_block(cp, step, kv, gathered)
             t0 = time.perf_counter()
             tiles, scores = _tiles(cp, step, src), 0
             for a, b, diag in tiles:
@@ -233,10 +240,7 @@ class _RingAttention(torch.autograd.Function):
             dkv_all = torch.zeros_like(gathered) if gathered is not None else None
             dkv_hop: _Hop | None = None
             for step in range(cp.size):
-                src = plan.owner(cp.rank, step, cp.size)
-                hop = _Hop(cp, kv, "cp.kv") if gathered is None and step < cp.size - 1 else None
-                sent = [kv] if hop is not None else [gathered] if gathered is not None and step == 0 and cp.size > 1 else []
-                block = gathered[src] if gathered is not None else kv
+                src, hop, sent, block = _step_block(cp, step, kv, gathered)
                 t0 = time.perf_counter()
                 dkv = dkv_all[src] if dkv_all is not None else torch.zeros_like(kv)
                 tiles = _tiles(cp, step, src)
