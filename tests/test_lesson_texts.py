@@ -46,6 +46,8 @@ CHECKED_LESSONS = {
     "experts": {"80 GB", "450 GB/s", "50 GB/s", "5 µs", "30%"},
     # the H100's memory, Llama 3's published MFUs (Table 4), and mesh degrees written TP 8 × PP 16
     "capstone": {"80 GB", "43%", "41%", "4 ×", "8 ×", "16 ×"},
+    # the example's link (50 GB/s, α = 5 µs), the layout TP 8 × CP 16 and the experiment's 10% bound
+    "context": {"50 GB/s", "5 µs", "8 ×", "16 ×", "10%"},
 }
 # Steps that teach with numbers: each needs at least one check in every language.
 NUMERIC_STEPS = {
@@ -62,6 +64,8 @@ NUMERIC_STEPS = {
     "capstone": {"mesh", "groups", "order", "memory", "communication", "planner", "published"},
     "experts": {"why-experts", "router", "capacity", "balance", "shared", "expert-parallel", "all-to-all",
                 "ep-dp-tp", "inference", "run-it"},
+    "context": {"long-context", "split-sequence", "online-softmax", "ring", "backward", "load-balance",
+                "all-gather", "overlap", "memory", "llama3"},
 }
 
 
@@ -101,7 +105,7 @@ def _all_checks():
 def test_the_lessons_then_the_capstone_with_steps():
     assert [lesson.number for lesson in LESSONS] == list(range(1, len(LESSONS) + 1))
     ids = [lesson.id for lesson in LESSONS]
-    assert ids[:8] == [f"lesson{n}" for n in range(1, 8)] + ["experts"]
+    assert ids[:9] == [f"lesson{n}" for n in range(1, 8)] + ["experts", "context"]
     assert ids[-1] == "capstone"
     for lesson in LESSONS:
         keys = [s.key for s in lesson.steps]

@@ -78,7 +78,7 @@ def test_real_pipe(home):
     assert "Q1/5" in proc.stdout and "Input ended after 2 of 5" in proc.stdout
 
 
-@pytest.mark.parametrize("argv", [["9"], [], ["1", "--count", "0"], ["1", "--count", "x"], ["1", "--seed", "abc"],
+@pytest.mark.parametrize("argv", [["99"], [], ["1", "--count", "0"], ["1", "--count", "x"], ["1", "--seed", "abc"],
                                   ["1", "--lang", "fr"]])
 def test_bad_arguments_one_line_error(home, monkeypatch, capsys, argv):
     code, out, err = run_quiz(monkeypatch, capsys, "", *argv)
