@@ -57,10 +57,11 @@ import torch.nn.functional as F
 from ..lessons.lesson7.formulas import kv_heads_per_gpu
 from ..lessons.lesson7.paging import ContiguousAllocator
 from .experiment import device_sync
+from .mesh_args import check_decode
 from .metering import CommMeter, comm_scope
 from .model import GPT, MLP, GPTConfig, ModelConfigError, apply_rope
 
-__all__ = ["build_model", "decoder_weights", "check_decode", "decode_params",
+__all__ = ["build_model", "decoder_weights", "decode_params",
            "reference_logits", "reference_greedy", "comm_counts", "KVStore", "DecoderShard", "generate",
            "generate_pp", "split_layers", "contiguous_store", "mesh_shard"]
 
@@ -76,13 +77,6 @@ def build_model(cfg: GPTConfig, seed: int = 0, dtype: torch.dtype = torch.float3
     model = GPT(cfg, seed=seed, dtype=dtype)
     model.requires_grad_(False)
     return model
-
-
-def check_decode(cfg: GPTConfig, tp: int = 1, pp: int = 1) -> None:
-    """Raise ShapeError (a ModelConfigError) unless the course's one shape check allows decoding on
-    ``tp`` × ``pp`` ranks: heads, MLP and KV heads (split or replicated) over tp, at most one stage
-    per layer. The embedding and the output projection are replicated: the vocabulary is not split."""
-    cfg.check_degrees(tp=tp, pp=pp, split_vocab=False)
 
 
 def decode_params(cfg: GPTConfig, include_embedding: bool = False) -> int:

@@ -156,6 +156,33 @@ def launch_ranks(argv: list[str], ranks: int | None, default: int, cuda: bool) -
 
 
 # ------------------------------------------------------------- lesson 7's (pp, tp) decode mesh
+#: the GPT lesson 7 serves, in Llama's shape, and the size flags its run takes (defaulting to it)
+DECODE_MODEL = ModelSize.preset("llama-tiny", kv_heads=4)
+DECODE_SIZE_FLAGS = ("hidden", "layers", "heads", "kv_heads", "vocab", "norm")
+
+
+def check_decode(cfg: ModelSize, tp: int = 1, pp: int = 1) -> None:
+    """Raise ShapeError (a ModelConfigError) unless the course's one shape check allows decoding on
+    ``tp`` × ``pp`` ranks: heads, MLP and KV heads (split or replicated) over tp, at most one stage
+    per layer. The embedding and the output projection are replicated: the vocabulary is not split."""
+    cfg.check_degrees(tp=tp, pp=pp, split_vocab=False)
+
+
+def check_decode_parts(cfg: ModelSize, args, W: int, skip: set[str]) -> tuple[tuple[int, int] | None, set[str]]:
+    """The (tp, pp) mesh of a lesson-7 run on ``W`` ranks (None without --tp/--pp) and the parts it
+    skips, after checking each decode it runs against the shape: the combined (pp, tp) decode, which
+    replaces the separate TP and PP parts, or TP over W and PP over W. ValueError if one cannot run."""
+    mesh = mesh_degrees(args, W)
+    if mesh is not None:
+        check_decode(cfg, tp=mesh[0], pp=mesh[1])
+        skip = skip | {"tp", "pp"}
+    if "tp" not in skip:
+        check_decode(cfg, tp=W)
+    if "pp" not in skip:
+        check_decode(cfg, pp=W)
+    return mesh, skip
+
+
 def mesh_degrees(args, W: int) -> tuple[int, int] | None:
     """(tp, pp) of a combined decode from ``--tp``/``--pp`` (the missing one is W / the other), or
     None when neither is given. Raises ValueError when they do not multiply to the W ranks."""
@@ -174,7 +201,8 @@ def mesh_degrees(args, W: int) -> tuple[int, int] | None:
 
 def decode_launch_ranks(argv: list[str], ranks: int | None, default: int, cuda: bool) -> int:
     """For ``distai run lesson7 --tp T --pp P``: T·P ranks when --cpu/--gpus did not say how many,
-    after checking that the degrees fit the ranks (the experiment checks the same on every rank)."""
+    after checking that the degrees fit the ranks and the model's shape (the experiment checks the
+    same on every rank: :func:`check_decode_parts`)."""
     ap = argparse.ArgumentParser(add_help=False)
     ap.add_argument("--tp", default=None)
     ap.add_argument("--pp", default=None)
@@ -190,5 +218,10 @@ def decode_launch_ranks(argv: list[str], ranks: int | None, default: int, cuda: 
     if ranks is None and args.tp is not None and args.pp is not None:
         ranks = args.tp * args.pp
     ranks = default if ranks is None else ranks
-    mesh_degrees(args, ranks)
+    sizes = _Parser(add_help=False)
+    add_model_options(sizes, DECODE_MODEL, DECODE_SIZE_FLAGS)
+    sizes.add_argument("--skip", default="")
+    given = sizes.parse_known_args(argv)[0]
+    skip = {s.strip() for s in given.skip.split(",") if s.strip()}
+    check_decode_parts(ModelSize.from_args(given, DECODE_MODEL), args, ranks, skip)
     return ranks

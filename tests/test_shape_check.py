@@ -9,8 +9,7 @@ import json
 
 import pytest
 
-from distai.engine.inference import check_decode
-from distai.engine.mesh_args import MeshShape, check_plan, launch_ranks
+from distai.engine.mesh_args import MeshShape, check_decode, check_plan, decode_launch_ranks, launch_ranks
 from distai.lessons.calculator import CalcError
 from distai.lessons.capstone.calc_plan import CALCULATOR as CALC_PLAN
 from distai.lessons.context import formulas as f9
@@ -78,6 +77,10 @@ def test_every_caller_gives_the_one_verdict(shape, tp, pp):
                                             "tokens": "1024", "tp": str(tp), "pp": str(pp)})) == want
     want = explain(refusals(tp=tp, pp=pp, heads=heads, kv_heads=kv, hidden=hidden, ffn=4 * hidden, layers=layers))
     assert reason(lambda: check_decode(m, tp=tp, pp=pp)) == want
+    argv = ["--tp", str(tp), "--pp", str(pp), "--heads", str(heads), "--kv-heads", str(kv), "--hidden", str(hidden),
+            "--layers", str(layers), "--vocab", str(vocab)]  # distai run lesson7's check: its Llama shape, SwiGLU
+    want = explain(refusals(tp=tp, pp=pp, heads=heads, kv_heads=kv, hidden=hidden, ffn=3 * hidden, layers=layers))
+    assert reason(lambda: decode_launch_ranks(argv, None, 2, False)) == want
     want = explain(refusals(tp=tp, pp=pp, heads=heads, kv_heads=kv, hidden=hidden, layers=layers))
     spec = ModelSpec(params=1e6, layers=layers, hidden=hidden, heads=heads, kv_heads=kv)
     c = serving.evaluate(spec, serving.Hardware(gpus=tp * pp, gpu_memory=80e9, bandwidth=3e12), serving.Workload(),

@@ -76,7 +76,6 @@ from ..inference import (
     DecoderShard,
     KVStore,
     build_model,
-    check_decode,
     contiguous_store,
     decode_params,
     generate,
@@ -84,20 +83,19 @@ from ..inference import (
     mesh_shard,
     split_layers,
 )
-from ..mesh_args import mesh_degrees
+from ..mesh_args import DECODE_MODEL, DECODE_SIZE_FLAGS, check_decode_parts
 from ..metering import CommMeter
 from ..model import ModelConfigError
 from ..paged_kv import ContinuousBatcher, compare_prefix_sharing, paged_store
 
-#: the GPT this lesson serves, in Llama's shape (its size flags default to this)
-DEFAULT_MODEL = ModelSize.preset("llama-tiny", kv_heads=4)
+DEFAULT_MODEL = DECODE_MODEL  # the GPT this lesson serves, in Llama's shape (its size flags default to this)
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="distai run lesson7", description=__doc__.split("\n\n")[0])
     g = p.add_argument_group("model")
-    add_model_options(g, DEFAULT_MODEL, ("hidden", "layers", "heads", "kv_heads", "vocab", "norm"))
+    add_model_options(g, DEFAULT_MODEL, DECODE_SIZE_FLAGS)
     g.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     g.add_argument("--seed", type=int, default=0)
     g = p.add_argument_group("TP/PP decode")
@@ -395,14 +393,7 @@ def run(ctx, args: argparse.Namespace) -> tuple[dict | None, int]:
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     cfg = ModelSize.from_args(args, DEFAULT_MODEL)
     try:
-        mesh = mesh_degrees(args, W)
-        if mesh is not None:  # the combined decode replaces the separate TP and PP parts
-            check_decode(cfg, tp=mesh[0], pp=mesh[1])
-            skip |= {"tp", "pp"}
-        if "tp" not in skip:
-            check_decode(cfg, tp=W)
-        if "pp" not in skip:
-            check_decode(cfg, pp=W)
+        mesh, skip = check_decode_parts(cfg, args, W, skip)
         if args.system_prompt < 1:
             raise ValueError(f"--system-prompt must be ≥ 1, got {args.system_prompt}")
     except ValueError as exc:
