@@ -272,11 +272,14 @@ def run(ctx: Any, args: argparse.Namespace) -> dict | None:
             ref_losses.append(ref_loss)
             loss_diffs.append(loss_diff)
             param_diffs.append(param_diff)
+        sent: list[Any] = [None] * world  # every rank's rows to each EP rank, per layer: what the view draws
+        dist.all_gather_object(sent, [layer.stats.sent_rows for layer in layers])
         if ctx.rank == 0:
-            for layer in layers:
+            for i, layer in enumerate(layers):
                 s = layer.stats
                 MOE_LOAD.emit(ev, {"step": step, "layer": layer.layer, "routed": s.routed, "kept": s.kept,
-                                   "capacity": s.capacity, "drop_rate": s.drop_rate, "aux_loss": s.aux_loss})
+                                   "capacity": s.capacity, "drop_rate": s.drop_rate, "aux_loss": s.aux_loss,
+                                   "sent": [rows[i] for rows in sent]})
             STEP.emit(ev, {"step": step, "of": args.steps, "loss": losses[-1], "ref_loss": ref_loss,
                            "loss_rel_diff": loss_diff, "param_rel_diff": param_diff, "aux_loss": aux, "drop_rate": drop,
                            "step_time_s": times[-1]})

@@ -34,7 +34,8 @@ class MoEConfig(Envelope):
 
 class MoELoad(Envelope):
     """Rank 0, every step and layer: tokens ``routed`` to and ``kept`` by each expert, the
-    capacity (None: dropless), the drop rate and the balancing loss."""
+    capacity (None: dropless), the drop rate, the balancing loss, and ``sent[rank][q]``: the token
+    rows each rank dispatched to rank ``q`` of its EP group."""
     step: int
     layer: int
     routed: list[int]
@@ -42,6 +43,7 @@ class MoELoad(Envelope):
     capacity: int | None
     drop_rate: float
     aux_loss: float
+    sent: list[list[int]]
 
 
 class Step(shared.Step):

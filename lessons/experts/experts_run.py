@@ -20,6 +20,7 @@ class StepLoad:
     kept: list[int]
     capacity: int | None
     layers: int = 0
+    sent: list[list[int]] = field(default_factory=list)  # [rank][EP rank]: rows dispatched, all layers
 
     @property
     def dropped(self) -> list[int]:
@@ -53,6 +54,8 @@ class ExpertsRun:
             load = self.loads[-1]
             load.routed = [a + int(b) for a, b in zip(load.routed, event["routed"])]
             load.kept = [a + int(b) for a, b in zip(load.kept, event["kept"])]
+            sent = [[int(n) for n in row] for row in event.get("sent", [])]
+            load.sent = sent if not load.sent else [[a + b for a, b in zip(r0, r1)] for r0, r1 in zip(load.sent, sent)]
             load.layers += 1
         elif kind == "step" and "drop_rate" in event:
             self.drop_rates.append(float(event["drop_rate"]))
