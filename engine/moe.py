@@ -51,6 +51,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from ..lessons.model_size import check_degrees
 from .metering import comm_scope
 from .model import GPT, MLP, GPTConfig, ModelConfigError
 
@@ -84,8 +85,9 @@ class MoEConfig:
             raise MoEConfigError(f"shared experts cannot be negative, got {self.shared_experts}")
 
     def check_ep(self, ep: int) -> None:
-        if ep < 1 or self.experts % ep:
-            raise MoEConfigError(f"{self.experts} experts do not split evenly over EP = {ep} ranks")
+        """Raise ShapeError (a ModelConfigError) unless the course's one shape check lets ``ep`` ranks
+        hold whole experts."""
+        check_degrees(ep=ep, experts=self.experts)
 
     def capacity(self, tokens: int) -> int | None:
         """Tokens one expert takes of ``tokens`` (the EP group's), or None when dropless."""

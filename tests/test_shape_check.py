@@ -116,6 +116,21 @@ def test_calc_serve_gives_it_too(shape):
         assert (c["detail"] if c["reason"] == "shape" else "") == want
 
 
+@pytest.mark.parametrize("experts,ep", list(itertools.product((1, 6, 8, 12), (1, 2, 3, 4, 8))))
+def test_every_expert_caller_gives_the_one_verdict(experts, ep):
+    """Lesson 8's formulas, its calculator and the engine's MoE layer: ep divides the experts."""
+    from distai.engine.moe import MoEConfig
+    from distai.lessons.experts import formulas as f8
+    from distai.lessons.experts.calc_moe import CALCULATOR as CALC_MOE
+
+    want = explain(refusals(ep=ep, experts=experts))
+    assert reason(lambda: f8.experts_per_rank(experts, ep)) == want
+    assert reason(lambda: MoEConfig(experts=experts, top_k=1).check_ep(ep)) == want
+    given = {"layers": "2", "hidden": "64", "ffn": "128", "experts": str(experts), "top_k": "1", "vocab": "100",
+             "heads": "4", "kv_heads": "2", "ep": str(ep)}
+    assert reason(lambda: CALC_MOE.run(given)) == want
+
+
 def test_the_kv_rule_splits_replicates_or_refuses():
     """Split when tp divides the KV heads, replicate when the KV heads divide tp (vLLM), else refuse."""
     assert f7.kv_heads_per_gpu(8, 4) == 2 and f7.kv_heads_per_gpu(8, 16) == 1 and f7.kv_heads_per_gpu(1, 8) == 1

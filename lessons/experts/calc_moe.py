@@ -5,14 +5,14 @@ from __future__ import annotations
 from .. import units
 from ..calculator import CalcError, Calculator, Option, bytes_text, table
 from ..lesson7.formulas import dtype_bytes
+from ..model_size import check_degrees
 from . import formulas as f
 
 
 def compute(v: dict) -> dict:
     if v["top_k"] > v["experts"]:
         raise CalcError(f"--top-k {v['top_k']} is more than the {v['experts']} experts")
-    if v["experts"] % v["ep"]:
-        raise CalcError(f"{v['experts']} experts do not split over --ep {v['ep']}")
+    check_degrees(ep=v["ep"], experts=v["experts"])  # the course's one shape check
     if v["hidden"] % v["heads"] or v["heads"] % v["kv_heads"]:
         raise CalcError("--hidden must divide by --heads, and --heads by --kv-heads")
     p = f.moe_model_params(v["layers"], v["hidden"], v["ffn"], v["experts"], v["top_k"], v["vocab"], v["heads"],

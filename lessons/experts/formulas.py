@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import math
 
+from ..model_size import check_degrees
+
 FLOAT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 COUNT_BYTES = 8  # the routing counts travel as int64
 
@@ -96,8 +98,7 @@ def imbalance_step_time(loads: list[int]) -> float:
 # ----------------------------------------------------------------------------------------------
 
 def experts_per_rank(experts: int, ep: int) -> int:
-    if experts % ep:
-        raise ValueError(f"{experts} experts do not split over EP = {ep}")
+    check_degrees(ep=ep, experts=experts)  # the course's one shape check
     return experts // ep
 
 
