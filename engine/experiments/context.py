@@ -208,7 +208,7 @@ def comm_check(meter: CommMeter, cfg: GPTConfig, cp: CPGroup, batch: int, elem: 
 def measure_memory(cfg: GPTConfig, cp: CPGroup, batch: int, seed: int, device=None) -> dict:
     """Bytes each block saves for backward on this rank (float32), with CP and on one process, and
     the formula's; the peak of everything the CP model saves."""
-    out = {"seq": cfg.seq, "tokens": cfg.seq // cp.size * batch}
+    out: dict[str, float] = {"seq": cfg.seq, "tokens": cfg.seq // cp.size * batch}
     ids, targets = make_batch(cfg, batch, seed=seed, step=0, device=device)
     ffn, rope = cfg.ffn_size, cfg.rope_theta is not None
     for name, sharded in (("cp", True), ("one", False)):

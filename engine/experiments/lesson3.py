@@ -284,11 +284,12 @@ class Faults:
             self.die(step + 1, "--kill-in-flight", "asynchronous checkpoint")
 
     def arm_timer(self) -> None:
-        if self.random_at is None or self.rank != self.random_rank:
+        delay = self.random_at
+        if delay is None or self.rank != self.random_rank:
             return
 
         def fire():
-            time.sleep(self.random_at)
+            time.sleep(delay)
             step, phase = self.progress()
             self.die(step, "--fail-every", phase)
 

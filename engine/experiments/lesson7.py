@@ -295,13 +295,13 @@ def measure_costs(cfg, w, device, repeats: int = 5) -> dict:
     """Time the real model: prefill of one prompt per length, one decode step per batch size."""
     sh = DecoderShard(cfg, w, device=device)
     lengths, batches = (16, 64, 128, 256), (1, 4, 16, 32)
-    sh.cache = KVStore(BlockAllocator(64, 128), cfg.layers, sh.kv_local, cfg.head_dim, sh.dtype, device)
+    cache = sh.cache = KVStore(BlockAllocator(64, 128), cfg.layers, sh.kv_local, cfg.head_dim, sh.dtype, device)
 
     def timed(fn):
         best = float("inf")
         for _ in range(repeats):
-            for q in list(sh.cache.alloc.tables):
-                sh.cache.alloc.free(q)
+            for q in list(cache.alloc.tables):
+                cache.alloc.free(q)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -323,9 +323,9 @@ def measure_costs(cfg, w, device, repeats: int = 5) -> dict:
         last = torch.randint(0, cfg.vocab, (b, 1), generator=g).to(device)
 
         def step():
-            sh.cache.alloc.lengths.clear()
+            cache.alloc.lengths.clear()
             for q in range(b):
-                sh.cache.reserve(q, ctx_len + 1)
+                cache.reserve(q, ctx_len + 1)
             sh.forward(last, list(range(b)), [ctx_len] * b)
 
         decode.append((b, timed(step)))

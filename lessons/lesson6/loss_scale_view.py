@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from ..events import RUN_START
+from .events import GradHist
 from .mixed_precision_run import MixedPrecisionRun
 from .simulation import ExponentHistogram, OverlapModel, ScalerSim, ScalerSimConfig, simulate_scaler
 
@@ -61,7 +62,7 @@ class Histogram:
     hist: ExponentHistogram
     scale: float
     step: int
-    measured: dict | None
+    measured: GradHist | None
 
 
 class LossScaleView:
