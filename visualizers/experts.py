@@ -111,7 +111,7 @@ class ExpertsVisualizer(PlaybackVisualizer):
             return
         self.source = "model"
         factor = view.get("capacity_factor", self.capacity_factor)
-        self.capacity_factor = None if factor == "dropless" else float(factor)
+        self.capacity_factor = None if factor is None or factor == "dropless" else float(factor)  # None: dropless
         self.top_k = int(view.get("top_k", self.top_k))
         self.skew = float(view.get("skew", self.skew))
         self.frame = PHASES.index(view.get("phase", "dispatch"))
