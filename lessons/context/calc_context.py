@@ -5,6 +5,7 @@ from __future__ import annotations
 from .. import units
 from ..calculator import CalcError, Calculator, Option, bytes_text, table
 from ..lesson7.formulas import dtype_bytes
+from ..model_size import check_degrees
 from . import formulas as f
 
 
@@ -12,8 +13,7 @@ def compute(v: dict) -> dict:
     s, h, a, g, cp, tp = v["seq"], v["hidden"], v["heads"], v["kv_heads"], v["cp"], v["tp"]
     if h % a or a % g:
         raise CalcError("--hidden must be a multiple of --heads, and --heads of --kv-heads")
-    if s % cp:
-        raise CalcError(f"--seq {s} is not divisible by --cp {cp}")
+    check_degrees(cp=cp, seq=s)  # the course's one shape check
     e, d, b = dtype_bytes(v["dtype"]), h // a, v["micro_batch"]
     try:
         memory = {flash: f.activation_bytes_per_gpu(v["layers"], s, b, h, a, cp, tp, v["pp"], flash)

@@ -13,6 +13,8 @@ Pure Python.
 """
 from __future__ import annotations
 
+from ..model_size import explain, refusals
+
 LAYOUTS = ("zigzag", "contiguous")
 VARIANTS = ("ring", "allgather")
 FULL, DIAGONAL, SKIP = "full", "diagonal", "skip"
@@ -28,10 +30,9 @@ def check_layout(seq: int, cp: int, layout: str) -> None:
         raise LayoutError(f"layout must be one of {', '.join(LAYOUTS)}, not {layout!r}")
     if cp < 1:
         raise LayoutError(f"the context-parallel size must be at least 1, not {cp}")
-    parts = num_chunks(cp, layout)
-    if seq % parts:
-        why = "2·cp" if layout == "zigzag" else "cp"
-        raise LayoutError(f"sequence {seq} is not divisible by {why} = {parts} (the {layout} layout's chunks)")
+    found = refusals(cp=cp, zigzag=layout == "zigzag", seq=seq)  # the course's one shape check
+    if found:
+        raise LayoutError(explain(found))
 
 
 def num_chunks(cp: int, layout: str) -> int:

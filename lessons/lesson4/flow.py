@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..model_size import check_degrees
 from ..strings import translated
 
 REPLICATED, HEADS, HIDDEN, SEQUENCE, PARTIAL = "replicated", "heads", "hidden", "sequence", "partial"
@@ -149,8 +150,7 @@ def vocab_ce_walkthrough(logits=EXAMPLE_LOGITS, target: int = EXAMPLE_TARGET, t:
     equals ``log(Σ exp(z)) − z[target]`` computed on one process.
     """
     v = len(logits)
-    if v % t:
-        raise ValueError(f"vocabulary {v} is not divisible by T={t}")
+    check_degrees(tp=t, vocab=v)  # the course's one shape check
     n = v // t
     shards = [list(logits[r * n:(r + 1) * n]) for r in range(t)]
     local_max = [max(s) for s in shards]
