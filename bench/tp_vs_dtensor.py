@@ -21,10 +21,10 @@ def bench(rank: int, world_size: int, args: dict) -> dict:
 
     from distai.engine.model import GPT, GPTConfig
     from distai.engine.tensor_parallel import (
-        TPBlock,
         TPGroup,
+        apply_tp_block,
         dtensor_parallelize_block,
-        reduce_sequence_parallel_grads,
+        sync_tp_grads,
     )
 
     torch.set_num_threads(args["threads"])
@@ -34,7 +34,7 @@ def bench(rank: int, world_size: int, args: dict) -> dict:
     for sp in (False, True):
         dense = GPT(cfg, seed=0, dtype=torch.float32).block_list()[0]
         tp = TPGroup(sequence_parallel=sp)
-        ours = TPBlock(dense, tp, 0)
+        ours = apply_tp_block(copy.deepcopy(dense), tp)
         theirs = dtensor_parallelize_block(copy.deepcopy(dense), mesh, sp)
         gen = torch.Generator().manual_seed(1)
         x = torch.randn(cfg.seq, args["batch"], cfg.hidden, generator=gen)
@@ -45,7 +45,7 @@ def bench(rank: int, world_size: int, args: dict) -> dict:
             ours.zero_grad(set_to_none=True)
             xi = x.clone().requires_grad_()
             ours(xi).sum().backward()
-            reduce_sequence_parallel_grads(ours, tp)
+            sync_tp_grads(ours, tp)
 
         def step_theirs(_round):
             theirs.zero_grad(set_to_none=True)

@@ -5,11 +5,12 @@ tensor parallelism innermost (consecutive ranks, i.e. one node), then data, then
 order of Megatron-LM and torchtitan (Narayanan et al., SC 2021, Sec. 3: keep TP inside a node).
 Nothing here re-implements a parallelism; it composes the lessons' own engine:
 
-* **TP with sequence parallelism** (lesson 4, :mod:`distai.engine.tensor_parallel`): every
-  transformer block is a :class:`TPBlock`, the embedding a :class:`VocabParallelEmbedding`, the
-  LM head a column-parallel linear over the vocabulary, the loss a
-  :class:`VocabParallelCrossEntropy`; after backward :func:`reduce_sequence_parallel_grads`
-  sums the layer-norm and row-bias gradients over the TP group.
+* **TP with sequence parallelism** (lesson 4, :func:`~distai.engine.tensor_parallel.apply_tp`):
+  each pipeline stage of the one model (:func:`~distai.engine.pipeline.split_stages`) is split in
+  place — its blocks' projections column- and row-parallel, the embedding and the LM head over the
+  vocabulary, the loss a vocabulary-parallel cross-entropy; after backward
+  :func:`~distai.engine.tensor_parallel.sync_tp_grads` sums the layer-norm and row-bias gradients
+  over the TP group.
 * **PP** (lesson 5, :mod:`distai.engine.pipeline`): the blocks are cut into ``pp·v`` virtual
   stages; a :class:`PipelineRunner` executes the lesson simulator's 1F1B or interleaved order
   on the PP group. With SP a stage boundary carries the rank's ``s/t`` sequence shard, so each
@@ -34,13 +35,13 @@ every c10d call) attributes what was measured to the process group it ran on.
 """
 from __future__ import annotations
 
+import copy
 import math
 from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 
 from ..lessons.capstone.formulas import pp_p2p_bytes_per_microbatch
 from ..lessons.lesson1.formulas import allreduce_bytes_per_rank
@@ -50,18 +51,9 @@ from ..lessons.lesson6.formulas import ddp_buckets
 from . import pipeline as pl
 from .bucketing import BucketedDataParallel, bucket_limits
 from .mesh_args import DIMS, MeshConfigError, MeshShape, check_plan
-from .metering import CommMeter, comm_scope
+from .metering import CommMeter
 from .model import GPT, GPTConfig, make_batch
-from .tensor_parallel import (
-    ColumnParallelLinear,
-    TPBlock,
-    TPGroup,
-    TPLayerNorm,
-    VocabParallelCrossEntropy,
-    VocabParallelEmbedding,
-    reduce_sequence_parallel_grads,
-    shard_dense_state,
-)
+from .tensor_parallel import TPGroup, apply_tp, shard_dense_state, sync_tp_grads, vocab_parallel_loss
 from .zero import ZeroEngine
 
 # ---------------------------------------------------------------------------------------------
@@ -102,61 +94,12 @@ def build_mesh(shape: MeshShape, device_type: str = "cpu") -> Mesh3D:
 
 
 # ---------------------------------------------------------------------------------------------
-# The model: the course's GPT with an untied LM head, dense and cut into 3D stages
-
-class MeshStage(nn.Module):
-    """One virtual pipeline stage, tensor-parallel: [embedding] → blocks ``layers`` → [final layer
-    norm → LM head]. Input: token ids ``[b, s]`` (first stage) or this TP rank's sequence shard
-    ``[s/t, b, h]``; output: the next stage's input, or this rank's ``V/t`` logits ``[s, b, V/t]``."""
-
-    def __init__(self, dense: GPT, tp: TPGroup, layers: range, first: bool, last: bool):
-        super().__init__()
-        cfg = dense.cfg
-        self.cfg, self.tp = cfg, tp
-        self.dtype = dense.embed.weight.dtype
-        self.embed = VocabParallelEmbedding(dense.embed.weight, tp) if first else None
-        blocks = dense.block_list()
-        self.blocks = nn.ModuleDict({str(i): TPBlock(blocks[i], tp, i) for i in layers})
-        self.ln_f = TPLayerNorm(dense.head.norm, tp) if last else None
-        self.head = (ColumnParallelLinear(dense.head.lm_weight.chunk(tp.size)[tp.rank], None, tp, "head.f")
-                     if last else None)
-
-    def units(self) -> list[nn.Module]:
-        """The modules in the order their forwards run (ZeRO's units)."""
-        return [m for m in (self.embed, *self.blocks.values(), self.ln_f, self.head) if m is not None]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.embed is not None:
-            with comm_scope("embed"):
-                x = self.embed(x)
-        for block in self.blocks.values():
-            x = block(x)
-        if self.head is not None and self.ln_f is not None:
-            with comm_scope("head"):
-                x = self.head(self.ln_f(x))
-        return x
-
-    def input_meta(self, microbatch_size: int) -> pl.TensorMeta:
-        """What this stage receives (checked by the pipeline runner before the first step)."""
-        if self.embed is not None:
-            return pl.TensorMeta((microbatch_size, self.cfg.seq), "int64")
-        seq = self.cfg.seq // self.tp.size if self.tp.sequence_parallel else self.cfg.seq
-        return pl.TensorMeta((seq, microbatch_size, self.cfg.hidden), str(self.dtype).replace("torch.", ""))
-
+# The model: the course's GPT with an untied LM head, cut into stages (pipeline.split_stages),
+# each split over TP (tensor_parallel.apply_tp)
 
 def stage_layers(cfg: GPTConfig, n_stages: int, stage: int) -> range:
     per = cfg.layers // n_stages
     return range(stage * per, (stage + 1) * per)
-
-
-def dense_shard(dense: GPT, tp_rank: int, tp: int) -> dict[str, torch.Tensor]:
-    """The dense model's parameters cut the way TP rank ``tp_rank`` holds them in its stages
-    (names as in :class:`MeshStage`: ``blocks.{i}.…``, ``embed.weight``, ``ln_f.…``, ``head.weight``)."""
-    state = {n: p.detach() for n, p in dense.named_parameters()}
-    out = shard_dense_state(state, tp_rank, tp)
-    for leaf in ("weight", "bias"):
-        out[f"ln_f.{leaf}"] = out.pop(f"head.norm.{leaf}")
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -196,11 +139,12 @@ class MeshTrainer:
         self.tp = TPGroup(mesh.groups["tp"], sequence_parallel=True)
         p, r = shape.pp, mesh.pp_rank
         n_stages = p * v
-        self.chunks: dict[int, MeshStage] = {}
+        stages = pl.split_stages(copy.deepcopy(dense), n_stages)  # the reference stays dense
+        self.chunks: dict[int, pl.StageModule] = {}
         for c in range(v):
             s = c * p + r
-            self.chunks[s] = MeshStage(dense, self.tp, stage_layers(dense.cfg, n_stages, s),
-                                       s == 0, s == n_stages - 1).to(device)
+            apply_tp(stages[s], self.tp)
+            self.chunks[s] = stages[s].to(device)
         self.first, self.last = 0 in self.chunks, n_stages - 1 in self.chunks
         self.vocab_start = self.tp.rank * (dense.cfg.vocab // self.tp.size)
         params = [q for s in sorted(self.chunks) for q in self.chunks[s].parameters()]
@@ -228,8 +172,7 @@ class MeshTrainer:
         self.runner.validate()
 
     def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        with comm_scope("head"):
-            return VocabParallelCrossEntropy.apply(logits, targets.t(), self.tp, self.vocab_start).mean()
+        return vocab_parallel_loss(logits, targets, self.tp, self.vocab_start)
 
     def _before_backward(self, op: sim.Op) -> None:
         # Gradients accumulate over the microbatches; only the last backward of a chunk syncs
@@ -254,7 +197,7 @@ class MeshTrainer:
         if self.zero is not None:
             self.zero.wait_gradients()
         for s in sorted(self.chunks):
-            reduce_sequence_parallel_grads(self.chunks[s], self.tp)
+            sync_tp_grads(self.chunks[s], self.tp)
         if self.zero is not None:
             self.zero.step()
             self.zero.synchronize()
@@ -302,7 +245,7 @@ def dense_step(dense: GPT, optimizer: torch.optim.Optimizer, ids: torch.Tensor,
 
 def max_relative_diff(trainer: MeshTrainer, dense: GPT) -> float:
     """Largest ``max|ours − dense| / max|dense|`` over this rank's parameters."""
-    want = dense_shard(dense, trainer.tp.rank, trainer.tp.size)
+    want = shard_dense_state({n: p.detach() for n, p in dense.named_parameters()}, trainer.tp.rank, trainer.tp.size)
     worst = 0.0
     for name, p in trainer.named_parameters().items():
         ref = want[name].to(p.device)
@@ -352,24 +295,28 @@ def _account(tally: dict) -> dict:
 
 
 def stage_parameter_sizes(cfg: GPTConfig, tp: int, layers: range, first: bool, last: bool) -> list[int]:
-    """Elements of each parameter tensor of a :class:`MeshStage`, in ``named_parameters`` order,
-    from the configuration alone (Megatron's TP layout: column-parallel QKV / fc1 and their
-    biases split by t (the attention's own query/value bias first: a module's own parameters come
-    before its children's), row-parallel W_o / fc2 split by t with whole biases, layer norms whole,
-    embedding and head split over the vocabulary)."""
+    """Elements of each parameter tensor of a stage split over ``tp`` ranks, in ``named_parameters``
+    order, from the configuration alone (the model's registration order; Megatron's TP layout:
+    column-parallel W_q, W_k, W_v, fc1 and their biases split by t, row-parallel W_o / fc2 split by t
+    with whole biases, layer norms whole, embedding and head split over the vocabulary)."""
     h, f, V = cfg.hidden, cfg.ffn_size, cfg.vocab
-    block = [h, h,                       # ln1 weight, bias
-             2 * h // tp, 3 * h * h // tp,  # query and value biases, qkv (column-parallel; keys unbiased)
-             h * h // tp, h,             # wo (row-parallel), its bias whole
-             h, h,                       # ln2
-             f * h // tp, f // tp,       # fc1 (column-parallel)
-             h * f // tp, h]             # fc2 (row-parallel)
     sizes = [V // tp * h] if first else []
     for _ in layers:
-        sizes += block
+        sizes += block_param_sizes(h, f, tp)
     if last:
-        sizes += [h, h, V // tp * h]     # ln_f, head
+        sizes += [h, h, V // tp * h]     # final norm, head
     return sizes
+
+
+def block_param_sizes(h: int, f: int, tp: int) -> list[int]:
+    """One GPT-2-shape block's parameter sizes on a TP rank, in registration order."""
+    return [h, h, h, h,                  # ln1, ln2 weight and bias
+            h * h // tp, h // tp,        # wq (column-parallel) and its bias
+            h * h // tp, h,              # wo (row-parallel), its bias whole
+            h * h // tp,                 # wk (keys unbiased)
+            h * h // tp, h // tp,        # wv and its bias
+            f * h // tp, f // tp,        # fc1 (column-parallel)
+            h * f // tp, h]              # fc2 (row-parallel)
 
 
 def _ring(op: str, payload_bytes: float, n: int) -> float:
@@ -458,17 +405,18 @@ def expected_comm(cfg: GPTConfig, shape: MeshShape, pp_rank: int, *, microbatche
 
 
 def _zero_units(sizes: list[int], first: bool, last: bool) -> list[int]:
-    """Elements per ZeRO unit of a stage (embedding, each block, final norm, head)."""
+    """Elements per ZeRO unit of a stage (embedding, each block, head with its final norm)."""
+    per_block = len(block_param_sizes(1, 1, 1))
     units, i = [], 0
     if first:
         units.append(sizes[0])
         i = 1
     body_end = len(sizes) - (3 if last else 0)
     while i < body_end:
-        units.append(sum(sizes[i:i + 12]))
-        i += 12
+        units.append(sum(sizes[i:i + per_block]))
+        i += per_block
     if last:
-        units += [sizes[-3] + sizes[-2], sizes[-1]]
+        units.append(sum(sizes[-3:]))
     return units
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -410,6 +410,27 @@ class SavedActivationMeter:
 
     def reset_peak(self) -> None:
         self.peak = self.live
+
+    @contextmanager
+    def per_module(self, modules: Mapping[object, torch.nn.Module]) -> Iterator[None]:
+        """While entered, each module's forward is measured into ``per_layer[str(key)]``
+        (:meth:`measure` around it, through forward hooks)."""
+        open_scopes: dict[object, Any] = {}
+        handles = []
+        for key, module in modules.items():
+            def enter(_m: Any, _args: Any, key: object = key) -> None:
+                open_scopes[key] = self.measure(key)
+                open_scopes[key].__enter__()
+
+            def leave(_m: Any, _args: Any, _out: Any, key: object = key) -> None:
+                open_scopes.pop(key).__exit__(None, None, None)
+
+            handles += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
 
     @contextmanager
     def measure(self, layer: object) -> Iterator[None]:

@@ -58,7 +58,7 @@ from ..lessons.model_size import ModelSize as GPTConfig  # the engine's name for
 from .metering import comm_scope
 
 __all__ = ["GPTConfig", "ModelConfigError", "DropoutMasks", "Attention", "MLP", "Block", "Embedding", "Head",
-           "GPT", "KVCache", "GrowingKVCache", "attend", "project", "masked_dropout", "ScaledMaskedSoftmax",
+           "GPT", "ModelStage", "KVCache", "GrowingKVCache", "attend", "project", "masked_dropout", "ScaledMaskedSoftmax",
            "apply_rope", "lm_loss", "make_batch"]
 
 
@@ -237,7 +237,8 @@ class Attention(nn.Module):
         super().__init__()
         h, kv = cfg.hidden, cfg.group_heads * cfg.head_dim
         self.heads, self.head_dim, self.rope_theta = cfg.heads, cfg.head_dim, cfg.rope_theta
-        self.wq, self.wo = nn.Linear(h, h, bias=cfg.bias), nn.Linear(h, h, bias=cfg.bias)
+        self.wq = nn.Linear(h, h, bias=cfg.bias)
+        self.wo: nn.Module = nn.Linear(h, h, bias=cfg.bias)  # a plan may make it row-parallel
         self.wk, self.wv = nn.Linear(h, kv, bias=False), nn.Linear(h, kv, bias=cfg.bias)
         self.project: Callable[[torch.Tensor, Sequence[nn.Module]], list[torch.Tensor]] = project
         self.core: Callable[..., torch.Tensor] = attend
@@ -253,8 +254,9 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
                 cache: KVCache | None = None) -> torch.Tensor:
-        s, b = x.shape[:2]
-        q, k, v = (t.view(s, b, -1, self.head_dim) for t in self.project(x, (self.wq, self.wk, self.wv)))
+        q, k, v = self.project(x, (self.wq, self.wk, self.wv))  # under SP: the whole sequence
+        s, b = q.shape[:2]
+        q, k, v = (t.view(s, b, -1, self.head_dim) for t in (q, k, v))
         pos = _positions(positions, s, b, x.device)
         if self.rope_theta is not None:
             q, k = apply_rope(q, pos, self.rope_theta), apply_rope(k, pos, self.rope_theta)
@@ -278,7 +280,8 @@ class MLP(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         h, f = cfg.hidden, cfg.ffn_size
-        self.fc1, self.fc2 = nn.Linear(h, f, bias=cfg.bias), nn.Linear(f, h, bias=cfg.bias)
+        self.fc1 = nn.Linear(h, f, bias=cfg.bias)
+        self.fc2: nn.Module = nn.Linear(f, h, bias=cfg.bias)  # a plan may make it row-parallel
         self.gate = nn.Linear(h, f, bias=cfg.bias) if cfg.mlp == "swiglu" else None
         self.project: Callable[[torch.Tensor, Sequence[nn.Module]], list[torch.Tensor]] = project
 
@@ -352,6 +355,10 @@ class Head(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(self.norm(x), self.lm_weight)
 
+    def loss(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean next-token cross-entropy of the head's logits of ``x`` against ``[b, s]`` targets."""
+        return lm_loss(self(x), targets)
+
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy of logits ``[s, b, V]`` against targets ``[b, s]``."""
@@ -410,8 +417,39 @@ class GPT(nn.Module):
 
     def forward(self, ids: torch.Tensor, targets: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None, caches: Sequence[KVCache] | None = None) -> torch.Tensor:
-        logits = self.head(self.hidden_states(ids, positions, caches))
-        return logits if targets is None else lm_loss(logits, targets)
+        x = self.hidden_states(ids, positions, caches)
+        return self.head(x) if targets is None else self.head.loss(x, targets)
+
+
+class ModelStage(nn.Module):
+    """A contiguous piece of the model — [embedding] → blocks ``layers`` → [head] — sharing the
+    model's own modules (a pipeline stage; :func:`~distai.engine.pipeline.split_stages` cuts
+    them). Parameter names are the model's (``embed.weight``, ``blocks.{i}.…``, ``head.…``).
+    Input: token ids ``[b, s]`` (first stage) or hidden states ``[s, b, h]``; output: the next
+    stage's input, or the logits (last stage)."""
+
+    def __init__(self, model: GPT, layers: range, first: bool, last: bool):
+        super().__init__()
+        if model.cfg.tie_embeddings and first != last:
+            raise ModelConfigError("the first and the last stage would each hold a copy of a tied "
+                                   "embedding: cut an untied model (tie_embeddings=False)")
+        self.cfg = model.cfg
+        self.embed: nn.Module | None = model.embed if first else None
+        blocks = model.block_list()
+        self.blocks = nn.ModuleDict({str(i): blocks[i] for i in layers})
+        self.head: nn.Module | None = model.head if last else None
+
+    def block_list(self) -> list[Block]:
+        return [cast(Block, b) for b in self.blocks.values()]
+
+    def units(self) -> list[nn.Module]:
+        """The modules in the order their forwards run (what ZeRO gathers one at a time)."""
+        return [m for m in (self.embed, *self.block_list(), self.head) if m is not None]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for unit in self.units():
+            x = unit(x)
+        return x
 
 
 def make_batch(cfg: GPTConfig, batch: int, seed: int = 0, step: int = 0,

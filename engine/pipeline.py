@@ -43,7 +43,7 @@ from ..lessons.events import SPAN
 from ..lessons.lesson5 import simulator as sim
 from ..lessons.lesson5.events import PP_OP
 from .metering import SavedActivationMeter
-from .model import GPT, Embedding, GPTConfig, lm_loss
+from .model import GPT, GPTConfig, ModelStage, lm_loss
 
 
 class PipelineConfigError(ValueError):
@@ -51,15 +51,7 @@ class PipelineConfigError(ValueError):
 
 
 # ---------------------------------------------------------------------------------------------
-# The model: the GPT (``distai.engine.model``) as a list of layers that can be cut anywhere.
-
-def build_layers(cfg: GPTConfig, seed: int = 0) -> list[nn.Module]:
-    """Embedding, ``layers`` blocks, head: the same weights on every rank for the same seed."""
-    if cfg.tie_embeddings:
-        raise PipelineConfigError("the first and the last stage would each hold a copy of a tied "
-                                  "embedding: pipeline an untied model (tie_embeddings=False)")
-    return GPT(cfg, seed=seed).layers()
-
+# The model: the one GPT (``distai.engine.model``), cut into stages that share its modules.
 
 loss_fn = lm_loss
 
@@ -90,47 +82,36 @@ class Stage(Protocol):
     def input_meta(self, microbatch_size: int) -> TensorMeta: ...
 
 
-class StageModule(nn.Module):
-    """A run of consecutive layers: one virtual stage."""
-
-    def __init__(self, layers: Sequence[nn.Module], cfg: GPTConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.layers = nn.ModuleList(layers)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return x
+class StageModule(ModelStage):
+    """One virtual stage: a :class:`~distai.engine.model.ModelStage` of the model (the model's
+    own modules, the model's parameter names) and what it expects to receive."""
 
     def input_meta(self, microbatch_size: int) -> TensorMeta:
-        """What this stage expects to receive."""
-        first = self.layers[0]
-        if isinstance(first, Embedding):
+        if self.embed is not None:
             return TensorMeta((microbatch_size, self.cfg.seq), "int64")
-        return TensorMeta((self.cfg.seq, microbatch_size, self.cfg.hidden), "float32")
+        blocks = self.block_list()
+        shard = blocks[0].sequence_shard if blocks else None  # sequence parallelism: this rank's tokens
+        seq = self.cfg.seq // shard[1] if shard is not None else self.cfg.seq
+        dtype = next(self.parameters()).dtype
+        return TensorMeta((seq, microbatch_size, self.cfg.hidden), str(dtype).replace("torch.", ""))
 
 
-def split_layers(layers: Sequence[nn.Module], n_stages: int, cfg: GPTConfig) -> list[StageModule]:
-    """Cut the blocks into ``n_stages`` runs of equal length (embedding joins the first, head
-    the last)."""
-    blocks = list(layers[1:-1])
-    if len(blocks) < n_stages:
-        raise PipelineConfigError(f"{len(blocks)} transformer blocks cannot fill {n_stages} stages; "
+def split_stages(model: GPT, n_stages: int) -> list[StageModule]:
+    """Cut the model's blocks into ``n_stages`` runs of equal length (the embedding joins the
+    first, the head the last); the stages share the model's modules (a plan such as
+    ``apply_tp`` then transforms each in place)."""
+    cfg = model.cfg
+    if cfg.tie_embeddings and n_stages > 1:
+        raise PipelineConfigError("the first and the last stage would each hold a copy of a tied "
+                                  "embedding: pipeline an untied model (tie_embeddings=False)")
+    if cfg.layers < n_stages:
+        raise PipelineConfigError(f"{cfg.layers} transformer blocks cannot fill {n_stages} stages; "
                                   f"use at least {n_stages} layers")
-    if len(blocks) % n_stages:
-        raise PipelineConfigError(f"{len(blocks)} transformer blocks do not split evenly into {n_stages} "
+    if cfg.layers % n_stages:
+        raise PipelineConfigError(f"{cfg.layers} transformer blocks do not split evenly into {n_stages} "
                                   f"stages; use a multiple of {n_stages} layers")
-    per = len(blocks) // n_stages
-    stages = []
-    for s in range(n_stages):
-        chunk = blocks[s * per:(s + 1) * per]
-        if s == 0:
-            chunk = [layers[0]] + chunk
-        if s == n_stages - 1:
-            chunk = chunk + [layers[-1]]
-        stages.append(StageModule(chunk, cfg))
-    return stages
+    per = cfg.layers // n_stages
+    return [StageModule(model, range(s * per, (s + 1) * per), s == 0, s == n_stages - 1) for s in range(n_stages)]
 
 
 def default_layers(p: int, v: int, minimum: int = 8) -> int:
@@ -459,7 +440,7 @@ def _p2p_label(kind: str, msg: sim.Message, p: int) -> str:
 def build_rank_chunks(cfg: GPTConfig, p: int, v: int, rank: int, seed: int = 0,
                       device="cpu") -> dict[int, StageModule]:
     """This rank's chunks of the model built from ``seed`` (identical on every rank)."""
-    stages = split_layers(build_layers(cfg, seed), p * v, cfg)
+    stages = split_stages(GPT(cfg, seed=seed), p * v)
     return {c * p + rank: stages[c * p + rank].to(device) for c in range(v)}
 
 
@@ -469,13 +450,13 @@ def microbatches(t: torch.Tensor, m: int) -> list[torch.Tensor]:
     return list(t.tensor_split(m))
 
 
-def reference_grads(cfg: GPTConfig, ids: torch.Tensor, targets: torch.Tensor, seed: int = 0):
+def reference_grads(cfg: GPTConfig, ids: torch.Tensor, targets: torch.Tensor, seed: int = 0) -> tuple[float, GPT]:
     """Loss and gradients of the unsplit model on the whole batch (on the batch's device): what a
-    pipeline must reproduce. Returns (loss, list of layers) with ``.grad`` filled."""
-    layers = [layer.to(ids.device) for layer in build_layers(cfg, seed)]
-    x = ids
-    for layer in layers:
-        x = layer(x)
-    loss = loss_fn(x, targets)
+    pipeline must reproduce. Returns (loss, the model) with ``.grad`` filled (cut it with
+    :func:`split_stages` to compare stage by stage)."""
+    if cfg.tie_embeddings:
+        raise PipelineConfigError("pipeline an untied model (tie_embeddings=False)")
+    model = GPT(cfg, seed=seed).to(ids.device)
+    loss = loss_fn(model(ids), targets)
     loss.backward()
-    return float(loss.detach()), layers
+    return float(loss.detach()), model

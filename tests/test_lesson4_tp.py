@@ -37,11 +37,17 @@ def check_all(rank: int, world_size: int) -> dict:
                    "max_grad_diff": keep["max_grad_diff"],
                    "memory": L.measure_activations(cfg, BATCH, True, seed=3, regather=False)}
     out["forgotten_g"] = L.forgotten_g(cfg, BATCH, seed=3) if world_size > 1 else None
+    # The Llama shape through the same plan: GQA (2 KV heads: split at T=2, replicated at T=4),
+    # RoPE, SwiGLU, RMSNorm, no biases, untied head.
+    llama = GPTConfig(**{**SIZES, "kv_heads": 2, "norm": "rms", "mlp": "swiglu", "rope_theta": 1e4,
+                         "bias": False, "tie_embeddings": False})
+    out["llama"] = {sp: L.train_against_dense(llama, BATCH, sp, steps=2, lr=0.5, seed=3) for sp in (False, True)}
+    for tr in out["llama"].values():
+        tr.pop("meter")
     # Every rank holds a different shard: T that silently does not split would hold the dense sizes.
     from distai.engine.model import GPT
-    from distai.engine.tensor_parallel import TPGroup, TPModel
-    dense = GPT(cfg, seed=3, dtype=torch.float64)
-    model = TPModel(dense, TPGroup())
+    from distai.engine.tensor_parallel import TPGroup, apply_tp
+    model = apply_tp(GPT(cfg, seed=3, dtype=torch.float64), TPGroup())
     out["param_sizes"] = {n: tuple(p.shape) for n, p in model.named_parameters()}
     if world_size == 2:  # last: the experiment's own entry point ends the process group
         import os
@@ -80,8 +86,19 @@ def test_loss_and_every_gradient_equal_dense(results, sp):
         assert tr["losses"][1] < tr["losses"][0]  # the two models train, in lockstep
         assert max(tr["max_grad_diff"]) < TOL
         diffs = tr["per_param_diff"]
-        assert len(diffs) == 2 + SIZES["layers"] * 12 + 1  # embed, ln_f w/b, 12 per block
+        assert len(diffs) == 2 + SIZES["layers"] * 15 + 1  # embed, ln_f w/b, 15 per block (the dense names)
         assert all(v < TOL for v in diffs.values()), diffs
+
+
+@pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp+sp"])
+def test_llama_shape_loss_and_every_gradient_equal_dense(results, sp):
+    for r in results:
+        tr = r["llama"][sp]
+        for mine, ref in zip(tr["losses"], tr["dense_losses"]):
+            assert abs(mine - ref) < TOL
+        assert tr["losses"][1] < tr["losses"][0]
+        assert max(tr["max_grad_diff"]) < TOL, tr["per_param_diff"]
+        assert len(tr["per_param_diff"]) == 1 + SIZES["layers"] * 9 + 2  # embed, 9 per block, norm, head
 
 
 @pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp+sp"])
@@ -204,7 +221,8 @@ def test_weights_are_really_split(results):
     T, h, V = r["T"], SIZES["hidden"], SIZES["vocab"]
     sizes = r["param_sizes"]
     assert sizes["embed.weight"] == (V // T, h)
-    assert sizes["blocks.0.attn.qkv.weight"] == (3 * h // T, h)
+    for w in ("wq", "wk", "wv"):
+        assert sizes[f"blocks.0.attn.{w}.weight"] == (h // T, h)
     assert sizes["blocks.0.attn.wo.weight"] == (h, h // T)
     assert sizes["blocks.0.mlp.fc1.weight"] == (4 * h // T, h)
     assert sizes["blocks.0.mlp.fc2.weight"] == (h, 4 * h // T)

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from distai.engine import pipeline as pl
-from distai.engine.model import Block, GPTConfig
+from distai.engine.model import GPT, GPTConfig
 from distai.engine.testing import run_in_group
 from distai.lessons.lesson5 import formulas
 from distai.lessons.lesson5 import simulator as sim
@@ -36,10 +36,10 @@ def _pipeline_checks(rank: int, p: int, events_dir: str | None) -> dict:
     m = 2 * p
     cfg = GPTConfig(vocab=64, hidden=32, heads=2, seq=16, layers=pl.default_layers(p, 2), tie_embeddings=False)
     ids, tg = pl.make_batch(cfg, m * MB)
-    ref_loss, ref_layers = pl.reference_grads(cfg, ids, tg)
+    ref_loss, ref_model = pl.reference_grads(cfg, ids, tg)
     out: dict = {"ref_loss": ref_loss}
     for schedule, v in SCHEDULES:
-        ref_stages = pl.split_layers(ref_layers, p * v, cfg)
+        ref_stages = pl.split_stages(ref_model, p * v)
         chunks = pl.build_rank_chunks(cfg, p, v, rank)
         runner = pl.PipelineRunner(chunks, rank=rank, p=p, m=m, schedule=schedule, v=v, microbatch_size=MB)
         res = runner.step(pl.microbatches(ids, m) if 0 in chunks else None,
@@ -95,7 +95,7 @@ def _pipeline_checks(rank: int, p: int, events_dir: str | None) -> dict:
     if rank == 1:  # stage 1 built for a narrower model than stage 0 sends
         narrow = GPTConfig(vocab=64, hidden=24, heads=2, seq=16, layers=pl.default_layers(p, 2),
                            tie_embeddings=False)
-        chunks = {1: pl.StageModule([Block(narrow) for _ in range(2)], narrow)}
+        chunks = {1: pl.split_stages(GPT(narrow), p)[1]}
     runner = pl.PipelineRunner(chunks, rank=rank, p=p, m=m, schedule="1f1b", microbatch_size=MB)
     out["shape_mismatch"] = _error_of(runner.validate)
     dist.barrier()  # the group still works after the error: nobody is stuck in a receive

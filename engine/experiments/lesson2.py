@@ -42,7 +42,8 @@ from ..comm_trace import traced_step
 from ..experiment import UsageError, exit_with, run_experiment
 from ..metering import CommMeter
 from ..model import GPT, GPTConfig, ModelConfigError, lm_loss
-from ..zero import ZeroEngine, held_bytes
+from ..parallelize import apply_dp, apply_fsdp, apply_zero
+from ..zero import held_bytes
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp2")
 #: the calculator's name for each strategy
@@ -158,11 +159,9 @@ class DDPTrainer(Trainer):
     name = "ddp"
 
     def __init__(self, model, rank, world_size, device, optimizer="adam", precision="fp32"):
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
         super().__init__(model, rank, world_size, device)
         ids = [device.index] if device.type == "cuda" else None
-        self.ddp = DDP(model, device_ids=ids, gradient_as_bucket_view=True)
+        self.ddp = apply_dp(model, impl="ddp", device_ids=ids, gradient_as_bucket_view=True)
         self.opt = make_optimizer(optimizer, model.parameters())
         self.autocast = precision != "fp32"  # mixed precision the torch way: fp32 params, bf16 compute
 
@@ -181,7 +180,7 @@ class ZeroTrainer(Trainer):
         super().__init__(model, rank, world_size, device)
         self.name = f"zero{stage}"
         dtype = torch.float32 if precision == "fp32" else torch.bfloat16
-        self.engine = ZeroEngine(model.units(), stage, lambda ps: make_optimizer(optimizer, ps),
+        self.engine = apply_zero(model, stage, lambda ps: make_optimizer(optimizer, ps),
                                  param_dtype=dtype, prefetch=prefetch, trace=trace)
 
     def step(self, batch):
@@ -209,7 +208,7 @@ class FSDP2Trainer(Trainer):
 
     def __init__(self, model, rank, world_size, device, optimizer="adam", precision="fp32"):
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy
 
         super().__init__(model, rank, world_size, device)
         key = (device.type, world_size, id(dist.group.WORLD))
@@ -219,9 +218,7 @@ class FSDP2Trainer(Trainer):
         mp = MixedPrecisionPolicy()
         if precision != "fp32":
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
-        for unit in model.units():
-            fully_shard(unit, mesh=mesh, mp_policy=mp)
-        fully_shard(model, mesh=mesh, mp_policy=mp)
+        apply_fsdp(model, mesh, mp_policy=mp)
         self.opt = make_optimizer(optimizer, model.parameters())
 
     def step(self, batch):

@@ -7,7 +7,7 @@ Run on T ranks (T = the world size; T divides the heads, the MLP width and the v
 
 For each mode, plain tensor parallelism (``tp``) and tensor + sequence parallelism (``tp+sp``):
 
-1. trains ``--steps`` SGD steps of :class:`~distai.engine.tensor_parallel.TPModel` and of the same
+1. trains ``--steps`` SGD steps of the model split by :func:`~distai.engine.tensor_parallel.apply_tp` and of the same
    dense model (:class:`~distai.engine.model.GPT`) on every rank (float64, dropout with the same masks) and reports the loss of both and
    the largest gradient difference over every parameter;
 2. counts each rank's collectives and bytes per layer, forward and backward (a
@@ -59,13 +59,13 @@ from ..experiment import (
 from ..metering import CommMeter, SavedActivationMeter
 from ..model import GPT, DropoutMasks, GPTConfig, ModelConfigError, make_batch
 from ..tensor_parallel import (
-    TPBlock,
     TPGroup,
-    TPModel,
+    apply_tp,
+    apply_tp_block,
     dtensor_parallelize_block,
     full_grad,
-    reduce_sequence_parallel_grads,
     shard_dense_state,
+    sync_tp_grads,
 )
 
 #: the GPT the run splits (its size flags default to this)
@@ -80,9 +80,12 @@ REGATHER_SUFFIX = ".regather"
 DEVICE = torch.device("cpu")  # main() sets the run's device (cuda:N under NCCL)
 
 
-def grad_diffs(dense: torch.nn.Module, model: torch.nn.Module, rank: int, size: int) -> dict[str, float]:
-    """|dense gradient cut like this rank's shard − this rank's gradient|, max per parameter."""
-    ref = shard_dense_state({n: full_grad(p) for n, p in dense.named_parameters()}, rank, size)
+def grad_diffs(dense: torch.nn.Module, model: torch.nn.Module, rank: int, size: int,
+               cfg: GPTConfig | None = None) -> dict[str, float]:
+    """|dense gradient cut like this rank's shard − this rank's gradient|, max per parameter
+    (``cfg``: the model's shape, when its key/value heads differ from its query heads)."""
+    heads = {"heads": cfg.heads, "kv_heads": cfg.group_heads} if cfg is not None else {}
+    ref = shard_dense_state({n: full_grad(p) for n, p in dense.named_parameters()}, rank, size, **heads)
     mine = {n: full_grad(p) for n, p in model.named_parameters()}
     if ref.keys() != mine.keys():
         raise AssertionError(f"parameter names differ: {sorted(ref.keys() ^ mine.keys())}")
@@ -101,7 +104,7 @@ def train_against_dense(cfg: GPTConfig, batch: int, sp: bool, steps: int = 2, lr
     tp = TPGroup(sequence_parallel=sp, regather=regather)
     cfg.check_tp(tp.size, sp)
     dense = GPT(cfg, seed=seed, dtype=dtype, device=DEVICE)
-    model = TPModel(dense, tp)
+    model = apply_tp(GPT(cfg, seed=seed, dtype=dtype, device=DEVICE), tp)
     masks = DropoutMasks(cfg.dropout, seed=seed)
     dense.set_masks(masks)
     model.set_masks(masks)
@@ -121,14 +124,14 @@ def train_against_dense(cfg: GPTConfig, batch: int, sp: bool, steps: int = 2, lr
             loss.backward()
         if sp and tp.size > 1 and step == 0:
             # The classic bug, measured: layer-norm gradients of one sequence shard only.
-            d = grad_diffs(dense, model, tp.rank, tp.size)
+            d = grad_diffs(dense, model, tp.rank, tp.size, cfg)
             out["sp_grads_unsynced_diff"] = max_over_ranks(
                 max(v for n, v in d.items() if getattr(dict(model.named_parameters())[n], "sequence_parallel", False)), DEVICE)
         with meter if step == 0 else contextlib.nullcontext():
-            reduce_sequence_parallel_grads(model, tp)
+            sync_tp_grads(model, tp)
         if step == 0:
             out["max_logits_width"] = tp.max_logits_width
-        diffs = grad_diffs(dense, model, tp.rank, tp.size)
+        diffs = grad_diffs(dense, model, tp.rank, tp.size, cfg)
         worst = max_over_ranks(max(diffs.values()), DEVICE)
         if step == 0:
             out["per_param_diff"] = {n: max_over_ranks(v, DEVICE) for n, v in sorted(diffs.items())}
@@ -190,19 +193,19 @@ def measure_activations(cfg: GPTConfig, batch: int, sp: bool, seed: int = 0,
     if cfg.dropout <= 0:
         raise ValueError("the activation formula counts dropout masks: measure with --dropout > 0")
     tp = TPGroup(sequence_parallel=sp, regather=regather)
-    dense = GPT(cfg, seed=seed, dtype=torch.bfloat16, device=DEVICE)
-    model = TPModel(dense, tp)
+    model = apply_tp(GPT(cfg, seed=seed, dtype=torch.bfloat16, device=DEVICE), tp)
     model.set_masks(DropoutMasks(cfg.dropout, seed=seed))
-    model.meter = SavedActivationMeter(model.parameters())
+    meter = SavedActivationMeter(model.parameters())
     ids, targets = make_batch(cfg, batch, seed, 0, device=DEVICE)
-    model(ids, targets).backward()
+    with meter.per_module({b.layer: b for b in model.block_list()}):
+        model(ids, targets).backward()
     T = tp.size
     formula = activation_bytes_per_layer(cfg.seq, batch, cfg.hidden, cfg.heads, T, sp and T > 1)
     tokens = cfg.seq * batch // (T if sp else 1)
     probe = torch.ones(2, cfg.hidden, dtype=torch.bfloat16, device=DEVICE)
     stat_size = torch.native_layer_norm(probe, (cfg.hidden,), None, None, cfg.eps)[1].element_size()
     ln_stats = 2 * 2 * tokens * stat_size  # 2 layer norms × (mean, rstd) per token
-    return {"per_layer": dict(model.meter.per_layer), "formula_bytes": formula, "ln_stats_bytes": ln_stats,
+    return {"per_layer": dict(meter.per_layer), "formula_bytes": formula, "ln_stats_bytes": ln_stats,
             "T": T}
 
 
@@ -216,7 +219,7 @@ def forgotten_g(cfg: GPTConfig, batch: int, seed: int = 0) -> dict:
     for name, skip in (("bug", {"mlp.g"}), ("fixed", set())):
         tp = TPGroup(skip_sites=skip)
         dense = GPT(cfg, seed=seed, dtype=torch.float64, device=DEVICE)
-        model = TPModel(dense, tp)
+        model = apply_tp(GPT(cfg, seed=seed, dtype=torch.float64, device=DEVICE), tp)
         ids, targets = make_batch(cfg, batch, seed, 0, device=DEVICE)
         with torch.no_grad():
             out[name] = max_over_ranks(abs(model(ids, targets).item() - dense(ids, targets).item()), DEVICE)
@@ -242,7 +245,7 @@ def compare_with_dtensor(cfg: GPTConfig, batch: int, sp: bool, seed: int = 0,
     dense = GPT(cfg, seed=seed, dtype=dtype, device=DEVICE).block_list()[0]
     dt_block = copy.deepcopy(dense)
     tp = TPGroup(sequence_parallel=sp)
-    ours = TPBlock(dense, tp, 0)
+    ours = apply_tp_block(copy.deepcopy(dense), tp)
 
     gen = torch.Generator().manual_seed(seed + 17)
     x = torch.randn(cfg.seq, batch, cfg.hidden, dtype=dtype, generator=gen).to(DEVICE)
@@ -257,7 +260,7 @@ def compare_with_dtensor(cfg: GPTConfig, batch: int, sp: bool, seed: int = 0,
     with CommMeter() as meter:
         yo = ours(xo)
         (yo * local(w)).sum().backward()
-        reduce_sequence_parallel_grads(ours, tp)
+        sync_tp_grads(ours, tp)
     ours_ops = meter.counts()
     out = {
         "out_ours_vs_dense": max_over_ranks((yo - local(yd)).abs().max().item(), DEVICE),
@@ -345,6 +348,73 @@ def main(argv: list[str] | None = None) -> int:
     return run_experiment("lesson4", build_parser().parse_args, run, argv, usage_errors=(UsageError, ModelConfigError))
 
 
+def _run_mode(ev, cfg: GPTConfig, args: argparse.Namespace, mode: str, T: int, progress: Progress,
+              lines: list[str]) -> dict:
+    """One mode (tp or tp+sp): training against dense, its collectives, its activation memory and
+    its vocabulary-parallel loss; emits their events, appends the report's lines, returns its row."""
+    sp = MODES[mode]
+    PHASE.emit(ev, {"name": f"{mode}: training against the dense model"})
+    tr = train_against_dense(cfg, args.micro_batch, sp, args.steps, args.lr, args.seed,
+                             regather=args.regather, events=ev, mode=mode)
+    cc = comm_check(tr["meter"], cfg, args.micro_batch, sp, T, tr["elem_size"])
+    for r in tr["meter"].records:
+        COMM.emit(ev, {"mode": mode, "layer": r.layer, "phase": r.phase, "op": r.op, "site": r.site, "count": 1,
+                       "wire_bytes": r.wire_bytes, "payload_bytes": r.payload_bytes})
+    COMM_CHECK.emit(ev, {"mode": mode, "layers": cc["layers"], "formula": cc["formula"], "match": cc["match"]})
+    progress()
+    PHASE.emit(ev, {"name": f"{mode}: activation memory"})
+    mem = measure_activations(cfg, args.micro_batch, sp, args.seed, args.regather)
+    for layer, measured in mem["per_layer"].items():
+        MEMORY.emit(ev, {"mode": mode, "layer": layer, "measured_bytes": measured,
+                         "formula_bytes": mem["formula_bytes"], "ln_stats_bytes": mem["ln_stats_bytes"]})
+    progress()
+    head = tr["meter"].of("head", "fwd", sites=("ce.max", "ce.target", "ce.sumexp"))
+    vocab = {"logits_width": tr["max_logits_width"], "vocab": cfg.vocab,
+             "ce_allreduce_count": len(head), "ce_wire_bytes": sum(r.wire_bytes for r in head),
+             "gather_logits_wire_bytes": (T - 1) / T * cfg.seq * args.micro_batch * cfg.vocab * tr["elem_size"]}
+    VOCAB.emit_fields(ev, {"mode": mode, **vocab})
+    row = {"losses": tr["losses"], "dense_losses": tr["dense_losses"],
+           "max_grad_diff": max(tr["max_grad_diff"]), "comm_match": cc["match"],
+           "comm_layer0": cc["layers"]["0"], "formula": cc["formula"],
+           "memory_measured": mem["per_layer"]["0"], "memory_formula": mem["formula_bytes"],
+           "memory_ln_stats": mem["ln_stats_bytes"], "vocab": vocab}
+    if sp and T > 1:
+        PITFALL.emit(ev, {"name": "sp-layernorm-grads", "max_diff": tr["sp_grads_unsynced_diff"],
+                          "fixed_diff": max(tr["max_grad_diff"])})
+        row["sp_grads_unsynced_diff"] = tr["sp_grads_unsynced_diff"]
+    lines += _mode_lines(mode, sp, T, args.steps, tr, cc["layers"]["0"], mem, vocab, cfg.vocab)
+    return row
+
+
+def _mode_lines(mode: str, sp: bool, T: int, steps: int, tr: dict, l0: dict, mem: dict, vocab: dict,
+                V: int) -> list[str]:
+    """The report of one mode: losses, layer 0's collectives against the formula, memory, vocab."""
+    lines: list[str] = []
+    lines.append(f"\n[{mode}] loss TP {tr['losses'][0]:.6f} vs dense {tr['dense_losses'][0]:.6f} "
+                 f"(step 0); after {steps} SGD steps {tr['losses'][-1]:.6f} vs {tr['dense_losses'][-1]:.6f}; "
+                 f"max |grad diff| {max(tr['max_grad_diff']):.1e}")
+    for ph in ("fwd", "bwd"):
+        c = l0[ph]
+        got = ", ".join(f"{v} {k}" for k, v in c["counts"].items() if v) or "none"
+        want = ", ".join(f"{v} {k}" for k, v in c["formula_counts"].items() if v) or "none"
+        extra = (f"  + {c['regather_count']} re-gather ({_fmt_bytes(c['regather_wire_bytes'])})"
+                 if c["regather_count"] else "")
+        lines.append(f"  layer 0 {ph}: {got}, {_fmt_bytes(c['wire_bytes'])} sent/rank — formula: {want}, "
+                     f"{_fmt_bytes(c['formula_wire_bytes'])}{extra}")
+    if l0["grad-sync"]["count"]:
+        lines.append(f"  layer 0 grad-sync (SP layer-norm/bias grads): {l0['grad-sync']['count']} all_reduce, "
+                     f"{_fmt_bytes(l0['grad-sync']['payload_bytes'])}")
+    lines.append(f"  activations/layer/rank (bf16): measured {_fmt_bytes(mem['per_layer']['0'])} = formula "
+                 f"{_fmt_bytes(mem['formula_bytes'])} + LN stats {_fmt_bytes(mem['ln_stats_bytes'])}")
+    lines.append(f"  vocab-parallel loss: each rank holds {vocab['logits_width']} of {V} logits/token; "
+                 f"{vocab['ce_allreduce_count']} all-reduces of s·b numbers = {_fmt_bytes(vocab['ce_wire_bytes'])} "
+                 f"(gathering the logits: {_fmt_bytes(vocab['gather_logits_wire_bytes'])})")
+    if sp and T > 1:
+        lines.append(f"  bug caught: SP without the layer-norm grad all-reduce → max |grad diff| "
+                     f"{tr['sp_grads_unsynced_diff']:.2e}")
+    return lines
+
+
 def run(ctx, args: argparse.Namespace) -> dict:
     global DEVICE
     DEVICE = ctx.device
@@ -368,60 +438,7 @@ def run(ctx, args: argparse.Namespace) -> dict:
     lines = [f"lesson 4 — tensor parallelism over T={T} ranks ({ctx.backend}); h={cfg.hidden} a={cfg.heads} "
              f"s={cfg.seq} b={args.micro_batch} L={cfg.layers} V={cfg.vocab}"]
     for mode in modes:
-        sp = MODES[mode]
-        PHASE.emit(ev, {"name": f"{mode}: training against the dense model"})
-        tr = train_against_dense(cfg, args.micro_batch, sp, args.steps, args.lr, args.seed,
-                                 regather=args.regather, events=ev, mode=mode)
-        cc = comm_check(tr["meter"], cfg, args.micro_batch, sp, T, tr["elem_size"])
-        for r in tr["meter"].records:
-            COMM.emit(ev, {"mode": mode, "layer": r.layer, "phase": r.phase, "op": r.op, "site": r.site, "count": 1,
-                           "wire_bytes": r.wire_bytes, "payload_bytes": r.payload_bytes})
-        COMM_CHECK.emit(ev, {"mode": mode, "layers": cc["layers"], "formula": cc["formula"], "match": cc["match"]})
-        progress()
-        PHASE.emit(ev, {"name": f"{mode}: activation memory"})
-        mem = measure_activations(cfg, args.micro_batch, sp, args.seed, args.regather)
-        for layer, measured in mem["per_layer"].items():
-            MEMORY.emit(ev, {"mode": mode, "layer": layer, "measured_bytes": measured,
-                             "formula_bytes": mem["formula_bytes"], "ln_stats_bytes": mem["ln_stats_bytes"]})
-        progress()
-        head = tr["meter"].of("head", "fwd", sites=("ce.max", "ce.target", "ce.sumexp"))
-        vocab = {"logits_width": tr["max_logits_width"], "vocab": cfg.vocab,
-                 "ce_allreduce_count": len(head), "ce_wire_bytes": sum(r.wire_bytes for r in head),
-                 "gather_logits_wire_bytes": (T - 1) / T * cfg.seq * args.micro_batch * cfg.vocab * tr["elem_size"]}
-        VOCAB.emit_fields(ev, {"mode": mode, **vocab})
-        row = {"losses": tr["losses"], "dense_losses": tr["dense_losses"],
-               "max_grad_diff": max(tr["max_grad_diff"]), "comm_match": cc["match"],
-               "comm_layer0": cc["layers"]["0"], "formula": cc["formula"],
-               "memory_measured": mem["per_layer"]["0"], "memory_formula": mem["formula_bytes"],
-               "memory_ln_stats": mem["ln_stats_bytes"], "vocab": vocab}
-        if sp and T > 1:
-            PITFALL.emit(ev, {"name": "sp-layernorm-grads", "max_diff": tr["sp_grads_unsynced_diff"],
-                              "fixed_diff": max(tr["max_grad_diff"])})
-            row["sp_grads_unsynced_diff"] = tr["sp_grads_unsynced_diff"]
-        summary["modes"][mode] = row
-        l0 = cc["layers"]["0"]
-        lines.append(f"\n[{mode}] loss TP {tr['losses'][0]:.6f} vs dense {tr['dense_losses'][0]:.6f} "
-                     f"(step 0); after {args.steps} SGD steps {tr['losses'][-1]:.6f} vs {tr['dense_losses'][-1]:.6f}; "
-                     f"max |grad diff| {max(tr['max_grad_diff']):.1e}")
-        for ph in ("fwd", "bwd"):
-            c = l0[ph]
-            got = ", ".join(f"{v} {k}" for k, v in c["counts"].items() if v) or "none"
-            want = ", ".join(f"{v} {k}" for k, v in c["formula_counts"].items() if v) or "none"
-            extra = (f"  + {c['regather_count']} re-gather ({_fmt_bytes(c['regather_wire_bytes'])})"
-                     if c["regather_count"] else "")
-            lines.append(f"  layer 0 {ph}: {got}, {_fmt_bytes(c['wire_bytes'])} sent/rank — formula: {want}, "
-                         f"{_fmt_bytes(c['formula_wire_bytes'])}{extra}")
-        if l0["grad-sync"]["count"]:
-            lines.append(f"  layer 0 grad-sync (SP layer-norm/bias grads): {l0['grad-sync']['count']} all_reduce, "
-                         f"{_fmt_bytes(l0['grad-sync']['payload_bytes'])}")
-        lines.append(f"  activations/layer/rank (bf16): measured {_fmt_bytes(mem['per_layer']['0'])} = formula "
-                     f"{_fmt_bytes(mem['formula_bytes'])} + LN stats {_fmt_bytes(mem['ln_stats_bytes'])}")
-        lines.append(f"  vocab-parallel loss: each rank holds {vocab['logits_width']} of {cfg.vocab} logits/token; "
-                     f"{vocab['ce_allreduce_count']} all-reduces of s·b numbers = {_fmt_bytes(vocab['ce_wire_bytes'])} "
-                     f"(gathering the logits: {_fmt_bytes(vocab['gather_logits_wire_bytes'])})")
-        if sp and T > 1:
-            lines.append(f"  bug caught: SP without the layer-norm grad all-reduce → max |grad diff| "
-                         f"{tr['sp_grads_unsynced_diff']:.2e}")
+        summary["modes"][mode] = _run_mode(ev, cfg, args, mode, T, progress, lines)
     if T > 1:
         fg = forgotten_g(cfg, args.micro_batch, args.seed)
         PITFALL.emit(ev, {"name": "forgotten-g", "max_diff": fg["bug"], "fixed_diff": fg["fixed"]})

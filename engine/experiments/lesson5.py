@@ -255,8 +255,8 @@ def run_schedule(ctx, schedule: str, cfg, p: int, m: int, v: int, args, batches,
         for run in runs:
             next(run)
     # the unsplit model on the first batch, for this rank's layers
-    ref_loss, ref_layers = pl.reference_grads(cfg, batches[0][0], batches[0][1], seed=args.seed)
-    ref_stages = pl.split_layers(ref_layers, p * v, cfg)
+    ref_loss, ref_model = pl.reference_grads(cfg, batches[0][0], batches[0][1], seed=args.seed)
+    ref_stages = pl.split_stages(ref_model, p * v)
     ref_grads = [q.grad.cpu() for s in sorted(ours["chunks"]) for q in ref_stages[s].parameters()]
     ours_cpu = [g.cpu() for g in ours["grads0"]]
     rel = max(float(g.abs().max()) for g in ref_grads)

@@ -38,17 +38,17 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ...lessons.events import STEP
 from ...lessons.lesson6 import formulas as FM
 from ...lessons.lesson6.events import BUCKET_SWEEP, GRAD_HIST, PHASE, SCALE, TIMELINE
 from ...lessons.lesson6.simulation import exponent_histogram
 from ...lessons.model_size import ModelSize, add_model_options
-from ..bucketing import BucketedDataParallel, StepTimeline, ddp_timed_allreduce_hook
+from ..bucketing import StepTimeline, ddp_timed_allreduce_hook
 from ..experiment import Progress, device_sync, exit_with, run_experiment
 from ..loss_scaling import DynamicLossScaler, MasterWeightOptimizer
 from ..model import GPT, ModelConfigError, lm_loss, make_batch
+from ..parallelize import apply_dp
 
 #: the GPT the run trains (its size flags default to this)
 DEFAULT_MODEL = ModelSize(vocab=256, hidden=64, heads=4, layers=2, seq=16)
@@ -148,7 +148,7 @@ def measure_underflow(probe: torch.nn.Module, ids, targets, device, dtype, scale
     }
 
 
-def _student(args, device, rank: int, dtype) -> tuple[GPT, BucketedDataParallel, list[bool]]:
+def _student(args, device, rank: int, dtype) -> tuple[GPT, torch.nn.Module, list[bool]]:
     """The trained GPT, in bucketed data parallelism, and the switch that puts an inf into rank
     0's gradient of the final norm (the first one backward reaches) before its all-reduce."""
     student = GPT(args.model, seed=args.seed, dtype=dtype if args.weights == "explicit" else torch.float32,
@@ -161,7 +161,7 @@ def _student(args, device, rank: int, dtype) -> tuple[GPT, BucketedDataParallel,
             p.grad.view(-1)[0] = float("inf")
 
     target.register_post_accumulate_grad_hook(poison)  # runs before the bucket hook
-    return student, BucketedDataParallel(student), inject_now
+    return student, apply_dp(student), inject_now
 
 
 def _optimizer_step(opt, scaler: DynamicLossScaler) -> tuple[bool, bool]:
@@ -259,8 +259,8 @@ def _loss_scaling_summary(args, stats: dict, scaler: DynamicLossScaler, losses: 
 def build(mode: str, cap: float, args, device) -> torch.nn.Module:
     net = GPT(args.dp_model, seed=args.seed, device=device)
     if mode == "ddp":
-        return DDP(net, bucket_cap_mb=cap)
-    return BucketedDataParallel(net, bucket_cap_mb=cap, overlap=(mode == "overlap"))
+        return apply_dp(net, impl="ddp", bucket_cap_mb=cap)
+    return apply_dp(net, bucket_cap_mb=cap, overlap=(mode == "overlap"))
 
 
 def train_step(model, opt, ids, targets, timeline: StepTimeline | None = None) -> None:

@@ -10,17 +10,18 @@ The pieces, in the order lesson 4 teaches them (Shoeybi et al. 2019, Korthikanti
   linear: the input is replicated, so each rank's input gradient is a *partial* sum.
 * **g** (:class:`ReduceFromTP`): all-reduce forward, identity backward. Sits after a row-parallel
   linear: each rank's output is a partial sum; the gradient of a sum is the same on every rank.
-* Column-parallel linear (weight rows = output features split) and row-parallel linear (input
-  features split): the MLP is column then row, attention is QKV column-parallel (so each rank
-  owns whole heads) then the output projection row-parallel. One f and one g per sub-block,
-  i.e. 2 all-reduces forward and 2 backward per layer.
+* Column-parallel projections (weight rows = output features split) and row-parallel linear
+  (input features split): the MLP is column then row, attention is W_q, W_k, W_v column-parallel
+  (so each rank owns whole heads) then the output projection row-parallel. One f and one g per
+  sub-block, i.e. 2 all-reduces forward and 2 backward per layer. All of it is a plan
+  (:func:`apply_tp`) applied to the one model: the attention and MLP code are the model's own.
 * **Sequence parallelism** (``sequence_parallel=True``): g becomes a reduce-scatter along the
   sequence (:class:`ReduceScatterToSequence`) and f an all-gather along the sequence
   (:class:`SPColumnLinear` fuses it into the column-parallel matmul and, like Megatron, keeps
   only the sequence shard of its input, all-gathering it again in backward). Layer norms,
   dropouts and residual adds then run on ``s/T`` of the tokens. The layer-norm weights and the
   row-parallel biases see only a shard of the sequence, so their gradients are partial sums
-  that need their own all-reduce: :func:`reduce_sequence_parallel_grads` (the classic bug is to
+  that need their own all-reduce: :func:`sync_tp_grads` (the classic bug is to
   forget it).
 * A vocabulary-parallel embedding (:class:`VocabParallelEmbedding`) and cross-entropy
   (:class:`VocabParallelCrossEntropy`): the max and the sum of exponentials (and the target
@@ -44,24 +45,23 @@ random generator per rank inside the sharded regions; the masks are then differe
 the same distribution.)
 
 Where each idea lives: ``group.py`` (the group and its tagged collectives), ``f_and_g.py``
-(f, g and their sequence-parallel forms), ``layers.py`` (column/row-parallel linears, the layer
-norm, softmax and dropout), ``block.py`` (attention, MLP, block), ``vocab_parallel.py`` (the
-embedding and the cross-entropy), ``parallelize.py`` (the whole model, the SP gradient sync,
-the dense-to-shard map), ``dtensor_reference.py`` (PyTorch's DTensor plan for the same block).
+(f, g and their sequence-parallel forms), ``layers.py`` (column/row-parallel projections),
+``vocab_parallel.py`` (the embedding and the cross-entropy), ``parallelize.py`` (the plan:
+:func:`apply_tp_block`, :func:`apply_tp`, the partial-gradient sync, the dense-to-shard map),
+``dtensor_reference.py`` (PyTorch's DTensor plan for the same block).
 """
 from __future__ import annotations
 
-from .block import TPMLP, TPAttention, TPBlock
 from .dtensor_reference import dtensor_parallelize_block, full_grad
 from .f_and_g import CopyToTP, GatherFromSequence, ReduceFromTP, ReduceScatterToSequence, SPColumnLinear
 from .group import TPGroup
-from .layers import ColumnParallelLinear, RowParallelLinear, TPLayerNorm
-from .parallelize import TPHead, TPModel, reduce_sequence_parallel_grads, shard_dense_state
-from .vocab_parallel import VocabParallelCrossEntropy, VocabParallelEmbedding
+from .layers import ColumnParallelInput, RowParallelLinear, column_parallel
+from .parallelize import VocabParallelHead, apply_tp, apply_tp_block, shard_dense_state, sync_tp_grads
+from .vocab_parallel import VocabParallelCrossEntropy, VocabParallelEmbedding, vocab_parallel_loss
 
 __all__ = [
     "TPGroup", "CopyToTP", "ReduceFromTP", "GatherFromSequence", "ReduceScatterToSequence", "SPColumnLinear",
-    "ColumnParallelLinear", "RowParallelLinear", "TPLayerNorm", "TPAttention", "TPMLP", "TPBlock",
-    "VocabParallelEmbedding", "VocabParallelCrossEntropy", "TPHead", "TPModel",
-    "reduce_sequence_parallel_grads", "shard_dense_state", "dtensor_parallelize_block", "full_grad",
+    "ColumnParallelInput", "RowParallelLinear", "column_parallel", "VocabParallelEmbedding",
+    "VocabParallelCrossEntropy", "vocab_parallel_loss", "VocabParallelHead", "apply_tp", "apply_tp_block",
+    "sync_tp_grads", "shard_dense_state", "dtensor_parallelize_block", "full_grad",
 ]

@@ -16,7 +16,7 @@ A function remembers the layer its forward ran in and tags its backward collecti
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -72,36 +72,44 @@ ReduceScatterToSequence = _conjugate_pair("ReduceScatterToSequence", _reduce_sca
 
 
 class SPColumnLinear(torch.autograd.Function):
-    """All-gather along the sequence fused with a column-parallel matmul.
+    """All-gather along the sequence fused with column-parallel matmuls: ``apply(x_shard, tp,
+    site, w_1, b_1, w_2, b_2, …)`` returns one output per (weight, bias) pair, all from one
+    gathered input (attention's W_q, W_k, W_v; SwiGLU's up and gate projections).
 
     Saves only the rank's sequence shard of the input (``s/T·b·h``) and all-gathers it again in
-    backward to form the weight gradient (site ``<site>.regather``), as Megatron-LM does: the
-    activation memory of the linear's input drops by T for one extra all-gather per linear.
+    backward, once for all the weights' gradients (site ``<site>.regather``), as Megatron-LM
+    does: the activation memory of the projections' input drops by T for one extra all-gather.
     """
 
     @staticmethod
-    def forward(ctx: Any, x_shard: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                tp: TPGroup, site: str) -> torch.Tensor:
+    def forward(ctx: Any, x_shard: torch.Tensor, tp: TPGroup, site: str,
+                *params: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
         ctx.tp, ctx.site, ctx.layer = tp, site, comm_tags()["layer"]
-        ctx.has_bias = bias is not None
+        weights, biases = params[0::2], params[1::2]
+        ctx.has_bias = [b is not None for b in biases]
         total = tp.all_gather_seq(x_shard, site)
-        ctx.save_for_backward(x_shard, weight)
-        return F.linear(total, weight, bias)
+        ctx.save_for_backward(x_shard, *weights)
+        return tuple(F.linear(total, cast(torch.Tensor, w), b) for w, b in zip(weights, biases))
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        x_shard, weight = ctx.saved_tensors
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x_shard, *weights = ctx.saved_tensors
         tp = ctx.tp
-        grad = grad.contiguous()
-        grad_x = grad_w = grad_b = None
+        grads = tuple(g.contiguous() for g in grads)
+        wants_w = [ctx.needs_input_grad[3 + 2 * i] for i in range(len(weights))]
+        grad_params: list[torch.Tensor | None] = []
+        total = None
         # Megatron's order: the re-gather first (on GPUs it overlaps the input-gradient matmul),
         # then the reduce-scatter of the input gradient.
-        if ctx.needs_input_grad[1]:
+        if any(wants_w):
             total = tp.all_gather_seq(x_shard, ctx.site + ".regather", layer=ctx.layer, phase="bwd")
-            grad_w = grad.reshape(-1, grad.shape[-1]).t().matmul(total.reshape(-1, total.shape[-1]))
+            total = total.reshape(-1, total.shape[-1])
+        for i, g in enumerate(grads):
+            flat = g.reshape(-1, g.shape[-1])
+            grad_params.append(flat.t().matmul(total) if wants_w[i] and total is not None else None)
+            grad_params.append(flat.sum(0) if ctx.has_bias[i] and ctx.needs_input_grad[4 + 2 * i] else None)
+        grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_total = grad.matmul(weight)
-            grad_x = tp.reduce_scatter_seq(grad_total, ctx.site, layer=ctx.layer, phase="bwd")
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_b = grad.reshape(-1, grad.shape[-1]).sum(0)
-        return grad_x, grad_w, grad_b, None, None
+            grad_total = sum(g.matmul(w) for g, w in zip(grads, weights))
+            grad_x = tp.reduce_scatter_seq(cast(torch.Tensor, grad_total), ctx.site, layer=ctx.layer, phase="bwd")
+        return (grad_x, None, None, *grad_params)

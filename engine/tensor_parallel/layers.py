@@ -1,11 +1,15 @@
-"""The tensor-parallel layers: a linear split by output features (column-parallel, behind f),
-one split by input features (row-parallel, before g) and a replicated layer norm (the memory-lean
-softmax and dropout are the model's own: :func:`~distai.engine.model.attend`).
+"""The tensor-parallel layers: projections split by output features (column-parallel, behind one
+f), a linear split by input features (row-parallel, before g), and the tag on parameters that see
+only a sequence shard (the memory-lean softmax and dropout are the model's own:
+:func:`~distai.engine.model.attend`).
 
 Weights are cut from the dense model's: rank ``r`` of ``T`` holds rows ``[r·n/T, (r+1)·n/T)``
 (:func:`slice_rows`) or the same columns (:func:`slice_cols`).
 """
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import cast
 
 import torch
 import torch.nn as nn
@@ -25,34 +29,37 @@ def slice_cols(t: torch.Tensor, rank: int, size: int) -> torch.Tensor:
 
 def mark_sequence_parallel(*params: nn.Parameter | None) -> None:
     """These parameters see only this rank's sequence shard: their gradients are partial sums
-    that :func:`~distai.engine.tensor_parallel.parallelize.reduce_sequence_parallel_grads` adds."""
+    that :func:`~distai.engine.tensor_parallel.parallelize.sync_tp_grads` adds."""
     for p in params:
         if p is not None:
             p.sequence_parallel = True  # type: ignore[attr-defined]  # a tag on the Parameter object
 
 
-class ColumnParallelLinear(nn.Module):
-    """``Y_r = X · W_r^T``: this rank holds ``out/T`` rows of the weight (output features).
+def column_parallel(x: torch.Tensor, tp: TPGroup, site: str,
+                    params: Sequence[tuple[torch.Tensor, torch.Tensor | None]]) -> list[torch.Tensor]:
+    """``Y_i = X · W_i^T (+ b_i)`` for column-parallel weights ``W_i`` (this rank's output rows),
+    all behind ONE f: without SP the input is replicated and passes through f (:class:`CopyToTP`);
+    with SP it is a sequence shard, all-gathered once on the way in (:class:`SPColumnLinear`,
+    which keeps only the shard and gathers it again in backward, or :class:`GatherFromSequence`
+    without the re-gather). The outputs stay sharded by feature."""
+    if tp.splits_sequence and tp.regather:
+        return list(SPColumnLinear.apply(x, tp, site, *[t for pair in params for t in pair]))
+    x = GatherFromSequence.apply(x, tp, site) if tp.splits_sequence else CopyToTP.apply(x, tp, site)
+    return [F.linear(x, w, b) for w, b in params]
 
-    Without SP the input is replicated and passes through f; with SP it is a sequence shard,
-    all-gathered on the way in (:class:`SPColumnLinear`). The output stays sharded by feature.
-    """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, tp: TPGroup, site: str):
+class ColumnParallelInput(nn.Module):
+    """The input side of a tensor-parallel sub-block (what ``attn.project`` / ``mlp.project`` of
+    the model become): its column-parallel projections, sharded ``nn.Linear`` s, behind one f
+    (site ``attn.f`` or ``mlp.f``)."""
+
+    def __init__(self, tp: TPGroup, site: str):
         super().__init__()
-        self.weight = nn.Parameter(weight.detach().clone())
-        self.bias = nn.Parameter(bias.detach().clone()) if bias is not None else None
         self.tp, self.site = tp, site
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        tp = self.tp
-        if tp.splits_sequence:
-            if tp.regather:
-                return SPColumnLinear.apply(x, self.weight, self.bias, tp, self.site)
-            x = GatherFromSequence.apply(x, tp, self.site)
-        else:
-            x = CopyToTP.apply(x, tp, self.site)
-        return F.linear(x, self.weight, self.bias)
+    def forward(self, x: torch.Tensor, linears: Sequence[nn.Module]) -> list[torch.Tensor]:
+        return column_parallel(x, self.tp, self.site, [(cast(torch.Tensor, m.weight), cast(torch.Tensor | None, m.bias))
+                                                       for m in linears])
 
 
 class RowParallelLinear(nn.Module):
@@ -75,21 +82,3 @@ class RowParallelLinear(nn.Module):
         else:
             out = ReduceFromTP.apply(partial, self.tp, self.site)
         return out + self.bias if self.bias is not None else out
-
-
-class TPLayerNorm(nn.Module):
-    """A replicated layer norm. With SP it normalises only this rank's tokens, so its weight and
-    bias gradients are partial sums (``sequence_parallel`` attribute set on them)."""
-
-    def __init__(self, dense: nn.Module, tp: TPGroup):
-        super().__init__()
-        if not isinstance(dense, nn.LayerNorm):
-            raise TypeError(f"tensor parallelism splits LayerNorm blocks, not {type(dense).__name__}")
-        self.weight = nn.Parameter(dense.weight.detach().clone())
-        self.bias = nn.Parameter(dense.bias.detach().clone())
-        self.eps = dense.eps
-        if tp.splits_sequence:
-            mark_sequence_parallel(self.weight, self.bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)

@@ -10,6 +10,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..metering import comm_scope
 from .f_and_g import ReduceFromTP, ReduceScatterToSequence
 from .group import TPGroup
 from .layers import slice_rows
@@ -33,9 +34,10 @@ class VocabParallelEmbedding(nn.Module):
         outside = (ids < self.start) | (ids >= self.start + n)
         out = F.embedding((ids - self.start).masked_fill(outside, 0), self.weight)
         out = out.masked_fill(outside.unsqueeze(-1), 0.0)
-        if self.tp.sequence_parallel:
-            return ReduceScatterToSequence.apply(out, self.tp, "embed.g")
-        return ReduceFromTP.apply(out, self.tp, "embed.g")
+        with comm_scope("embed", "fwd"):
+            if self.tp.sequence_parallel:
+                return ReduceScatterToSequence.apply(out, self.tp, "embed.g")
+            return ReduceFromTP.apply(out, self.tp, "embed.g")
 
 
 class VocabParallelCrossEntropy(torch.autograd.Function):
@@ -69,3 +71,10 @@ class VocabParallelCrossEntropy(torch.autograd.Function):
         g = probs.clone()
         g.scatter_add_(-1, local.unsqueeze(-1), -(~outside).to(g.dtype).unsqueeze(-1))
         return g * grad.unsqueeze(-1), None, None, None
+
+
+def vocab_parallel_loss(logits: torch.Tensor, targets: torch.Tensor, tp: TPGroup, vocab_start: int) -> torch.Tensor:
+    """The mean cross-entropy of this rank's logits ``[s, b, V/T]`` against targets ``[b, s]``
+    (the same number on every rank), its all-reduces tagged with the head."""
+    with comm_scope("head", "fwd"):
+        return VocabParallelCrossEntropy.apply(logits, targets.t(), tp, vocab_start).mean()
