@@ -5,8 +5,10 @@ The model is the course's one GPT (:mod:`distai.engine.model`) in Llama's shape
 positions and ``kv_heads`` key/value heads shared by groups of query heads (GQA; ``kv_heads = heads``
 is plain multi-head attention, 1 is multi-query) → residual → norm → SwiGLU MLP → residual), a final
 norm and an output projection. The norm is RMSNorm (Llama) or LayerNorm (GPT), ``norm="rms"|"layer"``.
-Weights are drawn from a seed, so every process builds the same model and cuts its own part; the
-decode path below runs those same weights (:func:`decoder_weights`) with a KV cache.
+Weights are drawn from a seed, so every process builds the same model and cuts its own part
+(:class:`DecoderShard`: a layer range of the model for pipeline parallelism, split by
+:func:`~distai.engine.tensor_parallel.apply_tp` for tensor parallelism); the decode path runs that
+model itself, its KV cache passed to each layer's attention.
 
 Decoding is greedy (argmax) with a **KV cache**: the prompt is run once (prefill) and stores every
 layer's keys and values; each decode step runs one new token per sequence and appends its K/V.
@@ -44,25 +46,24 @@ measure bytes.
 from __future__ import annotations
 
 import contextlib
-import math
+import copy
 import time
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
-import torch.nn.functional as F
 
-from ..lessons.lesson7.formulas import kv_heads_per_gpu
 from ..lessons.lesson7.paging import ContiguousAllocator
 from .experiment import device_sync
 from .mesh_args import check_decode
 from .metering import CommMeter, comm_scope
-from .model import GPT, MLP, GPTConfig, ModelConfigError, apply_rope
+from .model import GPT, GPTConfig, ModelConfigError, ModelStage
+from .tensor_parallel import TPGroup, apply_tp
+from .tensor_parallel.parallelize import kv_shard
 
-__all__ = ["build_model", "decoder_weights", "decode_params",
-           "reference_logits", "reference_greedy", "comm_counts", "KVStore", "DecoderShard", "generate",
+__all__ = ["build_model", "decode_params",
+           "reference_logits", "reference_greedy", "comm_counts", "KVStore", "LayerCache", "DecoderShard", "generate",
            "generate_pp", "split_layers", "contiguous_store", "mesh_shard"]
 
 
@@ -83,32 +84,6 @@ def decode_params(cfg: GPTConfig, include_embedding: bool = False) -> int:
     """Parameters a decode step reads: the layers, final norm and output projection (the embedding
     table only when asked: a step reads one row of it)."""
     return cfg.num_params() - (0 if include_embedding else cfg.vocab * cfg.hidden)
-
-
-def decoder_weights(model: GPT) -> dict[str, torch.Tensor]:
-    """The model's weights under the decode path's names (``l{i}.wq``, ``l{i}.w_gate``, …)."""
-    w: dict[str, Any] = {"embed": model.embed.weight}
-    for i, block in enumerate(model.block_list()):
-        p = f"l{i}."
-        w[p + "norm1"], w[p + "norm2"] = block.ln1.weight, block.ln2.weight
-        if isinstance(block.ln1, nn.LayerNorm):
-            w[p + "norm1_b"], w[p + "norm2_b"] = block.ln1.bias, cast(nn.LayerNorm, block.ln2).bias
-        for name in ("wq", "wk", "wv", "wo"):
-            w[p + name] = getattr(block.attn, name).weight
-        mlp = cast(MLP, block.mlp)
-        assert mlp.gate is not None  # SwiGLU (build_model checks)
-        w[p + "w_gate"], w[p + "w_up"], w[p + "w_down"] = mlp.gate.weight, mlp.fc1.weight, mlp.fc2.weight
-    w["norm_f"] = model.head.norm.weight
-    if isinstance(model.head.norm, nn.LayerNorm):
-        w["norm_f_b"] = model.head.norm.bias
-    w["lm_head"] = model.head.lm_weight
-    return {k: v.detach() for k, v in w.items()}
-
-
-def _norm(cfg: GPTConfig, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    if cfg.norm == "rms":
-        return F.rms_norm(x, (x.shape[-1],), weight, cfg.eps)
-    return F.layer_norm(x, (x.shape[-1],), weight, bias, cfg.eps)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -278,54 +253,45 @@ def split_layers(layers: int, stages: int) -> list[range]:
     return out
 
 
+class LayerCache:
+    """One layer's view of a :class:`KVStore` for one forward, the model's
+    :class:`~distai.engine.model.KVCache`: writes the new tokens' keys and values at the
+    forward's addressing and reads back the first ``at.length`` positions of every sequence."""
+
+    def __init__(self, store: KVStore, layer: int, at: Addressing):
+        self.store, self.layer, self.at = store, layer, at
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        self.store.write(self.layer, self.at, k, v)
+        keys, values = self.store.read(self.layer, self.at)
+        return keys, values, None  # positions past a sequence's end are beyond every query's: causal hides them
+
+
 class DecoderShard:
-    """The layers ``layer_range`` of the model, and of each the heads and MLP columns of tensor-parallel
-    rank ``tp_rank`` of ``tp_size``. ``forward`` runs them with the KV cache ``self.cache``."""
+    """The layers ``layer_range`` of the model and, of each, the heads and MLP columns of
+    tensor-parallel rank ``tp_rank`` of ``tp_size``: the model itself, cut
+    (:class:`~distai.engine.model.ModelStage`) and split (:func:`~distai.engine.tensor_parallel.apply_tp`
+    with the embedding and head replicated). ``forward`` runs it with the KV cache ``self.cache``
+    passed to each layer's attention (:class:`LayerCache`)."""
 
     def __init__(self, cfg: GPTConfig, model: GPT, tp_rank: int = 0, tp_size: int = 1,
                  layer_range: range | None = None, group: Any = None, device: Any = "cpu"):
         check_decode(cfg, tp=tp_size)
         if cfg.rope_theta is None:
             raise ModelConfigError("the decode path needs rotary positions: GPTConfig.preset('llama-tiny', ...)")
-        self.rope_theta = cfg.rope_theta
-        weights = decoder_weights(model)
         self.cfg, self.tp_rank, self.tp_size = cfg, tp_rank, tp_size
         self.layers = list(layer_range if layer_range is not None else range(cfg.layers))
         self.first, self.last = self.layers[0] == 0, self.layers[-1] == cfg.layers - 1
         self.group = group  # the tensor-parallel (or pipeline) group; None: the world
         self.device = torch.device(device)
-        d, t, r = cfg.head_dim, tp_size, tp_rank
-        self.q_local = cfg.heads // t
-        self.q0 = r * self.q_local
-        self.kv_local = kv_heads_per_gpu(cfg.group_heads, t)
-        self.kv0 = self.q0 // cfg.group  # first KV head used by this rank's query heads
-        f_local = cfg.ffn_size // t
-        qs, ks = slice(self.q0 * d, (self.q0 + self.q_local) * d), slice(self.kv0 * d, (self.kv0 + self.kv_local) * d)
-        fs = slice(r * f_local, (r + 1) * f_local)
-        mine = {}
-        for i in self.layers:
-            p = f"l{i}."
-            mine[p + "norm1"] = weights[p + "norm1"]
-            mine[p + "norm2"] = weights[p + "norm2"]
-            for b in ("norm1_b", "norm2_b"):
-                if p + b in weights:
-                    mine[p + b] = weights[p + b]
-            mine[p + "wq"] = weights[p + "wq"][qs]  # column-parallel: output rows of my heads
-            mine[p + "wk"] = weights[p + "wk"][ks]
-            mine[p + "wv"] = weights[p + "wv"][ks]
-            mine[p + "wo"] = weights[p + "wo"][:, qs]  # row-parallel: input columns of my heads
-            mine[p + "w_gate"] = weights[p + "w_gate"][fs]
-            mine[p + "w_up"] = weights[p + "w_up"][fs]
-            mine[p + "w_down"] = weights[p + "w_down"][:, fs]
-        if self.first:
-            mine["embed"] = weights["embed"]
-        if self.last:
-            mine["norm_f"] = weights["norm_f"]
-            if "norm_f_b" in weights:
-                mine["norm_f_b"] = weights["norm_f_b"]
-            mine["lm_head"] = weights["lm_head"]
-        self.w = {k: v.detach().clone().contiguous().to(self.device) for k, v in mine.items()}
-        self.dtype = self.w[f"l{self.layers[0]}.wq"].dtype
+        self.tp = TPGroup(group)
+        self.tp.rank, self.tp.size = tp_rank, tp_size
+        stage = ModelStage(copy.deepcopy(model), range(self.layers[0], self.layers[-1] + 1), self.first, self.last)
+        self.model = apply_tp(stage, self.tp, vocab_parallel=False).to(self.device)
+        self.q_local = cfg.heads // tp_size
+        self.q0 = tp_rank * self.q_local
+        self.kv0, self.kv_local = kv_shard(cfg.heads, cfg.group_heads, tp_rank, tp_size)
+        self.dtype = next(self.model.parameters()).dtype
         self.cache: KVStore | None = None
 
     @property
@@ -339,60 +305,26 @@ class DecoderShard:
     def weight_bytes(self) -> int:
         """Bytes of this shard's weights a decode step reads (the embedding table excluded: a step
         reads only one row of it)."""
-        return sum(v.numel() * v.element_size() for k, v in self.w.items() if k != "embed")
-
-    def _attention(self, i: int, li: int, a: torch.Tensor, at: Addressing, pos: torch.Tensor) -> torch.Tensor:
-        w, d = self.w, self.cfg.head_dim
-        B, s, _ = a.shape
-        q = (a @ w[f"l{i}.wq"].T).view(B, s, self.q_local, d)
-        k = (a @ w[f"l{i}.wk"].T).view(B, s, self.kv_local, d)
-        v = (a @ w[f"l{i}.wv"].T).view(B, s, self.kv_local, d)
-        q, k = apply_rope(q, pos, self.rope_theta), apply_rope(k, pos, self.rope_theta)
-        self.store.write(li, at, k, v)
-        K, V = self.store.read(li, at)  # [B, length, kv_local, d]
-        g = self.q_local // self.kv_local
-        qg = q.view(B, s, self.kv_local, g, d)
-        scores = torch.einsum("bskgd,blkd->bkgsl", qg, K) / math.sqrt(d)
-        keys = torch.arange(at.length, device=a.device)
-        mask = keys[None, None, :] <= pos[:, :, None]  # [B, s, length]: causal, and within each sequence
-        scores = scores.masked_fill(~mask[:, None, None], float("-inf"))
-        o = torch.einsum("bkgsl,blkd->bskgd", scores.softmax(-1), V).reshape(B, s, self.q_local * d)
-        return self._reduce(o @ w[f"l{i}.wo"].T)  # row-parallel: partial sums → all-reduce
-
-    def _mlp(self, i: int, m: torch.Tensor) -> torch.Tensor:
-        w = self.w
-        y = (F.silu(m @ w[f"l{i}.w_gate"].T) * (m @ w[f"l{i}.w_up"].T)) @ w[f"l{i}.w_down"].T
-        return self._reduce(y)
-
-    def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
-        """Sum the row-parallel partial outputs over the tensor-parallel ranks (Megatron's g)."""
-        if self.tp_size > 1:
-            dist.all_reduce(partial, group=self.group)
-        return partial
+        return sum(p.numel() * p.element_size() for n, p in self.model.named_parameters() if not n.startswith("embed."))
 
     @torch.no_grad()
     def forward(self, inp: torch.Tensor, seqs, pos0) -> torch.Tensor:
         """Run this shard's layers on ``inp`` — token ids [B, s] on the first stage, hidden states
         [B, s, h] after — for sequences ``seqs`` whose caches hold ``pos0[b]`` tokens. Returns the
-        last position's logits [B, vocab] on the last stage, else the hidden states."""
-        if self.cache is None:
-            raise RuntimeError("attach a KV cache first (shard.cache = ...)")
-        cfg, w = self.cfg, self.w
+        last position's logits [B, vocab] on the last stage, else the hidden states [B, s, h]."""
+        store = self.store
         s = inp.shape[1]
         for b, q in enumerate(seqs):
-            self.cache.reserve(q, pos0[b] + s)
-        pos = torch.tensor([[p + j for j in range(s)] for p in pos0], device=self.device)
-        at = self.cache.address(seqs, pos0, s)
-        x = w["embed"][inp] if self.first else inp
-        for li, i in enumerate(self.layers):
-            a = _norm(cfg, x, w[f"l{i}.norm1"], w.get(f"l{i}.norm1_b"))
-            x = x + self._attention(i, li, a, at, pos)
-            m = _norm(cfg, x, w[f"l{i}.norm2"], w.get(f"l{i}.norm2_b"))
-            x = x + self._mlp(i, m)
-        if not self.last:
-            return x
-        x = _norm(cfg, x[:, -1], w["norm_f"], w.get("norm_f_b"))
-        return x @ w["lm_head"].T
+            store.reserve(q, pos0[b] + s)
+        pos = torch.tensor([[p + j for j in range(s)] for p in pos0], device=self.device)  # [B, s]
+        at = store.address(seqs, pos0, s)
+        stage = self.model
+        x = stage.embed(inp) if stage.embed is not None else inp.transpose(0, 1)  # [s, B, h]
+        for li, block in enumerate(stage.block_list()):
+            x = block(x, positions=pos, cache=LayerCache(store, li, at))
+        if stage.head is None:
+            return x.transpose(0, 1).contiguous()
+        return stage.head(x[-1:])[0]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -386,12 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     return run_experiment("lesson7", build_parser().parse_args, run, argv, usage_errors=(ModelConfigError,))
 
 
-def run(ctx, args: argparse.Namespace) -> tuple[dict | None, int]:
-    ev, W, rank = ctx.events, ctx.world_size, ctx.rank
-    if ctx.device.type == "cpu":
-        torch.set_num_threads(1)
+def _parts(args: argparse.Namespace, cfg: ModelSize, W: int) -> tuple[tuple[int, int] | None, set[str]]:
+    """The (tp, pp) mesh asked for (or None) and the parts to skip, checked against the model."""
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
-    cfg = ModelSize.from_args(args, DEFAULT_MODEL)
     try:
         mesh, skip = check_decode_parts(cfg, args, W, skip)
         if args.system_prompt < 1:
@@ -401,72 +398,77 @@ def run(ctx, args: argparse.Namespace) -> tuple[dict | None, int]:
     bad = skip - {"tp", "pp", "paged", "prefix", "routing"}
     if bad:
         raise UsageError(f"--skip: unknown part {sorted(bad)[0]!r}")
-    t0 = time.time()
-    dtype = DTYPES[args.dtype]
-    w = build_model(cfg, args.seed, dtype)
-    CONFIG.emit(ev, {"W": W, "hidden": cfg.hidden, "layers": cfg.layers, "heads": cfg.heads,
-                     "kv_heads": cfg.group_heads, "head_dim": cfg.head_dim, "vocab": cfg.vocab, "norm": cfg.norm,
-                     "dtype": args.dtype, "device": ctx.device.type, "batch": args.batch, "prompt": args.prompt,
-                     "new_tokens": args.new_tokens, "block_size": args.block_size, "kv_budget": args.kv_budget,
-                     "params": decode_params(cfg), "tp": mesh[0] if mesh else None, "pp": mesh[1] if mesh else None})
-    prompts = torch.randint(0, cfg.vocab, (args.batch, args.prompt), generator=torch.Generator().manual_seed(args.seed + 1))
-    summary: dict = {"lesson": "lesson7", "W": W, "device": ctx.device.type, "dtype": args.dtype}
-    lines = [f"lesson 7 — a {decode_params(cfg) / 1e6:.2f}M-parameter decoder (L={cfg.layers}, h={cfg.hidden}, "
-             f"{cfg.heads} heads, {cfg.group_heads} KV heads, {args.dtype})",
-             f"served on W={W} ranks ({ctx.backend})"]
-    PHASE.emit(ev, {"name": "single-process reference"})
-    ref = single_process(cfg, w, prompts, args.new_tokens, ctx.device, ev, rank)
-    summary["single"] = {"decode_tokens_per_s": args.batch * ref["decode_steps"] / ref["decode_s"]}
+    return mesh, skip
 
-    if "tp" not in skip:
-        PHASE.emit(ev, {"name": "tensor-parallel decode"})
-        tp = tp_decode(cfg, w, prompts, args.new_tokens, ref, ctx)
-        shards: list[Any] = [None] * W
-        dist.all_gather_object(shards, {k: tp[k] for k in ("kv_bytes", "formula_bytes", "kv_heads")})
-        summary["tp"] = {k: tp[k] for k in ("equal", "all_reduces_per_token", "expected_per_token",
-                                            "all_reduce_bytes_per_token", "decode_tokens_per_s")}
-        summary["tp"]["shards"] = shards
-        lines.append(f"\n[TP={W}] tokens {'=' if tp['equal'] else '≠'} single process; "
-                     f"{tp['all_reduces_per_token']:g} all-reduces per decode step")
-        if W > 1:
-            lines.append(f"  (2·L = {2 * cfg.layers}), "
-                         f"{_fmt_bytes(tp['all_reduce_bytes_per_token'] / max(1, tp['all_reduces_per_token']))} each")
-        for r, sh in enumerate(shards):
-            lines.append(f"  rank {r}: KV heads {sh['kv_heads']} — cache {_fmt_bytes(sh['kv_bytes'])} "
-                         f"(formula {_fmt_bytes(sh['formula_bytes'])})")
-    if "pp" not in skip:
-        PHASE.emit(ev, {"name": "pipeline-parallel decode"})
-        m = args.microbatches or W
-        pp = pp_decode(cfg, w, prompts, args.new_tokens, ref, ctx, m)
-        shards = [None] * W
-        dist.all_gather_object(shards, {k: pp[k] for k in ("kv_bytes", "formula_bytes", "layers", "sends_per_token")})
-        summary["pp"] = {k: pp[k] for k in ("equal", "microbatches", "decode_tokens_per_s")}
-        summary["pp"]["shards"] = shards
-        lines.append(f"\n[PP={W}, {pp['microbatches']} microbatches] tokens {'=' if pp['equal'] else '≠'} single process")
-        for r, sh in enumerate(shards):
-            sends = (f"{sh['sends_per_token']:g} sends/step" if r < W - 1 else "tokens back to stage 0")
-            lines.append(f"  stage {r}: layers {sh['layers'][0]}–{sh['layers'][-1]}, cache {_fmt_bytes(sh['kv_bytes'])} "
-                         f"(formula {_fmt_bytes(sh['formula_bytes'])}); {sends}")
 
-    if mesh is not None:
-        tp_deg, pp_deg = mesh
-        PHASE.emit(ev, {"name": "tensor × pipeline parallel decode"})
-        mp = mesh_decode(cfg, w, prompts, args.new_tokens, ref, ctx, tp_deg, pp_deg, args.microbatches or pp_deg)
-        shards = [None] * W
-        dist.all_gather_object(shards, {k: mp[k] for k in ("stage", "tp_rank", "kv_bytes", "formula_bytes", "layers",
-                                                           "kv_heads", "all_reduces_per_token", "expected_per_token")})
-        summary["tp_pp"] = {"equal": mp["equal"], "tp": tp_deg, "pp": pp_deg, "microbatches": mp["microbatches"],
-                            "decode_tokens_per_s": mp["decode_tokens_per_s"], "shards": shards}
-        lines.append(f"\n[TP={tp_deg} × PP={pp_deg}, {mp['microbatches']} microbatches] tokens "
-                     f"{'=' if mp['equal'] else '≠'} single process")
-        for r, sh in enumerate(shards):
-            heads = sh["kv_heads"]
-            lines.append(f"  rank {r} (stage {sh['stage']}, TP {sh['tp_rank']}): layers {sh['layers'][0]}–{sh['layers'][-1]}, "
-                         f"KV heads {heads[0]}–{heads[-1]}: {_fmt_bytes(sh['kv_bytes'])} "
-                         f"(formula {_fmt_bytes(sh['formula_bytes'])})")
-            lines.append(f"    {sh['all_reduces_per_token']:g} all-reduces/step (2·{len(sh['layers'])} layers·"
-                         f"{mp['microbatches']} microbatches = {sh['expected_per_token']:g})")
+def _tp_part(cfg: ModelSize, w, prompts, args: argparse.Namespace, ref: dict, ctx, lines: list[str]) -> dict:
+    """Tensor-parallel decode over all ranks: its summary, its report lines appended."""
+    ev, W = ctx.events, ctx.world_size
+    PHASE.emit(ev, {"name": "tensor-parallel decode"})
+    tp = tp_decode(cfg, w, prompts, args.new_tokens, ref, ctx)
+    shards: list[Any] = [None] * W
+    dist.all_gather_object(shards, {k: tp[k] for k in ("kv_bytes", "formula_bytes", "kv_heads")})
+    out = {k: tp[k] for k in ("equal", "all_reduces_per_token", "expected_per_token",
+                          "all_reduce_bytes_per_token", "decode_tokens_per_s")}
+    out["shards"] = shards
+    lines.append(f"\n[TP={W}] tokens {'=' if tp['equal'] else '≠'} single process; "
+                 f"{tp['all_reduces_per_token']:g} all-reduces per decode step")
+    if W > 1:
+        lines.append(f"  (2·L = {2 * cfg.layers}), "
+                     f"{_fmt_bytes(tp['all_reduce_bytes_per_token'] / max(1, tp['all_reduces_per_token']))} each")
+    for r, sh in enumerate(shards):
+        lines.append(f"  rank {r}: KV heads {sh['kv_heads']} — cache {_fmt_bytes(sh['kv_bytes'])} "
+                     f"(formula {_fmt_bytes(sh['formula_bytes'])})")
+    return out
 
+
+def _pp_part(cfg: ModelSize, w, prompts, args: argparse.Namespace, ref: dict, ctx, lines: list[str]) -> dict:
+    """Pipeline-parallel decode over all ranks: its summary, its report lines appended."""
+    ev, W = ctx.events, ctx.world_size
+    PHASE.emit(ev, {"name": "pipeline-parallel decode"})
+    m = args.microbatches or W
+    pp = pp_decode(cfg, w, prompts, args.new_tokens, ref, ctx, m)
+    shards: list[Any] = [None] * W
+    dist.all_gather_object(shards, {k: pp[k] for k in ("kv_bytes", "formula_bytes", "layers", "sends_per_token")})
+    out = {k: pp[k] for k in ("equal", "microbatches", "decode_tokens_per_s")}
+    out["shards"] = shards
+    lines.append(f"\n[PP={W}, {pp['microbatches']} microbatches] tokens {'=' if pp['equal'] else '≠'} single process")
+    for r, sh in enumerate(shards):
+        sends = (f"{sh['sends_per_token']:g} sends/step" if r < W - 1 else "tokens back to stage 0")
+        lines.append(f"  stage {r}: layers {sh['layers'][0]}–{sh['layers'][-1]}, cache {_fmt_bytes(sh['kv_bytes'])} "
+                     f"(formula {_fmt_bytes(sh['formula_bytes'])}); {sends}")
+    return out
+
+
+def _mesh_part(cfg: ModelSize, w, prompts, args: argparse.Namespace, ref: dict, ctx, mesh: tuple[int, int],
+               lines: list[str]) -> dict:
+    """Tensor × pipeline parallel decode on a (pp, tp) mesh: its summary, its report lines appended."""
+    ev, W = ctx.events, ctx.world_size
+    tp_deg, pp_deg = mesh
+    PHASE.emit(ev, {"name": "tensor × pipeline parallel decode"})
+    mp = mesh_decode(cfg, w, prompts, args.new_tokens, ref, ctx, tp_deg, pp_deg, args.microbatches or pp_deg)
+    shards: list[Any] = [None] * W
+    dist.all_gather_object(shards, {k: mp[k] for k in ("stage", "tp_rank", "kv_bytes", "formula_bytes", "layers",
+                                                       "kv_heads", "all_reduces_per_token", "expected_per_token")})
+    out = {"equal": mp["equal"], "tp": tp_deg, "pp": pp_deg, "microbatches": mp["microbatches"],
+           "decode_tokens_per_s": mp["decode_tokens_per_s"], "shards": shards}
+    lines.append(f"\n[TP={tp_deg} × PP={pp_deg}, {mp['microbatches']} microbatches] tokens "
+                 f"{'=' if mp['equal'] else '≠'} single process")
+    for r, sh in enumerate(shards):
+        heads = sh["kv_heads"]
+        lines.append(f"  rank {r} (stage {sh['stage']}, TP {sh['tp_rank']}): layers {sh['layers'][0]}–{sh['layers'][-1]}, "
+                     f"KV heads {heads[0]}–{heads[-1]}: {_fmt_bytes(sh['kv_bytes'])} "
+                     f"(formula {_fmt_bytes(sh['formula_bytes'])})")
+        lines.append(f"    {sh['all_reduces_per_token']:g} all-reduces/step (2·{len(sh['layers'])} layers·"
+                     f"{mp['microbatches']} microbatches = {sh['expected_per_token']:g})")
+    return out
+
+
+def _kv_part(cfg: ModelSize, w, args: argparse.Namespace, ctx, skip: set[str], summary: dict,
+             lines: list[str]) -> dict | None:
+    """Paged vs contiguous KV cache (rank 0) and the measured costs (last rank) the routing part
+    reads; returns those costs (None: the analytic ones)."""
+    ev, W, rank = ctx.events, ctx.world_size, ctx.rank
     points = None
     if "paged" not in skip or "routing" not in skip:
         PHASE.emit(ev, {"name": "paged vs contiguous KV cache" if "paged" not in skip else "measuring costs"})
@@ -493,37 +495,82 @@ def run(ctx, args: argparse.Namespace) -> tuple[dict | None, int]:
                          f"{p['max_running']} running, {p['preemptions']} preemptions,")
             lines.append(f"    {p['iterations']} iterations, {p['tokens_per_s']:.0f} tokens/s → "
                          f"{kv['throughput_ratio']:.2f}× the contiguous cache's")
+    return points
+
+
+def _prefix_part(cfg: ModelSize, w, args: argparse.Namespace, ctx, lines: list[str]) -> dict:
+    """Prefix sharing on rank 0: its summary, its report lines appended."""
+    ev = ctx.events
+    PHASE.emit(ev, {"name": "prefix sharing"})
+    px = prefix_sharing(cfg, w, args, ctx)
+    a, b = px["no-sharing"], px["prefix"]
+    lines.append(f"\n[prefix sharing] {px['requests']} requests sharing a {px['system_prompt']}-token system "
+                 f"prompt, same KV memory: tokens {'identical' if px['tokens_equal'] else 'DIFFERENT'}")
+    lines.append(f"  KV blocks in use: on average {b['mean_blocks']:.0f} hold what {b['logical_blocks_mean']:.0f} "
+                 f"would unshared ({b['memory_saved']:.0%} saved)")
+    lines.append(f"  peak {b['peak_blocks']} blocks ({_fmt_bytes(b['peak_kv_bytes'])}) vs {a['peak_blocks']} "
+                 f"({_fmt_bytes(a['peak_kv_bytes'])}) without sharing")
+    lines.append(f"  prefill {b['prefill_tokens']:,} tokens vs {a['prefill_tokens']:,} ({b['hit_rate']:.0%} of "
+                 f"prompt tokens cached); {b['cow']} copy-on-write, {b['evicted']} evicted")
+    lines.append(f"  TTFT p50 {_ms(b['ttft_p50_s'])} vs {_ms(a['ttft_p50_s'])} → {px['ttft_ratio']:.1f}× sooner")
+    return px
+
+
+def _routing_part(args: argparse.Namespace, points: dict | None, ctx, lines: list[str]) -> dict:
+    """Routing across replicas on rank 0: its summary, its report lines appended."""
+    ev = ctx.events
+    PHASE.emit(ev, {"name": "routing across replicas"})
+    rt = routing_comparison(args, points, ev)
+    c = rt["cost"]
+    lines.append(f"\n[routing] {rt['replicas']} replicas, {rt['requests']} requests at {rt['rate_per_s']:.1f}/s "
+                 f"(load {rt['load']:g}); costs {c['source']}:")
+    ex = rt["cost_examples"]
+    lines.append(f"  prefill {ex['prefix_len']} tok {_ms(ex['prefill_prefix_s'])}, {ex['prompt_len']} tok "
+                 f"{_ms(ex['prefill_prompt_s'])}; decode step b=1 {_ms(ex['decode_1_s'])}, "
+                 f"b={ex['max_batch']} {_ms(ex['decode_max_s'])}")
+    lines.append(f"  {'policy':<18} {'TTFT p50/p99 ms':>15} {'TPOT p50/p99 ms':>15} {'tokens/s':>8} {'hits':>5}")
+    for policy, mtr in rt["policies"].items():
+        ttft = f"{mtr['ttft_p50_s'] * 1e3:.1f}/{mtr['ttft_p99_s'] * 1e3:.1f}"
+        tpot = f"{mtr['tpot_p50_s'] * 1e3:.1f}/{mtr['tpot_p99_s'] * 1e3:.1f}"
+        lines.append(f"  {policy:<18} {ttft:>15} {tpot:>15} {mtr['throughput_tokens_per_s']:>8.0f} "
+                     f"{mtr['prefix_hit_rate']:>5.0%}")
+    return rt
+
+
+def run(ctx, args: argparse.Namespace) -> tuple[dict | None, int]:
+    ev, W, rank = ctx.events, ctx.world_size, ctx.rank
+    if ctx.device.type == "cpu":
+        torch.set_num_threads(1)
+    cfg = ModelSize.from_args(args, DEFAULT_MODEL)
+    mesh, skip = _parts(args, cfg, W)
+    t0 = time.time()
+    dtype = DTYPES[args.dtype]
+    w = build_model(cfg, args.seed, dtype)
+    CONFIG.emit(ev, {"W": W, "hidden": cfg.hidden, "layers": cfg.layers, "heads": cfg.heads,
+                     "kv_heads": cfg.group_heads, "head_dim": cfg.head_dim, "vocab": cfg.vocab, "norm": cfg.norm,
+                     "dtype": args.dtype, "device": ctx.device.type, "batch": args.batch, "prompt": args.prompt,
+                     "new_tokens": args.new_tokens, "block_size": args.block_size, "kv_budget": args.kv_budget,
+                     "params": decode_params(cfg), "tp": mesh[0] if mesh else None, "pp": mesh[1] if mesh else None})
+    prompts = torch.randint(0, cfg.vocab, (args.batch, args.prompt), generator=torch.Generator().manual_seed(args.seed + 1))
+    summary: dict = {"lesson": "lesson7", "W": W, "device": ctx.device.type, "dtype": args.dtype}
+    lines = [f"lesson 7 — a {decode_params(cfg) / 1e6:.2f}M-parameter decoder (L={cfg.layers}, h={cfg.hidden}, "
+             f"{cfg.heads} heads, {cfg.group_heads} KV heads, {args.dtype})",
+             f"served on W={W} ranks ({ctx.backend})"]
+    PHASE.emit(ev, {"name": "single-process reference"})
+    ref = single_process(cfg, w, prompts, args.new_tokens, ctx.device, ev, rank)
+    summary["single"] = {"decode_tokens_per_s": args.batch * ref["decode_steps"] / ref["decode_s"]}
+
+    if "tp" not in skip:
+        summary["tp"] = _tp_part(cfg, w, prompts, args, ref, ctx, lines)
+    if "pp" not in skip:
+        summary["pp"] = _pp_part(cfg, w, prompts, args, ref, ctx, lines)
+    if mesh is not None:
+        summary["tp_pp"] = _mesh_part(cfg, w, prompts, args, ref, ctx, mesh, lines)
+    points = _kv_part(cfg, w, args, ctx, skip, summary, lines)
     if "prefix" not in skip and rank == 0:
-        PHASE.emit(ev, {"name": "prefix sharing"})
-        px = prefix_sharing(cfg, w, args, ctx)
-        summary["prefix"] = px
-        a, b = px["no-sharing"], px["prefix"]
-        lines.append(f"\n[prefix sharing] {px['requests']} requests sharing a {px['system_prompt']}-token system "
-                     f"prompt, same KV memory: tokens {'identical' if px['tokens_equal'] else 'DIFFERENT'}")
-        lines.append(f"  KV blocks in use: on average {b['mean_blocks']:.0f} hold what {b['logical_blocks_mean']:.0f} "
-                     f"would unshared ({b['memory_saved']:.0%} saved)")
-        lines.append(f"  peak {b['peak_blocks']} blocks ({_fmt_bytes(b['peak_kv_bytes'])}) vs {a['peak_blocks']} "
-                     f"({_fmt_bytes(a['peak_kv_bytes'])}) without sharing")
-        lines.append(f"  prefill {b['prefill_tokens']:,} tokens vs {a['prefill_tokens']:,} ({b['hit_rate']:.0%} of "
-                     f"prompt tokens cached); {b['cow']} copy-on-write, {b['evicted']} evicted")
-        lines.append(f"  TTFT p50 {_ms(b['ttft_p50_s'])} vs {_ms(a['ttft_p50_s'])} → {px['ttft_ratio']:.1f}× sooner")
+        summary["prefix"] = _prefix_part(cfg, w, args, ctx, lines)
     if "routing" not in skip and rank == 0:
-        PHASE.emit(ev, {"name": "routing across replicas"})
-        rt = routing_comparison(args, points, ev)
-        summary["routing"] = rt
-        c = rt["cost"]
-        lines.append(f"\n[routing] {rt['replicas']} replicas, {rt['requests']} requests at {rt['rate_per_s']:.1f}/s "
-                     f"(load {rt['load']:g}); costs {c['source']}:")
-        ex = rt["cost_examples"]
-        lines.append(f"  prefill {ex['prefix_len']} tok {_ms(ex['prefill_prefix_s'])}, {ex['prompt_len']} tok "
-                     f"{_ms(ex['prefill_prompt_s'])}; decode step b=1 {_ms(ex['decode_1_s'])}, "
-                     f"b={ex['max_batch']} {_ms(ex['decode_max_s'])}")
-        lines.append(f"  {'policy':<18} {'TTFT p50/p99 ms':>15} {'TPOT p50/p99 ms':>15} {'tokens/s':>8} {'hits':>5}")
-        for policy, mtr in rt["policies"].items():
-            ttft = f"{mtr['ttft_p50_s'] * 1e3:.1f}/{mtr['ttft_p99_s'] * 1e3:.1f}"
-            tpot = f"{mtr['tpot_p50_s'] * 1e3:.1f}/{mtr['tpot_p99_s'] * 1e3:.1f}"
-            lines.append(f"  {policy:<18} {ttft:>15} {tpot:>15} {mtr['throughput_tokens_per_s']:>8.0f} "
-                         f"{mtr['prefix_hit_rate']:>5.0%}")
+        summary["routing"] = _routing_part(args, points, ctx, lines)
     summary["seconds"] = time.time() - t0
     ok = all(summary.get(k, {}).get("equal", True) for k in ("tp", "pp", "tp_pp")) and \
         all(summary.get(k, {}).get("tokens_equal", True) for k in ("kv", "prefix"))
