@@ -22,6 +22,7 @@ from rich.text import Text
 from ..lessons.context import formulas as f
 from ..lessons.context import ring_schedule as plan
 from ..lessons.context.cp_run import CPRun
+from ..lessons.context.events import CP_CONFIG
 from ..lessons.strings import strings
 from ..lessons.units import (
     format_bytes,
@@ -127,7 +128,7 @@ class RingAttentionVisualizer(PlaybackVisualizer):
     def feed_event(self, event: dict) -> None:
         if not self.run.feed(event):
             return
-        if event.get("kind") == "cp_config":
+        if CP_CONFIG.matches(event):
             self.source = "run"
             self.cp, self.seq_layout = int(event["cp"]), str(event["layout"])
             self.variant, self.phase, self.step = str(event["variant"]), "fwd", 0

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..events import RUN_START
+from .events import MOE_COMM, MOE_CONFIG, MOE_LOAD, MOE_MEMORY, STEP, MoEComm, MoEConfig, MoEMemory
+
 
 @dataclass
 class StepLoad:
@@ -30,23 +33,22 @@ class StepLoad:
 @dataclass
 class ExpertsRun:
     run_id: str | None = None
-    config: dict | None = None
+    config: MoEConfig | None = None
     loads: list[StepLoad] = field(default_factory=list)
     drop_rates: list[float] = field(default_factory=list)
     aux_losses: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
-    comm: dict | None = None
-    memory: dict | None = None
+    comm: MoEComm | None = None
+    memory: MoEMemory | None = None
 
     def feed(self, event: dict) -> bool:
         """Take one event; True if it changed what the run says (a ``run_start`` starts afresh)."""
-        kind = event.get("kind")
-        if kind == "run_start":
+        if RUN_START.matches(event):
             ExpertsRun.__init__(self, run_id=event.get("run_id"))
-        elif kind == "moe_config":
+        elif MOE_CONFIG.matches(event):
             self.config = event
             self.loads, self.drop_rates, self.aux_losses, self.losses = [], [], [], []
-        elif kind == "moe_load":
+        elif MOE_LOAD.matches(event):
             step = int(event["step"])
             if not self.loads or self.loads[-1].step != step:
                 self.loads.append(StepLoad(step, [0] * len(event["routed"]), [0] * len(event["kept"]),
@@ -57,13 +59,13 @@ class ExpertsRun:
             sent = [[int(n) for n in row] for row in event.get("sent", [])]
             load.sent = sent if not load.sent else [[a + b for a, b in zip(r0, r1)] for r0, r1 in zip(load.sent, sent)]
             load.layers += 1
-        elif kind == "step" and "drop_rate" in event:
+        elif STEP.matches(event) and "drop_rate" in event:
             self.drop_rates.append(float(event["drop_rate"]))
             self.aux_losses.append(float(event["aux_loss"]))
             self.losses.append(float(event["loss"]))
-        elif kind == "moe_comm":
+        elif MOE_COMM.matches(event):
             self.comm = event
-        elif kind == "moe_memory":
+        elif MOE_MEMORY.matches(event):
             self.memory = event
         else:
             return False
