@@ -162,6 +162,9 @@ def test_every_code_step_shows_its_listing_whole_inside_the_pane(monkeypatch):
                             continue
                         screen = LessonScreen(lesson, start=steps[0])
                         await app.push_screen(screen)
+                        await pilot.pause()
+                        if not screen.query_one("#visualizer-pane").display:
+                            screen.action_toggle_visualizer()  # 80x24 shows it on `v`
                         for index in steps:
                             step = lesson.steps[index]
                             await screen.show_step(index)
@@ -182,3 +185,10 @@ def test_every_code_step_shows_its_listing_whole_inside_the_pane(monkeypatch):
         return checked
 
     assert asyncio.run(walk()) >= 4 * len([s for lesson in all_lessons() for s in lesson.steps if s.code])
+
+
+def test_column_widths_share_what_is_left_evenly():
+    """Issue 27.6: a wide middle column left the last at its longest word, one word a line."""
+    widths = column_widths([20, 5, 7], [20, 29, 35], [20, 29, 35], 72)
+    assert sum(widths) <= 72 and widths[0] == 20
+    assert min(widths[1] - 5, widths[2] - 7) >= 15  # both wrapped columns got a fair share

@@ -11,9 +11,10 @@ from textual.dom import DOMNode
 from ...lessons.strings import translated
 
 
-def localize_bindings(node: DOMNode, lang: str, labels: dict[str, str], area: str = "tutor") -> None:
+def localize_bindings(node: DOMNode, lang: str, labels: dict[str, str], area: str = "tutor",
+                      hidden: frozenset[str] = frozenset()) -> None:
     """Give ``node``'s bindings the footer descriptions ``labels[action]`` (keys of the catalog's
-    ``area``) in ``lang``."""
+    ``area``) in ``lang``; those of the ``hidden`` actions leave the footer (the keys still work)."""
     merged = type(node)._merged_bindings
     if merged is None:
         return
@@ -22,6 +23,8 @@ def localize_bindings(node: DOMNode, lang: str, labels: dict[str, str], area: st
         for binding in bindings:
             if binding.action in labels:
                 binding = replace(binding, description=translated(area, labels[binding.action], lang))
+            if binding.action in hidden:
+                binding = replace(binding, show=False)
             new._add_binding(binding)
     node._bindings = new
     node.refresh_bindings()

@@ -29,6 +29,7 @@ BINDING_LABELS = {
     "quiz": "binding_quiz",
     "run": "binding_run",
     "toggle_language": "binding_lang",
+    "toggle_visualizer": "binding_visualizer",
     "help": "binding_help",
 }
 
@@ -56,6 +57,8 @@ class LessonScreen(CommonActions, Screen):
     """One lesson. Keyboard first; the buttons do the same with the mouse."""
 
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
+    # narrow and short (80x24): the text takes the body and the visualizer waits on `v`
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (30, "-tall")]
     # A step is done once the learner has spent this long on it or scrolled its text to the end
     # (the help says so): paging through with → marks nothing.
     DONE_AFTER_S = 5.0
@@ -67,7 +70,7 @@ class LessonScreen(CommonActions, Screen):
         Binding("t", "quiz", "Quiz", priority=True),
         Binding("r", "run", "Run", priority=True),
         Binding("l", "toggle_language", "Español", priority=True),
-        Binding("v", "toggle_visualizer", "Visualizer", show=False, priority=True),
+        Binding("v", "toggle_visualizer", "Visualizer", priority=True),
         Binding("question_mark", "help", "Help", key_display="?", priority=True),
         Binding("q,escape", "back", "Back", priority=True),
     ]
@@ -132,7 +135,7 @@ class LessonScreen(CommonActions, Screen):
             button.label = translated("tutor", button_id, lang)
             button.refresh(layout=True)
         self.query_one("#run", Button).display = bool(lesson.experiment)
-        localize_bindings(self, lang, BINDING_LABELS)
+        self._localize_footer()
         await self.show_step(self.index)
 
     async def show_step(self, index: int) -> None:
@@ -244,6 +247,17 @@ class LessonScreen(CommonActions, Screen):
     def action_back(self) -> None:
         self.app.pop_screen()
 
+
+    def _localize_footer(self) -> None:
+        """The footer's labels in the language; below 100 columns it is compact and leaves out
+        ← → (the buttons above say them) and the palette, so that every other key fits in 80."""
+        narrow = self.size.width < 100
+        footer = self.query_one(Footer)
+        footer.compact, footer.show_command_palette = narrow, not narrow
+        localize_bindings(self, self.lang, BINDING_LABELS, hidden=frozenset({"next", "prev"} if narrow else ()))
+
+    def on_resize(self, event) -> None:
+        self._localize_footer()
 
     def action_toggle_visualizer(self) -> None:
         pane = self.query_one("#visualizer-pane")

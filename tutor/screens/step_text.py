@@ -216,18 +216,24 @@ def _rich_text(content) -> Text:
 
 def column_widths(mins: list[int], body: list[int], maxs: list[int], room: int) -> list[int]:
     """Widths for columns in ``room`` cells: all they want (``maxs``, their longest cell) if it
-    fits; else each its longest word (``mins``), then, cheapest first, whole body cells on one
-    line (``body``: rows wrap worse than headers), then whole headers, then what is left."""
+    fits; else each its longest word (``mins``), then what is left shared evenly toward whole
+    body cells on one line (``body``: rows wrap worse than headers), then toward whole headers."""
     if sum(maxs) <= room:
         return list(maxs)
     widths = list(mins)
     spare = room - sum(widths)
     for target in (body, maxs):
-        for i in sorted(range(len(widths)), key=lambda j: target[j] - widths[j]):
-            need = target[i] - widths[i]
-            if 0 < need <= spare:
-                widths[i] += need
-                spare -= need
+        # shared evenly among the columns that want more (capped at what each wants): one wide
+        # column must not leave another at its longest word, one word a line
+        while spare > 0:
+            wanting = [i for i in range(len(widths)) if widths[i] < target[i]]
+            if not wanting:
+                break
+            share = max(1, spare // len(wanting))
+            for i in sorted(wanting, key=lambda j: target[j] - widths[j]):
+                grant = min(share, target[i] - widths[i], spare)
+                widths[i] += grant
+                spare -= grant
     return widths
 
 
