@@ -153,7 +153,7 @@ async def test_panel_runs_the_real_experiment(tmp_path):
         status = str(screen.query_one("#run-status", Static).render())
         assert "terminado" in status  # Spanish
         log_text = "\n".join(str(line.text) for line in screen.query_one("#run-log", RichLog).lines)
-        assert "rank 0" in log_text and "carpeta de la ejecución" in log_text
+        assert "proceso 0" in log_text and "carpeta de la ejecución" in log_text
         record = screen.launch.record
         assert f"como traza de Chrome (Perfetto): distai runs export {record.id} -o {record.dir / 'trace.json'}" \
             in log_text.replace("\n", "")
