@@ -186,7 +186,23 @@ def check_moe(r, argv):
     assert (r["all_to_all_forward_bytes_per_layer"] == 0) == (r["ep"] == 1)
 
 
-CHECKS = {"moe": check_moe, "memory": check_memory, "bubble": check_bubble, "allreduce": check_allreduce,
+def check_context(r, argv):
+    cp = r["cp"]
+    assert r["tokens_per_gpu"] * cp == r["seq"]  # the sequence is split evenly over the CP group
+    # CP divides the activations by cp, nothing else: every saved tensor is per token
+    assert math.isclose(r["activation_bytes_per_gpu"] * cp, r["activation_bytes_per_gpu_without_cp"], rel_tol=1e-12)
+    assert r["activation_bytes_per_gpu"] <= r["activation_bytes_per_gpu_with_scores"]
+    for variant in ("ring", "allgather"):
+        v = r[variant]
+        assert v["total_bytes_per_rank"] == v["forward_bytes_per_rank"] + v["backward_bytes_per_rank"]
+    if cp > 1:  # ring: cp - 1 hops forward, K/V again and dK/dV back in backward; all-gather: one call each way
+        assert (r["ring"]["forward_messages"], r["ring"]["backward_messages"]) == (cp - 1, 2 * cp - 1)
+        assert r["allgather"]["forward_bytes_per_rank"] == r["ring"]["forward_bytes_per_rank"]
+    o = r["overlap"]
+    assert o["hidden"] == (o["compute_s"] >= o["hop_s"]) and o["shard_tokens"] == r["tokens_per_gpu"]
+
+
+CHECKS = {"context": check_context, "moe": check_moe, "memory": check_memory, "bubble": check_bubble, "allreduce": check_allreduce,
           "checkpoint": check_checkpoint, "kvcache": check_kvcache, "tp-comm": check_tp_comm, "serve": check_serve}
 CALCULATORS = all_calculators()
 
