@@ -24,6 +24,7 @@ declared in ``lessons/experts/events.py``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 from typing import Any
@@ -207,6 +208,55 @@ def check_input(args: argparse.Namespace) -> None:
     ModelSize.from_args(args, DEFAULT_MODEL)
 
 
+def _run_config(moe: Any, cfg: ModelSize, ep: int, world: int, b: int, tokens: int, dtype: str,
+                dev: torch.device) -> dict[str, Any]:
+    """What the run is: the MoE, its EP × DP layout, the model's size and the capacity per expert."""
+    return {"experts": moe.experts, "ep": ep, "dp": world // ep, "world": world, "top_k": moe.top_k,
+            "capacity_factor": moe.capacity_factor, "aux_alpha": moe.aux_alpha,
+            "shared_experts": moe.shared_experts, "bias_rate": moe.bias_rate, "layers": cfg.layers,
+            "hidden": cfg.hidden, "heads": cfg.heads, "seq": cfg.seq, "vocab": cfg.vocab, "micro_batch": b,
+            "tokens": tokens, "capacity": moe.capacity(tokens), "experts_per_rank": moe.experts // ep,
+            "dtype": dtype, "device": dev.type}
+
+
+def _against_reference(ref: torch.nn.Module, model: torch.nn.Module, ids: torch.Tensor, targets: torch.Tensor,
+                       lr: float, loss: float, dev: torch.device) -> tuple[float, float, float]:
+    """One step of the single-process MoE on the whole batch: its loss, and the relative differences of
+    the loss and (largest over the ranks) of the parameters."""
+    ref_loss = train_step(ref, ids, targets, lr, sync=False).item()
+    param_diff = max_over_ranks(max_relative_diff(model, ref, moe_layers(model)[0].first_expert), dev)
+    return ref_loss, abs(loss - ref_loss) / abs(ref_loss), param_diff
+
+
+def _emit_step(ev: Any, step: int, steps: int, layers: list[Any], sent: list[Any], figures: dict[str, Any]) -> None:
+    """Rank 0's events of one step: each MoE layer's load (with every rank's dispatched rows), the step's
+    figures, the progress."""
+    for i, layer in enumerate(layers):
+        s = layer.stats
+        MOE_LOAD.emit(ev, {"step": step, "layer": layer.layer, "routed": s.routed, "kept": s.kept,
+                           "capacity": s.capacity, "drop_rate": s.drop_rate, "aux_loss": s.aux_loss,
+                           "sent": [rows[i] for rows in sent]})
+    STEP.emit_fields(ev, {"step": step, "of": steps, **figures})
+    PROGRESS.emit(ev, {"done": step + 1, "total": steps})
+
+
+def _expert_memory(rank: int, model: torch.nn.Module, moe: Any, cfg: ModelSize, ep: int, dtype: torch.dtype) -> dict:
+    """This rank's expert bytes against E/ep of the experts (the formula), and the replicated rest."""
+    expert_bytes = expert_param_bytes(model)
+    per_expert = sum(p.numel() for p in moe_layers(model)[0].experts[0].parameters())
+    return {"rank": rank, "expert_bytes": expert_bytes,
+            "formula_bytes": expert_bytes_per_rank(cfg.layers, moe.experts, ep, per_expert, dtype.itemsize),
+            "replicated_bytes": sum(p.numel() * p.element_size() for p in model.parameters()) - expert_bytes,
+            "all_experts_bytes": cfg.layers * moe.experts * per_expert * dtype.itemsize}
+
+
+def _ranks_verdict(model: torch.nn.Module, gathered: list[Any]) -> dict[str, Any]:
+    """The last step's load over all MoE layers, and whether every rank's traffic and memory met the formula."""
+    return {"last_load": [sum(x) for x in zip(*(layer.stats.routed for layer in moe_layers(model)))],
+            "comm_match": all(g[0]["match"] for g in gathered),
+            "memory_match": all(g[1]["expert_bytes"] == g[1]["formula_bytes"] for g in gathered)}
+
+
 def run(ctx: Any, args: argparse.Namespace) -> dict | None:
     ep = args.ep or ctx.world_size
     if ep < 1 or ctx.world_size % ep:
@@ -224,12 +274,7 @@ def run(ctx: Any, args: argparse.Namespace) -> dict | None:
         layer.capacity_groups = dp  # each EP group has its own capacity
     b, world = args.micro_batch, ctx.world_size
     tokens = b * cfg.seq * ep  # the EP group's: what the capacity is counted over
-    config = {"experts": moe.experts, "ep": ep, "dp": dp, "world": world, "top_k": moe.top_k,
-              "capacity_factor": moe.capacity_factor, "aux_alpha": moe.aux_alpha,
-              "shared_experts": moe.shared_experts, "bias_rate": moe.bias_rate, "layers": cfg.layers,
-              "hidden": cfg.hidden, "heads": cfg.heads, "seq": cfg.seq, "vocab": cfg.vocab, "micro_batch": b,
-              "tokens": tokens, "capacity": moe.capacity(tokens), "experts_per_rank": moe.experts // ep,
-              "dtype": args.dtype, "device": dev.type}
+    config = _run_config(moe, cfg, ep, world, b, tokens, args.dtype, dev)
     if ctx.rank == 0:
         MOE_CONFIG.emit_fields(ev, config)
         PHASE.emit(ev, {"name": f"MoE: {moe.experts} experts over EP = {ep} (× DP = {dp})"})
@@ -249,10 +294,7 @@ def run(ctx: Any, args: argparse.Namespace) -> dict | None:
         t0 = time.perf_counter()
         with traced_step(ev, f"step {step}", collectives=step == metered, meter=meter if step == metered else None,
                          step=step):
-            if step == metered:
-                with meter:
-                    loss = train_step(model, ids[mine], targets[mine], args.lr)
-            else:
+            with meter if step == metered else contextlib.nullcontext():
                 loss = train_step(model, ids[mine], targets[mine], args.lr)
         device_sync(dev)
         times.append(max_over_ranks(time.perf_counter() - t0, dev))
@@ -266,32 +308,19 @@ def run(ctx: Any, args: argparse.Namespace) -> dict | None:
         auxes.append(aux)
         ref_loss = loss_diff = param_diff = None
         if ref is not None:
-            ref_loss = train_step(ref, ids, targets, args.lr, sync=False).item()
-            loss_diff = abs(losses[-1] - ref_loss) / abs(ref_loss)
-            param_diff = max_over_ranks(max_relative_diff(model, ref, moe_layers(model)[0].first_expert), dev)
+            ref_loss, loss_diff, param_diff = _against_reference(ref, model, ids, targets, args.lr, losses[-1], dev)
             ref_losses.append(ref_loss)
             loss_diffs.append(loss_diff)
             param_diffs.append(param_diff)
         sent: list[Any] = [None] * world  # every rank's rows to each EP rank, per layer: what the view draws
         dist.all_gather_object(sent, [layer.stats.sent_rows for layer in layers])
         if ctx.rank == 0:
-            for i, layer in enumerate(layers):
-                s = layer.stats
-                MOE_LOAD.emit(ev, {"step": step, "layer": layer.layer, "routed": s.routed, "kept": s.kept,
-                                   "capacity": s.capacity, "drop_rate": s.drop_rate, "aux_loss": s.aux_loss,
-                                   "sent": [rows[i] for rows in sent]})
-            STEP.emit(ev, {"step": step, "of": args.steps, "loss": losses[-1], "ref_loss": ref_loss,
-                           "loss_rel_diff": loss_diff, "param_rel_diff": param_diff, "aux_loss": aux, "drop_rate": drop,
-                           "step_time_s": times[-1]})
-            PROGRESS.emit(ev, {"done": step + 1, "total": args.steps})
+            _emit_step(ev, step, args.steps, layers, sent, {
+                "loss": losses[-1], "ref_loss": ref_loss, "loss_rel_diff": loss_diff, "param_rel_diff": param_diff,
+                "aux_loss": aux, "drop_rate": drop, "step_time_s": times[-1]})
         if step == metered:
             account = comm_account(meter, model, moe, cfg.hidden, dtype.itemsize, ep_rank, ep)
-    expert_bytes = expert_param_bytes(model)
-    per_expert = sum(p.numel() for p in moe_layers(model)[0].experts[0].parameters())
-    memory = {"rank": ctx.rank, "expert_bytes": expert_bytes,
-              "formula_bytes": expert_bytes_per_rank(cfg.layers, moe.experts, ep, per_expert, dtype.itemsize),
-              "replicated_bytes": sum(p.numel() * p.element_size() for p in model.parameters()) - expert_bytes,
-              "all_experts_bytes": cfg.layers * moe.experts * per_expert * dtype.itemsize}
+    memory = _expert_memory(ctx.rank, model, moe, cfg, ep, dtype)
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, ({"rank": ctx.rank, **account}, memory))
     if ctx.rank != 0:
@@ -300,13 +329,10 @@ def run(ctx: Any, args: argparse.Namespace) -> dict | None:
     MOE_MEMORY.emit(ev, {"ranks": [g[1] for g in gathered]})
     timed = [t for i, t in enumerate(times) if i not in (0, metered)] or times
     result: dict[str, Any] = {"config": config, "losses": losses, "ref_losses": ref_losses or None,
-              "max_loss_rel_diff": max(loss_diffs) if loss_diffs else None,
-              "max_param_rel_diff": max(param_diffs) if param_diffs else None,
-              "drop_rates": drops, "aux_losses": auxes,
-              "last_load": [sum(x) for x in zip(*(layer.stats.routed for layer in moe_layers(model)))],
-              "comm": account, "comm_match": all(g[0]["match"] for g in gathered),
-              "memory": memory, "memory_match": all(g[1]["expert_bytes"] == g[1]["formula_bytes"] for g in gathered),
-              "step_time_s": statistics.median(timed)}
+                              "max_loss_rel_diff": max(loss_diffs) if loss_diffs else None,
+                              "max_param_rel_diff": max(param_diffs) if param_diffs else None,
+                              "drop_rates": drops, "aux_losses": auxes, **_ranks_verdict(model, gathered),
+                              "comm": account, "memory": memory, "step_time_s": statistics.median(timed)}
     METRIC.emit(ev, {"name": "step_time_s", "value": result["step_time_s"]})
     print_summary(result, args.lang)
     return {"lesson": "experts", **result}
