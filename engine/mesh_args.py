@@ -12,8 +12,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from ..lessons.experts.formulas import RUN_CAPACITY_FACTOR, RUN_EXPERTS, RUN_TOP_K
 from ..lessons.lesson5 import simulator as sim
-from ..lessons.model_size import ModelSize, add_model_options
+from ..lessons.model_size import ModelSize, add_model_options, check_degrees
 
 DIMS = ("pp", "dp", "tp")
 #: the GPT the 3D run trains: GPT-2's shape, untied (the pipeline's ends are on different ranks)
@@ -224,4 +225,26 @@ def decode_launch_ranks(argv: list[str], ranks: int | None, default: int, cuda: 
     given = sizes.parse_known_args(argv)[0]
     skip = {s.strip() for s in given.skip.split(",") if s.strip()}
     check_decode_parts(ModelSize.from_args(given, DECODE_MODEL), args, ranks, skip)
+    return ranks
+
+
+def experts_launch_ranks(argv: list[str], ranks: int | None, default: int, cuda: bool) -> int:
+    """For ``distai run experts``: what every rank would refuse, refused before anything is launched
+    (one line, exit 2): an EP degree that does not divide the ranks or the experts (the one shape
+    check), top-k outside 1..experts, a capacity factor that is not positive."""
+    ap = _Parser(add_help=False)
+    ap.add_argument("--ep", type=int, default=None)
+    ap.add_argument("--experts", type=int, default=RUN_EXPERTS)
+    ap.add_argument("--top-k", type=int, default=RUN_TOP_K)
+    ap.add_argument("--capacity-factor", type=float, default=RUN_CAPACITY_FACTOR)
+    args = ap.parse_known_args(argv)[0]
+    ranks = default if ranks is None else ranks
+    ep = ranks if args.ep is None else args.ep
+    if ep < 1 or ranks % ep:
+        raise MeshConfigError(f"--ep {ep} does not divide the {ranks} ranks")
+    if not 1 <= args.top_k <= args.experts:
+        raise MeshConfigError(f"--top-k {args.top_k} must be between 1 and the number of experts ({args.experts})")
+    if not args.capacity_factor > 0:
+        raise MeshConfigError(f"--capacity-factor must be positive, got {args.capacity_factor}")
+    check_degrees(ep=ep, experts=args.experts)
     return ranks

@@ -35,6 +35,9 @@ import torch.distributed as dist
 from ...lessons.events import METRIC, PHASE, PROGRESS
 from ...lessons.experts.events import MOE_COMM, MOE_CONFIG, MOE_LOAD, MOE_MEMORY, STEP
 from ...lessons.experts.formulas import (
+    RUN_CAPACITY_FACTOR,
+    RUN_EXPERTS,
+    RUN_TOP_K,
     all_to_all_calls_per_layer,
     count_all_to_all_bytes,
     expert_bytes_per_rank,
@@ -81,11 +84,11 @@ def positive_float(text: str) -> float:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="experts", description="Mixture of Experts with expert parallelism")
     p.add_argument("--ep", type=int, default=None, help="expert-parallel ranks (default: all)")
-    p.add_argument("--experts", type=int, default=8, help="routed experts per layer (default 8)")
-    p.add_argument("--top-k", type=int, default=2, help="experts per token (default 2)")
+    p.add_argument("--experts", type=int, default=RUN_EXPERTS, help=f"routed experts per layer (default {RUN_EXPERTS})")
+    p.add_argument("--top-k", type=int, default=RUN_TOP_K, help=f"experts per token (default {RUN_TOP_K})")
     limit = p.add_mutually_exclusive_group()
-    limit.add_argument("--capacity-factor", type=positive_float, default=1.25,
-                       help="capacity c: an expert takes at most ceil(c·T·k/E) tokens (default 1.25)")
+    limit.add_argument("--capacity-factor", type=positive_float, default=RUN_CAPACITY_FACTOR,
+                       help=f"capacity c: an expert takes at most ceil(c·T·k/E) tokens (default {RUN_CAPACITY_FACTOR})")
     limit.add_argument("--dropless", action="store_true", help="no capacity limit: no token is dropped")
     p.add_argument("--aux-alpha", type=float, default=0.01, help="Switch's load-balancing weight α (default 0.01)")
     p.add_argument("--shared-experts", type=int, default=0, help="shared experts every token uses (default 0)")

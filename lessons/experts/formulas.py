@@ -20,6 +20,8 @@ from ..model_size import check_degrees
 
 FLOAT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 COUNT_BYTES = 8  # the routing counts travel as int64
+#: the run's defaults (`distai run experts`): Mixtral's 8 experts, top-2, GShard's capacity factor 1.25
+RUN_EXPERTS, RUN_TOP_K, RUN_CAPACITY_FACTOR = 8, 2, 1.25
 
 
 # ----------------------------------------------------------------------------------------------
