@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..lessons.events import ERROR, LOG, OUTPUT, PHASE, PROGRESS, RUN_END, RUN_START, STEP, SUMMARY
-from ..lessons.lesson1.events import CHECK, FIT, RING_STEP, SWEEP
+from ..lessons.lesson1.events import FIT, RING_CHECK, RING_STEP, SWEEP
 
 
 @dataclass
@@ -30,7 +30,7 @@ class RunState:
     last_step: dict[str, Any] | None = None
     sweep: list[dict[str, Any]] = field(default_factory=list)
     fits: dict[str, dict[str, Any]] = field(default_factory=dict)
-    check: dict[str, Any] | None = None
+    ring_check: dict[str, Any] | None = None
     summary: dict[str, Any] | None = None
     ring_steps: int = 0
     last_ring_step: dict[str, Any] | None = None
@@ -108,8 +108,8 @@ class RunState:
             self.sweep.append(e)
         elif kind == FIT.name:
             self.fits[e.get("impl", "?")] = e
-        elif kind == CHECK.name:
-            self.check = e
+        elif kind == RING_CHECK.name:
+            self.ring_check = e
         elif kind == RING_STEP.name:
             self.ring_steps += 1
             self.last_ring_step = e

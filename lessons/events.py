@@ -253,6 +253,23 @@ class Span(Envelope):
     mode: NotRequired[str]
 
 
+class Check(Envelope):
+    """A lesson's prediction checked against the run's measurement (issue 28): ``name`` (a catalog
+    key of ``lessons/catalog/checks.toml``), ``predicted`` and ``measured`` in ``unit``
+    (``"s"``, ``"B"``, ``"fraction"``, ``"B/s"``, ``"count"``), ``tolerance`` (relative), ``ok``, and
+    when not ok ``causes``: each named cause (a catalog key) and its amount in ``unit``, such that
+    predicted + Σ causes ≈ measured (``lessons/checks.reconcile``). ``detail``: the figures behind
+    the prediction (for ``runs show --json``)."""
+    name: str
+    predicted: float
+    measured: float
+    unit: str
+    tolerance: float
+    ok: bool
+    causes: NotRequired[dict[str, float]]
+    detail: NotRequired[dict[str, float]]
+
+
 RUN_START = EventKind("run_start", RunStart)
 RUN_END = EventKind("run_end", RunEnd)
 OUTPUT = EventKind("output", Output)
@@ -265,10 +282,11 @@ ERROR = EventKind("error", Error)
 LOG = EventKind("log", Log)
 METRIC = EventKind("metric", Metric)
 SPAN = EventKind("span", Span)
+CHECK = EventKind("check", Check)
 
 #: the kinds of every run
 SHARED: tuple[EventKind[Any], ...] = (RUN_START, RUN_END, OUTPUT, RELAUNCH, PHASE, PROGRESS, STEP, SUMMARY,
-                                      ERROR, LOG, METRIC, SPAN)
+                                      ERROR, LOG, METRIC, SPAN, CHECK)
 
 
 def lesson_events(lesson: str) -> dict[str, EventKind[Any]]:

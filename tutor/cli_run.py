@@ -131,9 +131,9 @@ def render_state(state, title: str = "distai run", extra=None, width: int = 100,
                           f"{r.get('phase')}: rank {r.get('rank')} sends chunk {r.get('chunk')} → rank "
                           f"{r.get('to')} ({_fmt_bytes(r.get('bytes', 0))}); {state.ring_steps} steps traced",
                           style="magenta"))
-    if state.check:
+    if state.ring_check:
         parts.append(Text(f"check  ring all-reduce == dist.all_reduce (max |diff| "
-                          f"{state.check.get('max_abs_diff', 0):.2g})", style="dim"))
+                          f"{state.ring_check.get('max_abs_diff', 0):.2g})", style="dim"))
     if state.sweep:
         table = Table(title="bandwidth sweep (median of the slowest rank)", title_justify="left",
                       show_edge=False, pad_edge=False)

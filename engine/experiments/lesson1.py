@@ -15,7 +15,7 @@ Phases (each emits a ``phase`` event, and ranks meet at a monitored barrier betw
 
 Events (beyond the common ``phase``/``progress``/``summary``/``log``): ``step``, ``ring_step``
 (every rank, a traced call's), ``sweep`` (the median over iterations of the slowest rank), ``fit``
-and ``check``, declared in ``lessons/lesson1/events.py``.
+and ``ring_check``, declared in ``lessons/lesson1/events.py``.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import time
 
 from ...lessons.events import LOG
 from ...lessons.lesson1 import formulas
-from ...lessons.lesson1.events import CHECK, FIT, PHASE, STEP, SWEEP, Phase
+from ...lessons.lesson1.events import FIT, PHASE, RING_CHECK, STEP, SWEEP, Phase
 from ...lessons.model_size import ModelSize, add_model_options
 from ...lessons.units import UnitError, format_bandwidth, format_time, parse_bytes
 from ..experiment import Progress, checkpoint, exit_with, run_experiment
@@ -123,7 +123,7 @@ def check_ring(ctx, seed: int) -> float:
     if not diff.item() <= 1e-5 * max(1.0, scale):
         raise RuntimeError(f"ring all-reduce differs from dist.all_reduce by {diff.item():.3g}")
     if ctx.rank == 0:
-        CHECK.emit(ctx.events, {"size": size * 4, "max_abs_diff": diff.item()})
+        RING_CHECK.emit(ctx.events, {"size": size * 4, "max_abs_diff": diff.item()})
     return diff.item()
 
 

@@ -70,7 +70,7 @@ class Fit(Envelope):
     bandwidth: float | None
 
 
-class Check(Envelope):
+class RingCheck(Envelope):
     """Our ring against ``dist.all_reduce`` on ``size`` bytes."""
     size: int
     max_abs_diff: float
@@ -81,6 +81,6 @@ STEP = EventKind("step", Step)
 RING_STEP = EventKind("ring_step", RingStep)
 SWEEP = EventKind("sweep", Sweep)
 FIT = EventKind("fit", Fit)
-CHECK = EventKind("check", Check)
+RING_CHECK = EventKind("ring_check", RingCheck)
 
-EVENTS = (PHASE, STEP, RING_STEP, SWEEP, FIT, CHECK)
+EVENTS = (PHASE, STEP, RING_STEP, SWEEP, FIT, RING_CHECK)
