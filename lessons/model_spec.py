@@ -21,6 +21,14 @@ class ModelSpec:
     vocab: int = 0  # 0: leave the logits out of the memory
     head_dim: int | None = None  # default hidden / heads
     dtype_bytes: float = 2  # bytes per weight (bf16)
+    # a mixture of experts (the flags of ``distai calc moe``): routed experts per MoE layer (0: dense),
+    # experts per token, one expert's MLP width (SwiGLU: three h × ffn matrices), shared experts every
+    # token uses, and how many of the layers are MoE layers (None: all)
+    experts: int = 0
+    top_k: int = 0
+    expert_ffn: int = 0
+    shared_experts: int = 0
+    moe_layers: int | None = None
 
     @property
     def d(self) -> int:
@@ -29,3 +37,33 @@ class ModelSpec:
     @property
     def weight_bytes(self) -> float:
         return self.params * self.dtype_bytes
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of the keys (and of the values): KV heads × head size."""
+        return self.kv_heads * self.d
+
+    @property
+    def expert_params(self) -> float:
+        """Parameters of the routed experts (what expert parallelism splits): MoE layers · E · 3·h·ffn."""
+        if not self.experts:
+            return 0.0
+        layers = self.layers if self.moe_layers is None else self.moe_layers
+        return float(layers * self.experts * 3 * self.hidden * self.expert_ffn)
+
+    @property
+    def active_params(self) -> float:
+        """Parameters one token uses: all but the routed experts, plus its top-k of them."""
+        if not self.experts:
+            return float(self.params)
+        return self.params - self.expert_params * (1 - self.top_k / self.experts)
+
+    @property
+    def layer_params(self) -> float:
+        """Parameters of one transformer layer on average (the embedding's V·h left out)."""
+        return (self.params - self.vocab * self.hidden) / self.layers
+
+    @property
+    def active_layer_params(self) -> float:
+        """Parameters one token uses in one layer on average: the GEMMs' FLOPs are 2× this per token."""
+        return (self.active_params - self.vocab * self.hidden) / self.layers

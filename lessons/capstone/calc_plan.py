@@ -1,6 +1,8 @@
-"""``distai calc plan``: the 3D-parallelism planner, every (tp, pp, dp, microbatch, ZeRO, recompute)
-ranked by predicted step time (the capstone's :mod:`.planner`)."""
+"""``distai calc plan``: the parallelism planner, every (tp, cp, pp, dp, ep, SP, microbatch, ZeRO,
+recompute, chunks) ranked by predicted step time (the capstone's :mod:`.planner`)."""
 from __future__ import annotations
+
+import math
 
 from .. import units
 from ..calculator import CalcError, Calculator, Option
@@ -20,89 +22,132 @@ def _kind(reason: str) -> str:
     return "other"
 
 
+def _finite(value, where: str = "result") -> None:
+    """CalcError when a number of the result is not finite: ``--json`` stays strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise CalcError(f"the {where} came out as {value} (inputs out of range: check --flops, the bandwidths "
+                        "and the sizes)")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _finite(item, key)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _finite(item, where)
+
+
+def _axes(v: dict) -> pl.Axes:
+    recompute = pl.RECOMPUTE if v["recompute"] == "any" else (v["recompute"],)
+    sp = {"any": pl.SEQUENCE_PARALLEL, "on": (True,), "off": (False,)}[v["sp"]]
+    cp = v["cp"] if v["cp"] is not None else (None if v["max_cp"] > 1 else 1)
+    ep = v["ep"] if v["ep"] is not None else (None if v["experts"] else 1)
+    return pl.Axes(tp=v["tp"], pp=v["pp"], dp=v["dp"], cp=cp, ep=ep, max_cp=v["max_cp"],
+                   microbatches=(v["microbatch"],) if v["microbatch"] else pl.MICROBATCHES,
+                   zero=tuple(range(v["max_zero"] + 1)), max_zero_pp=min(v["max_zero_pp"], v["max_zero"]),
+                   recompute=recompute, chunks=tuple(c for c in pl.CHUNKS if c <= v["max_chunks"]), sp=sp)
+
+
 def compute(v: dict) -> dict:
     kv_heads = v["kv_heads"] or v["heads"]
     if v["heads"] % kv_heads:
         raise CalcError(f"--heads {v['heads']} is not a multiple of --kv-heads {kv_heads}")
     if v["hidden"] % v["heads"]:
         raise CalcError(f"--hidden {v['hidden']} is not a multiple of --heads {v['heads']}")
-    if not 0 < v["efficiency"] <= 1:
+    if v["efficiency"] is not None and not 0 < v["efficiency"] <= 1:
         raise CalcError(f"--efficiency: must be in (0, 1], got {v['efficiency']:g}")
+    if not 0 < v["gemm_efficiency"] <= 1:
+        raise CalcError(f"--gemm-efficiency: must be in (0, 1], got {v['gemm_efficiency']:g}")
     if not 0 < v["memory_util"] <= 1:
         raise CalcError(f"--memory-util: must be in (0, 1], got {v['memory_util']:g}")
+    if bool(v["experts"]) != bool(v["top_k"]) or bool(v["experts"]) != bool(v["ffn"]):
+        raise CalcError("a mixture of experts needs --experts, --top-k and --ffn (one expert's width) together")
+    if v["experts"] and v["top_k"] > v["experts"]:
+        raise CalcError(f"--top-k {v['top_k']} is more than the {v['experts']} experts")
     model = pl.ModelSpec(params=v["params"], layers=v["layers"], hidden=v["hidden"], heads=v["heads"],
-                         kv_heads=kv_heads, seq=v["seq"], vocab=v["vocab"] or 0)
+                         kv_heads=kv_heads, seq=v["seq"], vocab=v["vocab"] or 0, experts=v["experts"] or 0,
+                         top_k=v["top_k"] or 0, expert_ffn=v["ffn"] or 0, shared_experts=v["shared_experts"])
     cluster = pl.Cluster(gpus=v["gpus"], gpu_memory=v["gpu_mem"], gpus_per_node=v["gpus_per_node"],
                          flops=v["flops"], intra_bandwidth=v["intra_bw"], inter_bandwidth=v["inter_bw"],
                          alpha=v["alpha"], inter_alpha=v["inter_alpha"], efficiency=v["efficiency"],
-                         memory_util=v["memory_util"], tp_across_nodes=bool(v["tp_across_nodes"]))
-    recompute = pl.RECOMPUTE if v["recompute"] == "any" else (v["recompute"],)
-    microbatches = (v["microbatch"],) if v["microbatch"] else pl.MICROBATCHES
-    chunks = tuple(c for c in pl.CHUNKS if c <= v["max_chunks"])
+                         memory_util=v["memory_util"], tp_across_nodes=bool(v["tp_across_nodes"]),
+                         hbm_bandwidth=v["hbm_bw"], gemm_peak_fraction=v["gemm_efficiency"],
+                         flash_attention=v["flash_attention"] == "on")
     try:
-        r = pl.plan(model, cluster, v["global_batch"], tp=v["tp"], pp=v["pp"], dp=v["dp"],
-                    microbatches=microbatches, zero=tuple(range(v["max_zero"] + 1)), recompute=recompute,
-                    chunks=chunks)
+        r = pl.plan(model, cluster, v["global_batch"], axes=_axes(v))
     except ValueError as exc:
         raise CalcError(str(exc)) from None
     if not r["configs"]:
-        memory = [c for c in r["rejected"] if c.memory_bytes]
-        if memory:
-            least = min(memory, key=lambda c: c.memory_bytes)
-            raise CalcError(f"no configuration fits: the smallest needs {units.format_bytes(least.memory_bytes)} "
-                            f"per GPU (tp {least.tp}, pp {least.pp}, dp {least.dp}, microbatch {least.microbatch}, "
-                            f"ZeRO-{least.zero}, {least.recompute} recompute), more than the usable "
-                            f"{units.format_bytes(cluster.gpu_memory * cluster.memory_util)}")
-        first = r["rejected"][0].reason if r["rejected"] else "no split of the GPUs"
-        raise CalcError(f"no configuration is possible: {first}")
+        raise CalcError(r["obstacle"])
     configs = [c.as_dict() for c in r["configs"]]
     rejected = [dict(c.rejected_dict(), kind=_kind(c.reason), memory_bytes=c.memory_bytes or None)
                 for c in r["rejected"]]
     inputs = {"params": model.params, "layers": model.layers, "hidden": model.hidden, "heads": model.heads,
               "kv_heads": model.kv_heads, "seq": model.seq, "vocab": model.vocab, "global_batch": v["global_batch"],
+              "experts": model.experts, "top_k": model.top_k, "expert_ffn": model.expert_ffn,
+              "shared_experts": model.shared_experts, "active_params": model.active_params,
               "gpus": cluster.gpus, "gpu_memory_bytes": cluster.gpu_memory, "gpus_per_node": cluster.gpus_per_node,
               "flops": cluster.flops, "intra_bandwidth_bytes_per_s": cluster.intra_bandwidth,
               "inter_bandwidth_bytes_per_s": cluster.inter_bandwidth, "alpha_s": cluster.alpha,
               "inter_alpha_s": cluster.inter_alpha, "efficiency": cluster.efficiency,
+              "hbm_bandwidth_bytes_per_s": cluster.hbm_bandwidth, "gemm_efficiency": cluster.gemm_peak_fraction,
+              "gemm_half_width": cluster.gemm_half_width, "flash_attention": cluster.flash_attention,
               "memory_util": cluster.memory_util, "tp_across_nodes": cluster.tp_across_nodes,
-              "max_zero": v["max_zero"], "recompute": v["recompute"], "top": v["top"]}
-    return {"best": configs[0], "configs": configs, "rejected": rejected, "inputs": inputs}
+              "max_zero": v["max_zero"], "max_zero_pp": v["max_zero_pp"], "recompute": v["recompute"],
+              "sp": v["sp"], "top": v["top"]}
+    out = {"best": configs[0], "configs": configs, "rejected": rejected, "inputs": inputs}
+    _finite(out)
+    return out
+
+
+def _memory_line(m: dict) -> str:
+    b = units.format_bytes
+    return (f"  memory per GPU: params {b(m['params_bytes'])}, fp32 gradient buffer {b(m['grad_buffer_bytes'])}, "
+            f"optimizer {b(m['optimizer_bytes'])}, activations {b(m['activations_bytes'])}, logits "
+            f"{b(m['logits_bytes'])}, communication buffers {b(m['comm_buffers_bytes'])}, allocator and context "
+            f"{b(m['allocator_bytes'])}")
 
 
 def text(r: dict) -> list[str]:
     i, pct, t = r["inputs"], units.format_percent, units.format_time
     node = ("TP may cross nodes (--tp-across-nodes)" if i["tp_across_nodes"]
             else f"TP kept inside a node of {i['gpus_per_node']} GPUs (NVLink); --tp-across-nodes lifts it")
+    speed = (f"a fixed efficiency {units.format_number(i['efficiency'])}" if i["efficiency"] is not None else
+             f"GEMMs up to {pct(i['gemm_efficiency'])} of peak, HBM {units.format_bandwidth(i['hbm_bandwidth_bytes_per_s'])}"
+             + (", FlashAttention" if i["flash_attention"] else ""))
+    moe = (f", {i['experts']} experts (top-{i['top_k']}, {units.format_count(i['active_params'])} active)"
+           if i["experts"] else "")
     lines = [
         f"Training {units.format_count(i['params'])} parameters: {i['layers']} layers, h = {i['hidden']}, "
-        f"{i['heads']} heads, {i['kv_heads']} KV heads",
+        f"{i['heads']} heads, {i['kv_heads']} KV heads{moe}",
         f"sequence {i['seq']:,}, global batch {i['global_batch']:,} on {i['gpus']:,} GPUs × "
         f"{units.format_bytes(i['gpu_memory_bytes'])}",
-        f"{units.format_count(i['flops'])} FLOP/s at efficiency {units.format_number(i['efficiency'])}, NVLink "
+        f"{units.format_count(i['flops'])} FLOP/s peak, {speed}; NVLink "
         f"{units.format_bandwidth(i['intra_bandwidth_bytes_per_s'])}, between nodes "
         f"{units.format_bandwidth(i['inter_bandwidth_bytes_per_s'])} per GPU",
         node + ".",
         "",
-        f"  {'#':>3}  {'TP':>3} {'PP':>3} {'DP':>5} {'mb':>3} {'ZeRO':>4} {'recompute':<9} {'v':>2} "
-        f"{'memory':>9} {'step':>9} {'MFU':>6} {'bubble':>6}",
+        f"  {'#':>3}  {'TP':>3} {'CP':>3} {'PP':>3} {'DP':>5} {'EP':>3} {'SP':>2} {'mb':>3} {'ZeRO':>4} "
+        f"{'recompute':<9} {'v':>2} {'memory':>9} {'step':>9} {'MFU':>6} {'bubble':>6}",
     ]
     for n, c in enumerate(r["configs"][:i["top"]], 1):
-        lines.append(f"  {n:>3}  {c['tp']:>3} {c['pp']:>3} {c['dp']:>5} {c['microbatch']:>3} {c['zero']:>4} "
+        lines.append(f"  {n:>3}  {c['tp']:>3} {c['cp']:>3} {c['pp']:>3} {c['dp']:>5} {c['ep']:>3} "
+                     f"{'on' if c['sp'] else '-':>2} {c['microbatch']:>3} {c['zero']:>4} "
                      f"{c['recompute']:<9} {c['chunks']:>2} {units.format_bytes(c['memory_bytes']):>9} "
                      f"{t(c['step_time_s']):>9} {pct(c['mfu']):>6} {pct(c['bubble_fraction']):>6}")
     more = len(r["configs"]) - i["top"]
     if more > 0:
         lines.append(f"  … {more:,} more feasible (--top N, or --json for all)")
     b, bt = r["best"], r["best"]["time"]
-    lines += ["", f"→ best: TP {b['tp']} × PP {b['pp']} × DP {b['dp']}, microbatch {b['microbatch']} "
-                  f"(m = {b['microbatches']} per pipeline),",
+    lines += ["", f"→ best: TP {b['tp']} × CP {b['cp']} × PP {b['pp']} × DP {b['dp']} (EP {b['ep']}), "
+                  f"microbatch {b['microbatch']} (m = {b['microbatches']} per pipeline),",
               f"  ZeRO-{b['zero']}, {b['recompute']} recompute"
+              + (", sequence parallelism" if b["sp"] else "")
               + (f", {b['chunks']} chunks per stage" if b["chunks"] > 1 else ""),
-              f"  step {t(b['step_time_s'])}: compute {t(bt['compute_s'])}, TP {t(bt['tp_comm_s'])}, "
+              f"  step {t(b['step_time_s'])}: compute {t(bt['compute_s'])} (GEMMs at "
+              f"{pct(bt['gemm_efficiency'])} of peak), TP {t(bt['tp_comm_s'])}, CP {t(bt['cp_comm_s'])}, "
               f"PP {t(bt['pp_comm_s'])}, bubble {t(bt['bubble_s'])}, DP not hidden {t(bt['dp_comm_exposed_s'])}",
-              f"  memory {units.format_bytes(b['memory_bytes'])} per GPU: model states "
-              f"{units.format_bytes(b['memory']['model_states_bytes'])}, activations "
-              f"{units.format_bytes(b['memory']['activations_bytes'])}"]
+              _memory_line(b["memory"]),
+              f"  = {units.format_bytes(b['memory_bytes'])} of the usable "
+              f"{units.format_bytes(b['memory']['usable_bytes'])}"]
     if r["rejected"]:
         groups: dict[str, list[dict]] = {}
         for c in r["rejected"]:
@@ -121,23 +166,28 @@ def _bandwidth(flag: str, help: str, default) -> Option:
 
 CALCULATOR = Calculator(
     name="plan",
-    help="""3D-parallelism planner: every (tp, pp, dp, microbatch, ZeRO stage, recompute) ranked by predicted step time.
+    help="""Parallelism planner over five axes: every (tp, cp, pp, dp, ep, sequence parallelism, microbatch, ZeRO stage, recompute, chunks) ranked by predicted step time.
 
-    Memory per GPU from lesson 2 (model states sharded by ZeRO over dp, Korthikanti activations with
-    sequence parallelism) times lesson 5's microbatches in flight; step time = compute at
-    efficiency × peak + lesson 4's TP collectives + point-to-point sends, stretched by lesson 5's
-    bubble, + the data-parallel gradient reduction that the last backward does not hide (lesson 1's
-    α-β ring). TP stays inside a node unless --tp-across-nodes. Checked against Megatron-LM (Narayanan
-    et al. 2021, Table 1), Llama 3 405B and BLOOM-176B (the capstone lesson).
+    Memory per GPU, term by term: bf16 parameters, the fp32 gradient buffer, the optimizer (each sharded
+    by ZeRO over dp·cp), lesson 2's Korthikanti activations times lesson 5's microbatches in flight, the
+    last stage's fp32 logits, communication buffers, and an allocator allowance (2 GB of CUDA context and
+    NCCL, plus 5%). Step time: each layer on one GPU from its GEMMs (at E / (1 + w½·(t/h + cp/(b·s))) of
+    peak), its attention core and its memory-bound kernels (HBM bandwidth), + lesson 4's TP collectives,
+    CP's K/V all-gathers and PP sends, stretched by lesson 5's bubble, + the data-parallel reduction the
+    backward does not hide (lesson 1's α-β ring). E and w½ were fitted on Megatron-LM's Table 1 (A100)
+    and Llama 3's 8,192-GPU run (H100), and checked on held-out runs (the capstone lesson). TP stays inside
+    a node unless --tp-across-nodes. Impossible shapes and non-finite results are a one-line error.
 
     JSON keys: best (the first configuration), configs (feasible, best first), rejected (each with tp,
-    pp, dp, microbatch, zero, recompute, chunks, reason, kind, memory_bytes; values a rejection left
-    undecided are null), inputs. A configuration has tp, pp, dp, microbatch, zero, recompute, chunks
-    (interleaved model chunks per stage), microbatches (per pipeline and step), memory_bytes (the
-    busiest GPU), memory (model_states_bytes, activations_bytes, logits_bytes, first_stage_bytes,
-    last_stage_bytes, microbatches_in_flight, usable_bytes), step_time_s, time (compute_s, tp_comm_s,
-    pp_comm_s, bubble_s, dp_comm_exposed_s, tp/pp/dp_over_nodes), bubble_fraction, mfu (model FLOPs
-    6Ψ + 12·L·h·s per token over peak), tokens_per_s, reason (empty).
+    pp, dp, cp, ep, sp, microbatch, zero, recompute, chunks, reason, kind, memory_bytes; values a rejection
+    left undecided are null), inputs. A configuration has tp, pp, dp, cp, ep, sp, microbatch, zero,
+    recompute, chunks (interleaved model chunks per stage), microbatches (per pipeline and step),
+    memory_bytes (the busiest GPU), memory (params_bytes, grad_buffer_bytes, optimizer_bytes,
+    model_states_bytes, activations_bytes, logits_bytes, comm_buffers_bytes, allocator_bytes,
+    first_stage_bytes, last_stage_bytes, microbatches_in_flight, usable_bytes), step_time_s, time
+    (compute_s, tp_comm_s, cp_comm_s, pp_comm_s, bubble_s, dp_comm_exposed_s, gemm_efficiency,
+    tp/cp/pp/dp_over_nodes), bubble_fraction, mfu (model FLOPs 6Ψ + 12·L·h·s per token over peak, Ψ the
+    active parameters), tokens_per_s, reason (empty).
     """,
     options=(
         Option("--params", "count", "Parameters Ψ of the model (70B).", minimum=0, strict_min=True),
@@ -157,17 +207,35 @@ CALCULATOR = Calculator(
         Option("--alpha", "time", "Latency per message inside a node (default 5us).", default="5us", minimum=0),
         Option("--inter-alpha", "time", "Latency per message between nodes (default 10us).", default="10us",
                minimum=0),
-        Option("--efficiency", "number", "Fraction of peak a layer's kernels sustain on one GPU (default 0.75).",
-               default="0.75"),
-        Option("--memory-util", "number", "Share of GPU memory usable (default 0.9).", default="0.9"),
+        Option("--hbm-bw", "bandwidth", "GPU memory bandwidth (default 3.35e12 B/s: H100 SXM).", default="3.35e12",
+               minimum=0, strict_min=True),
+        Option("--gemm-efficiency", "number", f"E: the best fraction of peak a GEMM reaches (default {pl.H100_GEMM:g}, "
+               f"fitted on Llama 3's H100 run; A100: {pl.A100_GEMM:g}).", default=f"{pl.H100_GEMM:g}"),
+        Option("--flash-attention", "choice", "on or off (default on).", default="on", choices=("on", "off")),
+        Option("--efficiency", "number", "A fixed fraction of peak for every layer instead of the shape-aware "
+               "model (default: the model).", default=None),
+        Option("--memory-util", "number", "Share of GPU memory the job may use (default 1: the allowances "
+               "are counted).", default="1"),
         Option("--vocab", "whole", "Vocabulary size: adds the last stage's fp32 logits (default: left out).",
                default=None),
         Option("--tp", "whole", "Fix the tensor-parallel degree.", default=None),
         Option("--pp", "whole", "Fix the pipeline-parallel degree.", default=None),
         Option("--dp", "whole", "Fix the data-parallel degree.", default=None),
+        Option("--cp", "whole", "Fix the context-parallel degree (default: 1, or searched up to --max-cp).",
+               default=None),
+        Option("--max-cp", "whole", "Search context parallelism up to this degree (default 1: off).", default="1"),
+        Option("--ep", "whole", "Fix the expert-parallel degree (divides DP and --experts).", default=None),
+        Option("--experts", "whole", "Routed experts per layer (a mixture of experts, as calc moe).", default=None),
+        Option("--top-k", "whole", "Experts per token.", default=None),
+        Option("--ffn", "whole", "Width of one expert's MLP (with --experts).", default=None),
+        Option("--shared-experts", "whole", "Shared experts every token uses.", default="0", minimum=0),
+        Option("--sp", "choice", "Sequence parallelism: any, on or off (default any).", default="any",
+               choices=("any", "on", "off")),
         Option("--microbatch", "whole", "Fix the microbatch size (default: try 1, 2, 4, 8).", default=None),
         Option("--max-zero", "whole", "Highest ZeRO stage the framework offers (default 3).", default="3",
                minimum=0, maximum=3),
+        Option("--max-zero-pp", "whole", "Highest ZeRO stage with a pipeline (default 3: FSDP with PP, as "
+               "torchtitan and Llama 3; DeepSpeed's pipeline: 1).", default="3", minimum=0, maximum=3),
         Option("--recompute", "choice", "any, none, selective or full (default any).", default="any",
                choices=RECOMPUTE_CHOICES),
         Option("--max-chunks", "whole", "Most interleaved chunks per stage to try (default 8; 1 = plain 1F1B).",

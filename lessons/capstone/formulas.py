@@ -194,3 +194,72 @@ def stage_layers(layers: int, pp: int) -> int:
     p = _count(pp, "the pipeline-parallel degree")
     check_degrees(pp=p, stages="with-ends", layers=L)  # the course's one shape check
     return L // p if L % p == 0 else (L + 2) // p
+
+
+# ------------------------------------------------------------------------------ how fast one GPU runs a layer
+#
+# A layer's forward on one GPU is three kinds of work (Korthikanti et al. 2022, Sec. 4.1, count its
+# tensors; Anthony et al., "The Case for Co-Designing Model Architectures with Hardware", 2024, measure
+# the GEMMs' throughput against their sizes):
+#
+# - the GEMMs, 2·b·s·P_layer/t FLOPs, at a fraction of peak that grows with the matrices' narrow sizes:
+#   E / (1 + w½·(t/h + cp/(b·s))) — E the best a GEMM reaches on this GPU, h/t the width of the
+#   per-GPU weight shards, b·s/cp the rows of the activation; w½ the size at which a GEMM runs at E/2;
+# - the attention core, 4·b·s²·h/(t·cp) FLOPs (QKᵀ and the weighted sum of V), at E; FlashAttention
+#   skips the masked half of a causal score matrix;
+# - the memory-bound kernels, bytes through HBM at its bandwidth: per s·b·h element
+#   ELEMENTWISE_REPLICATED bytes (2 LayerNorms 2+2, 2 fused bias-dropout-adds 2+2+2+1 — split t ways only
+#   with sequence parallelism) and ELEMENTWISE_SPLIT bytes (the GeLU over the 4h activation,
+#   8 in and 8 out, always split); without FlashAttention, SOFTMAX_BYTES per a·s²·b score (the fused
+#   scale-mask-softmax reads 2 and writes 2, its dropout reads 2, writes 2 and a 1-byte mask).
+#
+# The backward costs twice the forward; recomputation adds the forward again (full) or its attention
+# core and softmax (selective). E and w½ are fitted (see :mod:`.published`); the byte counts are
+# counted, not fitted.
+
+ELEMENTWISE_REPLICATED = 22  # bytes per s·b·h element, forward: 2 LayerNorms (2 in, 2 out) and 2 fused
+#                               bias-dropout-adds (Megatron-LM's bias_dropout_add_fused: 2 + 2 in, 2 out, 1-B mask)
+ELEMENTWISE_SPLIT = 16  # bytes per s·b·h element, forward: the GeLU over 4h (8 read, 8 written)
+SOFTMAX_BYTES = 9  # bytes per a·s²·b score, forward, without FlashAttention
+
+
+def gemm_efficiency(hidden: int, tokens: float, tp: int, peak_fraction: float, half_width: float,
+                    cp: int = 1) -> float:
+    """Fraction of peak a layer's GEMMs reach on one GPU: E / (1 + w½·(t/h + cp/tokens)), ``tokens``
+    the rows b·s of a microbatch (split ``cp`` ways by context parallelism), h/t the narrow side of the
+    weight shards. Large matrices approach E; small ones spend their time on tiles' edges and launches."""
+    h = _count(hidden, "the hidden size")
+    t = _count(tp, "the tensor-parallel degree")
+    c = _count(cp, "the context-parallel degree")
+    if not (0 < peak_fraction <= 1 and half_width >= 0 and tokens > 0):
+        raise ValueError("the GEMM efficiency needs 0 < E <= 1, w½ >= 0 and tokens > 0")
+    return peak_fraction / (1 + half_width * (t / h + c / tokens))
+
+
+def layer_forward_seconds(*, hidden: int, heads: int, seq: int, micro_batch: int, layer_params: float,
+                          tp: int = 1, cp: int = 1, sequence_parallel: bool = False, flash: bool = False,
+                          peak_flops: float, hbm_bandwidth: float, peak_fraction: float,
+                          half_width: float) -> dict[str, float]:
+    """One layer's forward for one microbatch on one GPU, in seconds: {"gemm_s", "attention_s",
+    "memory_s", "total_s", "gemm_efficiency"} (the model in the comment above)."""
+    h, a, s, b = hidden, heads, seq, micro_batch
+    tokens = s * b / cp
+    eff = gemm_efficiency(h, tokens, tp, peak_fraction, half_width, cp)
+    gemm = 2 * tokens * layer_params / tp / (peak_flops * eff)
+    attn_flops = 4 * b * s * (s / cp) * h / tp * (0.5 if flash else 1.0)
+    attention = attn_flops / (peak_flops * peak_fraction)
+    sbh = tokens * h
+    elementwise = sbh * (ELEMENTWISE_REPLICATED / (tp if sequence_parallel else 1) + ELEMENTWISE_SPLIT / tp)
+    softmax = 0.0 if flash else SOFTMAX_BYTES * a * s * (s / cp) * b / tp
+    memory = (elementwise + softmax) / hbm_bandwidth
+    return {"gemm_s": gemm, "attention_s": attention, "memory_s": memory, "softmax_s": softmax / hbm_bandwidth,
+            "total_s": gemm + attention + memory, "gemm_efficiency": eff}
+
+
+def layer_train_seconds(forward: dict[str, float], recompute: str) -> float:
+    """Forward + backward (twice the forward) + what recomputation repeats: the whole forward (full) or
+    the attention core and its softmax (selective)."""
+    extra = {"none": 0.0, "selective": forward["attention_s"] + forward["softmax_s"], "full": forward["total_s"]}
+    if recompute not in extra:
+        raise ValueError(f"unknown recompute {recompute!r}; choose one of none, selective, full")
+    return 3 * forward["total_s"] + extra[recompute]

@@ -42,6 +42,7 @@ on one GPU, default 0.75) is an input: measure yours. Pure Python.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
 from .. import units
@@ -51,10 +52,10 @@ from ..lesson1.formulas import (
     ring_reduce_scatter_time,
     serial_messages_time,
 )
-from ..lesson2.formulas import activation_bytes, activation_bytes_per_layer, model_state_bytes
+from ..lesson2.formulas import activation_bytes, activation_bytes_per_layer, bytes_per_param
 from ..lesson4.formulas import tp_comm_time_per_layer
 from ..lesson5.formulas import ScheduleError, bubble_fraction, check_schedule, peak_inflight_microbatches
-from ..model_size import Refusal, ShapeError, explain, refusals
+from ..model_size import ModelSize, Refusal, ShapeError, explain, refusals
 from ..model_spec import ModelSpec
 from . import formulas as f
 
@@ -62,7 +63,21 @@ MICROBATCHES = (1, 2, 4, 8)
 ZERO_STAGES = (0, 1, 2, 3)
 RECOMPUTE = ("none", "selective", "full")
 CHUNKS = (1, 2, 4, 8)
-GRAD_BYTES = 2  # bf16 gradients, reduced as Megatron-LM and torchtitan do by default
+SEQUENCE_PARALLEL = (False, True)
+PARAM_BYTES = 2  # bf16 weights
+GRAD_BUFFER_BYTES = 4  # fp32 gradient buffer: Megatron-LM's main_grad with bf16 (accumulate and reduce in fp32),
+#                        DeepSpeed's BF16 optimizer and FSDP's fp32 reduce alike
+GRAD_BYTES = GRAD_BUFFER_BYTES  # what the data-parallel reduction sends per gradient
+DDP_BUCKET_BYTES = 25e6  # PyTorch DDP's bucket_cap_mb: two buckets in flight while the backward runs
+CONTEXT_BYTES = 2e9  # CUDA context (~0.5 GB) and NCCL's buffers for the job's communicators
+ALLOCATOR_FRACTION = 0.05  # the caching allocator's fragmentation, on top of what the tensors hold
+
+# How fast a GPU runs a layer (:func:`~.formulas.layer_forward_seconds`): E, the best fraction of peak a
+# GEMM reaches, and w½, the narrow size at which it reaches E/2. Fitted in :mod:`.published` (A100 on
+# Megatron-LM's Table 1, H100 on Llama 3's 8,192-GPU run); HBM bandwidths from the data sheets.
+GEMM_HALF_WIDTH = 50.0
+A100_GEMM = 0.64  # E of an A100 (Megatron-LM's kernels, 2021-2022)
+H100_GEMM = 0.82  # E of an H100 (Llama 3's kernels, 2024)
 
 
 @dataclass(frozen=True)
@@ -75,9 +90,13 @@ class Cluster:
     inter_bandwidth: float = 50e9  # per GPU between nodes, B/s (a 400 Gb/s NIC per GPU)
     alpha: float = 5e-6  # latency per message inside a node, s
     inter_alpha: float = 10e-6  # between nodes, s
-    efficiency: float = 0.75  # fraction of peak a layer's kernels sustain on one GPU
-    memory_util: float = 0.9  # the rest: CUDA context, NCCL buffers, allocator fragmentation
+    efficiency: float | None = None  # a fixed fraction of peak for every layer; None: the shape-aware model
+    memory_util: float = 1.0  # share of the GPU's memory the job may use (the allowances are counted)
     tp_across_nodes: bool = False
+    hbm_bandwidth: float = 3.35e12  # H100 SXM data sheet
+    gemm_peak_fraction: float = H100_GEMM  # E (fitted, see published.py)
+    gemm_half_width: float = GEMM_HALF_WIDTH
+    flash_attention: bool = True
 
 
 @dataclass
@@ -89,6 +108,9 @@ class Config:
     zero: int | None = None
     recompute: str | None = None
     chunks: int | None = None
+    sp: bool = False
+    cp: int = 1
+    ep: int = 1
     reason: str = ""
     microbatches: int = 0
     memory_bytes: float = 0.0
@@ -100,14 +122,15 @@ class Config:
     tokens_per_s: float = 0.0
 
     @property
-    def layout(self) -> tuple[int, int, int]:
-        return (self.tp, self.pp, self.dp)
+    def layout(self) -> tuple[int, int, int, int, int]:
+        """(tp, pp, dp, cp, ep)."""
+        return (self.tp, self.pp, self.dp, self.cp, self.ep)
 
     def as_dict(self) -> dict:
         return asdict(self)
 
     def rejected_dict(self) -> dict:
-        keys = ("tp", "pp", "dp", "microbatch", "zero", "recompute", "chunks", "reason")
+        keys = ("tp", "pp", "dp", "cp", "ep", "sp", "microbatch", "zero", "recompute", "chunks", "reason")
         return {k: getattr(self, k) for k in keys}
 
 
@@ -130,20 +153,68 @@ def _link(cluster: Cluster, across: bool) -> tuple[float, float]:
     return cluster.alpha, 1 / cluster.intra_bandwidth
 
 
-def shape_refusals(model: ModelSpec, tp: int | None = None, pp: int | None = None) -> list[Refusal]:
-    """The course's one shape check (:func:`~distai.lessons.model_size.refusals`) for a (tp, pp)
-    split as this planner runs it: sequence parallelism whenever tp > 1, a vocabulary-parallel head,
-    KV heads split or replicated, and stages that hold the layers with the embedding and output
-    slots (:func:`~.formulas.stage_layers`). A degree left out is not checked."""
-    t, p = tp or 1, pp or 1
-    return refusals(tp=t, sequence_parallel=t > 1, heads=model.heads, kv_heads=model.kv_heads,
-                    hidden=model.hidden, vocab=model.vocab or None, seq=model.seq,
+def strides(c: Config) -> dict[str, int]:
+    """Distance between consecutive ranks of a group on the mesh, Megatron-LM's order tp-cp-ep-dp-pp
+    (innermost first; ``megatron/core/parallel_state.py``): tp 1, cp t, dp (and ep, its first ep ranks)
+    t·cp, pp t·cp·dp."""
+    return {"tp": 1, "cp": c.tp, "dp": c.tp * c.cp, "ep": c.tp * c.cp, "pp": c.tp * c.cp * c.dp}
+
+
+# ------------------------------------------------------------------------------ shapes
+
+def shape_bounds(model: ModelSpec) -> tuple[float, float]:
+    """The fewest and the most parameters the shape (layers, hidden, heads, KV heads, vocabulary; experts
+    when given) can hold, counted by the course's one GPT (:meth:`~distai.lessons.model_size.ModelSize.num_params`):
+    an MLP from h (GeLU) to 8h wide (SwiGLU), a vocabulary left out counted from 0 to 256k, each end
+    widened by 2× for what the count leaves out (biases, adapters, a different attention)."""
+    vocab = model.vocab or 1
+    experts = max(1, model.experts + model.shared_experts)
+
+    def count(ffn: int, mlp: str, v: int, tied: bool) -> int:
+        return ModelSize(vocab=v, hidden=model.hidden, heads=model.heads, kv_heads=model.kv_heads, layers=model.layers,
+                         seq=1, ffn=ffn, mlp=mlp, tie_embeddings=tied).num_params()
+
+    low = count(model.hidden, "gelu", vocab, True)
+    high_ffn = model.expert_ffn or 8 * model.hidden
+    high_vocab = model.vocab or 256_000
+    high = count(high_ffn, "swiglu", high_vocab, False)
+    if model.experts:  # every expert adds an MLP to each layer
+        high += (experts - 1) * model.layers * 3 * model.hidden * high_ffn
+    return low / 2, high * 2
+
+
+def check_shape(model: ModelSpec) -> None:
+    """ValueError (one line) when ``--params`` cannot be this shape's parameter count."""
+    if model.seq < 1:
+        raise ValueError(f"the training sequence length must be at least 1 token, got {model.seq}")
+    if model.hidden % model.heads or model.heads % model.kv_heads:
+        raise ValueError(f"hidden {model.hidden}, heads {model.heads} and KV heads {model.kv_heads} do not "
+                         "divide each other (hidden = heads · head size, heads = KV heads · group)")
+    low, high = shape_bounds(model)
+    if not low <= model.params <= high:
+        raise ValueError(f"--params {units.format_count(model.params)} does not fit the shape: {model.layers} "
+                         f"layers of width {model.hidden} hold between {units.format_count(low)} and "
+                         f"{units.format_count(high)} parameters")
+
+
+def shape_refusals(model: ModelSpec, tp: int | None = None, pp: int | None = None, cp: int | None = None,
+                   ep: int | None = None, sequence_parallel: bool | None = None) -> list[Refusal]:
+    """The course's one shape check (:func:`~distai.lessons.model_size.refusals`) for a split as this
+    planner runs it: sequence parallelism when asked (by default whenever tp > 1), a
+    vocabulary-parallel head, KV heads split or replicated, context parallelism in the zigzag layout
+    (2·cp divides the sequence), experts split over ep, and stages that hold the layers with the
+    embedding and output slots (:func:`~.formulas.stage_layers`). A degree left out is not checked."""
+    t, p, c, e = tp or 1, pp or 1, cp or 1, ep or 1
+    sp = t > 1 if sequence_parallel is None else sequence_parallel
+    return refusals(tp=t, sequence_parallel=sp, heads=model.heads, kv_heads=model.kv_heads,
+                    hidden=model.hidden, vocab=model.vocab or None, seq=model.seq, cp=c, zigzag=c > 1,
+                    ep=e, experts=model.experts or None,
                     pp=p, stages="with-ends", layers=model.layers if pp is not None else None)
 
 
-def shape_reason(model: ModelSpec, cluster: Cluster, tp: int, pp: int) -> str:
-    """Why a (tp, pp) split cannot hold the model, or "" when it can."""
-    found = shape_refusals(model, tp, pp)
+def shape_reason(model: ModelSpec, cluster: Cluster, tp: int, pp: int, cp: int = 1, ep: int = 1) -> str:
+    """Why a split cannot hold the model, or "" when it can (sequence parallelism not asked)."""
+    found = shape_refusals(model, tp, pp, cp, ep, sequence_parallel=False)
     if found:
         return explain(found)
     if _spans_nodes(1, tp, cluster.gpus_per_node) and not cluster.tp_across_nodes:
@@ -154,7 +225,140 @@ def shape_reason(model: ModelSpec, cluster: Cluster, tp: int, pp: int) -> str:
     return ""
 
 
-def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, optimizer: str = "adam") -> Config:
+# ------------------------------------------------------------------------------ memory
+
+def _params_per_gpu(model: ModelSpec, c: Config) -> tuple[float, float]:
+    """(dense, expert) parameters one GPU holds before ZeRO: the dense ones split tp·pp ways, the
+    experts tp·pp·ep ways."""
+    expert = model.expert_params
+    return (model.params - expert) / (c.tp * c.pp), expert / (c.tp * c.pp * c.ep)
+
+
+def memory_terms(model: ModelSpec, cluster: Cluster, c: Config, stage: int, m: int, optimizer: str) -> dict:
+    """Every term of the busiest GPU's memory (bytes): {"params_bytes" (bf16, sharded over dp·cp by
+    ZeRO-3), "grad_buffer_bytes" (fp32, sharded by ZeRO-2/3), "optimizer_bytes" (fp32 master copy and
+    Adam's moments, sharded by ZeRO-1/2/3: lesson 2), "activations_bytes" (lesson 2's Korthikanti count
+    for the stage times lesson 5's microbatches in flight, plus one layer rebuilt under full
+    recomputation), "logits_bytes" (last stage: fp32 logits of its vocabulary shard),
+    "comm_buffers_bytes" (ZeRO-3's gathered layers, TP's gathered input, PP's send and receive, CP's
+    K/V chunks, DDP's buckets), "allocator_bytes" (CUDA context and NCCL, plus ALLOCATOR_FRACTION of
+    the rest), "first_stage_bytes", "last_stage_bytes", "microbatches_in_flight", "usable_bytes"}."""
+    tp, pp, cp, b, v = c.tp, c.pp, c.cp, c.microbatch or 1, c.chunks or 1
+    shard = c.dp * cp  # data and context ranks hold the same weights
+    dense, expert = _params_per_gpu(model, c)
+    expert_shard = max(1, shard // c.ep)
+    zero = c.zero or 0
+
+    def sharded(x: float, level: int) -> float:
+        return dense / (shard if zero >= level else 1) * x + expert / (expert_shard if zero >= level else 1) * x
+
+    optimizer_bytes = bytes_per_param(optimizer)["optimizer"]
+    params = sharded(PARAM_BYTES, 3)
+    grads = sharded(GRAD_BUFFER_BYTES, 2)
+    opt = sharded(optimizer_bytes, 1)
+    s_local = model.seq // cp
+    recompute = c.recompute or "none"
+    # FlashAttention keeps no score matrix: its activations are the selective count
+    stored = "selective" if recompute == "none" and cluster.flash_attention else recompute
+    act_mb = activation_bytes(stage, s_local, b, model.hidden, model.heads, tp, c.sp, stored)
+    inflight = peak_inflight_microbatches(pp, m, "interleaved" if v > 1 else "1f1b", v)
+    working = (activation_bytes_per_layer(s_local, b, model.hidden, model.heads, tp, c.sp, "selective")
+               if recompute == "full" else 0.0)
+    logits = s_local * b * model.vocab / tp * 4 if model.vocab else 0.0
+    layer_params = model.layer_params / tp
+    sbh = s_local * b * model.hidden * 2
+    comm = (2 * layer_params * PARAM_BYTES if zero == 3 and shard > 1 else 0.0) \
+        + (sbh if tp > 1 else 0.0) + (2 * sbh / tp if pp > 1 else 0.0) \
+        + (2 * 2 * s_local * b * model.kv_dim * 2 / tp if cp > 1 else 0.0) \
+        + (2 * DDP_BUCKET_BYTES if shard > 1 and zero < 3 else 0.0)
+    states = params + grads + opt
+    first = states + act_mb * inflight + working + comm
+    last = states + act_mb * (1 if pp > 1 else inflight) + working + logits + comm
+    busiest = max(first, last)
+    allocator = CONTEXT_BYTES + ALLOCATOR_FRACTION * busiest
+    return {"params_bytes": params, "grad_buffer_bytes": grads, "optimizer_bytes": opt,
+            "model_states_bytes": states, "activations_bytes": act_mb * inflight + working,
+            "logits_bytes": logits, "comm_buffers_bytes": comm, "allocator_bytes": allocator,
+            "first_stage_bytes": first + allocator, "last_stage_bytes": last + allocator,
+            "microbatches_in_flight": inflight, "usable_bytes": cluster.gpu_memory * cluster.memory_util}
+
+
+# ------------------------------------------------------------------------------ time
+
+def _compute_per_microbatch(model: ModelSpec, cluster: Cluster, c: Config, stage: int) -> dict:
+    """Seconds one stage computes one microbatch (forward, backward, recomputation): its ``stage``
+    layer slots, the vocabulary's GEMM spread over the layers as the stages spread it."""
+    b, recompute = c.microbatch or 1, c.recompute or "none"
+    if cluster.efficiency is not None:  # one fixed fraction of peak: FLOPs / (efficiency · peak)
+        tokens = b * model.seq / c.cp
+        hw = tokens * f.hardware_flops_per_token(model.active_params, model.layers, model.hidden, model.seq, recompute)
+        seconds = hw / (c.tp * cluster.flops * cluster.efficiency) * stage / model.layers
+        return {"compute_s": seconds, "gemm_efficiency": cluster.efficiency}
+    fwd = f.layer_forward_seconds(hidden=model.hidden, heads=model.heads, seq=model.seq, micro_batch=b,
+                                  layer_params=model.active_layer_params, tp=c.tp, cp=c.cp,
+                                  sequence_parallel=c.sp, flash=cluster.flash_attention, peak_flops=cluster.flops,
+                                  hbm_bandwidth=cluster.hbm_bandwidth, peak_fraction=cluster.gemm_peak_fraction,
+                                  half_width=cluster.gemm_half_width)
+    layer = f.layer_train_seconds(fwd, recompute)
+    logits = 3 * 2 * b * model.seq / c.cp * model.hidden * model.vocab / c.tp / (cluster.flops * fwd["gemm_efficiency"])
+    return {"compute_s": stage * (layer + logits / model.layers), "gemm_efficiency": fwd["gemm_efficiency"]}
+
+
+def _dp_exposed(model: ModelSpec, cluster: Cluster, c: Config, m: int, compute_mb: float) -> float:
+    """The data-parallel reduction (over dp·cp ranks) that the backward does not hide: ZeRO-0 an
+    all-reduce behind the last backward; ZeRO-1 a reduce-scatter behind it and the all-gather of the
+    updated bf16 parameters; ZeRO-2 a reduce-scatter behind every microbatch's backward (gradients sharded
+    as they are made); ZeRO-3 also all-gathers the parameters for each microbatch's forward and backward."""
+    shard = c.dp * c.cp
+    if shard == 1:
+        return 0.0
+    g = cluster.gpus_per_node
+    across = _spans_nodes(c.tp, shard, g)
+    alpha, beta = _link(cluster, across)
+    dense, expert = _params_per_gpu(model, c)
+    params_gpu = dense + expert
+    grads = params_gpu * GRAD_BYTES
+    backward_mb = compute_mb * 2 / 3
+    zero = c.zero or 0
+    if zero == 0:
+        return max(0.0, ring_allreduce_time(grads, shard, alpha, beta) - backward_mb)
+    scatter = ring_reduce_scatter_time(grads, shard, alpha, beta)
+    if zero == 1:
+        return max(0.0, scatter - backward_mb) + ring_allgather_time(params_gpu * PARAM_BYTES, shard, alpha, beta)
+    if zero == 2:
+        return (m * max(0.0, scatter - backward_mb)
+                + ring_allgather_time(params_gpu * PARAM_BYTES, shard, alpha, beta))
+    per_mb = 2 * ring_allgather_time(params_gpu * PARAM_BYTES, shard, alpha, beta) + scatter
+    return m * max(0.0, per_mb - compute_mb)
+
+
+def _refuse(c: Config, cluster: Cluster, model: ModelSpec, stage: int, m: int, max_zero_pp: int) -> str:
+    """Why this configuration cannot run, or ""."""
+    v, pp, zero = c.chunks or 1, c.pp, c.zero or 0
+    if zero > max_zero_pp and pp > 1:
+        return (f"ZeRO-{zero} with pp = {pp}: this framework's pipeline allows ZeRO up to {max_zero_pp} "
+                f"(DeepSpeed's pipeline engine: 1; torchtitan and Llama 3's FSDP with PP: 3)")
+    if zero > 0 and c.dp * c.cp == 1:
+        return f"ZeRO-{zero} with dp = 1: nothing to shard over"
+    if v > 1 and (pp == 1 or stage % v):
+        return (f"{v} chunks per stage need pp > 1 and must divide the stage's {stage} layers"
+                if pp > 1 else "interleaved chunks need pp > 1")
+    if v > 1:
+        try:  # lesson 5 decides what the interleaved schedule accepts (m >= pp, equal rounds)
+            check_schedule("interleaved", pp, m, v)
+        except ScheduleError as exc:
+            return str(exc)
+    if c.sp and c.tp == 1:
+        return "sequence parallelism needs tp > 1"
+    if c.sp:
+        found = shape_refusals(model, c.tp, cp=c.cp, sequence_parallel=True)
+        if found:
+            return explain(found)
+    return ""
+
+
+def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, optimizer: str = "adam",
+             max_zero_pp: int = 3, p2p: str = "megatron") -> Config:
     """Fill in ``c``'s memory, time and MFU, or its ``reason`` when it is infeasible."""
     tp, pp, dp, b, v = c.tp, c.pp, c.dp, c.microbatch, c.chunks
     if b is None or v is None or c.zero is None or c.recompute is None:
@@ -165,161 +369,231 @@ def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, o
         c.reason = str(exc)
         return c
     c.microbatches = m
-    if c.zero >= 2 and pp > 1:
-        c.reason = (f"ZeRO-{c.zero} with pp = {pp}: gradients accumulate over microbatches "
-                    f"(pipeline engines allow ZeRO-0/1)")
-        return c
-    if c.zero > 0 and dp == 1:
-        c.reason = f"ZeRO-{c.zero} with dp = 1: nothing to shard over"
-        return c
     stage = f.stage_layers(model.layers, pp)
-    if v > 1 and (pp == 1 or stage % v):
-        c.reason = (f"{v} chunks per stage need pp > 1 and must divide the stage's {stage} layers"
-                    if pp > 1 else "interleaved chunks need pp > 1")
+    c.reason = _refuse(c, cluster, model, stage, m, max_zero_pp)
+    if c.reason:
         return c
-    if v > 1:
-        try:  # lesson 5 decides what the interleaved schedule accepts (m >= pp, equal rounds)
-            check_schedule("interleaved", pp, m, v)
-        except ScheduleError as exc:
-            c.reason = str(exc)
-            return c
-
-    # memory (lesson 2's model states and activations, lesson 5's microbatches in flight)
-    params_gpu = -(-int(model.params) // (tp * pp))
-    strategy = ("ddp", "zero1", "zero2", "zero3")[c.zero]
-    states = model_state_bytes(params_gpu, dp, strategy, optimizer)["total_bytes"]
-    sp = tp > 1
-    act_mb = activation_bytes(stage, model.seq, b, model.hidden, model.heads, tp, sp, c.recompute)
-    schedule = "interleaved" if v > 1 else "1f1b"
-    inflight = peak_inflight_microbatches(pp, m, schedule, v)
-    working = (activation_bytes_per_layer(model.seq, b, model.hidden, model.heads, tp, sp, "selective")
-               if c.recompute == "full" else 0.0)
-    first = states + act_mb * inflight + working
-    logits = model.seq * b * model.vocab / tp * 4 if model.vocab else 0.0
-    last = states + act_mb * (1 if pp > 1 else inflight) + working + logits
-    c.memory = {"model_states_bytes": states, "activations_bytes": act_mb * inflight + working,
-                "logits_bytes": logits, "first_stage_bytes": first, "last_stage_bytes": last,
-                "microbatches_in_flight": inflight, "usable_bytes": cluster.gpu_memory * cluster.memory_util}
-    c.memory_bytes = max(first, last)
-    if c.memory_bytes > cluster.gpu_memory * cluster.memory_util:
+    c.memory = memory_terms(model, cluster, c, stage, m, optimizer)
+    c.memory_bytes = max(c.memory["first_stage_bytes"], c.memory["last_stage_bytes"])
+    if c.memory_bytes > c.memory["usable_bytes"]:
         c.reason = (f"needs {units.format_bytes(c.memory_bytes)} per GPU, more than the usable "
-                    f"{units.format_bytes(cluster.gpu_memory * cluster.memory_util)}")
+                    f"{units.format_bytes(c.memory['usable_bytes'])}")
         return c
 
-    # time of one microbatch on one stage: compute + TP collectives + PP sends
-    n = cluster.gpus
-    tokens = global_batch * model.seq
-    hw_flops = tokens * f.hardware_flops_per_token(model.params, model.layers, model.hidden, model.seq, c.recompute)
-    imbalance = stage * pp / model.layers  # the busiest stage sets the pace
-    compute_mb = hw_flops / (n * cluster.flops * cluster.efficiency) * imbalance / m
-    g = cluster.gpus_per_node
-    tp_alpha, tp_beta = _link(cluster, _spans_nodes(1, tp, g))
+    # one microbatch on one stage: compute + TP collectives + CP's K/V + PP sends
+    n, g, st = cluster.gpus, cluster.gpus_per_node, strides(c)
+    comp = _compute_per_microbatch(model, cluster, c, stage)
+    compute_mb = comp["compute_s"]
+    s_local = model.seq // c.cp
     tp_mb = 0.0
     if tp > 1:
-        per_layer = tp_comm_time_per_layer(model.hidden, model.seq, b, tp, tp_alpha, tp_beta, sequence_parallel=True)
+        a, beta = _link(cluster, _spans_nodes(1, tp, g))
+        per_layer = tp_comm_time_per_layer(model.hidden, s_local, b, tp, a, beta, sequence_parallel=c.sp)
         tp_mb = stage * per_layer * (1.5 if c.recompute == "full" else 1.0)  # the recomputed forward talks again
-    pp_alpha, pp_beta = _link(cluster, _spans_nodes(dp * tp, pp, g))
+    cp_mb = 0.0
+    if c.cp > 1:  # Llama 3's all-gather of K and V (forward, recomputed forward) and reduce-scatter of their gradients
+        a, beta = _link(cluster, _spans_nodes(st["cp"], c.cp, g))
+        kv = 2 * model.seq * b * model.kv_dim * 2 / min(tp, model.kv_heads)
+        cp_mb = stage * (2 * ring_allgather_time(kv, c.cp, a, beta) + ring_reduce_scatter_time(kv, c.cp, a, beta))
     pp_mb = 0.0
     if pp > 1:
-        pp_mb = serial_messages_time(2 * v, f.pp_p2p_bytes_per_microbatch(model.seq, b, model.hidden, tp),
-                                     pp_alpha, pp_beta)
-    slot = compute_mb + tp_mb + pp_mb
-    bubble = bubble_fraction(pp, m, v)
+        a, beta = _link(cluster, _spans_nodes(st["pp"], pp, g))
+        if p2p == "deepspeed":
+            pp_mb = serial_messages_time(4, f.pp_p2p_bytes_per_microbatch(s_local, b, model.hidden, tp, 2, False),
+                                         a, beta)
+        else:
+            pp_mb = serial_messages_time(2 * v, f.pp_p2p_bytes_per_microbatch(s_local, b, model.hidden, tp), a, beta)
+    slot = compute_mb + tp_mb + cp_mb + pp_mb
     pipeline = slot * (m + (pp - 1) / v)
-
-    # data parallelism: gradients of Ψ/(tp·pp) parameters, overlapped with the last backward
-    dp_alpha, dp_beta = _link(cluster, _spans_nodes(tp, dp, g))
-    grads = params_gpu * GRAD_BYTES
-    backward_mb = compute_mb * 2 / 3  # backward ≈ 2/3 of a microbatch's forward + backward FLOPs
-    dp_exposed = 0.0
-    if dp > 1:
-        if c.zero == 0:
-            dp_exposed = max(0.0, ring_allreduce_time(grads, dp, dp_alpha, dp_beta) - backward_mb)
-        elif c.zero in (1, 2):
-            scatter = ring_reduce_scatter_time(grads, dp, dp_alpha, dp_beta)
-            if c.zero == 2:  # sharded gradients: reduce-scatter every microbatch, each behind its backward
-                dp_exposed = m * max(0.0, scatter - backward_mb)
-            else:
-                dp_exposed = max(0.0, scatter - backward_mb)
-            dp_exposed += ring_allgather_time(params_gpu * 2, dp, dp_alpha, dp_beta)  # updated bf16 parameters
-        else:  # ZeRO-3: gather parameters for forward and backward, reduce-scatter gradients, each microbatch
-            per_mb = (2 * ring_allgather_time(params_gpu * 2, dp, dp_alpha, dp_beta)
-                      + ring_reduce_scatter_time(grads, dp, dp_alpha, dp_beta))
-            dp_exposed = m * max(0.0, per_mb - compute_mb)
+    dp_exposed = _dp_exposed(model, cluster, c, m, compute_mb)
     c.step_time_s = pipeline + dp_exposed
-    c.time = {"compute_s": compute_mb * m, "tp_comm_s": tp_mb * m, "pp_comm_s": pp_mb * m,
+    c.time = {"compute_s": compute_mb * m, "tp_comm_s": tp_mb * m, "cp_comm_s": cp_mb * m, "pp_comm_s": pp_mb * m,
               "bubble_s": pipeline - slot * m, "dp_comm_exposed_s": dp_exposed,
-              "tp_over_nodes": _spans_nodes(1, tp, g), "pp_over_nodes": _spans_nodes(dp * tp, pp, g),
-              "dp_over_nodes": _spans_nodes(tp, dp, g)}
-    c.bubble_fraction = bubble
+              "gemm_efficiency": comp["gemm_efficiency"],
+              "tp_over_nodes": _spans_nodes(1, tp, g), "cp_over_nodes": _spans_nodes(st["cp"], c.cp, g),
+              "pp_over_nodes": _spans_nodes(st["pp"], pp, g), "dp_over_nodes": _spans_nodes(st["dp"], dp, g)}
+    c.bubble_fraction = bubble_fraction(pp, m, v)
     c.mfu = f.mfu(model_flops_per_step(model, global_batch), c.step_time_s, n, cluster.flops)
-    c.tokens_per_s = tokens / c.step_time_s
+    c.tokens_per_s = global_batch * model.seq / c.step_time_s
+    for key, value in (("step time", c.step_time_s), ("MFU", c.mfu), ("memory", c.memory_bytes)):
+        if not math.isfinite(value):
+            raise ValueError(f"the {key} came out as {value} (the inputs are out of range): check --flops and "
+                             "the bandwidths")
     return c
 
 
 def model_flops_per_step(model: ModelSpec, global_batch: int) -> float:
-    """The model's FLOPs in one step of ``global_batch`` sequences (no recomputation): what MFU counts."""
-    return global_batch * model.seq * f.model_flops_per_token(model.params, model.layers, model.hidden, model.seq)
+    """The model's FLOPs in one step of ``global_batch`` sequences (no recomputation; a mixture of
+    experts counts its active parameters): what MFU counts."""
+    return global_batch * model.seq * f.model_flops_per_token(model.active_params, model.layers, model.hidden,
+                                                              model.seq)
 
 
-def plan(model: ModelSpec, cluster: Cluster, global_batch: int, optimizer: str = "adam",
-         tp: int | None = None, pp: int | None = None, dp: int | None = None,
-         microbatches: tuple[int, ...] = MICROBATCHES, zero: tuple[int, ...] = ZERO_STAGES,
-         recompute: tuple[str, ...] = RECOMPUTE, chunks: tuple[int, ...] = CHUNKS) -> dict:
-    """Every configuration for ``cluster.gpus`` GPUs: {"configs": the feasible ones, best first;
-    "rejected": the others, each with its reason}. ``tp``/``pp``/``dp`` fix a degree, and the tuples
-    narrow the search to what a framework offers (Megatron-LM in 2021 had no ZeRO: ``zero=(0,)``). A fixed
-    degree that does not divide the GPUs, the heads, the layers or the batch is a ValueError."""
-    n = cluster.gpus
-    if model.seq < 1:
-        raise ValueError(f"the training sequence length must be at least 1 token, got {model.seq}")
-    for name, value in (("tp", tp), ("pp", pp), ("dp", dp)):
+# ------------------------------------------------------------------------------ the search
+
+@dataclass(frozen=True)
+class Axes:
+    """What the search may try, narrowed to what a framework offers (Megatron-LM in 2021: no ZeRO, no
+    sequence parallelism; DeepSpeed's pipeline: ZeRO-1 at most with pp > 1). A fixed degree is None
+    when free."""
+    tp: int | None = None
+    pp: int | None = None
+    dp: int | None = None
+    cp: int | None = 1
+    ep: int | None = 1
+    max_cp: int = 0  # with cp free: the largest degree to try (0: any)
+    microbatches: tuple[int, ...] = MICROBATCHES
+    zero: tuple[int, ...] = ZERO_STAGES
+    max_zero_pp: int = 3
+    recompute: tuple[str, ...] = RECOMPUTE
+    chunks: tuple[int, ...] = CHUNKS
+    sp: tuple[bool, ...] = SEQUENCE_PARALLEL
+    # how the pipeline sends: "megatron" (scatter/gather, sends and receives together: 2·v messages of
+    # s·b·h/t per microbatch) or "deepspeed" (DeepSpeed's PipelineEngine: whole activations, its send
+    # and receive instructions one after the other: 4 messages of s·b·h)
+    p2p: str = "megatron"
+
+
+def _check_fixed(model: ModelSpec, n: int, global_batch: int, axes: Axes) -> None:
+    """ValueError (or ShapeError) when a fixed degree cannot be right whatever the others are."""
+    fixed = {"tp": axes.tp, "pp": axes.pp, "dp": axes.dp, "cp": axes.cp}
+    for name, value in fixed.items():
         if value is not None and n % value:
             raise ValueError(f"--{name} {value} does not divide the {n} GPUs")
-    found = shape_refusals(model, tp, pp)
+    found = shape_refusals(model, axes.tp, axes.pp, axes.cp, axes.ep, sequence_parallel=False)
     if found:
         raise ShapeError(found)
-    if dp is not None and global_batch % dp:
-        raise ValueError(f"--dp {dp} does not divide the global batch of {global_batch} sequences")
-    if tp is not None and pp is not None and dp is not None and tp * pp * dp != n:
-        raise ValueError(f"tp·pp·dp = {tp}·{pp}·{dp} = {tp * pp * dp} is not the {n} GPUs")
+    if axes.dp is not None and global_batch % axes.dp:
+        raise ValueError(f"--dp {axes.dp} does not divide the global batch of {global_batch} sequences")
+    if axes.ep not in (None, 1) and not model.experts:
+        raise ValueError(f"--ep {axes.ep} needs a mixture of experts (--experts)")
+    if axes.ep is not None and axes.dp is not None and axes.dp % axes.ep:
+        raise ValueError(f"--ep {axes.ep} must divide --dp {axes.dp} (expert parallelism splits the data ranks)")
+    if None not in (axes.tp, axes.pp, axes.dp, axes.cp):
+        product = axes.tp * axes.pp * axes.dp * axes.cp  # type: ignore[operator]
+        if product != n:
+            raise ValueError(f"tp·pp·dp·cp = {axes.tp}·{axes.pp}·{axes.dp}·{axes.cp} = {product} is not the {n} GPUs")
+
+
+def layouts(n: int, axes: Axes, experts: int = 0):
+    """Every (tp, pp, dp, cp, ep) with tp·pp·dp·cp = n (ep divides dp and the experts) that the fixed
+    degrees allow."""
+    for t in _divisors(n):
+        if axes.tp not in (None, t):
+            continue
+        for c in _divisors(n // t):
+            if axes.cp not in (None, c) or (axes.max_cp and c > axes.max_cp):
+                continue
+            for p in _divisors(n // (t * c)):
+                d = n // (t * c * p)
+                if axes.pp not in (None, p) or axes.dp not in (None, d):
+                    continue
+                for e in (_divisors(d) if experts else [1]):
+                    if axes.ep in (None, e) and (not experts or experts % e == 0):
+                        yield t, p, d, c, e
+
+
+def plan(model: ModelSpec, cluster: Cluster, global_batch: int, optimizer: str = "adam", axes: Axes = Axes()) -> dict:
+    """Every configuration for ``cluster.gpus`` GPUs: {"configs": the feasible ones, best first;
+    "rejected": the others, each with its reason; "obstacle": when none is feasible, what blocks every
+    layout}. A fixed degree that does not divide the GPUs, the heads, the layers or the batch, or a
+    shape that cannot hold ``model.params``, is a ValueError."""
+    n = cluster.gpus
+    check_shape(model)
+    _check_fixed(model, n, global_batch, axes)
     feasible: list[Config] = []
     rejected: list[Config] = []
-    for t in _divisors(n):
-        if tp is not None and t != tp:
+    for t, p, d, cp, e in layouts(n, axes, model.experts):
+        why = shape_reason(model, cluster, t, p, cp, e)
+        if why:
+            rejected.append(Config(t, p, d, cp=cp, ep=e, reason=why))
             continue
-        for p in _divisors(n // t):
-            d = n // (t * p)
-            if (pp is not None and p != pp) or (dp is not None and d != dp):
+        for b in axes.microbatches:
+            if global_batch % (d * b):
+                rejected.append(Config(t, p, d, b, cp=cp, ep=e, reason=(
+                    f"the global batch {global_batch} does not split into dp·microbatch = {d}·{b} pieces")))
                 continue
-            why = shape_reason(model, cluster, t, p)
-            if why:
-                rejected.append(Config(t, p, d, reason=why))
-                continue
-            for b in microbatches:
-                if global_batch % (d * b):
-                    rejected.append(Config(t, p, d, b, reason=(
-                        f"the global batch {global_batch} does not split into dp·microbatch = {d}·{b} pieces")))
-                    continue
-                for z in zero:
-                    for r in recompute:
-                        for v in chunks:
-                            c = evaluate(model, cluster, global_batch, Config(t, p, d, b, z, r, v), optimizer)
+            for sp in (axes.sp if t > 1 else (False,)):
+                for z in axes.zero:
+                    for r in axes.recompute:
+                        for v in axes.chunks:
+                            c = evaluate(model, cluster, global_batch, Config(t, p, d, b, z, r, v, sp, cp, e),
+                                         optimizer, axes.max_zero_pp, axes.p2p)
                             if not c.reason:
                                 feasible.append(c)
                             elif v == 1 or c.memory_bytes:  # a shape reason once, not once per chunk count
                                 rejected.append(c)
     feasible.sort(key=lambda c: (c.step_time_s, c.memory_bytes, c.layout))
-    return {"configs": feasible, "rejected": rejected}
+    out = {"configs": feasible, "rejected": rejected, "obstacle": ""}
+    if not feasible:
+        out["obstacle"] = obstacle(model, cluster, global_batch, axes, rejected)
+    return out
 
 
-def layout_rank(configs: list[Config], tp: int, pp: int, dp: int) -> tuple[int, Config | None]:
-    """Rank (1 = best) of the layout (tp, pp, dp) among distinct layouts, each at its best configuration,
-    and that configuration; (0, None) when the layout has no feasible configuration."""
-    seen: list[tuple[int, int, int]] = []
+def _factors(n: int) -> dict[int, int]:
+    out: dict[int, int] = {}
+    q = 2
+    while q * q <= n:
+        while n % q == 0:
+            out[q] = out.get(q, 0) + 1
+            n //= q
+        q += 1
+    if n > 1:
+        out[n] = out.get(n, 0) + 1
+    return out
+
+
+def _power(x: int, q: int) -> int:
+    k = 0
+    while x % q == 0:
+        x //= q
+        k += 1
+    return k
+
+
+def obstacle(model: ModelSpec, cluster: Cluster, global_batch: int, axes: Axes, rejected: list[Config]) -> str:
+    """What blocks every layout, in one sentence: a prime factor of the GPU count that no degree can
+    take (each degree's own rule, alone), else memory (the nearest miss), else the commonest reason."""
+    n = cluster.gpus
+    ok = {name: [x for x in _divisors(n) if fixed in (None, x) and rule(x)] for name, fixed, rule in (
+        ("tp", axes.tp, lambda x: not shape_reason(model, cluster, x, 1)),
+        ("pp", axes.pp, lambda x: not shape_refusals(model, pp=x, sequence_parallel=False)),
+        ("dp", axes.dp, lambda x: global_batch % x == 0),
+        ("cp", axes.cp, lambda x: not shape_refusals(model, cp=x, sequence_parallel=False)))}
+    for q, k in _factors(n).items():
+        room = sum(max(_power(x, q) for x in values) for values in ok.values() if values)
+        if room < k:
+            size = f"{q}^{k}" if k > 1 else str(q)
+            return (f"the {n:,} GPUs hold the factor {size}, which no degree can take: TP only "
+                    f"{', '.join(map(str, ok['tp'])) or 'none'} (heads, hidden size, node of {cluster.gpus_per_node}), "
+                    f"PP needs it to divide the {model.layers} layers or {model.layers + 2} (with the embedding "
+                    f"and output slots), DP the global batch of {global_batch:,}"
+                    + (f", CP half the sequence of {model.seq:,}" if axes.cp != 1 else "")
+                    + "; change the GPU count or the batch")
+    memory = [c for c in rejected if c.memory_bytes]
+    if memory:
+        least = min(memory, key=lambda c: c.memory_bytes)
+        return (f"no configuration fits: the smallest needs {units.format_bytes(least.memory_bytes)} per GPU (tp "
+                f"{least.tp}, pp {least.pp}, dp {least.dp}, cp {least.cp}, ep {least.ep}, microbatch "
+                f"{least.microbatch}, ZeRO-{least.zero}, {least.recompute} recompute), more than the usable "
+                f"{units.format_bytes(least.memory['usable_bytes'])}")
+    counts: dict[str, int] = {}
+    for c in rejected:
+        counts[c.reason] = counts.get(c.reason, 0) + 1
+    common = max(counts, key=lambda r: counts[r]) if counts else "no split of the GPUs"
+    return f"no configuration is possible: every layout is refused, most often because {common}"
+
+
+def layout_rank(configs: list[Config], layout: tuple[int, ...]) -> tuple[int, Config | None]:
+    """Rank (1 = best) of ``layout`` — (tp, pp, dp) or (tp, pp, dp, cp, ep), cp and ep 1 when left out —
+    among distinct layouts, each at its best configuration, and that configuration; (0, None) when the
+    layout has no feasible configuration."""
+    want = tuple(layout) + (1,) * (5 - len(layout))
+    seen: list[tuple[int, ...]] = []
     for c in configs:
         if c.layout not in seen:
             seen.append(c.layout)
-            if c.layout == (tp, pp, dp):
+            if c.layout == want:
                 return len(seen), c
     return 0, None
+

@@ -1,21 +1,45 @@
-"""Published 3D-parallel training layouts, and where the planner ranks them.
+"""Published parallel training layouts, where the planner ranks them, and how far its prediction is.
 
-Each entry is a real run: the model, the cluster, the global batch, the (tp, pp, dp) it used and the
-throughput it reported, with its source. :func:`reproduce` runs the planner (:mod:`.planner`) on the
-same model and cluster, restricted to what the run's framework offered, and reports the rank of the
-published layout among all layouts, its predicted MFU, and the published MFU.
+Each entry is a real run: the model, the cluster, the global batch, the (tp, pp, dp, cp, ep) it used
+and the throughput it reported, with its source, and what its framework offered (ZeRO stages, ZeRO
+with a pipeline, sequence parallelism, recomputation, FlashAttention). :func:`reproduce` runs the
+planner (:mod:`.planner`) on the same model and cluster, restricted to that, and reports the rank of
+the published layout among all layouts, its predicted MFU and the published MFU.
 
-Sources:
+The planner's GPU model (:func:`~.formulas.layer_forward_seconds`) has two fitted constants per GPU
+kind, E (the best fraction of peak a GEMM reaches) and one shared w½ (the size at which it reaches E/2):
+FIT lists the runs they were fitted on (Megatron-LM's Table 1 for the A100, Llama 3's 8,192-GPU run for
+the H100); every other run is held out, and :func:`error_table` reports both.
+
+Sources (A100-80GB: 312 TFLOP/s bf16 dense, HBM 2.039 TB/s; H100 SXM: 989 TFLOP/s, 3.35 TB/s):
 - Megatron-LM PTD-P: Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters
   Using Megatron-LM", SC 2021, Table 1 (GPT models, sequence 2048, vocabulary 51,200, A100-80GB on
   Selene: 8 GPUs per node on NVLink/NVSwitch at 300 GB/s per direction, 8 × 200 Gb/s HDR InfiniBand per
   node = 25 GB/s per GPU). Throughputs count activation recomputation (their eq. 3); Megatron-LM then
-  had no ZeRO (data parallelism kept full optimizer states).
+  had no ZeRO and no sequence parallelism (data parallelism kept full optimizer states).
+- Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models", MLSys 2023
+  (arXiv:2205.05198), Table 3 (22B: 48 layers, h 6144, 64 heads, 8 GPUs, batch 4, TP 8; 175B: 96,
+  12288, 96, 64 GPUs, batch 64, TP 8 × PP 8; 530B: 105, 20480, 128, 280 GPUs, batch 280, TP 8 × PP 35;
+  1T: 128, 25600, 160, 512 GPUs, batch 512, TP 8 × PP 64; sequence 2048) and Table 5 (MFU with
+  sequence parallelism and selective recomputation: 41.5, 51.4, 56.0, 56.3%). Selene, as above.
+- MT-NLG 530B: Smith et al., "Using DeepSpeed and Megatron to Train Megatron-Turing NLG 530B",
+  arXiv:2201.11990, 2022, Sec. 2.3: 105 layers, h 20480, 128 heads, sequence 2048, batch 1920, TP 8,
+  PP 35 on 280, 350 and 420 DGX A100 nodes (DP 8, 10, 12): 60.1, 50.2 and 44.4 s per iteration;
+  DeepSpeed's pipeline engine (ZeRO-1), activation checkpointing, no sequence parallelism.
+- OPT-175B: Zhang et al., "OPT: Open Pre-trained Transformer Language Models", arXiv:2205.01068, 2022,
+  Sec. 2.4 and Table 1: 992 A100-80GB, FSDP with Megatron-LM tensor parallelism (TP 8, so 124-way
+  FSDP), 96 layers, h 12288, 96 heads, batch 2M tokens of 2048, "up to 147 TFLOP/s per GPU".
+  Approximations: 2M tokens are 1024 sequences, which 124 data ranks cannot split; the run here uses
+  992 (= 124 · 8, 2.03M tokens); and the 147 TFLOP/s are taken as counted the Megatron-LM way (eq. 3,
+  with the recomputed forward: metaseq trained with activation checkpointing).
 - Llama 3 405B: Llama Team, AI @ Meta, "The Llama 3 Herd of Models", arXiv:2407.21783, 2024, Table 4
-  and Sec. 3.3: 126 layers, h = 16384, 128 heads, 8 KV heads, vocabulary 128,256, sequence 8192, 16M
-  tokens per batch (2048 sequences); H100-80GB at 989 TFLOP/s (bf16 dense), 8 per server on NVLink,
-  400 Gb/s RoCE per GPU. TP 8, CP 1, PP 16, DP 64 on 8,192 GPUs: 430 TFLOP/s per GPU, 43% BF16 MFU;
-  DP 128 on 16,384 GPUs: 400 TFLOP/s, 41%.
+  and Sec. 3.3: 126 layers, h = 16384, 128 heads, 8 KV heads, vocabulary 128,256, 16M tokens per batch;
+  H100-80GB, 8 per server on NVLink, 400 Gb/s RoCE per GPU; FSDP with pipeline parallelism (Sec.
+  3.3.2). Sequence 8192: TP 8, PP 16, DP 64 on 8,192 GPUs, 430 TFLOP/s per GPU, 43% BF16 MFU; DP 128 on
+  16,384, 400 TFLOP/s, 41%. Sequence 131,072: TP 8, CP 16, PP 16, DP 8 on 16,384 GPUs, 380 TFLOP/s, 38%.
+  Assumption: those TFLOP/s count the causal half of the attention scores (6Ψ + 6·L·h·s per token, as
+  FlashAttention computes a causal mask); the planner's MFU counts PaLM's 6Ψ + 12·L·h·s. The two differ
+  by 4% at 8K and by 40% at 128K, where the scores are most of the work.
 - BLOOM-176B: BigScience, "BLOOM: A 176B-Parameter Open-Access Multilingual Language Model",
   arXiv:2211.05100, 2022, Sec. 3.4; bigscience-workshop/bigscience ``train/tr11-176B-ml`` (README and
   ``tr11-176B-ml.slurm``): 384 A100-80GB in 48 nodes, TP 4, PP 12, DP 8, micro-batch 2, global batch
@@ -23,21 +47,25 @@ Sources:
   BF16 optimizer with its own ZeRO-1; "about 150 TFLOPs" per GPU counted with recomputation (README,
   "Throughput"); 4 NVLink links per GPU (25 GB/s per direction each) and 4 × 100 Gb/s Omni-Path per
   node (6.25 GB/s per GPU).
+- DeepSeek-V3: DeepSeek-AI, "DeepSeek-V3 Technical Report", arXiv:2412.19437, 2024: 61 layers (the first
+  3 dense), h 7168, 128 heads, 256 routed experts of width 2048 and 1 shared per MoE layer, top-8,
+  vocabulary 129,280, 671B parameters (37B active), sequence 4096, batch 15,360; 2,048 H800 (989 TFLOP/s
+  bf16, NVLink 400 GB/s both ways, 50 GB/s InfiniBand per GPU), PP 16, EP 64, ZeRO-1 data parallelism,
+  no TP (Sec. 3.2); "180K H800 GPU hours per trillion tokens" (Sec. 1): 1,543 tokens/s per GPU.
+  Approximations: the multi-token-prediction module as a 62nd layer (685B parameters in all); Multi-head Latent Attention is counted as plain attention of 128 heads (its
+  projections hold about 187M parameters a layer where 4h² is 205M), the 3 dense layers' MLP as part of
+  the average layer, FP8 GEMMs at the bf16 rate, DualPipe as 1F1B, and the all-to-all as hidden
+  (DualPipe overlaps it with compute).
 Pure Python.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import TypedDict
 
 from . import formulas as f
 from . import planner as pl
-
-# How fast one A100 ran a transformer layer with Megatron-LM's 2021 kernels: the 1.7B run of Table 1 has
-# no tensor or pipeline parallelism and overlaps its all-reduce, so its 137 TFLOP/s (counted with
-# recomputation) of 312 is the kernels' own fraction of peak. The other runs are predicted from it.
-A100_2021_EFFICIENCY = 137e12 / 312e12
 
 
 class Hardware(TypedDict, total=False):
@@ -45,12 +73,21 @@ class Hardware(TypedDict, total=False):
     flops: float
     intra_bandwidth: float
     inter_bandwidth: float
-    efficiency: float
+    hbm_bandwidth: float
+    gemm_peak_fraction: float
+    flash_attention: bool
 
 
+# E, the best fraction of peak a GEMM reaches, per GPU kind, and w½ (planner.GEMM_HALF_WIDTH): fitted by
+# bench/planner_fit.py on FIT (least squares of log(predicted / published MFU)), kept in the planner.
+A100_GEMM = pl.A100_GEMM
+H100_GEMM = pl.H100_GEMM
 A100: Hardware = dict(flops=312e12, intra_bandwidth=300e9, inter_bandwidth=25e9,  # Selene (DGX A100)
-            efficiency=A100_2021_EFFICIENCY)
-H100: Hardware = dict(flops=989e12, intra_bandwidth=450e9, inter_bandwidth=50e9)  # Meta's Grand Teton, 400 Gb/s RoCE
+                      hbm_bandwidth=2.039e12, gemm_peak_fraction=A100_GEMM, flash_attention=False)
+H100: Hardware = dict(flops=989e12, intra_bandwidth=450e9, inter_bandwidth=50e9,  # Meta's Grand Teton, 400 Gb/s RoCE
+                      hbm_bandwidth=3.35e12, gemm_peak_fraction=H100_GEMM, flash_attention=True)
+H800: Hardware = {**H100, "intra_bandwidth": 200e9}  # H100 with NVLink cut to 400 GB/s both ways
+BLOOM_A100: Hardware = {**A100, "intra_bandwidth": 100e9, "inter_bandwidth": 6.25e9}  # Jean Zay (see above)
 
 
 @dataclass(frozen=True)
@@ -59,21 +96,37 @@ class Published:
     model: pl.ModelSpec
     cluster: pl.Cluster
     global_batch: int
-    layout: tuple[int, int, int]  # (tp, pp, dp)
-    achieved_flops: float  # per GPU, as published
-    counted: str  # how the publisher counted FLOPs: "megatron" (eq. 3, with recomputation) or "mfu"
-    published_mfu_value: float | None = None  # when the publisher states MFU itself
-    max_zero: int = 3  # the highest ZeRO stage the run's framework offered
+    layout: tuple[int, int, int, int, int]  # (tp, pp, dp, cp, ep)
+    measure: str  # what was published: "megatron" (TFLOP/s counted with recomputation, eq. 3), "causal"
+    #               (TFLOP/s counting the causal half of the attention scores), "mfu", "step" (seconds per
+    #               step) or "tokens" (tokens/s per GPU)
+    value: float  # that figure: FLOP/s per GPU, an MFU, seconds or tokens/s
+    axes: pl.Axes = field(default_factory=pl.Axes)  # what the run's framework offered
     microbatch: int | None = None  # as published, when the source says
-    recompute: str | None = None  # as published (the search keeps to it), when the source says
     source: str = ""
+
+
+def _axes(layout: tuple[int, ...], **kw) -> pl.Axes:
+    """The framework's options; cp and ep fixed as published (the other degrees free)."""
+    return pl.Axes(cp=layout[3], ep=layout[4], **kw)
+
+
+MEGATRON_2021 = dict(zero=(0,), max_zero_pp=0, sp=(False,), recompute=("full",))  # Megatron-LM, 2021
+MEGATRON_2022 = dict(zero=(0,), max_zero_pp=0, sp=(True,), recompute=("selective",))  # Korthikanti et al.
+DEEPSPEED = dict(zero=(0, 1), max_zero_pp=1, sp=(False,), recompute=("full",), chunks=(1,),  # MT-NLG, BLOOM
+                 p2p="deepspeed")
+
+
+def _gpt(params: float, layers: int, hidden: int, heads: int, vocab: int = 51200) -> pl.ModelSpec:
+    return pl.ModelSpec(params, layers, hidden, heads, heads, 2048, vocab)
 
 
 def _megatron(size: str, params: float, layers: int, hidden: int, heads: int, gpus: int, batch: int,
               tp: int, pp: int, tflops: float) -> Published:
-    return Published(f"megatron-{size}", pl.ModelSpec(params, layers, hidden, heads, heads, 2048, 51200),
-                     pl.Cluster(gpus, 80e9, **A100), batch, (tp, pp, gpus // (tp * pp)), tflops * 1e12,
-                     "megatron", max_zero=0, recompute="full", source="Narayanan et al. 2021, Table 1")
+    layout = (tp, pp, gpus // (tp * pp), 1, 1)
+    return Published(f"megatron-{size}", _gpt(params, layers, hidden, heads), pl.Cluster(gpus, 80e9, **A100),
+                     batch, layout, "megatron", tflops * 1e12, _axes(layout, **MEGATRON_2021),
+                     source="Narayanan et al. 2021, Table 1")
 
 
 # Narayanan et al. 2021, Table 1: parameters, layers, hidden, heads, GPUs, batch, TP, PP, TFLOP/s per GPU
@@ -89,19 +142,58 @@ MEGATRON = (
     _megatron("529.6b", 529.6e9, 105, 20480, 128, 2520, 2520, 8, 35, 163),
     _megatron("1008b", 1008e9, 128, 25600, 160, 3072, 3072, 8, 64, 163),
 )
+
+
+def _korthikanti(size: str, params: float, layers: int, hidden: int, heads: int, gpus: int, pp: int,
+                 mfu: float) -> Published:
+    layout = (8, pp, 1, 1, 1)  # TP 8, one pipeline, the batch = the GPUs (Table 3)
+    return Published(f"korthikanti-{size}", _gpt(params, layers, hidden, heads), pl.Cluster(gpus, 80e9, **A100),
+                     4 if size == "22b" else gpus, layout, "mfu", mfu, _axes(layout, **MEGATRON_2022),
+                     source="Korthikanti et al. 2022, Tables 3 and 5")
+
+
+KORTHIKANTI = (
+    _korthikanti("22b", 22.06e9, 48, 6144, 64, 8, 1, 0.415),
+    _korthikanti("175b", 174.6e9, 96, 12288, 96, 64, 8, 0.514),
+    _korthikanti("530b", 529.6e9, 105, 20480, 128, 280, 35, 0.560),
+    _korthikanti("1t", 1008e9, 128, 25600, 160, 512, 64, 0.563),
+)
+MTNLG = tuple(
+    Published(f"mt-nlg-530b-{nodes}", _gpt(529.6e9, 105, 20480, 128), pl.Cluster(nodes * 8, 80e9, **A100), 1920,
+              (8, 35, nodes * 8 // 280, 1, 1), "step", seconds, _axes((8, 35, 0, 1, 1), **DEEPSPEED), microbatch=1,
+              source="Smith et al. 2022, Sec. 2.3")
+    for nodes, seconds in ((280, 60.1), (350, 50.2), (420, 44.4)))
+OPT = Published("opt-175b", _gpt(174.6e9, 96, 12288, 96, 50272), pl.Cluster(992, 80e9, **A100), 992,
+                (8, 1, 124, 1, 1), "megatron", 147e12,
+                _axes((8, 1, 124, 1, 1), zero=(3,), sp=(False,), recompute=("full",)),
+                source="Zhang et al. 2022, Sec. 2.4 (batch approximated, see the module's sources)")
 LLAMA3_405B = pl.ModelSpec(405e9, 126, 16384, 128, 8, 8192, 128256)
+LLAMA3_AXES = dict(max_zero_pp=3)  # FSDP with pipeline parallelism (Sec. 3.3.2)
 LLAMA3 = (
-    Published("llama3-405b-8k", LLAMA3_405B, pl.Cluster(8192, 80e9, **H100), 2048, (8, 16, 64), 430e12, "mfu",
-              0.43, source="Llama 3 paper, Table 4"),
-    Published("llama3-405b-16k", LLAMA3_405B, pl.Cluster(16384, 80e9, **H100), 2048, (8, 16, 128), 400e12, "mfu",
-              0.41, source="Llama 3 paper, Table 4"),
+    Published("llama3-405b-8k", LLAMA3_405B, pl.Cluster(8192, 80e9, **H100), 2048, (8, 16, 64, 1, 1), "causal", 430e12,
+              _axes((8, 16, 64, 1, 1), **LLAMA3_AXES), source="Llama 3 paper, Table 4"),
+    Published("llama3-405b-16k", LLAMA3_405B, pl.Cluster(16384, 80e9, **H100), 2048, (8, 16, 128, 1, 1), "causal",
+              400e12, _axes((8, 16, 128, 1, 1), **LLAMA3_AXES), source="Llama 3 paper, Table 4"),
+    Published("llama3-405b-128k", pl.ModelSpec(405e9, 126, 16384, 128, 8, 131072, 128256),
+              pl.Cluster(16384, 80e9, **H100), 128, (8, 16, 8, 16, 1), "causal", 380e12,
+              _axes((8, 16, 8, 16, 1), microbatches=(1,), **LLAMA3_AXES), microbatch=1,
+              source="Llama 3 paper, Table 4"),
 )
 BLOOM = Published("bloom-176b", pl.ModelSpec(176.2e9, 70, 14336, 112, 112, 2048, 250880),
-                  pl.Cluster(384, 80e9, flops=312e12, intra_bandwidth=100e9, inter_bandwidth=6.25e9,
-                             efficiency=A100_2021_EFFICIENCY), 2048,
-                  (4, 12, 8), 150e12, "megatron", max_zero=1, microbatch=2, recompute="full",
+                  pl.Cluster(384, 80e9, **BLOOM_A100), 2048,
+                  (4, 12, 8, 1, 1), "megatron", 150e12, _axes((4, 12, 8, 1, 1), **DEEPSPEED), microbatch=2,
                   source="BigScience tr11-176B-ml README and slurm script; BLOOM paper Sec. 3.4")
-PUBLISHED = {p.name: p for p in (*MEGATRON, *LLAMA3, BLOOM)}
+# 61 layers and the multi-token-prediction module (one more MoE block, 14B parameters: 685B in all) as 62
+# layers: with the embedding and output slots they fill PP 16's stages, 4 slots each
+DEEPSEEK_V3_MODEL = pl.ModelSpec(685e9, 62, 7168, 128, 128, 4096, 129280, experts=256, top_k=8, expert_ffn=2048,
+                                 shared_experts=1, moe_layers=59)
+DEEPSEEK_V3 = Published("deepseek-v3", DEEPSEEK_V3_MODEL, pl.Cluster(2048, 80e9, **H800), 15360,
+                        (1, 16, 128, 1, 64), "tokens", 1e12 / (180e3 * 3600),
+                        _axes((1, 16, 128, 1, 64), tp=1, zero=(1,), max_zero_pp=1, sp=(False,)),
+                        source="DeepSeek-V3 technical report, Sec. 1 and 3.2 (approximations above)")
+PUBLISHED = {p.name: p for p in (*MEGATRON, *KORTHIKANTI, *MTNLG, OPT, *LLAMA3, BLOOM, DEEPSEEK_V3)}
+# the runs E and w½ were fitted on; every other run is held out
+FIT = tuple(p.name for p in MEGATRON) + ("llama3-405b-8k",)
 
 
 def _get(name: str) -> Published:
@@ -111,38 +203,57 @@ def _get(name: str) -> Published:
 
 
 def published_mfu(name: str) -> float:
-    """The run's MFU: stated by the publisher (Llama 3), or its throughput counted with recomputation
-    (Megatron-LM's eq. 3) scaled to the model's FLOPs (:func:`~.formulas.published_mfu`)."""
+    """The run's MFU: stated by the publisher (Korthikanti, Llama 3), its throughput counted with
+    recomputation (Megatron-LM's eq. 3) scaled to the model's FLOPs (:func:`~.formulas.published_mfu`),
+    its step time, or its tokens per second per GPU."""
     p = _get(name)
-    if p.published_mfu_value is not None:
-        return p.published_mfu_value
-    m = p.model
+    m, n, peak = p.model, p.cluster.gpus, p.cluster.flops
+    model_flops = pl.model_flops_per_step(m, p.global_batch)
+    if p.measure == "mfu":
+        return p.value
+    if p.measure == "step":
+        return f.mfu(model_flops, p.value, n, peak)
+    if p.measure == "tokens":
+        return p.value * model_flops / (p.global_batch * m.seq) / peak
+    if p.measure == "causal":  # 6Ψ + 6·L·h·s per token: the masked half of the scores is not counted
+        causal = 6 * m.active_params + 6 * m.layers * m.hidden * m.seq
+        return p.value * (model_flops / (p.global_batch * m.seq)) / causal / peak
     counted = f.megatron_flops_per_step(p.global_batch, m.seq, m.layers, m.hidden, m.vocab)
-    return f.published_mfu(p.achieved_flops, counted, pl.model_flops_per_step(m, p.global_batch), p.cluster.flops)
+    return f.published_mfu(p.value, counted, model_flops, peak)
+
+
+def with_gpu_model(p: Published, peak_fraction: float, half_width: float) -> Published:
+    """``p`` on a cluster whose GPUs follow other constants E and w½ (what the fit tries)."""
+    return replace(p, cluster=replace(p.cluster, gemm_peak_fraction=peak_fraction, gemm_half_width=half_width))
 
 
 @cache
 def reproduce(name: str) -> dict:
-    """The planner on the published model and cluster (ZeRO up to what the framework offered, the
-    published recomputation when known):
+    """The planner on the published model and cluster, with what its framework offered:
     {"layout_rank" (1 = best layout), "layouts" (feasible layouts), "best" (the best configuration),
     "config" (the published layout's best configuration), "exact" (the configuration with the published
-    microbatch and recompute, when both are known, or None), "predicted_mfu", "published_mfu"}."""
-    p = _get(name)
-    recompute = (p.recompute,) if p.recompute else pl.RECOMPUTE
-    r = pl.plan(p.model, p.cluster, p.global_batch, zero=tuple(range(p.max_zero + 1)), recompute=recompute)
-    rank, config = pl.layout_rank(r["configs"], *p.layout)
+    microbatch, when known, or None), "predicted_mfu", "published_mfu", "error" (predicted / published − 1)}."""
+    return reproduce_run(_get(name))
+
+
+def reproduce_run(p: Published) -> dict:
+    """:func:`reproduce` for a run given whole."""
+    name = p.name
+    r = pl.plan(p.model, p.cluster, p.global_batch, axes=p.axes)
+    rank, config = pl.layout_rank(r["configs"], p.layout)
     exact = None
-    if p.microbatch is not None and p.recompute is not None:
-        exact = next((c for c in r["configs"] if c.layout == p.layout and c.microbatch == p.microbatch
-                      and c.chunks == 1), None)
-    return {"layout_rank": rank, "layouts": len({c.layout for c in r["configs"]}), "best": r["configs"][0],
-            "config": config, "exact": exact, "predicted_mfu": config.mfu if config else None,
-            "published_mfu": published_mfu(name)}
+    if p.microbatch is not None:
+        exact = next((c for c in r["configs"] if c.layout == p.layout and c.microbatch == p.microbatch), None)
+    predicted = config.mfu if config else None
+    published = published_mfu(name)
+    return {"layout_rank": rank, "layouts": len({c.layout for c in r["configs"]}),
+            "best": r["configs"][0] if r["configs"] else None, "config": config, "exact": exact,
+            "predicted_mfu": predicted, "published_mfu": published,
+            "error": predicted / published - 1 if predicted else None}
 
 
 def layout_rank(name: str) -> int:
-    """Where the planner ranks the published (tp, pp, dp) among all feasible layouts (1 = best)."""
+    """Where the planner ranks the published layout among all feasible layouts (1 = best)."""
     return reproduce(name)["layout_rank"]
 
 
@@ -151,12 +262,34 @@ def predicted_mfu(name: str) -> float:
     return reproduce(name)["predicted_mfu"]
 
 
+def prediction_error(name: str) -> float:
+    """The planner's MFU for the published layout relative to the published MFU, minus 1."""
+    return reproduce(name)["error"]
+
+
 def predicted_step_time(name: str) -> float:
     return reproduce(name)["config"].step_time_s
 
 
 def best_step_time(name: str) -> float:
     return reproduce(name)["best"].step_time_s
+
+
+def error_table() -> list[dict]:
+    """One row per published run: {"name", "set" ("fitted" or "held out"), "layout", "rank", "layouts",
+    "predicted_mfu", "published_mfu", "error"}."""
+    rows = []
+    for name, p in PUBLISHED.items():
+        r = reproduce(name)
+        rows.append({"name": name, "set": "fitted" if name in FIT else "held out", "layout": p.layout,
+                     "rank": r["layout_rank"], "layouts": r["layouts"], "predicted_mfu": r["predicted_mfu"],
+                     "published_mfu": r["published_mfu"], "error": r["error"]})
+    return rows
+
+
+def worst_error(which: str) -> float:
+    """The largest |error| among the ``which`` ("fitted" or "held out") runs."""
+    return max(abs(r["error"]) for r in error_table() if r["set"] == which)
 
 
 # The planner step's example: the command of issue 15 (a Llama-3-70B-shaped model on 512 H100s).
