@@ -178,7 +178,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, o
                     if pp > 1 else "interleaved chunks need pp > 1")
         return c
     if v > 1:
-        try:  # lesson 5 decides what the interleaved schedule accepts (m >= pp, equal rounds)
+        try:  # lesson 5 decides what the interleaved schedule accepts (m < pp, or equal rounds)
             check_schedule("interleaved", pp, m, v)
         except ScheduleError as exc:
             c.reason = str(exc)
