@@ -11,6 +11,12 @@ right before the block that needs it. The plan posts messages in one global orde
 rank, so it needs no tags (NCCL has none) and cannot deadlock even when every posted operation
 blocks (proved for each order by ``check_comm_plan`` in the tests).
 
+It runs what :func:`~distai.lessons.lesson5.formulas.check_schedule` accepts for ``engine="distai"``: GPipe
+and 1F1B on any number of microbatches m (1F1B's warm-up cut at m when m < p), and the interleaved
+schedule on torch.distributed.pipelining's rule, whose order it runs (``ScheduleInterleaved1F1B``:
+max(1, m // p) equal rounds, so any m < p too). torch's ``Schedule1F1B`` wants m ≥ p and Megatron-LM's
+interleaved schedule m a multiple of p; ``engine="torch"`` and ``engine="megatron"`` check those.
+
 Before the first step, :meth:`PipelineRunner.validate` gathers every stage's declared input and
 the output it actually produces, so a stage that expects a different shape or dtype than its
 predecessor sends stops every rank with the same clear error instead of a hang.

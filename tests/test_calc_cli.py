@@ -63,7 +63,17 @@ def test_bubble(capsys):
     assert r["peak_inflight_microbatches"] == 8 and r["step_time_units"] == 11
     r = calc_json(capsys, "bubble", "-p", "8", "-m", "32", "--schedule", "interleaved", "--chunks", "4")
     assert r == {**f5.pipeline_bubble(8, 32, "interleaved", 4), "stages": 8, "microbatches": 32,
-                 "schedule": "interleaved", "chunks": 4}
+                 "schedule": "interleaved", "chunks": 4, "engine": "distai"}
+    # issue 27.8: torch's ScheduleInterleaved1F1B runs p = 4, m = 3 (its docstring's example), Megatron-LM
+    # wants m a multiple of p, and torch's Schedule1F1B m >= p: each engine's rule, on --engine
+    r = calc_json(capsys, "bubble", "-p", "4", "-m", "3", "--schedule", "interleaved", "--engine", "torch")
+    assert r["engine"] == "torch" and r["step_time_units"] == 5  # p + (m − 1)/v: the pipeline never fills
+    for argv, why in ((["-p", "4", "-m", "3", "--schedule", "interleaved", "--engine", "megatron"],
+                       "Megatron-LM's interleaved schedule needs m to be a multiple of p = 4"),
+                      (["-p", "4", "-m", "3", "--schedule", "1f1b", "--engine", "torch"],
+                       "Schedule1F1B needs at least as many microbatches as stages")):
+        code, out, err = run(capsys, "calc", "bubble", *argv)
+        assert code == 2 and why in err and err.count("\n") == 1, err
 
 
 def test_allreduce(capsys):

@@ -1,7 +1,7 @@
 """Lesson 5 engine: a real pipeline over gloo processes (p = 2 and p = 4, one group each running
 every check) executes the simulator's schedules with gradients equal to the unsplit model and to
 torch.distributed.pipelining, holds the activations the formulas say, and fails clearly (not by
-hanging) on too few microbatches or shapes that do not chain. The p = 4 group ends by running the
+hanging) on microbatches in unequal rounds or shapes that do not chain. The p = 4 group ends by running the
 lesson's experiment itself."""
 from __future__ import annotations
 
@@ -31,14 +31,18 @@ def _error_of(fn):
     return None
 
 
+FEW = "interleaved, m = p - 1"  # issue 27.8: torch's ScheduleInterleaved1F1B runs m < p in one round
+
+
 def _pipeline_checks(rank: int, p: int, events_dir: str | None) -> dict:
     torch.manual_seed(0)
-    m = 2 * p
     cfg = GPTConfig(vocab=64, hidden=32, heads=2, seq=16, layers=pl.default_layers(p, 2), tie_embeddings=False)
-    ids, tg = pl.make_batch(cfg, m * MB)
-    ref_loss, ref_model = pl.reference_grads(cfg, ids, tg)
-    out: dict = {"ref_loss": ref_loss}
-    for schedule, v in SCHEDULES:
+    out: dict = {}
+    for key, schedule, v, m in [(s, s, v, 2 * p) for s, v in SCHEDULES] + [(FEW, "interleaved", 2, p - 1)]:
+        ids, tg = pl.make_batch(cfg, m * MB)
+        ref_loss, ref_model = pl.reference_grads(cfg, ids, tg)
+        out.setdefault("ref_loss", ref_loss)
+        out[f"ref_loss {key}"] = ref_loss
         ref_stages = pl.split_stages(ref_model, p * v)
         chunks = pl.build_rank_chunks(cfg, p, v, rank)
         runner = pl.PipelineRunner(chunks, rank=rank, p=p, m=m, schedule=schedule, v=v, microbatch_size=MB)
@@ -85,12 +89,12 @@ def _pipeline_checks(rank: int, p: int, events_dir: str | None) -> dict:
             theirs = [q.grad for s in sorted(tchunks) for q in tchunks[s].parameters()]
             entry["max_diff_torch"] = max(float((a - b).abs().max()) for a, b in zip(ours, theirs))
             entry["torch_loss"] = float(sum(x.detach() for x in losses) / m) if losses else None
-        out[schedule] = entry
+        out[key] = entry
 
     # errors that must stop every rank at once instead of hanging
-    few = pl.build_rank_chunks(cfg, p, 2, rank)
-    out["too_few_microbatches"] = _error_of(lambda: pl.PipelineRunner(
-        few, rank=rank, p=p, m=p - 1, schedule="interleaved", v=2, microbatch_size=MB))
+    two = pl.build_rank_chunks(cfg, p, 2, rank)
+    out["unequal_rounds"] = _error_of(lambda: pl.PipelineRunner(
+        two, rank=rank, p=p, m=2 * p + 1, schedule="interleaved", v=2, microbatch_size=MB))
     chunks = pl.build_rank_chunks(cfg, p, 1, rank)
     if rank == 1:  # stage 1 built for a narrower model than stage 0 sends
         narrow = GPTConfig(vocab=64, hidden=24, heads=2, seq=16, layers=pl.default_layers(p, 2),
@@ -174,10 +178,24 @@ def test_activation_peak_matches_schedule_and_formula(p2, p4, schedule, v):
         assert results[0]["1f1b"]["peak_bytes"] == pytest.approx(gpipe0 * p / m, rel=0.02)
 
 
-def test_too_few_microbatches_is_a_clear_error(p2, p4):
+def test_interleaved_runs_fewer_microbatches_than_stages_as_torch_does(p2, p4):
+    """distai refused m < p for the interleaved schedule, saying torch did; torch runs it. With m = p − 1
+    (p = 2 and p = 4, v = 2) the ranks run the simulator's order, and the gradients equal the unsplit
+    model's and torch.distributed.pipelining's ScheduleInterleaved1F1B's."""
+    for results, p in ((p2, 2), (p4[0], 4)):
+        order = sim.schedule_order("interleaved", p, p - 1, 2, engine="torch")
+        for rank, r in enumerate(results):
+            assert r[FEW]["allclose_ref"], r[FEW]["max_diff_ref"]
+            assert r[FEW]["order"] == [(op.kind, op.mb, op.stage) for op in order[rank]]
+        assert results[-1][FEW]["loss"] == pytest.approx(results[-1][f"ref_loss {FEW}"], rel=1e-5)
+    for r in p4[0]:
+        assert r[FEW]["max_diff_torch"] < 1e-6
+
+
+def test_unequal_rounds_are_a_clear_error(p2, p4):
     for results in (p2, p4[0]):
         for r in results:
-            assert "at least as many microbatches as stages" in r["too_few_microbatches"]
+            assert "rounds of equal size" in r["unequal_rounds"]
 
 
 def test_shape_mismatch_is_a_clear_error_on_every_rank(p2, p4):

@@ -109,9 +109,16 @@ def test_formula_and_simulator_agree_or_refuse_alike(schedule):
 
 
 def test_the_audits_cases():
-    for p, m, v in ((8, 1, 4), (8, 4, 2), (4, 9, 2), (8, 4, 4)):
+    # issue 19.1 refused these; issue 27.8: torch's ScheduleInterleaved1F1B runs m < p in one round,
+    # Megatron-LM refuses any m that p does not divide
+    for p, m, v in ((8, 1, 4), (8, 4, 2), (8, 4, 4)):
+        for engine in ("distai", "torch"):
+            assert formulas.pipeline_bubble(p, m, "interleaved", v, engine)["peak_inflight_microbatches"] == m
+        with pytest.raises(sim.ScheduleError, match="multiple of p = 8"):
+            formulas.pipeline_bubble(p, m, "interleaved", v, "megatron")
+    for engine in formulas.ENGINES:
         with pytest.raises(sim.ScheduleError):
-            formulas.pipeline_bubble(p, m, "interleaved", v)
+            formulas.pipeline_bubble(4, 9, "interleaved", 2, engine)
     # peak in flight as torch's ScheduleInterleaved1F1B orders the work (was 5.5 and 10.33)
     assert formulas.peak_inflight_microbatches(4, 6, "interleaved", 2) == 6.0
     assert formulas.peak_inflight_microbatches(8, 12, "interleaved", 3) == 12.0
@@ -251,8 +258,14 @@ def test_an_order_that_waits_on_itself_is_reported():
 
 
 def test_clear_errors():
-    with pytest.raises(sim.ScheduleError, match="at least as many microbatches as stages"):
-        sim.simulate("interleaved", 4, 3, 2)
+    with pytest.raises(sim.ScheduleError, match="Schedule1F1B needs at least as many microbatches as stages"):
+        sim.simulate("1f1b", 4, 3, engine="torch")
+    with pytest.raises(sim.ScheduleError, match="Megatron-LM's interleaved schedule needs m to be a multiple of p"):
+        sim.simulate("interleaved", 4, 3, 2, engine="megatron")
+    with pytest.raises(sim.ScheduleError, match="Megatron-LM has no GPipe schedule"):
+        sim.simulate("gpipe", 4, 8, engine="megatron")
+    with pytest.raises(sim.ScheduleError, match="unknown engine"):
+        sim.simulate("gpipe", 4, 8, engine="deepspeed")
     with pytest.raises(sim.ScheduleError, match="only applies to the interleaved"):
         sim.simulate("1f1b", 4, 8, 2)
     with pytest.raises(sim.ScheduleError, match="multiple of 2"):
@@ -268,3 +281,72 @@ def test_large_pipeline_runs():
     tl = sim.simulate("1f1b", 64, 1024)
     assert tl.bubble_ratio == pytest.approx(63 / 1024)
     assert tl.peak_inflight[0] == 64
+
+
+# ---- issue 27.8: what each engine accepts, against torch's own schedule classes
+
+class _StandInStage:
+    """What the constructors of torch's schedule classes read of a stage (its index, the pipeline's size,
+    this rank and the number of stages): a schedule is built and checked here without a process group
+    or a model. Anything else they read would raise AttributeError and fail the test, not pass as a
+    refusal."""
+
+    def __init__(self, index: int, p: int, n_stages: int):
+        self.stage_index, self.group_size, self.group_rank, self.num_stages = index, p, 0, n_stages
+        self.is_first, self.is_last = index == 0, index == n_stages - 1
+
+
+def _torch_builds(schedules, schedule: str, p: int, m: int, v: int):
+    """torch's own schedule object for (p, m, v), or None where its constructor refuses it."""
+    try:
+        if schedule == "interleaved":
+            return schedules.ScheduleInterleaved1F1B([_StandInStage(c * p, p, p * v) for c in range(v)], m)
+        cls = {"gpipe": schedules.ScheduleGPipe, "1f1b": schedules.Schedule1F1B}[schedule]
+        return cls(_StandInStage(0, p, p), m)
+    except ValueError:  # its own checks: "Number of microbatches ... must be", "requires ... rounds"
+        return None
+
+
+def _accepts(schedule, p, m, v, engine) -> bool:
+    try:
+        formulas.check_schedule(schedule, p, m, v, engine)
+    except sim.ScheduleError:
+        return False
+    return True
+
+
+def test_the_torch_engine_accepts_exactly_what_torchs_schedules_accept():
+    """torch 2.13's ScheduleInterleaved1F1B runs m < p (its docstring's p = 4, m = 3) that distai
+    refused, saying torch did: over p ≤ 8, m ≤ 24, v ≤ 4, distai's torch rule accepts what torch's own
+    constructors accept, and where torch builds an interleaved schedule distai's order is its order."""
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    below_p = 0
+    for p, m in itertools.product(range(1, 9), range(1, 25)):
+        for schedule, v in [("gpipe", 1), ("1f1b", 1)] + [("interleaved", v) for v in (2, 3, 4)]:
+            built = _torch_builds(schedules, schedule, p, m, v)
+            assert _accepts(schedule, p, m, v, "torch") == (built is not None), (schedule, p, m, v)
+            if built is None or schedule != "interleaved":
+                continue
+            below_p += m < p
+            assert _accepts(schedule, p, m, v, "distai")  # distai runs torch's interleaved order
+            ours = sim.schedule_order(schedule, p, m, v, engine="torch")
+            for r in range(p):
+                theirs = [("F" if a.computation_type.name == "FORWARD" else "B", a.microbatch_index, a.stage_index)
+                          for a in built.pipeline_order[r] if a is not None]
+                assert [(op.kind, op.mb, op.stage) for op in ours[r]] == theirs, (p, m, v, r)
+    assert below_p == 3 * sum(range(1, 8))  # every m < p on p = 2..8, for v = 2, 3, 4
+    assert _accepts("interleaved", 4, 3, 2, "torch") and not _accepts("1f1b", 4, 3, 1, "torch")
+
+
+def test_megatron_accepts_m_a_multiple_of_p_and_distai_every_engines_cases():
+    """Megatron-LM (megatron/core/pipeline_parallel/schedules.py, default microbatch group p): the
+    interleaved schedule raises unless p divides m; 1F1B takes any m; it has no GPipe. distai's own
+    engine runs the union of what the two accept, and its plan for each cannot deadlock."""
+    for p, m, v in itertools.product(range(1, 9), range(1, 25), (2, 3, 4)):
+        assert _accepts("interleaved", p, m, v, "megatron") == (p >= 2 and m % p == 0), (p, m, v)
+        assert _accepts("1f1b", p, m, 1, "megatron") and not _accepts("gpipe", p, m, 1, "megatron")
+        for schedule, w in (("gpipe", 1), ("1f1b", 1), ("interleaved", v)):
+            if any(_accepts(schedule, p, m, w, e) for e in ("torch", "megatron")):
+                assert _accepts(schedule, p, m, w, "distai"), (schedule, p, m, w)
+    for p, m, v in ((4, 3, 2), (8, 5, 3), (3, 2, 4)):  # m < p: only torch's rule, and distai's, take them
+        sim.check_comm_plan(sim.comm_plan(sim.simulate("interleaved", p, m, v)))

@@ -88,11 +88,18 @@ async def _keys():
         assert viz.playing and viz.cursor > before
 
 
-def test_too_few_microbatches_for_interleaved_is_explained():
+def test_interleaved_draws_fewer_microbatches_than_stages_and_explains_a_refusal():
+    """Issue 27.8: p = 4, m = 3 draws (torch's ScheduleInterleaved1F1B runs it in one round; the widget
+    said it needed m >= p); m = 9 splits into no equal rounds, and the widget says so."""
     viz = PipelineVisualizer()
+    assert (viz.p, viz.v) == (4, 2)
     viz.m = 3
+    assert not isinstance(viz.lanes("interleaved"), str)
+    tl = viz.timeline("interleaved")
+    assert tl is not None and tl.makespan == formulas.step_time_units(4, 3, 2) * (1.0 + viz.b_cost)
+    viz.m = 9
     text = _text(viz)
-    assert "at least as many microbatches as stages" in text
+    assert "rounds of equal size" in text
     assert "GPipe" in text  # the other schedules still draw
 
 

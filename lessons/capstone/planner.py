@@ -344,7 +344,7 @@ def _refuse(c: Config, cluster: Cluster, model: ModelSpec, stage: int, m: int, m
         return (f"{v} chunks per stage need pp > 1 and must divide the stage's {stage} layers"
                 if pp > 1 else "interleaved chunks need pp > 1")
     if v > 1:
-        try:  # lesson 5 decides what the interleaved schedule accepts (m >= pp, equal rounds)
+        try:  # lesson 5 decides what the interleaved schedule accepts (m < pp, or equal rounds)
             check_schedule("interleaved", pp, m, v)
         except ScheduleError as exc:
             return str(exc)

@@ -44,39 +44,66 @@ def normalize_schedule(name: str) -> str:
     return aliases[key]
 
 
-def check_schedule(schedule: str, p: int, m: int, v: int = 1) -> str:
+ENGINES = ("distai", "torch", "megatron")  # whose rule decides what a schedule accepts
+ENGINE_NAMES = {"distai": "distai.engine.pipeline",
+                "torch": "torch.distributed.pipelining", "megatron": "Megatron-LM"}
+
+
+def check_schedule(schedule: str, p: int, m: int, v: int = 1, engine: str = "distai") -> str:
     """The one place that decides what a schedule accepts; returns its canonical name or raises
     :class:`ScheduleError` saying why. The calculator, the quiz, the simulator and the engine all ask it.
 
-    GPipe and 1F1B take any p, m ≥ 1 and one chunk per stage. Interleaved 1F1B needs v ≥ 2 chunks,
-    m ≥ p microbatches, and m splitting into equal rounds of ``microbatches_per_round(p, m)``:
-    Megatron-LM asserts m % p == 0 (``forward_backward_pipelining_with_interleaving``) and
-    torch.distributed.pipelining's ``ScheduleInterleaved1F1B`` rejects m < p and unequal rounds.
+    Every engine: GPipe and 1F1B run one chunk per stage; the interleaved schedule needs v ≥ 2 chunks.
+    Then each engine's own rule (``engine``):
+
+    - ``torch`` (torch.distributed.pipelining 2.13): ``ScheduleGPipe`` takes any m; ``Schedule1F1B``
+      needs m ≥ p; ``ScheduleInterleaved1F1B`` runs max(1, m // p) rounds and needs m to split into them
+      evenly — so any m < p (one round: its docstring's p = 4, m = 3), and m ≥ p a multiple of m // p
+      (m = 10 on p = 4: two rounds of 5; m = 9 is refused).
+    - ``megatron`` (Megatron-LM ``megatron/core/pipeline_parallel/schedules.py``): no GPipe schedule;
+      ``forward_backward_pipelining_without_interleaving`` (1F1B) takes any m;
+      ``forward_backward_pipelining_with_interleaving`` needs m to be a multiple of p (with its default
+      ``microbatch_group_size_per_vp_stage`` = p) and p ≥ 2 (one stage runs no pipeline schedule).
+    - ``distai`` (``distai.engine.pipeline``, the default): GPipe and 1F1B on any m (1F1B's warm-up is
+      cut at m when m < p), and interleaved on torch's rule, whose order it runs.
     """
     schedule = normalize_schedule(schedule)
+    if engine not in ENGINES:
+        raise ScheduleError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
     p = _positive_int(p, "p (stages)")
     m = _positive_int(m, "m (microbatches)")
     v = _positive_int(v, "v (chunks per stage)")
     if schedule != "interleaved" and v != 1:
         raise ScheduleError(f"v = {v} chunks per stage only applies to the interleaved schedule; "
                             f"{schedule} uses v = 1")
-    if schedule == "interleaved":
-        if v < 2:
-            raise ScheduleError("the interleaved schedule needs at least 2 chunks per stage (v >= 2)")
-        if m < p:
-            raise ScheduleError(f"the interleaved schedule needs at least as many microbatches as stages: "
-                                f"m = {m} < p = {p}; use m >= {p}")
-        rounds = m // p
-        if m % rounds:
-            raise ScheduleError(f"the interleaved schedule runs microbatches in {rounds} rounds of equal size, "
-                                f"so m must be a multiple of {rounds}: m = {m} is not (try m = {p * rounds} "
-                                f"or another multiple of p = {p})")
+    if schedule == "interleaved" and v < 2:
+        raise ScheduleError("the interleaved schedule needs at least 2 chunks per stage (v >= 2)")
+    name = ENGINE_NAMES[engine]
+    if engine == "megatron":
+        if schedule == "gpipe":
+            raise ScheduleError(f"{name} has no GPipe schedule (its pipelines run 1F1B, interleaved or not); "
+                                f"torch.distributed.pipelining and distai's engine have one")
+        if schedule == "interleaved" and p < 2:
+            raise ScheduleError(f"{name} runs no pipeline schedule on one stage (p = 1)")
+        if schedule == "interleaved" and m % p:
+            raise ScheduleError(f"{name}'s interleaved schedule needs m to be a multiple of p = {p}: m = {m} is "
+                                f"not (try m = {p * max(1, m // p)}); torch.distributed.pipelining's "
+                                f"ScheduleInterleaved1F1B is looser: any m < p, or m in equal rounds")
+    if engine == "torch" and schedule == "1f1b" and m < p:
+        raise ScheduleError(f"{name}'s Schedule1F1B needs at least as many microbatches as stages: m = {m} < "
+                            f"p = {p}; use m >= {p} (distai's engine runs it, its warm-up cut at m)")
+    if engine != "megatron" and schedule == "interleaved" and m % (rounds := max(1, m // p)):
+        raise ScheduleError(f"the interleaved schedule runs m = {m} microbatches in m // p = {rounds} rounds "
+                            f"of equal size, so m must be a multiple of {rounds} ({name}): try "
+                            f"m = {p * rounds} or another multiple of p = {p}, or any m < p")
     return schedule
 
 
 def microbatches_per_round(p: int, m: int) -> int:
-    """Interleaved 1F1B walks the chunks in rounds of this many microbatches: m // (m // p), which is p
-    when p divides m (torch.distributed.pipelining ``ScheduleInterleaved1F1B.microbatches_per_round``)."""
+    """Interleaved 1F1B walks the chunks in rounds of this many microbatches: m // max(1, m // p), which is
+    p when p divides m and m itself when m < p (torch.distributed.pipelining
+    ``ScheduleInterleaved1F1B.microbatches_per_round``; Megatron-LM's ``microbatch_group_size_per_vp_stage``,
+    p by default)."""
     return m // max(1, m // p)
 
 
@@ -101,28 +128,41 @@ def warmup_forwards(schedule: str, p: int, m: int, rank: int = 0, v: int = 1) ->
     return min((v - 1) * k + 2 * (p - 1 - rank), v * m)
 
 
-def bubble_fraction(p: int, m: int, v: int = 1) -> float:
-    """Share of the step the pipeline is idle: (p−1)/(v·m + p − 1).
+def bubble_units(p: int, m: int, v: int = 1) -> float:
+    """Idle time of each rank in one step, in units of t_f + t_b: (p−1)/v, the fill and drain.
 
-    GPipe and 1F1B (v = 1): (p−1)/(m+p−1) — the step takes (m + p − 1) units, m of them useful
-    (GPipe Sec. 2.3). Interleaved with v chunks: the fill and drain shrink to (p−1)/v units
-    (Narayanan et al. 2021, Sec. 2.2.2), so (p−1)/v / (m + (p−1)/v). v ≥ 2 must be a valid
-    interleaved schedule (:func:`check_schedule`).
+    GPipe and 1F1B (v = 1): p − 1 (GPipe Sec. 2.3). Interleaved with v chunks: the fill and drain shrink
+    to (p−1)/v (Narayanan et al. 2021, Sec. 2.2.2) — while m ≥ p. With fewer microbatches than stages
+    (which torch.distributed.pipelining's ScheduleInterleaved1F1B accepts), the pipeline never fills:
+    one microbatch's trip through the v·p chunks takes p units and the other m − 1 follow 1/v apart, so
+    the step takes p + (m−1)/v and each rank idles p − m + (m−1)/v. v ≥ 2 must be a valid interleaved
+    schedule (:func:`check_schedule`).
     """
     check_schedule("interleaved" if v != 1 else "1f1b", p, m, v)
-    return (p - 1) / (v * m + p - 1)
+    if m >= p or v == 1:
+        return (p - 1) / v
+    return p - m + (m - 1) / v
+
+
+def bubble_fraction(p: int, m: int, v: int = 1) -> float:
+    """Share of the step the pipeline is idle: (p−1)/(v·m + p − 1) when m ≥ p or v = 1 (GPipe, 1F1B:
+    (p−1)/(m+p−1), the step takes m + p − 1 units, m of them useful); in general
+    :func:`bubble_units` over the step, m of whose units are useful."""
+    idle = bubble_units(p, m, v)
+    return (p - 1) / (v * m + p - 1) if m >= p or v == 1 else idle / (m + idle)
 
 
 def bubble_ratio(p: int, m: int, v: int = 1) -> float:
-    """Bubble time over ideal time: (p−1)/m, and (p−1)/(v·m) interleaved (Narayanan et al. 2021, Sec. 2.2)."""
-    check_schedule("interleaved" if v != 1 else "1f1b", p, m, v)
-    return (p - 1) / (v * m)
+    """Bubble time over ideal time: (p−1)/m, and (p−1)/(v·m) interleaved (Narayanan et al. 2021, Sec. 2.2),
+    when m ≥ p; in general :func:`bubble_units` over m."""
+    idle = bubble_units(p, m, v)
+    return (p - 1) / (v * m) if m >= p or v == 1 else idle / m
 
 
 def step_time_units(p: int, m: int, v: int = 1) -> float:
-    """Step time in units of t_f + t_b: m + (p−1)/v (m useful units plus the fill and drain)."""
-    check_schedule("interleaved" if v != 1 else "1f1b", p, m, v)
-    return m + (p - 1) / v
+    """Step time in units of t_f + t_b: m + (p−1)/v (m useful units plus the fill and drain); with fewer
+    microbatches than stages, interleaved, p + (m−1)/v (:func:`bubble_units`)."""
+    return m + bubble_units(p, m, v)
 
 
 def peak_inflight_microbatches(p: int, m: int, schedule: str, v: int = 1, rank: int = 0) -> float:
@@ -151,10 +191,10 @@ def interleaved_p2p_factor(p: int, v: int) -> float:
     return (v * p - 1) / (p - 1)
 
 
-def pipeline_bubble(p: int, m: int, schedule: str = "1f1b", v: int = 1) -> dict:
+def pipeline_bubble(p: int, m: int, schedule: str = "1f1b", v: int = 1, engine: str = "distai") -> dict:
     """All of the above for one schedule: {"bubble_fraction", "bubble_ratio",
-    "peak_inflight_microbatches", "step_time_units"}, after :func:`check_schedule` accepted it."""
-    schedule = check_schedule(schedule, p, m, v)
+    "peak_inflight_microbatches", "step_time_units"}, after :func:`check_schedule` accepted it on ``engine``."""
+    schedule = check_schedule(schedule, p, m, v, engine)
     return {
         "bubble_fraction": bubble_fraction(p, m, v),
         "bubble_ratio": bubble_ratio(p, m, v),

@@ -11,7 +11,9 @@ one, ``v`` model chunks per rank:
   ``r, r + p, r + 2p, …`` of a model cut into ``p·v`` virtual stages. Forwards walk the chunks in
   groups of ``p`` microbatches (depth first); warm-up is ``(v - 1)·k + 2·(p - 1 - r)`` chunk
   forwards with ``k = m // max(1, m // p)`` microbatches per round — the same order as
-  ``torch.distributed.pipelining.ScheduleInterleaved1F1B``. It needs ``m ≥ p``.
+  ``torch.distributed.pipelining.ScheduleInterleaved1F1B``, and as Megatron-LM's where its rule allows.
+  What each engine accepts (torch: any m < p, or m in equal rounds; Megatron-LM: m a multiple of p)
+  is :func:`~distai.lessons.lesson5.formulas.check_schedule`'s to say.
 
 :func:`schedule_order` gives each rank's list of work; :func:`simulate` runs those lists against
 the data dependencies (a forward of virtual stage ``s`` needs the forward of ``s - 1`` for the
@@ -66,9 +68,10 @@ class Op(NamedTuple):
 validate = check_schedule
 
 
-def schedule_order(schedule: str, p: int, m: int, v: int = 1) -> list[list[Op]]:
-    """Each rank's work, in the order it runs it."""
-    schedule = validate(schedule, p, m, v)
+def schedule_order(schedule: str, p: int, m: int, v: int = 1, engine: str = "distai") -> list[list[Op]]:
+    """Each rank's work, in the order it runs it (once ``engine``'s rule accepts the schedule:
+    :func:`~distai.lessons.lesson5.formulas.check_schedule`)."""
+    schedule = validate(schedule, p, m, v, engine)
     return [_rank_order(schedule, p, m, v, r) for r in range(p)]
 
 
@@ -189,15 +192,16 @@ def _stage_rank(stage: int, p: int) -> int:
 
 
 def simulate(schedule: str, p: int, m: int, v: int = 1, t_f: float = 1.0, t_b: float = 2.0,
-             t_comm: float = 0.0, order: list[list[Op]] | None = None) -> Timeline:
+             t_comm: float = 0.0, order: list[list[Op]] | None = None, engine: str = "distai") -> Timeline:
     """Run each rank's order against the dependencies; every block starts as soon as its rank is
     free and its input has arrived (``t_comm`` after the producer finished, when that producer sits on
     another rank). ``t_f`` and ``t_b`` are the forward and backward times of one microbatch through one
     whole stage (a rank's share of the model); each of the v chunks takes 1/v of that.
 
-    Raises :class:`ScheduleDeadlock` if the order waits on work that never runs.
+    Raises :class:`ScheduleError` if ``engine`` (``distai``, ``torch`` or ``megatron``) does not accept the
+    schedule, :class:`ScheduleDeadlock` if the order waits on work that never runs.
     """
-    schedule = validate(schedule, p, m, v)
+    schedule = validate(schedule, p, m, v, engine)
     if min(t_f, t_b) <= 0 or t_comm < 0:
         raise ScheduleError("t_f and t_b must be > 0 and t_comm >= 0")
     order = order if order is not None else schedule_order(schedule, p, m, v)
