@@ -125,6 +125,10 @@ def render_state(state, title: str = "distai run", extra=None, width: int = 100,
         parts.append(line)
     if extra is not None:
         parts.extend(extra.renderables(width))
+    if state.checks:  # the lesson's predictions against this run's measurements (issue 28)
+        from .check_table import check_table
+
+        parts.append(check_table(state.checks, detect_language()))
     if state.last_ring_step:
         r = state.last_ring_step
         parts.append(Text(f"ring   call {r.get('call')}: step {r.get('step', 0) + 1}/{r.get('of')} "

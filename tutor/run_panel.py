@@ -37,6 +37,7 @@ from ..engine.run_state import RunState, replay_events
 from ..lessons.events import LOG, OUTPUT, PHASE, RUN_END, RUN_START
 from ..lessons.strings import has, translated
 from ..lessons.units import format_bandwidth, format_bytes, format_fixed, format_time
+from .check_table import check_table
 from .screens.common import localize_bindings
 
 if TYPE_CHECKING:
@@ -104,6 +105,7 @@ class RunPanelScreen(Screen):
     #loss-spark { height: 4; margin: 0 1; }
     #sweep-table { height: auto; padding: 0 1; }
     #lesson-view { height: auto; padding: 0 1; }
+    #check-table { height: auto; padding: 0 1; }
     #run-log { height: 1fr; min-height: 5; border: round $primary 50%; }
     RunPanelScreen.-narrow #run-visual { display: none; }
     RunPanelScreen.-narrow #run-status-bar { layout: vertical; }
@@ -157,6 +159,7 @@ class RunPanelScreen(Screen):
                 if "view" in panel:
                     yield Static(translated("run", "view", lang), id="view-label", classes="run-label")
                     yield Static(Text(translated("run", "no_view", lang), style="dim"), id="lesson-view")
+                yield Static("", id="check-table")
             yield Vertical(id="run-visual")
         yield RichLog(id="run-log", max_lines=2000, min_width=20, wrap=True, markup=False, highlight=False)
         yield Footer()
@@ -351,6 +354,9 @@ class RunPanelScreen(Screen):
             parts = self.lesson_view.renderables(width)
             if parts:
                 self.query_one("#lesson-view", Static).update(Group(*parts))
+        if s.checks:  # the lesson's predictions against this run's measurements (issue 28)
+            self.query_one("#check-table", Static).update(check_table(s.checks, lang))
+            self.set_class(False, "-no-charts")
         if s.finished:
             self.set_class(self.view.summary == "view", "-view-summary")
             self._fit_summary()
