@@ -12,15 +12,17 @@ Usage::
 
     rows = check_rows(events, lang)       # events: any iterable of run events; non-checks are skipped
     for row in rows:                      # one CheckRow per (name, rank), the last event of each wins
-        row.label, row.predicted, row.measured, row.gap, row.causes, row.unexplained, row.verdict
-        row.ok, row.explained             # booleans (colour), row.event: the event itself
-    check_headers(lang)                   # the column titles, in CheckRow's order
+        row.cells()                       # label, predicted, measured, gap, verdict: the table's columns
+        row.explanation                   # "" when ok, else "= 20% + unequal stages +9.0 pts + … = 35%;
+                                          #   unexplained +1.0 pts": the line under the row
+        row.causes, row.unexplained       # its parts; row.ok, row.explained: booleans (colour)
+    check_headers(lang)                   # the column titles, in cells()' order
     check_lines(events, lang)             # the same table as plain aligned text lines (title first)
 
 A check's ``name`` is a key of ``[name]`` in the catalog and each cause a key of ``[cause]``; a
 lesson adds its own there (a name without one shows as written). Units: ``s`` (time), ``B`` (bytes),
 ``B/s`` (bandwidth), ``fraction`` (a share, shown as a percentage; a gap in points), ``count``,
-``ratio`` (×); any other unit is shown after the number.
+``ratio`` (×); any other unit is shown after the number. A gap in a fraction is in points, one decimal.
 """
 from __future__ import annotations
 
@@ -31,21 +33,13 @@ from typing import Any
 from .checks import Check, reconcile
 from .events import CHECK
 from .strings import has, translated
-from .units import (
-    format_bandwidth,
-    format_bytes,
-    format_fixed,
-    format_number,
-    format_percent,
-    format_time,
-    number_separator,
-)
+from .units import format_bandwidth, format_bytes, format_fixed, format_number, format_percent, format_time
 
 __all__ = ["CheckRow", "check_rows", "check_headers", "check_lines", "format_value", "check_label",
            "cause_label", "COLUMNS"]
 
-#: the table's columns, in order (catalog keys of checks.toml)
-COLUMNS = ("check", "predicted", "measured", "gap", "causes", "unexplained", "verdict")
+#: the table's columns, in order (catalog keys of checks.toml); a missed check's causes go on a line under it
+COLUMNS = ("check", "predicted", "measured", "gap", "verdict")
 
 
 @dataclass(frozen=True)
@@ -55,8 +49,9 @@ class CheckRow:
     predicted: str
     measured: str
     gap: str
-    causes: str
-    unexplained: str
+    causes: str  # "unequal stages +9.0 pts + communication +6.0 pts" ("—" when ok)
+    unexplained: str  # what the causes leave ("—" when ok)
+    explanation: str  # the line under a missed check: prediction + causes = total; unexplained ("" when ok)
     verdict: str
     ok: bool
     explained: bool
@@ -64,7 +59,7 @@ class CheckRow:
 
     def cells(self) -> tuple[str, ...]:
         """The row's cells in :data:`COLUMNS`' order."""
-        return (self.label, self.predicted, self.measured, self.gap, self.causes, self.unexplained, self.verdict)
+        return (self.label, self.predicted, self.measured, self.gap, self.verdict)
 
 
 def format_value(value: float, unit: str, lang: str, *, signed: bool = False) -> str:
@@ -77,7 +72,7 @@ def format_value(value: float, unit: str, lang: str, *, signed: bool = False) ->
     elif unit == "B/s":
         text = format_bandwidth(value, lang=lang)
     elif unit == "fraction":
-        text = (translated("checks", "points", lang, value=format_number(100 * value, 3, lang)) if signed
+        text = (translated("checks", "points", lang, value=format_fixed(100 * value, 1, lang)) if signed
                 else format_percent(value, 3, lang))
     elif unit == "ratio":
         text = f"{format_fixed(value, 2, lang)}×"
@@ -101,13 +96,16 @@ def cause_label(name: str, lang: str) -> str:
 def _row(event: Mapping[str, Any], lang: str, label: str) -> CheckRow:
     c: Check = reconcile(event)
     fmt = lambda v, signed=False: format_value(v, c.unit, lang, signed=signed)  # noqa: E731
-    causes = number_separator(lang).join(f"{cause_label(k, lang)} {fmt(v, True)}"
-                                         for k, v in c.causes.items()) if not c.ok else ""
+    causes = " + ".join(f"{cause_label(k, lang)} {fmt(v, True)}" for k, v in c.causes.items()) if not c.ok else ""
+    unexplained = fmt(c.unexplained, True) if not c.ok else "—"
+    explanation = "" if c.ok else translated(
+        "checks", "explanation", lang, predicted=fmt(c.predicted), causes=causes or "—",
+        total=fmt(c.explained_value), unexplained=unexplained)
     verdict = "ok" if c.ok else "explained" if c.explained else "not_explained"
     return CheckRow(label=label, predicted=fmt(c.predicted), measured=fmt(c.measured),
-                    gap=fmt(c.measured - c.predicted, True), causes=causes or "—",
-                    unexplained=fmt(c.unexplained, True) if not c.ok else "—",
-                    verdict=translated("checks", verdict, lang), ok=c.ok, explained=c.explained, event=event)
+                    gap=fmt(c.measured - c.predicted, True), causes=causes or "—", unexplained=unexplained,
+                    explanation=explanation, verdict=translated("checks", verdict, lang), ok=c.ok,
+                    explained=c.explained, event=event)
 
 
 def check_rows(events: Iterable[Mapping[str, Any]], lang: str) -> list[CheckRow]:
@@ -137,14 +135,20 @@ def check_headers(lang: str) -> tuple[str, ...]:
 
 def check_lines(events: Iterable[Mapping[str, Any]], lang: str) -> list[str]:
     """The check table as plain text: its title, the headers and one line per check, columns
-    aligned (empty when the run checked nothing)."""
+    aligned, each missed check's explanation indented under it (empty when the run checked nothing)."""
     rows = check_rows(events, lang)
     if not rows:
         return []
     table = [check_headers(lang), *(r.cells() for r in rows)]
     widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
-    lines = [translated("checks", "title", lang)]
-    for cells in table:
-        lines.append("  ".join(cell.ljust(w) if i in (0, 4) else cell.rjust(w)
-                               for i, (cell, w) in enumerate(zip(cells, widths, strict=True))).rstrip())
+
+    def line(cells: tuple[str, ...]) -> str:
+        return "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
+                         for i, (cell, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
+
+    lines = [translated("checks", "title", lang), line(table[0])]
+    for row in rows:
+        lines.append(line(row.cells()))
+        if row.explanation:
+            lines.append("  " + row.explanation)
     return lines

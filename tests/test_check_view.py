@@ -21,9 +21,9 @@ def _bubble():  # formula 20 %, measured 36 %: 9 points of unequal stages, 6 of 
 
 def test_a_missed_prediction_shows_its_causes_and_what_they_leave_unexplained():
     (row,) = check_rows([_event(_bubble()), STEP.event({"step": 0, "of": 1})], "en")
-    assert (row.label, row.predicted, row.measured, row.gap) == ("bubble, GPipe", "20%", "36%", "+16 pts")
-    assert row.causes == "unequal stages +9 pts, communication +6 pts"
-    assert row.unexplained == "+1 pts" and row.verdict == "explained"
+    assert row.cells() == ("bubble, GPipe", "20%", "36%", "+16.0 pts", "explained")
+    assert row.causes == "unequal stages +9.0 pts + communication +6.0 pts"
+    assert row.explanation == "= 20% + unequal stages +9.0 pts + communication +6.0 pts = 35%; unexplained +1.0 pts"
     assert not row.ok and row.explained  # 0.20 + 0.15 = 0.35, within 10 % of 0.36
 
 
@@ -31,7 +31,8 @@ def test_spanish_rows_use_the_decimal_comma_and_the_catalog():
     c = check("bubble_1f1b", 0.273, 0.5, "fraction", causes={"cpu_contention": 0.05})
     (row,) = check_rows([_event(c)], "es")
     assert row.label == "burbuja, 1F1B" and row.predicted == "27,3 %"
-    assert row.causes == "CPU compartida +5 p. p." and row.verdict == "SIN explicar"
+    assert row.causes == "CPU compartida +5,0 p. p." and row.verdict == "SIN explicar"
+    assert row.explanation.endswith("= 32,3 %; sin explicar +17,7 p. p.")
     assert check_headers("es")[0] == "comprobación"
 
 
@@ -47,9 +48,10 @@ def test_one_row_per_name_and_rank_the_latest_event_wins():
     rows = check_rows([_event(_bubble(), 0), _event(ok, 0), _event(ok, 1)], "en")
     assert [r.label for r in rows] == ["bubble, GPipe (rank 0)", "bubble, GPipe (rank 1)"]
     assert rows[0].ok and rows[0].causes == "—" and rows[0].verdict == "ok"
-    lines = check_lines([_event(ok)], "en")
+    lines = check_lines([_event(ok), _event(_bubble(), 1)], "en")
     assert lines[0] == "prediction vs measurement" and lines[1].split()[0] == "check"
-    assert len({len(line) for line in lines[1:]}) <= 2  # aligned columns (the last one right-trimmed)
+    assert len({len(line) for line in lines[1:4]}) == 1  # aligned columns
+    assert lines[4].startswith("  = 20% + unequal stages") and len(lines) == 5
 
 
 def test_distai_run_summary_and_the_run_panel_draw_the_same_table():
@@ -62,4 +64,4 @@ def test_distai_run_summary_and_the_run_panel_draw_the_same_table():
     console = Console(width=140, record=True)
     console.print(render_state(state))
     text = console.export_text()
-    assert "prediction vs measurement" in text and "unequal stages +9 pts" in text and "explained" in text
+    assert "prediction vs measurement" in text and "unequal stages +9.0 pts" in text and "explained" in text

@@ -1,5 +1,6 @@
 """The check table as a Rich renderable: ``distai run``'s summary, ``distai runs show`` and the run
-panel draw a run's checks with it (the rows come from ``lessons/check_view.check_rows``).
+panel draw a run's checks with it (rows and layout from ``lessons/check_view``: ``check_rows``,
+``check_lines``).
 
 Usage: ``table = check_table(events, lang)`` (None when the run checked nothing); ``events`` is any
 iterable of run events (``RunState.checks`` keeps a run's ``check`` events as they arrive).
@@ -9,24 +10,29 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..lessons.check_view import check_headers, check_rows
-from ..lessons.strings import translated
+from ..lessons.check_view import check_lines, check_rows
 
 
 def check_table(events: Iterable[Mapping[str, Any]], lang: str):
-    """A Rich ``Table`` of the run's checks, titled, a verdict coloured per row; None without checks."""
-    from rich.table import Table
+    """The run's checks as Rich ``Text``: the title and headers in bold, each verdict coloured
+    (green ok, yellow explained, red not explained), each missed check's causes dimmed under it;
+    None without checks."""
     from rich.text import Text
 
+    events = list(events)
     rows = check_rows(events, lang)
     if not rows:
         return None
-    table = Table(title=translated("checks", "title", lang), title_justify="left", show_edge=False,
-                  pad_edge=False, box=None, header_style="bold", padding=(0, 1))
-    for i, header in enumerate(check_headers(lang)):
-        table.add_column(header, justify="left" if i in (0, 4) else "right", overflow="fold")
+    title, header, *body = check_lines(events, lang)
+    out = Text(title + "\n", style="bold magenta")
+    out.append(header + "\n", style="bold")
     for row in rows:
+        line = Text(body.pop(0))
         style = "green" if row.ok else "yellow" if row.explained else "bold red"
-        *cells, verdict = row.cells()
-        table.add_row(*cells, Text(verdict, style=style))
-    return table
+        line.stylize(style, len(line) - len(row.verdict))
+        out.append_text(line)
+        out.append("\n")
+        if row.explanation:
+            out.append(body.pop(0) + "\n", style="dim")
+    out.rstrip()
+    return out
