@@ -97,3 +97,20 @@ def test_replay_with_uniform_durations_is_the_simulation():
         assert got.makespan == pytest.approx(want.makespan) and got.bubble_fraction == pytest.approx(want.bubble_fraction)
     with pytest.raises(sim.ScheduleError):
         sim.replay("1f1b", p, m, 1, dict(list(work.items())[1:]))
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (8, 16)])
+@pytest.mark.parametrize("slowdown", [1.0, 1.5, 3.0])
+def test_one_slow_stage_formula_is_gpipes_replay_and_bounds_1f1bs(p, m, slowdown):
+    want = formulas.bubble_one_slow_stage(p, m, slowdown)
+    for slow in range(p):
+        for schedule in ("gpipe", "1f1b"):
+            per_rank = [slowdown if r == slow else 1.0 for r in range(p)]
+            got = sim.replay(schedule, p, m, 1, _work(schedule, p, m, 1, per_rank)).bubble_fraction
+            if schedule == "gpipe" or slow == p - 1:
+                assert got == pytest.approx(want)
+            else:
+                assert got <= want + 1e-12
+    assert formulas.bubble_one_slow_stage(p, m, 1.0) == pytest.approx(formulas.bubble_fraction(p, m))
+    with pytest.raises(formulas.ScheduleError):
+        formulas.bubble_one_slow_stage(p, m, 0.5)
