@@ -65,3 +65,58 @@ def test_distai_run_summary_and_the_run_panel_draw_the_same_table():
     console.print(render_state(state))
     text = console.export_text()
     assert "prediction vs measurement" in text and "unequal stages +9.0 pts" in text and "explained" in text
+
+
+class _Launch:
+    """A scripted lesson-5 run that ends at once: its checks, then ok."""
+
+    class spec:
+        class placement:
+            nproc = 2
+
+    class record:
+        id, path = "fake", "/tmp/fake"
+
+    stopping = False
+
+    def __init__(self, lesson, consumer, nproc=None, args=None):
+        self.consumer = consumer
+
+    def stop(self, reason="stopped"):
+        pass
+
+    def run(self):
+        self.consumer({"kind": "run_start", "run_id": "fake", "nproc": 2, "device": "cpu", "t": 0.0})
+        self.consumer(_event(_bubble()))
+        self.consumer({"kind": "run_end", "status": "ok", "error": None, "exit_code": 0, "failed_rank": None,
+                       "tail": [], "duration_s": 1.0, "t": 1.0})
+
+
+def test_the_run_panel_draws_the_same_table_in_the_learners_language():
+    import asyncio
+
+    from textual.app import App
+    from textual.widgets import Static
+
+    from distai.lessons.registry import resolve_lesson
+    from distai.tutor.run_panel import RunPanelScreen
+
+    class PanelApp(App):
+        def on_mount(self):
+            self.push_screen(RunPanelScreen(resolve_lesson("lesson5"), "es", launch_factory=_Launch))
+
+    async def scenario():
+        app = PanelApp()
+        async with app.run_test(size=(140, 45)) as pilot:
+            for _ in range(60):
+                await pilot.pause(0.05)
+                if app.screen.state.finished:
+                    break
+            await pilot.pause(0.2)
+            console = Console(width=120, record=True, file=open("/dev/null", "w"))
+            console.print(app.screen.query_one("#check-table", Static).content)
+            return console.export_text()
+
+    text = asyncio.run(scenario())
+    assert "predicción frente a medida" in text and "etapas desiguales +9,0 p. p." in text
+    assert "\n".join(check_lines([_event(_bubble())], "es")) in "\n".join(line.rstrip() for line in text.splitlines())

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 
@@ -21,22 +20,39 @@ M = 4  # 2 microbatches per stage, p = 2
 ARGS = ["--steps", "3", "--no-torch", "--hidden", "64", "--heads", "2", "--seq", "32", "--microbatch-size", "2"]
 
 
-def _two_runs(rank: int, p: int, root: str) -> list[int]:
+def _two_runs(rank: int, p: int, dirs: dict[str, str]) -> list[int]:
     from distai.engine.experiments import lesson5
 
     codes = []
     for name, extra in (("control", []), ("slow", ["--slow-stage", "1", "--slow-ms", str(SLOW_MS)])):
-        os.environ["DISTAI_EVENTS_DIR"] = str(Path(root) / name)
+        os.environ["DISTAI_EVENTS_DIR"] = dirs[name]
         codes.append(lesson5.main(ARGS + extra))
     return codes
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lesson5_checks")
-    assert run_in_group(_two_runs, 2, str(root), timeout_s=240) == [[0, 0], [0, 0]]
-    return {name: [e for path in sorted((root / name).glob("rank*.jsonl")) for e in read_events(path)]
-            for name in ("control", "slow")}
+def home(tmp_path_factory):
+    """A DISTAI_HOME whose runs folder holds the two runs (``distai runs show`` reads them)."""
+    return tmp_path_factory.mktemp("lesson5_checks")
+
+
+@pytest.fixture(scope="module")
+def records(home):
+    from distai.engine.runs import create_run
+
+    made = {name: create_run(home / "runs", "lesson5", "distai.engine.experiments.lesson5") for name in ("control", "slow")}
+    dirs = {name: str(r.events_dir) for name, r in made.items()}
+    assert run_in_group(_two_runs, 2, dirs, timeout_s=240) == [[0, 0], [0, 0]]
+    for r in made.values():
+        r.status, r.config = "ok", {"nproc": 2, "device": "cpu"}
+        r.save()
+    return made
+
+
+@pytest.fixture(scope="module")
+def runs(records):
+    return {name: [e for path in sorted(r.events_dir.glob("rank*.jsonl")) for e in read_events(path)]
+            for name, r in records.items()}
 
 
 def _checks(events) -> dict[str, dict]:
@@ -90,3 +106,23 @@ def test_the_chrome_trace_shows_each_ranks_step_as_compute_wait_and_idle(runs):
                 parts[track] += e["dur"]
         assert parts["wait"] > 0 and parts["idle"] > 0
         assert sum(parts.values()) == pytest.approx(span_us, rel=1e-3)  # the three tile the step
+
+
+def test_runs_show_carries_the_checks_and_draws_their_table(records, home, monkeypatch):
+    from typer.testing import CliRunner
+
+    from distai.tutor.cli import app
+
+    monkeypatch.setenv("DISTAI_HOME", str(home))
+    run_id = records["slow"].id
+    shown = CliRunner().invoke(app, ["runs", "show", run_id, "--json"])
+    assert shown.exit_code == 0, shown.output
+    checks = [json.loads(line) for line in shown.stdout.splitlines() if '"kind": "check"' in line]
+    assert [c["name"] for c in checks] == ["bubble_gpipe", "bubble_1f1b", "bubble_interleaved"]
+    assert all("causes" in c or c["ok"] for c in checks)
+    for var in ("LC_ALL", "LC_MESSAGES"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("LANG", "es_ES.UTF-8")  # the learner's language
+    view = CliRunner().invoke(app, ["runs", "show", run_id], env={"COLUMNS": "140"})
+    assert view.exit_code == 0, view.output
+    assert "predicción frente a medida" in view.stdout and "etapas desiguales" in view.stdout
