@@ -114,3 +114,25 @@ def test_one_slow_stage_formula_is_gpipes_replay_and_bounds_1f1bs(p, m, slowdown
     assert formulas.bubble_one_slow_stage(p, m, 1.0) == pytest.approx(formulas.bubble_fraction(p, m))
     with pytest.raises(formulas.ScheduleError):
         formulas.bubble_one_slow_stage(p, m, 0.5)
+
+
+def test_the_runs_timeline_counts_the_blocks_work_as_busy():
+    """The measured timeline's bubble (the tutor's and distai run's) reads each block's work, as the
+    check does: a rank whose blocks waited for a core half the time is half as busy."""
+    from distai.lessons.lesson5.run_timeline import PipelineRun
+    from distai.visualizers.pipeline import Lanes
+
+    p, m = 2, 2
+    tl = sim.simulate("gpipe", p, m, 1, t_f=1.0, t_b=2.0)
+    run = PipelineRun()
+    run.feed({"kind": "pp_config", "p": p, "m": m, "v": 1, "schedules": ["gpipe"], "microbatch_size": 1,
+              "d_model": 8, "layers": 2, "seq": 4})
+    for r in range(p):
+        for start, end, op in tl.blocks(r):
+            run.feed({"kind": "pp_op", "schedule": "gpipe", "step": 0, "op": op.kind, "mb": op.mb, "chunk": op.chunk,
+                      "stage": op.stage, "t0": start, "t1": end, "compute": (end - start) / (2 if r == 1 else 1),
+                      "rank": r})
+    lanes = Lanes.of_step(run.latest_complete("gpipe"))
+    work = sum(end - start for r in range(p) for start, end, _ in tl.blocks(r)) - tl.busy[1] / 2
+    assert lanes.bubble() == pytest.approx(1 - work / (p * tl.makespan))
+    assert lanes.bubble() > tl.bubble_fraction
