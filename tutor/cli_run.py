@@ -6,6 +6,9 @@ and shows it live: a Rich view in a terminal, or one JSON object per event on st
 experiment unchanged. Exit status: 0 when the run succeeded, 1 when it failed, 130 when it was
 stopped, 2 for a bad request.
 
+Under the run, the lesson's checks (its predictions against what the run measured, and the causes
+of each gap) as one table (``tutor/check_table.py``), the same in ``distai runs show`` and the tutor.
+
 ``distai runs`` lists past runs (id, lesson, date, status, duration, error);
 ``distai runs show ID`` replays one into the same views.
 

@@ -8,7 +8,8 @@ its ``[run]`` table (``lessons/registry.py``, ``RunView``): the loss as a Sparkl
 bandwidth sweep (busbw of our ring and of ``dist.all_reduce`` per message size, as bars on one
 scale), the lesson's own view of a run (lesson 3's timeline, lesson 5's measured schedule);
 beside them the lesson's visualizer fed with the run's events (lesson 1: the ring, animated from
-the real ``ring_step`` events); below, the ranks' output. When the run ends, a lesson whose
+the real ``ring_step`` events); under the charts the run's checks, its lesson's predictions against
+what it measured (``tutor/check_table.py``, the same table as ``distai run``'s); below, the ranks' output. When the run ends, a lesson whose
 summary is rank 0's output gets a log tall enough to read it whole. ``s`` stops every rank
 (torchrun's own report of the stop signal stays in the run folder's log, not on screen);
 ``escape``/``q`` closes (stopping a run still going); ``a`` runs again. Closing the tutor stops the
