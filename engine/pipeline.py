@@ -275,11 +275,14 @@ class PipelineRunner:
         return time.time()
 
     def cpu_clock(self) -> float | None:
-        """The process's CPU seconds so far, per intra-op thread (a block's share of a core it had
-        to itself); None when the blocks run on a GPU (their wall time is their work)."""
+        """CPU seconds so far: this thread's when torch computes on it alone (one intra-op thread:
+        a block's CPU time is then exactly its work), else the process's per intra-op thread (an
+        estimate: it counts a block that keeps its threads only partly busy as waiting for a core);
+        None when the blocks run on a GPU (their wall time is their work)."""
         if self.sync_timing:
             return None
-        return time.process_time() / max(1, torch.get_num_threads())
+        threads = torch.get_num_threads()
+        return time.thread_time() if threads == 1 else time.process_time() / threads
 
     def step(self, inputs: Sequence[torch.Tensor] | None = None,
              targets: Sequence[torch.Tensor] | None = None) -> StepResult:
