@@ -136,3 +136,15 @@ def test_the_runs_timeline_counts_the_blocks_work_as_busy():
     work = sum(end - start for r in range(p) for start, end, _ in tl.blocks(r)) - tl.busy[1] / 2
     assert lanes.bubble() == pytest.approx(1 - work / (p * tl.makespan))
     assert lanes.bubble() > tl.bubble_fraction
+
+
+def test_on_a_gpu_wall_time_is_work_and_nothing_is_contention():
+    """GPU blocks carry no CPU clock: their (synchronized) wall time is their work."""
+    schedule, p, m, v = "1f1b", 4, 8, 1
+    work = _work(schedule, p, m, v, [1.0, 1.0, 1.0, 1.6])
+    cpu = _measured(schedule, p, m, v, work, t_comm=0.2)
+    gpu = [bd.RankStep([bd.Block(b.op, b.t0, b.t1) for b in r.blocks], r.waits, r.t_start, r.t_end, None, None,
+                       r.send_t0, r.send_t1) for r in cpu]
+    a, b = bd.breakdown(schedule, p, m, v, cpu), bd.breakdown(schedule, p, m, v, gpu)
+    assert b.causes == pytest.approx(a.causes) and b.measured == pytest.approx(a.measured)
+    assert b.causes["cpu_contention"] == 0.0 and b.causes["unequal_stages"] > 0.05
