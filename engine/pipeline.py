@@ -29,8 +29,12 @@ check it, and check them against ``torch.distributed.pipelining`` too).
 backward (parameters excluded) as they are saved and freed, so the peak activation memory of a stage is measured the
 same way for our schedules and for torch's.
 
+Each block's work is timed twice: its wall time and, on a CPU, the process's CPU time (per intra-op
+thread), so that a block that waited for a core (more ranks than cores) can be told from one with
+more work (``OpRecord.compute``); each wait on a peer's message is kept (``StepResult.waits``).
+
 Events: a ``pp_op`` per block (``lessons/lesson5/events.py``; its times on CUDA after a
-synchronize) and ``span`` events on the ``comm`` stream for posting the plan's sends and receives and for each wait on a receive (emitted after the
+synchronize; ``compute``: its work) and ``span`` events on the ``comm`` stream for posting the plan's sends and receives and for each wait on a receive (emitted after the
 step, so recording them does not slow it).
 """
 from __future__ import annotations
@@ -159,6 +163,15 @@ class OpRecord:
     t0: float
     t1: float
     saved_bytes: int = 0  # forwards: activation bytes autograd kept for this block's backward
+    c0: float | None = None  # the process's CPU clock (PipelineRunner.cpu_clock) at t0 and t1; None on a GPU
+    c1: float | None = None
+
+    @property
+    def compute(self) -> float:
+        """The block's own work: the CPU time it got (at most its wall time) on a CPU, what it
+        takes on a core of its own; its wall time on a GPU."""
+        wall = self.t1 - self.t0
+        return wall if self.c0 is None or self.c1 is None else min(max(self.c1 - self.c0, 0.0), wall)
 
 
 @dataclass
@@ -168,6 +181,10 @@ class StepResult:
     t_start: float
     t_end: float
     peak_activation_bytes: int
+    waits: list[tuple[sim.Message, float, float]]  # each wait on a peer's message: (message, t0, t1)
+    send_wait: tuple[float, float]  # the wait, after the last block, for the step's sends to complete
+    cpu_start: float | None  # the CPU clock at t_start and t_end (None on a GPU)
+    cpu_end: float | None
 
 
 class PipelineRunner:
@@ -263,6 +280,16 @@ class PipelineRunner:
             torch.cuda.synchronize(self.device)
         return time.time()
 
+    def cpu_clock(self) -> float | None:
+        """CPU seconds so far: this thread's when torch computes on it alone (one intra-op thread:
+        a block's CPU time is then exactly its work), else the process's per intra-op thread (an
+        estimate: it counts a block that keeps its threads only partly busy as waiting for a core);
+        None when the blocks run on a GPU (their wall time is their work)."""
+        if self.sync_timing:
+            return None
+        threads = torch.get_num_threads()
+        return time.thread_time() if threads == 1 else time.process_time() / threads
+
     def step(self, inputs: Sequence[torch.Tensor] | None = None,
              targets: Sequence[torch.Tensor] | None = None) -> StepResult:
         """One pass of the schedule over the ``m`` microbatches. ``inputs`` (microbatches of token
@@ -275,7 +302,7 @@ class PipelineRunner:
             dist.barrier(group=self.group)
         else:
             dist.barrier()
-        t_start = self._now()
+        t_start, cpu_start = self._now(), self.cpu_clock()
         for action in self.plan:
             if action.kind != "compute":
                 run.pending.append(action)
@@ -288,15 +315,16 @@ class PipelineRunner:
             else:
                 run.backward(op)
         run.flush()
-        run.wait_sends()
-        t_end = self._now()
+        send_wait = run.wait_sends()
+        t_end, cpu_end = self._now(), self.cpu_clock()
         if run.recv_work or run.stage_out:
             raise RuntimeError(f"rank {self.rank}: schedule left {len(run.recv_work)} receives and "
                                f"{len(run.stage_out)} activations behind")
         loss = float(run.total_loss) if self.n_stages - 1 in self.chunks else None
         self._emit_trace(run.records, run.comm)
         self._step += 1
-        return StepResult(loss, run.records, t_start, t_end, self.meter.peak)
+        return StepResult(loss, run.records, t_start, t_end, self.meter.peak, run.waits, send_wait, cpu_start,
+                          cpu_end)
 
     def _checked_batches(self, metas, inputs: Sequence[torch.Tensor] | None,
                          targets: Sequence[torch.Tensor] | None) -> tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]]:
@@ -323,7 +351,7 @@ class PipelineRunner:
         for rec in records:
             PP_OP.emit(self.events, {"schedule": self.schedule, "step": self._step, "op": rec.op.kind,
                                      "mb": rec.op.mb, "chunk": rec.op.chunk, "stage": rec.op.stage,
-                                     "t0": rec.t0, "t1": rec.t1})
+                                     "t0": rec.t0, "t1": rec.t1, "compute": rec.compute})
         stream = "comm" if self.group is None else "comm pp"  # in a mesh: the pipeline's own group
         for what, t0, t1 in comm:
             SPAN.emit(self.events, {"name": what, "stream": stream, "t0": t0, "t1": t1, "schedule": self.schedule,
@@ -346,6 +374,7 @@ class _ScheduleRun:
         self.pending: list[sim.Action] = []
         self.records: list[OpRecord] = []
         self.comm: list[tuple[str, float, float]] = []  # (what, t0, t1): posting sends/receives, waiting on one
+        self.waits: list[tuple[sim.Message, float, float]] = []  # (message, t0, t1): each wait on a receive
         self.total_loss = torch.zeros((), dtype=torch.float64, device=runner.device)
 
     def flush(self) -> None:
@@ -386,7 +415,9 @@ class _ScheduleRun:
     def receive(self, msg: sim.Message) -> torch.Tensor:
         t0 = time.time()
         self.recv_work.pop(msg).wait()
-        self.comm.append((f"wait {_p2p_label('recv', msg, self.runner.p)}", t0, time.time()))
+        t1 = time.time()
+        self.comm.append((f"wait {_p2p_label('recv', msg, self.runner.p)}", t0, t1))
+        self.waits.append((msg, t0, t1))
         return self.recv_buf.pop(msg)
 
     def forward(self, op) -> None:
@@ -396,18 +427,18 @@ class _ScheduleRun:
         else:
             x = self.receive(sim.Message(sim.FORWARD, mb, s - 1, (s - 1) % r.p, r.rank))
             x.requires_grad_(True)
-        t0 = r._now()
+        t0, c0 = r._now(), r.cpu_clock()
         before = r.meter.live
         with r.meter:
             out = r.chunks[s](x)
             if s == self.last:
                 out = r.loss(out, self.targets[mb]) / r.m
         saved = r.meter.live - before
-        t1 = r._now()
+        t1, c1 = r._now(), r.cpu_clock()
         if s != self.first:
             self.stage_in[(s, mb)] = x
         self.stage_out[(s, mb)] = out
-        self.records.append(OpRecord(op, t0, t1, saved))
+        self.records.append(OpRecord(op, t0, t1, saved, c0, c1))
 
     def backward(self, op) -> None:
         r, s, mb = self.runner, op.stage, op.mb
@@ -418,22 +449,24 @@ class _ScheduleRun:
             grad = self.receive(sim.Message(sim.BACKWARD, mb, s + 1, (s + 1) % r.p, r.rank))
         if r.before_backward is not None:
             r.before_backward(op)
-        t0 = r._now()
+        t0, c0 = r._now(), r.cpu_clock()
         if s == self.last:
             out.backward()
             self.total_loss += out.detach()
         else:
             out.backward(grad)
-        t1 = r._now()
+        t1, c1 = r._now(), r.cpu_clock()
         if s == self.first:
             self.stage_in.pop((s, mb), None)
-        self.records.append(OpRecord(op, t0, t1, 0))
+        self.records.append(OpRecord(op, t0, t1, 0, c0, c1))
 
-    def wait_sends(self) -> None:
+    def wait_sends(self) -> tuple[float, float]:
         t0 = time.time()
         for batch in self.sends_in_flight:
             batch.wait()
-        self.comm.append(("wait sends", t0, time.time()))
+        t1 = time.time()
+        self.comm.append(("wait sends", t0, t1))
+        return t0, t1
 
 
 def _p2p_label(kind: str, msg: sim.Message, p: int) -> str:

@@ -10,7 +10,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..lessons.events import ERROR, LOG, OUTPUT, PHASE, PROGRESS, RUN_END, RUN_START, STEP, SUMMARY
+from ..lessons.events import CHECK, ERROR, LOG, OUTPUT, PHASE, PROGRESS, RUN_END, RUN_START, STEP, SUMMARY
 from ..lessons.lesson1.events import FIT, RING_CHECK, RING_STEP, SWEEP
 
 
@@ -31,6 +31,7 @@ class RunState:
     sweep: list[dict[str, Any]] = field(default_factory=list)
     fits: dict[str, dict[str, Any]] = field(default_factory=dict)
     ring_check: dict[str, Any] | None = None
+    checks: list[dict[str, Any]] = field(default_factory=list)  # the run's check events (lessons/check_view)
     summary: dict[str, Any] | None = None
     ring_steps: int = 0
     last_ring_step: dict[str, Any] | None = None
@@ -108,6 +109,8 @@ class RunState:
             self.sweep.append(e)
         elif kind == FIT.name:
             self.fits[e.get("impl", "?")] = e
+        elif kind == CHECK.name:
+            self.checks.append(e)
         elif kind == RING_CHECK.name:
             self.ring_check = e
         elif kind == RING_STEP.name:

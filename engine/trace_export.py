@@ -15,6 +15,10 @@ Which events are timed operations (and the experiments that emit them):
 * ``span`` (:meth:`~distai.engine.events.EventSink.span`): ``name``, ``stream``, ``t0``, ``t1``;
   ``step`` with ``t0``: a training step (lesson 3) ending at ``t``;
 * ``pp_op`` (lesson 5's pipeline): a forward or backward block, ``t0``/``t1``; ``pp_step``: a step;
+  from them and the ``wait recv`` spans, each rank's step decomposed as lesson 5's check reads it
+  (``lessons/lesson5/breakdown.py``): its waits for a peer on a ``wait`` track, and on an ``idle``
+  track the rest of the step when it neither computes nor waits (the schedule's head and tail,
+  the runner's overhead), the step being from the first rank's start to the last rank's end;
 * ``ring_step`` with ``t0`` (lesson 1's traced ring): one step of the ring, its chunk and bytes;
 * ``checkpoint`` (lesson 3): ``seconds`` ending at ``t_end`` (or ``t``); ``failure``/``restart``: instants;
 * ``timeline`` (lesson 6): one step's per-layer backward and bucket all-reduces (ms from ``t_begin``);
@@ -45,7 +49,7 @@ from ..lessons.lesson5.events import PP_OP, PP_STEP
 from ..lessons.lesson6.events import TIMELINE
 from ..lessons.lesson7.events import KV_STEP, REQUEST
 
-STREAM_ORDER = ("compute", "comm", "comm tp", "comm pp", "comm dp", "io", "requests")
+STREAM_ORDER = ("compute", "wait", "idle", "comm", "comm tp", "comm pp", "comm dp", "io", "requests")
 # event fields that are bookkeeping, not metrics
 _NOT_METRICS = {"kind", "t", "rank", "step", "of", "t0", "t1", "t_start", "t_end", "attempt"}
 # string fields that say which series a step's numbers belong to (lesson 5's schedule, lesson 2's strategy…)
@@ -116,7 +120,49 @@ def operations(events: Iterable[dict]) -> tuple[list[dict], list[dict]]:
         elif kind in (FAILURE.name, RESTART.name, RELAUNCH.name) and isinstance(e.get("t"), (int, float)):
             instants.append({"rank": rank, "stream": "compute", "name": kind, "t": e["t"], "cat": kind,
                              "args": _args(e, ())})
+    spans.extend(pipeline_wait_and_idle(spans, events))
     return spans, instants
+
+
+def _uncovered(t0: float, t1: float, covered: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The parts of [t0, t1] outside every interval of ``covered``."""
+    gaps, at = [], t0
+    for a, b in sorted(covered):
+        if a > at:
+            gaps.append((at, min(a, t1)))
+        at = max(at, b)
+        if at >= t1:
+            break
+    if at < t1:
+        gaps.append((at, t1))
+    return [(a, b) for a, b in gaps if b > a]
+
+
+def pipeline_wait_and_idle(spans: list[dict], events: Iterable[dict]) -> list[dict]:
+    """Lesson 5's decomposition of each rank's steps (our runner's): a ``wait`` track (the waits on
+    a peer's message, and for the step's sends) and an ``idle`` track (the step's time with neither
+    a block nor a wait)."""
+    steps: dict[tuple[str, int], list[tuple[float, float]]] = defaultdict(list)
+    for e in events:
+        if e.get("kind") == PP_STEP.name and e.get("impl") == "ours":
+            steps[(str(e.get("schedule")), int(e.get("step", 0)))].append((e["t_start"], e["t_end"]))
+    busy: dict[tuple[Any, str, int], list[tuple[float, float]]] = defaultdict(list)
+    out: list[dict | None] = []
+    for s in spans:
+        key = (s["rank"], str(s["args"].get("schedule")), s["args"].get("step"))
+        if s["cat"] == "pp":
+            busy[key].append((s["t0"], s["t1"]))
+        elif s["cat"] == "span" and s["name"].startswith(("wait recv", "wait sends")) and key[2] is not None:
+            busy[key].append((s["t0"], s["t1"]))
+            out.append(_span(s["rank"], "wait", s["name"][len("wait "):], s["t0"], s["t1"], "wait", s["args"]))
+    for (rank, schedule, step), blocks in busy.items():
+        bounds = steps.get((schedule, int(step)))
+        if not bounds:
+            continue
+        t0, t1 = min(a for a, _ in bounds), max(b for _, b in bounds)
+        for a, b in _uncovered(t0, t1, blocks):
+            out.append(_span(rank, "idle", "idle", a, b, "idle", {"schedule": schedule, "step": step}))
+    return [s for s in out if s is not None]
 
 
 # -------------------------------------------------------------------------- the Chrome trace

@@ -6,6 +6,9 @@ and shows it live: a Rich view in a terminal, or one JSON object per event on st
 experiment unchanged. Exit status: 0 when the run succeeded, 1 when it failed, 130 when it was
 stopped, 2 for a bad request.
 
+Under the run, the lesson's checks (its predictions against what the run measured, and the causes
+of each gap) as one table (``tutor/check_table.py``), the same in ``distai runs show`` and the tutor.
+
 ``distai runs`` lists past runs (id, lesson, date, status, duration, error);
 ``distai runs show ID`` replays one into the same views.
 
@@ -157,6 +160,10 @@ def render_state(state, title: str = "distai run", extra=None, width: int = 100,
         parts.append(line)
     if extra is not None:
         parts.extend(extra.renderables(width))
+    if state.checks:  # the lesson's predictions against this run's measurements (issue 28)
+        from .check_table import check_table
+
+        parts.append(check_table(state.checks, detect_language()))
     if state.last_ring_step:
         r = state.last_ring_step
         parts.append(Text(f"ring   call {r.get('call')}: step {r.get('step', 0) + 1}/{r.get('of')} "

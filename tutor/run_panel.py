@@ -8,7 +8,8 @@ its ``[run]`` table (``lessons/registry.py``, ``RunView``): the loss as a Sparkl
 bandwidth sweep (busbw of our ring and of ``dist.all_reduce`` per message size, as bars on one
 scale), the lesson's own view of a run (lesson 3's timeline, lesson 5's measured schedule);
 beside them the lesson's visualizer fed with the run's events (lesson 1: the ring, animated from
-the real ``ring_step`` events); below, the ranks' output. When the run ends, a lesson whose
+the real ``ring_step`` events); under the charts the run's checks, its lesson's predictions against
+what it measured (``tutor/check_table.py``, the same table as ``distai run``'s); below, the ranks' output. When the run ends, a lesson whose
 summary is rank 0's output gets a log tall enough to read it whole. ``s`` stops every rank
 (torchrun's own report of the stop signal stays in the run folder's log, not on screen);
 ``escape``/``q`` closes (stopping a run still going); ``a`` runs again. Closing the tutor stops the
@@ -37,6 +38,7 @@ from ..engine.run_state import RunState, replay_events
 from ..lessons.events import LOG, OUTPUT, PHASE, RUN_END, RUN_START
 from ..lessons.strings import has, translated
 from ..lessons.units import format_bandwidth, format_bytes, format_fixed, format_time
+from .check_table import check_table
 from .screens.common import localize_bindings
 
 if TYPE_CHECKING:
@@ -104,6 +106,7 @@ class RunPanelScreen(Screen):
     #loss-spark { height: 4; margin: 0 1; }
     #sweep-table { height: auto; padding: 0 1; }
     #lesson-view { height: auto; padding: 0 1; }
+    #check-table { height: auto; padding: 0 1; }
     #run-log { height: 1fr; min-height: 5; border: round $primary 50%; }
     RunPanelScreen.-narrow #run-visual { display: none; }
     RunPanelScreen.-narrow #run-status-bar { layout: vertical; }
@@ -157,6 +160,7 @@ class RunPanelScreen(Screen):
                 if "view" in panel:
                     yield Static(translated("run", "view", lang), id="view-label", classes="run-label")
                     yield Static(Text(translated("run", "no_view", lang), style="dim"), id="lesson-view")
+                yield Static("", id="check-table")
             yield Vertical(id="run-visual")
         yield RichLog(id="run-log", max_lines=2000, min_width=20, wrap=True, markup=False, highlight=False)
         yield Footer()
@@ -351,6 +355,9 @@ class RunPanelScreen(Screen):
             parts = self.lesson_view.renderables(width)
             if parts:
                 self.query_one("#lesson-view", Static).update(Group(*parts))
+        if s.checks:  # the lesson's predictions against this run's measurements (issue 28)
+            self.query_one("#check-table", Static).update(check_table(s.checks, lang))
+            self.set_class(False, "-no-charts")
         if s.finished:
             self.set_class(self.view.summary == "view", "-view-summary")
             self._fit_summary()

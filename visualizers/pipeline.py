@@ -48,11 +48,13 @@ IDLE_CHAR = "░"
 
 @dataclass
 class Lanes:
-    """What one panel draws: per rank, (start, end, op) blocks; the step's length; v."""
+    """What one panel draws: per rank, (start, end, op) blocks; the step's length; v; and for a
+    measured step each rank's work (its blocks' CPU time on a CPU: busy is work, not wall time)."""
 
     blocks: list[list[tuple[float, float, sim.Op]]]
     makespan: float
     v: int
+    work: list[float] | None = None
 
     @classmethod
     def from_timeline(cls, tl: sim.Timeline) -> Lanes:
@@ -64,13 +66,15 @@ class Lanes:
     @classmethod
     def of_step(cls, step: CompleteStep) -> Lanes:
         """A measured step (already in forward-time units)."""
-        return cls(step.blocks, step.makespan, step.v)
+        return cls(step.blocks, step.makespan, step.v, step.work)
 
     @property
     def p(self) -> int:
         return len(self.blocks)
 
     def busy(self, rank: int) -> float:
+        if self.work is not None:
+            return self.work[rank]
         return sum(e - s for s, e, _ in self.blocks[rank])
 
     def bubble(self) -> float:

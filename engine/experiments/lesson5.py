@@ -14,15 +14,19 @@ steps twice:
 
 It reports, per schedule: the loss of each step for both; the largest gradient difference after the
 first step between ours, torch's and the unsplit model on the whole batch; the median step time of
-both; the bubble measured from the timestamps of every forward and backward, against the formula
-and against the simulator fed with the measured forward and backward times; and the peak
-activation memory each stage held (bytes autograd saved for backward, measured for ours and for
-torch's) in microbatches, against the formula.
+both; the bubble measured (idle over rank-time, ``1 − Σ work / (p · step time)``, a block's work
+being its CPU time on a CPU) against the formula, as a ``check`` event whose causes
+(``lessons/lesson5/breakdown.py``: the step replayed through the simulator with the measured
+blocks, then with the runner's overhead, the time without a core and each message's latency) add
+up to the measurement; and the peak activation memory each stage held (bytes autograd saved for
+backward, measured for ours and for torch's) in microbatches, against the formula.
+``--slow-stage K --slow-ms X`` gives rank K's forwards X ms more CPU work each: a negative control
+the check must blame on unequal stages.
 
 Events (besides ``phase``, ``step``, ``metric``, ``log``, ``summary``): ``pp_config`` (rank 0,
 first), ``progress`` over all schedules and both implementations, ``pp_op`` (our runner's blocks,
 ``distai.engine.pipeline``), ``pp_step`` per rank and step, ``pp_stage`` (rank 0, per schedule and
-rank), declared in ``lessons/lesson5/events.py``.
+rank), declared in ``lessons/lesson5/events.py``; ``check`` (rank 0, per schedule: ``bubble_<schedule>``).
 """
 from __future__ import annotations
 
@@ -35,7 +39,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ...lessons.events import METRIC, PHASE
+from ...lessons.events import CHECK, METRIC, PHASE
+from ...lessons.lesson5 import breakdown as bd
 from ...lessons.lesson5 import formulas
 from ...lessons.lesson5 import simulator as sim
 from ...lessons.lesson5.events import PP_CONFIG, PP_STAGE, PP_STEP, STEP
@@ -63,11 +68,16 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-torch", action="store_true", help="skip torch.distributed.pipelining's schedules")
+    ap.add_argument("--slow-stage", type=int, default=None, metavar="K",
+                    help="make rank K's stage slower: its forwards do --slow-ms more CPU work each "
+                         "(a negative control: the check must blame unequal stages)")
+    ap.add_argument("--slow-ms", type=float, default=0.0, help="extra work per forward of --slow-stage (ms)")
     return ap
 
 
-#: the GPT the pipeline splits, untied (its ends are on different ranks); bigger on GPUs
-MODEL_CPU = ModelSize(vocab=64, hidden=64, heads=4, seq=32, tie_embeddings=False)
+#: the GPT the pipeline splits, untied (its ends are on different ranks); bigger on GPUs. On a CPU,
+#: blocks of a few ms, so that compute dominates gloo's latency and the schedule's bubble shows
+MODEL_CPU = ModelSize(vocab=64, hidden=128, heads=4, seq=64, tie_embeddings=False)
 MODEL_GPU = ModelSize(vocab=1024, hidden=1024, heads=16, seq=256, tie_embeddings=False)
 
 
@@ -98,6 +108,10 @@ def check_args(args, p: int) -> tuple[list[str], int, int]:
                                      f"Schedule1F1B refuses it; use --microbatches {p} or more, or --no-torch")
     if args.steps < 1:
         raise pl.PipelineConfigError(f"--steps must be at least 1, got {args.steps}")
+    if args.slow_stage is not None and not 0 <= args.slow_stage < p:
+        raise pl.PipelineConfigError(f"--slow-stage must be a rank between 0 and {p - 1}, got {args.slow_stage}")
+    if args.slow_ms < 0:
+        raise pl.PipelineConfigError(f"--slow-ms must be >= 0, got {args.slow_ms}")
     return schedules, m, v
 
 
@@ -113,11 +127,28 @@ def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return max((float((x - y).abs().max()) for x, y in zip(a, b)), default=0.0)
 
 
+def slow_down(chunks, rank: int, slow: tuple[int | None, float]) -> None:
+    """The negative control: on rank ``--slow-stage``, every forward first does ``--slow-ms`` of CPU
+    work (shared among its chunks), as a stage with more layers would; elsewhere nothing."""
+    if slow[0] != rank or slow[1] <= 0:
+        return
+    extra = slow[1] / 1e3 / len(chunks)
+
+    def spin(_module, _inputs) -> None:
+        end = time.thread_time() + extra  # the runner measures work as this thread's CPU time
+        while time.thread_time() < end:
+            pass
+
+    for mod in chunks.values():
+        mod.register_forward_pre_hook(spin)
+
+
 def run_ours(ctx, schedule: str, cfg, p: int, m: int, v: int, mb: int, batches, lr: float, seed: int,
-             out: dict, events=None, progress=None):
+             out: dict, events=None, progress=None, slow: tuple[int | None, float] = (None, 0.0)):
     """Train with our runner, one step per ``next()``; figures accumulate in ``out``."""
     rank = ctx.rank
     chunks = pl.build_rank_chunks(cfg, p, v, rank, seed=seed, device=ctx.device)
+    slow_down(chunks, rank, slow)
     runner = pl.PipelineRunner(chunks, rank=rank, p=p, m=m, schedule=schedule, v=v, microbatch_size=mb,
                                device=ctx.device, events=events)
     runner.validate()
@@ -146,7 +177,7 @@ def run_ours(ctx, schedule: str, cfg, p: int, m: int, v: int, mb: int, batches, 
 
 
 def run_torch(ctx, schedule: str, cfg, p: int, m: int, v: int, batches, lr: float, seed: int, out: dict,
-              events=None, progress=None):
+              events=None, progress=None, slow: tuple[int | None, float] = (None, 0.0)):
     """Train with torch.distributed.pipelining, one step per ``next()``; figures go to ``out``."""
     from torch.distributed.pipelining import (
         PipelineStage,
@@ -157,6 +188,7 @@ def run_torch(ctx, schedule: str, cfg, p: int, m: int, v: int, batches, lr: floa
 
     rank = ctx.rank
     chunks = pl.build_rank_chunks(cfg, p, v, rank, seed=seed, device=ctx.device)
+    slow_down(chunks, rank, slow)
     stages: list[Any] = [PipelineStage(chunks[c * p + rank], c * p + rank, p * v, ctx.device) for c in range(v)]
     sched: ScheduleGPipe | Schedule1F1B | ScheduleInterleaved1F1B
     if schedule == "gpipe":
@@ -211,7 +243,7 @@ def measure(ours: dict, p: int, m: int, v: int, schedule: str, rank: int, gather
     bubbles, fwd, bwd = [], [], []
     for i in range(first, len(steps)):
         span = max(t1 for _t0, t1 in gathered_steps[i]) - min(t0 for t0, _t1 in gathered_steps[i])
-        busy = sum(r.t1 - r.t0 for r in steps[i].records)
+        busy = sum(r.compute for r in steps[i].records)  # the blocks' own work (CPU time on a CPU)
         bubbles.append(1.0 - busy / span if span > 0 else 0.0)
         fwd += [r.t1 - r.t0 for r in steps[i].records if r.op.kind == "F"]
         bwd += [r.t1 - r.t0 for r in steps[i].records if r.op.kind == "B"]
@@ -239,28 +271,12 @@ def measure(ours: dict, p: int, m: int, v: int, schedule: str, rank: int, gather
     }
 
 
-def run_schedule(ctx, schedule: str, cfg, p: int, m: int, v: int, args, batches, progress=None) -> dict | None:
-    """Ours, torch's and the reference for one schedule; the figures on rank 0, None elsewhere."""
-    ev = ctx.events
-    mb = args.microbatch_size
-    PHASE.emit(ev, {"name": f"{schedule}: ours" + ("" if args.no_torch else " and torch.distributed.pipelining")})
-    ours: dict = {}
-    theirs: dict | None = None if args.no_torch else {}
-    runs = [run_ours(ctx, schedule, cfg, p, m, v, mb, batches, args.lr, args.seed, ours, events=ev,
-                     progress=progress)]
-    if theirs is not None:
-        runs.append(run_torch(ctx, schedule, cfg, p, m, v, batches, args.lr, args.seed, theirs, events=ev,
-                              progress=progress))
-    for _ in batches:  # alternate their steps, so that machine noise hits both alike
-        for run in runs:
-            next(run)
-    # the unsplit model on the first batch, for this rank's layers
-    ref_loss, ref_model = pl.reference_grads(cfg, batches[0][0], batches[0][1], seed=args.seed)
-    ref_stages = pl.split_stages(ref_model, p * v)
-    ref_grads = [q.grad.cpu() for s in sorted(ours["chunks"]) for q in ref_stages[s].parameters()]
+def _rank_figures(ours: dict, theirs: dict | None, ref_grads: list, ref_loss: float) -> dict:
+    """What this rank sends rank 0 about one schedule: gradient differences, losses, step times,
+    and every block, wait and step bound of our runner's steps (for the bubble check)."""
     ours_cpu = [g.cpu() for g in ours["grads0"]]
     rel = max(float(g.abs().max()) for g in ref_grads)
-    mine = {
+    return {
         "diff_ours_ref": _max_diff(ours_cpu, ref_grads),
         "diff_torch_ref": _max_diff([g.cpu() for g in theirs["grads0"]], ref_grads) if theirs else None,
         "diff_ours_torch": _max_diff(ours_cpu, [g.cpu() for g in theirs["grads0"]]) if theirs else None,
@@ -272,7 +288,33 @@ def run_schedule(ctx, schedule: str, cfg, p: int, m: int, v: int, args, batches,
         "torch_times": theirs["times"] if theirs else None,
         "torch_peak_bytes": theirs["peak_bytes"] if theirs else None,
         "step_bounds": [(s.t_start, s.t_end) for s in ours["steps"]],
+        "blocks": [[(*r.op, r.t0, r.t1, r.c0, r.c1) for r in s.records] for s in ours["steps"]],
+        "waits": [[(msg.kind, msg.mb, msg.from_stage, t0, t1) for msg, t0, t1 in s.waits] for s in ours["steps"]],
+        "rank_steps": [(s.t_start, s.t_end, s.cpu_start, s.cpu_end, *s.send_wait) for s in ours["steps"]],
     }
+
+
+def run_schedule(ctx, schedule: str, cfg, p: int, m: int, v: int, args, batches, progress=None) -> dict | None:
+    """Ours, torch's and the reference for one schedule; the figures on rank 0, None elsewhere."""
+    ev = ctx.events
+    mb = args.microbatch_size
+    PHASE.emit(ev, {"name": f"{schedule}: ours" + ("" if args.no_torch else " and torch.distributed.pipelining")})
+    ours: dict = {}
+    theirs: dict | None = None if args.no_torch else {}
+    slow = (args.slow_stage, args.slow_ms)
+    runs = [run_ours(ctx, schedule, cfg, p, m, v, mb, batches, args.lr, args.seed, ours, events=ev,
+                     progress=progress, slow=slow)]
+    if theirs is not None:
+        runs.append(run_torch(ctx, schedule, cfg, p, m, v, batches, args.lr, args.seed, theirs, events=ev,
+                              progress=progress, slow=slow))
+    for _ in batches:  # alternate their steps, so that machine noise hits both alike
+        for run in runs:
+            next(run)
+    # the unsplit model on the first batch, for this rank's layers
+    ref_loss, ref_model = pl.reference_grads(cfg, batches[0][0], batches[0][1], seed=args.seed)
+    ref_stages = pl.split_stages(ref_model, p * v)
+    ref_grads = [q.grad.cpu() for s in sorted(ours["chunks"]) for q in ref_stages[s].parameters()]
+    mine = _rank_figures(ours, theirs, ref_grads, ref_loss)
     gathered: list = [None] * p
     dist.all_gather_object(gathered, mine)
     step_bounds = [[g["step_bounds"][i] for g in gathered] for i in range(len(batches))]
@@ -292,6 +334,8 @@ def run_schedule(ctx, schedule: str, cfg, p: int, m: int, v: int, args, batches,
     torch_times = ([max(g["torch_times"][i] for g in gathered) for i in range(skip, len(batches))]
                    if not args.no_torch else None)
     f = formulas.pipeline_bubble(p, m, schedule, v)
+    bubble = measured_bubble_check(schedule, p, m, v, gathered, skip)
+    CHECK.emit(ctx.events, bubble.event())
     result = {
         "schedule": schedule, "p": p, "m": m, "v": v,
         "loss": last["losses"], "torch_loss": last["torch_losses"], "ref_loss": last["ref_loss"],
@@ -302,7 +346,8 @@ def run_schedule(ctx, schedule: str, cfg, p: int, m: int, v: int, args, batches,
         "grad_scale": max(s["grad_scale"] for s in stages),
         "step_time_s": statistics.median(step_times),
         "torch_step_time_s": statistics.median(torch_times) if torch_times else None,
-        "bubble_measured": statistics.mean(s["bubble"] for s in stages),
+        "bubble_measured": bubble.measured,
+        "bubble_check": bubble.event(),
         "bubble_formula": f["bubble_fraction"],
         "bubble_simulated_with_measured_costs": predicted.bubble_fraction,
         "step_time_simulated_s": predicted.makespan,
@@ -319,6 +364,18 @@ def run_schedule(ctx, schedule: str, cfg, p: int, m: int, v: int, args, batches,
     METRIC.emit(ctx.events, {"name": f"{schedule}.bubble_measured", "value": result["bubble_measured"]})
     METRIC.emit(ctx.events, {"name": f"{schedule}.step_time_s", "value": result["step_time_s"]})
     return result
+
+
+def measured_bubble_check(schedule: str, p: int, m: int, v: int, gathered: list[dict], skip: int):
+    """The schedule's bubble check (``lessons/lesson5/breakdown.py``) from every rank's blocks and
+    waits, over the measured steps (the warm-up skipped)."""
+    steps = []
+    for i in range(skip, len(gathered[0]["blocks"])):
+        ranks = [bd.RankStep([bd.Block(sim.Op(k, mb, c, st), t0, t1, c0, c1)
+                              for k, mb, c, st, t0, t1, c0, c1 in g["blocks"][i]],
+                             [bd.Wait(*w) for w in g["waits"][i]], *g["rank_steps"][i]) for g in gathered]
+        steps.append(bd.breakdown(schedule, p, m, v, ranks))
+    return bd.bubble_check(schedule, steps)
 
 
 def _mib(x) -> str:
@@ -347,9 +404,9 @@ def print_summary(results: list[dict], cfg, args, p: int, m: int, v: int, device
                      f"{r['step_time_s'] / r['torch_step_time_s']:.2f}x")
         print(line)
         print(f"  bubble: measured {r['bubble_measured']:.1%} · formula {r['bubble_formula']:.1%} · "
-              f"simulated {r['bubble_simulated_with_measured_costs']:.1%}")
-        print(f"          (simulated with the measured F = {r['t_f_s'] * 1e3:.2f} ms, "
-              f"B = {r['t_b_s'] * 1e3:.2f} ms)")
+              f"replayed {r['bubble_check']['detail']['replay_work']:.1%}")
+        print(f"          (replayed: the schedule with each measured block's work, mean F = "
+              f"{r['t_f_s'] * 1e3:.2f} ms, B = {r['t_b_s'] * 1e3:.2f} ms; why they differ: the check table)")
         print("  rank  bubble  peak MiB  predicted  microbatches  formula  torch")
         for s in r["stages"]:
             print(f"  {s['rank']:>4}  {s['bubble']:6.1%}  {_mib(s['peak_bytes']):>8}  "
@@ -357,9 +414,17 @@ def print_summary(results: list[dict], cfg, args, p: int, m: int, v: int, device
                   f"{s['peak_formula']:>7g}  {_mib(s['torch_peak_bytes']):>5}")
         print("  (peak: activations autograd saved for backward; predicted from the")
         print("   order and each chunk's bytes; microbatches = peak / one microbatch)")
-    if device.type == "cpu" and (os.cpu_count() or 1) < p:
-        print(f"\nNote: {p} ranks share {os.cpu_count()} CPU cores, so at most {os.cpu_count()} stages "
-              f"compute at\nonce; the measured bubble also holds the wait for a core and gloo's\nlatency.")
+    if device.type == "cpu" and cpu_cores() < p:
+        print(f"\nNote: {p} ranks share {cpu_cores()} CPU cores, so at most {cpu_cores()} stages compute at\n"
+              f"once: the check table's 'CPU contention' is the bubble this adds.")
+
+
+def cpu_cores() -> int:
+    """The cores this process may run on (its affinity: ``taskset``, a batch job's share)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def main(argv=None) -> int:
@@ -369,8 +434,8 @@ def main(argv=None) -> int:
 
 def run(ctx, args: argparse.Namespace) -> dict | None:
     p = ctx.world_size
-    if ctx.device.type == "cpu":
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", p)))))
+    if ctx.device.type == "cpu":  # one core per stage: a block's CPU time is its work, exactly
+        torch.set_num_threads(1)
     schedules, m, v = check_args(args, p)
     layers = args.layers if args.layers is not None else pl.default_layers(p, v)  # p·v equal stages
     cfg = ModelSize.from_args(args, MODEL_GPU if ctx.is_cuda else MODEL_CPU, layers=layers)

@@ -1,5 +1,7 @@
 """Lesson 5's run events (``engine/experiments/lesson5.py``, ``engine/pipeline.py``): see
 ``lessons/events.py``. ``schedule``: ``gpipe``, ``1f1b`` or ``interleaved``."""
+from typing import NotRequired
+
 from .. import events as shared
 from ..events import Envelope, EventKind
 
@@ -32,6 +34,7 @@ class PipelineOp(Envelope):
     stage: int
     t0: float
     t1: float
+    compute: NotRequired[float]  # the block's own work (s): its CPU time on a CPU, t1 - t0 on a GPU
 
 
 class PipelineStep(Envelope):

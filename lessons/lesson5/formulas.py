@@ -152,6 +152,20 @@ def bubble_fraction(p: int, m: int, v: int = 1) -> float:
     return (p - 1) / (v * m + p - 1) if m >= p or v == 1 else idle / (m + idle)
 
 
+def bubble_one_slow_stage(p: int, m: int, slowdown: float) -> float:
+    """GPipe's bubble when one of the p stages takes ``slowdown`` times the others' time (forward
+    and backward alike): the first microbatch crosses every stage, the m − 1 behind it are paced by
+    the slowest, so the step is Σt + (m − 1)·t_max for m·Σt of work per rank-sum. With t = 1 and
+    one stage at ``slowdown``: 1 − m·(p − 1 + s) / (p·(p − 1 + s + (m − 1)·s)); s = 1 gives
+    (p−1)/(m+p−1). 1F1B's bubble is the same when the slow stage is the last, smaller otherwise
+    (the simulator replays both: ``simulator.replay``)."""
+    check_schedule("gpipe", p, m)
+    if slowdown < 1:
+        raise ScheduleError(f"slowdown must be >= 1 (one stage slower than the others), got {slowdown}")
+    total = p - 1 + slowdown
+    return 1 - m * total / (p * (total + (m - 1) * slowdown))
+
+
 def bubble_ratio(p: int, m: int, v: int = 1) -> float:
     """Bubble time over ideal time: (p−1)/m, and (p−1)/(v·m) interleaved (Narayanan et al. 2021, Sec. 2.2),
     when m ≥ p; in general :func:`bubble_units` over m."""

@@ -27,6 +27,7 @@ class CompleteStep:
     makespan: float  # in the same units
     v: int
     seconds: float  # the step's wall time
+    work: list[float] | None = None  # per rank, its blocks' own work in the same units (None: not recorded)
 
 
 @dataclass
@@ -37,6 +38,7 @@ class PipelineRun:
     m: int = 0
     v: int = 1
     ops: dict = field(default_factory=dict)
+    work: dict = field(default_factory=dict)  # schedule -> step -> rank -> the blocks' work (pp_op's compute), s
     stages: dict[str, dict[int, PipelineStage]] = field(default_factory=dict)  # schedule -> rank -> pp_stage event
     summary: dict = field(default_factory=dict)
 
@@ -53,6 +55,9 @@ class PipelineRun:
             rank = int(event["stage"]) % self.p if rank is None else int(rank)
             by_step = self.ops.setdefault(event["schedule"], {}).setdefault(int(event.get("step", 0)), {})
             by_step.setdefault(rank, []).append((float(event["t0"]), float(event["t1"]), op))
+            if "compute" in event:
+                works = self.work.setdefault(event["schedule"], {}).setdefault(int(event.get("step", 0)), {})
+                works[rank] = works.get(rank, 0.0) + float(event["compute"])
         elif PP_STAGE.matches(event):
             self.stages.setdefault(event["schedule"], {})[int(event.get("rank") or 0)] = event
         elif event.get("kind") == SUMMARY.name and event.get("lesson") == "lesson5":  # open: read as a dict
@@ -82,5 +87,7 @@ class PipelineRun:
                 unit = (sum(fwd) / len(fwd)) * v if fwd and sum(fwd) > 0 else (span or 1.0)
                 blocks = [[((a - t0) / unit, (b - t0) / unit, op) for a, b, op in sorted(ranks[r])]
                           for r in range(self.p)]
-                return CompleteStep(step, blocks, span / unit, v, span)
+                works = self.work.get(schedule, {}).get(step, {})
+                work = [works[r] / unit for r in range(self.p)] if len(works) == self.p else None
+                return CompleteStep(step, blocks, span / unit, v, span, work)
         return None

@@ -30,6 +30,7 @@ A 64-stage, 1024-microbatch 1F1B simulation takes a fraction of a second.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
@@ -42,7 +43,7 @@ from .formulas import (
     warmup_forwards,
 )
 
-__all__ = ["SCHEDULES", "ScheduleError", "ScheduleDeadlock", "Op", "Timeline", "validate", "normalize_schedule",
+__all__ = ["SCHEDULES", "ScheduleError", "ScheduleDeadlock", "Op", "Timeline", "replay", "validate", "normalize_schedule",
            "microbatches_per_round", "warmup_forwards", "schedule_order", "simulate", "comm_plan",
            "check_comm_plan", "exchanges", "Message", "Action"]
 FORWARD, BACKWARD = "F", "B"
@@ -192,11 +193,16 @@ def _stage_rank(stage: int, p: int) -> int:
 
 
 def simulate(schedule: str, p: int, m: int, v: int = 1, t_f: float = 1.0, t_b: float = 2.0,
-             t_comm: float = 0.0, order: list[list[Op]] | None = None, engine: str = "distai") -> Timeline:
+             t_comm: float = 0.0, order: list[list[Op]] | None = None, engine: str = "distai",
+             durations: Mapping[Op, float] | None = None,
+             latency: Mapping[tuple[str, int, int], float] | None = None) -> Timeline:
     """Run each rank's order against the dependencies; every block starts as soon as its rank is
     free and its input has arrived (``t_comm`` after the producer finished, when that producer sits on
     another rank). ``t_f`` and ``t_b`` are the forward and backward times of one microbatch through one
     whole stage (a rank's share of the model); each of the v chunks takes 1/v of that.
+    ``durations`` (every op of the order → its time) replaces them block by block, and ``latency``
+    (a message's ``(kind, mb, producer stage)`` → its time) ``t_comm`` message by message: a replay
+    of a measured step (:func:`replay`).
 
     Raises :class:`ScheduleError` if ``engine`` (``distai``, ``torch`` or ``megatron``) does not accept the
     schedule, :class:`ScheduleDeadlock` if the order waits on work that never runs.
@@ -204,6 +210,8 @@ def simulate(schedule: str, p: int, m: int, v: int = 1, t_f: float = 1.0, t_b: f
     schedule = validate(schedule, p, m, v, engine)
     if min(t_f, t_b) <= 0 or t_comm < 0:
         raise ScheduleError("t_f and t_b must be > 0 and t_comm >= 0")
+    if durations is not None and min(durations.values(), default=0.0) < 0:
+        raise ScheduleError("durations must be >= 0")
     order = order if order is not None else schedule_order(schedule, p, m, v)
     n_stages = p * v
     cf, cb = t_f / v, t_b / v
@@ -237,10 +245,10 @@ def simulate(schedule: str, p: int, m: int, v: int = 1, t_f: float = 1.0, t_b: f
                         waiting[key] = r
                         break
                     if (s - 1) % p != r:
-                        ready += t_comm
+                        ready += t_comm if latency is None else latency.get(("F", mb, s - 1), t_comm)
                         messages += 1
                 begin = t if t > ready else ready
-                t = begin + cf
+                t = begin + (cf if durations is None else durations[ops[i]])
                 key = s * m + mb
                 f_end[key] = t
                 w = waiting[key]
@@ -259,13 +267,13 @@ def simulate(schedule: str, p: int, m: int, v: int = 1, t_f: float = 1.0, t_b: f
                         waiting[size + key] = r
                         break
                     if (s + 1) % p != r:
-                        ready += t_comm
+                        ready += t_comm if latency is None else latency.get(("B", mb, s + 1), t_comm)
                         messages += 1
                 if f_end[s * m + mb] == none:
                     raise ScheduleDeadlock(f"rank {r}: backward of microbatch {mb} on stage {s} "
                                            f"comes before its own forward")
                 begin = t if t > ready else ready
-                t = begin + cb
+                t = begin + (cb if durations is None else durations[ops[i]])
                 key = s * m + mb
                 b_end[key] = t
                 w = waiting[size + key]
@@ -297,6 +305,22 @@ def simulate(schedule: str, p: int, m: int, v: int = 1, t_f: float = 1.0, t_b: f
         peaks.append(peak)
     return Timeline(schedule, p, m, v, t_f, t_b, t_comm, order, starts, ends, makespan, busy,
                     messages, peaks)
+
+
+def replay(schedule: str, p: int, m: int, v: int, durations: Mapping[Op, float], t_comm: float = 0.0,
+           latency: Mapping[tuple[str, int, int], float] | None = None) -> Timeline:
+    """A measured step replayed: the schedule's order with each block's measured time
+    (``durations``: every op → seconds) and ``t_comm`` per hop between ranks (or each message's
+    own, ``latency``: ``(kind, mb, producer stage)`` → seconds). Its bubble is the one this
+    schedule has with these stage times (unequal stages, an embedding on the first, a head on the
+    last, a slow forward) and that communication cost, nothing else."""
+    order = schedule_order(schedule, p, m, v)
+    missing = [op for ops in order for op in ops if op not in durations]
+    if missing:
+        raise ScheduleError(f"no measured time for {len(missing)} blocks (first: {missing[0]})")
+    mean = sum(durations.values()) / len(durations) or 1.0
+    return simulate(schedule, p, m, v, t_f=mean * v, t_b=mean * v, t_comm=t_comm, order=order,
+                    durations=durations, latency=latency)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,154 @@
+"""The one view of a run's checks (issue 28): its ``check`` events as translated, formatted rows.
+
+Every place that shows a run's predictions against its measurements reads them through here:
+``distai run``'s end-of-run summary and ``distai runs show`` (``tutor/check_table.py`` draws the
+rows as a Rich table under the run's view), the tutor's run panel (the same table). Pure: events
+in, strings out (names and headers from ``lessons/catalog/checks.toml``, numbers through
+``lessons/units.py``).
+
+Usage::
+
+    from ..lessons.check_view import check_rows, check_headers, check_lines
+
+    rows = check_rows(events, lang)       # events: any iterable of run events; non-checks are skipped
+    for row in rows:                      # one CheckRow per (name, rank), the last event of each wins
+        row.cells()                       # label, predicted, measured, gap, verdict: the table's columns
+        row.explanation                   # "" when ok, else "= 20% + unequal stages +9.0 pts + … = 35%;
+                                          #   unexplained +1.0 pts": the line under the row
+        row.causes, row.unexplained       # its parts; row.ok, row.explained: booleans (colour)
+    check_headers(lang)                   # the column titles, in cells()' order
+    check_lines(events, lang)             # the same table as plain aligned text lines (title first)
+
+A check's ``name`` is a key of ``[name]`` in the catalog and each cause a key of ``[cause]``; a
+lesson adds its own there (a name without one shows as written). Units: ``s`` (time), ``B`` (bytes),
+``B/s`` (bandwidth), ``fraction`` (a share, shown as a percentage; a gap in points), ``count``,
+``ratio`` (×); any other unit is shown after the number. A gap in a fraction is in points, one decimal.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .checks import Check, reconcile
+from .events import CHECK
+from .strings import has, translated
+from .units import format_bandwidth, format_bytes, format_fixed, format_number, format_percent, format_time
+
+__all__ = ["CheckRow", "check_rows", "check_headers", "check_lines", "format_value", "check_label",
+           "cause_label", "COLUMNS"]
+
+#: the table's columns, in order (catalog keys of checks.toml); a missed check's causes go on a line under it
+COLUMNS = ("check", "predicted", "measured", "gap", "verdict")
+
+
+@dataclass(frozen=True)
+class CheckRow:
+    """One check as the learner reads it: every field a formatted string but ``ok``/``explained``."""
+    label: str
+    predicted: str
+    measured: str
+    gap: str
+    causes: str  # "unequal stages +9.0 pts + communication +6.0 pts" ("—" when ok)
+    unexplained: str  # what the causes leave ("—" when ok)
+    explanation: str  # the line under a missed check: prediction + causes = total; unexplained ("" when ok)
+    verdict: str
+    ok: bool
+    explained: bool
+    event: Mapping[str, Any]
+
+    def cells(self) -> tuple[str, ...]:
+        """The row's cells in :data:`COLUMNS`' order."""
+        return (self.label, self.predicted, self.measured, self.gap, self.verdict)
+
+
+def format_value(value: float, unit: str, lang: str, *, signed: bool = False) -> str:
+    """``value`` in ``unit`` as the learner reads it (``signed``: a difference, with its sign)."""
+    sign = "+" if signed and value > 0 else ""
+    if unit == "s":
+        text = format_time(value, lang=lang)
+    elif unit == "B":
+        text = format_bytes(value, binary=True, lang=lang)
+    elif unit == "B/s":
+        text = format_bandwidth(value, lang=lang)
+    elif unit == "fraction":
+        text = (translated("checks", "points", lang, value=format_fixed(100 * value, 1, lang)) if signed
+                else format_percent(value, 3, lang))
+    elif unit == "ratio":
+        text = f"{format_fixed(value, 2, lang)}×"
+    elif unit == "count":
+        text = format_number(value, 4, lang)
+    else:
+        text = f"{format_number(value, 3, lang)} {unit}"
+    return sign + text
+
+
+def check_label(name: str, lang: str) -> str:
+    """A check's name as the learner reads it (its catalog entry, else the name itself)."""
+    return translated("checks", f"name.{name}", lang) if has("checks", f"name.{name}") else name
+
+
+def cause_label(name: str, lang: str) -> str:
+    """A cause's name as the learner reads it (its catalog entry, else the name itself)."""
+    return translated("checks", f"cause.{name}", lang) if has("checks", f"cause.{name}") else name
+
+
+def _row(event: Mapping[str, Any], lang: str, label: str) -> CheckRow:
+    c: Check = reconcile(event)
+    fmt = lambda v, signed=False: format_value(v, c.unit, lang, signed=signed)  # noqa: E731
+    causes = " + ".join(f"{cause_label(k, lang)} {fmt(v, True)}" for k, v in c.causes.items()) if not c.ok else ""
+    unexplained = fmt(c.unexplained, True) if not c.ok else "—"
+    explanation = "" if c.ok else translated(
+        "checks", "explanation", lang, predicted=fmt(c.predicted), causes=causes or "—",
+        total=fmt(c.explained_value), unexplained=unexplained)
+    verdict = "ok" if c.ok else "explained" if c.explained else "not_explained"
+    return CheckRow(label=label, predicted=fmt(c.predicted), measured=fmt(c.measured),
+                    gap=fmt(c.measured - c.predicted, True), causes=causes or "—", unexplained=unexplained,
+                    explanation=explanation, verdict=translated("checks", verdict, lang), ok=c.ok,
+                    explained=c.explained, event=event)
+
+
+def check_rows(events: Iterable[Mapping[str, Any]], lang: str) -> list[CheckRow]:
+    """The rows of every ``check`` event in ``events`` (others skipped): one per name and rank, in
+    the order each first appeared, the latest event of each; a name that more than one rank
+    checks is labelled with the rank."""
+    latest: dict[tuple[str, Any], Mapping[str, Any]] = {}
+    for event in events:
+        if CHECK.matches(event):
+            latest[(event["name"], event.get("rank"))] = event
+    ranks_of: dict[str, int] = {}
+    for name, _ in latest:
+        ranks_of[name] = ranks_of.get(name, 0) + 1
+    rows = []
+    for (name, rank), event in latest.items():
+        label = check_label(name, lang)
+        if ranks_of[name] > 1 and rank is not None:
+            label = translated("checks", "on_rank", lang, check=label, rank=rank)
+        rows.append(_row(event, lang, label))
+    return rows
+
+
+def check_headers(lang: str) -> tuple[str, ...]:
+    """The column titles, in :class:`CheckRow.cells`' order."""
+    return tuple(translated("checks", key, lang) for key in COLUMNS)
+
+
+def check_lines(events: Iterable[Mapping[str, Any]], lang: str) -> list[str]:
+    """The check table as plain text: its title, the headers and one line per check, columns
+    aligned, each missed check's explanation indented under it (empty when the run checked nothing)."""
+    rows = check_rows(events, lang)
+    if not rows:
+        return []
+    table = [check_headers(lang), *(r.cells() for r in rows)]
+    widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
+
+    def line(cells: tuple[str, ...]) -> str:
+        return "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
+                         for i, (cell, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
+
+    lines = [translated("checks", "title", lang), line(table[0])]
+    for row in rows:
+        lines.append(line(row.cells()))
+        if row.explanation:
+            lines.append("  " + row.explanation)
+    return lines

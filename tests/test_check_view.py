@@ -1,0 +1,122 @@
+"""The one view of a run's checks (lessons/check_view.py, tutor/check_table.py): rows translated and
+formatted, the same in distai run's summary and the run panel."""
+from __future__ import annotations
+
+from rich.console import Console
+
+from distai.engine.run_state import RunState
+from distai.lessons.check_view import check_headers, check_lines, check_rows, format_value
+from distai.lessons.checks import check
+from distai.lessons.events import CHECK, STEP
+from distai.tutor.check_table import check_table
+
+
+def _event(c, rank=0):
+    return {**CHECK.event(c.event()), "rank": rank, "t": 1.0}
+
+
+def _bubble():  # formula 20 %, measured 36 %: 9 points of unequal stages, 6 of communication
+    return check("bubble_gpipe", 0.20, 0.36, "fraction", causes={"unequal_stages": 0.09, "communication": 0.06})
+
+
+def test_a_missed_prediction_shows_its_causes_and_what_they_leave_unexplained():
+    (row,) = check_rows([_event(_bubble()), STEP.event({"step": 0, "of": 1})], "en")
+    assert row.cells() == ("bubble, GPipe", "20%", "36%", "+16.0 pts", "explained")
+    assert row.causes == "unequal stages +9.0 pts + communication +6.0 pts"
+    assert row.explanation == "= 20% + unequal stages +9.0 pts + communication +6.0 pts = 35%; unexplained +1.0 pts"
+    assert not row.ok and row.explained  # 0.20 + 0.15 = 0.35, within 10 % of 0.36
+
+
+def test_spanish_rows_use_the_decimal_comma_and_the_catalog():
+    c = check("bubble_1f1b", 0.273, 0.5, "fraction", causes={"cpu_contention": 0.05})
+    (row,) = check_rows([_event(c)], "es")
+    assert row.label == "burbuja, 1F1B" and row.predicted == "27,3 %"
+    assert row.causes == "CPU compartida +5,0 p. p." and row.verdict == "SIN explicar"
+    assert row.explanation.endswith("= 32,3 %; sin explicar +17,7 p. p.")
+    assert check_headers("es")[0] == "comprobación"
+
+
+def test_units_are_formatted_by_lessons_units():
+    assert format_value(0.0015, "s", "en") == "1.5 ms"
+    assert format_value(3 * 2**20, "B", "es") == "3 MiB"
+    assert format_value(-0.0005, "s", "en", signed=True) == "-500 µs"
+    assert format_value(1.5, "ratio", "es") == "1,50×"
+
+
+def test_one_row_per_name_and_rank_the_latest_event_wins():
+    ok = check("bubble_gpipe", 0.2, 0.21, "fraction")
+    rows = check_rows([_event(_bubble(), 0), _event(ok, 0), _event(ok, 1)], "en")
+    assert [r.label for r in rows] == ["bubble, GPipe (rank 0)", "bubble, GPipe (rank 1)"]
+    assert rows[0].ok and rows[0].causes == "—" and rows[0].verdict == "ok"
+    lines = check_lines([_event(ok), _event(_bubble(), 1)], "en")
+    assert lines[0] == "prediction vs measurement" and lines[1].split()[0] == "check"
+    assert len({len(line) for line in lines[1:4]}) == 1  # aligned columns
+    assert lines[4].startswith("  = 20% + unequal stages") and len(lines) == 5
+
+
+def test_distai_run_summary_and_the_run_panel_draw_the_same_table():
+    from distai.tutor.cli_run import render_state
+
+    state = RunState()
+    for e in ({"kind": "run_start", "run_id": "r", "nproc": 2, "t": 0.0}, _event(_bubble())):
+        state.feed(e)
+    assert check_table([], "en") is None
+    console = Console(width=140, record=True)
+    console.print(render_state(state))
+    text = console.export_text()
+    assert "prediction vs measurement" in text and "unequal stages +9.0 pts" in text and "explained" in text
+
+
+class _Launch:
+    """A scripted lesson-5 run that ends at once: its checks, then ok."""
+
+    class spec:
+        class placement:
+            nproc = 2
+
+    class record:
+        id, path = "fake", "/tmp/fake"
+
+    stopping = False
+
+    def __init__(self, lesson, consumer, nproc=None, args=None):
+        self.consumer = consumer
+
+    def stop(self, reason="stopped"):
+        pass
+
+    def run(self):
+        self.consumer({"kind": "run_start", "run_id": "fake", "nproc": 2, "device": "cpu", "t": 0.0})
+        self.consumer(_event(_bubble()))
+        self.consumer({"kind": "run_end", "status": "ok", "error": None, "exit_code": 0, "failed_rank": None,
+                       "tail": [], "duration_s": 1.0, "t": 1.0})
+
+
+def test_the_run_panel_draws_the_same_table_in_the_learners_language():
+    import asyncio
+
+    from textual.app import App
+    from textual.widgets import Static
+
+    from distai.lessons.registry import resolve_lesson
+    from distai.tutor.run_panel import RunPanelScreen
+
+    class PanelApp(App):
+        def on_mount(self):
+            self.push_screen(RunPanelScreen(resolve_lesson("lesson5"), "es", launch_factory=_Launch))
+
+    async def scenario():
+        app = PanelApp()
+        async with app.run_test(size=(140, 45)) as pilot:
+            for _ in range(60):
+                await pilot.pause(0.05)
+                if app.screen.state.finished:
+                    break
+            await pilot.pause(0.2)
+            console = Console(width=120, record=True, file=open("/dev/null", "w"))
+            console.print(app.screen.query_one("#check-table", Static).content)
+            return console.export_text()
+
+    text = asyncio.run(scenario())
+    assert "predicción frente a medida" in text and "etapas desiguales +9,0 p. p." in text
+    assert "\n".join(check_lines([_event(_bubble())], "es")) in "\n".join(line.rstrip() for line in text.splitlines())

@@ -1,0 +1,128 @@
+"""Lesson 5's bubble check (issue 28): a real run's bubble decomposed (formula → replay with the
+measured stage times → + CPU contention → + communication → measured) adds up within 10 % of the
+measured bubble, and an injected slow stage (the negative control) is blamed on unequal stages,
+not on communication. One gloo group of 2 runs the experiment twice: as is, and with rank 1's
+forwards doing 25 ms more work each; the same events feed the Chrome trace's wait and idle tracks."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from distai.engine.events import read_events
+from distai.engine.testing import run_in_group
+from distai.lessons.checks import reconcile
+from distai.lessons.lesson5 import formulas
+
+SLOW_MS = 25.0
+M = 4  # 2 microbatches per stage, p = 2
+ARGS = ["--steps", "3", "--no-torch", "--hidden", "64", "--heads", "2", "--seq", "32", "--microbatch-size", "2"]
+
+
+def _two_runs(rank: int, p: int, dirs: dict[str, str]) -> list[int]:
+    from distai.engine.experiments import lesson5
+
+    codes = []
+    for name, extra in (("control", []), ("slow", ["--slow-stage", "1", "--slow-ms", str(SLOW_MS)])):
+        os.environ["DISTAI_EVENTS_DIR"] = dirs[name]
+        codes.append(lesson5.main(ARGS + extra))
+    return codes
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    """A DISTAI_HOME whose runs folder holds the two runs (``distai runs show`` reads them)."""
+    return tmp_path_factory.mktemp("lesson5_checks")
+
+
+@pytest.fixture(scope="module")
+def records(home):
+    from distai.engine.runs import create_run
+
+    made = {name: create_run(home / "runs", "lesson5", "distai.engine.experiments.lesson5") for name in ("control", "slow")}
+    dirs = {name: str(r.events_dir) for name, r in made.items()}
+    assert run_in_group(_two_runs, 2, dirs, timeout_s=240) == [[0, 0], [0, 0]]
+    for r in made.values():
+        r.status, r.config = "ok", {"nproc": 2, "device": "cpu"}
+        r.save()
+    return made
+
+
+@pytest.fixture(scope="module")
+def runs(records):
+    return {name: [e for path in sorted(r.events_dir.glob("rank*.jsonl")) for e in read_events(path)]
+            for name, r in records.items()}
+
+
+def _checks(events) -> dict[str, dict]:
+    return {e["name"]: e for e in events if e["kind"] == "check"}
+
+
+def test_every_schedule_is_checked_and_its_causes_add_up_to_the_measurement(runs):
+    for events in runs.values():
+        checks = _checks(events)
+        assert set(checks) == {"bubble_gpipe", "bubble_1f1b", "bubble_interleaved"}
+        for name, e in checks.items():
+            schedule = name.removeprefix("bubble_")
+            assert e["predicted"] == pytest.approx(formulas.bubble_fraction(2, M, 2 if schedule == "interleaved" else 1))
+            c = reconcile(e)
+            assert c.ok or abs(c.explained_value - c.measured) <= 0.10 * c.measured, (name, e)
+            assert e["ok"] == c.ok and (c.ok or set(e["causes"]) == {"unequal_stages", "overhead", "cpu_contention", "communication"})
+            # the summary's measured bubble is the check's
+            summary = next(s for s in events if s["kind"] == "summary")
+            assert summary["schedules"][schedule]["bubble_measured"] == pytest.approx(e["measured"])
+
+
+def test_a_slow_stage_is_blamed_on_unequal_stages_not_on_communication(runs):
+    control, slow = _checks(runs["control"]), _checks(runs["slow"])
+    for name in ("bubble_gpipe", "bubble_1f1b"):
+        d = slow[name]["detail"]
+        # the blocks' measured work saw the injected work: M forwards × 25 ms more on rank 1
+        extra = d["rank1_compute_s"] - d["rank0_compute_s"] - (control[name]["detail"]["rank1_compute_s"]
+                                                               - control[name]["detail"]["rank0_compute_s"])
+        assert extra == pytest.approx(M * SLOW_MS / 1e3, rel=0.3)
+        causes = {k: slow[name]["causes"][k] - control[name].get("causes", {}).get(k, 0.0)
+                  for k in slow[name]["causes"]}
+        assert slow[name]["causes"]["unequal_stages"] > 0.10  # > 10 points of bubble
+        assert causes["unequal_stages"] > 2 * abs(causes["communication"]), (control[name], slow[name])
+
+
+def test_the_chrome_trace_shows_each_ranks_step_as_compute_wait_and_idle(runs):
+    from distai.engine.trace_export import check_trace, chrome_trace
+
+    trace = json.loads(json.dumps(chrome_trace(runs["control"])))
+    assert check_trace(trace) == []
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"]
+             if e["ph"] == "M" and e["name"] == "thread_name"}
+    steps = [e for e in runs["control"] if e["kind"] == "pp_step" and e["schedule"] == "gpipe" and e["step"] == 1]
+    span_us = (max(e["t_end"] for e in steps) - min(e["t_start"] for e in steps)) * 1e6
+    for rank in (0, 1):
+        parts = {"compute": 0.0, "wait": 0.0, "idle": 0.0}
+        for e in trace["traceEvents"]:
+            track = names.get((e["pid"], e.get("tid")))
+            if (e["ph"] == "X" and e["pid"] == rank and track in parts and e["cat"] != "pp_step"
+                    and e["args"].get("schedule") == "gpipe" and e["args"].get("step") == 1):
+                parts[track] += e["dur"]
+        assert parts["wait"] > 0 and parts["idle"] > 0
+        assert sum(parts.values()) == pytest.approx(span_us, rel=1e-3)  # the three tile the step
+
+
+def test_runs_show_carries_the_checks_and_draws_their_table(records, home, monkeypatch):
+    from typer.testing import CliRunner
+
+    from distai.tutor.cli import app
+
+    monkeypatch.setenv("DISTAI_HOME", str(home))
+    run_id = records["slow"].id
+    shown = CliRunner().invoke(app, ["runs", "show", run_id, "--json"])
+    assert shown.exit_code == 0, shown.output
+    checks = [json.loads(line) for line in shown.stdout.splitlines() if '"kind": "check"' in line]
+    assert [c["name"] for c in checks] == ["bubble_gpipe", "bubble_1f1b", "bubble_interleaved"]
+    assert all("causes" in c or c["ok"] for c in checks)
+    for var in ("LC_ALL", "LC_MESSAGES"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("LANG", "es_ES.UTF-8")  # the learner's language
+    view = CliRunner().invoke(app, ["runs", "show", run_id], env={"COLUMNS": "140"})
+    assert view.exit_code == 0, view.output
+    assert "predicción frente a medida" in view.stdout and "etapas desiguales" in view.stdout
