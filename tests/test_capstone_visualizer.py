@@ -108,3 +108,80 @@ def test_widget_mounts_in_the_capstone_lesson():
             assert isinstance(screen.visualizer, MeshVisualizer) and screen.visualizer.view == "groups"
 
     asyncio.run(main())
+
+
+# ---- issue 27.4: a real run (tests/recorded_runs/capstone.jsonl: `distai run capstone --cpu 8 --dp 2
+# --tp 2 --pp 2 --json`, trimmed to the last step's pp_op events and the kinds the views read)
+def _recorded() -> list[dict]:
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).parent / "recorded_runs" / "capstone.jsonl"
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def _rendered(renderables, width: int) -> list[str]:
+    """What Rich draws of ``renderables`` in ``width`` columns, row by row."""
+    from rich.console import Console, Group
+
+    console = Console(width=width, record=True, file=open("/dev/null", "w"), color_system=None)
+    console.print(Group(*renderables))
+    return console.export_text().rstrip("\n").split("\n")
+
+
+def test_a_short_pane_wraps_the_run_views_notes_instead_of_cutting_them():
+    """The run panel's mesh read `phase 2 of 26: PP: stage 0 sends the activation to stag…` and
+    `step 5: … · largest diff…`: a note longer than the pane is wrapped at word boundaries, and a pane
+    too short for every note keeps the ones that fit whole (and says how many rows are left out)."""
+    from distai.lessons.strings import strings
+    from distai.visualizers.mesh import phase_text
+
+    v = MeshVisualizer("en")
+    for e in _recorded():
+        v.feed_event(e)
+    assert v.view == "run"
+    tr = strings("mesh", "en")
+    full = [ln.plain for ln in v.build_lines(200)]
+    loss_note = next(ln for ln in full if ln.startswith("step 5: loss"))
+    for width, height in ((56, 11), (36, 12), (56, 24), (24, 30)):  # the panel's pane at 120x40, narrower
+        for frame in range(len(v.phases())):
+            v.frame = frame
+            rows = _rendered(v.build_lines(width, height), width)
+            assert len(rows) <= height, (width, height, rows)
+            assert not any("…" in row for row in rows), rows
+            shown = " ".join(" ".join(rows).split())
+            assert phase_text(v.current_phase(), 2, 2, tr) in shown
+            # the loss against one process is shown whole, or not at all
+            assert (loss_note in shown) or ("largest" not in shown and "step 5: loss" not in shown), rows
+        if height >= 24:
+            assert loss_note in shown
+
+
+def test_the_shell_shows_rank_0s_summary_whole_once_the_run_ended():
+    """`distai run capstone` ended with the last six lines of rank 0's summary: its communication
+    table without its header, each row as a `rank 0 …` line, under the view's own table of the same
+    bytes. Live, the view shows its table and the ranks' last lines; once the run ended well, rank 0's
+    summary whole, as printed, and the view no longer repeats the figures it states."""
+    from distai.tutor.cli_run import TerminalView
+
+    events = _recorded()
+    summary = [e["line"] for e in events if e["kind"] == "output" and e["rank"] == 0]
+    header = next(line for line in summary if "stage  group  calls" in line)
+    view = TerminalView("distai run capstone", live=False, lesson="capstone", replay=True)
+    for e in events[:-1]:  # all but run_end: still running
+        view(e)
+    live = "\n".join(_rendered([view.render()], 100))
+    assert "st grp" in live and "rank 0" in live and header not in live
+    view(events[-1])
+    assert events[-1]["kind"] == "run_end" and events[-1]["status"] == "ok"
+    rows = _rendered([view.render()], 100)
+    text = "\n".join(rows)
+    assert "rank 0" not in text and "st grp" not in text
+    body = [line.rstrip() for line in summary if line.strip()]
+    printed = [r.rstrip() for r in rows if r.strip()]
+    start = printed.index(body[0])
+    assert printed[start:start + len(body)] == body  # every line, in order, as rank 0 printed it
+    for line in body[body.index(header.rstrip()) + 1:-1]:  # each row of the table once
+        assert printed.count(line) == 1
+    assert "r7" in text and "mesh_coords: yes" in text  # the mesh stays

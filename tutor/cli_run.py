@@ -86,9 +86,41 @@ def lesson_view(lesson: str | None):
         return None
 
 
-def render_state(state, title: str = "distai run", extra=None, width: int = 100, now: float | None = None):
+def lesson_summary_is_output(lesson: str | None) -> bool:
+    """Whether the lesson's summary is rank 0's printed output (its ``[run] summary``)."""
+    from ..lessons.registry import UnknownLessonError, resolve_lesson
+
+    if not lesson:
+        return False
+    try:
+        return resolve_lesson(lesson).run.summary == "output"
+    except UnknownLessonError:
+        return False
+
+
+def output_lines(state, summary: bool):
+    """The ranks' output under the view: the last six lines, each with its rank; once a run whose summary
+    is rank 0's output ended well, that output whole, as rank 0 printed it (a table keeps its header)."""
+    from rich.text import Text
+
+    if summary and state.finished and state.status == "ok":
+        lines = [text for rank, text in state.output if rank == 0]
+        while lines and not lines[0].strip():
+            lines.pop(0)
+        return Text("\n" + "\n".join(lines)) if lines else None
+    out = Text()
+    for rank, text in list(state.output)[-6:]:
+        out.append("torchrun " if rank is None else f"rank {rank:<3}", style="dim")
+        out.append(f" {text[:160]}\n")
+    out.rstrip()
+    return out if out else None
+
+
+def render_state(state, title: str = "distai run", extra=None, width: int = 100, now: float | None = None,
+                 summary: bool = False):
     """A Rich renderable of a :class:`~distai.engine.run_state.RunState` (plus a lesson's own view);
-    ``now`` (a live run's wall clock) keeps its clock running while the ranks start."""
+    ``now`` (a live run's wall clock) keeps its clock running while the ranks start; ``summary``: the
+    lesson's summary is rank 0's output (:func:`output_lines`)."""
     from rich.console import Group, RenderableType
     from rich.progress_bar import ProgressBar
     from rich.table import Table
@@ -149,13 +181,8 @@ def render_state(state, title: str = "distai run", extra=None, width: int = 100,
         parts.append(Text(f"fit    {impl}: t = 2(N-1)·α + 2(N-1)/N·S·β with α = {_fmt_time(f.get('alpha_s'))}, "
                           f"β = {f.get('beta_s_per_byte', 0):.3g} s/B (1/β = {_fmt_bw(f.get('bandwidth'))})",
                           style="dim"))
-    lines = list(state.output)[-6:]
-    if lines:
-        out = Text()
-        for rank, text in lines:
-            out.append("torchrun " if rank is None else f"rank {rank:<3}", style="dim")
-            out.append(f" {text[:160]}\n")
-        out.rstrip()
+    out = output_lines(state, summary)
+    if out is not None:
         parts.append(out)
     if state.finished:
         style = {"ok": "bold green", "stopped": "bold yellow"}.get(state.status, "bold red")
@@ -183,6 +210,7 @@ class TerminalView:
 
         self.state = RunState()
         self.extra = lesson_view(lesson)
+        self.summary = lesson_summary_is_output(lesson)
         self.title = title
         self.replay = replay  # a replay's clock is its events' (a live one's runs from the launch)
         self.console = Console()
@@ -202,7 +230,7 @@ class TerminalView:
         import time
 
         return render_state(self.state, self.title, self.extra, self.console.width,
-                            now=None if self.replay else time.time())
+                            now=None if self.replay else time.time(), summary=self.summary)
 
     def __call__(self, event: dict) -> None:
         self.state.feed(event)

@@ -18,6 +18,7 @@ no I/O.
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 
 from rich.console import Group
@@ -27,9 +28,11 @@ from ..lessons import units
 from ..lessons.capstone import formulas as f
 from ..lessons.capstone.events import MESH_CONFIG
 from ..lessons.capstone.mesh_run import MeshRun, Phase, step_phases
-from ..lessons.strings import strings
+from ..lessons.events import RUN_END, RUN_START
+from ..lessons.strings import strings, translated
 from .base import NEXT_VIEW, PLAY, Control
 from .playback import PlaybackVisualizer
+from .ring_drawing import wrap_text
 
 SHAPES = ((2, 2, 2), (1, 2, 4), (4, 1, 2), (2, 4, 1))  # (pp, dp, tp), the capstone's test meshes
 GPUS_PER_NODE = 4  # small nodes, so that the 8-rank mesh spans two
@@ -46,6 +49,11 @@ def phase_text(phase: Phase, tp: int, dp: int, tr: Mapping) -> str:
     if phase.what == "reduce":
         return tr["reduce" if dp > 1 else "reduce1"]
     return tr["update"]
+
+
+def rows_taken(lines: list[Text], width: int) -> int:
+    """The rows ``lines`` take in ``width`` columns, each wrapped at word boundaries."""
+    return sum(len(wrap_text(ln, width)) for ln in lines)
 
 
 class MeshVisualizer(PlaybackVisualizer):
@@ -243,7 +251,9 @@ class MeshVisualizer(PlaybackVisualizer):
             out.append(rest)
         return out
 
-    def run_lines(self, tr: Mapping) -> list[Text]:
+    def run_lines(self, tr: Mapping, figures: bool = True) -> list[Text]:
+        """The run's coordinates check, and with ``figures`` its loss against one process and each
+        stage's bytes per group against the formulas."""
         run = self.run
         if run.shape is None:
             return [Text(tr["waiting"], style="italic")]
@@ -252,6 +262,8 @@ class MeshVisualizer(PlaybackVisualizer):
             out.append(Text(tr["waiting_step"].format(shape=run.shape), style="italic"))
         ok = tr["yes"] if run.coords_match_formulas() else tr["no"]
         out.append(Text(tr["coords"].format(ok=ok)))
+        if not figures:
+            return out
         if run.steps:
             s = run.steps[-1]
 
@@ -289,20 +301,35 @@ class MeshVisualizer(PlaybackVisualizer):
         if self.view == "run":
             lines += self.run_lines(tr)
         lines.append(Text(self.controls_hint(width), style="grey50"))
-        if height is not None and len(lines) > height:
+        if height is None:
+            return lines
+        width = max(20, width)
+        if rows_taken(lines, width) > height:
             # a short pane drops the explanations first (the rows line, the colour legend, the list of
-            # groups) and keeps the phase on one line: the grid and what happens stay in view
+            # groups): the grid and what happens stay in view
             legend = self.legend(tr).plain
             phase = self.current_phase() if self.view in ("step", "run") else None
             group = self.group_line(phase, None).plain if phase is not None and phase.dim else None
             for drop in (rows_line.plain, legend, group):
-                if len(lines) > height and drop:
+                if rows_taken(lines, width) > height and drop:
                     lines = [ln for ln in lines if ln.plain != drop]
-            for ln in lines[:-1]:  # one row each, cut with … rather than wrapped
-                ln.no_wrap, ln.overflow = True, "ellipsis"
-            if len(lines) > height:
-                lines = self.fit_height(lines, height)
-        return lines
+        return self.fit_notes(lines, width, height)
+
+    def fit_notes(self, lines: list[Text], width: int, height: int) -> list[Text]:
+        """``lines`` (the last one the keys hint) in ``height`` rows of ``width``: each note wrapped at word
+        boundaries, never cut with …; a pane too short keeps the notes that fit whole and says how many
+        rows it leaves out."""
+        notes = [wrap_text(ln, width) for ln in lines[:-1]]
+        flat = [row for note in notes for row in note]
+        if height < 3 or len(flat) + 1 <= height:
+            return self.fit_height(flat + lines[-1:], height)
+
+        def mark(n: int) -> list[Text]:  # "▼ n more lines…", wrapped too
+            return wrap_text(Text(translated("visualizer", "more_lines", self.language, n=n), style="dim italic"), width)
+
+        room = max(1, height - 1 - len(mark(len(flat))))
+        cut = max((end for end in itertools.accumulate(len(note) for note in notes) if end <= room), default=room)
+        return flat[:cut] + mark(len(flat) - cut) + [lines[-1]]
 
     def render(self):
         size = self.content_size
@@ -312,13 +339,19 @@ class MeshVisualizer(PlaybackVisualizer):
 class TerminalMesh:
     """``distai run capstone``'s text view of the run (the ``[run] terminal`` contract: ``feed(event)``,
     ``renderables(width)``): the mesh at the run's shape, the loss against one process and each
-    stage's bytes per group against the formulas — the widget's run view without its animation."""
+    stage's bytes per group against the formulas — the widget's run view without its animation. Once
+    the run ended well, rank 0's summary says the loss and the bytes whole (``[run] summary = "output"``:
+    under ``distai run``'s view and in the run panel's log), so the view keeps the mesh and does not
+    repeat them."""
 
     def __init__(self, language: str = "en"):
         self.view = MeshVisualizer(language)
         self.view.playing = False
+        self.ended_ok = False
 
     def feed(self, event: dict) -> None:
+        if RUN_START.matches(event) or RUN_END.matches(event):
+            self.ended_ok = RUN_END.matches(event) and event.get("status") == "ok"
         self.view.feed_event(event)
 
     def renderables(self, width: int = 100) -> list[Text]:
@@ -328,7 +361,8 @@ class TerminalMesh:
         tr = strings("mesh", v.language)
         pp, dp, tp = v.shape
         head = Text(tr["title"].format(pp=pp, dp=dp, tp=tp, n=f.world_size(pp, dp, tp)), style="bold")
-        return [head, Text(tr["rows"], style="grey50"), *v.grid_lines(max(20, min(width, 120))), *v.run_lines(tr)]
+        return [head, Text(tr["rows"], style="grey50"), *v.grid_lines(max(20, min(width, 120))),
+                *v.run_lines(tr, figures=not self.ended_ok)]
 
 
 VISUALIZER = MeshVisualizer
