@@ -115,23 +115,22 @@ def test_communication_per_group_equals_the_formulas(runs, index):
 
 @pytest.mark.parametrize("index", range(len(CONFIGS)), ids=[_name(c) for c in CONFIGS])
 def test_groups_are_the_five_axes_with_ep_inside_dp_cp(runs, index):
-    """Rank = ((pp·dp + dp)·cp + cp)·tp + tp; the gradient group is every (dp, cp) at one (pp, tp); an EP
-    group is ep consecutive ones of those, in (dp, cp) order; edp the same place in each EP group."""
+    """The device mesh's coordinates and groups are the lesson's Layout (what the visualizer draws):
+    rank = ((p·dp + d)·cp + c)·tp + t; the gradient group every (d, c) of a (p, t); an EP group ep
+    consecutive ones of those in (d, c) order; edp the same place in each EP group."""
+    from distai.lessons.capstone.mesh_run import Layout
+
     shape = _shape(CONFIGS[index])
+    layout = Layout(shape.pp, shape.dp, shape.tp, shape.cp, shape.ep, shape.moe)
     for rank, per_rank in enumerate(runs):
         run = per_rank[index]
-        c = run["coords"]
-        cp_rank = c.get("cp", 0)
-        assert rank == ((c["pp"] * shape.dp + c["dp"]) * shape.cp + cp_rank) * shape.tp + c["tp"]
-        base, step = c["pp"] * shape.dp * shape.cp * shape.tp + c["tp"], shape.tp
-        replicas = [base + i * step for i in range(shape.replicas)]
-        assert run["groups"]["dp"] == replicas
+        want = layout.coords(rank)
+        assert run["coords"] == {d: want[d] for d in run["coords"]}
+        assert set(run["groups"]) == set(shape.groups)
+        for dim, ranks in run["groups"].items():
+            assert ranks == layout.group(rank, dim), dim
         if shape.moe:
-            inner = (c["dp"] * shape.cp + cp_rank)
-            first = inner - inner % shape.ep
-            assert run["groups"]["ep"] == replicas[first:first + shape.ep]
-            assert run["groups"]["edp"] == replicas[inner % shape.ep::shape.ep]
-            assert (c["ep"], c["edp"]) == (inner % shape.ep, inner // shape.ep)
+            assert run["groups"]["ep"] == run["groups"]["dp"][want["edp"] * shape.ep:][:shape.ep]
 
 
 @pytest.mark.parametrize("argv,ranks,needle", [
@@ -159,3 +158,35 @@ def test_launch_ranks_count_the_context_parallel_axis():
     argv = ["--dp", "2", "--tp", "2", "--pp", "1", "--cp", "2", "--ep", "2", "--moe"]
     assert launch_ranks(argv, None, 4, False) == 8
     assert plan_run(argv, 8, False).shape == M.MeshShape(pp=1, dp=2, tp=2, cp=2, ep=2, moe=True)
+
+
+def run_five_axes_experiment(rank: int, world: int, events_dir: str) -> int:
+    import os
+
+    os.environ["DISTAI_EVENTS_DIR"] = events_dir
+    from distai.engine.experiments import capstone
+
+    return capstone.main(["--dp", "2", "--tp", "2", "--pp", "1", "--cp", "2", "--ep", "2", "--moe", "--experts", "4",
+                          "--top-k", "2", "--steps", "2", "--layers", "2", "--seq", "8", "--hidden", "16",
+                          "--vocab", "32", "--microbatches", "1", "--microbatch-size", "1"])
+
+
+def test_distai_run_capstone_trains_on_five_axes(tmp_path):
+    """The experiment itself (what `distai run capstone --cpu 8 --dp 2 --tp 2 --pp 1 --cp 2 --ep 2 --moe`
+    launches): rank 0 streams the mesh with every rank's five coordinates, each step against one
+    process, and every group's account against the formulas."""
+    from distai.engine.events import read_events
+
+    assert run_in_group(run_five_axes_experiment, 8, str(tmp_path), timeout_s=300) == [0] * 8
+    events = list(read_events(tmp_path / "rank0.jsonl"))
+    config = next(e for e in events if e["kind"] == "mesh_config")
+    assert (config["cp"], config["ep"], config["experts"], config["top_k"]) == (2, 2, 4, 2)
+    assert sorted(tuple(c[1:]) for c in config["ranks"]) == sorted(
+        (0, d, t, c, (d * 2 + c) % 2) for d in range(2) for c in range(2) for t in range(2))
+    steps = [e for e in events if e["kind"] == "step"]
+    assert len(steps) == 2 and all(s["loss_rel_diff"] <= 1e-12 and s["param_rel_diff"] <= 1e-12 for s in steps)
+    comm = next(e for e in events if e["kind"] == "mesh_comm")
+    assert all(all(a["match"].values()) and set(a["match"]) == {"pp", "dp", "tp", "cp", "ep", "edp", "moe"}
+               for a in comm["ranks"])
+    summary = next(e for e in events if e["kind"] == "summary")
+    assert summary["comm_match"] and summary["config"]["cp"] == 2
