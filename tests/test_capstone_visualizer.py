@@ -235,6 +235,8 @@ def test_the_widget_lays_out_two_axes_and_tabs_the_third():
     v.rank = 5
     text = "\n".join(ln.plain for ln in v.build_lines(100))
     assert "rank 5 = stage 0, replica 1, context 0, shard 1, expert rank 0" in text
+    # EP is CP's pair here: one colour hides the other, so each group is listed by its ranks too
+    assert "TP {4 5}  DP·CP {1 3 5 7}  CP {5 7}  EP {5 7}" in text
     v.view = "step"
     for frame in range(len(v.phases())):
         v.frame = frame

@@ -261,8 +261,16 @@ class MeshVisualizer(PlaybackVisualizer):
             r = min(self.rank, m.world - 1)
             c = m.coords(r)
             key = "groups5" if m.five_d else "groups"
-            return [Text(tr[key].format(r=r, p=c["pp"], d=c["dp"], t=c["tp"], c=c["cp"], e=c["ep"]), style="bold"),
-                    self.legend(tr)]
+            out = [Text(tr[key].format(r=r, p=c["pp"], d=c["dp"], t=c["tp"], c=c["cp"], e=c["ep"]), style="bold")]
+            if m.five_d:  # groups may cover the same ranks (EP = CP here): each by its ranks
+                line = Text()
+                for dim in ("tp", "pp", "dp", "cp", "ep", "edp"):
+                    if m.size(dim) > 1:
+                        label = "DP·CP" if dim == "dp" and m.cp > 1 else dim.upper()
+                        line.append(f"{label} ", style=COLOURS[dim].replace("black on ", ""))
+                        line.append("{" + " ".join(map(str, m.group(r, dim))) + "}  ")
+                out.append(line)
+            return out + [self.legend(tr)]
         if self.view == "nodes":
             def spans(dim: str) -> int:
                 return len({x // GPUS_PER_NODE for x in m.group(0, dim)})
