@@ -26,7 +26,10 @@ own engine on the one model (:func:`build_mesh`, :class:`MeshTrainer`):
 * **EP** (the experts lesson, :func:`~distai.engine.moe.apply_ep`): with ``--moe`` the blocks'
   MLPs are routed experts (dropless), ``E/ep`` per rank, tokens dispatched and combined by
   all-to-alls over the EP group; under TP+SP the experts stay whole and see the rank's sequence
-  shard (their gradients then summed over TP, as the layer norms').
+  shard (their gradients then summed over TP, as the layer norms'): Megatron-Core's expert-tensor-
+  parallel size 1, where torchtitan's default (etp = tp) would split each expert over TP instead.
+  torchtitan also asks ``ep`` to be a multiple of ``cp`` (EP = dp_shard_in_ep × cp); here any ``ep``
+  dividing dp·cp is laid out the same way, consecutive in (dp, cp) order.
 * **DP** (lessons 1 and 6, :mod:`distai.engine.bucketing`): each chunk is wrapped in a
   :class:`BucketedDataParallel` whose bucket all-reduces stay off (``no_sync``) until the last
   microbatch's backward of that chunk, where they overlap with the rest of it (what Megatron and

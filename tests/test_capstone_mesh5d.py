@@ -20,15 +20,12 @@ from distai.engine.testing import run_in_group  # noqa: E402
 
 CFG = dict(hidden=16, heads=4, vocab=32, layers=4, seq=8)
 MOE = MoEConfig(experts=4, top_k=2, aux_alpha=0.0)
-# (dp, tp, pp, cp, ep), experts, zero, dtype: the five on 8 ranks, and one in float32 with ZeRO-1
-CONFIGS = [
-    ((2, 2, 2, 1, 1), False, 0, "float64"),
-    ((1, 2, 2, 2, 1), False, 0, "float64"),
-    ((2, 1, 2, 2, 1), False, 0, "float64"),
-    ((4, 1, 2, 1, 4), True, 0, "float64"),
-    ((2, 2, 1, 2, 2), True, 0, "float64"),
-    ((2, 1, 2, 2, 1), False, 1, "float32"),
-]
+# (dp, tp, pp, cp, ep), experts: the five on 8 ranks
+FIVE = [((2, 2, 2, 1, 1), False), ((1, 2, 2, 2, 1), False), ((2, 1, 2, 2, 1), False), ((4, 1, 2, 1, 4), True),
+        ((2, 2, 1, 2, 2), True)]
+# … each in float64 and in float32; ZeRO-1 (dense only) on two of them
+ZERO = {((2, 1, 2, 2, 1), "float32"), ((2, 2, 2, 1, 1), "float64")}
+CONFIGS = [(dims, moe, int((dims, dtype) in ZERO), dtype) for dtype in ("float64", "float32") for dims, moe in FIVE]
 TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
 STEPS, M_MICRO = 2, 2
 
