@@ -2,7 +2,7 @@
 and which group talks when.
 
 Each pipeline stage is a block; inside it two of the other axes are laid out, rows and columns (``a``
-picks which: DP × TP, DP × CP or CP × TP), and the third is a tab (``t`` steps through its slices);
+picks which: DP × TP, DP × CP or CP × TP), and the third is a tab (``s`` steps through its slices);
 each cell is a global rank (``rank = ((p·dp + d)·cp + c)·tp + t``, :class:`~distai.lessons.capstone
 .mesh_run.Layout`). Every group is a colour: TP, PP, DP (the dp·cp ranks that reduce gradients), CP,
 EP (inside dp·cp) and EDP. Views (``g``):
@@ -87,7 +87,7 @@ class MeshVisualizer(PlaybackVisualizer):
         NEXT_VIEW,
         Control("m", "next_mesh", "mesh.next_mesh", hint=True),
         Control("a", "next_axes", "mesh.axes"),
-        Control("t", "next_tab", "mesh.tab"),
+        Control("s", "next_tab", "mesh.tab"),
         PLAY,
         Control("full_stop", "step(1)", "mesh.phase",
                 back_keys="comma", back_action="step(-1)", hint=True),
