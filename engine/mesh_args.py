@@ -1,11 +1,14 @@
 """The capstone run's plan from its arguments, without torch: ``distai run capstone`` checks it
 before launching anything, and the experiment builds exactly this plan on every rank.
 
-A 3D run needs ``pp·dp·tp`` = the number of ranks, degrees the model's shape allows (the course's
-one shape check, :func:`distai.lessons.model_size.refusals`: TP over the heads, the hidden and
-feed-forward widths, the vocabulary and, with sequence parallelism, the sequence; ``pp·v`` stages
-that split the layers evenly), and a microbatch count the schedule accepts (lesson 5's simulator
-says which). Anything else is refused with one line that says what to change.
+A run needs ``pp·dp·cp·tp`` = the number of ranks, an expert-parallel degree that divides
+``dp·cp`` (EP borrows its ranks from the data- and context-parallel ones, as in torchtitan's
+``ParallelDims`` and Megatron-Core; ``--ep`` > 1 needs ``--moe``), degrees the model's shape allows
+(the course's one shape check, :func:`distai.lessons.model_size.refusals`: TP over the heads, the
+hidden and feed-forward widths, the vocabulary and, with sequence parallelism, the sequence shard
+of each CP rank; CP's zigzag chunks; ``pp·v`` stages that split the layers evenly; experts that
+split over EP), and a microbatch count the schedule accepts (lesson 5's simulator says which).
+Anything else is refused with one line that says what to change.
 """
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ from ..lessons.lesson5 import simulator as sim
 from ..lessons.model_size import ModelSize, add_model_options, check_degrees
 
 DIMS = ("pp", "dp", "tp")
+#: the device mesh's dimensions, outermost first (TP innermost: one node; CP next to it)
+MESH_DIMS = ("pp", "dp", "cp", "tp")
 #: the GPT the 3D run trains: GPT-2's shape, untied (the pipeline's ends are on different ranks)
 MODEL_CPU = ModelSize(vocab=64, hidden=32, heads=4, seq=16, tie_embeddings=False)
 MODEL_GPU = ModelSize(vocab=1024, hidden=512, heads=8, seq=256, tie_embeddings=False)
@@ -28,20 +33,44 @@ class MeshConfigError(ValueError):
 
 @dataclass(frozen=True)
 class MeshShape:
+    """The degrees of a run: ``pp × dp × cp × tp`` ranks; ``ep`` divides ``dp·cp`` (the experts'
+    ranks are data- and context-parallel ranks); ``moe``: the blocks' MLPs are experts."""
     pp: int
     dp: int
     tp: int
+    cp: int = 1
+    ep: int = 1
+    moe: bool = False
 
     @property
     def world(self) -> int:
-        return self.pp * self.dp * self.tp
+        return self.pp * self.dp * self.cp * self.tp
 
     @property
     def dims(self) -> tuple[int, int, int]:
+        """(pp, dp, tp): the 3D degrees."""
         return (self.pp, self.dp, self.tp)
 
+    @property
+    def mesh_dims(self) -> tuple[int, int, int, int]:
+        """The device mesh's shape, in :data:`MESH_DIMS` order."""
+        return (self.pp, self.dp, self.cp, self.tp)
+
+    @property
+    def replicas(self) -> int:
+        """Ranks over which gradients are reduced: ``dp·cp`` (torchtitan's ``dp_shard_cp``)."""
+        return self.dp * self.cp
+
+    @property
+    def groups(self) -> tuple[str, ...]:
+        """The process groups of the run, in the communication account's order: pp, dp (dp·cp
+        ranks), tp; cp when > 1; with experts ep, edp (the ranks holding the same experts) and moe
+        (every rank of a stage: the routing statistics of the global batch)."""
+        return DIMS + (("cp",) if self.cp > 1 else ()) + (("ep", "edp", "moe") if self.moe else ())
+
     def __str__(self) -> str:
-        return f"pp={self.pp} × dp={self.dp} × tp={self.tp}"
+        extra = (f" × cp={self.cp}" if self.cp > 1 else "") + (f", ep={self.ep}" if self.moe else "")
+        return f"pp={self.pp} × dp={self.dp} × tp={self.tp}" + extra
 
 
 class _Parser(argparse.ArgumentParser):
@@ -51,10 +80,15 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="distai run capstone",
-                 description="Data × tensor × pipeline parallelism in one training run.")
+                 description="Data × tensor × pipeline × context × expert parallelism in one training run.")
     ap.add_argument("--dp", type=int, default=None, help="data-parallel degree (default: what the ranks leave)")
     ap.add_argument("--tp", type=int, default=None, help="tensor-parallel degree (default 2 when it divides)")
     ap.add_argument("--pp", type=int, default=None, help="pipeline stages (default 2 when it divides)")
+    ap.add_argument("--cp", type=int, default=1, help="context-parallel degree: ring attention (default 1)")
+    ap.add_argument("--ep", type=int, default=1, help="expert-parallel degree, inside dp·cp (with --moe)")
+    ap.add_argument("--moe", action="store_true", help="the blocks' MLPs become routed experts")
+    ap.add_argument("--experts", type=int, default=RUN_EXPERTS, help=f"experts per MoE layer ({RUN_EXPERTS})")
+    ap.add_argument("--top-k", type=int, default=RUN_TOP_K, help=f"experts per token ({RUN_TOP_K})")
     ap.add_argument("--zero", type=int, default=0, choices=(0, 1), help="1: ZeRO-1 over the DP group")
     ap.add_argument("--schedule", default="1f1b", help="1f1b or interleaved")
     ap.add_argument("--chunks", "-v", type=int, default=2, help="chunks per rank for interleaved (default 2)")
@@ -71,11 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def choose_shape(tp: int | None, pp: int | None, dp: int | None, world: int) -> MeshShape:
-    """The degrees given; the missing ones filled so that pp·dp·tp = world (tp 2 first, then pp
+def choose_shape(tp: int | None, pp: int | None, dp: int | None, world: int, cp: int = 1, ep: int = 1,
+                 moe: bool = False) -> MeshShape:
+    """The degrees given; the missing ones filled so that pp·dp·cp·tp = world (tp 2 first, then pp
     2, dp the rest). Checked by :func:`check_plan`, not here."""
     rest = world
-    for given in (tp, pp, dp):
+    for given in (cp, tp, pp, dp):
         if given is not None and given >= 1 and rest % given == 0:
             rest //= given
     if tp is None:
@@ -86,23 +121,31 @@ def choose_shape(tp: int | None, pp: int | None, dp: int | None, world: int) -> 
         rest //= pp
     if dp is None:
         dp = max(1, rest)
-    return MeshShape(pp, dp, tp)
+    return MeshShape(pp, dp, tp, cp, ep, moe)
 
 
 def check_plan(shape: MeshShape, world: int, model: ModelSize, *, microbatches: int, schedule: str,
-               chunks: int = 1) -> str:
+               chunks: int = 1, experts: int | None = None) -> str:
     """Raise MeshConfigError unless the mesh runs this model on ``world`` ranks, or ShapeError (the
-    course's one shape check: tensor parallelism with sequence parallelism, pp·v equal stages)
-    unless its shape allows the degrees; returns the schedule's canonical name (``chunks`` = v, for
-    the interleaved schedule)."""
-    for name, value in zip(DIMS, shape.dims):
+    course's one shape check: tensor parallelism with sequence parallelism over each CP rank's
+    zigzag shard, pp·v equal stages, ``experts`` over EP) unless its shape allows the degrees;
+    returns the schedule's canonical name (``chunks`` = v, for the interleaved schedule)."""
+    for name, value in zip(MESH_DIMS + ("ep",), shape.mesh_dims + (shape.ep,)):
         if not isinstance(value, int) or value < 1:
             raise MeshConfigError(f"--{name} must be a positive integer, got {value!r}")
     if shape.world != world:
-        raise MeshConfigError(f"dp·tp·pp = {shape.dp}·{shape.tp}·{shape.pp} = {shape.world} does not match the "
+        names, values = ("dp·tp·pp", f"{shape.dp}·{shape.tp}·{shape.pp}") if shape.cp == 1 else \
+            ("dp·tp·pp·cp", f"{shape.dp}·{shape.tp}·{shape.pp}·{shape.cp}")
+        raise MeshConfigError(f"{names} = {values} = {shape.world} does not match the "
                               f"{world} ranks; run with --cpu {shape.world} (or --gpus {shape.world}) or change "
                               "the degrees")
-    model.check_degrees(tp=shape.tp, sequence_parallel=True, pp=shape.pp, chunks=chunks, stages="even")
+    if shape.ep > 1 and not shape.moe:
+        raise MeshConfigError(f"--ep {shape.ep} shards experts: add --moe (or use --ep 1)")
+    if shape.replicas % shape.ep:
+        raise MeshConfigError(f"--ep {shape.ep} does not divide dp·cp = {shape.dp}·{shape.cp} = {shape.replicas} "
+                              "(the experts' ranks are data- and context-parallel ranks)")
+    model.check_degrees(tp=shape.tp, sequence_parallel=True, pp=shape.pp, chunks=chunks, stages="even",
+                        cp=shape.cp, zigzag=True, ep=shape.ep, **({"experts": experts} if shape.moe else {}))
     try:
         return sim.validate(schedule, shape.pp, microbatches, chunks)
     except sim.ScheduleError as exc:
@@ -124,7 +167,7 @@ class RunPlan:
 def plan_run(argv: list[str] | None, world: int, cuda: bool) -> RunPlan:
     """Parse the experiment's arguments and check the whole plan (MeshConfigError if it cannot run)."""
     args = build_parser().parse_args(argv)
-    shape = choose_shape(args.tp, args.pp, args.dp, world)
+    shape = choose_shape(args.tp, args.pp, args.dp, world, args.cp, args.ep, args.moe)
     try:
         schedule = sim.normalize_schedule(args.schedule)
     except sim.ScheduleError as exc:
@@ -141,17 +184,22 @@ def plan_run(argv: list[str] | None, world: int, cuda: bool) -> RunPlan:
     b = args.microbatch_size or (4 if cuda else 2)
     if b < 1:
         raise MeshConfigError(f"--microbatch-size must be positive, got {b}")
-    schedule = check_plan(shape, world, model, microbatches=m, schedule=schedule, chunks=v)
+    if args.moe and not 1 <= args.top_k <= args.experts:
+        raise MeshConfigError(f"--top-k {args.top_k} must be between 1 and the number of experts ({args.experts})")
+    if args.moe and args.zero:
+        raise MeshConfigError("--zero 1 shards the replicated optimizer state; with --moe use --zero 0")
+    schedule = check_plan(shape, world, model, microbatches=m, schedule=schedule, chunks=v, experts=args.experts)
     return RunPlan(shape, schedule, v, m, b, model, args.dtype or ("float32" if cuda else "float64"), args)
 
 
 def launch_ranks(argv: list[str], ranks: int | None, default: int, cuda: bool) -> int:
     """For ``distai run capstone``: how many ranks to launch (``ranks`` when --cpu/--gpus gave
-    it, else dp·tp·pp when all three are given, else ``default``), after checking the plan."""
+    it, else dp·tp·pp·cp when dp, tp and pp are given, else ``default``), after checking the plan."""
     if ranks is None:
         args = build_parser().parse_known_args(argv)[0]
-        degrees = (args.dp, args.tp, args.pp)
-        ranks = degrees[0] * degrees[1] * degrees[2] if all(d is not None and d >= 1 for d in degrees) else default
+        degrees = (args.dp, args.tp, args.pp, args.cp)
+        given = all(d is not None and d >= 1 for d in degrees)
+        ranks = degrees[0] * degrees[1] * degrees[2] * degrees[3] if given else default
     plan_run(argv, ranks, cuda)
     return ranks
 

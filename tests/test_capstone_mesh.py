@@ -170,6 +170,9 @@ def test_launch_ranks_follow_the_degrees_and_refuse_a_mismatch():
 @pytest.mark.parametrize("argv,needle", [
     (["--dp", "2", "--tp", "2", "--pp", "2", "--cpu", "4"], "dp·tp·pp = 2·2·2 = 8 does not match the 4 ranks"),
     (["--pp", "3", "--layers", "4", "--cpu", "6"], "4 layers do not split into pp·v = 3·1 = 3 equal stages"),
+    (["--dp", "2", "--tp", "2", "--pp", "2", "--cp", "2", "--cpu", "8"],
+     "dp·tp·pp·cp = 2·2·2·2 = 16 does not match the 8 ranks"),
+    (["--dp", "2", "--tp", "1", "--pp", "2", "--cp", "2", "--ep", "3", "--moe"], "--ep 3 does not divide dp·cp"),
 ])
 def test_distai_run_capstone_refuses_a_bad_mesh_before_launching(argv, needle, tmp_path):
     """One line, exit 2, no run folder, and torch never imported (the check runs in the CLI)."""
@@ -206,7 +209,8 @@ def test_the_experiment_streams_its_check_and_its_communication_account(tmp_path
     kinds = [e["kind"] for e in events[0]]
     config = next(e for e in events[0] if e["kind"] == "mesh_config")
     assert (config["pp"], config["dp"], config["tp"]) == (2, 1, 2)
-    assert sorted(tuple(c[1:]) for c in config["ranks"]) == [(0, 0, 0), (0, 0, 1), (1, 0, 0), (1, 0, 1)]
+    assert sorted(tuple(c[1:4]) for c in config["ranks"]) == [(0, 0, 0), (0, 0, 1), (1, 0, 0), (1, 0, 1)]
+    assert all(c[4:] == [0, 0] for c in config["ranks"])  # cp and ep coordinates: 3D
     steps = [e for e in events[0] if e["kind"] == "step"]
     assert [s["step"] for s in steps] == [0, 1, 2]
     assert all(s["loss_rel_diff"] <= 1e-12 and s["param_rel_diff"] <= 1e-12 for s in steps)

@@ -2,7 +2,8 @@
 import asyncio
 
 from distai.lessons.capstone import formulas as f
-from distai.lessons.capstone.mesh_run import MeshRun, step_phases
+from distai.lessons.capstone.mesh_run import Layout, MeshRun, step_phases
+from distai.lessons.strings import strings
 from distai.visualizers.mesh import SHAPES, MeshVisualizer
 
 
@@ -12,11 +13,14 @@ def test_step_phases_walk_the_pipeline_and_end_with_dp():
         ("tp", (0,), "forward"), ("pp", (0, 1), "send"), ("tp", (1,), "forward"),
         ("tp", (1,), "backward"), ("pp", (1, 0), "send-grad"), ("tp", (0,), "backward"),
         ("dp", (0, 1), "reduce"), ("", (0, 1), "update")]
-    for pp, dp, tp in SHAPES:
-        phases = step_phases(pp, dp, tp)
-        assert len(phases) == 4 * pp  # pp forwards and backwards, 2(pp−1) sends, reduce, update
-        assert all(p.dim != "tp" for p in phases) if tp == 1 else True
-        assert all(p.dim != "dp" for p in phases) if dp == 1 else True
+    for m in SHAPES:
+        phases = step_phases(m.pp, m.dp, m.tp, m.cp, m.ep, m.moe)
+        inside = 1 + (m.cp > 1) + (m.moe and m.ep > 1)  # a block: TP, then CP's ring, EP's all-to-alls
+        experts = m.moe and m.dp * m.cp // m.ep > 1  # the experts' own reduction
+        # pp forwards and backwards (each with its ring and all-to-alls), 2(pp−1) sends, reduce, update
+        assert len(phases) == 2 * m.pp * inside + 2 * (m.pp - 1) + 2 + experts
+        assert {p.dim for p in phases} - {""} == set(m.groups()) - {"moe"}  # every group that talks, once a step
+
 
 
 def _events(pp=2, dp=2, tp=2, m=2):
@@ -76,7 +80,7 @@ def test_widget_draws_every_view_and_replays_a_run():
         assert "{0 2}  {1 3}  {4 6}  {5 7}" in "\n".join(line.plain for line in v.build_lines(80))
         for e in _events():
             v.feed_event(e)
-        assert v.view == "run" and v.shape == (2, 2, 2)
+        assert v.view == "run" and v.shape == Layout(2, 2, 2)
         text = "\n".join(line.plain for line in v.build_lines(120, 40))
         assert {"en": "4.5000", "es": "4,5000"}[lang] in text and ("yes" in text or "sí" in text)
         v.action_next_mesh()
@@ -112,11 +116,11 @@ def test_widget_mounts_in_the_capstone_lesson():
 
 # ---- issue 27.4: a real run (tests/recorded_runs/capstone.jsonl: `distai run capstone --cpu 8 --dp 2
 # --tp 2 --pp 2 --json`, trimmed to the last step's pp_op events and the kinds the views read)
-def _recorded() -> list[dict]:
+def _recorded(name: str = "capstone") -> list[dict]:
     import json
     from pathlib import Path
 
-    path = Path(__file__).parent / "recorded_runs" / "capstone.jsonl"
+    path = Path(__file__).parent / "recorded_runs" / f"{name}.jsonl"
     with open(path, encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]
 
@@ -185,3 +189,70 @@ def test_the_shell_shows_rank_0s_summary_whole_once_the_run_ended():
     for line in body[body.index(header.rstrip()) + 1:-1]:  # each row of the table once
         assert printed.count(line) == 1
     assert "r7" in text and "mesh_coords: yes" in text  # the mesh stays
+
+
+# ---- issue 29.1: five axes. tests/recorded_runs/capstone.5d.jsonl: a real `distai run capstone --cpu 8
+# --dp 2 --tp 1 --pp 2 --cp 2 --ep 2 --moe --experts 4 --top-k 2 --steps 3 --json`, trimmed as above
+def test_the_layout_is_the_3d_mesh_when_cp_and_ep_are_one():
+    for m in SHAPES[:4]:
+        for r in range(m.world):
+            c = m.coords(r)
+            assert {d: c[d] for d in ("pp", "dp", "tp")} == f.mesh_coords(r, m.pp, m.dp, m.tp)
+            for dim in ("pp", "dp", "tp"):
+                assert m.group(r, dim) == f.group_ranks(r, dim, m.pp, m.dp, m.tp)
+
+
+def test_a_five_axis_run_replays_with_its_rings_and_all_to_alls():
+    run = MeshRun()
+    for e in _recorded("capstone.5d"):
+        run.feed(e)
+    assert run.layout == Layout(2, 2, 1, cp=2, ep=2, moe=True) and run.coords_match_formulas()
+    phases = run.replay_phases()
+    m = run.config["m"]
+    for what in ("forward", "ring", "dispatch", "backward", "ring-grad", "dispatch-grad"):
+        assert sum(p.what == what for p in phases) == 2 * m  # every block of both stages
+    assert [p.what for p in phases[-3:]] == ["reduce", "reduce-experts", "update"]
+    comm = run.comm_by_stage()
+    assert set(comm) == {0, 1} and set(comm[0]) == {"tp", "pp", "dp", "cp", "ep", "edp", "moe"}
+    assert all(c["match"] and c["bytes"] == c["expected_bytes"] for dims in comm.values() for c in dims.values())
+
+
+def test_the_widget_lays_out_two_axes_and_tabs_the_third():
+    v = MeshVisualizer("en")
+    while v.shape != Layout(1, 2, 2, cp=2, ep=2, moe=True):
+        v.action_next_mesh()
+
+    def grid() -> list[str]:
+        return [ln.plain for ln in v.grid_lines(80)]
+
+    assert "(1, 2, 2, 2) · ep 2 · 8 ranks" in v.title(strings("mesh", "en")).plain
+    assert [row.split() for row in grid()[1:]] == [["│", "r0", "r1", "│"], ["│", "r4", "r5", "│"]]  # DP × TP, cp 0
+    v.action_next_tab()
+    assert [row.split() for row in grid()[1:]] == [["│", "r2", "r3", "│"], ["│", "r6", "r7", "│"]]  # cp 1
+    v.action_next_axes()  # DP × CP, tp 0 the tab
+    assert [row.split() for row in grid()[1:]] == [["│", "r0", "r2", "│"], ["│", "r4", "r6", "│"]]
+    v.view = "groups"
+    v.rank = 5
+    text = "\n".join(ln.plain for ln in v.build_lines(100))
+    assert "rank 5 = stage 0, replica 1, context 0, shard 1, expert rank 0" in text
+    # EP is CP's pair here: one colour hides the other, so each group is listed by its ranks too
+    assert "TP {4 5}  DP·CP {1 3 5 7}  CP {5 7}  EP {5 7}" in text
+    v.view = "step"
+    for frame in range(len(v.phases())):
+        v.frame = frame
+        text = "\n".join(ln.plain for ln in v.build_lines(100, 24))
+        assert len(text.splitlines()) <= 24
+        if v.current_phase().dim == "ep":  # EP groups: ep consecutive ranks of the dp·cp ones
+            assert "EP: {0 2}  {1 3}  {4 6}  {5 7}" in text
+
+
+def test_the_five_axis_run_draws_in_the_terminal_and_the_panel():
+    from distai.visualizers.mesh import TerminalMesh
+
+    view = TerminalMesh("es")
+    for e in _recorded("capstone.5d")[:-1]:  # running
+        view.feed(e)
+    text = "\n".join(row for row in _rendered(view.renderables(100), 100))
+    assert "(2, 2, 2, 1) · ep 2 · 8 rangos" in text and "pestaña (s)" not in text and "sí" in text
+    for grp in ("cp", "ep", "edp", "moe"):
+        assert f" {grp:<3} " in text

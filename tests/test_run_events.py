@@ -30,7 +30,7 @@ def _kinds_of(module_name: str) -> dict[str, EventKind]:
 
 @pytest.mark.parametrize("path", sorted(RECORDED.glob("*.jsonl")), ids=lambda p: p.stem)
 def test_every_recorded_event_matches_its_lessons_declaration(path):
-    kinds = lesson_events(path.stem)
+    kinds = lesson_events(path.stem.partition(".")[0])  # capstone.5d.jsonl: another recording of capstone
     seen = set()
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):

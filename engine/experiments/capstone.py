@@ -1,11 +1,13 @@
-"""Capstone experiment: one training run with data, tensor and pipeline parallelism at once.
+"""Capstone experiment: one training run with data, tensor, pipeline, context and expert parallelism.
 
 ``distai run capstone --dp 2 --tp 2 --pp 2 --cpu 8`` (or ``--gpus 8``; directly:
 ``python -m torch.distributed.run --nproc-per-node 8 -m distai.engine.experiments.capstone
---dp 2 --tp 2 --pp 2``). The ranks form a device mesh of shape (pp, dp, tp)
+--dp 2 --tp 2 --pp 2``); five axes: ``--dp 2 --tp 2 --pp 1 --cp 2 --ep 2 --moe --experts 4
+--top-k 2``. The ranks form a device mesh of shape (pp, dp, cp, tp), EP inside dp·cp
 (:mod:`distai.engine.mesh`); a small GPT is trained for ``--steps`` SGD steps with lesson 4's
 tensor-parallel blocks (with sequence parallelism), lesson 5's pipeline schedule (1F1B or
-interleaved) and lesson 6's bucketed data-parallel gradient sync (or lesson 2's ZeRO-1 with
+interleaved), ring attention over the CP ranks, the experts lesson's all-to-all dispatch over the EP
+ranks and lesson 6's bucketed data-parallel gradient sync over dp·cp (or lesson 2's ZeRO-1 with
 ``--zero 1``). After every step the loss and every parameter are compared with the same model
 trained on one process on the same batches (``--no-check`` skips it). One step is metered: every
 collective and point-to-point message is attributed to its group and set against the formulas
@@ -34,17 +36,23 @@ from ..comm_trace import traced_step
 from ..experiment import exit_with, max_over_ranks, run_experiment
 from ..mesh_args import MeshConfigError, plan_run
 from ..model import GPT, ModelConfigError
+from ..moe import MoEConfig, make_moe
 
 
 def print_summary(result: dict, accounts: list[dict]) -> None:
     """The human summary, at most 71 columns wide."""
     c = result["config"]
-    print(f"\nCapstone · pp={c['pp']} × dp={c['dp']} × tp={c['tp']} on {c['world']} ranks ({c['device']}), "
+    cp = f" × cp={c['cp']}" if c.get("cp", 1) > 1 else ""
+    print(f"\nCapstone · pp={c['pp']} × dp={c['dp']} × tp={c['tp']}{cp} on {c['world']} ranks ({c['device']}), "
           f"{c['dtype']}")
+    if c.get("experts"):
+        print(f"experts: {c['experts']} per layer, top-{c['top_k']}, ep = {c['ep']} inside dp·cp (dropless)")
     print(f"model: {c['layers']} blocks, h = {c['hidden']}, seq = {c['seq']}, vocab = {c['vocab']}; "
           f"{c['schedule']}" + (f" v = {c['v']}" if c["schedule"] == "interleaved" else ""))
-    print(f"m = {c['m']} microbatches of {c['microbatch_size']} per DP rank; DP sync: "
-          + ("ZeRO-1" if c["zero"] else "bucketed all-reduce"))
+    sync = "ZeRO-1" if c["zero"] else "all-reduce (experts: over edp)" if c.get("experts") else "bucketed all-reduce"
+    over = f" over dp·cp = {c['dp'] * c['cp']} ranks" if c.get("cp", 1) > 1 else ""
+    print(f"m = {c['m']} microbatches of {c['microbatch_size']} per DP rank; DP sync{over}:" + ("\n  " if over else " ")
+          + sync)
     print(f"\n  loss: {', '.join(f'{x:.4f}' for x in result['losses'])}")
     if result["ref_losses"] is not None:
         print(f"  one process: {', '.join(f'{x:.4f}' for x in result['ref_losses'])}")
@@ -59,12 +67,13 @@ def print_summary(result: dict, accounts: list[dict]) -> None:
         if key in seen:
             continue
         seen.add(key)
-        for dim in M.DIMS:
+        for dim in a["expected"]:
             got, want = a["measured"][dim], a["expected"][dim]
             print(f"  {a['pp']:>5}  {dim:>5}  {got['calls']:>8}/{want['calls']:<8}      "
                   f"{format_bytes(got['bytes'], binary=True):>10}/{format_bytes(want['bytes'], binary=True):<10}"
                   f"   {'yes' if a['match'][dim] else 'NO'}")
-    print("  (every rank of a pipeline stage sends the same; all ranks: "
+    print("  (" + ("ep: each stage's first rank's routing"
+                  if c.get("experts") else "every rank of a pipeline stage sends the same") + "; all ranks: "
           + ("all match" if all(all(a["match"].values()) for a in accounts) else "MISMATCH") + ")")
 
 
@@ -84,12 +93,17 @@ def run(ctx, raw: argparse.Namespace) -> dict | None:
     cfg = plan.model
     ev = ctx.events
     mesh = M.build_mesh(shape, ctx.device.type)
+    moe = MoEConfig(experts=args.experts, top_k=args.top_k, aux_alpha=0.0) if shape.moe else None
     config: MeshShape = {"pp": shape.pp, "dp": shape.dp, "tp": shape.tp, "world": shape.world, "schedule": schedule,
                          "v": v, "m": m, "microbatch_size": b, "zero": args.zero, "layers": cfg.layers,
                          "hidden": cfg.hidden, "heads": cfg.heads, "seq": cfg.seq, "vocab": cfg.vocab,
-                         "dtype": str(dtype).replace("torch.", ""), "device": ctx.device.type}
+                         "dtype": str(dtype).replace("torch.", ""), "device": ctx.device.type,
+                         "cp": shape.cp, "ep": shape.ep, "experts": moe.experts if moe else 0,
+                         "top_k": moe.top_k if moe else 0}
     _announce(ctx, mesh, config)
     dense = GPT(cfg, seed=args.seed, dtype=dtype, device=ctx.device)
+    if moe is not None:
+        dense = make_moe(dense, moe, seed=args.seed)
     trainer = M.MeshTrainer(dense, mesh, microbatches=m, microbatch_size=b, schedule=schedule, chunks=v,
                             zero=args.zero, lr=args.lr, device=ctx.device, events=ev)
     reference = (dense, torch.optim.SGD(dense.parameters(), lr=args.lr, momentum=0.9)) if args.check else None
@@ -98,34 +112,50 @@ def run(ctx, raw: argparse.Namespace) -> dict | None:
     metered_step = 1 if args.steps > 1 else 0  # the first step also pays for warm-up
     steps = _train(ctx, args, cfg, mesh, trainer, (m, b), reference, meter, metered_step)
     expected = M.expected_comm(cfg, shape, mesh.pp_rank, microbatches=m, microbatch_size=b, schedule=schedule,
-                               chunks=v, zero=args.zero, elem_size=dtype.itemsize, backend=ctx.backend)
+                               chunks=v, zero=args.zero, elem_size=dtype.itemsize, backend=ctx.backend, moe=moe,
+                               routed_rows=steps.routed_rows)
     assert steps.account is not None  # the metered step ran
-    row = {"rank": ctx.rank, "pp": mesh.pp_rank, "dp": mesh.dp_rank, "tp": mesh.tp_rank,
-           "measured": steps.account, "expected": expected, "match": M.compare_accounts(steps.account, expected)}
+    row = {"rank": ctx.rank, "pp": mesh.pp_rank, "dp": mesh.dp_rank, "tp": mesh.tp_rank, "cp": mesh.cp_rank,
+           "ep": mesh.ep_rank, "measured": steps.account, "expected": expected,
+           "match": M.compare_accounts(steps.account, expected)}
     accounts: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(accounts, row)
     if ctx.rank != 0:
         return None
     _report_comm(ev, metered_step, accounts)
-    # the first step pays for warm-up and the metered one for the meter: timed from the others
-    timed = [t for i, t in enumerate(steps.times) if i not in (0, metered_step)] or steps.times
+    timed = timed_steps(steps.times, metered_step)
     result: dict[str, Any] = {
         "config": config, "losses": steps.losses, "ref_losses": steps.ref_losses if args.check else None,
         "max_loss_rel_diff": max(steps.loss_diffs) if args.check else None,
         "max_param_rel_diff": max(steps.param_diffs) if args.check else None,
         "step_time_s": statistics.median(timed), "comm_match": all(all(a["match"].values()) for a in accounts)}
     METRIC.emit(ev, {"name": "step_time_s", "value": result["step_time_s"]})
+    # the measured mean step time: a predicted step time (the planner's) is checked against it here
+    METRIC.emit(ev, {"name": "step_time_mean_s", "value": measured_step_time_s(steps.times, metered_step)})
     print_summary(result, accounts)
     return {"lesson": "capstone", **result}
 
 
+def timed_steps(times: list[float], metered_step: int) -> list[float]:
+    """The step times that measure the run: the first step pays for warm-up and the metered one for
+    the meter, so both are left out (unless nothing else is left)."""
+    return [t for i, t in enumerate(times) if i not in (0, metered_step)] or times
+
+
+def measured_step_time_s(times: list[float], metered_step: int) -> float:
+    """The measured mean step time (seconds) over :func:`timed_steps`: what a predicted step time
+    (the planner's) is checked against."""
+    return statistics.fmean(timed_steps(times, metered_step))
+
+
 def _announce(ctx, mesh, config: MeshShape) -> None:
-    """Rank 0's ``mesh_config``, with every rank's coordinates on the mesh, and the run's phase."""
+    """Rank 0's ``mesh_config``, with every rank's coordinates ``[rank, pp, dp, tp, cp, ep]``, and the
+    run's phase."""
     coords: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(coords, [ctx.rank, mesh.pp_rank, mesh.dp_rank, mesh.tp_rank])
+    dist.all_gather_object(coords, [ctx.rank, mesh.pp_rank, mesh.dp_rank, mesh.tp_rank, mesh.cp_rank, mesh.ep_rank])
     if ctx.rank == 0:
         MESH_CONFIG.emit(ctx.events, {**config, "ranks": coords})
-        PHASE.emit(ctx.events, {"name": f"3D run: {mesh.shape}, {config['schedule']}"})
+        PHASE.emit(ctx.events, {"name": f"mesh run: {mesh.shape}, {config['schedule']}"})
 
 
 @dataclass
@@ -137,6 +167,7 @@ class _Steps:
     loss_diffs: list[float] = field(default_factory=list)
     param_diffs: list[float] = field(default_factory=list)
     account: Any = None  # the metered step's communication
+    routed_rows: list[tuple[int, int]] = field(default_factory=list)  # … and the token rows its experts moved
 
 
 def _train(ctx, args, cfg, mesh, trainer, microbatches: tuple[int, int], reference, meter,
@@ -158,11 +189,11 @@ def _train(ctx, args, cfg, mesh, trainer, microbatches: tuple[int, int], referen
             if step == metered_step:
                 with meter:
                     result = trainer.step(*mine)
-                out.account = meter.account()
+                out.account, out.routed_rows = meter.account(), list(trainer.routed_rows)
             else:
                 result = trainer.step(*mine)
         MESH_STEP.emit(ev, {"step": step, "pp": mesh.pp_rank, "dp": mesh.dp_rank, "tp": mesh.tp_rank,
-                            "t_start": result.t_start, "t_pipeline_end": result.pipeline.t_end,
+                            "cp": mesh.cp_rank, "ep": mesh.ep_rank, "t_start": result.t_start, "t_pipeline_end": result.pipeline.t_end,
                             "t_end": result.t_end})
         loss = trainer.global_loss(result)
         span = max_over_ranks(result.t_end) - (-max_over_ranks(-result.t_start))
@@ -188,7 +219,7 @@ def _report_comm(ev, metered_step: int, accounts: list[dict]) -> None:
     """Every rank's communication in the metered step, and each group's bytes as metrics."""
     MESH_COMM.emit(ev, {"step": metered_step, "ranks": accounts})
     for a in accounts:
-        for dim in M.DIMS:
+        for dim in a["measured"]:
             METRIC.emit(ev, {"name": f"comm.{dim}.bytes.rank{a['rank']}", "value": a["measured"][dim]["bytes"]})
 
 

@@ -12,6 +12,8 @@ The attention's own code then sees ``heads/T`` query heads and its share of the 
 replicas' W_k/W_v gradients are summed over the ranks sharing the head by :func:`sync_tp_grads`);
 anything else is refused. With sequence parallelism the norms, dropouts and residual adds run on
 ``s/T`` of the tokens (the norms' and row biases' gradients are then partial: :func:`sync_tp_grads`).
+A block whose MLP is experts (:func:`~distai.engine.moe.make_moe`) keeps them whole: under SP they
+route this rank's ``s/T`` tokens, and their gradients are partial like the norms'.
 
 The whole model (:func:`apply_tp`): the embedding and the LM head split by vocabulary
 (:class:`VocabParallelHead`, the embedding's shard when tied) and the vocabulary-parallel loss,
@@ -107,7 +109,18 @@ def apply_tp_block(block: Block, tp: TPGroup) -> Block:
     attn.wo = RowParallelLinear(slice_cols(wo.weight, r, t), wo.bias, tp, "attn.g")
     attn.project = ColumnParallelInput(tp, "attn.f")
     attn.head_offset = r * q_local
-    mlp = cast(MLP, block.mlp)
+    if isinstance(block.mlp, MLP):
+        _split_mlp(block.mlp, tp)
+    elif tp.splits_sequence:  # experts (apply_ep) stay whole: they see this rank's s/T tokens
+        mark_sequence_parallel(*block.mlp.parameters())
+    if tp.splits_sequence:
+        mark_sequence_parallel(*block.ln1.parameters(), *block.ln2.parameters())
+        block.sequence_shard = (r, t)
+    return block
+
+
+def _split_mlp(mlp: MLP, tp: TPGroup) -> None:
+    r, t = tp.rank, tp.size
     f_local = mlp.fc1.out_features // t
     for column in (mlp.fc1, mlp.gate):
         if column is not None:
@@ -115,10 +128,6 @@ def apply_tp_block(block: Block, tp: TPGroup) -> Block:
     fc2 = cast(nn.Linear, mlp.fc2)
     mlp.fc2 = RowParallelLinear(slice_cols(fc2.weight, r, t), fc2.bias, tp, "mlp.g")
     mlp.project = ColumnParallelInput(tp, "mlp.f")
-    if tp.splits_sequence:
-        mark_sequence_parallel(*block.ln1.parameters(), *block.ln2.parameters())
-        block.sequence_shard = (r, t)
-    return block
 
 
 def apply_tp(model: Part, tp: TPGroup, vocab_parallel: bool = True) -> Part:

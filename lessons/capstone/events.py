@@ -1,6 +1,6 @@
 """The capstone's run events (``engine/experiments/capstone.py``, ``engine/mesh.py``): see
 ``lessons/events.py``. Its pipeline's blocks are lesson 5's ``pp_op``."""
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from .. import events as shared
 from ..events import Envelope, EventKind
@@ -25,10 +25,15 @@ class MeshShape(TypedDict):
     vocab: int
     dtype: str
     device: str
+    cp: NotRequired[int]  # context-parallel degree (absent: 1)
+    ep: NotRequired[int]  # expert-parallel degree, inside dp·cp (absent: 1)
+    experts: NotRequired[int]  # experts per MoE layer (0 or absent: dense MLPs)
+    top_k: NotRequired[int]
 
 
 class MeshConfig(Envelope, MeshShape):
-    """Rank 0, first: the mesh, and every rank's ``[rank, pp, dp, tp]`` coordinates."""
+    """Rank 0, first: the mesh, and every rank's ``[rank, pp, dp, tp, cp, ep]`` coordinates (a 3D
+    run's recorded before cp and ep: ``[rank, pp, dp, tp]``)."""
     ranks: list[list[int]]
 
 
@@ -48,16 +53,19 @@ class MeshStep(Envelope):
     pp: int
     dp: int
     tp: int
+    cp: NotRequired[int]
+    ep: NotRequired[int]
     t_start: float
     t_pipeline_end: float
     t_end: float
 
 
 class MeshComm(Envelope):
-    """Rank 0, after the metered ``step``: for every rank ``{"rank", "pp", "dp", "tp",
+    """Rank 0, after the metered ``step``: for every rank ``{"rank", "pp", "dp", "tp", "cp", "ep",
     "measured", "expected", "match"}``, where ``measured`` and ``expected`` are ``{dim: {"ops":
-    {op: {"calls", "bytes"}}, "calls", "bytes"}}`` for dim in pp, dp, tp (bytes one rank sends with
-    ring algorithms) and ``match`` is ``{dim: bool}``."""
+    {op: {"calls", "bytes"}}, "calls", "bytes"}}`` for each group of the mesh: pp, dp (dp·cp ranks),
+    tp, and cp, ep, edp, moe where the run has them (bytes one rank sends with ring algorithms), and
+    ``match`` is ``{dim: bool}``."""
     step: int
     ranks: list[dict[str, Any]]
 

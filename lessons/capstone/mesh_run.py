@@ -1,11 +1,18 @@
-"""What the mesh visualizer draws: the phases of one 3D-parallel step, and a capstone run folded from
-its events. Pure Python: no torch, no Textual, no I/O.
+"""What the mesh visualizer draws: the phases of one step on a (pp, dp, cp, tp) mesh with experts
+inside dp·cp, and a capstone run folded from its events. Pure Python: no torch, no Textual, no I/O.
 
 A step, followed for one microbatch (Megatron-LM's order; Narayanan et al. 2021, Sec. 2-3): the
-forward runs stage by stage — inside each stage the TP group's collectives (lesson 4), then a send
-of the activation to the next stage over the PP group (lesson 5) — the backward comes back the same
-way with gradients, and once the last backward is done each DP group reduces its gradients (lessons 1,
-2 and 6) before the optimizer step. :func:`step_phases` lists those phases for a (pp, dp, tp) mesh.
+forward runs stage by stage — inside each stage the TP group's collectives (lesson 4), the CP group's
+ring of keys and values in every attention (the context lesson) and the EP group's all-to-alls that
+send tokens to their experts and back (the experts lesson), then a send of the activation to the next
+stage over the PP group (lesson 5) — the backward comes back the same way with gradients, and once the
+last backward is done the dp·cp ranks reduce their gradients (lessons 1, 2 and 6; the experts' over
+the ranks holding the same ones, ``edp``) before the optimizer step. :func:`step_phases` lists them.
+
+:class:`Layout` is the mesh's arithmetic, as the engine's ``build_mesh`` lays the ranks out (torchtitan's
+``ParallelDims``): rank = ((p·dp + d)·cp + c)·tp + t; the gradient group every (d, c) of a (p, t); an
+EP group ``ep`` consecutive ones of those in (d, c) order; ``edp`` the same place in each EP group. With
+cp = ep = 1 it is :func:`~.formulas.mesh_coords`' (pp, dp, tp) mesh.
 
 :class:`MeshRun` folds the events of ``distai.engine.experiments.capstone``: ``mesh_config`` (the
 shape and every rank's coordinates), ``pp_op`` (each forward/backward block with its times),
@@ -22,13 +29,82 @@ from ..lesson5.events import PP_OP
 from . import formulas as f
 from .events import MESH_COMM, MESH_CONFIG, STEP
 
-DIMS = ("tp", "pp", "dp")
+#: the groups of a run, in the order the communication account lists them
+GROUPS = ("tp", "pp", "dp", "cp", "ep", "edp", "moe")
+#: the device mesh's axes, outermost first
+AXES = ("pp", "dp", "cp", "tp")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A mesh's degrees: ``pp × dp × cp × tp`` ranks, ``ep`` dividing dp·cp (``moe``: the blocks' MLPs
+    are experts)."""
+    pp: int
+    dp: int
+    tp: int
+    cp: int = 1
+    ep: int = 1
+    moe: bool = False
+
+    def __post_init__(self) -> None:
+        f.world_size(self.pp, self.dp, self.tp)  # validates the three
+        if self.cp < 1 or self.ep < 1 or (self.dp * self.cp) % self.ep:
+            raise ValueError(f"cp = {self.cp} and ep = {self.ep} must be positive, ep dividing dp·cp")
+
+    @property
+    def world(self) -> int:
+        return self.pp * self.dp * self.cp * self.tp
+
+    @property
+    def five_d(self) -> bool:
+        return self.cp > 1 or self.moe
+
+    def size(self, dim: str) -> int:
+        """Ranks in one group of ``dim`` (dp: the dp·cp gradient group)."""
+        replicas = self.dp * self.cp
+        return {"pp": self.pp, "dp": replicas, "tp": self.tp, "cp": self.cp, "ep": self.ep if self.moe else 1,
+                "edp": replicas // self.ep if self.moe else 1, "moe": replicas * self.tp if self.moe else 1}[dim]
+
+    def groups(self) -> tuple[str, ...]:
+        """The groups that talk in a step (a group of one does not)."""
+        return tuple(d for d in GROUPS if self.size(d) > 1)
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """``{pp, dp, cp, tp, ep, edp}`` of a global rank (ep, edp: its place among the dp·cp ranks)."""
+        if not 0 <= rank < self.world:
+            raise ValueError(f"rank must be an integer in [0, {self.world}), got {rank!r}")
+        t, c, d = rank % self.tp, (rank // self.tp) % self.cp, (rank // (self.tp * self.cp)) % self.dp
+        inner = d * self.cp + c
+        return {"pp": rank // (self.dp * self.cp * self.tp), "dp": d, "cp": c, "tp": t,
+                "ep": inner % self.ep, "edp": inner // self.ep}
+
+    def rank_at(self, pp: int, dp: int, cp: int, tp: int) -> int:
+        return ((pp * self.dp + dp) * self.cp + cp) * self.tp + tp
+
+    def group(self, rank: int, dim: str) -> list[int]:
+        """The ranks of ``rank``'s group along ``dim`` (as the engine builds it)."""
+        c = self.coords(rank)
+        if dim in AXES and dim != "dp":
+            size = {"pp": self.pp, "cp": self.cp, "tp": self.tp}[dim]
+            return [self.rank_at(**{**{a: c[a] for a in AXES}, dim: i}) for i in range(size)]
+        if dim == "moe":
+            return [r for r in range(self.world) if r // (self.world // self.pp) == c["pp"]]
+        replicas = [self.rank_at(c["pp"], i // self.cp, i % self.cp, c["tp"]) for i in range(self.dp * self.cp)]
+        if dim == "dp":
+            return replicas
+        if dim == "ep":
+            first = c["edp"] * self.ep
+            return replicas[first:first + self.ep]
+        if dim == "edp":
+            return replicas[c["ep"]::self.ep]
+        raise ValueError(f"unknown mesh group {dim!r}; choose one of {', '.join(GROUPS)}")
 
 
 @dataclass(frozen=True)
 class Phase:
-    """One moment of a step: which group talks (``dim``: tp, pp, dp, or "" for none), which pipeline
-    stages take part, and what happens (``what``: forward, backward, send, send-grad, reduce, update)."""
+    """One moment of a step: which group talks (``dim``: one of :data:`GROUPS`, or "" for none), which
+    pipeline stages take part, and what happens (``what``: forward, backward, ring, ring-grad, dispatch,
+    dispatch-grad, send, send-grad, reduce, reduce-experts, update)."""
     dim: str
     stages: tuple[int, ...]
     what: str
@@ -37,37 +113,48 @@ class Phase:
     t1: float | None = None
 
 
-def step_phases(pp: int, dp: int, tp: int) -> list[Phase]:
-    """The phases of one step for one microbatch on a (pp, dp, tp) mesh (see the module docstring).
-    Degrees of 1 have no group: a tp of 1 computes without collectives, a pp of 1 sends nothing."""
-    f.world_size(pp, dp, tp)  # validates the degrees
-    tp_dim = "tp" if tp > 1 else ""
-    out: list[Phase] = []
-    for s in range(pp):
-        out.append(Phase(tp_dim, (s,), "forward"))
-        if s < pp - 1:
-            out.append(Phase("pp", (s, s + 1), "send"))
-    for s in reversed(range(pp)):
-        out.append(Phase(tp_dim, (s,), "backward"))
-        if s > 0:
-            out.append(Phase("pp", (s, s - 1), "send-grad"))
-    out.append(Phase("dp" if dp > 1 else "", tuple(range(pp)), "reduce"))
-    out.append(Phase("", tuple(range(pp)), "update"))
+def _inside(layout: Layout, stage: int, backward: bool, mb: int = 0, t0: float | None = None,
+            t1: float | None = None) -> list[Phase]:
+    """What a stage's block does: its TP collectives, then CP's ring and EP's all-to-alls."""
+    out = [Phase("tp" if layout.tp > 1 else "", (stage,), "backward" if backward else "forward", mb, t0, t1)]
+    if layout.cp > 1:
+        out.append(Phase("cp", (stage,), "ring-grad" if backward else "ring", mb, t0, t1))
+    if layout.size("ep") > 1:
+        out.append(Phase("ep", (stage,), "dispatch-grad" if backward else "dispatch", mb, t0, t1))
     return out
 
 
-def active_ranks(phase: Phase, pp: int, dp: int, tp: int) -> set[int]:
-    """The ranks that take part in ``phase``: every rank of its stages (each stage's TP groups work at
-    once, the PP pairs of two stages exchange, every DP group reduces)."""
-    return {r for r in range(f.world_size(pp, dp, tp)) if f.mesh_coords(r, pp, dp, tp)["pp"] in phase.stages}
+def _closing(layout: Layout, t: float | None = None) -> list[Phase]:
+    stages = tuple(range(layout.pp))
+    out = [Phase("dp" if layout.size("dp") > 1 else "", stages, "reduce", 0, t, t)]
+    if layout.size("edp") > 1:
+        out.append(Phase("edp", stages, "reduce-experts", 0, t, t))
+    return out + [Phase("", stages, "update", 0, t, t)]
+
+
+def step_phases(pp: int, dp: int, tp: int, cp: int = 1, ep: int = 1, moe: bool = False) -> list[Phase]:
+    """The phases of one step for one microbatch (see the module docstring). Groups of one have no
+    phase of their own: a tp of 1 computes without collectives, a pp of 1 sends nothing."""
+    layout = Layout(pp, dp, tp, cp, ep, moe)
+    out: list[Phase] = []
+    for s in range(pp):
+        out += _inside(layout, s, backward=False)
+        if s < pp - 1:
+            out.append(Phase("pp", (s, s + 1), "send"))
+    for s in reversed(range(pp)):
+        out += _inside(layout, s, backward=True)
+        if s > 0:
+            out.append(Phase("pp", (s, s - 1), "send-grad"))
+    return out + _closing(layout)
 
 
 @dataclass
 class MeshRun:
     """A capstone run folded from its events (see the module docstring)."""
     shape: tuple[int, int, int] | None = None  # (pp, dp, tp)
+    layout: Layout | None = None  # the five axes
     config: dict = field(default_factory=dict)
-    coords: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # rank -> (pp, dp, tp)
+    coords: dict[int, tuple[int, ...]] = field(default_factory=dict)  # rank -> (pp, dp, tp[, cp, ep])
     ops: dict[int, dict[tuple, tuple[float, float]]] = field(default_factory=dict)  # step -> block -> (t0, t1)
     steps: list[dict] = field(default_factory=list)
     comm: list[dict] = field(default_factory=list)  # mesh_comm's ranks
@@ -81,8 +168,10 @@ class MeshRun:
         if MESH_CONFIG.matches(event):
             MeshRun.__init__(self)
             self.shape = (int(event["pp"]), int(event["dp"]), int(event["tp"]))
+            self.layout = Layout(*self.shape, int(event.get("cp") or 1), int(event.get("ep") or 1),
+                                 bool(event.get("experts")))
             self.config = {k: v for k, v in event.items() if k not in ("kind", "ranks", "t")}
-            self.coords = {int(r[0]): (int(r[1]), int(r[2]), int(r[3])) for r in event.get("ranks") or ()}
+            self.coords = {int(r[0]): tuple(int(x) for x in r[1:]) for r in event.get("ranks") or ()}
             return True
         if self.shape is None:
             return False
@@ -121,35 +210,33 @@ class MeshRun:
         backward block of a stage (its TP group talks), a send to the next stage after a forward and to
         the previous one after a backward (PP), then the DP reduction and the update."""
         step = self.latest_complete_step()
-        if step is None or self.shape is None:
+        if step is None or self.layout is None:
             return []
-        pp, dp, tp = self.shape
+        pp = self.layout.pp
         blocks = sorted(self.ops[step].items(), key=lambda kv: kv[1][0])
         origin = blocks[0][1][0]
         out: list[Phase] = []
         for (stage, op, mb, _chunk), (t0, t1) in blocks:
             forward = op.upper().startswith("F")
-            out.append(Phase("tp" if tp > 1 else "", (stage,), "forward" if forward else "backward", mb,
-                             t0 - origin, t1 - origin))
+            out += _inside(self.layout, stage, not forward, mb, t0 - origin, t1 - origin)
             nxt = stage + 1 if forward else stage - 1
             if 0 <= nxt < pp:
                 out.append(Phase("pp", (stage, nxt), "send" if forward else "send-grad", mb, t1 - origin, t1 - origin))
-        end = max(t1 for _, (_, t1) in blocks) - origin
-        out.append(Phase("dp" if dp > 1 else "", tuple(range(pp)), "reduce", 0, end, end))
-        out.append(Phase("", tuple(range(pp)), "update", 0, end, end))
-        return out
+        return out + _closing(self.layout, max(t1 for _, (_, t1) in blocks) - origin)
 
     def coords_match_formulas(self) -> bool:
-        """Every rank sits where :func:`~.formulas.mesh_coords` puts it (the mesh is row-major)."""
-        if self.shape is None or not self.coords:
+        """Every rank sits where :class:`Layout` puts it (the mesh is row-major; a 3D run's coordinates
+        are :func:`~.formulas.mesh_coords`')."""
+        if self.layout is None or not self.coords:
             return False
-        pp, dp, tp = self.shape
-        return all(tuple(f.mesh_coords(r, pp, dp, tp)[d] for d in ("pp", "dp", "tp")) == c
+        names = ("pp", "dp", "tp", "cp", "ep")
+        return all(0 <= r < self.layout.world and tuple(self.layout.coords(r)[d] for d in names[:len(c)]) == c
                    for r, c in self.coords.items())
 
     def comm_by_stage(self) -> dict[int, dict[str, dict]]:
-        """Per pipeline stage (every rank of a stage sends the same), per group: {"bytes", "calls",
-        "expected_bytes", "match"} from the metered step."""
+        """Per pipeline stage (every rank of a stage sends the same but the experts' tokens, which
+        routing decides: its first rank's), per group: {"bytes", "calls", "expected_bytes", "match"}
+        from the metered step."""
         out: dict[int, dict[str, dict]] = {}
         for a in self.comm:
             stage = int(a["pp"])
@@ -157,5 +244,5 @@ class MeshRun:
                 continue
             out[stage] = {d: {"bytes": a["measured"][d]["bytes"], "calls": a["measured"][d]["calls"],
                               "expected_bytes": a["expected"][d]["bytes"], "match": bool(a["match"][d])}
-                          for d in DIMS if d in a["measured"]}
+                          for d in GROUPS if d in a["measured"]}
         return dict(sorted(out.items()))
