@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..lessons.events import ERROR, OUTPUT, RUN_END, RUN_START, SUMMARY, Error
+from ..lessons.strings import LANG_ENV
 from .lifeline import LAUNCHER_PID_ENV, parent_death_signal
 from .profiling import PROFILE_DIR_ENV
 from .runs import RunRecord, set_command, tail_lines
@@ -132,6 +133,7 @@ class LaunchSpec:
     env: dict[str, str] = field(default_factory=dict)
     max_restarts: int = 0  # torchrun's in-place restarts of the whole group (engine.supervisor relaunches)
     profile: bool = False  # torch.profiler around each rank's work, traces in <run>/profile (engine.profiling)
+    lang: str | None = None  # the learner's language: the ranks print their summary in it (DISTAI_LANG)
 
     @property
     def multinode(self) -> bool:
@@ -364,6 +366,8 @@ class Launch(Stoppable):
         env.setdefault("OMP_NUM_THREADS", "1")
         if self.spec.debug:
             env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+        if self.spec.lang:
+            env[LANG_ENV] = self.spec.lang
         if self.spec.profile:
             env[PROFILE_DIR_ENV] = str(rec.dir / "profile")
             rec.config["profile_dir"] = env[PROFILE_DIR_ENV]

@@ -3,7 +3,7 @@ ranked by predicted step time (the capstone's :mod:`.planner`)."""
 from __future__ import annotations
 
 from .. import units
-from ..calculator import CalcError, Calculator, Option
+from ..calculator import CalcError, Calculator, Option, labels
 from . import planner as pl
 
 RECOMPUTE_CHOICES = ("any",) + pl.RECOMPUTE
@@ -69,45 +69,47 @@ def compute(v: dict) -> dict:
     return {"best": configs[0], "configs": configs, "rejected": rejected, "inputs": inputs}
 
 
-def text(r: dict) -> list[str]:
-    i, pct, t = r["inputs"], units.format_percent, units.format_time
-    node = ("TP may cross nodes (--tp-across-nodes)" if i["tp_across_nodes"]
-            else f"TP kept inside a node of {i['gpus_per_node']} GPUs (NVLink); --tp-across-nodes lifts it")
+def text(r: dict, lang: str = "en") -> list[str]:
+    i, say = r["inputs"], labels("plan", lang)
+    pct = lambda x: units.format_percent(x, lang=lang)  # noqa: E731
+    t = lambda s: units.format_time(s, lang=lang)  # noqa: E731
+    b_ = lambda n: units.format_bytes(n, lang=lang)  # noqa: E731
+    whole = lambda n: units.format_integer(n, lang)  # noqa: E731
+    node = say("tp_across") if i["tp_across_nodes"] else say("tp_inside", n=i["gpus_per_node"])
     lines = [
-        f"Training {units.format_count(i['params'])} parameters: {i['layers']} layers, h = {i['hidden']}, "
-        f"{i['heads']} heads, {i['kv_heads']} KV heads",
-        f"sequence {i['seq']:,}, global batch {i['global_batch']:,} on {i['gpus']:,} GPUs × "
-        f"{units.format_bytes(i['gpu_memory_bytes'])}",
-        f"{units.format_count(i['flops'])} FLOP/s at efficiency {units.format_number(i['efficiency'])}, NVLink "
-        f"{units.format_bandwidth(i['intra_bandwidth_bytes_per_s'])}, between nodes "
-        f"{units.format_bandwidth(i['inter_bandwidth_bytes_per_s'])} per GPU",
+        say("head", params=units.format_count(i["params"], lang=lang), layers=i["layers"], hidden=i["hidden"],
+            heads=i["heads"], kv_heads=i["kv_heads"]),
+        say("shape", seq=whole(i["seq"]), batch=whole(i["global_batch"]), gpus=whole(i["gpus"]),
+            memory=b_(i["gpu_memory_bytes"])),
+        say("hardware", flops=units.format_count(i["flops"], lang=lang),
+            efficiency=units.format_number(i["efficiency"], lang=lang),
+            nvlink=units.format_bandwidth(i["intra_bandwidth_bytes_per_s"], lang=lang),
+            between=units.format_bandwidth(i["inter_bandwidth_bytes_per_s"], lang=lang)),
         node + ".",
         "",
-        f"  {'#':>3}  {'TP':>3} {'PP':>3} {'DP':>5} {'mb':>3} {'ZeRO':>4} {'recompute':<9} {'v':>2} "
-        f"{'memory':>9} {'step':>9} {'MFU':>6} {'bubble':>6}",
+        f"  {'#':>3}  {'TP':>3} {'PP':>3} {'DP':>5} {'mb':>3} {'ZeRO':>4} {say('recompute'):<9} {'v':>2} "
+        f"{say('memory'):>9} {say('step'):>9} {'MFU':>6} {say('bubble'):>6}",
     ]
     for n, c in enumerate(r["configs"][:i["top"]], 1):
         lines.append(f"  {n:>3}  {c['tp']:>3} {c['pp']:>3} {c['dp']:>5} {c['microbatch']:>3} {c['zero']:>4} "
-                     f"{c['recompute']:<9} {c['chunks']:>2} {units.format_bytes(c['memory_bytes']):>9} "
+                     f"{say('recompute_' + c['recompute']):<9} {c['chunks']:>2} {b_(c['memory_bytes']):>9} "
                      f"{t(c['step_time_s']):>9} {pct(c['mfu']):>6} {pct(c['bubble_fraction']):>6}")
     more = len(r["configs"]) - i["top"]
     if more > 0:
-        lines.append(f"  … {more:,} more feasible (--top N, or --json for all)")
+        lines.append(say("more", n=whole(more)))
     b, bt = r["best"], r["best"]["time"]
-    lines += ["", f"→ best: TP {b['tp']} × PP {b['pp']} × DP {b['dp']}, microbatch {b['microbatch']} "
-                  f"(m = {b['microbatches']} per pipeline),",
-              f"  ZeRO-{b['zero']}, {b['recompute']} recompute"
-              + (f", {b['chunks']} chunks per stage" if b["chunks"] > 1 else ""),
-              f"  step {t(b['step_time_s'])}: compute {t(bt['compute_s'])}, TP {t(bt['tp_comm_s'])}, "
-              f"PP {t(bt['pp_comm_s'])}, bubble {t(bt['bubble_s'])}, DP not hidden {t(bt['dp_comm_exposed_s'])}",
-              f"  memory {units.format_bytes(b['memory_bytes'])} per GPU: model states "
-              f"{units.format_bytes(b['memory']['model_states_bytes'])}, activations "
-              f"{units.format_bytes(b['memory']['activations_bytes'])}"]
+    lines += ["", say("best", tp=b["tp"], pp=b["pp"], dp=b["dp"], mb=b["microbatch"], m=b["microbatches"]),
+              say("best_zero", zero=b["zero"], recompute=say("recompute_" + b["recompute"]),
+                  chunks=say("chunks", n=b["chunks"]) if b["chunks"] > 1 else ""),
+              say("best_step", step=t(b["step_time_s"]), compute=t(bt["compute_s"]), tp=t(bt["tp_comm_s"]),
+                  pp=t(bt["pp_comm_s"]), bubble=t(bt["bubble_s"]), dp=t(bt["dp_comm_exposed_s"])),
+              say("best_memory", memory=b_(b["memory_bytes"]), states=b_(b["memory"]["model_states_bytes"]),
+                  activations=b_(b["memory"]["activations_bytes"]))]
     if r["rejected"]:
         groups: dict[str, list[dict]] = {}
         for c in r["rejected"]:
             groups.setdefault(c["kind"], []).append(c)
-        lines += ["", f"Rejected ({len(r['rejected']):,}; --json lists each with its reason):"]
+        lines += ["", say("rejected", n=whole(len(r["rejected"])))]
         for kind, items in groups.items():
             # the nearest miss for memory, else the first of its kind
             example = min(items, key=lambda c: c["memory_bytes"]) if kind == "memory" else items[0]
