@@ -177,3 +177,12 @@ def test_lesson3_summary_in_spanish():
     assert_both(lambda lang: format_summary(s, lang), "lesson 3 summary")
     s["compare"] = {**s["compare"], "identical": True, "weights_identical": True}
     assert_both(lambda lang: format_summary(s, lang), "lesson 3 summary (identical)")
+
+
+def test_lesson6_recorded_summary_in_spanish():
+    from distai.engine.experiments.lesson6 import format_summary
+
+    summary = next(e for e in recorded("lesson6") if e["kind"] == "summary")
+    assert_both(lambda lang: format_summary(summary, lang), "lesson 6 summary (recorded)")
+    no_scaler = {**summary, "scaling": {**summary["scaling"], "scaler": False, "overflows": 3, "final_loss": 4.1}}
+    assert_both(lambda lang: format_summary(no_scaler, lang), "lesson 6 summary (no scaler)")

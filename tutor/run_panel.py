@@ -67,7 +67,8 @@ def hbar(value: float, top: float, width: int) -> str:
     return ("█" * full + (BLOCKS[rest] if rest else "")).ljust(width)
 
 
-def default_launch_factory(lesson, consumer, nproc: int | None = None, args: list[str] | None = None):
+def default_launch_factory(lesson, consumer, nproc: int | None = None, args: list[str] | None = None,
+                           lang: str | None = None):
     """Create (not start) a ``Launch`` of the lesson's experiment in a new run folder (under the
     engine's supervisor when the lesson restarts after failures, as lesson 3 does)."""
     from ..engine.launcher import LaunchSpec, choose_placement
@@ -78,7 +79,7 @@ def default_launch_factory(lesson, consumer, nproc: int | None = None, args: lis
     placement = choose_placement(cpu=nproc, default_nproc=getattr(lesson, "ranks", 4)) if nproc \
         else choose_placement(default_nproc=getattr(lesson, "ranks", 4))
     record = create_run(runs_root(), lesson.id, lesson.experiment, argv=["distai tutor"])
-    return make_launch(LaunchSpec(lesson.experiment, placement, list(args or [])), record, consumer=consumer,
+    return make_launch(LaunchSpec(lesson.experiment, placement, list(args or []), lang=lang), record, consumer=consumer,
                        max_restarts=getattr(lesson, "max_restarts", 0))
 
 
@@ -211,7 +212,9 @@ class RunPanelScreen(Screen):
         self.query_one("#run-log").styles.height = None  # back to the stylesheet's while it runs
         self.query_one("#run-body").styles.height = None
         self.set_class(False, "-view-summary")
-        self.launch = self.launch_factory(self.lesson, self._consume, nproc=self.nproc, args=self.args)
+        # the ranks print their summary in the tutor's language
+        lang = {"lang": self.language} if self.launch_factory is default_launch_factory else {}
+        self.launch = self.launch_factory(self.lesson, self._consume, nproc=self.nproc, args=self.args, **lang)
         self.query_one("#run-status", Static).update(
             translated("run", "starting", self.language, nproc=self.launch.spec.placement.nproc))
         launch = self.launch
