@@ -186,3 +186,32 @@ def test_lesson6_recorded_summary_in_spanish():
     assert_both(lambda lang: format_summary(summary, lang), "lesson 6 summary (recorded)")
     no_scaler = {**summary, "scaling": {**summary["scaling"], "scaler": False, "overflows": 3, "final_loss": 4.1}}
     assert_both(lambda lang: format_summary(no_scaler, lang), "lesson 6 summary (no scaler)")
+
+
+def test_lesson5_summary_in_spanish():
+    from types import SimpleNamespace
+
+    from distai.engine.experiments.lesson5 import summary_text
+
+    stage = {"rank": 0, "bubble": 0.3, "peak_bytes": 3 << 20, "peak_expected_bytes": 3 << 20, "peak_microbatches": 4.0,
+             "peak_formula": 4, "torch_peak_bytes": 3 << 20}
+    r = {"schedule": "interleaved", "loss": [4.1, 4.0], "torch_loss": [4.1, 4.0], "ref_loss": 4.1,
+         "max_grad_diff_vs_unsplit": 3e-8, "max_grad_diff_vs_torch": 2e-8, "grad_scale": 0.5, "step_time_s": 0.031,
+         "torch_step_time_s": 0.029, "bubble_measured": 0.31, "bubble_formula": 0.27,
+         "bubble_simulated_with_measured_costs": 0.29, "t_f_s": 0.002, "t_b_s": 0.004, "stages": [stage]}
+    cfg, args = SimpleNamespace(layers=4, hidden=64, seq=32), argparse.Namespace(microbatch_size=2)
+    assert_both(lambda lang: "\n".join(summary_text([r], cfg, args, 4, 8, 2, "cpu", lang, cores=2)),
+                "lesson 5 summary")
+
+
+def test_capstone_summary_in_spanish():
+    from distai.engine import mesh
+    from distai.engine.experiments.capstone import summary_text
+
+    config = {"pp": 2, "dp": 2, "tp": 2, "world": 8, "device": "cpu", "dtype": "float32", "layers": 4, "hidden": 64,
+              "seq": 32, "vocab": 128, "schedule": "interleaved", "v": 2, "m": 4, "microbatch_size": 2, "zero": True}
+    account = {dim: {"calls": 4, "bytes": 65536} for dim in mesh.DIMS}
+    accounts = [{"pp": 0, "measured": account, "expected": account, "match": {dim: True for dim in mesh.DIMS}}]
+    result = {"config": config, "losses": [4.2, 4.1], "ref_losses": [4.2, 4.1], "max_loss_rel_diff": 1e-7,
+              "max_param_rel_diff": 2e-7, "step_time_s": 0.05}
+    assert_both(lambda lang: "\n".join(summary_text(result, accounts, lang)), "capstone summary")
