@@ -248,3 +248,43 @@ def test_lesson4_summary_in_spanish():
         return "\n".join(lines + lesson4.verdict(summary, cfg, list(checks), lang))
 
     assert_both(render, "lesson 4 summary")
+
+
+def test_lesson7_report_in_spanish():
+    """Lesson 7's report: its KV cache and prefix parts from the recorded run's events; TP, PP,
+    TP × PP and routing from their summaries' shapes."""
+    from types import SimpleNamespace
+
+    from distai.engine.experiments import lesson7 as l7
+
+    events = recorded("lesson7")
+    config = next(e for e in events if e["kind"] == "config")
+    kv = {"throughput_ratio": 1.6, **next(e for e in events if e["kind"] == "kv_compare")}
+    px = next(e for e in events if e["kind"] == "prefix_compare")
+    px = {"tokens_equal": True, "ttft_ratio": 22.8, **px,
+          "prefix": {"logical_blocks_mean": 65.5, "memory_saved": 0.46, "hit_rate": 0.9, "cow": 3, "evicted": 0,
+                     **px["prefix"]}}
+    cfg = SimpleNamespace(layers=config["layers"], hidden=config["hidden"], heads=config["heads"],
+                          group_heads=config["kv_heads"])
+    W = config["W"]
+    tp = {"equal": True, "all_reduces_per_token": 8, "all_reduce_bytes_per_token": 4096,
+          "shards": [{"kv_heads": 2, "kv_bytes": 8192, "formula_bytes": 8192}] * W}
+    pp = {"equal": True, "microbatches": 2,
+          "shards": [{"layers": [0, 1], "kv_bytes": 8192, "formula_bytes": 8192, "sends_per_token": 2}] * W}
+    mesh = {"equal": True, "tp": 2, "pp": 1, "microbatches": 1,
+            "shards": [{"stage": 0, "tp_rank": r, "layers": [0, 1, 2, 3], "kv_heads": [2 * r, 2 * r + 1], "kv_bytes": 8192,
+                        "formula_bytes": 8192, "all_reduces_per_token": 8, "expected_per_token": 8} for r in range(W)]}
+    policy = {"ttft_p50_s": 0.02, "ttft_p99_s": 0.1, "tpot_p50_s": 0.01, "tpot_p99_s": 0.02,
+              "throughput_tokens_per_s": 812.0, "prefix_hit_rate": 0.4}
+    rt = {"replicas": 4, "requests": 200, "rate_per_s": 12.5, "load": 0.8, "cost": {"source": "measured"},
+          "cost_examples": {"prefix_len": 100, "prefill_prefix_s": 0.004, "prompt_len": 140, "prefill_prompt_s": 0.005,
+                            "decode_1_s": 0.002, "max_batch": 16, "decode_max_s": 0.004},
+          "policies": {"round-robin": policy, "prefix-affinity": policy}}
+
+    def render(lang: str) -> str:
+        lines = (l7.head_lines(cfg, config["params"], config["dtype"], W, "gloo", lang) + l7.tp_lines(tp, W, cfg.layers, lang)
+                 + l7.pp_lines(pp, W, lang) + l7.mesh_lines(mesh, lang) + l7.kv_lines(kv, lang)
+                 + l7.prefix_lines(px, lang) + l7.routing_lines(rt, lang))
+        return "\n".join(lines)
+
+    assert_both(render, "lesson 7 report")
