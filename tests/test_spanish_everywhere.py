@@ -35,6 +35,7 @@ ratio training failure failures attempt attempts redone saved must got choose
 unknown value whole number greater least most serving requests targets best rejected microbatches
 stages chunks sequence sequences flight replica replicas bound within which what when where this that
 these those it its be been was were has have had will would can could should into over under
+such option see got
 """.split())
 
 # set aside before looking for words: code identifiers, flags, units and numbers
@@ -112,6 +113,16 @@ def test_quiz_errors_in_spanish(capsys):
     err = capsys.readouterr().err
     assert code == 2 and "500" in err
     assert_spanish(err, "quiz error")
+
+
+@pytest.mark.parametrize("argv", [["--cpu", "0"], ["--gpus", "2", "--cpu", "2"], ["--steps", "-1"],
+                                  ["--max-restarts", "500"]])
+def test_run_refusals_in_spanish(capsys, argv):
+    """`distai run` refuses bad requests before launching anything: one line, in Spanish."""
+    code = main(["run", "1", *argv, "--lang", "es"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and argv[0] in err
+    assert_spanish(err, f"distai run {' '.join(argv)}")
 
 
 def test_help_follows_distai_lang():

@@ -288,14 +288,14 @@ def run_cmd(
     try:
         validate_nodes(nnodes, node_rank, master_addr, master_port, rdzv_backend, rdzv_id)
         validate_args(extra)
-        placement = choose_placement(gpus=gpus, cpu=cpu, default_nproc=default_ranks)
+        placement = choose_placement(gpus=gpus, cpu=cpu, default_nproc=default_ranks, lang=language)
         plan = chosen.launch_plan_function()
         if plan is not None:
             given = cpu if cpu is not None else gpus
             cuda = placement.device == "cuda"
             ranks = plan(extra, None if given is None else given * nnodes, default_ranks, cuda)
             if given is None and ranks != placement.nproc * nnodes:
-                placement = choose_placement(gpus=gpus, cpu=cpu, default_nproc=max(1, ranks // nnodes))
+                placement = choose_placement(gpus=gpus, cpu=cpu, default_nproc=max(1, ranks // nnodes), lang=language)
                 plan(extra, placement.nproc * nnodes, default_ranks, placement.device == "cuda")
     except LaunchError as exc:
         raise CliError(str(exc), code=exc.code) from None

@@ -76,8 +76,8 @@ def default_launch_factory(lesson, consumer, nproc: int | None = None, args: lis
     from ..engine.supervisor import make_launch
     from .paths import runs_root
 
-    placement = choose_placement(cpu=nproc, default_nproc=getattr(lesson, "ranks", 4)) if nproc \
-        else choose_placement(default_nproc=getattr(lesson, "ranks", 4))
+    placement = choose_placement(cpu=nproc, default_nproc=getattr(lesson, "ranks", 4), lang=lang or "en") if nproc \
+        else choose_placement(default_nproc=getattr(lesson, "ranks", 4), lang=lang or "en")
     record = create_run(runs_root(), lesson.id, lesson.experiment, argv=["distai tutor"])
     return make_launch(LaunchSpec(lesson.experiment, placement, list(args or []), lang=lang), record, consumer=consumer,
                        max_restarts=getattr(lesson, "max_restarts", 0))
