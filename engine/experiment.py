@@ -29,14 +29,30 @@ from datetime import timedelta
 from typing import Any
 
 from ..lessons.events import ERROR, PROGRESS, SUMMARY, Error
+from ..lessons.strings import detect_language, translated
 from .events import EventSink
 
 __all__ = ["run_experiment", "UsageError", "exit_with", "checkpoint", "Progress", "device_sync", "max_over_ranks",
-           "all_ranks_true", "BARRIER_TIMEOUT_ENV"]
+           "all_ranks_true", "BARRIER_TIMEOUT_ENV", "run_language", "summary_lines"]
 
 BARRIER_TIMEOUT_ENV = "DISTAI_BARRIER_TIMEOUT_S"
 _gloo_group: Any = None
 
+
+
+def run_language() -> str:
+    """The language of rank 0's printed summary: the learner's, which the launcher passes in
+    ``DISTAI_LANG`` (else the locale the ranks inherit, else English)."""
+    return detect_language()
+
+
+def summary_lines(section: str, lang: str) -> Callable[..., str]:
+    """``say(key, **fields)``: one line of an experiment's printed summary, the template
+    ``<section>.<key>`` of ``lessons/catalog/summary.toml`` in ``lang`` (numbers already formatted
+    by ``lessons/units.py``)."""
+    def say(key: str, /, **fields: Any) -> str:
+        return translated("summary", f"{section}.{key}", lang, **fields)
+    return say
 
 
 class UsageError(ValueError):

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..lessons.events import ERROR, OUTPUT, RUN_END, RUN_START, SUMMARY, Error
+from ..lessons.strings import LANG_ENV, translated
 from .lifeline import LAUNCHER_PID_ENV, parent_death_signal
 from .profiling import PROFILE_DIR_ENV
 from .runs import RunRecord, set_command, tail_lines
@@ -78,39 +79,38 @@ def visible_cuda_devices() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def _check_count(flag: str, value: int, limit: int) -> None:
+def _check_count(flag: str, value: int, limit: int, lang: str = "en") -> None:
     if value <= 0:
-        raise LaunchError(f"{flag} must be at least 1, got {value}")
+        raise LaunchError(translated("run", "placement.at_least_one", lang, flag=flag, value=value))
     if value > limit:
-        raise LaunchError(f"{flag} {value} is more than this launcher allows ({limit} per node)")
+        raise LaunchError(translated("run", "placement.too_many", lang, flag=flag, value=value, limit=limit))
 
 
 def choose_placement(gpus: int | None = None, cpu: int | None = None,
-                     cuda_count: int | None = None, default_nproc: int = DEFAULT_CPU_PROCS) -> Placement:
-    """``--gpus N`` / ``--cpu N`` (or neither) → where and how many processes to run.
+                     cuda_count: int | None = None, default_nproc: int = DEFAULT_CPU_PROCS,
+                     lang: str = "en") -> Placement:
+    """``--gpus N`` / ``--cpu N`` (or neither) → where and how many processes to run; its note and
+    its one-line refusals in ``lang``.
 
     Neither: ``default_nproc`` (the lesson's ``ranks``) GPUs when at least two are visible
     (fewer if fewer are), else that many CPU processes."""
+    say = lambda key, **f: translated("run", f"placement.{key}", lang, **f)  # noqa: E731
     if gpus is not None and cpu is not None:
-        raise LaunchError("choose either --gpus N or --cpu N, not both")
+        raise LaunchError(say("not_both"))
     if cpu is not None:
-        _check_count("--cpu", cpu, MAX_CPU_PROCS)
+        _check_count("--cpu", cpu, MAX_CPU_PROCS, lang)
         return Placement("cpu", cpu)
     if gpus is not None:
-        _check_count("--gpus", gpus, MAX_PROCS)
+        _check_count("--gpus", gpus, MAX_PROCS, lang)
     count = visible_cuda_devices() if cuda_count is None else cuda_count
     if gpus is None:
         if count >= 2:
             return Placement("cuda", min(count, default_nproc))
-        return Placement("cpu", default_nproc,
-                         None if count == 0 else f"one GPU is not a ring: running {default_nproc} CPU "
-                                                 "processes with gloo")
+        return Placement("cpu", default_nproc, None if count == 0 else say("one_gpu", n=default_nproc))
     if count == 0:
-        return Placement("cpu", gpus, f"no CUDA device found: running {gpus} CPU processes with gloo "
-                                      "instead (timings are CPU timings)")
+        return Placement("cpu", gpus, say("no_cuda", n=gpus))
     if count < gpus:
-        raise LaunchError(f"asked for {gpus} GPUs but only {count} CUDA device{'s' if count != 1 else ''} "
-                          f"{'are' if count != 1 else 'is'} visible; use --gpus {count} or fewer")
+        raise LaunchError(say("too_few_gpus" if count != 1 else "one_gpu_visible", gpus=gpus, count=count))
     return Placement("cuda", gpus)
 
 
@@ -132,6 +132,7 @@ class LaunchSpec:
     env: dict[str, str] = field(default_factory=dict)
     max_restarts: int = 0  # torchrun's in-place restarts of the whole group (engine.supervisor relaunches)
     profile: bool = False  # torch.profiler around each rank's work, traces in <run>/profile (engine.profiling)
+    lang: str | None = None  # the learner's language: the ranks print their summary in it (DISTAI_LANG)
 
     @property
     def multinode(self) -> bool:
@@ -364,6 +365,8 @@ class Launch(Stoppable):
         env.setdefault("OMP_NUM_THREADS", "1")
         if self.spec.debug:
             env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+        if self.spec.lang:
+            env[LANG_ENV] = self.spec.lang
         if self.spec.profile:
             env[PROFILE_DIR_ENV] = str(rec.dir / "profile")
             rec.config["profile_dir"] = env[PROFILE_DIR_ENV]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from . import units
 from .model_size import ShapeError
-from .strings import detect_language
+from .strings import detect_language, translated
 
 REQUIRED = ...  # an option the learner must give (Typer's spelling of "no default")
 
@@ -66,14 +66,18 @@ class Option:
         """The key of the parsed value: ``--micro-batch`` -> ``micro_batch``."""
         return self.flag.lstrip("-").replace("-", "_")
 
-    def parse(self, text):
-        """The value of ``text`` (None stays None); a :class:`CalcError` names the option."""
+    def parse(self, text, lang: str = "en"):
+        """The value of ``text`` (None stays None); a :class:`CalcError` names the option (in ``lang``)."""
         if text is None or self.kind == "flag":
             return text
+
+        def refused(key: str, **fields) -> CalcError:
+            return CalcError(translated("calc", f"errors.{key}", lang, flag=self.flag, value=repr(text), **fields))
+
         if self.kind == "choice":
             choice = str(text).strip().lower()
             if choice not in self.choices:
-                raise CalcError(f"{self.flag}: unknown value {text!r}; choose one of {', '.join(self.choices)}")
+                raise refused("unknown_choice", choices=", ".join(self.choices))
             return choice
         text = str(text)
         try:
@@ -83,15 +87,15 @@ class Option:
         minimum = 1 if self.kind == "whole" and self.minimum is None else self.minimum
         if self.kind == "whole":
             if value != math.floor(value):
-                raise CalcError(f"{self.flag}: must be a whole number, got {text!r}")
+                raise refused("whole")
             value = int(value)
         if minimum is not None:
             if self.strict_min and not value > minimum:
-                raise CalcError(f"{self.flag}: must be greater than {minimum:g}, got {text!r}")
+                raise refused("greater", minimum=units.format_plain(minimum, lang))
             if not self.strict_min and value < minimum:
-                raise CalcError(f"{self.flag}: must be at least {minimum:g}, got {text!r}")
+                raise refused("at_least", minimum=units.format_plain(minimum, lang))
         if self.maximum is not None and value > self.maximum:
-            raise CalcError(f"{self.flag}: must be at most {self.maximum:g}, got {text!r}")
+            raise refused("at_most", maximum=units.format_plain(self.maximum, lang))
         return value
 
 
@@ -124,23 +128,24 @@ class Calculator:
     help: str                                  # summary line, blank line, sources and JSON keys
     options: tuple[Option, ...]
     compute: Callable[[dict], dict]            # parsed options -> the JSON object
-    text: Callable[[dict], list[str]]          # the JSON object -> the lines printed
+    text: Callable[[dict, str], list[str]]     # the JSON object, the language -> the lines printed
 
-    def parse(self, given: dict) -> dict:
+    def parse(self, given: dict, lang: str = "en") -> dict:
         """Each option's value from its text in ``given`` (keyed by option name), in declared order."""
-        return {o.name: o.parse(given.get(o.name, None if o.default is REQUIRED else o.default))
+        return {o.name: o.parse(given.get(o.name, None if o.default is REQUIRED else o.default), lang)
                 for o in self.options}
 
-    def run(self, given: dict) -> dict:
+    def run(self, given: dict, lang: str | None = None) -> dict:
         """Parse, then compute; a formula's ValueError is the learner's bad input (one line), and a
-        shape the degrees do not fit says why in the learner's language."""
-        values = self.parse(given)
+        shape the degrees do not fit says why in the learner's language (``lang``, else the locale's)."""
+        lang = lang or detect_language()
+        values = self.parse(given, lang)
         try:
             return self.compute(values)
         except CalcError:
             raise
         except ShapeError as exc:
-            raise CalcError(exc.text(detect_language())) from None
+            raise CalcError(exc.text(lang)) from None
         except ValueError as exc:
             raise CalcError(str(exc)) from None
 
@@ -152,11 +157,19 @@ def table(rows: list[tuple[str, str]]) -> list[str]:
     return [f"  {label:<{width}}  {value}" for label, value in rows]
 
 
-def bytes_text(n) -> str:
+def labels(name: str, lang: str) -> Callable[..., str]:
+    """``say(key, **fields)``: calculator ``name``'s string ``key`` (``lessons/catalog/calc.toml``) in ``lang``."""
+    def say(key: str, /, **fields) -> str:
+        return translated("calc", f"{name}.{key}", lang, **fields)
+    return say
+
+
+def bytes_text(n, lang: str = "en") -> str:
     """``16.6 GB  (15.5 GiB, 16,640,625,000 B)``; a dash for None; past a petabyte-million just ``1e30 B``
     (a 31-digit byte count is no help)."""
     if n is None:
         return "—"
     if abs(n) >= 1e21:
-        return units.format_bytes(n)
-    return f"{units.format_bytes(n)}  ({units.format_bytes(n, binary=True)}, {round(n):,} B)"
+        return units.format_bytes(n, lang=lang)
+    return (f"{units.format_bytes(n, lang=lang)}  ({units.format_bytes(n, binary=True, lang=lang)}"
+            f"{units.number_separator(lang)}{units.format_integer(n, lang)} B)")

@@ -29,17 +29,22 @@ else:  # pragma: no cover
 
 LANGUAGES = ("en", "es")  # every text of the course exists in these; the first is the fallback
 FALLBACK = "en"
+LANG_ENV = "DISTAI_LANG"  # the learner's language, set by the launcher for the ranks it starts (or by hand)
 
 
 def detect_language(explicit: str | None = None, environ: Mapping[str, str] | None = None) -> str:
-    """``explicit`` (``--lang``), else the locale (``LANG=es_ES.UTF-8`` gives Spanish), else English.
-    The tutor and the experiments (which inherit the learner's environment) read it alike."""
+    """``explicit`` (``--lang``), else ``DISTAI_LANG``, else the locale (``LANG=es_ES.UTF-8`` gives
+    Spanish), else English. The tutor, the CLI and the experiments (the launcher sets ``DISTAI_LANG``
+    to the language the run was asked in) read it alike."""
     if explicit:
         lang = explicit.strip().lower()
         if lang not in LANGUAGES:
             raise ValueError(f"unknown language {explicit!r}; choose one of {', '.join(LANGUAGES)}")
         return lang
     env = os.environ if environ is None else environ
+    chosen = env.get(LANG_ENV, "").strip().lower()
+    if chosen:
+        return chosen if chosen in LANGUAGES else FALLBACK
     # POSIX precedence: LC_ALL overrides LC_MESSAGES, which overrides LANG.
     for var in ("LC_ALL", "LC_MESSAGES", "LANG"):
         value = env.get(var, "")

@@ -13,18 +13,21 @@ from typing import Any, Protocol, cast
 import typer
 
 from ..lessons.registry import UnknownLessonError, all_lessons, resolve_lesson
-from ..lessons.strings import strings
+from ..lessons.strings import detect_language, strings
 from ..lessons.units import format_score
+
+#: the language of the help texts: ``DISTAI_LANG``, else the locale (``--help`` is read before ``--lang``)
+HELP_LANG = detect_language()
+HELP = strings("cli", HELP_LANG)
 
 app = typer.Typer(
     name="distai",
-    help="A terminal tutor and live laboratory for distributed AI.",
+    help=HELP["app"],
     no_args_is_help=False,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-calc_app = typer.Typer(help="Calculators for the lessons' formulas (memory, bubble, all-reduce, …).",
-                       no_args_is_help=True)
+calc_app = typer.Typer(help=HELP["calc"], no_args_is_help=True)
 app.add_typer(calc_app, name="calc")
 
 USAGE_ERROR = 2
@@ -36,7 +39,8 @@ def lesson_numbers() -> str:
     return f"{numbers[0]}-{numbers[-1]}"
 
 
-LESSON_HELP = f"Lesson: {lesson_numbers()}, lessonN or its slug."
+LESSON_HELP = HELP["lesson"].format(numbers=lesson_numbers())
+LANG_HELP = HELP["lang"]
 
 
 class CliError(Exception):
@@ -93,17 +97,17 @@ def _version_callback(value: bool) -> None:
 def root(
     ctx: typer.Context,
     version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True,
-                                 help="Print the version and exit."),
+                                 help=HELP["version"]),
 ) -> None:
     """A terminal tutor and live laboratory for distributed AI."""
     if ctx.invoked_subcommand is None:
         typer.echo(ctx.get_help())
 
 
-@app.command()
+@app.command(help=HELP["tutor"])
 def tutor(
-    lesson: str | None = typer.Option(None, "--lesson", "-l", help=f"Open this lesson ({lesson_numbers()}, lessonN or its slug)."),
-    lang: str | None = typer.Option(None, "--lang", help="Language: en or es (default: from the locale)."),
+    lesson: str | None = typer.Option(None, "--lesson", "-l", help=HELP["tutor_lesson"].format(numbers=lesson_numbers())),
+    lang: str | None = typer.Option(None, "--lang", help=LANG_HELP),
 ) -> None:
     """Start the Textual tutor."""
     language = language_or_fail(lang)
@@ -113,10 +117,10 @@ def tutor(
     DistaiApp(language=language, lesson_id=chosen.id if chosen else None).run()
 
 
-@app.command(help=f"List the {len(all_lessons())} lessons with their duration and your progress.")
+@app.command(help=HELP["lessons"].format(n=len(all_lessons())))
 def lessons(
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    lang: str | None = typer.Option(None, "--lang", help="Language: en or es."),
+    as_json: bool = typer.Option(False, "--json", help=HELP["lessons_json"]),
+    lang: str | None = typer.Option(None, "--lang", help=LANG_HELP),
 ) -> None:
     language = language_or_fail(lang)
     from .progress import lesson_mastery

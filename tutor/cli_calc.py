@@ -18,9 +18,10 @@ import typer
 
 from ..lessons.calculator import REQUIRED, CalcError, Calculator
 from ..lessons.registry import all_calculators
-from .cli import CliError, calc_app
+from ..lessons.strings import has, translated
+from .cli import HELP, HELP_LANG, LANG_HELP, CliError, calc_app, language_or_fail
 
-JSON_HELP = "Print one JSON object (keys listed above) instead of text."
+JSON_HELP = HELP["calc_json"]
 
 
 def _jsonable(value):
@@ -40,15 +41,17 @@ def _reflow(doc: str) -> str:
     return "\n\n".join(" ".join(line.strip() for line in p.splitlines()) for p in paragraphs)
 
 
-def run_calculator(calc: Calculator, given: dict, as_json: bool) -> None:
+def run_calculator(calc: Calculator, given: dict, as_json: bool, lang: str | None = None) -> None:
+    """``calc`` on the options ``given``: its JSON object, or its text in ``lang`` (else the locale's)."""
+    language = language_or_fail(lang)
     try:
-        result = calc.run(given)
+        result = calc.run(given, language)
     except CalcError as exc:
         raise CliError(str(exc)) from None
     if as_json:
         typer.echo(json.dumps(_jsonable(result), ensure_ascii=False, indent=2))
     else:
-        for line in calc.text(result):
+        for line in calc.text(result, language):
             typer.echo(line)
 
 
@@ -82,10 +85,12 @@ def command_for(calc: Calculator):
     params = [_parameter(o) for o in calc.options]
     params.append(inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
                                     default=typer.Option(False, "--json", help=JSON_HELP)))
+    params.append(inspect.Parameter("lang", inspect.Parameter.KEYWORD_ONLY, annotation=str | None,
+                                    default=typer.Option(None, "--lang", help=LANG_HELP)))
 
     def command(**given) -> None:
-        as_json = given.pop("as_json")
-        run_calculator(calc, given, as_json)
+        as_json, lang = given.pop("as_json"), given.pop("lang")
+        run_calculator(calc, given, as_json, lang)
 
     command.__name__ = calc.name.replace("-", "_")
     # what Typer reads (inspect.signature honours __signature__, PEP 362; typeshed's functions lack it)
@@ -95,7 +100,10 @@ def command_for(calc: Calculator):
 
 
 def register(calc: Calculator) -> None:
-    calc_app.command(calc.name, help=_reflow(calc.help))(command_for(calc))
+    # the listing (`distai calc --help`) in the help's language; the calculator's own help, its sources
+    # and JSON keys, as declared
+    short = translated("calc", f"summaries.{calc.name}", HELP_LANG) if has("calc", f"summaries.{calc.name}") else None
+    calc_app.command(calc.name, help=_reflow(calc.help), short_help=short)(command_for(calc))
 
 
 for _calc in all_calculators().values():

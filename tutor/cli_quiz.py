@@ -14,7 +14,7 @@ import typer
 
 from ..lessons.strings import strings
 from ..lessons.units import format_score
-from .cli import LESSON_HELP, CliError, app, language_or_fail, lesson_or_fail, open_progress
+from .cli import HELP, LANG_HELP, LESSON_HELP, CliError, app, language_or_fail, lesson_or_fail, open_progress
 
 
 def _read_line() -> str | None:
@@ -84,39 +84,33 @@ def run_quiz(questions, store, session_lesson, lang: str, header: str) -> int:
     return 0
 
 
-@app.command("quiz")
+@app.command("quiz", help=HELP["quiz"])
 def quiz(
     lesson: str | None = typer.Argument(None, help=LESSON_HELP),
     # read as text and checked here (a clear one-line error, exit 2); the help says what they take
-    count: str = typer.Option("5", "--count", "-n", metavar="N", help="How many questions (1-100)."),
-    seed: str | None = typer.Option(None, "--seed", metavar="N", help="Seed for reproducible questions."),
-    review: bool = typer.Option(False, "--review", help="Ask the question kinds due for spaced review."),
-    lang: str | None = typer.Option(None, "--lang", help="Language: en or es (default: from the locale)."),
+    count: str = typer.Option("5", "--count", "-n", metavar="N", help=HELP["quiz_count"]),
+    seed: str | None = typer.Option(None, "--seed", metavar="N", help=HELP["quiz_seed"]),
+    review: bool = typer.Option(False, "--review", help=HELP["quiz_review"]),
+    lang: str | None = typer.Option(None, "--lang", help=LANG_HELP),
 ) -> None:
-    """Quiz yourself on a lesson's formulas and ideas (answers read from stdin, pipe-friendly).
-
-    Numeric answers accept units (16.6 GB, 1.66e10, 16,6 GB, 1.5 ms, 27%) and are checked against
-    the calculators' formulas within the tolerance each question states. Every answer gets the
-    formula worked with the question's numbers. Results go to your progress; --review asks the
-    question kinds that are due (Leitner boxes: 0, 1, 3, 7, 21 days).
-    """
+    """Quiz yourself on a lesson's formulas and ideas (the help text is the catalog's ``cli.quiz``)."""
     import random
 
     language = language_or_fail(lang)
+    T = strings("quiz_cli", language)
     try:
         n = int(count)
     except ValueError:
-        raise CliError(f"--count: must be a whole number, got {count!r}") from None
+        raise CliError(T["count_whole"].format(value=repr(count))) from None
     if not 1 <= n <= 100:
-        raise CliError(f"--count: must be between 1 and 100, got {n}")
+        raise CliError(T["count_range"].format(value=n))
     if seed is None:
         s = random.SystemRandom().randrange(10 ** 6)
     else:
         try:
             s = int(seed)
         except ValueError:
-            raise CliError(f"--seed: must be a whole number, got {seed!r}") from None
-    T = strings("quiz_cli", language)
+            raise CliError(T["seed_whole"].format(value=repr(seed))) from None
     chosen = lesson_or_fail(lesson) if lesson is not None else None
     if chosen is None and not review:
         raise CliError(T["need_lesson"])

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 import typer
 
 from ..lessons.model_size import ShapeError
-from ..lessons.strings import detect_language
-from .cli import LESSON_HELP, CliError, app, lesson_or_fail
+from ..lessons.strings import translated
+from .cli import HELP, LANG_HELP, LESSON_HELP, CliError, app, language_or_fail, lesson_or_fail
 
 if TYPE_CHECKING:
     from rich.live import Live
@@ -46,22 +46,22 @@ def sparkline(values: list[float], width: int = 40) -> str:
     return "".join(SPARK[min(7, int((v - lo) / (hi - lo) * 7.999))] for v in vals)
 
 
-def _fmt_bytes(n: float) -> str:
+def _fmt_bytes(n: float, lang: str = "en") -> str:
     from ..lessons.units import format_bytes
 
-    return format_bytes(n, binary=True)
+    return format_bytes(n, binary=True, lang=lang)
 
 
-def _fmt_bw(bps: float | None) -> str:
+def _fmt_bw(bps: float | None, lang: str = "en") -> str:
     from ..lessons.units import format_bandwidth
 
-    return "—" if bps is None else format_bandwidth(bps)
+    return "—" if bps is None else format_bandwidth(bps, lang=lang)
 
 
-def _fmt_time(s: float | None) -> str:
+def _fmt_time(s: float | None, lang: str = "en") -> str:
     from ..lessons.units import format_time
 
-    return "—" if s is None else format_time(s)
+    return "—" if s is None else format_time(s, lang=lang)
 
 
 def record_in_progress_store(record) -> None:
@@ -79,12 +79,12 @@ def record_in_progress_store(record) -> None:
 
 
 # ------------------------------------------------------------------------------------ the view
-def lesson_view(lesson: str | None):
+def lesson_view(lesson: str | None, lang: str = "en"):
     """The lesson's own view of a run, drawn under the common one (its ``[run] terminal``), or None."""
     from ..lessons.registry import UnknownLessonError, resolve_lesson
 
     try:
-        return resolve_lesson(lesson).terminal_view() if lesson else None
+        return resolve_lesson(lesson).terminal_view(lang) if lesson else None
     except UnknownLessonError:  # a run folder of a lesson this version does not have
         return None
 
@@ -101,7 +101,7 @@ def lesson_summary_is_output(lesson: str | None) -> bool:
         return False
 
 
-def output_lines(state, summary: bool):
+def output_lines(state, summary: bool, lang: str = "en"):
     """The ranks' output under the view: the last six lines, each with its rank; once a run whose summary
     is rank 0's output ended well, that output whole, as rank 0 printed it (a table keeps its header)."""
     from rich.text import Text
@@ -113,15 +113,17 @@ def output_lines(state, summary: bool):
         return Text("\n" + "\n".join(lines)) if lines else None
     out = Text()
     for rank, text in list(state.output)[-6:]:
-        out.append("torchrun " if rank is None else f"rank {rank:<3}", style="dim")
+        out.append("torchrun " if rank is None else translated("cli", "view.rank", lang, rank=f"{rank:<3}"),
+                   style="dim")
         out.append(f" {text[:160]}\n")
     out.rstrip()
     return out if out else None
 
 
 def render_state(state, title: str = "distai run", extra=None, width: int = 100, now: float | None = None,
-                 summary: bool = False):
-    """A Rich renderable of a :class:`~distai.engine.run_state.RunState` (plus a lesson's own view);
+                 summary: bool = False, lang: str = "en"):
+    """A Rich renderable of a :class:`~distai.engine.run_state.RunState` (plus a lesson's own view), in
+    ``lang``;
     ``now`` (a live run's wall clock) keeps its clock running while the ranks start; ``summary``: the
     lesson's summary is rank 0's output (:func:`output_lines`)."""
     from rich.console import Group, RenderableType
@@ -136,12 +138,15 @@ def render_state(state, title: str = "distai run", extra=None, width: int = 100,
         head.append(f"· {state.run_id} ", style="dim")
     if state.nproc:
         head.append(f"· {state.nproc} × {state.device or '?'}{' (' + state.backend + ')' if state.backend else ''} ")
-    from ..lessons.strings import translated
+    from ..lessons.strings import has
+    from ..lessons.units import format_fixed, format_number
 
-    shown = (translated("run", "starting_status", "en") if state.ranks_starting
-             else state.status if state.finished else (state.phase or state.status))
+    say = lambda key, **f: translated("cli", f"view.{key}", lang, **f)  # noqa: E731
+    status = translated("run", state.status, lang) if has("run", state.status) else state.status
+    shown = (translated("run", "starting_status", lang) if state.ranks_starting
+             else status if state.finished else (state.phase or status))
     head.append(f"· {shown} ", style="cyan")
-    head.append(f"· {state.clock(now):.1f} s", style="dim")
+    head.append(f"· {format_fixed(state.clock(now), 1, lang)} s", style="dim")
     parts.append(head)
     if state.note:
         parts.append(Text(state.note, style="yellow"))
@@ -151,57 +156,56 @@ def render_state(state, title: str = "distai run", extra=None, width: int = 100,
 
     if state.losses:
         last = state.last_step or {}
-        line = Text("train  ", style="bold")
-        line.append(f"loss {state.losses[0]:.4f} → {state.losses[-1]:.4f}  ")
+        line = Text(say("train"), style="bold")
+        line.append(say("loss", first=format_fixed(state.losses[0], 4, lang), last=format_fixed(state.losses[-1], 4, lang)))
         line.append(sparkline(state.losses, 40), style="green")
-        line.append(f"  step {last.get('step', 0) + 1}/{state.steps_of or '?'}")
+        line.append(say("step", k=last.get("step", 0) + 1, n=state.steps_of or "?"))
         if last.get("comm_s") is not None:
-            line.append(f"  comm {_fmt_time(last['comm_s'])}  compute {_fmt_time(last['compute_s'])}", style="dim")
+            line.append(say("comm", comm=_fmt_time(last["comm_s"], lang), compute=_fmt_time(last["compute_s"], lang)),
+                        style="dim")
         parts.append(line)
     if extra is not None:
         parts.extend(extra.renderables(width))
     if state.checks:  # the lesson's predictions against this run's measurements (issue 28)
         from .check_table import check_table
 
-        parts.append(check_table(state.checks, detect_language()))
+        parts.append(check_table(state.checks, lang))
     if state.last_ring_step:
         r = state.last_ring_step
-        parts.append(Text(f"ring   call {r.get('call')}: step {r.get('step', 0) + 1}/{r.get('of')} "
-                          f"{r.get('phase')}: rank {r.get('rank')} sends chunk {r.get('chunk')} → rank "
-                          f"{r.get('to')} ({_fmt_bytes(r.get('bytes', 0))}); {state.ring_steps} steps traced",
-                          style="magenta"))
+        parts.append(Text(say("ring", call=r.get("call"), k=r.get("step", 0) + 1, n=r.get("of"), phase=r.get("phase"),
+                              rank=r.get("rank"), chunk=r.get("chunk"), to=r.get("to"),
+                              size=_fmt_bytes(r.get("bytes", 0), lang), traced=state.ring_steps), style="magenta"))
     if state.ring_check:
         parts.append(Text(f"check  ring all-reduce == dist.all_reduce (max |diff| "
                           f"{state.ring_check.get('max_abs_diff', 0):.2g})", style="dim"))
     if state.sweep:
-        table = Table(title="bandwidth sweep (median of the slowest rank)", title_justify="left",
-                      show_edge=False, pad_edge=False)
-        for col in ("size", "ring time", "ring busbw", "all_reduce time", "all_reduce busbw", "ratio"):
-            table.add_column(col, justify="right")
+        table = Table(title=say("sweep"), title_justify="left", show_edge=False, pad_edge=False)
+        for col in ("size", "ring_time", "ring_busbw", "ar_time", "ar_busbw", "ratio"):
+            table.add_column(say(f"sweep_columns.{col}"), justify="right")
         for row in state.sweep:
             ratio = row["ring_busbw"] / row["ar_busbw"] if row.get("ar_busbw") else float("nan")
-            table.add_row(_fmt_bytes(row["size"]), _fmt_time(row["ring_time_s"]), _fmt_bw(row["ring_busbw"]),
-                          _fmt_time(row["ar_time_s"]), _fmt_bw(row["ar_busbw"]),
-                          Text(f"{ratio:.2f}", style="green" if ratio >= 0.9 else "yellow"))
+            table.add_row(_fmt_bytes(row["size"], lang), _fmt_time(row["ring_time_s"], lang),
+                          _fmt_bw(row["ring_busbw"], lang), _fmt_time(row["ar_time_s"], lang), _fmt_bw(row["ar_busbw"], lang),
+                          Text(format_fixed(ratio, 2, lang), style="green" if ratio >= 0.9 else "yellow"))
         parts.append(table)
     for impl, f in state.fits.items():
-        parts.append(Text(f"fit    {impl}: t = 2(N-1)·α + 2(N-1)/N·S·β with α = {_fmt_time(f.get('alpha_s'))}, "
-                          f"β = {f.get('beta_s_per_byte', 0):.3g} s/B (1/β = {_fmt_bw(f.get('bandwidth'))})",
-                          style="dim"))
-    out = output_lines(state, summary)
+        parts.append(Text(say("fit", impl=impl, alpha=_fmt_time(f.get("alpha_s"), lang),
+                              beta=format_number(f.get("beta_s_per_byte", 0), 3, lang),
+                              bw=_fmt_bw(f.get("bandwidth"), lang)), style="dim"))
+    out = output_lines(state, summary, lang)
     if out is not None:
         parts.append(out)
     if state.finished:
         style = {"ok": "bold green", "stopped": "bold yellow"}.get(state.status, "bold red")
-        msg = Text(f"{state.status}", style=style)
+        msg = Text(status, style=style)
         if state.duration_s is not None:
-            msg.append(f" after {state.duration_s:.1f} s", style="dim")
+            msg.append(say("after", s=format_fixed(state.duration_s, 1, lang)), style="dim")
         if state.error:
             msg.append(f": {state.error}")
         parts.append(msg)
         if state.tail and state.status == "failed":
-            who = f"rank {state.failed_rank}" if state.failed_rank is not None else "torchrun"
-            tail = Text(f"last lines of {who}:\n", style="bold")
+            who = say("rank", rank=state.failed_rank) if state.failed_rank is not None else "torchrun"
+            tail = Text(say("last_lines", who=who) + "\n", style="bold")
             tail.append("\n".join("  " + t for t in state.tail[-12:]), style="red")
             parts.append(tail)
     return Group(*parts)
@@ -210,13 +214,15 @@ def render_state(state, title: str = "distai run", extra=None, width: int = 100,
 class TerminalView:
     """Live Rich view in a terminal; a plain final render when stdout is not a terminal."""
 
-    def __init__(self, title: str, live: bool | None = None, lesson: str | None = None, replay: bool = False):
+    def __init__(self, title: str, live: bool | None = None, lesson: str | None = None, replay: bool = False,
+                 lang: str = "en"):
         from rich.console import Console
 
         from ..engine.run_state import RunState
 
         self.state = RunState()
-        self.extra = lesson_view(lesson)
+        self.lang = lang
+        self.extra = lesson_view(lesson, lang)
         self.summary = lesson_summary_is_output(lesson)
         self.title = title
         self.replay = replay  # a replay's clock is its events' (a live one's runs from the launch)
@@ -237,7 +243,7 @@ class TerminalView:
         import time
 
         return render_state(self.state, self.title, self.extra, self.console.width,
-                            now=None if self.replay else time.time(), summary=self.summary)
+                            now=None if self.replay else time.time(), summary=self.summary, lang=self.lang)
 
     def __call__(self, event: dict) -> None:
         self.state.feed(event)
@@ -271,31 +277,29 @@ class JsonView:
 
 
 # ------------------------------------------------------------------------------------ distai run
-@app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, help=HELP["run"])
 def run_cmd(
     ctx: typer.Context,
     lesson: str = typer.Argument(..., help=LESSON_HELP),
-    gpus: int | None = typer.Option(None, "--gpus", help="GPUs per node (NCCL). Without CUDA: that many CPU processes."),
-    cpu: int | None = typer.Option(None, "--cpu", help="CPU processes per node (gloo). Default without GPUs: the lesson's ranks (4)."),
-    nnodes: int = typer.Option(1, "--nnodes", help="Nodes (multi-node: run the same command on every node)."),
-    node_rank: int | None = typer.Option(None, "--node-rank", help="This node's rank (0 on the master)."),
-    master_addr: str | None = typer.Option(None, "--master-addr", help="Address of node 0."),
-    master_port: int | None = typer.Option(None, "--master-port", help="Port on node 0."),
-    rdzv_backend: str = typer.Option("static", "--rdzv-backend",
-                                     help="static (ranks from --node-rank) or c10d (torchrun's dynamic rendezvous "
-                                          "at --master-addr:--master-port)."),
-    rdzv_id: str | None = typer.Option(None, "--rdzv-id", help="c10d rendezvous id shared by every node (e.g. the job id)."),
-    steps: int | None = typer.Option(None, "--steps", help="Training steps (passed to the experiment)."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object per event instead of the live view."),
-    run_dir: str | None = typer.Option(None, "--run-dir", help="Keep this run in DIR (default: the runs folder)."),
-    debug: bool = typer.Option(False, "--debug", help="TORCH_DISTRIBUTED_DEBUG=DETAIL (slower, more checks)."),
-    profile: bool = typer.Option(False, "--profile", help="Record each rank with torch.profiler; the traces go "
-                                                          "to the run's profile/ folder."),
-    max_restarts: int | None = typer.Option(
-        None, "--max-restarts", help="After a failure restart the group up to N times (torchrun's elastic agent; "
-                                     "a fresh torchrun if that fails). Default: the lesson's (lesson 3: 3, others 0)."),
+    gpus: int | None = typer.Option(None, "--gpus", help=HELP["run_gpus"]),
+    cpu: int | None = typer.Option(None, "--cpu", help=HELP["run_cpu"]),
+    nnodes: int = typer.Option(1, "--nnodes", help=HELP["run_nnodes"]),
+    node_rank: int | None = typer.Option(None, "--node-rank", help=HELP["run_node_rank"]),
+    master_addr: str | None = typer.Option(None, "--master-addr", help=HELP["run_master_addr"]),
+    master_port: int | None = typer.Option(None, "--master-port", help=HELP["run_master_port"]),
+    rdzv_backend: str = typer.Option("static", "--rdzv-backend", help=HELP["run_rdzv_backend"]),
+    rdzv_id: str | None = typer.Option(None, "--rdzv-id", help=HELP["run_rdzv_id"]),
+    steps: int | None = typer.Option(None, "--steps", help=HELP["run_steps"]),
+    as_json: bool = typer.Option(False, "--json", help=HELP["run_json"]),
+    run_dir: str | None = typer.Option(None, "--run-dir", help=HELP["run_dir"]),
+    debug: bool = typer.Option(False, "--debug", help=HELP["run_debug"]),
+    profile: bool = typer.Option(False, "--profile", help=HELP["run_profile"]),
+    max_restarts: int | None = typer.Option(None, "--max-restarts", help=HELP["run_max_restarts"]),
+    lang: str | None = typer.Option(None, "--lang", help=LANG_HELP),
 ) -> None:
-    """Launch the lesson's real torch.distributed experiment (extra options go to the experiment)."""
+    """Launch the lesson's real torch.distributed experiment (the help text is the catalog's ``cli.run``)."""
+    language = language_or_fail(lang)
+    say = lambda key, **f: translated("cli", f"run_says.{key}", language, **f)  # noqa: E731
     chosen = lesson_or_fail(lesson)
     from ..engine.launcher import (
         LaunchError,
@@ -307,32 +311,32 @@ def run_cmd(
     )
 
     if not experiment_available(chosen.experiment):
-        raise CliError(f"lesson {chosen.number}'s experiment is not yet available in this version of distai")
+        raise CliError(say("unavailable", n=chosen.number))
     restarts = getattr(chosen, "max_restarts", 0) if max_restarts is None else max_restarts
     if not 0 <= restarts <= 100:
-        raise CliError(f"--max-restarts must be between 0 and 100, got {restarts}")
+        raise CliError(say("max_restarts", value=restarts))
     extra = list(ctx.args)
     if steps is not None:
         if steps < 0:
-            raise CliError(f"--steps must be >= 0, got {steps}")
+            raise CliError(say("steps", value=steps))
         extra = ["--steps", str(steps), *extra]
     default_ranks = getattr(chosen, "ranks", 4)
     try:
         validate_nodes(nnodes, node_rank, master_addr, master_port, rdzv_backend, rdzv_id)
         validate_args(extra)
-        placement = choose_placement(gpus=gpus, cpu=cpu, default_nproc=default_ranks)
+        placement = choose_placement(gpus=gpus, cpu=cpu, default_nproc=default_ranks, lang=language)
         plan = chosen.launch_plan_function()
         if plan is not None:
             given = cpu if cpu is not None else gpus
             cuda = placement.device == "cuda"
             ranks = plan(extra, None if given is None else given * nnodes, default_ranks, cuda)
             if given is None and ranks != placement.nproc * nnodes:
-                placement = choose_placement(gpus=gpus, cpu=cpu, default_nproc=max(1, ranks // nnodes))
+                placement = choose_placement(gpus=gpus, cpu=cpu, default_nproc=max(1, ranks // nnodes), lang=language)
                 plan(extra, placement.nproc * nnodes, default_ranks, placement.device == "cuda")
     except LaunchError as exc:
         raise CliError(str(exc), code=exc.code) from None
     except ShapeError as exc:  # the model's shape does not allow the degrees: why, in the learner's language
-        raise CliError(exc.text(detect_language())) from None
+        raise CliError(exc.text(language)) from None
     except ValueError as exc:  # the experiment's own plan refused the options
         raise CliError(str(exc)) from None
     from ..engine.runs import create_run
@@ -345,10 +349,10 @@ def run_cmd(
         raise CliError(str(exc)) from None
     spec = LaunchSpec(chosen.experiment, placement, extra, nnodes=nnodes, node_rank=node_rank,
                       master_addr=master_addr, master_port=master_port, rdzv_backend=rdzv_backend,
-                      rdzv_id=rdzv_id, debug=debug, profile=profile)
+                      rdzv_id=rdzv_id, debug=debug, profile=profile, lang=language)
     if placement.note and as_json:  # the live view shows it itself
         typer.echo(f"distai: {placement.note}", err=True)
-    view = JsonView() if as_json else TerminalView(f"distai run {chosen.id}", lesson=chosen.id)
+    view = JsonView() if as_json else TerminalView(f"distai run {chosen.id}", lesson=chosen.id, lang=language)
     from ..engine.supervisor import make_launch
 
     launch = make_launch(spec, record, consumer=view, max_restarts=restarts)
@@ -365,7 +369,7 @@ def run_cmd(
             try:
                 launch.start()
             except OSError as exc:
-                raise CliError(f"could not start torchrun: {exc}", code=1) from None
+                raise CliError(say("no_torchrun", error=exc), code=1) from None
             record_in_progress_store(record)
             try:
                 record = launch.run()
@@ -377,10 +381,10 @@ def run_cmd(
             signal.signal(s, h)
     record_in_progress_store(record)
     if not as_json:
-        typer.echo(f"run folder: {record.path}", err=True)
+        typer.echo(say("folder", path=record.path), err=True)
         if profile:
-            typer.echo(f"torch.profiler traces: {record.config.get('profile_dir')}", err=True)
-        typer.echo(f"export: distai runs export {record.id} --format chrome-trace|csv|jsonl", err=True)
+            typer.echo(say("traces", path=record.config.get("profile_dir")), err=True)
+        typer.echo(say("export", id=record.id), err=True)
     if interrupted or record.status == "stopped":
         raise typer.Exit(130)
     if record.status != "ok":

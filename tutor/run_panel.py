@@ -69,7 +69,8 @@ def hbar(value: float, top: float, width: int) -> str:
     return ("█" * full + (BLOCKS[rest] if rest else "")).ljust(width)
 
 
-def default_launch_factory(lesson, consumer, nproc: int | None = None, args: list[str] | None = None):
+def default_launch_factory(lesson, consumer, nproc: int | None = None, args: list[str] | None = None,
+                           lang: str | None = None):
     """Create (not start) a ``Launch`` of the lesson's experiment in a new run folder (under the
     engine's supervisor when the lesson restarts after failures, as lesson 3 does)."""
     from ..engine.launcher import LaunchSpec, choose_placement
@@ -77,10 +78,10 @@ def default_launch_factory(lesson, consumer, nproc: int | None = None, args: lis
     from ..engine.supervisor import make_launch
     from .paths import runs_root
 
-    placement = choose_placement(cpu=nproc, default_nproc=getattr(lesson, "ranks", 4)) if nproc \
-        else choose_placement(default_nproc=getattr(lesson, "ranks", 4))
+    placement = choose_placement(cpu=nproc, default_nproc=getattr(lesson, "ranks", 4), lang=lang or "en") if nproc \
+        else choose_placement(default_nproc=getattr(lesson, "ranks", 4), lang=lang or "en")
     record = create_run(runs_root(), lesson.id, lesson.experiment, argv=["distai tutor"])
-    return make_launch(LaunchSpec(lesson.experiment, placement, list(args or [])), record, consumer=consumer,
+    return make_launch(LaunchSpec(lesson.experiment, placement, list(args or []), lang=lang), record, consumer=consumer,
                        max_restarts=getattr(lesson, "max_restarts", 0))
 
 
@@ -215,7 +216,9 @@ class RunPanelScreen(Screen):
         self.query_one("#run-log").styles.height = None  # back to the stylesheet's while it runs
         self.query_one("#run-body").styles.height = None
         self.set_class(False, "-view-summary")
-        self.launch = self.launch_factory(self.lesson, self._consume, nproc=self.nproc, args=self.args)
+        # the ranks print their summary in the tutor's language
+        lang = {"lang": self.language} if self.launch_factory is default_launch_factory else {}
+        self.launch = self.launch_factory(self.lesson, self._consume, nproc=self.nproc, args=self.args, **lang)
         self.query_one("#run-status", Static).update(
             translated("run", "starting", self.language, nproc=self.launch.spec.placement.nproc))
         launch = self.launch

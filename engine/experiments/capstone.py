@@ -33,34 +33,42 @@ from ...lessons.events import METRIC, PHASE, PROGRESS
 from ...lessons.units import format_bytes
 from .. import mesh as M
 from ..comm_trace import traced_step
-from ..experiment import exit_with, max_over_ranks, run_experiment
+from ..experiment import exit_with, max_over_ranks, run_experiment, run_language, summary_lines
 from ..mesh_args import MeshConfigError, plan_run
 from ..model import GPT, ModelConfigError
 from ..moe import MoEConfig, make_moe
 
 
 def print_summary(result: dict, accounts: list[dict]) -> None:
-    """The human summary, at most 71 columns wide."""
+    print("\n".join(summary_text(result, accounts)))
+
+
+def summary_text(result: dict, accounts: list[dict], lang: str | None = None) -> list[str]:
+    """The human summary, at most 71 columns wide, in the learner's language (``lang``, else the run's)."""
+    from ...lessons.units import format_fixed, format_number, number_separator
+
+    lang = lang or run_language()
+    say = summary_lines("capstone", lang)
     c = result["config"]
-    cp = f" × cp={c['cp']}" if c.get("cp", 1) > 1 else ""
-    print(f"\nCapstone · pp={c['pp']} × dp={c['dp']} × tp={c['tp']}{cp} on {c['world']} ranks ({c['device']}), "
-          f"{c['dtype']}")
-    if c.get("experts"):
-        print(f"experts: {c['experts']} per layer, top-{c['top_k']}, ep = {c['ep']} inside dp·cp (dropless)")
-    print(f"model: {c['layers']} blocks, h = {c['hidden']}, seq = {c['seq']}, vocab = {c['vocab']}; "
-          f"{c['schedule']}" + (f" v = {c['v']}" if c["schedule"] == "interleaved" else ""))
-    sync = "ZeRO-1" if c["zero"] else "all-reduce (experts: over edp)" if c.get("experts") else "bucketed all-reduce"
-    over = f" over dp·cp = {c['dp'] * c['cp']} ranks" if c.get("cp", 1) > 1 else ""
-    print(f"m = {c['m']} microbatches of {c['microbatch_size']} per DP rank; DP sync{over}:" + ("\n  " if over else " ")
-          + sync)
-    print(f"\n  loss: {', '.join(f'{x:.4f}' for x in result['losses'])}")
+    losses = lambda xs: number_separator(lang).join(format_fixed(x, 4, lang) for x in xs)  # noqa: E731
+    b = lambda n: format_bytes(n, binary=True, lang=lang)  # noqa: E731
+    cp, moe = c.get("cp", 1), bool(c.get("experts"))
+    sync = say("zero1" if c["zero"] else "experts_sync" if moe else "bucketed")
+    out = ["", say("head", pp=c["pp"], dp=c["dp"], tp=c["tp"], cp=f" × cp={cp}" if cp > 1 else "",
+                   world=c["world"], device=c["device"], dtype=c["dtype"])]
+    if moe:
+        out.append(say("experts", experts=c["experts"], top_k=c["top_k"], ep=c["ep"]))
+    out += [say("model", layers=c["layers"], hidden=c["hidden"], seq=c["seq"], vocab=c["vocab"], schedule=c["schedule"],
+                v=f" v = {c['v']}" if c["schedule"] == "interleaved" else ""),
+            say("microbatches_cp" if cp > 1 else "microbatches", m=c["m"], size=c["microbatch_size"], sync=sync,
+                ranks=c["dp"] * cp),
+            "", say("loss", losses=losses(result["losses"]))]
     if result["ref_losses"] is not None:
-        print(f"  one process: {', '.join(f'{x:.4f}' for x in result['ref_losses'])}")
-        print(f"  largest relative difference: loss {result['max_loss_rel_diff']:.1e} · "
-              f"parameters {result['max_param_rel_diff']:.1e}")
-    print(f"  step time (median): {result['step_time_s'] * 1e3:.1f} ms")
-    print("\n  communication per step and rank (bytes sent, ring algorithms)")
-    print("  stage  group  calls measured/formula   bytes measured/formula   ok")
+        out += [say("one_process", losses=losses(result["ref_losses"])),
+                say("rel_diff", loss=format_number(result["max_loss_rel_diff"], 2, lang),
+                    params=format_number(result["max_param_rel_diff"], 2, lang))]
+    out += [say("step", ms=format_fixed(result["step_time_s"] * 1e3, 1, lang)), "", say("comm"),
+            say("columns")]
     seen = set()
     for a in accounts:
         key = a["pp"]
@@ -69,12 +77,11 @@ def print_summary(result: dict, accounts: list[dict]) -> None:
         seen.add(key)
         for dim in a["expected"]:
             got, want = a["measured"][dim], a["expected"][dim]
-            print(f"  {a['pp']:>5}  {dim:>5}  {got['calls']:>8}/{want['calls']:<8}      "
-                  f"{format_bytes(got['bytes'], binary=True):>10}/{format_bytes(want['bytes'], binary=True):<10}"
-                  f"   {'yes' if a['match'][dim] else 'NO'}")
-    print("  (" + ("ep: each stage's first rank's routing"
-                  if c.get("experts") else "every rank of a pipeline stage sends the same") + "; all ranks: "
-          + ("all match" if all(all(a["match"].values()) for a in accounts) else "MISMATCH") + ")")
+            out.append(f"  {a['pp']:>5}  {dim:>5}  {got['calls']:>8}/{want['calls']:<8}      "
+                       f"{b(got['bytes']):>10}/{b(want['bytes']):<10}   {say('yes' if a['match'][dim] else 'no')}")
+    out.append(say("same_per_ep" if moe else "same_per_stage",
+                   verdict=say("all_match" if all(all(a["match"].values()) for a in accounts) else "mismatch")))
+    return out
 
 
 def main(argv=None) -> int:

@@ -28,8 +28,15 @@ from ...lessons.events import LOG
 from ...lessons.lesson1 import formulas
 from ...lessons.lesson1.events import FIT, PHASE, RING_CHECK, STEP, SWEEP, Phase
 from ...lessons.model_size import ModelSize, add_model_options
-from ...lessons.units import UnitError, format_bandwidth, format_time, parse_bytes
-from ..experiment import Progress, checkpoint, exit_with, run_experiment
+from ...lessons.units import (
+    UnitError,
+    format_bandwidth,
+    format_fixed,
+    format_number,
+    format_time,
+    parse_bytes,
+)
+from ..experiment import Progress, checkpoint, exit_with, run_experiment, run_language, summary_lines
 
 #: the GPT whose gradients the ring all-reduces (its size flags default to this)
 DEFAULT_MODEL = ModelSize(vocab=64, hidden=64, heads=4, layers=2, seq=16)
@@ -272,24 +279,27 @@ def run(ctx, args: argparse.Namespace) -> dict | None:
     return None
 
 
-def human_summary(s: dict) -> str:
-    lines = [f"lesson 1 on {s['n']} ranks ({s['backend']}, {s['device']}) in {s['wall_s']:.1f} s"]
-    lines.append(f"  ring all-reduce == dist.all_reduce (max |diff| {s['ring_vs_all_reduce_max_abs_diff']:.2g})")
+def human_summary(s: dict, lang: str | None = None) -> str:
+    """Rank 0's printed summary, in the learner's language (``lang``, else the run's)."""
+    lang = lang or run_language()
+    say = summary_lines("lesson1", lang)
+    lines = [say("head", n=s["n"], backend=s["backend"], device=s["device"], wall=format_time(s["wall_s"], 2, lang))]
+    lines.append(say("check", diff=format_number(s["ring_vs_all_reduce_max_abs_diff"], 2, lang)))
     if s["final_loss"] is not None:
-        lines.append(f"  data-parallel training: loss {s['first_loss']:.4f} -> {s['final_loss']:.4f} "
-                     f"in {s['steps']} steps")
+        lines.append(say("train", first=format_fixed(s["first_loss"], 4, lang), last=format_fixed(s["final_loss"], 4, lang),
+                         steps=s["steps"]))
     if s["peak_ring_busbw"] is not None:
-        lines.append(f"  peak busbw: ring {format_bandwidth(s['peak_ring_busbw'])}, "
-                     f"dist.all_reduce {format_bandwidth(s['peak_ar_busbw'])}")
+        lines.append(say("peak", ring=format_bandwidth(s["peak_ring_busbw"], lang=lang),
+                         ar=format_bandwidth(s["peak_ar_busbw"], lang=lang)))
     if s["busbw_ratio_16MiB_plus"] is not None:
-        lines.append(f"  busbw ratio ring / all_reduce at >= 16 MiB: {s['busbw_ratio_16MiB_plus']:.2f}")
+        lines.append(say("ratio", ratio=format_fixed(s["busbw_ratio_16MiB_plus"], 2, lang)))
     f = s.get("fit", {}).get("ring")
     if f:
-        lines.append(f"  alpha-beta fit (ring): alpha {format_time(f['alpha_s'])}, "
-                     f"beta {f['beta_s_per_byte']:.3g} s/B"
-                     + (f" (= {format_bandwidth(f['bandwidth'])})" if f.get("bandwidth") else ""))
+        bw = say("fit_bandwidth", bw=format_bandwidth(f["bandwidth"], lang=lang)) if f.get("bandwidth") else ""
+        lines.append(say("fit", alpha=format_time(f["alpha_s"], lang=lang),
+                         beta=format_number(f["beta_s_per_byte"], 3, lang), bandwidth=bw))
     if s["device"] == "cpu":
-        lines.append("  (timings are CPU timings: gloo over loopback TCP)")
+        lines.append(say("cpu_timings"))
     return "\n".join(lines)
 
 

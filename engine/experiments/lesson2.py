@@ -39,7 +39,7 @@ from ...lessons.events import LOG, PROGRESS
 from ...lessons.lesson2.events import COMM, MEMORY, PHASE, STEP, STRATEGY_DONE
 from ...lessons.model_size import ModelSize, add_model_options
 from ..comm_trace import traced_step
-from ..experiment import UsageError, exit_with, run_experiment
+from ..experiment import UsageError, exit_with, run_experiment, run_language, summary_lines
 from ..metering import CommMeter
 from ..model import GPT, GPTConfig, ModelConfigError, lm_loss
 from ..parallelize import apply_dp, apply_fsdp, apply_zero
@@ -451,30 +451,37 @@ def run(ctx, args: argparse.Namespace) -> dict:
 
 
 def _print_table(rows, num_params, world, args):
-    """Rank 0's figures, in lines of at most 70 characters (the launcher prefixes each line)."""
-    from ...lessons.units import format_bytes as fb
+    print("\n".join(summary_table(rows, num_params, world, args, dist.get_backend())))
 
-    print(f"lesson 2: {num_params:,} parameters, {world} ranks, {args.precision}, {args.optimizer}, "
-          f"{args.steps} steps")
-    print(f"{'':<6} {'model states held':^22}  {'bytes sent per step':^22}")
-    print(f"{'':<6} {'measured':>8} {'calc.':>8} {'ratio':>4}  {'measured':>8} {'calc.':>8} {'ratio':>4}"
-          f"  {'step':>7} {'max|Δw|':>7}")
+
+def summary_table(rows, num_params, world, args, backend: str, lang: str | None = None) -> list[str]:
+    """Rank 0's figures in the learner's language, in lines of at most 70 characters (the launcher
+    prefixes each line)."""
+    from ...lessons.units import format_bytes, format_fixed, format_integer, format_number, number_separator
+
+    lang = lang or run_language()
+    say = summary_lines("lesson2", lang)
+    fb = lambda n: format_bytes(n, lang=lang)  # noqa: E731
+    ratio = lambda a, b: format_fixed(a / b if b else float("nan"), 2, lang)  # noqa: E731
+    lines = [say("head", params=format_integer(num_params, lang), world=world, precision=args.precision,
+                 optimizer=args.optimizer, steps=args.steps)]
+    m, c, r = say("measured"), say("calc"), say("ratio")
+    lines.append(f"{'':<6} {say('held'):^22}  {say('sent'):^22}")
+    lines.append(f"{'':<6} {m:>8} {c:>8} {r:>4}  {m:>8} {c:>8} {r:>4}  {say('step'):>7} {'max|Δw|':>7}")
     ddp_sent = next((r[3] for r in rows if r[0] == "ddp"), None)
     for s, total, pred, sent, psent, st, diff, _ in rows:
-        diff_s = "-" if diff is None else f"{diff:.1e}"
-        print(f"{s:<6} {fb(total):>8} {fb(pred):>8} {total / pred:>4.2f}  {fb(sent):>8} {fb(psent):>8} "
-              f"{sent / psent if psent else float('nan'):>4.2f}  {st * 1e3:>5.0f}ms {diff_s:>7}")
-    print("max|Δw|: largest difference from one process on the whole batch")
+        diff_s = "-" if diff is None else format_number(diff, 2, lang)
+        lines.append(f"{s:<6} {fb(total):>8} {fb(pred):>8} {ratio(total, pred):>4}  {fb(sent):>8} {fb(psent):>8} "
+                     f"{ratio(sent, psent):>4}  {format_fixed(st * 1e3, 0, lang):>5}ms {diff_s:>7}")
+    lines.append(say("diff_legend"))
     if ddp_sent:
-        ratios = ", ".join(f"{s} {sent / ddp_sent:.2f}x" for s, _, _, sent, *_ in rows if s != "ddp")
-        print(f"sent vs DDP: {ratios}")
-    if any(r[0] == "fsdp2" for r in rows) and dist.get_backend() == "gloo":
-        print("fsdp2 on gloo: gloo's reduce_scatter_tensor is an all-reduce of a")
-        print("copy, 2x a real reduce-scatter (ours uses all_to_all_single)")
+        ratios = number_separator(lang).join(f"{s} {ratio(sent, ddp_sent)}x" for s, _, _, sent, *_ in rows if s != "ddp")
+        lines.append(say("vs_ddp", ratios=ratios))
+    if any(r[0] == "fsdp2" for r in rows) and backend == "gloo":
+        lines += say("fsdp2_gloo").splitlines()
     if args.precision != "fp32":
-        print("bf16: ddp and the reference use autocast (fp32 parameters, fp32")
-        print("gradients all-reduced); our ZeRO keeps bf16 parameters and gradients")
-        print("and an fp32 master copy, so results differ at bf16 precision")
+        lines += say("bf16").splitlines()
+    return lines
 
 
 if __name__ == "__main__":

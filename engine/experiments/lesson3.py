@@ -60,6 +60,8 @@ from ..experiment import (
     exit_with,
     max_over_ranks,
     run_experiment,
+    run_language,
+    summary_lines,
 )
 from ..model import GPT, DropoutMasks, ModelConfigError, lm_loss, make_batch
 
@@ -609,32 +611,34 @@ def checkpoint_cost(args, rank: int, world: int, device, folder: Path, checkpoin
     return {"steps": steps, "every": every, "write_s": t_write, **out}
 
 
-def format_summary(s: dict) -> str:
-    lines = [f"{s['steps']} steps on {s['world_size']} ranks, {s['attempts']} attempt"
-             f"{'s' if s['attempts'] != 1 else ''}: {s.get('failures', 0)} failure(s), {s.get('restarts', 0)} "
-             f"restart(s), {s.get('redone_steps', 0)} step(s) redone; {s.get('checkpoints', 0)} checkpoints "
-             f"({s['form']}) of {s.get('checkpoint_bytes', 0) / 1024:.1f} KiB, "
-             f"{s.get('checkpoint_seconds_mean', 0) * 1e3:.1f} ms each on average"]
+def format_summary(s: dict, lang: str | None = None) -> str:
+    """Rank 0's printed summary, in the learner's language (``lang``, else the run's)."""
+    from ...lessons.units import format_bytes, format_fixed, format_number, number_separator
+
+    lang = lang or run_language()
+    say = summary_lines("lesson3", lang)
+    ms = lambda x: format_fixed(x * 1e3, 1, lang) + " ms"  # noqa: E731
+    lines = [say("head", steps=s["steps"], world=s["world_size"], attempts=s["attempts"],
+                 failures=s.get("failures", 0), restarts=s.get("restarts", 0), redone=s.get("redone_steps", 0),
+                 checkpoints=s.get("checkpoints", 0), form=s["form"],
+                 size=format_bytes(s.get("checkpoint_bytes", 0), binary=True, lang=lang),
+                 each=ms(s.get("checkpoint_seconds_mean", 0)))]
     k = s.get("ckpt_cost")
     if k:
-        ms = lambda x: f"{x * 1e3:.1f} ms"  # noqa: E731
-        lines.append(f"checkpoint cost, a dcp save every {k['every']} steps: {ms(k['none']['step_s'])}/step without")
-        lines.append(f"  sync:  {ms(k['sync']['step_s'])}/step, a save blocks {ms(k['sync']['blocked_s'])}, "
-                     f"+{ms(k['sync']['per_checkpoint_s'])} per checkpoint")
-        lines.append(f"  async: {ms(k['async']['step_s'])}/step, a save blocks {ms(k['async']['blocked_s'])}, "
-                     f"+{ms(k['async']['per_checkpoint_s'])} per checkpoint")
+        lines.append(say("cost", every=k["every"], step=ms(k["none"]["step_s"])))
+        for mode in ("sync", "async"):
+            lines.append(say("cost_mode", mode=f"{mode}:".ljust(6), step=ms(k[mode]["step_s"]),
+                             blocked=ms(k[mode]["blocked_s"]), extra=ms(k[mode]["per_checkpoint_s"])))
     c = s.get("compare")
     if c:
+        weights = say("identical" if c["weights_identical"] else "different")
         if c["identical"]:
-            lines.append(f"resumed run vs uninterrupted run (same seed): {c['equal_steps']}/{c['steps']} losses "
-                         f"identical (==), final weights {'identical' if c['weights_identical'] else 'DIFFERENT'} "
-                         f"(sha256 {c['run_sha256'][:12]}…)")
+            lines.append(say("same", equal=c["equal_steps"], steps=c["steps"], weights=weights,
+                             sha=c["run_sha256"][:12]))
         else:
-            lines.append(f"resumed run vs uninterrupted run (same seed): NOT identical — {c['equal_steps']}/"
-                         f"{c['steps']} losses equal, first difference at step {c['first_diff_step']}, "
-                         f"max |diff| {c['max_abs_diff']:.3g}; weights "
-                         f"{'identical' if c['weights_identical'] else 'different'}"
-                         + (f" (resumed without: {', '.join(s['forgot'])})" if s.get("forgot") else ""))
+            forgot = say("forgot", what=number_separator(lang).join(s["forgot"])) if s.get("forgot") else ""
+            lines.append(say("not_same", equal=c["equal_steps"], steps=c["steps"], first=c["first_diff_step"],
+                             diff=format_number(c["max_abs_diff"], 3, lang), weights=weights, forgot=forgot))
     return "\n".join(lines)
 
 

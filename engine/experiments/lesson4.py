@@ -47,7 +47,7 @@ from ...lessons.events import PHASE
 from ...lessons.lesson4.events import COMM, COMM_CHECK, CONFIG, DTENSOR, MEMORY, PITFALL, STEP, VOCAB
 from ...lessons.lesson4.formulas import activation_bytes_per_layer, tp_comm_per_layer
 from ...lessons.model_size import ModelSize, add_model_options
-from ...lessons.units import format_bytes
+from ...lessons.units import format_bytes, format_fixed, format_number, number_separator
 from ..comm_trace import traced_step
 from ..experiment import (
     Progress,
@@ -55,6 +55,8 @@ from ..experiment import (
     exit_with,
     max_over_ranks,
     run_experiment,
+    run_language,
+    summary_lines,
 )
 from ..metering import CommMeter, SavedActivationMeter
 from ..model import GPT, DropoutMasks, GPTConfig, ModelConfigError, make_batch
@@ -294,31 +296,35 @@ def compare_with_dtensor(cfg: GPTConfig, batch: int, sp: bool, seed: int = 0,
 # The run
 # ----------------------------------------------------------------------------------------------
 
-def verdict(summary: dict, cfg: GPTConfig, modes: list[str]) -> list[str]:
-    """The run in at most six short lines (what a live view shows last)."""
+def verdict(summary: dict, cfg: GPTConfig, modes: list[str], lang: str | None = None) -> list[str]:
+    """The run in at most six short lines (what a live view shows last), in the learner's language."""
+    lang = lang or run_language()
+    say, e, b = summary_lines("lesson4", lang), lambda x: format_number(x, 2, lang), lambda n: _fmt_bytes(n, lang)
+    sep = number_separator(lang)
     T, rows = summary["T"], summary["modes"]
     ok = lambda b: "✓" if b else "✗"  # noqa: E731
-    out = [f"verdict, T={T} ({summary['seconds']:.1f} s):"]
-    out.append("  loss and every gradient = dense: " + ", ".join(
-        f"{m} max diff {rows[m]['max_grad_diff']:.1e} {ok(rows[m]['max_grad_diff'] < 1e-5)}" for m in modes))
-    out.append("  collectives/layer = formula: " + ", ".join(
-        f"{m} {_fmt_bytes(rows[m]['comm_layer0']['fwd']['wire_bytes'])} each way {ok(rows[m]['comm_match'])}"
-        for m in modes))
-    out.append("  activations/layer = Korthikanti + LN stats: " + ", ".join(
-        f"{m} {_fmt_bytes(rows[m]['memory_measured'])} "
+    out = [say("verdict", T=T, seconds=format_fixed(summary["seconds"], 1, lang))]
+    out.append(say("verdict_dense", modes=sep.join(
+        say("verdict_dense_mode", mode=m, diff=e(rows[m]["max_grad_diff"]), ok=ok(rows[m]["max_grad_diff"] < 1e-5))
+        for m in modes)))
+    out.append(say("verdict_comm", modes=sep.join(
+        say("verdict_comm_mode", mode=m, size=b(rows[m]["comm_layer0"]["fwd"]["wire_bytes"]), ok=ok(rows[m]["comm_match"]))
+        for m in modes)))
+    out.append(say("verdict_memory", modes=sep.join(
+        f"{m} {b(rows[m]['memory_measured'])} "
         f"{ok(rows[m]['memory_measured'] == rows[m]['memory_formula'] + rows[m]['memory_ln_stats'])}"
-        for m in modes))
+        for m in modes)))
     v = rows[modes[0]]["vocab"]
-    out.append(f"  vocab-parallel loss: {v['logits_width']}/{cfg.vocab} logits per rank, "
-               f"{_fmt_bytes(v['ce_wire_bytes'])} sent instead of {_fmt_bytes(v['gather_logits_wire_bytes'])}")
+    out.append(say("verdict_vocab", width=v["logits_width"], vocab=cfg.vocab, sent=b(v["ce_wire_bytes"]),
+                   instead=b(v["gather_logits_wire_bytes"])))
     extra = []
     if "forgotten_g" in summary:
-        extra.append(f"forgotten g caught ({summary['forgotten_g']['bug']:.1e})")
+        extra.append(say("verdict_forgotten_g", diff=e(summary["forgotten_g"]["bug"])))
     if "tp+sp" in rows and rows["tp+sp"].get("sp_grads_unsynced_diff") is not None:
-        extra.append(f"SP LN-grad bug caught ({rows['tp+sp']['sp_grads_unsynced_diff']:.1e})")
+        extra.append(say("verdict_sp_bug", diff=e(rows["tp+sp"]["sp_grads_unsynced_diff"])))
     if summary.get("dtensor"):
         worst = max(max(d["out_ours_vs_dtensor"], d["grad_ours_vs_dtensor"]) for d in summary["dtensor"].values())
-        extra.append(f"= DTensor {worst:.0e} {ok(worst < 1e-5)}")
+        extra.append(f"= DTensor {format_number(worst, 1, lang)} {ok(worst < 1e-5)}")
     if extra:
         out.append("  " + "; ".join(extra))
     return out
@@ -340,8 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _fmt_bytes(n: float) -> str:
-    return format_bytes(n, binary=True)
+def _fmt_bytes(n: float, lang: str = "en") -> str:
+    return format_bytes(n, binary=True, lang=lang)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -387,32 +393,50 @@ def _run_mode(ev, cfg: GPTConfig, args: argparse.Namespace, mode: str, T: int, p
 
 
 def _mode_lines(mode: str, sp: bool, T: int, steps: int, tr: dict, l0: dict, mem: dict, vocab: dict,
-                V: int) -> list[str]:
+                V: int, lang: str | None = None) -> list[str]:
     """The report of one mode: losses, layer 0's collectives against the formula, memory, vocab."""
+    lang = lang or run_language()
+    say, e, b = summary_lines("lesson4", lang), lambda x: format_number(x, 2, lang), lambda n: _fmt_bytes(n, lang)
+    loss = lambda x: format_fixed(x, 6, lang)  # noqa: E731
     lines: list[str] = []
-    lines.append(f"\n[{mode}] loss TP {tr['losses'][0]:.6f} vs dense {tr['dense_losses'][0]:.6f} "
-                 f"(step 0); after {steps} SGD steps {tr['losses'][-1]:.6f} vs {tr['dense_losses'][-1]:.6f}; "
-                 f"max |grad diff| {max(tr['max_grad_diff']):.1e}")
+    lines.append("\n" + say("mode_loss", mode=mode, tp=loss(tr["losses"][0]), dense=loss(tr["dense_losses"][0]),
+                               steps=steps, tp_last=loss(tr["losses"][-1]), dense_last=loss(tr["dense_losses"][-1]),
+                               diff=e(max(tr["max_grad_diff"]))))
     for ph in ("fwd", "bwd"):
         c = l0[ph]
-        got = ", ".join(f"{v} {k}" for k, v in c["counts"].items() if v) or "none"
-        want = ", ".join(f"{v} {k}" for k, v in c["formula_counts"].items() if v) or "none"
-        extra = (f"  + {c['regather_count']} re-gather ({_fmt_bytes(c['regather_wire_bytes'])})"
-                 if c["regather_count"] else "")
-        lines.append(f"  layer 0 {ph}: {got}, {_fmt_bytes(c['wire_bytes'])} sent/rank — formula: {want}, "
-                     f"{_fmt_bytes(c['formula_wire_bytes'])}{extra}")
+        got = number_separator(lang).join(f"{v} {k}" for k, v in c["counts"].items() if v) or say("none")
+        want = number_separator(lang).join(f"{v} {k}" for k, v in c["formula_counts"].items() if v) or say("none")
+        extra = say("regather", n=c["regather_count"], size=b(c["regather_wire_bytes"])) if c["regather_count"] else ""
+        lines.append(say("layer0", phase=ph, got=got, size=b(c["wire_bytes"]), want=want,
+                         formula=b(c["formula_wire_bytes"]), extra=extra))
     if l0["grad-sync"]["count"]:
-        lines.append(f"  layer 0 grad-sync (SP layer-norm/bias grads): {l0['grad-sync']['count']} all_reduce, "
-                     f"{_fmt_bytes(l0['grad-sync']['payload_bytes'])}")
-    lines.append(f"  activations/layer/rank (bf16): measured {_fmt_bytes(mem['per_layer']['0'])} = formula "
-                 f"{_fmt_bytes(mem['formula_bytes'])} + LN stats {_fmt_bytes(mem['ln_stats_bytes'])}")
-    lines.append(f"  vocab-parallel loss: each rank holds {vocab['logits_width']} of {V} logits/token; "
-                 f"{vocab['ce_allreduce_count']} all-reduces of s·b numbers = {_fmt_bytes(vocab['ce_wire_bytes'])} "
-                 f"(gathering the logits: {_fmt_bytes(vocab['gather_logits_wire_bytes'])})")
+        lines.append(say("grad_sync", n=l0["grad-sync"]["count"], size=b(l0["grad-sync"]["payload_bytes"])))
+    lines.append(say("activations", measured=b(mem["per_layer"]["0"]), formula=b(mem["formula_bytes"]),
+                     ln=b(mem["ln_stats_bytes"])))
+    lines.append(say("vocab", width=vocab["logits_width"], V=V, n=vocab["ce_allreduce_count"],
+                     size=b(vocab["ce_wire_bytes"]), gather=b(vocab["gather_logits_wire_bytes"])))
     if sp and T > 1:
-        lines.append(f"  bug caught: SP without the layer-norm grad all-reduce → max |grad diff| "
-                     f"{tr['sp_grads_unsynced_diff']:.2e}")
+        lines.append(say("sp_bug", diff=format_number(tr["sp_grads_unsynced_diff"], 3, lang)))
     return lines
+
+
+def head_line(T: int, backend: str, cfg, micro_batch: int, lang: str | None = None) -> str:
+    return summary_lines("lesson4", lang or run_language())(
+        "head", T=T, backend=backend, h=cfg.hidden, a=cfg.heads, s=cfg.seq, b=micro_batch, L=cfg.layers, V=cfg.vocab)
+
+
+def forgotten_g_line(fg: dict, lang: str | None = None) -> str:
+    lang = lang or run_language()
+    return "\n" + summary_lines("lesson4", lang)("forgotten_g", bug=format_number(fg["bug"], 4, lang),
+                                                 fixed=format_number(fg["fixed"], 2, lang))
+
+
+def dtensor_line(mode: str, cmp: dict, lang: str | None = None) -> str:
+    lang = lang or run_language()
+    e = lambda x: format_number(x, 2, lang)  # noqa: E731
+    return summary_lines("lesson4", lang)("dtensor", mode=mode, out=e(cmp["out_ours_vs_dtensor"]),
+                                          grads=e(cmp["grad_ours_vs_dtensor"]), dense=e(cmp["out_ours_vs_dense"]),
+                                          ours=cmp["ours_comm"], theirs=cmp["dtensor_comm"])
 
 
 def run(ctx, args: argparse.Namespace) -> dict:
@@ -435,8 +459,7 @@ def run(ctx, args: argparse.Namespace) -> dict:
                      "micro_batch": args.micro_batch, "layers": cfg.layers, "vocab": cfg.vocab, "dropout": cfg.dropout,
                      "modes": modes, "regather": args.regather, "backend": ctx.backend})
     summary: dict = {"T": T, "modes": {}}
-    lines = [f"lesson 4 — tensor parallelism over T={T} ranks ({ctx.backend}); h={cfg.hidden} a={cfg.heads} "
-             f"s={cfg.seq} b={args.micro_batch} L={cfg.layers} V={cfg.vocab}"]
+    lines = [head_line(T, ctx.backend, cfg, args.micro_batch)]
     for mode in modes:
         summary["modes"][mode] = _run_mode(ev, cfg, args, mode, T, progress, lines)
     if T > 1:
@@ -444,8 +467,7 @@ def run(ctx, args: argparse.Namespace) -> dict:
         PITFALL.emit(ev, {"name": "forgotten-g", "max_diff": fg["bug"], "fixed_diff": fg["fixed"]})
         progress()
         summary["forgotten_g"] = fg
-        lines.append(f"\nbug caught: MLP without its g (all-reduce) → |loss − dense loss| {fg['bug']:.3e} "
-                     f"(with it: {fg['fixed']:.1e})")
+        lines.append(forgotten_g_line(fg))
     if args.dtensor:
         summary["dtensor"] = {}
         for mode in modes:
@@ -454,9 +476,7 @@ def run(ctx, args: argparse.Namespace) -> dict:
             DTENSOR.emit_fields(ev, {"mode": mode, **cmp})
             progress()
             summary["dtensor"][mode] = cmp
-            lines.append(f"DTensor [{mode}] one block: |ours − DTensor| out {cmp['out_ours_vs_dtensor']:.1e}, "
-                         f"grads {cmp['grad_ours_vs_dtensor']:.1e}; |ours − dense| out {cmp['out_ours_vs_dense']:.1e}; "
-                         f"collectives ours {cmp['ours_comm']} DTensor {cmp['dtensor_comm']}")
+            lines.append(dtensor_line(mode, cmp))
     summary["seconds"] = time.time() - t0
     if rank == 0:
         print("\n".join(lines))

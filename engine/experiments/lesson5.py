@@ -46,11 +46,9 @@ from ...lessons.lesson5 import simulator as sim
 from ...lessons.lesson5.events import PP_CONFIG, PP_STAGE, PP_STEP, STEP
 from ...lessons.model_size import ModelSize, add_model_options
 from .. import pipeline as pl
-from ..experiment import Progress, device_sync, exit_with, run_experiment
+from ..experiment import Progress, device_sync, exit_with, run_experiment, run_language, summary_lines
 from ..metering import SavedActivationMeter
 from ..model import ModelConfigError
-
-SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved 1F1B"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -378,45 +376,64 @@ def measured_bubble_check(schedule: str, p: int, m: int, v: int, gathered: list[
     return bd.bubble_check(schedule, steps)
 
 
-def _mib(x) -> str:
-    return "—" if x is None else f"{x / 2**20:.2f}"
+def _mib(x, lang: str = "en") -> str:
+    from ...lessons.units import format_fixed
+
+    return "—" if x is None else format_fixed(x / 2**20, 2, lang)
 
 
 def print_summary(results: list[dict], cfg, args, p: int, m: int, v: int, device) -> None:
-    """The human summary, 71 columns wide (80 in the launcher's view, after its "rank 0   ")."""
-    print(f"\nLesson 5 · pipeline over p = {p} ranks ({device.type}), m = {m} microbatches of "
-          f"{args.microbatch_size}")
-    print(f"model: {cfg.layers} blocks, d = {cfg.hidden}, seq = {cfg.seq}; interleaved v = {v}")
+    print("\n".join(summary_text(results, cfg, args, p, m, v, device.type)))
+
+
+def summary_text(results: list[dict], cfg, args, p: int, m: int, v: int, device_type: str,
+                 lang: str | None = None, cores: int | None = None) -> list[str]:
+    """The human summary, 71 columns wide (80 in the launcher's view, after its "rank 0   "), in the
+    learner's language (``lang``, else the run's)."""
+    from ...lessons.units import (
+        format_fixed,
+        format_fixed_percent,
+        format_number,
+        format_plain,
+        number_separator,
+    )
+
+    lang = lang or run_language()
+    say = summary_lines("lesson5", lang)
+    cores = cpu_cores() if cores is None else cores
+    losses = lambda xs: number_separator(lang).join(format_fixed(x, 4, lang) for x in xs)  # noqa: E731
+    e = lambda x: format_number(x, 2, lang)  # noqa: E731
+    ms = lambda x: format_fixed(x * 1e3, 1, lang)  # noqa: E731
+    pct = lambda x: format_fixed_percent(x, 1, lang)  # noqa: E731
+    out = ["", say("head", p=p, device=device_type, m=m, size=args.microbatch_size),
+           say("model", layers=cfg.layers, d=cfg.hidden, seq=cfg.seq, v=v)]
     for r in results:
-        print(f"\n{SCHEDULE_NAMES[r['schedule']]}")
-        print(f"  loss (ours):   {', '.join(f'{x:.4f}' for x in r['loss'])}")
+        out += ["", say("schedules." + r["schedule"]), say("loss_ours", losses=losses(r["loss"]))]
         if r["torch_loss"] is not None:
-            print(f"  loss (torch):  {', '.join(f'{x:.4f}' for x in r['torch_loss'])}")
-        print(f"  unsplit model, first step: {r['ref_loss']:.4f}")
-        line = f"  max |grad diff|: vs unsplit {r['max_grad_diff_vs_unsplit']:.1e}"
-        if r["max_grad_diff_vs_torch"] is not None:
-            line += f" · vs torch {r['max_grad_diff_vs_torch']:.1e}"
-        print(line)
-        print(f"                   (largest gradient {r['grad_scale']:.1e})")
-        line = f"  step: ours {r['step_time_s'] * 1e3:.1f} ms"
-        if r["torch_step_time_s"]:
-            line += (f" · torch {r['torch_step_time_s'] * 1e3:.1f} ms · ours/torch "
-                     f"{r['step_time_s'] / r['torch_step_time_s']:.2f}x")
-        print(line)
-        print(f"  bubble: measured {r['bubble_measured']:.1%} · formula {r['bubble_formula']:.1%} · "
-              f"replayed {r['bubble_check']['detail']['replay_work']:.1%}")
-        print(f"          (replayed: the schedule with each measured block's work, mean F = "
-              f"{r['t_f_s'] * 1e3:.2f} ms, B = {r['t_b_s'] * 1e3:.2f} ms; why they differ: the check table)")
-        print("  rank  bubble  peak MiB  predicted  microbatches  formula  torch")
-        for s in r["stages"]:
-            print(f"  {s['rank']:>4}  {s['bubble']:6.1%}  {_mib(s['peak_bytes']):>8}  "
-                  f"{_mib(s['peak_expected_bytes']):>9}  {s['peak_microbatches']:>12.2f}  "
-                  f"{s['peak_formula']:>7g}  {_mib(s['torch_peak_bytes']):>5}")
-        print("  (peak: activations autograd saved for backward; predicted from the")
-        print("   order and each chunk's bytes; microbatches = peak / one microbatch)")
-    if device.type == "cpu" and cpu_cores() < p:
-        print(f"\nNote: {p} ranks share {cpu_cores()} CPU cores, so at most {cpu_cores()} stages compute at\n"
-              f"once: the check table's 'CPU contention' is the bubble this adds.")
+            out.append(say("loss_torch", losses=losses(r["torch_loss"])))
+        out.append(say("unsplit", loss=format_fixed(r["ref_loss"], 4, lang)))
+        vs_torch = say("vs_torch", diff=e(r["max_grad_diff_vs_torch"])) if r["max_grad_diff_vs_torch"] is not None else ""
+        out += [say("grad_diff", diff=e(r["max_grad_diff_vs_unsplit"]), vs_torch=vs_torch),
+                say("grad_scale", scale=e(r["grad_scale"]))]
+        torch_step = (say("torch_step", ms=ms(r["torch_step_time_s"]),
+                          ratio=format_fixed(r["step_time_s"] / r["torch_step_time_s"], 2, lang))
+                      if r["torch_step_time_s"] else "")
+        out += [say("step", ms=ms(r["step_time_s"]), torch=torch_step),
+                say("bubble", measured=pct(r["bubble_measured"]), formula=pct(r["bubble_formula"]),
+                    replayed=pct(r["bubble_check"]["detail"]["replay_work"])),
+                say("simulated", f=format_fixed(r["t_f_s"] * 1e3, 2, lang), b=format_fixed(r["t_b_s"] * 1e3, 2, lang))]
+        head = [say(f"columns.{c}") for c in ("rank", "bubble", "peak", "predicted", "microbatches", "formula", "torch")]
+        widths = [max(w, len(h)) for w, h in zip((4, 6, 8, 9, 12, 7, 5), head)]
+        out.append("  " + "  ".join(f"{h:>{w}}" for h, w in zip(head, widths)))
+        for st in r["stages"]:
+            cells = (str(st["rank"]), pct(st["bubble"]), _mib(st["peak_bytes"], lang), _mib(st["peak_expected_bytes"], lang),
+                     format_fixed(st["peak_microbatches"], 2, lang), format_plain(st["peak_formula"], lang),
+                     _mib(st["torch_peak_bytes"], lang))
+            out.append("  " + "  ".join(f"{c:>{w}}" for c, w in zip(cells, widths)))
+        out += say("peak_legend").splitlines()
+    if device_type == "cpu" and cores < p:
+        out += [""] + say("cpu_note", p=p, cores=cores).splitlines()
+    return out
 
 
 def cpu_cores() -> int:

@@ -45,7 +45,7 @@ from ...lessons.lesson6.events import BUCKET_SWEEP, GRAD_HIST, PHASE, SCALE, TIM
 from ...lessons.lesson6.simulation import exponent_histogram
 from ...lessons.model_size import ModelSize, add_model_options
 from ..bucketing import StepTimeline, ddp_timed_allreduce_hook
-from ..experiment import Progress, device_sync, exit_with, run_experiment
+from ..experiment import Progress, device_sync, exit_with, run_experiment, run_language, summary_lines
 from ..loss_scaling import DynamicLossScaler, MasterWeightOptimizer
 from ..model import GPT, ModelConfigError, lm_loss, make_batch
 from ..parallelize import apply_dp
@@ -365,39 +365,41 @@ def run(ctx, args: argparse.Namespace) -> dict | None:
     return summary
 
 
-def _n(k: int, word: str) -> str:
-    return f"{k} {word}{'' if k == 1 else 's'}"
-
-
-def _pct(x) -> str:
+def _pct(x, lang: str) -> str:
     """Two significant digits: the underflow shares are often a few thousandths of a percent."""
-    return "n/a" if x is None else f"{100 * x:.2g}%"
+    from ...lessons.units import format_percent
+
+    return "n/a" if x is None else format_percent(x, 2, lang)
 
 
-def format_summary(s: dict) -> str:
+def format_summary(s: dict, lang: str | None = None) -> str:
     """At most 6 lines of at most 71 columns: the launcher shows the last 6 lines of the output,
-    each after a 9-column rank label, in 80 columns."""
+    each after a 9-column rank label, in 80 columns. In the learner's language (``lang``, else the run's)."""
+    from ...lessons.units import format_fixed, format_number, format_plain
+
+    lang = lang or run_language()
+    say = summary_lines("lesson6", lang)
     lines = []
     sc = s.get("scaling")
     if sc and not sc.get("scaler", True):
-        lines.append(f"no scaler ({sc['dtype']}): {_n(sc['overflows'], 'step')} put inf/NaN "
-                     f"in the weights, loss {sc['final_loss']:.4g}")
+        lines.append(say("no_scaler", dtype=sc["dtype"], n=sc["overflows"],
+                         loss=format_number(sc["final_loss"], 4, lang)))
     elif sc:
-        lines.append(f"{sc['dtype']}: {_n(sc['skipped'], 'step')} skipped ({sc['injected']} "
-                     f"injected), scale 2^{math.log2(sc['final_scale']):.0f}, zeros "
-                     f"{_pct(sc['zero_unscaled'])} -> {_pct(sc['zero_scaled'])}")
+        lines.append(say("scaler", dtype=sc["dtype"], n=sc["skipped"], injected=sc["injected"],
+                         exp=f"{math.log2(sc['final_scale']):.0f}", before=_pct(sc["zero_unscaled"], lang),
+                         after=_pct(sc["zero_scaled"], lang)))
     ov = s.get("overlap")
     if ov:
         caps = list(ov["step_ms"])
         best = f"{ov['best_bucket_mb']:g}"
-        lines.append("ms/step   bucket MiB" + "".join(f"{c:>8}" for c in caps))
-        for mode, label in (("overlap", "overlap (ours)"), ("no-overlap", "after backward"),
-                            ("ddp", "torch DDP")):
-            row = "".join(f"{ov['step_ms'][c][mode]:>7.1f}" + ("*" if c == best and mode == "overlap" else " ")
-                          for c in caps)
-            lines.append(f"{label:<20}{row}".rstrip())
-        lines.append(f"best {best} MiB: overlap {ov['overlap_speedup']:.2f}x vs after-backward, "
-                     f"ours/DDP {ov['ours_over_ddp']:.2f}x")
+        lines.append(f"{say('head'):<20}" + "".join(f"{format_plain(float(c), lang):>8}" for c in caps))
+        for mode in ("overlap", "no-overlap", "ddp"):
+            row = "".join(f"{format_fixed(ov['step_ms'][c][mode], 1, lang):>7}"
+                          + ("*" if c == best and mode == "overlap" else " ") for c in caps)
+            lines.append(f"{say('modes.' + mode):<20}{row}".rstrip())
+        lines.append(say("best", best=format_plain(ov["best_bucket_mb"], lang),
+                         speedup=format_fixed(ov["overlap_speedup"], 2, lang),
+                         ddp=format_fixed(ov["ours_over_ddp"], 2, lang)))
     return "\n".join(lines)
 
 

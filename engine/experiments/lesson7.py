@@ -71,7 +71,8 @@ from ...lessons.lesson7.events import (
 )
 from ...lessons.lesson7.paging import BlockAllocator, poisson_requests
 from ...lessons.model_size import ModelSize, add_model_options
-from ..experiment import UsageError, all_ranks_true, exit_with, run_experiment
+from ...lessons.units import format_count, format_fixed, format_fixed_percent, format_integer, format_plain
+from ..experiment import UsageError, all_ranks_true, exit_with, run_experiment, run_language, summary_lines
 from ..inference import (
     DecoderShard,
     KVStore,
@@ -372,14 +373,115 @@ def routing_comparison(args, points: dict | None, ev) -> dict:
 # the run
 # ----------------------------------------------------------------------------------------------
 
-def _fmt_bytes(n: float) -> str:
+def _fmt_bytes(n: float, lang: str = "en") -> str:
     from ...lessons.units import format_bytes
 
-    return format_bytes(n, binary=True)
+    return format_bytes(n, binary=True, lang=lang)
 
 
-def _ms(x):
-    return f"{x * 1e3:.1f} ms"
+def _ms(x, lang: str = "en"):
+    return f"{format_fixed(x * 1e3, 1, lang)} ms"
+
+
+# ---------------------------------------------------------------------------------- the report
+# Rank 0's printed lines, in the learner's language (``lang``, else the run's), from summary.toml.
+
+def _say(lang: str | None) -> tuple[Any, str]:
+    lang = lang or run_language()
+    return summary_lines("lesson7", lang), lang
+
+
+def head_lines(cfg, params: float, dtype: str, W: int, backend: str, lang: str | None = None) -> list[str]:
+    say, lang = _say(lang)
+    return [say("head", params=format_count(params, 3, lang), L=cfg.layers, h=cfg.hidden, heads=cfg.heads,
+                kv_heads=cfg.group_heads, dtype=dtype), say("served", W=W, backend=backend)]
+
+
+def tp_lines(out: dict, W: int, layers: int, lang: str | None = None) -> list[str]:
+    say, lang = _say(lang)
+    b = lambda n: _fmt_bytes(n, lang)  # noqa: E731
+    n = out["all_reduces_per_token"]
+    lines = ["\n" + say("tp", W=W, eq="=" if out["equal"] else "≠", n=format_plain(n, lang))]
+    if W > 1:
+        lines.append(say("tp_each", two_l=2 * layers, size=b(out["all_reduce_bytes_per_token"] / max(1, n))))
+    lines += [say("tp_rank", r=r, heads=sh["kv_heads"], cache=b(sh["kv_bytes"]), formula=b(sh["formula_bytes"]))
+              for r, sh in enumerate(out["shards"])]
+    return lines
+
+
+def pp_lines(out: dict, W: int, lang: str | None = None) -> list[str]:
+    say, lang = _say(lang)
+    lines = ["\n" + say("pp", W=W, m=out["microbatches"], eq="=" if out["equal"] else "≠")]
+    for r, sh in enumerate(out["shards"]):
+        sends = say("sends", n=format_plain(sh["sends_per_token"], lang)) if r < W - 1 else say("back")
+        lines.append(say("pp_stage", r=r, first=sh["layers"][0], last=sh["layers"][-1],
+                         cache=_fmt_bytes(sh["kv_bytes"], lang), formula=_fmt_bytes(sh["formula_bytes"], lang),
+                         sends=sends))
+    return lines
+
+
+def mesh_lines(out: dict, lang: str | None = None) -> list[str]:
+    say, lang = _say(lang)
+    lines = ["\n" + say("mesh", tp=out["tp"], pp=out["pp"], m=out["microbatches"], eq="=" if out["equal"] else "≠")]
+    for r, sh in enumerate(out["shards"]):
+        heads = sh["kv_heads"]
+        lines += [say("mesh_rank", r=r, stage=sh["stage"], tp=sh["tp_rank"], first=sh["layers"][0],
+                      last=sh["layers"][-1], h0=heads[0], h1=heads[-1], cache=_fmt_bytes(sh["kv_bytes"], lang),
+                      formula=_fmt_bytes(sh["formula_bytes"], lang)),
+                  say("mesh_all_reduces", n=format_plain(sh["all_reduces_per_token"], lang), layers=len(sh["layers"]),
+                      m=out["microbatches"], expected=format_plain(sh["expected_per_token"], lang))]
+    return lines
+
+
+def kv_lines(kv: dict, lang: str | None = None) -> list[str]:
+    say, lang = _say(lang)
+    p, c = kv["paged"], kv["contiguous"]
+    pct = lambda x: format_fixed_percent(x, 1, lang)  # noqa: E731
+    return ["\n" + say("kv", requests=kv["requests"], budget=kv["kv_budget_tokens"],
+                        same=say("identical" if kv["tokens_equal"] else "different")),
+            say("kv_contiguous", regions=max(1, kv["kv_budget_tokens"] // kv["max_len"]), max_len=kv["max_len"],
+                waste=pct(c["waste_fraction"]), running=c["max_running"]),
+            say("kv_iterations", n=c["iterations"], rate=format_integer(c["tokens_per_s"], lang)),
+            say("kv_paged", block=kv["block_size"], waste=pct(p["waste_fraction"]), running=p["max_running"],
+                preemptions=p["preemptions"]),
+            say("kv_paged_iterations", n=p["iterations"], rate=format_integer(p["tokens_per_s"], lang),
+                ratio=format_fixed(kv["throughput_ratio"], 2, lang))]
+
+
+def prefix_lines(px: dict, lang: str | None = None) -> list[str]:
+    say, lang = _say(lang)
+    a, b = px["no-sharing"], px["prefix"]
+    pct = lambda x: format_fixed_percent(x, 0, lang)  # noqa: E731
+    return ["\n" + say("prefix", requests=px["requests"], system=px["system_prompt"],
+                        same=say("identical" if px["tokens_equal"] else "different")),
+            say("prefix_blocks", mean=format_integer(b["mean_blocks"], lang),
+                logical=format_integer(b["logical_blocks_mean"], lang), saved=pct(b["memory_saved"])),
+            say("prefix_peak", peak=b["peak_blocks"], size=_fmt_bytes(b["peak_kv_bytes"], lang), other=a["peak_blocks"],
+                other_size=_fmt_bytes(a["peak_kv_bytes"], lang)),
+            say("prefix_prefill", tokens=format_integer(b["prefill_tokens"], lang),
+                other=format_integer(a["prefill_tokens"], lang), hit=pct(b["hit_rate"]), cow=b["cow"],
+                evicted=b["evicted"]),
+            say("prefix_ttft", ttft=_ms(b["ttft_p50_s"], lang), other=_ms(a["ttft_p50_s"], lang),
+                ratio=format_fixed(px["ttft_ratio"], 1, lang))]
+
+
+def routing_lines(rt: dict, lang: str | None = None) -> list[str]:
+    say, lang = _say(lang)
+    ex, ms = rt["cost_examples"], lambda x: _ms(x, lang)
+    lines = ["\n" + say("routing", replicas=rt["replicas"], requests=rt["requests"],
+                         rate=format_fixed(rt["rate_per_s"], 1, lang), load=format_plain(rt["load"], lang),
+                         source=say("sources." + rt["cost"]["source"])),
+             say("routing_costs", prefix=ex["prefix_len"], prefill_prefix=ms(ex["prefill_prefix_s"]),
+                 prompt=ex["prompt_len"], prefill_prompt=ms(ex["prefill_prompt_s"]), one=ms(ex["decode_1_s"]),
+                 b=ex["max_batch"], full=ms(ex["decode_max_s"])),
+             f"  {say('policy'):<18} {'TTFT p50/p99 ms':>15} {'TPOT p50/p99 ms':>15} {'tokens/s':>8} {say('hits'):>5}"]
+    f1 = lambda x: format_fixed(x * 1e3, 1, lang)  # noqa: E731
+    for policy, mtr in rt["policies"].items():
+        ttft = f"{f1(mtr['ttft_p50_s'])}/{f1(mtr['ttft_p99_s'])}"
+        tpot = f"{f1(mtr['tpot_p50_s'])}/{f1(mtr['tpot_p99_s'])}"
+        lines.append(f"  {policy:<18} {ttft:>15} {tpot:>15} {format_integer(mtr['throughput_tokens_per_s'], lang):>8} "
+                     f"{format_fixed_percent(mtr['prefix_hit_rate'], 0, lang):>5}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -411,14 +513,7 @@ def _tp_part(cfg: ModelSize, w, prompts, args: argparse.Namespace, ref: dict, ct
     out = {k: tp[k] for k in ("equal", "all_reduces_per_token", "expected_per_token",
                           "all_reduce_bytes_per_token", "decode_tokens_per_s")}
     out["shards"] = shards
-    lines.append(f"\n[TP={W}] tokens {'=' if tp['equal'] else '≠'} single process; "
-                 f"{tp['all_reduces_per_token']:g} all-reduces per decode step")
-    if W > 1:
-        lines.append(f"  (2·L = {2 * cfg.layers}), "
-                     f"{_fmt_bytes(tp['all_reduce_bytes_per_token'] / max(1, tp['all_reduces_per_token']))} each")
-    for r, sh in enumerate(shards):
-        lines.append(f"  rank {r}: KV heads {sh['kv_heads']} — cache {_fmt_bytes(sh['kv_bytes'])} "
-                     f"(formula {_fmt_bytes(sh['formula_bytes'])})")
+    lines += tp_lines(out, W, cfg.layers)
     return out
 
 
@@ -432,11 +527,7 @@ def _pp_part(cfg: ModelSize, w, prompts, args: argparse.Namespace, ref: dict, ct
     dist.all_gather_object(shards, {k: pp[k] for k in ("kv_bytes", "formula_bytes", "layers", "sends_per_token")})
     out = {k: pp[k] for k in ("equal", "microbatches", "decode_tokens_per_s")}
     out["shards"] = shards
-    lines.append(f"\n[PP={W}, {pp['microbatches']} microbatches] tokens {'=' if pp['equal'] else '≠'} single process")
-    for r, sh in enumerate(shards):
-        sends = (f"{sh['sends_per_token']:g} sends/step" if r < W - 1 else "tokens back to stage 0")
-        lines.append(f"  stage {r}: layers {sh['layers'][0]}–{sh['layers'][-1]}, cache {_fmt_bytes(sh['kv_bytes'])} "
-                     f"(formula {_fmt_bytes(sh['formula_bytes'])}); {sends}")
+    lines += pp_lines(out, W)
     return out
 
 
@@ -452,15 +543,7 @@ def _mesh_part(cfg: ModelSize, w, prompts, args: argparse.Namespace, ref: dict, 
                                                        "kv_heads", "all_reduces_per_token", "expected_per_token")})
     out = {"equal": mp["equal"], "tp": tp_deg, "pp": pp_deg, "microbatches": mp["microbatches"],
            "decode_tokens_per_s": mp["decode_tokens_per_s"], "shards": shards}
-    lines.append(f"\n[TP={tp_deg} × PP={pp_deg}, {mp['microbatches']} microbatches] tokens "
-                 f"{'=' if mp['equal'] else '≠'} single process")
-    for r, sh in enumerate(shards):
-        heads = sh["kv_heads"]
-        lines.append(f"  rank {r} (stage {sh['stage']}, TP {sh['tp_rank']}): layers {sh['layers'][0]}–{sh['layers'][-1]}, "
-                     f"KV heads {heads[0]}–{heads[-1]}: {_fmt_bytes(sh['kv_bytes'])} "
-                     f"(formula {_fmt_bytes(sh['formula_bytes'])})")
-        lines.append(f"    {sh['all_reduces_per_token']:g} all-reduces/step (2·{len(sh['layers'])} layers·"
-                     f"{mp['microbatches']} microbatches = {sh['expected_per_token']:g})")
+    lines += mesh_lines(out)
     return out
 
 
@@ -485,16 +568,7 @@ def _kv_part(cfg: ModelSize, w, args: argparse.Namespace, ctx, skip: set[str], s
             COST_MODEL.emit_fields(ev, points)
         if kv is not None:
             summary["kv"] = kv
-            p, c = kv["paged"], kv["contiguous"]
-            lines.append(f"\n[KV cache] {kv['requests']} requests, same KV memory ({kv['kv_budget_tokens']} tokens): "
-                         f"tokens {'identical' if kv['tokens_equal'] else 'DIFFERENT'}")
-            lines.append(f"  contiguous ({max(1, kv['kv_budget_tokens'] // kv['max_len'])} regions of {kv['max_len']}): "
-                         f"waste {c['waste_fraction']:.1%}, up to {c['max_running']} running,")
-            lines.append(f"    {c['iterations']} iterations, {c['tokens_per_s']:.0f} tokens/s")
-            lines.append(f"  paged (blocks of {kv['block_size']}): waste {p['waste_fraction']:.1%}, up to "
-                         f"{p['max_running']} running, {p['preemptions']} preemptions,")
-            lines.append(f"    {p['iterations']} iterations, {p['tokens_per_s']:.0f} tokens/s → "
-                         f"{kv['throughput_ratio']:.2f}× the contiguous cache's")
+            lines += kv_lines(kv)
     return points
 
 
@@ -503,16 +577,7 @@ def _prefix_part(cfg: ModelSize, w, args: argparse.Namespace, ctx, lines: list[s
     ev = ctx.events
     PHASE.emit(ev, {"name": "prefix sharing"})
     px = prefix_sharing(cfg, w, args, ctx)
-    a, b = px["no-sharing"], px["prefix"]
-    lines.append(f"\n[prefix sharing] {px['requests']} requests sharing a {px['system_prompt']}-token system "
-                 f"prompt, same KV memory: tokens {'identical' if px['tokens_equal'] else 'DIFFERENT'}")
-    lines.append(f"  KV blocks in use: on average {b['mean_blocks']:.0f} hold what {b['logical_blocks_mean']:.0f} "
-                 f"would unshared ({b['memory_saved']:.0%} saved)")
-    lines.append(f"  peak {b['peak_blocks']} blocks ({_fmt_bytes(b['peak_kv_bytes'])}) vs {a['peak_blocks']} "
-                 f"({_fmt_bytes(a['peak_kv_bytes'])}) without sharing")
-    lines.append(f"  prefill {b['prefill_tokens']:,} tokens vs {a['prefill_tokens']:,} ({b['hit_rate']:.0%} of "
-                 f"prompt tokens cached); {b['cow']} copy-on-write, {b['evicted']} evicted")
-    lines.append(f"  TTFT p50 {_ms(b['ttft_p50_s'])} vs {_ms(a['ttft_p50_s'])} → {px['ttft_ratio']:.1f}× sooner")
+    lines += prefix_lines(px)
     return px
 
 
@@ -521,19 +586,7 @@ def _routing_part(args: argparse.Namespace, points: dict | None, ctx, lines: lis
     ev = ctx.events
     PHASE.emit(ev, {"name": "routing across replicas"})
     rt = routing_comparison(args, points, ev)
-    c = rt["cost"]
-    lines.append(f"\n[routing] {rt['replicas']} replicas, {rt['requests']} requests at {rt['rate_per_s']:.1f}/s "
-                 f"(load {rt['load']:g}); costs {c['source']}:")
-    ex = rt["cost_examples"]
-    lines.append(f"  prefill {ex['prefix_len']} tok {_ms(ex['prefill_prefix_s'])}, {ex['prompt_len']} tok "
-                 f"{_ms(ex['prefill_prompt_s'])}; decode step b=1 {_ms(ex['decode_1_s'])}, "
-                 f"b={ex['max_batch']} {_ms(ex['decode_max_s'])}")
-    lines.append(f"  {'policy':<18} {'TTFT p50/p99 ms':>15} {'TPOT p50/p99 ms':>15} {'tokens/s':>8} {'hits':>5}")
-    for policy, mtr in rt["policies"].items():
-        ttft = f"{mtr['ttft_p50_s'] * 1e3:.1f}/{mtr['ttft_p99_s'] * 1e3:.1f}"
-        tpot = f"{mtr['tpot_p50_s'] * 1e3:.1f}/{mtr['tpot_p99_s'] * 1e3:.1f}"
-        lines.append(f"  {policy:<18} {ttft:>15} {tpot:>15} {mtr['throughput_tokens_per_s']:>8.0f} "
-                     f"{mtr['prefix_hit_rate']:>5.0%}")
+    lines += routing_lines(rt)
     return rt
 
 
@@ -553,9 +606,7 @@ def run(ctx, args: argparse.Namespace) -> tuple[dict | None, int]:
                      "params": decode_params(cfg), "tp": mesh[0] if mesh else None, "pp": mesh[1] if mesh else None})
     prompts = torch.randint(0, cfg.vocab, (args.batch, args.prompt), generator=torch.Generator().manual_seed(args.seed + 1))
     summary: dict = {"lesson": "lesson7", "W": W, "device": ctx.device.type, "dtype": args.dtype}
-    lines = [f"lesson 7 — a {decode_params(cfg) / 1e6:.2f}M-parameter decoder (L={cfg.layers}, h={cfg.hidden}, "
-             f"{cfg.heads} heads, {cfg.group_heads} KV heads, {args.dtype})",
-             f"served on W={W} ranks ({ctx.backend})"]
+    lines = head_lines(cfg, decode_params(cfg), args.dtype, W, ctx.backend)
     PHASE.emit(ev, {"name": "single-process reference"})
     ref = single_process(cfg, w, prompts, args.new_tokens, ctx.device, ev, rank)
     summary["single"] = {"decode_tokens_per_s": args.batch * ref["decode_steps"] / ref["decode_s"]}
@@ -577,7 +628,7 @@ def run(ctx, args: argparse.Namespace) -> tuple[dict | None, int]:
     summary["ok"] = ok
     if rank == 0:
         print("\n".join(lines))
-        print(f"\n({summary['seconds']:.1f} s)")
+        print("\n" + summary_lines("lesson7", run_language())("seconds", s=format_fixed(summary["seconds"], 1, run_language())))
     return (summary if rank == 0 else None), 0 if ok else 1
 
 

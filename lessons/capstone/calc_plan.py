@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from .. import units
-from ..calculator import CalcError, Calculator, Option
+from ..calculator import CalcError, Calculator, Option, labels
 from . import planner as pl
 
 RECOMPUTE_CHOICES = ("any",) + pl.RECOMPUTE
@@ -98,61 +98,64 @@ def compute(v: dict) -> dict:
     return out
 
 
-def _memory_line(m: dict) -> str:
-    b = units.format_bytes
-    return (f"  memory per GPU: params {b(m['params_bytes'])}, fp32 gradient buffer {b(m['grad_buffer_bytes'])}, "
-            f"optimizer {b(m['optimizer_bytes'])}, activations {b(m['activations_bytes'])}, logits "
-            f"{b(m['logits_bytes'])}, communication buffers {b(m['comm_buffers_bytes'])}, allocator and context "
-            f"{b(m['allocator_bytes'])}")
+def _memory_line(m: dict, say, lang: str) -> str:
+    b = lambda n: units.format_bytes(n, lang=lang)  # noqa: E731
+    return say("memory_terms", params=b(m["params_bytes"]), grads=b(m["grad_buffer_bytes"]),
+               optimizer=b(m["optimizer_bytes"]), activations=b(m["activations_bytes"]), logits=b(m["logits_bytes"]),
+               comm=b(m["comm_buffers_bytes"]), allocator=b(m["allocator_bytes"]))
 
 
-def text(r: dict) -> list[str]:
-    i, pct, t = r["inputs"], units.format_percent, units.format_time
-    node = ("TP may cross nodes (--tp-across-nodes)" if i["tp_across_nodes"]
-            else f"TP kept inside a node of {i['gpus_per_node']} GPUs (NVLink); --tp-across-nodes lifts it")
-    speed = (f"a fixed efficiency {units.format_number(i['efficiency'])}" if i["efficiency"] is not None else
-             f"GEMMs up to {pct(i['gemm_efficiency'])} of peak, HBM {units.format_bandwidth(i['hbm_bandwidth_bytes_per_s'])}"
-             + (", FlashAttention" if i["flash_attention"] else ""))
-    moe = (f", {i['experts']} experts (top-{i['top_k']}, {units.format_count(i['active_params'])} active)"
+def text(r: dict, lang: str = "en") -> list[str]:
+    i, say = r["inputs"], labels("plan", lang)
+    pct = lambda x: units.format_percent(x, lang=lang)  # noqa: E731
+    t = lambda s: units.format_time(s, lang=lang)  # noqa: E731
+    by = lambda n: units.format_bytes(n, lang=lang)  # noqa: E731
+    whole = lambda n: units.format_integer(n, lang)  # noqa: E731
+    recompute = lambda name: say(f"recompute_{name}")  # noqa: E731
+    node = say("tp_across") if i["tp_across_nodes"] else say("tp_inside", n=i["gpus_per_node"])
+    speed = (say("fixed_efficiency", efficiency=units.format_number(i["efficiency"], lang=lang))
+             if i["efficiency"] is not None else
+             say("gemm_speed", gemm=pct(i["gemm_efficiency"]), hbm=units.format_bandwidth(i["hbm_bandwidth_bytes_per_s"], lang=lang))
+             + (say("flash") if i["flash_attention"] else ""))
+    moe = (say("moe", experts=i["experts"], top_k=i["top_k"], active=units.format_count(i["active_params"], lang=lang))
            if i["experts"] else "")
+    cols = [say(f"columns.{c}") for c in ("recompute", "memory", "step", "bubble")]
     lines = [
-        f"Training {units.format_count(i['params'])} parameters: {i['layers']} layers, h = {i['hidden']}, "
-        f"{i['heads']} heads, {i['kv_heads']} KV heads{moe}",
-        f"sequence {i['seq']:,}, global batch {i['global_batch']:,} on {i['gpus']:,} GPUs × "
-        f"{units.format_bytes(i['gpu_memory_bytes'])}",
-        f"{units.format_count(i['flops'])} FLOP/s peak, {speed}; NVLink "
-        f"{units.format_bandwidth(i['intra_bandwidth_bytes_per_s'])}, between nodes "
-        f"{units.format_bandwidth(i['inter_bandwidth_bytes_per_s'])} per GPU",
+        say("head", params=units.format_count(i["params"], lang=lang), layers=i["layers"], hidden=i["hidden"],
+            heads=i["heads"], kv_heads=i["kv_heads"], moe=moe),
+        say("shape", seq=whole(i["seq"]), batch=whole(i["global_batch"]), gpus=whole(i["gpus"]),
+            memory=by(i["gpu_memory_bytes"])),
+        say("hardware", flops=units.format_count(i["flops"], lang=lang), speed=speed,
+            nvlink=units.format_bandwidth(i["intra_bandwidth_bytes_per_s"], lang=lang),
+            between=units.format_bandwidth(i["inter_bandwidth_bytes_per_s"], lang=lang)),
         node + ".",
         "",
         f"  {'#':>3}  {'TP':>3} {'CP':>3} {'PP':>3} {'DP':>5} {'EP':>3} {'SP':>2} {'mb':>3} {'ZeRO':>4} "
-        f"{'recompute':<9} {'v':>2} {'memory':>9} {'step':>9} {'MFU':>6} {'bubble':>6}",
+        f"{cols[0]:<9} {'v':>2} {cols[1]:>9} {cols[2]:>9} {'MFU':>6} {cols[3]:>6}",
     ]
     for n, c in enumerate(r["configs"][:i["top"]], 1):
         lines.append(f"  {n:>3}  {c['tp']:>3} {c['cp']:>3} {c['pp']:>3} {c['dp']:>5} {c['ep']:>3} "
-                     f"{'on' if c['sp'] else '-':>2} {c['microbatch']:>3} {c['zero']:>4} "
-                     f"{c['recompute']:<9} {c['chunks']:>2} {units.format_bytes(c['memory_bytes']):>9} "
+                     f"{say('sp_on') if c['sp'] else '-':>2} {c['microbatch']:>3} {c['zero']:>4} "
+                     f"{recompute(c['recompute']):<9} {c['chunks']:>2} {by(c['memory_bytes']):>9} "
                      f"{t(c['step_time_s']):>9} {pct(c['mfu']):>6} {pct(c['bubble_fraction']):>6}")
     more = len(r["configs"]) - i["top"]
     if more > 0:
-        lines.append(f"  … {more:,} more feasible (--top N, or --json for all)")
+        lines.append(say("more", n=whole(more)))
     b, bt = r["best"], r["best"]["time"]
-    lines += ["", f"→ best: TP {b['tp']} × CP {b['cp']} × PP {b['pp']} × DP {b['dp']} (EP {b['ep']}), "
-                  f"microbatch {b['microbatch']} (m = {b['microbatches']} per pipeline),",
-              f"  ZeRO-{b['zero']}, {b['recompute']} recompute"
-              + (", sequence parallelism" if b["sp"] else "")
-              + (f", {b['chunks']} chunks per stage" if b["chunks"] > 1 else ""),
-              f"  step {t(b['step_time_s'])}: compute {t(bt['compute_s'])} (GEMMs at "
-              f"{pct(bt['gemm_efficiency'])} of peak), TP {t(bt['tp_comm_s'])}, CP {t(bt['cp_comm_s'])}, "
-              f"PP {t(bt['pp_comm_s'])}, bubble {t(bt['bubble_s'])}, DP not hidden {t(bt['dp_comm_exposed_s'])}",
-              _memory_line(b["memory"]),
-              f"  = {units.format_bytes(b['memory_bytes'])} of the usable "
-              f"{units.format_bytes(b['memory']['usable_bytes'])}"]
+    lines += ["", say("best", tp=b["tp"], cp=b["cp"], pp=b["pp"], dp=b["dp"], ep=b["ep"], mb=b["microbatch"],
+                      m=b["microbatches"]),
+              say("best_zero", zero=b["zero"], recompute=recompute(b["recompute"]),
+                  sp=say("sp") if b["sp"] else "", chunks=say("chunks", n=b["chunks"]) if b["chunks"] > 1 else ""),
+              say("best_step", step=t(b["step_time_s"]), compute=t(bt["compute_s"]), gemm=pct(bt["gemm_efficiency"]),
+                  tp=t(bt["tp_comm_s"]), cp=t(bt["cp_comm_s"]), pp=t(bt["pp_comm_s"]), bubble=t(bt["bubble_s"]),
+                  dp=t(bt["dp_comm_exposed_s"])),
+              _memory_line(b["memory"], say, lang),
+              say("memory_total", memory=by(b["memory_bytes"]), usable=by(b["memory"]["usable_bytes"]))]
     if r["rejected"]:
         groups: dict[str, list[dict]] = {}
         for c in r["rejected"]:
             groups.setdefault(c["kind"], []).append(c)
-        lines += ["", f"Rejected ({len(r['rejected']):,}; --json lists each with its reason):"]
+        lines += ["", say("rejected", n=whole(len(r["rejected"])))]
         for kind, items in groups.items():
             # the nearest miss for memory, else the first of its kind
             example = min(items, key=lambda c: c["memory_bytes"]) if kind == "memory" else items[0]

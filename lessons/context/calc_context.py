@@ -3,7 +3,7 @@ rank sends per layer (ring and all-gather), and whether a ring hop hides behind 
 from __future__ import annotations
 
 from .. import units
-from ..calculator import CalcError, Calculator, Option, bytes_text, table
+from ..calculator import CalcError, Calculator, Option, bytes_text, labels, table
 from ..lesson7.formulas import dtype_bytes
 from ..model_size import check_degrees
 from . import formulas as f
@@ -33,25 +33,26 @@ def compute(v: dict) -> dict:
             "beta": v["beta"]}
 
 
-def text(r: dict) -> list[str]:
-    o = r["overlap"]
-    rows = [("tokens per GPU", f"{r['tokens_per_gpu']:,}"),
-            ("activations per GPU (flash)", bytes_text(r["activation_bytes_per_gpu"])),
-            ("  the same without CP", bytes_text(r["activation_bytes_per_gpu_without_cp"])),
-            ("  with the scores stored", bytes_text(r["activation_bytes_per_gpu_with_scores"])),
-            ("K/V block (one hop)", bytes_text(r["kv_block_bytes"]))]
+def text(r: dict, lang: str = "en") -> list[str]:
+    o, say = r["overlap"], labels("context", lang)
+    b = lambda n: bytes_text(n, lang)  # noqa: E731
+    rows = [(say("tokens"), units.format_integer(r["tokens_per_gpu"], lang)),
+            (say("activations"), b(r["activation_bytes_per_gpu"])),
+            (say("without_cp"), b(r["activation_bytes_per_gpu_without_cp"])),
+            (say("with_scores"), b(r["activation_bytes_per_gpu_with_scores"])),
+            (say("kv_block"), b(r["kv_block_bytes"]))]
     for variant in ("ring", "allgather"):
         c = r[variant]
-        rows.append((f"{variant}: sent per layer", f"{bytes_text(c['total_bytes_per_rank'])}  "
-                     f"({c['forward_messages']} + {c['backward_messages']} messages fwd + bwd)"))
-    rows += [("ring step: compute", units.format_time(o["compute_s"])),
-             ("ring step: one hop", units.format_time(o["hop_s"])),
-             ("hop hidden behind compute", "yes" if o["hidden"] else "no"),
-             ("shard needed to hide it", f"{o['min_tokens']:,.0f} tokens")]
+        rows.append((say("sent", variant=variant), say("messages", bytes=b(c["total_bytes_per_rank"]),
+                                                         fwd=c["forward_messages"], bwd=c["backward_messages"])))
+    rows += [(say("compute"), units.format_time(o["compute_s"], lang=lang)),
+             (say("hop"), units.format_time(o["hop_s"], lang=lang)),
+             (say("hidden"), say("yes" if o["hidden"] else "no")),
+             (say("min_tokens"), say("n_tokens", n=units.format_integer(o["min_tokens"], lang)))]
     if r["idle_fraction_contiguous"] is not None:
-        rows.append(("idle, contiguous causal split", units.format_percent(r["idle_fraction_contiguous"])))
-    return [f"Context parallelism cp = {r['cp']} (tp = {r['tp']}, pp = {r['pp']}): s = {r['seq']:,}, "
-            f"h = {r['hidden']}, a = {r['heads']}, kv heads = {r['kv_heads']}, L = {r['layers']}, {r['dtype']}",
+        rows.append((say("idle"), units.format_percent(r["idle_fraction_contiguous"], lang=lang)))
+    return [say("head", cp=r["cp"], tp=r["tp"], pp=r["pp"], seq=units.format_integer(r["seq"], lang), hidden=r["hidden"],
+                heads=r["heads"], kv_heads=r["kv_heads"], layers=r["layers"], dtype=r["dtype"]),
             *table(rows)]
 
 

@@ -3,7 +3,7 @@ under expert parallelism, the all-to-all bytes per layer and the expected drops.
 from __future__ import annotations
 
 from .. import units
-from ..calculator import CalcError, Calculator, Option, bytes_text, table
+from ..calculator import CalcError, Calculator, Option, bytes_text, labels, table
 from ..lesson7.formulas import dtype_bytes
 from ..model_size import check_degrees
 from . import formulas as f
@@ -32,20 +32,22 @@ def compute(v: dict) -> dict:
             "expected_drop_rate": f.expected_drop_rate(group_tokens, v["experts"], v["top_k"], v["capacity_factor"])}
 
 
-def text(r: dict) -> list[str]:
-    rows = [("total parameters", units.format_count(r["total_params"])),
-            ("active per token", f"{units.format_count(r['active_params'])} "
-                                 f"({units.format_percent(r['active_fraction'])})"),
-            (f"experts per GPU (EP = {r['ep']})", str(r["experts_per_gpu"])),
-            (f"expert weights per GPU ({r['dtype']})", bytes_text(r["expert_bytes_per_gpu"])),
-            ("other weights per GPU (replicated)", bytes_text(r["replicated_bytes_per_gpu"])),
-            ("all-to-all per layer, forward", bytes_text(r["all_to_all_forward_bytes_per_layer"])),
-            ("all-to-all per layer, backward", bytes_text(r["all_to_all_backward_bytes_per_layer"])),
-            (f"capacity per expert (c = {units.format_plain(r['capacity_factor'])})", str(r["capacity"])),
-            ("expected drops (uniform router)", units.format_fixed_percent(r["expected_drop_rate"], 2))]
-    return [f"MoE: {r['layers']} layers × {r['experts']} experts (top-{r['top_k']}"
-            + (f", {r['shared_experts']} shared" if r["shared_experts"] else "")
-            + f"), {units.format_count(r['tokens'])} tokens per GPU", *table(rows)]
+def text(r: dict, lang: str = "en") -> list[str]:
+    say = labels("moe", lang)
+    b = lambda n: bytes_text(n, lang)  # noqa: E731
+    rows = [(say("total"), units.format_count(r["total_params"], lang=lang)),
+            (say("active"), f"{units.format_count(r['active_params'], lang=lang)} "
+                            f"({units.format_percent(r['active_fraction'], lang=lang)})"),
+            (say("per_gpu", ep=r["ep"]), str(r["experts_per_gpu"])),
+            (say("expert_weights", dtype=r["dtype"]), b(r["expert_bytes_per_gpu"])),
+            (say("other_weights"), b(r["replicated_bytes_per_gpu"])),
+            (say("a2a_fwd"), b(r["all_to_all_forward_bytes_per_layer"])),
+            (say("a2a_bwd"), b(r["all_to_all_backward_bytes_per_layer"])),
+            (say("capacity", c=units.format_plain(r["capacity_factor"], lang)), str(r["capacity"])),
+            (say("drops"), units.format_fixed_percent(r["expected_drop_rate"], 2, lang))]
+    return [say("head", layers=r["layers"], experts=r["experts"], top_k=r["top_k"],
+                shared=say("shared", n=r["shared_experts"]) if r["shared_experts"] else "",
+                tokens=units.format_count(r["tokens"], lang=lang)), *table(rows)]
 
 
 CALCULATOR = Calculator(

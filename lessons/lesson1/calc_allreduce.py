@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .. import units
-from ..calculator import Calculator, Option, bytes_text, table
+from ..calculator import Calculator, Option, bytes_text, labels, table
 from . import formulas as f
 
 
@@ -20,21 +20,25 @@ def compute(v: dict) -> dict:
     }
 
 
-def text(r: dict) -> list[str]:
+def text(r: dict, lang: str = "en") -> list[str]:
     S, n, a, b, algo, t = r["size_bytes"], r["ranks"], r["alpha_s"], r["beta_s_per_byte"], r["algorithm"], r["time_s"]
-    bw_txt = units.format_bandwidth(1 / b) if b > 0 else "∞"
+    say = labels("allreduce", lang)
+    bw_txt = units.format_bandwidth(1 / b, lang=lang) if b > 0 else "∞"
     others = [x for x in f.ALGORITHMS if x != algo]
     return [
-        f"All-reduce ({algo}) of {units.format_bytes(S)} on {n} ranks, α = {units.format_time(a)}, β = 1/({bw_txt})",
+        say("head", algo=algo, size=units.format_bytes(S, lang=lang), n=n, alpha=units.format_time(a, lang=lang),
+            bw=bw_txt),
         *table([
-            ("time", units.format_time(t)),
-            ("sent by busiest rank", bytes_text(r["bytes_per_rank"])),
-            ("steps", str(r["steps"])),
-            ("busbw factor 2(N-1)/N", units.format_number(r["busbw_factor"], 4)),
+            (say("time"), units.format_time(t, lang=lang)),
+            (say("sent"), bytes_text(r["bytes_per_rank"], lang)),
+            (say("steps"), str(r["steps"])),
+            (say("factor"), units.format_number(r["busbw_factor"], 4, lang)),
             ("algbw / busbw", "—" if t == 0 else
-             f"{units.format_bandwidth(r['algbw_bytes_per_s'])} / {units.format_bandwidth(r['busbw_bytes_per_s'])}"),
+             f"{units.format_bandwidth(r['algbw_bytes_per_s'], lang=lang)} / "
+             f"{units.format_bandwidth(r['busbw_bytes_per_s'], lang=lang)}"),
         ]),
-        "  compare: " + ", ".join(f"{x} {units.format_time(f.allreduce_time(S, n, a, b, x))}" for x in others),
+        say("compare", others=units.number_separator(lang).join(
+            f"{x} {units.format_time(f.allreduce_time(S, n, a, b, x), lang=lang)}" for x in others)),
     ]
 
 

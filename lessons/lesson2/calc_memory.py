@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .. import units
-from ..calculator import CalcError, Calculator, Option, bytes_text, table
+from ..calculator import CalcError, Calculator, Option, bytes_text, labels, table
 from . import formulas as f
 
 SHAPE = ("layers", "hidden", "seq", "micro_batch", "heads")
@@ -29,19 +29,19 @@ def compute(v: dict) -> dict:
     return out
 
 
-def text(r: dict) -> list[str]:
-    t = r["tp"]
-    lines = [f"Memory per GPU: {r['strategy']}, Ψ = {units.format_count(r['params'])}, N_d = {r['dp']}"
-             + (f", t = {t}" if t > 1 else "") + f", {r['optimizer']}, {r['precision']} (K = {r['k']})"]
-    rows = [("parameters", bytes_text(r["params_bytes"])), ("gradients", bytes_text(r["grads_bytes"])),
-            ("optimizer states", bytes_text(r["optimizer_bytes"]))]
+def text(r: dict, lang: str = "en") -> list[str]:
+    t, say = r["tp"], labels("memory", lang)
+    lines = [say("head", strategy=r["strategy"], params=units.format_count(r["params"], lang=lang), dp=r["dp"],
+                 tp=f", t = {t}" if t > 1 else "", optimizer=r["optimizer"], precision=r["precision"], k=r["k"])]
+    rows = [(say("params"), bytes_text(r["params_bytes"], lang)), (say("grads"), bytes_text(r["grads_bytes"], lang)),
+            (say("optimizer"), bytes_text(r["optimizer_bytes"], lang))]
     if r["activations_bytes"] is not None:
-        rows.append(("activations", bytes_text(r["activations_bytes"])))
-    rows.append(("total", bytes_text(r["total_bytes"])))
+        rows.append((say("activations"), bytes_text(r["activations_bytes"], lang)))
+    rows.append((say("total"), bytes_text(r["total_bytes"], lang)))
     lines += table(rows)
     if "fits" in r:
-        verdict = "fits" if r["fits"] else "does NOT fit"
-        lines.append(f"  → {verdict} in {units.format_bytes(r['gpu_memory_bytes'])}")
+        lines.append(say("fits" if r["fits"] else "does_not_fit",
+                         memory=units.format_bytes(r["gpu_memory_bytes"], lang=lang)))
     return lines
 
 

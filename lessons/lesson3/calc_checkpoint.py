@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .. import units
-from ..calculator import Calculator, Option, table
+from ..calculator import Calculator, Option, labels, table
 from . import formulas as f
 
 
@@ -23,19 +23,19 @@ def compute(v: dict) -> dict:
     }
 
 
-def text(r: dict) -> list[str]:
-    t = units.format_time
+def text(r: dict, lang: str = "en") -> list[str]:
+    say = labels("checkpoint", lang)
+    t = lambda s: units.format_time(s, lang=lang)  # noqa: E731
+    pct = lambda x: units.format_percent(x, lang=lang)  # noqa: E731
     return [
-        f"Checkpointing: job MTBF M = {t(r['job_mtbf_s'])}, checkpoint δ = {t(r['cost_s'])}, "
-        f"restart R = {t(r['restart_s'])}",
+        say("head", mtbf=t(r["job_mtbf_s"]), cost=t(r["cost_s"]), restart=t(r["restart_s"])),
         *table([
             ("Young √(2δM)", t(r["young_interval_s"])),
-            ("Daly (higher order)", t(r["daly_interval_s"])),
-            (f"expected waste at {t(r['interval_s'])}", units.format_percent(r["expected_waste_fraction"])),
-            ("expected waste at Young's", units.format_percent(r["waste_at_young_fraction"])),
+            (say("daly"), t(r["daly_interval_s"])),
+            (say("waste_at", interval=t(r["interval_s"])), pct(r["expected_waste_fraction"])),
+            (say("waste_at_young"), pct(r["waste_at_young_fraction"])),
         ]),
-        *(["  note: failures come about as fast as intervals, checkpoints and restarts take: practically "
-           "all time is wasted (the waste tends to 100%)"] if r["expected_waste_fraction"] > 0.999 else []),
+        *([say("all_wasted")] if r["expected_waste_fraction"] > 0.999 else []),
     ]
 
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .. import units
-from ..calculator import CalcError, Calculator, Option, bytes_text, table
+from ..calculator import CalcError, Calculator, Option, bytes_text, labels, table
 from ..lesson7.formulas import dtype_bytes
 from . import formulas as f
 
@@ -16,14 +16,15 @@ def compute(v: dict) -> dict:
                 sequence_parallel=v["sequence_parallel"], dtype=v["dtype"])
 
 
-def text(r: dict) -> list[str]:
-    ops = ", ".join(f"{c} {op.replace('_', '-')}" for op, c in r["forward"].items())
-    rows = [("sent per rank, forward", bytes_text(r["forward_bytes_per_rank"])),
-            ("sent per rank, backward", bytes_text(r["backward_bytes_per_rank"]))]
+def text(r: dict, lang: str = "en") -> list[str]:
+    say = labels("tp-comm", lang)
+    ops = units.number_separator(lang).join(f"{c} {op.replace('_', '-')}" for op, c in r["forward"].items())
+    rows = [(say("forward"), bytes_text(r["forward_bytes_per_rank"], lang)),
+            (say("backward"), bytes_text(r["backward_bytes_per_rank"], lang))]
     if "total_time_s" in r:
-        rows.append(("time per layer (fwd+bwd)", units.format_time(r["total_time_s"])))
-    return [f"Tensor parallelism t = {r['tp']}{' + sequence parallelism' if r['sequence_parallel'] else ''}: "
-            f"per layer, each direction: {ops} of {units.format_bytes(r['tensor_bytes'])}", *table(rows)]
+        rows.append((say("time"), units.format_time(r["total_time_s"], lang=lang)))
+    return [say("head", tp=r["tp"], sp=say("sp") if r["sequence_parallel"] else "", ops=ops,
+                size=units.format_bytes(r["tensor_bytes"], lang=lang)), *table(rows)]
 
 
 CALCULATOR = Calculator(

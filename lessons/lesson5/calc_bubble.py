@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .. import units
-from ..calculator import Calculator, Option, table
+from ..calculator import Calculator, Option, labels, table
 from . import formulas as f
 
 
@@ -13,16 +13,17 @@ def compute(v: dict) -> dict:
                 chunks=chunks, engine=engine)
 
 
-def text(r: dict) -> list[str]:
+def text(r: dict, lang: str = "en") -> list[str]:
     p, m, v = r["stages"], r["microbatches"], r["chunks"]
+    say = labels("bubble", lang)
     return [
-        f"Pipeline {r['schedule']}: p = {p} stages, m = {m} microbatches" + (f", v = {v} chunks" if v > 1 else "")
-        + f" ({f.ENGINE_NAMES[r['engine']]} accepts it)",
+        say("head", schedule=r["schedule"], p=p, m=m, chunks=say("chunks", v=v) if v > 1 else "",
+            engine=f.ENGINE_NAMES[r["engine"]]),
         *table([
-            ("bubble (share of the step)", units.format_percent(r["bubble_fraction"])),
-            ("bubble / ideal time", units.format_percent(r["bubble_ratio"])),
-            ("peak in flight, first stage", f"{units.format_number(r['peak_inflight_microbatches'])} microbatches"),
-            ("step time", f"{units.format_number(r['step_time_units'])} × (t_f + t_b)"),
+            (say("fraction"), units.format_percent(r["bubble_fraction"], lang=lang)),
+            (say("ratio"), units.format_percent(r["bubble_ratio"], lang=lang)),
+            (say("peak"), say("microbatches", n=units.format_number(r["peak_inflight_microbatches"], lang=lang))),
+            (say("step"), f"{units.format_number(r['step_time_units'], lang=lang)} × (t_f + t_b)"),
         ]),
     ]
 

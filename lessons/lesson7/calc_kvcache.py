@@ -1,7 +1,8 @@
 """``distai calc kvcache``: KV cache size per token, in total and per GPU."""
 from __future__ import annotations
 
-from ..calculator import Calculator, Option, bytes_text, table
+from .. import units
+from ..calculator import Calculator, Option, bytes_text, labels, table
 from . import formulas as f
 
 DTYPES = ("fp16", "bf16", "fp8", "fp32")
@@ -14,12 +15,13 @@ def compute(v: dict) -> dict:
                 dtype_bytes=nbytes, tokens=v["tokens"], tp=v["tp"], pp=v["pp"])
 
 
-def text(r: dict) -> list[str]:
+def text(r: dict, lang: str = "en") -> list[str]:
+    say = labels("kvcache", lang)
     return [
-        f"KV cache: L = {r['layers']}, H_kv = {r['kv_heads']}, d = {r['head_dim']}, {r['dtype']}, "
-        f"{r['tokens']:,} tokens, tp = {r['tp']}, pp = {r['pp']}",
-        *table([("per token", bytes_text(r["bytes_per_token"])), ("total", bytes_text(r["total_bytes"])),
-                ("per GPU", bytes_text(r["per_gpu_bytes"]))]),
+        say("head", layers=r["layers"], kv_heads=r["kv_heads"], head_dim=r["head_dim"], dtype=r["dtype"],
+            tokens=units.format_integer(r["tokens"], lang), tp=r["tp"], pp=r["pp"]),
+        *table([(say("per_token"), bytes_text(r["bytes_per_token"], lang)), (say("total"), bytes_text(r["total_bytes"], lang)),
+                (say("per_gpu"), bytes_text(r["per_gpu_bytes"], lang))]),
     ]
 
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .. import units
-from ..calculator import CalcError, Calculator, Option
+from ..calculator import CalcError, Calculator, Option, labels
 from . import formulas as f
 from . import planner as pl
 from .calc_kvcache import DTYPES
@@ -54,34 +54,37 @@ def _split(c: dict) -> str:
     return f"{c['tp']}×{c['pp']}×{c['replicas']}"
 
 
-def text(r: dict) -> list[str]:
-    i, t = r["inputs"], units.format_time
+def text(r: dict, lang: str = "en") -> list[str]:
+    i, say = r["inputs"], labels("serve", lang)
+    t = lambda s: units.format_time(s, lang=lang)  # noqa: E731
+    whole = lambda n: units.format_integer(n, lang)  # noqa: E731
     lines = [
-        f"Serving {units.format_count(i['params'])} parameters ({i['layers']} layers, h = {i['hidden']}, "
-        f"{i['heads']} heads, {i['kv_heads']} KV heads of {i['head_dim']}, {i['dtype']}) on {i['gpus']} × "
-        f"{units.format_bytes(i['gpu_memory_bytes'])} at {units.format_bandwidth(i['bandwidth_bytes_per_s'])}",
-        f"Requests: {i['prompt']:,} prompt + {i['output']:,} output tokens; targets TTFT ≤ "
-        f"{t(i['ttft_slo_s'])}, TPOT ≤ {t(i['tpot_slo_s'])}",
+        say("head", params=units.format_count(i["params"], lang=lang), layers=i["layers"], hidden=i["hidden"],
+            heads=i["heads"], kv_heads=i["kv_heads"], head_dim=i["head_dim"], dtype=i["dtype"], gpus=i["gpus"],
+            memory=units.format_bytes(i["gpu_memory_bytes"], lang=lang),
+            bandwidth=units.format_bandwidth(i["bandwidth_bytes_per_s"], lang=lang)),
+        say("requests", prompt=whole(i["prompt"]), output=whole(i["output"]), ttft=t(i["ttft_slo_s"]),
+            tpot=t(i["tpot_slo_s"])),
     ]
     if r["accepted"]:
-        lines += ["", "Within the targets, best first:",
-                  f"  {'#':>2}  {'TP×PP×R':<9} {'batch':>6} {'TTFT':>9} {'TPOT':>9} {'tokens/s':>10} "
-                  f"{'per GPU':>8}  limited by"]
+        lines += ["", say("accepted"),
+                  f"  {'#':>2}  {'TP×PP×R':<9} {say('batch'):>6} {'TTFT':>9} {'TPOT':>9} {say('tokens_s'):>10} "
+                  f"{say('per_gpu'):>8}  {say('limited_by')}"]
         for n, c in enumerate(r["accepted"], 1):
             lines.append(f"  {n:>2}  {_split(c):<9} {c['batch']:>6} {t(c['ttft_s']):>9} {t(c['tpot_s']):>9} "
-                         f"{c['throughput_tokens_per_s']:>10,.0f} {c['throughput_per_gpu']:>8,.0f}  "
-                         f"{c['batch_limit']}")
+                         f"{whole(c['throughput_tokens_per_s']):>10} {whole(c['throughput_per_gpu']):>8}  "
+                         f"{say('limit.' + c['batch_limit'])}")
     else:
-        lines += ["", "No configuration meets both targets."]
+        lines += ["", say("none")]
     if r["rejected"]:
-        lines += ["", "Rejected:"]
-        lines += [f"  {_split(c):<9} {c['reason']:<6} {c['detail']}" for c in r["rejected"]]
+        lines += ["", say("rejected")]
+        lines += [f"  {_split(c):<9} {say('reason.' + c['reason']):<6} {c['detail']}" for c in r["rejected"]]
     if r["best"]:
         b = r["best"]
-        lines += ["", f"→ TP = {b['tp']}, PP = {b['pp']}, {b['replicas']} replica{'s' if b['replicas'] > 1 else ''}: "
-                      f"{b['batch']} sequences in flight each, KV {units.format_bytes(b['kv_per_gpu_bytes'])} + "
-                      f"weights {units.format_bytes(b['weights_per_gpu_bytes'])} per GPU; "
-                      f"decode {b['decode_bound']}-bound"]
+        lines += ["", say("best", tp=b["tp"], pp=b["pp"], replicas=say("replicas", n=b["replicas"]), batch=b["batch"],
+                          kv=units.format_bytes(b["kv_per_gpu_bytes"], lang=lang),
+                          weights=units.format_bytes(b["weights_per_gpu_bytes"], lang=lang),
+                          bound=say("bound." + b["decode_bound"]))]
     return lines
 
 
