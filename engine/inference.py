@@ -61,6 +61,7 @@ from .metering import CommMeter, comm_scope
 from .model import GPT, GPTConfig, ModelConfigError, ModelStage
 from .tensor_parallel import TPGroup, apply_tp
 from .tensor_parallel.parallelize import kv_shard
+from .time_causes import Window
 
 __all__ = ["build_model", "decode_params",
            "reference_logits", "reference_greedy", "comm_counts", "KVStore", "LayerCache", "DecoderShard", "generate",
@@ -354,25 +355,26 @@ def _generate(shard: DecoderShard, prompts: torch.Tensor, new_tokens: int, on_to
     seqs = list(range(B))
     prompts = prompts.to(shard.device)
     device_sync(shard.device)
+    prefill, decode = Window(), Window()  # each phase's on-CPU time and run-queue delay besides its wall time
     t0 = time.perf_counter()
-    with comm_scope(phase="prefill"):
+    with comm_scope(phase="prefill"), prefill:
         nxt = shard.forward(prompts, seqs, [0] * B).argmax(-1)
-    device_sync(shard.device)
+        device_sync(shard.device)
     t1 = time.perf_counter()
     out = [nxt]
     if on_token:
         on_token(0, nxt)
-    with comm_scope(phase="decode"):
+    with comm_scope(phase="decode"), decode:
         for step in range(1, new_tokens):
             nxt = shard.forward(nxt[:, None], seqs, [s + step - 1] * B).argmax(-1)
             out.append(nxt)
             if on_token:
                 on_token(step, nxt)
-    device_sync(shard.device)
+        device_sync(shard.device)
     t2 = time.perf_counter()
     stored = s + new_tokens - 1
     return {"tokens": torch.stack(out, 1).cpu(), "prefill_s": t1 - t0, "decode_s": t2 - t1,
-            "decode_steps": new_tokens - 1,
+            "decode_steps": new_tokens - 1, "prefill_window": prefill, "decode_window": decode,
             "kv_bytes": shard.cache.bytes_per_token * stored * B,
             "kv_bytes_per_token": shard.cache.bytes_per_token}
 
