@@ -54,6 +54,7 @@ from ..doctor import fit_alpha_beta, group_allreduce_times
 from ..experiment import (
     Progress,
     UsageError,
+    device_sync,
     exit_with,
     max_over_ranks,
     run_experiment,
@@ -332,6 +333,7 @@ def time_steps(cfg: GPTConfig, batch: int, sp: bool, steps: int, records: list[C
         with window if step else contextlib.nullcontext():
             model(ids, targets).backward()
             sync_tp_grads(model, tp)
+            device_sync(DEVICE)
         if step:
             spans.append(tp.spans)
             rows += group_allreduce_times(sweep_sizes(records), repeats=1, device_type=DEVICE.type)

@@ -157,11 +157,11 @@ def tp_decode(cfg, w, prompts, n, ref, ctx) -> dict:
     sh.tp.spans = []  # when this rank entered and left each all-reduce
     r = generate(sh, prompts, n, on_token=on_token)
     spans, sh.tp.spans = sh.tp.spans, None
-    for found in serving_checks(cfg, prompts, n, r, spans, sh.dtype, ctx):
-        if rank == 0:
-            CHECK.emit_fields(ev, found.event())
     sh.cache = None  # the metered decode: a fresh cache on the same shard (no second copy of the weights)
     counted = generate(sh, prompts, min(n, METERED_TOKENS), meter=CommMeter())
+    for found in serving_checks(cfg, prompts, n, r, spans, counted["comm_prefill"]["all_reduces"], sh.dtype, ctx):
+        if rank == 0:
+            CHECK.emit_fields(ev, found.event())
     B, s = prompts.shape
     tokens = B * (s + n - 1)
     formula = f7.kv_cache_total(cfg.layers, cfg.group_heads, cfg.head_dim, sh.store.k.element_size(), tokens, tp=W)
@@ -284,14 +284,15 @@ def op_overhead(cfg, prompts, n: int, dtype: torch.dtype, ctx) -> tuple[float, f
     return r["prefill_window"].cpu_s, r["decode_window"].cpu_s / max(1, r["decode_steps"])
 
 
-def serving_checks(cfg, prompts, n: int, r: dict, spans: list[tuple[float, float, float]], dtype: torch.dtype,
-                   ctx) -> list[Check]:
-    """TTFT (the batch's prefill) and TPOT (a decode step) of the tensor-parallel decode against
-    the planner (``planner.ttft``, ``planner.tpot``) on this machine's measured hardware; causes:
+def serving_checks(cfg, prompts, n: int, r: dict, spans: list[tuple[float, float, float]], k: int,
+                   dtype: torch.dtype, ctx) -> list[Check]:
+    """TTFT (the batch's prefill) and TPOT (a decode step) of the tensor-parallel decode ``r``
+    against the planner (``planner.ttft``, ``planner.tpot``) on this machine's measured hardware;
+    ``spans``: its all-reduces (the first ``k`` the prefill's, as the meter counted them). Causes:
     the per-operation overhead, CPU contention (run-queue delay), waiting for a peer, all-reduces
     slower than α-β. The figures are the slowest rank's (every rank returns the same checks)."""
     B, s = prompts.shape
-    W, steps, k = ctx.world_size, max(1, r["decode_steps"]), 2 * cfg.layers if ctx.world_size > 1 else 0
+    W, steps = ctx.world_size, max(1, r["decode_steps"])
     hw = this_machine(cfg, prompts, dtype, ctx)
     elem = torch.empty((), dtype=dtype).element_size()
     ab = [f7.ring_allreduce_time((B * s if i < k else B) * cfg.hidden * elem, W, hw.alpha, 1 / hw.link_bandwidth)
