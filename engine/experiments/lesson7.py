@@ -155,7 +155,10 @@ def tp_decode(cfg, w, prompts, n, ref, ctx) -> dict:
     on_token = (lambda step, t: TOKENS.emit(ev, {"mode": "tp", "step": step, "tokens": t.tolist()})) \
         if rank == 0 else None
     sh.tp.spans = []  # when this rank entered and left each all-reduce
-    r = generate(sh, prompts, n, on_token=on_token)
+    twin = overhead_twin(cfg, sh.dtype, ctx)
+    if W > 1:
+        dist.barrier()  # the ranks start the timed decode together
+    r = generate(sh, prompts, n, on_token=on_token, twin=twin)
     spans, sh.tp.spans = sh.tp.spans, None
     sh.cache = None  # the metered decode: a fresh cache on the same shard (no second copy of the weights)
     counted = generate(sh, prompts, min(n, METERED_TOKENS), meter=CommMeter())
@@ -270,18 +273,15 @@ def this_machine(cfg, prompts, dtype: torch.dtype, ctx) -> planner.Hardware:
                             alpha=alpha)
 
 
-def op_overhead(cfg, prompts, n: int, dtype: torch.dtype, ctx) -> tuple[float, float]:
-    """On-CPU seconds of the prefill and of one decode step of this rank's tensor-parallel shard
-    with every width shrunk (head dimension 2, MLP 8) and its all-reduces skipped: the same
-    operations, next to no arithmetic and no communication — the Python and kernel-launch
-    overhead of each operation."""
+def overhead_twin(cfg, dtype: torch.dtype, ctx) -> DecoderShard:
+    """This rank's tensor-parallel shard with every width shrunk (head dimension 2, MLP 8) and its
+    all-reduces skipped: the same operations with next to no arithmetic and no communication. Run
+    as the decode's twin (``generate(..., twin=...)``), each of its steps right after the real one,
+    its on-CPU time is the Python and kernel-launch overhead of those operations, then and there."""
     tiny = dataclasses.replace(cfg, hidden=2 * cfg.heads, ffn=8)
     sh = DecoderShard(tiny, build_model(tiny, 0, dtype), tp_rank=ctx.rank, tp_size=ctx.world_size, device=ctx.device)
     sh.tp.skip_sites = frozenset({"attn.g", "mlp.g"})  # a decode step's only collectives
-    generate(sh, prompts, 2)  # warm-up
-    sh.cache = None
-    r = generate(sh, prompts, n)
-    return r["prefill_window"].cpu_s, r["decode_window"].cpu_s / max(1, r["decode_steps"])
+    return sh
 
 
 def serving_checks(cfg, prompts, n: int, r: dict, spans: list[tuple[float, float, float]], k: int,
@@ -299,7 +299,7 @@ def serving_checks(cfg, prompts, n: int, r: dict, spans: list[tuple[float, float
           for i in range(len(spans))]
     found = collective_causes(spans, ab)
     waits, slow = found["peer_wait"], found["slow"]
-    pre, dec = op_overhead(cfg, prompts, n, dtype, ctx)
+    pre, dec = r["twin_prefill_window"].cpu_s, r["twin_decode_window"].cpu_s / steps
     p, d = r["prefill_window"], r["decode_window"]
     mine = {"ttft": (r["prefill_s"], pre, p.run_queue_s, sum(waits[:k]), sum(slow[:k]), p.cpu_s),
             "tpot": (r["decode_s"] / steps, dec, d.run_queue_s / steps, sum(waits[k:]) / steps, sum(slow[k:]) / steps,
