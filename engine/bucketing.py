@@ -306,9 +306,12 @@ class BucketedDataParallel(torch.nn.Module):
             raise RuntimeError("backward ended before every parameter had a gradient "
                                f"(unused parameters are not supported): {missing or '?'}")
         self._launch_ready()
+        for bucket in self.buckets:
+            bucket.work.wait()
+        if self.timeline is not None:
+            self.timeline.mark("comm_done")  # the exposed communication ends here; copying back is compute
         with torch.no_grad():
             for bucket in self.buckets:
-                bucket.work.wait()
                 for i, offset in zip(bucket.members, bucket.offsets):
                     p = self.params[i]
                     assert p.grad is not None  # every bucket was complete (checked above)

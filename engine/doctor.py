@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..lessons.lesson1.formulas import algbw, busbw
+from ..lessons.lesson1.formulas import algbw, alpha_beta_fit, busbw, busbw_factor
 from .runtime import timed_collective
 
 MiB = 1 << 20
@@ -126,20 +126,49 @@ def loopback_bandwidth(size_bytes: int = 256 * MiB, chunk: int = 4 * MiB) -> flo
     return received / elapsed
 
 
-def _allreduce_sweep(rank: int, world_size: int, sizes: list[int], repeats: int, device_type: str) -> list[dict]:
-    """Runs on every rank: timed all-reduces of each size (rank 0's results are reported)."""
+def _allreduce_sweep(rank: int, world_size: int, sizes: list[int], repeats: int, device_type: str,
+                     back_to_back: int = 1) -> list[dict]:
+    """Runs on every rank: timed all-reduces of each size (rank 0's results are reported); with
+    ``back_to_back`` > 1 each sample is that many calls in a row, divided (nccl-tests' way: the
+    ranks' skew leaving the barrier is paid once, not per call)."""
     device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
     results = []
     for size in sizes:
         buf = torch.ones(size // 4, dtype=torch.float32, device=device)
         dist.all_reduce(buf)  # warm-up: connections and buffers
-        times = torch.tensor([timed_collective(lambda: dist.all_reduce(buf), device_type == "cuda")
+
+        def calls() -> None:
+            for _ in range(back_to_back):
+                dist.all_reduce(buf)
+        times = torch.tensor([timed_collective(calls, device_type == "cuda") / back_to_back
                               for _ in range(repeats)], dtype=torch.float64, device=device)
         dist.all_reduce(times, op=dist.ReduceOp.MAX)  # the slowest rank defines the collective's time
         elapsed = times.median().item()
         results.append({"bytes": size, "time_s": elapsed, "algbw": algbw(size, elapsed),
                         "busbw": busbw(size, elapsed, world_size)})
     return results
+
+
+def group_allreduce_times(sizes: list[int], repeats: int = 5, device_type: str = "cpu") -> list[dict]:
+    """On every rank of the running (world) group: :func:`_allreduce_sweep`'s rows, 10 calls back
+    to back per sample (as a step issues them); [] on one rank."""
+    n = dist.get_world_size() if dist.is_initialized() else 1
+    return _allreduce_sweep(dist.get_rank(), n, sizes, repeats, device_type, back_to_back=10) if n > 1 else []
+
+
+def fit_alpha_beta(rows: list[dict], n: int) -> tuple[float, float]:
+    """α (s per ring step) and β (s per byte) from all-reduce rows (``bytes``, ``time_s``) on
+    ``n`` ranks: lesson 1's fit, t = 2(n−1)α + 2(n−1)/n·S·β; (0, 0) on one rank."""
+    if n < 2 or len({r["bytes"] for r in rows}) < 2:
+        return 0.0, 0.0
+    a, b = alpha_beta_fit([r["bytes"] for r in rows], [r["time_s"] for r in rows])
+    return max(a, 0.0) / (2 * (n - 1)), max(b, 0.0) / busbw_factor(n)
+
+
+def group_alpha_beta(sizes: list[int], repeats: int = 5, device_type: str = "cpu") -> tuple[float, float]:
+    """α and β of the running group, on every rank (:func:`group_allreduce_times`, :func:`fit_alpha_beta`)."""
+    n = dist.get_world_size() if dist.is_initialized() else 1
+    return fit_alpha_beta(group_allreduce_times(sizes, repeats, device_type), n)
 
 
 def _nccl_worker(rank: int, world_size: int, port: int, sizes: list[int], repeats: int, out: Any) -> None:

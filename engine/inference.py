@@ -61,6 +61,7 @@ from .metering import CommMeter, comm_scope
 from .model import GPT, GPTConfig, ModelConfigError, ModelStage
 from .tensor_parallel import TPGroup, apply_tp
 from .tensor_parallel.parallelize import kv_shard
+from .time_causes import Window
 
 __all__ = ["build_model", "decode_params",
            "reference_logits", "reference_greedy", "comm_counts", "KVStore", "LayerCache", "DecoderShard", "generate",
@@ -333,19 +334,41 @@ class DecoderShard:
 
 @torch.no_grad()
 def generate(shard: DecoderShard, prompts: torch.Tensor, new_tokens: int, on_token=None,
-             meter: CommMeter | None = None) -> dict:
+             meter: CommMeter | None = None, twin: DecoderShard | None = None) -> dict:
     """Greedy decoding of a batch of equal-length prompts [B, s] with a contiguous cache (created if
     the shard has none). Works for one process and for tensor parallelism (the shard all-reduces).
     Returns ``tokens`` [B, new_tokens], ``prefill_s``, ``decode_s`` (the new_tokens − 1 decode
-    steps), ``comm_prefill`` and ``comm_decode`` (:func:`comm_counts`, with a ``meter``: it watches
-    the whole run, at a Python cost per op that the times then include), ``kv_bytes`` (this rank's
-    cache of the batch at the end), ``kv_bytes_per_token``."""
+    steps; ``on_token`` and the twin not counted), ``prefill_window`` and ``decode_window`` (their
+    on-CPU time and run-queue delay, :class:`~distai.engine.time_causes.Window`), ``comm_prefill``
+    and ``comm_decode`` (:func:`comm_counts`, with a ``meter``: it watches the whole run, at a
+    Python cost per op that the times then include), ``kv_bytes`` (this rank's cache of the batch at
+    the end), ``kv_bytes_per_token``. ``twin``: another shard (no collectives) that runs each of
+    its own prefill and decode steps right after this one's, timed in ``twin_prefill_window`` and
+    ``twin_decode_window`` — a measurement taken in the same seconds as the decode's."""
     with meter if meter is not None else contextlib.nullcontext():
-        out = _generate(shard, prompts, new_tokens, on_token)
+        out = _generate(shard, prompts, new_tokens, on_token, _Twin(twin, prompts, new_tokens) if twin else None)
     return {**out, "comm_prefill": comm_counts(meter, "prefill"), "comm_decode": comm_counts(meter, "decode")}
 
 
-def _generate(shard: DecoderShard, prompts: torch.Tensor, new_tokens: int, on_token) -> dict:
+class _Twin:
+    """A shard decoding the same prompts in step with :func:`generate`'s, each step timed."""
+
+    def __init__(self, shard: DecoderShard, prompts: torch.Tensor, new_tokens: int):
+        B, self.s = prompts.shape
+        shard.cache = contiguous_store(shard, B, self.s + new_tokens)
+        self.shard, self.prompts, self.seqs = shard, prompts.to(shard.device), list(range(B))
+        self.prefill, self.decode = Window(), Window()
+        self.nxt = self.prompts
+
+    def step(self, step: int) -> None:
+        window = self.prefill if step == 0 else self.decode
+        inp, pos0 = (self.prompts, 0) if step == 0 else (self.nxt[:, None], self.s + step - 1)
+        with window:
+            self.nxt = self.shard.forward(inp, self.seqs, [pos0] * len(self.seqs)).argmax(-1)
+            device_sync(self.shard.device)
+
+
+def _generate(shard: DecoderShard, prompts: torch.Tensor, new_tokens: int, on_token, twin: _Twin | None) -> dict:
     if not (shard.first and shard.last):
         raise ValueError("generate() needs a shard with all layers; use generate_pp for pipelines")
     B, s = prompts.shape
@@ -354,25 +377,30 @@ def _generate(shard: DecoderShard, prompts: torch.Tensor, new_tokens: int, on_to
     seqs = list(range(B))
     prompts = prompts.to(shard.device)
     device_sync(shard.device)
-    t0 = time.perf_counter()
-    with comm_scope(phase="prefill"):
+    prefill, decode = Window(), Window()  # each phase's wall, on-CPU time and run-queue delay
+    with comm_scope(phase="prefill"), prefill:
         nxt = shard.forward(prompts, seqs, [0] * B).argmax(-1)
-    device_sync(shard.device)
-    t1 = time.perf_counter()
+        device_sync(shard.device)
     out = [nxt]
+    if twin:
+        twin.step(0)
     if on_token:
         on_token(0, nxt)
     with comm_scope(phase="decode"):
         for step in range(1, new_tokens):
-            nxt = shard.forward(nxt[:, None], seqs, [s + step - 1] * B).argmax(-1)
+            with decode:
+                nxt = shard.forward(nxt[:, None], seqs, [s + step - 1] * B).argmax(-1)
+                if twin or step == new_tokens - 1:
+                    device_sync(shard.device)
             out.append(nxt)
+            if twin:
+                twin.step(step)
             if on_token:
                 on_token(step, nxt)
-    device_sync(shard.device)
-    t2 = time.perf_counter()
     stored = s + new_tokens - 1
-    return {"tokens": torch.stack(out, 1).cpu(), "prefill_s": t1 - t0, "decode_s": t2 - t1,
-            "decode_steps": new_tokens - 1,
+    extra = {"twin_prefill_window": twin.prefill, "twin_decode_window": twin.decode} if twin else {}
+    return {"tokens": torch.stack(out, 1).cpu(), "prefill_s": prefill.wall_s, "decode_s": decode.wall_s,
+            "decode_steps": new_tokens - 1, "prefill_window": prefill, "decode_window": decode, **extra,
             "kv_bytes": shard.cache.bytes_per_token * stored * B,
             "kv_bytes_per_token": shard.cache.bytes_per_token}
 

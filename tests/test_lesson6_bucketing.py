@@ -101,6 +101,10 @@ def _timelines(width):
     return out
 
 
+#: the negative control's straggler: milliseconds the last rank sleeps in each backward
+STRAGGLER_MS = 200
+
+
 def checks(rank, world_size, full):
     torch.manual_seed(0)
     res = {}
@@ -131,14 +135,18 @@ def checks(rank, world_size, full):
     except RuntimeError as exc:
         res["unused_error"] = str(exc)
     dist.barrier()
+    from distai.engine.experiments import lesson6
+    d = tempfile.mkdtemp(prefix="lesson6-events-")
+    os.environ["DISTAI_EVENTS_DIR"] = d
     if full:
-        from distai.engine.experiments import lesson6
-        d = tempfile.mkdtemp(prefix="lesson6-events-")
-        os.environ["DISTAI_EVENTS_DIR"] = d
         lesson6.main(["--steps", "14", "--inject-overflow", "3,9", "--growth-interval", "2",
                       "--hist-every", "7", "--bucket-mb", "0.1,1", "--hidden", "32", "--vocab", "128",
                       "--seq", "8", "--dp-hidden", "64", "--dp-batch", "2", "--timed-steps", "1", "--rounds", "1"])
-        res["events"] = [json.loads(line) for line in Path(d, f"rank{rank}.jsonl").read_text().splitlines()]
+    else:  # the negative control: the last rank sleeps in every backward (the experiment ends the group: last)
+        lesson6.main(["--skip-scaling", "--bucket-mb", "0.1", "--dp-hidden", "64", "--dp-batch", "2",
+                      "--timed-steps", "1", "--rounds", "1", "--slow-rank", str(world_size - 1),
+                      "--slow-backward-ms", str(STRAGGLER_MS)])
+    res["events"] = [json.loads(line) for line in Path(d, f"rank{rank}.jsonl").read_text().splitlines()]
     return res
 
 
@@ -253,3 +261,44 @@ def test_experiment_events(two):
     assert summary["scaling"]["injected"] == 2 and summary["scaling"]["skipped"] >= 2
     assert summary["overlap"]["best_bucket_mb"] in (0.1, 1.0)
     assert summary["overlap"]["overlap_speedup"] > 0
+
+
+def test_exposed_communication_matches_the_overlap_model_or_is_explained(two):
+    """The best bucket size's overlapped step: the communication left after backward against the
+    overlap model at the group's α-β (issue 28), ok or explained by the measured causes."""
+    from run_checks import assert_checks_hold
+
+    found = assert_checks_hold(two[0]["events"], {"exposed_comm"})["exposed_comm"]
+    assert found["detail"]["bucket_mb"] == two[0]["events"][-1]["overlap"]["best_bucket_mb"]
+    assert found["measured"] >= 0 and found["predicted"] >= 0
+    assert not any(e["kind"] == "check" for e in two[1]["events"])  # rank 0 alone emits it
+
+
+def test_a_straggler_is_waited_for_not_slow_bandwidth(four):
+    """Negative control: the last rank sleeps STRAGGLER_MS in every backward. Its peers' buckets
+    wait for its launches: the extra exposed time goes to ``peer_wait`` (measured from every
+    rank's launch times), not to collectives slower than α-β, and the check is explained."""
+    from run_checks import assert_checks_hold
+
+    found = assert_checks_hold(four[0]["events"], {"exposed_comm"})["exposed_comm"]
+    causes = found["causes"]
+    assert not found["ok"] and found["measured"] > STRAGGLER_MS / 1e3 * 0.8
+    assert found["detail"]["rank"] != len(four) - 1  # a rank that waited, not the straggler itself
+    assert causes["peer_wait"] > STRAGGLER_MS / 1e3 * 0.7
+    assert causes["slow_collective"] < STRAGGLER_MS / 1e3 * 0.5 and causes["peer_wait"] > causes["slow_collective"]
+
+
+def test_exposed_comm_causes_attribute_a_late_peer_and_a_slow_link():
+    """The decomposition on made-up timelines (seconds on this rank's clock): backward ends at 10,
+    two buckets launched at 4 and 10, each 1 s by α-β."""
+    from distai.lessons.lesson6.simulation import exposed_comm_causes
+
+    own, ab = [4.0, 10.0], [1.0, 1.0]
+    on_time = exposed_comm_causes(own, own, [5.0, 11.0], ab, 10.0)
+    assert on_time == {"predicted": 1.0, "peer_wait": 0.0, "slow_collective": 0.0}
+    late = exposed_comm_causes(own, [4.0, 13.0], [5.0, 14.0], ab, 10.0)  # a peer launched the last one at 13
+    assert late == {"predicted": 1.0, "peer_wait": 3.0, "slow_collective": 0.0}
+    slow = exposed_comm_causes(own, own, [5.0, 13.0], ab, 10.0)  # the last all-reduce took 3 s, not 1
+    assert slow == {"predicted": 1.0, "peer_wait": 0.0, "slow_collective": 2.0}
+    hidden = exposed_comm_causes(own, [8.0, 10.0], [9.0, 11.0], ab, 10.0)  # a late first bucket, hidden by backward
+    assert hidden["peer_wait"] == 0.0

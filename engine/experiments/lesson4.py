@@ -43,22 +43,25 @@ import time
 import torch
 import torch.distributed as dist
 
-from ...lessons.events import PHASE
+from ...lessons.checks import Check, check
+from ...lessons.events import CHECK, PHASE
 from ...lessons.lesson4.events import COMM, COMM_CHECK, CONFIG, DTENSOR, MEMORY, PITFALL, STEP, VOCAB
-from ...lessons.lesson4.formulas import activation_bytes_per_layer, tp_comm_per_layer
+from ...lessons.lesson4.formulas import activation_bytes_per_layer, collective_time, tp_comm_per_layer
 from ...lessons.model_size import ModelSize, add_model_options
 from ...lessons.units import format_bytes, format_fixed, format_number, number_separator
 from ..comm_trace import traced_step
+from ..doctor import fit_alpha_beta, group_allreduce_times
 from ..experiment import (
     Progress,
     UsageError,
+    device_sync,
     exit_with,
     max_over_ranks,
     run_experiment,
     run_language,
     summary_lines,
 )
-from ..metering import CommMeter, SavedActivationMeter
+from ..metering import CommMeter, CommRecord, SavedActivationMeter
 from ..model import GPT, DropoutMasks, GPTConfig, ModelConfigError, make_batch
 from ..tensor_parallel import (
     TPGroup,
@@ -69,6 +72,7 @@ from ..tensor_parallel import (
     shard_dense_state,
     sync_tp_grads,
 )
+from ..time_causes import Window, collective_causes
 
 #: the GPT the run splits (its size flags default to this)
 DEFAULT_MODEL = ModelSize(vocab=512, hidden=128, heads=8, layers=2, seq=64, dropout=0.1)
@@ -293,6 +297,77 @@ def compare_with_dtensor(cfg: GPTConfig, batch: int, sp: bool, seed: int = 0,
 
 
 # ----------------------------------------------------------------------------------------------
+# 5. the step's time against compute + α-β collectives (issue 28)
+# ----------------------------------------------------------------------------------------------
+
+def sweep_sizes(records: list[CommRecord]) -> list[int]:
+    """The all-reduce sizes that measure α and β for a step's collectives: the smallest and the
+    largest it issues, and 8× the largest (so the fit has a slope)."""
+    sizes = sorted({max(8, r.payload_bytes // 8 * 8) for r in records} | {1 << 10})
+    return sorted({sizes[0], sizes[-1], 8 * sizes[-1]})
+
+
+def comm_prediction(records: list[CommRecord], alpha: float, beta: float, backend: str) -> list[float]:
+    """Seconds of each of a step's collectives in the α-β model: each counted collective (op,
+    bytes, ranks) at ``collective_time``; gloo runs a reduce-scatter as an all-reduce of a copy."""
+    return [collective_time("all_reduce" if r.op == "reduce_scatter" and backend == "gloo" else r.op,
+                            r.payload_bytes, r.world, alpha, beta) for r in records]
+
+
+def time_steps(cfg: GPTConfig, batch: int, sp: bool, steps: int, records: list[CommRecord], backend: str,
+               seed: int = 0, regather: bool = True, dtype: torch.dtype = torch.float64) -> dict:
+    """``steps`` tensor-parallel training steps (forward, backward, gradient sync), each started at
+    a barrier, against their compute + α-β collectives (``records``: the collectives of one step).
+    Measured: the steps' wall time on this rank, its on-CPU time (compute and Python: the
+    prediction's compute), its run-queue delay (CPU contention), and at each collective the wait
+    for the last peer and the time beyond α-β once all had arrived. After each step, all-reduces
+    of the step's sizes (``doctor.group_allreduce_times``): α and β measured in the same minutes."""
+    tp = TPGroup(sequence_parallel=sp, regather=regather)
+    model = apply_tp(GPT(cfg, seed=seed, dtype=dtype, device=DEVICE), tp)
+    model.set_masks(DropoutMasks(cfg.dropout, seed=seed))
+    ids, targets = make_batch(cfg, batch, seed, 0, device=DEVICE)
+    window, spans, rows = Window(), [], []
+    for step in range(steps + 1):  # the first one warms up
+        model.zero_grad(set_to_none=True)
+        tp.spans = []
+        if dist.is_initialized():
+            dist.barrier()
+        with window if step else contextlib.nullcontext():
+            model(ids, targets).backward()
+            sync_tp_grads(model, tp)
+            device_sync(DEVICE)
+        if step:
+            spans.append(tp.spans)
+            rows += group_allreduce_times(sweep_sizes(records), repeats=1, device_type=DEVICE.type)
+    alpha, beta = fit_alpha_beta(rows, tp.size)
+    expected = comm_prediction(records, alpha, beta, backend)
+    waited, slow = 0.0, 0.0
+    for step_spans in spans:
+        found = collective_causes(step_spans, expected)
+        waited, slow = waited + sum(found["peer_wait"]), slow + sum(found["slow"])
+    return {"wall_s": window.wall_s / steps, "cpu_s": window.cpu_s / steps, "comm_s": sum(expected),
+            "alpha": alpha, "beta": beta, "run_queue_s": window.run_queue_s / steps,
+            "peer_wait_s": waited / steps, "slow_collective_s": slow / steps, "collectives": len(expected)}
+
+
+def step_time_check(mode: str, timed: dict) -> Check:
+    """The step's time on the slowest rank against its compute (on-CPU time) + its collectives in
+    the α-β model; the causes: CPU contention (run-queue delay), waiting for a peer, collectives
+    slower than α-β."""
+    everyone: list = [timed]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, timed)
+    rank = max(range(len(everyone)), key=lambda r: everyone[r]["wall_s"])
+    t = everyone[rank]
+    return check(f"{mode.replace('+', '_')}_step_time", t["cpu_s"] + t["comm_s"], t["wall_s"], "s",
+                 causes={"cpu_contention": t["run_queue_s"], "peer_wait": t["peer_wait_s"],
+                         "slow_collective": t["slow_collective_s"]},
+                 detail={"compute_s": t["cpu_s"], "comm_s": t["comm_s"], "alpha_s": t["alpha"],
+                         "beta_s_per_byte": t["beta"], "collectives": t["collectives"], "rank": rank})
+
+
+# ----------------------------------------------------------------------------------------------
 # The run
 # ----------------------------------------------------------------------------------------------
 
@@ -338,6 +413,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--modes", default="tp,tp+sp", help="comma-separated: tp, tp+sp")
+    p.add_argument("--check-steps", type=int, default=5,
+                   help="timed steps whose time is checked against compute + α-β collectives (default 5)")
     p.add_argument("--no-regather", dest="regather", action="store_false",
                    help="with SP, keep the all-gathered input of the column-parallel linears instead "
                         "of all-gathering it again in backward")
@@ -367,6 +444,7 @@ def _run_mode(ev, cfg: GPTConfig, args: argparse.Namespace, mode: str, T: int, p
         COMM.emit(ev, {"mode": mode, "layer": r.layer, "phase": r.phase, "op": r.op, "site": r.site, "count": 1,
                        "wire_bytes": r.wire_bytes, "payload_bytes": r.payload_bytes})
     COMM_CHECK.emit(ev, {"mode": mode, "layers": cc["layers"], "formula": cc["formula"], "match": cc["match"]})
+    step_check = _check_step_time(ev, cfg, args, mode, tr["meter"].records)
     progress()
     PHASE.emit(ev, {"name": f"{mode}: activation memory"})
     mem = measure_activations(cfg, args.micro_batch, sp, args.seed, args.regather)
@@ -383,13 +461,26 @@ def _run_mode(ev, cfg: GPTConfig, args: argparse.Namespace, mode: str, T: int, p
            "max_grad_diff": max(tr["max_grad_diff"]), "comm_match": cc["match"],
            "comm_layer0": cc["layers"]["0"], "formula": cc["formula"],
            "memory_measured": mem["per_layer"]["0"], "memory_formula": mem["formula_bytes"],
-           "memory_ln_stats": mem["ln_stats_bytes"], "vocab": vocab}
+           "memory_ln_stats": mem["ln_stats_bytes"], "vocab": vocab, "step_check": step_check.event()}
     if sp and T > 1:
         PITFALL.emit(ev, {"name": "sp-layernorm-grads", "max_diff": tr["sp_grads_unsynced_diff"],
                           "fixed_diff": max(tr["max_grad_diff"])})
         row["sp_grads_unsynced_diff"] = tr["sp_grads_unsynced_diff"]
     lines += _mode_lines(mode, sp, T, args.steps, tr, cc["layers"]["0"], mem, vocab, cfg.vocab)
     return row
+
+
+def _check_step_time(ev, cfg: GPTConfig, args: argparse.Namespace, mode: str, records: list[CommRecord]) -> Check:
+    """Time ``--check-steps`` steps and check them against compute + α-β collectives (rank 0
+    emits the ``check``)."""
+    PHASE.emit(ev, {"name": f"{mode}: step time against compute + collectives"})
+    backend = str(dist.get_backend()) if dist.is_initialized() else ""
+    timed = time_steps(cfg, args.micro_batch, MODES[mode], args.check_steps, records, backend, args.seed,
+                       args.regather)
+    found = step_time_check(mode, timed)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        CHECK.emit_fields(ev, found.event())
+    return found
 
 
 def _mode_lines(mode: str, sp: bool, T: int, steps: int, tr: dict, l0: dict, mem: dict, vocab: dict,
@@ -449,6 +540,8 @@ def run(ctx, args: argparse.Namespace) -> dict:
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise UsageError(f"unknown mode {bad[0]!r}; choose from {', '.join(MODES)}")
+    if args.check_steps < 1:
+        raise UsageError("--check-steps must be >= 1")
     for m in modes:
         cfg.check_tp(T, MODES[m])
 

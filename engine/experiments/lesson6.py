@@ -35,17 +35,29 @@ import argparse
 import math
 import statistics
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ...lessons.events import STEP
+from ...lessons.checks import Check, check
+from ...lessons.events import CHECK, STEP
+from ...lessons.lesson1.formulas import ring_allreduce_time
 from ...lessons.lesson6 import formulas as FM
 from ...lessons.lesson6.events import BUCKET_SWEEP, GRAD_HIST, PHASE, SCALE, TIMELINE
-from ...lessons.lesson6.simulation import exponent_histogram
+from ...lessons.lesson6.simulation import exponent_histogram, exposed_comm_causes
 from ...lessons.model_size import ModelSize, add_model_options
 from ..bucketing import StepTimeline, ddp_timed_allreduce_hook
-from ..experiment import Progress, device_sync, exit_with, run_experiment, run_language, summary_lines
+from ..doctor import group_alpha_beta
+from ..experiment import (
+    Progress,
+    UsageError,
+    device_sync,
+    exit_with,
+    run_experiment,
+    run_language,
+    summary_lines,
+)
 from ..loss_scaling import DynamicLossScaler, MasterWeightOptimizer
 from ..model import GPT, ModelConfigError, lm_loss, make_batch
 from ..parallelize import apply_dp
@@ -88,6 +100,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--dp-batch", type=int, default=2, help="its sequences per rank per step")
     g.add_argument("--timed-steps", type=int, default=5, help="timed steps per configuration and round")
     g.add_argument("--rounds", type=int, default=3)
+    g.add_argument("--slow-rank", type=int, default=None,
+                   help="negative control: this rank sleeps in every backward of the overlap part …")
+    g.add_argument("--slow-backward-ms", type=float, default=0.0, help="… this many milliseconds")
     g.add_argument("--skip-scaling", action="store_true")
     g.add_argument("--skip-overlap", action="store_true")
     g.add_argument("--seed", type=int, default=0)
@@ -105,6 +120,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.dp_model = ModelSize.from_args(args, DEFAULT_MODEL, hidden=args.dp_hidden, layers=args.dp_layers)
     except ModelConfigError as exc:
         p.error(str(exc))
+    if args.slow_backward_ms < 0:
+        p.error("--slow-backward-ms must be >= 0")
     if not args.caps or any(c <= 0 for c in args.caps):
         p.error("--bucket-mb needs positive sizes")
     if not args.init_scale > 0 or not args.growth_factor > 1 or not 0 < args.backoff_factor < 1:
@@ -256,8 +273,14 @@ def _loss_scaling_summary(args, stats: dict, scaler: DynamicLossScaler, losses: 
 
 
 # ---- part 2: overlap ---------------------------------------------------------------------
-def build(mode: str, cap: float, args, device) -> torch.nn.Module:
+def build(mode: str, cap: float, args, device, rank: int = 0) -> torch.nn.Module:
     net = GPT(args.dp_model, seed=args.seed, device=device)
+    if rank == args.slow_rank and args.slow_backward_ms > 0:
+        # the straggler: its backward stops at the first gradient (the final norm's), before any
+        # bucket of it is launched; its peers' buckets wait for it
+        delay = args.slow_backward_ms / 1e3
+        dict(net.named_parameters())["head.norm.weight"].register_post_accumulate_grad_hook(
+            lambda _p: time.sleep(delay))
     if mode == "ddp":
         return apply_dp(net, impl="ddp", bucket_cap_mb=cap)
     return apply_dp(net, bucket_cap_mb=cap, overlap=(mode == "overlap"))
@@ -300,9 +323,41 @@ def record_timeline(mode, model, opt, x, y) -> StepTimeline:
         model.register_comm_hook(tl, ddp_timed_allreduce_hook)
     else:
         model.timeline = tl
+    dist.barrier()  # the ranks start the recorded step together
     train_step(model, opt, x, y, timeline=tl)
     tl.detach()
     return tl
+
+
+def exposed_check(tl: StepTimeline, alpha: float, beta: float, world: int, cap: float) -> Check:
+    """Communication exposed after backward in a recorded overlapped step against the overlap
+    model (:func:`~distai.lessons.lesson6.simulation.exposed_comm_causes`): every rank's bucket
+    launches gathered (one host's wall clock), the rank with the most exposed time reported."""
+    mine: dict[str, Any] = {"wall0": tl.wall0, "launch": [tl.launch[i] for i in sorted(tl.launch)],
+            "done": [tl.done.get(i, tl.launch[i]) for i in sorted(tl.launch)],
+            "bytes": [tl.nbytes[i] for i in sorted(tl.launch)],
+            "backward_end": max(tl.ready.values()), "comm_done": tl.marks["comm_done"]}
+    everyone: list = [None] * world
+    dist.all_gather_object(everyone, mine)
+    rows = []
+    for r in everyone:
+        last = [max(o["wall0"] + o["launch"][k] for o in everyone) - r["wall0"] for k in range(len(r["launch"]))]
+        ab = [ring_allreduce_time(n, world, alpha, beta) for n in r["bytes"]]
+        rows.append((r["comm_done"] - r["backward_end"],
+                     exposed_comm_causes(r["launch"], last, r["done"], ab, r["backward_end"])))
+    rank = max(range(world), key=lambda i: rows[i][0])
+    measured, parts = rows[rank]
+    return check("exposed_comm", parts["predicted"], measured, "s",
+                 causes={"peer_wait": parts["peer_wait"], "slow_collective": parts["slow_collective"]},
+                 detail={"rank": rank, "bucket_mb": cap, "buckets": len(mine["launch"]), "alpha_s": alpha,
+                         "beta_s_per_byte": beta})
+
+
+def measure_alpha_beta(args, device) -> tuple[float, float]:
+    """α and β of the group at the sizes of the overlap part's buckets (``doctor.group_alpha_beta``)."""
+    grad = args.dp_model.num_params() * 4
+    sizes = sorted({64 << 10, min(grad, 1 << 20), min(grad, 4 << 20)})
+    return group_alpha_beta(sizes, repeats=3, device_type=device.type)
 
 
 def run_overlap(ctx, args, progress: Progress) -> dict:
@@ -312,11 +367,13 @@ def run_overlap(ctx, args, progress: Progress) -> dict:
     x, y = make_batch(args.dp_model, args.dp_batch, seed=args.seed + 2000 + rank, device=device)
     times: dict[tuple[float, str], list[float]] = {}
     nbuckets: dict[tuple[float, str], int] = {}
+    checks: dict[float, Check] = {}
+    alpha, beta = measure_alpha_beta(args, device)
     for r in range(args.rounds):
         for ci, cap in enumerate(args.caps):
             shift = (r + ci) % len(MODES)
             for mode in MODES[shift:] + MODES[:shift]:
-                model = build(mode, cap, args, device)
+                model = build(mode, cap, args, device, rank)
                 opt = torch.optim.SGD(model.parameters(), lr=1e-3)
                 for _ in range(2):  # warm-up; both ours and DDP rebuild buckets after the first
                     train_step(model, opt, x, y)
@@ -325,6 +382,8 @@ def run_overlap(ctx, args, progress: Progress) -> dict:
                 if r == args.rounds - 1:
                     tl = record_timeline(mode, model, opt, x, y)
                     nbuckets[(cap, mode)] = len(tl.launch)
+                    if mode == "overlap":
+                        checks[cap] = exposed_check(tl, alpha, beta, ctx.world_size, cap)
                     TIMELINE.emit_fields(ev, tl.to_event(bucket_mb=cap, mode=mode,
                                                          step_ms=round(tl.marks["step_done"] * 1000, 3)))
                 del model, opt
@@ -335,6 +394,8 @@ def run_overlap(ctx, args, progress: Progress) -> dict:
             BUCKET_SWEEP.emit(ev, {"bucket_mb": cap, "mode": mode, "step_ms": round(median[(cap, mode)], 3),
                                    "n_buckets": nbuckets.get((cap, mode)), "samples_ms": [round(t, 3) for t in v]})
     best = min(args.caps, key=lambda c: median[(c, "overlap")])
+    if rank == 0:
+        CHECK.emit_fields(ev, checks[best].event())
     n_params = args.dp_model.num_params()
     return {
         "best_bucket_mb": best,
@@ -343,6 +404,7 @@ def run_overlap(ctx, args, progress: Progress) -> dict:
         "ours_over_ddp": median[(best, "overlap")] / median[(best, "ddp")],
         "n_buckets_best": nbuckets.get((best, "overlap")),
         "grad_mib": n_params * 4 / 2 ** 20,
+        "exposed_check": checks[best].event(),
     }
 
 
@@ -351,6 +413,8 @@ def main(argv=None) -> int:
 
 
 def run(ctx, args: argparse.Namespace) -> dict | None:
+    if args.slow_rank is not None and not 0 <= args.slow_rank < ctx.world_size:
+        raise UsageError(f"--slow-rank must be a rank of this run (0…{ctx.world_size - 1}), got {args.slow_rank}")
     summary: dict = {"world_size": ctx.world_size, "device": str(ctx.device), "backend": ctx.backend}
     total = (0 if args.skip_scaling else args.steps) + \
         (0 if args.skip_overlap else args.rounds * len(args.caps) * len(MODES))

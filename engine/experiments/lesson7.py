@@ -50,15 +50,17 @@ Events (besides ``phase``, ``log`` and rank 0's ``summary``):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ...lessons.events import PHASE
+from ...lessons.checks import Check, check
+from ...lessons.events import CHECK, PHASE
 from ...lessons.lesson7 import formulas as f7
-from ...lessons.lesson7 import routing
+from ...lessons.lesson7 import planner, routing
 from ...lessons.lesson7.events import (
     CONFIG,
     COST_MODEL,
@@ -71,7 +73,9 @@ from ...lessons.lesson7.events import (
 )
 from ...lessons.lesson7.paging import BlockAllocator, poisson_requests
 from ...lessons.model_size import ModelSize, add_model_options
+from ...lessons.model_spec import ModelSpec
 from ...lessons.units import format_count, format_fixed, format_fixed_percent, format_integer, format_plain
+from ..doctor import group_alpha_beta
 from ..experiment import UsageError, all_ranks_true, exit_with, run_experiment, run_language, summary_lines
 from ..inference import (
     DecoderShard,
@@ -88,6 +92,7 @@ from ..mesh_args import DECODE_MODEL, DECODE_SIZE_FLAGS, check_decode_parts
 from ..metering import CommMeter
 from ..model import ModelConfigError
 from ..paged_kv import ContinuousBatcher, compare_prefix_sharing, paged_store
+from ..time_causes import collective_causes, copy_bandwidth, matmul_rate
 
 DEFAULT_MODEL = DECODE_MODEL  # the GPT this lesson serves, in Llama's shape (its size flags default to this)
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -150,9 +155,17 @@ def tp_decode(cfg, w, prompts, n, ref, ctx) -> dict:
     sh = DecoderShard(cfg, w, tp_rank=rank, tp_size=W, device=ctx.device)
     on_token = (lambda step, t: TOKENS.emit(ev, {"mode": "tp", "step": step, "tokens": t.tolist()})) \
         if rank == 0 else None
-    r = generate(sh, prompts, n, on_token=on_token)
+    sh.tp.spans = []  # when this rank entered and left each all-reduce
+    twin = overhead_twin(cfg, sh.dtype, ctx)
+    if W > 1:
+        dist.barrier()  # the ranks start the timed decode together
+    r = generate(sh, prompts, n, on_token=on_token, twin=twin)
+    spans, sh.tp.spans = sh.tp.spans, None
     sh.cache = None  # the metered decode: a fresh cache on the same shard (no second copy of the weights)
     counted = generate(sh, prompts, min(n, METERED_TOKENS), meter=CommMeter())
+    for found in serving_checks(cfg, prompts, n, r, spans, counted["comm_prefill"]["all_reduces"], sh.dtype, ctx):
+        if rank == 0:
+            CHECK.emit_fields(ev, found.event())
     B, s = prompts.shape
     tokens = B * (s + n - 1)
     formula = f7.kv_cache_total(cfg.layers, cfg.group_heads, cfg.head_dim, sh.store.k.element_size(), tokens, tp=W)
@@ -242,6 +255,73 @@ def mesh_decode(cfg, w, prompts, n, ref, ctx, tp: int, pp: int, microbatches: in
     DECODE.emit(ev, {"mode": "tp-pp", "rank": rank, "equal": equal,
                      "all_reduces_per_token": out["all_reduces_per_token"], "sends_per_token": out["sends_per_token"],
                      "decode_tokens_per_s": out["decode_tokens_per_s"], "prefill_s": r["prefill_s"]})
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# TTFT and TPOT against the serving planner (issue 28)
+# ----------------------------------------------------------------------------------------------
+
+def this_machine(cfg, prompts, dtype: torch.dtype, ctx) -> planner.Hardware:
+    """The planner's hardware, measured here: the matmul rate (FLOP/s), the memory bandwidth of a
+    copy, and α, β of the group's all-reduces at the sizes of the prefill's and a decode step's."""
+    B, s = prompts.shape
+    elem = torch.empty((), dtype=dtype).element_size()
+    sizes = sorted({B * cfg.hidden * elem, B * s * cfg.hidden * elem, 8 * B * s * cfg.hidden * elem})
+    alpha, beta = group_alpha_beta(sizes, repeats=3, device_type=ctx.device.type)
+    return planner.Hardware(gpus=ctx.world_size, gpu_memory=1.0, bandwidth=copy_bandwidth(ctx.device),
+                            flops=matmul_rate(dtype, ctx.device), link_bandwidth=1 / beta if beta > 0 else 1e30,
+                            alpha=alpha)
+
+
+def overhead_twin(cfg, dtype: torch.dtype, ctx) -> DecoderShard:
+    """This rank's tensor-parallel shard with every width shrunk (head dimension 2, MLP 8) and its
+    all-reduces skipped: the same operations with next to no arithmetic and no communication. Run
+    as the decode's twin (``generate(..., twin=...)``), each of its steps right after the real one,
+    its on-CPU time is the Python and kernel-launch overhead of those operations, then and there."""
+    tiny = dataclasses.replace(cfg, hidden=2 * cfg.heads, ffn=8)
+    sh = DecoderShard(tiny, build_model(tiny, 0, dtype), tp_rank=ctx.rank, tp_size=ctx.world_size, device=ctx.device)
+    sh.tp.skip_sites = frozenset({"attn.g", "mlp.g"})  # a decode step's only collectives
+    return sh
+
+
+def serving_checks(cfg, prompts, n: int, r: dict, spans: list[tuple[float, float, float]], k: int,
+                   dtype: torch.dtype, ctx) -> list[Check]:
+    """TTFT (the batch's prefill) and TPOT (a decode step) of the tensor-parallel decode ``r``
+    against the planner (``planner.ttft``, ``planner.tpot``) on this machine's measured hardware;
+    ``spans``: its all-reduces (the first ``k`` the prefill's, as the meter counted them). Causes:
+    the per-operation overhead, CPU contention (run-queue delay), waiting for a peer, all-reduces
+    slower than α-β. The figures are the slowest rank's (every rank returns the same checks)."""
+    B, s = prompts.shape
+    W, steps = ctx.world_size, max(1, r["decode_steps"])
+    hw = this_machine(cfg, prompts, dtype, ctx)
+    elem = torch.empty((), dtype=dtype).element_size()
+    ab = [f7.ring_allreduce_time((B * s if i < k else B) * cfg.hidden * elem, W, hw.alpha, 1 / hw.link_bandwidth)
+          for i in range(len(spans))]
+    found = collective_causes(spans, ab)
+    waits, slow = found["peer_wait"], found["slow"]
+    pre, dec = r["twin_prefill_window"].cpu_s, r["twin_decode_window"].cpu_s / steps
+    p, d = r["prefill_window"], r["decode_window"]
+    mine = {"ttft": (r["prefill_s"], pre, p.run_queue_s, sum(waits[:k]), sum(slow[:k]), p.cpu_s),
+            "tpot": (r["decode_s"] / steps, dec, d.run_queue_s / steps, sum(waits[k:]) / steps, sum(slow[k:]) / steps,
+                     d.cpu_s / steps)}
+    everyone: list[Any] = [mine]
+    if W > 1:
+        everyone = [None] * W
+        dist.all_gather_object(everyone, mine)
+    m = ModelSpec(params=decode_params(cfg), layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads,
+                  kv_heads=cfg.group_heads, head_dim=cfg.head_dim, dtype_bytes=elem)
+    predicted = {"ttft": planner.ttft(m, hw, planner.Workload(prompt=B * s, output=n), W, 1),
+                 "tpot": planner.tpot(m, hw, planner.Workload(prompt=s, output=n), W, 1, B)[0]}
+    out = []
+    for name in ("ttft", "tpot"):
+        rank = max(range(len(everyone)), key=lambda i: everyone[i][name][0])
+        measured, overhead, delayed, waited, slower, on_cpu = everyone[rank][name]
+        out.append(check(name, predicted[name], measured, "s",
+                         causes={"op_overhead": overhead, "cpu_contention": delayed, "peer_wait": waited,
+                                 "slow_collective": slower},
+                         detail={"rank": rank, "on_cpu_s": on_cpu, "flops": hw.flops, "bandwidth": hw.bandwidth, "alpha_s": hw.alpha,
+                                 "beta_s_per_byte": 1 / hw.link_bandwidth, "batch": B, "prompt": s}))
     return out
 
 

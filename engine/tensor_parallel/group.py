@@ -6,7 +6,9 @@ Collectives are skipped entirely on one rank (nothing to talk to).
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -14,6 +16,7 @@ import torch.distributed as dist
 
 from ..collectives import all_gather_into, reduce_scatter_into
 from ..metering import comm_scope
+from ..time_causes import run_queue_s
 
 
 class TPGroup:
@@ -36,6 +39,19 @@ class TPGroup:
         self.skip_sites = frozenset(skip_sites)
         #: the widest logits any rank's loss held (vocab-parallel: V/T, never V)
         self.max_logits_width = 0
+        #: when a list: the wall-clock times this rank entered and left each collective and the
+        #: run-queue delay it had meanwhile (the peers' wait, the collective's own time,
+        #: ``engine/time_causes.collective_causes``)
+        self.spans: list[tuple[float, float, float]] | None = None
+
+    @contextmanager
+    def _timed(self) -> Iterator[None]:
+        if self.spans is None:
+            yield
+            return
+        t0, q0 = time.time(), run_queue_s()
+        yield
+        self.spans.append((t0, time.time(), run_queue_s() - q0))
 
     @property
     def splits_sequence(self) -> bool:
@@ -46,7 +62,7 @@ class TPGroup:
         if self.size == 1 or site in self.skip_sites:
             return t
         t = t.contiguous()
-        with comm_scope(layer, phase, site):
+        with comm_scope(layer, phase, site), self._timed():
             dist.all_reduce(t, op=op or dist.ReduceOp.SUM, group=self.group)
         return t
 
@@ -56,7 +72,7 @@ class TPGroup:
             return t
         t = t.contiguous()
         out = torch.empty((t.shape[0] * self.size, *t.shape[1:]), dtype=t.dtype, device=t.device)
-        with comm_scope(layer, phase, site):
+        with comm_scope(layer, phase, site), self._timed():
             all_gather_into(out, t, self.group)
         return out
 
@@ -68,6 +84,6 @@ class TPGroup:
             raise ValueError(f"sequence length {t.shape[0]} is not divisible by T={self.size}")
         t = t.contiguous()
         out = torch.empty((t.shape[0] // self.size, *t.shape[1:]), dtype=t.dtype, device=t.device)
-        with comm_scope(layer, phase, site):
+        with comm_scope(layer, phase, site), self._timed():
             reduce_scatter_into(out, t, self.group)
         return out

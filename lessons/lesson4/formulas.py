@@ -115,3 +115,15 @@ def gathered_logits_bytes_per_rank(seq: int, micro_batch: int, vocab: int, tp: i
     t = _count(tp, "the tensor-parallel degree")
     e = _count(bytes_per_elem, "the bytes per element")
     return (t - 1) / t * s * b * v * e
+
+
+def collective_time(op: str, payload_bytes: float, n: int, alpha: float, beta: float) -> float:
+    """α-β time of one ring collective over a full buffer of ``payload_bytes`` among ``n`` ranks
+    (lesson 1's formulas, Thakur et al. 2005): an all-reduce 2(n−1)α + 2(n−1)/n·S·β, an all-gather
+    or a reduce-scatter half of it. A tensor-parallel step's time is its compute plus the sum of
+    these over its collectives (the run checks it: ``tp_step_time``)."""
+    times = {"all_reduce": ring_allreduce_time, "all_gather": ring_allgather_time,
+             "reduce_scatter": ring_reduce_scatter_time}
+    if op not in times:
+        raise ValueError(f"no α-β time for {op!r}; choose from {', '.join(times)}")
+    return times[op](payload_bytes, n, alpha, beta) if n > 1 else 0.0

@@ -274,17 +274,49 @@ def simulate_overlap(tensor_bytes: Sequence[int], tensor_backward_s: Sequence[fl
             layers.append((layer_of[i], start, t))
     backward_end = t
     groups = F.ddp_buckets([tensor_bytes[i] for i in order], bucket_cap_bytes, first)
-    link_free = 0.0
-    buckets = []
-    for b, members in enumerate(groups):
-        nbytes = sum(tensor_bytes[order[k]] for k in members)
-        full = max(ready[order[k]] for k in members)
-        start = max(full if overlap else backward_end, link_free)
-        end = start + ring_allreduce_time(nbytes, world_size, alpha, beta)
-        buckets.append((b, nbytes, start, end))
-        link_free = end
+    sizes = [sum(tensor_bytes[order[k]] for k in members) for members in groups]
+    full = [max(ready[order[k]] for k in members) if overlap else backward_end for members in groups]
+    spans = bucket_chain(full, [ring_allreduce_time(n, world_size, alpha, beta) for n in sizes])
+    buckets = [(b, n, a, e) for b, (n, (a, e)) in enumerate(zip(sizes, spans))]
     return Timeline("overlap" if overlap else "no-overlap", layers, buckets, backward_end,
-                    max(backward_end, link_free))
+                    max([backward_end] + [e for _a, e in spans]))
+
+
+def bucket_chain(ready: Sequence[float], durations: Sequence[float]) -> list[tuple[float, float]]:
+    """(start, end) of each bucket's all-reduce when they run one at a time, in order: bucket k
+    starts once it is ready and bucket k−1 is done, and lasts ``durations[k]``."""
+    spans, free = [], float("-inf")
+    for r, d in zip(ready, durations, strict=True):
+        start = max(r, free)
+        free = start + d
+        spans.append((start, free))
+    return spans
+
+
+def exposed_after(ready: Sequence[float], durations: Sequence[float], backward_end: float) -> float:
+    """Communication left after backward ends: the chain's end minus ``backward_end`` (≥ 0)."""
+    spans = bucket_chain(ready, durations)
+    return max(0.0, (spans[-1][1] if spans else backward_end) - backward_end)
+
+
+def exposed_comm_causes(own_launch: Sequence[float], last_launch: Sequence[float], done: Sequence[float],
+                        alpha_beta_s: Sequence[float], backward_end: float) -> dict[str, float]:
+    """One rank's exposed communication, predicted and decomposed (issue 28), times on its clock.
+
+    ``predicted``: the buckets launched when this rank launched them, each lasting its α-β time
+    (``alpha_beta_s``), as :func:`simulate_overlap` does. ``peer_wait``: how much later the chain
+    ends when each bucket starts only once the *last* rank launched it (``last_launch``, measured
+    on every rank). ``slow_collective``: how much later still when each bucket lasts what it was
+    measured to last once every rank had launched it and the previous one was done (``done``) —
+    bandwidth or latency worse than α-β. What is left of the measurement is unexplained."""
+    predicted = exposed_after(own_launch, alpha_beta_s, backward_end)
+    waited = exposed_after(last_launch, alpha_beta_s, backward_end)
+    service, free = [], float("-inf")
+    for a, d in zip(last_launch, done, strict=True):
+        service.append(max(0.0, d - max(a, free)))
+        free = max(d, free)
+    slow = exposed_after(last_launch, service, backward_end)
+    return {"predicted": predicted, "peer_wait": waited - predicted, "slow_collective": slow - waited}
 
 
 @dataclass

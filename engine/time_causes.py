@@ -1,0 +1,117 @@
+"""The measured causes of a gap between a lesson's predicted time and the run's (issue 28).
+
+A prediction (``lessons/checks.py``) names what it leaves out, and each cause is measured on its
+own, never taken as measured − predicted:
+
+* **CPU contention** — the time a rank was ready to run but waited for a core: the kernel's
+  run-queue delay of the calling thread (``/proc/thread-self/schedstat``, second field), read
+  around the timed region (:class:`Window`; zero where the file is absent);
+* **on-CPU time** — the thread's CPU time over the same region (``time.thread_time``): compute
+  and Python overhead, without the time spent blocked in a collective or descheduled;
+* **waiting for a peer** — in a collective, the time between this rank's arrival and the last
+  rank's; and a **slow collective** — the time it took once every rank had arrived, beyond its
+  α-β time (:func:`collective_causes`: every rank's entry times, gathered; one host's wall clock);
+* the machine's **matmul rate** (:func:`matmul_rate`) and **memory bandwidth**
+  (``doctor.host_memcpy_bandwidth``), the α and β of the group (``doctor.group_alpha_beta``).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["Window", "collective_causes", "copy_bandwidth", "matmul_rate", "run_queue_s"]
+
+_SCHEDSTAT = "/proc/thread-self/schedstat"
+
+
+def _run_delay(path: str) -> float:
+    try:
+        with open(path) as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def run_queue_s() -> float:
+    """Seconds the calling thread has waited on a run queue so far (0.0 where not reported)."""
+    return _run_delay(_SCHEDSTAT)
+
+
+@dataclass
+class Window:
+    """Wall time, on-CPU time and run-queue delay of the calling thread over ``with`` blocks
+    (accumulated over every block it was entered for)."""
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    run_queue_s: float = 0.0
+    _start: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+    def __enter__(self) -> Window:
+        self._start = (time.perf_counter(), time.thread_time(), run_queue_s())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        w, c, q = self._start
+        self.wall_s += time.perf_counter() - w
+        self.cpu_s += time.thread_time() - c
+        self.run_queue_s += run_queue_s() - q
+
+
+def collective_causes(spans: list[tuple[float, float, float]], expected_s: list[float],
+                      group: Any = None) -> dict[str, list[float]]:
+    """For each collective this rank entered and left at ``spans[i][:2]`` (wall-clock seconds),
+    having waited ``spans[i][2]`` on a run queue meanwhile: ``peer_wait``, how long it waited for
+    the last rank of ``group`` to arrive; ``slow``, how much longer than ``expected_s[i]`` (its α-β
+    time) it took once every rank had arrived, its run-queue delay apart (that is CPU contention,
+    counted by the caller's :class:`Window`; negative: faster). Every rank calls it with its spans
+    of the same collectives."""
+    everyone: list[Any] = [list(spans)]
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        everyone = [None] * dist.get_world_size(group)
+        dist.all_gather_object(everyone, list(spans), group=group)
+    if any(len(a) != len(spans) for a in everyone):
+        raise RuntimeError("the ranks entered different numbers of collectives")
+    last = [max(a[i][0] for a in everyone) for i in range(len(spans))]
+    return {"peer_wait": [t - s[0] for t, s in zip(last, spans)],
+            "slow": [s[1] - max(t, s[0]) - s[2] - e for t, s, e in zip(last, spans, expected_s, strict=True)]}
+
+
+def matmul_rate(dtype: torch.dtype = torch.float32, device: Any = "cpu", n: int = 256, repeats: int = 5) -> float:
+    """FLOP/s of an n×n by n×n matmul on this device and thread count, best of ``repeats``."""
+    dev = torch.device(device)
+    a = torch.randn(n, n, device=dev).to(dtype)
+    b = torch.randn(n, n, device=dev).to(dtype)
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first one warms up
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        a @ b
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n ** 3 / best
+
+
+def copy_bandwidth(device: Any = "cpu", size_bytes: int = 64 << 20, repeats: int = 3) -> float:
+    """Bytes per second a copy of ``size_bytes`` reads and writes on ``device`` (host memory:
+    ``doctor.host_memcpy_bandwidth``), best of ``repeats``."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        from .doctor import host_memcpy_bandwidth
+
+        return host_memcpy_bandwidth(size_bytes, repeats)
+    src = torch.ones(size_bytes, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats + 1):
+        torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        torch.cuda.synchronize(dev)
+        best = min(best, time.perf_counter() - t0)
+    return size_bytes / best
