@@ -197,6 +197,17 @@ def test_json_is_strict_and_has_the_five_axes(capsys):
     assert all(r["best"]["memory"][k] >= 0 for k in terms) and r["best"]["memory"]["grad_buffer_bytes"] > 0
 
 
+def test_a_fixed_cp_and_ep_are_searched_without_max_cp(capsys):
+    """--cp alone fixes the degree (--max-cp's default 1 caps only a free cp), with --ep on an MoE."""
+    mixtral = ["--params", "46.7B", "--layers", "32", "--hidden", "4096", "--heads", "32", "--kv-heads", "8",
+               "--experts", "8", "--top-k", "2", "--ffn", "14336", "--seq", "16384", "--global-batch", "256",
+               "--gpus", "128", "--gpu-mem", "80GB"]
+    code, out, err = run(capsys, *mixtral, "--cp", "2", "--ep", "8", "--json")
+    assert code == 0, err
+    r = _strict(out)
+    assert {(c["cp"], c["ep"]) for c in r["configs"]} == {(2, 8)}
+
+
 def test_when_nothing_fits_the_real_obstacle_is_named(capsys):
     # OPT-175B's shape on 992 GPUs with 1024 sequences: 992 = 32 · 31, and no degree takes 31
     code, _, err = run(capsys, "--params", "175B", "--layers", "96", "--hidden", "12288", "--heads", "96",

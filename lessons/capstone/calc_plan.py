@@ -40,7 +40,8 @@ def _axes(v: dict) -> pl.Axes:
     sp = {"any": pl.SEQUENCE_PARALLEL, "on": (True,), "off": (False,)}[v["sp"]]
     cp = v["cp"] if v["cp"] is not None else (None if v["max_cp"] > 1 else 1)
     ep = v["ep"] if v["ep"] is not None else (None if v["experts"] else 1)
-    return pl.Axes(tp=v["tp"], pp=v["pp"], dp=v["dp"], cp=cp, ep=ep, max_cp=v["max_cp"],
+    max_cp = 0 if v["cp"] is not None else v["max_cp"]  # a fixed --cp is not capped by --max-cp's default 1
+    return pl.Axes(tp=v["tp"], pp=v["pp"], dp=v["dp"], cp=cp, ep=ep, max_cp=max_cp,
                    microbatches=(v["microbatch"],) if v["microbatch"] else pl.MICROBATCHES,
                    zero=tuple(range(v["max_zero"] + 1)), max_zero_pp=min(v["max_zero_pp"], v["max_zero"]),
                    recompute=recompute, chunks=tuple(c for c in pl.CHUNKS if c <= v["max_chunks"]), sp=sp)

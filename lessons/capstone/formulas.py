@@ -89,6 +89,75 @@ def nodes_spanned(dim: str, pp: int, dp: int, tp: int, gpus_per_node: int) -> in
     return len({r // g for r in group_ranks(0, dim, pp, dp, tp)})
 
 
+# ------------------------------------------------------------------------------ five axes
+#
+# torchtitan's ParallelDims and the capstone's engine (engine/mesh.py): a (pp, dp, cp, tp) mesh, TP
+# innermost, then CP, DP and PP: rank = ((p·dp + d)·cp + c)·tp + t. Gradients are reduced over the
+# dp·cp ranks of a (pp, tp) coordinate (torchtitan's dp_shard_cp); expert parallelism borrows ``ep``
+# consecutive ones of them in (d, c) order, and the experts' own gradients are reduced over ``edp``,
+# the ranks at the same place in every EP group. With cp = ep = 1 this is :func:`mesh_coords`' mesh.
+
+MESH5_GROUPS = ("tp", "cp", "ep", "dp", "edp", "pp")  # innermost first; dp: the dp·cp gradient group
+
+
+def _degrees5(pp: int, dp: int, cp: int, tp: int, ep: int) -> tuple[int, int, int, int, int]:
+    p, d, t = _degrees(pp, dp, tp)
+    c = _count(cp, "the context-parallel degree")
+    e = _count(ep, "the expert-parallel degree")
+    if (d * c) % e:
+        raise ValueError(f"the expert-parallel degree {e} must divide dp·cp = {d}·{c} = {d * c}")
+    return p, d, c, t, e
+
+
+def mesh5_coords(rank: int, pp: int, dp: int, cp: int, tp: int, ep: int = 1) -> dict[str, int]:
+    """``{pp, dp, cp, tp, ep, edp}`` of a global rank on the (pp, dp, cp, tp) mesh: tp = r mod t,
+    cp = (r div t) mod c, dp = (r div c·t) mod d, pp = r div (d·c·t); ``ep`` and ``edp`` are its place
+    inside and among the EP groups of its dp·cp ranks (i = d·cp + c: ep = i mod e, edp = i div e)."""
+    p, d, c, t, e = _degrees5(pp, dp, cp, tp, ep)
+    if isinstance(rank, bool) or int(rank) != rank or not 0 <= rank < p * d * c * t:
+        raise ValueError(f"rank must be an integer in [0, {p * d * c * t}), got {rank!r}")
+    r = int(rank)
+    dp_i, cp_i = (r // (c * t)) % d, (r // t) % c
+    inner = dp_i * c + cp_i
+    return {"pp": r // (d * c * t), "dp": dp_i, "cp": cp_i, "tp": r % t, "ep": inner % e, "edp": inner // e}
+
+
+def mesh5_rank(pp_index: int, dp_index: int, cp_index: int, tp_index: int, pp: int, dp: int, cp: int,
+               tp: int) -> int:
+    """The global rank at (pp, dp, cp, tp) coordinates: ((p·dp + d)·cp + c)·tp + t."""
+    p, d, c, t, _ = _degrees5(pp, dp, cp, tp, 1)
+    for value, size, name in ((pp_index, p, "pp"), (dp_index, d, "dp"), (cp_index, c, "cp"), (tp_index, t, "tp")):
+        if not 0 <= value < size:
+            raise ValueError(f"{name} index must be in [0, {size}), got {value!r}")
+    return ((pp_index * d + dp_index) * c + cp_index) * t + tp_index
+
+
+def mesh5_group(rank: int, dim: str, pp: int, dp: int, cp: int, tp: int, ep: int = 1) -> list[int]:
+    """The ranks of ``rank``'s group along ``dim``: ``tp``, ``cp``, ``pp`` (the ranks that differ from it
+    on that axis only), ``dp`` (the dp·cp ranks that reduce its gradients), ``ep`` (its ``ep`` consecutive
+    ones of those, which exchange tokens) or ``edp`` (those at its place in every EP group, which reduce
+    its experts' gradients)."""
+    if dim not in MESH5_GROUPS:
+        raise ValueError(f"unknown mesh group {dim!r}; choose one of {', '.join(MESH5_GROUPS)}")
+    p, d, c, t, e = _degrees5(pp, dp, cp, tp, ep)
+    x = mesh5_coords(rank, p, d, c, t, e)
+    if dim in ("pp", "cp", "tp"):
+        size = {"pp": p, "cp": c, "tp": t}[dim]
+        at = [{**x, dim: i} for i in range(size)]
+        return [mesh5_rank(y["pp"], y["dp"], y["cp"], y["tp"], p, d, c, t) for y in at]
+    replicas = [mesh5_rank(x["pp"], i // c, i % c, x["tp"], p, d, c, t) for i in range(d * c)]
+    if dim == "ep":
+        return replicas[x["edp"] * e:(x["edp"] + 1) * e]
+    return replicas[x["ep"]::e] if dim == "edp" else replicas
+
+
+def mesh5_nodes_spanned(dim: str, pp: int, dp: int, cp: int, tp: int, gpus_per_node: int, ep: int = 1) -> int:
+    """How many nodes one group of ``dim`` on the five-axis mesh touches when ranks fill nodes in order:
+    1 means it talks over NVLink only."""
+    g = _count(gpus_per_node, "the GPUs per node")
+    return len({r // g for r in mesh5_group(0, dim, pp, dp, cp, tp, ep)})
+
+
 def microbatches_per_replica(global_batch: int, dp: int, micro_batch: int) -> int:
     """Microbatches each pipeline runs per step: global batch / (dp · microbatch size), which must divide."""
     b = _count(global_batch, "the global batch")

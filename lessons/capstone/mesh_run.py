@@ -71,32 +71,18 @@ class Layout:
 
     def coords(self, rank: int) -> dict[str, int]:
         """``{pp, dp, cp, tp, ep, edp}`` of a global rank (ep, edp: its place among the dp·cp ranks)."""
-        if not 0 <= rank < self.world:
-            raise ValueError(f"rank must be an integer in [0, {self.world}), got {rank!r}")
-        t, c, d = rank % self.tp, (rank // self.tp) % self.cp, (rank // (self.tp * self.cp)) % self.dp
-        inner = d * self.cp + c
-        return {"pp": rank // (self.dp * self.cp * self.tp), "dp": d, "cp": c, "tp": t,
-                "ep": inner % self.ep, "edp": inner // self.ep}
+        return f.mesh5_coords(rank, self.pp, self.dp, self.cp, self.tp, self.ep)
 
     def rank_at(self, pp: int, dp: int, cp: int, tp: int) -> int:
-        return ((pp * self.dp + dp) * self.cp + cp) * self.tp + tp
+        return f.mesh5_rank(pp, dp, cp, tp, self.pp, self.dp, self.cp, self.tp)
 
     def group(self, rank: int, dim: str) -> list[int]:
         """The ranks of ``rank``'s group along ``dim`` (as the engine builds it)."""
-        c = self.coords(rank)
-        if dim in AXES and dim != "dp":
-            size = {"pp": self.pp, "cp": self.cp, "tp": self.tp}[dim]
-            return [self.rank_at(**{**{a: c[a] for a in AXES}, dim: i}) for i in range(size)]
         if dim == "moe":
-            return [r for r in range(self.world) if r // (self.world // self.pp) == c["pp"]]
-        replicas = [self.rank_at(c["pp"], i // self.cp, i % self.cp, c["tp"]) for i in range(self.dp * self.cp)]
-        if dim == "dp":
-            return replicas
-        if dim == "ep":
-            first = c["edp"] * self.ep
-            return replicas[first:first + self.ep]
-        if dim == "edp":
-            return replicas[c["ep"]::self.ep]
+            stage = self.coords(rank)["pp"]
+            return [r for r in range(self.world) if r // (self.world // self.pp) == stage]
+        if dim in f.MESH5_GROUPS:
+            return f.mesh5_group(rank, dim, self.pp, self.dp, self.cp, self.tp, self.ep)
         raise ValueError(f"unknown mesh group {dim!r}; choose one of {', '.join(GROUPS)}")
 
 
