@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..lessons.lesson1.formulas import algbw, busbw
+from ..lessons.lesson1.formulas import algbw, alpha_beta_fit, busbw
 from .runtime import timed_collective
 
 MiB = 1 << 20
@@ -140,6 +140,43 @@ def _allreduce_sweep(rank: int, world_size: int, sizes: list[int], repeats: int,
         results.append({"bytes": size, "time_s": elapsed, "algbw": algbw(size, elapsed),
                         "busbw": busbw(size, elapsed, world_size)})
     return results
+
+
+def concurrent_pairs_alpha_beta(sizes: tuple[int, ...] = (64, MiB), repeats: int = 5, back_to_back: int = 10,
+                                device_type: str = "cpu", between: Any = None) -> tuple[float, float]:
+    """On every rank of the running group: α (s per ring step) and β (s per byte) of lesson 1's ring
+    inside groups of two consecutive ranks, every pair at once (as a mesh run's TP, PP and DP pairs
+    talk while the other ranks do; the world itself when it is odd), from all-gathers (the op of
+    sequence parallelism): t = (n−1)·α + (n−1)/n·S·β for S gathered bytes, fitted over ``sizes``
+    (:func:`alpha_beta_fit`). Each sample is ``back_to_back`` calls in a row, averaged; each size's
+    time the median over samples of the slowest rank. ``between``: work each rank does before each
+    call (a run's compute between its collectives: a rank that computed has used its share of the
+    cores and wakes later than one that only talks), its own time taken off."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    n = 2 if world % 2 == 0 else world
+    groups = [dist.new_group(list(range(i, i + n))) for i in range(0, world, n)]
+    group = groups[rank // n]
+    device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
+    times = []
+    for nbytes in sizes:
+        shard = torch.zeros(max(1, nbytes // (4 * n)), dtype=torch.float32, device=device)
+        out = [torch.empty_like(shard) for _ in range(n)]
+        dist.all_gather(out, shard, group=group)  # warm-up: connections and buffers
+
+        def calls(talk: bool = True) -> None:
+            for _ in range(back_to_back):
+                if between is not None:
+                    between()
+                if talk:
+                    dist.all_gather(out, shard, group=group)
+        samples = torch.tensor([[timed_collective(lambda: calls(talk), device_type == "cuda") / back_to_back
+                                 for talk in (True, False)] for _ in range(repeats)], dtype=torch.float64,
+                               device=device)
+        dist.all_reduce(samples, op=dist.ReduceOp.MAX)
+        alone = samples[:, 1].median().item() if between is not None else 0.0
+        times.append(max(0.0, samples[:, 0].median().item() - alone))
+    a, b = alpha_beta_fit([float(s) for s in sizes], times)
+    return max(a, 0.0) / (n - 1), max(b, 0.0) * n / (n - 1)
 
 
 def _nccl_worker(rank: int, world_size: int, port: int, sizes: list[int], repeats: int, out: Any) -> None:
