@@ -46,19 +46,26 @@ from .experiment import max_over_ranks
 PROFILE_FILE = "machine_profile.json"
 PROFILE_MAX_AGE_S = 3600.0  # a profile older than this is measured again
 CPU = torch.device("cpu")
+MIN_SECONDS = 0.5  # each rate timed over this long at least: many time slices of a shared core
+RATES = ("gemm_flops", "elementwise_bytes_per_s", "alpha_s", "beta_s_per_byte")
 
 
-def _timed(fn, repeats: int, device: torch.device) -> float:
-    """Mean seconds of ``fn()`` over ``repeats`` calls after one warm-up (the mean, not the best: under
-    contention the cores' share is what the run gets too); on CUDA with the queued work included."""
+def _timed(fn, repeats: int, device: torch.device, min_s: float = MIN_SECONDS) -> float:
+    """Mean seconds of ``fn()`` over at least ``repeats`` calls and ``min_s`` seconds, after one
+    warm-up. The mean over many of the scheduler's time slices, not the best: a loop shorter than a
+    slice would run on a core of its own even where the run's ranks share them; on CUDA with the
+    queued work included."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     fn()
     sync()
-    start = time.perf_counter()
-    for _ in range(repeats):
+    calls, start = 0, time.perf_counter()
+    while calls < repeats or time.perf_counter() - start < min_s:
         fn()
+        calls += 1
+        if calls % repeats == 0:
+            sync()
     sync()
-    return (time.perf_counter() - start) / repeats
+    return (time.perf_counter() - start) / calls
 
 
 def _gemm_layer(run: RunShape, dtype: torch.dtype, device: torch.device):
@@ -131,7 +138,7 @@ def _measure_rank(rank: int, world: int, run: dict, dtype_name: str, repeats: in
     dist.barrier()
     other = elementwise_rate(shape, dtype, repeats, device)
     dist.barrier()
-    alpha, beta = concurrent_pairs_alpha_beta(repeats=max(3, repeats // 10), device_type=device.type,
+    alpha, beta = concurrent_pairs_alpha_beta(repeats=max(5, repeats // 5), device_type=device.type,
                                               between=_one_gemm_each(shape, dtype, device))
     return {"gemm_flops": gemm, "elementwise_bytes_per_s": other, "alpha_s": alpha, "beta_s_per_byte": beta}
 
@@ -227,7 +234,8 @@ def check_step_time(ctx: Any, plan: Any, times: list[float], metered_step: int, 
     if saved is not None:
         causes["slower_since_calibration"] = predict(run, now)["step_time_s"] - predicted["step_time_s"]
     detail = {k: float(v) for k, v in predicted.items()}
-    detail.update(calibrated_before_run=float(saved is not None), load=os.getloadavg()[0])
+    detail.update(calibrated_before_run=float(saved is not None), load=os.getloadavg()[0],
+                  **{f"rate_{k}": float((saved or now)[k]) for k in RATES}, **{f"now_{k}": now[k] for k in RATES})
     result = check("capstone_step_time", predicted["step_time_s"], statistics.fmean(timed), "s",
                    causes=causes, detail=detail)
     CHECK.emit_fields(ctx.events, result.event())

@@ -170,11 +170,12 @@ def concurrent_pairs_alpha_beta(sizes: tuple[int, ...] = (64, MiB), repeats: int
                 if talk:
                     dist.all_gather(out, shard, group=group)
         samples = torch.tensor([[timed_collective(lambda: calls(talk), device_type == "cuda") / back_to_back
-                                 for talk in (True, False)] for _ in range(repeats)], dtype=torch.float64,
-                               device=device)
+                                 for talk in ((True, False) if between is not None else (True,))]
+                                for _ in range(repeats)], dtype=torch.float64, device=device)
         dist.all_reduce(samples, op=dist.ReduceOp.MAX)
-        alone = samples[:, 1].median().item() if between is not None else 0.0
-        times.append(max(0.0, samples[:, 0].median().item() - alone))
+        # each sample's calls less the same work without them, side by side: the load drifts between samples
+        paired = samples[:, 0] - samples[:, 1] if between is not None else samples[:, 0]
+        times.append(max(0.0, paired.median().item()))
     a, b = alpha_beta_fit([float(s) for s in sizes], times)
     return max(a, 0.0) / (n - 1), max(b, 0.0) * n / (n - 1)
 
