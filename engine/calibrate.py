@@ -215,8 +215,8 @@ def check_step_time(ctx: Any, plan: Any, times: list[float], metered_step: int, 
     ``distai calc plan --calibrate`` saved for this run, else from the rates the run's ranks
     measure now. Causes, each measured on its own: ``slower_since_calibration``, the same
     prediction from the rates measured now minus the one from the saved profile (the machine got
-    busier: CPU contention), and ``uncounted_collectives``, the TP collectives the busiest rank made
-    beyond the planner's count, at their α-β time. Runs with experts are not predicted (None)."""
+    busier: CPU contention), and ``uncounted_collectives``, the calls of the metered step beyond (or
+    short of) the planner's count in every group, on the rank with the most, at their α-β time. Runs with experts are not predicted (None)."""
     if getattr(plan.shape, "moe", False):
         return None
     run = run_shape(plan)
@@ -224,8 +224,7 @@ def check_step_time(ctx: Any, plan: Any, times: list[float], metered_step: int, 
     if ctx.world_size > 1:
         dist.broadcast_object_list(box, src=0)
     saved, now = box[0], _rates_now(ctx, run, plan.dtype)
-    tp_ops = account["tp"]["ops"] if account else {}
-    uncounted = max_over_ranks(uncounted_collectives_s(run, now, tp_ops))
+    uncounted = max_over_ranks(uncounted_collectives_s(run, now, account or {}))
     if ctx.rank != 0:
         return None
     timed = [t for i, t in enumerate(times) if i not in (0, metered_step)] or times
