@@ -31,7 +31,6 @@ import torch.nn.functional as F
 from ..lessons.calculator import CalcError
 from ..lessons.capstone.calibrated import (
     RunShape,
-    check_lines,
     gemm_shapes,
     layer_bytes,
     predict,
@@ -39,7 +38,6 @@ from ..lessons.capstone.calibrated import (
 )
 from ..lessons.checks import Check, check
 from ..lessons.events import CHECK
-from ..lessons.strings import detect_language
 from .doctor import concurrent_pairs_alpha_beta
 from .experiment import max_over_ranks
 
@@ -237,9 +235,7 @@ def check_step_time(ctx: Any, plan: Any, times: list[float], metered_step: int, 
                   **{f"rate_{k}": float((saved or now)[k]) for k in RATES}, **{f"now_{k}": now[k] for k in RATES})
     result = check("capstone_step_time", predicted["step_time_s"], statistics.fmean(timed), "s",
                    causes=causes, detail=detail)
-    CHECK.emit_fields(ctx.events, result.event())
-    for line in check_lines(result, bool(saved), detect_language()):
-        print(line)
+    CHECK.emit_fields(ctx.events, result.event())  # distai run draws it in the run's check table
     return result
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from .. import units
-from ..checks import Check
 from ..lesson1.formulas import ring_allgather_time, ring_allreduce_time
 from ..lesson4.formulas import tp_comm_per_layer
 from ..model_size import ModelSize
@@ -209,24 +208,3 @@ def text(r: dict, lang: str | None = None) -> list[str]:
                    bubble=t(pr["bubble_s"]), dp_comm=t(pr["dp_comm_exposed_s"])),
         translated("checks", "calib_run_it", lang, ranks=world, dp=run["dp"], tp=run["tp"], pp=run["pp"]),
     ]
-
-
-def check_lines(result: Check, saved: bool, lang: str) -> list[str]:
-    """What the capstone run prints under its summary: the prediction, the measurement, the verdict
-    and, when the prediction alone misses, each cause."""
-    t = lambda x: units.format_time(x, lang=lang)  # noqa: E731
-    pct = lambda x: units.format_percent(x, digits=2, lang=lang)  # noqa: E731
-    gap = abs(result.measured - result.predicted) / result.measured if result.measured else 0.0
-    if result.ok:
-        verdict = translated("checks", "verdict_ok", lang, tolerance=pct(result.tolerance))
-    elif result.explained:
-        verdict = translated("checks", "verdict_explained", lang, gap=pct(gap), tolerance=pct(result.tolerance))
-    else:
-        verdict = translated("checks", "verdict_not", lang, gap=pct(gap), unexplained=t(result.unexplained))
-    source = translated("checks", "source_saved" if saved else "source_now", lang)
-    lines = ["", translated("checks", "step_predicted", lang, predicted=t(result.predicted), source=source),
-             translated("checks", "step_measured", lang, measured=t(result.measured), verdict=verdict)]
-    if not result.ok:
-        lines += [translated("checks", "cause_line", lang, cause=translated("checks", k, lang), amount=t(v))
-                  for k, v in result.causes.items()]
-    return lines
