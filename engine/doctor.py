@@ -171,6 +171,44 @@ def group_alpha_beta(sizes: list[int], repeats: int = 5, device_type: str = "cpu
     return fit_alpha_beta(group_allreduce_times(sizes, repeats, device_type), n)
 
 
+def concurrent_pairs_alpha_beta(sizes: tuple[int, ...] = (64, MiB), repeats: int = 5, back_to_back: int = 10,
+                                device_type: str = "cpu", between: Any = None) -> tuple[float, float]:
+    """On every rank of the running group: α (s per ring step) and β (s per byte) of lesson 1's ring
+    inside groups of two consecutive ranks, every pair at once (as a mesh run's TP, PP and DP pairs
+    talk while the other ranks do; the world itself when it is odd), from all-gathers (the op of
+    sequence parallelism): t = (n−1)·α + (n−1)/n·S·β for S gathered bytes, fitted over ``sizes``
+    (:func:`alpha_beta_fit`). Each sample is ``back_to_back`` calls in a row, averaged; each size's
+    time the median over samples of the slowest rank. ``between``: work each rank does before each
+    call (a run's compute between its collectives: a rank that computed has used its share of the
+    cores and wakes later than one that only talks), its own time taken off."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    n = 2 if world % 2 == 0 else world
+    groups = [dist.new_group(list(range(i, i + n))) for i in range(0, world, n)]
+    group = groups[rank // n]
+    device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
+    times = []
+    for nbytes in sizes:
+        shard = torch.zeros(max(1, nbytes // (4 * n)), dtype=torch.float32, device=device)
+        out = [torch.empty_like(shard) for _ in range(n)]
+        dist.all_gather(out, shard, group=group)  # warm-up: connections and buffers
+
+        def calls(talk: bool = True) -> None:
+            for _ in range(back_to_back):
+                if between is not None:
+                    between()
+                if talk:
+                    dist.all_gather(out, shard, group=group)
+        samples = torch.tensor([[timed_collective(lambda: calls(talk), device_type == "cuda") / back_to_back
+                                 for talk in ((True, False) if between is not None else (True,))]
+                                for _ in range(repeats)], dtype=torch.float64, device=device)
+        dist.all_reduce(samples, op=dist.ReduceOp.MAX)
+        # each sample's calls less the same work without them, side by side: the load drifts between samples
+        paired = samples[:, 0] - samples[:, 1] if between is not None else samples[:, 0]
+        times.append(max(0.0, paired.median().item()))
+    a, b = alpha_beta_fit([float(s) for s in sizes], times)
+    return max(a, 0.0) / (n - 1), max(b, 0.0) * n / (n - 1)
+
+
 def _nccl_worker(rank: int, world_size: int, port: int, sizes: list[int], repeats: int, out: Any) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)

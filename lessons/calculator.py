@@ -129,6 +129,10 @@ class Calculator:
     options: tuple[Option, ...]
     compute: Callable[[dict], dict]            # parsed options -> the JSON object
     text: Callable[[dict, str], list[str]]     # the JSON object, the language -> the lines printed
+    # a flag option that measures this machine first: (its name, "module:function" in distai.engine,
+    # given the parsed options, returning what ``compute`` then finds as that option's value). The
+    # CLI calls it (torch allowed there); the declaration and ``compute`` stay pure.
+    measure: tuple[str, ...] = ()
 
     def parse(self, given: dict, lang: str = "en") -> dict:
         """Each option's value from its text in ``given`` (keyed by option name), in declared order."""

@@ -234,3 +234,15 @@ def test_the_experiment_streams_its_check_and_its_communication_account(tmp_path
             on.setdefault(" ".join(threads[(e["pid"], e["tid"])].split(" ")[:2]), set()).add(e["name"].split(" ")[0])
     assert on["comm tp"] and on["comm tp"] <= {"all_reduce", "all_gather", "reduce_scatter"}  # TP+SP collectives
     assert on["comm pp"] and on["comm pp"] <= {"send", "recv", "wait"}  # the pipeline's point-to-point messages
+    # the step time against the planner, from the rates the run's own ranks measured (no saved profile)
+    from distai.lessons.checks import reconcile
+
+    check = next(e for e in events[0] if e["kind"] == "check" and e["name"] == "capstone_step_time")
+    timed = [s["step_time_s"] for s in steps if s["step"] not in (0, 1)]  # warm-up and metered steps left out
+    assert check["measured"] == pytest.approx(sum(timed) / len(timed), rel=1e-12)
+    assert check["predicted"] > 0 and check["detail"]["calibrated_before_run"] == 0
+    assert check["predicted"] == pytest.approx(sum(check["detail"][k] for k in (
+        "compute_s", "tp_comm_s", "cp_comm_s", "pp_comm_s", "bubble_s", "dp_comm_exposed_s")), rel=1e-9)
+    c = reconcile(check)
+    assert c.ok == check["ok"] and (c.ok or c.causes["uncounted_collectives"] > 0)  # the loss's all-reduces
+    print("capstone step time:", check)

@@ -41,11 +41,22 @@ def _reflow(doc: str) -> str:
     return "\n\n".join(" ".join(line.strip() for line in p.splitlines()) for p in paragraphs)
 
 
+def _measured(calc: Calculator, given: dict) -> dict:
+    """``given`` with the measuring flag's value replaced by the machine's measurement (when set)."""
+    if not calc.measure or not given.get(calc.measure[0]):
+        return given
+    import importlib
+
+    module, _, name = calc.measure[1].partition(":")
+    measure = getattr(importlib.import_module(module, __package__), name)
+    return dict(given, **{calc.measure[0]: measure(calc.parse(given))})
+
+
 def run_calculator(calc: Calculator, given: dict, as_json: bool, lang: str | None = None) -> None:
     """``calc`` on the options ``given``: its JSON object, or its text in ``lang`` (else the locale's)."""
     language = language_or_fail(lang)
     try:
-        result = calc.run(given, language)
+        result = calc.run(_measured(calc, given), language)
     except CalcError as exc:
         raise CliError(str(exc)) from None
     if as_json:

@@ -6,6 +6,7 @@ import math
 
 from .. import units
 from ..calculator import CalcError, Calculator, Option, labels
+from . import calibrated
 from . import planner as pl
 
 RECOMPUTE_CHOICES = ("any",) + pl.RECOMPUTE
@@ -47,7 +48,16 @@ def _axes(v: dict) -> pl.Axes:
                    recompute=recompute, chunks=tuple(c for c in pl.CHUNKS if c <= v["max_chunks"]), sp=sp)
 
 
+#: what the planner needs unless --calibrate predicts the capstone run (whose sizes have defaults)
+NEEDED = ("params", "layers", "hidden", "heads", "seq", "global_batch", "gpus", "gpu_mem")
+
+
 def compute(v: dict) -> dict:
+    if v["calibrate"]:  # the profile distai.engine.calibrate measured: the capstone run on this machine
+        return calibrated.compute(v["calibrate"])
+    missing = [f"--{k.replace('_', '-')}" for k in NEEDED if v[k] is None]
+    if missing:
+        raise CalcError(f"{', '.join(missing)} needed (or --calibrate: the capstone run on this machine)")
     kv_heads = v["kv_heads"] or v["heads"]
     if v["heads"] % kv_heads:
         raise CalcError(f"--heads {v['heads']} is not a multiple of --kv-heads {kv_heads}")
@@ -107,6 +117,8 @@ def _memory_line(m: dict, say, lang: str) -> str:
 
 
 def text(r: dict, lang: str = "en") -> list[str]:
+    if "calibrated" in r:
+        return calibrated.text(r, lang)
     i, say = r["inputs"], labels("plan", lang)
     pct = lambda x: units.format_percent(x, lang=lang)  # noqa: E731
     t = lambda s: units.format_time(s, lang=lang)  # noqa: E731
@@ -194,15 +206,15 @@ CALCULATOR = Calculator(
     active parameters), tokens_per_s, reason (empty).
     """,
     options=(
-        Option("--params", "count", "Parameters Ψ of the model (70B).", minimum=0, strict_min=True),
-        Option("--layers", "whole", "Transformer layers L."),
-        Option("--hidden", "whole", "Hidden size h."),
-        Option("--heads", "whole", "Attention heads a."),
+        Option("--params", "count", "Parameters Ψ of the model (70B).", minimum=0, strict_min=True, default=None),
+        Option("--layers", "whole", "Transformer layers L.", default=None),
+        Option("--hidden", "whole", "Hidden size h.", default=None),
+        Option("--heads", "whole", "Attention heads a.", default=None),
         Option("--kv-heads", "whole", "Key/value heads (GQA; default: --heads).", default=None),
-        Option("--seq", "whole", "Sequence length s in tokens."),
-        Option("--global-batch", "whole", "Sequences per optimizer step."),
-        Option("--gpus", "whole", "GPUs to split into TP × PP × DP.", maximum=1 << 20),
-        Option("--gpu-mem", "bytes", "Memory per GPU (80GB).", minimum=0, strict_min=True),
+        Option("--seq", "whole", "Sequence length s in tokens.", default=None),
+        Option("--global-batch", "whole", "Sequences per optimizer step.", default=None),
+        Option("--gpus", "whole", "GPUs to split into TP × PP × DP.", maximum=1 << 20, default=None),
+        Option("--gpu-mem", "bytes", "Memory per GPU (80GB).", minimum=0, strict_min=True, default=None),
         Option("--gpus-per-node", "whole", "GPUs per node sharing NVLink (default 8).", default="8"),
         Option("--flops", "flops", "Peak dense bf16 FLOP/s per GPU (default 989e12: H100 SXM).", default="989e12",
                minimum=0, strict_min=True),
@@ -246,7 +258,13 @@ CALCULATOR = Calculator(
                default="8"),
         Option("--tp-across-nodes", "flag", "Allow TP groups that leave a node.", default=False),
         Option("--top", "whole", "Configurations to print (default 10).", default="10"),
+        Option("--calibrate", "flag", "Measure this machine (matmul rate and other kernels at the capstone "
+               "run's sizes, α and β of the loopback, with as many processes as the run has ranks; a profile "
+               "under $DISTAI_HOME less than an hour old is reused) and predict the capstone run's step "
+               "time: --dp --tp --pp --cp --ep (default 2, 2, 2, 1, 1), --layers --hidden --heads --kv-heads "
+               "--seq --vocab --microbatch --global-batch (default: the run's).", default=False),
     ),
     compute=compute,
     text=text,
+    measure=("calibrate", "..engine.calibrate:plan_profile"),
 )

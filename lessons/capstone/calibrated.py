@@ -1,0 +1,210 @@
+"""The capstone run's own step time, predicted by the planner from this machine's measured rates.
+
+The planner (:mod:`.planner`) predicts a GPU cluster's step time from a GPU's peak FLOP/s, its HBM
+bandwidth and the links' α and β. Here the same model — :func:`~.planner.evaluate`, no second one —
+is applied to the capstone run's small GPT and mesh with the rates ``distai calc plan --calibrate``
+measured on this machine (:mod:`distai.engine.calibrate`) at the run's own sizes:
+
+- the GEMMs run at the measured matmul rate (E = 1, w½ = 0: the rate was measured at these shapes);
+- the memory-bound kernels and the attention core at the measured rate of the planner's byte count;
+- every group's collectives with the measured α and β of the loopback, all ranks talking at once;
+- β is per byte of the run's dtype: the planner counts bf16 (2-byte) activations, so it is scaled by
+  the run's bytes per element / 2;
+- the pipeline's bubble as the planner counts it, (pp − 1)/v slots.
+
+Pure: a profile is a plain dict (``gemm_flops``, ``elementwise_bytes_per_s``, ``alpha_s``,
+``beta_s_per_byte``).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from .. import units
+from ..lesson1.formulas import ring_allgather_time, ring_allreduce_time
+from ..lesson4.formulas import tp_comm_per_layer
+from ..model_size import ModelSize
+from ..model_spec import ModelSpec
+from ..strings import detect_language, translated
+from . import formulas as f
+from . import planner as pl
+
+#: the planner's bytes per activation element (bf16), against which the run's dtype scales β
+PLANNER_ELEM_BYTES = 2
+#: what the prediction's terms are called (the planner's ``time`` keys)
+TERMS = ("compute_s", "tp_comm_s", "cp_comm_s", "pp_comm_s", "bubble_s", "dp_comm_exposed_s")
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """The capstone run the prediction is for: its mesh, its GPT and its batch."""
+    dp: int
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    seq: int
+    vocab: int
+    ffn: int
+    micro_batch: int
+    microbatches: int
+    chunks: int = 1
+    zero: int = 0
+    elem_bytes: int = 8
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def tokens(self) -> int:
+        """Rows of one microbatch on one rank: b·s/cp."""
+        return self.micro_batch * self.seq // self.cp
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def model_size(self) -> ModelSize:
+        return ModelSize(vocab=self.vocab, hidden=self.hidden, heads=self.heads, kv_heads=self.kv_heads,
+                         layers=self.layers, seq=self.seq, ffn=self.ffn, tie_embeddings=False)
+
+
+def gemm_shapes(run: RunShape) -> list[tuple[int, int, int]]:
+    """(rows, in, out) of one layer's GEMMs on one rank: QKV, the attention's output, the MLP's two."""
+    t, h, rows = run.tp, run.hidden, run.tokens
+    qkv = h + 2 * run.kv_heads * (h // run.heads)
+    return [(rows, h, qkv // t), (rows, h // t, h), (rows, h, run.ffn // t), (rows, run.ffn // t, h)]
+
+
+def layer_bytes(run: RunShape) -> float:
+    """The planner's bytes of one layer's memory-bound kernels, forward, on one rank
+    (:func:`~.formulas.layer_forward_seconds` with FlashAttention: no score matrix)."""
+    sbh = run.tokens * run.hidden
+    sp = run.tp > 1
+    return sbh * (f.ELEMENTWISE_REPLICATED / (run.tp if sp else 1) + f.ELEMENTWISE_SPLIT / run.tp)
+
+
+def model_spec(run: RunShape) -> ModelSpec:
+    """The run's GPT as the planner sees it. The planner counts the output layer apart (its logits
+    GEMM) and the layers as the parameters less one V·h table; the run's head is untied, so its
+    table is left out of the parameters too."""
+    size = run.model_size()
+    return ModelSpec(params=size.num_params() - run.vocab * run.hidden, layers=run.layers, hidden=run.hidden,
+                     heads=run.heads, kv_heads=run.kv_heads, seq=run.seq, vocab=run.vocab)
+
+
+def cluster(run: RunShape, profile: dict) -> pl.Cluster:
+    """This machine as the planner's cluster: one node of ``world`` ranks at the measured rates."""
+    beta = profile["beta_s_per_byte"] * run.elem_bytes / PLANNER_ELEM_BYTES
+    bandwidth = 1 / beta if beta > 0 else 1e30
+    return pl.Cluster(gpus=run.world, gpu_memory=1e18, gpus_per_node=run.world, flops=profile["gemm_flops"],
+                      intra_bandwidth=bandwidth, inter_bandwidth=bandwidth, alpha=profile["alpha_s"],
+                      inter_alpha=profile["alpha_s"], hbm_bandwidth=profile["elementwise_bytes_per_s"],
+                      gemm_peak_fraction=1.0, gemm_half_width=0.0, flash_attention=True)
+
+
+def predict(run: RunShape, profile: dict) -> dict:
+    """The planner's step time for ``run`` on the profiled machine: {"step_time_s", the terms of
+    :data:`TERMS` (seconds), "microbatches"}; ValueError when the planner refuses the run."""
+    config = pl.Config(run.tp, run.pp, run.dp, run.micro_batch, run.zero, "none", run.chunks, run.tp > 1,
+                       run.cp, run.ep)
+    global_batch = run.dp * run.microbatches * run.micro_batch
+    c = pl.evaluate(model_spec(run), cluster(run, profile), global_batch, config, optimizer="sgd")
+    if c.reason:
+        raise ValueError(f"the planner cannot evaluate the capstone run: {c.reason}")
+    return {"step_time_s": c.step_time_s, "microbatches": c.microbatches, **{k: c.time[k] for k in TERMS}}
+
+
+def planner_tp_calls(run: RunShape) -> dict[str, int]:
+    """The tensor-parallel collectives the planner counts on one rank per step: lesson 4's per-layer
+    forward and backward ops (:func:`~distai.lessons.lesson4.formulas.tp_comm_per_layer`) for the
+    stage's layers and the m microbatches; none without tensor parallelism."""
+    if run.tp == 1:
+        return {}
+    per_layer = tp_comm_per_layer(run.hidden, run.seq // run.cp, run.micro_batch, run.tp, sequence_parallel=True)
+    stage = f.stage_layers(run.layers, run.pp)
+    out: dict[str, int] = {}
+    for direction in ("forward", "backward"):
+        for op, calls in per_layer[direction].items():
+            out[op] = out.get(op, 0) + calls * stage * run.microbatches
+    return out
+
+
+def planner_calls(run: RunShape) -> dict[str, dict[str, int]]:
+    """Every group's calls the planner counts on one rank per step (:func:`~.planner.evaluate`): TP's
+    (:func:`planner_tp_calls`); CP's K/V all-gather twice (forward, recomputed or backward) and their
+    gradients' reduce-scatter per layer and microbatch; the pipeline's 2·v messages per microbatch
+    (a send and a receive); one gradient all-reduce over dp·cp."""
+    stage, m, v = f.stage_layers(run.layers, run.pp), run.microbatches, run.chunks
+    out: dict[str, dict[str, int]] = {"tp": planner_tp_calls(run)}
+    out["cp"] = {"all_gather": 2 * stage * m, "reduce_scatter": stage * m} if run.cp > 1 else {}
+    out["pp"] = {"send": m * v, "recv": m * v} if run.pp > 1 else {}
+    out["dp"] = {"all_reduce": 1} if run.dp * run.cp > 1 else {}
+    return out
+
+
+def _group_size(run: RunShape, dim: str) -> int:
+    return {"tp": run.tp, "cp": run.cp, "dp": run.dp * run.cp}.get(dim, 2)
+
+
+def uncounted_collectives_s(run: RunShape, profile: dict, account: dict[str, dict]) -> float:
+    """Seconds of the calls a rank made beyond those the planner counts (the vocabulary-parallel
+    embedding and loss, the sequence-parallel LayerNorms' gradients, ring attention's hops where the
+    planner all-gathers K/V, more than one gradient bucket), less those it counts and the run did not
+    make: each call at lesson 1's time for its op and mean size with the measured α and β (ring
+    all-reduce; ring all-gather or reduce-scatter; one message α + S·β for the rest). ``account`` is
+    the metered step's ``{group: {"ops": {op: {"calls", "bytes"}}}}`` (bytes one rank sent)."""
+    alpha, beta = profile["alpha_s"], profile["beta_s_per_byte"]
+    total = 0.0
+    for dim, counted in planner_calls(run).items():
+        ops = account.get(dim, {}).get("ops", {})
+        n = _group_size(run, dim)
+        for op in set(ops) | set(counted):
+            cell = ops.get(op, {"calls": 0, "bytes": 0.0})
+            extra = cell["calls"] - counted.get(op, 0)
+            sent = cell["bytes"] / cell["calls"] if cell["calls"] else 0.0
+            if op == "all_reduce" and n > 1:  # a ring sends 2(n−1)/n·S per rank
+                one = ring_allreduce_time(sent * n / (2 * (n - 1)), n, alpha, beta)
+            elif op in ("all_gather", "reduce_scatter") and n > 1:  # (n−1)/n·S
+                one = ring_allgather_time(sent * n / (n - 1), n, alpha, beta)
+            else:
+                one = alpha + sent * beta
+            total += extra * one
+    return total
+
+
+# ------------------------------------------------------------------------------ what the learner reads
+
+def compute(measured: dict) -> dict:
+    """``distai calc plan --calibrate``'s JSON: {"calibrated": true, "run" (the RunShape's fields),
+    "profile" (the measured rates, load, CPUs, dtype), "prediction" (:func:`predict`)}."""
+    run = RunShape(**measured["run"])
+    profile = measured["profile"]
+    rates = {k: profile[k] for k in ("gemm_flops", "elementwise_bytes_per_s", "alpha_s", "beta_s_per_byte", "load",
+                                     "cpus", "measured_at")}
+    return {"calibrated": True, "run": run.as_dict(), "profile": dict(rates, dtype=profile["dtype"]),
+            "prediction": predict(run, profile)}
+
+
+def text(r: dict, lang: str | None = None) -> list[str]:
+    """The lines of ``distai calc plan --calibrate``."""
+    lang = lang or detect_language()
+    run, p, pr = r["run"], r["profile"], r["prediction"]
+    t = lambda x: units.format_time(x, lang=lang)  # noqa: E731 - one formatter, read six times
+    world = run["dp"] * run["tp"] * run["pp"] * run["cp"]
+    return [
+        translated("checks", "calib_machine", lang, cpus=p["cpus"], load=units.format_number(p["load"], lang=lang),
+                   ranks=world, dtype=p["dtype"]),
+        translated("checks", "calib_rates", lang, gemm=units.format_count(p["gemm_flops"], lang=lang),
+                   other=units.format_bandwidth(p["elementwise_bytes_per_s"], lang=lang), alpha=t(p["alpha_s"]),
+                   beta=t(p["beta_s_per_byte"])),
+        translated("checks", "calib_run", lang, m=run["microbatches"], b=run["micro_batch"],
+                   **{k: run[k] for k in ("dp", "tp", "pp", "cp", "ep", "layers", "hidden", "heads", "seq", "vocab")}),
+        translated("checks", "calib_step", lang, step=t(pr["step_time_s"]), compute=t(pr["compute_s"]),
+                   tp_comm=t(pr["tp_comm_s"]), cp_comm=t(pr["cp_comm_s"]), pp_comm=t(pr["pp_comm_s"]),
+                   bubble=t(pr["bubble_s"]), dp_comm=t(pr["dp_comm_exposed_s"])),
+        translated("checks", "calib_run_it", lang, ranks=world, dp=run["dp"], tp=run["tp"], pp=run["pp"]),
+    ]

@@ -1,0 +1,95 @@
+"""``distai calc plan --calibrate``: this machine's rates at the capstone run's sizes, and the planner's
+step time for that run from them (lessons/capstone/calibrated.py, engine/calibrate.py)."""
+import json
+import math
+
+import pytest
+
+from distai.lessons.capstone import calibrated as cal
+from distai.lessons.capstone import planner as pl
+from distai.lessons.lesson1.formulas import ring_allgather_time, ring_allreduce_time
+from distai.tutor.cli import main
+
+RUN = cal.RunShape(dp=2, tp=2, pp=2, cp=1, ep=1, layers=4, hidden=32, heads=4, kv_heads=4, seq=16, vocab=64, ffn=128,
+                   micro_batch=2, microbatches=4)
+PROFILE = {"gemm_flops": 2e8, "elementwise_bytes_per_s": 1e7, "alpha_s": 1e-3, "beta_s_per_byte": 1e-9}
+
+
+def test_the_gemms_timed_are_the_gemms_the_planner_counts():
+    """Σ 2·m·k·n over the timed shapes is the 12·h²/t of a layer's weights; the planner's count of a
+    layer's parameters adds only the biases and LayerNorms (under 4 % here)."""
+    flops = sum(2 * m * k * n for m, k, n in cal.gemm_shapes(RUN))
+    assert flops == 2 * RUN.tokens * 12 * RUN.hidden ** 2 / RUN.tp
+    planner = 2 * RUN.tokens * cal.model_spec(RUN).active_layer_params / RUN.tp
+    assert flops < planner < 1.04 * flops
+
+
+def test_the_prediction_is_the_planners_own_model():
+    """The planner's evaluate() on this machine as a cluster; its terms add up; a slower link or a
+    slower matmul each move only their own terms."""
+    p = cal.predict(RUN, PROFILE)
+    assert p["step_time_s"] == pytest.approx(sum(p[k] for k in cal.TERMS), rel=1e-12)
+    c = pl.evaluate(cal.model_spec(RUN), cal.cluster(RUN, PROFILE), 2 * 4 * 2,
+                    pl.Config(2, 2, 2, 2, 0, "none", 1, True), optimizer="sgd")
+    assert c.step_time_s == p["step_time_s"] and p["microbatches"] == 4
+    slow_link = cal.predict(RUN, dict(PROFILE, alpha_s=2e-3))
+    assert slow_link["compute_s"] == p["compute_s"] and slow_link["tp_comm_s"] > 1.9 * p["tp_comm_s"]
+    slow_gemm = cal.predict(RUN, dict(PROFILE, gemm_flops=1e8))
+    assert slow_gemm["tp_comm_s"] == p["tp_comm_s"] and slow_gemm["compute_s"] > p["compute_s"]
+    # lesson 4: with sequence parallelism, 2 all-gathers and 2 reduce-scatters per layer and direction,
+    # for the stage's 2 layers and the 4 microbatches
+    assert cal.planner_tp_calls(RUN) == {"all_gather": 2 * 2 * 2 * 4, "reduce_scatter": 2 * 2 * 2 * 4}
+
+
+def test_uncounted_collectives_are_each_charged_at_their_ring_time():
+    """The calls a rank made beyond the planner's count (the vocabulary-parallel loss's all-reduces,
+    a second gradient bucket, …) cost lesson 1's time each; as many as counted cost nothing; a
+    counted call the run did not make comes off."""
+    counted = {dim: {"ops": {op: {"calls": n, "bytes": n * 512.0} for op, n in ops.items()}}
+               for dim, ops in cal.planner_calls(RUN).items()}
+    assert cal.uncounted_collectives_s(RUN, PROFILE, counted) == 0
+    assert counted["pp"]["ops"] == {"send": {"calls": 4, "bytes": 2048.0}, "recv": {"calls": 4, "bytes": 2048.0}}
+    more = {**counted, "tp": {"ops": dict(counted["tp"]["ops"], all_reduce={"calls": 3, "bytes": 3 * 64.0},
+                                          all_gather={"calls": 34, "bytes": 34 * 512.0})},
+            "dp": {"ops": {"all_reduce": {"calls": 2, "bytes": 2 * 4096.0}}}}
+    a, b = PROFILE["alpha_s"], PROFILE["beta_s_per_byte"]
+    expected = (3 * ring_allreduce_time(64.0, 2, a, b) + 2 * ring_allgather_time(1024.0, 2, a, b)
+                + ring_allreduce_time(4096.0, 2, a, b))
+    assert cal.uncounted_collectives_s(RUN, PROFILE, more) == pytest.approx(expected, rel=1e-12)
+    fewer = {**counted, "pp": {"ops": {"send": {"calls": 4, "bytes": 2048.0}}}}  # no receives
+    assert cal.uncounted_collectives_s(RUN, PROFILE, fewer) == pytest.approx(-4 * a, rel=1e-12)
+
+
+def _calc(capsys, *argv):
+    code = main(["calc", "plan", *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_calc_plan_calibrate_measures_saves_and_reuses_the_profile(capsys, tmp_path, monkeypatch):
+    """A real measurement on 2 processes (tp 2): positive rates, saved under $DISTAI_HOME, the
+    prediction from them; a second call within the hour reuses the profile instead of measuring."""
+    monkeypatch.setenv("DISTAI_HOME", str(tmp_path))
+    code, out, err = _calc(capsys, "--calibrate", "--dp", "1", "--tp", "2", "--pp", "1", "--json")
+    assert code == 0, err
+    r = json.loads(out)
+    saved = json.loads((tmp_path / "machine_profile.json").read_text())
+    assert saved["run"] == r["run"] and (r["run"]["tp"], r["run"]["pp"], r["run"]["dp"]) == (2, 1, 1)
+    for key in ("gemm_flops", "elementwise_bytes_per_s", "alpha_s"):
+        assert math.isfinite(saved[key]) and saved[key] > 0, key
+    assert r["prediction"] == pytest.approx(cal.predict(cal.RunShape(**r["run"]), saved), rel=1e-12)
+    code, out, err = _calc(capsys, "--calibrate", "--dp", "1", "--tp", "2", "--pp", "1")
+    assert code == 0, err
+    assert json.loads((tmp_path / "machine_profile.json").read_text())["measured_at"] == saved["measured_at"]
+    assert "predicted step time" in out and "distai run capstone --cpu 2 --dp 1 --tp 2 --pp 1" in out
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--calibrate", "--tp", "3"], "the capstone run cannot take this"),
+    (["--gpus", "8"], "--params, --layers, --hidden, --heads, --seq, --global-batch, --gpu-mem needed"),
+])
+def test_calc_plan_refusals_are_one_line(capsys, argv, needle):
+    """A run the capstone refuses (before measuring anything), or a plan without its sizes: one line, exit 2."""
+    code, out, err = _calc(capsys, *argv)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and needle in lines[0], err
