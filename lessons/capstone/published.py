@@ -64,7 +64,15 @@ Sources (A100-80GB: 312 TFLOP/s bf16 dense, HBM 2.039 TB/s; H100 SXM: 989 TFLOP/
   Approximations: the multi-token-prediction module as a 62nd layer (685B parameters in all); Multi-head Latent Attention is counted as plain attention of 128 heads (its
   projections hold about 187M parameters a layer where 4h² is 205M), the 3 dense layers' MLP as part of
   the average layer, FP8 GEMMs at the bf16 rate, DualPipe as 1F1B, and the all-to-all as hidden
-  (DualPipe overlaps it with compute).
+  (DualPipe overlaps it with compute). Its published layout fits the planner's memory only with full
+  recomputation (85 GB per GPU otherwise), where DeepSeek recomputed only the RMSNorms and MLA's
+  up-projections and cached the linear layers' inputs in FP8 (Sec. 3.2.3, 3.3.3). The +22% error is the
+  sum of approximations that pull both ways, not evidence of a good description: putting back MLA's
+  attention core (q·k width 192, v 128 per head: 2.86× plain attention's FLOPs) and the 20 of 132 SMs
+  running the all-to-all (Sec. 3.2.2) brings it to −3%, but FP8 GEMMs at twice the bf16 rate (Sec. 3.3)
+  then take it to +64% (``python bench/planner_fit.py`` prints each combination): the planner's GPU
+  model, fitted on bf16 runs, does not describe DeepSeek's FP8 kernels, and the published figure is an
+  average over the whole pre-training (180K GPU hours per trillion tokens), not a step time.
 Pure Python.
 """
 from __future__ import annotations
