@@ -137,6 +137,16 @@ def test_cli_json_keys_and_text(capsys):
         assert {"tp", "pp", "dp", "microbatch", "zero", "recompute", "memory_bytes", "step_time_s", "mfu",
                 "bubble_fraction"} <= set(c)
     assert r["rejected"] and all(x["reason"] for x in r["rejected"])
+    assert r["inputs"]["engine"] == "megatron"  # Megatron-LM's schedules unless --engine says otherwise
+    assert all(c["microbatches"] % c["pp"] == 0 for c in r["configs"] if c["chunks"] > 1)
+    code, out, _ = run(capsys, *ISSUE_ARGS, "--engine", "torch", "--pp", "8", "--microbatch", "8", "--json")
+    fewer = [c for c in json.loads(out)["configs"] if c["chunks"] > 1 and c["microbatches"] < c["pp"]]
+    assert code == 0 and fewer  # torch's interleaved schedule runs m < p ...
+    c = fewer[0]  # ... and its step is p + (m−1)/v slots
+    units = f5.step_time_units(c["pp"], c["microbatches"], c["chunks"])
+    assert c["time"]["bubble_s"] == pytest.approx(
+        (units - c["microbatches"]) / c["microbatches"]
+        * (c["time"]["compute_s"] + c["time"]["tp_comm_s"] + c["time"]["pp_comm_s"]))
     code, out, _ = run(capsys, *ISSUE_ARGS, "--top", "3")
     assert code == 0 and "TP kept inside a node" in out and "Rejected" in out and "MFU" in out
 
