@@ -137,6 +137,16 @@ def test_cli_json_keys_and_text(capsys):
         assert {"tp", "pp", "dp", "microbatch", "zero", "recompute", "memory_bytes", "step_time_s", "mfu",
                 "bubble_fraction"} <= set(c)
     assert r["rejected"] and all(x["reason"] for x in r["rejected"])
+    assert r["inputs"]["engine"] == "megatron"  # Megatron-LM's schedules unless --engine says otherwise
+    assert all(c["microbatches"] % c["pp"] == 0 for c in r["configs"] if c["chunks"] > 1)
+    code, out, _ = run(capsys, *ISSUE_ARGS, "--engine", "torch", "--pp", "8", "--microbatch", "8", "--json")
+    fewer = [c for c in json.loads(out)["configs"] if c["chunks"] > 1 and c["microbatches"] < c["pp"]]
+    assert code == 0 and fewer  # torch's interleaved schedule runs m < p ...
+    c = fewer[0]  # ... and its step is p + (m−1)/v slots
+    units = f5.step_time_units(c["pp"], c["microbatches"], c["chunks"])
+    assert c["time"]["bubble_s"] == pytest.approx(
+        (units - c["microbatches"]) / c["microbatches"]
+        * (c["time"]["compute_s"] + c["time"]["tp_comm_s"] + c["time"]["pp_comm_s"]))
     code, out, _ = run(capsys, *ISSUE_ARGS, "--top", "3")
     assert code == 0 and "TP kept inside a node" in out and "Rejected" in out and "MFU" in out
 
@@ -246,3 +256,34 @@ def test_mixture_of_experts_searches_expert_parallelism(capsys):
     assert {c["ep"] for c in r["configs"]} >= {1, 2, 4, 8}
     assert all(c["dp"] % c["ep"] == 0 for c in r["configs"])
     assert r["inputs"]["active_params"] == pytest.approx(46.7e9 - 32 * 8 * 3 * 4096 * 14336 * (1 - 2 / 8))
+
+
+def test_pipeline_schedules_follow_the_frameworks_rule_and_lesson5s_step_with_fewer_microbatches():
+    """The planner runs what its engine accepts (lesson 5's check_schedule) and times it with lesson 5's
+    step: interleaved with m < p never fills the pipeline, p + (m−1)/v slots, and holds all m microbatches."""
+    model = pl.ModelSpec(70e9, 80, 8192, 64, 8, 4096, 128256)
+    cluster = pl.Cluster(512, 80e9)
+
+    def config(engine, v, b=4):  # TP 8, PP 8, DP 8, 64 sequences per replica in microbatches of 4: m = 2 < p
+        return pl.evaluate(model, cluster, 64, pl.Config(8, 8, 8, b, 1, "full", v, True), engine=engine)
+
+    torch_v2 = config("torch", 2)
+    assert not torch_v2.reason and torch_v2.microbatches == 2
+    def slot(c):  # one microbatch on one stage: compute, TP and PP sends
+        return (c.time["compute_s"] + c.time["tp_comm_s"] + c.time["pp_comm_s"]) / c.microbatches
+
+    assert torch_v2.time["bubble_s"] == pytest.approx(slot(torch_v2) * (8 + (2 - 1) / 2 - 2))
+    assert torch_v2.bubble_fraction == pytest.approx(f5.bubble_fraction(8, 2, 2))
+    assert torch_v2.memory["microbatches_in_flight"] == 2
+    assert "multiple of p = 8" in config("megatron", 2).reason  # Megatron-LM's interleaved: m = 8k
+    assert "Schedule1F1B" in config("torch", 1).reason  # torch's 1F1B needs m >= p
+    megatron_1f1b = config("megatron", 1)
+    assert not megatron_1f1b.reason
+    assert megatron_1f1b.time["bubble_s"] == pytest.approx(slot(megatron_1f1b) * 7)  # m + p − 1
+    # with m < p, interleaving shortens the step less than the (p−1)/v of a full pipeline
+    assert torch_v2.step_time_s > torch_v2.time["compute_s"] * (1 + 7 / (2 * 2)) * 0.99
+    # each published run follows its framework's rule: Megatron-LM's, Llama 3's flexible schedule (torch's)
+    assert pub.PUBLISHED["megatron-310.1b"].axes.engine == "megatron"
+    assert all(pub.PUBLISHED[n].axes.engine == "torch" for n in pub.PUBLISHED if n.startswith("llama3"))
+    configs = pl.plan(model, cluster, 1024)["configs"]
+    assert all(c.microbatches % c.pp == 0 for c in configs if c.chunks > 1)

@@ -87,13 +87,17 @@ def test_every_caller_gives_the_one_verdict(shape, tp, pp):
                          tp, pp)  # what calc serve runs for each split (test_calc_serve_gives_it_too: the whole)
     assert (c.detail if c.reason == "shape" else "") == want
 
-    # the capstone: its planner (SP whenever tp > 1, stages with the embedding and output slots) ...
+    # the capstone: its planner (with --sp on: SP whenever tp > 1; stages with the embedding and output slots) ...
     want = explain(refusals(tp=tp, sequence_parallel=tp > 1, heads=heads, kv_heads=kv, hidden=hidden, vocab=vocab,
                             seq=seq, pp=pp, stages="with-ends", layers=layers))
     given = {"params": "1M", "layers": str(layers), "hidden": str(hidden), "heads": str(heads), "kv_heads": str(kv),
              "seq": str(seq), "vocab": str(vocab), "global_batch": "64", "gpus": str(tp * pp), "gpu_mem": "80GB",
-             "tp": str(tp), "pp": str(pp), "dp": "1", "tp_across_nodes": True}
+             "tp": str(tp), "pp": str(pp), "dp": "1", "tp_across_nodes": True, "sp": "on"}
     assert reason(lambda: CALC_PLAN.run(given)) == want
+    # with sequence parallelism left to the search (the default), only what tp and pp alone refuse
+    want = explain(refusals(tp=tp, sequence_parallel=False, heads=heads, kv_heads=kv, hidden=hidden, vocab=vocab,
+                            seq=seq, pp=pp, stages="with-ends", layers=layers))
+    assert reason(lambda: CALC_PLAN.run(dict(given, sp="any"))) == want
     # ... and its run (SP always, pp·v equal stages): the check every rank makes and distai run's before launching
     want = explain(refusals(tp=tp, sequence_parallel=True, heads=heads, kv_heads=kv, hidden=hidden, ffn=4 * hidden,
                             vocab=vocab, seq=seq, pp=pp, stages="even", layers=layers))

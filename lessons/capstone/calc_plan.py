@@ -6,6 +6,7 @@ import math
 
 from .. import units
 from ..calculator import CalcError, Calculator, Option, labels
+from ..lesson5.formulas import ENGINE_NAMES, ENGINES
 from . import calibrated
 from . import planner as pl
 
@@ -14,7 +15,7 @@ RECOMPUTE_CHOICES = ("any",) + pl.RECOMPUTE
 
 def _kind(reason: str) -> str:
     """A short label for a rejection, to group them in the text."""
-    for key, label in (("attention heads", "heads"), ("KV heads", "kv-heads"), ("hidden size", "hidden"),
+    for key, label in (("Schedule1F1B", "schedule"), ("attention heads", "heads"), ("KV heads", "kv-heads"), ("hidden size", "hidden"),
                        ("vocabulary", "vocab"), ("sequence length", "seq"), ("node", "node"),
                        ("layers", "layers"), ("global batch", "batch"), ("ZeRO", "zero"), ("chunks", "chunks"),
                        ("interleaved", "chunks"), ("per GPU, more than the usable", "memory")):
@@ -45,7 +46,8 @@ def _axes(v: dict) -> pl.Axes:
     return pl.Axes(tp=v["tp"], pp=v["pp"], dp=v["dp"], cp=cp, ep=ep, max_cp=max_cp,
                    microbatches=(v["microbatch"],) if v["microbatch"] else pl.MICROBATCHES,
                    zero=tuple(range(v["max_zero"] + 1)), max_zero_pp=min(v["max_zero_pp"], v["max_zero"]),
-                   recompute=recompute, chunks=tuple(c for c in pl.CHUNKS if c <= v["max_chunks"]), sp=sp)
+                   recompute=recompute, chunks=tuple(c for c in pl.CHUNKS if c <= v["max_chunks"]), sp=sp,
+                   engine=v["engine"])
 
 
 #: what the planner needs unless --calibrate predicts the capstone run (whose sizes have defaults)
@@ -103,7 +105,7 @@ def compute(v: dict) -> dict:
               "gemm_half_width": cluster.gemm_half_width, "flash_attention": cluster.flash_attention,
               "memory_util": cluster.memory_util, "tp_across_nodes": cluster.tp_across_nodes,
               "max_zero": v["max_zero"], "max_zero_pp": v["max_zero_pp"], "recompute": v["recompute"],
-              "sp": v["sp"], "top": v["top"]}
+              "sp": v["sp"], "engine": v["engine"], "top": v["top"]}
     out = {"best": configs[0], "configs": configs, "rejected": rejected, "inputs": inputs}
     _finite(out)
     return out
@@ -141,7 +143,7 @@ def text(r: dict, lang: str = "en") -> list[str]:
         say("hardware", flops=units.format_count(i["flops"], lang=lang), speed=speed,
             nvlink=units.format_bandwidth(i["intra_bandwidth_bytes_per_s"], lang=lang),
             between=units.format_bandwidth(i["inter_bandwidth_bytes_per_s"], lang=lang)),
-        node + ".",
+        node + say("engine", engine=ENGINE_NAMES[i["engine"]]),
         "",
         f"  {'#':>3}  {'TP':>3} {'CP':>3} {'PP':>3} {'DP':>5} {'EP':>3} {'SP':>2} {'mb':>3} {'ZeRO':>4} "
         f"{cols[0]:<9} {'v':>2} {cols[1]:>9} {cols[2]:>9} {'MFU':>6} {cols[3]:>6}",
@@ -192,7 +194,10 @@ CALCULATOR = Calculator(
     CP's K/V all-gathers and PP sends, stretched by lesson 5's bubble, + the data-parallel reduction the
     backward does not hide (lesson 1's α-β ring). E and w½ were fitted on Megatron-LM's Table 1 (A100)
     and Llama 3's 8,192-GPU run (H100), and checked on held-out runs (the capstone lesson). TP stays inside
-    a node unless --tp-across-nodes. Impossible shapes and non-finite results are a one-line error.
+    a node unless --tp-across-nodes. The pipeline schedules are those --engine runs (lesson 5's rule:
+    Megatron-LM's interleaved schedule needs m a multiple of PP; torch.distributed.pipelining's also runs
+    m < PP, whose step takes PP + (m-1)/v microbatch slots). Impossible shapes and non-finite results are a
+    one-line error.
 
     JSON keys: best (the first configuration), configs (feasible, best first), rejected (each with tp,
     pp, dp, cp, ep, sp, microbatch, zero, recompute, chunks, reason, kind, memory_bytes; values a rejection
@@ -256,6 +261,9 @@ CALCULATOR = Calculator(
                choices=RECOMPUTE_CHOICES),
         Option("--max-chunks", "whole", "Most interleaved chunks per stage to try (default 8; 1 = plain 1F1B).",
                default="8"),
+        Option("--engine", "choice", "Whose pipeline schedules decide which microbatch counts m run (lesson 5): "
+               "megatron (default: interleaved needs m a multiple of PP), torch (interleaved also on any "
+               "m < PP, 1F1B needs m >= PP) or distai.", default="megatron", choices=ENGINES),
         Option("--tp-across-nodes", "flag", "Allow TP groups that leave a node.", default=False),
         Option("--top", "whole", "Configurations to print (default 10).", default="10"),
         Option("--calibrate", "flag", "Measure this machine (matmul rate and other kernels at the capstone "

@@ -12,7 +12,10 @@ For every split ``tp · pp · dp = G`` the planner
    ``dp · microbatch``-sized pieces (:func:`~.formulas.microbatches_per_replica`); ZeRO-2/3 only without
    pipeline parallelism (the gradients accumulate over the microbatches; DeepSpeed's pipeline engine
    allows stage 0 or 1 only) and ZeRO only when ``dp > 1``; interleaved chunks ``v > 1`` only when they
-   divide the stage's layers and ``m ≥ pp`` (Megatron-LM's interleaved schedule);
+   divide the stage's layers; and the pipeline schedule must be one the framework runs for ``m``
+   microbatches (lesson 5's :func:`~distai.lessons.lesson5.formulas.check_schedule` on ``Axes.engine``:
+   Megatron-LM's interleaved schedule needs ``m`` a multiple of ``pp``, torch.distributed.pipelining's
+   takes any ``m < pp`` too, its 1F1B needs ``m ≥ pp``);
 2. **checks the fit**: per GPU, the model states of ``Ψ/(tp·pp)`` parameters sharded by ZeRO over ``dp``
    (lesson 2's :func:`~distai.lessons.lesson2.formulas.model_state_bytes`) plus the activations of the
    busiest stage (lesson 2's :func:`~distai.lessons.lesson2.formulas.activation_bytes`, sequence
@@ -26,7 +29,8 @@ For every split ``tp · pp · dp = G`` the planner
    :func:`~distai.lessons.lesson4.formulas.tp_comm_time_per_layer`, repeated in the recomputed forward),
    plus its point-to-point sends to the neighbouring stages (``2·v`` messages of ``s·b·h·2/t`` bytes,
    Megatron's scatter/gather, lesson 1's α-β :func:`~distai.lessons.lesson1.formulas.serial_messages_time`).
-   The pipeline takes ``m + (p−1)/v`` such slots (lesson 5's bubble). Then data parallelism: the gradient
+   The pipeline takes ``m + (p−1)/v`` such slots, or ``p + (m−1)/v`` interleaved with ``m < p``, where
+   the pipeline never fills (lesson 5's :func:`~distai.lessons.lesson5.formulas.step_time_units`). Then data parallelism: the gradient
    all-reduce (ZeRO-1/2: reduce-scatter, then all-gather of the updated parameters) of the rank's
    ``Ψ/(tp·pp)`` bf16 gradients (lesson 1's ring), overlapped with the last microbatch's backward; ZeRO-3
    all-gathers the parameters twice and reduce-scatters the gradients every microbatch, overlapped with
@@ -54,7 +58,13 @@ from ..lesson1.formulas import (
 )
 from ..lesson2.formulas import activation_bytes, activation_bytes_per_layer, bytes_per_param
 from ..lesson4.formulas import tp_comm_time_per_layer
-from ..lesson5.formulas import ScheduleError, bubble_fraction, check_schedule, peak_inflight_microbatches
+from ..lesson5.formulas import (
+    ScheduleError,
+    bubble_fraction,
+    check_schedule,
+    peak_inflight_microbatches,
+    step_time_units,
+)
 from ..model_size import ModelSize, Refusal, ShapeError, explain, refusals
 from ..model_spec import ModelSpec
 from . import formulas as f
@@ -332,7 +342,8 @@ def _dp_exposed(model: ModelSpec, cluster: Cluster, c: Config, m: int, compute_m
     return m * max(0.0, per_mb - compute_mb)
 
 
-def _refuse(c: Config, cluster: Cluster, model: ModelSpec, stage: int, m: int, max_zero_pp: int) -> str:
+def _refuse(c: Config, cluster: Cluster, model: ModelSpec, stage: int, m: int, max_zero_pp: int,
+            engine: str) -> str:
     """Why this configuration cannot run, or ""."""
     v, pp, zero = c.chunks or 1, c.pp, c.zero or 0
     if zero > max_zero_pp and pp > 1:
@@ -343,9 +354,9 @@ def _refuse(c: Config, cluster: Cluster, model: ModelSpec, stage: int, m: int, m
     if v > 1 and (pp == 1 or stage % v):
         return (f"{v} chunks per stage need pp > 1 and must divide the stage's {stage} layers"
                 if pp > 1 else "interleaved chunks need pp > 1")
-    if v > 1:
-        try:  # lesson 5 decides what the interleaved schedule accepts (m < pp, or equal rounds)
-            check_schedule("interleaved", pp, m, v)
+    if pp > 1:
+        try:  # lesson 5 decides what the framework's schedule accepts (interleaved m < pp: torch yes, Megatron no)
+            check_schedule("interleaved" if v > 1 else "1f1b", pp, m, v, engine)
         except ScheduleError as exc:
             return str(exc)
     if c.sp and c.tp == 1:
@@ -358,7 +369,7 @@ def _refuse(c: Config, cluster: Cluster, model: ModelSpec, stage: int, m: int, m
 
 
 def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, optimizer: str = "adam",
-             max_zero_pp: int = 3, p2p: str = "megatron") -> Config:
+             max_zero_pp: int = 3, p2p: str = "megatron", engine: str = "megatron") -> Config:
     """Fill in ``c``'s memory, time and MFU, or its ``reason`` when it is infeasible."""
     tp, pp, dp, b, v = c.tp, c.pp, c.dp, c.microbatch, c.chunks
     if b is None or v is None or c.zero is None or c.recompute is None:
@@ -370,7 +381,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, o
         return c
     c.microbatches = m
     stage = f.stage_layers(model.layers, pp)
-    c.reason = _refuse(c, cluster, model, stage, m, max_zero_pp)
+    c.reason = _refuse(c, cluster, model, stage, m, max_zero_pp, engine)
     if c.reason:
         return c
     c.memory = memory_terms(model, cluster, c, stage, m, optimizer)
@@ -404,7 +415,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, o
         else:
             pp_mb = serial_messages_time(2 * v, f.pp_p2p_bytes_per_microbatch(s_local, b, model.hidden, tp), a, beta)
     slot = compute_mb + tp_mb + cp_mb + pp_mb
-    pipeline = slot * (m + (pp - 1) / v)
+    pipeline = slot * step_time_units(pp, m, v)  # m + (p−1)/v; interleaved with m < p: p + (m−1)/v
     dp_exposed = _dp_exposed(model, cluster, c, m, compute_mb)
     c.step_time_s = pipeline + dp_exposed
     c.time = {"compute_s": compute_mb * m, "tp_comm_s": tp_mb * m, "cp_comm_s": cp_mb * m, "pp_comm_s": pp_mb * m,
@@ -452,6 +463,10 @@ class Axes:
     # s·b·h/t per microbatch) or "deepspeed" (DeepSpeed's PipelineEngine: whole activations, its send
     # and receive instructions one after the other: 4 messages of s·b·h)
     p2p: str = "megatron"
+    # whose pipeline schedules (lesson 5's :func:`~distai.lessons.lesson5.formulas.check_schedule`): "megatron"
+    # (1F1B on any m, interleaved on m a multiple of p), "torch" (torch.distributed.pipelining: 1F1B on
+    # m >= p, interleaved on any m < p or equal rounds) or "distai"
+    engine: str = "megatron"
 
 
 def _check_fixed(model: ModelSpec, n: int, global_batch: int, axes: Axes) -> None:
@@ -460,7 +475,8 @@ def _check_fixed(model: ModelSpec, n: int, global_batch: int, axes: Axes) -> Non
     for name, value in fixed.items():
         if value is not None and n % value:
             raise ValueError(f"--{name} {value} does not divide the {n} GPUs")
-    found = shape_refusals(model, axes.tp, axes.pp, axes.cp, axes.ep, sequence_parallel=False)
+    sp_only = axes.sp == (True,) and (axes.tp or 1) > 1  # sequence parallelism asked for: its rule too
+    found = shape_refusals(model, axes.tp, axes.pp, axes.cp, axes.ep, sequence_parallel=sp_only)
     if found:
         raise ShapeError(found)
     if axes.dp is not None and global_batch % axes.dp:
@@ -518,7 +534,7 @@ def plan(model: ModelSpec, cluster: Cluster, global_batch: int, optimizer: str =
                     for r in axes.recompute:
                         for v in axes.chunks:
                             c = evaluate(model, cluster, global_batch, Config(t, p, d, b, z, r, v, sp, cp, e),
-                                         optimizer, axes.max_zero_pp, axes.p2p)
+                                         optimizer, axes.max_zero_pp, axes.p2p, axes.engine)
                             if not c.reason:
                                 feasible.append(c)
                             elif v == 1 or c.memory_bytes:  # a shape reason once, not once per chunk count

@@ -6,6 +6,15 @@ with a pipeline, sequence parallelism, recomputation, FlashAttention). :func:`re
 planner (:mod:`.planner`) on the same model and cluster, restricted to that, and reports the rank of
 the published layout among all layouts, its predicted MFU and the published MFU.
 
+Each run's pipeline schedules are its framework's (``Axes.engine``, lesson 5's
+:func:`~distai.lessons.lesson5.formulas.check_schedule`): Megatron-LM's (interleaving needs the
+microbatches to be a multiple of the stages) for Megatron-LM and Korthikanti et al.; DeepSpeed's 1F1B on
+any number of microbatches for MT-NLG and BLOOM; for Llama 3 Meta's interleaved schedule, which "can run
+an arbitrary number of micro-batches", fewer than the stages included (Sec. 3.3.2), as
+torch.distributed.pipelining's ScheduleInterleaved1F1B does (lesson 5's "torch" rule); DeepSeek-V3's
+DualPipe as 1F1B. With fewer microbatches than stages an interleaved pipeline never fills: its step takes
+p + (m−1)/v slots, not m + (p−1)/v.
+
 The planner's GPU model (:func:`~.formulas.layer_forward_seconds`) has two fitted constants per GPU
 kind, E (the best fraction of peak a GEMM reaches) and one shared w½ (the size at which it reaches E/2):
 FIT lists the runs they were fitted on (Megatron-LM's Table 1 for the A100, Llama 3's 8,192-GPU run for
@@ -55,7 +64,15 @@ Sources (A100-80GB: 312 TFLOP/s bf16 dense, HBM 2.039 TB/s; H100 SXM: 989 TFLOP/
   Approximations: the multi-token-prediction module as a 62nd layer (685B parameters in all); Multi-head Latent Attention is counted as plain attention of 128 heads (its
   projections hold about 187M parameters a layer where 4h² is 205M), the 3 dense layers' MLP as part of
   the average layer, FP8 GEMMs at the bf16 rate, DualPipe as 1F1B, and the all-to-all as hidden
-  (DualPipe overlaps it with compute).
+  (DualPipe overlaps it with compute). Its published layout fits the planner's memory only with full
+  recomputation (85 GB per GPU otherwise), where DeepSeek recomputed only the RMSNorms and MLA's
+  up-projections and cached the linear layers' inputs in FP8 (Sec. 3.2.3, 3.3.3). The +22% error is the
+  sum of approximations that pull both ways, not evidence of a good description: putting back MLA's
+  attention core (q·k width 192, v 128 per head: 2.86× plain attention's FLOPs) and the 20 of 132 SMs
+  running the all-to-all (Sec. 3.2.2) brings it to −3%, but FP8 GEMMs at twice the bf16 rate (Sec. 3.3)
+  then take it to +64% (``python bench/planner_fit.py`` prints each combination): the planner's GPU
+  model, fitted on bf16 runs, does not describe DeepSeek's FP8 kernels, and the published figure is an
+  average over the whole pre-training (180K GPU hours per trillion tokens), not a step time.
 Pure Python.
 """
 from __future__ import annotations
@@ -111,10 +128,14 @@ def _axes(layout: tuple[int, ...], **kw) -> pl.Axes:
     return pl.Axes(cp=layout[3], ep=layout[4], **kw)
 
 
-MEGATRON_2021 = dict(zero=(0,), max_zero_pp=0, sp=(False,), recompute=("full",))  # Megatron-LM, 2021
-MEGATRON_2022 = dict(zero=(0,), max_zero_pp=0, sp=(True,), recompute=("selective",))  # Korthikanti et al.
-DEEPSPEED = dict(zero=(0, 1), max_zero_pp=1, sp=(False,), recompute=("full",), chunks=(1,),  # MT-NLG, BLOOM
-                 p2p="deepspeed")
+# Megatron-LM, 2021 and 2022 (Korthikanti et al.): its interleaved schedule asserts that the microbatches
+# are a multiple of the stages (lesson 5's "megatron" rule)
+MEGATRON_2021 = dict(zero=(0,), max_zero_pp=0, sp=(False,), recompute=("full",), engine="megatron")
+MEGATRON_2022 = dict(zero=(0,), max_zero_pp=0, sp=(True,), recompute=("selective",), engine="megatron")
+# MT-NLG, BLOOM: DeepSpeed's PipelineEngine runs 1F1B only (its TrainSchedule), on any number of microbatches,
+# the rule lesson 5 states for Megatron-LM's 1F1B
+DEEPSPEED = dict(zero=(0, 1), max_zero_pp=1, sp=(False,), recompute=("full",), chunks=(1,), p2p="deepspeed",
+                 engine="megatron")
 
 
 def _gpt(params: float, layers: int, hidden: int, heads: int, vocab: int = 51200) -> pl.ModelSpec:
@@ -168,7 +189,10 @@ OPT = Published("opt-175b", _gpt(174.6e9, 96, 12288, 96, 50272), pl.Cluster(992,
                 _axes((8, 1, 124, 1, 1), zero=(3,), sp=(False,), recompute=("full",)),
                 source="Zhang et al. 2022, Sec. 2.4 (batch approximated, see the module's sources)")
 LLAMA3_405B = pl.ModelSpec(405e9, 126, 16384, 128, 8, 8192, 128256)
-LLAMA3_AXES = dict(max_zero_pp=3)  # FSDP with pipeline parallelism (Sec. 3.3.2)
+# FSDP with pipeline parallelism and Meta's interleaved schedule with a flexible number of microbatches
+# (Sec. 3.3.2: "fewer micro-batches than the number of stages" allowed), the schedule that
+# torch.distributed.pipelining's ScheduleInterleaved1F1B runs: lesson 5's "torch" rule
+LLAMA3_AXES = dict(max_zero_pp=3, engine="torch")
 LLAMA3 = (
     Published("llama3-405b-8k", LLAMA3_405B, pl.Cluster(8192, 80e9, **H100), 2048, (8, 16, 64, 1, 1), "causal", 430e12,
               _axes((8, 16, 64, 1, 1), **LLAMA3_AXES), source="Llama 3 paper, Table 4"),
@@ -189,7 +213,8 @@ DEEPSEEK_V3_MODEL = pl.ModelSpec(685e9, 62, 7168, 128, 128, 4096, 129280, expert
                                  shared_experts=1, moe_layers=59)
 DEEPSEEK_V3 = Published("deepseek-v3", DEEPSEEK_V3_MODEL, pl.Cluster(2048, 80e9, **H800), 15360,
                         (1, 16, 128, 1, 64), "tokens", 1e12 / (180e3 * 3600),
-                        _axes((1, 16, 128, 1, 64), tp=1, zero=(1,), max_zero_pp=1, sp=(False,)),
+                        _axes((1, 16, 128, 1, 64), tp=1, zero=(1,), max_zero_pp=1, sp=(False,),
+                              chunks=(1,)),  # DualPipe, taken as 1F1B: no interleaved chunks
                         source="DeepSeek-V3 technical report, Sec. 1 and 3.2 (approximations above)")
 PUBLISHED = {p.name: p for p in (*MEGATRON, *KORTHIKANTI, *MTNLG, OPT, *LLAMA3, BLOOM, DEEPSEEK_V3)}
 # the runs E and w½ were fitted on; every other run is held out
