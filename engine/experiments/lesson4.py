@@ -316,8 +316,8 @@ def time_steps(cfg: GPTConfig, batch: int, sp: bool, steps: int, records: list[C
                seed: int = 0, regather: bool = True, dtype: torch.dtype = torch.float64) -> dict:
     """``steps`` tensor-parallel training steps (forward, backward, gradient sync), each started at
     a barrier, against their compute + α-β collectives (``records``: the collectives of one step).
-    Measured: the steps' wall time on this rank, its on-CPU time (compute and Python: the
-    prediction's compute), its run-queue delay (CPU contention), and at each collective the wait
+    Measured: the steps' wall time on this rank, its on-CPU time outside the collectives (compute
+    and Python: the prediction's compute), its run-queue delay (CPU contention), and at each collective the wait
     for the last peer and the time beyond α-β once all had arrived. After each step, all-reduces
     of the step's sizes (``doctor.group_allreduce_times``): α and β measured in the same minutes."""
     tp = TPGroup(sequence_parallel=sp, regather=regather)
@@ -339,11 +339,12 @@ def time_steps(cfg: GPTConfig, batch: int, sp: bool, steps: int, records: list[C
             rows += group_allreduce_times(sweep_sizes(records), repeats=1, device_type=DEVICE.type)
     alpha, beta = fit_alpha_beta(rows, tp.size)
     expected = comm_prediction(records, alpha, beta, backend)
-    waited, slow = 0.0, 0.0
+    waited, slow, in_comm = 0.0, 0.0, 0.0
     for step_spans in spans:
         found = collective_causes(step_spans, expected)
         waited, slow = waited + sum(found["peer_wait"]), slow + sum(found["slow"])
-    return {"wall_s": window.wall_s / steps, "cpu_s": window.cpu_s / steps, "comm_s": sum(expected),
+        in_comm += sum(found["on_cpu"])  # the collectives' own CPU time is in their α-β time
+    return {"wall_s": window.wall_s / steps, "cpu_s": (window.cpu_s - in_comm) / steps, "comm_s": sum(expected),
             "alpha": alpha, "beta": beta, "run_queue_s": window.run_queue_s / steps,
             "peer_wait_s": waited / steps, "slow_collective_s": slow / steps, "collectives": len(expected)}
 
