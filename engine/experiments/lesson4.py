@@ -31,7 +31,10 @@ Events (besides ``phase``, ``log`` and the final ``summary``):
 - ``memory``: ``mode``, ``layer``, ``measured_bytes``, ``formula_bytes``, ``ln_stats_bytes``;
 - ``vocab``: the width of the logits a rank holds and the bytes of the loss's all-reduces;
 - ``pitfall``: ``name``, ``max_diff`` with the bug, ``fixed_diff`` without it;
-- ``dtensor``: ``mode``, differences ours/DTensor/dense and both sides' collective counts.
+- ``dtensor``: ``mode``, differences ours/DTensor/dense and both sides' collective counts;
+- ``check`` (rank 0, one per mode, issue 28): ``--check-steps`` timed steps against their on-CPU
+  compute + the α-β time of their collectives, α and β measured between the steps; causes: CPU
+  contention, waiting for a peer, collectives slower than α-β (``engine/time_causes.py``).
 """
 from __future__ import annotations
 

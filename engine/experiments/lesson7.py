@@ -45,7 +45,9 @@ Events (besides ``phase``, ``log`` and rank 0's ``summary``):
   (:func:`distai.engine.paged_kv.compare_prefix_sharing`'s figures);
 - ``cost_model``: the fitted costs and the measured points;
 - ``route``: ``policy``, ``rid``, ``replica``, ``prefix_hit``, ``ttft_s``, ``tpot_s``;
-- ``routing``: ``policy`` and its metrics (TTFT/TPOT p50/p99, throughput, hit rate).
+- ``routing``: ``policy`` and its metrics (TTFT/TPOT p50/p99, throughput, hit rate);
+- ``check`` (rank 0, issue 28): the TP decode's TTFT and TPOT against ``planner.ttft``/``tpot`` on
+  this machine's measured FLOP/s, bandwidth, α and β, with their measured causes.
 """
 from __future__ import annotations
 
