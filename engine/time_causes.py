@@ -61,14 +61,16 @@ class Window:
         self.run_queue_s += run_queue_s() - q
 
 
-def collective_causes(spans: list[tuple[float, float, float]], expected_s: list[float],
+def collective_causes(spans: list[tuple[float, float, float, float]], expected_s: list[float],
                       group: Any = None) -> dict[str, list[float]]:
     """For each collective this rank entered and left at ``spans[i][:2]`` (wall-clock seconds),
-    having waited ``spans[i][2]`` on a run queue meanwhile: ``peer_wait``, how long it waited for
-    the last rank of ``group`` to arrive; ``slow``, how much longer than ``expected_s[i]`` (its α-β
-    time) it took once every rank had arrived, its run-queue delay apart (that is CPU contention,
-    counted by the caller's :class:`Window`; negative: faster). Every rank calls it with its spans
-    of the same collectives."""
+    having waited ``spans[i][2]`` on a run queue and run ``spans[i][3]`` on a CPU meanwhile:
+    ``peer_wait``, how long it waited for the last rank of ``group`` to arrive; ``slow``, how much
+    longer than ``expected_s[i]`` (its α-β time, the caller's CPU time in it included) it took once
+    every rank had arrived, its run-queue delay apart (that is CPU contention, counted by the
+    caller's :class:`Window`; negative: faster); ``on_cpu``, its CPU time (part of the α-β time: a
+    caller takes it out of the region's compute). Every rank calls it with its spans of the same
+    collectives."""
     everyone: list[Any] = [list(spans)]
     if dist.is_initialized() and dist.get_world_size(group) > 1:
         everyone = [None] * dist.get_world_size(group)
@@ -76,7 +78,7 @@ def collective_causes(spans: list[tuple[float, float, float]], expected_s: list[
     if any(len(a) != len(spans) for a in everyone):
         raise RuntimeError("the ranks entered different numbers of collectives")
     last = [max(a[i][0] for a in everyone) for i in range(len(spans))]
-    return {"peer_wait": [t - s[0] for t, s in zip(last, spans)],
+    return {"peer_wait": [t - s[0] for t, s in zip(last, spans)], "on_cpu": [s[3] for s in spans],
             "slow": [s[1] - max(t, s[0]) - s[2] - e for t, s, e in zip(last, spans, expected_s, strict=True)]}
 
 

@@ -31,7 +31,10 @@ Events (besides ``phase``, ``log`` and the final ``summary``):
 - ``memory``: ``mode``, ``layer``, ``measured_bytes``, ``formula_bytes``, ``ln_stats_bytes``;
 - ``vocab``: the width of the logits a rank holds and the bytes of the loss's all-reduces;
 - ``pitfall``: ``name``, ``max_diff`` with the bug, ``fixed_diff`` without it;
-- ``dtensor``: ``mode``, differences ours/DTensor/dense and both sides' collective counts.
+- ``dtensor``: ``mode``, differences ours/DTensor/dense and both sides' collective counts;
+- ``check`` (rank 0, one per mode, issue 28): ``--check-steps`` timed steps against their on-CPU
+  compute + the α-β time of their collectives, α and β measured between the steps; causes: CPU
+  contention, waiting for a peer, collectives slower than α-β (``engine/time_causes.py``).
 """
 from __future__ import annotations
 
@@ -318,8 +321,8 @@ def time_steps(cfg: GPTConfig, batch: int, sp: bool, steps: int, records: list[C
                seed: int = 0, regather: bool = True, dtype: torch.dtype = torch.float64) -> dict:
     """``steps`` tensor-parallel training steps (forward, backward, gradient sync), each started at
     a barrier, against their compute + α-β collectives (``records``: the collectives of one step).
-    Measured: the steps' wall time on this rank, its on-CPU time (compute and Python: the
-    prediction's compute), its run-queue delay (CPU contention), and at each collective the wait
+    Measured: the steps' wall time on this rank, its on-CPU time outside the collectives (compute
+    and Python: the prediction's compute), its run-queue delay (CPU contention), and at each collective the wait
     for the last peer and the time beyond α-β once all had arrived. After each step, all-reduces
     of the step's sizes (``doctor.group_allreduce_times``): α and β measured in the same minutes."""
     tp = TPGroup(sequence_parallel=sp, regather=regather)
@@ -341,11 +344,12 @@ def time_steps(cfg: GPTConfig, batch: int, sp: bool, steps: int, records: list[C
             rows += group_allreduce_times(sweep_sizes(records), repeats=1, device_type=DEVICE.type)
     alpha, beta = fit_alpha_beta(rows, tp.size)
     expected = comm_prediction(records, alpha, beta, backend)
-    waited, slow = 0.0, 0.0
+    waited, slow, in_comm = 0.0, 0.0, 0.0
     for step_spans in spans:
         found = collective_causes(step_spans, expected)
         waited, slow = waited + sum(found["peer_wait"]), slow + sum(found["slow"])
-    return {"wall_s": window.wall_s / steps, "cpu_s": window.cpu_s / steps, "comm_s": sum(expected),
+        in_comm += sum(found["on_cpu"])  # the collectives' own CPU time is in their α-β time
+    return {"wall_s": window.wall_s / steps, "cpu_s": (window.cpu_s - in_comm) / steps, "comm_s": sum(expected),
             "alpha": alpha, "beta": beta, "run_queue_s": window.run_queue_s / steps,
             "peer_wait_s": waited / steps, "slow_collective_s": slow / steps, "collectives": len(expected)}
 

@@ -45,7 +45,9 @@ Events (besides ``phase``, ``log`` and rank 0's ``summary``):
   (:func:`distai.engine.paged_kv.compare_prefix_sharing`'s figures);
 - ``cost_model``: the fitted costs and the measured points;
 - ``route``: ``policy``, ``rid``, ``replica``, ``prefix_hit``, ``ttft_s``, ``tpot_s``;
-- ``routing``: ``policy`` and its metrics (TTFT/TPOT p50/p99, throughput, hit rate).
+- ``routing``: ``policy`` and its metrics (TTFT/TPOT p50/p99, throughput, hit rate);
+- ``check`` (rank 0, issue 28): the TP decode's TTFT and TPOT against ``planner.ttft``/``tpot`` on
+  this machine's measured FLOP/s, bandwidth, α and β, with their measured causes.
 """
 from __future__ import annotations
 
@@ -285,13 +287,15 @@ def overhead_twin(cfg, dtype: torch.dtype, ctx) -> DecoderShard:
     return sh
 
 
-def serving_checks(cfg, prompts, n: int, r: dict, spans: list[tuple[float, float, float]], k: int,
+def serving_checks(cfg, prompts, n: int, r: dict, spans: list[tuple[float, float, float, float]], k: int,
                    dtype: torch.dtype, ctx) -> list[Check]:
     """TTFT (the batch's prefill) and TPOT (a decode step) of the tensor-parallel decode ``r``
     against the planner (``planner.ttft``, ``planner.tpot``) on this machine's measured hardware;
     ``spans``: its all-reduces (the first ``k`` the prefill's, as the meter counted them). Causes:
-    the per-operation overhead, CPU contention (run-queue delay), waiting for a peer, all-reduces
-    slower than α-β. The figures are the slowest rank's (every rank returns the same checks)."""
+    the per-operation overhead (the twin's on-CPU time), compute slower than the roofline (the
+    step's on-CPU time outside its all-reduces beyond the twin's and the roofline's), CPU contention (run-queue delay),
+    waiting for a peer, all-reduces slower than α-β. The figures are the slowest rank's (every
+    rank returns the same checks)."""
     B, s = prompts.shape
     W, steps = ctx.world_size, max(1, r["decode_steps"])
     hw = this_machine(cfg, prompts, dtype, ctx)
@@ -299,28 +303,33 @@ def serving_checks(cfg, prompts, n: int, r: dict, spans: list[tuple[float, float
     ab = [f7.ring_allreduce_time((B * s if i < k else B) * cfg.hidden * elem, W, hw.alpha, 1 / hw.link_bandwidth)
           for i in range(len(spans))]
     found = collective_causes(spans, ab)
-    waits, slow = found["peer_wait"], found["slow"]
-    pre, dec = r["twin_prefill_window"].cpu_s, r["twin_decode_window"].cpu_s / steps
-    p, d = r["prefill_window"], r["decode_window"]
-    mine = {"ttft": (r["prefill_s"], pre, p.run_queue_s, sum(waits[:k]), sum(slow[:k]), p.cpu_s),
-            "tpot": (r["decode_s"] / steps, dec, d.run_queue_s / steps, sum(waits[k:]) / steps, sum(slow[k:]) / steps,
-                     d.cpu_s / steps)}
+    waits, slow, in_comm = found["peer_wait"], found["slow"], found["on_cpu"]  # in_comm: part of α-β
+    p, d, tp_, td = r["prefill_window"], r["decode_window"], r["twin_prefill_window"], r["twin_decode_window"]
+    mine = {"ttft": (p.wall_s, tp_.cpu_s, p.cpu_s - sum(in_comm[:k]), p.run_queue_s, sum(waits[:k]), sum(slow[:k])),
+            "tpot": (d.wall_s / steps, td.cpu_s / steps, (d.cpu_s - sum(in_comm[k:])) / steps, d.run_queue_s / steps,
+                     sum(waits[k:]) / steps, sum(slow[k:]) / steps)}
     everyone: list[Any] = [mine]
     if W > 1:
         everyone = [None] * W
         dist.all_gather_object(everyone, mine)
     m = ModelSpec(params=decode_params(cfg), layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads,
                   kv_heads=cfg.group_heads, head_dim=cfg.head_dim, dtype_bytes=elem)
-    predicted = {"ttft": planner.ttft(m, hw, planner.Workload(prompt=B * s, output=n), W, 1),
-                 "tpot": planner.tpot(m, hw, planner.Workload(prompt=s, output=n), W, 1, B)[0]}
+    decode_load = planner.Workload(prompt=s, output=n)
+    n_stage, w_stage, _layers = planner.stage_params(m, W, 1)
+    planned = {"ttft": (planner.ttft(m, hw, planner.Workload(prompt=B * s, output=n), W, 1),
+                        f7.prefill_time(n_stage, B * s, w_stage, hw.flops, hw.bandwidth)),
+               "tpot": (planner.tpot(m, hw, decode_load, W, 1, B)[0],
+                        planner.stage_decode_time(m, hw, decode_load, W, 1, B)["roofline"])}
     out = []
     for name in ("ttft", "tpot"):
         rank = max(range(len(everyone)), key=lambda i: everyone[i][name][0])
-        measured, overhead, delayed, waited, slower, on_cpu = everyone[rank][name]
-        out.append(check(name, predicted[name], measured, "s",
-                         causes={"op_overhead": overhead, "cpu_contention": delayed, "peer_wait": waited,
-                                 "slow_collective": slower},
-                         detail={"rank": rank, "on_cpu_s": on_cpu, "flops": hw.flops, "bandwidth": hw.bandwidth, "alpha_s": hw.alpha,
+        measured, overhead, on_cpu, delayed, waited, slower = everyone[rank][name]
+        predicted, roofline = planned[name]
+        out.append(check(name, predicted, measured, "s",
+                         causes={"op_overhead": overhead, "slow_compute": on_cpu - overhead - roofline,
+                                 "cpu_contention": delayed, "peer_wait": waited, "slow_collective": slower},
+                         detail={"rank": rank, "on_cpu_s": on_cpu, "roofline_s": roofline, "flops": hw.flops,
+                                 "bandwidth": hw.bandwidth, "alpha_s": hw.alpha,
                                  "beta_s_per_byte": 1 / hw.link_bandwidth, "batch": B, "prompt": s}))
     return out
 

@@ -39,19 +39,19 @@ class TPGroup:
         self.skip_sites = frozenset(skip_sites)
         #: the widest logits any rank's loss held (vocab-parallel: V/T, never V)
         self.max_logits_width = 0
-        #: when a list: the wall-clock times this rank entered and left each collective and the
-        #: run-queue delay it had meanwhile (the peers' wait, the collective's own time,
-        #: ``engine/time_causes.collective_causes``)
-        self.spans: list[tuple[float, float, float]] | None = None
+        #: when a list: the wall-clock times this rank entered and left each collective, and the
+        #: run-queue delay and on-CPU time it had meanwhile (the peers' wait, the collective's own
+        #: time, ``engine/time_causes.collective_causes``)
+        self.spans: list[tuple[float, float, float, float]] | None = None
 
     @contextmanager
     def _timed(self) -> Iterator[None]:
         if self.spans is None:
             yield
             return
-        t0, q0 = time.time(), run_queue_s()
+        t0, q0, c0 = time.time(), run_queue_s(), time.thread_time()
         yield
-        self.spans.append((t0, time.time(), run_queue_s() - q0))
+        self.spans.append((t0, time.time(), run_queue_s() - q0, time.thread_time() - c0))
 
     @property
     def splits_sequence(self) -> bool:
