@@ -14,7 +14,7 @@ from typing import Any
 
 import typer
 
-from .cli import CliError, app, lesson_or_fail
+from .cli import CliError, app, language_or_fail, lesson_or_fail
 
 # ------------------------------------------------------------------------------------ distai runs
 runs_app = typer.Typer(help="List past runs, or replay one with `distai runs show ID`.",
@@ -66,13 +66,16 @@ def runs_show(
     run_id: str = typer.Argument(..., help="Run id (or a unique part of it, or `last`)."),
     as_json: bool = typer.Option(False, "--json", help="Print the run's events as JSON lines."),
     speed: float = typer.Option(0.0, "--speed", help="Replay at this multiple of real time (0: at once)."),
+    lang: str | None = typer.Option(None, "--lang", help="Language: en or es (default: from the locale)."),
 ) -> None:
     """Replay a past run into the same views as a live one."""
     from ..engine.run_state import replay_events
     from ..engine.runs import RunNotFound, find_run, settle_killed
+    from ..lessons.strings import translated
     from .cli_run import JsonView, TerminalView
     from .paths import runs_root
 
+    language = language_or_fail(lang)
     if speed < 0:
         raise CliError(f"--speed must be >= 0, got {speed}")
     try:
@@ -85,7 +88,7 @@ def runs_show(
         view = JsonView()
     else:
         view = TerminalView(f"distai runs show {record.lesson}", live=None if speed > 0 else False,
-                            lesson=record.lesson, replay=True)
+                            lesson=record.lesson, replay=True, lang=language)
     with view:
         prev_t = None
         for event in events:
@@ -96,13 +99,13 @@ def runs_show(
                 prev_t = t
             view(event)
     if not as_json:
-        typer.echo(f"run folder: {record.path}", err=True)
+        say = lambda key, **f: translated("cli", f"run_says.{key}", language, **f)  # noqa: E731
+        typer.echo(say("folder", path=record.path), err=True)
         profile_dir = record.config.get("profile_dir")
         if profile_dir:
             traces = sorted(Path(profile_dir).glob("rank*.pt.trace.json"))
-            typer.echo(f"torch.profiler traces: {profile_dir} ({len(traces)} file{'s' if len(traces) != 1 else ''}, "
-                       "open in ui.perfetto.dev)", err=True)
-        typer.echo(f"export: distai runs export {record.id} --format chrome-trace|csv|jsonl", err=True)
+            typer.echo(say("traces", path=profile_dir) + f" ({len(traces)}, ui.perfetto.dev)", err=True)
+        typer.echo(say("export", id=record.id), err=True)
 
 
 EXPORT_FORMATS = {"chrome-trace": "trace.json", "csv": "metrics.csv", "jsonl": "metrics.jsonl"}
