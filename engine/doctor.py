@@ -183,6 +183,7 @@ def ring_exchange(send: torch.Tensor, recv: torch.Tensor, steps: int = 1) -> Non
     right neighbour and receives ``recv`` from its left one, all at once."""
     rank, n = dist.get_rank(), dist.get_world_size()
     for _ in range(steps):
+        works: list = []
         if send.is_cuda:  # NCCL: the pair launched together, or the ring waits on itself
             works = dist.batch_isend_irecv([dist.P2POp(dist.isend, send, (rank + 1) % n),
                                             dist.P2POp(dist.irecv, recv, (rank - 1) % n)])
