@@ -250,8 +250,7 @@ def allreduce_checks(ctx, sizes: list[int], iters: int | None = None) -> list[Ch
     predicts it."""
     import torch
 
-    from ..doctor import link_alpha_beta, ping_pong, ring_exchange, run_queue_s, slowest_rank_times
-    from ..experiment import max_over_ranks
+    from ..doctor import CoreWait, link_alpha_beta, ping_pong, ring_exchange, slowest_rank_times
     from ..ring import ring_allreduce
 
     n = ctx.world_size
@@ -267,20 +266,18 @@ def allreduce_checks(ctx, sizes: list[int], iters: int | None = None) -> list[Ch
         send, recv = (torch.ones(chunk, dtype=torch.float32, device=ctx.device) for _ in range(2))
         ring = lambda x=x: ring_allreduce(x, pieces=1, channels=1)  # noqa: E731
         ring()  # warm-up
-        cpu0, wall0, queue0 = time.process_time(), time.perf_counter(), run_queue_s()
-        t = slowest_rank_times({"ring": ring, "schedule": lambda: ring_allreduce(empty, pieces=1, channels=1),
-                             "pair": lambda: ping_pong(send, n - 1),
-                             "steps": lambda: ring_exchange(send, recv, 2 * (n - 1)),
-                             "adds": lambda: [recv.add_(send) for _ in range(n - 1)]}, repeats, ctx.device, stat="min", inner=inner)
-        wall = time.perf_counter() - wall0
-        cpu_per_wall = (time.process_time() - cpu0) / wall
-        run_queue_share = max_over_ranks((run_queue_s() - queue0) / wall, ctx.device)
+        with CoreWait(ctx.device) as waited:
+            t = slowest_rank_times({"ring": ring, "schedule": lambda: ring_allreduce(empty, pieces=1, channels=1),
+                                    "pair": lambda: ping_pong(send, n - 1),
+                                    "steps": lambda: ring_exchange(send, recv, 2 * (n - 1)),
+                                    "adds": lambda: [recv.add_(send) for _ in range(n - 1)]},
+                                   repeats, ctx.device, stat="min", inner=inner)
         causes = {"size_regime": t["pair"] - 2 * (n - 1) * (alpha + c * beta),
                   "links_at_once": t["steps"] - t["pair"], "reduction": t["adds"], "ring_schedule": t["schedule"]}
         out.append(check("allreduce_small" if k == 0 else "allreduce_large",
                          formulas.ring_allreduce_time(size, n, alpha, beta), t["ring"], "s", causes=causes,
                          detail={"size": size, "n": n, "alpha_s": alpha, "beta_s_per_byte": beta,
-                                 "cpu_per_wall": cpu_per_wall, "run_queue_share": run_queue_share}))
+                                 "cpu_per_wall": waited.cpu_per_wall, "run_queue_share": waited.run_queue_share}))
     return out
 
 

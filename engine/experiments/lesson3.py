@@ -50,7 +50,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ...lessons.events import PROGRESS
+from ...lessons.events import CHECK, PROGRESS
+from ...lessons.lesson3 import checks as lesson_checks
 from ...lessons.lesson3.events import CHECKPOINT, CKPT_COST, COMPARE, FAILURE, PHASE, REDONE, RESTART, STEP
 from ...lessons.model_size import ModelSize, add_model_options
 from ..checkpoint import Checkpointer, ResumableSampler, TrainingState, read_checked, write_checked
@@ -380,6 +381,7 @@ def run(ctx, args) -> tuple[dict | None, int]:
         result.update(ckpt_cost=this.checkpoint_cost())
     if rank == 0:
         result.update(_run_history(events_dir, attempt, root))
+        result["checks"] = emit_checks(ctx.events, events_dir, args, result.get("ckpt_cost"))
         print(format_summary(result), flush=True)
     # a resumed run that differs from the uninterrupted one is the lesson's failure, not a crash
     status = 3 if not args.no_compare and not result["compare"]["identical"] and not args.forget else 0
@@ -395,6 +397,22 @@ def _run_history(events_dir: Path | None, attempt: int, root: Path) -> dict:
             "checkpoint_bytes": cks[-1]["bytes"] if cks else 0,
             "checkpoint_seconds_mean": (sum(c["seconds"] for c in cks) / len(cks)) if cks else 0.0,
             "checkpoint_dir": str(root)}
+
+
+def emit_checks(sink, events_dir: Path | None, args, cost: dict | None) -> list[dict]:
+    """The lesson's predictions against this run (rank 0, at the end; issue 28): the interval's
+    waste under the failures against Young's model, from every rank's and attempt's events, and
+    a synchronous checkpoint's cost against its write time (``lessons/lesson3/checks.py``)."""
+    events: list[dict] = []
+    if events_dir is not None and events_dir.is_dir():
+        for path in sorted(events_dir.glob("rank*.jsonl")):
+            events.extend(read_events(path))
+    found = [lesson_checks.interval_waste(events, args.steps, args.ckpt_every),
+             lesson_checks.checkpoint_cost(cost) if cost else None]
+    out = [c.event() for c in found if c is not None]
+    for fields in out:
+        CHECK.emit_fields(sink, fields)
+    return out
 
 
 class Attempt:
