@@ -224,7 +224,7 @@ def test_experiment_main_reports_measured_against_calculator(group):
             done_s = next(x for x in done if x["strategy"] == s)
             assert step.measured >= done_s["step_time_s"]  # the slowest rank's
             if not step.ok:
-                assert step.causes == {"communication": pytest.approx(d["replayed_s"] - d["comm_alpha_beta_s"]),
+                assert step.causes == {"replayed_collectives": pytest.approx(d["replayed_s"] - d["comm_alpha_beta_s"]),
                                        "strategy_overhead": pytest.approx(d["alone_s"] - d["compute_s"])}
             # explained; or the ranks waited for a core for longer than the causes leave unexplained
             assert step.explained or abs(step.unexplained) <= d["run_queue_share"] * step.measured, step

@@ -460,7 +460,7 @@ def strategy_checks(strategy: str, r: dict, held_total: int, predicted_bytes: fl
     the messages of the collectives the meter saw (a ring's: 2(N−1) per all-reduce, N−1 per
     all-gather or reduce-scatter) and the bytes of the calculator's ``comm_volume_per_step``, α and
     β one link's (lesson 1, ``distai doctor``'s ping-pong on this group). A missed step time names
-    ``communication``, the same collectives replayed alone minus their α-β time, and
+    ``replayed_collectives``, the same collectives replayed alone minus their α-β time, and
     ``strategy_overhead``, the strategy's step in a group of one rank (:func:`alone_time`) minus the
     plain step's compute. Both are timed right after the strategy's steps (the machine's load
     changes by the second), the compute, the step alone and the replay; ``detail`` keeps the ranks'
@@ -477,7 +477,7 @@ def strategy_checks(strategy: str, r: dict, held_total: int, predicted_bytes: fl
 
     step = max_over_ranks(r["step_time_s"], device)
     timed = check(f"step_time_{strategy}", compute_s + comm, step, "s",
-                  causes={"communication": replay - comm, "strategy_overhead": alone_s - compute_s},
+                  causes={"replayed_collectives": replay - comm, "strategy_overhead": alone_s - compute_s},
                   detail={"compute_s": compute_s, "comm_alpha_beta_s": comm, "messages": messages,
                           "alpha_s": link["alpha_s"], "beta_s_per_byte": link["beta_s_per_byte"],
                           "replayed_s": replay, "alone_s": alone_s, "run_queue_share": r["run_queue_share"]})

@@ -582,8 +582,11 @@ def checkpoint_cost(args, rank: int, world: int, device, folder: Path, checkpoin
     run without checkpoints of the same round (neighbours in time share the machine's load).
     Per mode: ``step_s``, the loop's time per step (the slowest rank's); ``blocked_s``, how long
     one save call held the loop; and for the two saving modes ``per_checkpoint_s``, the loop's
-    extra time per checkpoint against none (for async: the staging, and the background write's
-    share of the cores)."""
+    extra time per checkpoint against none (a mean over the rounds, like the next two, so that
+    they add up; for async: the staging, and the background write's
+    share of the cores), ``slower_steps_s``, the part of it the steps themselves took longer
+    (each step timed alone; a save leaves caches cold and, async, a writer sharing the cores), and
+    ``save_s``, the save calls' time per checkpoint, timed around each call."""
     import shutil
     import statistics
 
@@ -604,26 +607,36 @@ def checkpoint_cost(args, rank: int, world: int, device, folder: Path, checkpoin
     steps = checkpoints * every
     loops: dict[str, list[float]] = {"none": [], "sync": [], "async": []}
     blocked: dict[str, list[float]] = {"none": [], "sync": [], "async": []}
+    stepping: dict[str, list[float]] = {"none": [], "sync": [], "async": []}  # the steps alone, per round
+    saving: dict[str, list[float]] = {"none": [], "sync": [], "async": []}  # the save calls, per round
     for _ in range(rounds):
         for mode in ("none", "sync", "async"):
             state, trainer = fresh()
             ckpt = Checkpointer(folder / mode, rank, world, form="dcp", keep=1)
             dist.barrier()
-            t0 = time.perf_counter()
+            t0, in_steps, in_saves = time.perf_counter(), 0.0, 0.0
             for i in range(1, steps + 1):
+                t_step0 = time.perf_counter()
                 trainer.step()
+                in_steps += time.perf_counter() - t_step0
                 if mode != "none" and i % every == 0:
+                    t_save0 = time.perf_counter()
                     blocked[mode].append((ckpt.save if mode == "sync" else ckpt.save_async)(state).seconds)
+                    in_saves += time.perf_counter() - t_save0
             loops[mode].append(max_over_ranks(time.perf_counter() - t0, device))
+            stepping[mode].append(max_over_ranks(in_steps, device))
+            saving[mode].append(max_over_ranks(in_saves, device))
             ckpt.wait()
     dist.barrier()
     if rank == 0:
         shutil.rmtree(folder, ignore_errors=True)
-    med = statistics.median
+    med, mean = statistics.median, statistics.fmean
     out = {mode: {"step_s": med(loops[mode]) / steps, "blocked_s": max_over_ranks(med(blocked[mode]), device) if blocked[mode] else 0.0}
            for mode in loops}
     for mode in ("sync", "async"):  # paired with the run without checkpoints of the same round
-        out[mode]["per_checkpoint_s"] = med(a - b for a, b in zip(loops[mode], loops["none"])) / checkpoints
+        out[mode]["per_checkpoint_s"] = mean(a - b for a, b in zip(loops[mode], loops["none"])) / checkpoints
+        out[mode]["slower_steps_s"] = mean(a - b for a, b in zip(stepping[mode], stepping["none"])) / checkpoints
+        out[mode]["save_s"] = mean(saving[mode]) / checkpoints
     return {"steps": steps, "every": every, "write_s": t_write, **out}
 
 

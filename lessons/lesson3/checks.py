@@ -14,7 +14,9 @@ the relaunch, which the interval does not choose). So for work T_s, k failures a
     predicted = T_s·δ/τ + k·(τ + δ)/2
     measured  = the attempts' training time (first step to the last, or to the failure) − T_s
 
-with t_step the median step, T_s = steps·t_step and δ the median time a checkpoint held the loop.
+with t_step the median step, T_s = steps·t_step and δ the median time a checkpoint held the loop
+(from its step's end to the next step's start: a synchronous save's write, an asynchronous one's
+staging and its wait for the previous write).
 When they differ the causes, each measured from the events:
 
 * ``failure_point``: the work each failure really threw away (from the end of the checkpoint the
@@ -41,18 +43,36 @@ def _kind(events: list[Mapping[str, Any]], kind: str) -> list[Mapping[str, Any]]
     return [e for e in events if e.get("kind") == kind]
 
 
-def _spans(steps: list[Mapping[str, Any]], checkpoints: list[Mapping[str, Any]],
+def _holds(checkpoints: list[Mapping[str, Any]], steps: list[Mapping[str, Any]]) -> list[float]:
+    """How long each checkpoint held the training loop: from its step's end to the next step's
+    start (the last one's: to its event for a synchronous save, the staging wait for an
+    asynchronous one, whose event comes when it is published)."""
+    ends = {(int(e["attempt"]), int(e["step"]) + 1): float(e["t"]) for e in steps}
+    starts = {(int(e["attempt"]), int(e["step"]) + 1): float(e["t0"]) for e in steps}
+    out = []
+    for c in checkpoints:
+        key = (int(c.get("attempt", 0)), int(c["step"]))
+        if (key[0], key[1] + 1) in starts:
+            out.append(starts[(key[0], key[1] + 1)] - ends[key])
+        elif c.get("mode") == "async":
+            out.append(float(c.get("blocked_s", 0.0)))
+        else:
+            out.append(float(c["t"]) - ends[key])
+    return out
+
+
+def _spans(steps: list[Mapping[str, Any]], saved: dict[tuple[int, int], float],
            failures: list[Mapping[str, Any]]) -> dict[int, tuple[float, float]]:
-    """Each attempt's training: from its first step's start to its failure, or to its last step
-    or checkpoint."""
+    """Each attempt's training: from its first step's start to its failure, or to the end of its
+    last step and the checkpoint after it."""
     out = {}
     for a in sorted({int(e["attempt"]) for e in steps}):
         mine = [e for e in steps if e["attempt"] == a]
         start = min(float(e["t0"]) for e in mine)
         fail = [float(f["t"]) for f in failures if f.get("attempt") == a]
-        end = min(fail) if fail else max([float(e["t"]) for e in mine]
-                                          + [float(c["t"]) for c in checkpoints if c.get("attempt") == a])
-        out[a] = (start, end)
+        last = max(mine, key=lambda e: float(e["t"]))
+        after = saved.get((a, int(last["step"]) + 1), float(last["t"]))
+        out[a] = (start, min(fail) if fail else after)
     return out
 
 
@@ -61,23 +81,27 @@ def interval_waste(events: Iterable[Mapping[str, Any]], steps: int, ckpt_every: 
     without a failure that the run restarted from."""
     events = list(events)
     step_events = [e for e in _kind(events, "step") if "t0" in e and e.get("t") is not None]
-    checkpoints = [c for c in _kind(events, "checkpoint") if c.get("t") is not None]
+    step_ends = {(int(e["attempt"]), int(e["step"]) + 1): float(e["t"]) for e in step_events}
+    checkpoints = [c for c in _kind(events, "checkpoint") if (int(c.get("attempt", 0)), int(c["step"])) in step_ends]
     restarts = _kind(events, "restart")
     failures = [f for f in _kind(events, "failure")
                 if f.get("t") is not None and any(r["attempt"] == f["attempt"] + 1 for r in restarts)]
     if not step_events or not failures or not checkpoints:
         return None
     t_step = statistics.median(float(e["t"]) - float(e["t0"]) for e in step_events)
-    blocked = [float(c.get("blocked_s", c["seconds"])) for c in checkpoints]
+    blocked = _holds(checkpoints, step_events)
+    # when the loop went on after each checkpoint: its step's end plus the time the save held it
+    saved = {(int(c.get("attempt", 0)), int(c["step"])): step_ends[(int(c.get("attempt", 0)), int(c["step"]))] + b
+             for c, b in zip(checkpoints, blocked)}
     delta = statistics.median(blocked)
     work, tau, k = steps * t_step, ckpt_every * t_step, len(failures)
-    spans = _spans(step_events, checkpoints, failures)
+    spans = _spans(step_events, saved, failures)
     lost = 0.0
     for f in failures:
         a = int(f["attempt"])
         resumed = next(r for r in restarts if r["attempt"] == a + 1)["from_step"]
-        saved = [float(c["t"]) for c in checkpoints if c["step"] == resumed and c.get("attempt", 0) <= a]
-        lost += float(f["t"]) - max([spans[a][0]] + saved)
+        at = [t for (ca, cs), t in saved.items() if cs == resumed and ca <= a]
+        lost += float(f["t"]) - max([spans[a][0]] + at)
     last_runs: dict[int, Mapping[str, Any]] = {}
     for e in sorted(step_events, key=lambda e: e["attempt"]):
         last_runs[int(e["step"])] = e
@@ -97,9 +121,12 @@ def checkpoint_cost(cost: Mapping[str, Any]) -> Check:
     """A synchronous checkpoint costs the loop its write time δ (the lesson's model): δ measured
     alone (``write_s``, a save outside the loop) against the loop's extra time per checkpoint
     against the same loop without (``sync.per_checkpoint_s``, ``engine/experiments/lesson3``'s
-    ``checkpoint_cost``). A miss names ``save_in_loop``: how much longer (or shorter) the save
-    call took inside the loop than alone (its median ``sync.blocked_s`` − ``write_s``)."""
+    ``checkpoint_cost``). A miss names ``save_in_loop``, how much longer (or shorter) the save
+    calls took inside the loop than alone (``sync.save_s`` − ``write_s``, each call timed), and
+    ``slower_steps``, how much longer the loop's steps took, each timed alone, than the same steps
+    without checkpoints (``sync.slower_steps_s``), both per checkpoint."""
     sync = cost["sync"]
     return check("checkpoint_cost", float(cost["write_s"]), float(sync["per_checkpoint_s"]), "s",
-                 causes={"save_in_loop": float(sync["blocked_s"]) - float(cost["write_s"])},
+                 causes={"save_in_loop": float(sync.get("save_s", sync["blocked_s"])) - float(cost["write_s"]),
+                         "slower_steps": float(sync.get("slower_steps_s", 0.0))},
                  detail={"every": float(cost["every"]), "blocked_s": float(sync["blocked_s"])})
