@@ -166,7 +166,7 @@ def run_queue_s() -> float:
 
 
 class CoreWait:
-    """``with CoreWait(device) as w: …``: over the block, this process's CPU time per wall second
+    """``with CoreWait(device) as w: …`` (or ``w = CoreWait(device).start(); …; w.stop()``): over the block, this process's CPU time per wall second
     (``cpu_per_wall``) and its threads' wait for a core per wall second (``run_queue_share``, the
     largest over the group's ranks: every rank must leave the block together). On a machine with
     more runnable processes than cores a timing is largely that wait, which no model of compute
@@ -176,19 +176,25 @@ class CoreWait:
         self.device = device
         self.cpu_per_wall = self.run_queue_share = 0.0
 
-    def __enter__(self) -> CoreWait:
+    def start(self) -> CoreWait:
         self._cpu, self._wall, self._queue = time.process_time(), time.perf_counter(), run_queue_s()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if exc[0] is not None:
-            return
+    def stop(self) -> None:
+        """The figures since :meth:`start` (every rank of the group calls it)."""
         wall = max(time.perf_counter() - self._wall, 1e-9)
         self.cpu_per_wall = (time.process_time() - self._cpu) / wall
         share = torch.tensor([(run_queue_s() - self._queue) / wall], dtype=torch.float64, device=self.device)
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(share, op=dist.ReduceOp.MAX)
         self.run_queue_share = share.item()
+
+    def __enter__(self) -> CoreWait:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self.stop()
 
 
 def ping_pong(buf: torch.Tensor, rounds: int = 1, a: int = 0, b: int = 1) -> None:

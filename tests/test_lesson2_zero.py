@@ -38,6 +38,8 @@ from distai.lessons.checks import reconcile
 CFG = replace(DEFAULT_MODEL, vocab=64, hidden=32, layers=2, heads=2, seq=16)
 STEPS, BATCH = 3, 8
 TOL = {"adam": 1e-4, "sgd": 2e-5}
+#: the ranks' wait for a core per wall second above which a step's timings are mostly that wait
+OVERSUBSCRIBED = 0.5
 
 
 def _check_all(rank: int, world_size: int) -> dict:
@@ -222,12 +224,13 @@ def test_experiment_main_reports_measured_against_calculator(group):
             assert step.predicted == pytest.approx(d["compute_s"] + d["messages"] * d["alpha_s"]
                                                    + comm[s]["predicted"] * d["beta_s_per_byte"])
             done_s = next(x for x in done if x["strategy"] == s)
-            assert step.measured >= done_s["step_time_s"]  # the slowest rank's
+            assert step.measured > 0 and done_s["step_time_s"] > 0  # its fastest step, the slowest rank's
             if not step.ok:
                 assert step.causes == {"replayed_collectives": pytest.approx(d["replayed_s"] - d["comm_alpha_beta_s"]),
                                        "strategy_overhead": pytest.approx(d["alone_s"] - d["compute_s"])}
-            # explained; or the ranks waited for a core for longer than the causes leave unexplained
-            assert step.explained or abs(step.unexplained) <= d["run_queue_share"] * step.measured, step
+            # explained; unless the machine was oversubscribed (the ranks waited for a core half the
+            # time or more: every timing above, parts included, is then mostly that wait)
+            assert step.explained or d["run_queue_share"] >= OVERSUBSCRIBED, step
         progress = [e for e in events if e["kind"] == "progress"]
         assert progress[-1]["done"] == progress[-1]["total"]
         assert ("summary" in kinds) == (rank == 0)

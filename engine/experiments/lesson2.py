@@ -341,7 +341,7 @@ def run_strategy(strategy: str, cfg: GPTConfig, batches, rank: int, world_size: 
               "by_op": dict(meter.by_op) if meter else {}, "calls": dict(meter.calls) if meter else {},
               "collectives": [(r.op, r.payload_bytes, r.input_bytes) for r in meter.records
                               if r.op in REPLAYED] if meter else [],
-              "step_time_s": _median(times) if times else float("nan")}
+              "step_time_s": _median(times) if times else float("nan"), "step_times_s": times}
     if isinstance(trainer, ZeroTrainer):
         result["peak_gathered_units"] = trainer.engine.peak_gathered_units
         result["trace"] = list(trainer.engine.trace or [])
@@ -386,38 +386,37 @@ RING_MESSAGES = {"all_reduce": lambda n: 2 * (n - 1), "all_gather": lambda n: n 
 
 def compute_time(cfg: GPTConfig, batches, world_size: int, device, optimizer: str, precision: str) -> float:
     """Seconds of one training step of this rank's share of the batch on one process, no
-    collective (the compute a strategy's step time is predicted from): the median of the steps
-    after the first, the slowest rank's."""
+    collective (the compute a strategy's step time is predicted from): the least disturbed of a
+    few steps, the slowest rank's."""
     from ..experiment import max_over_ranks
 
-    per = batches[0].shape[0] // world_size
     trainer = SingleTrainer(make_model(cfg, 0, device), device, optimizer, precision)
-    times = []
-    for i, batch in enumerate(batches):
-        t0 = time.perf_counter()
-        trainer.step(batch[:per])
-        if i > 0 or len(batches) == 1:
-            times.append(time.perf_counter() - t0)
-    return max_over_ranks(_median(times), device)
+    return max_over_ranks(_least_disturbed(trainer, batches, world_size), device)
 
 
 def alone_time(strategy: str, cfg: GPTConfig, batches, world_size: int, device, optimizer: str,
                precision: str, alone) -> float:
     """Seconds of ``strategy``'s step on this rank's share of the batch in a group of this rank
     alone (``alone``: ``dist.new_subgroups(1)``'s): the wrapper's hooks, copies and bookkeeping
-    with the same compute and no peer to wait for (the median after the first step, the slowest
+    with the same compute and no peer to wait for (the least disturbed of a few steps, the slowest
     rank's)."""
     from ..experiment import max_over_ranks
 
-    per = batches[0].shape[0] // world_size
     trainer = make_trainer(strategy, cfg, 0, 1, device, optimizer, precision, group=alone)
+    return max_over_ranks(_least_disturbed(trainer, batches, world_size), device)
+
+
+def _least_disturbed(trainer: Trainer, batches, world_size: int, timed: int = 4) -> float:
+    """The fastest of ``timed`` steps of ``trainer`` on one rank's share of the batches (after one
+    untimed step, which pays lazy initialisation): the step least disturbed by the machine's load."""
+    per = batches[0].shape[0] // world_size
+    trainer.step(batches[0][:per])
     times = []
-    for i, batch in enumerate(batches):
+    for i in range(timed):
         t0 = time.perf_counter()
-        trainer.step(batch[:per])
-        if i > 0 or len(batches) == 1:
-            times.append(time.perf_counter() - t0)
-    return max_over_ranks(_median(times), device)
+        trainer.step(batches[(i + 1) % len(batches)][:per])
+        times.append(time.perf_counter() - t0)
+    return min(times)
 
 
 def replay_time(collectives: list[tuple[str, int, int]], world_size: int, device, repeats: int = 5) -> float:
@@ -445,18 +444,21 @@ def replay_time(collectives: list[tuple[str, int, int]], world_size: int, device
 @dataclass(frozen=True)
 class StepInputs:
     """What a strategy's step is timed on again, alone: the model, the batches, the optimizer
-    and precision, and a group of this rank alone (``dist.new_subgroups(1)``'s)."""
+    and precision, a group of this rank alone (``dist.new_subgroups(1)``'s), and the ranks' wait
+    for a core since the strategy began (stopped once everything is timed)."""
     cfg: GPTConfig
     batches: list
     optimizer: str
     precision: str
     alone: Any
+    waited: CoreWait
 
 
 def strategy_checks(strategy: str, r: dict, held_total: int, predicted_bytes: float, predicted_sent: float,
                     link: dict[str, float], inputs: StepInputs, world: int, device) -> list[Check]:
     """The calculator's model-state bytes against the bytes this rank holds, and the step time
-    against compute + the α-β time of the strategy's collectives: ``messages·α + bytes·β`` with
+    against compute + the α-β time of the strategy's collectives (its fastest timed step: the one
+    least disturbed by the machine's load, as the parts are timed): ``messages·α + bytes·β`` with
     the messages of the collectives the meter saw (a ring's: 2(N−1) per all-reduce, N−1 per
     all-gather or reduce-scatter) and the bytes of the calculator's ``comm_volume_per_step``, α and
     β one link's (lesson 1, ``distai doctor``'s ping-pong on this group). A missed step time names
@@ -464,7 +466,7 @@ def strategy_checks(strategy: str, r: dict, held_total: int, predicted_bytes: fl
     ``strategy_overhead``, the strategy's step in a group of one rank (:func:`alone_time`) minus the
     plain step's compute. Both are timed right after the strategy's steps (the machine's load
     changes by the second), the compute, the step alone and the replay; ``detail`` keeps the ranks'
-    wait for a core per wall second over the strategy's steps (``run_queue_share``)."""
+    wait for a core per wall second over the strategy's steps and these timings (``run_queue_share``)."""
     i = inputs
     compute_s = compute_time(i.cfg, i.batches, world, device, i.optimizer, i.precision)
     alone_s = alone_time(strategy, i.cfg, i.batches, world, device, i.optimizer, i.precision, i.alone)
@@ -475,12 +477,13 @@ def strategy_checks(strategy: str, r: dict, held_total: int, predicted_bytes: fl
     replay = replay_time(r["collectives"], world, device)
     from ..experiment import max_over_ranks
 
-    step = max_over_ranks(r["step_time_s"], device)
+    step = max_over_ranks(min(r["step_times_s"], default=float("nan")), device)  # least disturbed, like the parts
+    i.waited.stop()
     timed = check(f"step_time_{strategy}", compute_s + comm, step, "s",
                   causes={"replayed_collectives": replay - comm, "strategy_overhead": alone_s - compute_s},
                   detail={"compute_s": compute_s, "comm_alpha_beta_s": comm, "messages": messages,
                           "alpha_s": link["alpha_s"], "beta_s_per_byte": link["beta_s_per_byte"],
-                          "replayed_s": replay, "alone_s": alone_s, "run_queue_share": r["run_queue_share"]})
+                          "replayed_s": replay, "alone_s": alone_s, "run_queue_share": i.waited.run_queue_share})
     return [memory, timed]
 
 
@@ -537,9 +540,9 @@ def run(ctx, args: argparse.Namespace) -> dict:
     for k, strategy in enumerate(args.strategies):
         PHASE.emit(ev, {"name": strategy})
         PROGRESS.emit(ev, {"done": k * args.steps, "total": total_steps, "label": strategy})
-        with CoreWait(ctx.device) as waited:
-            r = run_strategy(strategy, cfg, batches, rank, world, ctx.device, args.optimizer,
-                             args.precision, reference=reference, events=ev)
+        waited = CoreWait(ctx.device).start()  # stopped once the step's check is timed
+        r = run_strategy(strategy, cfg, batches, rank, world, ctx.device, args.optimizer,
+                         args.precision, reference=reference, events=ev)
         held = r["held"]
         total = sum(held.values())
         try:
@@ -558,9 +561,9 @@ def run(ctx, args: argparse.Namespace) -> dict:
         COMM.emit(ev, {"strategy": strategy, "sent": r["sent"], "by_op": r["by_op"], "calls": r["calls"],
                        "predicted": predicted_sent, "num_params": num_params})
         if link is not None:
-            r["run_queue_share"] = waited.run_queue_share
             for c in strategy_checks(strategy, r, total, predicted, predicted_sent, link,
-                                     StepInputs(cfg, batches, args.optimizer, args.precision, alone), world, ctx.device):
+                                     StepInputs(cfg, batches, args.optimizer, args.precision, alone, waited),
+                                     world, ctx.device):
                 CHECK.emit_fields(ev, c.event())
         STRATEGY_DONE.emit(ev, {"strategy": strategy, "step_time_s": r["step_time_s"],
                                 "max_abs_diff": r.get("max_abs_diff"), "final_loss": r["losses"][-1]})
