@@ -3,7 +3,10 @@
 Reports CPUs and memory, GPUs with their memory and interconnect (``nvidia-smi topo -m`` where
 present), torch / CUDA / NCCL / gloo versions, and a quick bandwidth test: host memcpy, TCP
 loopback, and an all-reduce across the local GPUs (NCCL) or CPU processes (gloo), reported as
-algbw and busbw with nccl-tests' definitions (the same functions lesson 1 teaches).
+algbw and busbw with nccl-tests' definitions (the same functions lesson 1 teaches), and the α and β
+of one link (:func:`link_alpha_beta`: the alpha-beta model's latency and time per byte, measured by
+ping-pong between two ranks), which lesson 1's run measures the same way on its own group to check
+its ring formula against its all-reduce.
 """
 from __future__ import annotations
 
@@ -126,34 +129,154 @@ def loopback_bandwidth(size_bytes: int = 256 * MiB, chunk: int = 4 * MiB) -> flo
     return received / elapsed
 
 
-def _allreduce_sweep(rank: int, world_size: int, sizes: list[int], repeats: int, device_type: str,
-                     back_to_back: int = 1) -> list[dict]:
-    """Runs on every rank: timed all-reduces of each size (rank 0's results are reported); with
-    ``back_to_back`` > 1 each sample is that many calls in a row, divided (nccl-tests' way: the
-    ranks' skew leaving the barrier is paid once, not per call)."""
+def slowest_rank_times(fns: dict[str, Any], repeats: int, device: torch.device, stat: str = "median",
+                    inner: int = 1) -> dict[str, float]:
+    """Every rank calls each of ``fns`` (collective: all ranks call the same ones) ``repeats``
+    times, in rotating order so that they share the machine's load alike; each timing is started
+    together (a barrier), runs ``inner`` calls back to back (nccl-tests' loop: a scheduler's hiccup
+    is spread over them) and takes as long as its slowest rank. Per call, in seconds, the
+    ``stat`` (``median``, or ``min``: the least disturbed timing) of each."""
+    names = list(fns)
+    times = torch.zeros(len(names), repeats, dtype=torch.float64)
+    for i in range(repeats):
+        for k in range(len(names)):
+            j = (i + k) % len(names)
+            fn = fns[names[j]]
+            times[j, i] = timed_collective(lambda fn=fn: [fn() for _ in range(inner)], device.type == "cuda") / inner
+    times = times.to(device)  # NCCL reduces device tensors only
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    return {name: getattr(times[j], stat)().item() for j, name in enumerate(names)}
+
+
+def run_queue_s() -> float:
+    """Seconds this process's threads have waited for a core, runnable but not running (Linux
+    ``/proc/self/task/*/schedstat``, its second field; 0 where the kernel does not keep it)."""
+    total = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return 0.0
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/schedstat") as f:
+                total += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / 1e9
+
+
+class CoreWait:
+    """``with CoreWait(device) as w: …`` (or ``w = CoreWait(device).start(); …; w.stop()``): over the block, this process's CPU time per wall second
+    (``cpu_per_wall``) and its threads' wait for a core per wall second (``run_queue_share``, the
+    largest over the group's ranks: every rank must leave the block together). On a machine with
+    more runnable processes than cores a timing is largely that wait, which no model of compute
+    or links predicts."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.cpu_per_wall = self.run_queue_share = 0.0
+
+    def start(self) -> CoreWait:
+        self._cpu, self._wall, self._queue = time.process_time(), time.perf_counter(), run_queue_s()
+        return self
+
+    def stop(self) -> None:
+        """The figures since :meth:`start` (every rank of the group calls it)."""
+        wall = max(time.perf_counter() - self._wall, 1e-9)
+        self.cpu_per_wall = (time.process_time() - self._cpu) / wall
+        share = torch.tensor([(run_queue_s() - self._queue) / wall], dtype=torch.float64, device=self.device)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(share, op=dist.ReduceOp.MAX)
+        self.run_queue_share = share.item()
+
+    def __enter__(self) -> CoreWait:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self.stop()
+
+
+def ping_pong(buf: torch.Tensor, rounds: int = 1, a: int = 0, b: int = 1) -> None:
+    """``rounds`` round trips of ``buf`` between ranks ``a`` and ``b`` (the others do nothing):
+    2·rounds messages, one after the other, on one link."""
+    rank = dist.get_rank()
+    for _ in range(rounds):
+        if rank == a:
+            dist.send(buf, dst=b)
+            dist.recv(buf, src=b)
+        elif rank == b:
+            dist.recv(buf, src=a)
+            dist.send(buf, dst=a)
+
+
+def ring_exchange(send: torch.Tensor, recv: torch.Tensor, steps: int = 1) -> None:
+    """``steps`` steps of a ring, one after the other: in each every rank sends ``send`` to its
+    right neighbour and receives ``recv`` from its left one, all at once."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    for _ in range(steps):
+        works: list = []
+        if send.is_cuda:  # NCCL: the pair launched together, or the ring waits on itself
+            works = dist.batch_isend_irecv([dist.P2POp(dist.isend, send, (rank + 1) % n),
+                                            dist.P2POp(dist.irecv, recv, (rank - 1) % n)])
+        else:
+            works = [dist.isend(send, dst=(rank + 1) % n), dist.irecv(recv, src=(rank - 1) % n)]
+        for work in works:
+            if work is not None:  # None only for a rank outside the group
+                work.wait()
+
+
+#: the messages :func:`link_alpha_beta` times: α from the smallest, β from the slope up to the largest
+ALPHA_BYTES, BETA_BYTES = 4, 4 * MiB
+
+
+def link_alpha_beta(device: torch.device, repeats: int = 9, small: int = ALPHA_BYTES,
+                    large: int = BETA_BYTES, rounds: int = 8) -> dict[str, float]:
+    """α (s) and β (s/B) of one link, run on every rank of the current group: ranks 0 and 1
+    ping-pong a ``small`` and a ``large`` message, ``rounds`` round trips per timing (OSU's
+    latency test: a loop, so that starting together costs once), the median of ``repeats``; α is
+    the small message's one-way time, β the slope up to the large one (latency from tiny
+    messages, bandwidth from big ones, as nccl-tests and OSU's tests read them)."""
+    bufs = {size: torch.ones(max(1, size // 4), dtype=torch.float32, device=device) for size in (small, large)}
+    for buf in bufs.values():
+        ping_pong(buf)  # warm-up: connections and buffers
+    t = slowest_rank_times({str(size): (lambda buf=buf: ping_pong(buf, rounds)) for size, buf in bufs.items()},
+                           repeats, device)
+    one_way = {size: t[str(size)] / (2 * rounds) for size in bufs}
+    beta = max(0.0, (one_way[large] - one_way[small]) / (large - small))
+    return {"alpha_s": one_way[small], "beta_s_per_byte": beta, "small_bytes": float(small),
+            "large_bytes": float(large), "small_s": one_way[small], "large_s": one_way[large]}
+
+
+def _allreduce_sweep(rank: int, world_size: int, sizes: list[int], repeats: int, device_type: str) -> dict:
+    """Runs on every rank: one link's α and β, and timed all-reduces of each size (rank 0's
+    results are reported)."""
     device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
+    return {"results": _allreduce_rows(world_size, sizes, repeats, device), "link": link_alpha_beta(device)}
+
+
+def _allreduce_rows(world_size: int, sizes: list[int], repeats: int, device: torch.device,
+                    back_to_back: int = 1) -> list[dict]:
+    """Every rank: timed all-reduces of each size, as long as the slowest rank; with ``back_to_back``
+    > 1 each sample is that many calls in a row, divided (nccl-tests' way: the ranks' skew leaving
+    the barrier is paid once, not per call)."""
     results = []
     for size in sizes:
         buf = torch.ones(size // 4, dtype=torch.float32, device=device)
         dist.all_reduce(buf)  # warm-up: connections and buffers
-
-        def calls() -> None:
-            for _ in range(back_to_back):
-                dist.all_reduce(buf)
-        times = torch.tensor([timed_collective(calls, device_type == "cuda") / back_to_back
-                              for _ in range(repeats)], dtype=torch.float64, device=device)
-        dist.all_reduce(times, op=dist.ReduceOp.MAX)  # the slowest rank defines the collective's time
-        elapsed = times.median().item()
+        elapsed = slowest_rank_times({"all_reduce": lambda: dist.all_reduce(buf)}, repeats, device,
+                                     inner=back_to_back)["all_reduce"]
         results.append({"bytes": size, "time_s": elapsed, "algbw": algbw(size, elapsed),
                         "busbw": busbw(size, elapsed, world_size)})
     return results
 
 
 def group_allreduce_times(sizes: list[int], repeats: int = 5, device_type: str = "cpu") -> list[dict]:
-    """On every rank of the running (world) group: :func:`_allreduce_sweep`'s rows, 10 calls back
+    """On every rank of the running (world) group: :func:`_allreduce_rows`, 10 calls back
     to back per sample (as a step issues them); [] on one rank."""
     n = dist.get_world_size() if dist.is_initialized() else 1
-    return _allreduce_sweep(dist.get_rank(), n, sizes, repeats, device_type, back_to_back=10) if n > 1 else []
+    device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
+    return _allreduce_rows(n, sizes, repeats, device, back_to_back=10) if n > 1 else []
 
 
 def fit_alpha_beta(rows: list[dict], n: int) -> tuple[float, float]:
@@ -233,11 +356,11 @@ def allreduce_bandwidth(ranks: int, sizes: list[int], repeats: int = 5) -> dict[
         queue = ctx.Queue()
         mp.start_processes(_nccl_worker, args=(ranks, free_port(), sizes, repeats, queue),
                            nprocs=ranks, join=True, start_method="spawn")
-        return {"backend": "nccl", "ranks": ranks, "results": queue.get(timeout=10)}
+        return {"backend": "nccl", "ranks": ranks, **queue.get(timeout=10)}
     from .testing import run_in_group
 
     per_rank = run_in_group(_allreduce_sweep, ranks, sizes, repeats, "cpu")
-    return {"backend": "gloo", "ranks": ranks, "results": per_rank[0]}
+    return {"backend": "gloo", "ranks": ranks, **per_rank[0]}
 
 
 def lesson_advice(info: dict[str, Any], lessons) -> list[dict[str, Any]]:

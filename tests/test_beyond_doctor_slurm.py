@@ -30,6 +30,10 @@ def test_doctor_json_reports_machine_bandwidth_and_advice(tmp_path):
         # nccl-tests: algbw = S/t, busbw = algbw * 2(N-1)/N
         assert row["algbw"] == pytest.approx(row["bytes"] / row["time_s"])
         assert row["busbw"] == pytest.approx(row["algbw"] * 2 * (ar["ranks"] - 1) / ar["ranks"])
+    link = ar["link"]  # lesson 1's alpha-beta model of one link: α from tiny messages, β from the slope
+    assert link["alpha_s"] == link["small_s"] > 0 and link["beta_s_per_byte"] > 0
+    assert link["alpha_s"] + link["beta_s_per_byte"] * (link["large_bytes"] - link["small_bytes"]) \
+        == pytest.approx(link["large_s"])
     assert [a["lesson"] for a in report["advice"]] == [l.id for l in all_lessons()]
 
 

@@ -10,6 +10,7 @@ import pytest
 from distai.engine import launcher as L
 from distai.engine.model import GPTConfig
 from distai.engine.runs import create_run
+from distai.lessons.checks import reconcile
 from distai.lessons.lesson1 import formulas
 from distai.lessons.lesson1 import ring_model as model
 
@@ -38,7 +39,7 @@ def test_run_succeeds_with_a_summary(run):
     s = record.summary
     assert s["n"] == N and s["backend"] == "gloo" and s["steps"] == 6
     assert s["ring_vs_all_reduce_max_abs_diff"] < 1e-5
-    assert [e["name"] for e in of(events, "phase")] == ["start", "check", "train", "sweep"]
+    assert [e["name"] for e in of(events, "phase")] == ["start", "check", "train", "sweep", "predict"]
     last = of(events, "progress")[-1]
     assert last["done"] == last["total"] == 1 + 6 + 9
 
@@ -104,3 +105,30 @@ def test_traced_ring_steps_follow_the_model(run):
     for rank in range(N):
         ts = [e["t"] for e in events if e.get("rank") == rank and e["kind"] != "output"]
         assert ts == sorted(ts)
+
+
+def test_the_ring_formula_is_checked_against_the_measured_all_reduce(run):
+    """Issue 28: the sweep's smallest and largest message, the ring formula with one link's α and β
+    (the doctor's ping-pong on this group) against the textbook ring timed on it; a miss is
+    explained by causes measured on their own (not the remainder: something is left over)."""
+    record, events = run
+    checks = of(events, "check")
+    assert [c["name"] for c in checks] == ["allreduce_small", "allreduce_large"]
+    assert record.summary["checks"] == [{k: v for k, v in c.items() if k in record.summary["checks"][i]}
+                                        for i, c in enumerate(checks)]
+    sweep = {r["size"]: r for r in of(events, "sweep")}
+    for c in checks:
+        d, result = c["detail"], reconcile(c)
+        assert d["size"] in (1024, 256 * 1024) and d["n"] == N and d["alpha_s"] > 0 and d["beta_s_per_byte"] > 0
+        assert c["predicted"] == pytest.approx(formulas.ring_allreduce_time(d["size"], N, d["alpha_s"],
+                                                                            d["beta_s_per_byte"]))
+        # a real timing: the same ring size timed by the sweep, minutes apart, is of the same order
+        assert c["measured"] > 0 and 0.1 < c["measured"] / sweep[d["size"]]["ring_time_s"] < 10
+        if not c["ok"]:
+            assert set(c["causes"]) == {"size_regime", "links_at_once", "reduction", "ring_schedule"}
+            assert c["causes"]["reduction"] > 0 and c["causes"]["ring_schedule"] > 0
+            assert result.unexplained != 0.0
+        # explained; unless the machine was oversubscribed (the ranks waited for a core half the time
+        # or more, as the suite's often is: every timing above, parts included, is then mostly that wait)
+        assert result.explained or d["run_queue_share"] >= 0.5, \
+            (c["name"], c["predicted"], c["measured"], c.get("causes"), result.unexplained, d)

@@ -33,10 +33,13 @@ from distai.engine.experiments.lesson2 import (
     run_strategy,
 )
 from distai.engine.testing import run_in_group
+from distai.lessons.checks import reconcile
 
 CFG = replace(DEFAULT_MODEL, vocab=64, hidden=32, layers=2, heads=2, seq=16)
 STEPS, BATCH = 3, 8
 TOL = {"adam": 1e-4, "sgd": 2e-5}
+#: the ranks' wait for a core per wall second above which a step's timings are mostly that wait
+OVERSUBSCRIBED = 0.5
 
 
 def _check_all(rank: int, world_size: int) -> dict:
@@ -209,6 +212,25 @@ def test_experiment_main_reports_measured_against_calculator(group):
         assert comm["zero3"]["sent"] / comm["ddp"]["sent"] == pytest.approx(1.5, rel=0.03)
         done = [e for e in events if e["kind"] == "strategy_done"]
         assert all(d["max_abs_diff"] < TOL["adam"] for d in done)
+        checks = {e["name"]: e for e in events if e["kind"] == "check"}
+        assert set(checks) == {"memory_ddp", "step_time_ddp", "memory_zero3", "step_time_zero3"}
+        for s in ("ddp", "zero3"):  # issue 28: the calculator's bytes against the bytes held, within 10 %
+            memory = checks[f"memory_{s}"]
+            assert memory["ok"] and memory["measured"] == mem[s]["total"] and memory["predicted"] == mem[s]["predicted"]
+            step = reconcile(checks[f"step_time_{s}"])
+            d = step.detail
+            per_call = 2 * (world_size - 1) if s == "ddp" else world_size - 1  # a ring's all-reduce, AG or RS
+            assert d["messages"] > 0 and d["messages"] % per_call == 0 and d["compute_s"] > 0 and d["alone_s"] > 0
+            assert step.predicted == pytest.approx(d["compute_s"] + d["messages"] * d["alpha_s"]
+                                                   + comm[s]["predicted"] * d["beta_s_per_byte"])
+            done_s = next(x for x in done if x["strategy"] == s)
+            assert step.measured > 0 and done_s["step_time_s"] > 0  # its fastest step, the slowest rank's
+            if not step.ok:
+                assert step.causes == {"replayed_collectives": pytest.approx(d["replayed_s"] - d["comm_alpha_beta_s"]),
+                                       "strategy_overhead": pytest.approx(d["alone_s"] - d["compute_s"])}
+            # explained; unless the machine was oversubscribed (the ranks waited for a core half the
+            # time or more: every timing above, parts included, is then mostly that wait)
+            assert step.explained or d["run_queue_share"] >= OVERSUBSCRIBED, step
         progress = [e for e in events if e["kind"] == "progress"]
         assert progress[-1]["done"] == progress[-1]["total"]
         assert ("summary" in kinds) == (rank == 0)

@@ -20,6 +20,8 @@ from distai.engine import launcher as L
 from distai.engine.checkpoint import CheckpointFolder
 from distai.engine.runs import create_run
 from distai.engine.supervisor import Supervisor, make_launch
+from distai.lessons.checks import explained
+from distai.lessons.lesson3.checks import interval_waste
 
 REPO = Path(__file__).resolve().parents[1]
 DISTAI = [sys.executable, "-m", "distai.tutor.cli"]
@@ -124,6 +126,26 @@ def test_killed_rank_restarted_in_place_resumes_exactly(runs):
     assert [s for s, _ in folder.complete()] == [16, 12, 8]  # --keep 3
     assert folder.latest_valid().step == 16
     assert _kind(ev, "run_end")[-1]["status"] == "ok"
+    _assert_interval_waste_checked(ev, restart)
+
+
+def _assert_interval_waste_checked(ev: list[dict], restart: dict) -> None:
+    """Issue 28: the interval's waste under the failure against Young's model (first-order cost
+    model, the restart's downtime left out), folded again from the events the consumer saw; a
+    miss explained by the failure's point, the checkpoints written and the steps' spread."""
+    (c,) = [e for e in _kind(ev, "check") if e["name"] == "interval_waste"]
+    d = c["detail"]
+    assert d["failures"] == 1 and d["checkpoints"] == len(_kind(ev, "checkpoint")) and d["t_step_s"] > 0
+    assert d["interval_s"] == pytest.approx(4 * d["t_step_s"]) and d["work_s"] == pytest.approx(16 * d["t_step_s"])
+    assert c["predicted"] == pytest.approx(16 * d["checkpoint_s"] / 4 + (d["interval_s"] + d["checkpoint_s"]) / 2)
+    # the work the failure threw away: from the loop going on after the checkpoint it resumed from
+    # (the next step's start) to the failure
+    (failure,) = _kind(ev, "failure")
+    (after,) = [e for e in _kind(ev, "step") if e["step"] == restart["from_step"] and e["attempt"] == 0]
+    assert d["lost_s"] == pytest.approx(failure["t"] - after["t0"])
+    again = interval_waste(ev, 16, 4)
+    assert again is not None and again.measured == pytest.approx(c["measured"])
+    assert c["measured"] > 0 and explained(c), c
 
 
 def test_supervisor_relaunches_a_fresh_torchrun_and_the_run_resumes_exactly(runs):
@@ -143,6 +165,7 @@ def test_supervisor_relaunches_a_fresh_torchrun_and_the_run_resumes_exactly(runs
     assert len(steps) == len(set(steps))
     folder = CheckpointFolder(Path(rec.path) / "checkpoints")
     assert folder.latest_valid().step == 16
+    _assert_interval_waste_checked(ev, restart)
 
 
 def test_runs_show_draws_the_timeline(runs):
@@ -267,3 +290,11 @@ def test_kill_during_an_async_save_resumes_from_the_previous_good_checkpoint_exa
     assert s["ckpt_cost"]["sync"] == cost["sync"]
     printed = [e["line"] for e in ev if e["kind"] == "output" and e.get("rank") == 0]
     assert any(line.startswith("  async: ") and "a save blocks" in line for line in printed)
+    # issue 28: a synchronous save costs the loop its write time, measured alone
+    (c,) = [e for e in _kind(ev, "check") if e["name"] == "checkpoint_cost"]
+    assert c["predicted"] == cost["write_s"] and c["measured"] == cost["sync"]["per_checkpoint_s"]
+    if not c["ok"]:
+        assert c["causes"] == {"save_in_loop": pytest.approx(cost["sync"]["save_s"] - cost["write_s"]),
+                               "slower_steps": cost["sync"]["slower_steps_s"]}
+    assert explained(c), c
+    _assert_interval_waste_checked(ev, restart)

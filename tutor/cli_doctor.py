@@ -57,6 +57,10 @@ def doctor(
     for r in ar["results"]:
         typer.echo(f"          {_size(r['bytes']):>8}  time {r['time_s'] * 1e3:8.2f} ms  "
                    f"algbw {_gb_s(r['algbw']):>11}  busbw {_gb_s(r['busbw']):>11}")
+    link = ar["link"]
+    typer.echo(f"link      alpha {link['alpha_s'] * 1e6:.1f} us, beta {link['beta_s_per_byte']:.3g} s/B "
+               f"(= {_gb_s(1 / link['beta_s_per_byte']) if link['beta_s_per_byte'] else '-'})  "
+               "(ping-pong between ranks 0 and 1; lesson 1's alpha-beta model)")
     typer.echo("advice")
     for a in report["advice"]:
         typer.echo(f"  {a['lesson']}: {a['command']}")

@@ -12,10 +12,14 @@ Phases (each emits a ``phase`` event, and ranks meet at a monitored barrier betw
 3. ``sweep``: nccl-tests style, message sizes from ``--sweep-min`` to ``--sweep-max`` (×2 each),
    our ring and ``dist.all_reduce`` timed in alternation; time, algbw and busbw of each.
 4. ``fit``: the alpha-beta model fitted to the measured times, and its predictions.
+5. ``predict``: the lesson's prediction checked (issue 28): α and β of one link measured as
+   ``distai doctor`` measures them (:func:`distai.engine.doctor.link_alpha_beta`, on this run's
+   group, now), the ring formula's time for the sweep's smallest and largest message against the
+   textbook ring's measured time; a miss is split into measured causes (:func:`allreduce_checks`).
 
 Events (beyond the common ``phase``/``progress``/``summary``/``log``): ``step``, ``ring_step``
 (every rank, a traced call's), ``sweep`` (the median over iterations of the slowest rank), ``fit``
-and ``ring_check``, declared in ``lessons/lesson1/events.py``.
+and ``ring_check``, declared in ``lessons/lesson1/events.py``; the shared ``check``.
 """
 from __future__ import annotations
 
@@ -24,7 +28,8 @@ import os
 import statistics
 import time
 
-from ...lessons.events import LOG
+from ...lessons.checks import Check, check
+from ...lessons.events import CHECK, LOG
 from ...lessons.lesson1 import formulas
 from ...lessons.lesson1.events import FIT, PHASE, RING_CHECK, STEP, SWEEP, Phase
 from ...lessons.model_size import ModelSize, add_model_options
@@ -229,6 +234,60 @@ def fit(ctx, rows: list[dict]) -> dict[str, dict]:
     return out
 
 
+def allreduce_checks(ctx, sizes: list[int], iters: int | None = None) -> list[Check]:
+    """The ring formula 2(N−1)α + 2(N−1)/N·S·β, with one link's α and β measured by the doctor's
+    ping-pong on this group, against the textbook ring (one channel, no pipelining) measured on
+    it, for each of ``sizes``. A miss is split into causes, each timed on its own, interleaved with
+    the all-reduce (:func:`distai.engine.doctor.slowest_rank_times`: each timing a few calls back to
+    back, the least disturbed of ``iters`` timings, the slowest rank's), for the ring's chunk c = S/N:
+
+    * ``size_regime``: (2(N−1) messages of c bytes on one link, one after the other) − 2(N−1)·(α +
+      c·β): a message of c bytes does not cost what the line through a tiny and a 4 MiB one says;
+    * ``links_at_once``: (2(N−1) ring steps of c bytes, every rank sending and receiving at once)
+      − (the same messages on one link alone): shared cores and memory, and every step waiting
+      for the slower neighbour, where α and β were measured with one pair alone;
+    * ``reduction``: (N−1) additions of c bytes: the arithmetic the model counts as free;
+    * ``ring_schedule``: our ring's Python bookkeeping of its 2(N−1) steps (an all-reduce of an
+      empty tensor: the same schedule, no message).
+
+    ``detail``: α, β, the size, and, over these timings, the process's CPU time per wall second
+    (``cpu_per_wall``, below 1: it waited — for its peers, the network, or a core) and its threads'
+    wait for a core per wall second (``run_queue_share``, the slowest rank's): on a machine with
+    more ranks than free cores every timing above is mostly that wait, and no model of the links
+    predicts it."""
+    import torch
+
+    from ..doctor import CoreWait, link_alpha_beta, ping_pong, ring_exchange, slowest_rank_times
+    from ..ring import ring_allreduce
+
+    n = ctx.world_size
+    link = link_alpha_beta(ctx.device)
+    alpha, beta = link["alpha_s"], link["beta_s_per_byte"]
+    out = []
+    for k, size in enumerate(sizes):
+        repeats, inner = max(7, iters or 7), max(1, default_iters(size) // 2)
+        x = torch.zeros(size // 4, dtype=torch.float32, device=ctx.device)
+        chunk = -(-x.numel() // n)  # the largest chunk: the ring's steps wait for it
+        c = chunk * 4
+        empty = torch.zeros(0, dtype=torch.float32, device=ctx.device)
+        send, recv = (torch.ones(chunk, dtype=torch.float32, device=ctx.device) for _ in range(2))
+        ring = lambda x=x: ring_allreduce(x, pieces=1, channels=1)  # noqa: E731
+        ring()  # warm-up
+        with CoreWait(ctx.device) as waited:
+            t = slowest_rank_times({"ring": ring, "schedule": lambda: ring_allreduce(empty, pieces=1, channels=1),
+                                    "pair": lambda: ping_pong(send, n - 1),
+                                    "steps": lambda: ring_exchange(send, recv, 2 * (n - 1)),
+                                    "adds": lambda: [recv.add_(send) for _ in range(n - 1)]},
+                                   repeats, ctx.device, stat="min", inner=inner)
+        causes = {"size_regime": t["pair"] - 2 * (n - 1) * (alpha + c * beta),
+                  "links_at_once": t["steps"] - t["pair"], "reduction": t["adds"], "ring_schedule": t["schedule"]}
+        out.append(check("allreduce_small" if k == 0 else "allreduce_large",
+                         formulas.ring_allreduce_time(size, n, alpha, beta), t["ring"], "s", causes=causes,
+                         detail={"size": size, "n": n, "alpha_s": alpha, "beta_s_per_byte": beta,
+                                 "cpu_per_wall": waited.cpu_per_wall, "run_queue_share": waited.run_queue_share}))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     return run_experiment("lesson1", parse_args, run, argv)
 
@@ -258,6 +317,12 @@ def run(ctx, args: argparse.Namespace) -> dict | None:
 
     rows = [] if args.no_sweep else sweep(ctx, args, progress)
     fits = fit(ctx, rows)
+    checks = []
+    if n > 1 and sizes:
+        phase(ctx, {"name": "predict", "sizes": [sizes[0], sizes[-1]]})
+        checks = allreduce_checks(ctx, sorted({sizes[0], sizes[-1]}), args.iters)
+        for c in checks if ctx.rank == 0 else []:
+            CHECK.emit_fields(ctx.events, c.event())
     checkpoint("end", args.barrier_timeout)
 
     if ctx.rank == 0:
@@ -272,7 +337,7 @@ def run(ctx, args: argparse.Namespace) -> dict | None:
             "sweep_sizes": len(rows),
             "peak_ring_busbw": peak("ring_busbw"), "peak_ar_busbw": peak("ar_busbw"),
             "busbw_ratio_16MiB_plus": ratio,
-            "fit": fits, "wall_s": time.time() - started,
+            "fit": fits, "checks": [c.event() for c in checks], "wall_s": time.time() - started,
         }
         print(human_summary(summary), flush=True)
         return summary

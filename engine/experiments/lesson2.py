@@ -31,14 +31,18 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ...lessons.events import LOG, PROGRESS
+from ...lessons.checks import Check, check
+from ...lessons.events import CHECK, LOG, PROGRESS
 from ...lessons.lesson2.events import COMM, MEMORY, PHASE, STEP, STRATEGY_DONE
 from ...lessons.model_size import ModelSize, add_model_options
 from ..comm_trace import traced_step
+from ..doctor import CoreWait
 from ..experiment import UsageError, exit_with, run_experiment, run_language, summary_lines
 from ..metering import CommMeter
 from ..model import GPT, GPTConfig, ModelConfigError, lm_loss
@@ -158,10 +162,10 @@ class DDPTrainer(Trainer):
 
     name = "ddp"
 
-    def __init__(self, model, rank, world_size, device, optimizer="adam", precision="fp32"):
+    def __init__(self, model, rank, world_size, device, optimizer="adam", precision="fp32", group=None):
         super().__init__(model, rank, world_size, device)
         ids = [device.index] if device.type == "cuda" else None
-        self.ddp = apply_dp(model, impl="ddp", device_ids=ids, gradient_as_bucket_view=True)
+        self.ddp = apply_dp(model, group, impl="ddp", device_ids=ids, gradient_as_bucket_view=True)
         self.opt = make_optimizer(optimizer, model.parameters())
         self.autocast = precision != "fp32"  # mixed precision the torch way: fp32 params, bf16 compute
 
@@ -176,12 +180,12 @@ class ZeroTrainer(Trainer):
     """Our ZeRO stage 1, 2 or 3 (``distai.engine.zero.ZeroEngine``)."""
 
     def __init__(self, model, rank, world_size, device, stage, optimizer="adam", precision="fp32",
-                 prefetch=True, trace=False):
+                 prefetch=True, trace=False, group=None):
         super().__init__(model, rank, world_size, device)
         self.name = f"zero{stage}"
         dtype = torch.float32 if precision == "fp32" else torch.bfloat16
         self.engine = apply_zero(model, stage, lambda ps: make_optimizer(optimizer, ps),
-                                 param_dtype=dtype, prefetch=prefetch, trace=trace)
+                                 group=group, param_dtype=dtype, prefetch=prefetch, trace=trace)
 
     def step(self, batch):
         x, y = self.local(batch)
@@ -206,14 +210,15 @@ class FSDP2Trainer(Trainer):
 
     name = "fsdp2"
 
-    def __init__(self, model, rank, world_size, device, optimizer="adam", precision="fp32"):
-        from torch.distributed.device_mesh import init_device_mesh
+    def __init__(self, model, rank, world_size, device, optimizer="adam", precision="fp32", group=None):
+        from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
         super().__init__(model, rank, world_size, device)
-        key = (device.type, world_size, id(dist.group.WORLD))
+        key = (device.type, world_size, id(group or dist.group.WORLD))
         if key not in _MESHES:  # building a mesh sets up a process group: once per run
-            _MESHES[key] = init_device_mesh(device.type, (world_size,))
+            _MESHES[key] = (DeviceMesh.from_group(group, device.type) if group is not None
+                            else init_device_mesh(device.type, (world_size,)))
         mesh = _MESHES[key]
         mp = MixedPrecisionPolicy()
         if precision != "fp32":
@@ -242,15 +247,17 @@ def _optimizer_tensors(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
 
 def make_trainer(strategy: str, cfg: GPTConfig, rank: int, world_size: int, device,
                  optimizer: str = "adam", precision: str = "fp32", seed: int = 0,
-                 prefetch: bool = True, trace: bool = False) -> Trainer:
+                 prefetch: bool = True, trace: bool = False, group=None) -> Trainer:
+    """``strategy``'s trainer over ``group`` (default: every rank; ``rank``/``world_size`` are
+    this rank's place in it)."""
     model = make_model(cfg, seed, device)
     if strategy == "ddp":
-        return DDPTrainer(model, rank, world_size, device, optimizer, precision)
+        return DDPTrainer(model, rank, world_size, device, optimizer, precision, group=group)
     if strategy in ("zero1", "zero2", "zero3"):
         return ZeroTrainer(model, rank, world_size, device, int(strategy[-1]), optimizer, precision,
-                           prefetch=prefetch, trace=trace)
+                           prefetch=prefetch, trace=trace, group=group)
     if strategy == "fsdp2":
-        return FSDP2Trainer(model, rank, world_size, device, optimizer, precision)
+        return FSDP2Trainer(model, rank, world_size, device, optimizer, precision, group=group)
     raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
 
 
@@ -332,7 +339,9 @@ def run_strategy(strategy: str, cfg: GPTConfig, batches, rank: int, world_size: 
     result = {"strategy": strategy, "losses": losses, "held": held,
               "sent": meter.sent if meter else None,
               "by_op": dict(meter.by_op) if meter else {}, "calls": dict(meter.calls) if meter else {},
-              "step_time_s": _median(times) if times else float("nan")}
+              "collectives": [(r.op, r.payload_bytes, r.input_bytes) for r in meter.records
+                              if r.op in REPLAYED] if meter else [],
+              "step_time_s": _median(times) if times else float("nan"), "step_times_s": times}
     if isinstance(trainer, ZeroTrainer):
         result["peak_gathered_units"] = trainer.engine.peak_gathered_units
         result["trace"] = list(trainer.engine.trace or [])
@@ -362,6 +371,120 @@ def _null():
 def _median(xs):
     xs = sorted(xs)
     return xs[len(xs) // 2] if len(xs) % 2 else 0.5 * (xs[len(xs) // 2 - 1] + xs[len(xs) // 2])
+
+
+# ---------------------------------------------------------------------------------------------
+# The lesson's predictions, checked (issue 28)
+# ---------------------------------------------------------------------------------------------
+
+#: the collectives a step's check replays (what the meter recorded, by torch.distributed's name)
+REPLAYED = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+#: messages one rank sends, one after the other, in each ring collective (lesson 1's model)
+RING_MESSAGES = {"all_reduce": lambda n: 2 * (n - 1), "all_gather": lambda n: n - 1,
+                 "reduce_scatter": lambda n: n - 1, "all_to_all": lambda n: n - 1}
+
+
+def compute_time(cfg: GPTConfig, batches, world_size: int, device, optimizer: str, precision: str) -> float:
+    """Seconds of one training step of this rank's share of the batch on one process, no
+    collective (the compute a strategy's step time is predicted from): the least disturbed of a
+    few steps, the slowest rank's."""
+    from ..experiment import max_over_ranks
+
+    trainer = SingleTrainer(make_model(cfg, 0, device), device, optimizer, precision)
+    return max_over_ranks(_least_disturbed(trainer, batches, world_size), device)
+
+
+def alone_time(strategy: str, cfg: GPTConfig, batches, world_size: int, device, optimizer: str,
+               precision: str, alone) -> float:
+    """Seconds of ``strategy``'s step on this rank's share of the batch in a group of this rank
+    alone (``alone``: ``dist.new_subgroups(1)``'s): the wrapper's hooks, copies and bookkeeping
+    with the same compute and no peer to wait for (the least disturbed of a few steps, the slowest
+    rank's)."""
+    from ..experiment import max_over_ranks
+
+    trainer = make_trainer(strategy, cfg, 0, 1, device, optimizer, precision, group=alone)
+    return max_over_ranks(_least_disturbed(trainer, batches, world_size), device)
+
+
+def _least_disturbed(trainer: Trainer, batches, world_size: int, timed: int = 4) -> float:
+    """The fastest of ``timed`` steps of ``trainer`` on one rank's share of the batches (after one
+    untimed step, which pays lazy initialisation): the step least disturbed by the machine's load."""
+    per = batches[0].shape[0] // world_size
+    trainer.step(batches[0][:per])
+    times = []
+    for i in range(timed):
+        t0 = time.perf_counter()
+        trainer.step(batches[(i + 1) % len(batches)][:per])
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def replay_time(collectives: list[tuple[str, int, int]], world_size: int, device, repeats: int = 5) -> float:
+    """Seconds the metered step's collectives take alone, back to back, same ops and sizes, no
+    compute (the least disturbed of ``repeats``, the slowest rank's)."""
+    from ..collectives import all_gather_into, reduce_scatter_into
+    from ..doctor import slowest_rank_times
+
+    f32 = lambda nbytes: torch.zeros(max(world_size, nbytes // 4 // world_size * world_size),  # noqa: E731
+                                     dtype=torch.float32, device=device)
+    calls = []
+    for op, payload, inp in collectives:
+        full = f32(payload)
+        if op == "all_reduce":
+            calls.append(lambda full=full: dist.all_reduce(full))
+        elif op == "all_gather":
+            calls.append(lambda full=full: all_gather_into(full, full[:full.numel() // world_size].clone()))
+        elif op == "reduce_scatter":
+            calls.append(lambda full=full: reduce_scatter_into(full[:full.numel() // world_size].clone(), full))
+        else:
+            calls.append(lambda full=full: dist.all_to_all_single(torch.empty_like(full), full))
+    return slowest_rank_times({"step": lambda: [c() for c in calls]}, repeats, device, stat="min")["step"]
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """What a strategy's step is timed on again, alone: the model, the batches, the optimizer
+    and precision, a group of this rank alone (``dist.new_subgroups(1)``'s), and the ranks' wait
+    for a core since the strategy began (stopped once everything is timed)."""
+    cfg: GPTConfig
+    batches: list
+    optimizer: str
+    precision: str
+    alone: Any
+    waited: CoreWait
+
+
+def strategy_checks(strategy: str, r: dict, held_total: int, predicted_bytes: float, predicted_sent: float,
+                    link: dict[str, float], inputs: StepInputs, world: int, device) -> list[Check]:
+    """The calculator's model-state bytes against the bytes this rank holds, and the step time
+    against compute + the α-β time of the strategy's collectives (its fastest timed step: the one
+    least disturbed by the machine's load, as the parts are timed): ``messages·α + bytes·β`` with
+    the messages of the collectives the meter saw (a ring's: 2(N−1) per all-reduce, N−1 per
+    all-gather or reduce-scatter) and the bytes of the calculator's ``comm_volume_per_step``, α and
+    β one link's (lesson 1, ``distai doctor``'s ping-pong on this group). A missed step time names
+    ``replayed_collectives``, the same collectives replayed alone minus their α-β time, and
+    ``strategy_overhead``, the strategy's step in a group of one rank (:func:`alone_time`) minus the
+    plain step's compute. Both are timed right after the strategy's steps (the machine's load
+    changes by the second), the compute, the step alone and the replay; ``detail`` keeps the ranks'
+    wait for a core per wall second over the strategy's steps and these timings (``run_queue_share``)."""
+    i = inputs
+    compute_s = compute_time(i.cfg, i.batches, world, device, i.optimizer, i.precision)
+    alone_s = alone_time(strategy, i.cfg, i.batches, world, device, i.optimizer, i.precision, i.alone)
+    memory = check(f"memory_{strategy}", predicted_bytes, float(held_total), "B",
+                   detail={"world_size": world})
+    messages = sum(RING_MESSAGES[op](world) for op, _, _ in r["collectives"])
+    comm = messages * link["alpha_s"] + predicted_sent * link["beta_s_per_byte"]
+    replay = replay_time(r["collectives"], world, device)
+    from ..experiment import max_over_ranks
+
+    step = max_over_ranks(min(r["step_times_s"], default=float("nan")), device)  # least disturbed, like the parts
+    i.waited.stop()
+    timed = check(f"step_time_{strategy}", compute_s + comm, step, "s",
+                  causes={"replayed_collectives": replay - comm, "strategy_overhead": alone_s - compute_s},
+                  detail={"compute_s": compute_s, "comm_alpha_beta_s": comm, "messages": messages,
+                          "alpha_s": link["alpha_s"], "beta_s_per_byte": link["beta_s_per_byte"],
+                          "replayed_s": replay, "alone_s": alone_s, "run_queue_share": i.waited.run_queue_share})
+    return [memory, timed]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -412,10 +535,12 @@ def run(ctx, args: argparse.Namespace) -> dict:
     if not args.no_check:
         reference, _ = reference_params(cfg, batches, args.optimizer, args.precision, device=ctx.device)
     rows = []
+    link, alone = _check_inputs(ctx)
     total_steps = len(args.strategies) * args.steps
     for k, strategy in enumerate(args.strategies):
         PHASE.emit(ev, {"name": strategy})
         PROGRESS.emit(ev, {"done": k * args.steps, "total": total_steps, "label": strategy})
+        waited = CoreWait(ctx.device).start()  # stopped once the step's check is timed
         r = run_strategy(strategy, cfg, batches, rank, world, ctx.device, args.optimizer,
                          args.precision, reference=reference, events=ev)
         held = r["held"]
@@ -435,6 +560,11 @@ def run(ctx, args: argparse.Namespace) -> dict:
                          "num_params": num_params, "precision": args.precision, "optimizer_name": args.optimizer})
         COMM.emit(ev, {"strategy": strategy, "sent": r["sent"], "by_op": r["by_op"], "calls": r["calls"],
                        "predicted": predicted_sent, "num_params": num_params})
+        if link is not None:
+            for c in strategy_checks(strategy, r, total, predicted, predicted_sent, link,
+                                     StepInputs(cfg, batches, args.optimizer, args.precision, alone, waited),
+                                     world, ctx.device):
+                CHECK.emit_fields(ev, c.event())
         STRATEGY_DONE.emit(ev, {"strategy": strategy, "step_time_s": r["step_time_s"],
                                 "max_abs_diff": r.get("max_abs_diff"), "final_loss": r["losses"][-1]})
         PROGRESS.emit(ev, {"done": (k + 1) * args.steps, "total": total_steps, "label": strategy})
@@ -448,6 +578,18 @@ def run(ctx, args: argparse.Namespace) -> dict:
                                "predicted_sent_bytes": ps, "step_time_s": st, "max_abs_diff": d,
                                "final_loss": losses[-1]}
                            for s, t, p, sent, ps, st, d, losses in rows}}
+
+
+def _check_inputs(ctx) -> tuple[dict[str, float] | None, Any]:
+    """One link's α and β (``distai doctor``'s measurement, on this group) and a group of this
+    rank alone: what every strategy's step time is predicted from and explained by (None alone:
+    nothing to check)."""
+    if ctx.world_size < 2:
+        return None, None
+    from ..doctor import link_alpha_beta
+
+    alone, _ = dist.new_subgroups(1)
+    return link_alpha_beta(ctx.device), alone
 
 
 def _print_table(rows, num_params, world, args):

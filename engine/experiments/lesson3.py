@@ -50,7 +50,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ...lessons.events import PROGRESS
+from ...lessons.events import CHECK, PROGRESS
+from ...lessons.lesson3 import checks as lesson_checks
 from ...lessons.lesson3.events import CHECKPOINT, CKPT_COST, COMPARE, FAILURE, PHASE, REDONE, RESTART, STEP
 from ...lessons.model_size import ModelSize, add_model_options
 from ..checkpoint import Checkpointer, ResumableSampler, TrainingState, read_checked, write_checked
@@ -382,6 +383,7 @@ def run(ctx, args) -> tuple[dict | None, int]:
         result.update(ckpt_cost=this.checkpoint_cost())
     if rank == 0:
         result.update(_run_history(events_dir, attempt, root))
+        result["checks"] = emit_checks(ctx.events, events_dir, args, result.get("ckpt_cost"))
         print(format_summary(result), flush=True)
     # a resumed run that differs from the uninterrupted one is the lesson's failure, not a crash
     status = 3 if not args.no_compare and not result["compare"]["identical"] and not args.forget else 0
@@ -397,6 +399,22 @@ def _run_history(events_dir: Path | None, attempt: int, root: Path) -> dict:
             "checkpoint_bytes": cks[-1]["bytes"] if cks else 0,
             "checkpoint_seconds_mean": (sum(c["seconds"] for c in cks) / len(cks)) if cks else 0.0,
             "checkpoint_dir": str(root)}
+
+
+def emit_checks(sink, events_dir: Path | None, args, cost: dict | None) -> list[dict]:
+    """The lesson's predictions against this run (rank 0, at the end; issue 28): the interval's
+    waste under the failures against Young's model, from every rank's and attempt's events, and
+    a synchronous checkpoint's cost against its write time (``lessons/lesson3/checks.py``)."""
+    events: list[dict] = []
+    if events_dir is not None and events_dir.is_dir():
+        for path in sorted(events_dir.glob("rank*.jsonl")):
+            events.extend(read_events(path))
+    found = [lesson_checks.interval_waste(events, args.steps, args.ckpt_every),
+             lesson_checks.checkpoint_cost(cost) if cost else None]
+    out = [c.event() for c in found if c is not None]
+    for fields in out:
+        CHECK.emit_fields(sink, fields)
+    return out
 
 
 class Attempt:
@@ -566,8 +584,11 @@ def checkpoint_cost(args, rank: int, world: int, device, folder: Path, checkpoin
     run without checkpoints of the same round (neighbours in time share the machine's load).
     Per mode: ``step_s``, the loop's time per step (the slowest rank's); ``blocked_s``, how long
     one save call held the loop; and for the two saving modes ``per_checkpoint_s``, the loop's
-    extra time per checkpoint against none (for async: the staging, and the background write's
-    share of the cores)."""
+    extra time per checkpoint against none (a mean over the rounds, like the next two, so that
+    they add up; for async: the staging, and the background write's
+    share of the cores), ``slower_steps_s``, the part of it the steps themselves took longer
+    (each step timed alone; a save leaves caches cold and, async, a writer sharing the cores), and
+    ``save_s``, the save calls' time per checkpoint, timed around each call."""
     import shutil
     import statistics
 
@@ -588,26 +609,36 @@ def checkpoint_cost(args, rank: int, world: int, device, folder: Path, checkpoin
     steps = checkpoints * every
     loops: dict[str, list[float]] = {"none": [], "sync": [], "async": []}
     blocked: dict[str, list[float]] = {"none": [], "sync": [], "async": []}
+    stepping: dict[str, list[float]] = {"none": [], "sync": [], "async": []}  # the steps alone, per round
+    saving: dict[str, list[float]] = {"none": [], "sync": [], "async": []}  # the save calls, per round
     for _ in range(rounds):
         for mode in ("none", "sync", "async"):
             state, trainer = fresh()
             ckpt = Checkpointer(folder / mode, rank, world, form="dcp", keep=1)
             dist.barrier()
-            t0 = time.perf_counter()
+            t0, in_steps, in_saves = time.perf_counter(), 0.0, 0.0
             for i in range(1, steps + 1):
+                t_step0 = time.perf_counter()
                 trainer.step()
+                in_steps += time.perf_counter() - t_step0
                 if mode != "none" and i % every == 0:
+                    t_save0 = time.perf_counter()
                     blocked[mode].append((ckpt.save if mode == "sync" else ckpt.save_async)(state).seconds)
+                    in_saves += time.perf_counter() - t_save0
             loops[mode].append(max_over_ranks(time.perf_counter() - t0, device))
+            stepping[mode].append(max_over_ranks(in_steps, device))
+            saving[mode].append(max_over_ranks(in_saves, device))
             ckpt.wait()
     dist.barrier()
     if rank == 0:
         shutil.rmtree(folder, ignore_errors=True)
-    med = statistics.median
+    med, mean = statistics.median, statistics.fmean
     out = {mode: {"step_s": med(loops[mode]) / steps, "blocked_s": max_over_ranks(med(blocked[mode]), device) if blocked[mode] else 0.0}
            for mode in loops}
     for mode in ("sync", "async"):  # paired with the run without checkpoints of the same round
-        out[mode]["per_checkpoint_s"] = med(a - b for a, b in zip(loops[mode], loops["none"])) / checkpoints
+        out[mode]["per_checkpoint_s"] = mean(a - b for a, b in zip(loops[mode], loops["none"])) / checkpoints
+        out[mode]["slower_steps_s"] = mean(a - b for a, b in zip(stepping[mode], stepping["none"])) / checkpoints
+        out[mode]["save_s"] = mean(saving[mode]) / checkpoints
     return {"steps": steps, "every": every, "write_s": t_write, **out}
 
 

@@ -6,7 +6,8 @@ from ..events import Envelope, EventKind, NotRequired
 
 
 class Phase(shared.Phase):
-    """``start`` (the run's size), ``check``, ``train`` (the model's), ``sweep`` (its sizes)."""
+    """``start`` (the run's size), ``check``, ``train`` (the model's), ``sweep`` (its sizes),
+    ``predict`` (the sizes whose all-reduce time is checked against the ring formula)."""
     n: NotRequired[int]
     backend: NotRequired[str]
     device: NotRequired[str]

@@ -93,10 +93,13 @@ class Compare(Envelope):
 
 class ModeCost(TypedDict):
     """One checkpoint mode's cost: the loop's seconds per step, a save's blocking seconds and,
-    saving, the loop's extra seconds per checkpoint against none."""
+    saving, the loop's extra seconds per checkpoint against none, and the part of them its steps
+    took longer (``slower_steps_s``) and its save calls took (``save_s``), per checkpoint."""
     step_s: float
     blocked_s: float
     per_checkpoint_s: NotRequired[float]
+    slower_steps_s: NotRequired[float]
+    save_s: NotRequired[float]
 
 
 # "async" is a keyword: these fields need the functional form
