@@ -34,12 +34,11 @@ from ..lessons.capstone.calibrated import (
     gemm_shapes,
     layer_bytes,
     predict,
-    uncounted_collectives_s,
+    predict_run,
 )
 from ..lessons.checks import Check, check
 from ..lessons.events import CHECK
 from .doctor import concurrent_pairs_alpha_beta
-from .experiment import max_over_ranks
 
 PROFILE_FILE = "machine_profile.json"
 PROFILE_MAX_AGE_S = 3600.0  # a profile older than this is measured again
@@ -196,6 +195,21 @@ def run_shape(plan: Any) -> RunShape:
                     chunks=plan.chunks, zero=plan.args.zero, elem_bytes=getattr(torch, plan.dtype).itemsize)
 
 
+def run_comm(plan: Any) -> tuple[list[dict], list[int]]:
+    """What every pipeline rank of ``plan``'s run sends per step on each group, from the formulas
+    the run's communication account checks exactly (:func:`~distai.engine.mesh.expected_comm`), and
+    the layers it holds: the prediction's input (:func:`~distai.lessons.capstone.calibrated.predict_run`)."""
+    from . import mesh as M
+
+    s, cfg, v = plan.shape, plan.model, plan.chunks
+    n_stages = s.pp * (v if plan.schedule == "interleaved" else 1)
+    accounts = [M.expected_comm(cfg, s, r, microbatches=plan.microbatches, microbatch_size=plan.microbatch_size,
+                                schedule=plan.schedule, chunks=v, zero=plan.args.zero,
+                                elem_size=getattr(torch, plan.dtype).itemsize) for r in range(s.pp)]
+    layers = [sum(len(M.stage_layers(cfg, n_stages, st)) for st in range(r, n_stages, s.pp)) for r in range(s.pp)]
+    return accounts, layers
+
+
 def _rates_now(ctx: Any, run: RunShape, dtype: str) -> dict[str, float]:
     """The rates measured again by the run's own ranks, all at once, right after its steps: the
     median over the ranks (every rank gets them)."""
@@ -209,12 +223,14 @@ def check_step_time(ctx: Any, plan: Any, times: list[float], metered_step: int, 
     """On every rank, after the capstone's steps: the ``check`` event ``capstone_step_time`` (rank 0
     emits it and returns it; the others return None). Measured: the mean step time of the timed
     steps (each the slowest rank's span; the first and the metered step left out). Predicted: the
-    planner's step time (:func:`distai.lessons.capstone.calibrated.predict`) from the profile
-    ``distai calc plan --calibrate`` saved for this run, else from the rates the run's ranks
-    measure now. Causes, each measured on its own: ``slower_since_calibration``, the same
-    prediction from the rates measured now minus the one from the saved profile (the machine got
-    busier: CPU contention), and ``uncounted_collectives``, the calls of the metered step beyond (or
-    short of) the planner's count in every group, on the rank with the most, at their α-β time. Runs with experts are not predicted (None)."""
+    run's own model (:func:`distai.lessons.capstone.calibrated.predict_run`: every call the formulas
+    count, which the metered step matches exactly, at the measured α-β; unequal stages; lesson 5's
+    replay of the schedule) from the profile ``distai calc plan --calibrate`` saved for this run,
+    else from the rates the run's ranks measure now. Cause, measured on its own:
+    ``slower_since_calibration``, the same prediction from the rates measured now (all ranks at
+    once, right after the steps) minus the one from the saved profile (the machine got busier: CPU
+    contention). The planner's own prediction (:func:`~distai.lessons.capstone.calibrated.predict`)
+    is in the detail as ``planner_step_time_s``. Runs with experts are not predicted (None)."""
     if getattr(plan.shape, "moe", False):
         return None
     run = run_shape(plan)
@@ -222,15 +238,17 @@ def check_step_time(ctx: Any, plan: Any, times: list[float], metered_step: int, 
     if ctx.world_size > 1:
         dist.broadcast_object_list(box, src=0)
     saved, now = box[0], _rates_now(ctx, run, plan.dtype)
-    uncounted = max_over_ranks(uncounted_collectives_s(run, now, account or {}))
     if ctx.rank != 0:
         return None
+    accounts, layers = run_comm(plan)
     timed = [t for i, t in enumerate(times) if i not in (0, metered_step)] or times
-    predicted = predict(run, saved or now)
-    causes = {"uncounted_collectives": uncounted}
+    predicted = predict_run(run, saved or now, accounts, layers)
+    causes = {}
     if saved is not None:
-        causes["slower_since_calibration"] = predict(run, now)["step_time_s"] - predicted["step_time_s"]
+        causes["slower_since_calibration"] = predict_run(run, now, accounts, layers)["step_time_s"] \
+            - predicted["step_time_s"]
     detail = {k: float(v) for k, v in predicted.items()}
+    detail["planner_step_time_s"] = predict(run, saved or now)["step_time_s"]
     detail.update(calibrated_before_run=float(saved is not None), load=os.getloadavg()[0],
                   **{f"rate_{k}": float((saved or now)[k]) for k in RATES}, **{f"now_{k}": now[k] for k in RATES})
     result = check("capstone_step_time", predicted["step_time_s"], statistics.fmean(timed), "s",
@@ -265,4 +283,5 @@ def plan_profile(values: dict) -> dict:
     except ValueError as exc:  # MeshConfigError, the shape check's ShapeError
         raise CalcError(f"the capstone run cannot take this: {exc}") from None
     run = run_shape(plan)
-    return {"run": run.as_dict(), "profile": machine_profile(run, plan.dtype)}
+    accounts, layers = run_comm(plan)
+    return {"run": run.as_dict(), "profile": machine_profile(run, plan.dtype), "accounts": accounts, "layers": layers}
