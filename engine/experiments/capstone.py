@@ -32,7 +32,7 @@ from ...lessons.capstone.events import MESH_COMM, MESH_CONFIG, MESH_STEP, STEP, 
 from ...lessons.events import METRIC, PHASE, PROGRESS
 from ...lessons.units import format_bytes
 from .. import mesh as M
-from ..calibrate import check_step_time
+from ..calibrate import call_seconds, check_step_time
 from ..comm_trace import traced_step
 from ..experiment import exit_with, max_over_ranks, run_experiment, run_language, summary_lines
 from ..mesh_args import MeshConfigError, plan_run
@@ -119,7 +119,7 @@ def run(ctx, raw: argparse.Namespace) -> dict | None:
     meter = M.MeshCommMeter(mesh.groups)
     metered_step = 1 if args.steps > 1 else 0  # the first step also pays for warm-up
     steps = _train(ctx, args, cfg, mesh, trainer, (m, b), reference, meter, metered_step)
-    check_step_time(ctx, plan, steps.times, metered_step, steps.account)  # vs the planner, calibrated here
+    check_step_time(ctx, plan, steps.times, metered_step, steps.account, steps.call_s)  # calibrated here
     expected = M.expected_comm(cfg, shape, mesh.pp_rank, microbatches=m, microbatch_size=b, schedule=schedule,
                                chunks=v, zero=args.zero, elem_size=dtype.itemsize, backend=ctx.backend, moe=moe,
                                routed_rows=steps.routed_rows)
@@ -176,6 +176,7 @@ class _Steps:
     loss_diffs: list[float] = field(default_factory=list)
     param_diffs: list[float] = field(default_factory=list)
     account: Any = None  # the metered step's communication
+    call_s: dict[str, float] = field(default_factory=dict)  # … and its calls' seconds per group
     routed_rows: list[tuple[int, int]] = field(default_factory=list)  # … and the token rows its experts moved
 
 
@@ -199,6 +200,7 @@ def _train(ctx, args, cfg, mesh, trainer, microbatches: tuple[int, int], referen
                 with meter:
                     result = trainer.step(*mine)
                 out.account, out.routed_rows = meter.account(), list(trainer.routed_rows)
+                out.call_s = call_seconds(meter)
             else:
                 result = trainer.step(*mine)
         MESH_STEP.emit(ev, {"step": step, "pp": mesh.pp_rank, "dp": mesh.dp_rank, "tp": mesh.tp_rank,

@@ -12,6 +12,13 @@ measured on this machine (:mod:`distai.engine.calibrate`) at the run's own sizes
   the run's bytes per element / 2;
 - the pipeline's bubble as the planner counts it, (pp − 1)/v slots.
 
+That is the planner's view (:func:`predict`), and on a tiny CPU run it is 2-3× too low: the run makes
+more calls than the planner counts. :func:`predict_run` is the run's own step: every group's calls as
+the formulas count them (the run's meter matches them exactly; ring attention's hops for CP), each at
+lesson 1's α-β time; the first stage's embedding and the last's head and loss on top of their layers;
+lesson 5's simulator replaying the schedule with these unequal stages. The calibration and the run
+see the same CPU contention: the rates are measured with as many processes as the run has ranks.
+
 Pure: a profile is a plain dict (``gemm_flops``, ``elementwise_bytes_per_s``, ``alpha_s``,
 ``beta_s_per_byte``).
 """
