@@ -221,6 +221,17 @@ def _rates_now(ctx: Any, run: RunShape, dtype: str) -> dict[str, float]:
     return {key: statistics.median(r[key] for r in everyone) for key in mine}
 
 
+def cpu_clock() -> tuple[float, float]:
+    """This process's CPU seconds (all its threads) and its main thread's seconds spent runnable on
+    a run queue with no core free (``/proc/self/schedstat``'s second field; 0 where there is none):
+    read before and after a step, how much of it the rank computed and how long it waited for a core."""
+    try:
+        wait = int(Path("/proc/self/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        wait = 0.0
+    return time.process_time(), wait
+
+
 def call_seconds(meter: Any) -> dict[str, float]:
     """Per group, the seconds this rank's metered calls lasted, issue to completion (the meter's
     ``t0``, ``t1``); receives left out (their wait is for the sender's work, the pipeline's bubble)."""
@@ -241,7 +252,7 @@ def _slow_collectives(run: RunShape, rates: dict, account: dict | None, seconds:
 
 
 def check_step_time(ctx: Any, plan: Any, times: list[float], metered_step: int, account: dict | None,
-                    seconds: dict[str, float] | None = None) -> Check | None:
+                    seconds: dict[str, float] | None = None, cpu: tuple[float, float] = (0.0, 0.0)) -> Check | None:
     """On every rank, after the capstone's steps: the ``check`` event ``capstone_step_time`` (rank 0
     emits it and returns it; the others return None). Measured: the mean step time of the timed
     steps (each the slowest rank's span; the first and the metered step left out). Predicted: the
@@ -254,7 +265,9 @@ def check_step_time(ctx: Any, plan: Any, times: list[float], metered_step: int, 
     contention); ``slow_collective`` (with ``seconds``, each group's seconds of the metered step's
     calls on this rank, :func:`call_seconds`): how much longer they lasted than the same calls at
     the rates measured now, on the rank where that is most. The planner's own prediction (:func:`~distai.lessons.capstone.calibrated.predict`)
-    is in the detail as ``planner_step_time_s``. Runs with experts are not predicted (None)."""
+    is in the detail as ``planner_step_time_s``; ``cpu`` (this rank's CPU seconds and run-queue wait
+    per timed step, :func:`cpu_clock`) gives the detail's ``cpu_s_per_step`` (all ranks) and
+    ``runqueue_s_per_step`` (the rank that waited most). Runs with experts are not predicted (None)."""
     if getattr(plan.shape, "moe", False):
         return None
     run = run_shape(plan)
@@ -263,6 +276,8 @@ def check_step_time(ctx: Any, plan: Any, times: list[float], metered_step: int, 
         dist.broadcast_object_list(box, src=0)
     saved, now = box[0], _rates_now(ctx, run, plan.dtype)
     slow = max_over_ranks(_slow_collectives(run, now, account, seconds)) if seconds is not None else None
+    clocks: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(clocks, cpu)
     if ctx.rank != 0:
         return None
     accounts, layers = run_comm(plan)
@@ -274,6 +289,10 @@ def check_step_time(ctx: Any, plan: Any, times: list[float], metered_step: int, 
             - predicted["step_time_s"]
     detail = {k: float(v) for k, v in predicted.items()}
     detail["planner_step_time_s"] = predict(run, saved or now)["step_time_s"]
+    # CPU oversubscription, measured over the timed steps: the ranks' CPU seconds per step (all
+    # ranks; at most cores × the step) and the longest wait of a rank for a core per step
+    detail.update(cpu_s_per_step=sum(c[0] for c in clocks), runqueue_s_per_step=max(c[1] for c in clocks),
+                  cores=float(os.cpu_count() or 1))
     detail.update(calibrated_before_run=float(saved is not None), load=os.getloadavg()[0],
                   **{f"rate_{k}": float((saved or now)[k]) for k in RATES}, **{f"now_{k}": now[k] for k in RATES})
     result = check("capstone_step_time", predicted["step_time_s"], statistics.fmean(timed), "s",

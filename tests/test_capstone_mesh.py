@@ -257,6 +257,9 @@ def test_the_experiment_streams_its_check_and_its_communication_account(tmp_path
     assert [a["tp"]["calls"] for a in accounts] == [measured[stage]["tp"]["calls"] for stage in (0, 1)]
     again = cal.predict_run(run_shape(plan), rates, accounts, layers)
     assert check["predicted"] == pytest.approx(again["step_time_s"], rel=1e-9)
+    # the ranks' CPU over the timed steps: at most the machine's cores for the step's span
+    d = check["detail"]
+    assert 0 < d["cpu_s_per_step"] <= d["cores"] * check["measured"] * 1.05 and d["runqueue_s_per_step"] >= 0
     c = reconcile(check)
     assert c.ok == check["ok"] and (c.ok or set(c.causes) == {"slow_collective"})  # no saved profile
     print("capstone step time:", check)
