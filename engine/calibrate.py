@@ -31,10 +31,11 @@ import torch.nn.functional as F
 from ..lessons.calculator import CalcError
 from ..lessons.capstone.calibrated import (
     RunShape,
+    account_s,
     gemm_shapes,
     layer_bytes,
     predict,
-    uncounted_collectives_s,
+    predict_run,
 )
 from ..lessons.checks import Check, check
 from ..lessons.events import CHECK
@@ -196,25 +197,77 @@ def run_shape(plan: Any) -> RunShape:
                     chunks=plan.chunks, zero=plan.args.zero, elem_bytes=getattr(torch, plan.dtype).itemsize)
 
 
+def run_comm(plan: Any) -> tuple[list[dict], list[int]]:
+    """What every pipeline rank of ``plan``'s run sends per step on each group, from the formulas
+    the run's communication account checks exactly (:func:`~distai.engine.mesh.expected_comm`), and
+    the layers it holds: the prediction's input (:func:`~distai.lessons.capstone.calibrated.predict_run`)."""
+    from . import mesh as M
+
+    s, cfg, v = plan.shape, plan.model, plan.chunks
+    n_stages = s.pp * (v if plan.schedule == "interleaved" else 1)
+    accounts = [M.expected_comm(cfg, s, r, microbatches=plan.microbatches, microbatch_size=plan.microbatch_size,
+                                schedule=plan.schedule, chunks=v, zero=plan.args.zero,
+                                elem_size=getattr(torch, plan.dtype).itemsize) for r in range(s.pp)]
+    layers = [sum(len(M.stage_layers(cfg, n_stages, st)) for st in range(r, n_stages, s.pp)) for r in range(s.pp)]
+    return accounts, layers
+
+
 def _rates_now(ctx: Any, run: RunShape, dtype: str) -> dict[str, float]:
     """The rates measured again by the run's own ranks, all at once, right after its steps: the
     median over the ranks (every rank gets them)."""
-    mine = _measure_rank(ctx.rank, ctx.world_size, run.as_dict(), dtype, repeats=20, device=ctx.device)
+    mine = _measure_rank(ctx.rank, ctx.world_size, run.as_dict(), dtype, device=ctx.device)  # as calibrated
     everyone: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(everyone, mine)
     return {key: statistics.median(r[key] for r in everyone) for key in mine}
 
 
-def check_step_time(ctx: Any, plan: Any, times: list[float], metered_step: int, account: dict | None) -> Check | None:
+def cpu_clock() -> tuple[float, float]:
+    """This process's CPU seconds (all its threads) and its main thread's seconds spent runnable on
+    a run queue with no core free (``/proc/self/schedstat``'s second field; 0 where there is none):
+    read before and after a step, how much of it the rank computed and how long it waited for a core."""
+    try:
+        wait = int(Path("/proc/self/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        wait = 0.0
+    return time.process_time(), wait
+
+
+def call_seconds(meter: Any) -> dict[str, float]:
+    """Per group, the seconds this rank's metered calls lasted, issue to completion (the meter's
+    ``t0``, ``t1``); receives left out (their wait is for the sender's work, the pipeline's bubble)."""
+    out: dict[str, float] = {}
+    for r in meter.records:
+        if r.t1 is not None and r.op != "recv":
+            dim = meter.dims.get(r.group, "other")
+            out[dim] = out.get(dim, 0.0) + r.t1 - r.t0
+    return out
+
+
+def _slow_collectives(run: RunShape, rates: dict, account: dict | None, seconds: dict[str, float] | None) -> float:
+    """How much longer this rank's metered calls lasted than the prediction prices them at
+    (:func:`~distai.lessons.capstone.calibrated.account_s` of the same calls), in every group but the
+    pipeline's (a send's time there waits on the other stage: the bubble)."""
+    priced = account_s(run, rates, account or {})
+    return sum(t - priced.get(dim, 0.0) for dim, t in (seconds or {}).items() if dim in priced and dim != "pp")
+
+
+def check_step_time(ctx: Any, plan: Any, times: list[float], metered_step: int, account: dict | None,
+                    seconds: dict[str, float] | None = None, cpu: tuple[float, float] = (0.0, 0.0)) -> Check | None:
     """On every rank, after the capstone's steps: the ``check`` event ``capstone_step_time`` (rank 0
     emits it and returns it; the others return None). Measured: the mean step time of the timed
     steps (each the slowest rank's span; the first and the metered step left out). Predicted: the
-    planner's step time (:func:`distai.lessons.capstone.calibrated.predict`) from the profile
-    ``distai calc plan --calibrate`` saved for this run, else from the rates the run's ranks
-    measure now. Causes, each measured on its own: ``slower_since_calibration``, the same
-    prediction from the rates measured now minus the one from the saved profile (the machine got
-    busier: CPU contention), and ``uncounted_collectives``, the calls of the metered step beyond (or
-    short of) the planner's count in every group, on the rank with the most, at their α-β time. Runs with experts are not predicted (None)."""
+    run's own model (:func:`distai.lessons.capstone.calibrated.predict_run`: every call the formulas
+    count, which the metered step matches exactly, at the measured α-β; unequal stages; lesson 5's
+    replay of the schedule) from the profile ``distai calc plan --calibrate`` saved for this run,
+    else from the rates the run's ranks measure now. Cause, measured on its own:
+    ``slower_since_calibration``, the same prediction from the rates measured now (all ranks at
+    once, right after the steps) minus the one from the saved profile (the machine got busier: CPU
+    contention); ``slow_collective`` (with ``seconds``, each group's seconds of the metered step's
+    calls on this rank, :func:`call_seconds`): how much longer they lasted than the same calls at
+    the rates measured now, on the rank where that is most. The planner's own prediction (:func:`~distai.lessons.capstone.calibrated.predict`)
+    is in the detail as ``planner_step_time_s``; ``cpu`` (this rank's CPU seconds and run-queue wait
+    per timed step, :func:`cpu_clock`) gives the detail's ``cpu_s_per_step`` (all ranks) and
+    ``runqueue_s_per_step`` (the rank that waited most). Runs with experts are not predicted (None)."""
     if getattr(plan.shape, "moe", False):
         return None
     run = run_shape(plan)
@@ -222,15 +275,24 @@ def check_step_time(ctx: Any, plan: Any, times: list[float], metered_step: int, 
     if ctx.world_size > 1:
         dist.broadcast_object_list(box, src=0)
     saved, now = box[0], _rates_now(ctx, run, plan.dtype)
-    uncounted = max_over_ranks(uncounted_collectives_s(run, now, account or {}))
+    slow = max_over_ranks(_slow_collectives(run, now, account, seconds)) if seconds is not None else None
+    clocks: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(clocks, cpu)
     if ctx.rank != 0:
         return None
+    accounts, layers = run_comm(plan)
     timed = [t for i, t in enumerate(times) if i not in (0, metered_step)] or times
-    predicted = predict(run, saved or now)
-    causes = {"uncounted_collectives": uncounted}
+    predicted = predict_run(run, saved or now, accounts, layers)
+    causes = {} if slow is None else {"slow_collective": slow}
     if saved is not None:
-        causes["slower_since_calibration"] = predict(run, now)["step_time_s"] - predicted["step_time_s"]
+        causes["slower_since_calibration"] = predict_run(run, now, accounts, layers)["step_time_s"] \
+            - predicted["step_time_s"]
     detail = {k: float(v) for k, v in predicted.items()}
+    detail["planner_step_time_s"] = predict(run, saved or now)["step_time_s"]
+    # CPU oversubscription, measured over the timed steps: the ranks' CPU seconds per step (all
+    # ranks; at most cores × the step) and the longest wait of a rank for a core per step
+    detail.update(cpu_s_per_step=sum(c[0] for c in clocks), runqueue_s_per_step=max(c[1] for c in clocks),
+                  cores=float(os.cpu_count() or 1))
     detail.update(calibrated_before_run=float(saved is not None), load=os.getloadavg()[0],
                   **{f"rate_{k}": float((saved or now)[k]) for k in RATES}, **{f"now_{k}": now[k] for k in RATES})
     result = check("capstone_step_time", predicted["step_time_s"], statistics.fmean(timed), "s",
@@ -265,4 +327,5 @@ def plan_profile(values: dict) -> dict:
     except ValueError as exc:  # MeshConfigError, the shape check's ShapeError
         raise CalcError(f"the capstone run cannot take this: {exc}") from None
     run = run_shape(plan)
-    return {"run": run.as_dict(), "profile": machine_profile(run, plan.dtype)}
+    accounts, layers = run_comm(plan)
+    return {"run": run.as_dict(), "profile": machine_profile(run, plan.dtype), "accounts": accounts, "layers": layers}

@@ -60,6 +60,65 @@ def test_uncounted_collectives_are_each_charged_at_their_ring_time():
     assert cal.uncounted_collectives_s(RUN, PROFILE, fewer) == pytest.approx(-4 * a, rel=1e-12)
 
 
+def _expected(run):
+    """Every pipeline rank's calls from the formulas the run's meter checks exactly, and its layers."""
+    from distai.engine.calibrate import run_comm
+    from distai.engine.mesh_args import plan_run
+
+    argv = [f"--{k}={getattr(run, k)}" for k in ("dp", "tp", "pp")] + (["--cp", str(run.cp)] if run.cp > 1 else [])
+    argv += ["--layers", str(run.layers), "--hidden", str(run.hidden), "--heads", str(run.heads), "--seq",
+             str(run.seq), "--vocab", str(run.vocab), "--microbatches", str(run.microbatches),
+             "--microbatch-size", str(run.micro_batch), "--dtype", "float32"]
+    return run_comm(plan_run(argv, run.world, cuda=False))
+
+
+def test_every_call_the_run_makes_is_priced_at_its_ring_time():
+    """account_s prices the formulas' count: an all-reduce at lesson 1's ring time for the bytes it
+    sent, an all-gather likewise, a send one message α + S·β, a receive nothing (its send is priced)."""
+    a, b = PROFILE["alpha_s"], PROFILE["beta_s_per_byte"]
+    account = {"tp": {"ops": {"all_reduce": {"calls": 3, "bytes": 3 * 64.0},
+                              "all_gather": {"calls": 2, "bytes": 2 * 512.0}}},
+               "pp": {"ops": {"send": {"calls": 4, "bytes": 4 * 256.0}, "recv": {"calls": 4, "bytes": 0.0}}}}
+    priced = cal.account_s(RUN, PROFILE, account)
+    assert priced["tp"] == pytest.approx(3 * ring_allreduce_time(64.0, 2, a, b)
+                                         + 2 * ring_allgather_time(1024.0, 2, a, b), rel=1e-12)
+    assert priced["pp"] == pytest.approx(4 * (a + 256.0 * b), rel=1e-12)
+
+
+def test_the_run_model_uses_the_runs_calls_and_its_unequal_stages():
+    """predict_run: every TP call of the formulas (the embedding's, the head's, the loss's all-reduces:
+    more than the planner counts), the last stage slower than the first by its head and loss, the
+    1F1B bubble lesson 5's replay gives for these two stages (the first stage's slot: it fills the
+    pipe and drains it), and its terms adding up to the step."""
+    accounts, layers = _expected(RUN)
+    assert layers == [2, 2] and accounts[1]["tp"]["calls"] > accounts[0]["tp"]["calls"]
+    assert accounts[1]["tp"]["calls"] > sum(cal.planner_tp_calls(RUN).values())
+    p = cal.predict_run(RUN, PROFILE, accounts, layers)
+    assert p["step_time_s"] == pytest.approx(sum(p[k] for k in cal.TERMS), rel=1e-12)
+    first, last = cal.ends_s(RUN, PROFILE)
+    assert last > first > 0
+    priced = [cal.account_s(RUN, PROFILE, acc) for acc in accounts]
+    slot = [layers[i] * cal.layer_s(RUN, PROFILE) + (priced[i]["tp"]) / 4 for i in range(2)]
+    slot[0], slot[1] = slot[0] + first, slot[1] + last
+    assert p["compute_s"] + p["tp_comm_s"] == pytest.approx(4 * slot[1], rel=1e-12)
+    assert p["bubble_s"] == pytest.approx(slot[0], rel=1e-9)
+    assert p["tp_comm_s"] == pytest.approx(priced[1]["tp"], rel=1e-12)
+    assert p["dp_comm_exposed_s"] == max(c["dp"] for c in priced) > 0
+    slow_link = cal.predict_run(RUN, dict(PROFILE, alpha_s=2e-3), accounts, layers)
+    assert slow_link["compute_s"] == p["compute_s"] and slow_link["tp_comm_s"] > 1.9 * p["tp_comm_s"]
+
+
+def test_ring_attention_is_priced_by_its_hops():
+    """With cp 2 the CP group's calls are the ring's K/V hops (the context lesson's count), each one
+    message at α + S·β."""
+    run = cal.RunShape(**dict(RUN.as_dict(), dp=1, cp=2))
+    accounts, layers = _expected(run)
+    sends = accounts[0]["cp"]["ops"]["send"]
+    p = cal.predict_run(run, PROFILE, accounts, layers)
+    one = PROFILE["alpha_s"] + sends["bytes"] / sends["calls"] * PROFILE["beta_s_per_byte"]
+    assert p["cp_comm_s"] == pytest.approx(sends["calls"] * one, rel=1e-12) and sends["calls"] > 0
+
+
 def _calc(capsys, *argv):
     code = main(["calc", "plan", *argv])
     out = capsys.readouterr()
@@ -77,7 +136,9 @@ def test_calc_plan_calibrate_measures_saves_and_reuses_the_profile(capsys, tmp_p
     assert saved["run"] == r["run"] and (r["run"]["tp"], r["run"]["pp"], r["run"]["dp"]) == (2, 1, 1)
     for key in ("gemm_flops", "elementwise_bytes_per_s", "alpha_s"):
         assert math.isfinite(saved[key]) and saved[key] > 0, key
-    assert r["prediction"] == pytest.approx(cal.predict(cal.RunShape(**r["run"]), saved), rel=1e-12)
+    assert r["planner"] == pytest.approx(cal.predict(cal.RunShape(**r["run"]), saved), rel=1e-12)
+    p = r["prediction"]
+    assert p["step_time_s"] == pytest.approx(sum(p[k] for k in cal.TERMS), rel=1e-12) and p["tp_comm_s"] > 0
     code, out, err = _calc(capsys, "--calibrate", "--dp", "1", "--tp", "2", "--pp", "1")
     assert code == 0, err
     assert json.loads((tmp_path / "machine_profile.json").read_text())["measured_at"] == saved["measured_at"]

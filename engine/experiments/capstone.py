@@ -32,7 +32,7 @@ from ...lessons.capstone.events import MESH_COMM, MESH_CONFIG, MESH_STEP, STEP, 
 from ...lessons.events import METRIC, PHASE, PROGRESS
 from ...lessons.units import format_bytes
 from .. import mesh as M
-from ..calibrate import check_step_time
+from ..calibrate import call_seconds, check_step_time, cpu_clock
 from ..comm_trace import traced_step
 from ..experiment import exit_with, max_over_ranks, run_experiment, run_language, summary_lines
 from ..mesh_args import MeshConfigError, plan_run
@@ -119,7 +119,9 @@ def run(ctx, raw: argparse.Namespace) -> dict | None:
     meter = M.MeshCommMeter(mesh.groups)
     metered_step = 1 if args.steps > 1 else 0  # the first step also pays for warm-up
     steps = _train(ctx, args, cfg, mesh, trainer, (m, b), reference, meter, metered_step)
-    check_step_time(ctx, plan, steps.times, metered_step, steps.account)  # vs the planner, calibrated here
+    timed_cpu = [c for i, c in enumerate(steps.cpu) if i not in (0, metered_step)] or steps.cpu
+    cpu = (statistics.fmean(c[0] for c in timed_cpu), statistics.fmean(c[1] for c in timed_cpu))
+    check_step_time(ctx, plan, steps.times, metered_step, steps.account, steps.call_s, cpu)  # calibrated here
     expected = M.expected_comm(cfg, shape, mesh.pp_rank, microbatches=m, microbatch_size=b, schedule=schedule,
                                chunks=v, zero=args.zero, elem_size=dtype.itemsize, backend=ctx.backend, moe=moe,
                                routed_rows=steps.routed_rows)
@@ -176,6 +178,8 @@ class _Steps:
     loss_diffs: list[float] = field(default_factory=list)
     param_diffs: list[float] = field(default_factory=list)
     account: Any = None  # the metered step's communication
+    call_s: dict[str, float] = field(default_factory=dict)  # … and its calls' seconds per group
+    cpu: list[tuple[float, float]] = field(default_factory=list)  # each step's CPU and run-queue seconds
     routed_rows: list[tuple[int, int]] = field(default_factory=list)  # … and the token rows its experts moved
 
 
@@ -193,14 +197,18 @@ def _train(ctx, args, cfg, mesh, trainer, microbatches: tuple[int, int], referen
         # (the others are timed, so they run without the meter)
         if step == metered_step:
             meter.reset()
+        clock = cpu_clock()
         with traced_step(ev, f"step {step}", groups=mesh.groups, collectives=step == metered_step, meter=meter,
                          step=step):
             if step == metered_step:
                 with meter:
                     result = trainer.step(*mine)
                 out.account, out.routed_rows = meter.account(), list(trainer.routed_rows)
+                out.call_s = call_seconds(meter)
             else:
                 result = trainer.step(*mine)
+        after = cpu_clock()
+        out.cpu.append((after[0] - clock[0], after[1] - clock[1]))
         MESH_STEP.emit(ev, {"step": step, "pp": mesh.pp_rank, "dp": mesh.dp_rank, "tp": mesh.tp_rank,
                             "cp": mesh.cp_rank, "ep": mesh.ep_rank, "t_start": result.t_start, "t_pipeline_end": result.pipeline.t_end,
                             "t_end": result.t_end})

@@ -12,6 +12,13 @@ measured on this machine (:mod:`distai.engine.calibrate`) at the run's own sizes
   the run's bytes per element / 2;
 - the pipeline's bubble as the planner counts it, (pp − 1)/v slots.
 
+That is the planner's view (:func:`predict`), and on a tiny CPU run it is 2-3× too low: the run makes
+more calls than the planner counts. :func:`predict_run` is the run's own step: every group's calls as
+the formulas count them (the run's meter matches them exactly; ring attention's hops for CP), each at
+lesson 1's α-β time; the first stage's embedding and the last's head and loss on top of their layers;
+lesson 5's simulator replaying the schedule with these unequal stages. The calibration and the run
+see the same CPU contention: the rates are measured with as many processes as the run has ranks.
+
 Pure: a profile is a plain dict (``gemm_flops``, ``elementwise_bytes_per_s``, ``alpha_s``,
 ``beta_s_per_byte``).
 """
@@ -118,6 +125,95 @@ def predict(run: RunShape, profile: dict) -> dict:
     return {"step_time_s": c.step_time_s, "microbatches": c.microbatches, **{k: c.time[k] for k in TERMS}}
 
 
+def call_s(op: str, sent: float, n: int, alpha: float, beta: float) -> float:
+    """One call's time at lesson 1's α-β cost, from the bytes one rank sent in it (the meter's and
+    the formulas' account): a ring all-reduce sends 2(n−1)/n·S, an all-gather or reduce-scatter
+    (n−1)/n·S; a send (or anything else) is one message α + S·β; a receive is the other end of a
+    send, priced on the sender (0)."""
+    if op == "recv":
+        return 0.0
+    if op == "all_reduce" and n > 1:
+        return ring_allreduce_time(sent * n / (2 * (n - 1)), n, alpha, beta)
+    if op in ("all_gather", "reduce_scatter", "all_to_all") and n > 1:
+        return ring_allgather_time(sent * n / (n - 1), n, alpha, beta)
+    return alpha + sent * beta
+
+
+def account_s(run: RunShape, profile: dict, account: dict[str, dict]) -> dict[str, float]:
+    """Seconds of every group's calls in ``account`` (``{group: {"ops": {op: {"calls", "bytes"}}}}``,
+    the run's exact count from the formulas, :func:`distai.engine.mesh.expected_comm`), each call at
+    :func:`call_s` with the measured α and β."""
+    alpha, beta = profile["alpha_s"], profile["beta_s_per_byte"]
+    out: dict[str, float] = {}
+    for dim, group in account.items():
+        n = _group_size(run, dim)
+        out[dim] = sum(cell["calls"] * call_s(op, cell["bytes"] / cell["calls"], n, alpha, beta)
+                       for op, cell in group.get("ops", {}).items() if cell["calls"])
+    return out
+
+
+def layer_s(run: RunShape, profile: dict) -> float:
+    """One layer's forward and backward for one microbatch on one rank at the measured rates (the
+    planner's :func:`~.formulas.layer_forward_seconds`, its GEMMs and memory-bound kernels)."""
+    c = cluster(run, profile)
+    fwd = f.layer_forward_seconds(hidden=run.hidden, heads=run.heads, seq=run.seq, micro_batch=run.micro_batch,
+                                  layer_params=model_spec(run).active_layer_params, tp=run.tp, cp=run.cp,
+                                  sequence_parallel=run.tp > 1, flash=True, peak_flops=c.flops,
+                                  hbm_bandwidth=c.hbm_bandwidth, peak_fraction=1.0, half_width=0.0)
+    return f.layer_train_seconds(fwd, "none")
+
+
+def ends_s(run: RunShape, profile: dict) -> tuple[float, float]:
+    """What the first and the last stage do beyond their layers, per microbatch, forward and
+    backward: the embedding's lookup and gradient (b·s/cp·h numbers, read and written: memory-bound)
+    on the first; on the last the final LayerNorm, the head's GEMM (3 · 2·rows·h·V/t FLOPs) and the
+    vocabulary-parallel loss over rows × V/t logits (softmax forward and backward: memory-bound, as
+    many passes as a layer's elementwise kernels count per number)."""
+    rows, h, vt = run.tokens, run.hidden, run.vocab // run.tp
+    rate, flops = profile["elementwise_bytes_per_s"], profile["gemm_flops"]
+    first = 3 * 2 * rows * h * run.elem_bytes / rate
+    last = 3 * 2 * rows * h * vt / flops + 3 * rows * (vt * f.ELEMENTWISE_SPLIT / run.tp + h) * run.elem_bytes / rate
+    return first, last
+
+
+def predict_run(run: RunShape, profile: dict, accounts: list[dict[str, dict]], layers: list[int]) -> dict:
+    """The run's step time from what it does (``accounts[i]``: pipeline rank i's exact calls per
+    group, :func:`distai.engine.mesh.expected_comm`; ``layers[i]``: the layers it holds): each
+    stage's time per microbatch is its layers
+    (:func:`layer_s`), its ends (:func:`ends_s`) and its TP and CP calls (:func:`account_s`) per
+    microbatch; lesson 5's simulator replays the schedule with these unequal stages (forward a third,
+    backward two thirds) and one pipeline message (α + S·β) per hop; the gradients' all-reduce after
+    it, on the stage with the most. Terms as :data:`TERMS`, of the slowest stage; their sum is the
+    step."""
+    from ..lesson5 import simulator as sim
+
+    m, p, v = run.microbatches, run.pp, run.chunks if run.pp > 1 else 1
+    first, last = ends_s(run, profile)
+    priced = [account_s(run, profile, a) for a in accounts]
+    slots, comm = [], []
+    for i, cost in enumerate(priced):
+        work = layers[i] * layer_s(run, profile) + (first if i == 0 else 0.0) + (last if i == p - 1 else 0.0)
+        comm.append((cost.get("tp", 0.0) / m, cost.get("cp", 0.0) / m))
+        slots.append((work, sum(comm[-1])))
+    durations = {}
+    for r, ops in enumerate(sim.schedule_order("1f1b" if v == 1 else "interleaved", p, m, v)):
+        for op in ops:
+            share = 1 / 3 if op.kind == "F" else 2 / 3
+            durations[op] = sum(slots[r]) * share / v
+    sends = [a.get("pp", {}).get("ops", {}).get("send", {"calls": 0, "bytes": 0.0}) for a in accounts]
+    hop = max((call_s("send", s["bytes"] / s["calls"], 2, profile["alpha_s"], profile["beta_s_per_byte"])
+               for s in sends if s["calls"]), default=0.0)
+    schedule = "1f1b" if v == 1 else "interleaved"
+    span = sim.replay(schedule, p, m, v, durations, t_comm=hop).makespan
+    bare = sim.replay(schedule, p, m, v, durations, t_comm=0.0).makespan
+    slow = max(range(p), key=lambda r: sum(slots[r]))
+    dp = max(c.get("dp", 0.0) for c in priced)
+    busy = m * sum(slots[slow])
+    return {"step_time_s": span + dp, "microbatches": m, "compute_s": m * slots[slow][0],
+            "tp_comm_s": m * comm[slow][0], "cp_comm_s": m * comm[slow][1], "pp_comm_s": span - bare,
+            "bubble_s": bare - busy, "dp_comm_exposed_s": dp}
+
+
 def planner_tp_calls(run: RunShape) -> dict[str, int]:
     """The tensor-parallel collectives the planner counts on one rank per step: lesson 4's per-layer
     forward and backward ops (:func:`~distai.lessons.lesson4.formulas.tp_comm_per_layer`) for the
@@ -186,7 +282,8 @@ def compute(measured: dict) -> dict:
     rates = {k: profile[k] for k in ("gemm_flops", "elementwise_bytes_per_s", "alpha_s", "beta_s_per_byte", "load",
                                      "cpus", "measured_at")}
     return {"calibrated": True, "run": run.as_dict(), "profile": dict(rates, dtype=profile["dtype"]),
-            "prediction": predict(run, profile)}
+            "prediction": predict_run(run, profile, measured["accounts"], measured["layers"]),
+            "planner": predict(run, profile)}
 
 
 def text(r: dict, lang: str | None = None) -> list[str]:
