@@ -41,25 +41,6 @@ def test_the_prediction_is_the_planners_own_model():
     assert cal.planner_tp_calls(RUN) == {"all_gather": 2 * 2 * 2 * 4, "reduce_scatter": 2 * 2 * 2 * 4}
 
 
-def test_uncounted_collectives_are_each_charged_at_their_ring_time():
-    """The calls a rank made beyond the planner's count (the vocabulary-parallel loss's all-reduces,
-    a second gradient bucket, …) cost lesson 1's time each; as many as counted cost nothing; a
-    counted call the run did not make comes off."""
-    counted = {dim: {"ops": {op: {"calls": n, "bytes": n * 512.0} for op, n in ops.items()}}
-               for dim, ops in cal.planner_calls(RUN).items()}
-    assert cal.uncounted_collectives_s(RUN, PROFILE, counted) == 0
-    assert counted["pp"]["ops"] == {"send": {"calls": 4, "bytes": 2048.0}, "recv": {"calls": 4, "bytes": 2048.0}}
-    more = {**counted, "tp": {"ops": dict(counted["tp"]["ops"], all_reduce={"calls": 3, "bytes": 3 * 64.0},
-                                          all_gather={"calls": 34, "bytes": 34 * 512.0})},
-            "dp": {"ops": {"all_reduce": {"calls": 2, "bytes": 2 * 4096.0}}}}
-    a, b = PROFILE["alpha_s"], PROFILE["beta_s_per_byte"]
-    expected = (3 * ring_allreduce_time(64.0, 2, a, b) + 2 * ring_allgather_time(1024.0, 2, a, b)
-                + ring_allreduce_time(4096.0, 2, a, b))
-    assert cal.uncounted_collectives_s(RUN, PROFILE, more) == pytest.approx(expected, rel=1e-12)
-    fewer = {**counted, "pp": {"ops": {"send": {"calls": 4, "bytes": 2048.0}}}}  # no receives
-    assert cal.uncounted_collectives_s(RUN, PROFILE, fewer) == pytest.approx(-4 * a, rel=1e-12)
-
-
 def _expected(run):
     """Every pipeline rank's calls from the formulas the run's meter checks exactly, and its layers."""
     from distai.engine.calibrate import run_comm

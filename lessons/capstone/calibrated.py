@@ -229,51 +229,6 @@ def planner_tp_calls(run: RunShape) -> dict[str, int]:
     return out
 
 
-def planner_calls(run: RunShape) -> dict[str, dict[str, int]]:
-    """Every group's calls the planner counts on one rank per step (:func:`~.planner.evaluate`): TP's
-    (:func:`planner_tp_calls`); CP's K/V all-gather twice (forward, recomputed or backward) and their
-    gradients' reduce-scatter per layer and microbatch; the pipeline's 2·v messages per microbatch
-    (a send and a receive); one gradient all-reduce over dp·cp."""
-    stage, m, v = f.stage_layers(run.layers, run.pp), run.microbatches, run.chunks
-    out: dict[str, dict[str, int]] = {"tp": planner_tp_calls(run)}
-    out["cp"] = {"all_gather": 2 * stage * m, "reduce_scatter": stage * m} if run.cp > 1 else {}
-    out["pp"] = {"send": m * v, "recv": m * v} if run.pp > 1 else {}
-    out["dp"] = {"all_reduce": 1} if run.dp * run.cp > 1 else {}
-    return out
-
-
-def _group_size(run: RunShape, dim: str) -> int:
-    return {"tp": run.tp, "cp": run.cp, "dp": run.dp * run.cp}.get(dim, 2)
-
-
-def uncounted_collectives_s(run: RunShape, profile: dict, account: dict[str, dict]) -> float:
-    """Seconds of the calls a rank made beyond those the planner counts (the vocabulary-parallel
-    embedding and loss, the sequence-parallel LayerNorms' gradients, ring attention's hops where the
-    planner all-gathers K/V, more than one gradient bucket), less those it counts and the run did not
-    make: each call at lesson 1's time for its op and mean size with the measured α and β (ring
-    all-reduce; ring all-gather or reduce-scatter; one message α + S·β for the rest). ``account`` is
-    the metered step's ``{group: {"ops": {op: {"calls", "bytes"}}}}`` (bytes one rank sent)."""
-    alpha, beta = profile["alpha_s"], profile["beta_s_per_byte"]
-    total = 0.0
-    for dim, counted in planner_calls(run).items():
-        ops = account.get(dim, {}).get("ops", {})
-        n = _group_size(run, dim)
-        for op in set(ops) | set(counted):
-            cell = ops.get(op, {"calls": 0, "bytes": 0.0})
-            extra = cell["calls"] - counted.get(op, 0)
-            sent = cell["bytes"] / cell["calls"] if cell["calls"] else 0.0
-            if op == "all_reduce" and n > 1:  # a ring sends 2(n−1)/n·S per rank
-                one = ring_allreduce_time(sent * n / (2 * (n - 1)), n, alpha, beta)
-            elif op in ("all_gather", "reduce_scatter") and n > 1:  # (n−1)/n·S
-                one = ring_allgather_time(sent * n / (n - 1), n, alpha, beta)
-            else:
-                one = alpha + sent * beta
-            total += extra * one
-    return total
-
-
-# ------------------------------------------------------------------------------ what the learner reads
-
 def compute(measured: dict) -> dict:
     """``distai calc plan --calibrate``'s JSON: {"calibrated": true, "run" (the RunShape's fields),
     "profile" (the measured rates, load, CPUs, dtype), "prediction" (:func:`predict`)}."""
