@@ -229,6 +229,10 @@ def planner_tp_calls(run: RunShape) -> dict[str, int]:
     return out
 
 
+def _group_size(run: RunShape, dim: str) -> int:
+    return {"tp": run.tp, "cp": run.cp, "dp": run.dp * run.cp}.get(dim, 2)
+
+
 def compute(measured: dict) -> dict:
     """``distai calc plan --calibrate``'s JSON: {"calibrated": true, "run" (the RunShape's fields),
     "profile" (the measured rates, load, CPUs, dtype), "prediction" (:func:`predict`)}."""
