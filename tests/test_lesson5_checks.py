@@ -126,3 +126,27 @@ def test_runs_show_carries_the_checks_and_draws_their_table(records, home, monke
     view = CliRunner().invoke(app, ["runs", "show", run_id], env={"COLUMNS": "140"})
     assert view.exit_code == 0, view.output
     assert "predicción frente a medida" in view.stdout and "etapas desiguales" in view.stdout
+
+
+@pytest.mark.parametrize("argv,error", [
+    (["--slow-stage", "2"], "--slow-stage must be a rank between 0 and 1, got 2"),
+    (["--slow-ms", "-1"], "--slow-ms must be >= 0"),
+    (["--microbatches", "1", "--schedules", "gpipe"], None),
+    (["--microbatches", "1"], "at least as many microbatches as stages"),
+])
+def test_distai_run_refuses_bad_pipeline_options_before_launching(argv, error, tmp_path, monkeypatch, capsys):
+    """One line and exit 2, where a rank used to stop alone and leave the others to a gloo error."""
+    from distai.lessons.lesson5 import run_options
+    from distai.lessons.lesson5.formulas import ScheduleError
+    from distai.tutor.cli import main
+
+    if error is None:
+        assert run_options.launch_ranks(argv, 2, 4, False) == 2
+        return
+    with pytest.raises(ScheduleError, match=error):
+        run_options.launch_ranks(argv, 2, 4, False)
+    monkeypatch.setenv("DISTAI_HOME", str(tmp_path))
+    assert main(["run", "lesson5", "--cpu", "2", *argv]) == 2
+    err = capsys.readouterr().err
+    assert error in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())  # nothing launched
