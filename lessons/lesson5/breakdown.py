@@ -15,7 +15,7 @@ each is measured, not assumed:
 3. + the runner's overhead before each block: ``overhead``;
 4. + the time without a core: ``cpu_contention`` (more ranks than cores, or other programs);
 5. + each message's measured latency (from the producer's end to the end of the wait for it, when
-   that wait blocked; at most the median of those when the message was there first) and the final
+   that wait blocked; at most the fastest of those when the message was there first) and the final
    wait for the sends: ``communication``;
 6. measured: what no replay explains is the check's ``unexplained`` remainder.
 
@@ -162,13 +162,14 @@ def _bubble(work: float, p: int, span: float) -> float:
 def _latencies(ranks: Sequence[RankStep]) -> tuple[dict[tuple[str, int, int], float], float]:
     """Each message's latency (``(kind, mb, producer stage)`` → s) and their median over the waits
     that blocked: from the producer's end to the end of the wait. A message that was there before
-    its wait began arrived at most that early: its latency is the median or less."""
+    its wait began took at most that long: it gets the fastest latency measured, or less."""
     ends = {(b.op.kind, b.op.mb, b.op.stage): b.t1 for rank in ranks for b in rank.blocks}
     waits = [(w, (w.kind, w.mb, w.from_stage)) for rank in ranks for w in rank.waits]
     waits = [(w, key) for w, key in waits if key in ends]
     blocked = {key: max(w.t1 - ends[key], 0.0) for w, key in waits if w.t1 - w.t0 > WAIT_EPSILON}
     median = statistics.median(blocked.values()) if blocked else 0.0
-    early = {key: min(median, max(w.t0 - ends[key], 0.0)) for w, key in waits if key not in blocked}
+    fastest = min(blocked.values(), default=0.0)
+    early = {key: min(fastest, max(w.t0 - ends[key], 0.0)) for w, key in waits if key not in blocked}
     return {**early, **blocked}, median
 
 
