@@ -1,8 +1,8 @@
 """Lesson 5's bubble check (issue 28): a real run's bubble decomposed (formula → replay with the
 measured stage times → + CPU contention → + communication → measured) adds up within 10 % of the
 measured bubble, and an injected slow stage (the negative control) is blamed on unequal stages,
-not on communication. One gloo group of 2 runs the experiment twice: as is, and with rank 1's
-forwards doing 25 ms more work each; the same events feed the Chrome trace's wait and idle tracks."""
+not on communication. Two gloo groups of 2 run the experiment: as is, and with rank 1's
+forwards doing 40 ms more work each; the same events feed the Chrome trace's wait and idle tracks."""
 from __future__ import annotations
 
 import json
@@ -15,19 +15,17 @@ from distai.engine.testing import run_in_group
 from distai.lessons.checks import reconcile
 from distai.lessons.lesson5 import formulas
 
-SLOW_MS = 25.0
+SLOW_MS = 40.0
 M = 4  # 2 microbatches per stage, p = 2
-ARGS = ["--steps", "3", "--no-torch", "--hidden", "64", "--heads", "2", "--seq", "32", "--microbatch-size", "2"]
+# the learner's default model (compute dominates gloo's latency), fewer steps, no torch run
+ARGS = ["--steps", "3", "--no-torch"]
 
 
-def _two_runs(rank: int, p: int, dirs: dict[str, str]) -> list[int]:
+def _run(rank: int, p: int, events_dir: str, extra: list[str]) -> int:
     from distai.engine.experiments import lesson5
 
-    codes = []
-    for name, extra in (("control", []), ("slow", ["--slow-stage", "1", "--slow-ms", str(SLOW_MS)])):
-        os.environ["DISTAI_EVENTS_DIR"] = dirs[name]
-        codes.append(lesson5.main(ARGS + extra))
-    return codes
+    os.environ["DISTAI_EVENTS_DIR"] = events_dir
+    return lesson5.main(ARGS + extra)
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +39,8 @@ def records(home):
     from distai.engine.runs import create_run
 
     made = {name: create_run(home / "runs", "lesson5", "distai.engine.experiments.lesson5") for name in ("control", "slow")}
-    dirs = {name: str(r.events_dir) for name, r in made.items()}
-    assert run_in_group(_two_runs, 2, dirs, timeout_s=240) == [[0, 0], [0, 0]]
+    for name, extra in (("control", []), ("slow", ["--slow-stage", "1", "--slow-ms", str(SLOW_MS)])):
+        assert run_in_group(_run, 2, str(made[name].events_dir), extra, timeout_s=240) == [0, 0]
     for r in made.values():
         r.status, r.config = "ok", {"nproc": 2, "device": "cpu"}
         r.save()
@@ -78,14 +76,17 @@ def test_a_slow_stage_is_blamed_on_unequal_stages_not_on_communication(runs):
     control, slow = _checks(runs["control"]), _checks(runs["slow"])
     for name in ("bubble_gpipe", "bubble_1f1b"):
         d = slow[name]["detail"]
-        # the blocks' measured work saw the injected work: M forwards × 25 ms more on rank 1
+        # the blocks' measured work saw the injected work: M forwards × SLOW_MS more on rank 1
         extra = d["rank1_compute_s"] - d["rank0_compute_s"] - (control[name]["detail"]["rank1_compute_s"]
                                                                - control[name]["detail"]["rank0_compute_s"])
         assert extra == pytest.approx(M * SLOW_MS / 1e3, rel=0.3)
         causes = {k: slow[name]["causes"][k] - control[name].get("causes", {}).get(k, 0.0)
                   for k in slow[name]["causes"]}
-        assert slow[name]["causes"]["unequal_stages"] > 0.10  # > 10 points of bubble
-        assert causes["unequal_stages"] > 2 * abs(causes["communication"]), (control[name], slow[name])
+        # > 10 points of bubble more, blamed on unequal stages; communication did not grow to absorb
+        # them (its own noise, under a loaded machine's contention, goes either way)
+        assert causes["unequal_stages"] > 0.10, (control[name], slow[name])
+        assert slow[name]["causes"]["unequal_stages"] > slow[name]["causes"]["communication"]
+        assert causes["communication"] < causes["unequal_stages"] / 2, (control[name], slow[name])
 
 
 def test_the_chrome_trace_shows_each_ranks_step_as_compute_wait_and_idle(runs):
@@ -126,3 +127,27 @@ def test_runs_show_carries_the_checks_and_draws_their_table(records, home, monke
     view = CliRunner().invoke(app, ["runs", "show", run_id], env={"COLUMNS": "140"})
     assert view.exit_code == 0, view.output
     assert "predicción frente a medida" in view.stdout and "etapas desiguales" in view.stdout
+
+
+@pytest.mark.parametrize("argv,error", [
+    (["--slow-stage", "2"], "--slow-stage must be a rank between 0 and 1, got 2"),
+    (["--slow-ms", "-1"], "--slow-ms must be >= 0"),
+    (["--microbatches", "1", "--schedules", "gpipe"], None),
+    (["--microbatches", "1"], "at least as many microbatches as stages"),
+])
+def test_distai_run_refuses_bad_pipeline_options_before_launching(argv, error, tmp_path, monkeypatch, capsys):
+    """One line and exit 2, where a rank used to stop alone and leave the others to a gloo error."""
+    from distai.lessons.lesson5 import run_options
+    from distai.lessons.lesson5.formulas import ScheduleError
+    from distai.tutor.cli import main
+
+    if error is None:
+        assert run_options.launch_ranks(argv, 2, 4, False) == 2
+        return
+    with pytest.raises(ScheduleError, match=error):
+        run_options.launch_ranks(argv, 2, 4, False)
+    monkeypatch.setenv("DISTAI_HOME", str(tmp_path))
+    assert main(["run", "lesson5", "--cpu", "2", *argv]) == 2
+    err = capsys.readouterr().err
+    assert error in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())  # nothing launched

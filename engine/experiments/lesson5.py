@@ -41,7 +41,7 @@ import torch.distributed as dist
 
 from ...lessons.events import CHECK, METRIC, PHASE
 from ...lessons.lesson5 import breakdown as bd
-from ...lessons.lesson5 import formulas
+from ...lessons.lesson5 import formulas, run_options
 from ...lessons.lesson5 import simulator as sim
 from ...lessons.lesson5.events import PP_CONFIG, PP_STAGE, PP_STEP, STEP
 from ...lessons.model_size import ModelSize, add_model_options
@@ -54,22 +54,12 @@ from ..model import ModelConfigError
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="distai run lesson5",
                                  description="Pipeline schedules for real: GPipe, 1F1B, interleaved.")
-    ap.add_argument("--schedules", default="gpipe,1f1b,interleaved",
-                    help="comma-separated: gpipe, 1f1b, interleaved (default: all three)")
-    ap.add_argument("--microbatches", "-m", type=int, default=None,
-                    help="microbatches per step (default: 2 per stage)")
-    ap.add_argument("--chunks", "-v", type=int, default=2, help="chunks per rank for interleaved (default 2)")
+    run_options.add_options(ap)
     ap.add_argument("--microbatch-size", type=int, default=None, help="sequences per microbatch")
     # default: MODEL_CPU or MODEL_GPU, with the fewest layers >= 8 that split evenly for v = 1 and v
     add_model_options(ap, None)
-    ap.add_argument("--steps", type=int, default=4, help="training steps per schedule (first is warm-up)")
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-torch", action="store_true", help="skip torch.distributed.pipelining's schedules")
-    ap.add_argument("--slow-stage", type=int, default=None, metavar="K",
-                    help="make rank K's stage slower: its forwards do --slow-ms more CPU work each "
-                         "(a negative control: the check must blame unequal stages)")
-    ap.add_argument("--slow-ms", type=float, default=0.0, help="extra work per forward of --slow-stage (ms)")
     return ap
 
 
@@ -80,37 +70,12 @@ MODEL_GPU = ModelSize(vocab=1024, hidden=1024, heads=16, seq=256, tie_embeddings
 
 
 def check_args(args, p: int) -> tuple[list[str], int, int]:
-    """Schedules, m, v, or PipelineConfigError with a message that says what to change."""
-    if p < 2:
-        raise pl.PipelineConfigError("a pipeline needs at least 2 processes (one per stage); "
-                                     "run with --cpu 2 or more")
+    """Schedules, m, v, or PipelineConfigError with a message that says what to change
+    (``lessons/lesson5/run_options.check``, which ``distai run`` also applies before launching)."""
     try:
-        schedules = [sim.normalize_schedule(s) for s in args.schedules.split(",") if s.strip()]
+        return run_options.check(args, p)
     except sim.ScheduleError as exc:
         raise pl.PipelineConfigError(str(exc)) from None
-    if not schedules:
-        raise pl.PipelineConfigError("no schedule given; use --schedules gpipe,1f1b,interleaved")
-    m = args.microbatches if args.microbatches is not None else 2 * p
-    v = args.chunks
-    if m < 1:
-        raise pl.PipelineConfigError(f"--microbatches must be at least 1, got {m}")
-    if "interleaved" in schedules and v < 2:
-        raise pl.PipelineConfigError(f"the interleaved schedule needs --chunks >= 2, got {v}")
-    for s in schedules:
-        try:
-            sim.validate(s, p, m, v if s == "interleaved" else 1)
-        except sim.ScheduleError as exc:
-            raise pl.PipelineConfigError(str(exc)) from None
-    if m < p and "1f1b" in schedules and not args.no_torch:
-        raise pl.PipelineConfigError(f"fewer microbatches than stages (m = {m} < p = {p}): torch's "
-                                     f"Schedule1F1B refuses it; use --microbatches {p} or more, or --no-torch")
-    if args.steps < 1:
-        raise pl.PipelineConfigError(f"--steps must be at least 1, got {args.steps}")
-    if args.slow_stage is not None and not 0 <= args.slow_stage < p:
-        raise pl.PipelineConfigError(f"--slow-stage must be a rank between 0 and {p - 1}, got {args.slow_stage}")
-    if args.slow_ms < 0:
-        raise pl.PipelineConfigError(f"--slow-ms must be >= 0, got {args.slow_ms}")
-    return schedules, m, v
 
 
 def _batches(cfg, m: int, mb: int, steps: int, device):

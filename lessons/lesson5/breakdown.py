@@ -15,7 +15,7 @@ each is measured, not assumed:
 3. + the runner's overhead before each block: ``overhead``;
 4. + the time without a core: ``cpu_contention`` (more ranks than cores, or other programs);
 5. + each message's measured latency (from the producer's end to the end of the wait for it, when
-   that wait blocked; at most the median of those when the message was there first) and the final
+   that wait blocked; at most the fastest of those when the message was there first) and the final
    wait for the sends: ``communication``;
 6. measured: what no replay explains is the check's ``unexplained`` remainder.
 
@@ -81,11 +81,24 @@ class RankStep:
 
 @dataclass(frozen=True)
 class Slot:
-    """A block and what came before it on its rank (s): work, overhead, time without a core."""
+    """A block and its rank's time around it (s), besides waits: its work; before it (from the
+    previous block's end, waits excluded: posting messages, Python, overlapping the message in
+    flight) the runner's CPU time and the time without a core; after its start, the time without a
+    core in it (and, for the last block, the rest of the step but the wait for the sends)."""
     op: sim.Op
     work: float
-    overhead: float
-    stolen: float
+    pre_overhead: float
+    pre_stolen: float
+    post_overhead: float = 0.0
+    post_stolen: float = 0.0
+
+    @property
+    def overhead(self) -> float:
+        return self.pre_overhead + self.post_overhead
+
+    @property
+    def stolen(self) -> float:
+        return self.pre_stolen + self.post_stolen
 
 
 def _clamp(cpu: float | None, wall: float) -> float:
@@ -106,13 +119,14 @@ def slots(rank: RankStep, t0: float) -> list[Slot]:
             k += 1
         gap = max(b.t0 - prev_t - waited, 0.0)
         gap_cpu = _clamp(None if b.c0 is None or prev_c is None else b.c0 - prev_c, gap)
-        out.append(Slot(b.op, b.work, gap_cpu, gap - gap_cpu + (b.t1 - b.t0 - b.work) + late))
+        out.append(Slot(b.op, b.work, gap_cpu, gap - gap_cpu + late, 0.0, b.t1 - b.t0 - b.work))
         prev_t, prev_c, late = b.t1, b.c1, 0.0
     if out:  # after the last block: what is not the wait for the sends joins it
         tail = max(rank.t_end - prev_t - (rank.send_t1 - rank.send_t0), 0.0)
         tail_cpu = _clamp(None if rank.cpu_end is None or prev_c is None else rank.cpu_end - prev_c, tail)
         last = out[-1]
-        out[-1] = Slot(last.op, last.work, last.overhead + tail_cpu, last.stolen + tail - tail_cpu)
+        out[-1] = Slot(last.op, last.work, last.pre_overhead, last.pre_stolen, tail_cpu,
+                       last.post_stolen + tail - tail_cpu)
     return out
 
 
@@ -148,13 +162,14 @@ def _bubble(work: float, p: int, span: float) -> float:
 def _latencies(ranks: Sequence[RankStep]) -> tuple[dict[tuple[str, int, int], float], float]:
     """Each message's latency (``(kind, mb, producer stage)`` → s) and their median over the waits
     that blocked: from the producer's end to the end of the wait. A message that was there before
-    its wait began arrived at most that early: its latency is the median or less."""
+    its wait began took at most that long: it gets the fastest latency measured, or less."""
     ends = {(b.op.kind, b.op.mb, b.op.stage): b.t1 for rank in ranks for b in rank.blocks}
     waits = [(w, (w.kind, w.mb, w.from_stage)) for rank in ranks for w in rank.waits]
     waits = [(w, key) for w, key in waits if key in ends]
     blocked = {key: max(w.t1 - ends[key], 0.0) for w, key in waits if w.t1 - w.t0 > WAIT_EPSILON}
     median = statistics.median(blocked.values()) if blocked else 0.0
-    early = {key: min(median, max(w.t0 - ends[key], 0.0)) for w, key in waits if key not in blocked}
+    fastest = min(blocked.values(), default=0.0)
+    early = {key: min(fastest, max(w.t0 - ends[key], 0.0)) for w, key in waits if key not in blocked}
     return {**early, **blocked}, median
 
 
@@ -164,16 +179,19 @@ def breakdown(schedule: str, p: int, m: int, v: int, ranks: Sequence[RankStep]) 
     cut = [slots(r, t0) for r in ranks]
     flat = [s for rank in cut for s in rank]
     work = {s.op: s.work for s in flat}
-    over = {s.op: s.work + s.overhead for s in flat}
-    slot = {s.op: s.work + s.overhead + s.stolen for s in flat}
-    sent = dict(slot)
+    over = ({s.op: s.work + s.post_overhead for s in flat}, {s.op: s.pre_overhead for s in flat})
+    slot = ({s.op: s.work + s.post_overhead + s.post_stolen for s in flat},
+            {s.op: s.pre_overhead + s.pre_stolen for s in flat})
+    sent = dict(slot[0])
     for r, rank in zip(ranks, cut, strict=True):
         if rank:
             sent[rank[-1].op] += r.send_t1 - r.send_t0
     latency, median = _latencies(ranks)
     total, span = sum(work.values()), t1 - t0
-    spans = [sim.replay(schedule, p, m, v, d).makespan for d in (work, over, slot)]
-    spans.append(sim.replay(schedule, p, m, v, sent, latency=latency).makespan)
+    spans = [sim.replay(schedule, p, m, v, work).makespan,
+             sim.replay(schedule, p, m, v, over[0], before=over[1]).makespan,
+             sim.replay(schedule, p, m, v, slot[0], before=slot[1]).makespan,
+             sim.replay(schedule, p, m, v, sent, latency=latency, before=slot[1]).makespan]
     compute = [sum(s.work for s in rank) for rank in cut]
     overhead = [sum(s.overhead for s in rank) for rank in cut]
     stolen = [sum(s.stolen for s in rank) for rank in cut]

@@ -195,14 +195,17 @@ def _stage_rank(stage: int, p: int) -> int:
 def simulate(schedule: str, p: int, m: int, v: int = 1, t_f: float = 1.0, t_b: float = 2.0,
              t_comm: float = 0.0, order: list[list[Op]] | None = None, engine: str = "distai",
              durations: Mapping[Op, float] | None = None,
-             latency: Mapping[tuple[str, int, int], float] | None = None) -> Timeline:
+             latency: Mapping[tuple[str, int, int], float] | None = None,
+             before: Mapping[Op, float] | None = None) -> Timeline:
     """Run each rank's order against the dependencies; every block starts as soon as its rank is
     free and its input has arrived (``t_comm`` after the producer finished, when that producer sits on
     another rank). ``t_f`` and ``t_b`` are the forward and backward times of one microbatch through one
     whole stage (a rank's share of the model); each of the v chunks takes 1/v of that.
     ``durations`` (every op of the order → its time) replaces them block by block, and ``latency``
-    (a message's ``(kind, mb, producer stage)`` → its time) ``t_comm`` message by message: a replay
-    of a measured step (:func:`replay`).
+    (a message's ``(kind, mb, producer stage)`` → its time) ``t_comm`` message by message, and
+    ``before`` (op → time) is what its rank does before it waits for the block's input (posting
+    messages, its own overhead: time that overlaps the message in flight): a replay of a measured
+    step (:func:`replay`).
 
     Raises :class:`ScheduleError` if ``engine`` (``distai``, ``torch`` or ``megatron``) does not accept the
     schedule, :class:`ScheduleDeadlock` if the order waits on work that never runs.
@@ -247,7 +250,8 @@ def simulate(schedule: str, p: int, m: int, v: int = 1, t_f: float = 1.0, t_b: f
                     if (s - 1) % p != r:
                         ready += t_comm if latency is None else latency.get(("F", mb, s - 1), t_comm)
                         messages += 1
-                begin = t if t > ready else ready
+                prep = t if before is None else t + before[ops[i]]
+                begin = prep if prep > ready else ready
                 t = begin + (cf if durations is None else durations[ops[i]])
                 key = s * m + mb
                 f_end[key] = t
@@ -272,7 +276,8 @@ def simulate(schedule: str, p: int, m: int, v: int = 1, t_f: float = 1.0, t_b: f
                 if f_end[s * m + mb] == none:
                     raise ScheduleDeadlock(f"rank {r}: backward of microbatch {mb} on stage {s} "
                                            f"comes before its own forward")
-                begin = t if t > ready else ready
+                prep = t if before is None else t + before[ops[i]]
+                begin = prep if prep > ready else ready
                 t = begin + (cb if durations is None else durations[ops[i]])
                 key = s * m + mb
                 b_end[key] = t
@@ -308,10 +313,12 @@ def simulate(schedule: str, p: int, m: int, v: int = 1, t_f: float = 1.0, t_b: f
 
 
 def replay(schedule: str, p: int, m: int, v: int, durations: Mapping[Op, float], t_comm: float = 0.0,
-           latency: Mapping[tuple[str, int, int], float] | None = None) -> Timeline:
+           latency: Mapping[tuple[str, int, int], float] | None = None,
+           before: Mapping[Op, float] | None = None) -> Timeline:
     """A measured step replayed: the schedule's order with each block's measured time
     (``durations``: every op → seconds) and ``t_comm`` per hop between ranks (or each message's
-    own, ``latency``: ``(kind, mb, producer stage)`` → seconds). Its bubble is the one this
+    own, ``latency``: ``(kind, mb, producer stage)`` → seconds; ``before``: each block's rank's own
+    time before it waits for the block's input). Its bubble is the one this
     schedule has with these stage times (unequal stages, an embedding on the first, a head on the
     last, a slow forward) and that communication cost, nothing else."""
     order = schedule_order(schedule, p, m, v)
@@ -320,7 +327,7 @@ def replay(schedule: str, p: int, m: int, v: int, durations: Mapping[Op, float],
         raise ScheduleError(f"no measured time for {len(missing)} blocks (first: {missing[0]})")
     mean = sum(durations.values()) / len(durations) or 1.0
     return simulate(schedule, p, m, v, t_f=mean * v, t_b=mean * v, t_comm=t_comm, order=order,
-                    durations=durations, latency=latency)
+                    durations=durations, latency=latency, before=before)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,71 @@
+"""``distai run lesson5``'s pipeline options, declared and checked once: by the experiment on every
+rank, and by ``distai run`` before anything is launched (``[run] launch_plan``), so that a bad value
+is one line and exit 2 instead of one rank stopping while the others wait for it. Pure: argparse only.
+"""
+from __future__ import annotations
+
+import argparse
+from typing import NoReturn
+
+from . import simulator as sim
+from .formulas import ScheduleError
+
+__all__ = ["add_options", "check", "launch_ranks"]
+
+
+def add_options(ap: argparse.ArgumentParser) -> None:
+    """The options that shape the pipeline: schedules, microbatches, chunks, steps, torch's run and
+    the negative control (a slower stage)."""
+    ap.add_argument("--schedules", default="gpipe,1f1b,interleaved",
+                    help="comma-separated: gpipe, 1f1b, interleaved (default: all three)")
+    ap.add_argument("--microbatches", "-m", type=int, default=None,
+                    help="microbatches per step (default: 2 per stage)")
+    ap.add_argument("--chunks", "-v", type=int, default=2, help="chunks per rank for interleaved (default 2)")
+    ap.add_argument("--steps", type=int, default=4, help="training steps per schedule (first is warm-up)")
+    ap.add_argument("--no-torch", action="store_true", help="skip torch.distributed.pipelining's schedules")
+    ap.add_argument("--slow-stage", type=int, default=None, metavar="K",
+                    help="make rank K's stage slower: its forwards do --slow-ms more CPU work each "
+                         "(a negative control: the check must blame unequal stages)")
+    ap.add_argument("--slow-ms", type=float, default=0.0, help="extra work per forward of --slow-stage (ms)")
+
+
+def check(args: argparse.Namespace, p: int) -> tuple[list[str], int, int]:
+    """Schedules, m, v for ``p`` ranks, or ScheduleError with a message that says what to change."""
+    if p < 2:
+        raise ScheduleError("a pipeline needs at least 2 processes (one per stage); run with --cpu 2 or more")
+    schedules = [sim.normalize_schedule(s) for s in args.schedules.split(",") if s.strip()]
+    if not schedules:
+        raise ScheduleError("no schedule given; use --schedules gpipe,1f1b,interleaved")
+    m = args.microbatches if args.microbatches is not None else 2 * p
+    v = args.chunks
+    if m < 1:
+        raise ScheduleError(f"--microbatches must be at least 1, got {m}")
+    if "interleaved" in schedules and v < 2:
+        raise ScheduleError(f"the interleaved schedule needs --chunks >= 2, got {v}")
+    for s in schedules:
+        sim.validate(s, p, m, v if s == "interleaved" else 1)
+    if m < p and "1f1b" in schedules and not args.no_torch:
+        raise ScheduleError(f"fewer microbatches than stages (m = {m} < p = {p}): torch's Schedule1F1B refuses "
+                            f"it; use --microbatches {p} or more, or --no-torch")
+    if args.steps < 1:
+        raise ScheduleError(f"--steps must be at least 1, got {args.steps}")
+    if args.slow_stage is not None and not 0 <= args.slow_stage < p:
+        raise ScheduleError(f"--slow-stage must be a rank between 0 and {p - 1}, got {args.slow_stage}")
+    if args.slow_ms < 0:
+        raise ScheduleError(f"--slow-ms must be >= 0, got {args.slow_ms}")
+    return schedules, m, v
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise ScheduleError(message)
+
+
+def launch_ranks(argv: list[str], ranks: int | None, default: int, cuda: bool) -> int:
+    """For ``distai run lesson5``: the options every rank would refuse, refused before the launch."""
+    ap = _Parser(add_help=False, allow_abbrev=False)
+    add_options(ap)
+    args = ap.parse_known_args(argv)[0]
+    p = default if ranks is None else ranks
+    check(args, p)
+    return p
