@@ -133,7 +133,7 @@ def test_runs_show_carries_the_checks_and_draws_their_table(records, home, monke
     (["--slow-stage", "2"], "--slow-stage must be a rank between 0 and 1, got 2"),
     (["--slow-ms", "-1"], "--slow-ms must be >= 0"),
     (["--microbatches", "1", "--schedules", "gpipe"], None),
-    (["--microbatches", "1"], "at least as many microbatches as stages"),
+    (["--microbatches", "1"], "fewer microbatches than stages"),
 ])
 def test_distai_run_refuses_bad_pipeline_options_before_launching(argv, error, tmp_path, monkeypatch, capsys):
     """One line and exit 2, where a rank used to stop alone and leave the others to a gloo error."""

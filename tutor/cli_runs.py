@@ -104,7 +104,8 @@ def runs_show(
         profile_dir = record.config.get("profile_dir")
         if profile_dir:
             traces = sorted(Path(profile_dir).glob("rank*.pt.trace.json"))
-            typer.echo(say("traces", path=profile_dir) + f" ({len(traces)}, ui.perfetto.dev)", err=True)
+            typer.echo(say("traces_files" if len(traces) != 1 else "traces_file", path=profile_dir, n=len(traces)),
+                       err=True)
         typer.echo(say("export", id=record.id), err=True)
 
 
