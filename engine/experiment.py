@@ -8,8 +8,13 @@ emits the summary it returns (rank 0 only), and always shuts down (in a ``finall
 * any other exception on a rank becomes an ``error`` event (with its traceback) and exit status
   1, so the launcher can say which rank failed first and why.
 
-Run as a script (``python -m …``), :func:`exit_with` ends the process with that status; on a
-failure it skips ``atexit`` hooks (a dead peer can make a process-group teardown hang there).
+Run as a script (``python -m …``), :func:`exit_with` ends the process with that status through
+``os._exit``, success included: no interpreter teardown, no C++ static destructors, no ``atexit``
+hooks. Native threads can still be running at that point — gloo's (``destroy_process_group``
+does not stop them once a c10d op went through a ``TorchDispatchMode`` such as ``CommMeter``,
+which keeps the group alive: torch 2.13), a torch op in a daemon thread — and a native thread
+that meets a finalizing interpreter ends the rank with ``terminate called without an active
+exception`` (SIGABRT) after its work was done; a dead peer can make a teardown hang there too.
 No signal handlers are installed: torchrun's SIGTERM (and the launcher's SIGKILL) must end a
 rank even while it is blocked inside a collective.
 
@@ -119,8 +124,9 @@ def run_experiment(prog: str, parse: Callable[[list[str] | None], argparse.Names
 
 
 def exit_with(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> None:
-    """End the process with ``main(argv)``'s status (for ``if __name__ == "__main__"``). An
-    exception that escapes ``main`` is reported like one inside it."""
+    """End the process with ``main(argv)``'s status (for ``if __name__ == "__main__"``), through
+    ``os._exit`` once stdout and stderr are flushed. An exception that escapes ``main`` is
+    reported like one inside it."""
     try:
         code = main(argv) or 0
     except SystemExit:
@@ -130,9 +136,8 @@ def exit_with(main: Callable[[list[str] | None], int | None], argv: list[str] | 
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
-    if code:
-        os._exit(code)  # no atexit hooks: a dead peer can make their teardown hang
-    sys.exit(0)
+    # never the interpreter's teardown: threads still in native code abort it (see the module's doc)
+    os._exit(code)
 
 
 # ----------------------------------------------------------------------------------------------
