@@ -127,8 +127,7 @@ def test_run_refusals_in_spanish(capsys, argv):
 
 
 def test_help_follows_distai_lang():
-    """`--help` is read before `--lang`: DISTAI_LANG (or the locale) chooses its language. (Each
-    calculator's own `--help`, its options, sources and JSON keys, is still English.)"""
+    """`--help` is read before `--lang`: DISTAI_LANG (or the locale) chooses its language."""
     for command in (["run", "--help"], ["calc", "--help"], ["quiz", "--help"]):
         env = {**os.environ, LANG_ENV: "es", "COLUMNS": "200"}
         out = subprocess.run([sys.executable, "-m", "distai.tutor.cli", *command], env=env, capture_output=True,
@@ -138,6 +137,65 @@ def test_help_follows_distai_lang():
         text = re.sub(r"Usage:.*|Options|Arguments|Commands|\[default: [^]]*\]|\[required\]|<\w+>|"
                       r"Show this message and exit\.|^│ \*? *[\w-]+ ", " ", out, flags=re.MULTILINE)
         assert_spanish(text, " ".join(command))
+
+
+TYPER_FRAME = re.compile(r"Usage:.*|Options|Arguments|Commands|\[default: [^]]*\]|\[required\]|<\w+>|"
+                         r"Show this message and exit\.|^│ \*? *[\w-]+ ", flags=re.MULTILINE)
+
+
+def _json_words(value) -> set[str]:
+    """The keys and text values of a calculator's JSON object: names, not sentences (``fits``, ``best``)."""
+    if isinstance(value, dict):
+        return set(value) | {w for v in value.values() for w in _json_words(v)}
+    if isinstance(value, list):
+        return {w for v in value for w in _json_words(v)}
+    return {value} if isinstance(value, str) else set()
+
+
+def _given(args: list[str]) -> dict:
+    """``CALC_ARGS``' flags as the options' values (a flag without a value is a switch)."""
+    given, i = {}, 0
+    while i < len(args):
+        switch = i + 1 == len(args) or args[i + 1].startswith("--")
+        given[args[i].lstrip("-").replace("-", "_")] = True if switch else args[i + 1]
+        i += 1 if switch else 2
+    return given
+
+
+def calculator_help(env: dict[str, str], argv_tail: list[str] = ()) -> dict[str, str]:
+    """Each calculator's own `distai calc NAME --help`, as a learner's shell prints it (one process:
+    the help's language is chosen at start-up)."""
+    # sys.argv as `distai calc NAME --help --lang es` gives it: the help's language is read from it at import
+    code = (f"import sys\nsys.argv = ['distai', 'calc', 'NAME', '--help', *{list(argv_tail)!r}]\n"
+            "from distai.tutor.cli import main\nfrom distai.lessons.registry import all_calculators\n"
+            "for name in all_calculators():\n    print('@@', name)\n    sys.stdout.flush()\n"
+            f"    main(['calc', name, '--help', *{list(argv_tail)!r}])\n")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "COLUMNS": "200", **env},
+                         capture_output=True, text=True, timeout=120).stdout
+    return dict(part.split("\n", 1) for part in out.split("@@ ")[1:])
+
+
+@pytest.mark.parametrize("how", ["DISTAI_LANG", "LANG", "--lang"])
+def test_calculator_help_in_spanish(how):
+    """`distai calc NAME --help` (description, sources, JSON keys paragraph, each option's help) is
+    Spanish with DISTAI_LANG=es, with a Spanish locale, or with --lang es on the command line; the
+    JSON's own names (keys, choices, reason kinds) are code and set aside."""
+    base = {LANG_ENV: "", "LANG": "C.UTF-8", "LC_ALL": ""}
+    spanish = {"DISTAI_LANG": {LANG_ENV: "es"}, "LANG": {"LANG": "es_ES.UTF-8"}, "--lang": {}}[how]
+    helps = {"es": calculator_help({**base, **spanish}, ["--lang", "es"] if how == "--lang" else []),
+             "en": calculator_help(base)}
+    calculators = all_calculators()
+    assert set(helps["es"]) == set(helps["en"]) == set(calculators)
+    for name, calc in calculators.items():
+        result = calc.run(_given(CALC_ARGS[name]), "en")
+        names = _json_words(result) | {c for o in calc.options for c in o.choices}
+
+        def text(lang: str, name: str = name, names: set[str] = names) -> str:
+            plain = TYPER_FRAME.sub(" ", helps[lang][name])
+            return " ".join(w for w in re.split(r"([\s,;:()/]+)", plain) if w not in names)
+
+        assert calc.help("es").split("\n")[0][:40] in " ".join(helps["es"][name].split()), name
+        assert_both(text, f"distai calc {name} --help ({how})")
 
 
 def test_distai_lang_wins_over_the_locale():
