@@ -80,9 +80,9 @@ CALC_ARGS: dict[str, list[str]] = {
             "--vocab", "32000", "--heads", "32", "--kv-heads", "8", "--ep", "8", "--tokens", "4096"],
 }
 
-# Lines the planners write themselves (a rejection's reason, computed with the JSON): not yet
-# translated; the calculators' own lines around them are.
-PLANNER_DETAIL = {"serve": re.compile(r"^  \d+×\d+×\d+ "), "plan": re.compile(r"^\s+\d+ × ")}
+# Lines lesson 7's serving planner writes itself (a rejection's detail, computed with the JSON): not yet
+# translated; the calculator's own lines around them are. calc plan's rejections are (reason_text).
+PLANNER_DETAIL = {"serve": re.compile(r"^  \d+×\d+×\d+ ")}
 
 
 def calc_text(capsys, name: str, lang: str) -> str:
@@ -100,6 +100,22 @@ def test_every_calculator_has_arguments_here():
 @pytest.mark.parametrize("name", sorted(CALC_ARGS))
 def test_calculator_text_in_spanish(capsys, name):
     assert_both(lambda lang: calc_text(capsys, name, lang), f"distai calc {name}")
+
+
+def test_plan_rejections_in_spanish(capsys):
+    """calc plan's "Rejected" lines: each kind of reason the planner gives (ZeRO without dp, memory,
+    a TP group off the node, a shape the heads refuse) is printed in Spanish, and the JSON keeps the
+    English reason beside each language's text."""
+    code = main(["calc", "plan", *CALC_ARGS["plan"], "--json"])
+    rejected = json.loads(capsys.readouterr().out)["rejected"]
+    assert code == 0 and {"memory", "zero", "node", "heads", "layers"} <= {c["kind"] for c in rejected}
+    for c in rejected:
+        assert c["reason_text"]["en"] == c["reason"]
+    text = calc_text(capsys, "plan", "es")
+    lines = text[text.index("Descartadas"):].splitlines()[1:]
+    assert len(lines) >= 4 and all(re.match(r"^\s+\d+ × ", line) for line in lines)
+    assert_both(lambda lang: "\n".join(c["reason_text"][lang] for c in rejected), "calc plan --json reasons")
+    assert_spanish("\n".join(lines), "calc plan's rejections")
 
 
 def test_calculator_errors_in_spanish(capsys):

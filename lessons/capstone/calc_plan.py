@@ -174,7 +174,8 @@ def text(r: dict, lang: str = "en") -> list[str]:
         for kind, items in groups.items():
             # the nearest miss for memory, else the first of its kind
             example = min(items, key=lambda c: c["memory_bytes"]) if kind == "memory" else items[0]
-            lines.append(f"  {len(items):>5} × {example['reason']}" + (" …" if len(items) > 1 else ""))
+            reason = example.get("reason_text", {}).get(lang) or example["reason"]
+            lines.append(f"  {len(items):>5} × {reason}" + (" …" if len(items) > 1 else ""))
     return lines
 
 
