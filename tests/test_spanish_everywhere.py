@@ -402,3 +402,29 @@ def test_spanish_templates_hold_no_english(area, key):
         return re.sub(r"\{[^}]*\}", " ", "\n".join(_templates(table[key] if key else table)))
 
     assert_both(text, f"lessons/catalog/{area}.toml" + (f" [{key}]" if key else ""))
+
+
+def test_lesson3_run_lines_in_spanish(monkeypatch):
+    """What lesson 3 prints while it runs (the fault it will inject, a rank's death, the restart,
+    each checkpoint), in the run's language: the launcher's DISTAI_LANG."""
+    from distai.engine.experiments import lesson3
+
+    args = argparse.Namespace(no_fault=False, kill_rank=1, at_step=9, fail_every=30.0, max_failures=2, seed=0)
+
+    def render(lang: str) -> str:
+        monkeypatch.setenv(LANG_ENV, lang)
+        faults = lesson3.Faults(args, 0, 4, 0, None, lambda: (1, "step"))
+        where = lesson3._log("during_phase", phase="checkpoint", prev=4)
+        return "\n".join([
+            lesson3._log("fault", what=faults.describe()),
+            lesson3._log("died", rank=1, cause="--kill-rank", where=where),
+            lesson3._log("restart", attempt=1, how=lesson3._log("how_in_place"),
+                         who=lesson3._log("who_step", rank=1, step=9),
+                         origin=lesson3._log("origin_checkpoint", step=5), ms=lesson3._ms(0.03),
+                         redo=lesson3._log("lost_many", n=3, first=6, last=8), forget=""),
+            lesson3._log("redone", first=6, last=8, same=lesson3._log("redone_same"), n=3),
+            lesson3._log("saved_async", step=10, size=lesson3._kib(1321779), blocked=lesson3._ms(0.019),
+                         written=lesson3._ms(0.05), name="step_00000010")])
+
+    assert "1,26 MiB" in render("es")
+    assert_both(render, "lesson 3's run lines")
