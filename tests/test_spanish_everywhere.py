@@ -39,8 +39,8 @@ these those it its be been was were has have had will would can could should int
 such option see got
 """.split())
 
-# set aside before looking for words: code identifiers, flags, units and numbers
-CODE = re.compile(r"\S*[_|]\S*|--?[a-z][\w-]*|\b\w+\.\w+\b|\b[\w-]+\(|\d[\d.,]*\S*")
+# set aside before looking for words: code identifiers (`in backticks`, lesson3), flags, units and numbers
+CODE = re.compile(r"`[^`]*`|\b[a-z]+\d\w*|\S*[_|]\S*|--?[a-z][\w-]*|\b\w+\.\w+\b|\b[\w-]+\(|\d[\d.,]*\S*")
 
 
 def english_words(text: str) -> list[str]:
@@ -144,7 +144,8 @@ def test_run_refusals_in_spanish(capsys, argv):
 
 def test_help_follows_distai_lang():
     """`--help` is read before `--lang`: DISTAI_LANG (or the locale) chooses its language."""
-    for command in (["run", "--help"], ["calc", "--help"], ["quiz", "--help"]):
+    for command in (["run", "--help"], ["calc", "--help"], ["quiz", "--help"], ["runs", "--help"],
+                    ["runs", "show", "--help"], ["runs", "export", "--help"]):
         env = {**os.environ, LANG_ENV: "es", "COLUMNS": "200"}
         out = subprocess.run([sys.executable, "-m", "distai.tutor.cli", *command], env=env, capture_output=True,
                              text=True, timeout=60).stdout
@@ -428,3 +429,24 @@ def test_lesson3_run_lines_in_spanish(monkeypatch):
 
     assert "1,26 MiB" in render("es")
     assert_both(render, "lesson 3's run lines")
+
+
+def test_runs_list_in_spanish(capsys, monkeypatch, tmp_path):
+    """`distai runs --lang es`: the table's header, each run's status and its duration (decimal
+    comma), and the empty list's message, in Spanish."""
+    from distai.engine.runs import create_run
+
+    monkeypatch.setenv("DISTAI_HOME", str(tmp_path))
+
+    def render(lang: str) -> str:
+        assert main(["runs", "--lang", lang]) == 0
+        return capsys.readouterr().out
+
+    assert_both(render, "distai runs (empty)")
+    for status, duration in (("ok", 16.3), ("failed", 2.5), ("stopped", 1.0)):
+        rec = create_run(tmp_path / "runs", "lesson3", "distai.engine.experiments.lesson3", config={"nproc": 2, "device": "cpu"})
+        rec.status, rec.duration_s = status, duration
+        rec.save()
+    spanish = render("es")
+    assert "16,3 s" in spanish and "fallida" in spanish and "detenida" in spanish
+    assert_both(render, "distai runs")
