@@ -80,17 +80,11 @@ CALC_ARGS: dict[str, list[str]] = {
             "--vocab", "32000", "--heads", "32", "--kv-heads", "8", "--ep", "8", "--tokens", "4096"],
 }
 
-# Lines lesson 7's serving planner writes itself (a rejection's detail, computed with the JSON): not yet
-# translated; the calculator's own lines around them are. calc plan's rejections are (reason_text).
-PLANNER_DETAIL = {"serve": re.compile(r"^  \d+×\d+×\d+ ")}
-
-
 def calc_text(capsys, name: str, lang: str) -> str:
     code = main(["calc", name, *CALC_ARGS[name], "--lang", lang])
     out = capsys.readouterr()
     assert code == 0, out.err
-    skip = PLANNER_DETAIL.get(name)
-    return "\n".join(line for line in out.out.splitlines() if not (skip and skip.match(line)))
+    return out.out
 
 
 def test_every_calculator_has_arguments_here():
