@@ -2,7 +2,7 @@
 
 A lesson owns a calculator by holding ``calc_<name>.py`` in its folder (``tp-comm`` ->
 ``calc_tp_comm.py``) with ``CALCULATOR = Calculator(...)``: its options (what each one parses,
-its default, bounds and help), ``compute`` (the parsed options -> the JSON object, sizes in bytes,
+its default and bounds; their help, and the calculator's, in ``lessons/catalog/calc_help.toml``), ``compute`` (the parsed options -> the JSON object, sizes in bytes,
 times in seconds, fractions in [0, 1]) and ``text`` (that object -> the lines printed, numbers via
 ``lessons/units.py``). ``distai.lessons.registry`` discovers them; the tutor builds the Typer
 command from the declaration (``distai.tutor.cli_calc``).
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from . import units
 from .model_size import ShapeError
-from .strings import detect_language, translated
+from .strings import detect_language, strings, translated
 
 REQUIRED = ...  # an option the learner must give (Typer's spelling of "no default")
 
@@ -49,13 +49,14 @@ class CalcError(ValueError):
 class Option:
     flag: str                          # "--micro-batch"
     kind: str                          # one of KINDS
-    help: str
     default: object = REQUIRED         # text as the learner would type it, None (optional), or a bool (flag)
     short: str | None = None           # "-p"
     choices: tuple[str, ...] = ()
     minimum: float | None = None
     strict_min: bool = False           # value must be > minimum (not >=)
     maximum: float | None = None
+    # numbers its help text names (lessons/catalog/calc_help.toml [<lang>.<calculator>.options])
+    help_fields: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -125,7 +126,6 @@ _PARSERS: dict[str, Callable[[str], float]] = {
 @dataclass(frozen=True)
 class Calculator:
     name: str                                  # the command: distai calc NAME
-    help: str                                  # summary line, blank line, sources and JSON keys
     options: tuple[Option, ...]
     compute: Callable[[dict], dict]            # parsed options -> the JSON object
     text: Callable[[dict, str], list[str]]     # the JSON object, the language -> the lines printed
@@ -133,6 +133,16 @@ class Calculator:
     # given the parsed options, returning what ``compute`` then finds as that option's value). The
     # CLI calls it (torch allowed there); the declaration and ``compute`` stay pure.
     measure: tuple[str, ...] = ()
+
+    def help(self, lang: str) -> str:
+        """Its help in ``lang``: summary line, blank line, sources and JSON keys
+        (``lessons/catalog/calc_help.toml`` ``[<lang>.<name>] help``)."""
+        return str(strings("calc_help", lang)[self.name]["help"])
+
+    def option_help(self, option: Option, lang: str) -> str:
+        """``option``'s help in ``lang`` (``[<lang>.<name>.options]``, keyed by the option's name)."""
+        text = str(strings("calc_help", lang)[self.name]["options"][option.name])
+        return text.format(**{k: units.format_plain(v, lang) for k, v in option.help_fields}) if option.help_fields else text
 
     def parse(self, given: dict, lang: str = "en") -> dict:
         """Each option's value from its text in ``given`` (keyed by option name), in declared order."""

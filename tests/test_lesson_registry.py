@@ -24,7 +24,7 @@ def test_calculators_are_declared_where_their_lesson_lives():
             assert isinstance(calc, Calculator)
             assert module == f"{lesson.package}.calc_{calc.name.replace('-', '_')}", module
             assert names[calc.name] is calc
-            assert calc.help.strip() and "JSON keys" in calc.help, calc.name
+            assert calc.help("en").strip() and "JSON keys" in calc.help("en"), calc.name
         used = set(lesson.calculators) | {s.calc for s in lesson.steps if s.calc}
         assert used <= set(names), f"{lesson.id} uses calculators no lesson declares: {used - set(names)}"
 

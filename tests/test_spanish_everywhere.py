@@ -39,8 +39,8 @@ these those it its be been was were has have had will would can could should int
 such option see got
 """.split())
 
-# set aside before looking for words: code identifiers, flags, units and numbers
-CODE = re.compile(r"\S*[_|]\S*|--?[a-z][\w-]*|\b\w+\.\w+\b|\b[\w-]+\(|\d[\d.,]*\S*")
+# set aside before looking for words: code identifiers (`in backticks`, lesson3), flags, units and numbers
+CODE = re.compile(r"`[^`]*`|\b[a-z]+\d\w*|\S*[_|]\S*|--?[a-z][\w-]*|\b\w+\.\w+\b|\b[\w-]+\(|\d[\d.,]*\S*")
 
 
 def english_words(text: str) -> list[str]:
@@ -80,17 +80,11 @@ CALC_ARGS: dict[str, list[str]] = {
             "--vocab", "32000", "--heads", "32", "--kv-heads", "8", "--ep", "8", "--tokens", "4096"],
 }
 
-# Lines the planners write themselves (a rejection's reason, computed with the JSON): not yet
-# translated; the calculators' own lines around them are.
-PLANNER_DETAIL = {"serve": re.compile(r"^  \d+×\d+×\d+ "), "plan": re.compile(r"^\s+\d+ × ")}
-
-
 def calc_text(capsys, name: str, lang: str) -> str:
     code = main(["calc", name, *CALC_ARGS[name], "--lang", lang])
     out = capsys.readouterr()
     assert code == 0, out.err
-    skip = PLANNER_DETAIL.get(name)
-    return "\n".join(line for line in out.out.splitlines() if not (skip and skip.match(line)))
+    return out.out
 
 
 def test_every_calculator_has_arguments_here():
@@ -100,6 +94,22 @@ def test_every_calculator_has_arguments_here():
 @pytest.mark.parametrize("name", sorted(CALC_ARGS))
 def test_calculator_text_in_spanish(capsys, name):
     assert_both(lambda lang: calc_text(capsys, name, lang), f"distai calc {name}")
+
+
+def test_plan_rejections_in_spanish(capsys):
+    """calc plan's "Rejected" lines: each kind of reason the planner gives (ZeRO without dp, memory,
+    a TP group off the node, a shape the heads refuse) is printed in Spanish, and the JSON keeps the
+    English reason beside each language's text."""
+    code = main(["calc", "plan", *CALC_ARGS["plan"], "--json"])
+    rejected = json.loads(capsys.readouterr().out)["rejected"]
+    assert code == 0 and {"memory", "zero", "node", "heads", "layers"} <= {c["kind"] for c in rejected}
+    for c in rejected:
+        assert c["reason_text"]["en"] == c["reason"]
+    text = calc_text(capsys, "plan", "es")
+    lines = text[text.index("Descartadas"):].splitlines()[1:]
+    assert len(lines) >= 4 and all(re.match(r"^\s+\d+ × ", line) for line in lines)
+    assert_both(lambda lang: "\n".join(c["reason_text"][lang] for c in rejected), "calc plan --json reasons")
+    assert_spanish("\n".join(lines), "calc plan's rejections")
 
 
 def test_calculator_errors_in_spanish(capsys):
@@ -127,9 +137,9 @@ def test_run_refusals_in_spanish(capsys, argv):
 
 
 def test_help_follows_distai_lang():
-    """`--help` is read before `--lang`: DISTAI_LANG (or the locale) chooses its language. (Each
-    calculator's own `--help`, its options, sources and JSON keys, is still English.)"""
-    for command in (["run", "--help"], ["calc", "--help"], ["quiz", "--help"]):
+    """`--help` is read before `--lang`: DISTAI_LANG (or the locale) chooses its language."""
+    for command in (["run", "--help"], ["calc", "--help"], ["quiz", "--help"], ["runs", "--help"],
+                    ["runs", "show", "--help"], ["runs", "export", "--help"]):
         env = {**os.environ, LANG_ENV: "es", "COLUMNS": "200"}
         out = subprocess.run([sys.executable, "-m", "distai.tutor.cli", *command], env=env, capture_output=True,
                              text=True, timeout=60).stdout
@@ -138,6 +148,65 @@ def test_help_follows_distai_lang():
         text = re.sub(r"Usage:.*|Options|Arguments|Commands|\[default: [^]]*\]|\[required\]|<\w+>|"
                       r"Show this message and exit\.|^│ \*? *[\w-]+ ", " ", out, flags=re.MULTILINE)
         assert_spanish(text, " ".join(command))
+
+
+TYPER_FRAME = re.compile(r"Usage:.*|Options|Arguments|Commands|\[default: [^]]*\]|\[required\]|<\w+>|"
+                         r"Show this message and exit\.|^│ \*? *[\w-]+ ", flags=re.MULTILINE)
+
+
+def _json_words(value) -> set[str]:
+    """The keys and text values of a calculator's JSON object: names, not sentences (``fits``, ``best``)."""
+    if isinstance(value, dict):
+        return set(value) | {w for v in value.values() for w in _json_words(v)}
+    if isinstance(value, list):
+        return {w for v in value for w in _json_words(v)}
+    return {value} if isinstance(value, str) else set()
+
+
+def _given(args: list[str]) -> dict:
+    """``CALC_ARGS``' flags as the options' values (a flag without a value is a switch)."""
+    given, i = {}, 0
+    while i < len(args):
+        switch = i + 1 == len(args) or args[i + 1].startswith("--")
+        given[args[i].lstrip("-").replace("-", "_")] = True if switch else args[i + 1]
+        i += 1 if switch else 2
+    return given
+
+
+def calculator_help(env: dict[str, str], argv_tail: list[str] = ()) -> dict[str, str]:
+    """Each calculator's own `distai calc NAME --help`, as a learner's shell prints it (one process:
+    the help's language is chosen at start-up)."""
+    # sys.argv as `distai calc NAME --help --lang es` gives it: the help's language is read from it at import
+    code = (f"import sys\nsys.argv = ['distai', 'calc', 'NAME', '--help', *{list(argv_tail)!r}]\n"
+            "from distai.tutor.cli import main\nfrom distai.lessons.registry import all_calculators\n"
+            "for name in all_calculators():\n    print('@@', name)\n    sys.stdout.flush()\n"
+            f"    main(['calc', name, '--help', *{list(argv_tail)!r}])\n")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "COLUMNS": "200", **env},
+                         capture_output=True, text=True, timeout=120).stdout
+    return dict(part.split("\n", 1) for part in out.split("@@ ")[1:])
+
+
+@pytest.mark.parametrize("how", ["DISTAI_LANG", "LANG", "--lang"])
+def test_calculator_help_in_spanish(how):
+    """`distai calc NAME --help` (description, sources, JSON keys paragraph, each option's help) is
+    Spanish with DISTAI_LANG=es, with a Spanish locale, or with --lang es on the command line; the
+    JSON's own names (keys, choices, reason kinds) are code and set aside."""
+    base = {LANG_ENV: "", "LANG": "C.UTF-8", "LC_ALL": ""}
+    spanish = {"DISTAI_LANG": {LANG_ENV: "es"}, "LANG": {"LANG": "es_ES.UTF-8"}, "--lang": {}}[how]
+    helps = {"es": calculator_help({**base, **spanish}, ["--lang", "es"] if how == "--lang" else []),
+             "en": calculator_help(base)}
+    calculators = all_calculators()
+    assert set(helps["es"]) == set(helps["en"]) == set(calculators)
+    for name, calc in calculators.items():
+        result = calc.run(_given(CALC_ARGS[name]), "en")
+        names = _json_words(result) | {c for o in calc.options for c in o.choices}
+
+        def text(lang: str, name: str = name, names: set[str] = names) -> str:
+            plain = TYPER_FRAME.sub(" ", helps[lang][name])
+            return " ".join(w for w in re.split(r"([\s,;:()/]+)", plain) if w not in names)
+
+        assert calc.help("es").split("\n")[0][:40] in " ".join(helps["es"][name].split()), name
+        assert_both(text, f"distai calc {name} --help ({how})")
 
 
 def test_distai_lang_wins_over_the_locale():
@@ -328,3 +397,50 @@ def test_spanish_templates_hold_no_english(area, key):
         return re.sub(r"\{[^}]*\}", " ", "\n".join(_templates(table[key] if key else table)))
 
     assert_both(text, f"lessons/catalog/{area}.toml" + (f" [{key}]" if key else ""))
+
+
+def test_lesson3_run_lines_in_spanish(monkeypatch):
+    """What lesson 3 prints while it runs (the fault it will inject, a rank's death, the restart,
+    each checkpoint), in the run's language: the launcher's DISTAI_LANG."""
+    from distai.engine.experiments import lesson3
+
+    args = argparse.Namespace(no_fault=False, kill_rank=1, at_step=9, fail_every=30.0, max_failures=2, seed=0)
+
+    def render(lang: str) -> str:
+        monkeypatch.setenv(LANG_ENV, lang)
+        faults = lesson3.Faults(args, 0, 4, 0, None, lambda: (1, "step"))
+        where = lesson3._log("during_phase", phase="checkpoint", prev=4)
+        return "\n".join([
+            lesson3._log("fault", what=faults.describe()),
+            lesson3._log("died", rank=1, cause="--kill-rank", where=where),
+            lesson3._log("restart", attempt=1, how=lesson3._log("how_in_place"),
+                         who=lesson3._log("who_step", rank=1, step=9),
+                         origin=lesson3._log("origin_checkpoint", step=5), ms=lesson3._ms(0.03),
+                         redo=lesson3._log("lost_many", n=3, first=6, last=8), forget=""),
+            lesson3._log("redone", first=6, last=8, same=lesson3._log("redone_same"), n=3),
+            lesson3._log("saved_async", step=10, size=lesson3._kib(1321779), blocked=lesson3._ms(0.019),
+                         written=lesson3._ms(0.05), name="step_00000010")])
+
+    assert "1,26 MiB" in render("es")
+    assert_both(render, "lesson 3's run lines")
+
+
+def test_runs_list_in_spanish(capsys, monkeypatch, tmp_path):
+    """`distai runs --lang es`: the table's header, each run's status and its duration (decimal
+    comma), and the empty list's message, in Spanish."""
+    from distai.engine.runs import create_run
+
+    monkeypatch.setenv("DISTAI_HOME", str(tmp_path))
+
+    def render(lang: str) -> str:
+        assert main(["runs", "--lang", lang]) == 0
+        return capsys.readouterr().out
+
+    assert_both(render, "distai runs (empty)")
+    for status, duration in (("ok", 16.3), ("failed", 2.5), ("stopped", 1.0)):
+        rec = create_run(tmp_path / "runs", "lesson3", "distai.engine.experiments.lesson3", config={"nproc": 2, "device": "cpu"})
+        rec.status, rec.duration_s = status, duration
+        rec.save()
+    spanish = render("es")
+    assert "16,3 s" in spanish and "fallida" in spanish and "detenida" in spanish
+    assert_both(render, "distai runs")

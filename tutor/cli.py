@@ -16,8 +16,24 @@ from ..lessons.registry import UnknownLessonError, all_lessons, resolve_lesson
 from ..lessons.strings import detect_language, strings
 from ..lessons.units import format_score
 
-#: the language of the help texts: ``DISTAI_LANG``, else the locale (``--help`` is read before ``--lang``)
-HELP_LANG = detect_language()
+
+def _help_language(argv: list[str]) -> str:
+    """The language of the help texts: a ``--lang`` on the command line (Click answers ``--help``
+    before it parses ``--lang``, so it is read here, in either order), else ``DISTAI_LANG``, else
+    the locale. An unknown ``--lang`` is left to the command's own one-line error."""
+    for i, arg in enumerate(argv):
+        given = arg.partition("=")[2] if arg.startswith("--lang=") else (
+            argv[i + 1] if arg == "--lang" and i + 1 < len(argv) else None)
+        if given:
+            try:
+                return detect_language(given)
+            except ValueError:
+                break
+    return detect_language()
+
+
+#: the language of the help texts (``distai --help``, ``distai calc NAME --help``)
+HELP_LANG = _help_language(sys.argv[1:])
 HELP = strings("cli", HELP_LANG)
 
 app = typer.Typer(

@@ -18,7 +18,7 @@ import typer
 
 from ..lessons.calculator import REQUIRED, CalcError, Calculator
 from ..lessons.registry import all_calculators
-from ..lessons.strings import has, translated
+from ..lessons.strings import has, strings, translated
 from .cli import HELP, HELP_LANG, LANG_HELP, CliError, calc_app, language_or_fail
 
 JSON_HELP = HELP["calc_json"]
@@ -66,20 +66,15 @@ def run_calculator(calc: Calculator, given: dict, as_json: bool, lang: str | Non
             typer.echo(line)
 
 
-# what the help shows instead of <str>: the kind of value the option reads
-METAVARS = {"whole": "N", "count": "N", "bytes": "SIZE", "capacity": "SIZE", "time": "TIME", "bandwidth": "RATE",
-            "per-byte": "S/B|RATE", "flops": "FLOP/S", "number": "X"}
-
-
 def _metavar(option) -> str | None:
+    """What the help shows instead of <str>: the kind of value the option reads, in the help's language
+    (``lessons/catalog/calc_help.toml`` ``[<lang>.metavar]``; a choice's help lists the choices)."""
     if option.kind == "flag":
         return None
-    if option.kind == "choice":
-        return "NAME"  # the help lists the choices
-    return METAVARS[option.kind]
+    return str(strings("calc_help", HELP_LANG)["metavar"][option.kind])
 
 
-def _parameter(option) -> inspect.Parameter:
+def _parameter(calc: Calculator, option) -> inspect.Parameter:
     names = (option.flag,) + ((option.short,) if option.short else ())
     annotation: object
     if option.kind == "flag":
@@ -88,12 +83,12 @@ def _parameter(option) -> inspect.Parameter:
         annotation = str if option.default is REQUIRED or option.default is not None else str | None
         default = option.default
     return inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
-                             default=typer.Option(default, *names, help=option.help, metavar=_metavar(option)))
+                             default=typer.Option(default, *names, help=calc.option_help(option, HELP_LANG), metavar=_metavar(option)))
 
 
 def command_for(calc: Calculator):
     """A function Typer reads as ``calc``'s command: one keyword parameter per option, plus ``--json``."""
-    params = [_parameter(o) for o in calc.options]
+    params = [_parameter(calc, o) for o in calc.options]
     params.append(inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
                                     default=typer.Option(False, "--json", help=JSON_HELP)))
     params.append(inspect.Parameter("lang", inspect.Parameter.KEYWORD_ONLY, annotation=str | None,
@@ -111,10 +106,10 @@ def command_for(calc: Calculator):
 
 
 def register(calc: Calculator) -> None:
-    # the listing (`distai calc --help`) in the help's language; the calculator's own help, its sources
-    # and JSON keys, as declared
+    # the listing (`distai calc --help`) and the calculator's own help (its options, sources and JSON
+    # keys) in the help's language (DISTAI_LANG, else the locale: --help is read before --lang)
     short = translated("calc", f"summaries.{calc.name}", HELP_LANG) if has("calc", f"summaries.{calc.name}") else None
-    calc_app.command(calc.name, help=_reflow(calc.help), short_help=short)(command_for(calc))
+    calc_app.command(calc.name, help=_reflow(calc.help(HELP_LANG)), short_help=short)(command_for(calc))
 
 
 for _calc in all_calculators().values():

@@ -14,28 +14,33 @@ from typing import Any
 
 import typer
 
-from .cli import CliError, app, language_or_fail, lesson_or_fail
+from ..lessons.units import format_fixed
+from .cli import HELP, LANG_HELP, CliError, app, language_or_fail, lesson_or_fail
 
 # ------------------------------------------------------------------------------------ distai runs
-runs_app = typer.Typer(help="List past runs, or replay one with `distai runs show ID`.",
+RUNS = HELP["runs"]
+runs_app = typer.Typer(help=RUNS["help"],
                        invoke_without_command=True, no_args_is_help=False)
 app.add_typer(runs_app, name="runs")
 
 
-def _duration(record) -> str:
-    return "—" if record.duration_s is None else f"{record.duration_s:.1f} s"
+def _duration(record, lang: str) -> str:
+    return "—" if record.duration_s is None else format_fixed(record.duration_s, 1, lang) + " s"
 
 
 @runs_app.callback(invoke_without_command=True)
 def runs_list(
     ctx: typer.Context,
-    lesson: str | None = typer.Option(None, "--lesson", "-l", help="Only this lesson's runs."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    limit: int = typer.Option(50, "--limit", "-n", help="At most this many runs (newest first)."),
+    lesson: str | None = typer.Option(None, "--lesson", "-l", help=RUNS["lesson"]),
+    as_json: bool = typer.Option(False, "--json", help=RUNS["json"]),
+    limit: int = typer.Option(50, "--limit", "-n", help=RUNS["limit"]),
+    lang: str | None = typer.Option(None, "--lang", help=LANG_HELP),
 ) -> None:
-    """List past runs: id, lesson, date, status, duration (and the error of failed ones)."""
     if ctx.invoked_subcommand is not None:
         return
+    from ..lessons.strings import strings
+
+    say = strings("cli", language_or_fail(lang))["runs"]
     from ..engine.runs import list_runs, settle_killed
     from .paths import runs_root
 
@@ -49,26 +54,28 @@ def runs_list(
         typer.echo(json.dumps(rows, ensure_ascii=False, indent=2))
         return
     if not rows:
-        typer.echo("no runs yet: start one with `distai run lesson1`")
+        typer.echo(say["empty"])
         return
+    language = language_or_fail(lang)
     width = max(len(r["id"]) for r in rows)
-    typer.echo(f"{'id':<{width}}  {'lesson':<8} {'started':<19}  {'status':<11} {'duration':>9}  procs")
+    typer.echo(f"{say['id']:<{width}}  {say['lesson_column']:<8} {say['started']:<19}  {say['status']:<11} "
+               f"{say['duration']:>9}  {say['procs']}")
     for r, rec in zip(rows, runs):
         procs = f"{r['nproc']}×{r['device']}" if r["nproc"] else ""
-        typer.echo(f"{r['id']:<{width}}  {r['lesson']:<8} {r['started']:<19}  {r['status']:<11} "
-                   f"{_duration(rec):>9}  {procs}")
+        status = say["statuses"].get(r["status"], r["status"])
+        typer.echo(f"{r['id']:<{width}}  {r['lesson']:<8} {r['started']:<19}  {status:<11} "
+                   f"{_duration(rec, language):>9}  {procs}")
         if r["error"] and r["status"] != "ok":
             typer.echo(f"{'':<{width}}  └ {r['error'][:150]}")
 
 
-@runs_app.command("show")
+@runs_app.command("show", help=RUNS["show"])
 def runs_show(
-    run_id: str = typer.Argument(..., help="Run id (or a unique part of it, or `last`)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the run's events as JSON lines."),
-    speed: float = typer.Option(0.0, "--speed", help="Replay at this multiple of real time (0: at once)."),
-    lang: str | None = typer.Option(None, "--lang", help="Language: en or es (default: from the locale)."),
+    run_id: str = typer.Argument(..., help=RUNS["show_id"]),
+    as_json: bool = typer.Option(False, "--json", help=RUNS["show_json"]),
+    speed: float = typer.Option(0.0, "--speed", help=RUNS["show_speed"]),
+    lang: str | None = typer.Option(None, "--lang", help=LANG_HELP),
 ) -> None:
-    """Replay a past run into the same views as a live one."""
     from ..engine.run_state import replay_events
     from ..engine.runs import RunNotFound, find_run, settle_killed
     from ..lessons.strings import translated
@@ -132,16 +139,14 @@ def export_text(record, fmt: str) -> str:
     return tx.metrics_csv(rows) if fmt == "csv" else tx.metrics_jsonl(rows)
 
 
-@runs_app.command("export")
+@runs_app.command("export", help=RUNS["export"])
 def runs_export(
-    run_id: str = typer.Argument(..., help="Run id (or a unique part of it, or `last`)."),
+    run_id: str = typer.Argument(..., help=RUNS["show_id"]),
     fmt: str = typer.Option("chrome-trace", "--format", "-f",
-                            help="chrome-trace (Perfetto, chrome://tracing), csv or jsonl (metrics: step, rank, name, value)."),
+                            help=RUNS["export_format"]),
     output: str | None = typer.Option(None, "--output", "-o",
-                                      help="Write here ('-' for stdout). Default: trace.json / metrics.csv / "
-                                           "metrics.jsonl in the run's folder."),
+                                      help=RUNS["export_output"]),
 ) -> None:
-    """Export a run's timeline as a Chrome trace, or its metrics as CSV / JSON lines."""
     from ..engine.runs import RunNotFound, find_run
     from .paths import runs_root
 

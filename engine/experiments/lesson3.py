@@ -54,6 +54,7 @@ from ...lessons.events import CHECK, PROGRESS
 from ...lessons.lesson3 import checks as lesson_checks
 from ...lessons.lesson3.events import CHECKPOINT, CKPT_COST, COMPARE, FAILURE, PHASE, REDONE, RESTART, STEP
 from ...lessons.model_size import ModelSize, add_model_options
+from ...lessons.units import format_bytes, format_fixed, format_plain
 from ..checkpoint import Checkpointer, ResumableSampler, TrainingState, read_checked, write_checked
 from ..events import EVENTS_DIR_ENV, read_events
 from ..experiment import (
@@ -240,6 +241,19 @@ class Trainer:
 
 
 # ------------------------------------------------------------------------------------ faults
+
+def _log(key: str, /, **fields) -> str:
+    """One of the lines the run prints as it goes (``summary.toml`` ``[<lang>.lesson3.log]``), in the run's language."""
+    return summary_lines("lesson3", run_language())(f"log.{key}", **fields)
+
+
+def _ms(seconds: float) -> str:
+    return format_fixed(seconds * 1e3, 1, run_language()) + " ms"
+
+
+def _kib(size: float) -> str:
+    return format_bytes(size, binary=True, lang=run_language())
+
 class Faults:
     """The injected failures of this attempt."""
 
@@ -260,16 +274,17 @@ class Faults:
     def describe(self) -> str:
         parts = []
         if self.kill_rank is not None:
-            parts.append(f"SIGKILL rank {self.kill_rank} during step {self.kill_step} (first attempt only)")
+            parts.append(_log("fault_kill", rank=self.kill_rank, step=self.kill_step))
         if self.args.fail_every > 0 and not self.args.no_fault:
-            parts.append(f"a random rank SIGKILLed every ~{self.args.fail_every:g} s (at most {self.args.max_failures})")
-        return "; ".join(parts) or "none"
+            parts.append(_log("fault_random", every=format_plain(self.args.fail_every, run_language()),
+                              most=self.args.max_failures))
+        return "; ".join(parts) or _log("fault_none")
 
     def die(self, step: int, cause: str, phase: str = "step") -> None:
         FAILURE.emit(self.events, {"rank": self.rank, "step": step, "phase": phase, "cause": cause,
                                    "attempt": self.attempt})
-        where = f"during step {step}" if phase == "step" else f"during the {phase} after step {step - 1}"
-        print(f"rank {self.rank}: injected failure ({cause}) — SIGKILL {where}", flush=True)
+        where = _log("during_step", step=step) if phase == "step" else _log("during_phase", phase=phase, prev=step - 1)
+        print(_log("died", rank=self.rank, cause=cause, where=where), flush=True)
         sys.stdout.flush()
         sys.stderr.flush()
         os.kill(os.getpid(), signal.SIGKILL)
@@ -437,11 +452,11 @@ class Attempt:
 
     def announce(self) -> None:
         args = self.args
-        self.say(f"lesson 3: {self.world} ranks ({self.ctx.backend}), {args.steps} steps, checkpoint every "
-                 f"{args.ckpt_every} steps ({args.format}) in {self.root}", flush=True)
-        self.say(f"fault: {self.faults.describe()}", flush=True)
+        self.say(_log("announce", world=self.world, backend=self.ctx.backend, steps=args.steps, every=args.ckpt_every,
+                      form=args.format, root=self.root), flush=True)
+        self.say(_log("fault", what=self.faults.describe()), flush=True)
         if args.step_time:
-            self.say(f"steps paced to at least {args.step_time:g} s each (--step-time)", flush=True)
+            self.say(_log("paced", seconds=format_plain(args.step_time, run_language())), flush=True)
 
     def resume(self, history: dict, restart_count: int) -> int:
         """Load the newest good checkpoint; rank 0 reports the restart. Returns the last step
@@ -461,19 +476,20 @@ class Attempt:
             "failed_step": fail.get("step"), "failed_phase": fail.get("phase"), "last_done": last_done,
             "lost_steps": lost, "restart_count": restart_count, "load_s": resumed.seconds,
             "forgot": list(args.forget)})
-        how = "torchrun restarted the group in place" if restart_count else "the supervisor relaunched torchrun"
+        how = _log("how_in_place" if restart_count else "how_relaunched")
         for name, why in resumed.skipped:
-            self.say(f"skipped checkpoint {name}: {why}", flush=True)
-        origin = f"the checkpoint after step {from_step}" if resumed.path else "the beginning (no good checkpoint)"
+            self.say(_log("skipped", name=name, why=why), flush=True)
+        origin = _log("origin_checkpoint", step=from_step) if resumed.path else _log("origin_start")
         if fail:
-            who = (f"rank {fail['rank']} died during step {fail['step']}" if fail.get("phase") == "step"
-                   else f"rank {fail['rank']} died during the {fail.get('phase')} after step {fail['step'] - 1}")
+            who = (_log("who_step", rank=fail["rank"], step=fail["step"]) if fail.get("phase") == "step"
+                   else _log("who_phase", rank=fail["rank"], phase=fail.get("phase"), prev=fail["step"] - 1))
         else:
-            who = "the group stopped"
-        redo = f"{lost} completed step{'s' if lost != 1 else ''} lost ({from_step + 1}–{last_done})" if lost \
-            else "no completed step lost"
-        self.say(f"restart {self.attempt} ({how}): {who}; resumed from {origin} in {resumed.seconds * 1e3:.1f} ms; "
-                 f"{redo}" + (f" (forgetting {', '.join(args.forget)})" if args.forget else ""), flush=True)
+            who = _log("who_group")
+        redo = _log("lost_none") if not lost else _log("lost_one" if lost == 1 else "lost_many", n=lost,
+                                                      first=from_step + 1, last=last_done)
+        forget = _log("forgetting", what=", ".join(args.forget)) if args.forget else ""
+        self.say(_log("restart", attempt=self.attempt, how=how, who=who, origin=origin, ms=_ms(resumed.seconds),
+                      redo=redo, forget=forget), flush=True)
         return last_done if lost else 0
 
     def train(self, history: dict, redo_until: int) -> list[float]:
@@ -515,8 +531,8 @@ class Attempt:
         same = all(before[s] == losses[s - 1] for s in compared)
         REDONE.emit(self.events, {"first": first, "last": redo_until, "steps": redo_until - first + 1,
                                   "compared": len(compared), "identical": same})
-        self.say(f"redone steps {first}–{redo_until}: losses {'identical to' if same else 'DIFFERENT from'} "
-                 f"the first time ({len(compared)} compared)", flush=True)
+        self.say(_log("redone", first=first, last=redo_until, same=_log("redone_same" if same else "redone_different"),
+                      n=len(compared)), flush=True)
 
     def _checkpoint(self, step: int) -> None:
         if self.args.ckpt_mode == "async":
@@ -529,8 +545,8 @@ class Attempt:
             CHECKPOINT.emit(self.events, {"step": step, "bytes": info.bytes, "seconds": info.seconds,
                                           "name": Path(info.path).name, "form": info.form, "attempt": self.attempt,
                                           "pruned": info.pruned, "mode": "sync"})
-            self.say(f"checkpoint after step {step}: {info.bytes / 1024:.1f} KiB in {info.seconds * 1e3:.1f} ms "
-                     f"→ {Path(info.path).name}", flush=True)
+            self.say(_log("saved", step=step, size=_kib(info.bytes), ms=_ms(info.seconds), name=Path(info.path).name),
+                     flush=True)
 
     def _report_async(self, info) -> None:
         """An asynchronous checkpoint, once published: ``seconds`` from the call to publication,
@@ -541,9 +557,8 @@ class Attempt:
                                       "blocked_s": info.seconds, "t_end": info.published_t,
                                       "name": Path(info.path).name, "form": info.form, "attempt": self.attempt,
                                       "pruned": info.pruned, "mode": "async"})
-        self.say(f"checkpoint after step {info.step}: {info.bytes / 1024:.1f} KiB, training blocked "
-                 f"{info.seconds * 1e3:.1f} ms, written in {info.written_s * 1e3:.1f} ms (async) → "
-                 f"{Path(info.path).name}", flush=True)
+        self.say(_log("saved_async", step=info.step, size=_kib(info.bytes), blocked=_ms(info.seconds),
+                      written=_ms(info.written_s), name=Path(info.path).name), flush=True)
 
     def compare(self, losses: list[float], run_sha: str) -> dict:
         """Train again from scratch without faults or checkpoints (same seed): every loss and the

@@ -174,103 +174,69 @@ def text(r: dict, lang: str = "en") -> list[str]:
         for kind, items in groups.items():
             # the nearest miss for memory, else the first of its kind
             example = min(items, key=lambda c: c["memory_bytes"]) if kind == "memory" else items[0]
-            lines.append(f"  {len(items):>5} × {example['reason']}" + (" …" if len(items) > 1 else ""))
+            reason = example.get("reason_text", {}).get(lang) or example["reason"]
+            lines.append(f"  {len(items):>5} × {reason}" + (" …" if len(items) > 1 else ""))
     return lines
 
 
-def _bandwidth(flag: str, help: str, default) -> Option:
-    return Option(flag, "bandwidth", help, default=default, minimum=0, strict_min=True)
+def _bandwidth(flag: str, default) -> Option:
+    return Option(flag, "bandwidth", default=default, minimum=0, strict_min=True)
 
 
 CALCULATOR = Calculator(
     name="plan",
-    help="""Parallelism planner over five axes: every (tp, cp, pp, dp, ep, sequence parallelism, microbatch, ZeRO stage, recompute, chunks) ranked by predicted step time.
-
-    Memory per GPU, term by term: bf16 parameters, the fp32 gradient buffer, the optimizer (each sharded
-    by ZeRO over dp·cp), lesson 2's Korthikanti activations times lesson 5's microbatches in flight, the
-    last stage's fp32 logits, communication buffers, and an allocator allowance (2 GB of CUDA context and
-    NCCL, plus 5%). Step time: each layer on one GPU from its GEMMs (at E / (1 + w½·(t/h + cp/(b·s))) of
-    peak), its attention core and its memory-bound kernels (HBM bandwidth), + lesson 4's TP collectives,
-    CP's K/V all-gathers and PP sends, stretched by lesson 5's bubble, + the data-parallel reduction the
-    backward does not hide (lesson 1's α-β ring). E and w½ were fitted on Megatron-LM's Table 1 (A100)
-    and Llama 3's 8,192-GPU run (H100), and checked on held-out runs (the capstone lesson). TP stays inside
-    a node unless --tp-across-nodes. The pipeline schedules are those --engine runs (lesson 5's rule:
-    Megatron-LM's interleaved schedule needs m a multiple of PP; torch.distributed.pipelining's also runs
-    m < PP, whose step takes PP + (m-1)/v microbatch slots). Impossible shapes and non-finite results are a
-    one-line error.
-
-    JSON keys: best (the first configuration), configs (feasible, best first), rejected (each with tp,
-    pp, dp, cp, ep, sp, microbatch, zero, recompute, chunks, reason, kind, memory_bytes; values a rejection
-    left undecided are null), inputs. A configuration has tp, pp, dp, cp, ep, sp, microbatch, zero,
-    recompute, chunks (interleaved model chunks per stage), microbatches (per pipeline and step),
-    memory_bytes (the busiest GPU), memory (params_bytes, grad_buffer_bytes, optimizer_bytes,
-    model_states_bytes, activations_bytes, logits_bytes, comm_buffers_bytes, allocator_bytes,
-    first_stage_bytes, last_stage_bytes, microbatches_in_flight, usable_bytes), step_time_s, time
-    (compute_s, tp_comm_s, cp_comm_s, pp_comm_s, bubble_s, dp_comm_exposed_s, gemm_efficiency,
-    tp/cp/pp/dp_over_nodes), bubble_fraction, mfu (model FLOPs 6Ψ + 12·L·h·s per token over peak, Ψ the
-    active parameters), tokens_per_s, reason (empty).
-    """,
     options=(
-        Option("--params", "count", "Parameters Ψ of the model (70B).", minimum=0, strict_min=True, default=None),
-        Option("--layers", "whole", "Transformer layers L.", default=None),
-        Option("--hidden", "whole", "Hidden size h.", default=None),
-        Option("--heads", "whole", "Attention heads a.", default=None),
-        Option("--kv-heads", "whole", "Key/value heads (GQA; default: --heads).", default=None),
-        Option("--seq", "whole", "Sequence length s in tokens.", default=None),
-        Option("--global-batch", "whole", "Sequences per optimizer step.", default=None),
-        Option("--gpus", "whole", "GPUs to split into TP × PP × DP.", maximum=1 << 20, default=None),
-        Option("--gpu-mem", "bytes", "Memory per GPU (80GB).", minimum=0, strict_min=True, default=None),
-        Option("--gpus-per-node", "whole", "GPUs per node sharing NVLink (default 8).", default="8"),
-        Option("--flops", "flops", "Peak dense bf16 FLOP/s per GPU (default 989e12: H100 SXM).", default="989e12",
+        Option("--params", "count", minimum=0, strict_min=True, default=None),
+        Option("--layers", "whole", default=None),
+        Option("--hidden", "whole", default=None),
+        Option("--heads", "whole", default=None),
+        Option("--kv-heads", "whole", default=None),
+        Option("--seq", "whole", default=None),
+        Option("--global-batch", "whole", default=None),
+        Option("--gpus", "whole", maximum=1 << 20, default=None),
+        Option("--gpu-mem", "bytes", minimum=0, strict_min=True, default=None),
+        Option("--gpus-per-node", "whole", default="8"),
+        Option("--flops", "flops", default="989e12",
                minimum=0, strict_min=True),
-        _bandwidth("--intra-bw", "NVLink bandwidth per GPU and direction (default 450e9 B/s: H100).", "450e9"),
-        _bandwidth("--inter-bw", "Network bandwidth per GPU between nodes (default 50e9 B/s = 400 Gb/s).", "50e9"),
-        Option("--alpha", "time", "Latency per message inside a node (default 5us).", default="5us", minimum=0),
-        Option("--inter-alpha", "time", "Latency per message between nodes (default 10us).", default="10us",
+        _bandwidth("--intra-bw", "450e9"),
+        _bandwidth("--inter-bw", "50e9"),
+        Option("--alpha", "time", default="5us", minimum=0),
+        Option("--inter-alpha", "time", default="10us",
                minimum=0),
-        Option("--hbm-bw", "bandwidth", "GPU memory bandwidth (default 3.35e12 B/s: H100 SXM).", default="3.35e12",
+        Option("--hbm-bw", "bandwidth", default="3.35e12",
                minimum=0, strict_min=True),
-        Option("--gemm-efficiency", "number", f"E: the best fraction of peak a GEMM reaches (default {pl.H100_GEMM:g}, "
-               f"fitted on Llama 3's H100 run; A100: {pl.A100_GEMM:g}).", default=f"{pl.H100_GEMM:g}"),
-        Option("--flash-attention", "choice", "on or off (default on).", default="on", choices=("on", "off")),
-        Option("--efficiency", "number", "A fixed fraction of peak for every layer instead of the shape-aware "
-               "model (default: the model).", default=None),
-        Option("--memory-util", "number", "Share of GPU memory the job may use (default 1: the allowances "
-               "are counted).", default="1"),
-        Option("--vocab", "whole", "Vocabulary size: adds the last stage's fp32 logits (default: left out).",
+        Option("--gemm-efficiency", "number", default=f"{pl.H100_GEMM:g}",
+               help_fields=(("h100_gemm", pl.H100_GEMM), ("a100_gemm", pl.A100_GEMM))),
+        Option("--flash-attention", "choice", default="on", choices=("on", "off")),
+        Option("--efficiency", "number", default=None),
+        Option("--memory-util", "number", default="1"),
+        Option("--vocab", "whole",
                default=None),
-        Option("--tp", "whole", "Fix the tensor-parallel degree.", default=None),
-        Option("--pp", "whole", "Fix the pipeline-parallel degree.", default=None),
-        Option("--dp", "whole", "Fix the data-parallel degree.", default=None),
-        Option("--cp", "whole", "Fix the context-parallel degree (default: 1, or searched up to --max-cp).",
+        Option("--tp", "whole", default=None),
+        Option("--pp", "whole", default=None),
+        Option("--dp", "whole", default=None),
+        Option("--cp", "whole",
                default=None),
-        Option("--max-cp", "whole", "Search context parallelism up to this degree (default 1: off).", default="1"),
-        Option("--ep", "whole", "Fix the expert-parallel degree (divides DP and --experts).", default=None),
-        Option("--experts", "whole", "Routed experts per layer (a mixture of experts, as calc moe).", default=None),
-        Option("--top-k", "whole", "Experts per token.", default=None),
-        Option("--ffn", "whole", "Width of one expert's MLP (with --experts).", default=None),
-        Option("--shared-experts", "whole", "Shared experts every token uses.", default="0", minimum=0),
-        Option("--sp", "choice", "Sequence parallelism: any, on or off (default any).", default="any",
+        Option("--max-cp", "whole", default="1"),
+        Option("--ep", "whole", default=None),
+        Option("--experts", "whole", default=None),
+        Option("--top-k", "whole", default=None),
+        Option("--ffn", "whole", default=None),
+        Option("--shared-experts", "whole", default="0", minimum=0),
+        Option("--sp", "choice", default="any",
                choices=("any", "on", "off")),
-        Option("--microbatch", "whole", "Fix the microbatch size (default: try 1, 2, 4, 8).", default=None),
-        Option("--max-zero", "whole", "Highest ZeRO stage the framework offers (default 3).", default="3",
+        Option("--microbatch", "whole", default=None),
+        Option("--max-zero", "whole", default="3",
                minimum=0, maximum=3),
-        Option("--max-zero-pp", "whole", "Highest ZeRO stage with a pipeline (default 3: FSDP with PP, as "
-               "torchtitan and Llama 3; DeepSpeed's pipeline: 1).", default="3", minimum=0, maximum=3),
-        Option("--recompute", "choice", "any, none, selective or full (default any).", default="any",
+        Option("--max-zero-pp", "whole", default="3", minimum=0, maximum=3),
+        Option("--recompute", "choice", default="any",
                choices=RECOMPUTE_CHOICES),
-        Option("--max-chunks", "whole", "Most interleaved chunks per stage to try (default 8; 1 = plain 1F1B).",
+        Option("--max-chunks", "whole",
                default="8"),
-        Option("--engine", "choice", "Whose pipeline schedules decide which microbatch counts m run (lesson 5): "
-               "megatron (default: interleaved needs m a multiple of PP), torch (interleaved also on any "
-               "m < PP, 1F1B needs m >= PP) or distai.", default="megatron", choices=ENGINES),
-        Option("--tp-across-nodes", "flag", "Allow TP groups that leave a node.", default=False),
-        Option("--top", "whole", "Configurations to print (default 10).", default="10"),
-        Option("--calibrate", "flag", "Measure this machine (matmul rate and other kernels at the capstone "
-               "run's sizes, α and β of the loopback, with as many processes as the run has ranks; a profile "
-               "under $DISTAI_HOME less than an hour old is reused) and predict the capstone run's step "
-               "time: --dp --tp --pp --cp --ep (default 2, 2, 2, 1, 1), --layers --hidden --heads --kv-heads "
-               "--seq --vocab --microbatch --global-batch (default: the run's).", default=False),
+        Option("--engine", "choice", default="megatron", choices=ENGINES),
+        Option("--tp-across-nodes", "flag", default=False),
+        Option("--top", "whole", default="10"),
+        Option("--calibrate", "flag", default=False),
     ),
     compute=compute,
     text=text,

@@ -67,6 +67,7 @@ from ..lesson5.formulas import (
 )
 from ..model_size import ModelSize, Refusal, ShapeError, explain, refusals
 from ..model_spec import ModelSpec
+from ..strings import LANGUAGES, translated
 from . import formulas as f
 
 MICROBATCHES = (1, 2, 4, 8)
@@ -122,6 +123,7 @@ class Config:
     cp: int = 1
     ep: int = 1
     reason: str = ""
+    reason_text: dict = field(default_factory=dict)  # the reason in each language: {"en": ..., "es": ...}
     microbatches: int = 0
     memory_bytes: float = 0.0
     memory: dict = field(default_factory=dict)
@@ -140,7 +142,7 @@ class Config:
         return asdict(self)
 
     def rejected_dict(self) -> dict:
-        keys = ("tp", "pp", "dp", "cp", "ep", "sp", "microbatch", "zero", "recompute", "chunks", "reason")
+        keys = ("tp", "pp", "dp", "cp", "ep", "sp", "microbatch", "zero", "recompute", "chunks", "reason", "reason_text")
         return {k: getattr(self, k) for k in keys}
 
 
@@ -222,17 +224,36 @@ def shape_refusals(model: ModelSpec, tp: int | None = None, pp: int | None = Non
                     pp=p, stages="with-ends", layers=model.layers if pp is not None else None)
 
 
-def shape_reason(model: ModelSpec, cluster: Cluster, tp: int, pp: int, cp: int = 1, ep: int = 1) -> str:
-    """Why a split cannot hold the model, or "" when it can (sequence parallelism not asked)."""
+def _texts(key: str, **fields) -> dict[str, str]:
+    """A rejection's reason in every language (``lessons/catalog/calc.toml`` ``[<lang>.plan.reasons]``);
+    a field given as a function of the language (a size through ``units``) is called with it."""
+    return {lang: translated("calc", f"plan.reasons.{key}", lang,
+                             **{k: v(lang) if callable(v) else v for k, v in fields.items()}) for lang in LANGUAGES}
+
+
+def _refusal_texts(found) -> dict[str, str]:
+    return {lang: explain(found, lang) for lang in LANGUAGES}
+
+
+def shape_reasons(model: ModelSpec, cluster: Cluster, tp: int, pp: int, cp: int = 1, ep: int = 1) -> dict[str, str]:
+    """Why a split cannot hold the model, in each language, or {} when it can (sequence parallelism not asked)."""
     found = shape_refusals(model, tp, pp, cp, ep, sequence_parallel=False)
     if found:
-        return explain(found)
+        return _refusal_texts(found)
     if _spans_nodes(1, tp, cluster.gpus_per_node) and not cluster.tp_across_nodes:
-        where = ("spans more than one node" if tp > cluster.gpus_per_node
-                 else "does not divide the node, so some TP groups straddle two nodes")
-        return (f"tp = {tp} {where} of {cluster.gpus_per_node} GPUs (TP stays on NVLink; allow it with "
-                f"--tp-across-nodes)")
-    return ""
+        return _texts("tp_spans" if tp > cluster.gpus_per_node else "tp_straddles", tp=tp, g=cluster.gpus_per_node)
+    return {}
+
+
+def shape_reason(model: ModelSpec, cluster: Cluster, tp: int, pp: int, cp: int = 1, ep: int = 1) -> str:
+    """Why a split cannot hold the model (in English), or "" when it can."""
+    return shape_reasons(model, cluster, tp, pp, cp, ep).get("en", "")
+
+
+def _reject(c: Config, texts: dict[str, str]) -> Config:
+    """``c`` refused for ``texts`` (its reason in each language; ``reason`` the English one)."""
+    c.reason, c.reason_text = texts.get("en", ""), dict(texts)
+    return c
 
 
 # ------------------------------------------------------------------------------ memory
@@ -343,29 +364,27 @@ def _dp_exposed(model: ModelSpec, cluster: Cluster, c: Config, m: int, compute_m
 
 
 def _refuse(c: Config, cluster: Cluster, model: ModelSpec, stage: int, m: int, max_zero_pp: int,
-            engine: str) -> str:
-    """Why this configuration cannot run, or ""."""
+            engine: str) -> dict[str, str]:
+    """Why this configuration cannot run, in each language, or {}."""
     v, pp, zero = c.chunks or 1, c.pp, c.zero or 0
     if zero > max_zero_pp and pp > 1:
-        return (f"ZeRO-{zero} with pp = {pp}: this framework's pipeline allows ZeRO up to {max_zero_pp} "
-                f"(DeepSpeed's pipeline engine: 1; torchtitan and Llama 3's FSDP with PP: 3)")
+        return _texts("zero_pp", zero=zero, pp=pp, max_zero=max_zero_pp)
     if zero > 0 and c.dp * c.cp == 1:
-        return f"ZeRO-{zero} with dp = 1: nothing to shard over"
+        return _texts("zero_dp", zero=zero)
     if v > 1 and (pp == 1 or stage % v):
-        return (f"{v} chunks per stage need pp > 1 and must divide the stage's {stage} layers"
-                if pp > 1 else "interleaved chunks need pp > 1")
+        return _texts("chunks_divide", v=v, stage=stage) if pp > 1 else _texts("chunks_pp")
     if pp > 1:
         try:  # lesson 5 decides what the framework's schedule accepts (interleaved m < pp: torch yes, Megatron no)
             check_schedule("interleaved" if v > 1 else "1f1b", pp, m, v, engine)
-        except ScheduleError as exc:
-            return str(exc)
+        except ScheduleError as exc:  # lesson 5's message (English)
+            return {lang: str(exc) for lang in LANGUAGES}
     if c.sp and c.tp == 1:
-        return "sequence parallelism needs tp > 1"
+        return _texts("sp_tp")
     if c.sp:
         found = shape_refusals(model, c.tp, cp=c.cp, sequence_parallel=True)
         if found:
-            return explain(found)
-    return ""
+            return _refusal_texts(found)
+    return {}
 
 
 def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, optimizer: str = "adam",
@@ -377,19 +396,18 @@ def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, o
     try:
         m = f.microbatches_per_replica(global_batch, dp, b)
     except ValueError as exc:
-        c.reason = str(exc)
-        return c
+        return _reject(c, {lang: str(exc) for lang in LANGUAGES})
     c.microbatches = m
     stage = f.stage_layers(model.layers, pp)
-    c.reason = _refuse(c, cluster, model, stage, m, max_zero_pp, engine)
-    if c.reason:
-        return c
+    refused = _refuse(c, cluster, model, stage, m, max_zero_pp, engine)
+    if refused:
+        return _reject(c, refused)
     c.memory = memory_terms(model, cluster, c, stage, m, optimizer)
     c.memory_bytes = max(c.memory["first_stage_bytes"], c.memory["last_stage_bytes"])
     if c.memory_bytes > c.memory["usable_bytes"]:
-        c.reason = (f"needs {units.format_bytes(c.memory_bytes)} per GPU, more than the usable "
-                    f"{units.format_bytes(c.memory['usable_bytes'])}")
-        return c
+        need, usable = c.memory_bytes, c.memory["usable_bytes"]
+        return _reject(c, _texts("memory", memory=lambda lang: units.format_bytes(need, lang=lang),
+                                 usable=lambda lang: units.format_bytes(usable, lang=lang)))
 
     # one microbatch on one stage: compute + TP collectives + CP's K/V + PP sends
     n, g, st = cluster.gpus, cluster.gpus_per_node, strides(c)
@@ -520,14 +538,14 @@ def plan(model: ModelSpec, cluster: Cluster, global_batch: int, optimizer: str =
     feasible: list[Config] = []
     rejected: list[Config] = []
     for t, p, d, cp, e in layouts(n, axes, model.experts):
-        why = shape_reason(model, cluster, t, p, cp, e)
+        why = shape_reasons(model, cluster, t, p, cp, e)
         if why:
-            rejected.append(Config(t, p, d, cp=cp, ep=e, reason=why))
+            rejected.append(_reject(Config(t, p, d, cp=cp, ep=e), why))
             continue
         for b in axes.microbatches:
             if global_batch % (d * b):
-                rejected.append(Config(t, p, d, b, cp=cp, ep=e, reason=(
-                    f"the global batch {global_batch} does not split into dp·microbatch = {d}·{b} pieces")))
+                rejected.append(_reject(Config(t, p, d, b, cp=cp, ep=e),
+                                        _texts("batch_split", batch=global_batch, dp=d, mb=b)))
                 continue
             for sp in (axes.sp if t > 1 else (False,)):
                 for z in axes.zero:

@@ -58,32 +58,21 @@ def text(r: dict, lang: str = "en") -> list[str]:
 
 CALCULATOR = Calculator(
     name="context",
-    help="""Context parallelism: activation memory per GPU, K/V traffic per layer, ring overlap.
-
-    Activations after Korthikanti et al. 2022 with TP+SP, each GPU holding s/cp tokens (flash: no
-    stored scores); the ring of Liu et al. 2023 and Llama 3's all-gather of K/V (Dubey et al. 2024).
-
-    JSON keys: activation_bytes_per_gpu (flash attention), activation_bytes_per_gpu_with_scores,
-    activation_bytes_per_gpu_without_cp, tokens_per_gpu, score_bytes_per_layer, kv_block_bytes,
-    ring and allgather ({forward,backward}_messages, {forward,backward,total}_bytes_per_rank),
-    overlap (compute_s, hop_s, hidden, min_tokens, shard_tokens), idle_fraction_contiguous; plus
-    the inputs.
-    """,
     options=(
-        Option("--seq", "whole", "Sequence length s (131072, 128k)."),
-        Option("--hidden", "whole", "Hidden size h."),
-        Option("--heads", "whole", "Attention heads a."),
-        Option("--kv-heads", "whole", "Key/value heads (grouped-query attention)."),
-        Option("--layers", "whole", "Transformer layers L."),
-        Option("--cp", "whole", "Context-parallel degree."),
-        Option("--tp", "whole", "Tensor-parallel degree (with sequence parallelism).", default="1"),
-        Option("--pp", "whole", "Pipeline-parallel degree (layers per GPU: L/pp).", default="1"),
-        Option("--micro-batch", "whole", "Micro-batch size b.", default="1"),
-        Option("--dtype", "choice", "Activation dtype: fp32, fp16, bf16, fp8.", default="bf16",
+        Option("--seq", "whole"),
+        Option("--hidden", "whole"),
+        Option("--heads", "whole"),
+        Option("--kv-heads", "whole"),
+        Option("--layers", "whole"),
+        Option("--cp", "whole"),
+        Option("--tp", "whole", default="1"),
+        Option("--pp", "whole", default="1"),
+        Option("--micro-batch", "whole", default="1"),
+        Option("--dtype", "choice", default="bf16",
                choices=("fp32", "fp16", "bf16", "fp8")),
-        Option("--flops", "flops", "Attention compute rate per GPU.", default="380T"),
-        Option("--alpha", "time", "Latency per message α.", default="5us", minimum=0),
-        Option("--beta", "per-byte", "s/B or a bandwidth per GPU (50GB/s).", default="50GB/s", minimum=0),
+        Option("--flops", "flops", default="380T"),
+        Option("--alpha", "time", default="5us", minimum=0),
+        Option("--beta", "per-byte", default="50GB/s", minimum=0),
     ),
     compute=compute,
     text=text,

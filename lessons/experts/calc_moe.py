@@ -52,34 +52,21 @@ def text(r: dict, lang: str = "en") -> list[str]:
 
 CALCULATOR = Calculator(
     name="moe",
-    help="""Mixture of Experts: parameters, memory per GPU under expert parallelism, all-to-all bytes.
-
-    Mixtral's shape (SwiGLU experts, grouped-query attention, RMSNorm, no biases, untied head):
-    Mixtral 8x7B (--layers 32 --hidden 4096 --ffn 14336 --experts 8 --top-k 2 --vocab 32000
-    --heads 32 --kv-heads 8) gives 46.7B total, 12.9B active. DeepSeek-V3's Multi-head Latent
-    Attention and dense first layers are not described by these flags.
-
-    JSON keys: total_params, active_params, expert_params, active_fraction, experts_per_gpu,
-    expert_bytes_per_gpu, replicated_bytes_per_gpu, weight_bytes_per_gpu,
-    all_to_all_forward_bytes_per_layer and all_to_all_backward_bytes_per_layer (one GPU's dispatch
-    and combine under uniform routing), all_to_all_calls_per_layer, capacity (per expert in the
-    EP group), expected_drop_rate; plus the inputs.
-    """,
     options=(
-        Option("--layers", "whole", "Transformer blocks (every one an MoE block)."),
-        Option("--hidden", "whole", "Hidden size h."),
-        Option("--ffn", "whole", "Width of one expert's MLP."),
-        Option("--experts", "whole", "Routed experts per layer E."),
-        Option("--top-k", "whole", "Experts per token k."),
-        Option("--vocab", "whole", "Vocabulary size."),
-        Option("--heads", "whole", "Attention (query) heads."),
-        Option("--kv-heads", "whole", "Key/value heads (grouped-query attention)."),
-        Option("--shared-experts", "whole", "Shared experts every token uses.", default="0", minimum=0),
-        Option("--ep", "whole", "Expert-parallel GPUs.", default="1"),
-        Option("--tokens", "whole", "Tokens per GPU per step (micro-batch × sequence).", default="4096"),
-        Option("--capacity-factor", "number", "Capacity factor c, for the capacity and the drops.", default="1.25",
+        Option("--layers", "whole"),
+        Option("--hidden", "whole"),
+        Option("--ffn", "whole"),
+        Option("--experts", "whole"),
+        Option("--top-k", "whole"),
+        Option("--vocab", "whole"),
+        Option("--heads", "whole"),
+        Option("--kv-heads", "whole"),
+        Option("--shared-experts", "whole", default="0", minimum=0),
+        Option("--ep", "whole", default="1"),
+        Option("--tokens", "whole", default="4096"),
+        Option("--capacity-factor", "number", default="1.25",
                minimum=0, strict_min=True),
-        Option("--dtype", "choice", "Weights and activations: fp32, fp16, bf16, fp8.", default="bf16",
+        Option("--dtype", "choice", default="bf16",
                choices=("fp32", "fp16", "bf16", "fp8")),
     ),
     compute=compute,

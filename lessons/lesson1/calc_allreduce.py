@@ -44,21 +44,13 @@ def text(r: dict, lang: str = "en") -> list[str]:
 
 CALCULATOR = Calculator(
     name="allreduce",
-    help="""All-reduce cost in the alpha-beta model (ring, tree, naive).
-
-    Ring: 2(N-1)α + 2(N-1)/N·S·β; binomial tree: 2⌈log2 N⌉(α + S·β); naive: 2(N-1)(α + S·β).
-
-    JSON keys: time_s, bytes_per_rank (sent by the busiest rank), steps (serialised messages),
-    busbw_factor (2(N-1)/N), algbw_bytes_per_s (S/time), busbw_bytes_per_s, and the inputs
-    size_bytes, ranks, alpha_s, beta_s_per_byte, algorithm.
-    """,
     options=(
-        Option("--bytes", "bytes", "Message size S (1GB, 64MiB, 4e8).", short="-s", minimum=0),
-        Option("--ranks", "whole", "Ranks N.", short="-n"),
-        Option("--alpha", "time", "Latency per message α (default 5us).", default="5us", minimum=0),
-        Option("--beta", "per-byte", "Time per byte β in s/B (1e-11), or a link bandwidth (100GB/s = 1e-11 s/B).",
+        Option("--bytes", "bytes", short="-s", minimum=0),
+        Option("--ranks", "whole", short="-n"),
+        Option("--alpha", "time", default="5us", minimum=0),
+        Option("--beta", "per-byte",
                default="100GB/s", minimum=0),
-        Option("--algorithm", "choice", "ring, tree (binomial) or naive (reduce+broadcast).", default="ring",
+        Option("--algorithm", "choice", default="ring",
                choices=f.ALGORITHMS),
     ),
     compute=compute,

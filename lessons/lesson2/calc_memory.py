@@ -47,34 +47,24 @@ def text(r: dict, lang: str = "en") -> list[str]:
 
 CALCULATOR = Calculator(
     name="memory",
-    help="""Memory per GPU: ZeRO model states plus Korthikanti activations.
-
-    Model states follow ZeRO (Rajbhandari et al. 2020, Fig. 1); activations per layer follow
-    Korthikanti et al. 2022 (Table 2), times --layers.
-
-    JSON keys: params_bytes, grads_bytes, optimizer_bytes, activations_bytes (null without
-    --layers/--hidden/--seq/--micro-batch/--heads), total_bytes, and the inputs: params, dp, tp,
-    strategy, optimizer, precision, k (optimizer bytes per parameter); with --gpu-memory also
-    gpu_memory_bytes and fits (bool).
-    """,
     options=(
-        Option("--params", "whole", "Parameters Ψ of the model (7.5B, 175e9, 1.3M)."),
-        Option("--dp", "whole", "Data-parallel degree N_d the model states are sharded over.", default="1"),
-        Option("--strategy", "choice", "ddp, zero1, zero2, zero3 or fsdp.", default="ddp", choices=f.STRATEGIES),
-        Option("--optimizer", "choice", "adam (K=12 mixed), sgd (with momentum, K=8) or sgd-nomomentum (K=4).",
+        Option("--params", "whole"),
+        Option("--dp", "whole", default="1"),
+        Option("--strategy", "choice", default="ddp", choices=f.STRATEGIES),
+        Option("--optimizer", "choice",
                default="adam", choices=f.OPTIMIZERS + ("adamw",)),
-        Option("--precision", "choice", "mixed (fp16/bf16 + fp32 master) or fp32.", default="mixed",
+        Option("--precision", "choice", default="mixed",
                choices=f.PRECISIONS),
-        Option("--layers", "whole", "Transformer layers L (for activations).", default=None),
-        Option("--hidden", "whole", "Hidden size h.", default=None),
-        Option("--seq", "whole", "Sequence length s.", default=None),
-        Option("--micro-batch", "whole", "Micro-batch size b.", default=None),
-        Option("--heads", "whole", "Attention heads a.", default=None),
-        Option("--tp", "whole", "Tensor-parallel degree t (divides parameters and activations).", default="1"),
-        Option("--sequence-parallel", "flag", "Megatron sequence parallelism.", default=False),
-        Option("--recompute", "choice", "Activation recomputation: none, selective, full.", default="none",
+        Option("--layers", "whole", default=None),
+        Option("--hidden", "whole", default=None),
+        Option("--seq", "whole", default=None),
+        Option("--micro-batch", "whole", default=None),
+        Option("--heads", "whole", default=None),
+        Option("--tp", "whole", default="1"),
+        Option("--sequence-parallel", "flag", default=False),
+        Option("--recompute", "choice", default="none",
                choices=f.RECOMPUTE),
-        Option("--gpu-memory", "capacity", "GPU memory (80GB) to check the fit.", default=None, minimum=0,
+        Option("--gpu-memory", "capacity", default=None, minimum=0,
                strict_min=True),
     ),
     compute=compute,

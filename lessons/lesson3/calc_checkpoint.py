@@ -41,22 +41,13 @@ def text(r: dict, lang: str = "en") -> list[str]:
 
 CALCULATOR = Calculator(
     name="checkpoint",
-    help="""Checkpoint interval (Young, Daly) and the expected waste.
-
-    Young's √(2δM) (1974), Daly's higher-order estimate (2006), and the expected waste of Daly's
-    exponential-failure model.
-
-    JSON keys: young_interval_s, daly_interval_s, expected_waste_fraction (share of wall-clock time
-    lost to checkpoints, redone work and restarts, at --interval if given, else at Daly's interval),
-    waste_at_young_fraction, interval_s (where the waste was evaluated), job_mtbf_s, cost_s, restart_s.
-    """,
     options=(
-        Option("--mtbf", "time", "Mean time between failures of the job (or per GPU with --gpus): 3h, 86400.",
+        Option("--mtbf", "time",
                minimum=0, strict_min=True),
-        Option("--cost", "time", "Time to write one checkpoint δ (30s, 5min).", minimum=0, strict_min=True),
-        Option("--restart", "time", "Time to restart and reload R (default 0).", default="0", minimum=0),
-        Option("--gpus", "whole", "If given, --mtbf is per GPU; job MTBF = MTBF/G.", default=None),
-        Option("--interval", "time", "Evaluate the waste at this interval instead of Daly's.", default=None,
+        Option("--cost", "time", minimum=0, strict_min=True),
+        Option("--restart", "time", default="0", minimum=0),
+        Option("--gpus", "whole", default=None),
+        Option("--interval", "time", default=None,
                minimum=0, strict_min=True),
     ),
     compute=compute,

@@ -29,24 +29,16 @@ def text(r: dict, lang: str = "en") -> list[str]:
 
 CALCULATOR = Calculator(
     name="tp-comm",
-    help="""Tensor-parallel collectives and bytes per transformer layer.
-
-    Megatron-LM (Shoeybi et al. 2019); sequence parallelism after Korthikanti et al. 2022.
-
-    JSON keys: tensor_bytes (s·b·h·bytes), forward and backward ({collective: count}),
-    forward_bytes_per_rank, backward_bytes_per_rank, total_bytes_per_rank (ring), and with --alpha and
-    --beta forward_time_s, backward_time_s, total_time_s; plus the inputs.
-    """,
     options=(
-        Option("--hidden", "whole", "Hidden size h."),
-        Option("--seq", "whole", "Sequence length s."),
-        Option("--micro-batch", "whole", "Micro-batch size b.", default="1"),
-        Option("--tp", "whole", "Tensor-parallel degree t."),
-        Option("--sequence-parallel", "flag", "Megatron sequence parallelism.", default=False),
-        Option("--dtype", "choice", "Activation dtype: fp32, fp16, bf16, fp8.", default="bf16",
+        Option("--hidden", "whole"),
+        Option("--seq", "whole"),
+        Option("--micro-batch", "whole", default="1"),
+        Option("--tp", "whole"),
+        Option("--sequence-parallel", "flag", default=False),
+        Option("--dtype", "choice", default="bf16",
                choices=("fp32", "fp16", "bf16", "fp8")),
-        Option("--alpha", "time", "Latency per message α, to estimate time.", default=None, minimum=0),
-        Option("--beta", "per-byte", "s/B or a bandwidth (100GB/s), to estimate time.", default=None, minimum=0),
+        Option("--alpha", "time", default=None, minimum=0),
+        Option("--beta", "per-byte", default=None, minimum=0),
     ),
     compute=compute,
     text=text,

@@ -27,21 +27,14 @@ def text(r: dict, lang: str = "en") -> list[str]:
 
 CALCULATOR = Calculator(
     name="kvcache",
-    help="""KV cache size per token, in total and per GPU.
-
-    2·L·H_kv·d·bytes per token (Pope et al. 2023), sharded by heads (TP) and by layers (PP).
-
-    JSON keys: bytes_per_token, total_bytes, per_gpu_bytes (the busiest GPU), and the inputs layers,
-    kv_heads, head_dim, dtype, dtype_bytes, tokens, tp, pp.
-    """,
     options=(
-        Option("--layers", "whole", "Layers L."),
-        Option("--kv-heads", "whole", "Key/value heads H_kv (fewer than query heads with GQA)."),
-        Option("--head-dim", "whole", "Head dimension d."),
-        Option("--dtype", "choice", "fp16, bf16, fp8 or fp32.", default="fp16", choices=DTYPES),
-        Option("--tokens", "whole", "Tokens cached, all sequences together (4096, 128k)."),
-        Option("--tp", "whole", "Tensor-parallel degree (shards KV heads).", default="1"),
-        Option("--pp", "whole", "Pipeline-parallel degree (shards layers).", default="1"),
+        Option("--layers", "whole"),
+        Option("--kv-heads", "whole"),
+        Option("--head-dim", "whole"),
+        Option("--dtype", "choice", default="fp16", choices=DTYPES),
+        Option("--tokens", "whole"),
+        Option("--tp", "whole", default="1"),
+        Option("--pp", "whole", default="1"),
     ),
     compute=compute,
     text=text,

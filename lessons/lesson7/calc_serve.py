@@ -78,7 +78,8 @@ def text(r: dict, lang: str = "en") -> list[str]:
         lines += ["", say("none")]
     if r["rejected"]:
         lines += ["", say("rejected")]
-        lines += [f"  {_split(c):<9} {say('reason.' + c['reason']):<6} {c['detail']}" for c in r["rejected"]]
+        lines += [f"  {_split(c):<9} {say('reason.' + c['reason']):<6} {c.get('detail_text', {}).get(lang) or c['detail']}"
+                  for c in r["rejected"]]
     if r["best"]:
         b = r["best"]
         lines += ["", say("best", tp=b["tp"], pp=b["pp"], replicas=say("replicas", n=b["replicas"]), batch=b["batch"],
@@ -88,56 +89,39 @@ def text(r: dict, lang: str = "en") -> list[str]:
     return lines
 
 
-def _bandwidth(flag: str, help: str, default=...) -> Option:
-    return Option(flag, "bandwidth", help, default=default, minimum=0, strict_min=True)
+def _bandwidth(flag: str, default=...) -> Option:
+    return Option(flag, "bandwidth", default=default, minimum=0, strict_min=True)
 
 
 CALCULATOR = Calculator(
     name="serve",
-    help="""Serving planner: TP × PP × replicas ranked by throughput within the TTFT/TPOT targets.
-
-    Enumerates every split of --gpus, rejects what does not fit (weights of the busiest stage plus
-    one sequence's KV cache per GPU), estimates TTFT (prefill of one prompt) and TPOT (decode step of
-    every stage in turn) with the roofline, the tensor-parallel all-reduces (2 per layer per token)
-    and pipeline hops, picks the batch with the most tokens/s within the TPOT target, and ranks
-    (lesson 7's planner; no queueing, ideal overlap).
-
-    JSON keys: best (a configuration or null), accepted (configurations, best first), rejected (each
-    with reason: shape, memory, ttft or tpot, and detail), inputs. A configuration has tp, pp,
-    replicas, accepted, reason, detail, weights_per_gpu_bytes, usable_bytes, free_bytes,
-    kv_per_seq_per_gpu_bytes (one sequence of prompt+output tokens), max_seqs (per replica, memory),
-    batch (sequences in flight per replica), microbatches, microbatch_size, batch_limit (tpot, memory
-    or max-batch), kv_per_gpu_bytes, ttft_s, tpot_s, tpot_at_1_s, stage_time_s, comm_per_token_s,
-    hop_s, decode_bound (memory-bandwidth or compute), throughput_tokens_per_s (output tokens, all
-    replicas), throughput_per_gpu, requests_per_s; values a rejection left uncomputed are null.
-    """,
     options=(
-        Option("--params", "count", "Parameters N of the model (70B, 69e9).", minimum=0, strict_min=True),
-        Option("--layers", "whole", "Layers L."),
-        Option("--hidden", "whole", "Hidden size h."),
-        Option("--kv-heads", "whole", "Key/value heads H_kv (default: --heads).", default=None),
-        Option("--heads", "whole", "Query heads (default: hidden / head dim).", default=None),
-        Option("--head-dim", "whole", "Head dimension d (default: hidden / heads, or 128).", default=None),
-        Option("--dtype", "choice", "Weights and KV cache: fp16, bf16, fp8 or fp32.", default="fp16",
+        Option("--params", "count", minimum=0, strict_min=True),
+        Option("--layers", "whole"),
+        Option("--hidden", "whole"),
+        Option("--kv-heads", "whole", default=None),
+        Option("--heads", "whole", default=None),
+        Option("--head-dim", "whole", default=None),
+        Option("--dtype", "choice", default="fp16",
                choices=DTYPES),
-        Option("--gpus", "whole", "GPUs G to split into TP × PP × replicas.", maximum=4096),
-        Option("--gpu-memory", "capacity", "Memory per GPU (80GB).", minimum=0, strict_min=True),
-        _bandwidth("--bandwidth", "Memory bandwidth per GPU (3.35TB/s)."),
-        Option("--flops", "flops", "Peak dense FLOP/s per GPU (default 989T: H100 SXM bf16).", default="989T",
+        Option("--gpus", "whole", maximum=4096),
+        Option("--gpu-memory", "capacity", minimum=0, strict_min=True),
+        _bandwidth("--bandwidth"),
+        Option("--flops", "flops", default="989T",
                minimum=0, strict_min=True),
-        _bandwidth("--link-bandwidth", "Tensor-parallel link inside a node, per direction (default 450GB/s).",
+        _bandwidth("--link-bandwidth",
                    default="450GB/s"),
-        Option("--alpha", "time", "Latency per all-reduce step inside a node (default 5us).", default="5us",
+        Option("--alpha", "time", default="5us",
                minimum=0),
-        _bandwidth("--internode-bandwidth", "Link between nodes (default 50GB/s = 400 Gb/s).", default="50GB/s"),
-        Option("--internode-alpha", "time", "Latency between nodes (default 10us).", default="10us", minimum=0),
-        Option("--gpus-per-node", "whole", "GPUs per node (default 8).", default="8"),
-        Option("--memory-util", "number", "Share of GPU memory usable (default 0.9).", default="0.9"),
-        Option("--prompt", "whole", "Prompt tokens per request (default 2048).", default="2048"),
-        Option("--output", "whole", "Output tokens per request (default 2048).", default="2048"),
-        Option("--ttft-slo", "time", "Time-to-first-token target (1s, 500ms).", minimum=0, strict_min=True),
-        Option("--tpot-slo", "time", "Time-per-output-token target (50ms).", minimum=0, strict_min=True),
-        Option("--max-batch", "whole", "Most sequences in flight per replica (default 256).", default="256"),
+        _bandwidth("--internode-bandwidth", default="50GB/s"),
+        Option("--internode-alpha", "time", default="10us", minimum=0),
+        Option("--gpus-per-node", "whole", default="8"),
+        Option("--memory-util", "number", default="0.9"),
+        Option("--prompt", "whole", default="2048"),
+        Option("--output", "whole", default="2048"),
+        Option("--ttft-slo", "time", minimum=0, strict_min=True),
+        Option("--tpot-slo", "time", minimum=0, strict_min=True),
+        Option("--max-batch", "whole", default="256"),
     ),
     compute=compute,
     text=text,

@@ -33,8 +33,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from .. import units
 from ..model_size import Refusal, explain, refusals
 from ..model_spec import ModelSpec
+from ..strings import LANGUAGES, translated
 from . import formulas as f
 
 REASONS = ("shape", "memory", "ttft", "tpot")
@@ -70,7 +72,8 @@ class Candidate:
     replicas: int
     accepted: bool = False
     reason: str | None = None  # "shape" | "memory" | "ttft" | "tpot"
-    detail: str = ""
+    detail: str = ""  # in English; detail_text: in each language {"en": ..., "es": ...}
+    detail_text: dict = field(default_factory=dict)
     weights_per_gpu_bytes: float | None = None
     usable_bytes: float | None = None
     free_bytes: float | None = None
@@ -168,12 +171,33 @@ def shape_refusals(m: ModelSpec, tp: int, pp: int) -> list[Refusal]:
     return refusals(tp=tp, pp=pp, heads=m.heads, kv_heads=m.kv_heads, hidden=m.hidden, layers=m.layers)
 
 
+def _texts(key: str, **fields) -> dict[str, str]:
+    """A rejection's detail in every language (``lessons/catalog/calc.toml`` ``[<lang>.serve.detail]``);
+    a field given as a function of the language (a number through ``units``) is called with it."""
+    return {lang: translated("calc", f"serve.detail.{key}", lang,
+                             **{k: v(lang) if callable(v) else v for k, v in fields.items()}) for lang in LANGUAGES}
+
+
+def _gb(n: float, digits: int):
+    return lambda lang: units.format_fixed(n / 1e9, digits, lang) + " GB"
+
+
+def _ms(seconds: float, digits: int | None = None):
+    ms = seconds * 1e3
+    return lambda lang: (units.format_plain(ms, lang) if digits is None else units.format_fixed(ms, digits, lang)) + " ms"
+
+
+def _detail(c: Candidate, texts: dict[str, str]) -> None:
+    c.detail, c.detail_text = texts["en"], dict(texts)
+
+
 def evaluate(m: ModelSpec, hw: Hardware, wl: Workload, tp: int, pp: int) -> Candidate:
     """One configuration: fit, TTFT, TPOT, the best batch within the TPOT target, throughput."""
     c = Candidate(tp, pp, hw.gpus // (tp * pp))
     found = shape_refusals(m, tp, pp)
     if found:
-        c.reason, c.detail = "shape", explain(found)
+        c.reason = "shape"
+        _detail(c, {lang: explain(found, lang) for lang in LANGUAGES})
         return c
     _n, w_gpu, _layers = stage_params(m, tp, pp)
     c.weights_per_gpu_bytes = w_gpu
@@ -184,15 +208,15 @@ def evaluate(m: ModelSpec, hw: Hardware, wl: Workload, tp: int, pp: int) -> Cand
     c.kv_per_seq_per_gpu_bytes = kv_seq
     if c.free_bytes <= 0:
         c.reason = "memory"
-        c.detail = (f"weights {w_gpu / 1e9:.1f} GB per GPU exceed the {c.usable_bytes / 1e9:.1f} GB usable "
-                    f"({hw.memory_util:.0%} of {hw.gpu_memory / 1e9:.0f} GB)")
+        usable = c.usable_bytes
+        _detail(c, _texts("weights", weights=_gb(w_gpu, 1), usable=_gb(usable, 1),
+                          util=lambda lang: units.format_fixed_percent(hw.memory_util, 0, lang), memory=_gb(hw.gpu_memory, 0)))
         return c
     per_token = kv_seq / ctx
     c.max_seqs = f.max_kv_tokens(c.free_bytes, per_token) // ctx
     if c.max_seqs < 1:
         c.reason = "memory"
-        c.detail = (f"{c.free_bytes / 1e9:.2f} GB left after the weights cannot hold one sequence's KV cache "
-                    f"({kv_seq / 1e9:.2f} GB for {ctx} tokens)")
+        _detail(c, _texts("kv", free=_gb(c.free_bytes, 2), kv=_gb(kv_seq, 2), tokens=ctx))
         return c
     c.ttft_s = ttft(m, hw, wl, tp, pp)
     limit = min(c.max_seqs, wl.max_batch)
@@ -210,7 +234,7 @@ def evaluate(m: ModelSpec, hw: Hardware, wl: Workload, tp: int, pp: int) -> Cand
         t, st, mb, b = tpot(m, hw, wl, tp, pp, 1)
         best = (c.replicas / t, 1, t, st, mb, b)
         c.reason = "tpot"
-        c.detail = f"TPOT {t * 1e3:.1f} ms at batch 1 exceeds the {wl.tpot_slo * 1e3:g} ms target"
+        _detail(c, _texts("tpot", tpot=_ms(t, 1), target=_ms(wl.tpot_slo)))
     thr, n, t, st, mb, b = best
     c.batch, c.microbatches, c.microbatch_size, c.tpot_s = n, mb, b, t
     c.stage_time_s, c.hop_s, c.decode_bound = st["time"], st["hop"], st["bound"]
@@ -226,7 +250,7 @@ def evaluate(m: ModelSpec, hw: Hardware, wl: Workload, tp: int, pp: int) -> Cand
                          "max-batch" if n == wl.max_batch else "tpot")
     if c.reason is None and c.ttft_s > wl.ttft_slo:
         c.reason = "ttft"
-        c.detail = f"TTFT {c.ttft_s * 1e3:.0f} ms exceeds the {wl.ttft_slo * 1e3:g} ms target"
+        _detail(c, _texts("ttft", ttft=_ms(c.ttft_s, 0), target=_ms(wl.ttft_slo)))
     c.accepted = c.reason is None
     return c
 
