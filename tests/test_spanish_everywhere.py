@@ -119,6 +119,25 @@ def test_calculator_errors_in_spanish(capsys):
     assert_spanish(err, "calc error")
 
 
+PLAN = ["calc", "plan", "--params", "175B", "--layers", "96", "--hidden", "12288", "--heads", "96", "--seq", "2048",
+        "--global-batch", "1024"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["--gpus", "992", "--gpu-mem", "80GB"],  # the factor 31 no degree can take
+    ["--gpus", "8", "--gpu-mem", "8GB"],     # memory: the nearest miss
+    ["--gpus", "8", "--gpu-mem", "80GB", "--memory-util", "1.5"],  # a flag out of range
+], ids=["factor", "memory", "flag"])
+def test_plan_errors_in_spanish(capsys, argv):
+    """When nothing fits (or a flag is wrong), calc plan's one line is in the learner's language."""
+    def render(lang: str) -> str:
+        code = main([*PLAN, *argv, "--lang", lang])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1, err
+        return err
+    assert_both(render, "calc plan's one-line error")
+
+
 def test_quiz_errors_in_spanish(capsys):
     code = main(["quiz", "1", "--count", "500", "--lang", "es"])
     err = capsys.readouterr().err

@@ -27,8 +27,7 @@ def _kind(reason: str) -> str:
 def _finite(value, where: str = "result") -> None:
     """CalcError when a number of the result is not finite: ``--json`` stays strict JSON."""
     if isinstance(value, float) and not math.isfinite(value):
-        raise CalcError(f"the {where} came out as {value} (inputs out of range: check --flops, the bandwidths "
-                        "and the sizes)")
+        raise CalcError.keyed("plan.errors.not_finite", where=where, value=value)
     if isinstance(value, dict):
         for key, item in value.items():
             _finite(item, key)
@@ -59,22 +58,22 @@ def compute(v: dict) -> dict:
         return calibrated.compute(v["calibrate"])
     missing = [f"--{k.replace('_', '-')}" for k in NEEDED if v[k] is None]
     if missing:
-        raise CalcError(f"{', '.join(missing)} needed (or --calibrate: the capstone run on this machine)")
+        raise CalcError.keyed("plan.errors.missing", flags=", ".join(missing))
     kv_heads = v["kv_heads"] or v["heads"]
     if v["heads"] % kv_heads:
-        raise CalcError(f"--heads {v['heads']} is not a multiple of --kv-heads {kv_heads}")
+        raise CalcError.keyed("plan.errors.heads_kv", heads=v["heads"], kv_heads=kv_heads)
     if v["hidden"] % v["heads"]:
-        raise CalcError(f"--hidden {v['hidden']} is not a multiple of --heads {v['heads']}")
+        raise CalcError.keyed("plan.errors.hidden_heads", hidden=v["hidden"], heads=v["heads"])
     if v["efficiency"] is not None and not 0 < v["efficiency"] <= 1:
-        raise CalcError(f"--efficiency: must be in (0, 1], got {v['efficiency']:g}")
+        raise CalcError.keyed("plan.errors.fraction", flag="--efficiency", value=f"{v['efficiency']:g}")
     if not 0 < v["gemm_efficiency"] <= 1:
-        raise CalcError(f"--gemm-efficiency: must be in (0, 1], got {v['gemm_efficiency']:g}")
+        raise CalcError.keyed("plan.errors.fraction", flag="--gemm-efficiency", value=f"{v['gemm_efficiency']:g}")
     if not 0 < v["memory_util"] <= 1:
-        raise CalcError(f"--memory-util: must be in (0, 1], got {v['memory_util']:g}")
+        raise CalcError.keyed("plan.errors.fraction", flag="--memory-util", value=f"{v['memory_util']:g}")
     if bool(v["experts"]) != bool(v["top_k"]) or bool(v["experts"]) != bool(v["ffn"]):
-        raise CalcError("a mixture of experts needs --experts, --top-k and --ffn (one expert's width) together")
+        raise CalcError.keyed("plan.errors.moe_flags")
     if v["experts"] and v["top_k"] > v["experts"]:
-        raise CalcError(f"--top-k {v['top_k']} is more than the {v['experts']} experts")
+        raise CalcError.keyed("plan.errors.top_k", top_k=v["top_k"], experts=v["experts"])
     model = pl.ModelSpec(params=v["params"], layers=v["layers"], hidden=v["hidden"], heads=v["heads"],
                          kv_heads=kv_heads, seq=v["seq"], vocab=v["vocab"] or 0, experts=v["experts"] or 0,
                          top_k=v["top_k"] or 0, expert_ffn=v["ffn"] or 0, shared_experts=v["shared_experts"])
@@ -89,7 +88,7 @@ def compute(v: dict) -> dict:
     except ValueError as exc:
         raise CalcError(str(exc)) from None
     if not r["configs"]:
-        raise CalcError(r["obstacle"])
+        raise CalcError(texts=r["obstacle_text"])
     configs = [c.as_dict() for c in r["configs"]]
     rejected = [dict(c.rejected_dict(), kind=_kind(c.reason), memory_bytes=c.memory_bytes or None)
                 for c in r["rejected"]]

@@ -224,11 +224,16 @@ def shape_refusals(model: ModelSpec, tp: int | None = None, pp: int | None = Non
                     pp=p, stages="with-ends", layers=model.layers if pp is not None else None)
 
 
+def _texts_in(key: str, **fields) -> dict[str, str]:
+    """``lessons/catalog/calc.toml``'s ``key`` in every language; a field given as a function of the
+    language (a size through ``units``) is called with it."""
+    return {lang: translated("calc", key, lang, **{k: v(lang) if callable(v) else v for k, v in fields.items()})
+            for lang in LANGUAGES}
+
+
 def _texts(key: str, **fields) -> dict[str, str]:
-    """A rejection's reason in every language (``lessons/catalog/calc.toml`` ``[<lang>.plan.reasons]``);
-    a field given as a function of the language (a size through ``units``) is called with it."""
-    return {lang: translated("calc", f"plan.reasons.{key}", lang,
-                             **{k: v(lang) if callable(v) else v for k, v in fields.items()}) for lang in LANGUAGES}
+    """A rejection's reason in every language (``[<lang>.plan.reasons]``)."""
+    return _texts_in(f"plan.reasons.{key}", **fields)
 
 
 def _refusal_texts(found) -> dict[str, str]:
@@ -530,7 +535,7 @@ def layouts(n: int, axes: Axes, experts: int = 0):
 def plan(model: ModelSpec, cluster: Cluster, global_batch: int, optimizer: str = "adam", axes: Axes = Axes()) -> dict:
     """Every configuration for ``cluster.gpus`` GPUs: {"configs": the feasible ones, best first;
     "rejected": the others, each with its reason; "obstacle": when none is feasible, what blocks every
-    layout}. A fixed degree that does not divide the GPUs, the heads, the layers or the batch, or a
+    layout, in English; "obstacle_text": the same in every language}. A fixed degree that does not divide the GPUs, the heads, the layers or the batch, or a
     shape that cannot hold ``model.params``, is a ValueError."""
     n = cluster.gpus
     check_shape(model)
@@ -558,10 +563,8 @@ def plan(model: ModelSpec, cluster: Cluster, global_batch: int, optimizer: str =
                             elif v == 1 or c.memory_bytes:  # a shape reason once, not once per chunk count
                                 rejected.append(c)
     feasible.sort(key=lambda c: (c.step_time_s, c.memory_bytes, c.layout))
-    out = {"configs": feasible, "rejected": rejected, "obstacle": ""}
-    if not feasible:
-        out["obstacle"] = obstacle(model, cluster, global_batch, axes, rejected)
-    return out
+    blocked = obstacle(model, cluster, global_batch, axes, rejected) if not feasible else {}
+    return {"configs": feasible, "rejected": rejected, "obstacle": blocked.get("en", ""), "obstacle_text": blocked}
 
 
 def _factors(n: int) -> dict[int, int]:
@@ -585,9 +588,10 @@ def _power(x: int, q: int) -> int:
     return k
 
 
-def obstacle(model: ModelSpec, cluster: Cluster, global_batch: int, axes: Axes, rejected: list[Config]) -> str:
-    """What blocks every layout, in one sentence: a prime factor of the GPU count that no degree can
-    take (each degree's own rule, alone), else memory (the nearest miss), else the commonest reason."""
+def obstacle(model: ModelSpec, cluster: Cluster, global_batch: int, axes: Axes, rejected: list[Config]) -> dict[str, str]:
+    """What blocks every layout, in one sentence per language: a prime factor of the GPU count that no
+    degree can take (each degree's own rule, alone), else memory (the nearest miss), else the commonest
+    reason."""
     n = cluster.gpus
     ok = {name: [x for x in _divisors(n) if fixed in (None, x) and rule(x)] for name, fixed, rule in (
         ("tp", axes.tp, lambda x: not shape_reason(model, cluster, x, 1)),
@@ -597,25 +601,30 @@ def obstacle(model: ModelSpec, cluster: Cluster, global_batch: int, axes: Axes, 
     for q, k in _factors(n).items():
         room = sum(max(_power(x, q) for x in values) for values in ok.values() if values)
         if room < k:
-            size = f"{q}^{k}" if k > 1 else str(q)
-            return (f"the {n:,} GPUs hold the factor {size}, which no degree can take: TP only "
-                    f"{', '.join(map(str, ok['tp'])) or 'none'} (heads, hidden size, node of {cluster.gpus_per_node}), "
-                    f"PP needs it to divide the {model.layers} layers or {model.layers + 2} (with the embedding "
-                    f"and output slots), DP the global batch of {global_batch:,}"
-                    + (f", CP half the sequence of {model.seq:,}" if axes.cp != 1 else "")
-                    + "; change the GPU count or the batch")
+            return {lang: translated(
+                "calc", "plan.obstacle.factor", lang, gpus=units.format_integer(n, lang),
+                size=f"{q}^{k}" if k > 1 else str(q),
+                tp=", ".join(map(str, ok["tp"])) or translated("calc", "plan.obstacle.none", lang),
+                node=cluster.gpus_per_node, layers=model.layers, slots=model.layers + 2,
+                batch=units.format_integer(global_batch, lang),
+                cp=translated("calc", "plan.obstacle.cp", lang, seq=units.format_integer(model.seq, lang))
+                if axes.cp != 1 else "") for lang in LANGUAGES}
     memory = [c for c in rejected if c.memory_bytes]
     if memory:
         least = min(memory, key=lambda c: c.memory_bytes)
-        return (f"no configuration fits: the smallest needs {units.format_bytes(least.memory_bytes)} per GPU (tp "
-                f"{least.tp}, pp {least.pp}, dp {least.dp}, cp {least.cp}, ep {least.ep}, microbatch "
-                f"{least.microbatch}, ZeRO-{least.zero}, {least.recompute} recompute), more than the usable "
-                f"{units.format_bytes(least.memory['usable_bytes'])}")
+        return _texts_in("plan.obstacle.memory", need=lambda lang: units.format_bytes(least.memory_bytes, lang=lang),
+                         tp=least.tp, pp=least.pp, dp=least.dp, cp=least.cp, ep=least.ep, mb=least.microbatch,
+                         zero=least.zero, recompute=lambda lang: translated("calc", f"plan.recompute_{least.recompute}", lang),
+                         usable=lambda lang: units.format_bytes(least.memory["usable_bytes"], lang=lang))
     counts: dict[str, int] = {}
     for c in rejected:
         counts[c.reason] = counts.get(c.reason, 0) + 1
-    common = max(counts, key=lambda r: counts[r]) if counts else "no split of the GPUs"
-    return f"no configuration is possible: every layout is refused, most often because {common}"
+    if not counts:
+        return _texts_in("plan.obstacle.no_split")
+    common = max(counts, key=lambda r: counts[r])
+    texts = next(c.reason_text for c in rejected if c.reason == common)
+    return {lang: translated("calc", "plan.obstacle.refused", lang, reason=texts.get(lang, common))
+            for lang in LANGUAGES}
 
 
 def layout_rank(configs: list[Config], layout: tuple[int, ...]) -> tuple[int, Config | None]:
