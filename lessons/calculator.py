@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from . import units
 from .model_size import ShapeError
-from .strings import LANGUAGES, detect_language, strings, translated
+from .strings import TranslatedError, detect_language, strings, translated
 
 REQUIRED = ...  # an option the learner must give (Typer's spelling of "no default")
 
@@ -41,21 +41,10 @@ KINDS = (
 )
 
 
-class CalcError(ValueError):
-    """Bad input to a calculator: a one-line message for the learner; ``texts`` holds it in every
-    language (``{"en": ..., "es": ...}``, e.g. from :meth:`keyed`), the message itself is English."""
+class CalcError(TranslatedError):
+    """Bad input to a calculator: a one-line message for the learner (``keyed``: a ``calc.toml`` key)."""
 
-    def __init__(self, message: str = "", texts: dict[str, str] | None = None):
-        self.texts = dict(texts or {})
-        super().__init__(message or self.texts.get("en", ""))
-
-    @classmethod
-    def keyed(cls, key: str, **fields) -> CalcError:
-        """The error whose text is ``lessons/catalog/calc.toml``'s ``key``, in every language."""
-        return cls(texts={lang: translated("calc", key, lang, **fields) for lang in LANGUAGES})
-
-    def text(self, lang: str) -> str:
-        return self.texts.get(lang) or str(self)
+    area = "calc"
 
 
 @dataclass(frozen=True)
@@ -169,9 +158,7 @@ class Calculator:
         values = self.parse(given, lang)
         try:
             return self.compute(values)
-        except CalcError as exc:
-            raise CalcError(exc.text(lang)) from None
-        except ShapeError as exc:
+        except (TranslatedError, ShapeError) as exc:
             raise CalcError(exc.text(lang)) from None
         except ValueError as exc:
             raise CalcError(str(exc)) from None

@@ -114,3 +114,24 @@ def has(area: str, key: str) -> bool:
             return False
         value = value[part]
     return isinstance(value, str)
+
+
+class TranslatedError(ValueError):
+    """Bad input whose one-line message exists in every language: ``texts`` (``{"en": ..., "es": ...}``,
+    e.g. from :meth:`keyed`); the exception's own message is the English one. Whoever shows it to the
+    learner asks :meth:`text` for their language."""
+
+    area = ""  # the catalog area of :meth:`keyed`'s keys
+
+    def __init__(self, message: str = "", texts: dict[str, str] | None = None):
+        self.texts = dict(texts or {})
+        super().__init__(message or self.texts.get(FALLBACK, ""))
+
+    @classmethod
+    def keyed(cls, key: str, **fields: Any) -> TranslatedError:
+        """The error whose text is ``lessons/catalog/<area>.toml``'s ``key``, in every language."""
+        return cls(texts={lang: translated(cls.area, key, lang, **fields) for lang in LANGUAGES})
+
+    def text(self, lang: str) -> str:
+        return self.texts.get(lang) or str(self)
+

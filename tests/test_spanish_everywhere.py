@@ -138,6 +138,21 @@ def test_plan_errors_in_spanish(capsys, argv):
     assert_both(render, "calc plan's one-line error")
 
 
+@pytest.mark.parametrize("argv", [
+    ["calc", "bubble", "-p", "4", "-m", "6", "--schedule", "interleaved", "--engine", "megatron"],
+    ["calc", "bubble", "-p", "4", "-m", "3", "--schedule", "1f1b", "--engine", "torch"],
+    ["run", "lesson5", "--cpu", "2", "--microbatches", "1"],
+], ids=["megatron-rounds", "torch-1f1b", "run-lesson5"])
+def test_pipeline_refusals_in_spanish(capsys, argv):
+    """Lesson 5's schedule rules refuse in the learner's language, from the calculator and before a launch."""
+    def render(lang: str) -> str:
+        code = main([*argv, "--lang", lang])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1, err
+        return err
+    assert_both(render, "a pipeline schedule's refusal")
+
+
 def test_quiz_errors_in_spanish(capsys):
     code = main(["quiz", "1", "--count", "500", "--lang", "es"])
     err = capsys.readouterr().err

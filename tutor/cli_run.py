@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from ..lessons.model_size import ShapeError
-from ..lessons.strings import translated
+from ..lessons.strings import TranslatedError, translated
 from .cli import HELP, LANG_HELP, LESSON_HELP, CliError, app, language_or_fail, lesson_or_fail
 
 if TYPE_CHECKING:
@@ -335,7 +335,7 @@ def run_cmd(
                 plan(extra, placement.nproc * nnodes, default_ranks, placement.device == "cuda")
     except LaunchError as exc:
         raise CliError(str(exc), code=exc.code) from None
-    except ShapeError as exc:  # the model's shape does not allow the degrees: why, in the learner's language
+    except (ShapeError, TranslatedError) as exc:  # the shape or the experiment's plan refused: in the learner's language
         raise CliError(exc.text(language)) from None
     except ValueError as exc:  # the experiment's own plan refused the options
         raise CliError(str(exc)) from None

@@ -228,8 +228,9 @@ class PipelineVisualizer(PlaybackVisualizer):
                 tl = sim.simulate(schedule, self.p, self.m, v, t_f=1.0, t_b=self.b_cost, t_comm=self.hop)
                 self._cache[key] = (Lanes.from_timeline(tl), tl)
             except sim.ScheduleError as exc:
-                self._cache[key] = (str(exc), None)
-        return self._cache[key][0]
+                self._cache[key] = (exc, None)
+        lanes = self._cache[key][0]
+        return lanes.text(self.language) if isinstance(lanes, sim.ScheduleError) else lanes  # in today's language
 
     def timeline(self, schedule: str) -> sim.Timeline | None:
         self.lanes(schedule)

@@ -75,7 +75,7 @@ def check_args(args, p: int) -> tuple[list[str], int, int]:
     try:
         return run_options.check(args, p)
     except sim.ScheduleError as exc:
-        raise pl.PipelineConfigError(str(exc)) from None
+        raise pl.PipelineConfigError(exc.text(run_language())) from None
 
 
 def _batches(cfg, m: int, mb: int, steps: int, device):

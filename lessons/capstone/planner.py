@@ -381,8 +381,8 @@ def _refuse(c: Config, cluster: Cluster, model: ModelSpec, stage: int, m: int, m
     if pp > 1:
         try:  # lesson 5 decides what the framework's schedule accepts (interleaved m < pp: torch yes, Megatron no)
             check_schedule("interleaved" if v > 1 else "1f1b", pp, m, v, engine)
-        except ScheduleError as exc:  # lesson 5's message (English)
-            return {lang: str(exc) for lang in LANGUAGES}
+        except ScheduleError as exc:  # lesson 5's message, in every language
+            return {lang: exc.text(lang) for lang in LANGUAGES}
     if c.sp and c.tp == 1:
         return _texts("sp_tp")
     if c.sp:

@@ -21,16 +21,21 @@ from __future__ import annotations
 
 import math
 
+from ..strings import TranslatedError
+
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 
-class ScheduleError(ValueError):
-    """A schedule that cannot be built for these p, m, v (the message says why and what to change)."""
+class ScheduleError(TranslatedError):
+    """A schedule that cannot be built for these p, m, v (the message says why and what to change, in
+    every language: ``lessons/catalog/schedule.toml``)."""
+
+    area = "schedule"
 
 
 def _positive_int(value, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value < 1:
-        raise ScheduleError(f"{what} must be a positive integer, got {value!r}")
+        raise ScheduleError.keyed("positive", what=what, value=repr(value))
     return int(value)
 
 
@@ -40,7 +45,7 @@ def normalize_schedule(name: str) -> str:
     aliases = {"gpipe": "gpipe", "1f1b": "1f1b", "pipedreamflush": "1f1b", "pipedream": "1f1b",
                "interleaved": "interleaved", "interleaved1f1b": "interleaved", "i1f1b": "interleaved"}
     if key not in aliases:
-        raise ScheduleError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
+        raise ScheduleError.keyed("unknown_schedule", name=repr(name), choices=", ".join(SCHEDULES))
     return aliases[key]
 
 
@@ -69,33 +74,26 @@ def check_schedule(schedule: str, p: int, m: int, v: int = 1, engine: str = "dis
     """
     schedule = normalize_schedule(schedule)
     if engine not in ENGINES:
-        raise ScheduleError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+        raise ScheduleError.keyed("unknown_engine", engine=repr(engine), choices=", ".join(ENGINES))
     p = _positive_int(p, "p (stages)")
     m = _positive_int(m, "m (microbatches)")
     v = _positive_int(v, "v (chunks per stage)")
     if schedule != "interleaved" and v != 1:
-        raise ScheduleError(f"v = {v} chunks per stage only applies to the interleaved schedule; "
-                            f"{schedule} uses v = 1")
+        raise ScheduleError.keyed("chunks_only_interleaved", v=v, schedule=schedule)
     if schedule == "interleaved" and v < 2:
-        raise ScheduleError("the interleaved schedule needs at least 2 chunks per stage (v >= 2)")
+        raise ScheduleError.keyed("interleaved_v")
     name = ENGINE_NAMES[engine]
     if engine == "megatron":
         if schedule == "gpipe":
-            raise ScheduleError(f"{name} has no GPipe schedule (its pipelines run 1F1B, interleaved or not); "
-                                f"torch.distributed.pipelining and distai's engine have one")
+            raise ScheduleError.keyed("megatron_gpipe", name=name)
         if schedule == "interleaved" and p < 2:
-            raise ScheduleError(f"{name} runs no pipeline schedule on one stage (p = 1)")
+            raise ScheduleError.keyed("one_stage", name=name)
         if schedule == "interleaved" and m % p:
-            raise ScheduleError(f"{name}'s interleaved schedule needs m to be a multiple of p = {p}: m = {m} is "
-                                f"not (try m = {p * max(1, m // p)}); torch.distributed.pipelining's "
-                                f"ScheduleInterleaved1F1B is looser: any m < p, or m in equal rounds")
+            raise ScheduleError.keyed("megatron_multiple", name=name, p=p, m=m, suggest=p * max(1, m // p))
     if engine == "torch" and schedule == "1f1b" and m < p:
-        raise ScheduleError(f"{name}'s Schedule1F1B needs at least as many microbatches as stages: m = {m} < "
-                            f"p = {p}; use m >= {p} (distai's engine runs it, its warm-up cut at m)")
+        raise ScheduleError.keyed("torch_1f1b", name=name, m=m, p=p)
     if engine != "megatron" and schedule == "interleaved" and m % (rounds := max(1, m // p)):
-        raise ScheduleError(f"the interleaved schedule runs m = {m} microbatches in m // p = {rounds} rounds "
-                            f"of equal size, so m must be a multiple of {rounds} ({name}): try "
-                            f"m = {p * rounds} or another multiple of p = {p}, or any m < p")
+        raise ScheduleError.keyed("rounds", m=m, rounds=rounds, name=name, suggest=p * rounds, p=p)
     return schedule
 
 

@@ -32,27 +32,26 @@ def add_options(ap: argparse.ArgumentParser) -> None:
 def check(args: argparse.Namespace, p: int) -> tuple[list[str], int, int]:
     """Schedules, m, v for ``p`` ranks, or ScheduleError with a message that says what to change."""
     if p < 2:
-        raise ScheduleError("a pipeline needs at least 2 processes (one per stage); run with --cpu 2 or more")
+        raise ScheduleError.keyed("two_processes")
     schedules = [sim.normalize_schedule(s) for s in args.schedules.split(",") if s.strip()]
     if not schedules:
-        raise ScheduleError("no schedule given; use --schedules gpipe,1f1b,interleaved")
+        raise ScheduleError.keyed("no_schedule")
     m = args.microbatches if args.microbatches is not None else 2 * p
     v = args.chunks
     if m < 1:
-        raise ScheduleError(f"--microbatches must be at least 1, got {m}")
+        raise ScheduleError.keyed("at_least_1", flag="--microbatches", value=m)
     if "interleaved" in schedules and v < 2:
-        raise ScheduleError(f"the interleaved schedule needs --chunks >= 2, got {v}")
+        raise ScheduleError.keyed("chunks_flag", v=v)
     for s in schedules:
         sim.validate(s, p, m, v if s == "interleaved" else 1)
     if m < p and "1f1b" in schedules and not args.no_torch:
-        raise ScheduleError(f"fewer microbatches than stages (m = {m} < p = {p}): torch's Schedule1F1B refuses "
-                            f"it; use --microbatches {p} or more, or --no-torch")
+        raise ScheduleError.keyed("fewer_microbatches", m=m, p=p)
     if args.steps < 1:
-        raise ScheduleError(f"--steps must be at least 1, got {args.steps}")
+        raise ScheduleError.keyed("at_least_1", flag="--steps", value=args.steps)
     if args.slow_stage is not None and not 0 <= args.slow_stage < p:
-        raise ScheduleError(f"--slow-stage must be a rank between 0 and {p - 1}, got {args.slow_stage}")
+        raise ScheduleError.keyed("slow_stage", last=p - 1, value=args.slow_stage)
     if args.slow_ms < 0:
-        raise ScheduleError(f"--slow-ms must be >= 0, got {args.slow_ms}")
+        raise ScheduleError.keyed("slow_ms", value=args.slow_ms)
     return schedules, m, v
 
 
