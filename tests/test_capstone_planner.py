@@ -16,6 +16,17 @@ ISSUE_ARGS = ["--params", "70B", "--layers", "80", "--hidden", "8192", "--heads"
               "--gpus-per-node", "8"]
 
 
+def issue_args_with(extra: list[str]) -> list[str]:
+    """The issue's 70B example with ``extra``'s flags replacing (or added to) its own."""
+    args = list(ISSUE_ARGS)
+    for flag, value in zip(extra[::2], extra[1::2]):
+        if flag in args:
+            args[args.index(flag) + 1] = value
+        else:
+            args += [flag, value]
+    return args
+
+
 def run(capsys, *argv):
     code = main(["calc", "plan", *argv])
     out = capsys.readouterr()
@@ -161,12 +172,7 @@ def test_cli_json_keys_and_text(capsys):
     (["--heads", "60"], "not a multiple"),
 ])
 def test_bad_input_is_a_one_line_error(capsys, extra, words):
-    args = list(ISSUE_ARGS)
-    for flag, value in zip(extra[::2], extra[1::2]):
-        if flag in args:
-            args[args.index(flag) + 1] = value
-        else:
-            args += [flag, value]
+    args = issue_args_with(extra)
     code, out, err = run(capsys, *args)
     assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
     assert "Traceback" not in err
@@ -184,12 +190,7 @@ def _strict(text: str):
     (["--params", "70T"], "does not fit the shape"),
 ])
 def test_non_finite_and_impossible_shapes_are_one_line_exit_2_even_with_json(capsys, extra, words):
-    args = list(ISSUE_ARGS)
-    for flag, value in zip(extra[::2], extra[1::2]):
-        if flag in args:
-            args[args.index(flag) + 1] = value
-        else:
-            args += [flag, value]
+    args = issue_args_with(extra)
     for json_flag in ([], ["--json"]):
         code, out, err = run(capsys, *args, *json_flag)
         assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
