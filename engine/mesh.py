@@ -59,7 +59,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ..lessons.capstone.formulas import pp_p2p_bytes_per_microbatch
+from ..lessons.capstone.formulas import DIMS, pp_p2p_bytes_per_microbatch
 from ..lessons.context.formulas import cp_comm_per_layer
 from ..lessons.experts.formulas import (
     COUNT_BYTES,
@@ -75,7 +75,7 @@ from ..lessons.lesson6.formulas import ddp_buckets
 from . import pipeline as pl
 from .bucketing import BucketedDataParallel, bucket_limits
 from .context_parallel import CPGroup, apply_cp, shard_sequence
-from .mesh_args import DIMS, MESH_DIMS, MeshConfigError, MeshShape, check_plan
+from .mesh_args import MESH_DIMS, MeshConfigError, MeshShape, check_plan
 from .metering import CommMeter
 from .model import GPT, GPTConfig, make_batch
 from .moe import MoEConfig, MoELayer, apply_ep, moe_layers, sync_moe_grads
@@ -138,10 +138,11 @@ def build_mesh(shape: MeshShape, device_type: str = "cpu") -> Mesh:
     at = dict(zip(MESH_DIMS, coordinate))
     coords = {d: at[d] for d in DIMS}
     groups = {"pp": mesh.get_group("pp"), "dp": mesh.get_group("dp"), "tp": mesh.get_group("tp")}
-    if shape.cp > 1:
+    wanted = shape.groups(every=True)  # the lesson's Layout says which groups a run builds
+    if "cp" in wanted:
         groups["dp"] = mesh["dp", "cp"]._flatten().get_group()  # type: ignore[index]  # torch's stubs
         groups["cp"], coords["cp"] = mesh.get_group("cp"), at["cp"]
-    if shape.moe:
+    if "ep" in wanted:
         layout = mesh.mesh.reshape(shape.pp, shape.replicas // shape.ep, shape.ep, shape.tp)
         experts = DeviceMesh(device_type, layout, mesh_dim_names=("pp", "edp", "ep", "tp"))
         mine = experts.get_coordinate()
@@ -149,6 +150,7 @@ def build_mesh(shape: MeshShape, device_type: str = "cpu") -> Mesh:
         groups["ep"], groups["edp"] = experts.get_group("ep"), experts.get_group("edp")
         coords["ep"], coords["edp"] = mine[2], mine[1]
         groups["moe"] = mesh["dp", "cp", "tp"]._flatten().get_group()  # type: ignore[index]
+    assert set(groups) == set(wanted)  # every group the Layout names, no other
     return Mesh(shape, mesh, groups, coords)
 
 
@@ -511,7 +513,7 @@ def expected_comm(cfg: GPTConfig, shape: MeshShape, pp_rank: int, *, microbatche
         add("cp", "recv", hops, 0.0)
     if moe is not None:
         _moe_comm(add, run, moe, routed_rows or [])
-    return _account(tally, shape.groups)
+    return _account(tally, shape.groups(every=True))
 
 
 @dataclass

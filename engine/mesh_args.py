@@ -15,13 +15,13 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from ..lessons.capstone.mesh_run import AXES, Layout
 from ..lessons.experts.formulas import RUN_CAPACITY_FACTOR, RUN_EXPERTS, RUN_TOP_K
 from ..lessons.lesson5 import simulator as sim
 from ..lessons.model_size import ModelSize, add_model_options, check_degrees
 
-DIMS = ("pp", "dp", "tp")
 #: the device mesh's dimensions, outermost first (TP innermost: one node; CP next to it)
-MESH_DIMS = ("pp", "dp", "cp", "tp")
+MESH_DIMS = AXES
 #: the GPT the 3D run trains: GPT-2's shape, untied (the pipeline's ends are on different ranks)
 MODEL_CPU = ModelSize(vocab=64, hidden=32, heads=4, seq=16, tie_embeddings=False)
 MODEL_GPU = ModelSize(vocab=1024, hidden=512, heads=8, seq=256, tie_embeddings=False)
@@ -31,46 +31,20 @@ class MeshConfigError(ValueError):
     """A mesh that cannot run this model: the message says what to change."""
 
 
-@dataclass(frozen=True)
-class MeshShape:
-    """The degrees of a run: ``pp × dp × cp × tp`` ranks; ``ep`` divides ``dp·cp`` (the experts'
-    ranks are data- and context-parallel ranks); ``moe``: the blocks' MLPs are experts."""
-    pp: int
-    dp: int
-    tp: int
-    cp: int = 1
-    ep: int = 1
-    moe: bool = False
+#: the degrees of a run: the lesson's one definition of a capstone mesh (degrees, world, groups)
+MeshShape = Layout
 
-    @property
-    def world(self) -> int:
-        return self.pp * self.dp * self.cp * self.tp
 
-    @property
-    def dims(self) -> tuple[int, int, int]:
-        """(pp, dp, tp): the 3D degrees."""
-        return (self.pp, self.dp, self.tp)
-
-    @property
-    def mesh_dims(self) -> tuple[int, int, int, int]:
-        """The device mesh's shape, in :data:`MESH_DIMS` order."""
-        return (self.pp, self.dp, self.cp, self.tp)
-
-    @property
-    def replicas(self) -> int:
-        """Ranks over which gradients are reduced: ``dp·cp`` (torchtitan's ``dp_shard_cp``)."""
-        return self.dp * self.cp
-
-    @property
-    def groups(self) -> tuple[str, ...]:
-        """The process groups of the run, in the communication account's order: pp, dp (dp·cp
-        ranks), tp; cp when > 1; with experts ep, edp (the ranks holding the same experts) and moe
-        (every rank of a stage: the routing statistics of the global batch)."""
-        return DIMS + (("cp",) if self.cp > 1 else ()) + (("ep", "edp", "moe") if self.moe else ())
-
-    def __str__(self) -> str:
-        extra = (f" × cp={self.cp}" if self.cp > 1 else "") + (f", ep={self.ep}" if self.moe else "")
-        return f"pp={self.pp} × dp={self.dp} × tp={self.tp}" + extra
+def mesh_shape(pp: int, dp: int, tp: int, cp: int = 1, ep: int = 1, moe: bool = False) -> MeshShape:
+    """The run's :class:`~distai.lessons.capstone.mesh_run.Layout`, or MeshConfigError (one line, in the
+    flags' words) when a degree is not a positive integer or ``ep`` does not divide ``dp·cp``."""
+    for name, value in zip(MESH_DIMS + ("ep",), (pp, dp, cp, tp, ep)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise MeshConfigError(f"--{name} must be a positive integer, got {value!r}")
+    if (dp * cp) % ep:
+        raise MeshConfigError(f"--ep {ep} does not divide dp·cp = {dp}·{cp} = {dp * cp} "
+                              "(the experts' ranks are data- and context-parallel ranks)")
+    return Layout(pp, dp, tp, cp, ep, moe)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -121,7 +95,7 @@ def choose_shape(tp: int | None, pp: int | None, dp: int | None, world: int, cp:
         rest //= pp
     if dp is None:
         dp = max(1, rest)
-    return MeshShape(pp, dp, tp, cp, ep, moe)
+    return mesh_shape(pp, dp, tp, cp, ep, moe)
 
 
 def check_plan(shape: MeshShape, world: int, model: ModelSize, *, microbatches: int, schedule: str,
@@ -130,9 +104,6 @@ def check_plan(shape: MeshShape, world: int, model: ModelSize, *, microbatches: 
     course's one shape check: tensor parallelism with sequence parallelism over each CP rank's
     zigzag shard, pp·v equal stages, ``experts`` over EP) unless its shape allows the degrees;
     returns the schedule's canonical name (``chunks`` = v, for the interleaved schedule)."""
-    for name, value in zip(MESH_DIMS + ("ep",), shape.mesh_dims + (shape.ep,)):
-        if not isinstance(value, int) or value < 1:
-            raise MeshConfigError(f"--{name} must be a positive integer, got {value!r}")
     if shape.world != world:
         names, values = ("dp·tp·pp", f"{shape.dp}·{shape.tp}·{shape.pp}") if shape.cp == 1 else \
             ("dp·tp·pp·cp", f"{shape.dp}·{shape.tp}·{shape.pp}·{shape.cp}")
@@ -141,9 +112,6 @@ def check_plan(shape: MeshShape, world: int, model: ModelSize, *, microbatches: 
                               "the degrees")
     if shape.ep > 1 and not shape.moe:
         raise MeshConfigError(f"--ep {shape.ep} shards experts: add --moe (or use --ep 1)")
-    if shape.replicas % shape.ep:
-        raise MeshConfigError(f"--ep {shape.ep} does not divide dp·cp = {shape.dp}·{shape.cp} = {shape.replicas} "
-                              "(the experts' ranks are data- and context-parallel ranks)")
     model.check_degrees(tp=shape.tp, sequence_parallel=True, pp=shape.pp, chunks=chunks, stages="even",
                         cp=shape.cp, zigzag=True, ep=shape.ep, **({"experts": experts} if shape.moe else {}))
     try:

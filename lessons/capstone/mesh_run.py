@@ -38,7 +38,8 @@ AXES = ("pp", "dp", "cp", "tp")
 @dataclass(frozen=True)
 class Layout:
     """A mesh's degrees: ``pp × dp × cp × tp`` ranks, ``ep`` dividing dp·cp (``moe``: the blocks' MLPs
-    are experts)."""
+    are experts). The one definition of a capstone mesh: the views draw it, and the engine
+    (``distai.engine.mesh_args``) checks, builds and accounts a run by it."""
     pp: int
     dp: int
     tp: int
@@ -56,18 +57,36 @@ class Layout:
         return self.pp * self.dp * self.cp * self.tp
 
     @property
+    def replicas(self) -> int:
+        """Ranks over which gradients are reduced: dp·cp (torchtitan's ``dp_shard_cp``)."""
+        return self.dp * self.cp
+
+    @property
+    def mesh_dims(self) -> tuple[int, ...]:
+        """The device mesh's shape, in :data:`AXES` order."""
+        return tuple(getattr(self, axis) for axis in AXES)
+
+    @property
     def five_d(self) -> bool:
         return self.cp > 1 or self.moe
 
     def size(self, dim: str) -> int:
         """Ranks in one group of ``dim`` (dp: the dp·cp gradient group)."""
-        replicas = self.dp * self.cp
+        replicas = self.replicas
         return {"pp": self.pp, "dp": replicas, "tp": self.tp, "cp": self.cp, "ep": self.ep if self.moe else 1,
                 "edp": replicas // self.ep if self.moe else 1, "moe": replicas * self.tp if self.moe else 1}[dim]
 
-    def groups(self) -> tuple[str, ...]:
-        """The groups that talk in a step (a group of one does not)."""
-        return tuple(d for d in GROUPS if self.size(d) > 1)
+    def groups(self, every: bool = False) -> tuple[str, ...]:
+        """The groups that talk in a step (a group of one does not), in :data:`GROUPS` order; with
+        ``every``, every process group a run builds and accounts, one rank or more: pp, dp (dp·cp
+        ranks) and tp; cp when > 1; with experts ep, edp (the ranks holding the same experts) and moe
+        (every rank of a stage: the routing statistics of the global batch)."""
+        built = ("pp", "dp", "tp") + (("cp",) if self.cp > 1 else ()) + (("ep", "edp", "moe") if self.moe else ())
+        return tuple(d for d in GROUPS if d in built and (every or self.size(d) > 1))
+
+    def __str__(self) -> str:
+        extra = (f" × cp={self.cp}" if self.cp > 1 else "") + (f", ep={self.ep}" if self.moe else "")
+        return f"pp={self.pp} × dp={self.dp} × tp={self.tp}" + extra
 
     def coords(self, rank: int) -> dict[str, int]:
         """``{pp, dp, cp, tp, ep, edp}`` of a global rank (ep, edp: its place among the dp·cp ranks)."""
