@@ -1,5 +1,6 @@
 """Every quiz generator's answer equals the calculator's (the lesson formulas and `distai calc --json`),
 over many seeds and both languages; quizzes are reproducible; every question is well formed."""
+import itertools
 import json
 import math
 
@@ -92,18 +93,55 @@ EXPECTED = {
     },
 }
 
+def _mesh5_ranks(p):
+    """Brute force: every rank's (pp, dp, cp, tp) in the order init_device_mesh numbers a row-major
+    (pp, dp, cp, tp) mesh, and its place i = d·cp + c among the dp·cp ranks of its (pp, tp)."""
+    out = []
+    for pp_i, dp_i, cp_i, tp_i in itertools.product(range(p["pp"]), range(p["dp"]), range(p["cp"]), range(p["tp"])):
+        i = dp_i * p["cp"] + cp_i
+        out.append({"pp": pp_i, "dp": dp_i, "cp": cp_i, "tp": tp_i, "ep": i % p["ep"], "edp": i // p["ep"]})
+    return out
+
+
+# what a rank shares with the others of its group along each axis (EP: its EP group's number; EDP: its place in it)
+GROUP_KEY = {"tp": ("pp", "dp", "cp"), "cp": ("pp", "dp", "tp"), "dp": ("pp", "tp"), "ep": ("pp", "tp", "edp"),
+             "edp": ("pp", "tp", "ep"), "pp": ("dp", "cp", "tp")}
+
+
+def mesh5_group(p, rank, dim):
+    ranks = _mesh5_ranks(p)
+    key = [ranks[rank][k] for k in GROUP_KEY[dim]]
+    return [r for r, c in enumerate(ranks) if [c[k] for k in GROUP_KEY[dim]] == key]
+
+
+def _states(p):
+    from distai.lessons.capstone.quiz import MOE_MODELS
+
+    spec = MOE_MODELS[p["model"]]
+    expert, dense = spec.expert_params, spec.params - spec.expert_params
+    dc = p["dp"] * p["cp"]
+    return (dense / (p["tp"] * p["pp"]) * (6 + 12 / (dc if p["zero"] else 1))
+            + expert / (p["tp"] * p["pp"] * p["ep"]) * (6 + 12 / (dc // p["ep"] if p["zero"] else 1)))
+
+
 EXPECTED["capstone"] = {
-    # row-major (pp, dp, tp) mesh, as torch's init_device_mesh numbers it: rank = (p·dp + d)·tp + t
-    "world-size": lambda p: p["pp"] * p["dp"] * p["tp"],
-    "coordinate": lambda p: {"tp": p["rank"] % p["tp"], "dp": p["rank"] // p["tp"] % p["dp"],
-                             "pp": p["rank"] // (p["dp"] * p["tp"])}[p["dim"]],
-    "group-count": lambda p: p["pp"] * p["dp"] * p["tp"] // p[p["dim"]],
-    "group-stride": lambda p: {"dp": p["tp"], "pp": p["dp"] * p["tp"]}[p["dim"]],
+    # the five-axis mesh, brute force: rank = ((p·dp + d)·cp + c)·tp + t
+    "world-size": lambda p: p["pp"] * p["dp"] * p["cp"] * p["tp"],
+    "coordinate": lambda p: _mesh5_ranks(p)[p["rank"]][p["dim"]],
+    "group-count": lambda p: len({tuple(c[k] for k in GROUP_KEY[p["dim"]]) for c in _mesh5_ranks(p)}),
+    "group-stride": lambda p: mesh5_group(p, 0, p["dim"])[1] - mesh5_group(p, 0, p["dim"])[0],
     "params-per-gpu": lambda p: p["params"] / (p["pp"] * p["tp"]),
     "microbatches": lambda p: p["global_batch"] // (p["dp"] * p["micro_batch"]),
     "bubble": lambda p: f5.bubble_fraction(p["pp"], p["global_batch"] // (p["dp"] * p["micro_batch"])),
     "dp-grad-bytes": lambda p: 2 * p["params"] / (p["pp"] * p["tp"]),
-    "p2p-bytes": lambda p: p["seq"] * p["micro_batch"] * p["hidden"] * 2 / p["tp"],
+    # a ring all-reduce (or ZeRO-1's reduce-scatter + all-gather) over the dp·cp ranks, bf16
+    "dp-bytes": lambda p: 2 * (p["dp"] * p["cp"] - 1) / (p["dp"] * p["cp"]) * p["params"] / (p["pp"] * p["tp"]) * 2,
+    "tp-bytes": lambda p: 8 * (p["tp"] - 1) / p["tp"] * p["seq"] / p["cp"] * p["hidden"] * 2,
+    "cp-bytes": lambda p: p["m"] * p["layers"] / p["pp"] * (3 * p["cp"] - 2) * 2 * p["seq"] / p["cp"]
+    * max(1, p["kv_heads"] // p["tp"]) * p["hidden"] / p["heads"] * 2,
+    "ep-bytes": lambda p: 2 * p["seq"] * p["micro_batch"] / p["cp"] * p["top_k"] * (p["ep"] - 1) / p["ep"] * p["hidden"] * 2,
+    "p2p-bytes": lambda p: p["seq"] / p["cp"] * p["micro_batch"] * p["hidden"] * 2 / p["tp"],
+    "model-states": _states,
 }
 
 
@@ -307,3 +345,59 @@ def test_an_explained_sum_adds_up_as_shown():
             assert abs(sum(terms) - total) <= 0.5 * len(terms) * 10 ** -decimals * unit, (seed, lang, text)
             sums += 1
     assert sums == 2 * len(SEEDS)
+
+
+def test_capstone_mesh_groups_are_the_brute_force_over_the_quiz_meshes():
+    """The quiz's five-axis questions ask the engine's Layout (its groups are the real DeviceMesh's,
+    tests/test_capstone_mesh5d.py): over every mesh they draw, each rank's every group is the brute force's."""
+    from distai.lessons.capstone.quiz import GENERATORS, GROUP_DIMS, _layout
+
+    meshes = {tuple(p[k] for k in ("pp", "dp", "cp", "tp", "ep")) for p in GENERATORS["group-count"].kind.space()}
+    assert len(meshes) >= 20
+    for pp, dp, cp, tp, ep in meshes:
+        p = {"pp": pp, "dp": dp, "cp": cp, "tp": tp, "ep": ep}
+        layout = _layout(pp, dp, cp, tp, ep)
+        for rank in range(layout.world):
+            for dim in GROUP_DIMS:
+                assert layout.group(rank, dim) == mesh5_group(p, rank, dim), (p, rank, dim)
+
+
+def test_capstone_group_members_offer_the_rank_s_groups_and_mark_the_asked_one():
+    from distai.lessons.capstone.quiz import GROUP_DIMS
+
+    for lang in ("en", "es"):
+        for seed in range(60):
+            q = quiz.make_question("capstone", "group-members", seed, lang)
+            p = q.params
+            groups = {d: ", ".join(map(str, mesh5_group(p, p["rank"], d))) for d in GROUP_DIMS}
+            assert q.choices[q.answer] == groups[p["dim"]], (p, q.choices)
+            others = set(q.choices) - {groups[p["dim"]]}
+            assert len(others) == 3 and others <= set(groups.values())  # real groups of the rank, none right
+
+
+def test_capstone_grow_axis_picks_what_cuts_the_binding_memory_most():
+    """Model states: the closed form (2 + 4 bytes per parameter, 12 of Adam sharded by ZeRO-1 over the
+    ranks holding the same weights) for each change; activations: the planner's own terms for each change
+    (CP shards a sequence; more DP or ZeRO leave activations alone; 1F1B makes doubling PP a wash)."""
+    from distai.lessons.capstone.formulas import stage_layers
+    from distai.lessons.capstone.planner import Config, memory_terms
+    from distai.lessons.capstone.quiz import GPU, GROWTHS, MOE_MODELS
+
+    seen = set()
+    for seed in range(80):
+        q = quiz.make_question("capstone", "grow-axis", seed)
+        p = dict(q.params)
+        after = []
+        for change in GROWTHS:
+            g = {**p, "zero": 0}
+            g[change] = 1 if change == "zero" else 2 * p[change]
+            if p["binds"] == "model_states_bytes":
+                after.append(_states(g))
+            else:
+                spec = MOE_MODELS[p["model"]]
+                c = Config(g["tp"], g["pp"], g["dp"], 1, g["zero"], "none", 1, True, g["cp"], g["ep"])
+                after.append(memory_terms(spec, GPU, c, stage_layers(spec.layers, g["pp"]), p["m"], "adam")[p["binds"]])
+        assert q.answer == after.index(min(after)), (p, after)
+        seen.add((p["binds"], GROWTHS[q.answer]))
+    assert ("activations_bytes", "cp") in seen and ("model_states_bytes", "pp") in seen
+    assert ("model_states_bytes", "zero") in seen  # ZeRO-1 wins when the dp·cp group is large enough
