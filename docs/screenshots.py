@@ -9,7 +9,8 @@ installed (``apt-get install pngquant``):
 
 - ``ring``: lesson 1's ring all-reduce, mid reduce-scatter;
 - ``pipeline``: lesson 5's timelines of a real run, measured under simulated;
-- ``mesh``: the capstone's (pp, dp, tp) mesh replaying a real 8-rank run, with its bytes per group.
+- ``mesh``: the capstone's five-axis mesh (pp, dp, cp, tp with experts inside dp·cp) replaying a real
+  8-rank run (``--dp 2 --tp 1 --pp 2 --cp 2 --ep 2 --moe``), with its bytes per group.
 
 ``--svg-only`` stops at the SVGs (no rsvg-convert needed); ``--out DIR`` writes elsewhere; ``--only
 ring,mesh`` picks scenes. Saved state goes to a temporary DISTAI_HOME, never the learner's.
@@ -52,8 +53,8 @@ SCENES = (
           title="distai tutor · lesson 1: the ring all-reduce"),
     Scene("pipeline", "lesson5", "run-it", "pipeline", run="lesson5.jsonl", size=(120, 40),
           title="distai tutor · lesson 5: a real run's pipeline, measured under simulated"),
-    Scene("mesh", "capstone", "run-it", "mesh", run="capstone.jsonl", frame=3,
-          title="distai tutor · capstone: 3D parallelism on an 8-rank mesh"),
+    Scene("mesh", "capstone", "run-it", "mesh", run="capstone.5d.jsonl", frame=3,
+          title="distai tutor · capstone: a 5D mesh (pp, dp, cp and ep) on 8 ranks"),
 )
 
 

@@ -53,7 +53,8 @@ def _text(svg: str) -> str:
 SHOWS = {
     "ring": ("Ring all-reduce", "reduce-scatter · 2 of 6 steps done"),
     "pipeline": ("measured Interleaved 1F1B", "Run a real pipeline"),
-    "mesh": ("mesh (pp, dp, tp) = (2, 2, 2)", "355 KiB/355 KiB", "PP: stage 0 sends the", "activation to stage 1"),
+    "mesh": ("mesh (pp, dp, cp, tp) = (2, 2, 2, 1) · ep 2", "256 KiB/256 KiB", "edp", "PP: stage 0 sends the",
+             "activation to stage 1"),
 }
 
 
