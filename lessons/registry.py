@@ -95,6 +95,12 @@ class Lesson:
     references: tuple[str, ...] = field(default_factory=tuple)
     run: RunView = field(default_factory=RunView)
     numbered: bool = True  # False: no number in lesson.toml (ordered after the numbered lessons)
+    aliases: tuple[str, ...] = ()  # its former slugs: still resolve, and progress saved under them is its own
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name the lesson answers to but its number: its id, its slug and its former slugs."""
+        return (self.id, self.slug, *self.aliases)
 
     def step_text(self, key: str, lang: str) -> str:
         """The Markdown of one step in ``lang`` (``en`` or ``es``)."""
@@ -170,6 +176,7 @@ def _parse(package: str, data: dict, files: list[str]) -> Lesson:
         number=int(data.get("number", 0)),
         numbered="number" in data,
         slug=data["slug"],
+        aliases=tuple(data.get("aliases", ())),
         duration_min=int(data["duration_min"]),
         title=dict(data["title"]),
         summary=dict(data["summary"]),
@@ -243,9 +250,9 @@ def valid_names() -> list[str]:
 
 
 def resolve_lesson(name: str | int) -> Lesson:
-    """Accepts ``lesson3``, ``3`` or the slug (``fault-tolerance``)."""
+    """Accepts ``lesson3``, ``3``, the slug (``fault-tolerance``) or a former slug (``aliases``)."""
     wanted = str(name).strip().lower()
     for lesson in all_lessons():
-        if wanted in (lesson.id, str(lesson.number), lesson.slug):
+        if wanted in (str(lesson.number), *lesson.names):
             return lesson
     raise UnknownLessonError(f"unknown lesson {str(name)!r}; valid lessons: {', '.join(valid_names())}")

@@ -227,3 +227,36 @@ def test_cli_reports_recovered_database(tmp_path):
     assert "moved it to" in res.stderr and "corrupt-" in res.stderr
     json.loads(res.stdout)  # stdout stays machine-readable
     assert list(Path(tmp_path).glob("progress.db.corrupt-*"))
+
+
+def test_the_capstone_renamed_keeps_progress_saved_under_its_old_slug(tmp_path):
+    """The capstone's slug went from 3d-parallelism to 5d-parallelism: the old name still resolves, and
+    a progress file holding rows under it (steps, answers, a session, a run, the position), beside rows
+    under the id, opens with all of them the capstone's."""
+    capstone = resolve_lesson("capstone")
+    assert capstone.slug == "5d-parallelism" and resolve_lesson("3d-parallelism") is capstone
+    first, second = capstone.steps[0].key, capstone.steps[1].key
+    path = tmp_path / "progress.db"
+    with ProgressStore(path) as s:  # the file as an older tutor could leave it
+        s.mark_step_seen("capstone", first)
+        s.set_position("capstone", first)
+        with s.transaction() as conn:
+            for table, row in (("steps_seen", (first, 1.0, 1.0)), ("steps_seen", (second, 2.0, 2.0)),
+                               ("positions", (second, 3.0))):
+                marks = ", ".join("?" * (len(row) + 1))
+                conn.execute(f"INSERT OR REPLACE INTO {table} VALUES ({marks})", ("3d-parallelism", *row))
+            conn.execute("INSERT INTO quiz_answers (lesson_id, question_kind, correct, at) "
+                         "VALUES ('3d-parallelism', 'world-size', 1, 4.0)")
+            conn.execute("INSERT INTO quiz_sessions (lesson_id, correct, total, at) VALUES ('3d-parallelism', 4, 5, 5.0)")
+            conn.execute("INSERT INTO runs VALUES ('r1', '3d-parallelism', 'ok', '/tmp/r1', 6.0, 6.0)")
+    with ProgressStore(path) as s:
+        assert s.steps_seen("capstone") == {first, second}
+        assert s.best_quiz_score("capstone") == pytest.approx(0.8)
+        assert [a["question_kind"] for a in s.quiz_answers("capstone")] == ["world-size"]
+        assert [r["run_id"] for r in s.runs("capstone")] == ["r1"]
+        assert s.last_step_seen("capstone") in (first, second)
+        assert s.summary()["capstone"]["steps_done"] == 2 and s.summary()["capstone"]["runs"] == 1
+        with s.connection() as conn:
+            for table in ("steps_seen", "quiz_answers", "quiz_sessions", "runs", "positions"):
+                left = conn.execute(f"SELECT count(*) FROM {table} WHERE lesson_id = '3d-parallelism'").fetchone()[0]
+                assert left == 0, table

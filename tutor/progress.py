@@ -75,6 +75,10 @@ _MIGRATIONS: dict[int, str] = {
 }
 
 
+#: the tables whose rows belong to a lesson (by its id)
+_KEYED_TABLES = ("steps_seen", "quiz_answers", "quiz_sessions", "runs", "positions")
+
+
 class ProgressError(RuntimeError):
     """The progress database cannot be used (and was not touched): message is one line."""
 
@@ -105,6 +109,7 @@ class ProgressStore:
         self._depth = 0
         self._conn = self._open_checked()
         self._migrate()
+        self._rekey_former_names()
 
     # -- opening -----------------------------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
@@ -181,6 +186,25 @@ class ProgressStore:
                     if statement.strip():
                         conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {int(target)}")
+
+    def _rekey_former_names(self) -> None:
+        """Rows saved under a lesson's slug or a former slug (the capstone's ``3d-parallelism``) become
+        its id's, so a renamed lesson keeps every step, answer, session, run and position saved for it;
+        where the id already has the same step or a position, that row stays and the other goes."""
+        from ..lessons.registry import all_lessons
+
+        renames = [(name, lesson.id) for lesson in all_lessons() for name in lesson.names if name != lesson.id]
+        marks = ", ".join("?" * len(renames))
+        with self.connection() as conn:  # most opens find none: no write lock taken
+            found = renames and any(conn.execute(f"SELECT 1 FROM {table} WHERE lesson_id IN ({marks}) LIMIT 1",
+                                                 [old for old, _ in renames]).fetchone() for table in _KEYED_TABLES)
+        if not found:
+            return
+        with self.transaction() as conn:
+            for table in _KEYED_TABLES:
+                for old, new in renames:
+                    conn.execute(f"UPDATE OR IGNORE {table} SET lesson_id = ? WHERE lesson_id = ?", (new, old))
+                    conn.execute(f"DELETE FROM {table} WHERE lesson_id = ?", (old,))
 
     # -- plumbing for other modules ------------------------------------------------------------
     @contextlib.contextmanager
