@@ -53,8 +53,8 @@ SCENES = (
           title="distai tutor · lesson 1: the ring all-reduce"),
     Scene("pipeline", "lesson5", "run-it", "pipeline", run="lesson5.jsonl", size=(120, 40),
           title="distai tutor · lesson 5: a real run's pipeline, measured under simulated"),
-    Scene("mesh", "capstone", "run-it", "mesh", run="capstone.5d.jsonl", frame=3,
-          title="distai tutor · capstone: a 5D mesh (pp, dp, cp and ep) on 8 ranks"),
+    Scene("mesh", "capstone", "run-it", "mesh", run="capstone.all5.jsonl", frame=3,
+          title="distai tutor · capstone: all five axes (pp, tp, cp, ep inside dp·cp) on 8 ranks"),
 )
 
 

@@ -53,7 +53,7 @@ def _text(svg: str) -> str:
 SHOWS = {
     "ring": ("Ring all-reduce", "reduce-scatter · 2 of 6 steps done"),
     "pipeline": ("measured Interleaved 1F1B", "Run a real pipeline"),
-    "mesh": ("mesh (pp, dp, cp, tp) = (2, 2, 2, 1) · ep 2", "256 KiB/256 KiB", "edp", "PP: stage 0 sends the",
+    "mesh": ("mesh (pp, dp, cp, tp) = (2, 1, 2, 2) · ep 2", "362 KiB/362 KiB", "128 KiB/128 KiB", "edp", "PP: stage 0 sends the",
              "activation to stage 1"),
 }
 
