@@ -1,5 +1,6 @@
 """``distai calc plan``: published 3D layouts come out feasible and near the top, every figure comes from
 the lessons' formulas, and bad input is a one-line error (exit 2)."""
+import dataclasses
 import json
 
 import pytest
@@ -100,6 +101,43 @@ def test_llama3_16k_layout_is_the_planners_first_choice_and_bloom_runs_as_publis
     assert exact is not None and exact.recompute == "full" and exact.zero <= 1 and not exact.sp
     long = pub.reproduce("llama3-405b-128k")["config"]
     assert long.cp == 16 and long.time["cp_comm_s"] > 0
+
+
+def test_deepseek_v3_counts_what_its_report_states():
+    """MLA's wider attention core, FP8 linear GEMMs at the FP8 peak, 112 of 132 SMs computing, and the
+    expert all-to-all over InfiniBand: each changes the prediction the way it should, and DualPipe hides
+    the all-to-all only as far as the compute lasts."""
+    p = pub.PUBLISHED["deepseek-v3"]
+
+    def step(model=p.model, **cluster):
+        return pl.evaluate(model, dataclasses.replace(p.cluster, **cluster), p.global_batch,
+                           pl.Config(1, 16, 128, 1, 1, "full", 1, False, 1, 64))
+
+    base = step()
+    assert base.time["ep_comm_s"] == 0.0  # hidden: the all-to-all is shorter than the compute
+    exposed = step(expert_a2a_overlap=False)
+    a2a = exposed.time["ep_comm_s"] / exposed.microbatches
+    # a stage's 4 slots, 59 of 62 layers MoE; each token to 4 of the EP group's 8 nodes, 7/8 of them remote,
+    # dispatch in FP8 (1 + 4/128 bytes) and bf16 combine forward, bf16 both ways backward, at 50 GB/s
+    moe = 4 * 59 / 62
+    per_token = 4 * 7 / 8 * 7168 * ((1 + 4 / 128 + 2) + (2 + 2))
+    assert a2a == pytest.approx(moe * 4096 * per_token / 50e9)
+    assert a2a < base.time["compute_s"] / base.microbatches
+    assert step(linear_flops=None).step_time_s > base.step_time_s  # bf16 GEMMs: slower
+    assert step(compute_share=1.0).step_time_s < base.step_time_s  # all 132 SMs computing: faster
+    plain = dataclasses.replace(p.model, qk_head_dim=0, v_head_dim=0)
+    assert step(model=plain).time["compute_s"] < base.time["compute_s"]  # plain attention: less work
+
+
+def test_megatron_runs_interleave_only_beyond_two_stages_and_reduce_after_the_pipeline():
+    p = pub.PUBLISHED["megatron-39.1b"]
+    r = pl.plan(p.model, p.cluster, p.global_batch, axes=p.axes)
+    assert {c.chunks for c in r["configs"] if c.pp == 2} == {1}
+    assert any(c.chunks > 1 for c in r["configs"] if c.pp > 2)
+    two = pl.evaluate(p.model, p.cluster, p.global_batch, pl.Config(8, 2, 32, 2, 0, "full", 2), engine="megatron")
+    assert "more than 2 stages" in two.reason
+    published = pub.reproduce("megatron-39.1b")["config"]
+    assert published.time["dp_comm_exposed_s"] > 0  # all of the all-reduce: Megatron-LM does not overlap it
 
 
 def test_published_mfu_converts_megatron_counts():

@@ -167,7 +167,9 @@ def _gpt(params: float, layers: int, hidden: int, heads: int, vocab: int = 51200
 def _megatron(size: str, params: float, layers: int, hidden: int, heads: int, gpus: int, batch: int,
               tp: int, pp: int, tflops: float) -> Published:
     layout = (tp, pp, gpus // (tp * pp), 1, 1)
-    cluster = pl.Cluster(gpus, 80e9, **A100, grad_bytes=2)  # fp16: gradients held and all-reduced in fp16
+    # fp16 (Megatron-LM's examples/pretrain_gpt3_175B.sh of 2021: --fp16): gradients held and all-reduced in
+    # fp16, fp32 only with bf16 (accumulate_allreduce_grads_in_fp32)
+    cluster = pl.Cluster(gpus, 80e9, **A100, grad_bytes=2)
     return Published(f"megatron-{size}", _gpt(params, layers, hidden, heads), cluster,
                      batch, layout, "megatron", tflops * 1e12, _axes(layout, **MEGATRON_2021),
                      source="Narayanan et al. 2021, Table 1")
