@@ -24,15 +24,20 @@ For every split ``tp · pp · dp = G`` the planner
    one layer rebuilt during its backward; the last stage instead holds one microbatch plus the fp32
    logits of its vocabulary shard (s·b·V/t·4 bytes). It must fit in ``gpu_memory · memory_util``;
 3. **predicts the step time**: each stage runs ``m`` microbatches; one microbatch on one stage costs its
-   share of the hardware FLOPs (:func:`~.formulas.hardware_flops_per_token`) at ``efficiency ·`` peak,
+   layers on the GPU model (:func:`~.formulas.layer_forward_seconds`; the last stage also runs the output
+   layer, and the pipeline runs at its busiest stage), or with a fixed ``efficiency`` its share of the
+   hardware FLOPs (:func:`~.formulas.hardware_flops_per_token`) at ``efficiency ·`` peak,
    plus its layers' TP collectives (lesson 4's
    :func:`~distai.lessons.lesson4.formulas.tp_comm_time_per_layer`, repeated in the recomputed forward),
    plus its point-to-point sends to the neighbouring stages (``2·v`` messages of ``s·b·h·2/t`` bytes,
-   Megatron's scatter/gather, lesson 1's α-β :func:`~distai.lessons.lesson1.formulas.serial_messages_time`).
+   Megatron's scatter/gather, lesson 1's α-β :func:`~distai.lessons.lesson1.formulas.serial_messages_time`),
+   plus a mixture of experts' all-to-all over the inter-node link when its EP group spans nodes
+   (hidden behind the compute, as far as it lasts, when ``Cluster.expert_a2a_overlap``).
    The pipeline takes ``m + (p−1)/v`` such slots, or ``p + (m−1)/v`` interleaved with ``m < p``, where
    the pipeline never fills (lesson 5's :func:`~distai.lessons.lesson5.formulas.step_time_units`). Then data parallelism: the gradient
    all-reduce (ZeRO-1/2: reduce-scatter, then all-gather of the updated parameters) of the rank's
-   ``Ψ/(tp·pp)`` bf16 gradients (lesson 1's ring), overlapped with the last microbatch's backward; ZeRO-3
+   ``Ψ/(tp·pp)`` gradients (lesson 1's ring, ``Cluster.grad_bytes`` each), overlapped with the last
+   microbatch's backward (or not at all, ``Axes.dp_overlap`` False, as Megatron-LM and DeepSpeed's pipeline did); ZeRO-3
    all-gathers the parameters twice and reduce-scatters the gradients every microbatch, overlapped with
    that microbatch's compute. Each group's link is NVLink when all its ranks share a node (ranks fill
    nodes in order on the (pp, dp, tp) mesh), else the inter-node link;
@@ -41,8 +46,9 @@ For every split ``tp · pp · dp = G`` the planner
 
 The model is deliberately simple — perfectly balanced stages apart from the embedding slots, no
 overlap of TP or PP communication with compute, ring collectives in the α-β model — so that it
-explains why a layout wins. ``efficiency`` (the fraction of peak a transformer layer's kernels sustain
-on one GPU, default 0.75) is an input: measure yours. Pure Python.
+explains why a layout wins. The GPU model's constants (E per GPU kind, w½) are fitted on published runs
+(:mod:`.published`, ``bench/planner_fit.py``); a fixed ``efficiency`` replaces it when given: measure yours.
+Pure Python.
 """
 from __future__ import annotations
 
@@ -84,8 +90,9 @@ CONTEXT_BYTES = 2e9  # CUDA context (~0.5 GB) and NCCL's buffers for the job's c
 ALLOCATOR_FRACTION = 0.05  # the caching allocator's fragmentation, on top of what the tensors hold
 
 # How fast a GPU runs a layer (:func:`~.formulas.layer_forward_seconds`): E, the best fraction of peak a
-# GEMM reaches, and w½, the narrow size at which it reaches E/2. Fitted in :mod:`.published` (A100 on
-# Megatron-LM's Table 1, H100 on Llama 3's 8,192-GPU run); HBM bandwidths from the data sheets.
+# GEMM reaches, and w½, the narrow size at which it reaches E/2: the optimum of :func:`.published.fit_gpu_model`
+# (A100 on Megatron-LM's Table 1, H100 on Llama 3's 8,192-GPU run; ``python bench/planner_fit.py`` re-runs it,
+# a test checks these equal it); HBM bandwidths from the data sheets.
 GEMM_HALF_WIDTH = 75.0
 A100_GEMM = 0.69  # E of an A100 (Megatron-LM's kernels, 2021-2022)
 H100_GEMM = 0.82  # E of an H100 (Llama 3's kernels, 2024)
@@ -355,23 +362,23 @@ def _compute_per_microbatch(model: ModelSpec, cluster: Cluster, c: Config, stage
 
 
 def _expert_a2a_per_microbatch(model: ModelSpec, cluster: Cluster, c: Config, stage: int) -> float:
-    """Seconds one stage's MoE layers spend in the expert all-to-all for one microbatch, over the
-    inter-node link: each token goes to the nodes of its top-k experts (at most ``expert_node_limit``),
-    the remote ones once each over the network (then on NVLink inside the node, not counted): the
-    dispatch (``expert_dispatch_bytes`` per element) and the bf16 combine in the forward, both in bf16
-    in the backward. 0 when the EP group stays inside a node."""
+    """Seconds one stage's MoE layers spend in the expert all-to-all for one microbatch: the dispatch
+    (``expert_dispatch_bytes`` per element) and the bf16 combine in the forward, both in bf16 in the
+    backward, for each token's remote destinations. An EP group that spans nodes sends each token once
+    to each node of its top-k experts (at most ``expert_node_limit``) other than its own, over the
+    inter-node link (then on NVLink inside the node, not counted); one inside a node sends it to each
+    of its experts' GPUs other than its own, over NVLink."""
     if not model.experts or c.ep == 1:
         return 0.0
     g = cluster.gpus_per_node
-    if not _spans_nodes(strides(c)["ep"], c.ep, g):
-        return 0.0
-    nodes = max(1, c.ep * strides(c)["ep"] // g)
-    targets = min(model.top_k, nodes, cluster.expert_node_limit or nodes)
-    remote = targets * (nodes - 1) / nodes  # the token's own node among its targets, on average
+    across = _spans_nodes(strides(c)["ep"], c.ep, g)
+    places = max(1, c.ep * strides(c)["ep"] // g) if across else c.ep  # nodes, or GPUs in the node
+    targets = min(model.top_k, places, (cluster.expert_node_limit or places) if across else places)
+    remote = targets * (places - 1) / places  # the token's own node (GPU) among its targets, on average
     moe = stage * (model.moe_layers if model.moe_layers is not None else model.layers) / model.layers
     tokens = (c.microbatch or 1) * model.seq / c.cp / c.tp
     per_token = remote * model.hidden * ((cluster.expert_dispatch_bytes + 2) + (2 + 2))
-    return moe * tokens * per_token / cluster.inter_bandwidth
+    return moe * tokens * per_token / (cluster.inter_bandwidth if across else cluster.intra_bandwidth)
 
 
 def _dp_exposed(model: ModelSpec, cluster: Cluster, c: Config, m: int, compute_mb: float,

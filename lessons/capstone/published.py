@@ -82,7 +82,7 @@ Sources (A100-80GB: 312 TFLOP/s bf16 dense, HBM 2.039 TB/s; H100 SXM: 989 TFLOP/
   parameters, and the output head counted twice: the module runs it again); the dense layers inside the
   average layer (exact in FLOPs); DualPipe as 1F1B (its bubble is smaller: the prediction would be
   higher); the all-to-all hidden by DualPipe as far as the compute lasts (it does: 6.6 s a step against
-  10 s of compute); the planner's activation count, which knows no FP8 caching of the linear layers'
+  11.4 s of compute); the planner's activation count, which knows no FP8 caching of the linear layers'
   inputs, fits the published layout only with full recomputation, where DeepSeek recomputed only the
   RMSNorms and MLA's up-projections (with those, memory not checked, the prediction is higher still:
   ``python bench/planner_fit.py`` prints it). The FP8 GEMMs run at the fitted H100 E (no FP8 run is in
