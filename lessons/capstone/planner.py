@@ -24,15 +24,20 @@ For every split ``tp · pp · dp = G`` the planner
    one layer rebuilt during its backward; the last stage instead holds one microbatch plus the fp32
    logits of its vocabulary shard (s·b·V/t·4 bytes). It must fit in ``gpu_memory · memory_util``;
 3. **predicts the step time**: each stage runs ``m`` microbatches; one microbatch on one stage costs its
-   share of the hardware FLOPs (:func:`~.formulas.hardware_flops_per_token`) at ``efficiency ·`` peak,
+   layers on the GPU model (:func:`~.formulas.layer_forward_seconds`; the last stage also runs the output
+   layer, and the pipeline runs at its busiest stage), or with a fixed ``efficiency`` its share of the
+   hardware FLOPs (:func:`~.formulas.hardware_flops_per_token`) at ``efficiency ·`` peak,
    plus its layers' TP collectives (lesson 4's
    :func:`~distai.lessons.lesson4.formulas.tp_comm_time_per_layer`, repeated in the recomputed forward),
    plus its point-to-point sends to the neighbouring stages (``2·v`` messages of ``s·b·h·2/t`` bytes,
-   Megatron's scatter/gather, lesson 1's α-β :func:`~distai.lessons.lesson1.formulas.serial_messages_time`).
+   Megatron's scatter/gather, lesson 1's α-β :func:`~distai.lessons.lesson1.formulas.serial_messages_time`),
+   plus a mixture of experts' all-to-all over the inter-node link when its EP group spans nodes
+   (hidden behind the compute, as far as it lasts, when ``Cluster.expert_a2a_overlap``).
    The pipeline takes ``m + (p−1)/v`` such slots, or ``p + (m−1)/v`` interleaved with ``m < p``, where
    the pipeline never fills (lesson 5's :func:`~distai.lessons.lesson5.formulas.step_time_units`). Then data parallelism: the gradient
    all-reduce (ZeRO-1/2: reduce-scatter, then all-gather of the updated parameters) of the rank's
-   ``Ψ/(tp·pp)`` bf16 gradients (lesson 1's ring), overlapped with the last microbatch's backward; ZeRO-3
+   ``Ψ/(tp·pp)`` gradients (lesson 1's ring, ``Cluster.grad_bytes`` each), overlapped with the last
+   microbatch's backward (or not at all, ``Axes.dp_overlap`` False, as Megatron-LM and DeepSpeed's pipeline did); ZeRO-3
    all-gathers the parameters twice and reduce-scatters the gradients every microbatch, overlapped with
    that microbatch's compute. Each group's link is NVLink when all its ranks share a node (ranks fill
    nodes in order on the (pp, dp, tp) mesh), else the inter-node link;
@@ -41,8 +46,9 @@ For every split ``tp · pp · dp = G`` the planner
 
 The model is deliberately simple — perfectly balanced stages apart from the embedding slots, no
 overlap of TP or PP communication with compute, ring collectives in the α-β model — so that it
-explains why a layout wins. ``efficiency`` (the fraction of peak a transformer layer's kernels sustain
-on one GPU, default 0.75) is an input: measure yours. Pure Python.
+explains why a layout wins. The GPU model's constants (E per GPU kind, w½) are fitted on published runs
+(:mod:`.published`, ``bench/planner_fit.py``); a fixed ``efficiency`` replaces it when given: measure yours.
+Pure Python.
 """
 from __future__ import annotations
 
@@ -84,10 +90,11 @@ CONTEXT_BYTES = 2e9  # CUDA context (~0.5 GB) and NCCL's buffers for the job's c
 ALLOCATOR_FRACTION = 0.05  # the caching allocator's fragmentation, on top of what the tensors hold
 
 # How fast a GPU runs a layer (:func:`~.formulas.layer_forward_seconds`): E, the best fraction of peak a
-# GEMM reaches, and w½, the narrow size at which it reaches E/2. Fitted in :mod:`.published` (A100 on
-# Megatron-LM's Table 1, H100 on Llama 3's 8,192-GPU run); HBM bandwidths from the data sheets.
-GEMM_HALF_WIDTH = 50.0
-A100_GEMM = 0.64  # E of an A100 (Megatron-LM's kernels, 2021-2022)
+# GEMM reaches, and w½, the narrow size at which it reaches E/2: the optimum of :func:`.published.fit_gpu_model`
+# (A100 on Megatron-LM's Table 1, H100 on Llama 3's 8,192-GPU run; ``python bench/planner_fit.py`` re-runs it,
+# a test checks these equal it); HBM bandwidths from the data sheets.
+GEMM_HALF_WIDTH = 75.0
+A100_GEMM = 0.69  # E of an A100 (Megatron-LM's kernels, 2021-2022)
 H100_GEMM = 0.82  # E of an H100 (Llama 3's kernels, 2024)
 
 
@@ -108,6 +115,12 @@ class Cluster:
     gemm_peak_fraction: float = H100_GEMM  # E (fitted, see published.py)
     gemm_half_width: float = GEMM_HALF_WIDTH
     flash_attention: bool = True
+    linear_flops: float | None = None  # peak of the linear layers' GEMMs when not ``flops`` (FP8: its own peak)
+    compute_share: float = 1.0  # share of the SMs that compute (DeepSeek-V3 gives 20 of 132 to communication)
+    expert_a2a_overlap: bool = False  # the MoE all-to-all hidden behind other work (DeepSeek's DualPipe)
+    expert_dispatch_bytes: float = 2.0  # bytes per element the dispatch sends (bf16; FP8 with its scales: 1.03)
+    expert_node_limit: int = 0  # nodes one token's experts may span (node-limited routing; 0: no limit)
+    grad_bytes: float = GRAD_BYTES  # bytes per gradient, held and reduced (fp16 training without an fp32 buffer: 2)
 
 
 @dataclass
@@ -290,7 +303,7 @@ def memory_terms(model: ModelSpec, cluster: Cluster, c: Config, stage: int, m: i
 
     optimizer_bytes = bytes_per_param(optimizer)["optimizer"]
     params = sharded(PARAM_BYTES, 3)
-    grads = sharded(GRAD_BUFFER_BYTES, 2)
+    grads = sharded(cluster.grad_bytes, 2)
     opt = sharded(optimizer_bytes, 1)
     s_local = model.seq // cp
     recompute = c.recompute or "none"
@@ -330,17 +343,46 @@ def _compute_per_microbatch(model: ModelSpec, cluster: Cluster, c: Config, stage
         hw = tokens * f.hardware_flops_per_token(model.active_params, model.layers, model.hidden, model.seq, recompute)
         seconds = hw / (c.tp * cluster.flops * cluster.efficiency) * stage / model.layers
         return {"compute_s": seconds, "gemm_efficiency": cluster.efficiency}
+    share = cluster.compute_share
     fwd = f.layer_forward_seconds(hidden=model.hidden, heads=model.heads, seq=model.seq, micro_batch=b,
                                   layer_params=model.active_layer_params, tp=c.tp, cp=c.cp,
-                                  sequence_parallel=c.sp, flash=cluster.flash_attention, peak_flops=cluster.flops,
-                                  hbm_bandwidth=cluster.hbm_bandwidth, peak_fraction=cluster.gemm_peak_fraction,
-                                  half_width=cluster.gemm_half_width)
+                                  sequence_parallel=c.sp, flash=cluster.flash_attention,
+                                  peak_flops=cluster.flops * share, hbm_bandwidth=cluster.hbm_bandwidth,
+                                  peak_fraction=cluster.gemm_peak_fraction, half_width=cluster.gemm_half_width,
+                                  attention_width=model.attention_width,
+                                  linear_flops=(cluster.linear_flops or cluster.flops) * share)
     layer = f.layer_train_seconds(fwd, recompute)
-    logits = 3 * 2 * b * model.seq / c.cp * model.hidden * model.vocab / c.tp / (cluster.flops * fwd["gemm_efficiency"])
-    return {"compute_s": stage * (layer + logits / model.layers), "gemm_efficiency": fwd["gemm_efficiency"]}
+    logits = 3 * 2 * b * model.seq / c.cp * model.hidden * model.vocab / c.tp / (
+        cluster.flops * share * fwd["gemm_efficiency"])
+    # the output layer's GEMM runs on the last stage only, which then holds its layers (one slot fewer when
+    # the stages count the embedding and output slots) plus the logits; the pipeline runs at its busiest stage
+    last_layers = stage if model.layers % c.pp == 0 else stage - 1
+    busiest = max(stage * layer, last_layers * layer + logits) if c.pp > 1 else stage * layer + logits
+    return {"compute_s": busiest, "gemm_efficiency": fwd["gemm_efficiency"]}
 
 
-def _dp_exposed(model: ModelSpec, cluster: Cluster, c: Config, m: int, compute_mb: float) -> float:
+def _expert_a2a_per_microbatch(model: ModelSpec, cluster: Cluster, c: Config, stage: int) -> float:
+    """Seconds one stage's MoE layers spend in the expert all-to-all for one microbatch: the dispatch
+    (``expert_dispatch_bytes`` per element) and the bf16 combine in the forward, both in bf16 in the
+    backward, for each token's remote destinations. An EP group that spans nodes sends each token once
+    to each node of its top-k experts (at most ``expert_node_limit``) other than its own, over the
+    inter-node link (then on NVLink inside the node, not counted); one inside a node sends it to each
+    of its experts' GPUs other than its own, over NVLink."""
+    if not model.experts or c.ep == 1:
+        return 0.0
+    g = cluster.gpus_per_node
+    across = _spans_nodes(strides(c)["ep"], c.ep, g)
+    places = max(1, c.ep * strides(c)["ep"] // g) if across else c.ep  # nodes, or GPUs in the node
+    targets = min(model.top_k, places, (cluster.expert_node_limit or places) if across else places)
+    remote = targets * (places - 1) / places  # the token's own node (GPU) among its targets, on average
+    moe = stage * (model.moe_layers if model.moe_layers is not None else model.layers) / model.layers
+    tokens = (c.microbatch or 1) * model.seq / c.cp / c.tp
+    per_token = remote * model.hidden * ((cluster.expert_dispatch_bytes + 2) + (2 + 2))
+    return moe * tokens * per_token / (cluster.inter_bandwidth if across else cluster.intra_bandwidth)
+
+
+def _dp_exposed(model: ModelSpec, cluster: Cluster, c: Config, m: int, compute_mb: float,
+                overlap: bool = True) -> float:
     """The data-parallel reduction (over dp·cp ranks) that the backward does not hide: ZeRO-0 an
     all-reduce behind the last backward; ZeRO-1 a reduce-scatter behind it and the all-gather of the
     updated bf16 parameters; ZeRO-2 a reduce-scatter behind every microbatch's backward (gradients sharded
@@ -353,8 +395,8 @@ def _dp_exposed(model: ModelSpec, cluster: Cluster, c: Config, m: int, compute_m
     alpha, beta = _link(cluster, across)
     dense, expert = _params_per_gpu(model, c)
     params_gpu = dense + expert
-    grads = params_gpu * GRAD_BYTES
-    backward_mb = compute_mb * 2 / 3
+    grads = params_gpu * cluster.grad_bytes
+    backward_mb = compute_mb * 2 / 3 if overlap else 0.0  # a framework that reduces after the pipeline hides none
     zero = c.zero or 0
     if zero == 0:
         return max(0.0, ring_allreduce_time(grads, shard, alpha, beta) - backward_mb)
@@ -393,7 +435,8 @@ def _refuse(c: Config, cluster: Cluster, model: ModelSpec, stage: int, m: int, m
 
 
 def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, optimizer: str = "adam",
-             max_zero_pp: int = 3, p2p: str = "megatron", engine: str = "megatron") -> Config:
+             max_zero_pp: int = 3, p2p: str = "megatron", engine: str = "megatron",
+             dp_overlap: bool = True) -> Config:
     """Fill in ``c``'s memory, time and MFU, or its ``reason`` when it is infeasible."""
     tp, pp, dp, b, v = c.tp, c.pp, c.dp, c.microbatch, c.chunks
     if b is None or v is None or c.zero is None or c.recompute is None:
@@ -437,11 +480,15 @@ def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, o
                                          a, beta)
         else:
             pp_mb = serial_messages_time(2 * v, f.pp_p2p_bytes_per_microbatch(s_local, b, model.hidden, tp), a, beta)
-    slot = compute_mb + tp_mb + cp_mb + pp_mb
+    ep_mb = _expert_a2a_per_microbatch(model, cluster, c, stage)
+    if cluster.expert_a2a_overlap:  # hidden behind the compute, as far as the compute lasts
+        ep_mb = max(0.0, ep_mb - compute_mb)
+    slot = compute_mb + tp_mb + cp_mb + pp_mb + ep_mb
     pipeline = slot * step_time_units(pp, m, v)  # m + (p−1)/v; interleaved with m < p: p + (m−1)/v
-    dp_exposed = _dp_exposed(model, cluster, c, m, compute_mb)
+    dp_exposed = _dp_exposed(model, cluster, c, m, compute_mb, dp_overlap)
     c.step_time_s = pipeline + dp_exposed
     c.time = {"compute_s": compute_mb * m, "tp_comm_s": tp_mb * m, "cp_comm_s": cp_mb * m, "pp_comm_s": pp_mb * m,
+              "ep_comm_s": ep_mb * m,
               "bubble_s": pipeline - slot * m, "dp_comm_exposed_s": dp_exposed,
               "gemm_efficiency": comp["gemm_efficiency"],
               "tp_over_nodes": _spans_nodes(1, tp, g), "cp_over_nodes": _spans_nodes(st["cp"], c.cp, g),
@@ -460,7 +507,7 @@ def model_flops_per_step(model: ModelSpec, global_batch: int) -> float:
     """The model's FLOPs in one step of ``global_batch`` sequences (no recomputation; a mixture of
     experts counts its active parameters): what MFU counts."""
     return global_batch * model.seq * f.model_flops_per_token(model.active_params, model.layers, model.hidden,
-                                                              model.seq)
+                                                              model.seq, model.attention_width)
 
 
 # ------------------------------------------------------------------------------ the search
@@ -490,6 +537,10 @@ class Axes:
     # (1F1B on any m, interleaved on m a multiple of p), "torch" (torch.distributed.pipelining: 1F1B on
     # m >= p, interleaved on any m < p or equal rounds) or "distai"
     engine: str = "megatron"
+    # whether the data-parallel reduction overlaps the backward (PyTorch DDP's buckets, FSDP) or runs after
+    # the last backward (Megatron-LM's local DDP until 2023: train_step all-reduces after the pipeline;
+    # DeepSpeed's pipeline engine: its ReduceGrads instruction ends the schedule)
+    dp_overlap: bool = True
 
 
 def _check_fixed(model: ModelSpec, n: int, global_batch: int, axes: Axes) -> None:
@@ -557,7 +608,7 @@ def plan(model: ModelSpec, cluster: Cluster, global_batch: int, optimizer: str =
                     for r in axes.recompute:
                         for v in axes.chunks:
                             c = evaluate(model, cluster, global_batch, Config(t, p, d, b, z, r, v, sp, cp, e),
-                                         optimizer, axes.max_zero_pp, axes.p2p, axes.engine)
+                                         optimizer, axes.max_zero_pp, axes.p2p, axes.engine, axes.dp_overlap)
                             if not c.reason:
                                 feasible.append(c)
                             elif v == 1 or c.memory_bytes:  # a shape reason once, not once per chunk count

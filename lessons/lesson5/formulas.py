@@ -68,7 +68,9 @@ def check_schedule(schedule: str, p: int, m: int, v: int = 1, engine: str = "dis
     - ``megatron`` (Megatron-LM ``megatron/core/pipeline_parallel/schedules.py``): no GPipe schedule;
       ``forward_backward_pipelining_without_interleaving`` (1F1B) takes any m;
       ``forward_backward_pipelining_with_interleaving`` needs m to be a multiple of p (with its default
-      ``microbatch_group_size_per_vp_stage`` = p) and p ≥ 2 (one stage runs no pipeline schedule).
+      ``microbatch_group_size_per_vp_stage`` = p) and p > 2 (one stage runs no pipeline schedule, and
+      ``initialize_model_parallel`` — ``megatron/arguments.py`` in 2021-2022 — refuses virtual stages on
+      p ≤ 2: "pipeline-model-parallel size should be greater than 2 with interleaved schedule").
     - ``distai`` (``distai.engine.pipeline``, the default): GPipe and 1F1B on any m (1F1B's warm-up is
       cut at m when m < p), and interleaved on torch's rule, whose order it runs.
     """
@@ -88,6 +90,8 @@ def check_schedule(schedule: str, p: int, m: int, v: int = 1, engine: str = "dis
             raise ScheduleError.keyed("megatron_gpipe", name=name)
         if schedule == "interleaved" and p < 2:
             raise ScheduleError.keyed("one_stage", name=name)
+        if schedule == "interleaved" and p < 3:
+            raise ScheduleError.keyed("megatron_two_stages", name=name, p=p)
         if schedule == "interleaved" and m % p:
             raise ScheduleError.keyed("megatron_multiple", name=name, p=p, m=m, suggest=p * max(1, m // p))
     if engine == "torch" and schedule == "1f1b" and m < p:
