@@ -290,15 +290,23 @@ def test_a_straggler_is_waited_for_not_slow_bandwidth(four):
 
 def test_exposed_comm_causes_attribute_a_late_peer_and_a_slow_link():
     """The decomposition on made-up timelines (seconds on this rank's clock): backward ends at 10,
-    two buckets launched at 4 and 10, each 1 s by α-β."""
+    two buckets launched at 4 and 10, each 1 s by α-β; ``alone``: each all-reduce timed alone."""
     from distai.lessons.lesson6.simulation import exposed_comm_causes
 
     own, ab = [4.0, 10.0], [1.0, 1.0]
-    on_time = exposed_comm_causes(own, own, [5.0, 11.0], ab, 10.0)
+    on_time = exposed_comm_causes(own, own, [1.0, 1.0], ab, 10.0)
     assert on_time == {"predicted": 1.0, "peer_wait": 0.0, "slow_collective": 0.0}
-    late = exposed_comm_causes(own, [4.0, 13.0], [5.0, 14.0], ab, 10.0)  # a peer launched the last one at 13
+    late = exposed_comm_causes(own, [4.0, 13.0], [1.0, 1.0], ab, 10.0)  # a peer launched the last one at 13
     assert late == {"predicted": 1.0, "peer_wait": 3.0, "slow_collective": 0.0}
-    slow = exposed_comm_causes(own, own, [5.0, 13.0], ab, 10.0)  # the last all-reduce took 3 s, not 1
+    slow = exposed_comm_causes(own, own, [1.0, 3.0], ab, 10.0)  # the last all-reduce takes 3 s alone, not 1
     assert slow == {"predicted": 1.0, "peer_wait": 0.0, "slow_collective": 2.0}
-    hidden = exposed_comm_causes(own, [8.0, 10.0], [9.0, 11.0], ab, 10.0)  # a late first bucket, hidden by backward
+    both = exposed_comm_causes(own, [4.0, 13.0], [1.0, 3.0], ab, 10.0)  # late and slow: the causes add up
+    assert both == {"predicted": 1.0, "peer_wait": 3.0, "slow_collective": 2.0}
+    hidden = exposed_comm_causes(own, [8.0, 10.0], [1.0, 1.0], ab, 10.0)  # a late first bucket, hidden by backward
     assert hidden["peer_wait"] == 0.0
+    # the step's own end is not an input: a step slower than its measured causes stays unexplained
+    from distai.lessons.checks import check
+
+    parts = exposed_comm_causes(own, own, [1.0, 1.0], ab, 10.0)
+    assert not check("exposed_comm", parts["predicted"], 2.0, "s",
+                     causes={k: v for k, v in parts.items() if k != "predicted"}).explained
