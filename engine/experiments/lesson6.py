@@ -27,9 +27,10 @@ a larger fp32 GPT (``--dp-hidden --dp-layers --dp-batch``) is measured on all ra
 Events (rank 0 unless noted): ``phase`` (``loss-scaling``, ``overlap``), ``progress`` and ``step``,
 ``scale`` (the scale S that multiplied the step's loss and S' after the update), ``grad_hist``,
 ``bucket_sweep``, ``timeline`` (every rank) and the ``summary``, declared in
-``lessons/lesson6/events.py``; and a ``check`` (issue 28): the best bucket size's recorded overlapped
-step, the communication exposed after backward against the overlap model on this rank's launches
-at the group's α-β, its causes waiting for a peer and collectives slower than α-β.
+``lessons/lesson6/events.py``; and a ``check`` (issue 28): the best bucket size's ``--check-steps``
+recorded overlapped steps, the communication exposed after backward against the overlap model on this
+rank's launches at the group's α-β, its causes waiting for a peer (the last rank's launches) and
+collectives slower than α-β (each bucket's all-reduce timed alone after the step).
 ``--slow-rank R --slow-backward-ms X`` (rank R sleeps X ms in every backward of part 2) is its
 negative control.
 """
