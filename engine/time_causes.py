@@ -11,6 +11,8 @@ own, never taken as measured − predicted:
 * **waiting for a peer** — in a collective, the time between this rank's arrival and the last
   rank's; and a **slow collective** — the time it took once every rank had arrived, beyond its
   α-β time (:func:`collective_causes`: every rank's entry times, gathered; one host's wall clock);
+  or, measured apart from the run, what the same collective takes alone once every rank has
+  entered it (:func:`collective_alone`);
 * the machine's **matmul rate** (:func:`matmul_rate`) and **memory bandwidth**
   (``doctor.host_memcpy_bandwidth``), the α and β of the group (``doctor.group_alpha_beta``).
 """
@@ -23,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["Window", "collective_causes", "copy_bandwidth", "matmul_rate", "run_queue_s"]
+__all__ = ["Window", "collective_alone", "collective_causes", "copy_bandwidth", "matmul_rate", "run_queue_s"]
 
 _SCHEDSTAT = "/proc/thread-self/schedstat"
 
@@ -80,6 +82,25 @@ def collective_causes(spans: list[tuple[float, float, float, float]], expected_s
     last = [max(a[i][0] for a in everyone) for i in range(len(spans))]
     return {"peer_wait": [t - s[0] for t, s in zip(last, spans)], "on_cpu": [s[3] for s in spans],
             "slow": [s[1] - max(t, s[0]) - s[2] - e for t, s, e in zip(last, spans, expected_s, strict=True)]}
+
+
+def collective_alone(fn: Any, repeats: int = 3, group: Any = None, device: Any = "cpu") -> float:
+    """Seconds the collective ``fn`` (every rank of ``group`` calls it) takes alone, apart from the
+    step whose time it explains: from the moment the last rank entered it to this rank's return (the
+    ranks' skew leaving the barrier before it taken out; one host's wall clock), the median of
+    ``repeats`` after a warm-up. ``fn`` synchronizes its device; ``device``: where the group reduces."""
+    fn()  # warm-up: connections and buffers
+    marks = torch.zeros(repeats, 2, dtype=torch.float64)
+    for i in range(repeats):
+        if dist.is_initialized():
+            dist.barrier(group=group)
+        marks[i, 0] = time.time()
+        fn()
+        marks[i, 1] = time.time()
+    entered = marks[:, 0].clone().to(device)
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(entered, op=dist.ReduceOp.MAX, group=group)
+    return float((marks[:, 1] - torch.maximum(entered.cpu(), marks[:, 0])).median())
 
 
 def matmul_rate(dtype: torch.dtype = torch.float32, device: Any = "cpu", n: int = 256, repeats: int = 5) -> float:

@@ -34,7 +34,8 @@ Events (besides ``phase``, ``log`` and the final ``summary``):
 - ``dtensor``: ``mode``, differences ours/DTensor/dense and both sides' collective counts;
 - ``check`` (rank 0, one per mode, issue 28): ``--check-steps`` timed steps against their on-CPU
   compute + the α-β time of their collectives, α and β measured between the steps; causes: CPU
-  contention, waiting for a peer, collectives slower than α-β (``engine/time_causes.py``).
+  contention, waiting for a peer, collectives slower than α-β (timed alone between the steps;
+  ``engine/time_causes.py``).
 """
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ from ...lessons.lesson4.events import COMM, COMM_CHECK, CONFIG, DTENSOR, MEMORY,
 from ...lessons.lesson4.formulas import activation_bytes_per_layer, collective_time, tp_comm_per_layer
 from ...lessons.model_size import ModelSize, add_model_options
 from ...lessons.units import format_bytes, format_fixed, format_number, number_separator
+from ..collectives import all_gather_into, reduce_scatter_into
 from ..comm_trace import traced_step
 from ..doctor import fit_alpha_beta, group_allreduce_times
 from ..experiment import (
@@ -75,7 +77,7 @@ from ..tensor_parallel import (
     shard_dense_state,
     sync_tp_grads,
 )
-from ..time_causes import Window, collective_causes
+from ..time_causes import Window, collective_alone, collective_causes
 
 #: the GPT the run splits (its size flags default to this)
 DEFAULT_MODEL = ModelSize(vocab=512, hidden=128, heads=8, layers=2, seq=64, dropout=0.1)
@@ -317,19 +319,46 @@ def comm_prediction(records: list[CommRecord], alpha: float, beta: float, backen
                             r.payload_bytes, r.world, alpha, beta) for r in records]
 
 
+def alone_seconds(records: list[CommRecord], dtype: torch.dtype) -> list[float]:
+    """Seconds each of a step's collectives (``records``: op, bytes, ranks) takes alone, outside
+    the step (:func:`~distai.engine.time_causes.collective_alone`, the same op on buffers of the
+    same bytes; the median of 3 timings per distinct collective). Every rank calls it with the same records."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    took: dict[tuple[str, int], float] = {}
+    for r in records:
+        key = (r.op, r.payload_bytes)
+        if key in took:
+            continue
+        full = torch.zeros(max(r.world, r.payload_bytes // elem // r.world * r.world), dtype=dtype, device=DEVICE)
+        part = torch.zeros(full.numel() // r.world, dtype=dtype, device=DEVICE)
+
+        def op(r=r, full=full, part=part) -> None:
+            if r.op == "all_gather":
+                all_gather_into(full, part)
+            elif r.op == "reduce_scatter":
+                reduce_scatter_into(part, full)
+            else:
+                dist.all_reduce(full)
+            device_sync(DEVICE)
+
+        took[key] = collective_alone(op, repeats=3, device=DEVICE)
+    return [took[(r.op, r.payload_bytes)] for r in records]
+
+
 def time_steps(cfg: GPTConfig, batch: int, sp: bool, steps: int, records: list[CommRecord], backend: str,
                seed: int = 0, regather: bool = True, dtype: torch.dtype = torch.float64) -> dict:
     """``steps`` tensor-parallel training steps (forward, backward, gradient sync), each started at
     a barrier, against their compute + α-β collectives (``records``: the collectives of one step).
     Measured: the steps' wall time on this rank, its on-CPU time outside the collectives (compute
     and Python: the prediction's compute), its run-queue delay (CPU contention), and at each collective the wait
-    for the last peer and the time beyond α-β once all had arrived. After each step, all-reduces
-    of the step's sizes (``doctor.group_allreduce_times``): α and β measured in the same minutes."""
+    for the last peer. After each step, all-reduces of the step's sizes (``doctor.group_allreduce_times``):
+    α and β measured in the same minutes; and each of the step's collectives timed alone
+    (:func:`alone_seconds`): beyond α-β, the collectives' slowness, measured apart from the step."""
     tp = TPGroup(sequence_parallel=sp, regather=regather)
     model = apply_tp(GPT(cfg, seed=seed, dtype=dtype, device=DEVICE), tp)
     model.set_masks(DropoutMasks(cfg.dropout, seed=seed))
     ids, targets = make_batch(cfg, batch, seed, 0, device=DEVICE)
-    window, spans, rows = Window(), [], []
+    window, spans, rows, alone = Window(), [], [], 0.0
     for step in range(steps + 1):  # the first one warms up
         model.zero_grad(set_to_none=True)
         tp.spans = []
@@ -342,22 +371,24 @@ def time_steps(cfg: GPTConfig, batch: int, sp: bool, steps: int, records: list[C
         if step:
             spans.append(tp.spans)
             rows += group_allreduce_times(sweep_sizes(records), repeats=1, device_type=DEVICE.type)
+            alone += sum(alone_seconds(records, dtype))
     alpha, beta = fit_alpha_beta(rows, tp.size)
     expected = comm_prediction(records, alpha, beta, backend)
-    waited, slow, in_comm = 0.0, 0.0, 0.0
+    waited, in_comm = 0.0, 0.0
     for step_spans in spans:
         found = collective_causes(step_spans, expected)
-        waited, slow = waited + sum(found["peer_wait"]), slow + sum(found["slow"])
+        waited += sum(found["peer_wait"])
         in_comm += sum(found["on_cpu"])  # the collectives' own CPU time is in their α-β time
     return {"wall_s": window.wall_s / steps, "cpu_s": (window.cpu_s - in_comm) / steps, "comm_s": sum(expected),
             "alpha": alpha, "beta": beta, "run_queue_s": window.run_queue_s / steps,
-            "peer_wait_s": waited / steps, "slow_collective_s": slow / steps, "collectives": len(expected)}
+            "peer_wait_s": waited / steps, "slow_collective_s": alone / steps - sum(expected),
+            "alone_s": alone / steps, "collectives": len(expected)}
 
 
 def step_time_check(mode: str, timed: dict) -> Check:
     """The step's time on the slowest rank against its compute (on-CPU time) + its collectives in
     the α-β model; the causes: CPU contention (run-queue delay), waiting for a peer, collectives
-    slower than α-β."""
+    slower than α-β (the same collectives timed alone, :func:`alone_seconds`)."""
     everyone: list = [timed]
     if dist.is_initialized() and dist.get_world_size() > 1:
         everyone = [None] * dist.get_world_size()
@@ -367,7 +398,7 @@ def step_time_check(mode: str, timed: dict) -> Check:
     return check(f"{mode.replace('+', '_')}_step_time", t["cpu_s"] + t["comm_s"], t["wall_s"], "s",
                  causes={"cpu_contention": t["run_queue_s"], "peer_wait": t["peer_wait_s"],
                          "slow_collective": t["slow_collective_s"]},
-                 detail={"compute_s": t["cpu_s"], "comm_s": t["comm_s"], "alpha_s": t["alpha"],
+                 detail={"compute_s": t["cpu_s"], "comm_s": t["comm_s"], "alone_s": t["alone_s"], "alpha_s": t["alpha"],
                          "beta_s_per_byte": t["beta"], "collectives": t["collectives"], "rank": rank})
 
 

@@ -27,9 +27,10 @@ a larger fp32 GPT (``--dp-hidden --dp-layers --dp-batch``) is measured on all ra
 Events (rank 0 unless noted): ``phase`` (``loss-scaling``, ``overlap``), ``progress`` and ``step``,
 ``scale`` (the scale S that multiplied the step's loss and S' after the update), ``grad_hist``,
 ``bucket_sweep``, ``timeline`` (every rank) and the ``summary``, declared in
-``lessons/lesson6/events.py``; and a ``check`` (issue 28): the best bucket size's recorded overlapped
-step, the communication exposed after backward against the overlap model on this rank's launches
-at the group's α-β, its causes waiting for a peer and collectives slower than α-β.
+``lessons/lesson6/events.py``; and a ``check`` (issue 28): the best bucket size's ``--check-steps``
+recorded overlapped steps, the communication exposed after backward against the overlap model on this
+rank's launches at the group's α-β, its causes waiting for a peer (the last rank's launches) and
+collectives slower than α-β (each bucket's all-reduce timed alone after the step).
 ``--slow-rank R --slow-backward-ms X`` (rank R sleeps X ms in every backward of part 2) is its
 negative control.
 """
@@ -65,6 +66,7 @@ from ..experiment import (
 from ..loss_scaling import DynamicLossScaler, MasterWeightOptimizer
 from ..model import GPT, ModelConfigError, lm_loss, make_batch
 from ..parallelize import apply_dp
+from ..time_causes import collective_alone
 
 #: the GPT the run trains (its size flags default to this)
 DEFAULT_MODEL = ModelSize(vocab=256, hidden=64, heads=4, layers=2, seq=16)
@@ -104,6 +106,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--dp-batch", type=int, default=2, help="its sequences per rank per step")
     g.add_argument("--timed-steps", type=int, default=5, help="timed steps per configuration and round")
     g.add_argument("--rounds", type=int, default=3)
+    g.add_argument("--check-steps", type=int, default=8,
+                   help="overlapped steps recorded for the exposed-communication check (issue 28)")
     g.add_argument("--slow-rank", type=int, default=None,
                    help="negative control: this rank sleeps in every backward of the overlap part …")
     g.add_argument("--slow-backward-ms", type=float, default=0.0, help="… this many milliseconds")
@@ -116,7 +120,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.caps = [float(s) for s in args.bucket_mb.split(",") if s.strip()]
     except ValueError as exc:
         p.error(f"bad list: {exc}")
-    for name in ("steps", "hist_every", "batch", "dp_batch", "timed_steps", "rounds", "growth_interval"):
+    for name in ("steps", "hist_every", "batch", "dp_batch", "timed_steps", "rounds", "growth_interval",
+                 "check_steps"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     try:
@@ -333,28 +338,51 @@ def record_timeline(mode, model, opt, x, y) -> StepTimeline:
     return tl
 
 
-def exposed_check(tl: StepTimeline, alpha: float, beta: float, world: int, cap: float) -> Check:
-    """Communication exposed after backward in a recorded overlapped step against the overlap
-    model (:func:`~distai.lessons.lesson6.simulation.exposed_comm_causes`): every rank's bucket
-    launches gathered (one host's wall clock), the rank with the most exposed time reported."""
-    mine: dict[str, Any] = {"wall0": tl.wall0, "launch": [tl.launch[i] for i in sorted(tl.launch)],
-            "done": [tl.done.get(i, tl.launch[i]) for i in sorted(tl.launch)],
-            "bytes": [tl.nbytes[i] for i in sorted(tl.launch)],
-            "backward_end": max(tl.ready.values()), "comm_done": tl.marks["comm_done"]}
+def _exposed_sample(tl: StepTimeline, device) -> dict[str, Any]:
+    """One recorded overlapped step on this rank, then each of its buckets' all-reduces timed
+    alone (:func:`~distai.engine.time_causes.collective_alone`: the same bytes, outside the step)."""
+    order = sorted(tl.launch)
+    alone = []
+    for i in order:
+        buf = torch.zeros(max(1, tl.nbytes[i] // 4), dtype=torch.float32, device=device)
+
+        def reduce(buf=buf) -> None:
+            dist.all_reduce(buf)
+            device_sync(device)
+
+        alone.append(collective_alone(reduce, device=device))
+    return {"wall0": tl.wall0, "launch": [tl.launch[i] for i in order], "alone": alone,
+            "bytes": [tl.nbytes[i] for i in order], "backward_end": max(tl.ready.values()),
+            "comm_done": tl.marks["comm_done"]}
+
+
+def exposed_check(model, opt, x, y, ab: tuple[float, float], world: int, cap: float, device, steps: int) -> Check:
+    """Communication exposed after backward in ``steps`` recorded overlapped steps against the
+    overlap model (:func:`~distai.lessons.lesson6.simulation.exposed_comm_causes`), on average: every
+    rank's bucket launches gathered (one host's wall clock), after each step its buckets' all-reduces
+    timed alone; the rank with the most exposed time reported."""
+    alpha, beta = ab
+    samples = [_exposed_sample(record_timeline("overlap", model, opt, x, y), device) for _ in range(steps)]
     everyone: list = [None] * world
-    dist.all_gather_object(everyone, mine)
-    rows = []
-    for r in everyone:
-        last = [max(o["wall0"] + o["launch"][k] for o in everyone) - r["wall0"] for k in range(len(r["launch"]))]
-        ab = [ring_allreduce_time(n, world, alpha, beta) for n in r["bytes"]]
-        rows.append((r["comm_done"] - r["backward_end"],
-                     exposed_comm_causes(r["launch"], last, r["done"], ab, r["backward_end"])))
-    rank = max(range(world), key=lambda i: rows[i][0])
-    measured, parts = rows[rank]
-    return check("exposed_comm", parts["predicted"], measured, "s",
-                 causes={"peer_wait": parts["peer_wait"], "slow_collective": parts["slow_collective"]},
-                 detail={"rank": rank, "bucket_mb": cap, "buckets": len(mine["launch"]), "alpha_s": alpha,
-                         "beta_s_per_byte": beta})
+    dist.all_gather_object(everyone, samples)
+    totals = [dict.fromkeys(("measured", "predicted", "peer_wait", "slow_collective", "alone"), 0.0)
+              for _ in range(world)]
+    for k in range(steps):
+        for r in range(world):
+            own, peers = everyone[r][k], [everyone[o][k] for o in range(world)]
+            last = [max(o["wall0"] + o["launch"][b] for o in peers) - own["wall0"] for b in range(len(own["launch"]))]
+            parts = exposed_comm_causes(own["launch"], last, own["alone"],
+                                        [ring_allreduce_time(n, world, alpha, beta) for n in own["bytes"]],
+                                        own["backward_end"])
+            parts.update(measured=own["comm_done"] - own["backward_end"], alone=sum(own["alone"]))
+            for key, v in parts.items():
+                totals[r][key] += v / steps
+    rank = max(range(world), key=lambda i: totals[i]["measured"])
+    t = totals[rank]
+    return check("exposed_comm", t["predicted"], t["measured"], "s",
+                 causes={"peer_wait": t["peer_wait"], "slow_collective": t["slow_collective"]},
+                 detail={"rank": rank, "bucket_mb": cap, "buckets": len(samples[0]["launch"]), "steps": steps,
+                         "alpha_s": alpha, "beta_s_per_byte": beta, "alone_s": t["alone"]})
 
 
 def measure_alpha_beta(args, device) -> tuple[float, float]:
@@ -386,10 +414,11 @@ def run_overlap(ctx, args, progress: Progress) -> dict:
                 if r == args.rounds - 1:
                     tl = record_timeline(mode, model, opt, x, y)
                     nbuckets[(cap, mode)] = len(tl.launch)
-                    if mode == "overlap":
-                        checks[cap] = exposed_check(tl, alpha, beta, ctx.world_size, cap)
                     TIMELINE.emit_fields(ev, tl.to_event(bucket_mb=cap, mode=mode,
                                                          step_ms=round(tl.marks["step_done"] * 1000, 3)))
+                    if mode == "overlap":
+                        checks[cap] = exposed_check(model, opt, x, y, (alpha, beta), ctx.world_size, cap, device,
+                                                    args.check_steps)
                 del model, opt
                 progress.advance("overlap")
     median = {k: statistics.median(v) for k, v in times.items()}

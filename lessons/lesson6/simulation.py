@@ -299,23 +299,20 @@ def exposed_after(ready: Sequence[float], durations: Sequence[float], backward_e
     return max(0.0, (spans[-1][1] if spans else backward_end) - backward_end)
 
 
-def exposed_comm_causes(own_launch: Sequence[float], last_launch: Sequence[float], done: Sequence[float],
+def exposed_comm_causes(own_launch: Sequence[float], last_launch: Sequence[float], alone_s: Sequence[float],
                         alpha_beta_s: Sequence[float], backward_end: float) -> dict[str, float]:
     """One rank's exposed communication, predicted and decomposed (issue 28), times on its clock.
 
     ``predicted``: the buckets launched when this rank launched them, each lasting its α-β time
     (``alpha_beta_s``), as :func:`simulate_overlap` does. ``peer_wait``: how much later the chain
     ends when each bucket starts only once the *last* rank launched it (``last_launch``, measured
-    on every rank). ``slow_collective``: how much later still when each bucket lasts what it was
-    measured to last once every rank had launched it and the previous one was done (``done``) —
-    bandwidth or latency worse than α-β. What is left of the measurement is unexplained."""
+    on every rank). ``slow_collective``: how much later still when each bucket lasts what the same
+    all-reduce was measured to take *alone*, outside the step (``alone_s``) — bandwidth or latency
+    worse than α-β. Both causes are measured apart from the step's end: what the step's exposed
+    time adds to them (an all-reduce slower inside the step than alone) stays unexplained."""
     predicted = exposed_after(own_launch, alpha_beta_s, backward_end)
     waited = exposed_after(last_launch, alpha_beta_s, backward_end)
-    service, free = [], float("-inf")
-    for a, d in zip(last_launch, done, strict=True):
-        service.append(max(0.0, d - max(a, free)))
-        free = max(d, free)
-    slow = exposed_after(last_launch, service, backward_end)
+    slow = exposed_after(last_launch, alone_s, backward_end)
     return {"predicted": predicted, "peer_wait": waited - predicted, "slow_collective": slow - waited}
 
 
