@@ -31,7 +31,8 @@ same way for our schedules and for torch's.
 
 Each block's work is timed twice: its wall time and, on a CPU, the process's CPU time (per intra-op
 thread), so that a block that waited for a core (more ranks than cores) can be told from one with
-more work (``OpRecord.compute``); each wait on a peer's message is kept (``StepResult.waits``).
+more work (``OpRecord.compute``); each wait on a peer's message is kept (``StepResult.waits``), and when each send was posted
+(``StepResult.sends``): lesson 5's check times a message from its post to the end of its wait.
 
 Events: a ``pp_op`` per block (``lessons/lesson5/events.py``; its times on CUDA after a
 synchronize; ``compute``: its work) and ``span`` events on the ``comm`` stream for posting the plan's sends and receives and for each wait on a receive (emitted after the
@@ -42,7 +43,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -185,6 +186,7 @@ class StepResult:
     send_wait: tuple[float, float]  # the wait, after the last block, for the step's sends to complete
     cpu_start: float | None  # the CPU clock at t_start and t_end (None on a GPU)
     cpu_end: float | None
+    sends: list[tuple[sim.Message, float]] = field(default_factory=list)  # each send: (message, when posted)
 
 
 class PipelineRunner:
@@ -324,7 +326,7 @@ class PipelineRunner:
         self._emit_trace(run.records, run.comm)
         self._step += 1
         return StepResult(loss, run.records, t_start, t_end, self.meter.peak, run.waits, send_wait, cpu_start,
-                          cpu_end)
+                          cpu_end, run.sends)
 
     def _checked_batches(self, metas, inputs: Sequence[torch.Tensor] | None,
                          targets: Sequence[torch.Tensor] | None) -> tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]]:
@@ -375,6 +377,7 @@ class _ScheduleRun:
         self.records: list[OpRecord] = []
         self.comm: list[tuple[str, float, float]] = []  # (what, t0, t1): posting sends/receives, waiting on one
         self.waits: list[tuple[sim.Message, float, float]] = []  # (message, t0, t1): each wait on a receive
+        self.sends: list[tuple[sim.Message, float]] = []  # (message, t): each send, when its batch was posted
         self.total_loss = torch.zeros((), dtype=torch.float64, device=runner.device)
 
     def flush(self) -> None:
@@ -405,6 +408,7 @@ class _ScheduleRun:
                 ops.append(dist.P2POp(dist.irecv, buf, r._peer(msg.src % r.p), r.group))
         t0 = time.time()
         batch = _Batch(dist.batch_isend_irecv(ops), keep)
+        self.sends += [(a.message, t0) for a in self.pending if a.kind == "send" and a.message is not None]
         self.comm.append((" + ".join(labels), t0, time.time()))
         for msg in recvs:
             self.recv_work[msg] = batch

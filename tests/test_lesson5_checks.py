@@ -71,12 +71,7 @@ def test_every_schedule_is_checked_with_its_causes(runs):
             assert summary["schedules"][schedule]["bubble_measured"] == pytest.approx(e["measured"])
 
 
-@pytest.mark.parametrize("schedule", [
-    pytest.param("gpipe", marks=pytest.mark.xfail(
-        strict=False, reason="known defect (issue 28 open): on 2 ranks GPipe's causes over-explain the measured "
-                             "bubble by up to 14 % in some runs (communication's per-message latency, estimated "
-                             "from the waits, counts time the replay also charges elsewhere)")),
-    "1f1b", "interleaved"])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved"])
 def test_the_causes_add_up_to_the_measurement(runs, schedule):
     """Issue 28: predicted + Σ causes within 10 % of the measured bubble, for every run."""
     for events in runs.values():

@@ -254,6 +254,7 @@ def _rank_figures(ours: dict, theirs: dict | None, ref_grads: list, ref_loss: fl
         "blocks": [[(*r.op, r.t0, r.t1, r.c0, r.c1) for r in s.records] for s in ours["steps"]],
         "waits": [[(msg.kind, msg.mb, msg.from_stage, t0, t1) for msg, t0, t1 in s.waits] for s in ours["steps"]],
         "rank_steps": [(s.t_start, s.t_end, s.cpu_start, s.cpu_end, *s.send_wait) for s in ours["steps"]],
+        "sends": [[(msg.kind, msg.mb, msg.from_stage, t) for msg, t in s.sends] for s in ours["steps"]],
     }
 
 
@@ -334,9 +335,13 @@ def measured_bubble_check(schedule: str, p: int, m: int, v: int, gathered: list[
     waits, over the measured steps (the warm-up skipped)."""
     steps = []
     for i in range(skip, len(gathered[0]["blocks"])):
-        ranks = [bd.RankStep([bd.Block(sim.Op(k, mb, c, st), t0, t1, c0, c1)
-                              for k, mb, c, st, t0, t1, c0, c1 in g["blocks"][i]],
-                             [bd.Wait(*w) for w in g["waits"][i]], *g["rank_steps"][i]) for g in gathered]
+        ranks = []
+        for g in gathered:
+            t_start, t_end, cpu_start, cpu_end, send_t0, send_t1 = g["rank_steps"][i]
+            ranks.append(bd.RankStep([bd.Block(sim.Op(k, mb, c, st), t0, t1, c0, c1)
+                                      for k, mb, c, st, t0, t1, c0, c1 in g["blocks"][i]],
+                                     [bd.Wait(*w) for w in g["waits"][i]], t_start, t_end, cpu_start, cpu_end,
+                                     send_t0, send_t1, [bd.Send(*x) for x in g["sends"][i]]))
         steps.append(bd.breakdown(schedule, p, m, v, ranks))
     return bd.bubble_check(schedule, steps)
 

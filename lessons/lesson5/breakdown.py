@@ -12,11 +12,13 @@ each is measured, not assumed:
 1. ``formula``: ``(p−1)/(m+p−1)`` (``(p−1)/(v·m+p−1)`` interleaved): equal stages, no communication;
 2. replay with each block's work: ``unequal_stages`` = this bubble − the formula (stages of unequal
    cost: the embedding on the first, the head and loss on the last, a slow layer);
-3. + the runner's overhead before each block: ``overhead``;
+3. + the runner's overhead before each block (and after a rank's last one): ``overhead``;
 4. + the time without a core: ``cpu_contention`` (more ranks than cores, or other programs);
-5. + each message's measured latency (from the producer's end to the end of the wait for it, when
-   that wait blocked; at most the fastest of those when the message was there first) and the final
-   wait for the sends: ``communication``;
+5. + each message's measured time: from its producer's end to its post on the sender, then from
+   the later of that post and the start of the receiver's wait to the end of that wait
+   (:func:`messages`), and what the sends' last wait lasted beyond their arrival:
+   ``communication``. A receiver busy when the message was posted was not waiting for it: that
+   time is its own (its work, overhead, contention), never the message's latency too;
 6. measured: what no replay explains is the check's ``unexplained`` remainder.
 
 Every bubble here is idle over rank-time, ``1 − Σ work / (p · step time)``, with the same work (the
@@ -32,11 +34,8 @@ from ..checks import Check, check
 from . import formulas
 from . import simulator as sim
 
-__all__ = ["Block", "Wait", "RankStep", "Slot", "slots", "StepBreakdown", "breakdown", "bubble_check", "check_name",
-           "WAIT_EPSILON"]
-
-#: a wait shorter than this did not block: its message had arrived already (its latency is unknown)
-WAIT_EPSILON = 20e-6
+__all__ = ["Block", "Wait", "Send", "RankStep", "Slot", "slots", "tail", "Messages", "messages", "StepBreakdown",
+           "breakdown", "bubble_check", "check_name"]
 
 
 @dataclass(frozen=True)
@@ -66,9 +65,20 @@ class Wait:
 
 
 @dataclass(frozen=True)
+class Send:
+    """A rank's post of a message: the output of ``kind`` (F/B) of ``mb`` on stage ``from_stage``,
+    posted at ``t``."""
+    kind: str
+    mb: int
+    from_stage: int
+    t: float
+
+
+@dataclass(frozen=True)
 class RankStep:
-    """One rank's step: its blocks in order, its waits, its bounds and CPU clock at them, and its
-    final wait for its sends (``send_t0``…``send_t1``)."""
+    """One rank's step: its blocks in order, its waits, its bounds and CPU clock at them, its
+    final wait for its sends (``send_t0``…``send_t1``) and when it posted each send (a send not
+    listed counts as posted at its producer's end)."""
     blocks: Sequence[Block]
     waits: Sequence[Wait]
     t_start: float
@@ -77,24 +87,23 @@ class RankStep:
     cpu_end: float | None
     send_t0: float
     send_t1: float
+    sends: Sequence[Send] = ()
 
 
 @dataclass(frozen=True)
 class Slot:
     """A block and its rank's time around it (s), besides waits: its work; before it (from the
     previous block's end, waits excluded: posting messages, Python, overlapping the message in
-    flight) the runner's CPU time and the time without a core; after its start, the time without a
-    core in it (and, for the last block, the rest of the step but the wait for the sends)."""
+    flight) the runner's CPU time and the time without a core; in it, the time without a core."""
     op: sim.Op
     work: float
     pre_overhead: float
     pre_stolen: float
-    post_overhead: float = 0.0
     post_stolen: float = 0.0
 
     @property
     def overhead(self) -> float:
-        return self.pre_overhead + self.post_overhead
+        return self.pre_overhead
 
     @property
     def stolen(self) -> float:
@@ -119,15 +128,20 @@ def slots(rank: RankStep, t0: float) -> list[Slot]:
             k += 1
         gap = max(b.t0 - prev_t - waited, 0.0)
         gap_cpu = _clamp(None if b.c0 is None or prev_c is None else b.c0 - prev_c, gap)
-        out.append(Slot(b.op, b.work, gap_cpu, gap - gap_cpu + late, 0.0, b.t1 - b.t0 - b.work))
+        out.append(Slot(b.op, b.work, gap_cpu, gap - gap_cpu + late, b.t1 - b.t0 - b.work))
         prev_t, prev_c, late = b.t1, b.c1, 0.0
-    if out:  # after the last block: what is not the wait for the sends joins it
-        tail = max(rank.t_end - prev_t - (rank.send_t1 - rank.send_t0), 0.0)
-        tail_cpu = _clamp(None if rank.cpu_end is None or prev_c is None else rank.cpu_end - prev_c, tail)
-        last = out[-1]
-        out[-1] = Slot(last.op, last.work, last.pre_overhead, last.pre_stolen, tail_cpu,
-                       last.post_stolen + tail - tail_cpu)
     return out
+
+
+def tail(rank: RankStep) -> tuple[float, float]:
+    """The rank's time after its last block but the wait for its sends (posting them, returning):
+    (the runner's CPU time, the time without a core)."""
+    if not rank.blocks:
+        return 0.0, 0.0
+    last = rank.blocks[-1]
+    wall = max(rank.t_end - last.t1 - (rank.send_t1 - rank.send_t0), 0.0)
+    cpu = _clamp(None if rank.cpu_end is None or last.c1 is None else rank.cpu_end - last.c1, wall)
+    return cpu, wall - cpu
 
 
 @dataclass(frozen=True)
@@ -137,7 +151,7 @@ class StepBreakdown:
     replay_work: float       # the schedule with the blocks' own work, nothing else
     replay_overhead: float   # + the runner's overhead
     replay_stolen: float     # + the time without a core
-    replay_comm: float       # + the latency per hop and the final wait for the sends
+    replay_comm: float       # + each message's time from its post to the end of its wait, and the sends' last wait
     measured: float
     latency: float           # s per hop
     span: float              # the step's wall time, s
@@ -159,50 +173,102 @@ def _bubble(work: float, p: int, span: float) -> float:
     return 1.0 - work / (p * span) if span > 0 else 0.0
 
 
-def _latencies(ranks: Sequence[RankStep]) -> tuple[dict[tuple[str, int, int], float], float]:
-    """Each message's latency (``(kind, mb, producer stage)`` → s) and their median over the waits
-    that blocked: from the producer's end to the end of the wait. A message that was there before
-    its wait began took at most that long: it gets the fastest latency measured, or less."""
-    ends = {(b.op.kind, b.op.mb, b.op.stage): b.t1 for rank in ranks for b in rank.blocks}
-    waits = [(w, (w.kind, w.mb, w.from_stage)) for rank in ranks for w in rank.waits]
-    waits = [(w, key) for w, key in waits if key in ends]
-    blocked = {key: max(w.t1 - ends[key], 0.0) for w, key in waits if w.t1 - w.t0 > WAIT_EPSILON}
-    median = statistics.median(blocked.values()) if blocked else 0.0
-    fastest = min(blocked.values(), default=0.0)
-    early = {key: min(fastest, max(w.t0 - ends[key], 0.0)) for w, key in waits if key not in blocked}
-    return {**early, **blocked}, median
+Key = tuple[str, int, int]  # a message: (kind, mb, producer stage)
+
+
+@dataclass(frozen=True)
+class Messages:
+    """Each message as measured (see :func:`messages`)."""
+    latency: dict[Key, float]      # from its producer's end to its arrival, had its receiver been waiting
+    transfer: dict[sim.Op, float]  # per consuming block: its input's wait once both ends had posted
+    consumer: dict[Key, sim.Op]
+    received: dict[Key, float]     # the end of its wait
+    median: float                  # s per hop, over the messages whose receiver waited for the post
+
+
+def messages(ranks: Sequence[RankStep]) -> Messages:
+    """Each message's time, from its two ends' clocks: the sender posts it ``s − e`` after its
+    producer's end ``e`` (Python, the batch's other messages; at ``e`` when the post was not
+    recorded), then it takes ``transfer = w1 − max(w0, s)`` to arrive, ``w0``…``w1`` being the
+    receiver's wait for it: from the post when the receiver was already waiting, else from the
+    wait's start (gloo and NCCL move a message only once both ends have posted it, so a receiver
+    that comes late still waits for the transfer; what it did before, the message in flight or
+    not, is its own time, not the message's). Replayed, its consumer starts at ``max(its rank's
+    own readiness, s) + transfer``: a late receiver's busy time is never charged again as latency."""
+    ends = {(b.op.kind, b.op.mb, b.op.stage): b for rank in ranks for b in rank.blocks}
+    posted = {(x.kind, x.mb, x.from_stage): x.t for rank in ranks for x in rank.sends}
+    latency: dict[Key, float] = {}
+    transfer: dict[sim.Op, float] = {}
+    consumer: dict[Key, sim.Op] = {}
+    received: dict[Key, float] = {}
+    blocked: list[float] = []
+    for rank in ranks:
+        for w in rank.waits:
+            key = (w.kind, w.mb, w.from_stage)
+            into = (w.kind, w.mb, w.from_stage + 1 if w.kind == sim.FORWARD else w.from_stage - 1)
+            if key not in ends or into not in ends:
+                continue
+            e = ends[key].t1
+            sent = max(posted.get(key, e), e)
+            moved = max(w.t1 - max(w.t0, sent), 0.0)
+            latency[key], transfer[ends[into].op], consumer[key], received[key] = sent - e + moved, moved, ends[into].op, w.t1
+            if w.t0 < sent:
+                blocked.append(w.t1 - e)
+    median = statistics.median(blocked or list(latency.values()) or [0.0])
+    return Messages(latency, transfer, consumer, received, median)
+
+
+def _makespan(tl: sim.Timeline, after: Sequence[float]) -> float:
+    """The replayed step's end: each rank's last block's end plus its time ``after`` it."""
+    return max((e[-1] + a for e, a in zip(tl.end, after, strict=True) if e), default=0.0)
+
+
+def _comm_makespan(tl: sim.Timeline, ranks: Sequence[RankStep], msgs: Messages, after: Sequence[float]) -> float:
+    """The communication replay's end: a rank ends after its last block and its tail, and once its
+    last message has arrived (its consumer's replayed start), plus what its wait for its sends
+    lasted beyond that arrival as measured."""
+    start = {op: s for order, starts in zip(tl.order, tl.start, strict=True) for op, s in zip(order, starts, strict=True)}
+    out = 0.0
+    for r, rank in enumerate(ranks):
+        if not tl.end[r]:
+            continue
+        keys = [(x.kind, x.mb, x.from_stage) for x in rank.sends if (x.kind, x.mb, x.from_stage) in msgs.consumer]
+        arrival = max((start[msgs.consumer[k]] for k in keys), default=0.0)
+        last_real = max((msgs.received[k] for k in keys), default=rank.send_t0)
+        beyond = max(rank.send_t1 - max(rank.send_t0, last_real), 0.0)
+        out = max(out, max(tl.end[r][-1] + after[r], arrival) + beyond)
+    return out
 
 
 def breakdown(schedule: str, p: int, m: int, v: int, ranks: Sequence[RankStep]) -> StepBreakdown:
     """One measured step (every rank's) decomposed as the module docstring says."""
     t0, t1 = min(r.t_start for r in ranks), max(r.t_end for r in ranks)
     cut = [slots(r, t0) for r in ranks]
+    tails = [tail(r) for r in ranks]
     flat = [s for rank in cut for s in rank]
     work = {s.op: s.work for s in flat}
-    over = ({s.op: s.work + s.post_overhead for s in flat}, {s.op: s.pre_overhead for s in flat})
-    slot = ({s.op: s.work + s.post_overhead + s.post_stolen for s in flat},
-            {s.op: s.pre_overhead + s.pre_stolen for s in flat})
-    sent = dict(slot[0])
-    for r, rank in zip(ranks, cut, strict=True):
-        if rank:
-            sent[rank[-1].op] += r.send_t1 - r.send_t0
-    latency, median = _latencies(ranks)
+    stolen = {s.op: s.work + s.post_stolen for s in flat}
+    pre_over = {s.op: s.pre_overhead for s in flat}
+    pre_all = {s.op: s.pre_overhead + s.pre_stolen for s in flat}
+    msgs = messages(ranks)
+    pre_comm = {op: t + msgs.transfer.get(op, 0.0) for op, t in pre_all.items()}
     total, span = sum(work.values()), t1 - t0
+    comm = sim.replay(schedule, p, m, v, stolen, latency=msgs.latency, before=pre_comm)
     spans = [sim.replay(schedule, p, m, v, work).makespan,
-             sim.replay(schedule, p, m, v, over[0], before=over[1]).makespan,
-             sim.replay(schedule, p, m, v, slot[0], before=slot[1]).makespan,
-             sim.replay(schedule, p, m, v, sent, latency=latency, before=slot[1]).makespan]
+             _makespan(sim.replay(schedule, p, m, v, work, before=pre_over), [c for c, _ in tails]),
+             _makespan(sim.replay(schedule, p, m, v, stolen, before=pre_all), [c + s for c, s in tails]),
+             _comm_makespan(comm, ranks, msgs, [c + s for c, s in tails])]
     compute = [sum(s.work for s in rank) for rank in cut]
-    overhead = [sum(s.overhead for s in rank) for rank in cut]
-    stolen = [sum(s.stolen for s in rank) for rank in cut]
+    overhead = [sum(s.overhead for s in rank) + c for rank, (c, _) in zip(cut, tails, strict=True)]
+    contention = [sum(s.stolen for s in rank) + x for rank, (_, x) in zip(cut, tails, strict=True)]
     waited = [sum(w.t1 - w.t0 for w in r.waits) + r.send_t1 - r.send_t0 for r in ranks]
     return StepBreakdown(
         formula=formulas.pipeline_bubble(p, m, schedule, v)["bubble_fraction"],
         replay_work=_bubble(total, p, spans[0]), replay_overhead=_bubble(total, p, spans[1]),
         replay_stolen=_bubble(total, p, spans[2]), replay_comm=_bubble(total, p, spans[3]),
-        measured=_bubble(total, p, span), latency=median, span=span, compute=compute, overhead=overhead,
-        contention=stolen, wait=waited,
-        idle=[span - sum(x) for x in zip(compute, overhead, stolen, waited, strict=True)])
+        measured=_bubble(total, p, span), latency=msgs.median, span=span, compute=compute, overhead=overhead,
+        contention=contention, wait=waited,
+        idle=[span - sum(x) for x in zip(compute, overhead, contention, waited, strict=True)])
 
 
 def check_name(schedule: str) -> str:
