@@ -8,6 +8,13 @@ all-gathers and reduce-scatters, a bucketed all-reduce — when its ``Work`` com
 sees whatever reaches the c10d dispatcher, so DDP's reducer's all-reduces are timed too.
 Point-to-point messages are left to the pipeline, which names them after its plan.
 
+:func:`trace_causes` draws a timed region the way a lesson's check decomposes it (issue 28), on
+four tracks that tile each of its blocks (a step, a prefill) from the first rank's start to the
+last rank's end: ``compute`` (this rank's block outside its collectives), ``wait`` (inside a
+collective, until the last rank of the group arrived: the check's ``peer_wait``), ``comm`` (the
+rest of the collective) and ``idle`` (before this rank's block began or after it ended, while
+a peer was still in its own: what the slowest rank's wall time holds and this rank's does not).
+
 Spans are emitted when the step ends (a collective still in flight then is left out). The meter
 is a dispatch mode: every operation of a step traced with ``collectives=True`` passes through
 Python (some µs each), so an experiment draws the collectives of the step it meters anyway and
@@ -15,12 +22,16 @@ times the others (``collectives=False``: the step's span alone, at the cost of t
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import torch.distributed as dist
 
 from ..lessons.events import SPAN
 from ..lessons.units import format_bytes
 from .metering import CommMeter, CommRecord
+from .trace_export import uncovered
 
 #: the operations drawn as spans (torch.distributed's names)
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
@@ -62,3 +73,45 @@ def traced_step(events, name: str, groups: dict | None = None, collectives: bool
         finally:
             for span in comm_spans(step_meter.records[first:], groups=groups):
                 SPAN.emit_fields(events, {**span, **fields})
+
+
+def _everyone(mine: Any, group: Any = None) -> list[Any]:
+    if not (dist.is_initialized() and dist.get_world_size(group) > 1):
+        return [mine]
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, mine, group=group)
+    return out
+
+
+def trace_causes(events, blocks: Sequence[tuple[float, float]], spans: Sequence[Sequence[float]],
+                 peer_wait: Sequence[float] | None = None, names: Sequence[str] | None = None,
+                 group: Any = None, **fields) -> None:
+    """Draw ``blocks`` (this rank's timed blocks, wall-clock seconds: a
+    :class:`~distai.engine.time_causes.Window`'s ``blocks``) on the run's trace as ``compute``,
+    ``wait``, ``comm`` and ``idle`` spans (the module's doc); ``spans``: the collectives this rank
+    entered and left (``spans[i][:2]``), ``peer_wait[i]`` how long it waited in each for the last
+    peer — the figures the check reports (``time_causes.collective_causes``); None: measured here
+    the same way, from every rank's entry times. ``names``: each collective's name (``all_reduce``).
+    Every rank of ``group`` calls it with the same number of blocks and collectives (it gathers
+    their bounds); nothing is gathered or emitted when ``events`` writes nowhere. ``fields`` go
+    on every span (``check="tp_step_time"``: the check it draws)."""
+    if events is None or not getattr(events, "enabled", False):
+        return
+    mine = ([tuple(b) for b in blocks], [(float(s[0]), float(s[1])) for s in spans])
+    everyone = _everyone(mine, group)
+    if peer_wait is None:
+        peer_wait = [max(o[1][i][0] for o in everyone) - a for i, (a, _) in enumerate(mine[1])]
+    for k in range(min(len(o[0]) for o in everyone)):
+        t0, t1 = mine[0][k]
+        start, end = min(o[0][k][0] for o in everyone), max(o[0][k][1] for o in everyone)
+        inside = [i for i, (a, _) in enumerate(mine[1]) if t0 <= a <= t1]
+        parts = [("idle", "idle", a, b) for a, b in uncovered(start, end, [(t0, t1)])]
+        parts += [("compute", "compute", a, b) for a, b in uncovered(t0, t1, [mine[1][i] for i in inside])]
+        for i in inside:
+            a, b = mine[1][i][0], min(mine[1][i][1], t1)
+            waited = min(b, a + max(0.0, peer_wait[i]))
+            op = names[i] if names else "collective"
+            parts += [("wait", f"wait for the last peer ({op})", a, waited), ("comm", op, waited, b)]
+        for stream, name, a, b in parts:
+            if b > a:
+                SPAN.emit_fields(events, {"name": name, "stream": stream, "t0": a, "t1": b, "block": k, **fields})

@@ -124,7 +124,7 @@ def operations(events: Iterable[dict]) -> tuple[list[dict], list[dict]]:
     return spans, instants
 
 
-def _uncovered(t0: float, t1: float, covered: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def uncovered(t0: float, t1: float, covered: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """The parts of [t0, t1] outside every interval of ``covered``."""
     gaps, at = [], t0
     for a, b in sorted(covered):
@@ -160,7 +160,7 @@ def pipeline_wait_and_idle(spans: list[dict], events: Iterable[dict]) -> list[di
         if not bounds:
             continue
         t0, t1 = min(a for a, _ in bounds), max(b for _, b in bounds)
-        for a, b in _uncovered(t0, t1, blocks):
+        for a, b in uncovered(t0, t1, blocks):
             out.append(_span(rank, "idle", "idle", a, b, "idle", {"schedule": schedule, "step": step}))
     return [s for s in out if s is not None]
 

@@ -52,7 +52,7 @@ from ...lessons.lesson4.events import COMM, COMM_CHECK, CONFIG, DTENSOR, MEMORY,
 from ...lessons.lesson4.formulas import activation_bytes_per_layer, collective_time, tp_comm_per_layer
 from ...lessons.model_size import ModelSize, add_model_options
 from ...lessons.units import format_bytes, format_fixed, format_number, number_separator
-from ..comm_trace import traced_step
+from ..comm_trace import trace_causes, traced_step
 from ..doctor import fit_alpha_beta, group_allreduce_times
 from ..experiment import (
     Progress,
@@ -344,12 +344,13 @@ def time_steps(cfg: GPTConfig, batch: int, sp: bool, steps: int, records: list[C
             rows += group_allreduce_times(sweep_sizes(records), repeats=1, device_type=DEVICE.type)
     alpha, beta = fit_alpha_beta(rows, tp.size)
     expected = comm_prediction(records, alpha, beta, backend)
-    waited, slow, in_comm = 0.0, 0.0, 0.0
+    waited, slow, in_comm, waits = 0.0, 0.0, 0.0, []
     for step_spans in spans:
         found = collective_causes(step_spans, expected)
         waited, slow = waited + sum(found["peer_wait"]), slow + sum(found["slow"])
         in_comm += sum(found["on_cpu"])  # the collectives' own CPU time is in their α-β time
-    return {"wall_s": window.wall_s / steps, "cpu_s": (window.cpu_s - in_comm) / steps, "comm_s": sum(expected),
+        waits += found["peer_wait"]
+    return {"trace": (window.blocks, [s for step_spans in spans for s in step_spans], waits),"wall_s": window.wall_s / steps, "cpu_s": (window.cpu_s - in_comm) / steps, "comm_s": sum(expected),
             "alpha": alpha, "beta": beta, "run_queue_s": window.run_queue_s / steps,
             "peer_wait_s": waited / steps, "slow_collective_s": slow / steps, "collectives": len(expected)}
 
@@ -481,7 +482,9 @@ def _check_step_time(ev, cfg: GPTConfig, args: argparse.Namespace, mode: str, re
     backend = str(dist.get_backend()) if dist.is_initialized() else ""
     timed = time_steps(cfg, args.micro_batch, MODES[mode], args.check_steps, records, backend, args.seed,
                        args.regather)
+    blocks, spans, waits = timed.pop("trace")
     found = step_time_check(mode, timed)
+    trace_causes(ev, blocks, spans, waits, names=[r.op for r in records] * args.check_steps, check=found.name)
     if not dist.is_initialized() or dist.get_rank() == 0:
         CHECK.emit_fields(ev, found.event())
     return found
