@@ -84,14 +84,14 @@ def _everyone(mine: Any, group: Any = None) -> list[Any]:
 
 
 def trace_causes(events, blocks: Sequence[tuple[float, float]], spans: Sequence[Sequence[float]],
-                 peer_wait: Sequence[float] | None = None, names: Sequence[str] | None = None,
+                 peer_wait: Sequence[float] | None = None, names: str | Sequence[str] = "collective",
                  group: Any = None, **fields) -> None:
     """Draw ``blocks`` (this rank's timed blocks, wall-clock seconds: a
     :class:`~distai.engine.time_causes.Window`'s ``blocks``) on the run's trace as ``compute``,
     ``wait``, ``comm`` and ``idle`` spans (the module's doc); ``spans``: the collectives this rank
     entered and left (``spans[i][:2]``), ``peer_wait[i]`` how long it waited in each for the last
     peer — the figures the check reports (``time_causes.collective_causes``); None: measured here
-    the same way, from every rank's entry times. ``names``: each collective's name (``all_reduce``).
+    the same way, from every rank's entry times. ``names``: each collective's name, or one for all (``all_reduce``).
     Every rank of ``group`` calls it with the same number of blocks and collectives (it gathers
     their bounds); nothing is gathered or emitted when ``events`` writes nowhere. ``fields`` go
     on every span (``check="tp_step_time"``: the check it draws)."""
@@ -104,14 +104,17 @@ def trace_causes(events, blocks: Sequence[tuple[float, float]], spans: Sequence[
     for k in range(min(len(o[0]) for o in everyone)):
         t0, t1 = mine[0][k]
         start, end = min(o[0][k][0] for o in everyone), max(o[0][k][1] for o in everyone)
-        inside = [i for i, (a, _) in enumerate(mine[1]) if t0 <= a <= t1]
         parts = [("idle", "idle", a, b) for a, b in uncovered(start, end, [(t0, t1)])]
-        parts += [("compute", "compute", a, b) for a, b in uncovered(t0, t1, [mine[1][i] for i in inside])]
-        for i in inside:
-            a, b = mine[1][i][0], min(mine[1][i][1], t1)
-            waited = min(b, a + max(0.0, peer_wait[i]))
-            op = names[i] if names else "collective"
-            parts += [("wait", f"wait for the last peer ({op})", a, waited), ("comm", op, waited, b)]
+        held, at = [], t0  # the collectives one after the other (asynchronous ones may overlap)
+        for i, (a, b) in enumerate(mine[1]):
+            if t0 <= a <= t1:
+                a = max(a, at)
+                at = max(a, min(b, t1))
+                waited = max(a, min(at, mine[1][i][0] + max(0.0, peer_wait[i])))
+                op = names if isinstance(names, str) else names[i]
+                parts += [("wait", f"wait for the last peer ({op})", a, waited), ("comm", op, waited, at)]
+                held.append((a, at))
+        parts += [("compute", "compute", a, b) for a, b in uncovered(t0, t1, held)]
         for stream, name, a, b in parts:
             if b > a:
                 SPAN.emit_fields(events, {"name": name, "stream": stream, "t0": a, "t1": b, "block": k, **fields})

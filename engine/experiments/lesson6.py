@@ -52,6 +52,7 @@ from ...lessons.lesson6.events import BUCKET_SWEEP, GRAD_HIST, PHASE, SCALE, TIM
 from ...lessons.lesson6.simulation import exponent_histogram, exposed_comm_causes
 from ...lessons.model_size import ModelSize, add_model_options
 from ..bucketing import StepTimeline, ddp_timed_allreduce_hook
+from ..comm_trace import trace_causes
 from ..doctor import group_alpha_beta
 from ..experiment import (
     Progress,
@@ -333,10 +334,12 @@ def record_timeline(mode, model, opt, x, y) -> StepTimeline:
     return tl
 
 
-def exposed_check(tl: StepTimeline, alpha: float, beta: float, world: int, cap: float) -> Check:
+def exposed_check(tl: StepTimeline, alpha: float, beta: float, world: int, cap: float) -> tuple[Check, tuple[list, list, list]]:
     """Communication exposed after backward in a recorded overlapped step against the overlap
     model (:func:`~distai.lessons.lesson6.simulation.exposed_comm_causes`): every rank's bucket
-    launches gathered (one host's wall clock), the rank with the most exposed time reported."""
+    launches gathered (one host's wall clock), the rank with the most exposed time reported; and
+    this rank's step for the trace (``comm_trace.trace_causes``' blocks, collectives, waits: its
+    exposed communication as one wait, its peer wait first)."""
     mine: dict[str, Any] = {"wall0": tl.wall0, "launch": [tl.launch[i] for i in sorted(tl.launch)],
             "done": [tl.done.get(i, tl.launch[i]) for i in sorted(tl.launch)],
             "bytes": [tl.nbytes[i] for i in sorted(tl.launch)],
@@ -351,10 +354,12 @@ def exposed_check(tl: StepTimeline, alpha: float, beta: float, world: int, cap: 
                      exposed_comm_causes(r["launch"], last, r["done"], ab, r["backward_end"])))
     rank = max(range(world), key=lambda i: rows[i][0])
     measured, parts = rows[rank]
+    at = tl.wall0 + mine["backward_end"], tl.wall0 + mine["comm_done"]
+    traced = ([(tl.wall0, tl.wall0 + tl.marks["step_done"])], [at], [rows[dist.get_rank()][1]["peer_wait"]])
     return check("exposed_comm", parts["predicted"], measured, "s",
                  causes={"peer_wait": parts["peer_wait"], "slow_collective": parts["slow_collective"]},
                  detail={"rank": rank, "bucket_mb": cap, "buckets": len(mine["launch"]), "alpha_s": alpha,
-                         "beta_s_per_byte": beta})
+                         "beta_s_per_byte": beta}), traced
 
 
 def measure_alpha_beta(args, device) -> tuple[float, float]:
@@ -372,6 +377,7 @@ def run_overlap(ctx, args, progress: Progress) -> dict:
     times: dict[tuple[float, str], list[float]] = {}
     nbuckets: dict[tuple[float, str], int] = {}
     checks: dict[float, Check] = {}
+    traced: dict[float, tuple[list, list, list]] = {}
     alpha, beta = measure_alpha_beta(args, device)
     for r in range(args.rounds):
         for ci, cap in enumerate(args.caps):
@@ -387,7 +393,7 @@ def run_overlap(ctx, args, progress: Progress) -> dict:
                     tl = record_timeline(mode, model, opt, x, y)
                     nbuckets[(cap, mode)] = len(tl.launch)
                     if mode == "overlap":
-                        checks[cap] = exposed_check(tl, alpha, beta, ctx.world_size, cap)
+                        checks[cap], traced[cap] = exposed_check(tl, alpha, beta, ctx.world_size, cap)
                     TIMELINE.emit_fields(ev, tl.to_event(bucket_mb=cap, mode=mode,
                                                          step_ms=round(tl.marks["step_done"] * 1000, 3)))
                 del model, opt
@@ -398,6 +404,8 @@ def run_overlap(ctx, args, progress: Progress) -> dict:
             BUCKET_SWEEP.emit(ev, {"bucket_mb": cap, "mode": mode, "step_ms": round(median[(cap, mode)], 3),
                                    "n_buckets": nbuckets.get((cap, mode)), "samples_ms": [round(t, 3) for t in v]})
     best = min(args.caps, key=lambda c: median[(c, "overlap")])
+    blocks, spans, waits = traced[best]
+    trace_causes(ev, blocks, spans, waits, names="bucket all-reduces", check="exposed_comm")
     if rank == 0:
         CHECK.emit_fields(ev, checks[best].event())
     n_params = args.dp_model.num_params()

@@ -306,7 +306,7 @@ def serving_checks(cfg, prompts, n: int, r: dict, spans: list[tuple[float, float
     found = collective_causes(spans, ab)
     waits, slow, in_comm = found["peer_wait"], found["slow"], found["on_cpu"]  # in_comm: part of α-β
     for name, window, part in (("ttft", r["prefill_window"], slice(0, k)), ("tpot", r["decode_window"], slice(k, None))):
-        trace_causes(ctx.events, window.blocks, spans[part], waits[part], names=None, check=name)
+        trace_causes(ctx.events, window.blocks, spans[part], waits[part], names="all_reduce", check=name)
     p, d, tp_, td = r["prefill_window"], r["decode_window"], r["twin_prefill_window"], r["twin_decode_window"]
     mine = {"ttft": (p.wall_s, tp_.cpu_s, p.cpu_s - sum(in_comm[:k]), p.run_queue_s, sum(waits[:k]), sum(slow[:k])),
             "tpot": (d.wall_s / steps, td.cpu_s / steps, (d.cpu_s - sum(in_comm[k:])) / steps, d.run_queue_s / steps,
