@@ -22,11 +22,13 @@ times the others (``collectives=False``: the step's span alone, at the cost of t
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch.distributed as dist
+from torch.utils._python_dispatch import _disable_current_modes
 
 from ..lessons.events import SPAN
 from ..lessons.units import format_bytes
@@ -50,12 +52,14 @@ def comm_spans(records: Iterable[CommRecord], stream: str = "comm", groups: dict
 
 @contextmanager
 def traced_step(events, name: str, groups: dict | None = None, collectives: bool = True,
-                meter: CommMeter | None = None, **fields) -> Iterator[None]:
+                meter: CommMeter | None = None, check: str | None = None, **fields) -> Iterator[None]:
     """One training step as a ``compute`` span with, when ``collectives``, its collectives as
     ``comm`` spans (per group with ``groups``); nothing at all, and no meter, when ``events`` is
     None or writes nowhere. ``meter``: one the caller runs around the step anyway; the spans come
     from the records it gains in the block (a second meter would route every op through Python
-    twice)."""
+    twice). ``check``: the step also drawn as :func:`trace_causes` does, for that check, each
+    collective's wait for the last rank of its group measured here (:func:`peer_waits`; every
+    rank passes the same ``check``, and a step that raised draws nothing)."""
     if events is None or not getattr(events, "enabled", False):
         yield
         return
@@ -67,20 +71,53 @@ def traced_step(events, name: str, groups: dict | None = None, collectives: bool
     step_meter = CommMeter() if meter is None else meter
     first = len(step_meter.records)
     with events.span(name, "compute", **fields):
+        t0 = time.time()
         try:
             with step_meter if own else nullcontext():
                 yield
         finally:
+            t1 = time.time()
             for span in comm_spans(step_meter.records[first:], groups=groups):
                 SPAN.emit_fields(events, {**span, **fields})
+    if check is not None:
+        _draw_step(events, (t0, t1), step_meter.records[first:], groups, check=check, **fields)
+
+
+def _draw_step(events, bounds: tuple[float, float], records: list[CommRecord], groups: dict | None,
+               **fields) -> None:
+    """A traced step's compute, waits, collectives and idle time (:func:`trace_causes`)."""
+    ordered = [g for g in (groups or {}).values() if g is not None]
+    named = {str(g.group_name): g for g in ordered}
+    done = [r for r in records if r.op in COLLECTIVES]
+    waits = peer_waits([r.t0 for r in done], [named.get(r.group) if groups else None for r in done],
+                       ordered if groups else [None])
+    spans = [(r.t0, r.t0 if r.t1 is None else r.t1) for r in done]
+    trace_causes(events, [bounds], spans, waits, names=[r.op for r in done], **fields)
 
 
 def _everyone(mine: Any, group: Any = None) -> list[Any]:
     if not (dist.is_initialized() and dist.get_world_size(group) > 1):
         return [mine]
     out: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(out, mine, group=group)
+    with _disable_current_modes():  # a meter still open around the step does not count the trace's gathers
+        dist.all_gather_object(out, mine, group=group)
     return out
+
+
+def peer_waits(entries: Sequence[float], groups: Sequence[Any], order: Sequence[Any] = (None,)) -> list[float]:
+    """How long this rank waited in each collective it entered at ``entries[i]`` (wall-clock
+    seconds) for the last rank of its process group ``groups[i]`` to enter it —
+    ``time_causes.collective_causes``' ``peer_wait``: for each group of ``order`` (None: the world;
+    the same order on every rank, each rank calling with its own groups), the entries on it
+    gathered among its ranks; 0 where its ranks entered different numbers of collectives."""
+    waits = [0.0] * len(entries)
+    for g in order:
+        idx = [i for i, o in enumerate(groups) if o is g]
+        everyone = _everyone([entries[i] for i in idx], g)
+        if all(len(o) == len(idx) for o in everyone):
+            for j, i in enumerate(idx):
+                waits[i] = max(o[j] for o in everyone) - entries[i]
+    return waits
 
 
 def trace_causes(events, blocks: Sequence[tuple[float, float]], spans: Sequence[Sequence[float]],
@@ -98,12 +135,12 @@ def trace_causes(events, blocks: Sequence[tuple[float, float]], spans: Sequence[
     if events is None or not getattr(events, "enabled", False):
         return
     mine = ([tuple(b) for b in blocks], [(float(s[0]), float(s[1])) for s in spans])
-    everyone = _everyone(mine, group)
+    everyone = _everyone(mine[0], group)
     if peer_wait is None:
-        peer_wait = [max(o[1][i][0] for o in everyone) - a for i, (a, _) in enumerate(mine[1])]
-    for k in range(min(len(o[0]) for o in everyone)):
+        peer_wait = peer_waits([a for a, _ in mine[1]], [group] * len(mine[1]), [group])
+    for k in range(min(len(o) for o in everyone)):
         t0, t1 = mine[0][k]
-        start, end = min(o[0][k][0] for o in everyone), max(o[0][k][1] for o in everyone)
+        start, end = min(o[k][0] for o in everyone), max(o[k][1] for o in everyone)
         parts = [("idle", "idle", a, b) for a, b in uncovered(start, end, [(t0, t1)])]
         held, at = [], t0  # the collectives one after the other (asynchronous ones may overlap)
         for i, (a, b) in enumerate(mine[1]):
