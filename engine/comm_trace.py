@@ -52,20 +52,22 @@ def comm_spans(records: Iterable[CommRecord], stream: str = "comm", groups: dict
 
 @contextmanager
 def traced_step(events, name: str, groups: dict | None = None, collectives: bool = True,
-                meter: CommMeter | None = None, check: str | None = None, **fields) -> Iterator[None]:
+                meter: CommMeter | None = None, check: str | None = None, **fields) -> Iterator[list]:
     """One training step as a ``compute`` span with, when ``collectives``, its collectives as
     ``comm`` spans (per group with ``groups``); nothing at all, and no meter, when ``events`` is
     None or writes nowhere. ``meter``: one the caller runs around the step anyway; the spans come
     from the records it gains in the block (a second meter would route every op through Python
     twice). ``check``: the step also drawn as :func:`trace_causes` does, for that check, each
     collective's wait for the last rank of its group measured here (:func:`peer_waits`; every
-    rank passes the same ``check``, and a step that raised draws nothing)."""
+    rank passes the same ``check``, and a step that raised draws nothing); the block adds to the
+    list it is given its waits on a peer's message (``(t0, t1)``: a pipeline's receives)."""
+    waits: list[tuple[float, float]] = []  # the block adds its point-to-point waits (drawn with ``check``)
     if events is None or not getattr(events, "enabled", False):
-        yield
+        yield waits
         return
     if not collectives:
         with events.span(name, "compute", **fields):
-            yield
+            yield waits
         return
     own = meter is None
     step_meter = CommMeter() if meter is None else meter
@@ -74,25 +76,28 @@ def traced_step(events, name: str, groups: dict | None = None, collectives: bool
         t0 = time.time()
         try:
             with step_meter if own else nullcontext():
-                yield
+                yield waits
         finally:
             t1 = time.time()
             for span in comm_spans(step_meter.records[first:], groups=groups):
                 SPAN.emit_fields(events, {**span, **fields})
     if check is not None:
-        _draw_step(events, (t0, t1), step_meter.records[first:], groups, check=check, **fields)
+        _draw_step(events, (t0, t1), step_meter.records[first:], groups, waits, check=check, **fields)
 
 
 def _draw_step(events, bounds: tuple[float, float], records: list[CommRecord], groups: dict | None,
-               **fields) -> None:
-    """A traced step's compute, waits, collectives and idle time (:func:`trace_causes`)."""
+               p2p: list[tuple[float, float]], **fields) -> None:
+    """A traced step's compute, waits, collectives and idle time (:func:`trace_causes`); ``p2p``:
+    its waits on a peer's message, each a wait from end to end."""
     ordered = [g for g in (groups or {}).values() if g is not None]
     named = {str(g.group_name): g for g in ordered}
     done = [r for r in records if r.op in COLLECTIVES]
     waits = peer_waits([r.t0 for r in done], [named.get(r.group) if groups else None for r in done],
                        ordered if groups else [None])
-    spans = [(r.t0, r.t0 if r.t1 is None else r.t1) for r in done]
-    trace_causes(events, [bounds], spans, waits, names=[r.op for r in done], **fields)
+    drawn = sorted([(r.t0, r.t0 if r.t1 is None else r.t1, w, r.op) for r, w in zip(done, waits)]
+                   + [(a, b, b - a, "recv") for a, b in p2p])
+    trace_causes(events, [bounds], [d[:2] for d in drawn], [d[2] for d in drawn], names=[d[3] for d in drawn],
+                 **fields)
 
 
 def _everyone(mine: Any, group: Any = None) -> list[Any]:
