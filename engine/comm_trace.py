@@ -23,7 +23,7 @@ times the others (``collectives=False``: the step's span alone, at the cost of t
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
@@ -33,6 +33,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from ..lessons.events import SPAN
 from ..lessons.units import format_bytes
 from .metering import CommMeter, CommRecord
+from .time_causes import Window
 from .trace_export import uncovered
 
 #: the operations drawn as spans (torch.distributed's names)
@@ -160,3 +161,29 @@ def trace_causes(events, blocks: Sequence[tuple[float, float]], spans: Sequence[
         for stream, name, a, b in parts:
             if b > a:
                 SPAN.emit_fields(events, {"name": name, "stream": stream, "t0": a, "t1": b, "block": k, **fields})
+
+
+class _StepClock:
+    """A sink that keeps, for each event that says when it began (``t0``), its bounds: from
+    ``t0`` to when it is reported (a traced ring's steps, ``ring.ring_allreduce(trace=...)``)."""
+    enabled = True
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[float, float]] = []
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        if isinstance(fields.get("t0"), (int, float)):
+            self.spans.append((float(fields["t0"]), time.time()))
+
+
+def trace_call(events, call: Callable[..., Any], names: str = "ring step", **fields) -> None:
+    """Run ``call(sink)`` once more, timed, and draw it as :func:`trace_causes` does: each step it
+    reports to ``sink`` (``t0`` to its report) a collective whose wait for the last rank is
+    measured from every rank's step starts. Every rank calls it; nothing runs when ``events``
+    writes nowhere."""
+    if events is None or not getattr(events, "enabled", False):
+        return
+    steps, window = _StepClock(), Window()
+    with window:
+        call(steps)
+    trace_causes(events, window.blocks, steps.spans, None, names=names, **fields)
