@@ -19,6 +19,11 @@ Which events are timed operations (and the experiments that emit them):
   (``lessons/lesson5/breakdown.py``): its waits for a peer on a ``wait`` track, and on an ``idle``
   track the rest of the step when it neither computes nor waits (the schedule's head and tail,
   the runner's overhead), the step being from the first rank's start to the last rank's end;
+* ``span`` with ``check`` and ``block`` (``comm_trace.trace_causes``: lessons 1, 2, 4, 6, 7 and
+  the capstone): a check's timed region as the check decomposes it, each rank's ``compute``,
+  ``wait`` (for the last peer in a collective or on a message), ``comm`` and ``idle`` spans
+  tiling each block from the first rank's start to the last rank's end — lesson 5's tracks, for
+  the other lessons, emitted by the ranks themselves;
 * ``ring_step`` with ``t0`` (lesson 1's traced ring): one step of the ring, its chunk and bytes;
 * ``checkpoint`` (lesson 3): ``seconds`` ending at ``t_end`` (or ``t``); ``failure``/``restart``: instants;
 * ``timeline`` (lesson 6): one step's per-layer backward and bucket all-reduces (ms from ``t_begin``);
