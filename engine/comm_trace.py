@@ -14,6 +14,12 @@ last rank's end: ``compute`` (this rank's block outside its collectives), ``wait
 collective, until the last rank of the group arrived: the check's ``peer_wait``), ``comm`` (the
 rest of the collective) and ``idle`` (before this rank's block began or after it ended, while
 a peer was still in its own: what the slowest rank's wall time holds and this rank's does not).
+The lessons reach it three ways: with the check's own figures (lesson 4's steps, lesson 7's
+prefill and decode steps: a :class:`~distai.engine.time_causes.Window`'s blocks, the
+collectives' spans and ``peer_wait`` of ``collective_causes``; lesson 6's exposed communication);
+through ``traced_step(check=...)``, the waits measured here per process group (lesson 2's and
+the capstone's metered step, the pipeline's receives with it); through :func:`trace_call`, one
+more call of what the check timed, its steps reported to a sink (lesson 1's ring).
 
 Spans are emitted when the step ends (a collective still in flight then is left out). The meter
 is a dispatch mode: every operation of a step traced with ``collectives=True`` passes through
