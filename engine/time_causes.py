@@ -19,7 +19,7 @@ own, never taken as measured − predicted:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,6 +28,8 @@ import torch.distributed as dist
 __all__ = ["Window", "collective_alone", "collective_causes", "copy_bandwidth", "matmul_rate", "run_queue_s"]
 
 _SCHEDSTAT = "/proc/thread-self/schedstat"
+#: the blocks of a :class:`Window` whose bounds it keeps (a trace draws a few steps, not a sweep)
+KEPT_BLOCKS = 16
 
 
 def _run_delay(path: str) -> float:
@@ -46,21 +48,26 @@ def run_queue_s() -> float:
 @dataclass
 class Window:
     """Wall time, on-CPU time and run-queue delay of the calling thread over ``with`` blocks
-    (accumulated over every block it was entered for)."""
+    (accumulated over every block it was entered for); ``blocks``: the first :data:`KEPT_BLOCKS`
+    blocks' bounds on the wall clock (``time.time()``, the run's events' clock), where the run's
+    trace draws them (``comm_trace.trace_causes``)."""
     wall_s: float = 0.0
     cpu_s: float = 0.0
     run_queue_s: float = 0.0
-    _start: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    blocks: list[tuple[float, float]] = field(default_factory=list)
+    _start: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
 
     def __enter__(self) -> Window:
-        self._start = (time.perf_counter(), time.thread_time(), run_queue_s())
+        self._start = (time.perf_counter(), time.thread_time(), run_queue_s(), time.time())
         return self
 
     def __exit__(self, *exc: object) -> None:
-        w, c, q = self._start
+        w, c, q, t = self._start
         self.wall_s += time.perf_counter() - w
         self.cpu_s += time.thread_time() - c
         self.run_queue_s += run_queue_s() - q
+        if len(self.blocks) < KEPT_BLOCKS:
+            self.blocks.append((t, time.time()))
 
 
 def collective_causes(spans: list[tuple[float, float, float, float]], expected_s: list[float],

@@ -19,6 +19,11 @@ Which events are timed operations (and the experiments that emit them):
   (``lessons/lesson5/breakdown.py``): its waits for a peer on a ``wait`` track, and on an ``idle``
   track the rest of the step when it neither computes nor waits (the schedule's head and tail,
   the runner's overhead), the step being from the first rank's start to the last rank's end;
+* ``span`` with ``check`` and ``block`` (``comm_trace.trace_causes``: lessons 1, 2, 4, 6, 7 and
+  the capstone): a check's timed region as the check decomposes it, each rank's ``compute``,
+  ``wait`` (for the last peer in a collective or on a message), ``comm`` and ``idle`` spans
+  tiling each block from the first rank's start to the last rank's end — lesson 5's tracks, for
+  the other lessons, emitted by the ranks themselves;
 * ``ring_step`` with ``t0`` (lesson 1's traced ring): one step of the ring, its chunk and bytes;
 * ``checkpoint`` (lesson 3): ``seconds`` ending at ``t_end`` (or ``t``); ``failure``/``restart``: instants;
 * ``timeline`` (lesson 6): one step's per-layer backward and bucket all-reduces (ms from ``t_begin``);
@@ -124,7 +129,7 @@ def operations(events: Iterable[dict]) -> tuple[list[dict], list[dict]]:
     return spans, instants
 
 
-def _uncovered(t0: float, t1: float, covered: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def uncovered(t0: float, t1: float, covered: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """The parts of [t0, t1] outside every interval of ``covered``."""
     gaps, at = [], t0
     for a, b in sorted(covered):
@@ -160,7 +165,7 @@ def pipeline_wait_and_idle(spans: list[dict], events: Iterable[dict]) -> list[di
         if not bounds:
             continue
         t0, t1 = min(a for a, _ in bounds), max(b for _, b in bounds)
-        for a, b in _uncovered(t0, t1, blocks):
+        for a, b in uncovered(t0, t1, blocks):
             out.append(_span(rank, "idle", "idle", a, b, "idle", {"schedule": schedule, "step": step}))
     return [s for s in out if s is not None]
 

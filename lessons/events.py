@@ -240,7 +240,9 @@ class Metric(Envelope):
 
 class Span(Envelope):
     """A timed operation (``t0``…``t1`` wall-clock seconds) on ``stream``'s track of the trace;
-    the fields after ``t1`` say what it was (a collective's ``op`` and ``bytes``, the step's)."""
+    the fields after ``t1`` say what it was (a collective's ``op`` and ``bytes``, the step's;
+    ``check`` and ``block``: a part of a check's timed region, its ``block``-th step or phase, as
+    the check decomposes it: ``engine/comm_trace.trace_causes``)."""
     name: str
     stream: str
     t0: float
@@ -251,6 +253,8 @@ class Span(Envelope):
     schedule: NotRequired[str]
     strategy: NotRequired[str]
     mode: NotRequired[str]
+    check: NotRequired[str]
+    block: NotRequired[int]
 
 
 class Check(Envelope):

@@ -4,6 +4,7 @@ causes within its tolerance (``lessons/checks.explained``), its name and its cau
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -41,3 +42,51 @@ def assert_checks_hold(events: list[dict], names: set[str], quiet_only: bool = F
             pytest.xfail(f"{why} (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
         assert c.explained, why
     return found
+
+
+def assert_trace_decomposes(events: list[dict], check: dict, blocks: int | None = None) -> dict[int, float]:
+    """The run's Chrome trace (``trace_export.chrome_trace`` over every rank's ``events``) draws the
+    check ``check`` (issue 28): valid for the format; on each rank, for each traced block, its
+    ``compute``, ``wait``, ``comm`` and ``idle`` spans (one track each, no second lane but the
+    collectives', where the lesson draws its own) tile the block
+    from the first rank's start to the last rank's end, no gap, no overlap (to the ns the trace
+    keeps); and, where the check names a ``peer_wait`` cause, its rank's wait spans per block are it
+    (within 1 µs per collective: times rounded to the ns, and a wait cut at its collective's end).
+    ``blocks``: the number of blocks the check averages over (all drawn). Returns each rank's
+    seconds of wait spans per block."""
+    from collections import defaultdict
+
+    import pytest
+
+    from distai.engine.trace_export import check_trace, chrome_trace
+
+    trace = chrome_trace(events)
+    assert check_trace(trace) == []
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    tiles: dict[tuple[int, int], list[tuple[float, float, str]]] = defaultdict(list)
+    for e in trace["traceEvents"]:
+        if e["ph"] == "X" and e["args"].get("check") == check["name"]:
+            track = threads[(e["pid"], e["tid"])]  # a collective overlapping the lesson's own may take "comm 2"
+            track = "comm" if re.fullmatch(r"comm \d+", track) else track
+            tiles[(e["pid"], e["args"]["block"])].append((e["ts"], e["ts"] + e["dur"], track))
+    ranks = sorted({e["rank"] for e in events if e.get("rank") is not None})
+    drawn = sorted({b for _r, b in tiles})
+    assert drawn == list(range(blocks if blocks is not None else len(drawn))) and drawn, drawn
+    waited: dict[int, float] = defaultdict(float)
+    for b in drawn:
+        start = min(a for r in ranks for a, _, _ in tiles[(r, b)])
+        end = max(z for r in ranks for _, z, _ in tiles[(r, b)])
+        for r in ranks:
+            mine = sorted(tiles[(r, b)])
+            assert {track for *_, track in mine} <= {"compute", "wait", "comm", "idle"}, mine
+            assert "compute" in {track for *_, track in mine}
+            edges = [start] + [z for _, z, _ in mine]
+            assert all(abs(a - edge) < 1e-2 for (a, _, _), edge in zip(mine, edges)), (r, b, mine)
+            assert abs(mine[-1][1] - end) < 1e-2
+            waited[r] += sum(z - a for a, z, track in mine if track == "wait") / 1e6 / len(drawn)
+    if "peer_wait" not in check.get("causes", {}):  # a check that names no peer wait: nothing to agree with
+        return dict(waited)
+    rank = check["detail"]["rank"]
+    n_waits = sum(track == "wait" for r, b in tiles if r == rank for *_, track in tiles[(r, b)])
+    assert waited[rank] == pytest.approx(check["causes"]["peer_wait"], abs=1e-6 * max(1, n_waits))
+    return dict(waited)

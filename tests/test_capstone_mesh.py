@@ -234,6 +234,13 @@ def test_the_experiment_streams_its_check_and_its_communication_account(tmp_path
             on.setdefault(" ".join(threads[(e["pid"], e["tid"])].split(" ")[:2]), set()).add(e["name"].split(" ")[0])
     assert on["comm tp"] and on["comm tp"] <= {"all_reduce", "all_gather", "reduce_scatter"}  # TP+SP collectives
     assert on["comm pp"] and on["comm pp"] <= {"send", "recv", "wait"}  # the pipeline's point-to-point messages
+    # the metered step drawn as compute, waits (in the collectives, for the last rank of their group; on
+    # the pipeline's messages), the collectives and idle time, tiling the step on every rank (issue 28)
+    from run_checks import assert_trace_decomposes
+
+    check = next(e for e in events[0] if e["kind"] == "check" and e["name"] == "capstone_step_time")
+    waited = assert_trace_decomposes([e for r in range(4) for e in events[r]], check, blocks=1)
+    assert set(waited) == {0, 1, 2, 3} and all(w > 0 for w in waited.values())  # every stage waits for the other
     # the step time against the planner, from the rates the run's own ranks measured (no saved profile)
     from distai.lessons.checks import reconcile
 

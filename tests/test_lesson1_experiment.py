@@ -107,6 +107,21 @@ def test_traced_ring_steps_follow_the_model(run):
         assert ts == sorted(ts)
 
 
+def test_trace_draws_one_ring_of_each_checked_size(run):
+    """One ring all-reduce of each checked size on the run's Chrome trace (issue 28): per rank,
+    its ring steps (each a wait for the last rank to start it, then the exchange and reduction),
+    the rest as compute, and idle time, tiling the call from the first rank's start to the last
+    rank's end."""
+    from run_checks import assert_trace_decomposes, checks_of
+
+    _, events = run
+    for name, check in checks_of(events).items():
+        waited = assert_trace_decomposes(events, check, blocks=1)
+        assert set(waited) == set(range(N)), name
+        steps = [e for e in of(events, "span") if e.get("check") == name and e["stream"] == "comm"]
+        assert {e["rank"] for e in steps} == set(range(N))  # every rank drew its ring steps
+
+
 def test_the_ring_formula_is_checked_against_the_measured_all_reduce(run):
     """Issue 28: the sweep's smallest and largest message, the ring formula with one link's α and β
     (the doctor's ping-pong on this group) against the textbook ring timed on it; a miss is

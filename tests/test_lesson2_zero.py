@@ -196,6 +196,20 @@ def test_zero3_prefetches_the_next_unit_and_frees_the_rest(group):
     assert r["peak_gathered_units"] == 2
 
 
+def test_trace_draws_each_metered_step(group):
+    """Each strategy's metered step on the run's Chrome trace (issue 28): per rank, compute, the
+    waits for the last rank in each collective, the collectives and idle time tile the step (the
+    step-time check names no peer wait to agree with: the waits are measured from every rank's
+    entry times, as the other lessons' checks measure theirs)."""
+    from run_checks import assert_trace_decomposes, checks_of
+
+    world_size, results = group
+    events = [e for res in results for e in res["main"]]
+    for s in ("ddp", "zero3"):
+        waited = assert_trace_decomposes(events, checks_of(results[0]["main"])[f"step_time_{s}"], blocks=1)
+        assert set(waited) == set(range(world_size)) and sum(waited.values()) > 0
+
+
 def test_experiment_main_reports_measured_against_calculator(group):
     world_size, results = group
     for rank, res in enumerate(results):

@@ -66,6 +66,7 @@ def check_all(rank: int, world_size: int) -> dict:
                        "progress": [e["done"] / e["total"] for e in events if e["kind"] == "progress"],
                        "for_visualizer": [e for e in events if e["kind"] in ("config", "comm_check")],
                        "checks": [e for e in events if e["kind"] == "check"],
+                       "spans": [e for e in events if e["kind"] == "span"],
                        "collectives": {m: sum(e["kind"] == "comm" and e["mode"] == m for e in events)
                                        for m in ("tp", "tp+sp")}}
     return out
@@ -302,6 +303,22 @@ def test_step_time_is_compute_plus_collectives_or_explained(results):
         assert detail["collectives"] == r["main"]["collectives"][mode] > 0
         assert 0 < detail["compute_s"] < c["measured"] and detail["alpha_s"] > 0
     assert results[1]["main"]["checks"] == []  # rank 0 alone emits them
+
+
+def test_trace_draws_each_step_time_check(results):
+    """Each mode's ``--check-steps`` timed steps on the run's Chrome trace (issue 28): per rank and
+    step, compute, waits for the last peer, the collectives and idle time tile the step, and the
+    check's rank's waits are the ``peer_wait`` its check reports."""
+    from run_checks import assert_trace_decomposes, checks_of
+
+    r = _rank0(results)
+    if r["T"] != 2:
+        pytest.skip("the experiment's entry point runs in the T=2 group")
+    found = checks_of(r["main"]["checks"])
+    events = r["main"]["spans"] + results[1]["main"]["spans"]
+    for name in ("tp_step_time", "tp_sp_step_time"):
+        waited = assert_trace_decomposes(events, found[name], blocks=3)
+        assert set(waited) == {0, 1}
 
 
 def test_visualizer_shows_the_runs_own_counts(results):

@@ -277,6 +277,22 @@ def test_exposed_communication_matches_the_overlap_model_or_is_explained(two):
     assert not any(e["kind"] == "check" for e in two[1]["events"])  # rank 0 alone emits it
 
 
+def test_trace_draws_the_exposed_communication(two, four):
+    """The best bucket size's recorded steps (the check's ``--check-steps``) on the run's Chrome trace (issue 28): per rank, compute,
+    the wait for the last peer's launches, the collectives left exposed and idle time tile the
+    step, and the check's rank's wait is the ``peer_wait`` its check reports; with a straggler
+    (four ranks), its peers wait most of its sleep, and it does not wait."""
+    from run_checks import assert_trace_decomposes, checks_of
+
+    waited = {}
+    for name, group in (("two", two), ("four", four)):
+        events = [e for r in group for e in r["events"]]
+        found = checks_of(group[0]["events"])["exposed_comm"]
+        waited[name] = assert_trace_decomposes(events, found, blocks=int(found["detail"]["steps"]))
+    assert min(waited["four"][r] for r in range(3)) > STRAGGLER_MS / 1e3 * 0.7
+    assert waited["four"].get(3, 0.0) < STRAGGLER_MS / 1e3 * 0.1
+
+
 def test_a_straggler_is_waited_for_not_slow_bandwidth(four):
     """Negative control: the last rank sleeps STRAGGLER_MS in every backward. Its peers' buckets
     wait for its launches: the extra exposed time goes to ``peer_wait`` (measured from every

@@ -475,6 +475,21 @@ def test_ttft_and_tpot_match_the_planner_or_are_explained(group):
     assert not any(e["kind"] == "check" for e in ev[1])  # rank 0 alone emits them
 
 
+def test_trace_draws_ttft_and_tpot(group):
+    """The tensor-parallel decode's prefill (TTFT) and decode steps (TPOT) on the run's Chrome trace
+    (issue 28): per rank, compute, waits for the last peer in the all-reduces, the all-reduces and
+    idle time tile each, and the check's rank's waits are the ``peer_wait`` its check reports."""
+    from run_checks import assert_trace_decomposes, checks_of
+
+    world, _results, _events = group
+    _exp, ev = _experiment(group)
+    found = checks_of(ev[0])
+    spans = [e for r in ev for e in ev[r] if e["kind"] == "span"]
+    new_tokens = int((EXPERIMENT_ARGS if world == 2 else MESH_ARGS)[-1])
+    assert_trace_decomposes(spans, found["ttft"], blocks=1)
+    assert_trace_decomposes(spans, found["tpot"], blocks=new_tokens - 1)
+
+
 def test_visualizer_replays_the_run(group):
     from distai.visualizers.kv_cache import KVCacheVisualizer
 

@@ -199,10 +199,11 @@ def _train(ctx, args, cfg, mesh, trainer, microbatches: tuple[int, int], referen
             meter.reset()
         clock = cpu_clock()
         with traced_step(ev, f"step {step}", groups=mesh.groups, collectives=step == metered_step, meter=meter,
-                         step=step):
+                         check="capstone_step_time" if step == metered_step else None, step=step) as p2p:
             if step == metered_step:
                 with meter:
                     result = trainer.step(*mine)
+                p2p += [(t0, t1) for _msg, t0, t1 in result.pipeline.waits] + [result.pipeline.send_wait]
                 out.account, out.routed_rows = meter.account(), list(trainer.routed_rows)
                 out.call_s = call_seconds(meter)
             else:

@@ -257,6 +257,7 @@ def allreduce_checks(ctx, sizes: list[int], iters: int | None = None) -> list[Ch
     predicts it."""
     import torch
 
+    from ..comm_trace import trace_call
     from ..doctor import CoreWait, link_alpha_beta, ping_pong, ring_exchange, slowest_rank_times
     from ..ring import ring_allreduce
 
@@ -279,6 +280,8 @@ def allreduce_checks(ctx, sizes: list[int], iters: int | None = None) -> list[Ch
                                     "steps": lambda: ring_exchange(send, recv, 2 * (n - 1)),
                                     "adds": lambda: [recv.add_(send) for _ in range(n - 1)]},
                                    repeats, ctx.device, stat="min", inner=inner)
+        trace_call(ctx.events, lambda sink, x=x: ring_allreduce(x, pieces=1, channels=1, trace=sink),
+                   check="allreduce_small" if k == 0 else "allreduce_large")  # the run's trace: one call
         causes = {"size_regime": t["pair"] - 2 * (n - 1) * (alpha + c * beta),
                   "links_at_once": t["steps"] - t["pair"], "reduction": t["adds"], "ring_schedule": t["schedule"]}
         out.append(check("allreduce_small" if k == 0 else "allreduce_large",

@@ -325,7 +325,8 @@ def run_strategy(strategy: str, cfg: GPTConfig, batches, rank: int, world_size: 
             if isinstance(trainer, FSDP2Trainer) and fsdp_tracker:
                 tracker = _fsdp_tracker(trainer)
             with meter, (tracker if tracker is not None else _null()), \
-                    traced_step(events, f"{strategy} step {i}", meter=meter, strategy=strategy, step=i):
+                    traced_step(events, f"{strategy} step {i}", meter=meter, check=f"step_time_{strategy}",
+                                strategy=strategy, step=i):
                 loss = trainer.step(batch)
             held = trainer.held()
         else:

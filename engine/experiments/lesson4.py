@@ -54,7 +54,7 @@ from ...lessons.lesson4.formulas import activation_bytes_per_layer, collective_t
 from ...lessons.model_size import ModelSize, add_model_options
 from ...lessons.units import format_bytes, format_fixed, format_number, number_separator
 from ..collectives import all_gather_into, reduce_scatter_into
-from ..comm_trace import traced_step
+from ..comm_trace import trace_causes, traced_step
 from ..doctor import fit_alpha_beta, group_allreduce_times
 from ..experiment import (
     Progress,
@@ -374,12 +374,14 @@ def time_steps(cfg: GPTConfig, batch: int, sp: bool, steps: int, records: list[C
             alone += sum(alone_seconds(records, dtype))
     alpha, beta = fit_alpha_beta(rows, tp.size)
     expected = comm_prediction(records, alpha, beta, backend)
-    waited, in_comm = 0.0, 0.0
+    waited, in_comm, waits = 0.0, 0.0, []
     for step_spans in spans:
         found = collective_causes(step_spans, expected)
         waited += sum(found["peer_wait"])
         in_comm += sum(found["on_cpu"])  # the collectives' own CPU time is in their α-β time
-    return {"wall_s": window.wall_s / steps, "cpu_s": (window.cpu_s - in_comm) / steps, "comm_s": sum(expected),
+        waits += found["peer_wait"]
+    return {"trace": (window.blocks, [s for step_spans in spans for s in step_spans], waits),
+            "wall_s": window.wall_s / steps, "cpu_s": (window.cpu_s - in_comm) / steps, "comm_s": sum(expected),
             "alpha": alpha, "beta": beta, "run_queue_s": window.run_queue_s / steps,
             "peer_wait_s": waited / steps, "slow_collective_s": alone / steps - sum(expected),
             "alone_s": alone / steps, "collectives": len(expected)}
@@ -512,7 +514,9 @@ def _check_step_time(ev, cfg: GPTConfig, args: argparse.Namespace, mode: str, re
     backend = str(dist.get_backend()) if dist.is_initialized() else ""
     timed = time_steps(cfg, args.micro_batch, MODES[mode], args.check_steps, records, backend, args.seed,
                        args.regather)
+    blocks, spans, waits = timed.pop("trace")
     found = step_time_check(mode, timed)
+    trace_causes(ev, blocks, spans, waits, names=[r.op for r in records] * args.check_steps, check=found.name)
     if not dist.is_initialized() or dist.get_rank() == 0:
         CHECK.emit_fields(ev, found.event())
     return found

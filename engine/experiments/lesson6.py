@@ -53,6 +53,7 @@ from ...lessons.lesson6.events import BUCKET_SWEEP, GRAD_HIST, PHASE, SCALE, TIM
 from ...lessons.lesson6.simulation import exponent_histogram, exposed_comm_causes
 from ...lessons.model_size import ModelSize, add_model_options
 from ..bucketing import StepTimeline, ddp_timed_allreduce_hook
+from ..comm_trace import trace_causes
 from ..doctor import group_alpha_beta
 from ..experiment import (
     Progress,
@@ -353,20 +354,24 @@ def _exposed_sample(tl: StepTimeline, device) -> dict[str, Any]:
         alone.append(collective_alone(reduce, device=device))
     return {"wall0": tl.wall0, "launch": [tl.launch[i] for i in order], "alone": alone,
             "bytes": [tl.nbytes[i] for i in order], "backward_end": max(tl.ready.values()),
-            "comm_done": tl.marks["comm_done"]}
+            "comm_done": tl.marks["comm_done"], "step_done": tl.marks["step_done"]}
 
 
-def exposed_check(model, opt, x, y, ab: tuple[float, float], world: int, cap: float, device, steps: int) -> Check:
+def exposed_check(model, opt, x, y, ab: tuple[float, float], world: int, cap: float, device,
+                  steps: int) -> tuple[Check, tuple[list, list, list]]:
     """Communication exposed after backward in ``steps`` recorded overlapped steps against the
     overlap model (:func:`~distai.lessons.lesson6.simulation.exposed_comm_causes`), on average: every
     rank's bucket launches gathered (one host's wall clock), after each step its buckets' all-reduces
-    timed alone; the rank with the most exposed time reported."""
+    timed alone; the rank with the most exposed time reported. Also this rank's last step for the
+    trace (``comm_trace.trace_causes``' blocks, collectives, waits: its exposed communication as one
+    wait, its peer wait first)."""
     alpha, beta = ab
     samples = [_exposed_sample(record_timeline("overlap", model, opt, x, y), device) for _ in range(steps)]
     everyone: list = [None] * world
     dist.all_gather_object(everyone, samples)
     totals = [dict.fromkeys(("measured", "predicted", "peer_wait", "slow_collective", "alone"), 0.0)
               for _ in range(world)]
+    own_waits: list[float] = []
     for k in range(steps):
         for r in range(world):
             own, peers = everyone[r][k], [everyone[o][k] for o in range(world)]
@@ -377,12 +382,16 @@ def exposed_check(model, opt, x, y, ab: tuple[float, float], world: int, cap: fl
             parts.update(measured=own["comm_done"] - own["backward_end"], alone=sum(own["alone"]))
             for key, v in parts.items():
                 totals[r][key] += v / steps
+            if r == dist.get_rank():
+                own_waits.append(parts["peer_wait"])
     rank = max(range(world), key=lambda i: totals[i]["measured"])
     t = totals[rank]
+    traced = ([(o["wall0"], o["wall0"] + o["step_done"]) for o in samples],
+              [(o["wall0"] + o["backward_end"], o["wall0"] + o["comm_done"]) for o in samples], own_waits)
     return check("exposed_comm", t["predicted"], t["measured"], "s",
                  causes={"peer_wait": t["peer_wait"], "slow_collective": t["slow_collective"]},
                  detail={"rank": rank, "bucket_mb": cap, "buckets": len(samples[0]["launch"]), "steps": steps,
-                         "alpha_s": alpha, "beta_s_per_byte": beta, "alone_s": t["alone"]})
+                         "alpha_s": alpha, "beta_s_per_byte": beta, "alone_s": t["alone"]}), traced
 
 
 def measure_alpha_beta(args, device) -> tuple[float, float]:
@@ -400,6 +409,7 @@ def run_overlap(ctx, args, progress: Progress) -> dict:
     times: dict[tuple[float, str], list[float]] = {}
     nbuckets: dict[tuple[float, str], int] = {}
     checks: dict[float, Check] = {}
+    traced: dict[float, tuple[list, list, list]] = {}
     alpha, beta = measure_alpha_beta(args, device)
     for r in range(args.rounds):
         for ci, cap in enumerate(args.caps):
@@ -417,8 +427,8 @@ def run_overlap(ctx, args, progress: Progress) -> dict:
                     TIMELINE.emit_fields(ev, tl.to_event(bucket_mb=cap, mode=mode,
                                                          step_ms=round(tl.marks["step_done"] * 1000, 3)))
                     if mode == "overlap":
-                        checks[cap] = exposed_check(model, opt, x, y, (alpha, beta), ctx.world_size, cap, device,
-                                                    args.check_steps)
+                        checks[cap], traced[cap] = exposed_check(model, opt, x, y, (alpha, beta), ctx.world_size,
+                                                                 cap, device, args.check_steps)
                 del model, opt
                 progress.advance("overlap")
     median = {k: statistics.median(v) for k, v in times.items()}
@@ -427,6 +437,8 @@ def run_overlap(ctx, args, progress: Progress) -> dict:
             BUCKET_SWEEP.emit(ev, {"bucket_mb": cap, "mode": mode, "step_ms": round(median[(cap, mode)], 3),
                                    "n_buckets": nbuckets.get((cap, mode)), "samples_ms": [round(t, 3) for t in v]})
     best = min(args.caps, key=lambda c: median[(c, "overlap")])
+    blocks, spans, waits = traced[best]
+    trace_causes(ev, blocks, spans, waits, names="bucket all-reduces", check="exposed_comm")
     if rank == 0:
         CHECK.emit_fields(ev, checks[best].event())
     n_params = args.dp_model.num_params()

@@ -77,6 +77,7 @@ from ...lessons.lesson7.paging import BlockAllocator, poisson_requests
 from ...lessons.model_size import ModelSize, add_model_options
 from ...lessons.model_spec import ModelSpec
 from ...lessons.units import format_count, format_fixed, format_fixed_percent, format_integer, format_plain
+from ..comm_trace import trace_causes
 from ..doctor import group_alpha_beta
 from ..experiment import UsageError, all_ranks_true, exit_with, run_experiment, run_language, summary_lines
 from ..inference import (
@@ -319,6 +320,8 @@ def serving_checks(cfg, prompts, n: int, r: dict, spans: list[tuple[float, float
           for i in range(len(spans))]
     found = collective_causes(spans, ab)
     waits, slow, in_comm = found["peer_wait"], found["slow"], found["on_cpu"]  # in_comm: part of α-β
+    for name, window, part in (("ttft", r["prefill_window"], slice(0, k)), ("tpot", r["decode_window"], slice(k, None))):
+        trace_causes(ctx.events, window.blocks, spans[part], waits[part], names="all_reduce", check=name)
     p, d, tp_, td = r["prefill_window"], r["decode_window"], r["twin_prefill_window"], r["twin_decode_window"]
     cp, cd = r["twin_windows"][1]  # the compute twin's
     mine = {"ttft": (p.wall_s, tp_.cpu_s, cp.cpu_s - tp_.cpu_s, p.run_queue_s, sum(waits[:k]), sum(slow[:k]),
