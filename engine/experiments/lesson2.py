@@ -47,6 +47,7 @@ from ..experiment import UsageError, exit_with, run_experiment, run_language, su
 from ..metering import CommMeter
 from ..model import GPT, GPTConfig, ModelConfigError, lm_loss
 from ..parallelize import apply_dp, apply_fsdp, apply_zero
+from ..time_causes import run_queue_s
 from ..zero import held_bytes
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp2")
@@ -317,9 +318,10 @@ def run_strategy(strategy: str, cfg: GPTConfig, batches, rank: int, world_size: 
         torch.cuda.reset_peak_memory_stats(device)
     trainer = make_trainer(strategy, cfg, rank, world_size, device, optimizer, precision, trace=trace)
     losses, times, held, meter, tracker = [], [], None, None, None
+    waits, timed = [], []  # each timed step's wait for a core (this thread's), and its index
     for i, batch in enumerate(batches):
         dist.barrier()
-        t0 = time.perf_counter()
+        t0, q0 = time.perf_counter(), run_queue_s()
         if i == meter_step:
             meter = CommMeter()
             if isinstance(trainer, FSDP2Trainer) and fsdp_tracker:
@@ -334,6 +336,8 @@ def run_strategy(strategy: str, cfg: GPTConfig, batches, rank: int, world_size: 
                 loss = trainer.step(batch)
             if i > 0 or len(batches) == 2:  # step 0 pays lazy initialisation (FSDP2)
                 times.append(time.perf_counter() - t0)
+                waits.append(run_queue_s() - q0)
+                timed.append(i)
         losses.append(loss)
         STEP.emit(events, {"step": i, "of": len(batches), "loss": loss, "strategy": strategy})
     result = {"strategy": strategy, "losses": losses, "held": held,
@@ -341,7 +345,8 @@ def run_strategy(strategy: str, cfg: GPTConfig, batches, rank: int, world_size: 
               "by_op": dict(meter.by_op) if meter else {}, "calls": dict(meter.calls) if meter else {},
               "collectives": [(r.op, r.payload_bytes, r.input_bytes) for r in meter.records
                               if r.op in REPLAYED] if meter else [],
-              "step_time_s": _median(times) if times else float("nan"), "step_times_s": times}
+              "step_time_s": _median(times) if times else float("nan"), "step_times_s": times,
+              "step_waits_s": waits, "timed_steps": timed}
     if isinstance(trainer, ZeroTrainer):
         result["peak_gathered_units"] = trainer.engine.peak_gathered_units
         result["trace"] = list(trainer.engine.trace or [])
@@ -391,39 +396,47 @@ def compute_time(cfg: GPTConfig, batches, world_size: int, device, optimizer: st
     from ..experiment import max_over_ranks
 
     trainer = SingleTrainer(make_model(cfg, 0, device), device, optimizer, precision)
-    return max_over_ranks(_least_disturbed(trainer, batches, world_size), device)
+    return max_over_ranks(_least_disturbed(trainer, batches, world_size)[1], device)
 
 
 def alone_time(strategy: str, cfg: GPTConfig, batches, world_size: int, device, optimizer: str,
-               precision: str, alone) -> float:
+               precision: str, alone) -> tuple[float, float]:
     """Seconds of ``strategy``'s step on this rank's share of the batch in a group of this rank
     alone (``alone``: ``dist.new_subgroups(1)``'s): the wrapper's hooks, copies and bookkeeping
     with the same compute and no peer to wait for (the least disturbed of a few steps, the slowest
-    rank's)."""
+    rank's); and how much longer its first step took (lazy initialisation: the optimizer's state,
+    the wrapper's buckets or shards, the allocator's first blocks), the slowest rank's. Both
+    without the wait for a core (:func:`_least_disturbed`)."""
     from ..experiment import max_over_ranks
 
     trainer = make_trainer(strategy, cfg, 0, 1, device, optimizer, precision, group=alone)
-    return max_over_ranks(_least_disturbed(trainer, batches, world_size), device)
+    first, least = _least_disturbed(trainer, batches, world_size)
+    return max_over_ranks(least, device), max_over_ranks(first - least, device)
 
 
-def _least_disturbed(trainer: Trainer, batches, world_size: int, timed: int = 4) -> float:
-    """The fastest of ``timed`` steps of ``trainer`` on one rank's share of the batches (after one
-    untimed step, which pays lazy initialisation): the step least disturbed by the machine's load."""
+def _timed_step(trainer: Trainer, batch) -> tuple[float, float]:
+    """Wall seconds of one ``trainer.step(batch)`` and the calling thread's wait for a core in it
+    (the kernel's run-queue delay, :func:`distai.engine.time_causes.run_queue_s`)."""
+    q, t0 = run_queue_s(), time.perf_counter()
+    trainer.step(batch)
+    return time.perf_counter() - t0, run_queue_s() - q
+
+
+def _least_disturbed(trainer: Trainer, batches, world_size: int, timed: int = 4) -> tuple[float, float]:
+    """A fresh ``trainer``'s first step on one rank's share of the batches (it pays lazy
+    initialisation), then the fastest of ``timed`` more: the step least disturbed by the machine's
+    load; each in seconds without this thread's wait for a core in it."""
     per = batches[0].shape[0] // world_size
-    trainer.step(batches[0][:per])
-    times = []
-    for i in range(timed):
-        t0 = time.perf_counter()
-        trainer.step(batches[(i + 1) % len(batches)][:per])
-        times.append(time.perf_counter() - t0)
-    return min(times)
+    first = _timed_step(trainer, batches[0][:per])
+    nets = [t - q for t, q in (_timed_step(trainer, batches[(i + 1) % len(batches)][:per]) for i in range(timed))]
+    return first[0] - first[1], min(nets)
 
 
 def replay_time(collectives: list[tuple[str, int, int]], world_size: int, device, repeats: int = 5) -> float:
     """Seconds the metered step's collectives take alone, back to back, same ops and sizes, no
-    compute (the least disturbed of ``repeats``, the slowest rank's)."""
+    compute (the least disturbed of ``repeats``, the slowest rank's, without its wait for a core)."""
     from ..collectives import all_gather_into, reduce_scatter_into
-    from ..doctor import slowest_rank_times
+    from ..doctor import rank_timings
 
     f32 = lambda nbytes: torch.zeros(max(world_size, nbytes // 4 // world_size * world_size),  # noqa: E731
                                      dtype=torch.float32, device=device)
@@ -438,7 +451,8 @@ def replay_time(collectives: list[tuple[str, int, int]], world_size: int, device
             calls.append(lambda full=full: reduce_scatter_into(full[:full.numel() // world_size].clone(), full))
         else:
             calls.append(lambda full=full: dist.all_to_all_single(torch.empty_like(full), full))
-    return slowest_rank_times({"step": lambda: [c() for c in calls]}, repeats, device, stat="min")["step"]
+    t = rank_timings({"step": lambda: [c() for c in calls]}, repeats, device)["step"]
+    return (t[0] - t[1]).min().item()
 
 
 @dataclass(frozen=True)
@@ -464,12 +478,16 @@ def strategy_checks(strategy: str, r: dict, held_total: int, predicted_bytes: fl
     β one link's (lesson 1, ``distai doctor``'s ping-pong on this group). A missed step time names
     ``replayed_collectives``, the same collectives replayed alone minus their α-β time, and
     ``strategy_overhead``, the strategy's step in a group of one rank (:func:`alone_time`) minus the
-    plain step's compute. Both are timed right after the strategy's steps (the machine's load
-    changes by the second), the compute, the step alone and the replay; ``detail`` keeps the ranks'
-    wait for a core per wall second over the strategy's steps and these timings (``run_queue_share``)."""
+    plain step's compute; ``cpu_contention``, the measured step's own wait for a core (the kernel's
+    run-queue delay of the calling thread, the slowest rank's); and, when that step was the run's
+    first, ``lazy_init``, how much longer a fresh trainer's first step took alone. Every time is
+    taken without its wait for a core, and the measured step is chosen the same way (the least
+    such). All are timed right after the strategy's steps (the machine's load changes by the
+    second), the compute, the step alone and the replay; ``detail`` keeps the ranks' wait for a
+    core per wall second over the strategy's steps and these timings (``run_queue_share``)."""
     i = inputs
     compute_s = compute_time(i.cfg, i.batches, world, device, i.optimizer, i.precision)
-    alone_s = alone_time(strategy, i.cfg, i.batches, world, device, i.optimizer, i.precision, i.alone)
+    alone_s, lazy_s = alone_time(strategy, i.cfg, i.batches, world, device, i.optimizer, i.precision, i.alone)
     memory = check(f"memory_{strategy}", predicted_bytes, float(held_total), "B",
                    detail={"world_size": world})
     messages = sum(RING_MESSAGES[op](world) for op, _, _ in r["collectives"])
@@ -477,13 +495,19 @@ def strategy_checks(strategy: str, r: dict, held_total: int, predicted_bytes: fl
     replay = replay_time(r["collectives"], world, device)
     from ..experiment import max_over_ranks
 
-    step = max_over_ranks(min(r["step_times_s"], default=float("nan")), device)  # least disturbed, like the parts
+    # the least disturbed step, chosen as the parts are: the least without its wait for a core
+    k = min(range(len(r["step_times_s"])), key=lambda j: r["step_times_s"][j] - r["step_waits_s"][j])
+    step, wait = (max_over_ranks(r[key][k], device) for key in ("step_times_s", "step_waits_s"))
+    first = max_over_ranks(float(r["timed_steps"][k] == 0), device) > 0  # a rank's fastest was its first
     i.waited.stop()
-    timed = check(f"step_time_{strategy}", compute_s + comm, step, "s",
-                  causes={"replayed_collectives": replay - comm, "strategy_overhead": alone_s - compute_s},
+    causes = {"replayed_collectives": replay - comm, "strategy_overhead": alone_s - compute_s, "cpu_contention": wait}
+    if first:
+        causes["lazy_init"] = lazy_s
+    timed = check(f"step_time_{strategy}", compute_s + comm, step, "s", causes=causes,
                   detail={"compute_s": compute_s, "comm_alpha_beta_s": comm, "messages": messages,
                           "alpha_s": link["alpha_s"], "beta_s_per_byte": link["beta_s_per_byte"],
-                          "replayed_s": replay, "alone_s": alone_s, "run_queue_share": i.waited.run_queue_share})
+                          "replayed_s": replay, "alone_s": alone_s, "lazy_init_s": lazy_s, "step_wait_s": wait,
+                          "run_queue_share": i.waited.run_queue_share})
     return [memory, timed]
 
 
