@@ -309,19 +309,20 @@ def calc_precision(precision: str) -> str:
 def run_strategy(strategy: str, cfg: GPTConfig, batches, rank: int, world_size: int, device,
                  optimizer="adam", precision="fp32", meter_step: int | None = None,
                  reference: dict | None = None, fsdp_tracker: bool = True,
-                 trace: bool = False, events=None) -> dict:
+                 trace: bool = False, events=None, check_steps: int = 0) -> dict:
     """Train ``strategy`` on ``batches``; measure memory and traffic on step ``meter_step``
     (default: the last one). Returns this rank's figures. With ``events`` each step and its
-    all-gathers/reduce-scatters are timed for the run's trace."""
+    all-gathers/reduce-scatters are timed for the run's trace. With ``check_steps``, that many
+    more steps, each started together (a barrier), timed with this thread's wait for a core in
+    it (``check_steps_s``: (seconds, seconds waited) each; the step-time check's measurement)."""
     meter_step = len(batches) - 1 if meter_step is None else meter_step
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     trainer = make_trainer(strategy, cfg, rank, world_size, device, optimizer, precision, trace=trace)
     losses, times, held, meter, tracker = [], [], None, None, None
-    waits, timed = [], []  # each timed step's wait for a core (this thread's), and its index
     for i, batch in enumerate(batches):
         dist.barrier()
-        t0, q0 = time.perf_counter(), run_queue_s()
+        t0 = time.perf_counter()
         if i == meter_step:
             meter = CommMeter()
             if isinstance(trainer, FSDP2Trainer) and fsdp_tracker:
@@ -336,8 +337,6 @@ def run_strategy(strategy: str, cfg: GPTConfig, batches, rank: int, world_size: 
                 loss = trainer.step(batch)
             if i > 0 or len(batches) == 2:  # step 0 pays lazy initialisation (FSDP2)
                 times.append(time.perf_counter() - t0)
-                waits.append(run_queue_s() - q0)
-                timed.append(i)
         losses.append(loss)
         STEP.emit(events, {"step": i, "of": len(batches), "loss": loss, "strategy": strategy})
     result = {"strategy": strategy, "losses": losses, "held": held,
@@ -345,8 +344,7 @@ def run_strategy(strategy: str, cfg: GPTConfig, batches, rank: int, world_size: 
               "by_op": dict(meter.by_op) if meter else {}, "calls": dict(meter.calls) if meter else {},
               "collectives": [(r.op, r.payload_bytes, r.input_bytes) for r in meter.records
                               if r.op in REPLAYED] if meter else [],
-              "step_time_s": _median(times) if times else float("nan"), "step_times_s": times,
-              "step_waits_s": waits, "timed_steps": timed}
+              "step_time_s": _median(times) if times else float("nan"), "step_times_s": times}
     if isinstance(trainer, ZeroTrainer):
         result["peak_gathered_units"] = trainer.engine.peak_gathered_units
         result["trace"] = list(trainer.engine.trace or [])
@@ -359,6 +357,9 @@ def run_strategy(strategy: str, cfg: GPTConfig, batches, rank: int, world_size: 
         result["cuda_max_allocated"] = int(torch.cuda.max_memory_allocated(device))
     if reference is not None:
         result["max_abs_diff"] = max_abs_diff(trainer.full_params(), reference)
+    if check_steps:  # after every figure above: these steps train on
+        result["check_steps_s"] = [_timed_step(trainer, batches[i % len(batches)], barrier=True)
+                                   for i in range(check_steps)]
     return result
 
 
@@ -382,6 +383,8 @@ def _median(xs):
 # The lesson's predictions, checked (issue 28)
 # ---------------------------------------------------------------------------------------------
 
+#: the steps a step-time check times, of the strategy and of each part (the least disturbed is kept)
+CHECK_STEPS = 4
 #: the collectives a step's check replays (what the meter recorded, by torch.distributed's name)
 REPLAYED = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 #: messages one rank sends, one after the other, in each ring collective (lesson 1's model)
@@ -396,43 +399,42 @@ def compute_time(cfg: GPTConfig, batches, world_size: int, device, optimizer: st
     from ..experiment import max_over_ranks
 
     trainer = SingleTrainer(make_model(cfg, 0, device), device, optimizer, precision)
-    return max_over_ranks(_least_disturbed(trainer, batches, world_size)[1], device)
+    return max_over_ranks(_least_disturbed(trainer, batches, world_size), device)
 
 
 def alone_time(strategy: str, cfg: GPTConfig, batches, world_size: int, device, optimizer: str,
-               precision: str, alone) -> tuple[float, float]:
+               precision: str, alone) -> float:
     """Seconds of ``strategy``'s step on this rank's share of the batch in a group of this rank
     alone (``alone``: ``dist.new_subgroups(1)``'s): the wrapper's hooks, copies and bookkeeping
     with the same compute and no peer to wait for (the least disturbed of a few steps, the slowest
-    rank's); and how much longer its first step took (lazy initialisation: the optimizer's state,
-    the wrapper's buckets or shards, the allocator's first blocks), the slowest rank's. Both
-    without the wait for a core (:func:`_least_disturbed`)."""
+    rank's, without its wait for a core: :func:`_least_disturbed`)."""
     from ..experiment import max_over_ranks
 
     trainer = make_trainer(strategy, cfg, 0, 1, device, optimizer, precision, group=alone)
-    first, least = _least_disturbed(trainer, batches, world_size)
-    return max_over_ranks(least, device), max_over_ranks(first - least, device)
+    return max_over_ranks(_least_disturbed(trainer, batches, world_size), device)
 
 
-def _timed_step(trainer: Trainer, batch) -> tuple[float, float]:
-    """Wall seconds of one ``trainer.step(batch)`` and the calling thread's wait for a core in it
-    (the kernel's run-queue delay, :func:`distai.engine.time_causes.run_queue_s`)."""
+def _timed_step(trainer: Trainer, batch, barrier: bool = False) -> tuple[float, float]:
+    """Wall seconds of one ``trainer.step(batch)`` (started together on every rank: ``barrier``)
+    and the calling thread's wait for a core in it (the kernel's run-queue delay,
+    :func:`distai.engine.time_causes.run_queue_s`)."""
+    if barrier:
+        dist.barrier()
     q, t0 = run_queue_s(), time.perf_counter()
     trainer.step(batch)
     return time.perf_counter() - t0, run_queue_s() - q
 
 
-def _least_disturbed(trainer: Trainer, batches, world_size: int, timed: int = 4) -> tuple[float, float]:
-    """A fresh ``trainer``'s first step on one rank's share of the batches (it pays lazy
-    initialisation), then the fastest of ``timed`` more: the step least disturbed by the machine's
-    load; each in seconds without this thread's wait for a core in it."""
+def _least_disturbed(trainer: Trainer, batches, world_size: int, timed: int = CHECK_STEPS) -> float:
+    """The fastest of ``timed`` steps of ``trainer`` on one rank's share of the batches (after one
+    untimed step, which pays lazy initialisation): the step least disturbed by the machine's load,
+    in seconds without this thread's wait for a core in it."""
     per = batches[0].shape[0] // world_size
-    first = _timed_step(trainer, batches[0][:per])
-    nets = [t - q for t, q in (_timed_step(trainer, batches[(i + 1) % len(batches)][:per]) for i in range(timed))]
-    return first[0] - first[1], min(nets)
+    trainer.step(batches[0][:per])
+    return min(t - q for t, q in (_timed_step(trainer, batches[(i + 1) % len(batches)][:per]) for i in range(timed)))
 
 
-def replay_time(collectives: list[tuple[str, int, int]], world_size: int, device, repeats: int = 5) -> float:
+def replay_time(collectives: list[tuple[str, int, int]], world_size: int, device, repeats: int = CHECK_STEPS) -> float:
     """Seconds the metered step's collectives take alone, back to back, same ops and sizes, no
     compute (the least disturbed of ``repeats``, the slowest rank's, without its wait for a core)."""
     from ..collectives import all_gather_into, reduce_scatter_into
@@ -471,23 +473,24 @@ class StepInputs:
 def strategy_checks(strategy: str, r: dict, held_total: int, predicted_bytes: float, predicted_sent: float,
                     link: dict[str, float], inputs: StepInputs, world: int, device) -> list[Check]:
     """The calculator's model-state bytes against the bytes this rank holds, and the step time
-    against compute + the α-β time of the strategy's collectives (its fastest timed step: the one
-    least disturbed by the machine's load, as the parts are timed): ``messages·α + bytes·β`` with
+    against compute + the α-β time of the strategy's collectives (the strategy's step timed
+    ``CHECK_STEPS`` more times after the run's, as many as each part, the least disturbed of them
+    as the parts' are chosen: the run's own one or two timed steps against the least of four would
+    compare one draw of the machine's load with the best of four): ``messages·α + bytes·β`` with
     the messages of the collectives the meter saw (a ring's: 2(N−1) per all-reduce, N−1 per
     all-gather or reduce-scatter) and the bytes of the calculator's ``comm_volume_per_step``, α and
     β one link's (lesson 1, ``distai doctor``'s ping-pong on this group). A missed step time names
-    ``replayed_collectives``, the same collectives replayed alone minus their α-β time, and
+    ``replayed_collectives``, the same collectives replayed alone minus their α-β time,
     ``strategy_overhead``, the strategy's step in a group of one rank (:func:`alone_time`) minus the
-    plain step's compute; ``cpu_contention``, the measured step's own wait for a core (the kernel's
-    run-queue delay of the calling thread, the slowest rank's); and, when that step was the run's
-    first, ``lazy_init``, how much longer a fresh trainer's first step took alone. Every time is
-    taken without its wait for a core, and the measured step is chosen the same way (the least
-    such). All are timed right after the strategy's steps (the machine's load changes by the
-    second), the compute, the step alone and the replay; ``detail`` keeps the ranks' wait for a
-    core per wall second over the strategy's steps and these timings (``run_queue_share``)."""
+    plain step's compute, and ``cpu_contention``, the measured step's own wait for a core (the
+    kernel's run-queue delay of the calling thread, the slowest rank's). Every time is taken
+    without its wait for a core, and the measured step is chosen the same way (the least such).
+    All are timed right after the strategy's steps (the machine's load changes by the second);
+    ``detail`` keeps the ranks' wait for a core per wall second over the strategy's steps and
+    these timings (``run_queue_share``)."""
     i = inputs
     compute_s = compute_time(i.cfg, i.batches, world, device, i.optimizer, i.precision)
-    alone_s, lazy_s = alone_time(strategy, i.cfg, i.batches, world, device, i.optimizer, i.precision, i.alone)
+    alone_s = alone_time(strategy, i.cfg, i.batches, world, device, i.optimizer, i.precision, i.alone)
     memory = check(f"memory_{strategy}", predicted_bytes, float(held_total), "B",
                    detail={"world_size": world})
     messages = sum(RING_MESSAGES[op](world) for op, _, _ in r["collectives"])
@@ -495,18 +498,15 @@ def strategy_checks(strategy: str, r: dict, held_total: int, predicted_bytes: fl
     replay = replay_time(r["collectives"], world, device)
     from ..experiment import max_over_ranks
 
-    # the least disturbed step, chosen as the parts are: the least without its wait for a core
-    k = min(range(len(r["step_times_s"])), key=lambda j: r["step_times_s"][j] - r["step_waits_s"][j])
-    step, wait = (max_over_ranks(r[key][k], device) for key in ("step_times_s", "step_waits_s"))
-    first = max_over_ranks(float(r["timed_steps"][k] == 0), device) > 0  # a rank's fastest was its first
+    # the least disturbed of as many steps as each part is timed on, chosen as they are: the least
+    # without its wait for a core
+    step, wait = (max_over_ranks(v, device) for v in min(r["check_steps_s"], key=lambda tq: tq[0] - tq[1]))
     i.waited.stop()
     causes = {"replayed_collectives": replay - comm, "strategy_overhead": alone_s - compute_s, "cpu_contention": wait}
-    if first:
-        causes["lazy_init"] = lazy_s
     timed = check(f"step_time_{strategy}", compute_s + comm, step, "s", causes=causes,
                   detail={"compute_s": compute_s, "comm_alpha_beta_s": comm, "messages": messages,
                           "alpha_s": link["alpha_s"], "beta_s_per_byte": link["beta_s_per_byte"],
-                          "replayed_s": replay, "alone_s": alone_s, "lazy_init_s": lazy_s, "step_wait_s": wait,
+                          "replayed_s": replay, "alone_s": alone_s, "step_wait_s": wait,
                           "run_queue_share": i.waited.run_queue_share})
     return [memory, timed]
 
@@ -566,7 +566,7 @@ def run(ctx, args: argparse.Namespace) -> dict:
         PROGRESS.emit(ev, {"done": k * args.steps, "total": total_steps, "label": strategy})
         waited = CoreWait(ctx.device).start()  # stopped once the step's check is timed
         r = run_strategy(strategy, cfg, batches, rank, world, ctx.device, args.optimizer,
-                         args.precision, reference=reference, events=ev)
+                         args.precision, reference=reference, events=ev, check_steps=CHECK_STEPS if link else 0)
         held = r["held"]
         total = sum(held.values())
         try:
