@@ -133,10 +133,12 @@ def rank_timings(fns: dict[str, Any], repeats: int, device: torch.device, inner:
     """Every rank calls each of ``fns`` (collective: all ranks call the same ones) ``repeats``
     times, in rotating order so that they share the machine's load alike; each timing is started
     together (a barrier) and runs ``inner`` calls back to back (nccl-tests' loop: a scheduler's
-    hiccup is spread over them). Per fn, a (2, repeats) tensor of seconds per call: row 0 each
+    hiccup is spread over them). Per fn, a (3, repeats) tensor of seconds per call: row 0 each
     timing's wall time, as long as its slowest rank; row 1 the longest wait for a core of a rank's
     calling thread in it (its kernel run-queue delay, :func:`distai.engine.time_causes.run_queue_s`:
-    runnable, not running; 0 where the kernel does not report it)."""
+    runnable, not running; 0 where the kernel does not report it; at most the rank's wall time);
+    row 2 the first less the second: the timing without the wait of the rank that held the others
+    back (in a collective every rank waits for the one that waited for a core)."""
     from .time_causes import run_queue_s as thread_run_queue_s
 
     names = list(fns)
@@ -154,10 +156,11 @@ def rank_timings(fns: dict[str, Any], repeats: int, device: torch.device, inner:
             if device.type == "cuda":
                 torch.cuda.synchronize()
             times[0, j, i] = (time.perf_counter() - start) / inner
-            times[1, j, i] = (thread_run_queue_s() - queued) / inner
+            times[1, j, i] = min((thread_run_queue_s() - queued) / inner, times[0, j, i].item())
     times = times.to(device)  # NCCL reduces device tensors only
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
-    return {name: times[:, j].cpu() for j, name in enumerate(names)}
+    times = torch.cat([times, (times[0] - times[1]).unsqueeze(0)]).cpu()
+    return {name: times[:, j] for j, name in enumerate(names)}
 
 
 def slowest_rank_times(fns: dict[str, Any], repeats: int, device: torch.device, stat: str = "median",

@@ -431,7 +431,7 @@ def _least_disturbed(trainer: Trainer, batches, world_size: int, timed: int = CH
     in seconds without this thread's wait for a core in it."""
     per = batches[0].shape[0] // world_size
     trainer.step(batches[0][:per])
-    return min(t - q for t, q in (_timed_step(trainer, batches[(i + 1) % len(batches)][:per]) for i in range(timed)))
+    return min(t - min(q, t) for t, q in (_timed_step(trainer, batches[(i + 1) % len(batches)][:per]) for i in range(timed)))
 
 
 def replay_time(collectives: list[tuple[str, int, int]], world_size: int, device, repeats: int = CHECK_STEPS) -> float:
@@ -454,7 +454,7 @@ def replay_time(collectives: list[tuple[str, int, int]], world_size: int, device
         else:
             calls.append(lambda full=full: dist.all_to_all_single(torch.empty_like(full), full))
     t = rank_timings({"step": lambda: [c() for c in calls]}, repeats, device)["step"]
-    return (t[0] - t[1]).min().item()
+    return t[2].min().item()
 
 
 @dataclass(frozen=True)
@@ -500,7 +500,8 @@ def strategy_checks(strategy: str, r: dict, held_total: int, predicted_bytes: fl
 
     # the least disturbed of as many steps as each part is timed on, chosen as they are: the least
     # without its wait for a core
-    step, wait = (max_over_ranks(v, device) for v in min(r["check_steps_s"], key=lambda tq: tq[0] - tq[1]))
+    step, wait = (max_over_ranks(v, device) for v in min(((t, min(q, t)) for t, q in r["check_steps_s"]),
+                                                         key=lambda tq: tq[0] - tq[1]))
     i.waited.stop()
     causes = {"replayed_collectives": replay - comm, "strategy_overhead": alone_s - compute_s, "cpu_contention": wait}
     timed = check(f"step_time_{strategy}", compute_s + comm, step, "s", causes=causes,
