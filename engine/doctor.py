@@ -138,11 +138,12 @@ def rank_timings(fns: dict[str, Any], repeats: int, device: torch.device, inner:
     calling thread in it (its kernel run-queue delay, :func:`distai.engine.time_causes.run_queue_s`:
     runnable, not running; 0 where the kernel does not report it; at most the rank's wall time);
     row 2 the first less the second: the timing without the wait of the rank that held the others
-    back (in a collective every rank waits for the one that waited for a core)."""
+    back (in a collective every rank waits for the one that waited for a core); row 3 the longest
+    of the ranks' own times without their own wait (for a fn that does not communicate)."""
     from .time_causes import run_queue_s as thread_run_queue_s
 
     names = list(fns)
-    times = torch.zeros(2, len(names), repeats, dtype=torch.float64)
+    times = torch.zeros(3, len(names), repeats, dtype=torch.float64)
     for i in range(repeats):
         for k in range(len(names)):
             j = (i + k) % len(names)
@@ -157,9 +158,10 @@ def rank_timings(fns: dict[str, Any], repeats: int, device: torch.device, inner:
                 torch.cuda.synchronize()
             times[0, j, i] = (time.perf_counter() - start) / inner
             times[1, j, i] = min((thread_run_queue_s() - queued) / inner, times[0, j, i].item())
+            times[2, j, i] = times[0, j, i] - times[1, j, i]
     times = times.to(device)  # NCCL reduces device tensors only
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
-    times = torch.cat([times, (times[0] - times[1]).unsqueeze(0)]).cpu()
+    times = torch.cat([times[:2], (times[0] - times[1]).unsqueeze(0), times[2:]]).cpu()
     return {name: times[:, j] for j, name in enumerate(names)}
 
 

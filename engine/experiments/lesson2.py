@@ -384,7 +384,7 @@ def _median(xs):
 # ---------------------------------------------------------------------------------------------
 
 #: the steps a step-time check times, of the strategy and of each part (the least disturbed is kept)
-CHECK_STEPS = 4
+CHECK_STEPS = 8
 #: the collectives a step's check replays (what the meter recorded, by torch.distributed's name)
 REPLAYED = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 #: messages one rank sends, one after the other, in each ring collective (lesson 1's model)
