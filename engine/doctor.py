@@ -129,23 +129,47 @@ def loopback_bandwidth(size_bytes: int = 256 * MiB, chunk: int = 4 * MiB) -> flo
     return received / elapsed
 
 
-def slowest_rank_times(fns: dict[str, Any], repeats: int, device: torch.device, stat: str = "median",
-                    inner: int = 1) -> dict[str, float]:
+def rank_timings(fns: dict[str, Any], repeats: int, device: torch.device, inner: int = 1) -> dict[str, torch.Tensor]:
     """Every rank calls each of ``fns`` (collective: all ranks call the same ones) ``repeats``
     times, in rotating order so that they share the machine's load alike; each timing is started
-    together (a barrier), runs ``inner`` calls back to back (nccl-tests' loop: a scheduler's hiccup
-    is spread over them) and takes as long as its slowest rank. Per call, in seconds, the
-    ``stat`` (``median``, or ``min``: the least disturbed timing) of each."""
+    together (a barrier) and runs ``inner`` calls back to back (nccl-tests' loop: a scheduler's
+    hiccup is spread over them). Per fn, a (3, repeats) tensor of seconds per call: row 0 each
+    timing's wall time, as long as its slowest rank; row 1 the longest wait for a core of a rank's
+    calling thread in it (its kernel run-queue delay, :func:`distai.engine.time_causes.run_queue_s`:
+    runnable, not running; 0 where the kernel does not report it; at most the rank's wall time);
+    row 2 the first less the second: the timing without the wait of the rank that held the others
+    back (in a collective every rank waits for the one that waited for a core); row 3 the longest
+    of the ranks' own times without their own wait (for a fn that does not communicate)."""
+    from .time_causes import run_queue_s as thread_run_queue_s
+
     names = list(fns)
-    times = torch.zeros(len(names), repeats, dtype=torch.float64)
+    times = torch.zeros(3, len(names), repeats, dtype=torch.float64)
     for i in range(repeats):
         for k in range(len(names)):
             j = (i + k) % len(names)
             fn = fns[names[j]]
-            times[j, i] = timed_collective(lambda fn=fn: [fn() for _ in range(inner)], device.type == "cuda") / inner
+            dist.barrier()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            queued, start = thread_run_queue_s(), time.perf_counter()
+            for _ in range(inner):
+                fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times[0, j, i] = (time.perf_counter() - start) / inner
+            times[1, j, i] = min((thread_run_queue_s() - queued) / inner, times[0, j, i].item())
+            times[2, j, i] = times[0, j, i] - times[1, j, i]
     times = times.to(device)  # NCCL reduces device tensors only
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
-    return {name: getattr(times[j], stat)().item() for j, name in enumerate(names)}
+    times = torch.cat([times[:2], (times[0] - times[1]).unsqueeze(0), times[2:]]).cpu()
+    return {name: times[:, j] for j, name in enumerate(names)}
+
+
+def slowest_rank_times(fns: dict[str, Any], repeats: int, device: torch.device, stat: str = "median",
+                       inner: int = 1) -> dict[str, float]:
+    """:func:`rank_timings`' wall times: per call, in seconds, the ``stat`` (``median``, or
+    ``min``: the least disturbed timing) of each of ``fns``, the slowest rank's."""
+    return {name: getattr(t[0], stat)().item() for name, t in rank_timings(fns, repeats, device, inner).items()}
 
 
 def run_queue_s() -> float:

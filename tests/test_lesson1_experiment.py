@@ -140,10 +140,12 @@ def test_the_ring_formula_is_checked_against_the_measured_all_reduce(run):
         # a real timing: the same ring size timed by the sweep, minutes apart, is of the same order
         assert c["measured"] > 0 and 0.1 < c["measured"] / sweep[d["size"]]["ring_time_s"] < 10
         if not c["ok"]:
-            assert set(c["causes"]) == {"size_regime", "links_at_once", "reduction", "ring_schedule"}
+            assert set(c["causes"]) == {"size_regime", "links_at_once", "reduction", "ring_schedule", "cpu_contention"}
             assert c["causes"]["reduction"] > 0 and c["causes"]["ring_schedule"] > 0
+            assert c["causes"]["cpu_contention"] >= 0
             assert result.unexplained != 0.0
-        # explained; unless the machine was oversubscribed (the ranks waited for a core half the time
-        # or more, as the suite's often is: every timing above, parts included, is then mostly that wait)
+        # explained (the prediction and its causes, each measured on its own, within 10 % of the
+        # measurement); unless the machine was oversubscribed (the ranks waited for a core half the
+        # time or more, as the suite's often is: at load 11-14 on 2 cores, 3 ranks, 4 of 6 checks were)
         assert result.explained or d["run_queue_share"] >= 0.5, \
             (c["name"], c["predicted"], c["measured"], c.get("causes"), result.unexplained, d)

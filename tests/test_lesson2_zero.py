@@ -240,10 +240,13 @@ def test_experiment_main_reports_measured_against_calculator(group):
             assert step.measured > 0 and done_s["step_time_s"] > 0  # its fastest step, the slowest rank's
             if not step.ok:
                 assert step.causes == {"replayed_collectives": pytest.approx(d["replayed_s"] - d["comm_alpha_beta_s"]),
-                                       "strategy_overhead": pytest.approx(d["alone_s"] - d["compute_s"])}
-            # Not asserted: that the two causes explain the step. On this 2-core machine they left up to
-            # 60 % of a DDP step unexplained even with the ranks rarely waiting for a core (run queue
-            # 16 % of the wall time): a cause is still missing (issue 28 stays open for lesson 2).
+                                       "strategy_overhead": pytest.approx(d["alone_s"] - d["compute_s"]),
+                                       "cpu_contention": pytest.approx(d["step_wait_s"])}
+                assert d["step_wait_s"] >= 0
+            # Not asserted: that the causes explain the step. On this 2-core machine at load 12 the
+            # step timed as often as its parts and every time taken without its wait for a core took
+            # DDP's unexplained part from 64-66 % to 5-15 % (ZeRO-3: 18-41 %); a cause is still missing
+            # (issue 28 stays open for lesson 2: the gloo threads' wait for a core is not counted).
         progress = [e for e in events if e["kind"] == "progress"]
         assert progress[-1]["done"] == progress[-1]["total"]
         assert ("summary" in kinds) == (rank == 0)

@@ -47,6 +47,7 @@ from ..experiment import UsageError, exit_with, run_experiment, run_language, su
 from ..metering import CommMeter
 from ..model import GPT, GPTConfig, ModelConfigError, lm_loss
 from ..parallelize import apply_dp, apply_fsdp, apply_zero
+from ..time_causes import run_queue_s
 from ..zero import held_bytes
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp2")
@@ -308,10 +309,12 @@ def calc_precision(precision: str) -> str:
 def run_strategy(strategy: str, cfg: GPTConfig, batches, rank: int, world_size: int, device,
                  optimizer="adam", precision="fp32", meter_step: int | None = None,
                  reference: dict | None = None, fsdp_tracker: bool = True,
-                 trace: bool = False, events=None) -> dict:
+                 trace: bool = False, events=None, check_steps: int = 0) -> dict:
     """Train ``strategy`` on ``batches``; measure memory and traffic on step ``meter_step``
     (default: the last one). Returns this rank's figures. With ``events`` each step and its
-    all-gathers/reduce-scatters are timed for the run's trace."""
+    all-gathers/reduce-scatters are timed for the run's trace. With ``check_steps``, that many
+    more steps, each started together (a barrier), timed with this thread's wait for a core in
+    it (``check_steps_s``: (seconds, seconds waited) each; the step-time check's measurement)."""
     meter_step = len(batches) - 1 if meter_step is None else meter_step
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -355,6 +358,9 @@ def run_strategy(strategy: str, cfg: GPTConfig, batches, rank: int, world_size: 
         result["cuda_max_allocated"] = int(torch.cuda.max_memory_allocated(device))
     if reference is not None:
         result["max_abs_diff"] = max_abs_diff(trainer.full_params(), reference)
+    if check_steps:  # after every figure above: these steps train on
+        result["check_steps_s"] = [_timed_step(trainer, batches[i % len(batches)], barrier=True)
+                                   for i in range(check_steps)]
     return result
 
 
@@ -378,6 +384,8 @@ def _median(xs):
 # The lesson's predictions, checked (issue 28)
 # ---------------------------------------------------------------------------------------------
 
+#: the steps a step-time check times, of the strategy and of each part (the least disturbed is kept)
+CHECK_STEPS = 8
 #: the collectives a step's check replays (what the meter recorded, by torch.distributed's name)
 REPLAYED = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 #: messages one rank sends, one after the other, in each ring collective (lesson 1's model)
@@ -400,31 +408,38 @@ def alone_time(strategy: str, cfg: GPTConfig, batches, world_size: int, device, 
     """Seconds of ``strategy``'s step on this rank's share of the batch in a group of this rank
     alone (``alone``: ``dist.new_subgroups(1)``'s): the wrapper's hooks, copies and bookkeeping
     with the same compute and no peer to wait for (the least disturbed of a few steps, the slowest
-    rank's)."""
+    rank's, without its wait for a core: :func:`_least_disturbed`)."""
     from ..experiment import max_over_ranks
 
     trainer = make_trainer(strategy, cfg, 0, 1, device, optimizer, precision, group=alone)
     return max_over_ranks(_least_disturbed(trainer, batches, world_size), device)
 
 
-def _least_disturbed(trainer: Trainer, batches, world_size: int, timed: int = 4) -> float:
+def _timed_step(trainer: Trainer, batch, barrier: bool = False) -> tuple[float, float]:
+    """Wall seconds of one ``trainer.step(batch)`` (started together on every rank: ``barrier``)
+    and the calling thread's wait for a core in it (the kernel's run-queue delay,
+    :func:`distai.engine.time_causes.run_queue_s`)."""
+    if barrier:
+        dist.barrier()
+    q, t0 = run_queue_s(), time.perf_counter()
+    trainer.step(batch)
+    return time.perf_counter() - t0, run_queue_s() - q
+
+
+def _least_disturbed(trainer: Trainer, batches, world_size: int, timed: int = CHECK_STEPS) -> float:
     """The fastest of ``timed`` steps of ``trainer`` on one rank's share of the batches (after one
-    untimed step, which pays lazy initialisation): the step least disturbed by the machine's load."""
+    untimed step, which pays lazy initialisation): the step least disturbed by the machine's load,
+    in seconds without this thread's wait for a core in it."""
     per = batches[0].shape[0] // world_size
     trainer.step(batches[0][:per])
-    times = []
-    for i in range(timed):
-        t0 = time.perf_counter()
-        trainer.step(batches[(i + 1) % len(batches)][:per])
-        times.append(time.perf_counter() - t0)
-    return min(times)
+    return min(t - min(q, t) for t, q in (_timed_step(trainer, batches[(i + 1) % len(batches)][:per]) for i in range(timed)))
 
 
-def replay_time(collectives: list[tuple[str, int, int]], world_size: int, device, repeats: int = 5) -> float:
+def replay_time(collectives: list[tuple[str, int, int]], world_size: int, device, repeats: int = CHECK_STEPS) -> float:
     """Seconds the metered step's collectives take alone, back to back, same ops and sizes, no
-    compute (the least disturbed of ``repeats``, the slowest rank's)."""
+    compute (the least disturbed of ``repeats``, the slowest rank's, without its wait for a core)."""
     from ..collectives import all_gather_into, reduce_scatter_into
-    from ..doctor import slowest_rank_times
+    from ..doctor import rank_timings
 
     f32 = lambda nbytes: torch.zeros(max(world_size, nbytes // 4 // world_size * world_size),  # noqa: E731
                                      dtype=torch.float32, device=device)
@@ -439,7 +454,8 @@ def replay_time(collectives: list[tuple[str, int, int]], world_size: int, device
             calls.append(lambda full=full: reduce_scatter_into(full[:full.numel() // world_size].clone(), full))
         else:
             calls.append(lambda full=full: dist.all_to_all_single(torch.empty_like(full), full))
-    return slowest_rank_times({"step": lambda: [c() for c in calls]}, repeats, device, stat="min")["step"]
+    t = rank_timings({"step": lambda: [c() for c in calls]}, repeats, device)["step"]
+    return t[2].min().item()
 
 
 @dataclass(frozen=True)
@@ -458,16 +474,21 @@ class StepInputs:
 def strategy_checks(strategy: str, r: dict, held_total: int, predicted_bytes: float, predicted_sent: float,
                     link: dict[str, float], inputs: StepInputs, world: int, device) -> list[Check]:
     """The calculator's model-state bytes against the bytes this rank holds, and the step time
-    against compute + the α-β time of the strategy's collectives (its fastest timed step: the one
-    least disturbed by the machine's load, as the parts are timed): ``messages·α + bytes·β`` with
+    against compute + the α-β time of the strategy's collectives (the strategy's step timed
+    ``CHECK_STEPS`` more times after the run's, as many as each part, the least disturbed of them
+    as the parts' are chosen: the run's own one or two timed steps against the least of four would
+    compare one draw of the machine's load with the best of four): ``messages·α + bytes·β`` with
     the messages of the collectives the meter saw (a ring's: 2(N−1) per all-reduce, N−1 per
     all-gather or reduce-scatter) and the bytes of the calculator's ``comm_volume_per_step``, α and
     β one link's (lesson 1, ``distai doctor``'s ping-pong on this group). A missed step time names
-    ``replayed_collectives``, the same collectives replayed alone minus their α-β time, and
+    ``replayed_collectives``, the same collectives replayed alone minus their α-β time,
     ``strategy_overhead``, the strategy's step in a group of one rank (:func:`alone_time`) minus the
-    plain step's compute. Both are timed right after the strategy's steps (the machine's load
-    changes by the second), the compute, the step alone and the replay; ``detail`` keeps the ranks'
-    wait for a core per wall second over the strategy's steps and these timings (``run_queue_share``)."""
+    plain step's compute, and ``cpu_contention``, the measured step's own wait for a core (the
+    kernel's run-queue delay of the calling thread, the slowest rank's). Every time is taken
+    without its wait for a core, and the measured step is chosen the same way (the least such).
+    All are timed right after the strategy's steps (the machine's load changes by the second);
+    ``detail`` keeps the ranks' wait for a core per wall second over the strategy's steps and
+    these timings (``run_queue_share``)."""
     i = inputs
     compute_s = compute_time(i.cfg, i.batches, world, device, i.optimizer, i.precision)
     alone_s = alone_time(strategy, i.cfg, i.batches, world, device, i.optimizer, i.precision, i.alone)
@@ -478,13 +499,17 @@ def strategy_checks(strategy: str, r: dict, held_total: int, predicted_bytes: fl
     replay = replay_time(r["collectives"], world, device)
     from ..experiment import max_over_ranks
 
-    step = max_over_ranks(min(r["step_times_s"], default=float("nan")), device)  # least disturbed, like the parts
+    # the least disturbed of as many steps as each part is timed on, chosen as they are: the least
+    # without its wait for a core
+    step, wait = (max_over_ranks(v, device) for v in min(((t, min(q, t)) for t, q in r["check_steps_s"]),
+                                                         key=lambda tq: tq[0] - tq[1]))
     i.waited.stop()
-    timed = check(f"step_time_{strategy}", compute_s + comm, step, "s",
-                  causes={"replayed_collectives": replay - comm, "strategy_overhead": alone_s - compute_s},
+    causes = {"replayed_collectives": replay - comm, "strategy_overhead": alone_s - compute_s, "cpu_contention": wait}
+    timed = check(f"step_time_{strategy}", compute_s + comm, step, "s", causes=causes,
                   detail={"compute_s": compute_s, "comm_alpha_beta_s": comm, "messages": messages,
                           "alpha_s": link["alpha_s"], "beta_s_per_byte": link["beta_s_per_byte"],
-                          "replayed_s": replay, "alone_s": alone_s, "run_queue_share": i.waited.run_queue_share})
+                          "replayed_s": replay, "alone_s": alone_s, "step_wait_s": wait,
+                          "run_queue_share": i.waited.run_queue_share})
     return [memory, timed]
 
 
@@ -543,7 +568,7 @@ def run(ctx, args: argparse.Namespace) -> dict:
         PROGRESS.emit(ev, {"done": k * args.steps, "total": total_steps, "label": strategy})
         waited = CoreWait(ctx.device).start()  # stopped once the step's check is timed
         r = run_strategy(strategy, cfg, batches, rank, world, ctx.device, args.optimizer,
-                         args.precision, reference=reference, events=ev)
+                         args.precision, reference=reference, events=ev, check_steps=CHECK_STEPS if link else 0)
         held = r["held"]
         total = sum(held.values())
         try:
