@@ -14,8 +14,8 @@ do) each time, at once:
 - the run's own modules (:func:`model_pieces`: a layer, the embedding, the head and loss, every
   module's overheads included) at the run's sizes, without their collectives;
 - each rank's CPU seconds (all its threads) in the run's own step (:func:`step_cpu`: the course's
-  GPT on the run's mesh; its wall time unused) and the cores the ranks get (``cores``: their CPU
-  seconds per second while all compute): with more ranks than cores the step is set by what they
+  GPT on the run's mesh) and the cores the ranks get in it (``cores``: the machine's less what
+  other processes take, :func:`cores_left`): with more ranks than cores the step is set by what they
   ask of the cores (:func:`~distai.lessons.capstone.calibrated.cores_bound_s`), not by the α-β path.
 
 The profile is a plain dict, saved under ``$DISTAI_HOME/machine_profile.json`` with the sizes it was
@@ -186,12 +186,14 @@ def model_pieces(run: RunShape, dtype: torch.dtype, device: torch.device):
             "last_s": lambda: lm_loss(head(x), targets).backward()}
 
 
-def step_cpu(run: RunShape, dtype: torch.dtype, device: torch.device, steps: int = 3) -> dict[str, float]:
+def step_cpu(run: RunShape, dtype: torch.dtype, device: torch.device, steps: int = 4) -> dict[str, float]:
     """On every rank of the running group (the run's world), all at once: the CPU seconds this rank
     spends (all its threads) in one of the run's own steps — the course's GPT on the run's mesh,
     :class:`~distai.engine.mesh.MeshTrainer`, the mean over ``steps`` less the first (warm-up) — and
     per forward and per backward block (this thread's): what each rank asks of the cores, whatever
-    their sharing; the wall time of these steps is not used. ``stage``: its pipeline rank."""
+    their sharing; ``stage``: its pipeline rank. The steps' wall time only as the window over which
+    the cores the ranks had are counted (``window_*``: its seconds, this rank's CPU seconds and the
+    machine's busy ones, :func:`cores_left`), as the run counts them over its own steps."""
     from . import mesh as M
     from .mesh_args import choose_shape
     from .model import GPT
@@ -203,17 +205,21 @@ def step_cpu(run: RunShape, dtype: torch.dtype, device: torch.device, steps: int
                             chunks=run.chunks, zero=run.zero, lr=0.01, device=device)
     cpu: list[float] = []
     blocks: dict[str, list[float]] = {"F": [], "B": []}
+    window = [0.0, 0.0]
     for step in range(steps):
         ids, tg = M.global_batch(cfg, shape, run.microbatches, run.micro_batch, step, seed=0, device=device)
         dist.barrier()
-        start = time.process_time()
+        start, clock = time.perf_counter(), cpu_clock()
         out = trainer.step(M.dp_share(ids, mesh.dp_rank, shape.dp), M.dp_share(tg, mesh.dp_rank, shape.dp))
+        end = cpu_clock()
         if step:
-            cpu.append(time.process_time() - start)
+            cpu.append(end[0] - clock[0])
+            window = [window[0] + time.perf_counter() - start, window[1] + end[2] - clock[2]]
             for r in out.pipeline.records:
                 blocks[r.op.kind].append(r.compute)
-    return {"stage": mesh.pp_rank, "cpu_step_s": statistics.fmean(cpu),
-            "cpu_forward_s": statistics.fmean(blocks["F"]), "cpu_backward_s": statistics.fmean(blocks["B"])}
+    return {"stage": mesh.pp_rank, "cpu_step_s": statistics.fmean(cpu), "cpu_forward_s": statistics.fmean(blocks["F"]),
+            "cpu_backward_s": statistics.fmean(blocks["B"]), "window_s": window[0], "window_cpu_s": sum(cpu),
+            "window_busy_s": window[1]}
 
 
 def _measure_rank(rank: int, world: int, run: dict, dtype_name: str, repeats: int = 50,
@@ -222,7 +228,6 @@ def _measure_rank(rank: int, world: int, run: dict, dtype_name: str, repeats: in
     shape = RunShape(**run)
     dtype = getattr(torch, dtype_name)
     dist.barrier()
-    start, clock = time.perf_counter(), cpu_clock()
     gemm = gemm_rate(shape, dtype, repeats, device)
     dist.barrier()
     other = elementwise_rate(shape, dtype, repeats, device)
@@ -237,11 +242,8 @@ def _measure_rank(rank: int, world: int, run: dict, dtype_name: str, repeats: in
             for _ in range(ALPHA_FITS)]  # each one fit: the median of several, as the load drifts between them
     alpha, beta = statistics.median(a for a, _ in fits), statistics.median(b for _, b in fits)
     dist.barrier()
-    out = {"gemm_flops": gemm, "elementwise_bytes_per_s": other, "alpha_s": alpha, "beta_s_per_byte": beta,
-           **pieces, **step_cpu(shape, dtype, device)}
-    dist.barrier()
-    end = cpu_clock()
-    return dict(out, window_s=time.perf_counter() - start, window_cpu_s=end[0] - clock[0], window_busy_s=end[2] - clock[2])
+    return {"gemm_flops": gemm, "elementwise_bytes_per_s": other, "alpha_s": alpha, "beta_s_per_byte": beta,
+            **pieces, **step_cpu(shape, dtype, device)}
 
 
 def measure(run: RunShape, dtype: str = "float64") -> dict[str, Any]:
@@ -258,7 +260,7 @@ def measure(run: RunShape, dtype: str = "float64") -> dict[str, Any]:
 
 def _median_profile(ranks: list[dict[str, float]], pp: int) -> dict[str, Any]:
     """Each rate the median over the ranks; each CPU cost of :func:`step_cpu` a list, per pipeline
-    stage the median over its ranks; ``cores``: the cores the ranks had while they measured
+    stage the median over its ranks; ``cores``: the cores the ranks had in the run's own steps
     (:func:`cores_left`: the machine's, less what other processes took meanwhile)."""
     window = ("window_s", "window_cpu_s", "window_busy_s")
     out: dict[str, Any] = {key: statistics.median(r[key] for r in ranks) for key in ranks[0]
