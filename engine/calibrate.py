@@ -251,7 +251,9 @@ def measure(run: RunShape, dtype: str = "float64") -> dict[str, Any]:
     ranks, measured with all of them at once on this machine's cores."""
     from .testing import run_in_group
 
-    ranks = run_in_group(_measure_rank, run.world, run.as_dict(), dtype, timeout_s=300)
+    # fresh interpreters, as torchrun starts the run's ranks: the same step costs ranks forked from a
+    # server that imported torch a third less CPU (35-42 ms against 55-70 ms per step, (2, 2, 2) mesh)
+    ranks = run_in_group(_measure_rank, run.world, run.as_dict(), dtype, timeout_s=300, start_method="spawn")
     out = _median_profile(ranks, run.pp)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     out.update(run=run.as_dict(), dtype=dtype, cpus=os.cpu_count() or 1, load=load, measured_at=time.time())
