@@ -8,8 +8,15 @@ do) each time, at once:
   run's rows b·s/cp and widths h, 3h/t, 4h/t): the matmul rate in FLOP/s;
 - the rest of a layer's kernels at the same sizes (two LayerNorms, the GeLU, the residual adds, the
   attention core), expressed as the bytes the planner counts for them per second;
-- all-reduces inside groups of two ranks, all groups at once (the run's TP, DP and PP groups are
-  pairs on the meshes it trains), of a small and a large message: α and β of lesson 1's ring.
+- all-gathers inside groups of two ranks, all groups at once (the run's TP, DP and PP groups are
+  pairs on the meshes it trains), of a small and a large message: α and β of lesson 1's ring, the
+  median of :data:`ALPHA_FITS` fits (one fit swings by 2× as the scheduler's load drifts);
+- the run's own modules (:func:`model_pieces`: a layer, the embedding, the head and loss, every
+  module's overheads included) at the run's sizes, without their collectives;
+- each rank's CPU seconds (all its threads) in the run's own step (:func:`step_cpu`: the course's
+  GPT on the run's mesh) and the cores the ranks get in it (``cores``: the machine's less what
+  other processes take, :func:`cores_left`): with more ranks than cores the step is set by what they
+  ask of the cores (:func:`~distai.lessons.capstone.calibrated.cores_bound_s`), not by the α-β path.
 
 The profile is a plain dict, saved under ``$DISTAI_HOME/machine_profile.json`` with the sizes it was
 measured at, and reused while it is recent (:func:`load_profile`). The prediction from it is pure:
@@ -32,6 +39,7 @@ from ..lessons.calculator import CalcError
 from ..lessons.capstone.calibrated import (
     RunShape,
     account_s,
+    cores_bound_s,
     gemm_shapes,
     layer_bytes,
     predict,
@@ -45,8 +53,11 @@ from .experiment import max_over_ranks
 PROFILE_FILE = "machine_profile.json"
 PROFILE_MAX_AGE_S = 3600.0  # a profile older than this is measured again
 CPU = torch.device("cpu")
+ALPHA_FITS = 3  # α and β: the median of this many fits, each over every rank at once
 MIN_SECONDS = 0.5  # each rate timed over this long at least: many time slices of a shared core
-RATES = ("gemm_flops", "elementwise_bytes_per_s", "alpha_s", "beta_s_per_byte")
+RATES = ("gemm_flops", "elementwise_bytes_per_s", "alpha_s", "beta_s_per_byte", "layer_s", "first_s", "last_s")
+STAGE_CPU = ("cpu_step_s", "cpu_forward_s", "cpu_backward_s")  # per pipeline stage (step_cpu)
+CPU_KEYS = (*STAGE_CPU, "cores")
 
 
 def _timed(fn, repeats: int, device: torch.device, min_s: float = MIN_SECONDS) -> float:
@@ -127,6 +138,90 @@ def elementwise_rate(run: RunShape, dtype: torch.dtype, repeats: int = 50, devic
     return layer_bytes(run) * 3 / _timed(layer, repeats, device)
 
 
+def _tp_local(module: torch.nn.Module, columns: tuple[str, ...], rows: tuple[str, ...], t: int) -> None:
+    """``module``'s projections as one of ``t`` tensor-parallel ranks holds them, as plain linears
+    (its collectives are priced apart): the column-parallel ones 1/t as wide, the row-parallel 1/t as deep."""
+    for name, split in [(n, "out") for n in columns] + [(n, "in") for n in rows]:
+        lin = getattr(module, name, None)
+        if isinstance(lin, torch.nn.Linear):
+            i, o = (lin.in_features, lin.out_features // t) if split == "out" else (lin.in_features // t, lin.out_features)
+            setattr(module, name, torch.nn.Linear(i, o, bias=lin.bias is not None))
+
+
+def model_pieces(run: RunShape, dtype: torch.dtype, device: torch.device):
+    """The run's own modules as one rank computes them, without their collectives (priced apart,
+    :func:`~distai.lessons.capstone.calibrated.account_s`), each a function doing one microbatch's
+    forward and backward: a layer (the course's ``Block``, its projections tensor-parallel-local,
+    on b·s/cp tokens; under context parallelism its attention core run once per ring hop, cp
+    times), the first stage's embedding and the last stage's head and loss (V/t of the vocabulary).
+    What the planner's kernel rates leave out is in them: every module's Python, autograd and
+    small-tensor overheads, the bulk of a small run's computing."""
+    from .model import Block, Embedding, Head, attend, lm_loss
+
+    cfg, t, cp = run.model_size(), run.tp, run.cp
+    block, head, embed = Block(cfg), Head(cfg), Embedding(run.vocab, run.hidden)
+    if t > 1:
+        _tp_local(block.attn, ("wq", "wk", "wv"), ("wo",), t)
+        _tp_local(block.mlp, ("fc1", "gate"), ("fc2",), t)
+        head.weight = torch.nn.Parameter(torch.empty(run.vocab // t, run.hidden))
+    if cp > 1:
+        def hops(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **_: Any) -> torch.Tensor:
+            out = attend(q, k, v)
+            for _hop in range(cp - 1):
+                out = out + attend(q, k, v)
+            return out
+
+        block.attn.core = hops
+    for m in (block, head, embed):
+        m.to(device=device, dtype=dtype)
+    for m in (block, head):
+        for w in m.parameters():
+            torch.nn.init.normal_(w, std=0.02)
+    rows = run.seq // cp
+    x = torch.randn(rows, run.micro_batch, run.hidden, dtype=dtype, device=device, requires_grad=True)
+    ids = torch.randint(0, run.vocab, (run.micro_batch, rows), device=device)
+    targets = torch.randint(0, run.vocab // t, (run.micro_batch, rows), device=device)
+    return {"layer_s": lambda: block(x).sum().backward(),
+            "first_s": lambda: embed(ids).sum().backward(),
+            "last_s": lambda: lm_loss(head(x), targets).backward()}
+
+
+def step_cpu(run: RunShape, dtype: torch.dtype, device: torch.device, steps: int = 4) -> dict[str, float]:
+    """On every rank of the running group (the run's world), all at once: the CPU seconds this rank
+    spends (all its threads) in one of the run's own steps — the course's GPT on the run's mesh,
+    :class:`~distai.engine.mesh.MeshTrainer`, the mean over ``steps`` less the first (warm-up) — and
+    per forward and per backward block (this thread's): what each rank asks of the cores, whatever
+    their sharing; ``stage``: its pipeline rank. The steps' wall time only as the window over which
+    the cores the ranks had are counted (``window_*``: its seconds, this rank's CPU seconds and the
+    machine's busy ones, :func:`cores_left`), as the run counts them over its own steps."""
+    from . import mesh as M
+    from .mesh_args import choose_shape
+    from .model import GPT
+
+    shape = choose_shape(run.tp, run.pp, run.dp, run.world, run.cp, run.ep)
+    mesh, cfg = M.build_mesh(shape, device.type), run.model_size()
+    trainer = M.MeshTrainer(GPT(cfg, seed=0, dtype=dtype, device=device), mesh, microbatches=run.microbatches,
+                            microbatch_size=run.micro_batch, schedule="1f1b" if run.chunks == 1 else "interleaved",
+                            chunks=run.chunks, zero=run.zero, lr=0.01, device=device)
+    cpu: list[float] = []
+    blocks: dict[str, list[float]] = {"F": [], "B": []}
+    window = [0.0, 0.0]
+    for step in range(steps):
+        ids, tg = M.global_batch(cfg, shape, run.microbatches, run.micro_batch, step, seed=0, device=device)
+        dist.barrier()
+        start, clock = time.perf_counter(), cpu_clock()
+        out = trainer.step(M.dp_share(ids, mesh.dp_rank, shape.dp), M.dp_share(tg, mesh.dp_rank, shape.dp))
+        end = cpu_clock()
+        if step:
+            cpu.append(end[0] - clock[0])
+            window = [window[0] + time.perf_counter() - start, window[1] + end[2] - clock[2]]
+            for r in out.pipeline.records:
+                blocks[r.op.kind].append(r.compute)
+    return {"stage": mesh.pp_rank, "cpu_step_s": statistics.fmean(cpu), "cpu_forward_s": statistics.fmean(blocks["F"]),
+            "cpu_backward_s": statistics.fmean(blocks["B"]), "window_s": window[0], "window_cpu_s": sum(cpu),
+            "window_busy_s": window[1]}
+
+
 def _measure_rank(rank: int, world: int, run: dict, dtype_name: str, repeats: int = 50,
                   device: torch.device = CPU) -> dict[str, float]:
     """On every rank of the running group, all at once: the rates of :func:`measure`."""
@@ -137,9 +232,18 @@ def _measure_rank(rank: int, world: int, run: dict, dtype_name: str, repeats: in
     dist.barrier()
     other = elementwise_rate(shape, dtype, repeats, device)
     dist.barrier()
-    alpha, beta = concurrent_pairs_alpha_beta(repeats=max(5, repeats // 5), device_type=device.type,
-                                              between=_one_gemm_each(shape, dtype, device))
-    return {"gemm_flops": gemm, "elementwise_bytes_per_s": other, "alpha_s": alpha, "beta_s_per_byte": beta}
+    pieces = {}
+    for key, fn in model_pieces(shape, dtype, device).items():
+        dist.barrier()
+        pieces[key] = _timed(fn, repeats, device)
+    dist.barrier()
+    between = _one_gemm_each(shape, dtype, device)
+    fits = [concurrent_pairs_alpha_beta(repeats=max(5, repeats // 5), device_type=device.type, between=between)
+            for _ in range(ALPHA_FITS)]  # each one fit: the median of several, as the load drifts between them
+    alpha, beta = statistics.median(a for a, _ in fits), statistics.median(b for _, b in fits)
+    dist.barrier()
+    return {"gemm_flops": gemm, "elementwise_bytes_per_s": other, "alpha_s": alpha, "beta_s_per_byte": beta,
+            **pieces, **step_cpu(shape, dtype, device)}
 
 
 def measure(run: RunShape, dtype: str = "float64") -> dict[str, Any]:
@@ -147,10 +251,26 @@ def measure(run: RunShape, dtype: str = "float64") -> dict[str, Any]:
     ranks, measured with all of them at once on this machine's cores."""
     from .testing import run_in_group
 
-    ranks = run_in_group(_measure_rank, run.world, run.as_dict(), dtype, timeout_s=300)
-    out: dict[str, Any] = {key: statistics.median(r[key] for r in ranks) for key in ranks[0]}
+    # fresh interpreters, as torchrun starts the run's ranks: the same step costs ranks forked from a
+    # server that imported torch a third less CPU (35-42 ms against 55-70 ms per step, (2, 2, 2) mesh)
+    ranks = run_in_group(_measure_rank, run.world, run.as_dict(), dtype, timeout_s=300, start_method="spawn")
+    out = _median_profile(ranks, run.pp)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     out.update(run=run.as_dict(), dtype=dtype, cpus=os.cpu_count() or 1, load=load, measured_at=time.time())
+    return out
+
+
+def _median_profile(ranks: list[dict[str, float]], pp: int) -> dict[str, Any]:
+    """Each rate the median over the ranks; each CPU cost of :func:`step_cpu` a list, per pipeline
+    stage the median over its ranks; ``cores``: the cores the ranks had in the run's own steps
+    (:func:`cores_left`: the machine's, less what other processes took meanwhile)."""
+    window = ("window_s", "window_cpu_s", "window_busy_s")
+    out: dict[str, Any] = {key: statistics.median(r[key] for r in ranks) for key in ranks[0]
+                           if key not in ("stage", *window, *STAGE_CPU)}
+    clocks = [{"cpu": r["window_cpu_s"], "busy": r["window_busy_s"]} for r in ranks]
+    out.update(cpus=os.cpu_count() or 1, cores=cores_left(clocks, ranks[0]["window_s"], float(os.cpu_count() or 1)))
+    for key in STAGE_CPU:
+        out[key] = [statistics.median(r[key] for r in ranks if r["stage"] == i) for i in range(pp)]
     return out
 
 
@@ -171,7 +291,8 @@ def load_profile(run: RunShape, dtype: str, max_age_s: float = PROFILE_MAX_AGE_S
     except (OSError, ValueError):
         return None
     fresh = time.time() - float(saved.get("measured_at", 0)) <= max_age_s
-    return saved if fresh and saved.get("run") == run.as_dict() and saved.get("dtype") == dtype else None
+    complete = all(key in saved for key in RATES + CPU_KEYS)  # one measured before a rate was added is stale
+    return saved if fresh and complete and saved.get("run") == run.as_dict() and saved.get("dtype") == dtype else None
 
 
 def machine_profile(run: RunShape, dtype: str = "float64", fresh: bool = False) -> dict[str, Any]:
@@ -218,18 +339,25 @@ def _rates_now(ctx: Any, run: RunShape, dtype: str) -> dict[str, float]:
     mine = _measure_rank(ctx.rank, ctx.world_size, run.as_dict(), dtype, device=ctx.device)  # as calibrated
     everyone: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(everyone, mine)
-    return {key: statistics.median(r[key] for r in everyone) for key in mine}
+    return _median_profile(everyone, run.pp)
 
 
-def cpu_clock() -> tuple[float, float]:
-    """This process's CPU seconds (all its threads) and its main thread's seconds spent runnable on
-    a run queue with no core free (``/proc/self/schedstat``'s second field; 0 where there is none):
-    read before and after a step, how much of it the rank computed and how long it waited for a core."""
+def cpu_clock() -> tuple[float, float, float]:
+    """This process's CPU seconds (all its threads), its main thread's seconds spent runnable on a
+    run queue with no core free (``/proc/self/schedstat``'s second field; 0 where there is none)
+    and the whole machine's busy CPU seconds, every process's (``/proc/stat``: all but idle and
+    I/O wait; 0 where there is none): read before and after a step, how much of it the rank
+    computed, how long it waited for a core, and (less every rank's CPU) what other processes took."""
     try:
         wait = int(Path("/proc/self/schedstat").read_text().split()[1]) / 1e9
     except (OSError, IndexError, ValueError):
         wait = 0.0
-    return time.process_time(), wait
+    try:
+        ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        busy = (sum(ticks[:8]) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        busy = 0.0
+    return time.process_time(), wait, busy
 
 
 def call_seconds(meter: Any) -> dict[str, float]:
@@ -252,22 +380,27 @@ def _slow_collectives(run: RunShape, rates: dict, account: dict | None, seconds:
 
 
 def check_step_time(ctx: Any, plan: Any, times: list[float], metered_step: int, account: dict | None,
-                    seconds: dict[str, float] | None = None, cpu: tuple[float, float] = (0.0, 0.0)) -> Check | None:
+                    seconds: dict[str, float] | None = None, cpu: tuple[float, ...] = (0.0, 0.0, 0.0)) -> Check | None:
     """On every rank, after the capstone's steps: the ``check`` event ``capstone_step_time`` (rank 0
     emits it and returns it; the others return None). Measured: the mean step time of the timed
     steps (each the slowest rank's span; the first and the metered step left out). Predicted: the
     run's own model (:func:`distai.lessons.capstone.calibrated.predict_run`: every call the formulas
     count, which the metered step matches exactly, at the measured α-β; unequal stages; lesson 5's
-    replay of the schedule) from the profile ``distai calc plan --calibrate`` saved for this run,
-    else from the rates the run's ranks measure now. Cause, measured on its own:
-    ``slower_since_calibration``, the same prediction from the rates measured now (all ranks at
-    once, right after the steps) minus the one from the saved profile (the machine got busier: CPU
-    contention); ``slow_collective`` (with ``seconds``, each group's seconds of the metered step's
-    calls on this rank, :func:`call_seconds`): how much longer they lasted than the same calls at
-    the rates measured now, on the rank where that is most. The planner's own prediction (:func:`~distai.lessons.capstone.calibrated.predict`)
-    is in the detail as ``planner_step_time_s``; ``cpu`` (this rank's CPU seconds and run-queue wait
-    per timed step, :func:`cpu_clock`) gives the detail's ``cpu_s_per_step`` (all ranks) and
-    ``runqueue_s_per_step`` (the rank that waited most). Runs with experts are not predicted (None)."""
+    replay of the schedule; at least the ranks' CPU work over the cores they get) from the profile
+    ``distai calc plan --calibrate`` saved for this run, else from the one the run's ranks measure
+    now. Causes, each measured on its own, each the same model again with one input replaced by a
+    newer measurement: ``slower_since_calibration``, the profile measured again by the run's ranks
+    right after its steps (all at once; the machine got busier, or quieter) instead of the saved
+    one; ``more_cpu_work``, then each stage's CPU seconds per step as the run's ranks spent them in
+    their timed steps (``cpu``: this rank's CPU seconds, run-queue wait and the machine's busy
+    seconds per timed step, :func:`cpu_clock`) instead of the calibration's;
+    ``cores_taken_by_others``, then the cores the ranks had during those steps (:func:`cores_left`:
+    the machine's less what other processes took) instead of the ones they got when measured. The detail holds the planner's prediction
+    (``planner_step_time_s``), the ranks' CPU per step (``cpu_s_per_step``, all ranks), the longest
+    run-queue wait (``runqueue_s_per_step``) and, with ``seconds`` (each group's seconds of the
+    metered step's calls, :func:`call_seconds`), ``slow_collective_s``: how much longer they lasted
+    than priced (waits for peers included: information, not a cause). Runs with experts are not
+    predicted (None)."""
     if getattr(plan.shape, "moe", False):
         return None
     run = run_shape(plan)
@@ -277,28 +410,78 @@ def check_step_time(ctx: Any, plan: Any, times: list[float], metered_step: int, 
     saved, now = box[0], _rates_now(ctx, run, plan.dtype)
     slow = max_over_ranks(_slow_collectives(run, now, account, seconds)) if seconds is not None else None
     clocks: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(clocks, cpu)
+    dist.all_gather_object(clocks, {"cpu": cpu[0], "wait": cpu[1], "busy": cpu[2] if len(cpu) > 2 else 0.0,
+                                    "stage": plan_stage(ctx.rank, plan)})
     if ctx.rank != 0:
         return None
     accounts, layers = run_comm(plan)
     timed = [t for i, t in enumerate(times) if i not in (0, metered_step)] or times
-    predicted = predict_run(run, saved or now, accounts, layers)
-    causes = {} if slow is None else {"slow_collective": slow}
+    measured = statistics.fmean(timed)
+    spent = dict(now, cpu_step_s=[statistics.median(c["cpu"] for c in clocks if c["stage"] == i) for i in range(run.pp)])
+    cores_run = cores_left(clocks, measured, now["cores"])
+    shared = dict(spent, cores=cores_run)
+    steps = [predict_run(run, p, accounts, layers) for p in (saved or now, now, spent, shared)]
+    causes = {"more_cpu_work": steps[2]["step_time_s"] - steps[1]["step_time_s"],
+              "cores_taken_by_others": steps[3]["step_time_s"] - steps[2]["step_time_s"]}
     if saved is not None:
-        causes["slower_since_calibration"] = predict_run(run, now, accounts, layers)["step_time_s"] \
-            - predicted["step_time_s"]
-    detail = {k: float(v) for k, v in predicted.items()}
-    detail["planner_step_time_s"] = predict(run, saved or now)["step_time_s"]
-    # CPU oversubscription, measured over the timed steps: the ranks' CPU seconds per step (all
-    # ranks; at most cores × the step) and the longest wait of a rank for a core per step
-    detail.update(cpu_s_per_step=sum(c[0] for c in clocks), runqueue_s_per_step=max(c[1] for c in clocks),
-                  cores=float(os.cpu_count() or 1))
-    detail.update(calibrated_before_run=float(saved is not None), load=os.getloadavg()[0],
-                  **{f"rate_{k}": float((saved or now)[k]) for k in RATES}, **{f"now_{k}": now[k] for k in RATES})
-    result = check("capstone_step_time", predicted["step_time_s"], statistics.fmean(timed), "s",
+        causes["slower_since_calibration"] = steps[1]["step_time_s"] - steps[0]["step_time_s"]
+    detail = _check_detail(run, steps[0], saved, now, clocks)
+    if slow is not None:
+        detail["slow_collective_s"] = slow
+    detail["cores_run"] = cores_run
+    result = check("capstone_step_time", steps[0]["step_time_s"], measured, "s",
                    causes=causes, detail=detail)
     CHECK.emit_fields(ctx.events, result.event())  # distai run draws it in the run's check table
     return result
+
+
+def cores_left(clocks: list[dict], step_s: float, calibrated: float) -> float:
+    """The cores the ranks had over a stretch of ``step_s`` seconds: the machine's, less the CPU
+    seconds per second other processes took meanwhile (rank 0's count of the machine's busy seconds,
+    ``clocks[0]["busy"]``, less every rank's own ``cpu``); ``calibrated`` where the machine does not
+    count them."""
+    busy = clocks[0]["busy"]
+    if busy <= 0 or step_s <= 0:
+        return calibrated
+    others = max(0.0, busy - sum(c["cpu"] for c in clocks)) / step_s
+    return max(0.25, (os.cpu_count() or 1) - others)
+
+
+def plan_stage(rank: int, plan: Any) -> int:
+    """The pipeline stage of global ``rank`` on ``plan``'s mesh (rank = ((p·dp + d)·cp + c)·tp + t)."""
+    s = plan.shape
+    return rank // (s.dp * getattr(s, "cp", 1) * s.tp)
+
+
+def profile_fields(profile: dict, prefix: str) -> dict[str, float]:
+    """A profile as a check's detail (floats only): ``{prefix}{rate}`` for each rate, the cores and CPUs,
+    ``{prefix}{cost}_{stage}`` for each per-stage CPU cost."""
+    out = {f"{prefix}{k}": float(profile[k]) for k in (*RATES, "cores", "cpus")}
+    for key in STAGE_CPU:
+        out.update({f"{prefix}{key}_{i}": float(v) for i, v in enumerate(profile[key])})
+    return out
+
+
+def profile_from_fields(detail: dict, prefix: str, pp: int) -> dict[str, Any]:
+    """The profile :func:`profile_fields` wrote into a check's detail."""
+    out: dict[str, Any] = {k: detail[f"{prefix}{k}"] for k in (*RATES, "cores", "cpus")}
+    out.update({key: [detail[f"{prefix}{key}_{i}"] for i in range(pp)] for key in STAGE_CPU})
+    return out
+
+
+def _check_detail(run: RunShape, predicted: dict, saved: dict | None, now: dict, clocks: list) -> dict[str, float]:
+    """The step-time check's detail: the prediction's terms, the planner's step, the ranks' CPU and
+    run-queue wait per timed step, the profiles used (``rate_``: the prediction's, ``now_``: measured
+    after the steps)."""
+    detail = {k: float(v) for k, v in predicted.items()}
+    detail["planner_step_time_s"] = predict(run, saved or now)["step_time_s"]
+    detail["cores_bound_s"] = cores_bound_s(run, saved or now)
+    detail.update(cpu_s_per_step=sum(c["cpu"] for c in clocks), runqueue_s_per_step=max(c["wait"] for c in clocks),
+                  calibrated_before_run=float(saved is not None), load=os.getloadavg()[0],
+                  **profile_fields(saved or now, "rate_"), **profile_fields(now, "now_"))
+    for i in range(run.pp):
+        detail[f"cpu_step_s_run_{i}"] = statistics.median(c["cpu"] for c in clocks if c["stage"] == i)
+    return detail
 
 
 def plan_profile(values: dict) -> dict:

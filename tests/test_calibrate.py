@@ -89,6 +89,37 @@ def test_the_run_model_uses_the_runs_calls_and_its_unequal_stages():
     assert slow_link["compute_s"] == p["compute_s"] and slow_link["tp_comm_s"] > 1.9 * p["tp_comm_s"]
 
 
+CPU = {"cpu_step_s": [0.05, 0.06], "cpu_forward_s": [0.002, 0.003], "cpu_backward_s": [0.004, 0.004], "cores": 2.0}
+
+
+def test_ranks_sharing_fewer_cores_take_at_most_grahams_bound():
+    """The 8 ranks' CPU seconds over the 2 cores they get, W/P = 4·(50 + 60 ms)/2, plus half the
+    critical path (1 − 1/P): 1F1B of these blocks, worked by hand (stage 0: F 2, B 4 ms; stage 1:
+    F 3, B 4 ms; the last B ends at 34 ms), and the most a stage spends outside its blocks
+    (60 − 4·7 = 32 ms). On one core, or less, the work alone over the cores."""
+    assert cal.cores_bound_s(RUN, CPU) == pytest.approx(0.22 + 0.5 * (0.034 + 0.032), rel=1e-9)
+    assert cal.cores_bound_s(RUN, dict(CPU, cores=1.0)) == pytest.approx(0.44, rel=1e-9)
+    assert cal.cores_bound_s(RUN, dict(CPU, cores=0.5)) == pytest.approx(0.88, rel=1e-9)
+    assert cal.cores_bound_s(RUN, PROFILE) == 0.0  # a profile without CPU costs
+
+
+def test_with_more_ranks_than_cores_the_cores_set_the_step():
+    """8 ranks on 2 CPUs: the step is the cores' bound, the α-β critical path's terms plus cores_s
+    (what the bound adds to them, of either sign); with a core per rank the critical path alone."""
+    accounts, layers = _expected(RUN)
+    critical = cal.predict_run(RUN, PROFILE, accounts, layers)
+    assert critical["cores_s"] == 0.0
+    for cores in (0.5, 2.0):
+        p = cal.predict_run(RUN, dict(PROFILE, cpus=2, **dict(CPU, cores=cores)), accounts, layers)
+        bound = cal.cores_bound_s(RUN, dict(CPU, cores=cores))
+        assert p["step_time_s"] == pytest.approx(bound, rel=1e-12)
+        assert p["step_time_s"] == pytest.approx(sum(p[k] for k in cal.RUN_TERMS), rel=1e-12)
+        assert p["cores_s"] == pytest.approx(bound - critical["step_time_s"], rel=1e-9)
+        assert p["compute_s"] == critical["compute_s"] and p["tp_comm_s"] == critical["tp_comm_s"]
+    whole = cal.predict_run(RUN, dict(PROFILE, cpus=8, **CPU), accounts, layers)
+    assert whole["step_time_s"] == critical["step_time_s"] and whole["cores_s"] == 0.0
+
+
 def test_ring_attention_is_priced_by_its_hops():
     """With cp 2 the CP group's calls are the ring's K/V hops (the context lesson's count), each one
     message at α + S·β."""
@@ -115,8 +146,11 @@ def test_calc_plan_calibrate_measures_saves_and_reuses_the_profile(capsys, tmp_p
     r = json.loads(out)
     saved = json.loads((tmp_path / "machine_profile.json").read_text())
     assert saved["run"] == r["run"] and (r["run"]["tp"], r["run"]["pp"], r["run"]["dp"]) == (2, 1, 1)
-    for key in ("gemm_flops", "elementwise_bytes_per_s", "alpha_s"):
+    for key in ("gemm_flops", "elementwise_bytes_per_s", "alpha_s", "layer_s", "first_s", "last_s"):
         assert math.isfinite(saved[key]) and saved[key] > 0, key
+    # one stage: its ranks' CPU per step of the run's own step, more than its blocks'; the cores they got
+    assert len(saved["cpu_step_s"]) == 1 and saved["cpu_step_s"][0] > 4 * saved["cpu_forward_s"][0] > 0
+    assert 0 < saved["cores"] <= saved["cpus"]
     assert r["planner"] == pytest.approx(cal.predict(cal.RunShape(**r["run"]), saved), rel=1e-12)
     p = r["prediction"]
     assert p["step_time_s"] == pytest.approx(sum(p[k] for k in cal.TERMS), rel=1e-12) and p["tp_comm_s"] > 0

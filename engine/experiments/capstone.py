@@ -120,7 +120,7 @@ def run(ctx, raw: argparse.Namespace) -> dict | None:
     metered_step = 1 if args.steps > 1 else 0  # the first step also pays for warm-up
     steps = _train(ctx, args, cfg, mesh, trainer, (m, b), reference, meter, metered_step)
     timed_cpu = [c for i, c in enumerate(steps.cpu) if i not in (0, metered_step)] or steps.cpu
-    cpu = (statistics.fmean(c[0] for c in timed_cpu), statistics.fmean(c[1] for c in timed_cpu))
+    cpu = tuple(statistics.fmean(c[i] for c in timed_cpu) for i in range(len(timed_cpu[0])))
     check_step_time(ctx, plan, steps.times, metered_step, steps.account, steps.call_s, cpu)  # calibrated here
     expected = M.expected_comm(cfg, shape, mesh.pp_rank, microbatches=m, microbatch_size=b, schedule=schedule,
                                chunks=v, zero=args.zero, elem_size=dtype.itemsize, backend=ctx.backend, moe=moe,
@@ -179,7 +179,7 @@ class _Steps:
     param_diffs: list[float] = field(default_factory=list)
     account: Any = None  # the metered step's communication
     call_s: dict[str, float] = field(default_factory=dict)  # … and its calls' seconds per group
-    cpu: list[tuple[float, float]] = field(default_factory=list)  # each step's CPU and run-queue seconds
+    cpu: list[tuple[float, ...]] = field(default_factory=list)  # each step's CPU, run-queue and machine seconds
     routed_rows: list[tuple[int, int]] = field(default_factory=list)  # … and the token rows its experts moved
 
 
@@ -209,7 +209,7 @@ def _train(ctx, args, cfg, mesh, trainer, microbatches: tuple[int, int], referen
             else:
                 result = trainer.step(*mine)
         after = cpu_clock()
-        out.cpu.append((after[0] - clock[0], after[1] - clock[1]))
+        out.cpu.append(tuple(a - b for a, b in zip(after, clock)))
         MESH_STEP.emit(ev, {"step": step, "pp": mesh.pp_rank, "dp": mesh.dp_rank, "tp": mesh.tp_rank,
                             "cp": mesh.cp_rank, "ep": mesh.ep_rank, "t_start": result.t_start, "t_pipeline_end": result.pipeline.t_end,
                             "t_end": result.t_end})

@@ -15,12 +15,19 @@ measured on this machine (:mod:`distai.engine.calibrate`) at the run's own sizes
 That is the planner's view (:func:`predict`), and on a tiny CPU run it is 2-3× too low: the run makes
 more calls than the planner counts. :func:`predict_run` is the run's own step: every group's calls as
 the formulas count them (the run's meter matches them exactly; ring attention's hops for CP), each at
-lesson 1's α-β time; the first stage's embedding and the last's head and loss on top of their layers;
-lesson 5's simulator replaying the schedule with these unequal stages. The calibration and the run
-see the same CPU contention: the rates are measured with as many processes as the run has ranks.
+lesson 1's α-β time; the run's own layer, embedding and head timed by the calibration (every module's
+overheads: most of a small run's computing); lesson 5's simulator replaying the schedule with these
+unequal stages. The calibration and the run see the same CPU contention: the rates are measured with
+as many processes as the run has ranks.
+
+With more ranks than cores (8 gloo ranks on 2 cores) that critical path is not what sets the step:
+every rank's CPU work must pass through the cores. The calibration measures each rank's CPU seconds
+in the run's own step and the cores the ranks get; :func:`cores_bound_s` turns them into the step
+of a greedy scheduler (Graham's bound: W/P + (1 − 1/P)·L), and the step is the longer of the two.
 
 Pure: a profile is a plain dict (``gemm_flops``, ``elementwise_bytes_per_s``, ``alpha_s``,
-``beta_s_per_byte``).
+``beta_s_per_byte``; ``layer_s``, ``first_s``, ``last_s``; ``cpu_step_s``, ``cpu_forward_s``,
+``cpu_backward_s`` per pipeline stage and ``cores``).
 """
 from __future__ import annotations
 
@@ -39,6 +46,9 @@ from . import planner as pl
 PLANNER_ELEM_BYTES = 2
 #: what the prediction's terms are called (the planner's ``time`` keys)
 TERMS = ("compute_s", "tp_comm_s", "cp_comm_s", "pp_comm_s", "bubble_s", "dp_comm_exposed_s")
+#: the run's own terms (:func:`predict_run`): the planner's and the wait for a core
+RUN_TERMS = (*TERMS, "cores_s")
+
 
 
 @dataclass(frozen=True)
@@ -154,7 +164,10 @@ def account_s(run: RunShape, profile: dict, account: dict[str, dict]) -> dict[st
 
 def layer_s(run: RunShape, profile: dict) -> float:
     """One layer's forward and backward for one microbatch on one rank at the measured rates (the
-    planner's :func:`~.formulas.layer_forward_seconds`, its GEMMs and memory-bound kernels)."""
+    planner's :func:`~.formulas.layer_forward_seconds`, its GEMMs and memory-bound kernels), or the
+    run's own layer timed by the calibration (``layer_s``: every module's overheads included)."""
+    if "layer_s" in profile:
+        return float(profile["layer_s"])
     c = cluster(run, profile)
     fwd = f.layer_forward_seconds(hidden=run.hidden, heads=run.heads, seq=run.seq, micro_batch=run.micro_batch,
                                   layer_params=model_spec(run).active_layer_params, tp=run.tp, cp=run.cp,
@@ -168,12 +181,40 @@ def ends_s(run: RunShape, profile: dict) -> tuple[float, float]:
     backward: the embedding's lookup and gradient (b·s/cp·h numbers, read and written: memory-bound)
     on the first; on the last the final LayerNorm, the head's GEMM (3 · 2·rows·h·V/t FLOPs) and the
     vocabulary-parallel loss over rows × V/t logits (softmax forward and backward: memory-bound, as
-    many passes as a layer's elementwise kernels count per number)."""
+    many passes as a layer's elementwise kernels count per number); or the run's own modules timed
+    by the calibration (``first_s``, ``last_s``)."""
+    if "first_s" in profile and "last_s" in profile:
+        return float(profile["first_s"]), float(profile["last_s"])
     rows, h, vt = run.tokens, run.hidden, run.vocab // run.tp
     rate, flops = profile["elementwise_bytes_per_s"], profile["gemm_flops"]
     first = 3 * 2 * rows * h * run.elem_bytes / rate
     last = 3 * 2 * rows * h * vt / flops + 3 * rows * (vt * f.ELEMENTWISE_SPLIT / run.tp + h) * run.elem_bytes / rate
     return first, last
+
+
+def cores_bound_s(run: RunShape, profile: dict) -> float:
+    """The step of ranks sharing fewer cores, from each rank's CPU seconds (``cpu_step_s``, per
+    pipeline stage: a stage's world/pp ranks alike), its blocks' (``cpu_forward_s``,
+    ``cpu_backward_s``) and the cores P the ranks get (``cores``), measured by the calibration: the operating system's scheduler leaves a core
+    idle only while fewer ranks than cores can run, so the step takes at most the work over the
+    cores, W/P, plus (1 − 1/P) of the critical path L (Graham's bound for a greedy scheduler, 1969);
+    L is lesson 5's replay of the schedule with the blocks' CPU times and, after it, the most CPU
+    a stage spends outside its blocks (its optimizer, gradient synchronisation, messages). 0 for
+    a profile without them (one measured before they were)."""
+    from ..lesson5 import simulator as sim
+
+    if "cpu_step_s" not in profile:
+        return 0.0
+    p, m, v = run.pp, run.microbatches, run.chunks if run.pp > 1 else 1
+    step, fwd, bwd = (list(profile[k]) for k in ("cpu_step_s", "cpu_forward_s", "cpu_backward_s"))
+    cores = max(0.25, float(profile["cores"]))
+    work = sum(step) * run.world / p
+    schedule = "1f1b" if v == 1 else "interleaved"
+    durations = {op: (fwd if op.kind == "F" else bwd)[r] for r, ops in enumerate(sim.schedule_order(schedule, p, m, v))
+                 for op in ops}
+    blocks = sim.replay(schedule, p, m, v, durations).makespan
+    rest = max(step[i] - m * v * (fwd[i] + bwd[i]) for i in range(p))
+    return work / cores + max(0.0, 1 - 1 / cores) * (blocks + max(rest, 0.0))
 
 
 def predict_run(run: RunShape, profile: dict, accounts: list[dict[str, dict]], layers: list[int]) -> dict:
@@ -183,8 +224,11 @@ def predict_run(run: RunShape, profile: dict, accounts: list[dict[str, dict]], l
     (:func:`layer_s`), its ends (:func:`ends_s`) and its TP and CP calls (:func:`account_s`) per
     microbatch; lesson 5's simulator replays the schedule with these unequal stages (forward a third,
     backward two thirds) and one pipeline message (α + S·β) per hop; the gradients' all-reduce after
-    it, on the stage with the most. Terms as :data:`TERMS`, of the slowest stage; their sum is the
-    step."""
+    it, on the stage with the most: the critical path, the step where every rank has a core
+    (``cpus`` at least the world). With more ranks than cores the cores set the step instead: it is
+    :func:`cores_bound_s`, and ``cores_s`` is what that adds to the critical path's terms (less than
+    0 when the α-β prices, measured with every rank busy, count more waiting than the cores cause). Terms as
+    :data:`RUN_TERMS`, of the slowest stage; their sum is the step."""
     from ..lesson5 import simulator as sim
 
     m, p, v = run.microbatches, run.pp, run.chunks if run.pp > 1 else 1
@@ -209,9 +253,11 @@ def predict_run(run: RunShape, profile: dict, accounts: list[dict[str, dict]], l
     slow = max(range(p), key=lambda r: sum(slots[r]))
     dp = max(c.get("dp", 0.0) for c in priced)
     busy = m * sum(slots[slow])
-    return {"step_time_s": span + dp, "microbatches": m, "compute_s": m * slots[slow][0],
+    bound = cores_bound_s(run, profile)
+    cores = bound - span - dp if bound and run.world > profile.get("cpus", run.world) else 0.0
+    return {"step_time_s": span + dp + cores, "microbatches": m, "compute_s": m * slots[slow][0],
             "tp_comm_s": m * comm[slow][0], "cp_comm_s": m * comm[slow][1], "pp_comm_s": span - bare,
-            "bubble_s": bare - busy, "dp_comm_exposed_s": dp}
+            "bubble_s": bare - busy, "dp_comm_exposed_s": dp, "cores_s": cores}
 
 
 def planner_tp_calls(run: RunShape) -> dict[str, int]:
@@ -235,11 +281,12 @@ def _group_size(run: RunShape, dim: str) -> int:
 
 def compute(measured: dict) -> dict:
     """``distai calc plan --calibrate``'s JSON: {"calibrated": true, "run" (the RunShape's fields),
-    "profile" (the measured rates, load, CPUs, dtype), "prediction" (:func:`predict`)}."""
+    "profile" (the measured rates, load, CPUs, the ranks' CPU per step and the cores they got, dtype),
+    "prediction" (:func:`predict_run`), "planner" (:func:`predict`)}."""
     run = RunShape(**measured["run"])
     profile = measured["profile"]
     rates = {k: profile[k] for k in ("gemm_flops", "elementwise_bytes_per_s", "alpha_s", "beta_s_per_byte", "load",
-                                     "cpus", "measured_at")}
+                                     "cpus", "measured_at", "layer_s", "cpu_step_s", "cores") if k in profile}
     return {"calibrated": True, "run": run.as_dict(), "profile": dict(rates, dtype=profile["dtype"]),
             "prediction": predict_run(run, profile, measured["accounts"], measured["layers"]),
             "planner": predict(run, profile)}
@@ -261,6 +308,6 @@ def text(r: dict, lang: str | None = None) -> list[str]:
                    **{k: run[k] for k in ("dp", "tp", "pp", "cp", "ep", "layers", "hidden", "heads", "seq", "vocab")}),
         translated("checks", "calib_step", lang, step=t(pr["step_time_s"]), compute=t(pr["compute_s"]),
                    tp_comm=t(pr["tp_comm_s"]), cp_comm=t(pr["cp_comm_s"]), pp_comm=t(pr["pp_comm_s"]),
-                   bubble=t(pr["bubble_s"]), dp_comm=t(pr["dp_comm_exposed_s"])),
+                   bubble=t(pr["bubble_s"]), dp_comm=t(pr["dp_comm_exposed_s"]), cores=t(pr.get("cores_s", 0.0))),
         translated("checks", "calib_run_it", lang, ranks=world, dp=run["dp"], tp=run["tp"], pp=run["pp"]),
     ]
