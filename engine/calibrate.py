@@ -410,8 +410,8 @@ def check_step_time(ctx: Any, plan: Any, times: list[float], metered_step: int, 
     saved, now = box[0], _rates_now(ctx, run, plan.dtype)
     slow = max_over_ranks(_slow_collectives(run, now, account, seconds)) if seconds is not None else None
     clocks: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(clocks, {"cpu": cpu[0], "wait": cpu[1], "busy": cpu[2] if len(cpu) > 2 else 0.0,
-                                    "stage": plan_stage(ctx.rank, plan)})
+    dist.all_gather_object(clocks, {"cpu": cpu[0], "wait": cpu[1], "busy": cpu[2],
+                                    "stage": plan.shape.coords(ctx.rank)["pp"]})
     if ctx.rank != 0:
         return None
     accounts, layers = run_comm(plan)
@@ -445,12 +445,6 @@ def cores_left(clocks: list[dict], step_s: float, calibrated: float) -> float:
         return calibrated
     others = max(0.0, busy - sum(c["cpu"] for c in clocks)) / step_s
     return max(0.25, (os.cpu_count() or 1) - others)
-
-
-def plan_stage(rank: int, plan: Any) -> int:
-    """The pipeline stage of global ``rank`` on ``plan``'s mesh (rank = ((p·dp + d)·cp + c)·tp + t)."""
-    s = plan.shape
-    return rank // (s.dp * getattr(s, "cp", 1) * s.tp)
 
 
 def profile_fields(profile: dict, prefix: str) -> dict[str, float]:

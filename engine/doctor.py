@@ -133,7 +133,7 @@ def rank_timings(fns: dict[str, Any], repeats: int, device: torch.device, inner:
     """Every rank calls each of ``fns`` (collective: all ranks call the same ones) ``repeats``
     times, in rotating order so that they share the machine's load alike; each timing is started
     together (a barrier) and runs ``inner`` calls back to back (nccl-tests' loop: a scheduler's
-    hiccup is spread over them). Per fn, a (3, repeats) tensor of seconds per call: row 0 each
+    hiccup is spread over them). Per fn, a (4, repeats) tensor of seconds per call: row 0 each
     timing's wall time, as long as its slowest rank; row 1 the longest wait for a core of a rank's
     calling thread in it (its kernel run-queue delay, :func:`distai.engine.time_causes.run_queue_s`:
     runnable, not running; 0 where the kernel does not report it; at most the rank's wall time);

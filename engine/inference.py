@@ -334,7 +334,7 @@ class DecoderShard:
 
 @torch.no_grad()
 def generate(shard: DecoderShard, prompts: torch.Tensor, new_tokens: int, on_token=None,
-             meter: CommMeter | None = None, twin: DecoderShard | tuple[DecoderShard, ...] | None = None) -> dict:
+             meter: CommMeter | None = None, twins: tuple[DecoderShard, ...] = ()) -> dict:
     """Greedy decoding of a batch of equal-length prompts [B, s] with a contiguous cache (created if
     the shard has none). Works for one process and for tensor parallelism (the shard all-reduces).
     Returns ``tokens`` [B, new_tokens], ``prefill_s``, ``decode_s`` (the new_tokens − 1 decode
@@ -342,13 +342,12 @@ def generate(shard: DecoderShard, prompts: torch.Tensor, new_tokens: int, on_tok
     on-CPU time and run-queue delay, :class:`~distai.engine.time_causes.Window`), ``comm_prefill``
     and ``comm_decode`` (:func:`comm_counts`, with a ``meter``: it watches the whole run, at a
     Python cost per op that the times then include), ``kv_bytes`` (this rank's cache of the batch at
-    the end), ``kv_bytes_per_token``. ``twin``: another shard (no collectives), or several, that
-    runs each of its own prefill and decode steps right after this one's, timed in
-    ``twin_prefill_window`` and ``twin_decode_window`` (the first twin's; ``twin_windows``: every
-    twin's pair) — a measurement taken in the same seconds as the decode's."""
-    shards = twin if isinstance(twin, tuple) else (twin,) if twin is not None else ()
+    the end), ``kv_bytes_per_token``. ``twins``: other shards (no collectives), each running its own
+    prefill and decode steps right after this one's, timed in ``twin_windows`` (each twin's prefill
+    and decode :class:`~distai.engine.time_causes.Window`) — a measurement taken in the same seconds
+    as the decode's."""
     with meter if meter is not None else contextlib.nullcontext():
-        out = _generate(shard, prompts, new_tokens, on_token, [_Twin(t, prompts, new_tokens) for t in shards])
+        out = _generate(shard, prompts, new_tokens, on_token, [_Twin(t, prompts, new_tokens) for t in twins])
     return {**out, "comm_prefill": comm_counts(meter, "prefill"), "comm_decode": comm_counts(meter, "decode")}
 
 
@@ -400,8 +399,7 @@ def _generate(shard: DecoderShard, prompts: torch.Tensor, new_tokens: int, on_to
             if on_token:
                 on_token(step, nxt)
     stored = s + new_tokens - 1
-    extra = {"twin_prefill_window": twins[0].prefill, "twin_decode_window": twins[0].decode,
-             "twin_windows": [(t.prefill, t.decode) for t in twins]} if twins else {}
+    extra = {"twin_windows": [(t.prefill, t.decode) for t in twins]} if twins else {}
     return {"tokens": torch.stack(out, 1).cpu(), "prefill_s": prefill.wall_s, "decode_s": decode.wall_s,
             "decode_steps": new_tokens - 1, "prefill_window": prefill, "decode_window": decode, **extra,
             "kv_bytes": shard.cache.bytes_per_token * stored * B,

@@ -362,9 +362,9 @@ def exposed_check(model, opt, x, y, ab: tuple[float, float], world: int, cap: fl
     """Communication exposed after backward in ``steps`` recorded overlapped steps against the
     overlap model (:func:`~distai.lessons.lesson6.simulation.exposed_comm_causes`), on average: every
     rank's bucket launches gathered (one host's wall clock), after each step its buckets' all-reduces
-    timed alone; the rank with the most exposed time reported. Also this rank's last step for the
-    trace (``comm_trace.trace_causes``' blocks, collectives, waits: its exposed communication as one
-    wait, its peer wait first)."""
+    timed alone; the rank with the most exposed time reported. Also this rank's steps for the trace
+    (``comm_trace.trace_causes``' blocks, collectives, waits: each step's exposed communication as
+    one collective, its peer wait first)."""
     alpha, beta = ab
     samples = [_exposed_sample(record_timeline("overlap", model, opt, x, y), device) for _ in range(steps)]
     everyone: list = [None] * world

@@ -162,7 +162,7 @@ def tp_decode(cfg, w, prompts, n, ref, ctx) -> dict:
     twins = (overhead_twin(cfg, sh.dtype, ctx), compute_twin(cfg, w, sh.dtype, ctx))
     if W > 1:
         dist.barrier()  # the ranks start the timed decode together
-    r = generate(sh, prompts, n, on_token=on_token, twin=twins)
+    r = generate(sh, prompts, n, on_token=on_token, twins=twins)
     spans, sh.tp.spans = sh.tp.spans, None
     sh.cache = None  # the metered decode: a fresh cache on the same shard (no second copy of the weights)
     counted = generate(sh, prompts, min(n, METERED_TOKENS), meter=CommMeter())
@@ -280,10 +280,15 @@ def this_machine(cfg, prompts, dtype: torch.dtype, ctx) -> planner.Hardware:
 def overhead_twin(cfg, dtype: torch.dtype, ctx) -> DecoderShard:
     """This rank's tensor-parallel shard with every width shrunk (head dimension 2, MLP 8) and its
     all-reduces skipped: the same operations with next to no arithmetic and no communication. Run
-    as the decode's twin (``generate(..., twin=...)``), each of its steps right after the real one,
+    as the decode's twin (``generate(..., twins=...)``), each of its steps right after the real one,
     its on-CPU time is the Python and kernel-launch overhead of those operations, then and there."""
     tiny = dataclasses.replace(cfg, hidden=2 * cfg.heads, ffn=8)
-    sh = DecoderShard(tiny, build_model(tiny, 0, dtype), tp_rank=ctx.rank, tp_size=ctx.world_size, device=ctx.device)
+    return _silent_shard(tiny, build_model(tiny, 0, dtype), ctx)
+
+
+def _silent_shard(cfg, w, ctx) -> DecoderShard:
+    """This rank's tensor-parallel shard of ``w`` with its all-reduces skipped (a twin's)."""
+    sh = DecoderShard(cfg, w, tp_rank=ctx.rank, tp_size=ctx.world_size, device=ctx.device)
     sh.tp.skip_sites = frozenset({"attn.g", "mlp.g"})  # a decode step's only collectives
     return sh
 
@@ -293,10 +298,9 @@ def compute_twin(cfg, w, dtype: torch.dtype, ctx) -> DecoderShard:
     without its communication. Run as the decode's twin, each of its steps right after the real one,
     its on-CPU time is the compute (and the per-operation overhead) measured on its own, then and
     there: in the same seconds, on the same cores as the decode."""
-    sh = DecoderShard(cfg, w, tp_rank=ctx.rank, tp_size=ctx.world_size, device=ctx.device)
+    sh = _silent_shard(cfg, w, ctx)
     if sh.dtype != dtype:
         raise RuntimeError(f"the compute twin holds {sh.dtype}, the decode {dtype}")
-    sh.tp.skip_sites = frozenset({"attn.g", "mlp.g"})  # a decode step's only collectives
     return sh
 
 
@@ -322,8 +326,8 @@ def serving_checks(cfg, prompts, n: int, r: dict, spans: list[tuple[float, float
     waits, slow, in_comm = found["peer_wait"], found["slow"], found["on_cpu"]  # in_comm: part of α-β
     for name, window, part in (("ttft", r["prefill_window"], slice(0, k)), ("tpot", r["decode_window"], slice(k, None))):
         trace_causes(ctx.events, window.blocks, spans[part], waits[part], names="all_reduce", check=name)
-    p, d, tp_, td = r["prefill_window"], r["decode_window"], r["twin_prefill_window"], r["twin_decode_window"]
-    cp, cd = r["twin_windows"][1]  # the compute twin's
+    p, d = r["prefill_window"], r["decode_window"]
+    (tp_, td), (cp, cd) = r["twin_windows"]  # the overhead twin's, the compute twin's
     mine = {"ttft": (p.wall_s, tp_.cpu_s, cp.cpu_s - tp_.cpu_s, p.run_queue_s, sum(waits[:k]), sum(slow[:k]),
                      p.cpu_s - sum(in_comm[:k])),
             "tpot": (d.wall_s / steps, td.cpu_s / steps, (cd.cpu_s - td.cpu_s) / steps, d.run_queue_s / steps,
