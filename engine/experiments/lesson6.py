@@ -380,7 +380,7 @@ def exposed_check(model, opt, x, y, ab: tuple[float, float], world: int, cap: fl
                                         [ring_allreduce_time(n, world, alpha, beta) for n in own["bytes"]],
                                         own["backward_end"])
             parts.update(measured=own["comm_done"] - own["backward_end"], alone=sum(own["alone"]))
-            # the trace draws a step's wait inside its exposed time: cut there when the model's wait is longer
+            # the trace draws a step's wait inside its exposed time, never below 0: cut to that
             parts["wait_drawn"] = max(0.0, min(parts["peer_wait"], parts["measured"]))
             for key, v in parts.items():
                 totals[r][key] += v / steps
