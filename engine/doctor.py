@@ -24,6 +24,8 @@ import torch.distributed as dist
 
 from ..lessons.lesson1.formulas import algbw, alpha_beta_fit, busbw, busbw_factor
 from .runtime import timed_collective
+from .time_causes import collective_alone, process_run_queue_s
+from .time_causes import run_queue_s as thread_run_queue_s
 
 MiB = 1 << 20
 
@@ -140,8 +142,6 @@ def rank_timings(fns: dict[str, Any], repeats: int, device: torch.device, inner:
     row 2 the first less the second: the timing without the wait of the rank that held the others
     back (in a collective every rank waits for the one that waited for a core); row 3 the longest
     of the ranks' own times without their own wait (for a fn that does not communicate)."""
-    from .time_causes import run_queue_s as thread_run_queue_s
-
     names = list(fns)
     times = torch.zeros(3, len(names), repeats, dtype=torch.float64)
     for i in range(repeats):
@@ -172,23 +172,6 @@ def slowest_rank_times(fns: dict[str, Any], repeats: int, device: torch.device, 
     return {name: getattr(t[0], stat)().item() for name, t in rank_timings(fns, repeats, device, inner).items()}
 
 
-def run_queue_s() -> float:
-    """Seconds this process's threads have waited for a core, runnable but not running (Linux
-    ``/proc/self/task/*/schedstat``, its second field; 0 where the kernel does not keep it)."""
-    total = 0
-    try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:
-        return 0.0
-    for task in tasks:
-        try:
-            with open(f"/proc/self/task/{task}/schedstat") as f:
-                total += int(f.read().split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    return total / 1e9
-
-
 class CoreWait:
     """``with CoreWait(device) as w: …`` (or ``w = CoreWait(device).start(); …; w.stop()``): over the block, this process's CPU time per wall second
     (``cpu_per_wall``) and its threads' wait for a core per wall second (``run_queue_share``, the
@@ -201,14 +184,14 @@ class CoreWait:
         self.cpu_per_wall = self.run_queue_share = 0.0
 
     def start(self) -> CoreWait:
-        self._cpu, self._wall, self._queue = time.process_time(), time.perf_counter(), run_queue_s()
+        self._cpu, self._wall, self._queue = time.process_time(), time.perf_counter(), process_run_queue_s()
         return self
 
     def stop(self) -> None:
         """The figures since :meth:`start` (every rank of the group calls it)."""
         wall = max(time.perf_counter() - self._wall, 1e-9)
         self.cpu_per_wall = (time.process_time() - self._cpu) / wall
-        share = torch.tensor([(run_queue_s() - self._queue) / wall], dtype=torch.float64, device=self.device)
+        share = torch.tensor([(process_run_queue_s() - self._queue) / wall], dtype=torch.float64, device=self.device)
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(share, op=dist.ReduceOp.MAX)
         self.run_queue_share = share.item()
@@ -295,12 +278,30 @@ def _allreduce_rows(world_size: int, sizes: list[int], repeats: int, device: tor
     return results
 
 
-def group_allreduce_times(sizes: list[int], repeats: int = 5, device_type: str = "cpu") -> list[dict]:
+def group_allreduce_times(sizes: list[int], repeats: int = 5, device_type: str = "cpu",
+                          contention_apart: bool = False) -> list[dict]:
     """On every rank of the running (world) group: :func:`_allreduce_rows`, 10 calls back
-    to back per sample (as a step issues them); [] on one rank."""
+    to back per sample (as a step issues them); [] on one rank. ``contention_apart``: each size
+    timed alone instead, one call at a time less the longest wait for a core of a rank's threads
+    in it (``time_causes.collective_alone``), for a check that counts CPU contention as a cause of
+    its own (lessons 4 and 7)."""
     n = dist.get_world_size() if dist.is_initialized() else 1
     device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
-    return _allreduce_rows(n, sizes, repeats, device, back_to_back=10) if n > 1 else []
+    if n < 2:
+        return []
+    if not contention_apart:
+        return _allreduce_rows(n, sizes, repeats, device, back_to_back=10)
+    rows = []
+    for size in sizes:
+        buf = torch.zeros(max(1, size // 4), dtype=torch.float32, device=device)
+
+        def reduce(buf=buf) -> None:
+            dist.all_reduce(buf)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+
+        rows.append({"bytes": size, "time_s": collective_alone(reduce, repeats, device=device, run_queue_apart=True)})
+    return rows
 
 
 def fit_alpha_beta(rows: list[dict], n: int) -> tuple[float, float]:
@@ -312,10 +313,11 @@ def fit_alpha_beta(rows: list[dict], n: int) -> tuple[float, float]:
     return max(a, 0.0) / (2 * (n - 1)), max(b, 0.0) / busbw_factor(n)
 
 
-def group_alpha_beta(sizes: list[int], repeats: int = 5, device_type: str = "cpu") -> tuple[float, float]:
+def group_alpha_beta(sizes: list[int], repeats: int = 5, device_type: str = "cpu",
+                     contention_apart: bool = False) -> tuple[float, float]:
     """α and β of the running group, on every rank (:func:`group_allreduce_times`, :func:`fit_alpha_beta`)."""
     n = dist.get_world_size() if dist.is_initialized() else 1
-    return fit_alpha_beta(group_allreduce_times(sizes, repeats, device_type), n)
+    return fit_alpha_beta(group_allreduce_times(sizes, repeats, device_type, contention_apart), n)
 
 
 def concurrent_pairs_alpha_beta(sizes: tuple[int, ...] = (64, MiB), repeats: int = 5, back_to_back: int = 10,

@@ -18,14 +18,17 @@ own, never taken as measured − predicted:
 """
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["Window", "collective_alone", "collective_causes", "copy_bandwidth", "matmul_rate", "run_queue_s"]
+__all__ = ["Window", "collective_alone", "collective_causes", "copy_bandwidth", "longest_thread_wait_s", "matmul_rate",
+           "process_run_queue_s", "run_queue_s", "step_contention", "threads_run_queue_s"]
 
 _SCHEDSTAT = "/proc/thread-self/schedstat"
 #: the blocks of a :class:`Window` whose bounds it keeps (a trace draws a few steps, not a sweep)
@@ -43,6 +46,30 @@ def _run_delay(path: str) -> float:
 def run_queue_s() -> float:
     """Seconds the calling thread has waited on a run queue so far (0.0 where not reported)."""
     return _run_delay(_SCHEDSTAT)
+
+
+def threads_run_queue_s() -> dict[str, float]:
+    """Seconds each thread of this process has waited for a core so far, runnable but not running
+    (``/proc/self/task/*/schedstat``; empty where not reported)."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return {}
+    return {task: _run_delay(f"/proc/self/task/{task}/schedstat") for task in tasks}
+
+
+def process_run_queue_s() -> float:
+    """Seconds this process's threads have waited for a core so far, summed over them (threads
+    that wait at once each count: a share of the machine's load, not a delay)."""
+    return sum(threads_run_queue_s().values())
+
+
+def longest_thread_wait_s(before: dict[str, float]) -> float:
+    """The most any one thread of this process has waited for a core since ``before``
+    (:func:`threads_run_queue_s`). A collective's work runs on the backend's threads (gloo's) while
+    the calling thread sleeps, so its delay is theirs, not the caller's; the longest, not the sum:
+    threads that wait at the same moment delay it once."""
+    return max((q - before.get(task, 0.0) for task, q in threads_run_queue_s().items()), default=0.0)
 
 
 @dataclass
@@ -70,16 +97,19 @@ class Window:
             self.blocks.append((t, time.time()))
 
 
-def collective_causes(spans: list[tuple[float, float, float, float]], expected_s: list[float],
+def collective_causes(spans: Sequence[Sequence[float]], expected_s: list[float],
                       group: Any = None) -> dict[str, list[float]]:
     """For each collective this rank entered and left at ``spans[i][:2]`` (wall-clock seconds),
-    having waited ``spans[i][2]`` on a run queue and run ``spans[i][3]`` on a CPU meanwhile:
-    ``peer_wait``, how long it waited for the last rank of ``group`` to arrive; ``slow``, how much
-    longer than ``expected_s[i]`` (its α-β time, the caller's CPU time in it included) it took once
-    every rank had arrived, its run-queue delay apart (that is CPU contention, counted by the
-    caller's :class:`Window`; negative: faster); ``on_cpu``, its CPU time (part of the α-β time: a
-    caller takes it out of the region's compute). Every rank calls it with its spans of the same
-    collectives."""
+    having waited ``spans[i][2]`` on a run queue and run ``spans[i][3]`` on a CPU meanwhile, and
+    its threads at most ``spans[i][4]`` (:func:`longest_thread_wait_s`; the caller's wait where
+    absent): ``peer_wait``, how long it waited for the last rank of ``group`` to arrive;
+    ``contention``, the longest wait for a core any rank's threads had in it (a collective ends
+    when every rank's part has run), at most its time once every rank had arrived;
+    ``slow``, how much longer than ``expected_s[i]`` (its α-β time, the caller's CPU time in it
+    included) it took once every rank had arrived, that contention apart (the caller counts it as
+    CPU contention, :func:`step_contention`; negative: faster); ``on_cpu``, its CPU time (part of
+    the α-β time: a caller takes it out of the region's compute). Every rank calls it with its spans
+    of the same collectives."""
     everyone: list[Any] = [list(spans)]
     if dist.is_initialized() and dist.get_world_size(group) > 1:
         everyone = [None] * dist.get_world_size(group)
@@ -87,27 +117,50 @@ def collective_causes(spans: list[tuple[float, float, float, float]], expected_s
     if any(len(a) != len(spans) for a in everyone):
         raise RuntimeError("the ranks entered different numbers of collectives")
     last = [max(a[i][0] for a in everyone) for i in range(len(spans))]
+    # a wait before the last rank arrived is waiting for a peer, not a delay of the collective
+    contention = [min(max(a[i][-1] if len(a[i]) > 4 else a[i][2] for a in everyone), max(0.0, s[1] - max(t, s[0])))
+                  for i, (t, s) in enumerate(zip(last, spans))]
     return {"peer_wait": [t - s[0] for t, s in zip(last, spans)], "on_cpu": [s[3] for s in spans],
-            "slow": [s[1] - max(t, s[0]) - s[2] - e for t, s, e in zip(last, spans, expected_s, strict=True)]}
+            "contention": contention,
+            "slow": [s[1] - max(t, s[0]) - c - e for t, s, c, e in zip(last, spans, contention, expected_s, strict=True)]}
 
 
-def collective_alone(fn: Any, repeats: int = 3, group: Any = None, device: Any = "cpu") -> float:
+def step_contention(window_run_queue_s: float, spans: Sequence[Sequence[float]], contention: list[float]) -> float:
+    """A step's CPU contention: its own run-queue delay (``window_run_queue_s``, a
+    :class:`Window` over the step), in its collectives (``spans[i][2]``) replaced by the longest
+    any rank had there (:func:`collective_causes`' ``contention``: a collective waits for every
+    rank's part)."""
+    return window_run_queue_s - sum(s[2] for s in spans) + sum(contention)
+
+
+def collective_alone(fn: Any, repeats: int = 3, group: Any = None, device: Any = "cpu",
+                     run_queue_apart: bool = False) -> float:
     """Seconds the collective ``fn`` (every rank of ``group`` calls it) takes alone, apart from the
     step whose time it explains: from the moment the last rank entered it to this rank's return (the
     ranks' skew leaving the barrier before it taken out; one host's wall clock), the median of
-    ``repeats`` after a warm-up. ``fn`` synchronizes its device; ``device``: where the group reduces."""
+    ``repeats`` after a warm-up. ``fn`` synchronizes its device; ``device``: where the group reduces.
+    ``run_queue_apart``: less the longest wait for a core any rank's threads had in each call
+    (:func:`longest_thread_wait_s`), as :func:`collective_causes`' ``slow`` is, for a caller that
+    counts the step's contention on its own (:func:`step_contention`)."""
     fn()  # warm-up: connections and buffers
-    marks = torch.zeros(repeats, 2, dtype=torch.float64)
+    marks = torch.zeros(2, repeats, dtype=torch.float64)  # entered, run-queue delay (every rank's max)
+    left = torch.zeros(repeats, dtype=torch.float64)
     for i in range(repeats):
         if dist.is_initialized():
             dist.barrier(group=group)
-        marks[i, 0] = time.time()
+        queued = threads_run_queue_s() if run_queue_apart else {}
+        marks[0, i] = time.time()
         fn()
-        marks[i, 1] = time.time()
-    entered = marks[:, 0].clone().to(device)
+        left[i] = time.time()
+        marks[1, i] = longest_thread_wait_s(queued) if run_queue_apart else 0.0
+    own_entry = marks[0].clone()
+    marks = marks.to(device)
     if dist.is_initialized() and dist.get_world_size(group) > 1:
-        dist.all_reduce(entered, op=dist.ReduceOp.MAX, group=group)
-    return float((marks[:, 1] - torch.maximum(entered.cpu(), marks[:, 0])).median())
+        dist.all_reduce(marks, op=dist.ReduceOp.MAX, group=group)
+    marks = marks.cpu()
+    took = left - torch.maximum(marks[0], own_entry)
+    # a thread's wait before the last rank entered is not the call's: at most the call's own time
+    return float((took - torch.minimum(marks[1], took)).median())
 
 
 def matmul_rate(dtype: torch.dtype = torch.float32, device: Any = "cpu", n: int = 256, repeats: int = 5) -> float:

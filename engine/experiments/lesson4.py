@@ -77,7 +77,7 @@ from ..tensor_parallel import (
     shard_dense_state,
     sync_tp_grads,
 )
-from ..time_causes import Window, collective_alone, collective_causes
+from ..time_causes import Window, collective_alone, collective_causes, step_contention
 
 #: the GPT the run splits (its size flags default to this)
 DEFAULT_MODEL = ModelSize(vocab=512, hidden=128, heads=8, layers=2, seq=64, dropout=0.1)
@@ -322,7 +322,8 @@ def comm_prediction(records: list[CommRecord], alpha: float, beta: float, backen
 def alone_seconds(records: list[CommRecord], dtype: torch.dtype) -> list[float]:
     """Seconds each of a step's collectives (``records``: op, bytes, ranks) takes alone, outside
     the step (:func:`~distai.engine.time_causes.collective_alone`, the same op on buffers of the
-    same bytes; the median of 3 timings per distinct collective). Every rank calls it with the same records."""
+    same bytes, the threads' wait for a core apart; the median of 3 timings per distinct
+    collective). Every rank calls it with the same records."""
     elem = torch.empty((), dtype=dtype).element_size()
     took: dict[tuple[str, int], float] = {}
     for r in records:
@@ -341,7 +342,7 @@ def alone_seconds(records: list[CommRecord], dtype: torch.dtype) -> list[float]:
                 dist.all_reduce(full)
             device_sync(DEVICE)
 
-        took[key] = collective_alone(op, repeats=3, device=DEVICE)
+        took[key] = collective_alone(op, repeats=3, device=DEVICE, run_queue_apart=True)
     return [took[(r.op, r.payload_bytes)] for r in records]
 
 
@@ -350,10 +351,12 @@ def time_steps(cfg: GPTConfig, batch: int, sp: bool, steps: int, records: list[C
     """``steps`` tensor-parallel training steps (forward, backward, gradient sync), each started at
     a barrier, against their compute + α-β collectives (``records``: the collectives of one step).
     Measured: the steps' wall time on this rank, its on-CPU time outside the collectives (compute
-    and Python: the prediction's compute), its run-queue delay (CPU contention), and at each collective the wait
-    for the last peer. After each step, all-reduces of the step's sizes (``doctor.group_allreduce_times``):
-    α and β measured in the same minutes; and each of the step's collectives timed alone
-    (:func:`alone_seconds`): beyond α-β, the collectives' slowness, measured apart from the step."""
+    and Python: the prediction's compute), its run-queue delay and in each collective the longest
+    any rank's threads had (CPU contention, ``time_causes.step_contention``: gloo's threads do a
+    collective's work), and at each collective the wait for the last peer. After each step,
+    all-reduces of the step's sizes timed alone, their contention apart: α and β measured in the same
+    minutes; and each of the step's collectives timed the same way (:func:`alone_seconds`): beyond
+    α-β, the collectives' slowness, measured apart from the step."""
     tp = TPGroup(sequence_parallel=sp, regather=regather)
     model = apply_tp(GPT(cfg, seed=seed, dtype=dtype, device=DEVICE), tp)
     model.set_masks(DropoutMasks(cfg.dropout, seed=seed))
@@ -370,19 +373,20 @@ def time_steps(cfg: GPTConfig, batch: int, sp: bool, steps: int, records: list[C
             device_sync(DEVICE)
         if step:
             spans.append(tp.spans)
-            rows += group_allreduce_times(sweep_sizes(records), repeats=1, device_type=DEVICE.type)
+            rows += group_allreduce_times(sweep_sizes(records), repeats=3, device_type=DEVICE.type, contention_apart=True)
             alone += sum(alone_seconds(records, dtype))
     alpha, beta = fit_alpha_beta(rows, tp.size)
     expected = comm_prediction(records, alpha, beta, backend)
-    waited, in_comm, waits = 0.0, 0.0, []
+    waited, in_comm, waits, contention = 0.0, 0.0, [], window.run_queue_s
     for step_spans in spans:
         found = collective_causes(step_spans, expected)
         waited += sum(found["peer_wait"])
         in_comm += sum(found["on_cpu"])  # the collectives' own CPU time is in their α-β time
         waits += found["peer_wait"]
+        contention = step_contention(contention, step_spans, found["contention"])
     return {"trace": (window.blocks, [s for step_spans in spans for s in step_spans], waits),
             "wall_s": window.wall_s / steps, "cpu_s": (window.cpu_s - in_comm) / steps, "comm_s": sum(expected),
-            "alpha": alpha, "beta": beta, "run_queue_s": window.run_queue_s / steps,
+            "alpha": alpha, "beta": beta, "run_queue_s": contention / steps,
             "peer_wait_s": waited / steps, "slow_collective_s": alone / steps - sum(expected),
             "alone_s": alone / steps, "collectives": len(expected)}
 

@@ -95,7 +95,7 @@ from ..mesh_args import DECODE_MODEL, DECODE_SIZE_FLAGS, check_decode_parts
 from ..metering import CommMeter
 from ..model import ModelConfigError
 from ..paged_kv import ContinuousBatcher, compare_prefix_sharing, paged_store
-from ..time_causes import collective_causes, copy_bandwidth, matmul_rate
+from ..time_causes import collective_causes, copy_bandwidth, matmul_rate, step_contention
 
 DEFAULT_MODEL = DECODE_MODEL  # the GPT this lesson serves, in Llama's shape (its size flags default to this)
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -271,7 +271,8 @@ def this_machine(cfg, prompts, dtype: torch.dtype, ctx) -> planner.Hardware:
     B, s = prompts.shape
     elem = torch.empty((), dtype=dtype).element_size()
     sizes = sorted({B * cfg.hidden * elem, B * s * cfg.hidden * elem, 8 * B * s * cfg.hidden * elem})
-    alpha, beta = group_alpha_beta(sizes, repeats=3, device_type=ctx.device.type)
+    # timed alone, the cores' contention apart: the checks count it as a cause of its own
+    alpha, beta = group_alpha_beta(sizes, repeats=3, device_type=ctx.device.type, contention_apart=True)
     return planner.Hardware(gpus=ctx.world_size, gpu_memory=1.0, bandwidth=copy_bandwidth(ctx.device),
                             flops=matmul_rate(dtype, ctx.device), link_bandwidth=1 / beta if beta > 0 else 1e30,
                             alpha=alpha)
@@ -304,7 +305,7 @@ def compute_twin(cfg, w, dtype: torch.dtype, ctx) -> DecoderShard:
     return sh
 
 
-def serving_checks(cfg, prompts, n: int, r: dict, spans: list[tuple[float, float, float, float]], k: int,
+def serving_checks(cfg, prompts, n: int, r: dict, spans: list, k: int,
                    dtype: torch.dtype, ctx) -> list[Check]:
     """TTFT (the batch's prefill) and TPOT (a decode step) of the tensor-parallel decode ``r``
     against the planner (``planner.ttft``, ``planner.tpot``) on this machine's measured hardware;
@@ -312,7 +313,8 @@ def serving_checks(cfg, prompts, n: int, r: dict, spans: list[tuple[float, float
     each measured on its own: the per-operation overhead (the twin's on-CPU time, step by step beside
     the decode), compute slower than the roofline (:func:`compute_twin`'s on-CPU time, the same steps
     without communication beside the decode, less the overhead, beyond the roofline), CPU contention
-    (the decode's run-queue delay), waiting for a peer, all-reduces slower than α-β (their spans).
+    (the decode's run-queue delay, in its all-reduces the longest any rank's threads had:
+    ``time_causes.step_contention``), waiting for a peer, all-reduces slower than α-β (their spans).
     What the decode's own on-CPU time outside its all-reduces (``on_cpu_s`` in the detail) adds to
     the compute alone stays unexplained. The figures are the slowest rank's (every rank returns the
     same checks)."""
@@ -328,9 +330,11 @@ def serving_checks(cfg, prompts, n: int, r: dict, spans: list[tuple[float, float
         trace_causes(ctx.events, window.blocks, spans[part], waits[part], names="all_reduce", check=name)
     p, d = r["prefill_window"], r["decode_window"]
     (tp_, td), (cp, cd) = r["twin_windows"]  # the overhead twin's, the compute twin's
-    mine = {"ttft": (p.wall_s, tp_.cpu_s, cp.cpu_s - tp_.cpu_s, p.run_queue_s, sum(waits[:k]), sum(slow[:k]),
+    queued = (step_contention(p.run_queue_s, spans[:k], found["contention"][:k]),
+              step_contention(d.run_queue_s, spans[k:], found["contention"][k:]))
+    mine = {"ttft": (p.wall_s, tp_.cpu_s, cp.cpu_s - tp_.cpu_s, queued[0], sum(waits[:k]), sum(slow[:k]),
                      p.cpu_s - sum(in_comm[:k])),
-            "tpot": (d.wall_s / steps, td.cpu_s / steps, (cd.cpu_s - td.cpu_s) / steps, d.run_queue_s / steps,
+            "tpot": (d.wall_s / steps, td.cpu_s / steps, (cd.cpu_s - td.cpu_s) / steps, queued[1] / steps,
                      sum(waits[k:]) / steps, sum(slow[k:]) / steps, (d.cpu_s - sum(in_comm[k:])) / steps)}
     everyone: list[Any] = [mine]
     if W > 1:

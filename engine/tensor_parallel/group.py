@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from ..collectives import all_gather_into, reduce_scatter_into
 from ..metering import comm_scope
-from ..time_causes import run_queue_s
+from ..time_causes import longest_thread_wait_s, run_queue_s, threads_run_queue_s
 
 
 class TPGroup:
@@ -39,19 +39,21 @@ class TPGroup:
         self.skip_sites = frozenset(skip_sites)
         #: the widest logits any rank's loss held (vocab-parallel: V/T, never V)
         self.max_logits_width = 0
-        #: when a list: the wall-clock times this rank entered and left each collective, and the
-        #: run-queue delay and on-CPU time it had meanwhile (the peers' wait, the collective's own
-        #: time, ``engine/time_causes.collective_causes``)
-        self.spans: list[tuple[float, float, float, float]] | None = None
+        #: when a list: the wall-clock times this rank entered and left each collective, the
+        #: run-queue delay and on-CPU time it had meanwhile, and the longest wait for a core of any
+        #: of its threads, the backend's included (``engine/time_causes.collective_causes``)
+        self.spans: list[tuple[float, float, float, float, float]] | None = None
 
     @contextmanager
     def _timed(self) -> Iterator[None]:
         if self.spans is None:
             yield
             return
-        t0, q0, c0 = time.time(), run_queue_s(), time.thread_time()
+        threads = threads_run_queue_s()  # read outside the span: its cost is the step's, not the collective's
+        q0, c0, t0 = run_queue_s(), time.thread_time(), time.time()
         yield
-        self.spans.append((t0, time.time(), run_queue_s() - q0, time.thread_time() - c0))
+        t1, c1, q1 = time.time(), time.thread_time(), run_queue_s()
+        self.spans.append((t0, t1, q1 - q0, c1 - c0, longest_thread_wait_s(threads)))
 
     @property
     def splits_sequence(self) -> bool:
