@@ -310,16 +310,20 @@ def layer_forward_seconds(*, hidden: int, heads: int, seq: int, micro_batch: int
                           tp: int = 1, cp: int = 1, sequence_parallel: bool = False, flash: bool = False,
                           peak_flops: float, hbm_bandwidth: float, peak_fraction: float,
                           half_width: float, attention_width: float | None = None,
-                          linear_flops: float | None = None) -> dict[str, float]:
+                          linear_flops: float | None = None,
+                          linear_efficiency: float | None = None) -> dict[str, float]:
     """One layer's forward for one microbatch on one GPU, in seconds: {"gemm_s", "attention_s",
     "memory_s", "total_s", "gemm_efficiency"} (the model in the comment above). ``attention_width``: the
     attention core's a·(d_qk + d_v)/2 when it is not h; ``linear_flops``: the peak the linear layers'
     GEMMs run at when it is not ``peak_flops`` (FP8 GEMMs: the FP8 peak; the attention core stays at
-    ``peak_flops``)."""
+    ``peak_flops``); ``linear_efficiency``: with ``linear_flops``, the fraction of it the linear GEMMs reach
+    as measured on the run's own shapes (DeepSeek-V3's FP8 GEMMs, DeepGEMM's published TFLOP/s), in place of
+    the fitted E/(1 + w½·(t/h + cp/(b·s)))."""
     h, a, s, b = hidden, heads, seq, micro_batch
     tokens = s * b / cp
     eff = gemm_efficiency(h, tokens, tp, peak_fraction, half_width, cp)
-    gemm = 2 * tokens * layer_params / tp / ((linear_flops or peak_flops) * eff)
+    linear_eff = linear_efficiency if (linear_flops and linear_efficiency) else eff
+    gemm = 2 * tokens * layer_params / tp / ((linear_flops or peak_flops) * linear_eff)
     attn_flops = 4 * b * s * (s / cp) * (attention_width or h) / tp * (0.5 if flash else 1.0)
     attention = attn_flops / (peak_flops * peak_fraction)
     sbh = tokens * h

@@ -116,6 +116,10 @@ class Cluster:
     gemm_half_width: float = GEMM_HALF_WIDTH
     flash_attention: bool = True
     linear_flops: float | None = None  # peak of the linear layers' GEMMs when not ``flops`` (FP8: its own peak)
+    linear_efficiency: float | None = None  # with linear_flops: the fraction of it the linear GEMMs reach, measured
+    #                                          on the run's shapes (None: the fitted E and w½)
+    quantize_bytes_per_token: float = 0.0  # HBM bytes per token and layer, per training step, that casting to
+    #                                        FP8 adds outside the GEMMs (DeepSeek-V3's fine-grained FP8)
     compute_share: float = 1.0  # share of the SMs that compute (DeepSeek-V3 gives 20 of 132 to communication)
     expert_a2a_overlap: bool = False  # the MoE all-to-all hidden behind other work (DeepSeek's DualPipe)
     expert_dispatch_bytes: float = 2.0  # bytes per element the dispatch sends (bf16; FP8 with its scales: 1.03)
@@ -350,8 +354,11 @@ def _compute_per_microbatch(model: ModelSpec, cluster: Cluster, c: Config, stage
                                   peak_flops=cluster.flops * share, hbm_bandwidth=cluster.hbm_bandwidth,
                                   peak_fraction=cluster.gemm_peak_fraction, half_width=cluster.gemm_half_width,
                                   attention_width=model.attention_width,
-                                  linear_flops=(cluster.linear_flops or cluster.flops) * share)
-    layer = f.layer_train_seconds(fwd, recompute)
+                                  linear_flops=(cluster.linear_flops or cluster.flops) * share,
+                                  linear_efficiency=cluster.linear_efficiency if cluster.linear_flops else None)
+    # the FP8 casts outside the GEMMs (memory-bound, once per step: a recomputed forward is not counted again)
+    quantize = b * model.seq / c.cp / c.tp * cluster.quantize_bytes_per_token / cluster.hbm_bandwidth
+    layer = f.layer_train_seconds(fwd, recompute) + quantize
     logits = 3 * 2 * b * model.seq / c.cp * model.hidden * model.vocab / c.tp / (
         cluster.flops * share * fwd["gemm_efficiency"])
     # the output layer's GEMM runs on the last stage only, which then holds its layers (one slot fewer when

@@ -110,6 +110,8 @@ class Hardware(TypedDict, total=False):
     gemm_peak_fraction: float
     flash_attention: bool
     linear_flops: float
+    linear_efficiency: float
+    quantize_bytes_per_token: float
     compute_share: float
     expert_a2a_overlap: bool
     expert_dispatch_bytes: float
@@ -240,11 +242,65 @@ BLOOM = Published("bloom-176b", pl.ModelSpec(176.2e9, 70, 14336, 112, 112, 2048,
 DEEPSEEK_V3_PARAMS = 671e9 + 11.61e9 + 129280 * 7168
 DEEPSEEK_V3_MODEL = pl.ModelSpec(DEEPSEEK_V3_PARAMS, 62, 7168, 128, 128, 4096, 129280, experts=256, top_k=8,
                                  expert_ffn=2048, shared_experts=1, moe_layers=59, qk_head_dim=192, v_head_dim=128)
-# H800 as DeepSeek ran it: the linear layers' GEMMs in FP8 at the FP8 dense peak (2 × 989 TFLOP/s; the
-# attention core, the output head and the gating in bf16), 112 of its 132 SMs computing (20 run the
+
+# DeepSeek-V3's FP8 linear layers, per token (Sec. 4.2's shapes: h 7168, query latent 1536, KV latent 512
+# plus the 64-wide shared RoPE key, 128 heads of 128 + 64 (q·k) and 128 (v), experts 2048 wide): (name, K
+# the input width, N the output width, copies per token, the DeepGEMM row), the row's measured TFLOP/s on
+# H800 at M = 4096 rows, one microbatch of one 4K sequence (DeepGEMM README as first published,
+# deepseek-ai/DeepGEMM commit a6d97a1, 2025-02-25: "Normal GEMMs for dense models" and, for the routed
+# experts, "Grouped GEMMs for MoE models (contiguous layout)", 4 groups of 8192 rows: EP 64 puts 256 / 64 = 4
+# experts on a GPU, each receiving 64 · 4096 · 8 / 256 = 8192 token copies when balanced), with the README's
+# speedup over DeepSeek's "internally and carefully optimized implementation based on CUTLASS 3.6" — the
+# kernels the training ran: the training profile (deepseek-ai/profile-data, train.json) shows its GEMMs as
+# cutlass::device_kernel<dpsk::grouped_gemm::...>, not DeepGEMM's. (K, N, copies, TFLOP/s, speedup).
+DEEPSEEK_V3_LINEARS = (
+    ("MLA down-projections (q 1536, kv 512 + 64)", 7168, 2112, 1, 1058e12, 1.1),
+    ("MLA query up-projection", 1536, 24576, 1, 990e12, 1.0),
+    ("MLA key-value up-projection", 512, 32768, 1, 590e12, 1.0),
+    ("MLA output projection", 16384, 7168, 1, 1358e12, 1.2),
+    ("shared expert gate and up", 7168, 4096, 1, 1304e12, 1.1),
+    ("shared expert down", 2048, 7168, 1, 1025e12, 1.1),
+    ("routed experts gate and up", 7168, 4096, 8, 1297e12, 1.2),
+    ("routed experts down", 2048, 7168, 8, 1099e12, 1.2),
+)
+FP8_PEAK = 2 * 989e12  # H800 dense FP8 Tensor Core peak
+
+
+def deepseek_fp8_gemm_fraction(kernels: str = "training") -> float:
+    """The fraction of the FP8 peak an MoE layer's linear GEMMs reach, FLOP-weighted over
+    DEEPSEEK_V3_LINEARS (total FLOPs over total time): ``kernels`` "training" (DeepSeek's CUTLASS-based
+    kernels, DeepGEMM's TFLOP/s over its speedup) or "deepgemm" (DeepGEMM's own). Measured with all 132
+    SMs; the planner scales it by the SMs left to compute. Approximations: the README measures the forward
+    (NT) GEMM; the backward's two GEMMs (Dgrad, Wgrad, also FP8: Sec. 3.3.1) are taken at the same rate; the
+    3 dense layers' MLPs (18,432 wide) at the MoE layer's rate."""
+    flops = sum(k * n * copies for _, k, n, copies, _, _ in DEEPSEEK_V3_LINEARS)
+    seconds = sum(k * n * copies / (tflops / (speedup if kernels == "training" else 1.0))
+                  for _, k, n, copies, tflops, speedup in DEEPSEEK_V3_LINEARS)
+    return flops / seconds / FP8_PEAK
+
+
+def deepseek_fp8_cast_bytes_per_token() -> float:
+    """HBM bytes per token and MoE layer, per training step, of casting to FP8 outside the GEMMs, as the
+    report's Sec. 3.5.2 describes the workflow: each linear layer's input read in bf16 and written in FP8
+    (2 + 1 bytes per element), then, in the backward, read in FP8, transposed and written again (1 + 1:
+    its Wgrad needs 128×1 tiles); its output gradient cast for Dgrad (1×128 tiles) and again for Wgrad
+    (128×1), each 2 + 1. The routed experts' input is cast once, before the FP8 dispatch (Sec. 3.3.3), its
+    transposes once per copy. The scales (4 bytes per 128 elements) are left out."""
+    total = 0.0
+    for name, k, n, copies, _, _ in DEEPSEEK_V3_LINEARS:
+        forward_casts = 1 if name.startswith("routed experts gate") else copies
+        total += 3 * k * forward_casts + 2 * k * copies + 2 * 3 * n * copies
+    return total
+
+
+# H800 as DeepSeek ran it: the linear layers' GEMMs in FP8 at DeepSeek's measured rate on its own shapes
+# (deepseek_fp8_gemm_fraction; the attention core, the output head and the gating in bf16, Sec. 3.3.1) and
+# their FP8 casts through HBM (deepseek_fp8_cast_bytes_per_token), 112 of its 132 SMs computing (20 run the
 # all-to-all, Sec. 3.2.2), the all-to-all hidden by DualPipe as far as the compute lasts, its dispatch in FP8
 # (one byte per element plus one fp32 scale per 128) and each token's experts on at most 4 nodes
-DEEPSEEK_H800: Hardware = {**H800, "linear_flops": 2 * 989e12, "compute_share": 112 / 132,
+DEEPSEEK_H800: Hardware = {**H800, "linear_flops": FP8_PEAK, "compute_share": 112 / 132,
+                           "linear_efficiency": deepseek_fp8_gemm_fraction(),
+                           "quantize_bytes_per_token": deepseek_fp8_cast_bytes_per_token(),
                            "expert_a2a_overlap": True, "expert_dispatch_bytes": 1 + 4 / 128,
                            "expert_node_limit": 4}
 DEEPSEEK_V3 = Published("deepseek-v3", DEEPSEEK_V3_MODEL, pl.Cluster(2048, 80e9, **DEEPSEEK_H800), 15360,
