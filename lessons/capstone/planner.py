@@ -34,7 +34,9 @@ For every split ``tp · pp · dp = G`` the planner
    plus a mixture of experts' all-to-all over the inter-node link when its EP group spans nodes
    (hidden behind the compute, as far as it lasts, when ``Cluster.expert_a2a_overlap``).
    The pipeline takes ``m + (p−1)/v`` such slots, or ``p + (m−1)/v`` interleaved with ``m < p``, where
-   the pipeline never fills (lesson 5's :func:`~distai.lessons.lesson5.formulas.step_time_units`). Then data parallelism: the gradient
+   the pipeline never fills (lesson 5's :func:`~distai.lessons.lesson5.formulas.step_time_units`); with
+   DeepSeek's DualPipe (``Axes.dualpipe``) m slots plus (PP/2 − 1)(F&B + B − 3W) (:func:`dualpipe_bubble`),
+   two stages' states per GPU, the all-to-all and PP sends hidden. Then data parallelism: the gradient
    all-reduce (ZeRO-1/2: reduce-scatter, then all-gather of the updated parameters) of the rank's
    ``Ψ/(tp·pp)`` gradients (lesson 1's ring, ``Cluster.grad_bytes`` each), overlapped with the last
    microbatch's backward (or not at all, ``Axes.dp_overlap`` False, as Megatron-LM and DeepSpeed's pipeline did); ZeRO-3
