@@ -7,10 +7,11 @@ H100's E on Llama 3's 8,192-GPU run with that w½); the planner's constants must
 checks it). Every other run of ``published.PUBLISHED`` is held out: its error is what the planner would
 have said without seeing it.
 
-Then DeepSeek-V3, the run the planner describes least well: its prediction as the planner runs it (full
-recomputation: the planner's activation count, which knows no FP8 caching, fits the published layout
-only so) and with DeepSeek's own recomputation (RMSNorm and MLA's up-projections only, about the
-planner's "selective"), outside the memory check.
+Then DeepSeek-V3, the run the planner describes least well: the facts it takes from DeepSeek's sources,
+its approximations, its prediction as the planner runs it (full recomputation: the planner's activation
+count, which knows no FP8 caching, fits the published layout only so) and with DeepSeek's own
+recomputation (RMSNorm and MLA's up-projections only, about the planner's "selective"), outside the
+memory check, each fact taken back in turn; and one layer's time against DeepSeek's training profile.
 """
 from __future__ import annotations
 
@@ -44,16 +45,41 @@ def print_deepseek() -> None:
     p = pub.PUBLISHED["deepseek-v3"]
     published = pub.published_mfu("deepseek-v3")
     r = pub.reproduce("deepseek-v3")
-    c = r["config"]
+    c, cl = r["config"], p.cluster
+    attention, backward = pub.deepseek_attention_profile()
     print(f"DeepSeek-V3 (published {published:.1%} of the bf16 peak, 989 TFLOP/s):")
+    print("  what the planner takes from DeepSeek's sources (published.py cites each):")
+    print(f"    FP8 linear GEMMs at {cl.linear_efficiency:.1%} of the FP8 peak (DeepGEMM README's TFLOP/s on the "
+          f"layer's shapes over its speedup on DeepSeek's CUTLASS kernels; DeepGEMM's own "
+          f"{pub.deepseek_fp8_gemm_fraction('deepgemm'):.1%}), on {cl.compute_share:.0%} of the SMs (112 of 132)")
+    print(f"    FP8 casts: {cl.quantize_bytes_per_token / 1e6:.2f} MB per token and layer through HBM (report Sec. 3.5.2)")
+    print(f"    attention core (profile-data): forward at {attention:.1%} of the computing SMs' bf16 peak, "
+          f"backward {backward:.2f}x the forward")
+    print(f"    DualPipe: bubble (PP/2-1)(F&B+B-3W) = {c.time['bubble_s']:.2f} s, two stages' states per GPU, "
+          "all-to-all and PP sends hidden")
+    print("  approximations: the backward's FP8 GEMMs at the forward's measured rate; the dense layers and the MTP "
+          "module at the MoE layer's rates; full recomputation (the planner's activation count knows no FP8 "
+          "caching), where DeepSeek recomputed only RMSNorm, MLA's up-projections and SwiGLU; the published figure "
+          "averages the whole pre-training (batch ramp, checkpoints, restarts included)")
     print(f"  as the planner runs it: {r['predicted_mfu']:.1%} ({r['error']:+.1%}), {c.recompute} recomputation, "
-          f"microbatch {c.microbatch}, all-to-all {c.time['ep_comm_s']:.2f} s not hidden")
-    roomy = dataclasses.replace(p.cluster, gpu_memory=1e12)
-    for name, cluster in (("DeepSeek's recomputation", roomy),
-                          ("that, the all-to-all not overlapped", dataclasses.replace(roomy, expert_a2a_overlap=False)),
-                          ("that, the linear GEMMs in bf16", dataclasses.replace(roomy, linear_flops=None))):
-        x = pl.evaluate(p.model, cluster, p.global_batch, pl.Config(1, 16, 128, 1, 1, "selective", 1, False, 1, 64))
+          f"microbatch {c.microbatch}, step {c.step_time_s:.2f} s against "
+          f"{p.global_batch * p.model.seq / (p.cluster.gpus * p.value):.2f} s published")
+    roomy = dataclasses.replace(cl, gpu_memory=1e12)
+    for name, cluster, dual in (
+            ("DeepSeek's recomputation", roomy, True),
+            ("that, 1F1B in place of DualPipe", roomy, False),
+            ("that, the all-to-all not overlapped, 1F1B", dataclasses.replace(roomy, expert_a2a_overlap=False), False),
+            ("that, the linear GEMMs in bf16", dataclasses.replace(roomy, linear_flops=None), True),
+            ("that, the FP8 GEMMs at the bf16 runs' E", dataclasses.replace(roomy, linear_efficiency=None), True),
+            ("that, the attention core at the bf16 runs' E", dataclasses.replace(roomy, attention_efficiency=None,
+                                                                               attention_backward=2.0), True)):
+        x = pl.evaluate(p.model, cluster, p.global_batch, pl.Config(1, 16, 128, 1, 1, "selective", 1, False, 1, 64),
+                        dualpipe=dual)
         print(f"  {name} (memory not checked): {x.mfu:.1%} ({x.mfu / published - 1:+.1%})")
+    layer = pub.deepseek_layer_seconds()
+    print(f"  a layer's forward + backward, one 4K sequence: the planner's average layer {layer['planner'] * 1e3:.1f} "
+          f"ms, DeepSeek's profile {layer['profile'] * 1e3:.1f} ms on its compute stream (the rest: MoE permutation, norms, RoPE, casts the byte "
+          "count misses)")
 
 
 if __name__ == "__main__":

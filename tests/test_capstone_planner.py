@@ -39,9 +39,12 @@ def run(capsys, *argv):
 # Megatron-LM's 18.4B and 39.1B: TP 8 ranks 6th and 7th, its step 14% and 13% longer than the best
 # (TP 2-4 with a pipeline: TP 8's all-reduces, 1.2 and 1.6 s a step, and its replicated elementwise
 # kernels, Megatron-LM having no sequence parallelism then). MT-NLG on 420 nodes and OPT-175B: 15.2% high.
-# DeepSeek-V3 (published.py): FP8 GEMMs at the FP8 peak with the bf16 runs' E, 49% high.
+# DeepSeek-V3 (published.py): 15.3% high with its FP8 GEMMs, casts, attention kernels and DualPipe as
+# DeepSeek published them, and the planner's full recomputation (its activation count knows no FP8 caching);
+# with DeepSeek's own recomputation 35% high: a layer takes 25.7 ms where DeepSeek's training profile spends
+# 29.5 ms on its compute stream (MoE permutation, norms, RoPE: kernels the planner does not count).
 RANK_MISSES = {"megatron-18.4b": (6, 1.15), "megatron-39.1b": (7, 1.15)}  # rank, step over the best's
-ERROR_MISSES = {"mt-nlg-530b-420": 0.16, "opt-175b": 0.16, "deepseek-v3": 0.50}
+ERROR_MISSES = {"mt-nlg-530b-420": 0.16, "opt-175b": 0.16, "deepseek-v3": 0.16}
 
 
 @pytest.mark.parametrize("name", list(pub.PUBLISHED))
@@ -127,6 +130,54 @@ def test_deepseek_v3_counts_what_its_report_states():
     assert step(compute_share=1.0).step_time_s < base.step_time_s  # all 132 SMs computing: faster
     plain = dataclasses.replace(p.model, qk_head_dim=0, v_head_dim=0)
     assert step(model=plain).time["compute_s"] < base.time["compute_s"]  # plain attention: less work
+
+
+def test_deepseek_v3_fp8_rates_casts_and_attention_come_from_deepseeks_sources():
+    """The FP8 GEMM rate is DeepGEMM's TFLOP/s over its speedup, FLOP-weighted over the layer's shapes; the
+    casts are the report's Sec. 3.5.2 workflow counted in bytes; the attention core is the profile's."""
+    rows = pub.DEEPSEEK_V3_LINEARS
+    # the shapes hold an MoE layer's linear parameters: MLA's ~187M projection parameters, the experts'
+    mla = sum(k * n for name, k, n, _, _, _ in rows if name.startswith("MLA"))
+    assert mla == 7168 * 2112 + 1536 * 24576 + 512 * 32768 + 16384 * 7168
+    experts = sum(k * n * copies for name, k, n, copies, _, _ in rows if "expert" in name)
+    assert experts == 9 * 3 * 7168 * 2048  # 1 shared + 8 routed SwiGLU experts, 2048 wide
+    flops = sum(k * n * c for _, k, n, c, _, _ in rows)
+    hand = flops / sum(k * n * c * s / t for _, k, n, c, t, s in rows) / (2 * 989e12)
+    assert pub.deepseek_fp8_gemm_fraction() == pytest.approx(hand)
+    assert 0.45 < pub.deepseek_fp8_gemm_fraction() < pub.deepseek_fp8_gemm_fraction("deepgemm") < 0.7
+    # a dense layer's input cast (3 bytes), transposed again (2) and its output gradient cast twice (6)
+    assert pub.deepseek_fp8_cast_bytes_per_token() == pytest.approx(sum(
+        3 * k * (1 if name.startswith("routed experts gate") else c) + 2 * k * c + 6 * n * c
+        for name, k, n, c, _, _ in rows))
+    fraction, backward = pub.deepseek_attention_profile()
+    forward_s = 4 * 4096 ** 2 * 128 * (192 + 128) / 2 * 0.5 / (fraction * 989e12 * 112 / 132)
+    assert forward_s == pytest.approx((1248 + 1199 + 1280 + 1221) / 4 * 1e-6)
+    assert 3 < backward < 4  # FlashAttention's backward at head dims 192/128: 3.4x its forward
+    cl = pub.PUBLISHED["deepseek-v3"].cluster
+    assert (cl.linear_efficiency, cl.attention_efficiency, cl.attention_backward) == (
+        pub.deepseek_fp8_gemm_fraction(), fraction, backward)
+
+
+def test_dualpipe_bubble_states_and_hidden_sends():
+    """DualPipe (report Table 2): bubble (PP/2 - 1)(F&B + B - 3W), two stages' states per GPU, PP + 1
+    microbatches of activations, the PP sends hidden; it needs even pp and microbatches, at least 2·pp."""
+    p = pub.PUBLISHED["deepseek-v3"]
+    config = pl.Config(1, 16, 128, 1, 1, "none", 1, False, 1, 64)
+    roomy = dataclasses.replace(p.cluster, gpu_memory=1e12)
+    dual = pl.evaluate(p.model, roomy, p.global_batch, dataclasses.replace(config), dualpipe=True)
+    plain = pl.evaluate(p.model, roomy, p.global_batch, dataclasses.replace(config))
+    slot = dual.time["compute_s"] / dual.microbatches
+    _, fwd = pl.layer_seconds(p.model, roomy, 1, "none")
+    F, B, W = fwd["total_s"], fwd["backward_s"], fwd["gemm_s"]
+    assert dual.time["bubble_s"] == pytest.approx((16 / 2 - 1) * slot * (F + 2 * B - 3 * W) / (F + B))
+    assert dual.time["bubble_s"] < plain.time["bubble_s"] and dual.time["pp_comm_s"] == 0 < plain.time["pp_comm_s"]
+    assert dual.memory["model_states_bytes"] == pytest.approx(2 * plain.memory["model_states_bytes"])
+    assert dual.memory["microbatches_in_flight"] == 17
+    enough = pl.evaluate(p.model, roomy, 128 * 32, dataclasses.replace(config), dualpipe=True)
+    assert enough.reason == "" and enough.microbatches == 32  # 2·pp
+    for m in (30, 33):  # fewer than 2·pp; odd
+        refused = pl.evaluate(p.model, roomy, 128 * m, dataclasses.replace(config), dualpipe=True)
+        assert "DualPipe" in refused.reason and "DualPipe" in refused.reason_text["es"]
 
 
 def test_megatron_runs_interleave_only_beyond_two_stages_and_reduce_after_the_pipeline():

@@ -310,30 +310,38 @@ def layer_forward_seconds(*, hidden: int, heads: int, seq: int, micro_batch: int
                           tp: int = 1, cp: int = 1, sequence_parallel: bool = False, flash: bool = False,
                           peak_flops: float, hbm_bandwidth: float, peak_fraction: float,
                           half_width: float, attention_width: float | None = None,
-                          linear_flops: float | None = None) -> dict[str, float]:
+                          linear_flops: float | None = None,
+                          linear_efficiency: float | None = None, attention_efficiency: float | None = None,
+                          attention_backward: float = 2.0) -> dict[str, float]:
     """One layer's forward for one microbatch on one GPU, in seconds: {"gemm_s", "attention_s",
     "memory_s", "total_s", "gemm_efficiency"} (the model in the comment above). ``attention_width``: the
     attention core's a·(d_qk + d_v)/2 when it is not h; ``linear_flops``: the peak the linear layers'
     GEMMs run at when it is not ``peak_flops`` (FP8 GEMMs: the FP8 peak; the attention core stays at
-    ``peak_flops``)."""
+    ``peak_flops``); ``linear_efficiency``: with ``linear_flops``, the fraction of it the linear GEMMs reach
+    as measured on the run's own shapes (DeepSeek-V3's FP8 GEMMs, DeepGEMM's published TFLOP/s), in place of
+    the fitted E/(1 + w½·(t/h + cp/(b·s))); ``attention_efficiency``: the attention core's measured fraction
+    of ``peak_flops`` in place of E, and ``attention_backward`` its backward's time over its forward's
+    (2, like the rest, unless measured). "backward_s": the layer's backward."""
     h, a, s, b = hidden, heads, seq, micro_batch
     tokens = s * b / cp
     eff = gemm_efficiency(h, tokens, tp, peak_fraction, half_width, cp)
-    gemm = 2 * tokens * layer_params / tp / ((linear_flops or peak_flops) * eff)
+    linear_eff = linear_efficiency if (linear_flops and linear_efficiency) else eff
+    gemm = 2 * tokens * layer_params / tp / ((linear_flops or peak_flops) * linear_eff)
     attn_flops = 4 * b * s * (s / cp) * (attention_width or h) / tp * (0.5 if flash else 1.0)
-    attention = attn_flops / (peak_flops * peak_fraction)
+    attention = attn_flops / (peak_flops * (attention_efficiency or peak_fraction))
     sbh = tokens * h
     elementwise = sbh * (ELEMENTWISE_REPLICATED / (tp if sequence_parallel else 1) + ELEMENTWISE_SPLIT / tp)
     softmax = 0.0 if flash else SOFTMAX_BYTES * a * s * (s / cp) * b / tp
     memory = (elementwise + softmax) / hbm_bandwidth
     return {"gemm_s": gemm, "attention_s": attention, "memory_s": memory, "softmax_s": softmax / hbm_bandwidth,
-            "total_s": gemm + attention + memory, "gemm_efficiency": eff}
+            "total_s": gemm + attention + memory, "gemm_efficiency": eff,
+            "backward_s": 2 * (gemm + memory) + attention_backward * attention}
 
 
 def layer_train_seconds(forward: dict[str, float], recompute: str) -> float:
-    """Forward + backward (twice the forward) + what recomputation repeats: the whole forward (full) or
+    """Forward + backward (twice the forward, or ``backward_s`` when measured apart) + what recomputation repeats: the whole forward (full) or
     the attention core and its softmax (selective)."""
     extra = {"none": 0.0, "selective": forward["attention_s"] + forward["softmax_s"], "full": forward["total_s"]}
     if recompute not in extra:
         raise ValueError(f"unknown recompute {recompute!r}; choose one of none, selective, full")
-    return 3 * forward["total_s"] + extra[recompute]
+    return forward["total_s"] + forward.get("backward_s", 2 * forward["total_s"]) + extra[recompute]

@@ -34,7 +34,9 @@ For every split ``tp · pp · dp = G`` the planner
    plus a mixture of experts' all-to-all over the inter-node link when its EP group spans nodes
    (hidden behind the compute, as far as it lasts, when ``Cluster.expert_a2a_overlap``).
    The pipeline takes ``m + (p−1)/v`` such slots, or ``p + (m−1)/v`` interleaved with ``m < p``, where
-   the pipeline never fills (lesson 5's :func:`~distai.lessons.lesson5.formulas.step_time_units`). Then data parallelism: the gradient
+   the pipeline never fills (lesson 5's :func:`~distai.lessons.lesson5.formulas.step_time_units`); with
+   DeepSeek's DualPipe (``Axes.dualpipe``) m slots plus (PP/2 − 1)(F&B + B − 3W) (:func:`dualpipe_bubble`),
+   two stages' states per GPU, the all-to-all and PP sends hidden. Then data parallelism: the gradient
    all-reduce (ZeRO-1/2: reduce-scatter, then all-gather of the updated parameters) of the rank's
    ``Ψ/(tp·pp)`` gradients (lesson 1's ring, ``Cluster.grad_bytes`` each), overlapped with the last
    microbatch's backward (or not at all, ``Axes.dp_overlap`` False, as Megatron-LM and DeepSpeed's pipeline did); ZeRO-3
@@ -116,6 +118,13 @@ class Cluster:
     gemm_half_width: float = GEMM_HALF_WIDTH
     flash_attention: bool = True
     linear_flops: float | None = None  # peak of the linear layers' GEMMs when not ``flops`` (FP8: its own peak)
+    linear_efficiency: float | None = None  # with linear_flops: the fraction of it the linear GEMMs reach, measured
+    #                                          on the run's shapes (None: the fitted E and w½)
+    quantize_bytes_per_token: float = 0.0  # HBM bytes per token and layer, per training step, that casting to
+    #                                        FP8 adds outside the GEMMs (DeepSeek-V3's fine-grained FP8)
+    attention_efficiency: float | None = None  # the attention core's measured fraction of the computing SMs'
+    #                                             peak (None: the fitted E)
+    attention_backward: float = 2.0  # its backward's time over its forward's (measured: DeepSeek's profile)
     compute_share: float = 1.0  # share of the SMs that compute (DeepSeek-V3 gives 20 of 132 to communication)
     expert_a2a_overlap: bool = False  # the MoE all-to-all hidden behind other work (DeepSeek's DualPipe)
     expert_dispatch_bytes: float = 2.0  # bytes per element the dispatch sends (bf16; FP8 with its scales: 1.03)
@@ -283,7 +292,8 @@ def _params_per_gpu(model: ModelSpec, c: Config) -> tuple[float, float]:
     return (model.params - expert) / (c.tp * c.pp), expert / (c.tp * c.pp * c.ep)
 
 
-def memory_terms(model: ModelSpec, cluster: Cluster, c: Config, stage: int, m: int, optimizer: str) -> dict:
+def memory_terms(model: ModelSpec, cluster: Cluster, c: Config, stage: int, m: int, optimizer: str,
+                 dualpipe: bool = False) -> dict:
     """Every term of the busiest GPU's memory (bytes): {"params_bytes" (bf16, sharded over dp·cp by
     ZeRO-3), "grad_buffer_bytes" (fp32, sharded by ZeRO-2/3), "optimizer_bytes" (fp32 master copy and
     Adam's moments, sharded by ZeRO-1/2/3: lesson 2), "activations_bytes" (lesson 2's Korthikanti count
@@ -291,7 +301,9 @@ def memory_terms(model: ModelSpec, cluster: Cluster, c: Config, stage: int, m: i
     recomputation), "logits_bytes" (last stage: fp32 logits of its vocabulary shard),
     "comm_buffers_bytes" (ZeRO-3's gathered layers, TP's gathered input, PP's send and receive, CP's
     K/V chunks, DDP's buckets), "allocator_bytes" (CUDA context and NCCL, plus ALLOCATOR_FRACTION of
-    the rest), "first_stage_bytes", "last_stage_bytes", "microbatches_in_flight", "usable_bytes"}."""
+    the rest), "first_stage_bytes", "last_stage_bytes", "microbatches_in_flight", "usable_bytes"}.
+    ``dualpipe``: each GPU holds two stages' parameters (their gradients and optimizer states too) and
+    PP + 1 microbatches' activations (DeepSeek-V3 report, Table 2; DualPipe's README)."""
     tp, pp, cp, b, v = c.tp, c.pp, c.cp, c.microbatch or 1, c.chunks or 1
     shard = c.dp * cp  # data and context ranks hold the same weights
     dense, expert = _params_per_gpu(model, c)
@@ -320,7 +332,9 @@ def memory_terms(model: ModelSpec, cluster: Cluster, c: Config, stage: int, m: i
         + (sbh if tp > 1 else 0.0) + (2 * sbh / tp if pp > 1 else 0.0) \
         + (2 * 2 * s_local * b * model.kv_dim * 2 / tp if cp > 1 else 0.0) \
         + (2 * DDP_BUCKET_BYTES if shard > 1 and zero < 3 else 0.0)
-    states = params + grads + opt
+    states = (params + grads + opt) * (2 if dualpipe else 1)
+    if dualpipe:
+        inflight = pp + 1
     first = states + act_mb * inflight + working + comm
     last = states + act_mb * (1 if pp > 1 else inflight) + working + logits + comm
     busiest = max(first, last)
@@ -334,6 +348,26 @@ def memory_terms(model: ModelSpec, cluster: Cluster, c: Config, stage: int, m: i
 
 # ------------------------------------------------------------------------------ time
 
+def layer_seconds(model: ModelSpec, cluster: Cluster, micro_batch: int, recompute: str, tp: int = 1, cp: int = 1,
+                  sp: bool = False) -> tuple[float, dict[str, float]]:
+    """(one average layer's forward, backward and recomputation for one microbatch on the GPU model, in
+    seconds; its forward's terms, :func:`~.formulas.layer_forward_seconds`), the FP8 casts included."""
+    share = cluster.compute_share
+    fwd = f.layer_forward_seconds(hidden=model.hidden, heads=model.heads, seq=model.seq, micro_batch=micro_batch,
+                                  layer_params=model.active_layer_params, tp=tp, cp=cp,
+                                  sequence_parallel=sp, flash=cluster.flash_attention,
+                                  peak_flops=cluster.flops * share, hbm_bandwidth=cluster.hbm_bandwidth,
+                                  peak_fraction=cluster.gemm_peak_fraction, half_width=cluster.gemm_half_width,
+                                  attention_width=model.attention_width,
+                                  linear_flops=(cluster.linear_flops or cluster.flops) * share,
+                                  linear_efficiency=cluster.linear_efficiency if cluster.linear_flops else None,
+                                  attention_efficiency=cluster.attention_efficiency,
+                                  attention_backward=cluster.attention_backward)
+    # the FP8 casts outside the GEMMs (memory-bound, once per step: a recomputed forward is not counted again)
+    quantize = micro_batch * model.seq / cp / tp * cluster.quantize_bytes_per_token / cluster.hbm_bandwidth
+    return f.layer_train_seconds(fwd, recompute) + quantize, fwd
+
+
 def _compute_per_microbatch(model: ModelSpec, cluster: Cluster, c: Config, stage: int) -> dict:
     """Seconds one stage computes one microbatch (forward, backward, recomputation): its ``stage``
     layer slots, the vocabulary's GEMM spread over the layers as the stages spread it."""
@@ -342,23 +376,29 @@ def _compute_per_microbatch(model: ModelSpec, cluster: Cluster, c: Config, stage
         tokens = b * model.seq / c.cp
         hw = tokens * f.hardware_flops_per_token(model.active_params, model.layers, model.hidden, model.seq, recompute)
         seconds = hw / (c.tp * cluster.flops * cluster.efficiency) * stage / model.layers
-        return {"compute_s": seconds, "gemm_efficiency": cluster.efficiency}
+        return {"compute_s": seconds, "gemm_efficiency": cluster.efficiency, "dualpipe_ratio": 2 / 3}
     share = cluster.compute_share
-    fwd = f.layer_forward_seconds(hidden=model.hidden, heads=model.heads, seq=model.seq, micro_batch=b,
-                                  layer_params=model.active_layer_params, tp=c.tp, cp=c.cp,
-                                  sequence_parallel=c.sp, flash=cluster.flash_attention,
-                                  peak_flops=cluster.flops * share, hbm_bandwidth=cluster.hbm_bandwidth,
-                                  peak_fraction=cluster.gemm_peak_fraction, half_width=cluster.gemm_half_width,
-                                  attention_width=model.attention_width,
-                                  linear_flops=(cluster.linear_flops or cluster.flops) * share)
-    layer = f.layer_train_seconds(fwd, recompute)
+    layer, fwd = layer_seconds(model, cluster, b, recompute, c.tp, c.cp, c.sp)
     logits = 3 * 2 * b * model.seq / c.cp * model.hidden * model.vocab / c.tp / (
         cluster.flops * share * fwd["gemm_efficiency"])
     # the output layer's GEMM runs on the last stage only, which then holds its layers (one slot fewer when
     # the stages count the embedding and output slots) plus the logits; the pipeline runs at its busiest stage
     last_layers = stage if model.layers % c.pp == 0 else stage - 1
     busiest = max(stage * layer, last_layers * layer + logits) if c.pp > 1 else stage * layer + logits
-    return {"compute_s": busiest, "gemm_efficiency": fwd["gemm_efficiency"]}
+    # DualPipe's (F + 2B − 3W)/(F + B) for one layer: F its forward, B its whole backward (twice the forward,
+    # plus what recomputation repeats), W the weights' share of it (the linear layers' weight-gradient GEMMs:
+    # one forward's GEMMs); the FP8 casts left out
+    back = f.layer_train_seconds(fwd, recompute) - fwd["total_s"]
+    ratio = (fwd["total_s"] + 2 * back - 3 * fwd["gemm_s"]) / (fwd["total_s"] + back)
+    return {"compute_s": busiest, "gemm_efficiency": fwd["gemm_efficiency"], "dualpipe_ratio": ratio}
+
+
+def dualpipe_bubble(pp: int, slot: float, ratio: float) -> float:
+    """DualPipe's bubble, (PP/2 − 1)(F&B + B − 3W) (DeepSeek-V3 report, Table 2; deepseek-ai/DualPipe's
+    README), for chunks of one stage: F&B, a forward and a backward chunk overlapped, takes their compute
+    F + B = ``slot`` (the overlap hides communication, not compute), and ``ratio`` is (F + 2B − 3W)/(F + B).
+    1F1B's is (PP − 1)(F + B)."""
+    return (pp / 2 - 1) * slot * ratio
 
 
 def _expert_a2a_per_microbatch(model: ModelSpec, cluster: Cluster, c: Config, stage: int) -> float:
@@ -436,8 +476,9 @@ def _refuse(c: Config, cluster: Cluster, model: ModelSpec, stage: int, m: int, m
 
 def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, optimizer: str = "adam",
              max_zero_pp: int = 3, p2p: str = "megatron", engine: str = "megatron",
-             dp_overlap: bool = True) -> Config:
-    """Fill in ``c``'s memory, time and MFU, or its ``reason`` when it is infeasible."""
+             dp_overlap: bool = True, dualpipe: bool = False) -> Config:
+    """Fill in ``c``'s memory, time and MFU, or its ``reason`` when it is infeasible. ``dualpipe``: the
+    pipeline runs DeepSeek's DualPipe (:func:`dualpipe_bubble`) instead of 1F1B."""
     tp, pp, dp, b, v = c.tp, c.pp, c.dp, c.microbatch, c.chunks
     if b is None or v is None or c.zero is None or c.recompute is None:
         raise ValueError(f"evaluate needs the microbatch, ZeRO stage, recomputation and chunks of {c}")
@@ -448,9 +489,12 @@ def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, o
     c.microbatches = m
     stage = f.stage_layers(model.layers, pp)
     refused = _refuse(c, cluster, model, stage, m, max_zero_pp, engine)
+    dual = dualpipe and pp > 1
+    if not refused and dual and (pp % 2 or m % 2 or m < 2 * pp):
+        refused = _texts("dualpipe", pp=pp, m=m)
     if refused:
         return _reject(c, refused)
-    c.memory = memory_terms(model, cluster, c, stage, m, optimizer)
+    c.memory = memory_terms(model, cluster, c, stage, m, optimizer, dual)
     c.memory_bytes = max(c.memory["first_stage_bytes"], c.memory["last_stage_bytes"])
     if c.memory_bytes > c.memory["usable_bytes"]:
         need, usable = c.memory_bytes, c.memory["usable_bytes"]
@@ -481,10 +525,16 @@ def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, o
         else:
             pp_mb = serial_messages_time(2 * v, f.pp_p2p_bytes_per_microbatch(s_local, b, model.hidden, tp), a, beta)
     ep_mb = _expert_a2a_per_microbatch(model, cluster, c, stage)
-    if cluster.expert_a2a_overlap:  # hidden behind the compute, as far as the compute lasts
+    if dual:  # DualPipe hides the all-to-all and the PP sends behind the paired chunk's compute (report, Fig. 4)
+        hidden = max(0.0, ep_mb + pp_mb - compute_mb)
+        ep_mb, pp_mb = hidden * ep_mb / (ep_mb + pp_mb or 1.0), hidden * pp_mb / (ep_mb + pp_mb or 1.0)
+    elif cluster.expert_a2a_overlap:  # hidden behind the compute, as far as the compute lasts
         ep_mb = max(0.0, ep_mb - compute_mb)
     slot = compute_mb + tp_mb + cp_mb + pp_mb + ep_mb
-    pipeline = slot * step_time_units(pp, m, v)  # m + (p−1)/v; interleaved with m < p: p + (m−1)/v
+    if dual:
+        pipeline = slot * m + dualpipe_bubble(pp, slot, comp["dualpipe_ratio"])
+    else:
+        pipeline = slot * step_time_units(pp, m, v)  # m + (p−1)/v; interleaved with m < p: p + (m−1)/v
     dp_exposed = _dp_exposed(model, cluster, c, m, compute_mb, dp_overlap)
     c.step_time_s = pipeline + dp_exposed
     c.time = {"compute_s": compute_mb * m, "tp_comm_s": tp_mb * m, "cp_comm_s": cp_mb * m, "pp_comm_s": pp_mb * m,
@@ -493,7 +543,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, o
               "gemm_efficiency": comp["gemm_efficiency"],
               "tp_over_nodes": _spans_nodes(1, tp, g), "cp_over_nodes": _spans_nodes(st["cp"], c.cp, g),
               "pp_over_nodes": _spans_nodes(st["pp"], pp, g), "dp_over_nodes": _spans_nodes(st["dp"], dp, g)}
-    c.bubble_fraction = bubble_fraction(pp, m, v)
+    c.bubble_fraction = (pipeline - slot * m) / pipeline if dual else bubble_fraction(pp, m, v)
     c.mfu = f.mfu(model_flops_per_step(model, global_batch), c.step_time_s, n, cluster.flops)
     c.tokens_per_s = global_batch * model.seq / c.step_time_s
     for key, value in (("step time", c.step_time_s), ("MFU", c.mfu), ("memory", c.memory_bytes)):
@@ -541,6 +591,10 @@ class Axes:
     # the last backward (Megatron-LM's local DDP until 2023: train_step all-reduces after the pipeline;
     # DeepSpeed's pipeline engine: its ReduceGrads instruction ends the schedule)
     dp_overlap: bool = True
+    # DeepSeek's DualPipe in place of 1F1B (pp and the microbatches even, at least 2·pp microbatches:
+    # deepseek-ai/DualPipe's step() asserts it): its bubble, its two stages per GPU, the all-to-all and the
+    # PP sends hidden behind the paired chunk
+    dualpipe: bool = False
 
 
 def _check_fixed(model: ModelSpec, n: int, global_batch: int, axes: Axes) -> None:
@@ -608,7 +662,8 @@ def plan(model: ModelSpec, cluster: Cluster, global_batch: int, optimizer: str =
                     for r in axes.recompute:
                         for v in axes.chunks:
                             c = evaluate(model, cluster, global_batch, Config(t, p, d, b, z, r, v, sp, cp, e),
-                                         optimizer, axes.max_zero_pp, axes.p2p, axes.engine, axes.dp_overlap)
+                                         optimizer, axes.max_zero_pp, axes.p2p, axes.engine, axes.dp_overlap,
+                                         axes.dualpipe)
                             if not c.reason:
                                 feasible.append(c)
                             elif v == 1 or c.memory_bytes:  # a shape reason once, not once per chunk count

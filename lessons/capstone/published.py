@@ -12,7 +12,7 @@ microbatches to be a multiple of the stages) for Megatron-LM and Korthikanti et 
 any number of microbatches for MT-NLG and BLOOM; for Llama 3 Meta's interleaved schedule, which "can run
 an arbitrary number of micro-batches", fewer than the stages included (Sec. 3.3.2), as
 torch.distributed.pipelining's ScheduleInterleaved1F1B does (lesson 5's "torch" rule); DeepSeek-V3's
-DualPipe as 1F1B. With fewer microbatches than stages an interleaved pipeline never fills: its step takes
+DualPipe (``Axes.dualpipe``: its own bubble, two stages per GPU). With fewer microbatches than stages an interleaved pipeline never fills: its step takes
 p + (m−1)/v slots, not m + (p−1)/v.
 
 The planner's GPU model (:func:`~.formulas.layer_forward_seconds`) has fitted constants, E per GPU kind
@@ -70,24 +70,37 @@ Sources (A100-80GB: 312 TFLOP/s bf16 dense, HBM 2.039 TB/s; H100 SXM: 989 TFLOP/
   parameters a layer), 1 shared and 256 routed experts of width 2048 per MoE layer, top-8, each token's
   experts on at most 4 nodes, vocabulary 129,280, 671B parameters (37B active) plus the 14B
   multi-token-prediction module, sequence 4096, batch 15,360; 2,048 H800 (989 TFLOP/s bf16 dense, 1,979
-  FP8; NVLink 400 GB/s both ways, 50 GB/s InfiniBand per GPU), PP 16, EP 64, ZeRO-1 data parallelism, no
-  TP (Sec. 3.2); FP8 GEMMs for every linear layer's forward and both backward products, with 1×128 and
-  128×128 scaling tiles and promotion to CUDA cores every 128 elements, which the report states costs no
-  substantial overhead (two warpgroups overlap it, Sec. 3.3.2); embedding, output head, gating, norms and
-  the attention core in bf16; 20 of the 132 SMs run the all-to-all (Sec. 3.2.2); 2.664M GPU hours of
+  FP8; NVLink 160 GB/s and 50 GB/s InfiniBand per GPU, Sec. 3.2.2), PP 16, EP 64, ZeRO-1 data parallelism,
+  no TP (Sec. 3.2); FP8 GEMMs for every linear layer's forward and both backward products (Fprop, Dgrad,
+  Wgrad, Sec. 3.3.1), with 1×128 and 128×128 scaling tiles and promotion to CUDA cores every 128 elements;
+  embedding, output head, gating, norms and the attention core in bf16 (Sec. 3.3.1); 20 of the 132 SMs run
+  the all-to-all (Sec. 3.2.2, 3.5.1; the profile's GEMMs run on grids of 112 blocks); 2.664M GPU hours of
   pre-training for 14.8T tokens, "180K H800 GPU hours per trillion tokens" (Sec. 1, Table 1): 1,543
   tokens/s per GPU. The MFU compared is that throughput times the model's FLOPs per token (6 × active
-  parameters + 12·L·s·a·(192 + 128)/2, MLA's attention core counted) over the bf16 dense peak, 989
-  TFLOP/s. Approximations: the multi-token-prediction module as a 62nd layer (its 2h×h projection in the
+  parameters + 12·L·s·a·(192 + 128)/2, MLA's attention core counted; documents packed without cross-sample
+  masking, Sec. 4.1, so the whole 4K causal core runs) over the bf16 dense peak, 989 TFLOP/s; the planner's
+  MFU counts the same FLOPs, so the error is the step time's.
+  How fast its GPUs ran, from DeepSeek's own publications, not fitted (no FP8 run is in FIT):
+  the FP8 GEMMs at DeepGEMM's README TFLOP/s for the layer's shapes (its first version, 2025-02-25, H800,
+  M = 4096) over DeepGEMM's speedup on DeepSeek's CUTLASS-based kernels, which the training profile
+  shows it ran (:data:`DEEPSEEK_V3_LINEARS`, :func:`deepseek_fp8_gemm_fraction`: 51.6% of the FP8 peak
+  FLOP-weighted); the FP8 casts through HBM as Sec. 3.5.2 describes them (:func:`deepseek_fp8_cast_bytes_per_token`);
+  the attention core's forward and backward kernels as deepseek-ai/profile-data's train.json times them
+  (:func:`deepseek_attention_profile`); DualPipe's bubble (PP/2 − 1)(F&B + B − 3W), two copies of the
+  parameters and PP + 1 microbatches of activations per GPU (Sec. 3.2.1, Table 2; deepseek-ai/DualPipe),
+  the all-to-all and the PP sends hidden behind the paired chunk (Fig. 4), each token's experts on at most
+  4 nodes, the dispatch in FP8 (Sec. 3.3.3).
+  Approximations: the multi-token-prediction module as a 62nd layer (its 2h×h projection in the
   parameters, and the output head counted twice: the module runs it again); the dense layers inside the
-  average layer (exact in FLOPs); DualPipe as 1F1B (its bubble is smaller: the prediction would be
-  higher); the all-to-all hidden by DualPipe as far as the compute lasts (it does: 6.6 s a step against
-  11.4 s of compute); the planner's activation count, which knows no FP8 caching of the linear layers'
-  inputs, fits the published layout only with full recomputation, where DeepSeek recomputed only the
-  RMSNorms and MLA's up-projections (with those, memory not checked, the prediction is higher still:
-  ``python bench/planner_fit.py`` prints it). The FP8 GEMMs run at the fitted H100 E (no FP8 run is in
-  FIT): the prediction is 49% high and the run is listed as a miss; the published figure is also an
-  average over the whole pre-training, not one step.
+  average layer (exact in FLOPs) and at the MoE layer's GEMM rates; the backward's FP8 GEMMs at the
+  forward's measured rate (DeepGEMM published forward shapes only); W, DualPipe's weight-gradient chunk,
+  as one forward's GEMMs; the planner's activation count, which knows no FP8 caching, fits the published
+  layout only with full recomputation, where DeepSeek recomputed only the RMSNorms, MLA's up-projections
+  and SwiGLU (with those, memory not checked, the prediction is 35% high: ``python bench/planner_fit.py``
+  prints it; one layer takes 25.7 ms in the model against 29.5 ms of kernels on the profile's compute
+  stream, the rest MoE token permutation, norms, RoPE and casts the byte count misses). The published
+  figure is also an average over the whole pre-training (the batch ramp from 3,072, checkpoints), not one
+  step. The prediction is 15.3% high: a named miss.
 Pure Python.
 """
 from __future__ import annotations
@@ -110,6 +123,10 @@ class Hardware(TypedDict, total=False):
     gemm_peak_fraction: float
     flash_attention: bool
     linear_flops: float
+    linear_efficiency: float
+    quantize_bytes_per_token: float
+    attention_efficiency: float
+    attention_backward: float
     compute_share: float
     expert_a2a_overlap: bool
     expert_dispatch_bytes: float
@@ -124,7 +141,7 @@ A100: Hardware = dict(flops=312e12, intra_bandwidth=300e9, inter_bandwidth=25e9,
                       hbm_bandwidth=2.039e12, gemm_peak_fraction=A100_GEMM, flash_attention=False)
 H100: Hardware = dict(flops=989e12, intra_bandwidth=450e9, inter_bandwidth=50e9,  # Meta's Grand Teton, 400 Gb/s RoCE
                       hbm_bandwidth=3.35e12, gemm_peak_fraction=H100_GEMM, flash_attention=True)
-H800: Hardware = {**H100, "intra_bandwidth": 200e9}  # H100 with NVLink cut to 400 GB/s both ways
+H800: Hardware = {**H100, "intra_bandwidth": 160e9}  # H100 with NVLink cut: 160 GB/s (DeepSeek-V3 report, Sec. 3.2.2)
 BLOOM_A100: Hardware = {**A100, "intra_bandwidth": 100e9, "inter_bandwidth": 6.25e9}  # Jean Zay (see above)
 
 
@@ -240,18 +257,115 @@ BLOOM = Published("bloom-176b", pl.ModelSpec(176.2e9, 70, 14336, 112, 112, 2048,
 DEEPSEEK_V3_PARAMS = 671e9 + 11.61e9 + 129280 * 7168
 DEEPSEEK_V3_MODEL = pl.ModelSpec(DEEPSEEK_V3_PARAMS, 62, 7168, 128, 128, 4096, 129280, experts=256, top_k=8,
                                  expert_ffn=2048, shared_experts=1, moe_layers=59, qk_head_dim=192, v_head_dim=128)
-# H800 as DeepSeek ran it: the linear layers' GEMMs in FP8 at the FP8 dense peak (2 × 989 TFLOP/s; the
-# attention core, the output head and the gating in bf16), 112 of its 132 SMs computing (20 run the
+
+# DeepSeek-V3's FP8 linear layers, per token (Sec. 4.2's shapes: h 7168, query latent 1536, KV latent 512
+# plus the 64-wide shared RoPE key, 128 heads of 128 + 64 (q·k) and 128 (v), experts 2048 wide): (name, K
+# the input width, N the output width, copies per token, the DeepGEMM row), the row's measured TFLOP/s on
+# H800 at M = 4096 rows, one microbatch of one 4K sequence (DeepGEMM README as first published,
+# deepseek-ai/DeepGEMM commit a6d97a1, 2025-02-25: "Normal GEMMs for dense models" and, for the routed
+# experts, "Grouped GEMMs for MoE models (contiguous layout)", 4 groups of 8192 rows: EP 64 puts 256 / 64 = 4
+# experts on a GPU, each receiving 64 · 4096 · 8 / 256 = 8192 token copies when balanced), with the README's
+# speedup over DeepSeek's "internally and carefully optimized implementation based on CUTLASS 3.6" — the
+# kernels the training ran: the training profile (deepseek-ai/profile-data, train.json) shows its GEMMs as
+# cutlass::device_kernel<dpsk::grouped_gemm::...>, not DeepGEMM's. (K, N, copies, TFLOP/s, speedup).
+DEEPSEEK_V3_LINEARS = (
+    ("MLA down-projections (q 1536, kv 512 + 64)", 7168, 2112, 1, 1058e12, 1.1),
+    ("MLA query up-projection", 1536, 24576, 1, 990e12, 1.0),
+    ("MLA key-value up-projection", 512, 32768, 1, 590e12, 1.0),
+    ("MLA output projection", 16384, 7168, 1, 1358e12, 1.2),
+    ("shared expert gate and up", 7168, 4096, 1, 1304e12, 1.1),
+    ("shared expert down", 2048, 7168, 1, 1025e12, 1.1),
+    ("routed experts gate and up", 7168, 4096, 8, 1297e12, 1.2),
+    ("routed experts down", 2048, 7168, 8, 1099e12, 1.2),
+)
+FP8_PEAK = 2 * 989e12  # H800 dense FP8 Tensor Core peak
+
+
+def deepseek_fp8_gemm_fraction(kernels: str = "training") -> float:
+    """The fraction of the FP8 peak an MoE layer's linear GEMMs reach, FLOP-weighted over
+    DEEPSEEK_V3_LINEARS (total FLOPs over total time): ``kernels`` "training" (DeepSeek's CUTLASS-based
+    kernels, DeepGEMM's TFLOP/s over its speedup) or "deepgemm" (DeepGEMM's own). Measured with all 132
+    SMs; the planner scales it by the SMs left to compute. Approximations: the README measures the forward
+    (NT) GEMM; the backward's two GEMMs (Dgrad, Wgrad, also FP8: Sec. 3.3.1) are taken at the same rate; the
+    3 dense layers' MLPs (18,432 wide) at the MoE layer's rate."""
+    flops = sum(k * n * copies for _, k, n, copies, _, _ in DEEPSEEK_V3_LINEARS)
+    seconds = sum(k * n * copies / (tflops / (speedup if kernels == "training" else 1.0))
+                  for _, k, n, copies, tflops, speedup in DEEPSEEK_V3_LINEARS)
+    return flops / seconds / FP8_PEAK
+
+
+def deepseek_fp8_cast_bytes_per_token() -> float:
+    """HBM bytes per token and MoE layer, per training step, of casting to FP8 outside the GEMMs, as the
+    report's Sec. 3.5.2 describes the workflow: each linear layer's input read in bf16 and written in FP8
+    (2 + 1 bytes per element), then, in the backward, read in FP8, transposed and written again (1 + 1:
+    its Wgrad needs 128×1 tiles); its output gradient cast for Dgrad (1×128 tiles) and again for Wgrad
+    (128×1), each 2 + 1. The routed experts' input is cast once, before the FP8 dispatch (Sec. 3.3.3), its
+    transposes once per copy. The scales (4 bytes per 128 elements) are left out."""
+    total = 0.0
+    for name, k, n, copies, _, _ in DEEPSEEK_V3_LINEARS:
+        forward_casts = 1 if name.startswith("routed experts gate") else copies
+        total += 3 * k * forward_casts + 2 * k * copies + 2 * 3 * n * copies
+    return total
+
+
+# DeepSeek-V3's attention core in its training profile (deepseek-ai/profile-data, train.json: one forward and
+# one backward chunk of 4 MoE layers, EP64, TP1, 4K sequence, one sequence per microbatch, on H800 beside the
+# 20 communication SMs): each layer's FlashAttention kernels (head dims 192 and 128, bf16), in µs: the forward
+# (flash::compute_attn_ws<Flash_fwd_kernel_traits<192, 128, ...>>), and the backward: its preprocess, main
+# kernel (flash::FlashAttnBwd) and dQ conversion
+PROFILE_ATTENTION_FORWARD_US = (1248, 1199, 1280, 1221)
+PROFILE_ATTENTION_BACKWARD_US = ((267, 3583, 215), (269, 3863, 216), (246, 3809, 223), (243, 3860, 223))
+
+
+def deepseek_attention_profile() -> tuple[float, float]:
+    """(the attention core's forward as a fraction of the 112 computing SMs' bf16 peak, its backward's
+    time over its forward's), from the profile: the causal core's forward FLOPs, 2·s²·a·(192 + 128)/2
+    (the masked half skipped, as the planner counts FlashAttention), over the mean forward time."""
+    m = DEEPSEEK_V3_MODEL
+    flops = 4 * m.seq * m.seq * m.attention_width * 0.5
+    forward = sum(PROFILE_ATTENTION_FORWARD_US) / len(PROFILE_ATTENTION_FORWARD_US) * 1e-6
+    backward = sum(map(sum, PROFILE_ATTENTION_BACKWARD_US)) / len(PROFILE_ATTENTION_BACKWARD_US) * 1e-6
+    return flops / forward / (H800["flops"] * 112 / 132), backward / forward
+
+
+# H800 as DeepSeek ran it: the linear layers' GEMMs in FP8 at DeepSeek's measured rate on its own shapes
+# (deepseek_fp8_gemm_fraction; the attention core, the output head and the gating in bf16, Sec. 3.3.1) and
+# their FP8 casts through HBM (deepseek_fp8_cast_bytes_per_token), 112 of its 132 SMs computing (20 run the
 # all-to-all, Sec. 3.2.2), the all-to-all hidden by DualPipe as far as the compute lasts, its dispatch in FP8
 # (one byte per element plus one fp32 scale per 128) and each token's experts on at most 4 nodes
-DEEPSEEK_H800: Hardware = {**H800, "linear_flops": 2 * 989e12, "compute_share": 112 / 132,
+DEEPSEEK_H800: Hardware = {**H800, "linear_flops": FP8_PEAK, "compute_share": 112 / 132,
+                           "linear_efficiency": deepseek_fp8_gemm_fraction(),
+                           "quantize_bytes_per_token": deepseek_fp8_cast_bytes_per_token(),
+                           "attention_efficiency": deepseek_attention_profile()[0],
+                           "attention_backward": deepseek_attention_profile()[1],
                            "expert_a2a_overlap": True, "expert_dispatch_bytes": 1 + 4 / 128,
                            "expert_node_limit": 4}
 DEEPSEEK_V3 = Published("deepseek-v3", DEEPSEEK_V3_MODEL, pl.Cluster(2048, 80e9, **DEEPSEEK_H800), 15360,
                         (1, 16, 128, 1, 64), "tokens", 1e12 / (180e3 * 3600),
                         _axes((1, 16, 128, 1, 64), tp=1, zero=(1,), max_zero_pp=1, sp=(False,),
-                              chunks=(1,)),  # DualPipe, taken as 1F1B: no interleaved chunks
+                              chunks=(1,), dualpipe=True),  # DualPipe: no interleaved chunks
                         source="DeepSeek-V3 technical report, Sec. 1 and 3.2 (approximations above)")
+# deepseek-ai/profile-data, train.json: the busy time of the compute stream (stream 7, kernels summed) over its
+# 4 MoE layers' forward and backward chunks, in µs (the Wgrad stream beside it not added)
+PROFILE_COMPUTE_STREAM_US = 118193
+
+
+def deepseek_layer_seconds() -> dict:
+    """One layer's forward and backward for one 4K sequence, no recomputation: {"planner" (the average
+    layer on the GPU model, FP8 casts included), "profile" (DeepSeek's compute stream, per MoE layer)}."""
+    seconds, _ = pl.layer_seconds(DEEPSEEK_V3_MODEL, DEEPSEEK_V3.cluster, 1, "none")
+    return {"planner": seconds, "profile": PROFILE_COMPUTE_STREAM_US / 4 * 1e-6}
+
+
+def deepseek_own_recompute_error() -> float:
+    """The error of DeepSeek-V3's prediction with its own recomputation (RMSNorm, MLA's up-projections: the
+    planner's "selective" is the nearest) in place of full, the memory not checked."""
+    p = DEEPSEEK_V3
+    c = pl.evaluate(p.model, replace(p.cluster, gpu_memory=1e12), p.global_batch,
+                    pl.Config(1, 16, 128, 1, 1, "selective", 1, False, 1, 64), dualpipe=True)
+    return c.mfu / published_mfu(p.name) - 1
+
+
 PUBLISHED = {p.name: p for p in (*MEGATRON, *KORTHIKANTI, *MTNLG, OPT, *LLAMA3, BLOOM, DEEPSEEK_V3)}
 # the runs E and w½ were fitted on; every other run is held out
 FIT = tuple(p.name for p in MEGATRON) + ("llama3-405b-8k",)
