@@ -186,10 +186,12 @@ def model_pieces(run: RunShape, dtype: torch.dtype, device: torch.device):
             "last_s": lambda: lm_loss(head(x), targets).backward()}
 
 
-def step_cpu(run: RunShape, dtype: torch.dtype, device: torch.device, steps: int = 4) -> dict[str, float]:
+def step_cpu(run: RunShape, dtype: torch.dtype, device: torch.device, steps: int = 9) -> dict[str, float]:
     """On every rank of the running group (the run's world), all at once: the CPU seconds this rank
     spends (all its threads) in one of the run's own steps — the course's GPT on the run's mesh,
-    :class:`~distai.engine.mesh.MeshTrainer`, the mean over ``steps`` less the first (warm-up) — and
+    :class:`~distai.engine.mesh.MeshTrainer`, the median over ``steps`` less the first (warm-up; the
+    mean of 3 gave the (1, 2, 2, 2) mesh 94-138 ms where its run spent 80-96: one slow step of 8
+    ranks on 2 cores moved it) — and
     per forward and per backward block (this thread's): what each rank asks of the cores, whatever
     their sharing; ``stage``: its pipeline rank. The steps' wall time only as the window over which
     the cores the ranks had are counted (``window_*``: its seconds, this rank's CPU seconds and the
@@ -217,7 +219,7 @@ def step_cpu(run: RunShape, dtype: torch.dtype, device: torch.device, steps: int
             window = [window[0] + time.perf_counter() - start, window[1] + end[2] - clock[2]]
             for r in out.pipeline.records:
                 blocks[r.op.kind].append(r.compute)
-    return {"stage": mesh.pp_rank, "cpu_step_s": statistics.fmean(cpu), "cpu_forward_s": statistics.fmean(blocks["F"]),
+    return {"stage": mesh.pp_rank, "cpu_step_s": statistics.median(cpu), "cpu_forward_s": statistics.fmean(blocks["F"]),
             "cpu_backward_s": statistics.fmean(blocks["B"]), "window_s": window[0], "window_cpu_s": sum(cpu),
             "window_busy_s": window[1]}
 
