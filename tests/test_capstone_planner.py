@@ -36,12 +36,14 @@ def run(capsys, *argv):
 
 # Runs where the planner misses the goal (top 5, within 15%), each with how far: they stay inside these
 # bounds, and every other run meets the goal (python bench/planner_fit.py prints the table).
-# Megatron-LM's 18.4B and 39.1B: TP 8 ranks 6th and 7th, its step 14% and 13% longer than the best
-# (TP 2-4 with a pipeline: TP 8's all-reduces, 1.2 and 1.6 s a step, and its replicated elementwise
-# kernels, Megatron-LM having no sequence parallelism then). MT-NLG on 420 nodes and OPT-175B: 15.2% high.
-# DeepSeek-V3 (published.py): FP8 GEMMs at the FP8 peak with the bf16 runs' E, 49% high.
-RANK_MISSES = {"megatron-18.4b": (6, 1.15), "megatron-39.1b": (7, 1.15)}  # rank, step over the best's
-ERROR_MISSES = {"mt-nlg-530b-420": 0.16, "opt-175b": 0.16, "deepseek-v3": 0.50}
+# Megatron-LM's 18.4B and 39.1B: TP 8 ranks 7th and 8th, its step 16.0% and 14.8% longer than the best
+# (TP 2 with a pipeline of 4 or 8 interleaved stages: TP 8's all-reduces, 1.2 and 1.6 s a step, and its
+# replicated elementwise kernels, Megatron-LM having no sequence parallelism then). MT-NLG: 15.2%, 16.4% and
+# 19.8% high on 280, 350 and 420 nodes, a gap of 7-8 s a step that does not shrink with the data-parallel
+# degree and that no cost found in DeepSpeed's pipeline engine or ZeRO-1 of 2021 accounts for.
+# DeepSeek-V3 (published.py): FP8 GEMMs at the FP8 peak with the bf16 runs' E, 50% high.
+RANK_MISSES = {"megatron-18.4b": (7, 1.161), "megatron-39.1b": (8, 1.149)}  # rank, step over the best's
+ERROR_MISSES = {"mt-nlg-530b-280": 0.153, "mt-nlg-530b-350": 0.165, "mt-nlg-530b-420": 0.198, "deepseek-v3": 0.50}
 
 
 @pytest.mark.parametrize("name", list(pub.PUBLISHED))
