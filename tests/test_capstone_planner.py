@@ -343,3 +343,27 @@ def test_pipeline_schedules_follow_the_frameworks_rule_and_lesson5s_step_with_fe
     assert all(pub.PUBLISHED[n].axes.engine == "torch" for n in pub.PUBLISHED if n.startswith("llama3"))
     configs = pl.plan(model, cluster, 1024)["configs"]
     assert all(c.microbatches % c.pp == 0 for c in configs if c.chunks > 1)
+
+
+def test_deepspeed_pipeline_partitions_over_tp_and_metaseq_distributes_checkpoints():
+    """DeepSpeed's PipelineEngine sends each TP rank's 1/t of a stage's output and input gradient (4 blocking
+    messages of s·b·h·2/t and 4 meta tensors) and rebuilds it with 3 TP all-gathers; metaseq's distributed
+    checkpoints keep 1/t of each saved layer input and all-gather it once per layer before the recompute."""
+    from distai.lessons.lesson1.formulas import ring_allgather_time
+
+    p = pub.PUBLISHED["mt-nlg-530b-280"]
+    c = pl.evaluate(p.model, p.cluster, p.global_batch, pl.Config(8, 35, 8, 1, 1, "full", 1), p2p="deepspeed")
+    part = 2048 * 20480 * 2 / 8
+    inter = 4 * (10e-6 + part / 25e9) + 4 * 10e-6
+    gathers = 3 * ring_allgather_time(part * 8, 8, 5e-6, 1 / 300e9)
+    assert c.time["pp_comm_s"] / c.microbatches == pytest.approx(inter + gathers)
+    opt = pub.PUBLISHED["opt-175b"]
+    assert opt.cluster.distributed_checkpoints and opt.cluster.grad_bytes == 2
+    config = pl.Config(8, 1, 124, 8, 3, "full", 1)
+    on = pl.evaluate(opt.model, opt.cluster, 992, dataclasses.replace(config))
+    off = pl.evaluate(opt.model, dataclasses.replace(opt.cluster, distributed_checkpoints=False), 992,
+                      dataclasses.replace(config))
+    extra = 96 * ring_allgather_time(2048 * 8 * 12288 * 2, 8, 5e-6, 1 / 300e9)
+    assert on.time["tp_comm_s"] - off.time["tp_comm_s"] == pytest.approx(extra)
+    saved = 96 * 2 * 2048 * 8 * 12288  # full recomputation keeps each layer's input: 2·s·b·h bytes
+    assert off.memory["activations_bytes"] - on.memory["activations_bytes"] == pytest.approx(saved * (1 - 1 / 8))
