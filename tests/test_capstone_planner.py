@@ -36,15 +36,17 @@ def run(capsys, *argv):
 
 # Runs where the planner misses the goal (top 5, within 15%), each with how far: they stay inside these
 # bounds, and every other run meets the goal (python bench/planner_fit.py prints the table).
-# Megatron-LM's 18.4B and 39.1B: TP 8 ranks 6th and 7th, its step 14% and 13% longer than the best
-# (TP 2-4 with a pipeline: TP 8's all-reduces, 1.2 and 1.6 s a step, and its replicated elementwise
-# kernels, Megatron-LM having no sequence parallelism then). MT-NLG on 420 nodes and OPT-175B: 15.2% high.
-# DeepSeek-V3 (published.py): 15.3% high with its FP8 GEMMs, casts, attention kernels and DualPipe as
+# Megatron-LM's 18.4B and 39.1B: TP 8 ranks 7th and 8th, its step 16.0% and 14.8% longer than the best
+# (TP 2 with a pipeline of 4 or 8 interleaved stages: TP 8's all-reduces, 1.2 and 1.6 s a step, and its
+# replicated elementwise kernels, Megatron-LM having no sequence parallelism then). MT-NLG: 15.2%, 16.4% and
+# 19.8% high on 280, 350 and 420 nodes, a gap of 7-8 s a step that does not shrink with the data-parallel
+# degree and that no cost found in DeepSpeed's pipeline engine or ZeRO-1 of 2021 accounts for.
+# DeepSeek-V3 (published.py): 15.4% high with its FP8 GEMMs, casts, attention kernels and DualPipe as
 # DeepSeek published them, and the planner's full recomputation (its activation count knows no FP8 caching);
 # with DeepSeek's own recomputation 35% high: a layer takes 25.7 ms where DeepSeek's training profile spends
 # 29.5 ms on its compute stream (MoE permutation, norms, RoPE: kernels the planner does not count).
-RANK_MISSES = {"megatron-18.4b": (6, 1.15), "megatron-39.1b": (7, 1.15)}  # rank, step over the best's
-ERROR_MISSES = {"mt-nlg-530b-420": 0.16, "opt-175b": 0.16, "deepseek-v3": 0.16}
+RANK_MISSES = {"megatron-18.4b": (7, 1.161), "megatron-39.1b": (8, 1.149)}  # rank, step over the best's
+ERROR_MISSES = {"mt-nlg-530b-280": 0.153, "mt-nlg-530b-350": 0.165, "mt-nlg-530b-420": 0.198, "deepseek-v3": 0.16}
 
 
 @pytest.mark.parametrize("name", list(pub.PUBLISHED))
@@ -392,3 +394,27 @@ def test_pipeline_schedules_follow_the_frameworks_rule_and_lesson5s_step_with_fe
     assert all(pub.PUBLISHED[n].axes.engine == "torch" for n in pub.PUBLISHED if n.startswith("llama3"))
     configs = pl.plan(model, cluster, 1024)["configs"]
     assert all(c.microbatches % c.pp == 0 for c in configs if c.chunks > 1)
+
+
+def test_deepspeed_pipeline_partitions_over_tp_and_metaseq_distributes_checkpoints():
+    """DeepSpeed's PipelineEngine sends each TP rank's 1/t of a stage's output and input gradient (4 blocking
+    messages of s·b·h·2/t and 4 meta tensors) and rebuilds it with 3 TP all-gathers; metaseq's distributed
+    checkpoints keep 1/t of each saved layer input and all-gather it once per layer before the recompute."""
+    from distai.lessons.lesson1.formulas import ring_allgather_time
+
+    p = pub.PUBLISHED["mt-nlg-530b-280"]
+    c = pl.evaluate(p.model, p.cluster, p.global_batch, pl.Config(8, 35, 8, 1, 1, "full", 1), p2p="deepspeed")
+    part = 2048 * 20480 * 2 / 8
+    inter = 4 * (10e-6 + part / 25e9) + 4 * 10e-6
+    gathers = 3 * ring_allgather_time(part * 8, 8, 5e-6, 1 / 300e9)
+    assert c.time["pp_comm_s"] / c.microbatches == pytest.approx(inter + gathers)
+    opt = pub.PUBLISHED["opt-175b"]
+    assert opt.cluster.distributed_checkpoints and opt.cluster.grad_bytes == 2
+    config = pl.Config(8, 1, 124, 8, 3, "full", 1)
+    on = pl.evaluate(opt.model, opt.cluster, 992, dataclasses.replace(config))
+    off = pl.evaluate(opt.model, dataclasses.replace(opt.cluster, distributed_checkpoints=False), 992,
+                      dataclasses.replace(config))
+    extra = 96 * ring_allgather_time(2048 * 8 * 12288 * 2, 8, 5e-6, 1 / 300e9)
+    assert on.time["tp_comm_s"] - off.time["tp_comm_s"] == pytest.approx(extra)
+    saved = 96 * 2 * 2048 * 8 * 12288  # full recomputation keeps each layer's input: 2·s·b·h bytes
+    assert off.memory["activations_bytes"] - on.memory["activations_bytes"] == pytest.approx(saved * (1 - 1 / 8))

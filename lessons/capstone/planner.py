@@ -30,7 +30,8 @@ For every split ``tp · pp · dp = G`` the planner
    plus its layers' TP collectives (lesson 4's
    :func:`~distai.lessons.lesson4.formulas.tp_comm_time_per_layer`, repeated in the recomputed forward),
    plus its point-to-point sends to the neighbouring stages (``2·v`` messages of ``s·b·h·2/t`` bytes,
-   Megatron's scatter/gather, lesson 1's α-β :func:`~distai.lessons.lesson1.formulas.serial_messages_time`),
+   Megatron's scatter/gather, lesson 1's α-β :func:`~distai.lessons.lesson1.formulas.serial_messages_time`;
+   DeepSpeed's pipeline engine partitions them over the TP group too, ``Axes.p2p``),
    plus a mixture of experts' all-to-all over the inter-node link when its EP group spans nodes
    (hidden behind the compute, as far as it lasts, when ``Cluster.expert_a2a_overlap``).
    The pipeline takes ``m + (p−1)/v`` such slots, or ``p + (m−1)/v`` interleaved with ``m < p``, where
@@ -95,9 +96,9 @@ ALLOCATOR_FRACTION = 0.05  # the caching allocator's fragmentation, on top of wh
 # GEMM reaches, and w½, the narrow size at which it reaches E/2: the optimum of :func:`.published.fit_gpu_model`
 # (A100 on Megatron-LM's Table 1, H100 on Llama 3's 8,192-GPU run; ``python bench/planner_fit.py`` re-runs it,
 # a test checks these equal it); HBM bandwidths from the data sheets.
-GEMM_HALF_WIDTH = 75.0
+GEMM_HALF_WIDTH = 100.0
 A100_GEMM = 0.69  # E of an A100 (Megatron-LM's kernels, 2021-2022)
-H100_GEMM = 0.82  # E of an H100 (Llama 3's kernels, 2024)
+H100_GEMM = 0.83  # E of an H100 (Llama 3's kernels, 2024)
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,11 @@ class Cluster:
     expert_dispatch_bytes: float = 2.0  # bytes per element the dispatch sends (bf16; FP8 with its scales: 1.03)
     expert_node_limit: int = 0  # nodes one token's experts may span (node-limited routing; 0: no limit)
     grad_bytes: float = GRAD_BYTES  # bytes per gradient, held and reduced (fp16 training without an fp32 buffer: 2)
+    # full recomputation's saved layer inputs split over the TP group, each rank keeping 1/t, and all-gathered
+    # before the layer is recomputed (--distribute-checkpointed-activations of Megatron-LM and of metaseq, whose
+    # checkpoint wrapper calls split_tensor_into_1d_equal_chunks in the forward, gather_split_1d_tensor in the
+    # backward)
+    distributed_checkpoints: bool = False
 
 
 @dataclass
@@ -321,7 +327,10 @@ def memory_terms(model: ModelSpec, cluster: Cluster, c: Config, stage: int, m: i
     recompute = c.recompute or "none"
     # FlashAttention keeps no score matrix: its activations are the selective count
     stored = "selective" if recompute == "none" and cluster.flash_attention else recompute
-    act_mb = activation_bytes(stage, s_local, b, model.hidden, model.heads, tp, c.sp, stored)
+    # the saved input of a fully recomputed layer is split t ways by sequence parallelism or by distributed
+    # checkpoints alike (lesson 2's count for "full": 2·s·b·h, over t with SP)
+    split_input = c.sp or (cluster.distributed_checkpoints and recompute == "full")
+    act_mb = activation_bytes(stage, s_local, b, model.hidden, model.heads, tp, split_input, stored)
     inflight = peak_inflight_microbatches(pp, m, "interleaved" if v > 1 else "1f1b", v)
     working = (activation_bytes_per_layer(s_local, b, model.hidden, model.heads, tp, c.sp, "selective")
                if recompute == "full" else 0.0)
@@ -450,6 +459,24 @@ def _dp_exposed(model: ModelSpec, cluster: Cluster, c: Config, m: int, compute_m
     return m * max(0.0, per_mb - compute_mb)
 
 
+def _deepspeed_p2p_per_microbatch(model: ModelSpec, cluster: Cluster, s_local: int, b: int, tp: int,
+                                  alpha: float, beta: float) -> float:
+    """Seconds a middle stage of DeepSpeed's PipelineEngine spends on its boundaries per microbatch: its
+    SendActivation, RecvActivation, SendGrad and RecvGrad, blocking and one after the other, each a small
+    meta tensor and then the rank's 1/t share of the s·b·h activation or gradient (with tensor parallelism
+    the engine partitions what crosses a stage over the TP group, ``is_pipe_partitioned`` and
+    ``is_grad_partitioned`` = ``is_model_parallel``, DeepSpeed ``runtime/pipe/engine.py`` from the engine's
+    first release, 2020-09, until 2023-11 made it an option, on by default), and the TP group's all-gathers
+    that rebuild the whole tensor: the received input before the forward, the stage's output and the
+    received gradient before the backward (``PartitionedTensor.full``), over the TP group's link."""
+    part = f.pp_p2p_bytes_per_microbatch(s_local, b, model.hidden, tp)  # s·b·h·2/t
+    sends = serial_messages_time(4, part, alpha, beta) + serial_messages_time(4, 0.0, alpha, beta)
+    if tp == 1:
+        return sends
+    a_tp, beta_tp = _link(cluster, _spans_nodes(1, tp, cluster.gpus_per_node))
+    return sends + 3 * ring_allgather_time(part * tp, tp, a_tp, beta_tp)
+
+
 def _refuse(c: Config, cluster: Cluster, model: ModelSpec, stage: int, m: int, max_zero_pp: int,
             engine: str) -> dict[str, str]:
     """Why this configuration cannot run, in each language, or {}."""
@@ -511,6 +538,8 @@ def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, o
         a, beta = _link(cluster, _spans_nodes(1, tp, g))
         per_layer = tp_comm_time_per_layer(model.hidden, s_local, b, tp, a, beta, sequence_parallel=c.sp)
         tp_mb = stage * per_layer * (1.5 if c.recompute == "full" else 1.0)  # the recomputed forward talks again
+        if cluster.distributed_checkpoints and c.recompute == "full" and not c.sp:  # each layer's input gathered
+            tp_mb += stage * ring_allgather_time(s_local * b * model.hidden * 2, tp, a, beta)
     cp_mb = 0.0
     if c.cp > 1:  # Llama 3's all-gather of K and V (forward, recomputed forward) and reduce-scatter of their gradients
         a, beta = _link(cluster, _spans_nodes(st["cp"], c.cp, g))
@@ -520,8 +549,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, o
     if pp > 1:
         a, beta = _link(cluster, _spans_nodes(st["pp"], pp, g))
         if p2p == "deepspeed":
-            pp_mb = serial_messages_time(4, f.pp_p2p_bytes_per_microbatch(s_local, b, model.hidden, tp, 2, False),
-                                         a, beta)
+            pp_mb = _deepspeed_p2p_per_microbatch(model, cluster, s_local, b, tp, a, beta)
         else:
             pp_mb = serial_messages_time(2 * v, f.pp_p2p_bytes_per_microbatch(s_local, b, model.hidden, tp), a, beta)
     ep_mb = _expert_a2a_per_microbatch(model, cluster, c, stage)
@@ -580,8 +608,9 @@ class Axes:
     chunks: tuple[int, ...] = CHUNKS
     sp: tuple[bool, ...] = SEQUENCE_PARALLEL
     # how the pipeline sends: "megatron" (scatter/gather, sends and receives together: 2·v messages of
-    # s·b·h/t per microbatch) or "deepspeed" (DeepSpeed's PipelineEngine: whole activations, its send
-    # and receive instructions one after the other: 4 messages of s·b·h)
+    # s·b·h/t per microbatch) or "deepspeed" (DeepSpeed's PipelineEngine: its send and receive instructions
+    # one after the other, 4 messages of s·b·h/t, and 3 all-gathers over the TP group:
+    # :func:`_deepspeed_p2p_per_microbatch`)
     p2p: str = "megatron"
     # whose pipeline schedules (lesson 5's :func:`~distai.lessons.lesson5.formulas.check_schedule`): "megatron"
     # (1F1B on any m, interleaved on m a multiple of p), "torch" (torch.distributed.pipelining: 1F1B on

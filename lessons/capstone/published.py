@@ -26,7 +26,13 @@ reduce the gradients after the last backward, hiding none of it (``Axes.dp_overl
 ``train_step`` all-reduces after ``forward_backward_func``, DeepSpeed's ReduceGrads ends its schedule);
 Megatron-LM's 2021 runs trained in fp16, their gradients held and all-reduced in fp16 (2 bytes; fp32 only
 with bf16, ``accumulate_allreduce_grads_in_fp32``); its interleaved schedule needs more than 2 stages
-(lesson 5's rule). The output layer runs on the last stage only.
+(lesson 5's rule) and takes any number of chunks v whose layers divide a stage's (``megatron/arguments.py``
+sets v = layers per stage // ``--num-layers-per-virtual-pipeline-stage``; NVIDIA's script for Table 1,
+``examples/sc21/run_table_1.sh``, runs the 76.1B model with v = 3 and the 529.6B one with v = 3), searched
+here up to 8. DeepSpeed's pipeline engine (MT-NLG, BLOOM) sends each TP rank's 1/t share of a stage's
+output and input gradient and all-gathers it over the TP group on arrival (``is_pipe_partitioned`` =
+``is_grad_partitioned`` = ``is_model_parallel`` in ``deepspeed/runtime/pipe/engine.py``, September 2020 to
+November 2023). The output layer runs on the last stage only.
 
 Sources (A100-80GB: 312 TFLOP/s bf16 dense, HBM 2.039 TB/s; H100 SXM: 989 TFLOP/s, 3.35 TB/s):
 - Megatron-LM PTD-P: Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters
@@ -46,9 +52,12 @@ Sources (A100-80GB: 312 TFLOP/s bf16 dense, HBM 2.039 TB/s; H100 SXM: 989 TFLOP/
 - OPT-175B: Zhang et al., "OPT: Open Pre-trained Transformer Language Models", arXiv:2205.01068, 2022,
   Sec. 2.4 and Table 1: 992 A100-80GB, FSDP with Megatron-LM tensor parallelism (TP 8, so 124-way
   FSDP), 96 layers, h 12288, 96 heads, batch 2M tokens of 2048, "up to 147 TFLOP/s per GPU".
-  Approximations: 2M tokens are 1024 sequences, which 124 data ranks cannot split; the run here uses
-  992 (= 124 · 8, 2.03M tokens); and the 147 TFLOP/s are taken as counted the Megatron-LM way (eq. 3,
-  with the recomputed forward: metaseq trained with activation checkpointing).
+  2M tokens are 1024 sequences, which 124 data ranks cannot split: metaseq's launcher
+  (``metaseq/launcher/opt_baselines.py``) gives each data rank (2,097,152 // 124) // 2048 = 8 sequences,
+  992 in all (2.03M tokens), in one microbatch (``--update-freq 1``). The 147 TFLOP/s are counted the
+  Megatron-LM way (eq. 3, with the recomputed forward): metaseq's ``projects/OPT/chronicles/final_update.md``
+  puts 300B tokens at "~4.30E+23 FLOPs", 1.43e12 per token, eq. 3's count for this shape (1.434e12), and at
+  "~33 days ... on 1024 80GB A100s", which is 147 TFLOP/s per GPU.
 - Llama 3 405B: Llama Team, AI @ Meta, "The Llama 3 Herd of Models", arXiv:2407.21783, 2024, Table 4
   and Sec. 3.3: 126 layers, h = 16384, 128 heads, 8 KV heads, vocabulary 128,256, 16M tokens per batch;
   H100-80GB, 8 per server on NVLink, 400 Gb/s RoCE per GPU; FSDP with pipeline parallelism (Sec.
@@ -100,7 +109,7 @@ Sources (A100-80GB: 312 TFLOP/s bf16 dense, HBM 2.039 TB/s; H100 SXM: 989 TFLOP/
   prints it; one layer takes 25.7 ms in the model against 29.5 ms of kernels on the profile's compute
   stream, the rest MoE token permutation, norms, RoPE and casts the byte count misses). The published
   figure is also an average over the whole pre-training (the batch ramp from 3,072, checkpoints), not one
-  step. The prediction is 15.3% high: a named miss.
+  step. The prediction is 15.4% high: a named miss.
 Pure Python.
 """
 from __future__ import annotations
@@ -168,11 +177,15 @@ def _axes(layout: tuple[int, ...], **kw) -> pl.Axes:
 
 # Megatron-LM, 2021 and 2022 (Korthikanti et al.): its interleaved schedule asserts that the microbatches
 # are a multiple of the stages (lesson 5's "megatron" rule)
-MEGATRON_2021 = dict(zero=(0,), max_zero_pp=0, sp=(False,), recompute=("full",), engine="megatron", dp_overlap=False)
+MEGATRON_CHUNKS = tuple(range(1, 9))  # any v whose layers divide a stage's (the module's docstring), up to 8
+MEGATRON_2021 = dict(zero=(0,), max_zero_pp=0, sp=(False,), recompute=("full",), engine="megatron", dp_overlap=False,
+                     chunks=MEGATRON_CHUNKS)
 MEGATRON_2022 = dict(zero=(0,), max_zero_pp=0, sp=(True,), recompute=("selective",), engine="megatron",
-                     dp_overlap=False)
+                     dp_overlap=False, chunks=MEGATRON_CHUNKS)
 # MT-NLG, BLOOM: DeepSpeed's PipelineEngine runs 1F1B only (its TrainSchedule), on any number of microbatches,
 # the rule lesson 5 states for Megatron-LM's 1F1B
+# DeepSpeed's PipelineEngine sends each TP rank's 1/t share of a stage's output and input gradient, blocking, and
+# all-gathers it over the TP group on the other side (p2p="deepspeed", planner._deepspeed_p2p_per_microbatch)
 DEEPSPEED = dict(zero=(0, 1), max_zero_pp=1, sp=(False,), recompute=("full",), chunks=(1,), p2p="deepspeed",
                  engine="megatron", dp_overlap=False)
 
@@ -226,10 +239,17 @@ MTNLG = tuple(
               (8, 35, nodes * 8 // 280, 1, 1), "step", seconds, _axes((8, 35, 0, 1, 1), **DEEPSPEED), microbatch=1,
               source="Smith et al. 2022, Sec. 2.3")
     for nodes, seconds in ((280, 60.1), (350, 50.2), (420, 44.4)))
-OPT = Published("opt-175b", _gpt(174.6e9, 96, 12288, 96, 50272), pl.Cluster(992, 80e9, **A100), 992,
+# OPT-175B as metaseq's launcher ran it (metaseq/launcher/opt_baselines.py, opt_job_constants.py, May 2022):
+# --batch-size (2M tokens // 124 data ranks) // 2048 = 8 and --update-freq 1, so one microbatch of 8 per step and
+# 992 sequences in all; --memory-efficient-fp16 without --fp32-reduce-scatter: fp16 weights, gradients
+# reduce-scattered in fp16 (2 bytes); --checkpoint-activations with --distribute-checkpointed-activations;
+# FSDP with --no-reshard-after-forward (each layer gathered once, in the forward, and kept for the backward:
+# taken here as ZeRO-3, whose gathers the compute hides either way)
+OPT = Published("opt-175b", _gpt(174.6e9, 96, 12288, 96, 50272),
+                pl.Cluster(992, 80e9, **A100, grad_bytes=2, distributed_checkpoints=True), 992,
                 (8, 1, 124, 1, 1), "megatron", 147e12,
-                _axes((8, 1, 124, 1, 1), zero=(3,), sp=(False,), recompute=("full",)),
-                source="Zhang et al. 2022, Sec. 2.4 (batch approximated, see the module's sources)")
+                _axes((8, 1, 124, 1, 1), zero=(3,), sp=(False,), recompute=("full",)), microbatch=8,
+                source="Zhang et al. 2022, Sec. 2.4; metaseq's launcher (see the module's sources)")
 LLAMA3_405B = pl.ModelSpec(405e9, 126, 16384, 128, 8, 8192, 128256)
 # FSDP with pipeline parallelism and Meta's interleaved schedule with a flexible number of microbatches
 # (Sec. 3.3.2: "fewer micro-batches than the number of stages" allowed), the schedule that
