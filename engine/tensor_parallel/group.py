@@ -61,11 +61,15 @@ class TPGroup:
 
     def all_reduce(self, t: torch.Tensor, site: str, *, op: Any = None, layer: object = None,
                    phase: str | None = None) -> torch.Tensor:
-        if self.size == 1 or site in self.skip_sites:
+        skipped = site in self.skip_sites
+        if self.size == 1 or (skipped and self.spans is None):
             return t
         t = t.contiguous()
+        # a timed twin (spans kept) skips only the collective: the step's other work, its
+        # timing included, is the twin's too
         with comm_scope(layer, phase, site), self._timed():
-            dist.all_reduce(t, op=op or dist.ReduceOp.SUM, group=self.group)
+            if not skipped:
+                dist.all_reduce(t, op=op or dist.ReduceOp.SUM, group=self.group)
         return t
 
     def all_gather_seq(self, t: torch.Tensor, site: str, *, layer: object = None,
