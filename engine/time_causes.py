@@ -102,12 +102,12 @@ def process_run_queue_s() -> float:
     return sum(_run_delay(f"/proc/self/task/{task}/schedstat") for task in tasks)
 
 
-def longest_thread_wait_s(before: dict[str, float]) -> float:
+def longest_thread_wait_s(before: dict[str, float], skip: str = "") -> float:
     """The most any one thread of this process has waited for a core since ``before``
-    (:func:`threads_run_queue_s`). A collective's work runs on the backend's threads (gloo's) while
+    (:func:`threads_run_queue_s`; thread ``skip`` apart). A collective's work runs on the backend's threads (gloo's) while
     the calling thread sleeps, so its delay is theirs, not the caller's; the longest, not the sum:
     threads that wait at the same moment delay it once."""
-    return max((q - before.get(task, 0.0) for task, q in threads_run_queue_s().items()), default=0.0)
+    return max((q - before.get(task, 0.0) for task, q in threads_run_queue_s().items() if task != skip), default=0.0)
 
 
 @dataclass
@@ -115,14 +115,21 @@ class Window:
     """Wall time, on-CPU time and run-queue delay of the calling thread over ``with`` blocks
     (accumulated over every block it was entered for); ``blocks``: the first :data:`KEPT_BLOCKS`
     blocks' bounds on the wall clock (``time.time()``, the run's events' clock), where the run's
-    trace draws them (``comm_trace.trace_causes``)."""
+    trace draws them (``comm_trace.trace_causes``); ``backend_wait_s``: the longest wait for a core
+    of one of gloo's threads over each block (:data:`BACKEND_THREADS`: they run the block's
+    collectives), read at the block's ends only, for a caller whose collectives are timed without
+    reading the threads' clocks (``TPGroup.thread_waits`` off: those reads, after each wake-up, cost
+    a decode step more CPU than its twins)."""
     wall_s: float = 0.0
     cpu_s: float = 0.0
     run_queue_s: float = 0.0
+    backend_wait_s: float = 0.0
     blocks: list[tuple[float, float]] = field(default_factory=list)
     _start: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+    _threads: dict[str, float] = field(default_factory=dict)
 
     def __enter__(self) -> Window:
+        self._threads = threads_run_queue_s()
         self._start = (time.perf_counter(), time.thread_time(), run_queue_s(), time.time())
         return self
 
@@ -133,6 +140,9 @@ class Window:
         self.run_queue_s += run_queue_s() - q
         if len(self.blocks) < KEPT_BLOCKS:
             self.blocks.append((t, time.time()))
+        main = str(threading.get_native_id())
+        self.backend_wait_s += longest_thread_wait_s({k: v for k, v in self._threads.items() if k != main},
+                                                     skip=main)
 
 
 def collective_causes(spans: Sequence[Sequence[float]], expected_s: list[float],

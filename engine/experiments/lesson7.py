@@ -95,7 +95,7 @@ from ..mesh_args import DECODE_MODEL, DECODE_SIZE_FLAGS, check_decode_parts
 from ..metering import CommMeter
 from ..model import ModelConfigError
 from ..paged_kv import ContinuousBatcher, compare_prefix_sharing, paged_store
-from ..time_causes import collective_causes, copy_bandwidth, matmul_rate, step_contention
+from ..time_causes import collective_causes, copy_bandwidth, matmul_rate
 
 DEFAULT_MODEL = DECODE_MODEL  # the GPT this lesson serves, in Llama's shape (its size flags default to this)
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -159,6 +159,7 @@ def tp_decode(cfg, w, prompts, n, ref, ctx) -> dict:
     on_token = (lambda step, t: TOKENS.emit(ev, {"mode": "tp", "step": step, "tokens": t.tolist()})) \
         if rank == 0 else None
     sh.tp.spans = []  # when this rank entered and left each all-reduce
+    sh.tp.thread_waits = False  # gloo's threads' waits read around each step instead (Window.backend_wait_s)
     twins = (overhead_twin(cfg, sh.dtype, ctx), compute_twin(cfg, w, sh.dtype, ctx))
     if W > 1:
         dist.barrier()  # the ranks start the timed decode together
@@ -291,7 +292,7 @@ def _silent_shard(cfg, w, ctx) -> DecoderShard:
     """This rank's tensor-parallel shard of ``w`` with its all-reduces skipped (a twin's)."""
     sh = DecoderShard(cfg, w, tp_rank=ctx.rank, tp_size=ctx.world_size, device=ctx.device)
     sh.tp.skip_sites = frozenset({"attn.g", "mlp.g"})  # a decode step's only collectives
-    sh.tp.spans = []  # timed as the decode's are: reading the clocks costs it what it costs the decode
+    sh.tp.spans, sh.tp.thread_waits = [], False  # timed as the decode's are: reading the clocks costs it what it costs the decode
     return sh
 
 
@@ -314,8 +315,9 @@ def serving_checks(cfg, prompts, n: int, r: dict, spans: list, k: int,
     each measured on its own: the per-operation overhead (the twin's on-CPU time, step by step beside
     the decode), compute slower than the roofline (:func:`compute_twin`'s on-CPU time, the same steps
     without communication beside the decode, less the overhead, beyond the roofline), CPU contention
-    (the decode's run-queue delay, in its all-reduces the longest any rank's threads had:
-    ``time_causes.step_contention``), waiting for a peer, all-reduces slower than α-β (their spans).
+    (the decode's run-queue delay and its gloo threads' longest wait over each phase,
+    ``Window.backend_wait_s``), waiting for a peer, all-reduces slower than α-β (their spans, that
+    wait apart).
     What the decode's own on-CPU time outside its all-reduces (``on_cpu_s`` in the detail) adds to
     the compute alone stays unexplained. The figures are the slowest rank's (every rank returns the
     same checks)."""
@@ -331,12 +333,13 @@ def serving_checks(cfg, prompts, n: int, r: dict, spans: list, k: int,
         trace_causes(ctx.events, window.blocks, spans[part], waits[part], names="all_reduce", check=name)
     p, d = r["prefill_window"], r["decode_window"]
     (tp_, td), (cp, cd) = r["twin_windows"]  # the overhead twin's, the compute twin's
-    queued = (step_contention(p.run_queue_s, spans[:k], found["contention"][:k]),
-              step_contention(d.run_queue_s, spans[k:], found["contention"][k:]))
-    mine = {"ttft": (p.wall_s, tp_.cpu_s, cp.cpu_s - tp_.cpu_s, queued[0], sum(waits[:k]), sum(slow[:k]),
-                     p.cpu_s - sum(in_comm[:k])),
-            "tpot": (d.wall_s / steps, td.cpu_s / steps, (cd.cpu_s - td.cpu_s) / steps, queued[1] / steps,
-                     sum(waits[k:]) / steps, sum(slow[k:]) / steps, (d.cpu_s - sum(in_comm[k:])) / steps)}
+    # the spans carry no thread waits (reading them at every all-reduce cost the decode more CPU than
+    # its twins): gloo's threads' waits over each phase are its all-reduces' contention, out of their slowness
+    mine = {"ttft": (p.wall_s, tp_.cpu_s, cp.cpu_s - tp_.cpu_s, p.run_queue_s + p.backend_wait_s, sum(waits[:k]),
+                     sum(slow[:k]) - p.backend_wait_s, p.cpu_s - sum(in_comm[:k])),
+            "tpot": (d.wall_s / steps, td.cpu_s / steps, (cd.cpu_s - td.cpu_s) / steps,
+                     (d.run_queue_s + d.backend_wait_s) / steps, sum(waits[k:]) / steps,
+                     (sum(slow[k:]) - d.backend_wait_s) / steps, (d.cpu_s - sum(in_comm[k:])) / steps)}
     everyone: list[Any] = [mine]
     if W > 1:
         everyone = [None] * W
