@@ -100,6 +100,19 @@ def test_published_mfu_of_a_step_time_and_of_tokens_per_second():
     assert 37e9 < m.active_params < 42e9  # 37B active (DeepSeek-V3 report), plus the MTP layer it trains
 
 
+def test_mtnlg_micro_batch_is_not_published_and_two_would_double_the_bubble():
+    # the paper states no micro-batch size: the planner takes the layout's best (1); with 2 sequences the
+    # 34 bubble slots are twice as long, and 1920 / (8 · 8) = 30 microbatches are fewer than 35 stages
+    name = "mt-nlg-530b-280"
+    assert pub.PUBLISHED[name].microbatch is None and pub.reproduce(name)["config"].microbatch == 1
+    assert pub.microbatch_error(name, 1) == pytest.approx(pub.prediction_error(name))
+    assert pub.microbatch_error(name, 2) < pub.prediction_error(name)
+    terms = pub.step_terms(name)
+    assert terms["bubble_s"] == pytest.approx(34 * (terms["compute_s"] + terms["tp_comm_s"] + terms["pp_comm_s"]) / 240)
+    with pytest.raises(ValueError):
+        pub.microbatch_error(name, 8)
+
+
 def test_llama3_16k_layout_is_the_planners_first_choice_and_bloom_runs_as_published():
     assert pub.layout_rank("llama3-405b-16k") == 1
     exact = pub.reproduce("bloom-176b")["exact"]  # micro-batch 2, full recomputation, ZeRO-1 at most

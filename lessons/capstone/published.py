@@ -48,7 +48,19 @@ Sources (A100-80GB: 312 TFLOP/s bf16 dense, HBM 2.039 TB/s; H100 SXM: 989 TFLOP/
 - MT-NLG 530B: Smith et al., "Using DeepSpeed and Megatron to Train Megatron-Turing NLG 530B",
   arXiv:2201.11990, 2022, Sec. 2.3: 105 layers, h 20480, 128 heads, sequence 2048, batch 1920, TP 8,
   PP 35 on 280, 350 and 420 DGX A100 nodes (DP 8, 10, 12): 60.1, 50.2 and 44.4 s per iteration;
-  DeepSpeed's pipeline engine (ZeRO-1), activation checkpointing, no sequence parallelism.
+  DeepSpeed's pipeline engine (ZeRO-1), activation checkpointing, no sequence parallelism; bf16 (Sec. 2.3),
+  which DeepSpeed's released pipeline engine gained only in April 2022 (its PR #1801), so the exact code
+  MT-NLG ran is not public; no micro-batch size stated. Checked against DeepSpeed v0.5.4 (October 2021) and
+  Megatron-DeepSpeed of September 2021, and counted or negligible: ZeRO-1 (``stage2.py`` run as stage 1)
+  all-reduces the 16-bit gradients and all-gathers the updated weights, the bytes of the planner's
+  reduce-scatter of 4-byte gradients and all-gather (0.40 s on DP 8); the tied word embedding's gradient
+  all-reduce between the first and last stages (``PipelineModule.allreduce_tied_weight_gradients``: 51200/8 ×
+  20480 × 2 B = 262 MB on 2 ranks, 10.5 ms); TrainSchedule takes 1F1B's m + p − 1 slots (its commands
+  simulated with blocking sends); the attention mask is kept in ``args``, never sent. Not counted, not timed
+  by any source: a host synchronisation or two per microbatch (``ThroughputTimer.start``,
+  ``PartitionedTensor.from_meta``'s ``tolist``). The prediction misses about a pipeline bubble a step (a
+  named miss); micro-batches of 2 would double the bubble and close most of it (:func:`microbatch_error`),
+  but no source says MT-NLG ran them.
 - OPT-175B: Zhang et al., "OPT: Open Pre-trained Transformer Language Models", arXiv:2205.01068, 2022,
   Sec. 2.4 and Table 1: 992 A100-80GB, FSDP with Megatron-LM tensor parallelism (TP 8, so 124-way
   FSDP), 96 layers, h 12288, 96 heads, batch 2M tokens of 2048, "up to 147 TFLOP/s per GPU".
@@ -234,9 +246,12 @@ KORTHIKANTI = (
     _korthikanti("530b", 529.6e9, 105, 20480, 128, 280, 35, 0.560),
     _korthikanti("1t", 1008e9, 128, 25600, 160, 512, 64, 0.563),
 )
+# The paper states no micro-batch size for these runs (Sec. 2.1's "1920 microbatches instead of a single micro-batch
+# of size 1920" is an example of what gradient accumulation does to activation memory, not their setting): the
+# planner takes the layout's best, 1 (:func:`microbatch_error` gives the others)
 MTNLG = tuple(
     Published(f"mt-nlg-530b-{nodes}", _gpt(529.6e9, 105, 20480, 128), pl.Cluster(nodes * 8, 80e9, **A100), 1920,
-              (8, 35, nodes * 8 // 280, 1, 1), "step", seconds, _axes((8, 35, 0, 1, 1), **DEEPSPEED), microbatch=1,
+              (8, 35, nodes * 8 // 280, 1, 1), "step", seconds, _axes((8, 35, 0, 1, 1), **DEEPSPEED),
               source="Smith et al. 2022, Sec. 2.3")
     for nodes, seconds in ((280, 60.1), (350, 50.2), (420, 44.4)))
 # OPT-175B as metaseq's launcher ran it (metaseq/launcher/opt_baselines.py, opt_job_constants.py, May 2022):
@@ -534,6 +549,12 @@ def best_step_time(name: str) -> float:
     return reproduce(name)["best"].step_time_s
 
 
+def step_terms(name: str) -> dict:
+    """The published layout's predicted step, term by term (seconds: ``compute_s``, ``bubble_s``,
+    ``dp_comm_exposed_s``, ...; :func:`~.planner.evaluate`'s ``time``)."""
+    return dict(reproduce(name)["config"].time)
+
+
 def error_table() -> list[dict]:
     """One row per published run: {"name", "set" ("fitted" or "held out"), "layout", "rank", "layouts",
     "predicted_mfu", "published_mfu", "error"}."""
@@ -544,6 +565,18 @@ def error_table() -> list[dict]:
                      "rank": r["layout_rank"], "layouts": r["layouts"], "predicted_mfu": r["predicted_mfu"],
                      "published_mfu": r["published_mfu"], "error": r["error"]})
     return rows
+
+
+def microbatch_error(name: str, micro_batch: int) -> float:
+    """The planner's MFU for the published layout at ``micro_batch`` sequences per microbatch (its best ZeRO
+    stage, recomputation and chunks; the memory checked) relative to the published MFU, minus 1: what a
+    micro-batch size the source does not state would change (MT-NLG's)."""
+    p = _at_layout(_get(name))
+    configs = [c for c in pl.plan(p.model, p.cluster, p.global_batch, axes=p.axes)["configs"]
+               if c.microbatch == micro_batch]
+    if not configs:
+        raise ValueError(f"{name}: the published layout does not fit with a micro-batch of {micro_batch}")
+    return configs[0].mfu / published_mfu(name) - 1
 
 
 def worst_error(which: str) -> float:
