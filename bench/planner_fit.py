@@ -38,7 +38,26 @@ def main() -> None:
               f"{predicted:>9} {row['published_mfu']:>9.1%} {error:>7}")
     for which in ("fitted", "held out"):
         print(f"worst |error|, {which}: {pub.worst_error(which):.1%}")
+    print_megatron_ranks()
     print_deepseek()
+
+
+def print_megatron_ranks() -> None:
+    """Megatron-LM's 18.4B and 39.1B, whose TP 8 ranks low: what was checked (published.py's account)."""
+    fit = pub.torch_ddp_refit()
+    print("Megatron-LM 18.4B and 39.1B (TP 8 ranked low; published.megatron_rank_account):")
+    for name in ("megatron-18.4b", "megatron-39.1b"):
+        a, r = pub.megatron_rank_account(name), pub.reproduce(name)
+        print(f"  {name}: rank {r['layout_rank']}, step {a['step_s']:.2f} s against the best's {a['best_step_s']:.2f} s "
+              f"(TP {a['best_tp']}, PP {a['best_pp']}, {a['best_chunks']} chunks): gap {a['gap_s']:.2f} s; the best's "
+              f"pipeline sends {a['best_pp_comm_s']:.3f} s, their TP all-gathers (not counted) {a['gathers_s']:.3f} s; "
+              f"TP 8's all-reduces {a['tp_comm_s']:.2f} s")
+    for name in ("megatron-1.7b", "megatron-18.4b", "megatron-39.1b", "korthikanti-530b", "korthikanti-1t"):
+        now, refit = pub.torch_ddp_run(name), pub.torch_ddp_run(name, True)
+        print(f"  with PyTorch's DDP on the pp = 1 runs (run_table_1.sh), {name}: rank {now['layout_rank']} "
+              f"({now['slower']:+.1%}), error {now['error']:+.1%}; refitted (A100 E = {fit['a100']:.2f}, "
+              f"w½ = {fit['half_width']:g}): rank {refit['layout_rank']} ({refit['slower']:+.1%}), "
+              f"error {refit['error']:+.1%}")
 
 
 def print_deepseek() -> None:

@@ -36,16 +36,21 @@ def run(capsys, *argv):
 
 # Runs where the planner misses the goal (top 5, within 15%), each with how far: they stay inside these
 # bounds, and every other run meets the goal (python bench/planner_fit.py prints the table).
-# Megatron-LM's 18.4B and 39.1B: TP 8 ranks 7th and 8th, its step 16.0% and 14.8% longer than the best
+# Megatron-LM's 18.4B and 39.1B: TP 8 ranks 7th and 8th, its step 15.4% and 14.8% longer than the best
 # (TP 2 with a pipeline of 4 or 8 interleaved stages: TP 8's all-reduces, 1.2 and 1.6 s a step, and its
-# replicated elementwise kernels, Megatron-LM having no sequence parallelism then). MT-NLG: 15.2%, 16.4% and
+# replicated elementwise kernels, Megatron-LM having no sequence parallelism then). Checked against Megatron-LM's
+# code of 2021 and examples/sc21 (published.megatron_rank_account, torch_ddp_run): the pipeline's blocking sends
+# are counted (0.16 s of the 18.4B best's 8.21 s step, against a 1.26 s gap); the TP all-gathers of what a stage
+# receives (0.014 s) are not, their refit pushing MT-NLG past its bounds; PyTorch's DDP on the pp = 1 runs, as
+# NVIDIA ran them, is left out: refitted (E 0.61, w½ 0) it ranks them 6th and 7th but puts Korthikanti's 1T
+# 17.2% low. MT-NLG: 15.2%, 16.4% and
 # 19.8% high on 280, 350 and 420 nodes, a gap of 7-8 s a step that does not shrink with the data-parallel
 # degree and that no cost found in DeepSpeed's pipeline engine or ZeRO-1 of 2021 accounts for.
 # DeepSeek-V3 (published.py): 15.4% high with its FP8 GEMMs, casts, attention kernels and DualPipe as
 # DeepSeek published them, and the planner's full recomputation (its activation count knows no FP8 caching);
 # with DeepSeek's own recomputation 35% high: a layer takes 25.7 ms where DeepSeek's training profile spends
 # 29.5 ms on its compute stream (MoE permutation, norms, RoPE: kernels the planner does not count).
-RANK_MISSES = {"megatron-18.4b": (7, 1.161), "megatron-39.1b": (8, 1.149)}  # rank, step over the best's
+RANK_MISSES = {"megatron-18.4b": (7, 1.154), "megatron-39.1b": (8, 1.149)}  # rank, step over the best's
 ERROR_MISSES = {"mt-nlg-530b-280": 0.153, "mt-nlg-530b-350": 0.165, "mt-nlg-530b-420": 0.198, "deepseek-v3": 0.16}
 
 
@@ -431,3 +436,18 @@ def test_deepspeed_pipeline_partitions_over_tp_and_metaseq_distributes_checkpoin
     assert on.time["tp_comm_s"] - off.time["tp_comm_s"] == pytest.approx(extra)
     saved = 96 * 2 * 2048 * 8 * 12288  # full recomputation keeps each layer's input: 2·s·b·h bytes
     assert off.memory["activations_bytes"] - on.memory["activations_bytes"] == pytest.approx(saved * (1 - 1 / 8))
+
+
+def test_megatron_2021_overlaps_the_gradient_all_reduce_only_without_a_pipeline():
+    """Axes.dp_overlap "no-pipeline" (Megatron-LM 2021: PyTorch's DDP only when pp = 1, local DDP with a
+    pipeline): a pp = 1 layout hides its all-reduce behind the last backward, a pipelined one hides none."""
+    p = pub.PUBLISHED["megatron-18.4b"]
+
+    def exposed(config, overlap):
+        return pl.evaluate(p.model, p.cluster, p.global_batch, config, max_zero_pp=0,
+                           dp_overlap=overlap).time["dp_comm_exposed_s"]
+
+    flat, piped = pl.Config(8, 1, 32, 8, 0, "full", 1), pl.Config(2, 4, 32, 2, 0, "full", 5)
+    assert exposed(flat, "no-pipeline") == exposed(flat, True) < exposed(flat, False)
+    assert exposed(piped, "no-pipeline") == exposed(piped, False) > exposed(piped, True)
+    assert pub.torch_ddp_run("megatron-18.4b")["config"].step_time_s < pub.reproduce("megatron-18.4b")["config"].step_time_s

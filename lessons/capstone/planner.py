@@ -503,7 +503,7 @@ def _refuse(c: Config, cluster: Cluster, model: ModelSpec, stage: int, m: int, m
 
 def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, optimizer: str = "adam",
              max_zero_pp: int = 3, p2p: str = "megatron", engine: str = "megatron",
-             dp_overlap: bool = True, dualpipe: bool = False) -> Config:
+             dp_overlap: bool | str = True, dualpipe: bool = False) -> Config:
     """Fill in ``c``'s memory, time and MFU, or its ``reason`` when it is infeasible. ``dualpipe``: the
     pipeline runs DeepSeek's DualPipe (:func:`dualpipe_bubble`) instead of 1F1B."""
     tp, pp, dp, b, v = c.tp, c.pp, c.dp, c.microbatch, c.chunks
@@ -563,7 +563,8 @@ def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, o
         pipeline = slot * m + dualpipe_bubble(pp, slot, comp["dualpipe_ratio"])
     else:
         pipeline = slot * step_time_units(pp, m, v)  # m + (p−1)/v; interleaved with m < p: p + (m−1)/v
-    dp_exposed = _dp_exposed(model, cluster, c, m, compute_mb, dp_overlap)
+    overlap = pp == 1 if dp_overlap == "no-pipeline" else bool(dp_overlap)
+    dp_exposed = _dp_exposed(model, cluster, c, m, compute_mb, overlap)
     c.step_time_s = pipeline + dp_exposed
     c.time = {"compute_s": compute_mb * m, "tp_comm_s": tp_mb * m, "cp_comm_s": cp_mb * m, "pp_comm_s": pp_mb * m,
               "ep_comm_s": ep_mb * m,
@@ -618,8 +619,11 @@ class Axes:
     engine: str = "megatron"
     # whether the data-parallel reduction overlaps the backward (PyTorch DDP's buckets, FSDP) or runs after
     # the last backward (Megatron-LM's local DDP until 2023: train_step all-reduces after the pipeline;
-    # DeepSpeed's pipeline engine: its ReduceGrads instruction ends the schedule)
-    dp_overlap: bool = True
+    # DeepSpeed's pipeline engine: its ReduceGrads instruction ends the schedule); "no-pipeline": only when
+    # pp = 1 (Megatron-LM in 2021 offered PyTorch's DDP, which overlaps, only without a pipeline: training.py
+    # asserts DDP_impl == 'local' when pp > 1; NVIDIA's script for Table 1, examples/sc21/run_table_1.sh, ran
+    # its pp = 1 runs with --DDP-impl torch)
+    dp_overlap: bool | str = True
     # DeepSeek's DualPipe in place of 1F1B (pp and the microbatches even, at least 2·pp microbatches:
     # deepseek-ai/DualPipe's step() asserts it): its bubble, its two stages per GPU, the all-to-all and the
     # PP sends hidden behind the paired chunk
