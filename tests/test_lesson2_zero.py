@@ -243,10 +243,18 @@ def test_experiment_main_reports_measured_against_calculator(group):
                                        "strategy_overhead": pytest.approx(d["alone_s"] - d["compute_s"]),
                                        "cpu_contention": pytest.approx(d["step_wait_s"])}
                 assert d["step_wait_s"] >= 0
-            # Not asserted: that the causes explain the step. On this 2-core machine at load 12 the
-            # step timed as often as its parts and every time taken without its wait for a core took
-            # DDP's unexplained part from 64-66 % to 5-15 % (ZeRO-3: 18-41 %); a cause is still missing
-            # (issue 28 stays open for lesson 2: the gloo threads' wait for a core is not counted).
         progress = [e for e in events if e["kind"] == "progress"]
         assert progress[-1]["done"] == progress[-1]["total"]
         assert ("summary" in kinds) == (rank == 0)
+    from run_checks import explained_or_known_defect
+
+    explained_or_known_defect({e["name"]: e for e in results[0]["main"] if e["kind"] == "check"},
+                              {"step_time_ddp", "step_time_zero3"}, LESSON2_STEP_DEFECT)
+
+
+# issue 28, open: `distai run lesson2 --cpu 2` (the lesson's model, load 2.4-2.6, 3 runs) explained DDP
+# within -4.0/-3.9/+1.8 %, ZeRO-1..3 in 7 of 9 (ZeRO-3 -15.9 % once), FSDP2 never (-20 to -26 %: its step on
+# 2 ranks spends 4.9 ms more of the main thread's CPU than the same wrapper in a group of one, a cost no
+# part measures). With this test's tiny model (3-9 ms steps) DDP and ZeRO-3 missed in 6 of 6 groups, -30 to +52 %
+LESSON2_STEP_DEFECT = ("the parts timed alone (least disturbed) do not add up to a step of a few ms (-30 to +52 % "
+                       "here), and FSDP2's CPU work that exists only with peers is not measured")
