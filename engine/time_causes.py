@@ -55,9 +55,7 @@ _TASK_FILES: dict[str, int] = {}  # thread id -> its schedstat file, kept open: 
 BACKEND_THREADS = ("pt_gloo", "gloo")
 
 
-def _is_collective_thread(task: str) -> bool:
-    if task == str(threading.get_native_id()):
-        return True
+def _is_backend_thread(task: str) -> bool:
     try:
         with open(f"/proc/self/task/{task}/comm") as f:
             return f.read().startswith(BACKEND_THREADS)
@@ -74,13 +72,13 @@ def threads_run_queue_s() -> dict[str, float]:
         tasks = os.listdir("/proc/self/task")
     except OSError:
         return {}
-    out = {}
+    out, caller = {}, str(threading.get_native_id())
     for task in tasks:
         try:
             fd = _TASK_FILES.get(task)
-            if fd is None:
+            if fd is None or (fd < 0 and task == caller):  # the caller counts whatever its name
                 fd = _TASK_FILES[task] = os.open(f"/proc/self/task/{task}/schedstat", os.O_RDONLY) \
-                    if _is_collective_thread(task) else -1
+                    if task == caller or _is_backend_thread(task) else -1
             if fd >= 0:
                 out[task] = int(os.pread(fd, 64, 0).split()[1]) / 1e9
         except (OSError, IndexError, ValueError):
