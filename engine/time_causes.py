@@ -5,7 +5,9 @@ own, never taken as measured − predicted:
 
 * **CPU contention** — the time a rank was ready to run but waited for a core: the kernel's
   run-queue delay of the calling thread (``/proc/thread-self/schedstat``, second field), read
-  around the timed region (:class:`Window`; zero where the file is absent);
+  around the timed region (:class:`Window`; zero where the file is absent), and in a collective
+  the longest such wait of any rank's threads, the backend's included (gloo's threads do its work
+  while the caller sleeps: :func:`longest_thread_wait_s`, :func:`step_contention`);
 * **on-CPU time** — the thread's CPU time over the same region (``time.thread_time``): compute
   and Python overhead, without the time spent blocked in a collective or descheduled;
 * **waiting for a peer** — in a collective, the time between this rank's arrival and the last
