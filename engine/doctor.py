@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ..lessons.lesson1.formulas import algbw, alpha_beta_fit, busbw, busbw_factor
+from .experiment import device_sync
 from .runtime import timed_collective
 from .time_causes import collective_alone, process_run_queue_s
 from .time_causes import run_queue_s as thread_run_queue_s
@@ -297,8 +298,7 @@ def group_allreduce_times(sizes: list[int], repeats: int = 5, device_type: str =
 
         def reduce(buf=buf) -> None:
             dist.all_reduce(buf)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            device_sync(device)
 
         rows.append({"bytes": size, "time_s": collective_alone(reduce, repeats, device=device, run_queue_apart=True)})
     return rows

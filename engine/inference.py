@@ -378,7 +378,7 @@ def _generate(shard: DecoderShard, prompts: torch.Tensor, new_tokens: int, on_to
     seqs = list(range(B))
     prompts = prompts.to(shard.device)
     device_sync(shard.device)
-    prefill, decode = Window(), Window()  # each phase's wall, on-CPU time and run-queue delay
+    prefill, decode = Window(backend=True), Window(backend=True)  # each phase's wall, on-CPU time and waits for a core
     with comm_scope(phase="prefill"), prefill:
         nxt = shard.forward(prompts, seqs, [0] * B).argmax(-1)
         device_sync(shard.device)

@@ -115,21 +115,22 @@ class Window:
     """Wall time, on-CPU time and run-queue delay of the calling thread over ``with`` blocks
     (accumulated over every block it was entered for); ``blocks``: the first :data:`KEPT_BLOCKS`
     blocks' bounds on the wall clock (``time.time()``, the run's events' clock), where the run's
-    trace draws them (``comm_trace.trace_causes``); ``backend_wait_s``: the longest wait for a core
-    of one of gloo's threads over each block (:data:`BACKEND_THREADS`: they run the block's
-    collectives), read at the block's ends only, for a caller whose collectives are timed without
-    reading the threads' clocks (``TPGroup.thread_waits`` off: those reads, after each wake-up, cost
-    a decode step more CPU than its twins)."""
+    trace draws them (``comm_trace.trace_causes``). With ``backend``, ``backend_wait_s``: the longest
+    wait for a core of one of gloo's threads over each block (:data:`BACKEND_THREADS`: they run the
+    block's collectives), read at the block's ends only, for a caller whose collectives are timed
+    without reading the threads' clocks (``TPGroup.thread_waits`` off: those reads, after each
+    wake-up, cost a decode step more CPU than its twins)."""
     wall_s: float = 0.0
     cpu_s: float = 0.0
     run_queue_s: float = 0.0
     backend_wait_s: float = 0.0
+    backend: bool = False
     blocks: list[tuple[float, float]] = field(default_factory=list)
     _start: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
     _threads: dict[str, float] = field(default_factory=dict)
 
     def __enter__(self) -> Window:
-        self._threads = threads_run_queue_s()
+        self._threads = threads_run_queue_s() if self.backend else {}
         self._start = (time.perf_counter(), time.thread_time(), run_queue_s(), time.time())
         return self
 
@@ -140,9 +141,8 @@ class Window:
         self.run_queue_s += run_queue_s() - q
         if len(self.blocks) < KEPT_BLOCKS:
             self.blocks.append((t, time.time()))
-        main = str(threading.get_native_id())
-        self.backend_wait_s += longest_thread_wait_s({k: v for k, v in self._threads.items() if k != main},
-                                                     skip=main)
+        if self.backend:
+            self.backend_wait_s += longest_thread_wait_s(self._threads, skip=str(threading.get_native_id()))
 
 
 def collective_causes(spans: Sequence[Sequence[float]], expected_s: list[float],
