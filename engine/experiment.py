@@ -180,6 +180,24 @@ def max_over_ranks(value: float, device: Any = None) -> float:
     return float(t.item())
 
 
+def slowest_rank_parts(total: float, parts: tuple[float, ...], device: Any = None) -> tuple[float, ...]:
+    """``(total, *parts)`` as the rank with the largest ``total`` measured them: its time and what it
+    was made of. Taking each part's maximum separately could mix ranks, and then the parts no
+    longer add up to the total they explain."""
+    import torch
+    import torch.distributed as dist
+
+    row = (float(total), *map(float, parts))
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return row
+    if device is None:
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    mine = torch.tensor(row, dtype=torch.float64, device=device)
+    rows = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(rows, mine)
+    return tuple(float(x) for x in max(rows, key=lambda r: float(r[0])).tolist())
+
+
 def all_ranks_true(flag: bool, device: Any = None) -> bool:
     return max_over_ranks(0.0 if flag else 1.0, device) == 0.0
 

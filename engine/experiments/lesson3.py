@@ -63,6 +63,7 @@ from ..experiment import (
     max_over_ranks,
     run_experiment,
     run_language,
+    slowest_rank_parts,
     summary_lines,
 )
 from ..model import GPT, DropoutMasks, ModelConfigError, lm_loss, make_batch
@@ -640,9 +641,11 @@ def checkpoint_cost(args, rank: int, world: int, device, folder: Path, checkpoin
                     t_save0 = time.perf_counter()
                     blocked[mode].append((ckpt.save if mode == "sync" else ckpt.save_async)(state).seconds)
                     in_saves += time.perf_counter() - t_save0
-            loops[mode].append(max_over_ranks(time.perf_counter() - t0, device))
-            stepping[mode].append(max_over_ranks(in_steps, device))
-            saving[mode].append(max_over_ranks(in_saves, device))
+            # the slowest rank's loop with its own steps and saves, so that they add up to it
+            loop, in_steps, in_saves = slowest_rank_parts(time.perf_counter() - t0, (in_steps, in_saves), device)
+            loops[mode].append(loop)
+            stepping[mode].append(in_steps)
+            saving[mode].append(in_saves)
             ckpt.wait()
     dist.barrier()
     if rank == 0:
