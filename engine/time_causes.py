@@ -129,6 +129,18 @@ class Window:
     _start: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
     _threads: dict[str, float] = field(default_factory=dict)
 
+    @classmethod
+    def total(cls, windows: Sequence[Window]) -> Window:
+        """One window over all of ``windows``' blocks: their times summed, their kept blocks in order."""
+        out = cls(backend=any(w.backend for w in windows))
+        for w in windows:
+            out.wall_s += w.wall_s
+            out.cpu_s += w.cpu_s
+            out.run_queue_s += w.run_queue_s
+            out.backend_wait_s += w.backend_wait_s
+            out.blocks.extend(w.blocks[:KEPT_BLOCKS - len(out.blocks)])
+        return out
+
     def __enter__(self) -> Window:
         self._threads = threads_run_queue_s() if self.backend else {}
         self._start = (time.perf_counter(), time.thread_time(), run_queue_s(), time.time())

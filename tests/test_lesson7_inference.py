@@ -458,8 +458,9 @@ def test_experiment_events(group):
     assert all(e["equal"] for r in ev for e in ev[r] if e["kind"] == "decode")
 
 
-# issue 28, open: on a quiet 2-core machine (load 1.3) TTFT was 20 % under-explained in 1 of 2 runs
-# (its CPU time outside the all-reduces about twice the compute twin's; no cause measured for it yet)
+# issue 28, open: a prefill's CPU time outside its all-reduces differs from the compute twin's by up to
+# ±3 ms (of 15-20) from one prefill to the next, with no cause measured; over a mean of TIMED_DECODES
+# prefills TTFT was explained in 9 of 9 runs on a quiet 2-core machine, but not yet asserted
 TTFT_DEFECT = "TTFT's CPU time outside the all-reduces exceeds the compute twin's, with no cause measured for it"
 
 
@@ -492,8 +493,12 @@ def test_trace_draws_ttft_and_tpot(group):
     found = checks_of(ev[0])
     spans = [e for r in ev for e in ev[r] if e["kind"] == "span"]
     new_tokens = int((EXPERIMENT_ARGS if world == 2 else MESH_ARGS)[-1])
-    assert_trace_decomposes(spans, found["ttft"], blocks=1)
-    assert_trace_decomposes(spans, found["tpot"], blocks=new_tokens - 1)
+    from distai.engine.experiments.lesson7 import TIMED_DECODES
+    from distai.engine.time_causes import KEPT_BLOCKS
+
+    # every timed prefill; the first decode steps the trace keeps, their waits the check's peer_wait_drawn_s
+    assert_trace_decomposes(spans, found["ttft"], blocks=TIMED_DECODES)
+    assert_trace_decomposes(spans, found["tpot"], blocks=min(KEPT_BLOCKS, TIMED_DECODES * (new_tokens - 1)))
 
 
 def test_visualizer_replays_the_run(group):
