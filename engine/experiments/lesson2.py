@@ -497,12 +497,12 @@ def strategy_checks(strategy: str, r: dict, held_total: int, predicted_bytes: fl
     messages = sum(RING_MESSAGES[op](world) for op, _, _ in r["collectives"])
     comm = messages * link["alpha_s"] + predicted_sent * link["beta_s_per_byte"]
     replay = replay_time(r["collectives"], world, device)
-    from ..experiment import max_over_ranks
+    from ..experiment import slowest_rank_parts
 
     # the least disturbed of as many steps as each part is timed on, chosen as they are: the least
-    # without its wait for a core
-    step, wait = (max_over_ranks(v, device) for v in min(((t, min(q, t)) for t, q in r["check_steps_s"]),
-                                                         key=lambda tq: tq[0] - tq[1]))
+    # without its wait for a core; the slowest rank's, with its own wait
+    step, wait = slowest_rank_parts(*min(((t, (min(q, t),)) for t, q in r["check_steps_s"]),
+                                         key=lambda tq: tq[0] - tq[1][0]), device)
     i.waited.stop()
     causes = {"replayed_collectives": replay - comm, "strategy_overhead": alone_s - compute_s, "cpu_contention": wait}
     timed = check(f"step_time_{strategy}", compute_s + comm, step, "s", causes=causes,
