@@ -30,6 +30,7 @@ drawn next to ours.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from ..lessons.lesson6.formulas import DDP_BUCKET_CAP_MB as DEFAULT_BUCKET_CAP_M
 from ..lessons.lesson6.formulas import DDP_FIRST_BUCKET_BYTES as DEFAULT_FIRST_BUCKET_BYTES
 from ..lessons.lesson6.formulas import MiB as MIB
 from ..lessons.lesson6.formulas import ddp_buckets
+from .time_causes import threads_run_queue_s
 
 
 def assign_buckets(sizes: Sequence[int], limits: Sequence[int],
@@ -85,11 +87,19 @@ class StepTimeline:
     """Times (seconds since :meth:`begin`) of gradient readiness and bucket all-reduces.
 
     ``attach(module)`` records gradient readiness with its own hooks (used for torch DDP);
-    :class:`BucketedDataParallel` reports into a timeline passed to it instead.
+    :class:`BucketedDataParallel` reports into a timeline passed to it instead. ``thread_waits``:
+    also ``waited``, each bucket's longest wait for a core of the backend's threads while it ran
+    (``time_causes.threads_run_queue_s``, read at its launch and in its completion callback).
     """
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, clock: Callable[[], float] = time.perf_counter, thread_waits: bool = False):
         self.clock = clock
+        # thread_waits: each bucket's longest wait for a core of the backend's threads while it ran
+        # (from its launch or the previous bucket's end, whichever is later, to its end)
+        self.thread_waits = thread_waits
+        self.waited: dict[int, float] = {}
+        self._queued: dict[int, tuple[float, dict[str, float]]] = {}  # launch or previous end: (time, waits)
+        self._caller = 0
         self.t0 = clock()
         self.wall0 = time.time()
         self.ready: dict[str, float] = {}
@@ -106,7 +116,7 @@ class StepTimeline:
         self.t0 = self.clock()
         self.wall0 = time.time()  # the same instant on the wall clock: where a run's trace places it
         self.ready.clear(); self.marks.clear(); self.launch.clear(); self.done.clear()
-        self.nbytes.clear()
+        self.nbytes.clear(); self.waited.clear(); self._queued.clear()
 
     def mark(self, name: str) -> None:
         self.marks[name] = self.now()
@@ -117,9 +127,24 @@ class StepTimeline:
     def bucket_launched(self, index: int, nbytes: int) -> None:
         self.launch[index] = self.now()
         self.nbytes[index] = int(nbytes)
+        if self.thread_waits:
+            self._caller = threading.get_native_id()
+            prev = self._queued.get(index)
+            if prev is None or prev[0] < self.launch[index]:
+                self._queued[index] = (self.launch[index], threads_run_queue_s())
 
     def bucket_done(self, index: int) -> None:
         self.done[index] = self.now()
+        if self.thread_waits:
+            since = self._queued.get(index)
+            now = threads_run_queue_s()
+            if since is not None:
+                self.waited[index] = max((q - since[1].get(t, q) for t, q in now.items() if t != str(self._caller)),
+                                         default=0.0)
+            # the next bucket runs from here if it was launched before
+            nxt = self._queued.get(index + 1)
+            if nxt is None or nxt[0] < self.done[index]:
+                self._queued[index + 1] = (self.done[index], now)
 
     def attach(self, module: torch.nn.Module, prefix: str = "") -> StepTimeline:
         for name, p in module.named_parameters():

@@ -263,9 +263,11 @@ def test_experiment_events(two):
     assert summary["overlap"]["overlap_speedup"] > 0
 
 
-# issue 28, open: on a quiet 2-core machine (load ~1.5) 2 of 7 runs missed the 10 % rule (-16 %, +16 %
-# of a ~2 ms exposed time): the buckets timed alone (median of 3) differ from the same buckets in the step
-EXPOSED_DEFECT = "the buckets' all-reduces timed alone differ from the same all-reduces in the step by ±15 %"
+# issue 28, open: with each bucket's gloo-thread waits counted, 10 of 13 `--cpu 2` runs met the 10 % rule
+# (6 of 13 without, alternated with them); the misses over-explain by 13-18 % (a ~6 ms exposed time). In
+# this test's smaller run (1-3 ms exposed) 2 of 5 met it, as many as without
+EXPOSED_DEFECT = ("the buckets' all-reduces timed alone, plus their threads' waits for a core in the step, "
+                  "differ from the same all-reduces in the step by up to ±18 %")
 
 
 def test_exposed_communication_matches_the_overlap_model_or_is_explained(two):
@@ -330,6 +332,9 @@ def test_exposed_comm_causes_attribute_a_late_peer_and_a_slow_link():
     assert both == {"predicted": 1.0, "peer_wait": 3.0, "slow_collective": 2.0}
     hidden = exposed_comm_causes(own, [8.0, 10.0], [1.0, 1.0], ab, 10.0)  # a late first bucket, hidden by backward
     assert hidden["peer_wait"] == 0.0
+    # gloo's threads waited 2 s for a core in the last bucket, 0.5 s in the first (hidden by backward)
+    starved = exposed_comm_causes(own, own, [1.0, 1.0], ab, 10.0, [0.5, 2.0])
+    assert starved == {"predicted": 1.0, "peer_wait": 0.0, "slow_collective": 0.0, "cpu_contention": 2.0}
     # the step's own end is not an input: a step slower than its measured causes stays unexplained
     from distai.lessons.checks import check
 

@@ -326,8 +326,8 @@ def time_steps(model, opt, x, y, n: int, device) -> list[float]:
     return elapsed.tolist()
 
 
-def record_timeline(mode, model, opt, x, y) -> StepTimeline:
-    tl = StepTimeline()
+def record_timeline(mode, model, opt, x, y, thread_waits: bool = False) -> StepTimeline:
+    tl = StepTimeline(thread_waits=thread_waits)
     if mode == "ddp":
         tl.attach(model.module)
         model.register_comm_hook(tl, ddp_timed_allreduce_hook)
@@ -341,7 +341,9 @@ def record_timeline(mode, model, opt, x, y) -> StepTimeline:
 
 def _exposed_sample(tl: StepTimeline, device) -> dict[str, Any]:
     """One recorded overlapped step on this rank, then each of its buckets' all-reduces timed
-    alone (:func:`~distai.engine.time_causes.collective_alone`: the same bytes, outside the step)."""
+    alone (:func:`~distai.engine.time_causes.collective_alone`: the same bytes, outside the step,
+    less its threads' waits for a core), and each bucket's longest wait for a core of gloo's threads
+    in the step (``StepTimeline.waited``)."""
     order = sorted(tl.launch)
     alone = []
     for i in order:
@@ -351,8 +353,10 @@ def _exposed_sample(tl: StepTimeline, device) -> dict[str, Any]:
             dist.all_reduce(buf)
             device_sync(device)
 
-        alone.append(collective_alone(reduce, device=device))
+        # without its threads' waits for a core: the step's are counted on their own (bucket_done)
+        alone.append(collective_alone(reduce, device=device, run_queue_apart=True))
     return {"wall0": tl.wall0, "launch": [tl.launch[i] for i in order], "alone": alone,
+            "waited": [tl.waited.get(i, 0.0) for i in order],
             "bytes": [tl.nbytes[i] for i in order], "backward_end": max(tl.ready.values()),
             "comm_done": tl.marks["comm_done"], "step_done": tl.marks["step_done"]}
 
@@ -362,23 +366,28 @@ def exposed_check(model, opt, x, y, ab: tuple[float, float], world: int, cap: fl
     """Communication exposed after backward in ``steps`` recorded overlapped steps against the
     overlap model (:func:`~distai.lessons.lesson6.simulation.exposed_comm_causes`), on average: every
     rank's bucket launches gathered (one host's wall clock), after each step its buckets' all-reduces
-    timed alone; the rank with the most exposed time reported. Also this rank's steps for the trace
+    timed alone, and each bucket's longest wait for a core of gloo's threads in the step, the most of
+    any rank's (the all-reduce ends when every rank's part has run); the rank with the most exposed
+    time reported. Also this rank's steps for the trace
     (``comm_trace.trace_causes``' blocks, collectives, waits: each step's exposed communication as
     one collective, its peer wait first)."""
     alpha, beta = ab
-    samples = [_exposed_sample(record_timeline("overlap", model, opt, x, y), device) for _ in range(steps)]
+    samples = [_exposed_sample(record_timeline("overlap", model, opt, x, y, thread_waits=True), device)
+               for _ in range(steps)]
     everyone: list = [None] * world
     dist.all_gather_object(everyone, samples)
-    totals = [dict.fromkeys(("measured", "predicted", "peer_wait", "slow_collective", "alone", "wait_drawn"), 0.0)
+    totals = [dict.fromkeys(("measured", "predicted", "peer_wait", "slow_collective", "cpu_contention", "alone",
+                             "wait_drawn"), 0.0)
               for _ in range(world)]
     own_waits: list[float] = []
     for k in range(steps):
         for r in range(world):
             own, peers = everyone[r][k], [everyone[o][k] for o in range(world)]
             last = [max(o["wall0"] + o["launch"][b] for o in peers) - own["wall0"] for b in range(len(own["launch"]))]
+            waited = [max(o["waited"][b] for o in peers) for b in range(len(own["launch"]))]
             parts = exposed_comm_causes(own["launch"], last, own["alone"],
                                         [ring_allreduce_time(n, world, alpha, beta) for n in own["bytes"]],
-                                        own["backward_end"])
+                                        own["backward_end"], waited)
             parts.update(measured=own["comm_done"] - own["backward_end"], alone=sum(own["alone"]))
             # the trace draws a step's wait inside its exposed time, never below 0: cut to that
             parts["wait_drawn"] = max(0.0, min(parts["peer_wait"], parts["measured"]))
@@ -391,7 +400,8 @@ def exposed_check(model, opt, x, y, ab: tuple[float, float], world: int, cap: fl
     traced = ([(o["wall0"], o["wall0"] + o["step_done"]) for o in samples],
               [(o["wall0"] + o["backward_end"], o["wall0"] + o["comm_done"]) for o in samples], own_waits)
     return check("exposed_comm", t["predicted"], t["measured"], "s",
-                 causes={"peer_wait": t["peer_wait"], "slow_collective": t["slow_collective"]},
+                 causes={"peer_wait": t["peer_wait"], "slow_collective": t["slow_collective"],
+                         "cpu_contention": t["cpu_contention"]},
                  detail={"rank": rank, "bucket_mb": cap, "buckets": len(samples[0]["launch"]), "steps": steps,
                          "alpha_s": alpha, "beta_s_per_byte": beta, "alone_s": t["alone"],
                          "peer_wait_drawn_s": t["wait_drawn"]}), traced

@@ -300,7 +300,8 @@ def exposed_after(ready: Sequence[float], durations: Sequence[float], backward_e
 
 
 def exposed_comm_causes(own_launch: Sequence[float], last_launch: Sequence[float], alone_s: Sequence[float],
-                        alpha_beta_s: Sequence[float], backward_end: float) -> dict[str, float]:
+                        alpha_beta_s: Sequence[float], backward_end: float,
+                        thread_waits: Sequence[float] | None = None) -> dict[str, float]:
     """One rank's exposed communication, predicted and decomposed (issue 28), times on its clock.
 
     ``predicted``: the buckets launched when this rank launched them, each lasting its α-β time
@@ -308,12 +309,18 @@ def exposed_comm_causes(own_launch: Sequence[float], last_launch: Sequence[float
     ends when each bucket starts only once the *last* rank launched it (``last_launch``, measured
     on every rank). ``slow_collective``: how much later still when each bucket lasts what the same
     all-reduce was measured to take *alone*, outside the step (``alone_s``) — bandwidth or latency
-    worse than α-β. Both causes are measured apart from the step's end: what the step's exposed
-    time adds to them (an all-reduce slower inside the step than alone) stays unexplained."""
+    worse than α-β. ``cpu_contention`` (with ``thread_waits``): how much later still when each bucket
+    also waits what the backend's threads waited for a core while it ran in the step (on a CPU,
+    backward computes on the cores gloo needs). The causes are measured apart from the step's end:
+    what the step's exposed time adds to them stays unexplained."""
     predicted = exposed_after(own_launch, alpha_beta_s, backward_end)
     waited = exposed_after(last_launch, alpha_beta_s, backward_end)
     slow = exposed_after(last_launch, alone_s, backward_end)
-    return {"predicted": predicted, "peer_wait": waited - predicted, "slow_collective": slow - waited}
+    out = {"predicted": predicted, "peer_wait": waited - predicted, "slow_collective": slow - waited}
+    if thread_waits is not None:
+        starved = exposed_after(last_launch, [a + w for a, w in zip(alone_s, thread_waits, strict=True)], backward_end)
+        out["cpu_contention"] = starved - slow
+    return out
 
 
 @dataclass
