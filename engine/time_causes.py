@@ -86,7 +86,7 @@ def threads_run_queue_s() -> dict[str, float]:
         except (OSError, IndexError, ValueError):
             continue
     for gone in set(_TASK_FILES) - set(tasks):  # a thread that ended: its id may come back as another's
-        fd = _TASK_FILES.pop(gone)
+        fd = _TASK_FILES.pop(gone, -1)  # another thread (a completion callback) may have closed it
         if fd >= 0:
             os.close(fd)
     return out
