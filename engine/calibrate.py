@@ -248,14 +248,62 @@ def _measure_rank(rank: int, world: int, run: dict, dtype_name: str, repeats: in
             **pieces, **step_cpu(shape, dtype, device)}
 
 
+#: the seconds a calibration may take before its ranks are stopped
+MEASURE_TIMEOUT_S = 300
+
+
+def _measure_in_torchrun(run: RunShape, dtype: str, timeout_s: float = MEASURE_TIMEOUT_S) -> list[dict[str, Any]]:
+    """:func:`_measure_rank` on ``run.world`` ranks started as a run's are: by torchrun, one fresh
+    interpreter each, ``OMP_NUM_THREADS=1`` as the launcher sets it. How the ranks start changes the
+    step's CPU: (2, 2, 2) mesh, 8 ranks, medians of 71.5-73.5 ms per step under torchrun against
+    57-64.5 ms in processes spawned by multiprocessing, and the (2, 1, 2, 2) mesh the other way
+    (35-41 against 38-56 ms). The ranks die with this thread (``lifeline.parent_death_signal``) and
+    are killed at ``timeout_s``: nothing outlives the command."""
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+
+    from .lifeline import parent_death_signal
+
+    with tempfile.TemporaryDirectory() as out_dir:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(run.world), "--standalone",
+               "--max-restarts", "0", "-m", __name__, out_dir, json.dumps(run.as_dict()), dtype]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                preexec_fn=parent_death_signal)
+        try:
+            _, err = proc.communicate(timeout=timeout_s)
+        except BaseException:  # a timeout or ^C: the ranks go with it
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+        found = [Path(out_dir) / f"{rank}.json" for rank in range(run.world)]
+        if proc.returncode or not all(f.exists() for f in found):
+            tail = [line for line in (err or "").splitlines() if line.strip()][-1:] or [f"exit {proc.returncode}"]
+            raise CalcError.keyed("plan.errors.calibration", why=tail[0])
+        return [json.loads(f.read_text()) for f in found]
+
+
+def _rank_main(out_dir: str, run_json: str, dtype: str) -> None:
+    """One rank of :func:`_measure_in_torchrun` (torchrun's environment): its rates, as JSON."""
+    dist.init_process_group("gloo")
+    try:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local)))  # as the capstone run sets it
+        mine = _measure_rank(rank, world, json.loads(run_json), dtype)
+        (Path(out_dir) / f"{rank}.json").write_text(json.dumps(mine))
+    finally:
+        dist.destroy_process_group()
+
+
 def measure(run: RunShape, dtype: str = "float64") -> dict[str, Any]:
     """The machine profile for ``run`` (its ranks, sizes and dtype): each rate the median over the
-    ranks, measured with all of them at once on this machine's cores."""
-    from .testing import run_in_group
-
-    # fresh interpreters, as torchrun starts the run's ranks: the same step costs ranks forked from a
-    # server that imported torch a third less CPU (35-42 ms against 55-70 ms per step, (2, 2, 2) mesh)
-    ranks = run_in_group(_measure_rank, run.world, run.as_dict(), dtype, timeout_s=300, start_method="spawn")
+    ranks, measured with all of them at once on this machine's cores, in ranks torchrun started
+    (:func:`_measure_in_torchrun`)."""
+    ranks = _measure_in_torchrun(run, dtype)
     out = _median_profile(ranks, run.pp)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     out.update(run=run.as_dict(), dtype=dtype, cpus=os.cpu_count() or 1, load=load, measured_at=time.time())
@@ -508,3 +556,9 @@ def plan_profile(values: dict) -> dict:
     run = run_shape(plan)
     accounts, layers = run_comm(plan)
     return {"run": run.as_dict(), "profile": machine_profile(run, plan.dtype), "accounts": accounts, "layers": layers}
+
+
+if __name__ == "__main__":  # a rank of _measure_in_torchrun
+    import sys
+
+    _rank_main(*sys.argv[1:4])

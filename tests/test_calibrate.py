@@ -160,6 +160,18 @@ def test_calc_plan_calibrate_measures_saves_and_reuses_the_profile(capsys, tmp_p
     assert "predicted step time" in out and "distai run capstone --cpu 2 --dp 1 --tp 2 --pp 1" in out
 
 
+def test_calc_plan_calibrate_failing_ranks_are_one_line(capsys, tmp_path, monkeypatch):
+    """The calibration's ranks (torchrun's) failing: one line naming it, exit 2, nothing saved."""
+    import sys
+
+    monkeypatch.setenv("DISTAI_HOME", str(tmp_path))
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # torchrun cannot start: exit 1, no rank reports
+    code, out, err = _calc(capsys, "--calibrate", "--dp", "1", "--tp", "2", "--pp", "1")
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "the calibration's ranks failed: exit 1" in lines[0], err
+    assert not (tmp_path / "machine_profile.json").exists()
+
+
 @pytest.mark.parametrize("argv,needle", [
     (["--calibrate", "--tp", "3"], "the capstone run cannot take this"),
     (["--gpus", "8"], "--params, --layers, --hidden, --heads, --seq, --global-batch, --gpu-mem needed"),
