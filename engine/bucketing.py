@@ -43,7 +43,7 @@ from ..lessons.lesson6.formulas import DDP_BUCKET_CAP_MB as DEFAULT_BUCKET_CAP_M
 from ..lessons.lesson6.formulas import DDP_FIRST_BUCKET_BYTES as DEFAULT_FIRST_BUCKET_BYTES
 from ..lessons.lesson6.formulas import MiB as MIB
 from ..lessons.lesson6.formulas import ddp_buckets
-from .time_causes import threads_run_queue_s
+from .time_causes import longest_thread_wait_s, threads_run_queue_s
 
 
 def assign_buckets(sizes: Sequence[int], limits: Sequence[int],
@@ -139,8 +139,7 @@ class StepTimeline:
             since = self._queued.get(index)
             now = threads_run_queue_s()
             if since is not None:
-                self.waited[index] = max((q - since[1].get(t, q) for t, q in now.items() if t != str(self._caller)),
-                                         default=0.0)
+                self.waited[index] = longest_thread_wait_s(since[1], skip=str(self._caller), now=now)
             # the next bucket runs from here if it was launched before
             nxt = self._queued.get(index + 1)
             if nxt is None or nxt[0] < self.done[index]:

@@ -102,12 +102,15 @@ def process_run_queue_s() -> float:
     return sum(_run_delay(f"/proc/self/task/{task}/schedstat") for task in tasks)
 
 
-def longest_thread_wait_s(before: dict[str, float], skip: str = "") -> float:
+def longest_thread_wait_s(before: dict[str, float], skip: str = "", now: dict[str, float] | None = None) -> float:
     """The most any one thread of this process has waited for a core since ``before``
-    (:func:`threads_run_queue_s`; thread ``skip`` apart). A collective's work runs on the backend's threads (gloo's) while
-    the calling thread sleeps, so its delay is theirs, not the caller's; the longest, not the sum:
-    threads that wait at the same moment delay it once."""
-    return max((q - before.get(task, 0.0) for task, q in threads_run_queue_s().items() if task != skip), default=0.0)
+    (:func:`threads_run_queue_s`; thread ``skip`` apart), until ``now`` (a reading taken already)
+    or this call. A collective's work runs on the backend's threads (gloo's) while the calling
+    thread sleeps, so its delay is theirs, not the caller's; the longest, not the sum: threads that
+    wait at the same moment delay it once."""
+    now = threads_run_queue_s() if now is None else now
+    # a thread ``before`` did not read (another caller's own) has nothing to count since then
+    return max((q - before.get(task, q) for task, q in now.items() if task != skip), default=0.0)
 
 
 @dataclass
