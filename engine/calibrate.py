@@ -48,7 +48,7 @@ from ..lessons.capstone.calibrated import (
 from ..lessons.checks import Check, check
 from ..lessons.events import CHECK
 from .doctor import concurrent_pairs_alpha_beta
-from .experiment import max_over_ranks
+from .experiment import max_over_ranks, share_cores_among_local_ranks
 
 PROFILE_FILE = "machine_profile.json"
 PROFILE_MAX_AGE_S = 3600.0  # a profile older than this is measured again
@@ -257,19 +257,21 @@ def _measure_in_torchrun(run: RunShape, dtype: str, timeout_s: float = MEASURE_T
     interpreter each, ``OMP_NUM_THREADS=1`` as the launcher sets it. How the ranks start changes the
     step's CPU: (2, 2, 2) mesh, 8 ranks, medians of 71.5-73.5 ms per step under torchrun against
     57-64.5 ms in processes spawned by multiprocessing, and the (2, 1, 2, 2) mesh the other way
-    (35-41 against 38-56 ms). The ranks die with this thread (``lifeline.parent_death_signal``) and
-    are killed at ``timeout_s``: nothing outlives the command."""
+    (35-41 against 38-56 ms). torchrun dies with this thread (``lifeline.parent_death_signal``), the
+    ranks with torchrun or this process (``lifeline.watch_launcher``), and all of them at
+    ``timeout_s`` or on an interrupt: nothing outlives the command."""
     import signal
     import subprocess
-    import sys
     import tempfile
 
-    from .lifeline import parent_death_signal
+    from .launcher import LaunchSpec, Placement, torchrun_command
+    from .lifeline import LAUNCHER_PID_ENV, parent_death_signal
 
     with tempfile.TemporaryDirectory() as out_dir:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(run.world), "--standalone",
-               "--max-restarts", "0", "-m", __name__, out_dir, json.dumps(run.as_dict()), dtype]
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        spec = LaunchSpec(__name__, Placement("cpu", run.world), [out_dir, json.dumps(run.as_dict()), dtype])
+        cmd = torchrun_command(spec, Path(out_dir) / "torchrun")
+        # the ranks watch this process as a run's watch its launcher (lifeline.watch_launcher)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", LAUNCHER_PID_ENV: str(os.getpid())}
         proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True,
                                 preexec_fn=parent_death_signal)
@@ -288,11 +290,13 @@ def _measure_in_torchrun(run: RunShape, dtype: str, timeout_s: float = MEASURE_T
 
 def _rank_main(out_dir: str, run_json: str, dtype: str) -> None:
     """One rank of :func:`_measure_in_torchrun` (torchrun's environment): its rates, as JSON."""
+    from .lifeline import watch_launcher
+
+    watch_launcher()  # die with torchrun and with the command that started it
     dist.init_process_group("gloo")
     try:
         rank, world = dist.get_rank(), dist.get_world_size()
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local)))  # as the capstone run sets it
+        share_cores_among_local_ranks(world)  # as the capstone run does
         mine = _measure_rank(rank, world, json.loads(run_json), dtype)
         (Path(out_dir) / f"{rank}.json").write_text(json.dumps(mine))
     finally:

@@ -166,6 +166,13 @@ def device_sync(device: Any) -> None:
         torch.cuda.synchronize(device)
 
 
+def _group_device(device: Any) -> Any:
+    """Where the running group reduces: ``device``, else CUDA under NCCL and the CPU otherwise."""
+    import torch.distributed as dist
+
+    return device if device is not None else "cuda" if dist.get_backend() == "nccl" else "cpu"
+
+
 def max_over_ranks(value: float, device: Any = None) -> float:
     """The largest ``value`` over all ranks (itself on one rank or outside a group)."""
     import torch
@@ -173,9 +180,7 @@ def max_over_ranks(value: float, device: Any = None) -> float:
 
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return float(value)
-    if device is None:
-        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    t = torch.tensor([float(value)], dtype=torch.float64, device=device)
+    t = torch.tensor([float(value)], dtype=torch.float64, device=_group_device(device))
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t.item())
 
@@ -190,12 +195,19 @@ def slowest_rank_parts(total: float, parts: tuple[float, ...], device: Any = Non
     row = (float(total), *map(float, parts))
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return row
-    if device is None:
-        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    mine = torch.tensor(row, dtype=torch.float64, device=device)
+    mine = torch.tensor(row, dtype=torch.float64, device=_group_device(device))
     rows = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(rows, mine)
     return tuple(float(x) for x in max(rows, key=lambda r: float(r[0])).tolist())
+
+
+def share_cores_among_local_ranks(world_size: int) -> None:
+    """Intra-op threads for one of this node's ranks on CPU: the node's cores split among its ranks
+    (``LOCAL_WORLD_SIZE``, torchrun's; else ``world_size``), at least one."""
+    import torch
+
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local)))
 
 
 def all_ranks_true(flag: bool, device: Any = None) -> bool:

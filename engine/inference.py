@@ -378,7 +378,10 @@ def _generate(shard: DecoderShard, prompts: torch.Tensor, new_tokens: int, on_to
     seqs = list(range(B))
     prompts = prompts.to(shard.device)
     device_sync(shard.device)
-    prefill, decode = Window(backend=True), Window(backend=True)  # each phase's wall, on-CPU time and waits for a core
+    # each phase's wall, on-CPU time and waits for a core; gloo's threads' too where the all-reduces
+    # are timed (their spans kept: the checked decode), not in an untimed or single-process one
+    timed = shard.tp.spans is not None
+    prefill, decode = Window(backend=timed), Window(backend=timed)
     with comm_scope(phase="prefill"), prefill:
         nxt = shard.forward(prompts, seqs, [0] * B).argmax(-1)
         device_sync(shard.device)

@@ -60,17 +60,16 @@ def _start_method() -> str:
     return "forkserver"
 
 
-def run_in_group(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 120,
-                 start_method: str | None = None) -> list[Any]:
-    """Call ``fn(rank, world_size, *args)`` on ``world_size`` gloo processes; returns each rank's result.
+def run_in_group(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 120) -> list[Any]:
+    """Call ``fn(rank, world_size, *args)`` on ``world_size`` gloo processes (started by
+    :func:`_start_method`'s); returns each rank's result.
 
     ``fn`` must be importable (defined at module level). A failure on any rank raises with
-    that rank's traceback. ``start_method``: how the processes start (default: a fork server
-    that imported torch, :func:`_start_method`; ``"spawn"``: fresh interpreters, as torchrun's ranks).
+    that rank's traceback.
     """
     with tempfile.TemporaryDirectory() as out_dir:
         mp.start_processes(_worker, args=(world_size, free_port(), fn, args, out_dir, timeout_s),
-                           nprocs=world_size, join=True, start_method=start_method or _start_method())
+                           nprocs=world_size, join=True, start_method=_start_method())
         results = []
         for rank in range(world_size):
             status, value = pickle.loads((Path(out_dir) / f"{rank}.pkl").read_bytes())

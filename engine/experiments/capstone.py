@@ -20,7 +20,6 @@ Events (besides ``phase``, ``log``, ``summary`` and lesson 5's ``pp_op`` from ev
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +33,14 @@ from ...lessons.units import format_bytes
 from .. import mesh as M
 from ..calibrate import call_seconds, check_step_time, cpu_clock
 from ..comm_trace import traced_step
-from ..experiment import exit_with, max_over_ranks, run_experiment, run_language, summary_lines
+from ..experiment import (
+    exit_with,
+    max_over_ranks,
+    run_experiment,
+    run_language,
+    share_cores_among_local_ranks,
+    summary_lines,
+)
 from ..mesh_args import MeshConfigError, plan_run
 from ..model import GPT, ModelConfigError
 from ..moe import MoEConfig, make_moe
@@ -93,8 +99,7 @@ def main(argv=None) -> int:
 
 def run(ctx, raw: argparse.Namespace) -> dict | None:
     if ctx.device.type == "cpu":
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local)))
+        share_cores_among_local_ranks(ctx.world_size)
     plan = plan_run(raw.argv, ctx.world_size, ctx.is_cuda)
     args, shape, schedule, v = plan.args, plan.shape, plan.schedule, plan.chunks
     m, b, dtype = plan.microbatches, plan.microbatch_size, getattr(torch, plan.dtype)
