@@ -203,3 +203,28 @@ def test_terminal_view_of_distai_run():
     text = "\n".join(t.plain for t in view.renderables(100))
     assert "measured GPipe, step 0: 330 ms" in text
     assert "27.3%" in text and "0.80x" in text
+
+
+def test_a_finished_run_shows_rank_0s_last_paragraph_whole():
+    """`distai run lesson5` ended with its last six lines, which began inside a wrapped message
+    ("7.73 ms, B = 13.37 ms; why they differ…)"): a finished run whose summary is the view shows rank
+    0's last paragraph whole, unprefixed; a long or unparagraphed output, and a live run, its last six."""
+    from distai.engine.run_state import RunState
+    from distai.tutor.cli_run import PARAGRAPH_LINES, TAIL_LINES, last_paragraph, output_lines
+
+    printed = ["GPipe", "  step: 9 ms", "", "1F1B", "  bubble: measured 25% · formula 20%",
+               "          (replayed: the schedule with each measured block's work, mean F =",
+               "          7.73 ms, B = 13.37 ms; why they differ: the check table)",
+               "  rank  bubble", "     0   25%", "     1   26%", "  (peak: activations", "   order", ""]
+    state = RunState()
+    state.feed({"kind": "run_start", "t": 0.0, "n": 2})
+    for line in printed:
+        state.feed({"kind": "output", "t": 1.0, "rank": 0, "line": line})
+    state.feed({"kind": "output", "t": 1.0, "rank": 1, "line": "rank 1's last word"})
+    live = output_lines(state, summary=False).plain
+    assert "rank 1's last word" in live and "1F1B" not in live and live.count("\n") == TAIL_LINES - 1
+    state.feed({"kind": "run_end", "t": 2.0, "status": "ok"})
+    shown = output_lines(state, summary=False).plain
+    assert shown.strip().splitlines() == printed[3:-1]  # the paragraph, from its title, as printed
+    assert last_paragraph(["a", "b"]) == [] and last_paragraph(["", *["x"] * (PARAGRAPH_LINES + 1)]) == []
+    assert output_lines(state, summary=True).plain.strip().splitlines() == printed[:-1]  # a summary: all of it

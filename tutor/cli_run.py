@@ -101,18 +101,46 @@ def lesson_summary_is_output(lesson: str | None) -> bool:
         return False
 
 
+#: the ranks' last lines shown under a run's view
+TAIL_LINES = 6
+#: the longest paragraph of rank 0's shown whole at the end of a run whose summary is the view
+PARAGRAPH_LINES = 16
+
+
+def last_paragraph(lines: list[str]) -> list[str]:
+    """The lines after the last blank line of ``lines`` (trailing blank lines left out), or [] when
+    they are more than :data:`PARAGRAPH_LINES` or there is no blank line: a paragraph a lesson printed
+    whole, where its last six lines may begin inside a message that wraps."""
+    while lines and not lines[-1].strip():
+        lines = lines[:-1]
+    blank = max((i for i, text in enumerate(lines) if not text.strip()), default=None)
+    if blank is None:
+        return []
+    paragraph = lines[blank + 1:]
+    return paragraph if len(paragraph) <= PARAGRAPH_LINES else []
+
+
 def output_lines(state, summary: bool, lang: str = "en"):
     """The ranks' output under the view: the last six lines, each with its rank; once a run whose summary
-    is rank 0's output ended well, that output whole, as rank 0 printed it (a table keeps its header)."""
+    is rank 0's output ended well, that output whole, as rank 0 printed it (a table keeps its header);
+    once a run whose summary is the view ended well, rank 0's last paragraph when it is short
+    (:func:`last_paragraph`), so no line is cut from the message it continues."""
     from rich.text import Text
 
-    if summary and state.finished and state.status == "ok":
+    if state.finished and state.status == "ok":
         lines = [text for rank, text in state.output if rank == 0]
-        while lines and not lines[0].strip():
-            lines.pop(0)
-        return Text("\n" + "\n".join(lines)) if lines else None
+        if summary:
+            while lines and not lines[0].strip():
+                lines.pop(0)
+            return Text("\n" + "\n".join(lines)) if lines else None
+        paragraph = last_paragraph(lines)
+        if paragraph:  # as rank 0 printed it, like a summary: a prefix would wrap its lines
+            return Text("\n" + "\n".join(paragraph))
+        shown = list(state.output)[-TAIL_LINES:]
+    else:
+        shown = list(state.output)[-TAIL_LINES:]
     out = Text()
-    for rank, text in list(state.output)[-6:]:
+    for rank, text in shown:
         out.append("torchrun " if rank is None else translated("cli", "view.rank", lang, rank=f"{rank:<3}"),
                    style="dim")
         out.append(f" {text[:160]}\n")
