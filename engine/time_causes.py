@@ -38,10 +38,15 @@ _SCHEDSTAT = "/proc/thread-self/schedstat"
 KEPT_BLOCKS = 16
 
 
+def _wait_field(schedstat: bytes) -> float:
+    """Seconds of run-queue wait in a schedstat line (on-CPU ns, run-queue ns, timeslices)."""
+    return int(schedstat.split()[1]) / 1e9
+
+
 def _run_delay(path: str) -> float:
     try:
-        with open(path) as f:
-            return int(f.read().split()[1]) / 1e9
+        with open(path, "rb") as f:
+            return _wait_field(f.read())
     except (OSError, IndexError, ValueError):
         return 0.0
 
@@ -82,7 +87,7 @@ def threads_run_queue_s() -> dict[str, float]:
                 fd = _TASK_FILES[task] = os.open(f"/proc/self/task/{task}/schedstat", os.O_RDONLY) \
                     if task == caller or _is_backend_thread(task) else -1
             if fd >= 0:
-                out[task] = int(os.pread(fd, 64, 0).split()[1]) / 1e9
+                out[task] = _wait_field(os.pread(fd, 64, 0))
         except (OSError, IndexError, ValueError):
             continue
     for gone in set(_TASK_FILES) - set(tasks):  # a thread that ended: its id may come back as another's
