@@ -177,15 +177,31 @@ def test_help_follows_distai_lang():
         env = {**os.environ, LANG_ENV: "es", "COLUMNS": "200"}
         out = subprocess.run([sys.executable, "-m", "distai.tutor.cli", *command], env=env, capture_output=True,
                              text=True, timeout=60).stdout
-        # Typer's own frame (Usage, Options, Arguments) stays as Typer writes it; a row's first word is
-        # a command's or an argument's name
-        text = re.sub(r"Usage:.*|Options|Arguments|Commands|\[default: [^]]*\]|\[required\]|<\w+>|"
-                      r"Show this message and exit\.|^│ \*? *[\w-]+ ", " ", out, flags=re.MULTILINE)
-        assert_spanish(text, " ".join(command))
+        # Typer's own frame is Spanish too: "Uso:", "Opciones", the --help option's help
+        assert "Uso: " in out and "Opciones" in out and "Muestra esta ayuda y termina." in out, out
+        assert_spanish(TYPER_FRAME.sub(" ", out), " ".join(command))
 
 
-TYPER_FRAME = re.compile(r"Usage:.*|Options|Arguments|Commands|\[default: [^]]*\]|\[required\]|<\w+>|"
-                         r"Show this message and exit\.|^│ \*? *[\w-]+ ", flags=re.MULTILINE)
+#: what a help names rather than says: the usage line's metavars (OPTIONS, LESSON), Typer's value
+#: types (<bool>) and arguments ({lesson}), a default's value, and a row's first word (a command's or an argument's name)
+TYPER_FRAME = re.compile(r"(?:Usage|Uso):.*|<\w+>|\{[\w-]+\}|\[(?:default|por defecto): [^]]*\]|^│ \*? *[\w-]+ ",
+                         flags=re.MULTILINE)
+
+
+@pytest.mark.parametrize("argv", [["calc", "plan", "--bogus", "1"], ["run", "lesson99"], ["runs", "--limit", "x"],
+                                  ["run", "lesson1", "--max-restarts", "x"], ["run"], ["nope"], ["runs", "show", "a", "b"],
+                                  ["quiz", "99"], ["tutor", "--lesson", "x"]])
+def test_command_line_mistakes_in_spanish(capsys, argv):
+    """A mistake Click or Typer catches before `--lang` is read (an unknown option or command, a
+    value that is not a number, a missing or extra argument) and an unknown lesson: one line, exit
+    2, in the language of `--lang`; the same line in English holds English (the check can see it)."""
+    said = {}
+    for lang in ("en", "es"):
+        code = main([*argv, "--lang", lang])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and err.startswith("distai: error: "), err
+        said[lang] = err
+    assert_both(lambda lang: TYPER_FRAME.sub(" ", said[lang].removeprefix("distai: error: ")), " ".join(argv))
 
 
 def _json_words(value) -> set[str]:

@@ -12,8 +12,8 @@ from typing import Any, Protocol, cast
 
 import typer
 
-from ..lessons.registry import UnknownLessonError, all_lessons, resolve_lesson
-from ..lessons.strings import detect_language, strings
+from ..lessons.registry import UnknownLessonError, all_lessons, resolve_lesson, valid_names
+from ..lessons.strings import FALLBACK, detect_language, strings, translated
 from ..lessons.units import format_score
 
 
@@ -67,11 +67,13 @@ class CliError(Exception):
         self.code = code
 
 
-def lesson_or_fail(name: str):
+def lesson_or_fail(name: str, lang: str = "en"):
+    """The lesson ``name`` names; else a one-line error in ``lang`` listing the valid ones."""
     try:
         return resolve_lesson(name)
-    except UnknownLessonError as exc:
-        raise CliError(str(exc)) from None
+    except UnknownLessonError:
+        raise CliError(translated("cli", "errors.unknown_lesson", lang, name=repr(str(name)),
+                                  valid=", ".join(valid_names()))) from None
 
 
 def language_or_fail(explicit: str | None) -> str:
@@ -127,7 +129,7 @@ def tutor(
 ) -> None:
     """Start the Textual tutor."""
     language = language_or_fail(lang)
-    chosen = lesson_or_fail(lesson) if lesson else None
+    chosen = lesson_or_fail(lesson, language) if lesson else None
     from .app import DistaiApp
 
     DistaiApp(language=language, lesson_id=chosen.id if chosen else None).run()
@@ -253,8 +255,87 @@ def _click_exception_types() -> tuple[type, ...]:
     return tuple(types)
 
 
+#: pydantic's error kinds for a value Typer could not read, as the catalog names what was expected
+_EXPECTED = {"int_parsing": "integer", "int_from_float": "integer", "float_parsing": "number", "bool_parsing": "switch"}
+
+
+def click_error_line(error: Any, lang: str) -> str:
+    """A usage error Click or Typer raised (an unknown option, a missing value, an extra argument…)
+    as one line in ``lang``; a kind this does not know keeps Click's English words."""
+    kind, say = type(error).__name__, lambda key, **f: translated("cli", f"errors.{key}", lang, **f)  # noqa: E731
+    message = str(getattr(error, "message", "") or "")
+    if kind == "NoSuchOption":
+        line = say("no_such_option", name=error.option_name)
+        if error.possibilities:
+            line += say("possible_options", options=", ".join(sorted(error.possibilities)))
+        return line
+    if kind == "BadOptionUsage":
+        return say("needs_value", name=error.option_name)
+    param = getattr(error, "param", None)
+    hint = " / ".join(repr(o) for o in getattr(param, "opts", ()) or [getattr(param, "name", "") or "?"])
+    if kind == "MissingParameter":  # an argument named as the usage line writes it: {lesson}
+        if getattr(param, "param_type_name", "") == "argument":
+            return say("missing_argument", name=f"{{{getattr(param, 'name', '?')}}}")
+        return say("missing_option", name=hint)
+    if kind == "BadParameter" and param is not None:
+        cause = getattr(error.__cause__, "errors", None)  # pydantic's reason, as Typer reads values
+        found = cause()[0] if callable(cause) else {}
+        expected = _EXPECTED.get(found.get("type", ""))
+        value = translated("cli", f"errors.expected.{expected}", lang, value=repr(found.get("input"))) if expected \
+            else message
+        return say("invalid_value", name=hint, value=value)
+    import re
+
+    for key, pattern in (("no_such_command", r"No such command (.+)\.$"), ("extra_arguments", r"Got unexpected extra argument\(s\) \((.+)\)$"),
+                         ("missing_command", r"Missing command\.$")):
+        found_words = re.match(pattern, message)
+        if found_words:
+            return say(key, name=found_words.group(1), arguments=found_words.group(1)) if found_words.groups() else say(key)
+    return " ".join(error.format_message().split())
+
+
+#: the words :func:`typer_frame_in` set last (empty until a help is shown in-process)
+_FRAME: dict[str, Any] = {}
+
+
+def typer_frame_in(lang: str) -> None:
+    """Typer's own words around the help texts (Usage, Options, Commands, [default: …], the --help
+    option's help) in ``lang``: the help is read before ``--lang``, so ``main`` sets them from the
+    language :func:`_help_language` reads. Imports Typer's formatter (~0.1 s): only for a help."""
+    from typer import rich_utils
+    from typer.core import TyperCommand, TyperGroup
+
+    words = strings("cli", lang)["frame"]
+    for constant, key in (("OPTIONS_PANEL_TITLE", "options"), ("ARGUMENTS_PANEL_TITLE", "arguments"),
+                          ("COMMANDS_PANEL_TITLE", "commands"), ("DEFAULT_STRING", "default"),
+                          ("REQUIRED_LONG_STRING", "required"), ("ENVVAR_STRING", "env_var")):
+        setattr(rich_utils, constant, words[key])
+    _FRAME["words"] = words
+    for cls in (TyperCommand, TyperGroup):
+        if getattr(cls.get_help_option, "in_language", False):  # ours already
+            continue
+        base_option = cls.get_help_option
+
+        def get_help_option(self: Any, ctx: Any, base: Callable = base_option) -> Any:
+            option = base(self, ctx)
+            if option is not None:
+                option.help = _FRAME["words"]["help"]
+            return option
+
+        def format_usage(self: Any, ctx: Any, formatter: Any) -> None:
+            formatter.write_usage(ctx.command_path, " ".join(self.collect_usage_pieces(ctx)),
+                                  prefix=_FRAME["words"]["usage"])
+
+        get_help_option.in_language = True  # type: ignore[attr-defined]
+        cls.get_help_option, cls.format_usage = get_help_option, format_usage  # type: ignore[method-assign]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: one-line errors and exit code 2 for bad input, never a traceback."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    lang = _help_language(args)  # --lang is not read yet when Click refuses the command line
+    if _FRAME or (lang != FALLBACK and ("--help" in args or len(args) <= 1)):
+        typer_frame_in(lang)
     try:
         result = app(args=argv, standalone_mode=False)
         # click returns (not raises) the code of a `typer.Exit(code)` when standalone_mode is off
@@ -266,18 +347,19 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Exit as exc:
         return exc.exit_code
     except typer.Abort:
-        typer.echo("distai: aborted", err=True)
+        typer.echo(f"distai: {translated('cli', 'errors.aborted', lang)}", err=True)
         return 130
     except KeyboardInterrupt:
-        typer.echo("distai: interrupted", err=True)
+        typer.echo(f"distai: {translated('cli', 'errors.interrupted', lang)}", err=True)
         return 130
     except Exception as exc:  # click usage errors and the like
         if isinstance(exc, _click_exception_types()):
             error = cast(_ClickError, exc)
-            message = " ".join(error.format_message().split())
+            if type(exc).__name__ == "NoArgsIsHelpError":  # the help, printed already, is the answer
+                return error.exit_code
             ctx = getattr(exc, "ctx", None)
-            hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
-            typer.echo(f"distai: error: {message}{hint}", err=True)
+            hint = translated("cli", "errors.see_help", lang, command=ctx.command_path) if ctx is not None else ""
+            typer.echo(f"distai: error: {click_error_line(error, lang)}{hint}", err=True)
             return error.exit_code
         raise
     return 0

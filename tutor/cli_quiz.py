@@ -111,7 +111,7 @@ def quiz(
             s = int(seed)
         except ValueError:
             raise CliError(T["seed_whole"].format(value=repr(seed))) from None
-    chosen = lesson_or_fail(lesson) if lesson is not None else None
+    chosen = lesson_or_fail(lesson, language) if lesson is not None else None
     if chosen is None and not review:
         raise CliError(T["need_lesson"])
     store = open_progress()

@@ -328,7 +328,7 @@ def run_cmd(
     """Launch the lesson's real torch.distributed experiment (the help text is the catalog's ``cli.run``)."""
     language = language_or_fail(lang)
     say = lambda key, **f: translated("cli", f"run_says.{key}", language, **f)  # noqa: E731
-    chosen = lesson_or_fail(lesson)
+    chosen = lesson_or_fail(lesson, language)
     from ..engine.launcher import (
         LaunchError,
         LaunchSpec,

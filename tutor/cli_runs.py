@@ -40,11 +40,12 @@ def runs_list(
         return
     from ..lessons.strings import strings
 
-    say = strings("cli", language_or_fail(lang))["runs"]
+    language = language_or_fail(lang)
+    say = strings("cli", language)["runs"]
     from ..engine.runs import list_runs, settle_killed
     from .paths import runs_root
 
-    wanted = lesson_or_fail(lesson).id if lesson else None
+    wanted = lesson_or_fail(lesson, language).id if lesson else None
     runs = [settle_killed(r) for r in list_runs(runs_root()) if wanted is None or r.lesson == wanted][:max(0, limit)]
     rows: list[dict[str, Any]] = [{"id": r.id, "lesson": r.lesson, "started": r.started, "status": r.effective_status,
              "duration_s": r.duration_s, "nproc": r.config.get("nproc"), "device": r.config.get("device"),
