@@ -36,7 +36,7 @@ ratio training failure failures attempt attempts redone saved must got choose
 unknown value whole number greater least most serving requests targets best rejected microbatches
 stages chunks sequence sequences flight replica replicas bound within which what when where this that
 these those it its be been was were has have had will would can could should into over under
-such option see got
+such option see got check diff
 """.split())
 
 # set aside before looking for words: code identifiers (`in backticks`, lesson3), flags, units and numbers
@@ -494,3 +494,33 @@ def test_runs_list_in_spanish(capsys, monkeypatch, tmp_path):
     spanish = render("es")
     assert "16,3 s" in spanish and "fallida" in spanish and "detenida" in spanish
     assert_both(render, "distai runs")
+
+
+def test_the_run_view_of_lesson_1_in_spanish():
+    """`distai run lesson1 --lang es`'s view (training line, ring step, ring check, sweep, fits, check
+    table, end line) holds no English; in English it does (the check can see English)."""
+    from rich.console import Console
+
+    from distai.engine.run_state import RunState
+    from distai.tutor.cli_run import render_state
+
+    state = RunState()
+    for e in ({"kind": "run_start", "t": 0.0, "run_id": "r", "nproc": 2, "device": "cpu"},
+              {"kind": "step", "t": 1.0, "rank": 0, "step": 0, "of": 40, "loss": 4.7, "comm_s": 0.004, "compute_s": 0.004},
+              {"kind": "ring_step", "t": 1.0, "rank": 0, "call": 3, "step": 1, "of": 2, "phase": "all-gather",
+               "chunk": 0, "to": 1, "bytes": 1 << 20},
+              {"kind": "ring_check", "t": 1.0, "rank": 0, "max_abs_diff": 0.0},
+              {"kind": "sweep", "t": 1.0, "rank": 0, "size": 1 << 20, "ring_time_s": 9e-4, "ring_busbw": 1.1e9,
+               "ar_time_s": 8e-4, "ar_busbw": 1.2e9},
+              {"kind": "fit", "t": 1.0, "rank": 0, "impl": "ring", "alpha_s": 3.9e-4, "beta_s_per_byte": 5e-10,
+               "bandwidth": 2e9},
+              {"kind": "run_end", "t": 2.0, "status": "ok", "duration_s": 2.0}):
+        state.feed(e)
+
+    def shown(lang: str) -> str:
+        console = Console(width=120, record=True)
+        console.print(render_state(state, lang=lang))
+        return TYPER_FRAME.sub(" ", console.export_text())
+
+    assert "dist.all_reduce" in shown("es")
+    assert_both(shown, "distai run lesson1's view")

@@ -204,8 +204,8 @@ def render_state(state, title: str = "distai run", extra=None, width: int = 100,
                               rank=r.get("rank"), chunk=r.get("chunk"), to=r.get("to"),
                               size=_fmt_bytes(r.get("bytes", 0), lang), traced=state.ring_steps), style="magenta"))
     if state.ring_check:
-        parts.append(Text(f"check  ring all-reduce == dist.all_reduce (max |diff| "
-                          f"{state.ring_check.get('max_abs_diff', 0):.2g})", style="dim"))
+        parts.append(Text(say("ring_check", diff=format_number(state.ring_check.get("max_abs_diff", 0), 2, lang)),
+                          style="dim"))
     if state.sweep:
         table = Table(title=say("sweep"), title_justify="left", show_edge=False, pad_edge=False)
         for col in ("size", "ring_time", "ring_busbw", "ar_time", "ar_busbw", "ratio"):
