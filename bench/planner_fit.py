@@ -38,8 +38,17 @@ def main() -> None:
               f"{predicted:>9} {row['published_mfu']:>9.1%} {error:>7}")
     for which in ("fitted", "held out"):
         print(f"worst |error|, {which}: {pub.worst_error(which):.1%}")
+    print_figure_13()
     print_megatron_ranks()
     print_deepseek()
+
+
+def print_figure_13() -> None:
+    """Narayanan 2021, Fig. 13: the planner's order of the TP × PP splits of 64 A100s (held out, a ranking)."""
+    for batch in pub.FIGURE_13_BATCHES:
+        order = ", ".join(f"TP {tp} PP {pp}" for tp, pp in pub.figure_13_ranking(batch))
+        print(f"Fig. 13 (162.2B, 64 A100s, batch {batch}), fastest first: {order} "
+              f"(the paper's fastest: TP {pub.FIGURE_13_BEST[0]} PP {pub.FIGURE_13_BEST[1]})")
 
 
 def print_megatron_ranks() -> None:

@@ -658,6 +658,28 @@ def megatron_rank_account(name: str) -> dict:
             "best_chunks": best.chunks, "best_pp_comm_s": best.time["pp_comm_s"], "gathers_s": gathers,
             "tp_comm_s": config.time["tp_comm_s"]}
 
+# Narayanan et al. 2021, Fig. 13 (Sec. 5.4.1): a 162.2B GPT on 64 A100s (8 DGX nodes), every split of the 64 into
+# TP × PP with no data parallelism, global batch 32 and 128, micro-batch 1, full recompute, no interleaving
+# (NVIDIA's examples/sc21/run_figure_13.sh: NLS=32, HS=20480, NAH=128, MBS=1, TP = 64/PP for PP in 2..32). The
+# figure's bars are not printed as numbers; its finding is (Takeaway #1): TP up to the 8 GPUs of a server, then
+# PP — (TP 8, PP 8) is the fastest split at both batch sizes. A held-out ranking check (no constant fitted on it).
+FIGURE_13_MODEL = _gpt(162.2e9, 32, 20480, 128)
+FIGURE_13_BATCHES = (32, 128)
+FIGURE_13_BEST = (8, 8)
+
+
+def figure_13_ranking(global_batch: int, gpus_per_node: int = 8) -> list[tuple[int, int]]:
+    """Figure 13's (tp, pp) splits of 64 A100s, fastest first as the planner predicts them (TP may leave a
+    node, as the figure's TP 16, 32 and 64 did); ``gpus_per_node``: Selene's 8, or more for a what-if."""
+    cluster = pl.Cluster(64, 80e9, gpus_per_node=gpus_per_node, **A100, grad_bytes=2, tp_across_nodes=True)
+    axes = pl.Axes(cp=1, ep=1, **{**MEGATRON_2021, "chunks": (1,), "microbatches": (1,)})
+    fastest: dict[tuple[int, int], float] = {}
+    for c in pl.plan(FIGURE_13_MODEL, cluster, global_batch, axes=axes)["configs"]:
+        if c.dp == 1:
+            fastest.setdefault((c.tp, c.pp), c.step_time_s)
+    return sorted(fastest, key=fastest.__getitem__)
+
+
 # The planner step's example: the command of issue 15 (a Llama-3-70B-shaped model on 512 H100s).
 EXAMPLE_MODEL = pl.ModelSpec(70e9, 80, 8192, 64, 8, 4096)
 EXAMPLE_CLUSTER = pl.Cluster(512, 80e9)
