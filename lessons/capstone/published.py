@@ -672,7 +672,7 @@ def figure_13_ranking(global_batch: int, gpus_per_node: int = 8) -> list[tuple[i
     """Figure 13's (tp, pp) splits of 64 A100s, fastest first as the planner predicts them (TP may leave a
     node, as the figure's TP 16, 32 and 64 did); ``gpus_per_node``: Selene's 8, or more for a what-if."""
     cluster = pl.Cluster(64, 80e9, gpus_per_node=gpus_per_node, **A100, grad_bytes=2, tp_across_nodes=True)
-    axes = pl.Axes(cp=1, ep=1, **{**MEGATRON_2021, "chunks": (1,), "microbatches": (1,)})
+    axes = replace(_axes((1, 1, 1, 1, 1), **MEGATRON_2021), chunks=(1,), microbatches=(1,))  # no interleaving
     fastest: dict[tuple[int, int], float] = {}
     for c in pl.plan(FIGURE_13_MODEL, cluster, global_batch, axes=axes)["configs"]:
         if c.dp == 1:
