@@ -253,6 +253,6 @@ def test_the_five_axis_run_draws_in_the_terminal_and_the_panel():
     for e in _recorded("capstone.5d")[:-1]:  # running
         view.feed(e)
     text = "\n".join(row for row in _rendered(view.renderables(100), 100))
-    assert "(2, 2, 2, 1) · ep 2 · 8 rangos" in text and "pestaña (s)" not in text and "sí" in text
+    assert "(2, 2, 2, 1) · ep 2 · 8 ranks" in text and "pestaña (s)" not in text and "sí" in text
     for grp in ("cp", "ep", "edp", "moe"):
         assert f" {grp:<3} " in text

@@ -252,7 +252,7 @@ async def test_spanish_and_narrow_short_panes():
         assert all(len(line) <= 46 for line in text)
         assert sorted(drawn_rows(vis, 16)) == list(range(16))
         joined = " ".join(line.strip() for line in text)
-        assert "enviado por rango 0 B de 2(N−1)/N·S = 1,88 GB" in joined
+        assert "enviado por rank 0 B de 2(N−1)/N·S = 1,88 GB" in joined
         assert "tiempo α-β 0 s de 75,1 ms" in joined
     async with mounted(R.RingVisualizer, size=(76, 6)) as (pilot, vis):  # the tutor's pane at 80×24
         text = screen_text(vis)

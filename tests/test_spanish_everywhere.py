@@ -524,3 +524,53 @@ def test_the_run_view_of_lesson_1_in_spanish():
 
     assert "dist.all_reduce" in shown("es")
     assert_both(shown, "distai run lesson1's view")
+
+
+# "rango" is a numeric range or a matrix rank in Spanish; a process is a "rank", as the field says.
+# These are the places where "rango(s)" can only mean a process: next to its index (rango 3, rango i,
+# rango *r*, rango {r}), after a count (8 rangos, N rangos, {n} rangos), after "cada", "por", "ningún",
+# "este"…, as "los rangos", or qualified by a parallelism axis (rango TP, rango global, rangos dp·cp).
+# Lesson 6's numeric ranges ("el rango de fp16", "la parte alta del rango", "un rango de 10^±38")
+# match none of them.
+PROCESS_RANGO = re.compile(
+    r"\b[Rr]angos?\s+(?:\d|\*\w\*|`\w`|\{\w+\}|[a-df-np-tv-xz]\b|global\b|[TCDEP]P\b|dp·cp|de\s+(?:TP|CP|datos|expertos)\b)"
+    r"|(?i:\b(?:cada|por|ningún|este|ese|otros?|último|demás|los)\s+rangos?\b)"
+    r"|(?:\b\d+|\{\w+\}|\b[A-Z]|(?i:\b(?:dos|tres|cuatro|ocho)))\s+rangos\b")
+LESSONS = Path(__file__).parent.parent / "lessons"
+
+
+def spanish_texts(lessons: Path = LESSONS) -> dict[str, str]:
+    """Every Spanish text the course holds: each lesson's es/*.md, and every string under an ``es``
+    key of the catalogs, quizzes and lesson steps (``[es]``, ``[kind.es]``, ``title = {es = …}``)."""
+    import tomllib
+
+    def strings(value, spanish: bool):
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                yield from strings(inner, spanish or key == "es")
+        elif isinstance(value, list):
+            for inner in value:
+                yield from strings(inner, spanish)
+        elif isinstance(value, str) and spanish:
+            yield value
+
+    texts = {str(p.relative_to(lessons)): p.read_text() for p in sorted(lessons.glob("*/es/*.md"))}
+    for p in sorted(lessons.glob("**/*.toml")):
+        texts[str(p.relative_to(lessons))] = "\n".join(strings(tomllib.loads(p.read_text()), False))
+    return texts
+
+
+def test_a_process_is_a_rank_in_spanish():
+    """No Spanish text calls a process "rango" (a false friend: a numeric range, or a matrix rank);
+    lesson 6's numeric ranges keep "rango"."""
+    for process in ("el rango 3", "el rango i", "al rango *r*", "cada rango", "por rango", "ningún rango",
+                    "los rangos de un grupo", "8 rangos", "{n} rangos", "N rangos", "cada rango TP"):
+        assert PROCESS_RANGO.search(process), process
+    texts = spanish_texts()
+    assert sum(text.count("rank") for text in texts.values()) > 300, "the Spanish texts were not found"
+    lesson6 = "\n".join(t for name, t in texts.items() if name.startswith("lesson6/"))
+    for numeric in ("el rango de fp16", "la parte alta del rango", "un rango de 10^±38", "bits y rangos"):
+        assert numeric in lesson6 and not PROCESS_RANGO.search(numeric), numeric
+    found = [f"{name}: …{text[max(0, m.start() - 30):m.end() + 10]}…".replace("\n", " ")
+             for name, text in texts.items() for m in PROCESS_RANGO.finditer(text)]
+    assert not found, "'rango' for a process (write 'rank'):\n" + "\n".join(found)
