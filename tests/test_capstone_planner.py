@@ -451,3 +451,22 @@ def test_megatron_2021_overlaps_the_gradient_all_reduce_only_without_a_pipeline(
     assert exposed(flat, "no-pipeline") == exposed(flat, True) < exposed(flat, False)
     assert exposed(piped, "no-pipeline") == exposed(piped, False) > exposed(piped, True)
     assert pub.torch_ddp_run("megatron-18.4b")["config"].step_time_s < pub.reproduce("megatron-18.4b")["config"].step_time_s
+
+
+def test_the_layer_being_backpropagated_holds_what_recomputation_rebuilds():
+    """Korthikanti et al. 2022, Table 2, one layer: full recomputation rebuilds a layer's whole forward for its
+    backward, sbh·(10 + 24/t + 5as/(ht)) without sequence parallelism when the attention scores are materialized
+    (no FlashAttention, as on the A100 runs); selective recomputation rebuilds the attention core's 5as/h·sbh/t
+    with sequence parallelism. The 530B shape (105 layers, h 20480, a 128, s 2048, b 1, TP 8, PP 35)."""
+    model = pl.ModelSpec(529.6e9, 105, 20480, 128, 128, 2048, 51200)
+    roomy = pl.Cluster(280, 1e15, **pub.A100)
+    sbh = 2048 * 1 * 20480
+    for recompute, sp, rebuilt in (("full", False, sbh * (10 + 24 / 8 + 5 * 128 * 2048 / (20480 * 8))),
+                                   ("selective", True, 5 * 128 * 2048 / 20480 * sbh / 8)):
+        c = pl.evaluate(model, roomy, 280, pl.Config(8, 35, 1, 1, 0, recompute, 1, sp))
+        stored = f2.activation_bytes(3, 2048, 1, 20480, 128, 8, sp, recompute)
+        assert c.memory["activations_bytes"] == pytest.approx(stored * c.memory["microbatches_in_flight"] + rebuilt)
+    assert rebuilt == 335_544_320  # 64 · 5,242,880: the 530B's scores, one layer, over TP 8
+    flash = pl.evaluate(model, pl.Cluster(280, 1e15), 280, pl.Config(8, 35, 1, 1, 0, "selective", 1, True))
+    assert flash.memory["activations_bytes"] == pytest.approx(
+        f2.activation_bytes(3, 2048, 1, 20480, 128, 8, True, "selective") * flash.memory["microbatches_in_flight"])

@@ -20,8 +20,9 @@ For every split ``tp · pp · dp = G`` the planner
    (lesson 2's :func:`~distai.lessons.lesson2.formulas.model_state_bytes`) plus the activations of the
    busiest stage (lesson 2's :func:`~distai.lessons.lesson2.formulas.activation_bytes`, sequence
    parallelism on when ``tp > 1``) times the microbatches the first stage holds at once (lesson 5's
-   :func:`~distai.lessons.lesson5.formulas.peak_inflight_microbatches`), plus, with full recomputation,
-   one layer rebuilt during its backward; the last stage instead holds one microbatch plus the fp32
+   :func:`~distai.lessons.lesson5.formulas.peak_inflight_microbatches`), plus what recomputation rebuilds
+   for the layer whose backward runs (full: its whole forward; selective without FlashAttention: its
+   attention scores); the last stage instead holds one microbatch plus the fp32
    logits of its vocabulary shard (s·b·V/t·4 bytes). It must fit in ``gpu_memory · memory_util``;
 3. **predicts the step time**: each stage runs ``m`` microbatches; one microbatch on one stage costs its
    layers on the GPU model (:func:`~.formulas.layer_forward_seconds`; the last stage also runs the output
@@ -298,13 +299,30 @@ def _params_per_gpu(model: ModelSpec, c: Config) -> tuple[float, float]:
     return (model.params - expert) / (c.tp * c.pp), expert / (c.tp * c.pp * c.ep)
 
 
+def _rebuilt_layer_bytes(model: ModelSpec, flash: bool, recompute: str, seq: int, micro_batch: int, tp: int,
+                         sp: bool) -> float:
+    """What recomputation rebuilds, one layer at a time, for the layer whose backward runs (Korthikanti et
+    al. 2022, Table 2, one layer): full recomputation its whole forward's activations (the "none" count;
+    FlashAttention keeps no score matrix even then: the "selective" one); selective recomputation the
+    attention core's 5·a·s/h·s·b·h score, dropout mask and dropout output (over t), which FlashAttention
+    never stores."""
+    def per_layer(count: str) -> float:
+        return activation_bytes_per_layer(seq, micro_batch, model.hidden, model.heads, tp, sp, count)
+
+    if recompute == "full":
+        return per_layer("selective" if flash else "none")
+    if recompute == "selective" and not flash:
+        return per_layer("none") - per_layer("selective")
+    return 0.0
+
+
 def memory_terms(model: ModelSpec, cluster: Cluster, c: Config, stage: int, m: int, optimizer: str,
                  dualpipe: bool = False) -> dict:
     """Every term of the busiest GPU's memory (bytes): {"params_bytes" (bf16, sharded over dp·cp by
     ZeRO-3), "grad_buffer_bytes" (fp32, sharded by ZeRO-2/3), "optimizer_bytes" (fp32 master copy and
     Adam's moments, sharded by ZeRO-1/2/3: lesson 2), "activations_bytes" (lesson 2's Korthikanti count
-    for the stage times lesson 5's microbatches in flight, plus one layer rebuilt under full
-    recomputation), "logits_bytes" (last stage: fp32 logits of its vocabulary shard),
+    for the stage times lesson 5's microbatches in flight, plus what recomputation rebuilds for one layer:
+    :func:`_rebuilt_layer_bytes`), "logits_bytes" (last stage: fp32 logits of its vocabulary shard),
     "comm_buffers_bytes" (ZeRO-3's gathered layers, TP's gathered input, PP's send and receive, CP's
     K/V chunks, DDP's buckets), "allocator_bytes" (CUDA context and NCCL, plus ALLOCATOR_FRACTION of
     the rest), "first_stage_bytes", "last_stage_bytes", "microbatches_in_flight", "usable_bytes"}.
@@ -332,8 +350,7 @@ def memory_terms(model: ModelSpec, cluster: Cluster, c: Config, stage: int, m: i
     split_input = c.sp or (cluster.distributed_checkpoints and recompute == "full")
     act_mb = activation_bytes(stage, s_local, b, model.hidden, model.heads, tp, split_input, stored)
     inflight = peak_inflight_microbatches(pp, m, "interleaved" if v > 1 else "1f1b", v)
-    working = (activation_bytes_per_layer(s_local, b, model.hidden, model.heads, tp, c.sp, "selective")
-               if recompute == "full" else 0.0)
+    working = _rebuilt_layer_bytes(model, cluster.flash_attention, recompute, s_local, b, tp, c.sp)
     logits = s_local * b * model.vocab / tp * 4 if model.vocab else 0.0
     layer_params = model.layer_params / tp
     sbh = s_local * b * model.hidden * 2
