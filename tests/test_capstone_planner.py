@@ -470,3 +470,15 @@ def test_the_layer_being_backpropagated_holds_what_recomputation_rebuilds():
     flash = pl.evaluate(model, pl.Cluster(280, 1e15), 280, pl.Config(8, 35, 1, 1, 0, "selective", 1, True))
     assert flash.memory["activations_bytes"] == pytest.approx(
         f2.activation_bytes(3, 2048, 1, 20480, 128, 8, True, "selective") * flash.memory["microbatches_in_flight"])
+
+
+def test_a_fixed_efficiency_counts_a_wide_attention_core_in_the_hardware_flops_too():
+    """With a fixed efficiency the GPU runs the hardware FLOPs at efficiency · peak; without recomputation they
+    are the model FLOPs (Chowdhery et al. 2022, App. B: HFU = MFU), so one GPU's MFU is the efficiency, MLA's wider
+    attention core (16 heads of q·k 192 and v 128: width 2560, not h = 2048) included; selective recomputation
+    adds its forward, 4·L·2560·s per token."""
+    model = pl.ModelSpec(2e9, 8, 2048, 16, 16, 4096, 32000, qk_head_dim=192, v_head_dim=128)
+    per_token = 6 * 2e9 + 12 * 8 * 2560 * 4096
+    for recompute, hardware in (("none", per_token), ("selective", per_token + 4 * 8 * 2560 * 4096)):
+        best = pl.plan(model, pl.Cluster(1, 1e15, efficiency=0.5), 8, axes=pl.Axes(recompute=(recompute,)))["configs"][0]
+        assert best.mfu == pytest.approx(0.5 * per_token / hardware)

@@ -400,7 +400,8 @@ def _compute_per_microbatch(model: ModelSpec, cluster: Cluster, c: Config, stage
     b, recompute = c.microbatch or 1, c.recompute or "none"
     if cluster.efficiency is not None:  # one fixed fraction of peak: FLOPs / (efficiency · peak)
         tokens = b * model.seq / c.cp
-        hw = tokens * f.hardware_flops_per_token(model.active_params, model.layers, model.hidden, model.seq, recompute)
+        hw = tokens * f.hardware_flops_per_token(model.active_params, model.layers, model.hidden, model.seq, recompute,
+                                                 model.attention_width)
         seconds = hw / (c.tp * cluster.flops * cluster.efficiency) * stage / model.layers
         return {"compute_s": seconds, "gemm_efficiency": cluster.efficiency, "dualpipe_ratio": 2 / 3}
     share = cluster.compute_share
