@@ -294,6 +294,8 @@ def test_cli_json_keys_and_text(capsys):
     (["--dp", "512", "--global-batch", "1000"], "global batch"),
     (["--gpus", "8", "--gpu-mem", "16GB"], "no configuration fits"),
     (["--heads", "60"], "not a multiple"),
+    (["--gpus", "8", "--tp", "8", "--pp", "2"], "tp·pp = 8·2 = 16 does not divide the 8 GPUs"),  # each divides 8
+    (["--shared-experts", "2"], "a mixture of experts needs --experts"),  # shared experts of no MoE: refused
 ])
 def test_bad_input_is_a_one_line_error(capsys, extra, words):
     args = issue_args_with(extra)

@@ -654,6 +654,10 @@ def _check_fixed(model: ModelSpec, n: int, global_batch: int, axes: Axes) -> Non
     for name, value in fixed.items():
         if value is not None and n % value:
             raise ValueError(f"--{name} {value} does not divide the {n} GPUs")
+    given = {name: value for name, value in fixed.items() if value not in (None, 1)}
+    if len(given) > 1 and n % math.prod(given.values()):
+        raise ValueError(f"{'·'.join(given)} = {'·'.join(map(str, given.values()))} = {math.prod(given.values())} "
+                         f"does not divide the {n} GPUs")
     sp_only = axes.sp == (True,) and (axes.tp or 1) > 1  # sequence parallelism asked for: its rule too
     found = shape_refusals(model, axes.tp, axes.pp, axes.cp, axes.ep, sequence_parallel=sp_only)
     if found:
