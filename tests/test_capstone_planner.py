@@ -484,3 +484,16 @@ def test_a_fixed_efficiency_counts_a_wide_attention_core_in_the_hardware_flops_t
     for recompute, hardware in (("none", per_token), ("selective", per_token + 4 * 8 * 2560 * 4096)):
         best = pl.plan(model, pl.Cluster(1, 1e15, efficiency=0.5), 8, axes=pl.Axes(recompute=(recompute,)))["configs"][0]
         assert best.mfu == pytest.approx(0.5 * per_token / hardware)
+
+
+def test_stages_with_embedding_and_output_slots_hold_the_busier_of_the_first_two_stages():
+    """BLOOM's 70 layers on PP 12 fill 72 slots, 6 a stage (formulas.stage_layers): the first stage holds 5 layers
+    and 12 microbatches in flight (1F1B), the second 6 layers and 11: 66 layer-microbatches of 2·s·b·h with full
+    recomputation (Korthikanti et al. 2022, Table 2), not 6 · 12 = 72; plus the layer being rebuilt, its whole
+    forward without FlashAttention, sbh·(10 + 24/4 + 5·112·2048/(14336·4))."""
+    p = pub.PUBLISHED["bloom-176b"]
+    c = pl.evaluate(p.model, dataclasses.replace(p.cluster, gpu_memory=1e15), 2048,
+                    pl.Config(4, 12, 8, 2, 1, "full", 1, False))
+    sbh = 2048 * 2 * 14336
+    assert c.microbatches == 128 and c.memory["microbatches_in_flight"] == 12
+    assert c.memory["activations_bytes"] == pytest.approx(66 * 2 * sbh + sbh * (10 + 24 / 4 + 5 * 112 * 2048 / (14336 * 4)))

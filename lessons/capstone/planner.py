@@ -20,7 +20,8 @@ For every split ``tp · pp · dp = G`` the planner
    (lesson 2's :func:`~distai.lessons.lesson2.formulas.model_state_bytes`) plus the activations of the
    busiest stage (lesson 2's :func:`~distai.lessons.lesson2.formulas.activation_bytes`, sequence
    parallelism on when ``tp > 1``) times the microbatches the first stage holds at once (lesson 5's
-   :func:`~distai.lessons.lesson5.formulas.peak_inflight_microbatches`), plus what recomputation rebuilds
+   :func:`~distai.lessons.lesson5.formulas.peak_inflight_microbatches`; with the embedding and output
+   slots, the busier of the first stage, one layer short, and the second, one microbatch fewer), plus what recomputation rebuilds
    for the layer whose backward runs (full: its whole forward; selective without FlashAttention: its
    attention scores); the last stage instead holds one microbatch plus the fp32
    logits of its vocabulary shard (s·b·V/t·4 bytes). It must fit in ``gpu_memory · memory_util``;
@@ -349,7 +350,14 @@ def memory_terms(model: ModelSpec, cluster: Cluster, c: Config, stage: int, m: i
     # checkpoints alike (lesson 2's count for "full": 2·s·b·h, over t with SP)
     split_input = c.sp or (cluster.distributed_checkpoints and recompute == "full")
     act_mb = activation_bytes(stage, s_local, b, model.hidden, model.heads, tp, split_input, stored)
-    inflight = peak_inflight_microbatches(pp, m, "interleaved" if v > 1 else "1f1b", v)
+    schedule = "interleaved" if v > 1 else "1f1b"
+    inflight = pp + 1 if dualpipe else peak_inflight_microbatches(pp, m, schedule, v)
+    held = act_mb * inflight
+    if model.layers % pp and pp > 1 and not dualpipe:
+        # the embedding and output slots (formulas.stage_layers): the first stage holds stage − 1 layers, the
+        # second the stage's layers, one microbatch fewer in flight; the busier of the two
+        held = max(act_mb * (stage - 1) / stage * inflight,
+                   act_mb * peak_inflight_microbatches(pp, m, schedule, v, rank=1))
     working = _rebuilt_layer_bytes(model, cluster.flash_attention, recompute, s_local, b, tp, c.sp)
     logits = s_local * b * model.vocab / tp * 4 if model.vocab else 0.0
     layer_params = model.layer_params / tp
@@ -359,14 +367,12 @@ def memory_terms(model: ModelSpec, cluster: Cluster, c: Config, stage: int, m: i
         + (2 * 2 * s_local * b * model.kv_dim * 2 / tp if cp > 1 else 0.0) \
         + (2 * DDP_BUCKET_BYTES if shard > 1 and zero < 3 else 0.0)
     states = (params + grads + opt) * (2 if dualpipe else 1)
-    if dualpipe:
-        inflight = pp + 1
-    first = states + act_mb * inflight + working + comm
+    first = states + held + working + comm
     last = states + act_mb * (1 if pp > 1 else inflight) + working + logits + comm
     busiest = max(first, last)
     allocator = CONTEXT_BYTES + ALLOCATOR_FRACTION * busiest
     return {"params_bytes": params, "grad_buffer_bytes": grads, "optimizer_bytes": opt,
-            "model_states_bytes": states, "activations_bytes": act_mb * inflight + working,
+            "model_states_bytes": states, "activations_bytes": held + working,
             "logits_bytes": logits, "comm_buffers_bytes": comm, "allocator_bytes": allocator,
             "first_stage_bytes": first + allocator, "last_stage_bytes": last + allocator,
             "microbatches_in_flight": inflight, "usable_bytes": cluster.gpu_memory * cluster.memory_util}
