@@ -353,6 +353,14 @@ def test_when_nothing_fits_the_real_obstacle_is_named(capsys):
     # every layout out of memory: the nearest miss, not the first rejection
     code, _, err = run(capsys, *ISSUE_ARGS[:-6], "--gpus", "8", "--gpu-mem", "16GB")
     assert code == 2 and "no configuration fits: the smallest needs" in err
+    # 3 GPUs, and only CP could take the 3 (2·3 divides the sequence of 4,104), which --max-cp 2 forbids: said so,
+    # not "the global batch 512 does not split into dp·microbatch = 3·1 pieces"
+    shape = ["--params", "7B", "--layers", "32", "--hidden", "4096", "--heads", "32", "--global-batch", "512",
+             "--gpu-mem", "80GB", "--seq", "4104", "--gpus", "3"]
+    code, _, err = run(capsys, *shape, "--max-cp", "2")
+    assert code == 2 and "factor 3" in err and "at most --max-cp 2" in err, err
+    code, out, _ = run(capsys, *shape, "--max-cp", "3")
+    assert code == 0 and "Rejected" in out
 
 
 def test_sequence_parallelism_and_zero_with_a_pipeline_are_options():

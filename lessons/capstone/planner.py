@@ -764,7 +764,8 @@ def obstacle(model: ModelSpec, cluster: Cluster, global_batch: int, axes: Axes, 
         ("tp", axes.tp, lambda x: not shape_reason(model, cluster, x, 1)),
         ("pp", axes.pp, lambda x: not shape_refusals(model, pp=x, sequence_parallel=False)),
         ("dp", axes.dp, lambda x: global_batch % x == 0),
-        ("cp", axes.cp, lambda x: not shape_refusals(model, cp=x, sequence_parallel=False)))}
+        ("cp", axes.cp, lambda x: not (axes.max_cp and x > axes.max_cp)
+         and not shape_refusals(model, cp=x, sequence_parallel=False)))}
     for q, k in _factors(n).items():
         room = sum(max(_power(x, q) for x in values) for values in ok.values() if values)
         if room < k:
@@ -774,7 +775,8 @@ def obstacle(model: ModelSpec, cluster: Cluster, global_batch: int, axes: Axes, 
                 tp=", ".join(map(str, ok["tp"])) or translated("calc", "plan.obstacle.none", lang),
                 node=cluster.gpus_per_node, layers=model.layers, slots=model.layers + 2,
                 batch=units.format_integer(global_batch, lang),
-                cp=translated("calc", "plan.obstacle.cp", lang, seq=units.format_integer(model.seq, lang))
+                cp=translated("calc", "plan.obstacle.cp_max" if axes.cp is None and axes.max_cp else "plan.obstacle.cp",
+                              lang, seq=units.format_integer(model.seq, lang), max_cp=axes.max_cp)
                 if axes.cp != 1 else "") for lang in LANGUAGES}
     memory = [c for c in rejected if c.memory_bytes]
     if memory:
