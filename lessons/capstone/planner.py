@@ -9,9 +9,9 @@ For every split ``tp · pp · dp = G`` the planner
    ``tp/H_kv`` ranks, vLLM's way; the model states still count ``Ψ/tp`` per rank); ``tp`` stays inside a
    node unless allowed (Narayanan et al. 2021, takeaway #1: TP's per-layer all-reduces need NVLink); ``pp`` divides the layers, or the layers plus
    the embedding and output slots (:func:`~.formulas.stage_layers`); the global batch splits into
-   ``dp · microbatch``-sized pieces (:func:`~.formulas.microbatches_per_replica`); ZeRO-2/3 only without
-   pipeline parallelism (the gradients accumulate over the microbatches; DeepSpeed's pipeline engine
-   allows stage 0 or 1 only) and ZeRO only when ``dp > 1``; interleaved chunks ``v > 1`` only when they
+   ``dp · microbatch``-sized pieces (:func:`~.formulas.microbatches_per_replica`); ZeRO stages above
+   ``Axes.max_zero_pp`` only without pipeline parallelism (DeepSpeed's pipeline engine allows stage 0 or 1
+   only; torchtitan and Llama 3 run FSDP, ZeRO-3, with a pipeline) and ZeRO only when ``dp > 1``; interleaved chunks ``v > 1`` only when they
    divide the stage's layers; and the pipeline schedule must be one the framework runs for ``m``
    microbatches (lesson 5's :func:`~distai.lessons.lesson5.formulas.check_schedule` on ``Axes.engine``:
    Megatron-LM's interleaved schedule needs ``m`` a multiple of ``pp``, torch.distributed.pipelining's
