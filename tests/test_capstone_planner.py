@@ -294,6 +294,8 @@ def test_cli_json_keys_and_text(capsys):
     (["--dp", "512", "--global-batch", "1000"], "global batch"),
     (["--gpus", "8", "--gpu-mem", "16GB"], "no configuration fits"),
     (["--heads", "60"], "not a multiple"),
+    (["--gpus", "8", "--tp", "8", "--pp", "2"], "tp·pp = 8·2 = 16 does not divide the 8 GPUs"),  # each divides 8
+    (["--shared-experts", "2"], "a mixture of experts needs --experts"),  # shared experts of no MoE: refused
 ])
 def test_bad_input_is_a_one_line_error(capsys, extra, words):
     args = issue_args_with(extra)
@@ -351,6 +353,14 @@ def test_when_nothing_fits_the_real_obstacle_is_named(capsys):
     # every layout out of memory: the nearest miss, not the first rejection
     code, _, err = run(capsys, *ISSUE_ARGS[:-6], "--gpus", "8", "--gpu-mem", "16GB")
     assert code == 2 and "no configuration fits: the smallest needs" in err
+    # 3 GPUs, and only CP could take the 3 (2·3 divides the sequence of 4,104), which --max-cp 2 forbids: said so,
+    # not "the global batch 512 does not split into dp·microbatch = 3·1 pieces"
+    shape = ["--params", "7B", "--layers", "32", "--hidden", "4096", "--heads", "32", "--global-batch", "512",
+             "--gpu-mem", "80GB", "--seq", "4104", "--gpus", "3"]
+    code, _, err = run(capsys, *shape, "--max-cp", "2")
+    assert code == 2 and "factor 3" in err and "at most --max-cp 2" in err, err
+    code, out, _ = run(capsys, *shape, "--max-cp", "3")
+    assert code == 0 and "Rejected" in out
 
 
 def test_sequence_parallelism_and_zero_with_a_pipeline_are_options():
@@ -451,3 +461,47 @@ def test_megatron_2021_overlaps_the_gradient_all_reduce_only_without_a_pipeline(
     assert exposed(flat, "no-pipeline") == exposed(flat, True) < exposed(flat, False)
     assert exposed(piped, "no-pipeline") == exposed(piped, False) > exposed(piped, True)
     assert pub.torch_ddp_run("megatron-18.4b")["config"].step_time_s < pub.reproduce("megatron-18.4b")["config"].step_time_s
+
+
+def test_the_layer_being_backpropagated_holds_what_recomputation_rebuilds():
+    """Korthikanti et al. 2022, Table 2, one layer: full recomputation rebuilds a layer's whole forward for its
+    backward, sbh·(10 + 24/t + 5as/(ht)) without sequence parallelism when the attention scores are materialized
+    (no FlashAttention, as on the A100 runs); selective recomputation rebuilds the attention core's 5as/h·sbh/t
+    with sequence parallelism. The 530B shape (105 layers, h 20480, a 128, s 2048, b 1, TP 8, PP 35)."""
+    model = pl.ModelSpec(529.6e9, 105, 20480, 128, 128, 2048, 51200)
+    roomy = pl.Cluster(280, 1e15, **pub.A100)
+    sbh = 2048 * 1 * 20480
+    for recompute, sp, rebuilt in (("full", False, sbh * (10 + 24 / 8 + 5 * 128 * 2048 / (20480 * 8))),
+                                   ("selective", True, 5 * 128 * 2048 / 20480 * sbh / 8)):
+        c = pl.evaluate(model, roomy, 280, pl.Config(8, 35, 1, 1, 0, recompute, 1, sp))
+        stored = f2.activation_bytes(3, 2048, 1, 20480, 128, 8, sp, recompute)
+        assert c.memory["activations_bytes"] == pytest.approx(stored * c.memory["microbatches_in_flight"] + rebuilt)
+    assert rebuilt == 335_544_320  # 64 · 5,242,880: the 530B's scores, one layer, over TP 8
+    flash = pl.evaluate(model, pl.Cluster(280, 1e15), 280, pl.Config(8, 35, 1, 1, 0, "selective", 1, True))
+    assert flash.memory["activations_bytes"] == pytest.approx(
+        f2.activation_bytes(3, 2048, 1, 20480, 128, 8, True, "selective") * flash.memory["microbatches_in_flight"])
+
+
+def test_a_fixed_efficiency_counts_a_wide_attention_core_in_the_hardware_flops_too():
+    """With a fixed efficiency the GPU runs the hardware FLOPs at efficiency · peak; without recomputation they
+    are the model FLOPs (Chowdhery et al. 2022, App. B: HFU = MFU), so one GPU's MFU is the efficiency, MLA's wider
+    attention core (16 heads of q·k 192 and v 128: width 2560, not h = 2048) included; selective recomputation
+    adds its forward, 4·L·2560·s per token."""
+    model = pl.ModelSpec(2e9, 8, 2048, 16, 16, 4096, 32000, qk_head_dim=192, v_head_dim=128)
+    per_token = 6 * 2e9 + 12 * 8 * 2560 * 4096
+    for recompute, hardware in (("none", per_token), ("selective", per_token + 4 * 8 * 2560 * 4096)):
+        best = pl.plan(model, pl.Cluster(1, 1e15, efficiency=0.5), 8, axes=pl.Axes(recompute=(recompute,)))["configs"][0]
+        assert best.mfu == pytest.approx(0.5 * per_token / hardware)
+
+
+def test_stages_with_embedding_and_output_slots_hold_the_busier_of_the_first_two_stages():
+    """BLOOM's 70 layers on PP 12 fill 72 slots, 6 a stage (formulas.stage_layers): the first stage holds 5 layers
+    and 12 microbatches in flight (1F1B), the second 6 layers and 11: 66 layer-microbatches of 2·s·b·h with full
+    recomputation (Korthikanti et al. 2022, Table 2), not 6 · 12 = 72; plus the layer being rebuilt, its whole
+    forward without FlashAttention, sbh·(10 + 24/4 + 5·112·2048/(14336·4))."""
+    p = pub.PUBLISHED["bloom-176b"]
+    c = pl.evaluate(p.model, dataclasses.replace(p.cluster, gpu_memory=1e15), 2048,
+                    pl.Config(4, 12, 8, 2, 1, "full", 1, False))
+    sbh = 2048 * 2 * 14336
+    assert c.microbatches == 128 and c.memory["microbatches_in_flight"] == 12
+    assert c.memory["activations_bytes"] == pytest.approx(66 * 2 * sbh + sbh * (10 + 24 / 4 + 5 * 112 * 2048 / (14336 * 4)))

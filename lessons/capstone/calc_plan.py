@@ -70,7 +70,8 @@ def compute(v: dict) -> dict:
         raise CalcError.keyed("plan.errors.fraction", flag="--gemm-efficiency", value=f"{v['gemm_efficiency']:g}")
     if not 0 < v["memory_util"] <= 1:
         raise CalcError.keyed("plan.errors.fraction", flag="--memory-util", value=f"{v['memory_util']:g}")
-    if bool(v["experts"]) != bool(v["top_k"]) or bool(v["experts"]) != bool(v["ffn"]):
+    if bool(v["experts"]) != bool(v["top_k"]) or bool(v["experts"]) != bool(v["ffn"]) \
+            or (v["shared_experts"] and not v["experts"]):
         raise CalcError.keyed("plan.errors.moe_flags")
     if v["experts"] and v["top_k"] > v["experts"]:
         raise CalcError.keyed("plan.errors.top_k", top_k=v["top_k"], experts=v["experts"])

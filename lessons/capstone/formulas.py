@@ -212,12 +212,15 @@ def model_flops_per_token(params, layers: int, hidden: int, seq: int, attention_
     return 6 * psi + 12 * L * (attention_width or h) * s
 
 
-def hardware_flops_per_token(params, layers: int, hidden: int, seq: int, recompute: str = "none") -> float:
+def hardware_flops_per_token(params, layers: int, hidden: int, seq: int, recompute: str = "none",
+                             attention_width: float | None = None) -> float:
     """FLOPs the GPUs actually execute per token: :func:`model_flops_per_token` plus what
     recomputation repeats (Korthikanti et al. 2022, Sec. 5): full recomputation runs every layer's
-    forward again (2Ψ + 4·L·h·s), selective recomputation only the attention core's forward (4·L·h·s)."""
-    base = model_flops_per_token(params, layers, hidden, seq)
-    attention_forward = 4 * layers * hidden * seq
+    forward again (2Ψ + 4·L·h·s), selective recomputation only the attention core's forward (4·L·h·s);
+    ``attention_width`` in place of h as in :func:`model_flops_per_token` (without recomputation the two
+    counts are equal: HFU = MFU)."""
+    base = model_flops_per_token(params, layers, hidden, seq, attention_width)
+    attention_forward = 4 * layers * (attention_width or hidden) * seq
     extra = {"none": 0, "selective": attention_forward, "full": 2 * params + attention_forward}
     if recompute not in extra:
         raise ValueError(f"unknown recompute {recompute!r}; choose one of none, selective, full")

@@ -9,9 +9,9 @@ For every split ``tp · pp · dp = G`` the planner
    ``tp/H_kv`` ranks, vLLM's way; the model states still count ``Ψ/tp`` per rank); ``tp`` stays inside a
    node unless allowed (Narayanan et al. 2021, takeaway #1: TP's per-layer all-reduces need NVLink); ``pp`` divides the layers, or the layers plus
    the embedding and output slots (:func:`~.formulas.stage_layers`); the global batch splits into
-   ``dp · microbatch``-sized pieces (:func:`~.formulas.microbatches_per_replica`); ZeRO-2/3 only without
-   pipeline parallelism (the gradients accumulate over the microbatches; DeepSpeed's pipeline engine
-   allows stage 0 or 1 only) and ZeRO only when ``dp > 1``; interleaved chunks ``v > 1`` only when they
+   ``dp · microbatch``-sized pieces (:func:`~.formulas.microbatches_per_replica`); ZeRO stages above
+   ``Axes.max_zero_pp`` only without pipeline parallelism (DeepSpeed's pipeline engine allows stage 0 or 1
+   only; torchtitan and Llama 3 run FSDP, ZeRO-3, with a pipeline) and ZeRO only when ``dp > 1``; interleaved chunks ``v > 1`` only when they
    divide the stage's layers; and the pipeline schedule must be one the framework runs for ``m``
    microbatches (lesson 5's :func:`~distai.lessons.lesson5.formulas.check_schedule` on ``Axes.engine``:
    Megatron-LM's interleaved schedule needs ``m`` a multiple of ``pp``, torch.distributed.pipelining's
@@ -20,8 +20,10 @@ For every split ``tp · pp · dp = G`` the planner
    (lesson 2's :func:`~distai.lessons.lesson2.formulas.model_state_bytes`) plus the activations of the
    busiest stage (lesson 2's :func:`~distai.lessons.lesson2.formulas.activation_bytes`, sequence
    parallelism on when ``tp > 1``) times the microbatches the first stage holds at once (lesson 5's
-   :func:`~distai.lessons.lesson5.formulas.peak_inflight_microbatches`), plus, with full recomputation,
-   one layer rebuilt during its backward; the last stage instead holds one microbatch plus the fp32
+   :func:`~distai.lessons.lesson5.formulas.peak_inflight_microbatches`; with the embedding and output
+   slots, the busier of the first stage, one layer short, and the second, one microbatch fewer), plus what recomputation rebuilds
+   for the layer whose backward runs (full: its whole forward; selective without FlashAttention: its
+   attention scores); the last stage instead holds one microbatch plus the fp32
    logits of its vocabulary shard (s·b·V/t·4 bytes). It must fit in ``gpu_memory · memory_util``;
 3. **predicts the step time**: each stage runs ``m`` microbatches; one microbatch on one stage costs its
    layers on the GPU model (:func:`~.formulas.layer_forward_seconds`; the last stage also runs the output
@@ -298,13 +300,30 @@ def _params_per_gpu(model: ModelSpec, c: Config) -> tuple[float, float]:
     return (model.params - expert) / (c.tp * c.pp), expert / (c.tp * c.pp * c.ep)
 
 
+def _rebuilt_layer_bytes(model: ModelSpec, flash: bool, recompute: str, seq: int, micro_batch: int, tp: int,
+                         sp: bool) -> float:
+    """What recomputation rebuilds, one layer at a time, for the layer whose backward runs (Korthikanti et
+    al. 2022, Table 2, one layer): full recomputation its whole forward's activations (the "none" count;
+    FlashAttention keeps no score matrix even then: the "selective" one); selective recomputation the
+    attention core's 5·a·s/h·s·b·h score, dropout mask and dropout output (over t), which FlashAttention
+    never stores."""
+    def per_layer(count: str) -> float:
+        return activation_bytes_per_layer(seq, micro_batch, model.hidden, model.heads, tp, sp, count)
+
+    if recompute == "full":
+        return per_layer("selective" if flash else "none")
+    if recompute == "selective" and not flash:
+        return per_layer("none") - per_layer("selective")
+    return 0.0
+
+
 def memory_terms(model: ModelSpec, cluster: Cluster, c: Config, stage: int, m: int, optimizer: str,
                  dualpipe: bool = False) -> dict:
     """Every term of the busiest GPU's memory (bytes): {"params_bytes" (bf16, sharded over dp·cp by
     ZeRO-3), "grad_buffer_bytes" (fp32, sharded by ZeRO-2/3), "optimizer_bytes" (fp32 master copy and
     Adam's moments, sharded by ZeRO-1/2/3: lesson 2), "activations_bytes" (lesson 2's Korthikanti count
-    for the stage times lesson 5's microbatches in flight, plus one layer rebuilt under full
-    recomputation), "logits_bytes" (last stage: fp32 logits of its vocabulary shard),
+    for the stage times lesson 5's microbatches in flight, plus what recomputation rebuilds for one layer:
+    :func:`_rebuilt_layer_bytes`), "logits_bytes" (last stage: fp32 logits of its vocabulary shard),
     "comm_buffers_bytes" (ZeRO-3's gathered layers, TP's gathered input, PP's send and receive, CP's
     K/V chunks, DDP's buckets), "allocator_bytes" (CUDA context and NCCL, plus ALLOCATOR_FRACTION of
     the rest), "first_stage_bytes", "last_stage_bytes", "microbatches_in_flight", "usable_bytes"}.
@@ -331,9 +350,15 @@ def memory_terms(model: ModelSpec, cluster: Cluster, c: Config, stage: int, m: i
     # checkpoints alike (lesson 2's count for "full": 2·s·b·h, over t with SP)
     split_input = c.sp or (cluster.distributed_checkpoints and recompute == "full")
     act_mb = activation_bytes(stage, s_local, b, model.hidden, model.heads, tp, split_input, stored)
-    inflight = peak_inflight_microbatches(pp, m, "interleaved" if v > 1 else "1f1b", v)
-    working = (activation_bytes_per_layer(s_local, b, model.hidden, model.heads, tp, c.sp, "selective")
-               if recompute == "full" else 0.0)
+    schedule = "interleaved" if v > 1 else "1f1b"
+    inflight = pp + 1 if dualpipe else peak_inflight_microbatches(pp, m, schedule, v)
+    held = act_mb * inflight
+    if model.layers % pp and pp > 1 and not dualpipe:
+        # the embedding and output slots (formulas.stage_layers): the first stage holds stage − 1 layers, the
+        # second the stage's layers, one microbatch fewer in flight; the busier of the two
+        held = max(act_mb * (stage - 1) / stage * inflight,
+                   act_mb * peak_inflight_microbatches(pp, m, schedule, v, rank=1))
+    working = _rebuilt_layer_bytes(model, cluster.flash_attention, recompute, s_local, b, tp, c.sp)
     logits = s_local * b * model.vocab / tp * 4 if model.vocab else 0.0
     layer_params = model.layer_params / tp
     sbh = s_local * b * model.hidden * 2
@@ -342,14 +367,12 @@ def memory_terms(model: ModelSpec, cluster: Cluster, c: Config, stage: int, m: i
         + (2 * 2 * s_local * b * model.kv_dim * 2 / tp if cp > 1 else 0.0) \
         + (2 * DDP_BUCKET_BYTES if shard > 1 and zero < 3 else 0.0)
     states = (params + grads + opt) * (2 if dualpipe else 1)
-    if dualpipe:
-        inflight = pp + 1
-    first = states + act_mb * inflight + working + comm
+    first = states + held + working + comm
     last = states + act_mb * (1 if pp > 1 else inflight) + working + logits + comm
     busiest = max(first, last)
     allocator = CONTEXT_BYTES + ALLOCATOR_FRACTION * busiest
     return {"params_bytes": params, "grad_buffer_bytes": grads, "optimizer_bytes": opt,
-            "model_states_bytes": states, "activations_bytes": act_mb * inflight + working,
+            "model_states_bytes": states, "activations_bytes": held + working,
             "logits_bytes": logits, "comm_buffers_bytes": comm, "allocator_bytes": allocator,
             "first_stage_bytes": first + allocator, "last_stage_bytes": last + allocator,
             "microbatches_in_flight": inflight, "usable_bytes": cluster.gpu_memory * cluster.memory_util}
@@ -383,7 +406,8 @@ def _compute_per_microbatch(model: ModelSpec, cluster: Cluster, c: Config, stage
     b, recompute = c.microbatch or 1, c.recompute or "none"
     if cluster.efficiency is not None:  # one fixed fraction of peak: FLOPs / (efficiency · peak)
         tokens = b * model.seq / c.cp
-        hw = tokens * f.hardware_flops_per_token(model.active_params, model.layers, model.hidden, model.seq, recompute)
+        hw = tokens * f.hardware_flops_per_token(model.active_params, model.layers, model.hidden, model.seq, recompute,
+                                                 model.attention_width)
         seconds = hw / (c.tp * cluster.flops * cluster.efficiency) * stage / model.layers
         return {"compute_s": seconds, "gemm_efficiency": cluster.efficiency, "dualpipe_ratio": 2 / 3}
     share = cluster.compute_share
@@ -636,6 +660,10 @@ def _check_fixed(model: ModelSpec, n: int, global_batch: int, axes: Axes) -> Non
     for name, value in fixed.items():
         if value is not None and n % value:
             raise ValueError(f"--{name} {value} does not divide the {n} GPUs")
+    given = {name: value for name, value in fixed.items() if value not in (None, 1)}
+    if len(given) > 1 and n % math.prod(given.values()):
+        raise ValueError(f"{'·'.join(given)} = {'·'.join(map(str, given.values()))} = {math.prod(given.values())} "
+                         f"does not divide the {n} GPUs")
     sp_only = axes.sp == (True,) and (axes.tp or 1) > 1  # sequence parallelism asked for: its rule too
     found = shape_refusals(model, axes.tp, axes.pp, axes.cp, axes.ep, sequence_parallel=sp_only)
     if found:
@@ -736,7 +764,8 @@ def obstacle(model: ModelSpec, cluster: Cluster, global_batch: int, axes: Axes, 
         ("tp", axes.tp, lambda x: not shape_reason(model, cluster, x, 1)),
         ("pp", axes.pp, lambda x: not shape_refusals(model, pp=x, sequence_parallel=False)),
         ("dp", axes.dp, lambda x: global_batch % x == 0),
-        ("cp", axes.cp, lambda x: not shape_refusals(model, cp=x, sequence_parallel=False)))}
+        ("cp", axes.cp, lambda x: not (axes.max_cp and x > axes.max_cp)
+         and not shape_refusals(model, cp=x, sequence_parallel=False)))}
     for q, k in _factors(n).items():
         room = sum(max(_power(x, q) for x in values) for values in ok.values() if values)
         if room < k:
@@ -746,7 +775,8 @@ def obstacle(model: ModelSpec, cluster: Cluster, global_batch: int, axes: Axes, 
                 tp=", ".join(map(str, ok["tp"])) or translated("calc", "plan.obstacle.none", lang),
                 node=cluster.gpus_per_node, layers=model.layers, slots=model.layers + 2,
                 batch=units.format_integer(global_batch, lang),
-                cp=translated("calc", "plan.obstacle.cp", lang, seq=units.format_integer(model.seq, lang))
+                cp=translated("calc", "plan.obstacle.cp_max" if axes.cp is None and axes.max_cp else "plan.obstacle.cp",
+                              lang, seq=units.format_integer(model.seq, lang), max_cp=axes.max_cp)
                 if axes.cp != 1 else "") for lang in LANGUAGES}
     memory = [c for c in rejected if c.memory_bytes]
     if memory:
