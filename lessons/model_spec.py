@@ -33,6 +33,9 @@ class ModelSpec:
     # 192 per head, v 128): each head's query-key and value widths (0: the head size)
     qk_head_dim: int = 0
     v_head_dim: int = 0
+    # the output layer shares the embedding's V·h table (GPT-2, Megatron's GPT, BLOOM, OPT) or has its own
+    # (Llama, Mixtral, DeepSeek-V3): ``params`` then holds two tables, neither of them a layer's
+    tied_embeddings: bool = True
 
     @property
     def d(self) -> int:
@@ -70,11 +73,16 @@ class ModelSpec:
         return self.params - self.expert_params * (1 - self.top_k / self.experts)
 
     @property
+    def vocab_params(self) -> float:
+        """Parameters of the embedding and the output layer: one V·h table when tied, two when not."""
+        return float(self.vocab * self.hidden * (1 if self.tied_embeddings else 2))
+
+    @property
     def layer_params(self) -> float:
-        """Parameters of one transformer layer on average (the embedding's V·h left out)."""
-        return (self.params - self.vocab * self.hidden) / self.layers
+        """Parameters of one transformer layer on average (the embedding and output tables left out)."""
+        return (self.params - self.vocab_params) / self.layers
 
     @property
     def active_layer_params(self) -> float:
         """Parameters one token uses in one layer on average: the GEMMs' FLOPs are 2× this per token."""
-        return (self.active_params - self.vocab * self.hidden) / self.layers
+        return (self.active_params - self.vocab_params) / self.layers

@@ -7,6 +7,8 @@ import math
 from .. import units
 from ..calculator import CalcError, Calculator, Option, labels
 from ..lesson5.formulas import ENGINE_NAMES, ENGINES
+from ..model_size import ShapeError
+from ..strings import LANGUAGES, TranslatedError
 from . import calibrated
 from . import planner as pl
 
@@ -77,7 +79,8 @@ def compute(v: dict) -> dict:
         raise CalcError.keyed("plan.errors.top_k", top_k=v["top_k"], experts=v["experts"])
     model = pl.ModelSpec(params=v["params"], layers=v["layers"], hidden=v["hidden"], heads=v["heads"],
                          kv_heads=kv_heads, seq=v["seq"], vocab=v["vocab"] or 0, experts=v["experts"] or 0,
-                         top_k=v["top_k"] or 0, expert_ffn=v["ffn"] or 0, shared_experts=v["shared_experts"])
+                         top_k=v["top_k"] or 0, expert_ffn=v["ffn"] or 0, shared_experts=v["shared_experts"],
+                         tied_embeddings=v["head"] == "tied")
     cluster = pl.Cluster(gpus=v["gpus"], gpu_memory=v["gpu_mem"], gpus_per_node=v["gpus_per_node"],
                          flops=v["flops"], intra_bandwidth=v["intra_bw"], inter_bandwidth=v["inter_bw"],
                          alpha=v["alpha"], inter_alpha=v["inter_alpha"], efficiency=v["efficiency"],
@@ -86,6 +89,10 @@ def compute(v: dict) -> dict:
                          flash_attention=v["flash_attention"] == "on")
     try:
         r = pl.plan(model, cluster, v["global_batch"], axes=_axes(v))
+    except TranslatedError as exc:
+        raise CalcError(texts=exc.texts) from None
+    except ShapeError as exc:
+        raise CalcError(texts={lang: exc.text(lang) for lang in LANGUAGES}) from None
     except ValueError as exc:
         raise CalcError(str(exc)) from None
     if not r["configs"]:
@@ -94,7 +101,8 @@ def compute(v: dict) -> dict:
     rejected = [dict(c.rejected_dict(), kind=_kind(c.reason), memory_bytes=c.memory_bytes or None)
                 for c in r["rejected"]]
     inputs = {"params": model.params, "layers": model.layers, "hidden": model.hidden, "heads": model.heads,
-              "kv_heads": model.kv_heads, "seq": model.seq, "vocab": model.vocab, "global_batch": v["global_batch"],
+              "kv_heads": model.kv_heads, "seq": model.seq, "vocab": model.vocab, "head": v["head"],
+              "global_batch": v["global_batch"],
               "experts": model.experts, "top_k": model.top_k, "expert_ffn": model.expert_ffn,
               "shared_experts": model.shared_experts, "active_params": model.active_params,
               "gpus": cluster.gpus, "gpu_memory_bytes": cluster.gpu_memory, "gpus_per_node": cluster.gpus_per_node,
@@ -212,6 +220,7 @@ CALCULATOR = Calculator(
         Option("--memory-util", "number", default="1"),
         Option("--vocab", "whole",
                default=None),
+        Option("--head", "choice", default="tied", choices=("tied", "untied")),
         Option("--tp", "whole", default=None),
         Option("--pp", "whole", default=None),
         Option("--dp", "whole", default=None),

@@ -105,12 +105,11 @@ def layer_bytes(run: RunShape) -> float:
 
 
 def model_spec(run: RunShape) -> ModelSpec:
-    """The run's GPT as the planner sees it. The planner counts the output layer apart (its logits
-    GEMM) and the layers as the parameters less one V·h table; the run's head is untied, so its
-    table is left out of the parameters too."""
+    """The run's GPT as the planner sees it: its output layer has its own V·h table (untied), which
+    the planner counts apart from the layers (the logits GEMM)."""
     size = run.model_size()
-    return ModelSpec(params=size.num_params() - run.vocab * run.hidden, layers=run.layers, hidden=run.hidden,
-                     heads=run.heads, kv_heads=run.kv_heads, seq=run.seq, vocab=run.vocab)
+    return ModelSpec(params=size.num_params(), layers=run.layers, hidden=run.hidden, heads=run.heads,
+                     kv_heads=run.kv_heads, seq=run.seq, vocab=run.vocab, tied_embeddings=False)
 
 
 def cluster(run: RunShape, profile: dict) -> pl.Cluster:

@@ -213,15 +213,18 @@ def model_flops_per_token(params, layers: int, hidden: int, seq: int, attention_
 
 
 def hardware_flops_per_token(params, layers: int, hidden: int, seq: int, recompute: str = "none",
-                             attention_width: float | None = None) -> float:
+                             attention_width: float | None = None, layer_params: float | None = None) -> float:
     """FLOPs the GPUs actually execute per token: :func:`model_flops_per_token` plus what
     recomputation repeats (Korthikanti et al. 2022, Sec. 5): full recomputation runs every layer's
-    forward again (2Ψ + 4·L·h·s), selective recomputation only the attention core's forward (4·L·h·s);
+    forward again (2·Ψ_layers + 4·L·h·s, ``layer_params`` the layers' Ψ_layers: the output layer is not
+    recomputed, so with Ψ = Ψ_layers + V·h this is Megatron-LM's 96·s·l·h²·(1 + s/(6h) + V/(16lh)) per
+    sequence; Ψ when not given), selective recomputation only the attention core's forward (4·L·h·s);
     ``attention_width`` in place of h as in :func:`model_flops_per_token` (without recomputation the two
     counts are equal: HFU = MFU)."""
     base = model_flops_per_token(params, layers, hidden, seq, attention_width)
     attention_forward = 4 * layers * (attention_width or hidden) * seq
-    extra = {"none": 0, "selective": attention_forward, "full": 2 * params + attention_forward}
+    recomputed = params if layer_params is None else layer_params
+    extra = {"none": 0, "selective": attention_forward, "full": 2 * recomputed + attention_forward}
     if recompute not in extra:
         raise ValueError(f"unknown recompute {recompute!r}; choose one of none, selective, full")
     return base + extra[recompute]

@@ -78,7 +78,7 @@ from ..lesson5.formulas import (
 )
 from ..model_size import ModelSize, Refusal, ShapeError, explain, refusals
 from ..model_spec import ModelSpec
-from ..strings import LANGUAGES, translated
+from ..strings import LANGUAGES, TranslatedError, translated
 from . import formulas as f
 
 MICROBATCHES = (1, 2, 4, 8)
@@ -197,9 +197,10 @@ def _link(cluster: Cluster, across: bool) -> tuple[float, float]:
 
 def strides(c: Config) -> dict[str, int]:
     """Distance between consecutive ranks of a group on the mesh, Megatron-LM's order tp-cp-ep-dp-pp
-    (innermost first; ``megatron/core/parallel_state.py``): tp 1, cp t, dp (and ep, its first ep ranks)
-    t·cp, pp t·cp·dp."""
-    return {"tp": 1, "cp": c.tp, "dp": c.tp * c.cp, "ep": c.tp * c.cp, "pp": c.tp * c.cp * c.dp}
+    (innermost first; ``megatron/core/parallel_state.py``): tp 1, cp t, dp t·cp, pp t·cp·dp; ep t, its
+    ranks ep consecutive ones of the dp·cp block (MoE parallel folding, as the capstone run's mesh places
+    them: :func:`~.formulas.mesh5_group`)."""
+    return {"tp": 1, "cp": c.tp, "dp": c.tp * c.cp, "ep": c.tp, "pp": c.tp * c.cp * c.dp}
 
 
 # ------------------------------------------------------------------------------ shapes
@@ -225,18 +226,29 @@ def shape_bounds(model: ModelSpec) -> tuple[float, float]:
     return low / 2, high * 2
 
 
+class PlanInputError(TranslatedError):
+    """Input the planner cannot plan for, whatever the degrees: one line in every language
+    (``lessons/catalog/calc.toml``'s ``plan.errors``)."""
+
+    area = "calc"
+
+    @classmethod
+    def keyed(cls, key: str, **fields) -> PlanInputError:
+        return cls(texts=_texts_in(f"plan.errors.{key}", **fields))
+
+
 def check_shape(model: ModelSpec) -> None:
-    """ValueError (one line) when ``--params`` cannot be this shape's parameter count."""
+    """:class:`PlanInputError` (one line) when ``--params`` cannot be this shape's parameter count."""
     if model.seq < 1:
-        raise ValueError(f"the training sequence length must be at least 1 token, got {model.seq}")
+        raise PlanInputError.keyed("seq", seq=model.seq)
     if model.hidden % model.heads or model.heads % model.kv_heads:
-        raise ValueError(f"hidden {model.hidden}, heads {model.heads} and KV heads {model.kv_heads} do not "
-                         "divide each other (hidden = heads · head size, heads = KV heads · group)")
+        raise PlanInputError.keyed("shape_divides", hidden=model.hidden, heads=model.heads, kv_heads=model.kv_heads)
     low, high = shape_bounds(model)
     if not low <= model.params <= high:
-        raise ValueError(f"--params {units.format_count(model.params)} does not fit the shape: {model.layers} "
-                         f"layers of width {model.hidden} hold between {units.format_count(low)} and "
-                         f"{units.format_count(high)} parameters")
+        raise PlanInputError.keyed("params_shape", params=lambda lang: units.format_count(model.params, lang=lang),
+                                   layers=model.layers, hidden=model.hidden,
+                                   low=lambda lang: units.format_count(low, lang=lang),
+                                   high=lambda lang: units.format_count(high, lang=lang))
 
 
 def shape_refusals(model: ModelSpec, tp: int | None = None, pp: int | None = None, cp: int | None = None,
@@ -407,7 +419,7 @@ def _compute_per_microbatch(model: ModelSpec, cluster: Cluster, c: Config, stage
     if cluster.efficiency is not None:  # one fixed fraction of peak: FLOPs / (efficiency · peak)
         tokens = b * model.seq / c.cp
         hw = tokens * f.hardware_flops_per_token(model.active_params, model.layers, model.hidden, model.seq, recompute,
-                                                 model.attention_width)
+                                                 model.attention_width, model.active_layer_params * model.layers)
         seconds = hw / (c.tp * cluster.flops * cluster.efficiency) * stage / model.layers
         return {"compute_s": seconds, "gemm_efficiency": cluster.efficiency, "dualpipe_ratio": 2 / 3}
     share = cluster.compute_share
@@ -599,10 +611,10 @@ def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, o
     c.bubble_fraction = (pipeline - slot * m) / pipeline if dual else bubble_fraction(pp, m, v)
     c.mfu = f.mfu(model_flops_per_step(model, global_batch), c.step_time_s, n, cluster.flops)
     c.tokens_per_s = global_batch * model.seq / c.step_time_s
-    for key, value in (("step time", c.step_time_s), ("MFU", c.mfu), ("memory", c.memory_bytes)):
+    for key, value in (("step", c.step_time_s), ("mfu", c.mfu), ("memory", c.memory_bytes)):
         if not math.isfinite(value):
-            raise ValueError(f"the {key} came out as {value} (the inputs are out of range): check --flops and "
-                             "the bandwidths")
+            raise PlanInputError.keyed("not_finite", value=value,
+                                       where=lambda lang, key=key: translated("calc", f"plan.columns.{key}", lang))
     return c
 
 
@@ -655,33 +667,35 @@ class Axes:
 
 
 def _check_fixed(model: ModelSpec, n: int, global_batch: int, axes: Axes) -> None:
-    """ValueError (or ShapeError) when a fixed degree cannot be right whatever the others are."""
+    """:class:`PlanInputError` (or ShapeError) when a fixed degree cannot be right whatever the others are."""
     fixed = {"tp": axes.tp, "pp": axes.pp, "dp": axes.dp, "cp": axes.cp}
     for name, value in fixed.items():
         if value is not None and n % value:
-            raise ValueError(f"--{name} {value} does not divide the {n} GPUs")
+            raise PlanInputError.keyed("degree_gpus", name=name, value=value, gpus=n)
     given = {name: value for name, value in fixed.items() if value not in (None, 1)}
     if len(given) > 1 and n % math.prod(given.values()):
-        raise ValueError(f"{'·'.join(given)} = {'·'.join(map(str, given.values()))} = {math.prod(given.values())} "
-                         f"does not divide the {n} GPUs")
+        raise PlanInputError.keyed("degrees_gpus", names="·".join(given), values="·".join(map(str, given.values())),
+                                   product=math.prod(given.values()), gpus=n)
     sp_only = axes.sp == (True,) and (axes.tp or 1) > 1  # sequence parallelism asked for: its rule too
     found = shape_refusals(model, axes.tp, axes.pp, axes.cp, axes.ep, sequence_parallel=sp_only)
     if found:
         raise ShapeError(found)
     if axes.dp is not None and global_batch % axes.dp:
-        raise ValueError(f"--dp {axes.dp} does not divide the global batch of {global_batch} sequences")
+        raise PlanInputError.keyed("dp_batch", dp=axes.dp, batch=global_batch)
     if axes.ep not in (None, 1) and not model.experts:
-        raise ValueError(f"--ep {axes.ep} needs a mixture of experts (--experts)")
-    if axes.ep is not None and axes.dp is not None and axes.dp % axes.ep:
-        raise ValueError(f"--ep {axes.ep} must divide --dp {axes.dp} (expert parallelism splits the data ranks)")
+        raise PlanInputError.keyed("ep_dense", ep=axes.ep)
+    # EP folds into the dp·cp ranks (Megatron-core's MoE parallel folding; the capstone run's mesh)
+    if axes.ep is not None and axes.dp is not None and axes.cp is not None and (axes.dp * axes.cp) % axes.ep:
+        raise PlanInputError.keyed("ep_divides", ep=axes.ep, dp=axes.dp, cp=axes.cp, product=axes.dp * axes.cp)
     if None not in (axes.tp, axes.pp, axes.dp, axes.cp):
         product = axes.tp * axes.pp * axes.dp * axes.cp  # type: ignore[operator]
         if product != n:
-            raise ValueError(f"tp·pp·dp·cp = {axes.tp}·{axes.pp}·{axes.dp}·{axes.cp} = {product} is not the {n} GPUs")
+            raise PlanInputError.keyed("world", tp=axes.tp, pp=axes.pp, dp=axes.dp, cp=axes.cp, product=product,
+                                       gpus=n)
 
 
 def layouts(n: int, axes: Axes, experts: int = 0):
-    """Every (tp, pp, dp, cp, ep) with tp·pp·dp·cp = n (ep divides dp and the experts) that the fixed
+    """Every (tp, pp, dp, cp, ep) with tp·pp·dp·cp = n (ep divides dp·cp and the experts) that the fixed
     degrees allow."""
     for t in _divisors(n):
         if axes.tp not in (None, t):
@@ -693,7 +707,7 @@ def layouts(n: int, axes: Axes, experts: int = 0):
                 d = n // (t * c * p)
                 if axes.pp not in (None, p) or axes.dp not in (None, d):
                     continue
-                for e in (_divisors(d) if experts else [1]):
+                for e in (_divisors(d * c) if experts else [1]):
                     if axes.ep in (None, e) and (not experts or experts % e == 0):
                         yield t, p, d, c, e
 

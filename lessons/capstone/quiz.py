@@ -40,7 +40,7 @@ GQA_MODEL = ("model", "layers", "hidden", "heads", "kv_heads")
 #: Mixtral 8x7B (the experts lesson's count: 46.7B parameters) and DeepSeek-V3 as the planner sizes them
 MOE_MODELS = {
     "Mixtral 8x7B": ModelSpec(moe_model_params(32, 4096, 14336, 8, 2, 32000, 32, 8)["total_params"], 32, 4096, 32, 8,
-                              4096, 32000, experts=8, top_k=2, expert_ffn=14336),
+                              4096, 32000, experts=8, top_k=2, expert_ffn=14336, tied_embeddings=False),
     "DeepSeek-V3": DEEPSEEK_V3_MODEL,
 }
 #: what the planner sizes a GPU with: an 80 GB H100 (the memory terms below do not depend on the rest)
