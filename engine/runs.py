@@ -29,14 +29,17 @@ from pathlib import Path
 from typing import Any
 
 from ..lessons.events import STEP
+from ..lessons.strings import TranslatedError
 from .events import read_events
 
 RUN_FILE = "run.json"
 STATUSES = ("running", "ok", "failed", "stopped", "killed")
 
 
-class RunNotFound(LookupError):
-    """No run (or more than one) matches the given id."""
+class RunNotFound(TranslatedError, LookupError):
+    """No run (or more than one) matches the given id (one line in every language: ``text(lang)``)."""
+
+    area = "cli"
 
 
 @dataclass
@@ -210,7 +213,7 @@ def find_run(root: str | os.PathLike, ident: str) -> RunRecord:
     runs = list_runs(root)
     if ident in ("last", "latest"):
         if not runs:
-            raise RunNotFound("there are no runs yet; start one with `distai run lesson1`")
+            raise RunNotFound.keyed("runs.errors.none_yet")
         return runs[0]
     exact = [r for r in runs if r.id == ident]
     if exact:
@@ -219,8 +222,8 @@ def find_run(root: str | os.PathLike, ident: str) -> RunRecord:
     if len(matches) == 1:
         return matches[0]
     if not matches:
-        raise RunNotFound(f"no run matches {ident!r}; `distai runs` lists them")
-    raise RunNotFound(f"{len(matches)} runs match {ident!r}; give more of the id")
+        raise RunNotFound.keyed("runs.errors.no_match", ident=repr(ident))
+    raise RunNotFound.keyed("runs.errors.ambiguous", n=len(matches), ident=repr(ident))
 
 
 def merged_events(events_dir: str | os.PathLike) -> list[dict]:

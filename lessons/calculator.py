@@ -85,8 +85,9 @@ class Option:
         text = str(text)
         try:
             value: float = _PARSERS[self.kind](text)
-        except ValueError as exc:
-            raise CalcError(f"{self.flag}: {exc}") from None
+        except ValueError as exc:  # a UnitError in the learner's language
+            why = exc.text(lang) if isinstance(exc, TranslatedError) else str(exc)
+            raise CalcError(f"{self.flag}: {why}") from None
         minimum = 1 if self.kind == "whole" and self.minimum is None else self.minimum
         if self.kind == "whole":
             if value != math.floor(value):
@@ -107,7 +108,7 @@ def _per_byte(text: str) -> float:
     if any(tag in text for tag in ("/s", "bps", "Bps")):
         bandwidth = units.parse_bandwidth(text.strip())
         if not bandwidth > 0:
-            raise ValueError(f"a bandwidth must be greater than 0, got {text!r}")
+            raise units.UnitError.keyed("positive_bandwidth", text=repr(text))
         return 1.0 / bandwidth
     return units.parse_time(text.strip())
 
@@ -119,7 +120,7 @@ def _flops(text: str) -> float:
 
 _PARSERS: dict[str, Callable[[str], float]] = {
     "whole": units.parse_count, "count": units.parse_count, "bytes": units.parse_size,
-    "capacity": lambda text: units.parse_size(text, smallest=1e6, what="a GPU's memory"),
+    "capacity": lambda text: units.parse_size(text, smallest=1e6, what="gpu_memory"),
     "time": units.parse_time, "bandwidth": units.parse_bandwidth, "per-byte": _per_byte,
     "flops": _flops, "number": units.parse_number,
 }

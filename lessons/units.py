@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 import re
 
+from .strings import LANGUAGES, TranslatedError, translated
+
 __all__ = [
     "UnitError", "parse_number", "parse_count", "parse_bytes", "parse_size", "parse_time", "parse_bandwidth",
     "parse_quantity", "format_number", "format_bytes", "format_count", "format_time",
@@ -23,8 +25,11 @@ __all__ = [
 ]
 
 
-class UnitError(ValueError):
-    """A value or unit that cannot be understood."""
+class UnitError(TranslatedError):
+    """A value or unit that cannot be understood: one line in every language
+    (``lessons/catalog/units.toml``), the exception's own message the English one."""
+
+    area = "units"
 
 
 BYTE_UNITS = {
@@ -61,10 +66,10 @@ NUMBER_AND_UNIT = re.compile(r"^\s*([+-]?(?:[0-9][0-9_ .,']*[0-9]|[0-9])?(?:[.,]
 def parse_number(text: str, lang: str = "en") -> float:
     """A plain number with optional decimal comma, thousands separators and exponent."""
     if not isinstance(text, str):
-        raise UnitError(f"not a number: {text!r}")
+        raise UnitError.keyed("not_number", text=repr(text))
     s = text.strip().replace("\u2212", "-").replace("\u00a0", "").replace("\u202f", "")
     if not s:
-        raise UnitError("empty value")
+        raise UnitError.keyed("empty")
     mant, exp = s, ""
     m = re.match(r"^(.*?)([eE][+-]?\d+)$", s)
     if m and re.search(r"\d", m.group(1)):
@@ -73,14 +78,14 @@ def parse_number(text: str, lang: str = "en") -> float:
     if mant[:1] in "+-":
         sign, mant = mant[0], mant[1:]
     if not mant or not re.fullmatch(r"[0-9_ .,']*", mant) or not re.search(r"\d", mant):
-        raise UnitError(f"not a number: {text!r}")
+        raise UnitError.keyed("not_number", text=repr(text))
     mant = mant.replace("_", "").replace(" ", "").replace("'", "")
     dots, commas = mant.count("."), mant.count(",")
     if dots and commas:
         dec = "." if mant.rfind(".") > mant.rfind(",") else ","
         thou = "," if dec == "." else "."
         if mant.count(dec) > 1:
-            raise UnitError(f"not a number: {text!r}")
+            raise UnitError.keyed("not_number", text=repr(text))
         mant = mant.replace(thou, "").replace(dec, ".")
     elif commas > 1:
         mant = _thousands(mant, ",", text)
@@ -93,20 +98,20 @@ def parse_number(text: str, lang: str = "en") -> float:
     elif dots > 1:
         mant = _thousands(mant, ".", text)
     if mant in ("", "."):
-        raise UnitError(f"not a number: {text!r}")
+        raise UnitError.keyed("not_number", text=repr(text))
     try:
         value = float(sign + mant + exp)
     except ValueError:
-        raise UnitError(f"not a number: {text!r}") from None
+        raise UnitError.keyed("not_number", text=repr(text)) from None
     if not math.isfinite(value):
-        raise UnitError(f"not a finite number: {text!r}")
+        raise UnitError.keyed("not_finite", text=repr(text))
     return value
 
 
 def _thousands(mant: str, sep: str, text: str) -> str:
     groups = mant.split(sep)
     if not (1 <= len(groups[0]) <= 3) or any(len(g) != 3 for g in groups[1:]):
-        raise UnitError(f"not a number: {text!r}")
+        raise UnitError.keyed("not_number", text=repr(text))
     return "".join(groups)
 
 
@@ -116,19 +121,19 @@ def _split(text: str) -> tuple[str, str]:
     s = text.strip()
     m = re.match(r"^([+\-\u2212]?[0-9][0-9_ .,'\u00a0\u202f]*(?:[eE][+-]?[0-9]+)?)\s*([^\s0-9].*)?$", s)
     if not m:
-        raise UnitError(f"not a number with a unit: {text!r}")
+        raise UnitError.keyed("no_unit", text=repr(text))
     num, unit = m.group(1).strip(), (m.group(2) or "").strip()
     return num, unit
 
 
 def _with_unit(text, lang: str, factors: dict, key: str, error: str) -> float:
     """A number followed by a unit looked up (as ``key``, normalised by the caller) in ``factors``; a
-    Python number is taken as is. ``error`` names the units to use when ``key`` is unknown."""
+    Python number is taken as is. ``error``: the catalog key naming the units to use when ``key`` is unknown."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         return _finite(float(text), text)
-    num, _unit = _split(text)
+    num, unit = _split(text)
     if key not in factors:
-        raise UnitError(error)
+        raise UnitError.keyed(error, unit=repr(unit), text=repr(text))
     return _finite(parse_number(num, lang) * factors[key], text)
 
 
@@ -139,18 +144,16 @@ def _unit_of(text) -> str:
 def parse_count(text, lang: str = "en") -> float:
     """A count such as a number of parameters or tokens: ``7.5B`` → 7.5e9, ``175e9``, ``13k``, ``1.3M``."""
     unit = _unit_of(text)
-    return _with_unit(text, lang, COUNT_UNITS, " ".join(unit.lower().rstrip(".").split()),
-                      f"unknown count suffix {unit!r} in {text!r} (use k, M, B or T)")
+    return _with_unit(text, lang, COUNT_UNITS, " ".join(unit.lower().rstrip(".").split()), "count_suffix")
 
 
 def parse_bytes(text, lang: str = "en") -> float:
     """A size in bytes: ``64MiB`` → 67108864, ``2GB`` → 2e9, ``16,6 GB`` → 1.66e10, ``512`` → 512."""
     unit = _unit_of(text)
-    return _with_unit(text, lang, {"": 1, **BYTE_UNITS}, unit.lower().replace(" ", ""),
-                      f"unknown size unit {unit!r} in {text!r} (use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
+    return _with_unit(text, lang, {"": 1, **BYTE_UNITS}, unit.lower().replace(" ", ""), "size_unit")
 
 
-def parse_size(text, lang: str = "en", *, smallest: float = 0.0, what: str = "a size") -> float:
+def parse_size(text, lang: str = "en", *, smallest: float = 0.0, what: str = "a_size") -> float:
     """A size in bytes typed into a calculator, refusing the readings a learner does not mean, each with
     a one-line :class:`UnitError` that suggests the unit:
 
@@ -158,25 +161,27 @@ def parse_size(text, lang: str = "en", *, smallest: float = 0.0, what: str = "a 
       knows model sizes; write ``70`` or ``70 bytes``, or ``70GB``;
     - a fractional number of bytes (``1.5``): did you mean ``1.5GB``?
     - a bare number below ``smallest`` (``--gpu-memory 80``, 80 bytes): did you mean ``80GB``?
+      ``what``: the catalog key (``units.toml``) naming what the size is of.
     """
     num, unit = _split(text) if isinstance(text, str) else (str(text), "")
+    shown = repr(str(text).strip())
     if unit in ("B", "b"):
-        raise UnitError(f"{str(text).strip()!r} is ambiguous: B reads as bytes here, but also as billions; "
-                        f"write {num} bytes as '{num}' or '{num} bytes', or give a unit such as {num}GB")
+        raise UnitError.keyed("ambiguous_b", text=shown, num=num)
     value = parse_bytes(text, lang)
     if value != math.floor(value):
-        raise UnitError(f"{str(text).strip()!r} is not a whole number of bytes; did you mean {num}GB?")
+        raise UnitError.keyed("fractional_bytes", text=shown, num=num)
     if not unit and 0 < value < smallest:
-        raise UnitError(f"{str(text).strip()!r} reads as {format_number(value, 3, lang)} bytes, far too small "
-                        f"for {what}; did you mean {num}GB?")
+        raise UnitError(texts={language: translated("units", "too_small", language, text=shown, num=num,
+                                                    value=format_number(value, 3, language),
+                                                    what=translated("units", what, language))
+                               for language in LANGUAGES})
     return value
 
 
 def parse_time(text, lang: str = "en") -> float:
     """A duration in seconds: ``5us`` → 5e-6, ``1.5ms``, ``30min``, ``2h``, ``1d``; a bare number is seconds."""
     unit = _unit_of(text)
-    return _with_unit(text, lang, {"": 1.0, **TIME_UNITS}, unit.lower().rstrip("."),
-                      f"unknown time unit {unit!r} in {text!r} (use ns, us, ms, s, min, h, d)")
+    return _with_unit(text, lang, {"": 1.0, **TIME_UNITS}, unit.lower().rstrip("."), "time_unit")
 
 
 def parse_bandwidth(text, lang: str = "en") -> float:
@@ -190,10 +195,10 @@ def parse_bandwidth(text, lang: str = "en") -> float:
         return _finite(value, text)
     m = re.fullmatch(r"([kKmMgGtTpP]?i?)([bB])(?:/s|ps|/sec)?", u)
     if not m:
-        raise UnitError(f"unknown bandwidth unit {unit!r} in {text!r} (use GB/s, MB/s, Gb/s, Gbps)")
+        raise UnitError.keyed("bandwidth_unit", unit=repr(unit), text=repr(text))
     prefix, b = m.group(1), m.group(2)
     if not re.search(r"(/s|ps|/sec)$", u):
-        raise UnitError(f"a bandwidth needs a per-second unit, e.g. GB/s: {text!r}")
+        raise UnitError.keyed("per_second", text=repr(text))
     factor = BYTE_UNITS[(prefix + "b").lower()] if prefix else 1
     if b == "b":
         factor /= 8  # bits
@@ -222,7 +227,7 @@ def parse_quantity(text, quantity: str, lang: str = "en") -> float:
 
 def _finite(value: float, text) -> float:
     if not math.isfinite(value):
-        raise UnitError(f"not a finite value: {text!r}")
+        raise UnitError.keyed("not_finite", text=repr(text))
     return value
 
 

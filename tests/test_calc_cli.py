@@ -147,3 +147,25 @@ def test_calc_help_lists_json_keys_and_stays_light():
                           env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
     assert "HEAVY []" in proc.stdout, proc.stdout + proc.stderr
     assert "params_bytes" in proc.stdout and "total_bytes" in proc.stdout
+
+
+@pytest.mark.parametrize("argv, english, spanish", [
+    (["calc", "memory", "--params", "abc"], "not a number with a unit: 'abc'", "no es un número con unidad: 'abc'"),
+    (["calc", "allreduce", "--bytes", "1XB", "--ranks", "4"], "unknown size unit 'XB'",
+     "unidad de tamaño desconocida 'XB'"),
+    (["calc", "allreduce", "--bytes", "70B", "--ranks", "4"], "is ambiguous", "es ambiguo"),
+    (["calc", "allreduce", "--bytes", "1GB", "--ranks", "4", "--beta", "0GB/s"],
+     "a bandwidth must be greater than 0", "un ancho de banda debe ser mayor que 0"),
+    (["calc", "allreduce", "--bytes", "1GB", "--ranks", "4", "--beta", "10GB"], "unknown time unit 'GB'",
+     "unidad de tiempo desconocida 'GB'"),
+    # a GPU's memory given without its unit is 80 bytes: the planner asks, as calc memory and serve do
+    (["calc", "plan", "--gpu-mem", "80", "--params", "7B", "--layers", "32", "--hidden", "4096", "--heads", "32",
+      "--seq", "4096", "--global-batch", "64", "--gpus", "8"], "did you mean 80GB?", "¿querías decir 80GB?"),
+])
+def test_a_value_that_cannot_be_read_is_one_line_in_the_learners_language(capsys, monkeypatch, argv, english,
+                                                                           spanish):
+    for lang, words in (("en", english), ("es", spanish)):
+        monkeypatch.setenv("DISTAI_LANG", lang)
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert words in err and len(err.strip().splitlines()) == 1, err

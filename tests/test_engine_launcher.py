@@ -214,6 +214,23 @@ def test_cli_bad_requests_are_one_line_errors(argv, message, capsys, tmp_path, m
     assert message in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["runs", "show", "no-such-run"], "ninguna ejecución coincide con 'no-such-run'"),
+    (["runs", "show", "last"], "aún no hay ejecuciones"),
+    (["runs", "show", "last", "--speed", "-1"], "--speed debe ser >= 0"),
+    (["runs", "export", "no-such-run"], "ninguna ejecución coincide"),
+    (["runs", "export", "last", "--format", "pdf"], "--format debe ser uno de chrome-trace, csv, jsonl"),
+])
+def test_runs_requests_are_refused_in_the_learners_language(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("DISTAI_HOME", str(tmp_path))
+    monkeypatch.setenv("DISTAI_LANG", "es")
+    from distai.tutor.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+
+
 # ---------------------------------------------------------------------------- real launches
 def _alive(pid: int) -> bool:
     try:

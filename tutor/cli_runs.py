@@ -85,11 +85,11 @@ def runs_show(
 
     language = language_or_fail(lang)
     if speed < 0:
-        raise CliError(f"--speed must be >= 0, got {speed}")
+        raise CliError(translated("cli", "runs.errors.speed", language, value=speed))
     try:
         record = settle_killed(find_run(runs_root(), run_id))
     except RunNotFound as exc:
-        raise CliError(str(exc)) from None
+        raise CliError(exc.text(language)) from None
     events = replay_events(record)
     view: JsonView | TerminalView
     if as_json:
@@ -125,16 +125,17 @@ def default_export_path(run_path: str | os.PathLike, fmt: str) -> Path:
     return Path(run_path) / EXPORT_FORMATS[fmt]
 
 
-def export_text(record, fmt: str) -> str:
-    """The run's export in ``fmt`` as text; a trace that breaks the format's rules is refused."""
+def export_text(record, fmt: str, lang: str = "en") -> str:
+    """The run's export in ``fmt`` as text; a trace that breaks the format's rules is refused (in ``lang``)."""
     from ..engine import trace_export as tx
+    from ..lessons.strings import translated
 
     events = record.events()
     if fmt == "chrome-trace":
         trace = tx.chrome_trace(events, run_id=record.id, lesson=record.lesson)
         problems = tx.check_trace(trace)
         if problems:  # never hand a viewer a file it would misdraw
-            raise CliError(f"the trace of {record.id} breaks the Trace Event format: {problems[0]}", code=1)
+            raise CliError(translated("cli", "runs.errors.bad_trace", lang, id=record.id, problem=problems[0]), code=1)
         return json.dumps(trace, ensure_ascii=False, separators=(",", ":"))
     rows = tx.metric_rows(events)
     return tx.metrics_csv(rows) if fmt == "csv" else tx.metrics_jsonl(rows)
@@ -149,26 +150,28 @@ def runs_export(
                                       help=RUNS["export_output"]),
 ) -> None:
     from ..engine.runs import RunNotFound, find_run
+    from ..lessons.strings import translated
     from .paths import runs_root
 
+    language = language_or_fail(None)
+    say = lambda key, **f: translated("cli", f"runs.errors.{key}", language, **f)  # noqa: E731
     if fmt not in EXPORT_FORMATS:
-        raise CliError(f"--format must be one of {', '.join(EXPORT_FORMATS)}, got {fmt!r}")
+        raise CliError(say("format", formats=", ".join(EXPORT_FORMATS), value=repr(fmt)))
     try:
         record = find_run(runs_root(), run_id)
     except RunNotFound as exc:
-        raise CliError(str(exc)) from None
-    text = export_text(record, fmt)
+        raise CliError(exc.text(language)) from None
+    text = export_text(record, fmt, language)
     if output == "-":
         typer.echo(text, nl=not text.endswith("\n"))
         return
     path = Path(output).expanduser() if output else default_export_path(record.path, fmt)
     try:
         if path.is_dir():
-            raise CliError(f"{path} is a folder; give a file name (e.g. {path / EXPORT_FORMATS[fmt]})")
+            raise CliError(say("folder", path=path, example=path / EXPORT_FORMATS[fmt]))
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)  # a reader never sees half a file
     except OSError as exc:
-        raise CliError(f"cannot write {path}: {exc.strerror or exc}") from None
-    what = "trace (open it in ui.perfetto.dev or chrome://tracing)" if fmt == "chrome-trace" else "metrics"
-    typer.echo(f"{what}: {path}")
+        raise CliError(say("cannot_write", path=path, why=exc.strerror or exc)) from None
+    typer.echo(say("wrote_trace" if fmt == "chrome-trace" else "wrote_metrics", path=path))

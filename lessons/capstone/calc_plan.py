@@ -202,7 +202,7 @@ CALCULATOR = Calculator(
         Option("--seq", "whole", default=None),
         Option("--global-batch", "whole", default=None),
         Option("--gpus", "whole", maximum=1 << 20, default=None),
-        Option("--gpu-mem", "bytes", minimum=0, strict_min=True, default=None),
+        Option("--gpu-mem", "capacity", minimum=0, strict_min=True, default=None),
         Option("--gpus-per-node", "whole", default="8"),
         Option("--flops", "flops", default="989e12",
                minimum=0, strict_min=True),
