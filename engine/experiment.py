@@ -38,9 +38,12 @@ from ..lessons.strings import detect_language, translated
 from .events import EventSink
 
 __all__ = ["run_experiment", "UsageError", "exit_with", "checkpoint", "Progress", "device_sync", "max_over_ranks",
-           "all_ranks_true", "BARRIER_TIMEOUT_ENV", "run_language", "summary_lines"]
+           "all_ranks_true", "BARRIER_TIMEOUT_ENV", "CHECK_ARGS_ENV", "run_language", "summary_lines"]
 
 BARRIER_TIMEOUT_ENV = "DISTAI_BARRIER_TIMEOUT_S"
+#: set by ``distai run`` for one process before the launch: parse and check the options, print what is
+#: wrong as one JSON line (:func:`_check_arguments`) and exit, without joining a group
+CHECK_ARGS_ENV = "DISTAI_CHECK_ARGS"
 _gloo_group: Any = None
 
 
@@ -95,11 +98,14 @@ def run_experiment(prog: str, parse: Callable[[list[str] | None], argparse.Names
     rank 0, shut down. Returns the exit status: 0, 1 (an exception, reported as an ``error``
     event) or 2 (bad input: a :class:`UsageError` or a ``usage_errors`` exception, one line on
     stderr). ``before_init(args)`` runs first (environment a run needs, a custom rendezvous)."""
-    args = parse(argv)
     bad_input: tuple[type[BaseException], ...] = (UsageError, *usage_errors)
+    if os.environ.get(CHECK_ARGS_ENV):
+        return _check_arguments(parse, argv, bad_input, before_init)
     ctx = None
     try:
         from .runtime import init_distributed
+
+        args = parse(argv)  # a usage error raised while parsing is bad input too
 
         if before_init is not None:
             before_init(args)
@@ -121,6 +127,39 @@ def run_experiment(prog: str, parse: Callable[[list[str] | None], argparse.Names
         from .runtime import shutdown
 
         shutdown(ctx)
+
+
+class _ArgumentError(Exception):
+    def __init__(self, parser: argparse.ArgumentParser, message: str):
+        super().__init__(message)
+        self.parser, self.message = parser, message
+
+
+def _check_arguments(parse: Callable[[list[str] | None], argparse.Namespace], argv: list[str] | None,
+                     bad_input: tuple[type[BaseException], ...],
+                     before_init: Callable[[argparse.Namespace], None] | None) -> int:
+    """The options checked as a rank would check them before joining its group (``parse``, then
+    ``before_init``), for ``distai run`` before it launches anything: 0, or 2 with one JSON line on
+    stdout, ``{"error": argparse's or the usage error's message, "texts": its message per language
+    (a translated error), "options": the option strings the experiment takes (argparse's errors)}``."""
+    import json
+
+    def refuse(self: argparse.ArgumentParser, message: str):
+        raise _ArgumentError(self, message)
+
+    argparse.ArgumentParser.error = refuse  # type: ignore[method-assign,assignment]
+    try:
+        args = parse(argv)
+        if before_init is not None:
+            before_init(args)
+    except _ArgumentError as exc:
+        options = sorted({s for a in exc.parser._actions for s in a.option_strings if s.startswith("--")})
+        print(json.dumps({"error": exc.message, "options": options}), flush=True)
+        return 2
+    except bad_input as exc:
+        print(json.dumps({"error": str(exc), "texts": getattr(exc, "texts", {})}), flush=True)
+        return 2
+    return 0
 
 
 def exit_with(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> None:

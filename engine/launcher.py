@@ -572,6 +572,33 @@ class Launch(Stoppable):
         return rec
 
 
+def experiment_argument_error(module: str, args: list[str], world: int, lang: str,
+                              timeout_s: float = 120.0) -> dict | None:
+    """What the experiment's ranks would refuse in ``args`` (``{"error", "texts", "options"}``: see
+    :func:`~.experiment._check_arguments`), asked of one process that parses them as a rank of a
+    ``world``-rank group would and exits without joining one; None when they would run. It
+    imports torch (a second or two), so ``distai run`` asks only when options go to the experiment."""
+    from .experiment import CHECK_ARGS_ENV
+
+    env = dict(os.environ, **{CHECK_ARGS_ENV: "1", "WORLD_SIZE": str(world), "RANK": "0", "LOCAL_RANK": "0",
+                              "DISTAI_LANG": lang})
+    try:  # run() kills the child on a timeout or ^C: it never outlives the command
+        done = subprocess.run([sys.executable, "-m", module, *args], env=env, capture_output=True, text=True,
+                              timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return None  # the launch itself will say what is wrong
+    if done.returncode != 2:
+        return None
+    for line in reversed(done.stdout.splitlines()):
+        try:
+            found = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(found, dict) and "error" in found:
+            return found
+    return None
+
+
 def experiment_available(module: str | None) -> bool:
     """Whether the experiment module exists (without importing it, nor torch)."""
     if not module:

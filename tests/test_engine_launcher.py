@@ -231,6 +231,28 @@ def test_runs_requests_are_refused_in_the_learners_language(argv, message, capsy
     assert message in err and len(err.splitlines()) == 1, err
 
 
+@pytest.mark.parametrize("argv, lang, message", [
+    (["run", "lesson5", "--cpu", "2", "--pp", "3"], "es",
+     "el experimento de lesson5 no acepta --pp 3 (sus opciones: --chunks, "),  # none near: all of them
+    (["run", "lesson6", "--cpu", "2", "--bucket"], "es", "la opción --bucket-mb necesita un valor"),
+    (["run", "lesson2", "--cpu", "2", "--strategies", "foo"], "en", "unknown strategies ['foo']"),
+    (["run", "lesson5", "--cpu", "2", "--slowstage", "1"], "en",
+     "lesson5's experiment does not take --slowstage 1 (its options: --slow-stage)"),
+])
+def test_options_the_experiment_refuses_are_one_line_before_any_launch(argv, lang, message, capsys, tmp_path,
+                                                                       monkeypatch):
+    """What every rank would refuse (argparse's errors, the experiment's usage errors) is refused by one
+    process that parses the options as a rank would, before torchrun starts: one line, exit 2, no run kept."""
+    monkeypatch.setenv("DISTAI_HOME", str(tmp_path))
+    monkeypatch.setenv("DISTAI_LANG", lang)
+    from distai.tutor.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+    assert not list(tmp_path.rglob("run.json"))
+
+
 # ---------------------------------------------------------------------------- real launches
 def _alive(pid: int) -> bool:
     try:

@@ -35,6 +35,33 @@ SPARK = "▁▂▃▄▅▆▇█"
 
 
 # ------------------------------------------------------------------------------------ helpers
+def experiment_refusal(found: dict, lesson: str, lang: str) -> str:
+    """The one line for what an experiment's ranks would refuse (``launcher.experiment_argument_error``),
+    in ``lang``: argparse's usual messages through the catalog (an unknown option with the nearest of the
+    experiment's own, or all of them), a usage error in its own words."""
+    import difflib
+    import re
+
+    say = lambda key, **f: translated("cli", f"errors.{key}", lang, **f)  # noqa: E731
+    if found.get("texts", {}).get(lang):
+        return found["texts"][lang]
+    message = str(found.get("error", ""))
+    options = [o for o in found.get("options", []) if o != "--help"]
+    unknown = re.fullmatch(r"unrecognized arguments: (.+)", message)
+    if unknown:
+        flags = [a.split("=")[0] for a in unknown.group(1).split() if a.startswith("--")]
+        near = sorted({m for f in flags for m in difflib.get_close_matches(f, options, n=3, cutoff=0.75)})
+        return say("experiment_unknown", lesson=lesson, arguments=unknown.group(1)) + \
+            (say("experiment_options", options=", ".join(near or options)) if options else "")
+    value = re.fullmatch(r"argument (\S+?)(?:/\S+)?: invalid (?:\w+ value|choice): (.+)", message)
+    if value:
+        return say("invalid_value", name=value.group(1), value=value.group(2))
+    needs = re.fullmatch(r"argument (\S+?)(?:/\S+)?: expected one argument", message)
+    if needs:
+        return say("needs_value", name=needs.group(1))
+    return message
+
+
 def sparkline(values: list[float], width: int = 40) -> str:
     """Unicode block sparkline of the last ``width`` values (min → ▁, max → █)."""
     if not values:
@@ -333,6 +360,7 @@ def run_cmd(
         LaunchError,
         LaunchSpec,
         choose_placement,
+        experiment_argument_error,
         experiment_available,
         validate_args,
         validate_nodes,
@@ -361,6 +389,10 @@ def run_cmd(
             if given is None and ranks != placement.nproc * nnodes:
                 placement = choose_placement(gpus=gpus, cpu=cpu, default_nproc=max(1, ranks // nnodes), lang=language)
                 plan(extra, placement.nproc * nnodes, default_ranks, placement.device == "cuda")
+        if ctx.args:  # options for the experiment: refused here as its ranks would refuse them
+            found = experiment_argument_error(chosen.experiment, extra, placement.nproc * nnodes, language)
+            if found is not None:
+                raise CliError(experiment_refusal(found, chosen.id, language))
     except LaunchError as exc:
         raise CliError(str(exc), code=exc.code) from None
     except (ShapeError, TranslatedError) as exc:  # the shape or the experiment's plan refused: in the learner's language

@@ -75,7 +75,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     try:
         args.sweep_min_bytes = int(parse_bytes(args.sweep_min))
         args.sweep_max_bytes = int(parse_bytes(args.sweep_max))
-    except (UnitError, ValueError) as exc:
+    except UnitError as exc:
+        p.error(exc.text(run_language()))
+    except ValueError as exc:
         p.error(str(exc))
     if not 4 <= args.sweep_min_bytes <= args.sweep_max_bytes:
         p.error("need 4 bytes <= --sweep-min <= --sweep-max")

@@ -544,11 +544,11 @@ def _checked(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
-    return run_experiment("lesson2", build_parser().parse_args, run, argv, usage_errors=(ModelConfigError,))
+    return run_experiment("lesson2", lambda a: _checked(build_parser().parse_args(a)), run, argv,
+                          usage_errors=(ModelConfigError,))
 
 
 def run(ctx, args: argparse.Namespace) -> dict:
-    args = _checked(args)
     rank, world, ev = ctx.rank, ctx.world_size, ctx.events
     if args.batch % world:
         args.batch = math.ceil(args.batch / world) * world
