@@ -76,3 +76,10 @@ def test_the_english_lines_are_unchanged(learner, capsys, argv, english):
 def test_an_argparse_message_it_does_not_know_stays_english():
     assert argparse_texts("the following arguments are required: x") == {}
     assert argparse_texts("unrecognized arguments: --foo")["es"] == "argumentos no reconocidos: --foo"
+
+
+def test_an_unknown_lang_is_refused_in_the_environments_language(learner, capsys):
+    code, lines = learner(["lesson1", "--lang", "fr"], "es", capsys)
+    assert (code, lines) == (2, ["distai: error: idioma desconocido 'fr'; elige uno de en, es"])
+    code, lines = learner(["lesson1", "--lang", "fr"], "en", capsys)
+    assert (code, lines) == (2, ["distai: error: unknown language 'fr'; choose one of en, es"])
