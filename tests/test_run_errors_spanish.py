@@ -83,3 +83,13 @@ def test_an_unknown_lang_is_refused_in_the_environments_language(learner, capsys
     assert (code, lines) == (2, ["distai: error: idioma desconocido 'fr'; elige uno de en, es"])
     code, lines = learner(["lesson1", "--lang", "fr"], "en", capsys)
     assert (code, lines) == (2, ["distai: error: unknown language 'fr'; choose one of en, es"])
+
+
+def test_calc_plan_calibrate_refuses_the_capstone_run_in_spanish(monkeypatch, capsys, tmp_path):
+    """The capstone plan ``distai calc plan --calibrate`` measures is refused before measuring, in Spanish."""
+    monkeypatch.setenv("DISTAI_HOME", str(tmp_path))
+    monkeypatch.setenv("DISTAI_LANG", "es")
+    code = main(["calc", "plan", "--calibrate", "--dp", "3", "--global-batch", "7"])
+    lines = capsys.readouterr().err.splitlines()
+    assert (code, lines) == (2, ["distai: error: la ejecución del proyecto final no puede con esto: "
+                                 "--global-batch 7 no se reparte en dp·microlote = 3·2"])
