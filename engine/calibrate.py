@@ -47,6 +47,7 @@ from ..lessons.capstone.calibrated import (
 )
 from ..lessons.checks import Check, check
 from ..lessons.events import CHECK
+from ..lessons.strings import LANGUAGES, TranslatedError, translated
 from .doctor import concurrent_pairs_alpha_beta
 from .experiment import max_over_ranks, share_cores_among_local_ranks
 
@@ -551,12 +552,13 @@ def plan_profile(values: dict) -> dict:
         if values.get("global_batch") is not None:  # m microbatches of b per DP rank
             b = plan.microbatch_size
             if values["global_batch"] % (degrees["dp"] * b):
-                raise ValueError(f"--global-batch {values['global_batch']} does not split into dp·microbatch = "
-                                 f"{degrees['dp']}·{b}")
+                raise CalcError.keyed("plan.errors.capstone_batch", batch=values["global_batch"], dp=degrees["dp"], b=b)
             plan = plan_run(argv + [f"--microbatches={values['global_batch'] // (degrees['dp'] * b)}"], world,
                             cuda=False)
-    except ValueError as exc:  # MeshConfigError, the shape check's ShapeError
-        raise CalcError(f"the capstone run cannot take this: {exc}") from None
+    except ValueError as exc:  # MeshConfigError, the shape check's ShapeError: each in every language
+        why = {lang: exc.text(lang) if isinstance(exc, TranslatedError) else str(exc) for lang in LANGUAGES}
+        raise CalcError(texts={lang: translated("calc", "plan.errors.capstone", lang, reason=why[lang])
+                               for lang in LANGUAGES}) from None
     run = run_shape(plan)
     accounts, layers = run_comm(plan)
     return {"run": run.as_dict(), "profile": machine_profile(run, plan.dtype), "accounts": accounts, "layers": layers}

@@ -142,37 +142,39 @@ class LaunchSpec:
         return (self.node_rank or 0) * self.placement.nproc + local_rank
 
 
-def validate_text(flag: str, value: str | None) -> None:
+def validate_text(flag: str, value: str | None, lang: str = "en") -> None:
     """A value that goes into torchrun's command line: printable, no whitespace or NUL."""
     if value is not None and (not value or any(not c.isprintable() or c.isspace() for c in value)):
-        raise LaunchError(f"{flag} must be a non-empty word without spaces or control characters, got {value!r}")
+        raise LaunchError(translated("run", "nodes.text", lang, flag=flag, value=repr(value)))
 
 
-def validate_args(args: list[str]) -> None:
+def validate_args(args: list[str], lang: str = "en") -> None:
     """Options passed through to the experiment: anything a command line can carry (no NUL)."""
     for arg in args:
         if "\0" in arg:
-            raise LaunchError(f"an argument cannot contain a NUL character: {arg!r}")
+            raise LaunchError(translated("run", "nodes.nul", lang, value=repr(arg)))
 
 
 def validate_nodes(nnodes: int, node_rank: int | None, master_addr: str | None, master_port: int | None,
-                   rdzv_backend: str = "static", rdzv_id: str | None = None) -> None:
-    validate_text("--master-addr", master_addr)
-    validate_text("--rdzv-id", rdzv_id)
+                   rdzv_backend: str = "static", rdzv_id: str | None = None, lang: str = "en") -> None:
+    """The multi-node flags, or a one-line LaunchError in ``lang``."""
+    say = lambda key, **f: translated("run", f"nodes.{key}", lang, **f)  # noqa: E731
+    validate_text("--master-addr", master_addr, lang)
+    validate_text("--rdzv-id", rdzv_id, lang)
     if rdzv_backend not in ("static", "c10d"):
-        raise LaunchError(f"--rdzv-backend must be static or c10d, got {rdzv_backend!r}")
+        raise LaunchError(say("rdzv_backend", value=repr(rdzv_backend)))
     if rdzv_backend == "c10d" and not master_addr:
-        raise LaunchError("--rdzv-backend c10d needs --master-addr HOST (where the rendezvous runs)")
+        raise LaunchError(say("c10d_addr"))
     if nnodes < 1 or nnodes > MAX_PROCS:
-        raise LaunchError(f"--nnodes must be between 1 and {MAX_PROCS}, got {nnodes}")
+        raise LaunchError(say("nnodes", limit=MAX_PROCS, value=nnodes))
     if node_rank is not None and not 0 <= node_rank < nnodes:
-        raise LaunchError(f"--node-rank must be between 0 and {nnodes - 1}, got {node_rank}")
+        raise LaunchError(say("node_rank", last=nnodes - 1, value=node_rank))
     if master_port is not None and not 1 <= master_port <= 65535:
-        raise LaunchError(f"--master-port must be a TCP port (1-65535), got {master_port}")
+        raise LaunchError(say("master_port", value=master_port))
     if nnodes > 1 and not master_addr:
-        raise LaunchError("a multi-node run needs --master-addr HOST (the address of node 0)")
+        raise LaunchError(say("master_addr"))
     if nnodes > 1 and node_rank is None and rdzv_backend == "static":
-        raise LaunchError("a multi-node run needs --node-rank R on every node (0 on the master)")
+        raise LaunchError(say("needs_node_rank"))
 
 
 def torchrun_command(spec: LaunchSpec, log_dir: str | os.PathLike) -> list[str]:

@@ -15,10 +15,12 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from ..lessons.arg_errors import argparse_texts
 from ..lessons.capstone.mesh_run import AXES, Layout
 from ..lessons.experts.formulas import RUN_CAPACITY_FACTOR, RUN_EXPERTS, RUN_TOP_K
 from ..lessons.lesson5 import simulator as sim
 from ..lessons.model_size import ModelSize, add_model_options, check_degrees
+from ..lessons.strings import TranslatedError
 
 #: the device mesh's dimensions, outermost first (TP innermost: one node; CP next to it)
 MESH_DIMS = AXES
@@ -27,8 +29,11 @@ MODEL_CPU = ModelSize(vocab=64, hidden=32, heads=4, seq=16, tie_embeddings=False
 MODEL_GPU = ModelSize(vocab=1024, hidden=512, heads=8, seq=256, tie_embeddings=False)
 
 
-class MeshConfigError(ValueError):
-    """A mesh that cannot run this model: the message says what to change."""
+class MeshConfigError(TranslatedError):
+    """A mesh that cannot run this model, or options a run cannot take: the message says what to
+    change, in every language (``lessons/catalog/run_checks.toml``; ``text(lang)``)."""
+
+    area = "run_checks"
 
 
 #: the degrees of a run: the lesson's one definition of a capstone mesh (degrees, world, groups)
@@ -40,16 +45,15 @@ def mesh_shape(pp: int, dp: int, tp: int, cp: int = 1, ep: int = 1, moe: bool = 
     flags' words) when a degree is not a positive integer or ``ep`` does not divide ``dp·cp``."""
     for name, value in zip(MESH_DIMS + ("ep",), (pp, dp, cp, tp, ep)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise MeshConfigError(f"--{name} must be a positive integer, got {value!r}")
+            raise MeshConfigError.keyed("positive", name=name, value=repr(value))
     if (dp * cp) % ep:
-        raise MeshConfigError(f"--ep {ep} does not divide dp·cp = {dp}·{cp} = {dp * cp} "
-                              "(the experts' ranks are data- and context-parallel ranks)")
+        raise MeshConfigError.keyed("ep_divides", ep=ep, dp=dp, cp=cp, replicas=dp * cp)
     return Layout(pp, dp, tp, cp, ep, moe)
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, no usage dump: the CLI and the ranks report it
-        raise MeshConfigError(message)
+        raise MeshConfigError(message, texts=argparse_texts(message))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,17 +111,15 @@ def check_plan(shape: MeshShape, world: int, model: ModelSize, *, microbatches: 
     if shape.world != world:
         names, values = ("dp·tp·pp", f"{shape.dp}·{shape.tp}·{shape.pp}") if shape.cp == 1 else \
             ("dp·tp·pp·cp", f"{shape.dp}·{shape.tp}·{shape.pp}·{shape.cp}")
-        raise MeshConfigError(f"{names} = {values} = {shape.world} does not match the "
-                              f"{world} ranks; run with --cpu {shape.world} (or --gpus {shape.world}) or change "
-                              "the degrees")
+        raise MeshConfigError.keyed("world", names=names, values=values, world=shape.world, ranks=world)
     if shape.ep > 1 and not shape.moe:
-        raise MeshConfigError(f"--ep {shape.ep} shards experts: add --moe (or use --ep 1)")
+        raise MeshConfigError.keyed("ep_needs_moe", ep=shape.ep)
     model.check_degrees(tp=shape.tp, sequence_parallel=True, pp=shape.pp, chunks=chunks, stages="even",
                         cp=shape.cp, zigzag=True, ep=shape.ep, **({"experts": experts} if shape.moe else {}))
     try:
         return sim.validate(schedule, shape.pp, microbatches, chunks)
     except sim.ScheduleError as exc:
-        raise MeshConfigError(str(exc)) from None
+        raise MeshConfigError(str(exc), texts=exc.texts) from None
 
 
 @dataclass(frozen=True)
@@ -139,23 +141,23 @@ def plan_run(argv: list[str] | None, world: int, cuda: bool) -> RunPlan:
     try:
         schedule = sim.normalize_schedule(args.schedule)
     except sim.ScheduleError as exc:
-        raise MeshConfigError(str(exc)) from None
+        raise MeshConfigError(str(exc), texts=exc.texts) from None
     v = args.chunks if schedule == "interleaved" else 1
     if schedule == "interleaved" and v < 2:
-        raise MeshConfigError(f"the interleaved schedule needs --chunks >= 2, got {v}")
+        raise MeshConfigError.keyed("chunks", v=v)
     if args.steps < 1:
-        raise MeshConfigError(f"--steps must be at least 1, got {args.steps}")
+        raise MeshConfigError.keyed("steps", steps=args.steps)
     stages = shape.pp * v
     layers = args.layers if args.layers is not None else stages * max(1, -(-4 // stages))
     model = ModelSize.from_args(args, MODEL_GPU if cuda else MODEL_CPU, layers=layers)
     m = args.microbatches if args.microbatches is not None else 2 * shape.pp
     b = args.microbatch_size or (4 if cuda else 2)
     if b < 1:
-        raise MeshConfigError(f"--microbatch-size must be positive, got {b}")
+        raise MeshConfigError.keyed("microbatch_size", value=b)
     if args.moe and not 1 <= args.top_k <= args.experts:
-        raise MeshConfigError(f"--top-k {args.top_k} must be between 1 and the number of experts ({args.experts})")
+        raise MeshConfigError.keyed("top_k", top_k=args.top_k, experts=args.experts)
     if args.moe and args.zero:
-        raise MeshConfigError("--zero 1 shards the replicated optimizer state; with --moe use --zero 0")
+        raise MeshConfigError.keyed("zero_moe")
     schedule = check_plan(shape, world, model, microbatches=m, schedule=schedule, chunks=v, experts=args.experts)
     return RunPlan(shape, schedule, v, m, b, model, args.dtype or ("float32" if cuda else "float64"), args)
 
@@ -202,17 +204,16 @@ def check_decode_parts(cfg: ModelSize, args, W: int, skip: set[str]) -> tuple[tu
 
 def mesh_degrees(args, W: int) -> tuple[int, int] | None:
     """(tp, pp) of a combined decode from ``--tp``/``--pp`` (the missing one is W / the other), or
-    None when neither is given. Raises ValueError when they do not multiply to the W ranks."""
+    None when neither is given. Raises MeshConfigError (a ValueError) when they do not multiply to the W ranks."""
     if args.tp is None and args.pp is None:
         return None
     for name, v in (("--tp", args.tp), ("--pp", args.pp)):
         if v is not None and v < 1:
-            raise ValueError(f"{name} must be ≥ 1, got {v}")
+            raise MeshConfigError.keyed("decode_at_least_1", flag=name, value=v)
     tp = args.tp if args.tp is not None else max(1, W // args.pp)
     pp = args.pp if args.pp is not None else max(1, W // args.tp)
     if tp * pp != W:
-        raise ValueError(f"--tp {tp} × --pp {pp} = {tp * pp} ranks, but this run has {W} "
-                         f"(start it with --cpu {tp * pp} or --gpus {tp * pp})")
+        raise MeshConfigError.keyed("decode_world", tp=tp, pp=pp, ranks=tp * pp, world=W)
     return tp, pp
 
 
@@ -230,7 +231,7 @@ def decode_launch_ranks(argv: list[str], ranks: int | None, default: int, cuda: 
         try:
             degrees[name] = None if value is None else int(value)
         except ValueError:
-            raise ValueError(f"--{name} must be a whole number, got {value!r}") from None
+            raise MeshConfigError.keyed("whole_number", name=name, value=repr(value)) from None
     args = argparse.Namespace(**degrees)
     if ranks is None and args.tp is not None and args.pp is not None:
         ranks = args.tp * args.pp
@@ -257,10 +258,10 @@ def experts_launch_ranks(argv: list[str], ranks: int | None, default: int, cuda:
     ranks = default if ranks is None else ranks
     ep = ranks if args.ep is None else args.ep
     if ep < 1 or ranks % ep:
-        raise MeshConfigError(f"--ep {ep} does not divide the {ranks} ranks")
+        raise MeshConfigError.keyed("ep_ranks", ep=ep, ranks=ranks)
     if not 1 <= args.top_k <= args.experts:
-        raise MeshConfigError(f"--top-k {args.top_k} must be between 1 and the number of experts ({args.experts})")
+        raise MeshConfigError.keyed("top_k", top_k=args.top_k, experts=args.experts)
     if not args.capacity_factor > 0:
-        raise MeshConfigError(f"--capacity-factor must be positive, got {args.capacity_factor}")
+        raise MeshConfigError.keyed("capacity_factor", value=args.capacity_factor)
     check_degrees(ep=ep, experts=args.experts)
     return ranks

@@ -37,14 +37,17 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from . import units
-from .strings import translated
+from .strings import LANGUAGES, TranslatedError, translated
 
 __all__ = ["ModelConfigError", "ModelSize", "PRESETS", "SIZE_FLAGS", "add_model_options", "Refusal", "ShapeError",
            "refusals", "check_degrees", "explain", "STAGE_RULES"]
 
 
-class ModelConfigError(ValueError):
-    """A model shape that cannot be built or split as asked (a clear one-line message)."""
+class ModelConfigError(TranslatedError):
+    """A model shape that cannot be built or split as asked (a clear one-line message, in every
+    language: ``lessons/catalog/model_size.toml``; ``text(lang)``)."""
+
+    area = "model_size"
 
 
 @dataclass(frozen=True)
@@ -69,19 +72,19 @@ class ModelSize:
                  "seq": self.seq, "ffn": self.ffn_size, "kv_heads": self.group_heads}
         for name, value in sizes.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ModelConfigError(f"{name} must be a positive whole number, got {value!r}")
+                raise ModelConfigError.keyed("positive", name=name, value=repr(value))
         if self.hidden % self.heads:
-            raise ModelConfigError(f"hidden {self.hidden} is not divisible by heads {self.heads}")
+            raise ModelConfigError.keyed("heads_divide_hidden", hidden=self.hidden, heads=self.heads)
         if self.heads % self.group_heads:
-            raise ModelConfigError(f"heads {self.heads} is not a multiple of kv_heads {self.kv_heads}")
+            raise ModelConfigError.keyed("kv_heads", heads=self.heads, kv_heads=self.kv_heads)
         if not 0.0 <= self.dropout < 1.0:
-            raise ModelConfigError(f"dropout probability must be in [0, 1), got {self.dropout}")
+            raise ModelConfigError.keyed("dropout", value=self.dropout)
         if self.norm not in ("layer", "rms"):
-            raise ModelConfigError(f"norm must be 'layer' or 'rms', not {self.norm!r}")
+            raise ModelConfigError.keyed("norm", value=repr(self.norm))
         if self.mlp not in ("gelu", "swiglu"):
-            raise ModelConfigError(f"mlp must be 'gelu' or 'swiglu', not {self.mlp!r}")
+            raise ModelConfigError.keyed("mlp", value=repr(self.mlp))
         if self.rope_theta is not None and self.head_dim % 2:
-            raise ModelConfigError(f"rotary positions need an even head dimension, not {self.head_dim}")
+            raise ModelConfigError.keyed("rotary", head_dim=self.head_dim)
 
     # ------------------------------------------------------------------------------ builders
     @classmethod
@@ -90,7 +93,7 @@ class ModelSize:
         try:
             base = PRESETS[name]
         except KeyError:
-            raise ModelConfigError(f"unknown model {name!r}; choose one of {', '.join(PRESETS)}") from None
+            raise ModelConfigError.keyed("unknown_model", name=repr(name), choices=", ".join(PRESETS)) from None
         return replace(base, **overrides)  # replace refuses a name that is no field
 
     @classmethod
@@ -224,7 +227,7 @@ class ShapeError(ModelConfigError):
 
     def __init__(self, found: Sequence[Refusal]):
         self.refusals = tuple(found)
-        super().__init__(explain(self.refusals))
+        super().__init__(explain(self.refusals), texts={lang: explain(self.refusals, lang) for lang in LANGUAGES})
 
     def text(self, lang: str = "en") -> str:
         return explain(self.refusals, lang)
@@ -232,7 +235,7 @@ class ShapeError(ModelConfigError):
 
 def _whole(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ModelConfigError(f"{what} must be a positive whole number, got {value!r}")
+        raise ModelConfigError.keyed("positive", name=what, value=repr(value))
     return value
 
 
@@ -246,7 +249,7 @@ def refusals(*, tp: int = 1, sequence_parallel: bool = False, pp: int = 1, chunk
     no positive whole number is a ModelConfigError."""
     t, p, v, c, e = (_whole(x, name) for x, name in ((tp, "tp"), (pp, "pp"), (chunks, "v"), (cp, "cp"), (ep, "ep")))
     if stages not in STAGE_RULES:
-        raise ModelConfigError(f"stages must be one of {', '.join(STAGE_RULES)}, not {stages!r}")
+        raise ModelConfigError.keyed("stages", choices=", ".join(STAGE_RULES), value=repr(stages))
     shape = {name: _whole(x, name) for name, x in (("heads", heads), ("kv_heads", kv_heads), ("hidden", hidden),
                                                     ("ffn", ffn), ("vocab", vocab), ("seq", seq),
                                                     ("layers", layers), ("experts", experts)) if x is not None}

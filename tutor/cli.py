@@ -13,7 +13,7 @@ from typing import Any, Protocol, cast
 import typer
 
 from ..lessons.registry import UnknownLessonError, all_lessons, resolve_lesson, valid_names
-from ..lessons.strings import FALLBACK, detect_language, strings, translated
+from ..lessons.strings import FALLBACK, LANGUAGES, detect_language, strings, translated
 from ..lessons.units import format_score
 
 
@@ -77,13 +77,13 @@ def lesson_or_fail(name: str, lang: str = "en"):
 
 
 def language_or_fail(explicit: str | None) -> str:
-    """``--lang`` (or the locale's language); an unknown one is a one-line error."""
-    from .i18n import detect_language
-
+    """``--lang`` (or the locale's language); an unknown one is a one-line error, in the language
+    ``DISTAI_LANG`` or the locale gives."""
     try:
         return detect_language(explicit)
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
+    except ValueError:
+        raise CliError(translated("cli", "errors.unknown_language", detect_language(None), value=repr(explicit),
+                                  choices=", ".join(LANGUAGES))) from None
 
 
 def open_progress():

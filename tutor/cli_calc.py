@@ -57,8 +57,8 @@ def run_calculator(calc: Calculator, given: dict, as_json: bool, lang: str | Non
     language = language_or_fail(lang)
     try:
         result = calc.run(_measured(calc, given), language)
-    except CalcError as exc:
-        raise CliError(str(exc)) from None
+    except CalcError as exc:  # the measurement's refusals (--calibrate) included: in the learner's language
+        raise CliError(exc.text(language)) from None
     if as_json:
         typer.echo(json.dumps(_jsonable(result), ensure_ascii=False, indent=2))
     else:

@@ -378,8 +378,8 @@ def run_cmd(
         extra = ["--steps", str(steps), *extra]
     default_ranks = getattr(chosen, "ranks", 4)
     try:
-        validate_nodes(nnodes, node_rank, master_addr, master_port, rdzv_backend, rdzv_id)
-        validate_args(extra)
+        validate_nodes(nnodes, node_rank, master_addr, master_port, rdzv_backend, rdzv_id, lang=language)
+        validate_args(extra, language)
         placement = choose_placement(gpus=gpus, cpu=cpu, default_nproc=default_ranks, lang=language)
         plan = chosen.launch_plan_function()
         if plan is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import NoReturn
 
+from ..arg_errors import argparse_texts
 from . import simulator as sim
 from .formulas import ScheduleError
 
@@ -57,7 +58,7 @@ def check(args: argparse.Namespace, p: int) -> tuple[list[str], int, int]:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise ScheduleError(message)
+        raise ScheduleError(message, texts=argparse_texts(message))
 
 
 def launch_ranks(argv: list[str], ranks: int | None, default: int, cuda: bool) -> int:

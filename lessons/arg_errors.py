@@ -1,0 +1,36 @@
+"""argparse's own one-line refusals of a flag (``invalid int value``, ``expected one argument``,
+``unrecognized arguments``, …) in every language of the course: an experiment's parser whose
+``error`` raises a :class:`~distai.lessons.strings.TranslatedError` passes it
+``texts=argparse_texts(message)``, so that ``distai run``'s check before the launch speaks the
+learner's language. The English text is argparse's own (Python 3.11's); a message this module does
+not know keeps it in every language.
+"""
+from __future__ import annotations
+
+import re
+
+from .strings import LANGUAGES, translated
+
+__all__ = ["argparse_texts"]
+
+AREA = "run_checks"
+#: argparse's messages (``argparse.py``'s templates) and their keys under ``run_checks.argparse``
+PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(pattern), key) for pattern, key in (
+    (r"argument (?P<flag>\S+): invalid int value: (?P<value>.*)", "invalid_int"),
+    (r"argument (?P<flag>\S+): invalid float value: (?P<value>.*)", "invalid_float"),
+    (r"argument (?P<flag>\S+): invalid choice: (?P<value>.*) \(choose from (?P<choices>.*)\)", "invalid_choice"),
+    (r"argument (?P<flag>\S+): expected one argument", "expected_one"),
+    (r"argument (?P<flag>\S+): ignored explicit argument (?P<value>.*)", "ignored_explicit"),
+    (r"ambiguous option: (?P<option>\S+) could match (?P<matches>.*)", "ambiguous"),
+    (r"unrecognized arguments: (?P<args>.*)", "unrecognized"),
+))
+
+
+def argparse_texts(message: str) -> dict[str, str]:
+    """``message`` (what argparse passes to ``ArgumentParser.error``) in every language; ``{}`` (the
+    error's English message stands) when it is not one of :data:`PATTERNS`."""
+    for pattern, key in PATTERNS:
+        found = pattern.fullmatch(message)
+        if found:
+            return {lang: translated(AREA, f"argparse.{key}", lang, **found.groupdict()) for lang in LANGUAGES}
+    return {}

@@ -1,0 +1,95 @@
+"""``distai run``'s checks before the launch speak the learner's language: one line, exit 2, nothing
+launched (the capstone's mesh, lesson 7's decode mesh, the experts' run, lesson 5's options, the
+model's size, argparse's own refusals, the multi-node flags)."""
+from __future__ import annotations
+
+import pytest
+
+from distai.lessons.arg_errors import argparse_texts
+from distai.tutor.cli import main
+
+CASES = [
+    (["capstone", "--cpu", "8", "--dp", "3"],
+     "dp·tp·pp = 3·2·2 = 12 no coincide con los 8 procesos; ejecútalo con --cpu 12 (o --gpus 12) o cambia los grados"),
+    (["capstone", "--cpu", "8", "--dp", "3", "--cp", "2"],
+     "dp·tp·pp·cp = 3·2·2·2 = 24 no coincide con los 8 procesos; ejecútalo con --cpu 24 (o --gpus 24) o cambia los grados"),
+    (["capstone", "--cpu", "8", "--dp", "0"], "--dp debe ser un entero positivo, no 0"),
+    (["capstone", "--cpu", "8", "--ep", "2"], "--ep 2 reparte expertos: añade --moe (o usa --ep 1)"),
+    (["capstone", "--cpu", "8", "--ep", "3", "--moe"],
+     "--ep 3 no divide dp·cp = 2·1 = 2 (los procesos de los expertos son procesos de paralelismo de datos y de contexto)"),
+    (["capstone", "--cpu", "8", "--steps", "0"], "--steps debe ser al menos 1, no 0"),
+    (["capstone", "--cpu", "8", "--schedule", "interleaved", "--chunks", "1"],
+     "la planificación intercalada necesita --chunks >= 2, no 1"),
+    (["capstone", "--cpu", "8", "--microbatch-size", "-1"], "--microbatch-size debe ser positivo, no -1"),
+    (["capstone", "--cpu", "8", "--moe", "--top-k", "9"], "--top-k 9 debe estar entre 1 y el número de expertos (8)"),
+    (["capstone", "--cpu", "8", "--moe", "--zero", "1"],
+     "--zero 1 reparte el estado replicado del optimizador; con --moe usa --zero 0"),
+    (["capstone", "--cpu", "8", "--schedule", "foo"],  # a ScheduleError's texts, carried over
+     "planificación desconocida 'foo'; elige una de gpipe, 1f1b, interleaved"),
+    (["capstone", "--cpu", "8", "--dp", "x"], "argumento --dp: 'x' no es un número entero"),
+    (["capstone", "--cpu", "8", "--zero", "2"], "argumento --zero: opción no válida: 2 (elige entre 0, 1)"),
+    (["capstone", "--cpu", "8", "--heads", "3"], "hidden 32 no es divisible entre heads 3"),
+    (["lesson7", "--cpu", "4", "--tp", "3"],
+     "--tp 3 × --pp 1 = 3 procesos, pero esta ejecución tiene 4 (iníciala con --cpu 3 o --gpus 3)"),
+    (["lesson7", "--cpu", "4", "--tp", "0"], "--tp debe ser ≥ 1, no 0"),
+    (["lesson7", "--cpu", "4", "--pp", "x"], "--pp debe ser un número entero, no 'x'"),
+    (["experts", "--cpu", "4", "--ep", "3"], "--ep 3 no divide los 4 procesos"),
+    (["experts", "--cpu", "4", "--capacity-factor", "0"], "--capacity-factor debe ser positivo, no 0.0"),
+    (["lesson5", "--cpu", "4", "--microbatches", "x"], "argumento --microbatches/-m: 'x' no es un número entero"),
+    (["lesson1", "--nnodes", "2"],
+     "una ejecución en varios nodos necesita --master-addr HOST (la dirección del nodo 0)"),
+]
+
+
+@pytest.fixture
+def learner(monkeypatch, tmp_path):
+    monkeypatch.setenv("DISTAI_HOME", str(tmp_path))
+
+    def run(argv: list[str], lang: str, capsys) -> tuple[int, list[str]]:
+        monkeypatch.setenv("DISTAI_LANG", lang)
+        code = main(["run", *argv])
+        return code, capsys.readouterr().err.splitlines()
+    return run
+
+
+@pytest.mark.parametrize("argv,spanish", CASES, ids=[" ".join(a) for a, _ in CASES])
+def test_run_refuses_before_the_launch_in_spanish(learner, capsys, tmp_path, argv, spanish):
+    code, lines = learner(argv, "es", capsys)
+    assert code == 2
+    assert lines == [f"distai: error: {spanish}"]
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())  # nothing launched
+
+
+@pytest.mark.parametrize("argv,english", [
+    (["capstone", "--cpu", "8", "--dp", "3"],
+     "dp·tp·pp = 3·2·2 = 12 does not match the 8 ranks; run with --cpu 12 (or --gpus 12) or change the degrees"),
+    (["capstone", "--cpu", "8", "--dp", "x"], "argument --dp: invalid int value: 'x'"),
+    (["capstone", "--cpu", "8", "--m", "3"],
+     "ambiguous option: --m could match --moe, --microbatches, --microbatch-size"),
+    (["lesson7", "--cpu", "4", "--heads", "3"], "hidden 128 is not divisible by heads 3"),
+])
+def test_the_english_lines_are_unchanged(learner, capsys, argv, english):
+    code, lines = learner(argv, "en", capsys)
+    assert (code, lines) == (2, [f"distai: error: {english}"])
+
+
+def test_an_argparse_message_it_does_not_know_stays_english():
+    assert argparse_texts("the following arguments are required: x") == {}
+    assert argparse_texts("unrecognized arguments: --foo")["es"] == "argumentos no reconocidos: --foo"
+
+
+def test_an_unknown_lang_is_refused_in_the_environments_language(learner, capsys):
+    code, lines = learner(["lesson1", "--lang", "fr"], "es", capsys)
+    assert (code, lines) == (2, ["distai: error: idioma desconocido 'fr'; elige uno de en, es"])
+    code, lines = learner(["lesson1", "--lang", "fr"], "en", capsys)
+    assert (code, lines) == (2, ["distai: error: unknown language 'fr'; choose one of en, es"])
+
+
+def test_calc_plan_calibrate_refuses_the_capstone_run_in_spanish(monkeypatch, capsys, tmp_path):
+    """The capstone plan ``distai calc plan --calibrate`` measures is refused before measuring, in Spanish."""
+    monkeypatch.setenv("DISTAI_HOME", str(tmp_path))
+    monkeypatch.setenv("DISTAI_LANG", "es")
+    code = main(["calc", "plan", "--calibrate", "--dp", "3", "--global-batch", "7"])
+    lines = capsys.readouterr().err.splitlines()
+    assert (code, lines) == (2, ["distai: error: la ejecución del proyecto final no puede con esto: "
+                                 "--global-batch 7 no se reparte en dp·microlote = 3·2"])
