@@ -234,7 +234,7 @@ def test_runs_requests_are_refused_in_the_learners_language(argv, message, capsy
 @pytest.mark.parametrize("argv, lang, message", [
     (["run", "lesson5", "--cpu", "2", "--pp", "3"], "es",
      "el experimento de lesson5 no acepta --pp 3 (sus opciones: --chunks, "),  # none near: all of them
-    (["run", "lesson6", "--cpu", "2", "--bucket"], "es", "la opción --bucket-mb necesita un valor"),
+    (["run", "lesson6", "--cpu", "2", "--bucket"], "es", "argumento --bucket-mb: falta su valor"),
     (["run", "lesson2", "--cpu", "2", "--strategies", "foo"], "en", "unknown strategies ['foo']"),
     (["run", "lesson5", "--cpu", "2", "--slowstage", "1"], "en",
      "lesson5's experiment does not take --slowstage 1 (its options: --slow-stage)"),

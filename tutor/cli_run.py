@@ -37,10 +37,12 @@ SPARK = "▁▂▃▄▅▆▇█"
 # ------------------------------------------------------------------------------------ helpers
 def experiment_refusal(found: dict, lesson: str, lang: str) -> str:
     """The one line for what an experiment's ranks would refuse (``launcher.experiment_argument_error``),
-    in ``lang``: argparse's usual messages through the catalog (an unknown option with the nearest of the
-    experiment's own, or all of them), a usage error in its own words."""
+    in ``lang``: an unknown option with the nearest of the experiment's own (or all of them), argparse's
+    other messages through :func:`~distai.lessons.arg_errors.argparse_texts`, a usage error in its own words."""
     import difflib
     import re
+
+    from ..lessons.arg_errors import argparse_texts
 
     say = lambda key, **f: translated("cli", f"errors.{key}", lang, **f)  # noqa: E731
     if found.get("texts", {}).get(lang):
@@ -53,13 +55,7 @@ def experiment_refusal(found: dict, lesson: str, lang: str) -> str:
         near = sorted({m for f in flags for m in difflib.get_close_matches(f, options, n=3, cutoff=0.75)})
         return say("experiment_unknown", lesson=lesson, arguments=unknown.group(1)) + \
             (say("experiment_options", options=", ".join(near or options)) if options else "")
-    value = re.fullmatch(r"argument (\S+?)(?:/\S+)?: invalid (?:\w+ value|choice): (.+)", message)
-    if value:
-        return say("invalid_value", name=value.group(1), value=value.group(2))
-    needs = re.fullmatch(r"argument (\S+?)(?:/\S+)?: expected one argument", message)
-    if needs:
-        return say("needs_value", name=needs.group(1))
-    return message
+    return argparse_texts(message).get(lang) or message
 
 
 def sparkline(values: list[float], width: int = 40) -> str:
