@@ -584,9 +584,9 @@ def experiment_argument_error(module: str, args: list[str], world: int, lang: st
 
     env = dict(os.environ, **{CHECK_ARGS_ENV: "1", "WORLD_SIZE": str(world), "RANK": "0", "LOCAL_RANK": "0",
                               "DISTAI_LANG": lang})
-    try:  # run() kills the child on a timeout or ^C: it never outlives the command
+    try:  # run() kills the child on a timeout or ^C, the kernel when the command dies: it never outlives it
         done = subprocess.run([sys.executable, "-m", module, *args], env=env, capture_output=True, text=True,
-                              timeout=timeout_s, stdin=subprocess.DEVNULL)
+                              timeout=timeout_s, stdin=subprocess.DEVNULL, preexec_fn=parent_death_signal)
     except subprocess.TimeoutExpired:
         return None  # the launch itself will say what is wrong
     if done.returncode != 2:
