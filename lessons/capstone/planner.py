@@ -45,7 +45,10 @@ For every split ``tp · pp · dp = G`` the planner
    microbatch's backward (or not at all, ``Axes.dp_overlap`` False, as Megatron-LM and DeepSpeed's pipeline did); ZeRO-3
    all-gathers the parameters twice and reduce-scatters the gradients every microbatch, overlapped with
    that microbatch's compute. Each group's link is NVLink when all its ranks share a node (ranks fill
-   nodes in order on the (pp, dp, tp) mesh), else the inter-node link;
+   nodes in order on the (pp, dp, tp) mesh), else the inter-node link. Last, the optimizer step: the
+   parameters the GPU updates (ZeRO-1/2/3: its 1/(dp·cp) shard), their states read and written, their
+   gradients read by the clipping norm and the update, the bf16 copy written, at HBM bandwidth
+   (:func:`optimizer_step_bytes`: the bytes the memory count holds);
 4. **ranks** the feasible configurations by step time (ties: less memory first), and reports the MFU
    (:func:`~.formulas.mfu`: model FLOPs only, recomputation excluded).
 
@@ -336,6 +339,7 @@ def memory_terms(model: ModelSpec, cluster: Cluster, c: Config, stage: int, m: i
     Adam's moments, sharded by ZeRO-1/2/3: lesson 2), "activations_bytes" (lesson 2's Korthikanti count
     for the stage times lesson 5's microbatches in flight, plus what recomputation rebuilds for one layer:
     :func:`_rebuilt_layer_bytes`), "logits_bytes" (last stage: fp32 logits of its vocabulary shard),
+    "optimizer_params" (the parameters whose update this GPU runs: those whose optimizer states it holds),
     "comm_buffers_bytes" (ZeRO-3's gathered layers, TP's gathered input, PP's send and receive, CP's
     K/V chunks, DDP's buckets), "allocator_bytes" (CUDA context and NCCL, plus ALLOCATOR_FRACTION of
     the rest), "first_stage_bytes", "last_stage_bytes", "microbatches_in_flight", "usable_bytes"}.
@@ -378,16 +382,35 @@ def memory_terms(model: ModelSpec, cluster: Cluster, c: Config, stage: int, m: i
         + (sbh if tp > 1 else 0.0) + (2 * sbh / tp if pp > 1 else 0.0) \
         + (2 * 2 * s_local * b * model.kv_dim * 2 / tp if cp > 1 else 0.0) \
         + (2 * DDP_BUCKET_BYTES if shard > 1 and zero < 3 else 0.0)
-    states = (params + grads + opt) * (2 if dualpipe else 1)
+    copies = 2 if dualpipe else 1
+    states = (params + grads + opt) * copies
     first = states + held + working + comm
     last = states + act_mb * (1 if pp > 1 else inflight) + working + logits + comm
     busiest = max(first, last)
     allocator = CONTEXT_BYTES + ALLOCATOR_FRACTION * busiest
     return {"params_bytes": params, "grad_buffer_bytes": grads, "optimizer_bytes": opt,
+            "optimizer_params": sharded(1, 1) * copies,
             "model_states_bytes": states, "activations_bytes": held + working,
             "logits_bytes": logits, "comm_buffers_bytes": comm, "allocator_bytes": allocator,
             "first_stage_bytes": first + allocator, "last_stage_bytes": last + allocator,
             "microbatches_in_flight": inflight, "usable_bytes": cluster.gpu_memory * cluster.memory_util}
+
+
+def optimizer_step_bytes(owned_params: float, optimizer: str, grad_bytes: float, precision: str = "mixed",
+                         clip: bool = True) -> float:
+    """HBM bytes one GPU's optimizer step streams for the ``owned_params`` parameters it updates (all of
+    its Ψ/(tp·pp) without ZeRO, its 1/(dp·cp) shard with ZeRO-1/2/3): a memory-bound pass, no FLOPs to speak
+    of. The optimizer's states, lesson 2's :func:`~distai.lessons.lesson2.formulas.bytes_per_param` (the
+    bytes :func:`memory_terms` holds: the fp32 master copy, Adam's two moments), each read and written
+    (Apex's FusedAdam, ``multi_tensor_adam``: reads g, p, m, v, writes p, m, v); the gradient read twice, by
+    the norm for clipping and by the update (Megatron-LM's ``clip_grad_norm_fp32``: ``multi_tensor_l2norm``
+    over the rank's main grads; the scaling pass runs only when the norm is clipped); the bf16 model copy
+    written (``_copy_main_params_to_model_params``). fp16's copy of the gradients to fp32 and their
+    unscaling are not counted. ``precision`` "fp32": no master copy, the parameters themselves read and
+    written; ``clip`` False: no clipping norm."""
+    per = bytes_per_param(optimizer, precision)
+    weights = per["params"] * (1 if precision == "mixed" else 2)
+    return owned_params * (2 * per["optimizer"] + (2 if clip else 1) * grad_bytes + weights)
 
 
 # ------------------------------------------------------------------------------ time
@@ -601,10 +624,12 @@ def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, o
         pipeline = slot * step_time_units(pp, m, v)  # m + (p−1)/v; interleaved with m < p: p + (m−1)/v
     overlap = pp == 1 if dp_overlap == "no-pipeline" else bool(dp_overlap)
     dp_exposed = _dp_exposed(model, cluster, c, m, compute_mb, overlap)
-    c.step_time_s = pipeline + dp_exposed
+    update = optimizer_step_bytes(c.memory["optimizer_params"], optimizer, cluster.grad_bytes)
+    optimizer_s = update / cluster.hbm_bandwidth  # memory-bound, after the gradients are reduced
+    c.step_time_s = pipeline + dp_exposed + optimizer_s
     c.time = {"compute_s": compute_mb * m, "tp_comm_s": tp_mb * m, "cp_comm_s": cp_mb * m, "pp_comm_s": pp_mb * m,
               "ep_comm_s": ep_mb * m,
-              "bubble_s": pipeline - slot * m, "dp_comm_exposed_s": dp_exposed,
+              "bubble_s": pipeline - slot * m, "dp_comm_exposed_s": dp_exposed, "optimizer_s": optimizer_s,
               "gemm_efficiency": comp["gemm_efficiency"],
               "tp_over_nodes": _spans_nodes(1, tp, g), "cp_over_nodes": _spans_nodes(st["cp"], c.cp, g),
               "pp_over_nodes": _spans_nodes(st["pp"], pp, g), "dp_over_nodes": _spans_nodes(st["dp"], dp, g)}
