@@ -616,3 +616,26 @@ def test_the_optimizer_step_streams_the_states_the_memory_holds_at_hbm_bandwidth
     # SGD with momentum keeps the master copy and one moment: 8 bytes, the update's states shrink with them
     sgd = pl.evaluate(model, cluster, 64, pl.Config(1, 1, 8, 1, 0, "none", 1), optimizer="sgd")
     assert sgd.time["optimizer_s"] == pytest.approx(psi * (2 * 8 + 2 * 4 + 2) / cluster.hbm_bandwidth)
+
+
+def test_cp_memory_holds_the_blocks_the_step_time_sends():
+    """Context parallelism as the planner times it (Llama 3's all-gather): each ring step of the all-gather and
+    of the gradients' reduce-scatter sends one rank's K and V for the layer (the context lesson's block); the
+    memory holds the gathered K and V, cp blocks, and their gradients before the reduce-scatter, cp more."""
+    from distai.lessons.context.formulas import kv_block_bytes
+    from distai.lessons.lesson1.formulas import ring_allgather_time, ring_reduce_scatter_time
+
+    model = pl.ModelSpec(1.3e9, 24, 2048, 16, 4, 8192, 51200)  # 4 KV heads of 128
+    cluster = pl.Cluster(4, 80e9)
+    c = pl.evaluate(model, cluster, 4, pl.Config(1, 1, 1, 1, 0, "none", 1, cp=4))
+    assert not c.reason, c.reason
+    block = kv_block_bytes(8192, 1, 4, 128, cp=4)  # 2 · 2048 tokens · 4 heads · 128 · 2 bytes
+    assert block == 2 * 2048 * 4 * 128 * 2 == pl.cp_kv_block_bytes(model, 1, 1, 4)
+    held = c.memory["comm_buffers_bytes"] - 2 * pl.DDP_BUCKET_BYTES  # the rest: DDP's two buckets over dp·cp
+    assert held == pytest.approx(pl.CP_KV_BUFFERS * 4 * block) and pl.CP_KV_BUFFERS == 2
+    # the time: per layer and microbatch two all-gathers (forward, backward) and a reduce-scatter of 4 blocks
+    per_layer = 2 * ring_allgather_time(4 * block, 4, cluster.alpha, 1 / cluster.intra_bandwidth) \
+        + ring_reduce_scatter_time(4 * block, 4, cluster.alpha, 1 / cluster.intra_bandwidth)
+    assert c.time["cp_comm_s"] == pytest.approx(c.microbatches * 24 * per_layer)
+    # TP beyond the KV heads replicates them: a rank still holds (and sends) whole heads
+    assert pl.cp_kv_block_bytes(model, 1, 8, 4) == pl.cp_kv_block_bytes(model, 1, 4, 4) == block / 4

@@ -64,6 +64,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from .. import units
+from ..context.formulas import kv_block_bytes
 from ..lesson1.formulas import (
     ring_allgather_time,
     ring_allreduce_time,
@@ -332,6 +333,18 @@ def _rebuilt_layer_bytes(model: ModelSpec, flash: bool, recompute: str, seq: int
     return 0.0
 
 
+# CP's K/V buffers, in blocks of cp (Llama 3's all-gather, as the step time counts it): the whole sequence's K and V
+# gathered for the layer (the context lesson's all-gather page: cp blocks on every rank) and, in its backward,
+# their gradients before the reduce-scatter
+CP_KV_BUFFERS = 2
+
+
+def cp_kv_block_bytes(model: ModelSpec, micro_batch: int, tp: int, cp: int) -> float:
+    """One CP rank's K and V for one layer, bf16, its KV heads split over tp (replicated beyond them): the
+    message of one step of CP's ring, the context lesson's :func:`~distai.lessons.context.formulas.kv_block_bytes`."""
+    return kv_block_bytes(model.seq, micro_batch, model.kv_heads, model.kv_dim // model.kv_heads, cp, 2, tp)
+
+
 def memory_terms(model: ModelSpec, cluster: Cluster, c: Config, stage: int, m: int, optimizer: str,
                  dualpipe: bool = False) -> dict:
     """Every term of the busiest GPU's memory (bytes): {"params_bytes" (bf16, sharded over dp·cp by
@@ -341,7 +354,8 @@ def memory_terms(model: ModelSpec, cluster: Cluster, c: Config, stage: int, m: i
     :func:`_rebuilt_layer_bytes`), "logits_bytes" (last stage: fp32 logits of its vocabulary shard),
     "optimizer_params" (the parameters whose update this GPU runs: those whose optimizer states it holds),
     "comm_buffers_bytes" (ZeRO-3's gathered layers, TP's gathered input, PP's send and receive, CP's
-    K/V chunks, DDP's buckets), "allocator_bytes" (CUDA context and NCCL, plus ALLOCATOR_FRACTION of
+    gathered K/V and their gradients, :data:`CP_KV_BUFFERS` · cp blocks of :func:`cp_kv_block_bytes`, DDP's
+    buckets), "allocator_bytes" (CUDA context and NCCL, plus ALLOCATOR_FRACTION of
     the rest), "first_stage_bytes", "last_stage_bytes", "microbatches_in_flight", "usable_bytes"}.
     ``dualpipe``: each GPU holds two stages' parameters (their gradients and optimizer states too) and
     PP + 1 microbatches' activations (DeepSeek-V3 report, Table 2; DualPipe's README)."""
@@ -380,7 +394,7 @@ def memory_terms(model: ModelSpec, cluster: Cluster, c: Config, stage: int, m: i
     sbh = s_local * b * model.hidden * 2
     comm = (2 * layer_params * PARAM_BYTES if zero == 3 and shard > 1 else 0.0) \
         + (sbh if tp > 1 else 0.0) + (2 * sbh / tp if pp > 1 else 0.0) \
-        + (2 * 2 * s_local * b * model.kv_dim * 2 / tp if cp > 1 else 0.0) \
+        + (CP_KV_BUFFERS * cp * cp_kv_block_bytes(model, b, tp, cp) if cp > 1 else 0.0) \
         + (2 * DDP_BUCKET_BYTES if shard > 1 and zero < 3 else 0.0)
     copies = 2 if dualpipe else 1
     states = (params + grads + opt) * copies
@@ -602,7 +616,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, o
     cp_mb = 0.0
     if c.cp > 1:  # Llama 3's all-gather of K and V (forward, recomputed forward) and reduce-scatter of their gradients
         a, beta = _link(cluster, _spans_nodes(st["cp"], c.cp, g))
-        kv = 2 * model.seq * b * model.kv_dim * 2 / min(tp, model.kv_heads)
+        kv = c.cp * cp_kv_block_bytes(model, b, tp, c.cp)  # the whole sequence's K and V, one block per rank
         cp_mb = stage * (2 * ring_allgather_time(kv, c.cp, a, beta) + ring_reduce_scatter_time(kv, c.cp, a, beta))
     pp_mb = 0.0
     if pp > 1:
