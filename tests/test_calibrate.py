@@ -181,3 +181,20 @@ def test_calc_plan_refusals_are_one_line(capsys, argv, needle):
     code, out, err = _calc(capsys, *argv)
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and needle in lines[0], err
+
+
+def test_the_run_updates_its_parameters_at_the_memory_bound_rate():
+    """The run's SGD with momentum (MeshTrainer, no clipping, no master copy: its 8-byte parameters are
+    their own) reads the gradient, reads and writes the momentum and the parameter: 5 elements of 8 bytes
+    per parameter of the pipeline rank that holds the most (the last: its layers and the untied head,
+    V·h/t); ZeRO-1 updates a 1/(dp·cp) shard. The critical path ends with it."""
+    accounts, layers = _expected(RUN)
+    spec = cal.model_spec(RUN)
+    last = layers[-1] * spec.layer_params / RUN.tp + RUN.vocab * RUN.hidden / RUN.tp
+    first = layers[0] * spec.layer_params / RUN.tp + RUN.vocab * RUN.hidden / RUN.tp
+    most = max(first, last)
+    p = cal.predict_run(RUN, PROFILE, accounts, layers)
+    assert p["optimizer_s"] == pytest.approx(most * 5 * 8 / PROFILE["elementwise_bytes_per_s"], rel=1e-12)
+    sharded = cal.RunShape(**dict(RUN.as_dict(), zero=1))
+    assert cal.optimizer_s(sharded, PROFILE, layers) == pytest.approx(p["optimizer_s"] / RUN.dp, rel=1e-12)
+    assert p["step_time_s"] == pytest.approx(sum(p[k] for k in cal.RUN_TERMS), rel=1e-12)

@@ -171,7 +171,8 @@ def text(r: dict, lang: str = "en") -> list[str]:
                   sp=say("sp") if b["sp"] else "", chunks=say("chunks", n=b["chunks"]) if b["chunks"] > 1 else ""),
               say("best_step", step=t(b["step_time_s"]), compute=t(bt["compute_s"]), gemm=pct(bt["gemm_efficiency"]),
                   tp=t(bt["tp_comm_s"]), cp=t(bt["cp_comm_s"]), pp=t(bt["pp_comm_s"]), ep=t(bt["ep_comm_s"]),
-                  bubble=t(bt["bubble_s"]), dp=t(bt["dp_comm_exposed_s"])),
+                  bubble=t(bt["bubble_s"]), dp=t(bt["dp_comm_exposed_s"]),
+                  optimizer=t(bt["optimizer_s"])),
               _memory_line(b["memory"], say, lang),
               say("memory_total", memory=by(b["memory_bytes"]), usable=by(b["memory"]["usable_bytes"]))]
     if r["rejected"]:

@@ -45,7 +45,7 @@ from . import planner as pl
 #: the planner's bytes per activation element (bf16), against which the run's dtype scales β
 PLANNER_ELEM_BYTES = 2
 #: what the prediction's terms are called (the planner's ``time`` keys)
-TERMS = ("compute_s", "tp_comm_s", "cp_comm_s", "pp_comm_s", "bubble_s", "dp_comm_exposed_s")
+TERMS = ("compute_s", "tp_comm_s", "cp_comm_s", "pp_comm_s", "bubble_s", "dp_comm_exposed_s", "optimizer_s")
 #: the run's own terms (:func:`predict_run`): the planner's and the wait for a core
 RUN_TERMS = (*TERMS, "cores_s")
 
@@ -216,6 +216,21 @@ def cores_bound_s(run: RunShape, profile: dict) -> float:
     return work / cores + max(0.0, 1 - 1 / cores) * (blocks + max(rest, 0.0))
 
 
+def optimizer_s(run: RunShape, profile: dict, layers: list[int]) -> float:
+    """The run's optimizer step on the pipeline rank holding the most parameters: the planner's
+    :func:`~.planner.optimizer_step_bytes` for what the run does (MeshTrainer: SGD with momentum in the
+    run's dtype, the parameters their own master copy, no clipping; ZeRO-1 updates a 1/(dp·cp) shard), at
+    the measured rate of the memory-bound kernels. Each rank's layers split t ways; the first also holds
+    the embedding, the last the untied head (V·h/t each)."""
+    spec, p = model_spec(run), run.pp
+    table = run.vocab * run.hidden / run.tp
+    most = max(layers[i] * spec.layer_params / run.tp + (table if i == 0 else 0.0) + (table if i == p - 1 else 0.0)
+               for i in range(p))
+    owned = most / (run.dp * run.cp if run.zero else 1)
+    fp32 = pl.optimizer_step_bytes(owned, "sgd", 4, precision="fp32", clip=False)  # 4-byte elements
+    return fp32 * run.elem_bytes / 4 / profile["elementwise_bytes_per_s"]
+
+
 def predict_run(run: RunShape, profile: dict, accounts: list[dict[str, dict]], layers: list[int]) -> dict:
     """The run's step time from what it does (``accounts[i]``: pipeline rank i's exact calls per
     group, :func:`distai.engine.mesh.expected_comm`; ``layers[i]``: the layers it holds): each
@@ -223,7 +238,8 @@ def predict_run(run: RunShape, profile: dict, accounts: list[dict[str, dict]], l
     (:func:`layer_s`), its ends (:func:`ends_s`) and its TP and CP calls (:func:`account_s`) per
     microbatch; lesson 5's simulator replays the schedule with these unequal stages (forward a third,
     backward two thirds) and one pipeline message (α + S·β) per hop; the gradients' all-reduce after
-    it, on the stage with the most: the critical path, the step where every rank has a core
+    it, on the stage with the most, and the optimizer step (:func:`optimizer_s`): the critical path,
+    the step where every rank has a core
     (``cpus`` at least the world). With more ranks than cores the cores set the step instead: it is
     :func:`cores_bound_s`, and ``cores_s`` is what that adds to the critical path's terms (less than
     0 when the α-β prices, measured with every rank busy, count more waiting than the cores cause). Terms as
@@ -253,10 +269,11 @@ def predict_run(run: RunShape, profile: dict, accounts: list[dict[str, dict]], l
     dp = max(c.get("dp", 0.0) for c in priced)
     busy = m * sum(slots[slow])
     bound = cores_bound_s(run, profile)
-    cores = bound - span - dp if bound and run.world > profile.get("cpus", run.world) else 0.0
-    return {"step_time_s": span + dp + cores, "microbatches": m, "compute_s": m * slots[slow][0],
+    update = optimizer_s(run, profile, layers)
+    cores = bound - span - dp - update if bound and run.world > profile.get("cpus", run.world) else 0.0
+    return {"step_time_s": span + dp + update + cores, "microbatches": m, "compute_s": m * slots[slow][0],
             "tp_comm_s": m * comm[slow][0], "cp_comm_s": m * comm[slow][1], "pp_comm_s": span - bare,
-            "bubble_s": bare - busy, "dp_comm_exposed_s": dp, "cores_s": cores}
+            "bubble_s": bare - busy, "dp_comm_exposed_s": dp, "optimizer_s": update, "cores_s": cores}
 
 
 def planner_tp_calls(run: RunShape) -> dict[str, int]:
@@ -307,6 +324,7 @@ def text(r: dict, lang: str | None = None) -> list[str]:
                    **{k: run[k] for k in ("dp", "tp", "pp", "cp", "ep", "layers", "hidden", "heads", "seq", "vocab")}),
         translated("checks", "calib_step", lang, step=t(pr["step_time_s"]), compute=t(pr["compute_s"]),
                    tp_comm=t(pr["tp_comm_s"]), cp_comm=t(pr["cp_comm_s"]), pp_comm=t(pr["pp_comm_s"]),
-                   bubble=t(pr["bubble_s"]), dp_comm=t(pr["dp_comm_exposed_s"]), cores=t(pr.get("cores_s", 0.0))),
+                   bubble=t(pr["bubble_s"]), dp_comm=t(pr["dp_comm_exposed_s"]),
+                   optimizer=t(pr.get("optimizer_s", 0.0)), cores=t(pr.get("cores_s", 0.0))),
         translated("checks", "calib_run_it", lang, ranks=world, dp=run["dp"], tp=run["tp"], pp=run["pp"]),
     ]

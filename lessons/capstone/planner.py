@@ -45,7 +45,10 @@ For every split ``tp · pp · dp = G`` the planner
    microbatch's backward (or not at all, ``Axes.dp_overlap`` False, as Megatron-LM and DeepSpeed's pipeline did); ZeRO-3
    all-gathers the parameters twice and reduce-scatters the gradients every microbatch, overlapped with
    that microbatch's compute. Each group's link is NVLink when all its ranks share a node (ranks fill
-   nodes in order on the (pp, dp, tp) mesh), else the inter-node link;
+   nodes in order on the (pp, dp, tp) mesh), else the inter-node link. Last, the optimizer step: the
+   parameters the GPU updates (ZeRO-1/2/3: its 1/(dp·cp) shard), their states read and written, their
+   gradients read by the clipping norm and the update, the bf16 copy written, at HBM bandwidth
+   (:func:`optimizer_step_bytes`: the bytes the memory count holds);
 4. **ranks** the feasible configurations by step time (ties: less memory first), and reports the MFU
    (:func:`~.formulas.mfu`: model FLOPs only, recomputation excluded).
 
@@ -61,6 +64,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from .. import units
+from ..context.formulas import kv_block_bytes
 from ..lesson1.formulas import (
     ring_allgather_time,
     ring_allreduce_time,
@@ -329,6 +333,18 @@ def _rebuilt_layer_bytes(model: ModelSpec, flash: bool, recompute: str, seq: int
     return 0.0
 
 
+# CP's K/V buffers, in blocks of cp (Llama 3's all-gather, as the step time counts it): the whole sequence's K and V
+# gathered for the layer (the context lesson's all-gather page: cp blocks on every rank) and, in its backward,
+# their gradients before the reduce-scatter
+CP_KV_BUFFERS = 2
+
+
+def cp_kv_block_bytes(model: ModelSpec, micro_batch: int, tp: int, cp: int) -> float:
+    """One CP rank's K and V for one layer, bf16, its KV heads split over tp (replicated beyond them): the
+    message of one step of CP's ring, the context lesson's :func:`~distai.lessons.context.formulas.kv_block_bytes`."""
+    return kv_block_bytes(model.seq, micro_batch, model.kv_heads, model.kv_dim // model.kv_heads, cp, 2, tp)
+
+
 def memory_terms(model: ModelSpec, cluster: Cluster, c: Config, stage: int, m: int, optimizer: str,
                  dualpipe: bool = False) -> dict:
     """Every term of the busiest GPU's memory (bytes): {"params_bytes" (bf16, sharded over dp·cp by
@@ -336,8 +352,10 @@ def memory_terms(model: ModelSpec, cluster: Cluster, c: Config, stage: int, m: i
     Adam's moments, sharded by ZeRO-1/2/3: lesson 2), "activations_bytes" (lesson 2's Korthikanti count
     for the stage times lesson 5's microbatches in flight, plus what recomputation rebuilds for one layer:
     :func:`_rebuilt_layer_bytes`), "logits_bytes" (last stage: fp32 logits of its vocabulary shard),
+    "optimizer_params" (the parameters whose update this GPU runs: those whose optimizer states it holds),
     "comm_buffers_bytes" (ZeRO-3's gathered layers, TP's gathered input, PP's send and receive, CP's
-    K/V chunks, DDP's buckets), "allocator_bytes" (CUDA context and NCCL, plus ALLOCATOR_FRACTION of
+    gathered K/V and their gradients, :data:`CP_KV_BUFFERS` · cp blocks of :func:`cp_kv_block_bytes`, DDP's
+    buckets), "allocator_bytes" (CUDA context and NCCL, plus ALLOCATOR_FRACTION of
     the rest), "first_stage_bytes", "last_stage_bytes", "microbatches_in_flight", "usable_bytes"}.
     ``dualpipe``: each GPU holds two stages' parameters (their gradients and optimizer states too) and
     PP + 1 microbatches' activations (DeepSeek-V3 report, Table 2; DualPipe's README)."""
@@ -376,18 +394,37 @@ def memory_terms(model: ModelSpec, cluster: Cluster, c: Config, stage: int, m: i
     sbh = s_local * b * model.hidden * 2
     comm = (2 * layer_params * PARAM_BYTES if zero == 3 and shard > 1 else 0.0) \
         + (sbh if tp > 1 else 0.0) + (2 * sbh / tp if pp > 1 else 0.0) \
-        + (2 * 2 * s_local * b * model.kv_dim * 2 / tp if cp > 1 else 0.0) \
+        + (CP_KV_BUFFERS * cp * cp_kv_block_bytes(model, b, tp, cp) if cp > 1 else 0.0) \
         + (2 * DDP_BUCKET_BYTES if shard > 1 and zero < 3 else 0.0)
-    states = (params + grads + opt) * (2 if dualpipe else 1)
+    copies = 2 if dualpipe else 1
+    states = (params + grads + opt) * copies
     first = states + held + working + comm
     last = states + act_mb * (1 if pp > 1 else inflight) + working + logits + comm
     busiest = max(first, last)
     allocator = CONTEXT_BYTES + ALLOCATOR_FRACTION * busiest
     return {"params_bytes": params, "grad_buffer_bytes": grads, "optimizer_bytes": opt,
+            "optimizer_params": sharded(1, 1) * copies,
             "model_states_bytes": states, "activations_bytes": held + working,
             "logits_bytes": logits, "comm_buffers_bytes": comm, "allocator_bytes": allocator,
             "first_stage_bytes": first + allocator, "last_stage_bytes": last + allocator,
             "microbatches_in_flight": inflight, "usable_bytes": cluster.gpu_memory * cluster.memory_util}
+
+
+def optimizer_step_bytes(owned_params: float, optimizer: str, grad_bytes: float, precision: str = "mixed",
+                         clip: bool = True) -> float:
+    """HBM bytes one GPU's optimizer step streams for the ``owned_params`` parameters it updates (all of
+    its Ψ/(tp·pp) without ZeRO, its 1/(dp·cp) shard with ZeRO-1/2/3): a memory-bound pass, no FLOPs to speak
+    of. The optimizer's states, lesson 2's :func:`~distai.lessons.lesson2.formulas.bytes_per_param` (the
+    bytes :func:`memory_terms` holds: the fp32 master copy, Adam's two moments), each read and written
+    (Apex's FusedAdam, ``multi_tensor_adam``: reads g, p, m, v, writes p, m, v); the gradient read twice, by
+    the norm for clipping and by the update (Megatron-LM's ``clip_grad_norm_fp32``: ``multi_tensor_l2norm``
+    over the rank's main grads; the scaling pass runs only when the norm is clipped); the bf16 model copy
+    written (``_copy_main_params_to_model_params``). fp16's copy of the gradients to fp32 and their
+    unscaling are not counted. ``precision`` "fp32": no master copy, the parameters themselves read and
+    written; ``clip`` False: no clipping norm."""
+    per = bytes_per_param(optimizer, precision)
+    weights = per["params"] * (1 if precision == "mixed" else 2)
+    return owned_params * (2 * per["optimizer"] + (2 if clip else 1) * grad_bytes + weights)
 
 
 # ------------------------------------------------------------------------------ time
@@ -579,7 +616,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, o
     cp_mb = 0.0
     if c.cp > 1:  # Llama 3's all-gather of K and V (forward, recomputed forward) and reduce-scatter of their gradients
         a, beta = _link(cluster, _spans_nodes(st["cp"], c.cp, g))
-        kv = 2 * model.seq * b * model.kv_dim * 2 / min(tp, model.kv_heads)
+        kv = c.cp * cp_kv_block_bytes(model, b, tp, c.cp)  # the whole sequence's K and V, one block per rank
         cp_mb = stage * (2 * ring_allgather_time(kv, c.cp, a, beta) + ring_reduce_scatter_time(kv, c.cp, a, beta))
     pp_mb = 0.0
     if pp > 1:
@@ -601,10 +638,12 @@ def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, o
         pipeline = slot * step_time_units(pp, m, v)  # m + (p−1)/v; interleaved with m < p: p + (m−1)/v
     overlap = pp == 1 if dp_overlap == "no-pipeline" else bool(dp_overlap)
     dp_exposed = _dp_exposed(model, cluster, c, m, compute_mb, overlap)
-    c.step_time_s = pipeline + dp_exposed
+    update = optimizer_step_bytes(c.memory["optimizer_params"], optimizer, cluster.grad_bytes)
+    optimizer_s = update / cluster.hbm_bandwidth  # memory-bound, after the gradients are reduced
+    c.step_time_s = pipeline + dp_exposed + optimizer_s
     c.time = {"compute_s": compute_mb * m, "tp_comm_s": tp_mb * m, "cp_comm_s": cp_mb * m, "pp_comm_s": pp_mb * m,
               "ep_comm_s": ep_mb * m,
-              "bubble_s": pipeline - slot * m, "dp_comm_exposed_s": dp_exposed,
+              "bubble_s": pipeline - slot * m, "dp_comm_exposed_s": dp_exposed, "optimizer_s": optimizer_s,
               "gemm_efficiency": comp["gemm_efficiency"],
               "tp_over_nodes": _spans_nodes(1, tp, g), "cp_over_nodes": _spans_nodes(st["cp"], c.cp, g),
               "pp_over_nodes": _spans_nodes(st["pp"], pp, g), "dp_over_nodes": _spans_nodes(st["dp"], dp, g)}

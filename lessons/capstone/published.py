@@ -123,7 +123,9 @@ Sources (A100-80GB: 312 TFLOP/s bf16 dense, HBM 2.039 TB/s; H100 SXM: 989 TFLOP/
   prints it; one layer takes 25.3 ms in the model against 29.5 ms of kernels on the profile's compute
   stream, the rest MoE token permutation, norms, RoPE and casts the byte count misses). The published
   figure is also an average over the whole pre-training (the batch ramp from 3,072, checkpoints), not one
-  step. The prediction is 16.9% high: a named miss.
+  step. AdamW's moments are counted as every run's, fp32 (lesson 2's 12 bytes a parameter with the master
+  copy, in the memory and in the optimizer step's bytes alike), where DeepSeek kept them in BF16 (Sec.
+  3.3.3: 8 bytes); the step's update, on the GPU's ZeRO-1 shard of two stages, is 7 ms of 17 s. The prediction is 16.8% high: a named miss.
 Pure Python.
 """
 from __future__ import annotations
@@ -614,7 +616,7 @@ def worst_error(which: str) -> float:
 # - the data-parallel reduction: run_table_1.sh runs the pp = 1 runs (1.7B to 18.4B) with --DDP-impl torch,
 #   which overlaps the last microbatch's backward (schedules.py's forward_backward_no_pipelining runs the others
 #   under no_sync), and local DDP with a pipeline (training.py asserts it): Axes.dp_overlap "no-pipeline".
-#   The planner keeps Megatron-LM's local DDP for every run: with torch DDP the fit's optimum moves to E 0.61
+#   The planner keeps Megatron-LM's local DDP for every run: with torch DDP the fit's optimum moves to E 0.62
 #   and w½ 0 and Korthikanti et al.'s 1T run falls beyond its held-out bound (torch_ddp_run).
 
 
