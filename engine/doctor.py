@@ -390,19 +390,27 @@ def allreduce_bandwidth(ranks: int, sizes: list[int], repeats: int = 5) -> dict[
 
 
 def lesson_advice(info: dict[str, Any], lessons) -> list[dict[str, Any]]:
-    """Which lessons' experiments can run on GPUs here (one rank per GPU), and which on CPU."""
+    """Which lessons' experiments can run on GPUs here (one rank per GPU), and which on CPU.
+
+    Each entry: ``run`` (the command alone), ``why`` (``gpus``: a rank per GPU; ``few_gpus``: the
+    lesson needs more GPUs than ``gpus_here``; ``no_cuda``), and ``command`` (``run`` with the
+    reason in English, as the report has always held it); ``distai doctor`` says the reason in the
+    learner's language from ``why``."""
     n_gpus = len(info["gpus"])
     advice = []
     for lesson in lessons:
         ranks = lesson.ranks
         if n_gpus >= ranks:
-            where, how = "gpu", f"distai run {lesson.id} --gpus {ranks}  (NCCL, one rank per GPU)"
+            where, why, run = "gpu", "gpus", f"distai run {lesson.id} --gpus {ranks}"
+            how = f"{run}  (NCCL, one rank per GPU)"
         elif n_gpus >= 1:
-            where, how = "cpu", (f"distai run {lesson.id} --cpu {ranks}  (needs {ranks} GPUs, this machine "
-                                 f"has {n_gpus}; gloo on CPU processes)")
+            where, why, run = "cpu", "few_gpus", f"distai run {lesson.id} --cpu {ranks}"
+            how = f"{run}  (needs {ranks} GPUs, this machine has {n_gpus}; gloo on CPU processes)"
         else:
-            where, how = "cpu", f"distai run {lesson.id} --cpu {ranks}  (no CUDA: gloo on CPU processes)"
-        advice.append({"lesson": lesson.id, "ranks": ranks, "runs_on": where, "command": how})
+            where, why, run = "cpu", "no_cuda", f"distai run {lesson.id} --cpu {ranks}"
+            how = f"{run}  (no CUDA: gloo on CPU processes)"
+        advice.append({"lesson": lesson.id, "ranks": ranks, "runs_on": where, "command": how,
+                       "run": run, "why": why, "gpus_here": n_gpus})
     return advice
 
 

@@ -11,7 +11,16 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
+from ..lessons.strings import TranslatedError
+
 _TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$")
+
+
+class SlurmError(TranslatedError):
+    """A job SLURM would refuse (a ValueError): one line in every language (``text(lang)``,
+    ``lessons/catalog/cli.toml``'s ``slurm_says.errors``)."""
+
+    area = "cli"
 
 
 @dataclass
@@ -28,17 +37,18 @@ class SlurmJob:
     extra_args: list[str] = field(default_factory=list)
 
     def validate(self) -> None:
+        """Raises :class:`SlurmError` (a ValueError) for a value SLURM or torchrun would refuse."""
         if not 1 <= self.nodes <= 4096:
-            raise ValueError(f"--nodes must be between 1 and 4096, got {self.nodes}")
+            raise SlurmError.keyed("slurm_says.errors.nodes", value=self.nodes)
         if not 1 <= self.gpus_per_node <= 64:
-            raise ValueError(f"--gpus-per-node must be between 1 and 64, got {self.gpus_per_node}")
+            raise SlurmError.keyed("slurm_says.errors.gpus_per_node", value=self.gpus_per_node)
         if self.time is not None and not _TIME.match(self.time):
-            raise ValueError(f"--time {self.time!r} is not a SLURM time (MM, HH:MM:SS, D-HH:MM, …)")
+            raise SlurmError.keyed("slurm_says.errors.time", value=repr(self.time))
         if self.port is not None and not 1024 <= self.port <= 65535:
-            raise ValueError(f"--port must be between 1024 and 65535, got {self.port}")
+            raise SlurmError.keyed("slurm_says.errors.port", value=self.port)
         for name, value in (("partition", self.partition), ("account", self.account)):
             if value is not None and not re.fullmatch(r"[\w.,-]+", value):
-                raise ValueError(f"--{name} {value!r} has characters SLURM does not accept")
+                raise SlurmError.keyed("slurm_says.errors.characters", name=name, value=repr(value))
 
 
 def sbatch_script(job: SlurmJob) -> str:

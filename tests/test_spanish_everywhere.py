@@ -173,13 +173,116 @@ def test_run_refusals_in_spanish(capsys, argv):
 def test_help_follows_distai_lang():
     """`--help` is read before `--lang`: DISTAI_LANG (or the locale) chooses its language."""
     for command in (["run", "--help"], ["calc", "--help"], ["quiz", "--help"], ["runs", "--help"],
-                    ["runs", "show", "--help"], ["runs", "export", "--help"]):
+                    ["runs", "show", "--help"], ["runs", "export", "--help"], ["doctor", "--help"],
+                    ["slurm", "--help"]):
         env = {**os.environ, LANG_ENV: "es", "COLUMNS": "200"}
         out = subprocess.run([sys.executable, "-m", "distai.tutor.cli", *command], env=env, capture_output=True,
                              text=True, timeout=60).stdout
         # Typer's own frame is Spanish too: "Uso:", "Opciones", the --help option's help
         assert "Uso: " in out and "Opciones" in out and "Muestra esta ayuda y termina." in out, out
         assert_spanish(TYPER_FRAME.sub(" ", out), " ".join(command))
+
+
+# ------------------------------------------------------------------------------ doctor and slurm
+#: a `distai doctor --quick --json` report of a 2-CPU machine without CUDA (its advice: two lessons)
+DOCTOR_REPORT = {
+    "machine": {"hostname": "vm", "platform": "Linux-6.18.44-x86_64-with-glibc2.36", "cpu_model": "AMD EPYC",
+                "cpus": 2, "cpus_usable": 2, "memory_bytes": 25276194816, "python": "3.11.7",
+                "torch": "2.13.0+cpu", "cuda_available": False, "cuda": None, "nccl": None, "gloo": True,
+                "gpus": [], "topology": None},
+    "bandwidth": {
+        "host_memcpy_Bps": 10189586920.351835, "loopback_tcp_Bps": 3490060413.859514,
+        "allreduce": {
+            "backend": "gloo", "ranks": 2,
+            "results": [{"bytes": 1048576, "time_s": 0.001574112000525929, "algbw": 666138114.4732132,
+                         "busbw": 666138114.4732132},
+                        {"bytes": 16777216, "time_s": 0.008728679000341799, "algbw": 1922079618.1579177,
+                         "busbw": 1922079618.1579177}],
+            "link": {"alpha_s": 0.0007417444376187632, "beta_s_per_byte": 3.727664925745724e-10,
+                     "small_bytes": 4.0, "large_bytes": 4194304.0, "small_s": 0.0007417444376187632,
+                     "large_s": 0.002305238937424292}}},
+    "advice": [{"lesson": "lesson1", "ranks": 4, "runs_on": "cpu", "run": "distai run lesson1 --cpu 4",
+                "why": "no_cuda", "gpus_here": 0,
+                "command": "distai run lesson1 --cpu 4  (no CUDA: gloo on CPU processes)"},
+               {"lesson": "lesson3", "ranks": 2, "runs_on": "cpu", "run": "distai run lesson3 --cpu 2",
+                "why": "no_cuda", "gpus_here": 0,
+                "command": "distai run lesson3 --cpu 2  (no CUDA: gloo on CPU processes)"}],
+}
+
+
+def _with_gpus(report: dict) -> dict:
+    """The same report on a machine with two GPUs and NVLink: gpu rows, topology, each advice reason."""
+    from distai.engine.doctor import lesson_advice
+    from distai.lessons.registry import all_lessons
+
+    gpus = [{"index": i, "name": "NVIDIA H100 80GB HBM3", "memory_bytes": 85520809984, "capability": "9.0"}
+            for i in range(2)]
+    machine = {**report["machine"], "gpus": gpus, "cuda": "12.4", "nccl": "2.21.5",
+               "topology": "\tGPU0\tGPU1\nGPU0\t X \tNV18\nGPU1\tNV18\t X "}
+    return {**report, "machine": machine, "advice": lesson_advice(machine, all_lessons())}
+
+
+@pytest.mark.parametrize("gpus", [False, True], ids=["cpu-only", "two-gpus"])
+def test_doctor_report_in_spanish(gpus):
+    """`distai doctor --lang es`'s report (doctor_lines, from a real report): Spanish labels and
+    reasons, decimal commas, the label column as wide as the longest label; the commands stay commands."""
+    from distai.tutor.cli_doctor import doctor_lines
+
+    report = _with_gpus(DOCTOR_REPORT) if gpus else DOCTOR_REPORT
+    english, spanish = doctor_lines(report, "en"), doctor_lines(report, "es")
+    assert len(english) == len(spanish)
+    text = "\n".join(spanish)
+    assert "memoria 23,5 GiB" in text and "10,19 GB/s" in text and "tiempo     1,57 ms" in text
+    assert "alfa 742 µs, beta 3,73e-10 s/B (= 2,68 GB/s)" in text and "2 utilizables de 2" in text
+    assert "distai run lesson1 --cpu 4  (" in text
+    for label in ("machine", "cpus", "usable", "memory", "time", "alpha", "advice", "host to host"):
+        assert label not in text, label
+    if gpus:
+        assert "GPU 1     NVIDIA H100 80GB HBM3  79,6 GiB" in text and "topología" in text
+        assert "(necesita 4 GPU, esta máquina tiene 2;" in text and "(NCCL, un rank por GPU)" in text
+    else:
+        assert "ninguna (CUDA no disponible)" in text and "(sin CUDA: gloo en procesos de CPU)" in text
+    # English keeps its layout: a 10-wide label column
+    assert english[0].startswith("machine   vm") and any(line.startswith("allreduce gloo, 2 ranks   (busbw") for line in english)
+    assert_both(lambda lang: "\n".join(doctor_lines(report, lang)), "distai doctor's report")
+
+
+def test_doctor_in_spanish_for_real(capsys):
+    """`distai doctor --quick --lang es` (a few seconds: two gloo processes) prints its report in Spanish."""
+    assert main(["doctor", "--quick", "--lang", "es"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("máquina ") and "consejos\n" in out and re.search(r"\d,\d\d GB/s", out)
+    assert_spanish(out, "distai doctor --quick --lang es")
+
+
+SLURM = ["slurm", "lesson1", "--nodes", "2", "--gpus-per-node", "4"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["doctor", "--ranks", "1"], ["slurm", "lesson1", "--nodes", "0", "--gpus-per-node", "4"],
+    ["slurm", "lesson1", "--nodes", "2", "--gpus-per-node", "99"], [*SLURM, "--time", "soon"],
+    [*SLURM, "--port", "80"], [*SLURM, "--partition", "a b"], ["slurm", "lesson99", "--nodes", "2", "--gpus-per-node", "4"],
+], ids=["doctor-ranks", "nodes", "gpus-per-node", "time", "port", "partition", "lesson"])
+def test_doctor_and_slurm_refusals_in_spanish(capsys, argv):
+    """`distai doctor` and `distai slurm` refuse bad values in one line, in the learner's language."""
+    def render(lang: str) -> str:
+        code = main([*argv, "--lang", lang])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and err.startswith("distai: error: "), err
+        return err.removeprefix("distai: error: ")
+    assert_both(render, " ".join(argv))
+
+
+def test_slurm_says_where_it_wrote_in_spanish(capsys, tmp_path):
+    """`distai slurm -o FILE --lang es`: the line on the terminal is Spanish; the script (for SLURM)
+    is the English one, and its `distai run` gets the --lang."""
+    def render(lang: str) -> str:
+        target = tmp_path / f"job_{lang}.sbatch"
+        assert main([*SLURM, "-o", str(target), "--lang", lang]) == 0
+        assert target.read_text().startswith("#!/bin/bash") and f"--lang {lang}'" in target.read_text()
+        return capsys.readouterr().err
+    assert "envíalo con: sbatch" in render("es")
+    assert_both(render, "distai slurm -o FILE")
 
 
 #: what a help names rather than says: the usage line's metavars (OPTIONS, LESSON), Typer's value

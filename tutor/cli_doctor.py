@@ -2,65 +2,95 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import typer
 
-from .cli import CliError, app
+from ..lessons.strings import strings, translated
+from ..lessons.units import format_fixed, format_number, format_plain, format_time
+from .cli import HELP, LANG_HELP, CliError, app, language_or_fail
 
 
-def _gb_s(bps: float) -> str:
-    return f"{bps / 1e9:.2f} GB/s"
+def _gb_s(bps: float, lang: str) -> str:
+    """A bandwidth in GB/s with two decimals (a column of them lines up)."""
+    return f"{format_fixed(bps / 1e9, 2, lang)} GB/s"
 
 
-def _size(n: int) -> str:
+def _size(n: int, lang: str) -> str:
     for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= div:
-            return f"{n / div:g} {unit}"
+            return f"{format_plain(n / div, lang)} {unit}"
     return f"{n} B"
 
 
-@app.command()
+def _gib(n: int | None, lang: str) -> str:
+    return f"{format_fixed(n / (1 << 30), 1, lang)} GiB" if n else "?"
+
+
+def doctor_lines(report: dict[str, Any], lang: str = "en") -> list[str]:
+    """``diagnose()``'s report as the lines ``distai doctor`` prints, in ``lang``: a label column
+    (as wide as the language's longest label) and each line's text, numbers in ``lang``'s convention."""
+    say = strings("cli", lang)["doctor_says"]
+    labels = say["labels"]
+    m = report["machine"]
+    gpu_labels = [labels["gpu"].format(index=g["index"]) for g in m["gpus"]]
+    width = max(len(label) for label in [*(v for k, v in labels.items() if k != "gpu"), *gpu_labels]) + 1
+    pad = " " * width
+    lines: list[str] = []
+
+    def line(label: str, text: str) -> None:
+        lines.append(f"{label:<{width}}{text}")
+
+    line(labels["machine"], f"{m['hostname']}  {m['platform']}")
+    line(labels["cpus"], say["cpus"].format(usable=m["cpus_usable"], total=m["cpus"], model=m["cpu_model"] or "?",
+                                            memory=_gib(m["memory_bytes"], lang)))
+    line(labels["torch"], say["versions"].format(torch=m["torch"], cuda=m["cuda"] or "-", nccl=m["nccl"] or "-",
+                                                 gloo=say["yes"] if m["gloo"] else say["no"], python=m["python"]))
+    if m["gpus"]:
+        for label, g in zip(gpu_labels, m["gpus"]):
+            line(label, say["gpu"].format(name=g["name"], memory=_gib(g["memory_bytes"], lang),
+                                          capability=g["capability"]))
+        if m["topology"]:
+            line(labels["topology"], say["topology"])
+            lines.extend(pad + row for row in m["topology"].splitlines())
+    else:
+        line(labels["gpus"], say["no_gpus"])
+    bw = report["bandwidth"]
+    line(labels["memcpy"], say["memcpy"].format(bw=_gb_s(bw["host_memcpy_Bps"], lang)))
+    line(labels["loopback"], say["loopback"].format(bw=_gb_s(bw["loopback_tcp_Bps"], lang)))
+    ar = bw["allreduce"]
+    line(labels["allreduce"], say["allreduce"].format(backend=ar["backend"], ranks=ar["ranks"]))
+    for r in ar["results"]:
+        lines.append(pad + say["row"].format(
+            size=f"{_size(r['bytes'], lang):>8}", time=f"{format_fixed(r['time_s'] * 1e3, 2, lang):>8} ms",
+            algbw=f"{_gb_s(r['algbw'], lang):>11}", busbw=f"{_gb_s(r['busbw'], lang):>11}"))
+    link = ar["link"]
+    beta = link["beta_s_per_byte"]
+    line(labels["link"], say["link"].format(alpha=format_time(link["alpha_s"], lang=lang),
+                                            beta=format_number(beta, 3, lang),
+                                            bw=_gb_s(1 / beta, lang) if beta else "-"))
+    lines.append(labels["advice"])
+    for a in report["advice"]:
+        why = translated("cli", f"doctor_says.why.{a['why']}", lang, ranks=a["ranks"], gpus=a["gpus_here"])
+        lines.append("  " + say["advice"].format(lesson=a["lesson"], command=a["run"], why=why))
+    return lines
+
+
+@app.command(help=HELP["doctor"])
 def doctor(
-    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON (sizes in bytes, bandwidths in bytes/s)."),
-    quick: bool = typer.Option(False, "--quick", help="Smaller buffers: a few seconds instead of ~20."),
-    ranks: int = typer.Option(None, "--ranks", help="Processes (or GPUs) for the all-reduce test (default: all GPUs, else 2)."),
+    as_json: bool = typer.Option(False, "--json", help=HELP["doctor_json"]),
+    quick: bool = typer.Option(False, "--quick", help=HELP["doctor_quick"]),
+    ranks: int = typer.Option(None, "--ranks", help=HELP["doctor_ranks"]),
+    lang: str | None = typer.Option(None, "--lang", help=LANG_HELP),
 ) -> None:
-    """What this machine has (CPUs, GPUs, interconnect, torch/NCCL/gloo) and how fast it moves bytes."""
+    language = language_or_fail(lang)
     if ranks is not None and not 2 <= ranks <= 64:
-        raise CliError(f"--ranks must be between 2 and 64, got {ranks}")
+        raise CliError(translated("cli", "doctor_says.ranks", language, value=ranks))
     from ..engine.doctor import diagnose
 
     report = diagnose(quick=quick, ranks=ranks)
     if as_json:
         typer.echo(json.dumps(report, indent=2))
         return
-    m = report["machine"]
-    typer.echo(f"machine   {m['hostname']}  {m['platform']}")
-    mem = f"{m['memory_bytes'] / (1 << 30):.1f} GiB" if m["memory_bytes"] else "?"
-    typer.echo(f"cpus      {m['cpus_usable']} usable of {m['cpus']}  ({m['cpu_model'] or '?'}), memory {mem}")
-    typer.echo(f"torch     {m['torch']}  cuda {m['cuda'] or '-'}  nccl {m['nccl'] or '-'}  "
-               f"gloo {'yes' if m['gloo'] else 'no'}  python {m['python']}")
-    if m["gpus"]:
-        for g in m["gpus"]:
-            typer.echo(f"gpu {g['index']}     {g['name']}  {g['memory_bytes'] / (1 << 30):.1f} GiB  sm_{g['capability']}")
-        if m["topology"]:
-            typer.echo("topology  (nvidia-smi topo -m: NV# = NVLink, PIX/PXB/PHB/SYS = PCIe paths)")
-            for line in m["topology"].splitlines():
-                typer.echo(f"          {line}")
-    else:
-        typer.echo("gpus      none (CUDA not available): experiments run as CPU processes with gloo")
-    bw = report["bandwidth"]
-    typer.echo(f"memcpy    {_gb_s(bw['host_memcpy_Bps'])}  (host to host)")
-    typer.echo(f"loopback  {_gb_s(bw['loopback_tcp_Bps'])}  (TCP on 127.0.0.1, what gloo uses on one host)")
-    ar = bw["allreduce"]
-    typer.echo(f"allreduce {ar['backend']}, {ar['ranks']} ranks   (busbw = algbw · 2(N-1)/N, nccl-tests)")
-    for r in ar["results"]:
-        typer.echo(f"          {_size(r['bytes']):>8}  time {r['time_s'] * 1e3:8.2f} ms  "
-                   f"algbw {_gb_s(r['algbw']):>11}  busbw {_gb_s(r['busbw']):>11}")
-    link = ar["link"]
-    typer.echo(f"link      alpha {link['alpha_s'] * 1e6:.1f} us, beta {link['beta_s_per_byte']:.3g} s/B "
-               f"(= {_gb_s(1 / link['beta_s_per_byte']) if link['beta_s_per_byte'] else '-'})  "
-               "(ping-pong between ranks 0 and 1; lesson 1's alpha-beta model)")
-    typer.echo("advice")
-    for a in report["advice"]:
-        typer.echo(f"  {a['lesson']}: {a['command']}")
+    for text in doctor_lines(report, language):
+        typer.echo(text)

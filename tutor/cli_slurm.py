@@ -5,39 +5,45 @@ from pathlib import Path
 
 import typer
 
-from .cli import LESSON_HELP, CliError, app, lesson_or_fail
+from ..lessons.strings import translated
+from .cli import HELP, LANG_HELP, LESSON_HELP, CliError, app, language_or_fail, lesson_or_fail
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, help=HELP["slurm"])
 def slurm(
     ctx: typer.Context,
     lesson: str = typer.Argument(..., help=LESSON_HELP),
-    nodes: int = typer.Option(..., "--nodes", help="Number of nodes (K)."),
-    gpus_per_node: int = typer.Option(..., "--gpus-per-node", help="GPUs per node (G): one rank each."),
-    partition: str | None = typer.Option(None, "--partition", help="SLURM partition."),
-    time: str | None = typer.Option(None, "--time", help="Time limit (e.g. 00:30:00)."),
-    account: str | None = typer.Option(None, "--account", help="SLURM account."),
-    port: int | None = typer.Option(None, "--port", help="Rendezvous port (default: from the job id)."),
-    output: Path | None = typer.Option(None, "--output", "-o", help="Write the script here (default: stdout)."),
+    nodes: int = typer.Option(..., "--nodes", help=HELP["slurm_nodes"]),
+    gpus_per_node: int = typer.Option(..., "--gpus-per-node", help=HELP["slurm_gpus_per_node"]),
+    partition: str | None = typer.Option(None, "--partition", help=HELP["slurm_partition"]),
+    time: str | None = typer.Option(None, "--time", help=HELP["slurm_time"]),
+    account: str | None = typer.Option(None, "--account", help=HELP["slurm_account"]),
+    port: int | None = typer.Option(None, "--port", help=HELP["slurm_port"]),
+    output: Path | None = typer.Option(None, "--output", "-o", help=HELP["slurm_output"]),
+    lang: str | None = typer.Option(None, "--lang", help=LANG_HELP),
 ) -> None:
-    """Write an sbatch script that runs LESSON's experiment with torchrun on every node.
-
-    Extra arguments after the options go to the experiment unchanged.
-    """
-    chosen = lesson_or_fail(lesson)
+    # the script itself is for SLURM and stays English; what the terminal shows is in the learner's language
+    language = language_or_fail(lang)
+    chosen = lesson_or_fail(lesson, language)
     if not chosen.experiment:
-        raise CliError(f"{chosen.id} has no experiment to run")
-    from ..engine.slurm import SlurmJob, sbatch_script
+        raise CliError(translated("cli", "slurm_says.no_experiment", language, lesson=chosen.id))
+    from ..engine.slurm import SlurmError, SlurmJob, sbatch_script
 
+    # a --lang given here reaches the script's `distai run` too, as it did when it was an extra argument
+    extra = [*ctx.args, "--lang", language] if lang else list(ctx.args)
     job = SlurmJob(chosen.id, nodes, gpus_per_node, partition=partition, time=time, account=account,
-                   port=port, extra_args=list(ctx.args))
+                   port=port, extra_args=extra)
     try:
         script = sbatch_script(job)
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
+    except SlurmError as exc:
+        raise CliError(exc.text(language)) from None
     if output is None:
         typer.echo(script, nl=False)
         return
-    output.write_text(script)
-    output.chmod(0o755)
-    typer.echo(f"wrote {output}; submit it with: sbatch {output}", err=True)
+    try:
+        output.write_text(script)
+        output.chmod(0o755)
+    except OSError as exc:
+        raise CliError(translated("cli", "slurm_says.cannot_write", language, path=output,
+                                  why=exc.strerror or exc)) from None
+    typer.echo(translated("cli", "slurm_says.wrote", language, path=output), err=True)
