@@ -25,3 +25,8 @@ def test_a_false_figure_fails_the_lesson():
     falsified = _gpu_check().falsified
     assert falsified({"tp": {"equal": True, "all_reduces_per_token": 8}, "comm_match": True}) == []
     assert falsified({"tp": {"equal": False}, "pp": {"equal": True}, "memory_ok": False, "n": 0}) == ["tp.equal", "memory_ok"]
+    # a prediction check: a miss that its causes explain passes, one they do not explain fails
+    explained = {"name": "bubble", "predicted": 0.2, "measured": 0.3, "ok": False, "unit": "", "causes": {"cpu_contention": 0.1}}
+    unexplained = {**explained, "causes": {"cpu_contention": 0.01}}
+    assert falsified({"gpipe": {"bubble_check": explained}}) == []
+    assert falsified({"gpipe": {"bubble_check": unexplained}}) == ["gpipe.bubble_check (not explained)"]
