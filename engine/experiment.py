@@ -34,10 +34,10 @@ from datetime import timedelta
 from typing import Any
 
 from ..lessons.events import ERROR, PROGRESS, SUMMARY, Error
-from ..lessons.strings import detect_language, translated
+from ..lessons.strings import TranslatedError, detect_language, translated
 from .events import EventSink
 
-__all__ = ["run_experiment", "UsageError", "exit_with", "checkpoint", "Progress", "device_sync", "max_over_ranks",
+__all__ = ["run_experiment", "UsageError", "launch_world_size", "exit_with", "checkpoint", "Progress", "device_sync", "max_over_ranks",
            "all_ranks_true", "BARRIER_TIMEOUT_ENV", "CHECK_ARGS_ENV", "run_language", "summary_lines"]
 
 BARRIER_TIMEOUT_ENV = "DISTAI_BARRIER_TIMEOUT_S"
@@ -63,8 +63,26 @@ def summary_lines(section: str, lang: str) -> Callable[..., str]:
     return say
 
 
-class UsageError(ValueError):
-    """Bad input an experiment finds itself (after argparse): one line, exit status 2."""
+class UsageError(TranslatedError):
+    """Bad input an experiment finds itself (after argparse): one line, exit status 2, in every
+    language (``keyed``: ``lessons/catalog/run_checks.toml``'s ``usage.*``)."""
+
+    area = "run_checks"
+
+    @classmethod
+    def keyed(cls, key: str, **fields: Any) -> UsageError:
+        """The error whose text is ``run_checks.toml``'s ``usage.<key>``, in every language."""
+        return cls(texts=super().keyed(f"usage.{key}", **fields).texts)
+
+
+def launch_world_size() -> int:
+    """The ranks the run has, as torchrun (or ``distai run``'s check before the launch) says in
+    ``WORLD_SIZE``; 1 without it. For the checks of the options that need it (:func:`run_experiment`'s
+    ``check``)."""
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
 
 
 #: ``body(ctx, args)`` returns the summary (rank 0's is emitted; None: nothing), or
@@ -92,20 +110,25 @@ def _report_error(exc: BaseException, events: EventSink | None) -> None:
 def run_experiment(prog: str, parse: Callable[[list[str] | None], argparse.Namespace], body: Body,
                    argv: list[str] | None = None, *,
                    usage_errors: tuple[type[BaseException], ...] = (),
+                   check: Callable[[argparse.Namespace], object] | None = None,
                    before_init: Callable[[argparse.Namespace], None] | None = None) -> int:
     """Parse ``argv`` with ``parse`` (an ``ArgumentParser.parse_args``: bad flags exit 2 with its
     one-line message), join the group, run ``body(ctx, args)``, emit the summary it returns on
     rank 0, shut down. Returns the exit status: 0, 1 (an exception, reported as an ``error``
     event) or 2 (bad input: a :class:`UsageError` or a ``usage_errors`` exception, one line on
-    stderr). ``before_init(args)`` runs first (environment a run needs, a custom rendezvous)."""
+    stderr). ``check(args)`` refuses what the options cannot run (a usage error; the world size from
+    :func:`launch_world_size`): pure, so that ``distai run`` asks it before launching anything;
+    ``before_init(args)`` runs next (environment a run needs, a custom rendezvous)."""
     bad_input: tuple[type[BaseException], ...] = (UsageError, *usage_errors)
     if os.environ.get(CHECK_ARGS_ENV):
-        return _check_arguments(parse, argv, bad_input, before_init)
+        return _check_arguments(parse, argv, bad_input, check)
     ctx = None
     try:
         from .runtime import init_distributed
 
         args = parse(argv)  # a usage error raised while parsing is bad input too
+        if check is not None:
+            check(args)
 
         if before_init is not None:
             before_init(args)
@@ -116,8 +139,9 @@ def run_experiment(prog: str, parse: Callable[[list[str] | None], argparse.Names
             SUMMARY.emit_fields(ctx.events, summary)
         return status
     except bad_input as exc:
-        # every rank says why: whichever one the launcher reports first shows the message
-        print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
+        # every rank says why, in the run's language: whichever one the launcher reports first shows it
+        why = exc.text(run_language()) if isinstance(exc, TranslatedError) else str(exc)
+        print(f"{prog}: error: {why}", file=sys.stderr, flush=True)
         return 2
     except Exception as exc:  # noqa: BLE001 - reported as an event, then the status says it
         _report_error(exc, ctx.events if ctx is not None else None)
@@ -137,9 +161,9 @@ class _ArgumentError(Exception):
 
 def _check_arguments(parse: Callable[[list[str] | None], argparse.Namespace], argv: list[str] | None,
                      bad_input: tuple[type[BaseException], ...],
-                     before_init: Callable[[argparse.Namespace], None] | None) -> int:
+                     check: Callable[[argparse.Namespace], object] | None) -> int:
     """The options checked as a rank would check them before joining its group (``parse``, then
-    ``before_init``), for ``distai run`` before it launches anything: 0, or 2 with one JSON line on
+    ``check``), for ``distai run`` before it launches anything: 0, or 2 with one JSON line on
     stdout, ``{"error": argparse's or the usage error's message, "texts": its message per language
     (a translated error), "options": the option strings the experiment takes (argparse's errors)}``."""
     import json
@@ -150,8 +174,8 @@ def _check_arguments(parse: Callable[[list[str] | None], argparse.Namespace], ar
     argparse.ArgumentParser.error = refuse  # type: ignore[method-assign,assignment]
     try:
         args = parse(argv)
-        if before_init is not None:
-            before_init(args)
+        if check is not None:
+            check(args)
     except _ArgumentError as exc:
         options = sorted({s for a in exc.parser._actions for s in a.option_strings if s.startswith("--")})
         print(json.dumps({"error": exc.message, "options": options}), flush=True)

@@ -38,6 +38,18 @@ CASES = [
     (["lesson5", "--cpu", "4", "--microbatches", "x"], "argumento --microbatches/-m: 'x' no es un número entero"),
     (["lesson1", "--nnodes", "2"],
      "una ejecución en varios nodos necesita --master-addr HOST (la dirección del nodo 0)"),
+    # the experiments' own usage errors, asked of one process that parses and checks the options as a
+    # rank would (engine/experiment.py's check), not found by the ranks after the launch
+    (["lesson2", "--cpu", "2", "--strategies", "foo"],
+     "estrategias desconocidas ['foo']; elige entre ddp, zero1, zero2, zero3, fsdp2"),
+    (["lesson3", "--cpu", "2", "--kill-rank", "5"], "--kill-rank 5: esta ejecución tiene los ranks 0..1"),
+    (["lesson4", "--cpu", "2", "--modes", "foo"], "modo desconocido 'foo'; elige entre tp, tp+sp"),
+    (["lesson6", "--cpu", "2", "--slow-rank", "7"], "--slow-rank debe ser un rank de esta ejecución (0…1), no 7"),
+    (["lesson7", "--cpu", "2", "--skip", "foo"], "--skip: parte desconocida 'foo'"),
+    (["context", "--cpu", "2", "--cp", "3"], "--cp 3 no divide los 2 ranks"),
+    (["lesson5", "--cpu", "2", "--pp", "3"], "el experimento de lesson5 no acepta --pp 3 (sus opciones: --chunks, "
+     "--heads, --hidden, --layers, --lr, --microbatch-size, --microbatches, --no-torch, --schedules, --seed, --seq, "
+     "--slow-ms, --slow-stage, --steps, --vocab)"),
 ]
 
 

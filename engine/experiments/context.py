@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     return run_experiment("distai run context", build_parser().parse_args, run, argv,
-                          usage_errors=(UsageError, ModelConfigError, LayoutError), before_init=_check_before_launch)
+                          usage_errors=(UsageError, ModelConfigError, LayoutError), check=_check_before_launch)
 
 
 def _check_before_launch(args: argparse.Namespace) -> None:
@@ -82,7 +82,7 @@ def check_arguments(args: argparse.Namespace, world: int) -> tuple[int, list[int
     """The CP size and the memory curve's sequence lengths; UsageError (one line) when they do not split."""
     cp = args.cp or world
     if cp < 1 or world % cp:
-        raise UsageError(f"--cp {cp} does not divide the {world} ranks")
+        raise UsageError.keyed("cp_divides", cp=cp, world=world)
     try:
         plan.check_layout(args.seq, cp, args.layout)
     except LayoutError as exc:
@@ -98,7 +98,7 @@ def check_arguments(args: argparse.Namespace, world: int) -> tuple[int, list[int
         seqs = [s for s in (args.seq // 4, args.seq // 2, args.seq)
                 if s > 0 and s % plan.num_chunks(cp, args.layout) == 0]
     if args.steps < 1 or args.batch < 1:
-        raise UsageError("--steps and --batch must be at least 1")
+        raise UsageError.keyed("steps_batch")
     return cp, seqs
 
 

@@ -49,12 +49,12 @@ from ...lessons.units import format_bytes, format_fixed, format_integer, format_
 from ..comm_trace import traced_step
 from ..data_parallel import sgd_step
 from ..experiment import (
-    UsageError,
     device_sync,
     exit_with,
     max_over_ranks,
     run_experiment,
 )
+from ..mesh_args import MeshConfigError
 from ..metering import CommMeter, comm_scope
 from ..model import GPT, ModelConfigError, lm_loss, make_batch
 from ..moe import (
@@ -199,8 +199,14 @@ def print_summary(r: dict, lang: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_experiment("experts", parse_args, run, argv, usage_errors=(MoEConfigError, ModelConfigError),
-                          before_init=check_input)
+    return run_experiment("experts", parse_args, run, argv, usage_errors=(MoEConfigError, ModelConfigError, MeshConfigError),
+                          check=check_input)
+
+
+def check_ep_ranks(ep: int, world: int) -> None:
+    """EP must divide the ranks (``distai run`` refuses it before the launch: mesh_args.experts_launch_ranks)."""
+    if ep < 1 or world % ep:
+        raise MeshConfigError.keyed("ep_ranks", ep=ep, ranks=world)
 
 
 def check_input(args: argparse.Namespace) -> None:
@@ -262,8 +268,7 @@ def _ranks_verdict(model: torch.nn.Module, gathered: list[Any]) -> dict[str, Any
 
 def run(ctx: Any, args: argparse.Namespace) -> dict | None:
     ep = args.ep or ctx.world_size
-    if ep < 1 or ctx.world_size % ep:
-        raise UsageError(f"--ep {ep} does not divide the {ctx.world_size} ranks")
+    check_ep_ranks(ep, ctx.world_size)
     moe = moe_config(args)
     moe.check_ep(ep)
     cfg = ModelSize.from_args(args, DEFAULT_MODEL)

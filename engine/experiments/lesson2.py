@@ -537,9 +537,9 @@ def _checked(args: argparse.Namespace) -> argparse.Namespace:
         args.strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     bad = [s for s in args.strategies if s not in STRATEGIES]
     if bad:
-        raise UsageError(f"unknown strategies {bad}; choose from {', '.join(STRATEGIES)}")
+        raise UsageError.keyed("strategies", bad=bad, choices=", ".join(STRATEGIES))
     if args.steps < 2:
-        raise UsageError("--steps must be at least 2 (one timed step and one metered step)")
+        raise UsageError.keyed("steps_two")
     return args
 
 

@@ -60,6 +60,7 @@ from ..events import EVENTS_DIR_ENV, read_events
 from ..experiment import (
     UsageError,
     exit_with,
+    launch_world_size,
     max_over_ranks,
     run_experiment,
     run_language,
@@ -358,10 +359,10 @@ def _history(events_dir: Path | None, before_attempt: int) -> dict:
 
 def _check_args(args, world: int) -> None:
     if args.kill_rank is not None and not 0 <= args.kill_rank < world:
-        raise UsageError(f"--kill-rank {args.kill_rank}: this run has ranks 0..{world - 1}")
+        raise UsageError.keyed("kill_rank", rank=args.kill_rank, last=world - 1)
     if not args.no_fault and (args.kill_rank is not None or not args.fail_every) \
             and not 1 <= args.at_step <= args.steps:
-        raise UsageError(f"--at-step must be between 1 and --steps ({args.steps})")
+        raise UsageError.keyed("at_step", steps=args.steps)
 
 
 def _checkpoint_root(args, events_dir: Path | None) -> Path:
@@ -369,7 +370,7 @@ def _checkpoint_root(args, events_dir: Path | None) -> Path:
         return Path(args.ckpt_dir)
     if events_dir is not None:
         return events_dir.parent / "checkpoints"
-    raise UsageError("--ckpt-dir is needed when DISTAI_EVENTS_DIR is not set")
+    raise UsageError.keyed("ckpt_dir")
 
 
 def run(ctx, args) -> tuple[dict | None, int]:
@@ -719,7 +720,8 @@ def init_group_per_attempt(timeout_s: float | None = None) -> None:
 
 
 def main(argv=None) -> int:
-    return run_experiment("lesson3", parse_args, run, argv, before_init=prepare)
+    return run_experiment("lesson3", parse_args, run, argv, check=lambda args: _check_args(args, launch_world_size()),
+                          before_init=prepare)
 
 
 def prepare(args) -> None:

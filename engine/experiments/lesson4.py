@@ -469,7 +469,19 @@ def _fmt_bytes(n: float, lang: str = "en") -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_experiment("lesson4", build_parser().parse_args, run, argv, usage_errors=(UsageError, ModelConfigError))
+    return run_experiment("lesson4", build_parser().parse_args, run, argv, usage_errors=(UsageError, ModelConfigError),
+                          check=check_modes)
+
+
+def check_modes(args: argparse.Namespace) -> list[str]:
+    """The modes asked for, or a UsageError (before the launch, and on every rank)."""
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        raise UsageError.keyed("mode", mode=repr(bad[0]), choices=", ".join(MODES))
+    if args.check_steps < 1:
+        raise UsageError.keyed("check_steps")
+    return modes
 
 
 def _run_mode(ev, cfg: GPTConfig, args: argparse.Namespace, mode: str, T: int, progress: Progress,
@@ -578,13 +590,8 @@ def run(ctx, args: argparse.Namespace) -> dict:
     DEVICE = ctx.device
     ev, T, rank = ctx.events, ctx.world_size, ctx.rank
     torch.set_num_threads(1) if ctx.device.type == "cpu" and T > 1 else None
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    modes = check_modes(args)
     cfg = ModelSize.from_args(args, DEFAULT_MODEL)
-    bad = [m for m in modes if m not in MODES]
-    if bad:
-        raise UsageError(f"unknown mode {bad[0]!r}; choose from {', '.join(MODES)}")
-    if args.check_steps < 1:
-        raise UsageError("--check-steps must be >= 1")
     for m in modes:
         cfg.check_tp(T, MODES[m])
 

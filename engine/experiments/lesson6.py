@@ -60,6 +60,7 @@ from ..experiment import (
     UsageError,
     device_sync,
     exit_with,
+    launch_world_size,
     run_experiment,
     run_language,
     summary_lines,
@@ -467,12 +468,16 @@ def run_overlap(ctx, args, progress: Progress) -> dict:
 
 
 def main(argv=None) -> int:
-    return run_experiment("lesson6", parse_args, run, argv)
+    return run_experiment("lesson6", parse_args, run, argv, check=check_slow_rank)
+
+
+def check_slow_rank(args: argparse.Namespace) -> None:
+    world = launch_world_size()
+    if args.slow_rank is not None and not 0 <= args.slow_rank < world:
+        raise UsageError.keyed("slow_rank", last=world - 1, rank=args.slow_rank)
 
 
 def run(ctx, args: argparse.Namespace) -> dict | None:
-    if args.slow_rank is not None and not 0 <= args.slow_rank < ctx.world_size:
-        raise UsageError(f"--slow-rank must be a rank of this run (0…{ctx.world_size - 1}), got {args.slow_rank}")
     summary: dict = {"world_size": ctx.world_size, "device": str(ctx.device), "backend": ctx.backend}
     total = (0 if args.skip_scaling else args.steps) + \
         (0 if args.skip_overlap else args.rounds * len(args.caps) * len(MODES))

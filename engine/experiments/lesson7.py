@@ -76,10 +76,19 @@ from ...lessons.lesson7.events import (
 from ...lessons.lesson7.paging import BlockAllocator, poisson_requests
 from ...lessons.model_size import ModelSize, add_model_options
 from ...lessons.model_spec import ModelSpec
+from ...lessons.strings import TranslatedError
 from ...lessons.units import format_count, format_fixed, format_fixed_percent, format_integer, format_plain
 from ..comm_trace import trace_causes
 from ..doctor import group_alpha_beta
-from ..experiment import UsageError, all_ranks_true, exit_with, run_experiment, run_language, summary_lines
+from ..experiment import (
+    UsageError,
+    all_ranks_true,
+    exit_with,
+    launch_world_size,
+    run_experiment,
+    run_language,
+    summary_lines,
+)
 from ..inference import (
     DecoderShard,
     KVStore,
@@ -636,7 +645,8 @@ def routing_lines(rt: dict, lang: str | None = None) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_experiment("lesson7", build_parser().parse_args, run, argv, usage_errors=(ModelConfigError,))
+    return run_experiment("lesson7", build_parser().parse_args, run, argv, usage_errors=(ModelConfigError,),
+                          check=lambda args: _parts(args, ModelSize.from_args(args, DEFAULT_MODEL), launch_world_size()))
 
 
 def _parts(args: argparse.Namespace, cfg: ModelSize, W: int) -> tuple[tuple[int, int] | None, set[str]]:
@@ -644,13 +654,15 @@ def _parts(args: argparse.Namespace, cfg: ModelSize, W: int) -> tuple[tuple[int,
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     try:
         mesh, skip = check_decode_parts(cfg, args, W, skip)
-        if args.system_prompt < 1:
-            raise ValueError(f"--system-prompt must be ≥ 1, got {args.system_prompt}")
+    except TranslatedError as exc:
+        raise UsageError(texts=exc.texts) from None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if args.system_prompt < 1:
+        raise UsageError.keyed("system_prompt", value=args.system_prompt)
     bad = skip - {"tp", "pp", "paged", "prefix", "routing"}
     if bad:
-        raise UsageError(f"--skip: unknown part {sorted(bad)[0]!r}")
+        raise UsageError.keyed("skip", part=repr(sorted(bad)[0]))
     return mesh, skip
 
 
