@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -77,16 +78,23 @@ __all__ = ["ZeroEngine", "Collectives", "held_bytes"]
 # ---------------------------------------------------------------------------------------------
 
 class _Handle:
-    """An issued collective; ``wait()`` blocks until its result is in place (idempotent)."""
+    """An issued collective; ``wait()`` blocks until its result is in place (idempotent), and tells
+    ``waited`` how long the caller was blocked on a peer's collective (the communication the step exposes)."""
 
-    def __init__(self, work=None, finish: Callable[[], None] | None = None):
-        self._work, self._finish, self._done = work, finish, False
+    def __init__(self, work=None, finish: Callable[[], None] | None = None,
+                 waited: Callable[[float, float], None] | None = None):
+        self._work, self._finish, self._done, self._waited = work, finish, False, waited
 
     def wait(self) -> None:
         if self._done:
             return
         if self._work is not None:
+            from .time_causes import run_queue_s
+
+            core, start = run_queue_s(), time.perf_counter()
             self._work.wait()
+            if self._waited is not None:  # how long, and how much of it woken but without a core
+                self._waited(time.perf_counter() - start, run_queue_s() - core)
         if self._finish is not None:
             self._finish()
         self._done = True
@@ -100,6 +108,13 @@ class Collectives:
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.backend = str(dist.get_backend(group)).lower()
+        # seconds the caller has waited on issued collectives, in all, and the part of them it spent
+        # woken but without a core (a step's CPU contention counts that part already)
+        self.exposed_s = self.exposed_core_wait_s = 0.0
+
+    def _exposed(self, seconds: float, core_wait: float) -> None:
+        self.exposed_s += seconds
+        self.exposed_core_wait_s += min(core_wait, seconds)
 
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, async_op: bool = True) -> _Handle:
         """``out`` (N*S elements) <- every rank's ``inp`` (S elements), in rank order."""
@@ -107,7 +122,7 @@ class Collectives:
             if out.data_ptr() != inp.data_ptr():
                 out.copy_(inp)
             return _Handle()
-        return _Handle(all_gather_into(out, inp, self.group, async_op))
+        return _Handle(all_gather_into(out, inp, self.group, async_op), waited=self._exposed)
 
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, async_op: bool = True) -> _Handle:
         """``out`` (S elements) <- the sum over ranks of this rank's slice of ``inp`` (N*S)."""
@@ -119,14 +134,14 @@ class Collectives:
 
             return _Handle(finish=copy)
         if self.backend != "gloo":
-            return _Handle(reduce_scatter_into(out, inp, self.group, async_op))
+            return _Handle(reduce_scatter_into(out, inp, self.group, async_op), waited=self._exposed)
         received = torch.empty_like(inp)
         work = dist.all_to_all_single(received, inp, group=self.group, async_op=async_op)
 
         def finish():
             torch.sum(received.view(n, -1), dim=0, out=out)
 
-        return _Handle(work, finish)
+        return _Handle(work, finish, waited=self._exposed)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -238,11 +238,15 @@ def test_experiment_main_reports_measured_against_calculator(group):
                                                    + comm[s]["predicted"] * d["beta_s_per_byte"])
             done_s = next(x for x in done if x["strategy"] == s)
             assert step.measured > 0 and done_s["step_time_s"] > 0  # its fastest step, the slowest rank's
-            if not step.ok:
+            if not step.ok and s == "ddp":  # torch waits inside its reducer: parts timed alone
                 assert step.causes == {"replayed_collectives": pytest.approx(d["replayed_s"] - d["comm_alpha_beta_s"]),
                                        "strategy_overhead": pytest.approx(d["alone_s"] - d["compute_s"]),
                                        "cpu_contention": pytest.approx(d["step_wait_s"])}
-                assert d["step_wait_s"] >= 0
+            if not step.ok and s == "zero3":  # our ZeRO waits in our code: the step's own waits and CPU seconds
+                assert step.causes == {"collective_waits": pytest.approx(d["exposed_s"] - d["comm_alpha_beta_s"]),
+                                       "strategy_overhead": pytest.approx(d["step_cpu_s"] - d["compute_s"]),
+                                       "cpu_contention": pytest.approx(d["step_wait_s"])}
+            assert d["step_wait_s"] >= 0 and d["step_cpu_s"] > 0 and ("exposed_s" in d) == (s == "zero3")
         progress = [e for e in events if e["kind"] == "progress"]
         assert progress[-1]["done"] == progress[-1]["total"]
         assert ("summary" in kinds) == (rank == 0)
@@ -252,9 +256,10 @@ def test_experiment_main_reports_measured_against_calculator(group):
                               {"step_time_ddp", "step_time_zero3"}, LESSON2_STEP_DEFECT)
 
 
-# issue 28, open: `distai run lesson2 --cpu 2` (the lesson's model, load 2.4-2.6, 3 runs) explained DDP
-# within -4.0/-3.9/+1.8 %, ZeRO-1..3 in 7 of 9 (ZeRO-3 -15.9 % once), FSDP2 never (-20 to -26 %: its step on
-# 2 ranks spends 4.9 ms more of the main thread's CPU than the same wrapper in a group of one, a cost no
-# part measures). With this test's tiny model (3-9 ms steps) DDP and ZeRO-3 missed in 6 of 6 groups, -30 to +52 %
-LESSON2_STEP_DEFECT = ("the parts timed alone (least disturbed) do not add up to a step of a few ms (-30 to +52 % "
-                       "here), and FSDP2's CPU work that exists only with peers is not measured")
+# issue 28, open: our ZeRO's step is decomposed inside the step itself (its waits on its collectives, its
+# CPU seconds, its wait for a core), and with this test's tiny model (3-9 ms steps) ZeRO-3 was explained in
+# 12 of 12 groups (it missed in 6 of 6 with the parts timed alone). Torch's DDP waits inside its C++
+# reducer, so its parts are still timed alone, and missed in 7 of those 12 groups; FSDP2 (not in this test)
+# misses in the lesson's own run by 8-13 ms of CPU work that exists only with peers.
+LESSON2_STEP_DEFECT = ("torch's DDP waits inside its reducer, so its parts are timed alone (least disturbed), and "
+                       "they do not add up to a step of a few ms")

@@ -119,6 +119,11 @@ class Trainer:
     def step(self, batch: torch.Tensor) -> float:
         raise NotImplementedError
 
+    def exposed_s(self) -> float | None:
+        """Seconds this rank has waited on its collectives so far (the communication its steps
+        expose), where the trainer's own code issues and waits for them; None where torch does."""
+        return None
+
     def _optimizer_step(self, module: torch.nn.Module, batch: torch.Tensor, autocast: bool = False,
                         set_to_none: bool = True) -> float:
         """A step with the torch optimizer ``self.opt``: ``module`` (the model, or the wrapper that
@@ -194,6 +199,10 @@ class ZeroTrainer(Trainer):
         loss.backward()
         self.engine.step()
         return loss.item()
+
+    def exposed_s(self) -> float | None:
+        comm = self.engine.comm  # without the time it waited for a core once woken: the step's contention
+        return comm.exposed_s - comm.exposed_core_wait_s
 
     def held(self):
         return held_bytes(self.engine.held_tensors())
@@ -314,7 +323,7 @@ def run_strategy(strategy: str, cfg: GPTConfig, batches, rank: int, world_size: 
     (default: the last one). Returns this rank's figures. With ``events`` each step and its
     all-gathers/reduce-scatters are timed for the run's trace. With ``check_steps``, that many
     more steps, each started together (a barrier), timed with this thread's wait for a core in
-    it (``check_steps_s``: (seconds, seconds waited) each; the step-time check's measurement)."""
+    it (``check_steps_s``: :func:`_timed_step`'s four figures each; the step-time check's measurement)."""
     meter_step = len(batches) - 1 if meter_step is None else meter_step
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -415,24 +424,30 @@ def alone_time(strategy: str, cfg: GPTConfig, batches, world_size: int, device, 
     return max_over_ranks(_least_disturbed(trainer, batches, world_size), device)
 
 
-def _timed_step(trainer: Trainer, batch, barrier: bool = False) -> tuple[float, float]:
-    """Wall seconds of one ``trainer.step(batch)`` (started together on every rank: ``barrier``)
-    and the calling thread's wait for a core in it (the kernel's run-queue delay,
-    :func:`distai.engine.time_causes.run_queue_s`)."""
+def _timed_step(trainer: Trainer, batch, barrier: bool = False) -> tuple[float, float, float, float]:
+    """Wall seconds of one ``trainer.step(batch)`` (started together on every rank: ``barrier``),
+    the calling thread's wait for a core in it (the kernel's run-queue delay,
+    :func:`distai.engine.time_causes.run_queue_s`), its wait on its collectives (NaN where torch
+    waits for them: :meth:`Trainer.exposed_s`) and its CPU seconds."""
     if barrier:
         dist.barrier()
-    q, t0 = run_queue_s(), time.perf_counter()
+    e0 = trainer.exposed_s()
+    q, c0, t0 = run_queue_s(), time.thread_time(), time.perf_counter()
     trainer.step(batch)
-    return time.perf_counter() - t0, run_queue_s() - q
+    t, q, cpu = time.perf_counter() - t0, run_queue_s() - q, time.thread_time() - c0
+    e1 = trainer.exposed_s()
+    return t, q, (e1 - e0) if e0 is not None and e1 is not None else float("nan"), cpu
 
 
 def _least_disturbed(trainer: Trainer, batches, world_size: int, timed: int = CHECK_STEPS) -> float:
     """The fastest of ``timed`` steps of ``trainer`` on one rank's share of the batches (after one
     untimed step, which pays lazy initialisation): the step least disturbed by the machine's load,
-    in seconds without this thread's wait for a core in it."""
+    in seconds without this thread's wait for a core in it, and never less than its CPU seconds (the
+    kernel can charge a wait that began before the step to it: a step of a few ms would read 0)."""
     per = batches[0].shape[0] // world_size
     trainer.step(batches[0][:per])
-    return min(t - min(q, t) for t, q in (_timed_step(trainer, batches[(i + 1) % len(batches)][:per]) for i in range(timed)))
+    return min(max(t - q, cpu) for t, q, _, cpu in (_timed_step(trainer, batches[(i + 1) % len(batches)][:per])
+                                                   for i in range(timed)))
 
 
 def replay_time(collectives: list[tuple[str, int, int]], world_size: int, device, repeats: int = CHECK_STEPS) -> float:
@@ -481,10 +496,13 @@ def strategy_checks(strategy: str, r: dict, held_total: int, predicted_bytes: fl
     the messages of the collectives the meter saw (a ring's: 2(N−1) per all-reduce, N−1 per
     all-gather or reduce-scatter) and the bytes of the calculator's ``comm_volume_per_step``, α and
     β one link's (lesson 1, ``distai doctor``'s ping-pong on this group). A missed step time names
-    ``replayed_collectives``, the same collectives replayed alone minus their α-β time,
-    ``strategy_overhead``, the strategy's step in a group of one rank (:func:`alone_time`) minus the
-    plain step's compute, and ``cpu_contention``, the measured step's own wait for a core (the
-    kernel's run-queue delay of the calling thread, the slowest rank's). Every time is taken
+    ``cpu_contention``, the measured step's own wait for a core (the kernel's run-queue delay of the
+    calling thread, the slowest rank's), and for our ZeRO (whose code waits on its collectives) the same
+    step's ``collective_waits``, the time it was blocked on them (without the wait for a core once
+    woken) minus their α-β time, and ``strategy_overhead``, its main thread's CPU seconds minus the plain
+    step's compute; for torch's DDP and FSDP2 (which wait inside torch) ``replayed_collectives``, the
+    same collectives replayed alone minus their α-β time, and ``strategy_overhead``, the strategy's step
+    in a group of one rank (:func:`alone_time`) minus the plain step's compute. Every time is taken
     without its wait for a core, and the measured step is chosen the same way (the least such).
     All are timed right after the strategy's steps (the machine's load changes by the second);
     ``detail`` keeps the ranks' wait for a core per wall second over the strategy's steps and
@@ -501,14 +519,19 @@ def strategy_checks(strategy: str, r: dict, held_total: int, predicted_bytes: fl
 
     # the least disturbed of as many steps as each part is timed on, chosen as they are: the least
     # without its wait for a core; the slowest rank's, with its own wait
-    step, wait = slowest_rank_parts(*min(((t, (min(q, t),)) for t, q in r["check_steps_s"]),
-                                         key=lambda tq: tq[0] - tq[1][0]), device)
+    step, wait, exposed, cpu = slowest_rank_parts(*min(((t, (min(q, t), e, c)) for t, q, e, c in r["check_steps_s"]),
+                                                       key=lambda tq: tq[0] - tq[1][0]), device)
     i.waited.stop()
-    causes = {"replayed_collectives": replay - comm, "strategy_overhead": alone_s - compute_s, "cpu_contention": wait}
+    if math.isfinite(exposed):  # our ZeRO: the step's own waits on its collectives, as they happened in it
+        causes = {"collective_waits": exposed - comm, "strategy_overhead": cpu - compute_s, "cpu_contention": wait}
+    else:  # torch's DDP and FSDP2 wait inside torch: their collectives timed alone, their overhead alone
+        causes = {"replayed_collectives": replay - comm, "strategy_overhead": alone_s - compute_s,
+                  "cpu_contention": wait}
     timed = check(f"step_time_{strategy}", compute_s + comm, step, "s", causes=causes,
                   detail={"compute_s": compute_s, "comm_alpha_beta_s": comm, "messages": messages,
                           "alpha_s": link["alpha_s"], "beta_s_per_byte": link["beta_s_per_byte"],
                           "replayed_s": replay, "alone_s": alone_s, "step_wait_s": wait,
+                          "step_cpu_s": cpu, **({"exposed_s": exposed} if math.isfinite(exposed) else {}),
                           "run_queue_share": i.waited.run_queue_share})
     return [memory, timed]
 
