@@ -88,7 +88,10 @@ def check_arguments(args: argparse.Namespace, world: int) -> tuple[int, list[int
     except LayoutError as exc:
         raise UsageError(f"--seq: {exc}") from None
     if args.memory_seqs:
-        seqs = [int(x) for x in args.memory_seqs.split(",") if x.strip()]
+        try:
+            seqs = [int(x) for x in args.memory_seqs.split(",") if x.strip()]
+        except ValueError:
+            raise UsageError.keyed("memory_seqs", value=repr(args.memory_seqs)) from None
         for s in seqs:
             try:
                 plan.check_layout(s, cp, args.layout)
