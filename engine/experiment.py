@@ -77,8 +77,8 @@ class UsageError(TranslatedError):
 
 def launch_world_size() -> int:
     """The ranks the run has, as torchrun (or ``distai run``'s check before the launch) says in
-    ``WORLD_SIZE``; without it, the size of a group already joined, else 1. For the checks of the options that need it (:func:`run_experiment`'s
-    ``check``)."""
+    ``WORLD_SIZE``; without it, the size of a group already joined, else 1. For the checks of the
+    options that need it (:func:`run_experiment`'s ``check``)."""
     if "WORLD_SIZE" not in os.environ:  # a group joined by hand (the tests' run_in_group): its size
         dist = sys.modules.get("torch.distributed")
         return dist.get_world_size() if dist is not None and dist.is_initialized() else 1

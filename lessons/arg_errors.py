@@ -11,7 +11,7 @@ import re
 
 from .strings import LANGUAGES, translated
 
-__all__ = ["argparse_texts"]
+__all__ = ["argparse_match", "argparse_texts"]
 
 AREA = "run_checks"
 #: argparse's messages (``argparse.py``'s templates) and their keys under ``run_checks.argparse``
@@ -26,11 +26,20 @@ PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(pattern), 
 ))
 
 
-def argparse_texts(message: str) -> dict[str, str]:
-    """``message`` (what argparse passes to ``ArgumentParser.error``) in every language; ``{}`` (the
-    error's English message stands) when it is not one of :data:`PATTERNS`."""
+def argparse_match(message: str) -> tuple[str, dict[str, str]] | None:
+    """Which of :data:`PATTERNS` ``message`` is (its key) and its fields, or None."""
     for pattern, key in PATTERNS:
         found = pattern.fullmatch(message)
         if found:
-            return {lang: translated(AREA, f"argparse.{key}", lang, **found.groupdict()) for lang in LANGUAGES}
-    return {}
+            return key, found.groupdict()
+    return None
+
+
+def argparse_texts(message: str) -> dict[str, str]:
+    """``message`` (what argparse passes to ``ArgumentParser.error``) in every language; ``{}`` (the
+    error's English message stands) when it is not one of :data:`PATTERNS`."""
+    found = argparse_match(message)
+    if found is None:
+        return {}
+    key, fields = found
+    return {lang: translated(AREA, f"argparse.{key}", lang, **fields) for lang in LANGUAGES}

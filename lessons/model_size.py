@@ -229,9 +229,6 @@ class ShapeError(ModelConfigError):
         self.refusals = tuple(found)
         super().__init__(explain(self.refusals), texts={lang: explain(self.refusals, lang) for lang in LANGUAGES})
 
-    def text(self, lang: str = "en") -> str:
-        return explain(self.refusals, lang)
-
 
 def _whole(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from ..lessons.model_size import ShapeError
 from ..lessons.strings import TranslatedError, translated
 from .cli import HELP, LANG_HELP, LESSON_HELP, CliError, app, language_or_fail, lesson_or_fail
 
@@ -40,20 +39,20 @@ def experiment_refusal(found: dict, lesson: str, lang: str) -> str:
     in ``lang``: an unknown option with the nearest of the experiment's own (or all of them), argparse's
     other messages through :func:`~distai.lessons.arg_errors.argparse_texts`, a usage error in its own words."""
     import difflib
-    import re
 
-    from ..lessons.arg_errors import argparse_texts
+    from ..lessons.arg_errors import argparse_match, argparse_texts
 
     say = lambda key, **f: translated("cli", f"errors.{key}", lang, **f)  # noqa: E731
     if found.get("texts", {}).get(lang):
         return found["texts"][lang]
     message = str(found.get("error", ""))
     options = [o for o in found.get("options", []) if o != "--help"]
-    unknown = re.fullmatch(r"unrecognized arguments: (.+)", message)
-    if unknown:
-        flags = [a.split("=")[0] for a in unknown.group(1).split() if a.startswith("--")]
+    found_kind = argparse_match(message)
+    if found_kind is not None and found_kind[0] == "unrecognized":
+        unknown = found_kind[1]["args"]
+        flags = [a.split("=")[0] for a in unknown.split() if a.startswith("--")]
         near = sorted({m for f in flags for m in difflib.get_close_matches(f, options, n=3, cutoff=0.75)})
-        return say("experiment_unknown", lesson=lesson, arguments=unknown.group(1)) + \
+        return say("experiment_unknown", lesson=lesson, arguments=unknown) + \
             (say("experiment_options", options=", ".join(near or options)) if options else "")
     return argparse_texts(message).get(lang) or message
 
@@ -391,7 +390,7 @@ def run_cmd(
                 raise CliError(experiment_refusal(found, chosen.id, language))
     except LaunchError as exc:
         raise CliError(str(exc), code=exc.code) from None
-    except (ShapeError, TranslatedError) as exc:  # the shape or the experiment's plan refused: in the learner's language
+    except TranslatedError as exc:  # the shape or the experiment's plan refused: in the learner's language
         raise CliError(exc.text(language)) from None
     except ValueError as exc:  # the experiment's own plan refused the options
         raise CliError(str(exc)) from None

@@ -374,8 +374,7 @@ def _checkpoint_root(args, events_dir: Path | None) -> Path:
 
 
 def run(ctx, args) -> tuple[dict | None, int]:
-    rank, world = ctx.rank, ctx.world_size
-    _check_args(args, world)
+    rank, world = ctx.rank, ctx.world_size  # the options were checked before joining (main's check)
     if ctx.is_cuda:
         torch.use_deterministic_algorithms(True)
     events_dir = Path(os.environ[EVENTS_DIR_ENV]) if os.environ.get(EVENTS_DIR_ENV) else None

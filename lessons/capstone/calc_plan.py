@@ -7,8 +7,7 @@ import math
 from .. import units
 from ..calculator import CalcError, Calculator, Option, labels
 from ..lesson5.formulas import ENGINE_NAMES, ENGINES
-from ..model_size import ShapeError
-from ..strings import LANGUAGES, TranslatedError
+from ..strings import TranslatedError
 from . import calibrated
 from . import planner as pl
 
@@ -89,10 +88,8 @@ def compute(v: dict) -> dict:
                          flash_attention=v["flash_attention"] == "on")
     try:
         r = pl.plan(model, cluster, v["global_batch"], axes=_axes(v))
-    except TranslatedError as exc:
+    except TranslatedError as exc:  # the planner's input errors and the shape check's refusals
         raise CalcError(texts=exc.texts) from None
-    except ShapeError as exc:
-        raise CalcError(texts={lang: exc.text(lang) for lang in LANGUAGES}) from None
     except ValueError as exc:
         raise CalcError(str(exc)) from None
     if not r["configs"]:
