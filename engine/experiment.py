@@ -67,12 +67,7 @@ class UsageError(TranslatedError):
     """Bad input an experiment finds itself (after argparse): one line, exit status 2, in every
     language (``keyed``: ``lessons/catalog/run_checks.toml``'s ``usage.*``)."""
 
-    area = "run_checks"
-
-    @classmethod
-    def keyed(cls, key: str, **fields: Any) -> UsageError:
-        """The error whose text is ``run_checks.toml``'s ``usage.<key>``, in every language."""
-        return cls(texts=super().keyed(f"usage.{key}", **fields).texts)
+    area, prefix = "run_checks", "usage."
 
 
 def launch_world_size() -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from .strings import LANGUAGES, translated
+from .strings import translations
 
 __all__ = ["argparse_match", "argparse_texts"]
 
@@ -42,4 +42,4 @@ def argparse_texts(message: str) -> dict[str, str]:
     if found is None:
         return {}
     key, fields = found
-    return {lang: translated(AREA, f"argparse.{key}", lang, **fields) for lang in LANGUAGES}
+    return translations(AREA, f"argparse.{key}", **fields)

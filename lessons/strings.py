@@ -116,12 +116,20 @@ def has(area: str, key: str) -> bool:
     return isinstance(value, str)
 
 
+def translations(area: str, key: str, /, **fields: Any) -> dict[str, str]:
+    """``key`` of ``area`` in every language; a field given as a function of the language (a size
+    through ``units``) is called with it."""
+    return {lang: translated(area, key, lang, **{k: v(lang) if callable(v) else v for k, v in fields.items()})
+            for lang in LANGUAGES}
+
+
 class TranslatedError(ValueError):
     """Bad input whose one-line message exists in every language: ``texts`` (``{"en": ..., "es": ...}``,
     e.g. from :meth:`keyed`); the exception's own message is the English one. Whoever shows it to the
     learner asks :meth:`text` for their language."""
 
     area = ""  # the catalog area of :meth:`keyed`'s keys
+    prefix = ""  # and the table inside it they are in ("usage.": ``usage.<key>``)
 
     def __init__(self, message: str = "", texts: dict[str, str] | None = None):
         self.texts = dict(texts or {})
@@ -129,8 +137,9 @@ class TranslatedError(ValueError):
 
     @classmethod
     def keyed(cls, key: str, **fields: Any) -> TranslatedError:
-        """The error whose text is ``lessons/catalog/<area>.toml``'s ``key``, in every language."""
-        return cls(texts={lang: translated(cls.area, key, lang, **fields) for lang in LANGUAGES})
+        """The error whose text is ``lessons/catalog/<area>.toml``'s ``<prefix><key>``, in every language
+        (:func:`translations`)."""
+        return cls(texts=translations(cls.area, cls.prefix + key, **fields))
 
     def text(self, lang: str) -> str:
         return self.texts.get(lang) or str(self)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import re
 
-from .strings import LANGUAGES, TranslatedError, translated
+from .strings import TranslatedError, translated
 
 __all__ = [
     "UnitError", "parse_number", "parse_count", "parse_bytes", "parse_size", "parse_time", "parse_bandwidth",
@@ -171,10 +171,8 @@ def parse_size(text, lang: str = "en", *, smallest: float = 0.0, what: str = "a_
     if value != math.floor(value):
         raise UnitError.keyed("fractional_bytes", text=shown, num=num)
     if not unit and 0 < value < smallest:
-        raise UnitError(texts={language: translated("units", "too_small", language, text=shown, num=num,
-                                                    value=format_number(value, 3, language),
-                                                    what=translated("units", what, language))
-                               for language in LANGUAGES})
+        raise UnitError.keyed("too_small", text=shown, num=num, value=lambda lang: format_number(value, 3, lang),
+                              what=lambda lang: translated("units", what, lang))
     return value
 
 

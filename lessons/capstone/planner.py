@@ -82,7 +82,7 @@ from ..lesson5.formulas import (
 )
 from ..model_size import ModelSize, Refusal, ShapeError, explain, refusals
 from ..model_spec import ModelSpec
-from ..strings import LANGUAGES, TranslatedError, translated
+from ..strings import LANGUAGES, TranslatedError, translated, translations
 from . import formulas as f
 
 MICROBATCHES = (1, 2, 4, 8)
@@ -234,11 +234,7 @@ class PlanInputError(TranslatedError):
     """Input the planner cannot plan for, whatever the degrees: one line in every language
     (``lessons/catalog/calc.toml``'s ``plan.errors``)."""
 
-    area = "calc"
-
-    @classmethod
-    def keyed(cls, key: str, **fields) -> PlanInputError:
-        return cls(texts=_texts_in(f"plan.errors.{key}", **fields))
+    area, prefix = "calc", "plan.errors."
 
 
 def check_shape(model: ModelSpec) -> None:
@@ -271,10 +267,8 @@ def shape_refusals(model: ModelSpec, tp: int | None = None, pp: int | None = Non
 
 
 def _texts_in(key: str, **fields) -> dict[str, str]:
-    """``lessons/catalog/calc.toml``'s ``key`` in every language; a field given as a function of the
-    language (a size through ``units``) is called with it."""
-    return {lang: translated("calc", key, lang, **{k: v(lang) if callable(v) else v for k, v in fields.items()})
-            for lang in LANGUAGES}
+    """``lessons/catalog/calc.toml``'s ``key`` in every language (:func:`~distai.lessons.strings.translations`)."""
+    return translations("calc", key, **fields)
 
 
 def _texts(key: str, **fields) -> dict[str, str]:
