@@ -69,6 +69,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from .collectives import all_gather_into, reduce_scatter_into
+from .time_causes import run_queue_s
 
 __all__ = ["ZeroEngine", "Collectives", "held_bytes"]
 
@@ -89,8 +90,6 @@ class _Handle:
         if self._done:
             return
         if self._work is not None:
-            from .time_causes import run_queue_s
-
             core, start = run_queue_s(), time.perf_counter()
             self._work.wait()
             if self._waited is not None:  # how long, and how much of it woken but without a core
