@@ -89,7 +89,9 @@ class StepTimeline:
     ``attach(module)`` records gradient readiness with its own hooks (used for torch DDP);
     :class:`BucketedDataParallel` reports into a timeline passed to it instead. ``thread_waits``:
     also ``waited``, each bucket's longest wait for a core of the backend's threads while it ran
-    (``time_causes.threads_run_queue_s``, read at its launch and in its completion callback).
+    (``time_causes.threads_run_queue_s``, read at its launch and in its completion callback), and
+    ``seen_wait``: how long the calling thread waited for a core between the last bucket's end and
+    the ``comm_done`` mark (woken, not yet running: the step sees its communication end late).
     """
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter, thread_waits: bool = False):
@@ -100,6 +102,8 @@ class StepTimeline:
         self.waited: dict[int, float] = {}
         self._queued: dict[int, tuple[float, dict[str, float]]] = {}  # launch or previous end: (time, waits)
         self._caller = 0
+        self._last_done = (float("-inf"), 0.0)  # the latest bucket end: (time, the caller's wait so far)
+        self.seen_wait = 0.0
         self.t0 = clock()
         self.wall0 = time.time()
         self.ready: dict[str, float] = {}
@@ -117,9 +121,14 @@ class StepTimeline:
         self.wall0 = time.time()  # the same instant on the wall clock: where a run's trace places it
         self.ready.clear(); self.marks.clear(); self.launch.clear(); self.done.clear()
         self.nbytes.clear(); self.waited.clear(); self._queued.clear()
+        self._last_done, self.seen_wait = (float("-inf"), 0.0), 0.0
 
     def mark(self, name: str) -> None:
         self.marks[name] = self.now()
+        if self.thread_waits and name == "comm_done" and self.done:
+            caller = threads_run_queue_s().get(str(self._caller))
+            if caller is not None:
+                self.seen_wait = max(0.0, caller - self._last_done[1])
 
     def grad_ready(self, name: str) -> None:
         self.ready[name] = self.now()
@@ -140,6 +149,8 @@ class StepTimeline:
             now = threads_run_queue_s()
             if since is not None:
                 self.waited[index] = longest_thread_wait_s(since[1], skip=str(self._caller), now=now)
+            if self.done[index] > self._last_done[0]:
+                self._last_done = (self.done[index], now.get(str(self._caller), 0.0))
             # the next bucket runs from here if it was launched before
             nxt = self._queued.get(index + 1)
             if nxt is None or nxt[0] < self.done[index]:

@@ -357,7 +357,8 @@ def _exposed_sample(tl: StepTimeline, device) -> dict[str, Any]:
         # without its threads' waits for a core: the step's are counted on their own (bucket_done)
         alone.append(collective_alone(reduce, device=device, run_queue_apart=True))
     return {"wall0": tl.wall0, "launch": [tl.launch[i] for i in order], "alone": alone,
-            "waited": [tl.waited.get(i, 0.0) for i in order],
+            "waited": [tl.waited.get(i, 0.0) for i in order], "done": [tl.done[i] for i in order],
+            "seen_wait": tl.seen_wait,
             "bytes": [tl.nbytes[i] for i in order], "backward_end": max(tl.ready.values()),
             "comm_done": tl.marks["comm_done"], "step_done": tl.marks["step_done"]}
 
@@ -368,7 +369,9 @@ def exposed_check(model, opt, x, y, ab: tuple[float, float], world: int, cap: fl
     overlap model (:func:`~distai.lessons.lesson6.simulation.exposed_comm_causes`), on average: every
     rank's bucket launches gathered (one host's wall clock), after each step its buckets' all-reduces
     timed alone, and each bucket's longest wait for a core of gloo's threads in the step, the most of
-    any rank's (the all-reduce ends when every rank's part has run); the rank with the most exposed
+    any rank's (the all-reduce ends when every rank's part has run), and each bucket's end in the step
+    (what it took there beyond alone is ``slower_in_step``) and the step's own wait for a core
+    before it saw the last one end; the rank with the most exposed
     time reported. Also this rank's steps for the trace
     (``comm_trace.trace_causes``' blocks, collectives, waits: each step's exposed communication as
     one collective, its peer wait first)."""
@@ -377,8 +380,8 @@ def exposed_check(model, opt, x, y, ab: tuple[float, float], world: int, cap: fl
                for _ in range(steps)]
     everyone: list = [None] * world
     dist.all_gather_object(everyone, samples)
-    totals = [dict.fromkeys(("measured", "predicted", "peer_wait", "slow_collective", "cpu_contention", "alone",
-                             "wait_drawn"), 0.0)
+    totals = [dict.fromkeys(("measured", "predicted", "peer_wait", "slow_collective", "cpu_contention",
+                             "slower_in_step", "alone", "wait_drawn"), 0.0)
               for _ in range(world)]
     own_waits: list[float] = []
     for k in range(steps):
@@ -388,7 +391,8 @@ def exposed_check(model, opt, x, y, ab: tuple[float, float], world: int, cap: fl
             waited = [max(o["waited"][b] for o in peers) for b in range(len(own["launch"]))]
             parts = exposed_comm_causes(own["launch"], last, own["alone"],
                                         [ring_allreduce_time(n, world, alpha, beta) for n in own["bytes"]],
-                                        own["backward_end"], waited)
+                                        own["backward_end"], waited, own["done"],
+                                        (own["comm_done"], own["seen_wait"]))
             parts.update(measured=own["comm_done"] - own["backward_end"], alone=sum(own["alone"]))
             # the trace draws a step's wait inside its exposed time, never below 0: cut to that
             parts["wait_drawn"] = max(0.0, min(parts["peer_wait"], parts["measured"]))
@@ -402,7 +406,7 @@ def exposed_check(model, opt, x, y, ab: tuple[float, float], world: int, cap: fl
               [(o["wall0"] + o["backward_end"], o["wall0"] + o["comm_done"]) for o in samples], own_waits)
     return check("exposed_comm", t["predicted"], t["measured"], "s",
                  causes={"peer_wait": t["peer_wait"], "slow_collective": t["slow_collective"],
-                         "cpu_contention": t["cpu_contention"]},
+                         "cpu_contention": t["cpu_contention"], "slower_in_step": t["slower_in_step"]},
                  detail={"rank": rank, "bucket_mb": cap, "buckets": len(samples[0]["launch"]), "steps": steps,
                          "alpha_s": alpha, "beta_s_per_byte": beta, "alone_s": t["alone"],
                          "peer_wait_drawn_s": t["wait_drawn"]}), traced
