@@ -427,8 +427,9 @@ def alone_time(strategy: str, cfg: GPTConfig, batches, world_size: int, device, 
 def _timed_step(trainer: Trainer, batch, barrier: bool = False) -> tuple[float, float, float, float]:
     """Wall seconds of one ``trainer.step(batch)`` (started together on every rank: ``barrier``),
     the calling thread's wait for a core in it (the kernel's run-queue delay,
-    :func:`distai.engine.time_causes.run_queue_s`), its wait on its collectives (NaN where torch
-    waits for them: :meth:`Trainer.exposed_s`) and its CPU seconds."""
+    :func:`distai.engine.time_causes.run_queue_s`), its wait on its collectives (:meth:`Trainer.exposed_s`;
+    where torch waits for them, its time off a core (:func:`off_cpu_is_collective_wait`), else NaN)
+    and its CPU seconds."""
     if barrier:
         dist.barrier()
     e0 = trainer.exposed_s()
@@ -436,7 +437,17 @@ def _timed_step(trainer: Trainer, batch, barrier: bool = False) -> tuple[float, 
     trainer.step(batch)
     t, q, cpu = time.perf_counter() - t0, run_queue_s() - q, time.thread_time() - c0
     e1 = trainer.exposed_s()
-    return t, q, (e1 - e0) if e0 is not None and e1 is not None else float("nan"), cpu
+    if e0 is not None and e1 is not None:
+        return t, q, e1 - e0, cpu
+    return t, q, max(0.0, t - min(q, t) - cpu) if off_cpu_is_collective_wait(trainer.device) else float("nan"), cpu
+
+
+def off_cpu_is_collective_wait(device) -> bool:
+    """Whether a step's time off a core (neither running nor runnable: wall − CPU − wait for a core)
+    is its wait on its collectives: on CPU ranks of one intra-op thread, the step's work runs on the
+    calling thread and only gloo's threads run beside it, so the thread sleeps only while it waits
+    for them. That is how torch's DDP and FSDP2, which wait inside torch, are timed in the step."""
+    return device.type == "cpu" and torch.get_num_threads() == 1
 
 
 def _least_disturbed(trainer: Trainer, batches, world_size: int, timed: int = CHECK_STEPS) -> float:
@@ -497,42 +508,47 @@ def strategy_checks(strategy: str, r: dict, held_total: int, predicted_bytes: fl
     all-gather or reduce-scatter) and the bytes of the calculator's ``comm_volume_per_step``, α and
     β one link's (lesson 1, ``distai doctor``'s ping-pong on this group). A missed step time names
     ``cpu_contention``, the measured step's own wait for a core (the kernel's run-queue delay of the
-    calling thread, the slowest rank's), and for our ZeRO (whose code waits on its collectives) the same
-    step's ``collective_waits``, the time it was blocked on them (without the wait for a core once
-    woken) minus their α-β time, and ``strategy_overhead``, its main thread's CPU seconds minus the plain
-    step's compute; for torch's DDP and FSDP2 (which wait inside torch) ``replayed_collectives``, the
-    same collectives replayed alone minus their α-β time, and ``strategy_overhead``, the strategy's step
-    in a group of one rank (:func:`alone_time`) minus the plain step's compute. Every time is taken
+    calling thread, the slowest rank's), the same step's ``collective_waits``, the time it was blocked on
+    its collectives (without the wait for a core once woken) minus their α-β time — timed around the
+    waits by our ZeRO's code, and for torch's DDP and FSDP2 (which wait inside torch) the step's time
+    off a core, on CPU ranks of one thread (:func:`off_cpu_is_collective_wait`) — and
+    ``strategy_overhead``, its main thread's CPU seconds minus the plain step's compute. Where the
+    time off a core is not that wait (GPUs, several intra-op threads), torch's strategies name
+    ``replayed_collectives``, the same collectives replayed alone minus their α-β time, and
+    ``strategy_overhead``, the strategy's step in a group of one rank (:func:`alone_time`) minus the
+    plain step's compute. Every time is taken
     without its wait for a core, and the measured step is chosen the same way (the least such).
     All are timed right after the strategy's steps (the machine's load changes by the second);
     ``detail`` keeps the ranks' wait for a core per wall second over the strategy's steps and
     these timings (``run_queue_share``)."""
     i = inputs
     compute_s = compute_time(i.cfg, i.batches, world, device, i.optimizer, i.precision)
-    alone_s = alone_time(strategy, i.cfg, i.batches, world, device, i.optimizer, i.precision, i.alone)
     memory = check(f"memory_{strategy}", predicted_bytes, float(held_total), "B",
                    detail={"world_size": world})
     messages = sum(RING_MESSAGES[op](world) for op, _, _ in r["collectives"])
     comm = messages * link["alpha_s"] + predicted_sent * link["beta_s_per_byte"]
-    replay = replay_time(r["collectives"], world, device)
     from ..experiment import slowest_rank_parts
 
     # the least disturbed of as many steps as each part is timed on, chosen as they are: the least
     # without its wait for a core; the slowest rank's, with its own wait
     step, wait, exposed, cpu = slowest_rank_parts(*min(((t, (min(q, t), e, c)) for t, q, e, c in r["check_steps_s"]),
                                                        key=lambda tq: tq[0] - tq[1][0]), device)
-    i.waited.stop()
-    if math.isfinite(exposed):  # our ZeRO: the step's own waits on its collectives, as they happened in it
+    detail = {"compute_s": compute_s, "comm_alpha_beta_s": comm, "messages": messages, "alpha_s": link["alpha_s"],
+              "beta_s_per_byte": link["beta_s_per_byte"], "step_wait_s": wait, "step_cpu_s": cpu}
+    if math.isfinite(exposed):  # the step's own waits on its collectives, as they happened in it
+        i.waited.stop()
         causes = {"collective_waits": exposed - comm, "strategy_overhead": cpu - compute_s, "cpu_contention": wait}
-    else:  # torch's DDP and FSDP2 wait inside torch: their collectives timed alone, their overhead alone
+        # 1: the waits are the step's time off a core (torch's DDP, FSDP2), 0: timed in our ZeRO's code
+        detail.update(exposed_s=exposed, waits_off_cpu=float(not strategy.startswith("zero")))
+    else:  # torch's DDP and FSDP2 where their waits cannot be told apart: collectives and overhead timed alone
+        alone_s = alone_time(strategy, i.cfg, i.batches, world, device, i.optimizer, i.precision, i.alone)
+        replay = replay_time(r["collectives"], world, device)
+        i.waited.stop()
         causes = {"replayed_collectives": replay - comm, "strategy_overhead": alone_s - compute_s,
                   "cpu_contention": wait}
+        detail.update(replayed_s=replay, alone_s=alone_s)
     timed = check(f"step_time_{strategy}", compute_s + comm, step, "s", causes=causes,
-                  detail={"compute_s": compute_s, "comm_alpha_beta_s": comm, "messages": messages,
-                          "alpha_s": link["alpha_s"], "beta_s_per_byte": link["beta_s_per_byte"],
-                          "replayed_s": replay, "alone_s": alone_s, "step_wait_s": wait,
-                          "step_cpu_s": cpu, **({"exposed_s": exposed} if math.isfinite(exposed) else {}),
-                          "run_queue_share": i.waited.run_queue_share})
+                  detail={**detail, "run_queue_share": i.waited.run_queue_share})
     return [memory, timed]
 
 
