@@ -104,7 +104,7 @@ from ..mesh_args import DECODE_MODEL, DECODE_SIZE_FLAGS, check_decode_parts
 from ..metering import CommMeter
 from ..model import ModelConfigError
 from ..paged_kv import ContinuousBatcher, compare_prefix_sharing, paged_store
-from ..time_causes import Window, collective_causes, copy_bandwidth, matmul_rate
+from ..time_causes import Window, collective_causes, copy_bandwidth, matmul_rate, step_contention
 
 DEFAULT_MODEL = DECODE_MODEL  # the GPT this lesson serves, in Llama's shape (its size flags default to this)
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -350,10 +350,10 @@ def serving_checks(cfg, prompts, n: int, r: dict, spans: list, k: int,
     without communication beside the decode, less the overhead, beyond the roofline), CPU contention
     (the decode's run-queue delay and its gloo threads' longest wait over each phase,
     ``Window.backend_wait_s``), waiting for a peer, all-reduces slower than α-β (their spans, that
-    wait apart).
-    What the decode's own on-CPU time outside its all-reduces (``on_cpu_s`` in the detail) adds to
-    the compute alone stays unexplained. The figures are the slowest rank's (every rank returns the
-    same checks)."""
+    wait apart), and the compute slower in the decode than beside it (the decode's own on-CPU time
+    outside its all-reduces, ``on_cpu_s`` in the detail, beyond the compute twin's: the same work on
+    the same cores, run between gloo's all-reduces and their caches). The figures are the slowest
+    rank's (every rank returns the same checks)."""
     B, s = prompts.shape
     W, steps = ctx.world_size, max(1, r["decode_steps"])
     hw = this_machine(cfg, prompts, dtype, ctx)
@@ -362,6 +362,9 @@ def serving_checks(cfg, prompts, n: int, r: dict, spans: list, k: int,
           for i in range(len(spans))]
     found = collective_causes(spans, ab)
     waits, slow, in_comm = found["peer_wait"], found["slow"], found["on_cpu"]  # in_comm: part of α-β
+    # the decode's wait for a core, in its all-reduces the longest any rank had there (out of their slowness)
+    queued = [step_contention(w.run_queue_s, spans[part], found["contention"][part])
+              for w, part in ((r["prefill_window"], slice(0, k)), (r["decode_window"], slice(k, None)))]
     for name, window, part in (("ttft", r["prefill_window"], slice(0, k)), ("tpot", r["decode_window"], slice(k, None))):
         trace_causes(ctx.events, window.blocks, spans[part], waits[part], names="all_reduce", check=name)
     p, d = r["prefill_window"], r["decode_window"]
@@ -373,10 +376,10 @@ def serving_checks(cfg, prompts, n: int, r: dict, spans: list, k: int,
     drawn = len(d.blocks)
     drawn_wait = sum(waits[k:k + drawn * (len(spans) - k) // steps]) / max(1, drawn)
     mine = {"ttft": tuple(x / prefills for x in (
-                p.wall_s, tp_.cpu_s, cp.cpu_s - tp_.cpu_s, p.run_queue_s + p.backend_wait_s, sum(waits[:k]),
+                p.wall_s, tp_.cpu_s, cp.cpu_s - tp_.cpu_s, queued[0] + p.backend_wait_s, sum(waits[:k]),
                 sum(slow[:k]) - p.backend_wait_s, p.cpu_s - sum(in_comm[:k]), sum(waits[:k]))),
             "tpot": (d.wall_s / steps, td.cpu_s / steps, (cd.cpu_s - td.cpu_s) / steps,
-                     (d.run_queue_s + d.backend_wait_s) / steps, sum(waits[k:]) / steps,
+                     (queued[1] + d.backend_wait_s) / steps, sum(waits[k:]) / steps,
                      (sum(slow[k:]) - d.backend_wait_s) / steps, (d.cpu_s - sum(in_comm[k:])) / steps, drawn_wait)}
     everyone: list[Any] = [mine]
     if W > 1:
@@ -397,6 +400,7 @@ def serving_checks(cfg, prompts, n: int, r: dict, spans: list, k: int,
         predicted, roofline = planned[name]
         out.append(check(name, predicted, measured, "s",
                          causes={"op_overhead": overhead, "slow_compute": computed - roofline,
+                                 "compute_in_decode": on_cpu - (computed + overhead),
                                  "cpu_contention": delayed, "peer_wait": waited, "slow_collective": slower},
                          detail={"rank": rank, "on_cpu_s": on_cpu, "peer_wait_drawn_s": waited_drawn, "compute_alone_s": computed + overhead, "roofline_s": roofline,
                                  "flops": hw.flops,

@@ -44,8 +44,8 @@ class TPGroup:
         #: of its threads, the backend's included (``engine/time_causes.collective_causes``)
         self.spans: list[tuple[float, ...]] | None = None
         #: read every thread's wait for a core around each collective (the spans' last two fields);
-        #: off, the spans keep only the clocks (a caller reads the waits around its whole step:
-        #: ``time_causes.Window.backend_wait_s``)
+        #: off, the spans keep the clocks and the caller's own wait (a caller reads the backend's
+        #: threads' waits around its whole step: ``time_causes.Window.backend_wait_s``)
         self.thread_waits = True
 
     @contextmanager
@@ -53,11 +53,11 @@ class TPGroup:
         if self.spans is None:
             yield
             return
-        if not self.thread_waits:
-            c0, t0 = time.thread_time(), time.time()
+        if not self.thread_waits:  # the caller's own wait for a core only: one read each side
+            q0, c0, t0 = run_queue_s(), time.thread_time(), time.time()
             yield
-            t1, c1 = time.time(), time.thread_time()
-            self.spans.append((t0, t1, 0.0, c1 - c0))
+            t1, c1, q1 = time.time(), time.thread_time(), run_queue_s()
+            self.spans.append((t0, t1, q1 - q0, c1 - c0))
             return
         threads = threads_run_queue_s()  # read outside the span: its cost is the step's, not the collective's
         q0, c0, t0 = run_queue_s(), time.thread_time(), time.time()
