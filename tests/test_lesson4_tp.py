@@ -282,17 +282,12 @@ def test_experiment_main_reports_everything(results):
     assert results[1]["main"]["summary"] is None  # rank 0 alone writes the summary
 
 
-# issue 28, open: explained in 14 of 15 local runs, but one fresh-clone CI run missed TP+SP by 12 %
-# (cpu_contention 10.2 of 24.8 ms): a named known defect with its figures, not a pass
-LESSON4_STEP_DEFECT = "a step's CPU contention on 2 shared cores is measured within 10 % in most runs, not all"
-
-
 def test_step_time_is_compute_plus_collectives_or_explained(results):
     """Each mode's step time against its on-CPU compute + its collectives at the group's α-β
-    (issue 28): ok, or the measured run-queue delay, waits for the last peer and the same
-    collectives' time alone beyond α-β (measured between the steps, not in them: the step's own
-    collectives slower than alone stay unexplained) account for the gap within 10 %."""
-    from run_checks import assert_checks_hold, explained_or_known_defect
+    (issue 28): ok, or the measured run-queue delay, waits for the last peer, the same
+    collectives' time alone beyond α-β (measured between the steps) and their time in the step beyond
+    alone account for the gap within 10 %."""
+    from run_checks import assert_checks_hold
 
     r = _rank0(results)
     if r["T"] != 2:
@@ -302,14 +297,13 @@ def test_step_time_is_compute_plus_collectives_or_explained(results):
         if not c["ok"]:
             assert c["causes"]["slow_collective"] == pytest.approx(c["detail"]["alone_s"] - c["detail"]["comm_s"])
     names = {"tp_step_time", "tp_sp_step_time"}
-    found = assert_checks_hold(r["main"]["checks"], names, known_defect=LESSON4_STEP_DEFECT)
+    found = assert_checks_hold(r["main"]["checks"], names)
     for mode, name in (("tp", "tp_step_time"), ("tp+sp", "tp_sp_step_time")):
         c, detail = found[name], found[name]["detail"]
         # the prediction is compute + the α-β time of each collective the metered step counted
         assert c["predicted"] == pytest.approx(detail["compute_s"] + detail["comm_s"])
         assert detail["collectives"] == r["main"]["collectives"][mode] > 0
         assert 0 < detail["compute_s"] < c["measured"] and detail["alpha_s"] > 0
-    explained_or_known_defect(found, names, LESSON4_STEP_DEFECT)
     assert results[1]["main"]["checks"] == []  # rank 0 alone emits them
 
 

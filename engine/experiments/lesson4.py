@@ -377,10 +377,11 @@ def time_steps(cfg: GPTConfig, batch: int, sp: bool, steps: int, records: list[C
             alone += sum(alone_seconds(records, dtype))
     alpha, beta = fit_alpha_beta(rows, tp.size)
     expected = comm_prediction(records, alpha, beta, backend)
-    waited, in_comm, waits, contention = 0.0, 0.0, [], window.run_queue_s
+    waited, in_comm, waits, contention, slow = 0.0, 0.0, [], window.run_queue_s, 0.0
     for step_spans in spans:
         found = collective_causes(step_spans, expected)
         waited += sum(found["peer_wait"])
+        slow += sum(found["slow"])  # in the step, beyond α-β, its waits for a peer and a core apart
         in_comm += sum(found["on_cpu"])  # the collectives' own CPU time is in their α-β time
         waits += found["peer_wait"]
         contention = step_contention(contention, step_spans, found["contention"])
@@ -388,13 +389,15 @@ def time_steps(cfg: GPTConfig, batch: int, sp: bool, steps: int, records: list[C
             "wall_s": window.wall_s / steps, "cpu_s": (window.cpu_s - in_comm) / steps, "comm_s": sum(expected),
             "alpha": alpha, "beta": beta, "run_queue_s": contention / steps,
             "peer_wait_s": waited / steps, "slow_collective_s": alone / steps - sum(expected),
+            "slower_in_step_s": (slow - alone) / steps + sum(expected),
             "alone_s": alone / steps, "collectives": len(expected)}
 
 
 def step_time_check(mode: str, timed: dict) -> Check:
     """The step's time on the slowest rank against its compute (on-CPU time) + its collectives in
     the α-β model; the causes: CPU contention (run-queue delay), waiting for a peer, collectives
-    slower than α-β (the same collectives timed alone, :func:`alone_seconds`)."""
+    slower than α-β (the same collectives timed alone, :func:`alone_seconds`) and slower still in
+    the step than alone (their spans in the step, the waits for a peer and a core apart)."""
     everyone: list = [timed]
     if dist.is_initialized() and dist.get_world_size() > 1:
         everyone = [None] * dist.get_world_size()
@@ -403,7 +406,7 @@ def step_time_check(mode: str, timed: dict) -> Check:
     t = everyone[rank]
     return check(f"{mode.replace('+', '_')}_step_time", t["cpu_s"] + t["comm_s"], t["wall_s"], "s",
                  causes={"cpu_contention": t["run_queue_s"], "peer_wait": t["peer_wait_s"],
-                         "slow_collective": t["slow_collective_s"]},
+                         "slow_collective": t["slow_collective_s"], "slower_in_step": t["slower_in_step_s"]},
                  detail={"compute_s": t["cpu_s"], "comm_s": t["comm_s"], "alone_s": t["alone_s"], "alpha_s": t["alpha"],
                          "beta_s_per_byte": t["beta"], "collectives": t["collectives"], "rank": rank})
 
