@@ -1,0 +1,78 @@
+"""The capstone's calibrated prediction against its measured step, for the three dense meshes of issue 29.
+
+For each mesh, ``distai calc plan --calibrate`` measures this machine and saves the profile, then
+``distai run capstone`` on the same mesh trains and checks its measured step against the prediction
+made from that profile (the ``capstone_step_time`` check). The table prints predicted, measured and
+their ratio for every repeat, and the worst error against the issue's goal (within 30 % on 2 CPU cores).
+
+Run (8 CPU ranks, gloo)::
+
+    python bench/capstone_calibrate.py               # the three meshes, once each
+    python bench/capstone_calibrate.py --repeats 3   # each three times (calibration and run)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from _bench import load_average
+
+# (dp, tp, pp, cp): issue 29's dense meshes on 8 ranks
+MESHES = ((2, 2, 2, 1), (1, 2, 2, 2), (2, 1, 2, 2))
+GOAL = 0.30
+
+
+def _mesh_flags(mesh: tuple[int, int, int, int]) -> list[str]:
+    return [f"--{axis}={n}" for axis, n in zip(("dp", "tp", "pp", "cp"), mesh, strict=True)]
+
+
+def _distai(args: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
+    # a timeout kills the command (and its process group's ranks): nothing outlives the bench
+    return subprocess.run([sys.executable, "-m", "distai.tutor.cli", *args], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _step_check(home: Path) -> dict:
+    runs = sorted((home / "runs").iterdir())
+    events = runs[-1] / "events" / "rank0.jsonl"
+    for line in events.read_text().splitlines():
+        e = json.loads(line)
+        if e.get("kind") == "check" and e.get("name") == "capstone_step_time":
+            return e
+    raise SystemExit(f"no capstone_step_time check in {events}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repeats", type=int, default=1, help="calibrations and runs per mesh")
+    p.add_argument("--timeout", type=float, default=300, help="seconds per command")
+    args = p.parse_args(argv)
+    print(f"capstone --calibrate vs measured, {load_average()}")
+    print(f"{'mesh (dp,tp,pp,cp)':<20}{'predicted':>11}{'measured':>11}{'pred/meas':>11}")
+    worst = 0.0
+    with tempfile.TemporaryDirectory() as home:
+        # the learner's saved runs and profiles stay untouched: a data folder of the bench's own
+        env = dict(os.environ, DISTAI_HOME=home, DISTAI_LANG="en")
+        for mesh in MESHES:
+            for _ in range(args.repeats):
+                for cmd in (["calc", "plan", "--calibrate", *_mesh_flags(mesh)],
+                            ["run", "capstone", "--cpu", "8", *_mesh_flags(mesh)]):
+                    done = _distai(cmd, env, args.timeout)
+                    if done.returncode:
+                        tail = (done.stderr or done.stdout).strip().splitlines()[-1:]
+                        raise SystemExit(f"distai {' '.join(cmd)} failed: {tail}")
+                c = _step_check(Path(home))
+                ratio = c["predicted"] / c["measured"]
+                worst = max(worst, abs(ratio - 1))
+                print(f"{str(mesh):<20}{c['predicted'] * 1e3:>9.1f}ms{c['measured'] * 1e3:>9.1f}ms{ratio:>10.2f}x")
+    print(f"worst |predicted/measured - 1|: {worst:.1%} (goal <= {GOAL:.0%}): {'PASS' if worst <= GOAL else 'FAIL'}")
+    return 0 if worst <= GOAL else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
