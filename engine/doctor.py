@@ -142,9 +142,12 @@ def rank_timings(fns: dict[str, Any], repeats: int, device: torch.device, inner:
     runnable, not running; 0 where the kernel does not report it; at most the rank's wall time);
     row 2 the first less the second: the timing without the wait of the rank that held the others
     back (in a collective every rank waits for the one that waited for a core); row 3 the longest
-    of the ranks' own times without their own wait (for a fn that does not communicate)."""
+    of the ranks' own times without their own wait (for a fn that does not communicate); rows 4 and 5
+    the CPU seconds of the calling thread and its own wait for a core of the rank whose wall time was
+    the longest (what its time was made of: on a core, waiting for one, or neither — asleep on its
+    peers)."""
     names = list(fns)
-    times = torch.zeros(3, len(names), repeats, dtype=torch.float64)
+    times = torch.zeros(4, len(names), repeats, dtype=torch.float64)  # wall, wait, own time, CPU
     for i in range(repeats):
         for k in range(len(names)):
             j = (i + k) % len(names)
@@ -152,17 +155,22 @@ def rank_timings(fns: dict[str, Any], repeats: int, device: torch.device, inner:
             dist.barrier()
             if device.type == "cuda":
                 torch.cuda.synchronize()
-            queued, start = thread_run_queue_s(), time.perf_counter()
+            queued, cpu, start = thread_run_queue_s(), time.thread_time(), time.perf_counter()
             for _ in range(inner):
                 fn()
             if device.type == "cuda":
                 torch.cuda.synchronize()
             times[0, j, i] = (time.perf_counter() - start) / inner
+            times[3, j, i] = (time.thread_time() - cpu) / inner
             times[1, j, i] = min((thread_run_queue_s() - queued) / inner, times[0, j, i].item())
             times[2, j, i] = times[0, j, i] - times[1, j, i]
-    times = times.to(device)  # NCCL reduces device tensors only
-    dist.all_reduce(times, op=dist.ReduceOp.MAX)
-    times = torch.cat([times[:2], (times[0] - times[1]).unsqueeze(0), times[2:]]).cpu()
+    ranks = [torch.zeros_like(times, device=device) for _ in range(dist.get_world_size())]
+    dist.all_gather(ranks, times.to(device))  # NCCL gathers device tensors only
+    every = torch.stack([r.cpu() for r in ranks])  # (rank, row, fn, repeat)
+    slowest = every[:, 0].argmax(dim=0, keepdim=True)  # per fn and repeat, the rank with the longest wall
+    own = [every[:, row].gather(0, slowest)[0] for row in (3, 1)]  # its CPU seconds, its own wait
+    top = every[:, :3].amax(dim=0)
+    times = torch.stack([top[0], top[1], top[0] - top[1], top[2], *own])
     return {name: times[:, j] for j, name in enumerate(names)}
 
 
@@ -216,22 +224,6 @@ def ping_pong(buf: torch.Tensor, rounds: int = 1, a: int = 0, b: int = 1) -> Non
         elif rank == b:
             dist.recv(buf, src=a)
             dist.send(buf, dst=a)
-
-
-def ring_exchange(send: torch.Tensor, recv: torch.Tensor, steps: int = 1) -> None:
-    """``steps`` steps of a ring, one after the other: in each every rank sends ``send`` to its
-    right neighbour and receives ``recv`` from its left one, all at once."""
-    rank, n = dist.get_rank(), dist.get_world_size()
-    for _ in range(steps):
-        works: list = []
-        if send.is_cuda:  # NCCL: the pair launched together, or the ring waits on itself
-            works = dist.batch_isend_irecv([dist.P2POp(dist.isend, send, (rank + 1) % n),
-                                            dist.P2POp(dist.irecv, recv, (rank - 1) % n)])
-        else:
-            works = [dist.isend(send, dst=(rank + 1) % n), dist.irecv(recv, src=(rank - 1) % n)]
-        for work in works:
-            if work is not None:  # None only for a rank outside the group
-                work.wait()
 
 
 #: the messages :func:`link_alpha_beta` times: α from the smallest, β from the slope up to the largest

@@ -239,33 +239,37 @@ def fit(ctx, rows: list[dict]) -> dict[str, dict]:
 def allreduce_checks(ctx, sizes: list[int], iters: int | None = None) -> list[Check]:
     """The ring formula 2(N−1)α + 2(N−1)/N·S·β, with one link's α and β measured by the doctor's
     ping-pong on this group, against the textbook ring (one channel, no pipelining) measured on
-    it, for each of ``sizes``. A miss is split into causes, each timed on its own, interleaved with
-    the all-reduce (:func:`distai.engine.doctor.rank_timings`: each timing a few calls back to
-    back, the slowest rank's), for the ring's chunk c = S/N. Each part is the least of its ``iters``
-    timings less the wait for a core in each (the kernel's run-queue delay of a rank's calling
-    thread), so that a part does not carry the load of the second it was timed in; the ring is
-    measured in its timing chosen the same way, its wait for a core a cause of its own:
+    it, for each of ``sizes``. A miss is split into causes: the measured ring's own time, the slowest
+    rank's, is on a core (its CPU seconds), waiting for one (the longest wait any rank had: its peers
+    wait for it) or asleep on its messages; two parts are timed on their own, interleaved with the
+    all-reduce (:func:`distai.engine.doctor.rank_timings`: each timing a few calls back to back, the
+    slowest rank's), for the ring's chunk c = S/N: the same messages on one link, and the additions.
+    Each is the least of its ``iters`` timings less the wait for a core in it, so that a part does
+    not carry the load of the second it was timed in; the ring is measured in its timing chosen the
+    same way:
 
-    * ``size_regime``: (2(N−1) messages of c bytes on one link, one after the other) − 2(N−1)·(α +
-      c·β): a message of c bytes does not cost what the line through a tiny and a 4 MiB one says;
-    * ``links_at_once``: (2(N−1) ring steps of c bytes, every rank sending and receiving at once)
-      − (the same messages on one link alone): shared cores and memory, and every step waiting
+    * ``size_regime``: (2(N−1) messages of c bytes on one link, one after the other, timed alone) −
+      2(N−1)·(α + c·β): a message of c bytes does not cost what the line through a tiny and a 4 MiB
+      one says;
+    * ``links_at_once``: the ring's time asleep on its messages − those messages on one link alone:
+      every rank sending and receiving at once on shared cores and memory, and every step waiting
       for the slower neighbour, where α and β were measured with one pair alone;
-    * ``reduction``: (N−1) additions of c bytes: the arithmetic the model counts as free;
-    * ``ring_schedule``: our ring's Python bookkeeping of its 2(N−1) steps (an all-reduce of an
-      empty tensor: the same schedule, no message);
-    * ``cpu_contention``: the ring's own wait for a core in its measured timing (the kernel's
+    * ``reduction``: (N−1) additions of c bytes, timed alone: the arithmetic the model counts as free;
+    * ``ring_schedule``: the ring's CPU seconds beyond those additions: our ring's Python bookkeeping
+      of its 2(N−1) steps and posting its messages;
+    * ``cpu_contention``: the ring's wait for a core in its measured timing (the kernel's
       run-queue delay: with more runnable threads than cores — other programs, or more ranks
       than cores, each with its gloo thread — a rank that is ready waits for one; its peers
       wait for it).
 
-    ``detail``: α, β, the size, and, over these timings, the process's CPU time per wall second
+    Together they add up to the measured ring (a second is on a core, waiting for one, or asleep);
+    what each is worth is the lesson.     ``detail``: α, β, the size, and, over these timings, the process's CPU time per wall second
     (``cpu_per_wall``, below 1: it waited — for its peers, the network, or a core) and its threads'
     wait for a core per wall second (``run_queue_share``, the slowest rank's)."""
     import torch
 
     from ..comm_trace import trace_call
-    from ..doctor import CoreWait, link_alpha_beta, ping_pong, rank_timings, ring_exchange
+    from ..doctor import CoreWait, link_alpha_beta, ping_pong, rank_timings
     from ..ring import ring_allreduce
 
     n = ctx.world_size
@@ -277,28 +281,30 @@ def allreduce_checks(ctx, sizes: list[int], iters: int | None = None) -> list[Ch
         x = torch.zeros(size // 4, dtype=torch.float32, device=ctx.device)
         chunk = -(-x.numel() // n)  # the largest chunk: the ring's steps wait for it
         c = chunk * 4
-        empty = torch.zeros(0, dtype=torch.float32, device=ctx.device)
         send, recv = (torch.ones(chunk, dtype=torch.float32, device=ctx.device) for _ in range(2))
         ring = lambda x=x: ring_allreduce(x, pieces=1, channels=1)  # noqa: E731
         ring()  # warm-up
         with CoreWait(ctx.device) as waited:
-            t = rank_timings({"ring": ring, "schedule": lambda: ring_allreduce(empty, pieces=1, channels=1),
-                              "pair": lambda: ping_pong(send, n - 1),
-                              "steps": lambda: ring_exchange(send, recv, 2 * (n - 1)),
+            t = rank_timings({"ring": ring, "pair": lambda: ping_pong(send, n - 1),
                               "adds": lambda: [recv.add_(send) for _ in range(n - 1)]},
                              repeats, ctx.device, inner=inner)
         trace_call(ctx.events, lambda sink, x=x: ring_allreduce(x, pieces=1, channels=1, trace=sink),
                    check="allreduce_small" if k == 0 else "allreduce_large")  # the run's trace: one call
         # each without its wait for a core: a collective's the waiting rank's, a local one's its own
-        part = {name: w[3 if name in ("adds", "schedule") else 2].min().item() for name, w in t.items()}
+        part = {name: w[3 if name == "adds" else 2].min().item() for name, w in t.items()}
         best = int(t["ring"][2].argmin())  # the least disturbed ring, chosen as the parts are
+        # the measured ring itself, its slowest rank's: on a core, waiting for one (the longest any rank
+        # waited: its peers wait for it), or asleep on its messages
+        wall, on_cpu, waited_core = (t["ring"][row, best].item() for row in (0, 4, 1))
+        asleep = wall - on_cpu - waited_core
         causes = {"size_regime": part["pair"] - 2 * (n - 1) * (alpha + c * beta),
-                  "links_at_once": part["steps"] - part["pair"], "reduction": part["adds"],
-                  "ring_schedule": part["schedule"], "cpu_contention": t["ring"][1, best].item()}
+                  "links_at_once": asleep - part["pair"], "reduction": part["adds"],
+                  "ring_schedule": on_cpu - part["adds"], "cpu_contention": waited_core}
         out.append(check("allreduce_small" if k == 0 else "allreduce_large",
                          formulas.ring_allreduce_time(size, n, alpha, beta), t["ring"][0, best].item(), "s",
                          causes=causes,
                          detail={"size": size, "n": n, "alpha_s": alpha, "beta_s_per_byte": beta,
+                                 "ring_cpu_s": on_cpu, "ring_asleep_s": asleep, "pair_s": part["pair"],
                                  "cpu_per_wall": waited.cpu_per_wall, "run_queue_share": waited.run_queue_share}))
     return out
 
