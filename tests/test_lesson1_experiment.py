@@ -10,7 +10,6 @@ import pytest
 from distai.engine import launcher as L
 from distai.engine.model import GPTConfig
 from distai.engine.runs import create_run
-from distai.lessons.checks import reconcile
 from distai.lessons.lesson1 import formulas
 from distai.lessons.lesson1 import ring_model as model
 

@@ -47,6 +47,8 @@ CASES = [
     (["lesson6", "--cpu", "2", "--slow-rank", "7"], "--slow-rank debe ser un rank de esta ejecución (0…1), no 7"),
     (["lesson7", "--cpu", "2", "--skip", "foo"], "--skip: parte desconocida 'foo'"),
     (["context", "--cpu", "2", "--cp", "3"], "--cp 3 no divide los 2 ranks"),
+    (["context", "--cpu", "2", "--seq", "7"],
+     "--seq: la disposición en zigzag necesita que 2·cp = 4 divida la longitud de secuencia 7"),
     (["context", "--cpu", "2", "--memory-seqs", "8,x"],
      "--memory-seqs: '8,x' no es una lista de números enteros separados por comas"),
     (["lesson5", "--cpu", "2", "--pp", "3"], "el experimento de lesson5 no acepta --pp 3 (sus opciones: --chunks, "

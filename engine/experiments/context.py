@@ -86,7 +86,7 @@ def check_arguments(args: argparse.Namespace, world: int) -> tuple[int, list[int
     try:
         plan.check_layout(args.seq, cp, args.layout)
     except LayoutError as exc:
-        raise UsageError(f"--seq: {exc}") from None
+        raise UsageError(texts={lang: f"--seq: {exc.text(lang)}" for lang in LANGUAGES}) from None
     if args.memory_seqs:
         try:
             seqs = [int(x) for x in args.memory_seqs.split(",") if x.strip()]
@@ -96,7 +96,7 @@ def check_arguments(args: argparse.Namespace, world: int) -> tuple[int, list[int
             try:
                 plan.check_layout(s, cp, args.layout)
             except LayoutError as exc:
-                raise UsageError(f"--memory-seqs: {exc}") from None
+                raise UsageError(texts={lang: f"--memory-seqs: {exc.text(lang)}" for lang in LANGUAGES}) from None
     else:  # s/4, s/2 and s, those that split
         seqs = [s for s in (args.seq // 4, args.seq // 2, args.seq)
                 if s > 0 and s % plan.num_chunks(cp, args.layout) == 0]

@@ -14,14 +14,16 @@ Pure Python.
 from __future__ import annotations
 
 from ..model_size import explain, refusals
+from ..strings import LANGUAGES, TranslatedError
 
 LAYOUTS = ("zigzag", "contiguous")
 VARIANTS = ("ring", "allgather")
 FULL, DIAGONAL, SKIP = "full", "diagonal", "skip"
 
 
-class LayoutError(ValueError):
-    """A sequence that cannot be split as asked (one line for the learner)."""
+class LayoutError(TranslatedError):
+    """A sequence that cannot be split as asked (one line for the learner, in every language where it
+    comes from the course's shape check)."""
 
 
 def check_layout(seq: int, cp: int, layout: str) -> None:
@@ -32,7 +34,7 @@ def check_layout(seq: int, cp: int, layout: str) -> None:
         raise LayoutError(f"the context-parallel size must be at least 1, not {cp}")
     found = refusals(cp=cp, zigzag=layout == "zigzag", seq=seq)  # the course's one shape check
     if found:
-        raise LayoutError(explain(found))
+        raise LayoutError(explain(found), texts={lang: explain(found, lang) for lang in LANGUAGES})
 
 
 def num_chunks(cp: int, layout: str) -> int:
