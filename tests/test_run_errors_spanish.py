@@ -47,6 +47,8 @@ CASES = [
     (["lesson6", "--cpu", "2", "--slow-rank", "7"], "--slow-rank debe ser un rank de esta ejecución (0…1), no 7"),
     (["lesson7", "--cpu", "2", "--skip", "foo"], "--skip: parte desconocida 'foo'"),
     (["context", "--cpu", "2", "--cp", "3"], "--cp 3 no divide los 2 ranks"),
+    (["experts", "--cpu", "2", "--dropless", "--capacity-factor", "2"],
+     "argumento --capacity-factor: no se puede usar junto con --dropless"),
     (["context", "--cpu", "2", "--seq", "7"],
      "--seq: la disposición en zigzag necesita que 2·cp = 4 divida la longitud de secuencia 7"),
     (["context", "--cpu", "2", "--memory-seqs", "8,x"],
@@ -90,7 +92,9 @@ def test_the_english_lines_are_unchanged(learner, capsys, argv, english):
 
 
 def test_an_argparse_message_it_does_not_know_stays_english():
-    assert argparse_texts("the following arguments are required: x") == {}
+    assert argparse_texts("argument --x: expected 2 arguments") == {}
+    assert argparse_texts("the following arguments are required: --x")["es"] == "faltan argumentos obligatorios: --x"
+    assert argparse_texts("argument --x: invalid parse_size value: 'q'")["es"] == "argumento --x: valor no válido: 'q'"
     assert argparse_texts("unrecognized arguments: --foo")["es"] == "argumentos no reconocidos: --foo"
 
 
