@@ -8,7 +8,8 @@ their ratio for every repeat, and the worst error against the issue's goal (with
 Run (8 CPU ranks, gloo)::
 
     python bench/capstone_calibrate.py               # the three meshes, once each
-    python bench/capstone_calibrate.py --repeats 3   # each three times (calibration and run)
+    python bench/capstone_calibrate.py --repeats 3   # each run three times (one calibration: the tool reuses
+                                                     # a profile measured within the hour)
 """
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def _step_check(home: Path) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--repeats", type=int, default=1, help="calibrations and runs per mesh")
+    p.add_argument("--repeats", type=int, default=1, help="runs per mesh (calibrated once: the profile is reused)")
     p.add_argument("--timeout", type=float, default=300, help="seconds per command")
     args = p.parse_args(argv)
     print(f"capstone --calibrate vs measured, {load_average()}")
