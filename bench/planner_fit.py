@@ -29,15 +29,18 @@ def main() -> None:
     print(f"fitted: A100 E = {fit['a100']:.2f}, H100 E = {fit['h100']:.2f}, w½ = {fit['half_width']:g} "
           f"(A100 loss {fit['loss']:.4f}, H100 loss {fit['h100_loss']:.6f})")
     print(f"in the module: A100 E = {pl.A100_GEMM:.2f}, H100 E = {pl.H100_GEMM:.2f}, w½ = {pl.GEMM_HALF_WIDTH:g}")
-    print(f"{'run':<22} {'set':<9} {'TP PP DP CP EP':<18} {'rank':>7} {'predicted':>9} {'published':>9} {'error':>7}")
+    print(f"{'run':<22} {'set':<9} {'TP PP DP CP EP':<18} {'rank':>7} {'predicted':>9} {'published':>9} {'error':>7}"
+          f" {'step err':>8}")
     for row in pub.error_table():
         layout = " ".join(str(x) for x in row["layout"])
         predicted = f"{row['predicted_mfu']:.1%}" if row["predicted_mfu"] else "—"
         error = f"{row['error']:+.1%}" if row["error"] is not None else "—"
+        step = f"{row['step_error']:+.1%}" if row["step_error"] is not None else "—"
         print(f"{row['name']:<22} {row['set']:<9} {layout:<18} {row['rank']:>3}/{row['layouts']:<3} "
-              f"{predicted:>9} {row['published_mfu']:>9.1%} {error:>7}")
+              f"{predicted:>9} {row['published_mfu']:>9.1%} {error:>7} {step:>8}")
     for which in ("fitted", "held out"):
-        print(f"worst |error|, {which}: {pub.worst_error(which):.1%}")
+        print(f"worst |error|, {which}: {pub.worst_error(which):.1%} in MFU, "
+              f"{pub.worst_error(which, 'step_error'):.1%} in step time")
     print_figure_13()
     print_megatron_ranks()
     print_deepseek()

@@ -92,6 +92,21 @@ def test_error_table_splits_fitted_and_held_out():
     assert pub.worst_error("held out") == max(abs(r["error"]) for r in held)
 
 
+def test_the_goal_in_mfu_or_step_time():
+    """Issue 29's goal, "within 15 % in MFU or step time": the step time's error is the published MFU
+    over the predicted one (both count the same FLOPs); of the held-out runs only MT-NLG on 420 nodes
+    misses it both ways (+19.7 % in MFU, -16.5 % in step time); MT-NLG on 280 and 350 nodes and
+    DeepSeek-V3 meet it in step time (-13.2, -14.1, -14.4 %), Korthikanti's 1T in MFU (-13.5 %)."""
+    rows = pub.error_table()
+    for r in rows:
+        assert r["step_error"] == pytest.approx(r["published_mfu"] / r["predicted_mfu"] - 1)
+        assert (r["error"] > 0) == (r["step_error"] < 0)  # a faster predicted step is a higher predicted MFU
+    missed = {r["name"] for r in rows if r["set"] == "held out" and min(abs(r["error"]), abs(r["step_error"])) > 0.15}
+    assert missed == {"mt-nlg-530b-420"}
+    assert pub.worst_error("held out", "step_error") == max(abs(r["step_error"]) for r in rows
+                                                            if r["set"] == "held out")
+
+
 def test_published_mfu_of_a_step_time_and_of_tokens_per_second():
     # MT-NLG on 280 nodes: 60.1 s per step of 1920 × 2048 tokens on 2240 A100s
     flops = 1920 * 2048 * (6 * 529.6e9 + 12 * 105 * 20480 * 2048)

@@ -558,6 +558,13 @@ def prediction_error(name: str) -> float:
     return reproduce(name)["error"]
 
 
+def prediction_step_error(name: str) -> float:
+    """The planner's step time for the published layout relative to the published step, minus 1: the
+    published MFU over the predicted one (the same FLOPs counted), minus 1."""
+    r = reproduce(name)
+    return r["published_mfu"] / r["predicted_mfu"] - 1
+
+
 def predicted_step_time(name: str) -> float:
     return reproduce(name)["config"].step_time_s
 
@@ -574,13 +581,16 @@ def step_terms(name: str) -> dict:
 
 def error_table() -> list[dict]:
     """One row per published run: {"name", "set" ("fitted" or "held out"), "layout", "rank", "layouts",
-    "predicted_mfu", "published_mfu", "error"}."""
+    "predicted_mfu", "published_mfu", "error", "step_error"}: ``error`` in MFU, ``step_error`` in step
+    time (the planner's MFU and the published one count the same FLOPs, so the predicted step over the
+    published one is the published MFU over the predicted, minus 1; the issue's goal takes either)."""
     rows = []
     for name, p in PUBLISHED.items():
         r = reproduce(name)
+        step_error = prediction_step_error(name) if r["predicted_mfu"] else None
         rows.append({"name": name, "set": "fitted" if name in FIT else "held out", "layout": p.layout,
                      "rank": r["layout_rank"], "layouts": r["layouts"], "predicted_mfu": r["predicted_mfu"],
-                     "published_mfu": r["published_mfu"], "error": r["error"]})
+                     "published_mfu": r["published_mfu"], "error": r["error"], "step_error": step_error})
     return rows
 
 
@@ -596,9 +606,10 @@ def microbatch_error(name: str, micro_batch: int) -> float:
     return configs[0].mfu / published_mfu(name) - 1
 
 
-def worst_error(which: str) -> float:
-    """The largest |error| among the ``which`` ("fitted" or "held out") runs."""
-    return max(abs(r["error"]) for r in error_table() if r["set"] == which)
+def worst_error(which: str, key: str = "error") -> float:
+    """The largest |error| (``key``: "error" in MFU, "step_error" in step time) among the ``which``
+    ("fitted" or "held out") runs."""
+    return max(abs(r[key]) for r in error_table() if r["set"] == which)
 
 
 
