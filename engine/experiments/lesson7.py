@@ -369,7 +369,7 @@ def serving_checks(cfg, prompts, n: int, r: dict, spans: list, k: int,
         trace_causes(ctx.events, window.blocks, spans[part], waits[part], names="all_reduce", check=name)
     p, d = r["prefill_window"], r["decode_window"]
     (tp_, td), (cp, cd) = r["twin_windows"]  # the overhead twin's, the compute twin's
-    # the spans carry no thread waits (reading them at every all-reduce cost the decode more CPU than
+    # the spans carry no gloo-thread waits (reading every thread at every all-reduce cost the decode more CPU than
     # its twins): gloo's threads' waits over each phase are its all-reduces' contention, out of their slowness
     prefills = r.get("prefills", 1)  # TTFT: a prefill's mean
     # the trace keeps the first blocks of the decode steps (Window.blocks): their waits, for what it draws
