@@ -16,16 +16,15 @@ def checks_of(events: list[dict]) -> dict[str, dict]:
     return {e["name"]: e for e in events if e.get("kind") == "check"}
 
 
-def assert_checks_hold(events: list[dict], names: set[str], known_defect: str = "") -> dict[str, dict]:
-    """Every check of ``names`` is there, ok or explained, and named in the catalog; returns them.
-    ``known_defect``: the rule is not asserted here; the test ends with :func:`explained_or_known_defect`."""
+def assert_checks_hold(events: list[dict], names: set[str]) -> dict[str, dict]:
+    """Every check of ``names`` is there, ok or explained, and named in the catalog; returns them."""
     found = checks_of(events)
     assert names <= set(found), f"missing checks {sorted(names - set(found))}"
     for lang in ("en", "es"):
         table = strings("checks", lang)
         for e in found.values():
             assert e["name"] in table["name"] and set(e.get("causes", {})) <= set(table["cause"]), e
-    for name in names if not known_defect else ():
+    for name in names:
         c = reconcile(found[name])
         why = (f"{name}: predicted {c.predicted:.4g} + causes {dict(c.causes)} = "
                f"{c.explained_value:.4g}, measured {c.measured:.4g} {c.unit}")
@@ -44,8 +43,6 @@ def assert_trace_decomposes(events: list[dict], check: dict, blocks: int | None 
     ``blocks``: the number of blocks the check averages over (all drawn). Returns each rank's
     seconds of wait spans per block."""
     from collections import defaultdict
-
-    import pytest
 
     from distai.engine.trace_export import check_trace, chrome_trace
 
@@ -82,14 +79,3 @@ def assert_trace_decomposes(events: list[dict], check: dict, blocks: int | None 
     drawn = check["detail"].get("peer_wait_drawn_s", check["causes"]["peer_wait"])
     assert waited[rank] == pytest.approx(drawn, abs=1e-6 * max(1, n_waits))
     return dict(waited)
-
-
-def explained_or_known_defect(found: dict[str, dict], names: set[str], defect: str) -> None:
-    """The end of a test whose check misses the 10 % rule on a quiet 2-core machine too (issue 28
-    open): a miss is an expected failure naming ``defect`` with its figures, not a pass; an explained
-    check passes."""
-    for name in sorted(names):
-        c = reconcile(found[name])
-        if not c.explained:
-            pytest.xfail(f"{name}: predicted {c.predicted:.4g} + causes {dict(c.causes)} = {c.explained_value:.4g}, "
-                         f"measured {c.measured:.4g} {c.unit} — known defect: {defect}")
