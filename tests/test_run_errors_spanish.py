@@ -94,7 +94,7 @@ def test_the_english_lines_are_unchanged(learner, capsys, argv, english):
 def test_an_argparse_message_it_does_not_know_stays_english():
     assert argparse_texts("argument --x: expected 2 arguments") == {}
     assert argparse_texts("the following arguments are required: --x")["es"] == "faltan argumentos obligatorios: --x"
-    assert argparse_texts("argument --x: invalid parse_size value: 'q'")["es"] == "argumento --x: valor no válido: 'q'"
+    assert argparse_texts("argument --x: invalid parse_size value: 'q'")["es"] == "argumento --x: valor parse_size no válido: 'q'"
     assert argparse_texts("unrecognized arguments: --foo")["es"] == "argumentos no reconocidos: --foo"
 
 
