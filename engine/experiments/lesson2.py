@@ -201,6 +201,8 @@ class ZeroTrainer(Trainer):
         return loss.item()
 
     def exposed_s(self) -> float | None:
+        if self.device.type != "cpu":  # a GPU's wait() only orders streams: the host times nothing
+            return None
         comm = self.engine.comm  # without the time it waited for a core once woken: the step's contention
         return comm.exposed_s - comm.exposed_core_wait_s
 
@@ -509,11 +511,11 @@ def strategy_checks(strategy: str, r: dict, held_total: int, predicted_bytes: fl
     β one link's (lesson 1, ``distai doctor``'s ping-pong on this group). A missed step time names
     ``cpu_contention``, the measured step's own wait for a core (the kernel's run-queue delay of the
     calling thread, the slowest rank's), the same step's ``collective_waits``, the time it was blocked on
-    its collectives (without the wait for a core once woken) minus their α-β time — timed around the
-    waits by our ZeRO's code, and for torch's DDP and FSDP2 (which wait inside torch) the step's time
+    its collectives (without the wait for a core once woken) minus their α-β time — on CPU ranks timed
+    around the waits by our ZeRO's code, and for torch's DDP and FSDP2 (which wait inside torch) the step's time
     off a core, on CPU ranks of one thread (:func:`off_cpu_is_collective_wait`) — and
-    ``strategy_overhead``, its main thread's CPU seconds minus the plain step's compute. Where the
-    time off a core is not that wait (GPUs, several intra-op threads), torch's strategies name
+    ``strategy_overhead``, its main thread's CPU seconds minus the plain step's compute. Where those
+    are not that wait (GPUs, whose waits only order streams; several intra-op threads), the strategies name
     ``replayed_collectives``, the same collectives replayed alone minus their α-β time, and
     ``strategy_overhead``, the strategy's step in a group of one rank (:func:`alone_time`) minus the
     plain step's compute. Every time is taken
