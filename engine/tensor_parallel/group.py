@@ -49,19 +49,25 @@ class TPGroup:
         self.thread_waits = True
 
     @contextmanager
-    def _timed(self) -> Iterator[None]:
+    def _timed(self, t: torch.Tensor) -> Iterator[None]:
         if self.spans is None:
             yield
             return
+        # NCCL returns once the collective is queued: a timed span waits for the GPU on both sides, so
+        # that it holds the collective's run (and its wait for the peers), not the queued compute before
+        sync = torch.cuda.synchronize if t.is_cuda else (lambda: None)
+        sync()
         if not self.thread_waits:  # the caller's own wait for a core only: one read each side
             q0, c0, t0 = run_queue_s(), time.thread_time(), time.time()
             yield
+            sync()
             t1, c1, q1 = time.time(), time.thread_time(), run_queue_s()
             self.spans.append((t0, t1, q1 - q0, c1 - c0))
             return
         threads = threads_run_queue_s()  # read outside the span: its cost is the step's, not the collective's
         q0, c0, t0 = run_queue_s(), time.thread_time(), time.time()
         yield
+        sync()
         t1, c1, q1 = time.time(), time.thread_time(), run_queue_s()
         self.spans.append((t0, t1, q1 - q0, c1 - c0, longest_thread_wait_s(threads)))
 
@@ -77,7 +83,7 @@ class TPGroup:
         t = t.contiguous()
         # a timed twin (spans kept) skips only the collective: the step's other work, its
         # timing included, is the twin's too
-        with comm_scope(layer, phase, site), self._timed():
+        with comm_scope(layer, phase, site), self._timed(t):
             if not skipped:
                 dist.all_reduce(t, op=op or dist.ReduceOp.SUM, group=self.group)
         return t
@@ -88,7 +94,7 @@ class TPGroup:
             return t
         t = t.contiguous()
         out = torch.empty((t.shape[0] * self.size, *t.shape[1:]), dtype=t.dtype, device=t.device)
-        with comm_scope(layer, phase, site), self._timed():
+        with comm_scope(layer, phase, site), self._timed(t):
             all_gather_into(out, t, self.group)
         return out
 
@@ -100,6 +106,6 @@ class TPGroup:
             raise ValueError(f"sequence length {t.shape[0]} is not divisible by T={self.size}")
         t = t.contiguous()
         out = torch.empty((t.shape[0] // self.size, *t.shape[1:]), dtype=t.dtype, device=t.device)
-        with comm_scope(layer, phase, site), self._timed():
+        with comm_scope(layer, phase, site), self._timed(t):
             reduce_scatter_into(out, t, self.group)
         return out
