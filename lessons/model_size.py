@@ -222,12 +222,17 @@ def explain(found: Sequence[Refusal], lang: str = "en") -> str:
     return "; ".join(r.text(lang) for r in found)
 
 
+def explain_texts(found: Sequence[Refusal]) -> dict[str, str]:
+    """:func:`explain` in every language (a translated error's ``texts``)."""
+    return {lang: explain(found, lang) for lang in LANGUAGES}
+
+
 class ShapeError(ModelConfigError):
     """Degrees a model shape does not allow; ``refusals`` says why (``text(lang)`` in either language)."""
 
     def __init__(self, found: Sequence[Refusal]):
         self.refusals = tuple(found)
-        super().__init__(explain(self.refusals), texts={lang: explain(self.refusals, lang) for lang in LANGUAGES})
+        super().__init__(explain(self.refusals), texts=explain_texts(self.refusals))
 
 
 def _whole(value: object, what: str) -> int:

@@ -80,7 +80,7 @@ from ..lesson5.formulas import (
     peak_inflight_microbatches,
     step_time_units,
 )
-from ..model_size import ModelSize, Refusal, ShapeError, explain, refusals
+from ..model_size import ModelSize, Refusal, ShapeError, explain_texts, refusals
 from ..model_spec import ModelSpec
 from ..strings import LANGUAGES, TranslatedError, translated, translations
 from . import formulas as f
@@ -266,25 +266,16 @@ def shape_refusals(model: ModelSpec, tp: int | None = None, pp: int | None = Non
                     pp=p, stages="with-ends", layers=model.layers if pp is not None else None)
 
 
-def _texts_in(key: str, **fields) -> dict[str, str]:
-    """``lessons/catalog/calc.toml``'s ``key`` in every language (:func:`~distai.lessons.strings.translations`)."""
-    return translations("calc", key, **fields)
-
-
 def _texts(key: str, **fields) -> dict[str, str]:
     """A rejection's reason in every language (``[<lang>.plan.reasons]``)."""
-    return _texts_in(f"plan.reasons.{key}", **fields)
-
-
-def _refusal_texts(found) -> dict[str, str]:
-    return {lang: explain(found, lang) for lang in LANGUAGES}
+    return translations("calc", f"plan.reasons.{key}", **fields)
 
 
 def shape_reasons(model: ModelSpec, cluster: Cluster, tp: int, pp: int, cp: int = 1, ep: int = 1) -> dict[str, str]:
     """Why a split cannot hold the model, in each language, or {} when it can (sequence parallelism not asked)."""
     found = shape_refusals(model, tp, pp, cp, ep, sequence_parallel=False)
     if found:
-        return _refusal_texts(found)
+        return explain_texts(found)
     if _spans_nodes(1, tp, cluster.gpus_per_node) and not cluster.tp_across_nodes:
         return _texts("tp_spans" if tp > cluster.gpus_per_node else "tp_straddles", tp=tp, g=cluster.gpus_per_node)
     return {}
@@ -564,7 +555,7 @@ def _refuse(c: Config, cluster: Cluster, model: ModelSpec, stage: int, m: int, m
     if c.sp:
         found = shape_refusals(model, c.tp, cp=c.cp, sequence_parallel=True)
         if found:
-            return _refusal_texts(found)
+            return explain_texts(found)
     return {}
 
 
@@ -828,19 +819,20 @@ def obstacle(model: ModelSpec, cluster: Cluster, global_batch: int, axes: Axes, 
     memory = [c for c in rejected if c.memory_bytes]
     if memory:
         least = min(memory, key=lambda c: c.memory_bytes)
-        return _texts_in("plan.obstacle.memory", need=lambda lang: units.format_bytes(least.memory_bytes, lang=lang),
-                         tp=least.tp, pp=least.pp, dp=least.dp, cp=least.cp, ep=least.ep, mb=least.microbatch,
-                         zero=least.zero, recompute=lambda lang: translated("calc", f"plan.recompute_{least.recompute}", lang),
-                         usable=lambda lang: units.format_bytes(least.memory["usable_bytes"], lang=lang))
+        return translations("calc", "plan.obstacle.memory",
+                            need=lambda lang: units.format_bytes(least.memory_bytes, lang=lang),
+                            tp=least.tp, pp=least.pp, dp=least.dp, cp=least.cp, ep=least.ep, mb=least.microbatch,
+                            zero=least.zero,
+                            recompute=lambda lang: translated("calc", f"plan.recompute_{least.recompute}", lang),
+                            usable=lambda lang: units.format_bytes(least.memory["usable_bytes"], lang=lang))
     counts: dict[str, int] = {}
     for c in rejected:
         counts[c.reason] = counts.get(c.reason, 0) + 1
     if not counts:
-        return _texts_in("plan.obstacle.no_split")
+        return translations("calc", "plan.obstacle.no_split")
     common = max(counts, key=lambda r: counts[r])
     texts = next(c.reason_text for c in rejected if c.reason == common)
-    return {lang: translated("calc", "plan.obstacle.refused", lang, reason=texts.get(lang, common))
-            for lang in LANGUAGES}
+    return translations("calc", "plan.obstacle.refused", reason=lambda lang: texts.get(lang, common))
 
 
 def layout_rank(configs: list[Config], layout: tuple[int, ...]) -> tuple[int, Config | None]:

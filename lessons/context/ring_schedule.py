@@ -13,8 +13,8 @@ Pure Python.
 """
 from __future__ import annotations
 
-from ..model_size import explain, refusals
-from ..strings import LANGUAGES, TranslatedError
+from ..model_size import explain, explain_texts, refusals
+from ..strings import TranslatedError
 
 LAYOUTS = ("zigzag", "contiguous")
 VARIANTS = ("ring", "allgather")
@@ -34,7 +34,7 @@ def check_layout(seq: int, cp: int, layout: str) -> None:
         raise LayoutError(f"the context-parallel size must be at least 1, not {cp}")
     found = refusals(cp=cp, zigzag=layout == "zigzag", seq=seq)  # the course's one shape check
     if found:
-        raise LayoutError(explain(found), texts={lang: explain(found, lang) for lang in LANGUAGES})
+        raise LayoutError(explain(found), texts=explain_texts(found))
 
 
 def num_chunks(cp: int, layout: str) -> int:

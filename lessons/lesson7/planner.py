@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from .. import units
-from ..model_size import Refusal, explain, refusals
+from ..model_size import Refusal, explain_texts, refusals
 from ..model_spec import ModelSpec
 from ..strings import LANGUAGES, translated
 from . import formulas as f
@@ -197,7 +197,7 @@ def evaluate(m: ModelSpec, hw: Hardware, wl: Workload, tp: int, pp: int) -> Cand
     found = shape_refusals(m, tp, pp)
     if found:
         c.reason = "shape"
-        _detail(c, {lang: explain(found, lang) for lang in LANGUAGES})
+        _detail(c, explain_texts(found))
         return c
     _n, w_gpu, _layers = stage_params(m, tp, pp)
     c.weights_per_gpu_bytes = w_gpu
