@@ -78,6 +78,11 @@ def _check_before_launch(args: argparse.Namespace) -> None:
 # The groups and the checks of the arguments
 # ----------------------------------------------------------------------------------------------
 
+def _flag_refused(flag: str, exc: LayoutError) -> UsageError:
+    """The shape check's refusal of ``flag``'s value, in every language."""
+    return UsageError(texts={lang: f"{flag}: {exc.text(lang)}" for lang in LANGUAGES})
+
+
 def check_arguments(args: argparse.Namespace, world: int) -> tuple[int, list[int]]:
     """The CP size and the memory curve's sequence lengths; UsageError (one line) when they do not split."""
     cp = args.cp or world
@@ -86,7 +91,7 @@ def check_arguments(args: argparse.Namespace, world: int) -> tuple[int, list[int
     try:
         plan.check_layout(args.seq, cp, args.layout)
     except LayoutError as exc:
-        raise UsageError(texts={lang: f"--seq: {exc.text(lang)}" for lang in LANGUAGES}) from None
+        raise _flag_refused("--seq", exc) from None
     if args.memory_seqs:
         try:
             seqs = [int(x) for x in args.memory_seqs.split(",") if x.strip()]
@@ -96,7 +101,7 @@ def check_arguments(args: argparse.Namespace, world: int) -> tuple[int, list[int
             try:
                 plan.check_layout(s, cp, args.layout)
             except LayoutError as exc:
-                raise UsageError(texts={lang: f"--memory-seqs: {exc.text(lang)}" for lang in LANGUAGES}) from None
+                raise _flag_refused("--memory-seqs", exc) from None
     else:  # s/4, s/2 and s, those that split
         seqs = [s for s in (args.seq // 4, args.seq // 2, args.seq)
                 if s > 0 and s % plan.num_chunks(cp, args.layout) == 0]

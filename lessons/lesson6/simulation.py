@@ -299,17 +299,6 @@ def exposed_after(ready: Sequence[float], durations: Sequence[float], backward_e
     return max(0.0, (spans[-1][1] if spans else backward_end) - backward_end)
 
 
-def in_step_durations(start_after: Sequence[float], ends: Sequence[float]) -> list[float]:
-    """Each bucket's all-reduce as it ran in the step, one at a time in order (:func:`bucket_chain`'s
-    rule): from when it could start (``start_after``: its launch, or the last rank's) or the previous
-    bucket's measured end, whichever is later, to its own measured end (≥ 0)."""
-    out, free = [], float("-inf")
-    for r, e in zip(start_after, ends, strict=True):
-        out.append(max(0.0, e - max(r, free)))
-        free = max(free, e)
-    return out
-
-
 def exposed_comm_causes(own_launch: Sequence[float], last_launch: Sequence[float], alone_s: Sequence[float],
                         alpha_beta_s: Sequence[float], backward_end: float,
                         thread_waits: Sequence[float] | None = None,
@@ -326,7 +315,8 @@ def exposed_comm_causes(own_launch: Sequence[float], last_launch: Sequence[float
     also waits what the backend's threads waited for a core while it ran in the step (on a CPU,
     backward computes on the cores gloo needs). ``slower_in_step`` (with ``in_step_end``, each
     bucket's measured end in the step): the rest of what the all-reduces took in the step beyond
-    alone (:func:`in_step_durations`); ``cpu_contention`` is then at most that whole slowdown, the
+    alone, their chain ending at the latest end (gloo's two threads may finish them out of order) or
+    the last launch; ``cpu_contention`` is then at most that whole slowdown, the
     share the threads' waits account for. ``seen`` (with ``in_step_end``): when the step saw the
     last end and how long its thread waited for a core since that end: that wait, up to the time
     between the two, is CPU contention too. Without ``in_step_end`` the causes are measured apart
@@ -340,7 +330,7 @@ def exposed_comm_causes(own_launch: Sequence[float], last_launch: Sequence[float
         starved = exposed_after(last_launch, [a + w for a, w in zip(alone_s, thread_waits, strict=True)], backward_end)
         out["cpu_contention"] = starved - slow
     if in_step_end is not None:
-        ran = exposed_after(last_launch, in_step_durations(last_launch, in_step_end), backward_end)
+        ran = max(0.0, max(*last_launch, *in_step_end) - backward_end)
         slower = ran - slow
         share = min(out.get("cpu_contention", 0.0), max(0.0, slower))
         if thread_waits is not None:
