@@ -142,10 +142,9 @@ def rank_timings(fns: dict[str, Any], repeats: int, device: torch.device, inner:
     runnable, not running; 0 where the kernel does not report it; at most the rank's wall time);
     row 2 the first less the second: the timing without the wait of the rank that held the others
     back (in a collective every rank waits for the one that waited for a core); row 3 the longest
-    of the ranks' own times without their own wait (for a fn that does not communicate); rows 4 and 5
-    the CPU seconds of the calling thread and its own wait for a core of the rank whose wall time was
-    the longest (what its time was made of: on a core, waiting for one, or neither — asleep on its
-    peers)."""
+    of the ranks' own times without their own wait (for a fn that does not communicate); row 4 the
+    CPU seconds of the calling thread of the rank whose wall time was the longest (with the waits for a
+    core, what its time was made of: the rest it was asleep on its peers)."""
     names = list(fns)
     times = torch.zeros(4, len(names), repeats, dtype=torch.float64)  # wall, wait, own time, CPU
     for i in range(repeats):
@@ -168,9 +167,9 @@ def rank_timings(fns: dict[str, Any], repeats: int, device: torch.device, inner:
     dist.all_gather(ranks, times.to(device))  # NCCL gathers device tensors only
     every = torch.stack([r.cpu() for r in ranks])  # (rank, row, fn, repeat)
     slowest = every[:, 0].argmax(dim=0, keepdim=True)  # per fn and repeat, the rank with the longest wall
-    own = [every[:, row].gather(0, slowest)[0] for row in (3, 1)]  # its CPU seconds, its own wait
+    cpu_of_slowest = every[:, 3].gather(0, slowest)[0]
     top = every[:, :3].amax(dim=0)
-    times = torch.stack([top[0], top[1], top[0] - top[1], top[2], *own])
+    times = torch.stack([top[0], top[1], top[0] - top[1], top[2], cpu_of_slowest])
     return {name: times[:, j] for j, name in enumerate(names)}
 
 
