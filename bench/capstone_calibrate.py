@@ -14,7 +14,6 @@ Run (8 CPU ranks, gloo)::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -32,20 +31,24 @@ def _mesh_flags(mesh: tuple[int, int, int, int]) -> list[str]:
     return [f"--{axis}={n}" for axis, n in zip(("dp", "tp", "pp", "cp"), mesh, strict=True)]
 
 
-def _distai(args: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
-    # a timeout kills the command (and its process group's ranks): nothing outlives the bench
-    return subprocess.run([sys.executable, "-m", "distai.tutor.cli", *args], env=env, capture_output=True,
+def _distai(args: list[str], env: dict, timeout: float) -> None:
+    # past the timeout the command is killed, and its ranks with it (distai run's parent-death signal)
+    done = subprocess.run([sys.executable, "-m", "distai.tutor.cli", *args], env=env, capture_output=True,
                           text=True, timeout=timeout)
+    if done.returncode:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:]
+        raise SystemExit(f"distai {' '.join(args)} failed: {tail}")
 
 
-def _step_check(home: Path) -> dict:
-    runs = sorted((home / "runs").iterdir())
-    events = runs[-1] / "events" / "rank0.jsonl"
-    for line in events.read_text().splitlines():
-        e = json.loads(line)
-        if e.get("kind") == "check" and e.get("name") == "capstone_step_time":
-            return e
-    raise SystemExit(f"no capstone_step_time check in {events}")
+def _step_check(home: str) -> dict:
+    """The newest run's ``capstone_step_time`` check."""
+    from distai.engine.runs import list_runs
+
+    run = list_runs(Path(home) / "runs")[0]
+    found = [e for e in run.events() if e.get("kind") == "check" and e.get("name") == "capstone_step_time"]
+    if not found:
+        raise SystemExit(f"no capstone_step_time check in {run.dir}")
+    return found[0]
 
 
 def main(argv=None) -> int:
@@ -60,14 +63,10 @@ def main(argv=None) -> int:
         # the learner's saved runs and profiles stay untouched: a data folder of the bench's own
         env = dict(os.environ, DISTAI_HOME=home, DISTAI_LANG="en")
         for mesh in MESHES:
+            _distai(["calc", "plan", "--calibrate", *_mesh_flags(mesh)], env, args.timeout)
             for _ in range(args.repeats):
-                for cmd in (["calc", "plan", "--calibrate", *_mesh_flags(mesh)],
-                            ["run", "capstone", "--cpu", "8", *_mesh_flags(mesh)]):
-                    done = _distai(cmd, env, args.timeout)
-                    if done.returncode:
-                        tail = (done.stderr or done.stdout).strip().splitlines()[-1:]
-                        raise SystemExit(f"distai {' '.join(cmd)} failed: {tail}")
-                c = _step_check(Path(home))
+                _distai(["run", "capstone", "--cpu", "8", *_mesh_flags(mesh)], env, args.timeout)
+                c = _step_check(home)
                 ratio = c["predicted"] / c["measured"]
                 worst = max(worst, abs(ratio - 1))
                 print(f"{str(mesh):<20}{c['predicted'] * 1e3:>9.1f}ms{c['measured'] * 1e3:>9.1f}ms{ratio:>10.2f}x")
