@@ -28,7 +28,9 @@ For every split ``tp · pp · dp = G`` the planner
 3. **predicts the step time**: each stage runs ``m`` microbatches; one microbatch on one stage costs its
    layers on the GPU model (:func:`~.formulas.layer_forward_seconds`; the last stage also runs the output
    layer, and the pipeline runs at its busiest stage), or with a fixed ``efficiency`` its share of the
-   hardware FLOPs (:func:`~.formulas.hardware_flops_per_token`) at ``efficiency ·`` peak,
+   hardware FLOPs (:func:`~.formulas.hardware_flops_per_token`) at ``efficiency ·`` peak, plus adding its
+   gradients into the buffer the reduction sends where the framework does not fuse that into the
+   weight-gradient GEMM (``Axes.grad_accumulation``, :func:`grad_accumulation_seconds`, at HBM bandwidth),
    plus its layers' TP collectives (lesson 4's
    :func:`~distai.lessons.lesson4.formulas.tp_comm_time_per_layer`, repeated in the recomputed forward),
    plus its point-to-point sends to the neighbouring stages (``2·v`` messages of ``s·b·h·2/t`` bytes,
@@ -102,9 +104,9 @@ ALLOCATOR_FRACTION = 0.05  # the caching allocator's fragmentation, on top of wh
 # GEMM reaches, and w½, the narrow size at which it reaches E/2: the optimum of :func:`.published.fit_gpu_model`
 # (A100 on Megatron-LM's Table 1, H100 on Llama 3's 8,192-GPU run; ``python bench/planner_fit.py`` re-runs it,
 # a test checks these equal it); HBM bandwidths from the data sheets.
-GEMM_HALF_WIDTH = 100.0
+GEMM_HALF_WIDTH = 75.0
 A100_GEMM = 0.69  # E of an A100 (Megatron-LM's kernels, 2021-2022)
-H100_GEMM = 0.83  # E of an H100 (Llama 3's kernels, 2024)
+H100_GEMM = 0.82  # E of an H100 (Llama 3's kernels, 2024)
 
 
 @dataclass(frozen=True)
@@ -460,6 +462,33 @@ def _compute_per_microbatch(model: ModelSpec, cluster: Cluster, c: Config, stage
     return {"compute_s": busiest, "gemm_efficiency": fwd["gemm_efficiency"], "dualpipe_ratio": ratio}
 
 
+# How a framework adds each microbatch's gradients into the buffer the data-parallel reduction sends: HBM bytes
+# per parameter the GPU holds, beyond the weight-gradient GEMM that writes the new gradient. "fused": the GEMM
+# accumulates into the buffer itself (Megatron-LM's gradient_accumulation_fusion, default since February 2022;
+# nothing more); "add": the new 16-bit gradient and the buffer read, the buffer written, for every microbatch
+# after the first, whose gradient becomes the buffer (PyTorch's AccumulateGrad, Megatron-LM 2021's
+# ``main_grad.add_(param.grad)``); "cast-add": DeepSpeed's BF16_Optimizer.update_hp_grads,
+# ``hp_grad.add_(lp.grad.to(float32))`` after every microbatch's backward: the cast reads the bf16 gradient and
+# writes an fp32 copy, the add reads it and the fp32 buffer and writes the buffer (2 + 4 + 4 + 4 + 4 bytes)
+GRAD_ACCUMULATION = ("fused", "add", "cast-add")
+
+
+def grad_accumulation_seconds(params: float, how: str, grad_bytes: float, hbm_bandwidth: float,
+                              microbatches: int) -> float:
+    """Seconds a GPU spends per microbatch, on average over the step's ``microbatches``, adding the
+    gradients of its ``params`` into its gradient buffer the way ``how`` says (:data:`GRAD_ACCUMULATION`):
+    a memory-bound pass at ``hbm_bandwidth``."""
+    if how == "fused":
+        return 0.0
+    if how == "add":
+        per_param, passes = PARAM_BYTES + 2 * grad_bytes, (microbatches - 1) / microbatches
+    elif how == "cast-add":
+        per_param, passes = PARAM_BYTES + 4 * 4, 1.0
+    else:
+        raise ValueError(f"grad_accumulation must be one of {', '.join(GRAD_ACCUMULATION)}, not {how!r}")
+    return params * per_param * passes / hbm_bandwidth
+
+
 def dualpipe_bubble(pp: int, slot: float, ratio: float) -> float:
     """DualPipe's bubble, (PP/2 − 1)(F&B + B − 3W) (DeepSeek-V3 report, Table 2; deepseek-ai/DualPipe's
     README), for chunks of one stage: F&B, a forward and a backward chunk overlapped, takes their compute
@@ -561,9 +590,10 @@ def _refuse(c: Config, cluster: Cluster, model: ModelSpec, stage: int, m: int, m
 
 def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, optimizer: str = "adam",
              max_zero_pp: int = 3, p2p: str = "megatron", engine: str = "megatron",
-             dp_overlap: bool | str = True, dualpipe: bool = False) -> Config:
+             dp_overlap: bool | str = True, dualpipe: bool = False, grad_accumulation: str = "fused") -> Config:
     """Fill in ``c``'s memory, time and MFU, or its ``reason`` when it is infeasible. ``dualpipe``: the
-    pipeline runs DeepSeek's DualPipe (:func:`dualpipe_bubble`) instead of 1F1B."""
+    pipeline runs DeepSeek's DualPipe (:func:`dualpipe_bubble`) instead of 1F1B; ``grad_accumulation``: how
+    each microbatch's gradients reach the buffer (:data:`GRAD_ACCUMULATION`)."""
     tp, pp, dp, b, v = c.tp, c.pp, c.dp, c.microbatch, c.chunks
     if b is None or v is None or c.zero is None or c.recompute is None:
         raise ValueError(f"evaluate needs the microbatch, ZeRO stage, recomputation and chunks of {c}")
@@ -589,7 +619,9 @@ def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, o
     # one microbatch on one stage: compute + TP collectives + CP's K/V + PP sends
     n, g, st = cluster.gpus, cluster.gpus_per_node, strides(c)
     comp = _compute_per_microbatch(model, cluster, c, stage)
-    compute_mb = comp["compute_s"]
+    accumulation_mb = grad_accumulation_seconds(sum(_params_per_gpu(model, c)), grad_accumulation, cluster.grad_bytes,
+                                                cluster.hbm_bandwidth, m)
+    compute_mb = comp["compute_s"] + accumulation_mb  # on the compute stream, after each microbatch's backward
     s_local = model.seq // c.cp
     tp_mb = 0.0
     if tp > 1:
@@ -626,7 +658,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, o
     update = optimizer_step_bytes(c.memory["optimizer_params"], optimizer, cluster.grad_bytes)
     optimizer_s = update / cluster.hbm_bandwidth  # memory-bound, after the gradients are reduced
     c.step_time_s = pipeline + dp_exposed + optimizer_s
-    c.time = {"compute_s": compute_mb * m, "tp_comm_s": tp_mb * m, "cp_comm_s": cp_mb * m, "pp_comm_s": pp_mb * m,
+    c.time = {"compute_s": compute_mb * m, "grad_accumulation_s": accumulation_mb * m, "tp_comm_s": tp_mb * m, "cp_comm_s": cp_mb * m, "pp_comm_s": pp_mb * m,
               "ep_comm_s": ep_mb * m,
               "bubble_s": pipeline - slot * m, "dp_comm_exposed_s": dp_exposed, "optimizer_s": optimizer_s,
               "gemm_efficiency": comp["gemm_efficiency"],
@@ -688,6 +720,8 @@ class Axes:
     # deepseek-ai/DualPipe's step() asserts it): its bubble, its two stages per GPU, the all-to-all and the
     # PP sends hidden behind the paired chunk
     dualpipe: bool = False
+    # how each microbatch's gradients reach the buffer the reduction sends (:data:`GRAD_ACCUMULATION`)
+    grad_accumulation: str = "fused"
 
 
 def _check_fixed(model: ModelSpec, n: int, global_batch: int, axes: Axes) -> None:
@@ -762,7 +796,7 @@ def plan(model: ModelSpec, cluster: Cluster, global_batch: int, optimizer: str =
                         for v in axes.chunks:
                             c = evaluate(model, cluster, global_batch, Config(t, p, d, b, z, r, v, sp, cp, e),
                                          optimizer, axes.max_zero_pp, axes.p2p, axes.engine, axes.dp_overlap,
-                                         axes.dualpipe)
+                                         axes.dualpipe, axes.grad_accumulation)
                             if not c.reason:
                                 feasible.append(c)
                             elif v == 1 or c.memory_bytes:  # a shape reason once, not once per chunk count
