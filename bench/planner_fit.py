@@ -43,6 +43,7 @@ def main() -> None:
               f"{pub.worst_error(which, 'step_error'):.1%} in step time")
     print_figure_13()
     print_megatron_ranks()
+    print_grad_accumulation()
     print_deepseek()
 
 
@@ -70,6 +71,20 @@ def print_megatron_ranks() -> None:
               f"({now['slower']:+.1%}), error {now['error']:+.1%}; refitted (A100 E = {fit['a100']:.2f}, "
               f"w½ = {fit['half_width']:g}): rank {refit['layout_rank']} ({refit['slower']:+.1%}), "
               f"error {refit['error']:+.1%}")
+
+
+def print_grad_accumulation() -> None:
+    """What adding each microbatch's gradients into the reduction's buffer costs the runs that do it outside the
+    GEMM (Axes.grad_accumulation), and what the run's error would be without it at today's constants."""
+    print("Gradients added into the buffer after each microbatch (Axes.grad_accumulation; errors at the module's constants):")
+    for name, p in pub.PUBLISHED.items():
+        how = p.axes.grad_accumulation
+        config = pub.reproduce(name)["config"]
+        if how == "fused" or not config.time["grad_accumulation_s"]:
+            continue
+        fused = pub.reproduce_run(dataclasses.replace(p, axes=dataclasses.replace(p.axes, grad_accumulation="fused")))
+        print(f"  {name:<17} {how:<8} {config.time['grad_accumulation_s']:6.2f} s of a {config.step_time_s:6.2f} s step; "
+              f"error {pub.prediction_error(name):+.1%}, counted as fused {fused['error']:+.1%}")
 
 
 def print_deepseek() -> None:
