@@ -524,6 +524,10 @@ def test_gradient_accumulation_outside_the_gemm():
     assert cast.time["compute_s"] - fused.time["compute_s"] == pytest.approx(cast.time["grad_accumulation_s"])
     slots = f5.step_time_units(35, 240, 1)
     assert cast.step_time_s - fused.step_time_s == pytest.approx(cast.time["grad_accumulation_s"] / 240 * slots)
+    # ZeRO-2 adds into the gradient shard the GPU keeps: an eighth on DP 8
+    sharded = pl.evaluate(p.model, p.cluster, p.global_batch, pl.Config(8, 35, 8, 1, 2, "full", 1), p2p="deepspeed",
+                          dp_overlap=False, grad_accumulation="cast-add")
+    assert sharded.time["grad_accumulation_s"] == pytest.approx(cast.time["grad_accumulation_s"] / 8)
 
 
 def test_megatron_2021_overlaps_the_gradient_all_reduce_only_without_a_pipeline():

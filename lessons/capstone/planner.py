@@ -619,7 +619,9 @@ def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, o
     # one microbatch on one stage: compute + TP collectives + CP's K/V + PP sends
     n, g, st = cluster.gpus, cluster.gpus_per_node, strides(c)
     comp = _compute_per_microbatch(model, cluster, c, stage)
-    accumulation_mb = grad_accumulation_seconds(sum(_params_per_gpu(model, c)), grad_accumulation, cluster.grad_bytes,
+    # into the gradients this GPU holds (ZeRO-2/3: its shard; DualPipe: two stages')
+    held_grads = c.memory["grad_buffer_bytes"] / cluster.grad_bytes
+    accumulation_mb = grad_accumulation_seconds(held_grads, grad_accumulation, cluster.grad_bytes,
                                                 cluster.hbm_bandwidth, m)
     compute_mb = comp["compute_s"] + accumulation_mb  # on the compute stream, after each microbatch's backward
     s_local = model.seq // c.cp
