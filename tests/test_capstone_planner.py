@@ -488,7 +488,7 @@ def _hbm_bytes_per_element(statement) -> dict[str, float]:
 
 
 def test_gradient_accumulation_outside_the_gemm():
-    """Axes.grad_accumulation: DeepSpeed's BF16_Optimizer.update_hp_grads (``hp_grad.add_(lp.grad.to(fp32))``)
+    """Axes.grad_accumulation and Axes.zero1_reduction: DeepSpeed's BF16_Optimizer.update_hp_grads (``hp_grad.add_(lp.grad.to(fp32))``)
     moves 18 bytes a parameter, PyTorch's AccumulateGrad in fp16 6, both counted here from what PyTorch itself
     dispatches; the planner adds them to every microbatch's slot ("add": all but the first), so the step grows
     by the pass times the pipeline's slots."""
@@ -524,6 +524,21 @@ def test_gradient_accumulation_outside_the_gemm():
     assert cast.time["compute_s"] - fused.time["compute_s"] == pytest.approx(cast.time["grad_accumulation_s"])
     slots = f5.step_time_units(35, 240, 1)
     assert cast.step_time_s - fused.step_time_s == pytest.approx(cast.time["grad_accumulation_s"] / 240 * slots)
+    # DeepSpeed's BF16_Optimizer reduces the fp32 gradients whole (its ZeRO-1 then all-gathers the bf16
+    # weights): an all-reduce where ZeRO-1 elsewhere reduce-scatters
+    from distai.lessons.lesson1.formulas import (
+        ring_allgather_time,
+        ring_allreduce_time,
+        ring_reduce_scatter_time,
+    )
+
+    assert p.axes.zero1_reduction == "all-reduce"
+    held, link = 529.6e9 / 280, (10e-6, 1 / 25e9)  # the GPU's parameters; DP 8 crosses nodes
+    for how, reduce in (("all-reduce", ring_allreduce_time), ("reduce-scatter", ring_reduce_scatter_time)):
+        zero1 = pl.evaluate(p.model, p.cluster, p.global_batch, pl.Config(8, 35, 8, 1, 1, "full", 1),
+                            p2p="deepspeed", dp_overlap=False, zero1_reduction=how)
+        assert zero1.time["dp_comm_exposed_s"] == pytest.approx(
+            reduce(held * 4, 8, *link) + ring_allgather_time(held * 2, 8, *link), rel=0.01)
     # ZeRO-2 adds into the gradient shard the GPU keeps: an eighth on DP 8
     sharded = pl.evaluate(p.model, p.cluster, p.global_batch, pl.Config(8, 35, 8, 1, 2, "full", 1), p2p="deepspeed",
                           dp_overlap=False, grad_accumulation="cast-add")

@@ -518,9 +518,10 @@ def _expert_a2a_per_microbatch(model: ModelSpec, cluster: Cluster, c: Config, st
 
 
 def _dp_exposed(model: ModelSpec, cluster: Cluster, c: Config, m: int, compute_mb: float,
-                overlap: bool = True) -> float:
+                overlap: bool = True, zero1_reduction: str = "reduce-scatter") -> float:
     """The data-parallel reduction (over dp·cp ranks) that the backward does not hide: ZeRO-0 an
-    all-reduce behind the last backward; ZeRO-1 a reduce-scatter behind it and the all-gather of the
+    all-reduce behind the last backward; ZeRO-1 a reduce-scatter behind it (``zero1_reduction``
+    "all-reduce": every rank gets all the gradients, DeepSpeed's BF16_Optimizer) and the all-gather of the
     updated bf16 parameters; ZeRO-2 a reduce-scatter behind every microbatch's backward (gradients sharded
     as they are made); ZeRO-3 also all-gathers the parameters for each microbatch's forward and backward."""
     shard = c.dp * c.cp
@@ -538,6 +539,8 @@ def _dp_exposed(model: ModelSpec, cluster: Cluster, c: Config, m: int, compute_m
         return max(0.0, ring_allreduce_time(grads, shard, alpha, beta) - backward_mb)
     scatter = ring_reduce_scatter_time(grads, shard, alpha, beta)
     if zero == 1:
+        if zero1_reduction == "all-reduce":
+            scatter = ring_allreduce_time(grads, shard, alpha, beta)
         return max(0.0, scatter - backward_mb) + ring_allgather_time(params_gpu * PARAM_BYTES, shard, alpha, beta)
     if zero == 2:
         return (m * max(0.0, scatter - backward_mb)
@@ -590,10 +593,12 @@ def _refuse(c: Config, cluster: Cluster, model: ModelSpec, stage: int, m: int, m
 
 def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, optimizer: str = "adam",
              max_zero_pp: int = 3, p2p: str = "megatron", engine: str = "megatron",
-             dp_overlap: bool | str = True, dualpipe: bool = False, grad_accumulation: str = "fused") -> Config:
+             dp_overlap: bool | str = True, dualpipe: bool = False, grad_accumulation: str = "fused",
+             zero1_reduction: str = "reduce-scatter") -> Config:
     """Fill in ``c``'s memory, time and MFU, or its ``reason`` when it is infeasible. ``dualpipe``: the
     pipeline runs DeepSeek's DualPipe (:func:`dualpipe_bubble`) instead of 1F1B; ``grad_accumulation``: how
-    each microbatch's gradients reach the buffer (:data:`GRAD_ACCUMULATION`)."""
+    each microbatch's gradients reach the buffer (:data:`GRAD_ACCUMULATION`); ``zero1_reduction``: how ZeRO-1
+    reduces them (:func:`_dp_exposed`)."""
     tp, pp, dp, b, v = c.tp, c.pp, c.dp, c.microbatch, c.chunks
     if b is None or v is None or c.zero is None or c.recompute is None:
         raise ValueError(f"evaluate needs the microbatch, ZeRO stage, recomputation and chunks of {c}")
@@ -656,7 +661,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, o
     else:
         pipeline = slot * step_time_units(pp, m, v)  # m + (p−1)/v; interleaved with m < p: p + (m−1)/v
     overlap = pp == 1 if dp_overlap == "no-pipeline" else bool(dp_overlap)
-    dp_exposed = _dp_exposed(model, cluster, c, m, compute_mb, overlap)
+    dp_exposed = _dp_exposed(model, cluster, c, m, compute_mb, overlap, zero1_reduction)
     update = optimizer_step_bytes(c.memory["optimizer_params"], optimizer, cluster.grad_bytes)
     optimizer_s = update / cluster.hbm_bandwidth  # memory-bound, after the gradients are reduced
     c.step_time_s = pipeline + dp_exposed + optimizer_s
@@ -724,6 +729,11 @@ class Axes:
     dualpipe: bool = False
     # how each microbatch's gradients reach the buffer the reduction sends (:data:`GRAD_ACCUMULATION`)
     grad_accumulation: str = "fused"
+    # how ZeRO-1 reduces the gradients: "reduce-scatter" (each rank receives the shard it updates: DeepSpeed's
+    # ZeRO stage 1, Megatron-LM's distributed optimizer, FSDP) or "all-reduce" (DeepSpeed's BF16_Optimizer,
+    # its own ZeRO-1: the fp32 gradients all-reduced whole, ``buffered_allreduce_fallback``, before each rank
+    # updates its shard and all-gathers the bf16 parameters)
+    zero1_reduction: str = "reduce-scatter"
 
 
 def _check_fixed(model: ModelSpec, n: int, global_batch: int, axes: Axes) -> None:
@@ -798,7 +808,7 @@ def plan(model: ModelSpec, cluster: Cluster, global_batch: int, optimizer: str =
                         for v in axes.chunks:
                             c = evaluate(model, cluster, global_batch, Config(t, p, d, b, z, r, v, sp, cp, e),
                                          optimizer, axes.max_zero_pp, axes.p2p, axes.engine, axes.dp_overlap,
-                                         axes.dualpipe, axes.grad_accumulation)
+                                         axes.dualpipe, axes.grad_accumulation, axes.zero1_reduction)
                             if not c.reason:
                                 feasible.append(c)
                             elif v == 1 or c.memory_bytes:  # a shape reason once, not once per chunk count

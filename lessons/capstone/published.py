@@ -62,9 +62,10 @@ Sources (A100-80GB: 312 TFLOP/s bf16 dense, HBM 2.039 TB/s; H100 SXM: 989 TFLOP/
   DeepSpeed's pipeline engine (ZeRO-1), activation checkpointing, no sequence parallelism; bf16 (Sec. 2.3),
   which DeepSpeed's released pipeline engine gained only in April 2022 (its PR #1801), so the exact code
   MT-NLG ran is not public; no micro-batch size stated. Checked against DeepSpeed v0.5.4 (October 2021) and
-  Megatron-DeepSpeed of September 2021, and counted or negligible: ZeRO-1 (``stage2.py`` run as stage 1)
-  all-reduces the 16-bit gradients and all-gathers the updated weights, the bytes of the planner's
-  reduce-scatter of 4-byte gradients and all-gather (0.40 s on DP 8); the tied word embedding's gradient
+  Megatron-DeepSpeed of September 2021, and counted or negligible: the bf16 pipeline's reduction, as
+  DeepSpeed's BF16_Optimizer runs it (``_bf16_reduce_grads``: the fp32 gradients all-reduced whole, then its
+  own ZeRO-1 all-gathers the updated bf16 weights; ``Axes.zero1_reduction`` "all-reduce"; 0.53 s on DP 8,
+  where the planner's best is without that ZeRO-1: the memory fits); the tied word embedding's gradient
   all-reduce between the first and last stages (``PipelineModule.allreduce_tied_weight_gradients``: 51200/8 ×
   20480 × 2 B = 262 MB on 2 ranks, 10.5 ms); TrainSchedule takes 1F1B's m + p − 1 slots (its commands
   simulated with blocking sends); the attention mask is kept in ``args``, never sent; the bf16 gradients
@@ -218,7 +219,7 @@ MEGATRON_2022 = dict(zero=(0,), max_zero_pp=0, sp=(True,), recompute=("selective
 # DeepSpeed's PipelineEngine sends each TP rank's 1/t share of a stage's output and input gradient, blocking, and
 # all-gathers it over the TP group on the other side (p2p="deepspeed", planner._deepspeed_p2p_per_microbatch)
 DEEPSPEED = dict(zero=(0, 1), max_zero_pp=1, sp=(False,), recompute=("full",), chunks=(1,), p2p="deepspeed",
-                 engine="megatron", dp_overlap=False, grad_accumulation="cast-add")
+                 engine="megatron", dp_overlap=False, grad_accumulation="cast-add", zero1_reduction="all-reduce")
 
 
 def _gpt(params: float, layers: int, hidden: int, heads: int, vocab: int = 51200) -> pl.ModelSpec:
