@@ -665,8 +665,8 @@ def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, o
     update = optimizer_step_bytes(c.memory["optimizer_params"], optimizer, cluster.grad_bytes)
     optimizer_s = update / cluster.hbm_bandwidth  # memory-bound, after the gradients are reduced
     c.step_time_s = pipeline + dp_exposed + optimizer_s
-    c.time = {"compute_s": compute_mb * m, "grad_accumulation_s": accumulation_mb * m, "tp_comm_s": tp_mb * m, "cp_comm_s": cp_mb * m, "pp_comm_s": pp_mb * m,
-              "ep_comm_s": ep_mb * m,
+    c.time = {"compute_s": compute_mb * m, "grad_accumulation_s": accumulation_mb * m,  # the latter inside compute
+              "tp_comm_s": tp_mb * m, "cp_comm_s": cp_mb * m, "pp_comm_s": pp_mb * m, "ep_comm_s": ep_mb * m,
               "bubble_s": pipeline - slot * m, "dp_comm_exposed_s": dp_exposed, "optimizer_s": optimizer_s,
               "gemm_efficiency": comp["gemm_efficiency"],
               "tp_over_nodes": _spans_nodes(1, tp, g), "cp_over_nodes": _spans_nodes(st["cp"], c.cp, g),
