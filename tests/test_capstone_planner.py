@@ -304,6 +304,35 @@ def test_cli_json_keys_and_text(capsys):
     assert code == 0 and "TP kept inside a node" in out and "Rejected" in out and "MFU" in out
 
 
+def test_cli_grad_accumulation(capsys):
+    """``--grad-accumulation``: the framework's pass, in the JSON's inputs and time terms, a line of its own
+    in the text (en, es), the step longer by the pass over the pipeline's slots; an unknown value refused."""
+    fixed = [*ISSUE_ARGS, "--tp", "8", "--pp", "8", "--microbatch", "1", "--max-chunks", "1", "--max-zero", "1",
+             "--recompute", "full", "--sp", "on"]
+    steps = {}
+    for how in ("fused", "cast-add"):
+        code, out, err = run(capsys, *fixed, "--grad-accumulation", how, "--json")
+        assert code == 0, err
+        r = _strict(out)
+        assert r["inputs"]["grad_accumulation"] == how
+        steps[how] = r["best"]
+    fused, cast = steps["fused"], steps["cast-add"]
+    assert fused["time"]["grad_accumulation_s"] == 0 < cast["time"]["grad_accumulation_s"]
+    m = cast["microbatches"]
+    slots = f5.step_time_units(8, m, 1)
+    # (the data-parallel reduction overlaps the longer backward a little more: compared apart)
+    apart = {how: c["step_time_s"] - c["time"]["dp_comm_exposed_s"] for how, c in steps.items()}
+    assert apart["cast-add"] - apart["fused"] == pytest.approx(cast["time"]["grad_accumulation_s"] / m * slots)
+    code, out, _ = run(capsys, *fixed, "--grad-accumulation", "cast-add", "--top", "1")
+    assert code == 0 and "adds each microbatch's gradients into the buffer (cast-add" in out
+    code, out, _ = run(capsys, *fixed, "--grad-accumulation", "cast-add", "--top", "1", "--lang", "es")
+    assert code == 0 and "suman los gradientes de cada microlote al búfer (cast-add" in out
+    code, out, _ = run(capsys, *fixed, "--top", "1")
+    assert "adds each microbatch" not in out  # fused: nothing outside the GEMM
+    code, out, err = run(capsys, *fixed, "--grad-accumulation", "sum")
+    assert code == 2 and "--grad-accumulation" in err and len(err.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("extra, words", [
     (["--tp", "3"], "does not divide the 512 GPUs"),
     (["--tp", "16"], "tp = 16 spans more than one node of 8 GPUs"),  # 8 KV heads replicated: the shape allows it

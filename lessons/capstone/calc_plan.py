@@ -47,7 +47,7 @@ def _axes(v: dict) -> pl.Axes:
                    microbatches=(v["microbatch"],) if v["microbatch"] else pl.MICROBATCHES,
                    zero=tuple(range(v["max_zero"] + 1)), max_zero_pp=min(v["max_zero_pp"], v["max_zero"]),
                    recompute=recompute, chunks=tuple(c for c in pl.CHUNKS if c <= v["max_chunks"]), sp=sp,
-                   engine=v["engine"])
+                   engine=v["engine"], grad_accumulation=v["grad_accumulation"])
 
 
 #: what the planner needs unless --calibrate predicts the capstone run (whose sizes have defaults)
@@ -110,7 +110,7 @@ def compute(v: dict) -> dict:
               "gemm_half_width": cluster.gemm_half_width, "flash_attention": cluster.flash_attention,
               "memory_util": cluster.memory_util, "tp_across_nodes": cluster.tp_across_nodes,
               "max_zero": v["max_zero"], "max_zero_pp": v["max_zero_pp"], "recompute": v["recompute"],
-              "sp": v["sp"], "engine": v["engine"], "top": v["top"]}
+              "sp": v["sp"], "engine": v["engine"], "grad_accumulation": v["grad_accumulation"], "top": v["top"]}
     out = {"best": configs[0], "configs": configs, "rejected": rejected, "inputs": inputs}
     _finite(out)
     return out
@@ -170,6 +170,8 @@ def text(r: dict, lang: str = "en") -> list[str]:
                   tp=t(bt["tp_comm_s"]), cp=t(bt["cp_comm_s"]), pp=t(bt["pp_comm_s"]), ep=t(bt["ep_comm_s"]),
                   bubble=t(bt["bubble_s"]), dp=t(bt["dp_comm_exposed_s"]),
                   optimizer=t(bt["optimizer_s"])),
+              *([say("best_accumulation", seconds=t(bt["grad_accumulation_s"]), how=i["grad_accumulation"])]
+                if bt["grad_accumulation_s"] else []),
               _memory_line(b["memory"], say, lang),
               say("memory_total", memory=by(b["memory_bytes"]), usable=by(b["memory"]["usable_bytes"]))]
     if r["rejected"]:
@@ -241,6 +243,7 @@ CALCULATOR = Calculator(
         Option("--max-chunks", "whole",
                default="8"),
         Option("--engine", "choice", default="megatron", choices=ENGINES),
+        Option("--grad-accumulation", "choice", default="fused", choices=pl.GRAD_ACCUMULATION),
         Option("--tp-across-nodes", "flag", default=False),
         Option("--top", "whole", default="10"),
         Option("--calibrate", "flag", default=False),
