@@ -217,7 +217,9 @@ MEGATRON_2022 = dict(zero=(0,), max_zero_pp=0, sp=(True,), recompute=("selective
 # MT-NLG, BLOOM: DeepSpeed's PipelineEngine runs 1F1B only (its TrainSchedule), on any number of microbatches,
 # the rule lesson 5 states for Megatron-LM's 1F1B
 # DeepSpeed's PipelineEngine sends each TP rank's 1/t share of a stage's output and input gradient, blocking, and
-# all-gathers it over the TP group on the other side (p2p="deepspeed", planner._deepspeed_p2p_per_microbatch)
+# all-gathers it over the TP group on the other side (p2p="deepspeed", planner._deepspeed_p2p_per_microbatch);
+# in bf16 its BF16_Optimizer adds each microbatch's gradients into fp32 ("cast-add") and all-reduces them whole
+# before its own ZeRO-1 updates a shard and all-gathers the weights (zero1_reduction="all-reduce")
 DEEPSPEED = dict(zero=(0, 1), max_zero_pp=1, sp=(False,), recompute=("full",), chunks=(1,), p2p="deepspeed",
                  engine="megatron", dp_overlap=False, grad_accumulation="cast-add", zero1_reduction="all-reduce")
 
