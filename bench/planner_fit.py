@@ -78,12 +78,11 @@ def print_grad_accumulation() -> None:
     GEMM (Axes.grad_accumulation), and what the run's error would be without it at today's constants."""
     print("Gradients added into the buffer after each microbatch (Axes.grad_accumulation; errors at the module's constants):")
     for name, p in pub.PUBLISHED.items():
-        how = p.axes.grad_accumulation
         config = pub.reproduce(name)["config"]
-        if how == "fused" or not config.time["grad_accumulation_s"]:
+        if not config.time["grad_accumulation_s"]:  # fused in the GEMM, or one microbatch
             continue
         fused = pub.reproduce_run(dataclasses.replace(p, axes=dataclasses.replace(p.axes, grad_accumulation="fused")))
-        print(f"  {name:<17} {how:<8} {config.time['grad_accumulation_s']:6.2f} s of a {config.step_time_s:6.2f} s step; "
+        print(f"  {name:<17} {p.axes.grad_accumulation:<8} {config.time['grad_accumulation_s']:6.2f} s of a {config.step_time_s:6.2f} s step; "
               f"error {pub.prediction_error(name):+.1%}, counted as fused {fused['error']:+.1%}")
 
 

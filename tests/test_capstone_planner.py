@@ -517,10 +517,10 @@ def _hbm_bytes_per_element(statement) -> dict[str, float]:
 
 
 def test_gradient_accumulation_outside_the_gemm():
-    """Axes.grad_accumulation and Axes.zero1_reduction: DeepSpeed's BF16_Optimizer.update_hp_grads (``hp_grad.add_(lp.grad.to(fp32))``)
-    moves 18 bytes a parameter, PyTorch's AccumulateGrad in fp16 6, both counted here from what PyTorch itself
-    dispatches; the planner adds them to every microbatch's slot ("add": all but the first), so the step grows
-    by the pass times the pipeline's slots."""
+    """Axes.grad_accumulation and Axes.zero1_reduction: DeepSpeed's BF16_Optimizer.update_hp_grads
+    (``hp_grad.add_(lp.grad.to(fp32))``) moves 18 bytes a parameter, PyTorch's AccumulateGrad in fp16 6, both
+    counted here from what PyTorch itself dispatches; the planner adds them to every microbatch's slot ("add":
+    all but the first), so the step grows by the pass times the pipeline's slots."""
     import torch
 
     lp_grad, hp_grad = torch.ones(4096, dtype=torch.bfloat16), torch.zeros(4096)
@@ -542,11 +542,11 @@ def test_gradient_accumulation_outside_the_gemm():
     assert p.axes.grad_accumulation == "cast-add" and pub.PUBLISHED["megatron-18.4b"].axes.grad_accumulation == "add"
     assert pub.PUBLISHED["korthikanti-530b"].axes.grad_accumulation == "fused"
 
-    def run(how):
-        return pl.evaluate(p.model, p.cluster, p.global_batch, pl.Config(8, 35, 8, 1, 1, "full", 1), p2p="deepspeed",
-                           max_zero_pp=1, dp_overlap=False, grad_accumulation=how)
+    def run(zero=1, **how):  # the published layout at microbatch 1 with DeepSpeed's pipeline
+        return pl.evaluate(p.model, p.cluster, p.global_batch, pl.Config(8, 35, 8, 1, zero, "full", 1),
+                           p2p="deepspeed", dp_overlap=False, **how)
 
-    fused, cast = run("fused"), run("cast-add")
+    fused, cast = run(grad_accumulation="fused"), run(grad_accumulation="cast-add")
     per_mb = 529.6e9 / 280 * 18 / pub.A100["hbm_bandwidth"]  # each GPU's 1/(TP·PP) of the layers, roughly
     assert cast.time["grad_accumulation_s"] == pytest.approx(240 * per_mb, rel=0.01)
     assert fused.time["grad_accumulation_s"] == 0.0
@@ -564,13 +564,11 @@ def test_gradient_accumulation_outside_the_gemm():
     assert p.axes.zero1_reduction == "all-reduce"
     held, link = 529.6e9 / 280, (10e-6, 1 / 25e9)  # the GPU's parameters; DP 8 crosses nodes
     for how, reduce in (("all-reduce", ring_allreduce_time), ("reduce-scatter", ring_reduce_scatter_time)):
-        zero1 = pl.evaluate(p.model, p.cluster, p.global_batch, pl.Config(8, 35, 8, 1, 1, "full", 1),
-                            p2p="deepspeed", dp_overlap=False, zero1_reduction=how)
+        zero1 = run(zero1_reduction=how)
         assert zero1.time["dp_comm_exposed_s"] == pytest.approx(
             reduce(held * 4, 8, *link) + ring_allgather_time(held * 2, 8, *link), rel=0.01)
     # ZeRO-2 adds into the gradient shard the GPU keeps: an eighth on DP 8
-    sharded = pl.evaluate(p.model, p.cluster, p.global_batch, pl.Config(8, 35, 8, 1, 2, "full", 1), p2p="deepspeed",
-                          dp_overlap=False, grad_accumulation="cast-add")
+    sharded = run(zero=2, grad_accumulation="cast-add")
     assert sharded.time["grad_accumulation_s"] == pytest.approx(cast.time["grad_accumulation_s"] / 8)
 
 

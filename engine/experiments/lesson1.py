@@ -263,7 +263,8 @@ def allreduce_checks(ctx, sizes: list[int], iters: int | None = None) -> list[Ch
       wait for it).
 
     Together they add up to the measured ring (a second is on a core, waiting for one, or asleep);
-    what each is worth is the lesson.     ``detail``: α, β, the size, and, over these timings, the process's CPU time per wall second
+    what each is worth is the lesson. ``detail``: α, β, the size, and, over these timings, the process's
+    CPU time per wall second
     (``cpu_per_wall``, below 1: it waited — for its peers, the network, or a core) and its threads'
     wait for a core per wall second (``run_queue_share``, the slowest rank's)."""
     import torch

@@ -483,7 +483,7 @@ def grad_accumulation_seconds(params: float, how: str, grad_bytes: float, hbm_ba
     if how == "add":
         per_param, passes = PARAM_BYTES + 2 * grad_bytes, (microbatches - 1) / microbatches
     elif how == "cast-add":
-        per_param, passes = PARAM_BYTES + 4 * 4, 1.0
+        per_param, passes = PARAM_BYTES + 4 * GRAD_BUFFER_BYTES, 1.0  # the fp32 copy written and read, the buffer
     else:
         raise ValueError(f"grad_accumulation must be one of {', '.join(GRAD_ACCUMULATION)}, not {how!r}")
     return params * per_param * passes / hbm_bandwidth
@@ -537,10 +537,9 @@ def _dp_exposed(model: ModelSpec, cluster: Cluster, c: Config, m: int, compute_m
     zero = c.zero or 0
     if zero == 0:
         return max(0.0, ring_allreduce_time(grads, shard, alpha, beta) - backward_mb)
-    scatter = ring_reduce_scatter_time(grads, shard, alpha, beta)
+    reduce = ring_allreduce_time if zero == 1 and zero1_reduction == "all-reduce" else ring_reduce_scatter_time
+    scatter = reduce(grads, shard, alpha, beta)
     if zero == 1:
-        if zero1_reduction == "all-reduce":
-            scatter = ring_allreduce_time(grads, shard, alpha, beta)
         return max(0.0, scatter - backward_mb) + ring_allgather_time(params_gpu * PARAM_BYTES, shard, alpha, beta)
     if zero == 2:
         return (m * max(0.0, scatter - backward_mb)
