@@ -269,13 +269,19 @@ def analyse_failure(error_events: Sequence[Mapping[str, Any]], torchrun_lines: l
                                      f"within {int(m.group('ms')) / 1000:g} s (hung or too slow)", reporter)
     rank, code = _root_cause(torchrun_lines)
     # a rank killed by a signal reports nothing; its peers' errors (a closed connection) follow it,
-    # and torchrun may even name such a peer as the root cause (it saw its error file first)
+    # and torchrun may even name such a peer as the root cause (it saw its error file first).
+    # SIGTERM is how torchrun stops the survivors once a rank has failed, and its root cause ties on
+    # whole-second timestamps, so a SIGTERM'd rank is the culprit only when no rank reported an error.
     reported = {e.get("rank") for e in error_events}
-    silent = [(r, c) for r, c in _reported_failures(torchrun_lines) if c < 0 and r not in reported]
-    if silent and (rank is None or code is None or code >= 0 or rank in reported):
+
+    def killed_silently(r: int | None, c: int | None) -> bool:
+        return (r is not None and c is not None and c < 0 and r not in reported
+                and not (error_events and c == -signal.SIGTERM))
+
+    silent = [(r, c) for r, c in _reported_failures(torchrun_lines) if killed_silently(r, c)]
+    if silent and not killed_silently(rank, code):
         rank, code = silent[0]
-    killed_silently = rank is not None and code is not None and code < 0 and rank not in reported
-    if error_events and not killed_silently:
+    if error_events and not killed_silently(rank, code):
         first = min(error_events, key=lambda e: e.get("t", 0.0))
         return Failure(first.get("rank"), f"rank {first.get('rank')} failed: {first.get('error', '?')}",
                        first.get("rank"))

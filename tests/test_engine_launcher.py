@@ -105,6 +105,16 @@ def test_failure_analysis():
               "  exitcode  : 1 (pid: 42)"]
     f = L.analyse_failure([{"rank": 0, "t": 9.0, "error": "RuntimeError: Connection closed by peer"}], report, 1)
     assert f.rank == 1 and "SIGKILL" in f.message
+    # torchrun SIGTERMs the survivors and, its timestamps tying to the second, may name one of them
+    # the root cause: the rank that reported its error failed
+    stopped = ["Failures:", "[1]:", "  rank      : 1 (local_rank: 1)", "  exitcode  : 1 (pid: 43)",
+               "Root Cause (first observed failure):", "[0]:", "  rank      : 0 (local_rank: 0)",
+               "  exitcode  : -15 (pid: 42)"]
+    f = L.analyse_failure([{"rank": 1, "t": 9.0, "error": "RuntimeError: injected failure"}], stopped, 1)
+    assert f.rank == 1 and "injected failure" in f.message
+    # with no error from any rank, a SIGTERM'd rank is the one that was killed
+    f = L.analyse_failure([], stopped, 1)
+    assert f.rank == 0 and "SIGTERM" in f.message
     assert L.analyse_failure([], ["junk"], 3).message == "torchrun exited with code 3"
 
 
