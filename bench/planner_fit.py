@@ -102,6 +102,8 @@ def print_deepseek() -> None:
           f"backward {backward:.2f}x the forward")
     print(f"    DualPipe: bubble (PP/2-1)(F&B+B-3W) = {c.time['bubble_s']:.2f} s, two stages' states per GPU, "
           "all-to-all and PP sends hidden")
+    print(f"    AdamW's moments in {p.axes.moments} (report Sec. 3.3.3): optimizer states "
+          f"{c.memory['optimizer_bytes'] / 1e9:.2f} GB of {c.memory_bytes / 1e9:.1f} GB on the busiest GPU")
     print("  approximations: the backward's FP8 GEMMs at the forward's measured rate; the dense layers and the MTP "
           "module at the MoE layer's rates; full recomputation (the planner's activation count knows no FP8 "
           "caching), where DeepSeek recomputed only RMSNorm, MLA's up-projections and SwiGLU; the published figure "
@@ -119,7 +121,7 @@ def print_deepseek() -> None:
             ("that, the attention core at the bf16 runs' E", dataclasses.replace(roomy, attention_efficiency=None,
                                                                                attention_backward=2.0), True)):
         x = pl.evaluate(p.model, cluster, p.global_batch, pl.Config(1, 16, 128, 1, 1, "selective", 1, False, 1, 64),
-                        dualpipe=dual)
+                        dualpipe=dual, moments=p.axes.moments)
         print(f"  {name} (memory not checked): {x.mfu:.1%} ({x.mfu / published - 1:+.1%})")
     layer = pub.deepseek_layer_seconds()
     print(f"  a layer's forward + backward, one 4K sequence: the planner's average layer {layer['planner'] * 1e3:.1f} "

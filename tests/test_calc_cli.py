@@ -35,6 +35,22 @@ def test_memory_reproduces_zero_paper(capsys):
     assert isinstance(r["params_bytes"], int)
 
 
+def test_memory_bf16_moments(capsys):
+    """``--moments bf16``: Adam's K from 12 to 8 (the master copy stays fp32), only the optimizer term moves;
+    the head says so in the learner's language; an unknown precision is one line and exit 2."""
+    fp32 = calc_json(capsys, "memory", "--params", "7.5B", "--dp", "64", "--strategy", "zero1")
+    bf16 = calc_json(capsys, "memory", "--params", "7.5B", "--dp", "64", "--strategy", "zero1", "--moments", "bf16")
+    assert (fp32["k"], bf16["k"], bf16["moments"]) == (12, 8, "bf16")
+    assert bf16["optimizer_bytes"] == 8 * 7.5e9 / 64 and bf16["params_bytes"] == fp32["params_bytes"]
+    assert fp32["total_bytes"] - bf16["total_bytes"] == 4 * 7.5e9 / 64
+    code, out, _ = run(capsys, "calc", "memory", "--params", "7.5B", "--moments", "bf16")
+    assert code == 0 and "bf16 moments (K = 8)" in out.splitlines()[0]
+    code, out, _ = run(capsys, "calc", "memory", "--params", "7.5B", "--moments", "bf16", "--lang", "es")
+    assert code == 0 and "momentos bf16 (K = 8)" in out.splitlines()[0]
+    code, _, err = run(capsys, "calc", "memory", "--params", "7.5B", "--moments", "fp8")
+    assert code == 2 and "--moments" in err and len(err.strip().splitlines()) == 1
+
+
 def test_memory_with_activations_and_fit(capsys):
     args = ["memory", "--params", "175B", "--dp", "8", "--strategy", "zero3", "--tp", "8", "--layers", "96",
             "--hidden", "12288", "--seq", "2048", "--micro-batch", "1", "--heads", "96"]

@@ -333,6 +333,28 @@ def test_cli_grad_accumulation(capsys):
     assert code == 2 and "--grad-accumulation" in err and len(err.strip().splitlines()) == 1
 
 
+def test_cli_bf16_moments(capsys):
+    """``--moments bf16``: the optimizer term of every configuration at lesson 2's 8 bytes instead of 12, in
+    the JSON's inputs and in the text's memory line (en, es)."""
+    fixed = [*ISSUE_ARGS, "--tp", "8", "--pp", "8", "--microbatch", "1", "--max-chunks", "1", "--max-zero", "0",
+             "--recompute", "full", "--sp", "on"]
+    got = {}
+    for moments in ("fp32", "bf16"):
+        code, out, err = run(capsys, *fixed, "--moments", moments, "--json")
+        assert code == 0, err
+        r = _strict(out)
+        assert r["inputs"]["moments"] == moments
+        got[moments] = r["best"]["memory"]
+    assert got["bf16"]["optimizer_bytes"] == pytest.approx(got["fp32"]["optimizer_bytes"] * 8 / 12)
+    assert got["bf16"]["params_bytes"] == got["fp32"]["params_bytes"]
+    code, out, _ = run(capsys, *fixed, "--moments", "bf16", "--top", "1")
+    assert code == 0 and "(bf16 moments)" in out
+    code, out, _ = run(capsys, *fixed, "--moments", "bf16", "--top", "1", "--lang", "es")
+    assert code == 0 and "(momentos bf16)" in out
+    code, out, _ = run(capsys, *fixed, "--top", "1")
+    assert "bf16 moments" not in out
+
+
 @pytest.mark.parametrize("extra, words", [
     (["--tp", "3"], "does not divide the 512 GPUs"),
     (["--tp", "16"], "tp = 16 spans more than one node of 8 GPUs"),  # 8 KV heads replicated: the shape allows it
@@ -735,6 +757,14 @@ def test_the_optimizer_step_streams_the_states_the_memory_holds_at_hbm_bandwidth
     # SGD with momentum keeps the master copy and one moment: 8 bytes, the update's states shrink with them
     sgd = pl.evaluate(model, cluster, 64, pl.Config(1, 1, 8, 1, 0, "none", 1), optimizer="sgd")
     assert sgd.time["optimizer_s"] == pytest.approx(psi * (2 * 8 + 2 * 4 + 2) / cluster.hbm_bandwidth)
+    # BF16 moments (DeepSeek-V3): lesson 2's 8 bytes, held and streamed; nothing else moves
+    bf16 = pl.evaluate(model, cluster, 64, pl.Config(1, 1, 8, 1, 0, "none", 1), moments="bf16")
+    fp32 = pl.evaluate(model, cluster, 64, pl.Config(1, 1, 8, 1, 0, "none", 1))
+    assert bf16.memory["optimizer_bytes"] == pytest.approx(8 * psi)
+    assert bf16.time["optimizer_s"] == pytest.approx(psi * (2 * 8 + 2 * 4 + 2) / cluster.hbm_bandwidth)
+    assert fp32.memory["model_states_bytes"] - bf16.memory["model_states_bytes"] == pytest.approx(4 * psi)
+    assert fp32.step_time_s - bf16.step_time_s == pytest.approx(fp32.time["optimizer_s"] - bf16.time["optimizer_s"])
+    assert pub.DEEPSEEK_V3.axes.moments == "bf16" and pl.Axes().moments == "fp32"
 
 
 def test_cp_memory_holds_the_blocks_the_step_time_sends():

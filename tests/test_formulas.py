@@ -111,6 +111,31 @@ def test_bytes_per_param_assumptions():
     assert f2.bytes_per_param("sgd", "fp32")["optimizer"] == 4
     assert f2.bytes_per_param("sgd-nomomentum", "fp32")["optimizer"] == 0
     assert f2.bytes_per_param("adamw") == f2.bytes_per_param("adam")
+    # DeepSeek-V3's AdamW (Sec. 3.3.3): BF16 moments beside the fp32 master copy, 8 bytes
+    assert f2.bytes_per_param("adam", "mixed", "bf16") == {"params": 2, "grads": 2, "optimizer": 8}
+    assert f2.bytes_per_param("sgd", "mixed", "bf16")["optimizer"] == 6
+    with pytest.raises(ValueError, match="moment precision"):
+        f2.bytes_per_param("adam", "mixed", "fp8")
+
+
+@pytest.mark.parametrize("moments", sorted(f2.MOMENT_BYTES))
+def test_moment_bytes_are_what_torch_adamw_and_sgd_allocate(moments):
+    """PyTorch's optimizers keep each moment in the dtype of what they update: the bytes of the states
+    torch.optim.AdamW and SGD with momentum actually allocate, per element, against lesson 2's parts."""
+    import torch
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[moments]
+    for name, make in (("adam", lambda ps: torch.optim.AdamW(ps, lr=1e-3)),
+                       ("sgd", lambda ps: torch.optim.SGD(ps, lr=1e-3, momentum=0.9))):
+        p = torch.nn.Parameter(torch.randn(64, dtype=dtype))
+        opt = make([p])
+        p.grad = torch.randn_like(p)
+        opt.step()
+        state = {k: v for k, v in opt.state[p].items() if torch.is_tensor(v) and v.numel() == p.numel()}
+        held = {k: v.element_size() for k, v in state.items()}
+        parts = f2.optimizer_state_parts(name, "mixed", moments)
+        assert sum(held.values()) == parts["momentum"] + parts["variance"], (name, held)
+        assert held.get("exp_avg", held.get("momentum_buffer")) == parts["momentum"]
 
 
 def test_sharding_rounds_up_and_dp1_is_ddp():

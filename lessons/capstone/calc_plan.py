@@ -6,6 +6,7 @@ import math
 
 from .. import units
 from ..calculator import CalcError, Calculator, Option, labels
+from ..lesson2.formulas import MOMENT_BYTES
 from ..lesson5.formulas import ENGINE_NAMES, ENGINES
 from ..strings import TranslatedError
 from . import calibrated
@@ -47,7 +48,7 @@ def _axes(v: dict) -> pl.Axes:
                    microbatches=(v["microbatch"],) if v["microbatch"] else pl.MICROBATCHES,
                    zero=tuple(range(v["max_zero"] + 1)), max_zero_pp=min(v["max_zero_pp"], v["max_zero"]),
                    recompute=recompute, chunks=tuple(c for c in pl.CHUNKS if c <= v["max_chunks"]), sp=sp,
-                   engine=v["engine"], grad_accumulation=v["grad_accumulation"])
+                   engine=v["engine"], grad_accumulation=v["grad_accumulation"], moments=v["moments"])
 
 
 #: what the planner needs unless --calibrate predicts the capstone run (whose sizes have defaults)
@@ -110,16 +111,17 @@ def compute(v: dict) -> dict:
               "gemm_half_width": cluster.gemm_half_width, "flash_attention": cluster.flash_attention,
               "memory_util": cluster.memory_util, "tp_across_nodes": cluster.tp_across_nodes,
               "max_zero": v["max_zero"], "max_zero_pp": v["max_zero_pp"], "recompute": v["recompute"],
-              "sp": v["sp"], "engine": v["engine"], "grad_accumulation": v["grad_accumulation"], "top": v["top"]}
+              "sp": v["sp"], "engine": v["engine"], "grad_accumulation": v["grad_accumulation"], "moments": v["moments"],
+              "top": v["top"]}
     out = {"best": configs[0], "configs": configs, "rejected": rejected, "inputs": inputs}
     _finite(out)
     return out
 
 
-def _memory_line(m: dict, say, lang: str) -> str:
+def _memory_line(m: dict, say, lang: str, moments: str = "fp32") -> str:
     b = lambda n: units.format_bytes(n, lang=lang)  # noqa: E731
     return say("memory_terms", params=b(m["params_bytes"]), grads=b(m["grad_buffer_bytes"]),
-               optimizer=b(m["optimizer_bytes"]), activations=b(m["activations_bytes"]), logits=b(m["logits_bytes"]),
+               optimizer=b(m["optimizer_bytes"]), moments=say("moments_bf16") if moments == "bf16" else "", activations=b(m["activations_bytes"]), logits=b(m["logits_bytes"]),
                comm=b(m["comm_buffers_bytes"]), allocator=b(m["allocator_bytes"]))
 
 
@@ -172,7 +174,7 @@ def text(r: dict, lang: str = "en") -> list[str]:
                   optimizer=t(bt["optimizer_s"])),
               *([say("best_accumulation", seconds=t(bt["grad_accumulation_s"]), how=i["grad_accumulation"])]
                 if bt["grad_accumulation_s"] else []),
-              _memory_line(b["memory"], say, lang),
+              _memory_line(b["memory"], say, lang, i.get("moments", "fp32")),
               say("memory_total", memory=by(b["memory_bytes"]), usable=by(b["memory"]["usable_bytes"]))]
     if r["rejected"]:
         groups: dict[str, list[dict]] = {}
@@ -244,6 +246,7 @@ CALCULATOR = Calculator(
                default="8"),
         Option("--engine", "choice", default="megatron", choices=ENGINES),
         Option("--grad-accumulation", "choice", default="fused", choices=pl.GRAD_ACCUMULATION),
+        Option("--moments", "choice", default="fp32", choices=tuple(MOMENT_BYTES)),
         Option("--tp-across-nodes", "flag", default=False),
         Option("--top", "whole", default="10"),
         Option("--calibrate", "flag", default=False),

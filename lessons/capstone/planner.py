@@ -333,10 +333,10 @@ def cp_kv_block_bytes(model: ModelSpec, micro_batch: int, tp: int, cp: int) -> f
 
 
 def memory_terms(model: ModelSpec, cluster: Cluster, c: Config, stage: int, m: int, optimizer: str,
-                 dualpipe: bool = False) -> dict:
+                 dualpipe: bool = False, moments: str = "fp32") -> dict:
     """Every term of the busiest GPU's memory (bytes): {"params_bytes" (bf16, sharded over dp·cp by
     ZeRO-3), "grad_buffer_bytes" (fp32, sharded by ZeRO-2/3), "optimizer_bytes" (fp32 master copy and
-    Adam's moments, sharded by ZeRO-1/2/3: lesson 2), "activations_bytes" (lesson 2's Korthikanti count
+    Adam's moments, fp32 or ``moments`` "bf16", sharded by ZeRO-1/2/3: lesson 2), "activations_bytes" (lesson 2's Korthikanti count
     for the stage times lesson 5's microbatches in flight, plus what recomputation rebuilds for one layer:
     :func:`_rebuilt_layer_bytes`), "logits_bytes" (last stage: fp32 logits of its vocabulary shard),
     "optimizer_params" (the parameters whose update this GPU runs: those whose optimizer states it holds),
@@ -355,7 +355,7 @@ def memory_terms(model: ModelSpec, cluster: Cluster, c: Config, stage: int, m: i
     def sharded(x: float, level: int) -> float:
         return dense / (shard if zero >= level else 1) * x + expert / (expert_shard if zero >= level else 1) * x
 
-    optimizer_bytes = bytes_per_param(optimizer)["optimizer"]
+    optimizer_bytes = bytes_per_param(optimizer, moments=moments)["optimizer"]
     params = sharded(PARAM_BYTES, 3)
     grads = sharded(cluster.grad_bytes, 2)
     opt = sharded(optimizer_bytes, 1)
@@ -398,7 +398,7 @@ def memory_terms(model: ModelSpec, cluster: Cluster, c: Config, stage: int, m: i
 
 
 def optimizer_step_bytes(owned_params: float, optimizer: str, grad_bytes: float, precision: str = "mixed",
-                         clip: bool = True) -> float:
+                         clip: bool = True, moments: str = "fp32") -> float:
     """HBM bytes one GPU's optimizer step streams for the ``owned_params`` parameters it updates (all of
     its Ψ/(tp·pp) without ZeRO, its 1/(dp·cp) shard with ZeRO-1/2/3): a memory-bound pass, no FLOPs to speak
     of. The optimizer's states, lesson 2's :func:`~distai.lessons.lesson2.formulas.bytes_per_param` (the
@@ -408,8 +408,8 @@ def optimizer_step_bytes(owned_params: float, optimizer: str, grad_bytes: float,
     over the rank's main grads; the scaling pass runs only when the norm is clipped); the bf16 model copy
     written (``_copy_main_params_to_model_params``). fp16's copy of the gradients to fp32 and their
     unscaling are not counted. ``precision`` "fp32": no master copy, the parameters themselves read and
-    written; ``clip`` False: no clipping norm."""
-    per = bytes_per_param(optimizer, precision)
+    written; ``clip`` False: no clipping norm; ``moments`` "bf16": each moment read and written in 2 bytes."""
+    per = bytes_per_param(optimizer, precision, moments)
     weights = per["params"] * (1 if precision == "mixed" else 2)
     return owned_params * (2 * per["optimizer"] + (2 if clip else 1) * grad_bytes + weights)
 
@@ -593,11 +593,12 @@ def _refuse(c: Config, cluster: Cluster, model: ModelSpec, stage: int, m: int, m
 def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, optimizer: str = "adam",
              max_zero_pp: int = 3, p2p: str = "megatron", engine: str = "megatron",
              dp_overlap: bool | str = True, dualpipe: bool = False, grad_accumulation: str = "fused",
-             zero1_reduction: str = "reduce-scatter") -> Config:
+             zero1_reduction: str = "reduce-scatter", moments: str = "fp32") -> Config:
     """Fill in ``c``'s memory, time and MFU, or its ``reason`` when it is infeasible. ``dualpipe``: the
     pipeline runs DeepSeek's DualPipe (:func:`dualpipe_bubble`) instead of 1F1B; ``grad_accumulation``: how
     each microbatch's gradients reach the buffer (:data:`GRAD_ACCUMULATION`); ``zero1_reduction``: how ZeRO-1
-    reduces them (:func:`_dp_exposed`)."""
+    reduces them (:func:`_dp_exposed`); ``moments``: the optimizer moments' precision (lesson 2's
+    :data:`~distai.lessons.lesson2.formulas.MOMENT_BYTES`), in the memory and in the update's bytes alike."""
     tp, pp, dp, b, v = c.tp, c.pp, c.dp, c.microbatch, c.chunks
     if b is None or v is None or c.zero is None or c.recompute is None:
         raise ValueError(f"evaluate needs the microbatch, ZeRO stage, recomputation and chunks of {c}")
@@ -613,7 +614,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, o
         refused = _texts("dualpipe", pp=pp, m=m)
     if refused:
         return _reject(c, refused)
-    c.memory = memory_terms(model, cluster, c, stage, m, optimizer, dual)
+    c.memory = memory_terms(model, cluster, c, stage, m, optimizer, dual, moments)
     c.memory_bytes = max(c.memory["first_stage_bytes"], c.memory["last_stage_bytes"])
     if c.memory_bytes > c.memory["usable_bytes"]:
         need, usable = c.memory_bytes, c.memory["usable_bytes"]
@@ -661,7 +662,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, o
         pipeline = slot * step_time_units(pp, m, v)  # m + (p−1)/v; interleaved with m < p: p + (m−1)/v
     overlap = pp == 1 if dp_overlap == "no-pipeline" else bool(dp_overlap)
     dp_exposed = _dp_exposed(model, cluster, c, m, compute_mb, overlap, zero1_reduction)
-    update = optimizer_step_bytes(c.memory["optimizer_params"], optimizer, cluster.grad_bytes)
+    update = optimizer_step_bytes(c.memory["optimizer_params"], optimizer, cluster.grad_bytes, moments=moments)
     optimizer_s = update / cluster.hbm_bandwidth  # memory-bound, after the gradients are reduced
     c.step_time_s = pipeline + dp_exposed + optimizer_s
     c.time = {"compute_s": compute_mb * m, "grad_accumulation_s": accumulation_mb * m,  # the latter inside compute
@@ -733,6 +734,8 @@ class Axes:
     # its own ZeRO-1: the fp32 gradients all-reduced whole, ``buffered_allreduce_fallback``, before each rank
     # updates its shard and all-gathers the bf16 parameters)
     zero1_reduction: str = "reduce-scatter"
+    # the optimizer moments' precision, "fp32" or "bf16" (DeepSeek-V3's AdamW, Sec. 3.3.3; lesson 2's MOMENT_BYTES)
+    moments: str = "fp32"
 
 
 def _check_fixed(model: ModelSpec, n: int, global_batch: int, axes: Axes) -> None:
@@ -807,7 +810,8 @@ def plan(model: ModelSpec, cluster: Cluster, global_batch: int, optimizer: str =
                         for v in axes.chunks:
                             c = evaluate(model, cluster, global_batch, Config(t, p, d, b, z, r, v, sp, cp, e),
                                          optimizer, axes.max_zero_pp, axes.p2p, axes.engine, axes.dp_overlap,
-                                         axes.dualpipe, axes.grad_accumulation, axes.zero1_reduction)
+                                         axes.dualpipe, axes.grad_accumulation, axes.zero1_reduction,
+                                         axes.moments)
                             if not c.reason:
                                 feasible.append(c)
                             elif v == 1 or c.memory_bytes:  # a shape reason once, not once per chunk count

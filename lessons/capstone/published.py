@@ -134,9 +134,9 @@ Sources (A100-80GB: 312 TFLOP/s bf16 dense, HBM 2.039 TB/s; H100 SXM: 989 TFLOP/
   prints it; one layer takes 25.3 ms in the model against 29.5 ms of kernels on the profile's compute
   stream, the rest MoE token permutation, norms, RoPE and casts the byte count misses). The published
   figure is also an average over the whole pre-training (the batch ramp from 3,072, checkpoints), not one
-  step. AdamW's moments are counted as every run's, fp32 (lesson 2's 12 bytes a parameter with the master
-  copy, in the memory and in the optimizer step's bytes alike), where DeepSeek kept them in BF16 (Sec.
-  3.3.3: 8 bytes); the step's update, on the GPU's ZeRO-1 shard of two stages, is 7 ms of 17 s. The prediction is 16.8% high: a named miss.
+  step. AdamW's moments are in BF16 as DeepSeek kept them (Sec. 3.3.3; ``Axes.moments`` "bf16": lesson 2's 8
+  bytes a parameter with the fp32 master copy, in the memory and in the optimizer step's bytes alike). The
+  prediction is 16.7% high: a named miss.
 Pure Python.
 """
 from __future__ import annotations
@@ -401,7 +401,7 @@ DEEPSEEK_H800: Hardware = {**H800, "linear_flops": FP8_PEAK, "compute_share": 11
 DEEPSEEK_V3 = Published("deepseek-v3", DEEPSEEK_V3_MODEL, pl.Cluster(2048, 80e9, **DEEPSEEK_H800), 15360,
                         (1, 16, 128, 1, 64), "tokens", 1e12 / (180e3 * 3600),
                         _axes((1, 16, 128, 1, 64), tp=1, zero=(1,), max_zero_pp=1, sp=(False,),
-                              chunks=(1,), dualpipe=True),  # DualPipe: no interleaved chunks
+                              chunks=(1,), dualpipe=True, moments="bf16"),  # DualPipe: no interleaved chunks
                         source="DeepSeek-V3 technical report, Sec. 1 and 3.2 (approximations above)")
 # deepseek-ai/profile-data, train.json: the busy time of the compute stream (stream 7, kernels summed) over its
 # 4 MoE layers' forward and backward chunks, in µs (the Wgrad stream beside it not added)
@@ -420,7 +420,8 @@ def deepseek_own_recompute_error() -> float:
     planner's "selective" is the nearest) in place of full, the memory not checked."""
     p = DEEPSEEK_V3
     c = pl.evaluate(p.model, replace(p.cluster, gpu_memory=1e12), p.global_batch,
-                    pl.Config(1, 16, 128, 1, 1, "selective", 1, False, 1, 64), dualpipe=True)
+                    pl.Config(1, 16, 128, 1, 1, "selective", 1, False, 1, 64), dualpipe=True,
+                    moments=p.axes.moments)
     return c.mfu / published_mfu(p.name) - 1
 
 
@@ -584,6 +585,11 @@ def predicted_step_time(name: str) -> float:
 
 def best_step_time(name: str) -> float:
     return reproduce(name)["best"].step_time_s
+
+
+def predicted_memory(name: str) -> float:
+    """The busiest GPU's bytes in the published layout's best configuration (:func:`~.planner.memory_terms`)."""
+    return reproduce(name)["config"].memory_bytes
 
 
 def step_terms(name: str) -> dict:

@@ -18,11 +18,12 @@ def compute(v: dict) -> dict:
         raise CalcError("--sequence-parallel and --recompute need the shape (--layers --hidden --seq "
                         "--micro-batch --heads)")
     mem = f.memory_per_gpu(v["params"], v["dp"], v["strategy"], v["optimizer"], v["precision"], tp=v["tp"],
-                           sequence_parallel=v["sequence_parallel"], recompute=v["recompute"], **shape)
+                           sequence_parallel=v["sequence_parallel"], recompute=v["recompute"],
+                           moments=v["moments"], **shape)
     out = dict(mem)
     out.update({"params": v["params"], "dp": v["dp"], "tp": v["tp"], "strategy": v["strategy"],
-                "optimizer": v["optimizer"], "precision": v["precision"],
-                "k": f.optimizer_k(v["optimizer"], v["precision"])})
+                "optimizer": v["optimizer"], "precision": v["precision"], "moments": v["moments"],
+                "k": f.bytes_per_param(v["optimizer"], v["precision"], v["moments"])["optimizer"]})
     if v["gpu_memory"] is not None:
         out["gpu_memory_bytes"] = v["gpu_memory"]
         out["fits"] = mem["total_bytes"] <= v["gpu_memory"]
@@ -32,7 +33,8 @@ def compute(v: dict) -> dict:
 def text(r: dict, lang: str = "en") -> list[str]:
     t, say = r["tp"], labels("memory", lang)
     lines = [say("head", strategy=r["strategy"], params=units.format_count(r["params"], lang=lang), dp=r["dp"],
-                 tp=f", t = {t}" if t > 1 else "", optimizer=r["optimizer"], precision=r["precision"], k=r["k"])]
+                 tp=f", t = {t}" if t > 1 else "", optimizer=r["optimizer"], precision=r["precision"], k=r["k"],
+                 moments=say("moments_bf16") if r["moments"] == "bf16" else "")]
     rows = [(say("params"), bytes_text(r["params_bytes"], lang)), (say("grads"), bytes_text(r["grads_bytes"], lang)),
             (say("optimizer"), bytes_text(r["optimizer_bytes"], lang))]
     if r["activations_bytes"] is not None:
@@ -55,6 +57,7 @@ CALCULATOR = Calculator(
                default="adam", choices=f.OPTIMIZERS + ("adamw",)),
         Option("--precision", "choice", default="mixed",
                choices=f.PRECISIONS),
+        Option("--moments", "choice", default="fp32", choices=tuple(f.MOMENT_BYTES)),
         Option("--layers", "whole", default=None),
         Option("--hidden", "whole", default=None),
         Option("--seq", "whole", default=None),

@@ -21,6 +21,9 @@ from ..model_size import check_degrees
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp")
 OPTIMIZERS = ("adam", "sgd", "sgd-nomomentum")
 PRECISIONS = ("mixed", "fp32")
+# bytes of each optimizer moment (Adam's momentum and variance, SGD's momentum): fp32 by default (ZeRO Sec. 3.1);
+# DeepSeek-V3 kept AdamW's in BF16 (technical report, Sec. 3.3.3), the fp32 master copy beside them
+MOMENT_BYTES = {"fp32": 4, "bf16": 2}
 RECOMPUTE = ("none", "selective", "full")
 
 
@@ -60,7 +63,7 @@ def check_tp_degree(tp, *, hidden=None, heads=None, kv_heads=None, seq=None,
     return t
 
 
-def bytes_per_param(optimizer: str = "adam", precision: str = "mixed") -> dict[str, int]:
+def bytes_per_param(optimizer: str = "adam", precision: str = "mixed", moments: str = "fp32") -> dict[str, int]:
     """Bytes per parameter of each model state before sharding: {"params", "grads", "optimizer"}.
 
     precision="mixed" (ZeRO Sec. 3.1): fp16/bf16 parameters (2) and gradients (2); the optimizer keeps
@@ -70,32 +73,36 @@ def bytes_per_param(optimizer: str = "adam", precision: str = "mixed") -> dict[s
       - sgd-nomomentum: nothing → K = 4 (the master copy only).
     precision="fp32": parameters (4) and gradients (4) are already fp32, so there is no master copy:
       - adam: momentum + variance → 8; sgd (momentum) → 4; sgd-nomomentum → 0.
-    (AdamW has Adam's state; pass "adam".)
+    (AdamW has Adam's state; pass "adam".) ``moments`` "bf16" keeps each moment in 2 bytes
+    (:data:`MOMENT_BYTES`): mixed-precision Adam's K becomes 8, DeepSeek-V3's (Sec. 3.3.3).
     """
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
     opt = "adam" if optimizer == "adamw" else optimizer
     if opt not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
-    state = {"adam": 8, "sgd": 4, "sgd-nomomentum": 0}[opt]
+    if moments not in MOMENT_BYTES:
+        raise ValueError(f"unknown moment precision {moments!r}; choose one of {', '.join(MOMENT_BYTES)}")
+    state = {"adam": 2, "sgd": 1, "sgd-nomomentum": 0}[opt] * MOMENT_BYTES[moments]
     if precision == "mixed":
         return {"params": 2, "grads": 2, "optimizer": 4 + state}
     return {"params": 4, "grads": 4, "optimizer": state}
 
 
-def optimizer_state_parts(optimizer: str = "adam", precision: str = "mixed") -> dict[str, int]:
+def optimizer_state_parts(optimizer: str = "adam", precision: str = "mixed", moments: str = "fp32") -> dict[str, int]:
     """Where the optimizer's K bytes per parameter go (ZeRO Sec. 3.1): {"master", "momentum", "variance"}.
 
-    Mixed precision keeps an fp32 master copy of the parameters (4); Adam keeps fp32 momentum (4) and
-    variance (4), SGD with momentum only the momentum, plain SGD nothing. In fp32 there is no master
-    copy (the parameters are already fp32). The parts add up to :func:`optimizer_k`.
+    Mixed precision keeps an fp32 master copy of the parameters (4); Adam keeps momentum and variance
+    (4 each in fp32, 2 in ``moments`` "bf16"), SGD with momentum only the momentum, plain SGD nothing. In
+    fp32 there is no master copy (the parameters are already fp32). The parts add up to :func:`optimizer_k`.
     """
-    per = bytes_per_param(optimizer, precision)  # validates both arguments
+    per = bytes_per_param(optimizer, precision, moments)  # validates the arguments
     opt = "adam" if optimizer == "adamw" else optimizer
+    moment = MOMENT_BYTES[moments]
     parts = {
         "master": 4 if precision == "mixed" else 0,
-        "momentum": 4 if opt in ("adam", "sgd") else 0,
-        "variance": 4 if opt == "adam" else 0,
+        "momentum": moment if opt in ("adam", "sgd") else 0,
+        "variance": moment if opt == "adam" else 0,
     }
     assert sum(parts.values()) == per["optimizer"]
     return parts
@@ -111,14 +118,14 @@ def _sharded(elements: int, dp: int, sharded: bool) -> int:
 
 
 def model_state_bytes(params, dp: int = 1, strategy: str = "ddp", optimizer: str = "adam",
-                      precision: str = "mixed") -> dict[str, int]:
+                      precision: str = "mixed", moments: str = "fp32") -> dict[str, int]:
     """Model-state bytes held by one GPU (ZeRO, Rajbhandari et al. 2020, Fig. 1 and Sec. 5):
 
     - ddp:   (2 + 2 + K)·Ψ            — everything replicated;
     - zero1: 2Ψ + 2Ψ + K·Ψ/N          — P_os, optimizer states sharded;
     - zero2: 2Ψ + (2 + K)·Ψ/N         — P_os+g, gradients sharded too;
     - zero3 / fsdp: (2 + 2 + K)·Ψ/N   — P_os+g+p, parameters sharded too (FSDP FULL_SHARD).
-    (byte counts for mixed precision; see :func:`bytes_per_param` for fp32 and SGD.)
+    (byte counts for mixed precision; see :func:`bytes_per_param` for fp32, SGD and BF16 ``moments``.)
     Returns {"params_bytes", "grads_bytes", "optimizer_bytes", "total_bytes"}; a sharded state holds
     ⌈Ψ/N⌉ elements. Transient buffers (all-gathered layers, communication buckets) are not counted.
     """
@@ -126,7 +133,7 @@ def model_state_bytes(params, dp: int = 1, strategy: str = "ddp", optimizer: str
     n = _count(dp, "the data-parallel degree")
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
-    per = bytes_per_param(optimizer, precision)
+    per = bytes_per_param(optimizer, precision, moments)
     level = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3}[strategy]
     out = {
         "params_bytes": per["params"] * _sharded(psi, n, level >= 3),
@@ -233,7 +240,8 @@ def activation_bytes(layers: int, seq: int, micro_batch: int, hidden: int, heads
 def memory_per_gpu(params, dp: int = 1, strategy: str = "ddp", optimizer: str = "adam",
                    precision: str = "mixed", layers: int | None = None, hidden: int | None = None,
                    seq: int | None = None, micro_batch: int | None = None, heads: int | None = None,
-                   tp: int = 1, sequence_parallel: bool = False, recompute: str = "none") -> dict:
+                   tp: int = 1, sequence_parallel: bool = False, recompute: str = "none",
+                   moments: str = "fp32") -> dict:
     """Model states (:func:`model_state_bytes`) plus, when the shape is given, activations
     (:func:`activation_bytes`). With tensor parallelism of degree ``tp`` each GPU first holds ⌈Ψ/t⌉ of
     the parameters (Megatron splits every weight matrix and the embedding t ways; layer norms, in fact
@@ -243,7 +251,7 @@ def memory_per_gpu(params, dp: int = 1, strategy: str = "ddp", optimizer: str = 
     """
     psi = _count(params, "the number of parameters", math.inf)
     t = _count(tp, "the tensor-parallel degree")
-    out: dict = dict(model_state_bytes(-(-psi // t), dp, strategy, optimizer, precision))
+    out: dict = dict(model_state_bytes(-(-psi // t), dp, strategy, optimizer, precision, moments))
     if layers is not None and hidden is not None and seq is not None and micro_batch is not None \
             and heads is not None:
         act = activation_bytes(layers, seq, micro_batch, hidden, heads, tp, sequence_parallel, recompute)
