@@ -304,18 +304,29 @@ def test_cli_json_keys_and_text(capsys):
     assert code == 0 and "TP kept inside a node" in out and "Rejected" in out and "MFU" in out
 
 
+def _tp8_pp8(max_zero: int) -> list[str]:
+    """The issue's command with one configuration's degrees fixed: TP 8 × PP 8, 1F1B, full recomputation."""
+    return [*ISSUE_ARGS, "--tp", "8", "--pp", "8", "--microbatch", "1", "--max-chunks", "1", "--max-zero",
+            str(max_zero), "--recompute", "full", "--sp", "on"]
+
+
+def _best_for_each(capsys, fixed: list[str], option: str, values: tuple[str, ...]) -> dict:
+    """The best configuration of ``calc plan … --json`` for each value of ``option``, which the inputs echo."""
+    best = {}
+    for value in values:
+        code, out, err = run(capsys, *fixed, f"--{option.replace('_', '-')}", value, "--json")
+        assert code == 0, err
+        r = _strict(out)
+        assert r["inputs"][option] == value
+        best[value] = r["best"]
+    return best
+
+
 def test_cli_grad_accumulation(capsys):
     """``--grad-accumulation``: the framework's pass, in the JSON's inputs and time terms, a line of its own
     in the text (en, es), the step longer by the pass over the pipeline's slots; an unknown value refused."""
-    fixed = [*ISSUE_ARGS, "--tp", "8", "--pp", "8", "--microbatch", "1", "--max-chunks", "1", "--max-zero", "1",
-             "--recompute", "full", "--sp", "on"]
-    steps = {}
-    for how in ("fused", "cast-add"):
-        code, out, err = run(capsys, *fixed, "--grad-accumulation", how, "--json")
-        assert code == 0, err
-        r = _strict(out)
-        assert r["inputs"]["grad_accumulation"] == how
-        steps[how] = r["best"]
+    fixed = _tp8_pp8(max_zero=1)
+    steps = _best_for_each(capsys, fixed, "grad_accumulation", ("fused", "cast-add"))
     fused, cast = steps["fused"], steps["cast-add"]
     assert fused["time"]["grad_accumulation_s"] == 0 < cast["time"]["grad_accumulation_s"]
     m = cast["microbatches"]
@@ -336,15 +347,8 @@ def test_cli_grad_accumulation(capsys):
 def test_cli_bf16_moments(capsys):
     """``--moments bf16``: the optimizer term of every configuration at lesson 2's 8 bytes instead of 12, in
     the JSON's inputs and in the text's memory line (en, es)."""
-    fixed = [*ISSUE_ARGS, "--tp", "8", "--pp", "8", "--microbatch", "1", "--max-chunks", "1", "--max-zero", "0",
-             "--recompute", "full", "--sp", "on"]
-    got = {}
-    for moments in ("fp32", "bf16"):
-        code, out, err = run(capsys, *fixed, "--moments", moments, "--json")
-        assert code == 0, err
-        r = _strict(out)
-        assert r["inputs"]["moments"] == moments
-        got[moments] = r["best"]["memory"]
+    fixed = _tp8_pp8(max_zero=0)
+    got = {k: c["memory"] for k, c in _best_for_each(capsys, fixed, "moments", ("fp32", "bf16")).items()}
     assert got["bf16"]["optimizer_bytes"] == pytest.approx(got["fp32"]["optimizer_bytes"] * 8 / 12)
     assert got["bf16"]["params_bytes"] == got["fp32"]["params_bytes"]
     code, out, _ = run(capsys, *fixed, "--moments", "bf16", "--top", "1")
