@@ -118,10 +118,11 @@ def compute(v: dict) -> dict:
     return out
 
 
-def _memory_line(m: dict, say, lang: str, moments: str = "fp32") -> str:
+def _memory_line(m: dict, say, lang: str, moments: str) -> str:
     b = lambda n: units.format_bytes(n, lang=lang)  # noqa: E731
     return say("memory_terms", params=b(m["params_bytes"]), grads=b(m["grad_buffer_bytes"]),
-               optimizer=b(m["optimizer_bytes"]), moments=say("moments_bf16") if moments == "bf16" else "", activations=b(m["activations_bytes"]), logits=b(m["logits_bytes"]),
+               optimizer=b(m["optimizer_bytes"]), moments=say("moments_bf16") if moments == "bf16" else "",
+               activations=b(m["activations_bytes"]), logits=b(m["logits_bytes"]),
                comm=b(m["comm_buffers_bytes"]), allocator=b(m["allocator_bytes"]))
 
 
@@ -174,7 +175,7 @@ def text(r: dict, lang: str = "en") -> list[str]:
                   optimizer=t(bt["optimizer_s"])),
               *([say("best_accumulation", seconds=t(bt["grad_accumulation_s"]), how=i["grad_accumulation"])]
                 if bt["grad_accumulation_s"] else []),
-              _memory_line(b["memory"], say, lang, i.get("moments", "fp32")),
+              _memory_line(b["memory"], say, lang, i["moments"]),
               say("memory_total", memory=by(b["memory_bytes"]), usable=by(b["memory"]["usable_bytes"]))]
     if r["rejected"]:
         groups: dict[str, list[dict]] = {}

@@ -23,7 +23,7 @@ def compute(v: dict) -> dict:
     out = dict(mem)
     out.update({"params": v["params"], "dp": v["dp"], "tp": v["tp"], "strategy": v["strategy"],
                 "optimizer": v["optimizer"], "precision": v["precision"], "moments": v["moments"],
-                "k": f.bytes_per_param(v["optimizer"], v["precision"], v["moments"])["optimizer"]})
+                "k": f.optimizer_k(v["optimizer"], v["precision"], v["moments"])})
     if v["gpu_memory"] is not None:
         out["gpu_memory_bytes"] = v["gpu_memory"]
         out["fits"] = mem["total_bytes"] <= v["gpu_memory"]

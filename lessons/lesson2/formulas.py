@@ -108,9 +108,9 @@ def optimizer_state_parts(optimizer: str = "adam", precision: str = "mixed", mom
     return parts
 
 
-def optimizer_k(optimizer: str = "adam", precision: str = "mixed") -> int:
+def optimizer_k(optimizer: str = "adam", precision: str = "mixed", moments: str = "fp32") -> int:
     """ZeRO's K: optimizer-state bytes per parameter (12 for mixed-precision Adam, ZeRO Sec. 3.1)."""
-    return bytes_per_param(optimizer, precision)["optimizer"]
+    return bytes_per_param(optimizer, precision, moments)["optimizer"]
 
 
 def _sharded(elements: int, dp: int, sharded: bool) -> int:
