@@ -121,7 +121,7 @@ def print_deepseek() -> None:
             ("that, the attention core at the bf16 runs' E", dataclasses.replace(roomy, attention_efficiency=None,
                                                                                attention_backward=2.0), True)):
         x = pl.evaluate(p.model, cluster, p.global_batch, pl.Config(1, 16, 128, 1, 1, "selective", 1, False, 1, 64),
-                        dualpipe=dual, moments=p.axes.moments)
+                        axes=dataclasses.replace(p.axes, dualpipe=dual))
         print(f"  {name} (memory not checked): {x.mfu:.1%} ({x.mfu / published - 1:+.1%})")
     layer = pub.deepseek_layer_seconds()
     print(f"  a layer's forward + backward, one 4K sequence: the planner's average layer {layer['planner'] * 1e3:.1f} "

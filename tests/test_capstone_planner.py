@@ -197,7 +197,7 @@ def test_dualpipe_bubble_states_and_hidden_sends():
     p = pub.PUBLISHED["deepseek-v3"]
     config = pl.Config(1, 16, 128, 1, 1, "none", 1, False, 1, 64)
     roomy = dataclasses.replace(p.cluster, gpu_memory=1e12)
-    dual = pl.evaluate(p.model, roomy, p.global_batch, dataclasses.replace(config), dualpipe=True)
+    dual = pl.evaluate(p.model, roomy, p.global_batch, dataclasses.replace(config), axes=pl.Axes(dualpipe=True))
     plain = pl.evaluate(p.model, roomy, p.global_batch, dataclasses.replace(config))
     slot = dual.time["compute_s"] / dual.microbatches
     _, fwd = pl.layer_seconds(p.model, roomy, 1, "none")
@@ -206,10 +206,10 @@ def test_dualpipe_bubble_states_and_hidden_sends():
     assert dual.time["bubble_s"] < plain.time["bubble_s"] and dual.time["pp_comm_s"] == 0 < plain.time["pp_comm_s"]
     assert dual.memory["model_states_bytes"] == pytest.approx(2 * plain.memory["model_states_bytes"])
     assert dual.memory["microbatches_in_flight"] == 17
-    enough = pl.evaluate(p.model, roomy, 128 * 32, dataclasses.replace(config), dualpipe=True)
+    enough = pl.evaluate(p.model, roomy, 128 * 32, dataclasses.replace(config), axes=pl.Axes(dualpipe=True))
     assert enough.reason == "" and enough.microbatches == 32  # 2·pp
     for m in (30, 33):  # fewer than 2·pp; odd
-        refused = pl.evaluate(p.model, roomy, 128 * m, dataclasses.replace(config), dualpipe=True)
+        refused = pl.evaluate(p.model, roomy, 128 * m, dataclasses.replace(config), axes=pl.Axes(dualpipe=True))
         assert "DualPipe" in refused.reason and "DualPipe" in refused.reason_text["es"]
 
 
@@ -218,7 +218,8 @@ def test_megatron_runs_interleave_only_beyond_two_stages_and_reduce_after_the_pi
     r = pl.plan(p.model, p.cluster, p.global_batch, axes=p.axes)
     assert {c.chunks for c in r["configs"] if c.pp == 2} == {1}
     assert any(c.chunks > 1 for c in r["configs"] if c.pp > 2)
-    two = pl.evaluate(p.model, p.cluster, p.global_batch, pl.Config(8, 2, 32, 2, 0, "full", 2), engine="megatron")
+    two = pl.evaluate(p.model, p.cluster, p.global_batch, pl.Config(8, 2, 32, 2, 0, "full", 2),
+                      axes=pl.Axes(engine="megatron"))
     assert "more than 2 stages" in two.reason
     published = pub.reproduce("megatron-39.1b")["config"]
     assert published.time["dp_comm_exposed_s"] > 0  # all of the all-reduce: Megatron-LM does not overlap it
@@ -473,7 +474,8 @@ def test_pipeline_schedules_follow_the_frameworks_rule_and_lesson5s_step_with_fe
     cluster = pl.Cluster(512, 80e9)
 
     def config(engine, v, b=4):  # TP 8, PP 8, DP 8, 64 sequences per replica in microbatches of 4: m = 2 < p
-        return pl.evaluate(model, cluster, 64, pl.Config(8, 8, 8, b, 1, "full", v, True), engine=engine)
+        return pl.evaluate(model, cluster, 64, pl.Config(8, 8, 8, b, 1, "full", v, True),
+                           axes=pl.Axes(engine=engine))
 
     torch_v2 = config("torch", 2)
     assert not torch_v2.reason and torch_v2.microbatches == 2
@@ -504,7 +506,8 @@ def test_deepspeed_pipeline_partitions_over_tp_and_metaseq_distributes_checkpoin
     from distai.lessons.lesson1.formulas import ring_allgather_time
 
     p = pub.PUBLISHED["mt-nlg-530b-280"]
-    c = pl.evaluate(p.model, p.cluster, p.global_batch, pl.Config(8, 35, 8, 1, 1, "full", 1), p2p="deepspeed")
+    c = pl.evaluate(p.model, p.cluster, p.global_batch, pl.Config(8, 35, 8, 1, 1, "full", 1),
+                    axes=pl.Axes(p2p="deepspeed"))
     part = 2048 * 20480 * 2 / 8
     inter = 4 * (10e-6 + part / 25e9) + 4 * 10e-6
     gathers = 3 * ring_allgather_time(part * 8, 8, 5e-6, 1 / 300e9)
@@ -570,7 +573,7 @@ def test_gradient_accumulation_outside_the_gemm():
 
     def run(zero=1, **how):  # the published layout at microbatch 1 with DeepSpeed's pipeline
         return pl.evaluate(p.model, p.cluster, p.global_batch, pl.Config(8, 35, 8, 1, zero, "full", 1),
-                           p2p="deepspeed", dp_overlap=False, **how)
+                           axes=pl.Axes(p2p="deepspeed", dp_overlap=False, **how))
 
     fused, cast = run(grad_accumulation="fused"), run(grad_accumulation="cast-add")
     per_mb = 529.6e9 / 280 * 18 / pub.A100["hbm_bandwidth"]  # each GPU's 1/(TP·PP) of the layers, roughly
@@ -604,8 +607,8 @@ def test_megatron_2021_overlaps_the_gradient_all_reduce_only_without_a_pipeline(
     p = pub.PUBLISHED["megatron-18.4b"]
 
     def exposed(config, overlap):
-        return pl.evaluate(p.model, p.cluster, p.global_batch, config, max_zero_pp=0,
-                           dp_overlap=overlap).time["dp_comm_exposed_s"]
+        return pl.evaluate(p.model, p.cluster, p.global_batch, config,
+                           axes=pl.Axes(max_zero_pp=0, dp_overlap=overlap)).time["dp_comm_exposed_s"]
 
     flat, piped = pl.Config(8, 1, 32, 8, 0, "full", 1), pl.Config(2, 4, 32, 2, 0, "full", 5)
     assert exposed(flat, "no-pipeline") == exposed(flat, True) < exposed(flat, False)
@@ -762,7 +765,7 @@ def test_the_optimizer_step_streams_the_states_the_memory_holds_at_hbm_bandwidth
     sgd = pl.evaluate(model, cluster, 64, pl.Config(1, 1, 8, 1, 0, "none", 1), optimizer="sgd")
     assert sgd.time["optimizer_s"] == pytest.approx(psi * (2 * 8 + 2 * 4 + 2) / cluster.hbm_bandwidth)
     # BF16 moments (DeepSeek-V3): lesson 2's 8 bytes, held and streamed; nothing else moves
-    bf16 = pl.evaluate(model, cluster, 64, pl.Config(1, 1, 8, 1, 0, "none", 1), moments="bf16")
+    bf16 = pl.evaluate(model, cluster, 64, pl.Config(1, 1, 8, 1, 0, "none", 1), axes=pl.Axes(moments="bf16"))
     fp32 = pl.evaluate(model, cluster, 64, pl.Config(1, 1, 8, 1, 0, "none", 1))
     assert bf16.memory["optimizer_bytes"] == pytest.approx(8 * psi)
     assert bf16.time["optimizer_s"] == pytest.approx(psi * (2 * 8 + 2 * 4 + 2) / cluster.hbm_bandwidth)

@@ -590,106 +590,6 @@ def _refuse(c: Config, cluster: Cluster, model: ModelSpec, stage: int, m: int, m
     return {}
 
 
-def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, optimizer: str = "adam",
-             max_zero_pp: int = 3, p2p: str = "megatron", engine: str = "megatron",
-             dp_overlap: bool | str = True, dualpipe: bool = False, grad_accumulation: str = "fused",
-             zero1_reduction: str = "reduce-scatter", moments: str = "fp32") -> Config:
-    """Fill in ``c``'s memory, time and MFU, or its ``reason`` when it is infeasible. ``dualpipe``: the
-    pipeline runs DeepSeek's DualPipe (:func:`dualpipe_bubble`) instead of 1F1B; ``grad_accumulation``: how
-    each microbatch's gradients reach the buffer (:data:`GRAD_ACCUMULATION`); ``zero1_reduction``: how ZeRO-1
-    reduces them (:func:`_dp_exposed`); ``moments``: the optimizer moments' precision (lesson 2's
-    :data:`~distai.lessons.lesson2.formulas.MOMENT_BYTES`), in the memory and in the update's bytes alike."""
-    tp, pp, dp, b, v = c.tp, c.pp, c.dp, c.microbatch, c.chunks
-    if b is None or v is None or c.zero is None or c.recompute is None:
-        raise ValueError(f"evaluate needs the microbatch, ZeRO stage, recomputation and chunks of {c}")
-    try:
-        m = f.microbatches_per_replica(global_batch, dp, b)
-    except ValueError as exc:
-        return _reject(c, {lang: str(exc) for lang in LANGUAGES})
-    c.microbatches = m
-    stage = f.stage_layers(model.layers, pp)
-    refused = _refuse(c, cluster, model, stage, m, max_zero_pp, engine)
-    dual = dualpipe and pp > 1
-    if not refused and dual and (pp % 2 or m % 2 or m < 2 * pp):
-        refused = _texts("dualpipe", pp=pp, m=m)
-    if refused:
-        return _reject(c, refused)
-    c.memory = memory_terms(model, cluster, c, stage, m, optimizer, dual, moments)
-    c.memory_bytes = max(c.memory["first_stage_bytes"], c.memory["last_stage_bytes"])
-    if c.memory_bytes > c.memory["usable_bytes"]:
-        need, usable = c.memory_bytes, c.memory["usable_bytes"]
-        return _reject(c, _texts("memory", memory=lambda lang: units.format_bytes(need, lang=lang),
-                                 usable=lambda lang: units.format_bytes(usable, lang=lang)))
-
-    # one microbatch on one stage: compute + TP collectives + CP's K/V + PP sends
-    n, g, st = cluster.gpus, cluster.gpus_per_node, strides(c)
-    comp = _compute_per_microbatch(model, cluster, c, stage)
-    # into the gradients this GPU holds (ZeRO-2/3: its shard; DualPipe: two stages')
-    held_grads = c.memory["grad_buffer_bytes"] / cluster.grad_bytes
-    accumulation_mb = grad_accumulation_seconds(held_grads, grad_accumulation, cluster.grad_bytes,
-                                                cluster.hbm_bandwidth, m)
-    compute_mb = comp["compute_s"] + accumulation_mb  # on the compute stream, after each microbatch's backward
-    s_local = model.seq // c.cp
-    tp_mb = 0.0
-    if tp > 1:
-        a, beta = _link(cluster, _spans_nodes(1, tp, g))
-        per_layer = tp_comm_time_per_layer(model.hidden, s_local, b, tp, a, beta, sequence_parallel=c.sp)
-        tp_mb = stage * per_layer * (1.5 if c.recompute == "full" else 1.0)  # the recomputed forward talks again
-        if cluster.distributed_checkpoints and c.recompute == "full" and not c.sp:  # each layer's input gathered
-            tp_mb += stage * ring_allgather_time(s_local * b * model.hidden * 2, tp, a, beta)
-    cp_mb = 0.0
-    if c.cp > 1:  # Llama 3's all-gather of K and V (forward, recomputed forward) and reduce-scatter of their gradients
-        a, beta = _link(cluster, _spans_nodes(st["cp"], c.cp, g))
-        kv = c.cp * cp_kv_block_bytes(model, b, tp, c.cp)  # the whole sequence's K and V, one block per rank
-        cp_mb = stage * (2 * ring_allgather_time(kv, c.cp, a, beta) + ring_reduce_scatter_time(kv, c.cp, a, beta))
-    pp_mb = 0.0
-    if pp > 1:
-        a, beta = _link(cluster, _spans_nodes(st["pp"], pp, g))
-        if p2p == "deepspeed":
-            pp_mb = _deepspeed_p2p_per_microbatch(model, cluster, s_local, b, tp, a, beta)
-        else:
-            pp_mb = serial_messages_time(2 * v, f.pp_p2p_bytes_per_microbatch(s_local, b, model.hidden, tp), a, beta)
-    ep_mb = _expert_a2a_per_microbatch(model, cluster, c, stage)
-    if dual:  # DualPipe hides the all-to-all and the PP sends behind the paired chunk's compute (report, Fig. 4)
-        hidden = max(0.0, ep_mb + pp_mb - compute_mb)
-        ep_mb, pp_mb = hidden * ep_mb / (ep_mb + pp_mb or 1.0), hidden * pp_mb / (ep_mb + pp_mb or 1.0)
-    elif cluster.expert_a2a_overlap:  # hidden behind the compute, as far as the compute lasts
-        ep_mb = max(0.0, ep_mb - compute_mb)
-    slot = compute_mb + tp_mb + cp_mb + pp_mb + ep_mb
-    if dual:
-        pipeline = slot * m + dualpipe_bubble(pp, slot, comp["dualpipe_ratio"])
-    else:
-        pipeline = slot * step_time_units(pp, m, v)  # m + (p−1)/v; interleaved with m < p: p + (m−1)/v
-    overlap = pp == 1 if dp_overlap == "no-pipeline" else bool(dp_overlap)
-    dp_exposed = _dp_exposed(model, cluster, c, m, compute_mb, overlap, zero1_reduction)
-    update = optimizer_step_bytes(c.memory["optimizer_params"], optimizer, cluster.grad_bytes, moments=moments)
-    optimizer_s = update / cluster.hbm_bandwidth  # memory-bound, after the gradients are reduced
-    c.step_time_s = pipeline + dp_exposed + optimizer_s
-    c.time = {"compute_s": compute_mb * m, "grad_accumulation_s": accumulation_mb * m,  # the latter inside compute
-              "tp_comm_s": tp_mb * m, "cp_comm_s": cp_mb * m, "pp_comm_s": pp_mb * m, "ep_comm_s": ep_mb * m,
-              "bubble_s": pipeline - slot * m, "dp_comm_exposed_s": dp_exposed, "optimizer_s": optimizer_s,
-              "gemm_efficiency": comp["gemm_efficiency"],
-              "tp_over_nodes": _spans_nodes(1, tp, g), "cp_over_nodes": _spans_nodes(st["cp"], c.cp, g),
-              "pp_over_nodes": _spans_nodes(st["pp"], pp, g), "dp_over_nodes": _spans_nodes(st["dp"], dp, g)}
-    c.bubble_fraction = (pipeline - slot * m) / pipeline if dual else bubble_fraction(pp, m, v)
-    c.mfu = f.mfu(model_flops_per_step(model, global_batch), c.step_time_s, n, cluster.flops)
-    c.tokens_per_s = global_batch * model.seq / c.step_time_s
-    for key, value in (("step", c.step_time_s), ("mfu", c.mfu), ("memory", c.memory_bytes)):
-        if not math.isfinite(value):
-            raise PlanInputError.keyed("not_finite", value=value,
-                                       where=lambda lang, key=key: translated("calc", f"plan.columns.{key}", lang))
-    return c
-
-
-def model_flops_per_step(model: ModelSpec, global_batch: int) -> float:
-    """The model's FLOPs in one step of ``global_batch`` sequences (no recomputation; a mixture of
-    experts counts its active parameters): what MFU counts."""
-    return global_batch * model.seq * f.model_flops_per_token(model.active_params, model.layers, model.hidden,
-                                                              model.seq, model.attention_width)
-
-
-# ------------------------------------------------------------------------------ the search
-
 @dataclass(frozen=True)
 class Axes:
     """What the search may try, narrowed to what a framework offers (Megatron-LM in 2021: no ZeRO, no
@@ -737,6 +637,103 @@ class Axes:
     # the optimizer moments' precision, "fp32" or "bf16" (DeepSeek-V3's AdamW, Sec. 3.3.3; lesson 2's MOMENT_BYTES)
     moments: str = "fp32"
 
+
+def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, optimizer: str = "adam",
+             axes: Axes = Axes()) -> Config:
+    """Fill in ``c``'s memory, time and MFU, or its ``reason`` when it is infeasible, as ``axes``' framework
+    runs it (its ZeRO with a pipeline, pipeline sends and schedules, DP overlap, DualPipe, gradient
+    accumulation, ZeRO-1 reduction and optimizer moments; the degrees and the search's choices in ``axes``
+    are not read: ``c`` fixes them)."""
+    tp, pp, dp, b, v = c.tp, c.pp, c.dp, c.microbatch, c.chunks
+    if b is None or v is None or c.zero is None or c.recompute is None:
+        raise ValueError(f"evaluate needs the microbatch, ZeRO stage, recomputation and chunks of {c}")
+    try:
+        m = f.microbatches_per_replica(global_batch, dp, b)
+    except ValueError as exc:
+        return _reject(c, {lang: str(exc) for lang in LANGUAGES})
+    c.microbatches = m
+    stage = f.stage_layers(model.layers, pp)
+    refused = _refuse(c, cluster, model, stage, m, axes.max_zero_pp, axes.engine)
+    dual = axes.dualpipe and pp > 1
+    if not refused and dual and (pp % 2 or m % 2 or m < 2 * pp):
+        refused = _texts("dualpipe", pp=pp, m=m)
+    if refused:
+        return _reject(c, refused)
+    c.memory = memory_terms(model, cluster, c, stage, m, optimizer, dual, axes.moments)
+    c.memory_bytes = max(c.memory["first_stage_bytes"], c.memory["last_stage_bytes"])
+    if c.memory_bytes > c.memory["usable_bytes"]:
+        need, usable = c.memory_bytes, c.memory["usable_bytes"]
+        return _reject(c, _texts("memory", memory=lambda lang: units.format_bytes(need, lang=lang),
+                                 usable=lambda lang: units.format_bytes(usable, lang=lang)))
+
+    # one microbatch on one stage: compute + TP collectives + CP's K/V + PP sends
+    n, g, st = cluster.gpus, cluster.gpus_per_node, strides(c)
+    comp = _compute_per_microbatch(model, cluster, c, stage)
+    # into the gradients this GPU holds (ZeRO-2/3: its shard; DualPipe: two stages')
+    held_grads = c.memory["grad_buffer_bytes"] / cluster.grad_bytes
+    accumulation_mb = grad_accumulation_seconds(held_grads, axes.grad_accumulation, cluster.grad_bytes,
+                                                cluster.hbm_bandwidth, m)
+    compute_mb = comp["compute_s"] + accumulation_mb  # on the compute stream, after each microbatch's backward
+    s_local = model.seq // c.cp
+    tp_mb = 0.0
+    if tp > 1:
+        a, beta = _link(cluster, _spans_nodes(1, tp, g))
+        per_layer = tp_comm_time_per_layer(model.hidden, s_local, b, tp, a, beta, sequence_parallel=c.sp)
+        tp_mb = stage * per_layer * (1.5 if c.recompute == "full" else 1.0)  # the recomputed forward talks again
+        if cluster.distributed_checkpoints and c.recompute == "full" and not c.sp:  # each layer's input gathered
+            tp_mb += stage * ring_allgather_time(s_local * b * model.hidden * 2, tp, a, beta)
+    cp_mb = 0.0
+    if c.cp > 1:  # Llama 3's all-gather of K and V (forward, recomputed forward) and reduce-scatter of their gradients
+        a, beta = _link(cluster, _spans_nodes(st["cp"], c.cp, g))
+        kv = c.cp * cp_kv_block_bytes(model, b, tp, c.cp)  # the whole sequence's K and V, one block per rank
+        cp_mb = stage * (2 * ring_allgather_time(kv, c.cp, a, beta) + ring_reduce_scatter_time(kv, c.cp, a, beta))
+    pp_mb = 0.0
+    if pp > 1:
+        a, beta = _link(cluster, _spans_nodes(st["pp"], pp, g))
+        if axes.p2p == "deepspeed":
+            pp_mb = _deepspeed_p2p_per_microbatch(model, cluster, s_local, b, tp, a, beta)
+        else:
+            pp_mb = serial_messages_time(2 * v, f.pp_p2p_bytes_per_microbatch(s_local, b, model.hidden, tp), a, beta)
+    ep_mb = _expert_a2a_per_microbatch(model, cluster, c, stage)
+    if dual:  # DualPipe hides the all-to-all and the PP sends behind the paired chunk's compute (report, Fig. 4)
+        hidden = max(0.0, ep_mb + pp_mb - compute_mb)
+        ep_mb, pp_mb = hidden * ep_mb / (ep_mb + pp_mb or 1.0), hidden * pp_mb / (ep_mb + pp_mb or 1.0)
+    elif cluster.expert_a2a_overlap:  # hidden behind the compute, as far as the compute lasts
+        ep_mb = max(0.0, ep_mb - compute_mb)
+    slot = compute_mb + tp_mb + cp_mb + pp_mb + ep_mb
+    if dual:
+        pipeline = slot * m + dualpipe_bubble(pp, slot, comp["dualpipe_ratio"])
+    else:
+        pipeline = slot * step_time_units(pp, m, v)  # m + (p−1)/v; interleaved with m < p: p + (m−1)/v
+    overlap = pp == 1 if axes.dp_overlap == "no-pipeline" else bool(axes.dp_overlap)
+    dp_exposed = _dp_exposed(model, cluster, c, m, compute_mb, overlap, axes.zero1_reduction)
+    update = optimizer_step_bytes(c.memory["optimizer_params"], optimizer, cluster.grad_bytes, moments=axes.moments)
+    optimizer_s = update / cluster.hbm_bandwidth  # memory-bound, after the gradients are reduced
+    c.step_time_s = pipeline + dp_exposed + optimizer_s
+    c.time = {"compute_s": compute_mb * m, "grad_accumulation_s": accumulation_mb * m,  # the latter inside compute
+              "tp_comm_s": tp_mb * m, "cp_comm_s": cp_mb * m, "pp_comm_s": pp_mb * m, "ep_comm_s": ep_mb * m,
+              "bubble_s": pipeline - slot * m, "dp_comm_exposed_s": dp_exposed, "optimizer_s": optimizer_s,
+              "gemm_efficiency": comp["gemm_efficiency"],
+              "tp_over_nodes": _spans_nodes(1, tp, g), "cp_over_nodes": _spans_nodes(st["cp"], c.cp, g),
+              "pp_over_nodes": _spans_nodes(st["pp"], pp, g), "dp_over_nodes": _spans_nodes(st["dp"], dp, g)}
+    c.bubble_fraction = (pipeline - slot * m) / pipeline if dual else bubble_fraction(pp, m, v)
+    c.mfu = f.mfu(model_flops_per_step(model, global_batch), c.step_time_s, n, cluster.flops)
+    c.tokens_per_s = global_batch * model.seq / c.step_time_s
+    for key, value in (("step", c.step_time_s), ("mfu", c.mfu), ("memory", c.memory_bytes)):
+        if not math.isfinite(value):
+            raise PlanInputError.keyed("not_finite", value=value,
+                                       where=lambda lang, key=key: translated("calc", f"plan.columns.{key}", lang))
+    return c
+
+
+def model_flops_per_step(model: ModelSpec, global_batch: int) -> float:
+    """The model's FLOPs in one step of ``global_batch`` sequences (no recomputation; a mixture of
+    experts counts its active parameters): what MFU counts."""
+    return global_batch * model.seq * f.model_flops_per_token(model.active_params, model.layers, model.hidden,
+                                                              model.seq, model.attention_width)
+
+
+# ------------------------------------------------------------------------------ the search
 
 def _check_fixed(model: ModelSpec, n: int, global_batch: int, axes: Axes) -> None:
     """:class:`PlanInputError` (or ShapeError) when a fixed degree cannot be right whatever the others are."""
@@ -809,9 +806,7 @@ def plan(model: ModelSpec, cluster: Cluster, global_batch: int, optimizer: str =
                     for r in axes.recompute:
                         for v in axes.chunks:
                             c = evaluate(model, cluster, global_batch, Config(t, p, d, b, z, r, v, sp, cp, e),
-                                         optimizer, axes.max_zero_pp, axes.p2p, axes.engine, axes.dp_overlap,
-                                         axes.dualpipe, axes.grad_accumulation, axes.zero1_reduction,
-                                         axes.moments)
+                                         optimizer, axes)
                             if not c.reason:
                                 feasible.append(c)
                             elif v == 1 or c.memory_bytes:  # a shape reason once, not once per chunk count

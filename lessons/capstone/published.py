@@ -420,8 +420,7 @@ def deepseek_own_recompute_error() -> float:
     planner's "selective" is the nearest) in place of full, the memory not checked."""
     p = DEEPSEEK_V3
     c = pl.evaluate(p.model, replace(p.cluster, gpu_memory=1e12), p.global_batch,
-                    pl.Config(1, 16, 128, 1, 1, "selective", 1, False, 1, 64), dualpipe=True,
-                    moments=p.axes.moments)
+                    pl.Config(1, 16, 128, 1, 1, "selective", 1, False, 1, 64), axes=p.axes)
     return c.mfu / published_mfu(p.name) - 1
 
 
