@@ -41,23 +41,49 @@ def main() -> None:
     for which in ("fitted", "held out"):
         print(f"worst |error|, {which}: {pub.worst_error(which):.1%} in MFU, "
               f"{pub.worst_error(which, 'step_error'):.1%} in step time")
-    print_figure_13()
+    print_sweeps()
+    print_nic_per_rank()
     print_megatron_ranks()
     print_grad_accumulation()
     print_deepseek()
 
 
-def print_figure_13() -> None:
-    """Narayanan 2021, Fig. 13: the planner's order of the TP × PP splits of 64 A100s (held out, a ranking)."""
-    for batch in pub.FIGURE_13_BATCHES:
-        order = ", ".join(f"TP {tp} PP {pp}" for tp, pp in pub.figure_13_ranking(batch))
-        print(f"Fig. 13 (162.2B, 64 A100s, batch {batch}), fastest first: {order} "
-              f"(the paper's fastest: TP {pub.FIGURE_13_BEST[0]} PP {pub.FIGURE_13_BEST[1]})")
+def print_sweeps() -> None:
+    """Narayanan 2021, Figs. 13-15: the planner's order of the splits of 64 A100s (held out, rankings), with
+    the planner's one NIC a data-parallel ring and with the NICs of its ranks on a node."""
+    for key, sweep in pub.SWEEPS.items():
+        stated = ", ".join(_split(s) for s in sweep.papers_order)
+        print(f"{sweep.name} (64 A100s), the paper's fastest first: {stated}")
+        for batch in sweep.batches:
+            for nics in ("one", "per-rank"):
+                order = ", ".join(_split(s) for s in pub.sweep_ranking(key, batch, dp_ring_nics=nics))
+                same = "= paper" if pub.sweep_agrees(key, batch, nics) else "MISS"
+                print(f"  batch {batch:3d}, DP ring NICs {nics:8s} {same:7s}: {order}")
+
+
+def _split(split: tuple[int, int]) -> str:
+    return f"TP {split[0]} PP {split[1]}"
+
+
+def print_nic_per_rank() -> None:
+    """The what-if the sweeps argue for, on the published runs: every data-parallel ring with the NICs of its
+    ranks on a node, at today's constants and refitted."""
+    fit = pub.what_if_refit("nic-per-rank")
+    print(f"with a NIC per rank in every data-parallel ring: refitted A100 E = {fit['a100']:.2f}, H100 E = "
+          f"{fit['h100']:.2f}, w½ = {fit['half_width']:g} (A100 loss {fit['loss']:.4f}; today's "
+          f"{pub.fit_gpu_model()['loss']:.4f})")
+    for name in pub.PUBLISHED:
+        now, refit = pub.what_if_run("nic-per-rank", name), pub.what_if_run("nic-per-rank", name, True)
+        if (now["layout_rank"], refit["layout_rank"]) != (pub.layout_rank(name),) * 2 or refit["layout_rank"] > 5:
+            print(f"  {name:18s} rank {pub.layout_rank(name)} -> {now['layout_rank']}, refitted {refit['layout_rank']} "
+                  f"(best {refit['best'].layout[:3]}); error {refit['error']:+.1%} refitted")
+    worst = max(abs(pub.what_if_run("nic-per-rank", n, True)["error"]) for n in pub.PUBLISHED if n not in pub.FIT)
+    print(f"  worst held-out error refitted: {worst:.1%} in MFU")
 
 
 def print_megatron_ranks() -> None:
     """Megatron-LM's 18.4B and 39.1B, whose TP 8 ranks low: what was checked (published.py's account)."""
-    fit = pub.torch_ddp_refit()
+    fit = pub.what_if_refit("torch-ddp")
     print("Megatron-LM 18.4B and 39.1B (TP 8 ranked low; published.megatron_rank_account):")
     for name in ("megatron-18.4b", "megatron-39.1b"):
         a, r = pub.megatron_rank_account(name), pub.reproduce(name)
@@ -66,7 +92,7 @@ def print_megatron_ranks() -> None:
               f"pipeline sends {a['best_pp_comm_s']:.3f} s, their TP all-gathers (not counted) {a['gathers_s']:.3f} s; "
               f"TP 8's all-reduces {a['tp_comm_s']:.2f} s")
     for name in ("megatron-1.7b", "megatron-18.4b", "megatron-39.1b", "korthikanti-530b", "korthikanti-1t"):
-        now, refit = pub.torch_ddp_run(name), pub.torch_ddp_run(name, True)
+        now, refit = pub.what_if_run("torch-ddp", name), pub.what_if_run("torch-ddp", name, True)
         print(f"  with PyTorch's DDP on the pp = 1 runs (run_table_1.sh), {name}: rank {now['layout_rank']} "
               f"({now['slower']:+.1%}), error {now['error']:+.1%}; refitted (A100 E = {fit['a100']:.2f}, "
               f"w½ = {fit['half_width']:g}): rank {refit['layout_rank']} ({refit['slower']:+.1%}), "

@@ -39,7 +39,7 @@ def run(capsys, *argv):
 # Megatron-LM's 18.4B and 39.1B: TP 8 ranks 7th and 8th, its step 12.9% and 13.2% longer than the best
 # (TP 2 or 4 with an interleaved pipeline of 4 stages: TP 8's all-reduces, 1.2 and 1.6 s a step, and its
 # replicated elementwise kernels, Megatron-LM having no sequence parallelism then). Checked against Megatron-LM's
-# code of 2021 and examples/sc21 (published.megatron_rank_account, torch_ddp_run): the pipeline's blocking sends
+# code of 2021 and examples/sc21 (published.megatron_rank_account, what_if_run): the pipeline's blocking sends
 # are counted (0.16 s of the 18.4B best's 8.26 s step, against a 1.06 s gap); the TP all-gathers of what a stage
 # receives (0.014 s) are not; PyTorch's DDP on the pp = 1 runs, as NVIDIA ran them, is left out: refitted
 # (E 0.63, w½ 0: no shape left in the GPU model) it ranks them 4th and 7th.
@@ -613,7 +613,7 @@ def test_megatron_2021_overlaps_the_gradient_all_reduce_only_without_a_pipeline(
     flat, piped = pl.Config(8, 1, 32, 8, 0, "full", 1), pl.Config(2, 4, 32, 2, 0, "full", 5)
     assert exposed(flat, "no-pipeline") == exposed(flat, True) < exposed(flat, False)
     assert exposed(piped, "no-pipeline") == exposed(piped, False) > exposed(piped, True)
-    assert pub.torch_ddp_run("megatron-18.4b")["config"].step_time_s < pub.reproduce("megatron-18.4b")["config"].step_time_s
+    assert pub.what_if_run("torch-ddp", "megatron-18.4b")["config"].step_time_s < pub.reproduce("megatron-18.4b")["config"].step_time_s
 
 
 def test_the_layer_being_backpropagated_holds_what_recomputation_rebuilds():
@@ -795,3 +795,38 @@ def test_cp_memory_holds_the_blocks_the_step_time_sends():
     assert c.time["cp_comm_s"] == pytest.approx(c.microbatches * 24 * per_layer)
     # TP beyond the KV heads replicates them: a rank still holds (and sends) whole heads
     assert pl.cp_kv_block_bytes(model, 1, 8, 4) == pl.cp_kv_block_bytes(model, 1, 4, 4) == block / 4
+
+
+def test_fsdp_gathers_and_reduces_one_layer_at_a_time():
+    """ZeRO-3 (FSDP, each block its own unit) all-gathers every layer's weights for the forward and the
+    backward and reduce-scatters its gradients: the whole stage's bytes, but a ring's (n − 1) latencies per
+    layer and collective, so on a thousand ranks the latency is the layers' count times larger."""
+    p = pub.PUBLISHED["llama3-405b-8k"]
+
+    def exposed(inter_alpha):  # a slow network, so that the gathers outlast the compute
+        cluster = pl.Cluster(1024, 1e12, inter_bandwidth=1e9, inter_alpha=inter_alpha)
+        return pl.evaluate(p.model, cluster, 256, pl.Config(8, 1, 128, 1, 3, "full", 1),
+                           axes=pl.Axes(max_zero_pp=3)).time["dp_comm_exposed_s"]
+
+    layers, ranks, microbatches = p.model.layers, 128, 2
+    assert exposed(0.0) > 0
+    assert exposed(1e-4) - exposed(0.0) == pytest.approx(microbatches * layers * 3 * (ranks - 1) * 1e-4)
+
+
+def test_a_data_parallel_ring_with_a_nic_per_rank():
+    """Cluster.dp_ring_nics "per-rank": a ring with k ranks on each node runs at k NICs' bandwidth (NCCL's
+    channel per NIC), at most NVLink's; "one" (the planner's model) at one NIC's whatever k. Megatron-LM
+    2021 hides none of the all-reduce behind a pipeline, so the exposed time is the ring's."""
+    p = pub.PUBLISHED["megatron-18.4b"]
+    no_latency = dataclasses.replace(p.cluster, inter_alpha=0.0)
+    for tp, pp, on_node in ((2, 4, 4), (8, 1, 1), (1, 8, 8)):
+        exposed = {nics: pl.evaluate(p.model, dataclasses.replace(no_latency, dp_ring_nics=nics), p.global_batch,
+                                     pl.Config(tp, pp, 32, 1, 0, "full", 1),
+                                     axes=dataclasses.replace(p.axes, dp_overlap=False)).time["dp_comm_exposed_s"]
+                   for nics in ("one", "per-rank")}
+        assert exposed["one"] > 0
+        assert exposed["per-rank"] == pytest.approx(exposed["one"] / on_node)
+    wide = dataclasses.replace(no_latency, intra_bandwidth=100e9, dp_ring_nics="per-rank")  # NVLink the bound
+    capped = pl.evaluate(p.model, wide, p.global_batch, pl.Config(1, 8, 32, 1, 0, "full", 1),
+                         axes=dataclasses.replace(p.axes, dp_overlap=False)).time["dp_comm_exposed_s"]
+    assert capped == pytest.approx(exposed["one"] / 4)

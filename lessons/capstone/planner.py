@@ -144,6 +144,11 @@ class Cluster:
     # checkpoint wrapper calls split_tensor_into_1d_equal_chunks in the forward, gather_split_1d_tensor in the
     # backward)
     distributed_checkpoints: bool = False
+    # what a data-parallel ring that crosses nodes gets of the network: "one" NIC's inter_bandwidth, however many
+    # of its ranks a node holds (the planner's model, fitted so); "per-rank": the k NICs of its k ranks on a
+    # node (NCCL builds a channel per NIC, so a ring with 8 ranks a node runs at up to 8 NICs' bandwidth), up
+    # to NVLink's. A what-if that Narayanan et al. 2021's Figs. 14-15 argue for (published.figure_ranking)
+    dp_ring_nics: str = "one"
 
 
 @dataclass
@@ -199,6 +204,19 @@ def _link(cluster: Cluster, across: bool) -> tuple[float, float]:
     if across:
         return cluster.inter_alpha, 1 / cluster.inter_bandwidth
     return cluster.alpha, 1 / cluster.intra_bandwidth
+
+
+def _dp_link(cluster: Cluster, c: Config) -> tuple[float, float]:
+    """(α, β) of the data-parallel group (dp·cp ranks, t apart): :func:`_link`, and with
+    ``cluster.dp_ring_nics`` "per-rank" a ring across nodes at the bandwidth of the NICs of its ranks on a
+    node, at most NVLink's."""
+    g, shard = cluster.gpus_per_node, c.dp * c.cp
+    across = _spans_nodes(c.tp, shard, g)
+    alpha, beta = _link(cluster, across)
+    if across and cluster.dp_ring_nics == "per-rank":
+        on_node = max(1, min(shard, g // c.tp))  # the group's ranks on one node
+        beta = 1 / min(on_node * cluster.inter_bandwidth, cluster.intra_bandwidth)
+    return alpha, beta
 
 
 def strides(c: Config) -> dict[str, int]:
@@ -517,19 +535,18 @@ def _expert_a2a_per_microbatch(model: ModelSpec, cluster: Cluster, c: Config, st
     return moe * tokens * per_token / (cluster.inter_bandwidth if across else cluster.intra_bandwidth)
 
 
-def _dp_exposed(model: ModelSpec, cluster: Cluster, c: Config, m: int, compute_mb: float,
+def _dp_exposed(model: ModelSpec, cluster: Cluster, c: Config, m: int, stage: int, compute_mb: float,
                 overlap: bool = True, zero1_reduction: str = "reduce-scatter") -> float:
     """The data-parallel reduction (over dp·cp ranks) that the backward does not hide: ZeRO-0 an
     all-reduce behind the last backward; ZeRO-1 a reduce-scatter behind it (``zero1_reduction``
     "all-reduce": every rank gets all the gradients, DeepSpeed's BF16_Optimizer) and the all-gather of the
     updated bf16 parameters; ZeRO-2 a reduce-scatter behind every microbatch's backward (gradients sharded
-    as they are made); ZeRO-3 also all-gathers the parameters for each microbatch's forward and backward."""
+    as they are made); ZeRO-3 also all-gathers the parameters for each microbatch's forward and backward,
+    one layer at a time."""
     shard = c.dp * c.cp
     if shard == 1:
         return 0.0
-    g = cluster.gpus_per_node
-    across = _spans_nodes(c.tp, shard, g)
-    alpha, beta = _link(cluster, across)
+    alpha, beta = _dp_link(cluster, c)
     dense, expert = _params_per_gpu(model, c)
     params_gpu = dense + expert
     grads = params_gpu * cluster.grad_bytes
@@ -544,8 +561,12 @@ def _dp_exposed(model: ModelSpec, cluster: Cluster, c: Config, m: int, compute_m
     if zero == 2:
         return (m * max(0.0, scatter - backward_mb)
                 + ring_allgather_time(params_gpu * PARAM_BYTES, shard, alpha, beta))
-    per_mb = 2 * ring_allgather_time(params_gpu * PARAM_BYTES, shard, alpha, beta) + scatter
-    return m * max(0.0, per_mb - compute_mb)
+    # one all-gather (forward, backward) and one reduce-scatter per layer, each layer its own unit (FSDP's
+    # fully_shard per block, torchtitan's and metaseq's wrapping): the bytes of the whole stage, a ring's
+    # (n − 1) latencies once per layer
+    per_layer = (2 * ring_allgather_time(params_gpu * PARAM_BYTES / stage, shard, alpha, beta)
+                 + reduce(grads / stage, shard, alpha, beta))
+    return m * max(0.0, stage * per_layer - compute_mb)
 
 
 def _deepspeed_p2p_per_microbatch(model: ModelSpec, cluster: Cluster, s_local: int, b: int, tp: int,
@@ -706,7 +727,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, o
     else:
         pipeline = slot * step_time_units(pp, m, v)  # m + (p−1)/v; interleaved with m < p: p + (m−1)/v
     overlap = pp == 1 if axes.dp_overlap == "no-pipeline" else bool(axes.dp_overlap)
-    dp_exposed = _dp_exposed(model, cluster, c, m, compute_mb, overlap, axes.zero1_reduction)
+    dp_exposed = _dp_exposed(model, cluster, c, m, stage, compute_mb, overlap, axes.zero1_reduction)
     update = optimizer_step_bytes(c.memory["optimizer_params"], optimizer, cluster.grad_bytes, moments=axes.moments)
     optimizer_s = update / cluster.hbm_bandwidth  # memory-bound, after the gradients are reduced
     c.step_time_s = pipeline + dp_exposed + optimizer_s

@@ -25,7 +25,7 @@ What each framework did that the planner counts: Megatron-LM (2021-2022) and Dee
 reduce the gradients after the last backward, hiding none of it (``Axes.dp_overlap``; Megatron-LM's
 ``train_step`` all-reduces after ``forward_backward_func``, DeepSpeed's ReduceGrads ends its schedule; NVIDIA's
 script for Table 1 ran its pp = 1 runs on PyTorch's DDP, which overlaps, a fact the planner leaves out because
-the fit it brings takes the shape out of the GPU model, w½ = 0: :func:`torch_ddp_run`);
+the fit it brings takes the shape out of the GPU model, w½ = 0: :func:`what_if_run` "torch-ddp");
 Megatron-LM's 2021 runs trained in fp16, their gradients held and all-reduced in fp16 (2 bytes; fp32 only
 with bf16, ``accumulate_allreduce_grads_in_fp32``); its interleaved schedule needs more than 2 stages
 (lesson 5's rule) and takes any number of chunks v whose layers divide a stage's (``megatron/arguments.py``
@@ -142,7 +142,7 @@ Pure Python.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import TypedDict
@@ -646,7 +646,7 @@ def worst_error(which: str, key: str = "error") -> float:
 #   which overlaps the last microbatch's backward (schedules.py's forward_backward_no_pipelining runs the others
 #   under no_sync), and local DDP with a pipeline (training.py asserts it): Axes.dp_overlap "no-pipeline".
 #   The planner keeps Megatron-LM's local DDP for every run: with torch DDP the fit's optimum moves to E 0.63
-#   and w½ 0, a GPU model with no shape left (it would rank TP 8 4th and 7th: torch_ddp_run).
+#   and w½ 0, a GPU model with no shape left (it would rank TP 8 4th and 7th: what_if_run("torch-ddp", …)).
 
 
 def _torch_ddp(p: Published) -> Published:
@@ -654,19 +654,29 @@ def _torch_ddp(p: Published) -> Published:
     return replace(p, axes=replace(p.axes, dp_overlap="no-pipeline")) if p in MEGATRON else p
 
 
-@cache
-def torch_ddp_refit() -> dict:
-    """:func:`fit_gpu_model`'s optimum with Table 1's pp = 1 runs on PyTorch's DDP."""
-    return fit_gpu_model(variant=_torch_ddp)
+def _nic_per_rank(p: Published) -> Published:
+    """A run whose data-parallel rings use the NICs of their ranks on a node (planner.Cluster.dp_ring_nics)."""
+    return replace(p, cluster=replace(p.cluster, dp_ring_nics="per-rank"))
+
+
+# What-ifs the planner does not adopt, each a change to every published run, with its refit and its effect
+# (bench/planner_fit.py prints them; the capstone text quotes them)
+WHAT_IFS: dict[str, Callable[[Published], Published]] = {"torch-ddp": _torch_ddp, "nic-per-rank": _nic_per_rank}
 
 
 @cache
-def torch_ddp_run(name: str, refit: bool = False) -> dict:
-    """:func:`reproduce_run` of ``name`` with Table 1's pp = 1 runs on PyTorch's DDP, at the module's GPU
-    constants or (``refit``) at :func:`torch_ddp_refit`'s, plus "slower" (its step over the best's, − 1)."""
-    p = _torch_ddp(_get(name))
+def what_if_refit(what: str) -> dict:
+    """:func:`fit_gpu_model`'s optimum with every run changed by ``WHAT_IFS[what]``."""
+    return fit_gpu_model(variant=WHAT_IFS[what])
+
+
+@cache
+def what_if_run(what: str, name: str, refit: bool = False) -> dict:
+    """:func:`reproduce_run` of ``name`` changed by ``WHAT_IFS[what]``, at the module's GPU constants or
+    (``refit``) at :func:`what_if_refit`'s, plus "slower" (its step over the best's, − 1)."""
+    p = WHAT_IFS[what](_get(name))
     if refit:
-        fit = torch_ddp_refit()
+        fit = what_if_refit(what)
         p = with_gpu_model(p, fit["a100"] if p.cluster.flops == A100["flops"] else fit["h100"], fit["half_width"])
     r = reproduce_run(p)
     return {**r, "slower": r["config"].step_time_s / r["best"].step_time_s - 1}
@@ -690,26 +700,71 @@ def megatron_rank_account(name: str) -> dict:
             "best_chunks": best.chunks, "best_pp_comm_s": best.time["pp_comm_s"], "gathers_s": gathers,
             "tp_comm_s": config.time["tp_comm_s"]}
 
-# Narayanan et al. 2021, Fig. 13 (Sec. 5.4.1): a 162.2B GPT on 64 A100s (8 DGX nodes), every split of the 64 into
-# TP × PP with no data parallelism, global batch 32 and 128, micro-batch 1, full recompute, no interleaving
-# (NVIDIA's examples/sc21/run_figure_13.sh: NLS=32, HS=20480, NAH=128, MBS=1, TP = 64/PP for PP in 2..32). The
-# figure's bars are not printed as numbers; its finding is (Takeaway #1): TP up to the 8 GPUs of a server, then
-# PP — (TP 8, PP 8) is the fastest split at both batch sizes. A held-out ranking check (no constant fitted on it).
-FIGURE_13_MODEL = _gpt(162.2e9, 32, 20480, 128)
-FIGURE_13_BATCHES = (32, 128)
-FIGURE_13_BEST = (8, 8)
+# Narayanan et al. 2021, Sec. 5.4: three sweeps of one model over the splits of 64 A100s (8 DGX nodes), with
+# micro-batch 1, full recomputation, no interleaving and local DDP (NVIDIA's examples/sc21/run_figure_1[345].sh).
+# The figures' bars are not printed as numbers; what the paper states of them is an order:
+# - Fig. 13 (Sec. 5.4.1): a 162.2B GPT (NLS=32, HS=20480, NAH=128), every TP × PP with no data parallelism, global
+#   batch 32 and 128; (TP 8, PP 8) is the fastest at both (Takeaway #1: TP up to a server's 8 GPUs, then PP);
+# - Fig. 14 (Sec. 5.4.2): a 5.9B GPT (NLS=32, HS=3840, NAH=32), PP 2 to 32 with DP = 64/PP and no TP, batch 32 and
+#   512: "for each batch size, the throughput decreases as the pipeline-parallel size increases";
+# - Fig. 15 (Sec. 5.4.3): the same 5.9B GPT, TP 2 to 32 with DP = 64/TP and no PP, batch 32, 128 and 512: the
+#   throughput decreases as the tensor-parallel size grows.
+# Held-out ranking checks: no constant is fitted on them.
 
 
-def figure_13_ranking(global_batch: int, gpus_per_node: int = 8) -> list[tuple[int, int]]:
-    """Figure 13's (tp, pp) splits of 64 A100s, fastest first as the planner predicts them (TP may leave a
-    node, as the figure's TP 16, 32 and 64 did); ``gpus_per_node``: Selene's 8, or more for a what-if."""
-    cluster = pl.Cluster(64, 80e9, gpus_per_node=gpus_per_node, **A100, grad_bytes=2, tp_across_nodes=True)
+@dataclass(frozen=True)
+class Sweep:
+    name: str
+    model: pl.ModelSpec
+    splits: tuple[tuple[int, int], ...]  # (tp, pp); dp = 64 / (tp · pp)
+    batches: tuple[int, ...]
+    papers_order: tuple[tuple[int, int], ...]  # fastest first, as far as the paper states it
+    gpus: int = 64
+
+
+_GPT_5_9B = _gpt(5.9e9, 32, 3840, 32)
+SWEEPS = {
+    "fig13": Sweep("Fig. 13", _gpt(162.2e9, 32, 20480, 128), tuple((64 // pp, pp) for pp in (1, 2, 4, 8, 16, 32)),
+                   (32, 128), ((8, 8),)),
+    "fig14": Sweep("Fig. 14", _GPT_5_9B, tuple((1, pp) for pp in (2, 4, 8, 16, 32)), (32, 512),
+                   tuple((1, pp) for pp in (2, 4, 8, 16, 32))),
+    "fig15": Sweep("Fig. 15", _GPT_5_9B, tuple((tp, 1) for tp in (2, 4, 8, 16, 32)), (32, 128, 512),
+                   tuple((tp, 1) for tp in (2, 4, 8, 16, 32))),
+}
+
+
+def sweep_ranking(sweep: str, global_batch: int, gpus_per_node: int = 8,
+                  dp_ring_nics: str = "one") -> list[tuple[int, int]]:
+    """A sweep's (tp, pp) splits, fastest first as the planner predicts them (TP may leave a node, as the
+    figures' TP 16 and 32 did); ``gpus_per_node``: Selene's 8, or more for a what-if; ``dp_ring_nics``:
+    the planner's network model for data-parallel rings (planner.Cluster)."""
+    s = SWEEPS[sweep]
+    cluster = pl.Cluster(s.gpus, 80e9, gpus_per_node=gpus_per_node, **A100, grad_bytes=2, tp_across_nodes=True,
+                         dp_ring_nics=dp_ring_nics)
     axes = replace(_axes((1, 1, 1, 1, 1), **MEGATRON_2021), chunks=(1,), microbatches=(1,))  # no interleaving
     fastest: dict[tuple[int, int], float] = {}
-    for c in pl.plan(FIGURE_13_MODEL, cluster, global_batch, axes=axes)["configs"]:
-        if c.dp == 1:
+    for c in pl.plan(s.model, cluster, global_batch, axes=axes)["configs"]:
+        if (c.tp, c.pp) in s.splits:
             fastest.setdefault((c.tp, c.pp), c.step_time_s)
     return sorted(fastest, key=fastest.__getitem__)
+
+
+def sweep_agrees(sweep: str, global_batch: int, dp_ring_nics: str = "one") -> bool:
+    """Whether the planner's order starts with the paper's (every split predicted, the stated ones first
+    and in the paper's order)."""
+    s = SWEEPS[sweep]
+    ranking = sweep_ranking(sweep, global_batch, dp_ring_nics=dp_ring_nics)
+    return set(ranking) == set(s.splits) and tuple(ranking[:len(s.papers_order)]) == s.papers_order
+
+
+def sweep_place(sweep: str, global_batch: int, split: Sequence[int], dp_ring_nics: str = "one") -> int:
+    """Where the planner puts ``split`` (tp, pp) in a sweep at ``global_batch``, 1 = fastest."""
+    return sweep_ranking(sweep, global_batch, dp_ring_nics=dp_ring_nics).index((split[0], split[1])) + 1  # a check passes a list
+
+
+def sweeps_agreeing(dp_ring_nics: str = "one") -> int:
+    """How many of the sweeps' (figure, batch) orders the planner gets as the paper states them (of 7)."""
+    return sum(sweep_agrees(key, batch, dp_ring_nics) for key, s in SWEEPS.items() for batch in s.batches)
 
 
 # The planner step's example: the command of issue 15 (a Llama-3-70B-shaped model on 512 H100s).
