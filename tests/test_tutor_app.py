@@ -15,6 +15,7 @@ from distai.tutor.screens import lesson as lesson_module
 from distai.tutor.screens.help import HelpScreen
 from distai.tutor.screens.home import HomeScreen
 from distai.tutor.screens.lesson import LessonScreen, step_markdown
+from distai.tutor.screens.step_text import keep_together
 from pilot_harness import async_test
 
 SIZE = (120, 40)
@@ -41,7 +42,7 @@ def check_step(app, lesson, i, lang):
     assert got["counter"] == translated("tutor", "step_counter", lang, k=i + 1, n=len(lesson.steps))
     assert got["title"] == step.title[lang]
     assert lesson.title[lang] in got["lesson"]
-    assert got["markdown"] == step_markdown(lesson, step.key, lang)
+    assert got["markdown"] == keep_together(step_markdown(lesson, step.key, lang))  # numbers kept with units
 
 
 @async_test

@@ -6,18 +6,22 @@ back what the step's fences and tables actually render.
 from __future__ import annotations
 
 import asyncio
+import re
 
 from textual.geometry import Region
+from textual.widgets._markdown import MarkdownBlock, MarkdownTable
 
 from distai.lessons.registry import all_lessons
 from distai.tutor.app import DistaiApp
 from distai.tutor.screens.lesson import LessonScreen, step_markdown
 from distai.tutor.screens.step_text import (
+    GLUE,
     FittingTable,
     StepText,
     WrappedCode,
     WrappingFence,
     column_widths,
+    keep_together,
     unwrap_command,
     wrap_code,
     wrap_command,
@@ -95,12 +99,66 @@ def _check_step(screen, where: str) -> int:
     return checked
 
 
+# a line that ends with a number whose unit starts the next, or with an axis whose degree does
+_UNIT_START = re.compile(r"^(?:%|[kKMGTP]i?B\b|GB/s|ms\b|µs\b|s\b|GPUs?\b|ranks?\b|layers?\b|capas?\b)")
+_AXIS_END = re.compile(r"\b(?:TP|PP|DP|CP|EP)$")
+
+
+def _torn_apart(lines: list[str]) -> list[str]:
+    """The places where a number and its unit, or an axis and its degree, fall on two lines."""
+    torn = []
+    rows = [line.rstrip() for line in lines]
+    for above, below in zip(rows, rows[1:]):
+        below = below.lstrip()
+        if (re.search(r"\d$", above) and _UNIT_START.match(below)) or (_AXIS_END.search(above) and below[:1].isdigit()):
+            torn.append(f"{above[-20:]!r} / {below[:20]!r}")
+    return torn
+
+
+def _check_prose(screen, where: str) -> None:
+    pane = screen.query_one("#step-text", StepText)
+    for block in pane.query(MarkdownBlock):
+        if block.query(MarkdownBlock) or isinstance(block, (MarkdownTable, WrappingFence)) or block.parent is not pane:
+            continue
+        torn = _torn_apart(_rendered(block))
+        assert not torn, f"{where}: {torn}"
+
+
+def test_keep_together_binds_prose_only():
+    text = "TP 8 takes 35.7 GB and 45,3 % of 16 GPUs (`--gpus 8 GB`) <!-- check: x = 8 GB -->"
+    bound = keep_together(text).replace(GLUE, "~")
+    assert "TP~8" in bound and "35.7~GB" in bound and "45,3~%" in bound and "16~GPUs" in bound
+    assert "`--gpus 8 GB`" in bound and "<!-- check: x = 8 GB -->" in bound
+    assert bound.replace("~", " ") == text
+
+
+def test_a_number_stays_with_its_unit_where_the_line_wraps():
+    """At every width from 20 to 60 cells, a paragraph whose lines would break between "35.7" and "GB"
+    (or "TP" and "8") keeps them on one line."""
+    sentence = "The busiest GPU holds 35.7 GB with TP 8 and 45,3 % of its time in 1.2 s steps. " * 3
+
+    async def widths():
+        app = DistaiApp("en")
+        async with app.run_test(size=(80, 24)) as pilot:
+            text = StepText()
+            await app.screen.mount(text)
+            await text.update(sentence)
+            for width in range(20, 61):
+                text.styles.width = width
+                await pilot.pause()
+                lines = [line for block in text.query(MarkdownBlock) for line in _rendered(block)]
+                assert " ".join(" ".join(lines).split()) == " ".join(sentence.split())
+                assert not _torn_apart(lines), f"width {width}: {_torn_apart(lines)}"
+
+    asyncio.run(widths())
+
+
 def _has_blocks(lesson, key: str, lang: str) -> bool:
     text = lesson.step_text(key, lang) if lesson.has_step_text(key, lang) else ""
     return any(line.startswith(("```", "|")) for line in text.splitlines())
 
 
-def test_every_step_shows_whole_commands_and_tables_that_fit(monkeypatch):
+def test_every_step_shows_whole_commands_and_tables_that_fit_and_numbers_with_units(monkeypatch):
     # the pane keeps its place and size; an idle stand-in keeps the walk fast
     monkeypatch.setattr("distai.visualizers.base.visualizer_class", lambda name: None)
 
@@ -117,13 +175,14 @@ def test_every_step_shows_whole_commands_and_tables_that_fit(monkeypatch):
                         await app.push_screen(screen)
                         text = screen.query_one("#step-text", StepText)
                         for step in lesson.steps:
-                            if not _has_blocks(lesson, step.key, lang):
-                                continue
                             # the step's text in the lesson screen's pane (the rest of show_step,
                             # code and visualizer, does not change the pane's width)
                             await text.update(step_markdown(lesson, step.key, lang))
                             await pilot.pause()
-                            checked += _check_step(screen, f"{lesson.id}/{lang}/{step.key} at {size}")
+                            where = f"{lesson.id}/{lang}/{step.key} at {size}"
+                            _check_prose(screen, where)
+                            if _has_blocks(lesson, step.key, lang):
+                                checked += _check_step(screen, where)
                         await app.pop_screen()
         return checked
 

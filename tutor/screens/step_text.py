@@ -6,24 +6,85 @@ scrollbar (``--beta 25G`` for ``--beta 25GB/s``) and a table cell ends in ``…`
 - a shell command that does not fit is wrapped at a space with a `` \\`` continuation, so what
   is shown can be typed as shown; other code wraps with a ``↪`` mark; ``text`` fences (diagrams,
   whose columns must line up) keep their lines and get a visible horizontal scrollbar;
-- a table is laid out by Rich, which shrinks the widest columns first and wraps between words.
+- a table is laid out by Rich, which shrinks the widest columns first and wraps between words;
+- a number never ends a line whose next line starts with its unit ("35.7" / "GB"), nor an axis its
+  degree ("TP" / "8"): the space between them becomes a no-break space, which Rich's wrapping (the one
+  Textual's Markdown and our tables use) is taught to respect.
 """
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 
+import rich._wrap
 from rich import box
 from rich.table import Table
 from rich.text import Text
+from textual.content import Content
 from textual.widget import Widget
 from textual.widgets import Markdown, Static
-from textual.widgets._markdown import MarkdownFence, MarkdownTable
+from textual.widgets._markdown import MarkdownBlock, MarkdownFence, MarkdownTable
 
 SHELL_LEXERS = frozenset({"bash", "sh", "shell", "console", "zsh"})
 DIAGRAM_LEXERS = frozenset({"text", "txt"})
 CONTINUATION = " \\"  # the shell's line continuation
 COMMAND_INDENT = "    "
 CODE_MARK = "↪ "
+
+NO_BREAK = "\u00a0"
+# keep_together's joiner in the source: Textual's Markdown turns every run of whitespace into one space
+# (``re.sub(r"\s+", " ", …)`` on each text token), a no-break space included, so the source carries a
+# private-use character that the blocks' content turns into NO_BREAK (_content_with_no_breaks)
+GLUE = "\ue000"
+# Rich wraps at any whitespace (``rich._wrap.re_word``: ``\s*\S+\s*``), no-break spaces included; a word
+# here runs through them
+_BREAKABLE = r"[^\S\u00a0\u202f]"
+rich._wrap.re_word = re.compile(rf"{_BREAKABLE}*(?:[^\s]|[\u00a0\u202f])+{_BREAKABLE}*")
+# what a number's unit can be in the lessons' prose (lessons/units.py's formats, and the counts the texts use)
+_UNIT = (r"(?:%|[kKMGTP]i?B(?:/s)?|B|bytes?|[mµμn]?s|min|h|Gb/s|(?:[GTP]?FLOP)(?:/s|s)?|GPUs?|ranks?|nodes?|"
+         r"tokens?|layers?|steps?|stages?|chunks?|microbatch(?:es)?|mil(?: millones)?|millones|billones|"
+         r"etapas?|capas?|pasos?|nodos?|trozos?|microlotes?|x|×)")
+_SPACE = r"(?: |\n[ \t]*)"  # a space, or a line break inside a paragraph (the source's lines are cut anywhere)
+_NUMBER_UNIT = re.compile(rf"(?<=\d){_SPACE}(?={_UNIT}(?![\w/]))")
+_AXIS_DEGREE = re.compile(
+    rf"(?<![\w])(TP|PP|DP|CP|EP|SP|Fig\.|Figs\.|Sec\.|sec\.|fig\.|figs\.|Table|tabla|ZeRO-\d){_SPACE}(?=\d)")
+# what is not prose: fenced blocks, inline code, HTML comments (the checks)
+_NOT_PROSE = re.compile(r"```.*?```|`[^`\n]*`|<!--.*?-->", re.S)
+
+
+def _bind(prose: str) -> str:
+    return _AXIS_DEGREE.sub(lambda m: m.group(1) + GLUE, _NUMBER_UNIT.sub(GLUE, prose))
+
+
+def keep_together(markdown: str) -> str:
+    """``markdown`` with GLUE (shown as a no-break space) between a number and its unit and between an
+    axis and its degree, in the prose only (code and comments untouched)."""
+    out, last = [], 0
+    for block in _NOT_PROSE.finditer(markdown):
+        out += [_bind(markdown[last:block.start()]), block.group(0)]
+        last = block.end()
+    out.append(_bind(markdown[last:]))
+    return "".join(out)
+
+
+_token_to_content = MarkdownBlock._token_to_content
+
+
+def _content_with_no_breaks(self: MarkdownBlock, token) -> Content:
+    """A block's inline content, GLUE shown as the no-break space it stands for (same length: the
+    styles' spans stay where they were)."""
+    content = _token_to_content(self, token)
+    if GLUE not in content.plain:
+        return content
+    return Content(content.plain.replace(GLUE, NO_BREAK), spans=list(content.spans))
+
+
+MarkdownBlock._token_to_content = _content_with_no_breaks  # type: ignore[method-assign]
+
+
+def breakable_words(text: str) -> list[str]:
+    """``text``'s words as the wrapping sees them (a no-break space joins)."""
+    return [word for word in re.split(rf"{_BREAKABLE}+", text) if word]
 
 
 def is_command_block(lexer: str, code: str) -> bool:
@@ -252,7 +313,8 @@ class FitTable:
     def _bounds(self) -> tuple[list[int], list[int], list[int]]:
         """Per column: its longest word, its longest body cell, its longest cell."""
         columns = self._columns()
-        mins = [max((len(word) for cell in col for word in cell.plain.split()), default=1) for col in columns]
+        mins = [max((len(word) for cell in col for word in breakable_words(cell.plain)), default=1)
+                for col in columns]
         body = [max([mins[i]] + [cell.cell_len for cell in col[1:]]) for i, col in enumerate(columns)]
         maxs = [max(cell.cell_len for cell in col) for col in columns]
         return mins, body, maxs
@@ -297,3 +359,6 @@ class StepText(Markdown):
 
     BLOCKS = {**Markdown.BLOCKS, "fence": WrappingFence, "code_block": WrappingFence,
               "table_open": FittingTable}
+
+    def update(self, markdown: str):
+        return super().update(keep_together(markdown))
