@@ -153,6 +153,16 @@ def test_a_number_stays_with_its_unit_where_the_line_wraps():
     asyncio.run(widths())
 
 
+async def _each_lesson(app, pilot):
+    """(size, language, lesson) for every lesson in both languages at both sizes, the app set to each."""
+    for size in SIZES:
+        await pilot.resize_terminal(*size)
+        for lang in ("en", "es"):
+            app.language = lang
+            for lesson in all_lessons():
+                yield size, lang, lesson
+
+
 def _has_blocks(lesson, key: str, lang: str) -> bool:
     text = lesson.step_text(key, lang) if lesson.has_step_text(key, lang) else ""
     return any(line.startswith(("```", "|")) for line in text.splitlines())
@@ -166,24 +176,20 @@ def test_every_step_shows_whole_commands_and_tables_that_fit_and_numbers_with_un
         app = DistaiApp("en")
         checked = 0
         async with app.run_test(size=SIZES[0]) as pilot:
-            for size in SIZES:
-                await pilot.resize_terminal(*size)
-                for lang in ("en", "es"):
-                    app.language = lang
-                    for lesson in all_lessons():
-                        screen = LessonScreen(lesson)
-                        await app.push_screen(screen)
-                        text = screen.query_one("#step-text", StepText)
-                        for step in lesson.steps:
-                            # the step's text in the lesson screen's pane (the rest of show_step,
-                            # code and visualizer, does not change the pane's width)
-                            await text.update(step_markdown(lesson, step.key, lang))
-                            await pilot.pause()
-                            where = f"{lesson.id}/{lang}/{step.key} at {size}"
-                            _check_prose(screen, where)
-                            if _has_blocks(lesson, step.key, lang):
-                                checked += _check_step(screen, where)
-                        await app.pop_screen()
+            async for size, lang, lesson in _each_lesson(app, pilot):
+                screen = LessonScreen(lesson)
+                await app.push_screen(screen)
+                text = screen.query_one("#step-text", StepText)
+                for step in lesson.steps:
+                    # the step's text in the lesson screen's pane (the rest of show_step, code and
+                    # visualizer, does not change the pane's width)
+                    await text.update(step_markdown(lesson, step.key, lang))
+                    await pilot.pause()
+                    where = f"{lesson.id}/{lang}/{step.key} at {size}"
+                    _check_prose(screen, where)
+                    if _has_blocks(lesson, step.key, lang):
+                        checked += _check_step(screen, where)
+                await app.pop_screen()
         return checked
 
     checked = asyncio.run(walk())
@@ -211,36 +217,32 @@ def test_every_code_step_shows_its_listing_whole_inside_the_pane(monkeypatch):
         app = DistaiApp("en")
         checked = 0
         async with app.run_test(size=SIZES[0]) as pilot:
-            for size in SIZES:
-                await pilot.resize_terminal(*size)
-                for lang in ("en", "es"):
-                    app.language = lang
-                    for lesson in all_lessons():
-                        steps = [i for i, step in enumerate(lesson.steps) if step.code]
-                        if not steps:
-                            continue
-                        screen = LessonScreen(lesson, start=steps[0])
-                        await app.push_screen(screen)
-                        await pilot.pause()
-                        if not screen.query_one("#visualizer-pane").display:
-                            screen.action_toggle_visualizer()  # 80x24 shows it on `v`
-                        for index in steps:
-                            step = lesson.steps[index]
-                            await screen.show_step(index)
-                            await pilot.pause()
-                            where = f"{lesson.id}/{lang}/{step.key} at {size}"
-                            assert screen.query_one("#visualizer-pane").display, where
-                            code = screen.query_one("#code")
-                            pane = screen.query_one("#text-pane")
-                            assert code.region.right <= pane.content_region.right, f"{where}: listing cut"
-                            rendered = _rendered(code)
-                            assert all(len(row.rstrip()) <= code.region.width for row in rendered), where
-                            source = read_source(step.code).source.split("\n")
-                            shown = _listing_lines(rendered)
-                            assert [line.split() for line in shown] == [line.split() for line in source], \
-                                f"{where}: the listing is cut:\n" + "\n".join(rendered)
-                            checked += 1
-                        await app.pop_screen()
+            async for size, lang, lesson in _each_lesson(app, pilot):
+                steps = [i for i, step in enumerate(lesson.steps) if step.code]
+                if not steps:
+                    continue
+                screen = LessonScreen(lesson, start=steps[0])
+                await app.push_screen(screen)
+                await pilot.pause()
+                if not screen.query_one("#visualizer-pane").display:
+                    screen.action_toggle_visualizer()  # 80x24 shows it on `v`
+                for index in steps:
+                    step = lesson.steps[index]
+                    await screen.show_step(index)
+                    await pilot.pause()
+                    where = f"{lesson.id}/{lang}/{step.key} at {size}"
+                    assert screen.query_one("#visualizer-pane").display, where
+                    code = screen.query_one("#code")
+                    pane = screen.query_one("#text-pane")
+                    assert code.region.right <= pane.content_region.right, f"{where}: listing cut"
+                    rendered = _rendered(code)
+                    assert all(len(row.rstrip()) <= code.region.width for row in rendered), where
+                    source = read_source(step.code).source.split("\n")
+                    shown = _listing_lines(rendered)
+                    assert [line.split() for line in shown] == [line.split() for line in source], \
+                        f"{where}: the listing is cut:\n" + "\n".join(rendered)
+                    checked += 1
+                await app.pop_screen()
         return checked
 
     assert asyncio.run(walk()) >= 4 * len([s for lesson in all_lessons() for s in lesson.steps if s.code])
