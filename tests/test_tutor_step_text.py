@@ -28,6 +28,7 @@ from distai.tutor.screens.step_text import (
 )
 
 SIZES = ((120, 40), (80, 24))
+NARROW = (80, 24)
 
 SERVE = ("distai calc serve --params 69B --layers 80 --hidden 8192 --heads 64 --kv-heads 8 --gpus 8 "
          "--gpu-memory 80GB --bandwidth 3.35TB/s --ttft-slo 1s --tpot-slo 50ms")
@@ -181,13 +182,16 @@ def test_every_step_shows_whole_commands_and_tables_that_fit_and_numbers_with_un
                 await app.push_screen(screen)
                 text = screen.query_one("#step-text", StepText)
                 for step in lesson.steps:
+                    blocks = _has_blocks(lesson, step.key, lang)
+                    if not blocks and size != NARROW:
+                        continue  # prose alone is checked where it wraps most
                     # the step's text in the lesson screen's pane (the rest of show_step, code and
                     # visualizer, does not change the pane's width)
                     await text.update(step_markdown(lesson, step.key, lang))
                     await pilot.pause()
                     where = f"{lesson.id}/{lang}/{step.key} at {size}"
                     _check_prose(screen, where)
-                    if _has_blocks(lesson, step.key, lang):
+                    if blocks:
                         checked += _check_step(screen, where)
                 await app.pop_screen()
         return checked
