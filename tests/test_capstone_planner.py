@@ -830,3 +830,28 @@ def test_a_data_parallel_ring_with_a_nic_per_rank():
     capped = pl.evaluate(p.model, wide, p.global_batch, pl.Config(1, 8, 32, 1, 0, "full", 1),
                          axes=dataclasses.replace(p.axes, dp_overlap=False)).time["dp_comm_exposed_s"]
     assert capped == pytest.approx(exposed["one"] / 4)
+
+
+def test_cli_dp_ring_nics(capsys):
+    """``--dp-ring-nics per-rank``: a data-parallel ring with 4 ranks on each node (TP 2) gets their 4 NICs,
+    only the data-parallel term moves; the hardware line says so (en, es); an unknown value refused."""
+    fixed = [*ISSUE_ARGS, "--tp", "2", "--pp", "8", "--microbatch", "1", "--max-chunks", "1", "--max-zero", "1",
+             "--recompute", "full", "--sp", "on", "--inter-alpha", "0"]
+    got = _best_for_each(capsys, fixed, "dp_ring_nics", ("one", "per-rank"))
+    one, per_rank = got["one"], got["per-rank"]
+    assert (one["zero"], per_rank["zero"]) == (1, 1)
+    # what ZeRO-1 leaves exposed: the all-gather of the updated bf16 weights over DP 32, at 4 NICs' 200 GB/s
+    # (the reduce-scatter before it now hides behind the backward), at one NIC's 50 GB/s and more before
+    gather = 31 / 32 * per_rank["memory"]["params_bytes"]
+    assert per_rank["time"]["dp_comm_exposed_s"] == pytest.approx(gather / 200e9)
+    assert one["time"]["dp_comm_exposed_s"] > gather / 50e9
+    for term in ("compute_s", "tp_comm_s", "pp_comm_s", "bubble_s"):
+        assert per_rank["time"][term] == pytest.approx(one["time"][term])
+    code, out, _ = run(capsys, *fixed, "--dp-ring-nics", "per-rank", "--top", "1")
+    assert code == 0 and "a data-parallel ring uses the NICs of all its ranks on a node" in out
+    code, out, _ = run(capsys, *fixed, "--dp-ring-nics", "per-rank", "--top", "1", "--lang", "es")
+    assert code == 0 and "un anillo de datos usa las NIC de todos sus ranks en un nodo" in out
+    code, out, _ = run(capsys, *fixed, "--top", "1")
+    assert "NICs of all its ranks" not in out
+    code, out, err = run(capsys, *fixed, "--dp-ring-nics", "two")
+    assert code == 2 and "--dp-ring-nics" in err and len(err.strip().splitlines()) == 1

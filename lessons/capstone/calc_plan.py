@@ -86,7 +86,7 @@ def compute(v: dict) -> dict:
                          alpha=v["alpha"], inter_alpha=v["inter_alpha"], efficiency=v["efficiency"],
                          memory_util=v["memory_util"], tp_across_nodes=bool(v["tp_across_nodes"]),
                          hbm_bandwidth=v["hbm_bw"], gemm_peak_fraction=v["gemm_efficiency"],
-                         flash_attention=v["flash_attention"] == "on")
+                         flash_attention=v["flash_attention"] == "on", dp_ring_nics=v["dp_ring_nics"])
     try:
         r = pl.plan(model, cluster, v["global_batch"], axes=_axes(v))
     except TranslatedError as exc:  # the planner's input errors and the shape check's refusals
@@ -110,6 +110,7 @@ def compute(v: dict) -> dict:
               "hbm_bandwidth_bytes_per_s": cluster.hbm_bandwidth, "gemm_efficiency": cluster.gemm_peak_fraction,
               "gemm_half_width": cluster.gemm_half_width, "flash_attention": cluster.flash_attention,
               "memory_util": cluster.memory_util, "tp_across_nodes": cluster.tp_across_nodes,
+              "dp_ring_nics": cluster.dp_ring_nics,
               "max_zero": v["max_zero"], "max_zero_pp": v["max_zero_pp"], "recompute": v["recompute"],
               "sp": v["sp"], "engine": v["engine"], "grad_accumulation": v["grad_accumulation"], "moments": v["moments"],
               "top": v["top"]}
@@ -150,7 +151,8 @@ def text(r: dict, lang: str = "en") -> list[str]:
             memory=by(i["gpu_memory_bytes"])),
         say("hardware", flops=units.format_count(i["flops"], lang=lang), speed=speed,
             nvlink=units.format_bandwidth(i["intra_bandwidth_bytes_per_s"], lang=lang),
-            between=units.format_bandwidth(i["inter_bandwidth_bytes_per_s"], lang=lang)),
+            between=units.format_bandwidth(i["inter_bandwidth_bytes_per_s"], lang=lang))
+        + (say("ring_nics_per_rank") if i["dp_ring_nics"] == "per-rank" else ""),
         node + say("engine", engine=ENGINE_NAMES[i["engine"]]),
         "",
         f"  {'#':>3}  {'TP':>3} {'CP':>3} {'PP':>3} {'DP':>5} {'EP':>3} {'SP':>2} {'mb':>3} {'ZeRO':>4} "
@@ -248,6 +250,7 @@ CALCULATOR = Calculator(
         Option("--engine", "choice", default="megatron", choices=ENGINES),
         Option("--grad-accumulation", "choice", default="fused", choices=pl.GRAD_ACCUMULATION),
         Option("--moments", "choice", default="fp32", choices=tuple(MOMENT_BYTES)),
+        Option("--dp-ring-nics", "choice", default="one", choices=pl.DP_RING_NICS),
         Option("--tp-across-nodes", "flag", default=False),
         Option("--top", "whole", default="10"),
         Option("--calibrate", "flag", default=False),

@@ -148,7 +148,10 @@ class Cluster:
     # of its ranks a node holds (the planner's model, fitted so); "per-rank": the k NICs of its k ranks on a
     # node (NCCL builds a channel per NIC, so a ring with 8 ranks a node runs at up to 8 NICs' bandwidth), up
     # to NVLink's. A what-if that Narayanan et al. 2021's Figs. 14-15 argue for (published.figure_ranking)
-    dp_ring_nics: str = "one"
+    dp_ring_nics: str = "one"  # one of DP_RING_NICS
+
+
+DP_RING_NICS = ("one", "per-rank")
 
 
 @dataclass
