@@ -323,6 +323,19 @@ def _best_for_each(capsys, fixed: list[str], option: str, values: tuple[str, ...
     return best
 
 
+def _says(capsys, fixed: list[str], option: str, value: str, english: str, spanish: str, bad: str) -> None:
+    """``calc plan … --<option> <value>`` shows ``english`` (``--lang es``: ``spanish``), the default does not,
+    and ``bad`` is refused in one line with exit 2."""
+    flag = f"--{option.replace('_', '-')}"
+    for lang, words in (("en", english), ("es", spanish)):
+        code, out, _ = run(capsys, *fixed, flag, value, "--top", "1", "--lang", lang)
+        assert code == 0 and words in out, (lang, out)
+    code, out, _ = run(capsys, *fixed, "--top", "1")
+    assert english not in out
+    code, out, err = run(capsys, *fixed, flag, bad)
+    assert code == 2 and flag in err and len(err.strip().splitlines()) == 1
+
+
 def test_cli_grad_accumulation(capsys):
     """``--grad-accumulation``: the framework's pass, in the JSON's inputs and time terms, a line of its own
     in the text (en, es), the step longer by the pass over the pipeline's slots; an unknown value refused."""
@@ -335,29 +348,18 @@ def test_cli_grad_accumulation(capsys):
     # (the data-parallel reduction overlaps the longer backward a little more: compared apart)
     apart = {how: c["step_time_s"] - c["time"]["dp_comm_exposed_s"] for how, c in steps.items()}
     assert apart["cast-add"] - apart["fused"] == pytest.approx(cast["time"]["grad_accumulation_s"] / m * slots)
-    code, out, _ = run(capsys, *fixed, "--grad-accumulation", "cast-add", "--top", "1")
-    assert code == 0 and "adds each microbatch's gradients into the buffer (cast-add" in out
-    code, out, _ = run(capsys, *fixed, "--grad-accumulation", "cast-add", "--top", "1", "--lang", "es")
-    assert code == 0 and "suman los gradientes de cada microlote al búfer (cast-add" in out
-    code, out, _ = run(capsys, *fixed, "--top", "1")
-    assert "adds each microbatch" not in out  # fused: nothing outside the GEMM
-    code, out, err = run(capsys, *fixed, "--grad-accumulation", "sum")
-    assert code == 2 and "--grad-accumulation" in err and len(err.strip().splitlines()) == 1
+    _says(capsys, fixed, "grad_accumulation", "cast-add", "adds each microbatch's gradients into the buffer (cast-add",
+          "suman los gradientes de cada microlote al búfer (cast-add", bad="sum")  # fused: nothing outside the GEMM
 
 
 def test_cli_bf16_moments(capsys):
     """``--moments bf16``: the optimizer term of every configuration at lesson 2's 8 bytes instead of 12, in
-    the JSON's inputs and in the text's memory line (en, es)."""
+    the JSON's inputs and in the text's memory line (en, es); an unknown value refused."""
     fixed = _tp8_pp8(max_zero=0)
     got = {k: c["memory"] for k, c in _best_for_each(capsys, fixed, "moments", ("fp32", "bf16")).items()}
     assert got["bf16"]["optimizer_bytes"] == pytest.approx(got["fp32"]["optimizer_bytes"] * 8 / 12)
     assert got["bf16"]["params_bytes"] == got["fp32"]["params_bytes"]
-    code, out, _ = run(capsys, *fixed, "--moments", "bf16", "--top", "1")
-    assert code == 0 and "(bf16 moments)" in out
-    code, out, _ = run(capsys, *fixed, "--moments", "bf16", "--top", "1", "--lang", "es")
-    assert code == 0 and "(momentos bf16)" in out
-    code, out, _ = run(capsys, *fixed, "--top", "1")
-    assert "bf16 moments" not in out
+    _says(capsys, fixed, "moments", "bf16", "(bf16 moments)", "(momentos bf16)", bad="fp8")
 
 
 @pytest.mark.parametrize("extra, words", [
@@ -847,11 +849,5 @@ def test_cli_dp_ring_nics(capsys):
     assert one["time"]["dp_comm_exposed_s"] > gather / 50e9
     for term in ("compute_s", "tp_comm_s", "pp_comm_s", "bubble_s"):
         assert per_rank["time"][term] == pytest.approx(one["time"][term])
-    code, out, _ = run(capsys, *fixed, "--dp-ring-nics", "per-rank", "--top", "1")
-    assert code == 0 and "a data-parallel ring uses the NICs of all its ranks on a node" in out
-    code, out, _ = run(capsys, *fixed, "--dp-ring-nics", "per-rank", "--top", "1", "--lang", "es")
-    assert code == 0 and "un anillo de datos usa las NIC de todos sus ranks en un nodo" in out
-    code, out, _ = run(capsys, *fixed, "--top", "1")
-    assert "NICs of all its ranks" not in out
-    code, out, err = run(capsys, *fixed, "--dp-ring-nics", "two")
-    assert code == 2 and "--dp-ring-nics" in err and len(err.strip().splitlines()) == 1
+    _says(capsys, fixed, "dp_ring_nics", "per-rank", "a data-parallel ring uses the NICs of all its ranks on a node",
+          "un anillo de datos usa las NIC de todos sus ranks en un nodo", bad="two")
