@@ -126,11 +126,13 @@ def _check_prose(screen, where: str) -> None:
 
 
 def test_keep_together_binds_prose_only():
-    text = "TP 8 takes 35.7 GB and 45,3 % of 16 GPUs (`--gpus 8 GB`) <!-- check: x = 8 GB -->"
+    text = ("TP 8 takes 35.7 GB and 45,3 % of 16 GPUs (`--gpus 8 GB`) <!-- check: x = 8 GB --> at E 0,63,\n"
+            "405 mil\nmillones")
     bound = keep_together(text).replace(GLUE, "~")
     assert "TP~8" in bound and "35.7~GB" in bound and "45,3~%" in bound and "16~GPUs" in bound
+    assert "E~0,63" in bound and "405~mil~millones" in bound
     assert "`--gpus 8 GB`" in bound and "<!-- check: x = 8 GB -->" in bound
-    assert bound.replace("~", " ") == text
+    assert bound.replace("~", " ") == text.replace("mil\nmillones", "mil millones")
 
 
 def test_a_number_stays_with_its_unit_where_the_line_wraps():

@@ -47,13 +47,18 @@ _UNIT = (r"(?:%|[kKMGTP]i?B(?:/s)?|B|bytes?|[mµμn]?s|min|h|Gb/s|(?:[GTP]?FLOP)
 _SPACE = r"(?: |\n[ \t]*)"  # a space, or a line break inside a paragraph (the source's lines are cut anywhere)
 _NUMBER_UNIT = re.compile(rf"(?<=\d){_SPACE}(?={_UNIT}(?![\w/]))")
 _AXIS_DEGREE = re.compile(
-    rf"(?<![\w])(TP|PP|DP|CP|EP|SP|Fig\.|Figs\.|Sec\.|sec\.|fig\.|figs\.|Table|tabla|ZeRO-\d){_SPACE}(?=\d)")
+    rf"(?<![\w])(TP|PP|DP|CP|EP|SP|E|w½|Fig\.|Figs\.|Sec\.|sec\.|fig\.|figs\.|Table|tabla|ZeRO-\d){_SPACE}(?=\d)")
 # what is not prose: fenced blocks, inline code, HTML comments (the checks)
 _NOT_PROSE = re.compile(r"```.*?```|`[^`\n]*`|<!--.*?-->", re.S)
 
 
+# Spanish billions are two words ("405 mil millones", units.format_count): one unit
+_MIL_MILLONES = re.compile(rf"(?<=\d{GLUE}mil){_SPACE}(?=mill)")
+
+
 def _bind(prose: str) -> str:
-    return _AXIS_DEGREE.sub(lambda m: m.group(1) + GLUE, _NUMBER_UNIT.sub(GLUE, prose))
+    bound = _MIL_MILLONES.sub(GLUE, _NUMBER_UNIT.sub(GLUE, prose))
+    return _AXIS_DEGREE.sub(lambda m: m.group(1) + GLUE, bound)
 
 
 def keep_together(markdown: str) -> str:
