@@ -714,6 +714,8 @@ def megatron_rank_account(name: str) -> dict:
 
 @dataclass(frozen=True)
 class Sweep:
+    """One figure's sweep: a model over the (tp, pp) splits of ``gpus`` A100s at each batch, and the order the
+    paper states."""
     name: str
     model: pl.ModelSpec
     splits: tuple[tuple[int, int], ...]  # (tp, pp); dp = 64 / (tp · pp)
