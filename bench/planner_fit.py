@@ -56,7 +56,8 @@ def print_sweeps() -> None:
         print(f"{sweep.name} (64 A100s), the paper's fastest first: {stated}")
         for batch in sweep.batches:
             for nics in ("one", "per-rank"):
-                order = ", ".join(_split(s) for s in pub.sweep_ranking(key, batch, dp_ring_nics=nics))
+                steps = pub.sweep_steps(key, batch, dp_ring_nics=nics)
+                order = ", ".join(f"{_split(s)} {steps[s]:.2f} s" for s in sorted(steps, key=steps.__getitem__))
                 same = "= paper" if pub.sweep_agrees(key, batch, nics) else "MISS"
                 print(f"  batch {batch:3d}, DP ring NICs {nics:8s} {same:7s}: {order}")
 

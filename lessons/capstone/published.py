@@ -735,11 +735,11 @@ SWEEPS = {
 }
 
 
-def sweep_ranking(sweep: str, global_batch: int, gpus_per_node: int = 8,
-                  dp_ring_nics: str = "one") -> list[tuple[int, int]]:
-    """A sweep's (tp, pp) splits, fastest first as the planner predicts them (TP may leave a node, as the
-    figures' TP 16 and 32 did); ``gpus_per_node``: Selene's 8, or more for a what-if; ``dp_ring_nics``:
-    the planner's network model for data-parallel rings (planner.Cluster)."""
+def sweep_steps(sweep: str, global_batch: int, gpus_per_node: int = 8,
+                dp_ring_nics: str = "one") -> dict[tuple[int, int], float]:
+    """A sweep's (tp, pp) splits and the planner's step time for each (its best microbatch count; TP may
+    leave a node, as the figures' TP 16 and 32 did); ``gpus_per_node``: Selene's 8, or more for a what-if;
+    ``dp_ring_nics``: the planner's network model for data-parallel rings (planner.Cluster)."""
     s = SWEEPS[sweep]
     cluster = pl.Cluster(s.gpus, 80e9, gpus_per_node=gpus_per_node, **A100, grad_bytes=2, tp_across_nodes=True,
                          dp_ring_nics=dp_ring_nics)
@@ -748,7 +748,14 @@ def sweep_ranking(sweep: str, global_batch: int, gpus_per_node: int = 8,
     for c in pl.plan(s.model, cluster, global_batch, axes=axes)["configs"]:
         if (c.tp, c.pp) in s.splits:
             fastest.setdefault((c.tp, c.pp), c.step_time_s)
-    return sorted(fastest, key=fastest.__getitem__)
+    return fastest
+
+
+def sweep_ranking(sweep: str, global_batch: int, gpus_per_node: int = 8,
+                  dp_ring_nics: str = "one") -> list[tuple[int, int]]:
+    """A sweep's (tp, pp) splits, fastest first as the planner predicts them (:func:`sweep_steps`)."""
+    steps = sweep_steps(sweep, global_batch, gpus_per_node, dp_ring_nics)
+    return sorted(steps, key=steps.__getitem__)
 
 
 def sweep_agrees(sweep: str, global_batch: int, dp_ring_nics: str = "one") -> bool:
