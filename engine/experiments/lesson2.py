@@ -429,9 +429,12 @@ def alone_time(strategy: str, cfg: GPTConfig, batches, world_size: int, device, 
 def _timed_step(trainer: Trainer, batch, barrier: bool = False) -> tuple[float, float, float, float]:
     """Wall seconds of one ``trainer.step(batch)`` (started together on every rank: ``barrier``),
     the calling thread's wait for a core in it (the kernel's run-queue delay,
-    :func:`distai.engine.time_causes.run_queue_s`), its wait on its collectives (:meth:`Trainer.exposed_s`;
-    where torch waits for them, its time off a core (:func:`off_cpu_is_collective_wait`), else NaN)
-    and its CPU seconds."""
+    :func:`distai.engine.time_causes.run_queue_s`), its wait on its collectives and its CPU seconds.
+    The wait: where torch waits for them, its time off a core (:func:`off_cpu_is_collective_wait`), else
+    NaN; where our ZeRO's code waits (:meth:`Trainer.exposed_s`), the time it timed there, and on a CPU
+    rank of one thread no less than its time off a core, which is all a wait on gloo there: issuing a
+    collective can block on gloo's queue too (a few ms of a 27 ms step, seen in CI, outside the timed
+    waits)."""
     if barrier:
         dist.barrier()
     e0 = trainer.exposed_s()
@@ -439,9 +442,10 @@ def _timed_step(trainer: Trainer, batch, barrier: bool = False) -> tuple[float, 
     trainer.step(batch)
     t, q, cpu = time.perf_counter() - t0, run_queue_s() - q, time.thread_time() - c0
     e1 = trainer.exposed_s()
+    off_cpu = max(0.0, t - min(q, t) - cpu) if off_cpu_is_collective_wait(trainer.device) else float("nan")
     if e0 is not None and e1 is not None:
-        return t, q, e1 - e0, cpu
-    return t, q, max(0.0, t - min(q, t) - cpu) if off_cpu_is_collective_wait(trainer.device) else float("nan"), cpu
+        return t, q, max(e1 - e0, off_cpu) if math.isfinite(off_cpu) else e1 - e0, cpu
+    return t, q, off_cpu, cpu
 
 
 def off_cpu_is_collective_wait(device) -> bool:
