@@ -432,9 +432,8 @@ def _timed_step(trainer: Trainer, batch, barrier: bool = False) -> tuple[float, 
     :func:`distai.engine.time_causes.run_queue_s`), its wait on its collectives and its CPU seconds.
     The wait: where torch waits for them, its time off a core (:func:`off_cpu_is_collective_wait`), else
     NaN; where our ZeRO's code waits (:meth:`Trainer.exposed_s`), the time it timed there, and on a CPU
-    rank of one thread no less than its time off a core, which is all a wait on gloo there: issuing a
-    collective can block on gloo's queue too (a few ms of a 27 ms step, seen in CI, outside the timed
-    waits)."""
+    rank of one thread no less than its time off a core: by the same argument all of that is a wait on
+    gloo, also where it falls outside the timed waits (3.2 ms of a 26.7 ms step in one CI run)."""
     if barrier:
         dist.barrier()
     e0 = trainer.exposed_s()
