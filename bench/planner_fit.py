@@ -42,7 +42,7 @@ def main() -> None:
         print(f"worst |error|, {which}: {pub.worst_error(which):.1%} in MFU, "
               f"{pub.worst_error(which, 'step_error'):.1%} in step time")
     print_sweeps()
-    print_nic_per_rank()
+    print_nic_per_rank(fit["loss"])
     print_megatron_ranks()
     print_grad_accumulation()
     print_deepseek()
@@ -66,13 +66,13 @@ def _split(split: tuple[int, int]) -> str:
     return f"TP {split[0]} PP {split[1]}"
 
 
-def print_nic_per_rank() -> None:
+def print_nic_per_rank(today_loss: float) -> None:
     """The what-if the sweeps argue for, on the published runs: every data-parallel ring with the NICs of its
-    ranks on a node, at today's constants and refitted."""
+    ranks on a node, at today's constants and refitted (``today_loss``: the A100 loss of today's fit)."""
     fit = pub.what_if_refit("nic-per-rank")
     print(f"with a NIC per rank in every data-parallel ring: refitted A100 E = {fit['a100']:.2f}, H100 E = "
           f"{fit['h100']:.2f}, w½ = {fit['half_width']:g} (A100 loss {fit['loss']:.4f}; today's "
-          f"{pub.fit_gpu_model()['loss']:.4f})")
+          f"{today_loss:.4f})")
     for name in pub.PUBLISHED:
         now, refit = pub.what_if_run("nic-per-rank", name), pub.what_if_run("nic-per-rank", name, True)
         if (now["layout_rank"], refit["layout_rank"]) != (pub.layout_rank(name),) * 2 or refit["layout_rank"] > 5:

@@ -832,6 +832,8 @@ def test_a_data_parallel_ring_with_a_nic_per_rank():
     capped = pl.evaluate(p.model, wide, p.global_batch, pl.Config(1, 8, 32, 1, 0, "full", 1),
                          axes=dataclasses.replace(p.axes, dp_overlap=False)).time["dp_comm_exposed_s"]
     assert capped == pytest.approx(exposed["one"] / 4)
+    with pytest.raises(ValueError, match="dp_ring_nics"):  # a misspelt model is refused, not read as "one"
+        dataclasses.replace(no_latency, dp_ring_nics="per_rank")
 
 
 def test_cli_dp_ring_nics(capsys):

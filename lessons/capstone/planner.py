@@ -147,11 +147,15 @@ class Cluster:
     # what a data-parallel ring that crosses nodes gets of the network: "one" NIC's inter_bandwidth, however many
     # of its ranks a node holds (the planner's model, fitted so); "per-rank": the k NICs of its k ranks on a
     # node (NCCL builds a channel per NIC, so a ring with 8 ranks a node runs at up to 8 NICs' bandwidth), up
-    # to NVLink's. A what-if that Narayanan et al. 2021's Figs. 14-15 argue for (published.figure_ranking)
+    # to NVLink's. A what-if that Narayanan et al. 2021's Figs. 14-15 argue for (published.sweep_ranking)
     dp_ring_nics: str = "one"  # one of DP_RING_NICS
 
+    def __post_init__(self) -> None:
+        if self.dp_ring_nics not in DP_RING_NICS:
+            raise ValueError(f"unknown dp_ring_nics {self.dp_ring_nics!r}; choose one of {', '.join(DP_RING_NICS)}")
 
-DP_RING_NICS = ("one", "per-rank")
+
+DP_RING_NICS = ("one", "per-rank")  # Cluster.dp_ring_nics
 
 
 @dataclass

@@ -718,20 +718,20 @@ class Sweep:
     paper states."""
     name: str
     model: pl.ModelSpec
-    splits: tuple[tuple[int, int], ...]  # (tp, pp); dp = 64 / (tp · pp)
+    splits: tuple[tuple[int, int], ...]  # (tp, pp); dp = gpus / (tp · pp)
     batches: tuple[int, ...]
     papers_order: tuple[tuple[int, int], ...]  # fastest first, as far as the paper states it
     gpus: int = 64
 
 
 _GPT_5_9B = _gpt(5.9e9, 32, 3840, 32)
+_PP_WITH_DP = tuple((1, pp) for pp in (2, 4, 8, 16, 32))  # Fig. 14's splits, in the paper's order
+_TP_WITH_DP = tuple((tp, 1) for tp in (2, 4, 8, 16, 32))  # Fig. 15's
 SWEEPS = {
     "fig13": Sweep("Fig. 13", _gpt(162.2e9, 32, 20480, 128), tuple((64 // pp, pp) for pp in (1, 2, 4, 8, 16, 32)),
                    (32, 128), ((8, 8),)),
-    "fig14": Sweep("Fig. 14", _GPT_5_9B, tuple((1, pp) for pp in (2, 4, 8, 16, 32)), (32, 512),
-                   tuple((1, pp) for pp in (2, 4, 8, 16, 32))),
-    "fig15": Sweep("Fig. 15", _GPT_5_9B, tuple((tp, 1) for tp in (2, 4, 8, 16, 32)), (32, 128, 512),
-                   tuple((tp, 1) for tp in (2, 4, 8, 16, 32))),
+    "fig14": Sweep("Fig. 14", _GPT_5_9B, _PP_WITH_DP, (32, 512), _PP_WITH_DP),
+    "fig15": Sweep("Fig. 15", _GPT_5_9B, _TP_WITH_DP, (32, 128, 512), _TP_WITH_DP),
 }
 
 

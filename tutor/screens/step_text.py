@@ -39,21 +39,19 @@ GLUE = "\ue000"
 # Rich wraps at any whitespace (``rich._wrap.re_word``: ``\s*\S+\s*``), no-break spaces included; a word
 # here runs through them
 _BREAKABLE = r"[^\S\u00a0\u202f]"
-rich._wrap.re_word = re.compile(rf"{_BREAKABLE}*(?:[^\s]|[\u00a0\u202f])+{_BREAKABLE}*")
+rich._wrap.re_word = re.compile(rf"{_BREAKABLE}*(?:\S|[\u00a0\u202f])+{_BREAKABLE}*")
 # what a number's unit can be in the lessons' prose (lessons/units.py's formats, and the counts the texts use)
 _UNIT = (r"(?:%|[kKMGTP]i?B(?:/s)?|B|bytes?|[mµμn]?s|min|h|Gb/s|(?:[GTP]?FLOP)(?:/s|s)?|GPUs?|ranks?|nodes?|"
-         r"tokens?|layers?|steps?|stages?|chunks?|microbatch(?:es)?|mil(?: millones)?|millones|billones|"
+         r"tokens?|layers?|steps?|stages?|chunks?|microbatch(?:es)?|mil|millones|billones|"
          r"etapas?|capas?|pasos?|nodos?|trozos?|microlotes?|x|×)")
 _SPACE = r"(?: |\n[ \t]*)"  # a space, or a line break inside a paragraph (the source's lines are cut anywhere)
 _NUMBER_UNIT = re.compile(rf"(?<=\d){_SPACE}(?={_UNIT}(?![\w/]))")
 _AXIS_DEGREE = re.compile(
     rf"(?<![\w])(TP|PP|DP|CP|EP|SP|E|w½|Fig\.|Figs\.|Sec\.|sec\.|fig\.|figs\.|Table|tabla|ZeRO-\d){_SPACE}(?=\d)")
-# what is not prose: fenced blocks, inline code, HTML comments (the checks)
-_NOT_PROSE = re.compile(r"```.*?```|`[^`\n]*`|<!--.*?-->", re.S)
-
-
 # Spanish billions are two words ("405 mil millones", units.format_count): one unit
 _MIL_MILLONES = re.compile(rf"(?<=\d{GLUE}mil){_SPACE}(?=mill)")
+# what is not prose: fenced blocks, inline code, HTML comments (the checks)
+_NOT_PROSE = re.compile(r"```.*?```|`[^`\n]*`|<!--.*?-->", re.S)
 
 
 def _bind(prose: str) -> str:
