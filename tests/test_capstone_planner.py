@@ -283,6 +283,18 @@ def test_tp_stays_inside_a_node_unless_allowed():
     assert any(c.tp == 16 and c.time["tp_over_nodes"] for c in across["configs"])
 
 
+def test_dp_over_nodes_is_the_gradient_groups_link():
+    # dp 1, cp 2 on TP 8: no data-parallel group, but the gradients are reduced over the 2 CP ranks
+    model = pl.ModelSpec(8e9, 32, 4096, 32, 8, 32768)
+    config = pl.Config(tp=8, pp=1, dp=1, cp=2, microbatch=1, zero=1, recompute="full", chunks=1)
+    for gpus_per_node, across in ((8, True), (16, False)):  # the CP ranks a node apart, or on one node
+        cluster = pl.Cluster(16, 80e9, gpus_per_node=gpus_per_node)
+        c = pl.evaluate(model, cluster, 1, dataclasses.replace(config))
+        assert not c.reason, c.reason
+        assert c.time["cp_over_nodes"] == c.time["dp_over_nodes"] == across
+        assert pl._dp_link(cluster, c)[0] == (cluster.inter_alpha if across else cluster.alpha)
+
+
 def test_cli_json_keys_and_text(capsys):
     code, out, err = run(capsys, *ISSUE_ARGS, "--json")
     assert code == 0, err

@@ -213,12 +213,18 @@ def _link(cluster: Cluster, across: bool) -> tuple[float, float]:
     return cluster.alpha, 1 / cluster.intra_bandwidth
 
 
+def _dp_spans_nodes(cluster: Cluster, c: Config) -> bool:
+    """Whether the gradients' reduction group (dp·cp ranks, t apart: context parallelism's ranks hold
+    the same weights) reaches beyond a node."""
+    return _spans_nodes(c.tp, c.dp * c.cp, cluster.gpus_per_node)
+
+
 def _dp_link(cluster: Cluster, c: Config) -> tuple[float, float]:
     """(α, β) of the data-parallel group (dp·cp ranks, t apart): :func:`_link`, and with
     ``cluster.dp_ring_nics`` "per-rank" a ring across nodes at the bandwidth of the NICs of its ranks on a
     node, at most NVLink's."""
     g, shard = cluster.gpus_per_node, c.dp * c.cp
-    across = _spans_nodes(c.tp, shard, g)
+    across = _dp_spans_nodes(cluster, c)
     alpha, beta = _link(cluster, across)
     if across and cluster.dp_ring_nics == "per-rank":
         on_node = max(1, min(shard, g // c.tp))  # the group's ranks on one node
@@ -743,7 +749,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, o
               "bubble_s": pipeline - slot * m, "dp_comm_exposed_s": dp_exposed, "optimizer_s": optimizer_s,
               "gemm_efficiency": comp["gemm_efficiency"],
               "tp_over_nodes": _spans_nodes(1, tp, g), "cp_over_nodes": _spans_nodes(st["cp"], c.cp, g),
-              "pp_over_nodes": _spans_nodes(st["pp"], pp, g), "dp_over_nodes": _spans_nodes(st["dp"], dp, g)}
+              "pp_over_nodes": _spans_nodes(st["pp"], pp, g), "dp_over_nodes": _dp_spans_nodes(cluster, c)}
     c.bubble_fraction = (pipeline - slot * m) / pipeline if dual else bubble_fraction(pp, m, v)
     c.mfu = f.mfu(model_flops_per_step(model, global_batch), c.step_time_s, n, cluster.flops)
     c.tokens_per_s = global_batch * model.seq / c.step_time_s
