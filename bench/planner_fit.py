@@ -98,6 +98,10 @@ def print_megatron_ranks() -> None:
               f"({now['slower']:+.1%}), error {now['error']:+.1%}; refitted (A100 E = {fit['a100']:.2f}, "
               f"w½ = {fit['half_width']:g}): rank {refit['layout_rank']} ({refit['slower']:+.1%}), "
               f"error {refit['error']:+.1%}")
+    # the same question, held out: a 20B model on A100s whose authors trained on TP 2 x PP 4
+    places = {split: pub.layout_place("gpt-neox-20b", split) for split in ((2, 4, 12), (2, 2, 24), (8, 1, 12))}
+    print("  held out, GPT-NeoX-20B (96 A100-40GB): " + ", ".join(
+        f"TP {t} x PP {p} rank {x['rank']} ({x['slower']:+.1%})" for (t, p, _), x in places.items()))
 
 
 def print_grad_accumulation() -> None:

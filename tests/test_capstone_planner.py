@@ -48,8 +48,11 @@ def run(capsys, *argv):
 # recomputation (its activation count knows no FP8 caching); with DeepSeek's own recomputation 36% high: a
 # layer takes 25.3 ms where DeepSeek's training profile spends 29.5 ms on its compute stream (MoE permutation,
 # norms, RoPE: kernels the planner does not count).
+# GPT-NeoX-20B: 15.6% high in MFU (13.5% short in step time, within the goal), its throughput counted as its code
+# counted it (6Ψ + 60·s·h·l a token); the planner leaves out its parallel attention and MLP, which would make it
+# faster still.
 RANK_MISSES = {"megatron-18.4b": (7, 1.14), "megatron-39.1b": (8, 1.14)}  # rank, step over the best's
-ERROR_MISSES = {"deepseek-v3": 0.17}
+ERROR_MISSES = {"deepseek-v3": 0.17, "gpt-neox-20b": 0.16}
 
 
 @pytest.mark.parametrize("name", list(pub.PUBLISHED))
@@ -84,23 +87,24 @@ def test_error_table_splits_fitted_and_held_out():
     rows = pub.error_table()
     assert {r["set"] for r in rows} == {"fitted", "held out"}
     held = [r for r in rows if r["set"] == "held out"]
-    # Korthikanti 2022, MT-NLG, OPT, BLOOM, Llama 3 (16K GPUs, 128K tokens) and DeepSeek-V3 are held out
-    assert {"korthikanti-1t", "mt-nlg-530b-280", "opt-175b", "bloom-176b", "llama3-405b-128k",
+    # Korthikanti 2022, MT-NLG, OPT, BLOOM, GPT-NeoX-20B, Llama 3 (16K GPUs, 128K tokens) and DeepSeek-V3 are held out
+    assert {"korthikanti-1t", "mt-nlg-530b-280", "opt-175b", "bloom-176b", "gpt-neox-20b", "llama3-405b-128k",
             "deepseek-v3"} <= {r["name"] for r in held}
     assert pub.worst_error("held out") == max(abs(r["error"]) for r in held)
 
 
 def test_the_goal_in_mfu_or_step_time():
     """Issue 29's goal, "within 15 % in MFU or step time": the step time's error is the published MFU
-    over the predicted one (both count the same FLOPs); every held-out run meets it, DeepSeek-V3 in step
-    time only (+16.7 % in MFU, -14.3 % in step time)."""
+    over the predicted one (both count the same FLOPs); every held-out run meets it, DeepSeek-V3 and
+    GPT-NeoX-20B in step time only (+16.7 % and +15.6 % in MFU, -14.3 % and -13.5 % in step time)."""
     rows = pub.error_table()
     for r in rows:
         assert r["step_error"] == pytest.approx(r["published_mfu"] / r["predicted_mfu"] - 1)
         assert (r["error"] > 0) == (r["step_error"] < 0)  # a faster predicted step is a higher predicted MFU
     missed = {r["name"] for r in rows if r["set"] == "held out" and min(abs(r["error"]), abs(r["step_error"])) > 0.15}
     assert missed == set()
-    assert {r["name"] for r in rows if r["set"] == "held out" and abs(r["error"]) > 0.15} == {"deepseek-v3"}
+    assert {r["name"] for r in rows if r["set"] == "held out" and abs(r["error"]) > 0.15} == {"deepseek-v3",
+                                                                                              "gpt-neox-20b"}
     assert pub.worst_error("held out", "step_error") == max(abs(r["step_error"]) for r in rows
                                                             if r["set"] == "held out")
 
@@ -116,6 +120,27 @@ def test_published_mfu_of_a_step_time_and_of_tokens_per_second():
     per_token = 6 * m.active_params + 12 * m.layers * m.attention_width * m.seq
     assert pub.published_mfu("deepseek-v3") == pytest.approx(1e12 / (180e3 * 3600) * per_token / 989e12)
     assert 37e9 < m.active_params < 42e9  # 37B active (DeepSeek-V3 report), plus the MTP layer it trains
+
+
+def test_gpt_neox_throughput_is_counted_as_its_code_counted_it():
+    # 117 TFLOP/s a GPU of 6Ψ + 60·s·h·l FLOPs a token (gpt-neox's get_flops, 2021-2023), Ψ = 20,556,201,984
+    # (the model card), on the A100's 312 TFLOP/s; the MFU counts the model's 6Ψ + 12·s·h·l
+    counted, model = 6 * 20.556e9 + 60 * 2048 * 6144 * 44, 6 * 20.556e9 + 12 * 2048 * 6144 * 44
+    assert pub.published_mfu("gpt-neox-20b") == pytest.approx(117e12 * model / counted / 312e12)
+    p = pub.PUBLISHED["gpt-neox-20b"]
+    # configs/20B.yml: micro-batch 4, 32 accumulation steps, 12 data-parallel ranks; 40 GB A100s
+    assert p.global_batch == 4 * 32 * 12 and p.microbatch == 4 and p.cluster.gpu_memory == 40e9
+
+
+def test_gpt_neox_layout_near_the_top_and_tp8_behind():
+    """Held out, nothing fitted on it: the layout GPT-NeoX-20B's authors trained on (TP 2 × PP 4) is near the
+    top on their cluster, and TP 8 on one node (Megatron-LM's Table 1 choice at 18.4B) well behind."""
+    assert pub.layout_place("gpt-neox-20b", (2, 4, 12)) == {"rank": pub.layout_rank("gpt-neox-20b"),
+                                                          "slower": pytest.approx(0.017, abs=0.001)}
+    assert pub.layout_rank("gpt-neox-20b") <= 2
+    tp8 = pub.layout_place("gpt-neox-20b", (8, 1, 12))
+    assert tp8["rank"] > 5 and tp8["slower"] > 0.1
+    assert pub.layout_place("gpt-neox-20b", (3, 1, 32))["rank"] == 0  # no such layout: 3 divides no head count
 
 
 def test_mtnlg_micro_batch_is_not_published_and_two_would_double_the_bubble():

@@ -242,6 +242,16 @@ def megatron_flops_per_step(batch: int, seq: int, layers: int, hidden: int, voca
     return 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
 
 
+def neox_flops_per_token(params: float, seq: int, hidden: int, layers: int) -> float:
+    """FLOPs per token as GPT-NeoX counted them for its logged throughput from May 2021 to September 2023
+    (EleutherAI/gpt-neox, ``megatron/logging.py``'s ``get_flops``, replaced by eq. 3 in PR #1044):
+    6·Ψ + 60·s·h·l, Ψ every parameter of the model (embeddings included)."""
+    if not params > 0:
+        raise ValueError("the parameters must be greater than 0")
+    return 6 * params + 60 * _count(seq, "the sequence length") * _count(hidden, "the hidden size") * _count(
+        layers, "the number of layers")
+
+
 def mfu(model_flops_per_step: float, step_time_s: float, gpus: int, peak_flops: float) -> float:
     """Model FLOPs utilisation: model FLOPs per step / (GPUs · peak FLOP/s · step time)
     (Chowdhery et al. 2022, Sec. 4.1 and Appendix B)."""

@@ -98,6 +98,15 @@ Sources (A100-80GB: 312 TFLOP/s bf16 dense, HBM 2.039 TB/s; H100 SXM: 989 TFLOP/
   BF16 optimizer with its own ZeRO-1; "about 150 TFLOPs" per GPU counted with recomputation (README,
   "Throughput"); 4 NVLink links per GPU (25 GB/s per direction each) and 4 × 100 Gb/s Omni-Path per
   node (6.25 GB/s per GPU).
+- GPT-NeoX-20B: Black et al., "GPT-NeoX-20B: An Open-Source Autoregressive Language Model", BigScience
+  Workshop at ACL 2022 (arXiv:2204.06745), Secs. 2-3, and EleutherAI/gpt-neox ``configs/20B.yml``: 44 layers, h
+  6144, 64 heads, vocabulary 50,432 (padded), untied embeddings, 20,556,201,984 parameters (the model card),
+  sequence 2048; 96 A100-SXM4-40GB in 12 nodes (HBM 1.555 TB/s; NVSwitch; four 200 Gb/s HDR HCAs a node,
+  12.5 GB/s per GPU); TP 2, PP 4, DP 12 on DeepSpeed's pipeline engine with its fp16 ZeRO-1, micro-batch 4,
+  32 a step (1,536 sequences; the paper writes 1,538), full recomputation; "117 teraFLOPS per GPU",
+  taken as gpt-neox's ``get_flops`` logged it then (6Ψ + 60·s·h·l a token, :func:`~.formulas.neox_flops_per_token`:
+  the paper does not say). Left out: its attention and MLP in parallel, summed with one all-reduce (the
+  paper credits them with 15% more throughput), rotary embeddings, dropout 0, synchronize-each-layer.
 - DeepSeek-V3: DeepSeek-AI, "DeepSeek-V3 Technical Report", arXiv:2412.19437, 2024: 61 layers (the first
   3 dense, their MLP 18,432 wide = 9 × 2048: the same active FLOPs as an MoE layer), h 7168, 128 heads of
   Multi-head Latent Attention (q·k 192 = 128 + 64 of RoPE, v 128 per head; its projections ~187M
@@ -191,7 +200,8 @@ class Published:
     global_batch: int
     layout: tuple[int, int, int, int, int]  # (tp, pp, dp, cp, ep)
     measure: str  # what was published: "megatron" (TFLOP/s counted with recomputation, eq. 3), "causal"
-    #               (TFLOP/s counting the causal half of the attention scores), "mfu", "step" (seconds per
+    #               (TFLOP/s counting the causal half of the attention scores), "neox" (TFLOP/s counted as
+    #               GPT-NeoX did, formulas.neox_flops_per_token), "mfu", "step" (seconds per
     #               step) or "tokens" (tokens/s per GPU)
     value: float  # that figure: FLOP/s per GPU, an MFU, seconds or tokens/s
     axes: pl.Axes = field(default_factory=pl.Axes)  # what the run's framework offered
@@ -306,6 +316,21 @@ BLOOM = Published("bloom-176b", pl.ModelSpec(176.2e9, 70, 14336, 112, 112, 2048,
                   pl.Cluster(384, 80e9, **BLOOM_A100), 2048,
                   (4, 12, 8, 1, 1), "megatron", 150e12, _axes((4, 12, 8, 1, 1), **DEEPSPEED), microbatch=2,
                   source="BigScience tr11-176B-ml README and slurm script; BLOOM paper Sec. 3.4")
+# GPT-NeoX-20B as EleutherAI trained it (configs/20B.yml): DeepSpeed's pipeline engine and its fp16 ZeRO-1
+# (reduce_scatter: true, so a reduce-scatter and an all-gather of the updated fp16 weights, not BF16_Optimizer's
+# all-reduce), gradients added into param.grad in fp16 by autograd after the first microbatch ("add", 2 bytes);
+# micro-batch 4, 32 of them a step on DP 12: 1,536 sequences (the paper's "1538" is a typo of the config's
+# product); full recomputation of every layer; untied embeddings (no-weight-tying). Its cluster: 12 nodes of 8
+# A100-SXM4-40GB (HBM 1.555 TB/s) on NVSwitch, four 200 Gb/s HDR HCAs a node: 12.5 GB/s per GPU.
+# Approximations: its parallel attention and MLP (gpt_j_residual: one TP all-reduce in the forward where the
+# planner counts two), rotary embeddings on a quarter of each head, dropout 0 (the planner counts the masks) and
+# its synchronize-each-layer are left out; DeepSpeed's topology puts the pipeline outermost, as the planner does.
+NEOX_A100_40GB: Hardware = {**A100, "inter_bandwidth": 12.5e9, "hbm_bandwidth": 1.555e12}
+NEOX_20B = Published("gpt-neox-20b", pl.ModelSpec(20.556e9, 44, 6144, 64, 64, 2048, 50432, tied_embeddings=False),
+                     pl.Cluster(96, 40e9, **NEOX_A100_40GB, grad_bytes=2), 1536, (2, 4, 12, 1, 1), "neox", 117e12,
+                     _axes((2, 4, 12, 1, 1), **{**DEEPSPEED, "grad_accumulation": "add",
+                                                "zero1_reduction": "reduce-scatter"}), microbatch=4,
+                     source="Black et al. 2022, Sec. 3; EleutherAI/gpt-neox configs/20B.yml")
 # DeepSeek-V3 as its report describes it (see the module's sources): 61 layers and the multi-token-prediction
 # module (one more MLA + MoE block) as 62; with the embedding and output slots they fill PP 16's stages, 4 slots
 # each. Parameters: the 671B of the main model, the MTP block and its 2h×h projection (11.6B), and the shared
@@ -424,7 +449,7 @@ def deepseek_own_recompute_error() -> float:
     return c.mfu / published_mfu(p.name) - 1
 
 
-PUBLISHED = {p.name: p for p in (*MEGATRON, *KORTHIKANTI, *MTNLG, OPT, *LLAMA3, BLOOM, DEEPSEEK_V3)}
+PUBLISHED = {p.name: p for p in (*MEGATRON, *KORTHIKANTI, *MTNLG, OPT, *LLAMA3, BLOOM, NEOX_20B, DEEPSEEK_V3)}
 # the runs E and w½ were fitted on; every other run is held out
 FIT = tuple(p.name for p in MEGATRON) + ("llama3-405b-8k",)
 
@@ -448,6 +473,9 @@ def published_mfu(name: str) -> float:
         return f.mfu(model_flops, p.value, n, peak)
     if p.measure == "tokens":
         return p.value * model_flops / (p.global_batch * m.seq) / peak
+    if p.measure == "neox":  # GPT-NeoX's count, 6Ψ + 60·s·h·l per token
+        counted = f.neox_flops_per_token(m.params, m.seq, m.hidden, m.layers)
+        return p.value * (model_flops / (p.global_batch * m.seq)) / counted / peak
     if p.measure == "causal":  # 6Ψ + 6·L·h·s per token: the masked half of the scores is not counted
         causal = 6 * m.active_params + 6 * m.layers * m.attention_width * m.seq
         return p.value * (model_flops / (p.global_batch * m.seq)) / causal / peak
@@ -559,6 +587,20 @@ def reproduce_run(p: Published) -> dict:
 def layout_rank(name: str) -> int:
     """Where the planner ranks the published layout among all feasible layouts (1 = best)."""
     return reproduce(name)["layout_rank"]
+
+
+@cache
+def _plan_configs(name: str) -> list:
+    p = _get(name)
+    return pl.plan(p.model, p.cluster, p.global_batch, axes=p.axes)["configs"]
+
+
+def layout_place(name: str, layout: Sequence[int]) -> dict:
+    """Where the planner ranks another ``layout`` (tp, pp, dp[, cp, ep]) of ``name``'s model and cluster:
+    {"rank" (1 = best; 0 when it does not fit), "slower" (its step over the best's, − 1)}."""
+    configs = _plan_configs(name)
+    rank, config = pl.layout_rank(configs, tuple(layout))
+    return {"rank": rank, "slower": config.step_time_s / configs[0].step_time_s - 1 if config else math.inf}
 
 
 def predicted_mfu(name: str) -> float:
