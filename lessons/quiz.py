@@ -212,6 +212,45 @@ def _foreign_unit(text: str, lang: str) -> str:
     return ""
 
 
+# "57x" or "57 ×" for a ratio; "62 steps" or "62 pasos" for a count: the number, once the word is no unit
+_RATIO_SIGN = re.compile(r"^(.+?)\s*[x×]$", re.IGNORECASE)
+_TRAILING_NOUN = re.compile(r"^(.+?)\s+([^\W\d_]{3,})\.?$")
+
+
+def _is_unit(word: str) -> bool:
+    """Whether ``word`` is a unit of any quantity, in either language ("GB", "ms", "millones")."""
+    for kind in ("bytes", "seconds", "bandwidth", "count"):
+        for lang in ("en", "es"):
+            try:
+                units.parse_quantity(f"1 {word}", kind, lang)
+                return True
+            except (ValueError, TypeError, OverflowError):
+                continue
+    return False
+
+
+def _without_noun(text: str, q: Question) -> str:
+    """``text`` without what a plain-number answer may carry after its number: a ratio's "x" or "×", or a
+    word of the question that names what it counts ("steps"); anything else is returned as it was."""
+    if q.quantity not in ("number", "count"):
+        return text
+    ratio = _RATIO_SIGN.match(text)
+    if ratio and q.quantity == "number":
+        return ratio.group(1)
+    noun = _TRAILING_NOUN.match(text)
+    if noun and not _is_unit(noun.group(2)) and _names_what_is_asked(noun.group(2), q.prompt):
+        return noun.group(1)
+    return text
+
+
+def _names_what_is_asked(word: str, prompt: str) -> bool:
+    """Whether ``word`` is a word of the question ("steps" in "how many communication steps"), singular
+    or plural: "12 furlongs" stays a foreign unit."""
+    words = {w.lower() for w in re.findall(r"[^\W\d_]+", prompt)}
+    stem = word.lower()
+    return stem in words or stem + "s" in words or stem + "es" in words or stem.rstrip("s") in words
+
+
 def _close(value: float, answer: float, q: Question) -> bool:
     if q.integer:
         return round(value) == round(answer) and abs(value - round(value)) < 1e-6 * max(1.0, abs(value))
@@ -252,7 +291,7 @@ def _check(q: Question, text) -> Check:
             return Check(False, False, None,
                          translated("quiz", "choose_option", q.lang, n=n))
         return Check(idx == q.answer, True, idx, "")
-    values = _candidates(s, q)
+    values = _candidates(s, q) or _candidates(_without_noun(s, q), q)
     if not values:
         hint = q.unit or {"bytes": "GB", "seconds": "s", "bandwidth": "GB/s"}.get(q.quantity, "")
         example = f"{units.format_number(12.5, 3, q.lang)} {hint}".strip()

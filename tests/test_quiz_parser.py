@@ -99,3 +99,29 @@ def test_choice_answers_by_number_letter_or_text():
     assert c.valid and not c.correct
     for junk in ("0", "9", "zz", "", "   ", "1.5"):
         assert not quiz.check_answer(q, junk).valid
+
+
+def test_a_ratio_may_carry_its_x_and_a_count_its_noun():
+    ratio = quiz.numeric("lesson1", "ratio", "en", "how many times slower?", "", 57.0, "number")
+    for text in ("57x", "57×", "57 x", "57 X", "57 times", "57 time"):
+        assert quiz.check_answer(ratio, text).correct, text
+    count = quiz.numeric("lesson1", "steps", "es", "¿cuántos pasos de comunicación?", "", 62, "count", integer=True)
+    for text in ("62 pasos", "62 paso", "62 pasos."):
+        assert quiz.check_answer(count, text).correct, text
+    # a unit of another quantity, or a word the question does not use, is still refused with its own
+    # message; an "x" is a ratio's only
+    for q, text in ((ratio, "57 GB"), (count, "62 ms"), (count, "62x"), (count, "62 furlongs")):
+        check = quiz.check_answer(q, text)
+        assert not check.valid and "'" in check.message, text
+
+
+def test_an_empty_submit_uses_up_no_try():
+    from distai.tutor.review import MAX_INVALID, QuizSession
+
+    q = quiz.numeric("lesson1", "ratio", "en", "how many times slower?", "", 57.0, "number")
+    session = QuizSession([q])
+    for _ in range(MAX_INVALID + 2):  # Enter pressed on an empty box, again and again
+        assert not session.answer("  ").final
+    for _ in range(MAX_INVALID - 1):  # then typos: these count
+        assert not session.answer("zz").final
+    assert session.answer("57").correct

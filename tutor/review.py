@@ -144,6 +144,8 @@ class QuizSession:
         if q is None:
             raise RuntimeError("the quiz is over")
         check = check_answer(q, text)
+        if not str(text or "").strip():
+            return Outcome(check, False, False)  # an empty submit (Enter pressed twice) uses up no try
         if not check.valid:
             self._invalid += 1
             if self._invalid < MAX_INVALID:
