@@ -240,6 +240,14 @@ async def test_play_animates_and_reduce_scatter_step_stops_at_its_end():
         vis.action_to_end()
         text = "\n".join(screen_text(vis))
         assert "70.1 ms of 70.1 ms" in text and "1.75 GB" in text  # the lesson's worked example
+        # the first step's caption tells where the ring starts; played to the end, it says where it ended
+        vis.show_step("replicate")
+        start = " ".join(screen_text(vis))
+        vis.action_to_end()
+        await pilot.pause()
+        end = " ".join(screen_text(vis))
+        assert "starts with its own" in start and "starts with its own" not in end
+        assert "Done: every chunk" in end
 
 
 @async_test

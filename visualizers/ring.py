@@ -286,7 +286,10 @@ class RingVisualizer(PlaybackVisualizer):
         title = self._title(state, width)
         caption = []
         if self.caption_key and self.source == "sim":
-            caption = [Text(line, style="italic") for line in wrap_words(s["captions"][self.caption_key], width)]
+            said = s["captions"][self.caption_key]
+            if self.figures.status(state, frame).phase is None:  # played to the end: a start's caption is stale
+                said = s.get("captions_end", {}).get(self.caption_key, said)
+            caption = [Text(line, style="italic") for line in wrap_words(said, width)]
         header, rows = self._rows(plan, frame, width)
         status = self._status(state, plan, frame, width)
         base = len(title) + len(rows) + len(status) + len(controls)
