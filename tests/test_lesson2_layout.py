@@ -226,3 +226,18 @@ def test_feed_event_shows_measured_bytes():
         return _body(vis)
 
     assert "your run" not in _run(restart)
+
+
+def test_bar_segments_keep_small_states_in_sight_and_equal_states_equal():
+    from distai.visualizers.sharding import segment_widths
+
+    # ZeRO-3, Ψ = 6.7B on 8 GPUs: 1.68 GB of parameters beside 10 GB of optimizer states still gets a cell
+    widths = segment_widths([1.68e9, 1.68e9, 3.35e9, 3.35e9, 3.35e9, 30e9], 40 / 80e9, 38, True)
+    assert all(w >= 1 for w in widths) and widths[0] == widths[1] and widths[2] == widths[3] == widths[4]
+    # equal states, equal widths (P and G 15 GB each, M, m and v 7.5 GB each: they drew 4/5 and 2/2/3 cells)
+    widths = segment_widths([15e9, 15e9, 7.5e9, 7.5e9, 7.5e9], 60 / 160e9, 50, True)
+    assert widths[0] == widths[1] and widths[2] == widths[3] == widths[4]
+    # the bar ends inside the capacity mark exactly when the bytes fit
+    assert sum(segment_widths([39e9, 40.9e9], 60 / 84e9, 57, True)) <= 57
+    assert sum(segment_widths([40e9, 41e9], 60 / 86e9, 56, False)) > 56
+    assert segment_widths([0.0, 5e9], 1e-9, 10, True) == [0, 5]

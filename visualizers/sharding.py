@@ -53,6 +53,20 @@ OWNER_COLORS = ("dodger_blue2", "green3", "gold3", "magenta3", "turquoise2", "da
 LETTER = {"params": "P", "grads": "G", "master": "M", "momentum": "m", "variance": "v", "activations": "A"}
 LABEL_W, VALUE_W = 7, 10
 
+
+def segment_widths(sizes: list[float], cells_per_byte: float, cap_col: int, fits: bool) -> list[int]:
+    """Cells for each of a bar's segments: each rounded on its own, so that equal states are equally wide,
+    and at least one cell when it holds any bytes (a small state stays in sight); then trimmed or grown,
+    largest first, so that the bar ends inside the capacity mark exactly when the bytes fit."""
+    widths = [max(1, round(b * cells_per_byte)) if b > 0 else 0 for b in sizes]
+    order = sorted(range(len(widths)), key=lambda i: -widths[i])
+    while fits and sum(widths) > cap_col and any(widths[i] > 1 for i in order):
+        widest = max(order, key=lambda i: widths[i])
+        widths[widest] -= 1
+    while not fits and widths and sum(widths) <= cap_col:
+        widths[order[0]] += 1
+    return widths
+
 class ShardingVisualizer(PlaybackVisualizer):
     """Per-GPU memory bars for DDP and ZeRO-1/2/3, and one ZeRO-3 step animated."""
 
@@ -332,10 +346,10 @@ class ShardingVisualizer(PlaybackVisualizer):
         out.append(f"{s['gpu']} {gpu.rank:<{LABEL_W - 4}}"[:LABEL_W].ljust(LABEL_W) + "▕",
                    style="bold" if fits else "bold red")
         cells: list[tuple[str, str]] = []
-        start = 0.0
-        for index, seg in enumerate(segments):
-            c0, c1 = round(start / scale * width), round((start + seg.bytes) / scale * width)
-            start += seg.bytes
+        widths = segment_widths([x.bytes for x in segments], width / scale, cap_col, fits)
+        c1 = 0
+        for index, (seg, cells_wide) in enumerate(zip(segments, widths)):
+            c0, c1 = c1, c1 + cells_wide
             transient = index >= len(gpu.segments)
             for c in range(c0, c1):
                 if seg.state == "activations":
