@@ -256,3 +256,18 @@ def test_the_five_axis_run_draws_in_the_terminal_and_the_panel():
     assert "(2, 2, 2, 1) · ep 2 · 8 ranks" in text and "pestaña (s)" not in text and "sí" in text
     for grp in ("cp", "ep", "edp", "moe"):
         assert f" {grp:<3} " in text
+
+
+def test_the_groups_and_run_steps_show_the_lessons_run_mesh():
+    """groups.md names rank 5's groups on the lesson's 8-rank run (pp = dp = cp = ep = 2, tp = 1), and
+    run-it.md's first command runs it: before a run is loaded, both steps draw that mesh."""
+    from distai.visualizers.mesh import LESSON_RUN
+
+    v = MeshVisualizer()
+    v.show_step("groups")
+    text = "\n".join(line.plain for line in v.build_lines(100, 30))
+    assert v.shape == LESSON_RUN and v.rank == 5
+    assert "PP {1 5}" in text and "DP·CP {4 5 6 7}" in text and "CP {4 5}" in text and "EDP {5 7}" in text
+    v.set_shape(SHAPES[0])
+    v.show_step("run-it")
+    assert v.shape == LESSON_RUN and v.view == "step"

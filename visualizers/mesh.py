@@ -36,9 +36,11 @@ from .base import NEXT_VIEW, PLAY, Control
 from .playback import PlaybackVisualizer
 from .ring_drawing import wrap_text
 
+#: the lesson's 8-rank CPU run (run-it's first command, the groups step's rank 5): pp = dp = cp = ep = 2, tp = 1
+LESSON_RUN = Layout(2, 2, 1, cp=2, ep=2, moe=True)
 #: the capstone's test meshes: the 3D ones (pp, dp, tp), then five axes (pp, dp, tp, cp, ep, experts)
 SHAPES = (Layout(2, 2, 2), Layout(1, 2, 4), Layout(4, 1, 2), Layout(2, 4, 1), Layout(2, 1, 2, cp=2),
-          Layout(2, 2, 1, cp=2), Layout(2, 4, 1, ep=4, moe=True), Layout(1, 2, 2, cp=2, ep=2, moe=True))
+          LESSON_RUN, Layout(2, 4, 1, ep=4, moe=True), Layout(1, 2, 2, cp=2, ep=2, moe=True))
 #: the pairs of axes a stage's block can lay out as rows × columns (the third is a tab)
 AXIS_PAIRS = (("dp", "tp"), ("dp", "cp"), ("cp", "tp"))
 GPUS_PER_NODE = 4  # small nodes, so that the 8-rank mesh spans two
@@ -150,6 +152,9 @@ class MeshVisualizer(PlaybackVisualizer):
             return
         if view == "run" and self.run.shape is None:
             view = "step"
+            self.set_shape(LESSON_RUN)  # the mesh the step's command runs
+        if view == "groups":
+            self.set_shape(LESSON_RUN)  # the text's rank 5 is the lesson run's
         self.view, self.frame = view, 0
         if view == "groups":
             self.rank = min(5, self.shape.world - 1)
