@@ -153,3 +153,15 @@ def test_widget_speaks_spanish():
 def test_log2_helpers_are_consistent():
     sim = simulate_scaler(steps=50, growth_interval=5)
     assert all(math.log2(s).is_integer() for s in sim.scale)
+
+
+def test_histogram_plot_fits_a_narrow_pane():
+    # 58 exponent bins in a 44-cell pane: every line fits (the 65504 mark wrapped onto a line of its own),
+    # the smallest exponents gathered in the first bin, the limits still marked
+    h = ExponentHistogram(-64, [0] * 89)
+    for e in (-30, -20, -5):
+        h.counts[e + 64] = 1000
+    lines = histogram_plot(h, 0, "fp16", width=44, height=3, lang="en")
+    assert all(line.cell_len <= 44 for line in lines)
+    assert "2⁻²⁴" in lines[-1].plain and "65504" in lines[-1].plain
+    assert lines[0].plain[0] == "█"  # 2^-30, below the window, counted in its first bin

@@ -166,6 +166,7 @@ def histogram_plot(hist: ExponentHistogram, log2_scale: float, fmt: str, width: 
 
     shift = round(log2_scale)
     counts = dict(zip(hist.exponents(), hist.counts))
+    lo = max(lo, hi - (width - 1))  # a narrow pane: the first bin gathers more of the smallest exponents
     bins = list(range(lo, hi + 1))
     vals, styles = [], []
     for e in bins:
