@@ -48,6 +48,7 @@ ACTIVATIONS = (None, "none", "selective", "full")  # None: not shown; else the r
 SEQ, MICRO_BATCH = 2048, 1
 ANIMATION_LAYERS = 4
 MAX_BARS = 8
+COMPACT_BELOW = 12  # rows of the bars' pane under which one GPU's bar stands for them all
 OWNER_COLORS = ("dodger_blue2", "green3", "gold3", "magenta3", "turquoise2", "dark_orange3",
                 "medium_purple2", "spring_green3")
 LETTER = {"params": "P", "grads": "G", "master": "M", "momentum": "m", "variance": "v", "activations": "A"}
@@ -292,27 +293,35 @@ class ShardingVisualizer(PlaybackVisualizer):
         text = Text(no_wrap=True, overflow="ellipsis")
         # header
         k = F.optimizer_k(self.optimizer, self.precision)
+        gpu0 = lay.gpus[0]
+        total = gpu0.total + sum(x.bytes for x in extra)
+        fits = total <= self.capacity
+        # a short pane: one GPU's bar (the others hold the same bytes) and the verdict on the first line
+        compact = self.is_mounted and 0 < self.query_one("#sh-scroll").size.height < COMPACT_BELOW
         text.append(STRATEGY_NAME[self.strategy], style="bold reverse")
-        text.append(f"  Ψ = {format_count(self.params, lang=self.language)} · N = {self.dp}\n", style="bold")
+        text.append(f"  Ψ = {format_count(self.params, lang=self.language)} · N = {self.dp}", style="bold")
+        if compact:
+            text.append(" · " + s["per_gpu"].format(b=self._fmt(total)) + " ", style="bold")
+            text.append("✓ " + s["fits"] if fits else "✗ " + s["nofit"], style="bold green" if fits else "bold red")
+        text.append("\n")
         text.append(f"{s['prec'][self.precision]} · {s['opt'][self.optimizer]} K = {k} · "
                     f"GPU {self._fmt(self.capacity)}\n", style="dim")
         # axis and bars
-        gpu0 = lay.gpus[0]
-        total = gpu0.total + sum(x.bytes for x in extra)
         width = self.bar_width()
         scale = max(self.capacity, total) * 1.05
         cap_col = round(self.capacity / scale * width)
         axis = " " * (LABEL_W + 1) + "0" + " " * max(0, cap_col - 1) + "┃ " + self._fmt(self.capacity)
         text.append(axis + "\n", style="dim")
         by_rank = {g.rank: g for g in lay.gpus}
-        for rank in self.shown_ranks():
+        shown = [0, None] if compact and self.dp > 1 else self.shown_ranks()
+        for rank in shown:
             if rank is None:
-                text.append(" " * (LABEL_W + 1) + s["more"].format(k=self.dp - 6) + "\n", style="dim")
+                hidden = self.dp - len([r for r in shown if r is not None])
+                text.append(" " * (LABEL_W + 1) + s["more"].format(k=hidden) + "\n", style="dim")
                 continue
             text.append_text(self._bar(by_rank[rank], extra, width, scale, cap_col))
             text.append("\n")
         # summary
-        fits = total <= self.capacity
         line = s["per_gpu"].format(b=self._fmt(total))
         text.append(line + " · ", style="bold")
         text.append(f"{'✓ ' + s['fits'] if fits else '✗ ' + s['nofit']}\n", style="bold green" if fits else "bold red")
