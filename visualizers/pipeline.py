@@ -368,6 +368,17 @@ class PipelineVisualizer(PlaybackVisualizer):
         footer = [Text(tr["legend_short" if narrow else "legend"].format(idle=IDLE_CHAR), style="grey50"),
                   Text(self.controls_hint(width), style="grey50")]
         budget = (height or 10_000) - len(lines) - len(footer)
+        if sum(len(panel) for panel in panels) > budget and len(panels) > 1:
+            # a short pane, schedules to compare: each keeps its first ranks (r0 shows the fill, the
+            # bubble and the step's end) rather than the first schedule taking every row
+            panels = [[ln for k, ln in enumerate(panel) if k == 0 or not ln.plain.startswith("    ")]
+                      for panel in panels]  # the memory strips first
+            for dropped in (footer, lines):  # then the legend, then the play status
+                if sum(len(panel) for panel in panels) > budget and len(dropped) > 1:
+                    dropped.pop(0 if dropped is footer else 1)
+                    budget += 1
+            quota = max(2, budget // len(panels))
+            panels = [panel[:quota] for panel in panels]
         used = 0
         for i, panel in enumerate(panels):
             if used + len(panel) > budget and i > 0:
