@@ -22,6 +22,7 @@ __all__ = [
     "UnitError", "parse_number", "parse_count", "parse_bytes", "parse_size", "parse_time", "parse_bandwidth",
     "parse_quantity", "format_number", "format_bytes", "format_count", "format_time",
     "format_bandwidth", "format_percent", "format_fixed_percent", "number_separator", "BYTE_UNITS", "TIME_UNITS",
+    "bind_units",
 ]
 
 
@@ -370,3 +371,29 @@ def format_plain(x: float, lang: str = "en") -> str:
     """Python's ``{x:g}`` (shortest form: ``0.5``, ``2``, ``1e-05``) with the decimal comma in Spanish."""
     s = f"{x:g}"
     return s.replace(".", ",") if lang == "es" else s
+
+
+# ------------------------------------------------------------------------------ where a line may not break
+#
+# A number never ends a line whose next line starts with its unit ("35.7" / "GB"), nor an axis its degree
+# ("TP" / "8"): the lesson text (tutor/screens/step_text.py) and the visualizers' captions (visualizers/base.py's
+# wrap_words) both bind them with bind_units.
+# what a number's unit can be in the lessons' prose (this module's formats, and the counts the texts use)
+_UNIT = (r"(?:%|[kKMGTP]i?B(?:/s)?|B|bytes?|[mµμn]?s|min|h|Gb/s|(?:[GTP]?FLOP)(?:/s|s)?|GPUs?|ranks?|nodes?|"
+         r"tokens?|layers?|steps?|stages?|chunks?|microbatch(?:es)?|mil|millones|billones|"
+         r"etapas?|capas?|pasos?|nodos?|trozos?|microlotes?|x|×)")
+_SPACE = r"(?: |\n[ \t]*)"  # a space, or a line break inside a paragraph (the source's lines are cut anywhere)
+_NUMBER_UNIT = re.compile(rf"(?<=\d){_SPACE}(?={_UNIT}(?![\w/]))")
+_AXIS_DEGREE = re.compile(
+    rf"(?<![\w])(TP|PP|DP|CP|EP|SP|E|w½|Fig\.|Figs\.|Sec\.|sec\.|fig\.|figs\.|Table|tabla|ZeRO-\d){_SPACE}(?=\d)")
+# a symbol and its value: "N = 8", "α = 5 µs", "s = 2048"
+_SYMBOL_VALUE = re.compile(r"(?<![\w])([A-Za-zαβΨ]) = (?=[\d−-])")
+
+
+def bind_units(prose: str, joiner: str) -> str:
+    """``prose`` with ``joiner`` in place of the space between a number and its unit, between an axis and
+    its degree, around the "=" of a symbol and its value ("α = 5"), and inside Spanish "mil millones"."""
+    bound = _NUMBER_UNIT.sub(joiner, prose)
+    bound = re.sub(rf"(?<=\d{re.escape(joiner)}mil){_SPACE}(?=mill)", joiner, bound)
+    bound = _SYMBOL_VALUE.sub(lambda m: m.group(1) + joiner + "=" + joiner, bound)
+    return _AXIS_DEGREE.sub(lambda m: m.group(1) + joiner, bound)

@@ -125,3 +125,15 @@ def test_an_empty_submit_uses_up_no_try():
     for _ in range(MAX_INVALID - 1):  # then typos: these count
         assert not session.answer("zz").final
     assert session.answer("57").correct
+
+
+def test_bind_units_keeps_numbers_with_units_and_symbols_with_values():
+    from distai.visualizers.base import wrap_words
+
+    caption = "The worked example: S = 1 GB, N = 8, α = 5 µs, 25 GB/s. Step to the end."
+    for width in range(12, 60):
+        for line in wrap_words(caption, width):
+            assert not line.endswith(("α =", "α", "N", "= 5", "25", " 5")), (width, line)
+            assert not line.startswith(("µs", "GB", "= ")), (width, line)
+    assert " ".join(wrap_words(caption, 20)) == caption  # nothing lost, nothing added
+    assert units.bind_units("405 mil millones en TP 8", "_") == "405_mil_millones en TP_8"

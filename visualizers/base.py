@@ -16,6 +16,7 @@ from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import Static
 
+from ..lessons import units
 from ..lessons.registry import step_view
 from ..lessons.strings import strings, translated
 
@@ -241,12 +242,17 @@ class LessonVisualizer(Widget):
         """One event from a live or replayed run of the lesson's experiment (optional)."""
 
 
+_BOUND = "\ue000"  # bind_units' joiner here: a space the wrap does not break at
+
+
 def wrap_words(text: str, width: int) -> list[str]:
-    """Greedy word wrap for hints and captions (a word longer than ``width`` keeps its own line)."""
+    """Greedy word wrap for hints and captions (a word longer than ``width`` keeps its own line); a
+    number stays with its unit and a symbol with its value (lessons/units.py's bind_units)."""
     width = max(8, width)
     out: list[str] = []
     line = ""
-    for word in text.split(" "):
+    for word in units.bind_units(text, _BOUND).split(" "):
+        word = word.replace(_BOUND, " ")
         if line and len(line) + 1 + len(word) > width:
             out.append(line)
             line = word

@@ -25,6 +25,8 @@ from textual.widget import Widget
 from textual.widgets import Markdown, Static
 from textual.widgets._markdown import MarkdownBlock, MarkdownFence, MarkdownTable
 
+from ...lessons import units
+
 SHELL_LEXERS = frozenset({"bash", "sh", "shell", "console", "zsh"})
 DIAGRAM_LEXERS = frozenset({"text", "txt"})
 CONTINUATION = " \\"  # the shell's line continuation
@@ -40,23 +42,12 @@ GLUE = "\ue000"
 # here runs through them
 _BREAKABLE = r"[^\S\u00a0\u202f]"
 rich._wrap.re_word = re.compile(rf"{_BREAKABLE}*(?:\S|[\u00a0\u202f])+{_BREAKABLE}*")
-# what a number's unit can be in the lessons' prose (lessons/units.py's formats, and the counts the texts use)
-_UNIT = (r"(?:%|[kKMGTP]i?B(?:/s)?|B|bytes?|[mµμn]?s|min|h|Gb/s|(?:[GTP]?FLOP)(?:/s|s)?|GPUs?|ranks?|nodes?|"
-         r"tokens?|layers?|steps?|stages?|chunks?|microbatch(?:es)?|mil|millones|billones|"
-         r"etapas?|capas?|pasos?|nodos?|trozos?|microlotes?|x|×)")
-_SPACE = r"(?: |\n[ \t]*)"  # a space, or a line break inside a paragraph (the source's lines are cut anywhere)
-_NUMBER_UNIT = re.compile(rf"(?<=\d){_SPACE}(?={_UNIT}(?![\w/]))")
-_AXIS_DEGREE = re.compile(
-    rf"(?<![\w])(TP|PP|DP|CP|EP|SP|E|w½|Fig\.|Figs\.|Sec\.|sec\.|fig\.|figs\.|Table|tabla|ZeRO-\d){_SPACE}(?=\d)")
-# Spanish billions are two words ("405 mil millones", units.format_count): one unit
-_MIL_MILLONES = re.compile(rf"(?<=\d{GLUE}mil){_SPACE}(?=mill)")
 # what is not prose: fenced blocks, inline code, HTML comments (the checks)
 _NOT_PROSE = re.compile(r"```.*?```|`[^`\n]*`|<!--.*?-->", re.S)
 
 
 def _bind(prose: str) -> str:
-    bound = _MIL_MILLONES.sub(GLUE, _NUMBER_UNIT.sub(GLUE, prose))
-    return _AXIS_DEGREE.sub(lambda m: m.group(1) + GLUE, bound)
+    return units.bind_units(prose, GLUE)
 
 
 def keep_together(markdown: str) -> str:
