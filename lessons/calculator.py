@@ -24,6 +24,7 @@ from .model_size import ShapeError
 from .strings import TranslatedError, detect_language, strings, translated
 
 REQUIRED = ...  # an option the learner must give (Typer's spelling of "no default")
+LARGEST_COUNT = 2 ** 53  # the largest count an option takes unless it says otherwise
 
 # what an option's text is parsed as
 KINDS = (
@@ -89,17 +90,23 @@ class Option:
             why = exc.text(lang) if isinstance(exc, TranslatedError) else str(exc)
             raise CalcError(f"{self.flag}: {why}") from None
         minimum = 1 if self.kind == "whole" and self.minimum is None else self.minimum
+        # a count past 2^53 is no model's or cluster's, and a float no longer holds it exactly
+        maximum = LARGEST_COUNT if self.kind in ("whole", "count") and self.maximum is None else self.maximum
         if self.kind == "whole":
             if value != math.floor(value):
                 raise refused("whole")
             value = int(value)
+        strict_min = self.strict_min
+        if self.kind in ("flops", "bandwidth") and minimum is None:
+            minimum, strict_min = 0, True  # a rate of 0 divides by zero
         if minimum is not None:
-            if self.strict_min and not value > minimum:
+            if strict_min and not value > minimum:
                 raise refused("greater", minimum=units.format_plain(minimum, lang))
-            if not self.strict_min and value < minimum:
+            if not strict_min and value < minimum:
                 raise refused("at_least", minimum=units.format_plain(minimum, lang))
-        if self.maximum is not None and value > self.maximum:
-            raise refused("at_most", maximum=units.format_plain(self.maximum, lang))
+        if maximum is not None and value > maximum:
+            shown = units.format_integer(maximum, lang) if maximum == int(maximum) else units.format_plain(maximum, lang)
+            raise refused("at_most", maximum=shown)
         return value
 
 
@@ -158,11 +165,28 @@ class Calculator:
         lang = lang or detect_language()
         values = self.parse(given, lang)
         try:
-            return self.compute(values)
+            result = self.compute(values)
         except (TranslatedError, ShapeError) as exc:
             raise CalcError(exc.text(lang)) from None
+        except (ZeroDivisionError, OverflowError):  # a number past what a float holds, or a zero rate
+            raise CalcError.keyed("errors.out_of_range") from None
         except ValueError as exc:
             raise CalcError(str(exc)) from None
+        check_finite(result)
+        return result
+
+
+def check_finite(value, where: str = "result") -> None:
+    """CalcError when a number of a calculator's result is not finite (``--json`` stays strict JSON, and
+    no text shows "inf s"): the key that holds it named."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise CalcError.keyed("errors.not_finite", where=where, value=value)
+    if isinstance(value, dict):
+        for key, item in value.items():
+            check_finite(item, key)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            check_finite(item, where)
 
 
 # ------------------------------------------------------------------------------------ text helpers

@@ -146,6 +146,24 @@ def test_tp_comm(capsys):
     ["kvcache", "--layers", "80", "--kv-heads", "8", "--head-dim", "128", "--tokens", "1", "--tp", "3"],
     ["kvcache", "--layers", "80", "--kv-heads", "8", "--head-dim", "128", "--tokens", "1", "--dtype", "fp4"],
     ["tp-comm", "--hidden", "4096", "--seq", "2048", "--tp", "4", "--alpha", "1us"],
+    # out of a float's range or dividing by zero (a review found each a traceback or "inf s")
+    ["context", "--seq", "128k", "--hidden", "8192", "--heads", "64", "--kv-heads", "8", "--layers", "80", "--cp", "8",
+     "--flops", "0"],
+    ["context", "--seq", "128k", "--hidden", "8192", "--heads", "64", "--kv-heads", "8", "--layers", "80", "--cp", "8",
+     "--beta", "1e300"],
+    ["context", "--seq", "128k", "--hidden", "8192", "--heads", "64", "--kv-heads", "8", "--layers", "80", "--cp", "8",
+     "--beta", "1e300", "--json"],
+    ["tp-comm", "--hidden", "4096", "--seq", "4096", "--tp", "8", "--alpha", "5us", "--beta", "1e300", "--json"],
+    ["serve", "--params", "70B", "--layers", "80", "--hidden", "8192", "--kv-heads", "8", "--gpus", "8",
+     "--gpu-memory", "80GB", "--bandwidth", "1e-300", "--ttft-slo", "1s", "--tpot-slo", "50ms", "--json"],
+    ["moe", "--layers", "1e300", "--hidden", "4096", "--ffn", "14336", "--experts", "8", "--top-k", "2", "--vocab",
+     "32000", "--heads", "32", "--kv-heads", "8"],
+    ["plan", "--params", "7B", "--layers", "32", "--hidden", "1e300", "--heads", "32", "--seq", "4096",
+     "--global-batch", "512", "--gpus", "64", "--gpu-mem", "80GB"],
+    ["bubble", "-p", "1e300", "-m", "8"],
+    # an MoE whose experts alone outnumber --params (the planner printed a negative parameter count)
+    ["plan", "--params", "7B", "--layers", "32", "--hidden", "4096", "--heads", "32", "--seq", "4096",
+     "--global-batch", "512", "--gpu-mem", "80GB", "--gpus", "64", "--experts", "8", "--top-k", "2", "--ffn", "14336"],
 ])
 def test_bad_values_give_one_line_error(capsys, argv):
     code, out, err = run(capsys, "calc", *argv)
@@ -185,3 +203,16 @@ def test_a_value_that_cannot_be_read_is_one_line_in_the_learners_language(capsys
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert words in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_limit_is_shown_as_a_reader_writes_it_and_moe_drops_stay_fast(capsys):
+    code, _, err = run(capsys, "calc", "plan", "--params", "7B", "--layers", "32", "--hidden", "4096", "--heads", "32",
+                       "--seq", "4096", "--global-batch", "512", "--gpus", "99999999999999999999", "--gpu-mem", "80GB")
+    assert code == 2 and "at most 1,048,576" in err  # not 1.04858e+06
+    code, _, err = run(capsys, "calc", "kvcache", "--layers", "32", "--kv-heads", "8", "--head-dim", "128",
+                       "--tokens", "1e300")
+    assert code == 2 and "9,007,199,254,740,992" in err and len(err) < 120
+    # the expected drop rate sums only the loads a double can tell from 0: 10^8 tokens a rank at once
+    r = calc_json(capsys, "moe", "--layers", "32", "--hidden", "4096", "--ffn", "14336", "--experts", "8",
+                  "--top-k", "2", "--vocab", "32000", "--heads", "32", "--kv-heads", "8", "--ep", "8", "--tokens", "1e8")
+    assert 0 <= r["expected_drop_rate"] < 1e-3

@@ -2,8 +2,6 @@
 recompute, chunks) ranked by predicted step time (the capstone's :mod:`.planner`)."""
 from __future__ import annotations
 
-import math
-
 from .. import units
 from ..calculator import CalcError, Calculator, Option, labels
 from ..lesson2.formulas import MOMENT_BYTES
@@ -24,18 +22,6 @@ def _kind(reason: str) -> str:
         if key in reason:
             return label
     return "other"
-
-
-def _finite(value, where: str = "result") -> None:
-    """CalcError when a number of the result is not finite: ``--json`` stays strict JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        raise CalcError.keyed("plan.errors.not_finite", where=where, value=value)
-    if isinstance(value, dict):
-        for key, item in value.items():
-            _finite(item, key)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            _finite(item, where)
 
 
 def _axes(v: dict) -> pl.Axes:
@@ -114,9 +100,7 @@ def compute(v: dict) -> dict:
               "max_zero": v["max_zero"], "max_zero_pp": v["max_zero_pp"], "recompute": v["recompute"],
               "sp": v["sp"], "engine": v["engine"], "grad_accumulation": v["grad_accumulation"], "moments": v["moments"],
               "top": v["top"]}
-    out = {"best": configs[0], "configs": configs, "rejected": rejected, "inputs": inputs}
-    _finite(out)
-    return out
+    return {"best": configs[0], "configs": configs, "rejected": rejected, "inputs": inputs}
 
 
 def _memory_line(m: dict, say, lang: str, moments: str) -> str:

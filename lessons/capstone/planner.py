@@ -276,6 +276,11 @@ def check_shape(model: ModelSpec) -> None:
         raise PlanInputError.keyed("seq", seq=model.seq)
     if model.hidden % model.heads or model.heads % model.kv_heads:
         raise PlanInputError.keyed("shape_divides", hidden=model.hidden, heads=model.heads, kv_heads=model.kv_heads)
+    if model.experts and model.expert_params >= model.params:
+        raise PlanInputError.keyed("experts_exceed", params=lambda lang: units.format_count(model.params, lang=lang),
+                                   experts=model.experts, ffn=model.expert_ffn,
+                                   layers=model.layers if model.moe_layers is None else model.moe_layers,
+                                   expert_params=lambda lang: units.format_count(model.expert_params, lang=lang))
     low, high = shape_bounds(model)
     if not low <= model.params <= high:
         raise PlanInputError.keyed("params_shape", params=lambda lang: units.format_count(model.params, lang=lang),
