@@ -227,7 +227,9 @@ def test_cli_bad_requests_are_one_line_errors(argv, message, capsys, tmp_path, m
 @pytest.mark.parametrize("argv, message", [
     (["runs", "show", "no-such-run"], "ninguna ejecución coincide con 'no-such-run'"),
     (["runs", "show", "last"], "aún no hay ejecuciones"),
-    (["runs", "show", "last", "--speed", "-1"], "--speed debe ser >= 0"),
+    (["runs", "show", "last", "--speed", "-1"], "--speed debe ser un número finito >= 0"),
+    (["runs", "show", "last", "--speed", "nan"], "--speed debe ser un número finito >= 0"),
+    (["runs", "--limit", "0"], "--limit debe ser al menos 1"),
     (["runs", "export", "no-such-run"], "ninguna ejecución coincide"),
     (["runs", "export", "last", "--format", "pdf"], "--format debe ser uno de chrome-trace, csv, jsonl"),
 ])
@@ -460,3 +462,14 @@ def test_runs_are_listed_and_replayed(launches):
     assert (record.dir / "command.txt").read_text().startswith(sys.executable)
     assert record.rank_log(0).exists() and record.rank_log(1).exists()
     assert replay_events(record)[0]["kind"] == "run_start"
+
+
+def test_a_file_that_cannot_be_written_says_why_in_the_learners_language(tmp_path):
+    import errno as errno_codes
+
+    from distai.tutor.cli import os_error_text
+
+    missing = OSError(errno_codes.ENOENT, "No such file or directory")
+    assert os_error_text(missing, "es") == "no existe la carpeta" and os_error_text(missing, "en") == "no such folder"
+    odd = OSError(errno_codes.EBUSY, "Device or resource busy")
+    assert os_error_text(odd, "es") == "Device or resource busy"  # no catalog entry: the system's words

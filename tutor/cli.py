@@ -5,6 +5,7 @@ modules (Textual, numpy, the engine) are imported inside the commands that use t
 """
 from __future__ import annotations
 
+import errno
 import json
 import sys
 from collections.abc import Callable
@@ -13,7 +14,7 @@ from typing import Any, Protocol, cast
 import typer
 
 from ..lessons.registry import UnknownLessonError, all_lessons, resolve_lesson, valid_names
-from ..lessons.strings import FALLBACK, LANGUAGES, detect_language, strings, translated
+from ..lessons.strings import FALLBACK, LANGUAGES, detect_language, has, strings, translated
 from ..lessons.units import format_score
 
 
@@ -74,6 +75,15 @@ def lesson_or_fail(name: str, lang: str = "en"):
     except UnknownLessonError:
         raise CliError(translated("cli", "errors.unknown_lesson", lang, name=repr(str(name)),
                                   valid=", ".join(valid_names()))) from None
+
+
+def os_error_text(exc: OSError, lang: str) -> str:
+    """Why ``exc`` happened, in ``lang`` for the usual causes (no such folder, permission denied, a full
+    disk: the catalog's ``os_error``), else in the system's words."""
+    name = errno.errorcode.get(exc.errno or 0, "")
+    if name and has("cli", f"os_error.{name}"):
+        return translated("cli", f"os_error.{name}", lang)
+    return exc.strerror or str(exc)
 
 
 def language_or_fail(explicit: str | None) -> str:

@@ -139,6 +139,6 @@ def quiz(
 
         questions = build_quiz(chosen.id, n, s, language)
         title = f"{chosen.number}. {chosen.title[language]}"
-        run_quiz(questions, store, chosen.id, language, T["header"].format(title=title, n=n, seed=s))
+        run_quiz(questions, store, chosen.id, language, T["header_one" if n == 1 else "header"].format(title=title, n=n, seed=s))
     finally:
         store.close()

@@ -7,6 +7,7 @@ level (the engine's pure-Python exporter and the run views are imported inside t
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 import typer
 
 from ..lessons.units import format_fixed
-from .cli import HELP, LANG_HELP, CliError, app, language_or_fail, lesson_or_fail
+from .cli import HELP, LANG_HELP, CliError, app, language_or_fail, lesson_or_fail, os_error_text
 
 # ------------------------------------------------------------------------------------ distai runs
 RUNS = HELP["runs"]
@@ -38,10 +39,12 @@ def runs_list(
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
-    from ..lessons.strings import strings
+    from ..lessons.strings import strings, translated
 
     language = language_or_fail(lang)
     say = strings("cli", language)["runs"]
+    if limit < 1:  # "no runs yet" would be false
+        raise CliError(translated("cli", "runs.errors.limit", language, value=limit))
     from ..engine.runs import list_runs, settle_killed
     from .paths import runs_root
 
@@ -84,7 +87,7 @@ def runs_show(
     from .paths import runs_root
 
     language = language_or_fail(lang)
-    if speed < 0:
+    if not (speed >= 0 and math.isfinite(speed)):  # nan and inf included
         raise CliError(translated("cli", "runs.errors.speed", language, value=speed))
     try:
         record = settle_killed(find_run(runs_root(), run_id))
@@ -173,5 +176,5 @@ def runs_export(
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)  # a reader never sees half a file
     except OSError as exc:
-        raise CliError(say("cannot_write", path=path, why=exc.strerror or exc)) from None
+        raise CliError(say("cannot_write", path=path, why=os_error_text(exc, language))) from None
     typer.echo(say("wrote_trace" if fmt == "chrome-trace" else "wrote_metrics", path=path))

@@ -6,7 +6,7 @@ from pathlib import Path
 import typer
 
 from ..lessons.strings import translated
-from .cli import HELP, LANG_HELP, LESSON_HELP, CliError, app, language_or_fail, lesson_or_fail
+from .cli import HELP, LANG_HELP, LESSON_HELP, CliError, app, language_or_fail, lesson_or_fail, os_error_text
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, help=HELP["slurm"])
@@ -45,5 +45,5 @@ def slurm(
         output.chmod(0o755)
     except OSError as exc:
         raise CliError(translated("cli", "slurm_says.cannot_write", language, path=output,
-                                  why=exc.strerror or exc)) from None
+                                  why=os_error_text(exc, language))) from None
     typer.echo(translated("cli", "slurm_says.wrote", language, path=output), err=True)

@@ -12,8 +12,9 @@ from . import formulas as f
 def compute(v: dict) -> dict:
     s, h, a, g, cp, tp = v["seq"], v["hidden"], v["heads"], v["kv_heads"], v["cp"], v["tp"]
     if h % a or a % g:
-        raise CalcError("--hidden must be a multiple of --heads, and --heads of --kv-heads")
-    check_degrees(cp=cp, seq=s)  # the course's one shape check
+        raise CalcError.keyed("errors.shape_divides", hidden=h, heads=a, kv_heads=g)
+    # the course's one shape check: TP splits the heads and the hidden size, PP the layers, CP the sequence
+    check_degrees(cp=cp, seq=s, tp=tp, heads=a, kv_heads=g, hidden=h, pp=v["pp"], layers=v["layers"])
     e, d, b = dtype_bytes(v["dtype"]), h // a, v["micro_batch"]
     try:
         memory = {flash: f.activation_bytes_per_gpu(v["layers"], s, b, h, a, cp, tp, v["pp"], flash)

@@ -11,10 +11,10 @@ from . import formulas as f
 
 def compute(v: dict) -> dict:
     if v["top_k"] > v["experts"]:
-        raise CalcError(f"--top-k {v['top_k']} is more than the {v['experts']} experts")
+        raise CalcError.keyed("errors.top_k", top_k=v["top_k"], experts=v["experts"])
     check_degrees(ep=v["ep"], experts=v["experts"])  # the course's one shape check
     if v["hidden"] % v["heads"] or v["heads"] % v["kv_heads"]:
-        raise CalcError("--hidden must divide by --heads, and --heads by --kv-heads")
+        raise CalcError.keyed("errors.shape_divides", hidden=v["hidden"], heads=v["heads"], kv_heads=v["kv_heads"])
     p = f.moe_model_params(v["layers"], v["hidden"], v["ffn"], v["experts"], v["top_k"], v["vocab"], v["heads"],
                            v["kv_heads"], v["shared_experts"])
     elem = dtype_bytes(v["dtype"])

@@ -13,10 +13,9 @@ def compute(v: dict) -> dict:
     given = [k for k, x in shape.items() if x is not None]
     if given and len(given) != len(shape):
         missing = ", ".join("--" + k.replace("_", "-") for k, x in shape.items() if x is None)
-        raise CalcError(f"activations need the whole shape; missing {missing}")
+        raise CalcError.keyed("errors.shape_missing", missing=missing)
     if (v["sequence_parallel"] or v["recompute"] != "none") and not given:
-        raise CalcError("--sequence-parallel and --recompute need the shape (--layers --hidden --seq "
-                        "--micro-batch --heads)")
+        raise CalcError.keyed("errors.shape_needed")
     mem = f.memory_per_gpu(v["params"], v["dp"], v["strategy"], v["optimizer"], v["precision"], tp=v["tp"],
                            sequence_parallel=v["sequence_parallel"], recompute=v["recompute"],
                            moments=v["moments"], **shape)

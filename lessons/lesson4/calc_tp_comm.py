@@ -9,7 +9,7 @@ from . import formulas as f
 
 def compute(v: dict) -> dict:
     if (v["alpha"] is None) != (v["beta"] is None):
-        raise CalcError("--alpha and --beta go together")
+        raise CalcError.keyed("errors.alpha_beta")
     r = f.tp_comm_per_layer(v["hidden"], v["seq"], v["micro_batch"], v["tp"], v["sequence_parallel"],
                             dtype_bytes(v["dtype"]), v["alpha"], v["beta"])
     return dict(r, hidden=v["hidden"], seq=v["seq"], micro_batch=v["micro_batch"], tp=v["tp"],

@@ -13,22 +13,22 @@ def _heads(hidden: int, heads: int | None, head_dim: int | None, kv_heads: int |
     if heads is None:
         head_dim = head_dim or 128
         if hidden % head_dim:
-            raise CalcError(f"--hidden {hidden} is not a multiple of the head dimension {head_dim}; give --heads")
+            raise CalcError.keyed("errors.hidden_head_dim", hidden=hidden, head_dim=head_dim)
         heads = hidden // head_dim
     if head_dim is None:
         if hidden % heads:
-            raise CalcError(f"--hidden {hidden} is not a multiple of --heads {heads}; give --head-dim")
+            raise CalcError.keyed("errors.hidden_heads", hidden=hidden, heads=heads)
         head_dim = hidden // heads
     kv_heads = heads if kv_heads is None else kv_heads
     if heads % kv_heads:
-        raise CalcError(f"--heads {heads} is not a multiple of --kv-heads {kv_heads}")
+        raise CalcError.keyed("errors.heads_kv", heads=heads, kv_heads=kv_heads)
     return heads, head_dim, kv_heads
 
 
 def compute(v: dict) -> dict:
     a, d, hkv = _heads(v["hidden"], v["heads"], v["head_dim"], v["kv_heads"])
     if not 0 < v["memory_util"] <= 1:
-        raise CalcError(f"--memory-util: must be in (0, 1], got {v['memory_util']:g}")
+        raise CalcError.keyed("errors.fraction", flag="--memory-util", value=v["memory_util"])
     model = pl.ModelSpec(params=v["params"], layers=v["layers"], hidden=v["hidden"], heads=a, kv_heads=hkv,
                          head_dim=d, dtype_bytes=f.dtype_bytes(v["dtype"]))
     hw = pl.Hardware(gpus=v["gpus"], gpu_memory=v["gpu_memory"], bandwidth=v["bandwidth"], flops=v["flops"],
