@@ -22,7 +22,7 @@ __all__ = [
     "UnitError", "parse_number", "parse_count", "parse_bytes", "parse_size", "parse_time", "parse_bandwidth",
     "parse_quantity", "format_number", "format_bytes", "format_count", "format_time",
     "format_bandwidth", "format_percent", "format_fixed_percent", "number_separator", "BYTE_UNITS", "TIME_UNITS",
-    "bind_units",
+    "bind_units", "format_bytes_apart",
 ]
 
 
@@ -281,6 +281,16 @@ def format_bytes(n: float, binary: bool = False, digits: int = 3, lang: str = "e
     if abs(n) < 1:
         return f"{format_number(n, digits, lang)} B"
     return _scaled(n, steps, digits, lang)
+
+
+def format_bytes_apart(more: float, less: float, lang: str = "en") -> tuple[str, str]:
+    """``more`` and ``less`` (``more`` > ``less``) as format_bytes shows them, with as many digits as it
+    takes (up to 6) for the larger to read larger: ``80.002 GB`` against ``80 GB``, not ``80 GB`` and ``80 GB``."""
+    for digits in range(3, 7):
+        shown = format_bytes(more, digits=digits, lang=lang), format_bytes(less, digits=digits, lang=lang)
+        if shown[0] != shown[1]:
+            return shown
+    return shown
 
 
 def format_bytes_together(values: list[float], digits: int = 3, lang: str = "en") -> list[str]:

@@ -216,3 +216,17 @@ def test_a_limit_is_shown_as_a_reader_writes_it_and_moe_drops_stay_fast(capsys):
     r = calc_json(capsys, "moe", "--layers", "32", "--hidden", "4096", "--ffn", "14336", "--experts", "8",
                   "--top-k", "2", "--vocab", "32000", "--heads", "32", "--kv-heads", "8", "--ep", "8", "--tokens", "1e8")
     assert 0 <= r["expected_drop_rate"] < 1e-3
+
+
+def test_plan_memory_rejections_read_as_more_than_the_usable(capsys):
+    """'472 × needs 80 GB per GPU, more than the usable 80 GB' contradicted itself: the need is shown with
+    the digits that set it apart, and a group reads as the nearest of many."""
+    from distai.lessons import units
+
+    assert units.format_bytes_apart(80_002_307_801.6, 80e9) == ("80.002 GB", "80 GB")
+    assert units.format_bytes_apart(116e9, 80e9, "es") == ("116 GB", "80 GB")
+    code, out, _ = run(capsys, "calc", "plan", "--params", "7B", "--layers", "32", "--hidden", "4096", "--heads", "32",
+                       "--seq", "4096", "--global-batch", "512", "--gpus", "64", "--gpu-mem", "80GB")
+    assert code == 0
+    line = next(x for x in out.splitlines() if "usable" in x and "×" in x)
+    assert "need 80.002 GB per GPU or more (the nearest miss), more than the usable 80 GB" in line

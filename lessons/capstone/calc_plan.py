@@ -172,6 +172,10 @@ def text(r: dict, lang: str = "en") -> list[str]:
             # the nearest miss for memory, else the first of its kind
             example = min(items, key=lambda c: c["memory_bytes"]) if kind == "memory" else items[0]
             reason = example.get("reason_text", {}).get(lang) or example["reason"]
+            if kind == "memory" and len(items) > 1:  # not "1450 × needs 80.1 GB": the nearest of many
+                usable_bytes = r["inputs"]["gpu_memory_bytes"] * r["inputs"]["memory_util"]
+                need, usable = units.format_bytes_apart(example["memory_bytes"], usable_bytes, lang)
+                reason = say("memory_group", memory=need, usable=usable)
             lines.append(f"  {len(items):>5} × {reason}" + (" …" if len(items) > 1 else ""))
     return lines
 

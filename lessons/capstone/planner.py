@@ -702,8 +702,8 @@ def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, o
     c.memory_bytes = max(c.memory["first_stage_bytes"], c.memory["last_stage_bytes"])
     if c.memory_bytes > c.memory["usable_bytes"]:
         need, usable = c.memory_bytes, c.memory["usable_bytes"]
-        return _reject(c, _texts("memory", memory=lambda lang: units.format_bytes(need, lang=lang),
-                                 usable=lambda lang: units.format_bytes(usable, lang=lang)))
+        return _reject(c, _texts("memory", memory=lambda lang: units.format_bytes_apart(need, usable, lang)[0],
+                                 usable=lambda lang: units.format_bytes_apart(need, usable, lang)[1]))
 
     # one microbatch on one stage: compute + TP collectives + CP's K/V + PP sends
     n, g, st = cluster.gpus, cluster.gpus_per_node, strides(c)
