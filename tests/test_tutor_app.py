@@ -459,3 +459,14 @@ async def test_every_footer_key_fits_at_80_columns(lang):
         footer = screen.query_one(Footer)
         assert keys and footer.virtual_size.width <= 80, [(k.description, k.region) for k in keys]
         assert translated("tutor", "binding_back", lang) in [k.description for k in keys], shown
+
+
+def test_every_visualizer_has_a_name_in_each_language():
+    """The visualizer pane's title names it in the learner's language ("visualizador: anillo", not ": ring")."""
+    from distai.lessons.strings import strings
+
+    names = {step.visualizer or lesson.visualizer for lesson in all_lessons() for step in lesson.steps} - {None}
+    for lang in ("en", "es"):
+        shown = strings("tutor", lang)["visualizer_names"]
+        assert names <= set(shown), (lang, names - set(shown))
+    assert translated("tutor", "visualizer_names.ring", "es") == "anillo"

@@ -1,6 +1,8 @@
 """``distai calc memory``: memory per GPU, ZeRO model states plus Korthikanti activations."""
 from __future__ import annotations
 
+import math
+
 from .. import units
 from ..calculator import CalcError, Calculator, Option, bytes_text, labels, table
 from . import formulas as f
@@ -49,7 +51,7 @@ def text(r: dict, lang: str = "en") -> list[str]:
 CALCULATOR = Calculator(
     name="memory",
     options=(
-        Option("--params", "whole"),
+        Option("--params", "whole", maximum=math.inf),  # any size prints sanely (1e30 B): no 2^53 bound
         Option("--dp", "whole", default="1"),
         Option("--strategy", "choice", default="ddp", choices=f.STRATEGIES),
         Option("--optimizer", "choice",

@@ -1,6 +1,8 @@
 """``distai calc checkpoint``: checkpoint interval (Young, Daly) and the expected waste."""
 from __future__ import annotations
 
+import math
+
 from .. import units
 from ..calculator import Calculator, Option, labels, table
 from . import formulas as f
@@ -46,7 +48,7 @@ CALCULATOR = Calculator(
                minimum=0, strict_min=True),
         Option("--cost", "time", minimum=0, strict_min=True),
         Option("--restart", "time", default="0", minimum=0),
-        Option("--gpus", "whole", default=None),
+        Option("--gpus", "whole", default=None, maximum=math.inf),  # the waste saturates: any count reads
         Option("--interval", "time", default=None,
                minimum=0, strict_min=True),
     ),

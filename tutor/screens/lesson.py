@@ -12,7 +12,7 @@ from textual.screen import Screen
 from textual.widgets import Button, Footer, Static
 
 from ...lessons.registry import Lesson
-from ...lessons.strings import translated
+from ...lessons.strings import has, translated
 from ..code_source import CodeNotFound, read_source
 from .common import CommonActions, localize_bindings
 from .step_text import CodeListing, StepText
@@ -193,7 +193,9 @@ class LessonScreen(CommonActions, Screen):
 
         pane = self.query_one("#visualizer-pane", Container)
         name = step.visualizer or self.lesson.visualizer
-        pane.border_title = f"{translated('tutor', 'visualizer', self.lang)}: {name or '—'}"
+        shown = translated("tutor", f"visualizer_names.{name}", self.lang) if name and has(
+            "tutor", f"visualizer_names.{name}") else (name or "—")
+        pane.border_title = f"{translated('tutor', 'visualizer', self.lang)}: {shown}"
         if self.visualizer is None or (name, self.lang) != (self._visualizer_name, self._visualizer_lang):
             await pane.remove_children()
             self.visualizer = None
