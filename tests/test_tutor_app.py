@@ -191,6 +191,18 @@ async def test_help_overlay_lists_the_keys_and_closes():
 
 
 @async_test
+async def test_help_overlay_says_when_it_scrolls():
+    """At 80x24 the lesson's keys do not fit: the frame says there is more (nothing showed it)."""
+    for size, scrolls in (((80, 24), True), ((120, 40), False)):
+        app = DistaiApp("es")
+        async with app.run_test(size=size) as pilot:
+            await pilot.press("enter", "question_mark")
+            await pilot.pause(0.3)
+            box = app.screen.query_one("#help-box")
+            assert (box.border_subtitle == translated("tutor", "help_scroll", "es")) == scrolls, size
+
+
+@async_test
 async def test_command_palette_opens_lessons():
     app = DistaiApp("en")
     async with app.run_test(size=SIZE) as pilot:

@@ -70,6 +70,17 @@ class HelpScreen(ModalScreen[None]):
             yield Static(table, id="help-keys")
             yield Static(Text(translated("tutor", "help_close", lang), style="dim"), id="help-close")
 
+    def on_mount(self) -> None:
+        self.call_after_refresh(self._mark_overflow)
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self._mark_overflow)
+
+    def _mark_overflow(self) -> None:
+        """Say on the frame that the list scrolls when it does not fit (80x24 hides its last keys)."""
+        box = self.query_one("#help-box", VerticalScroll)
+        box.border_subtitle = translated("tutor", "help_scroll", self.language) if box.max_scroll_y > 0 else ""
+
     def action_close(self) -> None:
         self.dismiss(None)
 
