@@ -220,6 +220,13 @@ async def test_command_palette_opens_lessons():
         await pilot.press("ctrl+p")
         await pilot.pause()
         assert type(app.screen).__name__ == "CommandPalette"
+        # the palette lists them in course order (Textual's own provider sorts as text: 10 before 1)
+        from distai.tutor.app import CourseOrderCommands
+
+        assert CourseOrderCommands in DistaiApp.COMMANDS
+        provider = CourseOrderCommands(app.screen)
+        shown = [hit.text async for hit in provider.discover()]
+        assert [t for t in shown if str(t).startswith("Open lesson")] == [c.title for c in opens]
 
 
 @async_test

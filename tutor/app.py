@@ -12,7 +12,9 @@ from collections.abc import Iterable
 from functools import partial
 
 from textual.app import App, SystemCommand
+from textual.command import DiscoveryHit, Hits
 from textual.screen import Screen
+from textual.system_commands import SystemCommandsProvider
 
 from ..lessons.registry import LANGUAGES, all_lessons, resolve_lesson
 from ..lessons.strings import translated
@@ -22,11 +24,21 @@ from .screens.home import HomeScreen
 from .screens.lesson import LessonScreen
 
 
+class CourseOrderCommands(SystemCommandsProvider):
+    """The palette's commands in the order the app gives them: lesson 1 to 10, not sorted as text
+    ("Open lesson 10" came before "Open lesson 1")."""
+
+    async def discover(self) -> Hits:
+        for name, help_text, callback, discover in self.app.get_system_commands(self.screen):
+            if discover:
+                yield DiscoveryHit(name, callback, help=help_text)
+
 class DistaiApp(App):
     """The distai tutor."""
 
     CSS_PATH = "app.tcss"
     TITLE = "distai"
+    COMMANDS = {CourseOrderCommands}
 
     def __init__(self, language: str = "en", lesson_id: str | None = None, store=None):
         super().__init__()
