@@ -171,13 +171,14 @@ def lessons(
     width = max(len(r["title"]) for r in rows)
     head = strings("tutor", language)["progress_columns"]
 
-    typer.echo(f" #  {head[0]:<{width}}  {head[1]:>3}  {head[2]:>5}  {head[3]:>4}  {head[4]:>7}  "
-               f"{head[5]:>4}  slug")
+    w = [max(len(head[i]), n) for i, n in ((1, 3), (2, 5), (3, 4), (4, 7), (5, 4))]  # the column's head fits
+    typer.echo(f" #  {head[0]:<{width}}  {head[1]:>{w[0]}}  {head[2]:>{w[1]}}  {head[3]:>{w[2]}}  {head[4]:>{w[3]}}  "
+               f"{head[5]:>{w[4]}}  {head[6]}")
     for r in rows:
         steps_txt = f"{r['steps_done']}/{r['steps_total']}"
         best, mastery = format_score(r["best_quiz"], language), format_score(r["mastery"], language)
-        typer.echo(f" {r['number']}  {r['title']:<{width}}  {r['duration_min']:>3}  {steps_txt:>5}  "
-                   f"{best:>4}  {mastery:>7}  {r['runs']:>4}  {r['slug']}")
+        typer.echo(f" {r['number']}  {r['title']:<{width}}  {r['duration_min']:>{w[0]}}  {steps_txt:>{w[1]}}  "
+                   f"{best:>{w[2]}}  {mastery:>{w[3]}}  {r['runs']:>{w[4]}}  {r['slug']}")
 
 
 def quiz(
