@@ -50,8 +50,10 @@ class Check:
 
     @property
     def unexplained(self) -> float:
-        """What no named cause accounts for (measured − predicted − Σ causes)."""
-        return self.measured - self.explained_value
+        """What no named cause accounts for (measured − predicted − Σ causes); a float's rounding residue
+        (under 10⁻⁹ of the measurement) is 0, not "+4.34e-19 s"."""
+        gap = self.measured - self.explained_value
+        return 0.0 if abs(gap) <= 1e-9 * abs(self.measured) else gap
 
     @property
     def explained(self) -> bool:

@@ -120,3 +120,13 @@ def test_the_run_panel_draws_the_same_table_in_the_learners_language():
     text = asyncio.run(scenario())
     assert "predicción frente a medida" in text and "etapas desiguales +9,0 p. p." in text
     assert "\n".join(check_lines([_event(_bubble())], "es")) in "\n".join(line.rstrip() for line in text.splitlines())
+
+
+def test_a_floats_rounding_residue_is_not_left_unexplained():
+    """'= 3,19 ms; sin explicar +4,34e-19 s': causes that add up to the measurement leave 0 unexplained."""
+    from distai.lessons.checks import Check
+
+    c = Check("t", predicted=0.1e-3, measured=3.19e-3, unit="s", causes={"a": 1.1e-3, "b": 1.99e-3})
+    assert c.measured - (c.predicted + sum(c.causes.values())) != 0  # the float residue is there
+    assert c.unexplained == 0.0 and c.explained
+    assert Check("t", predicted=1.0, measured=2.0, unit="s", causes={"a": 0.5}).unexplained == 0.5
