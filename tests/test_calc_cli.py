@@ -137,6 +137,8 @@ def test_tp_comm(capsys):
     ["memory", "--params", "1B", "--strategy", "zero4"],
     ["memory", "--params", "1B", "--layers", "2"],
     ["memory", "--params", "nan"],
+    ["memory", "--params", "7B", "--layers", "32", "--hidden", "4096", "--seq", "2048", "--micro-batch", "1",
+     "--heads", "33"],
     ["bubble", "--stages", "0", "--microbatches", "3"],
     ["bubble", "--stages", "4", "--microbatches", "3", "--chunks", "2"],
     ["allreduce", "--bytes", "1 parsec", "--ranks", "4"],

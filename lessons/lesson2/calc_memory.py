@@ -18,6 +18,8 @@ def compute(v: dict) -> dict:
         raise CalcError.keyed("errors.shape_missing", missing=missing)
     if (v["sequence_parallel"] or v["recompute"] != "none") and not given:
         raise CalcError.keyed("errors.shape_needed")
+    if given and shape["hidden"] % shape["heads"]:  # the head size h/a is a whole number (calc plan, moe, context)
+        raise CalcError.keyed("errors.hidden_not_heads", hidden=shape["hidden"], heads=shape["heads"])
     mem = f.memory_per_gpu(v["params"], v["dp"], v["strategy"], v["optimizer"], v["precision"], tp=v["tp"],
                            sequence_parallel=v["sequence_parallel"], recompute=v["recompute"],
                            moments=v["moments"], **shape)
