@@ -43,7 +43,7 @@ def text(r: dict, lang: str = "en") -> list[str]:
             (say("other_weights"), b(r["replicated_bytes_per_gpu"])),
             (say("a2a_fwd"), b(r["all_to_all_forward_bytes_per_layer"])),
             (say("a2a_bwd"), b(r["all_to_all_backward_bytes_per_layer"])),
-            (say("capacity", c=units.format_plain(r["capacity_factor"], lang)), str(r["capacity"])),
+            (say("capacity", c=units.format_plain(r["capacity_factor"], lang)), units.format_integer(r["capacity"], lang)),
             (say("drops"), units.format_fixed_percent(r["expected_drop_rate"], 2, lang))]
     return [say("head", layers=r["layers"], experts=r["experts"], top_k=r["top_k"],
                 shared=say("shared", n=r["shared_experts"]) if r["shared_experts"] else "",
