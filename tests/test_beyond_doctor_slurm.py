@@ -90,6 +90,14 @@ def test_slurm_cli_one_line_errors(tmp_path):
     out = subprocess.run([*DISTAI, "slurm", "pipeline", "--nodes", "2", "--gpus-per-node", "4", "-o", str(target)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and target.read_text().startswith("#!/bin/bash")
+    # an option the experiment does not take is refused here, as `distai run` refuses it, not on the cluster;
+    # `distai run`'s own options (--steps 5, --debug) and the experiment's (--iters 3) go into the script
+    out = subprocess.run([*DISTAI, "slurm", "1", "--nodes", "2", "--gpus-per-node", "8", "--bogus"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--bogus" in out.stderr and out.stderr.count("\n") == 1 and not out.stdout
+    out = subprocess.run([*DISTAI, "slurm", "1", "--nodes", "2", "--gpus-per-node", "8", "--steps", "5", "--debug",
+                          "--iters", "3"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "--steps 5 --debug --iters 3'" in out.stdout
 
 
 def test_sbatch_script_runs_a_real_two_node_job_on_this_machine(tmp_path):

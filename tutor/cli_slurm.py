@@ -29,6 +29,14 @@ def slurm(
         raise CliError(translated("cli", "slurm_says.no_experiment", language, lesson=chosen.id))
     from ..engine.slurm import SlurmError, SlurmJob, sbatch_script
 
+    experiment_args = _experiment_args(list(ctx.args))
+    if experiment_args:  # refused here, as `distai run` would refuse them, not on the cluster hours later
+        from ..engine.launcher import experiment_argument_error
+        from .cli_run import experiment_refusal
+
+        found = experiment_argument_error(chosen.experiment, experiment_args, nodes * gpus_per_node, language)
+        if found is not None:
+            raise CliError(experiment_refusal(found, chosen.id, language))
     # a --lang given here reaches the script's `distai run` too, as it did when it was an extra argument
     extra = [*ctx.args, "--lang", language] if lang else list(ctx.args)
     job = SlurmJob(chosen.id, nodes, gpus_per_node, partition=partition, time=time, account=account,
@@ -47,3 +55,24 @@ def slurm(
         raise CliError(translated("cli", "slurm_says.cannot_write", language, path=output,
                                   why=os_error_text(exc, language))) from None
     typer.echo(translated("cli", "slurm_says.wrote", language, path=output), err=True)
+
+
+def _experiment_args(args: list[str]) -> list[str]:
+    """``args`` without ``distai run``'s own options (``--steps 5``, ``--debug``): what reaches the experiment."""
+    import inspect
+
+    from .cli_run import run_cmd
+
+    takes_value: dict[str, bool] = {}
+    for parameter in inspect.signature(run_cmd).parameters.values():
+        for flag in getattr(parameter.default, "param_decls", None) or ():
+            takes_value[flag] = parameter.annotation not in ("bool", bool)
+    out, i = [], 0
+    while i < len(args):
+        flag = args[i].split("=", 1)[0]
+        if flag in takes_value:
+            i += 2 if takes_value[flag] and "=" not in args[i] else 1
+            continue
+        out.append(args[i])
+        i += 1
+    return out
