@@ -288,3 +288,25 @@ async def test_a_spanish_panel_labels_its_keys_and_log_in_spanish():
         assert "proceso 3 hello from step 19" in " ".join(log_text.split()) and "rank " not in log_text
         await pilot.press("s")
         assert await wait_for(pilot, lambda: screen.state.finished, 5)
+
+
+@run_async
+async def test_the_log_keeps_a_number_with_its_unit_where_it_wraps():
+    """At 80x24 the log wrapped "(= 578" / "MB/s)": the lesson text's rule keeps them on one line."""
+    from rich.text import Text
+
+    class LogApp(App):
+        def compose(self):
+            yield RichLog(id="run-log", wrap=True, markup=False)
+
+    line = "rank 0: fit alpha 893 µs, beta 1.73e-9 s/B (= 578 MB/s), on 4 ranks"
+    for width in range(24, 44):
+        app = LogApp()
+        async with app.run_test(size=(width, 10)) as pilot:
+            log = app.query_one(RichLog)
+            await pilot.pause()
+            RunPanelScreen._write(log, Text(line, style="italic"))
+            await pilot.pause()
+            shown = [str(s.text).rstrip() for s in log.lines]
+            assert not any(s.endswith(("578", "893", " 4")) for s in shown), (width, shown)
+            assert " ".join(shown).replace("\u00a0", " ").split() == line.split()
