@@ -391,7 +391,7 @@ def format_plain(x: float, lang: str = "en") -> str:
 # what a number's unit can be in the lessons' prose (this module's formats, and the counts the texts use)
 _UNIT = (r"(?:%|[kKMGTP]i?B(?:/s)?|B|bytes?|[mµμn]?s|min|h|Gb/s|(?:[GTP]?FLOP)(?:/s|s)?|GPUs?|ranks?|nodes?|"
          r"tokens?|layers?|steps?|stages?|chunks?|microbatch(?:es)?|mil|millones|billones|"
-         r"etapas?|capas?|pasos?|nodos?|trozos?|microlotes?|x|×)")
+         r"etapas?|capas?|pasos?|nodos?|trozos?|microlotes?|terms?|términos?|contributions?|contribuciones?|x|×)")
 _SPACE = r"(?: |\n[ \t]*)"  # a space, or a line break inside a paragraph (the source's lines are cut anywhere)
 _NUMBER_UNIT = re.compile(rf"(?<=\d){_SPACE}(?={_UNIT}(?![\w/]))")
 _AXIS_DEGREE = re.compile(

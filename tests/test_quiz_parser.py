@@ -137,3 +137,6 @@ def test_bind_units_keeps_numbers_with_units_and_symbols_with_values():
             assert not line.startswith(("µs", "GB", "= ")), (width, line)
     assert " ".join(wrap_words(caption, 20)) == caption  # nothing lost, nothing added
     assert units.bind_units("405 mil millones en TP 8", "_") == "405_mil_millones en TP_8"
+    # keys given as a pair stay together in a hint ("· ]" / "/ [ more / fewer GPUs" at 80 columns)
+    assert "] / [" in wrap_words("strategy ← → · ] / [ more / fewer GPUs · space play", 14)
+    assert units.bind_units("chunk 3 (2 terms)", "_") == "chunk 3 (2_terms)"

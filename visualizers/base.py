@@ -8,6 +8,7 @@ Visualizers draw a lesson model's state: no torch, no I/O.
 from __future__ import annotations
 
 import importlib
+import re
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -251,7 +252,9 @@ def wrap_words(text: str, width: int) -> list[str]:
     width = max(8, width)
     out: list[str] = []
     line = ""
-    for word in units.bind_units(text, _BOUND).split(" "):
+    # a pair of keys or of words given as alternatives ("] / [", "more / fewer") stays on one line
+    bound = re.sub(r"(?<=\S) / (?=\S)", f"{_BOUND}/{_BOUND}", units.bind_units(text, _BOUND))
+    for word in bound.split(" "):
         word = word.replace(_BOUND, " ")
         if line and len(line) + 1 + len(word) > width:
             out.append(line)
