@@ -121,6 +121,7 @@ def test_small_windows_fold_panels():
     assert len(small) <= 20 < len(full)
     # a pane of 6 rows (80x24's) comparing two schedules shows each one's first rank, not GPipe's first two
     viz.show_step("same-time")
+    assert "v = " not in viz.build_lines(120)[0].plain and "v=" not in viz.build_lines(78)[0].plain  # no chunks drawn
     tiny = [line.plain for line in viz.build_lines(78, 6)]
     assert len(tiny) <= 6 and sum(line.startswith("r0 ") for line in tiny) == 2
     assert any(line.startswith("GPipe") for line in tiny) and any(line.startswith("1F1B") for line in tiny)

@@ -17,6 +17,7 @@ timeline of the latest complete step under the simulated one. No torch, no I/O.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -333,7 +334,10 @@ class PipelineVisualizer(PlaybackVisualizer):
         cols = width - 4 - 8  # "r0  " on the left, " 27%" / " 3/8" on the right
         lines: list[Text] = []
         narrow = width < 90
-        head = Text(tr["header_short" if narrow else "header"].format(
+        header = tr["header_short" if narrow else "header"]
+        if "interleaved" not in self.shown_schedules():  # v means nothing to GPipe and 1F1B: not shown
+            header = re.sub(r" · v ?= ?\{v\}[^·]*?(?= · )", "", header)
+        head = Text(header.format(
             p=self.p, m=self.m, v=self.v, b=format_plain(self.b_cost, self.language), h=format_plain(self.hop, self.language)), style="bold")
         lines.append(head)
         t_max = self.t_max()
