@@ -271,3 +271,18 @@ def test_the_groups_and_run_steps_show_the_lessons_run_mesh():
     v.set_shape(SHAPES[0])
     v.show_step("run-it")
     assert v.shape == LESSON_RUN and v.view == "step"
+
+
+def test_a_group_of_ranks_wraps_whole_with_its_name():
+    """At 120x40 the groups line wrapped "EP {4" / "5}"; the one wrap rule (bind_units, as the lesson text)
+    also keeps numbers with their units and symbols with their values."""
+    from rich.text import Text
+
+    from distai.visualizers.ring_drawing import wrap_text
+
+    line = "PP {1 5}  DP·CP {4 5 6 7}  CP {4 5}  EP {4 5}  EDP {5 7}"
+    for width in range(len("DP·CP {4 5 6 7}"), len(line)):  # the longest group fits
+        for part in wrap_text(Text(line), width):
+            shown = part.plain.strip()
+            assert shown.count("{") == shown.count("}") and not shown.endswith(("PP", "CP", "EP")), (width, shown)
+    assert [t.plain for t in wrap_text(Text("costs α = 5 µs plus 25 GB/s"), 14)] == ["costs α = 5 µs", "plus 25 GB/s"]

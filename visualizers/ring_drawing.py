@@ -14,7 +14,7 @@ from textual.strip import Strip
 
 from ..lessons.lesson1 import baselines, ring_model
 from ..lessons.lesson1.ring_plan import NAIVE, RING, TREE
-from ..lessons.units import format_bytes
+from ..lessons.units import bind_units, format_bytes
 
 PHASE_STYLE = {ring_model.REDUCE_SCATTER: "bold magenta", ring_model.ALL_GATHER: "bold cyan",
                baselines.REDUCE: "bold magenta", baselines.BROADCAST: "bold cyan"}
@@ -99,22 +99,22 @@ def _console():
     return _CONSOLE
 
 
-UNITS = {"B", "kB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "TiB", "s", "ms", "µs", "ns", "min", "h",
-         "kB/s", "MB/s", "GB/s", "TB/s", "="}
-
-
 def wrap_text(text: Text, width: int) -> list[Text]:
-    """Word-wrap styled text, never between a number and its unit nor around ``=``."""
+    """Word-wrap styled text where the lesson text would break, never between a number and its unit, an
+    axis and its degree or a symbol and its value (lessons/units.py's bind_units, the one rule), nor
+    around ``=`` or inside a ``{…}`` group of ranks (nor between it and its name)."""
     plain = text.plain
     if len(plain) <= width:
         return [text]
-    breaks = []
-    for i, ch in enumerate(plain):
-        if ch != " " or i == 0:
+    bound = bind_units(plain, "\ue000")
+    if len(bound) != len(plain):  # a line break inside the text: bind_units would change its length
+        bound = plain
+    breaks, depth = [], 0
+    for i, ch in enumerate(bound):
+        depth += (ch == "{") - (ch == "}")
+        if ch != " " or i == 0 or depth > 0:
             continue
-        nxt = plain[i + 1:].split(" ", 1)[0].rstrip(").,;:")
-        prev = plain[:i].rsplit(" ", 1)[-1]
-        if nxt in UNITS or prev == "=":
+        if bound[i + 1:i + 2] in ("=", "{") or bound[i - 1] == "=":  # a group stays with its name too
             continue
         breaks.append(i)
     lines, start = [], 0
