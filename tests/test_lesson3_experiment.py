@@ -298,3 +298,14 @@ def test_kill_during_an_async_save_resumes_from_the_previous_good_checkpoint_exa
                                "slower_steps": cost["sync"]["slower_steps_s"]}
     assert explained(c), c
     _assert_interval_waste_checked(ev, restart)
+
+
+def test_the_steps_done_before_a_failure_do_not_depend_on_rank_0_reporting_in_time():
+    """Rank 1 dies in step 11, rank 0 stopped before reporting step 10: steps 9 and 10 are still lost."""
+    from distai.engine.experiments.lesson3 import steps_done
+
+    assert steps_done({"last_step": 9, "failure": {"rank": 1, "step": 11, "phase": "step"}}) == 10
+    assert steps_done({"last_step": 10, "failure": {"rank": 1, "step": 11, "phase": "step"}}) == 10
+    # killed while the checkpoint of step 8 was written (die(step + 1, ...)): 8 steps done
+    assert steps_done({"last_step": 8, "failure": {"rank": 1, "step": 9, "phase": "asynchronous checkpoint"}}) == 8
+    assert steps_done({"last_step": 12, "failure": None}) == 12

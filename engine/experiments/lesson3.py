@@ -357,6 +357,15 @@ def _history(events_dir: Path | None, before_attempt: int) -> dict:
     return out
 
 
+def steps_done(history: dict) -> int:
+    """The last step earlier attempts completed: the last rank 0 reported, or the one before the step the
+    failed rank died in (it finished that one with every peer: the gradients were reduced). Rank 0 reports
+    a step after its update, so a peer's death just after can stop rank 0 first (CI once read 1 lost step
+    for 2)."""
+    fail = history.get("failure") or {}
+    return max(history["last_step"], int(fail["step"]) - 1 if fail.get("step") else 0)
+
+
 def _check_args(args, world: int) -> None:
     if args.kill_rank is not None and not 0 <= args.kill_rank < world:
         raise UsageError.keyed("kill_rank", rank=args.kill_rank, last=world - 1)
@@ -468,7 +477,7 @@ class Attempt:
             return 0
         fail = history.get("failure") or {}
         from_step = resumed.step or 0
-        last_done = history["last_step"]
+        last_done = steps_done(history)
         lost = max(0, last_done - from_step)  # completed steps whose work was thrown away
         RESTART.emit(self.events, {
             "attempt": self.attempt, "from_step": from_step,
