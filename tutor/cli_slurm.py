@@ -29,7 +29,7 @@ def slurm(
         raise CliError(translated("cli", "slurm_says.no_experiment", language, lesson=chosen.id))
     from ..engine.slurm import SlurmError, SlurmJob, sbatch_script
 
-    experiment_args = _experiment_args(list(ctx.args))
+    experiment_args = _experiment_args(ctx, lesson)
     if experiment_args:  # refused here, as `distai run` would refuse them, not on the cluster hours later
         from ..engine.launcher import experiment_argument_error
         from .cli_run import experiment_refusal
@@ -57,22 +57,9 @@ def slurm(
     typer.echo(translated("cli", "slurm_says.wrote", language, path=output), err=True)
 
 
-def _experiment_args(args: list[str]) -> list[str]:
-    """``args`` without ``distai run``'s own options (``--steps 5``, ``--debug``): what reaches the experiment."""
-    import inspect
-
-    from .cli_run import run_cmd
-
-    takes_value: dict[str, bool] = {}
-    for parameter in inspect.signature(run_cmd).parameters.values():
-        for flag in getattr(parameter.default, "param_decls", None) or ():
-            takes_value[flag] = parameter.annotation not in ("bool", bool)
-    out, i = [], 0
-    while i < len(args):
-        flag = args[i].split("=", 1)[0]
-        if flag in takes_value:
-            i += 2 if takes_value[flag] and "=" not in args[i] else 1
-            continue
-        out.append(args[i])
-        i += 1
-    return out
+def _experiment_args(ctx: typer.Context, lesson: str) -> list[str]:
+    """``ctx.args`` as ``distai run`` parses them (click's own parse, its options taken out): what
+    reaches the experiment."""
+    root = ctx.find_root()
+    run = root.command.get_command(root, "run")  # type: ignore[attr-defined]
+    return run.make_context("run", [lesson, *ctx.args], parent=root, resilient_parsing=True).args
