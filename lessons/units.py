@@ -22,7 +22,7 @@ __all__ = [
     "UnitError", "parse_number", "parse_count", "parse_bytes", "parse_size", "parse_time", "parse_bandwidth",
     "parse_quantity", "format_number", "format_bytes", "format_count", "format_time",
     "format_bandwidth", "format_percent", "format_fixed_percent", "number_separator", "BYTE_UNITS", "TIME_UNITS",
-    "bind_units", "format_bytes_apart",
+    "bind_units", "GLUE", "format_bytes_apart",
 ]
 
 
@@ -386,8 +386,9 @@ def format_plain(x: float, lang: str = "en") -> str:
 # ------------------------------------------------------------------------------ where a line may not break
 #
 # A number never ends a line whose next line starts with its unit ("35.7" / "GB"), nor an axis its degree
-# ("TP" / "8"): the lesson text (tutor/screens/step_text.py) and the visualizers' captions (visualizers/base.py's
-# wrap_words) both bind them with bind_units.
+# ("TP" / "8"): the lesson text (tutor/screens/step_text.py), the run panel's log, and the visualizers' plain and
+# styled lines (visualizers/base.py's wrap_words, ring_drawing.wrap_text) all bind them with bind_units.
+GLUE = "\ue000"  # bind_units' joiner where a wrap then reads it: a private-use character no text holds
 # what a number's unit can be in the lessons' prose (this module's formats, and the counts the texts use)
 _UNIT = (r"(?:%|[kKMGTP]i?B(?:/s)?|B|bytes?|[mµμn]?s|min|h|Gb/s|(?:[GTP]?FLOP)(?:/s|s)?|GPUs?|ranks?|nodes?|"
          r"tokens?|layers?|steps?|stages?|chunks?|microbatch(?:es)?|mil|millones|billones|"

@@ -243,9 +243,6 @@ class LessonVisualizer(Widget):
         """One event from a live or replayed run of the lesson's experiment (optional)."""
 
 
-_BOUND = "\ue000"  # bind_units' joiner here: a space the wrap does not break at
-
-
 def wrap_words(text: str, width: int) -> list[str]:
     """Greedy word wrap for hints and captions (a word longer than ``width`` keeps its own line); a
     number stays with its unit and a symbol with its value (lessons/units.py's bind_units)."""
@@ -253,9 +250,9 @@ def wrap_words(text: str, width: int) -> list[str]:
     out: list[str] = []
     line = ""
     # a pair of keys or of words given as alternatives ("] / [", "more / fewer") stays on one line
-    bound = re.sub(r"(?<=\S) / (?=\S)", f"{_BOUND}/{_BOUND}", units.bind_units(text, _BOUND))
+    bound = re.sub(r"(?<=\S) / (?=\S)", f"{units.GLUE}/{units.GLUE}", units.bind_units(text, units.GLUE))
     for word in bound.split(" "):
-        word = word.replace(_BOUND, " ")
+        word = word.replace(units.GLUE, " ")
         if line and len(line) + 1 + len(word) > width:
             out.append(line)
             line = word

@@ -37,7 +37,7 @@ NO_BREAK = "\u00a0"
 # keep_together's joiner in the source: Textual's Markdown turns every run of whitespace into one space
 # (``re.sub(r"\s+", " ", …)`` on each text token), a no-break space included, so the source carries a
 # private-use character that the blocks' content turns into NO_BREAK (_content_with_no_breaks)
-GLUE = "\ue000"
+GLUE = units.GLUE
 # Rich wraps at any whitespace (``rich._wrap.re_word``: ``\s*\S+\s*``), no-break spaces included; a word
 # here runs through them
 _BREAKABLE = r"[^\S\u00a0\u202f]"
