@@ -33,6 +33,7 @@ class CourseOrderCommands(SystemCommandsProvider):
             if discover:
                 yield DiscoveryHit(name, callback, help=help_text)
 
+
 class DistaiApp(App):
     """The distai tutor."""
 

@@ -153,10 +153,9 @@ class MeshVisualizer(PlaybackVisualizer):
         if view == "run" and self.run.shape is None:
             view = "step"
             self.set_shape(LESSON_RUN)  # the mesh the step's command runs
-        if view == "groups":
-            self.set_shape(LESSON_RUN)  # the text's rank 5 is the lesson run's
         self.view, self.frame = view, 0
         if view == "groups":
+            self.set_shape(LESSON_RUN)  # the text's rank 5 is the lesson run's
             self.rank = min(5, self.shape.world - 1)
         self.refresh()
 

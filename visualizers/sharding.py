@@ -60,13 +60,13 @@ def segment_widths(sizes: list[float], cells_per_byte: float, cap_col: int, fits
     and at least one cell when it holds any bytes (a small state stays in sight); then trimmed or grown,
     largest first, so that the bar ends inside the capacity mark exactly when the bytes fit."""
     widths = [max(1, round(b * cells_per_byte)) if b > 0 else 0 for b in sizes]
-    order = sorted(range(len(widths)), key=lambda i: -widths[i])
-    while fits and sum(widths) > cap_col and any(widths[i] > 1 for i in order):
-        widest = max(order, key=lambda i: widths[i])
-        widths[widest] -= 1
+    widest = lambda: max(range(len(widths)), key=widths.__getitem__)  # noqa: E731
+    while fits and sum(widths) > cap_col and max(widths) > 1:
+        widths[widest()] -= 1
     while not fits and widths and sum(widths) <= cap_col:
-        widths[order[0]] += 1
+        widths[widest()] += 1
     return widths
+
 
 class ShardingVisualizer(PlaybackVisualizer):
     """Per-GPU memory bars for DDP and ZeRO-1/2/3, and one ZeRO-3 step animated."""
@@ -301,8 +301,8 @@ class ShardingVisualizer(PlaybackVisualizer):
         text.append(STRATEGY_NAME[self.strategy], style="bold reverse")
         text.append(f"  Ψ = {format_count(self.params, lang=self.language)} · N = {self.dp}", style="bold")
         if compact:
-            text.append(" · " + s["per_gpu"].format(b=self._fmt(total)) + " ", style="bold")
-            text.append("✓ " + s["fits"] if fits else "✗ " + s["nofit"], style="bold green" if fits else "bold red")
+            text.append(" · ")
+            text.append_text(self._verdict(total, fits))
         text.append("\n")
         text.append(f"{s['prec'][self.precision]} · {s['opt'][self.optimizer]} K = {k} · "
                     f"GPU {self._fmt(self.capacity)}\n", style="dim")
@@ -322,9 +322,8 @@ class ShardingVisualizer(PlaybackVisualizer):
             text.append_text(self._bar(by_rank[rank], extra, width, scale, cap_col))
             text.append("\n")
         # summary
-        line = s["per_gpu"].format(b=self._fmt(total))
-        text.append(line + " · ", style="bold")
-        text.append(f"{'✓ ' + s['fits'] if fits else '✗ ' + s['nofit']}\n", style="bold green" if fits else "bold red")
+        text.append_text(self._verdict(total, fits))
+        text.append("\n")
         text.append(s["states_line"].format(b=self._fmt(gpu0.model_states)))
         if self.activations is not None:
             if self.shape is None:
@@ -345,6 +344,13 @@ class ShardingVisualizer(PlaybackVisualizer):
         for line in wrap_words(self.controls_hint(), max(20, self.content_size.width - 2)):
             text.append(line + "\n", style="dim italic")
         return text
+
+    def _verdict(self, total: float, fits: bool) -> Text:
+        """"per GPU 116 GB · ✗ does not fit" (or "✓ fits")."""
+        s = strings("sharding", self.language)
+        out = Text(s["per_gpu"].format(b=self._fmt(total)) + " · ", style="bold")
+        out.append("✓ " + s["fits"] if fits else "✗ " + s["nofit"], style="bold green" if fits else "bold red")
+        return out
 
     def _bar(self, gpu: L.GPU, extra: list[L.Segment], width: int, scale: float, cap_col: int) -> Text:
         s = strings("sharding", self.language)
