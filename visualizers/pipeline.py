@@ -17,7 +17,6 @@ timeline of the latest complete step under the simulated one. No torch, no I/O.
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -334,11 +333,12 @@ class PipelineVisualizer(PlaybackVisualizer):
         cols = width - 4 - 8  # "r0  " on the left, " 27%" / " 3/8" on the right
         lines: list[Text] = []
         narrow = width < 90
-        header = tr["header_short" if narrow else "header"]
-        if "interleaved" not in self.shown_schedules():  # v means nothing to GPipe and 1F1B: not shown
-            header = re.sub(r" · v ?= ?\{v\}[^·]*?(?= · )", "", header)
-        head = Text(header.format(
-            p=self.p, m=self.m, v=self.v, b=format_plain(self.b_cost, self.language), h=format_plain(self.hop, self.language)), style="bold")
+        # v means nothing to GPipe and 1F1B: the chunks are named only when an interleaved schedule is drawn
+        chunks = (tr["chunks_short" if narrow else "chunks"].format(v=self.v)
+                  if "interleaved" in self.shown_schedules() else "")
+        head = Text(tr["header_short" if narrow else "header"].format(
+            p=self.p, m=self.m, chunks=chunks, b=format_plain(self.b_cost, self.language),
+            h=format_plain(self.hop, self.language)), style="bold")
         lines.append(head)
         t_max = self.t_max()
         status = Text(tr["playing"] if self.playing else tr["paused"], style="bold cyan")
