@@ -562,8 +562,8 @@ def fit_gpu_model(half_widths: tuple[float, ...] = FIT_HALF_WIDTHS, start: tuple
 @cache
 def reproduce(name: str) -> dict:
     """The planner on the published model and cluster, with what its framework offered:
-    {"layout_rank" (1 = best layout), "layouts" (feasible layouts), "best" (the best configuration),
-    "config" (the published layout's best configuration), "exact" (the configuration with the published
+    {"layout_rank" (1 = best layout), "layouts" (feasible layouts), "configs" (every feasible configuration,
+    best first), "best" (the best configuration), "config" (the published layout's best configuration), "exact" (the configuration with the published
     microbatch, when known, or None), "predicted_mfu", "published_mfu", "error" (predicted / published − 1)}."""
     return reproduce_run(_get(name))
 
@@ -578,7 +578,7 @@ def reproduce_run(p: Published) -> dict:
         exact = next((c for c in r["configs"] if c.layout == p.layout and c.microbatch == p.microbatch), None)
     predicted = config.mfu if config else None
     published = published_mfu(name)
-    return {"layout_rank": rank, "layouts": len({c.layout for c in r["configs"]}),
+    return {"layout_rank": rank, "layouts": len({c.layout for c in r["configs"]}), "configs": r["configs"],
             "best": r["configs"][0] if r["configs"] else None, "config": config, "exact": exact,
             "predicted_mfu": predicted, "published_mfu": published,
             "error": predicted / published - 1 if predicted else None}
@@ -589,16 +589,10 @@ def layout_rank(name: str) -> int:
     return reproduce(name)["layout_rank"]
 
 
-@cache
-def _plan_configs(name: str) -> list:
-    p = _get(name)
-    return pl.plan(p.model, p.cluster, p.global_batch, axes=p.axes)["configs"]
-
-
 def layout_place(name: str, layout: Sequence[int]) -> dict:
     """Where the planner ranks another ``layout`` (tp, pp, dp[, cp, ep]) of ``name``'s model and cluster:
     {"rank" (1 = best; 0 when it does not fit), "slower" (its step over the best's, − 1)}."""
-    configs = _plan_configs(name)
+    configs = reproduce(name)["configs"]
     rank, config = pl.layout_rank(configs, tuple(layout))
     return {"rank": rank, "slower": config.step_time_s / configs[0].step_time_s - 1 if config else math.inf}
 
