@@ -13,6 +13,7 @@ point; ``_`` and spaces between digit groups are ignored. Errors raise :class:`U
 """
 from __future__ import annotations
 
+import decimal
 import math
 import re
 
@@ -233,6 +234,13 @@ def _finite(value: float, text) -> float:
 # ----------------------------------------------------------------------------------- formatting
 
 
+def _round_half_up(x: float, decimals: int) -> str:
+    """``x`` to ``decimals`` places as a reader rounds the decimal it reads: a half rounds up (41.25 GB →
+    41.3 GB; Python's format rounds the binary value half to even, 41.2)."""
+    quantum = decimal.Decimal(1).scaleb(-decimals)
+    return str(decimal.Decimal(repr(float(x))).quantize(quantum, rounding=decimal.ROUND_HALF_UP))
+
+
 def format_number(x: float, digits: int = 3, lang: str = "en") -> str:
     """``x`` with ``digits`` significant digits (no exponent between 1e-4 and 1e15), decimal comma in Spanish."""
     if x is None:
@@ -249,7 +257,7 @@ def format_number(x: float, digits: int = 3, lang: str = "en") -> str:
         s = f"{mantissa}e{int(exponent)}"  # 1e30, 5.96e-8: no "+" nor leading zeros
     else:
         decimals = max(digits - 1 - math.floor(math.log10(ax)), 0)
-        s = f"{x:.{decimals}f}"
+        s = _round_half_up(x, decimals)
         if "." in s:
             s = s.rstrip("0").rstrip(".")
     if lang == "es":
@@ -304,7 +312,7 @@ def format_bytes_together(values: list[float], digits: int = 3, lang: str = "en"
     decimals = min(3, max((max(digits - 1 - math.floor(math.log10(abs(x))), 0) for x in scaled if x), default=0))
     out = []
     for x in scaled:
-        text = f"{x:.{decimals}f}"
+        text = _round_half_up(x, decimals)
         text = text.rstrip("0").rstrip(".") if "." in text else text
         out.append(f"{text.replace('.', ',') if lang == 'es' else text} {name}")
     return out
