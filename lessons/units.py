@@ -99,6 +99,10 @@ def parse_number(text: str, lang: str = "en") -> float:
             mant = head + "." + tail
     elif dots > 1:
         mant = _thousands(mant, ".", text)
+    elif dots == 1 and lang == "es":  # "353.894" groups thousands in Spanish, as format_number writes it
+        head, tail = mant.split(".")
+        if len(tail) == 3 and head and len(head) <= 3 and head.isdigit():
+            mant = head + tail
     if mant in ("", "."):
         raise UnitError.keyed("not_number", text=repr(text))
     try:
@@ -242,7 +246,8 @@ def _round_half_up(x: float, decimals: int) -> str:
 
 
 def format_number(x: float, digits: int = 3, lang: str = "en") -> str:
-    """``x`` with ``digits`` significant digits (no exponent between 1e-4 and 1e15), decimal comma in Spanish."""
+    """``x`` with ``digits`` significant digits (no exponent between 1e-4 and 1e15), a half rounded up, the
+    thousands grouped beyond four digits (``20,255``), and in Spanish the decimal comma (``20.255``, ``41,3``)."""
     if x is None:
         return "—"
     if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
@@ -260,8 +265,11 @@ def format_number(x: float, digits: int = 3, lang: str = "en") -> str:
         s = _round_half_up(x, decimals)
         if "." in s:
             s = s.rstrip("0").rstrip(".")
+        whole, dot, fraction = s.partition(".")
+        if len(whole.lstrip("-")) > 4:  # 20,255 d (20.255 in Spanish); four digits stay whole: 2048 tokens
+            s = f"{int(whole):,}" + dot + fraction
     if lang == "es":
-        s = s.replace(".", ",")
+        s = s.replace(".", "\0").replace(",", ".").replace("\0", ",")
     return s
 
 

@@ -88,6 +88,30 @@ def test_examples_from_the_issue():
             units.parse_bytes(bad)
 
 
+@settings(max_examples=300, deadline=None)
+@given(x=st.floats(min_value=1e-3, max_value=1e14), digits=st.integers(2, 6), lang=st.sampled_from(["en", "es"]))
+def test_format_number_round_trips(x, digits, lang):
+    """What format_number writes (thousands grouped beyond four digits, the decimal comma in Spanish) reads
+    back as the number it rounds to."""
+    text = units.format_number(x, digits, lang)
+    assert units.parse_number(text, lang) == pytest.approx(x, rel=10 ** (1 - digits))
+
+
+def test_numbers_round_a_half_up_and_group_thousands():
+    """A half rounds up as a reader rounds the decimal shown (41.25 GB is 41.3 GB, not Python's half-to-even
+    41.2 GB); beyond four digits the thousands are grouped, as format_integer groups them."""
+    assert units.format_bytes(41.25e9) == "41.3 GB" and units.format_bytes(41.25e9, lang="es") == "41,3 GB"
+    assert units.format_number(0.125, 2) == "0.13" and units.format_number(2.5, 1) == "3"
+    assert units.format_number(20255.4) == "20,255" and units.format_number(20255.4, lang="es") == "20.255"
+    assert units.format_number(12345.678, 6, "es") == "12.345,7" and units.format_number(2048) == "2048"
+    assert units.format_bytes_together([41.25e9, 10e9]) == ["41.3 GB", "10 GB"]
+    # Spanish groups with a dot: "353.894" is 353894 there, and the quiz also reads it as English writes it
+    assert units.parse_number("353.894", "es") == 353894 and units.parse_number("353.894") == 353.894
+    assert units.parse_number("1.5", "es") == 1.5 and units.parse_number("1.2345", "es") == 1.2345
+    q = quiz.make_question("lesson3", "gpu-mtbf-from-log", 0, "es")
+    assert "." in q.answer_text() and quiz.check_answer(q, q.answer_text()).correct
+
+
 def test_choice_answers_by_number_letter_or_text():
     q = quiz.make_question("lesson2", "which-stage", 3, "en")
     right = q.answer
