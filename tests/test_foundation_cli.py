@@ -112,6 +112,19 @@ def test_bad_language_is_a_one_line_error():
         assert len(res.stderr.strip().splitlines()) == 1 and "en, es" in res.stderr
 
 
+def test_unknown_distai_lang_is_a_one_line_error(monkeypatch, capsys):
+    """A typo in DISTAI_LANG gave English without a word; it is refused as --lang is, in the locale's
+    language, unless --lang overrides it."""
+    monkeypatch.setenv("DISTAI_LANG", "sp")
+    monkeypatch.setenv("LANG", "es_ES.UTF-8")
+    assert cli.main(["lessons"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["distai: error: idioma desconocido DISTAI_LANG='sp'; elige uno de en, es"]
+    assert cli.main(["lessons", "--lang", "en"]) == 0
+    monkeypatch.setenv("DISTAI_LANG", "ES")
+    assert cli.main(["lessons"]) == 0 and "lección" in capsys.readouterr().out
+
+
 def test_unknown_command_is_a_usage_error_without_traceback():
     res = run_cli("frobnicate")
     assert res.returncode == 2

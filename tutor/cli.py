@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import sys
 from collections.abc import Callable
 from typing import Any, Protocol, cast
@@ -14,7 +15,7 @@ from typing import Any, Protocol, cast
 import typer
 
 from ..lessons.registry import UnknownLessonError, all_lessons, resolve_lesson, valid_names
-from ..lessons.strings import FALLBACK, LANGUAGES, detect_language, has, strings, translated
+from ..lessons.strings import FALLBACK, LANG_ENV, LANGUAGES, detect_language, has, strings, translated
 from ..lessons.units import format_score
 
 
@@ -88,12 +89,19 @@ def os_error_text(exc: OSError, lang: str) -> str:
 
 def language_or_fail(explicit: str | None) -> str:
     """``--lang`` (or the locale's language); an unknown one is a one-line error, in the language
-    ``DISTAI_LANG`` or the locale gives."""
+    ``DISTAI_LANG`` or the locale gives. So is an unknown ``DISTAI_LANG`` when no ``--lang`` overrides it
+    (a typo there would otherwise give English without a word)."""
     try:
-        return detect_language(explicit)
+        lang = detect_language(explicit)
     except ValueError:
         raise CliError(translated("cli", "errors.unknown_language", detect_language(None), value=repr(explicit),
                                   choices=", ".join(LANGUAGES))) from None
+    chosen = os.environ.get(LANG_ENV, "").strip()
+    if not explicit and chosen and chosen.lower() not in LANGUAGES:
+        locale = detect_language(None, {k: v for k, v in os.environ.items() if k != LANG_ENV})
+        raise CliError(translated("cli", "errors.unknown_language", locale, value=f"{LANG_ENV}={chosen!r}",
+                                  choices=", ".join(LANGUAGES)))
+    return lang
 
 
 def open_progress():
