@@ -760,8 +760,8 @@ def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, o
     c.tokens_per_s = global_batch * model.seq / c.step_time_s
     for key, value in (("step", c.step_time_s), ("mfu", c.mfu), ("memory", c.memory_bytes)):
         if not math.isfinite(value):
-            raise PlanInputError.keyed("not_finite", value=value,
-                                       where=lambda lang, key=key: translated("calc", f"plan.columns.{key}", lang))
+            where = {lang: translated("calc", f"plan.columns.{key}", lang) for lang in LANGUAGES}
+            raise PlanInputError(texts=translations("calc", "errors.not_finite", value=value, where=where.__getitem__))
     return c
 
 
