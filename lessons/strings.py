@@ -4,7 +4,7 @@ Every string the learner reads outside the lessons' Markdown lives in ``lessons/
 TOML file per area (``tutor.toml`` for the app's screens, ``quiz.toml``, ``run.toml``,
 ``visualizer.toml`` for what all visualizers share, and one file per visualizer, what its keys do
 included), each with an ``[en]`` and an ``[es]`` table holding the same keys. A value is a ``str.format`` template or a nested
-table (``reasons.memory``). Numbers reach a template already formatted by ``lessons/units.py``,
+table (``reasons.memory``); a template may choose a word by a count, ``{n} {n:step|steps}`` (:class:`CatalogText`). Numbers reach a template already formatted by ``lessons/units.py``,
 so each language's decimal separator is applied in one place.
 
 ``translated(area, key, lang, **fields)`` formats one string; ``strings(area, lang)`` is the whole
@@ -15,6 +15,8 @@ nesting that differs between the languages.
 from __future__ import annotations
 
 import os
+import re
+import string
 import sys
 from collections.abc import Mapping
 from functools import cache
@@ -80,8 +82,45 @@ def _merged(primary: Mapping[str, Any], fallback: Mapping[str, Any]) -> dict[str
     return out
 
 
-def _frozen(table: Mapping[str, Any]) -> Mapping[str, Any]:
-    return MappingProxyType({k: _frozen(v) if isinstance(v, Mapping) else v for k, v in table.items()})
+class _PluralFormatter(string.Formatter):
+    """``str.format``'s rules, plus a plural choice: a field formatted ``{n:step|steps}`` gives the first word
+    when ``n`` is one (the number, or the text a units formatter made of it), else the second."""
+
+    def format_field(self, value: Any, format_spec: str) -> str:
+        if "|" in format_spec:
+            one, _, other = format_spec.partition("|")
+            return one if _is_one(value) else other
+        return super().format_field(value, format_spec)
+
+
+def _is_one(value: Any) -> bool:
+    if isinstance(value, str):
+        return re.fullmatch(r"\s*\+?1\s*", value) is not None
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and value == 1
+
+
+_PLURAL = _PluralFormatter()
+
+
+class CatalogText(str):
+    """A catalog template: ``format`` is ``str.format`` with :class:`_PluralFormatter`'s plural choice, so
+    a string fetched from a table (``tr["head"].format(n=1)``) counts as :func:`translated` does."""
+
+    def format(self, /, *args: Any, **kwargs: Any) -> str:
+        if "|" not in self:  # no plural choice: the fast built-in path
+            return str.format(self, *args, **kwargs)
+        return _PLURAL.vformat(self, args, kwargs)
+
+
+def _texts(value: Any) -> Any:
+    """``value`` read-only, its strings :class:`CatalogText`."""
+    if isinstance(value, Mapping):
+        return MappingProxyType({k: _texts(v) for k, v in value.items()})
+    if isinstance(value, str):
+        return CatalogText(value)
+    if isinstance(value, list):
+        return [_texts(v) for v in value]
+    return value
 
 
 @cache
@@ -90,7 +129,7 @@ def strings(area: str, lang: str) -> Mapping[str, Any]:
     data = _area(area)
     english = data.get(FALLBACK, {})
     chosen = data.get(lang, {}) if lang in LANGUAGES else {}
-    return _frozen(_merged(chosen, english))
+    return _texts(_merged(chosen, english))
 
 
 def translated(area: str, key: str, lang: str, /, **fields: Any) -> str:

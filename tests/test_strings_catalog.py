@@ -121,3 +121,17 @@ def test_no_module_keeps_its_own_translations_or_number_conventions():
     assert not unexpected, f"translations outside lessons/catalog/ (lines): {unexpected}"
     moved = NOT_YET_IN_CATALOG - found.keys()
     assert not moved, f"{sorted(moved)} no longer keep their own strings: drop them from NOT_YET_IN_CATALOG"
+
+
+def test_a_count_chooses_its_word():
+    """"{n} {n:step|steps}": the singular for one (a number, or the text units made of it), else the plural,
+    through translated() and through a table's string alike; without a choice, str.format's own rules."""
+    from distai.lessons.strings import strings, translated
+
+    assert translated("quiz_cli", "header", "en", title="T", n=1, seed=7) == "T — 1 question (seed 7)"
+    assert translated("quiz_cli", "header", "es", title="T", n="12", seed=7) == "T — 12 preguntas (semilla 7)"
+    review = strings("quiz_cli", "es")["review_header"]
+    assert review.format(n="1", seed=3) == "Repaso espaciado — 1 pregunta pendiente (semilla 3)"
+    assert review.format(n=0, seed=3) == "Repaso espaciado — 0 preguntas pendientes (semilla 3)"
+    assert strings("failures", "en")["simulating"].format(n=1) == "simulating 1 failure…"
+    assert strings("failures", "en")["simulating"].format(n=1.5) == "simulating 1.5 failures…"
