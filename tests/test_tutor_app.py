@@ -200,6 +200,35 @@ async def test_help_overlay_says_when_it_scrolls():
             await pilot.pause(0.3)
             box = app.screen.query_one("#help-box")
             assert (box.border_subtitle == translated("tutor", "help_scroll", "es")) == scrolls, size
+            if scrolls:  # scrolled to the end, nothing is below: the hint goes
+                box.scroll_end(animate=False)
+                await pilot.pause(0.3)
+                assert box.border_subtitle == ""
+
+
+@async_test
+async def test_the_visualizer_alone_takes_the_body_and_gives_it_back():
+    """80x24 leaves the shared pane a handful of rows: V shows the visualizer alone, V or v brings the
+    text back; the footer's palette key is in the learner's language."""
+    app = DistaiApp("es", lesson_id="lesson4")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        screen, shared = app.screen, 0
+        pane, text = screen.query_one("#visualizer-pane"), screen.query_one("#text-pane")
+        for keys, alone in ((("v",), False), (("V",), True), (("V",), False), (("V",), True), (("v",), False)):
+            await pilot.press(*keys)
+            await pilot.pause()
+            assert pane.display and text.display != alone, keys
+            if alone:
+                assert pane.region.height >= 24 - 6 > shared
+            else:
+                shared = pane.region.height
+        palette = next(b for _k, b in app._bindings if b.action == "command_palette")
+        assert palette.description == translated("tutor", "binding_palette", "es") == "paleta"
+        await pilot.press("l")
+        await pilot.pause()
+        palette = next(b for _k, b in app._bindings if b.action == "command_palette")
+        assert palette.description == "palette"
 
 
 @async_test

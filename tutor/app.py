@@ -9,9 +9,11 @@ does not import torch.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from functools import partial
 
 from textual.app import App, SystemCommand
+from textual.binding import BindingsMap
 from textual.command import DiscoveryHit, Hits
 from textual.screen import Screen
 from textual.system_commands import SystemCommandsProvider
@@ -62,7 +64,19 @@ class DistaiApp(App):
     def get_default_screen(self) -> Screen:
         return HomeScreen()
 
+    def _localize_palette(self) -> None:
+        """The footer's command-palette key ("^p palette", Textual's own binding on the app) in the language."""
+        label = translated("tutor", "binding_palette", self.language)
+        bindings = BindingsMap()
+        for _key, binding in self._bindings:
+            if binding.action == "command_palette":
+                binding = replace(binding, description=label, tooltip=translated("tutor", "key_palette", self.language))
+            bindings._add_binding(binding)
+        self._bindings = bindings
+        self.refresh_bindings()
+
     def on_mount(self) -> None:
+        self._localize_palette()
         if self.store is not None and self.store.recovered_from:
             self.notify(self.store.recovered_from, severity="warning", timeout=15)
         if self.store_error:
@@ -98,6 +112,7 @@ class DistaiApp(App):
     async def set_language(self, language: str) -> None:
         """Switch the language and re-render every screen that knows how."""
         self.language = language
+        self._localize_palette()
         for screen in self.screen_stack:
             apply = getattr(screen, "apply_language", None)
             if apply is not None:

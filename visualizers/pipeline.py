@@ -183,7 +183,7 @@ class PipelineVisualizer(PlaybackVisualizer):
 
     can_focus = True
     DEFAULT_CLASSES = "panel"
-    VIEWS = ("all", "gpipe", "1f1b", "interleaved", "same-time")
+    VIEWS = ("all", "gpipe", "1f1b", "interleaved", "same-time", "1f1b-interleaved")
     STEP_SETTINGS = frozenset({"show", "microbatches"})
     CONTROLS = (
         PLAY,
@@ -242,6 +242,8 @@ class PipelineVisualizer(PlaybackVisualizer):
             return list(sim.SCHEDULES)
         if self.view == "same-time":
             return ["gpipe", "1f1b"]
+        if self.view == "1f1b-interleaved":  # the interleaved step: its row under 1F1B's, GPipe left out to fit
+            return ["1f1b", "interleaved"]
         if self.view == "run":
             return [self._latest_measured_schedule() or "1f1b"]
         return [self.view]

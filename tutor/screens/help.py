@@ -27,6 +27,7 @@ LESSON_KEYS = [
     ("r", "key_run"),
     ("l", "key_lang"),
     ("v", "key_visualizer"),
+    ("V", "key_maximize"),
     ("ctrl+p", "key_palette"),
     ("?", "key_help"),
     ("q  Esc", "key_back"),
@@ -72,14 +73,16 @@ class HelpScreen(ModalScreen[None]):
 
     def on_mount(self) -> None:
         self.call_after_refresh(self._mark_overflow)
+        self.watch(self.query_one("#help-box", VerticalScroll), "scroll_y", lambda _y: self._mark_overflow(), init=False)
 
     def on_resize(self) -> None:
         self.call_after_refresh(self._mark_overflow)
 
     def _mark_overflow(self) -> None:
-        """Say on the frame that the list scrolls when it does not fit (80x24 hides its last keys)."""
+        """Say on the frame that the list scrolls while some of it is below (80x24 hides its last keys)."""
         box = self.query_one("#help-box", VerticalScroll)
-        box.border_subtitle = translated("tutor", "help_scroll", self.language) if box.max_scroll_y > 0 else ""
+        below = box.scroll_y < box.max_scroll_y
+        box.border_subtitle = translated("tutor", "help_scroll", self.language) if below else ""
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -30,6 +30,7 @@ BINDING_LABELS = {
     "run": "binding_run",
     "toggle_language": "binding_lang",
     "toggle_visualizer": "binding_visualizer",
+    "maximize_visualizer": "binding_maximize",
     "help": "binding_help",
 }
 
@@ -71,6 +72,8 @@ class LessonScreen(CommonActions, Screen):
         Binding("r", "run", "Run", priority=True),
         Binding("l", "toggle_language", "Español", priority=True),
         Binding("v", "toggle_visualizer", "Visualizer", priority=True),
+        # the visualizer alone, the text hidden: at 80x24 the shared pane holds a handful of rows
+        Binding("V,shift+v", "maximize_visualizer", "Visualizer only", show=False, priority=True),
         Binding("question_mark", "help", "Help", key_display="?", priority=True),
         Binding("q,escape", "back", "Back", priority=True),
     ]
@@ -263,7 +266,18 @@ class LessonScreen(CommonActions, Screen):
 
     def action_toggle_visualizer(self) -> None:
         pane = self.query_one("#visualizer-pane")
+        if self.has_class("-maximized"):  # back to the text beside the visualizer
+            self.action_maximize_visualizer()
+            return
         pane.display = not pane.display
+
+    def action_maximize_visualizer(self) -> None:
+        """The visualizer takes the whole body (the text hidden), or gives the text back."""
+        maximized = not self.has_class("-maximized")
+        self.set_class(maximized, "-maximized")
+        self.query_one("#text-pane").display = not maximized
+        if maximized:
+            self.query_one("#visualizer-pane").display = True
 
     def action_quiz(self) -> None:
         cls = load_screen_class("distai.tutor.quiz_screen", "QuizScreen")
