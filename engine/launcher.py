@@ -271,16 +271,24 @@ def analyse_failure(error_events: Sequence[Mapping[str, Any]], torchrun_lines: l
     # a rank killed by a signal reports nothing; its peers' errors (a closed connection) follow it,
     # and torchrun may even name such a peer as the root cause (it saw its error file first).
     # SIGTERM is how torchrun stops the survivors once a rank has failed, and its root cause ties on
-    # whole-second timestamps, so a SIGTERM'd rank is the culprit only when no rank reported an error.
+    # whole-second timestamps, so a SIGTERM'd rank is the culprit only when no rank reported an error
+    # nor exited on its own (a positive code: an argument refused before any event, `context --cpu 3`).
     reported = {e.get("rank") for e in error_events}
+    exited_on_its_own = any(c > 0 for _r, c in _reported_failures(torchrun_lines))
 
     def killed_silently(r: int | None, c: int | None) -> bool:
         return (r is not None and c is not None and c < 0 and r not in reported
-                and not (error_events and c == -signal.SIGTERM))
+                and not ((error_events or exited_on_its_own) and c == -signal.SIGTERM))
 
-    silent = [(r, c) for r, c in _reported_failures(torchrun_lines) if killed_silently(r, c)]
+    failures = _reported_failures(torchrun_lines)
+    silent = [(r, c) for r, c in failures if killed_silently(r, c)]
+    killed_otherwise = [(r, c) for r, c in silent if c != -signal.SIGTERM]
     if silent and not killed_silently(rank, code):
         rank, code = silent[0]
+    elif code == -signal.SIGTERM and killed_otherwise:  # a SIGKILL (the OOM killer) before torchrun's SIGTERMs
+        rank, code = killed_otherwise[0]
+    elif not error_events and code == -signal.SIGTERM and exited_on_its_own:  # torchrun's SIGTERM, not the cause
+        rank, code = next((r, c) for r, c in failures if c > 0)
     if error_events and not killed_silently(rank, code):
         first = min(error_events, key=lambda e: e.get("t", 0.0))
         return Failure(first.get("rank"), f"rank {first.get('rank')} failed: {first.get('error', '?')}",
@@ -434,11 +442,25 @@ class Launch(Stoppable):
                     break
             except KeyboardInterrupt:
                 interrupted = True
-                self.stop("interrupted (Ctrl-C)")
-        record = self._finish()
+                try:
+                    self.stop("interrupted (Ctrl-C)")
+                except KeyboardInterrupt:  # a second Ctrl-C inside stop(): the stop is already under way
+                    pass
+        record = self._finish_uninterrupted()
         if interrupted:
             raise KeyboardInterrupt
         return record
+
+    def _finish_uninterrupted(self) -> RunRecord:
+        """:meth:`_finish` with Ctrl-C held off (the ranks have exited by now): a Ctrl-C pressed again while
+        the record is written must not leave it half-done ("killed", no duration, no final view)."""
+        if threading.current_thread() is not threading.main_thread():
+            return self._finish()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            return self._finish()
+        finally:
+            signal.signal(signal.SIGINT, previous)
 
     # ---- internals ----
     def _put(self, event: dict) -> None:

@@ -98,6 +98,12 @@ def test_slurm_cli_one_line_errors(tmp_path):
     out = subprocess.run([*DISTAI, "slurm", "1", "--nodes", "2", "--gpus-per-node", "8", "--steps", "5", "--debug",
                           "--iters", "3"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "--steps 5 --debug --iters 3'" in out.stdout
+    # the group's size the experiment's plan or shape refuses, refused here as `distai run` refuses it
+    for argv, message in ((["capstone", "--nodes", "2", "--gpus-per-node", "4", "--dp", "3"],
+                           "dp·tp·pp = 3·2·2 = 12 does not match the 8 ranks"),
+                          (["lesson4", "--nodes", "1", "--gpus-per-node", "3"], "tp = 3 does not divide the 8 attention")):
+        out = subprocess.run([*DISTAI, "slurm", *argv], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and message in out.stderr and out.stderr.count("\n") == 1 and not out.stdout
 
 
 def test_sbatch_script_runs_a_real_two_node_job_on_this_machine(tmp_path):

@@ -112,8 +112,15 @@ def test_failure_analysis():
                "  exitcode  : -15 (pid: 42)"]
     f = L.analyse_failure([{"rank": 1, "t": 9.0, "error": "RuntimeError: injected failure"}], stopped, 1)
     assert f.rank == 1 and "injected failure" in f.message
-    # with no error from any rank, a SIGTERM'd rank is the one that was killed
+    # with no error from any rank, a rank that exited on its own (an argument its parser refused before
+    # any event) failed, not the peer torchrun SIGTERM'd and named the root cause (`run context --cpu 3`)
     f = L.analyse_failure([], stopped, 1)
+    assert f.rank == 1 and f.message == "rank 1 exited with code 1"
+    # with no error and no rank exiting on its own, a SIGTERM'd rank is the one that was killed
+    f = L.analyse_failure([], stopped[:2] + ["  rank      : 1 (local_rank: 1)", "  exitcode  : -9 (pid: 43)"]
+                          + stopped[4:], 1)
+    assert f.rank == 1 and "SIGKILL" in f.message
+    f = L.analyse_failure([], stopped[4:], 1)
     assert f.rank == 0 and "SIGTERM" in f.message
     assert L.analyse_failure([], ["junk"], 3).message == "torchrun exited with code 3"
 
@@ -250,6 +257,9 @@ def test_runs_requests_are_refused_in_the_learners_language(argv, message, capsy
     (["run", "lesson2", "--cpu", "2", "--strategies", "foo"], "en", "unknown strategies ['foo']"),
     (["run", "lesson5", "--cpu", "2", "--slowstage", "1"], "en",
      "lesson5's experiment does not take --slowstage 1 (its options: --slow-stage)"),
+    # no option at all, a group its shape cannot split: refused before torchrun, not after its banner
+    (["run", "lesson4", "--cpu", "3"], "es", "tp = 3 no divide las 8 cabezas de atención"),
+    (["run", "context", "--cpu", "3"], "en", "the zigzag layout needs 2·cp = 6 to divide the sequence length 256"),
 ])
 def test_options_the_experiment_refuses_are_one_line_before_any_launch(argv, lang, message, capsys, tmp_path,
                                                                        monkeypatch):
@@ -305,6 +315,8 @@ def _ctrl_c(home: Path) -> dict:
     proc, run_dir, pids = _training_run(home)
     t0 = time.time()
     proc.send_signal(signal.SIGINT)
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)  # a nervous double Ctrl-C: the second must not cut the record short
     try:
         rc = proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
@@ -391,7 +403,7 @@ def test_ctrl_c_stops_every_rank_and_leaves_no_orphans(launches):
     assert r["took"] < 20
     assert r["alive"] == [] and L.run_processes(r["run_dir"].name) == []
     rec = RunRecord.load(r["run_dir"])
-    assert rec.status == "stopped" and "Ctrl-C" in rec.error
+    assert rec.status == "stopped" and "Ctrl-C" in rec.error and rec.duration_s is not None
 
 
 def test_sigkilled_launcher_leaves_no_process_and_a_killed_run(launches):

@@ -384,7 +384,9 @@ def run_cmd(
             if given is None and ranks != placement.nproc * nnodes:
                 placement = choose_placement(gpus=gpus, cpu=cpu, default_nproc=max(1, ranks // nnodes), lang=language)
                 plan(extra, placement.nproc * nnodes, default_ranks, placement.device == "cuda")
-        if ctx.args:  # options for the experiment: refused here as its ranks would refuse them
+        # options for the experiment, or a group of another size than its default: refused here as its ranks
+        # would refuse them (tp = 3 dividing no heads), not after torchrun's failure banner
+        if ctx.args or placement.nproc * nnodes != default_ranks:
             found = experiment_argument_error(chosen.experiment, extra, placement.nproc * nnodes, language)
             if found is not None:
                 raise CliError(experiment_refusal(found, chosen.id, language))

@@ -61,6 +61,7 @@ from ..experiment import (
     UsageError,
     device_sync,
     exit_with,
+    launch_world_size,
     max_over_ranks,
     run_experiment,
     run_language,
@@ -484,6 +485,9 @@ def check_modes(args: argparse.Namespace) -> list[str]:
         raise UsageError.keyed("mode", mode=repr(bad[0]), choices=", ".join(MODES))
     if args.check_steps < 1:
         raise UsageError.keyed("check_steps")
+    cfg = ModelSize.from_args(args, DEFAULT_MODEL)
+    for m in modes:  # the group's size against the shape, before any rank joins it (`--cpu 3`: 8 heads)
+        cfg.check_tp(launch_world_size(), MODES[m])
     return modes
 
 
@@ -595,8 +599,6 @@ def run(ctx, args: argparse.Namespace) -> dict:
     torch.set_num_threads(1) if ctx.device.type == "cpu" and T > 1 else None
     modes = check_modes(args)
     cfg = ModelSize.from_args(args, DEFAULT_MODEL)
-    for m in modes:
-        cfg.check_tp(T, MODES[m])
 
     t0 = time.time()
     progress = Progress(ctx, 2 * len(modes) + (1 if T > 1 else 0) + (len(modes) if args.dtensor else 0))
