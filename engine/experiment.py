@@ -26,6 +26,7 @@ made once.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import traceback
@@ -35,6 +36,7 @@ from typing import Any
 
 from ..lessons.events import ERROR, PROGRESS, SUMMARY, Error
 from ..lessons.strings import TranslatedError, detect_language, translated
+from ..lessons.units import format_integer
 from .events import EventSink
 
 __all__ = ["run_experiment", "UsageError", "launch_world_size", "exit_with", "checkpoint", "Progress", "device_sync", "max_over_ranks",
@@ -68,6 +70,22 @@ class UsageError(TranslatedError):
     language (``keyed``: ``lessons/catalog/run_checks.toml``'s ``usage.*``)."""
 
     area, prefix = "run_checks", "usage."
+
+
+#: the most training steps a run may ask for: a learner's run ends in minutes or hours, and some experiments
+#: build their data up front (``--steps 1e23`` filled memory before the first step)
+MAX_STEPS = 1_000_000
+
+
+def check_values(args: argparse.Namespace) -> None:
+    """What no experiment can run, whatever its options mean: a non-finite number (``--lr nan`` trained to a
+    NaN loss and said "finished"), more than :data:`MAX_STEPS` steps. A :class:`UsageError` (one line)."""
+    for name, value in vars(args).items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UsageError.keyed("not_finite", flag="--" + name.replace("_", "-"), value=value)
+    steps = getattr(args, "steps", None)
+    if isinstance(steps, int) and steps > MAX_STEPS:
+        raise UsageError.keyed("steps_most", most=lambda lang: format_integer(MAX_STEPS, lang), value=steps)
 
 
 def launch_world_size() -> int:
@@ -125,6 +143,7 @@ def run_experiment(prog: str, parse: Callable[[list[str] | None], argparse.Names
         from .runtime import init_distributed
 
         args = parse(argv)  # a usage error raised while parsing is bad input too
+        check_values(args)
         if check is not None:
             check(args)
 
@@ -172,6 +191,7 @@ def _check_arguments(parse: Callable[[list[str] | None], argparse.Namespace], ar
     argparse.ArgumentParser.error = refuse  # type: ignore[method-assign,assignment]
     try:
         args = parse(argv)
+        check_values(args)
         if check is not None:
             check(args)
     except _ArgumentError as exc:

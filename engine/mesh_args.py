@@ -13,6 +13,7 @@ Anything else is refused with one line that says what to change.
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass
 
 from ..lessons.arg_errors import argparse_texts
@@ -261,7 +262,7 @@ def experts_launch_ranks(argv: list[str], ranks: int | None, default: int, cuda:
         raise MeshConfigError.keyed("ep_ranks", ep=ep, ranks=ranks)
     if not 1 <= args.top_k <= args.experts:
         raise MeshConfigError.keyed("top_k", top_k=args.top_k, experts=args.experts)
-    if not args.capacity_factor > 0:
+    if not (args.capacity_factor > 0 and math.isfinite(args.capacity_factor)):
         raise MeshConfigError.keyed("capacity_factor", value=args.capacity_factor)
     check_degrees(ep=ep, experts=args.experts)
     return ranks

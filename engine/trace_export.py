@@ -47,7 +47,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from ..lessons.events import METRIC, RELAUNCH, SPAN, STEP
+from ..lessons.events import METRIC, RELAUNCH, SPAN, STEP, json_ready
 from ..lessons.lesson1.events import RING_STEP
 from ..lessons.lesson3.events import CHECKPOINT, FAILURE, RESTART
 from ..lessons.lesson5.events import PP_OP, PP_STEP
@@ -341,4 +341,4 @@ def metrics_csv(rows: list[dict]) -> str:
 
 
 def metrics_jsonl(rows: list[dict]) -> str:
-    return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+    return "".join(json.dumps(json_ready(row), ensure_ascii=False, allow_nan=False) + "\n" for row in rows)

@@ -24,6 +24,7 @@ No ``from __future__ import annotations`` here or in the lessons' ``events.py``:
 ``TypedDict`` finds ``NotRequired`` only in evaluated annotations.
 """
 import importlib
+import math
 import types
 from collections.abc import Mapping
 from typing import (
@@ -291,6 +292,19 @@ CHECK = EventKind("check", Check)
 #: the kinds of every run
 SHARED: tuple[EventKind[Any], ...] = (RUN_START, RUN_END, OUTPUT, RELAUNCH, PHASE, PROGRESS, STEP, SUMMARY,
                                       ERROR, LOG, METRIC, SPAN, CHECK)
+
+
+def json_ready(value: Any) -> Any:
+    """``value`` with every non-finite float (a NaN loss, an inf scale) as None, recursively: what leaves
+    distai as JSON (``--json`` streams, ``runs export``, ``runs show --json``) is strict JSON (RFC 8259),
+    which Python's ``NaN`` and ``Infinity`` are not."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    return value
 
 
 def lesson_events(lesson: str) -> dict[str, EventKind[Any]]:

@@ -260,6 +260,12 @@ def test_runs_requests_are_refused_in_the_learners_language(argv, message, capsy
     # no option at all, a group its shape cannot split: refused before torchrun, not after its banner
     (["run", "lesson4", "--cpu", "3"], "es", "tp = 3 no divide las 8 cabezas de atención"),
     (["run", "context", "--cpu", "3"], "en", "the zigzag layout needs 2·cp = 6 to divide the sequence length 256"),
+    # what no experiment can run: a non-finite number (it trained to a NaN loss and said "finished"), steps
+    # without end (lesson 2 built its batches until memory ran out)
+    (["run", "lesson1", "--cpu", "2", "--lr", "nan"], "en", "--lr must be a finite number, got nan"),
+    (["run", "lesson2", "--cpu", "2", "--steps", "99999999999999999999999"], "es", "--steps debe ser como mucho 1.000.000"),
+    (["run", "experts", "--cpu", "2", "--capacity-factor", "inf"], "en",
+     "--capacity-factor must be a finite positive number, got inf"),
 ])
 def test_options_the_experiment_refuses_are_one_line_before_any_launch(argv, lang, message, capsys, tmp_path,
                                                                        monkeypatch):

@@ -113,7 +113,9 @@ def test_cli_export_writes_trace_and_metrics_and_fails_in_one_line(isolated_dist
         with sink.span("all-reduce", "comm", bytes=1024):
             time.sleep(0.001)
         sink.emit("step", step=0, loss=2.0 + rank)
+        sink.emit("step", step=1, loss=float("nan"))  # fp16 without a scaler: a NaN loss leaves as null
         sink.close()
+
     def distai(*args):
         capsys.readouterr()
         code = main(["runs", "export", *args])
@@ -126,10 +128,14 @@ def test_cli_export_writes_trace_and_metrics_and_fails_in_one_line(isolated_dist
     assert check_trace(trace) == [] and str(rec.dir / "trace.json") in out.stdout
     assert sorted(e["name"] for e in trace["traceEvents"] if e["ph"] == "X") == ["all-reduce"] * 2 + ["forward"] * 2
     table = list(csv.DictReader(io.StringIO(distai("last", "--format", "csv", "-o", "-").stdout)))
-    assert sorted((r["rank"], r["name"], float(r["value"])) for r in table) == [("0", "loss", 2.0), ("1", "loss", 3.0)]
+    assert sorted((r["rank"], r["name"], float(r["value"])) for r in table if r["step"] == "0") == [
+        ("0", "loss", 2.0), ("1", "loss", 3.0)]
     target = tmp_path / "m.jsonl"
     assert distai(rec.id, "-f", "jsonl", "-o", str(target)).returncode == 0
-    assert [json.loads(line)["value"] for line in target.read_text().splitlines()] == [2.0, 3.0]
+    strict = {"NaN": lambda c: pytest.fail(f"{c} is not JSON")}
+    assert [json.loads(line, parse_constant=strict["NaN"])["value"]
+            for line in target.read_text().splitlines()] == [2.0, None, 3.0, None]
+    assert "NaN" not in distai(rec.id, "-f", "chrome-trace", "-o", "-").stdout
     for args, words in (((rec.id, "--format", "pdf"), "--format must be one of"),
                         (("nope",), "no run matches"),
                         ((rec.id, "-o", str(tmp_path)), "is a folder"),

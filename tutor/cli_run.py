@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from ..lessons.events import json_ready
 from ..lessons.strings import TranslatedError, translated
 from .cli import HELP, LANG_HELP, LESSON_HELP, CliError, app, language_or_fail, lesson_or_fail
 
@@ -319,7 +320,7 @@ class JsonView:
         return self
 
     def __call__(self, event: dict) -> None:
-        self.out.write(json.dumps(event, ensure_ascii=False, default=str) + "\n")
+        self.out.write(json.dumps(json_ready(event), ensure_ascii=False, default=str, allow_nan=False) + "\n")
         self.out.flush()
 
     def __exit__(self, *exc):
@@ -386,7 +387,7 @@ def run_cmd(
                 plan(extra, placement.nproc * nnodes, default_ranks, placement.device == "cuda")
         # options for the experiment, or a group of another size than its default: refused here as its ranks
         # would refuse them (tp = 3 dividing no heads), not after torchrun's failure banner
-        if ctx.args or placement.nproc * nnodes != default_ranks:
+        if extra or placement.nproc * nnodes != default_ranks:
             found = experiment_argument_error(chosen.experiment, extra, placement.nproc * nnodes, language)
             if found is not None:
                 raise CliError(experiment_refusal(found, chosen.id, language))

@@ -15,6 +15,7 @@ from typing import Any
 
 import typer
 
+from ..lessons.events import json_ready
 from ..lessons.units import format_fixed
 from .cli import HELP, LANG_HELP, CliError, app, language_or_fail, lesson_or_fail, os_error_text
 
@@ -55,7 +56,7 @@ def runs_list(
              "error": r.error, "failed_rank": r.failed_rank, "last_step": r.last_step, "path": r.path}
             for r in runs]
     if as_json:
-        typer.echo(json.dumps(rows, ensure_ascii=False, indent=2))
+        typer.echo(json.dumps(json_ready(rows), ensure_ascii=False, indent=2, allow_nan=False))
         return
     if not rows:
         typer.echo(say["empty"])
@@ -139,7 +140,7 @@ def export_text(record, fmt: str, lang: str = "en") -> str:
         problems = tx.check_trace(trace)
         if problems:  # never hand a viewer a file it would misdraw
             raise CliError(translated("cli", "runs.errors.bad_trace", lang, id=record.id, problem=problems[0]), code=1)
-        return json.dumps(trace, ensure_ascii=False, separators=(",", ":"))
+        return json.dumps(json_ready(trace), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     rows = tx.metric_rows(events)
     return tx.metrics_csv(rows) if fmt == "csv" else tx.metrics_jsonl(rows)
 

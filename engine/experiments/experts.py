@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import statistics
 import time
 from typing import Any
@@ -76,8 +77,8 @@ AREA = "experts"  # the catalog file of the lesson's strings (lessons/catalog/ex
 
 def positive_float(text: str) -> float:
     value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a finite positive number, got {text}")
     return value
 
 
