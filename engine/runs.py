@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..lessons.events import STEP
-from ..lessons.strings import TranslatedError
+from ..lessons.strings import TranslatedError, translated
 from .events import read_events
 
 RUN_FILE = "run.json"
@@ -121,6 +121,47 @@ class RunRecord:
 
     def log_tail(self, rank: int, lines: int = 15) -> list[str]:
         return tail_lines(self.rank_log(rank), lines)
+
+
+# The reasons a record keeps (English, as the launcher, the supervisor and the tutor write them) and their
+# keys in lessons/catalog/run.toml's ``reasons``: what `distai runs`, the final view and the run panel show
+# in the learner's language (a record written before keeps reading).
+_REASONS = [(re.compile(pattern, re.S), key) for pattern, key in (
+    (r"interrupted \(Ctrl-C\)", "ctrl_c"),
+    (r"stopped by (?P<signal>SIG[A-Z]+)", "signal"),
+    (r"stopped by the user", "user"),
+    (r"stopped from the tutor", "tutor_stop"),
+    (r"the run panel was closed", "panel_closed"),
+    (r"the tutor was closed", "tutor_closed"),
+    (r"the launcher was killed at step (?P<step>\S+)", "killed_at"),
+    (r"the launcher was killed before its first step", "killed_first"),
+    (r"the launcher was killed before the run ended", "killed_before_end"),
+    (r"rank (?P<rank>\d+) failed: (?P<error>.*)", "rank_failed"),
+    (r"rank (?P<rank>\d+) was killed by (?P<signal>\S+)", "rank_signal"),
+    (r"rank (?P<rank>\d+) exited with code (?P<code>-?\d+)", "rank_code"),
+    (r"ranks? (?P<who>\d+(?:, \d+)*) did not arrive(?: at barrier '(?P<name>[^']*)')? within (?P<s>\S+) s "
+     r"\(hung or too slow\)", "absent"),
+    (r"torchrun exited with code (?P<code>-?\d+)", "torchrun_code"),
+    (r"launcher error: (?P<error>.*)", "launcher_error"),
+)]
+
+
+def reason_text(reason: str | None, lang: str) -> str | None:
+    """Why a run stopped or failed (``RunRecord.error``), in ``lang``; a reason of another shape as it is."""
+    if not reason:
+        return reason
+    for pattern, key in _REASONS:
+        m = pattern.fullmatch(reason)
+        if m is None:
+            continue
+        fields = {k: v for k, v in m.groupdict().items() if v is not None}
+        if key == "absent":
+            name = fields.pop("name", None)
+            fields["n"] = len(fields["who"].split(","))
+            fields["at"] = translated("run", "reasons.absent_at", lang, name=name) if name is not None else ""
+            fields["s"] = fields["s"].replace(".", ",") if lang == "es" else fields["s"]
+        return translated("run", f"reasons.{key}", lang, **fields)
+    return reason
 
 
 def _this_host() -> str:

@@ -241,7 +241,7 @@ def test_experiment_streams_loads_and_checks_everything(results):
 @pytest.mark.parametrize("argv, message", [
     (["--experts", "6", "--ep", "4"], "ep = 4 does not divide the 6 experts"),
     (["--experts", "4", "--top-k", "5"], "top-k must be between 1 and the number of experts (4), got 5"),
-    (["--capacity-factor", "0"], "--capacity-factor: must be positive, got 0"),
+    (["--capacity-factor", "0"], "--capacity-factor: must be a finite positive number, got 0"),
     (["--capacity-factor", "1", "--dropless"], "not allowed with argument"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):

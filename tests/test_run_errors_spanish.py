@@ -34,7 +34,7 @@ CASES = [
     (["lesson7", "--cpu", "4", "--tp", "0"], "--tp debe ser ≥ 1, no 0"),
     (["lesson7", "--cpu", "4", "--pp", "x"], "--pp debe ser un número entero, no 'x'"),
     (["experts", "--cpu", "4", "--ep", "3"], "--ep 3 no divide los 4 ranks"),
-    (["experts", "--cpu", "4", "--capacity-factor", "0"], "--capacity-factor debe ser positivo, no 0.0"),
+    (["experts", "--cpu", "4", "--capacity-factor", "0"], "--capacity-factor debe ser un número finito positivo, no 0.0"),
     (["lesson5", "--cpu", "4", "--microbatches", "x"], "argumento --microbatches/-m: 'x' no es un número entero"),
     (["lesson1", "--nnodes", "2"],
      "una ejecución en varios nodos necesita --master-addr HOST (la dirección del nodo 0)"),
@@ -113,3 +113,23 @@ def test_calc_plan_calibrate_refuses_the_capstone_run_in_spanish(monkeypatch, ca
     lines = capsys.readouterr().err.splitlines()
     assert (code, lines) == (2, ["distai: error: la ejecución del proyecto final no puede con esto: "
                                  "--global-batch 7 no se reparte en dp·microlote = 3·2"])
+
+
+def test_why_a_run_ended_reads_in_the_learners_language():
+    """The reasons a record keeps in English (the launcher's stop, torchrun's failure, a killed launcher)
+    read back unchanged in English and translated in Spanish, where `runs` and the final view show them."""
+    from distai.engine.runs import reason_text
+
+    cases = {"interrupted (Ctrl-C)": "interrupción con Ctrl-C",
+             "stopped by SIGTERM": "señal SIGTERM",
+             "the launcher was killed at step 72/100": "el lanzador murió en el paso 72/100",
+             "rank 0 exited with code 2": "el rank 0 salió con el código 2",
+             "rank 1 was killed by SIGKILL": "el rank 1 murió por SIGKILL",
+             "rank 1 failed: OverflowError: x": "el rank 1 falló: OverflowError: x",
+             "rank 1 did not arrive at barrier 'after-train' within 3 s (hung or too slow)":
+                 "el rank 1 no llegó a la barrera «after-train» en 3 s (colgado o demasiado lento)",
+             "ranks 1, 2 did not arrive within 2.5 s (hung or too slow)":
+                 "los ranks 1, 2 no llegaron en 2,5 s (colgados o demasiado lentos)"}
+    for english, spanish in cases.items():
+        assert reason_text(english, "en") == english and reason_text(english, "es") == spanish
+    assert reason_text("a reason of another shape", "es") == "a reason of another shape"

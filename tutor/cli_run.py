@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from ..engine.runs import reason_text
 from ..lessons.events import json_ready
 from ..lessons.strings import TranslatedError, translated
 from .cli import HELP, LANG_HELP, LESSON_HELP, CliError, app, language_or_fail, lesson_or_fail
@@ -252,7 +253,7 @@ def render_state(state, title: str = "distai run", extra=None, width: int = 100,
         if state.duration_s is not None:
             msg.append(say("after", s=format_fixed(state.duration_s, 1, lang)), style="dim")
         if state.error:
-            msg.append(f": {state.error}")
+            msg.append(f": {reason_text(state.error, lang)}")
         parts.append(msg)
         if state.tail and state.status == "failed":
             who = say("rank", rank=state.failed_rank) if state.failed_rank is not None else "torchrun"

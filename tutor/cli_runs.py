@@ -15,6 +15,7 @@ from typing import Any
 
 import typer
 
+from ..engine.runs import reason_text
 from ..lessons.events import json_ready
 from ..lessons.units import format_fixed
 from .cli import HELP, LANG_HELP, CliError, app, language_or_fail, lesson_or_fail, os_error_text
@@ -71,7 +72,7 @@ def runs_list(
         typer.echo(f"{r['id']:<{width}}  {r['lesson']:<8} {r['started']:<19}  {status:<11} "
                    f"{_duration(rec, language):>9}  {procs}")
         if r["error"] and r["status"] != "ok":
-            typer.echo(f"{'':<{width}}  └ {r['error'][:150]}")
+            typer.echo(f"{'':<{width}}  └ {(reason_text(r['error'], language) or '')[:150]}")
 
 
 @runs_app.command("show", help=RUNS["show"])

@@ -35,6 +35,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, ProgressBar, RichLog, Sparkline, Static
 
 from ..engine.run_state import RunState, replay_events
+from ..engine.runs import reason_text
 from ..lessons.events import LOG, OUTPUT, PHASE, RUN_END, RUN_START
 from ..lessons.strings import has, translated
 from ..lessons.units import bind_units, format_bandwidth, format_bytes, format_fixed, format_time
@@ -296,7 +297,7 @@ class RunPanelScreen(Screen):
         style = {"ok": "bold green", "stopped": "bold yellow"}.get(status, "bold red")
         msg = Text(translated("run", status, self.language) if has("run", status) else str(status), style=style)
         if e.get("error"):
-            msg.append(f": {e['error']}")
+            msg.append(f": {reason_text(e['error'], self.language)}")
         self._write(log, msg)
         if self.stop_lines_hidden and self.launch is not None:
             self._write(log, Text(translated("run", "stop_report", self.language, path=f"{self.launch.record.path}/logs/torchrun.log"),
