@@ -53,6 +53,11 @@ CASES = [
      "--seq: la disposición en zigzag necesita que 2·cp = 4 divida la longitud de secuencia 7"),
     (["context", "--cpu", "2", "--memory-seqs", "8,x"],
      "--memory-seqs: '8,x' no es una lista de números enteros separados por comas"),
+    (["lesson1", "--cpu", "2", "--sweep-min", "64MiB", "--sweep-max", "1KiB"],
+     "hace falta 4 bytes <= --sweep-min <= --sweep-max"),
+    (["lesson1", "--cpu", "2", "--lr", "inf"], "--lr debe ser un número finito, no inf"),
+    (["lesson1", "--cpu", "2", "--run-dir", "/proc/nope"],
+     "no se puede crear la carpeta de la ejecución /proc/nope: no existe la carpeta"),
     (["lesson5", "--cpu", "2", "--pp", "3"], "el experimento de lesson5 no acepta --pp 3 (sus opciones: --chunks, "
      "--heads, --hidden, --layers, --lr, --microbatch-size, --microbatches, --no-torch, --schedules, --seed, --seq, "
      "--slow-ms, --slow-stage, --steps, --vocab)"),

@@ -27,7 +27,7 @@ import typer
 from ..engine.runs import reason_text
 from ..lessons.events import json_ready
 from ..lessons.strings import TranslatedError, translated
-from .cli import HELP, LANG_HELP, LESSON_HELP, CliError, app, language_or_fail, lesson_or_fail
+from .cli import HELP, LANG_HELP, LESSON_HELP, CliError, app, language_or_fail, lesson_or_fail, os_error_text
 
 if TYPE_CHECKING:
     from rich.live import Live
@@ -241,7 +241,8 @@ def render_state(state, title: str = "distai run", extra=None, width: int = 100,
                           Text(format_fixed(ratio, 2, lang), style="green" if ratio >= 0.9 else "yellow"))
         parts.append(table)
     for impl, f in state.fits.items():
-        parts.append(Text(say("fit", impl=impl, alpha=_fmt_time(f.get("alpha_s"), lang),
+        name = say(f"impls.{impl}") if has("cli", f"view.impls.{impl}") else impl
+        parts.append(Text(say("fit", impl=name, alpha=_fmt_time(f.get("alpha_s"), lang),
                               beta=format_number(f.get("beta_s_per_byte", 0), 3, lang),
                               bw=_fmt_bw(f.get("bandwidth"), lang)), style="dim"))
     out = output_lines(state, summary, lang)
@@ -404,8 +405,13 @@ def run_cmd(
     try:
         record = create_run(runs_root(), chosen.id, chosen.experiment, run_dir=run_dir,
                             argv=["distai", *sys.argv[1:]] if sys.argv else [])
-    except (FileExistsError, OSError, ValueError) as exc:
-        raise CliError(str(exc)) from None
+    except FileExistsError:
+        raise CliError(say("run_dir_taken", path=run_dir)) from None
+    except OSError as exc:  # a folder that cannot be made: in the learner's words, not "[Errno 2] …"
+        raise CliError(say("run_dir_unwritable", path=exc.filename or run_dir or runs_root(),
+                           why=os_error_text(exc, language))) from None
+    except ValueError:
+        raise CliError(say("run_dir_nul", path=repr(str(run_dir)))) from None
     spec = LaunchSpec(chosen.experiment, placement, extra, nnodes=nnodes, node_rank=node_rank,
                       master_addr=master_addr, master_port=master_port, rdzv_backend=rdzv_backend,
                       rdzv_id=rdzv_id, debug=debug, profile=profile, lang=language)

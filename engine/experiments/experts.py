@@ -46,7 +46,14 @@ from ...lessons.experts.formulas import (
 )
 from ...lessons.model_size import ModelSize, add_model_options
 from ...lessons.strings import detect_language, translated
-from ...lessons.units import format_bytes, format_fixed, format_integer, format_percent, format_time
+from ...lessons.units import (
+    format_bytes,
+    format_fixed,
+    format_integer,
+    format_number,
+    format_percent,
+    format_time,
+)
 from ..comm_trace import traced_step
 from ..data_parallel import sgd_step
 from ..experiment import (
@@ -186,7 +193,8 @@ def print_summary(r: dict, lang: str) -> None:
             tokens=format_integer(c["tokens"], lang))
     say("loss", first=format_fixed(r["losses"][0], 4, lang), last=format_fixed(r["losses"][-1], 4, lang))
     if r["max_param_rel_diff"] is not None:
-        say("check", loss=f"{r['max_loss_rel_diff']:.1e}", params=f"{r['max_param_rel_diff']:.1e}")
+        say("check", loss=format_number(r["max_loss_rel_diff"], 2, lang),
+            params=format_number(r["max_param_rel_diff"], 2, lang))
     say("balance", drop=format_percent(r["drop_rates"][0], lang=lang), drop_last=format_percent(r["drop_rates"][-1], lang=lang),
         aux=format_fixed(r["aux_losses"][0], 4, lang), aux_last=format_fixed(r["aux_losses"][-1], 4, lang))
     say("load", loads=" ".join(format_integer(n, lang) for n in r["last_load"]))

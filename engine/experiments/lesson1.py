@@ -41,7 +41,15 @@ from ...lessons.units import (
     format_time,
     parse_bytes,
 )
-from ..experiment import Progress, checkpoint, exit_with, run_experiment, run_language, summary_lines
+from ..experiment import (
+    Progress,
+    UsageError,
+    checkpoint,
+    exit_with,
+    run_experiment,
+    run_language,
+    summary_lines,
+)
 
 #: the GPT whose gradients the ring all-reduces (its size flags default to this)
 DEFAULT_MODEL = ModelSize(vocab=64, hidden=64, heads=4, layers=2, seq=16)
@@ -80,11 +88,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     except ValueError as exc:
         p.error(str(exc))
     if not 4 <= args.sweep_min_bytes <= args.sweep_max_bytes:
-        p.error("need 4 bytes <= --sweep-min <= --sweep-max")
+        raise UsageError.keyed("sweep_range")
     if args.sweep_max_bytes > 4 << 30:
-        p.error("--sweep-max is capped at 4GiB")
+        raise UsageError.keyed("sweep_cap")
     if args.steps < 0 or args.batch_per_rank < 1:
-        p.error("--steps must be >= 0, --batch-per-rank >= 1")
+        raise UsageError.keyed("steps_batch_per_rank")
     try:
         args.model = ModelSize.from_args(args, DEFAULT_MODEL)
     except ValueError as exc:  # ModelConfigError: a shape the GPT cannot take
