@@ -26,7 +26,12 @@ class RunState:
     done: int = 0
     total: int = 0
     steps_of: int | None = None
+    # the loss curve shown: one rank's (the lowest that reports a loss: rank 0, or a pipeline's last stage), the
+    # series of its latest strategy, schedule or mode; every rank's in arrival order mixed local losses and
+    # differed between the live view and a replay
     losses: list[float] = field(default_factory=list)
+    loss_rank: int | None = None
+    loss_series: dict[tuple[str, ...], list[float]] = field(default_factory=dict)
     last_step: dict[str, Any] | None = None
     sweep: list[dict[str, Any]] = field(default_factory=list)
     fits: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -78,6 +83,15 @@ class RunState:
     def finished(self) -> bool:
         return self.status in ("ok", "failed", "stopped", "killed")
 
+    def _add_loss(self, e: dict[str, Any]) -> None:
+        rank = e.get("rank") if isinstance(e.get("rank"), int) else 0
+        if self.loss_rank is None or rank < self.loss_rank:  # a lower rank's curve replaces what came first
+            self.loss_rank, self.loss_series = rank, {}
+        if rank == self.loss_rank:
+            series = tuple(str(e[k]) for k in ("strategy", "schedule", "mode") if e.get(k) is not None)
+            self.losses = self.loss_series.setdefault(series, [])
+            self.losses.append(float(e["loss"]))
+
     def feed(self, e: dict[str, Any]) -> None:
         self.events_seen += 1
         t = e.get("t")
@@ -102,7 +116,7 @@ class RunState:
             self.done, self.total = int(e.get("done", 0)), int(e.get("total", 0))
         elif kind == STEP.name:
             if e.get("loss") is not None:
-                self.losses.append(float(e["loss"]))
+                self._add_loss(e)
             self.steps_of = e.get("of", self.steps_of)
             self.last_step = e
         elif kind == SWEEP.name:

@@ -194,6 +194,24 @@ def test_run_state_folds_events():
     assert s.elapsed == 2.5 and s.finished
 
 
+def test_the_loss_curve_is_one_ranks_latest_series_whatever_the_arrival_order():
+    """Every rank's step events in arrival order mixed local losses (lesson 2 live read 6.03 → 5.91, its replay
+    5.99 → 5.91): the curve is the lowest reporting rank's, the series of its latest strategy."""
+    steps = [{"kind": "step", "rank": r, "strategy": strategy, "step": i, "loss": 10 * r + i + (100 if strategy == "zero1"
+                                                                                            else 0)}
+             for strategy in ("ddp", "zero1") for i in range(3) for r in (1, 0)]
+    for order in (steps, sorted(steps, key=lambda e: e["rank"]), sorted(steps, key=lambda e: -e["rank"])):
+        s = RunState()
+        for e in order:
+            s.feed(e)
+        assert s.loss_rank == 0 and s.losses == [100, 101, 102] and s.loss_series[("ddp",)] == [0, 1, 2]
+    pipeline = RunState()  # only the last stage computes the loss
+    for i in range(3):
+        pipeline.feed({"kind": "step", "rank": 3, "step": i, "loss": 5.0 - i})
+        pipeline.feed({"kind": "step", "rank": 0, "step": i})
+    assert pipeline.losses == [5.0, 4.0, 3.0]
+
+
 def test_cli_lesson_without_experiment_is_not_yet_available(capsys):
     from distai.lessons.registry import all_lessons
     from distai.tutor.cli import main
