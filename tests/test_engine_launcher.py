@@ -509,3 +509,20 @@ def test_a_file_that_cannot_be_written_says_why_in_the_learners_language(tmp_pat
     assert os_error_text(missing, "es") == "no existe la carpeta" and os_error_text(missing, "en") == "no such folder"
     odd = OSError(errno_codes.EBUSY, "Device or resource busy")
     assert os_error_text(odd, "es") == "Device or resource busy"  # no catalog entry: the system's words
+
+
+def test_a_stopped_runs_final_view_leaves_torchruns_signal_traceback_out():
+    """torchrun answers a stop with its SignalException traceback: the final view of a stopped run shows the
+    ranks' last lines, not that noise (it stays in logs/torchrun.log); a failed run keeps torchrun's report."""
+    from distai.tutor.cli_run import output_lines
+
+    state = RunState()
+    for e in [{"kind": "output", "rank": 0, "line": "step 86/100"},
+              {"kind": "output", "rank": None, "line": "torchrun    File \".../api.py\", line 86"},
+              {"kind": "output", "rank": None, "line": "SignalException: Process 1 got signal: 15"},
+              {"kind": "run_end", "status": "stopped", "error": "interrupted (Ctrl-C)"}]:
+        state.feed(e)
+    shown = output_lines(state, summary=False).plain
+    assert "step 86/100" in shown and "SignalException" not in shown
+    state.status = "failed"
+    assert "SignalException" in output_lines(state, summary=False).plain

@@ -161,6 +161,10 @@ def output_lines(state, summary: bool, lang: str = "en"):
         if paragraph:  # as rank 0 printed it, like a summary: a prefix would wrap its lines
             return Text("\n" + "\n".join(paragraph))
         shown = list(state.output)[-TAIL_LINES:]
+    elif state.finished and state.status == "stopped":
+        # torchrun answers the stop with a SignalException traceback: noise here (the run panel hides it
+        # too), kept in the run folder's logs/torchrun.log
+        shown = [(rank, text) for rank, text in state.output if rank is not None][-TAIL_LINES:]
     else:
         shown = list(state.output)[-TAIL_LINES:]
     out = Text()
