@@ -99,6 +99,8 @@ class RunState:
             self.first_t = t if self.first_t is None else min(self.first_t, t)
             self.last_t = t if self.last_t is None else max(self.last_t, t)
         kind = e.get("kind")  # any lesson's variant of a kind: read by name, as a dict
+        if self.backend is None and isinstance(e.get("backend"), str):  # a lesson's config names it, or its start
+            self.backend = e["backend"]
         if kind == RUN_START.name:
             self.run_id, self.lesson = e.get("run_id"), e.get("lesson")
             self.nproc, self.device, self.note = e.get("nproc"), e.get("device"), e.get("note")
