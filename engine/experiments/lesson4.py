@@ -52,7 +52,7 @@ from ...lessons.events import CHECK, PHASE
 from ...lessons.lesson4.events import COMM, COMM_CHECK, CONFIG, DTENSOR, MEMORY, PITFALL, STEP, VOCAB
 from ...lessons.lesson4.formulas import activation_bytes_per_layer, collective_time, tp_comm_per_layer
 from ...lessons.model_size import ModelSize, add_model_options
-from ...lessons.units import format_bytes, format_fixed, format_number, number_separator
+from ...lessons.units import format_bytes, format_fixed, format_integer, format_number, number_separator
 from ..collectives import all_gather_into, reduce_scatter_into
 from ..comm_trace import trace_causes, traced_step
 from ..doctor import fit_alpha_beta, group_allreduce_times
@@ -589,7 +589,12 @@ def dtensor_line(mode: str, cmp: dict, lang: str | None = None) -> str:
     e = lambda x: format_number(x, 2, lang)  # noqa: E731
     return summary_lines("lesson4", lang)("dtensor", mode=mode, out=e(cmp["out_ours_vs_dtensor"]),
                                           grads=e(cmp["grad_ours_vs_dtensor"]), dense=e(cmp["out_ours_vs_dense"]),
-                                          ours=cmp["ours_comm"], theirs=cmp["dtensor_comm"])
+                                          ours=_counts(cmp["ours_comm"], lang), theirs=_counts(cmp["dtensor_comm"], lang))
+
+
+def _counts(calls: dict, lang: str) -> str:
+    """``{'all_reduce': 4, 'all_gather': 2}`` as the lines above it write counts: ``4 all_reduce, 2 all_gather``."""
+    return ", ".join(f"{format_integer(n, lang)} {op}" for op, n in sorted(calls.items())) or "0"
 
 
 def run(ctx, args: argparse.Namespace) -> dict:
