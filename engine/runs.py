@@ -143,6 +143,7 @@ _REASONS = [(re.compile(pattern, re.S), key) for pattern, key in (
      r"\(hung or too slow\)", "absent"),
     (r"torchrun exited with code (?P<code>-?\d+)", "torchrun_code"),
     (r"launcher error: (?P<error>.*)", "launcher_error"),
+    (r"run\.json cannot be read: (?P<error>.*)", "damaged"),
 )]
 
 
@@ -241,9 +242,22 @@ def list_runs(root: str | os.PathLike) -> list[RunRecord]:
         if (child / RUN_FILE).is_file():
             try:
                 runs.append(RunRecord.load(child))
-            except (OSError, ValueError, TypeError):
-                continue
+            except (OSError, ValueError, TypeError) as exc:  # listed as damaged, not hidden: its events may replay
+                runs.append(_damaged(child, exc))
     return sorted(runs, key=lambda r: r.created, reverse=True)
+
+
+def _damaged(directory: Path, exc: Exception) -> RunRecord:
+    """A run folder whose ``run.json`` cannot be read (cut short, edited by hand): what its name and its
+    folder still say (``<date>-<time>-<lesson>-<tag>``), status ``damaged``, and why."""
+    parts = directory.name.split("-")
+    lesson = "-".join(parts[2:-1]) if len(parts) >= 4 else "?"
+    try:
+        created = directory.stat().st_mtime
+    except OSError:
+        created = 0.0
+    return RunRecord(id=directory.name, lesson=lesson, module="", created=created, path=str(directory),
+                     status="damaged", error=f"{RUN_FILE} cannot be read: {type(exc).__name__}")
 
 
 def find_run(root: str | os.PathLike, ident: str) -> RunRecord:

@@ -526,3 +526,16 @@ def test_a_stopped_runs_final_view_leaves_torchruns_signal_traceback_out():
     assert "step 86/100" in shown and "SignalException" not in shown
     state.status = "failed"
     assert "SignalException" in output_lines(state, summary=False).plain
+
+
+def test_a_run_whose_record_cannot_be_read_is_listed_as_damaged(tmp_path):
+    """A run.json cut short hid its run from `distai runs`; it is listed, damaged, with why, and found by id."""
+    from distai.engine.runs import find_run, list_runs, reason_text
+
+    good = create_run(tmp_path, "lesson1", "distai.engine.experiments.lesson1")
+    bad = create_run(tmp_path, "lesson6", "distai.engine.experiments.lesson6")
+    (bad.dir / "run.json").write_text('{"id": "cut sho', encoding="utf-8")
+    runs = {r.id: r for r in list_runs(tmp_path)}
+    assert runs[good.id].status == "running" and runs[bad.id].status == "damaged" and runs[bad.id].lesson == "lesson6"
+    assert find_run(tmp_path, bad.id).status == "damaged"
+    assert reason_text(runs[bad.id].error, "es") == "no se puede leer run.json: JSONDecodeError"
