@@ -84,7 +84,8 @@ class RunState:
         return self.status in ("ok", "failed", "stopped", "killed")
 
     def _add_loss(self, e: dict[str, Any]) -> None:
-        rank = e.get("rank") if isinstance(e.get("rank"), int) else 0
+        given = e.get("rank")
+        rank = given if isinstance(given, int) else 0
         if self.loss_rank is None or rank < self.loss_rank:  # a lower rank's curve replaces what came first
             self.loss_rank, self.loss_series = rank, {}
         if rank == self.loss_rank:

@@ -21,7 +21,7 @@ from textual.widgets.option_list import Option
 
 from ..lessons.strings import translated
 from ..lessons.units import format_score
-from .screens.common import localize_bindings
+from .screens.common import BoundStatic, localize_bindings
 
 if TYPE_CHECKING:
     from .review import QuizSession
@@ -59,9 +59,9 @@ class QuizScreen(Screen):
         yield Static(translated("quiz_screen", "title", self.lang, title=self.lesson.title[self.lang]), id="quiz-title")
         yield Static("", id="quiz-counter")
         with VerticalScroll(id="quiz-body"):
-            yield Static("", id="quiz-prompt")
+            yield BoundStatic("", id="quiz-prompt")
             yield OptionList(id="quiz-choices")
-            yield Static("", id="quiz-feedback")
+            yield BoundStatic("", id="quiz-feedback")
         yield Input(id="quiz-input")
         yield Footer()
 

@@ -48,10 +48,13 @@ class ExpertsVisualizer(PlaybackVisualizer):
         Control("o", "source", "experts.source", hint=True),
     )
 
+    # what a step's view leaves unsaid: every step starts from it, not from the keys pressed on the step before
+    DEFAULT_VIEW: Mapping[str, Any] = {"capacity_factor": 1.25, "top_k": 2, "skew": 0.6, "phase": "dispatch"}
+
     def __init__(self, language: str = "en", **kwargs):
         super().__init__(language=language, **kwargs)
-        self.capacity_factor: float | None = 1.25
-        self.top_k, self.skew = 2, 0.6
+        self.capacity_factor: float | None = self.DEFAULT_VIEW["capacity_factor"]
+        self.top_k, self.skew = self.DEFAULT_VIEW["top_k"], self.DEFAULT_VIEW["skew"]
         self.frame, self.progress = 0, 0.0
         self.source = "model"
         self.run = ExpertsRun()
@@ -107,14 +110,15 @@ class ExpertsVisualizer(PlaybackVisualizer):
     # -- the lesson screen -------------------------------------------------------------------------------
     def show_step(self, step_key: str) -> None:
         view = self.step_view(step_key)  # lessons/experts/lesson.toml
-        if not view:
+        if not view and self.source == "run":  # a step without a view of its own keeps a run on show
             return
+        view = {**self.DEFAULT_VIEW, **view}
         self.source = "model"
-        factor = view.get("capacity_factor", self.capacity_factor)
+        factor = view["capacity_factor"]
         self.capacity_factor = None if factor is None or factor == "dropless" else float(factor)  # None: dropless
-        self.top_k = int(view.get("top_k", self.top_k))
-        self.skew = float(view.get("skew", self.skew))
-        self.frame = PHASES.index(view.get("phase", "dispatch"))
+        self.top_k = int(view["top_k"])
+        self.skew = float(view["skew"])
+        self.frame = PHASES.index(view["phase"])
         self.playing = False
         self.refresh()
 

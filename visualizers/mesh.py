@@ -43,6 +43,7 @@ SHAPES = (Layout(2, 2, 2), Layout(1, 2, 4), Layout(4, 1, 2), Layout(2, 4, 1), La
           LESSON_RUN, Layout(2, 4, 1, ep=4, moe=True), Layout(1, 2, 2, cp=2, ep=2, moe=True))
 #: the pairs of axes a stage's block can lay out as rows × columns (the third is a tab)
 AXIS_PAIRS = (("dp", "tp"), ("dp", "cp"), ("cp", "tp"))
+ORDER_SHAPE = Layout(2, 2, 2)  # the order step's mesh: TP (and DP) inside a node of 4, PP across the two
 GPUS_PER_NODE = 4  # small nodes, so that the 8-rank mesh spans two
 COLOURS = {"tp": "black on #59a14f", "pp": "black on #b07aa1", "dp": "black on #edc948", "cp": "black on #76b7b2",
            "ep": "black on #ff9da7", "edp": "black on #9c755f", "moe": "black on #bab0ac"}
@@ -157,6 +158,8 @@ class MeshVisualizer(PlaybackVisualizer):
         if view == "groups":
             self.set_shape(LESSON_RUN)  # the text's rank 5 is the lesson run's
             self.rank = min(5, self.shape.world - 1)
+        elif view == "nodes":
+            self.set_shape(ORDER_SHAPE)
         self.refresh()
 
     def feed_event(self, event: dict) -> None:

@@ -5,9 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from rich.text import Text
 from textual.binding import BindingsMap
 from textual.dom import DOMNode
+from textual.widgets import Static
 
+from ...lessons import units
 from ...lessons.strings import translated
 
 
@@ -40,3 +43,21 @@ class CommonActions:
 
     async def action_toggle_language(self) -> None:
         await self.app.action_toggle_language()
+
+
+class BoundStatic(Static):
+    """A Static whose text wraps as the lesson text wraps: never between a number and its unit, nor around
+    the "=" of a symbol and its value (units.bind_units): "= 140" / "µs" split the quiz's explanations."""
+
+    def render(self):
+        content, width = self.content, self.content_size.width
+        if not isinstance(content, Text) or width < 20:
+            return super().render()
+        bound = units.bind_units(content.plain, units.GLUE)
+        if len(bound) != len(content.plain):  # a joiner that is not one space for one: leave the text as it is
+            return super().render()
+        glued = content.copy()
+        glued.plain = bound  # the same length: every style span stays where it was
+        wrapped = Text("\n").join(glued.wrap(self.app.console, width))
+        wrapped.plain = wrapped.plain.replace(units.GLUE, " ")
+        return wrapped

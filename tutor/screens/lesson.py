@@ -199,6 +199,7 @@ class LessonScreen(CommonActions, Screen):
         shown = translated("tutor", f"visualizer_names.{name}", self.lang) if name and has(
             "tutor", f"visualizer_names.{name}") else (name or "—")
         pane.border_title = f"{translated('tutor', 'visualizer', self.lang)}: {shown}"
+        self._mark_maximize()
         if self.visualizer is None or (name, self.lang) != (self._visualizer_name, self._visualizer_lang):
             await pane.remove_children()
             self.visualizer = None
@@ -278,6 +279,12 @@ class LessonScreen(CommonActions, Screen):
         self.query_one("#text-pane").display = not maximized
         if maximized:
             self.query_one("#visualizer-pane").display = True
+        self._mark_maximize()
+
+    def _mark_maximize(self) -> None:
+        """The pane's bottom border says what V does (the footer at 80 columns has no room for it)."""
+        key = "restore_hint" if self.has_class("-maximized") else "maximize_hint"
+        self.query_one("#visualizer-pane").border_subtitle = translated("tutor", key, self.lang)
 
     def action_quiz(self) -> None:
         cls = load_screen_class("distai.tutor.quiz_screen", "QuizScreen")
