@@ -241,3 +241,21 @@ def test_bar_segments_keep_small_states_in_sight_and_equal_states_equal():
     assert sum(segment_widths([39e9, 40.9e9], 60 / 84e9, 57, True)) <= 57
     assert sum(segment_widths([40e9, 41e9], 60 / 86e9, 56, False)) > 56
     assert segment_widths([0.0, 5e9], 1e-9, 10, True) == [0, 5]
+
+
+def test_the_zero3_steps_headline_keeps_the_formulas_bytes_apart_from_what_it_gathers():
+    """Steps 7-8 read 'per GPU 37.5 GB' where the text and step 5 say 30 GB: what the formula counts and
+    the layer gathered at this moment of the animated step are shown apart, their sum after."""
+    from distai.lessons.units import format_bytes
+    from distai.visualizers.sharding import ShardingVisualizer
+
+    v = ShardingVisualizer("en")
+    v.strategy, v.dp, v.phase = "zero3", 4, None
+    still = v.render_body().plain
+    states = format_bytes(16 * 7.5e9 / 4)
+    assert f"per GPU {states} ·" in still and "gathered now" not in still
+    v.phase = next(i for i, ph in enumerate(v.phases()) if ph.gathered)
+    moving = v.render_body().plain
+    extra = sum(x.bytes for x in v.transient())
+    assert extra > 0
+    assert f"per GPU {states} + {format_bytes(extra)} gathered now = {format_bytes(16 * 7.5e9 / 4 + extra)}" in moving

@@ -302,7 +302,7 @@ class ShardingVisualizer(PlaybackVisualizer):
         text.append(f"  Ψ = {format_count(self.params, lang=self.language)} · N = {self.dp}", style="bold")
         if compact:
             text.append(" · ")
-            text.append_text(self._verdict(total, fits))
+            text.append_text(self._verdict(total, fits, total - gpu0.total))
         text.append("\n")
         text.append(f"{s['prec'][self.precision]} · {s['opt'][self.optimizer]} K = {k} · "
                     f"GPU {self._fmt(self.capacity)}\n", style="dim")
@@ -322,7 +322,7 @@ class ShardingVisualizer(PlaybackVisualizer):
             text.append_text(self._bar(by_rank[rank], extra, width, scale, cap_col))
             text.append("\n")
         # summary
-        text.append_text(self._verdict(total, fits))
+        text.append_text(self._verdict(total, fits, total - gpu0.total))
         text.append("\n")
         text.append(s["states_line"].format(b=self._fmt(gpu0.model_states)))
         if self.activations is not None:
@@ -345,10 +345,13 @@ class ShardingVisualizer(PlaybackVisualizer):
             text.append(line + "\n", style="dim italic")
         return text
 
-    def _verdict(self, total: float, fits: bool) -> Text:
-        """"per GPU 116 GB · ✗ does not fit" (or "✓ fits")."""
+    def _verdict(self, total: float, fits: bool, in_flight: float = 0.0) -> Text:
+        """"per GPU 116 GB · ✗ does not fit" (or "✓ fits"); during the ZeRO-3 step, what the formula counts
+        and what the step gathers apart ("30 GB + 7.5 GB gathered now = 37.5 GB"): the text's 30 GB stays."""
         s = strings("sharding", self.language)
-        out = Text(s["per_gpu"].format(b=self._fmt(total)) + " · ", style="bold")
+        per_gpu = s["per_gpu_now"].format(b=self._fmt(total - in_flight), t=self._fmt(in_flight),
+                                          total=self._fmt(total)) if in_flight else s["per_gpu"].format(b=self._fmt(total))
+        out = Text(per_gpu + " · ", style="bold")
         out.append("✓ " + s["fits"] if fits else "✗ " + s["nofit"], style="bold green" if fits else "bold red")
         return out
 
