@@ -35,6 +35,7 @@ from ..lessons.lesson3.run_timeline import RunTimeline
 from ..lessons.strings import strings
 from ..lessons.units import format_integer, format_percent, format_time
 from .base import NEXT_VIEW, Control, LessonVisualizer, view_controls
+from .ring_drawing import wrap_text
 from .run_timeline import timeline_lines
 
 FAILURES = 100_000  # failures in the simulated log behind the curve
@@ -278,7 +279,7 @@ class FailuresVisualizer(LessonVisualizer):
                 lines.append(Text(""))
                 lines.extend(self.day_lines(width))
         else:
-            lines.append(self.header(width))
+            lines.extend(wrap_text(self.header(width), width))  # "C 1 min" stays whole
             if self.view == "interval":
                 lines.extend(self.interval_lines(width, height - 4))
             else:
@@ -295,17 +296,17 @@ class FailuresVisualizer(LessonVisualizer):
         plot_h = max(5, min(16, height - 7))
         lines = plot_lines(s, width, plot_h, lang)
         gap = (s.optimum - s.daly) / s.daly
-        lines.append(Text(tr["marks"].format(y=format_time(s.young, 3, lang), d=format_time(s.daly, 3, lang),
-                                             s=format_time(s.optimum, 3, lang),
-                                             n=format_integer(s.failures, lang),
-                                             gap=("+" if gap >= 0 else "−") + format_percent(abs(gap), 2, lang)),
-                          style="bold"))
+        lines.extend(wrap_text(Text(tr["marks"].format(y=format_time(s.young, 3, lang), d=format_time(s.daly, 3, lang),
+                                                       s=format_time(s.optimum, 3, lang),
+                                                       n=format_integer(s.failures, lang),
+                                                       gap=("+" if gap >= 0 else "−") + format_percent(abs(gap), 2, lang)),
+                                    style="bold"), width))
         i = int(min(range(len(s.intervals)), key=lambda k: abs(math.log(s.intervals[k] / s.daly))))
-        lines.append(Text(tr["waste"].format(w=format_percent(_waste_at(s, s.daly), 3, lang),
+        lines.extend(wrap_text(Text(tr["waste"].format(w=format_percent(_waste_at(s, s.daly), 3, lang),
                                              ws=format_percent(1 - float(s.goodput[i]), 3, lang),
                                              w10=format_percent(_waste_at(s, s.daly * 10), 3, lang),
-                                             w01=format_percent(_waste_at(s, s.daly / 10), 3, lang))))
-        lines.append(Text(tr["legend"], style="grey50"))
+                                             w01=format_percent(_waste_at(s, s.daly / 10), 3, lang))), width))
+        lines.extend(wrap_text(Text(tr["legend"], style="grey50"), width))
         return lines
 
     def day_lines(self, width: int) -> list[Text]:
