@@ -72,6 +72,11 @@ def test_alpha_beta_fit_recovers_parameters():
     a, b = f1.alpha_beta_fit(sizes, times)
     assert a / (2 * (n - 1)) == pytest.approx(alpha, rel=1e-6)
     assert b / f1.busbw_factor(n) == pytest.approx(beta, rel=1e-6)
+    # noise that tilts the line below the origin: no negative latency, the best line through it
+    sizes, times = [1e3, 1e6, 1e7], [1e-6, 5e-4, 1.2e-2]
+    assert f1.alpha_beta_fit(sizes, times) == (0.0, pytest.approx(sum(s * t for s, t in zip(sizes, times))
+                                                                  / sum(s * s for s in sizes)))
+    assert f1.alpha_beta_fit([1.0, 2.0, 3.0], [3.0, 2.0, 1.0]) == (2.0, 0.0)  # slower for smaller: the mean
 
 
 def test_lesson1_rejects_bad_input():

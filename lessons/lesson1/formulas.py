@@ -211,10 +211,13 @@ def busbw(size_bytes: float, time_s: float, n: int) -> float:
 
 
 def alpha_beta_fit(sizes_bytes: list[float], times_s: list[float]) -> tuple[float, float]:
-    """Least-squares fit of t = a + b·S to measured all-reduce times; returns (a, b).
+    """Least-squares fit of t = a + b·S to measured all-reduce times, with a ≥ 0 and b ≥ 0; returns (a, b).
 
     For a ring on n ranks, a = 2(n-1)α and b = 2(n-1)/n·β (from :func:`ring_allreduce_time`), so
-    α = a / (2(n-1)) and β = b / busbw_factor(n). Ordinary least squares, closed form.
+    α = a / (2(n-1)) and β = b / busbw_factor(n). Ordinary least squares, closed form; where it gives a
+    negative latency (noisy small messages on a loaded CPU: "α = −237 µs") or a negative time per byte,
+    the constrained optimum lies on that bound: the line through the origin (a = 0, b = Σ S·t / Σ S²),
+    or the mean time (b = 0).
     """
     if len(sizes_bytes) != len(times_s) or len(sizes_bytes) < 2:
         raise ValueError("need at least two (size, time) pairs of equal length")
@@ -226,7 +229,13 @@ def alpha_beta_fit(sizes_bytes: list[float], times_s: list[float]) -> tuple[floa
         raise ValueError("the sizes must not all be equal")
     cov = sum((s - mean_s) * (t - mean_t) for s, t in zip(sizes_bytes, times_s))
     b = cov / var
-    return mean_t - b * mean_s, b
+    a = mean_t - b * mean_s
+    if b < 0:
+        return max(mean_t, 0.0), 0.0
+    if a < 0:
+        through_origin = sum(s * t for s, t in zip(sizes_bytes, times_s)) / sum(s * s for s in sizes_bytes)
+        return 0.0, max(through_origin, 0.0)
+    return a, b
 
 
 def ring_crossover_bytes(n: int, alpha: float, beta: float) -> float:
