@@ -11,7 +11,7 @@ from distai.lessons.registry import resolve_lesson
     (["--experts", "3", "--ep", "2"], 2, "does not divide the 3 experts"),
     (["--top-k", "9"], 4, "--top-k 9 must be between 1 and the number of experts (8)"),
     (["--ep", "3"], 4, "--ep 3 does not divide the 4 ranks"),
-    (["--capacity-factor", "0"], 4, "--capacity-factor must be positive"),
+    (["--capacity-factor", "0"], 4, "--capacity-factor must be a finite positive number"),
 ])
 def test_bad_moe_options_are_refused_before_launch(argv, ranks, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
