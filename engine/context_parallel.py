@@ -178,6 +178,7 @@ def _record(cp: CPGroup, phase: str, step: int, src: int, tiles, scores: int, se
     cp.trace.append({"phase": phase, "step": step, "owner": src, "layer": comm_tags()["layer"],
                      "tiles": [plan.DIAGONAL if diag else plan.FULL for _, _, diag in tiles],
                      "scores": scores, "compute_s": t1 - t0, "wait_s": t2 - t1, "messages": len(sent),
+                     "t0": time.time() - (time.perf_counter() - t0),  # wall clock, as the trace's spans
                      "sent_bytes": sum(_sent_bytes(cp, t) for t in sent)})
 
 

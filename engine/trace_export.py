@@ -47,6 +47,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
+from ..lessons.context.events import CP_STEP
 from ..lessons.events import METRIC, RELAUNCH, SPAN, STEP, json_ready
 from ..lessons.lesson1.events import RING_STEP
 from ..lessons.lesson3.events import CHECKPOINT, FAILURE, RESTART
@@ -116,6 +117,13 @@ def operations(events: Iterable[dict]) -> tuple[list[dict], list[dict]]:
             for index, nbytes, a, b in e.get("buckets") or []:
                 add(_span(rank, "comm", f"all-reduce bucket {index}", base + a / 1e3, base + b / 1e3, "bucket",
                           {"run": label, "bytes": nbytes}))
+        elif kind == CP_STEP.name and isinstance(e.get("t0"), (int, float)):
+            name = f"attention {e.get('phase')} L{e.get('layer')} ring step {e.get('step')}: K/V of rank {e.get('owner')}"
+            computed = e["t0"] + float(e.get("compute_s") or 0.0)
+            add(_span(rank, "compute", name, e["t0"], computed, "cp", _args(e, ("t0", "wait_s"))))
+            if e.get("wait_s"):
+                add(_span(rank, "wait", f"wait for the next K/V block ({e.get('phase')} L{e.get('layer')})", computed,
+                          computed + float(e["wait_s"]), "cp_wait", {"step": e.get("step")}))
         elif kind == KV_STEP.name and "t0" in e:
             add(_span(rank, "compute", f"decode step {e.get('step')} ({e.get('cache')})", e.get("t0"), e.get("t"),
                       "decode", {k: e[k] for k in ("running", "waiting", "used_blocks") if k in e}))

@@ -77,6 +77,9 @@ def test_each_lessons_timed_events_become_operations():
         {"kind": "step", "rank": 0, "t0": T + 5, "t": T + 5.5, "step": 3, "loss": 2.0},
         {"kind": "pp_op", "rank": 1, "t0": T, "t1": T + 0.1, "op": "F", "mb": 0, "stage": 1, "chunk": 0,
          "schedule": "1f1b", "step": 0},
+        # a context-parallel ring step: its compute, then the wait for the next K/V block (the run exported none)
+        {"kind": "cp_step", "rank": 3, "t0": T + 6, "t": T + 6.5, "train_step": 0, "phase": "fwd", "step": 1,
+         "owner": 2, "layer": "0", "compute_s": 0.02, "wait_s": 0.005, "messages": 2, "sent_bytes": 1024},
     ]
     spans, _ = operations(events)
     by = {s["name"]: s for s in spans}
@@ -89,6 +92,10 @@ def test_each_lessons_timed_events_become_operations():
     assert by["F mb0 stage1"]["stream"] == "compute"
     assert by["request 7 (paged)"]["stream"] == "requests" and "tokens" not in by["request 7 (paged)"]["args"]
     assert by["step 3"]["t1"] == pytest.approx(T + 5.5) and by["step 3"]["args"]["loss"] == 2.0
+    ring = by["attention fwd L0 ring step 1: K/V of rank 2"]
+    assert ring["stream"] == "compute" and ring["t1"] - ring["t0"] == pytest.approx(0.02)
+    wait = by["wait for the next K/V block (fwd L0)"]
+    assert wait["stream"] == "wait" and (wait["t0"], wait["t1"]) == pytest.approx((T + 6.02, T + 6.025))
     assert check_trace(chrome_trace(events)) == []
 
 

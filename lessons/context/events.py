@@ -1,5 +1,5 @@
 """Context parallelism's run events (``engine/experiments/context.py``): see ``lessons/events.py``."""
-from typing import Any
+from typing import Any, NotRequired
 
 from .. import events as shared
 from ..events import Envelope, EventKind
@@ -48,6 +48,7 @@ class CPStep(Envelope):
     formula_messages: int
     formula_bytes: float
     match: bool
+    t0: NotRequired[float]  # wall-clock start of its compute: the trace draws compute, then the wait
 
 
 class CommCheck(Envelope):
