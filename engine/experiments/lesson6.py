@@ -226,6 +226,7 @@ def run_loss_scaling(ctx, args, progress: Progress) -> dict:
     hist: list[dict] = []
     losses = []
     for step in range(args.steps):
+        started = time.time()
         ids, targets = make_batch(args.model, args.batch, seed=args.seed + 1000 + rank, step=step, device=device)
         if step % args.hist_every == 0 and rank == 0:
             probe.load_state_dict({k: v.float() for k, v in student.state_dict().items()})
@@ -254,7 +255,7 @@ def run_loss_scaling(ctx, args, progress: Progress) -> dict:
             SCALE.emit(ev, {"step": step, "scale": scale, "new_scale": scaler.get_scale(), "overflow": overflow,
                             "skipped": skipped, "injected": injected, "growth_tracker": scaler.growth_tracker,
                             "loss": losses[-1]})
-            STEP.emit(ev, {"step": step, "of": args.steps, "loss": losses[-1]})
+            STEP.emit(ev, {"step": step, "of": args.steps, "loss": losses[-1], "t0": started})
         progress.advance("loss-scaling")
     return _loss_scaling_summary(args, stats, scaler, losses, hist)
 
