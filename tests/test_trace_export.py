@@ -143,6 +143,9 @@ def test_cli_export_writes_trace_and_metrics_and_fails_in_one_line(isolated_dist
     assert [json.loads(line, parse_constant=strict["NaN"])["value"]
             for line in target.read_text().splitlines()] == [2.0, None, 3.0, None]
     assert "NaN" not in distai(rec.id, "-f", "chrome-trace", "-o", "-").stdout
+    empty = create_run(isolated_distai_home / "runs", "lesson6", "distai.engine.experiments.lesson6")
+    none = distai(empty.id)  # killed before its first step: one line, no empty file
+    assert none.returncode == 1 and "recorded no timed events" in none.stderr and not (empty.dir / "trace.json").exists()
     for args, words in (((rec.id, "--format", "pdf"), "--format must be one of"),
                         (("nope",), "no run matches"),
                         ((rec.id, "-o", str(tmp_path)), "is a folder"),

@@ -138,6 +138,8 @@ def export_text(record, fmt: str, lang: str = "en") -> str:
     events = record.events()
     if fmt == "chrome-trace":
         trace = tx.chrome_trace(events, run_id=record.id, lesson=record.lesson)
+        if not any(e.get("ph") in ("X", "i") for e in trace["traceEvents"]):  # an empty timeline is no answer
+            raise CliError(translated("cli", "runs.errors.no_timed_events", lang, id=record.id), code=1)
         problems = tx.check_trace(trace)
         if problems:  # never hand a viewer a file it would misdraw
             raise CliError(translated("cli", "runs.errors.bad_trace", lang, id=record.id, problem=problems[0]), code=1)
