@@ -74,6 +74,8 @@ def test_the_simulated_series_are_the_models():
     assert latest.hist.counts == sim.histogram(steps[-1]).counts
     first = view.hist_step(view.hist_step(state, -1), -100)
     assert first.hist_index == 0 and view.histogram(first).step == 0
+    assert view.hist_step(state, 1).hist_index == 0  # "." at the last step (where the view opens) goes round
+    assert view.hist_step(first, -1).hist_index == len(view.hist_steps(state)) - 1
     tls, bucket = view.timelines(state)
     model = OverlapModel()
     assert bucket == model.bucket_mib and set(tls) == {"overlap", "no-overlap"}

@@ -165,7 +165,10 @@ class LossScaleView:
         if not n:
             return state
         cur = n - 1 if state.hist_index is None else state.hist_index
-        return replace(state, hist_index=max(0, min(n - 1, cur + direction)))
+        step = cur + direction
+        # one step past an end goes round (the view opens at the last step, where "." did nothing); a jump stops
+        step = step % n if abs(direction) == 1 else max(0, min(n - 1, step))
+        return replace(state, hist_index=step)
 
     def toggle_source(self, state: LossScaleState) -> LossScaleState:
         return replace(state, use_live=not state.use_live and not self.run.empty)
