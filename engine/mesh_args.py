@@ -260,6 +260,8 @@ def experts_launch_ranks(argv: list[str], ranks: int | None, default: int, cuda:
     ep = ranks if args.ep is None else args.ep
     if ep < 1 or ranks % ep:
         raise MeshConfigError.keyed("ep_ranks", ep=ep, ranks=ranks)
+    if args.experts < 1:  # said of --experts, not of the --top-k it leaves no room for
+        raise MeshConfigError.keyed("experts_count", value=args.experts)
     if not 1 <= args.top_k <= args.experts:
         raise MeshConfigError.keyed("top_k", top_k=args.top_k, experts=args.experts)
     if not (args.capacity_factor > 0 and math.isfinite(args.capacity_factor)):

@@ -12,6 +12,7 @@ from distai.lessons.registry import resolve_lesson
     (["--top-k", "9"], 4, "--top-k 9 must be between 1 and the number of experts (8)"),
     (["--ep", "3"], 4, "--ep 3 does not divide the 4 ranks"),
     (["--capacity-factor", "0"], 4, "--capacity-factor must be a finite positive number"),
+    (["--experts", "0"], 4, "--experts must be at least 1, got 0"),
 ])
 def test_bad_moe_options_are_refused_before_launch(argv, ranks, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
