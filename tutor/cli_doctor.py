@@ -73,6 +73,11 @@ def doctor_lines(report: dict[str, Any], lang: str = "en") -> list[str]:
     for a in report["advice"]:
         why = translated("cli", f"doctor_says.why.{a['why']}", lang, ranks=a["ranks"], gpus=a["gpus_here"])
         lines.append("  " + say["advice"].format(lesson=a["lesson"], command=a["run"], why=why))
+    cores = m["cpus_usable"] or 1
+    crowded = max((a["ranks"] for a in report["advice"] if a["runs_on"] == "cpu"), default=0)
+    if crowded > cores:  # more ranks than cores: say so before the learner reads the timings
+        lines.append("  " + say["shared_cores"].format(ranks=crowded, cores=cores,
+                                                       name=translated("checks", "cause.cpu_contention", lang)))
     return lines
 
 
