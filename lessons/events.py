@@ -211,12 +211,11 @@ class Progress(Envelope):
 
 
 class Step(Envelope):
-    """A training step ends (0-based ``step`` of ``of``); a lesson narrows it with its figures. ``t0``:
-    its wall-clock start, for the run's trace (a stopped run's timeline holds the steps it did)."""
+    """A training step ends (0-based ``step`` of ``of``); a lesson narrows it with its figures (its start,
+    ``t0``, puts it on the run's trace)."""
     step: int
     of: int
     loss: float
-    t0: NotRequired[float]
 
 
 class Summary(Envelope):

@@ -46,10 +46,10 @@ import torch
 import torch.distributed as dist
 
 from ...lessons.checks import Check, check
-from ...lessons.events import CHECK, STEP
+from ...lessons.events import CHECK
 from ...lessons.lesson1.formulas import ring_allreduce_time
 from ...lessons.lesson6 import formulas as FM
-from ...lessons.lesson6.events import BUCKET_SWEEP, GRAD_HIST, PHASE, SCALE, TIMELINE
+from ...lessons.lesson6.events import BUCKET_SWEEP, GRAD_HIST, PHASE, SCALE, STEP, TIMELINE
 from ...lessons.lesson6.simulation import exponent_histogram, exposed_comm_causes
 from ...lessons.model_size import ModelSize, add_model_options
 from ..bucketing import StepTimeline, ddp_timed_allreduce_hook

@@ -66,10 +66,16 @@ class Timeline(Envelope):
     buckets: list[list[float]]
 
 
+class Step(shared.Step):
+    """A loss-scaling step; ``t0`` its wall-clock start (a stopped run's trace holds the steps it did)."""
+    t0: float
+
+
 PHASE = EventKind("phase", Phase)
+STEP = EventKind("step", Step)
 SCALE = EventKind("scale", Scale)
 GRAD_HIST = EventKind("grad_hist", GradHist)
 BUCKET_SWEEP = EventKind("bucket_sweep", BucketSweep)
 TIMELINE = EventKind("timeline", Timeline)
 
-EVENTS = (PHASE, SCALE, GRAD_HIST, BUCKET_SWEEP, TIMELINE)
+EVENTS = (PHASE, STEP, SCALE, GRAD_HIST, BUCKET_SWEEP, TIMELINE)
