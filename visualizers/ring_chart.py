@@ -93,7 +93,7 @@ def _fit_lines(fits: Mapping[str, Mapping[str, Any]], s: dict, lang: str) -> lis
     out = []
     for impl in ("ring", "all_reduce"):
         f = fits.get(impl)
-        if f and isinstance(f.get("alpha_s"), (int, float)) and f.get("beta_s_per_byte"):
+        if f and isinstance(f.get("alpha_s"), (int, float)) and isinstance(f.get("beta_s_per_byte"), (int, float)):
             bw = 1 / f["beta_s_per_byte"] if f["beta_s_per_byte"] > 0 else None
             out.append(Text(s["fit"].format(
                 impl=s["impl"][impl], a=format_time(f["alpha_s"], lang=lang),

@@ -168,11 +168,14 @@ def train(ctx, args, progress: Progress) -> list[float]:
         traced = args.trace == "all" or (args.trace == "first" and step == 0)
         return {"trace": ctx.events, "call": step} if traced else {"pieces": args.pieces, "channels": args.channels}
 
+    step_started = [time.time()]  # each step runs from the end of the one before: its span in the trace
+
     def on_step(s) -> None:
         if ctx.rank == 0:
             STEP.emit(ctx.events, {"step": s.step, "of": args.steps, "loss": s.loss, "compute_s": s.compute_s,
-                                   "comm_s": s.comm_s, "grad_bytes": s.grad_bytes})
+                                   "comm_s": s.comm_s, "grad_bytes": s.grad_bytes, "t0": step_started[0]})
         progress.advance("train")
+        step_started[0] = time.time()
 
     torch.manual_seed(args.seed)
     return train_data_parallel(model, x, y, steps=args.steps, batch_size=batch, lr=args.lr,

@@ -19,10 +19,12 @@ class Phase(shared.Phase):
 
 
 class Step(shared.Step):
-    """A data-parallel step: seconds computing and in the ring, gradient bytes reduced."""
+    """A data-parallel step: seconds computing and in the ring, gradient bytes reduced; ``t0`` its start
+    (the end of the step before), for the run's trace."""
     compute_s: float
     comm_s: float
     grad_bytes: int
+    t0: float
 
 
 # "from" is a keyword: this field needs the functional form
