@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..lessons.events import STEP
-from ..lessons.strings import TranslatedError, translated
+from ..lessons.strings import TranslatedError, strings, translated
 from .events import read_events
 
 RUN_FILE = "run.json"
@@ -163,6 +163,29 @@ def reason_text(reason: str | None, lang: str) -> str | None:
             fields["s"] = fields["s"].replace(".", ",") if lang == "es" else fields["s"]
         return translated("run", f"reasons.{key}", lang, **fields)
     return reason
+
+
+_MOE_PHASE = re.compile(r"MoE: (?P<experts>\d+) experts over EP = (?P<ep>\d+) \(× DP = (?P<dp>\d+)\)")
+
+
+def phase_text(name: str | None, lang: str) -> str | None:
+    """A phase an experiment announced (its English name, which the code matches), in ``lang``: the name
+    itself, or "<x>: <phase>" ("gpipe: ours and torch.distributed.pipelining") or "<phase>: <x>" ("mesh
+    run: pp=2 × dp=2 × tp=2, 1f1b"); a name of another shape as it is."""
+    if not name:
+        return name
+    phases = strings("run", lang)["phases"]
+    if name in phases:
+        return phases[name]
+    m = _MOE_PHASE.fullmatch(name)
+    if m:
+        return phases["moe"].format(**m.groupdict())
+    head, sep, rest = name.partition(": ")
+    if sep and rest in phases:
+        return f"{head}: {phases[rest]}"
+    if sep and head in phases:
+        return f"{phases[head]}: {rest}"
+    return name
 
 
 def _this_host() -> str:

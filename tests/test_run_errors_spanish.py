@@ -138,3 +138,22 @@ def test_why_a_run_ended_reads_in_the_learners_language():
     for english, spanish in cases.items():
         assert reason_text(english, "en") == english and reason_text(english, "es") == spanish
     assert reason_text("a reason of another shape", "es") == "a reason of another shape"
+
+
+def test_the_phases_a_run_announces_read_in_the_learners_language():
+    """The panel printed "fase gpipe: ours and torch.distributed.pipelining" in Spanish: every phase name the
+    experiments announce has a translation, and the composed ones translate their known part."""
+    import re
+    from pathlib import Path
+
+    from distai.engine.runs import phase_text
+    from distai.lessons.strings import strings
+
+    source = "\n".join(p.read_text() for p in (Path(__file__).parents[1] / "engine" / "experiments").glob("*.py"))
+    named = set(re.findall(r'(?:PHASE\.emit\([^{]*|phase\(ctx, ){"name": "([^"]+)"', source))
+    assert {"train", "sweep", "prefix sharing", "single-process reference"} <= named
+    assert named <= set(strings("run", "es")["phases"]), named - set(strings("run", "es")["phases"])
+    assert phase_text("gpipe: ours and torch.distributed.pipelining", "es") == "gpipe: la nuestra y torch.distributed.pipelining"
+    assert phase_text("mesh run: pp=2 × dp=2 × tp=2, 1f1b", "es") == "ejecución de la malla: pp=2 × dp=2 × tp=2, 1f1b"
+    assert phase_text("MoE: 8 experts over EP = 4 (× DP = 2)", "es") == "MoE: 8 expertos sobre EP = 4 (× DP = 2)"
+    assert phase_text("zero1", "es") == "zero1"  # a strategy's own name

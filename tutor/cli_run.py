@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from ..engine.runs import reason_text
+from ..engine.runs import phase_text, reason_text
 from ..lessons.events import json_ready
 from ..lessons.strings import TranslatedError, translated
 from .cli import HELP, LANG_HELP, LESSON_HELP, CliError, app, language_or_fail, lesson_or_fail, os_error_text
@@ -200,7 +200,7 @@ def render_state(state, title: str = "distai run", extra=None, width: int = 100,
     say = lambda key, **f: translated("cli", f"view.{key}", lang, **f)  # noqa: E731
     status = translated("run", state.status, lang) if has("run", state.status) else state.status
     shown = (translated("run", "starting_status", lang) if state.ranks_starting
-             else status if state.finished else (state.phase or status))
+             else status if state.finished else (phase_text(state.phase, lang) or status))
     head.append(f"· {shown} ", style="cyan")
     head.append(f"· {format_fixed(state.clock(now), 1, lang)} s", style="dim")
     parts.append(head)

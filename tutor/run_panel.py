@@ -35,7 +35,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, ProgressBar, RichLog, Sparkline, Static
 
 from ..engine.run_state import RunState, replay_events
-from ..engine.runs import reason_text
+from ..engine.runs import phase_text, reason_text
 from ..lessons.events import LOG, OUTPUT, PHASE, RUN_END, RUN_START
 from ..lessons.strings import has, translated
 from ..lessons.units import bind_units, format_bandwidth, format_bytes, format_fixed, format_time
@@ -266,7 +266,8 @@ class RunPanelScreen(Screen):
                 who = "torchrun" if e.get("rank") is None else translated("run", "rank_n", self.language, rank=e["rank"])
                 self._write(log, Text.assemble((f"{who:>9} ", "dim"), str(e.get("line", ""))))
             elif kind == PHASE.name and e.get("rank", 0) == 0:
-                self._write(log, Text(f"── {translated('run', 'phase', self.language)}: {e.get('name')}", style="bold cyan"))
+                self._write(log, Text(f"── {translated('run', 'phase', self.language)}: "
+                                      f"{phase_text(e.get('name'), self.language)}", style="bold cyan"))
             elif kind == LOG.name:
                 who = translated("run", "rank_n", self.language, rank=e.get("rank"))
                 self._write(log, Text(f"{who}: {e.get('msg')}", style="italic"))
@@ -338,7 +339,7 @@ class RunPanelScreen(Screen):
         if s.nproc:
             status.append(f" · {s.nproc} × {s.device or '?'}{' (' + s.backend + ')' if s.backend else ''}")
         if s.phase and not s.finished:
-            status.append(f" · {translated('run', 'phase', lang)} {s.phase}", style="cyan")
+            status.append(f" · {translated('run', 'phase', lang)} {phase_text(s.phase, lang)}", style="cyan")
         if s.last_step and s.steps_of:
             status.append(f" · {translated('run', 'step', lang)} {s.last_step.get('step', 0) + 1}/{s.steps_of}")
         status.append(f" · {format_fixed(s.clock(None if self.replay_record else time.time()), 1, lang)} s",
