@@ -136,6 +136,29 @@ async def test_panel_draws_a_scripted_run_and_stop_key_stops_it():
 
 
 @run_async
+async def test_run_again_starts_from_empty_views():
+    """A run stopped before it measured anything showed the run before's verdicts as its own: "run again"
+    clears what that run drew (the fake run streams no checks of its own)."""
+    lesson = resolve_lesson("lesson1")
+
+    def factory(lesson, consumer, nproc=None, args=None):
+        return FakeLaunch(lesson, consumer)
+
+    app = PanelApp(lambda: RunPanelScreen(lesson, "en", launch_factory=factory))
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = app.screen
+        assert await wait_for(pilot, lambda: len(screen.state.sweep) == 3, 20)
+        await pilot.press("s")
+        assert await wait_for(pilot, lambda: screen.state.finished, 5)
+        screen.query_one("#check-table", Static).update("the first run's verdicts")
+        await pilot.press("a")
+        await pilot.pause()
+        assert as_text(screen.query_one("#check-table", Static).content).strip() == ""
+        await pilot.press("s")
+        assert await wait_for(pilot, lambda: screen.state.finished, 5)
+
+
+@run_async
 async def test_panel_runs_the_real_experiment(tmp_path):
     from distai.tutor.progress import ProgressStore
 

@@ -215,6 +215,7 @@ class RunPanelScreen(Screen):
         self._recorded_start = False
         self.stop_lines_hidden = 0
         self.query_one("#run-log", RichLog).clear()
+        self._clear_views()
         self.query_one("#run-log").styles.height = None  # back to the stylesheet's while it runs
         self.query_one("#run-body").styles.height = None
         self.set_class(False, "-view-summary")
@@ -372,6 +373,21 @@ class RunPanelScreen(Screen):
         if s.finished:
             self.set_class(self.view.summary == "view", "-view-summary")
             self._fit_summary()
+
+    def _clear_views(self) -> None:
+        """What the run before drew (its checks, sweep, loss and lesson view), cleared for a new run: a run
+        stopped before it measured anything showed the one before's verdicts as its own."""
+        lang, panel = self.language, self.view.panel
+        self.query_one("#check-table", Static).update("")
+        if "sweep" in panel:
+            self.query_one("#sweep-table", Static).update("")
+        if "view" in panel:
+            self.query_one("#lesson-view", Static).update(Text(translated("run", "no_view", lang), style="dim"))
+        if "loss" in panel:
+            label, spark = self.query_one("#loss-label", Static), self.query_one("#loss-spark", Sparkline)
+            label.update(translated("run", "loss", lang))
+            spark.data = []
+            label.display = spark.display = True
 
     def _fit_summary(self) -> None:
         """Once the run ended, a lesson whose summary is rank 0's output gets a log tall enough to read
