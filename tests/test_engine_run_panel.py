@@ -154,6 +154,17 @@ async def test_run_again_starts_from_empty_views():
         await pilot.press("a")
         await pilot.pause()
         assert as_text(screen.query_one("#check-table", Static).content).strip() == ""
+        # ? lists the panel's own keys (it did nothing here)
+        from distai.tutor.screens.help import HelpScreen
+
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen) and app.screen.context == "run"
+        keys = as_text(app.screen.query_one("#help-keys", Static).content)
+        assert "run the experiment again" in keys and "stop the run" in keys
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.screen is screen
         await pilot.press("s")
         assert await wait_for(pilot, lambda: screen.state.finished, 5)
 

@@ -94,6 +94,7 @@ class RunPanelScreen(Screen):
         Binding("s", "stop", "Stop"),
         Binding("a", "again", "Run again"),
         Binding("escape,q", "close", "Close"),
+        Binding("question_mark", "help", "Help", key_display="?", show=False),
     ]
 
     DEFAULT_CSS = """
@@ -447,6 +448,12 @@ class RunPanelScreen(Screen):
     def action_again(self) -> None:
         if self.replay_record is None and not self.running:
             self.start_run()
+
+    def action_help(self) -> None:
+        from .screens.help import HelpScreen
+
+        if not isinstance(self.app.screen, HelpScreen):
+            self.app.push_screen(HelpScreen("run", self.language))
 
     def action_close(self) -> None:
         if self.running and self.launch is not None:

@@ -33,6 +33,14 @@ LESSON_KEYS = [
     ("q  Esc", "key_back"),
 ]
 
+RUN_KEYS = [  # the run panel's (tutor/run_panel.py)
+    ("s", "key_run_stop"),
+    ("a", "key_run_again"),
+    ("?", "key_help"),
+    ("q  Esc", "key_run_close"),
+]
+CONTEXT_KEYS = {"home": HOME_KEYS, "lesson": LESSON_KEYS, "run": RUN_KEYS}
+
 
 class HelpScreen(ModalScreen[None]):
     """Lists the bindings; Esc, q, ? or a click closes it."""
@@ -52,7 +60,7 @@ class HelpScreen(ModalScreen[None]):
         table = Table.grid(padding=(0, 2))
         table.add_column(style="bold cyan", no_wrap=True)
         table.add_column()
-        for keys, label in (LESSON_KEYS if self.context == "lesson" else HOME_KEYS):
+        for keys, label in CONTEXT_KEYS.get(self.context, HOME_KEYS):
             table.add_row(keys, translated("tutor", label, lang))
         table.add_row(translated("tutor", "mouse", lang), translated("tutor", "key_mouse", lang))
         if self.context == "lesson":
