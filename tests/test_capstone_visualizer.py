@@ -286,3 +286,10 @@ def test_a_group_of_ranks_wraps_whole_with_its_name():
             shown = part.plain.strip()
             assert shown.count("{") == shown.count("}") and not shown.endswith(("PP", "CP", "EP")), (width, shown)
     assert [t.plain for t in wrap_text(Text("costs α = 5 µs plus 25 GB/s"), 14)] == ["costs α = 5 µs", "plus 25 GB/s"]
+
+
+def test_the_order_step_draws_a_mesh_with_tensor_parallelism():
+    """The order step ('why TP is innermost') drew the lesson run's mesh, whose TP is 1: nothing to see."""
+    v = MeshVisualizer("en")
+    v.show_step("order")
+    assert v.view == "nodes" and v.shape.tp == 2 and v.shape.world == 8

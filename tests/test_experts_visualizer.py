@@ -50,3 +50,16 @@ async def test_replays_a_runs_loads_step_by_step():
         vis.seek(3)
         text = drawn_text(vis, 100)
         assert "paso 2/2" in text and "descartadas: 0 elecciones" in text
+
+
+def test_each_step_starts_from_its_own_view_not_the_keys_pressed_before():
+    """Step 6 (expert-parallel) showed step 4's skew of 1.5 after the learner walked on from it: every step
+    starts from the defaults its view leaves unsaid."""
+    v = ExpertsVisualizer("en")
+    v.show_step("balance")
+    assert v.skew == 1.5
+    v.top_k = 1  # a key pressed on step 4
+    v.show_step("expert-parallel")
+    assert (v.skew, v.top_k, v.capacity_factor) == (ExpertsVisualizer.DEFAULT_VIEW["skew"], 2, 1.25)
+    v.show_step("shared")  # a step without a view: the defaults too
+    assert v.skew == ExpertsVisualizer.DEFAULT_VIEW["skew"]

@@ -234,3 +234,12 @@ def test_a_finished_run_shows_rank_0s_last_paragraph_whole():
     assert shown.strip().splitlines() == printed[3:-1]  # the paragraph, from its title, as printed
     assert last_paragraph(["a", "b"]) == [] and last_paragraph(["", *["x"] * (PARAGRAPH_LINES + 1)]) == []
     assert output_lines(state, summary=True).plain.strip().splitlines() == printed[:-1]  # a summary: all of it
+
+
+def test_the_interleaved_step_draws_1f1b_above_the_interleaved_schedule_at_its_texts_m():
+    """At 80x24 the interleaved step showed GPipe and 1F1B and hid the interleaved row, the step's subject;
+    resumed at that step it drew m = 1."""
+    v = visualizer_class("pipeline")("en")
+    v.show_step("stages")  # m = 1, as a learner resuming later would have it
+    v.show_step("interleaved")
+    assert v.shown_schedules() == ["1f1b", "interleaved"] and v.m == 8
