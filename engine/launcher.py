@@ -274,13 +274,13 @@ def analyse_failure(error_events: Sequence[Mapping[str, Any]], torchrun_lines: l
     # whole-second timestamps, so a SIGTERM'd rank is the culprit only when no rank reported an error
     # nor exited on its own (a positive code: an argument refused before any event, `context --cpu 3`).
     reported = {e.get("rank") for e in error_events}
-    exited_on_its_own = any(c > 0 for _r, c in _reported_failures(torchrun_lines))
+    failures = _reported_failures(torchrun_lines)
+    exited_on_its_own = any(c > 0 for _r, c in failures)
 
     def killed_silently(r: int | None, c: int | None) -> bool:
         return (r is not None and c is not None and c < 0 and r not in reported
                 and not ((error_events or exited_on_its_own) and c == -signal.SIGTERM))
 
-    failures = _reported_failures(torchrun_lines)
     silent = [(r, c) for r, c in failures if killed_silently(r, c)]
     killed_otherwise = [(r, c) for r, c in silent if c != -signal.SIGTERM]
     if silent and not killed_silently(rank, code):

@@ -23,7 +23,7 @@ __all__ = [
     "UnitError", "parse_number", "parse_count", "parse_bytes", "parse_size", "parse_time", "parse_bandwidth",
     "parse_quantity", "format_number", "format_bytes", "format_count", "format_time",
     "format_bandwidth", "format_percent", "format_fixed_percent", "number_separator", "BYTE_UNITS", "TIME_UNITS",
-    "bind_units", "GLUE", "format_bytes_apart",
+    "bind_units", "bind_units_aligned", "GLUE", "format_bytes_apart",
 ]
 
 
@@ -415,6 +415,13 @@ _AXIS_DEGREE = re.compile(
     rf"(?<![\w])(TP|PP|DP|CP|EP|SP|E|w½|Fig\.|Figs\.|Sec\.|sec\.|fig\.|figs\.|Table|tabla|ZeRO-\d){_SPACE}(?=\d)")
 # a symbol and its value: "N = 8", "α = 5 µs", "s = 2048"
 _SYMBOL_VALUE = re.compile(r"(?<![\w])([A-Za-zαβΨ]) = (?=[\d−-])")
+
+
+def bind_units_aligned(prose: str, joiner: str) -> str:
+    """:func:`bind_units` where it puts one character for one (a styled text's spans then stay where they
+    were), else ``prose`` as it is: what the run panel's log, the quiz and the visualizers' styled lines bind."""
+    bound = bind_units(prose, joiner)
+    return bound if len(bound) == len(prose) else prose
 
 
 def bind_units(prose: str, joiner: str) -> str:

@@ -59,6 +59,16 @@ def experiment_refusal(found: dict, lesson: str, lang: str) -> str:
     return argparse_texts(message).get(lang) or message
 
 
+def refuse_what_the_ranks_would(lesson, args: list[str], world: int, lang: str) -> None:
+    """A :class:`CliError` (one line) for what ``lesson``'s experiment would refuse in ``args`` on ``world``
+    ranks, asked of one process before anything is launched (``distai run``, ``distai slurm``)."""
+    from ..engine.launcher import experiment_argument_error
+
+    found = experiment_argument_error(lesson.experiment, args, world, lang)
+    if found is not None:
+        raise CliError(experiment_refusal(found, lesson.id, lang))
+
+
 def sparkline(values: list[float], width: int = 40) -> str:
     """Unicode block sparkline of the last ``width`` values (min → ▁, max → █)."""
     if not values:
@@ -362,7 +372,6 @@ def run_cmd(
         LaunchError,
         LaunchSpec,
         choose_placement,
-        experiment_argument_error,
         experiment_available,
         validate_args,
         validate_nodes,
@@ -378,7 +387,7 @@ def run_cmd(
         if steps < 0:
             raise CliError(say("steps", value=steps))
         extra = ["--steps", str(steps), *extra]
-    default_ranks = getattr(chosen, "ranks", 4)
+    default_ranks = chosen.ranks
     try:
         validate_nodes(nnodes, node_rank, master_addr, master_port, rdzv_backend, rdzv_id, lang=language)
         validate_args(extra, language)
@@ -394,9 +403,7 @@ def run_cmd(
         # options for the experiment, or a group of another size than its default: refused here as its ranks
         # would refuse them (tp = 3 dividing no heads), not after torchrun's failure banner
         if extra or placement.nproc * nnodes != default_ranks:
-            found = experiment_argument_error(chosen.experiment, extra, placement.nproc * nnodes, language)
-            if found is not None:
-                raise CliError(experiment_refusal(found, chosen.id, language))
+            refuse_what_the_ranks_would(chosen, extra, placement.nproc * nnodes, language)
     except LaunchError as exc:
         raise CliError(str(exc), code=exc.code) from None
     except TranslatedError as exc:  # the shape or the experiment's plan refused: in the learner's language

@@ -32,21 +32,19 @@ def slurm(
     experiment_args = _experiment_args(ctx, lesson)
     # the group's size and the options, refused here as `distai run` would refuse them on the cluster, hours
     # later: the experiment's plan (dp·tp·pp must be the ranks) and what its ranks would refuse
-    from ..engine.launcher import experiment_argument_error
     from ..lessons.strings import TranslatedError
-    from .cli_run import experiment_refusal
+    from .cli_run import refuse_what_the_ranks_would
 
     plan, world = chosen.launch_plan_function(), nodes * gpus_per_node
     try:
         if plan is not None and nodes > 0 and gpus_per_node > 0:
-            plan(experiment_args, world, getattr(chosen, "ranks", 4), True)
+            plan(experiment_args, world, chosen.ranks, True)
     except TranslatedError as exc:
         raise CliError(exc.text(language)) from None
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    found = experiment_argument_error(chosen.experiment, experiment_args, world, language) if world > 0 else None
-    if found is not None:
-        raise CliError(experiment_refusal(found, chosen.id, language))
+    if world > 0:
+        refuse_what_the_ranks_would(chosen, experiment_args, world, language)
     # a --lang given here reaches the script's `distai run` too, as it did when it was an extra argument
     extra = [*ctx.args, "--lang", language] if lang else list(ctx.args)
     job = SlurmJob(chosen.id, nodes, gpus_per_node, partition=partition, time=time, account=account,

@@ -38,7 +38,7 @@ from ..engine.run_state import RunState, replay_events
 from ..engine.runs import phase_text, reason_text
 from ..lessons.events import LOG, OUTPUT, PHASE, RUN_END, RUN_START
 from ..lessons.strings import has, translated
-from ..lessons.units import bind_units, format_bandwidth, format_bytes, format_fixed, format_time
+from ..lessons.units import bind_units_aligned, format_bandwidth, format_bytes, format_fixed, format_time
 from .check_table import check_table
 from .screens.common import localize_bindings
 from .screens.step_text import NO_BREAK
@@ -288,8 +288,8 @@ class RunPanelScreen(Screen):
     def _write(log: RichLog, text: Text) -> None:
         """Wrapped at the log's own width (RichLog would measure against the app console's), a number
         kept with its unit ("578" / "MB/s" split at 80x24): the lesson text's rule, lessons/units.py's."""
-        bound = bind_units(text.plain, NO_BREAK)
-        if bound != text.plain and len(bound) == len(text.plain):  # the same length: the styles stay put
+        bound = bind_units_aligned(text.plain, NO_BREAK)
+        if bound != text.plain:
             text = text.copy()
             text.plain = bound
         width = log.scrollable_content_region.width

@@ -14,7 +14,7 @@ from textual.strip import Strip
 
 from ..lessons.lesson1 import baselines, ring_model
 from ..lessons.lesson1.ring_plan import NAIVE, RING, TREE
-from ..lessons.units import GLUE, bind_units, format_bytes
+from ..lessons.units import GLUE, bind_units_aligned, format_bytes
 
 PHASE_STYLE = {ring_model.REDUCE_SCATTER: "bold magenta", ring_model.ALL_GATHER: "bold cyan",
                baselines.REDUCE: "bold magenta", baselines.BROADCAST: "bold cyan"}
@@ -106,9 +106,7 @@ def wrap_text(text: Text, width: int) -> list[Text]:
     plain = text.plain
     if len(plain) <= width:
         return [text]
-    bound = bind_units(plain, GLUE)
-    if len(bound) != len(plain):  # a line break inside the text: bind_units would change its length
-        bound = plain
+    bound = bind_units_aligned(plain, GLUE)
     breaks, depth = [], 0
     for i, ch in enumerate(bound):
         depth += (ch == "{") - (ch == "}")

@@ -53,11 +53,8 @@ class BoundStatic(Static):
         content, width = self.content, self.content_size.width
         if not isinstance(content, Text) or width < 20:
             return super().render()
-        bound = units.bind_units(content.plain, units.GLUE)
-        if len(bound) != len(content.plain):  # a joiner that is not one space for one: leave the text as it is
-            return super().render()
         glued = content.copy()
-        glued.plain = bound  # the same length: every style span stays where it was
+        glued.plain = units.bind_units_aligned(content.plain, units.GLUE)  # every style span stays where it was
         wrapped = Text("\n").join(glued.wrap(self.app.console, width))
         wrapped.plain = wrapped.plain.replace(units.GLUE, " ")
         return wrapped
