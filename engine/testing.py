@@ -6,10 +6,13 @@ seconds of torch import on a 2-core machine.
 """
 from __future__ import annotations
 
+import faulthandler
 import os
 import pickle
+import signal
 import socket
 import tempfile
+import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
@@ -33,6 +36,9 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, ou
     import torch
 
     torch.set_num_threads(1)  # N ranks share 2 cores in CI
+    # a rank that never returns can be asked where it is stuck: run_in_group sends SIGUSR1
+    stacks = open(Path(out_dir) / f"{rank}.stack", "w")  # noqa: SIM115 - open for the process's life
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     outcome: tuple[str, Any]
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world_size,
@@ -60,16 +66,20 @@ def _start_method() -> str:
     return "forkserver"
 
 
-def run_in_group(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 120) -> list[Any]:
+def run_in_group(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 120,
+                 stuck_after_s: float | None = None) -> list[Any]:
     """Call ``fn(rank, world_size, *args)`` on ``world_size`` gloo processes (started by
     :func:`_start_method`'s); returns each rank's result.
 
     ``fn`` must be importable (defined at module level). A failure on any rank raises with
-    that rank's traceback.
+    that rank's traceback. Once one rank has exited, the others get ``stuck_after_s`` (by default
+    the group's collective timeout plus a minute) to follow; a rank still running then is stuck,
+    and the call raises with its Python stacks instead of stalling the suite.
     """
     with tempfile.TemporaryDirectory() as out_dir:
-        mp.start_processes(_worker, args=(world_size, free_port(), fn, args, out_dir, timeout_s),
-                           nprocs=world_size, join=True, start_method=_start_method())
+        context = mp.start_processes(_worker, args=(world_size, free_port(), fn, args, out_dir, timeout_s),
+                                     nprocs=world_size, join=False, start_method=_start_method())
+        _join_or_raise_stuck(context, out_dir, grace_s=timeout_s + 60 if stuck_after_s is None else stuck_after_s)
         results = []
         for rank in range(world_size):
             status, value = pickle.loads((Path(out_dir) / f"{rank}.pkl").read_bytes())
@@ -77,3 +87,22 @@ def run_in_group(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s:
                 raise RuntimeError(f"rank {rank} failed:\n{value}")
             results.append(value)
         return results
+
+
+def _join_or_raise_stuck(context: Any, out_dir: str, grace_s: float) -> None:
+    """Join every rank (``context.join`` raises for one that died); if one rank has been gone
+    ``grace_s`` seconds while another still runs, dump the survivors' stacks, kill them and raise."""
+    first_exit: float | None = None
+    while not context.join(timeout=1):
+        if first_exit is None and any(not p.is_alive() for p in context.processes):
+            first_exit = time.monotonic()
+        if first_exit is not None and time.monotonic() - first_exit > grace_s:
+            stuck = [rank for rank, p in enumerate(context.processes) if p.is_alive()]
+            for rank in stuck:
+                os.kill(context.processes[rank].pid, signal.SIGUSR1)
+            time.sleep(2)
+            for rank in stuck:
+                context.processes[rank].kill()
+            stacks = "\n".join(f"rank {rank}:\n{(Path(out_dir) / f'{rank}.stack').read_text()}"
+                                for rank in stuck)
+            raise RuntimeError(f"rank(s) {stuck} still running {grace_s:.0f} s after a peer exited:\n{stacks}")

@@ -12,3 +12,25 @@ def _sum_of_ranks(rank, world_size):
 
 def test_run_in_group_returns_every_rank_result():
     assert run_in_group(_sum_of_ranks, 3) == [3.0, 3.0, 3.0]
+
+
+def _rank_1_never_returns(rank, world_size):
+    import time
+
+    if rank == 1:
+        time.sleep(600)  # stuck outside any collective, as a deadlocked rank would be
+    return rank
+
+
+def test_a_rank_stuck_after_its_peer_exited_fails_with_its_stack_instead_of_stalling():
+    import time
+
+    import pytest
+
+    start = time.monotonic()
+    with pytest.raises(RuntimeError) as stuck:
+        run_in_group(_rank_1_never_returns, 2, stuck_after_s=2)
+    assert time.monotonic() - start < 60
+    message = str(stuck.value)
+    assert message.startswith("rank(s) [1] still running 2 s after a peer exited")
+    assert "_rank_1_never_returns" in message  # the stuck rank's Python stack

@@ -118,11 +118,15 @@ def _torn_apart(lines: list[str]) -> list[str]:
 
 def _check_prose(screen, where: str) -> None:
     pane = screen.query_one("#step-text", StepText)
+    words = 0
     for block in pane.query(MarkdownBlock):
         if block.query(MarkdownBlock) or isinstance(block, (MarkdownTable, WrappingFence)) or block.parent is not pane:
             continue
-        torn = _torn_apart(_rendered(block))
+        lines = _rendered(block)
+        words += len(" ".join(lines).split())
+        torn = _torn_apart(lines)
         assert not torn, f"{where}: {torn}"
+    assert words, f"{where}: no prose rendered"  # the check read the step, not empty blocks
 
 
 def test_keep_together_binds_prose_only():
@@ -171,9 +175,19 @@ def _has_blocks(lesson, key: str, lang: str) -> bool:
     return any(line.startswith(("```", "|")) for line in text.splitlines())
 
 
-def test_every_step_shows_whole_commands_and_tables_that_fit_and_numbers_with_units(monkeypatch):
-    # the pane keeps its place and size; an idle stand-in keeps the walk fast
+def _skip_painting(monkeypatch) -> None:
+    """An idle stand-in for the visualizer, and no painting of the whole screen to the headless
+    terminal: the layout still runs, and the checks render the blocks they read themselves."""
     monkeypatch.setattr("distai.visualizers.base.visualizer_class", lambda name: None)
+
+    def lay_out_only(screen) -> None:
+        screen._dirty_widgets.clear()
+
+    monkeypatch.setattr("textual.screen.Screen._compositor_refresh", lay_out_only)
+
+
+def test_every_step_shows_whole_commands_and_tables_that_fit_and_numbers_with_units(monkeypatch):
+    _skip_painting(monkeypatch)  # the pane keeps its place and size
 
     async def walk():
         app = DistaiApp("en")
@@ -216,7 +230,7 @@ def _listing_lines(rendered: list[str]) -> list[str]:
 
 def test_every_code_step_shows_its_listing_whole_inside_the_pane(monkeypatch):
     """Issue 27.1: "The code that runs" wraps (numbered gutter, ``↪`` continuations), never cut."""
-    monkeypatch.setattr("distai.visualizers.base.visualizer_class", lambda name: None)
+    _skip_painting(monkeypatch)
     from distai.tutor.code_source import read_source
 
     async def walk():
