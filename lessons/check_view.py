@@ -4,14 +4,15 @@ Every place that shows a run's predictions against its measurements reads them t
 ``distai run``'s end-of-run summary and ``distai runs show`` (``tutor/check_table.py`` draws the
 rows as a Rich table under the run's view), the tutor's run panel (the same table). Pure: events
 in, strings out (names and headers from ``lessons/catalog/checks.toml``, numbers through
-``lessons/units.py``).
+``lessons/units.py``; bytes in decimal units, as the lessons' formulas and calculators give them).
 
 Usage::
 
     from ..lessons.check_view import check_rows, check_headers, check_lines
 
     rows = check_rows(events, lang)       # events: any iterable of run events; non-checks are skipped
-    for row in rows:                      # one CheckRow per (name, rank), the last event of each wins
+    for row in rows:                      # one CheckRow per name and the ranks that read alike (the
+                                          #   last event of each rank wins)
         row.cells()                       # label, predicted, measured, gap, verdict: the table's columns
         row.explanation                   # "" when ok, else "= 20% + unequal stages +9.0 pts + … = 35%;
                                           #   unexplained +1.0 pts": the line under the row
@@ -27,7 +28,7 @@ lesson adds its own there (a name without one shows as written). Units: ``s`` (t
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .checks import Check, reconcile
@@ -68,7 +69,7 @@ def format_value(value: float, unit: str, lang: str, *, signed: bool = False) ->
     if unit == "s":
         text = format_time(value, lang=lang)
     elif unit == "B":
-        text = format_bytes(value, binary=True, lang=lang)
+        text = format_bytes(value, lang=lang)  # decimal, as the lessons' formulas give memory
     elif unit == "B/s":
         text = format_bandwidth(value, lang=lang)
     elif unit == "fraction":
@@ -109,23 +110,39 @@ def _row(event: Mapping[str, Any], lang: str, label: str) -> CheckRow:
 
 
 def check_rows(events: Iterable[Mapping[str, Any]], lang: str) -> list[CheckRow]:
-    """The rows of every ``check`` event in ``events`` (others skipped): one per name and rank, in
-    the order each first appeared, the latest event of each; a name that more than one rank
-    checks is labelled with the rank."""
+    """The rows of every ``check`` event in ``events`` (others skipped), in the order each name first
+    appeared, from the latest event of each (name, rank). The ranks whose rows of one name read
+    alike (the same numbers, verdict and causes, as shown) share one row; a name more than one
+    rank checks is labelled with its ranks ("(rank 2)", "(ranks 0–3)", "(ranks 0, 2)")."""
     latest: dict[tuple[str, Any], Mapping[str, Any]] = {}
     for event in events:
         if CHECK.matches(event):
             latest[(event["name"], event.get("rank"))] = event
-    ranks_of: dict[str, int] = {}
-    for name, _ in latest:
-        ranks_of[name] = ranks_of.get(name, 0) + 1
-    rows = []
+    by_name: dict[str, list[tuple[Any, CheckRow]]] = {}
     for (name, rank), event in latest.items():
-        label = check_label(name, lang)
-        if ranks_of[name] > 1 and rank is not None:
-            label = translated("checks", "on_rank", lang, check=label, rank=rank)
-        rows.append(_row(event, lang, label))
+        by_name.setdefault(name, []).append((rank, _row(event, lang, check_label(name, lang))))
+    rows = []
+    for name, ranked in by_name.items():
+        alike: dict[tuple[str, ...], list[tuple[Any, CheckRow]]] = {}
+        for rank, row in ranked:
+            alike.setdefault((*row.cells(), row.explanation), []).append((rank, row))
+        for group in alike.values():
+            ranks = [rank for rank, _ in group if rank is not None]
+            row = group[-1][1]
+            if len(ranked) > 1 and ranks:
+                row = replace(row, label=_on_ranks(row.label, ranks, lang))
+            rows.append(row)
     return rows
+
+
+def _on_ranks(label: str, ranks: list[int], lang: str) -> str:
+    """``label`` with the ranks it stands for: "(rank 2)", "(ranks 0–3)", "(ranks 0, 1)"."""
+    if len(ranks) == 1:
+        return translated("checks", "on_rank", lang, check=label, rank=ranks[0])
+    ranks = sorted(ranks)
+    contiguous = len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1))
+    listed = f"{ranks[0]}–{ranks[-1]}" if contiguous else ", ".join(str(r) for r in ranks)
+    return translated("checks", "on_ranks", lang, check=label, ranks=listed)
 
 
 def check_headers(lang: str) -> tuple[str, ...]:

@@ -38,20 +38,41 @@ def test_spanish_rows_use_the_decimal_comma_and_the_catalog():
 
 def test_units_are_formatted_by_lessons_units():
     assert format_value(0.0015, "s", "en") == "1.5 ms"
-    assert format_value(3 * 2**20, "B", "es") == "3 MiB"
+    assert format_value(3e6, "B", "es") == "3 MB"  # decimal, as lesson 2's formulas and calculator
     assert format_value(-0.0005, "s", "en", signed=True) == "-500 µs"
     assert format_value(1.5, "ratio", "es") == "1,50×"
 
 
 def test_one_row_per_name_and_rank_the_latest_event_wins():
     ok = check("bubble_gpipe", 0.2, 0.21, "fraction")
-    rows = check_rows([_event(_bubble(), 0), _event(ok, 0), _event(ok, 1)], "en")
+    rows = check_rows([_event(_bubble(), 0), _event(ok, 0), _event(_bubble(), 1)], "en")
     assert [r.label for r in rows] == ["bubble, GPipe (rank 0)", "bubble, GPipe (rank 1)"]
     assert rows[0].ok and rows[0].causes == "—" and rows[0].verdict == "ok"
     lines = check_lines([_event(ok), _event(_bubble(), 1)], "en")
     assert lines[0] == "prediction vs measurement" and lines[1].split()[0] == "check"
     assert len({len(line) for line in lines[1:4]}) == 1  # aligned columns
     assert lines[4].startswith("  = 20% + unequal stages") and len(lines) == 5
+
+
+def test_ranks_whose_rows_read_alike_share_one_row():
+    """Lesson 2 on 4 ranks listed 40 rows: each strategy's memory and step time once per rank, alike."""
+    ok, close = check("bubble_gpipe", 0.2, 0.21, "fraction"), check("bubble_gpipe", 0.2, 0.2101, "fraction")
+    other = check("bubble_gpipe", 0.2, 0.25, "fraction")
+    rows = check_rows([_event(ok, 0), _event(close, 1), _event(ok, 2), _event(ok, 3), _event(other, 4)], "en")
+    assert [r.label for r in rows] == ["bubble, GPipe (ranks 0–3)", "bubble, GPipe (rank 4)"]  # 21.01 % shows as 21 %
+    rows = check_rows([_event(ok, 0), _event(other, 1), _event(ok, 2)], "es")
+    assert [r.label for r in rows] == ["burbuja, GPipe (ranks 0, 2)", "burbuja, GPipe (rank 1)"]
+    assert [r.label for r in check_rows([_event(ok, 0)], "en")] == ["bubble, GPipe"]  # one rank: no label
+
+
+def test_a_missed_checks_causes_wrap_under_their_own_indent():
+    long = check("bubble_gpipe", 0.2, 0.9, "fraction", causes={f"cause_{i}": 0.05 for i in range(8)})
+    console = Console(width=60, record=True, file=open("/dev/null", "w"))
+    console.print(check_table([_event(long)], "en"))
+    lines = console.export_text().rstrip("\n").split("\n")
+    explanation = lines[3:]
+    assert len(explanation) > 1 and all(line.startswith("  ") for line in explanation), lines
+    assert " ".join(line.strip() for line in explanation) == check_rows([_event(long)], "en")[0].explanation
 
 
 def test_distai_run_summary_and_the_run_panel_draw_the_same_table():
