@@ -19,6 +19,7 @@ Usage::
         row.causes, row.unexplained       # its parts; row.ok, row.explained: booleans (colour)
     check_headers(lang)                   # the column titles, in cells()' order
     check_lines(events, lang)             # the same table as plain aligned text lines (title first)
+    check_lines(events, lang, width)      # ... each name on a line of its own where a row is wider
 
 A check's ``name`` is a key of ``[name]`` in the catalog and each cause a key of ``[cause]``; a
 lesson adds its own there (a name without one shows as written). Units: ``s`` (time), ``B`` (bytes),
@@ -150,21 +151,31 @@ def check_headers(lang: str) -> tuple[str, ...]:
     return tuple(translated("checks", key, lang) for key in COLUMNS)
 
 
-def check_lines(events: Iterable[Mapping[str, Any]], lang: str) -> list[str]:
+def check_lines(events: Iterable[Mapping[str, Any]], lang: str, width: int | None = None) -> list[str]:
     """The check table as plain text: its title, the headers and one line per check, columns
-    aligned, each missed check's explanation indented under it (empty when the run checked nothing)."""
+    aligned, each missed check's explanation indented under it (empty when the run checked nothing).
+    Where a row would be wider than ``width``, each check's name gets a line of its own and its
+    numbers go under it, aligned under the numbers' headers (the run panel's half-width column)."""
     rows = check_rows(events, lang)
     if not rows:
         return []
-    table = [check_headers(lang), *(r.cells() for r in rows)]
+    headers = check_headers(lang)
+    table = [headers, *(r.cells() for r in rows)]
     widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
+    stacked = width is not None and sum(widths) + 2 * (len(widths) - 1) > width
+    if stacked:  # the name column leaves the table: two cells of indent stand for it
+        widths[0] = 0
 
     def line(cells: tuple[str, ...]) -> str:
+        if stacked:
+            cells = ("", *cells[1:])
         return "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
                          for i, (cell, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
 
-    lines = [translated("checks", "title", lang), line(table[0])]
+    lines = [translated("checks", "title", lang), line(headers)]
     for row in rows:
+        if stacked:
+            lines.append(row.label)
         lines.append(line(row.cells()))
         if row.explanation:
             lines.append("  " + row.explanation)

@@ -65,6 +65,23 @@ def test_ranks_whose_rows_read_alike_share_one_row():
     assert [r.label for r in check_rows([_event(ok, 0)], "en")] == ["bubble, GPipe"]  # one rank: no label
 
 
+def test_a_table_wider_than_its_column_puts_each_name_on_a_line_of_its_own():
+    """The run panel's check table sits in half the screen: at 100 columns its rows wrapped mid-row."""
+    ok = check("bubble_gpipe", 0.2, 0.21, "fraction")
+    events = [_event(ok, 0), _event(_bubble(), 1)]
+    wide = check_lines(events, "es")
+    assert check_lines(events, "es", width=max(map(len, wide))) == wide
+    narrow = check_lines(events, "es", width=44)
+    labels = [r.label for r in check_rows(events, "es")]
+    assert narrow[2] == labels[0] and narrow[4] == labels[1] and narrow[6].startswith("  = 20 %")
+    assert all(len(line) <= 44 for line in narrow[:6]), narrow
+    assert narrow[3].split() == ["20", "%", "21", "%", "+1,0", "p.", "p.", "ok"]
+    assert len({len(line) for line in narrow[1:6:2]}) == 1  # numbers under their headers
+    console = Console(width=44, record=True, file=open("/dev/null", "w"))
+    console.print(check_table(events, "es"))
+    assert console.export_text().rstrip("\n").split("\n")[:6] == narrow[:6]
+
+
 def test_a_missed_checks_causes_wrap_under_their_own_indent():
     long = check("bubble_gpipe", 0.2, 0.9, "fraction", causes={f"cause_{i}": 0.05 for i in range(8)})
     console = Console(width=60, record=True, file=open("/dev/null", "w"))

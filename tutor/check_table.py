@@ -14,27 +14,38 @@ from ..lessons.check_view import check_lines, check_rows
 
 
 def check_table(events: Iterable[Mapping[str, Any]], lang: str):
-    """The run's checks as a Rich renderable: the title and headers in bold, each verdict coloured
+    """The run's checks as a Rich renderable, laid out for the width it is drawn at (each name on a
+    line of its own where a row would not fit): the title and headers in bold, each verdict coloured
     (green ok, yellow explained, red not explained), each missed check's causes dimmed under it,
-    wrapped under their own indent where the line is narrower than they are; None without checks."""
-    from rich.console import Group
-    from rich.text import Text
-
+    wrapped under their own indent; None without checks."""
     events = list(events)
     rows = check_rows(events, lang)
-    if not rows:
-        return None
-    title, header, *body = check_lines(events, lang)
-    parts: list[Any] = [Text(title, style="bold magenta"), Text(header, style="bold")]
-    for row in rows:
-        line = Text(body.pop(0))
-        style = "green" if row.ok else "yellow" if row.explained else "bold red"
-        line.stylize(style, len(line) - len(row.verdict))
-        parts.append(line)
-        if row.explanation:
-            indent = len(body[0]) - len(body[0].lstrip())
-            parts.append(_Indented(Text(body.pop(0).lstrip(), style="dim"), indent))
-    return Group(*parts)
+    return _CheckTable(events, rows, lang) if rows else None
+
+
+class _CheckTable:
+    def __init__(self, events: list, rows: list, lang: str):
+        self.events, self.rows, self.lang = events, rows, lang
+
+    def __rich_console__(self, console, options):
+        from rich.text import Text
+
+        lines = check_lines(self.events, self.lang, options.max_width)
+        title, header, *body = lines
+        # stacked: check_lines gave each name a line of its own, one more line per row
+        stacked = len(body) > len(self.rows) + sum(bool(r.explanation) for r in self.rows)
+        yield Text(title, style="bold magenta")
+        yield Text(header, style="bold")
+        for row in self.rows:
+            if stacked:
+                yield Text(body.pop(0), style="bold")
+            line = Text(body.pop(0))
+            line.stylize("green" if row.ok else "yellow" if row.explained else "bold red",
+                         len(line) - len(row.verdict))
+            yield line
+            if row.explanation:
+                indent = len(body[0]) - len(body[0].lstrip())
+                yield _Indented(Text(body.pop(0).lstrip(), style="dim"), indent)
 
 
 class _Indented:

@@ -38,10 +38,9 @@ from ..engine.run_state import RunState, replay_events
 from ..engine.runs import phase_text, reason_text
 from ..lessons.events import LOG, OUTPUT, PHASE, RUN_END, RUN_START
 from ..lessons.strings import has, translated
-from ..lessons.units import bind_units_aligned, format_bandwidth, format_bytes, format_fixed, format_time
+from ..lessons.units import format_bandwidth, format_bytes, format_fixed, format_time
 from .check_table import check_table
 from .screens.common import localize_bindings
-from .screens.step_text import NO_BREAK
 
 if TYPE_CHECKING:
     from textual.worker import Worker
@@ -266,13 +265,13 @@ class RunPanelScreen(Screen):
                 self.stop_lines_hidden += 1
             elif kind == OUTPUT.name:
                 who = "torchrun" if e.get("rank") is None else translated("run", "rank_n", self.language, rank=e["rank"])
-                self._write(log, Text.assemble((f"{who:>9} ", "dim"), str(e.get("line", ""))))
+                self._write(log, Text.assemble((f"{who:>9} ", "dim"), str(e.get("line", ""))), hanging=10)
             elif kind == PHASE.name and e.get("rank", 0) == 0:
                 self._write(log, Text(f"── {translated('run', 'phase', self.language)}: "
                                       f"{phase_text(e.get('name'), self.language)}", style="bold cyan"))
             elif kind == LOG.name:
                 who = translated("run", "rank_n", self.language, rank=e.get("rank"))
-                self._write(log, Text(f"{who}: {e.get('msg')}", style="italic"))
+                self._write(log, Text(f"{who}: {e.get('msg')}", style="italic"), hanging=len(who) + 2)
             elif kind == RUN_START.name:
                 self._record_progress("running")
             elif kind == RUN_END.name:
@@ -285,15 +284,18 @@ class RunPanelScreen(Screen):
         self._refresh()
 
     @staticmethod
-    def _write(log: RichLog, text: Text) -> None:
+    def _write(log: RichLog, text: Text, hanging: int = 0) -> None:
         """Wrapped at the log's own width (RichLog would measure against the app console's), a number
-        kept with its unit ("578" / "MB/s" split at 80x24): the lesson text's rule, lessons/units.py's."""
-        bound = bind_units_aligned(text.plain, NO_BREAK)
-        if bound != text.plain:
-            text = text.copy()
-            text.plain = bound
+        kept with its unit ("578" / "MB/s" split at 80x24): the lesson text's rule (``wrap_text``,
+        lessons/units.py's); ``hanging``: the wrapped lines start under the text, not under its label."""
+        from ..visualizers.ring_drawing import wrap_text
+
         width = log.scrollable_content_region.width
-        log.write(text, width=width if width > 0 else None)
+        if width <= 0:
+            log.write(text)
+            return
+        for line in wrap_text(text, width, hanging):
+            log.write(line, width=width)
 
     def _on_end(self, e: dict, log: RichLog) -> None:
         status = e.get("status") or "failed"  # as RunState reads a run_end without one

@@ -99,13 +99,15 @@ def _console():
     return _CONSOLE
 
 
-def wrap_text(text: Text, width: int) -> list[Text]:
+def wrap_text(text: Text, width: int, hanging: int = 0) -> list[Text]:
     """Word-wrap styled text where the lesson text would break, never between a number and its unit, an
     axis and its degree or a symbol and its value (lessons/units.py's bind_units, the one rule), nor
-    around ``=`` or inside a ``{…}`` group of ranks (nor between it and its name)."""
+    around ``=`` or inside a ``{…}`` group of ranks (nor between it and its name). ``hanging``: the
+    lines after the first start that many spaces in (a log line's text under its "rank 0" label)."""
     plain = text.plain
     if len(plain) <= width:
         return [text]
+    hanging = hanging if width - hanging >= 10 else 0  # too narrow to indent: use the whole width
     bound = bind_units_aligned(plain, GLUE)
     breaks, depth = [], 0
     for i, ch in enumerate(bound):
@@ -115,14 +117,15 @@ def wrap_text(text: Text, width: int) -> list[Text]:
         if bound[i + 1:i + 2] in ("=", "{") or bound[i - 1] == "=":  # a group stays with its name too
             continue
         breaks.append(i)
-    lines, start = [], 0
-    while len(plain) - start > width:
-        fit = [b for b in breaks if start < b <= start + width]
-        cut = fit[-1] if fit else start + width
+    lines, start, room = [], 0, width
+    while len(plain) - start > room:
+        fit = [b for b in breaks if start < b <= start + room]
+        cut = fit[-1] if fit else start + room
         lines.append(text[start:cut])
         start = cut + 1 if cut in breaks else cut
+        room = width - hanging
     lines.append(text[start:])
-    return lines
+    return [lines[0], *(Text(" " * hanging) + line for line in lines[1:])] if hanging else lines
 
 
 def text_strip(line: Text, width: int, base, cache: dict) -> Strip:
