@@ -168,3 +168,16 @@ def test_help_counts_the_lessons_from_the_registry():
     for command in ("run", "quiz", "slurm", "tutor"):
         out = runner.invoke(cli.app, [command, "--help"], terminal_width=200, env={"COLUMNS": "200"}).output
         assert f"{numbers[0]}-{numbers[-1]}, lessonN" in out, (command, out)
+
+
+def test_lessons_table_keeps_its_columns_and_says_what_its_scores_mean(isolated_distai_home, capsys):
+    """Lesson 10 pushed its row one column right; "dominio" and "quiz" were not explained anywhere in it."""
+    assert cli.main(["lessons", "--lang", "es"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head, rows = lines[0], lines[1:11]
+    slug_at = head.index("nombre corto")
+    assert [row[slug_at:] for row in rows][-1] == "5d-parallelism"
+    assert len({row.index(row.split()[1]) for row in rows}) == 1  # every title starts in one column
+    notes = " ".join(" ".join(lines[11:]).split())
+    assert notes.startswith("Quiz: tu mejor nota") and "Dominio: la parte de los tipos de pregunta" in notes
+    assert "`" not in notes  # markdown's backticks are the tutor's, not the shell's

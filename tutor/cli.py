@@ -180,13 +180,24 @@ def lessons(
     head = strings("tutor", language)["progress_columns"]
 
     w = [max(len(head[i]), n) for i, n in ((1, 3), (2, 5), (3, 4), (4, 7), (5, 4))]  # the column's head fits
-    typer.echo(f" #  {head[0]:<{width}}  {head[1]:>{w[0]}}  {head[2]:>{w[1]}}  {head[3]:>{w[2]}}  {head[4]:>{w[3]}}  "
-               f"{head[5]:>{w[4]}}  {head[6]}")
+    number = max(len(str(r["number"])) for r in rows)  # lesson 10 keeps the columns in line
+    typer.echo(f" {'#':>{number}}  {head[0]:<{width}}  {head[1]:>{w[0]}}  {head[2]:>{w[1]}}  {head[3]:>{w[2]}}  "
+               f"{head[4]:>{w[3]}}  {head[5]:>{w[4]}}  {head[6]}")
     for r in rows:
         steps_txt = f"{r['steps_done']}/{r['steps_total']}"
         best, mastery = format_score(r["best_quiz"], language), format_score(r["mastery"], language)
-        typer.echo(f" {r['number']}  {r['title']:<{width}}  {r['duration_min']:>{w[0]}}  {steps_txt:>{w[1]}}  "
+        typer.echo(f" {r['number']:>{number}}  {r['title']:<{width}}  {r['duration_min']:>{w[0]}}  {steps_txt:>{w[1]}}  "
                    f"{best:>{w[2]}}  {mastery:>{w[3]}}  {r['runs']:>{w[4]}}  {r['slug']}")
+    # what the two scores mean, as the tutor's progress screen says it
+    import shutil
+    import textwrap
+
+    typer.echo()
+    for explained in (translated("tutor", "best_quiz_explained", language),
+                      translated("tutor", "mastery_explained", language)):
+        explained = explained.replace("`", "")
+        typer.echo(textwrap.fill(explained, width=min(100, shutil.get_terminal_size().columns - 1),
+                                 initial_indent=" ", subsequent_indent=" ", break_on_hyphens=False))
 
 
 def quiz(
