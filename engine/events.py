@@ -23,6 +23,12 @@ EVENTS_DIR_ENV = "DISTAI_EVENTS_DIR"
 CHECK_EVENTS_ENV = "DISTAI_CHECK_EVENTS"
 
 
+def backend_for(device_type: str) -> str:
+    """The process group's backend on ``device_type``'s ranks: NCCL on GPUs, gloo on CPU processes
+    (what ``runtime.init_distributed`` joins, and what the launcher's ``run_start`` announces)."""
+    return "nccl" if device_type == "cuda" else "gloo"
+
+
 class EventSink:
     def __init__(self, rank: int = 0, directory: str | os.PathLike | None = None):
         self.rank = rank

@@ -38,6 +38,7 @@ from typing import IO, Any
 
 from ..lessons.events import ERROR, OUTPUT, RUN_END, RUN_START, SUMMARY, Error
 from ..lessons.strings import LANG_ENV, translated
+from .events import backend_for
 from .lifeline import LAUNCHER_PID_ENV, parent_death_signal
 from .profiling import PROFILE_DIR_ENV
 from .runs import RunRecord, set_command, tail_lines
@@ -409,7 +410,7 @@ class Launch(Stoppable):
             _signal_pid_and_group(self.proc.pid, signal.SIGTERM)
         self._put(RUN_START.event({"run_id": rec.id, "command": cmd, "nproc": self.spec.placement.nproc,
                                    "device": self.spec.placement.device, "note": self.spec.placement.note,
-                                   "lesson": rec.lesson}))
+                                   "backend": backend_for(self.spec.placement.device), "lesson": rec.lesson}))
         for target in (self._read_output, self._tail_events):
             t = threading.Thread(target=target, daemon=True, name=f"distai-{target.__name__}")
             t.start()

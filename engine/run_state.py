@@ -111,7 +111,7 @@ class RunState:
             if self.status == "starting":
                 self.status = "running"
             if e.get("name") == "start":
-                self.backend = e.get("backend")
+                self.backend = e.get("backend") or self.backend
                 self.nproc = e.get("n", self.nproc)
             if e.get("name") == "train":
                 self.steps_of = e.get("steps")

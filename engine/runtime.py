@@ -12,7 +12,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .events import EventSink
+from .events import EventSink, backend_for
 from .lifeline import watch_launcher
 from .profiling import RankProfile, start_profiler, stop_profiler
 
@@ -51,7 +51,7 @@ def init_distributed(timeout_s: float | None = None) -> DistContext:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = choose_device(local_rank)
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    backend = backend_for(device.type)
     timeout = timedelta(seconds=float(timeout_s or os.environ.get(TIMEOUT_ENV, "120")))
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, timeout=timeout, device_id=device if backend == "nccl" else None)

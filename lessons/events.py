@@ -167,6 +167,7 @@ class RunStart(Envelope):
     command: NotRequired[list[str]]
     nproc: NotRequired[int | None]
     device: NotRequired[str | None]
+    backend: NotRequired[str]  # the process group's: gloo on CPU processes, nccl on GPUs
     note: NotRequired[str | None]
     relaunch: NotRequired[int]
 

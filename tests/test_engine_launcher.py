@@ -465,6 +465,10 @@ def test_json_run_streams_events_live(launches):
     assert r["rc"] == 0, r["stderr"][-3000:]
     kinds = [e["kind"] for e in r["events"]]
     assert kinds[0] == "run_start" and kinds[-1] == "run_end" and r["events"][-1]["status"] == "ok"
+    # the backend the launcher announces is the one the ranks joined (the run header names it)
+    assert r["events"][0]["backend"] == "gloo"
+    assert {e["backend"] for e in r["events"] if "backend" in e} == {"gloo"} and len(
+        [e for e in r["events"] if "backend" in e]) > 1
     steps = [e for e in r["events"] if e["kind"] == "step"]
     assert [e["step"] for e in steps] == list(range(60))
     assert "summary" in kinds and any(e["kind"] == "output" for e in r["events"])
