@@ -85,7 +85,7 @@ class Option:
             return choice
         text = str(text)
         try:
-            value: float = _PARSERS[self.kind](text)
+            value: float = _PARSERS[self.kind](text, lang)
         except ValueError as exc:  # a UnitError in the learner's language
             why = exc.text(lang) if isinstance(exc, TranslatedError) else str(exc)
             raise CalcError(f"{self.flag}: {why}") from None
@@ -110,24 +110,25 @@ class Option:
         return value
 
 
-def _per_byte(text: str) -> float:
+def _per_byte(text: str, lang: str) -> float:
     """β in s/B, given as a time per byte or as a bandwidth (its inverse)."""
     if any(tag in text for tag in ("/s", "bps", "Bps")):
-        bandwidth = units.parse_bandwidth(text.strip())
+        bandwidth = units.parse_bandwidth(text.strip(), lang)
         if not bandwidth > 0:
             raise units.UnitError.keyed("positive_bandwidth", text=repr(text))
         return 1.0 / bandwidth
-    return units.parse_time(text.strip())
+    return units.parse_time(text.strip(), lang)
 
 
-def _flops(text: str) -> float:
+def _flops(text: str, lang: str) -> float:
     """A peak compute figure: 989e12, 989T, 989 TFLOP/s, 989TFLOPS."""
-    return units.parse_count(re.sub(r"\s*flop(s|/s)?\s*$", "", text.strip(), flags=re.IGNORECASE))
+    return units.parse_count(re.sub(r"\s*flop(s|/s)?\s*$", "", text.strip(), flags=re.IGNORECASE), lang)
 
 
-_PARSERS: dict[str, Callable[[str], float]] = {
+# each kind's parser, given the text and the learner's language: "1,500" is 1.5 in Spanish, 1500 in English
+_PARSERS: dict[str, Callable[[str, str], float]] = {
     "whole": units.parse_count, "count": units.parse_count, "bytes": units.parse_size,
-    "capacity": lambda text: units.parse_size(text, smallest=1e6, what="gpu_memory"),
+    "capacity": lambda text, lang: units.parse_size(text, lang, smallest=1e6, what="gpu_memory"),
     "time": units.parse_time, "bandwidth": units.parse_bandwidth, "per-byte": _per_byte,
     "flops": _flops, "number": units.parse_number,
 }

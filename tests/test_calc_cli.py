@@ -101,6 +101,16 @@ def test_allreduce(capsys):
     assert r2["steps"] == 8 and r2["size_bytes"] == 64 << 20
 
 
+@pytest.mark.parametrize("lang,size,expected", [
+    ("es", "1,500MB", 1.5e6), ("es", "1.500MB", 1.5e9), ("es", "1,5GB", 1.5e9), ("es", "1.5GB", 1.5e9),
+    ("en", "1,500MB", 1.5e9), ("en", "1.500MB", 1.5e6),
+])
+def test_numbers_read_as_the_learners_language_writes_them(capsys, lang, size, expected):
+    """Spanish "1,500MB" is 1,5 MB, as distai writes it back; the calculators read it as 1500 MB."""
+    r = calc_json(capsys, "allreduce", "--bytes", size, "--ranks", "8", "--lang", lang)
+    assert r["size_bytes"] == pytest.approx(expected)
+
+
 def test_checkpoint(capsys):
     r = calc_json(capsys, "checkpoint", "--mtbf", "24h", "--cost", "5min", "--restart", "10min")
     assert r["young_interval_s"] == pytest.approx(7200)

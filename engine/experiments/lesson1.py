@@ -81,8 +81,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="this rank never reaches the barrier after training (its peers name it)")
     args = p.parse_args(argv)
     try:
-        args.sweep_min_bytes = int(parse_bytes(args.sweep_min))
-        args.sweep_max_bytes = int(parse_bytes(args.sweep_max))
+        args.sweep_min_bytes = int(parse_bytes(args.sweep_min, run_language()))  # "1,5MB" is Spanish 1.5 MB
+        args.sweep_max_bytes = int(parse_bytes(args.sweep_max, run_language()))
     except UnitError as exc:
         p.error(exc.text(run_language()))
     except ValueError as exc:
