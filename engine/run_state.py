@@ -81,7 +81,7 @@ class RunState:
 
     @property
     def finished(self) -> bool:
-        return self.status in ("ok", "failed", "stopped", "killed")
+        return self.status in ("ok", "failed", "stopped", "killed", "damaged")
 
     def _add_loss(self, e: dict[str, Any]) -> None:
         given = e.get("rank")
@@ -151,20 +151,25 @@ class RunState:
 
 def replay_events(record) -> list[dict[str, Any]]:
     """A finished (or crashed) run's events as the live consumer saw them, from its folder."""
+    recorded = list(record.events())
+    start_t, duration_s = record.created, record.duration_s
+    if record.status == "damaged":  # no record of its start or length: its events' own times say them
+        times = [e["t"] for e in recorded if isinstance(e.get("t"), (int, float))]
+        start_t, duration_s = (min(times), max(times) - min(times)) if times else (record.created, None)
     events: list[dict[str, Any]] = [RUN_START.event({
-        "t": record.created, "run_id": record.id, "lesson": record.lesson, "nproc": record.config.get("nproc"),
+        "t": start_t, "run_id": record.id, "lesson": record.lesson, "nproc": record.config.get("nproc"),
         "device": record.config.get("device"), "note": record.config.get("note"), "command": record.command,
     })]
-    events.extend(record.events())
+    events.extend(recorded)
     for rank_file in sorted(record.logs_dir.glob("rank*.log")) if record.logs_dir.is_dir() else []:
         rank = int(rank_file.stem[4:])
         for line in rank_file.read_text(encoding="utf-8", errors="replace").splitlines()[-50:]:
             events.append(OUTPUT.event({"rank": rank, "line": line, "t": None}))
     status = record.effective_status
-    end_t = record.created + (record.duration_s or 0.0)
+    end_t = start_t + (duration_s or 0.0)
     if status != "running":
         events.append(RUN_END.event({
             "t": end_t, "run_id": record.id, "status": status, "exit_code": record.exit_code,
             "error": record.error if record.error or status != "killed" else "the launcher was killed before the run ended",
-            "failed_rank": record.failed_rank, "tail": record.error_tail, "duration_s": record.duration_s}))
+            "failed_rank": record.failed_rank, "tail": record.error_tail, "duration_s": duration_s}))
     return events

@@ -144,6 +144,8 @@ _REASONS = [(re.compile(pattern, re.S), key) for pattern, key in (
     (r"torchrun exited with code (?P<code>-?\d+)", "torchrun_code"),
     (r"launcher error: (?P<error>.*)", "launcher_error"),
     (r"run\.json cannot be read: (?P<error>.*)", "damaged"),
+    (r"run\.json is cut short or is not JSON", "damaged_json"),
+    (r"run\.json lacks what a run's record holds", "damaged_fields"),
 )]
 
 
@@ -279,8 +281,14 @@ def _damaged(directory: Path, exc: Exception) -> RunRecord:
         created = directory.stat().st_mtime
     except OSError:
         created = 0.0
+    if isinstance(exc, OSError):
+        why = f"{RUN_FILE} cannot be read: {exc.strerror or exc}"
+    elif isinstance(exc, ValueError):  # json's JSONDecodeError among them
+        why = f"{RUN_FILE} is cut short or is not JSON"
+    else:
+        why = f"{RUN_FILE} lacks what a run's record holds"
     return RunRecord(id=directory.name, lesson=lesson, module="", created=created, path=str(directory),
-                     status="damaged", error=f"{RUN_FILE} cannot be read: {type(exc).__name__}")
+                     status="damaged", error=why)
 
 
 def find_run(root: str | os.PathLike, ident: str) -> RunRecord:

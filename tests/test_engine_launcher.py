@@ -542,4 +542,16 @@ def test_a_run_whose_record_cannot_be_read_is_listed_as_damaged(tmp_path):
     runs = {r.id: r for r in list_runs(tmp_path)}
     assert runs[good.id].status == "running" and runs[bad.id].status == "damaged" and runs[bad.id].lesson == "lesson6"
     assert find_run(tmp_path, bad.id).status == "damaged"
-    assert reason_text(runs[bad.id].error, "es") == "no se puede leer run.json: JSONDecodeError"
+    assert reason_text(runs[bad.id].error, "es") == \
+        "run.json está cortado o no es JSON (sus eventos se reproducen igual)"  # not "JSONDecodeError"
+    # its replay ends as damaged, timed by its events (not from the folder's mtime, nor counting on)
+    from distai.engine.run_state import RunState, replay_events
+    from distai.lessons.events import STEP
+
+    (bad.dir / "events").mkdir(exist_ok=True)
+    (bad.dir / "events" / "rank0.jsonl").write_text(
+        "\n".join(json.dumps(STEP.event({"step": k, "loss": 1.0, "t": 1000.0 + k, "rank": 0})) for k in range(3)) + "\n")
+    state = RunState()
+    for event in replay_events(find_run(tmp_path, bad.id)):
+        state.feed(event)
+    assert state.finished and state.status == "damaged" and state.clock(now=5e9) == 2.0
