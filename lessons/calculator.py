@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from . import units
 from .model_size import ShapeError
-from .strings import TranslatedError, detect_language, strings, translated
+from .strings import TranslatedError, detect_language, has, strings, translated
 
 REQUIRED = ...  # an option the learner must give (Typer's spelling of "no default")
 LARGEST_COUNT = 2 ** 53  # the largest count an option takes unless it says otherwise
@@ -202,6 +202,12 @@ def labels(name: str, lang: str) -> Callable[..., str]:
     def say(key: str, /, **fields) -> str:
         return translated("calc", f"{name}.{key}", lang, **fields)
     return say
+
+
+def choice_name(choice: str, lang: str) -> str:
+    """A choice option's value (``ring``, ``interleaved``, ``mixed``) as the learner reads it in ``lang``
+    (``lessons/catalog/calc.toml`` ``[<lang>.names]``), the value itself where the catalog has none."""
+    return translated("calc", f"names.{choice}", lang) if has("calc", f"names.{choice}") else choice
 
 
 def bytes_text(n, lang: str = "en") -> str:

@@ -242,3 +242,15 @@ def test_plan_memory_rejections_read_as_more_than_the_usable(capsys):
     assert code == 0
     line = next(x for x in out.splitlines() if "usable" in x and "×" in x)
     assert "need 80.002 GB per GPU or more (the nearest miss), more than the usable 80 GB" in line
+
+
+def test_choices_are_named_in_the_learners_language(capsys):
+    """Spanish output said "All-reduce (ring)", "comparación: tree …; naive …", "Pipeline interleaved", "adam, mixed"."""
+    _, out, _ = run(capsys, "calc", "allreduce", "-s", "1GB", "-n", "8", "--lang", "es")
+    assert out.startswith("All-reduce (anillo)") and "comparación: árbol" in out and "; ingenuo" in out
+    _, out, _ = run(capsys, "calc", "bubble", "-p", "8", "-m", "32", "--schedule", "interleaved", "-v", "4", "--lang", "es")
+    assert out.startswith("Pipeline 1F1B intercalada:")
+    _, out, _ = run(capsys, "calc", "memory", "--params", "70B", "--dp", "64", "--strategy", "zero3", "--lang", "es")
+    assert out.startswith("Memoria por GPU: ZeRO-3,") and "Adam, precisión mixta (K = 12)" in out
+    _, out, _ = run(capsys, "calc", "memory", "--params", "70B", "--dp", "64", "--strategy", "zero3", "--lang", "en")
+    assert "ZeRO-3" in out and "Adam, mixed precision" in out

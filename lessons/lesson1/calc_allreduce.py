@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .. import units
-from ..calculator import Calculator, Option, bytes_text, labels, table
+from ..calculator import Calculator, Option, bytes_text, choice_name, labels, table
 from . import formulas as f
 
 
@@ -26,7 +26,7 @@ def text(r: dict, lang: str = "en") -> list[str]:
     bw_txt = units.format_bandwidth(1 / b, lang=lang) if b > 0 else "∞"
     others = [x for x in f.ALGORITHMS if x != algo]
     return [
-        say("head", algo=algo, size=units.format_bytes(S, lang=lang), n=n, alpha=units.format_time(a, lang=lang),
+        say("head", algo=choice_name(algo, lang), size=units.format_bytes(S, lang=lang), n=n, alpha=units.format_time(a, lang=lang),
             bw=bw_txt),
         *table([
             (say("time"), units.format_time(t, lang=lang)),
@@ -38,7 +38,7 @@ def text(r: dict, lang: str = "en") -> list[str]:
              f"{units.format_bandwidth(r['busbw_bytes_per_s'], lang=lang)}"),
         ]),
         say("compare", others=units.number_separator(lang).join(
-            f"{x} {units.format_time(f.allreduce_time(S, n, a, b, x), lang=lang)}" for x in others)),
+            f"{choice_name(x, lang)} {units.format_time(f.allreduce_time(S, n, a, b, x), lang=lang)}" for x in others)),
     ]
 
 

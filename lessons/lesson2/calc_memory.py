@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 from .. import units
-from ..calculator import CalcError, Calculator, Option, bytes_text, labels, table
+from ..calculator import CalcError, Calculator, Option, bytes_text, choice_name, labels, table
 from . import formulas as f
 
 SHAPE = ("layers", "hidden", "seq", "micro_batch", "heads")
@@ -35,8 +35,8 @@ def compute(v: dict) -> dict:
 
 def text(r: dict, lang: str = "en") -> list[str]:
     t, say = r["tp"], labels("memory", lang)
-    lines = [say("head", strategy=r["strategy"], params=units.format_count(r["params"], lang=lang), dp=r["dp"],
-                 tp=f", t = {t}" if t > 1 else "", optimizer=r["optimizer"], precision=r["precision"], k=r["k"],
+    lines = [say("head", strategy=choice_name(r["strategy"], lang), params=units.format_count(r["params"], lang=lang), dp=r["dp"],
+                 tp=f", t = {t}" if t > 1 else "", optimizer=choice_name(r["optimizer"], lang), precision=choice_name(r["precision"], lang), k=r["k"],
                  moments=say("moments_bf16") if r["moments"] == "bf16" else "")]
     rows = [(say("params"), bytes_text(r["params_bytes"], lang)), (say("grads"), bytes_text(r["grads_bytes"], lang)),
             (say("optimizer"), bytes_text(r["optimizer_bytes"], lang))]

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .. import units
-from ..calculator import Calculator, Option, labels, table
+from ..calculator import Calculator, Option, choice_name, labels, table
 from . import formulas as f
 
 
@@ -17,7 +17,7 @@ def text(r: dict, lang: str = "en") -> list[str]:
     p, m, v = r["stages"], r["microbatches"], r["chunks"]
     say = labels("bubble", lang)
     return [
-        say("head", schedule=r["schedule"], p=p, m=m, chunks=say("chunks", v=v) if v > 1 else "",
+        say("head", schedule=choice_name(r["schedule"], lang), p=p, m=m, chunks=say("chunks", v=v) if v > 1 else "",
             engine=f.ENGINE_NAMES[r["engine"]]),
         *table([
             (say("fraction"), units.format_percent(r["bubble_fraction"], lang=lang)),
