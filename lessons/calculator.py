@@ -29,6 +29,7 @@ LARGEST_COUNT = 2 ** 53  # the largest count an option takes unless it says othe
 # what an option's text is parsed as
 KINDS = (
     "whole",     # a whole count with units (128k, 7.5B): at least 1 unless ``minimum`` says otherwise
+    "length",    # a whole number of tokens, K = 1024 (128k = 131072, as model cards count context)
     "count",     # a count, not necessarily whole (70B parameters)
     "bytes",     # 1GB, 64MiB, 4e8: whole bytes; a lone B (70B: bytes or billions?) is refused
     "capacity",  # a GPU's memory (80GB): as bytes, and a bare number below 1 MB asks "did you mean 80GB?"
@@ -89,10 +90,10 @@ class Option:
         except ValueError as exc:  # a UnitError in the learner's language
             why = exc.text(lang) if isinstance(exc, TranslatedError) else str(exc)
             raise CalcError(f"{self.flag}: {why}") from None
-        minimum = 1 if self.kind == "whole" and self.minimum is None else self.minimum
+        minimum = 1 if self.kind in ("whole", "length") and self.minimum is None else self.minimum
         # a count past 2^53 is no model's or cluster's, and a float no longer holds it exactly
-        maximum = LARGEST_COUNT if self.kind in ("whole", "count") and self.maximum is None else self.maximum
-        if self.kind == "whole":
+        maximum = LARGEST_COUNT if self.kind in ("whole", "length", "count") and self.maximum is None else self.maximum
+        if self.kind in ("whole", "length"):
             if value != math.floor(value):
                 raise refused("whole")
             value = int(value)
@@ -127,7 +128,7 @@ def _flops(text: str, lang: str) -> float:
 
 # each kind's parser, given the text and the learner's language: "1,500" is 1.5 in Spanish, 1500 in English
 _PARSERS: dict[str, Callable[[str, str], float]] = {
-    "whole": units.parse_count, "count": units.parse_count, "bytes": units.parse_size,
+    "whole": units.parse_count, "length": units.parse_length, "count": units.parse_count, "bytes": units.parse_size,
     "capacity": lambda text, lang: units.parse_size(text, lang, smallest=1e6, what="gpu_memory"),
     "time": units.parse_time, "bandwidth": units.parse_bandwidth, "per-byte": _per_byte,
     "flops": _flops, "number": units.parse_number,

@@ -153,6 +153,16 @@ def parse_count(text, lang: str = "en") -> float:
     return _with_unit(text, lang, COUNT_UNITS, " ".join(unit.lower().rstrip(".").split()), "count_suffix")
 
 
+# a length in tokens: K is 1024, as model cards count context (Llama 3.1's 128K is 131,072 tokens)
+LENGTH_UNITS = {"": 1, "k": 1024, "m": 1024 ** 2}
+
+
+def parse_length(text, lang: str = "en") -> float:
+    """A sequence or context length in tokens: ``4096``, ``32k`` → 32768, ``128K`` → 131072, ``1M`` → 1048576."""
+    unit = _unit_of(text)
+    return _with_unit(text, lang, LENGTH_UNITS, unit.lower(), "length_suffix")
+
+
 def parse_bytes(text, lang: str = "en") -> float:
     """A size in bytes: ``64MiB`` → 67108864, ``2GB`` → 2e9, ``16,6 GB`` → 1.66e10, ``512`` → 512."""
     unit = _unit_of(text)

@@ -125,8 +125,8 @@ def test_kvcache(capsys):
     assert r["bytes_per_token"] == 327_680
     r = calc_json(capsys, "kvcache", "--layers", "80", "--kv-heads", "8", "--head-dim", "128", "--dtype", "fp8",
                   "--tokens", "128k", "--tp", "4", "--pp", "2")
-    assert r["total_bytes"] == 163_840 * 128_000
-    assert r["per_gpu_bytes"] == 2 * 40 * 2 * 128 * 1 * 128_000
+    assert r["total_bytes"] == 163_840 * 131_072  # 128k tokens: K = 1024
+    assert r["per_gpu_bytes"] == 2 * 40 * 2 * 128 * 1 * 131_072
 
 
 def test_tp_comm(capsys):
@@ -254,3 +254,12 @@ def test_choices_are_named_in_the_learners_language(capsys):
     assert out.startswith("Memoria por GPU: ZeRO-3,") and "Adam, precisión mixta (K = 12)" in out
     _, out, _ = run(capsys, "calc", "memory", "--params", "70B", "--dp", "64", "--strategy", "zero3", "--lang", "en")
     assert "ZeRO-3" in out and "Adam, mixed precision" in out
+
+
+def test_context_lengths_count_k_as_1024_tokens(capsys):
+    """'--tokens 32k' was 32,000 tokens; a 32K context is 32,768 (Llama 3.1's 128K is 131,072)."""
+    r = calc_json(capsys, "kvcache", "--layers", "80", "--kv-heads", "8", "--head-dim", "128", "--tokens", "32k")
+    assert r["tokens"] == 32768 and r["total_bytes"] == 2 * 80 * 8 * 128 * 2 * 32768
+    code, _, err = run(capsys, "calc", "kvcache", "--layers", "80", "--kv-heads", "8", "--head-dim", "128",
+                       "--tokens", "32B")
+    assert code == 2 and "k = 1024" in err and len(err.strip().splitlines()) == 1

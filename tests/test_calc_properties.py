@@ -76,7 +76,7 @@ def finite(*values):
 
 
 STRATEGIES = {
-    "whole": st.one_of(SMALL, COUNTS), "count": COUNTS, "bytes": SIZES, "capacity": SIZES, "time": TIMES,
+    "whole": st.one_of(SMALL, COUNTS), "length": st.one_of(SMALL, _with(["", "k", "K", "M", "B"])), "count": COUNTS, "bytes": SIZES, "capacity": SIZES, "time": TIMES,
     "bandwidth": BANDWIDTHS, "per-byte": st.one_of(TIMES, BANDWIDTHS),
     "flops": st.builds(lambda n, u: n + u, _numbers(), st.sampled_from(["", "T", " TFLOP/s", "TFLOPS", "P"])),
     "number": st.one_of(st.sampled_from(["0.9", "1", "0.5", "0", "1.5", "-1"]), _numbers()),

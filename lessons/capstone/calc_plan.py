@@ -192,7 +192,7 @@ CALCULATOR = Calculator(
         Option("--hidden", "whole", default=None),
         Option("--heads", "whole", default=None),
         Option("--kv-heads", "whole", default=None),
-        Option("--seq", "whole", default=None),
+        Option("--seq", "length", default=None),
         Option("--global-batch", "whole", default=None),
         Option("--gpus", "whole", maximum=1 << 20, default=None),
         Option("--gpu-mem", "capacity", minimum=0, strict_min=True, default=None),

@@ -60,7 +60,7 @@ def text(r: dict, lang: str = "en") -> list[str]:
 CALCULATOR = Calculator(
     name="context",
     options=(
-        Option("--seq", "whole"),
+        Option("--seq", "length"),
         Option("--hidden", "whole"),
         Option("--heads", "whole"),
         Option("--kv-heads", "whole"),

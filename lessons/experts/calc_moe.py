@@ -63,7 +63,7 @@ CALCULATOR = Calculator(
         Option("--kv-heads", "whole"),
         Option("--shared-experts", "whole", default="0", minimum=0),
         Option("--ep", "whole", default="1"),
-        Option("--tokens", "whole", default="4096"),
+        Option("--tokens", "length", default="4096"),
         Option("--capacity-factor", "number", default="1.25",
                minimum=0, strict_min=True),
         Option("--dtype", "choice", default="bf16",

@@ -63,7 +63,7 @@ CALCULATOR = Calculator(
         Option("--moments", "choice", default="fp32", choices=tuple(f.MOMENT_BYTES)),
         Option("--layers", "whole", default=None),
         Option("--hidden", "whole", default=None),
-        Option("--seq", "whole", default=None),
+        Option("--seq", "length", default=None),
         Option("--micro-batch", "whole", default=None),
         Option("--heads", "whole", default=None),
         Option("--tp", "whole", default="1"),

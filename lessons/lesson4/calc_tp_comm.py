@@ -31,7 +31,7 @@ CALCULATOR = Calculator(
     name="tp-comm",
     options=(
         Option("--hidden", "whole"),
-        Option("--seq", "whole"),
+        Option("--seq", "length"),
         Option("--micro-batch", "whole", default="1"),
         Option("--tp", "whole"),
         Option("--sequence-parallel", "flag", default=False),

@@ -32,7 +32,7 @@ CALCULATOR = Calculator(
         Option("--kv-heads", "whole"),
         Option("--head-dim", "whole"),
         Option("--dtype", "choice", default="fp16", choices=DTYPES),
-        Option("--tokens", "whole"),
+        Option("--tokens", "length"),
         Option("--tp", "whole", default="1"),
         Option("--pp", "whole", default="1"),
     ),

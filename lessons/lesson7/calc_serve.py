@@ -117,7 +117,7 @@ CALCULATOR = Calculator(
         Option("--internode-alpha", "time", default="10us", minimum=0),
         Option("--gpus-per-node", "whole", default="8"),
         Option("--memory-util", "number", default="0.9"),
-        Option("--prompt", "whole", default="2048"),
+        Option("--prompt", "length", default="2048"),
         Option("--output", "whole", default="2048"),
         Option("--ttft-slo", "time", minimum=0, strict_min=True),
         Option("--tpot-slo", "time", minimum=0, strict_min=True),
