@@ -181,3 +181,18 @@ def test_lessons_table_keeps_its_columns_and_says_what_its_scores_mean(isolated_
     notes = " ".join(" ".join(lines[11:]).split())
     assert notes.startswith("Quiz: tu mejor nota") and "Dominio: la parte de los tipos de pregunta" in notes
     assert "`" not in notes  # markdown's backticks are the tutor's, not the shell's
+
+
+def test_lang_before_the_command_is_the_language_of_the_command(isolated_distai_home, monkeypatch, capsys):
+    """`distai --lang es lessons` and `distai calc --lang es allreduce …` answered "no such option --lang"
+    in Spanish; `runs export` took no --lang at all."""
+    monkeypatch.setenv("DISTAI_LANG", "en")  # restored after the test: --lang before a command sets it
+    assert cli.main(["--lang", "es", "lessons"]) == 0 and "lección" in capsys.readouterr().out
+    monkeypatch.setenv("DISTAI_LANG", "en")
+    assert cli.main(["calc", "--lang", "es", "allreduce", "-s", "1GB", "-n", "8"]) == 0
+    assert capsys.readouterr().out.startswith("All-reduce (anillo)")
+    monkeypatch.setenv("DISTAI_LANG", "en")
+    assert cli.main(["--lang", "xx", "lessons"]) == 2
+    assert capsys.readouterr().err.strip() == "distai: error: unknown language 'xx'; choose one of en, es"
+    assert cli.main(["runs", "export", "nope", "--lang", "es"]) == 2
+    assert "nope" in capsys.readouterr().err

@@ -129,15 +129,29 @@ def _version_callback(value: bool) -> None:
         raise typer.Exit()
 
 
+def adopt_language(explicit: str | None) -> None:
+    """``--lang`` given before a command (``distai --lang es lessons``, ``distai calc --lang es …``):
+    checked, then the language of every command after it (as ``DISTAI_LANG``)."""
+    if explicit is not None:
+        os.environ[LANG_ENV] = language_or_fail(explicit)
+
+
 @app.callback(invoke_without_command=True)
 def root(
     ctx: typer.Context,
     version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True,
                                  help=HELP["version"]),
+    lang: str | None = typer.Option(None, "--lang", help=LANG_HELP),
 ) -> None:
     """A terminal tutor and live laboratory for distributed AI."""
+    adopt_language(lang)
     if ctx.invoked_subcommand is None:
         typer.echo(ctx.get_help())
+
+
+@calc_app.callback()
+def calc_root(lang: str | None = typer.Option(None, "--lang", help=LANG_HELP)) -> None:
+    adopt_language(lang)
 
 
 @app.command(help=HELP["tutor"])

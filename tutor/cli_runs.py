@@ -18,7 +18,16 @@ import typer
 from ..engine.runs import reason_text
 from ..lessons.events import json_ready
 from ..lessons.units import format_fixed
-from .cli import HELP, LANG_HELP, CliError, app, language_or_fail, lesson_or_fail, os_error_text
+from .cli import (
+    HELP,
+    LANG_HELP,
+    CliError,
+    adopt_language,
+    app,
+    language_or_fail,
+    lesson_or_fail,
+    os_error_text,
+)
 
 # ------------------------------------------------------------------------------------ distai runs
 RUNS = HELP["runs"]
@@ -40,6 +49,7 @@ def runs_list(
     lang: str | None = typer.Option(None, "--lang", help=LANG_HELP),
 ) -> None:
     if ctx.invoked_subcommand is not None:
+        adopt_language(lang)  # distai runs --lang es show …
         return
     from ..lessons.strings import strings, translated
 
@@ -155,12 +165,13 @@ def runs_export(
                             help=RUNS["export_format"]),
     output: str | None = typer.Option(None, "--output", "-o",
                                       help=RUNS["export_output"]),
+    lang: str | None = typer.Option(None, "--lang", help=LANG_HELP),
 ) -> None:
     from ..engine.runs import RunNotFound, find_run
     from ..lessons.strings import translated
     from .paths import runs_root
 
-    language = language_or_fail(None)
+    language = language_or_fail(lang)
     say = lambda key, **f: translated("cli", f"runs.errors.{key}", language, **f)  # noqa: E731
     if fmt not in EXPORT_FORMATS:
         raise CliError(say("format", formats=", ".join(EXPORT_FORMATS), value=repr(fmt)))
