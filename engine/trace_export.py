@@ -335,7 +335,8 @@ def metric_rows(events: Iterable[dict]) -> list[dict]:
                 if key in _NOT_METRICS or isinstance(value, bool) or not isinstance(value, (int, float)):
                     continue
                 rows.append({"step": e.get("step"), "rank": e.get("rank"),
-                             "name": f"{series}.{key}" if series else key, "value": float(value)})
+                             "name": f"{series}.{key}" if series else key,
+                             "value": value if isinstance(value, int) else float(value)})  # a count stays whole
     return rows
 
 

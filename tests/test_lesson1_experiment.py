@@ -152,3 +152,19 @@ def test_the_ring_formula_is_checked_against_the_measured_all_reduce(run):
             assert causes["size_regime"] == pytest.approx(
                 d["pair_s"] - 2 * (N - 1) * (d["alpha_s"] + -(-d["size"] // 4 // N) * 4 * d["beta_s_per_byte"]))
     assert_checks_hold(events, {"allreduce_small", "allreduce_large"})
+
+
+def test_the_trace_holds_every_ranks_steps_and_each_sweep_size(run):
+    """The exported trace had rank 0's steps alone, and nothing of the bandwidth sweep (most of the run)."""
+    from distai.engine.trace_export import chrome_trace
+
+    _, events = run
+    trace = chrome_trace(events)["traceEvents"]
+    spans = [e for e in trace if e.get("ph") == "X"]
+    steps = len(of(events, "step"))
+    sizes = [row["size"] for row in of(events, "sweep")]
+    assert steps > 0 and sizes
+    for rank in range(N):
+        mine = [e for e in spans if e["pid"] == rank or e.get("args", {}).get("rank") == rank]
+        assert len([e for e in mine if e["name"].startswith("step ")]) == steps, rank
+        assert len([e for e in mine if e["name"].startswith("sweep ")]) == len(sizes), rank

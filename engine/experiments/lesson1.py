@@ -29,13 +29,14 @@ import statistics
 import time
 
 from ...lessons.checks import Check, check
-from ...lessons.events import CHECK, LOG
+from ...lessons.events import CHECK, LOG, SPAN
 from ...lessons.lesson1 import formulas
 from ...lessons.lesson1.events import FIT, PHASE, RING_CHECK, STEP, SWEEP, Phase
 from ...lessons.model_size import ModelSize, add_model_options
 from ...lessons.units import (
     UnitError,
     format_bandwidth,
+    format_bytes,
     format_fixed,
     format_number,
     format_time,
@@ -174,6 +175,9 @@ def train(ctx, args, progress: Progress) -> list[float]:
         if ctx.rank == 0:
             STEP.emit(ctx.events, {"step": s.step, "of": args.steps, "loss": s.loss, "compute_s": s.compute_s,
                                    "comm_s": s.comm_s, "grad_bytes": s.grad_bytes, "t0": step_started[0]})
+        else:  # the other ranks' steps on the trace too (rank 0's step event carries the run's numbers)
+            SPAN.emit(ctx.events, {"name": f"step {s.step}", "stream": "compute", "t0": step_started[0],
+                                   "t1": time.time(), "step": s.step})
         progress.advance("train")
         step_started[0] = time.time()
 
@@ -195,6 +199,7 @@ def sweep(ctx, args, progress: Progress) -> list[dict]:
     phase(ctx, {"name": "sweep", "sizes": sizes, "n": n})
     rows: list[dict] = []
     for k, size in enumerate(sizes):
+        started = time.time()
         x = torch.zeros(size // 4, dtype=torch.float32, device=ctx.device)
         call = 1000 + k
         trace = ctx.events if args.trace in ("first", "all") else None
@@ -224,6 +229,9 @@ def sweep(ctx, args, progress: Progress) -> list[dict]:
         rows.append(row)
         if ctx.rank == 0:
             SWEEP.emit_fields(ctx.events, row)
+        # each size's measurement on the trace, every rank's (ring and dist.all_reduce, iters times each)
+        SPAN.emit(ctx.events, {"name": f"sweep {format_bytes(size, binary=True)}", "stream": "comm",
+                               "t0": started, "t1": time.time(), "bytes": size})
         progress.advance("sweep")
         del x
     return rows
