@@ -17,6 +17,7 @@ Nothing here imports torch or the tutor: the caller passes the root folder.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -92,6 +93,7 @@ class RunRecord:
         known = {f for f in cls.__dataclass_fields__}
         record = cls(**{k: v for k, v in data.items() if k in known})
         record.path = str(Path(directory))
+        record.id = Path(directory).name  # the folder names the run: a copied folder is a run of its own
         return record
 
     # -- derived -------------------------------------------------------------------------------
@@ -145,6 +147,7 @@ _REASONS = [(re.compile(pattern, re.S), key) for pattern, key in (
     (r"launcher error: (?P<error>.*)", "launcher_error"),
     (r"run\.json cannot be read: (?P<error>.*)", "damaged"),
     (r"run\.json is cut short or is not JSON", "damaged_json"),
+    (r"run\.json is missing", "damaged_missing"),
     (r"run\.json lacks what a run's record holds", "damaged_fields"),
 )]
 
@@ -258,7 +261,8 @@ def set_command(record: RunRecord, command: list[str]) -> None:
 
 
 def list_runs(root: str | os.PathLike) -> list[RunRecord]:
-    """Every run folder under ``root``, newest first (folders without ``run.json`` are skipped)."""
+    """Every run folder under ``root``, newest first: a folder with events or logs but no readable
+    ``run.json`` is listed as damaged (other folders are not runs)."""
     root = Path(root)
     if not root.is_dir():
         return []
@@ -269,6 +273,8 @@ def list_runs(root: str | os.PathLike) -> list[RunRecord]:
                 runs.append(RunRecord.load(child))
             except (OSError, ValueError, TypeError) as exc:  # listed as damaged, not hidden: its events may replay
                 runs.append(_damaged(child, exc))
+        elif (child / "events").is_dir() or (child / "logs").is_dir():
+            runs.append(_damaged(child, FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT))))
     return sorted(runs, key=lambda r: r.created, reverse=True)
 
 
@@ -281,7 +287,9 @@ def _damaged(directory: Path, exc: Exception) -> RunRecord:
         created = directory.stat().st_mtime
     except OSError:
         created = 0.0
-    if isinstance(exc, OSError):
+    if isinstance(exc, FileNotFoundError):
+        why = f"{RUN_FILE} is missing"
+    elif isinstance(exc, OSError):
         why = f"{RUN_FILE} cannot be read: {exc.strerror or exc}"
     elif isinstance(exc, ValueError):  # json's JSONDecodeError among them
         why = f"{RUN_FILE} is cut short or is not JSON"

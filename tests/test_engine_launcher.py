@@ -555,3 +555,31 @@ def test_a_run_whose_record_cannot_be_read_is_listed_as_damaged(tmp_path):
     for event in replay_events(find_run(tmp_path, bad.id)):
         state.feed(event)
     assert state.finished and state.status == "damaged" and state.clock(now=5e9) == 2.0
+
+
+def test_a_copied_run_folder_is_a_run_of_its_own_and_one_without_its_record_is_damaged(tmp_path, capsys,
+                                                                                         monkeypatch):
+    """A copy was listed under the original's id (twice), a folder without run.json vanished, and a run
+    without its events exported 'it ended before its first step'."""
+    import shutil
+
+    from distai.engine.runs import find_run, list_runs, reason_text
+    from distai.tutor.cli import main
+
+    original = create_run(tmp_path, "lesson1", "distai.engine.experiments.lesson1")
+    (original.dir / "events").mkdir(exist_ok=True)
+    copy = tmp_path / f"{original.id}-copy"
+    shutil.copytree(original.dir, copy)
+    orphan = tmp_path / "20261206-000000-lesson5-abcd"
+    (orphan / "events").mkdir(parents=True)
+    (tmp_path / "notes").mkdir()  # not a run: no record, no events, no logs
+    runs = {r.id: r for r in list_runs(tmp_path)}
+    assert set(runs) == {original.id, copy.name, orphan.name}
+    assert find_run(tmp_path, copy.name).path == str(copy)
+    assert runs[orphan.name].status == "damaged" and runs[orphan.name].lesson == "lesson5"
+    assert reason_text(runs[orphan.name].error, "es") == "falta run.json (sus eventos se reproducen igual)"
+    shutil.rmtree(copy / "events")
+    monkeypatch.setenv("DISTAI_HOME", str(tmp_path.parent))
+    monkeypatch.setattr("distai.tutor.paths.runs_root", lambda: tmp_path)
+    assert main(["runs", "export", str(copy), "--lang", "en"]) == 1
+    assert "has no events folder" in capsys.readouterr().err

@@ -105,6 +105,8 @@ def runs_show(
         record = settle_killed(find_run(runs_root(), run_id))
     except RunNotFound as exc:
         raise CliError(exc.text(language)) from None
+    if not record.events_dir.is_dir():  # what the record says is all there is to replay
+        typer.echo(translated("cli", "runs.errors.no_events", language, id=record.id, path=record.events_dir), err=True)
     events = replay_events(record)
     view: JsonView | TerminalView
     if as_json:
@@ -145,6 +147,8 @@ def export_text(record, fmt: str, lang: str = "en") -> str:
     from ..engine import trace_export as tx
     from ..lessons.strings import translated
 
+    if not record.events_dir.is_dir():
+        raise CliError(translated("cli", "runs.errors.no_events", lang, id=record.id, path=record.events_dir), code=1)
     events = record.events()
     if fmt == "chrome-trace":
         trace = tx.chrome_trace(events, run_id=record.id, lesson=record.lesson)
