@@ -67,7 +67,9 @@ def test_unreadable_answer_is_asked_again_then_counted_wrong(home, monkeypatch, 
     code, out, _ = run_quiz(monkeypatch, capsys, f"what?\n{right}\n", "3", "--seed", "2", "--count", "1")
     assert "try again" in out and "Score: 1/1" in out
     code, out, _ = run_quiz(monkeypatch, capsys, "x\ny\nz\n", "3", "--seed", "2", "--count", "1")
-    assert "No readable answer" in out and "Score: 0/1" in out
+    assert "No readable answer (could not read 'z'" in out and "Score: 0/1" in out  # the last try's why too
+    code, out, _ = run_quiz(monkeypatch, capsys, "", "3", "--seed", "2", "--count", "2")
+    assert out.rstrip().endswith("Input ended before the first answer: nothing saved.")  # not "after 0 of 2"
 
 
 def test_real_pipe(home):

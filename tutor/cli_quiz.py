@@ -65,7 +65,7 @@ def run_quiz(questions, store, session_lesson, lang: str, header: str) -> int:
                 if out.correct:
                     typer.echo(T["right"])
                 elif not out.check.valid:
-                    typer.echo(T["unread"].format(answer=q.answer_text()))
+                    typer.echo(T["unread"].format(msg=out.check.message, answer=q.answer_text()))
                 else:
                     typer.echo(T["wrong"].format(given=_given(q, out.check, text), answer=q.answer_text()))
                 typer.echo(T["why"].format(text=q.explanation))
@@ -79,8 +79,10 @@ def run_quiz(questions, store, session_lesson, lang: str, header: str) -> int:
         typer.echo(T["score"].format(c=session.correct, n=n, pct=pct))
         if session.saved:
             typer.echo(T["saved"])
-    else:
+    elif session.answered:
         typer.echo(T["ended"].format(a=session.answered, n=n))
+    else:
+        typer.echo(T["ended_none"])
     return 0
 
 
