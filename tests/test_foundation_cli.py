@@ -196,3 +196,12 @@ def test_lang_before_the_command_is_the_language_of_the_command(isolated_distai_
     assert capsys.readouterr().err.strip() == "distai: error: unknown language 'xx'; choose one of en, es"
     assert cli.main(["runs", "export", "nope", "--lang", "es"]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+def test_help_shows_flags_without_a_type_and_lang_with_its_choices(monkeypatch):
+    """`--json <bool>` read as if it took a value (`--json true` is refused); `--lang <str>` hid its choices."""
+    monkeypatch.setenv("COLUMNS", "100")
+    res = run_cli("runs", "--help")
+    rows = {line.split()[1]: line for line in res.stdout.splitlines() if line.startswith("│ --")}
+    assert "<bool>" not in res.stdout and "<" not in rows["--json"] and "<" not in rows["--help"]
+    assert "en|es" in rows["--lang"] and "<int>" in rows["--limit"]

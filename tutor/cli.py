@@ -38,6 +38,26 @@ def _help_language(argv: list[str]) -> str:
 HELP_LANG = _help_language(sys.argv[1:])
 HELP = strings("cli", HELP_LANG)
 
+def _flags_show_no_type() -> None:
+    """Typer's rich help writes ``<bool>`` beside a flag (``--json <bool>``), as if it took a value;
+    ``--json true`` is refused. A flag's row shows no type, as click's own help does."""
+    try:
+        from typer.core import TyperOption
+    except ImportError:  # another Typer: its own help
+        return
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is None or getattr(shown, "_distai", False):
+        return
+
+    def display_type_rich(self, ctx):
+        return None if self.is_flag else shown(self, ctx)
+
+    display_type_rich._distai = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_flags_show_no_type()
+
 app = typer.Typer(
     name="distai",
     help=HELP["app"],
@@ -141,7 +161,7 @@ def root(
     ctx: typer.Context,
     version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True,
                                  help=HELP["version"]),
-    lang: str | None = typer.Option(None, "--lang", help=LANG_HELP),
+    lang: str | None = typer.Option(None, "--lang", metavar="en|es", help=LANG_HELP),
 ) -> None:
     """A terminal tutor and live laboratory for distributed AI."""
     adopt_language(lang)
@@ -150,14 +170,14 @@ def root(
 
 
 @calc_app.callback()
-def calc_root(lang: str | None = typer.Option(None, "--lang", help=LANG_HELP)) -> None:
+def calc_root(lang: str | None = typer.Option(None, "--lang", metavar="en|es", help=LANG_HELP)) -> None:
     adopt_language(lang)
 
 
 @app.command(help=HELP["tutor"])
 def tutor(
     lesson: str | None = typer.Option(None, "--lesson", "-l", help=HELP["tutor_lesson"].format(numbers=lesson_numbers())),
-    lang: str | None = typer.Option(None, "--lang", help=LANG_HELP),
+    lang: str | None = typer.Option(None, "--lang", metavar="en|es", help=LANG_HELP),
 ) -> None:
     """Start the Textual tutor."""
     language = language_or_fail(lang)
@@ -170,7 +190,7 @@ def tutor(
 @app.command(help=HELP["lessons"].format(n=len(all_lessons())))
 def lessons(
     as_json: bool = typer.Option(False, "--json", help=HELP["lessons_json"]),
-    lang: str | None = typer.Option(None, "--lang", help=LANG_HELP),
+    lang: str | None = typer.Option(None, "--lang", metavar="en|es", help=LANG_HELP),
 ) -> None:
     language = language_or_fail(lang)
     from .progress import lesson_mastery

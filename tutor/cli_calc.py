@@ -92,7 +92,7 @@ def command_for(calc: Calculator):
     params.append(inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
                                     default=typer.Option(False, "--json", help=JSON_HELP)))
     params.append(inspect.Parameter("lang", inspect.Parameter.KEYWORD_ONLY, annotation=str | None,
-                                    default=typer.Option(None, "--lang", help=LANG_HELP)))
+                                    default=typer.Option(None, "--lang", metavar="en|es", help=LANG_HELP)))
 
     def command(**given) -> None:
         as_json, lang = given.pop("as_json"), given.pop("lang")

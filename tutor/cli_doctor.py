@@ -86,7 +86,7 @@ def doctor(
     as_json: bool = typer.Option(False, "--json", help=HELP["doctor_json"]),
     quick: bool = typer.Option(False, "--quick", help=HELP["doctor_quick"]),
     ranks: int = typer.Option(None, "--ranks", help=HELP["doctor_ranks"]),
-    lang: str | None = typer.Option(None, "--lang", help=LANG_HELP),
+    lang: str | None = typer.Option(None, "--lang", metavar="en|es", help=LANG_HELP),
 ) -> None:
     language = language_or_fail(lang)
     if ranks is not None and not 2 <= ranks <= 64:

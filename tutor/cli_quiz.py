@@ -93,7 +93,7 @@ def quiz(
     count: str = typer.Option("5", "--count", "-n", metavar="N", help=HELP["quiz_count"]),
     seed: str | None = typer.Option(None, "--seed", metavar="N", help=HELP["quiz_seed"]),
     review: bool = typer.Option(False, "--review", help=HELP["quiz_review"]),
-    lang: str | None = typer.Option(None, "--lang", help=LANG_HELP),
+    lang: str | None = typer.Option(None, "--lang", metavar="en|es", help=LANG_HELP),
 ) -> None:
     """Quiz yourself on a lesson's formulas and ideas (the help text is the catalog's ``cli.quiz``)."""
     import random

@@ -362,7 +362,7 @@ def run_cmd(
     debug: bool = typer.Option(False, "--debug", help=HELP["run_debug"]),
     profile: bool = typer.Option(False, "--profile", help=HELP["run_profile"]),
     max_restarts: int | None = typer.Option(None, "--max-restarts", help=HELP["run_max_restarts"]),
-    lang: str | None = typer.Option(None, "--lang", help=LANG_HELP),
+    lang: str | None = typer.Option(None, "--lang", metavar="en|es", help=LANG_HELP),
 ) -> None:
     """Launch the lesson's real torch.distributed experiment (the help text is the catalog's ``cli.run``)."""
     language = language_or_fail(lang)

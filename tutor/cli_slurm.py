@@ -20,7 +20,7 @@ def slurm(
     account: str | None = typer.Option(None, "--account", help=HELP["slurm_account"]),
     port: int | None = typer.Option(None, "--port", help=HELP["slurm_port"]),
     output: Path | None = typer.Option(None, "--output", "-o", help=HELP["slurm_output"]),
-    lang: str | None = typer.Option(None, "--lang", help=LANG_HELP),
+    lang: str | None = typer.Option(None, "--lang", metavar="en|es", help=LANG_HELP),
 ) -> None:
     # the script itself is for SLURM and stays English; what the terminal shows is in the learner's language
     language = language_or_fail(lang)
