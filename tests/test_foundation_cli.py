@@ -170,8 +170,9 @@ def test_help_counts_the_lessons_from_the_registry():
         assert f"{numbers[0]}-{numbers[-1]}, lessonN" in out, (command, out)
 
 
-def test_lessons_table_keeps_its_columns_and_says_what_its_scores_mean(isolated_distai_home, capsys):
+def test_lessons_table_keeps_its_columns_and_says_what_its_scores_mean(isolated_distai_home, capsys, monkeypatch):
     """Lesson 10 pushed its row one column right; "dominio" and "quiz" were not explained anywhere in it."""
+    monkeypatch.setenv("COLUMNS", "200")
     assert cli.main(["lessons", "--lang", "es"]) == 0
     lines = capsys.readouterr().out.splitlines()
     head, rows = lines[0], lines[1:11]
@@ -205,3 +206,14 @@ def test_help_shows_flags_without_a_type_and_lang_with_its_choices(monkeypatch):
     rows = {line.split()[1]: line for line in res.stdout.splitlines() if line.startswith("│ --")}
     assert "<bool>" not in res.stdout and "<" not in rows["--json"] and "<" not in rows["--help"]
     assert "en|es" in rows["--lang"] and "<int>" in rows["--limit"]
+
+
+def test_lessons_table_fits_an_80_column_terminal(isolated_distai_home, capsys, monkeypatch):
+    """Its rows were 111 to 122 characters: at 80 columns the slug column goes and the titles wrap."""
+    monkeypatch.setenv("COLUMNS", "80")
+    assert cli.main(["lessons", "--lang", "es"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in lines) < 80 and "nombre corto" not in lines[0]
+    table = lines[:lines.index("")]
+    titles = " ".join(line[5:].split("  ")[0].strip() for line in table[1:])
+    assert "Sharding de modelo y optimizador (ZeRO y FSDP)" in " ".join(titles.split())  # wrapped, whole

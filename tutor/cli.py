@@ -210,22 +210,32 @@ def lessons(
     if as_json:
         typer.echo(json.dumps(rows, ensure_ascii=False, indent=2))
         return
-    width = max(len(r["title"]) for r in rows)
-    head = strings("tutor", language)["progress_columns"]
-
-    w = [max(len(head[i]), n) for i, n in ((1, 3), (2, 5), (3, 4), (4, 7), (5, 4))]  # the column's head fits
-    number = max(len(str(r["number"])) for r in rows)  # lesson 10 keeps the columns in line
-    typer.echo(f" {'#':>{number}}  {head[0]:<{width}}  {head[1]:>{w[0]}}  {head[2]:>{w[1]}}  {head[3]:>{w[2]}}  "
-               f"{head[4]:>{w[3]}}  {head[5]:>{w[4]}}  {head[6]}")
-    for r in rows:
-        steps_txt = f"{r['steps_done']}/{r['steps_total']}"
-        best, mastery = format_score(r["best_quiz"], language), format_score(r["mastery"], language)
-        typer.echo(f" {r['number']:>{number}}  {r['title']:<{width}}  {r['duration_min']:>{w[0]}}  {steps_txt:>{w[1]}}  "
-                   f"{best:>{w[2]}}  {mastery:>{w[3]}}  {r['runs']:>{w[4]}}  {r['slug']}")
-    # what the two scores mean, as the tutor's progress screen says it
     import shutil
     import textwrap
 
+    head = strings("tutor", language)["progress_columns"]
+    w = [max(len(head[i]), n) for i, n in ((1, 3), (2, 5), (3, 4), (4, 7), (5, 4))]  # the column's head fits
+    number = max(len(str(r["number"])) for r in rows)  # lesson 10 keeps the columns in line
+    columns = shutil.get_terminal_size((200, 24)).columns - 1  # piped: the whole table
+    slug_width = max(len(head[6]), *(len(r["slug"]) for r in rows))
+    numbers_width = 1 + number + sum(2 + x for x in w)
+    title_width = max(len(head[0]), *(len(r["title"]) for r in rows))
+    show_slug = numbers_width + 2 + title_width + 2 + slug_width <= columns
+    if not show_slug:  # a narrow terminal: no slug column, and the titles wrap in theirs
+        title_width = max(len(head[0]), min(title_width, columns - numbers_width - 2))
+    slug_head = f"  {head[6]}" if show_slug else ""
+    typer.echo(f" {'#':>{number}}  {head[0]:<{title_width}}  {head[1]:>{w[0]}}  {head[2]:>{w[1]}}  {head[3]:>{w[2]}}  "
+               f"{head[4]:>{w[3]}}  {head[5]:>{w[4]}}{slug_head}")
+    for r in rows:
+        steps_txt = f"{r['steps_done']}/{r['steps_total']}"
+        best, mastery = format_score(r["best_quiz"], language), format_score(r["mastery"], language)
+        title, *more = textwrap.wrap(r["title"], title_width) or [""]
+        slug = f"  {r['slug']}" if show_slug else ""
+        typer.echo(f" {r['number']:>{number}}  {title:<{title_width}}  {r['duration_min']:>{w[0]}}  {steps_txt:>{w[1]}}  "
+                   f"{best:>{w[2]}}  {mastery:>{w[3]}}  {r['runs']:>{w[4]}}{slug}")
+        for line in more:
+            typer.echo(f" {'':>{number}}  {line}")
+    # what the two scores mean, as the tutor's progress screen says it
     typer.echo()
     for explained in (translated("tutor", "best_quiz_explained", language),
                       translated("tutor", "mastery_explained", language)):
