@@ -583,3 +583,27 @@ def test_a_copied_run_folder_is_a_run_of_its_own_and_one_without_its_record_is_d
     monkeypatch.setattr("distai.tutor.paths.runs_root", lambda: tmp_path)
     assert main(["runs", "export", str(copy), "--lang", "en"]) == 1
     assert "has no events folder" in capsys.readouterr().err
+
+
+def test_the_run_view_wraps_between_its_fields_not_inside_them():
+    """At 80 columns lesson 1's view read "step" / "40/40", "finished ·" / "6.7 s"."""
+    from rich.console import Console
+
+    from distai.engine.run_state import RunState
+    from distai.tutor.cli_run import render_state
+
+    state = RunState()
+    events = [{"kind": "run_start", "run_id": "20261206-015447-lesson1-b529", "nproc": 2, "device": "cpu",
+               "backend": "gloo", "t": 0.0},
+              *({"kind": "step", "rank": 0, "step": k, "of": 40, "loss": 4.7 - k / 100, "comm_s": 0.00167,
+                 "compute_s": 0.00739, "t": 0.1 * k} for k in range(40)),
+              {"kind": "run_end", "status": "ok", "duration_s": 6.5, "t": 6.5}]
+    for e in events:
+        state.feed(e)
+    for width in (60, 80, 100, 140):
+        console = Console(width=width, record=True, file=open(os.devnull, "w"))
+        console.print(render_state(state, "distai run lesson1"))
+        lines = console.export_text().splitlines()
+        assert all(len(line) <= width for line in lines)
+        for field in ("finished", "· 6.5 s", "step 40/40", "comm 1.67 ms", "2 × cpu (gloo)"):
+            assert any(field in line for line in lines), (width, field, lines)  # whole, on one line

@@ -186,6 +186,28 @@ def output_lines(state, summary: bool, lang: str = "en"):
     return out if out else None
 
 
+class Fields:
+    """Styled fields on one line that wraps only between them ("step" / "40/40" and "finished ·" /
+    "6.7 s" split at 80 columns); a field wider than the whole line wraps on its own."""
+
+    def __init__(self, fields: list):
+        self.fields = fields
+
+    def __rich_console__(self, console, options):
+        from rich.text import Text
+
+        line = Text()
+        for field in self.fields:
+            if line.cell_len and line.cell_len + len(field.plain.rstrip()) > options.max_width:
+                line.rstrip()
+                yield line
+                field = field[len(field.plain) - len(field.plain.lstrip()):]  # a new line starts at its text
+                line = Text()
+            line.append_text(field)
+        line.rstrip()
+        yield line
+
+
 def render_state(state, title: str = "distai run", extra=None, width: int = 100, now: float | None = None,
                  summary: bool = False, lang: str = "en"):
     """A Rich renderable of a :class:`~distai.engine.run_state.RunState` (plus a lesson's own view), in
@@ -198,12 +220,11 @@ def render_state(state, title: str = "distai run", extra=None, width: int = 100,
     from rich.text import Text
 
     parts: list[RenderableType] = []
-    head = Text()
-    head.append(f"{title} ", style="bold")
+    head: list[Text] = [Text(f"{title} ", style="bold")]  # fields: the line wraps between them, not inside
     if state.run_id:
-        head.append(f"· {state.run_id} ", style="dim")
+        head.append(Text(f"· {state.run_id} ", style="dim"))
     if state.nproc:
-        head.append(f"· {state.nproc} × {state.device or '?'}{' (' + state.backend + ')' if state.backend else ''} ")
+        head.append(Text(f"· {state.nproc} × {state.device or '?'}{' (' + state.backend + ')' if state.backend else ''} "))
     from ..lessons.strings import has
     from ..lessons.units import format_fixed, format_number
 
@@ -211,9 +232,9 @@ def render_state(state, title: str = "distai run", extra=None, width: int = 100,
     status = translated("run", state.status, lang) if has("run", state.status) else state.status
     shown = (translated("run", "starting_status", lang) if state.ranks_starting
              else status if state.finished else (phase_text(state.phase, lang) or status))
-    head.append(f"· {shown} ", style="cyan")
-    head.append(f"· {format_fixed(state.clock(now), 1, lang)} s", style="dim")
-    parts.append(head)
+    head.append(Text(f"· {shown} ", style="cyan"))
+    head.append(Text(f"· {format_fixed(state.clock(now), 1, lang)} s", style="dim"))
+    parts.append(Fields(head))
     if state.note:
         parts.append(Text(state.note, style="yellow"))
     bar = Table.grid(padding=(0, 1))
@@ -222,14 +243,14 @@ def render_state(state, title: str = "distai run", extra=None, width: int = 100,
 
     if state.losses:
         last = state.last_step or {}
-        line = Text(say("train"), style="bold")
-        line.append(say("loss", first=format_fixed(state.losses[0], 4, lang), last=format_fixed(state.losses[-1], 4, lang)))
-        line.append(sparkline(state.losses, 40), style="green")
-        line.append(say("step", k=last.get("step", 0) + 1, n=state.steps_of or "?"))
+        loss = Text(say("train"), style="bold")
+        loss.append(say("loss", first=format_fixed(state.losses[0], 4, lang), last=format_fixed(state.losses[-1], 4, lang)))
+        fields = [loss, Text(sparkline(state.losses, 40), style="green"),
+                  Text(say("step", k=last.get("step", 0) + 1, n=state.steps_of or "?"))]
         if last.get("comm_s") is not None:
-            line.append(say("comm", comm=_fmt_time(last["comm_s"], lang), compute=_fmt_time(last["compute_s"], lang)),
-                        style="dim")
-        parts.append(line)
+            fields.append(Text(say("comm", comm=_fmt_time(last["comm_s"], lang), compute=_fmt_time(last["compute_s"], lang)),
+                               style="dim"))
+        parts.append(Fields(fields))
     if extra is not None:
         parts.extend(extra.renderables(width))
     if state.checks:  # the lesson's predictions against this run's measurements (issue 28)
