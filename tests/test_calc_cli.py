@@ -263,3 +263,23 @@ def test_context_lengths_count_k_as_1024_tokens(capsys):
     code, _, err = run(capsys, "calc", "kvcache", "--layers", "80", "--kv-heads", "8", "--head-dim", "128",
                        "--tokens", "32B")
     assert code == 2 and "k = 1024" in err and len(err.strip().splitlines()) == 1
+
+
+def test_prose_lines_fit_the_terminal_and_tables_stay_whole(capsys, monkeypatch):
+    """calc plan's 'step …' and 'memory per GPU …' lines ran to 143 and 176 characters at 80 columns."""
+    from distai.tutor.cli_calc import fit_prose
+
+    line = "  step 21.1 s: compute 19 s (GEMMs at 79.1% of peak), TP 815 ms, CP 0 s, PP 174 ms, EP 0 s, bubble 1.09 s"
+    parts = fit_prose(line, 40)
+    assert all(len(p) <= 40 for p in parts) and all(p.startswith("    ") for p in parts[1:])
+    assert " ".join(" ".join(parts).split()) == " ".join(line.split())
+    assert not any(p.rstrip().endswith(("21.1", "815", "1.09")) for p in parts)  # a number keeps its unit
+    row = "    1    2   1   8     4   1 on   1    3 none       1   72.6 GB    21.1 s  71.1%  5.19%"
+    assert fit_prose(row, 40) == [row]
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, _ = run(capsys, "calc", "plan", "--params", "70B", "--layers", "80", "--hidden", "8192", "--heads", "64",
+                       "--gpus", "64", "--seq", "4096", "--global-batch", "512", "--gpu-mem", "80GB")
+    assert code == 0
+    prose = [line for line in out.splitlines() if "  " not in line.strip()]
+    assert prose and max(len(line) for line in prose) < 80
+    assert "1,671 × need" in out  # the counts grouped as the total above them

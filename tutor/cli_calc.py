@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import shutil
 
 import typer
 
@@ -62,8 +63,10 @@ def run_calculator(calc: Calculator, given: dict, as_json: bool, lang: str | Non
     if as_json:
         typer.echo(json.dumps(_jsonable(result), ensure_ascii=False, indent=2))
     else:
+        width = shutil.get_terminal_size((200, 24)).columns - 1  # piped: lines as they are
         for line in calc.text(result, language):
-            typer.echo(line)
+            for part in fit_prose(line, width):
+                typer.echo(part)
 
 
 def _metavar(option) -> str | None:
@@ -84,6 +87,21 @@ def _parameter(calc: Calculator, option) -> inspect.Parameter:
         default = option.default
     return inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
                              default=typer.Option(default, *names, help=calc.option_help(option, HELP_LANG), metavar=_metavar(option)))
+
+
+def fit_prose(line: str, width: int) -> list[str]:
+    """``line`` wrapped to ``width`` under its own indent plus two, never between a number and its unit
+    (``wrap_text``, the one rule); a table's row (columns two spaces apart) is left whole."""
+    body = line.lstrip(" ")
+    if len(line) <= width or "  " in body.rstrip():
+        return [line]
+    from rich.text import Text
+
+    from ..visualizers.ring_drawing import wrap_text
+
+    indent = len(line) - len(body)
+    lines = wrap_text(Text(body), width - indent, hanging=2)
+    return [" " * indent + part.plain.rstrip() for part in lines]
 
 
 def command_for(calc: Calculator):

@@ -176,7 +176,7 @@ def text(r: dict, lang: str = "en") -> list[str]:
                 usable_bytes = r["inputs"]["gpu_memory_bytes"] * r["inputs"]["memory_util"]
                 need, usable = units.format_bytes_apart(example["memory_bytes"], usable_bytes, lang)
                 reason = say("memory_group", memory=need, usable=usable)
-            lines.append(f"  {len(items):>5} × {reason}" + (" …" if len(items) > 1 else ""))
+            lines.append(f"  {whole(len(items)):>6} × {reason}" + (" …" if len(items) > 1 else ""))
     return lines
 
 
