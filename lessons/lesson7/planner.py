@@ -178,8 +178,10 @@ def _texts(key: str, **fields) -> dict[str, str]:
                              **{k: v(lang) if callable(v) else v for k, v in fields.items()}) for lang in LANGUAGES}
 
 
-def _gb(n: float, digits: int):
-    return lambda lang: units.format_fixed(n / 1e9, digits, lang) + " GB"
+def _bytes_apart(more: float, less: float):
+    """Two sizes as the learner reads them, with the digits it takes for the larger to read larger."""
+    return (lambda lang: units.format_bytes_apart(more, less, lang)[0],
+            lambda lang: units.format_bytes_apart(more, less, lang)[1])
 
 
 def _ms(seconds: float, digits: int | None = None):
@@ -209,14 +211,17 @@ def evaluate(m: ModelSpec, hw: Hardware, wl: Workload, tp: int, pp: int) -> Cand
     if c.free_bytes <= 0:
         c.reason = "memory"
         usable = c.usable_bytes
-        _detail(c, _texts("weights", weights=_gb(w_gpu, 1), usable=_gb(usable, 1),
-                          util=lambda lang: units.format_fixed_percent(hw.memory_util, 0, lang), memory=_gb(hw.gpu_memory, 0)))
+        weights, usable_text = _bytes_apart(w_gpu, usable)
+        _detail(c, _texts("weights", weights=weights, usable=usable_text,
+                          util=lambda lang: units.format_fixed_percent(hw.memory_util, 0, lang),
+                          memory=lambda lang: units.format_bytes(hw.gpu_memory, lang=lang)))
         return c
     per_token = kv_seq / ctx
     c.max_seqs = f.max_kv_tokens(c.free_bytes, per_token) // ctx
     if c.max_seqs < 1:
         c.reason = "memory"
-        _detail(c, _texts("kv", free=_gb(c.free_bytes, 2), kv=_gb(kv_seq, 2), tokens=ctx))
+        kv, free = _bytes_apart(kv_seq, c.free_bytes)
+        _detail(c, _texts("kv", free=free, kv=kv, tokens=lambda lang: units.format_integer(ctx, lang)))
         return c
     c.ttft_s = ttft(m, hw, wl, tp, pp)
     limit = min(c.max_seqs, wl.max_batch)
