@@ -283,3 +283,15 @@ def test_prose_lines_fit_the_terminal_and_tables_stay_whole(capsys, monkeypatch)
     prose = [line for line in out.splitlines() if "  " not in line.strip()]
     assert prose and max(len(line) for line in prose) < 80
     assert "1,671 × need" in out  # the counts grouped as the total above them
+
+
+def test_counts_read_as_counts(capsys):
+    """'on 1 ranks'; moe's default 4096 tokens per GPU printed as '4.1k'."""
+    _, out, _ = run(capsys, "calc", "allreduce", "-s", "64MiB", "-n", "1")
+    assert " on 1 rank," in out
+    _, out, _ = run(capsys, "calc", "allreduce", "-s", "64MiB", "-n", "4", "--lang", "es")
+    assert " en 4 ranks," in out
+    code, out, err = run(capsys, "calc", "moe", "--layers", "32", "--hidden", "4096", "--ffn", "14336", "--experts", "8",
+                         "--top-k", "2", "--vocab", "32000", "--heads", "32", "--kv-heads", "8")
+    assert code == 0, err
+    assert "4,096 tokens per GPU" in out.splitlines()[0]
