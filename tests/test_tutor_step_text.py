@@ -239,8 +239,8 @@ def test_every_code_step_shows_its_listing_whole_inside_the_pane(monkeypatch):
         async with app.run_test(size=SIZES[0]) as pilot:
             async for size, lang, lesson in _each_lesson(app, pilot):
                 steps = [i for i, step in enumerate(lesson.steps) if step.code]
-                if not steps:
-                    continue
+                if not steps or lang != "en":
+                    continue  # a listing is its source file, the same in both languages: checked once per size
                 screen = LessonScreen(lesson, start=steps[0])
                 await app.push_screen(screen)
                 await pilot.pause()
@@ -265,7 +265,7 @@ def test_every_code_step_shows_its_listing_whole_inside_the_pane(monkeypatch):
                 await app.pop_screen()
         return checked
 
-    assert asyncio.run(walk()) >= 4 * len([s for lesson in all_lessons() for s in lesson.steps if s.code])
+    assert asyncio.run(walk()) >= 2 * len([s for lesson in all_lessons() for s in lesson.steps if s.code])
 
 
 def test_column_widths_share_what_is_left_evenly():
