@@ -20,6 +20,7 @@ Usage::
     check_headers(lang)                   # the column titles, in cells()' order
     check_lines(events, lang)             # the same table as plain aligned text lines (title first)
     check_lines(events, lang, width)      # ... each name on a line of its own where a row is wider
+    table_lines(rows, lang, width)        # the same lines, each with its part ("row", ...) and its row
 
 A check's ``name`` is a key of ``[name]`` in the catalog and each cause a key of ``[cause]``; a
 lesson adds its own there (a name without one shows as written). Units: ``s`` (time), ``B`` (bytes),
@@ -37,7 +38,7 @@ from .events import CHECK
 from .strings import has, translated
 from .units import format_bandwidth, format_bytes, format_fixed, format_number, format_percent, format_time
 
-__all__ = ["CheckRow", "check_rows", "check_headers", "check_lines", "format_value", "check_label",
+__all__ = ["CheckRow", "check_rows", "check_headers", "check_lines", "table_lines", "format_value", "check_label",
            "cause_label", "COLUMNS"]
 
 #: the table's columns, in order (catalog keys of checks.toml); a missed check's causes go on a line under it
@@ -156,7 +157,12 @@ def check_lines(events: Iterable[Mapping[str, Any]], lang: str, width: int | Non
     aligned, each missed check's explanation indented under it (empty when the run checked nothing).
     Where a row would be wider than ``width``, each check's name gets a line of its own and its
     numbers go under it, aligned under the numbers' headers (the run panel's half-width column)."""
-    rows = check_rows(events, lang)
+    return [text for _part, text, _row in table_lines(check_rows(events, lang), lang, width)]
+
+
+def table_lines(rows: list[CheckRow], lang: str, width: int | None = None) -> list[tuple[str, str, CheckRow | None]]:
+    """:func:`check_lines` of ``rows``, each line with what it is: ``("title" | "header" | "label" | "row" |
+    "explanation", text, its row or None)``, for a view that styles each part (``tutor/check_table.py``)."""
     if not rows:
         return []
     headers = check_headers(lang)
@@ -172,11 +178,12 @@ def check_lines(events: Iterable[Mapping[str, Any]], lang: str, width: int | Non
         return "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
                          for i, (cell, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
 
-    lines = [translated("checks", "title", lang), line(headers)]
+    lines: list[tuple[str, str, CheckRow | None]] = [("title", translated("checks", "title", lang), None),
+                                                     ("header", line(headers), None)]
     for row in rows:
         if stacked:
-            lines.append(row.label)
-        lines.append(line(row.cells()))
+            lines.append(("label", row.label, row))
+        lines.append(("row", line(row.cells()), row))
         if row.explanation:
-            lines.append("  " + row.explanation)
+            lines.append(("explanation", "  " + row.explanation, row))
     return lines

@@ -1,8 +1,8 @@
 """The check table as a Rich renderable: ``distai run``'s summary, ``distai runs show`` and the run
 panel draw a run's checks with it (rows and layout from ``lessons/check_view``: ``check_rows``,
-``check_lines``).
+``table_lines``).
 
-Usage: ``table = check_table(events, lang)`` (a Rich ``Group``; None when the run checked nothing); ``events`` is any
+Usage: ``table = check_table(events, lang)`` (a Rich renderable; None when the run checked nothing); ``events`` is any
 iterable of run events (``RunState.checks`` keeps a run's ``check`` events as they arrive).
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..lessons.check_view import check_lines, check_rows
+from ..lessons.check_view import check_rows, table_lines
 
 
 def check_table(events: Iterable[Mapping[str, Any]], lang: str):
@@ -18,34 +18,29 @@ def check_table(events: Iterable[Mapping[str, Any]], lang: str):
     line of its own where a row would not fit): the title and headers in bold, each verdict coloured
     (green ok, yellow explained, red not explained), each missed check's causes dimmed under it,
     wrapped under their own indent; None without checks."""
-    events = list(events)
     rows = check_rows(events, lang)
-    return _CheckTable(events, rows, lang) if rows else None
+    return _CheckTable(rows, lang) if rows else None
 
 
 class _CheckTable:
-    def __init__(self, events: list, rows: list, lang: str):
-        self.events, self.rows, self.lang = events, rows, lang
+    def __init__(self, rows: list, lang: str):
+        self.rows, self.lang = rows, lang
 
     def __rich_console__(self, console, options):
         from rich.text import Text
 
-        lines = check_lines(self.events, self.lang, options.max_width)
-        title, header, *body = lines
-        # stacked: check_lines gave each name a line of its own, one more line per row
-        stacked = len(body) > len(self.rows) + sum(bool(r.explanation) for r in self.rows)
-        yield Text(title, style="bold magenta")
-        yield Text(header, style="bold")
-        for row in self.rows:
-            if stacked:
-                yield Text(body.pop(0), style="bold")
-            line = Text(body.pop(0))
-            line.stylize("green" if row.ok else "yellow" if row.explained else "bold red",
-                         len(line) - len(row.verdict))
-            yield line
-            if row.explanation:
-                indent = len(body[0]) - len(body[0].lstrip())
-                yield _Indented(Text(body.pop(0).lstrip(), style="dim"), indent)
+        style = {"title": "bold magenta", "header": "bold", "label": "bold"}
+        for part, text, row in table_lines(self.rows, self.lang, options.max_width):
+            if part == "row" and row is not None:
+                line = Text(text)
+                line.stylize("green" if row.ok else "yellow" if row.explained else "bold red",
+                             len(line) - len(row.verdict))
+                yield line
+            elif part == "explanation":
+                body = text.lstrip()
+                yield _Indented(Text(body, style="dim"), len(text) - len(body))
+            else:
+                yield Text(text, style=style[part])
 
 
 class _Indented:
