@@ -81,6 +81,11 @@ LESSON_HELP = HELP["lesson"].format(numbers=lesson_numbers())
 LANG_HELP = HELP["lang"]
 
 
+def lang_option():
+    """Every command's ``--lang`` (and ``distai --lang es <command>``'s): en or es, else DISTAI_LANG or the locale."""
+    return typer.Option(None, "--lang", metavar="en|es", help=LANG_HELP)
+
+
 class CliError(Exception):
     """An error the learner caused: printed as one line, exit code 2 unless told otherwise."""
 
@@ -161,7 +166,7 @@ def root(
     ctx: typer.Context,
     version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True,
                                  help=HELP["version"]),
-    lang: str | None = typer.Option(None, "--lang", metavar="en|es", help=LANG_HELP),
+    lang: str | None = lang_option(),
 ) -> None:
     """A terminal tutor and live laboratory for distributed AI."""
     adopt_language(lang)
@@ -170,14 +175,14 @@ def root(
 
 
 @calc_app.callback()
-def calc_root(lang: str | None = typer.Option(None, "--lang", metavar="en|es", help=LANG_HELP)) -> None:
+def calc_root(lang: str | None = lang_option()) -> None:
     adopt_language(lang)
 
 
 @app.command(help=HELP["tutor"])
 def tutor(
     lesson: str | None = typer.Option(None, "--lesson", "-l", help=HELP["tutor_lesson"].format(numbers=lesson_numbers())),
-    lang: str | None = typer.Option(None, "--lang", metavar="en|es", help=LANG_HELP),
+    lang: str | None = lang_option(),
 ) -> None:
     """Start the Textual tutor."""
     language = language_or_fail(lang)
@@ -190,7 +195,7 @@ def tutor(
 @app.command(help=HELP["lessons"].format(n=len(all_lessons())))
 def lessons(
     as_json: bool = typer.Option(False, "--json", help=HELP["lessons_json"]),
-    lang: str | None = typer.Option(None, "--lang", metavar="en|es", help=LANG_HELP),
+    lang: str | None = lang_option(),
 ) -> None:
     language = language_or_fail(lang)
     from .progress import lesson_mastery
@@ -240,7 +245,7 @@ def lessons(
     for explained in (translated("tutor", "best_quiz_explained", language),
                       translated("tutor", "mastery_explained", language)):
         explained = explained.replace("`", "")
-        typer.echo(textwrap.fill(explained, width=min(100, shutil.get_terminal_size().columns - 1),
+        typer.echo(textwrap.fill(explained, width=min(100, columns),
                                  initial_indent=" ", subsequent_indent=" ", break_on_hyphens=False))
 
 

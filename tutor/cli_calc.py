@@ -20,7 +20,7 @@ import typer
 from ..lessons.calculator import REQUIRED, CalcError, Calculator
 from ..lessons.registry import all_calculators
 from ..lessons.strings import has, strings, translated
-from .cli import HELP, HELP_LANG, LANG_HELP, CliError, calc_app, language_or_fail
+from .cli import HELP, HELP_LANG, CliError, calc_app, lang_option, language_or_fail
 
 JSON_HELP = HELP["calc_json"]
 
@@ -110,7 +110,7 @@ def command_for(calc: Calculator):
     params.append(inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
                                     default=typer.Option(False, "--json", help=JSON_HELP)))
     params.append(inspect.Parameter("lang", inspect.Parameter.KEYWORD_ONLY, annotation=str | None,
-                                    default=typer.Option(None, "--lang", metavar="en|es", help=LANG_HELP)))
+                                    default=lang_option()))
 
     def command(**given) -> None:
         as_json, lang = given.pop("as_json"), given.pop("lang")

@@ -8,7 +8,7 @@ import typer
 
 from ..lessons.strings import strings, translated
 from ..lessons.units import format_fixed, format_number, format_plain, format_time
-from .cli import HELP, LANG_HELP, CliError, app, language_or_fail
+from .cli import HELP, CliError, app, lang_option, language_or_fail
 
 
 def _gb_s(bps: float, lang: str) -> str:
@@ -86,7 +86,7 @@ def doctor(
     as_json: bool = typer.Option(False, "--json", help=HELP["doctor_json"]),
     quick: bool = typer.Option(False, "--quick", help=HELP["doctor_quick"]),
     ranks: int = typer.Option(None, "--ranks", help=HELP["doctor_ranks"]),
-    lang: str | None = typer.Option(None, "--lang", metavar="en|es", help=LANG_HELP),
+    lang: str | None = lang_option(),
 ) -> None:
     language = language_or_fail(lang)
     if ranks is not None and not 2 <= ranks <= 64:

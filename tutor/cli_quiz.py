@@ -14,7 +14,16 @@ import typer
 
 from ..lessons.strings import strings
 from ..lessons.units import format_score
-from .cli import HELP, LANG_HELP, LESSON_HELP, CliError, app, language_or_fail, lesson_or_fail, open_progress
+from .cli import (
+    HELP,
+    LESSON_HELP,
+    CliError,
+    app,
+    lang_option,
+    language_or_fail,
+    lesson_or_fail,
+    open_progress,
+)
 
 
 def _read_line() -> str | None:
@@ -93,7 +102,7 @@ def quiz(
     count: str = typer.Option("5", "--count", "-n", metavar="N", help=HELP["quiz_count"]),
     seed: str | None = typer.Option(None, "--seed", metavar="N", help=HELP["quiz_seed"]),
     review: bool = typer.Option(False, "--review", help=HELP["quiz_review"]),
-    lang: str | None = typer.Option(None, "--lang", metavar="en|es", help=LANG_HELP),
+    lang: str | None = lang_option(),
 ) -> None:
     """Quiz yourself on a lesson's formulas and ideas (the help text is the catalog's ``cli.quiz``)."""
     import random

@@ -27,7 +27,16 @@ import typer
 from ..engine.runs import phase_text, reason_text
 from ..lessons.events import json_ready
 from ..lessons.strings import TranslatedError, translated
-from .cli import HELP, LANG_HELP, LESSON_HELP, CliError, app, language_or_fail, lesson_or_fail, os_error_text
+from .cli import (
+    HELP,
+    LESSON_HELP,
+    CliError,
+    app,
+    lang_option,
+    language_or_fail,
+    lesson_or_fail,
+    os_error_text,
+)
 
 if TYPE_CHECKING:
     from rich.live import Live
@@ -383,7 +392,7 @@ def run_cmd(
     debug: bool = typer.Option(False, "--debug", help=HELP["run_debug"]),
     profile: bool = typer.Option(False, "--profile", help=HELP["run_profile"]),
     max_restarts: int | None = typer.Option(None, "--max-restarts", help=HELP["run_max_restarts"]),
-    lang: str | None = typer.Option(None, "--lang", metavar="en|es", help=LANG_HELP),
+    lang: str | None = lang_option(),
 ) -> None:
     """Launch the lesson's real torch.distributed experiment (the help text is the catalog's ``cli.run``)."""
     language = language_or_fail(lang)

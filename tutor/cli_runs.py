@@ -20,10 +20,10 @@ from ..lessons.events import json_ready
 from ..lessons.units import format_fixed
 from .cli import (
     HELP,
-    LANG_HELP,
     CliError,
     adopt_language,
     app,
+    lang_option,
     language_or_fail,
     lesson_or_fail,
     os_error_text,
@@ -46,7 +46,7 @@ def runs_list(
     lesson: str | None = typer.Option(None, "--lesson", "-l", help=RUNS["lesson"]),
     as_json: bool = typer.Option(False, "--json", help=RUNS["json"]),
     limit: int = typer.Option(50, "--limit", "-n", help=RUNS["limit"]),
-    lang: str | None = typer.Option(None, "--lang", metavar="en|es", help=LANG_HELP),
+    lang: str | None = lang_option(),
 ) -> None:
     if ctx.invoked_subcommand is not None:
         adopt_language(lang)  # distai runs --lang es show …
@@ -90,7 +90,7 @@ def runs_show(
     run_id: str = typer.Argument(..., help=RUNS["show_id"]),
     as_json: bool = typer.Option(False, "--json", help=RUNS["show_json"]),
     speed: float = typer.Option(0.0, "--speed", help=RUNS["show_speed"]),
-    lang: str | None = typer.Option(None, "--lang", metavar="en|es", help=LANG_HELP),
+    lang: str | None = lang_option(),
 ) -> None:
     from ..engine.run_state import replay_events
     from ..engine.runs import RunNotFound, find_run, settle_killed
@@ -169,7 +169,7 @@ def runs_export(
                             help=RUNS["export_format"]),
     output: str | None = typer.Option(None, "--output", "-o",
                                       help=RUNS["export_output"]),
-    lang: str | None = typer.Option(None, "--lang", metavar="en|es", help=LANG_HELP),
+    lang: str | None = lang_option(),
 ) -> None:
     from ..engine.runs import RunNotFound, find_run
     from ..lessons.strings import translated

@@ -6,7 +6,16 @@ from pathlib import Path
 import typer
 
 from ..lessons.strings import translated
-from .cli import HELP, LANG_HELP, LESSON_HELP, CliError, app, language_or_fail, lesson_or_fail, os_error_text
+from .cli import (
+    HELP,
+    LESSON_HELP,
+    CliError,
+    app,
+    lang_option,
+    language_or_fail,
+    lesson_or_fail,
+    os_error_text,
+)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, help=HELP["slurm"])
@@ -20,7 +29,7 @@ def slurm(
     account: str | None = typer.Option(None, "--account", help=HELP["slurm_account"]),
     port: int | None = typer.Option(None, "--port", help=HELP["slurm_port"]),
     output: Path | None = typer.Option(None, "--output", "-o", help=HELP["slurm_output"]),
-    lang: str | None = typer.Option(None, "--lang", metavar="en|es", help=LANG_HELP),
+    lang: str | None = lang_option(),
 ) -> None:
     # the script itself is for SLURM and stays English; what the terminal shows is in the learner's language
     language = language_or_fail(lang)
