@@ -17,7 +17,6 @@ Nothing here imports torch or the tutor: the caller passes the root folder.
 """
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
@@ -274,7 +273,7 @@ def list_runs(root: str | os.PathLike) -> list[RunRecord]:
             except (OSError, ValueError, TypeError) as exc:  # listed as damaged, not hidden: its events may replay
                 runs.append(_damaged(child, exc))
         elif (child / "events").is_dir() or (child / "logs").is_dir():
-            runs.append(_damaged(child, FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT))))
+            runs.append(_damaged(child, FileNotFoundError()))
     return sorted(runs, key=lambda r: r.created, reverse=True)
 
 
