@@ -11,6 +11,13 @@ os.environ["TEXTUAL_ANIMATIONS"] = "none"
 for _var in ("LC_ALL", "LC_MESSAGES"):
     os.environ.pop(_var, None)
 os.environ["LANG"] = "C.UTF-8"
+# pytest-xdist passes its terminal's width to workers as COLUMNS: the CLI's output would wrap at it,
+# where the serial suite's captured stdout wraps as a pipe does (the tests' expected width)
+for _var in ("COLUMNS", "LINES"):
+    os.environ.pop(_var, None)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # two workers on two cores: torch's pool of one thread per core in each would oversubscribe them
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 # every event an experiment emits in the suite (in-process or launched) is checked against its
 # declaration (distai/lessons/events.py): a field the declaration lacks fails the run
 os.environ["DISTAI_CHECK_EVENTS"] = "1"
@@ -22,3 +29,16 @@ def isolated_distai_home(tmp_path_factory, monkeypatch):
     home = tmp_path_factory.mktemp("distai_home")
     monkeypatch.setenv("DISTAI_HOME", str(home))
     return home
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
+def pytest_collection_modifyitems(config, items):
+    """Under ``pytest -n 2 --dist loadgroup`` (README's command): the modules marked ``multi_rank``
+    or ``timed`` (they start process groups or launch runs, whose ranks use both cores) run on one
+    worker, one module after another, so no two groups compete; every other module is a group of its
+    own (its fixtures start once) and they fill the other core. README's command runs the ``timed``
+    modules apart, after the rest: their checks measure the machine, and a busy second core shows up
+    in them as contention the check was not built to name."""
+    for item in items:
+        ranks = item.get_closest_marker("multi_rank") or item.get_closest_marker("timed")
+        item.add_marker(pytest.mark.xdist_group("multi_rank" if ranks else item.nodeid.split("::")[0]))

@@ -10,6 +10,8 @@ import pytest
 from distai.engine.slurm import SlurmJob, sbatch_script
 from distai.lessons.registry import all_lessons
 
+pytestmark = pytest.mark.timed  # its checks time the run: README's command runs these alone, last
+
 DISTAI = [sys.executable, "-m", "distai.tutor.cli"]
 
 

@@ -13,6 +13,8 @@ import os
 
 import pytest
 
+pytestmark = pytest.mark.timed  # its checks time the run: README's command runs these alone, last
+
 torch = pytest.importorskip("torch")
 
 from distai.engine import mesh as M  # noqa: E402

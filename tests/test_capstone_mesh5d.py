@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import pytest
 
+pytestmark = pytest.mark.multi_rank  # README's command runs these on one worker, one after another
+
 torch = pytest.importorskip("torch")
 
 from distai.engine import mesh as M  # noqa: E402

@@ -3,6 +3,7 @@ of torch.distributed): blocking and async ones, named with their payload, emitte
 nested in the step; nothing is recorded after the block."""
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
@@ -11,6 +12,8 @@ from distai.engine.comm_trace import traced_step
 from distai.engine.events import EventSink, read_events
 from distai.engine.metering import CommMeter
 from distai.engine.testing import run_in_group
+
+pytestmark = pytest.mark.multi_rank  # README's command runs these on one worker, one after another
 
 
 def _traced(rank: int, world: int, events_dir: str) -> dict:

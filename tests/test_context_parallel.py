@@ -14,6 +14,8 @@ from distai.engine.testing import run_in_group
 from distai.lessons.context import formulas as F
 from distai.lessons.context import ring_schedule as plan
 
+pytestmark = pytest.mark.multi_rank  # README's command runs these on one worker, one after another
+
 WORLD = 8
 CP_SIZES = (1, 2, 4, 8)
 TOLERANCE = {"float64": 1e-12, "float32": 1e-5}  # relative to the reference's largest entry

@@ -21,6 +21,8 @@ from distai.engine import launcher as L
 from distai.engine.run_state import RunState, replay_events
 from distai.engine.runs import RunNotFound, RunRecord, create_run, find_run, list_runs
 
+pytestmark = pytest.mark.multi_rank  # README's command runs these on one worker, one after another
+
 REPO = Path(__file__).resolve().parents[1]
 DISTAI = [sys.executable, "-m", "distai.tutor.cli"]
 LESSON1 = "distai.engine.experiments.lesson1"

@@ -9,6 +9,8 @@ import torch.distributed as dist
 
 from distai.engine.testing import run_in_group
 
+pytestmark = pytest.mark.multi_rank  # README's command runs these on one worker, one after another
+
 SIZES = (1, 2, 3, 5, 7, 64, 1000, 1001, 4097, 100_003)
 DP_STEPS = 5
 

@@ -13,6 +13,8 @@ from textual.widgets import ProgressBar, RichLog, Sparkline, Static
 from distai.lessons.registry import all_lessons, resolve_lesson
 from distai.tutor.run_panel import RunPanelScreen
 
+pytestmark = pytest.mark.multi_rank  # README's command runs these on one worker, one after another
+
 
 class Spec:
     class placement:

@@ -7,6 +7,8 @@ import pytest
 
 from distai.engine.testing import run_in_group
 
+pytestmark = pytest.mark.timed  # its checks time the run: README's command runs these alone, last
+
 
 class Boom(RuntimeError):
     pass

@@ -22,9 +22,13 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from distai.engine import launcher as L
 from distai.engine.runs import create_run
 from distai.engine.supervisor import Supervisor
+
+pytestmark = pytest.mark.multi_rank  # README's command runs these on one worker, one after another
 
 #: an experiment that meters a collective (lesson 7's CommMeter), then returns while a daemon
 #: thread is still inside a torch op

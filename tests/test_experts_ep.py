@@ -13,6 +13,8 @@ import pytest
 
 from distai.engine.testing import run_in_group
 
+pytestmark = pytest.mark.multi_rank  # README's command runs these on one worker, one after another
+
 WORLD = 8
 SIZES = dict(hidden=16, heads=2, layers=2, seq=8, vocab=32)
 BATCH = 2  # sequences per rank

@@ -1,7 +1,10 @@
+import pytest
 import torch
 import torch.distributed as dist
 
 from distai.engine.testing import run_in_group
+
+pytestmark = pytest.mark.multi_rank  # README's command runs these on one worker, one after another
 
 
 def _sum_of_ranks(rank, world_size):

@@ -13,6 +13,8 @@ from distai.engine.runs import create_run
 from distai.lessons.lesson1 import formulas
 from distai.lessons.lesson1 import ring_model as model
 
+pytestmark = pytest.mark.timed  # its checks time the run: README's command runs these alone, last
+
 N = 3
 ARGS = ["--steps", "6", "--sweep-min", "1KiB", "--sweep-max", "256KiB", "--iters", "2"]
 

@@ -23,6 +23,8 @@ from distai.visualizers import ring_drawing
 from distai.visualizers.base import visualizer_class
 from pilot_harness import async_test, mounted
 
+pytestmark = pytest.mark.multi_rank  # README's command runs these on one worker, one after another
+
 RUN_N = 3
 RUN_ARGS = ["--steps", "2", "--sweep-min", "1KiB", "--sweep-max", "16KiB", "--iters", "2", "--hidden", "8"]
 

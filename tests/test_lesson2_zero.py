@@ -35,6 +35,8 @@ from distai.engine.experiments.lesson2 import (
 from distai.engine.testing import run_in_group
 from distai.lessons.checks import reconcile
 
+pytestmark = pytest.mark.timed  # its checks time the run: README's command runs these alone, last
+
 CFG = replace(DEFAULT_MODEL, vocab=64, hidden=32, layers=2, heads=2, seq=16)
 STEPS, BATCH = 3, 8
 TOL = {"adam": 1e-4, "sgd": 2e-5}

@@ -19,6 +19,8 @@ import pytest
 from distai.engine import checkpoint as ck
 from distai.engine.testing import run_in_group
 
+pytestmark = pytest.mark.multi_rank  # README's command runs these on one worker, one after another
+
 REPO = Path(__file__).resolve().parents[1]
 NAMES = ("shared.pt", "rank0.pt", "rank1.pt")
 

@@ -23,6 +23,8 @@ from distai.engine.supervisor import Supervisor, make_launch
 from distai.lessons.checks import explained
 from distai.lessons.lesson3.checks import interval_waste
 
+pytestmark = pytest.mark.timed  # its checks time the run: README's command runs these alone, last
+
 REPO = Path(__file__).resolve().parents[1]
 DISTAI = [sys.executable, "-m", "distai.tutor.cli"]
 MODULE = "distai.engine.experiments.lesson3"

@@ -9,6 +9,8 @@ import pytest
 
 from distai.engine.testing import run_in_group
 
+pytestmark = pytest.mark.timed  # its checks time the run: README's command runs these alone, last
+
 TOL = 1e-5
 SIZES = dict(hidden=32, heads=4, vocab=64, layers=2, seq=8, dropout=0.1)
 BATCH = 2

@@ -15,6 +15,8 @@ from distai.engine.testing import run_in_group
 from distai.lessons.checks import reconcile
 from distai.lessons.lesson5 import formulas
 
+pytestmark = pytest.mark.timed  # its checks time the run: README's command runs these alone, last
+
 SLOW_MS = 40.0
 M = 4  # 2 microbatches per stage, p = 2
 # the learner's default model (compute dominates gloo's latency), fewer steps, no torch run

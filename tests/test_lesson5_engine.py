@@ -19,6 +19,8 @@ from distai.engine.testing import run_in_group
 from distai.lessons.lesson5 import formulas
 from distai.lessons.lesson5 import simulator as sim
 
+pytestmark = pytest.mark.multi_rank  # README's command runs these on one worker, one after another
+
 SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2))
 MB = 2  # sequences per microbatch
 

@@ -31,6 +31,8 @@ from distai.lessons.lesson7.paging import (
 )
 from distai.lessons.model_size import ModelSize
 
+pytestmark = pytest.mark.timed  # its checks time the run: README's command runs these alone, last
+
 PROMPT_LEN, NEW, BATCH = 6, 8, 4
 # cached positions per run: each prompt, then every generated token but the last (never fed back)
 CACHED_TOKENS = BATCH * (PROMPT_LEN + NEW - 1)
