@@ -10,7 +10,7 @@ import pytest
 from distai.engine.slurm import SlurmJob, sbatch_script
 from distai.lessons.registry import all_lessons
 
-pytestmark = pytest.mark.timed  # its checks time the run: README's command runs these alone, last
+pytestmark = pytest.mark.multi_rank  # README's command runs these on one worker, one after another
 
 DISTAI = [sys.executable, "-m", "distai.tutor.cli"]
 

@@ -10,7 +10,7 @@ from distai.lessons.capstone import planner as pl
 from distai.lessons.lesson1.formulas import ring_allgather_time, ring_allreduce_time
 from distai.tutor.cli import main
 
-pytestmark = pytest.mark.timed  # its checks time the run: README's command runs these alone, last
+pytestmark = pytest.mark.multi_rank  # README's command runs these on one worker, one after another
 
 RUN = cal.RunShape(dp=2, tp=2, pp=2, cp=1, ep=1, layers=4, hidden=32, heads=4, kv_heads=4, seq=16, vocab=64, ffn=128,
                    micro_batch=2, microbatches=4)

@@ -7,7 +7,7 @@ import pytest
 
 from distai.engine.testing import run_in_group
 
-pytestmark = pytest.mark.timed  # its checks time the run: README's command runs these alone, last
+pytestmark = pytest.mark.multi_rank  # README's command runs these on one worker, one after another
 
 
 class Boom(RuntimeError):
