@@ -17,7 +17,7 @@ from distai.lessons.lesson5 import formulas
 
 pytestmark = pytest.mark.timed  # its checks time the run: README's command runs these alone, last
 
-SLOW_MS = 40.0
+SLOW_MS = 60.0  # large against a loaded machine's noise: the bubble it adds stays well over 10 points
 M = 4  # 2 microbatches per stage, p = 2
 # the learner's default model (compute dominates gloo's latency), fewer steps, no torch run
 ARGS = ["--steps", "3", "--no-torch"]

@@ -237,6 +237,14 @@ def test_generators_answer_with_the_formulas(lesson):
             assert not quiz.check_answer(q, repr(float(off))).correct
 
 
+
+def test_the_balancing_loss_question_never_draws_the_uniform_router():
+    """A hot expert at 1/E is the uniform router: the answer would be α, read off the question."""
+    for seed in SEEDS:
+        q = quiz.make_question("experts", "aux-loss", seed)
+        assert q.params["hot"] > 1 / q.params["experts"] and q.answer > q.params["alpha"] * 1.05, q.params
+
+
 def test_languages_differ_but_answers_agree():
     for lesson in all_lessons():
         for kind in quiz.generators(lesson.id):

@@ -37,7 +37,7 @@ GENERATORS = build("experts", __package__, values=_worked, kinds=[
     Numeric("drop-rate", draw={"tokens": [32, 64, 128], "experts": [4, 8], "top_k": [1, 2],
                                "capacity_factor": [1.0, 1.25]},
             answer=f.expected_drop_rate, quantity="fraction", unit="%"),
-    Numeric("aux-loss", draw={"hot": [0.25, 0.5, 0.75], "experts": [4, 8, 16], "alpha": 0.01},
+    Numeric("aux-loss", draw={"hot": [0.4, 0.5, 0.75], "experts": [4, 8, 16], "alpha": 0.01},
             answer=lambda hot, experts, alpha: f.switch_aux_loss(
                 [hot] + [(1 - hot) / (experts - 1)] * (experts - 1),
                 [hot] + [(1 - hot) / (experts - 1)] * (experts - 1), alpha)),
