@@ -277,11 +277,14 @@ def test_prose_lines_fit_the_terminal_and_tables_stay_whole(capsys, monkeypatch)
     row = "    1    2   1   8     4   1 on   1    3 none       1   72.6 GB    21.1 s  71.1%  5.19%"
     assert fit_prose(row, 40) == [row]
     monkeypatch.setenv("COLUMNS", "80")
-    code, out, _ = run(capsys, "calc", "plan", "--params", "70B", "--layers", "80", "--hidden", "8192", "--heads", "64",
-                       "--gpus", "64", "--seq", "4096", "--global-batch", "512", "--gpu-mem", "80GB")
-    assert code == 0
-    prose = [line for line in out.splitlines() if "  " not in line.strip()]
-    assert prose and max(len(line) for line in prose) < 80
+    plan = ["calc", "plan", "--params", "70B", "--layers", "80", "--hidden", "8192", "--heads", "64",
+            "--gpus", "64", "--seq", "4096", "--global-batch", "512", "--gpu-mem", "80GB"]
+    for lang in ("en", "es"):  # the prose wraps, the table's columns are as wide as their cells
+        code, out, _ = run(capsys, *plan, "--lang", lang)
+        assert code == 0
+        table = [line for line in out.splitlines() if line.lstrip().startswith("#")]
+        assert table and max(len(line) for line in out.splitlines()) < 80, out
+    code, out, _ = run(capsys, *plan)
     assert "1,671 × need" in out  # the counts grouped as the total above them
 
 

@@ -599,6 +599,28 @@ def test_runs_list_in_spanish(capsys, monkeypatch, tmp_path):
     assert_both(render, "distai runs")
 
 
+
+@pytest.mark.parametrize("lang", ["en", "es"])
+def test_runs_list_fits_80_columns(capsys, monkeypatch, tmp_path, lang):
+    """At 80 columns `distai runs` drops its lesson and start columns (the id holds both) and wraps
+    a failed run's reason under its mark; a wide terminal keeps every column."""
+    from distai.engine.runs import create_run
+
+    monkeypatch.setenv("DISTAI_HOME", str(tmp_path))
+    rec = create_run(tmp_path / "runs", "capstone", "distai.engine.experiments.capstone", config={"nproc": 8, "device": "cpu"})
+    rec.status, rec.duration_s, rec.error = "failed", 12.5, "rank 3 exited with code 1: " + "x " * 60
+    rec.save()
+    for columns, whole in (("80", False), ("200", True)):
+        monkeypatch.setenv("COLUMNS", columns)
+        assert main(["runs", "--lang", lang]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert max(map(len, lines)) <= int(columns) - 1, lines
+        assert lines[1].startswith(rec.id) and ("capstone " in lines[1][len(rec.id):]) == whole, lines
+        reason = [line for line in lines[2:] if line.strip()]
+        assert reason[0].lstrip().startswith("└ rank 3") and (len(reason) == 1) == whole, lines
+        assert all(line.startswith(" " * (len(rec.id) + 4)) for line in reason[1:]), lines
+
+
 def test_the_run_view_of_lesson_1_in_spanish():
     """`distai run lesson1 --lang es`'s view (training line, ring step, ring check, sweep, fits, check
     table, end line) holds no English; in English it does (the check can see English)."""

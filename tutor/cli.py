@@ -112,6 +112,14 @@ def os_error_text(exc: OSError, lang: str) -> str:
     return exc.strerror or str(exc)
 
 
+def terminal_columns() -> int:
+    """The columns a line of output may fill: the terminal's less one (a full line wraps in some
+    terminals); piped output, 199 (lines and tables as they are)."""
+    import shutil
+
+    return shutil.get_terminal_size((200, 24)).columns - 1
+
+
 def language_or_fail(explicit: str | None) -> str:
     """``--lang`` (or the locale's language); an unknown one is a one-line error, in the language
     ``DISTAI_LANG`` or the locale gives. So is an unknown ``DISTAI_LANG`` when no ``--lang`` overrides it
@@ -215,13 +223,12 @@ def lessons(
     if as_json:
         typer.echo(json.dumps(rows, ensure_ascii=False, indent=2))
         return
-    import shutil
     import textwrap
 
     head = strings("tutor", language)["progress_columns"]
     w = [max(len(head[i]), n) for i, n in ((1, 3), (2, 5), (3, 4), (4, 7), (5, 4))]  # the column's head fits
     number = max(len(str(r["number"])) for r in rows)  # lesson 10 keeps the columns in line
-    columns = shutil.get_terminal_size((200, 24)).columns - 1  # piped: the whole table
+    columns = terminal_columns()
     slug_width = max(len(head[6]), *(len(r["slug"]) for r in rows))
     numbers_width = 1 + number + sum(2 + x for x in w)
     title_width = max(len(head[0]), *(len(r["title"]) for r in rows))

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import inspect
 import json
-import shutil
 
 import typer
 
 from ..lessons.calculator import REQUIRED, CalcError, Calculator
 from ..lessons.registry import all_calculators
 from ..lessons.strings import has, strings, translated
-from .cli import HELP, HELP_LANG, CliError, calc_app, lang_option, language_or_fail
+from .cli import HELP, HELP_LANG, CliError, calc_app, lang_option, language_or_fail, terminal_columns
 
 JSON_HELP = HELP["calc_json"]
 
@@ -63,7 +62,7 @@ def run_calculator(calc: Calculator, given: dict, as_json: bool, lang: str | Non
     if as_json:
         typer.echo(json.dumps(_jsonable(result), ensure_ascii=False, indent=2))
     else:
-        width = shutil.get_terminal_size((200, 24)).columns - 1  # piped: lines as they are
+        width = terminal_columns()
         for line in calc.text(result, language):
             for part in fit_prose(line, width):
                 typer.echo(part)

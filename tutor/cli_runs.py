@@ -27,6 +27,7 @@ from .cli import (
     language_or_fail,
     lesson_or_fail,
     os_error_text,
+    terminal_columns,
 )
 
 # ------------------------------------------------------------------------------------ distai runs
@@ -72,17 +73,35 @@ def runs_list(
     if not rows:
         typer.echo(say["empty"])
         return
-    language = language_or_fail(lang)
+    for line in _runs_table(rows, runs, say, language):
+        typer.echo(line)
+
+
+def _runs_table(rows: list[dict[str, Any]], runs: list, say: dict, language: str) -> list[str]:
+    """``distai runs``' lines: id, lesson, start, status, duration, processes, and under a failed run
+    its reason. Where that is wider than the terminal, the lesson and start columns go (a run's id
+    is its start and its lesson) and the reasons wrap under their mark."""
+    from .cli_calc import fit_prose
+
+    columns = terminal_columns()
     width = max(len(r["id"]) for r in rows)
-    typer.echo(f"{say['id']:<{width}}  {say['lesson_column']:<8} {say['started']:<19}  {say['status']:<11} "
-               f"{say['duration']:>9}  {say['procs']}")
-    for r, rec in zip(rows, runs):
-        procs = f"{r['nproc']}×{r['device']}" if r["nproc"] else ""
-        status = say["statuses"].get(r["status"], r["status"])
-        typer.echo(f"{r['id']:<{width}}  {r['lesson']:<8} {r['started']:<19}  {status:<11} "
-                   f"{_duration(rec, language):>9}  {procs}")
+    procs = [f"{r['nproc']}×{r['device']}" if r["nproc"] else "" for r in rows]
+    statuses = [say["statuses"].get(r["status"], r["status"]) for r in rows]
+    status_width = max(11, len(say["status"]), *(len(s) for s in statuses))
+    tail = 2 + status_width + 1 + 9 + 2 + max(len(say["procs"]), *(len(p) for p in procs))
+    whole = width + 2 + 8 + 1 + 19 + tail <= columns
+
+    def line(run_id: str, lesson: str, started: str, status: str, duration: str, proc: str) -> str:
+        middle = f"  {lesson:<8} {started:<19}" if whole else ""
+        return f"{run_id:<{width}}{middle}  {status:<{status_width}} {duration:>9}  {proc}".rstrip()
+
+    lines = [line(say["id"], say["lesson_column"], say["started"], say["status"], say["duration"], say["procs"])]
+    for r, rec, proc, status in zip(rows, runs, procs, statuses):
+        lines.append(line(r["id"], r["lesson"], r["started"], status, _duration(rec, language), proc))
         if r["error"] and r["status"] != "ok":
-            typer.echo(f"{'':<{width}}  └ {(reason_text(r['error'], language) or '')[:150]}")
+            # its first 150 characters (runs show gives it whole), wrapped under the mark
+            lines += fit_prose(f"{'':<{width}}  └ {(reason_text(r['error'], language) or '')[:150]}", columns)
+    return lines
 
 
 @runs_app.command("show", help=RUNS["show"])

@@ -103,6 +103,14 @@ def compute(v: dict) -> dict:
     return {"best": configs[0], "configs": configs, "rejected": rejected, "inputs": inputs}
 
 
+def _aligned(table: list[list[str]], left: set[int]) -> list[str]:
+    """The table's rows, each column as wide as its widest cell, one space apart, two columns ahead of
+    the rows (80 columns hold the plan's 15 in both languages); columns in ``left`` align left."""
+    widths = [max(len(row[k]) for row in table) for k in range(len(table[0]))]
+    return ["  " + " ".join(cell.ljust(w) if k in left else cell.rjust(w)
+                            for k, (cell, w) in enumerate(zip(row, widths))).rstrip() for row in table]
+
+
 def _memory_line(m: dict, say, lang: str, moments: str) -> str:
     b = lambda n: units.format_bytes(n, lang=lang)  # noqa: E731
     return say("memory_terms", params=b(m["params_bytes"]), grads=b(m["grad_buffer_bytes"]),
@@ -139,14 +147,13 @@ def text(r: dict, lang: str = "en") -> list[str]:
         + (say("ring_nics_per_rank") if i["dp_ring_nics"] == "per-rank" else ""),
         node + say("engine", engine=ENGINE_NAMES[i["engine"]]),
         "",
-        f"  {'#':>3}  {'TP':>3} {'CP':>3} {'PP':>3} {'DP':>5} {'EP':>3} {'SP':>2} {'mb':>3} {'ZeRO':>4} "
-        f"{cols[0]:<9} {'v':>2} {cols[1]:>9} {cols[2]:>9} {'MFU':>6} {cols[3]:>6}",
     ]
-    for n, c in enumerate(r["configs"][:i["top"]], 1):
-        lines.append(f"  {n:>3}  {c['tp']:>3} {c['cp']:>3} {c['pp']:>3} {c['dp']:>5} {c['ep']:>3} "
-                     f"{say('sp_on') if c['sp'] else '-':>2} {c['microbatch']:>3} {c['zero']:>4} "
-                     f"{recompute(c['recompute']):<9} {c['chunks']:>2} {by(c['memory_bytes']):>9} "
-                     f"{t(c['step_time_s']):>9} {pct(c['mfu']):>6} {pct(c['bubble_fraction']):>6}")
+    head = ["#", "TP", "CP", "PP", "DP", "EP", "SP", "mb", "ZeRO", cols[0], "v", cols[1], cols[2], "MFU", cols[3]]
+    rows = [[str(n), str(c["tp"]), str(c["cp"]), str(c["pp"]), str(c["dp"]), str(c["ep"]),
+             say("sp_on") if c["sp"] else "-", str(c["microbatch"]), str(c["zero"]), recompute(c["recompute"]),
+             str(c["chunks"]), by(c["memory_bytes"]), t(c["step_time_s"]), pct(c["mfu"]), pct(c["bubble_fraction"])]
+            for n, c in enumerate(r["configs"][:i["top"]], 1)]
+    lines += _aligned([head, *rows], left={head.index(cols[0])})
     more = len(r["configs"]) - i["top"]
     if more > 0:
         lines.append(say("more", n=whole(more)))
