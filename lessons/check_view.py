@@ -65,6 +65,15 @@ class CheckRow:
         return (self.label, self.predicted, self.measured, self.gap, self.verdict)
 
 
+def _fixed_not_zero(value: float, decimals: int, lang: str) -> str:
+    """``value`` with ``decimals`` decimals, or up to two more where fewer would show a nonzero
+    value as 0 (an unexplained +0.04 pts, not "+0.0 pts" beside totals that differ by 0.1)."""
+    for more in range(3):
+        if value == 0 or round(abs(value), decimals + more) != 0:
+            return format_fixed(value, decimals + more, lang)
+    return format_fixed(value, decimals + 2, lang)
+
+
 def format_value(value: float, unit: str, lang: str, *, signed: bool = False) -> str:
     """``value`` in ``unit`` as the learner reads it (``signed``: a difference, with its sign)."""
     sign = "+" if signed and value > 0 else ""
@@ -75,10 +84,10 @@ def format_value(value: float, unit: str, lang: str, *, signed: bool = False) ->
     elif unit == "B/s":
         text = format_bandwidth(value, lang=lang)
     elif unit == "fraction":
-        text = (translated("checks", "points", lang, value=format_fixed(100 * value, 1, lang)) if signed
+        text = (translated("checks", "points", lang, value=_fixed_not_zero(100 * value, 1, lang)) if signed
                 else format_percent(value, 3, lang))
     elif unit == "ratio":
-        text = f"{format_fixed(value, 2, lang)}×"
+        text = f"{_fixed_not_zero(value, 2, lang)}×"
     elif unit == "count":
         text = format_number(value, 4, lang)
     else:

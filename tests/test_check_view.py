@@ -168,3 +168,15 @@ def test_a_floats_rounding_residue_is_not_left_unexplained():
     assert c.measured - (c.predicted + sum(c.causes.values())) != 0  # the float residue is there
     assert c.unexplained == 0.0 and c.explained
     assert Check("t", predicted=1.0, measured=2.0, unit="s", causes={"a": 0.5}).unexplained == 0.5
+
+
+def test_a_small_unexplained_part_does_not_read_as_zero():
+    """Lesson 5's GPipe check: causes summing to 51.4 % against a measured 51.5 % printed
+    "unexplained +0.0 pts"; a part under a tenth of a point, or a ratio under a hundredth, keeps
+    the digits that show it."""
+    c = check("bubble_gpipe", 0.30, 0.5146, "fraction", causes={"unequal_stages": 0.2142})
+    (row,) = check_rows([_event(c)], "en")
+    assert row.unexplained == "+0.04 pts" and row.explanation.endswith("unexplained +0.04 pts")
+    assert format_value(-0.0003, "fraction", "es", signed=True) == "-0,03 p. p."
+    assert format_value(0.004, "ratio", "en") == "0.004×" and format_value(0.25, "ratio", "en") == "0.25×"
+    assert format_value(0.0, "fraction", "en", signed=True) == "0.0 pts"
