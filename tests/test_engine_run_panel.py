@@ -358,3 +358,20 @@ async def test_the_log_keeps_a_number_with_its_unit_where_it_wraps():
             room = log.scrollable_content_region.width
             assert all(len(s) <= room for s in shown), (width, shown)
             assert all(s.startswith(" " * 10) for s in shown[1:]), (width, shown)
+
+
+@run_async
+async def test_l_in_the_panel_says_the_run_keeps_its_language():
+    """``l`` switches the language on every other screen; the run panel's run speaks the language it
+    was launched in (its ranks print in it): the key says so, in that language, and changes nothing."""
+    from distai.lessons.strings import translated
+
+    lesson = resolve_lesson("lesson1")
+    app = PanelApp(lambda: RunPanelScreen(lesson, "es", launch_factory=lambda lesson, consumer, nproc=None, args=None:
+                                          FakeLaunch(lesson, consumer)))
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = app.screen
+        await pilot.press("l")
+        await pilot.pause()
+        assert [n.message for n in app._notifications] == [translated("run", "language_fixed", "es")]
+        assert app.screen is screen and screen.language == "es"

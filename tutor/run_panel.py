@@ -94,6 +94,7 @@ class RunPanelScreen(Screen):
         Binding("a", "again", "Run again"),
         Binding("escape,q", "close", "Close"),
         Binding("question_mark", "help", "Help", key_display="?", show=False),
+        Binding("l", "language", "Language", show=False),
     ]
 
     DEFAULT_CSS = """
@@ -450,6 +451,11 @@ class RunPanelScreen(Screen):
     def action_again(self) -> None:
         if self.replay_record is None and not self.running:
             self.start_run()
+
+    def action_language(self) -> None:
+        """``l`` switches the language everywhere else; a run speaks the language it was launched in
+        (its ranks print their summaries in it), so the panel says where to switch instead."""
+        self.app.notify(translated("run", "language_fixed", self.language), timeout=4)
 
     def action_help(self) -> None:
         from .screens.help import HelpScreen

@@ -36,6 +36,7 @@ LESSON_KEYS = [
 RUN_KEYS = [  # the run panel's (tutor/run_panel.py)
     ("s", "key_run_stop"),
     ("a", "key_run_again"),
+    ("l", "key_run_lang"),
     ("?", "key_help"),
     ("q  Esc", "key_run_close"),
 ]
