@@ -409,8 +409,9 @@ def typer_frame_in(lang: str) -> None:
             return option
 
         def format_usage(self: Any, ctx: Any, formatter: Any) -> None:
-            formatter.write_usage(ctx.command_path, " ".join(self.collect_usage_pieces(ctx)),
-                                  prefix=_FRAME["words"]["usage"])
+            words = _FRAME["words"]  # Click's "[OPTIONS]" and "COMMAND [ARGS]..." too
+            pieces = [words["usage_pieces"].get(piece, piece) for piece in self.collect_usage_pieces(ctx)]
+            formatter.write_usage(ctx.command_path, " ".join(pieces), prefix=words["usage"])
 
         get_help_option.in_language = True  # type: ignore[attr-defined]
         cls.get_help_option, cls.format_usage = get_help_option, format_usage  # type: ignore[method-assign]
