@@ -51,9 +51,6 @@ class _Indented:
         self.text, self.indent = text, indent
 
     def __rich_console__(self, console, options):
-        from rich.text import Text
+        from ..visualizers.ring_drawing import wrap_indented
 
-        from ..visualizers.ring_drawing import wrap_text
-
-        for line in wrap_text(self.text, max(10, options.max_width - self.indent)):
-            yield Text(" " * self.indent) + line
+        yield from wrap_indented(self.text, options.max_width, self.indent)

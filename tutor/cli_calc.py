@@ -96,11 +96,9 @@ def fit_prose(line: str, width: int) -> list[str]:
         return [line]
     from rich.text import Text
 
-    from ..visualizers.ring_drawing import wrap_text
+    from ..visualizers.ring_drawing import wrap_indented
 
-    indent = len(line) - len(body)
-    lines = wrap_text(Text(body), width - indent, hanging=2)
-    return [" " * indent + part.plain.rstrip() for part in lines]
+    return [part.plain.rstrip() for part in wrap_indented(Text(body), width, len(line) - len(body), hanging=2)]
 
 
 def command_for(calc: Calculator):
