@@ -267,7 +267,7 @@ def test_context_lengths_count_k_as_1024_tokens(capsys):
 
 def test_prose_lines_fit_the_terminal_and_tables_stay_whole(capsys, monkeypatch):
     """calc plan's 'step …' and 'memory per GPU …' lines ran to 143 and 176 characters at 80 columns."""
-    from distai.tutor.cli_calc import fit_prose
+    from distai.tutor.cli import fit_prose
 
     line = "  step 21.1 s: compute 19 s (GEMMs at 79.1% of peak), TP 815 ms, CP 0 s, PP 174 ms, EP 0 s, bubble 1.09 s"
     parts = fit_prose(line, 40)

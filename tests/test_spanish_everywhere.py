@@ -249,6 +249,21 @@ def test_doctor_report_in_spanish(gpus):
     assert_both(lambda lang: "\n".join(doctor_lines(report, lang)), "distai doctor's report")
 
 
+@pytest.mark.parametrize("lang", ["en", "es"])
+def test_doctor_report_fits_80_columns(lang):
+    """The link line (120 characters) and the shared-cores note (135) wrapped past 80 columns: with
+    the terminal's width they wrap under their column, every word kept; piped, lines stay whole."""
+    from distai.tutor.cli_doctor import doctor_lines
+
+    report = {**DOCTOR_REPORT, "advice": [{**a, "ranks": 8} for a in DOCTOR_REPORT["advice"]]}  # 8 ranks, 2 cores
+    whole, fitted = doctor_lines(report, lang), doctor_lines(report, lang, 79)
+    assert max(map(len, whole)) > 79 and max(map(len, fitted)) <= 79, fitted
+    assert " ".join(" ".join(fitted).split()) == " ".join(" ".join(whole).split())
+    column = whole[0].index("vm")  # where the label column ends: the link line goes on under it
+    link = next(i for i, line in enumerate(fitted) if "µs" in line)
+    assert fitted[link + 1].startswith(" " * column) and fitted[link + 1][column] != " ", fitted
+
+
 def test_doctor_in_spanish_for_real(capsys):
     """`distai doctor --quick --lang es` (a few seconds: two gloo processes) prints its report in Spanish."""
     assert main(["doctor", "--quick", "--lang", "es"]) == 0

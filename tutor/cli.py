@@ -120,6 +120,19 @@ def terminal_columns() -> int:
     return shutil.get_terminal_size((200, 24)).columns - 1
 
 
+def fit_prose(line: str, width: int) -> list[str]:
+    """``line`` wrapped to ``width`` under its own indent plus two, never between a number and its unit
+    (``wrap_text``, the one rule); a table's row (columns two spaces apart) is left whole."""
+    body = line.lstrip(" ")
+    if len(line) <= width or "  " in body.rstrip():
+        return [line]
+    from rich.text import Text
+
+    from ..visualizers.ring_drawing import wrap_indented
+
+    return [part.plain.rstrip() for part in wrap_indented(Text(body), width, len(line) - len(body), hanging=2)]
+
+
 def language_or_fail(explicit: str | None) -> str:
     """``--lang`` (or the locale's language); an unknown one is a one-line error, in the language
     ``DISTAI_LANG`` or the locale gives. So is an unknown ``DISTAI_LANG`` when no ``--lang`` overrides it

@@ -19,7 +19,16 @@ import typer
 from ..lessons.calculator import REQUIRED, CalcError, Calculator
 from ..lessons.registry import all_calculators
 from ..lessons.strings import has, strings, translated
-from .cli import HELP, HELP_LANG, CliError, calc_app, lang_option, language_or_fail, terminal_columns
+from .cli import (
+    HELP,
+    HELP_LANG,
+    CliError,
+    calc_app,
+    fit_prose,
+    lang_option,
+    language_or_fail,
+    terminal_columns,
+)
 
 JSON_HELP = HELP["calc_json"]
 
@@ -86,19 +95,6 @@ def _parameter(calc: Calculator, option) -> inspect.Parameter:
         default = option.default
     return inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
                              default=typer.Option(default, *names, help=calc.option_help(option, HELP_LANG), metavar=_metavar(option)))
-
-
-def fit_prose(line: str, width: int) -> list[str]:
-    """``line`` wrapped to ``width`` under its own indent plus two, never between a number and its unit
-    (``wrap_text``, the one rule); a table's row (columns two spaces apart) is left whole."""
-    body = line.lstrip(" ")
-    if len(line) <= width or "  " in body.rstrip():
-        return [line]
-    from rich.text import Text
-
-    from ..visualizers.ring_drawing import wrap_indented
-
-    return [part.plain.rstrip() for part in wrap_indented(Text(body), width, len(line) - len(body), hanging=2)]
 
 
 def command_for(calc: Calculator):

@@ -8,7 +8,7 @@ import typer
 
 from ..lessons.strings import strings, translated
 from ..lessons.units import format_fixed, format_number, format_plain, format_time
-from .cli import HELP, CliError, app, lang_option, language_or_fail
+from .cli import HELP, CliError, app, fit_prose, lang_option, language_or_fail, terminal_columns
 
 
 def _gb_s(bps: float, lang: str) -> str:
@@ -27,9 +27,11 @@ def _gib(n: int | None, lang: str) -> str:
     return f"{format_fixed(n / (1 << 30), 1, lang)} GiB" if n else "?"
 
 
-def doctor_lines(report: dict[str, Any], lang: str = "en") -> list[str]:
+def doctor_lines(report: dict[str, Any], lang: str = "en", columns: int | None = None) -> list[str]:
     """``diagnose()``'s report as the lines ``distai doctor`` prints, in ``lang``: a label column
-    (as wide as the language's longest label) and each line's text, numbers in ``lang``'s convention."""
+    (as wide as the language's longest label) and each line's text, numbers in ``lang``'s convention;
+    with ``columns``, a text longer than that wraps under its column (``wrap_text``, never between a
+    number and its unit), the advice under its indent."""
     say = strings("cli", lang)["doctor_says"]
     labels = say["labels"]
     m = report["machine"]
@@ -39,7 +41,15 @@ def doctor_lines(report: dict[str, Any], lang: str = "en") -> list[str]:
     lines: list[str] = []
 
     def line(label: str, text: str) -> None:
-        lines.append(f"{label:<{width}}{text}")
+        if columns is None or width + len(text) <= columns:
+            lines.append(f"{label:<{width}}{text}")
+            return
+        from rich.text import Text
+
+        from ..visualizers.ring_drawing import wrap_text
+
+        parts = [part.plain.rstrip() for part in wrap_text(Text(text), max(10, columns - width))]
+        lines.extend([f"{label:<{width}}{parts[0]}", *(pad + part for part in parts[1:])])
 
     line(labels["machine"], f"{m['hostname']}  {m['platform']}")
     line(labels["cpus"], say["cpus"].format(usable=m["cpus_usable"], total=m["cpus"], model=m["cpu_model"] or "?",
@@ -76,8 +86,9 @@ def doctor_lines(report: dict[str, Any], lang: str = "en") -> list[str]:
     cores = m["cpus_usable"] or 1
     crowded = max((a["ranks"] for a in report["advice"] if a["runs_on"] == "cpu"), default=0)
     if crowded > cores:  # more ranks than cores: say so before the learner reads the timings
-        lines.append("  " + say["shared_cores"].format(ranks=crowded, cores=cores,
-                                                       name=translated("checks", "cause.cpu_contention", lang)))
+        note = "  " + say["shared_cores"].format(ranks=crowded, cores=cores,
+                                                 name=translated("checks", "cause.cpu_contention", lang))
+        lines.extend([note] if columns is None else fit_prose(note, columns))
     return lines
 
 
@@ -97,5 +108,5 @@ def doctor(
     if as_json:
         typer.echo(json.dumps(report, indent=2))
         return
-    for text in doctor_lines(report, language):
+    for text in doctor_lines(report, language, terminal_columns()):
         typer.echo(text)

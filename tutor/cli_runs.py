@@ -23,6 +23,7 @@ from .cli import (
     CliError,
     adopt_language,
     app,
+    fit_prose,
     lang_option,
     language_or_fail,
     lesson_or_fail,
@@ -81,8 +82,6 @@ def _runs_table(rows: list[dict[str, Any]], runs: list, say: dict, language: str
     """``distai runs``' lines: id, lesson, start, status, duration, processes, and under a failed run
     its reason. Where that is wider than the terminal, the lesson and start columns go (a run's id
     is its start and its lesson) and the reasons wrap under their mark."""
-    from .cli_calc import fit_prose
-
     columns = terminal_columns()
     width = max(len(r["id"]) for r in rows)
     procs = [f"{r['nproc']}×{r['device']}" if r["nproc"] else "" for r in rows]
