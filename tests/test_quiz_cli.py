@@ -135,3 +135,19 @@ def test_quiz_session_records_and_saves(tmp_path):
     assert session.finished and session.saved
     assert store.best_quiz_score("lesson7") == pytest.approx(2 / 3)
     assert review.mastery(store, "lesson7", len(quiz.generators("lesson7"))) == 0.0
+
+
+@pytest.mark.parametrize("lang", ["en", "es"])
+def test_questions_wrap_at_the_terminals_width_under_their_mark(home, monkeypatch, capsys, lang):
+    """At 80 columns a question's prompt (176 characters), its choices and its explanation wrapped
+    wherever the terminal cut them; they wrap between words, each under the text after its mark."""
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, _ = run_quiz(monkeypatch, capsys, "1\n" * 10, "8", "--seed", "5", "--count", "10", "--lang", lang)
+    assert code == 0
+    lines = out.splitlines()
+    assert max(map(len, lines)) <= 79, max(lines, key=len)
+    for q in quiz.build_quiz("8", 10, 5, lang):  # every word of every prompt and explanation, in order
+        assert " ".join(q.prompt.split()) in " ".join(out.split())
+        assert " ".join(q.explanation.split()) in " ".join(out.split())
+    marks = [i for i, line in enumerate(lines) if line.startswith(("Q1/10", "P1/10"))]
+    assert marks and lines[marks[0] + 1].startswith(" " * 7) and lines[marks[0] + 1][7] != " ", lines[marks[0]:marks[0] + 3]

@@ -23,6 +23,7 @@ from .cli import (
     language_or_fail,
     lesson_or_fail,
     open_progress,
+    terminal_columns,
 )
 
 
@@ -42,25 +43,39 @@ def _given(q, check, text: str) -> str:
     return text.strip()
 
 
+def _say(text: str, hanging: int = 0, after: str = "") -> None:
+    """A line of the quiz wrapped at the terminal's width, never between a number and its unit
+    (``wrap_text``, the one rule); ``hanging``: where its wrapped lines start (under the text after a
+    "Q1/5" or "2." mark); ``after``: what the line already holds (the answer's "> " prompt)."""
+    from rich.text import Text
+
+    from ..visualizers.ring_drawing import wrap_text
+
+    for part in wrap_text(Text(after + text), terminal_columns(), hanging):
+        typer.echo(part.plain[len(after):].rstrip() if after else part.plain.rstrip())
+        after = ""
+
+
 def run_quiz(questions, store, session_lesson, lang: str, header: str) -> int:
     """Ask ``questions`` on the terminal; returns the exit code (0)."""
     from .review import QuizSession
 
     T = strings("quiz_cli", lang)
     session = QuizSession(questions, store, session_lesson)
-    typer.echo(header)
+    _say(header)
     tips = [T["howto"]] if any(not q.is_choice for q in questions) else []
     if any(q.is_choice for q in questions):
         tips.append(T["howto_choice"])
-    typer.echo(" ".join(tips + [T["howto_end"]]))
+    _say(" ".join(tips + [T["howto_end"]]))
     n = len(questions)
     eof = False
     while (q := session.current) is not None:
         typer.echo("")
         tol = "" if q.is_choice else " " + T["tolerance"].format(tol=q.tolerance_text())
-        typer.echo(f"{T['q'].format(i=session.index + 1, n=n)}  {q.prompt}{tol}")
+        mark = f"{T['q'].format(i=session.index + 1, n=n)}  "
+        _say(f"{mark}{q.prompt}{tol}", len(mark))
         for i, c in enumerate(q.choices):
-            typer.echo(f"  {i + 1}. {c}")
+            _say(f"  {i + 1}. {c}", len(f"  {i + 1}. "))
         while True:
             typer.echo(T["prompt"], nl=False)
             sys.stdout.flush()
@@ -72,14 +87,15 @@ def run_quiz(questions, store, session_lesson, lang: str, header: str) -> int:
             out = session.answer(text)
             if out.final:
                 if out.correct:
-                    typer.echo(T["right"])
+                    _say(T["right"], 2, T["prompt"])
                 elif not out.check.valid:
-                    typer.echo(T["unread"].format(msg=out.check.message, answer=q.answer_text()))
+                    _say(T["unread"].format(msg=out.check.message, answer=q.answer_text()), 2, T["prompt"])
                 else:
-                    typer.echo(T["wrong"].format(given=_given(q, out.check, text), answer=q.answer_text()))
-                typer.echo(T["why"].format(text=q.explanation))
+                    _say(T["wrong"].format(given=_given(q, out.check, text), answer=q.answer_text()), 2,
+                         T["prompt"])
+                _say(T["why"].format(text=q.explanation), 2)
                 break
-            typer.echo(T["again"].format(msg=out.check.message))
+            _say(T["again"].format(msg=out.check.message), 2, T["prompt"])
         if eof:
             break
     typer.echo("")
