@@ -41,6 +41,7 @@ KINDS = (
     "choice",    # one of ``choices`` (case-insensitive)
     "flag",      # a switch (--sequence-parallel)
 )
+_WHOLE_KINDS = ("whole", "length")  # whole numbers, at least 1 unless ``minimum`` says otherwise
 
 
 class CalcError(TranslatedError):
@@ -90,10 +91,10 @@ class Option:
         except ValueError as exc:  # a UnitError in the learner's language
             why = exc.text(lang) if isinstance(exc, TranslatedError) else str(exc)
             raise CalcError(f"{self.flag}: {why}") from None
-        minimum = 1 if self.kind in ("whole", "length") and self.minimum is None else self.minimum
+        minimum = 1 if self.kind in _WHOLE_KINDS and self.minimum is None else self.minimum
         # a count past 2^53 is no model's or cluster's, and a float no longer holds it exactly
-        maximum = LARGEST_COUNT if self.kind in ("whole", "length", "count") and self.maximum is None else self.maximum
-        if self.kind in ("whole", "length"):
+        maximum = LARGEST_COUNT if self.kind in (*_WHOLE_KINDS, "count") and self.maximum is None else self.maximum
+        if self.kind in _WHOLE_KINDS:
             if value != math.floor(value):
                 raise refused("whole")
             value = int(value)

@@ -84,19 +84,23 @@ def _runs_table(rows: list[dict[str, Any]], runs: list, say: dict, language: str
     is its start and its lesson) and the reasons wrap under their mark."""
     columns = terminal_columns()
     width = max(len(r["id"]) for r in rows)
-    procs = [f"{r['nproc']}×{r['device']}" if r["nproc"] else "" for r in rows]
-    statuses = [say["statuses"].get(r["status"], r["status"]) for r in rows]
-    status_width = max(11, len(say["status"]), *(len(s) for s in statuses))
-    tail = 2 + status_width + 1 + 9 + 2 + max(len(say["procs"]), *(len(p) for p in procs))
-    whole = width + 2 + 8 + 1 + 19 + tail <= columns
+    table = [(say["id"], say["lesson_column"], say["started"], say["status"], say["duration"], say["procs"])]
+    table += [(r["id"], r["lesson"], r["started"], say["statuses"].get(r["status"], r["status"]),
+               _duration(rec, language), f"{r['nproc']}×{r['device']}" if r["nproc"] else "")
+              for r, rec in zip(rows, runs)]
+    status_width = max(11, *(len(cells[3]) for cells in table))
 
-    def line(run_id: str, lesson: str, started: str, status: str, duration: str, proc: str) -> str:
-        middle = f"  {lesson:<8} {started:<19}" if whole else ""
-        return f"{run_id:<{width}}{middle}  {status:<{status_width}} {duration:>9}  {proc}".rstrip()
+    def lines_of(whole: bool) -> list[str]:
+        return [f"{run_id:<{width}}{f'  {lesson:<8} {started:<19}' if whole else ''}  "
+                f"{status:<{status_width}} {duration:>9}  {proc}".rstrip()
+                for run_id, lesson, started, status, duration, proc in table]
 
-    lines = [line(say["id"], say["lesson_column"], say["started"], say["status"], say["duration"], say["procs"])]
-    for r, rec, proc, status in zip(rows, runs, procs, statuses):
-        lines.append(line(r["id"], r["lesson"], r["started"], status, _duration(rec, language), proc))
+    head, *body = lines_of(True)
+    if max(len(head), *map(len, body)) > columns:
+        head, *body = lines_of(False)
+    lines = [head]
+    for r, line in zip(rows, body):
+        lines.append(line)
         if r["error"] and r["status"] != "ok":
             # its first 150 characters (runs show gives it whole), wrapped under the mark
             lines += fit_prose(f"{'':<{width}}  └ {(reason_text(r['error'], language) or '')[:150]}", columns)

@@ -128,7 +128,6 @@ def wrap_text(text: Text, width: int, hanging: int = 0) -> list[Text]:
     return [lines[0], *(Text(" " * hanging) + line for line in lines[1:])] if hanging else lines
 
 
-
 def wrap_indented(text: Text, width: int, indent: int, hanging: int = 0) -> list[Text]:
     """:func:`wrap_text` for text drawn ``indent`` spaces in: every line starts there, the lines after
     the first ``hanging`` further (a calculator's prose line, a check's causes under its row)."""

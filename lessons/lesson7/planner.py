@@ -181,11 +181,8 @@ def _texts(key: str, **fields) -> dict[str, str]:
 def _bytes_apart(more: float, less: float):
     """Two sizes as the learner reads them, with the digits it takes for the larger to read larger
     (the pair formatted once per language)."""
-    shown: dict[str, tuple[str, str]] = {}
-
-    def size(i: int):
-        return lambda lang: shown.setdefault(lang, units.format_bytes_apart(more, less, lang))[i]
-    return size(0), size(1)
+    pairs = {lang: units.format_bytes_apart(more, less, lang) for lang in LANGUAGES}
+    return (lambda lang: pairs[lang][0]), (lambda lang: pairs[lang][1])
 
 
 def _ms(seconds: float, digits: int | None = None):
