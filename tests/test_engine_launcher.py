@@ -609,3 +609,31 @@ def test_the_run_view_wraps_between_its_fields_not_inside_them():
         assert all(len(line) <= width for line in lines)
         for field in ("finished", "· 6.5 s", "step 40/40", "comm 1.67 ms", "2 × cpu (gloo)"):
             assert any(field in line for line in lines), (width, field, lines)  # whole, on one line
+
+
+def test_the_run_views_labelled_lines_wrap_under_their_text_without_trailing_spaces():
+    """At 80 columns lesson 1's "fit    ring: … (1/β" / "= 1.32 GB/s)" broke inside its bracket, flush left, and
+    the ring line ended in "(32 MiB); " with its trailing space."""
+    from rich.console import Console
+
+    from distai.engine.run_state import RunState
+    from distai.tutor.cli_run import render_state
+
+    state = RunState()
+    for e in [{"kind": "run_start", "run_id": "20261206-060526-lesson1-9e39", "nproc": 2, "device": "cpu",
+               "backend": "gloo", "t": 0.0},
+              {"kind": "ring_step", "rank": 1, "call": 1016, "step": 1, "of": 2, "phase": "all-gather", "chunk": 0,
+               "to": 0, "bytes": 32 * 2**20, "t": 1.0},
+              {"kind": "fit", "impl": "ring", "alpha_s": 1.44e-3, "beta_s_per_byte": 7.59e-10, "bandwidth": 1.32e9,
+               "t": 2.0}]:
+        state.feed(e)
+    assert state.fits and state.last_ring_step
+    for lang, labels in (("en", ("fit    ", "ring   ")), ("es", ("ajuste ", "anillo "))):
+        console = Console(width=80, record=True, file=open(os.devnull, "w"))
+        console.print(render_state(state, "distai run lesson1", width=80, lang=lang))
+        lines = console.export_text().splitlines()
+        for label in labels:
+            at = next(i for i, line in enumerate(lines) if line.startswith(label))
+            assert len(lines[at]) <= 80 and lines[at] == lines[at].rstrip(), lines[at]
+            assert lines[at + 1].startswith(" " * 7) and not lines[at + 1].startswith(" " * 8), lines[at:at + 2]
+        assert any("(1/β = 1" in line for line in lines)  # the bracket stays whole

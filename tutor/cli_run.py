@@ -217,6 +217,22 @@ class Fields:
         yield line
 
 
+def labelled_line(text, width: int):
+    """A view line that starts with its label ("ring   ", "fit    ", "ajuste "), wrapped to ``width`` with
+    its later lines under its text, not under the label (``wrap_text``'s one rule for where to break)."""
+    import re
+
+    from rich.text import Text
+
+    from ..visualizers.ring_drawing import wrap_text
+
+    label = re.match(r"\S+\s+", text.plain)
+    lines = wrap_text(text, width, label.end() if label else 2)
+    for line in lines:
+        line.rstrip()
+    return Text("\n").join(lines)
+
+
 def render_state(state, title: str = "distai run", extra=None, width: int = 100, now: float | None = None,
                  summary: bool = False, lang: str = "en"):
     """A Rich renderable of a :class:`~distai.engine.run_state.RunState` (plus a lesson's own view), in
@@ -268,12 +284,13 @@ def render_state(state, title: str = "distai run", extra=None, width: int = 100,
         parts.append(check_table(state.checks, lang))
     if state.last_ring_step:
         r = state.last_ring_step
-        parts.append(Text(say("ring", call=r.get("call"), k=r.get("step", 0) + 1, n=r.get("of"), phase=r.get("phase"),
-                              rank=r.get("rank"), chunk=r.get("chunk"), to=r.get("to"),
-                              size=_fmt_bytes(r.get("bytes", 0), lang), traced=state.ring_steps), style="magenta"))
+        parts.append(labelled_line(Text(say("ring", call=r.get("call"), k=r.get("step", 0) + 1, n=r.get("of"),
+                                            phase=r.get("phase"), rank=r.get("rank"), chunk=r.get("chunk"),
+                                            to=r.get("to"), size=_fmt_bytes(r.get("bytes", 0), lang),
+                                            traced=state.ring_steps), style="magenta"), width))
     if state.ring_check:
-        parts.append(Text(say("ring_check", diff=format_number(state.ring_check.get("max_abs_diff", 0), 2, lang)),
-                          style="dim"))
+        parts.append(labelled_line(Text(say("ring_check", diff=format_number(state.ring_check.get("max_abs_diff", 0),
+                                                                             2, lang)), style="dim"), width))
     if state.sweep:
         table = Table(title=say("sweep"), title_justify="left", show_edge=False, pad_edge=False)
         for col in ("size", "ring_time", "ring_busbw", "ar_time", "ar_busbw", "ratio"):
@@ -286,9 +303,9 @@ def render_state(state, title: str = "distai run", extra=None, width: int = 100,
         parts.append(table)
     for impl, f in state.fits.items():
         name = say(f"impls.{impl}") if has("cli", f"view.impls.{impl}") else impl
-        parts.append(Text(say("fit", impl=name, alpha=_fmt_time(f.get("alpha_s"), lang),
-                              beta=format_number(f.get("beta_s_per_byte", 0), 3, lang),
-                              bw=_fmt_bw(f.get("bandwidth"), lang)), style="dim"))
+        parts.append(labelled_line(Text(say("fit", impl=name, alpha=_fmt_time(f.get("alpha_s"), lang),
+                                            beta=format_number(f.get("beta_s_per_byte", 0), 3, lang),
+                                            bw=_fmt_bw(f.get("bandwidth"), lang)), style="dim"), width))
     out = output_lines(state, summary, lang)
     if out is not None:
         parts.append(out)
