@@ -637,3 +637,23 @@ def test_the_run_views_labelled_lines_wrap_under_their_text_without_trailing_spa
             assert len(lines[at]) <= 80 and lines[at] == lines[at].rstrip(), lines[at]
             assert lines[at + 1].startswith(" " * 7) and not lines[at + 1].startswith(" " * 8), lines[at:at + 2]
         assert any("(1/β = 1" in line for line in lines)  # the bracket stays whole
+
+
+def test_rank_zeros_summary_wraps_under_its_own_indent_at_the_views_width():
+    """Lesson 4's verdict at 80 columns wrapped flush left with a trailing space ("…tp+sp dif. máx. " /
+    "9,7e-17 ✓"); each line now continues two spaces under its own indent, a table's row stays whole."""
+    from distai.tutor.cli_run import output_lines
+
+    printed = ["veredicto, T=2 (8,6 s):",
+               "  pérdida y cada gradiente = denso: tp dif. máx. 9,7e-17 ✓; tp+sp dif. máx. 9,7e-17 ✓",
+               "  size  time  busbw  ratio  (a table's row, columns two spaces apart, longer than the width)"]
+    state = RunState()
+    for line in printed:
+        state.feed({"kind": "output", "rank": 0, "line": line})
+    state.feed({"kind": "run_end", "status": "ok"})
+    assert output_lines(state, summary=True).plain.strip().splitlines() == printed  # no width: as printed
+    shown = output_lines(state, summary=True, width=60).plain.strip().splitlines()
+    assert shown[:3] == ["veredicto, T=2 (8,6 s):",
+                         "  pérdida y cada gradiente = denso: tp dif. máx. 9,7e-17 ✓;",
+                         "    tp+sp dif. máx. 9,7e-17 ✓"]
+    assert shown[3] == printed[2]

@@ -32,6 +32,7 @@ from .cli import (
     LESSON_HELP,
     CliError,
     app,
+    fit_prose,
     lang_option,
     language_or_fail,
     lesson_or_fail,
@@ -163,22 +164,28 @@ def last_paragraph(lines: list[str]) -> list[str]:
     return paragraph if len(paragraph) <= PARAGRAPH_LINES else []
 
 
-def output_lines(state, summary: bool, lang: str = "en"):
+def output_lines(state, summary: bool, lang: str = "en", width: int | None = None):
     """The ranks' output under the view: the last six lines, each with its rank; once a run whose summary
     is rank 0's output ended well, that output whole, as rank 0 printed it (a table keeps its header);
     once a run whose summary is the view ended well, rank 0's last paragraph when it is short
-    (:func:`last_paragraph`), so no line is cut from the message it continues."""
+    (:func:`last_paragraph`), so no line is cut from the message it continues. ``width``: rank 0's
+    lines wrap to it under their own indent (:func:`~.cli.fit_prose`), not flush left."""
     from rich.text import Text
+
+    def as_printed(lines: list[str]) -> Text:
+        if width:
+            lines = [part for line in lines for part in fit_prose(line, width)]
+        return Text("\n" + "\n".join(lines))
 
     if state.finished and state.status == "ok":
         lines = [text for rank, text in state.output if rank == 0]
         if summary:
             while lines and not lines[0].strip():
                 lines.pop(0)
-            return Text("\n" + "\n".join(lines)) if lines else None
+            return as_printed(lines) if lines else None
         paragraph = last_paragraph(lines)
         if paragraph:  # as rank 0 printed it, like a summary: a prefix would wrap its lines
-            return Text("\n" + "\n".join(paragraph))
+            return as_printed(paragraph)
         shown = list(state.output)[-TAIL_LINES:]
     elif state.finished and state.status == "stopped":
         # torchrun answers the stop with a SignalException traceback: noise here (the run panel hides it
@@ -306,7 +313,7 @@ def render_state(state, title: str = "distai run", extra=None, width: int = 100,
         parts.append(labelled_line(Text(say("fit", impl=name, alpha=_fmt_time(f.get("alpha_s"), lang),
                                             beta=format_number(f.get("beta_s_per_byte", 0), 3, lang),
                                             bw=_fmt_bw(f.get("bandwidth"), lang)), style="dim"), width))
-    out = output_lines(state, summary, lang)
+    out = output_lines(state, summary, lang, width)
     if out is not None:
         parts.append(out)
     if state.finished:
