@@ -289,7 +289,7 @@ def _check(q: Question, text) -> Check:
                     idx = i
         if idx is None:
             return Check(False, False, None,
-                         translated("quiz", "choose_option", q.lang, n=n))
+                         translated("quiz", "choose_option", q.lang, n=n, last=LETTERS[n - 1]))
         return Check(idx == q.answer, True, idx, "")
     values = _candidates(s, q) or _candidates(_without_noun(s, q), q)
     if not values:

@@ -137,3 +137,19 @@ def test_a_runs_first_call_takes_over_and_a_live_run_waits_for_its_ranks():
     assert state.frame == 2 and live.status(state, 2).waiting == (2,)
     assert live.advance(replace(state, playing=True), 1.0).frame == 2  # it waits, still playing
     assert rv.RingView().switch_source(rv.RingState()) is None  # no run to switch to
+
+
+def test_a_command_in_a_widgets_text_is_drawn_bold_not_between_backticks():
+    """Lesson 1's busbw step read "Ejecuta `distai run lesson1 --cpu 4` y pulsa o": a widget has no Markdown."""
+    from distai.lessons.lesson3.run_timeline import RunTimeline
+    from distai.visualizers.ring_chart import sweep_chart
+    from distai.visualizers.run_timeline import timeline_lines
+
+    for lang, command in (("en", "distai run lesson1 --cpu 4"), ("es", "distai run lesson1 --cpu 4")):
+        lines = sweep_chart([], {}, 40, 10, lang=lang)
+        joined = " ".join(line.plain for line in lines)
+        assert "`" not in joined and all(line.cell_len <= 40 for line in lines), joined
+        bold = [line.plain[sp.start:sp.end] for line in lines for sp in line.spans if "bold" in str(sp.style)]
+        assert " ".join(bold) == command, bold  # the command, wrapped or not
+        waiting = timeline_lines(RunTimeline(), 80, lang)[0]
+        assert "`" not in waiting.plain and "distai run lesson3 --cpu 2" in waiting.plain

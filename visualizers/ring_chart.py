@@ -16,7 +16,7 @@ from ..lessons.lesson1 import formulas
 from ..lessons.strings import strings
 from ..lessons.units import format_bandwidth, format_time
 from .base import wrap_words
-from .ring_drawing import AR_COLOR, RUN_COLOR, fmt_bytes, styled
+from .ring_drawing import AR_COLOR, RUN_COLOR, code_spans, fmt_bytes, styled, wrap_text
 
 Cell = tuple[str, str | None]  # a character of the plot and its style
 
@@ -31,7 +31,7 @@ def sweep_chart(rows: Sequence[Mapping[str, Any]], fits: Mapping[str, Mapping[st
     s = strings("ring", lang)["chart"]
     pts = [r for r in rows if r.get("size") and r.get("ring_busbw") is not None]
     if not pts:
-        return [Text(part, style="dim") for part in wrap_words(s["none"], width)][:height]
+        return wrap_text(code_spans(s["none"], "dim"), width)[:height]
     legend = [Text(line) for line in wrap_words(s["legend"], width)]
     fit_lines = _fit_lines(fits, s, lang)
     label_w = 10

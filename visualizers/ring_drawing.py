@@ -99,6 +99,15 @@ def _console():
     return _CONSOLE
 
 
+def code_spans(text: str, style: str = "", code: str = "bold") -> Text:
+    """A catalog line for a widget (no Markdown there): its `…` spans, commands and keys, drawn in
+    ``code`` style without the backticks that Markdown would have turned into code."""
+    out = Text(style=style)
+    for i, part in enumerate(text.split("`")):
+        out.append(part, style=code if i % 2 else "")
+    return out
+
+
 def wrap_text(text: Text, width: int, hanging: int = 0) -> list[Text]:
     """Word-wrap styled text where the lesson text would break, never between a number and its unit, an
     axis and its degree or a symbol and its value (lessons/units.py's bind_units, the one rule), nor

@@ -14,6 +14,7 @@ from rich.text import Text
 from ..lessons.lesson3.run_timeline import RunTimeline
 from ..lessons.strings import strings
 from ..lessons.units import format_bytes, format_number, format_time
+from .ring_drawing import code_spans
 
 GLYPHS = {"step": ("█", "green"), "redo": ("█", "yellow"), "checkpoint": ("◆", "bold cyan"),
           "failure": ("✕", "bold red"), "restart": ("↻", "bold magenta"), "empty": (" ", "")}
@@ -52,7 +53,7 @@ def timeline_lines(tl: RunTimeline, width: int = 80, language: str = "en", detai
     """The rows, an axis, a legend and (``details``) one line per failure, restart and check."""
     tr = strings("failures", language)["timeline"]
     if tl.empty:
-        return [Text(tr["waiting"], style="italic grey62")]
+        return [code_spans(tr["waiting"], "italic grey62")]
     n = tl.span()
     label_w = max(len(tr["try"].format(n=k)) for k in tl.attempts) + 1
     cols = max(10, min(width - label_w - 1, n * max(1, (width - label_w - 1) // n)))

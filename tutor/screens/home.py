@@ -14,6 +14,7 @@ from textual.widgets.option_list import Option
 from ...lessons.registry import Lesson, all_lessons
 from ...lessons.strings import translated
 from ...lessons.units import format_score
+from ...visualizers.ring_drawing import code_spans
 from .common import CommonActions, localize_bindings
 
 BINDING_LABELS = {
@@ -111,7 +112,7 @@ class HomeScreen(CommonActions, Screen):
                     f"{translated('tutor', 'minutes', lang, m=lesson.duration_min)}\n", style="dim")
         text.append(lesson.title[lang] + "\n\n", style="bold")
         text.append(lesson.summary[lang] + "\n\n")
-        text.append(translated("tutor", "mastery_explained", lang) + "\n\n", style="dim italic")
+        text.append_text(code_spans(translated("tutor", "mastery_explained", lang) + "\n\n", "dim italic"))
         steps = Table.grid(padding=(0, 1))
         steps.add_column(width=1)
         steps.add_column(width=3, justify="right")
