@@ -542,19 +542,23 @@ def plan_profile(values: dict) -> dict:
 
     degrees = {k: values.get(k) or d for k, d in (("dp", 2), ("tp", 2), ("pp", 2), ("cp", 1), ("ep", 1))}
     argv = [f"--{k}={v}" for k, v in degrees.items() if k in ("dp", "tp", "pp") or v > 1]
-    for flag, key in (("layers", "layers"), ("hidden", "hidden"), ("heads", "heads"), ("kv-heads", "kv_heads"),
-                      ("seq", "seq"), ("vocab", "vocab"), ("microbatch-size", "microbatch")):
+    for flag, key in (("layers", "layers"), ("hidden", "hidden"), ("heads", "heads"), ("seq", "seq"),
+                      ("vocab", "vocab"), ("microbatch-size", "microbatch")):
         if values.get(key) is not None:
             argv.append(f"--{flag}={values[key]}")
     world = degrees["dp"] * degrees["tp"] * degrees["pp"] * degrees["cp"]
     try:
         plan = plan_run(argv, world, cuda=False)
+        if values.get("kv_heads") not in (None, plan.model.heads):  # the run's attention has no K/V groups
+            raise CalcError.keyed("plan.errors.capstone_kv_heads", kv_heads=values["kv_heads"], heads=plan.model.heads)
         if values.get("global_batch") is not None:  # m microbatches of b per DP rank
             b = plan.microbatch_size
             if values["global_batch"] % (degrees["dp"] * b):
                 raise CalcError.keyed("plan.errors.capstone_batch", batch=values["global_batch"], dp=degrees["dp"], b=b)
             plan = plan_run(argv + [f"--microbatches={values['global_batch'] // (degrees['dp'] * b)}"], world,
                             cuda=False)
+    except CalcError:  # already in the calculator's words
+        raise
     except ValueError as exc:  # MeshConfigError, the shape check's ShapeError: each in every language
         why = {lang: exc.text(lang) if isinstance(exc, TranslatedError) else str(exc) for lang in LANGUAGES}
         raise CalcError(texts={lang: translated("calc", "plan.errors.capstone", lang, reason=why[lang])

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from ..lessons.lesson1.formulas import algbw, alpha_beta_fit, busbw, busbw_factor
 from .experiment import device_sync
+from .host import host_memory_bytes, read_first
 from .runtime import timed_collective
 from .time_causes import collective_alone, process_run_queue_s
 from .time_causes import run_queue_s as thread_run_queue_s
@@ -31,26 +32,14 @@ from .time_causes import run_queue_s as thread_run_queue_s
 MiB = 1 << 20
 
 
-def _read_first(path: str, key: str) -> str | None:
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith(key):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        return None
-    return None
-
-
 def machine_info() -> dict[str, Any]:
-    mem_kib = _read_first("/proc/meminfo", "MemTotal")
     info: dict[str, Any] = {
         "hostname": socket.gethostname(),
         "platform": platform.platform(),
-        "cpu_model": _read_first("/proc/cpuinfo", "model name") or platform.processor() or None,
+        "cpu_model": read_first("/proc/cpuinfo", "model name") or platform.processor() or None,
         "cpus": os.cpu_count(),
         "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "memory_bytes": int(mem_kib.split()[0]) * 1024 if mem_kib else None,
+        "memory_bytes": host_memory_bytes(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda_available": torch.cuda.is_available(),

@@ -21,7 +21,8 @@ from ..lessons.capstone.mesh_run import AXES, Layout
 from ..lessons.experts.formulas import RUN_CAPACITY_FACTOR, RUN_EXPERTS, RUN_TOP_K
 from ..lessons.lesson5 import simulator as sim
 from ..lessons.model_size import ModelSize, add_model_options, check_degrees
-from ..lessons.strings import TranslatedError
+from ..lessons.strings import TranslatedError, translated
+from .host import host_memory_bytes
 
 #: the device mesh's dimensions, outermost first (TP innermost: one node; CP next to it)
 MESH_DIMS = AXES
@@ -160,7 +161,29 @@ def plan_run(argv: list[str] | None, world: int, cuda: bool) -> RunPlan:
     if args.moe and args.zero:
         raise MeshConfigError.keyed("zero_moe")
     schedule = check_plan(shape, world, model, microbatches=m, schedule=schedule, chunks=v, experts=args.experts)
-    return RunPlan(shape, schedule, v, m, b, model, args.dtype or ("float32" if cuda else "float64"), args)
+    plan = RunPlan(shape, schedule, v, m, b, model, args.dtype or ("float32" if cuda else "float64"), args)
+    if not cuda:
+        check_host_memory(plan, world)
+    return plan
+
+
+def check_host_memory(plan: RunPlan, world: int, have: int | None = None) -> None:
+    """MeshConfigError when the run's CPU ranks could not hold what every one of them builds: the whole
+    model (it splits its own copy into its shard), kept with its gradients and SGD's momentum by the
+    check against one process. A lower bound (the shards, activations and experts come on top), so a
+    shape that cannot fit is refused at once, not after the kernel kills the ranks minutes later."""
+    have = host_memory_bytes() if have is None else have
+    copies = 3 if plan.args.check else 1  # weights (+ gradients and momentum for the reference)
+    per_rank = plan.model.num_params() * (8 if plan.dtype == "float64" else 4) * copies
+    if have and world * per_rank > have:
+        from ..lessons.units import format_bytes, format_count
+
+        kept = "host_memory_check" if plan.args.check else "host_memory_no_check"
+        raise MeshConfigError.keyed(
+            "host_memory", ranks=world, dtype=plan.dtype,
+            params=lambda lang: format_count(plan.model.num_params(), lang=lang),
+            check=lambda lang: translated("run_checks", kept, lang, per_rank=format_bytes(per_rank, lang=lang)),
+            need=lambda lang: format_bytes(world * per_rank, lang=lang), have=lambda lang: format_bytes(have, lang=lang))
 
 
 def launch_ranks(argv: list[str], ranks: int | None, default: int, cuda: bool) -> int:

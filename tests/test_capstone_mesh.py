@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timed  # its checks time the run: README's command runs
 torch = pytest.importorskip("torch")
 
 from distai.engine import mesh as M  # noqa: E402
-from distai.engine.mesh_args import check_plan  # noqa: E402
+from distai.engine.mesh_args import check_plan, plan_run  # noqa: E402
 from distai.engine.model import GPT, GPTConfig  # noqa: E402
 from distai.engine.testing import run_in_group  # noqa: E402
 from distai.lessons.model_size import ShapeError  # noqa: E402
@@ -289,3 +289,20 @@ def test_the_experiment_streams_its_check_and_its_communication_account(tmp_path
         assert c.causes["more_cpu_work"] == pytest.approx(again[1] - again[0], rel=1e-9, abs=1e-12)
         assert c.causes["cores_taken_by_others"] == pytest.approx(again[2] - again[1], rel=1e-9, abs=1e-12)
     print("capstone step time:", check)
+
+
+def test_a_run_its_cpu_ranks_cannot_hold_is_refused_before_launching():
+    """Every rank builds the whole model (and keeps it with gradients and momentum for the check): a shape
+    whose copies exceed the machine's memory is one line at once, not ranks the kernel kills minutes later."""
+    from distai.engine.mesh_args import MeshConfigError, check_host_memory
+
+    plan = plan_run(["--layers", "8", "--hidden", "512", "--heads", "8"], 8, cuda=False)
+    per_rank = plan.model.num_params() * 8 * 3  # float64: weights, gradients, momentum
+    check_host_memory(plan, 8, have=8 * per_rank)  # just fits
+    with pytest.raises(MeshConfigError) as refused:
+        check_host_memory(plan, 8, have=8 * per_rank - 1)
+    assert "each of the 8 ranks builds the whole model" in refused.value.text("en")
+    assert "cada uno de los 8 ranks construye el modelo entero" in refused.value.text("es")
+    unchecked = plan_run(["--layers", "8", "--hidden", "512", "--heads", "8", "--no-check"], 8, cuda=False)
+    check_host_memory(unchecked, 8, have=8 * per_rank // 3)  # weights only without the check
+    plan_run(["--layers", "80", "--hidden", "8192", "--heads", "64"], 8, cuda=True)  # a GPU's memory is not the host's
