@@ -284,8 +284,15 @@ def _measure_in_torchrun(run: RunShape, dtype: str, timeout_s: float = MEASURE_T
             raise
         found = [Path(out_dir) / f"{rank}.json" for rank in range(run.world)]
         if proc.returncode or not all(f.exists() for f in found):
-            tail = [line for line in (err or "").splitlines() if line.strip()][-1:] or [f"exit {proc.returncode}"]
-            raise CalcError.keyed("plan.errors.calibration", why=tail[0])
+            from .launcher import analyse_failure
+            from .runs import reason_text
+
+            # torchrun's report names the rank and how it ended (the OOM killer's SIGKILL); its last
+            # line is a rule of "=" signs
+            lines = (err or "").splitlines()
+            failure = analyse_failure([], lines, proc.returncode) if any(line.strip() for line in lines) else None
+            why = failure.message if failure is not None and failure.rank is not None else f"exit {proc.returncode}"
+            raise CalcError.keyed("plan.errors.calibration", why=lambda lang: reason_text(why, lang) or why)
         return [json.loads(f.read_text()) for f in found]
 
 
