@@ -59,7 +59,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="distai run capstone",
+    ap = _Parser(allow_abbrev=False, prog="distai run capstone",
                  description="Data × tensor × pipeline × context × expert parallelism in one training run.")
     ap.add_argument("--dp", type=int, default=None, help="data-parallel degree (default: what the ranks leave)")
     ap.add_argument("--tp", type=int, default=None, help="tensor-parallel degree (default 2 when it divides)")
@@ -245,7 +245,7 @@ def decode_launch_ranks(argv: list[str], ranks: int | None, default: int, cuda: 
     """For ``distai run lesson7 --tp T --pp P``: T·P ranks when --cpu/--gpus did not say how many,
     after checking that the degrees fit the ranks and the model's shape (the experiment checks the
     same on every rank: :func:`check_decode_parts`)."""
-    ap = argparse.ArgumentParser(add_help=False)
+    ap = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     ap.add_argument("--tp", default=None)
     ap.add_argument("--pp", default=None)
     raw = ap.parse_known_args(argv)[0]
@@ -260,7 +260,7 @@ def decode_launch_ranks(argv: list[str], ranks: int | None, default: int, cuda: 
     if ranks is None and args.tp is not None and args.pp is not None:
         ranks = args.tp * args.pp
     ranks = default if ranks is None else ranks
-    sizes = _Parser(add_help=False)
+    sizes = _Parser(add_help=False, allow_abbrev=False)
     add_model_options(sizes, DECODE_MODEL, DECODE_SIZE_FLAGS)
     sizes.add_argument("--skip", default="")
     given = sizes.parse_known_args(argv)[0]
@@ -273,7 +273,7 @@ def experts_launch_ranks(argv: list[str], ranks: int | None, default: int, cuda:
     """For ``distai run experts``: what every rank would refuse, refused before anything is launched
     (one line, exit 2): an EP degree that does not divide the ranks or the experts (the one shape
     check), top-k outside 1..experts, a capacity factor that is not positive."""
-    ap = _Parser(add_help=False)
+    ap = _Parser(add_help=False, allow_abbrev=False)
     ap.add_argument("--ep", type=int, default=None)
     ap.add_argument("--experts", type=int, default=RUN_EXPERTS)
     ap.add_argument("--top-k", type=int, default=RUN_TOP_K)

@@ -250,9 +250,10 @@ def valid_names() -> list[str]:
 
 
 def resolve_lesson(name: str | int) -> Lesson:
-    """Accepts ``lesson3``, ``3``, the slug (``fault-tolerance``) or a former slug (``aliases``)."""
+    """Accepts ``lesson3``, ``3``, the slug (``fault-tolerance``), a former slug (``aliases``) or
+    ``lessonN`` for a lesson whose id is a word (``lesson8``: experts), as the help says."""
     wanted = str(name).strip().lower()
     for lesson in all_lessons():
-        if wanted in (str(lesson.number), *lesson.names):
+        if wanted in (str(lesson.number), f"lesson{lesson.number}", *lesson.names):
             return lesson
     raise UnknownLessonError(f"unknown lesson {str(name)!r}; valid lessons: {', '.join(valid_names())}")

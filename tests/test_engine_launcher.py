@@ -273,10 +273,16 @@ def test_runs_requests_are_refused_in_the_learners_language(argv, message, capsy
 @pytest.mark.parametrize("argv, lang, message", [
     (["run", "lesson5", "--cpu", "2", "--pp", "3"], "es",
      "el experimento de lesson5 no acepta --pp 3 (sus opciones: --chunks, "),  # none near: all of them
-    (["run", "lesson6", "--cpu", "2", "--bucket"], "es", "argumento --bucket-mb: falta su valor"),
+    (["run", "lesson6", "--cpu", "2", "--bucket-mb"], "es", "argumento --bucket-mb: falta su valor"),
+    (["run", "lesson6", "--cpu", "2", "--bucket"], "es",
+     "el experimento de lesson6 no acepta --bucket (sus opciones: --bucket-mb)"),  # no abbreviations
     (["run", "lesson2", "--cpu", "2", "--strategies", "foo"], "en", "unknown strategies ['foo']"),
     (["run", "lesson5", "--cpu", "2", "--slowstage", "1"], "en",
      "lesson5's experiment does not take --slowstage 1 (its options: --slow-stage)"),
+    # an abbreviation passed the check and the ranks read it as --schedules, then died after torchrun's banner
+    (["run", "lesson5", "--cpu", "2", "--schedule", "bogus"], "en",
+     "lesson5's experiment does not take --schedule bogus (its options: --schedules)"),
+    (["run", "capstone", "--cpu", "8", "--micro", "2"], "es", "argumentos no reconocidos: --micro 2"),
     # no option at all, a group its shape cannot split: refused before torchrun, not after its banner
     (["run", "lesson4", "--cpu", "3"], "es", "tp = 3 no divide las 8 cabezas de atención"),
     (["run", "context", "--cpu", "3"], "en", "the zigzag layout needs 2·cp = 6 to divide the sequence length 256"),

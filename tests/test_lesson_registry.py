@@ -101,6 +101,7 @@ def test_lessons_are_numbered_in_order_and_resolvable():
     assert [lesson.number for lesson in LESSONS] == list(range(1, len(LESSONS) + 1))
     for lesson in LESSONS:
         assert resolve_lesson(lesson.id) == resolve_lesson(str(lesson.number)) == resolve_lesson(lesson.slug)
+        assert resolve_lesson(f"lesson{lesson.number}") == lesson  # the help's "lessonN", lesson8-10 too
 
 
 def test_a_lesson_without_a_number_comes_after_the_numbered_ones(tmp_path, monkeypatch):

@@ -48,7 +48,7 @@ MEMORY_TOLERANCE = 0.10  # the measured activations stay within 10% of the formu
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="distai run context", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="distai run context", description=__doc__.split("\n")[0])
     p.add_argument("--cp", type=int, default=None, help="context-parallel size (default: every rank)")
     p.add_argument("--layout", choices=plan.LAYOUTS, default="zigzag", help="how the sequence is cut")
     p.add_argument("--variant", choices=plan.VARIANTS, default="ring", help="K/V by ring or by all-gather")

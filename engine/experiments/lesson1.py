@@ -57,7 +57,7 @@ DEFAULT_MODEL = ModelSize(vocab=64, hidden=64, heads=4, layers=2, seq=16)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="distai run lesson1", description="Data parallelism and ring all-reduce.")
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="distai run lesson1", description="Data parallelism and ring all-reduce.")
     p.add_argument("--steps", type=int, default=40, help="data-parallel training steps (default 40)")
     p.add_argument("--batch-per-rank", type=int, default=16, help="sequences per rank per step (default 16)")
     p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (default 0.1)")

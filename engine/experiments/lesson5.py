@@ -52,7 +52,7 @@ from ..model import ModelConfigError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="distai run lesson5",
+    ap = argparse.ArgumentParser(allow_abbrev=False, prog="distai run lesson5",
                                  description="Pipeline schedules for real: GPipe, 1F1B, interleaved.")
     run_options.add_options(ap)
     ap.add_argument("--microbatch-size", type=int, default=None, help="sequences per microbatch")

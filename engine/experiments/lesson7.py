@@ -111,7 +111,7 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="distai run lesson7", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="distai run lesson7", description=__doc__.split("\n\n")[0])
     g = p.add_argument_group("model")
     add_model_options(g, DEFAULT_MODEL, DECODE_SIZE_FLAGS)
     g.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
