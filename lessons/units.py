@@ -183,6 +183,10 @@ def parse_size(text, lang: str = "en", *, smallest: float = 0.0, what: str = "a_
     shown = repr(str(text).strip())
     if unit in ("B", "b"):
         raise UnitError.keyed("ambiguous_b", text=shown, num=num)
+    bits = re.fullmatch(r"([kKmMgGtTpP]i?)b", unit)
+    if bits:  # 1Gb: a bandwidth's gigabits (parse_bandwidth), not a size's gigabytes
+        raise UnitError.keyed("bits_for_bytes", text=shown, num=num, prefix=bits.group(1).upper().replace("K", "k")
+                              if "i" not in bits.group(1) else bits.group(1)[0].upper() + "i")
     value = parse_bytes(text, lang)
     if value != math.floor(value):
         raise UnitError.keyed("fractional_bytes", text=shown, num=num)

@@ -85,7 +85,7 @@ def test_slurm_job_rejects_bad_values(bad):
 
 
 def test_slurm_cli_one_line_errors(tmp_path):
-    out = subprocess.run([*DISTAI, "slurm", "lesson9", "--nodes", "2", "--gpus-per-node", "4"],
+    out = subprocess.run([*DISTAI, "slurm", "lesson11", "--nodes", "2", "--gpus-per-node", "4"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "valid lessons" in out.stderr
     target = tmp_path / "job.sbatch"

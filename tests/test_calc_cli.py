@@ -276,6 +276,13 @@ def test_prose_lines_fit_the_terminal_and_tables_stay_whole(capsys, monkeypatch)
     assert not any(p.rstrip().endswith(("21.1", "815", "1.09")) for p in parts)  # a number keeps its unit
     row = "    1    2   1   8     4   1 on   1    3 none       1   72.6 GB    21.1 s  71.1%  5.19%"
     assert fit_prose(row, 40) == [row]
+    # a label's row: its cells whole, the note that does not fit under the value, a long last cell's words
+    # under its own column (calc context ran to 98 columns, Spanish calc serve's reasons to 92)
+    row = "  ring: sent per layer           1.48 GB  (1.38 GiB, 1,476,395,008 B)  (7 + 15 messages fwd + bwd)"
+    assert fit_prose(row, 80) == [row[:row.index("  (7")], " " * 33 + "(7 + 15 messages fwd + bwd)"]
+    row = "  1×1×8     memoria  los pesos, 140 GB por GPU, superan los 72 GB utilizables (90 % de 80 GB)"
+    assert fit_prose(row, 80) == ["  1×1×8     memoria  los pesos, 140 GB por GPU, superan los 72 GB utilizables",
+                                  " " * 21 + "(90 % de 80 GB)"]
     monkeypatch.setenv("COLUMNS", "80")
     plan = ["calc", "plan", "--params", "70B", "--layers", "80", "--hidden", "8192", "--heads", "64",
             "--gpus", "64", "--seq", "4096", "--global-batch", "512", "--gpu-mem", "80GB"]

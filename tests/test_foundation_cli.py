@@ -88,9 +88,9 @@ def test_tutor_command_opens_the_named_lesson(name, monkeypatch):
 
 
 @pytest.mark.parametrize("argv", [
-    ["tutor", "--lesson", "lesson9"],
+    ["tutor", "--lesson", "lesson11"],
     ["tutor", "--lesson", "foo"],
-    ["quiz", "lesson9"],
+    ["quiz", "lesson11"],
     ["run", "foo"],
     ["run", "0"],
 ])

@@ -155,3 +155,11 @@ def test_spanish_writes_billions_and_percent_one_way():
 
 def test_absurd_rank_counts_are_refused_not_overflowed():
     assert "at most" in refused("allreduce", "-s", "0", "-n", "8.98846567431158e+307", "--algorithm", "naive")
+
+
+def test_a_size_in_bits_is_refused_as_the_bandwidths_read_it():
+    """--bytes 1Gb read as 1 GB while --beta 100Gb/s read as 12.5 GB/s: a lowercase b is bits in both."""
+    assert "'1Gb' is in bits" in refused("allreduce", "-s", "1Gb", "-n", "8")
+    assert "write 4MiB" in refused("allreduce", "-s", "4Mib", "-n", "8")
+    code, out, _ = run("calc", "allreduce", "-s", "1GB", "-n", "8", "--beta", "100Gb/s")
+    assert code == 0 and "of 1 GB" in out and "12.5 GB/s" in out

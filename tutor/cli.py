@@ -122,15 +122,60 @@ def terminal_columns() -> int:
 
 def fit_prose(line: str, width: int) -> list[str]:
     """``line`` wrapped to ``width`` under its own indent plus two, never between a number and its unit
-    (``wrap_text``, the one rule); a table's row (columns two spaces apart) is left whole."""
+    (``wrap_text``, the one rule); a label's row (cells two spaces apart) keeps its cells whole and goes
+    on under its second column (:func:`_row_lines`); a wider table's row is left whole."""
     body = line.lstrip(" ")
-    if len(line) <= width or "  " in body.rstrip():
+    if len(line) <= width:
         return [line]
     from rich.text import Text
 
     from ..visualizers.ring_drawing import wrap_indented
 
+    if "  " in body.rstrip():
+        return _row_lines(line, width)
     return [part.plain.rstrip() for part in wrap_indented(Text(body), width, len(line) - len(body), hanging=2)]
+
+
+#: the most cells a row wrapped by :func:`_row_lines` has: a label, its value and two notes
+LABEL_ROW_CELLS = 4
+
+
+def _row_lines(row: str, width: int) -> list[str]:
+    """A table's row too wide for ``width``: its cells (two spaces apart) in their columns as they fit;
+    the last cell, where 20 columns are left for it, wrapped by words under its own column; any other
+    cell on a line of its own under the second column ("  ring: sent per layer   1.48 GB  (…)" with
+    "(7 + 15 messages fwd + bwd)" under "1.48 GB")."""
+    import re
+
+    from rich.text import Text
+
+    from ..visualizers.ring_drawing import wrap_text
+
+    cells = [(m.start(), m.group()) for m in re.finditer(r"\S+(?: \S+)*", row)]
+    if not 2 <= len(cells) <= LABEL_ROW_CELLS:  # a table of many columns is left whole: split, it reads as none
+        return [row]
+    column = cells[1][0]
+    out: list[str] = []
+    line = row[:cells[0][0] + len(cells[0][1])]
+
+    def under(lead: str, cell: str) -> list[str]:  # the cell's words under the end of ``lead``
+        parts = wrap_text(Text(cell), max(10, width - len(lead)))
+        return [lead + parts[0].plain, *(" " * len(lead) + p.plain for p in parts[1:])]
+
+    for i, (start, cell) in enumerate(cells[1:], 1):
+        lead = line + " " * (start - len(line)) if not out else line + "  "  # the first line keeps its columns
+        if len(lead + cell) <= width:
+            line = lead + cell
+            continue
+        if i == len(cells) - 1 and width - len(lead) >= 20:
+            out += under(lead, cell)
+            return [x.rstrip() for x in out]
+        out.append(line)
+        wrapped = under(" " * column, cell)
+        out += wrapped[:-1]
+        line = wrapped[-1]
+    out.append(line)
+    return [x.rstrip() for x in out]
 
 
 def language_or_fail(explicit: str | None) -> str:

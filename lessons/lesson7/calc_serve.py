@@ -78,8 +78,9 @@ def text(r: dict, lang: str = "en") -> list[str]:
         lines += ["", say("none")]
     if r["rejected"]:
         lines += ["", say("rejected")]
-        lines += [f"  {_split(c):<9} {say('reason.' + c['reason']):<6} {c.get('detail_text', {}).get(lang) or c['detail']}"
-                  for c in r["rejected"]]
+        reason_width = max(len(say("reason." + c["reason"])) for c in r["rejected"])  # "memoria" is wider than "tpot"
+        lines += [f"  {_split(c):<9} {say('reason.' + c['reason']):<{reason_width}}  "
+                  f"{c.get('detail_text', {}).get(lang) or c['detail']}" for c in r["rejected"]]
     if r["best"]:
         b = r["best"]
         lines += ["", say("best", tp=b["tp"], pp=b["pp"], replicas=say("replicas", n=b["replicas"]), batch=b["batch"],
