@@ -119,7 +119,12 @@ def _per_byte(text: str, lang: str) -> float:
         if not bandwidth > 0:
             raise units.UnitError.keyed("positive_bandwidth", text=repr(text))
         return 1.0 / bandwidth
-    return units.parse_time(text.strip(), lang)
+    try:
+        return units.parse_time(text.strip(), lang)
+    except units.UnitError:
+        if re.fullmatch(r"[kKmMgGtTpP]i?[bB]", units.unit_of(text)):  # 100GB: a bandwidth without its /s
+            raise units.UnitError.keyed("per_second", text=repr(text)) from None
+        raise
 
 
 def _flops(text: str, lang: str) -> float:

@@ -140,16 +140,20 @@ def _with_unit(text, lang: str, factors: dict, key: str, error: str) -> float:
     num, unit = _split(text)
     if key not in factors:
         raise UnitError.keyed(error, unit=repr(unit), text=repr(text))
-    return _finite(parse_number(num, lang) * factors[key], text)
+    factor, value = factors[key], parse_number(num, lang)
+    if 0 < factor < 1:  # 5us as 5 / 10^6 = 5e-06, not 5 · 1e-6 = 4.9999999999999996e-06
+        return _finite(value / round(1 / factor), text)
+    return _finite(value * factor, text)
 
 
-def _unit_of(text) -> str:
+def unit_of(text) -> str:
+    """The unit after the number of ``text`` ('' for a bare number or a Python number)."""
     return _split(text)[1] if isinstance(text, str) else ""
 
 
 def parse_count(text, lang: str = "en") -> float:
     """A count such as a number of parameters or tokens: ``7.5B`` → 7.5e9, ``175e9``, ``13k``, ``1.3M``."""
-    unit = _unit_of(text)
+    unit = unit_of(text)
     return _with_unit(text, lang, COUNT_UNITS, " ".join(unit.lower().rstrip(".").split()), "count_suffix")
 
 
@@ -159,13 +163,13 @@ LENGTH_UNITS = {"": 1, "k": 1024, "m": 1024 ** 2}
 
 def parse_length(text, lang: str = "en") -> float:
     """A sequence or context length in tokens: ``4096``, ``32k`` → 32768, ``128K`` → 131072, ``1M`` → 1048576."""
-    unit = _unit_of(text)
+    unit = unit_of(text)
     return _with_unit(text, lang, LENGTH_UNITS, unit.lower(), "length_suffix")
 
 
 def parse_bytes(text, lang: str = "en") -> float:
     """A size in bytes: ``64MiB`` → 67108864, ``2GB`` → 2e9, ``16,6 GB`` → 1.66e10, ``512`` → 512."""
-    unit = _unit_of(text)
+    unit = unit_of(text)
     return _with_unit(text, lang, {"": 1, **BYTE_UNITS}, unit.lower().replace(" ", ""), "size_unit")
 
 
@@ -189,6 +193,8 @@ def parse_size(text, lang: str = "en", *, smallest: float = 0.0, what: str = "a_
                               if "i" not in bits.group(1) else bits.group(1)[0].upper() + "i")
     value = parse_bytes(text, lang)
     if value != math.floor(value):
+        if value * 1e9 < 1:  # 1e-300: no unit makes a whole number of bytes of it
+            raise UnitError.keyed("not_whole_bytes", text=shown)
         raise UnitError.keyed("fractional_bytes", text=shown, num=num)
     if not unit and 0 < value < smallest:
         raise UnitError.keyed("too_small", text=shown, num=num, value=lambda lang: format_number(value, 3, lang),
@@ -198,7 +204,7 @@ def parse_size(text, lang: str = "en", *, smallest: float = 0.0, what: str = "a_
 
 def parse_time(text, lang: str = "en") -> float:
     """A duration in seconds: ``5us`` → 5e-6, ``1.5ms``, ``30min``, ``2h``, ``1d``; a bare number is seconds."""
-    unit = _unit_of(text)
+    unit = unit_of(text)
     return _with_unit(text, lang, {"": 1.0, **TIME_UNITS}, unit.lower().rstrip("."), "time_unit")
 
 

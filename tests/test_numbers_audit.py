@@ -163,3 +163,18 @@ def test_a_size_in_bits_is_refused_as_the_bandwidths_read_it():
     assert "write 4MiB" in refused("allreduce", "-s", "4Mib", "-n", "8")
     code, out, _ = run("calc", "allreduce", "-s", "1GB", "-n", "8", "--beta", "100Gb/s")
     assert code == 0 and "of 1 GB" in out and "12.5 GB/s" in out
+
+
+def test_the_cli_reviews_small_refusals_say_what_was_given():
+    """--recompute alone was told '--sequence-parallel and --recompute need the shape'; --beta 100GB was an
+    'unknown time unit'; --bytes 1e-300 was offered '1e-300GB'; the default 5us read 4.9999999999999996e-06."""
+    err = refused("memory", "--params", "7B", "--recompute", "full")
+    assert err.startswith("distai: error: --recompute needs the shape"), err
+    assert "--sequence-parallel and --recompute need" in refused("memory", "--params", "7B", "--recompute", "full",
+                                                                 "--sequence-parallel")
+    assert "per-second unit, e.g. GB/s: '100GB'" in refused("allreduce", "-s", "1GB", "-n", "8", "--beta", "100GB")
+    err = refused("allreduce", "-s", "1e-300", "-n", "8")
+    assert "is not a whole number of bytes" in err and "did you mean" not in err
+    assert units.parse_time("5us") == 5e-06 and units.parse_time("7ns") == 7e-09 and units.parse_time("2h") == 7200
+    code, out, _ = run("calc", "allreduce", "-s", "1GB", "-n", "1", "--json")
+    assert code == 0 and '"alpha_s": 5e-06' in out

@@ -207,7 +207,7 @@ def runs_export(
         raise CliError(exc.text(language)) from None
     text = export_text(record, fmt, language)
     if output == "-":
-        typer.echo(text, nl=not text.endswith("\n"))
+        typer.echo(text, nl=bool(text) and not text.endswith("\n"))  # no metrics: nothing, not a blank line
         return
     path = Path(output).expanduser() if output else default_export_path(record.path, fmt)
     try:

@@ -5,6 +5,7 @@ import math
 
 from .. import units
 from ..calculator import CalcError, Calculator, Option, bytes_text, choice_name, labels, table
+from ..strings import translated
 from . import formulas as f
 
 SHAPE = ("layers", "hidden", "seq", "micro_batch", "heads")
@@ -16,8 +17,12 @@ def compute(v: dict) -> dict:
     if given and len(given) != len(shape):
         missing = ", ".join("--" + k.replace("_", "-") for k, x in shape.items() if x is None)
         raise CalcError.keyed("errors.shape_missing", missing=missing)
-    if (v["sequence_parallel"] or v["recompute"] != "none") and not given:
-        raise CalcError.keyed("errors.shape_needed")
+    wanting = [flag for flag, on in (("--sequence-parallel", v["sequence_parallel"]),
+                                     ("--recompute", v["recompute"] != "none")) if on]
+    if wanting and not given:
+        raise CalcError.keyed("errors.shape_needed", n=len(wanting),
+                              flags=lambda lang: translated("calc", "errors.both", lang, a=wanting[0], b=wanting[-1])
+                              if len(wanting) > 1 else wanting[0])
     if given and shape["hidden"] % shape["heads"]:  # the head size h/a is a whole number (calc plan, moe, context)
         raise CalcError.keyed("errors.hidden_not_heads", hidden=shape["hidden"], heads=shape["heads"])
     mem = f.memory_per_gpu(v["params"], v["dp"], v["strategy"], v["optimizer"], v["precision"], tp=v["tp"],
