@@ -9,14 +9,20 @@ rank's work in the step (the causal scores it computes, or a replayed run's meas
 wait), the idle share of the layout, and the running maximum ``m`` and sum ``l`` of one query row
 (the last token's) merged step by step with the online softmax. ``z`` switches the layout, ``a`` the
 variant, ``[``/``]`` the CP size, ``b`` forward/backward, ``o`` replays the latest run (its cp,
-layout and variant, with the ranks' measured times). Rendered as Rich ``Text``; no torch, no I/O.
+layout and variant, with the ranks' measured times). Both layouts cut the same sequence (``2·cp``
+chunks of 8 tokens, or ``cp`` of 16): ``z`` changes the chunks, which the axes line says, not the
+example. The idle share counts the exact causal pairs of those short chunks (a diagonal tile a
+little over half full) and names the long-chunk value the lesson's text quotes. Lines are wrapped to
+the pane's width before being fitted to its height, so a short pane says how many it hides.
+Rendered as Rich ``Text``; no torch, no I/O.
 """
 from __future__ import annotations
 
+import io
 from collections.abc import Mapping
 from typing import Any
 
-from rich.console import Group
+from rich.console import Console, Group
 from rich.text import Text
 
 from ..lessons.context import formulas as f
@@ -25,6 +31,7 @@ from ..lessons.context.cp_run import CPRun
 from ..lessons.context.events import CP_CONFIG
 from ..lessons.strings import strings
 from ..lessons.units import (
+    GLUE,
     format_bytes,
     format_fixed,
     format_integer,
@@ -37,7 +44,7 @@ from .playback import PlaybackVisualizer
 
 RANK_COLOURS = ("dodger_blue1", "orange1", "green3", "magenta", "yellow1", "cyan", "red1", "purple")
 CP_CHOICES = (1, 2, 4, 8)
-TOKENS_PER_CHUNK = 8  # the schedule's matrix: s = chunks × 8 tokens
+TOKENS_PER_CHUNK = 8  # the schedule's matrix: s = 2·cp × 8 tokens in both layouts (zigzag's chunks)
 FRAME_S = 1.2  # seconds a ring step stays on screen while playing
 PHASES = ("fwd", "bwd")
 
@@ -71,10 +78,16 @@ class RingAttentionVisualizer(PlaybackVisualizer):
     # -- the state drawn ---------------------------------------------------------------------------
     @property
     def seq(self) -> int:
-        """The matrix's sequence: the run's, or 8 tokens a chunk."""
+        """The matrix's sequence: the run's, or ``2·cp`` chunks of 8 tokens whatever the layout (the
+        contiguous one cuts it into ``cp`` chunks of 16), so ``z`` compares the same sequence."""
         if self.source == "run" and self.run.config:
             return int(self.run.config["seq"])
-        return plan.num_chunks(self.cp, self.seq_layout) * TOKENS_PER_CHUNK
+        return plan.num_chunks(self.cp, "zigzag") * TOKENS_PER_CHUNK
+
+    @property
+    def chunk_tokens(self) -> int:
+        """Tokens in one chunk (one row or column of the matrix) of the layout shown."""
+        return self.seq // plan.num_chunks(self.cp, self.seq_layout)
 
     def tr(self) -> Mapping[str, Any]:
         return strings("ring_attention", self.language)
@@ -181,18 +194,19 @@ class RingAttentionVisualizer(PlaybackVisualizer):
                       phase=tr[self.phase], k=self.step + 1, n=self.cp, src=src)
         out = [Text(tr["title" if width >= 90 else "title_short"].format(**fields), style="bold")]
         out += self._matrix_lines(width)
-        out.append(Text(tr["legend"], style="grey50"))
+        out += [Text(line, style="grey50") for line in _wrap(tr["legend"], width)]
         out += self._ring_lines(width)
         out += self._work_lines(width)
         out += self._row_lines()
         out += [Text(line, style="grey50") for line in wrap_words(self.controls_hint(width), width)]
-        return self.fit_height(out, height)
+        return self.fit_height(_rows(out, width), height)
 
     def _matrix_lines(self, width: int) -> list[Text]:
         chunks, cp, layout = plan.num_chunks(self.cp, self.seq_layout), self.cp, self.seq_layout
         holder = {c: r for r in range(cp) for c in plan.rank_chunks(r, cp, layout)}
         cell = 2 if chunks * 2 + 6 <= width else 1
-        lines = [Text(self.tr()["axes"], style="grey50")]
+        axes = self.tr()["axes"].format(n=chunks, c=format_integer(self.chunk_tokens, self.language))
+        lines = [Text(line, style="grey50") for line in _wrap(axes, width)]
         for q in range(chunks):
             line = Text(f"q{q:<3}" if chunks < 100 else "")
             rank = holder[q]
@@ -248,11 +262,11 @@ class RingAttentionVisualizer(PlaybackVisualizer):
             line.append(bar or "·", style=_colour(r) if scores else "grey35")
             line.append(" " + (format_integer(scores, lang) if scores else tr["idle"]))
             out.append(line)
-        share = format_percent(plan.idle_fraction(self.seq, cp, self.seq_layout), 3, lang)
         measured_share = self.run.idle_share(self.phase) if self.source == "run" else None
         tail = (tr["idle_measured"].format(share=format_percent(measured_share, 3, lang))
                 if measured_share is not None else tr["idle_unmeasured"])
-        out.append(Text(tr["idle_share"].format(share=share, measured=tail), style="grey62"))
+        line = idle_share_line(tr, lang, self.seq, cp, self.seq_layout, tail)
+        out += [Text(row, style="grey62") for row in _wrap(line, width)]
         return out
 
     def _row_lines(self) -> list[Text]:
@@ -272,6 +286,29 @@ class RingAttentionVisualizer(PlaybackVisualizer):
             out.append(Text(tr["row_done"].format(n=format_integer(self.seq, lang),
                                                   o=format_fixed(trace[-1]["direct"], 4, lang)), style="green"))
         return out
+
+
+def idle_share_line(tr: Mapping[str, Any], lang: str, seq: int, cp: int, layout: str, measured: str) -> str:
+    """The idle share of ``seq`` tokens, what it counts (the exact causal pairs of its chunks) and,
+    when it differs once shown, the long-chunk share the lesson's text quotes (a diagonal tile as
+    half a tile: ``(cp−1)/(2cp−1)`` for the contiguous layout)."""
+    share = format_percent(plan.idle_fraction(seq, cp, layout), 3, lang)
+    long = format_percent(f.idle_fraction(cp, layout), 3, lang)
+    return tr["idle_share"].format(share=share, c=format_integer(seq // plan.num_chunks(cp, layout), lang),
+                                   long=tr["idle_long"].format(share=long) if long != share else "",
+                                   measured=measured)
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    """:func:`wrap_words` that keeps each " · " separator at the end of its line, with the item before it."""
+    return wrap_words(text.replace(" · ", f"{GLUE}· "), width)
+
+
+def _rows(lines: list[Text], width: int) -> list[Text]:
+    """Every line cut into the rows the pane shows at ``width`` (styles kept), so that
+    :meth:`fit_height` counts rows, not lines that wrap."""
+    console = Console(width=width, file=io.StringIO(), color_system=None)
+    return [row for line in lines for row in line.wrap(console, width)]
 
 
 class RingAttentionRunView:
@@ -308,9 +345,8 @@ class RingAttentionRunView:
                 out.append(line)
             share = run.idle_share("fwd")
             if share is not None:
-                out.append(Text(tr["idle_share"].format(
-                    share=format_percent(plan.idle_fraction(int(c["seq"]), run.cp, str(c["layout"])), 3, lang),
-                    measured=tr["idle_measured"].format(share=format_percent(share, 3, lang)))))
+                out.append(Text(idle_share_line(tr, lang, int(c["seq"]), run.cp, str(c["layout"]),
+                                                tr["idle_measured"].format(share=format_percent(share, 3, lang)))))
         if run.steps:
             s = run.steps[-1]
             out.append(Text(tr["run_loss"].format(loss=format_number(s["loss"], 6, lang),

@@ -4,7 +4,11 @@
   three matrices, grouped-query attention, no biases, an untied head). Mixtral 8x7B (Jiang et al.
   2024, "Mixtral of Experts", arXiv:2401.04088; Mistral AI's announcement, Dec. 2023): 32 layers,
   h = 4096, FFN 14336, 8 experts, top-2, vocabulary 32000, 32 heads, 8 KV heads → 46.7B total,
-  12.9B active per token.
+  12.9B active per token. Mixtral 8x22B (Mistral AI's announcement, Apr. 2024; the model's
+  config.json): 56 layers, h = 6144, FFN 16384, 8 experts, top-2, vocabulary 32768, 48 heads, 8 KV
+  heads → 141B total, 39B active. DBRX (Databricks' announcement, Mar. 2024; config.json): 40
+  layers, h = 6144, FFN 10752, 16 experts, top-4, vocabulary 100352, 48 heads, 8 KV heads, norms
+  without biases → 132B total, 36B active.
 * Capacity ``C = ceil(c·T·k/E)`` (GShard, Lepikhin et al. 2021; Switch Transformer, Fedus et al.
   2022, eq. 3 with ``k = 1``).
 * Switch's load-balancing loss ``α·E·Σ_i f_i·P_i`` (Fedus et al. 2022, eq. 4-6): ``α = 0.01``;
@@ -22,6 +26,10 @@ FLOAT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 COUNT_BYTES = 8  # the routing counts travel as int64
 #: the run's defaults (`distai run experts`): Mixtral's 8 experts, top-2, GShard's capacity factor 1.25
 RUN_EXPERTS, RUN_TOP_K, RUN_CAPACITY_FACTOR = 8, 2, 1.25
+#: published shapes: (name, layers, hidden, ffn, vocabulary, heads, KV heads, experts, top-k)
+MIXTRAL_8X7B = ("Mixtral 8x7B", 32, 4096, 14336, 32000, 32, 8, 8, 2)
+MIXTRAL_8X22B = ("Mixtral 8x22B", 56, 6144, 16384, 32768, 48, 8, 8, 2)
+DBRX = ("DBRX", 40, 6144, 10752, 100352, 48, 8, 16, 4)
 
 
 # ----------------------------------------------------------------------------------------------

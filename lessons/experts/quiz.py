@@ -5,10 +5,9 @@ from __future__ import annotations
 from ..quiz import Choice, Numeric, build
 from . import formulas as f
 
-SHAPE = ("name", "layers", "hidden", "ffn", "vocab", "heads", "kv_heads")
-SHAPES = [("Mixtral-8x7B-like", 32, 4096, 14336, 32000, 32, 8),
-          ("Mixtral-8x22B-like", 56, 6144, 16384, 32768, 48, 8),
-          ("a small MoE", 24, 2048, 5632, 32000, 16, 4)]
+SHAPE = ("name", "layers", "hidden", "ffn", "vocab", "heads", "kv_heads", "experts", "top_k")
+#: published MoE models the lesson's parameter count reproduces (sources in formulas.py's docstring)
+SHAPES = [f.MIXTRAL_8X7B, f.MIXTRAL_8X22B, f.DBRX]
 EXPERTS = [8, 16, 32, 64]
 
 
@@ -25,10 +24,10 @@ def _params(key: str):
 
 
 GENERATORS = build("experts", __package__, values=_worked, kinds=[
-    Numeric("total-params", draw={SHAPE: SHAPES, "experts": EXPERTS, "top_k": [1, 2]},
+    Numeric("total-params", draw={SHAPE: SHAPES},
             answer=_params("total_params"), quantity="count", unit="B",
             wrong={"active only": _params("active_params")}),
-    Numeric("active-params", draw={SHAPE: SHAPES, "experts": EXPERTS, "top_k": [1, 2, 4]},
+    Numeric("active-params", draw={SHAPE: SHAPES},
             answer=_params("active_params"), quantity="count", unit="B",
             wrong={"every expert": _params("total_params")}),
     Numeric("capacity", draw={"tokens": [1024, 2048, 4096, 8192], "experts": EXPERTS, "top_k": [1, 2],
@@ -38,12 +37,13 @@ GENERATORS = build("experts", __package__, values=_worked, kinds=[
                                "capacity_factor": [1.0, 1.25]},
             answer=f.expected_drop_rate, quantity="fraction", unit="%"),
     Numeric("aux-loss", draw={"hot": [0.4, 0.5, 0.75], "experts": [4, 8, 16], "alpha": 0.01},
+            values=lambda hot, experts: {"rest": (1 - hot) / (experts - 1), "others": experts - 1},  # their f_i = P_i
             answer=lambda hot, experts, alpha: f.switch_aux_loss(
                 [hot] + [(1 - hot) / (experts - 1)] * (experts - 1),
                 [hot] + [(1 - hot) / (experts - 1)] * (experts - 1), alpha)),
     Numeric("experts-per-gpu", draw={"experts": [16, 32, 64, 128, 256], "ep": [4, 8, 16]},
             answer=f.experts_per_rank, quantity="count", integer=True),
-    Numeric("expert-memory", draw={SHAPE: SHAPES, "experts": [8, 16], "ep": [2, 4, 8], "elem_size": 2},
+    Numeric("expert-memory", draw={SHAPE: SHAPES, "ep": [2, 4, 8], "elem_size": 2},
             answer=lambda layers, experts, ep, hidden, ffn, elem_size: f.expert_bytes_per_rank(
                 layers, experts, ep, f.expert_params(hidden, ffn), elem_size),
             quantity="bytes", unit="GB"),
