@@ -123,6 +123,11 @@ def test_a_runs_first_call_takes_over_and_a_live_run_waits_for_its_ranks():
     for event in _ring_events(3, 3000):
         state = view.feed(state, event) or state
     assert state.source == "run" and state.call == 0 and not state.follow_run and state.playing
+    # on the busbw step (a chart) the loaded run's ring waits behind the chart: o showed the replay instead
+    chart = replace(rv.RingState(), view="chart")
+    for event in _ring_events(3, 3000):
+        chart = view.feed(chart, event) or chart
+    assert chart.view == "chart" and chart.source == "run" and not chart.playing
     assert view.effective_n(state) == 3 and view.effective_size(state) == 3000
     end = _play(view, state)
     st = view.status(end, end.frame)

@@ -190,7 +190,8 @@ class RingView:
 
     def feed(self, state: RingState, event: dict) -> RingState | None:
         """Fold ``event`` into the run; the state after it, or None when the event changed nothing.
-        A new run's first traced call takes over the view."""
+        A new run's first traced call takes over the ring; the busbw chart, where a step shows it, stays
+        (the run's sweep is what it draws)."""
         if not self.run.feed(event):
             return None
         if RUN_START.matches(event):
@@ -201,7 +202,9 @@ class RingView:
         elif RING_STEP.matches(event):
             rec = self.run.calls.get(int(event.get("call", 0)))
             if rec is not None and state.follow_run and 2 <= rec.n <= N_MAX:
-                state = restarted(state, follow_run=False, source="run", call=rec.call, view="ring", playing=True)
+                on_chart = state.view == "chart"
+                state = restarted(state, follow_run=False, source="run", call=rec.call, view=state.view,
+                                  playing=not on_chart)
         return state
 
     def advance(self, state: RingState, dt: float) -> RingState:
