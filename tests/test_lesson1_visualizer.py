@@ -9,6 +9,7 @@ naive models the widget compares it with are checked here.
 """
 from __future__ import annotations
 
+import re
 import json
 
 import pytest
@@ -269,6 +270,15 @@ async def test_spanish_and_narrow_short_panes():
         assert sorted(drawn_rows(vis, 4)) == [0, 1, 2, 3]
         assert any("steps done" in line for line in text)
         assert any(h[3] == "play" for h in vis.hits)
+    # the alpha-beta step at 80×24 (N = 8, the time stressed): the time leads the figures (it was cut off)
+    # and the hidden ranks' note fits its column (it read "… 5 ranks más (un panel más alto los muestr")
+    async with mounted(R.RingVisualizer, "es", size=(76, 7)) as (pilot, vis):
+        vis.show_step("alpha-beta")
+        vis.refresh()
+        await pilot.pause()
+        text = screen_text(vis)
+        assert any("tiempo α-β 0 s de" in line for line in text), text
+        assert any(re.search(r"… \d ranks más \(V los muestra\) +│", line) for line in text), text
 
 
 def test_sweep_chart_places_points_and_the_fitted_curve():

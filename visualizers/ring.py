@@ -347,12 +347,12 @@ class RingVisualizer(PlaybackVisualizer):
         """A short, wide pane (the tutor at 80×24): the ranks on the left, the figures on the right."""
         s = strings("ring", self.language)
         side_w = width - row_w - 3
-        status = self._status(state, plan, frame, side_w)
+        status = self._status(state, plan, frame, side_w, stressed_first=True)  # what the step is about, first
         body_h = max(1, height - len(title) - len(controls))
         left = list(header) + rows if len(rows) + len(header) <= body_h else rows
         if len(left) > body_h:
             keep = max(1, body_h - 1)
-            left = rows[:keep] + [styled(s["more_ranks"].format(k=len(rows) - keep), "dim")]
+            left = rows[:keep] + [styled(s["more_ranks_short"].format(k=len(rows) - keep), "dim")]
         right = list(status)
         for block in (self._comparison(state, plan, frame, side_w), self._legend(plan.n, side_w)):
             if len(right) + len(block) <= max(body_h, len(left)):
@@ -399,7 +399,10 @@ class RingVisualizer(PlaybackVisualizer):
             t.append(f" · N = {self.n} · S = {fmt_bytes(self.size_bytes, lang)}")
         return wrap_text(t, width)
 
-    def _status(self, state: RingState, plan: Plan, frame: int, width: int) -> list[Text]:
+    def _status(self, state: RingState, plan: Plan, frame: int, width: int, stressed_first: bool = False) -> list[Text]:
+        """The phase and step, the bytes sent and the α-β time, each wrapped to ``width``;
+        ``stressed_first``: the line the step stresses (``emphasis``) leads, for a pane that has room
+        for only the first few (the tutor at 80×24 cut the time off the alpha-beta step)."""
         s, lang = strings("ring", self.language), self.language
         st = self.figures.status(state, frame)
         size = self.figures.effective_size(state)
@@ -437,8 +440,11 @@ class RingVisualizer(PlaybackVisualizer):
             line2.stylize("bold yellow")
         elif emphasis == "time":
             line3.stylize("bold yellow", 0, len(line3.plain) - len(params) - 1)
+        lines = [line1, line2, line3]
+        if stressed_first and emphasis in ("bytes", "time"):
+            lines.insert(0, lines.pop(1 if emphasis == "bytes" else 2))
         out = []
-        for line in (line1, line2, line3):
+        for line in lines:
             out.extend(wrap_text(line, width))
         if st.mismatches is not None:
             ok = st.mismatches == 0
