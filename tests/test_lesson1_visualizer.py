@@ -9,8 +9,8 @@ naive models the widget compares it with are checked here.
 """
 from __future__ import annotations
 
-import re
 import json
+import re
 
 import pytest
 from textual.app import App
