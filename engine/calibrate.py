@@ -556,20 +556,18 @@ def plan_profile(values: dict) -> dict:
     world = degrees["dp"] * degrees["tp"] * degrees["pp"] * degrees["cp"]
     try:
         plan = plan_run(argv, world, cuda=False)
-        if values.get("kv_heads") not in (None, plan.model.heads):  # the run's attention has no K/V groups
-            raise CalcError.keyed("plan.errors.capstone_kv_heads", kv_heads=values["kv_heads"], heads=plan.model.heads)
         if values.get("global_batch") is not None:  # m microbatches of b per DP rank
             b = plan.microbatch_size
             if values["global_batch"] % (degrees["dp"] * b):
                 raise CalcError.keyed("plan.errors.capstone_batch", batch=values["global_batch"], dp=degrees["dp"], b=b)
             plan = plan_run(argv + [f"--microbatches={values['global_batch'] // (degrees['dp'] * b)}"], world,
                             cuda=False)
-    except CalcError:  # already in the calculator's words
-        raise
     except ValueError as exc:  # MeshConfigError, the shape check's ShapeError: each in every language
         why = {lang: exc.text(lang) if isinstance(exc, TranslatedError) else str(exc) for lang in LANGUAGES}
         raise CalcError(texts={lang: translated("calc", "plan.errors.capstone", lang, reason=why[lang])
                                for lang in LANGUAGES}) from None
+    if values.get("kv_heads") not in (None, plan.model.heads):  # the run's attention has no K/V groups
+        raise CalcError.keyed("plan.errors.capstone_kv_heads", kv_heads=values["kv_heads"], heads=plan.model.heads)
     run = run_shape(plan)
     accounts, layers = run_comm(plan)
     return {"run": run.as_dict(), "profile": machine_profile(run, plan.dtype), "accounts": accounts, "layers": layers}
