@@ -68,12 +68,15 @@ class RunView:
     views draw (pure: ``feed(event)``).
     ``launch_plan``: ``"module:function"`` (torch-free) for an experiment that sizes its own group from
     its options (the capstone: dp·tp·pp ranks), checked before anything is launched.
+    ``args``: the experiment's options for the tutor's run key, the run the lesson's text describes
+    (the capstone's 5D mesh); ``distai run`` takes them from the command line.
     """
     panel: tuple[str, ...] = ("loss",)
     summary: str = "output"
     terminal: str | None = None
     fold: str | None = None
     launch_plan: str | None = None
+    args: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,8 @@ class Lesson:
 
 def _run_view(lesson_id: str, data: dict) -> RunView:
     view = RunView(panel=tuple(data.get("panel", RunView.panel)), summary=data.get("summary", RunView.summary),
-                   terminal=data.get("terminal"), fold=data.get("fold"), launch_plan=data.get("launch_plan"))
+                   terminal=data.get("terminal"), fold=data.get("fold"), launch_plan=data.get("launch_plan"),
+                   args=tuple(str(a) for a in data.get("args", ())))
     unknown = [p for p in view.panel if p not in RUN_PANELS]
     if unknown or view.summary not in RUN_SUMMARIES:
         raise ValueError(f"{lesson_id}: [run] panel takes {RUN_PANELS} and summary one of {RUN_SUMMARIES}")

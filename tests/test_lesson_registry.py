@@ -120,3 +120,15 @@ def test_a_lesson_without_a_number_comes_after_the_numbered_ones(tmp_path, monke
             ("l1", 1), ("l2", 2), ("zz-capstone", 3)]
     finally:
         registry.all_lessons.cache_clear()
+
+
+def test_the_tutors_run_options_are_a_run_the_experiment_plans_on_the_lessons_ranks():
+    """The capstone's r ran the 3D mesh while its text described the 5D one: [run] args are what the text
+    runs, and the experiment's own plan takes them on the lesson's rank count."""
+    from distai.lessons.registry import resolve_lesson
+
+    capstone = resolve_lesson("capstone")
+    assert "--cp" in capstone.run.args and "--moe" in capstone.run.args
+    assert capstone.launch_plan_function()(list(capstone.run.args), None, capstone.ranks, False) == capstone.ranks
+    text = capstone.step_text("run-it", "en")
+    assert "distai run capstone --cpu 8 " + " ".join(capstone.run.args) in text

@@ -278,9 +278,9 @@ async def test_quiz_and_run_open_their_screens_with_lesson_and_language(monkeypa
     opened = []
 
     class Fake(Screen):
-        def __init__(self, lesson, language):
+        def __init__(self, lesson, language, **options):
             super().__init__()
-            opened.append((lesson.id, language))
+            opened.append((lesson.id, language, *options.values()))
 
     monkeypatch.setattr(lesson_module, "load_screen_class", lambda module, name: Fake)
     app = DistaiApp("es")
@@ -292,7 +292,7 @@ async def test_quiz_and_run_open_their_screens_with_lesson_and_language(monkeypa
         await pilot.click("#run")
         await pilot.pause()
         assert isinstance(app.screen, Fake)
-    assert opened == [("lesson1", "es"), ("lesson1", "es")]
+    assert opened == [("lesson1", "es"), ("lesson1", "es", [])]  # the run with the lesson's [run] args: none
 
 
 def test_load_screen_class_tells_missing_modules_apart():

@@ -36,11 +36,11 @@ from textual.widgets import Footer, ProgressBar, RichLog, Sparkline, Static
 
 from ..engine.run_state import RunState, replay_events
 from ..engine.runs import phase_text, reason_text
-from ..lessons.events import LOG, OUTPUT, PHASE, RUN_END, RUN_START
+from ..lessons.events import LOG, OUTPUT, PHASE, RUN_END, RUN_START, STEP
 from ..lessons.strings import has, translated
 from ..lessons.units import format_bandwidth, format_bytes, format_fixed, format_time
 from .check_table import check_table
-from .screens.common import localize_bindings
+from .screens.common import apply_breakpoints, localize_bindings
 
 if TYPE_CHECKING:
     from textual.worker import Worker
@@ -99,7 +99,8 @@ class RunPanelScreen(Screen):
 
     DEFAULT_CSS = """
     RunPanelScreen { layout: vertical; }
-    #run-title { height: 1; padding: 0 1; background: $primary; color: $text; text-style: bold; }
+    #run-title { height: 1; padding: 0 1; background: $primary; color: $text; text-style: bold;
+                 text-wrap: nowrap; text-overflow: ellipsis; }
     #run-status-bar { height: auto; padding: 0 1; }
     #run-progress { width: 40; }
     #run-status { width: 1fr; height: auto; padding: 0 0 0 2; }
@@ -145,9 +146,11 @@ class RunPanelScreen(Screen):
         self._worker: Worker[None] | None = None
         self._recorded_start = False
         self.events_drained = 0
+        self._step_phase: str | None = None  # the phase the latest step event came in
 
     # -- layout ------------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
+        apply_breakpoints(self)
         lang, panel = self.language, self.view.panel
         yield Static(translated("run", "title", lang, n=self.lesson.number, title=self.lesson.title[lang]), id="run-title")
         with Horizontal(id="run-status-bar"):
@@ -215,6 +218,7 @@ class RunPanelScreen(Screen):
         self.lesson_view = self.lesson.terminal_view(self.language)
         self._recorded_start = False
         self.stop_lines_hidden = 0
+        self._step_phase = None
         self.query_one("#run-log", RichLog).clear()
         self._clear_views()
         self.query_one("#run-log").styles.height = None  # back to the stylesheet's while it runs
@@ -260,6 +264,8 @@ class RunPanelScreen(Screen):
                 self.lesson_view.feed(e)
             self.events_drained += 1
             kind = e.get("kind")
+            if kind == STEP.name:
+                self._step_phase = self.state.phase
             if kind == OUTPUT.name and e.get("rank") is None and self.launch is not None and self.launch.stopping:
                 # torchrun answers the stop signal with a SignalException traceback: noise here, kept
                 # in the run folder's logs/torchrun.log
@@ -304,6 +310,7 @@ class RunPanelScreen(Screen):
         msg = Text(translated("run", status, self.language) if has("run", status) else str(status), style=style)
         if e.get("error"):
             msg.append(f": {reason_text(e['error'], self.language)}")
+        self._log_checks(log)
         self._write(log, msg)
         if self.stop_lines_hidden and self.launch is not None:
             self._write(log, Text(translated("run", "stop_report", self.language, path=f"{self.launch.record.path}/logs/torchrun.log"),
@@ -318,7 +325,21 @@ class RunPanelScreen(Screen):
         record = self.launch.record if self.launch is not None else self.replay_record
         if record is not None:
             self._write(log, Text(translated("run", "export", self.language, id=record.id, path=export_path(record)), style="dim"))
+        if self.view.summary == "output" and self.focused in (None, self.query_one("#run-charts")):
+            log.focus(scroll_visible=False)  # the summary is the log's: the scroll keys go to it
         self._record_progress(status)
+
+    def _log_checks(self, log: RichLog) -> None:
+        """Below 100 columns the charts keep a few rows once the run ends and the check table (the
+        lesson's predictions against this run's measurements) sat under them, out of sight: the log,
+        which scrolls, shows it too, after the ranks' summary."""
+        if not self.has_class("-narrow"):
+            return
+        table = check_table(self.state.checks, self.language)
+        if table is None:
+            return
+        width = log.scrollable_content_region.width
+        log.write(table, width=width if width > 0 else None)
 
     def _record_progress(self, status: str) -> None:
         """The app's progress store (UI thread only: SQLite objects stay in their thread)."""
@@ -334,8 +355,12 @@ class RunPanelScreen(Screen):
         s, lang = self.state, self.language
         self.query_one("#run-progress", ProgressBar).update(total=1.0, progress=s.fraction)
         status = Text()
+        # the ranks are done (rank 0's summary came) and torchrun is closing them: not "running" at 100 %
+        closing = s.summary is not None and not s.finished
         if s.ranks_starting:
             label = translated("run", "starting_status", lang)
+        elif closing:
+            label = translated("run", "closing", lang)
         else:
             label = translated("run", s.status, lang) if has("run", s.status) else s.status
         status.append(label, style={"ok": "bold green", "failed": "bold red", "stopped": "bold yellow"}.get(s.status, "bold"))
@@ -343,9 +368,10 @@ class RunPanelScreen(Screen):
             status.append(" · " + translated("run", "stopping", lang), style="yellow")
         if s.nproc:
             status.append(f" · {s.nproc} × {s.device or '?'}{' (' + s.backend + ')' if s.backend else ''}")
-        if s.phase and not s.finished:
+        if s.phase and not s.finished and not closing:
             status.append(f" · {translated('run', 'phase', lang)} {phase_text(s.phase, lang)}", style="cyan")
-        if s.last_step and s.steps_of:
+        # the step count belongs to the phase that counts steps (training), not to the sweep after it
+        if s.last_step and s.steps_of and not s.finished and not closing and s.phase == self._step_phase:
             status.append(f" · {translated('run', 'step', lang)} {s.last_step.get('step', 0) + 1}/{s.steps_of}")
         status.append(f" · {format_fixed(s.clock(None if self.replay_record else time.time()), 1, lang)} s",
                       style="dim")

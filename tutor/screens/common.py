@@ -8,6 +8,8 @@ from typing import Any
 from rich.text import Text
 from textual.binding import BindingsMap
 from textual.dom import DOMNode
+from textual.screen import Screen
+from textual.widget import Widget
 from textual.widgets import Static
 
 from ...lessons import units
@@ -31,6 +33,27 @@ def localize_bindings(node: DOMNode, lang: str, labels: dict[str, str], area: st
             new._add_binding(binding)
     node._bindings = new
     node.refresh_bindings()
+
+
+def apply_breakpoints(screen: Screen) -> None:
+    """Give ``screen`` the classes of its breakpoints for the app's size now. Textual adds them on the
+    screen's first Resize, which comes after its first layout: that first frame laid a lesson out as
+    at 120 columns (text and visualizer side by side, the visualizer drawn 28 columns wide at 80x24)."""
+    width, height = screen.app.size
+    for breakpoints, dimension in ((screen.HORIZONTAL_BREAKPOINTS or screen.app.HORIZONTAL_BREAKPOINTS, width),
+                                   (screen.VERTICAL_BREAKPOINTS or screen.app.VERTICAL_BREAKPOINTS, height)):
+        if not breakpoints or not dimension:
+            continue
+        names = {name for _, name in breakpoints}
+        chosen = next((name for at, name in sorted(breakpoints, reverse=True) if dimension >= at), None)
+        for name in names:
+            screen.set_class(name == chosen, name)
+
+
+def more_below(box: Widget) -> bool:
+    """Whether some of ``box`` is below what it shows: by the row it draws from (the rounded offset), so
+    an animated scroll that shows the last line says so at once, not a second later at the float's end."""
+    return box.scroll_offset.y < box.max_scroll_y
 
 
 class CommonActions:

@@ -11,6 +11,7 @@ from textual.widgets import Static
 
 from ...lessons.strings import translated
 from ...lessons.units import format_fixed
+from .common import more_below
 
 HOME_KEYS = [
     ("↑ ↓", "key_move"),
@@ -90,8 +91,7 @@ class HelpScreen(ModalScreen[None]):
     def _mark_overflow(self) -> None:
         """Say on the frame that the list scrolls while some of it is below (80x24 hides its last keys)."""
         box = self.query_one("#help-box", VerticalScroll)
-        below = box.scroll_y < box.max_scroll_y
-        box.border_subtitle = translated("tutor", "help_scroll", self.language) if below else ""
+        box.border_subtitle = translated("tutor", "help_scroll", self.language) if more_below(box) else ""
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -15,7 +15,7 @@ from ...lessons.registry import Lesson, all_lessons
 from ...lessons.strings import translated
 from ...lessons.units import format_score
 from ...visualizers.ring_drawing import code_spans
-from .common import CommonActions, localize_bindings
+from .common import CommonActions, apply_breakpoints, localize_bindings, more_below
 
 BINDING_LABELS = {
     "open": "binding_open",
@@ -37,6 +37,7 @@ class HomeScreen(CommonActions, Screen):
     ]
 
     def compose(self) -> ComposeResult:
+        apply_breakpoints(self)
         yield Static(id="home-title")
         yield Static(id="home-hint")
         with Horizontal(id="home-body"):
@@ -52,6 +53,16 @@ class HomeScreen(CommonActions, Screen):
     def on_mount(self) -> None:
         self.apply_language()
         self.query_one(OptionList).focus()
+        self.watch(self.query_one("#lesson-details"), "scroll_y", lambda _y: self._mark_more(), init=False)
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self._mark_more)
+
+    def _mark_more(self) -> None:
+        """The details' frame says when some of them is below (at 80x24 a lesson's summary and steps
+        do not fit): Tab reaches them, then the arrows or the wheel scroll."""
+        box = self.query_one("#lesson-details", VerticalScroll)
+        box.border_subtitle = translated("tutor", "details_scroll", self.lang) if more_below(box) else ""
 
     def on_screen_resume(self) -> None:
         self.refresh_progress()
@@ -129,6 +140,8 @@ class HomeScreen(CommonActions, Screen):
         text.rstrip()
         text.append("\n")
         details.update(Group(text, steps, refs))
+        self.query_one("#lesson-details", VerticalScroll).scroll_home(animate=False)
+        self.call_after_refresh(self._mark_more)  # once laid out: how much of them is below
 
     def highlighted_lesson(self) -> Lesson | None:
         option = self.query_one(OptionList).highlighted_option

@@ -14,7 +14,7 @@ from textual.widgets import Button, Footer, Static
 from ...lessons.registry import Lesson
 from ...lessons.strings import has, translated
 from ..code_source import CodeNotFound, read_source
-from .common import CommonActions, localize_bindings
+from .common import CommonActions, apply_breakpoints, localize_bindings
 from .step_text import CodeListing, StepText
 
 if TYPE_CHECKING:
@@ -89,6 +89,7 @@ class LessonScreen(CommonActions, Screen):
 
     # -- layout ----------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
+        apply_breakpoints(self)  # laid out for this terminal from its first frame
         with Horizontal(id="lesson-bar"):
             yield Static(id="lesson-title")
             yield Static(id="lesson-duration")
@@ -158,6 +159,7 @@ class LessonScreen(CommonActions, Screen):
         self._show_code(step)
         await self._show_visualizer(step)
         self.query_one("#text-pane", VerticalScroll).scroll_home(animate=False)
+        self._focus_text()
         self.app.remember_position(lesson.id, step.key)
         if self._done_timer is not None:
             self._done_timer.stop()
@@ -271,14 +273,25 @@ class LessonScreen(CommonActions, Screen):
             self.action_maximize_visualizer()
             return
         pane.display = not pane.display
+        self.call_after_refresh(self._focus_text)  # once a hidden visualizer has let its focus go
+
+    def _focus_text(self) -> None:
+        """The text pane takes the focus when nothing has it (hiding the text for V left the focus
+        nowhere, and ↓ PgDn End scrolled nothing until Tab): the keys that scroll go to the text."""
+        text = self.query_one("#text-pane", VerticalScroll)
+        if self.focused is None and text.display:
+            text.focus(scroll_visible=False)
 
     def action_maximize_visualizer(self) -> None:
         """The visualizer takes the whole body (the text hidden), or gives the text back."""
         maximized = not self.has_class("-maximized")
         self.set_class(maximized, "-maximized")
-        self.query_one("#text-pane").display = not maximized
+        text = self.query_one("#text-pane", VerticalScroll)
+        text.display = not maximized
         if maximized:
             self.query_one("#visualizer-pane").display = True
+        else:  # the text back, and the keys that scroll it with it
+            text.focus(scroll_visible=False)
         self._mark_maximize()
 
     def _mark_maximize(self) -> None:
@@ -301,7 +314,7 @@ class LessonScreen(CommonActions, Screen):
         if cls is None:
             self.notify(translated("tutor", "run_unavailable", self.lang), severity="warning")
             return
-        self.app.push_screen(cls(self.lesson, self.lang))
+        self.app.push_screen(cls(self.lesson, self.lang, args=list(self.lesson.run.args)))  # the run the text describes
 
     async def on_key(self, event) -> None:
         """A key nothing else took goes to the visualizer: its controls work without focusing it."""
