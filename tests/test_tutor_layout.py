@@ -15,7 +15,6 @@ from distai.lessons.strings import translated
 from distai.tutor.app import DistaiApp
 from distai.tutor.run_panel import RunPanelScreen
 from distai.tutor.screens.help import HelpScreen
-from distai.tutor.screens.lesson import LessonScreen
 from pilot_harness import async_test
 
 SMALL = (80, 24)
