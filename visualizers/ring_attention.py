@@ -265,8 +265,8 @@ class RingAttentionVisualizer(PlaybackVisualizer):
         measured_share = self.run.idle_share(self.phase) if self.source == "run" else None
         tail = (tr["idle_measured"].format(share=format_percent(measured_share, 3, lang))
                 if measured_share is not None else tr["idle_unmeasured"])
-        line = idle_share_line(tr, lang, self.seq, cp, self.seq_layout, tail)
-        out += [Text(row, style="grey62") for row in _wrap(line, width)]
+        idle = idle_share_line(tr, lang, self.seq, cp, self.seq_layout, tail)
+        out += [Text(row, style="grey62") for row in _wrap(idle, width)]
         return out
 
     def _row_lines(self) -> list[Text]:
