@@ -202,8 +202,10 @@ def test_calc_help_lists_json_keys_and_stays_light():
     (["calc", "allreduce", "--bytes", "70B", "--ranks", "4"], "is ambiguous", "es ambiguo"),
     (["calc", "allreduce", "--bytes", "1GB", "--ranks", "4", "--beta", "0GB/s"],
      "a bandwidth must be greater than 0", "un ancho de banda debe ser mayor que 0"),
-    (["calc", "allreduce", "--bytes", "1GB", "--ranks", "4", "--beta", "10GB"], "unknown time unit 'GB'",
-     "unidad de tiempo desconocida 'GB'"),
+    (["calc", "allreduce", "--bytes", "1GB", "--ranks", "4", "--beta", "10GB"], "needs a per-second unit, e.g. GB/s",
+     "necesita una unidad por segundo, p. ej. GB/s"),  # a bandwidth without its /s, not an unknown time unit
+    (["calc", "allreduce", "--bytes", "1GB", "--ranks", "4", "--beta", "10q"], "unknown time unit 'q'",
+     "unidad de tiempo desconocida 'q'"),
     # a GPU's memory given without its unit is 80 bytes: the planner asks, as calc memory and serve do
     (["calc", "plan", "--gpu-mem", "80", "--params", "7B", "--layers", "32", "--hidden", "4096", "--heads", "32",
       "--seq", "4096", "--global-batch", "64", "--gpus", "8"], "did you mean 80GB?", "¿querías decir 80GB?"),

@@ -288,6 +288,16 @@ def test_a_group_of_ranks_wraps_whole_with_its_name():
     assert [t.plain for t in wrap_text(Text("costs α = 5 µs plus 25 GB/s"), 14)] == ["costs α = 5 µs", "plus 25 GB/s"]
 
 
+def test_a_step_view_shows_the_same_mesh_however_the_learner_comes_to_it():
+    """Step 1 drew (2, 2, 2) on the way in and the groups step's 5D mesh after n, p."""
+    v = MeshVisualizer()
+    v.show_step("mesh")
+    first = v.shape
+    v.show_step("groups")
+    v.show_step("mesh")
+    assert v.shape == first == SHAPES[0] and v.view == "step"
+
+
 def test_the_order_step_draws_a_mesh_with_tensor_parallelism():
     """The order step ('why TP is innermost') drew the lesson run's mesh, whose TP is 1: nothing to see."""
     v = MeshVisualizer("en")

@@ -160,6 +160,8 @@ class MeshVisualizer(PlaybackVisualizer):
             self.rank = min(5, self.shape.world - 1)
         elif view == "nodes":
             self.set_shape(ORDER_SHAPE)
+        elif self.step_view(step_key).get("show") == "step":  # the first mesh m cycles from, however one came here
+            self.set_shape(SHAPES[0])
         self.refresh()
 
     def feed_event(self, event: dict) -> None:
