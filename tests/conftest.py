@@ -3,6 +3,7 @@ checked against their declarations."""
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 
@@ -21,6 +22,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # every event an experiment emits in the suite (in-process or launched) is checked against its
 # declaration (distai/lessons/events.py): a field the declaration lacks fails the run
 os.environ["DISTAI_CHECK_EVENTS"] = "1"
+# module-scoped fixtures (a module's one launched run) start before the per-test home below: they get a
+# fresh one too, never the developer's (a machine profile saved there by `calc plan --calibrate` an
+# hour before made the capstone run's check use it, and its test expect none)
+os.environ["DISTAI_HOME"] = tempfile.mkdtemp(prefix="distai_home_")
 
 
 @pytest.fixture(autouse=True)
