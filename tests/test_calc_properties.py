@@ -258,11 +258,11 @@ def test_serve_over_real_models(params, layers, hidden, gpus, mem, bw, ttft, tpo
                                                             (4096, 64, 8, 0.5), (64, 4, 2, 0.25), (20000, 8, 2, 1.1)])
 def test_expected_drop_rate_sums_the_whole_binomial_tail(tokens, experts, top_k, factor):
     """The drop rate sums E[(load − C)+] over loads within 40 standard deviations of the mean only; the
-    whole sum, every load from C + 1 to T·k, gives the same number."""
+    whole sum, every load from C + 1 to T (an expert's load is Binomial(T, k/E)), gives the same number."""
     from distai.lessons.experts import formulas as fe
 
-    n, p, c = tokens * top_k, 1 / experts, fe.capacity(tokens, experts, top_k, factor)
+    n, p, c = tokens, top_k / experts, fe.capacity(tokens, experts, top_k, factor)
     whole = sum((load - c) * math.exp(math.lgamma(n + 1) - math.lgamma(load + 1) - math.lgamma(n - load + 1)
                                       + load * math.log(p) + (n - load) * math.log1p(-p)) for load in range(c + 1, n + 1))
-    assert fe.expected_drop_rate(tokens, experts, top_k, factor) == pytest.approx(experts * whole / n, rel=1e-12,
-                                                                                   abs=1e-300)
+    assert fe.expected_drop_rate(tokens, experts, top_k, factor) == pytest.approx(experts * whole / (tokens * top_k),
+                                                                                   rel=1e-12, abs=1e-300)

@@ -109,3 +109,24 @@ def test_the_quiz_and_the_lesson_count_the_same_all_to_alls():
         assert count in right and tokens in right and counts in q.explanation
         text = lesson.step_text("all-to-all", lang)
         assert f"{calls['fwd']} all-to-all" in text and f"{calls['bwd']}" in text and counts in text
+
+
+def test_the_expected_drop_rate_is_that_of_k_different_experts_per_token():
+    """Every routing of 3 tokens, each to 2 of 3 experts (a top-2 router picks two different ones),
+    enumerated: the formula's drop rate is their mean. It counted Binomial(T·k, 1/E), which lets a token
+    pick one expert twice (quiz 8 expected 9.28% for a case whose answer is 8.59%)."""
+    import itertools
+
+    from distai.lessons.experts import formulas as f
+
+    tokens, experts, top_k = 3, 3, 2
+    pairs = list(itertools.combinations(range(experts), top_k))
+    for factor in (0.5, 0.75, 1.0):
+        cap = f.capacity(tokens, experts, top_k, factor)
+        dropped = 0
+        for routing in itertools.product(pairs, repeat=tokens):
+            loads = [sum(e in choice for choice in routing) for e in range(experts)]
+            dropped += sum(max(0, load - cap) for load in loads)
+        exact = dropped / (len(pairs) ** tokens * tokens * top_k)
+        assert f.expected_drop_rate(tokens, experts, top_k, factor) == pytest.approx(exact, rel=1e-12), factor
+    assert f.expected_drop_rate(64, 8, 2, 1.0) == pytest.approx(0.0859, abs=5e-5)

@@ -80,9 +80,11 @@ def capacity(tokens: int, experts: int, top_k: int, capacity_factor: float) -> i
 
 
 def expected_drop_rate(tokens: int, experts: int, top_k: int, capacity_factor: float) -> float:
-    """The fraction of the ``T·k`` routing choices dropped when each lands on an expert uniformly
-    at random: an expert's load is Binomial(T·k, 1/E), and it drops what exceeds ``C``."""
-    n, p, c = tokens * top_k, 1.0 / experts, capacity(tokens, experts, top_k, capacity_factor)
+    """The fraction of the ``T·k`` routing choices dropped when each token picks ``k`` different experts
+    uniformly at random (a random k-subset, as a top-k router does): each expert is among a token's
+    choices with probability k/E, independently across tokens, so its load is Binomial(T, k/E), and it
+    drops what exceeds ``C``. (Binomial(T·k, 1/E) would let a token pick one expert twice.)"""
+    n, p, c = tokens, top_k / experts, capacity(tokens, experts, top_k, capacity_factor)
     over = 0.0
     # loads more than 40 standard deviations from the mean have a probability below e^-800, a double's 0:
     # summing inside that window is exact and takes O(√n) terms, not O(n)
@@ -91,7 +93,7 @@ def expected_drop_rate(tokens: int, experts: int, top_k: int, capacity_factor: f
         log_pmf = (math.lgamma(n + 1) - math.lgamma(load + 1) - math.lgamma(n - load + 1)
                    + load * math.log(p) + (n - load) * math.log1p(-p))
         over += (load - c) * math.exp(log_pmf)
-    return experts * over / n
+    return experts * over / (tokens * top_k)
 
 
 def switch_aux_loss(fractions: list[float], probs: list[float], alpha: float = 0.01) -> float:
