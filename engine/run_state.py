@@ -60,6 +60,12 @@ class RunState:
         return min(1.0, self.done / self.total) if self.total else 0.0
 
     @property
+    def progress_known(self) -> bool:
+        """Whether the run reports how far it is (``progress`` events) or has ended well: a lesson
+        that reports only its phases (lessons 4 and 7) gets a bar that pulses, not one stuck at 0 %."""
+        return self.status == "ok" or self.total > 0
+
+    @property
     def elapsed(self) -> float:
         if self.duration_s is not None:
             return self.duration_s

@@ -663,3 +663,27 @@ def test_rank_zeros_summary_wraps_under_its_own_indent_at_the_views_width():
                          "  pérdida y cada gradiente = denso: tp dif. máx. 9,7e-17 ✓;",
                          "    tp+sp dif. máx. 9,7e-17 ✓"]
     assert shown[3] == printed[2]
+
+
+def test_a_run_that_reports_only_its_phases_shows_no_progress_stuck_at_zero():
+    """Lessons 4 and 7 emit phases, not progress: the bar read 0% through the whole run, then 100%."""
+    from rich.console import Console
+
+    from distai.engine.run_state import RunState
+    from distai.tutor.cli_run import render_state
+
+    state = RunState()
+    for e in [{"kind": "run_start", "run_id": "20261206-073000-lesson7-0001", "nproc": 2, "device": "cpu", "t": 0.0},
+              {"kind": "phase", "name": "prefix sharing", "t": 5.0}]:
+        state.feed(e)
+    assert not state.progress_known
+    console = Console(width=80, record=True, file=open(os.devnull, "w"))
+    console.print(render_state(state, "distai run lesson7", width=80))
+    text = console.export_text()
+    assert "0%" not in text and "━" in text  # a pulse, not a bar at 0 %
+    state.feed({"kind": "progress", "done": 1, "total": 4})
+    assert state.progress_known and state.fraction == 0.25
+    state.feed({"kind": "run_end", "status": "ok", "t": 9.0})
+    console = Console(width=80, record=True, file=open(os.devnull, "w"))
+    console.print(render_state(RunState(), "x", width=80))  # nothing yet: no bar, no 0 %
+    assert "0%" not in console.export_text()

@@ -270,8 +270,12 @@ def render_state(state, title: str = "distai run", extra=None, width: int = 100,
     if state.note:
         parts.append(Text(state.note, style="yellow"))
     bar = Table.grid(padding=(0, 1))
-    bar.add_row(ProgressBar(total=1.0, completed=state.fraction, width=50), Text(f"{100 * state.fraction:3.0f}%"))
-    parts.append(bar)
+    if state.progress_known:
+        bar.add_row(ProgressBar(total=1.0, completed=state.fraction, width=50), Text(f"{100 * state.fraction:3.0f}%"))
+    elif not state.finished:  # phases only: a pulse while it runs, not 0 %
+        bar.add_row(ProgressBar(total=None, width=50), Text(""))
+    if bar.row_count:
+        parts.append(bar)
 
     if state.losses:
         last = state.last_step or {}

@@ -686,6 +686,7 @@ def summary_table(rows, num_params, world, args, backend: str, lang: str | None 
         lines.append(f"{s:<6} {fb(total):>8} {fb(pred):>8} {ratio(total, pred):>4}  {fb(sent):>8} {fb(psent):>8} "
                      f"{ratio(sent, psent):>4}  {format_fixed(st * 1e3, 0, lang):>5}ms {diff_s:>7}")
     lines.append(say("diff_legend"))
+    lines.append(say("step_legend"))
     if ddp_sent:
         ratios = number_separator(lang).join(f"{s} {ratio(sent, ddp_sent)}x" for s, _, _, sent, *_ in rows if s != "ddp")
         lines.append(say("vs_ddp", ratios=ratios))
