@@ -43,7 +43,10 @@ What a kind declares (:class:`Kind`, keyword arguments after the name):
   ``QUANTITIES``), ``unit`` the prompt asks in (``GB``, ``ms``, ``%``), ``tolerance`` (relative, 2%
   by default), ``integer`` (a whole number, matched exactly), and ``wrong``: the formulas a learner
   might confuse it with, named; the tolerance must reject each of them over the whole ``space()``
-  (tests/test_quiz_builder.py checks every lesson's kinds).
+  (tests/test_quiz_builder.py checks every lesson's kinds). ``example``: a value in base units the prompt
+  may show as ``{example}`` ("e.g. 6.1e-5"), moved by powers of ten until it is at least
+  ``EXAMPLE_FACTOR`` (3×) away from the answer, so that a hint of the form never gives the value away
+  (the answers' messages pick their "e.g." the same way: :func:`answer_example`).
 - :class:`Choice`: texts ``right`` + ``wrong`` (shuffled), or ``options`` in a fixed order with
   ``answer`` a function of the parameters giving the right option's index.
 
@@ -53,14 +56,16 @@ how a number is written in the question's language: ``bytes`` (16.6 GB), ``time`
 ``bw`` (100 GB/s), ``count`` (7.5B / 7,5 mil millones), ``pct`` (27.3% / 27,3 %), ``int``
 (thousands separators), ``num`` / ``numN`` (3 or N significant digits), ``term`` (the value's
 name in the language, from the file's ``[terms.en]`` / ``[terms.es]`` tables: ``{optimizer:term}``
-→ "SGD con momento"); any other spec is Python's.
+→ "SGD con momento"), ``one|other`` (a word chosen by a count: ``{n} {n:step|steps}``); any other
+spec is Python's.
 
 Answers
 -------
 Numeric answers may carry units (``16.6 GB``, ``1.66e10``, ``16,6 GB``, ``1.5 ms``, ``27.3%``); a
 bare number is read in the unit the question asks for *and* in base units (bytes, seconds), so both
 ``16.6`` (asked in GB) and ``1.66e10`` are right. An answer is correct when it is within the
-question's relative tolerance (2% unless stated; exact for whole-number answers). Multiple choice:
+question's relative tolerance (2% unless stated, and said "relative" for answers in %, where "±2%"
+could read as points; exact for whole-number answers). Multiple choice:
 the option's number (``2``), letter (``b``) or its full text. Nothing here raises on any input
 string: :func:`check_answer` always returns a :class:`Check`.
 """
@@ -133,7 +138,9 @@ class Question:
             return ""
         if self.integer:
             return translated("quiz", "exact_whole_number", self.lang)
-        return "±" + units.format_percent(self.tolerance, 2, self.lang)
+        tol = "±" + units.format_percent(self.tolerance, 2, self.lang)
+        # An answer in % with "±2%" reads as ±2 points; the check is relative (``_close``): say so.
+        return translated("quiz", "relative_tolerance", self.lang, tol=tol) if self.quantity == "fraction" else tol
 
 
 @dataclass
@@ -168,6 +175,36 @@ def format_value(value: float, quantity: str, unit: str, lang: str, integer: boo
     if quantity == "count":
         return units.format_count(value, lang=lang)
     return units.format_number(value, 4, lang)
+
+
+# An example of how to write an answer (a hint in a prompt, in a message) is never within this factor of
+# the answer: an example must show the form, not give the value away.
+EXAMPLE_FACTOR = 3.0
+
+
+def example_value(answer: float, example: float) -> float:
+    """``example`` (base units) moved by powers of ten until it is at least :data:`EXAMPLE_FACTOR` away from
+    ``answer``: it shows how to write a number, never the number."""
+    if not answer or not example or not math.isfinite(answer):
+        return example
+    for k in (0, -1, 1, -2, 2, -3, 3):
+        value = example * 10.0 ** k
+        ratio = abs(value / answer)
+        if ratio >= EXAMPLE_FACTOR or ratio <= 1 / EXAMPLE_FACTOR:
+            return value
+    return example  # unreachable: a shift by 10 always gets a factor 10/3 away
+
+
+def answer_example(q: Question) -> str:
+    """How an answer to ``q`` may be written, in its language and unit (``12.5 GB``, ``12,5 mil millones``),
+    with a value far from the answer (:func:`example_value`); "" for multiple choice."""
+    if q.is_choice:
+        return ""
+    hint = q.unit or {"bytes": "GB", "seconds": "s", "bandwidth": "GB/s", "fraction": "%"}.get(q.quantity, "")
+    value = example_value(q.answer, 12.5 * _HINT_FACTORS.get(q.quantity, {}).get(hint, 1.0))
+    if q.quantity in ("number", "count") and not hint:
+        return units.format_number(value, 3, q.lang)
+    return format_value(value, q.quantity, hint, q.lang)  # Spanish counts in words: 12,5 mil millones
 
 
 def _candidates(text: str, q: Question) -> list[float]:
@@ -294,7 +331,7 @@ def _check(q: Question, text) -> Check:
     values = _candidates(s, q) or _candidates(_without_noun(s, q), q)
     if not values:
         hint = q.unit or {"bytes": "GB", "seconds": "s", "bandwidth": "GB/s"}.get(q.quantity, "")
-        example = f"{units.format_number(12.5, 3, q.lang)} {hint}".strip()
+        example = answer_example(q)
         unit = _foreign_unit(s, q.lang)
         if unit:
             taken = ([translated("quiz", "count_units", q.lang)] if q.quantity == "count" else
@@ -369,8 +406,8 @@ class _Formatter(string.Formatter):
     """``str.format`` with the question's language: ``{x:bytes}``, ``{x:time}``, ``{x:bw}``,
     ``{x:count}``, ``{x:pct}``, ``{x:int}`` (thousands separators), ``{x:num}``/``{x:numN}`` (3 or N
     significant digits, decimal comma in Spanish), ``{x:term}`` (x's name in the lesson's ``[terms.LANG]``
-    table), ``{x:sum-bytes}`` (every such field of a template in one unit and precision: the terms
-    of a sum and its total, which then add up); any other spec is Python's. A bare ``{x}`` shows an
+    table), ``{n:one|other}`` (the first word when n is 1), ``{x:sum-bytes}`` (every such field of a
+    template in one unit and precision: the terms of a sum and its total, which then add up); any other spec is Python's. A bare ``{x}`` shows an
     int as is and a float with 3 significant digits."""
 
     def __init__(self, lang: str, terms: Mapping[str, str] | None = None):
@@ -391,6 +428,9 @@ class _Formatter(string.Formatter):
     def format_field(self, value, format_spec):
         if isinstance(value, _Shown):
             return value.text
+        if "|" in format_spec:  # a word chosen by a count: {n:step|steps}
+            one, _, other = format_spec.partition("|")
+            return one if not isinstance(value, bool) and value == 1 else other
         if format_spec == "term":
             return self.terms.get(str(value), str(value))
         if format_spec in _FORMATS:
@@ -512,6 +552,7 @@ class Numeric(Kind):
     tolerance: float = DEFAULT_TOLERANCE
     integer: bool = False
     wrong: Mapping[str, Callable[..., float]] = field(default_factory=dict)
+    example: float | None = None  # base units: the prompt's ``{example}``, moved away from the answer
 
     def value(self, params: Mapping[str, Any]) -> float:
         return call_with(self.answer, params)
@@ -522,6 +563,8 @@ class Numeric(Kind):
         fields = self.fields(params)
         fields["answer"] = answer
         fields["answer_text"] = format_value(answer, self.quantity, self.unit, lang, integer=self.integer)
+        if self.example is not None:
+            fields["example"] = example_value(answer, self.example)
         return numeric(lesson_id, self.name, lang, self.text(package, lang, "prompt", fields),
                        self.text(package, lang, "explain", fields), answer, self.quantity, self.unit,
                        params, self.tolerance, self.integer)

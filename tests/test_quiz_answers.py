@@ -184,8 +184,9 @@ EXPECTED["experts"] = {
     "total-params": lambda p: _moe_params(p, p["experts"]),
     "active-params": lambda p: _moe_params(p, p["top_k"]),
     "capacity": lambda p: math.ceil(p["capacity_factor"] * p["tokens"] * p["top_k"] / p["experts"]),
+    # each token picks top_k different experts: an expert's load is Binomial(T, k/E)
     "drop-rate": lambda p: p["experts"] * _binomial_overflow(
-        p["tokens"] * p["top_k"], 1 / p["experts"],
+        p["tokens"], p["top_k"] / p["experts"],
         math.ceil(p["capacity_factor"] * p["tokens"] * p["top_k"] / p["experts"])) / (p["tokens"] * p["top_k"]),
     "aux-loss": lambda p: p["alpha"] * p["experts"] * (p["hot"] ** 2 + (1 - p["hot"]) ** 2 / (p["experts"] - 1)),
     "experts-per-gpu": lambda p: p["experts"] // p["ep"],

@@ -49,6 +49,13 @@ GPU = Cluster(gpus=1, gpu_memory=80e9)
 GROWTHS = ("cp", "dp", "pp", "zero")
 
 
+def _group_words(dim: str) -> dict:
+    """The group's name for the texts: ``DIM`` (EP), ``a_DIM`` with its English article (an EP, a DP: the
+    letters' names), ``note`` the key of its definition in the ``[terms]`` tables (DP and EDP only)."""
+    name = dim.upper()
+    return {"DIM": name, "a_DIM": ("an " if name[0] in "AEFHILMNORSX" else "a ") + name, "note": f"note-{dim}"}
+
+
 def _layout(pp: int, dp: int, cp: int, tp: int, ep: int = 1) -> Layout:
     """The engine's mesh with experts (``distai run capstone --moe``)."""
     return Layout(pp, dp, tp, cp, ep, moe=True)
@@ -168,10 +175,10 @@ GENERATORS = build("capstone", __package__, values=_worked, kinds=[
                                 "dim": ["pp", "dp", "cp", "tp", "ep", "edp"]},
             variant="dim", answer=_coordinate, integer=True),
     Numeric("group-count", draw={**MESH5, "dim": list(GROUP_DIMS)}, variant="dim", answer=_group_count,
-            integer=True, values=lambda dim: {"DIM": dim.upper()}),
+            integer=True, values=_group_words),
     Numeric("group-stride", draw={**MESH5, "dim": ["cp", "dp", "ep", "edp", "pp"]},
             where=lambda pp, dp, cp, tp, ep, dim: _layout(pp, dp, cp, tp, ep).size(dim) > 1,
-            variant="dim", answer=_group_stride, integer=True, values=lambda dim: {"DIM": dim.upper()}),
+            variant="dim", answer=_group_stride, integer=True, values=_group_words),
     Choice("group-members", draw={**MESH5, "rank": lambda pp, dp, cp, tp: range(pp * dp * cp * tp),
                                   "dim": ["cp", "dp", "ep", "edp"], "slot": range(4)},
            where=lambda pp, dp, cp, tp, ep, rank, dim, slot: len(set(_member_options(

@@ -38,7 +38,7 @@ GENERATORS = build("lesson2", __package__, values=_worked, kinds=[
             quantity="bytes", unit="GB"),
     Numeric("max-fit", draw={"memory_bytes": [24e9, 40e9, 80e9, 141e9], "dp": DPS,
                              "strategy": ["ddp", "zero1", "zero2", "zero3"]},
-            answer=f.max_params_that_fit, quantity="count", unit="B"),
+            answer=f.max_params_that_fit, quantity="count", unit="B", example=7.5e9),
     Numeric("activations", draw={("hidden", "heads"): [(2048, 16), (4096, 32), (5120, 40), (8192, 64), (12288, 96)],
                                  "seq": [1024, 2048, 4096], "micro_batch": [1, 2, 4]},
             answer=f.activation_bytes_per_layer, quantity="bytes", unit="GB"),

@@ -21,7 +21,9 @@ def _young_is_not_daly(mtbf: float, cost: float) -> bool:
 
 def _daly_terms(mtbf: float, cost: float) -> dict:
     x = cost / (2 * mtbf)
-    return {"x": x, "young": f.young_interval(mtbf, cost), "factor": 1 + math.sqrt(x) / 3 + x / 9}
+    young = f.young_interval(mtbf, cost)
+    return {"x": x, "young": young, "young_min": young / 60, "cost_min": cost / 60,
+            "factor": 1 + math.sqrt(x) / 3 + x / 9}
 
 
 def _waste_terms(interval: float, mtbf: float, cost: float, restart: float) -> dict:
@@ -41,11 +43,13 @@ GENERATORS = build("lesson3", __package__, [
             answer=f.expected_waste_fraction, quantity="fraction", unit="%", values=_waste_terms),
     Numeric("failures-per-day", draw={"gpu_mtbf": GPU_MTBFS, "n_gpus": GPUS},
             answer=lambda gpu_mtbf, n_gpus: f.expected_failures(f.DAY, f.job_mtbf(gpu_mtbf, n_gpus)),
-            values=lambda gpu_mtbf, n_gpus: {"gpu_h": gpu_mtbf / f.HOUR, "job": f.job_mtbf(gpu_mtbf, n_gpus)}),
+            values=lambda gpu_mtbf, n_gpus: {"gpu_h": gpu_mtbf / f.HOUR, "job": f.job_mtbf(gpu_mtbf, n_gpus),
+                                             "job_h": f.job_mtbf(gpu_mtbf, n_gpus) / f.HOUR}),
     Numeric("gpu-mtbf-from-log", draw={"n_components": GPUS, "duration_s": [d * f.DAY for d in (30, 54, 60, 90)],
                                        "failures": [50, 120, 200, 419]},
             answer=f.component_mtbf_from_log, quantity="seconds", unit="h",
-            values=lambda duration_s, failures: {"days": round(duration_s / f.DAY), "job": duration_s / failures}),
+            values=lambda duration_s, failures: {"days": round(duration_s / f.DAY), "job": duration_s / failures,
+                                                "job_h": duration_s / failures / f.HOUR}),
     Choice("scaling", draw={"factor": [4, 9, 16], "what": ["cost", "mtbf"]}, variant="what",
            values=lambda factor: {"root": round(math.sqrt(factor))}),
     Choice("exact-state"),
