@@ -375,3 +375,22 @@ async def test_l_in_the_panel_says_the_run_keeps_its_language():
         await pilot.pause()
         assert [n.message for n in app._notifications] == [translated("run", "language_fixed", "es")]
         assert app.screen is screen and screen.language == "es"
+
+
+@run_async
+async def test_the_panels_bar_is_indeterminate_for_a_run_that_reports_only_its_phases():
+    """Lesson 7's bar read 0% through its whole run, then 100%."""
+    lesson = resolve_lesson("lesson7")
+    app = PanelApp(lambda: RunPanelScreen(lesson, "es", launch_factory=lambda *a, **k: SilentLaunch(*a, **k)))
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = app.screen
+        screen.state.feed({"kind": "run_start", "run_id": "r", "nproc": 2, "device": "cpu", "t": 0.0})
+        screen.state.feed({"kind": "phase", "name": "prefix sharing", "t": 1.0})
+        screen._refresh()
+        await pilot.pause()
+        assert screen.query_one("#run-progress", ProgressBar).total is None
+        screen.state.feed({"kind": "run_end", "status": "ok", "t": 2.0})
+        screen._refresh()
+        await pilot.pause()
+        bar = screen.query_one("#run-progress", ProgressBar)
+        assert bar.total == 1.0 and bar.progress == 1.0

@@ -44,6 +44,8 @@ async def test_replays_a_runs_loads_step_by_step():
     async with mounted(ExpertsVisualizer, language="es") as (pilot, vis):
         for e in events:
             vis.feed_event(e)
+        assert "(ejecución, paso 2/2, todas las capas)" in drawn_text(vis, 100)  # the latest step, as the log
+        vis.rewind()  # then step by step from the first
         assert "(ejecución, paso 1/2, todas las capas)" in drawn_text(vis, 100)
         vis.seek(1)  # the experts' phase of step 1
         assert "2 descartadas" in drawn_text(vis, 100)

@@ -10,12 +10,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..lessons.check_view import check_rows, table_lines
+from ..lessons.check_view import check_headers, check_rows, table_lines
 
 
 def check_table(events: Iterable[Mapping[str, Any]], lang: str):
     """The run's checks as a Rich renderable, laid out for the width it is drawn at (each name on a
-    line of its own where a row would not fit): the title and headers in bold, each verdict coloured
+    line of its own where a row would not fit, and the names' header on its own line above the
+    numbers' headers, as the rows are laid out): the title and headers in bold, each verdict coloured
     (green ok, yellow explained, red not explained), each missed check's causes dimmed under it,
     wrapped under their own indent; None without checks."""
     rows = check_rows(events, lang)
@@ -30,7 +31,11 @@ class _CheckTable:
         from rich.text import Text
 
         style = {"title": "bold magenta", "header": "bold", "label": "bold"}
-        for part, text, row in table_lines(self.rows, self.lang, options.max_width):
+        lines = table_lines(self.rows, self.lang, options.max_width)
+        if any(part == "label" for part, _text, _row in lines):  # each name on a line of its own: its
+            at = next(i for i, (part, _text, _row) in enumerate(lines) if part == "header")  # header too
+            lines.insert(at, ("header", check_headers(self.lang)[0], None))
+        for part, text, row in lines:
             if part == "row" and row is not None:
                 line = Text(text)
                 line.stylize("green" if row.ok else "yellow" if row.explained else "bold red",

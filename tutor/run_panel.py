@@ -21,6 +21,7 @@ Imports no torch (the launcher starts torch in other processes).
 from __future__ import annotations
 
 import collections
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -59,6 +60,20 @@ def export_path(record) -> str:
 
 
 BLOCKS = " ▏▎▍▌▋▊▉█"
+
+COLUMN_GAP = re.compile(r"(?<=\S) {2,}(?=\S)")  # two spaces or more between words: a table's columns
+BOX_DRAWING = frozenset("│┃║┆┊─━═┼╋╬┬┴├┤┌┐└┘╭╮╰╯")
+
+
+def table_like(line: str, after_table: bool = False) -> bool:
+    """Whether a rank's printed line is a row of a table (columns set apart by runs of spaces, or
+    drawn with box characters): such a line is written to the log whole, never wrapped mid-row.
+    Two gaps make a row, and so does one as wide as four spaces (a header whose titles are words:
+    "policy           TTFT p50/p99 ms TPOT p50/p99 ms tokens/s hits"); ``after_table``: the line
+    before was a row (one gap is enough then). Prose has single spaces, or two after a label."""
+    gaps = [len(gap) for gap in COLUMN_GAP.findall(line.strip())]
+    return (len(gaps) >= 2 or max(gaps, default=0) >= 4 or (after_table and bool(gaps))
+            or any(ch in BOX_DRAWING for ch in line))
 
 
 def hbar(value: float, top: float, width: int) -> str:
@@ -106,7 +121,8 @@ class RunPanelScreen(Screen):
     #run-status { width: 1fr; height: auto; padding: 0 0 0 2; }
     #run-body { height: 2fr; }
     #run-charts { width: 1fr; height: 1fr; }
-    #run-visual { width: 1fr; height: 1fr; border: round $secondary 50%; }
+    /* the visualizers draw at least 40 columns: 44 with their padding and this border */
+    #run-visual { width: 1fr; min-width: 44; height: 1fr; border: round $secondary 50%; }
     .run-label { height: 1; padding: 0 1; color: $text-muted; }
     #loss-spark { height: 4; margin: 0 1; }
     #sweep-table { height: auto; padding: 0 1; }
@@ -147,6 +163,7 @@ class RunPanelScreen(Screen):
         self._recorded_start = False
         self.events_drained = 0
         self._step_phase: str | None = None  # the phase the latest step event came in
+        self._in_table: dict = {}  # per rank: whether its latest printed line was a table's
 
     # -- layout ------------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -219,6 +236,7 @@ class RunPanelScreen(Screen):
         self._recorded_start = False
         self.stop_lines_hidden = 0
         self._step_phase = None
+        self._in_table = {}
         self.query_one("#run-log", RichLog).clear()
         self._clear_views()
         self.query_one("#run-log").styles.height = None  # back to the stylesheet's while it runs
@@ -271,8 +289,7 @@ class RunPanelScreen(Screen):
                 # in the run folder's logs/torchrun.log
                 self.stop_lines_hidden += 1
             elif kind == OUTPUT.name:
-                who = "torchrun" if e.get("rank") is None else translated("run", "rank_n", self.language, rank=e["rank"])
-                self._write(log, Text.assemble((f"{who:>9} ", "dim"), str(e.get("line", ""))), hanging=10)
+                self._write_output(log, e)
             elif kind == PHASE.name and e.get("rank", 0) == 0:
                 self._write(log, Text(f"── {translated('run', 'phase', self.language)}: "
                                       f"{phase_text(e.get('name'), self.language)}", style="bold cyan"))
@@ -289,6 +306,20 @@ class RunPanelScreen(Screen):
                 except Exception:  # noqa: BLE001
                     pass
         self._refresh()
+
+    def _write_output(self, log: RichLog, e: dict) -> None:
+        """A rank's printed line under its label: prose wrapped at the log's width, under its text; a
+        table's row (``table_like``) whole, however wide: the log scrolls sideways (left/right, or
+        shift+wheel) rather than wrap a row and push its last columns under its first ones."""
+        rank, line = e.get("rank"), str(e.get("line", ""))
+        who = "torchrun" if rank is None else translated("run", "rank_n", self.language, rank=rank)
+        text = Text.assemble((f"{who:>9} ", "dim"), line)
+        table = table_like(line, self._in_table.get(rank, False))
+        self._in_table[rank] = table
+        if table:
+            log.write(text, width=max(log.scrollable_content_region.width, text.cell_len))
+        else:
+            self._write(log, text, hanging=10)
 
     @staticmethod
     def _write(log: RichLog, text: Text, hanging: int = 0) -> None:
@@ -353,7 +384,9 @@ class RunPanelScreen(Screen):
 
     def _refresh(self) -> None:
         s, lang = self.state, self.language
-        self.query_one("#run-progress", ProgressBar).update(total=1.0, progress=s.fraction)
+        # a run that reports only its phases (lessons 4 and 7): an indeterminate bar, not one stuck at 0 %
+        self.query_one("#run-progress", ProgressBar).update(total=1.0 if s.progress_known or s.finished else None,
+                                                             progress=s.fraction)
         status = Text()
         # the ranks are done (rank 0's summary came) and torchrun is closing them: not "running" at 100 %
         closing = s.summary is not None and not s.finished
@@ -390,19 +423,28 @@ class RunPanelScreen(Screen):
             self.query_one("#sweep-table", Static).update(self._sweep_table())
         elif "sweep" in panel and s.phase in ("start", "check", "train"):
             self.query_one("#sweep-table", Static).update(Text(translated("run", "no_sweep", lang), style="dim"))
-        if "view" in panel and self.lesson_view is not None:
-            from rich.console import Group
-
-            width = max(20, self.query_one("#run-charts").size.width - 2)
-            parts = self.lesson_view.renderables(width)
-            if parts:
-                self.query_one("#lesson-view", Static).update(Group(*parts))
+        self._draw_lesson_view()
         if s.checks:  # the lesson's predictions against this run's measurements (issue 28)
             self.query_one("#check-table", Static).update(check_table(s.checks, lang))
             self.set_class(False, "-no-charts")
         if s.finished:
-            self.set_class(self.view.summary == "view", "-view-summary")
+            summary = self.view.summary == "view"
+            if summary != self.has_class("-view-summary"):  # the charts change width: drawn again at it
+                self.set_class(summary, "-view-summary")
+                self.call_after_refresh(self._draw_lesson_view)
             self._fit_summary()
+
+    def _draw_lesson_view(self) -> None:
+        """The lesson's own view of the run, laid out for the charts' width now (lesson 3's timeline
+        sizes its rows and wraps its lines to it)."""
+        if "view" not in self.view.panel or self.lesson_view is None:
+            return
+        from rich.console import Group
+
+        width = max(20, self.query_one("#run-charts").scrollable_content_region.width - 2)
+        parts = self.lesson_view.renderables(width)
+        if parts:
+            self.query_one("#lesson-view", Static).update(Group(*parts))
 
     def _clear_views(self) -> None:
         """What the run before drew (its checks, sweep, loss and lesson view), cleared for a new run: a run
@@ -430,6 +472,8 @@ class RunPanelScreen(Screen):
         room = self.size.height - fixed
         keep = self.SUMMARY_BODY_ROWS if body.display else 0
         need = len(log.lines) + 2  # its border
+        if log.virtual_size.width > log.scrollable_content_region.width:  # a table's rows, whole
+            need += log.styles.scrollbar_size_horizontal
         rows = max(min(need, room - keep), log.outer_size.height)
         if rows != log.outer_size.height:
             log.styles.height = rows
@@ -437,6 +481,7 @@ class RunPanelScreen(Screen):
         log.scroll_end(animate=False)
 
     def on_resize(self) -> None:
+        self.call_after_refresh(self._draw_lesson_view)
         if self.state.finished:
             self.query_one("#run-log").styles.height = None
             self.query_one("#run-body").styles.height = None

@@ -5,8 +5,11 @@ Three phases a step: **dispatch** (the rows each rank sends to each EP rank, its
 dropped choices ``✗`` beyond it), **combine** (the same rows going back). The model is one layer's
 routing from :mod:`distai.lessons.experts.dispatch` (``[``/``]`` the capacity factor, ``d``
 dropless, ``k`` top-1/top-2, ``s`` a router's skew); ``o`` replays the latest run of
-``distai run experts``, step by step, with its real loads, drops and rows. Rich ``Text``; no torch,
-no I/O.
+``distai run experts``, step by step, with its real loads, drops and rows (all its MoE layers summed:
+the capacity line stands at the layers' capacities added, the title gives one layer's). A run's view
+follows its latest step as the steps arrive (the step the run's summary ends with), unless the
+learner stepped back to an earlier one (``0`` the first step, ``,`` ``.`` a phase, ``End`` the latest).
+Rich ``Text``; no torch, no I/O.
 """
 from __future__ import annotations
 
@@ -66,10 +69,15 @@ class ExpertsVisualizer(PlaybackVisualizer):
     def steps(self) -> int:
         return len(self.run.loads) if self.source == "run" and self.run.loads else 1
 
+    def shown_step(self) -> int:
+        """The index of the run's step on show (0 for the model)."""
+        return min(self.frame // len(PHASES), self.steps() - 1)
+
     def dispatch(self) -> Dispatch:
-        """The step shown: the model's, or the run's loads (all layers summed) at this frame's step."""
+        """The step shown: the model's, or the run's loads (all layers summed, and so their capacities:
+        the line the summed bars meet) at this frame's step."""
         if self.source == "run" and self.run.loads and self.run.config:
-            c, load = self.run.config, self.run.loads[min(self.frame // len(PHASES), len(self.run.loads) - 1)]
+            c, load = self.run.config, self.run.loads[self.shown_step()]
             cap = None if load.capacity is None else load.capacity * load.layers
             return Dispatch(int(c["ep"]), int(c["experts"]), int(c["top_k"]), cap, load.routed, load.kept,
                             load.sent)
@@ -123,10 +131,15 @@ class ExpertsVisualizer(PlaybackVisualizer):
         self.refresh()
 
     def feed_event(self, event: dict) -> None:
+        """A run's event: a run's view starts with its ``moe_config`` and follows its latest step while
+        the learner stays on it (they stepped back: the frame stays where they put it)."""
+        latest = not self.run.loads or self.frame // len(PHASES) >= len(self.run.loads) - 1
         if not self.run.feed(event):
             return
         if event.get("kind") == "moe_config":
             self.source, self.frame = "run", 0
+        elif self.source == "run" and latest and self.run.loads:
+            self.frame = (len(self.run.loads) - 1) * len(PHASES) + self.frame % len(PHASES)
         self.refresh()
 
     # -- actions -------------------------------------------------------------------------------------------
@@ -172,9 +185,11 @@ class ExpertsVisualizer(PlaybackVisualizer):
     def build_lines(self, width: int, height: int | None = None) -> list[Text]:
         width = max(40, width)
         tr, lang, d = self.tr(), self.language, self.dispatch()
+        layers = self.moe_layers()
         limit = (tr["dropless"] if d.capacity is None
-                 else tr["capacity"].format(c=format_integer(d.capacity, lang)))
-        src = tr["src_run"].format(k=self.frame // len(PHASES) + 1, n=self.steps()) if self.source == "run" \
+                 else tr["capacity"].format(c=format_integer(d.capacity // layers, lang)) if layers == 1
+                 else tr["capacity_layer"].format(c=format_integer(d.capacity // layers, lang)))
+        src = tr["src_run"].format(k=self.shown_step() + 1, n=self.steps()) if self.source == "run" \
             else tr["src_model"]
         out = [Text(tr["title"].format(e=d.experts, ep=d.ep, k=d.top_k, limit=limit, phase=tr[self.phase], src=src),
                     style="bold")]
@@ -194,24 +209,39 @@ class ExpertsVisualizer(PlaybackVisualizer):
         out += [Text(line, style="grey50") for line in wrap_words(self.controls_hint(width), width)]
         return self.fit_height(out, height)
 
+    def moe_layers(self) -> int:
+        """How many MoE layers the step on show sums (1 for the model: one layer)."""
+        if self.source == "run" and self.run.loads and self.run.config:
+            return max(1, self.run.loads[self.shown_step()].layers)
+        return 1
+
     def _exchange(self, d: Dispatch, width: int, back: bool) -> list[Text]:
-        """Rows leaving each rank for each EP rank (dispatch), or coming back (combine)."""
+        """Rows leaving each rank for each EP rank (dispatch), or coming back (combine), each on one
+        line of ``width``: the bars as wide as the room lets them, the rows leaving the rank last where
+        they fit."""
         tr, lang = self.tr(), self.language
         out = [Text(tr["combine_head" if back else "dispatch_head"], style="bold")]
         if not d.sent:
             return out + [Text(tr["no_rows"], style="grey50")]
         most = max(max(row) for row in d.sent) or 1
-        bar_w = max(3, min(12, (width - 24) // max(1, d.ep) - 6))
+        ep = max(1, d.ep)
+        num_w = max(len(format_integer(n, lang)) for row in d.sent for n in row)
+        aways = [tr["away"].format(n=format_integer(sum(n for dest, n in enumerate(row) if dest != src % ep), lang))
+                 for src, row in enumerate(d.sent)]
+        fixed = len("R0 → ") + ep * len(f"R0  {'0' * num_w}  ")  # all but the bars and the rows leaving
+        away_w = max(map(len, aways))
+        show_away = (width - fixed - away_w) // ep >= 3
+        bar_w = max(1, min(12, (width - fixed - (away_w if show_away else 0)) // ep))
         for src, row in enumerate(d.sent):
-            home = src % d.ep
+            home = src % ep
             line = Text(f"R{src} {'←' if back else '→'} ", style=_colour(src))
             for dest, n in enumerate(row):
                 glyph = "·" if dest == home else ("◂" if back else "▸")
                 line.append(f"R{dest} ", style=_colour(dest))
                 line.append((glyph * max(1 if n else 0, round(bar_w * n / most))).ljust(bar_w), style=_colour(dest))
-                line.append(f" {format_integer(n, lang):>4}  ")
-            away = sum(n for dest, n in enumerate(row) if dest != home)
-            line.append(tr["away"].format(n=format_integer(away, lang)), style="grey62")
+                line.append(f" {format_integer(n, lang):>{num_w}}  ")
+            if show_away:
+                line.append(aways[src], style="grey62")
             out.append(line)
         return out
 
@@ -219,6 +249,10 @@ class ExpertsVisualizer(PlaybackVisualizer):
         """Each expert's choices: kept (its owner's colour), the capacity line, dropped (✗)."""
         tr, lang = self.tr(), self.language
         out = [Text(tr["load_head"], style="bold")]
+        layers = self.moe_layers()
+        if d.capacity is not None and layers > 1:  # the bars sum the layers: so does the line
+            out.append(Text(tr["cap_line"].format(l=layers, c=format_integer(d.capacity // layers, lang),
+                                                  t=format_integer(d.capacity, lang)), style="grey62"))
         top = max(max(d.routed), d.capacity or 0) or 1
         bar_w = max(10, min(50, width - 28))
         for e, (routed, kept) in enumerate(zip(d.routed, d.kept)):
@@ -226,12 +260,15 @@ class ExpertsVisualizer(PlaybackVisualizer):
             line = Text(f"e{e:<3}R{owner} ", style=_colour(owner))
             kept_w = round(bar_w * kept / top)
             drop_w = round(bar_w * routed / top) - kept_w
-            line.append("█" * kept_w, style=_colour(owner))
+            # on one scale: the kept, the dropped, the capacity line where it stands (one layer: where the
+            # kept end; layers summed: an expert may drop in one layer below the line the layers add up to)
+            cells = [("█", _colour(owner))] * kept_w + [("✗", "red")] * max(0, drop_w)
             if d.capacity is not None:
                 cap_at = round(bar_w * d.capacity / top)
-                line.append(" " * max(0, cap_at - kept_w) if not drop_w else "")
-                line.append("│", style="bold white")
-            line.append("✗" * max(0, drop_w), style="red")
+                cells += [(" ", "")] * max(0, cap_at - len(cells))
+                cells.insert(cap_at, ("│", "bold white"))
+            for ch, style in cells:
+                line.append(ch, style=style)
             line.append(f" {format_integer(routed, lang)}")
             if routed > kept:
                 line.append(" " + tr["dropped"].format(n=format_integer(routed - kept, lang)), style="red")

@@ -9,55 +9,78 @@ terminal view. Rich only: no Textual, no torch, no I/O.
 """
 from __future__ import annotations
 
+import re
+
 from rich.text import Text
 
 from ..lessons.lesson3.run_timeline import RunTimeline
 from ..lessons.strings import strings
 from ..lessons.units import format_bytes, format_number, format_time
-from .ring_drawing import code_spans
+from .ring_drawing import code_spans, wrap_text
 
 GLYPHS = {"step": ("█", "green"), "redo": ("█", "yellow"), "checkpoint": ("◆", "bold cyan"),
           "failure": ("✕", "bold red"), "restart": ("↻", "bold magenta"), "empty": (" ", "")}
 
+def _layout(n: int, width: int, label_w: int) -> tuple[int, int]:
+    """``(cols, per)``: the row's cells and the steps each cell stands for, so that the label, the row
+    and the axis under it (its last number runs past the last cell) fit in ``width``: every step the
+    same whole number of cells where they fit, else every cell the same number of steps."""
+    room = max(1, width - label_w - (len(str(n)) - 1))
+    if room >= n:
+        return n * (room // n), 1
+    per = -(-n // room)
+    return -(-n // per), per
+
+
 def _axis(n: int, cols: int, pad: int) -> Text:
-    """Step numbers under the rows: 1, then round multiples at least 6 columns apart."""
+    """Step numbers under the rows: 1, then round multiples at least 6 columns apart, and the last
+    step where it has room."""
     every = next((k for k in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000)
                   if k * cols / n >= 6), 20_000)
-    marks = [1] + list(range(every, n + 1, every))
-    line = [" "] * (cols + 8)
+    marks = [1] + list(range(every, n + 1, every)) + ([n] if n > 1 and n % every else [])
+    line = [" "] * (cols + len(str(n)))
     for k in marks:
         col = min(cols - 1, int((k - 1) * cols / n))
         label = str(k)
         lo, hi = max(0, col - 1), col + len(label) + 1
-        if hi <= len(line) and all(c == " " for c in line[lo:hi]):
+        if col + len(label) <= len(line) and all(c == " " for c in line[lo:hi]):
             line[col:col + len(label)] = list(label)
     return Text(" " * pad + "".join(line).rstrip(), style="grey50")
 
 
-def _legend(text: str) -> Text:
-    """The legend with each glyph in its colour (the first █ is a step, the second a redone step)."""
-    out = Text(style="grey50")
+def _legend(items: list[str], width: int) -> list[Text]:
+    """The legend's items packed into lines of ``width`` (an item never split), each glyph in its
+    colour (the first █ is a step, the second a redone step)."""
     blocks = iter((GLYPHS["step"][1], GLYPHS["redo"][1]))
     colours = {"◆": GLYPHS["checkpoint"][1], "✕": GLYPHS["failure"][1], "↻": GLYPHS["restart"][1]}
-    for ch in text:
-        if ch == "█":
-            out.append(ch, style=next(blocks, "green"))
-        elif ch in colours:
-            out.append(ch, style=colours[ch])
+    lines: list[Text] = []
+    for item in items:
+        if lines and len(lines[-1]) + 2 + len(item) <= width:
+            lines[-1].append("  ")
         else:
-            out.append(ch)
-    return out
+            lines.append(Text(style="grey50"))
+        for ch in item:
+            if ch == "█":
+                lines[-1].append(ch, style=next(blocks, "green"))
+            elif ch in colours:
+                lines[-1].append(ch, style=colours[ch])
+            else:
+                lines[-1].append(ch)
+    return lines
 
 
 def timeline_lines(tl: RunTimeline, width: int = 80, language: str = "en", details: bool = True) -> list[Text]:
-    """The rows, an axis, a legend and (``details``) one line per failure, restart and check."""
+    """The rows, an axis, a legend and (``details``) one line per failure, restart and check, all
+    within ``width`` columns: each row on one line under its axis (a cell stands for several steps
+    where the steps would not fit one a cell, and the legend says how many), the legend and the
+    details wrapped between their words."""
     tr = strings("failures", language)["timeline"]
     if tl.empty:
         return [code_spans(tr["waiting"], "italic grey62")]
     n = tl.span()
     label_w = max(len(tr["try"].format(n=k)) for k in tl.attempts) + 1
-    cols = max(10, min(width - label_w - 1, n * max(1, (width - label_w - 1) // n)))
-    lines = [Text(tr["title"].format(n=n, w=tl.world_size or "?"), style="bold")]
+    cols, per = _layout(n, width, label_w)
+    lines = wrap_text(Text(tr["title"].format(n=n, w=tl.world_size or "?"), style="bold"), width)
     for number, row in tl.cells(cols):
         line = Text(tr["try"].format(n=number).ljust(label_w), style="bold")
         for what in row:
@@ -65,9 +88,13 @@ def timeline_lines(tl: RunTimeline, width: int = 80, language: str = "en", detai
             line.append(ch, style=style)
         lines.append(line)
     lines.append(_axis(n, cols, label_w))
-    lines.append(_legend(tr["legend"]))
+    items = [item for item in re.split(r"\s{2,}", tr["legend"]) if item]
+    if per > 1:
+        items.append(tr["per_cell"].format(k=per))
+    lines.extend(_legend(items, width))
     if not details:
         return lines
+    head = len(lines)
     restarts_by_attempt = {r.get("attempt"): r for r in tl.restarts}
     for number in sorted(tl.attempts):
         at = tl.attempts[number]
@@ -118,7 +145,7 @@ def timeline_lines(tl: RunTimeline, width: int = 80, language: str = "en", detai
                                                        s=c.get("first_diff_step"),
                                                        d=format_number(float(c.get("max_abs_diff") or 0), 2, language)),
                               style="bold red"))
-    return lines
+    return lines[:head] + [part for line in lines[head:] for part in wrap_text(line, width, hanging=2)]
 
 
 class TerminalTimeline:
