@@ -48,3 +48,30 @@ def drawn_text(vis, width: int, height: int | None = None) -> str:
     """What ``vis.build_lines`` draws in ``width`` columns (and ``height`` rows), as plain text."""
     return "\n".join(line.plain for line in vis.build_lines(width, height))
 
+
+def scripted_launch(events: list[dict]):
+    """A run panel's launch factory whose launch emits ``events`` at once, then ends the run ok (no ranks)."""
+
+    class Launch:
+        class spec:
+            class placement:
+                nproc = 2
+
+        class record:
+            id, path = "fake", "/tmp/fake"
+
+        stopping = False
+
+        def __init__(self, lesson, consumer, nproc=None, args=None):
+            self.consumer = consumer
+
+        def stop(self, reason="stopped"):
+            pass
+
+        def run(self):
+            for e in events:
+                self.consumer(e)
+            self.consumer({"kind": "run_end", "status": "ok", "error": None, "exit_code": 0, "failed_rank": None,
+                           "tail": [], "duration_s": 1.0, "t": 1.0})
+
+    return Launch

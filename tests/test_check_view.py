@@ -9,6 +9,7 @@ from distai.lessons.check_view import check_headers, check_lines, check_rows, fo
 from distai.lessons.checks import check
 from distai.lessons.events import CHECK, STEP
 from distai.tutor.check_table import check_table
+from pilot_harness import scripted_launch
 
 
 def _event(c, rank=0):
@@ -106,31 +107,6 @@ def test_distai_run_summary_and_the_run_panel_draw_the_same_table():
     assert "prediction vs measurement" in text and "unequal stages +9.0 pts" in text and "explained" in text
 
 
-class _Launch:
-    """A scripted lesson-5 run that ends at once: its checks, then ok."""
-
-    class spec:
-        class placement:
-            nproc = 2
-
-    class record:
-        id, path = "fake", "/tmp/fake"
-
-    stopping = False
-
-    def __init__(self, lesson, consumer, nproc=None, args=None):
-        self.consumer = consumer
-
-    def stop(self, reason="stopped"):
-        pass
-
-    def run(self):
-        self.consumer({"kind": "run_start", "run_id": "fake", "nproc": 2, "device": "cpu", "t": 0.0})
-        self.consumer(_event(_bubble()))
-        self.consumer({"kind": "run_end", "status": "ok", "error": None, "exit_code": 0, "failed_rank": None,
-                       "tail": [], "duration_s": 1.0, "t": 1.0})
-
-
 def test_the_run_panel_draws_the_same_table_in_the_learners_language():
     import asyncio
 
@@ -142,7 +118,8 @@ def test_the_run_panel_draws_the_same_table_in_the_learners_language():
 
     class PanelApp(App):
         def on_mount(self):
-            self.push_screen(RunPanelScreen(resolve_lesson("lesson5"), "es", launch_factory=_Launch))
+            self.push_screen(RunPanelScreen(resolve_lesson("lesson5"), "es", launch_factory=scripted_launch([
+                {"kind": "run_start", "run_id": "fake", "nproc": 2, "device": "cpu", "t": 0.0}, _event(_bubble())])))
 
     async def scenario():
         app = PanelApp()

@@ -18,6 +18,7 @@ from distai.tutor.check_table import check_table
 from distai.tutor.run_panel import RunPanelScreen, table_like
 from distai.visualizers.experts import ExpertsVisualizer
 from distai.visualizers.run_timeline import timeline_lines
+from pilot_harness import scripted_launch
 
 STEPS, EVERY, KILLED = 40, 5, 23  # the run lesson 3's text describes: rank 1 killed during step 23
 
@@ -89,7 +90,7 @@ def test_the_run_panels_side_panel_gives_the_timeline_its_forty_columns():
     timeline it draws there is one line per row."""
 
     async def scenario():
-        app = PanelApp(lambda: RunPanelScreen(resolve_lesson("lesson3"), "en", launch_factory=script(lesson3_events())))
+        app = PanelApp(lambda: RunPanelScreen(resolve_lesson("lesson3"), "en", launch_factory=scripted_launch(lesson3_events())))
         async with app.run_test(size=(120, 40)) as pilot:
             await finished(pilot, app)
             v = app.screen.visualizer
@@ -196,7 +197,7 @@ def test_the_logs_tables_are_not_wrapped_mid_row_and_its_prose_is():
     events += [{"kind": "output", "rank": 0, "line": line, "t": 0.1} for line in lines]
 
     async def scenario():
-        app = PanelApp(lambda: RunPanelScreen(resolve_lesson("lesson2"), "es", launch_factory=script(events)))
+        app = PanelApp(lambda: RunPanelScreen(resolve_lesson("lesson2"), "es", launch_factory=scripted_launch(events)))
         async with app.run_test(size=(80, 24)) as pilot:
             await finished(pilot, app)
             log = app.screen.query_one("#run-log", RichLog)
@@ -246,34 +247,6 @@ class PanelApp(App):
 
     def on_mount(self):
         self.push_screen(self.factory())
-
-
-def script(events: list[dict]):
-    """A launch factory whose launch emits ``events``, then ends the run ok."""
-
-    class Launch:
-        class spec:
-            class placement:
-                nproc = 2
-
-        class record:
-            id, path = "fake", "/tmp/fake"
-
-        stopping = False
-
-        def __init__(self, lesson, consumer, nproc=None, args=None):
-            self.consumer = consumer
-
-        def stop(self, reason="stopped"):
-            pass
-
-        def run(self):
-            for e in events:
-                self.consumer(e)
-            self.consumer({"kind": "run_end", "status": "ok", "error": None, "exit_code": 0, "failed_rank": None,
-                           "tail": [], "duration_s": 1.0, "t": 1.0})
-
-    return Launch
 
 
 async def finished(pilot, app) -> None:
