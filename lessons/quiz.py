@@ -177,6 +177,10 @@ def format_value(value: float, quantity: str, unit: str, lang: str, integer: boo
     return units.format_number(value, 4, lang)
 
 
+# the unit an answer's example is written in where the question names none (a fraction's, "%", only in the
+# example itself: an unreadable answer to a fraction gets no "e.g.")
+_EXAMPLE_UNITS = {"bytes": "GB", "seconds": "s", "bandwidth": "GB/s"}
+
 # An example of how to write an answer (a hint in a prompt, in a message) is never within this factor of
 # the answer: an example must show the form, not give the value away.
 EXAMPLE_FACTOR = 3.0
@@ -200,7 +204,7 @@ def answer_example(q: Question) -> str:
     with a value far from the answer (:func:`example_value`); "" for multiple choice."""
     if q.is_choice:
         return ""
-    hint = q.unit or {"bytes": "GB", "seconds": "s", "bandwidth": "GB/s", "fraction": "%"}.get(q.quantity, "")
+    hint = q.unit or {**_EXAMPLE_UNITS, "fraction": "%"}.get(q.quantity, "")
     value = example_value(q.answer, 12.5 * _HINT_FACTORS.get(q.quantity, {}).get(hint, 1.0))
     if q.quantity in ("number", "count") and not hint:
         return units.format_number(value, 3, q.lang)
@@ -330,7 +334,7 @@ def _check(q: Question, text) -> Check:
         return Check(idx == q.answer, True, idx, "")
     values = _candidates(s, q) or _candidates(_without_noun(s, q), q)
     if not values:
-        hint = q.unit or {"bytes": "GB", "seconds": "s", "bandwidth": "GB/s"}.get(q.quantity, "")
+        hint = q.unit or _EXAMPLE_UNITS.get(q.quantity, "")
         example = answer_example(q)
         unit = _foreign_unit(s, q.lang)
         if unit:
