@@ -16,7 +16,7 @@ import argparse
 import math
 from dataclasses import dataclass
 
-from ..lessons.arg_errors import argparse_texts
+from ..lessons.arg_errors import argparse_texts, unknown_option_texts
 from ..lessons.capstone.mesh_run import AXES, Layout
 from ..lessons.experts.formulas import RUN_CAPACITY_FACTOR, RUN_EXPERTS, RUN_TOP_K
 from ..lessons.lesson5 import simulator as sim
@@ -55,7 +55,9 @@ def mesh_shape(pp: int, dp: int, tp: int, cp: int = 1, ep: int = 1, moe: bool = 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, no usage dump: the CLI and the ranks report it
-        raise MeshConfigError(message, texts=argparse_texts(message))
+        options = [o for action in self._actions for o in action.option_strings]
+        raise MeshConfigError(message, texts=unknown_option_texts(message, options, "capstone")
+                              or argparse_texts(message))
 
 
 def build_parser() -> argparse.ArgumentParser:

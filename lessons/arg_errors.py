@@ -11,7 +11,7 @@ import re
 
 from .strings import translations
 
-__all__ = ["argparse_match", "argparse_texts"]
+__all__ = ["argparse_match", "argparse_texts", "unknown_option_texts"]
 
 AREA = "run_checks"
 #: argparse's messages (``argparse.py``'s templates) and their keys under ``run_checks.argparse``
@@ -47,3 +47,23 @@ def argparse_texts(message: str) -> dict[str, str]:
         return {}
     key, fields = found
     return translations(AREA, f"argparse.{key}", **fields)
+
+
+def unknown_option_texts(message: str, options: list[str], lesson: str) -> dict[str, str]:
+    """argparse's ``unrecognized arguments`` refusal of ``lesson``'s experiment in every language, with the
+    nearest of its ``options`` (all of them when none is near): "does not take --micro 2 (its options:
+    --microbatches, --microbatch-size)"; ``{}`` for any other message."""
+    import difflib
+
+    found = argparse_match(message)
+    if found is None or found[0] != "unrecognized":
+        return {}
+    unknown = found[1]["args"]
+    options = [o for o in options if o.startswith("--") and o != "--help"]
+    flags = [a.split("=")[0] for a in unknown.split() if a.startswith("--")]
+    # a prefix of options is the commonest slip (--micro for --microbatches): the experiments take no abbreviations
+    near = sorted({m for f in flags for m in difflib.get_close_matches(f, options, n=3, cutoff=0.75)}
+                  | {o for f in flags for o in options if len(f) > 2 and o.startswith(f)})
+    said = translations("cli", "errors.experiment_unknown", lesson=lesson, arguments=unknown)
+    listed = translations("cli", "errors.experiment_options", options=", ".join(near or options)) if options else {}
+    return {lang: text + listed.get(lang, "") for lang, text in said.items()}

@@ -282,7 +282,9 @@ def test_runs_requests_are_refused_in_the_learners_language(argv, message, capsy
     # an abbreviation passed the check and the ranks read it as --schedules, then died after torchrun's banner
     (["run", "lesson5", "--cpu", "2", "--schedule", "bogus"], "en",
      "lesson5's experiment does not take --schedule bogus (its options: --schedules)"),
-    (["run", "capstone", "--cpu", "8", "--micro", "2"], "es", "argumentos no reconocidos: --micro 2"),
+    # the capstone's own plan refuses it, with the nearest options as the other experiments' check does
+    (["run", "capstone", "--cpu", "8", "--micro", "2"], "es",
+     "el experimento de capstone no acepta --micro 2 (sus opciones: --microbatch-size, --microbatches)"),
     # no option at all, a group its shape cannot split: refused before torchrun, not after its banner
     (["run", "lesson4", "--cpu", "3"], "es", "tp = 3 no divide las 8 cabezas de atención"),
     (["run", "context", "--cpu", "3"], "en", "the zigzag layout needs 2·cp = 6 to divide the sequence length 256"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from distai.lessons.arg_errors import argparse_texts
+from distai.lessons.arg_errors import argparse_texts, unknown_option_texts
 from distai.tutor.cli import main
 
 CASES = [
@@ -88,12 +88,26 @@ def test_run_refuses_before_the_launch_in_spanish(learner, capsys, tmp_path, arg
      "dp·tp·pp = 3·2·2 = 12 does not match the 8 ranks; run with --cpu 12 (or --gpus 12) or change the degrees"),
     (["capstone", "--cpu", "8", "--dp", "x"], "argument --dp: invalid int value: 'x'"),
     # no abbreviations: --m is no option (argparse guessed among --moe, --microbatches, --microbatch-size)
-    (["capstone", "--cpu", "8", "--m", "3"], "unrecognized arguments: --m 3"),
+    (["capstone", "--cpu", "8", "--m", "3"],
+     "capstone's experiment does not take --m 3 (its options: --microbatch-size, --microbatches, --moe)"),
     (["lesson7", "--cpu", "4", "--heads", "3"], "hidden 128 is not divisible by heads 3"),
 ])
 def test_the_english_lines_are_unchanged(learner, capsys, argv, english):
     code, lines = learner(argv, "en", capsys)
     assert (code, lines) == (2, [f"distai: error: {english}"])
+
+
+def test_an_unknown_option_names_the_nearest_options_in_every_language():
+    options = ["--help", "--microbatches", "--microbatch-size", "--schedule", "-m"]
+    texts = unknown_option_texts("unrecognized arguments: --micro 2", options, "capstone")
+    assert texts == {"en": "capstone's experiment does not take --micro 2 (its options: --microbatch-size, --microbatches)",
+                     "es": "el experimento de capstone no acepta --micro 2 (sus opciones: --microbatch-size, "
+                           "--microbatches)"}
+    assert unknown_option_texts("unrecognized arguments: --sched x", options, "x")["en"].endswith("(its options: --schedule)")
+    # nothing near: every long option but --help
+    assert unknown_option_texts("unrecognized arguments: --zz", options, "x")["en"].endswith(
+        "(its options: --microbatches, --microbatch-size, --schedule)")
+    assert unknown_option_texts("argument --x: expected one argument", options, "x") == {}
 
 
 def test_an_argparse_message_it_does_not_know_stays_english():

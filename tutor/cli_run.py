@@ -50,22 +50,14 @@ def experiment_refusal(found: dict, lesson: str, lang: str) -> str:
     """The one line for what an experiment's ranks would refuse (``launcher.experiment_argument_error``),
     in ``lang``: an unknown option with the nearest of the experiment's own (or all of them), argparse's
     other messages through :func:`~distai.lessons.arg_errors.argparse_texts`, a usage error in its own words."""
-    import difflib
+    from ..lessons.arg_errors import argparse_texts, unknown_option_texts
 
-    from ..lessons.arg_errors import argparse_match, argparse_texts
-
-    say = lambda key, **f: translated("cli", f"errors.{key}", lang, **f)  # noqa: E731
     if found.get("texts", {}).get(lang):
         return found["texts"][lang]
     message = str(found.get("error", ""))
-    options = [o for o in found.get("options", []) if o != "--help"]
-    found_kind = argparse_match(message)
-    if found_kind is not None and found_kind[0] == "unrecognized":
-        unknown = found_kind[1]["args"]
-        flags = [a.split("=")[0] for a in unknown.split() if a.startswith("--")]
-        near = sorted({m for f in flags for m in difflib.get_close_matches(f, options, n=3, cutoff=0.75)})
-        return say("experiment_unknown", lesson=lesson, arguments=unknown) + \
-            (say("experiment_options", options=", ".join(near or options)) if options else "")
+    unknown = unknown_option_texts(message, list(found.get("options", [])), lesson)
+    if unknown:
+        return unknown.get(lang) or message
     return argparse_texts(message).get(lang) or message
 
 
