@@ -43,6 +43,15 @@ def test_the_prediction_is_the_planners_own_model():
     assert cal.planner_tp_calls(RUN) == {"all_gather": 2 * 2 * 2 * 4, "reduce_scatter": 2 * 2 * 2 * 4}
 
 
+def test_the_runs_interleaved_schedule_on_two_stages_is_predicted():
+    """The run's own pipeline engine runs interleaved on pp = 2 (Megatron-LM refuses it): the prediction
+    follows the run's rule; it failed the run after its steps had trained and checked."""
+    import dataclasses
+
+    two_chunks = cal.predict(dataclasses.replace(RUN, chunks=2), PROFILE)
+    assert two_chunks["step_time_s"] > 0 and two_chunks["bubble_s"] < cal.predict(RUN, PROFILE)["bubble_s"]
+
+
 def _expected(run):
     """Every pipeline rank's calls from the formulas the run's meter checks exactly, and its layers."""
     from distai.engine.calibrate import run_comm

@@ -470,6 +470,12 @@ def test_capstone_summary_in_spanish():
     five = dict(config, cp=2, tp=1, zero=False, experts=4, top_k=2, ep=2)
     assert_both(lambda lang: "\n".join(summary_text(dict(result, config=five), accounts, lang)),
                 "capstone five-axis summary")
+    # the median a step takes, and the mean the step-time check compares; with experts no prediction
+    measured = dict(result, step_time_mean_s=0.0612)
+    assert "  step time: median 50.0 ms, mean 61.2 ms (the one checked)" in summary_text(measured, accounts, "en")
+    assert "  tiempo por paso: mediana 50,0 ms, media 61,2 ms (la comprobada)" in summary_text(measured, accounts, "es")
+    assert "  step time (median): 50.0 ms; with experts it is not predicted" in summary_text(
+        dict(measured, config=five), accounts, "en")
 
 
 def test_lesson4_summary_in_spanish():

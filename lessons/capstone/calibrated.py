@@ -128,7 +128,9 @@ def predict(run: RunShape, profile: dict) -> dict:
     config = pl.Config(run.tp, run.pp, run.dp, run.micro_batch, run.zero, "none", run.chunks, run.tp > 1,
                        run.cp, run.ep)
     global_batch = run.dp * run.microbatches * run.micro_batch
-    c = pl.evaluate(model_spec(run), cluster(run, profile), global_batch, config, optimizer="sgd")
+    # the run's schedules are distai's own (engine.pipeline): interleaved on 2 stages too, which Megatron-LM refuses
+    c = pl.evaluate(model_spec(run), cluster(run, profile), global_batch, config, optimizer="sgd",
+                    axes=pl.Axes(engine="distai"))
     if c.reason:
         raise ValueError(f"the planner cannot evaluate the capstone run: {c.reason}")
     return {"step_time_s": c.step_time_s, "microbatches": c.microbatches, **{k: c.time[k] for k in TERMS}}
