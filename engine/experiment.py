@@ -140,8 +140,12 @@ def run_experiment(prog: str, parse: Callable[[list[str] | None], argparse.Names
         return _check_arguments(parse, argv, bad_input, check)
     ctx = None
     try:
+        from .lifeline import watch_launcher
         from .runtime import init_distributed
 
+        # before anything that can block (lesson 3's own rendezvous in before_init waits for torchrun's store):
+        # a rank never outlives torchrun or the command that started it
+        watch_launcher()
         args = parse(argv)  # a usage error raised while parsing is bad input too
         check_values(args)
         if check is not None:

@@ -114,3 +114,53 @@ def test_supervised_two_rank_run_ends_ok_without_a_relaunch_when_ranks_exit_busy
     assert not [e for e in seen if e.get("kind") == "relaunch"]
     (summary,) = [e for e in seen if e.get("kind") == "summary"]
     assert summary["sum"] == 3.0 and summary["all_reduces"] == 1  # 1 + 2 over both ranks
+
+
+#: an experiment whose ``before_init`` blocks, as lesson 3's rendezvous does when torchrun is gone
+BLOCKED = textwrap.dedent('''
+    import argparse
+    import sys
+    import time
+
+    from distai.engine.experiment import exit_with, run_experiment
+
+
+    def wait_forever(args):
+        open(sys.argv[1], "w").close()
+        time.sleep(600)
+
+
+    def main(argv=None):
+        return run_experiment("blocked", argparse.ArgumentParser().parse_args, lambda ctx, a: None, [],
+                              before_init=wait_forever)
+
+
+    if __name__ == "__main__":
+        exit_with(main)
+''')
+
+
+def test_a_rank_blocked_before_joining_its_group_dies_with_the_launcher(tmp_path):
+    """SIGKILL of ``distai run`` while a rank waits in ``before_init`` (lesson 3's per-attempt TCPStore,
+    before ``init_distributed``): the rank left with it, where it waited 4-5 minutes for its store's
+    timeout and then wrote into a run already marked killed."""
+    import time
+
+    (tmp_path / "blocked.py").write_text(BLOCKED, encoding="utf-8")
+    launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    marker = tmp_path / "waiting"
+    env = dict(os.environ, PYTHONPATH=_with_path(tmp_path), DISTAI_LAUNCHER_PID=str(launcher.pid))
+    rank = subprocess.Popen([sys.executable, "-m", "blocked", str(marker)], env=env, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and time.monotonic() < deadline:
+            assert rank.poll() is None
+            time.sleep(0.05)
+        assert marker.exists()
+        launcher.kill()
+        launcher.wait()
+        assert rank.wait(timeout=10) != 0  # its lifeline killed it within a check or two (0.5 s each)
+    finally:
+        for p in (launcher, rank):
+            if p.poll() is None:
+                p.kill()
