@@ -6,7 +6,10 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import stat
 import subprocess
+import threading
 import time
 
 import pytest
@@ -152,3 +155,20 @@ def test_cli_export_writes_trace_and_metrics_and_fails_in_one_line(isolated_dist
                         ((rec.id, "-o", str(tmp_path / "missing" / "t.json")), "cannot write")):
         bad = distai(*args)
         assert bad.returncode == 2 and words in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    # the run's own files are refused (README's "-o run.json" typed inside the run's folder overwrote its record)
+    for own in (rec.dir / "run.json", rec.dir / "events" / "rank0.jsonl"):
+        before = own.read_bytes()
+        bad = distai(rec.id, "-o", str(own))
+        assert bad.returncode == 2 and "is one of the run's own files" in bad.stderr and own.read_bytes() == before
+    # a link is followed, not replaced; what is not a regular file is written into, never replaced by one
+    (tmp_path / "link.csv").symlink_to(tmp_path / "target.csv")
+    assert distai(rec.id, "-f", "csv", "-o", str(tmp_path / "link.csv")).returncode == 0
+    assert (tmp_path / "link.csv").is_symlink() and (tmp_path / "target.csv").read_text().startswith("step,rank")
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    reader.start()
+    assert distai(rec.id, "-f", "csv", "-o", str(fifo)).returncode == 0
+    reader.join(timeout=30)
+    assert got and got[0].startswith("step,rank") and stat.S_ISFIFO(fifo.lstat().st_mode)

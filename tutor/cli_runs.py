@@ -164,6 +164,29 @@ def default_export_path(run_path: str | os.PathLike, fmt: str) -> Path:
     return Path(run_path) / EXPORT_FORMATS[fmt]
 
 
+def write_export(path: Path, text: str, run_folder: Path, say) -> None:
+    """Write an export at ``path``: a new or regular file through a temporary file and a rename (a reader
+    never sees half of it; a link is followed, not replaced); anything else that exists (``/dev/stdout``,
+    a pipe, ``/dev/null``) written into as it is, never replaced by a file. The run's own files (its record,
+    events, logs) are refused: ``-o run.json`` run inside the run's folder overwrote its record."""
+    if path.exists() and not path.is_file():  # /dev/stdout (a link to a pipe), /dev/null, a FIFO
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(text)
+        return
+    target = path.resolve()
+    folder = run_folder.resolve()
+    exports = {folder / name for name in EXPORT_FORMATS.values()}
+    if target.is_relative_to(folder) and target != folder and target not in exports and \
+            (target.exists() or target.parent != folder):
+        raise CliError(say("run_file", path=path, run=run_folder))
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, target)  # a reader never sees half a file
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def export_text(record, fmt: str, lang: str = "en") -> str:
     """The run's export in ``fmt`` as text; a trace that breaks the format's rules is refused (in ``lang``)."""
     from ..engine import trace_export as tx
@@ -213,9 +236,7 @@ def runs_export(
     try:
         if path.is_dir():
             raise CliError(say("folder", path=path, example=path / EXPORT_FORMATS[fmt]))
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)  # a reader never sees half a file
+        write_export(path, text, Path(record.path), say)
     except OSError as exc:
         raise CliError(say("cannot_write", path=path, why=os_error_text(exc, language))) from None
     typer.echo(say("wrote_trace" if fmt == "chrome-trace" else "wrote_metrics", path=path))
