@@ -73,12 +73,17 @@ class EventSink:
 
 
 def read_events(path: str | os.PathLike) -> Iterator[dict]:
-    """Every complete event in one rank's file (a torn last line is ignored)."""
+    """Every complete event in one rank's file: a torn last line, a line that is not UTF-8 JSON, and JSON
+    that is not an object (``5``, ``null``: a file damaged by hand or by the disk), or whose time is not a
+    number, are left out."""
     with open(path, "rb") as f:
         for line in f:
             if not line.endswith(b"\n"):
                 break
             try:
-                yield json.loads(line)
-            except json.JSONDecodeError:
+                event = json.loads(line)
+            except ValueError:  # JSONDecodeError, UnicodeDecodeError
                 continue
+            t = event.get("t") if isinstance(event, dict) else None
+            if isinstance(event, dict) and (t is None or isinstance(t, (int, float)) and not isinstance(t, bool)):
+                yield event  # every reader orders events by a time that is a number

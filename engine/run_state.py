@@ -155,6 +155,16 @@ class RunState:
             self.duration_s = e.get("duration_s")
 
 
+def feed_readable(fold: Any, event: dict[str, Any]) -> bool:
+    """``fold.feed(event)``, an event whose fields a fold cannot read (``"step": "x"`` in a file edited by
+    hand or damaged) left out as a torn line is: False then, else what ``feed`` returned (True if None)."""
+    try:
+        changed = fold.feed(event)
+    except (ValueError, TypeError, KeyError):
+        return False
+    return True if changed is None else bool(changed)
+
+
 def replay_events(record) -> list[dict[str, Any]]:
     """A finished (or crashed) run's events as the live consumer saw them, from its folder."""
     recorded = list(record.events())

@@ -89,11 +89,32 @@ class RunRecord:
     @classmethod
     def load(cls, directory: str | os.PathLike) -> RunRecord:
         data = json.loads((Path(directory) / RUN_FILE).read_text(encoding="utf-8"))
+        if not isinstance(data, dict):  # null, a list: JSON, but no record
+            raise TypeError(f"{RUN_FILE} holds {type(data).__name__}, not a record")
         known = {f for f in cls.__dataclass_fields__}
         record = cls(**{k: v for k, v in data.items() if k in known})
+        record._check_fields()
         record.path = str(Path(directory))
         record.id = Path(directory).name  # the folder names the run: a copied folder is a run of its own
         return record
+
+    def _check_fields(self) -> None:
+        """TypeError unless every field has its kind of value (a record edited by hand: ``"config": "x"``,
+        ``"created": 1e30``), so that every reader can trust them."""
+        kinds: dict[str, tuple[type, ...]] = {
+            "lesson": (str,), "module": (str,), "created": (int, float), "command": (list,), "argv": (list,),
+            "config": (dict,), "status": (str,), "exit_code": (int, type(None)),
+            "duration_s": (int, float, type(None)), "error": (str, type(None)), "failed_rank": (int, type(None)),
+            "error_tail": (list,), "summary": (dict, type(None)), "launcher_pid": (int, type(None)),
+            "last_step": (int, type(None)), "host": (str,)}
+        for name, allowed in kinds.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, allowed):
+                raise TypeError(f"{RUN_FILE}: {name} is {value!r}")
+        if not 0 <= self.created < 1e11:  # time.localtime's range: a start a date can show
+            raise TypeError(f"{RUN_FILE}: created is {self.created!r}")
+        if not all(isinstance(x, str) for x in (*self.command, *self.argv, *self.error_tail)):
+            raise TypeError(f"{RUN_FILE}: a list holds something other than text")
 
     # -- derived -------------------------------------------------------------------------------
     @property
@@ -268,13 +289,27 @@ def list_runs(root: str | os.PathLike) -> list[RunRecord]:
     runs = []
     for child in root.iterdir():
         if (child / RUN_FILE).is_file():
-            try:
-                runs.append(RunRecord.load(child))
-            except (OSError, ValueError, TypeError) as exc:  # listed as damaged, not hidden: its events may replay
-                runs.append(_damaged(child, exc))
+            runs.append(load_or_damaged(child))
         elif (child / "events").is_dir() or (child / "logs").is_dir():
             runs.append(_damaged(child, FileNotFoundError()))
     return sorted(runs, key=lambda r: r.created, reverse=True)
+
+
+def load_or_damaged(directory: Path) -> RunRecord:
+    """The run in ``directory``, or its damaged record (listed, not hidden: its events may replay)."""
+    try:
+        return RunRecord.load(directory)
+    except (OSError, ValueError, TypeError) as exc:
+        return _damaged(directory, exc)
+
+
+def _created_from_name(name: str) -> float | None:
+    """When a run folder named ``<date>-<time>-…`` (``create_run``'s, local time) was made; None for another
+    name. A damaged record's folder was touched when it was damaged: its name says when the run started."""
+    try:
+        return time.mktime(time.strptime(name[:15], "%Y%m%d-%H%M%S"))
+    except (ValueError, OverflowError):
+        return None
 
 
 def _damaged(directory: Path, exc: Exception) -> RunRecord:
@@ -282,10 +317,12 @@ def _damaged(directory: Path, exc: Exception) -> RunRecord:
     folder still say (``<date>-<time>-<lesson>-<tag>``), status ``damaged``, and why."""
     parts = directory.name.split("-")
     lesson = "-".join(parts[2:-1]) if len(parts) >= 4 else "?"
-    try:
-        created = directory.stat().st_mtime
-    except OSError:
-        created = 0.0
+    created = _created_from_name(directory.name)
+    if created is None:
+        try:
+            created = directory.stat().st_mtime
+        except OSError:
+            created = 0.0
     if isinstance(exc, FileNotFoundError):
         why = f"{RUN_FILE} is missing"
     elif isinstance(exc, OSError):
@@ -302,7 +339,7 @@ def find_run(root: str | os.PathLike, ident: str) -> RunRecord:
     """A run by id, unique id prefix, folder path, or ``last``."""
     path = Path(ident).expanduser()
     if (path / RUN_FILE).is_file():
-        return RunRecord.load(path)
+        return load_or_damaged(path)
     runs = list_runs(root)
     if ident in ("last", "latest"):
         if not runs:
@@ -325,7 +362,7 @@ def merged_events(events_dir: str | os.PathLike) -> list[dict]:
     if directory.is_dir():
         for path in sorted(directory.glob("rank*.jsonl")):
             events.extend(read_events(path))
-    events.sort(key=lambda e: e.get("t", 0.0))
+    events.sort(key=lambda e: e.get("t") or 0.0)
     return events
 
 

@@ -567,6 +567,46 @@ def test_a_run_whose_record_cannot_be_read_is_listed_as_damaged(tmp_path):
     assert state.finished and state.status == "damaged" and state.clock(now=5e9) == 2.0
 
 
+def test_records_and_events_damaged_in_any_way_are_damaged_runs_and_left_out_events(tmp_path, capsys, monkeypatch):
+    """JSON that is no record (``null``, a list), fields of the wrong kind, a start no date can show, events
+    that are not UTF-8 or not objects, a step that is not a number: each was a traceback of ``distai runs``
+    or ``runs show``; the run is listed as damaged, started when its folder's name says, and such events
+    are left out as a torn line is."""
+    import time
+
+    from distai.engine.events import read_events
+    from distai.engine.runs import find_run, list_runs
+    from distai.lessons.events import STEP
+    from distai.tutor.cli import main
+
+    monkeypatch.setenv("DISTAI_HOME", str(tmp_path))
+    runs_dir = tmp_path / "runs"
+    rec = create_run(runs_dir, "lesson3", "distai.engine.experiments.lesson3")
+    named = time.mktime(time.strptime(rec.id[:15], "%Y%m%d-%H%M%S"))
+    saved = json.loads((rec.dir / "run.json").read_text())
+    for damage in ("null", "[1, 2]", json.dumps(dict(saved, config="str")), json.dumps(dict(saved, created=1e30)),
+                   json.dumps(dict(saved, exit_code="0")), json.dumps(dict(saved, error_tail=[1]))):
+        (rec.dir / "run.json").write_text(damage, encoding="utf-8")
+        os.utime(rec.dir, (named + 3600, named + 3600))  # damaged an hour later
+        (listed,) = list_runs(runs_dir)
+        assert listed.status == "damaged" and listed.created == named, damage
+        assert find_run(runs_dir, str(rec.dir)).status == "damaged"  # by its folder's path too
+        assert main(["runs"]) == 0 and main(["runs", "show", rec.id]) == 0
+    events = rec.dir / "events" / "rank0.jsonl"
+    events.parent.mkdir(exist_ok=True)
+    good = [STEP.event({"step": k, "of": 3, "loss": 1.0, "t": 1000.0 + k, "rank": 0}) for k in range(3)]
+    with open(events, "wb") as f:
+        f.write((json.dumps(good[0]) + "\n").encode())
+        f.write(bytes(range(128, 256)) + b"\n" + b"5\nnull\n[1, 2]\n")
+        f.write((json.dumps(dict(good[1], t="y")) + "\n").encode())
+        f.write((json.dumps(dict(good[1], step="x")) + "\n").encode())
+        f.write((json.dumps(good[2]) + "\n").encode())
+    assert [e.get("step") for e in read_events(events)] == [0, "x", 2]  # not "t": "y"
+    capsys.readouterr()
+    assert main(["runs", "show", rec.id]) == 0 and main(["runs", "export", rec.id, "-f", "csv", "-o", "-"]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+
+
 def test_a_copied_run_folder_is_a_run_of_its_own_and_one_without_its_record_is_damaged(tmp_path, capsys,
                                                                                          monkeypatch):
     """A copy was listed under the original's id (twice), a folder without run.json vanished, and a run

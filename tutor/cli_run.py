@@ -363,9 +363,11 @@ class TerminalView:
                             now=None if self.replay else time.time(), summary=self.summary, lang=self.lang)
 
     def __call__(self, event: dict) -> None:
-        self.state.feed(event)
+        from ..engine.run_state import feed_readable
+
+        feed_readable(self.state, event)
         if self.extra is not None:
-            self.extra.feed(event)
+            feed_readable(self.extra, event)
 
     def __exit__(self, *exc):
         if self._live is not None:

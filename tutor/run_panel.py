@@ -35,7 +35,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, ProgressBar, RichLog, Sparkline, Static
 
-from ..engine.run_state import RunState, replay_events
+from ..engine.run_state import RunState, feed_readable, replay_events
 from ..engine.runs import phase_text, reason_text
 from ..lessons.events import LOG, OUTPUT, PHASE, RUN_END, RUN_START, STEP
 from ..lessons.strings import has, translated
@@ -277,9 +277,9 @@ class RunPanelScreen(Screen):
         while self._queue and len(batch) < 5000:
             batch.append(self._queue.popleft())
         for e in batch:
-            self.state.feed(e)
+            feed_readable(self.state, e)
             if self.lesson_view is not None:
-                self.lesson_view.feed(e)
+                feed_readable(self.lesson_view, e)
             self.events_drained += 1
             kind = e.get("kind")
             if kind == STEP.name:
