@@ -287,6 +287,8 @@ def test_runs_requests_are_refused_in_the_learners_language(argv, message, capsy
      "el experimento de capstone no acepta --micro 2 (sus opciones: --microbatch-size, --microbatches)"),
     # no option at all, a group its shape cannot split: refused before torchrun, not after its banner
     (["run", "lesson4", "--cpu", "3"], "es", "tp = 3 no divide las 8 cabezas de atención"),
+    # one rank has no ring: every bus bandwidth 0, and the sweep's ratio divided by it (a traceback after the run)
+    (["run", "lesson1", "--cpu", "1"], "en", "lesson 1's ring needs at least 2 ranks, not 1: run with --cpu 2"),
     (["run", "context", "--cpu", "3"], "en", "the zigzag layout needs 2·cp = 6 to divide the sequence length 256"),
     # what no experiment can run: a non-finite number (it trained to a NaN loss and said "finished"), steps
     # without end (lesson 2 built its batches until memory ran out)

@@ -47,6 +47,7 @@ from ..experiment import (
     UsageError,
     checkpoint,
     exit_with,
+    launch_world_size,
     run_experiment,
     run_language,
     summary_lines,
@@ -330,7 +331,14 @@ def allreduce_checks(ctx, sizes: list[int], iters: int | None = None) -> list[Ch
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_experiment("lesson1", parse_args, run, argv)
+    return run_experiment("lesson1", parse_args, run, argv, check=_check_ranks)
+
+
+def _check_ranks(args) -> None:
+    """A ring needs a neighbour: on one rank every bus bandwidth is 0 (busbw = algbw·2(n−1)/n) and the
+    sweep's ratios divide by it."""
+    if launch_world_size() < 2:
+        raise UsageError.keyed("ring_ranks", n=launch_world_size())
 
 
 def run(ctx, args: argparse.Namespace) -> dict | None:
