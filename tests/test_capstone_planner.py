@@ -890,3 +890,35 @@ def test_cli_dp_ring_nics(capsys):
         assert per_rank["time"][term] == pytest.approx(one["time"][term])
     _says(capsys, fixed, "dp_ring_nics", "per-rank", "a data-parallel ring uses the NICs of all its ranks on a node",
           "un anillo de datos usa las NIC de todos sus ranks en un nodo", bad="two")
+
+
+def test_an_moe_layer_stores_its_experts_activations_not_a_gelu_mlps():
+    """Mixtral 8x7B's layer: each token's two SwiGLU experts (f = 3.5h) store 2h + 6f bytes each, in place of
+    the 2h + 16h of Korthikanti's 4h GeLU MLP: 62·s·b·h a layer where the dense count says 34 (the planner
+    counted 34 and put the README's Mixtral plan at 61.9 GB, about 30 GB short). Under full recomputation
+    only the layer's input is kept, and the layer rebuilt for its backward is the experts' one."""
+    import dataclasses
+
+    from distai.lessons.experts.formulas import MIXTRAL_8X7B, moe_model_params
+
+    _, layers, h, f, vocab, heads, kv, experts, top_k = MIXTRAL_8X7B
+    total = moe_model_params(layers, h, f, experts, top_k, vocab, heads, kv)["total_params"]
+    moe = pl.ModelSpec(total, layers, h, heads, kv, 4096, vocab, experts=experts, top_k=top_k, expert_ffn=f,
+                       tied_embeddings=False)
+    dense = dataclasses.replace(moe, experts=0, top_k=0, expert_ffn=0)
+    cluster = pl.Cluster(64, 1e15, flash_attention=True)
+    sbh = 4096 * 1 * h
+
+    def activations(model, recompute, sp=False, tp=1):
+        c = pl.evaluate(model, cluster, 64, pl.Config(tp, 1, 64 // tp, 1, 3, recompute, 1, sp, 1, 8 if model.experts else 1))
+        assert not c.reason, c.reason
+        return c.memory["activations_bytes"]
+
+    assert activations(moe, "none") - activations(dense, "none") == pytest.approx(layers * (62 - 34) * sbh, rel=1e-12)
+    assert activations(moe, "none", True, 2) - activations(dense, "none", True, 2) == \
+        pytest.approx(layers * (62 - 34) * sbh / 2, rel=1e-12)
+    # tensor parallelism without sequence parallelism splits the experts' GEMM outputs, not their inputs
+    extra = 2 * (2 * h + 6 * f / 2) - (2 * h + 16 * h / 2)
+    assert activations(moe, "none", sp=False, tp=2) - activations(dense, "none", sp=False, tp=2) == \
+        pytest.approx(layers * extra * 4096, rel=1e-12)
+    assert activations(moe, "full") - activations(dense, "full") == pytest.approx((62 - 34) * sbh, rel=1e-12)

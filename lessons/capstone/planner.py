@@ -67,6 +67,7 @@ from dataclasses import asdict, dataclass, field
 
 from .. import units
 from ..context.formulas import kv_block_bytes
+from ..experts.formulas import dense_mlp_activation_bytes, expert_mlp_activation_bytes
 from ..lesson1.formulas import (
     ring_allgather_time,
     ring_allreduce_time,
@@ -356,6 +357,22 @@ def _rebuilt_layer_bytes(model: ModelSpec, flash: bool, recompute: str, seq: int
     return 0.0
 
 
+def _moe_layer_share(model: ModelSpec) -> float:
+    """The share of the layers whose MLP is experts (0 for a dense model)."""
+    if not model.experts:
+        return 0.0
+    return (model.layers if model.moe_layers is None else model.moe_layers) / model.layers
+
+
+def _expert_mlp_extra_bytes(model: ModelSpec, tokens: float, tp: int, sp: bool) -> float:
+    """What an MoE layer's experts store beyond the 4h GeLU MLP of Korthikanti's count, on one GPU for
+    ``tokens`` (the experts lesson's :func:`~distai.lessons.experts.formulas.expert_mlp_activation_bytes`:
+    Mixtral's top-2 of SwiGLU experts 3.5h wide store 62·s·b·h a layer where the count says 34)."""
+    reached = model.top_k + model.shared_experts
+    return expert_mlp_activation_bytes(tokens, model.hidden, model.expert_ffn, reached, tp, sp) - \
+        dense_mlp_activation_bytes(tokens, model.hidden, tp, sp)
+
+
 # CP's K/V buffers, in blocks of cp (Llama 3's all-gather, as the step time counts it): the whole sequence's K and V
 # gathered for the layer (the context lesson's all-gather page: cp blocks on every rank) and, in its backward,
 # their gradients before the reduce-scatter
@@ -403,6 +420,8 @@ def memory_terms(model: ModelSpec, cluster: Cluster, c: Config, stage: int, m: i
     # checkpoints alike (lesson 2's count for "full": 2·s·b·h, over t with SP)
     split_input = c.sp or (cluster.distributed_checkpoints and recompute == "full")
     act_mb = activation_bytes(stage, s_local, b, model.hidden, model.heads, tp, split_input, stored)
+    if recompute != "full":  # the MoE layers' experts in place of the 4h GeLU MLP Korthikanti counts
+        act_mb += stage * _moe_layer_share(model) * _expert_mlp_extra_bytes(model, s_local * b, tp, c.sp)
     schedule = "interleaved" if v > 1 else "1f1b"
     inflight = pp + 1 if dualpipe else peak_inflight_microbatches(pp, m, schedule, v)
     held = act_mb * inflight
@@ -412,6 +431,8 @@ def memory_terms(model: ModelSpec, cluster: Cluster, c: Config, stage: int, m: i
         held = max(act_mb * (stage - 1) / stage * inflight,
                    act_mb * peak_inflight_microbatches(pp, m, schedule, v, rank=1))
     working = _rebuilt_layer_bytes(model, cluster.flash_attention, recompute, s_local, b, tp, c.sp)
+    if recompute == "full" and _moe_layer_share(model):  # the rebuilt layer is an MoE layer's
+        working += _expert_mlp_extra_bytes(model, s_local * b, tp, c.sp)
     logits = s_local * b * model.vocab / tp * 4 if model.vocab else 0.0
     layer_params = model.layer_params / tp
     sbh = s_local * b * model.hidden * 2

@@ -13,6 +13,12 @@
   2022, eq. 3 with ``k = 1``).
 * Switch's load-balancing loss ``α·E·Σ_i f_i·P_i`` (Fedus et al. 2022, eq. 4-6): ``α = 0.01``;
   it is ``α`` for a perfectly uniform router and ``α·E`` when every token goes to one expert.
+* Activations an MoE layer's MLP stores for the backward, per token and expert it reaches (its top-k
+  and any shared experts): the expert's input (2h bytes; over t with sequence parallelism) and, over t,
+  its first GEMM's output (gate and up, 2f elements) and its second GEMM's input (f elements) in 16
+  bits: 2h + 6f/t bytes (Megatron-LM's SwiGLU, which keeps fc1's output and recomputes SiLU). It
+  replaces Korthikanti et al. 2022's 4h GeLU MLP (2h + 16h/t of the layer's 34·s·b·h). The router's
+  E probabilities per token are left out (E·4 bytes against thousands).
 * The all-to-all in the α-β model (Hockney 1994; Thakur, Rabenseifner & Gropp 2005, pairwise
   exchange): ``(N−1)·α + bytes sent·β``.
 """
@@ -30,6 +36,27 @@ RUN_EXPERTS, RUN_TOP_K, RUN_CAPACITY_FACTOR = 8, 2, 1.25
 MIXTRAL_8X7B = ("Mixtral 8x7B", 32, 4096, 14336, 32000, 32, 8, 8, 2)
 MIXTRAL_8X22B = ("Mixtral 8x22B", 56, 6144, 16384, 32768, 48, 8, 8, 2)
 DBRX = ("DBRX", 40, 6144, 10752, 100352, 48, 8, 16, 4)
+
+
+# ----------------------------------------------------------------------------------------------
+# Activations
+# ----------------------------------------------------------------------------------------------
+
+def expert_mlp_activation_bytes(tokens: float, hidden: int, ffn: int, experts_per_token: int, tp: int = 1,
+                                sequence_parallel: bool = False) -> float:
+    """Bytes one MoE layer's MLP stores for the backward on one GPU (see the module's sources): each of
+    ``tokens`` at each of its ``experts_per_token`` experts (top-k plus shared), 2h + 6f/t, its input over
+    t too with ``sequence_parallel``."""
+    t = max(1, tp)
+    return tokens * experts_per_token * (2 * hidden / (t if sequence_parallel else 1) + 6 * ffn / t)
+
+
+def dense_mlp_activation_bytes(tokens: float, hidden: int, tp: int = 1, sequence_parallel: bool = False) -> float:
+    """What Korthikanti et al. 2022's count gives a layer's 4h GeLU MLP (its dropout mask apart): the
+    input, 2h (over t with sequence parallelism), and the GeLU's input and output, 16h/t bytes per token:
+    what :func:`expert_mlp_activation_bytes` replaces in an MoE layer."""
+    t = max(1, tp)
+    return tokens * (2 * hidden / (t if sequence_parallel else 1) + 16 * hidden / t)
 
 
 # ----------------------------------------------------------------------------------------------
