@@ -474,10 +474,11 @@ class _ScheduleRun:
 
 
 def _p2p_label(kind: str, msg: sim.Message, p: int) -> str:
-    """``send F mb3 → rank 2`` / ``recv B mb1 ← rank 0``: one point-to-point message of the plan."""
+    """``send F mb3 → stage 2`` / ``recv B mb1 ← stage 0``: one point-to-point message of the plan, its peer
+    named by pipeline stage (lesson 5's rank; in a capstone mesh the trace's processes are global ranks)."""
     if kind == "send":
-        return f"send {msg.kind} mb{msg.mb} → rank {msg.dst % p}"
-    return f"recv {msg.kind} mb{msg.mb} ← rank {msg.src % p}"
+        return f"send {msg.kind} mb{msg.mb} → stage {msg.dst % p}"
+    return f"recv {msg.kind} mb{msg.mb} ← stage {msg.src % p}"
 
 
 def build_rank_chunks(cfg: GPTConfig, p: int, v: int, rank: int, seed: int = 0,

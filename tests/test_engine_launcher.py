@@ -347,12 +347,13 @@ def _training_run(home: Path, *flags: str, stderr=subprocess.PIPE):
     return proc, None, []
 
 
-def _ctrl_c(home: Path) -> dict:
+def _ctrl_c(home: Path, sig: signal.Signals = signal.SIGINT) -> dict:
     proc, run_dir, pids = _training_run(home)
     t0 = time.time()
-    proc.send_signal(signal.SIGINT)
-    time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)  # a nervous double Ctrl-C: the second must not cut the record short
+    proc.send_signal(sig)
+    if sig == signal.SIGINT:
+        time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)  # a nervous double Ctrl-C: the second must not cut the record short
     try:
         rc = proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
@@ -402,6 +403,7 @@ def launches(tmp_path_factory):
         "crash": lambda: _launch(home, ["--steps", "50", "--no-sweep", "--fail-rank", "1", "--fail-step", "2"]),
         "hang": lambda: _launch(home, ["--steps", "2", "--no-sweep", "--hang-rank", "1", "--barrier-timeout", "2"]),
         "ctrl_c": lambda: _ctrl_c(tmp_path_factory.mktemp("home_ctrl_c")),
+        "sigterm": lambda: _ctrl_c(tmp_path_factory.mktemp("home_sigterm"), signal.SIGTERM),
         "json": lambda: _json_run(home),
         "profile": lambda: _launch(home, ["--steps", "3", "--no-sweep", "--trace", "none"], profile=True),
         "sigkill": lambda: _sigkill_launcher(tmp_path_factory.mktemp("home_sigkill")),
@@ -440,6 +442,16 @@ def test_ctrl_c_stops_every_rank_and_leaves_no_orphans(launches):
     assert r["alive"] == [] and L.run_processes(r["run_dir"].name) == []
     rec = RunRecord.load(r["run_dir"])
     assert rec.status == "stopped" and "Ctrl-C" in rec.error and rec.duration_s is not None
+
+
+def test_sigterm_stops_every_rank_and_exits_as_the_shell_counts_it(launches):
+    """`kill` (SIGTERM) stops the run as Ctrl-C does, and exits 128 + 15 (it said 130, SIGINT's)."""
+    r = outcome(launches, "sigterm")
+    assert r["run_dir"] is not None, r["stderr"][-2000:]
+    assert r["rc"] == 143, r["stderr"][-2000:]
+    assert r["alive"] == [] and L.run_processes(r["run_dir"].name) == []
+    rec = RunRecord.load(r["run_dir"])
+    assert rec.status == "stopped" and "SIGTERM" in rec.error
 
 
 def test_sigkilled_launcher_leaves_no_process_and_a_killed_run(launches):

@@ -3,8 +3,8 @@
 ``distai run`` starts the lesson's experiment through torchrun (``distai.engine.launcher``)
 and shows it live: a Rich view in a terminal, or one JSON object per event on stdout with
 ``--json``. Options it does not know (``--sweep-max 1MiB``, ``--fail-rank 2``, …) go to the
-experiment unchanged. Exit status: 0 when the run succeeded, 1 when it failed, 130 when it was
-stopped, 2 for a bad request.
+experiment unchanged. Exit status: 0 when the run succeeded, 1 when it failed, 130 when Ctrl-C
+stopped it, 128 + the signal when a signal did (143: SIGTERM), 2 for a bad request.
 
 Under the run, the lesson's checks (its predictions against what the run measured, and the causes
 of each gap) as one table (``tutor/check_table.py``), the same in ``distai runs show`` and the tutor.
@@ -485,7 +485,10 @@ def run_cmd(
 
     launch = make_launch(spec, record, consumer=view, max_restarts=restarts)
 
+    stopped_by: list[int] = []
+
     def on_signal(signum, frame):  # closing the terminal or `kill`: stop the ranks too
+        stopped_by.append(signum)
         launch.stop(f"stopped by {signal.Signals(signum).name}")
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
@@ -513,6 +516,8 @@ def run_cmd(
         if profile:
             typer.echo(say("traces", path=record.config.get("profile_dir")), err=True)
         typer.echo(say("export", id=record.id), err=True)
+    if stopped_by and not interrupted:  # the shell's 128 + the signal: 143 for SIGTERM, 129 for SIGHUP
+        raise typer.Exit(128 + stopped_by[0])
     if interrupted or record.status == "stopped":
         raise typer.Exit(130)
     if record.status != "ok":
