@@ -98,6 +98,13 @@ def test_the_run_model_uses_the_runs_calls_and_its_unequal_stages():
     assert p["dp_comm_exposed_s"] == max(c["dp"] for c in priced) > 0
     slow_link = cal.predict_run(RUN, dict(PROFILE, alpha_s=2e-3), accounts, layers)
     assert slow_link["compute_s"] == p["compute_s"] and slow_link["tp_comm_s"] > 1.9 * p["tp_comm_s"]
+    # one stage: no bubble and no sends, never a rounding's -7e-18 s (`calc plan --calibrate --pp 1` printed it)
+    import dataclasses
+
+    for dp in (1, 2, 4):
+        one = dataclasses.replace(RUN, dp=dp, tp=1, pp=1)
+        q = cal.predict_run(one, PROFILE, *_expected(one))
+        assert q["bubble_s"] == 0.0 and q["pp_comm_s"] == 0.0
 
 
 CPU = {"cpu_step_s": [0.05, 0.06], "cpu_forward_s": [0.002, 0.003], "cpu_backward_s": [0.004, 0.004], "cores": 2.0}

@@ -274,8 +274,9 @@ def predict_run(run: RunShape, profile: dict, accounts: list[dict[str, dict]], l
     update = optimizer_s(run, profile, layers)
     cores = bound - span - dp - update if bound and run.world > profile.get("cpus", run.world) else 0.0
     return {"step_time_s": span + dp + update + cores, "microbatches": m, "compute_s": m * slots[slow][0],
-            "tp_comm_s": m * comm[slow][0], "cp_comm_s": m * comm[slow][1], "pp_comm_s": span - bare,
-            "bubble_s": bare - busy, "dp_comm_exposed_s": dp, "optimizer_s": update, "cores_s": cores}
+            # differences of sums: rounding leaves -7e-18 s where they are 0 (one stage), printed as a negative bubble
+            "tp_comm_s": m * comm[slow][0], "cp_comm_s": m * comm[slow][1], "pp_comm_s": max(0.0, span - bare),
+            "bubble_s": max(0.0, bare - busy), "dp_comm_exposed_s": dp, "optimizer_s": update, "cores_s": cores}
 
 
 def planner_tp_calls(run: RunShape) -> dict[str, int]:
