@@ -303,3 +303,36 @@ def test_the_order_step_draws_a_mesh_with_tensor_parallelism():
     v = MeshVisualizer("en")
     v.show_step("order")
     assert v.view == "nodes" and v.shape.tp == 2 and v.shape.world == 8
+
+
+def test_the_run_it_step_replays_the_latest_run(tmp_path, monkeypatch):
+    """run-it.md says the mesh visualizer replays the run; the lesson screen's visualizer never got the
+    run panel's events, so the step drew the planned mesh and `g` never reached the run view. The step now
+    asks for the latest capstone run (the lesson screen replays it from its folder), on entering the step
+    and on coming back from the run panel."""
+    import json
+
+    from distai.engine.runs import create_run
+    from distai.tutor.app import DistaiApp
+
+    monkeypatch.setenv("DISTAI_HOME", str(tmp_path))
+    rec = create_run(tmp_path / "runs", "capstone", "distai.engine.experiments.capstone",
+                     config={"nproc": 8, "device": "cpu"})
+    rec.status, rec.duration_s = "ok", 12.0
+    rec.save()
+    rec.events_dir.mkdir(exist_ok=True)
+    (rec.events_dir / "rank0.jsonl").write_text(
+        "".join(json.dumps(dict(e, t=e.get("t") or 1.0)) + "\n" for e in _recorded()), encoding="utf-8")
+
+    async def main():
+        app = DistaiApp("en")
+        async with app.run_test(size=(120, 40)) as pilot:
+            app.open_lesson("capstone")
+            await pilot.pause()
+            screen = app.screen
+            await screen.show_step(screen.lesson.step_index("run-it"))
+            await pilot.pause()
+            v = screen.visualizer
+            assert isinstance(v, MeshVisualizer) and v.view == "run" and v.run.shape == (2, 2, 2)
+
+    asyncio.run(main())

@@ -314,7 +314,14 @@ class LessonScreen(CommonActions, Screen):
         if cls is None:
             self.notify(translated("tutor", "run_unavailable", self.lang), severity="warning")
             return
-        self.app.push_screen(cls(self.lesson, self.lang, args=list(self.lesson.run.args)))  # the run the text describes
+        # the run the text describes; back from it, a step that shows the run replays it (the capstone's mesh)
+        self.app.push_screen(cls(self.lesson, self.lang, args=list(self.lesson.run.args)))
+        self._run_panel_opened = True
+
+    def on_screen_resume(self) -> None:
+        if getattr(self, "_run_panel_opened", False) and self.visualizer is not None:
+            self._run_panel_opened = False
+            self.visualizer.show_step(self.lesson.steps[self.index].key)
 
     async def on_key(self, event) -> None:
         """A key nothing else took goes to the visualizer: its controls work without focusing it."""
