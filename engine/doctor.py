@@ -219,17 +219,23 @@ ALPHA_BYTES, BETA_BYTES = 4, 4 * MiB
 
 
 def link_alpha_beta(device: torch.device, repeats: int = 9, small: int = ALPHA_BYTES,
-                    large: int = BETA_BYTES, rounds: int = 8) -> dict[str, float]:
+                    large: int = BETA_BYTES, rounds: int = 8, contention_apart: bool = False) -> dict[str, float]:
     """α (s) and β (s/B) of one link, run on every rank of the current group: ranks 0 and 1
     ping-pong a ``small`` and a ``large`` message, ``rounds`` round trips per timing (OSU's
     latency test: a loop, so that starting together costs once), the median of ``repeats``; α is
     the small message's one-way time, β the slope up to the large one (latency from tiny
-    messages, bandwidth from big ones, as nccl-tests and OSU's tests read them)."""
+    messages, bandwidth from big ones, as nccl-tests and OSU's tests read them). ``contention_apart``:
+    each size's least disturbed timing less the wait for a core in it (:func:`rank_timings`' row 2), as
+    lesson 1's check times the parts it compares with: a median carried the load of a busy machine into
+    α (527 µs where the same messages took 20 µs each, the rest of the gap then called "size")."""
     bufs = {size: torch.ones(max(1, size // 4), dtype=torch.float32, device=device) for size in (small, large)}
     for buf in bufs.values():
         ping_pong(buf)  # warm-up: connections and buffers
-    t = slowest_rank_times({str(size): (lambda buf=buf: ping_pong(buf, rounds)) for size, buf in bufs.items()},
-                           repeats, device)
+    fns = {str(size): (lambda buf=buf: ping_pong(buf, rounds)) for size, buf in bufs.items()}
+    if contention_apart:
+        t = {name: w[2].min().item() for name, w in rank_timings(fns, repeats, device).items()}
+    else:
+        t = slowest_rank_times(fns, repeats, device)
     one_way = {size: t[str(size)] / (2 * rounds) for size in bufs}
     beta = max(0.0, (one_way[large] - one_way[small]) / (large - small))
     return {"alpha_s": one_way[small], "beta_s_per_byte": beta, "small_bytes": float(small),

@@ -72,11 +72,22 @@ def test_alpha_beta_fit_recovers_parameters():
     a, b = f1.alpha_beta_fit(sizes, times)
     assert a / (2 * (n - 1)) == pytest.approx(alpha, rel=1e-6)
     assert b / f1.busbw_factor(n) == pytest.approx(beta, rel=1e-6)
-    # noise that tilts the line below the origin: no negative latency, the best line through it
-    sizes, times = [1e3, 1e6, 1e7], [1e-6, 5e-4, 1.2e-2]
-    assert f1.alpha_beta_fit(sizes, times) == (0.0, pytest.approx(sum(s * t for s, t in zip(sizes, times))
-                                                                  / sum(s * s for s in sizes)))
-    assert f1.alpha_beta_fit([1.0, 2.0, 3.0], [3.0, 2.0, 1.0]) == (2.0, 0.0)  # slower for smaller: the mean
+    # noise that tilts the line below the origin: no negative latency, the best line through it (in relative
+    # error, each time weighted 1/t²)
+    sizes, times = [1e3, 1e4, 1e5], [1e-7, 2e-6, 2e-5]
+    assert f1.alpha_beta_fit(sizes, times) == (0.0, pytest.approx(sum(s / t for s, t in zip(sizes, times))
+                                                                  / sum((s / t) ** 2 for s, t in zip(sizes, times))))
+    # slower for smaller: the weighted mean, Σ(1/t)/Σ(1/t²)
+    assert f1.alpha_beta_fit([1.0, 2.0, 3.0], [3.0, 2.0, 1.0]) == (pytest.approx((1 / 3 + 1 / 2 + 1) /
+                                                                                  (1 / 9 + 1 / 4 + 1)), 0.0)
+    # the largest messages' noise does not set the latency: 1-32 KiB at 0.4-0.5 ms, 8-64 MiB scattered by
+    # milliseconds around 20 ms/64 MiB (the sweep of the review, 2 loaded cores)
+    small = [1 << k for k in range(10, 16)]
+    large = [8 << 20, 16 << 20, 32 << 20, 64 << 20]
+    sizes = small + large
+    times = [4e-4 + s * 3e-10 for s in small] + [2.5e-3 + 4e-3, 5e-3 - 3e-3, 1e-2 + 5e-3, 2e-2 - 4e-3]
+    a, _ = f1.alpha_beta_fit(sizes, times)
+    assert 3.9e-4 < a < 4.2e-4  # the small messages' intercept; absolute error put it at 1.9 ms
 
 
 def test_lesson1_rejects_bad_input():

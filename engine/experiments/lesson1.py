@@ -294,7 +294,7 @@ def allreduce_checks(ctx, sizes: list[int], iters: int | None = None) -> list[Ch
     from ..ring import ring_allreduce
 
     n = ctx.world_size
-    link = link_alpha_beta(ctx.device)
+    link = link_alpha_beta(ctx.device, contention_apart=True)  # timed as the parts are: least disturbed, waits apart
     alpha, beta = link["alpha_s"], link["beta_s_per_byte"]
     out = []
     for k, size in enumerate(sizes):
