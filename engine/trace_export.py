@@ -55,7 +55,7 @@ from ..lessons.lesson5.events import PP_OP, PP_STEP
 from ..lessons.lesson6.events import TIMELINE
 from ..lessons.lesson7.events import KV_STEP, REQUEST
 
-STREAM_ORDER = ("compute", "wait", "idle", "comm", "comm tp", "comm pp", "comm dp", "io", "requests")
+STREAM_ORDER = ("compute", "wait", "idle", "comm", "comm tp", "comm cp", "comm pp", "comm dp", "io", "requests")
 # event fields that are bookkeeping, not metrics
 _NOT_METRICS = {"kind", "t", "rank", "step", "of", "t0", "t1", "t_start", "t_end", "attempt"}
 # string fields that say which series a step's numbers belong to (lesson 5's schedule, lesson 2's strategy…)

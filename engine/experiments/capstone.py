@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from ...lessons.capstone.events import MESH_COMM, MESH_CONFIG, MESH_STEP, STEP, MeshShape
-from ...lessons.events import METRIC, PHASE, PROGRESS
+from ...lessons.events import METRIC, PHASE, PROGRESS, SPAN
 from ...lessons.units import format_bytes
 from .. import mesh as M
 from ..calibrate import call_seconds, check_step_time, cpu_clock
@@ -217,8 +217,13 @@ def _train(ctx, args, cfg, mesh, trainer, microbatches: tuple[int, int], referen
         with traced_step(ev, f"step {step}", groups=mesh.groups, collectives=step == metered_step, meter=meter,
                          check="capstone_step_time" if step == metered_step else None, step=step) as p2p:
             if step == metered_step:
+                if trainer.cp is not None:
+                    trainer.cp.trace = []  # the ring's hops, for the trace's CP track
                 with meter:
                     result = trainer.step(*mine)
+                if trainer.cp is not None:
+                    _emit_cp_hops(ev, trainer.cp.trace, step)
+                    trainer.cp.trace = None
                 p2p += [(t0, t1) for _msg, t0, t1 in result.pipeline.waits] + [result.pipeline.send_wait]
                 out.account, out.routed_rows = meter.account(), list(trainer.routed_rows)
                 out.call_s = call_seconds(meter)
@@ -247,6 +252,23 @@ def _train(ctx, args, cfg, mesh, trainer, microbatches: tuple[int, int], referen
                            "loss_rel_diff": loss_diff, "param_rel_diff": param_diff, "step_time_s": span})
             PROGRESS.emit(ev, {"done": step + 1, "total": args.steps + 1})  # the last unit: the step-time check
     return out
+
+
+def _emit_cp_hops(ev, trace: list[dict], step: int) -> None:
+    """The metered step's ring-attention hops as spans of the trace's ``comm cp`` track: each ring step's
+    K/V block (and, in the backward, its gradient) in flight from its post, before the step's tiles, to
+    the end of its wait. Point-to-point, so no collective's span draws them; each starts where the last
+    ended at the earliest (two clocks' readings a microsecond apart must not overlap on a track)."""
+    end = 0.0
+    for rec in trace:
+        if not rec["messages"]:
+            continue
+        t0 = max(rec["t0"], end)
+        end = max(t0, rec["t0"] + rec["compute_s"] + rec["wait_s"])
+        name = (f"cp {rec['phase']} L{rec['layer']} ring step {rec['step']}: "
+                f"{format_bytes(rec['sent_bytes'], binary=True)} to the next rank")
+        SPAN.emit(ev, {"name": name, "stream": "comm cp", "t0": t0, "t1": end, "bytes": rec["sent_bytes"],
+                       "step": step})
 
 
 def _report_comm(ev, metered_step: int, accounts: list[dict]) -> None:
