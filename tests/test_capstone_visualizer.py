@@ -147,7 +147,7 @@ def test_a_short_pane_wraps_the_run_views_notes_instead_of_cutting_them():
     assert v.view == "run"
     tr = strings("mesh", "en")
     full = [ln.plain for ln in v.build_lines(200)]
-    loss_note = next(ln for ln in full if ln.startswith("step 5: loss"))
+    loss_note = next(ln for ln in full if ln.startswith("step 6: loss"))
     for width, height in ((56, 11), (36, 12), (56, 24), (24, 30)):  # the panel's pane at 120x40, narrower
         for frame in range(len(v.phases())):
             v.frame = frame
@@ -157,7 +157,7 @@ def test_a_short_pane_wraps_the_run_views_notes_instead_of_cutting_them():
             shown = " ".join(" ".join(rows).split())
             assert phase_text(v.current_phase(), 2, 2, tr) in shown
             # the loss against one process is shown whole, or not at all
-            assert (loss_note in shown) or ("largest" not in shown and "step 5: loss" not in shown), rows
+            assert (loss_note in shown) or ("largest" not in shown and "step 6: loss" not in shown), rows
         if height >= 24:
             assert loss_note in shown
 
@@ -336,3 +336,21 @@ def test_the_run_it_step_replays_the_latest_run(tmp_path, monkeypatch):
             assert isinstance(v, MeshVisualizer) and v.view == "run" and v.run.shape == (2, 2, 2)
 
     asyncio.run(main())
+
+
+def test_the_legend_names_edp_with_experts_and_a_waiting_run_names_its_four_axes():
+    """The MoE mesh's reductions include EDP's, which the legend did not name; a run waiting for its first
+    complete step was named by (pp, dp, tp) alone ("run (2, 2, 1)" for a cp = 2 mesh)."""
+    from distai.lessons.capstone.mesh_run import Layout
+    from distai.lessons.strings import strings
+
+    v = MeshVisualizer("en")
+    tr = strings("mesh", "en")
+    v.set_shape(Layout(2, 2, 1, 2, 2, True))
+    assert "EDP" in v.legend(tr).plain
+    v.set_shape(Layout(2, 2, 1, 2, 1, False))
+    assert "EDP" not in v.legend(tr).plain and "CP" in v.legend(tr).plain
+    config = next(e for e in _recorded("capstone.5d") if e["kind"] == "mesh_config")
+    v.feed_event(config)
+    text = " ".join(t.plain for t in v.run_lines(tr))
+    assert "run (pp, dp, cp, tp) = (2, 2, 2, 1) · ep 2: waiting for a complete step" in text

@@ -318,7 +318,8 @@ class MeshVisualizer(PlaybackVisualizer):
 
     def legend(self, tr: Mapping) -> Text:
         out = Text()
-        parts = tr["legend5" if self.shape.five_d else "legend"].split("{")
+        key = ("legend5_experts" if self.shape.moe else "legend5") if self.shape.five_d else "legend"
+        parts = tr[key].split("{")
         out.append(parts[0])
         for part in parts[1:]:
             key, rest = part.split("}", 1)
@@ -340,7 +341,10 @@ class MeshVisualizer(PlaybackVisualizer):
             return [Text(tr["waiting"], style="italic")]
         out: list[Text] = []
         if run.latest_complete_step() is None:
-            out.append(Text(tr["waiting_step"].format(shape=run.shape), style="italic"))
+            lay = run.layout
+            shape = f"({lay.pp}, {lay.dp}, {lay.cp}, {lay.tp})" + (f" · ep {lay.ep}" if lay.ep > 1 else "") \
+                if lay is not None else str(run.shape)
+            out.append(Text(tr["waiting_step"].format(shape=shape), style="italic"))
         ok = tr["yes"] if run.coords_match_formulas() else tr["no"]
         out.append(Text(tr["coords"].format(ok=ok)))
         if not figures:
@@ -355,7 +359,7 @@ class MeshVisualizer(PlaybackVisualizer):
 
             def diff(x):
                 return "—" if x is None else units.format_number(x, 2, lang)
-            out.append(Text(tr["loss"].format(step=s["step"], loss=loss(s["loss"]), ref=loss(s["ref_loss"]),
+            out.append(Text(tr["loss"].format(step=s["step"] + 1, loss=loss(s["loss"]), ref=loss(s["ref_loss"]),
                                               dl=diff(s["loss_rel_diff"]), dp=diff(s["param_rel_diff"]))))
         comm = run.comm_by_stage()
         if comm:
