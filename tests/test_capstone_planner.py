@@ -425,7 +425,7 @@ def _strict(text: str):
 
 @pytest.mark.parametrize("extra, words", [
     (["--flops", "1e-300"], "came out as inf"),
-    (["--params", "7B", "--layers", "1", "--hidden", "8", "--heads", "1", "--kv-heads", "1"], "does not fit the shape"),
+    (["--params", "7B", "--layers", "1", "--hidden", "8", "--heads", "1", "--kv-heads", "1"], "does not fit the shape: 1 layer of width 8 holds"),
     (["--params", "70T"], "does not fit the shape"),
 ])
 def test_non_finite_and_impossible_shapes_are_one_line_exit_2_even_with_json(capsys, extra, words):
