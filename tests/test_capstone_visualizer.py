@@ -354,3 +354,16 @@ def test_the_legend_names_edp_with_experts_and_a_waiting_run_names_its_four_axes
     v.feed_event(config)
     text = " ".join(t.plain for t in v.run_lines(tr))
     assert "run (pp, dp, cp, tp) = (2, 2, 2, 1) · ep 2: waiting for a complete step" in text
+
+
+def test_the_communication_step_shows_every_group_talking():
+    """communication.md says the step view lights up the TP collectives, the CP ring, the EP all-to-alls, the
+    PP sends and the DP·CP and EDP reductions; it drew the 3D mesh, whose phases are TP, PP and DP alone."""
+    from distai.visualizers.mesh import LESSON_RUN
+
+    v = MeshVisualizer()
+    v.show_step("communication")
+    assert v.view == "step" and v.shape == LESSON_RUN
+    assert {"pp", "cp", "ep", "dp", "edp"} <= {p.dim for p in v.phases()}
+    v.show_step("mesh")
+    assert v.shape == SHAPES[0]

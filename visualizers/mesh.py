@@ -84,7 +84,7 @@ class MeshVisualizer(PlaybackVisualizer):
     can_focus = True
     DEFAULT_CLASSES = "panel"
     VIEWS = ("step", "groups", "nodes", "run")
-    STEP_SETTINGS = frozenset({"show"})
+    STEP_SETTINGS = frozenset({"show", "mesh"})
     TICK_S = 0.1
     CONTROLS = (
         NEXT_VIEW,
@@ -161,8 +161,9 @@ class MeshVisualizer(PlaybackVisualizer):
             self.rank = min(5, self.shape.world - 1)
         elif view == "nodes":
             self.set_shape(ORDER_SHAPE)
-        elif self.step_view(step_key).get("show") == "step":  # the first mesh m cycles from, however one came here
-            self.set_shape(SHAPES[0])
+        elif self.step_view(step_key).get("show") == "step":  # the same mesh however one came here: the first
+            # that m cycles from, or (mesh = "lesson") the lesson's five-axis run, whose every group talks
+            self.set_shape(LESSON_RUN if self.step_view(step_key).get("mesh") == "lesson" else SHAPES[0])
         self.refresh()
 
     def feed_event(self, event: dict) -> None:
