@@ -462,3 +462,13 @@ async def test_o_without_runs_says_so():
         await pilot.pause()
         assert not vis.run.calls
         assert any("No lesson1 run yet" in str(n.message) for n in app._notifications)
+
+
+@async_test
+async def test_the_comparisons_column_names_wrap_in_a_narrow_spanish_pane():
+    """At 120×40 in Spanish the pane is 44 columns and the column names 52: they were dropped, leaving
+    the three rows' figures unnamed; they now wrap at their separators."""
+    async with mounted(R.RingVisualizer, language="es", size=(44, 40)) as (pilot, vis):
+        text = "\n".join(screen_text(vis))
+        assert "enlace más cargado (un sentido) · pasos ·" in text and "tiempo α-β" in text
+    assert R._fit_at("a · b · c", " · ", 5) == ["a · b ·", "c"] and R._fit_at("a · b", " · ", 80) == ["a · b"]

@@ -541,7 +541,7 @@ class RingVisualizer(PlaybackVisualizer):
         names = s["algorithm"]
         name_w = max(len(v) for v in names.values()) + 2
         bar_w = width - name_w - 1 - bw - 4 - tw - 2
-        out = [Text(s["cmp_head"], style="dim")] if len(s["cmp_head"]) <= width else []
+        out = [Text(line, style="dim") for line in _fit_at(s["cmp_head"], " · ", width)]
         if bar_w < 4:
             bar_w = 0
         for c in costs:
@@ -598,3 +598,17 @@ class RingVisualizer(PlaybackVisualizer):
 
 
 VISUALIZER = RingVisualizer
+
+
+def _fit_at(text: str, separator: str, width: int) -> list[str]:
+    """``text`` in lines of at most ``width``, broken only at ``separator`` (kept at a line's end): the
+    comparison's column names, which Spanish makes wider than a narrow pane (they were dropped whole)."""
+    parts = text.split(separator)
+    lines = [parts[0]]
+    for part in parts[1:]:
+        if len(lines[-1]) + len(separator) + len(part) <= width:
+            lines[-1] += separator + part
+        else:
+            lines[-1] += separator.rstrip()
+            lines.append(part)
+    return lines
