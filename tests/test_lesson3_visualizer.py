@@ -141,3 +141,31 @@ def test_run_timeline_cells():
     assert not tl.empty
     tl.feed({"kind": "run_start", "run_id": "r2"})
     assert tl.empty
+
+
+@async_test
+async def test_a_new_run_on_an_earlier_runs_checkpoints_is_not_called_a_relaunch():
+    """`distai run lesson3 --ckpt-dir <a stopped run's checkpoints>` resumed and said "restart 1 (supervisor,
+    fresh torchrun)" though the learner started it; its restart event says ``new_run`` and the line says so."""
+    events = [dict(e, restart_count=0, new_run=True) if e["kind"] == "restart" else e for e in run_events()]
+    async with mounted(FailuresVisualizer, size=(110, 34)) as (pilot, v):
+        for e in events:
+            v.feed_event(e)
+        await pilot.pause()
+        text = " ".join(plain(v).split())
+        assert "restart 1 (a new run, on an earlier run's checkpoints)" in text and "fresh torchrun" not in text
+
+
+def test_a_stopped_run_with_checkpoints_says_how_to_continue_it(tmp_path):
+    from distai.engine.runs import create_run
+    from distai.tutor.cli_run import resume_command
+
+    rec = create_run(tmp_path, "lesson3", "distai.engine.experiments.lesson3",
+                     argv=["distai", "run", "lesson3", "--cpu", "2", "--step-time", "0.2"])
+    rec.status = "stopped"
+    assert resume_command(rec) is None  # no checkpoint yet
+    (rec.dir / "checkpoints" / "step_00000010").mkdir(parents=True)
+    assert resume_command(rec) == ("distai run lesson3 --cpu 2 --step-time 0.2 --ckpt-dir "
+                                   f"{rec.dir / 'checkpoints'}")
+    rec.status = "ok"
+    assert resume_command(rec) is None  # it finished: nothing to continue

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
@@ -98,6 +99,18 @@ def _fmt_time(s: float | None, lang: str = "en") -> str:
     from ..lessons.units import format_time
 
     return "—" if s is None else format_time(s, lang=lang)
+
+
+def resume_command(record) -> str | None:
+    """For a run that did not finish and left checkpoints in its folder (lesson 3's): the command that
+    starts a new run on them, its own options kept (``--ckpt-dir`` the folder's checkpoints); else None."""
+    import shlex
+
+    checkpoints = Path(record.path) / "checkpoints"
+    if record.status in ("ok", "running") or not record.argv or "--ckpt-dir" in record.argv or \
+            not any(checkpoints.glob("step_*")):
+        return None
+    return shlex.join([*record.argv, "--ckpt-dir", str(checkpoints)])
 
 
 def record_in_progress_store(record) -> None:
@@ -516,6 +529,9 @@ def run_cmd(
         if profile:
             typer.echo(say("traces", path=record.config.get("profile_dir")), err=True)
         typer.echo(say("export", id=record.id), err=True)
+        resume = resume_command(record)
+        if resume:
+            typer.echo(say("resume", command=resume), err=True)
     if stopped_by and not interrupted:  # the shell's 128 + the signal: 143 for SIGTERM, 129 for SIGHUP
         raise typer.Exit(128 + stopped_by[0])
     if interrupted or record.status == "stopped":

@@ -100,7 +100,7 @@ def timeline_lines(tl: RunTimeline, width: int = 80, language: str = "en", detai
         at = tl.attempts[number]
         r = restarts_by_attempt.get(number)
         if r is not None:
-            how = tr["inplace"] if r.get("restart_count") else tr["relaunch"]
+            how = tr["inplace"] if r.get("restart_count") else tr["new_run"] if r.get("new_run") else tr["relaunch"]
             if r.get("checkpoint"):
                 lines.append(Text(tr["restart"].format(a=number, how=how, s=r.get("from_step", 0),
                                                        t=format_time(float(r.get("load_s") or 0), lang=language)),

@@ -336,7 +336,7 @@ def _attempt_number(root: Path, rank: int, device) -> int:
 def _history(events_dir: Path | None, before_attempt: int) -> dict:
     """What earlier attempts recorded: the last failure, and the losses they computed per step."""
     out: dict[str, Any] = {"failure": None, "losses": {}, "last_step": 0, "failures": 0, "checkpoints": [],
-                           "restarts": []}
+                           "restarts": [], "starts": 0}
     if events_dir is None or not events_dir.is_dir():
         return out
     for path in sorted(events_dir.glob("rank*.jsonl")):
@@ -354,6 +354,8 @@ def _history(events_dir: Path | None, before_attempt: int) -> dict:
                 out["checkpoints"].append(e)
             elif RESTART.matches(e):
                 out["restarts"].append(e)
+            elif PHASE.matches(e) and e.get("name") == "start":
+                out["starts"] += 1  # an earlier attempt of this run began (in this run's folder)
     return out
 
 
@@ -476,6 +478,9 @@ class Attempt:
         if not (self.rank == 0 and (self.attempt > 0 or resumed.step is not None)):
             return 0
         fail = history.get("failure") or {}
+        # earlier attempts that never started in this run's folder were another run's: a new `distai run
+        # --ckpt-dir` on its checkpoints, not a relaunch of this one
+        new_run = self.attempt > 0 and not restart_count and not history.get("starts")
         from_step = resumed.step or 0
         last_done = steps_done(history)
         lost = max(0, last_done - from_step)  # completed steps whose work was thrown away
@@ -485,8 +490,8 @@ class Attempt:
             "skipped": [list(s) for s in resumed.skipped], "failed_rank": fail.get("rank"),
             "failed_step": fail.get("step"), "failed_phase": fail.get("phase"), "last_done": last_done,
             "lost_steps": lost, "restart_count": restart_count, "load_s": resumed.seconds,
-            "forgot": list(args.forget)})
-        how = _log("how_in_place" if restart_count else "how_relaunched")
+            "forgot": list(args.forget), "new_run": new_run})
+        how = _log("how_in_place" if restart_count else "how_new_run" if new_run else "how_relaunched")
         for name, why in resumed.skipped:
             self.say(_log("skipped", name=name, why=why), flush=True)
         origin = _log("origin_checkpoint", step=from_step) if resumed.path else _log("origin_start")

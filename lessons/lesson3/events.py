@@ -44,6 +44,7 @@ class Restart(Envelope):
     restart_count: int
     load_s: float
     forgot: list[str]
+    new_run: NotRequired[bool]  # the earlier attempts were another run's: this one was started on their checkpoints
 
 
 class Checkpoint(Envelope):
