@@ -254,7 +254,7 @@ def _foreign_unit(text: str, lang: str) -> str:
 
 
 # "57x" or "57 ×" for a ratio; "62 steps" or "62 pasos" for a count: the number, once the word is no unit
-_RATIO_SIGN = re.compile(r"^(.+?)\s*[x×]$", re.IGNORECASE)
+_RATIO_SIGN = re.compile(r"^(.+?)\s*(?:[x×]|times|veces)$", re.IGNORECASE)
 _TRAILING_NOUN = re.compile(r"^(.+?)\s+([^\W\d_]{3,})\.?$")
 
 
@@ -278,10 +278,13 @@ def _without_noun(text: str, q: Question) -> str:
     ratio = _RATIO_SIGN.match(text)
     if ratio and q.quantity == "number":
         return ratio.group(1)
-    noun = _TRAILING_NOUN.match(text)
-    if noun and not _is_unit(noun.group(2)) and _names_what_is_asked(noun.group(2), q.prompt):
-        return noun.group(1)
-    return text
+    # the words after the number, each one the question's ("20 message steps" for "how many message steps")
+    words = text.split()
+    kept = len(words)
+    while kept > 1 and _TRAILING_NOUN.match("0 " + words[kept - 1]) and not _is_unit(words[kept - 1].rstrip(".")) \
+            and _names_what_is_asked(words[kept - 1].rstrip("."), q.prompt):
+        kept -= 1
+    return " ".join(words[:kept]) if kept < len(words) else text
 
 
 def _names_what_is_asked(word: str, prompt: str) -> bool:
@@ -319,14 +322,14 @@ def _check(q: Question, text) -> Check:
     if q.is_choice:
         n = len(q.choices)
         idx = None
-        low = s.lower().rstrip(".)")
+        low = s.lower().strip().rstrip(".").strip("()")  # "2", "b", "b)", "(b)"
         if low.isdigit() and 1 <= int(low) <= n:
             idx = int(low) - 1
         elif len(low) == 1 and low in LETTERS[:n]:
             idx = LETTERS.index(low)
         else:
-            for i, c in enumerate(q.choices):
-                if c.strip().lower() == s.lower():
+            for i, c in enumerate(q.choices):  # the option's text, its final full stop optional
+                if c.strip().lower().rstrip(".") == s.lower().rstrip("."):
                     idx = i
         if idx is None:
             return Check(False, False, None,

@@ -39,6 +39,10 @@ BYTE_UNITS = {
     "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "pb": 1e15,
     "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40, "pib": 1 << 50,
     "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12,
+    # the words, in both languages' spelling
+    "kilobyte": 1e3, "kilobytes": 1e3, "megabyte": 1e6, "megabytes": 1e6, "gigabyte": 1e9, "gigabytes": 1e9,
+    "terabyte": 1e12, "terabytes": 1e12, "kibibyte": 1 << 10, "kibibytes": 1 << 10, "mebibyte": 1 << 20,
+    "mebibytes": 1 << 20, "gibibyte": 1 << 30, "gibibytes": 1 << 30,
 }
 COUNT_UNITS = {
     "": 1, "k": 1e3, "thousand": 1e3, "m": 1e6, "million": 1e6, "millions": 1e6, "mill": 1e6,
@@ -49,6 +53,10 @@ COUNT_UNITS = {
 }
 TIME_UNITS = {
     "ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3,
+    "nsec": 1e-9, "nanosecond": 1e-9, "nanoseconds": 1e-9, "nanosegundo": 1e-9, "nanosegundos": 1e-9,
+    "usec": 1e-6, "microsecond": 1e-6, "microseconds": 1e-6, "microsegundo": 1e-6, "microsegundos": 1e-6,
+    "msec": 1e-3, "msecs": 1e-3, "millisecond": 1e-3, "milliseconds": 1e-3, "milisegundo": 1e-3,
+    "milisegundos": 1e-3,
     "s": 1.0, "sec": 1.0, "secs": 1.0, "second": 1.0, "seconds": 1.0, "seg": 1.0, "segundo": 1.0,
     "segundos": 1.0,
     "min": 60.0, "mins": 60.0, "minute": 60.0, "minutes": 60.0, "minuto": 60.0, "minutos": 60.0,
@@ -217,14 +225,15 @@ def parse_bandwidth(text, lang: str = "en") -> float:
     value = parse_number(num, lang)
     if u == "":
         return _finite(value, text)
-    m = re.fullmatch(r"([kKmMgGtTpP]?i?)([bB])(?:/s|ps|/sec)?", u)
+    # B or byte(s): bytes; b or bit(s): bits; per second as /s, /S, ps or /sec ("Gbit/s", "GB/S")
+    m = re.fullmatch(r"([kKmMgGtTpP]?i?)(bits?|bytes?|[bB])((?i:/s|ps|/sec))?", u)
     if not m:
         raise UnitError.keyed("bandwidth_unit", unit=repr(unit), text=repr(text))
     prefix, b = m.group(1), m.group(2)
-    if not re.search(r"(/s|ps|/sec)$", u):
+    if not m.group(3):
         raise UnitError.keyed("per_second", text=repr(text))
     factor = BYTE_UNITS[(prefix + "b").lower()] if prefix else 1
-    if b == "b":
+    if b in ("b", "bit", "bits"):
         factor /= 8  # bits
     return _finite(value * factor, text)
 

@@ -410,3 +410,26 @@ def test_capstone_grow_axis_picks_what_cuts_the_binding_memory_most():
         seen.add((p["binds"], GROWTHS[q.answer]))
     assert ("activations_bytes", "cp") in seen and ("model_states_bytes", "pp") in seen
     assert ("model_states_bytes", "zero") in seen  # ZeRO-1 wins when the dp·cp group is large enough
+
+
+def test_answers_written_as_a_learner_writes_them_are_read():
+    """A review found these refused: units spelled out or capitalised, a unit in bits, the question's own
+    words after a count, "times" after a ratio, a lettered option in brackets, an option's text with its
+    full stop."""
+    def ok(q, text):
+        return quiz.check_answer(q, text).correct
+
+    t = quiz.numeric("lesson1", "x", "en", "p", "e", 0.0205, "seconds", unit="ms")
+    assert all(ok(t, a) for a in ("20.5 ms", "20.5 msec", "20.5 milliseconds", "0.0205 s"))
+    assert ok(quiz.numeric("lesson1", "x", "es", "p", "e", 0.0205, "seconds", unit="ms"), "20,5 milisegundos")
+    b = quiz.numeric("lesson1", "x", "en", "p", "e", 750e6, "bytes", unit="MB")
+    assert ok(b, "750 megabytes") and ok(b, "0.75 GB") and not ok(b, "750 kilobytes")
+    bw = quiz.numeric("lesson1", "x", "en", "p", "e", 76.8e9, "bandwidth", unit="GB/s")
+    assert ok(bw, "614.4 Gbit/s") and ok(bw, "76.8 GB/S") and ok(bw, "614.4 Gbps") and not ok(bw, "76.8 Gb/s")
+    steps = quiz.numeric("lesson1", "x", "en", "How many message steps does the ring take?", "e", 20, "count")
+    assert ok(steps, "20 message steps") and ok(steps, "20 steps") and not quiz.check_answer(steps, "20 furlongs").correct
+    ratio = quiz.numeric("lesson1", "x", "en", "p", "e", 15.6, "number")
+    assert ok(ratio, "15.6 times") and ok(ratio, "15.6x") and ok(ratio, "15,6 veces")
+    pick = quiz.choice("lesson1", "x", "en", __import__("random").Random(0), "p", "Right one.", ["Wrong one.", "Other."], "e")
+    letter = "abc"[pick.answer]
+    assert all(ok(pick, a) for a in (letter, f"({letter})", f"{letter})", str(pick.answer + 1), "Right one", "right one."))
