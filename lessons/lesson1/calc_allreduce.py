@@ -1,6 +1,8 @@
 """``distai calc allreduce``: all-reduce cost in the alpha-beta model (ring, tree, naive)."""
 from __future__ import annotations
 
+import math
+
 from .. import units
 from ..calculator import Calculator, Option, bytes_text, choice_name, labels, table
 from . import formulas as f
@@ -14,8 +16,9 @@ def compute(v: dict) -> dict:
         "bytes_per_rank": f.allreduce_bytes_per_rank(S, n, algo),
         "steps": f.allreduce_steps(n, algo),
         "busbw_factor": f.busbw_factor(n),
-        "algbw_bytes_per_s": f.algbw(S, t) if t > 0 else None,
-        "busbw_bytes_per_s": f.busbw(S, t, n) if t > 0 else None,
+        # past a float's range the time itself is named (check_finite), not the bandwidth that divides by it
+        "algbw_bytes_per_s": f.algbw(S, t) if 0 < t < math.inf else None,
+        "busbw_bytes_per_s": f.busbw(S, t, n) if 0 < t < math.inf else None,
         "size_bytes": S, "ranks": n, "alpha_s": a, "beta_s_per_byte": b, "algorithm": algo,
     }
 
