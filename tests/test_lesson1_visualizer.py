@@ -472,3 +472,41 @@ async def test_the_comparisons_column_names_wrap_in_a_narrow_spanish_pane():
         text = "\n".join(screen_text(vis))
         assert "enlace más cargado (un sentido) · pasos ·" in text and "tiempo α-β" in text
     assert R._fit_at("a · b · c", " · ", 5) == ["a · b ·", "c"] and R._fit_at("a · b", " · ", 80) == ["a · b"]
+
+
+def test_the_busbw_step_loads_the_latest_run_and_is_quiet_without_one(tmp_path, monkeypatch):
+    """The busbw step drew "No sweep yet … then press o" with runs saved: a step that shows the learner's run
+    asks for the latest (the lesson screen replays it), and says nothing when there is none."""
+    import asyncio
+
+    from distai.engine.runs import create_run
+    from distai.lessons.lesson1.events import SWEEP
+    from distai.tutor.app import DistaiApp
+
+    monkeypatch.setenv("DISTAI_HOME", str(tmp_path))
+
+    async def busbw_step(app, pilot):
+        app.open_lesson("lesson1")
+        await pilot.pause()
+        await app.screen.show_step(app.screen.lesson.step_index("busbw"))
+        await pilot.pause()
+        return app.screen.visualizer
+
+    async def main():
+        app = DistaiApp("en")
+        async with app.run_test(size=(120, 40)) as pilot:
+            v = await busbw_step(app, pilot)
+            assert not v.run.sweep and not app._notifications  # no run, no toast
+        rec = create_run(tmp_path / "runs", "lesson1", "distai.engine.experiments.lesson1")
+        rec.status = "ok"
+        rec.save()
+        rec.events_dir.mkdir(exist_ok=True)
+        rows = [SWEEP.event({"size": 1024 * 4 ** k, "n": 4, "ring_busbw": 1e6 * (k + 1), "ar_busbw": 1e6,
+                             "t": 1.0 + k, "rank": 0}) for k in range(4)]
+        (rec.events_dir / "rank0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        app = DistaiApp("en")
+        async with app.run_test(size=(120, 40)) as pilot:
+            v = await busbw_step(app, pilot)
+            assert len(v.run.sweep) == 4 and v.state.view == "chart"
+
+    asyncio.run(main())

@@ -136,9 +136,10 @@ class LessonVisualizer(Widget):
         events to ``visualizer.feed_event``.
         """
 
-        def __init__(self, visualizer: LessonVisualizer):
+        def __init__(self, visualizer: LessonVisualizer, quiet: bool = False):
             super().__init__()
             self.visualizer = visualizer
+            self.quiet = quiet  # asked by a step that shows the run, not by the learner: no run is no news
 
     def __init__(self, language: str = "en", **kwargs):
         super().__init__(**kwargs)

@@ -229,7 +229,8 @@ class LessonScreen(CommonActions, Screen):
             self.notify(translated("tutor", "replay_failed", self.lang, error=str(exc)), severity="error")
             return
         if record is None:
-            self.notify(translated("tutor", "replay_none", self.lang, lesson=self.lesson.id), severity="warning")
+            if not getattr(message, "quiet", False):
+                self.notify(translated("tutor", "replay_none", self.lang, lesson=self.lesson.id), severity="warning")
         else:
             self.notify(translated("tutor", "replay_loaded", self.lang, run=record.id, status=record.effective_status),
                         timeout=4)
