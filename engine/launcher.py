@@ -40,7 +40,7 @@ from ..lessons.events import ERROR, OUTPUT, RUN_END, RUN_START, SUMMARY, Error
 from ..lessons.strings import LANG_ENV, translated
 from .events import backend_for
 from .lifeline import LAUNCHER_PID_ENV, parent_death_signal
-from .profiling import PROFILE_DIR_ENV
+from .profiling import PROFILE_DIR_ENV, is_profiler_trace_line
 from .runs import RunRecord, set_command, tail_lines
 
 MAX_PROCS = 1024
@@ -516,6 +516,8 @@ class Launch(Stoppable):
                 rank, text = None, line
                 self._torchrun_lines.append(line)
                 del self._torchrun_lines[:-400]
+            if is_profiler_trace_line(text):
+                continue  # kept in the logs; not the learner's output (--profile printed it under the run)
             self._put(OUTPUT.event({"rank": rank, "line": text}))
 
     def _tail_events(self) -> None:

@@ -10,11 +10,21 @@ The launcher sets ``DISTAI_PROFILE_DIR`` (``<run>/profile``); :func:`start_profi
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 PROFILE_DIR_ENV = "DISTAI_PROFILE_DIR"
+#: Kineto's trace-point lines at every profiler start and stop ("USDT:2026-12-06 09:08:14 4087:4087
+#: SyncActivityProfilerHandler.cpp:59] profiler_stop"), printed at any log level short of silencing its errors
+_TRACE_POINT = re.compile(r"USDT:\d{4}-\d\d-\d\d [\d:]+ \d+:\d+ \S+\.cpp:\d+\] ")
+
+
+def is_profiler_trace_line(text: str) -> bool:
+    """Whether a rank's output line is Kineto's trace-point log: kept in the run's logs, not shown to the
+    learner under the run (live or replayed)."""
+    return bool(_TRACE_POINT.match(text))
 
 
 def profile_file(directory: str | os.PathLike, rank: int) -> Path:

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..lessons.events import CHECK, ERROR, LOG, OUTPUT, PHASE, PROGRESS, RUN_END, RUN_START, STEP, SUMMARY
 from ..lessons.lesson1.events import FIT, RING_CHECK, RING_STEP, SWEEP
+from .profiling import is_profiler_trace_line
 
 
 @dataclass
@@ -179,7 +180,9 @@ def replay_events(record) -> list[dict[str, Any]]:
     events.extend(recorded)
     for rank_file in sorted(record.logs_dir.glob("rank*.log")) if record.logs_dir.is_dir() else []:
         rank = int(rank_file.stem[4:])
-        for line in rank_file.read_text(encoding="utf-8", errors="replace").splitlines()[-50:]:
+        lines = [x for x in rank_file.read_text(encoding="utf-8", errors="replace").splitlines()
+                 if not is_profiler_trace_line(x)]
+        for line in lines[-50:]:
             events.append(OUTPUT.event({"rank": rank, "line": line, "t": None}))
     status = record.effective_status
     end_t = start_t + (duration_s or 0.0)

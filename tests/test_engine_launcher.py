@@ -482,6 +482,9 @@ def test_profiled_run_saves_torch_profiler_traces_that_runs_show_points_to(launc
     shown = subprocess.run([*DISTAI, "runs", "show", rec.id], capture_output=True, text=True, timeout=60, cwd=REPO,
                            env=dict(os.environ, DISTAI_HOME=str(launches["home"])))
     assert f"torch.profiler traces: {profile_dir} (2 files" in shown.stderr, shown.stderr
+    # Kineto's trace-point lines ("USDT:… profiler_stop") stay in the logs, out of what the learner reads
+    logged = (rec.dir / "logs" / "rank0.log").read_text()
+    assert "profiler_stop" in logged and "profiler_stop" not in shown.stdout + shown.stderr
 
 
 def test_json_run_streams_events_live(launches):
