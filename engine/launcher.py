@@ -587,6 +587,7 @@ class Launch(Stoppable):
         rec.duration_s = time.time() - self._started
         if self._stop_reason is not None:
             rec.status, rec.error = "stopped", self._stop_reason
+            rec.last_step = rec.steps_reached()[0]  # where it stopped, for `distai runs`
         elif code == 0:
             rec.status = "ok"
         else:

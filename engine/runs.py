@@ -60,7 +60,7 @@ class RunRecord:
     error_tail: list[str] = field(default_factory=list)
     summary: dict[str, Any] | None = None
     launcher_pid: int | None = None
-    last_step: int | None = None  # steps done when the launcher was killed (1-based), if any
+    last_step: int | None = None  # steps done when the launcher was killed or the run stopped (1-based), if any
     host: str = field(default_factory=lambda: _this_host())
 
     # -- folders -------------------------------------------------------------------------------
@@ -224,6 +224,9 @@ def settle_killed(record: RunRecord) -> RunRecord:
         return record
     last, of = record.steps_reached()
     record.status, record.last_step = "killed", last
+    if record.duration_s is None:  # until its last event: what `runs show` counts, and now `distai runs` too
+        times = [e["t"] for e in record.events() if isinstance(e.get("t"), (int, float))]
+        record.duration_s = max(0.0, max(times) - record.created) if times else None
     reached = "before its first step" if last is None else f"at step {last}" + (f"/{of}" if of else "")
     record.error = f"the launcher was killed {reached}"
     try:

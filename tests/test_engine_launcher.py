@@ -452,6 +452,11 @@ def test_sigterm_stops_every_rank_and_exits_as_the_shell_counts_it(launches):
     assert r["alive"] == [] and L.run_processes(r["run_dir"].name) == []
     rec = RunRecord.load(r["run_dir"])
     assert rec.status == "stopped" and "SIGTERM" in rec.error
+    # where it stopped, which `distai runs` says ("stopped by SIGTERM, at step 13")
+    assert rec.last_step == rec.steps_reached()[0] >= 10
+    listed = subprocess.run([*DISTAI, "runs"], capture_output=True, text=True, timeout=60, cwd=REPO,
+                            env=dict(os.environ, DISTAI_HOME=str(r["run_dir"].parents[1]), COLUMNS="200"))
+    assert f"stopped by SIGTERM, at step {rec.last_step}" in listed.stdout, listed.stdout
 
 
 def test_sigkilled_launcher_leaves_no_process_and_a_killed_run(launches):
@@ -464,6 +469,9 @@ def test_sigkilled_launcher_leaves_no_process_and_a_killed_run(launches):
     assert listed["error"].startswith(f"the launcher was killed at step {listed['last_step']}/1000000")
     rec = RunRecord.load(r["run_dir"])  # the folder says so too, and every event line that is whole reads
     assert rec.status == "killed" and rec.last_step == listed["last_step"]
+    # its length until its last event, the same in `distai runs` (it showed "—") and in `runs show`
+    last_t = max(e["t"] for e in rec.events() if isinstance(e.get("t"), (int, float)))
+    assert listed["duration_s"] == rec.duration_s == pytest.approx(last_t - rec.created)
     steps = [e["step"] for e in rec.events() if e["kind"] == "step"]
     assert steps == list(range(len(steps))) and len(steps) == rec.last_step
     assert not list(rec.dir.glob(".*.tmp"))

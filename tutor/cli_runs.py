@@ -103,7 +103,10 @@ def _runs_table(rows: list[dict[str, Any]], runs: list, say: dict, language: str
         lines.append(line)
         if r["error"] and r["status"] != "ok":
             # its first 150 characters (runs show gives it whole), wrapped under the mark
-            lines += fit_prose(f"{'':<{width}}  └ {(reason_text(r['error'], language) or '')[:150]}", columns)
+            reason = reason_text(r["error"], language) or ""
+            if r["status"] == "stopped" and r["last_step"]:  # a killed run's reason names its step itself
+                reason = say["reached"].format(reason=reason, step=r["last_step"])
+            lines += fit_prose(f"{'':<{width}}  └ {reason[:150]}", columns)
     return lines
 
 
