@@ -120,7 +120,7 @@ def runs_show(
     from ..engine.run_state import replay_events
     from ..engine.runs import RunNotFound, find_run, settle_killed
     from ..lessons.strings import translated
-    from .cli_run import JsonView, TerminalView
+    from .cli_run import JsonView, TerminalView, resume_command
     from .paths import runs_root
 
     language = language_or_fail(lang)
@@ -157,6 +157,9 @@ def runs_show(
             typer.echo(say("traces_files" if len(traces) != 1 else "traces_file", path=profile_dir, n=len(traces)),
                        err=True)
         typer.echo(say("export", id=record.id), err=True)
+        resume = resume_command(record)
+        if resume:
+            typer.echo(say("resume", command=resume), err=True)
 
 
 EXPORT_FORMATS = {"chrome-trace": "trace.json", "csv": "metrics.csv", "jsonl": "metrics.jsonl"}
