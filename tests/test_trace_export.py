@@ -9,6 +9,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 import threading
 import time
 
@@ -155,11 +156,15 @@ def test_cli_export_writes_trace_and_metrics_and_fails_in_one_line(isolated_dist
                         ((rec.id, "-o", str(tmp_path / "missing" / "t.json")), "cannot write")):
         bad = distai(*args)
         assert bad.returncode == 2 and words in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
-    # the run's own files are refused (README's "-o run.json" typed inside the run's folder overwrote its record)
-    for own in (rec.dir / "run.json", rec.dir / "events" / "rank0.jsonl"):
+    # any run's own files are refused (README's "-o run.json" typed inside the run's folder overwrote its
+    # record), this run's or another's; a file of the learner's own beside them can be written again
+    other = create_run(isolated_distai_home / "runs", "lesson2", "distai.engine.experiments.lesson2")
+    for own in (rec.dir / "run.json", rec.dir / "events" / "rank0.jsonl", other.dir / "run.json"):
         before = own.read_bytes()
         bad = distai(rec.id, "-o", str(own))
         assert bad.returncode == 2 and "is one of the run's own files" in bad.stderr and own.read_bytes() == before
+    for _ in range(2):
+        assert distai(rec.id, "-f", "csv", "-o", str(rec.dir / "mine.csv")).returncode == 0
     # a link is followed, not replaced; what is not a regular file is written into, never replaced by one
     (tmp_path / "link.csv").symlink_to(tmp_path / "target.csv")
     assert distai(rec.id, "-f", "csv", "-o", str(tmp_path / "link.csv")).returncode == 0
@@ -167,8 +172,17 @@ def test_cli_export_writes_trace_and_metrics_and_fails_in_one_line(isolated_dist
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     got: list[str] = []
-    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()), daemon=True)  # never hangs the session
     reader.start()
     assert distai(rec.id, "-f", "csv", "-o", str(fifo)).returncode == 0
     reader.join(timeout=30)
     assert got and got[0].startswith("step,rank") and stat.S_ISFIFO(fifo.lstat().st_mode)
+    # /dev/stdout is stdout itself: appended to, never replaced by a renamed file (`>> log` lost the log)
+    code = ("import sys; from distai.tutor.cli import main; "
+            f"sys.exit(main(['runs', 'export', {rec.id!r}, '-f', 'csv', '-o', '/dev/stdout']))")
+    log = tmp_path / "log.txt"
+    log.write_text("HEADER\n")
+    with open(log, "a") as out:
+        subprocess.run([sys.executable, "-c", code], stdout=out, check=True, timeout=60,
+                       env=dict(os.environ, DISTAI_HOME=str(isolated_distai_home)))
+    assert log.read_text().startswith("HEADER\nstep,rank,name,value\n")

@@ -170,21 +170,30 @@ def default_export_path(run_path: str | os.PathLike, fmt: str) -> Path:
     return Path(run_path) / EXPORT_FORMATS[fmt]
 
 
+#: what a run's folder holds (engine/runs.py, the launcher, lesson 3's checkpoints, --profile): never an export's target
+RUN_OWN_FILES = ("run.json", "command.txt", "events", "logs", "torchrun", "checkpoints", "profile")
+
+
 def write_export(path: Path, text: str, run_folder: Path, say) -> None:
     """Write an export at ``path``: a new or regular file through a temporary file and a rename (a reader
-    never sees half of it; a link is followed, not replaced); anything else that exists (``/dev/stdout``,
-    a pipe, ``/dev/null``) written into as it is, never replaced by a file. The run's own files (its record,
-    events, logs) are refused: ``-o run.json`` run inside the run's folder overwrote its record."""
-    if path.exists() and not path.is_file():  # /dev/stdout (a link to a pipe), /dev/null, a FIFO
+    never sees half of it; a link is followed, not replaced); anything else that exists and is not a
+    regular file (a pipe, ``/dev/null``) written into as it is. Any run's own files (:data:`RUN_OWN_FILES`, in this run's
+    folder or any under the runs folder) are refused: ``-o run.json`` inside a run's folder overwrote its
+    record."""
+    if path.exists() and not path.is_file():  # /dev/null, a FIFO
         with open(path, "w", encoding="utf-8") as out:
             out.write(text)
         return
-    target = path.resolve()
-    folder = run_folder.resolve()
-    exports = {folder / name for name in EXPORT_FORMATS.values()}
-    if target.is_relative_to(folder) and target != folder and target not in exports and \
-            (target.exists() or target.parent != folder):
-        raise CliError(say("run_file", path=path, run=run_folder))
+    from .paths import runs_root
+
+    target, root = path.resolve(), runs_root().resolve()
+    folders = {run_folder.resolve()}
+    if target.is_relative_to(root) and len(target.relative_to(root).parts) >= 2:
+        folders.add(root / target.relative_to(root).parts[0])  # another run's folder
+    for folder in folders:
+        inside = target.relative_to(folder).parts if target.is_relative_to(folder) else ()
+        if inside and inside[0] in RUN_OWN_FILES:
+            raise CliError(say("run_file", path=path, run=folder))
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         tmp.write_text(text, encoding="utf-8")
@@ -235,7 +244,7 @@ def runs_export(
     except RunNotFound as exc:
         raise CliError(exc.text(language)) from None
     text = export_text(record, fmt, language)
-    if output == "-":
+    if output in ("-", "/dev/stdout", "/proc/self/fd/1"):  # stdout itself: a rename would replace what it appends to
         typer.echo(text, nl=bool(text) and not text.endswith("\n"))  # no metrics: nothing, not a blank line
         return
     path = Path(output).expanduser() if output else default_export_path(record.path, fmt)
