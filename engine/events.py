@@ -9,6 +9,7 @@ by readers), and emitting costs a syscall, not a flush of Python buffers.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -85,5 +86,6 @@ def read_events(path: str | os.PathLike) -> Iterator[dict]:
             except ValueError:  # JSONDecodeError, UnicodeDecodeError
                 continue
             t = event.get("t") if isinstance(event, dict) else None
-            if isinstance(event, dict) and (t is None or isinstance(t, (int, float)) and not isinstance(t, bool)):
+            if isinstance(event, dict) and (t is None or isinstance(t, (int, float)) and not isinstance(t, bool)
+                                            and math.isfinite(t)):  # json reads NaN and Infinity too
                 yield event  # every reader orders events by a time that is a number

@@ -125,9 +125,12 @@ class RunState:
         elif kind == PROGRESS.name:
             self.done, self.total = int(e.get("done", 0)), int(e.get("total", 0))
         elif kind == STEP.name:
-            if e.get("loss") is not None:
+            step, of, loss = e.get("step"), e.get("of"), e.get("loss")
+            if not _is_int(step) or not (of is None or _is_int(of)) or not (loss is None or _is_number(loss)):
+                return  # a damaged step ("step": "x"), not drawn rather than breaking the view that draws it
+            if loss is not None:
                 self._add_loss(e)
-            self.steps_of = e.get("of", self.steps_of)
+            self.steps_of = of if of is not None else self.steps_of
             self.last_step = e
         elif kind == SWEEP.name:
             self.sweep.append(e)
@@ -154,6 +157,14 @@ class RunState:
             self.tail = list(e.get("tail") or [])
             self.exit_code = e.get("exit_code")
             self.duration_s = e.get("duration_s")
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def feed_readable(fold: Any, event: dict[str, Any]) -> bool:

@@ -111,8 +111,10 @@ class RunRecord:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, allowed):
                 raise TypeError(f"{RUN_FILE}: {name} is {value!r}")
-        if not 0 <= self.created < 1e11:  # time.localtime's range: a start a date can show
+        if not 0 <= self.created < 1e11:  # time.localtime's range: a start a date can show (NaN fails it too)
             raise TypeError(f"{RUN_FILE}: created is {self.created!r}")
+        if self.duration_s is not None and not 0 <= self.duration_s < 1e11:  # "Infinity" printed "inf s"
+            raise TypeError(f"{RUN_FILE}: duration_s is {self.duration_s!r}")
         if not all(isinstance(x, str) for x in (*self.command, *self.argv, *self.error_tail)):
             raise TypeError(f"{RUN_FILE}: a list holds something other than text")
 

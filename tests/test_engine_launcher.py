@@ -610,7 +610,8 @@ def test_records_and_events_damaged_in_any_way_are_damaged_runs_and_left_out_eve
     named = time.mktime(time.strptime(rec.id[:15], "%Y%m%d-%H%M%S"))
     saved = json.loads((rec.dir / "run.json").read_text())
     for damage in ("null", "[1, 2]", json.dumps(dict(saved, config="str")), json.dumps(dict(saved, created=1e30)),
-                   json.dumps(dict(saved, exit_code="0")), json.dumps(dict(saved, error_tail=[1]))):
+                   json.dumps(dict(saved, exit_code="0")), json.dumps(dict(saved, error_tail=[1])),
+                   json.dumps(dict(saved, duration_s=float("inf")))):
         (rec.dir / "run.json").write_text(damage, encoding="utf-8")
         os.utime(rec.dir, (named + 3600, named + 3600))  # damaged an hour later
         (listed,) = list_runs(runs_dir)
@@ -624,9 +625,10 @@ def test_records_and_events_damaged_in_any_way_are_damaged_runs_and_left_out_eve
         f.write((json.dumps(good[0]) + "\n").encode())
         f.write(bytes(range(128, 256)) + b"\n" + b"5\nnull\n[1, 2]\n")
         f.write((json.dumps(dict(good[1], t="y")) + "\n").encode())
-        f.write((json.dumps(dict(good[1], step="x")) + "\n").encode())
+        f.write((json.dumps(dict(good[1], t=float("nan"))) + "\n").encode())
         f.write((json.dumps(good[2]) + "\n").encode())
-    assert [e.get("step") for e in read_events(events)] == [0, "x", 2]  # not "t": "y"
+        f.write((json.dumps(dict(good[1], step="x", t=2000.0)) + "\n").encode())  # the last step: the one drawn
+    assert [e.get("step") for e in read_events(events)] == [0, 2, "x"]  # not "t": "y" nor NaN
     capsys.readouterr()
     assert main(["runs", "show", rec.id]) == 0 and main(["runs", "export", rec.id, "-f", "csv", "-o", "-"]) == 0
     assert "Traceback" not in capsys.readouterr().err
