@@ -278,13 +278,34 @@ def _without_noun(text: str, q: Question) -> str:
     ratio = _RATIO_SIGN.match(text)
     if ratio and q.quantity == "number":
         return ratio.group(1)
-    # the words after the number, each one the question's ("20 message steps" for "how many message steps")
+    # the words after the number, each one of what the question counts ("20 message steps" for "how many
+    # message steps"; "6 pasos de mensajes"), joined by small words; "6 GPUs" is not steps
+    asked = _asked_clause(q.prompt)
     words = text.split()
     kept = len(words)
-    while kept > 1 and _TRAILING_NOUN.match("0 " + words[kept - 1]) and not _is_unit(words[kept - 1].rstrip(".")) \
-            and _names_what_is_asked(words[kept - 1].rstrip("."), q.prompt):
-        kept -= 1
+    while kept > 1:
+        word = words[kept - 1].rstrip(".")
+        if word.lower() in _JOINING_WORDS and kept < len(words):
+            kept -= 1
+        elif _TRAILING_NOUN.match("0 " + word) and not _is_unit(word) and _names_what_is_asked(word, asked):
+            kept -= 1
+        else:
+            break
+    while kept < len(words) and words[kept].lower() in _JOINING_WORDS:  # never end on "de": "6 de"
+        kept += 1
     return " ".join(words[:kept]) if kept < len(words) else text
+
+
+#: the small words inside a noun phrase a count may carry ("pasos de mensajes", "steps of the ring")
+_JOINING_WORDS = frozenset({"de", "del", "en", "el", "la", "los", "las", "of", "the", "in", "on"})
+_HOW_MANY = re.compile(r"(?:how many|cuántos|cuántas|cuantos|cuantas)\s+([^?¿]*)", re.IGNORECASE)
+
+
+def _asked_clause(prompt: str) -> str:
+    """What a question counts: its words after "how many" / "cuántos" up to the question mark (the whole
+    prompt where it asks otherwise)."""
+    found = _HOW_MANY.search(prompt)
+    return found.group(1) if found else prompt
 
 
 def _names_what_is_asked(word: str, prompt: str) -> bool:

@@ -426,8 +426,12 @@ def test_answers_written_as_a_learner_writes_them_are_read():
     assert ok(b, "750 megabytes") and ok(b, "0.75 GB") and not ok(b, "750 kilobytes")
     bw = quiz.numeric("lesson1", "x", "en", "p", "e", 76.8e9, "bandwidth", unit="GB/s")
     assert ok(bw, "614.4 Gbit/s") and ok(bw, "76.8 GB/S") and ok(bw, "614.4 Gbps") and not ok(bw, "76.8 Gb/s")
-    steps = quiz.numeric("lesson1", "x", "en", "How many message steps does the ring take?", "e", 20, "count")
+    steps = quiz.numeric("lesson1", "x", "en", "A ring on 8 GPUs: how many message steps does it take?", "e", 20,
+                         "count")
     assert ok(steps, "20 message steps") and ok(steps, "20 steps") and not quiz.check_answer(steps, "20 furlongs").correct
+    assert not ok(steps, "20 GPUs") and not ok(steps, "20 rank steps")  # words of the prompt, not what it counts
+    pasos = quiz.numeric("lesson1", "x", "es", "Un anillo en 8 GPUs: ¿cuántos pasos de mensajes da?", "e", 20, "count")
+    assert ok(pasos, "20 pasos de mensajes") and ok(pasos, "20 pasos") and not ok(pasos, "20 GPUs")
     ratio = quiz.numeric("lesson1", "x", "en", "p", "e", 15.6, "number")
     assert ok(ratio, "15.6 times") and ok(ratio, "15.6x") and ok(ratio, "15,6 veces")
     pick = quiz.choice("lesson1", "x", "en", __import__("random").Random(0), "p", "Right one.", ["Wrong one.", "Other."], "e")
