@@ -67,3 +67,21 @@ def test_checkpoint_cost_against_the_write_alone():
     c = checkpoint_cost(cost)
     assert (c.predicted, c.measured) == (0.1, 0.17) and not c.ok
     assert c.causes == {"save_in_loop": pytest.approx(0.04), "slower_steps": 0.03} and c.explained
+
+
+def test_a_resume_is_a_new_runs_only_when_no_earlier_attempt_started_in_this_runs_folder(tmp_path):
+    """The supervisor's relaunch finds its earlier attempt's start in the run's events; a new run on an
+    earlier run's checkpoints finds none (their attempts are counted in the checkpoint folder)."""
+    import json
+
+    from distai.engine.experiments.lesson3 import _history, started_on_another_runs_checkpoints
+
+    events = tmp_path / "events"
+    events.mkdir()
+    (events / "rank0.jsonl").write_text(json.dumps({"kind": "phase", "name": "start", "attempt": 0, "t": 1.0}) + "\n")
+    relaunch = _history(events, before_attempt=1)
+    assert relaunch["starts"] == 1 and not started_on_another_runs_checkpoints(1, 0, relaunch)
+    fresh = _history(tmp_path / "another-runs-events", before_attempt=2)  # this run's folder: nothing earlier
+    assert started_on_another_runs_checkpoints(2, 0, fresh)
+    assert not started_on_another_runs_checkpoints(2, 1, fresh)  # torchrun restarted it in place
+    assert not started_on_another_runs_checkpoints(0, 0, fresh)  # a first start resumes nothing

@@ -167,5 +167,7 @@ def test_a_stopped_run_with_checkpoints_says_how_to_continue_it(tmp_path):
     (rec.dir / "checkpoints" / "step_00000010").mkdir(parents=True)
     assert resume_command(rec) == ("distai run lesson3 --cpu 2 --step-time 0.2 --ckpt-dir "
                                    f"{rec.dir / 'checkpoints'}")
+    rec.argv = ["distai", "run", "lesson3", "--run-dir", "/tmp/x", "--cpu", "2", "--run-dir=/tmp/y"]
+    assert resume_command(rec) == f"distai run lesson3 --cpu 2 --ckpt-dir {rec.dir / 'checkpoints'}"  # not taken again
     rec.status = "ok"
     assert resume_command(rec) is None  # it finished: nothing to continue

@@ -110,7 +110,14 @@ def resume_command(record) -> str | None:
     if record.status in ("ok", "running") or not record.argv or "--ckpt-dir" in record.argv or \
             not any(checkpoints.glob("step_*")):
         return None
-    return shlex.join([*record.argv, "--ckpt-dir", str(checkpoints)])
+    argv, kept = list(record.argv), []
+    while argv:  # its own --run-dir would be taken: the new run gets a folder of its own
+        arg = argv.pop(0)
+        if arg == "--run-dir":
+            argv[:1] = []
+        elif not arg.startswith("--run-dir="):
+            kept.append(arg)
+    return shlex.join([*kept, "--ckpt-dir", str(checkpoints)])
 
 
 def record_in_progress_store(record) -> None:

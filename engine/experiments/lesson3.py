@@ -359,6 +359,13 @@ def _history(events_dir: Path | None, before_attempt: int) -> dict:
     return out
 
 
+def started_on_another_runs_checkpoints(attempt: int, restart_count: int, history: dict) -> bool:
+    """Whether this attempt's earlier ones (the checkpoint folder counts them) were another run's: none of
+    them started in this run's folder (``history["starts"]``, :func:`_history`), and torchrun did not
+    restart it in place. A new `distai run --ckpt-dir` on a stopped run's checkpoints, not a relaunch."""
+    return attempt > 0 and not restart_count and not history.get("starts")
+
+
 def steps_done(history: dict) -> int:
     """The last step earlier attempts completed: the last rank 0 reported, or the one before the step the
     failed rank died in (it finished that one with every peer: the gradients were reduced). Rank 0 reports
@@ -478,9 +485,7 @@ class Attempt:
         if not (self.rank == 0 and (self.attempt > 0 or resumed.step is not None)):
             return 0
         fail = history.get("failure") or {}
-        # earlier attempts that never started in this run's folder were another run's: a new `distai run
-        # --ckpt-dir` on its checkpoints, not a relaunch of this one
-        new_run = self.attempt > 0 and not restart_count and not history.get("starts")
+        new_run = started_on_another_runs_checkpoints(self.attempt, restart_count, history)
         from_step = resumed.step or 0
         last_done = steps_done(history)
         lost = max(0, last_done - from_step)  # completed steps whose work was thrown away
