@@ -199,7 +199,8 @@ def test_calc_help_lists_json_keys_and_stays_light():
     (["calc", "memory", "--params", "abc"], "not a number with a unit: 'abc'", "no es un número con unidad: 'abc'"),
     # a size past a float's range: the time is named, in the learner's language (it said "the time must be a
     # finite number of seconds > 0, got inf", in English, of a time the learner never gave)
-    (["calc", "allreduce", "--bytes", "1.7e308", "--ranks", "3"], "the time_s came out as inf", "«time_s» salió inf"),
+    (["calc", "allreduce", "--bytes", "1.7e308", "--ranks", "3"], "the all-reduce takes longer than a float can hold",
+     "el all-reduce tarda más de lo que cabe en un float"),
     (["calc", "allreduce", "--bytes", "1XB", "--ranks", "4"], "unknown size unit 'XB'",
      "unidad de tamaño desconocida 'XB'"),
     (["calc", "allreduce", "--bytes", "70B", "--ranks", "4"], "is ambiguous", "es ambiguo"),

@@ -4,21 +4,22 @@ from __future__ import annotations
 import math
 
 from .. import units
-from ..calculator import Calculator, Option, bytes_text, choice_name, labels, table
+from ..calculator import CalcError, Calculator, Option, bytes_text, choice_name, labels, table
 from . import formulas as f
 
 
 def compute(v: dict) -> dict:
     S, n, a, b, algo = v["bytes"], v["ranks"], v["alpha"], v["beta"], v["algorithm"]
     t = f.allreduce_time(S, n, a, b, algo)
+    if not math.isfinite(t):  # past a float's range: said in words, not as the JSON key that holds it
+        raise CalcError.keyed("errors.allreduce_inf")
     return {
         "time_s": t,
         "bytes_per_rank": f.allreduce_bytes_per_rank(S, n, algo),
         "steps": f.allreduce_steps(n, algo),
         "busbw_factor": f.busbw_factor(n),
-        # past a float's range the time itself is named (check_finite), not the bandwidth that divides by it
-        "algbw_bytes_per_s": f.algbw(S, t) if 0 < t < math.inf else None,
-        "busbw_bytes_per_s": f.busbw(S, t, n) if 0 < t < math.inf else None,
+        "algbw_bytes_per_s": f.algbw(S, t) if t > 0 else None,
+        "busbw_bytes_per_s": f.busbw(S, t, n) if t > 0 else None,
         "size_bytes": S, "ranks": n, "alpha_s": a, "beta_s_per_byte": b, "algorithm": algo,
     }
 

@@ -214,14 +214,15 @@ def alpha_beta_fit(sizes_bytes: list[float], times_s: list[float]) -> tuple[floa
     """Least-squares fit of t = a + b·S to measured all-reduce times, in relative error, with a ≥ 0 and
     b ≥ 0; returns (a, b).
 
-    For a ring on n ranks, a = 2(n-1)α and b = 2(n-1)/n·S·β (from :func:`ring_allreduce_time`), so
+    For a ring on n ranks, a = 2(n-1)α and b = 2(n-1)/n·β (from :func:`ring_allreduce_time`), so
     α = a / (2(n-1)) and β = b / busbw_factor(n). Each time is weighted by 1/t² (minimizing
-    Σ((t − a − b·S)/t)²): the sizes span six decades, and in absolute error the noise of the largest
+    Σ((t − a − b·S)/t)²): the sizes span almost five decades, and in absolute error the noise of the largest
     messages (milliseconds) sets the intercept that the smallest (microseconds) measure — a sweep on
     2 loaded cores fitted α = 616 µs where its 1-32 KiB times were 0.35-0.56 ms. Closed form; where it
     gives a negative latency or a negative time per byte, the constrained optimum lies on that bound:
     the line through the origin (a = 0), or the weighted mean time (b = 0). A time of 0 weighs as the
-    least positive one does.
+    least positive one does. Every α-β fit of the course is this one: lesson 1's sweep, ``distai doctor``,
+    lesson 7's and the capstone's calibration (two sizes: the line through both, whatever the weights).
     """
     if len(sizes_bytes) != len(times_s) or len(sizes_bytes) < 2:
         raise ValueError("need at least two (size, time) pairs of equal length")
