@@ -311,6 +311,7 @@ def test_the_run_it_step_replays_the_latest_run(tmp_path, monkeypatch):
     asks for the latest capstone run (the lesson screen replays it from its folder), on entering the step
     and on coming back from the run panel."""
     import json
+    import time
 
     from distai.engine.runs import create_run
     from distai.tutor.app import DistaiApp
@@ -334,6 +335,21 @@ def test_the_run_it_step_replays_the_latest_run(tmp_path, monkeypatch):
             await pilot.pause()
             v = screen.visualizer
             assert isinstance(v, MeshVisualizer) and v.view == "run" and v.run.shape == (2, 2, 2)
+            assert not app._notifications  # asked by the step: quiet
+            # a second run ends in the run panel: back in the lesson, the step shows that one (it kept the first)
+            time.sleep(1.1)  # run folders are named to the second
+            newer = create_run(tmp_path / "runs", "capstone", "distai.engine.experiments.capstone",
+                               config={"nproc": 8, "device": "cpu"})
+            newer.status, newer.duration_s = "ok", 20.0
+            newer.save()
+            newer.events_dir.mkdir(exist_ok=True)
+            (newer.events_dir / "rank0.jsonl").write_text(
+                "".join(json.dumps(dict(e, t=e.get("t") or 1.0)) + "\n" for e in _recorded("capstone.5d")),
+                encoding="utf-8")
+            screen._run_panel_opened = True
+            screen.on_screen_resume()
+            await pilot.pause()
+            assert v.run.layout is not None and v.run.layout.cp == 2 and v.view == "run"
 
     asyncio.run(main())
 

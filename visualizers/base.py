@@ -243,6 +243,19 @@ class LessonVisualizer(Widget):
     def feed_event(self, event: dict) -> None:
         """One event from a live or replayed run of the lesson's experiment (optional)."""
 
+    def shows_run(self, step_key: str) -> bool:
+        """Whether the step draws the learner's run (``show = "run"`` or ``"chart"``, ``source = "run"``):
+        the lesson screen then replays the latest one into it, as the step asks and after a run ends."""
+        view = self.step_view(step_key)
+        return view.get("show") in ("run", "chart") or view.get("source") == "run"
+
+    def ask_for_the_latest_run(self) -> None:
+        """Once in this widget's life: a step that draws the learner's run asks for the latest (quietly: no run
+        is no news), so that a run without what the step draws is not read again at every visit."""
+        if not getattr(self, "_asked_for_run", False):
+            self._asked_for_run = True
+            self.post_message(self.ReplayRequested(self, quiet=True))
+
 
 def wrap_words(text: str, width: int) -> list[str]:
     """Greedy word wrap for hints and captions (a word longer than ``width`` keeps its own line); a

@@ -154,7 +154,7 @@ class MeshVisualizer(PlaybackVisualizer):
         if view == "run" and self.run.shape is None:
             view = "step"
             self.set_shape(LESSON_RUN)  # the mesh the step's command runs
-            self.post_message(self.ReplayRequested(self, quiet=True))  # the latest run, if there is one
+            self.ask_for_the_latest_run()  # the latest run, if there is one
         self.view, self.frame = view, 0
         if view == "groups":
             self.set_shape(LESSON_RUN)  # the text's rank 5 is the lesson run's

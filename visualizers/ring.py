@@ -162,10 +162,10 @@ class RingVisualizer(PlaybackVisualizer):
         caption = step_key if has("ring", f"captions.{step_key}") else None
         view = self.step_view(step_key)
         self.state = self.figures.show_step(self.state, view, caption)
-        if (view.get("show") == "chart" or view.get("source") == "run") and not self.run.sweep and not self.run.calls:
+        if self.shows_run(step_key) and not self.run.sweep and not self.run.calls:
             # the step draws the learner's run: the latest one, if there is one (the tutor reads it; the chart
             # said "no sweep yet … press o" with runs saved)
-            self.post_message(self.ReplayRequested(self, quiet=True))
+            self.ask_for_the_latest_run()
 
     def feed_event(self, event: dict) -> None:
         """Fold the event into the run (``lessons/lesson1/ring_run.py``); a new run's first traced

@@ -228,9 +228,10 @@ class LessonScreen(CommonActions, Screen):
         except Exception as exc:  # noqa: BLE001 - a broken run folder must not take the lesson down
             self.notify(translated("tutor", "replay_failed", self.lang, error=str(exc)), severity="error")
             return
+        if getattr(message, "quiet", False):  # asked by a step or after a run, not by the learner: no toast
+            return
         if record is None:
-            if not getattr(message, "quiet", False):
-                self.notify(translated("tutor", "replay_none", self.lang, lesson=self.lesson.id), severity="warning")
+            self.notify(translated("tutor", "replay_none", self.lang, lesson=self.lesson.id), severity="warning")
         else:
             self.notify(translated("tutor", "replay_loaded", self.lang, run=record.id, status=record.effective_status),
                         timeout=4)
@@ -320,9 +321,11 @@ class LessonScreen(CommonActions, Screen):
         self._run_panel_opened = True
 
     def on_screen_resume(self) -> None:
+        """Back from the run panel: a step that draws the learner's run shows the one that just ended."""
         if getattr(self, "_run_panel_opened", False) and self.visualizer is not None:
             self._run_panel_opened = False
-            self.visualizer.show_step(self.lesson.steps[self.index].key)
+            if self.visualizer.shows_run(self.lesson.steps[self.index].key):
+                self.visualizer.post_message(self.visualizer.ReplayRequested(self.visualizer, quiet=True))
 
     async def on_key(self, event) -> None:
         """A key nothing else took goes to the visualizer: its controls work without focusing it."""
