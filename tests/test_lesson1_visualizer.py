@@ -471,7 +471,9 @@ async def test_the_comparisons_column_names_wrap_in_a_narrow_spanish_pane():
     async with mounted(R.RingVisualizer, language="es", size=(44, 40)) as (pilot, vis):
         text = "\n".join(screen_text(vis))
         assert "enlace más cargado (un sentido) · pasos ·" in text and "tiempo α-β" in text
-    assert R._fit_at("a · b · c", " · ", 5) == ["a · b ·", "c"] and R._fit_at("a · b", " · ", 80) == ["a · b"]
+    assert R._fit_at("a · b · c", " · ", 7) == ["a · b ·", "c"] and R._fit_at("a · b", " · ", 80) == ["a · b"]
+    for width in range(12, 60):  # the mark a continued line ends in counts too
+        assert all(len(line) <= width for line in R._fit_at("enlace más cargado · pasos · tiempo α-β", " · ", width))
 
 
 def test_the_busbw_step_loads_the_latest_run_and_is_quiet_without_one(tmp_path, monkeypatch):

@@ -342,9 +342,8 @@ class MeshVisualizer(PlaybackVisualizer):
             return [Text(tr["waiting"], style="italic")]
         out: list[Text] = []
         if run.latest_complete_step() is None:
-            lay = run.layout
-            shape = f"({lay.pp}, {lay.dp}, {lay.cp}, {lay.tp})" + (f" · ep {lay.ep}" if lay.ep > 1 else "") \
-                if lay is not None else str(run.shape)
+            lay = run.layout or Layout(*run.shape)  # a shape alone: (pp, dp, tp), cp 1
+            shape = f"({lay.pp}, {lay.dp}, {lay.cp}, {lay.tp})" + (f" · ep {lay.ep}" if lay.ep > 1 else "")
             out.append(Text(tr["waiting_step"].format(shape=shape), style="italic"))
         ok = tr["yes"] if run.coords_match_formulas() else tr["no"]
         out.append(Text(tr["coords"].format(ok=ok)))

@@ -606,14 +606,17 @@ VISUALIZER = RingVisualizer
 
 
 def _fit_at(text: str, separator: str, width: int) -> list[str]:
-    """``text`` in lines of at most ``width``, broken only at ``separator`` (kept at a line's end): the
+    """``text`` in lines of at most ``width`` (a part longer than that alone on its line), broken only at
+    ``separator`` (kept at a line's end): the
     comparison's column names, which Spanish makes wider than a narrow pane (they were dropped whole)."""
     parts = text.split(separator)
     lines = [parts[0]]
-    for part in parts[1:]:
-        if len(lines[-1]) + len(separator) + len(part) <= width:
+    mark = separator.rstrip()
+    for k, part in enumerate(parts[1:], start=1):
+        room = width - (len(mark) if k < len(parts) - 1 else 0)  # a line that continues ends in the mark
+        if len(lines[-1]) + len(separator) + len(part) <= room:
             lines[-1] += separator + part
         else:
-            lines[-1] += separator.rstrip()
+            lines[-1] += mark
             lines.append(part)
     return lines
