@@ -96,7 +96,10 @@ def _join_or_raise_stuck(context: Any, out_dir: str, grace_s: float) -> None:
     while not context.join(timeout=1):
         if first_exit is None and any(not p.is_alive() for p in context.processes):
             first_exit = time.monotonic()
-        if first_exit is not None and time.monotonic() - first_exit > grace_s:
+        failed = _failed_rank(context, out_dir)
+        if failed is not None or (first_exit is not None and time.monotonic() - first_exit > grace_s):
+            # a rank that failed leaves its peers waiting for it (a collective, a rendezvous): they are stuck
+            # now, and its traceback says why (CI waited 120 s on a peer stuck in init_process_group)
             stuck = [rank for rank, p in enumerate(context.processes) if p.is_alive()]
             for rank in stuck:
                 os.kill(context.processes[rank].pid, signal.SIGUSR1)
@@ -105,4 +108,21 @@ def _join_or_raise_stuck(context: Any, out_dir: str, grace_s: float) -> None:
                 context.processes[rank].kill()
             stacks = "\n".join(f"rank {rank}:\n{(Path(out_dir) / f'{rank}.stack').read_text()}"
                                 for rank in stuck)
+            if failed is not None:
+                rank, why = failed
+                raise RuntimeError(f"rank {rank} failed:\n{why}\nrank(s) {stuck}, waiting for it, were at:\n{stacks}")
             raise RuntimeError(f"rank(s) {stuck} still running {grace_s:.0f} s after a peer exited:\n{stacks}")
+
+
+def _failed_rank(context: Any, out_dir: str) -> tuple[int, str] | None:
+    """(rank, traceback) of a rank that has exited with its failure written (:func:`_worker`), else None."""
+    for rank, p in enumerate(context.processes):
+        path = Path(out_dir) / f"{rank}.pkl"
+        if not p.is_alive() and path.exists():
+            try:
+                status, value = pickle.loads(path.read_bytes())
+            except (OSError, EOFError, pickle.UnpicklingError):
+                continue  # being written
+            if status != "ok":
+                return rank, value
+    return None

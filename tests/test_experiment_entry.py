@@ -35,6 +35,7 @@ def _entry_checks(rank: int, world_size: int, events_root: str) -> dict:
     import contextlib
     import io
     import os
+    from datetime import timedelta
     from pathlib import Path
 
     import torch.distributed as dist
@@ -49,7 +50,8 @@ def _entry_checks(rank: int, world_size: int, events_root: str) -> dict:
         folder = Path(events_root) / name
         if not dist.is_initialized():  # the previous run shut the group down: join a fresh one
             store = dist.FileStore(str(Path(events_root) / f"{name}.store"), world_size)
-            dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
+            dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+                                    timeout=timedelta(seconds=60))  # a peer that failed to join: not 30 minutes
         os.environ["DISTAI_EVENTS_DIR"] = str(folder)
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
