@@ -476,6 +476,15 @@ def test_capstone_summary_in_spanish():
     assert "  tiempo por paso: mediana 50,0 ms, media 61,2 ms (la comprobada)" in summary_text(measured, accounts, "es")
     assert "  step time (median): 50.0 ms; with experts it is not predicted" in summary_text(
         dict(measured, config=five), accounts, "en")
+    # the table's header sits over its rows' columns in both languages (Spanish ran "fórmula bytes" together),
+    # the moe row is said, and no line passes 71 columns
+    for lang in ("en", "es"):
+        lines = [x for line in summary_text(dict(measured, config=five), accounts, lang) for x in line.split("\n")]
+        head = next(i for i, line in enumerate(lines) if "/" in line and "KiB" not in line)
+        slashes = lambda line: [i for i, c in enumerate(line) if c == "/"]  # noqa: E731
+        assert slashes(lines[head]) == slashes(lines[head + 1]), lines[head:head + 2]
+        assert lines[head].rstrip().endswith("ok") and lines[-1].lstrip().startswith("(moe:")
+        assert max(map(len, lines)) <= 71, [x for x in lines if len(x) > 71]
 
 
 def test_lesson4_summary_in_spanish():

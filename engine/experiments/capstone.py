@@ -80,8 +80,11 @@ def summary_text(result: dict, accounts: list[dict], lang: str | None = None) ->
     ms = format_fixed(result["step_time_s"] * 1e3, 1, lang)
     step = say("step_moe", ms=ms) if moe else say("step_median", ms=ms) if mean is None else \
         say("step", ms=ms, mean=format_fixed(mean * 1e3, 1, lang))
+    # two header lines over the rows' own columns: what is counted, then measured/formula under each
     out += [step, "", say("comm"),
-            say("columns")]
+            f"  {'':>5}  {'':>5}  {say('calls'):^17}      {say('bytes'):^21}".rstrip(),
+            f"  {say('stage'):>5}  {say('group'):>5}  {say('measured'):>8}/{say('formula'):<8}      "
+            f"{say('measured'):>10}/{say('formula'):<10}   {say('ok')}"]
     seen = set()
     for a in accounts:
         key = a["pp"]
@@ -94,6 +97,8 @@ def summary_text(result: dict, accounts: list[dict], lang: str | None = None) ->
                        f"{b(got['bytes']):>10}/{b(want['bytes']):<10}   {say('yes' if a['match'][dim] else 'no')}")
     out.append(say("same_per_ep" if moe else "same_per_stage",
                    verdict=say("all_match" if all(all(a["match"].values()) for a in accounts) else "mismatch")))
+    if moe:
+        out.append(say("moe_row"))
     return out
 
 
