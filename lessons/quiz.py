@@ -426,7 +426,7 @@ _FORMATS: dict[str, Callable[[Any, str], str]] = {
 
 @dataclass(frozen=True)
 class _Shown:
-    """A field already formatted with the others of its template (``sum-bytes``)."""
+    """A field already formatted with the others of its template (``sum-bytes``, ``sum-time``)."""
     text: str
 
 
@@ -435,7 +435,8 @@ class _Formatter(string.Formatter):
     ``{x:count}``, ``{x:pct}``, ``{x:int}`` (thousands separators), ``{x:num}``/``{x:numN}`` (3 or N
     significant digits, decimal comma in Spanish), ``{x:term}`` (x's name in the lesson's ``[terms.LANG]``
     table), ``{n:one|other}`` (the first word when n is 1), ``{x:sum-bytes}`` (every such field of a
-    template in one unit and precision: the terms of a sum and its total, which then add up); any other spec is Python's. A bare ``{x}`` shows an
+    template in one unit and precision: the terms of a sum and its total, which then add up; ``{x:sum-time}``
+    the same for durations); any other spec is Python's. A bare ``{x}`` shows an
     int as is and a float with 3 significant digits."""
 
     def __init__(self, lang: str, terms: Mapping[str, str] | None = None):
@@ -445,9 +446,10 @@ class _Formatter(string.Formatter):
         self.together: dict[str, str] = {}
 
     def vformat(self, format_string, args, kwargs):
-        names = [name for _, name, spec, _ in self.parse(format_string) if spec == "sum-bytes" and name]
-        shown = units.format_bytes_together([kwargs[name] for name in names], lang=self.lang)
-        self.together = dict(zip(names, shown))
+        self.together = {}
+        for spec, together in (("sum-bytes", units.format_bytes_together), ("sum-time", units.format_time_together)):
+            names = [name for _, name, field_spec, _ in self.parse(format_string) if field_spec == spec and name]
+            self.together.update(zip(names, together([kwargs[name] for name in names], lang=self.lang)))
         return super().vformat(format_string, args, kwargs)
 
     def get_value(self, key, args, kwargs):

@@ -354,6 +354,16 @@ def test_an_explained_sum_adds_up_as_shown():
             assert abs(sum(terms) - total) <= 0.5 * len(terms) * 10 ** -decimals * unit, (seed, lang, text)
             sums += 1
     assert sums == 2 * len(SEEDS)
+    # lesson 1's ring time: "40 µs + 10.2 ms = 10.3 ms" (the terms shown add up to 10.24)
+    for seed in SEEDS:
+        for lang in ("en", "es"):
+            text = quiz.make_question("lesson1", "ring-time", seed, lang).explanation.rstrip(".")
+            *_, latency, total = text.split(" = ")
+            terms = [units.parse_time(t, lang) for t in latency.split(" + ")]
+            shown = latency.split(" + ") + [total]
+            decimals = max(len(t.split()[0].replace(",", ".").partition(".")[2]) for t in shown)
+            unit = units.parse_time("1 " + total.split()[-1], lang)
+            assert abs(sum(terms) - units.parse_time(total, lang)) <= 0.5 * 2 * 10 ** -decimals * unit, (seed, lang, text)
 
 
 def test_capstone_mesh_groups_are_the_brute_force_over_the_quiz_meshes():
