@@ -226,14 +226,14 @@ def parse_bandwidth(text, lang: str = "en") -> float:
     if u == "":
         return _finite(value, text)
     # B or byte(s): bytes; b or bit(s): bits; per second as /s, /S, ps or /sec ("Gbit/s", "GB/S")
-    m = re.fullmatch(r"([kKmMgGtTpP]?i?)(bits?|bytes?|[bB])((?i:/s|ps|/sec))?", u)
+    m = re.fullmatch(r"([kKmMgGtTpP]?i?)([bB]its?|[bB]ytes?|[bB])((?i:/s|ps|/sec))?", u)
     if not m:
         raise UnitError.keyed("bandwidth_unit", unit=repr(unit), text=repr(text))
     prefix, b = m.group(1), m.group(2)
     if not m.group(3):
         raise UnitError.keyed("per_second", text=repr(text))
     factor = BYTE_UNITS[(prefix + "b").lower()] if prefix else 1
-    if b in ("b", "bit", "bits"):
+    if b == "b" or b.lower().startswith("bit"):
         factor /= 8  # bits
     return _finite(value * factor, text)
 

@@ -436,6 +436,7 @@ def test_answers_written_as_a_learner_writes_them_are_read():
     assert ok(b, "750 megabytes") and ok(b, "0.75 GB") and not ok(b, "750 kilobytes")
     bw = quiz.numeric("lesson1", "x", "en", "p", "e", 76.8e9, "bandwidth", unit="GB/s")
     assert ok(bw, "614.4 Gbit/s") and ok(bw, "76.8 GB/S") and ok(bw, "614.4 Gbps") and not ok(bw, "76.8 Gb/s")
+    assert ok(bw, "76.8 GBytes/s") and ok(bw, "614.4 GBits/s") and not ok(bw, "76.8 GBits/s")
     steps = quiz.numeric("lesson1", "x", "en", "A ring on 8 GPUs: how many message steps does it take?", "e", 20,
                          "count")
     assert ok(steps, "20 message steps") and ok(steps, "20 steps") and not quiz.check_answer(steps, "20 furlongs").correct
