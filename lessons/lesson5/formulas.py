@@ -190,7 +190,8 @@ def peak_inflight_microbatches(p: int, m: int, schedule: str, v: int = 1, rank: 
     - gpipe: m (all forwards run before any backward; GPipe Sec. 2.3);
     - 1f1b: min(p − rank, m);
     - interleaved: min((v−1)·k + 2(p−1) + 1, v·m)/v, = p + (p−1)/v when p divides m — slightly more than
-      1F1B (Narayanan et al. 2021 Sec. 2.2.2 notes the extra memory).
+      1F1B (Korthikanti et al. 2022, Sec. 4.2.3: the first stage of the interleaved schedule holds
+      p·(1 + (p−1)/(p·v)) microbatches' activations).
     """
     schedule = check_schedule(schedule, p, m, v)
     return min(warmup_forwards(schedule, p, m, rank, v) + 1, v * m) / v
