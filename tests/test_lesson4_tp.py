@@ -1,7 +1,7 @@
 """Lesson 4: the from-scratch tensor-parallel Transformer equals the dense one (and DTensor's).
 
 One gloo group per world size T ∈ {1, 2, 4} runs every check (``check_all``); the tests assert
-on its results. float64 throughout the equivalence checks, so 1e-5 is a loose bound.
+on its results. float64 throughout the equivalence checks: 1e-10, which a bug of float32's size (1e-6) fails.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from distai.engine.testing import run_in_group
 
 pytestmark = pytest.mark.timed  # its checks time the run: README's command runs these alone, last
 
-TOL = 1e-5
+TOL = 1e-10  # float64: the runs measure 1e-16 to 1e-14
 SIZES = dict(hidden=32, heads=4, vocab=64, layers=2, seq=8, dropout=0.1)
 BATCH = 2
 
@@ -118,6 +118,8 @@ def test_block_output_and_grads_equal_dense_and_dtensor(results, sp):
         assert d[key] < TOL, (key, d[key])
     if T > 1:  # both really communicated
         assert sum(d["dtensor_comm"].values()) > 0 and sum(d["ours_comm"].values()) > 0
+    if T > 1 and not sp:  # attention.md: DTensor all-reduces 4 times in the backward where f/g do 2 (6 vs our 4)
+        assert d["dtensor_comm"] == {"all_reduce": 6} and d["ours_comm"] == {"all_reduce": 4}, d
 
 
 @pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp+sp"])

@@ -92,6 +92,10 @@ REGATHER_SUFFIX = ".regather"
 DEVICE = torch.device("cpu")  # main() sets the run's device (cuda:N under NCCL)
 
 
+#: the float64 runs' equality with the dense block and DTensor (they measure 1e-16 to 1e-14): a bug of
+#: float32's size (1e-6) fails it, where 1e-5 let it pass
+FLOAT64_EQUAL = 1e-10
+
 def grad_diffs(dense: torch.nn.Module, model: torch.nn.Module, rank: int, size: int,
                cfg: GPTConfig | None = None) -> dict[str, float]:
     """|dense gradient cut like this rank's shard − this rank's gradient|, max per parameter
@@ -425,7 +429,7 @@ def verdict(summary: dict, cfg: GPTConfig, modes: list[str], lang: str | None = 
     ok = lambda b: "✓" if b else "✗"  # noqa: E731
     out = [say("verdict", T=T, seconds=format_fixed(summary["seconds"], 1, lang))]
     out.append(say("verdict_dense", modes=sep.join(
-        say("verdict_dense_mode", mode=m, diff=e(rows[m]["max_grad_diff"]), ok=ok(rows[m]["max_grad_diff"] < 1e-5))
+        say("verdict_dense_mode", mode=m, diff=e(rows[m]["max_grad_diff"]), ok=ok(rows[m]["max_grad_diff"] < FLOAT64_EQUAL))
         for m in modes)))
     out.append(say("verdict_comm", modes=sep.join(
         say("verdict_comm_mode", mode=m, size=b(rows[m]["comm_layer0"]["fwd"]["wire_bytes"]), ok=ok(rows[m]["comm_match"]))
@@ -444,7 +448,7 @@ def verdict(summary: dict, cfg: GPTConfig, modes: list[str], lang: str | None = 
         extra.append(say("verdict_sp_bug", diff=e(rows["tp+sp"]["sp_grads_unsynced_diff"])))
     if summary.get("dtensor"):
         worst = max(max(d["out_ours_vs_dtensor"], d["grad_ours_vs_dtensor"]) for d in summary["dtensor"].values())
-        extra.append(f"= DTensor {format_number(worst, 1, lang)} {ok(worst < 1e-5)}")
+        extra.append(f"= DTensor {format_number(worst, 1, lang)} {ok(worst < FLOAT64_EQUAL)}")
     if extra:
         out.append("  " + "; ".join(extra))
     return out
