@@ -190,7 +190,8 @@ class DDPTrainer(Trainer):
         if self.autocast:
             # the ZeRO paper's mixed-precision DDP reduces 16-bit gradients (2Ψ elements of 2 bytes); autocast
             # leaves them fp32, which sent twice the bytes the lesson compares ZeRO with
-            self.ddp.register_comm_hook(group, bf16_allreduce_hook)
+            ddp: Any = self.ddp  # torch's DistributedDataParallel (apply_dp's type is nn.Module)
+            ddp.register_comm_hook(group, bf16_allreduce_hook)
 
     def step(self, batch):
         return self._optimizer_step(self.ddp, batch, self.autocast, set_to_none=False)  # grads are bucket views
