@@ -116,6 +116,7 @@ def checks(rank, world_size, full):
     if full:  # on 2 ranks only, to keep the module short
         # DDP's defaults (25 MiB, first bucket 1 MiB) on a model of ~1.5 MiB of gradients
         res["default"] = _compare_with_ddp(rank, None, 128, steps=2, train_steps=1)
+        res["ddp_layout_default"] = _ddp_layout(None, 128)  # DDP's own [1 MiB, 25 MiB] after its rebuild
         res["timelines"] = _timelines(64)
     # the average: every rank's gradient of a known function
     m = BucketedDataParallel(torch.nn.Linear(3, 1, bias=False), bucket_cap_mb=1)
@@ -212,7 +213,8 @@ def test_buckets_follow_ddp_rules(group):
     assert names[-1] == "embed.weight"  # tied: complete once the input embedding's share arrives
     if "default" not in r:
         return
-    # defaults: a first bucket closed once it reaches 1 MiB, then the rest (< 25 MiB) in one
+    # defaults: a first bucket closed once it reaches 1 MiB, then the rest (< 25 MiB) in one, as DDP's own
+    assert r["default"]["bucket_names"] == r["ddp_layout_default"]
     sizes = r["default"]["bucket_bytes"]
     assert len(sizes) == 2 and 2 ** 20 <= sizes[0] < 2 ** 20 + 300_000
     assert sum(sizes) == _config(128).num_params() * 4
