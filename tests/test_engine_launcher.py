@@ -133,7 +133,12 @@ def test_run_processes_finds_only_this_runs_processes():
     mine = subprocess.Popen(["sleep", "30"], env=env, start_new_session=True)
     theirs = subprocess.Popen(["sleep", "30"], env=other, start_new_session=True)
     try:
-        assert L.run_processes("test-run-xyz") == [mine.pid]
+        # until the child has exec'd, /proc/<pid>/environ is the parent's (a fresh-clone CI once read it then)
+        deadline, found = time.monotonic() + 10, []
+        while time.monotonic() < deadline and found != [mine.pid]:
+            found = L.run_processes("test-run-xyz")
+            time.sleep(0.02)
+        assert found == [mine.pid]
     finally:
         for p in (mine, theirs):
             p.kill()
