@@ -73,6 +73,11 @@ class EventSink:
             self._fd = None
 
 
+def is_number(x: object) -> bool:
+    """A JSON number as Python reads it: an int or a float, not a bool (``True`` is an int to Python)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 def read_events(path: str | os.PathLike) -> Iterator[dict]:
     """Every complete event in one rank's file: a torn last line, a line that is not UTF-8 JSON, and JSON
     that is not an object (``5``, ``null``: a file damaged by hand or by the disk), or whose time is not a
@@ -86,6 +91,5 @@ def read_events(path: str | os.PathLike) -> Iterator[dict]:
             except ValueError:  # JSONDecodeError, UnicodeDecodeError
                 continue
             t = event.get("t") if isinstance(event, dict) else None
-            if isinstance(event, dict) and (t is None or isinstance(t, (int, float)) and not isinstance(t, bool)
-                                            and math.isfinite(t)):  # json reads NaN and Infinity too
+            if isinstance(event, dict) and (t is None or is_number(t) and math.isfinite(t)):  # json reads NaN too
                 yield event  # every reader orders events by a time that is a number

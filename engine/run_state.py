@@ -12,6 +12,7 @@ from typing import Any
 
 from ..lessons.events import CHECK, ERROR, LOG, OUTPUT, PHASE, PROGRESS, RUN_END, RUN_START, STEP, SUMMARY
 from ..lessons.lesson1.events import FIT, RING_CHECK, RING_STEP, SWEEP
+from .events import is_number
 from .profiling import is_profiler_trace_line
 
 
@@ -126,7 +127,7 @@ class RunState:
             self.done, self.total = int(e.get("done", 0)), int(e.get("total", 0))
         elif kind == STEP.name:
             step, of, loss = e.get("step"), e.get("of"), e.get("loss")
-            if not _is_int(step) or not (of is None or _is_int(of)) or not (loss is None or _is_number(loss)):
+            if not _is_int(step) or not (of is None or _is_int(of)) or not (loss is None or is_number(loss)):
                 return  # a damaged step ("step": "x"), not drawn rather than breaking the view that draws it
             if loss is not None:
                 self._add_loss(e)
@@ -160,11 +161,7 @@ class RunState:
 
 
 def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+    return is_number(x) and isinstance(x, int)
 
 
 def feed_readable(fold: Any, event: dict[str, Any]) -> bool:

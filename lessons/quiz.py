@@ -255,7 +255,7 @@ def _foreign_unit(text: str, lang: str) -> str:
 
 # "57x" or "57 ×" for a ratio; "62 steps" or "62 pasos" for a count: the number, once the word is no unit
 _RATIO_SIGN = re.compile(r"^(.+?)\s*(?:[x×]|times|veces)$", re.IGNORECASE)
-_TRAILING_NOUN = re.compile(r"^(.+?)\s+([^\W\d_]{3,})\.?$")
+_NOUN = re.compile(r"[^\W\d_]{3,}")  # a word of three letters or more
 
 
 def _is_unit(word: str) -> bool:
@@ -287,7 +287,7 @@ def _without_noun(text: str, q: Question) -> str:
         word = words[kept - 1].rstrip(".")
         if word.lower() in _JOINING_WORDS and kept < len(words):
             kept -= 1
-        elif _TRAILING_NOUN.match("0 " + word) and not _is_unit(word) and _names_what_is_asked(word, asked):
+        elif _NOUN.fullmatch(word) and not _is_unit(word) and _names_what_is_asked(word, asked):
             kept -= 1
         else:
             break

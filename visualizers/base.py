@@ -144,6 +144,7 @@ class LessonVisualizer(Widget):
     def __init__(self, language: str = "en", **kwargs):
         super().__init__(**kwargs)
         self.language = language
+        self._asked_for_run = False  # ask_for_the_latest_run's once
 
     def key_help(self) -> list[tuple[str, str]]:
         """``(keys, what they do)`` in ``self.language`` for the help overlay."""
@@ -252,7 +253,7 @@ class LessonVisualizer(Widget):
     def ask_for_the_latest_run(self) -> None:
         """Once in this widget's life: a step that draws the learner's run asks for the latest (quietly: no run
         is no news), so that a run without what the step draws is not read again at every visit."""
-        if not getattr(self, "_asked_for_run", False):
+        if not self._asked_for_run:
             self._asked_for_run = True
             self.post_message(self.ReplayRequested(self, quiet=True))
 

@@ -607,8 +607,8 @@ VISUALIZER = RingVisualizer
 
 def _fit_at(text: str, separator: str, width: int) -> list[str]:
     """``text`` in lines of at most ``width`` (a part longer than that alone on its line), broken only at
-    ``separator`` (kept at a line's end): the
-    comparison's column names, which Spanish makes wider than a narrow pane (they were dropped whole)."""
+    ``separator`` (kept at a line's end): the comparison's column names, which Spanish makes wider than a
+    narrow pane (they were dropped whole)."""
     parts = text.split(separator)
     lines = [parts[0]]
     mark = separator.rstrip()

@@ -96,6 +96,7 @@ DEVICE = torch.device("cpu")  # main() sets the run's device (cuda:N under NCCL)
 #: float32's size (1e-6) fails it, where 1e-5 let it pass
 FLOAT64_EQUAL = 1e-10
 
+
 def grad_diffs(dense: torch.nn.Module, model: torch.nn.Module, rank: int, size: int,
                cfg: GPTConfig | None = None) -> dict[str, float]:
     """|dense gradient cut like this rank's shard − this rank's gradient|, max per parameter

@@ -86,6 +86,7 @@ class LessonScreen(CommonActions, Screen):
         self._visualizer_name: str | None = None
         self._visualizer_lang: str | None = None
         self._done_timer: Timer | None = None
+        self._run_panel_opened = False  # back from it, a step that draws the run replays it
 
     # -- layout ----------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -228,7 +229,7 @@ class LessonScreen(CommonActions, Screen):
         except Exception as exc:  # noqa: BLE001 - a broken run folder must not take the lesson down
             self.notify(translated("tutor", "replay_failed", self.lang, error=str(exc)), severity="error")
             return
-        if getattr(message, "quiet", False):  # asked by a step or after a run, not by the learner: no toast
+        if message.quiet:  # asked by a step or after a run, not by the learner: no toast
             return
         if record is None:
             self.notify(translated("tutor", "replay_none", self.lang, lesson=self.lesson.id), severity="warning")
@@ -322,7 +323,7 @@ class LessonScreen(CommonActions, Screen):
 
     def on_screen_resume(self) -> None:
         """Back from the run panel: a step that draws the learner's run shows the one that just ended."""
-        if getattr(self, "_run_panel_opened", False) and self.visualizer is not None:
+        if self._run_panel_opened and self.visualizer is not None:
             self._run_panel_opened = False
             if self.visualizer.shows_run(self.lesson.steps[self.index].key):
                 self.visualizer.post_message(self.visualizer.ReplayRequested(self.visualizer, quiet=True))
