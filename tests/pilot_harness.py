@@ -44,6 +44,34 @@ async def mounted(visualizer_class: type[Widget], language: str = "en",
         yield pilot, vis
 
 
+async def lesson_step(app, pilot: Pilot, lesson_id: str, step_key: str):
+    """The tutor's lesson screen for ``lesson_id`` at its step ``step_key``, settled (``app``: a DistaiApp
+    running under ``pilot``)."""
+    app.open_lesson(lesson_id)
+    await pilot.pause()
+    screen = app.screen
+    await screen.show_step(screen.lesson.step_index(step_key))
+    await pilot.pause()
+    return screen
+
+
+def saved_run(runs_dir, lesson_id: str, events: list[dict], **fields):
+    """A finished run of ``lesson_id`` saved under ``runs_dir`` (``fields`` set on its record, status ok by
+    default) whose rank 0 recorded ``events``, as the tutor and ``distai runs`` find it."""
+    import json
+
+    from distai.engine.runs import create_run
+
+    record = create_run(runs_dir, lesson_id, f"distai.engine.experiments.{lesson_id}",
+                        config=fields.pop("config", {}))
+    for name, value in {"status": "ok", **fields}.items():
+        setattr(record, name, value)
+    record.save()
+    record.events_dir.mkdir(exist_ok=True)
+    (record.events_dir / "rank0.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events), encoding="utf-8")
+    return record
+
+
 def drawn_text(vis, width: int, height: int | None = None) -> str:
     """What ``vis.build_lines`` draws in ``width`` columns (and ``height`` rows), as plain text."""
     return "\n".join(line.plain for line in vis.build_lines(width, height))

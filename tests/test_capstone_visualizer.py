@@ -100,15 +100,12 @@ def test_terminal_view_draws_the_run():
 
 def test_widget_mounts_in_the_capstone_lesson():
     from distai.tutor.app import DistaiApp
+    from pilot_harness import lesson_step
 
     async def main():
         app = DistaiApp("es")
         async with app.run_test(size=(80, 24)) as pilot:
-            app.open_lesson("capstone")
-            await pilot.pause()
-            screen = app.screen
-            await screen.show_step(screen.lesson.step_index("groups"))
-            await pilot.pause()
+            screen = await lesson_step(app, pilot, "capstone", "groups")
             assert isinstance(screen.visualizer, MeshVisualizer) and screen.visualizer.view == "groups"
 
     asyncio.run(main())
@@ -310,42 +307,28 @@ def test_the_run_it_step_replays_the_latest_run(tmp_path, monkeypatch):
     run panel's events, so the step drew the planned mesh and `g` never reached the run view. The step now
     asks for the latest capstone run (the lesson screen replays it from its folder), on entering the step
     and on coming back from the run panel."""
-    import json
     import time
 
-    from distai.engine.runs import create_run
     from distai.tutor.app import DistaiApp
+    from pilot_harness import lesson_step, saved_run
+
+    def timed(events):  # the recordings' trimmed outputs carry no time; a run's files always do
+        return [dict(e, t=e.get("t") or 1.0) for e in events]
 
     monkeypatch.setenv("DISTAI_HOME", str(tmp_path))
-    rec = create_run(tmp_path / "runs", "capstone", "distai.engine.experiments.capstone",
-                     config={"nproc": 8, "device": "cpu"})
-    rec.status, rec.duration_s = "ok", 12.0
-    rec.save()
-    rec.events_dir.mkdir(exist_ok=True)
-    (rec.events_dir / "rank0.jsonl").write_text(
-        "".join(json.dumps(dict(e, t=e.get("t") or 1.0)) + "\n" for e in _recorded()), encoding="utf-8")
+    saved_run(tmp_path / "runs", "capstone", timed(_recorded()), config={"nproc": 8, "device": "cpu"}, duration_s=12.0)
 
     async def main():
         app = DistaiApp("en")
         async with app.run_test(size=(120, 40)) as pilot:
-            app.open_lesson("capstone")
-            await pilot.pause()
-            screen = app.screen
-            await screen.show_step(screen.lesson.step_index("run-it"))
-            await pilot.pause()
+            screen = await lesson_step(app, pilot, "capstone", "run-it")
             v = screen.visualizer
             assert isinstance(v, MeshVisualizer) and v.view == "run" and v.run.shape == (2, 2, 2)
             assert not app._notifications  # asked by the step: quiet
             # a second run ends in the run panel: back in the lesson, the step shows that one (it kept the first)
             time.sleep(1.1)  # run folders are named to the second
-            newer = create_run(tmp_path / "runs", "capstone", "distai.engine.experiments.capstone",
-                               config={"nproc": 8, "device": "cpu"})
-            newer.status, newer.duration_s = "ok", 20.0
-            newer.save()
-            newer.events_dir.mkdir(exist_ok=True)
-            (newer.events_dir / "rank0.jsonl").write_text(
-                "".join(json.dumps(dict(e, t=e.get("t") or 1.0)) + "\n" for e in _recorded("capstone.5d")),
-                encoding="utf-8")
+            saved_run(tmp_path / "runs", "capstone", timed(_recorded("capstone.5d")),
+                      config={"nproc": 8, "device": "cpu"}, duration_s=20.0)
             screen._run_panel_opened = True
             screen.on_screen_resume()
             await pilot.pause()

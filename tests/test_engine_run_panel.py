@@ -282,11 +282,16 @@ class SilentLaunch(FakeLaunch):
                        "failed_rank": None, "tail": [], "duration_s": None, "t": time.time()})
 
 
+def silent_panel(lesson_id: str, lang: str) -> PanelApp:
+    """A run panel for ``lesson_id`` whose launch starts, says nothing, and stops when asked."""
+    lesson = resolve_lesson(lesson_id)
+    return PanelApp(lambda: RunPanelScreen(lesson, lang, launch_factory=SilentLaunch))
+
+
 @run_async
 async def test_the_run_clock_counts_from_the_launch_while_ranks_start():
     """Issue 27.5: the clock read 0.0 s for the ~9 s the ranks took to start."""
-    lesson = resolve_lesson("lesson1")
-    app = PanelApp(lambda: RunPanelScreen(lesson, "en", launch_factory=lambda *a, **k: SilentLaunch(*a, **k)))
+    app = silent_panel("lesson1", "en")
     async with app.run_test(size=(120, 40)) as pilot:
         screen = app.screen
         assert await wait_for(pilot, lambda: screen.state.status == "running", 5)
@@ -380,8 +385,7 @@ async def test_l_in_the_panel_says_the_run_keeps_its_language():
 @run_async
 async def test_the_panels_bar_is_indeterminate_for_a_run_that_reports_only_its_phases():
     """Lesson 7's bar read 0% through its whole run, then 100%."""
-    lesson = resolve_lesson("lesson7")
-    app = PanelApp(lambda: RunPanelScreen(lesson, "es", launch_factory=lambda *a, **k: SilentLaunch(*a, **k)))
+    app = silent_panel("lesson7", "es")
     async with app.run_test(size=(80, 24)) as pilot:
         screen = app.screen
         screen.state.feed({"kind": "run_start", "run_id": "r", "nproc": 2, "device": "cpu", "t": 0.0})

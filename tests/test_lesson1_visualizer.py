@@ -481,34 +481,23 @@ def test_the_busbw_step_loads_the_latest_run_and_is_quiet_without_one(tmp_path, 
     asks for the latest (the lesson screen replays it), and says nothing when there is none."""
     import asyncio
 
-    from distai.engine.runs import create_run
     from distai.lessons.lesson1.events import SWEEP
     from distai.tutor.app import DistaiApp
+    from pilot_harness import lesson_step, saved_run
 
     monkeypatch.setenv("DISTAI_HOME", str(tmp_path))
-
-    async def busbw_step(app, pilot):
-        app.open_lesson("lesson1")
-        await pilot.pause()
-        await app.screen.show_step(app.screen.lesson.step_index("busbw"))
-        await pilot.pause()
-        return app.screen.visualizer
 
     async def main():
         app = DistaiApp("en")
         async with app.run_test(size=(120, 40)) as pilot:
-            v = await busbw_step(app, pilot)
+            v = (await lesson_step(app, pilot, "lesson1", "busbw")).visualizer
             assert not v.run.sweep and not app._notifications  # no run, no toast
-        rec = create_run(tmp_path / "runs", "lesson1", "distai.engine.experiments.lesson1")
-        rec.status = "ok"
-        rec.save()
-        rec.events_dir.mkdir(exist_ok=True)
-        rows = [SWEEP.event({"size": 1024 * 4 ** k, "n": 4, "ring_busbw": 1e6 * (k + 1), "ar_busbw": 1e6,
-                             "t": 1.0 + k, "rank": 0}) for k in range(4)]
-        (rec.events_dir / "rank0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        sweep = [SWEEP.event({"size": 1024 * 4 ** k, "n": 4, "ring_busbw": 1e6 * (k + 1), "ar_busbw": 1e6,
+                              "t": 1.0 + k, "rank": 0}) for k in range(4)]
+        saved_run(tmp_path / "runs", "lesson1", sweep)
         app = DistaiApp("en")
         async with app.run_test(size=(120, 40)) as pilot:
-            v = await busbw_step(app, pilot)
+            v = (await lesson_step(app, pilot, "lesson1", "busbw")).visualizer
             assert len(v.run.sweep) == 4 and v.state.view == "chart"
 
     asyncio.run(main())
