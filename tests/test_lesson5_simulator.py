@@ -338,6 +338,51 @@ def test_the_torch_engine_accepts_exactly_what_torchs_schedules_accept():
     assert _accepts("interleaved", 4, 3, 2, "torch") and not _accepts("1f1b", 4, 3, 1, "torch")
 
 
+class _RecordingStage(_StandInStage):
+    """A stand-in stage on which torch's single-stage schedules run their own step: it records each forward and
+    backward they call, and has no messages to send or receive."""
+
+    def __init__(self, index: int, p: int):
+        super().__init__(index, p, p)
+        self.ran: list[tuple[str, int, int]] = []
+
+    def forward_one_chunk(self, mb, *args, **kwargs):
+        self.ran.append(("F", mb, self.stage_index))
+
+    def backward_one_chunk(self, mb, *args, **kwargs):
+        self.ran.append(("B", mb, self.stage_index))
+
+    def get_fwd_recv_ops(self, mb): return []
+    def get_fwd_send_ops(self, mb): return []
+    def get_bwd_recv_ops(self, mb): return []
+    def get_bwd_send_ops(self, mb): return []
+    def perform_reduce_grad(self, *args): pass
+
+
+def test_gpipe_and_1f1b_run_in_the_order_torch_executes():
+    """The audit: 1F1B's order was never checked against torch's. Each rank runs torch's own
+    ScheduleGPipe / Schedule1F1B step (``_step_microbatches``) on a stage that records what it is asked to
+    compute, and distai's order for that rank is the same forwards and backwards in the same sequence, over
+    p <= 8, m <= 24. (torch's ``pipeline_order`` for Schedule1F1B, a description it does not execute,
+    numbers the last rank's forwards from 1: it is not the reference.)"""
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    compared = 0
+    for p, m in itertools.product(range(1, 9), range(1, 25)):
+        for schedule, cls in (("gpipe", schedules.ScheduleGPipe), ("1f1b", schedules.Schedule1F1B)):
+            if _torch_builds(schedules, schedule, p, m, 1) is None:
+                continue
+            ours = sim.schedule_order(schedule, p, m, engine="torch")
+            for r in range(p):
+                stage = _RecordingStage(r, p)
+                sched = cls(stage, m)
+                for step_part in ("_initialize_stage", "_maybe_compute_loss", "_maybe_get_loss", "_update_losses"):
+                    setattr(sched, step_part, lambda *args, **kwargs: None)  # the loss and the model are not in play
+                sched._step_microbatches(arg_mbs=[()] * m, kwarg_mbs=[{}] * m)
+                assert [(op.kind, op.mb, op.stage) for op in ours[r]] == stage.ran, (schedule, p, m, r)
+                compared += 1
+    assert compared == 2 * sum(p * (25 - p) for p in range(1, 9)) + sum(p * (p - 1) for p in range(1, 9))
+
+
 def test_megatron_accepts_m_a_multiple_of_p_and_distai_every_engines_cases():
     """Megatron-LM (megatron/core/pipeline_parallel/schedules.py, default microbatch group p): the
     interleaved schedule raises unless p divides m, and on p <= 2 (initialize_model_parallel); 1F1B takes
