@@ -164,7 +164,7 @@ def run_torch(ctx, schedule: str, cfg, p: int, m: int, v: int, batches, lr: floa
     meter = SavedActivationMeter(params)
     opt = torch.optim.SGD(params, lr=lr)
     first, last = 0 in chunks, p * v - 1 in chunks
-    out.update({"losses": [], "times": [], "peak_bytes": 0, "grads0": None})
+    out.update({"losses": [], "times": [], "peak_bytes": 0, "kept_bytes": 0, "grads0": None})
     for i, (ids, tg) in enumerate(batches):
         opt.zero_grad(set_to_none=True)
         losses: list = []
@@ -178,6 +178,10 @@ def run_torch(ctx, schedule: str, cfg, p: int, m: int, v: int, batches, lr: floa
             sched.step(*args, **kwargs)
         device_sync(ctx.device)
         t1 = time.time()
+        # Saved activations still alive once every backward has run. torch's first stage keeps the graph
+        # of the real forward PipelineStage runs on its first step to infer shapes (its metadata
+        # inference), never backwarded; it is inside torch's peak from that step on.
+        out["kept_bytes"] = max(out["kept_bytes"], meter.live)
         loss = float(sum(x.detach() for x in losses) / m) if last else None
         if i == 0:
             out["grads0"] = _grads(chunks[s] for s in sorted(chunks))
@@ -250,6 +254,7 @@ def _rank_figures(ours: dict, theirs: dict | None, ref_grads: list, ref_loss: fl
         "times": ours["times"],
         "torch_times": theirs["times"] if theirs else None,
         "torch_peak_bytes": theirs["peak_bytes"] if theirs else None,
+        "torch_kept_bytes": theirs["kept_bytes"] if theirs else None,
         "step_bounds": [(s.t_start, s.t_end) for s in ours["steps"]],
         "blocks": [[(*r.op, r.t0, r.t1, r.c0, r.c1) for r in s.records] for s in ours["steps"]],
         "waits": [[(msg.kind, msg.mb, msg.from_stage, t0, t1) for msg, t0, t1 in s.waits] for s in ours["steps"]],
@@ -284,7 +289,7 @@ def run_schedule(ctx, schedule: str, cfg, p: int, m: int, v: int, args, batches,
     step_bounds = [[g["step_bounds"][i] for g in gathered] for i in range(len(batches))]
     stage = measure(ours, p, m, v, schedule, ctx.rank, step_bounds)
     stage.update({k: mine[k] for k in ("diff_ours_ref", "diff_torch_ref", "diff_ours_torch", "grad_scale",
-                                       "torch_peak_bytes")})
+                                       "torch_peak_bytes", "torch_kept_bytes")})
     stages: list = [None] * p
     dist.all_gather_object(stages, stage)
     if ctx.rank != 0:
@@ -318,13 +323,14 @@ def run_schedule(ctx, schedule: str, cfg, p: int, m: int, v: int, args, batches,
         "t_f_s": t_f, "t_b_s": t_b,
         "stages": [{k: s[k] for k in ("rank", "bubble", "peak_bytes", "bytes_per_microbatch",
                                       "peak_microbatches", "peak_formula", "peak_expected_bytes",
-                                      "torch_peak_bytes")} for s in stages],
+                                      "torch_peak_bytes", "torch_kept_bytes")} for s in stages],
     }
     for s in result["stages"]:
         PP_STAGE.emit(ctx.events, {"schedule": schedule, "rank": s["rank"], "bubble": s["bubble"],
                                    "bubble_formula": f["bubble_fraction"], "peak_bytes": s["peak_bytes"],
                                    "peak_microbatches": s["peak_microbatches"], "peak_formula": s["peak_formula"],
-                                   "torch_peak_bytes": s["torch_peak_bytes"]})
+                                   "torch_peak_bytes": s["torch_peak_bytes"],
+                                   "torch_kept_bytes": s["torch_kept_bytes"]})
     METRIC.emit(ctx.events, {"name": f"{schedule}.bubble_measured", "value": result["bubble_measured"]})
     METRIC.emit(ctx.events, {"name": f"{schedule}.step_time_s", "value": result["step_time_s"]})
     return result
@@ -401,6 +407,11 @@ def summary_text(results: list[dict], cfg, args, p: int, m: int, v: int, device_
                      _mib(st["torch_peak_bytes"], lang))
             out.append("  " + "  ".join(f"{c:>{w}}" for c, w in zip(cells, widths)))
         out += say("peak_legend").splitlines()
+        for st in r["stages"]:
+            kept = st.get("torch_kept_bytes") or 0
+            if kept:  # torch's first stage: its shape inference's graph (run_torch)
+                out += say("torch_kept", rank=st["rank"], kept=_mib(kept, lang),
+                           rest=_mib(st["torch_peak_bytes"] - kept, lang), ours=_mib(st["peak_bytes"], lang)).splitlines()
     if device_type == "cpu" and cores < p:
         out += [""] + say("cpu_note", p=p, cores=cores).splitlines()
     return out

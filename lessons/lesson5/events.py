@@ -49,7 +49,8 @@ class PipelineStep(Envelope):
 
 class PipelineStage(Envelope):
     """Rank 0, per schedule and rank (``rank``): the bubble and the peak of activations held,
-    measured against the formulas (``torch_peak_bytes``: None without the torch run)."""
+    measured against the formulas (``torch_peak_bytes``: None without the torch run; ``torch_kept_bytes``:
+    what torch's stage still holds after a step, inside its peak: its shape inference's graph on the first stage)."""
     schedule: str
     bubble: float
     bubble_formula: float
@@ -57,6 +58,7 @@ class PipelineStage(Envelope):
     peak_microbatches: float
     peak_formula: float
     torch_peak_bytes: int | None
+    torch_kept_bytes: NotRequired[int | None]  # runs before it was recorded lack it
 
 
 PP_CONFIG = EventKind("pp_config", PipelineConfig)
