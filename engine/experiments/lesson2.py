@@ -322,6 +322,46 @@ def predicted_model_state_bytes(num_params: int, world_size: int, strategy: str,
                              calc_precision(precision))
 
 
+#: the memory check's tolerance: the bytes are counted, so only a float's rounding is allowed
+MEMORY_TOLERANCE = 1e-12
+
+#: torch.optim.Adam keeps each parameter's step count as a float32 scalar tensor (not fused/capturable)
+ADAM_STEP_BYTES = 4
+
+
+def layout_terms(strategy: str, trainer: Trainer, world_size: int, rank: int, optimizer: str,
+                 precision: str) -> dict[str, float]:
+    """Bytes this rank's storage holds beyond the calculator's model states, predicted from the
+    trainer's layout (its tensors' shapes and counts, not their bytes): Adam's step counters; our ZeRO's
+    units padded to a multiple of N elements (``distai.engine.zero``); FSDP2's dim-0 shards, ⌈d₀/N⌉ rows
+    each in its padded fp32 storage of parameters and gradients, while the optimizer's states take the
+    rank's own rows (``torch.chunk``'s split: the last ranks get fewer or none)."""
+    from ...lessons.lesson2.formulas import bytes_per_param
+
+    terms: dict[str, float] = {}
+    opt = trainer.engine.optimizer if isinstance(trainer, ZeroTrainer) else trainer.opt
+    if optimizer == "adam":
+        terms["adam_step_counters"] = float(ADAM_STEP_BYTES * sum(len(g["params"]) for g in opt.param_groups))
+    num_params = sum(p.numel() for p in trainer.model.parameters())  # a DTensor's global count
+    formula = predicted_model_state_bytes(num_params, world_size, strategy, optimizer, precision)["total_bytes"]
+    if isinstance(trainer, ZeroTrainer):
+        padded = sum(u["padded"] for u in trainer.engine.layout())
+        if padded != num_params:
+            terms["zero_padding"] = float(predicted_model_state_bytes(padded, world_size, strategy, optimizer,
+                                                                      precision)["total_bytes"] - formula)
+    if isinstance(trainer, FSDP2Trainer):
+        per = bytes_per_param(optimizer, "fp32")  # FSDP2 keeps fp32 shards (mixed precision casts per unit)
+        held = 0
+        for p in trainer.model.parameters():
+            rows, rest = (p.shape[0], math.prod(p.shape[1:])) if p.dim() else (1, 1)
+            chunk = -(-rows // world_size)
+            own = max(0, min(chunk, rows - rank * chunk))
+            held += (per["params"] + per["grads"]) * chunk * rest + per["optimizer"] * own * rest
+        if held != formula:
+            terms["fsdp2_dim0_shards"] = float(held - formula)
+    return terms
+
+
 def predicted_traffic_bytes(num_params: int, world_size: int, strategy: str, precision: str) -> float:
     """The calculator's bytes each rank sends per step: 2Ψ or 3Ψ elements times (N-1)/N."""
     from ...lessons.lesson2.formulas import comm_volume_per_step
@@ -379,6 +419,7 @@ def run_strategy(strategy: str, cfg: GPTConfig, batches, rank: int, world_size: 
         result["peak_gathered_units"] = trainer.engine.peak_gathered_units
         result["trace"] = list(trainer.engine.trace or [])
         result["units"] = len(trainer.engine.layout())
+    result["layout_terms"] = layout_terms(strategy, trainer, world_size, rank, optimizer, precision)
     if tracker is not None:
         snap = tracker.get_tracker_snapshot("current")
         per_device: dict = next(iter(snap.values()), {})
@@ -546,8 +587,9 @@ def strategy_checks(strategy: str, r: dict, held_total: int, predicted_bytes: fl
     these timings (``run_queue_share``)."""
     i = inputs
     compute_s = compute_time(i.cfg, i.batches, world, device, i.optimizer, i.precision)
-    memory = check(f"memory_{strategy}", predicted_bytes, float(held_total), "B",
-                   detail={"world_size": world})
+    # exact: the formula's bytes plus what the layout adds (layout_terms), to the byte
+    memory = check(f"memory_{strategy}", predicted_bytes, float(held_total), "B", tolerance=MEMORY_TOLERANCE,
+                   causes=r.get("layout_terms"), detail={"world_size": world})
     messages = sum(RING_MESSAGES[op](world) for op, _, _ in r["collectives"])
     comm = messages * link["alpha_s"] + predicted_sent * link["beta_s_per_byte"]
     from ..experiment import slowest_rank_parts
