@@ -206,6 +206,7 @@ class ZeroEngine:
         #: reduce_scatter (issued), step
         self.trace: list[tuple[str, int]] | None = [] if trace else None
         self.peak_gathered_units = 0  # stage 3: most units whose full parameters were alive at once
+        self.peak_full_grad_units = 0  # stages 2-3: most units whose full gradients were alive at once
         #: False: backwards only accumulate into the gradient buffers, nothing is reduced (gradient
         #: accumulation over microbatches, stage 1 only: DDP's ``no_sync``)
         self.require_backward_grad_sync = True
@@ -348,6 +349,8 @@ class ZeroEngine:
         if self.stage >= 2:
             unit.grad_full = torch.zeros(unit.padded, dtype=self.param_dtype, device=self.device)
             self._set_grad_views(unit)
+            alive = sum(1 for u in self._units if u.grad_full is not None)
+            self.peak_full_grad_units = max(self.peak_full_grad_units, alive)
 
     def _grad_accumulated(self, unit: _Unit) -> None:
         if not self.require_backward_grad_sync:

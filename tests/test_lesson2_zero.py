@@ -59,7 +59,8 @@ def _check_all(rank: int, world_size: int) -> dict:
             r = run_strategy(s, CFG, batches, rank, world_size, cpu, opt, "fp32", reference=ref,
                              fsdp_tracker=opt == "adam", trace=opt == "adam")
             out[(opt, s)] = {k: r.get(k) for k in ("max_abs_diff", "held", "sent", "by_op", "fsdp_tracker",
-                                                   "trace", "peak_gathered_units", "units", "losses", "layout_terms")}
+                                                   "trace", "peak_gathered_units", "peak_full_grad_units", "units", "losses",
+                                                   "layout_terms")}
     for s in STRATEGIES:
         r = run_strategy(s, CFG, batches[:2], rank, world_size, cpu, "adam", "bf16", fsdp_tracker=False)
         out[("bf16", s)] = {"held": r["held"], "sent": r["sent"], "layout_terms": r["layout_terms"]}
@@ -224,6 +225,17 @@ def test_zero3_prefetches_the_next_unit_and_frees_the_rest(group):
     for i in range(units):
         assert step.count(("all_gather", i)) == 2 and step.count(("free", i)) == 2
     assert r["peak_gathered_units"] == 2
+
+
+def test_zero2_and_zero3_hold_at_most_two_units_full_gradients(group):
+    """The lesson's claim (zero2.md): a unit's full gradient is freed once its reduce-scatter is done, which
+    the next unit's backward waits for, so at most two exist at once; counted at each allocation."""
+    _, results = group
+    for res in results:
+        for opt in ("adam", "sgd"):
+            for s in ("zero2", "zero3"):
+                assert res[(opt, "zero2")]["units"] > 2
+                assert res[(opt, s)]["peak_full_grad_units"] == 2, (opt, s)
 
 
 def test_trace_draws_each_metered_step(group):

@@ -417,6 +417,7 @@ def run_strategy(strategy: str, cfg: GPTConfig, batches, rank: int, world_size: 
               "step_time_s": _median(times) if times else float("nan"), "step_times_s": times}
     if isinstance(trainer, ZeroTrainer):
         result["peak_gathered_units"] = trainer.engine.peak_gathered_units
+        result["peak_full_grad_units"] = trainer.engine.peak_full_grad_units
         result["trace"] = list(trainer.engine.trace or [])
         result["units"] = len(trainer.engine.layout())
     result["layout_terms"] = layout_terms(strategy, trainer, world_size, rank, optimizer, precision)
