@@ -273,6 +273,14 @@ def test_experiment_events(two):
     assert sum(e["kind"] == "timeline" for e in two[1]["events"]) == 6
     summary = events[-1]
     assert summary["scaling"]["injected"] == 2 and summary["scaling"]["skipped"] >= 2
+    # torch's GradScaler beside ours, on a twin with the same batches and injected infs: the same scale and
+    # bit-identical weights after each of the 14 steps, on both ranks (it backed off and grew: growth every 2)
+    from run_checks import assert_checks_hold
+
+    same = assert_checks_hold(events, {"steps_as_gradscaler"})["steps_as_gradscaler"]
+    assert same["ok"] and same["predicted"] == same["measured"] == 14 and same["tolerance"] == 0
+    scales = [e["new_scale"] for e in events if e["kind"] == "scale"]
+    assert any(b < a for a, b in zip(scales, scales[1:])) and any(b > a for a, b in zip(scales, scales[1:]))
     assert summary["overlap"]["best_bucket_mb"] in (0.1, 1.0)
     assert summary["overlap"]["overlap_speedup"] > 0
 

@@ -32,7 +32,8 @@ recorded overlapped steps, the communication exposed after backward against the 
 rank's launches at the group's α-β, its causes waiting for a peer (the last rank's launches) and
 collectives slower than α-β (each bucket's all-reduce timed alone after the step).
 ``--slow-rank R --slow-backward-ms X`` (rank R sleeps X ms in every backward of part 2) is its
-negative control.
+negative control. With the scaler on, part 1 also trains a twin through ``torch.amp.GradScaler`` and a second
+``check``, ``steps_as_gradscaler``, counts the steps after which its scale and weights equal ours on every rank.
 """
 from __future__ import annotations
 
@@ -220,6 +221,7 @@ def run_loss_scaling(ctx, args, progress: Progress) -> dict:
         opt = torch.optim.Adam(student.parameters(), lr=args.lr)
     scaler = DynamicLossScaler(args.init_scale, args.growth_factor, args.backoff_factor,
                                args.growth_interval, enabled=not args.no_scaling)
+    twin = _GradScalerTwin(args, device, rank, dtype) if scaler.enabled else None
     if rank == 0:
         PHASE.emit(ev, {"name": "loss-scaling", "steps": args.steps})
     stats = {"overflows": 0, "injected": 0, "skipped": 0}
@@ -244,6 +246,8 @@ def run_loss_scaling(ctx, args, progress: Progress) -> dict:
         if isinstance(opt, MasterWeightOptimizer):
             opt.grads_to_master()
         overflow, skipped = _optimizer_step(opt, scaler)
+        if twin is not None:
+            twin.step(ids, targets, step in args.inject, scaler.get_scale(), student)
         loss_avg = loss.detach().float().reshape(1).clone()
         dist.all_reduce(loss_avg)
         losses.append(float(loss_avg) / ctx.world_size)
@@ -257,7 +261,50 @@ def run_loss_scaling(ctx, args, progress: Progress) -> dict:
                             "loss": losses[-1]})
             STEP.emit(ev, {"step": step, "of": args.steps, "loss": losses[-1], "t0": started})
         progress.advance("loss-scaling")
+    if twin is not None:
+        twin.check(ctx)
     return _loss_scaling_summary(args, stats, scaler, losses, hist)
+
+
+class _GradScalerTwin:
+    """torch.amp.GradScaler beside our scaler: a second student from the same seed, the same batches and
+    injected infs, its own optimizer stepped through GradScaler. After every step the two scales and the two
+    models' weights are compared (bit for bit); :meth:`check` reports, as a ``check`` on rank 0, on how many
+    of the run's steps every rank agreed (tests/test_lesson6_scaler.py checks the same on one process)."""
+
+    def __init__(self, args, device, rank: int, dtype) -> None:
+        self.explicit = args.weights == "explicit"
+        self.device, self.dtype = device, dtype
+        self.student, self.model, self.inject_now = _student(args, device, rank, dtype)
+        self.opt: MasterWeightOptimizer | torch.optim.Adam
+        if self.explicit:
+            self.opt = MasterWeightOptimizer(self.student.parameters(), lambda ps: torch.optim.Adam(ps, lr=args.lr))
+        else:
+            self.opt = torch.optim.Adam(self.student.parameters(), lr=args.lr)
+        self.scaler = torch.amp.GradScaler(device.type, init_scale=args.init_scale, growth_factor=args.growth_factor,
+                                           backoff_factor=args.backoff_factor, growth_interval=args.growth_interval)
+        self.same: list[bool] = []
+
+    def step(self, ids, targets, inject: bool, our_scale: float, ours: GPT) -> None:
+        self.opt.zero_grad(set_to_none=True)
+        self.inject_now[0] = inject
+        with torch.autocast(self.device.type, dtype=self.dtype, enabled=not self.explicit):
+            logits = self.model(ids)
+        self.scaler.scale(lm_loss(logits.float(), targets)).backward()
+        self.inject_now[0] = False
+        if isinstance(self.opt, MasterWeightOptimizer):
+            self.opt.grads_to_master()
+        self.scaler.step(self.opt)
+        self.scaler.update()
+        self.same.append(self.scaler.get_scale() == our_scale
+                         and all(torch.equal(a, b) for a, b in zip(ours.parameters(), self.student.parameters())))
+
+    def check(self, ctx) -> None:
+        agreed = torch.tensor([float(x) for x in self.same], device=self.device)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MIN)  # a step counts where every rank agreed
+        if ctx.rank == 0:
+            CHECK.emit_fields(ctx.events, check("steps_as_gradscaler", float(len(self.same)), float(agreed.sum()),
+                                                "count", tolerance=0.0).event())
 
 
 def _loss_scaling_summary(args, stats: dict, scaler: DynamicLossScaler, losses: list[float], hist: list[dict]) -> dict:
