@@ -294,7 +294,7 @@ class _GradScalerTwin:
         self.inject_now[0] = False
         if isinstance(self.opt, MasterWeightOptimizer):
             self.opt.grads_to_master()
-        self.scaler.step(self.opt)
+        self.scaler.step(self.opt)  # type: ignore[arg-type]  # it reads param_groups and calls step(): duck-typed
         self.scaler.update()
         self.same.append(self.scaler.get_scale() == our_scale
                          and all(torch.equal(a, b) for a, b in zip(ours.parameters(), self.student.parameters())))
