@@ -437,7 +437,8 @@ class _Formatter(string.Formatter):
     table), ``{n:one|other}`` (the first word when n is 1), ``{x:sum-bytes}`` (every such field of a
     template in one unit and precision: the terms of a sum and its total, which then add up; ``{x:sum-time}``
     the same for durations); any other spec is Python's. A bare ``{x}`` shows an
-    int as is and a float with 3 significant digits."""
+    int as ``{x:int}`` does (so "1,024-byte … 1,024 GPUs" in one prompt, not "1,024-byte … 1024 GPUs") and a
+    float with 3 significant digits."""
 
     def __init__(self, lang: str, terms: Mapping[str, str] | None = None):
         super().__init__()
@@ -470,6 +471,8 @@ class _Formatter(string.Formatter):
             return units.format_number(value, int(digits.group(1) or 3), self.lang)
         if not format_spec and isinstance(value, float):
             return units.format_number(value, 3, self.lang)
+        if not format_spec and isinstance(value, int) and not isinstance(value, bool):
+            return units.format_integer(value, self.lang)
         return super().format_field(value, format_spec)
 
 

@@ -428,8 +428,12 @@ def format_fixed(x: float, decimals: int = 1, lang: str = "en") -> str:
 
 
 def format_integer(n: float, lang: str = "en") -> str:
-    """A whole number with thousands grouped: ``262,144`` (``262.144`` in Spanish)."""
-    s = f"{round(n):,}"
+    """A whole number with thousands grouped beyond four digits, as :func:`format_number` groups them:
+    ``262,144`` (``262.144`` in Spanish), ``2048`` (one rule: a prompt said "1,024-byte … 1024 GPUs")."""
+    whole = round(n)
+    if abs(whole) < 10_000:
+        return str(whole)
+    s = f"{whole:,}"
     return s.replace(",", ".") if lang == "es" else s
 
 

@@ -8,6 +8,7 @@ import re
 import pytest
 
 from distai.lessons import quiz
+from distai.lessons.quiz import question_texts
 from distai.lessons.registry import all_lessons
 
 SEEDS = range(40)
@@ -117,7 +118,21 @@ def test_gradscaler_counts_are_at_least_one():
 def test_templates_choose_the_word_by_the_count():
     fmt = quiz._Formatter("es")
     assert fmt.format("{n} {n:paso|pasos}, {m} {m:paso|pasos}", n=1, m=3) == "1 paso, 3 pasos"
-    assert quiz._Formatter("en").format("{n:int} {n:step is|steps are}", n=2000) == "2,000 steps are"
+    assert quiz._Formatter("en").format("{n:int} {n:step is|steps are}", n=20000) == "20,000 steps are"
+
+
+def test_a_bare_int_is_written_as_int_writes_it():
+    """The audit: "1,024-byte … 1024 GPUs" wrote one count two ways in one prompt (the bytes with a
+    separator, the bare {n} as Python does). Every integer now follows format_number's one rule: four digits
+    stay whole (RAE's rule too), longer ones are grouped; and a bare int reads as {x:int}."""
+    prompt = question_texts("distai.lessons.lesson1")["small-messages"]
+    assert quiz._Formatter("en").format(prompt["en"]["prompt"], size_bytes=1024, n=1024).startswith(
+        "A 1024-byte all-reduce on 1024 GPUs")
+    assert quiz._Formatter("es").format(prompt["es"]["prompt"], size_bytes=1024, n=1024).startswith(
+        "Un all-reduce de 1024 bytes en 1024 GPUs")
+    assert quiz._Formatter("es").format("{n} GPUs, {m:int}", n=16384, m=2048) == "16.384 GPUs, 2048"
+    assert quiz._Formatter("en").format("{n} GPUs", n=16384) == "16,384 GPUs"
+    assert quiz._Formatter("en").format("{flag}", flag=True) == "True"  # a bool is not a count
 
 
 # plural nouns the quiz puts after a drawn count
