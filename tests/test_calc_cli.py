@@ -311,3 +311,15 @@ def test_counts_read_as_counts(capsys):
                          "--top-k", "2", "--vocab", "32000", "--heads", "32", "--kv-heads", "8")
     assert code == 0, err
     assert "4096 tokens per GPU" in out.splitlines()[0]
+
+
+def test_every_missing_option_is_named_at_once(capsys):
+    """Click stops at the first missing required option: `calc serve` took one try per option to learn them.
+    The line names all that the command line lacks (given as `--x v` or `--x=v`), in the learner's language."""
+    code, out, err = run(capsys, "calc", "serve", "--params=70B", "--layers", "80", "--lang", "es")
+    assert code == 2 and out == ""
+    assert err.strip().split(" (mira")[0] == ("distai: error: faltan las opciones '--hidden', '--gpus', '--gpu-memory', "
+                                              "'--bandwidth', '--ttft-slo', '--tpot-slo'")
+    code, out, err = run(capsys, "calc", "serve", "--params", "70B", "--layers", "80", "--hidden", "8192", "--gpus", "8",
+                         "--gpu-memory", "80GB", "--bandwidth", "2TB/s", "--ttft-slo", "1s")
+    assert code == 2 and err.strip().split(" (see")[0] == "distai: error: missing option '--tpot-slo'"

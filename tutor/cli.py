@@ -403,9 +403,21 @@ def _click_exception_types() -> tuple[type, ...]:
 _EXPECTED = {"int_parsing": "integer", "int_from_float": "integer", "float_parsing": "number", "bool_parsing": "switch"}
 
 
-def click_error_line(error: Any, lang: str) -> str:
+def _missing_options(error: Any, args: list[str]) -> list[str]:
+    """Every required option of the refused command that ``args`` does not give, as the help writes them
+    (Click stops at the first: ``calc serve`` said one missing option per try)."""
+    ctx = getattr(error, "ctx", None)
+    params = getattr(getattr(ctx, "command", None), "params", None) or []
+    given = {a.split("=", 1)[0] for a in args if a.startswith("-")}
+    return ["'" + p.opts[0] + "'" for p in params
+            if getattr(p, "required", False) and getattr(p, "param_type_name", "") == "option"
+            and not given & set(p.opts)]
+
+
+def click_error_line(error: Any, lang: str, args: list[str] | None = None) -> str:
     """A usage error Click or Typer raised (an unknown option, a missing value, an extra argument…)
-    as one line in ``lang``; a kind this does not know keeps Click's English words."""
+    as one line in ``lang``; a kind this does not know keeps Click's English words. ``args``: the command
+    line, to name every missing option at once."""
     kind, say = type(error).__name__, lambda key, **f: translated("cli", f"errors.{key}", lang, **f)  # noqa: E731
     message = str(getattr(error, "message", "") or "")
     if kind == "NoSuchOption":
@@ -420,6 +432,9 @@ def click_error_line(error: Any, lang: str) -> str:
     if kind == "MissingParameter":  # an argument named as the usage line writes it: {lesson}
         if getattr(param, "param_type_name", "") == "argument":
             return say("missing_argument", name=f"{{{getattr(param, 'name', '?')}}}")
+        missing = _missing_options(error, args or [])
+        if len(missing) > 1:
+            return say("missing_options", names=", ".join(missing))
         return say("missing_option", name=hint)
     if kind == "BadParameter" and param is not None:
         cause = getattr(error.__cause__, "errors", None)  # pydantic's reason, as Typer reads values
@@ -504,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
                 return error.exit_code
             ctx = getattr(exc, "ctx", None)
             hint = translated("cli", "errors.see_help", lang, command=ctx.command_path) if ctx is not None else ""
-            typer.echo(f"distai: error: {click_error_line(error, lang)}{hint}", err=True)
+            typer.echo(f"distai: error: {click_error_line(error, lang, args)}{hint}", err=True)
             return error.exit_code
         raise
     return 0
