@@ -311,3 +311,20 @@ def test_the_steps_done_before_a_failure_do_not_depend_on_rank_0_reporting_in_ti
     # killed while the checkpoint of step 8 was written (die(step + 1, ...)): 8 steps done
     assert steps_done({"last_step": 8, "failure": {"rank": 1, "step": 9, "phase": "asynchronous checkpoint"}}) == 8
     assert steps_done({"last_step": 12, "failure": None}) == 12
+
+
+def test_the_lessons_random_failure_command_fails_inside_the_run():
+    """elastic.md's `--fail-every 20` drew its first failure at 37.2 s with the default seed, after the paced run
+    (200 steps of at least 0.1 s, about 21 s) had ended: no failure. The command the text gives now fails inside it,
+    at the time the text says."""
+    import re
+
+    from distai.engine.experiments import lesson3
+
+    for lang in ("en", "es"):
+        text = (Path(lesson3.__file__).parents[2] / "lessons" / "lesson3" / lang / "elastic.md").read_text()
+        every = re.search(r"`--fail-every (\d+)`", text).group(1)
+        args = lesson3.parse_args(["--fail-every", every])
+        first = lesson3.Faults(args, 0, 2, 0, None, None).random_at
+        assert first is not None and first < args.steps * args.step_time, (lang, every, first)
+        assert ("14.9 s" if lang == "en" else "14,9 s") in text and round(first, 1) == 14.9
