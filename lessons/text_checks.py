@@ -11,7 +11,7 @@ call the functions of the step's own lesson module ``distai.lessons.lessonN.form
 name, or any function of a module under ``distai.lessons`` by a dotted path relative to it
 (``lesson2.formulas.model_state_bytes(...)``); it may use numbers, strings, + − * / **, a string or
 integer subscript of a result (``kv_cache_total(...)["per_gpu_bytes"]``) and a few
-helpers (``abs``, ``min``, ``max``, ``sqrt``, ``log2``, ``ceil``, ``floor``). Keyword arguments are
+helpers (``abs``, ``min``, ``max``, ``sqrt``, ``exp``, ``log2``, ``ceil``, ``floor``). Keyword arguments are
 written without spaces around ``=``.
 
 The part after the relation is the value as printed in the text: a number in the text's language
@@ -53,7 +53,7 @@ _RELATION = re.compile(r"\s(=|≈)\s")
 _VALUE = re.compile(r"^(?P<num>[-−]?\d(?:[\d.,\u202f\u00a0]*\d)?)\s*(?P<unit>[^\d\s].*)?$")
 
 _HELPERS = {
-    "abs": abs, "min": min, "max": max, "sqrt": math.sqrt, "log2": math.log2,
+    "abs": abs, "min": min, "max": max, "sqrt": math.sqrt, "exp": math.exp, "log2": math.log2,
     "ceil": math.ceil, "floor": math.floor,
 }
 

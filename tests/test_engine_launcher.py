@@ -553,7 +553,7 @@ def test_a_file_that_cannot_be_written_says_why_in_the_learners_language(tmp_pat
     assert os_error_text(missing, "es") == "no existe la carpeta" and os_error_text(missing, "en") == "no such folder"
     # the folder exists and refuses the file (/proc/x): not "no such folder"
     refused = OSError(errno_codes.ENOENT, "No such file or directory", str(tmp_path / "x.json"))
-    assert os_error_text(refused, "en") == "that folder does not let a file be created in it"
+    assert os_error_text(refused, "en") == "that folder does not let anything be created in it"
     gone = OSError(errno_codes.ENOENT, "No such file or directory", str(tmp_path / "no-such-folder" / "x.json"))
     assert os_error_text(gone, "en") == "no such folder"
     odd = OSError(errno_codes.EBUSY, "Device or resource busy")

@@ -57,7 +57,7 @@ CASES = [
      "hace falta 4 bytes <= --sweep-min <= --sweep-max"),
     (["lesson1", "--cpu", "2", "--lr", "inf"], "--lr debe ser un número finito, no inf"),
     (["lesson1", "--cpu", "2", "--run-dir", "/proc/nope"],
-     "no se puede crear la carpeta de la ejecución /proc/nope: no existe la carpeta"),
+     "no se puede crear la carpeta de la ejecución /proc/nope: esa carpeta no deja crear nada en ella"),  # /proc is there: it refuses
     (["lesson5", "--cpu", "2", "--pp", "3"], "el experimento de lesson5 no acepta --pp 3 (sus opciones: --chunks, "
      "--heads, --hidden, --layers, --lr, --microbatch-size, --microbatches, --no-torch, --schedules, --seed, --seq, "
      "--slow-ms, --slow-stage, --steps, --vocab)"),
