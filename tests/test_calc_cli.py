@@ -323,3 +323,18 @@ def test_every_missing_option_is_named_at_once(capsys):
     code, out, err = run(capsys, "calc", "serve", "--params", "70B", "--layers", "80", "--hidden", "8192", "--gpus", "8",
                          "--gpu-memory", "80GB", "--bandwidth", "2TB/s", "--ttft-slo", "1s")
     assert code == 2 and err.strip().split(" (see")[0] == "distai: error: missing option '--tpot-slo'"
+
+
+def test_context_activations_follow_the_dtype(capsys):
+    """The audit: `calc context --dtype fp32` printed bf16's activation memory (Korthikanti's 34·s·b·h counts
+    16-bit values and 1-byte masks) beside fp32 K/V blocks. 34 = 16 values × 2 B + 2 masks: 66 in fp32; the
+    stored scores' 5 = 2 tensors × 2 B + 1 mask: 9."""
+    shape = ["--seq", "128k", "--hidden", "16384", "--heads", "128", "--kv-heads", "8", "--layers", "126", "--cp", "16",
+             "--tp", "8", "--pp", "16"]
+    half, full = (calc_json(capsys, "context", *shape, "--dtype", d) for d in ("bf16", "fp32"))
+    assert full["activation_bytes_per_gpu"] == half["activation_bytes_per_gpu"] * 66 / 34
+    assert full["activation_bytes_per_gpu_without_cp"] == half["activation_bytes_per_gpu_without_cp"] * 66 / 34
+    s, h, a, t, cp, layers = 131072, 16384, 128, 8, 16, 8  # 126 layers over 16 stages: 8 on the busiest
+    scores = layers * s / cp * h / t * 9 * a * s / h
+    assert full["activation_bytes_per_gpu_with_scores"] == pytest.approx(full["activation_bytes_per_gpu"] + scores)
+    assert half["activation_bytes_per_gpu"] == 4.25 * 2**30 and full["kv_block_bytes"] == 2 * half["kv_block_bytes"]

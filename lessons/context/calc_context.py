@@ -17,9 +17,9 @@ def compute(v: dict) -> dict:
     check_degrees(cp=cp, seq=s, tp=tp, heads=a, kv_heads=g, hidden=h, pp=v["pp"], layers=v["layers"])
     e, d, b = dtype_bytes(v["dtype"]), h // a, v["micro_batch"]
     try:
-        memory = {flash: f.activation_bytes_per_gpu(v["layers"], s, b, h, a, cp, tp, v["pp"], flash)
+        memory = {flash: f.activation_bytes_per_gpu(v["layers"], s, b, h, a, cp, tp, v["pp"], flash, e)
                   for flash in (True, False)}
-        without_cp = f.activation_bytes_per_gpu(v["layers"], s, b, h, a, 1, tp, v["pp"], True)
+        without_cp = f.activation_bytes_per_gpu(v["layers"], s, b, h, a, 1, tp, v["pp"], True, e)
         comm = {variant: f.cp_comm_per_layer(s, b, g, d, cp, variant, e, tp) for variant in ("ring", "allgather")}
         overlap = f.ring_overlap(s, b, h, g, d, cp, v["flops"], v["alpha"], v["beta"], e, tp)
     except ValueError as exc:

@@ -40,26 +40,29 @@ def _cp_degree(cp: int, seq: int) -> int:
 
 
 def activation_bytes_per_layer(seq: int, micro_batch: int, hidden: int, heads: int, cp: int = 1, tp: int = 1,
-                               flash: bool = False) -> float:
+                               flash: bool = False, elem_bytes: float = 2) -> float:
     """Activation bytes one transformer layer stores per GPU (Korthikanti Table 2 with tensor and
     sequence parallelism of degree ``tp``), each GPU holding ``seq/cp`` tokens:
     ``(s/cp)·b·h/t·(34 + 5·a·s/h)``. Each GPU's queries still meet all ``s`` keys, so the score
-    term keeps one full ``s``. ``flash``: the scores are never stored, ``(s/cp)·b·h·34/t``."""
+    term keeps one full ``s``. ``flash``: the scores are never stored, ``(s/cp)·b·h·34/t``.
+    Korthikanti counts 16-bit activations and 1-byte dropout masks: 34 = 16 values × 2 B + 2 masks, and
+    5 = 2 score tensors × 2 B + 1 mask; ``elem_bytes`` e gives ``16e + 2`` and ``2e + 1`` (66 and 9 in fp32)."""
     s = _count(seq, "the sequence length")
     b = _count(micro_batch, "the micro-batch size")
     h = _count(hidden, "the hidden size")
     a = _count(heads, "the number of heads")
     c = _cp_degree(cp, s)
     t = _count(tp, "the tensor-parallel size")
-    scores = 0.0 if flash else 5 * a * s / h
-    return s / c * b * h / t * (34 + scores)
+    e = elem_bytes
+    scores = 0.0 if flash else (2 * e + 1) * a * s / h
+    return s / c * b * h / t * (16 * e + 2 + scores)
 
 
 def activation_bytes_per_gpu(layers: int, seq: int, micro_batch: int, hidden: int, heads: int, cp: int = 1,
-                             tp: int = 1, pp: int = 1, flash: bool = False) -> float:
+                             tp: int = 1, pp: int = 1, flash: bool = False, elem_bytes: float = 2) -> float:
     """The activations of one GPU's ``layers/pp`` layers for one micro-batch (Korthikanti's count)."""
     per_stage = math.ceil(_count(layers, "the number of layers") / _count(pp, "the pipeline size"))
-    return per_stage * activation_bytes_per_layer(seq, micro_batch, hidden, heads, cp, tp, flash)
+    return per_stage * activation_bytes_per_layer(seq, micro_batch, hidden, heads, cp, tp, flash, elem_bytes)
 
 
 def score_bytes(seq: int, micro_batch: int, heads: int, cp: int = 1, tp: int = 1, elem_bytes: float = 2) -> float:
