@@ -15,8 +15,9 @@ slice unchanged; attention needs every earlier key, so the ranks exchange keys a
   same way, and their gradients travel with them, one hop behind, ``cp`` hops home.
 * **All-gather** (Llama 3, Dubey et al. 2024, §3.3.2): all-gather the K/V first, attend, and
   reduce-scatter their gradients in the backward. With grouped-query attention the K/V are
-  ``heads/kv_heads`` times smaller than the queries, so gathering them is cheap, and the one
-  collective is simpler to overlap and to combine with masks than a ring.
+  ``heads/kv_heads`` times smaller than the queries, so gathering them is cheap: Llama 3 leaves the
+  all-gather exposed (the first tile waits for it) and keeps one collective, simpler than a ring and
+  easier to combine with any mask.
 * **Layouts** (:mod:`distai.lessons.context.ring_schedule`): under the causal mask the contiguous
   split leaves the first ranks idle most of the ring; the zigzag split (chunks ``i`` and
   ``2·cp − 1 − i`` on rank ``i``) gives every rank the same work at every step.
