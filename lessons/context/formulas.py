@@ -85,9 +85,9 @@ def cp_step_traffic(cp: int, step: int, phase: str, variant: str = "ring", block
 
     Ring: each forward step but the last passes the K/V block one hop on; each backward step
     passes it too, and then the gradient of the block it just used, one hop behind (the last
-    backward step's goes home). All-gather (Llama 3): the forward's all-gather at step 0; in
-    the backward an all-gather at step 0 and the reduce-scatter of the K/V gradients after the
-    last, each ``(cp − 1)/cp`` of the ``cp`` blocks.
+    backward step's goes home). All-gather (Llama 3's forward; its backward, not in the paper, the
+    all-gather's adjoint): the forward's all-gather at step 0; in the backward an all-gather at step 0
+    and the reduce-scatter of the K/V gradients after the last, each ``(cp − 1)/cp`` of the ``cp`` blocks.
     """
     c = _count(cp, "the context-parallel size")
     if phase not in ("fwd", "bwd") or variant not in plan.VARIANTS or not 0 <= step < c:
