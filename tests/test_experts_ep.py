@@ -299,3 +299,37 @@ def test_run_fold_keeps_each_steps_loads_and_the_checks(results):
     for load, rate in zip(run.loads, run.drop_rates):
         assert load.layers == SIZES["layers"] and sum(load.dropped) == pytest.approx(rate * sum(load.routed))
     assert run.comm_match is True and run.memory is not None
+
+
+@pytest.mark.parametrize("cf", [None, 0.5])
+def test_switch_loss_and_the_bias_step_by_their_definitions(cf):
+    """The audit: the balancing loss and the bias update were only compared between EP and one process, which
+    share the code. Here each is computed from its paper's definition. Switch (Fedus et al. 2022, eq. 4):
+    α·E·Σᵢ fᵢ·Pᵢ, fᵢ the share of the k·T routing choices that go to expert i (before any drop), Pᵢ its mean
+    router probability. DeepSeek-V3 (Sec. 2.1.2): an overloaded expert's bias falls by γ, an underloaded one's
+    rises by γ, and the bias only steers the choice, not the gate."""
+    import torch
+
+    from distai.engine.model import GPT, GPTConfig
+    from distai.engine.moe import MoEConfig, make_moe, moe_layers
+
+    E, k, alpha, gamma = 4, 2, 0.01, 1e-3
+    moe = MoEConfig(experts=E, top_k=k, capacity_factor=cf, aux_alpha=alpha, bias_rate=gamma)
+    layer = moe_layers(make_moe(GPT(GPTConfig(**SIZES), seed=2, dtype=torch.float64), moe, seed=2))[0]
+    x = torch.randn(8, 3, SIZES["hidden"], dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    t = x.transpose(0, 1).reshape(-1, SIZES["hidden"])
+    layer.balance_bias += torch.tensor([0.3, 0.0, -0.3, 0.0], dtype=torch.float64)  # a bias that changes choices
+    layer(x)
+    p = layer.router(t).softmax(-1)
+    chosen = (p + layer.balance_bias).topk(k, -1).indices
+    assert not torch.equal(chosen, p.topk(k, -1).indices)  # the bias did steer some choices
+    counts = torch.bincount(chosen.reshape(-1), minlength=E).to(torch.float64)
+    f = counts / (t.shape[0] * k)
+    assert layer.stats.routed == counts.tolist()
+    assert float(layer.aux_loss) == pytest.approx(float(alpha * E * (f * p.mean(0)).sum()), rel=1e-12)
+    before = layer.balance_bias.clone()
+    layer.update_balance_bias()
+    expected = before + gamma * torch.sign(counts.mean() - counts)
+    assert torch.equal(layer.balance_bias, expected)
+    step = torch.sign(layer.balance_bias - before)
+    assert step[counts.argmax()] == -1 and step[counts.argmin()] == 1  # the busiest expert falls, the idlest rises
