@@ -266,3 +266,20 @@ def test_expected_drop_rate_sums_the_whole_binomial_tail(tokens, experts, top_k,
                                       + load * math.log(p) + (n - load) * math.log1p(-p)) for load in range(c + 1, n + 1))
     assert fe.expected_drop_rate(tokens, experts, top_k, factor) == pytest.approx(experts * whole / (tokens * top_k),
                                                                                    rel=1e-12, abs=1e-300)
+
+
+def test_expected_drop_rate_of_huge_batches_is_the_normal_limit_and_quick():
+    """`calc moe --tokens 9007199254740992` never ended (O(√T) terms). Past a window of 200,000 terms the rate is
+    the binomial load's normal limit: at the edge of the window it agrees with the term-by-term sum to 1e-6,
+    and the largest batch a float counts exactly takes no time."""
+    import time
+
+    from distai.lessons.experts import formulas as fe
+
+    for tokens in (10**7, 10**8):  # inside the window: the exact sum, against the normal limit
+        n, p = tokens, 2 / 8
+        normal = 8 * fe._normal_excess(n * p, math.sqrt(n * p * (1 - p)), fe.capacity(n, 8, 2, 1.0)) / (2 * n)
+        assert fe.expected_drop_rate(n, 8, 2, 1.0) == pytest.approx(normal, rel=1e-6)
+    started = time.perf_counter()
+    rate = fe.expected_drop_rate(2**53, 8, 2, 1.0)
+    assert time.perf_counter() - started < 0.1 and 0 < rate < 1e-8

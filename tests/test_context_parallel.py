@@ -337,3 +337,21 @@ def test_calculator_reproduces_the_texts_worked_numbers():
     assert round(r["overlap"]["compute_s"] * 1e6) == 723 and round(r["overlap"]["hop_s"] * 1e7) == 889
     assert r["overlap"]["hidden"] and round(r["overlap"]["min_tokens"]) == 1305
     assert round(r["idle_fraction_contiguous"], 3) == 0.484
+
+
+def test_idle_fraction_counts_the_schedules_tiles_without_listing_them():
+    """`calc context --cp 65536` never ended: the idle share listed all cp² tiles. It now counts them by the
+    schedule's rule; here against the list itself (work_per_step), every layout, cp ≤ 24, long and short chunks."""
+    import time
+
+    for layout in plan.LAYOUTS:
+        for cp in range(1, 25):
+            for c in (1, 3, 64):
+                seq = c * plan.num_chunks(cp, layout)
+                work = plan.work_per_step(seq, cp, layout)
+                busiest = sum(max(work[r][t] for r in range(cp)) for t in range(cp))
+                listed = 1.0 - sum(map(sum, work)) / (cp * busiest)
+                assert plan.idle_fraction(seq, cp, layout) == pytest.approx(listed, abs=1e-15), (layout, cp, c)
+    started = time.perf_counter()
+    assert plan.idle_fraction(131072, 65536, "contiguous") == pytest.approx(0.5, abs=1e-4)  # one half as cp grows
+    assert time.perf_counter() - started < 0.1

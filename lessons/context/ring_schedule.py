@@ -86,7 +86,18 @@ def work_per_step(seq: int, cp: int, layout: str) -> list[list[int]]:
 
 
 def idle_fraction(seq: int, cp: int, layout: str) -> float:
-    """The share of rank-steps spent waiting: each step lasts as long as its busiest rank."""
-    work = work_per_step(seq, cp, layout)
-    busiest = sum(max(work[r][t] for r in range(cp)) for t in range(cp))
-    return 1.0 - sum(map(sum, work)) / (cp * busiest) if busiest else 0.0
+    """The share of rank-steps spent waiting: each step lasts as long as its busiest rank.
+
+    Counted from the schedule's tiles without listing them (``calc context --cp 65536`` never ended listing
+    cp² of them; the tests check the count against :func:`work_per_step`'s list): contiguous, step 0 is every
+    rank's diagonal tile and step t ≥ 1 a full tile on ranks t … cp−1 (the others' keys are in the future),
+    rank cp−1 the busiest; zigzag, step 0 is two diagonal tiles and a full one on every rank and each later
+    step two full tiles on every rank, so no rank waits."""
+    check_layout(seq, cp, layout)
+    c = seq // num_chunks(cp, layout)
+    if layout == "zigzag":
+        return 0.0
+    diagonal, full = tile_scores(DIAGONAL, c), tile_scores(FULL, c)
+    done = cp * diagonal + full * cp * (cp - 1) // 2
+    busiest = diagonal + (cp - 1) * full
+    return 1.0 - done / (cp * busiest) if busiest else 0.0
