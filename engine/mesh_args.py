@@ -280,6 +280,8 @@ def experts_launch_ranks(argv: list[str], ranks: int | None, default: int, cuda:
     ap.add_argument("--experts", type=int, default=RUN_EXPERTS)
     ap.add_argument("--top-k", type=int, default=RUN_TOP_K)
     ap.add_argument("--capacity-factor", type=float, default=RUN_CAPACITY_FACTOR)
+    ap.add_argument("--aux-alpha", type=float, default=0.0)
+    ap.add_argument("--bias-balance", type=float, default=0.0)
     args = ap.parse_known_args(argv)[0]
     ranks = default if ranks is None else ranks
     ep = ranks if args.ep is None else args.ep
@@ -291,5 +293,8 @@ def experts_launch_ranks(argv: list[str], ranks: int | None, default: int, cuda:
         raise MeshConfigError.keyed("top_k", top_k=args.top_k, experts=args.experts)
     if not (args.capacity_factor > 0 and math.isfinite(args.capacity_factor)):
         raise MeshConfigError.keyed("capacity_factor", value=args.capacity_factor)
+    for flag, value in (("--aux-alpha", args.aux_alpha), ("--bias-balance", args.bias_balance)):
+        if not 0 <= value < math.inf:  # negative: it would push the load apart (MoEConfig refuses it too)
+            raise MeshConfigError.keyed("not_negative", flag=flag, value=value)
     check_degrees(ep=ep, experts=args.experts)
     return ranks

@@ -83,6 +83,11 @@ class MoEConfig:
             raise MoEConfigError(f"the capacity factor must be positive, got {self.capacity_factor}")
         if self.shared_experts < 0:
             raise MoEConfigError(f"shared experts cannot be negative, got {self.shared_experts}")
+        # a negative weight or rate would push the load apart instead of balancing it
+        if not 0 <= self.aux_alpha < math.inf:
+            raise MoEConfigError(f"the balancing loss weight (--aux-alpha) must be 0 or more, got {self.aux_alpha}")
+        if not 0 <= self.bias_rate < math.inf:
+            raise MoEConfigError(f"the bias step (--bias-balance) must be 0 or more, got {self.bias_rate}")
 
     def check_ep(self, ep: int) -> None:
         """Raise ShapeError (a ModelConfigError) unless the course's one shape check lets ``ep`` ranks

@@ -35,6 +35,8 @@ CASES = [
     (["lesson7", "--cpu", "4", "--pp", "x"], "--pp debe ser un número entero, no 'x'"),
     (["experts", "--cpu", "4", "--ep", "3"], "--ep 3 no divide los 4 ranks"),
     (["experts", "--cpu", "4", "--capacity-factor", "0"], "--capacity-factor debe ser un número finito positivo, no 0.0"),
+    (["experts", "--cpu", "4", "--aux-alpha", "-1"], "--aux-alpha debe ser un número finito, 0 o más, no -1.0"),
+    (["experts", "--cpu", "4", "--bias-balance", "inf"], "--bias-balance debe ser un número finito, 0 o más, no inf"),
     (["lesson5", "--cpu", "4", "--microbatches", "x"], "argumento --microbatches/-m: 'x' no es un número entero"),
     (["lesson1", "--nnodes", "2"],
      "una ejecución en varios nodos necesita --master-addr HOST (la dirección del nodo 0)"),

@@ -190,7 +190,7 @@ def print_summary(r: dict, lang: str) -> None:
         say("dropless")
     else:
         say("capacity", factor=format_fixed(c["capacity_factor"], 2, lang), capacity=format_integer(c["capacity"], lang),
-            tokens=format_integer(c["tokens"], lang))
+            tokens=format_integer(c["tokens"], lang), n=c["capacity"])
     say("loss", first=format_fixed(r["losses"][0], 4, lang), last=format_fixed(r["losses"][-1], 4, lang))
     if r["max_param_rel_diff"] is not None:
         say("check", loss=format_number(r["max_loss_rel_diff"], 2, lang),
