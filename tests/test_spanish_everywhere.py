@@ -602,7 +602,7 @@ def test_lesson3_run_lines_in_spanish(monkeypatch):
                          who=lesson3._log("who_step", rank=1, step=9),
                          origin=lesson3._log("origin_checkpoint", step=5), ms=lesson3._ms(0.03),
                          redo=lesson3._log("lost_many", n=3, first=6, last=8), forget=""),
-            lesson3._log("redone", first=6, last=8, same=lesson3._log("redone_same"), n=3),
+            lesson3._log("redone", count=3, span="6–8", same=lesson3._log("redone_same"), n=3),
             lesson3._log("saved_async", step=10, size=lesson3._kib(1321779), blocked=lesson3._ms(0.019),
                          written=lesson3._ms(0.05), name="step_00000010")])
 

@@ -551,8 +551,8 @@ class Attempt:
         same = all(before[s] == losses[s - 1] for s in compared)
         REDONE.emit(self.events, {"first": first, "last": redo_until, "steps": redo_until - first + 1,
                                   "compared": len(compared), "identical": same})
-        self.say(_log("redone", first=first, last=redo_until, same=_log("redone_same" if same else "redone_different"),
-                      n=len(compared)), flush=True)
+        self.say(_log("redone", count=redo_until - first + 1, span=f"{first}" if first == redo_until else f"{first}–{redo_until}",
+                      same=_log("redone_same" if same else "redone_different"), n=len(compared)), flush=True)
 
     def _checkpoint(self, step: int) -> None:
         if self.args.ckpt_mode == "async":
