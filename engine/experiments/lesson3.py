@@ -705,8 +705,11 @@ def format_summary(s: dict, lang: str | None = None) -> str:
                              sha=c["run_sha256"][:12]))
         else:
             forgot = say("forgot", what=number_separator(lang).join(s["forgot"])) if s.get("forgot") else ""
-            lines.append(say("not_same", equal=c["equal_steps"], steps=c["steps"], first=c["first_diff_step"],
-                             diff=format_number(c["max_abs_diff"], 3, lang), weights=weights, forgot=forgot))
+            # the weights on a line of their own: the launcher keeps three wrapped lines of each, and the reason
+            # ("resumed without: rng") came last and was cut
+            lines += [say("not_same", equal=c["equal_steps"], steps=c["steps"], first=c["first_diff_step"],
+                          diff=format_number(c["max_abs_diff"], 3, lang)),
+                      say("not_same_weights", weights=weights, forgot=forgot)]
     return "\n".join(lines)
 
 
