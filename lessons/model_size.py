@@ -274,10 +274,11 @@ def refusals(*, tp: int = 1, sequence_parallel: bool = False, pp: int = 1, chunk
             refuse("tp", "seq_sp" if c == 1 else "seq_sp_cp", tp=t, cp=c, n=t * c, size=s)
     L = shape.get("layers")
     if L is not None:
+        one = "" if v > 1 else "_one_chunk"  # no interleaving: no v to name ("pp·v = 81·1")
         if p * v > L:
-            refuse("pp", "stages", pp=p, v=v, n=p * v, size=L)
+            refuse("pp", "stages" + one, pp=p, v=v, n=p * v, size=L)
         elif stages == "even" and L % (p * v):
-            refuse("pp", "even_stages", pp=p, v=v, n=p * v, size=L)
+            refuse("pp", "even_stages" + one, pp=p, v=v, n=p * v, size=L)
         elif stages == "with-ends" and L % p and (L + 2) % p:
             refuse("pp", "stages_with_ends", pp=p, size=L, ends=L + 2)
     if "experts" in shape and shape["experts"] % e:

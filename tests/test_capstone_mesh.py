@@ -144,7 +144,7 @@ def test_pipeline_messages_are_one_tp_shard_each():
     ((2, 2, 2), 4, 4, 4, M.MeshConfigError, "dp·tp·pp = 2·2·2 = 8 does not match the 4 ranks; run with --cpu 8 "
                                             "(or --gpus 8) or change the degrees"),
     ((1, 1, 8), 8, 4, 4, ShapeError, "tp = 8 does not divide the 4 attention heads"),
-    ((3, 1, 1), 3, 4, 4, ShapeError, "4 layers do not split into pp·v = 3·1 = 3 equal stages; use a multiple of "
+    ((3, 1, 1), 3, 4, 4, ShapeError, "4 layers do not split into pp = 3 equal stages; use a multiple of "
                                      "3 layers"),
 ])
 def test_bad_meshes_are_refused_with_a_reason(dims, world, layers, heads, error, message):
@@ -174,7 +174,7 @@ def test_launch_ranks_follow_the_degrees_and_refuse_a_mismatch():
 
 @pytest.mark.parametrize("argv,needle", [
     (["--dp", "2", "--tp", "2", "--pp", "2", "--cpu", "4"], "dp·tp·pp = 2·2·2 = 8 does not match the 4 ranks"),
-    (["--pp", "3", "--layers", "4", "--cpu", "6"], "4 layers do not split into pp·v = 3·1 = 3 equal stages"),
+    (["--pp", "3", "--layers", "4", "--cpu", "6"], "4 layers do not split into pp = 3 equal stages"),
     (["--dp", "2", "--tp", "2", "--pp", "2", "--cp", "2", "--cpu", "8"],
      "dp·tp·pp·cp = 2·2·2·2 = 16 does not match the 8 ranks"),
     (["--dp", "2", "--tp", "1", "--pp", "2", "--cp", "2", "--ep", "3", "--moe"], "--ep 3 does not divide dp·cp"),

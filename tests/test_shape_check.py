@@ -180,6 +180,6 @@ def test_the_engine_raises_one_english_line():
     assert str(refused.value) == (
         "tp = 3 does not divide the 8 attention heads; tp = 3 does not divide the hidden size 128; tp = 3 does not "
         "divide the vocabulary of 512 tokens; tp = 3 neither divides the 2 KV heads nor is a multiple of them (each "
-        "rank holds whole KV heads, or one replicated); pp·v = 5·1 = 5 pipeline stages are more than the 4 layers")
+        "rank holds whole KV heads, or one replicated); pp = 5 pipeline stages are more than the 4 layers")
     assert json.dumps([r.rule for r in refused.value.refusals]) == \
-        '["heads", "hidden", "vocab", "kv_heads", "stages"]'
+        '["heads", "hidden", "vocab", "kv_heads", "stages_one_chunk"]'
