@@ -196,7 +196,8 @@ def print_summary(r: dict, lang: str) -> None:
         say("check", loss=format_number(r["max_loss_rel_diff"], 2, lang),
             params=format_number(r["max_param_rel_diff"], 2, lang))
     say("balance", drop=format_percent(r["drop_rates"][0], lang=lang), drop_last=format_percent(r["drop_rates"][-1], lang=lang),
-        aux=format_fixed(r["aux_losses"][0], 4, lang), aux_last=format_fixed(r["aux_losses"][-1], 4, lang))
+        aux=format_fixed(r["aux_losses"][0], 4, lang), aux_last=format_fixed(r["aux_losses"][-1], 4, lang),
+        layers=c["layers"])
     say("load", loads=" ".join(format_integer(n, lang) for n in r["last_load"]))
     say("comm", calls=format_integer(r["comm"]["measured"]["calls"], lang),
         bytes=format_bytes(r["comm"]["measured"]["token_bytes"], binary=True, lang=lang),
