@@ -214,3 +214,12 @@ def test_a_tolerance_on_an_answer_in_percent_says_relative():
     q = quiz.make_question("lesson5", "bubble-fraction", 0, "es")
     assert q.tolerance_text() == "±2 % relativo"
     assert quiz.make_question("lesson5", "bubble-fraction", 0, "en").tolerance_text() == "±2% relative"
+
+
+def test_lesson7_caches_no_longer_sequences_than_the_model_reads():
+    """The audit: the quiz cached 32,768-token sequences of Llama-2 models, released with a 4096-token context."""
+    from distai.lessons.lesson7.quiz import MAX_CONTEXT
+
+    space = list(_kind("lesson7", "kv-total").space())
+    assert space and all(p["ctx"] <= MAX_CONTEXT[p["name"]] for p in space)
+    assert {p["name"] for p in space if p["ctx"] == 32768} == {"Mistral-7B"}

@@ -13,6 +13,9 @@ MODELS = [
     ("Llama-3-8B", 32, 32, 8, 128, 8e9),
     ("Mistral-7B", 32, 32, 8, 128, 7.2e9),
 ]
+#: each model's context length as released (Llama 2: 4096; Llama 3: 8192; Mistral 7B v0.2: 32768): a question
+#: caches no longer sequences than the model reads
+MAX_CONTEXT = {"Llama-2-7B": 4096, "Llama-2-13B": 4096, "Llama-2-70B": 4096, "Llama-3-8B": 8192, "Mistral-7B": 32768}
 DTYPES = [("fp16", 2), ("bf16", 2), ("fp8", 1)]
 GPU = ("gpu", "bandwidth", "peak_flops")
 GPUS = [("A100 80GB", 2.0e12, 312e12), ("H100 SXM", 3.35e12, 989e12), ("H200", 4.8e12, 989e12)]
@@ -46,6 +49,7 @@ GENERATORS = build("lesson7", __package__, values=_worked, kinds=[
             answer=f.kv_cache_bytes_per_token, quantity="bytes", unit="KiB"),
     Numeric("kv-total", draw={MODEL: MODELS, "batch": [1, 8, 16, 32, 64], "ctx": [2048, 4096, 8192, 32768],
                               "tokens": lambda batch, ctx: batch * ctx, "dtype_bytes": 2},
+            where=lambda name, ctx: ctx <= MAX_CONTEXT[name],
             answer=lambda **p: f.kv_cache_total(p["layers"], p["kv_heads"], p["head_dim"], 2, p["tokens"])["total_bytes"],
             quantity="bytes", unit="GB", values=lambda layers, kv_heads, head_dim: {"per": _per_token(layers, kv_heads, head_dim)}),
     Numeric("kv-per-gpu", draw={MODEL: [m for m in MODELS if m[3] == 8],
