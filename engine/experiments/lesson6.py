@@ -211,14 +211,9 @@ def _optimizer_step(opt, scaler: DynamicLossScaler) -> tuple[bool, bool]:
 def run_loss_scaling(ctx, args, progress: Progress) -> dict:
     device, rank, ev = ctx.device, ctx.rank, ctx.events
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
-    explicit = args.weights == "explicit"
-    student, model, inject_now = _student(args, device, rank, dtype)
+    trainee = _Trainee(args, device, rank, dtype)
+    student, opt = trainee.student, trainee.opt
     probe = GPT(args.model, seed=args.seed, device=device)  # an fp32 copy, for the measurements
-    opt: MasterWeightOptimizer | torch.optim.Adam
-    if explicit:
-        opt = MasterWeightOptimizer(student.parameters(), lambda ps: torch.optim.Adam(ps, lr=args.lr))
-    else:
-        opt = torch.optim.Adam(student.parameters(), lr=args.lr)
     scaler = DynamicLossScaler(args.init_scale, args.growth_factor, args.backoff_factor,
                                args.growth_interval, enabled=not args.no_scaling)
     twin = _GradScalerTwin(args, device, rank, dtype) if scaler.enabled else None
@@ -235,23 +230,14 @@ def run_loss_scaling(ctx, args, progress: Progress) -> dict:
             m = measure_underflow(probe, ids, targets, device, dtype, scaler.get_scale())
             GRAD_HIST.emit_fields(ev, {"step": step, "scale": scaler.get_scale(), "dtype": args.dtype, **m})
             hist.append(m)
-        opt.zero_grad(set_to_none=True)
-        inject_now[0] = step in args.inject
-        with torch.autocast(device.type, dtype=dtype, enabled=not explicit):
-            logits = model(ids)
-        loss = lm_loss(logits.float(), targets)
-        scale = scaler.get_scale()
-        scaler.scale(loss).backward()
-        inject_now[0] = False
-        if isinstance(opt, MasterWeightOptimizer):
-            opt.grads_to_master()
+        scale, injected = scaler.get_scale(), step in args.inject
+        loss = trainee.backward(ids, targets, scaler, injected)
         overflow, skipped = _optimizer_step(opt, scaler)
         if twin is not None:
-            twin.step(ids, targets, step in args.inject, scaler.get_scale(), student)
+            twin.step(ids, targets, injected, scaler.get_scale(), student)
         loss_avg = loss.detach().float().reshape(1).clone()
         dist.all_reduce(loss_avg)
         losses.append(float(loss_avg) / ctx.world_size)
-        injected = step in args.inject
         stats["overflows"] += int(overflow)
         stats["injected"] += int(injected)
         stats["skipped"] += int(skipped)
@@ -266,11 +252,10 @@ def run_loss_scaling(ctx, args, progress: Progress) -> dict:
     return _loss_scaling_summary(args, stats, scaler, losses, hist)
 
 
-class _GradScalerTwin:
-    """torch.amp.GradScaler beside our scaler: a second student from the same seed, the same batches and
-    injected infs, its own optimizer stepped through GradScaler. After every step the two scales and the two
-    models' weights are compared (bit for bit); :meth:`check` reports, as a ``check`` on rank 0, on how many
-    of the run's steps every rank agreed (tests/test_lesson6_scaler.py checks the same on one process)."""
+class _Trainee:
+    """A student of part 1 (:func:`_student`), its optimizer (the fp32 masters of an fp16 model with
+    ``--weights explicit``) and its step's forward and backward: the run's own and its GradScaler twin's are
+    built and stepped by this one code, so that what differs between them is the scaler alone."""
 
     def __init__(self, args, device, rank: int, dtype) -> None:
         self.explicit = args.weights == "explicit"
@@ -281,26 +266,43 @@ class _GradScalerTwin:
             self.opt = MasterWeightOptimizer(self.student.parameters(), lambda ps: torch.optim.Adam(ps, lr=args.lr))
         else:
             self.opt = torch.optim.Adam(self.student.parameters(), lr=args.lr)
+
+    def backward(self, ids, targets, scaler, inject: bool) -> torch.Tensor:
+        """One step's forward and backward, the loss scaled by ``scaler`` (ours or torch's GradScaler) and, with
+        ``inject``, rank 0's inf put in; the gradients left where the optimizer reads them. Returns the loss."""
+        self.opt.zero_grad(set_to_none=True)
+        self.inject_now[0] = inject
+        with torch.autocast(self.device.type, dtype=self.dtype, enabled=not self.explicit):
+            logits = self.model(ids)
+        loss = lm_loss(logits.float(), targets)
+        scaler.scale(loss).backward()
+        self.inject_now[0] = False
+        if isinstance(self.opt, MasterWeightOptimizer):
+            self.opt.grads_to_master()
+        return loss
+
+
+class _GradScalerTwin:
+    """torch.amp.GradScaler beside our scaler: a second :class:`_Trainee` from the same seed, on the same batches
+    and injected infs, stepped through GradScaler. After every step the two scales and the two models' weights
+    are compared (bit for bit); :meth:`check` reports, as a ``check`` on rank 0, on how many of the run's steps
+    every rank agreed (tests/test_lesson6_scaler.py checks the same on one process)."""
+
+    def __init__(self, args, device, rank: int, dtype) -> None:
+        self.trainee = _Trainee(args, device, rank, dtype)
         self.scaler = torch.amp.GradScaler(device.type, init_scale=args.init_scale, growth_factor=args.growth_factor,
                                            backoff_factor=args.backoff_factor, growth_interval=args.growth_interval)
         self.same: list[bool] = []
 
     def step(self, ids, targets, inject: bool, our_scale: float, ours: GPT) -> None:
-        self.opt.zero_grad(set_to_none=True)
-        self.inject_now[0] = inject
-        with torch.autocast(self.device.type, dtype=self.dtype, enabled=not self.explicit):
-            logits = self.model(ids)
-        self.scaler.scale(lm_loss(logits.float(), targets)).backward()
-        self.inject_now[0] = False
-        if isinstance(self.opt, MasterWeightOptimizer):
-            self.opt.grads_to_master()
-        self.scaler.step(self.opt)  # type: ignore[arg-type]  # it reads param_groups and calls step(): duck-typed
+        self.trainee.backward(ids, targets, self.scaler, inject)
+        self.scaler.step(self.trainee.opt)  # type: ignore[arg-type]  # it reads param_groups and calls step(): duck-typed
         self.scaler.update()
         self.same.append(self.scaler.get_scale() == our_scale
-                         and all(torch.equal(a, b) for a, b in zip(ours.parameters(), self.student.parameters())))
+                         and all(torch.equal(a, b) for a, b in zip(ours.parameters(), self.trainee.student.parameters())))
 
     def check(self, ctx) -> None:
-        agreed = torch.tensor([float(x) for x in self.same], device=self.device)
+        agreed = torch.tensor([float(x) for x in self.same], device=self.trainee.device)
         dist.all_reduce(agreed, op=dist.ReduceOp.MIN)  # a step counts where every rank agreed
         if ctx.rank == 0:
             CHECK.emit_fields(ctx.events, check("steps_as_gradscaler", float(len(self.same)), float(agreed.sum()),
