@@ -12,7 +12,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -76,6 +76,13 @@ class EventSink:
 def is_number(x: object) -> bool:
     """A JSON number as Python reads it: an int or a float, not a bool (``True`` is an int to Python)."""
     return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def time_span(events: Iterable[dict]) -> tuple[float, float] | None:
+    """The first and the last time the events carry (None when none does): a run's span where its record
+    lacks it (a killed launcher's, a damaged record's)."""
+    times = [e["t"] for e in events if is_number(e.get("t"))]
+    return (min(times), max(times)) if times else None
 
 
 def read_events(path: str | os.PathLike) -> Iterator[dict]:

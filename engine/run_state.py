@@ -12,7 +12,7 @@ from typing import Any
 
 from ..lessons.events import CHECK, ERROR, LOG, OUTPUT, PHASE, PROGRESS, RUN_END, RUN_START, STEP, SUMMARY
 from ..lessons.lesson1.events import FIT, RING_CHECK, RING_STEP, SWEEP
-from .events import is_number
+from .events import is_number, time_span
 from .profiling import is_profiler_trace_line
 
 
@@ -179,8 +179,8 @@ def replay_events(record) -> list[dict[str, Any]]:
     recorded = list(record.events())
     start_t, duration_s = record.created, record.duration_s
     if record.status == "damaged":  # no record of its start or length: its events' own times say them
-        times = [e["t"] for e in recorded if isinstance(e.get("t"), (int, float))]
-        start_t, duration_s = (min(times), max(times) - min(times)) if times else (record.created, None)
+        span = time_span(recorded)
+        start_t, duration_s = (span[0], span[1] - span[0]) if span else (record.created, None)
     events: list[dict[str, Any]] = [RUN_START.event({
         "t": start_t, "run_id": record.id, "lesson": record.lesson, "nproc": record.config.get("nproc"),
         "device": record.config.get("device"), "note": record.config.get("note"), "command": record.command,

@@ -30,7 +30,7 @@ from typing import Any
 
 from ..lessons.events import STEP
 from ..lessons.strings import TranslatedError, strings, translated
-from .events import read_events
+from .events import read_events, time_span
 
 RUN_FILE = "run.json"
 STATUSES = ("running", "ok", "failed", "stopped", "killed")
@@ -227,8 +227,8 @@ def settle_killed(record: RunRecord) -> RunRecord:
     last, of = record.steps_reached()
     record.status, record.last_step = "killed", last
     if record.duration_s is None:  # until its last event: what `runs show` counts, and now `distai runs` too
-        times = [e["t"] for e in record.events() if isinstance(e.get("t"), (int, float))]
-        record.duration_s = max(0.0, max(times) - record.created) if times else None
+        span = time_span(record.events())
+        record.duration_s = max(0.0, span[1] - record.created) if span else None
     reached = "before its first step" if last is None else f"at step {last}" + (f"/{of}" if of else "")
     record.error = f"the launcher was killed {reached}"
     try:
