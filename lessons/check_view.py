@@ -36,7 +36,15 @@ from typing import Any
 from .checks import Check, reconcile
 from .events import CHECK
 from .strings import has, translated
-from .units import format_bandwidth, format_bytes, format_fixed, format_number, format_percent, format_time
+from .units import (
+    format_bandwidth,
+    format_bytes,
+    format_fixed,
+    format_number,
+    format_percent,
+    format_range,
+    format_time,
+)
 
 __all__ = ["CheckRow", "check_rows", "check_headers", "check_lines", "table_lines", "format_value", "check_label",
            "cause_label", "COLUMNS"]
@@ -152,7 +160,7 @@ def _on_ranks(label: str, ranks: list[int], lang: str) -> str:
         return translated("checks", "on_rank", lang, check=label, rank=ranks[0])
     ranks = sorted(ranks)
     contiguous = len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1))
-    listed = f"{ranks[0]}–{ranks[-1]}" if contiguous else ", ".join(str(r) for r in ranks)
+    listed = format_range(ranks[0], ranks[-1]) if contiguous else ", ".join(str(r) for r in ranks)
     return translated("checks", "on_ranks", lang, check=label, ranks=listed)
 
 

@@ -437,8 +437,8 @@ class _Formatter(string.Formatter):
     table), ``{n:one|other}`` (the first word when n is 1), ``{x:sum-bytes}`` (every such field of a
     template in one unit and precision: the terms of a sum and its total, which then add up; ``{x:sum-time}``
     the same for durations); any other spec is Python's. A bare ``{x}`` shows an
-    int as ``{x:int}`` does (so "1,024-byte … 1,024 GPUs" in one prompt, not "1,024-byte … 1024 GPUs") and a
-    float with 3 significant digits."""
+    int as ``{x:int}`` does (so one count is written one way in a prompt: "1024-byte … 1024 GPUs", not
+    "1,024-byte … 1024 GPUs") and a float with 3 significant digits."""
 
     def __init__(self, lang: str, terms: Mapping[str, str] | None = None):
         super().__init__()

@@ -274,6 +274,11 @@ def _round_half_up(x: float, decimals: int) -> str:
     return str(decimal.Decimal(repr(float(x))).quantize(quantum, rounding=decimal.ROUND_HALF_UP))
 
 
+#: the course's one rule for grouping thousands: a number of up to four digits stays whole (2048, as RAE
+#: writes it too), a longer one is grouped (20,255; 20.255 in Spanish)
+WHOLE_DIGITS = 4
+
+
 def format_number(x: float, digits: int = 3, lang: str = "en") -> str:
     """``x`` with ``digits`` significant digits (no exponent between 1e-4 and 1e15), a half rounded up, the
     thousands grouped beyond four digits (``20,255``), and in Spanish the decimal comma (``20.255``, ``41,3``)."""
@@ -295,7 +300,7 @@ def format_number(x: float, digits: int = 3, lang: str = "en") -> str:
         if "." in s:
             s = s.rstrip("0").rstrip(".")
         whole, dot, fraction = s.partition(".")
-        if len(whole.lstrip("-")) > 4:  # 20,255 d (20.255 in Spanish); four digits stay whole: 2048 tokens
+        if len(whole.lstrip("-")) > WHOLE_DIGITS:  # 20,255 d (20.255 in Spanish); 2048 tokens stays whole
             s = f"{int(whole):,}" + dot + fraction
     if lang == "es":
         s = s.replace(".", "\0").replace(",", ".").replace("\0", ",")
@@ -427,11 +432,17 @@ def format_fixed(x: float, decimals: int = 1, lang: str = "en") -> str:
     return s.replace(".", ",") if lang == "es" else s
 
 
+def format_range(first: object, last: object) -> str:
+    """A span of steps, heads, sizes… written ``first–last`` (an en dash), or ``first`` alone when it is one
+    ("redone step 141", not "141–141")."""
+    return f"{first}" if first == last else f"{first}–{last}"
+
+
 def format_integer(n: float, lang: str = "en") -> str:
     """A whole number with thousands grouped beyond four digits, as :func:`format_number` groups them:
     ``262,144`` (``262.144`` in Spanish), ``2048`` (one rule: a prompt said "1,024-byte … 1024 GPUs")."""
     whole = round(n)
-    if abs(whole) < 10_000:
+    if len(str(abs(whole))) <= WHOLE_DIGITS:
         return str(whole)
     s = f"{whole:,}"
     return s.replace(",", ".") if lang == "es" else s

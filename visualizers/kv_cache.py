@@ -65,6 +65,7 @@ from ..lessons.units import (
     format_number,
     format_percent,
     format_plain,
+    format_range,
     format_score,
     format_time,
 )
@@ -294,7 +295,7 @@ class KVCacheVisualizer(PlaybackVisualizer):
                 out.append(Text(tr["more_gpus"].format(n=len(rows) - i), style="grey50"))
                 break
             heads = row["kv_heads"]
-            hs = f"{heads[0]}–{heads[-1]}" if len(heads) > 1 else str(heads[0])
+            hs = format_range(heads[0], heads[-1])
             rep = f" ×{len(owners[heads[0]])}" if len(owners[heads[0]]) > 1 else ""
             text = Text("■ ", style=_hue(row["gpu"]))
             text.append(tr["gpu_row_short" if narrow else "gpu_row"].format(

@@ -46,7 +46,7 @@ from ..lessons.lesson1.ring_view import (  # noqa: F401 - the settings' range, f
     RingState,
 )
 from ..lessons.strings import has, strings
-from ..lessons.units import format_bandwidth, format_plain, format_time
+from ..lessons.units import format_bandwidth, format_plain, format_range, format_time
 from .base import PLAYBACK_CONTROLS, Control, wrap_words
 from .playback import PlaybackVisualizer
 from .ring_chart import SweepChart, sweep_chart  # noqa: F401 - SweepChart: the run view's chart
@@ -433,7 +433,7 @@ class RingVisualizer(PlaybackVisualizer):
                                                   sent=fmt_units(st.busiest[1], size, lang), total=total_b))
         elif st.sent_range is not None:
             lo, hi = fmt_bytes(st.sent_range[0], lang), fmt_bytes(st.sent_range[1], lang)
-            line2 = Text(s["sent_ring"].format(sent=hi if lo == hi else f"{lo}–{hi}", total=total_b))
+            line2 = Text(s["sent_ring"].format(sent=format_range(lo, hi), total=total_b))
         else:
             line2 = Text(s["sent_ring"].format(sent=fmt_units(st.sent, size, lang), total=total_b))
         line3 = Text(s["time"].format(t=format_time(st.time_now, lang=lang), total=format_time(st.time_all, lang=lang)))

@@ -54,7 +54,7 @@ from ...lessons.events import CHECK, PROGRESS
 from ...lessons.lesson3 import checks as lesson_checks
 from ...lessons.lesson3.events import CHECKPOINT, CKPT_COST, COMPARE, FAILURE, PHASE, REDONE, RESTART, STEP
 from ...lessons.model_size import ModelSize, add_model_options
-from ...lessons.units import format_bytes, format_fixed, format_plain
+from ...lessons.units import format_bytes, format_fixed, format_plain, format_range
 from ..checkpoint import Checkpointer, ResumableSampler, TrainingState, read_checked, write_checked
 from ..events import EVENTS_DIR_ENV, read_events
 from ..experiment import (
@@ -551,7 +551,7 @@ class Attempt:
         same = all(before[s] == losses[s - 1] for s in compared)
         REDONE.emit(self.events, {"first": first, "last": redo_until, "steps": redo_until - first + 1,
                                   "compared": len(compared), "identical": same})
-        self.say(_log("redone", count=redo_until - first + 1, span=f"{first}" if first == redo_until else f"{first}–{redo_until}",
+        self.say(_log("redone", count=redo_until - first + 1, span=format_range(first, redo_until),
                       same=_log("redone_same" if same else "redone_different"), n=len(compared)), flush=True)
 
     def _checkpoint(self, step: int) -> None:
