@@ -9,6 +9,9 @@ Layout of one run (``<root>/<run id>/``)::
     logs/rank{R}.log    each rank's output (stdout and stderr, in arrival order)
     logs/torchrun.log   everything torchrun printed, rank lines included
 
+A run made with ``--run-dir`` lives where the learner put it; its folder's path is appended to
+``<root>/elsewhere.txt`` (one path a line), so ``runs list`` and ``runs show last`` find it too.
+
 ``status`` is ``running`` while the launcher lives, then ``ok``, ``failed`` or ``stopped``;
 a ``running`` run whose launcher process is gone (SIGKILLed, or the machine went down) is
 reported as ``killed``, with the last step its events show, and :func:`settle_killed` writes that
@@ -33,6 +36,7 @@ from ..lessons.strings import TranslatedError, strings, translated
 from .events import read_events, time_span
 
 RUN_FILE = "run.json"
+ELSEWHERE_FILE = "elsewhere.txt"  # the folders of the runs made outside the root (--run-dir), one a line
 STATUSES = ("running", "ok", "failed", "stopped", "killed")
 
 
@@ -276,7 +280,33 @@ def create_run(root: str | os.PathLike, lesson: str, module: str, *, run_dir: st
     record = RunRecord(id=run_id, lesson=lesson, module=module, created=now, path=str(directory),
                        argv=list(argv), config=dict(config or {}), launcher_pid=os.getpid())
     record.save()
+    if run_dir is not None:
+        _note_elsewhere(Path(root), directory)
     return record
+
+
+def _note_elsewhere(root: Path, directory: Path) -> None:
+    """Remember a run folder made outside ``root``. One short appended line: a kill mid-write leaves at most
+    a partial last line, which :func:`_elsewhere` skips, never a damaged earlier one. The run does not
+    depend on it: a root that cannot be written only keeps the run out of ``runs list``."""
+    try:
+        if directory.parent == root.expanduser().resolve():
+            return  # list_runs finds it already
+        root.mkdir(parents=True, exist_ok=True)
+        with open(root / ELSEWHERE_FILE, "a", encoding="utf-8") as f:
+            f.write(f"{directory}\n")
+    except (OSError, ValueError):
+        pass
+
+
+def _elsewhere(root: Path) -> list[Path]:
+    """The run folders :func:`_note_elsewhere` remembered that still hold a run, each once."""
+    try:
+        lines = (root / ELSEWHERE_FILE).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+    folders = dict.fromkeys(Path(line) for line in lines if line.strip())
+    return [folder for folder in folders if folder.is_absolute() and (folder / RUN_FILE).is_file()]
 
 
 def set_command(record: RunRecord, command: list[str]) -> None:
@@ -286,8 +316,8 @@ def set_command(record: RunRecord, command: list[str]) -> None:
 
 
 def list_runs(root: str | os.PathLike) -> list[RunRecord]:
-    """Every run folder under ``root``, newest first: a folder with events or logs but no readable
-    ``run.json`` is listed as damaged (other folders are not runs)."""
+    """Every run folder under ``root``, and every run made elsewhere with ``--run-dir``, newest first: a
+    folder with events or logs but no readable ``run.json`` is listed as damaged (other folders are not runs)."""
     root = Path(root)
     if not root.is_dir():
         return []
@@ -297,6 +327,7 @@ def list_runs(root: str | os.PathLike) -> list[RunRecord]:
             runs.append(load_or_damaged(child))
         elif (child / "events").is_dir() or (child / "logs").is_dir():
             runs.append(_damaged(child, FileNotFoundError()))
+    runs.extend(load_or_damaged(folder) for folder in _elsewhere(root) if folder.parent != root.resolve())
     return sorted(runs, key=lambda r: r.created, reverse=True)
 
 

@@ -24,7 +24,6 @@ from .model_size import ShapeError
 from .strings import TranslatedError, detect_language, has, strings, translated
 
 REQUIRED = ...  # an option the learner must give (Typer's spelling of "no default")
-LARGEST_COUNT = 2 ** 53  # the largest count an option takes unless it says otherwise
 
 # what an option's text is parsed as
 KINDS = (
@@ -93,7 +92,7 @@ class Option:
             raise CalcError(f"{self.flag}: {why}") from None
         minimum = 1 if self.kind in _WHOLE_KINDS and self.minimum is None else self.minimum
         # a count past 2^53 is no model's or cluster's, and a float no longer holds it exactly
-        maximum = LARGEST_COUNT if self.kind in (*_WHOLE_KINDS, "count") and self.maximum is None else self.maximum
+        maximum = units.LARGEST_COUNT if self.kind in (*_WHOLE_KINDS, "count") and self.maximum is None else self.maximum
         if self.kind in _WHOLE_KINDS:
             if value != math.floor(value):
                 raise refused("whole")

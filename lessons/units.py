@@ -19,6 +19,10 @@ import re
 
 from .strings import TranslatedError, translated
 
+# the largest count an option or formula takes unless it says otherwise: past it a count is no model's shape,
+# and products of a few overflow a float
+LARGEST_COUNT = 2 ** 53
+
 __all__ = [
     "UnitError", "parse_number", "parse_count", "parse_bytes", "parse_size", "parse_time", "parse_bandwidth",
     "parse_quantity", "format_number", "format_bytes", "format_count", "format_time",

@@ -188,6 +188,24 @@ def test_run_folders_list_find_and_killed(tmp_path):
     assert RunRecord.load(b.dir).error == "rank 1 failed: boom"
 
 
+def test_a_run_made_elsewhere_is_listed_and_is_last(tmp_path):
+    """--run-dir puts a run outside the runs folder: runs list and runs show last still find it, once, and a
+    line cut short by a kill (or a folder since deleted) is skipped."""
+    root = tmp_path / "runs"
+    first = create_run(root, "lesson1", LESSON1)
+    first.created -= 10
+    first.save()
+    elsewhere = create_run(root, "lesson2", LESSON1, run_dir=tmp_path / "mine" / "big-run")
+    assert (root / "elsewhere.txt").read_text().splitlines() == [str(elsewhere.dir)]
+    with open(root / "elsewhere.txt", "a") as f:
+        f.write(f"{elsewhere.dir}\n{tmp_path / 'gone'}\n/tmp/half-writ")
+    inside = create_run(root, "lesson3", LESSON1, run_dir=root / "named")  # under the root: listed once, not noted
+    assert (root / "elsewhere.txt").read_text().count("named") == 0
+    listed = [r.path for r in list_runs(root)]
+    assert sorted(listed) == sorted([first.path, elsewhere.path, inside.path])
+    assert find_run(root, "last").id in ("big-run", "named") and find_run(root, "big-run").path == elsewhere.path
+
+
 def test_run_state_folds_events():
     s = RunState()
     for e in [{"kind": "run_start", "run_id": "r", "nproc": 2, "device": "cpu", "t": 1.0},

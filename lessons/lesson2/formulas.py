@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 from ..model_size import check_degrees
+from ..units import LARGEST_COUNT
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp")
 OPTIMIZERS = ("adam", "sgd", "sgd-nomomentum")
@@ -25,9 +26,6 @@ PRECISIONS = ("mixed", "fp32")
 # DeepSeek-V3 kept AdamW's in BF16 (technical report, Sec. 3.3.3), the fp32 master copy beside them
 MOMENT_BYTES = {"fp32": 4, "bf16": 2}
 RECOMPUTE = ("none", "selective", "full")
-
-
-LARGEST_COUNT = 2 ** 53  # past it a count is no model's shape, and products of a few overflow a float
 
 
 def _count(value, what: str, maximum: float = LARGEST_COUNT) -> int:
