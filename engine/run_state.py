@@ -34,6 +34,7 @@ class RunState:
     losses: list[float] = field(default_factory=list)
     loss_rank: int | None = None
     loss_series: dict[tuple[str, ...], list[float]] = field(default_factory=dict)
+    loss_steps: dict[tuple[str, ...], list[Any]] = field(default_factory=dict)  # each loss's step number
     last_step: dict[str, Any] | None = None
     sweep: list[dict[str, Any]] = field(default_factory=list)
     fits: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -95,10 +96,17 @@ class RunState:
         given = e.get("rank")
         rank = given if isinstance(given, int) else 0
         if self.loss_rank is None or rank < self.loss_rank:  # a lower rank's curve replaces what came first
-            self.loss_rank, self.loss_series = rank, {}
+            self.loss_rank, self.loss_series, self.loss_steps = rank, {}, {}
         if rank == self.loss_rank:
             series = tuple(str(e[k]) for k in ("strategy", "schedule", "mode") if e.get(k) is not None)
             self.losses = self.loss_series.setdefault(series, [])
+            steps = self.loss_steps.setdefault(series, [])
+            step = e.get("step")
+            if e.get("redo") is True and isinstance(step, int):  # a step done again after a restart replaces
+                while steps and isinstance(steps[-1], int) and steps[-1] >= step:  # the lost one: one point a step
+                    steps.pop()
+                    self.losses.pop()
+            steps.append(step)
             self.losses.append(float(e["loss"]))
 
     def feed(self, e: dict[str, Any]) -> None:

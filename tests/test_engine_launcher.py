@@ -237,6 +237,18 @@ def test_the_loss_curve_is_one_ranks_latest_series_whatever_the_arrival_order():
     assert pipeline.losses == [5.0, 4.0, 3.0]
 
 
+def test_steps_done_again_after_a_restart_replace_the_lost_ones_in_the_curve():
+    """Lesson 3: a failure at step 6 resumes from the checkpoint after step 4; steps 5 and 6 come again
+    (``redo``). The curve has one point a step, the redone ones in place of the lost ones."""
+    s = RunState()
+    for i in range(6):
+        s.feed({"kind": "step", "rank": 0, "step": i, "loss": 10.0 - i, "attempt": 0})
+    for i in range(4, 8):
+        s.feed({"kind": "step", "rank": 0, "step": i, "loss": 20.0 - i, "attempt": 1, "redo": i < 6})
+    assert s.losses == [10.0, 9.0, 8.0, 7.0, 16.0, 15.0, 14.0, 13.0]
+    assert s.loss_steps[()] == list(range(8))
+
+
 def test_cli_lesson_without_experiment_is_not_yet_available(capsys):
     from distai.lessons.registry import all_lessons
     from distai.tutor.cli import main
