@@ -42,7 +42,7 @@ def test_run_succeeds_with_a_summary(run):
     assert s["ring_vs_all_reduce_max_abs_diff"] < 1e-5
     assert [e["name"] for e in of(events, "phase")] == ["start", "check", "train", "sweep", "predict"]
     last = of(events, "progress")[-1]
-    assert last["done"] == last["total"] == 1 + 6 + 9
+    assert last["done"] == last["total"] == 1 + 6 + 9 + 2  # the check, the steps, the sweep's sizes, the prediction's
 
 
 def test_training_steps_report_a_falling_loss(run):

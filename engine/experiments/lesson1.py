@@ -256,7 +256,7 @@ def fit(ctx, rows: list[dict]) -> dict[str, dict]:
     return out
 
 
-def allreduce_checks(ctx, sizes: list[int], iters: int | None = None) -> list[Check]:
+def allreduce_checks(ctx, sizes: list[int], iters: int | None = None, progress: Progress | None = None) -> list[Check]:
     """The ring formula 2(N−1)α + 2(N−1)/N·S·β, with one link's α and β measured by the doctor's
     ping-pong on this group, against the textbook ring (one channel, no pipelining) measured on
     it, for each of ``sizes``. A miss is split into causes: the measured ring's own time, the slowest
@@ -327,6 +327,8 @@ def allreduce_checks(ctx, sizes: list[int], iters: int | None = None) -> list[Ch
                          detail={"size": size, "n": n, "alpha_s": alpha, "beta_s_per_byte": beta,
                                  "ring_cpu_s": on_cpu, "ring_asleep_s": asleep, "pair_s": part["pair"],
                                  "cpu_per_wall": waited.cpu_per_wall, "run_queue_share": waited.run_queue_share}))
+        if progress is not None:
+            progress.advance("predict")
     return out
 
 
@@ -348,7 +350,8 @@ def run(ctx, args: argparse.Namespace) -> dict | None:
     started = time.time()
     n = ctx.world_size
     sizes = [] if args.no_sweep else sweep_sizes(args.sweep_min_bytes, args.sweep_max_bytes)
-    progress = Progress(ctx, 1 + args.steps + len(sizes))
+    checked = sorted({sizes[0], sizes[-1]}) if n > 1 and sizes else []  # the prediction's sizes: a unit each
+    progress = Progress(ctx, 1 + args.steps + len(sizes) + len(checked))
     phase(ctx, {"name": "start", "n": n, "backend": ctx.backend, "device": str(ctx.device), "steps": args.steps,
                 "sweep_sizes": sizes})
     checkpoint("start", args.barrier_timeout)
@@ -367,9 +370,9 @@ def run(ctx, args: argparse.Namespace) -> dict | None:
     rows = [] if args.no_sweep else sweep(ctx, args, progress)
     fits = fit(ctx, rows)
     checks = []
-    if n > 1 and sizes:
+    if checked:
         phase(ctx, {"name": "predict", "sizes": [sizes[0], sizes[-1]]})
-        checks = allreduce_checks(ctx, sorted({sizes[0], sizes[-1]}), args.iters)
+        checks = allreduce_checks(ctx, checked, args.iters, progress)
         for c in checks if ctx.rank == 0 else []:
             CHECK.emit_fields(ctx.events, c.event())
     checkpoint("end", args.barrier_timeout)
