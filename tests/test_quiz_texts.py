@@ -135,6 +135,19 @@ def test_a_bare_int_is_written_as_int_writes_it():
     assert quiz._Formatter("en").format("{flag}", flag=True) == "True"  # a bool is not a count
 
 
+def test_an_explanation_writes_the_answer_as_the_answer_line_does():
+    """The audit: "the answer is 3.995", then "ratio 4×" in its explanation (the answer at 3 significant digits,
+    the line at 4). An explanation writes the answer as {answer_text}, never re-rounded with {answer:num}."""
+    for package in (f"distai.lessons.{lesson.id}" for lesson in all_lessons()):
+        for name, texts in question_texts(package).items():
+            for lang, fields in texts.items():
+                explains = fields.get("explain", "")
+                for text in explains.values() if isinstance(explains, dict) else [explains]:
+                    assert "{answer:num}" not in text and "{answer}" not in text, (package, name, lang, text)
+    for q in _questions("lesson1", "naive-ratio", langs=("en",)):
+        assert f"ratio {q.answer_text()}×" in q.explanation
+
+
 # plural nouns the quiz puts after a drawn count
 _PLURALS = r"steps|hops|sequences|tokens|GPUs|ranks|layers|stages|microbatches|experts|pasos|saltos|secuencias|" \
            r"capas|etapas|microlotes|expertos"
