@@ -187,7 +187,8 @@ def compare_prefix_sharing(make_shard, requests: list[Request], num_blocks: int,
     ``peak_blocks`` and ``mean_blocks`` (physical KV blocks referenced, per iteration), ``peak_kv_bytes``,
     ``preemptions``; for the sharing run also ``logical_blocks_mean`` (the blocks the same sequences
     would hold unshared), ``memory_saved`` = 1 − Σ physical / Σ logical blocks over its iterations,
-    ``reused_tokens``, ``hit_rate`` (prompt tokens found cached / prompt tokens), ``cow`` and
+    ``reused_tokens``, ``looked_up_tokens`` (the prompt tokens looked up at admissions, a preempted request's
+    again at its re-admission), ``hit_rate`` (found cached / looked up), ``cow`` and
     ``evicted`` (counts); and ``tokens_equal`` (identical outputs), ``ttft_ratio`` (p50 without /
     with), ``peak_memory_ratio`` (peak KV with / without)."""
     prompts = list(_prompt_ids(requests).values())
@@ -214,6 +215,7 @@ def compare_prefix_sharing(make_shard, requests: list[Request], num_blocks: int,
             row.update(logical_blocks_mean=sum(logical) / len(logical),
                        memory_saved=1 - sum(busy) / sum(logical),
                        reused_tokens=sum(s.reused_tokens for s in run.snapshots),
+                       looked_up_tokens=sh.cache.alloc.looked_up_tokens,
                        hit_rate=sh.cache.alloc.reused_tokens / max(1, sh.cache.alloc.looked_up_tokens),
                        cow=sum(len(s.cow) for s in run.snapshots), evicted=sum(len(s.evicted) for s in run.snapshots))
         out[name] = row

@@ -443,6 +443,13 @@ def test_experiment_checks_and_summary(group):
     b, a = px["prefix"], px["no-sharing"]
     assert 0 < b["memory_saved"] < 1 and b["peak_blocks"] <= a["peak_blocks"]
     assert b["prefill_tokens"] < a["prefill_tokens"] and b["reused_tokens"] > 0 and b["cow"] > 0
+    # the summary's arithmetic: what was prefilled is what was looked up less what was found cached, and the
+    # unshared run prefilled every prompt token plus what preemption made it recompute
+    assert b["prefill_tokens"] == b["looked_up_tokens"] - b["reused_tokens"]
+    assert b["hit_rate"] == b["reused_tokens"] / b["looked_up_tokens"] and a["prefill_tokens"] >= px["prompt_tokens"]
+    from distai.lessons.units import format_integer
+    looked, reused = (format_integer(b[k], "en") for k in ("looked_up_tokens", "reused_tokens"))
+    assert f"{looked} prompt tokens looked up, {reused} found cached" in exp["stdout"]
     assert "[prefix sharing] 16 requests sharing a 100-token system prompt" in exp["stdout"]
 
 

@@ -622,8 +622,11 @@ def prefix_lines(px: dict, lang: str | None = None) -> list[str]:
                 logical=format_integer(b["logical_blocks_mean"], lang), saved=pct(b["memory_saved"])),
             say("prefix_peak", peak=b["peak_blocks"], size=_fmt_bytes(b["peak_kv_bytes"], lang), other=a["peak_blocks"],
                 other_size=_fmt_bytes(a["peak_kv_bytes"], lang)),
+            # prefill = looked up − found cached; the unshared run's beyond the prompts is recomputation
             say("prefix_prefill", tokens=format_integer(b["prefill_tokens"], lang),
-                other=format_integer(a["prefill_tokens"], lang), hit=pct(b["hit_rate"]), cow=b["cow"],
+                looked=format_integer(b["looked_up_tokens"], lang), reused=format_integer(b["reused_tokens"], lang),
+                other=format_integer(a["prefill_tokens"], lang), hit=pct(b["hit_rate"]),
+                recomputed=format_integer(a["prefill_tokens"] - px["prompt_tokens"], lang), cow=b["cow"],
                 evicted=b["evicted"]),
             say("prefix_ttft", ttft=_ms(b["ttft_p50_s"], lang), other=_ms(a["ttft_p50_s"], lang),
                 ratio=format_fixed(px["ttft_ratio"], 1, lang))]
