@@ -22,6 +22,21 @@ def test_calc_moe_reproduces_mixtral_8x7b(capsys):
     assert r["expert_bytes_per_gpu"] == 32 * 3 * 4096 * 14336 * 2
 
 
+def test_calc_moe_counts_the_capacity_per_ep_group_and_per_rank(capsys):
+    """GShard (and distai's run) count C over the EP group's tokens; Megatron-Core's router over each rank's
+    own, before the all-to-all. 4096 tokens per GPU, EP 8, c = 1: 8192 of 32,768 against 1024 of 4096."""
+    assert main(["calc", "moe", *MIXTRAL, "--ep", "8", "--capacity-factor", "1", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert (r["capacity"], r["capacity_per_rank"]) == (8192, 1024)
+    assert r["expected_drop_rate"] == pytest.approx(0.003817, abs=1e-6)
+    assert r["expected_drop_rate_per_rank"] == pytest.approx(0.010796, abs=1e-6)
+    assert main(["calc", "moe", *MIXTRAL, "--ep", "8", "--capacity-factor", "1", "--lang", "en"]) == 0
+    shown = capsys.readouterr().out
+    assert "capacity counted per rank (Megatron-Core)  1024" in shown and "counted per rank            1.08%" in shown
+    assert main(["calc", "moe", *MIXTRAL, "--lang", "en"]) == 0  # EP 1: one T, one line
+    assert "per rank" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("extra, message", [(["--top-k", "9"], "--top-k 9 is more than the 8 experts"),
                                             (["--ep", "3"], "distai: error: ep = 3 does not divide the 8 experts\n")])
 def test_calc_moe_refuses_impossible_layouts(extra, message, capsys):

@@ -533,7 +533,7 @@ def test_lesson7_report_in_spanish():
     px = next(e for e in events if e["kind"] == "prefix_compare")
     px = {"tokens_equal": True, "ttft_ratio": 22.8, **px,
           "prefix": {"logical_blocks_mean": 65.5, "memory_saved": 0.46, "hit_rate": 0.9, "cow": 3, "evicted": 0,
-                     **px["prefix"]}}
+                     "looked_up_tokens": 1500, "reused_tokens": 1350, **px["prefix"]}}
     cfg = SimpleNamespace(layers=config["layers"], hidden=config["hidden"], heads=config["heads"],
                           group_heads=config["kv_heads"])
     W = config["W"]

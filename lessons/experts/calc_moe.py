@@ -29,7 +29,11 @@ def compute(v: dict) -> dict:
             "all_to_all_forward_bytes_per_layer": per_direction, "all_to_all_backward_bytes_per_layer": per_direction,
             "all_to_all_calls_per_layer": f.all_to_all_calls_per_layer(dropless=False),
             "capacity": f.capacity(group_tokens, v["experts"], v["top_k"], v["capacity_factor"]),
-            "expected_drop_rate": f.expected_drop_rate(group_tokens, v["experts"], v["top_k"], v["capacity_factor"])}
+            "expected_drop_rate": f.expected_drop_rate(group_tokens, v["experts"], v["top_k"], v["capacity_factor"]),
+            # Megatron-Core's router caps each rank's own tokens before the all-to-all: T is one GPU's
+            "capacity_per_rank": f.capacity(v["tokens"], v["experts"], v["top_k"], v["capacity_factor"]),
+            "expected_drop_rate_per_rank": f.expected_drop_rate(v["tokens"], v["experts"], v["top_k"],
+                                                                v["capacity_factor"])}
 
 
 def text(r: dict, lang: str = "en") -> list[str]:
@@ -45,6 +49,9 @@ def text(r: dict, lang: str = "en") -> list[str]:
             (say("a2a_bwd"), b(r["all_to_all_backward_bytes_per_layer"])),
             (say("capacity", c=units.format_plain(r["capacity_factor"], lang)), units.format_integer(r["capacity"], lang)),
             (say("drops"), units.format_fixed_percent(r["expected_drop_rate"], 2, lang))]
+    if r["ep"] > 1:  # the same T otherwise
+        rows += [(say("capacity_per_rank"), units.format_integer(r["capacity_per_rank"], lang)),
+                 (say("drops_per_rank"), units.format_fixed_percent(r["expected_drop_rate_per_rank"], 2, lang))]
     return [say("head", layers=r["layers"], experts=r["experts"], top_k=r["top_k"],
                 shared=say("shared", n=r["shared_experts"]) if r["shared_experts"] else "",
                 tokens=units.format_integer(r["tokens"], lang)), *table(rows)]
