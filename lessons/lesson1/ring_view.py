@@ -19,7 +19,9 @@ from .ring_plan import ALGORITHMS, RING, Plan, model_plan, recorded_plan
 from .ring_run import RecordedCall, RingRun
 
 N_MIN, N_MAX = 2, 16
-SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20, 10 ** 9, 4 * 10 ** 9)
+# ×4 a step, so the latency-bound small sizes give way to the bandwidth-bound ones gradually; the top two are
+# the lesson's worked example (1 GB) and four times it
+SIZES = (4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 10 ** 9, 4 * 10 ** 9)
 DEFAULT_SIZE = 10 ** 9
 DEFAULT_ALPHA, DEFAULT_BETA = 5e-6, 4e-11  # the lesson's link: 5 µs, 25 GB/s
 
