@@ -143,6 +143,30 @@ def test_run_timeline_cells():
     assert tl.empty
 
 
+def test_checkpoint_marks_are_evenly_spaced_whatever_the_width():
+    """The audit: the side timeline spaced its checkpoint marks unevenly (45 steps on 23 cells put step k at
+    ⌊(k−1)·23/45⌋). Where a cell stands for p steps, a checkpoint every 10 steps lands every 10/p cells, and
+    the axis writes each step number over that step's first cell; where a step has k cells, every step k."""
+    import re
+
+    from distai.lessons.lesson3.run_timeline import step_columns
+    from distai.visualizers.run_timeline import _axis, _layout
+
+    for n in (40, 45, 60, 97, 120):
+        for width in range(12, 130):
+            cols, per = _layout(n, width, 8)
+            spans = [step_columns(k, n, cols) for k in range(1, n + 1)]
+            if per > 1:
+                assert [r[0] for r in spans] == [(k - 1) // per for k in range(1, n + 1)], (n, width)
+                if 10 % per == 0:
+                    marks = [spans[k - 1][-1] for k in range(10, n + 1, 10)]
+                    assert len({b - a for a, b in zip(marks, marks[1:])}) <= 1, (n, width, marks)
+            else:
+                assert cols % n == 0 and {len(r) for r in spans} == {cols // n}, (n, width)
+            for m in re.finditer(r"\d+", _axis(n, cols, 0).plain):
+                assert m.start() == spans[int(m.group()) - 1][0], (n, width, m.group())
+
+
 @async_test
 async def test_a_new_run_on_an_earlier_runs_checkpoints_is_not_called_a_relaunch():
     """`distai run lesson3 --ckpt-dir <a stopped run's checkpoints>` resumed and said "restart 1 (supervisor,

@@ -13,7 +13,7 @@ import re
 
 from rich.text import Text
 
-from ..lessons.lesson3.run_timeline import RunTimeline
+from ..lessons.lesson3.run_timeline import RunTimeline, step_columns
 from ..lessons.strings import strings
 from ..lessons.units import format_bytes, format_number, format_time
 from .ring_drawing import code_spans, wrap_text
@@ -40,7 +40,7 @@ def _axis(n: int, cols: int, pad: int) -> Text:
     marks = [1] + list(range(every, n + 1, every)) + ([n] if n > 1 and n % every else [])
     line = [" "] * (cols + len(str(n)))
     for k in marks:
-        col = min(cols - 1, int((k - 1) * cols / n))
+        col = step_columns(k, n, cols)[0]
         label = str(k)
         lo, hi = max(0, col - 1), col + len(label) + 1
         if col + len(label) <= len(line) and all(c == " " for c in line[lo:hi]):

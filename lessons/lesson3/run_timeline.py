@@ -32,6 +32,22 @@ KINDS = tuple(k.name for k in (RUN_START, RUN_END, PHASE, STEP, CHECKPOINT, FAIL
                                COMPARE, SUMMARY))
 
 
+def step_columns(step: int, n: int, width: int) -> range:
+    """The cells of step ``step`` (1..``n``) on a row of ``width`` cells, spaced evenly: each step the same
+    whole number of cells where ``width`` is a multiple of ``n``; where it is narrower, each cell the same
+    ``⌈n/width⌉`` steps (checkpoints every k steps then land every k/⌈n/width⌉ cells, not a cell early or late
+    by rounding); otherwise in proportion. The rows and the axis under them both place steps here."""
+    width, n = max(1, width), max(1, n)
+    if width % n == 0:
+        k = width // n
+        return range((step - 1) * k, step * k)
+    if width < n:
+        col = min(width - 1, (step - 1) // -(-n // width))
+        return range(col, col + 1)
+    c0 = min(width - 1, max(0, int((step - 1) * width / n)))
+    return range(c0, max(c0 + 1, min(width, int(step * width / n))))
+
+
 @dataclass
 class Attempt:
     number: int
@@ -162,23 +178,19 @@ class RunTimeline:
             at = self.attempts[number]
             row = ["empty"] * width
 
-            def cols_of(step: int) -> range:
-                c0 = min(width - 1, max(0, int((step - 1) * width / n)))
-                return range(c0, max(c0 + 1, min(width, int(step * width / n))))
-
             def put(cols: range | list, what: str) -> None:
                 for col in cols:
                     if CELL_ORDER.index(what) < CELL_ORDER.index(row[col]):
                         row[col] = what
 
             for s in at.steps:
-                put(cols_of(s), "redo" if s in at.redo else "step")
+                put(step_columns(s, n, width), "redo" if s in at.redo else "step")
             for c in at.checkpoints:
-                put([cols_of(int(c["step"]))[-1]], "checkpoint")
+                put([step_columns(int(c["step"]), n, width)[-1]], "checkpoint")
             if at.failure is not None:
-                put(cols_of(max(1, int(at.failure.get("step") or at.last_step + 1))), "failure")
+                put(step_columns(max(1, int(at.failure.get("step") or at.last_step + 1)), n, width), "failure")
             if at.restart is not None and at.from_step >= 1:
-                put([cols_of(at.from_step)[-1]], "restart")
+                put([step_columns(at.from_step, n, width)[-1]], "restart")
             elif at.restart is not None and row[0] == "empty":
                 row[0] = "restart"
             rows.append((number, row))
