@@ -256,3 +256,36 @@ async def finished(pilot, app) -> None:
             break
     await pilot.pause(0.3)
 
+
+
+# ---- 5. v: the visualizer first ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("size", [(120, 40), (80, 24)])
+def test_v_puts_the_visualizer_first_once_a_summary_took_the_screen(size):
+    """The capstone's summary (30 lines of rank 0's output) grew the log until the visualizer kept 4 rows at
+    120x40 ("25 more lines: a taller terminal shows them"), and at 80x24 it is hidden: v gives it the screen
+    and leaves the log a few rows; v again gives the summary its room back."""
+    lines = [f"  line {i}: summary" for i in range(40)]
+    events = [{"kind": "run_start", "run_id": "r", "nproc": 8, "device": "cpu", "t": 0.0}]
+    events += [{"kind": "output", "rank": 0, "line": line, "t": 0.1} for line in lines]
+
+    async def scenario():
+        app = PanelApp(lambda: RunPanelScreen(resolve_lesson("capstone"), "en",
+                                              launch_factory=scripted_launch(events)))
+        async with app.run_test(size=size) as pilot:
+            await finished(pilot, app)
+            screen = app.screen
+            visual, log = screen.query_one("#run-visual"), screen.query_one("#run-log", RichLog)
+            before = (visual.display and visual.outer_size.height, log.outer_size.height)
+            await pilot.press("v")
+            await pilot.pause(0.3)
+            first = (visual.display, visual.outer_size.height, log.outer_size.height)
+            await pilot.press("v")
+            await pilot.pause(0.3)
+            return before, first, log.outer_size.height
+
+    (visual_before, log_before), (shown, visual_first, log_first), log_back = asyncio.run(scenario())
+    height = size[1]
+    assert log_before > height // 2  # the summary took the screen
+    assert shown and visual_first >= height - 7 - 6 and log_first == 7  # title, status, footer and the log
+    assert log_back == log_before and (visual_before or 0) < visual_first

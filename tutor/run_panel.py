@@ -107,6 +107,7 @@ class RunPanelScreen(Screen):
     BINDINGS = [
         Binding("s", "stop", "Stop"),
         Binding("a", "again", "Run again"),
+        Binding("v", "visual_first", "Visualizer"),
         Binding("escape,q", "close", "Close"),
         Binding("question_mark", "help", "Help", key_display="?", show=False),
         Binding("l", "language", "Language", show=False),
@@ -136,6 +137,11 @@ class RunPanelScreen(Screen):
     RunPanelScreen.-no-charts #run-charts { display: none; }
     RunPanelScreen.-view-summary #run-charts { width: 2fr; }
     RunPanelScreen.-narrow.-no-charts #run-body { display: none; }
+    /* v: the visualizer first, the log a few rows (on a narrow screen the visualizer in the charts' place) */
+    RunPanelScreen.-visual-first #run-log { height: 7; }
+    RunPanelScreen.-narrow.-visual-first #run-visual { display: block; width: 1fr; }
+    RunPanelScreen.-narrow.-visual-first #run-charts { display: none; }
+    RunPanelScreen.-narrow.-visual-first.-no-charts #run-body { display: block; }
     """
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
     SUMMARY_BODY_ROWS = 5  # what the charts and visualizer keep when the log grows to show the summary
@@ -190,7 +196,8 @@ class RunPanelScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
-        localize_bindings(self, self.language, {"stop": "stop", "again": "again", "close": "close"}, area="run")
+        localize_bindings(self, self.language, {"stop": "stop", "again": "again", "close": "close",
+                                                "visual_first": "visual_first"}, area="run")
         self.set_class(not self.view.panel, "-no-charts")
         self._mount_visualizer()
         self.set_interval(self.drain_interval, self._drain)
@@ -461,10 +468,23 @@ class RunPanelScreen(Screen):
             spark.data = []
             label.display = spark.display = True
 
+    def action_visual_first(self) -> None:
+        """``v``: the visualizer first and the log a few rows, or back (a summary's log tall again). At 80×24
+        the visualizer is hidden and a run's summary takes the screen: this is how the learner sees it."""
+        first = not self.has_class("-visual-first")
+        self.set_class(first, "-visual-first")
+        log, body = self.query_one("#run-log", RichLog), self.query_one("#run-body")
+        log.styles.height = None  # the class's height, or the layout's, not the summary's fit
+        body.styles.height = None
+        if first:
+            self.call_after_refresh(lambda: log.scroll_end(animate=False))
+        elif self.state.finished:
+            self.call_after_refresh(self._fit_summary)
+
     def _fit_summary(self) -> None:
         """Once the run ended, a lesson whose summary is rank 0's output gets a log tall enough to read
         it whole (the charts and visualizer keep a few rows, and their own scrolling)."""
-        if self.view.summary != "output":
+        if self.view.summary != "output" or self.has_class("-visual-first"):
             return
         log, body = self.query_one("#run-log", RichLog), self.query_one("#run-body")
         fixed = sum(w.outer_size.height for w in (self.query_one("#run-title"), self.query_one("#run-status-bar"),

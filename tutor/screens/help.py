@@ -37,6 +37,7 @@ LESSON_KEYS = [
 RUN_KEYS = [  # the run panel's (tutor/run_panel.py)
     ("s", "key_run_stop"),
     ("a", "key_run_again"),
+    ("v", "key_run_visual"),
     ("l", "key_run_lang"),
     ("?", "key_help"),
     ("q  Esc", "key_run_close"),
