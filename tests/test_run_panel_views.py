@@ -289,3 +289,36 @@ def test_v_puts_the_visualizer_first_once_a_summary_took_the_screen(size):
     assert log_before > height // 2  # the summary took the screen
     assert shown and visual_first >= height - 7 - 6 and log_first == 7  # title, status, footer and the log
     assert log_back == log_before and (visual_before or 0) < visual_first
+
+
+def test_the_visualizers_keys_work_in_the_run_panel_and_the_panels_stay_its_own():
+    """The run panel's visualizer drew "g next view · m next mesh shape" but the log had the focus and the
+    keys went nowhere: keys nothing else takes go to the visualizer (as on the lesson screen), s stays Stop
+    (the mesh's s, next tab, is left to it), and ? lists the visualizer's keys too."""
+    from distai.tutor.screens.help import HelpScreen
+
+    events = [{"kind": "run_start", "run_id": "r", "nproc": 8, "device": "cpu", "t": 0.0}]
+
+    async def scenario():
+        app = PanelApp(lambda: RunPanelScreen(resolve_lesson("capstone"), "en",
+                                              launch_factory=scripted_launch(events)))
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause(0.3)
+            screen = app.screen
+            mesh = screen.visualizer
+            seen = [mesh.view]
+            await pilot.press("g")
+            await pilot.pause(0.1)
+            seen.append(mesh.view)
+            tab = mesh.tab
+            await pilot.press("s")
+            await pilot.pause(0.1)
+            await pilot.press("question_mark")
+            await pilot.pause(0.2)
+            help_text = " ".join(str(row) for row in app.screen.visualizer_keys) \
+                if isinstance(app.screen, HelpScreen) else ""
+            return seen, tab, mesh.tab, help_text
+
+    seen, tab_before, tab_after, help_text = asyncio.run(scenario())
+    assert seen == ["step", "groups"] and tab_after == tab_before
+    assert "next mesh shape" in help_text

@@ -552,7 +552,19 @@ class RunPanelScreen(Screen):
         from .screens.help import HelpScreen
 
         if not isinstance(self.app.screen, HelpScreen):
-            self.app.push_screen(HelpScreen("run", self.language))
+            keys = self.visualizer.key_help() if self.visualizer is not None else []
+            self.app.push_screen(HelpScreen("run", self.language, visualizer_keys=keys))
+
+    async def on_key(self, event) -> None:
+        """A key nothing else took goes to the visualizer, as on the lesson screen: the controls its hint
+        names ("g next view · m next mesh shape") work while the log has the focus. The panel's own keys
+        stay the panel's (the visualizer leaves s and a to Stop and Run again)."""
+        visualizer = self.visualizer
+        if visualizer is None or not self.query_one("#run-visual").display or self.focused is visualizer:
+            return
+        if await visualizer.press(event.key):
+            event.stop()
+            event.prevent_default()
 
     def action_close(self) -> None:
         if self.running and self.launch is not None:
