@@ -88,6 +88,9 @@ Sources (A100-80GB: 312 TFLOP/s bf16 dense, HBM 2.039 TB/s; H100 SXM: 989 TFLOP/
   H100-80GB, 8 per server on NVLink, 400 Gb/s RoCE per GPU; FSDP with pipeline parallelism (Sec.
   3.3.2). Sequence 8192: TP 8, PP 16, DP 64 on 8,192 GPUs, 430 TFLOP/s per GPU, 43% BF16 MFU; DP 128 on
   16,384, 400 TFLOP/s, 41%. Sequence 131,072: TP 8, CP 16, PP 16, DP 8 on 16,384 GPUs, 380 TFLOP/s, 38%.
+  The DP column is what the rest of each row fixes: GPUs / (TP·CP·PP) = 64, 128 and 8, and 16M tokens a batch
+  = DP × sequences per replica × sequence (64 × 32 × 8192, 128 × 16 × 8192, 8 × 16 × 131,072). P. Balaji's
+  SC'24 talk ("Herding Llamas") shows the same GPUs, TP, CP, PP, 16M tokens and TFLOP/s per GPU.
   Assumption: those TFLOP/s count the causal half of the attention scores (6Ψ + 6·L·h·s per token, as
   FlashAttention computes a causal mask); the planner's MFU counts PaLM's 6Ψ + 12·L·h·s. The two differ
   by 4% at 8K and by 40% at 128K, where the scores are most of the work.
