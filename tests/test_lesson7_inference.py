@@ -106,6 +106,20 @@ def _group_checks(rank: int, world: int, events_dir: str) -> dict:
             out[("tp-pp", m)] = {"equal": torch.equal(r["tokens"], ref), "stage": stage, "tp_rank": sh.tp_rank,
                                  "layers": sh.layers, "kv0": sh.kv0, "kv_local": sh.kv_local,
                                  "comm_decode": r["comm_decode"], "kv_bytes": r["kv_bytes"]}
+    # the planner's hardware when the three-size fit leaves β at 0 on one rank only (loaded cores): every
+    # rank takes the link's measured β together (a collective), none waits on the others
+    import types
+
+    from distai.engine.experiments import lesson7 as l7
+
+    fitted = l7.group_alpha_beta
+    l7.group_alpha_beta = lambda *a, **k: (2e-5, 0.0 if rank == 1 else 1e-9)
+    try:
+        ctx = types.SimpleNamespace(world_size=world, device=torch.device("cpu"))
+        hw = l7.this_machine(cfg, _prompts(cfg), torch.float32, ctx)
+    finally:
+        l7.group_alpha_beta = fitted
+    out["beta_fallback"] = {"alpha": hw.alpha, "link_bandwidth": hw.link_bandwidth}
     dist.barrier()
     # the lesson's experiment, in this same group (it ends the group: last); on 4 ranks as TP=2 × PP=2
     import contextlib
@@ -451,6 +465,20 @@ def test_experiment_checks_and_summary(group):
     looked, reused = (format_integer(b[k], "en") for k in ("looked_up_tokens", "reused_tokens"))
     assert f"{looked} prompt tokens looked up, {reused} found cached" in exp["stdout"]
     assert "[prefix sharing] 16 requests sharing a 100-token system prompt" in exp["stdout"]
+
+
+def test_a_fit_that_leaves_beta_at_zero_takes_the_links_measured_beta(group):
+    """Lesson 7's fit of three all-reduce sizes on loaded cores can give β = 0 (the largest timed no slower
+    than the smallest), which made every all-reduce free beyond α and the TTFT check miss. Rank 1's fit is
+    made to give 0: it takes one link's ping-pong β (finite, positive); the others keep their fit's."""
+    world, results, _ = group
+    for rank, out in enumerate(results):
+        fb = out["beta_fallback"]
+        assert fb["alpha"] == 2e-5
+        if rank == 1:
+            assert 1e3 < fb["link_bandwidth"] < 1e13  # bytes/s of a real loopback, not 1e30
+        else:
+            assert fb["link_bandwidth"] == pytest.approx(1e9)
 
 
 def test_experiment_events(group):

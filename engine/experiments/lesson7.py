@@ -79,7 +79,7 @@ from ...lessons.model_spec import ModelSpec
 from ...lessons.strings import TranslatedError
 from ...lessons.units import format_count, format_fixed, format_fixed_percent, format_integer, format_plain
 from ..comm_trace import trace_causes
-from ..doctor import group_alpha_beta
+from ..doctor import group_alpha_beta, link_alpha_beta
 from ..experiment import (
     UsageError,
     all_ranks_true,
@@ -291,6 +291,11 @@ def this_machine(cfg, prompts, dtype: torch.dtype, ctx) -> planner.Hardware:
     sizes = sorted({B * cfg.hidden * elem, B * s * cfg.hidden * elem, 8 * B * s * cfg.hidden * elem})
     # timed alone, the cores' contention apart: the checks count it as a cause of its own
     alpha, beta = group_alpha_beta(sizes, repeats=3, device_type=ctx.device.type, contention_apart=True)
+    if not all_ranks_true(beta > 0, ctx.device):  # decided together: the fallback is a collective
+        # three sizes on loaded cores can time the largest no slower than the smallest: the fit's time per
+        # byte is then 0 (all-reduces of any size free beyond α); one link's 4 MiB ping-pong measures it instead
+        link_beta = link_alpha_beta(ctx.device, contention_apart=True)["beta_s_per_byte"]
+        beta = beta if beta > 0 else link_beta
     return planner.Hardware(gpus=ctx.world_size, gpu_memory=1.0, bandwidth=copy_bandwidth(ctx.device),
                             flops=matmul_rate(dtype, ctx.device), link_bandwidth=1 / beta if beta > 0 else 1e30,
                             alpha=alpha)
