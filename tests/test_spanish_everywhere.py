@@ -449,7 +449,7 @@ def test_lesson5_summary_in_spanish():
     r = {"schedule": "interleaved", "loss": [4.1, 4.0], "torch_loss": [4.1, 4.0], "ref_loss": 4.1,
          "max_grad_diff_vs_unsplit": 3e-8, "max_grad_diff_vs_torch": 2e-8, "grad_scale": 0.5, "step_time_s": 0.031,
          "torch_step_time_s": 0.029, "bubble_measured": 0.31, "bubble_formula": 0.27,
-         "bubble_simulated_with_measured_costs": 0.29, "bubble_check": {"detail": {"replay_work": 0.29}}, "t_f_s": 0.002, "t_b_s": 0.004, "stages": [stage]}
+         "bubble_check": {"detail": {"replay_work": 0.29}}, "t_f_s": 0.002, "t_b_s": 0.004, "stages": [stage]}
     cfg, args = SimpleNamespace(layers=4, hidden=64, seq=32), argparse.Namespace(microbatch_size=2)
     assert_both(lambda lang: "\n".join(summary_text([r], cfg, args, 4, 8, 2, "cpu", lang, cores=2)),
                 "lesson 5 summary")
