@@ -111,9 +111,12 @@ def parse_number(text: str, lang: str = "en") -> float:
             mant = head + "." + tail
     elif dots > 1:
         mant = _thousands(mant, ".", text)
-    elif dots == 1 and lang == "es":  # "353.894" groups thousands in Spanish, as format_number writes it
+    elif dots == 1 and lang == "es" and not exp:
+        # "353.894" and "16.384" group thousands in Spanish, as format_number writes them; a number of four
+        # digits is written whole (RAE: 1024, never 1.024), so "1.125" is the capacity factor 1,125 and not
+        # 1125, and with an exponent ("2.039e12") the dot is the decimal point
         head, tail = mant.split(".")
-        if len(tail) == 3 and head and len(head) <= 3 and head.isdigit():
+        if len(tail) == 3 and 2 <= len(head) <= 3 and head.isdigit():
             mant = head + tail
     if mant in ("", "."):
         raise UnitError.keyed("not_number", text=repr(text))

@@ -102,7 +102,9 @@ def test_allreduce(capsys):
 
 
 @pytest.mark.parametrize("lang,size,expected", [
-    ("es", "1,500MB", 1.5e6), ("es", "1.500MB", 1.5e9), ("es", "1,5GB", 1.5e9), ("es", "1.5GB", 1.5e9),
+    # "1.500MB" in Spanish: a four-digit number is written whole (RAE: 1500), so the dot is a decimal point
+    ("es", "1,500MB", 1.5e6), ("es", "1.500MB", 1.5e6), ("es", "12.500MB", 1.25e10), ("es", "1,5GB", 1.5e9),
+    ("es", "1.5GB", 1.5e9),
     ("en", "1,500MB", 1.5e9), ("en", "1.500MB", 1.5e6),
 ])
 def test_numbers_read_as_the_learners_language_writes_them(capsys, lang, size, expected):
