@@ -44,12 +44,15 @@ def text(r: dict, lang: str = "en") -> list[str]:
             (say("kv_block"), b(r["kv_block_bytes"]))]
     for variant in ("ring", "allgather"):
         c = r[variant]
-        rows.append((say("sent", variant=variant), say("messages", bytes=b(c["total_bytes_per_rank"]),
+        rows.append((say(f"sent_{variant}"), say("messages", bytes=b(c["total_bytes_per_rank"]),
                                                          fwd=c["forward_messages"], bwd=c["backward_messages"])))
-    rows += [(say("compute"), units.format_time(o["compute_s"], lang=lang)),
-             (say("hop"), units.format_time(o["hop_s"], lang=lang)),
-             (say("hidden"), say("yes" if o["hidden"] else "no")),
-             (say("min_tokens"), say("n_tokens", n=units.format_integer(o["min_tokens"], lang)))]
+    if r["cp"] == 1:  # one rank holds the whole sequence: no hop, nothing for the compute to hide
+        rows.append((say("no_ring"), say("no_ring_value")))
+    else:
+        rows += [(say("compute"), units.format_time(o["compute_s"], lang=lang)),
+                 (say("hop"), units.format_time(o["hop_s"], lang=lang)),
+                 (say("hidden"), say("yes" if o["hidden"] else "no")),
+                 (say("min_tokens"), say("n_tokens", n=units.format_integer(o["min_tokens"], lang)))]
     if r["idle_fraction_contiguous"] is not None:
         rows.append((say("idle"), units.format_percent(r["idle_fraction_contiguous"], lang=lang)))
     return [say("head", cp=r["cp"], tp=r["tp"], pp=r["pp"], seq=units.format_integer(r["seq"], lang), hidden=r["hidden"],

@@ -131,14 +131,14 @@ def ring_step_flops(seq: int, micro_batch: int, hidden: int, cp: int, tp: int = 
 def ring_overlap(seq: int, micro_batch: int, hidden: int, kv_heads: int, head_dim: int, cp: int, flops: float,
                  alpha: float, beta: float, elem_bytes: float = 2, tp: int = 1) -> dict:
     """Does a ring hop hide behind one step's attention? compute ``ring_step_flops / flops`` vs
-    the hop ``α + block·β``; ``min_tokens``: the shard length ``s/cp`` above which it hides
-    (``2·b·n²·h/t/F ≥ α + 2·b·n·(g/t)·d·e·β``, solved for ``n``)."""
+    the hop ``α + block·β``; ``min_tokens``: the shortest whole shard ``s/cp`` that hides it
+    (``2·b·n²·h/t/F ≥ α + 2·b·n·(g/t)·d·e·β``, solved for ``n`` and rounded up: one token fewer does not)."""
     compute = ring_step_flops(seq, micro_batch, hidden, cp, tp) / flops
     block = kv_block_bytes(seq, micro_batch, kv_heads, head_dim, cp, elem_bytes, tp)
     hop = alpha + block * beta
     b, g = micro_batch, max(1, kv_heads // tp)
     quad, lin = 2 * b * hidden / tp / flops, 2 * b * g * head_dim * elem_bytes * beta
-    min_tokens = (lin + math.sqrt(lin * lin + 4 * quad * alpha)) / (2 * quad)
+    min_tokens = math.ceil((lin + math.sqrt(lin * lin + 4 * quad * alpha)) / (2 * quad))
     return {"compute_s": compute, "hop_s": hop, "hidden": compute >= hop, "min_tokens": min_tokens,
             "shard_tokens": seq / cp}
 
