@@ -15,8 +15,8 @@ def compute(v: dict) -> dict:
     shape = {k: v[k] for k in SHAPE}
     given = [k for k, x in shape.items() if x is not None]
     if given and len(given) != len(shape):
-        missing = ", ".join("--" + k.replace("_", "-") for k, x in shape.items() if x is None)
-        raise CalcError.keyed("errors.shape_missing", missing=missing)
+        absent = ["--" + k.replace("_", "-") for k, x in shape.items() if x is None]
+        raise CalcError.keyed("errors.shape_missing", missing=", ".join(absent), n=len(absent))
     wanting = [flag for flag, on in (("--sequence-parallel", v["sequence_parallel"]),
                                      ("--recompute", v["recompute"] != "none")) if on]
     if wanting and not given:
