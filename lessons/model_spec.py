@@ -53,6 +53,13 @@ class ModelSpec:
         return self.params * self.dtype_bytes
 
     @property
+    def activation_bytes(self) -> float:
+        """Bytes of one activation value that tensor-parallel all-reduces and pipeline hops carry: the
+        weights' width, but never below 16 bits. FP8 serving keeps its weights and KV cache in 8 bits;
+        its GEMMs write bf16, which the all-reduces sum (vLLM's and TensorRT-LLM's FP8 W8A8)."""
+        return max(self.dtype_bytes, 2)
+
+    @property
     def kv_dim(self) -> int:
         """Width of the keys (and of the values): KV heads × head size."""
         return self.kv_heads * self.d

@@ -73,6 +73,20 @@ def test_numbers_equal_the_formulas(result):
     assert c.decode_bound == "memory-bandwidth"
 
 
+def test_fp8_serving_halves_weights_and_kv_but_not_the_all_reduces():
+    """The audit: --dtype fp8 made the TP all-reduces and PP hops 1 byte a value. FP8 serving keeps its
+    weights and KV cache in 8 bits, but its GEMMs write bf16, which the all-reduces sum."""
+    fp8, bf16 = pl.llama2_70b(dtype_bytes=1), M
+    assert (fp8.activation_bytes, bf16.activation_bytes, pl.llama2_70b(dtype_bytes=4).activation_bytes) == (2, 2, 4)
+    for tp, pp in ((4, 1), (4, 2)):
+        # everything but the stages' prefill is the same: the all-reduces and the hops carry bf16 in both
+        prefill = {m: f.prefill_time(*pl.stage_params(m, tp, pp)[:1], WL.prompt, pl.stage_params(m, tp, pp)[1],
+                                     HW.flops, HW.bandwidth) for m in (fp8, bf16)}
+        rest = {m: pl.ttft(m, HW, WL, tp, pp) - pp * prefill[m] for m in (fp8, bf16)}
+        assert rest[fp8] == pytest.approx(rest[bf16], rel=1e-12) and rest[bf16] > 0
+        assert pl.hop_time(fp8, HW, WL.prompt, tp, pp) == pl.hop_time(bf16, HW, WL.prompt, tp, pp)
+
+
 def test_pipeline_tpot_is_stages_in_turn(result):
     c = _find(result, 4, 2)
     st = pl.stage_decode_time(M, HW, WL, 4, 2, c.microbatch_size)

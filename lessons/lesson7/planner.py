@@ -127,8 +127,8 @@ def hop_time(m: ModelSpec, hw: Hardware, tokens: int, tp: int, pp: int) -> float
     if pp == 1:
         return 0.0
     if tp * pp <= hw.gpus_per_node:
-        return hw.alpha + tokens * m.hidden * m.dtype_bytes / hw.link_bandwidth
-    return hw.internode_alpha + tokens * m.hidden * m.dtype_bytes / hw.internode_bandwidth
+        return hw.alpha + tokens * m.hidden * m.activation_bytes / hw.link_bandwidth
+    return hw.internode_alpha + tokens * m.hidden * m.activation_bytes / hw.internode_bandwidth
 
 
 def stage_decode_time(m: ModelSpec, hw: Hardware, wl: Workload, tp: int, pp: int, b: int) -> dict:
@@ -140,7 +140,7 @@ def stage_decode_time(m: ModelSpec, hw: Hardware, wl: Workload, tp: int, pp: int
     memory = f.decode_step_bytes(w_stage, kv_seq, b) / hw.bandwidth
     roof = f.decode_time_per_token(n_stage, w_stage, kv_seq, hw.flops, hw.bandwidth, b)
     alpha, beta = _tp_link(hw, tp)
-    comm = f.tp_decode_comm_time(layers, m.hidden, b, tp, alpha, beta, m.dtype_bytes) if tp > 1 else 0.0
+    comm = f.tp_decode_comm_time(layers, m.hidden, b, tp, alpha, beta, m.activation_bytes) if tp > 1 else 0.0
     hop = hop_time(m, hw, b, tp, pp)
     return {"time": roof + comm + hop, "roofline": roof, "comm": comm, "hop": hop,
             "bound": "compute" if compute > memory else "memory-bandwidth"}
@@ -159,7 +159,7 @@ def ttft(m: ModelSpec, hw: Hardware, wl: Workload, tp: int, pp: int) -> float:
     n_stage, w_stage, layers = stage_params(m, tp, pp)
     pre = f.prefill_time(n_stage, wl.prompt, w_stage, hw.flops, hw.bandwidth)
     alpha, beta = _tp_link(hw, tp)
-    comm = f.tp_decode_comm_time(layers, m.hidden, wl.prompt, tp, alpha, beta, m.dtype_bytes) if tp > 1 else 0.0
+    comm = f.tp_decode_comm_time(layers, m.hidden, wl.prompt, tp, alpha, beta, m.activation_bytes) if tp > 1 else 0.0
     return pp * (pre + comm) + (pp - 1) * hop_time(m, hw, wl.prompt, tp, pp)
 
 
