@@ -340,3 +340,15 @@ def test_context_activations_follow_the_dtype(capsys):
     scores = layers * s / cp * h / t * 9 * a * s / h
     assert full["activation_bytes_per_gpu_with_scores"] == pytest.approx(full["activation_bytes_per_gpu"] + scores)
     assert half["activation_bytes_per_gpu"] == 4.25 * 2**30 and full["kv_block_bytes"] == 2 * half["kv_block_bytes"]
+
+
+def test_an_interleaved_m_that_does_not_split_is_told_the_nearest_that_do(capsys):
+    """The audit: m = 9 on p = 4 was told "a multiple of 2 … try m = 8 or another multiple of p = 4", which
+    leaves out m = 10 (10 // 4 = 2 rounds of 5) and suggests that any even m works (14 does not)."""
+    assert main(["calc", "bubble", "-p", "4", "-m", "9", "--schedule", "interleaved", "--lang", "en"]) == 2
+    assert "the nearest that work are m = 8 and m = 10" in capsys.readouterr().err
+    for m in (8, 10):
+        assert main(["calc", "bubble", "-p", "4", "-m", str(m), "--schedule", "interleaved"]) == 0
+    capsys.readouterr()
+    assert main(["calc", "bubble", "-p", "4", "-m", "14", "--schedule", "interleaved", "--lang", "en"]) == 2
+    assert "m = 12 and m = 15" in capsys.readouterr().err

@@ -54,7 +54,7 @@ def text(r: dict, lang: str = "en") -> list[str]:
                  (say("drops_per_rank"), units.format_fixed_percent(r["expected_drop_rate_per_rank"], 2, lang))]
     return [say("head", layers=r["layers"], experts=r["experts"], top_k=r["top_k"],
                 shared=say("shared", n=r["shared_experts"]) if r["shared_experts"] else "",
-                tokens=units.format_integer(r["tokens"], lang)), *table(rows)]
+                tokens=units.format_integer(r["tokens"], lang), n=r["tokens"]), *table(rows)]
 
 
 CALCULATOR = Calculator(

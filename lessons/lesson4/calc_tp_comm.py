@@ -18,7 +18,7 @@ def compute(v: dict) -> dict:
 
 def text(r: dict, lang: str = "en") -> list[str]:
     say = labels("tp-comm", lang)
-    ops = units.number_separator(lang).join(f"{c} {op.replace('_', '-')}" for op, c in r["forward"].items())
+    ops = units.number_separator(lang).join(f"{c} {say(op, n=c)}" for op, c in r["forward"].items())
     rows = [(say("forward"), bytes_text(r["forward_bytes_per_rank"], lang)),
             (say("backward"), bytes_text(r["backward_bytes_per_rank"], lang))]
     if "total_time_s" in r:

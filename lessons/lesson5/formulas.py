@@ -97,7 +97,11 @@ def check_schedule(schedule: str, p: int, m: int, v: int = 1, engine: str = "dis
     if engine == "torch" and schedule == "1f1b" and m < p:
         raise ScheduleError.keyed("torch_1f1b", name=name, m=m, p=p)
     if engine != "megatron" and schedule == "interleaved" and m % (rounds := max(1, m // p)):
-        raise ScheduleError.keyed("rounds", m=m, rounds=rounds, name=name, suggest=p * rounds, p=p)
+        def splits(k: int) -> bool:  # k microbatches in k // p equal rounds (any k < p is one round)
+            return k < p or k % (k // p) == 0
+        below = next(k for k in range(m - 1, 0, -1) if splits(k))
+        above = next(k for k in range(m + 1, m + p + 1) if splits(k))  # the next multiple of p splits
+        raise ScheduleError.keyed("rounds", m=m, rounds=rounds, name=name, below=below, above=above, p=p)
     return schedule
 
 
