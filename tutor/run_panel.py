@@ -559,12 +559,8 @@ class RunPanelScreen(Screen):
         """A key nothing else took goes to the visualizer, as on the lesson screen: the controls its hint
         names ("g next view · m next mesh shape") work while the log has the focus. The panel's own keys
         stay the panel's (the visualizer leaves s and a to Stop and Run again)."""
-        visualizer = self.visualizer
-        if visualizer is None or not self.query_one("#run-visual").display or self.focused is visualizer:
-            return
-        if await visualizer.press(event.key):
-            event.stop()
-            event.prevent_default()
+        if self.visualizer is not None and self.query_one("#run-visual").display:
+            await self.visualizer.take_unclaimed_key(event)
 
     def action_close(self) -> None:
         if self.running and self.launch is not None:

@@ -207,6 +207,16 @@ class LessonVisualizer(Widget):
         await self.run_action(action)
         return True
 
+    async def take_unclaimed_key(self, event) -> None:
+        """A key event nothing on the screen took (the lesson screen's and the run panel's ``on_key``): its
+        control runs, so the controls work without focusing the visualizer, and the event stops there. When
+        the visualizer has the focus its own bindings already had the key."""
+        if self.screen.focused is self:
+            return
+        if await self.press(event.key):
+            event.stop()
+            event.prevent_default()
+
     def check_action(self, action: str, parameters: tuple) -> bool | None:
         """Leave a key to the screen when it binds it too (the run panel's ``s`` Stop, ``a`` Again)."""
         taken = _screen_keys(self.screen) if self.is_attached else set()

@@ -330,14 +330,8 @@ class LessonScreen(CommonActions, Screen):
 
     async def on_key(self, event) -> None:
         """A key nothing else took goes to the visualizer: its controls work without focusing it."""
-        visualizer = self.visualizer
-        if visualizer is None or not self.query_one("#visualizer-pane").display:
-            return
-        if self.focused is visualizer:
-            return  # its own bindings already had the key
-        if await visualizer.press(event.key):
-            event.stop()
-            event.prevent_default()
+        if self.visualizer is not None and self.query_one("#visualizer-pane").display:
+            await self.visualizer.take_unclaimed_key(event)
 
     async def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()
