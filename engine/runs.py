@@ -300,13 +300,16 @@ def _note_elsewhere(root: Path, directory: Path) -> None:
 
 
 def _elsewhere(root: Path) -> list[Path]:
-    """The run folders :func:`_note_elsewhere` remembered that still hold a run, each once."""
+    """The run folders :func:`_note_elsewhere` remembered that still hold a run and are not ``root``'s own
+    (those :func:`list_runs` finds in it), each once."""
     try:
         lines = (root / ELSEWHERE_FILE).read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
         return []
+    home = root.expanduser().resolve()
     folders = dict.fromkeys(Path(line) for line in lines if line.strip())
-    return [folder for folder in folders if folder.is_absolute() and (folder / RUN_FILE).is_file()]
+    return [folder for folder in folders
+            if folder.is_absolute() and folder.parent != home and (folder / RUN_FILE).is_file()]
 
 
 def set_command(record: RunRecord, command: list[str]) -> None:
@@ -327,7 +330,7 @@ def list_runs(root: str | os.PathLike) -> list[RunRecord]:
             runs.append(load_or_damaged(child))
         elif (child / "events").is_dir() or (child / "logs").is_dir():
             runs.append(_damaged(child, FileNotFoundError()))
-    runs.extend(load_or_damaged(folder) for folder in _elsewhere(root) if folder.parent != root.resolve())
+    runs.extend(load_or_damaged(folder) for folder in _elsewhere(root))
     return sorted(runs, key=lambda r: r.created, reverse=True)
 
 
