@@ -322,3 +322,5 @@ def test_the_visualizers_keys_work_in_the_run_panel_and_the_panels_stay_its_own(
     seen, tab_before, tab_after, help_text = asyncio.run(scenario())
     assert seen == ["step", "groups"] and tab_after == tab_before
     assert "next mesh shape" in help_text
+    # the mesh's s (next tab) and a (next axes) are the panel's Stop and Run again here: not listed as its keys
+    assert "next slice" not in help_text and "two axes" not in help_text

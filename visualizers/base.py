@@ -147,8 +147,15 @@ class LessonVisualizer(Widget):
         self._asked_for_run = False  # ask_for_the_latest_run's once
 
     def key_help(self) -> list[tuple[str, str]]:
-        """``(keys, what they do)`` in ``self.language`` for the help overlay."""
-        return [(c.shown(self.language), c.text(self.language)) for c in self.CONTROLS]
+        """``(keys, what they do)`` in ``self.language`` for the help overlay: the controls whose keys reach
+        this visualizer (the run panel keeps ``s`` and ``a`` for Stop and Run again)."""
+        return [(c.shown(self.language), c.text(self.language)) for c in self.CONTROLS if not self._kept_by_screen(c)]
+
+    def _kept_by_screen(self, control: Control) -> bool:
+        """Whether the screen binds one of ``control``'s keys itself: then the key is the screen's, and the
+        control neither runs, nor is named in the hint or the help."""
+        taken = _screen_keys(self.screen) if self.is_attached else set()
+        return any(k in taken for k in control.key_names())
 
     def controls_hint(self, width: int | None = None, names: tuple[str, ...] | None = None) -> str:
         """One line: the main controls, in words, and where to find the rest (``?``); with
@@ -166,10 +173,8 @@ class LessonVisualizer(Widget):
 
     def _hint_parts(self, names: tuple[str, ...] | None) -> list[str]:
         lang = self.language
-        taken = _screen_keys(self.screen) if self.is_attached else set()
         picked = [c for c in self.CONTROLS
-                  if (c.name in names if names is not None else c.hint)
-                  and not any(k in taken for k in c.key_names())]  # keys the screen keeps
+                  if (c.name in names if names is not None else c.hint) and not self._kept_by_screen(c)]
         return [f"{c.shown(lang)} {c.text(lang)}" for c in picked] + [translated("visualizer", "more_keys", lang)]
 
     def fit_height(self, lines: list, height: int | None) -> list:
@@ -219,10 +224,9 @@ class LessonVisualizer(Widget):
 
     def check_action(self, action: str, parameters: tuple) -> bool | None:
         """Leave a key to the screen when it binds it too (the run panel's ``s`` Stop, ``a`` Again)."""
-        taken = _screen_keys(self.screen) if self.is_attached else set()
         for control in self.CONTROLS:
             if action in (control.action.split("(", 1)[0], control.back_action.split("(", 1)[0]):
-                if any(k in taken for k in control.key_names()):
+                if self._kept_by_screen(control):
                     return False
         return True
 
