@@ -557,11 +557,10 @@ def _tp_comm(add, run: _Run) -> None:
     x = run.s * run.b * h * e  # one microbatch's activation, bytes
     layers, share = run.layers, 2 if moe is None else 1  # with experts only the attention is split
     per_layer = tp_comm_per_layer(h, run.s, run.b, t, sequence_parallel=True, bytes_per_elem=e)
-    for direction in ("forward", "backward"):
+    for direction in ("forward", "backward", "regather"):  # regather: Megatron's backward all-gathers again
         for op, n in per_layer[direction].items():
             k = m * layers * n * share // 2
             add("tp", op, k, k * _ring(op, x, t))
-    add("tp", "all_gather", m * layers * share, m * layers * share * _ring("all_gather", x, t))  # re-gathers
     if 0 in run.held:
         add("tp", "reduce_scatter", m, m * _ring("reduce_scatter", x, t))
         add("tp", "all_gather", m, m * _ring("all_gather", x, t))

@@ -139,6 +139,16 @@ def test_tp_comm(capsys):
     assert sp["forward"] == {"all_gather": 2, "reduce_scatter": 2}
     assert sp["total_bytes_per_rank"] == r["total_bytes_per_rank"]
     assert sp["total_time_s"] > 0
+    # Megatron-LM's backward gathers QKV's and FC1's inputs again: 2 all-gathers of (t−1)/t·s·b·h·2 bytes,
+    # half the forward's bytes; none without SP
+    assert sp["regather"] == {"all_gather": 2} and "regather" not in r
+    assert sp["regather_bytes_per_rank"] == 2 * 3 / 4 * 4096 * 2048 * 2 == sp["forward_bytes_per_rank"] / 2
+    assert sp["regather_time_s"] == pytest.approx(2 * (3 * 5e-6 + 3 / 4 * 4096 * 2048 * 2 / 100e9))
+    for lang, ratio in (("en", "1.5×"), ("es", "1,5×")):
+        code, out, _ = run(capsys, "calc", "tp-comm", "--hidden", "4096", "--seq", "2048", "--tp", "4",
+                           "--sequence-parallel", "--lang", lang)
+        assert code == 0 and ratio in out and ("re-gathers" if lang == "en" else "re-gather") in out
+    assert "re-gather" not in run(capsys, "calc", "tp-comm", "--hidden", "4096", "--seq", "2048", "--tp", "4")[1]
 
 
 @pytest.mark.parametrize("argv", [

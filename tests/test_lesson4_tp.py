@@ -35,7 +35,8 @@ def check_all(rank: int, world_size: int) -> dict:
         out[sp] = tr
     # SP keeping the gathered input (no re-gather): the formula's counts exactly, more memory.
     keep = L.train_against_dense(cfg, BATCH, True, steps=1, seed=3, regather=False)
-    out["keep"] = {"comm": L.comm_check(keep["meter"], cfg, BATCH, True, world_size, keep["elem_size"]),
+    out["keep"] = {"comm": L.comm_check(keep["meter"], cfg, BATCH, True, world_size, keep["elem_size"],
+                                        regather=False),
                    "max_grad_diff": keep["max_grad_diff"],
                    "memory": L.measure_activations(cfg, BATCH, True, seed=3, regather=False)}
     out["forgotten_g"] = L.forgotten_g(cfg, BATCH, seed=3) if world_size > 1 else None
@@ -137,6 +138,8 @@ def test_collectives_per_layer_match_formula(results, sp):
                 for ph in ("fwd", "bwd"):
                     assert row[ph]["counts"] == {"all_reduce": 0, "all_gather": 2, "reduce_scatter": 2}
                 assert row["bwd"]["regather_count"] == 2
+                # Megatron-LM's backward: the re-gathers add half the forward's bytes
+                assert row["bwd"]["regather_wire_bytes"] == pytest.approx(row["fwd"]["wire_bytes"] / 2)
                 assert row["grad-sync"]["count"] == 1
                 # LN1, LN2 weight+bias and the two row-parallel biases: 6h numbers, float64
                 assert row["grad-sync"]["payload_bytes"] == 6 * SIZES["hidden"] * 8

@@ -169,10 +169,15 @@ def train_against_dense(cfg: GPTConfig, batch: int, sp: bool, steps: int = 2, lr
     return out
 
 
-def comm_check(meter: CommMeter, cfg: GPTConfig, batch: int, sp: bool, T: int, elem_size: int) -> dict:
-    """Per transformer layer and direction: the f/g collectives counted vs ``tp_comm_per_layer``;
-    the other collectives (SP's backward re-gathers, the layer-norm gradient sync) beside them."""
+def comm_check(meter: CommMeter, cfg: GPTConfig, batch: int, sp: bool, T: int, elem_size: int,
+               regather: bool = True) -> dict:
+    """Per transformer layer and direction: the f/g collectives counted vs ``tp_comm_per_layer``, and
+    SP's backward re-gathers vs its "regather" (none with ``regather`` False: the gathered input kept);
+    the layer-norm gradient sync beside them."""
     formula = tp_comm_per_layer(cfg.hidden, cfg.seq, batch, T, sp, bytes_per_elem=elem_size)
+    regathers = regather and sp and T > 1
+    want_regather = {"fwd": (0, 0.0), "bwd": (formula["regather"]["all_gather"], formula["regather_bytes_per_rank"])
+                     if regathers else (0, 0.0)}
     layers = {}
     for layer in range(cfg.layers):
         row = {}
@@ -187,6 +192,8 @@ def comm_check(meter: CommMeter, cfg: GPTConfig, batch: int, sp: bool, T: int, e
                 "formula_wire_bytes": formula[f"{key}_bytes_per_rank"],
                 "payload_bytes": sum(r.payload_bytes for r in fg),
                 "regather_count": len(extra), "regather_wire_bytes": sum(r.wire_bytes for r in extra),
+                "formula_regather_count": want_regather[phase][0],
+                "formula_regather_wire_bytes": want_regather[phase][1],
             }
         sync = meter.of(layer, "grad-sync")
         row["grad-sync"] = {"count": len(sync), "wire_bytes": sum(r.wire_bytes for r in sync),
@@ -194,6 +201,8 @@ def comm_check(meter: CommMeter, cfg: GPTConfig, batch: int, sp: bool, T: int, e
         layers[str(layer)] = row
     ok = all(row[ph]["counts"] == row[ph]["formula_counts"]
              and abs(row[ph]["wire_bytes"] - row[ph]["formula_wire_bytes"]) < 1e-6
+             and row[ph]["regather_count"] == row[ph]["formula_regather_count"]
+             and abs(row[ph]["regather_wire_bytes"] - row[ph]["formula_regather_wire_bytes"]) < 1e-6
              for row in layers.values() for ph in ("fwd", "bwd"))
     return {"layers": layers, "formula": formula, "match": ok}
 
@@ -433,7 +442,9 @@ def verdict(summary: dict, cfg: GPTConfig, modes: list[str], lang: str | None = 
         say("verdict_dense_mode", mode=m, diff=e(rows[m]["max_grad_diff"]), ok=ok(rows[m]["max_grad_diff"] < FLOAT64_EQUAL))
         for m in modes)))
     out.append(say("verdict_comm", modes=sep.join(
-        say("verdict_comm_mode", mode=m, size=b(rows[m]["comm_layer0"]["fwd"]["wire_bytes"]), ok=ok(rows[m]["comm_match"]))
+        say("verdict_comm_mode", mode=m, size=b(rows[m]["comm_layer0"]["fwd"]["wire_bytes"]), ok=ok(rows[m]["comm_match"]),
+            regather=say("verdict_regather", size=b(rows[m]["comm_layer0"]["bwd"]["regather_wire_bytes"]))
+            if rows[m]["comm_layer0"]["bwd"].get("regather_count") else "")
         for m in modes)))
     out.append(say("verdict_memory", modes=sep.join(
         f"{m} {b(rows[m]['memory_measured'])} "
@@ -504,7 +515,7 @@ def _run_mode(ev, cfg: GPTConfig, args: argparse.Namespace, mode: str, T: int, p
     PHASE.emit(ev, {"name": f"{mode}: training against the dense model"})
     tr = train_against_dense(cfg, args.micro_batch, sp, args.steps, args.lr, args.seed,
                              regather=args.regather, events=ev, mode=mode)
-    cc = comm_check(tr["meter"], cfg, args.micro_batch, sp, T, tr["elem_size"])
+    cc = comm_check(tr["meter"], cfg, args.micro_batch, sp, T, tr["elem_size"], args.regather)
     for r in tr["meter"].records:
         COMM.emit(ev, {"mode": mode, "layer": r.layer, "phase": r.phase, "op": r.op, "site": r.site, "count": 1,
                        "wire_bytes": r.wire_bytes, "payload_bytes": r.payload_bytes})
@@ -564,7 +575,8 @@ def _mode_lines(mode: str, sp: bool, T: int, steps: int, tr: dict, l0: dict, mem
         c = l0[ph]
         got = number_separator(lang).join(f"{v} {k}" for k, v in c["counts"].items() if v) or say("none")
         want = number_separator(lang).join(f"{v} {k}" for k, v in c["formula_counts"].items() if v) or say("none")
-        extra = say("regather", n=c["regather_count"], size=b(c["regather_wire_bytes"])) if c["regather_count"] else ""
+        extra = say("regather", n=c["regather_count"], size=b(c["regather_wire_bytes"]),
+                    formula=b(c["formula_regather_wire_bytes"])) if c["regather_count"] else ""
         lines.append(say("layer0", phase=ph, got=got, size=b(c["wire_bytes"]), want=want,
                          formula=b(c["formula_wire_bytes"]), extra=extra))
     if l0["grad-sync"]["count"]:

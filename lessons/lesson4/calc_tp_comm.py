@@ -21,10 +21,20 @@ def text(r: dict, lang: str = "en") -> list[str]:
     ops = units.number_separator(lang).join(f"{c} {say(op, n=c)}" for op, c in r["forward"].items())
     rows = [(say("forward"), bytes_text(r["forward_bytes_per_rank"], lang)),
             (say("backward"), bytes_text(r["backward_bytes_per_rank"], lang))]
+    regather = r.get("regather", {}).get("all_gather", 0) if r["tp"] > 1 else 0
+    if regather:
+        rows.append((say("regather", n=regather),
+                     bytes_text(r["backward_bytes_per_rank"] + r["regather_bytes_per_rank"], lang)))
     if "total_time_s" in r:
         rows.append((say("time"), units.format_time(r["total_time_s"], lang=lang)))
-    return [say("head", tp=r["tp"], sp=say("sp") if r["sequence_parallel"] else "", ops=ops,
-                size=units.format_bytes(r["tensor_bytes"], lang=lang)), *table(rows)]
+        if regather:
+            rows.append((say("regather_time"), units.format_time(r["regather_time_s"], lang=lang)))
+    head = say("head", tp=r["tp"], sp=say("sp") if r["sequence_parallel"] else "", ops=ops,
+               size=units.format_bytes(r["tensor_bytes"], lang=lang))
+    if not regather:
+        return [head, *table(rows)]
+    ratio = (r["backward_bytes_per_rank"] + r["regather_bytes_per_rank"]) / r["forward_bytes_per_rank"]
+    return [head, *table(rows), say("regather_note", ratio=units.format_number(ratio, 3, lang=lang))]
 
 
 CALCULATOR = Calculator(

@@ -37,6 +37,11 @@ def tp_comm_per_layer(hidden: int, seq: int, micro_batch: int, tp: int, sequence
     Returns {"tensor_bytes": s·b·h·bytes, "forward": {op: count}, "backward": {op: count},
     "forward_bytes_per_rank", "backward_bytes_per_rank", "total_bytes_per_rank",
     and, when ``alpha`` and ``beta`` are given, "forward_time_s", "backward_time_s", "total_time_s"}.
+    With sequence parallelism also "regather": {"all_gather": 2} and "regather_bytes_per_rank"
+    (and "regather_time_s"): Korthikanti's count leaves them out, but Megatron-LM's column-parallel
+    linears save only their s·b·h/t input shard and all-gather it again in the backward for the weight
+    gradient (``LinearWithGradAccumulationAndAsyncCommunication.backward``, overlapped with the
+    input-gradient GEMM), as distai's run does by default: the backward sends 1.5× the forward's bytes.
     (The small all-reduce of the layer-norm weight gradients that SP needs is not counted.)
     """
     h = _count(hidden, "the hidden size")
@@ -59,6 +64,9 @@ def tp_comm_per_layer(hidden: int, seq: int, micro_batch: int, tp: int, sequence
         "backward_bytes_per_rank": per_dir,
         "total_bytes_per_rank": 2 * per_dir,
     }
+    if sequence_parallel:  # QKV's and FC1's inputs, gathered again for their weight gradients
+        out["regather"] = {"all_gather": 2}
+        out["regather_bytes_per_rank"] = 2 * (t - 1) / t * x
     if alpha is not None and beta is not None:
         if sequence_parallel:
             one_dir = 2 * ring_allgather_time(x, t, alpha, beta) + 2 * ring_reduce_scatter_time(x, t, alpha, beta)
@@ -67,6 +75,8 @@ def tp_comm_per_layer(hidden: int, seq: int, micro_batch: int, tp: int, sequence
         out["forward_time_s"] = one_dir
         out["backward_time_s"] = one_dir
         out["total_time_s"] = 2 * one_dir
+        if sequence_parallel:
+            out["regather_time_s"] = 2 * ring_allgather_time(x, t, alpha, beta)
     return out
 
 
