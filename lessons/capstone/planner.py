@@ -32,7 +32,9 @@ For every split ``tp · pp · dp = G`` the planner
    gradients into the buffer the reduction sends where the framework does not fuse that into the
    weight-gradient GEMM (``Axes.grad_accumulation``, :func:`grad_accumulation_seconds`, at HBM bandwidth),
    plus its layers' TP collectives (lesson 4's
-   :func:`~distai.lessons.lesson4.formulas.tp_comm_time_per_layer`, repeated in the recomputed forward),
+   :func:`~distai.lessons.lesson4.formulas.tp_comm_time_per_layer`, repeated in the recomputed forward;
+   SP's backward re-gathers, its ``regather``, are left out: Megatron-LM overlaps them with the
+   input-gradient GEMM),
    plus its point-to-point sends to the neighbouring stages (``2·v`` messages of ``s·b·h·2/t`` bytes,
    Megatron's scatter/gather, lesson 1's α-β :func:`~distai.lessons.lesson1.formulas.serial_messages_time`;
    DeepSpeed's pipeline engine partitions them over the TP group too, ``Axes.p2p``),
