@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import units
-from .model_size import ShapeError
+from .model_size import ShapeError, param_bounds
 from .strings import TranslatedError, detect_language, has, strings, translated
 
 REQUIRED = ...  # an option the learner must give (Typer's spelling of "no default")
@@ -47,6 +47,17 @@ class CalcError(TranslatedError):
     """Bad input to a calculator: a one-line message for the learner (``keyed``: a ``calc.toml`` key)."""
 
     area = "calc"
+
+
+def check_params_fit_shape(params: float, layers: int, hidden: int, heads: int | None = None,
+                           kv_heads: int | None = None) -> None:
+    """:class:`CalcError` (one line) when ``--params`` is fewer than ``layers`` blocks of width ``hidden``
+    hold (:func:`~distai.lessons.model_size.param_bounds`). Only that end: a mixture of experts holds
+    far more than any dense shape, and these calculators take its whole count."""
+    low = param_bounds(layers, hidden, heads, kv_heads)[0]
+    if params < low:
+        raise CalcError.keyed("errors.params_below_shape", params=lambda lang: units.format_count(params, lang=lang),
+                              layers=layers, hidden=hidden, low=lambda lang: units.format_count(low, lang=lang))
 
 
 @dataclass(frozen=True)

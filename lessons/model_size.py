@@ -40,7 +40,7 @@ from . import units
 from .strings import LANGUAGES, TranslatedError, translated
 
 __all__ = ["ModelConfigError", "ModelSize", "PRESETS", "SIZE_FLAGS", "add_model_options", "Refusal", "ShapeError",
-           "refusals", "check_degrees", "explain", "STAGE_RULES"]
+           "refusals", "check_degrees", "explain", "STAGE_RULES", "param_bounds"]
 
 
 class ModelConfigError(TranslatedError):
@@ -157,6 +157,27 @@ class ModelSize:
         mlp = (3 if self.mlp == "swiglu" else 2) * h * f + b * ((2 if self.mlp == "swiglu" else 1) * f + h)
         norm = h if self.norm == "rms" else 2 * h
         return self.vocab * h + L * (attn + mlp + 2 * norm) + norm + (0 if self.tie_embeddings else self.vocab * h)
+
+
+def param_bounds(layers: int, hidden: int, heads: int | None = None, kv_heads: int | None = None,
+                 vocab: int | None = None, experts: int = 1, expert_ffn: int | None = None) -> tuple[float, float]:
+    """The fewest and the most parameters a transformer of ``layers`` blocks of width ``hidden`` can hold,
+    counted by :meth:`ModelSize.num_params`: an MLP from h (GeLU) to 8h wide (SwiGLU; ``expert_ffn`` when
+    given), ``experts`` such MLPs per layer at most (routed plus shared), key/value heads from one (MQA)
+    to all of them where not given, a vocabulary left out counted from 1 to 256k, the head tied at the low
+    end and untied at the high; each end widened by 2× for what the count leaves out (biases, adapters,
+    a different attention). Every calculator that takes ``--params`` beside a shape checks it here."""
+    low_heads, high_heads = (heads, heads) if heads else (hidden, 1)  # unknown: head size 1 (MQA) or h
+
+    def count(ffn: int, mlp: str, v: int, tied: bool, q_heads: int, kv: int | None) -> int:
+        return ModelSize(vocab=v, hidden=hidden, heads=q_heads, kv_heads=kv, layers=layers, seq=1, ffn=ffn, mlp=mlp,
+                         tie_embeddings=tied).num_params()
+
+    low = count(hidden, "gelu", vocab or 1, True, low_heads, (kv_heads or 1) if heads else 1)
+    high_ffn = expert_ffn or 8 * hidden
+    high = count(high_ffn, "swiglu", vocab or 256_000, False, high_heads, kv_heads if heads else None)
+    high += (max(1, experts) - 1) * layers * 3 * hidden * high_ffn  # every expert adds an MLP to each layer
+    return low / 2, high * 2
 
 
 #: the named shapes: GPT-2's (Radford et al. 2019) and Llama's (Touvron et al. 2023), both tiny

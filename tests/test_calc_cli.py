@@ -151,6 +151,28 @@ def test_tp_comm(capsys):
     assert "re-gather" not in run(capsys, "calc", "tp-comm", "--hidden", "4096", "--seq", "2048", "--tp", "4")[1]
 
 
+def test_params_below_the_shape_are_refused_in_serve_and_memory(capsys):
+    """--params fewer than the shape's layers hold (an audit ran serve --params 1 --layers 80 --hidden
+    8192 and nothing refused it); real counts pass, a mixture of experts' whole count included."""
+    serve = ["--gpus", "8", "--gpu-memory", "80GB", "--bandwidth", "3.35TB/s", "--ttft-slo", "1s", "--tpot-slo", "50ms"]
+    memory = ["--seq", "2048", "--micro-batch", "1"]
+    for calc, extra in (("serve", serve), ("memory", [*memory, "--heads", "64"])):
+        code, out, err = run(capsys, "calc", calc, "--params", "1", "--layers", "80", "--hidden", "8192", *extra)
+        assert code == 2 and out == "" and err.count("\n") == 1
+        assert "--params 1 is fewer than 80 layers of width 8192 hold: at least" in err
+        code, _, err = run(capsys, "calc", calc, "--params", "1", "--layers", "80", "--hidden", "8192", *extra,
+                           "--lang", "es")
+        assert code == 2 and "--params 1 es menos de lo que tienen 80 capas de ancho 8192" in err
+    # Llama 3 70B, Llama 2 7B, Mixtral 8x7B (46.7B in all), Gemma 7B (attention 16 × 256 wider than h = 3072)
+    for argv in (["--params", "70.6B", "--layers", "80", "--hidden", "8192", "--kv-heads", "8"],
+                 ["--params", "6.7B", "--layers", "32", "--hidden", "4096"],
+                 ["--params", "46.7B", "--layers", "32", "--hidden", "4096", "--kv-heads", "8"],
+                 ["--params", "8.5B", "--layers", "28", "--hidden", "3072", "--heads", "16", "--head-dim", "256"]):
+        assert run(capsys, "calc", "serve", *argv, *serve)[0] == 0, argv
+    assert run(capsys, "calc", "memory", "--params", "6.7B", "--layers", "32", "--hidden", "4096", "--heads", "32",
+               *memory)[0] == 0
+
+
 @pytest.mark.parametrize("argv", [
     ["memory", "--params", "7.5X"],
     ["memory", "--params", "-5"],

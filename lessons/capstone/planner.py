@@ -85,7 +85,7 @@ from ..lesson5.formulas import (
     peak_inflight_microbatches,
     step_time_units,
 )
-from ..model_size import ModelSize, Refusal, ShapeError, explain_texts, refusals
+from ..model_size import Refusal, ShapeError, explain_texts, param_bounds, refusals
 from ..model_spec import ModelSpec
 from ..strings import LANGUAGES, TranslatedError, translated, translations
 from . import formulas as f
@@ -247,23 +247,9 @@ def strides(c: Config) -> dict[str, int]:
 
 def shape_bounds(model: ModelSpec) -> tuple[float, float]:
     """The fewest and the most parameters the shape (layers, hidden, heads, KV heads, vocabulary; experts
-    when given) can hold, counted by the course's one GPT (:meth:`~distai.lessons.model_size.ModelSize.num_params`):
-    an MLP from h (GeLU) to 8h wide (SwiGLU), a vocabulary left out counted from 0 to 256k, each end
-    widened by 2× for what the count leaves out (biases, adapters, a different attention)."""
-    vocab = model.vocab or 1
-    experts = max(1, model.experts + model.shared_experts)
-
-    def count(ffn: int, mlp: str, v: int, tied: bool) -> int:
-        return ModelSize(vocab=v, hidden=model.hidden, heads=model.heads, kv_heads=model.kv_heads, layers=model.layers,
-                         seq=1, ffn=ffn, mlp=mlp, tie_embeddings=tied).num_params()
-
-    low = count(model.hidden, "gelu", vocab, True)
-    high_ffn = model.expert_ffn or 8 * model.hidden
-    high_vocab = model.vocab or 256_000
-    high = count(high_ffn, "swiglu", high_vocab, False)
-    if model.experts:  # every expert adds an MLP to each layer
-        high += (experts - 1) * model.layers * 3 * model.hidden * high_ffn
-    return low / 2, high * 2
+    when given) can hold: :func:`~distai.lessons.model_size.param_bounds`."""
+    return param_bounds(model.layers, model.hidden, model.heads, model.kv_heads, model.vocab or None,
+                        model.experts + model.shared_experts, model.expert_ffn or None)
 
 
 class PlanInputError(TranslatedError):

@@ -4,7 +4,16 @@ from __future__ import annotations
 import math
 
 from .. import units
-from ..calculator import CalcError, Calculator, Option, bytes_text, choice_name, labels, table
+from ..calculator import (
+    CalcError,
+    Calculator,
+    Option,
+    bytes_text,
+    check_params_fit_shape,
+    choice_name,
+    labels,
+    table,
+)
 from ..strings import translated
 from . import formulas as f
 
@@ -25,6 +34,8 @@ def compute(v: dict) -> dict:
                               if len(wanting) > 1 else wanting[0])
     if given and shape["hidden"] % shape["heads"]:  # the head size h/a is a whole number (calc plan, moe, context)
         raise CalcError.keyed("errors.hidden_not_heads", hidden=shape["hidden"], heads=shape["heads"])
+    if given:
+        check_params_fit_shape(v["params"], shape["layers"], shape["hidden"], shape["heads"])
     mem = f.memory_per_gpu(v["params"], v["dp"], v["strategy"], v["optimizer"], v["precision"], tp=v["tp"],
                            sequence_parallel=v["sequence_parallel"], recompute=v["recompute"],
                            moments=v["moments"], **shape)

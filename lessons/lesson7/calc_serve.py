@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .. import units
-from ..calculator import CalcError, Calculator, Option, labels
+from ..calculator import CalcError, Calculator, Option, check_params_fit_shape, labels
 from . import formulas as f
 from . import planner as pl
 from .calc_kvcache import DTYPES
@@ -27,6 +27,8 @@ def _heads(hidden: int, heads: int | None, head_dim: int | None, kv_heads: int |
 
 def compute(v: dict) -> dict:
     a, d, hkv = _heads(v["hidden"], v["heads"], v["head_dim"], v["kv_heads"])
+    split = a * d == v["hidden"]  # heads that split the hidden size (not Gemma's wider attention)
+    check_params_fit_shape(v["params"], v["layers"], v["hidden"], a if split else None, hkv if split else None)
     if not 0 < v["memory_util"] <= 1:
         raise CalcError.keyed("errors.fraction", flag="--memory-util", value=v["memory_util"])
     model = pl.ModelSpec(params=v["params"], layers=v["layers"], hidden=v["hidden"], heads=a, kv_heads=hkv,
