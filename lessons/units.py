@@ -319,11 +319,18 @@ def _scaled(x: float, steps: list[tuple[float, str]], digits: int, lang: str, se
     if ax >= steps[0][0] * 1e6:  # beyond the largest prefix: 1e30 B, not 1e15 PB
         base = next(name for factor, name in steps if factor == 1)
         return f"{format_number(x, digits, lang)}{sep}{base}"
-    for factor, name in steps:
-        if ax >= factor:
-            return f"{format_number(x / factor, digits, lang)}{sep}{name}"
-    factor, name = steps[-1]
+    i = next((i for i, (factor, _) in enumerate(steps) if ax >= factor), len(steps) - 1)
+    factor, name = steps[i]
+    shown = _rounded(x / factor, digits)
+    if i > 0 and abs(shown) >= steps[i - 1][0] / factor * (1 - 1e-12):  # 999.96 ms shows as 1000 ms: say 1 s
+        factor, name = steps[i - 1]
+        return f"{format_number(shown * steps[i][0] / factor, digits, lang)}{sep}{name}"
     return f"{format_number(x / factor, digits, lang)}{sep}{name}"
+
+
+def _rounded(x: float, digits: int) -> float:
+    """``x`` rounded as :func:`format_number` shows it."""
+    return float(format_number(x, digits, "en").replace(",", ""))
 
 
 def format_bytes(n: float, binary: bool = False, digits: int = 3, lang: str = "en") -> str:
@@ -399,9 +406,7 @@ def format_time(seconds: float, digits: int = 3, lang: str = "en") -> str:
         return "0 s"
     day = "d"
     steps = [(86400.0, day), (3600.0, "h"), (60.0, "min"), (1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns")]
-    if ax >= 1e-9:
-        return _scaled(seconds, steps, digits, lang)
-    return f"{format_number(seconds, digits, lang)} s"
+    return _scaled(seconds, steps, digits, lang)  # below 1 ns in ns (0.776 ns), beside the µs of its neighbours
 
 
 def format_bandwidth(bps: float, digits: int = 3, lang: str = "en") -> str:

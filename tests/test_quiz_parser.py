@@ -87,6 +87,13 @@ def test_examples_from_the_issue():
     assert units.format_bytes(16_640_625_000, lang="es") == "16,6 GB"
     assert units.format_bytes(327_680, binary=True) == "320 KiB"
     assert units.format_time(5e-6) == "5 µs" and units.format_time(1.5e-3) == "1.5 ms"
+    # a value that rounds up to the next unit is shown in it (the audit read "1000 ms" and "60 s"), and one
+    # below a nanosecond in ns beside its neighbours' µs (it read "7.76e-10 s" beside "5.25 µs")
+    assert [units.format_time(x) for x in (0.99996, 59.996, 3599.9, 0.99996e-3, 0.9994, 90)] == [
+        "1 s", "1 min", "1 h", "1 ms", "999 ms", "1.5 min"]
+    assert units.format_time(7.76e-10) == "0.776 ns" and units.format_time(7.76e-10, lang="es") == "0,776 ns"
+    assert units.format_bytes(999.96e6) == "1 GB" and units.format_bytes(1023.999 * 2**20, binary=True) == "1 GiB"
+    assert units.format_bytes(1000 * 2**20, binary=True) == "1000 MiB" and units.format_count(999.96e6) == "1B"
     assert units.format_count(7.5e9) == "7.5B"
     for bad in ("", "GB", "1..2", "12 parsecs", "nan", "inf GB", "1e999"):
         with pytest.raises(units.UnitError):
