@@ -328,6 +328,13 @@ def test_cli_json_keys_and_text(capsys):
         assert {"tp", "pp", "dp", "microbatch", "zero", "recompute", "memory_bytes", "step_time_s", "mfu",
                 "bubble_fraction"} <= set(c)
     assert r["rejected"] and all(x["reason"] for x in r["rejected"])
+    # every memory key is in the help's list, and every byte count is whole (the allocator's allowance was not)
+    code, help_text, _ = run(capsys, "--help")
+    listed = " ".join(help_text.replace("│", " ").split())
+    for c in r["configs"]:
+        assert all(key in listed for key in c["memory"]), [key for key in c["memory"] if key not in listed]
+        assert all(float(v).is_integer() for k, v in c["memory"].items() if k.endswith("_bytes") and k != "usable_bytes")
+        assert float(c["memory_bytes"]).is_integer()
     assert r["inputs"]["engine"] == "megatron"  # Megatron-LM's schedules unless --engine says otherwise
     assert all(c["microbatches"] % c["pp"] == 0 for c in r["configs"] if c["chunks"] > 1)
     code, out, _ = run(capsys, *ISSUE_ARGS, "--engine", "torch", "--pp", "8", "--microbatch", "8", "--json")

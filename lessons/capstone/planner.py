@@ -433,7 +433,7 @@ def memory_terms(model: ModelSpec, cluster: Cluster, c: Config, stage: int, m: i
     first = states + held + working + comm
     last = states + act_mb * (1 if pp > 1 else inflight) + working + logits + comm
     busiest = max(first, last)
-    allocator = CONTEXT_BYTES + ALLOCATOR_FRACTION * busiest
+    allocator = math.ceil(CONTEXT_BYTES + ALLOCATOR_FRACTION * busiest)  # whole bytes, as every other term
     return {"params_bytes": params, "grad_buffer_bytes": grads, "optimizer_bytes": opt,
             "optimizer_params": sharded(1, 1) * copies,
             "model_states_bytes": states, "activations_bytes": held + working,
