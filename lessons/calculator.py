@@ -127,7 +127,7 @@ def _per_byte(text: str, lang: str) -> float:
     if any(tag in text for tag in ("/s", "bps", "Bps")):
         bandwidth = units.parse_bandwidth(text.strip(), lang)
         if not bandwidth > 0:
-            raise units.UnitError.keyed("positive_bandwidth", text=repr(text))
+            raise units.UnitError.keyed("positive_bandwidth_beta", text=repr(text))
         return 1.0 / bandwidth
     try:
         return units.parse_time(text.strip(), lang)

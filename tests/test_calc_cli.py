@@ -151,6 +151,15 @@ def test_tp_comm(capsys):
     assert "re-gather" not in run(capsys, "calc", "tp-comm", "--hidden", "4096", "--seq", "2048", "--tp", "4")[1]
 
 
+def test_beta_zero_is_no_cost_per_byte(capsys):
+    """--beta 0 is β = 0 s/B, an infinite bandwidth (the α-only limit), and says so; --beta 0GB/s is refused."""
+    for lang, words in (("en", "β = 0 (no cost per byte: infinite bandwidth)"),
+                        ("es", "β = 0 (sin coste por byte: ancho de banda infinito)")):
+        code, out, _ = run(capsys, "calc", "allreduce", "--bytes", "1GB", "--ranks", "8", "--alpha", "5us", "--beta", "0",
+                           "--lang", lang)
+        assert code == 0 and words in out.splitlines()[0] and "70 µs" in out  # 2(N − 1)·α, nothing per byte
+
+
 def test_params_below_the_shape_are_refused_in_serve_and_memory(capsys):
     """--params fewer than the shape's layers hold (an audit ran serve --params 1 --layers 80 --hidden
     8192 and nothing refused it); real counts pass, a mixture of experts' whole count included."""
@@ -239,7 +248,8 @@ def test_calc_help_lists_json_keys_and_stays_light():
      "unidad de tamaño desconocida 'XB'"),
     (["calc", "allreduce", "--bytes", "70B", "--ranks", "4"], "is ambiguous", "es ambiguo"),
     (["calc", "allreduce", "--bytes", "1GB", "--ranks", "4", "--beta", "0GB/s"],
-     "a bandwidth must be greater than 0", "un ancho de banda debe ser mayor que 0"),
+     "a bandwidth must be greater than 0, got '0GB/s' (for no cost per byte, β = 0, give 0)",
+     "un ancho de banda debe ser mayor que 0, no '0GB/s' (para ningún coste por byte, β = 0, da 0)"),
     (["calc", "allreduce", "--bytes", "1GB", "--ranks", "4", "--beta", "10GB"], "needs a per-second unit, e.g. GB/s",
      "necesita una unidad por segundo, p. ej. GB/s"),  # a bandwidth without its /s, not an unknown time unit
     (["calc", "allreduce", "--bytes", "1GB", "--ranks", "4", "--beta", "10q"], "unknown time unit 'q'",

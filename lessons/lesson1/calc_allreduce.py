@@ -27,11 +27,11 @@ def compute(v: dict) -> dict:
 def text(r: dict, lang: str = "en") -> list[str]:
     S, n, a, b, algo, t = r["size_bytes"], r["ranks"], r["alpha_s"], r["beta_s_per_byte"], r["algorithm"], r["time_s"]
     say = labels("allreduce", lang)
-    bw_txt = units.format_bandwidth(1 / b, lang=lang) if b > 0 else "∞"
+    beta = say("beta_rate", bw=units.format_bandwidth(1 / b, lang=lang)) if b > 0 else say("beta_zero")
     others = [x for x in f.ALGORITHMS if x != algo]
     return [
         say("head", algo=choice_name(algo, lang), size=units.format_bytes(S, lang=lang), n=n, alpha=units.format_time(a, lang=lang),
-            bw=bw_txt),
+            beta=beta),
         *table([
             (say("time"), units.format_time(t, lang=lang)),
             (say("sent"), bytes_text(r["bytes_per_rank"], lang)),
