@@ -212,30 +212,45 @@ def answer_example(q: Question) -> str:
 
 
 def _candidates(text: str, q: Question) -> list[float]:
-    """Every plausible reading of ``text`` as a value of the question's quantity, in base units."""
+    """Every plausible reading of ``text`` as a value of the question's quantity, in base units: in the
+    question's language, or where that reads nothing, in the other one ("1,5 GB" in English is read; "1,500B"
+    is 1500B there, never 1.5B as in Spanish)."""
+    out = _readings(text, q, q.lang)
+    return out or _readings(text, q, "es" if q.lang == "en" else "en")
+
+
+_BITS = re.compile(r"([kKmMgGtTpP]i?)b")  # 1Gb: gigabits, as a bandwidth's Gb/s
+
+
+def _readings(text: str, q: Question, lang: str) -> list[float]:
     out: list[float] = []
-    langs = [q.lang] + [lang for lang in ("en", "es") if lang != q.lang]
     parse_kind = {"number": "count"}.get(q.quantity, q.quantity)
-    for lang in langs:
+    stripped = text.strip()
+    number, unit = units.NUMBER_AND_UNIT.match(stripped).groups() if units.NUMBER_AND_UNIT.match(stripped) else ("", "")
+    if parse_kind == "bytes" and unit and _BITS.fullmatch(unit.strip()):
+        texts = [f"{number} {unit.strip()[:-1]}B"]  # a size in bits: read in bytes, then divided by 8
+        scale = 1 / 8
+    else:
+        texts, scale = [text], 1.0
+        # Spanish also groups thousands with a dot ("1.500 millones", "32.768"): read it both ways there
+        if lang == "es" and number and re.fullmatch(r"[+-]?\d{1,3}(\.\d{3})+", number):
+            texts.append(number.replace(".", "") + stripped[len(number):])
+    for reading in texts:
         try:
-            out.append(units.parse_quantity(text, parse_kind, lang))
+            out.append(units.parse_quantity(reading, parse_kind, lang) * scale)
         except (ValueError, TypeError, OverflowError):
             pass
-        # A bare number: also read it in the unit the question asks for.
-        # "32.768" is 32768 in Spanish (dot as thousands separator): read it both ways.
-        stripped = text.strip()
-        if re.fullmatch(r"[+-]?\d{1,3}(\.\d{3})+", stripped) or (lang == "en" and re.fullmatch(r"[+-]?\d{1,3}(,\d{3})+", stripped)):
-            out.append(float(re.sub(r"[.,]", "", stripped)))
-        try:
-            bare = units.parse_number(text, lang)
-        except (ValueError, TypeError, OverflowError):
-            continue
-        # A bare number is first read in the unit the question asks for ("16.6" asked in GB).
+    try:
+        bare = units.parse_number(text, lang)
+    except (ValueError, TypeError, OverflowError):
+        return [v for v in out if math.isfinite(v)]
+    # A bare number is first read in the unit the question asks for ("16.6" asked in GB).
+    for value in [bare] + [float(t) for t in texts[1:] if re.fullmatch(r"[+-]?\d+", t.strip())]:
         factor = _HINT_FACTORS.get(q.quantity, {}).get(q.unit)
         if factor is not None:
-            out.insert(0, bare * factor)
-        if q.quantity == "fraction" and 1 < abs(bare) <= 100:
-            out.insert(0, bare / 100)  # "27.3" meaning percent
+            out.insert(0, value * factor)
+        if q.quantity == "fraction" and 1 < abs(value) <= 100:
+            out.insert(0, value / 100)  # "27.3" meaning percent
     return [v for v in out if math.isfinite(v)]
 
 
@@ -301,11 +316,23 @@ _JOINING_WORDS = frozenset({"de", "del", "en", "el", "la", "los", "las", "of", "
 _HOW_MANY = re.compile(r"(?:how many|cuántos|cuántas|cuantos|cuantas)\s+([^?¿]*)", re.IGNORECASE)
 
 
+#: where the noun phrase after "how many" ends: its verb, or what qualifies it ("how many communication steps
+#: | does a ring all-reduce on 8 GPUs take": "14 GPUs" is not steps)
+_PHRASE_ENDS = frozenset({
+    "does", "do", "did", "is", "are", "can", "could", "should", "would", "will", "must", "run", "fit", "exist",
+    "take", "per", "hace", "hacen", "hay", "es", "son", "tarda", "provoca", "dura", "caben", "cabe", "acepta",
+    "usa", "tiene", "guarda", "procesa", "envía", "debe", "se", "necesita", "por", "como"})
+
+
 def _asked_clause(prompt: str) -> str:
-    """What a question counts: its words after "how many" / "cuántos" up to the question mark (the whole
+    """What a question counts: its words after "how many" / "cuántos" up to the phrase's verb (the whole
     prompt where it asks otherwise)."""
     found = _HOW_MANY.search(prompt)
-    return found.group(1) if found else prompt
+    if not found:
+        return prompt
+    words = re.split(r"\s+|(?=[(,;:])", found.group(1))
+    end = next((i for i, w in enumerate(words) if w.lower() in _PHRASE_ENDS or w[:1] in "(,;:"), len(words))
+    return " ".join(words[:end])
 
 
 def _names_what_is_asked(word: str, prompt: str) -> bool:

@@ -176,3 +176,29 @@ def test_bind_units_keeps_numbers_with_units_and_symbols_with_values():
     # keys given as a pair stay together in a hint ("· ]" / "/ [ more / fewer GPUs" at 80 columns)
     assert "] / [" in wrap_words("strategy ← → · ] / [ more / fewer GPUs · space play", 14)
     assert units.bind_units("chunk 3 (2 terms)", "_") == "chunk 3 (2_terms)"
+
+
+def test_answers_read_in_the_questions_language_first():
+    """An audit found English questions accepting "1,500B" for 1.5B (1.5 trillion to an English reader) and
+    "353.894" for 353,894 h, Spanish ones refusing "1.500 millones", "29.3 Gb" (gigabits) accepted as
+    29.3 GB, and "14 GPUs" accepted for 14 communication steps."""
+    from distai.lessons import quiz
+
+    def judged(lesson, kind, seed, lang, answers):
+        q = quiz.make_question(lesson, kind, seed, lang)
+        return {a: quiz.check_answer(q, a).correct for a in answers}
+
+    assert judged("lesson2", "max-fit", 2, "en", ["1,500B", "1,500 billion", "1.5B", "1,5B"]) == {
+        "1,500B": False, "1,500 billion": False, "1.5B": True, "1,5B": True}
+    assert judged("lesson2", "max-fit", 2, "es", ["1.500 millones", "1,5 mil millones", "1500 millones"]) == {
+        "1.500 millones": True, "1,5 mil millones": True, "1500 millones": True}
+    assert judged("lesson7", "kv-total", 2, "en", ["1,070 GB", "1.07 GB"]) == {"1,070 GB": False, "1.07 GB": True}
+    assert judged("lesson3", "gpu-mtbf-from-log", 0, "en", ["353.894", "353,894"]) == {
+        "353.894": False, "353,894": True}
+    assert judged("lesson3", "gpu-mtbf-from-log", 0, "es", ["353.894", "353.894 h"]) == {
+        "353.894": True, "353.894 h": True}
+    assert judged("lesson2", "zero-total", 1, "en", ["29.3 Gb", "234.5 Gb", "29.3 GB", "29,3 GB"]) == {
+        "29.3 Gb": False, "234.5 Gb": True, "29.3 GB": True, "29,3 GB": True}
+    for lang, noun in (("en", "14 communication steps"), ("es", "14 pasos de comunicación")):
+        assert judged("lesson1", "ring-steps", 1, lang, ["14 GPUs", noun, "14"]) == {"14 GPUs": False, noun: True,
+                                                                                     "14": True}
