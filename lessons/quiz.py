@@ -226,7 +226,8 @@ def _readings(text: str, q: Question, lang: str) -> list[float]:
     out: list[float] = []
     parse_kind = {"number": "count"}.get(q.quantity, q.quantity)
     stripped = text.strip()
-    number, unit = units.NUMBER_AND_UNIT.match(stripped).groups() if units.NUMBER_AND_UNIT.match(stripped) else ("", "")
+    split = units.NUMBER_AND_UNIT.match(stripped)
+    number, unit = split.groups() if split else ("", "")
     if parse_kind == "bytes" and unit and _BITS.fullmatch(unit.strip()):
         texts = [f"{number} {unit.strip()[:-1]}B"]  # a size in bits: read in bytes, then divided by 8
         scale = 1 / 8
