@@ -68,6 +68,7 @@ def _worked(pp: int = 1, dp: int = 1, tp: int = 1, cp: int = 1, ep: int = 1, ran
             "et": ep * tp, "edp_size": replicas // ep if replicas % ep == 0 else 0,
             "rank_div_t": rank // tp, "rank_div_ct": rank // (cp * tp),
             "inner": (rank // (cp * tp)) % dp * cp + (rank // tp) % cp,
+            "dp_coord": (rank // (cp * tp)) % dp, "cp_coord": (rank // tp) % cp,
             "p1": pp - 1, "dpmb": dp * micro_batch, "shards": pp * tp}
 
 
@@ -174,15 +175,17 @@ GENERATORS = build("capstone", __package__, values=_worked, kinds=[
     Numeric("coordinate", draw={**MESH5, "rank": lambda pp, dp, cp, tp: range(pp * dp * cp * tp),
                                 "dim": ["pp", "dp", "cp", "tp", "ep", "edp"]},
             variant="dim", answer=_coordinate, integer=True),
+    # groups of one rank ask nothing (with pp = 1, "how many PP groups": 16 or none?)
     Numeric("group-count", draw={**MESH5, "dim": list(GROUP_DIMS)}, variant="dim", answer=_group_count,
+            where=lambda pp, dp, cp, tp, ep, dim: _layout(pp, dp, cp, tp, ep).size(dim) > 1,
             integer=True, values=_group_words),
     Numeric("group-stride", draw={**MESH5, "dim": ["cp", "dp", "ep", "edp", "pp"]},
             where=lambda pp, dp, cp, tp, ep, dim: _layout(pp, dp, cp, tp, ep).size(dim) > 1,
             variant="dim", answer=_group_stride, integer=True, values=_group_words),
     Choice("group-members", draw={**MESH5, "rank": lambda pp, dp, cp, tp: range(pp * dp * cp * tp),
                                   "dim": ["cp", "dp", "ep", "edp"], "slot": range(4)},
-           where=lambda pp, dp, cp, tp, ep, rank, dim, slot: len(set(_member_options(
-               pp, dp, cp, tp, ep, rank, dim, slot))) == 4,
+           where=lambda pp, dp, cp, tp, ep, rank, dim, slot: _layout(pp, dp, cp, tp, ep).size(dim) > 1 and len(set(
+               _member_options(pp, dp, cp, tp, ep, rank, dim, slot))) == 4,
            variant="dim", values=_members, answer=lambda slot: slot),
     Numeric("params-per-gpu", draw={MODEL: MODELS, "pp": [4, 8, 16], "tp": DEGREES}, answer=f.params_per_gpu,
             quantity="count", wrong={"Ψ/tp (forgetting the stages)": lambda params, tp: params / tp}),

@@ -27,7 +27,7 @@ GENERATORS = build("lesson6", __package__, values=_worked, kinds=[
             answer=f.max_value, tolerance=0.005),
     Numeric("smallest", draw={"fmt": ["fp16", "bf16"], "which": ["normal", "subnormal"]}, variant="which",
             answer=lambda fmt, which: (f.smallest_normal if which == "normal" else f.smallest_subnormal)(fmt),
-            tolerance=0.01, example=6.1e-5),
+            tolerance=0.01, example=2.5e-7),  # a form to copy, never fp16's smallest normal (6.1e-5), a wrong answer
     Numeric("spacing", draw={"x": [1.0, 2.0, 10.0, 100.0, 1000.0, 0.5], "fmt": ["fp16", "bf16"]},
             answer=f.spacing, tolerance=0.01, example=0.0078),
     Choice("update-lost", draw={"fmt": ["fp16", "bf16", "fp32"], "weight": [1.0, 4.0, 0.25, 16.0],
