@@ -191,6 +191,30 @@ async def test_help_overlay_lists_the_keys_and_closes():
 
 
 @async_test
+async def test_quiz_screen_has_help_and_leaves_question_marks_out_of_the_answer(isolated_distai_home):
+    """An audit found "?" typed into the quiz's answer box ("could not read '?'"), the only screen without help."""
+    from distai.tutor.quiz_screen import QuizScreen
+
+    app = DistaiApp("es")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("enter", "t")
+        await pilot.pause()
+        assert isinstance(app.screen, QuizScreen)
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        text = "".join(seg.text for seg in app.console.render(app.screen.query_one("#help-keys", Static).content))
+        for label in ("key_quiz_enter", "key_quiz_option", "key_quiz_new", "key_quiz_back"):
+            assert translated("tutor", label, "es") in text
+        assert "16,6 GB" in text and "tolerancia" in text  # how an answer may be written
+        await pilot.press("escape")
+        await pilot.pause()
+        assert isinstance(app.screen, QuizScreen) and app.screen.query_one("#quiz-input").value == ""
+        await pilot.press("1", ".", "5")  # every other key still goes to the answer
+        assert app.screen.query_one("#quiz-input").value == "1.5"
+
+
+@async_test
 async def test_help_overlay_says_when_it_scrolls():
     """At 80x24 the lesson's keys do not fit: the frame says there is more (nothing showed it)."""
     for size, scrolls in (((80, 24), True), ((120, 40), False)):

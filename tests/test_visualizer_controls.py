@@ -86,3 +86,28 @@ def test_keys_reach_the_visualizer_without_focus_and_lesson_keys_always_work():
             assert type(app.screen).__name__ == "QuizScreen"
 
     asyncio.run(go())
+
+
+def test_a_short_pane_names_the_key_that_gives_the_visualizer_room():
+    """At 80x24 lesson 5's pipeline showed 2 of its 4 rows, with no mark of the cut (an audit): now every cut
+    is marked, and the mark names the lesson screen's V while the text shares the screen, and no key once
+    the visualizer has it all."""
+    import asyncio
+
+    from distai.tutor.app import DistaiApp
+    from pilot_harness import lesson_step
+
+    async def main():
+        app = DistaiApp("en")
+        async with app.run_test(size=(80, 24)) as pilot:
+            screen = await lesson_step(app, pilot, "lesson5", "1f1b")
+            vis = screen.visualizer
+            lines = [ln.plain for ln in vis.build_lines(vis.content_size.width, 8)]
+            assert len(lines) == 8 and lines[-2].startswith("▼") and "(V, or a taller terminal)" in lines[-2]
+            assert "? all keys" in lines[-1]  # the hint stays
+            await pilot.press("V")
+            await pilot.pause()
+            lines = [ln.plain for ln in vis.build_lines(vis.content_size.width, 8)]
+            assert "a taller terminal shows them" in lines[-2]
+
+    asyncio.run(main())

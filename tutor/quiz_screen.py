@@ -27,6 +27,14 @@ if TYPE_CHECKING:
     from .review import QuizSession
 
 
+class AnswerInput(Input):
+    """The answer box, which leaves "?" to the screen's help (no answer holds one): an Input consumes
+    every printable key before even a priority binding sees it."""
+
+    def check_consume_key(self, key: str, character: str | None) -> bool:
+        return character != "?" and super().check_consume_key(key, character)
+
+
 class QuizScreen(Screen):
     """A quiz of ``count`` questions on ``lesson`` (a registry Lesson) in ``language``."""
 
@@ -43,6 +51,7 @@ class QuizScreen(Screen):
     BINDINGS = [
         Binding("escape", "back", "Back"),
         Binding("ctrl+n", "new_quiz", "New quiz"),
+        Binding("question_mark", "help", "Help", key_display="?", priority=True),  # AnswerInput leaves "?" to it
     ]
 
     def __init__(self, lesson, language: str = "en", count: int = 5, seed: int | None = None):
@@ -62,12 +71,12 @@ class QuizScreen(Screen):
             yield BoundStatic("", id="quiz-prompt")
             yield OptionList(id="quiz-choices")
             yield BoundStatic("", id="quiz-feedback")
-        yield Input(id="quiz-input")
+        yield AnswerInput(id="quiz-input")
         yield Footer()
 
     def on_mount(self) -> None:
         # the footer's words in the quiz's language (the catalog's back and new)
-        localize_bindings(self, self.lang, {"back": "back", "new_quiz": "new"}, area="quiz_screen")
+        localize_bindings(self, self.lang, {"back": "back", "new_quiz": "new", "help": "help"}, area="quiz_screen")
         self.new_quiz(self.seed)
 
     # -- state -------------------------------------------------------------------------------
@@ -179,6 +188,12 @@ class QuizScreen(Screen):
 
     def action_back(self) -> None:
         self.app.pop_screen()
+
+    def action_help(self) -> None:
+        from .screens.help import HelpScreen
+
+        if not isinstance(self.app.screen, HelpScreen):
+            self.app.push_screen(HelpScreen("quiz", self.lang))
 
     def action_new_quiz(self) -> None:
         self.new_quiz()

@@ -468,6 +468,10 @@ class RunPanelScreen(Screen):
             spark.data = []
             label.display = spark.display = True
 
+    def room_key(self) -> str | None:
+        """The key that gives the visualizer more room (its "▼ n more lines" names it), or None once it has it."""
+        return None if self.has_class("-visual-first") else "v"
+
     def action_visual_first(self) -> None:
         """``v``: the visualizer first and the log a few rows, or back (a summary's log tall again). At 80×24
         the visualizer is hidden and a run's summary takes the screen: this is how the learner sees it."""
@@ -512,7 +516,7 @@ class RunPanelScreen(Screen):
         from rich.console import Group
 
         lang = self.language
-        rows = self.state.sweep[-16:]
+        rows = self.state.sweep  # every size measured: the smallest is the one the α check quotes
         top = max(max(r["ring_busbw"], r["ar_busbw"]) for r in rows) or 1.0
         table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold", padding=(0, 1))
         table.add_column(translated("run", "size", lang), justify="right", no_wrap=True)

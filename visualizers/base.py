@@ -180,7 +180,6 @@ class LessonVisualizer(Widget):
     def fit_height(self, lines: list, height: int | None) -> list:
         """``lines`` cut to ``height``, never silently: the last line (the hint) stays and a mark
         says how many lines a taller pane (or ``v`` hiding the text… a bigger terminal) would show."""
-        from rich.text import Text
 
         if not height or len(lines) <= height:
             return lines
@@ -188,8 +187,18 @@ class LessonVisualizer(Widget):
             return lines[:height]
         keep = height - 2
         hidden = len(lines) - 1 - keep
-        mark = Text(translated("visualizer", "more_lines", self.language, n=hidden), style="dim italic")
-        return lines[:keep] + [mark, lines[-1]]
+        return lines[:keep] + [self.more_lines_mark(hidden), lines[-1]]
+
+    def more_lines_mark(self, hidden: int):
+        """"▼ n more lines", and the key of the screen hosting this visualizer that gives it more room (the
+        lesson screen's V, the run panel's v; none once it has the room)."""
+        from rich.text import Text
+
+        room_key = getattr(self.screen, "room_key", None) if self.is_attached else None
+        key = room_key() if callable(room_key) else None
+        text = (translated("visualizer", "more_lines_key", self.language, n=hidden, key=key) if key
+                else translated("visualizer", "more_lines", self.language, n=hidden))
+        return Text(text, style="dim italic")
 
     def control_for(self, key: str) -> tuple[str, Control] | None:
         """The action ``key`` runs here, with its control, or None."""

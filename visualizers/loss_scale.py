@@ -316,7 +316,8 @@ class LossScaleVisualizer(LessonVisualizer):
 
     # ---- rendering -------------------------------------------------------------------------
     def render(self) -> Text:
-        return self.last_text
+        lines = list(self.last_text.split("\n"))
+        return Text("\n").join(self.fit_height(lines, self.size.height or None))  # a short pane says what it hides
 
     @property
     def last_text(self) -> Text:

@@ -31,7 +31,7 @@ from ..lessons import units
 from ..lessons.capstone.events import MESH_CONFIG
 from ..lessons.capstone.mesh_run import Layout, MeshRun, Phase, step_phases
 from ..lessons.events import RUN_END, RUN_START
-from ..lessons.strings import strings, translated
+from ..lessons.strings import strings
 from .base import NEXT_VIEW, PLAY, Control
 from .playback import PlaybackVisualizer
 from .ring_drawing import wrap_text
@@ -409,7 +409,7 @@ class MeshVisualizer(PlaybackVisualizer):
             return self.fit_height(flat + lines[-1:], height)
 
         def mark(n: int) -> list[Text]:  # "▼ n more lines…", wrapped too
-            return wrap_text(Text(translated("visualizer", "more_lines", self.language, n=n), style="dim italic"), width)
+            return wrap_text(self.more_lines_mark(n), width)
 
         room = max(1, height - 1 - len(mark(len(flat))))
         cut = max((end for end in itertools.accumulate(len(note) for note in notes) if end <= room), default=room)

@@ -398,7 +398,7 @@ class PipelineVisualizer(PlaybackVisualizer):
             lines.extend(panel)
             used += len(panel)
         lines.extend(footer)
-        return lines
+        return self.fit_height(lines, height)  # one schedule taller than the pane: cut, and said so
 
     def _measured_panel(self, schedule: str, cols: int, mem_max: float, tr: Mapping) -> list[Text]:
         meas = self.measured

@@ -40,7 +40,8 @@ REPL_COLOR = "dodger_blue1"
 
 
 def _pad(text: str, cells: int) -> str:
-    """Pad or cut to a width in terminal cells (combining marks such as f̄ take none)."""
+    """Pad or cut to a width in terminal cells (a combining mark takes none; the labels write f-bar as f¯,
+    a spacing macron: drawn through Textual, f̄ lost the row's right border in tmux)."""
     if cell_len(text) > cells:
         while cell_len(text) > cells - 1:
             text = text[:-1]

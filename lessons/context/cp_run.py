@@ -67,7 +67,7 @@ class CPRun:
         return self.ring.get((phase, step), {})
 
     def idle_share(self, phase: str = "fwd") -> float | None:
-        """Measured: the share of rank-steps' compute time the ranks waited for the slowest rank of
+        """Measured: the share of the ranks' compute time the ranks waited for the slowest rank of
         each step (None until every step of every rank arrived)."""
         cp = self.cp
         steps = [self.step_records(phase, t) for t in range(cp)]

@@ -161,7 +161,7 @@ def partial_softmax(scores: list[float], values: list[float]) -> dict:
 
 
 def idle_fraction(cp: int, layout: str = "contiguous", seq: int | None = None) -> float:
-    """The share of rank-steps a causal ring spends waiting (each step lasts as long as its busiest
+    """The share of the ranks' time a causal ring spends waiting (each step lasts as long as its busiest
     rank), counting the exact causal pairs of every tile. ``seq`` defaults to a long one (chunks of
     4096 tokens), where a diagonal tile is half a tile and the contiguous layout's share is
     ``(cp−1)/(2cp−1)`` to four digits (3/7 at cp = 4; one half as cp grows); short chunks' diagonal

@@ -86,7 +86,7 @@ def work_per_step(seq: int, cp: int, layout: str) -> list[list[int]]:
 
 
 def idle_fraction(seq: int, cp: int, layout: str) -> float:
-    """The share of rank-steps spent waiting: each step lasts as long as its busiest rank.
+    """The share of the ranks' time spent waiting: each step lasts as long as its busiest rank.
 
     Counted from the schedule's tiles without listing them (``calc context --cp 65536`` never ended listing
     cp² of them; the tests check the count against :func:`work_per_step`'s list): contiguous, step 0 is every

@@ -15,6 +15,7 @@ from .common import more_below
 
 HOME_KEYS = [
     ("↑ ↓", "key_move"),
+    ("Tab", "key_tab"),
     ("Enter", "key_open"),
     ("l", "key_lang"),
     ("ctrl+p", "key_palette"),
@@ -24,6 +25,7 @@ HOME_KEYS = [
 LESSON_KEYS = [
     ("→  n", "key_next"),
     ("←  p", "key_prev"),
+    ("↑ ↓ PgUp PgDn", "key_scroll"),
     ("t", "key_quiz"),
     ("r", "key_run"),
     ("l", "key_lang"),
@@ -42,7 +44,14 @@ RUN_KEYS = [  # the run panel's (tutor/run_panel.py)
     ("?", "key_help"),
     ("q  Esc", "key_run_close"),
 ]
-CONTEXT_KEYS = {"home": HOME_KEYS, "lesson": LESSON_KEYS, "run": RUN_KEYS}
+QUIZ_KEYS = [  # the quiz screen's (tutor/quiz_screen.py)
+    ("Enter", "key_quiz_enter"),
+    ("1 2 3 4", "key_quiz_option"),
+    ("ctrl+n", "key_quiz_new"),
+    ("?", "key_help"),
+    ("Esc", "key_quiz_back"),
+]
+CONTEXT_KEYS = {"home": HOME_KEYS, "lesson": LESSON_KEYS, "run": RUN_KEYS, "quiz": QUIZ_KEYS}
 
 
 class HelpScreen(ModalScreen[None]):
@@ -66,6 +75,9 @@ class HelpScreen(ModalScreen[None]):
         for keys, label in CONTEXT_KEYS.get(self.context, HOME_KEYS):
             table.add_row(keys, translated("tutor", label, lang))
         table.add_row(translated("tutor", "mouse", lang), translated("tutor", "key_mouse", lang))
+        if self.context == "quiz":  # how an answer may be written, as distai quiz says it
+            table.add_row("", "")
+            table.add_row(translated("tutor", "quiz_answers", lang), translated("quiz_cli", "howto", lang))
         if self.context == "lesson":
             from .lesson import LessonScreen
 

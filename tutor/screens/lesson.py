@@ -285,6 +285,11 @@ class LessonScreen(CommonActions, Screen):
         if self.focused is None and text.display:
             text.focus(scroll_visible=False)
 
+    def room_key(self) -> str | None:
+        """The key that gives the visualizer more room (the visualizer's "▼ n more lines" names it), or None
+        when it has it all."""
+        return None if self.has_class("-maximized") else "V"
+
     def action_maximize_visualizer(self) -> None:
         """The visualizer takes the whole body (the text hidden), or gives the text back."""
         maximized = not self.has_class("-maximized")
