@@ -444,6 +444,7 @@ def yes_no(lesson_id: str, kind: str, lang: str, prompt: str, yes: str, no: str,
 # The text formats a template may name after a field's colon: ``{size:bytes}``, ``{alpha:time}``.
 _FORMATS: dict[str, Callable[[Any, str], str]] = {
     "bytes": lambda v, lang: units.format_bytes(v, lang=lang),
+    "ibytes": lambda v, lang: units.format_bytes(v, binary=True, lang=lang),  # KiB, MiB: where the lesson counts so
     "time": lambda v, lang: units.format_time(v, lang=lang),
     "bw": lambda v, lang: units.format_bandwidth(v, lang=lang),
     "count": lambda v, lang: units.format_count(v, lang=lang),
@@ -459,7 +460,7 @@ class _Shown:
 
 
 class _Formatter(string.Formatter):
-    """``str.format`` with the question's language: ``{x:bytes}``, ``{x:time}``, ``{x:bw}``,
+    """``str.format`` with the question's language: ``{x:bytes}`` (``{x:ibytes}`` in KiB, MiB), ``{x:time}``, ``{x:bw}``,
     ``{x:count}``, ``{x:pct}``, ``{x:int}`` (thousands separators), ``{x:num}``/``{x:numN}`` (3 or N
     significant digits, decimal comma in Spanish), ``{x:term}`` (x's name in the lesson's ``[terms.LANG]``
     table), ``{n:one|other}`` (the first word when n is 1), ``{x:sum-bytes}`` (every such field of a
