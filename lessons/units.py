@@ -475,7 +475,8 @@ GLUE = "\ue000"  # bind_units' joiner where a wrap then reads it: a private-use 
 # what a number's unit can be in the lessons' prose (this module's formats, and the counts the texts use)
 _UNIT = (r"(?:%|[kKMGTP]i?B(?:/s)?|B|bytes?|[mµμn]?s|min|h|Gb/s|(?:[GTP]?FLOP)(?:/s|s)?|GPUs?|ranks?|nodes?|"
          r"tokens?|layers?|steps?|stages?|chunks?|microbatch(?:es)?|mil|millones|billones|"
-         r"etapas?|capas?|pasos?|nodos?|trozos?|microlotes?|terms?|términos?|contributions?|contribuciones?|x|×)")
+         r"etapas?|capas?|pasos?|nodos?|trozos?|microlotes?|terms?|términos?|contributions?|contribuciones?|x|×|"
+         r"p\.(?= ?p\.))")  # Spanish percentage points, "3,7 p. p."
 _SPACE = r"(?: |\n[ \t]*)"  # a space, or a line break inside a paragraph (the source's lines are cut anywhere)
 _NUMBER_UNIT = re.compile(rf"(?<=\d){_SPACE}(?={_UNIT}(?![\w/]))")
 _AXIS_DEGREE = re.compile(
@@ -496,5 +497,6 @@ def bind_units(prose: str, joiner: str) -> str:
     its degree, around the "=" of a symbol and its value ("α = 5"), and inside Spanish "mil millones"."""
     bound = _NUMBER_UNIT.sub(joiner, prose)
     bound = re.sub(rf"(?<=\d{re.escape(joiner)}mil){_SPACE}(?=mill)", joiner, bound)
+    bound = re.sub(rf"(?<=\d{re.escape(joiner)}p\.){_SPACE}(?=p\.)", joiner, bound)  # "p. p." stays whole
     bound = _SYMBOL_VALUE.sub(lambda m: m.group(1) + joiner + "=" + joiner, bound)
     return _AXIS_DEGREE.sub(lambda m: m.group(1) + joiner, bound)

@@ -449,21 +449,24 @@ class TerminalPipeline:
             out.extend(draw_lanes(lanes, cols, lanes.makespan, None, max(lanes.peak(0), 1.0), lang=self.language))
         results = (meas.summary or {}).get("schedules") or {}
         if results:
-            widths = (17, 8, 8, 8, 8, 14, 10)
             labels = tr["table_head"]
-            out.append(Text(labels[0].ljust(widths[0]) + "".join(
-                lab.rjust(w) for lab, w in zip(labels[1:], widths[1:])), style="bold"))
+            rows = []
             for name, r in results.items():
                 ratio = (format_fixed(r["step_time_s"] / r["torch_step_time_s"], 2, lang) + "x"
                          if r.get("torch_step_time_s") else "—")
                 grad = r.get("max_grad_diff_vs_torch")
                 peak0 = r["stages"][0] if r.get("stages") else {}
-                cells = (format_score(r["bubble_measured"], lang), format_percent(r["bubble_formula"], 3, lang),
-                         format_fixed(peak0.get("peak_microbatches", 0), 2, lang),
-                         format_plain(peak0.get("peak_formula", 0), lang),
-                         ratio, "—" if grad is None else format_number(grad, 1, lang))
-                out.append(Text(tr["schedules"][name].ljust(widths[0]) + "".join(
-                    c.rjust(w) for c, w in zip(cells, widths[1:]))))
+                rows.append((tr["schedules"][name], format_score(r["bubble_measured"], lang),
+                             format_percent(r["bubble_formula"], 3, lang),
+                             format_fixed(peak0.get("peak_microbatches", 0), 2, lang),
+                             format_plain(peak0.get("peak_formula", 0), lang),
+                             ratio, "—" if grad is None else format_number(grad, 1, lang)))
+            # each column as wide as its widest cell, one space apart: the Spanish table wrapped at 70 columns
+            widths = [max(len(cell) for cell in column) for column in zip(labels, *rows)]
+            out.append(Text(" ".join([labels[0].ljust(widths[0])] + [lab.rjust(w) for lab, w in
+                                                                      zip(labels[1:], widths[1:])]), style="bold"))
+            for row in rows:
+                out.append(Text(" ".join([row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])])))
         return out
 
 
