@@ -328,8 +328,11 @@ async def test_a_spanish_panel_labels_its_keys_and_log_in_spanish():
         log_text = "\n".join(str(line.text) for line in screen.query_one("#run-log", RichLog).lines)
         # the rank's label as the catalog writes it (Spanish keeps "rank", as the lessons' text does)
         assert translated("run", "rank_n", "es", rank=3) + " hello from step 19" in " ".join(log_text.split())
+        assert screen.check_action("stop", ()) and not screen.check_action("again", ())
         await pilot.press("s")
         assert await wait_for(pilot, lambda: screen.state.finished, 5)
+        # an audit found "s Stop" still offered once the run had ended
+        assert not screen.check_action("stop", ()) and screen.check_action("again", ())
 
 
 @run_async

@@ -105,3 +105,24 @@ def test_a_run_replaces_the_simulation_until_switched_back():
     assert restart.hist_index is None and restart.live_bucket is None and not view.live(restart)
     assert view.toggle_source(replace(restart, use_live=False)).use_live is False  # nothing to show
     assert ScalerSimConfig() == restart.config
+
+
+def test_s_without_a_run_says_so():
+    """An audit pressed s (simulation ↔ your run) with no run: the view still read [simulation], nothing else."""
+    import asyncio
+
+    from distai.visualizers.loss_scale import LossScaleVisualizer
+    from pilot_harness import mounted
+
+    async def main():
+        for lang, words in (("en", "no run yet"), ("es", "aún no hay ejecución")):
+            async with mounted(LossScaleVisualizer, lang) as (pilot, vis):
+                assert words not in vis.last_text.plain
+                await pilot.press("s")
+                await pilot.pause()
+                assert words in vis.last_text.plain
+                await pilot.press("g")  # the other views say it too
+                await pilot.pause()
+                assert words in vis.last_text.plain
+
+    asyncio.run(main())

@@ -391,6 +391,9 @@ class RunPanelScreen(Screen):
 
     def _refresh(self) -> None:
         s, lang = self.state, self.language
+        if self.running != getattr(self, "_footer_running", None):  # Stop and Run again swap in the footer
+            self._footer_running = self.running
+            self.refresh_bindings()
         # a run that reports only its phases (lessons 4 and 7): an indeterminate bar, not one stuck at 0 %
         self.query_one("#run-progress", ProgressBar).update(total=1.0 if s.progress_known or s.finished else None,
                                                              progress=s.fraction)
@@ -538,6 +541,14 @@ class RunPanelScreen(Screen):
         return Group(*parts)
 
     # -- actions -----------------------------------------------------------------------------------
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Stop leaves the footer once nothing runs (a finished run, a replay); Run again waits for the end."""
+        if action == "stop":
+            return self.running
+        if action == "again":
+            return self.replay_record is None and not self.running
+        return True
+
     def action_stop(self) -> None:
         if self.running and self.launch is not None:
             self.launch.stop("stopped from the tutor")

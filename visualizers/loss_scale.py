@@ -279,6 +279,7 @@ class LossScaleVisualizer(LessonVisualizer):
     def __init__(self, language: str = "en", **kwargs):
         super().__init__(language=language, **kwargs)
         self.figures = ls.LossScaleView()
+        self.asked_for_run = False  # s pressed with no run to show
 
     # ---- the state and what it shows (lessons/lesson6/loss_scale_view.py) ---------------------------
     @property
@@ -310,6 +311,8 @@ class LossScaleVisualizer(LessonVisualizer):
 
     def action_toggle_source(self) -> None:
         self.state = self.figures.toggle_source(self.state)
+        self.asked_for_run = self.figures.run.empty  # s with no run: the source label says why nothing changed
+        self.refresh()
 
     def action_reset(self) -> None:
         self.state = ls.reset(self.state)
@@ -332,6 +335,8 @@ class LossScaleVisualizer(LessonVisualizer):
             head.append({"scale": t["scale_title"], "exponents": t["exp_title"].format(fmt=state.fmt)}[state.view],
                         style="bold")
             head.append(f"   [{t['source_live'] if live else t['source_sim']}]", style="italic dim")
+            if not live and self.asked_for_run:
+                head.append("  " + t["no_run"], style="yellow")
             parts.append(head)
         if state.view == "scale":
             parts += self._render_scale(state, width, height, live)
@@ -401,6 +406,8 @@ class LossScaleVisualizer(LessonVisualizer):
         tls, bucket = shown
         head = Text(t["tl_title"].format(b=format_plain(bucket, lang)), style="bold")
         head.append(f"   [{t['source_live'] if live else t['source_sim']}]", style="italic dim")
+        if not live and self.asked_for_run:
+            head.append("  " + t["no_run"], style="yellow")
         out = [head]
         t_max = max(d["end"] for d in tls.values()) or 1.0
         for mode, d in tls.items():
