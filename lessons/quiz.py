@@ -270,7 +270,7 @@ def _foreign_unit(text: str, lang: str) -> str:
 
 
 # "57x" or "57 ×" for a ratio; "62 steps" or "62 pasos" for a count: the number, once the word is no unit
-_RATIO_SIGN = re.compile(r"^(.+?)\s*(?:[x×]|times|veces)$", re.IGNORECASE)
+_RATIO_SIGN = re.compile(r"^(?:[x×]\s*(.+?)|(.+?)\s*(?:[x×]|times|veces))$", re.IGNORECASE)  # 16x, x16, 16 times
 _NOUN = re.compile(r"[^\W\d_]{3,}")  # a word of three letters or more
 
 
@@ -293,7 +293,7 @@ def _without_noun(text: str, q: Question) -> str:
         return text
     ratio = _RATIO_SIGN.match(text)
     if ratio and q.quantity == "number":
-        return ratio.group(1)
+        return ratio.group(1) or ratio.group(2)
     # the words after the number, each one of what the question counts ("20 message steps" for "how many
     # message steps"; "6 pasos de mensajes"), joined by small words; "6 GPUs" is not steps
     asked = _asked_clause(q.prompt)

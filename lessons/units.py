@@ -217,10 +217,24 @@ def parse_size(text, lang: str = "en", *, smallest: float = 0.0, what: str = "a_
     return value
 
 
+_TIME_PARTS = re.compile(r"\s*([0-9][0-9.,]*)\s*([^\W\d_]+\.?)")
+
+
 def parse_time(text, lang: str = "en") -> float:
-    """A duration in seconds: ``5us`` → 5e-6, ``1.5ms``, ``30min``, ``2h``, ``1d``; a bare number is seconds."""
+    """A duration in seconds: ``5us`` → 5e-6, ``1.5ms``, ``30min``, ``2h``, ``1d``; a bare number is seconds;
+    a clock's parts add up: ``24 min 30 s``, ``1h 30min`` (each with its own unit, largest first)."""
+    if isinstance(text, str):
+        parts = _TIME_PARTS.findall(text)
+        if len(parts) > 1 and "".join(f"{n}{u}" for n, u in parts) == re.sub(r"\s+", "", text):
+            sizes = [_unit_size(u) for _, u in parts]
+            if all(a > b > 0 for a, b in zip(sizes, sizes[1:])):  # h, then min, then s: a clock's order
+                return _finite(sum(parse_time(f"{n} {u}", lang) for n, u in parts), text)
     unit = unit_of(text)
     return _with_unit(text, lang, {"": 1.0, **TIME_UNITS}, unit.lower().rstrip("."), "time_unit")
+
+
+def _unit_size(unit: str) -> float:
+    return TIME_UNITS.get(unit.lower().rstrip("."), 0.0)
 
 
 def parse_bandwidth(text, lang: str = "en") -> float:

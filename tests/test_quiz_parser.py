@@ -202,3 +202,16 @@ def test_answers_read_in_the_questions_language_first():
     for lang, noun in (("en", "14 communication steps"), ("es", "14 pasos de comunicación")):
         assert judged("lesson1", "ring-steps", 1, lang, ["14 GPUs", noun, "14"]) == {"14 GPUs": False, noun: True,
                                                                                      "14": True}
+
+
+def test_clock_times_and_leading_ratio_signs_are_read():
+    """An audit: "24 min 30 s" was refused ("the unit 'min 30 s' does not fit"), and "x16" where "16x" was read."""
+    from distai.lessons import quiz
+
+    assert units.parse_time("24 min 30 s") == 1470 and units.parse_time("1h 30min") == 5400
+    assert units.parse_time("1,5 h 3 min", "es") == 5580
+    for backwards in ("30 s 24 min", "24 min 30"):  # a clock's parts come largest first, each with its unit
+        with pytest.raises(units.UnitError):
+            units.parse_time(backwards)
+    q = quiz.make_question("lesson1", "naive-ratio", 0, "en")
+    assert all(quiz.check_answer(q, a).correct for a in ("x15.99", "15.99x", "× 15.99", "15.99 times"))
