@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING
 
+from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -25,6 +26,15 @@ from .screens.common import BoundStatic, localize_bindings
 
 if TYPE_CHECKING:
     from .review import QuizSession
+
+
+def _numbered(n: int, text: str) -> Table:
+    """An option as "n. text", its text wrapping under itself rather than under the number."""
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True)
+    grid.add_column(ratio=1)
+    grid.add_row(f"{n}.", text)
+    return grid
 
 
 class AnswerInput(Input):
@@ -118,7 +128,7 @@ class QuizScreen(Screen):
         choices.clear_options()
         choices.display = q.is_choice
         if q.is_choice:
-            choices.add_options(Option(f"{i + 1}. {c}", id=str(i)) for i, c in enumerate(q.choices))
+            choices.add_options(Option(_numbered(i + 1, c), id=str(i)) for i, c in enumerate(q.choices))
             choices.highlighted = None
         self.query_one("#quiz-feedback", Static).update("")
         box = self.query_one("#quiz-input", Input)
