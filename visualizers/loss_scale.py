@@ -239,10 +239,7 @@ class LossScaleVisualizer(LessonVisualizer):
     """See the module docstring."""
 
     can_focus = True
-    DEFAULT_CSS = """
-    LossScaleVisualizer { height: 1fr; width: 1fr; }
-    LossScaleVisualizer:focus { background: $boost; }
-    """
+    DEFAULT_CLASSES = "panel"  # one cell in from the sides, as every visualizer
     # lowercase more, uppercase less, as in every visualizer
     CONTROLS = (
         Control("g", "next_view", "loss_scale.next_view", hint=True),
@@ -319,8 +316,13 @@ class LossScaleVisualizer(LessonVisualizer):
 
     # ---- rendering -------------------------------------------------------------------------
     def render(self) -> Text:
-        lines = list(self.last_text.split("\n"))
-        return Text("\n").join(self.fit_height(lines, self.size.height or None))  # a short pane says what it hides
+        # rows as the pane shows them (a line wider than the pane wraps), then cut to its height, saying so
+        width = self.content_size.width
+        rows: list[Text] = []
+        for line in self.last_text.split("\n"):
+            rows.extend(line.wrap(self.app.console, width) if width and self.is_attached and line.cell_len > width
+                        else [line])
+        return Text("\n").join(self.fit_height(rows, self.size.height or None))
 
     @property
     def last_text(self) -> Text:
