@@ -12,6 +12,9 @@ Layout of one run (``<root>/<run id>/``)::
 A run made with ``--run-dir`` lives where the learner put it; its folder's path is appended to
 ``<root>/elsewhere.txt`` (one path a line), so ``runs list`` and ``runs show last`` find it too.
 
+``exit_code`` is torchrun's exit status (a run stopped by Ctrl-C records what torchrun returned once
+stopped, 1 or a signal's; ``distai run`` itself then exits 130, as a shell does for SIGINT).
+
 ``status`` is ``running`` while the launcher lives, then ``ok``, ``failed`` or ``stopped``;
 a ``running`` run whose launcher process is gone (SIGKILLed, or the machine went down) is
 reported as ``killed``, with the last step its events show, and :func:`settle_killed` writes that
@@ -260,6 +263,15 @@ def new_run_id(lesson: str, now: float | None = None) -> str:
     return f"{stamp}-{lesson}-{secrets.token_hex(2)}"
 
 
+class RunDirError(ValueError):
+    """A ``--run-dir`` that cannot take a run: ``why`` is "empty" (the name), "file" (not a folder) or
+    "not_empty" (a folder that holds something else)."""
+
+    def __init__(self, why: str, path: str):
+        super().__init__(f"--run-dir {path!r}: {why}")
+        self.why, self.path = why, path
+
+
 def create_run(root: str | os.PathLike, lesson: str, module: str, *, run_dir: str | os.PathLike | None = None,
                argv: Iterable[str] = (), config: dict | None = None) -> RunRecord:
     """Make the run's folder (under ``root``, or exactly ``run_dir``) and its ``run.json``."""
@@ -267,9 +279,15 @@ def create_run(root: str | os.PathLike, lesson: str, module: str, *, run_dir: st
     if run_dir is not None:
         if "\0" in str(run_dir):
             raise ValueError(f"a folder name cannot contain a NUL character: {str(run_dir)!r}")
+        if not str(run_dir).strip():  # "" would be the current folder, whatever it holds
+            raise RunDirError("empty", str(run_dir))
         directory = Path(run_dir).expanduser().resolve()
         if (directory / RUN_FILE).exists():
             raise FileExistsError(f"{directory} already holds a run; choose an empty folder")
+        if directory.exists() and not directory.is_dir():
+            raise RunDirError("file", str(run_dir))
+        if directory.is_dir() and any(directory.iterdir()):  # a run's files never land among the learner's
+            raise RunDirError("not_empty", str(run_dir))
         run_id = directory.name
     else:
         run_id = new_run_id(lesson, now)

@@ -99,7 +99,9 @@ def test_slurm_cli_one_line_errors(tmp_path):
     assert out.returncode == 2 and "--bogus" in out.stderr and out.stderr.count("\n") == 1 and not out.stdout
     out = subprocess.run([*DISTAI, "slurm", "1", "--nodes", "2", "--gpus-per-node", "8", "--steps", "5", "--debug",
                           "--iters", "3"], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and "--steps 5 --debug --iters 3'" in out.stdout
+    # the options reach the script's `distai run`, and the language the command spoke (an audit found the
+    # global `distai --lang es slurm` left it out)
+    assert out.returncode == 0 and "--steps 5 --debug --iters 3 --lang " in out.stdout
     # the group's size the experiment's plan or shape refuses, refused here as `distai run` refuses it
     for argv, message in ((["capstone", "--nodes", "2", "--gpus-per-node", "4", "--dp", "3"],
                            "dp·tp·pp = 3·2·2 = 12 does not match the 8 ranks"),

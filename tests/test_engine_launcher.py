@@ -188,6 +188,28 @@ def test_run_folders_list_find_and_killed(tmp_path):
     assert RunRecord.load(b.dir).error == "rank 1 failed: boom"
 
 
+def test_a_run_dir_must_be_new_or_empty(tmp_path, monkeypatch):
+    """An audit's `--run-dir ""` made the current folder, full of the learner's files, a run's folder; a file
+    was said to "already hold a run". Each is now refused with what it is; an empty folder is taken."""
+    from distai.engine.runs import RunDirError
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("mine")
+    for run_dir, why in (("", "empty"), ("notes.txt", "file"), (".", "not_empty"), (str(tmp_path), "not_empty")):
+        with pytest.raises(RunDirError) as err:
+            create_run(tmp_path / "runs", "lesson1", LESSON1, run_dir=run_dir)
+        assert err.value.why == why
+    assert (tmp_path / "notes.txt").read_text() == "mine" and not (tmp_path / "run.json").exists()
+    (tmp_path / "empty").mkdir()
+    assert create_run(tmp_path / "runs", "lesson1", LESSON1, run_dir="empty").dir == tmp_path / "empty"
+    for lang, words in (("en", "notes.txt is a file; --run-dir needs a folder, new or empty"),
+                        ("es", "notes.txt es un archivo; --run-dir necesita una carpeta, nueva o vacía")):
+        proc = subprocess.run([sys.executable, "-m", "distai.tutor.cli", "run", "lesson1", "--cpu", "2", "--run-dir",
+                               "notes.txt", "--lang", lang], capture_output=True, text=True, cwd=tmp_path,
+                              env=dict(os.environ, DISTAI_HOME=str(tmp_path / "home")), timeout=60)
+        assert proc.returncode == 2 and words in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+
+
 def test_a_run_made_elsewhere_is_listed_and_is_last(tmp_path):
     """--run-dir puts a run outside the runs folder: runs list and runs show last still find it, once, and a
     line cut short by a kill (or a folder since deleted) is skipped."""

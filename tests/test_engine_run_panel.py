@@ -187,7 +187,7 @@ async def test_panel_runs_the_real_experiment(tmp_path):
         assert screen.query_one("#loss-spark", Sparkline).data == screen.state.losses
         assert screen.query_one("#run-progress", ProgressBar).progress == pytest.approx(1.0)
         status = str(screen.query_one("#run-status", Static).render())
-        assert "terminado" in status  # Spanish
+        assert "terminada" in status  # Spanish: la ejecución
         log_text = "\n".join(str(line.text) for line in screen.query_one("#run-log", RichLog).lines)
         assert "rank 0" in log_text and "carpeta de la ejecución" in log_text
         record = screen.launch.record

@@ -77,6 +77,18 @@ def lesson_numbers() -> str:
     return f"{numbers[0]}-{numbers[-1]}"
 
 
+def default_ranks_text() -> str:
+    """The lessons' default ranks as ``--cpu``'s help says them: the most common, then the others by lesson
+    ("4 (lessons 3, 6, 7: 2; lesson 10: 8)"), from the registry."""
+    by_ranks: dict[int, list[int]] = {}
+    for lesson in sorted(all_lessons(), key=lambda lesson: lesson.number):
+        by_ranks.setdefault(lesson.ranks, []).append(lesson.number)
+    common = max(by_ranks, key=lambda r: len(by_ranks[r]))
+    others = [HELP["run_cpu_others"].format(n=len(numbers), numbers=", ".join(map(str, numbers)), ranks=r)
+              for r, numbers in sorted(by_ranks.items()) if r != common]
+    return f"{common} ({'; '.join(others)})" if others else str(common)
+
+
 LESSON_HELP = HELP["lesson"].format(numbers=lesson_numbers())
 LANG_HELP = HELP["lang"]
 

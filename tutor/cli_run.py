@@ -33,6 +33,7 @@ from .cli import (
     LESSON_HELP,
     CliError,
     app,
+    default_ranks_text,
     fit_prose,
     lang_option,
     language_or_fail,
@@ -421,7 +422,7 @@ def run_cmd(
     ctx: typer.Context,
     lesson: str = typer.Argument(..., help=LESSON_HELP),
     gpus: int | None = typer.Option(None, "--gpus", help=HELP["run_gpus"]),
-    cpu: int | None = typer.Option(None, "--cpu", help=HELP["run_cpu"]),
+    cpu: int | None = typer.Option(None, "--cpu", help=HELP["run_cpu"].format(ranks=default_ranks_text())),
     nnodes: int = typer.Option(1, "--nnodes", help=HELP["run_nnodes"]),
     node_rank: int | None = typer.Option(None, "--node-rank", help=HELP["run_node_rank"]),
     master_addr: str | None = typer.Option(None, "--master-addr", help=HELP["run_master_addr"]),
@@ -482,7 +483,7 @@ def run_cmd(
         raise CliError(exc.text(language)) from None
     except ValueError as exc:  # the experiment's own plan refused the options
         raise CliError(str(exc)) from None
-    from ..engine.runs import create_run
+    from ..engine.runs import RunDirError, create_run
     from .paths import runs_root
 
     try:
@@ -490,6 +491,8 @@ def run_cmd(
                             argv=["distai", *sys.argv[1:]] if sys.argv else [])
     except FileExistsError:
         raise CliError(say("run_dir_taken", path=run_dir)) from None
+    except RunDirError as exc:  # before OSError and ValueError: it is a ValueError
+        raise CliError(say("run_dir_" + exc.why, path=exc.path or repr(exc.path))) from None
     except OSError as exc:  # a folder that cannot be made: in the learner's words, not "[Errno 2] …"
         raise CliError(say("run_dir_unwritable", path=exc.filename or run_dir or runs_root(),
                            why=os_error_text(exc, language))) from None

@@ -71,8 +71,8 @@ def runs_list(
     if as_json:
         typer.echo(json.dumps(json_ready(rows), ensure_ascii=False, indent=2, allow_nan=False))
         return
-    if not rows:
-        typer.echo(say["empty"])
+    if not rows:  # none of this lesson's: say so, and how to make one
+        typer.echo(say["empty_lesson"].format(lesson=wanted) if wanted else say["empty"])
         return
     for line in _runs_table(rows, runs, say, language):
         typer.echo(line)

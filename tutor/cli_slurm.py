@@ -54,8 +54,9 @@ def slurm(
         raise CliError(str(exc)) from None
     if world > 0:
         refuse_what_the_ranks_would(chosen, experiment_args, world, language)
-    # a --lang given here reaches the script's `distai run` too, as it did when it was an extra argument
-    extra = [*ctx.args, "--lang", language] if lang else list(ctx.args)
+    # the language the learner reads here (--lang here or before the command, DISTAI_LANG, the locale) is the
+    # one the script's ranks write their summaries in
+    extra = [*ctx.args, "--lang", language]
     job = SlurmJob(chosen.id, nodes, gpus_per_node, partition=partition, time=time, account=account,
                    port=port, extra_args=extra)
     try:
