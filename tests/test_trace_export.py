@@ -153,7 +153,8 @@ def test_cli_export_writes_trace_and_metrics_and_fails_in_one_line(isolated_dist
     for args, words in (((rec.id, "--format", "pdf"), "--format must be one of"),
                         (("nope",), "no run matches"),
                         ((rec.id, "-o", str(tmp_path)), "is a folder"),
-                        ((rec.id, "-o", str(tmp_path / "missing" / "t.json")), "cannot write")):
+                        ((rec.id, "-o", str(tmp_path / "missing" / "t.json")), "cannot write"),
+                        ((rec.id, "-o", ""), "-o needs a file's name (it was empty)")):
         bad = distai(*args)
         assert bad.returncode == 2 and words in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
     # any run's own files are refused (README's "-o run.json" typed inside the run's folder overwrote its

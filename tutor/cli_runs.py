@@ -239,6 +239,8 @@ def runs_export(
     say = lambda key, **f: translated("cli", f"runs.errors.{key}", language, **f)  # noqa: E731
     if fmt not in EXPORT_FORMATS:
         raise CliError(say("format", formats=", ".join(EXPORT_FORMATS), value=repr(fmt)))
+    if output is not None and not output.strip():  # "" would quietly mean the default file
+        raise CliError(say("empty_output"))
     try:
         record = find_run(runs_root(), run_id)
     except RunNotFound as exc:
