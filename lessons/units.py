@@ -405,6 +405,8 @@ def format_count(n: float, digits: int = 3, lang: str = "en") -> str:
     if lang == "es":
         steps = [(1e12, "billones"), (1e9, "mil millones"), (1e6, "millones"), (1e3, "mil"), (1, "")]
         out = _scaled(n, steps, digits, lang, sep=" ")
+        # one of them is singular: "1 millón", "1 billón" ("1 mil millones" stays: mil is the count)
+        out = re.sub(r"^([+\-−]?1) (mill|bill)ones$", lambda m: f"{m.group(1)} {m.group(2)}ón", out)
     else:
         steps = [(1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k"), (1, "")]
         out = _scaled(n, steps, digits, lang, sep="")
@@ -488,7 +490,7 @@ def format_plain(x: float, lang: str = "en") -> str:
 GLUE = "\ue000"  # bind_units' joiner where a wrap then reads it: a private-use character no text holds
 # what a number's unit can be in the lessons' prose (this module's formats, and the counts the texts use)
 _UNIT = (r"(?:%|[kKMGTP]i?B(?:/s)?|B|bytes?|[mµμn]?s|min|h|Gb/s|(?:[GTP]?FLOP)(?:/s|s)?|GPUs?|ranks?|nodes?|"
-         r"tokens?|layers?|steps?|stages?|chunks?|microbatch(?:es)?|mil|millones|billones|"
+         r"tokens?|layers?|steps?|stages?|chunks?|microbatch(?:es)?|mil|millones|billones|millón|billón|"
          r"etapas?|capas?|pasos?|nodos?|trozos?|microlotes?|terms?|términos?|contributions?|contribuciones?|x|×|"
          r"p\.(?= ?p\.))")  # Spanish percentage points, "3,7 p. p."
 _SPACE = r"(?: |\n[ \t]*)"  # a space, or a line break inside a paragraph (the source's lines are cut anywhere)

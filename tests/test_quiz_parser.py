@@ -94,6 +94,10 @@ def test_examples_from_the_issue():
     assert units.format_time(7.76e-10) == "0.776 ns" and units.format_time(7.76e-10, lang="es") == "0,776 ns"
     assert units.format_bytes(999.96e6) == "1 GB" and units.format_bytes(1023.999 * 2**20, binary=True) == "1 GiB"
     assert units.format_bytes(1000 * 2**20, binary=True) == "1000 MiB" and units.format_count(999.96e6) == "1B"
+    # Spanish counts one million and one billion in the singular, and reads them back
+    for value, text in ((1e6, "1 millón"), (999_960, "1 millón"), (1e12, "1 billón"), (2e6, "2 millones"),
+                        (1e9, "1 mil millones")):
+        assert units.format_count(value, lang="es") == text and units.parse_count(text, "es") == round(value, -4)
     assert units.format_count(7.5e9) == "7.5B"
     for bad in ("", "GB", "1..2", "12 parsecs", "nan", "inf GB", "1e999"):
         with pytest.raises(units.UnitError):
