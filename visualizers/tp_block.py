@@ -20,7 +20,7 @@ from ..lessons.lesson4.events import CONFIG
 from ..lessons.lesson4.tp_run import TPRun
 from ..lessons.strings import strings
 from ..lessons.units import format_bytes, format_fixed, number_separator
-from .base import Control, LessonVisualizer
+from .base import Control, LessonVisualizer, wrap_words
 
 LAYOUT_STYLE = {
     F.REPLICATED: ("REPL", "bold white on dark_blue"),
@@ -303,13 +303,18 @@ class TPBlockVisualizer(LessonVisualizer):
         steps = F.vocab_ce_walkthrough()
         text = Text()
         text.append(s["ce_title"].format(tgt=F.EXAMPLE_TARGET) + "\n\n", style="bold")
+        width = max(20, (self.query_one("#tp-flow", Static).content_size.width if self.is_mounted else 0) or 44)
+
+        def label(words: str) -> str:  # wrapped under itself, two cells in, as the marker leaves it
+            return "\n  ".join(wrap_words(words, width - 2))
+
         for i, step in enumerate(steps):
             here = i == self.ce_index
             if i > self.ce_index:
-                text.append("  " + s["ce_steps"][step["key"]] + "\n", style="dim")
+                text.append("  " + label(s["ce_steps"][step["key"]]) + "\n", style="dim")
                 continue
             text.append("▶ " if here else "  ", style="bold")
-            text.append(s["ce_steps"][step["key"]] + "\n", style="reverse" if here else "")
+            text.append(label(s["ce_steps"][step["key"]]) + "\n", style="reverse" if here else "")
             for r, val in enumerate(step["per_rank"]):
                 shown = ("[" + number_separator(lang).join(("+" if v >= 0 else "") + format_fixed(v, 2, lang) for v in val) + "]"
                          if isinstance(val, list) else format_fixed(val, 4, lang))
