@@ -392,7 +392,7 @@ class Launch(Stoppable):
                            "nnodes": self.spec.nnodes, "node_rank": self.spec.node_rank,
                            "master_addr": self.spec.master_addr, "master_port": self.spec.master_port,
                            "args": list(self.spec.args), "note": self.spec.placement.note,
-                           "debug": self.spec.debug})
+                           "debug": self.spec.debug, "lang": self.spec.lang})  # what its ranks write in
         rec.status = "running"
         rec.launcher_pid = os.getpid()
         rec.save()

@@ -187,3 +187,21 @@ def test_cli_export_writes_trace_and_metrics_and_fails_in_one_line(isolated_dist
         subprocess.run([sys.executable, "-c", code], stdout=out, check=True, timeout=60,
                        env=dict(os.environ, DISTAI_HOME=str(isolated_distai_home)))
     assert log.read_text().startswith("HEADER\nstep,rank,name,value\n")
+
+
+def test_runs_show_says_which_lines_keep_the_runs_language(isolated_distai_home, capsys):
+    """A run made in English replayed with --lang es: its ranks' own lines stay as they wrote them (an audit
+    found them in English with nothing saying why); one line says so, in the learner's language."""
+    from distai.tutor.cli import main
+
+    rec = create_run(isolated_distai_home / "runs", "lesson1", "distai.engine.experiments.lesson1")
+    rec.config["lang"] = "en"
+    rec.save()
+    sink = EventSink(0, rec.events_dir)
+    sink.emit("step", step=0, loss=2.0)
+    sink.close()
+    capsys.readouterr()
+    assert main(["runs", "show", rec.id, "--lang", "es"]) == 0
+    assert "esta ejecución se hizo en inglés" in capsys.readouterr().err
+    assert main(["runs", "show", rec.id, "--lang", "en"]) == 0
+    assert "this run was made in" not in capsys.readouterr().err

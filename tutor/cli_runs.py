@@ -133,6 +133,10 @@ def runs_show(
     if not record.events_dir.is_dir():  # what the record says is all there is to replay
         typer.echo(translated("cli", "runs.errors.no_events", language, id=record.id, path=record.events_dir), err=True)
     events = replay_events(record)
+    made_in = record.config.get("lang")
+    if not as_json and made_in in ("en", "es") and made_in != language:  # the ranks' own lines stay as written
+        typer.echo(translated("cli", "runs.made_in", language, lang=translated("cli", f"runs.lang_{made_in}", language)),
+                   err=True)
     view: JsonView | TerminalView
     if as_json:
         view = JsonView()
