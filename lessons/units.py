@@ -229,12 +229,16 @@ def parse_time(text, lang: str = "en") -> float:
             sizes = [_unit_size(u) for _, u in parts]
             if all(a > b > 0 for a, b in zip(sizes, sizes[1:])):  # h, then min, then s: a clock's order
                 return _finite(sum(parse_time(f"{n} {u}", lang) for n, u in parts), text)
-    unit = unit_of(text)
-    return _with_unit(text, lang, {"": 1.0, **TIME_UNITS}, unit.lower().rstrip("."), "time_unit")
+    return _with_unit(text, lang, {"": 1.0, **TIME_UNITS}, _time_key(unit_of(text)), "time_unit")
+
+
+def _time_key(unit: str) -> str:
+    """A time unit as :data:`TIME_UNITS` spells it: ``MIN.`` → ``min``."""
+    return unit.lower().rstrip(".")
 
 
 def _unit_size(unit: str) -> float:
-    return TIME_UNITS.get(unit.lower().rstrip("."), 0.0)
+    return TIME_UNITS.get(_time_key(unit), 0.0)
 
 
 def parse_bandwidth(text, lang: str = "en") -> float:

@@ -21,7 +21,7 @@ from textual.system_commands import SystemCommandsProvider
 from ..lessons.registry import LANGUAGES, all_lessons, resolve_lesson
 from ..lessons.strings import translated
 from .progress import lesson_mastery
-from .screens.help import HelpScreen
+from .screens.help import open_help
 from .screens.home import HomeScreen
 from .screens.lesson import LessonScreen
 
@@ -99,12 +99,8 @@ class DistaiApp(App):
             self.notify(translated("tutor", "resumed", self.language, k=start + 1), timeout=3)
 
     def action_show_help_overlay(self) -> None:
-        if isinstance(self.screen, HelpScreen):
-            return
         context = "lesson" if isinstance(self.screen, LessonScreen) else "home"
-        visualizer = getattr(self.screen, "visualizer", None)
-        keys = visualizer.key_help() if visualizer is not None and hasattr(visualizer, "key_help") else []
-        self.push_screen(HelpScreen(context, self.language, visualizer_keys=keys))
+        open_help(self, context, self.language, getattr(self.screen, "visualizer", None))
 
     async def action_toggle_language(self) -> None:
         await self.set_language("es" if self.language == "en" else "en")

@@ -200,10 +200,9 @@ class QuizScreen(Screen):
         self.app.pop_screen()
 
     def action_help(self) -> None:
-        from .screens.help import HelpScreen
+        from .screens.help import open_help
 
-        if not isinstance(self.app.screen, HelpScreen):
-            self.app.push_screen(HelpScreen("quiz", self.lang))
+        open_help(self.app, "quiz", self.lang)
 
     def action_new_quiz(self) -> None:
         self.new_quiz()

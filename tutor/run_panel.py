@@ -158,6 +158,7 @@ class RunPanelScreen(Screen):
         self.launch_factory = launch_factory or default_launch_factory
         self.drain_interval = drain_interval
         self.state = RunState()
+        self._footer_running: bool | None = None  # what the footer last showed: Stop, or Run again
         self.view = lesson.run  # what this lesson's runs show (its [run] table)
         self.lesson_view = None  # the lesson's own view of the run (its [run] terminal), fed every event
         self.launch: Launch | Supervisor | None = None
@@ -391,7 +392,7 @@ class RunPanelScreen(Screen):
 
     def _refresh(self) -> None:
         s, lang = self.state, self.language
-        if self.running != getattr(self, "_footer_running", None):  # Stop and Run again swap in the footer
+        if self.running != self._footer_running:  # Stop and Run again swap in the footer
             self._footer_running = self.running
             self.refresh_bindings()
         # a run that reports only its phases (lessons 4 and 7): an indeterminate bar, not one stuck at 0 %
@@ -564,11 +565,9 @@ class RunPanelScreen(Screen):
         self.app.notify(translated("run", "language_fixed", self.language), timeout=4)
 
     def action_help(self) -> None:
-        from .screens.help import HelpScreen
+        from .screens.help import open_help
 
-        if not isinstance(self.app.screen, HelpScreen):
-            keys = self.visualizer.key_help() if self.visualizer is not None else []
-            self.app.push_screen(HelpScreen("run", self.language, visualizer_keys=keys))
+        open_help(self.app, "run", self.language, self.visualizer)
 
     async def on_key(self, event) -> None:
         """A key nothing else took goes to the visualizer, as on the lesson screen: the controls its hint

@@ -336,9 +336,7 @@ class LossScaleVisualizer(LessonVisualizer):
             head = Text()
             head.append({"scale": t["scale_title"], "exponents": t["exp_title"].format(fmt=state.fmt)}[state.view],
                         style="bold")
-            head.append(f"   [{t['source_live'] if live else t['source_sim']}]", style="italic dim")
-            if not live and self.asked_for_run:
-                head.append("  " + t["no_run"], style="yellow")
+            head.append_text(self._source_label(t, live))
             parts.append(head)
         if state.view == "scale":
             parts += self._render_scale(state, width, height, live)
@@ -347,6 +345,13 @@ class LossScaleVisualizer(LessonVisualizer):
         else:
             parts += self._render_timeline(state, width, live)
         return Text("\n").join(parts)
+
+    def _source_label(self, t, live: bool) -> Text:
+        """``[live run]`` or ``[simulation]``, and after an ``s`` with no run, why it stayed a simulation."""
+        label = Text(f"   [{t['source_live'] if live else t['source_sim']}]", style="italic dim")
+        if not live and self.asked_for_run:
+            label.append("  " + t["no_run"], style="yellow")
+        return label
 
     def _slider_lines(self, state: LossScaleState, width: int) -> list[Text]:
         c, t = state.config, strings("loss_scale", self.language)
@@ -407,9 +412,7 @@ class LossScaleVisualizer(LessonVisualizer):
             return [Text(t["no_data"], style="dim")]
         tls, bucket = shown
         head = Text(t["tl_title"].format(b=format_plain(bucket, lang)), style="bold")
-        head.append(f"   [{t['source_live'] if live else t['source_sim']}]", style="italic dim")
-        if not live and self.asked_for_run:
-            head.append("  " + t["no_run"], style="yellow")
+        head.append_text(self._source_label(t, live))
         out = [head]
         t_max = max(d["end"] for d in tls.values()) or 1.0
         for mode, d in tls.items():

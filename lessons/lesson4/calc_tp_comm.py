@@ -22,9 +22,9 @@ def text(r: dict, lang: str = "en") -> list[str]:
     rows = [(say("forward"), bytes_text(r["forward_bytes_per_rank"], lang)),
             (say("backward"), bytes_text(r["backward_bytes_per_rank"], lang))]
     regather = r.get("regather", {}).get("all_gather", 0) if r["tp"] > 1 else 0
+    megatron_backward = r["backward_bytes_per_rank"] + r.get("regather_bytes_per_rank", 0.0)
     if regather:
-        rows.append((say("regather", n=regather),
-                     bytes_text(r["backward_bytes_per_rank"] + r["regather_bytes_per_rank"], lang)))
+        rows.append((say("regather", n=regather), bytes_text(megatron_backward, lang)))
     if "total_time_s" in r:
         rows.append((say("time"), units.format_time(r["total_time_s"], lang=lang)))
         if regather:
@@ -33,7 +33,7 @@ def text(r: dict, lang: str = "en") -> list[str]:
                size=units.format_bytes(r["tensor_bytes"], lang=lang))
     if not regather:
         return [head, *table(rows)]
-    ratio = (r["backward_bytes_per_rank"] + r["regather_bytes_per_rank"]) / r["forward_bytes_per_rank"]
+    ratio = megatron_backward / r["forward_bytes_per_rank"]
     return [head, *table(rows), say("regather_note", ratio=units.format_number(ratio, 3, lang=lang))]
 
 

@@ -54,6 +54,15 @@ QUIZ_KEYS = [  # the quiz screen's (tutor/quiz_screen.py)
 CONTEXT_KEYS = {"home": HOME_KEYS, "lesson": LESSON_KEYS, "run": RUN_KEYS, "quiz": QUIZ_KEYS}
 
 
+def open_help(app, context: str, language: str, visualizer=None) -> None:
+    """The help overlay of ``context`` (:data:`CONTEXT_KEYS`) over ``app``'s screen, in ``language``, with
+    ``visualizer``'s keys where one is shown; nothing while it is already open."""
+    if isinstance(app.screen, HelpScreen):
+        return
+    keys = visualizer.key_help() if visualizer is not None and hasattr(visualizer, "key_help") else []
+    app.push_screen(HelpScreen(context, language, visualizer_keys=keys))
+
+
 class HelpScreen(ModalScreen[None]):
     """Lists the bindings; Esc, q, ? or a click closes it."""
 
