@@ -164,8 +164,16 @@ def test_cli_export_writes_trace_and_metrics_and_fails_in_one_line(isolated_dist
         before = own.read_bytes()
         bad = distai(rec.id, "-o", str(own))
         assert bad.returncode == 2 and "is one of the run's own files" in bad.stderr and own.read_bytes() == before
-    for _ in range(2):
-        assert distai(rec.id, "-f", "csv", "-o", str(rec.dir / "mine.csv")).returncode == 0
+    mine = rec.dir / "mine.csv"
+    assert distai(rec.id, "-f", "csv", "-o", str(mine)).returncode == 0
+    # a file that exists is the learner's: replaced only with --force (it was overwritten without a word)
+    mine.write_text("my notes\n")
+    bad = distai(rec.id, "-f", "csv", "-o", str(mine))
+    assert bad.returncode == 2 and "already exists; pass --force" in bad.stderr and mine.read_text() == "my notes\n"
+    assert distai(rec.id, "-f", "csv", "-o", str(mine), "--force").returncode == 0
+    assert mine.read_text().startswith("step,rank")
+    # the run's own export in its folder is renewed, named or not
+    assert distai(rec.id, "-o", str(rec.dir / "trace.json")).returncode == 0 and distai(rec.id).returncode == 0
     # a link is followed, not replaced; what is not a regular file is written into, never replaced by one
     (tmp_path / "link.csv").symlink_to(tmp_path / "target.csv")
     assert distai(rec.id, "-f", "csv", "-o", str(tmp_path / "link.csv")).returncode == 0

@@ -178,12 +178,12 @@ def default_export_path(run_path: str | os.PathLike, fmt: str) -> Path:
 RUN_OWN_FILES = ("run.json", "command.txt", "events", "logs", "torchrun", "checkpoints", "profile")
 
 
-def write_export(path: Path, text: str, run_folder: Path, say) -> None:
+def write_export(path: Path, text: str, run_folder: Path, say, replace: bool = False) -> None:
     """Write an export at ``path``: a new or regular file through a temporary file and a rename (a reader
     never sees half of it; a link is followed, not replaced); anything else that exists and is not a
     regular file (a pipe, ``/dev/null``) written into as it is. Any run's own files (:data:`RUN_OWN_FILES`, in this run's
     folder or any under the runs folder) are refused: ``-o run.json`` inside a run's folder overwrote its
-    record."""
+    record. An existing regular file is the learner's: replaced only with ``replace``."""
     if path.exists() and not path.is_file():  # /dev/null, a FIFO
         with open(path, "w", encoding="utf-8") as out:
             out.write(text)
@@ -198,6 +198,8 @@ def write_export(path: Path, text: str, run_folder: Path, say) -> None:
         inside = target.relative_to(folder).parts if target.is_relative_to(folder) else ()
         if inside and inside[0] in RUN_OWN_FILES:
             raise CliError(say("run_file", path=path, run=folder))
+    if path.is_file() and not replace:  # it was overwritten without a word
+        raise CliError(say("exists", path=path))
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         tmp.write_text(text, encoding="utf-8")
@@ -233,6 +235,7 @@ def runs_export(
                             help=RUNS["export_format"]),
     output: str | None = typer.Option(None, "--output", "-o",
                                       help=RUNS["export_output"]),
+    force: bool = typer.Option(False, "--force", help=RUNS["export_force"]),
     lang: str | None = lang_option(),
 ) -> None:
     from ..engine.runs import RunNotFound, find_run
@@ -257,7 +260,8 @@ def runs_export(
     try:
         if path.is_dir():
             raise CliError(say("folder", path=path, example=path / EXPORT_FORMATS[fmt]))
-        write_export(path, text, Path(record.path), say)
+        ours = path.resolve() == default_export_path(record.path, fmt).resolve()  # the run's own export: renewed
+        write_export(path, text, Path(record.path), say, replace=force or ours)
     except OSError as exc:
         raise CliError(say("cannot_write", path=path, why=os_error_text(exc, language))) from None
     typer.echo(say("wrote_trace" if fmt == "chrome-trace" else "wrote_metrics", path=path))
