@@ -173,10 +173,10 @@ LESSON2 = ["lección 2: 232.576 parámetros, 4 ranks, fp32, adam, 4 pasos",
            "         medido    calc. rel.    medido    calc. rel.     paso  max|Δw|",
            "ddp     3,72 MB  3,72 MB 1,00    1,4 MB   1,4 MB 1,00     57ms  6,9e-6",
            "fsdp2    931 kB   930 kB 1,00   2,79 MB  2,09 MB 1,33    158ms  6,9e-6",
-           "max|Δw|: mayor diferencia con un solo proceso sobre el lote entero",
+           "max|Δw|: mayor diferencia con un solo proceso sobre el batch entero",
            "paso: la mediana de los pasos del rank 0; las comprobaciones del tiempo de paso miden el paso menos "
            "perturbado del rank más lento"]
-LESSON7 = ["  prellenado 128 tok 12,5 ms, 148 tok 13,9 ms; paso de decodificación b=1 3,2 ms, b=16 7,8 ms",
+LESSON7 = ["  prefill 128 tok 12,5 ms, 148 tok 13,9 ms; paso de decode b=1 3,2 ms, b=16 7,8 ms",
            "  política           TTFT p50/p99 ms TPOT p50/p99 ms tokens/s acier.",
            "  round-robin              21,3/79,8       10,5/21,1    3.057  46 %",
            "  prefix-aware             14,6/37,1        6,3/13,3    3.104  83 %"]

@@ -27,11 +27,11 @@ from distai.tutor.cli import main
 RECORDED = Path(__file__).parent / "recorded_runs"
 
 # English words no Spanish sentence of the course uses (Spanish shares "no", "total", "a", "tokens"…;
-# the Spanish lessons write "rank" and "checkpoint" as the field does)
+# the Spanish lessons write "rank", "checkpoint" and "batch" as the field and the course's own outline do)
 ENGLISH = frozenset("""
 the of and on with per at from by each every sent steps step timings loss time measured lesson
 fits fit not is are than without layer layers parameters gradients activations bubble memory identical
-restart restarts compare batch between after before share peak expected weights none only held
+restart restarts compare between after before share peak expected weights none only held
 ratio training failure failures attempt attempts redone saved must got choose
 unknown value whole number greater least most serving requests targets best rejected microbatches
 stages chunks sequence sequences flight replica replicas bound within which what when where this that

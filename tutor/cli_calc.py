@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 
 import typer
 
@@ -94,7 +95,14 @@ def _parameter(calc: Calculator, option) -> inspect.Parameter:
         annotation = str if option.default is REQUIRED or option.default is not None else str | None
         default = option.default
     return inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
-                             default=typer.Option(default, *names, help=calc.option_help(option, HELP_LANG), metavar=_metavar(option)))
+                             default=typer.Option(default, *names, help=calc.option_help(option, HELP_LANG),
+                                                  metavar=_metavar(option), show_default=_shown_default(default)))
+
+
+def _shown_default(default: object) -> bool:
+    """Whether Typer shows the default as written ("0.9"): not where the help's language writes a decimal
+    comma; the option's help says it there ("por defecto 0,9")."""
+    return not (HELP_LANG == "es" and isinstance(default, str) and re.search(r"\d\.\d", default) is not None)
 
 
 def command_for(calc: Calculator):
