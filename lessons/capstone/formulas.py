@@ -193,7 +193,8 @@ def pp_p2p_bytes_per_microbatch(seq: int, micro_batch: int, hidden: int, tp: int
 
 def dp_grad_bytes(params, pp: int, tp: int, bytes_per_elem: int = 2) -> float:
     """Gradient bytes each data-parallel group reduces per step: the Ψ/(pp·tp) gradients of one rank's
-    shard of the model (bf16 gradients by default, as Megatron-LM and torchtitan reduce them)."""
+    shard of the model (``bytes_per_elem`` 2: bf16 gradients, Megatron-LM's ``--grad-reduce-in-bf16``; 4: fp32, what
+    Megatron-LM reduces by default with bf16, and torchtitan and Llama 3 too)."""
     e = _count(bytes_per_elem, "the bytes per element")
     return params_per_gpu(params, pp, tp) * e
 

@@ -42,7 +42,7 @@ in place, 6 bytes a parameter in fp16, every microbatch after the first: "add");
 since February 2022 with fp32 main gradients, i.e. bf16: "fused"); DeepSpeed's pipeline engine in bf16 (MT-NLG,
 BLOOM) calls ``BF16_Optimizer.update_hp_grads`` after every microbatch's backward, ``hp_grad.add_(lp.grad.to(
 float32))``: 18 bytes a parameter ("cast-add"; BLOOM ran that code; MT-NLG's bf16 pipeline predates it, an
-assumption). OPT runs one microbatch a step (nothing to add); Llama 3 (Sec. 3.3.4) and DeepSeek-V3 (Sec. 3.3.3)
+assumption). OPT runs one microbatch a step (nothing to add); Llama 3 (Sec. 3.3.2) and DeepSeek-V3 (Sec. 3.3.3)
 accumulate in fp32 without saying how: counted as fused, nothing more.
 
 Sources (A100-80GB: 312 TFLOP/s bf16 dense, HBM 2.039 TB/s; H100 SXM: 989 TFLOP/s, 3.35 TB/s):
