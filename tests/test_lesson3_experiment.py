@@ -290,6 +290,9 @@ def test_kill_during_an_async_save_resumes_from_the_previous_good_checkpoint_exa
         assert cost[mode]["step_s"] > 0
     assert cost["sync"]["blocked_s"] > 0 and cost["async"]["blocked_s"] > 0 and cost["none"]["blocked_s"] == 0
     assert s["ckpt_cost"]["sync"] == cost["sync"]
+    for mode in ("sync", "async"):  # the printed per-step times and the extra per checkpoint add up
+        assert (cost[mode]["step_s"] - cost["none"]["step_s"]) * cost["every"] == pytest.approx(
+            cost[mode]["per_checkpoint_s"], rel=1e-9, abs=1e-12)
     printed = [e["line"] for e in ev if e["kind"] == "output" and e.get("rank") == 0]
     assert any(line.startswith("  async: ") and "a save blocks" in line for line in printed)
     # issue 28: a synchronous save costs the loop its write time, measured alone

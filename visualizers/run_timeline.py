@@ -15,7 +15,7 @@ from rich.text import Text
 
 from ..lessons.lesson3.run_timeline import RunTimeline, step_columns
 from ..lessons.strings import strings
-from ..lessons.units import format_bytes, format_number, format_time
+from ..lessons.units import format_bytes, format_number, format_range, format_time
 from .ring_drawing import code_spans, wrap_text
 
 GLYPHS = {"step": ("█", "green"), "redo": ("█", "yellow"), "checkpoint": ("◆", "bold cyan"),
@@ -124,7 +124,9 @@ def timeline_lines(tl: RunTimeline, width: int = 80, language: str = "en", detai
         lines.append(Text(tr["relaunched"].format(err=err, k=rl.get("attempt", k), of=rl.get("of", "?")),
                           style="magenta"))
     for rd in tl.redone:
-        lines.append(Text(tr["redone"].format(a=rd.get("first"), b=rd.get("last"),
+        first, last = rd.get("first"), rd.get("last")
+        count = last - first + 1 if isinstance(first, int) and isinstance(last, int) else 2
+        lines.append(Text(tr["redone"].format(n=count, span=format_range(first, last),
                                               same=tr["same"] if rd.get("identical") else tr["diff"]),
                           style="green" if rd.get("identical") else "bold red"))
     cks = tl.checkpoints
