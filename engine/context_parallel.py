@@ -172,13 +172,15 @@ def _tiles(cp: CPGroup, step: int, src: int):
 
 
 def _record(cp: CPGroup, phase: str, step: int, src: int, tiles, scores: int, sent: list[torch.Tensor],
-            t0: float, t1: float, t2: float) -> None:
-    """One ring step in ``cp.trace``: ``sent`` the tensors this rank handed to the network in it."""
+            t0: float, t1: float, t2: float, cpu_s: float) -> None:
+    """One ring step in ``cp.trace``: ``sent`` the tensors this rank handed to the network in it;
+    ``cpu_s``, this thread's CPU seconds computing (the work, without its waits for a core)."""
     if cp.trace is None:
         return
     cp.trace.append({"phase": phase, "step": step, "owner": src, "layer": comm_tags()["layer"],
                      "tiles": [plan.DIAGONAL if diag else plan.FULL for _, _, diag in tiles],
-                     "scores": scores, "compute_s": t1 - t0, "wait_s": t2 - t1, "messages": len(sent),
+                     "scores": scores, "compute_s": t1 - t0, "compute_cpu_s": cpu_s, "wait_s": t2 - t1,
+                     "messages": len(sent),
                      "t0": time.time() - (time.perf_counter() - t0),  # wall clock, as the trace's spans
                      "sent_bytes": sum(_sent_bytes(cp, t) for t in sent)})
 
@@ -212,17 +214,17 @@ class _RingAttention(torch.autograd.Function):
         gathered = _gather(cp, kv) if cp.variant == "allgather" else None
         for step in range(cp.size):
             src, hop, sent, block = _step_block(cp, step, kv, gathered)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             tiles, scores = _tiles(cp, step, src), 0
             for a, b, diag in tiles:
                 o_t, m_t, l_t, seen = _tile_forward(_chunk(q, a, c), _chunk(block[0], b, c), _chunk(block[1], b, c),
                                                     diag, scale)
                 _merge(_chunk(acc, a, c), _chunk(m, a, c), _chunk(l, a, c), o_t, m_t, l_t)
                 scores += seen
-            t1 = time.perf_counter()
+            t1, cpu_s = time.perf_counter(), time.thread_time() - c0
             if hop is not None:
                 kv = hop.wait()
-            _record(cp, "fwd", step, src, tiles, scores, sent, t0, t1, time.perf_counter())
+            _record(cp, "fwd", step, src, tiles, scores, sent, t0, t1, time.perf_counter(), cpu_s)
         out = acc / l[..., None]
         lse = m + torch.log(l)
         ctx.save_for_backward(q, k, v, out, lse)
@@ -243,7 +245,7 @@ class _RingAttention(torch.autograd.Function):
             dkv_hop: _Hop | None = None
             for step in range(cp.size):
                 src, hop, sent, block = _step_block(cp, step, kv, gathered)
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 dkv = dkv_all[src] if dkv_all is not None else torch.zeros_like(kv)
                 tiles = _tiles(cp, step, src)
                 for a, b, diag in tiles:
@@ -253,7 +255,7 @@ class _RingAttention(torch.autograd.Function):
                     _chunk(dq, a, c).add_(dq_t)
                     _chunk(dkv[0], b, c).add_(dk_t)
                     _chunk(dkv[1], b, c).add_(dv_t)
-                t1 = time.perf_counter()
+                t1, cpu_s = time.perf_counter(), time.thread_time() - c0
                 if gathered is None and cp.size > 1:
                     if dkv_hop is not None:  # the gradient of this block so far, from the left
                         dkv.add_(dkv_hop.wait())
@@ -265,7 +267,7 @@ class _RingAttention(torch.autograd.Function):
                     dkv = _scatter(cp, dkv_all)
                     sent.append(dkv_all)
                 _record(cp, "bwd", step, src, tiles, sum(plan.tile_scores(plan.DIAGONAL if d else plan.FULL, c)
-                                                         for _, _, d in tiles), sent, t0, t1, time.perf_counter())
+                                                         for _, _, d in tiles), sent, t0, t1, time.perf_counter(), cpu_s)
             if dkv_hop is not None:  # the ring's last hop: this rank's own block's gradient, home
                 dkv = dkv_hop.wait()
         return dq, dkv[0], dkv[1], None

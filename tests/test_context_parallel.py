@@ -284,6 +284,10 @@ def test_run_fold_and_run_view_keep_the_runs_ring_steps(results):
         for t in range(4):
             assert sorted(fold.step_records(phase, t)) == [0, 1, 2, 3]
     assert fold.idle_share("fwd") is not None and len(fold.memory) == 3
+    # one rule: the summary's measured idle share is the fold's, from the same ring steps' CPU seconds of work
+    summary = next(e for e in results[0]["experiment"]["events"] if e["kind"] == "summary")
+    assert all(r["compute_cpu_s"] > 0 for t in range(4) for r in fold.step_records("fwd", t).values())
+    assert fold.idle_share("fwd") == pytest.approx(summary["idle_measured"], rel=1e-9)
     text = "\n".join(line.plain for line in view.renderables(100))
     assert "cp = 4 × dp = 2" in text and "contiguo" in text
     assert "sí" in text  # every ring step as the formula
@@ -361,3 +365,17 @@ def test_idle_fraction_counts_the_schedules_tiles_without_listing_them():
     started = time.perf_counter()
     assert plan.idle_fraction(131072, 65536, "contiguous") == pytest.approx(0.5, abs=1e-4)  # one half as cp grows
     assert time.perf_counter() - started < 0.1
+
+
+def test_measured_idle_rule_gives_the_schedules_idle_share_on_the_schedules_work():
+    """``cp_run.idle_share_of`` (the run's measured idle share, engine and fold alike) fed the schedule's own
+    work per rank and step is ``ring_schedule.idle_fraction``: the measurement and the formula are one rule."""
+    from distai.lessons.context.cp_run import idle_share_of, work_seconds
+
+    for layout in plan.LAYOUTS:
+        for cp in (2, 4, 8):
+            work = plan.work_per_step(64, cp, layout)  # [rank][step]
+            by_step = [list(col) for col in zip(*work)]
+            assert idle_share_of(by_step) == pytest.approx(plan.idle_fraction(64, cp, layout), abs=1e-15)
+    assert idle_share_of([[2.0, 0.0], [0.0, 2.0]]) == 0.5 and idle_share_of([]) == 0.0
+    assert work_seconds({"compute_s": 0.5, "compute_cpu_s": 0.2}) == 0.2 and work_seconds({"compute_s": 0.5}) == 0.5

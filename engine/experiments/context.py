@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from ...lessons.context import formulas as F
 from ...lessons.context import ring_schedule as plan
+from ...lessons.context.cp_run import idle_share_of, work_seconds
 from ...lessons.context.events import COMM_CHECK, CP_CONFIG, CP_STEP, MEMORY, STEP
 from ...lessons.events import PHASE
 from ...lessons.model_size import ModelSize, add_model_options
@@ -312,17 +313,18 @@ def run(ctx, args: argparse.Namespace) -> dict:
 
 
 def _measured_idle(fwd: list[dict], cp: CPGroup, device) -> float:
-    """The forward's idle share over the CP group, from every rank's compute time of each step."""
+    """The forward's idle share over the CP group (``cp_run.idle_share_of``), from every rank's work in each
+    step: its CPU seconds computing (``cp_run.work_seconds``; 4 ranks on 2 cores timed on the wall clock
+    measured the zigzag's balanced schedule about as idle as the contiguous one, 43 % against 0 %)."""
     steps = sorted(fwd, key=lambda r: r["step"])
-    mine = torch.tensor([r["compute_s"] for r in steps], dtype=torch.float64, device=device)
+    mine = torch.tensor([work_seconds(r) for r in steps], dtype=torch.float64, device=device)
     if cp.size > 1:
         gathered = [torch.empty_like(mine) for _ in range(cp.size)]
         dist.all_gather(gathered, mine, group=cp.group)
         times = torch.stack(gathered)
     else:
         times = mine[None]
-    busiest = float(times.max(dim=0).values.sum())
-    return 1.0 - float(times.sum()) / (cp.size * busiest) if busiest else 0.0
+    return idle_share_of(times.T.cpu().tolist())
 
 
 def summary_lines(s: dict, cfg: GPTConfig, args: argparse.Namespace, world: int, backend: str) -> list[str]:

@@ -10,7 +10,9 @@ layer at one sequence length, measured and from the formula, with CP and on one 
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..events import RUN_START, SUMMARY
 from .events import CP_CONFIG, CP_STEP, MEMORY, STEP, CPStep
@@ -73,6 +75,19 @@ class CPRun:
         steps = [self.step_records(phase, t) for t in range(cp)]
         if not cp or any(len(s) < cp for s in steps):
             return None
-        busiest = sum(max(r["compute_s"] for r in s.values()) for s in steps)
-        worked = sum(r["compute_s"] for s in steps for r in s.values())
-        return 1.0 - worked / (cp * busiest) if busiest > 0 else 0.0
+        return idle_share_of([[work_seconds(r) for r in s.values()] for s in steps])
+
+
+def work_seconds(record: Mapping[str, Any]) -> float:
+    """A ring step's compute as work: its CPU seconds where recorded (ranks sharing a core wait for it, which
+    is contention, not the schedule's imbalance), else its wall seconds (a GPU's, recorded before them)."""
+    return float(record.get("compute_cpu_s", record["compute_s"]))
+
+
+def idle_share_of(work_by_step: Sequence[Sequence[float]]) -> float:
+    """The share of the ranks' time spent waiting for each ring step's busiest rank, ``work_by_step[step][rank]``
+    its work: 1 − Σ work / (ranks · Σ_steps max), the measured counterpart of ``ring_schedule.idle_fraction``."""
+    ranks = max((len(s) for s in work_by_step), default=0)
+    busiest = sum(max(s) for s in work_by_step if s)
+    worked = sum(sum(s) for s in work_by_step)
+    return 1.0 - worked / (ranks * busiest) if busiest > 0 else 0.0

@@ -44,6 +44,7 @@ class CPStep(Envelope):
     wait_s: float
     messages: int
     sent_bytes: float
+    compute_cpu_s: NotRequired[float]  # the CPU seconds of that compute: the work, its waits for a core apart
     formula_scores: float
     formula_messages: int
     formula_bytes: float
