@@ -51,18 +51,26 @@ def run(capsys, *argv):
 # GPT-NeoX-20B: 15.6% high in MFU (13.5% short in step time, within the goal), its throughput counted as its code
 # counted it (6Ψ + 60·s·h·l a token); the planner leaves out its parallel attention and MLP, which would make it
 # faster still.
-RANK_MISSES = {"megatron-18.4b": (7, 1.14), "megatron-39.1b": (8, 1.14)}  # rank, step over the best's
-ERROR_MISSES = {"deepseek-v3": 0.17, "gpt-neox-20b": 0.16}
+RANK_MISSES = ("megatron-18.4b", "megatron-39.1b")  # issue 29's named misses: outside the top 5
+ERROR_MISSES = ("deepseek-v3", "gpt-neox-20b")  # more than 15 % off in MFU (within it in step time)
+
+
+def _known_misses(names: tuple[str, ...], reason: str) -> list:
+    """Every published run, the named misses marked strict xfail: each must fail the goal (a miss fixed, or
+    one more, fails the test) against the goal itself, not a bound set from what the planner gave."""
+    return [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=reason)) if n in names else n
+            for n in pub.PUBLISHED]
 
 
 @pytest.mark.parametrize("name", list(pub.PUBLISHED))
-def test_published_layouts_are_feasible_and_near_the_top(name):
+def test_published_layouts_are_feasible(name):
+    assert pub.reproduce(name)["config"] is not None, f"{name}: the published layout does not fit"
+
+
+@pytest.mark.parametrize("name", _known_misses(RANK_MISSES, "issue 29: ranked 7th and 8th (TP 8's all-reduces)"))
+def test_published_layouts_are_in_the_top_5(name):
     r = pub.reproduce(name)
-    assert r["config"] is not None, f"{name}: the published layout does not fit"
-    rank, slower = RANK_MISSES.get(name, (5, None))
-    assert 1 <= r["layout_rank"] <= rank, (name, r["layout_rank"], r["best"].layout)
-    if slower is not None:
-        assert r["config"].step_time_s <= slower * r["best"].step_time_s
+    assert 1 <= r["layout_rank"] <= 5, (name, r["layout_rank"], r["best"].layout)
 
 
 def test_the_module_constants_are_the_fits_optimum():
@@ -74,12 +82,12 @@ def test_the_module_constants_are_the_fits_optimum():
     assert all(pub.PUBLISHED[n].cluster.gemm_half_width == pl.GEMM_HALF_WIDTH for n in pub.PUBLISHED)
 
 
-@pytest.mark.parametrize("name", list(pub.PUBLISHED))
+@pytest.mark.parametrize("name", _known_misses(ERROR_MISSES, "more than 15 % high in MFU, within it in step time"))
 def test_prediction_error_fitted_and_held_out(name):
     """The shape-aware GPU model's constants were fitted on pub.FIT only; every other run is held out and
     must come within 15% of its published MFU (step time, tokens/s or TFLOP/s turned into MFU)."""
     error = abs(pub.prediction_error(name))
-    bound = 0.08 if name in pub.FIT else ERROR_MISSES.get(name, 0.15)
+    bound = 0.08 if name in pub.FIT else 0.15
     assert error <= bound, (name, pub.predicted_mfu(name), pub.published_mfu(name))
 
 
@@ -135,9 +143,9 @@ def test_gpt_neox_throughput_is_counted_as_its_code_counted_it():
 def test_gpt_neox_layout_near_the_top_and_tp8_behind():
     """Held out, nothing fitted on it: the layout GPT-NeoX-20B's authors trained on (TP 2 × PP 4) is near the
     top on their cluster, and TP 8 on one node (Megatron-LM's Table 1 choice at 18.4B) well behind."""
-    assert pub.layout_place("gpt-neox-20b", (2, 4, 12)) == {"rank": pub.layout_rank("gpt-neox-20b"),
-                                                          "slower": pytest.approx(0.017, abs=0.001)}
-    assert pub.layout_rank("gpt-neox-20b") <= 2
+    place = pub.layout_place("gpt-neox-20b", (2, 4, 12))
+    assert place["rank"] == pub.layout_rank("gpt-neox-20b") <= 2  # the authors' layout, 2nd at worst
+    assert 0 <= place["slower"] <= 0.05  # within 5 % of the planner's best: near the top, not a pinned output
     tp8 = pub.layout_place("gpt-neox-20b", (8, 1, 12))
     assert tp8["rank"] > 5 and tp8["slower"] > 0.1
     assert pub.layout_place("gpt-neox-20b", (3, 1, 32))["rank"] == 0  # no such layout: 3 divides no head count
