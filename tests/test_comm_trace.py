@@ -62,3 +62,44 @@ def test_collectives_become_comm_spans_inside_the_step(tmp_path):
         assert [e["name"] for e in comm] == ["all_reduce 4 KiB", "all_gather 1 KiB", "reduce_scatter 2 KiB",
                                              "all_gather 512 B"]
         assert all(step["t0"] <= e["t0"] <= e["t1"] <= step["t1"] and e["step"] == 0 for e in comm)
+
+
+class _Spans:
+    """A sink that keeps the span events a run's trace would get."""
+    enabled = True
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[str, str, float, float]] = []
+
+    def emit(self, kind: str, **f) -> None:
+        assert kind == "span"
+        self.spans.append((f["stream"], f["name"], round(f["t0"], 9), round(f["t1"], 9)))
+
+
+def test_trace_causes_draws_known_waits_and_gaps(monkeypatch):
+    """``trace_causes`` on made-up spans whose answer is worked out by hand (the runs' traces only show that
+    the tracks tile a block, which they do by construction): this rank's block 10.0–11.0 s, its two
+    collectives 10.2–10.5 (0.1 s of it waiting for the last peer) and 10.7–10.8, and a third whose wait (0.5 s)
+    outlasts it; the other rank's block 9.9–11.2 s, so this one idles before and after its own."""
+    from distai.engine import comm_trace
+
+    monkeypatch.setattr(comm_trace, "_everyone", lambda mine, group=None: [mine, [(9.9, 11.2)]])
+    sink = _Spans()
+    comm_trace.trace_causes(sink, [(10.0, 11.0)], [(10.2, 10.5), (10.7, 10.8), (10.85, 10.9)], [0.1, 0.0, 0.5],
+                            names="all_reduce")
+    assert sorted(sink.spans, key=lambda s: (s[2], s[0])) == [
+        ("idle", "idle", 9.9, 10.0),
+        ("compute", "compute", 10.0, 10.2),
+        ("wait", "wait for the last peer (all_reduce)", 10.2, 10.3),
+        ("comm", "all_reduce", 10.3, 10.5),
+        ("compute", "compute", 10.5, 10.7),
+        ("comm", "all_reduce", 10.7, 10.8),  # no wait: no zero-length span
+        ("compute", "compute", 10.8, 10.85),
+        ("wait", "wait for the last peer (all_reduce)", 10.85, 10.9),  # the wait cut at the collective's end
+        ("compute", "compute", 10.9, 11.0),
+        ("idle", "idle", 11.0, 11.2),
+    ]
+    quiet = _Spans()  # a sink that writes nowhere draws nothing
+    quiet.enabled = False
+    comm_trace.trace_causes(quiet, [(10.0, 11.0)], [(10.2, 10.5)], [0.1])
+    assert quiet.spans == []
