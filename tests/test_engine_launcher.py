@@ -629,6 +629,23 @@ def test_a_stopped_runs_final_view_leaves_torchruns_signal_traceback_out():
     assert "SignalException" in output_lines(state, summary=False).plain
 
 
+def test_a_ranks_long_line_goes_on_under_its_own_text():
+    """The final view's tail: a rank's line too long for the terminal wraps under its text, not flush left
+    under "rank 0" (lesson 3's head line went on at column 0)."""
+    from distai.tutor.cli_run import output_lines
+
+    state = RunState()
+    long = ("40 steps on 2 ranks, 2 attempts: 1 failure, 1 restart, 2 steps redone; 8 checkpoints (file) of "
+            "1.26 MiB, 17.8 ms each on average")
+    for e in [{"kind": "output", "rank": 0, "line": long}, {"kind": "output", "rank": 1, "line": "done"},
+              {"kind": "run_end", "status": "stopped"}]:
+        state.feed(e)
+    lines = output_lines(state, summary=False, width=80).plain.splitlines()
+    assert lines[0].startswith("rank 0") and all(len(line) <= 80 for line in lines)
+    assert lines[1].startswith(" " * 9) and "8 checkpoints" in lines[1] and lines[2].startswith("rank 1")
+    assert " ".join(part.strip() for part in lines[:2]).endswith(long.split("redone; ")[1])
+
+
 def test_a_run_whose_record_cannot_be_read_is_listed_as_damaged(tmp_path):
     """A run.json cut short hid its run from `distai runs`; it is listed, damaged, with why, and found by id."""
     from distai.engine.runs import find_run, list_runs, reason_text

@@ -208,9 +208,12 @@ def output_lines(state, summary: bool, lang: str = "en", width: int | None = Non
         shown = list(state.output)[-TAIL_LINES:]
     out = Text()
     for rank, text in shown:
-        out.append("torchrun " if rank is None else translated("cli", "view.rank", lang, rank=f"{rank:<3}"),
-                   style="dim")
-        out.append(f" {text[:160]}\n")
+        prefix = "torchrun " if rank is None else translated("cli", "view.rank", lang, rank=f"{rank:<3}")
+        out.append(prefix, style="dim")
+        # a long line goes on under its own text, not flush left under the rank ("rank 0   40 steps … redone;"
+        # then "8 checkpoints …" at column 0)
+        parts = fit_prose(text[:160], width - len(prefix) - 1) if width and width > len(prefix) + 20 else [text[:160]]
+        out.append(" " + f"\n{' ' * (len(prefix) + 1)}".join(parts) + "\n")
     out.rstrip()
     return out if out else None
 
