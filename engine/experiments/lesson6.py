@@ -573,7 +573,8 @@ def format_summary(s: dict, lang: str | None = None) -> str:
     if ov:
         caps = list(ov["step_ms"])
         best = f"{ov['best_bucket_mb']:g}"
-        lines.append(f"{say('head'):<20}" + "".join(f"{format_plain(float(c), lang):>8}" for c in caps))
+        # each column: a value 7 wide and the best's "*" after it; the header over the value, not the mark
+        lines.append((f"{say('head'):<20}" + "".join(f"{format_plain(float(c), lang):>7} " for c in caps)).rstrip())
         for mode in ("overlap", "no-overlap", "ddp"):
             row = "".join(f"{format_fixed(ov['step_ms'][c][mode], 1, lang):>7}"
                           + ("*" if c == best and mode == "overlap" else " ") for c in caps)
