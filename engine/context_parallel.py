@@ -172,17 +172,18 @@ def _tiles(cp: CPGroup, step: int, src: int):
 
 
 def _record(cp: CPGroup, phase: str, step: int, src: int, tiles, scores: int, sent: list[torch.Tensor],
-            t0: float, t1: float, t2: float, cpu_s: float) -> None:
+            t0: float, t1: float, t2: float, cpu_s: float | None) -> None:
     """One ring step in ``cp.trace``: ``sent`` the tensors this rank handed to the network in it;
-    ``cpu_s``, this thread's CPU seconds computing (the work, without its waits for a core)."""
+    ``cpu_s``, this thread's CPU seconds computing on a CPU device (the work, without its waits for a
+    core; None on a GPU, whose kernels the thread only launches)."""
     if cp.trace is None:
         return
     cp.trace.append({"phase": phase, "step": step, "owner": src, "layer": comm_tags()["layer"],
                      "tiles": [plan.DIAGONAL if diag else plan.FULL for _, _, diag in tiles],
-                     "scores": scores, "compute_s": t1 - t0, "compute_cpu_s": cpu_s, "wait_s": t2 - t1,
-                     "messages": len(sent),
+                     "scores": scores, "compute_s": t1 - t0, "wait_s": t2 - t1, "messages": len(sent),
                      "t0": time.time() - (time.perf_counter() - t0),  # wall clock, as the trace's spans
-                     "sent_bytes": sum(_sent_bytes(cp, t) for t in sent)})
+                     "sent_bytes": sum(_sent_bytes(cp, t) for t in sent),
+                     **({"compute_cpu_s": cpu_s} if cpu_s is not None else {})})
 
 
 def _sent_bytes(cp: CPGroup, t: torch.Tensor) -> float:
@@ -221,7 +222,7 @@ class _RingAttention(torch.autograd.Function):
                                                     diag, scale)
                 _merge(_chunk(acc, a, c), _chunk(m, a, c), _chunk(l, a, c), o_t, m_t, l_t)
                 scores += seen
-            t1, cpu_s = time.perf_counter(), time.thread_time() - c0
+            t1, cpu_s = time.perf_counter(), time.thread_time() - c0 if q.device.type == "cpu" else None
             if hop is not None:
                 kv = hop.wait()
             _record(cp, "fwd", step, src, tiles, scores, sent, t0, t1, time.perf_counter(), cpu_s)
@@ -255,7 +256,7 @@ class _RingAttention(torch.autograd.Function):
                     _chunk(dq, a, c).add_(dq_t)
                     _chunk(dkv[0], b, c).add_(dk_t)
                     _chunk(dkv[1], b, c).add_(dv_t)
-                t1, cpu_s = time.perf_counter(), time.thread_time() - c0
+                t1, cpu_s = time.perf_counter(), time.thread_time() - c0 if q.device.type == "cpu" else None
                 if gathered is None and cp.size > 1:
                     if dkv_hop is not None:  # the gradient of this block so far, from the left
                         dkv.add_(dkv_hop.wait())

@@ -80,7 +80,8 @@ class CPRun:
 
 def work_seconds(record: Mapping[str, Any]) -> float:
     """A ring step's compute as work: its CPU seconds where recorded (ranks sharing a core wait for it, which
-    is contention, not the schedule's imbalance), else its wall seconds (a GPU's, recorded before them)."""
+    is contention, not the schedule's imbalance); on a GPU, whose kernels the thread only launches, and in runs
+    recorded before them, its wall seconds."""
     return float(record.get("compute_cpu_s", record["compute_s"]))
 
 
