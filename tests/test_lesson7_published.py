@@ -41,3 +41,20 @@ def test_error_table_and_worst_errors():
     assert pub.worst_error("tpot") == max(abs(r["error"]) for r in rows if r["metric"] == "tpot")
     low, high = pub.roofline_shares("tpot")
     assert 0 < low <= high < 1
+
+
+def test_calc_serve_says_how_far_published_runs_were_from_its_times(capsys):
+    """`calc serve` prints roofline times; its last line says, in the learner's language, how much longer the
+    published batch-1 runs took than the planner's times for them (from this module, not typed in)."""
+    from distai.lessons.units import format_fixed
+    from distai.tutor.cli import main
+
+    lo, hi = pub.published_over_predicted("ttft")
+    assert 1 < lo <= hi and pub.published_over_predicted("tpot")[0] < 1  # TP 8's overestimated all-reduces
+    args = ["calc", "serve", "--params", "69B", "--layers", "80", "--hidden", "8192", "--heads", "64", "--kv-heads",
+            "8", "--gpus", "8", "--gpu-memory", "80GB", "--bandwidth", "3.35TB/s", "--ttft-slo", "1s",
+            "--tpot-slo", "50ms"]
+    for lang, words in (("en", "published batch-1 runs took"), ("es", "las ejecuciones publicadas con batch 1")):
+        assert main([*args, "--lang", lang]) == 0
+        out = " ".join(capsys.readouterr().out.split())
+        assert words in out and f"{format_fixed(lo, 2, lang)}–{format_fixed(hi, 2, lang)}" in out

@@ -29,7 +29,7 @@ from ..model_spec import ModelSpec
 from . import planner as pl
 
 __all__ = ["PUBLISHED", "PublishedServing", "predicted", "published", "roofline_only", "roofline_share", "error",
-           "error_table", "worst_error", "roofline_shares"]
+           "error_table", "worst_error", "roofline_shares", "published_over_predicted"]
 
 #: A100 SXM 80GB: 2.039 TB/s HBM2e, 312 TFLOP/s dense fp16/bf16, NVLink 3 at 300 GB/s per direction
 A100 = {"gpu_memory": 80e9, "bandwidth": 2.039e12, "flops": 312e12, "link_bandwidth": 300e9}
@@ -110,6 +110,12 @@ def roofline_shares(metric: str) -> tuple[float, float]:
     """The least and the most :func:`roofline_share` over the runs of ``metric``."""
     shares = [roofline_share(n) for n, r in PUBLISHED.items() if r.metric == metric]
     return min(shares), max(shares)
+
+
+def published_over_predicted(metric: str) -> tuple[float, float]:
+    """The least and the most published / predicted over the runs of ``metric`` (``calc serve``'s caveat)."""
+    ratios = [published(n) / predicted(n) for n, r in PUBLISHED.items() if r.metric == metric]
+    return min(ratios), max(ratios)
 
 
 def error(name: str) -> float:
