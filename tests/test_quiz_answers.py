@@ -90,6 +90,8 @@ EXPECTED = {
         "decode-time": lambda p: max(2 * p["params"] * p["batch"] / p["peak_flops"],
                                      (p["weight_bytes"] + p["batch"] * p["kv_bytes_per_seq"]) / p["bandwidth"]),
         "ridge": lambda p: p["peak_flops"] / p["bandwidth"],
+        # the weights' bytes one GPU reads (fp16/bf16), at its bandwidth, over the published step (tokens/s at batch 1)
+        "published-bandwidth-share": lambda p: (p["params"] * 2 / p["tp"]) / p["bandwidth"] / p["measured"],
     },
 }
 

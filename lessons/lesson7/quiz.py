@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..quiz import Choice, Numeric, build
 from . import formulas as f
+from . import published as pub
 
 MODEL = ("name", "layers", "heads", "kv_heads", "head_dim", "params")
 MODELS = [
@@ -19,6 +20,19 @@ MAX_CONTEXT = {"Llama-2-7B": 4096, "Llama-2-13B": 4096, "Llama-2-70B": 4096, "Ll
 DTYPES = [("fp16", 2), ("bf16", 2), ("fp8", 1)]
 GPU = ("gpu", "bandwidth", "peak_flops")
 GPUS = [("A100 80GB", 2.0e12, 312e12), ("H100 SXM", 3.35e12, 989e12), ("H200", 4.8e12, 989e12)]
+
+
+#: the published batch-1 decode steps (lesson 7's published.py): who measured, the model, its weights' format
+_SOURCES = {"gpt-fast": ("gpt-fast", "bf16"), "lmdeploy": ("LMDeploy", "fp16")}
+_NAMES = {6.74e9: "Llama-2-7B", 69e9: "Llama-2-70B"}
+PUBLISHED_DECODES = [(_SOURCES[r.source][0], _NAMES[r.model.params], r.model.params, _SOURCES[r.source][1], r.tp,
+                      r.hardware["bandwidth"], r.measured_s)
+                     for r in pub.PUBLISHED.values() if r.metric == "tpot"]
+
+
+def _weights_read_share(params: float, tp: int, bandwidth: float, measured: float) -> float:
+    """The share of a GPU's HBM bandwidth a decode step used reading that GPU's weights once (2 bytes each)."""
+    return 2 * params / tp / bandwidth / measured
 
 
 def _per_token(layers: int, kv_heads: int, head_dim: int) -> float:
@@ -80,6 +94,11 @@ GENERATORS = build("lesson7", __package__, values=_worked, kinds=[
                 f.decode_time_per_token(params, weight_bytes, kv_bytes_per_seq, peak_flops, bandwidth, batch),
             quantity="seconds", unit="ms", values=_decode_terms),
     Numeric("ridge", draw={GPU: GPUS}, answer=f.ridge_point),
+    Numeric("published-bandwidth-share",
+            draw={("source", "name", "params", "dtype", "tp", "bandwidth", "measured"): PUBLISHED_DECODES},
+            answer=_weights_read_share, quantity="fraction", unit="%",
+            values=lambda params, tp, bandwidth: {"weights": 2 * params / tp,
+                                                  "roofline": 2 * params / tp / bandwidth}),
     Choice("decode-memory-bound"),
     Choice("paged"),
     Choice("tp-decode"),
