@@ -213,3 +213,33 @@ def test_runs_show_says_which_lines_keep_the_runs_language(isolated_distai_home,
     assert "esta ejecución se hizo en inglés" in capsys.readouterr().err
     assert main(["runs", "show", rec.id, "--lang", "en"]) == 0
     assert "this run was made in" not in capsys.readouterr().err
+
+
+def test_runs_show_writes_rank_0s_summary_again_in_the_learners_language(isolated_distai_home, capsys):
+    """Lessons whose summary is their recorded summary alone (1, 3, 6): a replay in the other language writes
+    rank 0's summary again in it, found line for line among rank 0's output; what is not found stays as written."""
+    from distai.engine.experiments.lesson6 import format_summary
+    from distai.tutor.cli import main
+
+    summary = {"overlap": {"step_ms": {"1": {"overlap": 28.9, "no-overlap": 28.7, "ddp": 27.5},
+                                       "4": {"overlap": 23.2, "no-overlap": 23.0, "ddp": 23.6}},
+                           "best_bucket_mb": 4, "overlap_speedup": 0.99, "ours_over_ddp": 0.98}}
+    rec = create_run(isolated_distai_home / "runs", "lesson6", "distai.engine.experiments.lesson6")
+    rec.config["lang"] = "en"
+    rec.save()
+    sink = EventSink(0, rec.events_dir)
+    sink.emit("step", step=0, loss=2.0)
+    sink.emit("summary", **summary)
+    sink.close()
+    rec.logs_dir.mkdir(parents=True, exist_ok=True)
+    (rec.logs_dir / "rank0.log").write_text("a note of rank 0\n" + format_summary(summary, "en") + "\n")
+    capsys.readouterr()
+    assert main(["runs", "show", rec.id, "--lang", "es"]) == 0
+    out, err = capsys.readouterr()
+    assert "el resumen del rank 0 se escribe de nuevo en español" in err
+    assert "solapado (nuestro)" in out and "overlap (ours)" not in out and "a note of rank 0" in out
+    # a summary the run did not print as this version writes it: left as written, and said so
+    (rec.logs_dir / "rank0.log").write_text("overlap (ours) as another version wrote it\n")
+    assert main(["runs", "show", rec.id, "--lang", "es"]) == 0
+    out, err = capsys.readouterr()
+    assert "se muestran como las escribieron" in err and "overlap (ours) as another version" in out

@@ -135,8 +135,8 @@ def runs_show(
     events = replay_events(record)
     made_in = record.config.get("lang")
     if not as_json and made_in in ("en", "es") and made_in != language:  # the ranks' own lines stay as written
-        typer.echo(translated("cli", "runs.made_in", language, lang=translated("cli", f"runs.lang_{made_in}", language)),
-                   err=True)
+        key = "runs.made_in_summary" if rerender_summary(events, record.lesson, made_in, language) else "runs.made_in"
+        typer.echo(translated("cli", key, language, lang=translated("cli", f"runs.lang_{made_in}", language)), err=True)
     view: JsonView | TerminalView
     if as_json:
         view = JsonView()
@@ -164,6 +164,44 @@ def runs_show(
         resume = resume_command(record)
         if resume:
             typer.echo(say("resume", command=resume), err=True)
+
+
+#: the lessons whose rank-0 summary is a function of their recorded summary event alone: (module, function(s, lang))
+SUMMARY_RENDERERS = {"lesson1": ("..engine.experiments.lesson1", "human_summary"),
+                     "lesson3": ("..engine.experiments.lesson3", "format_summary"),
+                     "lesson6": ("..engine.experiments.lesson6", "format_summary")}
+
+
+def rerender_summary(events: list[dict], lesson: str, made_in: str, language: str) -> bool:
+    """Rank 0's printed summary in ``events`` (a replay's), written again in ``language``: the summary event
+    rendered in the run's language ``made_in`` must be found, line for line, among rank 0's output (else
+    nothing changes: an older run, another version's wording); those lines are replaced. True if replaced.
+    Imports the lesson's experiment (torch) only here, for a replay in another language."""
+    import importlib
+
+    from ..lessons.events import OUTPUT, SUMMARY
+
+    found = SUMMARY_RENDERERS.get(lesson)
+    summary = next((e for e in reversed(events) if SUMMARY.matches(e)), None)
+    if found is None or summary is None:
+        return False
+    render = getattr(importlib.import_module(found[0], __package__), found[1])
+    fields = {k: v for k, v in summary.items() if k not in ("kind", "t", "rank")}
+    try:
+        written, wanted = render(fields, made_in).splitlines(), render(fields, language).splitlines()
+    except (KeyError, TypeError, ValueError):  # a summary recorded by another version of the experiment
+        return False
+    mine = [i for i, e in enumerate(events) if OUTPUT.matches(e) and e.get("rank") == 0]
+    lines = [events[i]["line"] for i in mine]
+    for start in range(len(lines) - len(written) + 1):
+        if written and lines[start:start + len(written)] == written:
+            at = mine[start:start + len(written)]
+            if at != list(range(at[0], at[0] + len(at))):  # another rank's line in between: not one block
+                continue
+            template = events[at[0]]
+            events[at[0]:at[-1] + 1] = [{**template, "line": line} for line in wanted]
+            return True
+    return False
 
 
 EXPORT_FORMATS = {"chrome-trace": "trace.json", "csv": "metrics.csv", "jsonl": "metrics.jsonl"}
