@@ -243,3 +243,16 @@ def test_runs_show_writes_rank_0s_summary_again_in_the_learners_language(isolate
     assert main(["runs", "show", rec.id, "--lang", "es"]) == 0
     out, err = capsys.readouterr()
     assert "se muestran como las escribieron" in err and "overlap (ours) as another version" in out
+
+
+def test_every_summary_renderer_is_its_experiments_own():
+    """Each lesson ``runs show`` re-renders names the function its experiment prints rank 0's summary with."""
+    import importlib
+    import inspect
+
+    from distai.tutor.cli_runs import SUMMARY_RENDERERS
+
+    for lesson, (module, name) in SUMMARY_RENDERERS.items():
+        mod = importlib.import_module(module, "distai.tutor")
+        assert callable(getattr(mod, name)), lesson
+        assert inspect.getsource(mod).count(f"{name}(") >= 2, lesson  # defined, and called where rank 0 prints

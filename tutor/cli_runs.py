@@ -169,7 +169,8 @@ def runs_show(
 #: the lessons whose rank-0 summary is a function of their recorded summary event alone: (module, function(s, lang))
 SUMMARY_RENDERERS = {"lesson1": ("..engine.experiments.lesson1", "human_summary"),
                      "lesson3": ("..engine.experiments.lesson3", "format_summary"),
-                     "lesson6": ("..engine.experiments.lesson6", "format_summary")}
+                     "lesson6": ("..engine.experiments.lesson6", "format_summary"),
+                     "experts": ("..engine.experiments.experts", "summary_text")}
 
 
 def rerender_summary(events: list[dict], lesson: str, made_in: str, language: str) -> bool:

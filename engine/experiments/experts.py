@@ -179,10 +179,16 @@ def comm_account(meter: CommMeter, model: torch.nn.Module, moe: MoEConfig, hidde
 
 
 def print_summary(r: dict, lang: str) -> None:
-    c = r["config"]
+    print(summary_text(r, lang))
+
+
+def summary_text(r: dict, lang: str) -> str:
+    """Rank 0's printed summary of the run ``r`` (its summary event) in ``lang`` (``runs show`` writes it again
+    in the learner's language)."""
+    c, lines = r["config"], []
 
     def say(key: str, **fields: Any) -> None:
-        print(translated(AREA, f"summary.{key}", lang, **fields))
+        lines.append(translated(AREA, f"summary.{key}", lang, **fields))
 
     say("title", experts=format_integer(c["experts"], lang), ep=format_integer(c["ep"], lang),
         dp=format_integer(c["dp"], lang), top_k=format_integer(c["top_k"], lang), device=c["device"])
@@ -206,6 +212,7 @@ def print_summary(r: dict, lang: str) -> None:
         all=format_bytes(r["memory"]["all_experts_bytes"], binary=True, lang=lang),
         fraction=format_integer(c["experts_per_rank"], lang), experts=format_integer(c["experts"], lang))
     say("time", time=format_time(r["step_time_s"], lang=lang))
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
