@@ -166,11 +166,20 @@ def runs_show(
             typer.echo(say("resume", command=resume), err=True)
 
 
-#: the lessons whose rank-0 summary is a function of their recorded summary event alone: (module, function(s, lang))
-SUMMARY_RENDERERS = {"lesson1": ("..engine.experiments.lesson1", "human_summary"),
-                     "lesson3": ("..engine.experiments.lesson3", "format_summary"),
-                     "lesson6": ("..engine.experiments.lesson6", "format_summary"),
-                     "experts": ("..engine.experiments.experts", "summary_text")}
+def summary_renderer(lesson_id: str):
+    """The lesson's ``[run] summary_text``, its experiment's ``f(summary, lang) -> str``, or None (imports the
+    experiment, and torch)."""
+    import importlib
+
+    from ..lessons.registry import UnknownLessonError, resolve_lesson
+
+    try:
+        lesson = resolve_lesson(lesson_id)
+    except UnknownLessonError:  # a run of a lesson this version no longer has
+        return None
+    if not (lesson.experiment and lesson.run.summary_text):
+        return None
+    return getattr(importlib.import_module(lesson.experiment), lesson.run.summary_text)
 
 
 def rerender_summary(events: list[dict], lesson: str, made_in: str, language: str) -> bool:
@@ -178,15 +187,14 @@ def rerender_summary(events: list[dict], lesson: str, made_in: str, language: st
     rendered in the run's language ``made_in`` must be found, line for line, among rank 0's output (else
     nothing changes: an older run, another version's wording); those lines are replaced. True if replaced.
     Imports the lesson's experiment (torch) only here, for a replay in another language."""
-    import importlib
-
     from ..lessons.events import OUTPUT, SUMMARY
 
-    found = SUMMARY_RENDERERS.get(lesson)
     summary = next((e for e in reversed(events) if SUMMARY.matches(e)), None)
-    if found is None or summary is None:
+    if summary is None:
         return False
-    render = getattr(importlib.import_module(found[0], __package__), found[1])
+    render = summary_renderer(lesson)
+    if render is None:
+        return False
     fields = {k: v for k, v in summary.items() if k not in ("kind", "t", "rank")}
     try:
         written, wanted = render(fields, made_in).splitlines(), render(fields, language).splitlines()

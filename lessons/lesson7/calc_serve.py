@@ -6,6 +6,7 @@ from ..calculator import CalcError, Calculator, Option, check_params_fit_shape, 
 from . import formulas as f
 from . import planner as pl
 from .calc_kvcache import DTYPES
+from .published import published_over_predicted  # the planner against published runs: its caveat
 
 
 def _heads(hidden: int, heads: int | None, head_dim: int | None, kv_heads: int | None) -> tuple[int, int, int]:
@@ -89,8 +90,6 @@ def text(r: dict, lang: str = "en") -> list[str]:
                           kv=units.format_bytes(b["kv_per_gpu_bytes"], lang=lang),
                           weights=units.format_bytes(b["weights_per_gpu_bytes"], lang=lang),
                           bound=say("bound." + b["decode_bound"]))]
-    from .published import published_over_predicted  # the planner against published runs (lesson 7)
-
     (tpot_lo, tpot_hi), (ttft_lo, ttft_hi) = published_over_predicted("tpot"), published_over_predicted("ttft")
     ratio = lambda x: units.format_fixed(x, 2, lang)  # noqa: E731
     lines += ["", say("published", tpot_lo=ratio(tpot_lo), tpot_hi=ratio(tpot_hi), ttft_lo=ratio(ttft_lo),

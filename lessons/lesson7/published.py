@@ -41,7 +41,9 @@ LLAMA2_7B = ModelSpec(params=6.74e9, layers=32, hidden=4096, heads=32, kv_heads=
 
 @dataclass(frozen=True)
 class PublishedServing:
-    source: str
+    source: str  # who measured: gpt-fast, LMDeploy, TensorRT-LLM
+    model_name: str
+    weights: str  # their format: bf16, fp16, FP8
     model: ModelSpec
     hardware: dict
     tp: int
@@ -56,20 +58,20 @@ def _lmdeploy_tpot(output: int, tokens_per_s: float, first_token_s: float) -> fl
 
 
 PUBLISHED: dict[str, PublishedServing] = {
-    "gpt-fast-7b": PublishedServing("gpt-fast", LLAMA2_7B, A100, 1, 5, 200, "tpot", 1 / 104.9),
-    "gpt-fast-70b-tp2": PublishedServing("gpt-fast", pl.llama2_70b(), A100, 2, 5, 200, "tpot", 1 / 21.32),
-    "gpt-fast-70b-tp4": PublishedServing("gpt-fast", pl.llama2_70b(), A100, 4, 5, 200, "tpot", 1 / 38.01),
-    "gpt-fast-70b-tp8": PublishedServing("gpt-fast", pl.llama2_70b(), A100, 8, 5, 200, "tpot", 1 / 62.50),
-    "lmdeploy-7b-128": PublishedServing("lmdeploy", LLAMA2_7B, A100, 1, 128, 128, "tpot",
+    "gpt-fast-7b": PublishedServing("gpt-fast", "Llama-2-7B", "bf16", LLAMA2_7B, A100, 1, 5, 200, "tpot", 1 / 104.9),
+    "gpt-fast-70b-tp2": PublishedServing("gpt-fast", "Llama-2-70B", "bf16", pl.llama2_70b(), A100, 2, 5, 200, "tpot", 1 / 21.32),
+    "gpt-fast-70b-tp4": PublishedServing("gpt-fast", "Llama-2-70B", "bf16", pl.llama2_70b(), A100, 4, 5, 200, "tpot", 1 / 38.01),
+    "gpt-fast-70b-tp8": PublishedServing("gpt-fast", "Llama-2-70B", "bf16", pl.llama2_70b(), A100, 8, 5, 200, "tpot", 1 / 62.50),
+    "lmdeploy-7b-128": PublishedServing("LMDeploy", "Llama-2-7B", "fp16", LLAMA2_7B, A100, 1, 128, 128, "tpot",
                                         _lmdeploy_tpot(128, 102.21, 0.022)),
-    "lmdeploy-7b-2048": PublishedServing("lmdeploy", LLAMA2_7B, A100, 1, 2048, 2048, "tpot",
+    "lmdeploy-7b-2048": PublishedServing("LMDeploy", "Llama-2-7B", "fp16", LLAMA2_7B, A100, 1, 2048, 2048, "tpot",
                                          _lmdeploy_tpot(2048, 93.78, 0.14)),
-    "lmdeploy-70b-tp4": PublishedServing("lmdeploy", pl.llama2_70b(), A100, 4, 128, 2048, "tpot",
+    "lmdeploy-70b-tp4": PublishedServing("LMDeploy", "Llama-2-70B", "fp16", pl.llama2_70b(), A100, 4, 128, 2048, "tpot",
                                          _lmdeploy_tpot(2048, 32.38, 0.074)),
-    "trtllm-70b-a100-128": PublishedServing("trtllm", pl.llama2_70b(), A100, 4, 128, 1, "ttft", 47e-3),
-    "trtllm-70b-a100-2048": PublishedServing("trtllm", pl.llama2_70b(), A100, 4, 2048, 1, "ttft", 377e-3),
-    "trtllm-70b-h100-128": PublishedServing("trtllm", pl.llama2_70b(1), H100_FP8, 4, 128, 1, "ttft", 26e-3),
-    "trtllm-70b-h100-2048": PublishedServing("trtllm", pl.llama2_70b(1), H100_FP8, 4, 2048, 1, "ttft", 109e-3),
+    "trtllm-70b-a100-128": PublishedServing("TensorRT-LLM", "Llama-2-70B", "fp16", pl.llama2_70b(), A100, 4, 128, 1, "ttft", 47e-3),
+    "trtllm-70b-a100-2048": PublishedServing("TensorRT-LLM", "Llama-2-70B", "fp16", pl.llama2_70b(), A100, 4, 2048, 1, "ttft", 377e-3),
+    "trtllm-70b-h100-128": PublishedServing("TensorRT-LLM", "Llama-2-70B", "FP8", pl.llama2_70b(1), H100_FP8, 4, 128, 1, "ttft", 26e-3),
+    "trtllm-70b-h100-2048": PublishedServing("TensorRT-LLM", "Llama-2-70B", "FP8", pl.llama2_70b(1), H100_FP8, 4, 2048, 1, "ttft", 109e-3),
 }
 
 
