@@ -2,7 +2,7 @@
 measured stage times → + CPU contention → + communication → measured) adds up within 10 % of the
 measured bubble, and an injected slow stage (the negative control) is blamed on unequal stages,
 not on communication. Two gloo groups of 2 run the experiment: as is, and with rank 1's
-forwards doing 40 ms more work each; the same events feed the Chrome trace's wait and idle tracks."""
+forwards doing 60 ms more work each; the same events feed the Chrome trace's wait and idle tracks."""
 from __future__ import annotations
 
 import json
@@ -17,7 +17,7 @@ from distai.lessons.lesson5 import formulas
 
 pytestmark = pytest.mark.timed  # its checks time the run: README's command runs these alone, last
 
-SLOW_MS = 60.0  # large against a loaded machine's noise: the bubble it adds stays well over 10 points
+SLOW_MS = 60.0  # large against a loaded machine's noise: 9 to 14 points of bubble on 2 cores
 M = 4  # 2 microbatches per stage, p = 2
 # the learner's default model (compute dominates gloo's latency), fewer steps, no torch run
 ARGS = ["--steps", "3", "--no-torch"]
@@ -91,9 +91,12 @@ def test_a_slow_stage_is_blamed_on_unequal_stages_not_on_communication(runs):
         assert extra == pytest.approx(M * SLOW_MS / 1e3, rel=0.3)
         causes = {k: slow[name]["causes"][k] - control[name].get("causes", {}).get(k, 0.0)
                   for k in slow[name]["causes"]}
-        # > 10 points of bubble more, blamed on unequal stages; communication did not grow to absorb
-        # them (its own noise, under a loaded machine's contention, goes either way)
-        assert causes["unequal_stages"] > 0.10, (control[name], slow[name])
+        # at least 5 points of bubble more, blamed on unequal stages (the replay of the ranks' measured
+        # work); communication did not grow to absorb them (its own noise, under a loaded machine's
+        # contention, goes either way). How many points 60 ms a forward adds depends on the machine's
+        # speed (the rest of each step): 14 here, 9 on CI's slower cores (it failed a bound of 10).
+        # The measured bubble itself is no witness: a busy machine's contention can add as much
+        assert causes["unequal_stages"] > 0.05, (control[name], slow[name])
         assert slow[name]["causes"]["unequal_stages"] > slow[name]["causes"]["communication"]
         assert causes["communication"] < causes["unequal_stages"] / 2, (control[name], slow[name])
 
