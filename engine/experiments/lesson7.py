@@ -291,11 +291,15 @@ def this_machine(cfg, prompts, dtype: torch.dtype, ctx) -> planner.Hardware:
     sizes = sorted({B * cfg.hidden * elem, B * s * cfg.hidden * elem, 8 * B * s * cfg.hidden * elem})
     # timed alone, the cores' contention apart: the checks count it as a cause of its own
     alpha, beta = group_alpha_beta(sizes, repeats=3, device_type=ctx.device.type, contention_apart=True)
-    if not all_ranks_true(beta > 0, ctx.device):  # decided together: the fallback is a collective
+    if not all_ranks_true(alpha > 0 and beta > 0, ctx.device):  # decided together: the fallback is a collective
         # three sizes on loaded cores can time the largest no slower than the smallest: the fit's time per
-        # byte is then 0 (all-reduces of any size free beyond α); one link's 4 MiB ping-pong measures it instead
-        link_beta = link_alpha_beta(ctx.device, contention_apart=True)["beta_s_per_byte"]
-        beta = beta if beta > 0 else link_beta
+        # byte is then 0 (all-reduces of any size free beyond α); or the smallest slower than the line through
+        # the others, whose intercept is then below 0 (free latency: α 0 with one core taken by another
+        # process). One link's ping-pong measures what the fit lost: its smallest message's one-way time
+        # and its 4 MiB one's time per byte
+        link = link_alpha_beta(ctx.device, contention_apart=True)
+        alpha = alpha if alpha > 0 else link["alpha_s"]
+        beta = beta if beta > 0 else link["beta_s_per_byte"]
     return planner.Hardware(gpus=ctx.world_size, gpu_memory=1.0, bandwidth=copy_bandwidth(ctx.device),
                             flops=matmul_rate(dtype, ctx.device), link_bandwidth=1 / beta if beta > 0 else 1e30,
                             alpha=alpha)
