@@ -401,3 +401,4 @@ async def test_the_panels_bar_is_indeterminate_for_a_run_that_reports_only_its_p
         await pilot.pause()
         bar = screen.query_one("#run-progress", ProgressBar)
         assert bar.total == 1.0 and bar.progress == 1.0
+        screen.launch.stop("the test's run ended")  # its fake launch would hold the app's exit 30 s
