@@ -79,3 +79,20 @@ def assert_trace_decomposes(events: list[dict], check: dict, blocks: int | None 
     drawn = check["detail"].get("peer_wait_drawn_s", check["causes"]["peer_wait"])
     assert waited[rank] == pytest.approx(drawn, abs=1e-6 * max(1, n_waits))
     return dict(waited)
+
+
+def assert_summary_rerenders(events: list[dict], lesson_id: str, printed: str | None = None) -> None:
+    """Rank 0's summary event, as recorded (JSON), is all ``distai runs show`` needs to write rank 0's
+    printed summary again in the other language (the lesson's ``[run] summary_text``): it renders in en
+    and in es, differently; ``printed`` (rank 0's output, in English), where the test has it, holds the
+    English rendering line for line."""
+    from distai.tutor.cli_runs import summary_renderer
+
+    summary = next(e for e in events if e.get("kind") == "summary" and e.get("rank", 0) == 0)
+    fields = {k: v for k, v in summary.items() if k not in ("kind", "t", "rank")}
+    render = summary_renderer(lesson_id)
+    assert render is not None, lesson_id
+    en, es = render(fields, "en"), render(fields, "es")
+    assert en.strip() and es.strip() and en != es, (en, es)
+    if printed is not None:
+        assert en.strip("\n") in printed, (en, printed)

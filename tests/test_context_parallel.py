@@ -223,6 +223,9 @@ def test_experiment_streams_every_ring_step_and_checks_itself(results):
     events = results[0]["experiment"]["events"]
     summary = next(e for e in events if e["kind"] == "summary")
     assert summary["cp"] == 4 and summary["dp"] == 2 and summary["train_ok"] and summary["comm_match"]
+    from run_checks import assert_summary_rerenders
+
+    assert_summary_rerenders(events, "context")  # runs show, in Spanish
     assert summary["max_grad_rel_diff"] <= 1e-12
     for m in summary["memory"]:  # measured against the count of what the GPT saves: within 10% (here exact)
         assert abs(m["measured_bytes"] / m["formula_bytes"] - 1) <= 0.10

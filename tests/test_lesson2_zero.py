@@ -302,3 +302,6 @@ def test_experiment_main_reports_measured_against_calculator(group):
     from run_checks import assert_checks_hold
 
     assert_checks_hold(results[0]["main"], {"step_time_ddp", "step_time_zero3"})
+    from run_checks import assert_summary_rerenders
+
+    assert_summary_rerenders(results[0]["main"], "lesson2")  # runs show, in Spanish

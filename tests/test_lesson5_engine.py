@@ -227,6 +227,9 @@ def test_experiment_runs_and_reports(p4):
     assert [e["schedule"] for e in losses] == [s for s in ("gpipe", "1f1b", "interleaved") for _ in range(steps)]
     summary = [e for e in events["rank0.jsonl"] if e["kind"] == "summary"]
     assert len(summary) == 1
+    from run_checks import assert_summary_rerenders
+
+    assert_summary_rerenders(events["rank0.jsonl"], "lesson5")  # runs show, in Spanish
     config = [e for e in events["rank0.jsonl"] if e["kind"] == "pp_config"][0]
     assert (config["p"], config["m"], config["v"]) == (4, m, v)
     for schedule, res in summary[0]["schedules"].items():

@@ -46,8 +46,10 @@ from ..model import GPT, ModelConfigError
 from ..moe import MoEConfig, make_moe
 
 
-def print_summary(result: dict, accounts: list[dict]) -> None:
-    print("\n".join(summary_text(result, accounts)))
+def summary_from_event(summary: dict, lang: str | None = None) -> str:
+    """The printed summary from rank 0's summary event (the run's result and every rank's account of
+    its groups' calls), in ``lang`` (else the run's): ``distai runs show`` writes it again from it."""
+    return "\n".join(summary_text(summary, summary["accounts"], lang))
 
 
 def summary_text(result: dict, accounts: list[dict], lang: str | None = None) -> list[str]:
@@ -164,8 +166,9 @@ def run(ctx, raw: argparse.Namespace) -> dict | None:
         "step_time_mean_s": measured_step_time_s(steps.times, metered_step)}
     METRIC.emit(ev, {"name": "step_time_s", "value": result["step_time_s"]})
     METRIC.emit(ev, {"name": "step_time_mean_s", "value": result["step_time_mean_s"]})
-    print_summary(result, accounts)
-    return {"lesson": "capstone", **result}
+    summary = {"lesson": "capstone", **result, "accounts": accounts}
+    print(summary_from_event(summary))
+    return summary
 
 
 def timed_steps(times: list[float], metered_step: int) -> list[float]:

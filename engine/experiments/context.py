@@ -306,9 +306,12 @@ def run(ctx, args: argparse.Namespace) -> dict:
                "losses": tr["losses"], "reference_losses": tr["reference_losses"], "max_grad_rel_diff": grad,
                "comm_match": comm_ok, "comm_layer0": comm["layers"]["0"],
                "idle_schedule": plan.idle_fraction(cfg.seq, cp_size, args.layout), "idle_measured": measured_idle,
-               "memory": memory, "memory_ok": memory_ok, "train_ok": train_ok}
+               "memory": memory, "memory_ok": memory_ok, "train_ok": train_ok,
+               # what the printed summary says of the run besides: runs show writes it again from this event
+               "world": world, "backend": ctx.backend, "hidden": cfg.hidden, "heads": cfg.heads,
+               "group_heads": cfg.group_heads, "layers": cfg.layers, "batch": args.batch, "steps": args.steps}
     if rank == 0:
-        print("\n".join(summary_lines(summary, cfg, args, world, ctx.backend)), flush=True)
+        print(summary_from_event(summary, args.lang), flush=True)
     return summary
 
 
@@ -327,9 +330,9 @@ def _measured_idle(fwd: list[dict], cp: CPGroup, device) -> float:
     return idle_share_of(times.T.cpu().tolist())
 
 
-def summary_lines(s: dict, cfg: GPTConfig, args: argparse.Namespace, world: int, backend: str) -> list[str]:
-    """Rank 0's printed summary, from the catalog in ``args.lang``."""
-    lang = args.lang
+def summary_from_event(s: dict, lang: str | None = None) -> str:
+    """Rank 0's printed summary from its summary event alone, from the catalog in ``lang`` (else the run's)."""
+    lang = detect_language(lang)
     tr = strings("ring_attention", lang)
 
     def b(n: float) -> str:
@@ -337,10 +340,10 @@ def summary_lines(s: dict, cfg: GPTConfig, args: argparse.Namespace, world: int,
 
     c = s["comm_layer0"]
     last = s["memory"][-1]
-    lines = [tr["summary_head"].format(cp=s["cp"], dp=s["dp"], world=world, backend=backend, layout=tr[s["layout"]],
-                                       variant=tr[s["variant"]], s=format_integer(cfg.seq, lang), h=cfg.hidden,
-                                       a=cfg.heads, g=cfg.group_heads, L=cfg.layers, b=args.batch),
-             tr["summary_loss"].format(steps=args.steps, loss=format_number(s["losses"][-1], 8, lang),
+    lines = [tr["summary_head"].format(cp=s["cp"], dp=s["dp"], world=s["world"], backend=s["backend"], layout=tr[s["layout"]],
+                                       variant=tr[s["variant"]], s=format_integer(s["seq"], lang), h=s["hidden"],
+                                       a=s["heads"], g=s["group_heads"], L=s["layers"], b=s["batch"]),
+             tr["summary_loss"].format(steps=s["steps"], loss=format_number(s["losses"][-1], 8, lang),
                                        ref=format_number(s["reference_losses"][-1], 8, lang),
                                        diff=format_number(abs(s["losses"][-1] / s["reference_losses"][-1] - 1), 2, lang),
                                        grad=format_number(s["max_grad_rel_diff"], 2, lang)),
@@ -361,7 +364,7 @@ def summary_lines(s: dict, cfg: GPTConfig, args: argparse.Namespace, world: int,
     del last
     ok = s["train_ok"] and s["comm_match"] and s["memory_ok"]
     lines.append(tr["summary_verdict_ok" if ok else "summary_verdict_bad"])
-    return lines
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -701,14 +701,15 @@ def run(ctx, args: argparse.Namespace) -> dict:
         PROGRESS.emit(ev, {"done": (k + 1) * args.steps, "total": total_steps, "label": strategy})
         rows.append((strategy, total, predicted, r["sent"], predicted_sent, r["step_time_s"],
                      r.get("max_abs_diff"), r["losses"]))
+    summary = {"world_size": world, "num_params": num_params, "precision": args.precision,
+               "optimizer": args.optimizer, "steps": args.steps, "backend": ctx.backend,
+               "strategies": {s: {"model_state_bytes": t, "predicted_bytes": p, "sent_bytes": sent,
+                                  "predicted_sent_bytes": ps, "step_time_s": st, "max_abs_diff": d,
+                                  "final_loss": losses[-1]}
+                              for s, t, p, sent, ps, st, d, losses in rows}}
     if rank == 0:
-        _print_table(rows, num_params, world, args)
-    return {"world_size": world, "num_params": num_params, "precision": args.precision,
-            "optimizer": args.optimizer,
-            "strategies": {s: {"model_state_bytes": t, "predicted_bytes": p, "sent_bytes": sent,
-                               "predicted_sent_bytes": ps, "step_time_s": st, "max_abs_diff": d,
-                               "final_loss": losses[-1]}
-                           for s, t, p, sent, ps, st, d, losses in rows}}
+        print(summary_from_event(summary))
+    return summary
 
 
 def _check_inputs(ctx) -> tuple[dict[str, float] | None, Any]:
@@ -723,8 +724,15 @@ def _check_inputs(ctx) -> tuple[dict[str, float] | None, Any]:
     return link_alpha_beta(ctx.device), alone
 
 
-def _print_table(rows, num_params, world, args):
-    print("\n".join(summary_table(rows, num_params, world, args, dist.get_backend())))
+def summary_from_event(summary: dict, lang: str | None = None) -> str:
+    """Rank 0's printed table from its summary event alone, in ``lang`` (else the run's): ``distai runs
+    show`` writes it again from it in another language."""
+    from types import SimpleNamespace
+
+    rows = [(name, s["model_state_bytes"], s["predicted_bytes"], s["sent_bytes"], s["predicted_sent_bytes"],
+             s["step_time_s"], s["max_abs_diff"], None) for name, s in summary["strategies"].items()]
+    args = SimpleNamespace(precision=summary["precision"], optimizer=summary["optimizer"], steps=summary["steps"])
+    return "\n".join(summary_table(rows, summary["num_params"], summary["world_size"], args, summary["backend"], lang))
 
 
 def summary_table(rows, num_params, world, args, backend: str, lang: str | None = None) -> list[str]:

@@ -357,8 +357,22 @@ def _mib(x, lang: str = "en") -> str:
     return "—" if x is None else format_fixed(x / 2**20, 2, lang)
 
 
-def print_summary(results: list[dict], cfg, args, p: int, m: int, v: int, device) -> None:
-    print("\n".join(summary_text(results, cfg, args, p, m, v, device.type)))
+def summary_of(results: list[dict], cfg, args, p: int, m: int, v: int, device) -> dict:
+    """Rank 0's summary event: the results of each schedule and what the printed summary says of the run
+    (``distai runs show`` writes it again from these alone, in another language)."""
+    return {"lesson": "lesson5", "p": p, "m": m, "v": v, "device": device.type,
+            "schedules": {r["schedule"]: r for r in results}, "microbatch_size": args.microbatch_size,
+            "layers": cfg.layers, "hidden": cfg.hidden, "seq": cfg.seq, "cores": cpu_cores()}
+
+
+def summary_from_event(summary: dict, lang: str | None = None) -> str:
+    """The printed summary from the summary event (:func:`summary_of`), in ``lang`` (else the run's)."""
+    from types import SimpleNamespace
+
+    cfg = SimpleNamespace(layers=summary["layers"], hidden=summary["hidden"], seq=summary["seq"])
+    return "\n".join(summary_text(list(summary["schedules"].values()), cfg,
+                                  SimpleNamespace(microbatch_size=summary["microbatch_size"]), summary["p"],
+                                  summary["m"], summary["v"], summary["device"], lang, summary["cores"]))
 
 
 def summary_text(results: list[dict], cfg, args, p: int, m: int, v: int, device_type: str,
@@ -451,9 +465,9 @@ def run(ctx, args: argparse.Namespace) -> dict | None:
             results.append(res)
     if ctx.rank != 0:
         return None
-    print_summary(results, cfg, args, p, m, v, ctx.device)
-    return {"lesson": "lesson5", "p": p, "m": m, "v": v, "device": ctx.device.type,
-            "schedules": {r["schedule"]: r for r in results}}
+    summary = summary_of(results, cfg, args, p, m, v, ctx.device)
+    print(summary_from_event(summary))
+    return summary
 
 
 if __name__ == "__main__":
