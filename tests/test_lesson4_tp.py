@@ -287,6 +287,9 @@ def test_experiment_main_reports_everything(results):
         assert summary["dtensor"][mode]["out_ours_vs_dtensor"] < TOL
     assert summary["forgotten_g"]["bug"] > 1e-3
     assert results[1]["main"]["summary"] is None  # rank 0 alone writes the summary
+    from run_checks import assert_summary_rerenders
+
+    assert_summary_rerenders([summary], "lesson4")  # runs show, in Spanish
 
 
 def test_step_time_is_compute_plus_collectives_or_explained(results):

@@ -488,34 +488,25 @@ def test_capstone_summary_in_spanish():
 
 
 def test_lesson4_summary_in_spanish():
-    from types import SimpleNamespace
-
     from distai.engine.experiments import lesson4
 
     events = recorded("lesson4")
     config = next(e for e in events if e["kind"] == "config")
     checks = {e["mode"]: e for e in events if e["kind"] == "comm_check" and e["rank"] == 0}
-    cfg = SimpleNamespace(hidden=config["hidden"], heads=config["heads"], seq=config["seq"], layers=config["layers"],
-                          vocab=config["vocab"])
-    tr = {"losses": [4.2, 4.1], "dense_losses": [4.2, 4.1], "max_grad_diff": [3e-7], "sp_grads_unsynced_diff": 2e-2}
-    mem = {"per_layer": {"0": 98304}, "formula_bytes": 90112, "ln_stats_bytes": 8192}
     vocab = {"logits_width": config["vocab"] // config["T"], "ce_allreduce_count": 3, "ce_wire_bytes": 1536,
              "gather_logits_wire_bytes": 98304}
-    rows = {m: {"max_grad_diff": 3e-7, "comm_layer0": c["layers"]["0"], "comm_match": c["match"],
-                "memory_measured": 98304, "memory_formula": 90112, "memory_ln_stats": 8192, "vocab": vocab,
-                "sp_grads_unsynced_diff": 2e-2} for m, c in checks.items()}
-    summary = {"T": config["T"], "modes": rows, "seconds": 3.2, "forgotten_g": {"bug": 0.4, "fixed": 1e-7},
-               "dtensor": {m: {"out_ours_vs_dtensor": 1e-7, "grad_ours_vs_dtensor": 2e-7} for m in checks}}
+    rows = {m: {"losses": [4.2, 4.1], "dense_losses": [4.2, 4.1], "max_grad_diff": 3e-7,
+                "comm_layer0": c["layers"]["0"], "comm_match": c["match"], "memory_measured": 98304,
+                "memory_formula": 90112, "memory_ln_stats": 8192, "vocab": vocab, "sp_grads_unsynced_diff": 2e-2}
+            for m, c in checks.items()}
     cmp = {"out_ours_vs_dtensor": 1e-7, "grad_ours_vs_dtensor": 2e-7, "out_ours_vs_dense": 3e-7,
            "ours_comm": {"all_reduce": 2}, "dtensor_comm": {"all_reduce": 2}}
+    summary = {"T": config["T"], "modes": rows, "seconds": 3.2, "forgotten_g": {"bug": 0.4, "fixed": 1e-7},
+               "dtensor": {m: cmp for m in checks}, "backend": config["backend"], "micro_batch": config["micro_batch"],
+               "steps": 2, **{k: config[k] for k in ("hidden", "heads", "seq", "layers", "vocab")}}
 
     def render(lang: str) -> str:
-        lines = [lesson4.head_line(config["T"], config["backend"], cfg, config["micro_batch"], lang)]
-        for mode, c in checks.items():
-            lines += lesson4._mode_lines(mode, mode == "tp+sp", config["T"], 2, tr, c["layers"]["0"], mem, vocab,
-                                         config["vocab"], lang)
-        lines += [lesson4.forgotten_g_line(summary["forgotten_g"], lang), lesson4.dtensor_line("tp", cmp, lang)]
-        return "\n".join(lines + lesson4.verdict(summary, cfg, list(checks), lang))
+        return lesson4.summary_from_event(summary, lang)
 
     assert_both(render, "lesson 4 summary")
 

@@ -255,7 +255,7 @@ def test_every_summary_renderer_is_its_experiments_own():
     from distai.tutor.cli_runs import summary_renderer
 
     named = {lesson.id for lesson in all_lessons() if lesson.run.summary_text}
-    assert named == {"lesson1", "lesson2", "lesson3", "lesson5", "lesson6", "experts", "context", "capstone"}
+    assert named == {"lesson1", "lesson2", "lesson3", "lesson4", "lesson5", "lesson6", "experts", "context", "capstone"}
     for lesson in all_lessons():
         render = summary_renderer(lesson.id)
         if lesson.id not in named:

@@ -507,10 +507,10 @@ def check_modes(args: argparse.Namespace) -> list[str]:
     return modes
 
 
-def _run_mode(ev, cfg: GPTConfig, args: argparse.Namespace, mode: str, T: int, progress: Progress,
-              lines: list[str]) -> dict:
+def _run_mode(ev, cfg: GPTConfig, args: argparse.Namespace, mode: str, T: int, progress: Progress) -> dict:
     """One mode (tp or tp+sp): training against dense, its collectives, its activation memory and
-    its vocabulary-parallel loss; emits their events, appends the report's lines, returns its row."""
+    its vocabulary-parallel loss; emits their events, returns its row (the summary's, which the
+    report's lines are written from)."""
     sp = MODES[mode]
     PHASE.emit(ev, {"name": f"{mode}: training against the dense model"})
     tr = train_against_dense(cfg, args.micro_batch, sp, args.steps, args.lr, args.seed,
@@ -542,7 +542,6 @@ def _run_mode(ev, cfg: GPTConfig, args: argparse.Namespace, mode: str, T: int, p
         PITFALL.emit(ev, {"name": "sp-layernorm-grads", "max_diff": tr["sp_grads_unsynced_diff"],
                           "fixed_diff": max(tr["max_grad_diff"])})
         row["sp_grads_unsynced_diff"] = tr["sp_grads_unsynced_diff"]
-    lines += _mode_lines(mode, sp, T, args.steps, tr, cc["layers"]["0"], mem, vocab, cfg.vocab)
     return row
 
 
@@ -561,16 +560,17 @@ def _check_step_time(ev, cfg: GPTConfig, args: argparse.Namespace, mode: str, re
     return found
 
 
-def _mode_lines(mode: str, sp: bool, T: int, steps: int, tr: dict, l0: dict, mem: dict, vocab: dict,
-                V: int, lang: str | None = None) -> list[str]:
-    """The report of one mode: losses, layer 0's collectives against the formula, memory, vocab."""
+def _mode_lines(mode: str, T: int, steps: int, row: dict, V: int, lang: str | None = None) -> list[str]:
+    """The report of one mode from its summary row (:func:`_run_mode`): losses, layer 0's collectives
+    against the formula, memory, vocab."""
     lang = lang or run_language()
     say, e, b = summary_lines("lesson4", lang), lambda x: format_number(x, 2, lang), lambda n: _fmt_bytes(n, lang)
     loss = lambda x: format_fixed(x, 6, lang)  # noqa: E731
+    l0, vocab = row["comm_layer0"], row["vocab"]
     lines: list[str] = []
-    lines.append("\n" + say("mode_loss", mode=mode, tp=loss(tr["losses"][0]), dense=loss(tr["dense_losses"][0]),
-                               steps=steps, tp_last=loss(tr["losses"][-1]), dense_last=loss(tr["dense_losses"][-1]),
-                               diff=e(max(tr["max_grad_diff"]))))
+    lines.append("\n" + say("mode_loss", mode=mode, tp=loss(row["losses"][0]), dense=loss(row["dense_losses"][0]),
+                               steps=steps, tp_last=loss(row["losses"][-1]), dense_last=loss(row["dense_losses"][-1]),
+                               diff=e(row["max_grad_diff"])))
     for ph in ("fwd", "bwd"):
         c = l0[ph]
         got = number_separator(lang).join(f"{v} {k}" for k, v in c["counts"].items() if v) or say("none")
@@ -581,13 +581,30 @@ def _mode_lines(mode: str, sp: bool, T: int, steps: int, tr: dict, l0: dict, mem
                          formula=b(c["formula_wire_bytes"]), extra=extra))
     if l0["grad-sync"]["count"]:
         lines.append(say("grad_sync", n=l0["grad-sync"]["count"], size=b(l0["grad-sync"]["payload_bytes"])))
-    lines.append(say("activations", measured=b(mem["per_layer"]["0"]), formula=b(mem["formula_bytes"]),
-                     ln=b(mem["ln_stats_bytes"])))
+    lines.append(say("activations", measured=b(row["memory_measured"]), formula=b(row["memory_formula"]),
+                     ln=b(row["memory_ln_stats"])))
     lines.append(say("vocab", width=vocab["logits_width"], V=V, n=vocab["ce_allreduce_count"],
                      size=b(vocab["ce_wire_bytes"]), gather=b(vocab["gather_logits_wire_bytes"])))
-    if sp and T > 1:
-        lines.append(say("sp_bug", diff=format_number(tr["sp_grads_unsynced_diff"], 3, lang)))
+    if MODES[mode] and T > 1:
+        lines.append(say("sp_bug", diff=format_number(row["sp_grads_unsynced_diff"], 3, lang)))
     return lines
+
+
+def summary_from_event(summary: dict, lang: str | None = None) -> str:
+    """Rank 0's printed report from its summary event alone (``distai runs show`` writes it again in
+    another language), in ``lang`` (else the run's): the run's shape, each mode's lines, the pitfall
+    and DTensor lines, then the verdict."""
+    from types import SimpleNamespace
+
+    cfg = SimpleNamespace(**{k: summary[k] for k in ("hidden", "heads", "seq", "layers", "vocab")})
+    T, modes = summary["T"], list(summary["modes"])
+    lines = [head_line(T, summary["backend"], cfg, summary["micro_batch"], lang)]
+    for mode, row in summary["modes"].items():
+        lines += _mode_lines(mode, T, summary["steps"], row, cfg.vocab, lang)
+    if "forgotten_g" in summary:
+        lines.append(forgotten_g_line(summary["forgotten_g"], lang))
+    lines += [dtensor_line(mode, cmp, lang) for mode, cmp in summary.get("dtensor", {}).items()]
+    return "\n".join(lines) + "\n\n" + "\n".join(verdict(summary, cfg, modes, lang))
 
 
 def head_line(T: int, backend: str, cfg, micro_batch: int, lang: str | None = None) -> str:
@@ -628,16 +645,16 @@ def run(ctx, args: argparse.Namespace) -> dict:
     CONFIG.emit(ev, {"T": T, "hidden": cfg.hidden, "heads": cfg.heads, "ffn": cfg.ffn_size, "seq": cfg.seq,
                      "micro_batch": args.micro_batch, "layers": cfg.layers, "vocab": cfg.vocab, "dropout": cfg.dropout,
                      "modes": modes, "regather": args.regather, "backend": ctx.backend})
-    summary: dict = {"T": T, "modes": {}}
-    lines = [head_line(T, ctx.backend, cfg, args.micro_batch)]
+    # what the printed report says of the run besides its modes: runs show writes it again from this event
+    summary: dict = {"T": T, "modes": {}, "backend": ctx.backend, "micro_batch": args.micro_batch, "steps": args.steps,
+                     **{k: getattr(cfg, k) for k in ("hidden", "heads", "seq", "layers", "vocab")}}
     for mode in modes:
-        summary["modes"][mode] = _run_mode(ev, cfg, args, mode, T, progress, lines)
+        summary["modes"][mode] = _run_mode(ev, cfg, args, mode, T, progress)
     if T > 1:
         fg = forgotten_g(cfg, args.micro_batch, args.seed)
         PITFALL.emit(ev, {"name": "forgotten-g", "max_diff": fg["bug"], "fixed_diff": fg["fixed"]})
         progress()
         summary["forgotten_g"] = fg
-        lines.append(forgotten_g_line(fg))
     if args.dtensor:
         summary["dtensor"] = {}
         for mode in modes:
@@ -646,11 +663,9 @@ def run(ctx, args: argparse.Namespace) -> dict:
             DTENSOR.emit_fields(ev, {"mode": mode, **cmp})
             progress()
             summary["dtensor"][mode] = cmp
-            lines.append(dtensor_line(mode, cmp))
     summary["seconds"] = time.time() - t0
     if rank == 0:
-        print("\n".join(lines))
-        print("\n" + "\n".join(verdict(summary, cfg, modes)))
+        print(summary_from_event(summary))
     return summary
 
 
