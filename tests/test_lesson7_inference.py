@@ -441,6 +441,9 @@ def test_experiment_checks_and_summary(group):
     assert exp["rc"] == 0, exp["stdout"]
     summary = [e for e in ev[0] if e["kind"] == "summary"]
     assert len(summary) == 1
+    from run_checks import assert_summary_rerenders
+
+    assert_summary_rerenders(ev[0], "lesson7", exp["stdout"])  # runs show, in Spanish: from the event alone
     s = summary[0]
     assert s["ok"] and s["tp"]["equal"] and s["pp"]["equal"] and s["kv"]["tokens_equal"]
     assert s["tp"]["all_reduces_per_token"] == s["tp"]["expected_per_token"] == 2 * 4

@@ -682,8 +682,8 @@ def _parts(args: argparse.Namespace, cfg: ModelSize, W: int) -> tuple[tuple[int,
     return mesh, skip
 
 
-def _tp_part(cfg: ModelSize, w, prompts, args: argparse.Namespace, ref: dict, ctx, lines: list[str]) -> dict:
-    """Tensor-parallel decode over all ranks: its summary, its report lines appended."""
+def _tp_part(cfg: ModelSize, w, prompts, args: argparse.Namespace, ref: dict, ctx) -> dict:
+    """Tensor-parallel decode over all ranks: its summary (:func:`tp_lines` reports it)."""
     ev, W = ctx.events, ctx.world_size
     PHASE.emit(ev, {"name": "tensor-parallel decode"})
     tp = tp_decode(cfg, w, prompts, args.new_tokens, ref, ctx)
@@ -692,12 +692,11 @@ def _tp_part(cfg: ModelSize, w, prompts, args: argparse.Namespace, ref: dict, ct
     out = {k: tp[k] for k in ("equal", "all_reduces_per_token", "expected_per_token",
                           "all_reduce_bytes_per_token", "decode_tokens_per_s")}
     out["shards"] = shards
-    lines += tp_lines(out, W, cfg.layers)
     return out
 
 
-def _pp_part(cfg: ModelSize, w, prompts, args: argparse.Namespace, ref: dict, ctx, lines: list[str]) -> dict:
-    """Pipeline-parallel decode over all ranks: its summary, its report lines appended."""
+def _pp_part(cfg: ModelSize, w, prompts, args: argparse.Namespace, ref: dict, ctx) -> dict:
+    """Pipeline-parallel decode over all ranks: its summary (:func:`pp_lines` reports it)."""
     ev, W = ctx.events, ctx.world_size
     PHASE.emit(ev, {"name": "pipeline-parallel decode"})
     m = args.microbatches or W
@@ -706,13 +705,11 @@ def _pp_part(cfg: ModelSize, w, prompts, args: argparse.Namespace, ref: dict, ct
     dist.all_gather_object(shards, {k: pp[k] for k in ("kv_bytes", "formula_bytes", "layers", "sends_per_token")})
     out = {k: pp[k] for k in ("equal", "microbatches", "decode_tokens_per_s")}
     out["shards"] = shards
-    lines += pp_lines(out, W)
     return out
 
 
-def _mesh_part(cfg: ModelSize, w, prompts, args: argparse.Namespace, ref: dict, ctx, mesh: tuple[int, int],
-               lines: list[str]) -> dict:
-    """Tensor × pipeline parallel decode on a (pp, tp) mesh: its summary, its report lines appended."""
+def _mesh_part(cfg: ModelSize, w, prompts, args: argparse.Namespace, ref: dict, ctx, mesh: tuple[int, int]) -> dict:
+    """Tensor × pipeline parallel decode on a (pp, tp) mesh: its summary (:func:`mesh_lines` reports it)."""
     ev, W = ctx.events, ctx.world_size
     tp_deg, pp_deg = mesh
     PHASE.emit(ev, {"name": "tensor × pipeline parallel decode"})
@@ -722,12 +719,10 @@ def _mesh_part(cfg: ModelSize, w, prompts, args: argparse.Namespace, ref: dict, 
                                                        "kv_heads", "all_reduces_per_token", "expected_per_token")})
     out = {"equal": mp["equal"], "tp": tp_deg, "pp": pp_deg, "microbatches": mp["microbatches"],
            "decode_tokens_per_s": mp["decode_tokens_per_s"], "shards": shards}
-    lines += mesh_lines(out)
     return out
 
 
-def _kv_part(cfg: ModelSize, w, args: argparse.Namespace, ctx, skip: set[str], summary: dict,
-             lines: list[str]) -> dict | None:
+def _kv_part(cfg: ModelSize, w, args: argparse.Namespace, ctx, skip: set[str], summary: dict) -> dict | None:
     """Paged vs contiguous KV cache (rank 0) and the measured costs (last rank) the routing part
     reads; returns those costs (None: the analytic ones)."""
     ev, W, rank = ctx.events, ctx.world_size, ctx.rank
@@ -747,26 +742,21 @@ def _kv_part(cfg: ModelSize, w, args: argparse.Namespace, ctx, skip: set[str], s
             COST_MODEL.emit_fields(ev, points)
         if kv is not None:
             summary["kv"] = kv
-            lines += kv_lines(kv)
     return points
 
 
-def _prefix_part(cfg: ModelSize, w, args: argparse.Namespace, ctx, lines: list[str]) -> dict:
-    """Prefix sharing on rank 0: its summary, its report lines appended."""
+def _prefix_part(cfg: ModelSize, w, args: argparse.Namespace, ctx) -> dict:
+    """Prefix sharing on rank 0: its summary (:func:`prefix_lines` reports it)."""
     ev = ctx.events
     PHASE.emit(ev, {"name": "prefix sharing"})
-    px = prefix_sharing(cfg, w, args, ctx)
-    lines += prefix_lines(px)
-    return px
+    return prefix_sharing(cfg, w, args, ctx)
 
 
-def _routing_part(args: argparse.Namespace, points: dict | None, ctx, lines: list[str]) -> dict:
-    """Routing across replicas on rank 0: its summary, its report lines appended."""
+def _routing_part(args: argparse.Namespace, points: dict | None, ctx) -> dict:
+    """Routing across replicas on rank 0: its summary (:func:`routing_lines` reports it)."""
     ev = ctx.events
     PHASE.emit(ev, {"name": "routing across replicas"})
-    rt = routing_comparison(args, points, ev)
-    lines += routing_lines(rt)
-    return rt
+    return routing_comparison(args, points, ev)
 
 
 def run(ctx, args: argparse.Namespace) -> tuple[dict | None, int]:
@@ -784,31 +774,52 @@ def run(ctx, args: argparse.Namespace) -> tuple[dict | None, int]:
                      "new_tokens": args.new_tokens, "block_size": args.block_size, "kv_budget": args.kv_budget,
                      "params": decode_params(cfg), "tp": mesh[0] if mesh else None, "pp": mesh[1] if mesh else None})
     prompts = torch.randint(0, cfg.vocab, (args.batch, args.prompt), generator=torch.Generator().manual_seed(args.seed + 1))
-    summary: dict = {"lesson": "lesson7", "W": W, "device": ctx.device.type, "dtype": args.dtype}
-    lines = head_lines(cfg, decode_params(cfg), args.dtype, W, ctx.backend)
+    # with what each part adds, all its printed report says: runs show writes it again from this event
+    summary: dict = {"lesson": "lesson7", "W": W, "device": ctx.device.type, "dtype": args.dtype,
+                     "backend": ctx.backend, "params": decode_params(cfg),
+                     **{k: getattr(cfg, k) for k in ("layers", "hidden", "heads", "group_heads")}}
     PHASE.emit(ev, {"name": "single-process reference"})
     ref = single_process(cfg, w, prompts, args.new_tokens, ctx.device, ev, rank)
     summary["single"] = {"decode_tokens_per_s": args.batch * ref["decode_steps"] / ref["decode_s"]}
 
     if "tp" not in skip:
-        summary["tp"] = _tp_part(cfg, w, prompts, args, ref, ctx, lines)
+        summary["tp"] = _tp_part(cfg, w, prompts, args, ref, ctx)
     if "pp" not in skip:
-        summary["pp"] = _pp_part(cfg, w, prompts, args, ref, ctx, lines)
+        summary["pp"] = _pp_part(cfg, w, prompts, args, ref, ctx)
     if mesh is not None:
-        summary["tp_pp"] = _mesh_part(cfg, w, prompts, args, ref, ctx, mesh, lines)
-    points = _kv_part(cfg, w, args, ctx, skip, summary, lines)
+        summary["tp_pp"] = _mesh_part(cfg, w, prompts, args, ref, ctx, mesh)
+    points = _kv_part(cfg, w, args, ctx, skip, summary)
     if "prefix" not in skip and rank == 0:
-        summary["prefix"] = _prefix_part(cfg, w, args, ctx, lines)
+        summary["prefix"] = _prefix_part(cfg, w, args, ctx)
     if "routing" not in skip and rank == 0:
-        summary["routing"] = _routing_part(args, points, ctx, lines)
+        summary["routing"] = _routing_part(args, points, ctx)
     summary["seconds"] = time.time() - t0
     ok = all(summary.get(k, {}).get("equal", True) for k in ("tp", "pp", "tp_pp")) and \
         all(summary.get(k, {}).get("tokens_equal", True) for k in ("kv", "prefix"))
     summary["ok"] = ok
     if rank == 0:
-        print("\n".join(lines))
-        print("\n" + summary_lines("lesson7", run_language())("seconds", s=format_fixed(summary["seconds"], 1, run_language())))
+        print(summary_from_event(summary))
     return (summary if rank == 0 else None), 0 if ok else 1
+
+
+def summary_from_event(summary: dict, lang: str | None = None) -> str:
+    """Rank 0's printed report from its summary event alone (``distai runs show`` writes it again in
+    another language), in ``lang`` (else the run's): the model, then each part the run did, in order."""
+    from types import SimpleNamespace
+
+    say, lang = _say(lang)
+    W, cfg = summary["W"], SimpleNamespace(**{k: summary[k] for k in ("layers", "hidden", "heads", "group_heads")})
+    lines = head_lines(cfg, summary["params"], summary["dtype"], W, summary["backend"], lang)
+    if "tp" in summary:
+        lines += tp_lines(summary["tp"], W, cfg.layers, lang)
+    if "pp" in summary:
+        lines += pp_lines(summary["pp"], W, lang)
+    if "tp_pp" in summary:
+        lines += mesh_lines(summary["tp_pp"], lang)
+    for part, write in (("kv", kv_lines), ("prefix", prefix_lines), ("routing", routing_lines)):
+        if part in summary:
+            lines += write(summary[part], lang)
+    return "\n".join(lines) + "\n\n" + say("seconds", s=format_fixed(summary["seconds"], 1, lang))
 
 
 if __name__ == "__main__":
