@@ -430,7 +430,7 @@ def step_time_check(mode: str, timed: dict) -> Check:
 # The run
 # ----------------------------------------------------------------------------------------------
 
-def verdict(summary: dict, cfg: GPTConfig, modes: list[str], lang: str | None = None) -> list[str]:
+def verdict(summary: dict, vocab: int, modes: list[str], lang: str | None = None) -> list[str]:
     """The run in at most six short lines (what a live view shows last), in the learner's language."""
     lang = lang or run_language()
     say, e, b = summary_lines("lesson4", lang), lambda x: format_number(x, 2, lang), lambda n: _fmt_bytes(n, lang)
@@ -451,7 +451,7 @@ def verdict(summary: dict, cfg: GPTConfig, modes: list[str], lang: str | None = 
         f"{ok(rows[m]['memory_measured'] == rows[m]['memory_formula'] + rows[m]['memory_ln_stats'])}"
         for m in modes)))
     v = rows[modes[0]]["vocab"]
-    out.append(say("verdict_vocab", width=v["logits_width"], vocab=cfg.vocab, sent=b(v["ce_wire_bytes"]),
+    out.append(say("verdict_vocab", width=v["logits_width"], vocab=vocab, sent=b(v["ce_wire_bytes"]),
                    instead=b(v["gather_logits_wire_bytes"])))
     extra = []
     if "forgotten_g" in summary:
@@ -604,7 +604,7 @@ def summary_from_event(summary: dict, lang: str | None = None) -> str:
     if "forgotten_g" in summary:
         lines.append(forgotten_g_line(summary["forgotten_g"], lang))
     lines += [dtensor_line(mode, cmp, lang) for mode, cmp in summary.get("dtensor", {}).items()]
-    return "\n".join(lines) + "\n\n" + "\n".join(verdict(summary, cfg, modes, lang))
+    return "\n".join(lines) + "\n\n" + "\n".join(verdict(summary, cfg.vocab, modes, lang))
 
 
 def head_line(T: int, backend: str, cfg, micro_batch: int, lang: str | None = None) -> str:
