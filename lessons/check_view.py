@@ -118,10 +118,11 @@ def _row(event: Mapping[str, Any], lang: str, label: str) -> CheckRow:
     fmt = lambda v, signed=False: format_value(v, c.unit, lang, signed=signed)  # noqa: E731
     causes = " + ".join(f"{cause_label(k, lang)} {fmt(v, True)}" for k, v in c.causes.items()) if not c.ok else ""
     unexplained = fmt(c.unexplained, True) if not c.ok else "—"
+    # a decomposition's causes are the measurement's parts: nothing to leave unexplained, nothing explained
     explanation = "" if c.ok else translated(
-        "checks", "explanation", lang, predicted=fmt(c.predicted), causes=causes or "—",
-        total=fmt(c.explained_value), unexplained=unexplained)
-    verdict = "ok" if c.ok else "explained" if c.explained else "not_explained"
+        "checks", "explanation_parts" if c.broken_down else "explanation", lang, predicted=fmt(c.predicted),
+        causes=causes or "—", total=fmt(c.explained_value), unexplained=unexplained)
+    verdict = "ok" if c.ok else "broken_down" if c.broken_down else "explained" if c.explained else "not_explained"
     return CheckRow(label=label, predicted=fmt(c.predicted), measured=fmt(c.measured),
                     gap=fmt(c.measured - c.predicted, True), causes=causes or "—", unexplained=unexplained,
                     explanation=explanation, verdict=translated("checks", verdict, lang), ok=c.ok,

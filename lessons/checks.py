@@ -5,7 +5,10 @@ bytes a strategy keeps) with one ``check`` event (``lessons/events.CHECK``). A c
 the measurement is within ``tolerance`` (relative) of the prediction. When it is not, the run names
 the causes of the gap and measures each (unequal stages, waiting for a peer, CPU contention…):
 they must account for it, ``predicted + Σ causes`` within ``tolerance`` of ``measured``, or the
-decomposition itself is wrong and the check says so (``explained`` false).
+decomposition itself is wrong and the check says so (``explained`` false). Where the causes are the
+measurement's own parts, timed together (a second of the step is on a core, waiting for one, or
+asleep), they add up to it by construction: such a check (``decomposition``) cannot come out
+unexplained, and a miss is shown as broken down into its parts, not as explained.
 
 Pure: the engine builds checks from its measurements, the tutor and ``distai run`` show them.
 """
@@ -37,6 +40,7 @@ class Check:
     tolerance: float = DEFAULT_TOLERANCE
     causes: Mapping[str, float] = field(default_factory=dict)
     detail: Mapping[str, float] = field(default_factory=dict)
+    decomposition: bool = False  # the causes are the measurement's own parts: they add up to it by construction
 
     @property
     def ok(self) -> bool:
@@ -56,6 +60,12 @@ class Check:
         return 0.0 if abs(gap) <= 1e-9 * abs(self.measured) else gap
 
     @property
+    def broken_down(self) -> bool:
+        """Missed, and its causes, the measurement's own parts, add up to it (a ``decomposition`` whose
+        parts do not, a clamped part, is read as any other check: explained or not)."""
+        return self.decomposition and not self.ok and self.unexplained == 0.0
+
+    @property
     def explained(self) -> bool:
         """Ok, or the causes account for the gap within tolerance."""
         return self.ok or _relative_gap(self.explained_value, self.measured) <= self.tolerance
@@ -69,21 +79,24 @@ class Check:
             fields["causes"] = {k: float(v) for k, v in self.causes.items()}
         if self.detail:
             fields["detail"] = {k: float(v) for k, v in self.detail.items()}
+        if self.decomposition:
+            fields["decomposition"] = True
         return fields
 
 
 def check(name: str, predicted: float, measured: float, unit: str, *,
           tolerance: float = DEFAULT_TOLERANCE, causes: Mapping[str, float] | None = None,
-          detail: Mapping[str, float] | None = None) -> Check:
+          detail: Mapping[str, float] | None = None, decomposition: bool = False) -> Check:
     """A check (its causes kept only for when the prediction alone misses)."""
-    return Check(name, predicted, measured, unit, tolerance, dict(causes or {}), dict(detail or {}))
+    return Check(name, predicted, measured, unit, tolerance, dict(causes or {}), dict(detail or {}), decomposition)
 
 
 def reconcile(event: Mapping[str, Any]) -> Check:
     """A recorded ``check`` event back as a :class:`Check` (the tutor's and ``runs show``'s reading)."""
     return Check(str(event["name"]), float(event["predicted"]), float(event["measured"]),
                  str(event["unit"]), float(event.get("tolerance", DEFAULT_TOLERANCE)),
-                 dict(event.get("causes") or {}), dict(event.get("detail") or {}))
+                 dict(event.get("causes") or {}), dict(event.get("detail") or {}),
+                 bool(event.get("decomposition", False)))
 
 
 def explained(event: Mapping[str, Any]) -> bool:

@@ -266,7 +266,8 @@ class Check(Envelope):
     (``"s"``, ``"B"``, ``"fraction"``, ``"B/s"``, ``"count"``), ``tolerance`` (relative), ``ok``, and
     when not ok ``causes``: each named cause (a catalog key) and its amount in ``unit``, such that
     predicted + Σ causes ≈ measured (``lessons/checks.reconcile``). ``detail``: the figures behind
-    the prediction (for ``runs show --json``)."""
+    the prediction (for ``runs show --json``). ``decomposition`` (true, or absent): the causes are the
+    measurement's own parts, timed together, and add up to it by construction (shown broken down)."""
     name: str
     predicted: float
     measured: float
@@ -275,6 +276,7 @@ class Check(Envelope):
     ok: bool
     causes: NotRequired[dict[str, float]]
     detail: NotRequired[dict[str, float]]
+    decomposition: NotRequired[bool]
 
 
 RUN_START = EventKind("run_start", RunStart)

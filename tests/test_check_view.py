@@ -6,7 +6,7 @@ from rich.console import Console
 
 from distai.engine.run_state import RunState
 from distai.lessons.check_view import check_headers, check_lines, check_rows, format_value
-from distai.lessons.checks import check
+from distai.lessons.checks import check, reconcile
 from distai.lessons.events import CHECK, STEP
 from distai.tutor.check_table import check_table
 from pilot_harness import scripted_launch
@@ -26,6 +26,25 @@ def test_a_missed_prediction_shows_its_causes_and_what_they_leave_unexplained():
     assert row.causes == "unequal stages +9.0 pts + communication +6.0 pts"
     assert row.explanation == "= 20% + unequal stages +9.0 pts + communication +6.0 pts = 35%; unexplained +1.0 pts"
     assert not row.ok and row.explained  # 0.20 + 0.15 = 0.35, within 10 % of 0.36
+
+
+def test_a_missed_decomposition_is_broken_down_not_explained():
+    """Causes that are the measurement's own parts (lesson 1's ring: on a core, waiting for one, asleep) add
+    up to it by construction: a miss reads "broken down" into them, never "explained", which they could not
+    fail to be; a decomposition whose parts do not add up (a clamped part) reads as any other check."""
+    parts = check("allreduce_large", 0.010, 0.025, "s", causes={"reduction": 0.004, "cpu_contention": 0.011},
+                  decomposition=True)
+    (row,) = check_rows([_event(parts)], "en")
+    assert row.verdict == "broken down" and not row.ok and row.explained
+    assert row.explanation == ("= 10 ms + reduction arithmetic +4 ms + CPU contention +11 ms = 25 ms "
+                               "(the measurement's own parts, timed together)")
+    (es,) = check_rows([_event(parts)], "es")
+    assert es.verdict == "desglosado" and es.explanation.endswith("(las partes de la propia medida, cronometradas juntas)")
+    assert reconcile(_event(parts)).decomposition  # carried by the event
+    short = check("allreduce_large", 0.010, 0.025, "s", causes={"reduction": 0.004}, decomposition=True)
+    (row,) = check_rows([_event(short)], "en")
+    assert row.verdict == "NOT explained" and "unexplained +11 ms" in row.explanation
+    assert check_rows([_event(check("allreduce_large", 0.010, 0.0105, "s", decomposition=True))], "en")[0].verdict == "ok"
 
 
 def test_spanish_rows_use_the_decimal_comma_and_the_catalog():

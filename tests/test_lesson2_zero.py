@@ -291,6 +291,10 @@ def test_experiment_main_reports_measured_against_calculator(group):
                 assert d["exposed_s"] == pytest.approx(off_cpu, abs=1e-9)
             else:  # timed in our code, and never less than the step's time off a core (all a wait on gloo here)
                 assert d["exposed_s"] >= off_cpu - 1e-9
+            # DDP's waits are the step's time off a core: its causes are the step's parts, shown broken down
+            assert step.decomposition == (s == "ddp")
+            if s == "ddp" and not step.ok and off_cpu > 0:
+                assert step.broken_down, step
             if not step.ok:  # the step's own waits, CPU seconds and wait for a core
                 assert step.causes == {"collective_waits": pytest.approx(d["exposed_s"] - d["comm_alpha_beta_s"]),
                                        "strategy_overhead": pytest.approx(d["step_cpu_s"] - d["compute_s"]),

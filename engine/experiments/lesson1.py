@@ -269,8 +269,8 @@ def allreduce_checks(ctx, sizes: list[int], iters: int | None = None, progress: 
     same way:
 
     * ``size_regime``: (2(N−1) messages of c bytes on one link, one after the other, timed alone) −
-      2(N−1)·(α + c·β): a message of c bytes does not cost what the line through a tiny and a 4 MiB
-      one says;
+      the formula's 2(N−1)α + 2(N−1)/N·S·β: a message of c bytes does not cost what the line through a
+      tiny and a 4 MiB one says (and c is S/N rounded up to whole elements);
     * ``links_at_once``: the ring's time asleep on its messages − those messages on one link alone:
       every rank sending and receiving at once on shared cores and memory, and every step waiting
       for the slower neighbour, where α and β were measured with one pair alone;
@@ -301,7 +301,6 @@ def allreduce_checks(ctx, sizes: list[int], iters: int | None = None, progress: 
         repeats, inner = max(11, iters or 11), max(1, default_iters(size) // 2)
         x = torch.zeros(size // 4, dtype=torch.float32, device=ctx.device)
         chunk = -(-x.numel() // n)  # the largest chunk: the ring's steps wait for it
-        c = chunk * 4
         send, recv = (torch.ones(chunk, dtype=torch.float32, device=ctx.device) for _ in range(2))
         ring = lambda x=x: ring_allreduce(x, pieces=1, channels=1)  # noqa: E731
         ring()  # warm-up
@@ -318,12 +317,13 @@ def allreduce_checks(ctx, sizes: list[int], iters: int | None = None, progress: 
         # waited: its peers wait for it), or asleep on its messages
         wall, on_cpu, waited_core = (t["ring"][row, best].item() for row in (0, 4, 1))
         asleep = wall - on_cpu - waited_core
-        causes = {"size_regime": part["pair"] - 2 * (n - 1) * (alpha + c * beta),
+        predicted = formulas.ring_allreduce_time(size, n, alpha, beta)
+        causes = {"size_regime": part["pair"] - predicted,
                   "links_at_once": asleep - part["pair"], "reduction": part["adds"],
                   "ring_schedule": on_cpu - part["adds"], "cpu_contention": waited_core}
         out.append(check("allreduce_small" if k == 0 else "allreduce_large",
-                         formulas.ring_allreduce_time(size, n, alpha, beta), t["ring"][0, best].item(), "s",
-                         causes=causes,
+                         predicted, t["ring"][0, best].item(), "s",
+                         causes=causes, decomposition=True,
                          detail={"size": size, "n": n, "alpha_s": alpha, "beta_s_per_byte": beta,
                                  "ring_cpu_s": on_cpu, "ring_asleep_s": asleep, "pair_s": part["pair"],
                                  "cpu_per_wall": waited.cpu_per_wall, "run_queue_share": waited.run_queue_share}))

@@ -613,8 +613,11 @@ def strategy_checks(strategy: str, r: dict, held_total: int, predicted_bytes: fl
         causes = {"replayed_collectives": replay - comm, "strategy_overhead": alone_s - compute_s,
                   "cpu_contention": wait}
         detail.update(replayed_s=replay, alone_s=alone_s)
+    # where the waits are the step's time off a core, the causes are its parts (on a core, waiting for one,
+    # off one): they add up to the step by construction
     timed = check(f"step_time_{strategy}", compute_s + comm, step, "s", causes=causes,
-                  detail={**detail, "run_queue_share": i.waited.run_queue_share})
+                  detail={**detail, "run_queue_share": i.waited.run_queue_share},
+                  decomposition=bool(detail.get("waits_off_cpu")))
     return [memory, timed]
 
 
