@@ -339,7 +339,6 @@ def summary_from_event(s: dict, lang: str | None = None) -> str:
         return format_bytes(n, binary=True, lang=lang)
 
     c = s["comm_layer0"]
-    last = s["memory"][-1]
     lines = [tr["summary_head"].format(cp=s["cp"], dp=s["dp"], world=s["world"], backend=s["backend"], layout=tr[s["layout"]],
                                        variant=tr[s["variant"]], s=format_integer(s["seq"], lang), h=s["hidden"],
                                        a=s["heads"], g=s["group_heads"], L=s["layers"], b=s["batch"]),
@@ -361,7 +360,6 @@ def summary_from_event(s: dict, lang: str | None = None) -> str:
             e=format_percent(abs(m["measured_bytes"] / m["formula_bytes"] - 1), 2, lang),
             m1=b(m["one_process_bytes"]), f1=b(m["one_process_formula_bytes"]),
             e1=format_percent(abs(m["one_process_bytes"] / m["one_process_formula_bytes"] - 1), 2, lang)))
-    del last
     ok = s["train_ok"] and s["comm_match"] and s["memory_ok"]
     lines.append(tr["summary_verdict_ok" if ok else "summary_verdict_bad"])
     return "\n".join(lines)
