@@ -391,14 +391,14 @@ def recorded(lesson: str) -> list[dict]:
 
 
 def test_lesson1_summary_in_spanish():
-    from distai.engine.experiments.lesson1 import human_summary
+    from distai.engine.experiments.lesson1 import summary_from_event
 
     # a CPU run's summary as lesson 1 returns it (tests/test_lesson1_experiment.py runs the real one)
     s = {"n": 4, "backend": "gloo", "device": "cpu", "wall_s": 7.6, "steps": 10, "first_loss": 4.2,
          "final_loss": 3.9, "ring_vs_all_reduce_max_abs_diff": 2.4e-7, "sweep_sizes": 6,
          "peak_ring_busbw": 1.1e9, "peak_ar_busbw": 1.3e9, "busbw_ratio_16MiB_plus": 0.84,
          "fit": {"ring": {"alpha_s": 4e-5, "beta_s_per_byte": 9e-10, "bandwidth": 1.1e9}}}
-    assert_both(lambda lang: human_summary(s, lang), "lesson 1 summary")
+    assert_both(lambda lang: summary_from_event(s, lang), "lesson 1 summary")
 
 
 def test_lesson2_summary_in_spanish():
@@ -416,7 +416,7 @@ def test_lesson2_summary_in_spanish():
 
 
 def test_lesson3_summary_in_spanish():
-    from distai.engine.experiments.lesson3 import format_summary
+    from distai.engine.experiments.lesson3 import summary_from_event
 
     s = {"steps": 20, "world_size": 4, "attempts": 2, "failures": 1, "restarts": 1, "redone_steps": 3,
          "checkpoints": 4, "form": "dcp", "checkpoint_bytes": 52000, "checkpoint_seconds_mean": 0.012,
@@ -425,18 +425,18 @@ def test_lesson3_summary_in_spanish():
                        "async": {"step_s": 0.011, "blocked_s": 0.004, "per_checkpoint_s": 0.005}},
          "compare": {"identical": False, "equal_steps": 12, "steps": 20, "first_diff_step": 13,
                      "max_abs_diff": 1e-3, "weights_identical": False, "run_sha256": "ab" * 32}, "forgot": ["rng"]}
-    assert_both(lambda lang: format_summary(s, lang), "lesson 3 summary")
+    assert_both(lambda lang: summary_from_event(s, lang), "lesson 3 summary")
     s["compare"] = {**s["compare"], "identical": True, "weights_identical": True}
-    assert_both(lambda lang: format_summary(s, lang), "lesson 3 summary (identical)")
+    assert_both(lambda lang: summary_from_event(s, lang), "lesson 3 summary (identical)")
 
 
 def test_lesson6_recorded_summary_in_spanish():
-    from distai.engine.experiments.lesson6 import format_summary
+    from distai.engine.experiments.lesson6 import summary_from_event
 
     summary = next(e for e in recorded("lesson6") if e["kind"] == "summary")
-    assert_both(lambda lang: format_summary(summary, lang), "lesson 6 summary (recorded)")
+    assert_both(lambda lang: summary_from_event(summary, lang), "lesson 6 summary (recorded)")
     no_scaler = {**summary, "scaling": {**summary["scaling"], "scaler": False, "overflows": 3, "final_loss": 4.1}}
-    assert_both(lambda lang: format_summary(no_scaler, lang), "lesson 6 summary (no scaler)")
+    assert_both(lambda lang: summary_from_event(no_scaler, lang), "lesson 6 summary (no scaler)")
 
 
 def test_lesson5_summary_in_spanish():
@@ -493,7 +493,7 @@ def test_lesson4_summary_in_spanish():
     events = recorded("lesson4")
     config = next(e for e in events if e["kind"] == "config")
     checks = {e["mode"]: e for e in events if e["kind"] == "comm_check" and e["rank"] == 0}
-    vocab = {"logits_width": config["vocab"] // config["T"], "ce_allreduce_count": 3, "ce_wire_bytes": 1536,
+    vocab = {"logits_width": config["vocab"] // config["T"], "vocab": config["vocab"], "ce_allreduce_count": 3, "ce_wire_bytes": 1536,
              "gather_logits_wire_bytes": 98304}
     rows = {m: {"losses": [4.2, 4.1], "dense_losses": [4.2, 4.1], "max_grad_diff": 3e-7,
                 "comm_layer0": c["layers"]["0"], "comm_match": c["match"], "memory_measured": 98304,

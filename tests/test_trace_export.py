@@ -218,7 +218,7 @@ def test_runs_show_says_which_lines_keep_the_runs_language(isolated_distai_home,
 def test_runs_show_writes_rank_0s_summary_again_in_the_learners_language(isolated_distai_home, capsys):
     """Lessons whose summary is their recorded summary alone (1, 3, 6): a replay in the other language writes
     rank 0's summary again in it, found line for line among rank 0's output; what is not found stays as written."""
-    from distai.engine.experiments.lesson6 import format_summary
+    from distai.engine.experiments.lesson6 import summary_from_event
     from distai.tutor.cli import main
 
     summary = {"overlap": {"step_ms": {"1": {"overlap": 28.9, "no-overlap": 28.7, "ddp": 27.5},
@@ -232,7 +232,7 @@ def test_runs_show_writes_rank_0s_summary_again_in_the_learners_language(isolate
     sink.emit("summary", **summary)
     sink.close()
     rec.logs_dir.mkdir(parents=True, exist_ok=True)
-    (rec.logs_dir / "rank0.log").write_text("a note of rank 0\n" + format_summary(summary, "en") + "\n")
+    (rec.logs_dir / "rank0.log").write_text("a note of rank 0\n" + summary_from_event(summary, "en") + "\n")
     capsys.readouterr()
     assert main(["runs", "show", rec.id, "--lang", "es"]) == 0
     out, err = capsys.readouterr()

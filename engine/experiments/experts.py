@@ -179,10 +179,10 @@ def comm_account(meter: CommMeter, model: torch.nn.Module, moe: MoEConfig, hidde
 
 
 def print_summary(r: dict, lang: str) -> None:
-    print(summary_text(r, lang))
+    print(summary_from_event(r, lang))
 
 
-def summary_text(r: dict, lang: str) -> str:
+def summary_from_event(r: dict, lang: str) -> str:
     """Rank 0's printed summary of the run ``r`` (its summary event) in ``lang`` (``runs show`` writes it again
     in the learner's language)."""
     c, lines = r["config"], []

@@ -391,12 +391,12 @@ def run(ctx, args: argparse.Namespace) -> dict | None:
             "busbw_ratio_16MiB_plus": ratio,
             "fit": fits, "checks": [c.event() for c in checks], "wall_s": time.time() - started,
         }
-        print(human_summary(summary), flush=True)
+        print(summary_from_event(summary), flush=True)
         return summary
     return None
 
 
-def human_summary(s: dict, lang: str | None = None) -> str:
+def summary_from_event(s: dict, lang: str | None = None) -> str:
     """Rank 0's printed summary, in the learner's language (``lang``, else the run's)."""
     lang = lang or run_language()
     say = summary_lines("lesson1", lang)

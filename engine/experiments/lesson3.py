@@ -418,7 +418,7 @@ def run(ctx, args) -> tuple[dict | None, int]:
     if rank == 0:
         result.update(_run_history(events_dir, attempt, root))
         result["checks"] = emit_checks(ctx.events, events_dir, args, result.get("ckpt_cost"))
-        print(format_summary(result), flush=True)
+        print(summary_from_event(result), flush=True)
     # a resumed run that differs from the uninterrupted one is the lesson's failure, not a crash
     status = 3 if not args.no_compare and not result["compare"]["identical"] and not args.forget else 0
     return (result if rank == 0 else None), status
@@ -682,7 +682,7 @@ def checkpoint_cost(args, rank: int, world: int, device, folder: Path, checkpoin
     return {"steps": steps, "every": every, "write_s": t_write, **out}
 
 
-def format_summary(s: dict, lang: str | None = None) -> str:
+def summary_from_event(s: dict, lang: str | None = None) -> str:
     """Rank 0's printed summary, in the learner's language (``lang``, else the run's)."""
     from ...lessons.units import format_bytes, format_fixed, format_number, number_separator
 

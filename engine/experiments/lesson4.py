@@ -560,7 +560,7 @@ def _check_step_time(ev, cfg: GPTConfig, args: argparse.Namespace, mode: str, re
     return found
 
 
-def _mode_lines(mode: str, T: int, steps: int, row: dict, V: int, lang: str | None = None) -> list[str]:
+def _mode_lines(mode: str, T: int, steps: int, row: dict, lang: str | None = None) -> list[str]:
     """The report of one mode from its summary row (:func:`_run_mode`): losses, layer 0's collectives
     against the formula, memory, vocab."""
     lang = lang or run_language()
@@ -583,7 +583,7 @@ def _mode_lines(mode: str, T: int, steps: int, row: dict, V: int, lang: str | No
         lines.append(say("grad_sync", n=l0["grad-sync"]["count"], size=b(l0["grad-sync"]["payload_bytes"])))
     lines.append(say("activations", measured=b(row["memory_measured"]), formula=b(row["memory_formula"]),
                      ln=b(row["memory_ln_stats"])))
-    lines.append(say("vocab", width=vocab["logits_width"], V=V, n=vocab["ce_allreduce_count"],
+    lines.append(say("vocab", width=vocab["logits_width"], V=vocab["vocab"], n=vocab["ce_allreduce_count"],
                      size=b(vocab["ce_wire_bytes"]), gather=b(vocab["gather_logits_wire_bytes"])))
     if MODES[mode] and T > 1:
         lines.append(say("sp_bug", diff=format_number(row["sp_grads_unsynced_diff"], 3, lang)))
@@ -600,7 +600,7 @@ def summary_from_event(summary: dict, lang: str | None = None) -> str:
     T, modes = summary["T"], list(summary["modes"])
     lines = [head_line(T, summary["backend"], cfg, summary["micro_batch"], lang)]
     for mode, row in summary["modes"].items():
-        lines += _mode_lines(mode, T, summary["steps"], row, cfg.vocab, lang)
+        lines += _mode_lines(mode, T, summary["steps"], row, lang)
     if "forgotten_g" in summary:
         lines.append(forgotten_g_line(summary["forgotten_g"], lang))
     lines += [dtensor_line(mode, cmp, lang) for mode, cmp in summary.get("dtensor", {}).items()]

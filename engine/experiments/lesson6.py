@@ -542,7 +542,7 @@ def run(ctx, args: argparse.Namespace) -> dict | None:
         summary["overlap"] = run_overlap(ctx, args, progress)
     if ctx.rank != 0:
         return None
-    print(format_summary(summary), flush=True)
+    print(summary_from_event(summary), flush=True)
     return summary
 
 
@@ -553,7 +553,7 @@ def _pct(x, lang: str) -> str:
     return "n/a" if x is None else format_percent(x, 2, lang)
 
 
-def format_summary(s: dict, lang: str | None = None) -> str:
+def summary_from_event(s: dict, lang: str | None = None) -> str:
     """At most 6 lines of at most 71 columns: the launcher shows the last 6 lines of the output,
     each after a 9-column rank label, in 80 columns. In the learner's language (``lang``, else the run's)."""
     from ...lessons.units import format_fixed, format_number, format_plain
