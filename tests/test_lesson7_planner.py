@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from distai.lessons.lesson1.formulas import ring_allreduce_time
+from distai.lessons.lesson1.formulas import nccl_ring_allreduce, ring_allreduce_time
 from distai.lessons.lesson7 import formulas as f
 from distai.lessons.lesson7 import planner as pl
 from distai.tutor.cli import main
@@ -58,11 +58,12 @@ def test_numbers_equal_the_formulas(result):
     b = c.batch
     kv_mean = f.kv_cache_total(80, 8, 128, 2, 2048 + 1024, tp=4)["per_gpu_bytes"]
     want_tpot = (f.decode_time_per_token(69e9 / 4, 2 * 69e9 / 4, kv_mean, 989e12, 3.35e12, b)
-                 + f.tp_decode_comm_time(80, 8192, b, 4, 5e-6, 1 / 450e9))
+                 + f.tp_decode_comm_time(80, 8192, b, 4, None, 1 / 450e9))
     assert c.tpot_s == pytest.approx(want_tpot, rel=1e-12)
-    assert c.comm_per_token_s == pytest.approx(2 * 80 * ring_allreduce_time(b * 8192 * 2, 4, 5e-6, 1 / 450e9))
+    # inside a node the all-reduces are NCCL's model of them (its fastest protocol at the message's size)
+    assert c.comm_per_token_s == pytest.approx(2 * 80 * nccl_ring_allreduce(b * 8192 * 2, 4, 450e9)["time_s"])
     want_ttft = (f.prefill_time(69e9 / 4, 2048, 2 * 69e9 / 4, 989e12, 3.35e12)
-                 + f.tp_decode_comm_time(80, 8192, 2048, 4, 5e-6, 1 / 450e9))
+                 + f.tp_decode_comm_time(80, 8192, 2048, 4, None, 1 / 450e9))
     assert c.ttft_s == pytest.approx(want_ttft, rel=1e-12)
     assert c.throughput_tokens_per_s == pytest.approx(c.replicas * b / want_tpot)
     # the batch is the largest the memory allows, or the TPOT target: one more would break a limit
@@ -95,7 +96,7 @@ def test_pipeline_tpot_is_stages_in_turn(result):
     kv_mean = f.kv_cache_total(80, 8, 128, 2, 3072, tp=4, pp=2)["per_gpu_bytes"]
     assert st["roofline"] == pytest.approx(f.decode_time_per_token(69e9 / 8, 2 * 69e9 / 8, kv_mean, 989e12, 3.35e12,
                                                                    c.microbatch_size))
-    assert st["comm"] == pytest.approx(f.tp_decode_comm_time(40, 8192, c.microbatch_size, 4, 5e-6, 1 / 450e9))
+    assert st["comm"] == pytest.approx(f.tp_decode_comm_time(40, 8192, c.microbatch_size, 4, None, 1 / 450e9))
 
 
 def test_ranked_by_throughput_within_slo(result):
@@ -161,6 +162,22 @@ def test_cli_text_and_json_agree(result, capsys):
         assert key in best
     assert data["rejected"][0]["reason"] == "memory" and data["rejected"][0]["ttft_s"] is None
     assert data["inputs"]["head_dim"] == 128 and data["inputs"]["kv_heads"] == 8
+    assert data["inputs"]["allreduce_model"] == "nccl" and data["inputs"]["alpha_s"] == pl.MESSAGE_ALPHA
+
+
+def test_alpha_puts_the_alpha_beta_ring_back_in_place_of_nccls_model(capsys):
+    """`--alpha` (a latency one's link measured) prices the all-reduces inside a node with the α-β ring;
+    without it they are NCCL's model. Batch-1 TPOT of TP 4: the roofline plus 160 all-reduces of 16 KiB."""
+    tpot_at_1 = {}
+    for extra, model in (([], "nccl"), (["--alpha", "2us"], "alpha-beta")):
+        code, out, err = _run(capsys, ARGS + extra + ["--json"])
+        assert code == 0, err
+        data = json.loads(out)
+        assert data["inputs"]["allreduce_model"] == model
+        tpot_at_1[model] = next(c for c in data["accepted"] if (c["tp"], c["pp"]) == (4, 1))["tpot_at_1_s"]
+    ring = 2 * 80 * ring_allreduce_time(8192 * 2, 4, 2e-6, 1 / 450e9)
+    nccl = 2 * 80 * nccl_ring_allreduce(8192 * 2, 4, 450e9)["time_s"]
+    assert tpot_at_1["alpha-beta"] - tpot_at_1["nccl"] == pytest.approx(ring - nccl, rel=1e-9)
 
 
 @pytest.mark.parametrize("bad,msg", [

@@ -302,7 +302,7 @@ def this_machine(cfg, prompts, dtype: torch.dtype, ctx) -> planner.Hardware:
         beta = beta if beta > 0 else link["beta_s_per_byte"]
     return planner.Hardware(gpus=ctx.world_size, gpu_memory=1.0, bandwidth=copy_bandwidth(ctx.device),
                             flops=matmul_rate(dtype, ctx.device), link_bandwidth=1 / beta if beta > 0 else 1e30,
-                            alpha=alpha)
+                            alpha=alpha, nccl_allreduce=False)  # gloo's measured ring, not NCCL's model
 
 
 def overhead_twin(cfg, dtype: torch.dtype, ctx) -> DecoderShard:

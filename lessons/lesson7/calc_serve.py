@@ -35,7 +35,8 @@ def compute(v: dict) -> dict:
     model = pl.ModelSpec(params=v["params"], layers=v["layers"], hidden=v["hidden"], heads=a, kv_heads=hkv,
                          head_dim=d, dtype_bytes=f.dtype_bytes(v["dtype"]))
     hw = pl.Hardware(gpus=v["gpus"], gpu_memory=v["gpu_memory"], bandwidth=v["bandwidth"], flops=v["flops"],
-                     link_bandwidth=v["link_bandwidth"], alpha=v["alpha"],
+                     link_bandwidth=v["link_bandwidth"], alpha=pl.MESSAGE_ALPHA if v["alpha"] is None else v["alpha"],
+                     nccl_allreduce=v["alpha"] is None,
                      internode_bandwidth=v["internode_bandwidth"], internode_alpha=v["internode_alpha"],
                      gpus_per_node=v["gpus_per_node"], memory_util=v["memory_util"])
     wl = pl.Workload(prompt=v["prompt"], output=v["output"], ttft_slo=v["ttft_slo"], tpot_slo=v["tpot_slo"],
@@ -45,6 +46,7 @@ def compute(v: dict) -> dict:
               "head_dim": d, "dtype": v["dtype"], "dtype_bytes": model.dtype_bytes, "gpus": hw.gpus,
               "gpu_memory_bytes": hw.gpu_memory, "bandwidth_bytes_per_s": hw.bandwidth, "flops": hw.flops,
               "link_bandwidth_bytes_per_s": hw.link_bandwidth, "alpha_s": hw.alpha,
+              "allreduce_model": "nccl" if hw.nccl_allreduce else "alpha-beta",
               "internode_bandwidth_bytes_per_s": hw.internode_bandwidth, "internode_alpha_s": hw.internode_alpha,
               "gpus_per_node": hw.gpus_per_node, "memory_util": hw.memory_util, "prompt": wl.prompt,
               "output": wl.output, "ttft_slo_s": wl.ttft_slo, "tpot_slo_s": wl.tpot_slo, "max_batch": wl.max_batch}
@@ -119,7 +121,7 @@ CALCULATOR = Calculator(
                minimum=0, strict_min=True),
         _bandwidth("--link-bandwidth",
                    default="450GB/s"),
-        Option("--alpha", "time", default="5us",
+        Option("--alpha", "time", default=None,
                minimum=0),
         _bandwidth("--internode-bandwidth", default="50GB/s"),
         Option("--internode-alpha", "time", default="10us", minimum=0),

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from ..lesson1.formulas import ring_allreduce_time
+from ..lesson1.formulas import nccl_ring_allreduce, ring_allreduce_time
 from ..lesson2.formulas import _count, check_tp_degree
 from ..model_size import check_degrees
 
@@ -139,10 +139,14 @@ def decode_time_per_token(params: float, weight_bytes: float, kv_bytes_per_seq: 
                          peak_flops, bandwidth)
 
 
-def tp_decode_comm_time(layers: int, hidden: int, batch: int, tp: int, alpha: float, beta: float,
+def tp_decode_comm_time(layers: int, hidden: int, batch: int, tp: int, alpha: float | None, beta: float,
                         bytes_per_elem: float = 2) -> float:
     """Tensor-parallel all-reduce time per decoded token: 2 ring all-reduces of B·h elements per layer
-    (Megatron-LM's g after attention and after the MLP): 2·L·ring_allreduce_time(B·h·bytes, t, α, β)."""
+    (Megatron-LM's g after attention and after the MLP): 2·L·ring_allreduce_time(B·h·bytes, t, α, β), or
+    with ``alpha`` None, NCCL's own model of each inside an NVLink node at bus bandwidth 1/β
+    (:func:`~distai.lessons.lesson1.formulas.nccl_ring_allreduce`: its LL protocol for small messages)."""
     L = _count(layers, "the number of layers")
     x = _count(batch, "the batch size") * _count(hidden, "the hidden size") * bytes_per_elem
-    return 2 * L * ring_allreduce_time(x, _count(tp, "the tensor-parallel degree"), alpha, beta)
+    t = _count(tp, "the tensor-parallel degree")
+    one = nccl_ring_allreduce(x, t, 1 / beta)["time_s"] if alpha is None else ring_allreduce_time(x, t, alpha, beta)
+    return 2 * L * one

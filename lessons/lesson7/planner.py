@@ -40,6 +40,7 @@ from ..strings import LANGUAGES, translated
 from . import formulas as f
 
 REASONS = ("shape", "memory", "ttft", "tpot")
+MESSAGE_ALPHA = 5e-6  # s, one message inside a node (a pipeline hop): NCCL's Simple protocol's scale
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,9 @@ class Hardware:
     bandwidth: float  # memory bandwidth, B/s
     flops: float = 989e12  # peak dense FLOP/s (H100 SXM bf16)
     link_bandwidth: float = 450e9  # tensor-parallel link, B/s per direction (NVLink 4)
-    alpha: float = 5e-6  # latency per all-reduce step, s
+    alpha: float = MESSAGE_ALPHA  # latency per message inside a node, s: pipeline hops, and all-reduce steps without nccl_allreduce
+    nccl_allreduce: bool = True  # TP all-reduces inside a node as NCCL's tuner prices them (its LL protocol for
+    #                              small messages); False: the α-β ring with ``alpha`` (a measured link, or gloo)
     internode_bandwidth: float = 50e9  # between nodes (400 Gb/s), B/s: pipeline hops, TP wider than a node
     internode_alpha: float = 10e-6
     gpus_per_node: int = 8
@@ -107,10 +110,11 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _tp_link(hw: Hardware, tp: int) -> tuple[float, float]:
-    """(α, β) of the tensor-parallel all-reduce: the node's link, or the inter-node one when wider."""
+def _tp_link(hw: Hardware, tp: int) -> tuple[float | None, float]:
+    """(α, β) of the tensor-parallel all-reduce: the node's link, or the inter-node one when wider; α None
+    inside a node with ``nccl_allreduce``: NCCL's own model (:func:`~.formulas.tp_decode_comm_time`)."""
     if tp <= hw.gpus_per_node:
-        return hw.alpha, 1.0 / hw.link_bandwidth
+        return (None if hw.nccl_allreduce else hw.alpha), 1.0 / hw.link_bandwidth
     return hw.internode_alpha, 1.0 / hw.internode_bandwidth
 
 

@@ -1,7 +1,8 @@
 """The serving planner against published serving measurements: held out, nothing fitted on them.
 
 The planner (:mod:`.planner`) has no constant fitted to anything: it is the roofline of each GPU's
-datasheet (peak FLOP/s, HBM bandwidth) plus α-β ring all-reduces. These are the published runs whose
+datasheet (peak FLOP/s, HBM bandwidth) plus ring all-reduces as NCCL's own tuner prices them inside a node
+(``lesson1.formulas.nccl_ring_allreduce``: constants read in NCCL's source). These are the published runs whose
 whole configuration is stated — model, precision, GPU, tensor-parallel degree, one sequence at a time
 (batch 1: no queueing, no batching policy), prompt and output lengths — each with its source. Every
 one is predicted by the same ``planner.ttft`` / ``planner.tpot`` the lesson's calculator uses.
@@ -93,7 +94,7 @@ def roofline_only(name: str) -> float:
     run, hw, wl = _inputs(name)
     if run.metric == "tpot":
         return pl.stage_decode_time(run.model, hw, wl, run.tp, 1, 1)["roofline"]
-    return pl.ttft(run.model, pl.Hardware(gpus=run.tp, link_bandwidth=1e30, alpha=0.0,
+    return pl.ttft(run.model, pl.Hardware(gpus=run.tp, link_bandwidth=1e30, alpha=0.0, nccl_allreduce=False,
                                           **{k: v for k, v in run.hardware.items() if k != "link_bandwidth"}),
                    wl, run.tp, 1)
 
