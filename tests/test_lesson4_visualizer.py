@@ -110,6 +110,12 @@ async def test_widget_steps_toggles_and_live_events():
             await pilot.press("space")
         text = _flow_text(vis)
         assert f"{F.dense_cross_entropy():.4f}" in text and "all-reduce(MAX)" in text
+        # the walk-through splits V = 8 over the view's T ranks: 8 of one logit each, then (x) 2 of four
+        assert "T=8" in text and "r7: [" in text
+        await pilot.press("x")
+        text = _flow_text(vis)
+        assert vis.t == 2 and "T=2" in text and "r1: [" in text and "r2:" not in text
+        assert f"{F.dense_cross_entropy():.4f}" in text
         await pilot.click("#tp-ce")
         assert not vis.ce
         # a live run's counts appear beside the drawing

@@ -144,7 +144,7 @@ class TPBlockVisualizer(LessonVisualizer):
     # -- actions -----------------------------------------------------------------------------------
     def action_advance(self) -> None:
         if self.ce:
-            self.ce_index = min(self.ce_index + 1, len(F.vocab_ce_walkthrough()) - 1)
+            self.ce_index = min(self.ce_index + 1, len(F.vocab_ce_walkthrough(t=self.t)) - 1)
         else:
             self.index = min(self.index + 1, len(self.stages) - 1)
         self.refresh_view()
@@ -300,9 +300,9 @@ class TPBlockVisualizer(LessonVisualizer):
     def render_ce(self) -> Text:
         lang = self.language
         s = strings("tp_block", lang)
-        steps = F.vocab_ce_walkthrough()
+        steps = F.vocab_ce_walkthrough(t=self.t)  # over the block view's T ranks (x cycles 2, 4, 8)
         text = Text()
-        text.append(s["ce_title"].format(tgt=F.EXAMPLE_TARGET) + "\n\n", style="bold")
+        text.append(s["ce_title"].format(t=self.t, tgt=F.EXAMPLE_TARGET) + "\n\n", style="bold")
         width = max(20, (self.query_one("#tp-flow", Static).content_size.width if self.is_mounted else 0) or 44)
 
         def label(words: str) -> str:  # wrapped under itself, two cells in, as the marker leaves it
