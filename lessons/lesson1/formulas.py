@@ -67,9 +67,12 @@ def ring_allreduce_time(size_bytes: float, n: int, alpha: float, beta: float) ->
 # lines of 4 data bytes and a flag, so a message needs no separate synchronisation but moves at a quarter of
 # the bus bandwidth (at most NCCL's llMaxBw for one node of Ampere or Hopper GPUs); LL128 keeps 120 of 128
 # bytes; Simple has the whole bandwidth and the longest latency. NCCL takes the fastest: LL for small
-# messages, Simple for large. Left out: the tree algorithm (within one node its latency is the ring's to a
-# few percent), LL128's per-channel cap (above 0.92·busBw for a node's usual 16+ channels) and the
-# inter-node terms (this is the model inside a node).
+# messages, Simple for large. The bus bandwidth is NCCL's topology figure (channels × each channel's
+# bandwidth inside the node), taken here as the link's per-direction bandwidth. Left out: the tree
+# algorithm (within one node its latency is the ring's to a few percent, and its LL bandwidth lower after
+# NCCL's tree correction, so ring LL wins at decode's sizes), NVLS on NVSwitch H100s (23 µs, for large
+# messages), LL128's per-channel cap (20 GB/s a channel on Ampere: it binds only for large messages at a
+# high bus bandwidth) and the inter-node terms (this is the model inside a node).
 NCCL_PROTOCOLS = ("LL", "LL128", "Simple")
 NCCL_RING_BASE_LATENCY = {"LL": 6.6e-6, "LL128": 14.0e-6, "Simple": 8.4e-6}  # s, baseLat[RING]
 NCCL_RING_NVLINK_HOP_LATENCY = {"LL": 0.6e-6, "LL128": 1.9e-6, "Simple": 3.4e-6}  # s per step, hwLat[NVLINK][RING]
