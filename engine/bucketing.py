@@ -18,8 +18,11 @@ smaller limit (``first_bucket_mb``; DDP uses 1 MiB when ``bucket_cap_mb`` is lef
 default of 25 MiB, and ``bucket_cap_mb`` otherwise), so the first all-reduce can start early;
 gradients are divided by the world size while being copied into the bucket; buckets are
 all-reduced in order (every rank must issue the same collectives in the same order).
-Like DDP, after the first backward the buckets are rebuilt in the order the gradients
-actually became ready (rank 0's order, broadcast), unless ``rebuild_buckets=False``.
+Like DDP (with ``find_unused_parameters=False``, its default), the first backward, whose gradient
+order is not known yet, all-reduces every parameter in one bucket laid out in ``parameters()`` order;
+after it the buckets are built in the order the gradients actually became ready (rank 0's order,
+broadcast). With ``rebuild_buckets=False`` the reverse ``parameters()`` order under the limits is kept
+from the start.
 
 :class:`StepTimeline` records, for one step, when backward finished each layer's gradients and
 when each bucket's all-reduce started and ended (seconds from the step's start); the lesson
@@ -30,6 +33,7 @@ drawn next to ours.
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -44,6 +48,9 @@ from ..lessons.lesson6.formulas import DDP_FIRST_BUCKET_BYTES as DEFAULT_FIRST_B
 from ..lessons.lesson6.formulas import MiB as MIB
 from ..lessons.lesson6.formulas import ddp_buckets
 from .time_causes import longest_thread_wait_s, threads_run_queue_s
+
+#: the limit of DDP's first-iteration bucket (``sys.maxsize`` in DistributedDataParallel): no limit
+ONE_BUCKET_BYTES = sys.maxsize
 
 
 def assign_buckets(sizes: Sequence[int], limits: Sequence[int],
@@ -246,15 +253,18 @@ class BucketedDataParallel(torch.nn.Module):
         self._ready_order: list[int] = []
         self._callback_queued = False
         self._next_bucket = 0
-        self._build(list(reversed(range(len(self.params)))))
+        if rebuild_buckets:  # DDP's first iteration: one bucket, in parameters() order (no size limit)
+            self._build(list(range(len(self.params))), limits=[ONE_BUCKET_BYTES])
+        else:
+            self._build(list(reversed(range(len(self.params)))))
         self._handles = [p.register_post_accumulate_grad_hook(
             lambda _p, i=i: self._on_grad_ready(i)) for i, p in enumerate(self.params)]
 
     # ---- layout ------------------------------------------------------------------------
-    def _build(self, order: list[int]) -> None:
+    def _build(self, order: list[int], limits: Sequence[int] | None = None) -> None:
         sizes = [self.params[i].numel() * self.params[i].element_size() for i in order]
         keys = [(self.params[i].dtype, self.params[i].device) for i in order]
-        groups = assign_buckets(sizes, self.limits, keys)
+        groups = assign_buckets(sizes, limits or self.limits, keys)
         self.buckets: list[_Bucket] = []
         self._where: dict[int, tuple[int, int]] = {}
         for b, positions in enumerate(groups):
