@@ -160,6 +160,24 @@ def test_beta_zero_is_no_cost_per_byte(capsys):
         assert code == 0 and words in out.splitlines()[0] and "70 µs" in out  # 2(N − 1)·α, nothing per byte
 
 
+def test_allreduce_gives_nccls_own_model_beside_alpha_beta(capsys):
+    """Its last line and JSON give NCCL's model of the ring at 1/β (lesson 1): LL for 16 KiB on 8 GPUs,
+    6.6 µs + 14 × 0.6 µs plus the bytes at a quarter of 450 GB/s (capped at 87.7 GB/s); Simple for 1 GB;
+    nothing without a bandwidth."""
+    code, out, _ = run(capsys, "calc", "allreduce", "-s", "16KiB", "-n", "8", "--beta", "450GB/s", "--json")
+    nccl = json.loads(out)["nccl"]
+    assert code == 0 and nccl["protocol"] == "LL"
+    assert nccl["time_s"] == pytest.approx(6.6e-6 + 14 * 0.6e-6 + 14 / 8 * 16384 / 87.7e9)
+    assert nccl == f1.nccl_ring_allreduce(16384, 8, 450e9)  # floats round-trip through JSON exactly
+    for lang, words in (("en", "it picks LL"), ("es", "elige LL")):
+        code, out, _ = run(capsys, "calc", "allreduce", "-s", "16KiB", "-n", "8", "--beta", "450GB/s", "--lang", lang)
+        assert code == 0 and words in out.splitlines()[-1] and "Simple 56" in out.splitlines()[-1]
+    assert "it picks Simple" in run(capsys, "calc", "allreduce", "-s", "1GB", "-n", "8")[1]
+    code, out, _ = run(capsys, "calc", "allreduce", "-s", "1GB", "-n", "8", "--beta", "0", "--json")
+    assert code == 0 and json.loads(out)["nccl"] is None
+    assert "NCCL" not in run(capsys, "calc", "allreduce", "-s", "1GB", "-n", "8", "--beta", "0")[1]
+
+
 def test_params_below_the_shape_are_refused_in_serve_and_memory(capsys):
     """--params fewer than the shape's layers hold (an audit ran serve --params 1 --layers 80 --hidden
     8192 and nothing refused it); real counts pass, a mixture of experts' whole count included."""

@@ -21,6 +21,9 @@ def compute(v: dict) -> dict:
         "algbw_bytes_per_s": f.algbw(S, t) if t > 0 else None,
         "busbw_bytes_per_s": f.busbw(S, t, n) if t > 0 else None,
         "size_bytes": S, "ranks": n, "alpha_s": a, "beta_s_per_byte": b, "algorithm": algo,
+        # what NCCL's own tuner predicts for this ring inside an NVLink node at bus bandwidth 1/β (its
+        # three protocols, the fastest taken); None without a bandwidth or on one rank
+        "nccl": f.nccl_ring_allreduce(S, n, 1 / b) if b > 0 and n > 1 else None,
     }
 
 
@@ -43,6 +46,9 @@ def text(r: dict, lang: str = "en") -> list[str]:
         ]),
         say("compare", others=units.number_separator(lang).join(
             f"{choice_name(x, lang)} {units.format_time(f.allreduce_time(S, n, a, b, x), lang=lang)}" for x in others)),
+        *([say("nccl", bw=units.format_bandwidth(1 / b, lang=lang), times=units.number_separator(lang).join(
+            f"{p} {units.format_time(r['nccl']['times_s'][p], lang=lang)}" for p in f.NCCL_PROTOCOLS),
+            best=r["nccl"]["protocol"])] if r["nccl"] else []),
     ]
 
 
