@@ -540,6 +540,24 @@ def _check_detail(run: RunShape, predicted: dict, saved: dict | None, now: dict,
     return detail
 
 
+def capstone_argv(values: dict) -> tuple[list[str], dict[str, int]]:
+    """The ``distai run capstone`` options that ``calc plan --calibrate``'s ``values`` describe (the
+    degrees, default (dp, tp, pp, cp, ep) = (2, 2, 2, 1, 1), cp and ep only when above 1, and the size
+    flags given), and the degrees."""
+    degrees = {k: values.get(k) or d for k, d in (("dp", 2), ("tp", 2), ("pp", 2), ("cp", 1), ("ep", 1))}
+    argv = [f"--{k}={v}" for k, v in degrees.items() if k in ("dp", "tp", "pp") or v > 1]
+    for flag, key in (("layers", "layers"), ("hidden", "hidden"), ("heads", "heads"), ("seq", "seq"),
+                      ("vocab", "vocab"), ("microbatch-size", "microbatch")):
+        if values.get(key) is not None:
+            argv.append(f"--{flag}={values[key]}")
+    return argv, degrees
+
+
+def run_command(argv: list[str], world: int) -> str:
+    """The command that runs the calibrated run itself on ``world`` CPU ranks, to check the prediction."""
+    return " ".join(["distai run capstone", f"--cpu {world}", *(a.replace("=", " ", 1) for a in argv)])
+
+
 def plan_profile(values: dict) -> dict:
     """For ``distai calc plan --calibrate``: the capstone run its options describe (the degrees,
     default (dp, tp, pp, cp, ep) = (2, 2, 2, 1, 1), and the size flags, default the run's own, as
@@ -547,12 +565,7 @@ def plan_profile(values: dict) -> dict:
     A run the capstone refuses is a CalcError (one line)."""
     from .mesh_args import plan_run
 
-    degrees = {k: values.get(k) or d for k, d in (("dp", 2), ("tp", 2), ("pp", 2), ("cp", 1), ("ep", 1))}
-    argv = [f"--{k}={v}" for k, v in degrees.items() if k in ("dp", "tp", "pp") or v > 1]
-    for flag, key in (("layers", "layers"), ("hidden", "hidden"), ("heads", "heads"), ("seq", "seq"),
-                      ("vocab", "vocab"), ("microbatch-size", "microbatch")):
-        if values.get(key) is not None:
-            argv.append(f"--{flag}={values[key]}")
+    argv, degrees = capstone_argv(values)
     world = degrees["dp"] * degrees["tp"] * degrees["pp"] * degrees["cp"]
     try:
         plan = plan_run(argv, world, cuda=False)
@@ -560,8 +573,8 @@ def plan_profile(values: dict) -> dict:
             b = plan.microbatch_size
             if values["global_batch"] % (degrees["dp"] * b):
                 raise CalcError.keyed("plan.errors.capstone_batch", batch=values["global_batch"], dp=degrees["dp"], b=b)
-            plan = plan_run(argv + [f"--microbatches={values['global_batch'] // (degrees['dp'] * b)}"], world,
-                            cuda=False)
+            argv.append(f"--microbatches={values['global_batch'] // (degrees['dp'] * b)}")
+            plan = plan_run(argv, world, cuda=False)
     except ValueError as exc:  # MeshConfigError, the shape check's ShapeError: each in every language
         why = {lang: exc.text(lang) if isinstance(exc, TranslatedError) else str(exc) for lang in LANGUAGES}
         raise CalcError(texts={lang: translated("calc", "plan.errors.capstone", lang, reason=why[lang])
@@ -570,7 +583,8 @@ def plan_profile(values: dict) -> dict:
         raise CalcError.keyed("plan.errors.capstone_kv_heads", kv_heads=values["kv_heads"], heads=plan.model.heads)
     run = run_shape(plan)
     accounts, layers = run_comm(plan)
-    return {"run": run.as_dict(), "profile": machine_profile(run, plan.dtype), "accounts": accounts, "layers": layers}
+    return {"run": run.as_dict(), "profile": machine_profile(run, plan.dtype), "accounts": accounts, "layers": layers,
+            "command": run_command(argv, world)}
 
 
 if __name__ == "__main__":  # a rank of _measure_in_torchrun

@@ -220,3 +220,26 @@ def test_the_run_updates_its_parameters_at_the_memory_bound_rate():
     sharded = cal.RunShape(**dict(RUN.as_dict(), zero=1))
     assert cal.optimizer_s(sharded, PROFILE, layers) == pytest.approx(p["optimizer_s"] / RUN.dp, rel=1e-12)
     assert p["step_time_s"] == pytest.approx(sum(p[k] for k in cal.RUN_TERMS), rel=1e-12)
+
+
+@pytest.mark.parametrize("values", [
+    {"dp": 2, "tp": 1, "pp": 2, "cp": 2},  # an audit ran this: the line it printed left out --cp 2 and failed
+    {"dp": 1, "tp": 2, "pp": 2, "cp": 2, "layers": 2, "seq": 32, "microbatch": 1},
+    {},  # the default run, (2, 2, 2, 1, 1)
+])
+def test_the_command_it_prints_runs_the_run_it_predicted(values):
+    """``calc plan --calibrate`` ends with the command that checks its prediction: that command's options,
+    as ``distai run capstone`` reads them on its ranks, plan the very run the calibration measured."""
+    import shlex
+
+    from distai.engine.calibrate import capstone_argv, run_command
+    from distai.engine.mesh_args import plan_run
+
+    argv, degrees = capstone_argv(values)
+    world = degrees["dp"] * degrees["tp"] * degrees["pp"] * degrees["cp"]
+    words = shlex.split(run_command(argv, world))
+    assert words[:5] == ["distai", "run", "capstone", "--cpu", str(world)]
+    ran, measured = plan_run(words[5:], world, cuda=False), plan_run(argv, world, cuda=False)
+    assert ran.shape == measured.shape and ran.model == measured.model
+    assert (ran.microbatches, ran.microbatch_size) == (measured.microbatches, measured.microbatch_size)
+    assert ("--cp" in words) == (degrees["cp"] > 1)

@@ -308,7 +308,7 @@ def compute(measured: dict) -> dict:
                                      "cpus", "measured_at", "layer_s", "cpu_step_s", "cores") if k in profile}
     return {"calibrated": True, "run": run.as_dict(), "profile": dict(rates, dtype=profile["dtype"]),
             "prediction": predict_run(run, profile, measured["accounts"], measured["layers"]),
-            "planner": predict(run, profile)}
+            "planner": predict(run, profile), "command": measured["command"]}
 
 
 def text(r: dict, lang: str | None = None) -> list[str]:
@@ -316,6 +316,7 @@ def text(r: dict, lang: str | None = None) -> list[str]:
     lang = lang or detect_language()
     run, p, pr = r["run"], r["profile"], r["prediction"]
     t = lambda x: units.format_time(x, lang=lang)  # noqa: E731 - one formatter, read six times
+    signed = lambda x: ("−" if x < 0 else "+") + t(abs(x))  # noqa: E731 - the cores' term, either way
     world = run["dp"] * run["tp"] * run["pp"] * run["cp"]
     return [
         translated("checks", "calib_machine", lang, cpus=p["cpus"], load=units.format_number(p["load"], lang=lang),
@@ -328,6 +329,6 @@ def text(r: dict, lang: str | None = None) -> list[str]:
         translated("checks", "calib_step", lang, step=t(pr["step_time_s"]), compute=t(pr["compute_s"]),
                    tp_comm=t(pr["tp_comm_s"]), cp_comm=t(pr["cp_comm_s"]), pp_comm=t(pr["pp_comm_s"]),
                    bubble=t(pr["bubble_s"]), dp_comm=t(pr["dp_comm_exposed_s"]),
-                   optimizer=t(pr.get("optimizer_s", 0.0)), cores=t(pr.get("cores_s", 0.0))),
-        translated("checks", "calib_run_it", lang, ranks=world, dp=run["dp"], tp=run["tp"], pp=run["pp"]),
+                   optimizer=t(pr.get("optimizer_s", 0.0)), cores=signed(pr.get("cores_s", 0.0))),
+        translated("checks", "calib_run_it", lang, command=r["command"]),
     ]
