@@ -633,6 +633,18 @@ def experiment_argument_error(module: str, args: list[str], world: int, lang: st
     return None
 
 
+def experiment_help(module: str, lang: str, timeout_s: float = 120.0) -> str:
+    """The experiment's own options (its argparse ``--help``), from one process that parses ``--help`` as
+    a rank would and exits without joining a group (:data:`~.experiment.CHECK_ARGS_ENV`)."""
+    from .experiment import CHECK_ARGS_ENV
+
+    env = dict(os.environ, **{CHECK_ARGS_ENV: "1", "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0",
+                              "DISTAI_LANG": lang})
+    done = subprocess.run([sys.executable, "-m", module, "--help"], env=env, capture_output=True, text=True,
+                          timeout=timeout_s, stdin=subprocess.DEVNULL, preexec_fn=parent_death_signal)
+    return done.stdout
+
+
 def experiment_available(module: str | None) -> bool:
     """Whether the experiment module exists (without importing it, nor torch)."""
     if not module:

@@ -368,6 +368,25 @@ def test_options_the_experiment_refuses_are_one_line_before_any_launch(argv, lan
     assert not list(tmp_path.rglob("run.json"))
 
 
+@pytest.mark.parametrize("lesson,option", [
+    ("lesson5", "--schedules"),  # parsed by the experiment's own parser, in one process
+    ("capstone", "--microbatch-size"),  # parsed by its launch plan, which needs the world size
+    ("experts", "--capacity-factor"),  # a launch plan that sizes the group but does not parse --help
+])
+def test_run_lesson_dash_dash_help_lists_the_experiments_options_without_launching(lesson, option, capsys, tmp_path,
+                                                                                   monkeypatch):
+    """`distai run LESSON -- --help` (README, `run --help`) prints the experiment's own options and exits 0;
+    an audit found it launching a whole group whose ranks printed the help into the run (lesson 3's and 5's
+    never reached the screen)."""
+    monkeypatch.setenv("DISTAI_HOME", str(tmp_path))
+    from distai.tutor.cli import main
+
+    assert main(["run", lesson, "--", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: distai run {lesson}") and option in out
+    assert not list(tmp_path.rglob("run.json"))
+
+
 # ---------------------------------------------------------------------------- real launches
 def _alive(pid: int) -> bool:
     try:

@@ -459,6 +459,20 @@ def run_cmd(
     if not 0 <= restarts <= 100:
         raise CliError(say("max_restarts", value=restarts))
     extra = list(ctx.args)
+    if "-h" in extra or "--help" in extra:  # the experiment's own options (distai run LESSON -- --help): no launch
+        from ..engine.launcher import experiment_help
+
+        plan, printed = chosen.launch_plan_function(), False
+        if plan is not None:  # an experiment that parses inside its plan (the capstone: it needs the world size)
+            try:
+                plan(["--help"], None, chosen.ranks, False)
+            except SystemExit:  # argparse printed the help
+                printed = True
+            except ValueError:  # a plan that does not parse --help refuses it: the experiment's own parser below
+                pass
+        if not printed:
+            typer.echo(experiment_help(chosen.experiment, language), nl=False)
+        raise typer.Exit(0)
     if steps is not None:
         if steps < 0:
             raise CliError(say("steps", value=steps))

@@ -90,7 +90,7 @@ def positive_float(text: str) -> float:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="experts", description="Mixture of Experts with expert parallelism")
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="distai run experts", description="Mixture of Experts with expert parallelism")
     p.add_argument("--ep", type=int, default=None, help="expert-parallel ranks (default: all)")
     p.add_argument("--experts", type=int, default=RUN_EXPERTS, help=f"routed experts per layer (default {RUN_EXPERTS})")
     p.add_argument("--top-k", type=int, default=RUN_TOP_K, help=f"experts per token (default {RUN_TOP_K})")

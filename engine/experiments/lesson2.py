@@ -626,7 +626,7 @@ def strategy_checks(strategy: str, r: dict, held_total: int, predicted_bytes: fl
 # ---------------------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="lesson2", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="distai run lesson2", description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=4, help="training steps per strategy (default 4)")
     p.add_argument("--strategies", default=",".join(STRATEGIES),
                    help=f"comma-separated subset of {','.join(STRATEGIES)}")

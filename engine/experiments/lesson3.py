@@ -75,7 +75,7 @@ FORGETTABLE = ("rng", "rng.torch", "rng.numpy", "rng.python", "sampler", "optimi
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="lesson3", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="distai run lesson3", description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=None, help="training steps (default 40; 200 with --fail-every)")
     p.add_argument("--step-time", type=float, default=None,
                    help="make each step last at least this many seconds (default 0; 0.1 with --fail-every, "

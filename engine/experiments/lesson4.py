@@ -467,7 +467,7 @@ def verdict(summary: dict, vocab: int, modes: list[str], lang: str | None = None
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="lesson4", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="distai run lesson4", description=__doc__.split("\n\n")[0])
     add_model_options(p, DEFAULT_MODEL, ("hidden", "heads", "layers", "vocab", "seq", "ffn", "dropout"))
     p.add_argument("--micro-batch", type=int, default=4)
     p.add_argument("--steps", type=int, default=3)

@@ -77,7 +77,7 @@ MODES = ("overlap", "no-overlap", "ddp")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="lesson6", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="distai run lesson6", description=__doc__.split("\n\n")[0])
     g = p.add_argument_group("loss scaling")
     g.add_argument("--steps", type=int, default=100, help="training steps of the loss-scaling run")
     g.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
