@@ -176,6 +176,9 @@ def test_allreduce_gives_nccls_own_model_beside_alpha_beta(capsys):
     code, out, _ = run(capsys, "calc", "allreduce", "-s", "1GB", "-n", "8", "--beta", "0", "--json")
     assert code == 0 and json.loads(out)["nccl"] is None
     assert "NCCL" not in run(capsys, "calc", "allreduce", "-s", "1GB", "-n", "8", "--beta", "0")[1]
+    # a β so small that 1/β overflows is an infinite bandwidth too, not an error
+    code, out, _ = run(capsys, "calc", "allreduce", "-s", "1GB", "-n", "8", "--beta", "1e-320")
+    assert code == 0 and "NCCL" not in out
 
 
 def test_params_below_the_shape_are_refused_in_serve_and_memory(capsys):

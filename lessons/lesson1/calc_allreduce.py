@@ -23,7 +23,7 @@ def compute(v: dict) -> dict:
         "size_bytes": S, "ranks": n, "alpha_s": a, "beta_s_per_byte": b, "algorithm": algo,
         # what NCCL's own tuner predicts for this ring inside an NVLink node at bus bandwidth 1/β (its
         # three protocols, the fastest taken); None without a bandwidth or on one rank
-        "nccl": f.nccl_ring_allreduce(S, n, 1 / b) if b > 0 and n > 1 else None,
+        "nccl": f.nccl_ring_allreduce(S, n, 1 / b) if b > 0 and math.isfinite(1 / b) and n > 1 else None,
     }
 
 

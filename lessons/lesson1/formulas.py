@@ -63,10 +63,9 @@ def ring_allreduce_time(size_bytes: float, n: int, alpha: float, beta: float) ->
 # NCCL's own cost model of a ring all-reduce inside a node over NVLink, as its tuner ranks its three
 # protocols (src/graph/tuning.cc of NCCL 2.18 to 2.20, the versions of 2023's serving runs, read at v2.18.5-1:
 # baseLat, hwLat[NVLINK][RING], the LL and LL128 bus bandwidth refinements; ncclTopoGetAlgoTime's time =
-# latency + bytes / algorithm bandwidth). LL sends 8-byte
-# lines of 4 data bytes and a flag, so a message needs no separate synchronisation but moves at a quarter of
-# the bus bandwidth (at most NCCL's llMaxBw for one node of Ampere or Hopper GPUs); LL128 keeps 120 of 128
-# bytes; Simple has the whole bandwidth and the longest latency. NCCL takes the fastest: LL for small
+# latency + bytes / algorithm bandwidth). LL sends 8-byte lines of 4 data bytes and a flag, so a message
+# needs no separate synchronisation but moves at a quarter of the bus bandwidth (at most NCCL's llMaxBw for
+# one node of Ampere or Hopper GPUs); LL128 keeps 120 of 128 bytes; Simple has the whole bandwidth and the longest latency. NCCL takes the fastest: LL for small
 # messages, Simple for large. The bus bandwidth is NCCL's topology figure (channels × each channel's
 # bandwidth inside the node), taken here as the link's per-direction bandwidth. Left out: the tree
 # algorithm (within one node its latency is the ring's to a few percent, and its LL bandwidth lower after
