@@ -175,6 +175,9 @@ def test_alpha_puts_the_alpha_beta_ring_back_in_place_of_nccls_model(capsys):
         data = json.loads(out)
         assert data["inputs"]["allreduce_model"] == model
         tpot_at_1[model] = next(c for c in data["accepted"] if (c["tp"], c["pp"]) == (4, 1))["tpot_at_1_s"]
+    # and the text says which model priced them
+    assert "All-reduces inside a node: NCCL's model" in _run(capsys, ARGS)[1]
+    assert "All-reduces inside a node: the α-β ring, α = 2 µs a step" in _run(capsys, ARGS + ["--alpha", "2us"])[1]
     ring = 2 * 80 * ring_allreduce_time(8192 * 2, 4, 2e-6, 1 / 450e9)
     nccl = 2 * 80 * nccl_ring_allreduce(8192 * 2, 4, 450e9)["time_s"]
     assert tpot_at_1["alpha-beta"] - tpot_at_1["nccl"] == pytest.approx(ring - nccl, rel=1e-9)

@@ -70,6 +70,7 @@ def text(r: dict, lang: str = "en") -> list[str]:
             bandwidth=units.format_bandwidth(i["bandwidth_bytes_per_s"], lang=lang)),
         say("requests", prompt=whole(i["prompt"]), output=whole(i["output"]), ttft=t(i["ttft_slo_s"]),
             tpot=t(i["tpot_slo_s"])),
+        say("allreduce_nccl") if i["allreduce_model"] == "nccl" else say("allreduce_ring", alpha=t(i["alpha_s"])),
     ]
     if r["accepted"]:
         lines += ["", say("accepted"),
