@@ -430,12 +430,13 @@ def step_time_check(mode: str, timed: dict) -> Check:
 # The run
 # ----------------------------------------------------------------------------------------------
 
-def verdict(summary: dict, vocab: int, modes: list[str], lang: str | None = None) -> list[str]:
+def verdict(summary: dict, lang: str | None = None) -> list[str]:
     """The run in at most six short lines (what a live view shows last), in the learner's language."""
     lang = lang or run_language()
     say, e, b = summary_lines("lesson4", lang), lambda x: format_number(x, 2, lang), lambda n: _fmt_bytes(n, lang)
     sep = number_separator(lang)
-    T, rows = summary["T"], summary["modes"]
+    T, rows, vocab = summary["T"], summary["modes"], summary["vocab"]
+    modes = list(rows)
     ok = lambda b: "✓" if b else "✗"  # noqa: E731
     out = [say("verdict", T=T, seconds=format_fixed(summary["seconds"], 1, lang))]
     out.append(say("verdict_dense", modes=sep.join(
@@ -597,14 +598,14 @@ def summary_from_event(summary: dict, lang: str | None = None) -> str:
     from types import SimpleNamespace
 
     cfg = SimpleNamespace(**{k: summary[k] for k in ("hidden", "heads", "seq", "layers", "vocab")})
-    T, modes = summary["T"], list(summary["modes"])
+    T = summary["T"]
     lines = [head_line(T, summary["backend"], cfg, summary["micro_batch"], lang)]
     for mode, row in summary["modes"].items():
         lines += _mode_lines(mode, T, summary["steps"], row, lang)
     if "forgotten_g" in summary:
         lines.append(forgotten_g_line(summary["forgotten_g"], lang))
     lines += [dtensor_line(mode, cmp, lang) for mode, cmp in summary.get("dtensor", {}).items()]
-    return "\n".join(lines) + "\n\n" + "\n".join(verdict(summary, cfg.vocab, modes, lang))
+    return "\n".join(lines) + "\n\n" + "\n".join(verdict(summary, lang))
 
 
 def head_line(T: int, backend: str, cfg, micro_batch: int, lang: str | None = None) -> str:
