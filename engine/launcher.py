@@ -612,15 +612,9 @@ def experiment_argument_error(module: str, args: list[str], world: int, lang: st
     :func:`~.experiment._check_arguments`), asked of one process that parses them as a rank of a
     ``world``-rank group would and exits without joining one; None when they would run. It
     imports torch (a second or two), so ``distai run`` asks only when options go to the experiment."""
-    from .experiment import CHECK_ARGS_ENV
-
-    env = dict(os.environ, **{CHECK_ARGS_ENV: "1", "WORLD_SIZE": str(world), "RANK": "0", "LOCAL_RANK": "0",
-                              "DISTAI_LANG": lang})
-    try:  # run() kills the child on a timeout or ^C, the kernel when the command dies: it never outlives it
-        done = subprocess.run([sys.executable, "-m", module, *args], env=env, capture_output=True, text=True,
-                              timeout=timeout_s, stdin=subprocess.DEVNULL, preexec_fn=parent_death_signal)
-    except subprocess.TimeoutExpired:
-        return None  # the launch itself will say what is wrong
+    done = _as_one_rank(module, args, world, lang, timeout_s)
+    if done is None:
+        return None  # timed out: the launch itself will say what is wrong
     if done.returncode != 2:
         return None
     for line in reversed(done.stdout.splitlines()):
@@ -635,14 +629,24 @@ def experiment_argument_error(module: str, args: list[str], world: int, lang: st
 
 def experiment_help(module: str, lang: str, timeout_s: float = 120.0) -> str:
     """The experiment's own options (its argparse ``--help``), from one process that parses ``--help`` as
-    a rank would and exits without joining a group (:data:`~.experiment.CHECK_ARGS_ENV`)."""
+    a rank would and exits without joining a group ("" if it timed out)."""
+    done = _as_one_rank(module, ["--help"], 1, lang, timeout_s)
+    return done.stdout if done is not None else ""
+
+
+def _as_one_rank(module: str, args: list[str], world: int, lang: str,
+                 timeout_s: float) -> subprocess.CompletedProcess | None:
+    """The experiment run as rank 0 of a ``world``-rank group that only parses and checks ``args`` and
+    exits without joining one (:data:`~.experiment.CHECK_ARGS_ENV`); None if it timed out."""
     from .experiment import CHECK_ARGS_ENV
 
-    env = dict(os.environ, **{CHECK_ARGS_ENV: "1", "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0",
+    env = dict(os.environ, **{CHECK_ARGS_ENV: "1", "WORLD_SIZE": str(world), "RANK": "0", "LOCAL_RANK": "0",
                               "DISTAI_LANG": lang})
-    done = subprocess.run([sys.executable, "-m", module, "--help"], env=env, capture_output=True, text=True,
-                          timeout=timeout_s, stdin=subprocess.DEVNULL, preexec_fn=parent_death_signal)
-    return done.stdout
+    try:  # run() kills the child on a timeout or ^C, the kernel when the command dies: it never outlives it
+        return subprocess.run([sys.executable, "-m", module, *args], env=env, capture_output=True, text=True,
+                              timeout=timeout_s, stdin=subprocess.DEVNULL, preexec_fn=parent_death_signal)
+    except subprocess.TimeoutExpired:
+        return None
 
 
 def experiment_available(module: str | None) -> bool:
