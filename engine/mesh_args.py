@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 
 from ..lessons.arg_errors import argparse_texts, unknown_option_texts
+from ..lessons.arg_help import ExperimentParser
 from ..lessons.capstone.mesh_run import AXES, Layout
 from ..lessons.experts.formulas import RUN_CAPACITY_FACTOR, RUN_EXPERTS, RUN_TOP_K
 from ..lessons.lesson5 import simulator as sim
@@ -53,7 +54,7 @@ def mesh_shape(pp: int, dp: int, tp: int, cp: int = 1, ep: int = 1, moe: bool = 
     return Layout(pp, dp, tp, cp, ep, moe)
 
 
-class _Parser(argparse.ArgumentParser):
+class _Parser(ExperimentParser):
     def error(self, message: str):  # one line, no usage dump: the CLI and the ranks report it
         options = [o for action in self._actions for o in action.option_strings]
         raise MeshConfigError(message, texts=unknown_option_texts(message, options, "capstone")
@@ -61,29 +62,26 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(allow_abbrev=False, prog="distai run capstone",
-                 description="Data × tensor × pipeline × context × expert parallelism in one training run.")
-    ap.add_argument("--dp", type=int, default=None, help="data-parallel degree (default: what the ranks leave)")
-    ap.add_argument("--tp", type=int, default=None, help="tensor-parallel degree (default 2 when it divides)")
-    ap.add_argument("--pp", type=int, default=None, help="pipeline stages (default 2 when it divides)")
-    ap.add_argument("--cp", type=int, default=1, help="context-parallel degree: ring attention (default 1)")
-    ap.add_argument("--ep", type=int, default=1, help="expert-parallel degree, inside dp·cp (with --moe)")
-    ap.add_argument("--moe", action="store_true", help="the blocks' MLPs become routed experts")
-    ap.add_argument("--experts", type=int, default=RUN_EXPERTS, help=f"experts per MoE layer ({RUN_EXPERTS})")
-    ap.add_argument("--top-k", type=int, default=RUN_TOP_K, help=f"experts per token ({RUN_TOP_K})")
-    ap.add_argument("--zero", type=int, default=0, choices=(0, 1), help="1: ZeRO-1 over the DP group")
-    ap.add_argument("--schedule", default="1f1b", help="1f1b or interleaved")
-    ap.add_argument("--chunks", "-v", type=int, default=2, help="chunks per rank for interleaved (default 2)")
-    ap.add_argument("--microbatches", "-m", type=int, default=None, help="microbatches per step (default 2·pp)")
-    ap.add_argument("--microbatch-size", type=int, default=None, help="sequences per microbatch")
+    ap = _Parser(allow_abbrev=False, prog="distai run capstone")
+    ap.add_argument("--dp", type=int, default=None)
+    ap.add_argument("--tp", type=int, default=None)
+    ap.add_argument("--pp", type=int, default=None)
+    ap.add_argument("--cp", type=int, default=1)
+    ap.add_argument("--ep", type=int, default=1)
+    ap.add_argument("--moe", action="store_true")
+    ap.add_argument("--experts", type=int, default=RUN_EXPERTS)
+    ap.add_argument("--top-k", type=int, default=RUN_TOP_K)
+    ap.add_argument("--zero", type=int, default=0, choices=(0, 1))
+    ap.add_argument("--schedule", default="1f1b")
+    ap.add_argument("--chunks", "-v", type=int, default=2)
+    ap.add_argument("--microbatches", "-m", type=int, default=None)
+    ap.add_argument("--microbatch-size", type=int, default=None)
     add_model_options(ap, None)  # default: MODEL_CPU or MODEL_GPU, with layers a multiple of pp·v (>= 4)
-    ap.add_argument("--dtype", choices=("float32", "float64"), default=None,
-                    help="default: float64 on CPU (the comparison is then exact to ~1e-16), float32 on GPU")
+    ap.add_argument("--dtype", choices=("float32", "float64"), default=None)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-check", dest="check", action="store_false",
-                    help="skip the single-process reference run")
+    ap.add_argument("--no-check", dest="check", action="store_false")
     return ap
 
 

@@ -188,12 +188,8 @@ PRESETS: dict[str, ModelSize] = {
 }
 
 #: the size flags (``--kv-heads`` for ``kv_heads``), as the calculators name them
-SIZE_FLAGS: dict[str, tuple[type, str]] = {
-    "hidden": (int, "hidden size h"), "heads": (int, "attention heads"),
-    "kv_heads": (int, "key/value heads (grouped-query attention)"), "layers": (int, "Transformer blocks"),
-    "vocab": (int, "vocabulary size"), "seq": (int, "sequence length"), "ffn": (int, "MLP width"),
-    "norm": (str, "normalisation: layer or rms"), "dropout": (float, "dropout probability"),
-}
+SIZE_FLAGS: dict[str, type] = {"hidden": int, "heads": int, "kv_heads": int, "layers": int, "vocab": int, "seq": int,
+                               "ffn": int, "norm": str, "dropout": float}
 _FIELDS = {f.name for f in fields(ModelSize)}
 assert set(SIZE_FLAGS) <= _FIELDS
 
@@ -202,14 +198,13 @@ def add_model_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
                       flags: Sequence[str] = ("hidden", "heads", "layers", "vocab", "seq")) -> None:
     """One ``--flag`` per name in ``flags`` (the size of the GPT an experiment trains), each
     defaulting to ``defaults``' value; with ``defaults=None`` every flag defaults to None and the
-    run fills it in (:meth:`ModelSize.from_args` with the defaults it chooses then)."""
+    run fills it in (:meth:`ModelSize.from_args` with the defaults it chooses then). Their help is the
+    ``common`` table of ``lessons/catalog/run_help.toml`` (:mod:`~distai.lessons.arg_help`)."""
     for name in flags:
-        kind, what = SIZE_FLAGS[name]
+        kind = SIZE_FLAGS[name]
         default = None if defaults is None else getattr(defaults, name)
-        said = f"{what}, default {default}" if default is not None else what
         choices = ("layer", "rms") if name == "norm" else None
-        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, default=default, choices=choices,
-                            help=said)
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, default=default, choices=choices)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -41,9 +41,11 @@ from ..experiment import (
     share_cores_among_local_ranks,
     summary_lines,
 )
-from ..mesh_args import MeshConfigError, plan_run
+from ..mesh_args import MeshConfigError, build_parser, plan_run
 from ..model import GPT, ModelConfigError
 from ..moe import MoEConfig, make_moe
+
+__all__ = ["build_parser", "main", "summary_from_event", "summary_text"]  # build_parser: its options, as every experiment's
 
 
 def summary_from_event(summary: dict, lang: str | None = None) -> str:

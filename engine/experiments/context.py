@@ -30,6 +30,7 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
+from ...lessons.arg_help import ExperimentParser
 from ...lessons.context import formulas as F
 from ...lessons.context import ring_schedule as plan
 from ...lessons.context.cp_run import idle_share_of, work_seconds
@@ -49,18 +50,17 @@ MEMORY_TOLERANCE = 0.10  # the measured activations stay within 10% of the formu
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="distai run context", description=__doc__.split("\n")[0])
-    p.add_argument("--cp", type=int, default=None, help="context-parallel size (default: every rank)")
-    p.add_argument("--layout", choices=plan.LAYOUTS, default="zigzag", help="how the sequence is cut")
-    p.add_argument("--variant", choices=plan.VARIANTS, default="ring", help="K/V by ring or by all-gather")
+    p = ExperimentParser(allow_abbrev=False, prog="distai run context")
+    p.add_argument("--cp", type=int, default=None)
+    p.add_argument("--layout", choices=plan.LAYOUTS, default="zigzag")
+    p.add_argument("--variant", choices=plan.VARIANTS, default="ring")
     add_model_options(p, DEFAULT_MODEL, ("hidden", "heads", "kv_heads", "layers", "vocab", "seq"))
-    p.add_argument("--batch", type=int, default=2, help="sequences per replica")
-    p.add_argument("--steps", type=int, default=2, help="SGD steps checked against one process")
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--steps", type=int, default=2)
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--memory-seqs", default=None,
-                   help="comma-separated sequence lengths of the memory curve (default: s/4, s/2, s)")
-    p.add_argument("--lang", choices=LANGUAGES, default=None, help="language of the summary (default: the locale)")
+    p.add_argument("--memory-seqs", default=None)
+    p.add_argument("--lang", choices=LANGUAGES, default=None)
     return p
 
 

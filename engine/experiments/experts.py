@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ...lessons.arg_help import ExperimentParser
 from ...lessons.events import METRIC, PHASE, PROGRESS
 from ...lessons.experts.events import MOE_COMM, MOE_CONFIG, MOE_LOAD, MOE_MEMORY, STEP
 from ...lessons.experts.formulas import (
@@ -89,28 +90,30 @@ def positive_float(text: str) -> float:
     return value
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="distai run experts", description="Mixture of Experts with expert parallelism")
-    p.add_argument("--ep", type=int, default=None, help="expert-parallel ranks (default: all)")
-    p.add_argument("--experts", type=int, default=RUN_EXPERTS, help=f"routed experts per layer (default {RUN_EXPERTS})")
-    p.add_argument("--top-k", type=int, default=RUN_TOP_K, help=f"experts per token (default {RUN_TOP_K})")
+def build_parser() -> ExperimentParser:
+    p = ExperimentParser(allow_abbrev=False, prog="distai run experts")
+    p.add_argument("--ep", type=int, default=None)
+    p.add_argument("--experts", type=int, default=RUN_EXPERTS)
+    p.add_argument("--top-k", type=int, default=RUN_TOP_K)
     limit = p.add_mutually_exclusive_group()
-    limit.add_argument("--capacity-factor", type=positive_float, default=RUN_CAPACITY_FACTOR,
-                       help=f"capacity c: an expert takes at most ceil(c·T·k/E) tokens (default {RUN_CAPACITY_FACTOR})")
-    limit.add_argument("--dropless", action="store_true", help="no capacity limit: no token is dropped")
-    p.add_argument("--aux-alpha", type=float, default=0.01, help="Switch's load-balancing weight α (default 0.01)")
-    p.add_argument("--shared-experts", type=int, default=0, help="shared experts every token uses (default 0)")
-    p.add_argument("--bias-balance", type=float, default=0.0,
-                   help="DeepSeek-V3's bias update rate γ (auxiliary-loss-free balancing; default 0: off)")
-    p.add_argument("--micro-batch", type=int, default=4, help="sequences per rank (default 4)")
-    p.add_argument("--steps", type=int, default=12, help="training steps (default 12)")
-    p.add_argument("--lr", type=float, default=0.3, help="SGD learning rate (default 0.3)")
+    limit.add_argument("--capacity-factor", type=positive_float, default=RUN_CAPACITY_FACTOR)
+    limit.add_argument("--dropless", action="store_true")
+    p.add_argument("--aux-alpha", type=float, default=0.01)
+    p.add_argument("--shared-experts", type=int, default=0)
+    p.add_argument("--bias-balance", type=float, default=0.0)
+    p.add_argument("--micro-batch", type=int, default=4)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--lr", type=float, default=0.3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    p.add_argument("--no-check", dest="check", action="store_false",
-                   help="skip the single-process comparison")
-    p.add_argument("--lang", default=None, help="language of the summary: en or es (default: the locale)")
+    p.add_argument("--no-check", dest="check", action="store_false")
+    p.add_argument("--lang", default=None)
     add_model_options(p, DEFAULT_MODEL)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.micro_batch < 1 or args.steps < 1:
         p.error("--micro-batch and --steps must be at least 1")

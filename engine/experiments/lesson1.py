@@ -28,6 +28,7 @@ import os
 import statistics
 import time
 
+from ...lessons.arg_help import ExperimentParser
 from ...lessons.checks import Check, check
 from ...lessons.events import CHECK, LOG, SPAN
 from ...lessons.lesson1 import formulas
@@ -57,30 +58,30 @@ from ..experiment import (
 DEFAULT_MODEL = ModelSize(vocab=64, hidden=64, heads=4, layers=2, seq=16)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="distai run lesson1", description="Data parallelism and ring all-reduce.")
-    p.add_argument("--steps", type=int, default=40, help="data-parallel training steps (default 40)")
-    p.add_argument("--batch-per-rank", type=int, default=16, help="sequences per rank per step (default 16)")
-    p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (default 0.1)")
+def build_parser() -> ExperimentParser:
+    p = ExperimentParser(allow_abbrev=False, prog="distai run lesson1")
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--batch-per-rank", type=int, default=16)
+    p.add_argument("--lr", type=float, default=0.1)
     add_model_options(p, DEFAULT_MODEL)
-    p.add_argument("--sweep-min", default="1KiB", help="smallest message of the sweep (default 1KiB)")
-    p.add_argument("--sweep-max", default="64MiB", help="largest message of the sweep (default 64MiB)")
-    p.add_argument("--iters", type=int, default=None, help="timed iterations per size (default: by size)")
-    p.add_argument("--no-sweep", action="store_true", help="skip the bandwidth sweep")
-    p.add_argument("--trace", choices=("none", "first", "all"), default="first",
-                   help="ring_step events: none, the first (untimed) call of each size and the "
-                        "first training step (default), or every call (slow)")
-    p.add_argument("--pieces", type=int, default=None, help="ring sub-chunks per chunk (default: auto)")
-    p.add_argument("--channels", type=int, choices=(1, 2), default=None,
-                   help="rings at once: 1, or 2 counter-rotating (default: auto)")
+    p.add_argument("--sweep-min", default="1KiB")
+    p.add_argument("--sweep-max", default="64MiB")
+    p.add_argument("--iters", type=int, default=None)
+    p.add_argument("--no-sweep", action="store_true")
+    p.add_argument("--trace", choices=("none", "first", "all"), default="first")
+    p.add_argument("--pieces", type=int, default=None)
+    p.add_argument("--channels", type=int, choices=(1, 2), default=None)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--barrier-timeout", type=float, default=None,
-                   help="seconds a rank may be late at a phase barrier before it is named (default 60)")
+    p.add_argument("--barrier-timeout", type=float, default=None)
     # Fault injection, for the launcher's tests and for lesson 3's demonstrations.
-    p.add_argument("--fail-rank", type=int, default=None, help="this rank raises an error …")
-    p.add_argument("--fail-step", type=int, default=0, help="… at this training step")
-    p.add_argument("--hang-rank", type=int, default=None,
-                   help="this rank never reaches the barrier after training (its peers name it)")
+    p.add_argument("--fail-rank", type=int, default=None)
+    p.add_argument("--fail-step", type=int, default=0)
+    p.add_argument("--hang-rank", type=int, default=None)
+    return p
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
     try:
         args.sweep_min_bytes = int(parse_bytes(args.sweep_min, run_language()))  # "1,5MB" is Spanish 1.5 MB

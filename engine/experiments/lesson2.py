@@ -37,6 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ...lessons.arg_help import ExperimentParser
 from ...lessons.checks import Check, check
 from ...lessons.events import CHECK, LOG, PROGRESS
 from ...lessons.lesson2.events import COMM, MEMORY, PHASE, STEP, STRATEGY_DONE
@@ -626,16 +627,14 @@ def strategy_checks(strategy: str, r: dict, held_total: int, predicted_bytes: fl
 # ---------------------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="distai run lesson2", description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=4, help="training steps per strategy (default 4)")
-    p.add_argument("--strategies", default=",".join(STRATEGIES),
-                   help=f"comma-separated subset of {','.join(STRATEGIES)}")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
-                   help="fp32, or bf16 mixed precision (bf16 params/grads, fp32 master+states)")
+    p = ExperimentParser(allow_abbrev=False, prog="distai run lesson2")
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--strategies", default=",".join(STRATEGIES))
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
-    p.add_argument("--batch", type=int, default=16, help="global batch (split across ranks)")
+    p.add_argument("--batch", type=int, default=16)
     add_model_options(p, DEFAULT_MODEL)
-    p.add_argument("--no-check", action="store_true", help="skip the single-process comparison")
+    p.add_argument("--no-check", action="store_true")
     return p
 
 

@@ -50,6 +50,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ...lessons.arg_help import ExperimentParser
 from ...lessons.events import CHECK, PROGRESS
 from ...lessons.lesson3 import checks as lesson_checks
 from ...lessons.lesson3.events import CHECKPOINT, CKPT_COST, COMPARE, FAILURE, PHASE, REDONE, RESTART, STEP
@@ -74,48 +75,39 @@ DEFAULT_MODEL = ModelSize(vocab=64, hidden=64, heads=4, layers=2, seq=16, dropou
 FORGETTABLE = ("rng", "rng.torch", "rng.numpy", "rng.python", "sampler", "optimizer", "scheduler", "scaler")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="distai run lesson3", description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=None, help="training steps (default 40; 200 with --fail-every)")
-    p.add_argument("--step-time", type=float, default=None,
-                   help="make each step last at least this many seconds (default 0; 0.1 with --fail-every, "
-                        "so random failures have time to strike)")
-    p.add_argument("--ckpt-every", type=int, default=5, help="checkpoint every k steps")
-    p.add_argument("--keep", type=int, default=3, help="checkpoints kept")
-    p.add_argument("--format", choices=("file", "dcp"), default="file",
-                   help="file: framed torch.save files; dcp: torch.distributed.checkpoint")
-    p.add_argument("--ckpt-mode", choices=("sync", "async"), default="sync",
-                   help="sync: the step waits for the checkpoint; async: torch.distributed.checkpoint."
-                        "async_save writes it in the background (dcp form)")
-    p.add_argument("--no-ckpt-cost", action="store_true",
-                   help="skip measuring the step-time cost of sync and async checkpoints")
-    p.add_argument("--kill-in-flight", action="store_true",
-                   help="with --ckpt-mode async: the killed rank dies while its checkpoint after --at-step "
-                        "is being written (in flight), not mid-step")
-    p.add_argument("--kill-rank", type=int, default=None, help="rank to SIGKILL (default 1, or 0 alone)")
-    p.add_argument("--at-step", type=int, default=None,
-                   help="step (from 1) in the middle of which it dies (default: steps/2 + 3)")
-    p.add_argument("--fail-every", type=float, default=0.0, help="random failures, mean seconds apart")
-    p.add_argument("--max-failures", type=int, default=3, help="at most this many injected failures")
-    p.add_argument("--no-fault", action="store_true", help="inject no failure")
-    p.add_argument("--forget", choices=FORGETTABLE, action="append", default=[],
-                   help="leave this part of the state out when resuming (to see the resume go wrong)")
-    p.add_argument("--no-compare", action="store_true", help="skip the uninterrupted reference run")
-    p.add_argument("--plain-init", action="store_true",
-                   help="join the group without per-attempt store keys (to see torchrun's in-place "
-                        "restart fail with gloo)")
-    p.add_argument("--ckpt-dir", default=None, help="checkpoint folder (default: the run folder's checkpoints/)")
-    p.add_argument("--amp", choices=("off", "fp16", "bf16"), default="off",
-                   help="autocast dtype; fp16 adds a GradScaler (its state is checkpointed)")
+def build_parser() -> ExperimentParser:
+    p = ExperimentParser(allow_abbrev=False, prog="distai run lesson3")
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--step-time", type=float, default=None)
+    p.add_argument("--ckpt-every", type=int, default=5)
+    p.add_argument("--keep", type=int, default=3)
+    p.add_argument("--format", choices=("file", "dcp"), default="file")
+    p.add_argument("--ckpt-mode", choices=("sync", "async"), default="sync")
+    p.add_argument("--no-ckpt-cost", action="store_true")
+    p.add_argument("--kill-in-flight", action="store_true")
+    p.add_argument("--kill-rank", type=int, default=None)
+    p.add_argument("--at-step", type=int, default=None)
+    p.add_argument("--fail-every", type=float, default=0.0)
+    p.add_argument("--max-failures", type=int, default=3)
+    p.add_argument("--no-fault", action="store_true")
+    p.add_argument("--forget", choices=FORGETTABLE, action="append", default=[])
+    p.add_argument("--no-compare", action="store_true")
+    p.add_argument("--plain-init", action="store_true")
+    p.add_argument("--ckpt-dir", default=None)
+    p.add_argument("--amp", choices=("off", "fp16", "bf16"), default="off")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--samples", type=int, default=1024, help="token sequences in the data set")
+    p.add_argument("--samples", type=int, default=1024)
     add_model_options(p, DEFAULT_MODEL, ("hidden", "heads", "layers", "vocab", "seq", "dropout"))
     p.add_argument("--features", type=int, default=None, help=argparse.SUPPRESS)  # the MLP's; refused below
-    p.add_argument("--batch", type=int, default=32, help="sequences per rank per step")
-    p.add_argument("--noise", type=float, default=0.1,
-                   help="largest share of input tokens replaced by random ones (drawn per step)")
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--noise", type=float, default=0.1)
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--warmup", type=int, default=5)
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.steps is None:
         args.steps = 200 if args.fail_every else 40

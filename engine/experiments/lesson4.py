@@ -47,6 +47,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from ...lessons.arg_help import ExperimentParser
 from ...lessons.checks import Check, check
 from ...lessons.events import CHECK, PHASE
 from ...lessons.lesson4.events import COMM, COMM_CHECK, CONFIG, DTENSOR, MEMORY, PITFALL, STEP, VOCAB
@@ -468,20 +469,16 @@ def verdict(summary: dict, lang: str | None = None) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="distai run lesson4", description=__doc__.split("\n\n")[0])
+    p = ExperimentParser(allow_abbrev=False, prog="distai run lesson4")
     add_model_options(p, DEFAULT_MODEL, ("hidden", "heads", "layers", "vocab", "seq", "ffn", "dropout"))
     p.add_argument("--micro-batch", type=int, default=4)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--lr", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--modes", default="tp,tp+sp", help="comma-separated: tp, tp+sp")
-    p.add_argument("--check-steps", type=int, default=5,
-                   help="timed steps whose time is checked against compute + α-β collectives (default 5)")
-    p.add_argument("--no-regather", dest="regather", action="store_false",
-                   help="with SP, keep the all-gathered input of the column-parallel linears instead "
-                        "of all-gathering it again in backward")
-    p.add_argument("--no-dtensor", dest="dtensor", action="store_false",
-                   help="skip the comparison with PyTorch's DTensor tensor parallelism")
+    p.add_argument("--modes", default="tp,tp+sp")
+    p.add_argument("--check-steps", type=int, default=5)
+    p.add_argument("--no-regather", dest="regather", action="store_false")
+    p.add_argument("--no-dtensor", dest="dtensor", action="store_false")
     return p
 
 

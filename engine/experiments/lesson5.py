@@ -39,6 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ...lessons.arg_help import ExperimentParser
 from ...lessons.events import CHECK, METRIC, PHASE
 from ...lessons.lesson5 import breakdown as bd
 from ...lessons.lesson5 import formulas, run_options
@@ -52,10 +53,9 @@ from ..model import ModelConfigError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(allow_abbrev=False, prog="distai run lesson5",
-                                 description="Pipeline schedules for real: GPipe, 1F1B, interleaved.")
+    ap = ExperimentParser(allow_abbrev=False, prog="distai run lesson5")
     run_options.add_options(ap)
-    ap.add_argument("--microbatch-size", type=int, default=None, help="sequences per microbatch")
+    ap.add_argument("--microbatch-size", type=int, default=None)
     # default: MODEL_CPU or MODEL_GPU, with the fewest layers >= 8 that split evenly for v = 1 and v
     add_model_options(ap, None)
     ap.add_argument("--lr", type=float, default=0.05)

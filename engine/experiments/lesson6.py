@@ -46,6 +46,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ...lessons.arg_help import ExperimentParser
 from ...lessons.checks import Check, check
 from ...lessons.events import CHECK
 from ...lessons.lesson1.formulas import ring_allreduce_time
@@ -76,47 +77,43 @@ DEFAULT_MODEL = ModelSize(vocab=256, hidden=64, heads=4, layers=2, seq=16)
 MODES = ("overlap", "no-overlap", "ddp")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="distai run lesson6", description=__doc__.split("\n\n")[0])
-    g = p.add_argument_group("loss scaling")
-    g.add_argument("--steps", type=int, default=100, help="training steps of the loss-scaling run")
+def build_parser() -> ExperimentParser:
+    p = ExperimentParser(allow_abbrev=False, prog="distai run lesson6")
+    g = p.add_argument_group("loss_scaling")
+    g.add_argument("--steps", type=int, default=100)
     g.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16")
-    g.add_argument("--weights", choices=("autocast", "explicit"), default="autocast",
-                   help="autocast: fp32 parameters, ops in fp16; explicit: fp16 model + fp32 "
-                        "master copies in the optimizer")
-    g.add_argument("--no-scaling", action="store_true", help="train without a loss scaler")
+    g.add_argument("--weights", choices=("autocast", "explicit"), default="autocast")
+    g.add_argument("--no-scaling", action="store_true")
     g.add_argument("--init-scale", type=float, default=FM.GRADSCALER_DEFAULTS["init_scale"])
     g.add_argument("--growth-factor", type=float, default=FM.GRADSCALER_DEFAULTS["growth_factor"])
     g.add_argument("--backoff-factor", type=float, default=FM.GRADSCALER_DEFAULTS["backoff_factor"])
-    g.add_argument("--growth-interval", type=int, default=5,
-                   help="good steps before the scale grows (GradScaler's default is 2000; "
-                        "short here so growth shows within the run)")
-    g.add_argument("--inject-overflow", default="20,21,60",
-                   help="comma-separated steps at which rank 0's gradient gets an inf ('' for none)")
+    g.add_argument("--growth-interval", type=int, default=5)
+    g.add_argument("--inject-overflow", default="20,21,60")
     g.add_argument("--hist-every", type=int, default=10)
     # the loss-scaling GPT (--heads, --vocab and --seq serve the overlap part too)
     add_model_options(p, DEFAULT_MODEL)
     for old, new in (("--width", "hidden"), ("--depth", "layers"), ("--outputs", "vocab")):  # the MLP's names
         p.add_argument(old, dest=new, type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    g.add_argument("--batch", type=int, default=4, help="sequences per rank per step")
+    g.add_argument("--batch", type=int, default=4)
     g.add_argument("--lr", type=float, default=1e-3)
     g = p.add_argument_group("overlap")
-    g.add_argument("--bucket-mb", default="0.25,1,4,25",
-                   help="comma-separated bucket sizes (MiB) to sweep")
-    g.add_argument("--dp-hidden", "--dp-width", dest="dp_hidden", type=int, default=256,
-                   help="hidden size of the GPT whose steps are timed")
-    g.add_argument("--dp-layers", "--dp-depth", dest="dp_layers", type=int, default=2, help="its blocks")
-    g.add_argument("--dp-batch", type=int, default=2, help="its sequences per rank per step")
-    g.add_argument("--timed-steps", type=int, default=5, help="timed steps per configuration and round")
+    g.add_argument("--bucket-mb", default="0.25,1,4,25")
+    g.add_argument("--dp-hidden", "--dp-width", dest="dp_hidden", type=int, default=256)
+    g.add_argument("--dp-layers", "--dp-depth", dest="dp_layers", type=int, default=2)
+    g.add_argument("--dp-batch", type=int, default=2)
+    g.add_argument("--timed-steps", type=int, default=5)
     g.add_argument("--rounds", type=int, default=3)
-    g.add_argument("--check-steps", type=int, default=8,
-                   help="overlapped steps recorded for the exposed-communication check (issue 28)")
-    g.add_argument("--slow-rank", type=int, default=None,
-                   help="negative control: this rank sleeps in every backward of the overlap part …")
-    g.add_argument("--slow-backward-ms", type=float, default=0.0, help="… this many milliseconds")
+    g.add_argument("--check-steps", type=int, default=8)
+    g.add_argument("--slow-rank", type=int, default=None)
+    g.add_argument("--slow-backward-ms", type=float, default=0.0)
     g.add_argument("--skip-scaling", action="store_true")
     g.add_argument("--skip-overlap", action="store_true")
     g.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
     try:
         args.inject = sorted({int(s) for s in args.inject_overflow.split(",") if s.strip()})

@@ -59,6 +59,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ...lessons.arg_help import ExperimentParser
 from ...lessons.checks import Check, check
 from ...lessons.events import CHECK, PHASE
 from ...lessons.lesson7 import formulas as f7
@@ -111,36 +112,33 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="distai run lesson7", description=__doc__.split("\n\n")[0])
+    p = ExperimentParser(allow_abbrev=False, prog="distai run lesson7")
     g = p.add_argument_group("model")
     add_model_options(g, DEFAULT_MODEL, DECODE_SIZE_FLAGS)
     g.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     g.add_argument("--seed", type=int, default=0)
-    g = p.add_argument_group("TP/PP decode")
-    g.add_argument("--batch", type=int, default=4, help="sequences decoded together")
-    g.add_argument("--prompt", type=int, default=16, help="prompt tokens")
-    g.add_argument("--new-tokens", type=int, default=24, help="tokens generated per sequence")
-    g.add_argument("--microbatches", type=int, default=None, help="pipeline microbatches (default W)")
-    g.add_argument("--tp", type=int, default=None,
-                   help="decode on a (pp, tp) mesh: tensor-parallel degree (tp·pp = W; replaces the separate TP and PP parts)")
-    g.add_argument("--pp", type=int, default=None, help="decode on a (pp, tp) mesh: pipeline stages")
-    g = p.add_argument_group("paged KV cache")
+    g = p.add_argument_group("decode")
+    g.add_argument("--batch", type=int, default=4)
+    g.add_argument("--prompt", type=int, default=16)
+    g.add_argument("--new-tokens", type=int, default=24)
+    g.add_argument("--microbatches", type=int, default=None)
+    g.add_argument("--tp", type=int, default=None)
+    g.add_argument("--pp", type=int, default=None)
+    g = p.add_argument_group("paged")
     g.add_argument("--requests", type=int, default=32)
     g.add_argument("--block-size", type=int, default=8)
-    g.add_argument("--kv-budget", type=int, default=640, help="KV memory of either cache, in tokens")
+    g.add_argument("--kv-budget", type=int, default=640)
     g.add_argument("--max-batch", type=int, default=16)
-    g.add_argument("--arrival-rate", type=float, default=1.0, help="requests per iteration")
-    g = p.add_argument_group("prefix sharing")
-    g.add_argument("--system-prompt", type=int, default=100, help="tokens of the system prompt every request shares")
+    g.add_argument("--arrival-rate", type=float, default=1.0)
+    g = p.add_argument_group("prefix")
+    g.add_argument("--system-prompt", type=int, default=100)
     g = p.add_argument_group("routing")
     g.add_argument("--replicas", type=int, default=4)
     g.add_argument("--route-requests", type=int, default=600)
-    g.add_argument("--load", type=float, default=1.3,
-                   help="offered work per replica per second, relative to one replica decoding max-batch/2 "
-                        "sequences (≈ utilisation; above 1 queues form)")
+    g.add_argument("--load", type=float, default=1.3)
     g.add_argument("--cost", choices=("measured", "roofline"), default="measured")
-    g.add_argument("--prefix-slots", type=int, default=4, help="prefixes each replica keeps cached")
-    g.add_argument("--skip", default="", help="comma-separated parts to skip: tp, pp, paged, prefix, routing")
+    g.add_argument("--prefix-slots", type=int, default=4)
+    g.add_argument("--skip", default="")
     return p
 
 

@@ -17,17 +17,13 @@ __all__ = ["add_options", "check", "launch_ranks"]
 def add_options(ap: argparse.ArgumentParser) -> None:
     """The options that shape the pipeline: schedules, microbatches, chunks, steps, torch's run and
     the negative control (a slower stage)."""
-    ap.add_argument("--schedules", default="gpipe,1f1b,interleaved",
-                    help="comma-separated: gpipe, 1f1b, interleaved (default: all three)")
-    ap.add_argument("--microbatches", "-m", type=int, default=None,
-                    help="microbatches per step (default: 2 per stage)")
-    ap.add_argument("--chunks", "-v", type=int, default=2, help="chunks per rank for interleaved (default 2)")
-    ap.add_argument("--steps", type=int, default=4, help="training steps per schedule (first is warm-up)")
-    ap.add_argument("--no-torch", action="store_true", help="skip torch.distributed.pipelining's schedules")
-    ap.add_argument("--slow-stage", type=int, default=None, metavar="K",
-                    help="make rank K's stage slower: its forwards do --slow-ms more CPU work each "
-                         "(a negative control: the check must blame unequal stages)")
-    ap.add_argument("--slow-ms", type=float, default=0.0, help="extra work per forward of --slow-stage (ms)")
+    ap.add_argument("--schedules", default="gpipe,1f1b,interleaved")
+    ap.add_argument("--microbatches", "-m", type=int, default=None)
+    ap.add_argument("--chunks", "-v", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--slow-stage", type=int, default=None, metavar="K")
+    ap.add_argument("--slow-ms", type=float, default=0.0)
 
 
 def check(args: argparse.Namespace, p: int) -> tuple[list[str], int, int]:

@@ -1,0 +1,110 @@
+"""An experiment's ``--help`` (``distai run LESSON -- --help``) in the learner's language.
+
+Each experiment's parser is an :class:`ExperimentParser` whose ``prog`` ends with the experiment's name
+("distai run lesson1"). Its options carry no help text in the code: when the help is printed, every
+option's text, the description, the groups' titles, the metavars and argparse's own words ("usage:",
+"options", "-h") come from ``lessons/catalog/run_help.toml`` in the run's language (``DISTAI_LANG``,
+which the launcher sets). An option's text is ``[<lang>.<experiment>].<dest>``, else
+``[<lang>.common].<dest>`` (the options several experiments share: the GPT's size, ``--seed`` …); its
+default is said after it, formatted by ``lessons/units.py`` ("por defecto: 0,1"), unless it is None
+(the text then says what happens) or a flag's. ``tests/test_run_help.py`` checks that every option of
+every experiment has its text, in both languages.
+"""
+from __future__ import annotations
+
+import argparse
+import textwrap
+from collections.abc import Mapping
+from typing import Any
+
+from .strings import detect_language, strings
+from .units import format_integer, format_plain
+
+__all__ = ["AREA", "COMMON", "ExperimentParser", "option_text", "default_text"]
+
+AREA = "run_help"
+COMMON = "common"
+
+
+def option_text(experiment: str, dest: str, lang: str) -> str | None:
+    """The help of ``experiment``'s option ``dest`` in ``lang``: the experiment's own text, else the shared one."""
+    table = strings(AREA, lang)
+    for section in (table.get(experiment, {}), table[COMMON]):
+        text = section.get(dest)
+        if isinstance(text, str):
+            return text
+    return None
+
+
+def default_text(value: Any, lang: str) -> str | None:
+    """A default as the help says it in ``lang`` (``0,1``, ``1.024``: units' formats), or None when it
+    goes unsaid: None (the option's text says what happens then), a flag's, an empty one, a suppressed one."""
+    if value is None or isinstance(value, bool) or value == argparse.SUPPRESS or value in ("", []):
+        return None
+    if isinstance(value, int):
+        return format_integer(value, lang)
+    if isinstance(value, float):
+        return format_plain(value, lang)
+    return str(value)
+
+
+def _metavar(action: argparse.Action, words: Mapping[str, Any]) -> str | tuple[str, ...] | None:
+    """What stands for an option's value: the catalog's name for the option (a size, a list), else for its
+    type (N, X); None where argparse shows the choices or the option takes no value."""
+    if action.nargs == 0 or action.choices is not None or action.metavar is not None:
+        return action.metavar
+    names = words["metavar"]
+    kind = getattr(action.type, "__name__", "str") if action.type is not None else "str"
+    return names.get(action.dest) or names.get(kind) or names["str"]
+
+
+class _Formatter(argparse.HelpFormatter):
+    """argparse's layout, except that a line never breaks inside a flag ("--growth-" / "interval")."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return textwrap.fill(" ".join(text.split()), width, initial_indent=indent, subsequent_indent=indent,
+                             break_on_hyphens=False)
+
+
+class ExperimentParser(argparse.ArgumentParser):
+    """An experiment's parser whose help is in the run's language (the module's doc says from where)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
+
+    @property
+    def experiment(self) -> str:
+        return self.prog.rsplit(" ", 1)[-1]
+
+    def format_help(self) -> str:
+        lang = detect_language()
+        words = strings(AREA, lang)
+        own = words.get(self.experiment, {})
+        for action in self._actions:
+            if action.help == argparse.SUPPRESS:
+                continue
+            if isinstance(action, argparse._HelpAction):
+                action.help = words["help"]
+                continue
+            text = option_text(self.experiment, action.dest, lang) or ""
+            said = default_text(action.default, lang)
+            if said is not None:
+                text = f"{text} ({words['default'].format(value=said)})" if text else words["default"].format(value=said)
+            action.help = text.replace("%", "%%")  # argparse formats the help with %
+            action.metavar = _metavar(action, words)
+        titles = own.get("groups", {})
+        formatter = self._get_formatter()
+        formatter.add_usage(self.usage, self._actions, self._mutually_exclusive_groups, prefix=words["usage"])
+        formatter.add_text(own.get("description", self.description))
+        for group in self._action_groups:
+            title = words["options"] if group is self._optionals else titles.get(group.title, group.title)
+            formatter.start_section(title)
+            formatter.add_text(group.description)
+            formatter.add_arguments(group._group_actions)
+            formatter.end_section()
+        formatter.add_text(self.epilog)
+        return formatter.format_help()
