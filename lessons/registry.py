@@ -70,9 +70,6 @@ class RunView:
     its options (the capstone: dp·tp·pp ranks), checked before anything is launched.
     ``args``: the experiment's options for the tutor's run key, the run the lesson's text describes
     (the capstone's 5D mesh); ``distai run`` takes them from the command line.
-    ``summary_text``: the function of the lesson's experiment that writes rank 0's printed summary from
-    its summary event alone, ``f(summary, lang) -> str`` (``runs show`` writes it again in the learner's
-    language); None where the summary needs more than that event.
     """
     panel: tuple[str, ...] = ("loss",)
     summary: str = "output"
@@ -80,7 +77,6 @@ class RunView:
     fold: str | None = None
     launch_plan: str | None = None
     args: tuple[str, ...] = ()
-    summary_text: str | None = None
 
 
 @dataclass(frozen=True)
@@ -157,7 +153,7 @@ class Lesson:
 def _run_view(lesson_id: str, data: dict) -> RunView:
     view = RunView(panel=tuple(data.get("panel", RunView.panel)), summary=data.get("summary", RunView.summary),
                    terminal=data.get("terminal"), fold=data.get("fold"), launch_plan=data.get("launch_plan"),
-                   args=tuple(str(a) for a in data.get("args", ())), summary_text=data.get("summary_text"))
+                   args=tuple(str(a) for a in data.get("args", ())))
     unknown = [p for p in view.panel if p not in RUN_PANELS]
     if unknown or view.summary not in RUN_SUMMARIES:
         raise ValueError(f"{lesson_id}: [run] panel takes {RUN_PANELS} and summary one of {RUN_SUMMARIES}")

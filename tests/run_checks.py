@@ -83,7 +83,7 @@ def assert_trace_decomposes(events: list[dict], check: dict, blocks: int | None 
 
 def assert_summary_rerenders(events: list[dict], lesson_id: str, printed: str | None = None) -> None:
     """Rank 0's summary event, as recorded (JSON), is all ``distai runs show`` needs to write rank 0's
-    printed summary again in the other language (the lesson's ``[run] summary_text``): it renders in en
+    printed summary again in the other language (its experiment's ``summary_from_event``): it renders in en
     and in es, differently; ``printed`` (rank 0's output, in English), where the test has it, holds the
     English rendering line for line."""
     from distai.tutor.cli_runs import summary_renderer

@@ -166,9 +166,13 @@ def runs_show(
             typer.echo(say("resume", command=resume), err=True)
 
 
+#: what every experiment names the function that writes rank 0's printed summary from its summary event
+#: alone, ``f(summary, lang) -> str``: ``runs show`` writes it again in the learner's language
+SUMMARY_RENDERER = "summary_from_event"
+
+
 def summary_renderer(lesson_id: str):
-    """The lesson's ``[run] summary_text``, its experiment's ``f(summary, lang) -> str``, or None (imports the
-    experiment, and torch)."""
+    """The lesson's experiment's :data:`SUMMARY_RENDERER`, or None (imports the experiment, and torch)."""
     import importlib
 
     from ..lessons.registry import UnknownLessonError, resolve_lesson
@@ -177,9 +181,9 @@ def summary_renderer(lesson_id: str):
         lesson = resolve_lesson(lesson_id)
     except UnknownLessonError:  # a run of a lesson this version no longer has
         return None
-    if not (lesson.experiment and lesson.run.summary_text):
+    if not lesson.experiment:
         return None
-    return getattr(importlib.import_module(lesson.experiment), lesson.run.summary_text)
+    return getattr(importlib.import_module(lesson.experiment), SUMMARY_RENDERER, None)
 
 
 def rerender_summary(events: list[dict], lesson: str, made_in: str, language: str) -> bool:
