@@ -69,7 +69,8 @@ def compute(v: dict) -> dict:
                          tied_embeddings=v["head"] == "tied")
     cluster = pl.Cluster(gpus=v["gpus"], gpu_memory=v["gpu_mem"], gpus_per_node=v["gpus_per_node"],
                          flops=v["flops"], intra_bandwidth=v["intra_bw"], inter_bandwidth=v["inter_bw"],
-                         alpha=v["alpha"], inter_alpha=v["inter_alpha"], efficiency=v["efficiency"],
+                         alpha=pl.Cluster.alpha if v["alpha"] is None else v["alpha"],
+                         nccl_collectives=v["alpha"] is None, inter_alpha=v["inter_alpha"], efficiency=v["efficiency"],
                          memory_util=v["memory_util"], tp_across_nodes=bool(v["tp_across_nodes"]),
                          hbm_bandwidth=v["hbm_bw"], gemm_peak_fraction=v["gemm_efficiency"],
                          flash_attention=v["flash_attention"] == "on", dp_ring_nics=v["dp_ring_nics"])
@@ -92,6 +93,7 @@ def compute(v: dict) -> dict:
               "gpus": cluster.gpus, "gpu_memory_bytes": cluster.gpu_memory, "gpus_per_node": cluster.gpus_per_node,
               "flops": cluster.flops, "intra_bandwidth_bytes_per_s": cluster.intra_bandwidth,
               "inter_bandwidth_bytes_per_s": cluster.inter_bandwidth, "alpha_s": cluster.alpha,
+              "collective_model": "nccl" if cluster.nccl_collectives else "alpha-beta",
               "inter_alpha_s": cluster.inter_alpha, "efficiency": cluster.efficiency,
               "hbm_bandwidth_bytes_per_s": cluster.hbm_bandwidth, "gemm_efficiency": cluster.gemm_peak_fraction,
               "gemm_half_width": cluster.gemm_half_width, "flash_attention": cluster.flash_attention,
@@ -146,6 +148,7 @@ def text(r: dict, lang: str = "en") -> list[str]:
             between=units.format_bandwidth(i["inter_bandwidth_bytes_per_s"], lang=lang))
         + (say("ring_nics_per_rank") if i["dp_ring_nics"] == "per-rank" else ""),
         node + say("engine", engine=ENGINE_NAMES[i["engine"]]),
+        say("collectives_nccl") if i["collective_model"] == "nccl" else say("collectives_ring", alpha=t(i["alpha_s"])),
         "",
     ]
     head = ["#", "TP", "CP", "PP", "DP", "EP", "SP", "mb", "ZeRO", cols[0], "v", cols[1], cols[2], "MFU", cols[3]]
@@ -208,7 +211,7 @@ CALCULATOR = Calculator(
                minimum=0, strict_min=True),
         _bandwidth("--intra-bw", "450e9"),
         _bandwidth("--inter-bw", "50e9"),
-        Option("--alpha", "time", default="5us", minimum=0),
+        Option("--alpha", "time", default=None, minimum=0),
         Option("--inter-alpha", "time", default="10us",
                minimum=0),
         Option("--hbm-bw", "bandwidth", default="3.35e12",

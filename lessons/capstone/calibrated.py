@@ -118,7 +118,8 @@ def cluster(run: RunShape, profile: dict) -> pl.Cluster:
     bandwidth = 1 / beta if beta > 0 else 1e30
     return pl.Cluster(gpus=run.world, gpu_memory=1e18, gpus_per_node=run.world, flops=profile["gemm_flops"],
                       intra_bandwidth=bandwidth, inter_bandwidth=bandwidth, alpha=profile["alpha_s"],
-                      inter_alpha=profile["alpha_s"], hbm_bandwidth=profile["elementwise_bytes_per_s"],
+                      inter_alpha=profile["alpha_s"], nccl_collectives=False,  # gloo's measured ring, not NCCL
+                      hbm_bandwidth=profile["elementwise_bytes_per_s"],
                       gemm_peak_fraction=1.0, gemm_half_width=0.0, flash_attention=True)
 
 

@@ -31,8 +31,9 @@ For every split ``tp · pp · dp = G`` the planner
    hardware FLOPs (:func:`~.formulas.hardware_flops_per_token`) at ``efficiency ·`` peak, plus adding its
    gradients into the buffer the reduction sends where the framework does not fuse that into the
    weight-gradient GEMM (``Axes.grad_accumulation``, :func:`grad_accumulation_seconds`, at HBM bandwidth),
-   plus its layers' TP collectives (lesson 4's
-   :func:`~distai.lessons.lesson4.formulas.tp_comm_time_per_layer`, repeated in the recomputed forward;
+   plus its layers' TP collectives (the ops lesson 4's
+   :func:`~distai.lessons.lesson4.formulas.tp_comm_per_layer` counts, each priced by :func:`collective_seconds`:
+   NCCL's model inside a node, the α-β ring across nodes; repeated in the recomputed forward;
    SP's backward re-gathers, its ``regather``, are left out: Megatron-LM overlaps them with the
    input-gradient GEMM),
    plus its point-to-point sends to the neighbouring stages (``2·v`` messages of ``s·b·h·2/t`` bytes,
@@ -57,7 +58,8 @@ For every split ``tp · pp · dp = G`` the planner
    (:func:`~.formulas.mfu`: model FLOPs only, recomputation excluded).
 
 The model is deliberately simple — perfectly balanced stages apart from the embedding slots, no
-overlap of TP or PP communication with compute, ring collectives in the α-β model — so that it
+overlap of TP or PP communication with compute, ring collectives as NCCL prices them inside a node and in
+the α-β model across nodes — so that it
 explains why a layout wins. The GPU model's constants (E per GPU kind, w½) are fitted on published runs
 (:mod:`.published`, ``bench/planner_fit.py``); a fixed ``efficiency`` replaces it when given: measure yours.
 Pure Python.
@@ -71,13 +73,14 @@ from .. import units
 from ..context.formulas import kv_block_bytes
 from ..experts.formulas import dense_mlp_activation_bytes, expert_mlp_activation_bytes
 from ..lesson1.formulas import (
+    nccl_ring_time,
     ring_allgather_time,
     ring_allreduce_time,
     ring_reduce_scatter_time,
     serial_messages_time,
 )
 from ..lesson2.formulas import activation_bytes, activation_bytes_per_layer, bytes_per_param
-from ..lesson4.formulas import tp_comm_time_per_layer
+from ..lesson4.formulas import tp_comm_per_layer
 from ..lesson5.formulas import (
     ScheduleError,
     bubble_fraction,
@@ -120,7 +123,10 @@ class Cluster:
     flops: float = 989e12  # peak dense bf16 FLOP/s (H100 SXM)
     intra_bandwidth: float = 450e9  # NVLink, B/s per direction (H100: 900 GB/s both ways)
     inter_bandwidth: float = 50e9  # per GPU between nodes, B/s (a 400 Gb/s NIC per GPU)
-    alpha: float = 5e-6  # latency per message inside a node, s
+    alpha: float = 5e-6  # latency per message inside a node, s: sends, all-to-alls, and collectives without nccl_collectives
+    nccl_collectives: bool = True  # all-reduces, all-gathers and reduce-scatters inside a node as NCCL's tuner prices
+    #                                them (lesson 1's nccl_ring_time, as the serving planner); False: the α-β ring
+    #                                with ``alpha`` (a measured link, or gloo)
     inter_alpha: float = 10e-6  # between nodes, s
     efficiency: float | None = None  # a fixed fraction of peak for every layer; None: the shape-aware model
     memory_util: float = 1.0  # share of the GPU's memory the job may use (the allowances are counted)
@@ -214,6 +220,32 @@ def _link(cluster: Cluster, across: bool) -> tuple[float, float]:
     if across:
         return cluster.inter_alpha, 1 / cluster.inter_bandwidth
     return cluster.alpha, 1 / cluster.intra_bandwidth
+
+
+def tp_layer_comm_seconds(cluster: Cluster, across: bool, hidden: int, seq: int, micro_batch: int, tp: int,
+                          sequence_parallel: bool) -> float:
+    """Seconds of one layer's tensor-parallel collectives, forward and backward (the ops
+    :func:`~distai.lessons.lesson4.formulas.tp_comm_per_layer` counts, of its s·b·h tensor), each priced by
+    :func:`collective_seconds`."""
+    comm = tp_comm_per_layer(hidden, seq, micro_batch, tp, sequence_parallel)
+    return sum(count * collective_seconds(cluster, across, op, comm["tensor_bytes"], tp)
+               for way in ("forward", "backward") for op, count in comm[way].items())
+
+
+RING_TIMES = {"all_reduce": ring_allreduce_time, "all_gather": ring_allgather_time,
+              "reduce_scatter": ring_reduce_scatter_time}
+
+
+def collective_seconds(cluster: Cluster, across: bool, op: str, size_bytes: float, n: int,
+                       beta: float | None = None) -> float:
+    """One ring ``op`` ("all_reduce", "all_gather", "reduce_scatter") of ``size_bytes`` over ``n`` ranks of a
+    group: inside a node with ``cluster.nccl_collectives``, NCCL's own model at the node's bandwidth
+    (:func:`~distai.lessons.lesson1.formulas.nccl_ring_time`); else the α-β ring of the group's link
+    (:func:`_link`, ``beta`` replacing its β)."""
+    if not across and cluster.nccl_collectives:
+        return nccl_ring_time(size_bytes, n, cluster.intra_bandwidth, op)["time_s"]
+    alpha, link_beta = _link(cluster, across)
+    return RING_TIMES[op](size_bytes, n, alpha, link_beta if beta is None else beta)
 
 
 def _dp_spans_nodes(cluster: Cluster, c: Config) -> bool:
@@ -573,26 +605,28 @@ def _dp_exposed(model: ModelSpec, cluster: Cluster, c: Config, m: int, stage: in
     shard = c.dp * c.cp
     if shard == 1:
         return 0.0
-    alpha, beta = _dp_link(cluster, c)
+    across, beta = _dp_spans_nodes(cluster, c), _dp_link(cluster, c)[1]
+
+    def ring(op: str, size_bytes: float) -> float:
+        return collective_seconds(cluster, across, op, size_bytes, shard, beta)
+
     dense, expert = _params_per_gpu(model, c)
     params_gpu = dense + expert
     grads = params_gpu * cluster.grad_bytes
     backward_mb = compute_mb * 2 / 3 if overlap else 0.0  # a framework that reduces after the pipeline hides none
     zero = c.zero or 0
     if zero == 0:
-        return max(0.0, ring_allreduce_time(grads, shard, alpha, beta) - backward_mb)
-    reduce = ring_allreduce_time if zero == 1 and zero1_reduction == "all-reduce" else ring_reduce_scatter_time
-    scatter = reduce(grads, shard, alpha, beta)
+        return max(0.0, ring("all_reduce", grads) - backward_mb)
+    reduce = "all_reduce" if zero == 1 and zero1_reduction == "all-reduce" else "reduce_scatter"
+    scatter = ring(reduce, grads)
     if zero == 1:
-        return max(0.0, scatter - backward_mb) + ring_allgather_time(params_gpu * PARAM_BYTES, shard, alpha, beta)
+        return max(0.0, scatter - backward_mb) + ring("all_gather", params_gpu * PARAM_BYTES)
     if zero == 2:
-        return (m * max(0.0, scatter - backward_mb)
-                + ring_allgather_time(params_gpu * PARAM_BYTES, shard, alpha, beta))
+        return m * max(0.0, scatter - backward_mb) + ring("all_gather", params_gpu * PARAM_BYTES)
     # one all-gather (forward, backward) and one reduce-scatter per layer, each layer its own unit (FSDP's
     # fully_shard per block, torchtitan's and metaseq's wrapping): the bytes of the whole stage, a ring's
     # (n − 1) latencies once per layer
-    per_layer = (2 * ring_allgather_time(params_gpu * PARAM_BYTES / stage, shard, alpha, beta)
-                 + reduce(grads / stage, shard, alpha, beta))
+    per_layer = 2 * ring("all_gather", params_gpu * PARAM_BYTES / stage) + ring(reduce, grads / stage)
     return m * max(0.0, stage * per_layer - compute_mb)
 
 
@@ -610,8 +644,8 @@ def _deepspeed_p2p_per_microbatch(model: ModelSpec, cluster: Cluster, s_local: i
     sends = serial_messages_time(4, part, alpha, beta) + serial_messages_time(4, 0.0, alpha, beta)
     if tp == 1:
         return sends
-    a_tp, beta_tp = _link(cluster, _spans_nodes(1, tp, cluster.gpus_per_node))
-    return sends + 3 * ring_allgather_time(part * tp, tp, a_tp, beta_tp)
+    across = _spans_nodes(1, tp, cluster.gpus_per_node)
+    return sends + 3 * collective_seconds(cluster, across, "all_gather", part * tp, tp)
 
 
 def _refuse(c: Config, cluster: Cluster, model: ModelSpec, stage: int, m: int, max_zero_pp: int,
@@ -725,16 +759,17 @@ def evaluate(model: ModelSpec, cluster: Cluster, global_batch: int, c: Config, o
     s_local = model.seq // c.cp
     tp_mb = 0.0
     if tp > 1:
-        a, beta = _link(cluster, _spans_nodes(1, tp, g))
-        per_layer = tp_comm_time_per_layer(model.hidden, s_local, b, tp, a, beta, sequence_parallel=c.sp)
+        across = _spans_nodes(1, tp, g)
+        per_layer = tp_layer_comm_seconds(cluster, across, model.hidden, s_local, b, tp, c.sp)
         tp_mb = stage * per_layer * (1.5 if c.recompute == "full" else 1.0)  # the recomputed forward talks again
         if cluster.distributed_checkpoints and c.recompute == "full" and not c.sp:  # each layer's input gathered
-            tp_mb += stage * ring_allgather_time(s_local * b * model.hidden * 2, tp, a, beta)
+            tp_mb += stage * collective_seconds(cluster, across, "all_gather", s_local * b * model.hidden * 2, tp)
     cp_mb = 0.0
     if c.cp > 1:  # Llama 3's all-gather of K and V (forward, recomputed forward) and reduce-scatter of their gradients
-        a, beta = _link(cluster, _spans_nodes(st["cp"], c.cp, g))
+        across = _spans_nodes(st["cp"], c.cp, g)
         kv = c.cp * cp_kv_block_bytes(model, b, tp, c.cp)  # the whole sequence's K and V, one block per rank
-        cp_mb = stage * (2 * ring_allgather_time(kv, c.cp, a, beta) + ring_reduce_scatter_time(kv, c.cp, a, beta))
+        cp_mb = stage * (2 * collective_seconds(cluster, across, "all_gather", kv, c.cp)
+                         + collective_seconds(cluster, across, "reduce_scatter", kv, c.cp))
     pp_mb = 0.0
     if pp > 1:
         a, beta = _link(cluster, _spans_nodes(st["pp"], pp, g))

@@ -159,7 +159,6 @@ from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import TypedDict
 
-from ..lesson1.formulas import ring_allgather_time
 from . import formulas as f
 from . import planner as pl
 
@@ -677,8 +676,8 @@ def worst_error(which: str, key: str = "error") -> float:
 # - the pipeline's sends: megatron/p2p_communication.py's _communicate posts them with batch_isend_irecv, waits
 #   for each, then torch.cuda.synchronize(): blocking, as the planner counts them (2·v per microbatch, each
 #   TP rank's 1/t over its own 25 GB/s HDR port); the all-gather that rebuilds each received tensor over the
-#   TP group (gather_split_1d_tensor) the planner leaves out: counted, it is "gathers_s" a step, 0.014 and
-#   0.053 s, far short of the gaps (1.06 and 1.69 s);
+#   TP group (gather_split_1d_tensor) the planner leaves out: counted, it is "gathers_s" a step, 0.015 and
+#   0.054 s, far short of the gaps (1.05 and 1.64 s);
 # - the interleaved schedule's rules (schedules.py asserts microbatches % pp == 0; arguments.py pp > 2 and the
 #   layers per virtual stage dividing the stage): the best layouts obey them;
 # - the data-parallel reduction: run_table_1.sh runs the pp = 1 runs (1.7B to 18.4B) with --DDP-impl torch,
@@ -731,9 +730,9 @@ def megatron_rank_account(name: str) -> dict:
     best, config, p = r["best"], r["config"], _get(name)
     gathers = 0.0
     if best.tp > 1 and best.pp > 1:
-        alpha, beta = p.cluster.alpha, 1 / p.cluster.intra_bandwidth
         tensor = p.model.seq * best.microbatch * p.model.hidden * 2  # s·b·h in fp16
-        gathers = best.microbatches * 2 * best.chunks * ring_allgather_time(tensor, best.tp, alpha, beta)
+        gathers = best.microbatches * 2 * best.chunks * pl.collective_seconds(p.cluster, False, "all_gather", tensor,
+                                                                             best.tp)
     return {"step_s": config.step_time_s, "best_step_s": best.step_time_s,
             "gap_s": config.step_time_s - best.step_time_s, "best_tp": best.tp, "best_pp": best.pp,
             "best_chunks": best.chunks, "best_pp_comm_s": best.time["pp_comm_s"], "gathers_s": gathers,

@@ -60,12 +60,12 @@ def ring_allreduce_time(size_bytes: float, n: int, alpha: float, beta: float) ->
     return 2 * (n - 1) * alpha + 2 * (n - 1) / n * size_bytes * beta
 
 
-# NCCL's own cost model of a ring all-reduce inside a node over NVLink, as its tuner ranks its three
+# NCCL's own cost model of a ring collective inside a node over NVLink (all-reduce, all-gather, reduce-scatter), as its tuner ranks its three
 # protocols (src/graph/tuning.cc of NCCL 2.18 to 2.20, the versions of 2023's serving runs, read at v2.18.5-1:
 # baseLat, hwLat[NVLINK][RING], the LL and LL128 bus bandwidth refinements; ncclTopoGetAlgoTime's time =
 # latency + bytes / algorithm bandwidth). LL sends 8-byte lines of 4 data bytes and a flag, so a message
-# needs no separate synchronisation but moves at a quarter of the bus bandwidth (at most NCCL's llMaxBw for
-# one node of Ampere or Hopper GPUs); LL128 keeps 120 of 128 bytes; Simple has the whole bandwidth and the longest latency. NCCL takes the fastest: LL for small
+# needs no separate synchronisation but moves at a quarter of the bus bandwidth in an all-reduce, a third in an
+# all-gather or a reduce-scatter inside a node (at most NCCL's llMaxBw for one node of Ampere or Hopper GPUs); LL128 keeps 120 of 128 bytes; Simple has the whole bandwidth and the longest latency. NCCL takes the fastest: LL for small
 # messages, Simple for large. The bus bandwidth is NCCL's topology figure (channels × each channel's
 # bandwidth inside the node), taken here as the link's per-direction bandwidth. Left out: the tree
 # algorithm (within one node its latency is the ring's to a few percent, and its LL bandwidth lower after
@@ -75,7 +75,8 @@ def ring_allreduce_time(size_bytes: float, n: int, alpha: float, beta: float) ->
 NCCL_PROTOCOLS = ("LL", "LL128", "Simple")
 NCCL_RING_BASE_LATENCY = {"LL": 6.6e-6, "LL128": 14.0e-6, "Simple": 8.4e-6}  # s, baseLat[RING]
 NCCL_RING_NVLINK_HOP_LATENCY = {"LL": 0.6e-6, "LL128": 1.9e-6, "Simple": 3.4e-6}  # s per step, hwLat[NVLINK][RING]
-NCCL_BUS_BANDWIDTH_SHARE = {"LL": 0.25, "LL128": 0.92, "Simple": 1.0}
+NCCL_BUS_BANDWIDTH_SHARE = {"LL": 0.25, "LL128": 0.92, "Simple": 1.0}  # an all-reduce's
+NCCL_LL_SHARE_GATHER_SCATTER = 1 / 3  # LL's share for the other rings inside a node (nNodes == 1)
 NCCL_LL_MAX_BANDWIDTH = 87.7e9  # B/s, llMaxBws for one node of Ampere or Hopper GPUs
 
 
@@ -89,26 +90,44 @@ def nccl_ring_latency(steps: int, protocol: str) -> float:
     return NCCL_RING_BASE_LATENCY[protocol] + steps * NCCL_RING_NVLINK_HOP_LATENCY[protocol]
 
 
-def nccl_ring_allreduce(size_bytes: float, n: int, bus_bandwidth: float) -> dict:
-    """NCCL's predicted time of a ring all-reduce of ``size_bytes`` on ``n`` GPUs of one NVLink node
-    whose link moves ``bus_bandwidth`` B/s (the Simple protocol's busbw): {"time_s", "protocol" (the
-    fastest, as NCCL picks it), "times_s" (each protocol's)}. Each protocol p costs
-    baseLat_p + 2(n−1)·hwLat_p + 2(n−1)/n·S / (share_p·busbw), the share capped for LL (model above)."""
+#: the collectives NCCL's tuner prices as rings (tuning.cc: a ring of 2(n−1) steps for an all-reduce, n−1 for the
+#: others), named as :func:`~distai.lessons.lesson4.formulas.tp_comm_per_layer` counts them
+NCCL_RING_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+
+
+def nccl_ring_time(size_bytes: float, n: int, bus_bandwidth: float, collective: str = "all_reduce") -> dict:
+    """NCCL's predicted time of a ring ``collective`` (:data:`NCCL_RING_COLLECTIVES`) of ``size_bytes`` (the
+    whole buffer: an all-gather's output, a reduce-scatter's input) on ``n`` GPUs of one NVLink node whose
+    link moves ``bus_bandwidth`` B/s (the Simple protocol's busbw): {"time_s", "protocol" (the fastest, as
+    NCCL picks it), "times_s" (each protocol's)}. With k steps (2(n−1) for an all-reduce, n−1 for the
+    others) each protocol p costs baseLat_p + k·hwLat_p + k/n·S / (share_p·busbw); LL's share is a quarter
+    for an all-reduce and a third for the others inside a node, capped at llMaxBw (model above)."""
     n = _check_n(n)
     _check_size(size_bytes)
+    if collective not in NCCL_RING_COLLECTIVES:
+        raise ValueError(f"unknown collective {collective!r}; choose one of {', '.join(NCCL_RING_COLLECTIVES)}")
     if not (bus_bandwidth > 0) or math.isinf(bus_bandwidth):
         raise ValueError("the bus bandwidth must be a finite number of bytes/s > 0")
     if n == 1:
         return {"time_s": 0.0, "protocol": None, "times_s": dict.fromkeys(NCCL_PROTOCOLS, 0.0)}
-    steps = 2 * (n - 1)
+    steps = 2 * (n - 1) if collective == "all_reduce" else n - 1
     times = {}
     for p in NCCL_PROTOCOLS:
-        bandwidth = NCCL_BUS_BANDWIDTH_SHARE[p] * bus_bandwidth
+        share = NCCL_BUS_BANDWIDTH_SHARE[p]
+        if p == "LL" and collective != "all_reduce":
+            share = NCCL_LL_SHARE_GATHER_SCATTER
+        bandwidth = share * bus_bandwidth
         if p == "LL":
             bandwidth = min(bandwidth, NCCL_LL_MAX_BANDWIDTH)
         times[p] = nccl_ring_latency(steps, p) + steps / n * size_bytes / bandwidth
     fastest = min(times, key=times.__getitem__)
     return {"time_s": times[fastest], "protocol": fastest, "times_s": times}
+
+
+def nccl_ring_allreduce(size_bytes: float, n: int, bus_bandwidth: float) -> dict:
+    """NCCL's predicted time of a ring all-reduce (:func:`nccl_ring_time`): each protocol p costs
+    baseLat_p + 2(n−1)·hwLat_p + 2(n−1)/n·S / (share_p·busbw), the share capped for LL (model above)."""
+    return nccl_ring_time(size_bytes, n, bus_bandwidth, "all_reduce")
 
 
 def serial_messages_time(messages: int, message_bytes: float, alpha: float, beta: float) -> float:
