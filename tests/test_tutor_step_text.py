@@ -16,11 +16,13 @@ from distai.tutor.app import DistaiApp
 from distai.tutor.screens.lesson import LessonScreen, step_markdown
 from distai.tutor.screens.step_text import (
     GLUE,
+    NO_BREAK,
     FittingTable,
     StepText,
     WrappedCode,
     WrappingFence,
     column_widths,
+    is_inline_formula,
     keep_together,
     unwrap_command,
     wrap_code,
@@ -137,6 +139,32 @@ def test_keep_together_binds_prose_only():
     assert "E~0,63" in bound and "405~mil~millones" in bound
     assert "`--gpus 8 GB`" in bound and "<!-- check: x = 8 GB -->" in bound
     assert bound.replace("~", " ") == text.replace("mil\nmillones", "mil millones")
+
+
+def test_a_short_inline_formula_is_kept_on_one_line_and_code_a_learner_copies_is_not():
+    """A formula in backticks is glued ("(n −" / "1)·TPOT" broke across lines in lesson 7's SLO step); a
+    command, a flag or Python keeps its plain spaces, since a no-break space pasted into a shell breaks it."""
+    text = 'takes `TTFT + (n − 1)·TPOT`; run `distai run lesson1 --cpu 2` or `--steps 300` or `mesh["dp", "cp"]`'
+    bound = keep_together(text).replace(GLUE, "~")
+    assert "`TTFT~+~(n~−~1)·TPOT`" in bound
+    assert "`distai run lesson1 --cpu 2`" in bound and "`--steps 300`" in bound and '`mesh["dp", "cp"]`' in bound
+    assert is_inline_formula("(p−1)/(v·m + p − 1)") and not is_inline_formula("dp_shard × cp")
+    assert not is_inline_formula("2(N−1)α + 2(N−1)/N·S·β = 2(N−1)/N·S·β + 14 · 5 µs")  # too long for a line
+
+    async def widths():
+        sentence = "A request with n output tokens takes about `TTFT + (n − 1)·TPOT` in all. " * 3
+        app = DistaiApp("en")
+        async with app.run_test(size=(80, 24)) as pilot:
+            view = StepText()
+            await app.screen.mount(view)
+            await view.update(sentence)
+            for width in range(24, 61):
+                view.styles.width = width
+                await pilot.pause()
+                lines = [line for block in view.query(MarkdownBlock) for line in _rendered(block)]
+                assert sum("TTFT + (n − 1)·TPOT" in line.replace(NO_BREAK, " ") for line in lines) == 3, width
+
+    asyncio.run(widths())
 
 
 def test_a_number_stays_with_its_unit_where_the_line_wraps():

@@ -50,12 +50,29 @@ def _bind(prose: str) -> str:
     return units.bind_units(prose, GLUE)
 
 
+# A short inline formula stays on one line ("(n −" / "1)·TPOT" broke it); inline code a learner may copy (a
+# command, a flag, Python) keeps its spaces: a no-break space pasted into a shell or Python breaks it.
+MAX_BOUND_FORMULA = 32
+_MATH = set("=·×−+/()≈≤≥√Σ")
+_CODE = re.compile(r"[\"'_\[\]{}]|--|^(?:distai|python|torchrun|pip|git|srun|sbatch)\b")
+
+
+def is_inline_formula(code: str) -> bool:
+    """Whether an inline code span (without its backticks) is a short formula to keep on one line."""
+    return (" " in code and len(code) <= MAX_BOUND_FORMULA and bool(_MATH & set(code))
+            and _CODE.search(code) is None)
+
+
 def keep_together(markdown: str) -> str:
     """``markdown`` with GLUE (shown as a no-break space) between a number and its unit and between an
-    axis and its degree, in the prose only (code and comments untouched)."""
+    axis and its degree, in the prose only (code and comments untouched), and inside a short inline
+    formula (:func:`is_inline_formula`)."""
     out, last = [], 0
     for block in _NOT_PROSE.finditer(markdown):
-        out += [_bind(markdown[last:block.start()]), block.group(0)]
+        code = block.group(0)
+        if not code.startswith(("```", "<!--")) and is_inline_formula(code[1:-1]):
+            code = code.replace(" ", GLUE)
+        out += [_bind(markdown[last:block.start()]), code]
         last = block.end()
     out.append(_bind(markdown[last:]))
     return "".join(out)
