@@ -30,6 +30,8 @@ MESH_DIMS = AXES
 #: the GPT the 3D run trains: GPT-2's shape, untied (the pipeline's ends are on different ranks)
 MODEL_CPU = ModelSize(vocab=64, hidden=32, heads=4, seq=16, tie_embeddings=False)
 MODEL_GPU = ModelSize(vocab=1024, hidden=512, heads=8, seq=256, tie_embeddings=False)
+MICROBATCH_CPU, MICROBATCH_GPU = 2, 4  # sequences per microbatch by default
+MIN_DEFAULT_LAYERS = 4  # the GPT has at least these blocks when --layers is not given (a multiple of pp·v)
 
 
 class MeshConfigError(TranslatedError):
@@ -82,6 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-check", dest="check", action="store_false")
+    ap.help_fields = {**{name: {"cpu": getattr(MODEL_CPU, name), "gpu": getattr(MODEL_GPU, name)}
+                         for name in ("hidden", "heads", "vocab", "seq")},
+                      "layers": {"least": MIN_DEFAULT_LAYERS},
+                      "microbatch_size": {"cpu": MICROBATCH_CPU, "gpu": MICROBATCH_GPU},
+                      "schedule": {"choices": ", ".join(sim.SCHEDULES)}}
     return ap
 
 
@@ -150,10 +157,10 @@ def plan_run(argv: list[str] | None, world: int, cuda: bool) -> RunPlan:
     if args.steps < 1:
         raise MeshConfigError.keyed("steps", steps=args.steps)
     stages = shape.pp * v
-    layers = args.layers if args.layers is not None else stages * max(1, -(-4 // stages))
+    layers = args.layers if args.layers is not None else stages * max(1, -(-MIN_DEFAULT_LAYERS // stages))
     model = ModelSize.from_args(args, MODEL_GPU if cuda else MODEL_CPU, layers=layers)
     m = args.microbatches if args.microbatches is not None else 2 * shape.pp
-    b = args.microbatch_size or (4 if cuda else 2)
+    b = args.microbatch_size or (MICROBATCH_GPU if cuda else MICROBATCH_CPU)
     if b < 1:
         raise MeshConfigError.keyed("microbatch_size", value=b)
     if args.moe and not 1 <= args.top_k <= args.experts:

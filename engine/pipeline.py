@@ -125,7 +125,10 @@ def split_stages(model: GPT, n_stages: int) -> list[StageModule]:
     return [StageModule(model, range(s * per, (s + 1) * per), s == 0, s == n_stages - 1) for s in range(n_stages)]
 
 
-def default_layers(p: int, v: int, minimum: int = 8) -> int:
+MIN_DEFAULT_LAYERS = 8  # lesson 5's GPT has at least these blocks when --layers is not given
+
+
+def default_layers(p: int, v: int, minimum: int = MIN_DEFAULT_LAYERS) -> int:
     """The fewest blocks ≥ ``minimum`` that split evenly for both v = 1 and v chunks per rank."""
     unit = p * v
     return unit * max(1, math.ceil(minimum / unit))

@@ -20,10 +20,15 @@ from typing import Any
 from .strings import detect_language, strings
 from .units import format_integer, format_plain
 
-__all__ = ["AREA", "COMMON", "ExperimentParser", "option_text", "default_text"]
+__all__ = ["AREA", "COMMON", "ExperimentParser", "HelpFields", "option_help", "option_text", "default_text"]
 
 AREA = "run_help"
 COMMON = "common"
+
+
+#: a help text's fields, per option (``{cpu}`` in "default: {cpu} on CPU"): a value said as a default is, or a
+#: function of the language that says it (a size through ``units``)
+HelpFields = Mapping[str, Mapping[str, Any]]
 
 
 def option_text(experiment: str, dest: str, lang: str) -> str | None:
@@ -46,6 +51,21 @@ def default_text(value: Any, lang: str) -> str | None:
     if isinstance(value, float):
         return format_plain(value, lang)
     return str(value)
+
+
+def option_help(parser: ExperimentParser, action: argparse.Action, lang: str) -> str:
+    """The help of one of ``parser``'s options in ``lang``, its fields filled from the code's values
+    (``parser.help_fields``), its default said after it."""
+    text = option_text(parser.experiment, action.dest, lang) or ""
+    fields = parser.help_fields.get(action.dest)
+    if fields:
+        text = text.format(**{k: v(lang) if callable(v) else default_text(v, lang) or str(v)
+                              for k, v in fields.items()})
+    said = default_text(action.default, lang)
+    if said is None:
+        return text
+    words = strings(AREA, lang)["default"].format(value=said)
+    return f"{text} ({words})" if text else words
 
 
 def _metavar(action: argparse.Action, words: Mapping[str, Any]) -> str | tuple[str, ...] | None:
@@ -75,6 +95,7 @@ class ExperimentParser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any):
         kwargs.setdefault("formatter_class", _Formatter)
         super().__init__(*args, **kwargs)
+        self.help_fields: HelpFields = {}  # the values a text states that live in the code (its CPU model's size …)
 
     @property
     def experiment(self) -> str:
@@ -90,11 +111,7 @@ class ExperimentParser(argparse.ArgumentParser):
             if isinstance(action, argparse._HelpAction):
                 action.help = words["help"]
                 continue
-            text = option_text(self.experiment, action.dest, lang) or ""
-            said = default_text(action.default, lang)
-            if said is not None:
-                text = f"{text} ({words['default'].format(value=said)})" if text else words["default"].format(value=said)
-            action.help = text.replace("%", "%%")  # argparse formats the help with %
+            action.help = option_help(self, action, lang).replace("%", "%%")  # argparse formats the help with %
             action.metavar = _metavar(action, words)
         titles = own.get("groups", {})
         formatter = self._get_formatter()

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from distai.lessons.arg_help import AREA, COMMON, ExperimentParser, default_text, option_text
+from distai.lessons.arg_help import AREA, COMMON, ExperimentParser, default_text, option_help, option_text
 from distai.lessons.registry import all_lessons
 from distai.lessons.strings import LANG_ENV, LANGUAGES, strings
 
@@ -73,14 +73,15 @@ def test_spanish_help_is_spanish_with_its_defaults_in_spanish_numbers(parsers, m
         assert "-h, --help muestra esta ayuda y termina" in text
         assert " ".join(strings(AREA, "es")[parser.experiment]["description"].split()) in text
         for action in _options(parser):
-            spanish = option_text(parser.experiment, action.dest, "es")
-            english = option_text(parser.experiment, action.dest, "en")
-            assert spanish is not None and english is not None
+            spanish = option_help(parser, action, "es")
+            english = option_help(parser, action, "en")
+            assert "{" not in spanish + english, (parser.experiment, action.dest)  # every field filled
             assert " ".join(spanish.split()) in text, (parser.experiment, action.dest)
             said = default_text(action.default, "es")
             if said is not None:
-                assert f"{' '.join(spanish.split())} (por defecto: {said})" in text, (parser.experiment, action.dest)
-            if spanish != english and len(english) > 12:
+                assert spanish.endswith(f"(por defecto: {said})"), (parser.experiment, action.dest)
+            own = option_text(parser.experiment, action.dest, "en")
+            if own != option_text(parser.experiment, action.dest, "es") and len(own or "") > 12:
                 assert " ".join(english.split()) not in text, (parser.experiment, action.dest)
         monkeypatch.setenv(LANG_ENV, "en")
         english_text = " ".join(parser.format_help().split())
@@ -114,3 +115,22 @@ def test_capstone_help_through_the_cli_is_in_the_language_asked_and_leaves_the_e
     out = capsys.readouterr().out
     assert out.startswith("uso: distai run capstone") and "grado de paralelismo de datos" in out
     assert LANG_ENV not in os.environ
+
+
+def test_a_default_that_lives_in_the_code_is_said_from_it(monkeypatch):
+    """Texts whose default depends on the machine take its values from the code (help_fields): lesson 5's and the
+    capstone's GPT on CPU and GPU, their microbatch, lesson 1's ring pieces."""
+    from distai.engine import mesh_args
+    from distai.engine.experiments import lesson5
+
+    five = _parser("distai.engine.experiments.lesson5")
+    hidden = next(a for a in five._actions if a.dest == "hidden")
+    assert option_help(five, hidden, "en") == (f"hidden size h (default: {lesson5.MODEL_CPU.hidden} on CPU, "
+                                               f"{lesson5.MODEL_GPU.hidden} on GPU)")
+    capstone = _parser("distai.engine.experiments.capstone")
+    size = next(a for a in capstone._actions if a.dest == "microbatch_size")
+    assert option_help(capstone, size, "es") == (f"secuencias por microlote (por defecto: {mesh_args.MICROBATCH_CPU} "
+                                                 f"en CPU, {mesh_args.MICROBATCH_GPU} en GPU)")
+    one = _parser("distai.engine.experiments.lesson1")
+    pieces = next(a for a in one._actions if a.dest == "pieces")
+    assert "8 MiB" in option_help(one, pieces, "en") and "4 MiB" in option_help(one, pieces, "es")

@@ -77,6 +77,13 @@ def build_parser() -> ExperimentParser:
     p.add_argument("--fail-rank", type=int, default=None)
     p.add_argument("--fail-step", type=int, default=0)
     p.add_argument("--hang-rank", type=int, default=None)
+    from .. import ring
+
+    def size(n: int):
+        return lambda lang: format_bytes(n, binary=True, lang=lang)
+
+    p.help_fields = {"iters": {"most": default_iters(0), "least": default_iters(1 << 62)},
+                     "pieces": {"whole": size(ring.MIN_PIPELINED_CHUNK), "piece": size(ring.DEFAULT_PIECE_BYTES)}}
     return p
 
 

@@ -635,6 +635,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=16)
     add_model_options(p, DEFAULT_MODEL)
     p.add_argument("--no-check", action="store_true")
+    p.help_fields = {"strategies": {"all": ", ".join(STRATEGIES)}}
     return p
 
 

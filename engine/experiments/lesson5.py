@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_options(ap, None)
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
+    ap.help_fields = {**{name: {"cpu": getattr(MODEL_CPU, name), "gpu": getattr(MODEL_GPU, name)}
+                         for name in ("hidden", "heads", "vocab", "seq")},
+                      "layers": {"least": pl.MIN_DEFAULT_LAYERS},
+                      "microbatch_size": {"cpu": MICROBATCH_CPU, "gpu": MICROBATCH_GPU}}
     return ap
 
 
@@ -67,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
 #: blocks of a few ms, so that compute dominates gloo's latency and the schedule's bubble shows
 MODEL_CPU = ModelSize(vocab=64, hidden=128, heads=4, seq=64, tie_embeddings=False)
 MODEL_GPU = ModelSize(vocab=1024, hidden=1024, heads=16, seq=256, tie_embeddings=False)
+MICROBATCH_CPU, MICROBATCH_GPU = 4, 8  # sequences per microbatch by default
 
 
 def check_args(args, p: int) -> tuple[list[str], int, int]:
@@ -450,7 +455,7 @@ def run(ctx, args: argparse.Namespace) -> dict | None:
     schedules, m, v = check_args(args, p)
     layers = args.layers if args.layers is not None else pl.default_layers(p, v)  # p·v equal stages
     cfg = ModelSize.from_args(args, MODEL_GPU if ctx.is_cuda else MODEL_CPU, layers=layers)
-    args.microbatch_size = args.microbatch_size or (8 if ctx.is_cuda else 4)
+    args.microbatch_size = args.microbatch_size or (MICROBATCH_GPU if ctx.is_cuda else MICROBATCH_CPU)
     batches = _batches(cfg, m, args.microbatch_size, args.steps, ctx.device)
     if ctx.rank == 0:
         PP_CONFIG.emit(ctx.events, {"p": p, "m": m, "v": v, "schedules": schedules,

@@ -108,7 +108,7 @@ def build_parser() -> ExperimentParser:
     g.add_argument("--slow-backward-ms", type=float, default=0.0)
     g.add_argument("--skip-scaling", action="store_true")
     g.add_argument("--skip-overlap", action="store_true")
-    g.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)  # both parts
     return p
 
 
