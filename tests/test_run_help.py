@@ -134,3 +134,16 @@ def test_a_default_that_lives_in_the_code_is_said_from_it(monkeypatch):
     one = _parser("distai.engine.experiments.lesson1")
     pieces = next(a for a in one._actions if a.dest == "pieces")
     assert "8 MiB" in option_help(one, pieces, "en") and "4 MiB" in option_help(one, pieces, "es")
+
+
+def test_an_experiments_help_printed_by_its_own_process_follows_the_runs_language(capsys, tmp_path, monkeypatch):
+    """`distai run lesson3 --lang es -- --help`: the experiment parses --help in a process of its own, which
+    reads the language from DISTAI_LANG as the ranks do."""
+    monkeypatch.setenv("DISTAI_HOME", str(tmp_path))
+    monkeypatch.delenv(LANG_ENV, raising=False)
+    monkeypatch.setenv("LANG", "en_US.UTF-8")
+    from distai.tutor.cli import main
+
+    assert main(["run", "lesson3", "--lang", "es", "--", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("uso: distai run lesson3") and "--ckpt-dir CARPETA" in out and "por defecto: 0,01" in out
