@@ -1007,3 +1007,29 @@ def test_calc_plan_says_which_model_priced_the_collectives_and_alpha_switches_to
         "Collectives inside a node: the α-β ring, α = 2 µs a step (--alpha); between nodes, with --inter-alpha"
     assert run(capsys, *ISSUE_ARGS, "--lang", "es")[1].splitlines()[4].startswith(
         "Colectivas dentro de un nodo: el modelo de NCCL")
+
+
+@pytest.mark.parametrize("lang", ["en", "es"])
+def test_the_published_steps_error_tables_are_the_error_table(lang):
+    """Every row of the published step's tables (run, layout, rank, predicted, published, error) reads as
+    pub.error_table() gives it, in the text's language: a table cell has no check of its own (its check's number
+    can appear elsewhere in the step), so a stale cell was possible."""
+    import re
+    from pathlib import Path
+
+    import distai.lessons.capstone as capstone
+
+    def pct(x: float, sign: bool = False) -> str:
+        s = f"{abs(x) * 100:.1f}"
+        s = s.replace(".", ",") if lang == "es" else s
+        return (("+" if x >= 0 else "−") if sign else "") + s + (" %" if lang == "es" else "%")
+
+    text = (Path(capstone.__file__).parent / lang / "published.md").read_text()
+    rows = re.findall(r"^\| `([^`]+)` \| ([\d·]+) \| (\d+) (?:of|de) (\d+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \|$", text, re.M)
+    table = {r["name"]: r for r in pub.error_table()}
+    assert sorted(name for name, *_ in rows) == sorted(table)
+    for name, layout, rank, layouts, predicted, published, error in rows:
+        r = table[name]
+        assert (layout, int(rank), int(layouts)) == ("·".join(map(str, r["layout"])), r["rank"], r["layouts"]), name
+        assert (predicted.strip(), published.strip(), error.strip()) == (
+            pct(r["predicted_mfu"]), pct(r["published_mfu"]), pct(r["error"], True)), name

@@ -123,7 +123,7 @@ class Cluster:
     flops: float = 989e12  # peak dense bf16 FLOP/s (H100 SXM)
     intra_bandwidth: float = 450e9  # NVLink, B/s per direction (H100: 900 GB/s both ways)
     inter_bandwidth: float = 50e9  # per GPU between nodes, B/s (a 400 Gb/s NIC per GPU)
-    alpha: float = 5e-6  # latency per message inside a node, s: sends, all-to-alls, and collectives without nccl_collectives
+    alpha: float = 5e-6  # latency per message inside a node, s: pipeline sends, and collectives without nccl_collectives
     nccl_collectives: bool = True  # all-reduces, all-gathers and reduce-scatters inside a node as NCCL's tuner prices
     #                                them (lesson 1's nccl_ring_time, as the serving planner); False: the α-β ring
     #                                with ``alpha`` (a measured link, or gloo)

@@ -60,22 +60,25 @@ def ring_allreduce_time(size_bytes: float, n: int, alpha: float, beta: float) ->
     return 2 * (n - 1) * alpha + 2 * (n - 1) / n * size_bytes * beta
 
 
-# NCCL's own cost model of a ring collective inside a node over NVLink (all-reduce, all-gather, reduce-scatter), as its tuner ranks its three
-# protocols (src/graph/tuning.cc of NCCL 2.18 to 2.20, the versions of 2023's serving runs, read at v2.18.5-1:
-# baseLat, hwLat[NVLINK][RING], the LL and LL128 bus bandwidth refinements; ncclTopoGetAlgoTime's time =
-# latency + bytes / algorithm bandwidth). LL sends 8-byte lines of 4 data bytes and a flag, so a message
-# needs no separate synchronisation but moves at a quarter of the bus bandwidth in an all-reduce, a third in an
-# all-gather or a reduce-scatter inside a node (at most NCCL's llMaxBw for one node of Ampere or Hopper GPUs); LL128 keeps 120 of 128 bytes; Simple has the whole bandwidth and the longest latency. NCCL takes the fastest: LL for small
-# messages, Simple for large. The bus bandwidth is NCCL's topology figure (channels × each channel's
-# bandwidth inside the node), taken here as the link's per-direction bandwidth. Left out: the tree
-# algorithm (within one node its latency is the ring's to a few percent, and its LL bandwidth lower after
-# NCCL's tree correction, so ring LL wins at decode's sizes), NVLS on NVSwitch H100s (23 µs, for large
-# messages), LL128's per-channel cap (20 GB/s a channel on Ampere: it binds only for large messages at a
-# high bus bandwidth) and the inter-node terms (this is the model inside a node).
+# NCCL's own cost model of a ring collective (all-reduce, all-gather, reduce-scatter) inside a node over
+# NVLink, as its tuner ranks its three protocols (src/graph/tuning.cc of NCCL 2.18 to 2.20, the versions of
+# 2023's serving runs, read at v2.18.5-1: baseLat, hwLat[NVLINK][RING], the LL and LL128 bus bandwidth
+# refinements; ncclTopoGetAlgoTime's time = latency + bytes / algorithm bandwidth). LL sends 8-byte lines of 4
+# data bytes and a flag, so a message needs no separate synchronisation but moves slowly: the tuner gives it a
+# quarter of the bus bandwidth in an all-reduce, a third in an all-gather or a reduce-scatter inside a node (at
+# most NCCL's llMaxBw for one node of Ampere or Hopper GPUs); LL128 sends 120 of 128 bytes, which the tuner
+# counts as 0.92 of the bus; Simple has the whole bandwidth and the longest latency. NCCL takes the fastest:
+# LL for small messages, Simple for large. The bus bandwidth is NCCL's topology figure (channels × each
+# channel's bandwidth inside the node), taken here as the link's per-direction bandwidth. Left out: the tree
+# algorithm (all-reduce only; within one node its latency is the ring's to a few percent, and its LL bandwidth
+# lower after NCCL's tree correction, so ring LL wins at decode's sizes), NVLS on NVSwitch H100s (23 µs, for
+# large messages; from 2.19 also for all-gather and reduce-scatter), LL128's per-channel cap (20 GB/s a channel
+# on Ampere, 36.7 on Hopper: it binds only for large messages at a high bus bandwidth) and the inter-node
+# terms (this is the model inside a node).
 NCCL_PROTOCOLS = ("LL", "LL128", "Simple")
 NCCL_RING_BASE_LATENCY = {"LL": 6.6e-6, "LL128": 14.0e-6, "Simple": 8.4e-6}  # s, baseLat[RING]
 NCCL_RING_NVLINK_HOP_LATENCY = {"LL": 0.6e-6, "LL128": 1.9e-6, "Simple": 3.4e-6}  # s per step, hwLat[NVLINK][RING]
-NCCL_BUS_BANDWIDTH_SHARE = {"LL": 0.25, "LL128": 0.92, "Simple": 1.0}  # an all-reduce's
+NCCL_BUS_BANDWIDTH_SHARE = {"LL": 0.25, "LL128": 0.92, "Simple": 1.0}  # LL's: an all-reduce's
 NCCL_LL_SHARE_GATHER_SCATTER = 1 / 3  # LL's share for the other rings inside a node (nNodes == 1)
 NCCL_LL_MAX_BANDWIDTH = 87.7e9  # B/s, llMaxBws for one node of Ampere or Hopper GPUs
 
