@@ -151,41 +151,37 @@ def test_a_short_inline_formula_is_kept_on_one_line_and_code_a_learner_copies_is
     assert is_inline_formula("(p−1)/(v·m + p − 1)") and not is_inline_formula("dp_shard × cp")
     assert not is_inline_formula("2(N−1)α + 2(N−1)/N·S·β = 2(N−1)/N·S·β + 14 · 5 µs")  # too long for a line
 
-    async def widths():
-        sentence = "A request with n output tokens takes about `TTFT + (n − 1)·TPOT` in all. " * 3
+    sentence = "A request with n output tokens takes about `TTFT + (n − 1)·TPOT` in all. " * 3
+    for width, lines in _rendered_at_widths(sentence, range(24, 61)):
+        assert sum("TTFT + (n − 1)·TPOT" in line.replace(NO_BREAK, " ") for line in lines) == 3, width
+
+
+def _rendered_at_widths(markdown: str, widths: range) -> list[tuple[int, list[str]]]:
+    """``markdown`` in the step's text view at each width: (width, its rendered lines)."""
+    out = []
+
+    async def render():
         app = DistaiApp("en")
         async with app.run_test(size=(80, 24)) as pilot:
             view = StepText()
             await app.screen.mount(view)
-            await view.update(sentence)
-            for width in range(24, 61):
+            await view.update(markdown)
+            for width in widths:
                 view.styles.width = width
                 await pilot.pause()
-                lines = [line for block in view.query(MarkdownBlock) for line in _rendered(block)]
-                assert sum("TTFT + (n − 1)·TPOT" in line.replace(NO_BREAK, " ") for line in lines) == 3, width
+                out.append((width, [line for block in view.query(MarkdownBlock) for line in _rendered(block)]))
 
-    asyncio.run(widths())
+    asyncio.run(render())
+    return out
 
 
 def test_a_number_stays_with_its_unit_where_the_line_wraps():
     """At every width from 20 to 60 cells, a paragraph whose lines would break between "35.7" and "GB"
     (or "TP" and "8") keeps them on one line."""
     sentence = "The busiest GPU holds 35.7 GB with TP 8 and 45,3 % of its time in 1.2 s steps. " * 3
-
-    async def widths():
-        app = DistaiApp("en")
-        async with app.run_test(size=(80, 24)) as pilot:
-            text = StepText()
-            await app.screen.mount(text)
-            await text.update(sentence)
-            for width in range(20, 61):
-                text.styles.width = width
-                await pilot.pause()
-                lines = [line for block in text.query(MarkdownBlock) for line in _rendered(block)]
-                assert " ".join(" ".join(lines).split()) == " ".join(sentence.split())
-                assert not _torn_apart(lines), f"width {width}: {_torn_apart(lines)}"
-
-    asyncio.run(widths())
+    for width, lines in _rendered_at_widths(sentence, range(20, 61)):
+        assert " ".join(" ".join(lines).split()) == " ".join(sentence.split())
+        assert not _torn_apart(lines), f"width {width}: {_torn_apart(lines)}"
 
 
 async def _each_lesson(app, pilot):
