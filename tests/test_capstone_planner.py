@@ -1033,3 +1033,25 @@ def test_the_published_steps_error_tables_are_the_error_table(lang):
         assert (layout, int(rank), int(layouts)) == ("·".join(map(str, r["layout"])), r["rank"], r["layouts"]), name
         assert (predicted.strip(), published.strip(), error.strip()) == (
             pct(r["predicted_mfu"]), pct(r["published_mfu"]), pct(r["error"], True)), name
+
+
+def test_readmes_mixtral_plan_is_what_calc_plan_prints(capsys):
+    """README's `calc plan` example with --cp and --ep states its result (layout, ZeRO stage, step time, memory):
+    the command, run as README writes it, prints that (4.99 s had gone stale when the collectives' model changed)."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if "distai calc plan" in line and "--cp 2 --ep 8" in line)
+    command = re.search(r"`(distai calc plan [^`]*)`", row).group(1)
+    claims = re.search(r"TP (\d+) × CP (\d+) × DP (\d+) with EP (\d+).*ZeRO-(\d), ([\d.]+) s a step, ([\d.]+) GB per GPU",
+                       row)
+    assert claims, row
+    tp, cp, dp, ep, zero, step, memory = claims.groups()
+    code, out, err = run(capsys, *shlex.split(command)[3:], "--json")
+    assert code == 0, err
+    best = json.loads(out)["best"]
+    assert (best["tp"], best["cp"], best["pp"], best["dp"], best["ep"], best["zero"]) == \
+        (int(tp), int(cp), 1, int(dp), int(ep), int(zero))
+    assert f"{best['step_time_s']:.2f}" == step and f"{best['memory_bytes'] / 1e9:.1f}" == memory
