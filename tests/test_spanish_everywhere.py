@@ -379,6 +379,27 @@ def test_calculator_help_in_spanish(how):
         assert_both(text, f"distai calc {name} --help ({how})")
 
 
+@pytest.mark.parametrize("lang", ["en", "es"])
+def test_calculator_help_says_each_default_once(lang):
+    """An option whose help says its default in words ("default 989e12: H100 SXM") got Typer's "[default:
+    989e12]" after it as well; now one or the other, in every calculator's help."""
+    base = {LANG_ENV: lang, "LANG": "C.UTF-8", "LC_ALL": ""}
+    helps = calculator_help(base)
+    said = re.compile(r"\b(?:default|por defecto)\b", re.IGNORECASE)
+    for name, text in helps.items():
+        rows: list[str] = []  # one option's row and its wrapped lines each
+        for line in text.splitlines():
+            inner = line.strip("│ ")
+            if inner.startswith("-"):
+                rows.append(inner)
+            elif rows and line.startswith("│"):
+                rows[-1] += " " + inner
+        bracket = re.compile(r"\[(?:default|por defecto): [^]]*\]")
+        twice = [row.split()[0] for row in rows if bracket.search(row) and said.search(bracket.sub("", row))]
+        assert rows and not twice, (name, twice)
+    assert any("[default:" in text or "[por defecto:" in text for text in helps.values())  # Typer's stays elsewhere
+
+
 def test_distai_lang_wins_over_the_locale():
     assert detect_language(environ={LANG_ENV: "es", "LANG": "en_US.UTF-8"}) == "es"
     assert detect_language(environ={"LANG": "es_ES.UTF-8"}) == "es"

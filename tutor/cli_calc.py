@@ -94,14 +94,20 @@ def _parameter(calc: Calculator, option) -> inspect.Parameter:
     else:
         annotation = str if option.default is REQUIRED or option.default is not None else str | None
         default = option.default
+    help_text = calc.option_help(option, HELP_LANG)
     return inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
-                             default=typer.Option(default, *names, help=calc.option_help(option, HELP_LANG),
-                                                  metavar=_metavar(option), show_default=_shown_default(default)))
+                             default=typer.Option(default, *names, help=help_text, metavar=_metavar(option),
+                                                  show_default=_shown_default(default, help_text)))
 
 
-def _shown_default(default: object) -> bool:
-    """Whether Typer shows the default as written ("0.9"): not where the help's language writes a decimal
-    comma; the option's help says it there ("por defecto 0,9")."""
+_SAYS_DEFAULT = re.compile(r"\b(?:default|por defecto)\b", re.IGNORECASE)
+
+
+def _shown_default(default: object, help_text: str) -> bool:
+    """Whether Typer adds "[default: …]" after the help: not where the help already says the default, in its
+    words ("default 989e12: H100 SXM"), nor where the help's language writes a decimal comma ("0,9")."""
+    if _SAYS_DEFAULT.search(help_text):
+        return False
     return not (HELP_LANG == "es" and isinstance(default, str) and re.search(r"\d\.\d", default) is not None)
 
 
