@@ -7,7 +7,8 @@ option's text, the description, the groups' titles, the metavars and argparse's 
 which the launcher sets). An option's text is ``[<lang>.<experiment>].<dest>``, else
 ``[<lang>.common].<dest>`` (the options several experiments share: the GPT's size, ``--seed`` …); its
 default is said after it, formatted by ``lessons/units.py`` ("por defecto: 0,1"), unless it is None
-(the text then says what happens) or a flag's. ``tests/test_run_help.py`` checks that every option of
+(the text then says what happens) or a flag's. A value a text states that lives in the code (lesson 5's
+GPT on CPU: ``{cpu}``) comes from the parser's ``help_fields``. ``tests/test_run_help.py`` checks that every option of
 every experiment has its text, in both languages.
 """
 from __future__ import annotations
@@ -68,11 +69,13 @@ def option_help(parser: ExperimentParser, action: argparse.Action, lang: str) ->
     return f"{text} ({words})" if text else words
 
 
-def _metavar(action: argparse.Action, words: Mapping[str, Any]) -> str | tuple[str, ...] | None:
-    """What stands for an option's value: the catalog's name for the option (a size, a list), else for its
-    type (N, X); None where argparse shows the choices or the option takes no value."""
-    if action.nargs == 0 or action.choices is not None or action.metavar is not None:
-        return action.metavar
+def _metavar(action: argparse.Action, words: Mapping[str, Any],
+             given: str | tuple[str, ...] | None) -> str | tuple[str, ...] | None:
+    """What stands for an option's value: the one the code ``given`` (lesson 5's ``K``), else the catalog's
+    name for the option (a size, a list), else for its type (N, X); None where argparse shows the choices or
+    the option takes no value."""
+    if action.nargs == 0 or action.choices is not None or given is not None:
+        return given
     names = words["metavar"]
     kind = getattr(action.type, "__name__", "str") if action.type is not None else "str"
     return names.get(action.dest) or names.get(kind) or names["str"]
@@ -96,6 +99,7 @@ class ExperimentParser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", _Formatter)
         super().__init__(*args, **kwargs)
         self.help_fields: HelpFields = {}  # the values a text states that live in the code (its CPU model's size …)
+        self._given_metavars: dict[int, str | tuple[str, ...] | None] = {}  # the code's, before a help set one
 
     @property
     def experiment(self) -> str:
@@ -112,7 +116,8 @@ class ExperimentParser(argparse.ArgumentParser):
                 action.help = words["help"]
                 continue
             action.help = option_help(self, action, lang).replace("%", "%%")  # argparse formats the help with %
-            action.metavar = _metavar(action, words)
+            given = self._given_metavars.setdefault(id(action), action.metavar)
+            action.metavar = _metavar(action, words, given)
         titles = own.get("groups", {})
         formatter = self._get_formatter()
         formatter.add_usage(self.usage, self._actions, self._mutually_exclusive_groups, prefix=words["usage"])

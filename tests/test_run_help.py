@@ -101,6 +101,12 @@ def test_a_value_s_name_is_the_language_s_and_a_flag_never_breaks_across_lines(m
     text = _parser("distai.engine.experiments.lesson1").format_help()
     assert "--sweep-min TAMAÑO" in text and "--steps N" in text and "--lr X" in text and "STEPS" not in text
     assert "--sweep-\n" not in text and not any(line.rstrip().endswith("-") for line in text.splitlines())
+    parser = _parser("distai.engine.experiments.lesson1")  # one parser, two languages: the value names follow
+    monkeypatch.setenv(LANG_ENV, "es")
+    assert "--sweep-min TAMAÑO" in parser.format_help()
+    monkeypatch.setenv(LANG_ENV, "en")
+    assert "--sweep-min SIZE" in parser.format_help() and "TAMAÑO" not in parser.format_help()
+    assert "--slow-stage K" in _parser("distai.engine.experiments.lesson5").format_help()  # the code's own name
 
 
 def test_capstone_help_through_the_cli_is_in_the_language_asked_and_leaves_the_environment(capsys, tmp_path,
