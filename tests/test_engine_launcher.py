@@ -370,7 +370,7 @@ def test_options_the_experiment_refuses_are_one_line_before_any_launch(argv, lan
 
 @pytest.mark.parametrize("lesson,option", [
     ("lesson5", "--schedules"),  # parsed by the experiment's own parser, in one process
-    ("capstone", "--microbatch-size"),  # parsed by its launch plan, which needs the world size
+    ("capstone", "--microbatch-size"),  # read inside the run (its plan needs the world size), parsed up front too
     ("experts", "--capacity-factor"),  # a launch plan that sizes the group but does not parse --help
 ])
 def test_run_lesson_dash_dash_help_lists_the_experiments_options_without_launching(lesson, option, capsys, tmp_path,

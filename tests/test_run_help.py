@@ -111,7 +111,8 @@ def test_a_value_s_name_is_the_language_s_and_a_flag_never_breaks_across_lines(m
 
 def test_capstone_help_through_the_cli_is_in_the_language_asked_and_leaves_the_environment(capsys, tmp_path,
                                                                                              monkeypatch):
-    """The capstone parses --help inside its launch plan, in the CLI's own process: the --lang given reaches it."""
+    """The capstone reads its options inside the run (its plan needs the world size) but parses them up front
+    too, so its help comes from its own process like every experiment's, in the --lang given."""
     monkeypatch.setenv("DISTAI_HOME", str(tmp_path))
     monkeypatch.delenv(LANG_ENV, raising=False)
     monkeypatch.setenv("LANG", "en_US.UTF-8")

@@ -18,7 +18,6 @@ the progress store are imported inside the commands.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 from pathlib import Path
@@ -28,7 +27,7 @@ import typer
 
 from ..engine.runs import phase_text, reason_text
 from ..lessons.events import json_ready
-from ..lessons.strings import LANG_ENV, TranslatedError, translated
+from ..lessons.strings import TranslatedError, translated
 from .cli import (
     HELP,
     LESSON_HELP,
@@ -463,23 +462,7 @@ def run_cmd(
     if "-h" in extra or "--help" in extra:  # the experiment's own options (distai run LESSON -- --help): no launch
         from ..engine.launcher import experiment_help
 
-        plan, printed = chosen.launch_plan_function(), False
-        if plan is not None:  # an experiment that parses inside its plan (the capstone: it needs the world size)
-            saved = os.environ.get(LANG_ENV)
-            os.environ[LANG_ENV] = language  # the help's language, as the launcher gives it to the ranks
-            try:
-                plan(["--help"], None, chosen.ranks, False)
-            except SystemExit:  # argparse printed the help
-                printed = True
-            except ValueError:  # a plan that does not parse --help refuses it: the experiment's own parser below
-                pass
-            finally:
-                if saved is None:
-                    os.environ.pop(LANG_ENV, None)
-                else:
-                    os.environ[LANG_ENV] = saved
-        if not printed:
-            typer.echo(experiment_help(chosen.experiment, language), nl=False)
+        typer.echo(experiment_help(chosen.experiment, language), nl=False)
         raise typer.Exit(0)
     if steps is not None:
         if steps < 0:

@@ -106,9 +106,15 @@ def summary_text(result: dict, accounts: list[dict], lang: str | None = None) ->
     return out
 
 
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    """The options, read as the parser reads them (``--help`` prints it and exits, a mistake is one line), kept
+    raw: the plan needs the world size, so the run reads them again inside (:func:`plan_run`)."""
+    build_parser().parse_args(argv)
+    return argparse.Namespace(argv=argv)
+
+
 def main(argv=None) -> int:
-    # the plan needs the world size: the arguments are parsed inside the run
-    return run_experiment("capstone", lambda a: argparse.Namespace(argv=a), run, argv,
+    return run_experiment("capstone", _parse, run, argv,
                           usage_errors=(MeshConfigError, ModelConfigError))
 
 
