@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 
 from ..lessons.arg_errors import argparse_texts, unknown_option_texts
-from ..lessons.arg_help import ExperimentParser
+from ..lessons.arg_help import ExperimentParser, by_machine
 from ..lessons.capstone.mesh_run import AXES, Layout
 from ..lessons.experts.formulas import RUN_CAPACITY_FACTOR, RUN_EXPERTS, RUN_TOP_K
 from ..lessons.lesson5 import simulator as sim
@@ -84,8 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-check", dest="check", action="store_false")
-    ap.help_fields = {**{name: {"cpu": getattr(MODEL_CPU, name), "gpu": getattr(MODEL_GPU, name)}
-                         for name in ("hidden", "heads", "vocab", "seq")},
+    ap.help_fields = {**by_machine(MODEL_CPU, MODEL_GPU, ("hidden", "heads", "vocab", "seq")),
                       "layers": {"least": MIN_DEFAULT_LAYERS},
                       "microbatch_size": {"cpu": MICROBATCH_CPU, "gpu": MICROBATCH_GPU},
                       "schedule": {"choices": ", ".join(sim.SCHEDULES)}}

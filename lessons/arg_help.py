@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import argparse
 import textwrap
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .strings import detect_language, strings
 from .units import format_integer, format_plain
 
-__all__ = ["AREA", "COMMON", "ExperimentParser", "HelpFields", "option_help", "option_text", "default_text"]
+__all__ = ["AREA", "COMMON", "ExperimentParser", "HelpFields", "by_machine", "option_help", "option_text", "default_text"]
 
 AREA = "run_help"
 COMMON = "common"
@@ -30,6 +30,12 @@ COMMON = "common"
 #: a help text's fields, per option (``{cpu}`` in "default: {cpu} on CPU"): a value said as a default is, or a
 #: function of the language that says it (a size through ``units``)
 HelpFields = Mapping[str, Mapping[str, Any]]
+
+
+def by_machine(cpu: Any, gpu: Any, names: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """:data:`HelpFields` for options whose default depends on the machine: each name's value on the CPU
+    (``cpu``'s attribute) and on a GPU, as "default: {cpu} on CPU, {gpu} on GPU" says them."""
+    return {name: {"cpu": getattr(cpu, name), "gpu": getattr(gpu, name)} for name in names}
 
 
 def option_text(experiment: str, dest: str, lang: str) -> str | None:
@@ -69,20 +75,15 @@ def option_help(parser: ExperimentParser, action: argparse.Action, lang: str) ->
     return f"{text} ({words})" if text else words
 
 
-def _metavar(action: argparse.Action, words: Mapping[str, Any],
-             given: str | tuple[str, ...] | None) -> str | tuple[str, ...] | None:
-    """What stands for an option's value: the one the code ``given`` (lesson 5's ``K``), else the catalog's
-    name for the option (a size, a list), else for its type (N, X); None where argparse shows the choices or
-    the option takes no value."""
-    if action.nargs == 0 or action.choices is not None or given is not None:
-        return given
-    names = words["metavar"]
-    kind = getattr(action.type, "__name__", "str") if action.type is not None else "str"
-    return names.get(action.dest) or names.get(kind) or names["str"]
-
-
 class _Formatter(argparse.HelpFormatter):
-    """argparse's layout, except that a line never breaks inside a flag ("--growth-" / "interval")."""
+    """argparse's layout, except that a line never breaks inside a flag ("--growth-" / "interval"), and that a
+    value the code names no metavar for is named by the catalog, in the run's language: for the option (a size,
+    a list), else for its type (N, X) — where argparse would write the option's name in capitals."""
+
+    def _get_default_metavar_for_optional(self, action: argparse.Action) -> str:
+        names = strings(AREA, detect_language())["metavar"]
+        kind = getattr(action.type, "__name__", "str") if action.type is not None else "str"
+        return str(names.get(action.dest) or names.get(kind) or names["str"])
 
     def _split_lines(self, text: str, width: int) -> list[str]:
         return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
@@ -99,7 +100,6 @@ class ExperimentParser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", _Formatter)
         super().__init__(*args, **kwargs)
         self.help_fields: HelpFields = {}  # the values a text states that live in the code (its CPU model's size …)
-        self._given_metavars: dict[int, str | tuple[str, ...] | None] = {}  # the code's, before a help set one
 
     @property
     def experiment(self) -> str:
@@ -116,8 +116,6 @@ class ExperimentParser(argparse.ArgumentParser):
                 action.help = words["help"]
                 continue
             action.help = option_help(self, action, lang).replace("%", "%%")  # argparse formats the help with %
-            given = self._given_metavars.setdefault(id(action), action.metavar)
-            action.metavar = _metavar(action, words, given)
         titles = own.get("groups", {})
         formatter = self._get_formatter()
         formatter.add_usage(self.usage, self._actions, self._mutually_exclusive_groups, prefix=words["usage"])

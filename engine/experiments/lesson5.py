@@ -39,7 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ...lessons.arg_help import ExperimentParser
+from ...lessons.arg_help import ExperimentParser, by_machine
 from ...lessons.events import CHECK, METRIC, PHASE
 from ...lessons.lesson5 import breakdown as bd
 from ...lessons.lesson5 import formulas, run_options
@@ -60,8 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_options(ap, None)
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
-    ap.help_fields = {**{name: {"cpu": getattr(MODEL_CPU, name), "gpu": getattr(MODEL_GPU, name)}
-                         for name in ("hidden", "heads", "vocab", "seq")},
+    ap.help_fields = {**by_machine(MODEL_CPU, MODEL_GPU, ("hidden", "heads", "vocab", "seq")),
                       "layers": {"least": pl.MIN_DEFAULT_LAYERS},
                       "microbatch_size": {"cpu": MICROBATCH_CPU, "gpu": MICROBATCH_GPU}}
     return ap
