@@ -1018,11 +1018,11 @@ def test_the_published_steps_error_tables_are_the_error_table(lang):
     from pathlib import Path
 
     import distai.lessons.capstone as capstone
+    from distai.lessons.units import format_fixed_percent
 
-    def pct(x: float, sign: bool = False) -> str:
-        s = f"{abs(x) * 100:.1f}"
-        s = s.replace(".", ",") if lang == "es" else s
-        return (("+" if x >= 0 else "−") if sign else "") + s + (" %" if lang == "es" else "%")
+    def pct(x: float, sign: bool = False) -> str:  # as the tables write it: the error signed with "−"
+        shown = format_fixed_percent(abs(x), 1, lang)
+        return ("+" if x >= 0 else "−") + shown if sign else shown
 
     text = (Path(capstone.__file__).parent / lang / "published.md").read_text()
     rows = re.findall(r"^\| `([^`]+)` \| ([\d·]+) \| (\d+) (?:of|de) (\d+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \|$", text, re.M)
