@@ -547,7 +547,7 @@ def capstone_argv(values: dict) -> tuple[list[str], dict[str, int]]:
     degrees = {k: values.get(k) or d for k, d in (("dp", 2), ("tp", 2), ("pp", 2), ("cp", 1), ("ep", 1))}
     argv = [f"--{k}={v}" for k, v in degrees.items() if k in ("dp", "tp", "pp") or v > 1]
     for flag, key in (("layers", "layers"), ("hidden", "hidden"), ("heads", "heads"), ("seq", "seq"),
-                      ("vocab", "vocab"), ("microbatch-size", "microbatch")):
+                      ("vocab", "vocab"), ("microbatch-size", "micro_batch")):
         if values.get(key) is not None:
             argv.append(f"--{flag}={values[key]}")
     return argv, degrees

@@ -184,7 +184,7 @@ def test_allreduce_gives_nccls_own_model_beside_alpha_beta(capsys):
 def test_params_below_the_shape_are_refused_in_serve_and_memory(capsys):
     """--params fewer than the shape's layers hold (an audit ran serve --params 1 --layers 80 --hidden
     8192 and nothing refused it); real counts pass, a mixture of experts' whole count included."""
-    serve = ["--gpus", "8", "--gpu-memory", "80GB", "--bandwidth", "3.35TB/s", "--ttft-slo", "1s", "--tpot-slo", "50ms"]
+    serve = ["--gpus", "8", "--gpu-memory", "80GB", "--hbm-bandwidth", "3.35TB/s", "--ttft-slo", "1s", "--tpot-slo", "50ms"]
     memory = ["--seq", "2048", "--micro-batch", "1"]
     for calc, extra in (("serve", serve), ("memory", [*memory, "--heads", "64"])):
         code, out, err = run(capsys, "calc", calc, "--params", "1", "--layers", "80", "--hidden", "8192", *extra)
@@ -231,15 +231,15 @@ def test_params_below_the_shape_are_refused_in_serve_and_memory(capsys):
      "--beta", "1e300", "--json"],
     ["tp-comm", "--hidden", "4096", "--seq", "4096", "--tp", "8", "--alpha", "5us", "--beta", "1e300", "--json"],
     ["serve", "--params", "70B", "--layers", "80", "--hidden", "8192", "--kv-heads", "8", "--gpus", "8",
-     "--gpu-memory", "80GB", "--bandwidth", "1e-300", "--ttft-slo", "1s", "--tpot-slo", "50ms", "--json"],
+     "--gpu-memory", "80GB", "--hbm-bandwidth", "1e-300", "--ttft-slo", "1s", "--tpot-slo", "50ms", "--json"],
     ["moe", "--layers", "1e300", "--hidden", "4096", "--ffn", "14336", "--experts", "8", "--top-k", "2", "--vocab",
      "32000", "--heads", "32", "--kv-heads", "8"],
     ["plan", "--params", "7B", "--layers", "32", "--hidden", "1e300", "--heads", "32", "--seq", "4096",
-     "--global-batch", "512", "--gpus", "64", "--gpu-mem", "80GB"],
+     "--global-batch", "512", "--gpus", "64", "--gpu-memory", "80GB"],
     ["bubble", "-p", "1e300", "-m", "8"],
     # an MoE whose experts alone outnumber --params (the planner printed a negative parameter count)
     ["plan", "--params", "7B", "--layers", "32", "--hidden", "4096", "--heads", "32", "--seq", "4096",
-     "--global-batch", "512", "--gpu-mem", "80GB", "--gpus", "64", "--experts", "8", "--top-k", "2", "--ffn", "14336"],
+     "--global-batch", "512", "--gpu-memory", "80GB", "--gpus", "64", "--experts", "8", "--top-k", "2", "--ffn", "14336"],
 ])
 def test_bad_values_give_one_line_error(capsys, argv):
     code, out, err = run(capsys, "calc", *argv)
@@ -276,7 +276,7 @@ def test_calc_help_lists_json_keys_and_stays_light():
     (["calc", "allreduce", "--bytes", "1GB", "--ranks", "4", "--beta", "10q"], "unknown time unit 'q'",
      "unidad de tiempo desconocida 'q'"),
     # a GPU's memory given without its unit is 80 bytes: the planner asks, as calc memory and serve do
-    (["calc", "plan", "--gpu-mem", "80", "--params", "7B", "--layers", "32", "--hidden", "4096", "--heads", "32",
+    (["calc", "plan", "--gpu-memory", "80", "--params", "7B", "--layers", "32", "--hidden", "4096", "--heads", "32",
       "--seq", "4096", "--global-batch", "64", "--gpus", "8"], "did you mean 80GB?", "¿querías decir 80GB?"),
 ])
 def test_a_value_that_cannot_be_read_is_one_line_in_the_learners_language(capsys, monkeypatch, argv, english,
@@ -290,7 +290,7 @@ def test_a_value_that_cannot_be_read_is_one_line_in_the_learners_language(capsys
 
 def test_a_limit_is_shown_as_a_reader_writes_it_and_moe_drops_stay_fast(capsys):
     code, _, err = run(capsys, "calc", "plan", "--params", "7B", "--layers", "32", "--hidden", "4096", "--heads", "32",
-                       "--seq", "4096", "--global-batch", "512", "--gpus", "99999999999999999999", "--gpu-mem", "80GB")
+                       "--seq", "4096", "--global-batch", "512", "--gpus", "99999999999999999999", "--gpu-memory", "80GB")
     assert code == 2 and "at most 1,048,576" in err  # not 1.04858e+06
     code, _, err = run(capsys, "calc", "kvcache", "--layers", "32", "--kv-heads", "8", "--head-dim", "128",
                        "--tokens", "1e300")
@@ -309,7 +309,7 @@ def test_plan_memory_rejections_read_as_more_than_the_usable(capsys):
     assert units.format_bytes_apart(80_002_307_801.6, 80e9) == ("80.002 GB", "80 GB")
     assert units.format_bytes_apart(116e9, 80e9, "es") == ("116 GB", "80 GB")
     code, out, _ = run(capsys, "calc", "plan", "--params", "7B", "--layers", "32", "--hidden", "4096", "--heads", "32",
-                       "--seq", "4096", "--global-batch", "512", "--gpus", "64", "--gpu-mem", "80GB")
+                       "--seq", "4096", "--global-batch", "512", "--gpus", "64", "--gpu-memory", "80GB")
     assert code == 0
     line = next(x for x in out.splitlines() if "usable" in x and "×" in x)
     assert "need 80.002 GB per GPU or more (the nearest miss), more than the usable 80 GB" in line
@@ -356,7 +356,7 @@ def test_prose_lines_fit_the_terminal_and_tables_stay_whole(capsys, monkeypatch)
                                   " " * 21 + "(90 % de 80 GB)"]
     monkeypatch.setenv("COLUMNS", "80")
     plan = ["calc", "plan", "--params", "70B", "--layers", "80", "--hidden", "8192", "--heads", "64",
-            "--gpus", "64", "--seq", "4096", "--global-batch", "512", "--gpu-mem", "80GB"]
+            "--gpus", "64", "--seq", "4096", "--global-batch", "512", "--gpu-memory", "80GB"]
     for lang in ("en", "es"):  # the prose wraps, the table's columns are as wide as their cells
         code, out, _ = run(capsys, *plan, "--lang", lang)
         assert code == 0
@@ -384,9 +384,9 @@ def test_every_missing_option_is_named_at_once(capsys):
     code, out, err = run(capsys, "calc", "serve", "--params=70B", "--layers", "80", "--lang", "es")
     assert code == 2 and out == ""
     assert err.strip().split(" (mira")[0] == ("distai: error: faltan las opciones '--hidden', '--gpus', '--gpu-memory', "
-                                              "'--bandwidth', '--ttft-slo', '--tpot-slo'")
+                                              "'--hbm-bandwidth', '--ttft-slo', '--tpot-slo'")
     code, out, err = run(capsys, "calc", "serve", "--params", "70B", "--layers", "80", "--hidden", "8192", "--gpus", "8",
-                         "--gpu-memory", "80GB", "--bandwidth", "2TB/s", "--ttft-slo", "1s")
+                         "--gpu-memory", "80GB", "--hbm-bandwidth", "2TB/s", "--ttft-slo", "1s")
     assert code == 2 and err.strip().split(" (see")[0] == "distai: error: missing option '--tpot-slo'"
 
 

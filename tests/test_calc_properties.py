@@ -247,7 +247,7 @@ def test_bubble_over_small_pipelines(p, m, schedule, v):
 def test_serve_over_real_models(params, layers, hidden, gpus, mem, bw, ttft, tpot, kv):
     """Random option values are mostly refused; plans for models that exist must hold up too."""
     r = outcome("serve", "--params", params, "--layers", layers, "--hidden", hidden, "--gpus", gpus,
-                "--gpu-memory", mem, "--bandwidth", bw, "--ttft-slo", ttft, "--tpot-slo", tpot,
+                "--gpu-memory", mem, "--hbm-bandwidth", bw, "--ttft-slo", ttft, "--tpot-slo", tpot,
                 *(["--kv-heads", kv] if kv else []))
     if r is not None:
         _physical(r)

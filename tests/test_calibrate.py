@@ -192,7 +192,7 @@ def test_calc_plan_calibrate_failing_ranks_are_one_line(capsys, tmp_path, monkey
 
 @pytest.mark.parametrize("argv,needle", [
     (["--calibrate", "--tp", "3"], "the capstone run cannot take this"),
-    (["--gpus", "8"], "--params, --layers, --hidden, --heads, --seq, --global-batch, --gpu-mem needed"),
+    (["--gpus", "8"], "--params, --layers, --hidden, --heads, --seq, --global-batch, --gpu-memory needed"),
     # the help listed --kv-heads, which the run (one K/V head per query head) refused as an unknown option
     (["--calibrate", "--heads", "4", "--kv-heads", "2"], "the capstone run has one K/V head per query head (4)"),
     # a 70B shape ran its ranks 85 s into the kernel's OOM killer, then said "ranks failed: ====="

@@ -13,7 +13,7 @@ from distai.lessons.lesson5 import formulas as f5
 from distai.tutor.cli import main
 
 ISSUE_ARGS = ["--params", "70B", "--layers", "80", "--hidden", "8192", "--heads", "64", "--kv-heads", "8",
-              "--seq", "4096", "--global-batch", "1024", "--gpus", "512", "--gpu-mem", "80GB",
+              "--seq", "4096", "--global-batch", "1024", "--gpus", "512", "--gpu-memory", "80GB",
               "--gpus-per-node", "8"]
 
 
@@ -345,7 +345,7 @@ def test_cli_json_keys_and_text(capsys):
         assert float(c["memory_bytes"]).is_integer()
     assert r["inputs"]["engine"] == "megatron"  # Megatron-LM's schedules unless --engine says otherwise
     assert all(c["microbatches"] % c["pp"] == 0 for c in r["configs"] if c["chunks"] > 1)
-    code, out, _ = run(capsys, *ISSUE_ARGS, "--engine", "torch", "--pp", "8", "--microbatch", "8", "--json")
+    code, out, _ = run(capsys, *ISSUE_ARGS, "--engine", "torch", "--pp", "8", "--micro-batch", "8", "--json")
     fewer = [c for c in json.loads(out)["configs"] if c["chunks"] > 1 and c["microbatches"] < c["pp"]]
     assert code == 0 and fewer  # torch's interleaved schedule runs m < p ...
     c = fewer[0]  # ... and its step is p + (m−1)/v slots
@@ -359,7 +359,7 @@ def test_cli_json_keys_and_text(capsys):
 
 def _tp8_pp8(max_zero: int) -> list[str]:
     """The issue's command with one configuration's degrees fixed: TP 8 × PP 8, 1F1B, full recomputation."""
-    return [*ISSUE_ARGS, "--tp", "8", "--pp", "8", "--microbatch", "1", "--max-chunks", "1", "--max-zero",
+    return [*ISSUE_ARGS, "--tp", "8", "--pp", "8", "--micro-batch", "1", "--max-chunks", "1", "--max-zero",
             str(max_zero), "--recompute", "full", "--sp", "on"]
 
 
@@ -420,7 +420,7 @@ def test_cli_bf16_moments(capsys):
     (["--tp", "8", "--vocab", "50257"], "tp = 8 does not divide the vocabulary of 50,257 tokens"),
     (["--gpus", "448", "--pp", "7"], "divides neither the 80 layers"),
     (["--dp", "512", "--global-batch", "1000"], "global batch"),
-    (["--gpus", "8", "--gpu-mem", "16GB"], "no configuration fits"),
+    (["--gpus", "8", "--gpu-memory", "16GB"], "no configuration fits"),
     (["--heads", "60"], "not a multiple"),
     (["--gpus", "8", "--tp", "8", "--pp", "2"], "tp·pp = 8·2 = 16 does not divide the 8 GPUs"),  # each divides 8
     (["--shared-experts", "2"], "a mixture of experts needs --experts"),  # shared experts of no MoE: refused
@@ -466,7 +466,7 @@ def test_a_fixed_cp_and_ep_are_searched_without_max_cp(capsys):
     """--cp alone fixes the degree (--max-cp's default 1 caps only a free cp), with --ep on an MoE."""
     mixtral = ["--params", "46.7B", "--layers", "32", "--hidden", "4096", "--heads", "32", "--kv-heads", "8",
                "--experts", "8", "--top-k", "2", "--ffn", "14336", "--seq", "16384", "--global-batch", "256",
-               "--gpus", "128", "--gpu-mem", "80GB"]
+               "--gpus", "128", "--gpu-memory", "80GB"]
     code, out, err = run(capsys, *mixtral, "--cp", "2", "--ep", "8", "--json")
     assert code == 0, err
     r = _strict(out)
@@ -476,15 +476,15 @@ def test_a_fixed_cp_and_ep_are_searched_without_max_cp(capsys):
 def test_when_nothing_fits_the_real_obstacle_is_named(capsys):
     # OPT-175B's shape on 992 GPUs with 1024 sequences: 992 = 32 · 31, and no degree takes 31
     code, _, err = run(capsys, "--params", "175B", "--layers", "96", "--hidden", "12288", "--heads", "96",
-                       "--seq", "2048", "--global-batch", "1024", "--gpus", "992", "--gpu-mem", "80GB")
+                       "--seq", "2048", "--global-batch", "1024", "--gpus", "992", "--gpu-memory", "80GB")
     assert code == 2 and "factor 31" in err and "96 layers or 98" in err, err
     # every layout out of memory: the nearest miss, not the first rejection
-    code, _, err = run(capsys, *ISSUE_ARGS[:-6], "--gpus", "8", "--gpu-mem", "16GB")
+    code, _, err = run(capsys, *ISSUE_ARGS[:-6], "--gpus", "8", "--gpu-memory", "16GB")
     assert code == 2 and "no configuration fits: the smallest needs" in err
     # 3 GPUs, and only CP could take the 3 (2·3 divides the sequence of 4,104), which --max-cp 2 forbids: said so,
     # not "the global batch 512 does not split into dp·microbatch = 3·1 pieces"
     shape = ["--params", "7B", "--layers", "32", "--hidden", "4096", "--heads", "32", "--global-batch", "512",
-             "--gpu-mem", "80GB", "--seq", "4104", "--gpus", "3"]
+             "--gpu-memory", "80GB", "--seq", "4104", "--gpus", "3"]
     code, _, err = run(capsys, *shape, "--max-cp", "2")
     assert code == 2 and "factor 3" in err and "at most --max-cp 2" in err, err
     code, out, _ = run(capsys, *shape, "--max-cp", "3")
@@ -512,7 +512,7 @@ def test_sequence_parallelism_and_zero_with_a_pipeline_are_options():
 def test_mixture_of_experts_searches_expert_parallelism(capsys):
     # Mixtral 8x7B's shape (the flags of calc moe) on 64 GPUs
     code, out, err = run(capsys, "--params", "46.7B", "--layers", "32", "--hidden", "4096", "--heads", "32",
-                         "--kv-heads", "8", "--seq", "4096", "--global-batch", "512", "--gpus", "64", "--gpu-mem",
+                         "--kv-heads", "8", "--seq", "4096", "--global-batch", "512", "--gpus", "64", "--gpu-memory",
                          "80GB", "--experts", "8", "--top-k", "2", "--ffn", "14336", "--vocab", "32000", "--json")
     assert code == 0, err
     r = _strict(out)
@@ -741,7 +741,7 @@ def test_a_layer_holds_neither_vocabulary_table(tied):
 def test_calc_plan_head_untied_shortens_the_layers_by_one_table(capsys):
     """``--head untied``: the same parameters hold a second V·h table, so each layer's GEMMs shrink
     by V·h/L parameters (the --json inputs say which head was planned)."""
-    args = issue_args_with(["--vocab", "128256", "--tp", "8", "--pp", "4", "--microbatch", "1"]) + ["--json"]
+    args = issue_args_with(["--vocab", "128256", "--tp", "8", "--pp", "4", "--micro-batch", "1"]) + ["--json"]
     tied, untied = (json.loads(run(capsys, *args, *extra)[1]) for extra in ([], ["--head", "untied"]))
     assert (tied["inputs"]["head"], untied["inputs"]["head"]) == ("tied", "untied")
     assert untied["best"]["step_time_s"] < tied["best"]["step_time_s"]
@@ -762,7 +762,7 @@ def test_full_recomputation_repeats_the_layers_not_the_output_layer():
 
 MIXTRAL_16K = ["--params", "46.7B", "--layers", "32", "--hidden", "4096", "--heads", "32", "--kv-heads", "8",
                "--experts", "8", "--top-k", "2", "--ffn", "14336", "--seq", "16384", "--global-batch", "256",
-               "--gpu-mem", "80GB"]
+               "--gpu-memory", "80GB"]
 
 
 @pytest.mark.parametrize("extra, words", [
@@ -894,8 +894,8 @@ def test_a_data_parallel_ring_with_a_nic_per_rank():
 def test_cli_dp_ring_nics(capsys):
     """``--dp-ring-nics per-rank``: a data-parallel ring with 4 ranks on each node (TP 2) gets their 4 NICs,
     only the data-parallel term moves; the hardware line says so (en, es); an unknown value refused."""
-    fixed = [*ISSUE_ARGS, "--tp", "2", "--pp", "8", "--microbatch", "1", "--max-chunks", "1", "--max-zero", "1",
-             "--recompute", "full", "--sp", "on", "--inter-alpha", "0"]
+    fixed = [*ISSUE_ARGS, "--tp", "2", "--pp", "8", "--micro-batch", "1", "--max-chunks", "1", "--max-zero", "1",
+             "--recompute", "full", "--sp", "on", "--internode-alpha", "0"]
     got = _best_for_each(capsys, fixed, "dp_ring_nics", ("one", "per-rank"))
     one, per_rank = got["one"], got["per-rank"]
     assert (one["zero"], per_rank["zero"]) == (1, 1)
@@ -1004,7 +1004,7 @@ def test_calc_plan_says_which_model_priced_the_collectives_and_alpha_switches_to
     lines = run(capsys, *ISSUE_ARGS)[1].splitlines()
     assert lines[4].startswith("Collectives inside a node: NCCL's model")
     assert run(capsys, *ISSUE_ARGS, "--alpha", "2us")[1].splitlines()[4] == \
-        "Collectives inside a node: the α-β ring, α = 2 µs a step (--alpha); between nodes, with --inter-alpha"
+        "Collectives inside a node: the α-β ring, α = 2 µs a step (--alpha); between nodes, with --internode-alpha"
     assert run(capsys, *ISSUE_ARGS, "--lang", "es")[1].splitlines()[4].startswith(
         "Colectivas dentro de un nodo: el modelo de NCCL")
 

@@ -15,7 +15,7 @@ M = pl.llama2_70b()
 HW = pl.h100_node(8)
 WL = pl.Workload(prompt=2048, output=2048, ttft_slo=1.0, tpot_slo=0.05)
 ARGS = ["calc", "serve", "--params", "69B", "--layers", "80", "--hidden", "8192", "--heads", "64",
-        "--kv-heads", "8", "--gpus", "8", "--gpu-memory", "80GB", "--bandwidth", "3.35TB/s",
+        "--kv-heads", "8", "--gpus", "8", "--gpu-memory", "80GB", "--hbm-bandwidth", "3.35TB/s",
         "--ttft-slo", "1s", "--tpot-slo", "50ms"]
 
 
@@ -185,7 +185,7 @@ def test_alpha_puts_the_alpha_beta_ring_back_in_place_of_nccls_model(capsys):
 
 @pytest.mark.parametrize("bad,msg", [
     (["--gpus", "0"], "--gpus"),
-    (["--bandwidth", "fast"], "--bandwidth"),
+    (["--hbm-bandwidth", "fast"], "--hbm-bandwidth"),
     (["--kv-heads", "7"], "--kv-heads"),
     (["--memory-util", "1.5"], "--memory-util"),
     (["--tpot-slo", "-1ms"], "--tpot-slo"),

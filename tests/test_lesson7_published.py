@@ -71,7 +71,7 @@ def test_calc_serve_says_how_far_published_runs_were_from_its_times(capsys):
     lo, hi = pub.published_over_predicted("ttft")
     assert 1 < lo <= hi and pub.published_over_predicted("tpot")[0] > 1  # a floor under every run
     args = ["calc", "serve", "--params", "69B", "--layers", "80", "--hidden", "8192", "--heads", "64", "--kv-heads",
-            "8", "--gpus", "8", "--gpu-memory", "80GB", "--bandwidth", "3.35TB/s", "--ttft-slo", "1s",
+            "8", "--gpus", "8", "--gpu-memory", "80GB", "--hbm-bandwidth", "3.35TB/s", "--ttft-slo", "1s",
             "--tpot-slo", "50ms"]
     for lang, words in (("en", "published batch-1 runs took"), ("es", "las ejecuciones publicadas con batch 1")):
         assert main([*args, "--lang", lang]) == 0

@@ -90,7 +90,7 @@ def test_one_check_behind_every_formula():
 @pytest.mark.parametrize("argv,hint", [
     (("memory", "--params", "7B", "--gpu-memory", "80"), "did you mean 80GB?"),
     (("serve", "--params", "70B", "--layers", "80", "--hidden", "8192", "--gpus", "8", "--gpu-memory", "80",
-      "--bandwidth", "3.35TB/s", "--ttft-slo", "1s", "--tpot-slo", "50ms"), "did you mean 80GB?"),
+      "--hbm-bandwidth", "3.35TB/s", "--ttft-slo", "1s", "--tpot-slo", "50ms"), "did you mean 80GB?"),
     (("allreduce", "-s", "70B", "-n", "8"), "70GB"),
     (("allreduce", "-s", "1.5", "-n", "8"), "whole number of bytes"),
 ])

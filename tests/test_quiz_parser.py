@@ -78,7 +78,7 @@ def test_examples_from_the_issue():
     assert units.parse_number("1,234.5") == 1234.5 and units.parse_number("1.234,5", "es") == 1234.5
     assert units.parse_number("1,000") == 1000 and units.parse_number("1,5", "es") == 1.5
     # Spanish: a dot groups thousands only where format_number would (five digits or more, no exponent); the
-    # audit's "--capacity-factor 1.125 --lang es" read 1125 and "--hbm-bw 2.039e12" 2.039e15
+    # audit's "--capacity-factor 1.125 --lang es" read 1125 and "--hbm-bandwidth 2.039e12" 2.039e15
     assert units.parse_number("16.384", "es") == 16384 and units.parse_number("353.894", "es") == 353894
     assert units.parse_number("1.125", "es") == 1.125 and units.parse_number("2.039e12", "es") == 2.039e12
     assert units.parse_number("0.825", "es") == 0.825 and units.parse_time("1.500h", "es") == 5400

@@ -91,7 +91,7 @@ def test_every_caller_gives_the_one_verdict(shape, tp, pp):
     want = explain(refusals(tp=tp, sequence_parallel=tp > 1, heads=heads, kv_heads=kv, hidden=hidden, vocab=vocab,
                             seq=seq, pp=pp, stages="with-ends", layers=layers))
     given = {"params": "1M", "layers": str(layers), "hidden": str(hidden), "heads": str(heads), "kv_heads": str(kv),
-             "seq": str(seq), "vocab": str(vocab), "global_batch": "64", "gpus": str(tp * pp), "gpu_mem": "80GB",
+             "seq": str(seq), "vocab": str(vocab), "global_batch": "64", "gpus": str(tp * pp), "gpu_memory": "80GB",
              "tp": str(tp), "pp": str(pp), "dp": "1", "tp_across_nodes": True, "sp": "on"}
     assert reason(lambda: CALC_PLAN.run(given)) == want
     # with sequence parallelism left to the search (the default), only what tp and pp alone refuse
@@ -113,7 +113,7 @@ def test_every_caller_gives_the_one_verdict(shape, tp, pp):
 def test_calc_serve_gives_it_too(shape):
     heads, kv, hidden, _vocab, _seq, layers = shape
     serve = CALC_SERVE.run({"params": "1M", "layers": str(layers), "hidden": str(hidden), "heads": str(heads),
-                            "kv_heads": str(kv), "gpus": "24", "gpu_memory": "80GB", "bandwidth": "3TB/s",
+                            "kv_heads": str(kv), "gpus": "24", "gpu_memory": "80GB", "hbm_bandwidth": "3TB/s",
                             "ttft_slo": "1s", "tpot_slo": "50ms"})
     for c in serve["accepted"] + serve["rejected"]:
         want = explain(refusals(tp=c["tp"], pp=c["pp"], heads=heads, kv_heads=kv, hidden=hidden, layers=layers))

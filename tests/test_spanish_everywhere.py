@@ -71,9 +71,9 @@ CALC_ARGS: dict[str, list[str]] = {
     "bubble": ["--stages", "8", "--microbatches", "32", "--schedule", "interleaved", "--chunks", "4"],
     "kvcache": ["--layers", "80", "--kv-heads", "8", "--head-dim", "128", "--tokens", "128k", "--tp", "8"],
     "serve": ["--params", "69B", "--layers", "80", "--hidden", "8192", "--heads", "64", "--kv-heads", "8",
-              "--gpus", "8", "--gpu-memory", "80GB", "--bandwidth", "3.35TB/s", "--ttft-slo", "1s", "--tpot-slo", "50ms"],
+              "--gpus", "8", "--gpu-memory", "80GB", "--hbm-bandwidth", "3.35TB/s", "--ttft-slo", "1s", "--tpot-slo", "50ms"],
     "plan": ["--params", "7B", "--layers", "32", "--hidden", "4096", "--heads", "32", "--seq", "4096",
-             "--global-batch", "1024", "--gpus", "64", "--gpu-mem", "80GB"],
+             "--global-batch", "1024", "--gpus", "64", "--gpu-memory", "80GB"],
     "context": ["--seq", "128k", "--cp", "8", "--hidden", "4096", "--heads", "32", "--kv-heads", "8",
                 "--layers", "32"],
     "moe": ["--experts", "8", "--top-k", "2", "--hidden", "4096", "--ffn", "14336", "--layers", "32",
@@ -124,9 +124,9 @@ PLAN = ["calc", "plan", "--params", "175B", "--layers", "96", "--hidden", "12288
 
 
 @pytest.mark.parametrize("argv", [
-    ["--gpus", "992", "--gpu-mem", "80GB"],  # the factor 31 no degree can take
-    ["--gpus", "8", "--gpu-mem", "8GB"],     # memory: the nearest miss
-    ["--gpus", "8", "--gpu-mem", "80GB", "--memory-util", "1.5"],  # a flag out of range
+    ["--gpus", "992", "--gpu-memory", "80GB"],  # the factor 31 no degree can take
+    ["--gpus", "8", "--gpu-memory", "8GB"],     # memory: the nearest miss
+    ["--gpus", "8", "--gpu-memory", "80GB", "--memory-util", "1.5"],  # a flag out of range
 ], ids=["factor", "memory", "flag"])
 def test_plan_errors_in_spanish(capsys, argv):
     """When nothing fits (or a flag is wrong), calc plan's one line is in the learner's language."""

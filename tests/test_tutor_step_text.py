@@ -33,7 +33,7 @@ SIZES = ((120, 40), (80, 24))
 NARROW = (80, 24)
 
 SERVE = ("distai calc serve --params 69B --layers 80 --hidden 8192 --heads 64 --kv-heads 8 --gpus 8 "
-         "--gpu-memory 80GB --bandwidth 3.35TB/s --ttft-slo 1s --tpot-slo 50ms")
+         "--gpu-memory 80GB --hbm-bandwidth 3.35TB/s --ttft-slo 1s --tpot-slo 50ms")
 
 
 def test_wrapped_command_reads_as_the_same_command():

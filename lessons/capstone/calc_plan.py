@@ -31,14 +31,14 @@ def _axes(v: dict) -> pl.Axes:
     ep = v["ep"] if v["ep"] is not None else (None if v["experts"] else 1)
     max_cp = 0 if v["cp"] is not None else v["max_cp"]  # a fixed --cp is not capped by --max-cp's default 1
     return pl.Axes(tp=v["tp"], pp=v["pp"], dp=v["dp"], cp=cp, ep=ep, max_cp=max_cp,
-                   microbatches=(v["microbatch"],) if v["microbatch"] else pl.MICROBATCHES,
+                   microbatches=(v["micro_batch"],) if v["micro_batch"] else pl.MICROBATCHES,
                    zero=tuple(range(v["max_zero"] + 1)), max_zero_pp=min(v["max_zero_pp"], v["max_zero"]),
                    recompute=recompute, chunks=tuple(c for c in pl.CHUNKS if c <= v["max_chunks"]), sp=sp,
                    engine=v["engine"], grad_accumulation=v["grad_accumulation"], moments=v["moments"])
 
 
 #: what the planner needs unless --calibrate predicts the capstone run (whose sizes have defaults)
-NEEDED = ("params", "layers", "hidden", "heads", "seq", "global_batch", "gpus", "gpu_mem")
+NEEDED = ("params", "layers", "hidden", "heads", "seq", "global_batch", "gpus", "gpu_memory")
 
 
 def compute(v: dict) -> dict:
@@ -67,12 +67,12 @@ def compute(v: dict) -> dict:
                          kv_heads=kv_heads, seq=v["seq"], vocab=v["vocab"] or 0, experts=v["experts"] or 0,
                          top_k=v["top_k"] or 0, expert_ffn=v["ffn"] or 0, shared_experts=v["shared_experts"],
                          tied_embeddings=v["head"] == "tied")
-    cluster = pl.Cluster(gpus=v["gpus"], gpu_memory=v["gpu_mem"], gpus_per_node=v["gpus_per_node"],
-                         flops=v["flops"], intra_bandwidth=v["intra_bw"], inter_bandwidth=v["inter_bw"],
+    cluster = pl.Cluster(gpus=v["gpus"], gpu_memory=v["gpu_memory"], gpus_per_node=v["gpus_per_node"],
+                         flops=v["flops"], intra_bandwidth=v["link_bandwidth"], inter_bandwidth=v["internode_bandwidth"],
                          alpha=pl.Cluster.alpha if v["alpha"] is None else v["alpha"],
-                         nccl_collectives=v["alpha"] is None, inter_alpha=v["inter_alpha"], efficiency=v["efficiency"],
+                         nccl_collectives=v["alpha"] is None, inter_alpha=v["internode_alpha"], efficiency=v["efficiency"],
                          memory_util=v["memory_util"], tp_across_nodes=bool(v["tp_across_nodes"]),
-                         hbm_bandwidth=v["hbm_bw"], gemm_peak_fraction=v["gemm_efficiency"],
+                         hbm_bandwidth=v["hbm_bandwidth"], gemm_peak_fraction=v["gemm_efficiency"],
                          flash_attention=v["flash_attention"] == "on", dp_ring_nics=v["dp_ring_nics"])
     try:
         r = pl.plan(model, cluster, v["global_batch"], axes=_axes(v))
@@ -91,10 +91,10 @@ def compute(v: dict) -> dict:
               "experts": model.experts, "top_k": model.top_k, "expert_ffn": model.expert_ffn,
               "shared_experts": model.shared_experts, "active_params": model.active_params,
               "gpus": cluster.gpus, "gpu_memory_bytes": cluster.gpu_memory, "gpus_per_node": cluster.gpus_per_node,
-              "flops": cluster.flops, "intra_bandwidth_bytes_per_s": cluster.intra_bandwidth,
-              "inter_bandwidth_bytes_per_s": cluster.inter_bandwidth, "alpha_s": cluster.alpha,
+              "flops": cluster.flops, "link_bandwidth_bytes_per_s": cluster.intra_bandwidth,
+              "internode_bandwidth_bytes_per_s": cluster.inter_bandwidth, "alpha_s": cluster.alpha,
               "collective_model": "nccl" if cluster.nccl_collectives else "alpha-beta",
-              "inter_alpha_s": cluster.inter_alpha, "efficiency": cluster.efficiency,
+              "internode_alpha_s": cluster.inter_alpha, "efficiency": cluster.efficiency,
               "hbm_bandwidth_bytes_per_s": cluster.hbm_bandwidth, "gemm_efficiency": cluster.gemm_peak_fraction,
               "gemm_half_width": cluster.gemm_half_width, "flash_attention": cluster.flash_attention,
               "memory_util": cluster.memory_util, "tp_across_nodes": cluster.tp_across_nodes,
@@ -144,8 +144,8 @@ def text(r: dict, lang: str = "en") -> list[str]:
         say("shape", seq=whole(i["seq"]), batch=whole(i["global_batch"]), gpus=whole(i["gpus"]),
             memory=by(i["gpu_memory_bytes"])),
         say("hardware", flops=units.format_count(i["flops"], lang=lang), speed=speed,
-            nvlink=units.format_bandwidth(i["intra_bandwidth_bytes_per_s"], lang=lang),
-            between=units.format_bandwidth(i["inter_bandwidth_bytes_per_s"], lang=lang))
+            nvlink=units.format_bandwidth(i["link_bandwidth_bytes_per_s"], lang=lang),
+            between=units.format_bandwidth(i["internode_bandwidth_bytes_per_s"], lang=lang))
         + (say("ring_nics_per_rank") if i["dp_ring_nics"] == "per-rank" else ""),
         node + say("engine", engine=ENGINE_NAMES[i["engine"]]),
         say("collectives_nccl") if i["collective_model"] == "nccl" else say("collectives_ring", alpha=t(i["alpha_s"])),
@@ -205,16 +205,16 @@ CALCULATOR = Calculator(
         Option("--seq", "length", default=None),
         Option("--global-batch", "whole", default=None),
         Option("--gpus", "whole", maximum=1 << 20, default=None),
-        Option("--gpu-mem", "capacity", minimum=0, strict_min=True, default=None),
+        Option("--gpu-memory", "capacity", minimum=0, strict_min=True, default=None),
         Option("--gpus-per-node", "whole", default="8"),
-        Option("--flops", "flops", default="989e12",
+        Option("--flops", "flops", default="989T",
                minimum=0, strict_min=True),
-        _bandwidth("--intra-bw", "450e9"),
-        _bandwidth("--inter-bw", "50e9"),
+        _bandwidth("--link-bandwidth", "450GB/s"),
+        _bandwidth("--internode-bandwidth", "50GB/s"),
         Option("--alpha", "time", default=None, minimum=0),
-        Option("--inter-alpha", "time", default="10us",
+        Option("--internode-alpha", "time", default="10us",
                minimum=0),
-        Option("--hbm-bw", "bandwidth", default="3.35e12",
+        Option("--hbm-bandwidth", "bandwidth", default="3.35TB/s",
                minimum=0, strict_min=True),
         Option("--gemm-efficiency", "number", default=f"{pl.H100_GEMM:g}",
                help_fields=(("h100_gemm", pl.H100_GEMM), ("a100_gemm", pl.A100_GEMM))),
@@ -237,7 +237,7 @@ CALCULATOR = Calculator(
         Option("--shared-experts", "whole", default="0", minimum=0),
         Option("--sp", "choice", default="any",
                choices=("any", "on", "off")),
-        Option("--microbatch", "whole", default=None),
+        Option("--micro-batch", "whole", default=None),
         Option("--max-zero", "whole", default="3",
                minimum=0, maximum=3),
         Option("--max-zero-pp", "whole", default="3", minimum=0, maximum=3),

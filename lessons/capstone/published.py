@@ -823,7 +823,7 @@ EXAMPLE_BATCH = 1024
 @cache
 def example_plan() -> dict:
     """``distai calc plan --params 70B --layers 80 --hidden 8192 --heads 64 --kv-heads 8 --seq 4096
-    --global-batch 1024 --gpus 512 --gpu-mem 80GB`` as the planner's result."""
+    --global-batch 1024 --gpus 512 --gpu-memory 80GB`` as the planner's result."""
     return pl.plan(EXAMPLE_MODEL, EXAMPLE_CLUSTER, EXAMPLE_BATCH)
 
 

@@ -34,7 +34,7 @@ def compute(v: dict) -> dict:
         raise CalcError.keyed("errors.fraction", flag="--memory-util", value=v["memory_util"])
     model = pl.ModelSpec(params=v["params"], layers=v["layers"], hidden=v["hidden"], heads=a, kv_heads=hkv,
                          head_dim=d, dtype_bytes=f.dtype_bytes(v["dtype"]))
-    hw = pl.Hardware(gpus=v["gpus"], gpu_memory=v["gpu_memory"], bandwidth=v["bandwidth"], flops=v["flops"],
+    hw = pl.Hardware(gpus=v["gpus"], gpu_memory=v["gpu_memory"], bandwidth=v["hbm_bandwidth"], flops=v["flops"],
                      link_bandwidth=v["link_bandwidth"], alpha=pl.MESSAGE_ALPHA if v["alpha"] is None else v["alpha"],
                      nccl_allreduce=v["alpha"] is None,
                      internode_bandwidth=v["internode_bandwidth"], internode_alpha=v["internode_alpha"],
@@ -44,7 +44,7 @@ def compute(v: dict) -> dict:
     r = pl.plan(model, hw, wl)
     inputs = {"params": model.params, "layers": model.layers, "hidden": model.hidden, "heads": a, "kv_heads": hkv,
               "head_dim": d, "dtype": v["dtype"], "dtype_bytes": model.dtype_bytes, "gpus": hw.gpus,
-              "gpu_memory_bytes": hw.gpu_memory, "bandwidth_bytes_per_s": hw.bandwidth, "flops": hw.flops,
+              "gpu_memory_bytes": hw.gpu_memory, "hbm_bandwidth_bytes_per_s": hw.bandwidth, "flops": hw.flops,
               "link_bandwidth_bytes_per_s": hw.link_bandwidth, "alpha_s": hw.alpha,
               "allreduce_model": "nccl" if hw.nccl_allreduce else "alpha-beta",
               "internode_bandwidth_bytes_per_s": hw.internode_bandwidth, "internode_alpha_s": hw.internode_alpha,
@@ -67,7 +67,7 @@ def text(r: dict, lang: str = "en") -> list[str]:
         say("head", params=units.format_count(i["params"], lang=lang), layers=i["layers"], hidden=i["hidden"],
             heads=i["heads"], kv_heads=i["kv_heads"], head_dim=i["head_dim"], dtype=i["dtype"], gpus=i["gpus"],
             memory=units.format_bytes(i["gpu_memory_bytes"], lang=lang),
-            bandwidth=units.format_bandwidth(i["bandwidth_bytes_per_s"], lang=lang)),
+            bandwidth=units.format_bandwidth(i["hbm_bandwidth_bytes_per_s"], lang=lang)),
         say("requests", prompt=whole(i["prompt"]), output=whole(i["output"]), ttft=t(i["ttft_slo_s"]),
             tpot=t(i["tpot_slo_s"])),
         say("allreduce_nccl") if i["allreduce_model"] == "nccl" else say("allreduce_ring", alpha=t(i["alpha_s"])),
@@ -117,7 +117,7 @@ CALCULATOR = Calculator(
                choices=DTYPES),
         Option("--gpus", "whole", maximum=4096),
         Option("--gpu-memory", "capacity", minimum=0, strict_min=True),
-        _bandwidth("--bandwidth"),
+        _bandwidth("--hbm-bandwidth"),
         Option("--flops", "flops", default="989T",
                minimum=0, strict_min=True),
         _bandwidth("--link-bandwidth",
