@@ -324,7 +324,9 @@ def _reported_failures(torchrun_lines: list[str]) -> list[tuple[int, int]]:
 
 
 def _trim(lines: list[str]) -> list[str]:
-    """Drop blank lines at both ends."""
+    """Drop blank lines at both ends, and Kineto's trace-point lines (``--profile``): a rank's last words,
+    not the profiler's."""
+    lines = [line for line in lines if not is_profiler_trace_line(line)]
     while lines and not lines[-1].strip():
         lines = lines[:-1]
     while lines and not lines[0].strip():

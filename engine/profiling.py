@@ -4,11 +4,14 @@ The launcher sets ``DISTAI_PROFILE_DIR`` (``<run>/profile``); :func:`start_profi
 :func:`~distai.engine.runtime.init_distributed` once the process group is up, starts
 ``torch.profiler.profile`` with CPU activities (and CUDA where the rank runs on a GPU), and
 :func:`stop_profiler`, called by :func:`~distai.engine.runtime.shutdown`, writes
-``rank{R}.pt.trace.json`` there: a Chrome trace of every operator and collective the rank ran
-(Perfetto, chrome://tracing, or TensorBoard's profiler plugin open it).
+``rank{R}.pt.trace.json`` there (``rank{R}.attempt{N}.pt.trace.json`` for torchrun's N-th restart, so a
+restarted run keeps every attempt's): a Chrome trace of every operator and collective the rank ran
+(Perfetto, chrome://tracing, or TensorBoard's profiler plugin open it). No signal handler writes one: a
+rank stopped by a signal (torchrun's SIGTERM after a peer failed, Ctrl-C) leaves none, and the CLI says so.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -27,8 +30,13 @@ def is_profiler_trace_line(text: str) -> bool:
     return bool(_TRACE_POINT.match(text))
 
 
-def profile_file(directory: str | os.PathLike, rank: int) -> Path:
-    return Path(directory) / f"rank{rank}.pt.trace.json"
+def profile_file(directory: str | os.PathLike, rank: int, attempt: int = 0) -> Path:
+    return Path(directory) / (f"rank{rank}.pt.trace.json" if attempt == 0 else f"rank{rank}.attempt{attempt}.pt.trace.json")
+
+
+def profile_files(directory: str | os.PathLike) -> list[Path]:
+    """The traces written in ``directory``, every rank's and attempt's."""
+    return sorted(Path(directory).glob("rank*.pt.trace.json"))
 
 
 @dataclass
@@ -55,9 +63,21 @@ def stop_profiler(prof: RankProfile | None) -> Path | None:
     if prof is None:
         return None
     prof.profiler.stop()
-    path = profile_file(os.environ[PROFILE_DIR_ENV], prof.rank)
+    path = profile_file(os.environ[PROFILE_DIR_ENV], prof.rank, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     prof.profiler.export_chrome_trace(str(tmp))
+    _name_trace(tmp, path)
     os.replace(tmp, path)
     return path
+
+
+def _name_trace(tmp: Path, path: Path) -> None:
+    """Kineto writes the file's own name into the trace (``"traceName"``): the final name, not the
+    temporary one it was written under (which is gone once the file is in place)."""
+    text = tmp.read_text(encoding="utf-8")
+    written = json.dumps(str(tmp))
+    at = text.rfind(f'"traceName": {written}')
+    if at >= 0:
+        text = text[:at] + f'"traceName": {json.dumps(str(path))}' + text[at + len(f'"traceName": {written}'):]
+        tmp.write_text(text, encoding="utf-8")

@@ -3,9 +3,10 @@
 :func:`chrome_trace` turns the ranks' events into the Trace Event Format that Perfetto
 (ui.perfetto.dev) and chrome://tracing read (the format's reference: "Trace Event Format",
 Google, docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU): one process
-per rank (``M`` metadata events name it ``rank R``), one thread per stream (``compute``,
+per rank (pid R + 1; ``M`` metadata events name it ``rank R``), one thread per stream (``compute``,
 ``comm`` — or one per process group in the capstone, ``comm tp``/``comm pp``/``comm dp`` — ``io``…), each timed operation a complete event (``ph: "X"``, ``ts``/``dur`` in µs
-from the run's first event), and failures or restarts instant events (``ph: "i"``). Where
+from the run's first event), and failures, restarts and a rank's error instant events (``ph: "i"``;
+a run that did not end ``ok`` also gets a global one at its end, and its status in ``otherData``). Where
 events of one stream overlap without nesting (bucket all-reduces in flight together, requests
 being served side by side) the later ones go to a second track of that stream (``comm 2``…),
 so every track is a proper stack, as the format's viewers expect.
@@ -48,7 +49,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..lessons.context.events import CP_STEP
-from ..lessons.events import METRIC, RELAUNCH, SPAN, STEP, json_ready
+from ..lessons.events import ERROR, METRIC, RELAUNCH, SPAN, STEP, json_ready
 from ..lessons.lesson1.events import RING_STEP
 from ..lessons.lesson3.events import CHECKPOINT, FAILURE, RESTART
 from ..lessons.lesson5.events import PP_OP, PP_STEP
@@ -92,8 +93,7 @@ def operations(events: Iterable[dict]) -> tuple[list[dict], list[dict]]:
             add(_span(rank, str(e.get("stream") or "compute"), str(e.get("name", "?")), e.get("t0"), e.get("t1"),
                       "span", _args(e, ("name", "stream", "t0", "t1"))))
         elif kind == STEP.name and "t0" in e:
-            add(_span(rank, "compute", f"step {e.get('step')}", e.get("t0"), e.get("t"), "step",
-                      _args(e, ("t0",))))
+            add(_span(rank, "compute", step_span_name(e), e.get("t0"), e.get("t"), "step", _args(e, ("t0",))))
         elif kind == PP_OP.name:
             name = f"{e.get('op')} mb{e.get('mb')} stage{e.get('stage')}"
             add(_span(rank, "compute", name, e.get("t0"), e.get("t1"), "pp",
@@ -130,11 +130,23 @@ def operations(events: Iterable[dict]) -> tuple[list[dict], list[dict]]:
         elif kind == REQUEST.name and "t_arrival" in e:
             add(_span(rank, "requests", f"request {e.get('rid')} ({e.get('cache')})", e.get("t_arrival"), e.get("t"),
                       "request", _args(e, ("t_arrival", "tokens"))))
-        elif kind in (FAILURE.name, RESTART.name, RELAUNCH.name) and isinstance(e.get("t"), (int, float)):
-            instants.append({"rank": rank, "stream": "compute", "name": kind, "t": e["t"], "cat": kind,
+        elif kind in (FAILURE.name, RESTART.name, RELAUNCH.name, ERROR.name) and isinstance(e.get("t"), (int, float)):
+            name = f"error: {e.get('error')}"[:200] if kind == ERROR.name else kind  # the rank's own words
+            instants.append({"rank": rank, "stream": "compute", "name": name, "t": e["t"], "cat": kind,
                              "args": _args(e, ())})
     spans.extend(pipeline_wait_and_idle(spans, events))
     return spans, instants
+
+
+def step_span_name(e: dict, number: int | None = None) -> str:
+    """A training step's name on the trace: its own ``name`` if it has one, else ``step N`` (``number``, else
+    its 0-based ``step``), and for a step done again after a restart (lesson 3) what it is, ``step N (redo,
+    attempt A)``: the redone step is a second span of the same number."""
+    if isinstance(e.get("name"), str):
+        return e["name"]
+    extra = ", ".join((["redo"] if e.get("redo") is True else [])
+                      + ([f"attempt {e['attempt']}"] if isinstance(e.get("attempt"), int) and e["attempt"] > 0 else []))
+    return f"step {e.get('step') if number is None else number}" + (f" ({extra})" if extra else "")
 
 
 def uncovered(t0: float, t1: float, covered: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -183,33 +195,59 @@ def _ns(t: float, origin: float) -> int:
     return round((t - origin) * 1e9)
 
 
+def _may_nest(inner: dict, outer: dict) -> bool:
+    """Whether ``inner``, inside ``outer`` in time, is a part of it. Two operations of one kind (two
+    requests served side by side, two buckets' all-reduces in flight, two steps) are never parent and
+    child, however their times fall: a viewer would draw one as the other's sub-slice. Generic spans
+    (``span``) may hold one another (a step and the blocks it times)."""
+    return inner["cat"] != outer["cat"] or inner["cat"] == "span"
+
+
 def _lanes(spans: list[dict]) -> list[tuple[dict, int]]:
-    """Each span of one (rank, stream) with the lane it fits in: on a lane, spans nest or follow."""
+    """Each span of one (rank, stream) with the lane it fits in: on a lane, spans nest (when the inner one
+    is part of the outer, :func:`_may_nest`) or follow."""
     placed = []
-    stacks: list[list[int]] = []  # per lane: end times of the spans still open
+    stacks: list[list[dict]] = []  # per lane: the spans still open
     for s in sorted(spans, key=lambda s: (s["a"], -s["b"])):
         for lane, stack in enumerate(stacks + [[]]):
-            while stack and stack[-1] <= s["a"]:
+            while stack and stack[-1]["b"] <= s["a"]:
                 stack.pop()
-            if not stack or s["b"] <= stack[-1]:
+            if not stack or (s["b"] <= stack[-1]["b"] and _may_nest(s, stack[-1])):
                 if lane == len(stacks):
                     stacks.append(stack)
-                stack.append(s["b"])
+                stack.append(s)
                 placed.append((s, lane))
                 break
     return placed
 
 
-def chrome_trace(events: list[dict], run_id: str | None = None, lesson: str | None = None) -> dict:
-    """The events as a Trace Event Format object (``{"traceEvents": [...], ...}``)."""
+def trace_pid(rank: int) -> int:
+    """The process id a rank's events carry: rank + 1, since pid 0 is the kernel's idle task and trace
+    viewers treat it apart (Perfetto's JSON import among them); the process is named "rank R"."""
+    return rank + 1
+
+
+def chrome_trace(events: list[dict], run_id: str | None = None, lesson: str | None = None,
+                 ended: dict | None = None) -> dict:
+    """The events as a Trace Event Format object (``{"traceEvents": [...], ...}``). ``ended``: how the run
+    ended, from its record (``status``, ``error``, ``failed_rank``, ``t``: when, if known): written into
+    ``otherData``, and a run that did not end ``ok`` gets a global instant saying so at its end (or after
+    its last event), so a failed or killed run's timeline does not look like one that simply stopped."""
     spans, instants = operations(events)
+    if ended and ended.get("status") not in (None, "ok", "running"):
+        last = max([s["t1"] for s in spans] + [i["t"] for i in instants], default=None)
+        at = ended.get("t") if isinstance(ended.get("t"), (int, float)) else last
+        if at is not None:
+            name = f"run {ended['status']}" + (f": {ended['error']}" if ended.get("error") else "")
+            instants.append({"rank": None, "stream": "compute", "name": name[:200], "t": max(at, last or at),
+                             "cat": "run_end", "args": {k: v for k, v in ended.items() if k != "t" and v is not None}})
     times = [s["t0"] for s in spans] + [i["t"] for i in instants]
     origin = min(times) if times else 0.0
     by_track: dict[tuple[int, str], list[dict]] = defaultdict(list)
     for s in spans:
         s["a"], s["b"] = _ns(s["t0"], origin), _ns(s["t1"], origin)
         by_track[(s["rank"], s["stream"])].append(s)
-    ranks = sorted({r for r, _ in by_track} | {i["rank"] for i in instants})
+    ranks = sorted({r for r, _ in by_track} | {i["rank"] for i in instants if i["rank"] is not None})
     streams = sorted({st for _, st in by_track} | {"compute"},
                      key=lambda st: (STREAM_ORDER.index(st) if st in STREAM_ORDER else len(STREAM_ORDER), st))
     out: list[dict] = []
@@ -219,12 +257,16 @@ def chrome_trace(events: list[dict], run_id: str | None = None, lesson: str | No
         for s, lane in _lanes(track):
             tid = tids.setdefault((rank, stream, lane), 0)
             body.append({"name": s["name"], "cat": s["cat"], "ph": "X", "ts": s["a"] / 1000,
-                         "dur": (s["b"] - s["a"]) / 1000, "pid": rank, "tid": (rank, stream, lane),
+                         "dur": (s["b"] - s["a"]) / 1000, "pid": trace_pid(rank), "tid": (rank, stream, lane),
                          "args": s["args"]})
     for i in instants:
+        if i["rank"] is None:  # the whole run's: a global instant, drawn across every track
+            body.append({"name": i["name"], "cat": i["cat"], "ph": "i", "s": "g", "ts": _ns(i["t"], origin) / 1000,
+                         "pid": trace_pid(ranks[0]) if ranks else 1, "tid": 0, "args": i["args"]})
+            continue
         tids.setdefault((i["rank"], "compute", 0), 0)
         body.append({"name": i["name"], "cat": i["cat"], "ph": "i", "s": "t", "ts": _ns(i["t"], origin) / 1000,
-                     "pid": i["rank"], "tid": (i["rank"], "compute", 0), "args": i["args"]})
+                     "pid": trace_pid(i["rank"]), "tid": (i["rank"], "compute", 0), "args": i["args"]})
     # thread ids: streams in a fixed order, lanes after their stream, per rank
     numbered: dict[tuple[int, str, int], int] = {}
     for rank in ranks:
@@ -234,21 +276,25 @@ def chrome_trace(events: list[dict], run_id: str | None = None, lesson: str | No
                 n += 1
                 numbered[(rank, stream, lane)] = n
     for rank in ranks:
-        out.append({"name": "process_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
-        out.append({"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
+        out.append({"name": "process_name", "ph": "M", "pid": trace_pid(rank), "tid": 0,
+                    "args": {"name": f"rank {rank}"}})
+        out.append({"name": "process_sort_index", "ph": "M", "pid": trace_pid(rank), "tid": 0,
+                    "args": {"sort_index": rank}})
         for (r, stream, lane), tid in sorted(numbered.items(), key=lambda kv: kv[1]):
             if r != rank:
                 continue
             label = stream if lane == 0 else f"{stream} {lane + 1}"
-            out.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": tid, "args": {"name": label}})
-            out.append({"name": "thread_sort_index", "ph": "M", "pid": rank, "tid": tid,
+            out.append({"name": "thread_name", "ph": "M", "pid": trace_pid(rank), "tid": tid, "args": {"name": label}})
+            out.append({"name": "thread_sort_index", "ph": "M", "pid": trace_pid(rank), "tid": tid,
                         "args": {"sort_index": tid}})
     for ev in body:
-        ev["tid"] = numbered[ev["tid"]]
+        if ev["tid"] != 0:
+            ev["tid"] = numbered[ev["tid"]]
     # time order; on equal starts the enclosing (longer) event first, as a viewer nests them
     body.sort(key=lambda ev: (ev["ts"], -ev.get("dur", 0.0)))
     meta = {"run_id": run_id, "lesson": lesson, "origin_unix_s": origin,
-            "source": "distai runs export --format chrome-trace"}
+            "source": "distai runs export --format chrome-trace",
+            **{k: v for k, v in (ended or {}).items() if k in ("status", "error", "failed_rank") and v is not None}}
     return {"traceEvents": out + body, "displayTimeUnit": "ms", "otherData": meta}
 
 

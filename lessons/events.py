@@ -213,10 +213,12 @@ class Progress(Envelope):
 
 class Step(Envelope):
     """A training step ends (0-based ``step`` of ``of``); a lesson narrows it with its figures (its start,
-    ``t0``, puts it on the run's trace)."""
+    ``t0``, puts it on the run's trace; ``name``, its name there where the lesson's texts count steps
+    otherwise: lesson 3 counts from 1)."""
     step: int
     of: int
     loss: float
+    name: NotRequired[str]
 
 
 class Summary(Envelope):
@@ -258,6 +260,9 @@ class Span(Envelope):
     mode: NotRequired[str]
     check: NotRequired[str]
     block: NotRequired[int]
+    attempt: NotRequired[int]  # a training step's, on a rank other than 0 (lesson 3: after a restart)
+    redo: NotRequired[bool]
+    skipped: NotRequired[bool]  # lesson 6: the scaler skipped the step's update
 
 
 class Check(Envelope):

@@ -44,7 +44,7 @@ def assert_trace_decomposes(events: list[dict], check: dict, blocks: int | None 
     seconds of wait spans per block."""
     from collections import defaultdict
 
-    from distai.engine.trace_export import check_trace, chrome_trace
+    from distai.engine.trace_export import check_trace, chrome_trace, trace_pid
 
     trace = chrome_trace(events)
     assert check_trace(trace) == []
@@ -60,10 +60,10 @@ def assert_trace_decomposes(events: list[dict], check: dict, blocks: int | None 
     assert drawn == list(range(blocks if blocks is not None else len(drawn))) and drawn, drawn
     waited: dict[int, float] = defaultdict(float)
     for b in drawn:
-        start = min(a for r in ranks for a, _, _ in tiles[(r, b)])
-        end = max(z for r in ranks for _, z, _ in tiles[(r, b)])
+        start = min(a for r in ranks for a, _, _ in tiles[(trace_pid(r), b)])
+        end = max(z for r in ranks for _, z, _ in tiles[(trace_pid(r), b)])
         for r in ranks:
-            mine = sorted(tiles[(r, b)])
+            mine = sorted(tiles[(trace_pid(r), b)])
             assert {track for *_, track in mine} <= {"compute", "wait", "comm", "idle"}, mine
             assert "compute" in {track for *_, track in mine}
             edges = [start] + [z for _, z, _ in mine]
@@ -73,7 +73,7 @@ def assert_trace_decomposes(events: list[dict], check: dict, blocks: int | None 
     if "peer_wait" not in check.get("causes", {}):  # a check that names no peer wait: nothing to agree with
         return dict(waited)
     rank = check["detail"]["rank"]
-    n_waits = sum(track == "wait" for r, b in tiles if r == rank for *_, track in tiles[(r, b)])
+    n_waits = sum(track == "wait" for p, b in tiles if p == trace_pid(rank) for *_, track in tiles[(p, b)])
     # a check averaged over steps (lesson 6) says what its trace draws: each step's wait cut to
     # [0, its exposed time] (``peer_wait_drawn_s``), where the check averages the uncut ones
     drawn = check["detail"].get("peer_wait_drawn_s", check["causes"]["peer_wait"])

@@ -191,14 +191,14 @@ def test_distai_run_capstone_trains_on_five_axes(tmp_path):
     assert summary["comm_match"] and summary["config"]["cp"] == 2
     # the trace: the ring's hops of the metered step on a CP track of their own (they are point-to-point: no
     # collective's span drew them), one per ring step that sends, in a trace the viewers take
-    from distai.engine.trace_export import check_trace, chrome_trace
+    from distai.engine.trace_export import check_trace, chrome_trace, trace_pid
 
     every = [e for r in range(8) for e in read_events(tmp_path / f"rank{r}.jsonl")]
     trace = chrome_trace(every)
     assert check_trace(trace) == []
     threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
     hops = [e for e in trace["traceEvents"] if e["ph"] == "X" and threads[(e["pid"], e["tid"])] == "comm cp"]
-    assert {e["pid"] for e in hops} == set(range(8)) and all(e["name"].startswith("cp ") for e in hops)
+    assert {e["pid"] for e in hops} == {trace_pid(r) for r in range(8)} and all(e["name"].startswith("cp ") for e in hops)
     cp_bytes = {a["rank"]: a["measured"]["cp"]["bytes"] for a in comm["ranks"]}
     for rank in range(8):  # what the hops carried is what the meter counted on the CP group
-        assert sum(e["args"]["bytes"] for e in hops if e["pid"] == rank) == cp_bytes[rank]
+        assert sum(e["args"]["bytes"] for e in hops if e["pid"] == trace_pid(rank)) == cp_bytes[rank]

@@ -563,6 +563,7 @@ def test_profiled_run_saves_torch_profiler_traces_that_runs_show_points_to(launc
         names = {e.get("name", "") for e in trace["traceEvents"]}
         assert any(n.startswith("aten::") for n in names)  # the rank's operators, as torch.profiler saw them
         assert any("gloo" in n or "c10d" in n or "send" in n for n in names)  # and its communication
+        assert trace["traceName"] == str(profile_dir / f"rank{rank}.pt.trace.json")  # its own name, not the temporary one
     shown = subprocess.run([*DISTAI, "runs", "show", rec.id], capture_output=True, text=True, timeout=60, cwd=REPO,
                            env=dict(os.environ, DISTAI_HOME=str(launches["home"])))
     assert f"torch.profiler traces: {profile_dir} (2 files" in shown.stderr, shown.stderr

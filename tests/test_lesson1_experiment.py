@@ -162,7 +162,7 @@ def test_the_ring_formula_is_checked_against_the_measured_all_reduce(run):
 
 def test_the_trace_holds_every_ranks_steps_and_each_sweep_size(run):
     """The exported trace had rank 0's steps alone, and nothing of the bandwidth sweep (most of the run)."""
-    from distai.engine.trace_export import chrome_trace
+    from distai.engine.trace_export import chrome_trace, trace_pid
 
     _, events = run
     trace = chrome_trace(events)["traceEvents"]
@@ -171,6 +171,6 @@ def test_the_trace_holds_every_ranks_steps_and_each_sweep_size(run):
     sizes = [row["size"] for row in of(events, "sweep")]
     assert steps > 0 and sizes
     for rank in range(N):
-        mine = [e for e in spans if e["pid"] == rank or e.get("args", {}).get("rank") == rank]
+        mine = [e for e in spans if e["pid"] == trace_pid(rank) or e.get("args", {}).get("rank") == rank]
         assert len([e for e in mine if e["name"].startswith("step ")]) == steps, rank
         assert len([e for e in mine if e["name"].startswith("sweep ")]) == len(sizes), rank

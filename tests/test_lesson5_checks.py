@@ -102,7 +102,7 @@ def test_a_slow_stage_is_blamed_on_unequal_stages_not_on_communication(runs):
 
 
 def test_the_chrome_trace_shows_each_ranks_step_as_compute_wait_and_idle(runs):
-    from distai.engine.trace_export import check_trace, chrome_trace
+    from distai.engine.trace_export import check_trace, chrome_trace, trace_pid
 
     trace = json.loads(json.dumps(chrome_trace(runs["control"])))
     assert check_trace(trace) == []
@@ -114,7 +114,7 @@ def test_the_chrome_trace_shows_each_ranks_step_as_compute_wait_and_idle(runs):
         parts = {"compute": 0.0, "wait": 0.0, "idle": 0.0}
         for e in trace["traceEvents"]:
             track = names.get((e["pid"], e.get("tid")))
-            if (e["ph"] == "X" and e["pid"] == rank and track in parts and e["cat"] != "pp_step"
+            if (e["ph"] == "X" and e["pid"] == trace_pid(rank) and track in parts and e["cat"] != "pp_step"
                     and e["args"].get("schedule") == "gpipe" and e["args"].get("step") == 1):
                 parts[track] += e["dur"]
         assert parts["wait"] > 0 and parts["idle"] > 0

@@ -256,7 +256,7 @@ def test_experiment_exports_a_chrome_trace_in_the_schedules_order(p4):
     forward/backward blocks appear on its compute track in the order the simulator schedules them,
     with the sends, receives and waits on its comm track."""
     from distai.engine.events import read_events
-    from distai.engine.trace_export import check_trace, chrome_trace
+    from distai.engine.trace_export import check_trace, chrome_trace, trace_pid
 
     results, events_dir = p4
     events = [e for path in sorted(Path(events_dir).glob("rank*.jsonl")) for e in read_events(path)]
@@ -264,18 +264,18 @@ def test_experiment_exports_a_chrome_trace_in_the_schedules_order(p4):
     assert check_trace(trace) == []
     meta = [e for e in trace["traceEvents"] if e["ph"] == "M"]
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in meta if e["name"] in ("process_name", "thread_name")}
-    assert {names[(r, 0)] for r in range(4)} == {f"rank {r}" for r in range(4)}
+    assert {names[(trace_pid(r), 0)] for r in range(4)} == {f"rank {r}" for r in range(4)}
     m, v = 8, 2
     for schedule, chunks in SCHEDULES:
         order = sim.schedule_order(schedule, 4, m, v if schedule == "interleaved" else 1)
         for rank in range(4):
-            ops = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["pid"] == rank and e["cat"] == "pp"
+            ops = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["pid"] == trace_pid(rank) and e["cat"] == "pp"
                    and e["args"]["schedule"] == schedule and e["args"]["step"] == 0]
-            assert {names[(rank, e["tid"])] for e in ops} == {"compute"}
+            assert {names[(trace_pid(rank), e["tid"])] for e in ops} == {"compute"}
             got = [(e["args"]["op"], e["args"]["mb"], e["args"]["stage"]) for e in sorted(ops, key=lambda e: e["ts"])]
             assert got == [(op.kind, op.mb, op.stage) for op in order[rank]]
-            comm = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["pid"] == rank
-                    and names[(rank, e["tid"])].startswith("comm") and e["args"].get("schedule") == schedule
+            comm = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["pid"] == trace_pid(rank)
+                    and names[(trace_pid(rank), e["tid"])].startswith("comm") and e["args"].get("schedule") == schedule
                     and e["args"].get("step") == 0]
             sends = sum(e["name"].count("send ") for e in comm)
             # every activation leaves its stage once, every gradient once, except at the ends of the pipeline

@@ -17,7 +17,7 @@ import pytest
 
 from distai.engine.events import EventSink
 from distai.engine.runs import create_run
-from distai.engine.trace_export import check_trace, chrome_trace, metric_rows, operations
+from distai.engine.trace_export import check_trace, chrome_trace, metric_rows, operations, trace_pid
 from distai.tutor.cli import main
 
 T = 1_800_000_000.0  # a wall-clock second: times are offsets from it
@@ -60,13 +60,58 @@ def test_overlapping_operations_of_one_stream_get_their_own_track():
     assert check_trace(trace) == []
     threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
     xs = {e["name"]: e for e in trace["traceEvents"] if e["ph"] == "X"}
-    assert threads[(1, xs["all-reduce bucket 0"]["tid"])] == "comm"
-    assert threads[(1, xs["all-reduce bucket 1"]["tid"])] == "comm 2"
-    assert xs["step 0"]["tid"] == xs["backward"]["tid"] and threads[(1, xs["step 0"]["tid"])] == "compute"
+    assert threads[(trace_pid(1), xs["all-reduce bucket 0"]["tid"])] == "comm"
+    assert threads[(trace_pid(1), xs["all-reduce bucket 1"]["tid"])] == "comm 2"
+    assert xs["step 0"]["tid"] == xs["backward"]["tid"] and threads[(trace_pid(1), xs["step 0"]["tid"])] == "compute"
     assert xs["step 0"]["ts"] == 0 and xs["step 0"]["dur"] == pytest.approx(6000, abs=0.5)  # µs from the first event
     assert xs["all-reduce bucket 1"]["ts"] == pytest.approx(2000, abs=0.5)
     (failure,) = [e for e in trace["traceEvents"] if e["ph"] == "i"]
-    assert failure["pid"] == 0 and failure["ts"] == pytest.approx(7000, abs=0.5) and failure["args"]["cause"] == "--kill-rank"
+    assert failure["pid"] == trace_pid(0) and failure["ts"] == pytest.approx(7000, abs=0.5) and failure["args"]["cause"] == "--kill-rank"
+
+
+def test_operations_of_one_kind_inside_one_another_in_time_are_not_drawn_as_parent_and_child():
+    # lesson 7's requests served side by side, one arriving and finishing inside another, and lesson 6's
+    # second bucket's all-reduce within the first's: each on its own track, where a viewer would have drawn
+    # the inner one as the outer one's part; a step's own block still nests in the step
+    events = [
+        {"kind": "request", "rank": 0, "t_arrival": T, "t": T + 0.25, "rid": 0, "cache": "paged"},
+        {"kind": "request", "rank": 0, "t_arrival": T + 0.01, "t": T + 0.06, "rid": 1, "cache": "paged"},
+        {"kind": "timeline", "rank": 1, "t": T + 1, "t_begin": T, "mode": "overlap", "bucket_mb": 1.0,
+         "layers": [], "buckets": [[0, 4096, 1.0, 18.0], [1, 4096, 5.0, 17.0]]},
+        {"kind": "span", "rank": 1, "name": "step 0", "stream": "compute", "t0": T, "t1": T + 0.02},
+        {"kind": "span", "rank": 1, "name": "forward", "stream": "compute", "t0": T + 0.001, "t1": T + 0.01},
+    ]
+    trace = chrome_trace(events)
+    assert check_trace(trace) == []
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    track = {e["name"]: threads[(e["pid"], e["tid"])] for e in trace["traceEvents"] if e["ph"] == "X"}
+    assert (track["request 0 (paged)"], track["request 1 (paged)"]) == ("requests", "requests 2")
+    assert (track["all-reduce bucket 0"], track["all-reduce bucket 1"]) == ("comm", "comm 2")
+    assert track["step 0"] == track["forward"] == "compute"
+
+
+def test_a_run_that_did_not_end_ok_says_so_in_its_trace():
+    events = [
+        {"kind": "span", "rank": 0, "name": "step 0", "stream": "compute", "t0": T, "t1": T + 0.01},
+        {"kind": "span", "rank": 1, "name": "step 0", "stream": "compute", "t0": T, "t1": T + 0.01},
+        {"kind": "error", "rank": 1, "t": T + 0.012, "error": "RuntimeError: injected failure on rank 1 at step 1",
+         "traceback": "Traceback ..."},
+    ]
+    ended = {"status": "failed", "error": "rank 1 failed", "failed_rank": 1, "t": T + 0.02}
+    trace = chrome_trace(events, run_id="r", ended=ended)
+    assert check_trace(trace) == []
+    assert trace["otherData"]["status"] == "failed" and trace["otherData"]["failed_rank"] == 1
+    instants = {e["name"]: e for e in trace["traceEvents"] if e["ph"] == "i"}
+    error = instants["error: RuntimeError: injected failure on rank 1 at step 1"]
+    assert error["pid"] == trace_pid(1) and error["s"] == "t" and error["ts"] == pytest.approx(12000, abs=0.5)
+    end = instants["run failed: rank 1 failed"]
+    assert end["s"] == "g" and end["ts"] == pytest.approx(20000, abs=0.5)
+    # a run that ended well has no such instant, and a run still going neither
+    for status in ("ok", "running"):
+        trace = chrome_trace(events[:2], ended={"status": status, "t": T + 0.02})
+        assert not [e for e in trace["traceEvents"] if e["ph"] == "i"] and trace["otherData"]["status"] == status
+    # rank 0 is not pid 0 (the kernel's idle task, which viewers treat apart)
+    assert {e["pid"] for e in trace["traceEvents"]} == {1, 2}
 
 
 def test_each_lessons_timed_events_become_operations():
@@ -258,3 +303,29 @@ def test_every_summary_renderer_is_its_experiments_own():
         render = summary_renderer(lesson.id)
         source = inspect.getsource(importlib.import_module(lesson.experiment))
         assert callable(render) and source.count(f"{render.__name__}(") >= 2, lesson.id  # defined, and printed with
+
+
+def test_profiler_traces_keep_every_attempt_their_own_name_and_say_when_there_are_none(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from distai.engine import profiling
+    from distai.lessons.strings import translated
+    from distai.tutor.cli_runs import profile_traces_line
+
+    # a restarted run (torchrun's TORCHELASTIC_RESTART_COUNT) writes its attempt beside the first one's
+    assert profiling.profile_file(tmp_path, 1).name == "rank1.pt.trace.json"
+    assert profiling.profile_file(tmp_path, 1, attempt=2).name == "rank1.attempt2.pt.trace.json"
+    record = SimpleNamespace(config={"profile_dir": str(tmp_path)})
+    for lang, words in (("en", "none in"), ("es", "ninguna en")):
+        say = lambda key, **f: translated("cli", f"run_says.{key}", lang, **f)  # noqa: E731
+        assert words in profile_traces_line(record, say)
+    # Kineto writes the name it was given into the file: the final one replaces the temporary one
+    tmp, final = tmp_path / ".rank0.pt.trace.json.tmp", tmp_path / "rank0.pt.trace.json"
+    tmp.write_text(json.dumps({"traceEvents": [], "traceName": str(tmp)}, indent=2))
+    profiling._name_trace(tmp, final)
+    assert json.loads(tmp.read_text())["traceName"] == str(final)
+    for name in ("rank0.pt.trace.json", "rank0.attempt1.pt.trace.json"):
+        (tmp_path / name).write_text("{}")
+    say = lambda key, **f: translated("cli", f"run_says.{key}", "en", **f)  # noqa: E731
+    assert "(2 files" in profile_traces_line(record, say)
+    assert profile_traces_line(SimpleNamespace(config={}), say) is None

@@ -544,8 +544,11 @@ def run_cmd(
     record_in_progress_store(record)
     if not as_json:
         typer.echo(say("folder", path=record.path), err=True)
-        if profile:
-            typer.echo(say("traces", path=record.config.get("profile_dir")), err=True)
+        from .cli_runs import profile_traces_line  # here: cli_runs imports this module's views
+
+        traces = profile_traces_line(record, say) if profile else None
+        if traces:
+            typer.echo(traces, err=True)
         typer.echo(say("export", id=record.id), err=True)
         resume = resume_command(record)
         if resume:

@@ -155,15 +155,27 @@ def runs_show(
     if not as_json:
         say = lambda key, **f: translated("cli", f"run_says.{key}", language, **f)  # noqa: E731
         typer.echo(say("folder", path=record.path), err=True)
-        profile_dir = record.config.get("profile_dir")
-        if profile_dir:
-            traces = sorted(Path(profile_dir).glob("rank*.pt.trace.json"))
-            typer.echo(say("traces_files" if len(traces) != 1 else "traces_file", path=profile_dir, n=len(traces)),
-                       err=True)
+        traces = profile_traces_line(record, say)
+        if traces:
+            typer.echo(traces, err=True)
         typer.echo(say("export", id=record.id), err=True)
         resume = resume_command(record)
         if resume:
             typer.echo(say("resume", command=resume), err=True)
+
+
+def profile_traces_line(record, say) -> str | None:
+    """What ``--profile`` left: the folder and how many traces are in it, or that there are none and why
+    (each rank writes its trace as it ends normally; a stopped or failed run's ranks did not), or None
+    when the run was not profiled."""
+    from ..engine.profiling import profile_files
+
+    profile_dir = record.config.get("profile_dir")
+    if not profile_dir:
+        return None
+    n = len(profile_files(profile_dir))
+    return say("traces_none", path=profile_dir) if n == 0 else say("traces_files" if n != 1 else "traces_file",
+                                                                      path=profile_dir, n=n)
 
 
 #: what every experiment names the function that writes rank 0's printed summary from its summary event
@@ -268,7 +280,9 @@ def export_text(record, fmt: str, lang: str = "en") -> str:
         raise CliError(translated("cli", "runs.errors.no_events", lang, id=record.id, path=record.events_dir), code=1)
     events = record.events()
     if fmt == "chrome-trace":
-        trace = tx.chrome_trace(events, run_id=record.id, lesson=record.lesson)
+        end = record.created + record.duration_s if record.duration_s is not None else None
+        ended = {"status": record.effective_status, "error": record.error, "failed_rank": record.failed_rank, "t": end}
+        trace = tx.chrome_trace(events, run_id=record.id, lesson=record.lesson, ended=ended)
         if not any(e.get("ph") in ("X", "i") for e in trace["traceEvents"]):  # an empty timeline is no answer
             raise CliError(translated("cli", "runs.errors.no_timed_events", lang, id=record.id), code=1)
         problems = tx.check_trace(trace)

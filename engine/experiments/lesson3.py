@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 
 from ...lessons.arg_help import ExperimentParser
-from ...lessons.events import CHECK, PROGRESS
+from ...lessons.events import CHECK, PROGRESS, SPAN
 from ...lessons.lesson3 import checks as lesson_checks
 from ...lessons.lesson3.events import CHECKPOINT, CKPT_COST, COMPARE, FAILURE, PHASE, REDONE, RESTART, STEP
 from ...lessons.model_size import ModelSize, add_model_options
@@ -69,6 +69,7 @@ from ..experiment import (
     summary_lines,
 )
 from ..model import GPT, DropoutMasks, ModelConfigError, lm_loss, make_batch
+from ..trace_export import step_span_name
 
 #: the GPT the run trains (its size flags default to this), with dropout: resuming must redraw the masks
 DEFAULT_MODEL = ModelSize(vocab=64, hidden=64, heads=4, layers=2, seq=16, dropout=0.1)
@@ -520,11 +521,16 @@ class Attempt:
                 time.sleep(max(0.0, args.step_time - (time.perf_counter() - t_step)))
             losses.append(loss)
             state.extra["losses"] = losses
+            # on the trace as the lesson counts it, from 1 ("the checkpoint after step 4", "redone step 5")
+            span = {"step": step - 1, "attempt": self.attempt, "redo": step <= redo_until}
+            name = step_span_name(span, number=step)
             if self.rank == 0:
                 STEP.emit(self.events, {"step": step - 1, "of": args.steps, "loss": loss,
                                         "lr": state.scheduler.get_last_lr()[0], "attempt": self.attempt,
-                                        "redo": step <= redo_until, "t0": t_wall})
+                                        "redo": step <= redo_until, "t0": t_wall, "name": name})
                 PROGRESS.emit(self.events, {"done": step, "total": args.steps})
+            else:  # every rank trains: its steps on the trace too (rank 0's step event carries the numbers)
+                SPAN.emit(self.events, {"name": name, "stream": "compute", "t0": t_wall, "t1": time.time(), **span})
             self.where["reported"] = step
             if self.rank == 0 and redo_until and not redone_reported and step >= redo_until:
                 self._report_redone(history["losses"], losses, redo_until)

@@ -48,7 +48,7 @@ import torch.distributed as dist
 
 from ...lessons.arg_help import ExperimentParser
 from ...lessons.checks import Check, check
-from ...lessons.events import CHECK
+from ...lessons.events import CHECK, SPAN
 from ...lessons.lesson1.formulas import ring_allreduce_time
 from ...lessons.lesson6 import formulas as FM
 from ...lessons.lesson6.events import BUCKET_SWEEP, GRAD_HIST, PHASE, SCALE, STEP, TIMELINE
@@ -242,7 +242,11 @@ def run_loss_scaling(ctx, args, progress: Progress) -> dict:
             SCALE.emit(ev, {"step": step, "scale": scale, "new_scale": scaler.get_scale(), "overflow": overflow,
                             "skipped": skipped, "injected": injected, "growth_tracker": scaler.growth_tracker,
                             "loss": losses[-1]})
-            STEP.emit(ev, {"step": step, "of": args.steps, "loss": losses[-1], "t0": started})
+            STEP.emit(ev, {"step": step, "of": args.steps, "loss": losses[-1], "t0": started, "skipped": skipped,
+                           "injected": injected})
+        else:  # every rank trains: its steps on the trace too
+            SPAN.emit(ev, {"name": f"step {step}", "stream": "compute", "t0": started, "t1": time.time(), "step": step,
+                           "skipped": skipped})
         progress.advance("loss-scaling")
     if twin is not None:
         twin.check(ctx)

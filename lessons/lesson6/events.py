@@ -67,8 +67,11 @@ class Timeline(Envelope):
 
 
 class Step(shared.Step):
-    """A loss-scaling step; ``t0`` its wall-clock start (a stopped run's trace holds the steps it did)."""
+    """A loss-scaling step; ``t0`` its wall-clock start (a stopped run's trace holds the steps it did);
+    ``skipped``: the scaler skipped its update (an overflow), ``injected``: one this run forced."""
     t0: float
+    skipped: NotRequired[bool]
+    injected: NotRequired[bool]
 
 
 PHASE = EventKind("phase", Phase)
