@@ -357,7 +357,8 @@ class Launch(Stoppable):
         self.grace_s = grace_s
         self.proc: subprocess.Popen | None = None
         self._queue: queue.Queue = queue.Queue()
-        self._lock = threading.Lock()
+        # re-entrant: a stop() from a signal handler may land while start() holds it (around Popen)
+        self._lock = threading.RLock()
         self._stop_reason: str | None = None
         self._kill_at: float | None = None
         self._done_tailing = threading.Event()

@@ -49,6 +49,8 @@ class Supervisor(Stoppable):
         if self._started is None:
             self._started = time.time()
         self.current = self.launch_cls(self.spec, self.record, self._forward, grace_s=self.grace_s)
+        if self._stop_reason is not None:  # a stop that came between the last attempt's end and this one
+            self.current.stop(self._stop_reason)  # Launch.start then stops its processes as they start
         self.current.start()
 
     def stop(self, reason: str = "stopped by the user") -> None:

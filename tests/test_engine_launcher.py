@@ -29,6 +29,35 @@ LESSON1 = "distai.engine.experiments.lesson1"
 
 
 # ---------------------------------------------------------------------------------------- units
+def test_a_stop_from_a_signal_handler_while_torchrun_is_spawned_stops_the_run(tmp_path, monkeypatch):
+    # `distai run`'s SIGTERM/SIGHUP handler calls stop() on the main thread, which may be inside start()'s
+    # spawn of torchrun: the stop must neither wait forever for the lock start() holds nor be lost
+    import io
+    import threading
+
+    signalled = []
+
+    class SpawnedWhileSignalled:
+        pid = 424242
+
+        def __init__(self, *args, **kwargs):
+            launch.stop("stopped by SIGTERM")  # the handler, run in the middle of the spawn
+            self.stdout = io.BytesIO(b"")
+
+        def poll(self):
+            return None
+
+    monkeypatch.setattr(L.subprocess, "Popen", SpawnedWhileSignalled)
+    monkeypatch.setattr(L, "_signal_pid_and_group", lambda pid, sig: signalled.append((pid, sig)))
+    rec = create_run(tmp_path, "lesson1", LESSON1)
+    launch = L.Launch(L.LaunchSpec(LESSON1, L.Placement("cpu", 2)), rec)
+    starting = threading.Thread(target=launch.start, daemon=True)
+    starting.start()
+    starting.join(timeout=10)
+    assert not starting.is_alive(), "start() deadlocked on the stop from inside the spawn"
+    assert launch.stopping and signalled == [(424242, signal.SIGTERM)]  # torchrun told to stop as it started
+
+
 def test_placement_rules():
     assert L.choose_placement(cpu=3, cuda_count=0) == L.Placement("cpu", 3)
     p = L.choose_placement(gpus=4, cuda_count=0)
@@ -457,6 +486,44 @@ def _sigkill_launcher(home: Path) -> dict:
                                      capture_output=True, text=True, timeout=60, cwd=REPO)}
 
 
+def _terminal_closed(home: Path) -> dict:
+    """`distai run` in a terminal (its live view on a pseudo-terminal) that closes mid-run: the kernel sends
+    SIGHUP, and the view's last writes fail (EIO). The run must stop, its record say so, and distai exit as
+    the shell counts SIGHUP (129), with no traceback."""
+    import pty
+
+    env = dict(os.environ, DISTAI_HOME=str(home), COLUMNS="100", LINES="40", TERM="xterm")
+    err = home / "stderr.txt"
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: distai on the terminal, its stderr to a file the test reads
+        os.chdir(REPO)
+        os.dup2(os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
+        os.execve(sys.executable, [*DISTAI, "run", "lesson1", "--cpu", "2", "--steps", "1000000", "--no-sweep"], env)
+    run_dir, deadline = None, time.time() + 240
+    while time.time() < deadline and run_dir is None:
+        try:
+            os.read(fd, 65536)  # what the terminal shows, unread by anyone
+        except OSError:
+            break
+        found = list((home / "runs").glob("*/events/rank0.jsonl")) if (home / "runs").is_dir() else []
+        if found and found[0].stat().st_size > 4000:
+            run_dir = found[0].parents[1]
+    os.close(fd)  # the terminal closes
+    rc = None
+    for _ in range(300):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            rc = os.waitstatus_to_exitcode(status)
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    time.sleep(0.3)
+    return {"rc": rc, "run_dir": run_dir, "stderr": err.read_text() if err.exists() else "",
+            "left": L.run_processes(run_dir.name) if run_dir else []}
+
+
 def _json_run(home: Path) -> dict:
     env = dict(os.environ, DISTAI_HOME=str(home))
     proc = subprocess.Popen([*DISTAI, "run", "lesson1", "--cpu", "2", "--json", "--steps", "60", "--no-sweep"],
@@ -483,6 +550,7 @@ def launches(tmp_path_factory):
         "json": lambda: _json_run(home),
         "profile": lambda: _launch(home, ["--steps", "3", "--no-sweep", "--trace", "none"], profile=True),
         "sigkill": lambda: _sigkill_launcher(tmp_path_factory.mktemp("home_sigkill")),
+        "terminal_closed": lambda: _terminal_closed(tmp_path_factory.mktemp("home_hup")),
     }
     return {**run_concurrently(jobs, timeout_s=300), "home": home}
 
@@ -518,6 +586,15 @@ def test_ctrl_c_stops_every_rank_and_leaves_no_orphans(launches):
     assert r["alive"] == [] and L.run_processes(r["run_dir"].name) == []
     rec = RunRecord.load(r["run_dir"])
     assert rec.status == "stopped" and "Ctrl-C" in rec.error and rec.duration_s is not None
+
+
+def test_closing_the_terminal_stops_the_run_without_a_traceback(launches):
+    r = outcome(launches, "terminal_closed")
+    assert r["run_dir"] is not None, r["stderr"][-2000:]
+    assert r["rc"] == 129 and "Traceback" not in r["stderr"], r["stderr"][-2000:]
+    assert r["left"] == []
+    rec = RunRecord.load(r["run_dir"])
+    assert rec.status == "stopped" and "SIGHUP" in rec.error and rec.duration_s is not None
 
 
 def test_sigterm_stops_every_rank_and_exits_as_the_shell_counts_it(launches):

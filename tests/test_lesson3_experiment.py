@@ -243,6 +243,27 @@ def test_supervisor_does_not_relaunch_a_stopped_or_multinode_run(tmp_path):
     assert multi.relaunches == 0
 
 
+def test_a_stop_between_two_attempts_reaches_the_next_one(tmp_path, monkeypatch):
+    # the stop lands after the failed attempt ended and before the relaunch started (here: while the
+    # supervisor saves the record between them): the relaunched attempt must be stopped, not run to the end
+    ScriptedLaunch.script, ScriptedLaunch.started = ["failed", "stopped"], 0
+    rec = create_run(tmp_path, "lesson3", MODULE)
+    sup = Supervisor(L.LaunchSpec(MODULE, L.Placement("cpu", 2)), rec, consumer=lambda e: None,
+                     relaunches=3, launch_cls=ScriptedLaunch)
+    saves = []
+    real_save = type(rec).save
+
+    def save_then_stop(record):
+        real_save(record)
+        saves.append(1)
+        if len(saves) == 1:  # the save between the attempts
+            sup.stop("stopped by SIGTERM")
+
+    monkeypatch.setattr(type(rec), "save", save_then_stop)
+    sup.run()
+    assert ScriptedLaunch.started == 2 and sup.current.stopped  # stopped before its processes ran
+
+
 def test_make_launch_and_the_torchrun_command(tmp_path):
     rec = create_run(tmp_path, "lesson1", MODULE)
     spec = L.LaunchSpec(MODULE, L.Placement("cpu", 2))

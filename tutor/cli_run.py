@@ -17,6 +17,7 @@ the progress store are imported inside the commands.
 """
 from __future__ import annotations
 
+import errno
 import json
 import signal
 import sys
@@ -119,6 +120,20 @@ def resume_command(record) -> str | None:
         elif not arg.startswith("--run-dir="):
             kept.append(arg)
     return shlex.join([*kept, "--ckpt-dir", str(checkpoints)])
+
+
+def _say_where_it_is(record, say, profile: bool) -> None:
+    """After the run: its folder, its profiler traces, how to export it and how to resume it."""
+    typer.echo(say("folder", path=record.path), err=True)
+    from .cli_runs import profile_traces_line  # here: cli_runs imports this module's views
+
+    traces = profile_traces_line(record, say) if profile else None
+    if traces:
+        typer.echo(traces, err=True)
+    typer.echo(say("export", id=record.id), err=True)
+    resume = resume_command(record)
+    if resume:
+        typer.echo(say("resume", command=resume), err=True)
 
 
 def record_in_progress_store(record) -> None:
@@ -407,13 +422,21 @@ class JsonView:
 
     def __init__(self, out=None):
         self.out = out or sys.stdout
+        self.reader_gone = False
 
     def __enter__(self):
         return self
 
     def __call__(self, event: dict) -> None:
-        self.out.write(json.dumps(json_ready(event), ensure_ascii=False, default=str, allow_nan=False) + "\n")
-        self.out.flush()
+        if self.reader_gone:
+            return
+        try:
+            self.out.write(json.dumps(json_ready(event), ensure_ascii=False, default=str, allow_nan=False) + "\n")
+            self.out.flush()
+        except OSError as exc:  # the reader closed the pipe, or the terminal closed: the run still ends
+            if exc.errno not in (errno.EPIPE, errno.EIO):  # properly (its record), only unseen from here on
+                raise
+            self.reader_gone = True
 
     def __exit__(self, *exc):
         return False
@@ -525,7 +548,7 @@ def run_cmd(
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
     # Ctrl-C stops the run even where SIGINT was inherited as ignored (a background job)
     previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
-    interrupted = False
+    interrupted = terminal_gone = False
     try:
         with view:
             try:
@@ -538,21 +561,20 @@ def run_cmd(
             except KeyboardInterrupt:
                 interrupted = True
                 record = launch.record
+    except OSError as exc:  # the terminal closed (SIGHUP): the view's last write fails with EIO (or EPIPE)
+        if exc.errno not in (errno.EIO, errno.EPIPE):
+            raise
+        terminal_gone, record = True, launch.record
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
     record_in_progress_store(record)
-    if not as_json:
-        typer.echo(say("folder", path=record.path), err=True)
-        from .cli_runs import profile_traces_line  # here: cli_runs imports this module's views
-
-        traces = profile_traces_line(record, say) if profile else None
-        if traces:
-            typer.echo(traces, err=True)
-        typer.echo(say("export", id=record.id), err=True)
-        resume = resume_command(record)
-        if resume:
-            typer.echo(say("resume", command=resume), err=True)
+    if not as_json and not terminal_gone:
+        try:
+            _say_where_it_is(record, say, profile)
+        except OSError as exc:
+            if exc.errno not in (errno.EIO, errno.EPIPE):
+                raise
     if stopped_by and not interrupted:  # the shell's 128 + the signal: 143 for SIGTERM, 129 for SIGHUP
         raise typer.Exit(128 + stopped_by[0])
     if interrupted or record.status == "stopped":
