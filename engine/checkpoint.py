@@ -66,12 +66,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .durable import TMP_PREFIX, fsync_dir, write_atomic
+
 MAGIC = b"DISTAICK"
 FORMAT_VERSION = 1
 _HEADER = struct.Struct("<8sHQ32s")  # magic, version, payload length, SHA-256 of the payload
 MANIFEST = "manifest.json"
 STEP_PREFIX = "step_"
-TMP_PREFIX = ".tmp-"
 TRASH_PREFIX = ".trash-"
 CORRUPT_SUFFIX = ".corrupt"
 FORMS = ("file", "dcp")
@@ -82,33 +83,6 @@ class CorruptCheckpoint(Exception):
 
 
 # ------------------------------------------------------------------------------------ bytes on disk
-def fsync_dir(path: str | os.PathLike) -> None:
-    """Make a folder's entries (a rename, a new file) durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: str | os.PathLike, data: bytes) -> int:
-    """Write ``data`` to ``path`` so that readers see the old file or the new one, never half:
-    temporary file in the same folder, ``fsync``, ``os.replace``, ``fsync`` of the folder."""
-    path = Path(path)
-    tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-    return len(data)
-
-
 def frame(payload: bytes) -> bytes:
     """``payload`` behind a header holding its length and SHA-256."""
     return _HEADER.pack(MAGIC, FORMAT_VERSION, len(payload), hashlib.sha256(payload).digest()) + payload

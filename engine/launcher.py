@@ -38,10 +38,10 @@ from typing import IO, Any
 
 from ..lessons.events import ERROR, OUTPUT, RUN_END, RUN_START, SUMMARY, Error
 from ..lessons.strings import LANG_ENV, translated
-from .events import backend_for
+from .events import backend_for, parse_event
 from .lifeline import LAUNCHER_PID_ENV, parent_death_signal
 from .profiling import PROFILE_DIR_ENV, is_profiler_trace_line
-from .runs import RunRecord, set_command, tail_lines
+from .runs import RunRecord, process_start, set_command, tail_lines
 
 MAX_PROCS = 1024
 MAX_CPU_PROCS = 256
@@ -397,7 +397,7 @@ class Launch(Stoppable):
                            "args": list(self.spec.args), "note": self.spec.placement.note,
                            "debug": self.spec.debug, "lang": self.spec.lang})  # what its ranks write in
         rec.status = "running"
-        rec.launcher_pid = os.getpid()
+        rec.launcher_pid, rec.launcher_start = os.getpid(), process_start(os.getpid())
         rec.save()
         # a relaunch into the same run folder (engine.supervisor) streams only the new events
         self._event_offsets = {p: p.stat().st_size for p in rec.events_dir.glob("rank*.jsonl")}
@@ -544,11 +544,9 @@ class Launch(Stoppable):
                 if lines[-1]:
                     partial[path] = lines[-1]
                 for line in lines[:-1]:
-                    if line.strip():
-                        try:
-                            self._queue.put(json.loads(line))
-                        except json.JSONDecodeError:
-                            continue
+                    event = parse_event(line) if line.strip() else None
+                    if event is not None:
+                        self._queue.put(event)
             if finishing:
                 return
             self._done_tailing.wait(POLL_S)

@@ -177,7 +177,7 @@ def feed_readable(fold: Any, event: dict[str, Any]) -> bool:
     hand or damaged) left out as a torn line is: False then, else what ``feed`` returned (True if None)."""
     try:
         changed = fold.feed(event)
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, ArithmeticError):  # ArithmeticError: a number past what a float holds
         return False
     return True if changed is None else bool(changed)
 

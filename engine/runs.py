@@ -36,6 +36,7 @@ from typing import Any
 
 from ..lessons.events import STEP
 from ..lessons.strings import TranslatedError, strings, translated
+from .durable import write_atomic
 from .events import read_events, time_span
 
 RUN_FILE = "run.json"
@@ -67,6 +68,9 @@ class RunRecord:
     error_tail: list[str] = field(default_factory=list)
     summary: dict[str, Any] | None = None
     launcher_pid: int | None = None
+    # the launcher's start in the kernel's clock ticks since boot (/proc/PID/stat): a pid reused by another
+    # process later is not the launcher (None: not known, as on a system without /proc)
+    launcher_start: int | None = None
     last_step: int | None = None  # steps done when the launcher was killed or the run stopped (1-based), if any
     host: str = field(default_factory=lambda: _this_host())
 
@@ -88,10 +92,9 @@ class RunRecord:
 
     # -- persistence ---------------------------------------------------------------------------
     def save(self) -> None:
-        """Write ``run.json`` atomically (a reader never sees half a file)."""
-        tmp = self.dir / f".{RUN_FILE}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(asdict(self), indent=2, ensure_ascii=False), encoding="utf-8")
-        os.replace(tmp, self.dir / RUN_FILE)
+        """Write ``run.json`` atomically and durably (a reader never sees half a file, a power cut leaves the
+        old record or the new one: :func:`~.durable.write_atomic`)."""
+        write_atomic(self.dir / RUN_FILE, json.dumps(asdict(self), indent=2, ensure_ascii=False).encode("utf-8"))
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> RunRecord:
@@ -113,6 +116,7 @@ class RunRecord:
             "config": (dict,), "status": (str,), "exit_code": (int, type(None)),
             "duration_s": (int, float, type(None)), "error": (str, type(None)), "failed_rank": (int, type(None)),
             "error_tail": (list,), "summary": (dict, type(None)), "launcher_pid": (int, type(None)),
+            "launcher_start": (int, type(None)),
             "last_step": (int, type(None)), "host": (str,)}
         for name, allowed in kinds.items():
             value = getattr(self, name)
@@ -122,6 +126,8 @@ class RunRecord:
             raise TypeError(f"{RUN_FILE}: created is {self.created!r}")
         if self.duration_s is not None and not 0 <= self.duration_s < 1e11:  # "Infinity" printed "inf s"
             raise TypeError(f"{RUN_FILE}: duration_s is {self.duration_s!r}")
+        if self.launcher_pid is not None and not 0 < self.launcher_pid <= PID_MAX_LIMIT:  # -1 would mean "any process"
+            raise TypeError(f"{RUN_FILE}: launcher_pid is {self.launcher_pid!r}")
         if not all(isinstance(x, str) for x in (*self.command, *self.argv, *self.error_tail)):
             raise TypeError(f"{RUN_FILE}: a list holds something other than text")
 
@@ -129,7 +135,8 @@ class RunRecord:
     @property
     def effective_status(self) -> str:
         """``killed`` for a run still marked running whose launcher (on this host) is gone."""
-        if self.status == "running" and self.host == _this_host() and not pid_alive(self.launcher_pid):
+        if self.status == "running" and self.host == _this_host() and not launcher_alive(self.launcher_pid,
+                                                                                            self.launcher_start):
             return "killed"
         return self.status
 
@@ -245,9 +252,12 @@ def settle_killed(record: RunRecord) -> RunRecord:
     return record
 
 
+PID_MAX_LIMIT = 1 << 22  # Linux's largest pid_max (64-bit); no process has a larger id
+
+
 def pid_alive(pid: int | None) -> bool:
     """Whether process ``pid`` exists on this machine (one we may not signal counts)."""
-    if not pid:
+    if not isinstance(pid, int) or not 0 < pid <= PID_MAX_LIMIT:  # 0 and -1 address groups, not a process
         return False
     try:
         os.kill(pid, 0)
@@ -256,6 +266,24 @@ def pid_alive(pid: int | None) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def process_start(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (field 22 of ``/proc/PID/stat``), or None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat[stat.rindex(")") + 2:].split()[19])  # after the command name, which may hold spaces
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def launcher_alive(pid: int | None, started: int | None) -> bool:
+    """Whether the launcher ``pid`` (started at ``started``, if known) still runs: the pid exists and is not
+    a later process that reused it."""
+    if not pid_alive(pid):
+        return False
+    now = process_start(pid) if started is not None and pid is not None else None
+    return now is None or now == started
 
 
 def new_run_id(lesson: str, now: float | None = None) -> str:
@@ -296,7 +324,8 @@ def create_run(root: str | os.PathLike, lesson: str, module: str, *, run_dir: st
     (directory / "events").mkdir(exist_ok=True)
     (directory / "logs").mkdir(exist_ok=True)
     record = RunRecord(id=run_id, lesson=lesson, module=module, created=now, path=str(directory),
-                       argv=list(argv), config=dict(config or {}), launcher_pid=os.getpid())
+                       argv=list(argv), config=dict(config or {}), launcher_pid=os.getpid(),
+                       launcher_start=process_start(os.getpid()))
     record.save()
     if run_dir is not None:
         _note_elsewhere(Path(root), directory)
@@ -332,7 +361,7 @@ def _elsewhere(root: Path) -> list[Path]:
 
 def set_command(record: RunRecord, command: list[str]) -> None:
     record.command = list(command)
-    (record.dir / "command.txt").write_text(shlex.join(command) + "\n", encoding="utf-8")
+    write_atomic(record.dir / "command.txt", (shlex.join(command) + "\n").encode("utf-8"))
     record.save()
 
 

@@ -627,7 +627,7 @@ def test_sigkilled_launcher_leaves_no_process_and_a_killed_run(launches):
     assert listed["duration_s"] == rec.duration_s == pytest.approx(last_t - rec.created)
     steps = [e["step"] for e in rec.events() if e["kind"] == "step"]
     assert steps == list(range(len(steps))) and len(steps) == rec.last_step
-    assert not list(rec.dir.glob(".*.tmp"))
+    assert not list(rec.dir.glob(".tmp-*"))  # no temporary record left behind
 
 
 def test_profiled_run_saves_torch_profiler_traces_that_runs_show_points_to(launches):
@@ -787,7 +787,8 @@ def test_records_and_events_damaged_in_any_way_are_damaged_runs_and_left_out_eve
     saved = json.loads((rec.dir / "run.json").read_text())
     for damage in ("null", "[1, 2]", json.dumps(dict(saved, config="str")), json.dumps(dict(saved, created=1e30)),
                    json.dumps(dict(saved, exit_code="0")), json.dumps(dict(saved, error_tail=[1])),
-                   json.dumps(dict(saved, duration_s=float("inf")))):
+                   json.dumps(dict(saved, duration_s=float("inf"))),
+                   json.dumps(dict(saved, launcher_pid=2 ** 40)), json.dumps(dict(saved, launcher_pid=-1))):
         (rec.dir / "run.json").write_text(damage, encoding="utf-8")
         os.utime(rec.dir, (named + 3600, named + 3600))  # damaged an hour later
         (listed,) = list_runs(runs_dir)
@@ -803,11 +804,23 @@ def test_records_and_events_damaged_in_any_way_are_damaged_runs_and_left_out_eve
         f.write((json.dumps(dict(good[1], t="y")) + "\n").encode())
         f.write((json.dumps(dict(good[1], t=float("nan"))) + "\n").encode())
         f.write((json.dumps(good[2]) + "\n").encode())
+        f.write(b'{"kind": "progress", "t": 1001.5, "rank": 0, "done": 1e999, "total": 3}\n')  # no run writes these
+        f.write(b'{"kind": "ring_step", "t": 1001.6, "rank": 0, "step": Infinity, "t0": 1001.0}\n')
+        f.write(b'{"kind": "progress", "t": 1001.7, "rank": 0, "done": 100000000000000000000000, "total": 3}\n')
         f.write((json.dumps(dict(good[1], step="x", t=2000.0)) + "\n").encode())  # the last step: the one drawn
-    assert [e.get("step") for e in read_events(events)] == [0, 2, "x"]  # not "t": "y" nor NaN
+    assert [e.get("step") for e in read_events(events)] == [0, 2, "x"]  # not "t": "y", NaN, nor 1e999
     capsys.readouterr()
     assert main(["runs", "show", rec.id]) == 0 and main(["runs", "export", rec.id, "-f", "csv", "-o", "-"]) == 0
     assert "Traceback" not in capsys.readouterr().err
+    # a record still "running" whose launcher's pid now belongs to another process (pid reuse) was killed
+    from distai.engine.runs import process_start
+
+    (rec.dir / "run.json").write_text(json.dumps(dict(saved, status="running", launcher_pid=os.getpid(),
+                                                      launcher_start=process_start(os.getpid()) + 1)))
+    assert find_run(runs_dir, rec.id).effective_status == "killed"
+    (rec.dir / "run.json").write_text(json.dumps(dict(saved, status="running", launcher_pid=os.getpid(),
+                                                      launcher_start=process_start(os.getpid()))))
+    assert find_run(runs_dir, rec.id).effective_status == "running"
 
 
 def test_a_copied_run_folder_is_a_run_of_its_own_and_one_without_its_record_is_damaged(tmp_path, capsys,

@@ -217,3 +217,19 @@ def test_lessons_table_fits_an_80_column_terminal(isolated_distai_home, capsys, 
     table = lines[:lines.index("")]
     titles = " ".join(line[5:].split("  ")[0].strip() for line in table[1:])
     assert "Sharding de modelo y optimizador (ZeRO y FSDP)" in " ".join(titles.split())  # wrapped, whole
+
+
+def test_a_ctrl_c_while_the_cli_is_still_being_imported_exits_130_without_a_traceback(monkeypatch):
+    import builtins
+
+    from distai.tutor import entry
+
+    real_import = builtins.__import__
+
+    def interrupted(name, globals=None, locals=None, fromlist=(), level=0):
+        if level == 1 and name == "cli":  # `from .cli import main`, the first fraction of a second of `distai`
+            raise KeyboardInterrupt
+        return real_import(name, globals, locals, fromlist, level)
+
+    monkeypatch.setattr(builtins, "__import__", interrupted)
+    assert entry.main() == 130

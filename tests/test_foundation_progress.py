@@ -155,7 +155,8 @@ def _assert_moved_aside(tmp_path, path, original_bytes):
     with ProgressStore(path) as s:
         assert s.recovered_from is not None
         assert "\n" not in s.recovered_from
-        assert "moved it to" in s.recovered_from and str(s.moved_to) in s.recovered_from
+        assert "was moved to" in s.recovered_from and str(s.moved_to) in s.recovered_from
+        assert "se movió a" in s.recovered_text("es") and str(s.moved_to) in s.recovered_text("es")
         assert s.moved_to.name.startswith("progress.db.corrupt-")
         assert s.moved_to.read_bytes() == original_bytes  # never wiped
         s.mark_step_seen("lesson1", "replicate")  # a fresh, working database
@@ -224,7 +225,7 @@ def test_cli_reports_recovered_database(tmp_path):
     res = subprocess.run([sys.executable, "-m", "distai.tutor.cli", "lessons", "--json"],
                          capture_output=True, text=True, env=env)
     assert res.returncode == 0
-    assert "moved it to" in res.stderr and "corrupt-" in res.stderr
+    assert "was moved to" in res.stderr and "corrupt-" in res.stderr
     json.loads(res.stdout)  # stdout stays machine-readable
     assert list(Path(tmp_path).glob("progress.db.corrupt-*"))
 
@@ -260,3 +261,36 @@ def test_the_capstone_renamed_keeps_progress_saved_under_its_old_slug(tmp_path):
             for table in ("steps_seen", "quiz_answers", "quiz_sessions", "runs", "positions"):
                 left = conn.execute(f"SELECT count(*) FROM {table} WHERE lesson_id = '3d-parallelism'").fetchone()[0]
                 assert left == 0, table
+
+
+def test_opening_takes_no_write_lock_so_a_writer_holding_it_does_not_block_a_reader(tmp_path):
+    # a suspended tutor (Ctrl-Z) or another distai in the middle of a write holds the database's write lock;
+    # `distai lessons` and the tutor only read at open, and waited 10 s for the lock, then died with a traceback
+    path = tmp_path / "progress.db"
+    ProgressStore(path).close()  # created and migrated
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        started = time.monotonic()
+        store = ProgressStore(path)
+        assert store.summary() is not None and time.monotonic() - started < 5
+        store.close()
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+
+def test_a_run_that_finds_the_database_unreadable_says_so_in_the_learners_language(tmp_path, monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from distai.tutor.cli_run import record_in_progress_store
+
+    monkeypatch.setenv("DISTAI_HOME", str(tmp_path))
+    from distai.tutor.paths import progress_db_path
+
+    progress_db_path().parent.mkdir(parents=True, exist_ok=True)
+    progress_db_path().write_bytes(b"SQLite format 3\x00" + b"\xff" * 5000)
+    run = SimpleNamespace(id="20261207-000000-lesson1-abcd", lesson="lesson1", effective_status="ok", path="/x")
+    record_in_progress_store(run, "es")
+    err = capsys.readouterr().err
+    assert err.startswith("distai: aviso: la base de datos de progreso no se podía leer") and err.count("\n") == 1

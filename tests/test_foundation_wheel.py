@@ -64,7 +64,7 @@ def test_wheel_has_everything_under_the_distai_namespace(wheel):
 
     entry_points = next(n for n in dist_info if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
-    assert "distai = distai.tutor.cli:main" in text
+    assert "distai = distai.tutor.entry:main" in text
 
 
 def test_installed_wheel_works_without_the_checkout(wheel, tmp_path):

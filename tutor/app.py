@@ -57,7 +57,7 @@ class DistaiApp(App):
             try:
                 store = ProgressStore()
             except ProgressError as exc:
-                self.store_error = str(exc)
+                self.store_error = exc.text(language)
         self.store = store
 
     # -- screens ---------------------------------------------------------------------------------
@@ -78,7 +78,7 @@ class DistaiApp(App):
     def on_mount(self) -> None:
         self._localize_palette()
         if self.store is not None and self.store.recovered_from:
-            self.notify(self.store.recovered_from, severity="warning", timeout=15)
+            self.notify(self.store.recovered_text(self.language), severity="warning", timeout=15)
         if self.store_error:
             self.notify(translated("tutor", "progress_unsaved", self.language, error=self.store_error),
                         severity="error", timeout=15)

@@ -209,17 +209,22 @@ def language_or_fail(explicit: str | None) -> str:
     return lang
 
 
-def open_progress():
-    """The progress store; a recovered (moved-aside) database is reported on stderr, once."""
+def open_progress(lang: str = "en"):
+    """The progress store; a recovered (moved-aside) database is reported on stderr, once, in ``lang``."""
     from .progress import ProgressError, ProgressStore
 
     try:
         store = ProgressStore()
     except ProgressError as exc:
-        raise CliError(str(exc), code=1) from None
-    if store.recovered_from:
-        typer.echo(f"distai: warning: {store.recovered_from}", err=True)
+        raise CliError(exc.text(lang), code=1) from None
+    warn_recovered(store, lang)
     return store
+
+
+def warn_recovered(store, lang: str) -> None:
+    """On stderr, that the progress database was unreadable and moved aside (nothing if it was not)."""
+    if store.recovered_from:
+        typer.echo(translated("cli", "progress.warning", lang, text=store.recovered_text(lang)), err=True)
 
 
 def not_yet_available(what: str) -> None:
@@ -280,7 +285,7 @@ def lessons(
     language = language_or_fail(lang)
     from .progress import lesson_mastery
 
-    store = open_progress()
+    store = open_progress(language)
     summary = store.summary()
     for lesson_id, row in summary.items():
         row["mastery"] = lesson_mastery(store, lesson_id)

@@ -141,7 +141,7 @@ def quiz(
     chosen = lesson_or_fail(lesson, language) if lesson is not None else None
     if chosen is None and not review:
         raise CliError(T["need_lesson"])
-    store = open_progress()
+    store = open_progress(language)
     try:
         if review or chosen is None:  # (no lesson without --review was refused above)
             from .review import next_due, review_items, review_questions

@@ -136,13 +136,16 @@ def _say_where_it_is(record, say, profile: bool) -> None:
         typer.echo(say("resume", command=resume), err=True)
 
 
-def record_in_progress_store(record) -> None:
-    """Note the run in the learner's progress store (never fails the run)."""
+def record_in_progress_store(record, lang: str = "en") -> None:
+    """Note the run in the learner's progress store (never fails the run; a database found unreadable and
+    moved aside is said, once, as every command that opens it says it)."""
     try:
+        from .cli import warn_recovered
         from .progress import ProgressStore
 
         store = ProgressStore()
         try:
+            warn_recovered(store, lang)
             store.record_run(record.id, record.lesson, record.effective_status, record.path)
         finally:
             store.close()
@@ -555,7 +558,7 @@ def run_cmd(
                 launch.start()
             except OSError as exc:
                 raise CliError(say("no_torchrun", error=exc), code=1) from None
-            record_in_progress_store(record)
+            record_in_progress_store(record, language)
             try:
                 record = launch.run()
             except KeyboardInterrupt:
@@ -568,7 +571,7 @@ def run_cmd(
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
-    record_in_progress_store(record)
+    record_in_progress_store(record, language)
     if not as_json and not terminal_gone:
         try:
             _say_where_it_is(record, say, profile)

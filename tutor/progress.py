@@ -27,6 +27,8 @@ from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
+from ..lessons.strings import TranslatedError, translations
+
 SCHEMA_VERSION = 2
 
 _MIGRATIONS: dict[int, str] = {
@@ -79,8 +81,11 @@ _MIGRATIONS: dict[int, str] = {
 _KEYED_TABLES = ("steps_seen", "quiz_answers", "quiz_sessions", "runs", "positions")
 
 
-class ProgressError(RuntimeError):
-    """The progress database cannot be used (and was not touched): message is one line."""
+class ProgressError(TranslatedError):
+    """The progress database cannot be used (and was not touched): one line in every language
+    (``lessons/catalog/cli.toml``'s ``progress.*``)."""
+
+    area, prefix = "cli", "progress."
 
 
 def _timestamp(at) -> float:
@@ -101,15 +106,20 @@ class ProgressStore:
             path = progress_db_path()
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        #: One line saying that a corrupt database was moved aside, or None.
+        #: One line saying that a corrupt database was moved aside, or None (:meth:`recovered_text`: in a language).
         self.recovered_from: str | None = None
+        self.recovered_texts: dict[str, str] = {}
         #: Where the corrupt database went, or None.
         self.moved_to: Path | None = None
         self._lock = threading.RLock()
         self._depth = 0
         self._conn = self._open_checked()
-        self._migrate()
-        self._rekey_former_names()
+        try:
+            self._migrate()
+            self._rekey_former_names()
+        except sqlite3.OperationalError as exc:  # "database is locked": another process held it past the timeout
+            self._conn.close()
+            raise ProgressError.keyed("busy", path=self.path, problem=exc) from None
 
     # -- opening -----------------------------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
@@ -139,7 +149,7 @@ class ProgressStore:
         if conn is not None:
             conn.close()
         if not existed:
-            raise ProgressError(f"cannot open the progress database {self.path}: {problem}")
+            raise ProgressError.keyed("cannot_open", path=self.path, problem=problem)
         self._move_aside(problem)
         conn = self._connect()
         self._configure(conn)
@@ -167,20 +177,23 @@ class ProgressStore:
                 if side.exists():
                     os.replace(side, target.with_name(target.name + suffix))
         except OSError as exc:
-            raise ProgressError(
-                f"the progress database {self.path} is unreadable ({problem}) and could not be "
-                f"moved aside ({exc}); move it away yourself or set DISTAI_HOME") from None
+            raise ProgressError.keyed("cannot_move", path=self.path, problem=problem, error=exc) from None
         self.moved_to = target
-        self.recovered_from = (
-            f"progress database was unreadable ({problem}); moved it to {target} and started fresh")
+        self.recovered_texts = translations("cli", "progress.recovered", problem=problem, target=target)
+        self.recovered_from = self.recovered_texts["en"]
+
+    def recovered_text(self, lang: str) -> str | None:
+        """That a corrupt database was moved aside and a fresh one started, in ``lang``; None if not."""
+        return self.recovered_texts.get(lang) or self.recovered_from if self.recovered_from else None
 
     def _migrate(self) -> None:
+        with self.connection() as conn:  # most opens find it current: no write lock taken (a WAL read waits for none)
+            if conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION:
+                return
         with self.transaction() as conn:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
-                raise ProgressError(
-                    f"the progress database {self.path} was written by a newer distai (schema "
-                    f"{version} > {SCHEMA_VERSION}); upgrade distai or set DISTAI_HOME")
+                raise ProgressError.keyed("newer", path=self.path, version=version, schema=SCHEMA_VERSION)
             for target in range(version + 1, SCHEMA_VERSION + 1):
                 for statement in _MIGRATIONS[target].split(";"):
                     if statement.strip():
