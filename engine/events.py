@@ -85,13 +85,6 @@ def time_span(events: Iterable[dict]) -> tuple[float, float] | None:
     return (min(times), max(times)) if times else None
 
 
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):  # 1e999
-        raise ValueError(text)
-    return value
-
-
 def _bounded_int(text: str) -> int:
     value = int(text)
     if abs(value) >= 1 << 63:  # no count a run writes; past a float's range, readers' arithmetic would overflow
@@ -99,20 +92,17 @@ def _bounded_int(text: str) -> int:
     return value
 
 
-def _no_constant(name: str) -> float:
-    raise ValueError(name)  # NaN, Infinity: a sink writes null for them (json_ready), so a file holding one is damaged
-
-
 def parse_event(line: bytes) -> dict | None:
     """One line of a rank's events file as its event, or None when it is no event a run writes: not UTF-8
     JSON, JSON that is not an object (``5``, ``null``: a file damaged by hand or by the disk), a time that is
-    not a number, or a number no run writes (NaN, Infinity, 1e999, a whole number past 2⁶³)."""
+    not a finite number, or a whole number past 2⁶³. (A NaN loss or an inf loss scale is a run's own: the
+    sink writes them as JSON's NaN and Infinity; readers of such fields cope, :func:`feed_readable`.)"""
     try:
-        event = json.loads(line, parse_float=_finite_float, parse_int=_bounded_int, parse_constant=_no_constant)
-    except ValueError:  # JSONDecodeError, UnicodeDecodeError, a number no run writes
+        event = json.loads(line, parse_int=_bounded_int)
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError, a whole number no run writes
         return None
     t = event.get("t") if isinstance(event, dict) else None
-    if isinstance(event, dict) and (t is None or is_number(t)):
+    if isinstance(event, dict) and (t is None or is_number(t) and math.isfinite(t)):  # json reads NaN too
         return event  # every reader orders events by a time that is a number
     return None
 

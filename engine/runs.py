@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..lessons.events import STEP
+from ..lessons.events import SHARED, STEP, fields_readable, lesson_events
 from ..lessons.strings import TranslatedError, strings, translated
 from .durable import write_atomic
 from .events import read_events, time_span
@@ -154,8 +154,13 @@ class RunRecord:
         return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.created))
 
     def events(self) -> list[dict]:
-        """Every rank's events, merged in time order (for replays)."""
-        return merged_events(self.events_dir)
+        """Every rank's events, merged in time order (for replays), those whose declared fields do not hold
+        their types (a damaged file's ``"step": Infinity``) left out as a torn line is."""
+        try:
+            kinds = lesson_events(self.lesson) if re.fullmatch(r"\w+", self.lesson) else {k.name: k for k in SHARED}
+        except ImportError:  # a lesson this version does not have: its shared kinds are still known
+            kinds = {k.name: k for k in SHARED}
+        return [e for e in merged_events(self.events_dir) if fields_readable(e, kinds)]
 
     def log_tail(self, rank: int, lines: int = 15) -> list[str]:
         return tail_lines(self.rank_log(rank), lines)

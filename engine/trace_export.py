@@ -17,9 +17,11 @@ Which events are timed operations (and the experiments that emit them):
   ``step`` with ``t0``: a training step (lesson 3) ending at ``t``;
 * ``pp_op`` (lesson 5's pipeline): a forward or backward block, ``t0``/``t1``; ``pp_step``: a step;
   from them and the ``wait recv`` spans, each rank's step decomposed as lesson 5's check reads it
-  (``lessons/lesson5/breakdown.py``): its waits for a peer on a ``wait`` track, and on an ``idle``
+  (``lessons/lesson5/breakdown.py``): its waits for a peer on a ``wait`` track, on an ``idle``
   track the rest of the step when it neither computes nor waits (the schedule's head and tail,
-  the runner's overhead), the step being from the first rank's start to the last rank's end;
+  the runner's overhead), the step being from the first rank's start to the last rank's end, and on
+  a ``no core`` track each block's time runnable without a core (its wall time beyond its CPU
+  time, ``compute``: the check's ``cpu_contention``, counted as no work), drawn at the block's end;
 * ``span`` with ``check`` and ``block`` (``comm_trace.trace_causes``: lessons 1, 2, 4, 6, 7 and
   the capstone): a check's timed region as the check decomposes it, each rank's ``compute``,
   ``wait`` (for the last peer in a collective or on a message), ``comm`` and ``idle`` spans
@@ -56,7 +58,7 @@ from ..lessons.lesson5.events import PP_OP, PP_STEP
 from ..lessons.lesson6.events import TIMELINE
 from ..lessons.lesson7.events import KV_STEP, REQUEST
 
-STREAM_ORDER = ("compute", "wait", "idle", "comm", "comm tp", "comm cp", "comm pp", "comm dp", "io", "requests")
+STREAM_ORDER = ("compute", "no core", "wait", "idle", "comm", "comm tp", "comm cp", "comm pp", "comm dp", "io", "requests")
 # event fields that are bookkeeping, not metrics
 _NOT_METRICS = {"kind", "t", "rank", "step", "of", "t0", "t1", "t_start", "t_end", "attempt"}
 # string fields that say which series a step's numbers belong to (lesson 5's schedule, lesson 2's strategy…)
@@ -69,6 +71,11 @@ def _span(rank, stream, name, t0, t1, cat, args=None) -> dict | None:
         return None
     return {"rank": rank, "stream": stream, "name": name, "t0": float(t0), "t1": float(t1), "cat": cat,
             "args": args or {}}
+
+
+def _number(x) -> float:
+    """``x`` as a float, NaN when it is no finite number (a field an event lacks)."""
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else math.nan
 
 
 def _args(e: dict, drop: Iterable[str]) -> dict:
@@ -98,6 +105,11 @@ def operations(events: Iterable[dict]) -> tuple[list[dict], list[dict]]:
             name = f"{e.get('op')} mb{e.get('mb')} stage{e.get('stage')}"
             add(_span(rank, "compute", name, e.get("t0"), e.get("t1"), "pp",
                       _args(e, ("t0", "t1"))))
+            wall, work = _number(e.get("t1")) - _number(e.get("t0")), _number(e.get("compute"))
+            if work == work and wall - work > 1e-6:  # the block's time runnable without a core (lesson 5's
+                # cpu_contention), drawn at its end: the clocks say how long, not when
+                add(_span(rank, "no core", f"{name}: no core", e["t1"] - (wall - work), e["t1"], "no_core",
+                          {k: e[k] for k in ("schedule", "step") if k in e}))
         elif kind == PP_STEP.name:
             add(_span(rank, "compute", f"{e.get('schedule')} step {e.get('step')} ({e.get('impl')})",
                       e.get("t_start"), e.get("t_end"), "pp_step", _args(e, ("t_start", "t_end"))))

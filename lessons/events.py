@@ -331,6 +331,19 @@ def lesson_events(lesson: str) -> dict[str, EventKind[Any]]:
     return kinds
 
 
+def fields_readable(event: Mapping[str, Any], kinds: Mapping[str, EventKind[Any]]) -> bool:
+    """Whether every field ``event``'s kind declares holds its declared type, as every reader of it assumes
+    (a damaged or hand-edited file's ``"step": Infinity``, ``"done": 1e999``: not counts). Missing and
+    undeclared fields are the readers' to handle; an undeclared kind is read as it is."""
+    kind = kinds.get(str(event.get("kind")))
+    if kind is None:
+        return True
+    kind.problems({})  # its declaration's types, read once
+    assert kind._hints is not None
+    hints = kind._hints[0]
+    return all(_conforms(value, hints[key]) for key, value in event.items() if key in hints)
+
+
 def problems(event: Mapping[str, Any], kinds: Mapping[str, EventKind[Any]]) -> list[str]:
     """What in ``event`` does not match the declaration of its kind among ``kinds``."""
     kind = kinds.get(str(event.get("kind")))

@@ -7,6 +7,7 @@ and on timeouts, so running them side by side keeps this module short).
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -805,10 +806,14 @@ def test_records_and_events_damaged_in_any_way_are_damaged_runs_and_left_out_eve
         f.write((json.dumps(dict(good[1], t=float("nan"))) + "\n").encode())
         f.write((json.dumps(good[2]) + "\n").encode())
         f.write(b'{"kind": "progress", "t": 1001.5, "rank": 0, "done": 1e999, "total": 3}\n')  # no run writes these
-        f.write(b'{"kind": "ring_step", "t": 1001.6, "rank": 0, "step": Infinity, "t0": 1001.0}\n')
+        f.write(b'{"kind": "step", "t": 1001.6, "rank": 0, "step": Infinity, "of": 3, "loss": 1.0}\n')
         f.write(b'{"kind": "progress", "t": 1001.7, "rank": 0, "done": 100000000000000000000000, "total": 3}\n')
         f.write((json.dumps(dict(good[1], step="x", t=2000.0)) + "\n").encode())  # the last step: the one drawn
-    assert [e.get("step") for e in read_events(events)] == [0, 2, "x"]  # not "t": "y", NaN, nor 1e999
+    assert [e.get("step") for e in read_events(events) if e["kind"] == "step"] == [0, 2, math.inf, "x"]  # not "y", NaN
+    assert len(list(read_events(events))) == 5  # 1e999 and Infinity read as a run's own NaN loss would be; 10²³ not
+    # what the run's readers get: the events whose declared fields hold their types ("step": "x" and
+    # Infinity, "done": 1e999 are no counts: each was a traceback of runs show or runs export)
+    assert [(e["kind"], e.get("step")) for e in find_run(runs_dir, rec.id).events()] == [("step", 0), ("step", 2)]
     capsys.readouterr()
     assert main(["runs", "show", rec.id]) == 0 and main(["runs", "export", rec.id, "-f", "csv", "-o", "-"]) == 0
     assert "Traceback" not in capsys.readouterr().err

@@ -329,3 +329,17 @@ def test_profiler_traces_keep_every_attempt_their_own_name_and_say_when_there_ar
     say = lambda key, **f: translated("cli", f"run_says.{key}", "en", **f)  # noqa: E731
     assert "(2 files" in profile_traces_line(record, say)
     assert profile_traces_line(SimpleNamespace(config={}), say) is None
+
+
+def test_a_pipeline_blocks_time_without_a_core_has_its_own_track():
+    # lesson 5's check counts a block's CPU time as its work and the rest as cpu_contention: the trace draws
+    # that rest on a "no core" track (at the block's end), so idle + wait + no core add up to the bubble printed
+    events = [{"kind": "pp_op", "rank": 0, "t0": T, "t1": T + 0.010, "op": "F", "mb": 0, "stage": 0, "chunk": 0,
+               "schedule": "1f1b", "step": 0, "compute": 0.004},
+              {"kind": "pp_op", "rank": 0, "t0": T + 0.010, "t1": T + 0.012, "op": "B", "mb": 0, "stage": 0,
+               "chunk": 0, "schedule": "1f1b", "step": 0, "compute": 0.002}]  # all of it on a core: nothing drawn
+    spans, _ = operations(events)
+    (no_core,) = [s for s in spans if s["stream"] == "no core"]
+    assert no_core["name"] == "F mb0 stage0: no core"
+    assert (no_core["t0"], no_core["t1"]) == pytest.approx((T + 0.004, T + 0.010))
+    assert check_trace(chrome_trace(events)) == []
