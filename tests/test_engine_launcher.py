@@ -188,7 +188,9 @@ def test_run_folders_list_find_and_killed(tmp_path):
     b = create_run(tmp_path, "lesson1", LESSON1)
     b.status, b.exit_code, b.duration_s, b.error = "failed", 1, 3.0, "rank 1 failed: boom"
     b.save()
-    a.launcher_pid = 2 ** 22 + 12345  # a launcher that is gone
+    from distai.engine.runs import pid_alive
+
+    a.launcher_pid = next(p for p in range(2 ** 22, 1, -1) if not pid_alive(p))  # a launcher that is gone
     a.save()
     runs = list_runs(tmp_path)
     assert [r.id for r in runs] == [b.id, a.id]

@@ -294,3 +294,24 @@ def test_a_run_that_finds_the_database_unreadable_says_so_in_the_learners_langua
     record_in_progress_store(run, "es")
     err = capsys.readouterr().err
     assert err.startswith("distai: aviso: la base de datos de progreso no se podía leer") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("code,words", [("SQLITE_BUSY", "held by another distai"),
+                                        ("SQLITE_READONLY", "cannot open"), ("SQLITE_CANTOPEN", "cannot open")])
+def test_a_database_that_is_only_busy_or_read_only_is_never_moved_aside(tmp_path, monkeypatch, code, words):
+    # "database is locked" is an sqlite3.DatabaseError too: it was taken for corruption, the file moved aside
+    # and a fresh one started, so the learner's progress vanished while another distai held it
+    path = tmp_path / "progress.db"
+    ProgressStore(path).close()
+    saved = path.read_bytes()
+
+    def refuses(conn):
+        exc = sqlite3.OperationalError("database is locked" if code == "SQLITE_BUSY" else "attempt to write")
+        exc.sqlite_errorname = code
+        raise exc
+
+    monkeypatch.setattr(ProgressStore, "_configure", staticmethod(refuses))
+    with pytest.raises(ProgressError) as caught:
+        ProgressStore(path)
+    assert words in caught.value.text("en") and "base de datos de progreso" in caught.value.text("es")
+    assert path.read_bytes() == saved and not list(tmp_path.glob("*.corrupt-*"))

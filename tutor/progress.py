@@ -81,6 +81,15 @@ _MIGRATIONS: dict[int, str] = {
 _KEYED_TABLES = ("steps_seen", "quiz_answers", "quiz_sessions", "runs", "positions")
 
 
+def _is_corruption(exc: sqlite3.DatabaseError) -> bool:
+    """Whether SQLite found the file damaged (moved aside then) rather than busy, locked, read-only or
+    unopenable (left alone: it may hold the learner's progress intact)."""
+    name = getattr(exc, "sqlite_errorname", None)
+    if name is None:  # an error SQLite raised without a code: only its words say what it is
+        return any(w in str(exc) for w in ("malformed", "not a database", "corrupt"))
+    return name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB"))
+
+
 class ProgressError(TranslatedError):
     """The progress database cannot be used (and was not touched): one line in every language
     (``lessons/catalog/cli.toml``'s ``progress.*``)."""
@@ -145,6 +154,12 @@ class ProgressStore:
             if problem is None:
                 return conn
         except sqlite3.DatabaseError as exc:
+            if not _is_corruption(exc):  # locked by another process, read-only, cannot be opened: the file is
+                if conn is not None:     # the learner's progress all the same, and stays where it is
+                    conn.close()
+                key = "busy" if getattr(exc, "sqlite_errorname", "").startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) \
+                    else "cannot_open"
+                raise ProgressError.keyed(key, path=self.path, problem=exc) from None
             problem = str(exc)
         if conn is not None:
             conn.close()
