@@ -315,3 +315,15 @@ def test_a_database_that_is_only_busy_or_read_only_is_never_moved_aside(tmp_path
         ProgressStore(path)
     assert words in caught.value.text("en") and "base de datos de progreso" in caught.value.text("es")
     assert path.read_bytes() == saved and not list(tmp_path.glob("*.corrupt-*"))
+
+
+def test_a_distai_home_that_cannot_be_a_folder_is_one_line_in_the_learners_language(tmp_path):
+    blocker = tmp_path / "afile"
+    blocker.write_text("not a folder")
+    env = dict(os.environ, DISTAI_HOME=str(blocker))
+    for command in (["lessons"], ["runs"], ["run", "lesson1", "--cpu", "2", "--steps", "1"]):
+        res = subprocess.run([sys.executable, "-m", "distai.tutor.cli", *command, "--lang", "es"], env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+        assert res.stderr.startswith(f"distai: error: no se puede usar {blocker}") and res.stderr.count("\n") == 1
+    assert blocker.read_text() == "not a folder"

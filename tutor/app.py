@@ -52,11 +52,12 @@ class DistaiApp(App):
         self.store_error: str | None = None
         self._owns_store = store is None
         if store is None:
+            from .paths import DataHomeError
             from .progress import ProgressError, ProgressStore
 
             try:
                 store = ProgressStore()
-            except ProgressError as exc:
+            except (ProgressError, DataHomeError) as exc:  # the tutor still teaches; it says progress is not saved
                 self.store_error = exc.text(language)
         self.store = store
 

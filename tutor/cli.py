@@ -17,6 +17,7 @@ import typer
 from ..lessons.registry import UnknownLessonError, all_lessons, resolve_lesson, valid_names
 from ..lessons.strings import FALLBACK, LANG_ENV, LANGUAGES, detect_language, has, strings, translated
 from ..lessons.units import format_score
+from .paths import DataHomeError
 
 
 def _help_language(argv: list[str]) -> str:
@@ -525,6 +526,9 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code
     except typer.Exit as exc:
         return exc.exit_code
+    except DataHomeError as exc:  # raised wherever saved state is first touched
+        typer.echo(f"distai: error: {exc.text(lang)}", err=True)
+        return 1
     except typer.Abort:
         typer.echo(f"distai: {translated('cli', 'errors.aborted', lang)}", err=True)
         return 130

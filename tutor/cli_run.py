@@ -520,15 +520,16 @@ def run_cmd(
     from ..engine.runs import RunDirError, create_run
     from .paths import runs_root
 
+    root = runs_root()  # a DataHomeError of its own (DISTAI_HOME a file, or not writable): not the --run-dir's
     try:
-        record = create_run(runs_root(), chosen.id, chosen.experiment, run_dir=run_dir,
+        record = create_run(root, chosen.id, chosen.experiment, run_dir=run_dir,
                             argv=["distai", *sys.argv[1:]] if sys.argv else [])
     except FileExistsError:
         raise CliError(say("run_dir_taken", path=run_dir)) from None
     except RunDirError as exc:  # before OSError and ValueError: it is a ValueError
         raise CliError(say("run_dir_" + exc.why, path=exc.path or repr(exc.path))) from None
     except OSError as exc:  # a folder that cannot be made: in the learner's words, not "[Errno 2] …"
-        raise CliError(say("run_dir_unwritable", path=exc.filename or run_dir or runs_root(),
+        raise CliError(say("run_dir_unwritable", path=exc.filename or run_dir or root,
                            why=os_error_text(exc, language))) from None
     except ValueError:
         raise CliError(say("run_dir_nul", path=repr(str(run_dir)))) from None

@@ -4,6 +4,25 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..lessons.strings import LANGUAGES, TranslatedError, translated
+
+
+class DataHomeError(TranslatedError):
+    """The folder for the learner's saved state cannot be made or used (one line, every language)."""
+
+
+def _folder(path: Path) -> Path:
+    """``path``, made if needed; a :class:`DataHomeError` saying why it cannot be (a file in its place, no
+    permission) in the learner's words."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        from .cli import os_error_text
+
+        raise DataHomeError(texts={lang: translated("cli", "errors.data_home", lang, path=path,
+                                                    why=os_error_text(exc, lang)) for lang in LANGUAGES}) from None
+    return path
+
 
 def data_home() -> Path:
     override = os.environ.get("DISTAI_HOME")
@@ -13,8 +32,7 @@ def data_home() -> Path:
         from platformdirs import user_data_dir
 
         home = Path(user_data_dir("distai", appauthor=False))
-    home.mkdir(parents=True, exist_ok=True)
-    return home
+    return _folder(home)
 
 
 def progress_db_path() -> Path:
@@ -22,6 +40,4 @@ def progress_db_path() -> Path:
 
 
 def runs_root() -> Path:
-    path = data_home() / "runs"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return _folder(data_home() / "runs")
