@@ -186,6 +186,7 @@ _REASONS = [(re.compile(pattern, re.S), key) for pattern, key in (
      r"\(hung or too slow\)", "absent"),
     (r"torchrun exited with code (?P<code>-?\d+)", "torchrun_code"),
     (r"launcher error: (?P<error>.*)", "launcher_error"),
+    (r"the live view failed: (?P<error>.*)", "view_failed"),
     (r"run\.json cannot be read: (?P<error>.*)", "damaged"),
     (r"run\.json is cut short or is not JSON", "damaged_json"),
     (r"run\.json is missing", "damaged_missing"),

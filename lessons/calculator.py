@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import units
 from .model_size import ShapeError, param_bounds
-from .strings import TranslatedError, detect_language, has, strings, translated
+from .strings import TranslatedError, detect_language, has, strings, translated, translations
 
 REQUIRED = ...  # an option the learner must give (Typer's spelling of "no default")
 
@@ -188,8 +189,9 @@ class Calculator:
             raise CalcError(exc.text(lang)) from None
         except (ZeroDivisionError, OverflowError):  # a number past what a float holds, or a zero rate
             raise CalcError.keyed("errors.out_of_range") from None
-        except ValueError as exc:
-            raise CalcError(str(exc)) from None
+        except ValueError as exc:  # a formula's own guard (English): said in the learner's language when not English
+            raise CalcError(texts={**translations("calc", "errors.formula_refused", why=str(exc)), "en": str(exc)}) \
+                from None
         check_finite(result)
         return result
 
@@ -199,6 +201,8 @@ def check_finite(value, where: str = "result") -> None:
     no text shows "inf s"): the key that holds it named."""
     if isinstance(value, float) and not math.isfinite(value):
         raise CalcError.keyed("errors.not_finite", where=where, value=value)
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > sys.float_info.max:
+        raise CalcError.keyed("errors.not_finite", where=where, value="> 10³⁰⁸")  # a count past any float
     if isinstance(value, dict):
         for key, item in value.items():
             check_finite(item, key)

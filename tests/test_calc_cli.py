@@ -415,3 +415,31 @@ def test_an_interleaved_m_that_does_not_split_is_told_the_nearest_that_do(capsys
     capsys.readouterr()
     assert main(["calc", "bubble", "-p", "4", "-m", "14", "--schedule", "interleaved", "--lang", "en"]) == 2
     assert "m = 12 and m = 15" in capsys.readouterr().err
+
+
+SERVE_70B = ["calc", "serve", "--params", "70B", "--layers", "80", "--hidden", "8192", "--kv-heads", "8", "--heads",
+             "64", "--gpus", "8", "--hbm-bandwidth", "3.35TB/s", "--ttft-slo", "1s", "--tpot-slo", "50ms"]
+
+
+@pytest.mark.parametrize("argv,words", [
+    # a count past any float: it was an OverflowError traceback from the text's number formatting
+    (["calc", "memory", "--params", "1e308"], "> 10³⁰⁸"),
+    # a formula's own guard said in English: in Spanish it is said in Spanish
+    (["calc", "checkpoint", "--mtbf", "1e-300", "--cost", "1e308"], "fuera del rango de la fórmula"),
+    # a search that tried every batch up to 9e15 (it ran for hours): bounded, as any option's range
+    ([*SERVE_70B, "--gpu-memory", "80GB", "--max-batch", "9e15"], "--max-batch"),
+    # Spanish numbers in the refusal, as the learner typed them
+    ([*SERVE_70B, "--gpu-memory", "80GB", "--memory-util", "1,5"], "no 1,5"),
+])
+def test_extreme_inputs_are_one_spanish_line(capsys, argv, words):
+    code, out, err = run(capsys, *argv, "--lang", "es")
+    assert code == 2 and words in err and err.count("\n") == 1 and "Traceback" not in err, err
+    assert not any(w in err for w in ("must be", "the inputs", "--flops")), err
+
+
+def test_the_bare_command_and_a_bare_group_print_their_help_in_spanish():
+    for argv in (["--lang", "es"], ["--lang", "es", "calc"]):
+        res = subprocess.run([sys.executable, "-m", "distai.tutor.cli", *argv], capture_output=True, text=True,
+                             timeout=60)
+        shown = res.stdout + res.stderr
+        assert "Uso: " in shown and "Usage:" not in shown and "Options" not in shown, shown

@@ -510,11 +510,18 @@ def typer_frame_in(lang: str) -> None:
         cls.get_help_option, cls.format_usage = get_help_option, format_usage  # type: ignore[method-assign]
 
 
+def _may_print_help(args: list[str]) -> bool:
+    """Whether the command line may print a help: ``--help``, or at most one command word (``distai``,
+    ``distai --lang es``, ``distai --lang es calc``: a group without its command prints its help)."""
+    words = [a for k, a in enumerate(args) if not a.startswith("-") and (k == 0 or args[k - 1] != "--lang")]
+    return "--help" in args or len(words) <= 1
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: one-line errors and exit code 2 for bad input, never a traceback."""
     args = sys.argv[1:] if argv is None else list(argv)
     lang = _help_language(args)  # --lang is not read yet when Click refuses the command line
-    if _FRAME or (lang != FALLBACK and ("--help" in args or len(args) <= 1)):
+    if _FRAME or (lang != FALLBACK and _may_print_help(args)):
         typer_frame_in(lang)
     try:
         result = app(args=argv, standalone_mode=False)

@@ -17,7 +17,7 @@ import typer
 
 from ..engine.runs import reason_text
 from ..lessons.events import json_ready
-from ..lessons.units import format_fixed
+from ..lessons.units import format_fixed, format_plain
 from .cli import (
     HELP,
     CliError,
@@ -125,7 +125,7 @@ def runs_show(
 
     language = language_or_fail(lang)
     if not (speed >= 0 and math.isfinite(speed)):  # nan and inf included
-        raise CliError(translated("cli", "runs.errors.speed", language, value=speed))
+        raise CliError(translated("cli", "runs.errors.speed", language, value=format_plain(speed, language)))
     try:
         record = settle_killed(find_run(runs_root(), run_id))
     except RunNotFound as exc:

@@ -31,7 +31,8 @@ def compute(v: dict) -> dict:
     split = a * d == v["hidden"]  # heads that split the hidden size (not Gemma's wider attention)
     check_params_fit_shape(v["params"], v["layers"], v["hidden"], a if split else None, hkv if split else None)
     if not 0 < v["memory_util"] <= 1:
-        raise CalcError.keyed("errors.fraction", flag="--memory-util", value=v["memory_util"])
+        raise CalcError.keyed("errors.fraction", flag="--memory-util",
+                              value=lambda lang: units.format_plain(v["memory_util"], lang))
     model = pl.ModelSpec(params=v["params"], layers=v["layers"], hidden=v["hidden"], heads=a, kv_heads=hkv,
                          head_dim=d, dtype_bytes=f.dtype_bytes(v["dtype"]))
     hw = pl.Hardware(gpus=v["gpus"], gpu_memory=v["gpu_memory"], bandwidth=v["hbm_bandwidth"], flops=v["flops"],
@@ -132,7 +133,7 @@ CALCULATOR = Calculator(
         Option("--output", "whole", default="2048"),
         Option("--ttft-slo", "time", minimum=0, strict_min=True),
         Option("--tpot-slo", "time", minimum=0, strict_min=True),
-        Option("--max-batch", "whole", default="256"),
+        Option("--max-batch", "whole", default="256", maximum=16384),  # the search tries every batch up to it
     ),
     compute=compute,
     text=text,
