@@ -77,12 +77,26 @@ class UsageError(TranslatedError):
 MAX_STEPS = 1_000_000
 
 
+#: options that are sizes or counts in every experiment that has them: a model's and a batch's sizes, degrees,
+#: microbatches, chunks, requests … (0 or less was a rank's traceback, "negative dimension -4", or the
+#: default put in its place without a word, or a refusal only after the launch)
+AT_LEAST_ONE = frozenset({
+    "hidden", "heads", "kv_heads", "layers", "vocab", "seq", "ffn", "batch", "batch_per_rank", "micro_batch",
+    "microbatch_size", "microbatches", "chunks", "dp_hidden", "dp_layers", "dp_batch", "prompt", "new_tokens",
+    "requests", "block_size", "kv_budget", "max_batch", "replicas", "route_requests", "prefix_slots", "tp", "pp",
+    "dp", "cp", "ep", "experts", "top_k", "samples", "features", "ckpt_every", "keep", "iters", "pieces",
+    "channels", "growth_interval"})
+
+
 def check_values(args: argparse.Namespace) -> None:
     """What no experiment can run, whatever its options mean: a non-finite number (``--lr nan`` trained to a
-    NaN loss and said "finished"), more than :data:`MAX_STEPS` steps. A :class:`UsageError` (one line)."""
+    NaN loss and said "finished"), a size or count below 1 (:data:`AT_LEAST_ONE`), more than
+    :data:`MAX_STEPS` steps. A :class:`UsageError` (one line)."""
     for name, value in vars(args).items():
         if isinstance(value, float) and not math.isfinite(value):
             raise UsageError.keyed("not_finite", flag="--" + name.replace("_", "-"), value=value)
+        if name in AT_LEAST_ONE and isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise UsageError.keyed("at_least_one", flag="--" + name.replace("_", "-"), value=value)
     steps = getattr(args, "steps", None)
     if isinstance(steps, int) and steps > MAX_STEPS:
         raise UsageError.keyed("steps_most", most=lambda lang: format_integer(MAX_STEPS, lang), value=steps)

@@ -159,7 +159,7 @@ def plan_run(argv: list[str] | None, world: int, cuda: bool) -> RunPlan:
     layers = args.layers if args.layers is not None else stages * max(1, -(-MIN_DEFAULT_LAYERS // stages))
     model = ModelSize.from_args(args, MODEL_GPU if cuda else MODEL_CPU, layers=layers)
     m = args.microbatches if args.microbatches is not None else 2 * shape.pp
-    b = args.microbatch_size or (MICROBATCH_GPU if cuda else MICROBATCH_CPU)
+    b = args.microbatch_size if args.microbatch_size is not None else (MICROBATCH_GPU if cuda else MICROBATCH_CPU)
     if b < 1:
         raise MeshConfigError.keyed("microbatch_size", value=b)
     if args.moe and not 1 <= args.top_k <= args.experts:

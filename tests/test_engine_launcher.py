@@ -383,6 +383,10 @@ def test_runs_requests_are_refused_in_the_learners_language(argv, message, capsy
     # without end (lesson 2 built its batches until memory ran out)
     (["run", "lesson1", "--cpu", "2", "--lr", "nan"], "en", "--lr must be a finite number, got nan"),
     (["run", "lesson2", "--cpu", "2", "--steps", "99999999999999999999999"], "es", "--steps debe ser como mucho 1.000.000"),
+    # a size or count below 1: a rank's traceback ("negative dimension"), the default in its place, or a
+    # refusal only after the launch
+    (["run", "lesson5", "--cpu", "2", "--microbatch-size", "-1"], "es", "--microbatch-size debe ser al menos 1, no -1"),
+    (["run", "lesson2", "--cpu", "2", "--hidden", "0"], "en", "--hidden must be at least 1, got 0"),
     (["run", "experts", "--cpu", "2", "--capacity-factor", "inf"], "en",
      "--capacity-factor must be a finite positive number, got inf"),
 ])

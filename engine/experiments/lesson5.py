@@ -454,7 +454,8 @@ def run(ctx, args: argparse.Namespace) -> dict | None:
     schedules, m, v = check_args(args, p)
     layers = args.layers if args.layers is not None else pl.default_layers(p, v)  # p·v equal stages
     cfg = ModelSize.from_args(args, MODEL_GPU if ctx.is_cuda else MODEL_CPU, layers=layers)
-    args.microbatch_size = args.microbatch_size or (MICROBATCH_GPU if ctx.is_cuda else MICROBATCH_CPU)
+    if args.microbatch_size is None:
+        args.microbatch_size = MICROBATCH_GPU if ctx.is_cuda else MICROBATCH_CPU
     batches = _batches(cfg, m, args.microbatch_size, args.steps, ctx.device)
     if ctx.rank == 0:
         PP_CONFIG.emit(ctx.events, {"p": p, "m": m, "v": v, "schedules": schedules,
