@@ -108,6 +108,14 @@ def test_slurm_cli_one_line_errors(tmp_path):
                           (["lesson4", "--nodes", "1", "--gpus-per-node", "3"], "tp = 3 does not divide the 8 attention")):
         out = subprocess.run([*DISTAI, "slurm", *argv], capture_output=True, text=True, timeout=120)
         assert out.returncode == 2 and message in out.stderr and out.stderr.count("\n") == 1 and not out.stdout
+    # what the script sets on every node itself, and a value distai run would refuse on the cluster (the
+    # script was written, exit 0, and failed hours later)
+    for extra, message in ((["--cpu", "2"], "--cpu is for distai run on one machine"),
+                           (["--nnodes=3"], "--nnodes is for distai run"), (["--run-dir", "/x"], "--run-dir is for"),
+                           (["--steps", "abc"], "a whole number is needed, not 'abc'")):
+        out = subprocess.run([*DISTAI, "slurm", "1", "--nodes", "2", "--gpus-per-node", "4", *extra],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and message in out.stderr and out.stderr.count("\n") == 1 and not out.stdout, out
 
 
 def test_sbatch_script_runs_a_real_two_node_job_on_this_machine(tmp_path):

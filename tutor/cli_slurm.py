@@ -38,6 +38,12 @@ def slurm(
         raise CliError(translated("cli", "slurm_says.no_experiment", language, lesson=chosen.id))
     from ..engine.slurm import SlurmError, SlurmJob, sbatch_script
 
+    # what the script decides for every node is not the learner's to give (the cluster would refuse it: --cpu
+    # with the script's --gpus, one --run-dir for every node, an --nnodes that is not SLURM's)
+    for word in ctx.args[:ctx.args.index("--")] if "--" in ctx.args else ctx.args:
+        flag = word.split("=", 1)[0]
+        if flag in SCRIPT_SETS:
+            raise CliError(translated("cli", "slurm_says.errors.script_sets", language, flag=flag))
     experiment_args = _experiment_args(ctx, lesson)
     # the group's size and the options, refused here as `distai run` would refuse them on the cluster, hours
     # later: the experiment's plan (dp·tp·pp must be the ranks) and what its ranks would refuse
@@ -75,9 +81,15 @@ def slurm(
     typer.echo(translated("cli", "slurm_says.wrote", language, path=output), err=True)
 
 
+#: ``distai run``'s options the script sets on every node itself (or that one node's run cannot share)
+SCRIPT_SETS = ("--gpus", "--cpu", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--rdzv-backend",
+               "--rdzv-id", "--run-dir")
+
+
 def _experiment_args(ctx: typer.Context, lesson: str) -> list[str]:
-    """``ctx.args`` as ``distai run`` parses them (click's own parse, its options taken out): what
-    reaches the experiment."""
+    """``ctx.args`` as ``distai run`` parses them (click's own parse, its options taken out, their values
+    checked as ``distai run`` checks them: ``--steps abc`` is refused here, not on the cluster): what reaches
+    the experiment."""
     root = ctx.find_root()
     run = root.command.get_command(root, "run")  # type: ignore[attr-defined]
-    return run.make_context("run", [lesson, *ctx.args], parent=root, resilient_parsing=True).args
+    return run.make_context("run", [lesson, *ctx.args], parent=root).args
