@@ -558,6 +558,11 @@ def run_command(argv: list[str], world: int) -> str:
     return " ".join(["distai run capstone", f"--cpu {world}", *(a.replace("=", " ", 1) for a in argv)])
 
 
+#: calc plan's options that describe a cluster or a model other than the capstone run --calibrate measures
+#: and predicts (those with no default: a given one would be dropped without a word)
+NOT_THE_RUNS = ("params", "gpus", "gpu_memory", "experts", "top_k", "ffn", "efficiency")
+
+
 def plan_profile(values: dict) -> dict:
     """For ``distai calc plan --calibrate``: the capstone run its options describe (the degrees,
     default (dp, tp, pp, cp, ep) = (2, 2, 2, 1, 1), and the size flags, default the run's own, as
@@ -565,6 +570,9 @@ def plan_profile(values: dict) -> dict:
     A run the capstone refuses is a CalcError (one line)."""
     from .mesh_args import plan_run
 
+    ignored = [f"--{k.replace('_', '-')}" for k in NOT_THE_RUNS if values.get(k) is not None]
+    if ignored:  # a cluster's or another model's figures: the calibrated prediction is of this machine's run
+        raise CalcError.keyed("plan.errors.calibrate_ignores", flags=", ".join(ignored))
     argv, degrees = capstone_argv(values)
     world = degrees["dp"] * degrees["tp"] * degrees["pp"] * degrees["cp"]
     try:

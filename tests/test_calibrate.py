@@ -197,6 +197,9 @@ def test_calc_plan_calibrate_failing_ranks_are_one_line(capsys, tmp_path, monkey
     (["--calibrate", "--heads", "4", "--kv-heads", "2"], "the capstone run has one K/V head per query head (4)"),
     # a 70B shape ran its ranks 85 s into the kernel's OOM killer, then said "ranks failed: ====="
     (["--calibrate", "--layers", "80", "--hidden", "8192", "--heads", "64"], "more than this machine's"),
+    # a cluster's figures beside --calibrate were dropped without a word (it predicts this machine's run)
+    (["--calibrate", "--params", "7B", "--gpus", "64", "--gpu-memory", "80GB"],
+     "--params, --gpus, --gpu-memory: --calibrate predicts the capstone run on this machine"),
 ])
 def test_calc_plan_refusals_are_one_line(capsys, argv, needle):
     """A run the capstone refuses (before measuring anything), or a plan without its sizes: one line, exit 2."""
