@@ -433,11 +433,12 @@ def run_strategy(strategy: str, cfg: GPTConfig, batches, rank: int, world_size: 
     if check_steps:  # after every figure above: these steps train on
         # the steps the step-time check measures, on the trace as they ran (no meter: their collectives are
         # not drawn; the metered step above shows how such a step divides)
-        result["check_steps_s"] = []
+        timed: list[tuple[float, float, float, float]] = []
         for k in range(check_steps):
             with events.span(f"{strategy} check step {k} (unmetered, as the step-time check times it)", "compute",
                              strategy=strategy) if getattr(events, "enabled", False) else _null():
-                result["check_steps_s"].append(_timed_step(trainer, batches[k % len(batches)], barrier=True))
+                timed.append(_timed_step(trainer, batches[k % len(batches)], barrier=True))
+        result["check_steps_s"] = timed
     return result
 
 

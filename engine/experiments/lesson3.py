@@ -530,7 +530,8 @@ class Attempt:
                                         "redo": step <= redo_until, "t0": t_wall, "name": name})
                 PROGRESS.emit(self.events, {"done": step, "total": args.steps})
             else:  # every rank trains: its steps on the trace too (rank 0's step event carries the numbers)
-                SPAN.emit(self.events, {"name": name, "stream": "compute", "t0": t_wall, "t1": time.time(), **span})
+                SPAN.emit(self.events, {"name": name, "stream": "compute", "t0": t_wall, "t1": time.time(),
+                                        "step": step - 1, "attempt": self.attempt, "redo": step <= redo_until})
             self.where["reported"] = step
             if self.rank == 0 and redo_until and not redone_reported and step >= redo_until:
                 self._report_redone(history["losses"], losses, redo_until)
