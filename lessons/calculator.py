@@ -190,8 +190,7 @@ class Calculator:
         except (ZeroDivisionError, OverflowError):  # a number past what a float holds, or a zero rate
             raise CalcError.keyed("errors.out_of_range") from None
         except ValueError as exc:  # a formula's own guard (English): said in the learner's language when not English
-            raise CalcError(texts={**translations("calc", "errors.formula_refused", why=str(exc)), "en": str(exc)}) \
-                from None
+            raise CalcError(texts={**translations("calc", "errors.formula_refused"), "en": str(exc)}) from None
         check_finite(result)
         return result
 

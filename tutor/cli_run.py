@@ -122,12 +122,13 @@ def resume_command(record) -> str | None:
     return shlex.join([*kept, "--ckpt-dir", str(checkpoints)])
 
 
-def _say_where_it_is(record, say, profile: bool) -> None:
-    """After the run: its folder, its profiler traces, how to export it and how to resume it."""
+def say_where_it_is(record, say) -> None:
+    """After a run (and after its replay): its folder, its profiler traces, how to export it and how to
+    resume it."""
     typer.echo(say("folder", path=record.path), err=True)
     from .cli_runs import profile_traces_line  # here: cli_runs imports this module's views
 
-    traces = profile_traces_line(record, say) if profile else None
+    traces = profile_traces_line(record, say)
     if traces:
         typer.echo(traces, err=True)
     typer.echo(say("export", id=record.id), err=True)
@@ -575,7 +576,7 @@ def run_cmd(
     record_in_progress_store(record, language)
     if not as_json and not terminal_gone:
         try:
-            _say_where_it_is(record, say, profile)
+            say_where_it_is(record, say)
         except OSError as exc:
             if exc.errno not in (errno.EIO, errno.EPIPE):
                 raise

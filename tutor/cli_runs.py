@@ -120,7 +120,7 @@ def runs_show(
     from ..engine.run_state import replay_events
     from ..engine.runs import RunNotFound, find_run, settle_killed
     from ..lessons.strings import translated
-    from .cli_run import JsonView, TerminalView, resume_command
+    from .cli_run import JsonView, TerminalView, say_where_it_is
     from .paths import runs_root
 
     language = language_or_fail(lang)
@@ -153,15 +153,7 @@ def runs_show(
                 prev_t = t
             view(event)
     if not as_json:
-        say = lambda key, **f: translated("cli", f"run_says.{key}", language, **f)  # noqa: E731
-        typer.echo(say("folder", path=record.path), err=True)
-        traces = profile_traces_line(record, say)
-        if traces:
-            typer.echo(traces, err=True)
-        typer.echo(say("export", id=record.id), err=True)
-        resume = resume_command(record)
-        if resume:
-            typer.echo(say("resume", command=resume), err=True)
+        say_where_it_is(record, lambda key, **f: translated("cli", f"run_says.{key}", language, **f))
 
 
 def profile_traces_line(record, say) -> str | None:
