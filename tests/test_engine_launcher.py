@@ -59,6 +59,27 @@ def test_a_stop_from_a_signal_handler_while_torchrun_is_spawned_stops_the_run(tm
     assert launch.stopping and signalled == [(424242, signal.SIGTERM)]  # torchrun told to stop as it started
 
 
+def test_a_ctrl_c_while_torchrun_is_spawned_ends_the_run_as_interrupted(tmp_path, monkeypatch, capsys):
+    # the Ctrl-C lands inside the spawn (a few ms): the record said "killed before its first step", as if the
+    # launcher had died; the run now starts stopped and says it was interrupted
+    from distai.tutor.cli import main
+
+    monkeypatch.setenv("DISTAI_HOME", str(tmp_path))
+    real_popen, spawns = subprocess.Popen, []
+
+    def interrupted_once(cmd, *args, **kwargs):
+        if "torch.distributed.run" in " ".join(map(str, cmd)) and not spawns:
+            spawns.append(cmd)
+            raise KeyboardInterrupt
+        return real_popen(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(L.subprocess, "Popen", interrupted_once)
+    assert main(["run", "lesson1", "--cpu", "2", "--steps", "3"]) == 130
+    (rec,) = list_runs(tmp_path / "runs")
+    assert spawns and rec.status == "stopped" and rec.error == "interrupted (Ctrl-C)", (rec.status, rec.error)
+    assert L.run_processes(rec.id) == []
+
+
 def test_placement_rules():
     assert L.choose_placement(cpu=3, cuda_count=0) == L.Placement("cpu", 3)
     p = L.choose_placement(gpus=4, cuda_count=0)

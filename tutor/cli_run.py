@@ -560,6 +560,9 @@ def run_cmd(
                 launch.start()
             except OSError as exc:
                 raise CliError(say("no_torchrun", error=exc), code=1) from None
+            except KeyboardInterrupt:  # Ctrl-C while torchrun was being spawned: the run below starts stopped
+                interrupted = True     # (its processes, if any, are told to stop as they start) and its record
+                launch.stop("interrupted (Ctrl-C)")  # says "interrupted", not "killed before its first step"
             record_in_progress_store(record, language)
             try:
                 record = launch.run()
