@@ -47,7 +47,7 @@ from ..lessons.capstone.calibrated import (
 )
 from ..lessons.checks import Check, check
 from ..lessons.events import CHECK
-from ..lessons.strings import LANGUAGES, TranslatedError, translated
+from ..lessons.strings import LANGUAGES, TranslatedError, os_error_text, translated
 from .doctor import concurrent_pairs_alpha_beta
 from .experiment import max_over_ranks, share_cores_among_local_ranks
 
@@ -560,7 +560,7 @@ def run_command(argv: list[str], world: int) -> str:
 
 #: calc plan's options that describe a cluster or a model other than the capstone run --calibrate measures
 #: and predicts (those with no default: a given one would be dropped without a word)
-NOT_THE_RUNS = ("params", "gpus", "gpu_memory", "experts", "top_k", "ffn", "efficiency")
+NOT_THE_RUNS = ("params", "gpus", "gpu_memory", "experts", "top_k", "ffn", "efficiency", "alpha")
 
 
 def plan_profile(values: dict) -> dict:
@@ -573,6 +573,11 @@ def plan_profile(values: dict) -> dict:
     ignored = [f"--{k.replace('_', '-')}" for k in NOT_THE_RUNS if values.get(k) is not None]
     if ignored:  # a cluster's or another model's figures: the calibrated prediction is of this machine's run
         raise CalcError.keyed("plan.errors.calibrate_ignores", flags=", ".join(ignored))
+    try:  # where the profile will be saved, before a measurement it could not keep
+        profile_path().parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        why = {lang: os_error_text(exc, lang) for lang in LANGUAGES}
+        raise CalcError.keyed("plan.errors.profile_folder", path=profile_path().parent, why=why.__getitem__) from None
     argv, degrees = capstone_argv(values)
     world = degrees["dp"] * degrees["tp"] * degrees["pp"] * degrees["cp"]
     try:

@@ -6,6 +6,7 @@ a reader sees the old file or the new one, never half, even after a power cut. P
 """
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -13,10 +14,14 @@ TMP_PREFIX = ".tmp-"  # a temporary file's or folder's name starts so: a reader 
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
-    """Make a folder's entries (a rename, a new file) durable."""
+    """Make a folder's entries (a rename, a new file) durable. A file system that cannot fsync a folder
+    (some network and FUSE mounts say EINVAL) is let be, as SQLite lets it be: the rename itself stands."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
     finally:
         os.close(fd)
 

@@ -30,8 +30,14 @@ def is_profiler_trace_line(text: str) -> bool:
     return bool(_TRACE_POINT.match(text))
 
 
-def profile_file(directory: str | os.PathLike, rank: int, attempt: int = 0) -> Path:
-    return Path(directory) / (f"rank{rank}.pt.trace.json" if attempt == 0 else f"rank{rank}.attempt{attempt}.pt.trace.json")
+RELAUNCH_ENV = "DISTAI_RELAUNCH"  # the supervisor's relaunch (engine/supervisor.py): 0 for the first launch
+
+
+def profile_file(directory: str | os.PathLike, rank: int, attempt: int = 0, relaunch: int = 0) -> Path:
+    """``rank{R}.pt.trace.json``, with ``.relaunch{K}`` for the supervisor's K-th fresh torchrun and
+    ``.attempt{N}`` for torchrun's N-th restart in place, so no attempt's trace overwrites another's."""
+    parts = [f"rank{rank}"] + ([f"relaunch{relaunch}"] if relaunch else []) + ([f"attempt{attempt}"] if attempt else [])
+    return Path(directory) / (".".join(parts) + ".pt.trace.json")
 
 
 def profile_files(directory: str | os.PathLike) -> list[Path]:
@@ -63,7 +69,8 @@ def stop_profiler(prof: RankProfile | None) -> Path | None:
     if prof is None:
         return None
     prof.profiler.stop()
-    path = profile_file(os.environ[PROFILE_DIR_ENV], prof.rank, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+    path = profile_file(os.environ[PROFILE_DIR_ENV], prof.rank, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+                        int(os.environ.get(RELAUNCH_ENV, "0")))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     prof.profiler.export_chrome_trace(str(tmp))
@@ -76,8 +83,9 @@ def _name_trace(tmp: Path, path: Path) -> None:
     """Kineto writes the file's own name into the trace (``"traceName"``): the final name, not the
     temporary one it was written under (which is gone once the file is in place)."""
     text = tmp.read_text(encoding="utf-8")
-    written = json.dumps(str(tmp))
+    written = json.dumps(str(tmp), ensure_ascii=False)  # Kineto writes the path as it is, UTF-8
     at = text.rfind(f'"traceName": {written}')
     if at >= 0:
-        text = text[:at] + f'"traceName": {json.dumps(str(path))}' + text[at + len(f'"traceName": {written}'):]
+        text = text[:at] + f'"traceName": {json.dumps(str(path), ensure_ascii=False)}' + \
+            text[at + len(f'"traceName": {written}'):]
         tmp.write_text(text, encoding="utf-8")

@@ -21,9 +21,11 @@ Nothing here imports torch.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from ..lessons.events import RELAUNCH, RUN_END, RUN_START
 from .launcher import Consumer, Launch, LaunchSpec, Stoppable
+from .profiling import RELAUNCH_ENV
 from .runs import RunRecord
 
 
@@ -48,7 +50,8 @@ class Supervisor(Stoppable):
     def start(self) -> None:
         if self._started is None:
             self._started = time.time()
-        self.current = self.launch_cls(self.spec, self.record, self._forward, grace_s=self.grace_s)
+        spec = replace(self.spec, env={**self.spec.env, RELAUNCH_ENV: str(self.attempt)}) if self.attempt else self.spec
+        self.current = self.launch_cls(spec, self.record, self._forward, grace_s=self.grace_s)
         if self._stop_reason is not None:  # a stop that came between the last attempt's end and this one
             self.current.stop(self._stop_reason)  # Launch.start then stops its processes as they start
         self.current.start()

@@ -14,6 +14,7 @@ nesting that differs between the languages.
 """
 from __future__ import annotations
 
+import errno
 import os
 import re
 import string
@@ -183,3 +184,13 @@ class TranslatedError(ValueError):
     def text(self, lang: str) -> str:
         return self.texts.get(lang) or str(self)
 
+
+def os_error_text(exc: OSError, lang: str) -> str:
+    """Why ``exc`` happened, in ``lang`` for the usual causes (no such folder, permission denied, a full
+    disk: the catalog's ``os_error``), else in the system's words."""
+    name = errno.errorcode.get(exc.errno or 0, "")
+    if name == "ENOENT" and exc.filename and os.path.isdir(os.path.dirname(os.path.abspath(exc.filename))):
+        name = "ENOENT_in_folder"  # the folder is there and refuses the file: /proc/x said "no such folder"
+    if name and has("cli", f"os_error.{name}"):
+        return translated("cli", f"os_error.{name}", lang)
+    return exc.strerror or str(exc)

@@ -112,7 +112,10 @@ def test_slurm_cli_one_line_errors(tmp_path):
     # script was written, exit 0, and failed hours later)
     for extra, message in ((["--cpu", "2"], "--cpu is for distai run on one machine"),
                            (["--nnodes=3"], "--nnodes is for distai run"), (["--run-dir", "/x"], "--run-dir is for"),
-                           (["--steps", "abc"], "a whole number is needed, not 'abc'")):
+                           (["--steps", "abc"], "a whole number is needed, not 'abc'"),
+                           (["--steps", "-5"], "--steps must be >= 0, got -5"),
+                           (["--max-restarts", "500"], "--max-restarts must be between 0 and 100, got 500"),
+                           (["--steps", "2000000"], "--steps must be at most 1,000,000")):
         out = subprocess.run([*DISTAI, "slurm", "1", "--nodes", "2", "--gpus-per-node", "4", *extra],
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 2 and message in out.stderr and out.stderr.count("\n") == 1 and not out.stdout, out

@@ -227,7 +227,7 @@ def test_the_run_updates_its_parameters_at_the_memory_bound_rate():
 
 @pytest.mark.parametrize("values", [
     {"dp": 2, "tp": 1, "pp": 2, "cp": 2},  # an audit ran this: the line it printed left out --cp 2 and failed
-    {"dp": 1, "tp": 2, "pp": 2, "cp": 2, "layers": 2, "seq": 32, "microbatch": 1},
+    {"dp": 1, "tp": 2, "pp": 2, "cp": 2, "layers": 2, "seq": 32, "micro_batch": 1},
     {},  # the default run, (2, 2, 2, 1, 1)
 ])
 def test_the_command_it_prints_runs_the_run_it_predicted(values):

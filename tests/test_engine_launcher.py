@@ -724,7 +724,7 @@ def test_runs_are_listed_and_replayed(launches):
 def test_a_file_that_cannot_be_written_says_why_in_the_learners_language(tmp_path):
     import errno as errno_codes
 
-    from distai.tutor.cli import os_error_text
+    from distai.lessons.strings import os_error_text
 
     missing = OSError(errno_codes.ENOENT, "No such file or directory")
     assert os_error_text(missing, "es") == "no existe la carpeta" and os_error_text(missing, "en") == "no such folder"

@@ -402,3 +402,18 @@ async def test_the_panels_bar_is_indeterminate_for_a_run_that_reports_only_its_p
         bar = screen.query_one("#run-progress", ProgressBar)
         assert bar.total == 1.0 and bar.progress == 1.0
         screen.launch.stop("the test's run ended")  # its fake launch would hold the app's exit 30 s
+
+
+@run_async
+async def test_the_panel_says_in_its_language_when_distai_home_cannot_hold_a_run(tmp_path, monkeypatch):
+    # the panel's own launch makes the run folder under DISTAI_HOME: a file in its place crashed the tutor with
+    # an English DataHomeError traceback
+    blocker = tmp_path / "afile"
+    blocker.write_text("")
+    monkeypatch.setenv("DISTAI_HOME", str(blocker))
+    app = PanelApp(lambda: RunPanelScreen(resolve_lesson("lesson1"), "es", nproc=2))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(0.2)
+        screen = app.screen
+        assert isinstance(screen, RunPanelScreen) and screen.launch is None
+        assert "no se puede usar" in str(screen.query_one("#run-status", Static).render())

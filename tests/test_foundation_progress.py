@@ -327,3 +327,25 @@ def test_a_distai_home_that_cannot_be_a_folder_is_one_line_in_the_learners_langu
         assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
         assert res.stderr.startswith(f"distai: error: no se puede usar {blocker}") and res.stderr.count("\n") == 1
     assert blocker.read_text() == "not a folder"
+
+
+def test_a_write_that_waits_past_another_writers_lock_is_one_line_not_a_traceback(tmp_path, monkeypatch):
+    # opening takes no write lock now, but the first write (a quiz answer) still waited for the other
+    # process's lock and died with sqlite3.OperationalError's traceback
+    from distai.tutor import progress
+
+    monkeypatch.setattr(progress, "LOCK_WAIT_S", 0.2)
+    path = tmp_path / "progress.db"
+    ProgressStore(path).close()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        store = ProgressStore(path)
+        with pytest.raises(ProgressError) as caught:
+            with store.transaction() as conn:
+                conn.execute("SELECT 1")
+        assert "held by another distai" in caught.value.text("en") and "ocupada" in caught.value.text("es")
+        store.close()
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()

@@ -315,13 +315,19 @@ def test_profiler_traces_keep_every_attempt_their_own_name_and_say_when_there_ar
     # a restarted run (torchrun's TORCHELASTIC_RESTART_COUNT) writes its attempt beside the first one's
     assert profiling.profile_file(tmp_path, 1).name == "rank1.pt.trace.json"
     assert profiling.profile_file(tmp_path, 1, attempt=2).name == "rank1.attempt2.pt.trace.json"
-    record = SimpleNamespace(config={"profile_dir": str(tmp_path)})
+    # and the supervisor's relaunch, a fresh torchrun whose restart count starts again at 0, beside both
+    assert profiling.profile_file(tmp_path, 1, attempt=0, relaunch=1).name == "rank1.relaunch1.pt.trace.json"
+    record = SimpleNamespace(config={"profile_dir": str(tmp_path)}, effective_status="stopped")
     for lang, words in (("en", "none in"), ("es", "ninguna en")):
         say = lambda key, **f: translated("cli", f"run_says.{key}", lang, **f)  # noqa: E731
         assert words in profile_traces_line(record, say)
-    # Kineto writes the name it was given into the file: the final one replaces the temporary one
-    tmp, final = tmp_path / ".rank0.pt.trace.json.tmp", tmp_path / "rank0.pt.trace.json"
-    tmp.write_text(json.dumps({"traceEvents": [], "traceName": str(tmp)}, indent=2))
+        assert "none" not in profile_traces_line(SimpleNamespace(config=record.config, effective_status="running"),
+                                                 say)  # a run still going writes them as its ranks end
+    # Kineto writes the name it was given into the file, as it is (UTF-8: a learner's folder "josé"): the
+    # final name replaces the temporary one
+    (tmp_path / "josé").mkdir()
+    tmp, final = tmp_path / "josé" / ".rank0.pt.trace.json.tmp", tmp_path / "josé" / "rank0.pt.trace.json"
+    tmp.write_text(json.dumps({"traceEvents": [], "traceName": str(tmp)}, indent=2, ensure_ascii=False))
     profiling._name_trace(tmp, final)
     assert json.loads(tmp.read_text())["traceName"] == str(final)
     for name in ("rank0.pt.trace.json", "rank0.attempt1.pt.trace.json"):

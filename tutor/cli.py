@@ -5,7 +5,6 @@ modules (Textual, numpy, the engine) are imported inside the commands that use t
 """
 from __future__ import annotations
 
-import errno
 import json
 import os
 import sys
@@ -15,9 +14,17 @@ from typing import Any, Protocol, cast
 import typer
 
 from ..lessons.registry import UnknownLessonError, all_lessons, resolve_lesson, valid_names
-from ..lessons.strings import FALLBACK, LANG_ENV, LANGUAGES, detect_language, has, strings, translated
+from ..lessons.strings import (
+    FALLBACK,
+    LANG_ENV,
+    LANGUAGES,
+    detect_language,
+    strings,
+    translated,
+)
 from ..lessons.units import format_score
 from .paths import DataHomeError
+from .progress import ProgressError
 
 
 def _help_language(argv: list[str]) -> str:
@@ -114,17 +121,6 @@ def lesson_or_fail(name: str, lang: str = "en"):
     except UnknownLessonError:
         raise CliError(translated("cli", "errors.unknown_lesson", lang, name=repr(str(name)),
                                   valid=", ".join(valid_names()))) from None
-
-
-def os_error_text(exc: OSError, lang: str) -> str:
-    """Why ``exc`` happened, in ``lang`` for the usual causes (no such folder, permission denied, a full
-    disk: the catalog's ``os_error``), else in the system's words."""
-    name = errno.errorcode.get(exc.errno or 0, "")
-    if name == "ENOENT" and exc.filename and os.path.isdir(os.path.dirname(os.path.abspath(exc.filename))):
-        name = "ENOENT_in_folder"  # the folder is there and refuses the file: /proc/x said "no such folder"
-    if name and has("cli", f"os_error.{name}"):
-        return translated("cli", f"os_error.{name}", lang)
-    return exc.strerror or str(exc)
 
 
 def terminal_columns() -> int:
@@ -533,8 +529,8 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code
     except typer.Exit as exc:
         return exc.exit_code
-    except DataHomeError as exc:  # raised wherever saved state is first touched
-        typer.echo(f"distai: error: {exc.text(lang)}", err=True)
+    except (DataHomeError, ProgressError) as exc:  # raised wherever saved state is touched (a write that
+        typer.echo(f"distai: error: {exc.text(lang)}", err=True)  # waited for another distai's lock, too)
         return 1
     except typer.Abort:
         typer.echo(f"distai: {translated('cli', 'errors.aborted', lang)}", err=True)

@@ -28,7 +28,7 @@ import typer
 
 from ..engine.runs import phase_text, reason_text
 from ..lessons.events import json_ready
-from ..lessons.strings import TranslatedError, translated
+from ..lessons.strings import TranslatedError, os_error_text, translated
 from .cli import (
     HELP,
     LESSON_HELP,
@@ -39,7 +39,6 @@ from .cli import (
     lang_option,
     language_or_fail,
     lesson_or_fail,
-    os_error_text,
 )
 
 if TYPE_CHECKING:
@@ -122,6 +121,23 @@ def resume_command(record) -> str | None:
     return shlex.join([*kept, "--ckpt-dir", str(checkpoints)])
 
 
+def checked_restarts(lesson, max_restarts: int | None, lang: str) -> int:
+    """torchrun's restarts for ``lesson``'s run: ``--max-restarts`` (0–100), else the lesson's own."""
+    restarts = getattr(lesson, "max_restarts", 0) if max_restarts is None else max_restarts
+    if not 0 <= restarts <= 100:
+        raise CliError(translated("cli", "run_says.max_restarts", lang, value=restarts))
+    return restarts
+
+
+def steps_args(steps: int | None, lang: str) -> list[str]:
+    """``--steps N`` as the experiment takes it (its own check bounds it above), or nothing; below 0 refused."""
+    if steps is None:
+        return []
+    if steps < 0:
+        raise CliError(translated("cli", "run_says.steps", lang, value=steps))
+    return ["--steps", str(steps)]
+
+
 def say_where_it_is(record, say) -> None:
     """After a run (and after its replay): its folder, its profiler traces, how to export it and how to
     resume it."""
@@ -146,10 +162,10 @@ def record_in_progress_store(record, lang: str = "en") -> None:
 
         store = ProgressStore()
         try:
-            warn_recovered(store, lang)
             store.record_run(record.id, record.lesson, record.effective_status, record.path)
         finally:
             store.close()
+        warn_recovered(store, lang)  # after the run is noted: a terminal gone (EIO) must not lose that
     except Exception:  # noqa: BLE001 - progress is a convenience, the run folder is the record
         pass
 
@@ -482,19 +498,14 @@ def run_cmd(
 
     if not experiment_available(chosen.experiment):
         raise CliError(say("unavailable", n=chosen.number))
-    restarts = getattr(chosen, "max_restarts", 0) if max_restarts is None else max_restarts
-    if not 0 <= restarts <= 100:
-        raise CliError(say("max_restarts", value=restarts))
+    restarts = checked_restarts(chosen, max_restarts, language)
     extra = list(ctx.args)
     if "-h" in extra or "--help" in extra:  # the experiment's own options (distai run LESSON -- --help): no launch
         from ..engine.launcher import experiment_help
 
         typer.echo(experiment_help(chosen.experiment, language), nl=False)
         raise typer.Exit(0)
-    if steps is not None:
-        if steps < 0:
-            raise CliError(say("steps", value=steps))
-        extra = ["--steps", str(steps), *extra]
+    extra = steps_args(steps, language) + extra
     default_ranks = chosen.ranks
     try:
         validate_nodes(nnodes, node_rank, master_addr, master_port, rdzv_backend, rdzv_id, lang=language)

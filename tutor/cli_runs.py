@@ -17,6 +17,7 @@ import typer
 
 from ..engine.runs import reason_text
 from ..lessons.events import json_ready
+from ..lessons.strings import os_error_text
 from ..lessons.units import format_fixed, format_plain
 from .cli import (
     HELP,
@@ -27,7 +28,6 @@ from .cli import (
     lang_option,
     language_or_fail,
     lesson_or_fail,
-    os_error_text,
     terminal_columns,
 )
 
@@ -166,8 +166,9 @@ def profile_traces_line(record, say) -> str | None:
     if not profile_dir:
         return None
     n = len(profile_files(profile_dir))
-    return say("traces_none", path=profile_dir) if n == 0 else say("traces_files" if n != 1 else "traces_file",
-                                                                      path=profile_dir, n=n)
+    if n == 0:  # a run still going writes them as its ranks end
+        return say("traces_later" if record.effective_status == "running" else "traces_none", path=profile_dir)
+    return say("traces_files" if n != 1 else "traces_file", path=profile_dir, n=n)
 
 
 #: what every experiment names the function that writes rank 0's printed summary from its summary event

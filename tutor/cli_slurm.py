@@ -5,7 +5,7 @@ from pathlib import Path
 
 import typer
 
-from ..lessons.strings import translated
+from ..lessons.strings import os_error_text, translated
 from .cli import (
     HELP,
     LESSON_HELP,
@@ -14,7 +14,6 @@ from .cli import (
     lang_option,
     language_or_fail,
     lesson_or_fail,
-    os_error_text,
 )
 
 
@@ -44,7 +43,12 @@ def slurm(
         flag = word.split("=", 1)[0]
         if flag in SCRIPT_SETS:
             raise CliError(translated("cli", "slurm_says.errors.script_sets", language, flag=flag))
-    experiment_args = _experiment_args(ctx, lesson)
+    run_params, experiment_args = _run_options(ctx, lesson)
+    # distai run's own checks of its values, as it makes them on the cluster (--steps -5, --max-restarts 500)
+    from .cli_run import checked_restarts, steps_args
+
+    checked_restarts(chosen, run_params.get("max_restarts"), language)
+    experiment_args = steps_args(run_params.get("steps"), language) + experiment_args
     # the group's size and the options, refused here as `distai run` would refuse them on the cluster, hours
     # later: the experiment's plan (dp·tp·pp must be the ranks) and what its ranks would refuse
     from ..lessons.strings import TranslatedError
@@ -86,10 +90,11 @@ SCRIPT_SETS = ("--gpus", "--cpu", "--nnodes", "--node-rank", "--master-addr", "-
                "--rdzv-id", "--run-dir")
 
 
-def _experiment_args(ctx: typer.Context, lesson: str) -> list[str]:
-    """``ctx.args`` as ``distai run`` parses them (click's own parse, its options taken out, their values
-    checked as ``distai run`` checks them: ``--steps abc`` is refused here, not on the cluster): what reaches
-    the experiment."""
+def _run_options(ctx: typer.Context, lesson: str) -> tuple[dict, list[str]]:
+    """``ctx.args`` as ``distai run`` parses them (click's own parse, their types checked as ``distai run``
+    checks them: ``--steps abc`` is refused here, not on the cluster): ``distai run``'s own values, and what
+    reaches the experiment."""
     root = ctx.find_root()
     run = root.command.get_command(root, "run")  # type: ignore[attr-defined]
-    return run.make_context("run", [lesson, *ctx.args], parent=root).args
+    made = run.make_context("run", [lesson, *ctx.args], parent=root)
+    return made.params, made.args

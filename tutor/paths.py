@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..lessons.strings import LANGUAGES, TranslatedError, translated
+from ..lessons.strings import LANGUAGES, TranslatedError, os_error_text, translated
 
 
 class DataHomeError(TranslatedError):
@@ -17,8 +17,6 @@ def _folder(path: Path) -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        from .cli import os_error_text
-
         raise DataHomeError(texts={lang: translated("cli", "errors.data_home", lang, path=path,
                                                     why=os_error_text(exc, lang)) for lang in LANGUAGES}) from None
     return path

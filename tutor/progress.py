@@ -90,6 +90,17 @@ def _is_corruption(exc: sqlite3.DatabaseError) -> bool:
     return name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB"))
 
 
+LOCK_WAIT_S = 10.0  # how long a write waits for another process's lock before it says so
+
+
+def _unusable(exc: sqlite3.DatabaseError, path: Path) -> ProgressError:
+    """The one-line error for a database that is fine but cannot be used now: held by another process
+    (SQLite's BUSY or LOCKED), or read-only, full, unopenable (its own words, then)."""
+    busy = (getattr(exc, "sqlite_errorname", None) or "").startswith(("SQLITE_BUSY", "SQLITE_LOCKED"))
+    return ProgressError(texts=translations("cli", "progress." + ("busy" if busy else "cannot_open"), path=path,
+                                            problem=exc))
+
+
 class ProgressError(TranslatedError):
     """The progress database cannot be used (and was not touched): one line in every language
     (``lessons/catalog/cli.toml``'s ``progress.*``)."""
@@ -126,14 +137,14 @@ class ProgressStore:
         try:
             self._migrate()
             self._rekey_former_names()
-        except sqlite3.OperationalError as exc:  # "database is locked": another process held it past the timeout
+        except sqlite3.OperationalError as exc:  # locked past the timeout, read-only, a full disk …
             self._conn.close()
-            raise ProgressError.keyed("busy", path=self.path, problem=exc) from None
+            raise _unusable(exc, self.path) from None
 
     # -- opening -----------------------------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
         # isolation_level=None: no implicit transactions; we BEGIN/COMMIT ourselves.
-        conn = sqlite3.connect(str(self.path), timeout=10.0, isolation_level=None,
+        conn = sqlite3.connect(str(self.path), timeout=LOCK_WAIT_S, isolation_level=None,
                                check_same_thread=False)
         conn.row_factory = sqlite3.Row
         return conn
@@ -157,9 +168,7 @@ class ProgressStore:
             if not _is_corruption(exc):  # locked by another process, read-only, cannot be opened: the file is
                 if conn is not None:     # the learner's progress all the same, and stays where it is
                     conn.close()
-                key = "busy" if getattr(exc, "sqlite_errorname", "").startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) \
-                    else "cannot_open"
-                raise ProgressError.keyed(key, path=self.path, problem=exc) from None
+                raise _unusable(exc, self.path) from None
             problem = str(exc)
         if conn is not None:
             conn.close()
@@ -255,7 +264,10 @@ class ProgressStore:
                 finally:
                     self._depth -= 1
                 return
-            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:  # another process held the write lock past the timeout
+                raise _unusable(exc, self.path) from None
             self._depth = 1
             try:
                 yield self._conn

@@ -38,7 +38,7 @@ from textual.widgets import Footer, ProgressBar, RichLog, Sparkline, Static
 from ..engine.run_state import RunState, feed_readable, replay_events
 from ..engine.runs import phase_text, reason_text
 from ..lessons.events import LOG, OUTPUT, PHASE, RUN_END, RUN_START, STEP
-from ..lessons.strings import has, translated
+from ..lessons.strings import TranslatedError, has, translated
 from ..lessons.units import format_bandwidth, format_bytes, format_fixed, format_time
 from .check_table import check_table
 from .screens.common import apply_breakpoints, localize_bindings
@@ -162,6 +162,7 @@ class RunPanelScreen(Screen):
         self.view = lesson.run  # what this lesson's runs show (its [run] table)
         self.lesson_view = None  # the lesson's own view of the run (its [run] terminal), fed every event
         self.launch: Launch | Supervisor | None = None
+        self.start_error: Text | None = None  # why no run could start (shown in the status line instead)
         self.visualizer: LessonVisualizer | None = None
         self.stop_lines_hidden = 0
         self._queue: collections.deque = collections.deque()
@@ -236,8 +237,10 @@ class RunPanelScreen(Screen):
     def start_run(self) -> None:
         from ..engine.launcher import experiment_available
 
+        self.start_error = None
         if self.launch_factory is default_launch_factory and not experiment_available(self.lesson.experiment):
-            self.query_one("#run-status", Static).update(Text(translated("run", "unavailable", self.language), style="yellow"))
+            self.start_error = Text(translated("run", "unavailable", self.language), style="yellow")
+            self.query_one("#run-status", Static).update(self.start_error)
             return
         self.state = RunState()
         self.lesson_view = self.lesson.terminal_view(self.language)
@@ -252,7 +255,13 @@ class RunPanelScreen(Screen):
         self.set_class(False, "-view-summary")
         # the ranks print their summary in the tutor's language
         lang = {"lang": self.language} if self.launch_factory is default_launch_factory else {}
-        self.launch = self.launch_factory(self.lesson, self._consume, nproc=self.nproc, args=self.args, **lang)
+        try:
+            self.launch = self.launch_factory(self.lesson, self._consume, nproc=self.nproc, args=self.args, **lang)
+        except TranslatedError as exc:  # DISTAI_HOME unusable (a file in its place …): said here, in the panel
+            self.launch = None
+            self.start_error = Text(exc.text(self.language), style="red")
+            self.query_one("#run-status", Static).update(self.start_error)
+            return
         self.query_one("#run-status", Static).update(
             translated("run", "starting", self.language, nproc=self.launch.spec.placement.nproc))
         launch = self.launch
@@ -391,6 +400,9 @@ class RunPanelScreen(Screen):
             pass
 
     def _refresh(self) -> None:
+        if self.start_error is not None:  # no run to show: why, until one starts
+            self.query_one("#run-status", Static).update(self.start_error)
+            return
         s, lang = self.state, self.language
         if self.running != self._footer_running:  # Stop and Run again swap in the footer
             self._footer_running = self.running

@@ -12,7 +12,7 @@ from textual.screen import Screen
 from textual.widgets import Button, Footer, Static
 
 from ...lessons.registry import Lesson
-from ...lessons.strings import has, translated
+from ...lessons.strings import TranslatedError, has, translated
 from ..code_source import CodeNotFound, read_source
 from .common import CommonActions, apply_breakpoints, localize_bindings
 from .step_text import CodeListing, StepText
@@ -227,7 +227,8 @@ class LessonScreen(CommonActions, Screen):
         try:
             record = replay_latest(self.lesson.id, message.visualizer)
         except Exception as exc:  # noqa: BLE001 - a broken run folder must not take the lesson down
-            self.notify(translated("tutor", "replay_failed", self.lang, error=str(exc)), severity="error")
+            why = exc.text(self.lang) if isinstance(exc, TranslatedError) else str(exc)
+            self.notify(translated("tutor", "replay_failed", self.lang, error=why), severity="error")
             return
         if message.quiet:  # asked by a step or after a run, not by the learner: no toast
             return
