@@ -349,3 +349,36 @@ def test_a_write_that_waits_past_another_writers_lock_is_one_line_not_a_tracebac
     finally:
         holder.execute("ROLLBACK")
         holder.close()
+
+
+def test_a_quiz_whose_answers_cannot_be_saved_goes_on_and_says_so_once(capsys):
+    # another process holds the database past the wait: each answer's write failed with a traceback (the CLI)
+    # or ended the tutor; the quiz now goes on and the learner is told once that its answers were not saved
+    from distai.lessons.registry import resolve_lesson
+    from distai.tutor.cli_quiz import run_quiz
+
+    class HeldStore:
+        def __init__(self):
+            self.tries = 0
+
+        def record_quiz_answer(self, *args):
+            self.tries += 1
+            raise ProgressError(texts={"en": "the progress database x is held by another distai",
+                                       "es": "la base de datos de progreso x la tiene ocupada otro distai"})
+
+        record_quiz_session = record_quiz_answer
+
+    from distai.lessons.quiz import build_quiz
+
+    questions = build_quiz(resolve_lesson("lesson1").id, 3, 7, "es")
+    store = HeldStore()
+    import io
+
+    sys_stdin = sys.stdin
+    sys.stdin = io.StringIO("\n".join(["0"] * 6) + "\n")
+    try:
+        assert run_quiz(questions, store, "lesson1", "es", "quiz") == 0
+    finally:
+        sys.stdin = sys_stdin
+    err = capsys.readouterr().err
+    assert store.tries >= 3 and err.count("la tiene ocupada otro distai") == 1 and "Traceback" not in err, err

@@ -542,3 +542,29 @@ def test_every_visualizer_has_a_name_in_each_language():
         shown = strings("tutor", lang)["visualizer_names"]
         assert names <= set(shown), (lang, names - set(shown))
     assert translated("tutor", "visualizer_names.ring", "es") == "anillo"
+
+
+@async_test
+async def test_a_progress_write_the_database_cannot_take_is_said_once_and_the_lesson_goes_on(isolated_distai_home):
+    # another process holding the progress database past the wait made the step's write raise inside the app,
+    # which ended the tutor
+    from distai.tutor.progress import ProgressError
+
+    store = ProgressStore()
+
+    def held(*args):
+        raise ProgressError(texts={"en": "the progress database is held by another distai",
+                                   "es": "la base de datos de progreso la tiene ocupada otro distai"})
+
+    store.mark_step_seen = held
+    store.set_position = held
+    app = DistaiApp("es", store=store)
+    async with app.run_test(size=SIZE) as pilot:
+        app.open_lesson("lesson1")
+        await pilot.pause()
+        await pilot.press("right", "right")
+        await pilot.pause()
+        assert app.screen.index == 2 and app.is_running
+        said = [n.message for n in app._notifications]
+        assert sum("ocupada otro distai" in m for m in said) == 1, said
+    store.close()

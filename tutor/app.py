@@ -50,6 +50,7 @@ class DistaiApp(App):
         self.language = language
         self.initial_lesson = resolve_lesson(lesson_id) if lesson_id else None
         self.store_error: str | None = None
+        self._said_unsaved = False
         self._owns_store = store is None
         if store is None:
             from .paths import DataHomeError
@@ -138,11 +139,24 @@ class DistaiApp(App):
     # -- progress (the screens go through these, so that a missing store is harmless) ------------
     def mark_step_seen(self, lesson_id: str, step_key: str) -> None:
         if self.store is not None:
-            self.store.mark_step_seen(lesson_id, step_key)
+            self._saving(self.store.mark_step_seen, lesson_id, step_key)
 
     def remember_position(self, lesson_id: str, step_key: str) -> None:
         if self.store is not None:
-            self.store.set_position(lesson_id, step_key)
+            self._saving(self.store.set_position, lesson_id, step_key)
+
+    def _saving(self, write, *args) -> None:
+        """A progress write; one the database cannot take now (another process holds it past the wait) is
+        said once, and the lesson goes on."""
+        from .progress import ProgressError
+
+        try:
+            write(*args)
+        except ProgressError as exc:
+            if not self._said_unsaved:
+                self._said_unsaved = True
+                self.notify(translated("tutor", "progress_unsaved", self.language, error=exc.text(self.language)),
+                            severity="error", timeout=15)
 
     def steps_seen(self, lesson_id: str) -> set[str]:
         return self.store.steps_seen(lesson_id) if self.store is not None else set()

@@ -12,7 +12,7 @@ import sys
 
 import typer
 
-from ..lessons.strings import strings
+from ..lessons.strings import strings, translated
 from ..lessons.units import format_score
 from .cli import (
     HELP,
@@ -108,6 +108,9 @@ def run_quiz(questions, store, session_lesson, lang: str, header: str) -> int:
         typer.echo(T["ended"].format(a=session.answered, n=n))
     else:
         typer.echo(T["ended_none"])
+    if session.unsaved is not None:  # the answers went on; what could not be saved is said once, at the end
+        typer.echo(translated("cli", "progress.warning", lang, text=translated(
+            "tutor", "progress_unsaved", lang, error=session.unsaved.text(lang))), err=True)
     return 0
 
 

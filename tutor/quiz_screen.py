@@ -72,6 +72,7 @@ class QuizScreen(Screen):
         self.seed = seed
         self.session: QuizSession | None = None  # built by new_quiz when the screen mounts
         self.mode = "asking"  # asking | feedback | done
+        self._said_unsaved = False  # that the answers could not be saved, said once
 
     # -- layout ------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -152,6 +153,10 @@ class QuizScreen(Screen):
             self.show_score()
             return
         out = self.quiz.answer(text)
+        if self.quiz.unsaved is not None and not self._said_unsaved:  # once: the quiz goes on
+            self._said_unsaved = True
+            self.notify(translated("tutor", "progress_unsaved", self.lang, error=self.quiz.unsaved.text(self.lang)),
+                        severity="error", timeout=10)
         feedback = self.query_one("#quiz-feedback", Static)
         if not out.final:
             feedback.update(Text(translated("quiz_screen", "again", self.lang, msg=out.check.message), style="yellow"))

@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .progress import ProgressError
+
 if TYPE_CHECKING:
     from ..lessons.quiz import Check, Question
 
@@ -128,6 +130,9 @@ class QuizSession:
         self.results: list[bool] = []
         self._invalid = 0
         self.saved = False
+        #: why an answer or the score could not be saved (the database held by another process), or None:
+        #: the quiz goes on, and whoever shows it says so once
+        self.unsaved: ProgressError | None = None
 
     @property
     def current(self) -> Question | None:
@@ -165,7 +170,10 @@ class QuizSession:
         self.correct += int(correct)
         self.results.append(correct)
         if self.store is not None:
-            self.store.record_quiz_answer(q.lesson_id, q.kind, correct)
+            try:
+                self.store.record_quiz_answer(q.lesson_id, q.kind, correct)
+            except ProgressError as exc:
+                self.unsaved = exc
         self.index += 1
         if self.finished:
             self.finish()
@@ -175,8 +183,11 @@ class QuizSession:
         if self.saved or not self.finished or not self.questions:
             return self.saved
         if self.store is not None and self.session_lesson is not None:
-            self.store.record_quiz_session(self.session_lesson, self.correct, len(self.questions))
-            self.saved = True
+            try:
+                self.store.record_quiz_session(self.session_lesson, self.correct, len(self.questions))
+                self.saved = True
+            except ProgressError as exc:
+                self.unsaved = exc
         return self.saved
 
 
