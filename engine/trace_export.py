@@ -57,6 +57,7 @@ from ..lessons.lesson3.events import CHECKPOINT, FAILURE, RESTART
 from ..lessons.lesson5.events import PP_OP, PP_STEP
 from ..lessons.lesson6.events import TIMELINE
 from ..lessons.lesson7.events import KV_STEP, REQUEST
+from .events import is_number
 
 STREAM_ORDER = ("compute", "no core", "wait", "idle", "comm", "comm tp", "comm cp", "comm pp", "comm dp", "io", "requests")
 # event fields that are bookkeeping, not metrics
@@ -71,11 +72,6 @@ def _span(rank, stream, name, t0, t1, cat, args=None) -> dict | None:
         return None
     return {"rank": rank, "stream": stream, "name": name, "t0": float(t0), "t1": float(t1), "cat": cat,
             "args": args or {}}
-
-
-def _number(x) -> float:
-    """``x`` as a float, NaN when it is no finite number (a field an event lacks)."""
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else math.nan
 
 
 def _args(e: dict, drop: Iterable[str]) -> dict:
@@ -105,10 +101,11 @@ def operations(events: Iterable[dict]) -> tuple[list[dict], list[dict]]:
             name = f"{e.get('op')} mb{e.get('mb')} stage{e.get('stage')}"
             add(_span(rank, "compute", name, e.get("t0"), e.get("t1"), "pp",
                       _args(e, ("t0", "t1"))))
-            wall, work = _number(e.get("t1")) - _number(e.get("t0")), _number(e.get("compute"))
-            if work == work and wall - work > 1e-6:  # the block's time runnable without a core (lesson 5's
-                # cpu_contention), drawn at its end: the clocks say how long, not when
-                add(_span(rank, "no core", f"{name}: no core", e["t1"] - (wall - work), e["t1"], "no_core",
+            t0, t1, work = e.get("t0"), e.get("t1"), e.get("compute")
+            if all(is_number(x) and math.isfinite(x) for x in (t0, t1, work)) and t1 - t0 - work > 1e-6:
+                # the block's time runnable without a core (lesson 5's cpu_contention), drawn at its end: the
+                # clocks say how long, not when
+                add(_span(rank, "no core", f"{name}: no core", t0 + work, t1, "no_core",
                           {k: e[k] for k in ("schedule", "step") if k in e}))
         elif kind == PP_STEP.name:
             add(_span(rank, "compute", f"{e.get('schedule')} step {e.get('step')} ({e.get('impl')})",

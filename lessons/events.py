@@ -100,13 +100,24 @@ class EventKind(Generic[F]):
         """The event as a dict (``kind`` first), for the launcher's own events."""
         return {"kind": self.name, **fields}
 
+    def _declared(self) -> tuple[dict[str, Any], frozenset[str]]:
+        """Its fields' types and the required ones, read on first use (the CLI imports every declaration
+        and checks none)."""
+        if self._hints is None:
+            declared: Any = self.fields  # a TypedDict class (mypy's type[F] lacks its keys)
+            self._hints = get_type_hints(declared), declared.__required_keys__
+        return self._hints
+
+    def types_hold(self, event: Mapping[str, Any]) -> bool:
+        """Whether every field of ``event`` this kind declares holds its declared type (missing and
+        undeclared fields aside: :meth:`problems` says those)."""
+        hints = self._declared()[0]
+        return all(_conforms(value, hints[key]) for key, value in event.items() if key in hints)
+
     def problems(self, event: Mapping[str, Any]) -> list[str]:
         """What in ``event`` does not match this declaration: missing fields, fields of the
         wrong type, fields it does not declare (none for an open kind)."""
-        if self._hints is None:  # on first use: the CLI imports every declaration and checks none
-            declared: Any = self.fields  # a TypedDict class (mypy's type[F] lacks its keys)
-            self._hints = get_type_hints(declared), declared.__required_keys__
-        hints, required = self._hints
+        hints, required = self._declared()
         out = [f"missing {key!r}" for key in sorted(required) if key not in event]
         for key, value in event.items():
             if key not in hints:
@@ -336,12 +347,7 @@ def fields_readable(event: Mapping[str, Any], kinds: Mapping[str, EventKind[Any]
     (a damaged or hand-edited file's ``"step": Infinity``, ``"done": 1e999``: not counts). Missing and
     undeclared fields are the readers' to handle; an undeclared kind is read as it is."""
     kind = kinds.get(str(event.get("kind")))
-    if kind is None:
-        return True
-    kind.problems({})  # its declaration's types, read once
-    assert kind._hints is not None
-    hints = kind._hints[0]
-    return all(_conforms(value, hints[key]) for key, value in event.items() if key in hints)
+    return kind is None or kind.types_hold(event)
 
 
 def problems(event: Mapping[str, Any], kinds: Mapping[str, EventKind[Any]]) -> list[str]:
