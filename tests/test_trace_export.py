@@ -310,7 +310,7 @@ def test_profiler_traces_keep_every_attempt_their_own_name_and_say_when_there_ar
 
     from distai.engine import profiling
     from distai.lessons.strings import translated
-    from distai.tutor.cli_runs import profile_traces_line
+    from distai.tutor.cli_run import profile_traces_line
 
     # a restarted run (torchrun's TORCHELASTIC_RESTART_COUNT) writes its attempt beside the first one's
     assert profiling.profile_file(tmp_path, 1).name == "rank1.pt.trace.json"

@@ -138,12 +138,25 @@ def steps_args(steps: int | None, lang: str) -> list[str]:
     return ["--steps", str(steps)]
 
 
+def profile_traces_line(record, say) -> str | None:
+    """What ``--profile`` left: the folder and how many traces are in it, or that there are none and why
+    (each rank writes its trace as it ends normally; a stopped or failed run's ranks did not), or None
+    when the run was not profiled."""
+    from ..engine.profiling import profile_files
+
+    profile_dir = record.config.get("profile_dir")
+    if not profile_dir:
+        return None
+    n = len(profile_files(profile_dir))
+    if n == 0:  # a run still going writes them as its ranks end
+        return say("traces_later" if record.effective_status == "running" else "traces_none", path=profile_dir)
+    return say("traces_files" if n != 1 else "traces_file", path=profile_dir, n=n)
+
+
 def say_where_it_is(record, say) -> None:
     """After a run (and after its replay): its folder, its profiler traces, how to export it and how to
     resume it."""
     typer.echo(say("folder", path=record.path), err=True)
-    from .cli_runs import profile_traces_line  # here: cli_runs imports this module's views
-
     traces = profile_traces_line(record, say)
     if traces:
         typer.echo(traces, err=True)
@@ -437,6 +450,12 @@ class TerminalView:
         return False
 
 
+def output_gone(exc: OSError) -> bool:
+    """Whether a write failed because nobody reads any more: the terminal closed (EIO) or the pipe's reader
+    left (EPIPE)."""
+    return exc.errno in (errno.EIO, errno.EPIPE)
+
+
 class JsonView:
     """One JSON object per event on stdout (flushed: a pipe sees it at once)."""
 
@@ -453,8 +472,8 @@ class JsonView:
         try:
             self.out.write(json.dumps(json_ready(event), ensure_ascii=False, default=str, allow_nan=False) + "\n")
             self.out.flush()
-        except OSError as exc:  # the reader closed the pipe, or the terminal closed: the run still ends
-            if exc.errno not in (errno.EPIPE, errno.EIO):  # properly (its record), only unseen from here on
+        except OSError as exc:  # the run still ends properly (its record), only unseen from here on
+            if not output_gone(exc):
                 raise
             self.reader_gone = True
 
@@ -580,8 +599,8 @@ def run_cmd(
             except KeyboardInterrupt:
                 interrupted = True
                 record = launch.record
-    except OSError as exc:  # the terminal closed (SIGHUP): the view's last write fails with EIO (or EPIPE)
-        if exc.errno not in (errno.EIO, errno.EPIPE):
+    except OSError as exc:  # the terminal closed (SIGHUP): the view's last write fails
+        if not output_gone(exc):
             raise
         terminal_gone, record = True, launch.record
     finally:
@@ -592,7 +611,7 @@ def run_cmd(
         try:
             say_where_it_is(record, say)
         except OSError as exc:
-            if exc.errno not in (errno.EIO, errno.EPIPE):
+            if not output_gone(exc):
                 raise
     if stopped_by and not interrupted:  # the shell's 128 + the signal: 143 for SIGTERM, 129 for SIGHUP
         raise typer.Exit(128 + stopped_by[0])

@@ -156,21 +156,6 @@ def runs_show(
         say_where_it_is(record, lambda key, **f: translated("cli", f"run_says.{key}", language, **f))
 
 
-def profile_traces_line(record, say) -> str | None:
-    """What ``--profile`` left: the folder and how many traces are in it, or that there are none and why
-    (each rank writes its trace as it ends normally; a stopped or failed run's ranks did not), or None
-    when the run was not profiled."""
-    from ..engine.profiling import profile_files
-
-    profile_dir = record.config.get("profile_dir")
-    if not profile_dir:
-        return None
-    n = len(profile_files(profile_dir))
-    if n == 0:  # a run still going writes them as its ranks end
-        return say("traces_later" if record.effective_status == "running" else "traces_none", path=profile_dir)
-    return say("traces_files" if n != 1 else "traces_file", path=profile_dir, n=n)
-
-
 #: what every experiment names the function that writes rank 0's printed summary from its summary event
 #: alone, ``f(summary, lang) -> str``: ``runs show`` writes it again in the learner's language
 SUMMARY_RENDERER = "summary_from_event"

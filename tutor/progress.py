@@ -126,8 +126,7 @@ class ProgressStore:
             path = progress_db_path()
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        #: One line saying that a corrupt database was moved aside, or None (:meth:`recovered_text`: in a language).
-        self.recovered_from: str | None = None
+        #: that a corrupt database was moved aside, in each language (empty if it was not): :meth:`recovered_text`
         self.recovered_texts: dict[str, str] = {}
         #: Where the corrupt database went, or None.
         self.moved_to: Path | None = None
@@ -204,11 +203,15 @@ class ProgressStore:
             raise ProgressError.keyed("cannot_move", path=self.path, problem=problem, error=exc) from None
         self.moved_to = target
         self.recovered_texts = translations("cli", "progress.recovered", problem=problem, target=target)
-        self.recovered_from = self.recovered_texts["en"]
+
+    @property
+    def recovered_from(self) -> str | None:
+        """One line saying that a corrupt database was moved aside (English), or None."""
+        return self.recovered_texts.get("en")
 
     def recovered_text(self, lang: str) -> str | None:
         """That a corrupt database was moved aside and a fresh one started, in ``lang``; None if not."""
-        return self.recovered_texts.get(lang) or self.recovered_from if self.recovered_from else None
+        return self.recovered_texts.get(lang)
 
     def _migrate(self) -> None:
         with self.connection() as conn:  # most opens find it current: no write lock taken (a WAL read waits for none)
