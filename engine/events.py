@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from ..lessons.events import SPAN
 
@@ -73,7 +73,7 @@ class EventSink:
             self._fd = None
 
 
-def is_number(x: object) -> bool:
+def is_number(x: object) -> TypeGuard[float]:
     """A JSON number as Python reads it: an int or a float, not a bool (``True`` is an int to Python)."""
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 

@@ -102,7 +102,8 @@ def operations(events: Iterable[dict]) -> tuple[list[dict], list[dict]]:
             add(_span(rank, "compute", name, e.get("t0"), e.get("t1"), "pp",
                       _args(e, ("t0", "t1"))))
             t0, t1, work = e.get("t0"), e.get("t1"), e.get("compute")
-            if all(is_number(x) and math.isfinite(x) for x in (t0, t1, work)) and t1 - t0 - work > 1e-6:
+            if is_number(t0) and is_number(t1) and is_number(work) and all(map(math.isfinite, (t0, t1, work))) \
+                    and t1 - t0 - work > 1e-6:
                 # the block's time runnable without a core (lesson 5's cpu_contention), drawn at its end: the
                 # clocks say how long, not when
                 add(_span(rank, "no core", f"{name}: no core", t0 + work, t1, "no_core",
