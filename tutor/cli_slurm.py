@@ -37,13 +37,7 @@ def slurm(
         raise CliError(translated("cli", "slurm_says.no_experiment", language, lesson=chosen.id))
     from ..engine.slurm import SlurmError, SlurmJob, sbatch_script
 
-    # what the script decides for every node is not the learner's to give (the cluster would refuse it: --cpu
-    # with the script's --gpus, one --run-dir for every node, an --nnodes that is not SLURM's)
-    for word in ctx.args[:ctx.args.index("--")] if "--" in ctx.args else ctx.args:
-        flag = word.split("=", 1)[0]
-        if flag in SCRIPT_SETS:
-            raise CliError(translated("cli", "slurm_says.errors.script_sets", language, flag=flag))
-    run_params, experiment_args = _run_options(ctx, lesson)
+    run_params, experiment_args = _run_options(ctx, lesson, language)
     # distai run's own checks of its values, as it makes them on the cluster (--steps -5, --max-restarts 500)
     from .cli_run import checked_restarts, steps_args
 
@@ -86,15 +80,21 @@ def slurm(
 
 
 #: ``distai run``'s options the script sets on every node itself (or that one node's run cannot share)
-SCRIPT_SETS = ("--gpus", "--cpu", "--nnodes", "--node-rank", "--master-addr", "--master-port", "--rdzv-backend",
-               "--rdzv-id", "--run-dir")
+SCRIPT_SETS = ("gpus", "cpu", "nnodes", "node_rank", "master_addr", "master_port", "rdzv_backend", "rdzv_id",
+               "run_dir")
 
 
-def _run_options(ctx: typer.Context, lesson: str) -> tuple[dict, list[str]]:
+def _run_options(ctx: typer.Context, lesson: str, lang: str) -> tuple[dict, list[str]]:
     """``ctx.args`` as ``distai run`` parses them (click's own parse, their types checked as ``distai run``
     checks them: ``--steps abc`` is refused here, not on the cluster): ``distai run``'s own values, and what
-    reaches the experiment."""
+    reaches the experiment. What the script decides for every node is not the learner's to give (the cluster
+    would refuse it: ``--cpu`` beside the script's ``--gpus``, one ``--run-dir`` for every node, an
+    ``--nnodes`` that is not SLURM's): given on the command line, it is refused."""
     root = ctx.find_root()
     run = root.command.get_command(root, "run")  # type: ignore[attr-defined]
     made = run.make_context("run", [lesson, *ctx.args], parent=root)
+    for param in run.params:  # by the source's name: recent Typer vendors click's enum as typer._click's
+        source = made.get_parameter_source(param.name)
+        if param.name in SCRIPT_SETS and source is not None and source.name == "COMMANDLINE":
+            raise CliError(translated("cli", "slurm_says.errors.script_sets", lang, flag=param.opts[0]))
     return made.params, made.args
