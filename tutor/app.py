@@ -153,10 +153,15 @@ class DistaiApp(App):
         try:
             write(*args)
         except ProgressError as exc:
-            if not self._said_unsaved:
-                self._said_unsaved = True
-                self.notify(translated("tutor", "progress_unsaved", self.language, error=exc.text(self.language)),
-                            severity="error", timeout=15)
+            self.say_unsaved(exc)
+
+    def say_unsaved(self, exc) -> None:
+        """That progress could not be saved (``exc``: a ProgressError), once per session: the lessons and the
+        quiz go on."""
+        if not self._said_unsaved:
+            self._said_unsaved = True
+            self.notify(translated("tutor", "progress_unsaved", self.language, error=exc.text(self.language)),
+                        severity="error", timeout=15)
 
     def steps_seen(self, lesson_id: str) -> set[str]:
         return self.store.steps_seen(lesson_id) if self.store is not None else set()

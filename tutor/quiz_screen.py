@@ -9,7 +9,7 @@ then Enter; Enter again moves on. ``ctrl+n`` deals a new quiz, ``escape`` goes b
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from rich.table import Table
 from rich.text import Text
@@ -25,6 +25,7 @@ from ..lessons.units import format_score
 from .screens.common import BoundStatic, localize_bindings
 
 if TYPE_CHECKING:
+    from .app import DistaiApp
     from .review import QuizSession
 
 
@@ -72,7 +73,6 @@ class QuizScreen(Screen):
         self.seed = seed
         self.session: QuizSession | None = None  # built by new_quiz when the screen mounts
         self.mode = "asking"  # asking | feedback | done
-        self._said_unsaved = False  # that the answers could not be saved, said once
 
     # -- layout ------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -153,10 +153,8 @@ class QuizScreen(Screen):
             self.show_score()
             return
         out = self.quiz.answer(text)
-        if self.quiz.unsaved is not None and not self._said_unsaved:  # once: the quiz goes on
-            self._said_unsaved = True
-            self.notify(translated("tutor", "progress_unsaved", self.lang, error=self.quiz.unsaved.text(self.lang)),
-                        severity="error", timeout=10)
+        if self.quiz.unsaved is not None:  # the quiz goes on; the app says it once
+            cast("DistaiApp", self.app).say_unsaved(self.quiz.unsaved)
         feedback = self.query_one("#quiz-feedback", Static)
         if not out.final:
             feedback.update(Text(translated("quiz_screen", "again", self.lang, msg=out.check.message), style="yellow"))

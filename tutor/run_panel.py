@@ -240,7 +240,7 @@ class RunPanelScreen(Screen):
         self.start_error = None
         if self.launch_factory is default_launch_factory and not experiment_available(self.lesson.experiment):
             self.start_error = Text(translated("run", "unavailable", self.language), style="yellow")
-            self.query_one("#run-status", Static).update(self.start_error)
+            self._refresh()
             return
         self.state = RunState()
         self.lesson_view = self.lesson.terminal_view(self.language)
@@ -260,7 +260,7 @@ class RunPanelScreen(Screen):
         except TranslatedError as exc:  # DISTAI_HOME unusable (a file in its place …): said here, in the panel
             self.launch = None
             self.start_error = Text(exc.text(self.language), style="red")
-            self.query_one("#run-status", Static).update(self.start_error)
+            self._refresh()
             return
         self.query_one("#run-status", Static).update(
             translated("run", "starting", self.language, nproc=self.launch.spec.placement.nproc))
