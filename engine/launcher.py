@@ -41,7 +41,7 @@ from ..lessons.strings import LANG_ENV, translated
 from .events import backend_for, parse_event
 from .lifeline import LAUNCHER_PID_ENV, parent_death_signal
 from .profiling import PROFILE_DIR_ENV, is_profiler_trace_line
-from .runs import RunRecord, process_start, set_command, tail_lines
+from .runs import RunRecord, set_command, tail_lines
 
 MAX_PROCS = 1024
 MAX_CPU_PROCS = 256
@@ -397,7 +397,7 @@ class Launch(Stoppable):
                            "args": list(self.spec.args), "note": self.spec.placement.note,
                            "debug": self.spec.debug, "lang": self.spec.lang})  # what its ranks write in
         rec.status = "running"
-        rec.launcher_pid, rec.launcher_start = os.getpid(), process_start(os.getpid())
+        rec.claim_launcher()
         rec.save()
         # a relaunch into the same run folder (engine.supervisor) streams only the new events
         self._event_offsets = {p: p.stat().st_size for p in rec.events_dir.glob("rank*.jsonl")}

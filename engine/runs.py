@@ -131,6 +131,10 @@ class RunRecord:
         if not all(isinstance(x, str) for x in (*self.command, *self.argv, *self.error_tail)):
             raise TypeError(f"{RUN_FILE}: a list holds something other than text")
 
+    def claim_launcher(self) -> None:
+        """Make this process the run's launcher: the one whose death means the run was killed."""
+        self.launcher_pid, self.launcher_start = os.getpid(), process_start(os.getpid())
+
     # -- derived -------------------------------------------------------------------------------
     @property
     def effective_status(self) -> str:
@@ -330,8 +334,8 @@ def create_run(root: str | os.PathLike, lesson: str, module: str, *, run_dir: st
     (directory / "events").mkdir(exist_ok=True)
     (directory / "logs").mkdir(exist_ok=True)
     record = RunRecord(id=run_id, lesson=lesson, module=module, created=now, path=str(directory),
-                       argv=list(argv), config=dict(config or {}), launcher_pid=os.getpid(),
-                       launcher_start=process_start(os.getpid()))
+                       argv=list(argv), config=dict(config or {}))
+    record.claim_launcher()
     record.save()
     if run_dir is not None:
         _note_elsewhere(Path(root), directory)

@@ -79,6 +79,22 @@ def test_steps_quiz_runs_and_summary(store):
                                   "best_quiz": None, "runs": 0}
 
 
+def test_a_run_whose_launcher_was_killed_reads_killed_not_running(store, tmp_path):
+    """`distai run` notes "running" here and its end when it ends; a SIGKILL leaves "running" behind, so the
+    status comes from the run's own record, which knows its launcher is gone."""
+    from distai.engine.runs import create_run, pid_alive
+
+    live = create_run(tmp_path / "runs", "lesson1", "m")  # this process is its launcher: still running
+    dead = create_run(tmp_path / "runs", "lesson1", "m")
+    dead.launcher_pid, dead.launcher_start = next(p for p in range(2 ** 22, 1, -1) if not pid_alive(p)), None
+    dead.save()
+    store.record_run(live.id, "lesson1", "running", live.path)
+    store.record_run(dead.id, "lesson1", "running", dead.path)
+    store.record_run("gone", "lesson1", "running", tmp_path / "no-such-run")  # no folder: as noted
+    status = {r["run_id"]: r["status"] for r in store.runs("lesson1")}
+    assert status == {live.id: "running", dead.id: "killed", "gone": "running"}
+
+
 def test_failed_transaction_rolls_back_and_other_modules_can_add_tables(store):
     with store.transaction() as conn:
         conn.execute("CREATE TABLE IF NOT EXISTS review (kind TEXT PRIMARY KEY, due REAL)")

@@ -371,10 +371,18 @@ class ProgressStore:
                 (run_id, lesson_id, status, str(path), now, now))
 
     def runs(self, lesson_id: str | None = None) -> list[dict]:
-        """Recorded runs, newest first."""
-        rows = self._select("SELECT run_id, lesson_id, status, path, started_at, updated_at FROM runs",
-                            lesson_id, "started_at DESC, rowid DESC")
-        return [dict(r) for r in rows]
+        """Recorded runs, newest first. The status is the run's own record's where its folder still holds
+        one: a launcher killed by SIGKILL never came back to write its end here, and its record says killed."""
+        from ..engine.runs import RunRecord  # the run folder's record, not torch
+
+        rows = [dict(r) for r in self._select(
+            "SELECT run_id, lesson_id, status, path, started_at, updated_at FROM runs", lesson_id,
+            "started_at DESC, rowid DESC")]
+        for row in rows:
+            if row["status"] == "running":
+                with contextlib.suppress(OSError, ValueError, TypeError):  # gone or damaged: as stored
+                    row["status"] = RunRecord.load(row["path"]).effective_status
+        return rows
 
     def _select(self, sql: str, lesson_id: str | None, order: str) -> list:
         """The rows of ``sql``, of one lesson when ``lesson_id`` is given, in ``order``."""
