@@ -37,11 +37,12 @@ GROUP_DIMS = ("tp", "cp", "dp", "ep", "edp", "pp")
 # (name, layers, hidden, heads, KV heads): Llama 3 8B and 70B, Llama 3 paper Table 3
 GQA = [("Llama 3 8B", 32, 4096, 32, 8), ("Llama 3 70B", 80, 8192, 64, 8)]
 GQA_MODEL = ("model", "layers", "hidden", "heads", "kv_heads")
-#: Mixtral 8x7B (the experts lesson's count: 46.7B parameters) and DeepSeek-V3 as the planner sizes them
+#: Mixtral 8x7B (the experts lesson's count: 46.7B parameters) and DeepSeek-V3 as the planner sizes them: with its
+#: multi-token-prediction module, a 59th MoE layer (its 665B routed parameters are not the report's 654B), so named
 MOE_MODELS = {
     "Mixtral 8x7B": ModelSpec(moe_model_params(32, 4096, 14336, 8, 2, 32000, 32, 8)["total_params"], 32, 4096, 32, 8,
                               4096, 32000, experts=8, top_k=2, expert_ffn=14336, tied_embeddings=False),
-    "DeepSeek-V3": DEEPSEEK_V3_MODEL,
+    "DeepSeek-V3 + MTP": DEEPSEEK_V3_MODEL,
 }
 #: what the planner sizes a GPU with: an 80 GB H100 (the memory terms below do not depend on the rest)
 GPU = Cluster(gpus=1, gpu_memory=80e9)
