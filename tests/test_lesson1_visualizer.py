@@ -501,3 +501,20 @@ def test_the_busbw_step_loads_the_latest_run_and_is_quiet_without_one(tmp_path, 
             assert len(v.run.sweep) == 4 and v.state.view == "chart"
 
     asyncio.run(main())
+
+
+def test_o_replays_the_newest_finished_run_not_a_newer_one_stopped_at_its_start(tmp_path):
+    """A run stopped seconds after it began (no sweep, no step) hid the finished run before it: `o` said it
+    replayed the stopped one and the pane kept the simulation. The newest run that ended ok is replayed; with
+    none ok, the newest of any ending (a stopped run's steps still show)."""
+    from distai.tutor.replay import latest_run
+    from pilot_harness import saved_run
+
+    finished = saved_run(tmp_path, "lesson1", [], created=1000.0)
+    stopped = saved_run(tmp_path, "lesson1", [], created=2000.0, status="stopped")
+    saved_run(tmp_path, "lesson2", [], created=3000.0)  # another lesson's newer run is not lesson 1's
+    assert latest_run("lesson1", tmp_path).id == finished.id
+    finished.status = "failed"
+    finished.save()
+    assert latest_run("lesson1", tmp_path).id == stopped.id
+    assert latest_run("lesson3", tmp_path) is None

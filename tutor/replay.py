@@ -13,14 +13,14 @@ from ..lessons.events import OUTPUT
 
 
 def latest_run(lesson_id: str, root: str | Path | None = None):
-    """The newest run of ``lesson_id`` (a ``RunRecord``), or None when there is none."""
+    """The newest run of ``lesson_id`` that ended ``ok`` (a ``RunRecord``); where none did, the newest of any
+    ending (a stopped or failed run still shows its steps); None when there is no run. A run stopped seconds
+    after its start must not hide the finished one before it."""
     from ..engine.runs import list_runs
     from .paths import runs_root
 
-    for record in list_runs(root if root is not None else runs_root()):
-        if record.lesson == lesson_id:
-            return record
-    return None
+    runs = [r for r in list_runs(root if root is not None else runs_root()) if r.lesson == lesson_id]
+    return next((r for r in runs if r.effective_status == "ok"), runs[0] if runs else None)
 
 
 def replay_into(visualizer, record) -> int:
