@@ -54,10 +54,12 @@ def test_quiz_screen_full_round():
                 feedback = plain(screen.query_one("#quiz-feedback", Static))
                 assert q.explanation in feedback
                 assert ("✓" in feedback) == (i < 2)
-                screen.query_one(Input).focus()
+                # after an answer picked in the list too, Enter goes on: the focus is back in the box
+                assert app.focused is screen.query_one(Input)
                 await pilot.press("enter")  # next
                 await pilot.pause()
             assert "Puntuación: 2/3" in plain(screen.query_one("#quiz-prompt", Static))
+            assert plain(screen.query_one("#quiz-counter", Static)) == ""  # no "pregunta 3 de 3" over the score
             await pilot.press("escape")
             await pilot.pause()
             assert isinstance(app.screen, LessonScreen)

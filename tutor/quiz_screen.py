@@ -172,12 +172,14 @@ class QuizScreen(Screen):
         box = self.query_one("#quiz-input", Input)
         box.value = ""
         box.placeholder = translated("quiz_screen", "placeholder_next", self.lang)
+        box.focus()  # an answer picked in the list leaves the focus there; Enter for the next question is the box's
         self.query_one("#quiz-counter", Static).update(
             translated("quiz_screen", "counter", self.lang, i=min(self.quiz.index, len(self.quiz.questions)),
               n=len(self.quiz.questions), c=self.quiz.correct))
 
     def show_score(self) -> None:
         self.mode = "done"
+        self.query_one("#quiz-counter", Static).update("")  # "question 5 of 5" is over: the score says it all
         n = len(self.quiz.questions)
         pct = format_score(self.quiz.correct / n, self.lang)
         text = Text(translated("quiz_screen", "score", self.lang, c=self.quiz.correct, n=n, pct=pct), style="bold")
@@ -198,6 +200,8 @@ class QuizScreen(Screen):
         event.stop()
         if self.mode == "asking" and event.option.id is not None:
             self.submit(str(int(event.option.id) + 1))
+        elif self.mode != "asking":  # Enter on the list after the feedback: the next question, as in the box
+            self.submit("")
 
     def action_back(self) -> None:
         self.app.pop_screen()
