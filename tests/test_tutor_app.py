@@ -283,6 +283,29 @@ async def test_command_palette_opens_lessons():
 
 
 @async_test
+async def test_the_spanish_palette_says_every_command_in_spanish():
+    """Textual's own commands ("Theme", "Quit", "Keys" and its English key panel) and its "Search for
+    commands…" sat among the Spanish ones: every command is the tutor's now, in the learner's language."""
+    from textual.widgets import Input
+
+    from distai.tutor.screens.help import HelpScreen
+
+    app = DistaiApp("es")
+    async with app.run_test(size=SIZE) as pilot:
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        english = [t for t in titles if t in ("Theme", "Quit", "Keys", "Screenshot", "Maximize", "Minimize")]
+        assert not english and {"Ayuda", "Tema", "Salir"} <= set(titles)
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        assert app.screen.query_one(Input).placeholder == "Buscar órdenes…"
+        await pilot.press("escape")
+        await pilot.pause()
+        next(c for c in app.get_system_commands(app.screen) if c.title == "Ayuda").callback()
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+
+
+@async_test
 async def test_quiz_and_run_fall_back_when_their_screens_are_missing(monkeypatch):
     notes = []
     monkeypatch.setattr(lesson_module, "load_screen_class", lambda module, name: None)

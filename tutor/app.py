@@ -14,9 +14,10 @@ from functools import partial
 
 from textual.app import App, SystemCommand
 from textual.binding import BindingsMap
-from textual.command import DiscoveryHit, Hits
+from textual.command import CommandPalette, DiscoveryHit, Hits
 from textual.screen import Screen
 from textual.system_commands import SystemCommandsProvider
+from textual.theme import ThemeProvider
 
 from ..lessons.registry import LANGUAGES, all_lessons, resolve_lesson
 from ..lessons.strings import translated
@@ -130,7 +131,23 @@ class DistaiApp(App):
             )
         yield SystemCommand(translated("tutor", "cmd_lang", lang), translated("tutor", "cmd_lang_help", lang),
                             self.action_toggle_language)
-        yield from super().get_system_commands(screen)
+        # Textual's own commands are English, and its key panel lists its widgets' bindings in English: the
+        # tutor's help overlay takes the panel's place, the rest is said in the learner's language
+        yield SystemCommand(translated("tutor", "cmd_help", lang), translated("tutor", "cmd_help_help", lang),
+                            self.action_show_help_overlay)
+        yield SystemCommand(translated("tutor", "cmd_theme", lang), translated("tutor", "cmd_theme_help", lang),
+                            self.search_themes)
+        yield SystemCommand(translated("tutor", "cmd_quit", lang), translated("tutor", "cmd_quit_help", lang),
+                            self.action_quit)
+
+    def action_command_palette(self) -> None:
+        if self.use_command_palette and not CommandPalette.is_open(self):
+            self.push_screen(CommandPalette(placeholder=translated("tutor", "cmd_search", self.language),
+                                            id="--command-palette"))
+
+    def search_themes(self) -> None:
+        self.push_screen(CommandPalette(providers=[ThemeProvider],
+                                        placeholder=translated("tutor", "cmd_theme_search", self.language)))
 
     def go_home(self) -> None:
         while len(self.screen_stack) > 1:
