@@ -246,6 +246,13 @@ async def test_play_animates_and_reduce_scatter_step_stops_at_its_end():
         # the first step's caption tells where the ring starts; played to the end, it says where it ended
         vis.show_step("replicate")
         start = " ".join(screen_text(vis))
+        vis.action_step(1)  # mid reduce-scatter, then mid all-gather: each phase's own caption, not the start's
+        await pilot.pause()
+        assert "starts with its own" not in " ".join(screen_text(vis))
+        assert "each hop adds one contribution" in " ".join(screen_text(vis))
+        vis.action_step(vis.figures.plan(vis.state).phases.index("all-gather"))
+        await pilot.pause()
+        assert "chase each other" in " ".join(screen_text(vis))
         vis.action_to_end()
         await pilot.pause()
         end = " ".join(screen_text(vis))

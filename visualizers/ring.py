@@ -291,10 +291,13 @@ class RingVisualizer(PlaybackVisualizer):
         title = self._title(state, width)
         caption = []
         if self.caption_key and self.source == "sim":
-            said = s["captions"][self.caption_key]
-            if self.figures.status(state, frame).phase is None:  # played to the end: a start's caption is stale
-                said = s.get("captions_end", {}).get(self.caption_key, said)
-            caption = [Text(line, style="italic") for line in wrap_words(said, width)]
+            said: str | None = s["captions"][self.caption_key]
+            phase, ending = self.figures.status(state, frame).phase, s.get("captions_end", {})
+            if phase is None:  # played to the end: a start's caption is stale
+                said = ending.get(self.caption_key, said)
+            elif frame > 0 and self.caption_key in ending:  # mid-play, a start's caption is stale too: the phase's
+                said = s["captions"].get(phase)  # own caption where the lesson has one (the tree's have none)
+            caption = [Text(line, style="italic") for line in wrap_words(said, width)] if said else []
         header, rows = self._rows(plan, frame, width)
         status = self._status(state, plan, frame, width)
         base = len(title) + len(rows) + len(status) + len(controls)
