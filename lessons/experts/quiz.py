@@ -14,8 +14,9 @@ EXPERTS = [8, 16, 32, 64]
 def _worked(hidden: int = 1, ffn: int = 1, layers: int = 1, experts: int = 1, top_k: int = 1,
             tokens: int = 1, ep: int = 1) -> dict:
     """The intermediate numbers the explanations show."""
-    return {"expert": f.expert_params(hidden, ffn), "share": tokens * top_k / experts,
-            "leaving": tokens * top_k * (ep - 1) / ep}
+    expert = f.expert_params(hidden, ffn)
+    return {"expert": expert, "share": tokens * top_k / experts, "leaving": tokens * top_k * (ep - 1) / ep,
+            "held": f.expert_bytes_per_rank(layers, experts, ep, expert, 1)}  # 1 byte each: the parameters
 
 
 def _params(key: str):
