@@ -16,7 +16,8 @@ def _worked(hidden: int = 1, ffn: int = 1, layers: int = 1, experts: int = 1, to
     """The intermediate numbers the explanations show."""
     expert = f.expert_params(hidden, ffn)
     return {"expert": expert, "share": tokens * top_k / experts, "leaving": tokens * top_k * (ep - 1) / ep,
-            "held": f.expert_bytes_per_rank(layers, experts, ep, expert, 1)}  # 1 byte each: the parameters
+            # the expert parameters a GPU holds (1 byte each); only where the question has experts to split
+            "held": f.expert_bytes_per_rank(layers, experts, ep, expert, 1) if experts % ep == 0 else None}
 
 
 def _params(key: str):
