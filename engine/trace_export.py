@@ -384,7 +384,7 @@ def metric_rows(events: Iterable[dict]) -> list[dict]:
         kind = e.get("kind")
         if kind == METRIC.name and isinstance(e.get("value"), (int, float)) and not isinstance(e.get("value"), bool):
             rows.append({"step": e.get("step"), "rank": e.get("rank"), "name": str(e.get("name")),
-                         "value": float(e["value"])})
+                         "value": _whole_or_float(e["value"])})
         elif kind == STEP.name:
             series = ".".join(str(e[f]) for f in _SERIES_FIELDS if isinstance(e.get(f), str))
             for key, value in e.items():
@@ -392,8 +392,13 @@ def metric_rows(events: Iterable[dict]) -> list[dict]:
                     continue
                 rows.append({"step": e.get("step"), "rank": e.get("rank"),
                              "name": f"{series}.{key}" if series else key,
-                             "value": value if isinstance(value, int) else float(value)})  # a count stays whole
+                             "value": _whole_or_float(value)})
     return rows
+
+
+def _whole_or_float(value: int | float) -> int | float:
+    """A count stays whole in the CSV and the JSONL ("4096", not "4096.0")."""
+    return value if isinstance(value, int) else float(value)
 
 
 def metrics_csv(rows: list[dict]) -> str:

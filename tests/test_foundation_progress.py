@@ -398,3 +398,32 @@ def test_a_quiz_whose_answers_cannot_be_saved_goes_on_and_says_so_once(capsys):
         sys.stdin = sys_stdin
     err = capsys.readouterr().err
     assert store.tries >= 3 and err.count("la tiene ocupada otro distai") == 1 and "Traceback" not in err, err
+
+
+def test_resume_position_runs_order_and_a_revisited_step(store, monkeypatch):
+    """The newest of the position and the last step done is where a lesson resumes; a run keeps its start
+    time when its status changes (newest first is by start); a step seen again moves to the front."""
+    import itertools
+
+    import distai.tutor.progress as progress
+
+    clock = itertools.count(1000.0)
+    monkeypatch.setattr(progress.time, "time", lambda: float(next(clock)))
+    store.set_position("lesson1", "replicate")
+    store.mark_step_seen("lesson1", "replicate")
+    store.set_position("lesson1", "averaging")  # moved on after finishing replicate: resume at averaging
+    assert store.last_step_seen("lesson1") == "averaging"
+    store.mark_step_seen("lesson1", "averaging")
+    assert store.last_step_seen("lesson1") == "averaging"
+
+    # an older database with no position row: the step seen last, a revisit included
+    for key in ("a", "b", "a"):
+        store.mark_step_seen("lesson2", key)
+    assert store.last_step_seen("lesson2") == "a"
+
+    store.record_run("r1", "lesson1", "running", "/tmp/r1")
+    store.record_run("r2", "lesson1", "running", "/tmp/r2")
+    started = {r["run_id"]: r["started_at"] for r in store.runs()}
+    store.record_run("r1", "lesson1", "ok", "/tmp/r1")  # r1's end is the newest write; r2 is still newer
+    assert [r["run_id"] for r in store.runs()] == ["r2", "r1"]
+    assert {r["run_id"]: r["started_at"] for r in store.runs()} == started

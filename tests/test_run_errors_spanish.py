@@ -21,6 +21,7 @@ CASES = [
     (["capstone", "--cpu", "8", "--schedule", "interleaved", "--chunks", "1"],
      "la planificación intercalada necesita --chunks >= 2, no 1"),
     (["capstone", "--cpu", "8", "--microbatch-size", "-1"], "--microbatch-size debe ser positivo, no -1"),
+    (["capstone", "--cpu", "8", "--microbatch-size", "0"], "--microbatch-size debe ser positivo, no 0"),
     (["capstone", "--cpu", "8", "--moe", "--top-k", "9"], "--top-k 9 debe estar entre 1 y el número de expertos (8)"),
     (["capstone", "--cpu", "8", "--moe", "--zero", "1"],
      "--zero 1 reparte el estado replicado del optimizador; con --moe usa --zero 0"),

@@ -349,3 +349,17 @@ def test_a_pipeline_blocks_time_without_a_core_has_its_own_track():
     assert no_core["name"] == "F mb0 stage0: no core"
     assert (no_core["t0"], no_core["t1"]) == pytest.approx((T + 0.004, T + 0.010))
     assert check_trace(chrome_trace(events)) == []
+
+
+def test_metrics_keep_a_count_whole_in_csv_and_jsonl():
+    """A count (tokens, bytes, a step's calls) is written "4096", not "4096.0"; a float stays a float."""
+    from distai.engine.trace_export import metrics_csv, metrics_jsonl
+
+    events = [{"kind": "step", "t": 1.0, "rank": 0, "step": 0, "tokens": 4096, "loss": 2.5},
+              {"kind": "metric", "t": 2.0, "rank": 0, "name": "bytes", "value": 1048576}]
+    rows = metric_rows(events)
+    cells = {r["name"]: r["value"] for r in csv.DictReader(io.StringIO(metrics_csv(rows)))}
+    assert cells == {"tokens": "4096", "loss": "2.5", "bytes": "1048576"}
+    values = {r["name"]: r["value"] for r in map(json.loads, metrics_jsonl(rows).splitlines())}
+    assert values == {"tokens": 4096, "loss": 2.5, "bytes": 1048576}
+    assert isinstance(values["tokens"], int) and isinstance(values["bytes"], int)
