@@ -40,7 +40,8 @@ class FakeLaunch:
         return self.stopped.is_set()
 
     def stop(self, reason="stopped"):
-        self.stop_reason = reason
+        if self.stop_reason is None:  # as Launch.stop: the first reason stands
+            self.stop_reason = reason
         self.stopped.set()
 
     def run(self):
@@ -324,7 +325,9 @@ async def test_a_spanish_panel_labels_its_keys_and_log_in_spanish():
         screen = app.screen
         assert await wait_for(pilot, lambda: len(screen.state.sweep) == 3, 20)
         labels = {b.action: b.description for _, b in screen._bindings if b.action in ("stop", "again", "close")}
-        assert labels == {action: translated("run", action, "es") for action in ("stop", "again", "close")}
+        # while the run goes on, Close says that it stops it (an audit read "esc Close" as "keep it running")
+        assert labels == {"stop": translated("run", "stop", "es"), "again": translated("run", "again", "es"),
+                          "close": translated("run", "close_stops", "es")} and "detiene" in labels["close"]
         log_text = "\n".join(str(line.text) for line in screen.query_one("#run-log", RichLog).lines)
         # the rank's label as the catalog writes it (Spanish keeps "rank", as the lessons' text does)
         assert translated("run", "rank_n", "es", rank=3) + " hello from step 19" in " ".join(log_text.split())
@@ -333,6 +336,29 @@ async def test_a_spanish_panel_labels_its_keys_and_log_in_spanish():
         assert await wait_for(pilot, lambda: screen.state.finished, 5)
         # an audit found "s Stop" still offered once the run had ended
         assert not screen.check_action("stop", ()) and screen.check_action("again", ())
+        await pilot.pause()
+        close = next(b.description for _, b in screen._bindings if b.action == "close")
+        assert close == translated("run", "close", "es")
+
+
+@run_async
+async def test_closing_the_panel_mid_run_stops_it_and_says_so():
+    lesson = resolve_lesson("lesson1")
+    made = []
+
+    def factory(lesson, consumer, nproc=None, args=None):
+        made.append(FakeLaunch(lesson, consumer))
+        return made[-1]
+
+    app = PanelApp(lambda: RunPanelScreen(lesson, "en", launch_factory=factory))
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = app.screen
+        assert await wait_for(pilot, lambda: len(screen.state.sweep) == 3, 20)
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, RunPanelScreen) and made[0].stop_reason == "the run panel was closed"
+        said = [str(n.message) for n in app._notifications]
+        assert any(f"Run {made[0].record.id} stopped: its panel was closed" in m for m in said), said
 
 
 @run_async

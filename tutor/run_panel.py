@@ -198,8 +198,7 @@ class RunPanelScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
-        localize_bindings(self, self.language, {"stop": "stop", "again": "again", "close": "close",
-                                                "visual_first": "visual_first"}, area="run")
+        self._localize_footer()
         self.set_class(not self.view.panel, "-no-charts")
         self._mount_visualizer()
         self.set_interval(self.drain_interval, self._drain)
@@ -404,9 +403,9 @@ class RunPanelScreen(Screen):
             self.query_one("#run-status", Static).update(self.start_error)
             return
         s, lang = self.state, self.language
-        if self.running != self._footer_running:  # Stop and Run again swap in the footer
+        if self.running != self._footer_running:  # Stop and Run again swap in the footer, and Close says it stops
             self._footer_running = self.running
-            self.refresh_bindings()
+            self._localize_footer()
         # a run that reports only its phases (lessons 4 and 7): an indeterminate bar, not one stuck at 0 %
         self.query_one("#run-progress", ProgressBar).update(total=1.0 if s.progress_known or s.finished else None,
                                                              progress=s.fraction)
@@ -588,9 +587,16 @@ class RunPanelScreen(Screen):
         if self.visualizer is not None and self.query_one("#run-visual").display:
             await self.visualizer.take_unclaimed_key(event)
 
+    def _localize_footer(self) -> None:
+        """The footer in the panel's language; while a run goes on, Close says that it stops the run."""
+        localize_bindings(self, self.language, {"stop": "stop", "again": "again",
+                                                "close": "close_stops" if self.running else "close",
+                                                "visual_first": "visual_first"}, area="run")
+
     def action_close(self) -> None:
         if self.running and self.launch is not None:
             self.launch.stop("the run panel was closed")
+            self.app.notify(translated("run", "closed_stopped", self.language, id=self.launch.record.id), timeout=6)
         self.app.pop_screen()
 
     def on_unmount(self) -> None:
