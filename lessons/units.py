@@ -495,7 +495,8 @@ GLUE = "\ue000"  # bind_units' joiner where a wrap then reads it: a private-use 
 # what a number's unit can be in the lessons' prose (this module's formats, and the counts the texts use)
 _UNIT = (r"(?:%|[kKMGTP]i?B(?:/s)?|B|bytes?|[mµμn]?s|min|h|Gb/s|(?:[GTP]?FLOP)(?:/s|s)?|GPUs?|ranks?|nodes?|"
          r"tokens?|layers?|steps?|stages?|chunks?|microbatch(?:es)?|mil|millones|billones|millón|billón|"
-         r"etapas?|capas?|pasos?|nodos?|trozos?|microlotes?|terms?|términos?|contributions?|contribuciones?|x|×|"
+         r"etapas?|capas?|pasos?|nodos?|trozos?|partición|particiones|microlotes?|terms?|términos?|contributions?|"
+         r"contribuciones?|x|×|"
          r"p\.(?= ?p\.))")  # Spanish percentage points, "3,7 p. p."
 _SPACE = r"(?: |\n[ \t]*)"  # a space, or a line break inside a paragraph (the source's lines are cut anywhere)
 _NUMBER_UNIT = re.compile(rf"(?<=\d){_SPACE}(?={_UNIT}(?![\w/]))")
@@ -514,9 +515,13 @@ def bind_units_aligned(prose: str, joiner: str) -> str:
 
 def bind_units(prose: str, joiner: str) -> str:
     """``prose`` with ``joiner`` in place of the space between a number and its unit, between an axis and
-    its degree, around the "=" of a symbol and its value ("α = 5"), and inside Spanish "mil millones"."""
+    its degree, around the "=" of a symbol and its value ("α = 5"), and inside Spanish "mil millones" and
+    "etapas virtuales"."""
     bound = _NUMBER_UNIT.sub(joiner, prose)
     bound = re.sub(rf"(?<=\d{re.escape(joiner)}mil){_SPACE}(?=mill)", joiner, bound)
     bound = re.sub(rf"(?<=\d{re.escape(joiner)}p\.){_SPACE}(?=p\.)", joiner, bound)  # "p. p." stays whole
+    # the two-word unit "etapas virtuales" stays whole after its number, as "mil millones" does
+    bound = re.sub(rf"(?<=\d{re.escape(joiner)}etapa){_SPACE}(?=virtual\b)|"
+                   rf"(?<=\d{re.escape(joiner)}etapas){_SPACE}(?=virtuales\b)", joiner, bound)
     bound = _SYMBOL_VALUE.sub(lambda m: m.group(1) + joiner + "=" + joiner, bound)
     return _AXIS_DEGREE.sub(lambda m: m.group(1) + joiner, bound)

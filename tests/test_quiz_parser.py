@@ -155,6 +155,15 @@ def test_a_ratio_may_carry_its_x_and_a_count_its_noun():
         assert not check.valid and "'" in check.message, text
 
 
+def test_a_whole_number_question_takes_a_whole_number_only():
+    """A count is right as 4 or 4.0 and wrong as 4.4, which rounds to it (the tolerance of other answers
+    does not apply to counts)."""
+    steps = quiz.numeric("lesson1", "ring-steps", "en", "how many steps?", "", 4, "count", integer=True)
+    for text, right in (("4", True), ("4.0", True), ("4.4", False), ("3.6", False), ("5", False)):
+        check = quiz.check_answer(steps, text)
+        assert check.valid and check.correct == right, (text, check)
+
+
 def test_an_empty_submit_uses_up_no_try():
     from distai.tutor.review import MAX_INVALID, QuizSession
 
@@ -180,6 +189,7 @@ def test_bind_units_keeps_numbers_with_units_and_symbols_with_values():
     # keys given as a pair stay together in a hint ("· ]" / "/ [ more / fewer GPUs" at 80 columns)
     assert "] / [" in wrap_words("strategy ← → · ] / [ more / fewer GPUs · space play", 14)
     assert units.bind_units("chunk 3 (2 terms)", "_") == "chunk 3 (2_terms)"
+    assert units.bind_units("2 particiones, 4 etapas\n  virtuales", "_") == "2_particiones, 4_etapas_virtuales"
 
 
 def test_answers_read_in_the_questions_language_first():
