@@ -197,11 +197,11 @@ class Calculator:
 
 def check_finite(value, where: str = "result") -> None:
     """CalcError when a number of a calculator's result is not finite (``--json`` stays strict JSON, and
-    no text shows "inf s"): the key that holds it named."""
+    no text shows "inf s"): the key that holds it named, as the key it has in ``--json``."""
     if isinstance(value, float) and not math.isfinite(value):
-        raise CalcError.keyed("errors.not_finite", where=where, value=value)
+        raise CalcError.keyed("errors.not_finite_key", where=where, value=value)
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > sys.float_info.max:
-        raise CalcError.keyed("errors.not_finite", where=where, value="> 10³⁰⁸")  # a count past any float
+        raise CalcError.keyed("errors.not_finite_key", where=where, value="> 10³⁰⁸")  # a count past any float
     if isinstance(value, dict):
         for key, item in value.items():
             check_finite(item, key)

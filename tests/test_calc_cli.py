@@ -423,7 +423,7 @@ SERVE_70B = ["calc", "serve", "--params", "70B", "--layers", "80", "--hidden", "
 
 @pytest.mark.parametrize("argv,words", [
     # a count past any float: it was an OverflowError traceback from the text's number formatting
-    (["calc", "memory", "--params", "1e308"], "> 10³⁰⁸"),
+    (["calc", "memory", "--params", "1e308"], "el resultado params_bytes (su clave en --json) salió > 10³⁰⁸"),
     # a formula's own guard said in English: in Spanish it is said in Spanish
     (["calc", "checkpoint", "--mtbf", "1e-300", "--cost", "1e308"], "fuera del rango de la fórmula"),
     # a search that tried every batch up to 9e15 (it ran for hours): bounded, as any option's range
