@@ -156,3 +156,25 @@ async def test_lesson_screen_hosts_the_visualizer():
         await pilot.press("right")  # the lesson's next step still works
         await pilot.pause()
         assert app.screen.index == 1 and vis.stage.key == "mlp.f"
+
+
+@async_test
+async def test_the_current_stage_stays_in_view_at_80x24_with_and_without_the_text(tmp_path, monkeypatch):
+    """At 80×24, V (the visualizer alone) and back left the list scrolled to its top (or 3 rows above the
+    current stage in a one-row list): the detail described fc1 under rows that did not show it."""
+    from textual.containers import VerticalScroll
+
+    from distai.tutor.app import DistaiApp
+
+    monkeypatch.setenv("DISTAI_HOME", str(tmp_path))
+    app = DistaiApp("en", lesson_id="lesson4")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.3)
+        for _ in range(2):
+            await pilot.press("V")
+            await pilot.pause(0.3)
+            vis = app.screen.visualizer
+            scroll = vis.query_one("#tp-scroll", VerticalScroll)
+            row = vis._row_of_index[vis.index]
+            assert scroll.scroll_y <= row < scroll.scroll_y + scroll.size.height, (row, scroll.scroll_y,
+                                                                                    scroll.size.height)

@@ -185,15 +185,29 @@ class TPBlockVisualizer(LessonVisualizer):
         self.query_one("#tp-flow", Static).update(self.render_ce() if self.ce else self.render_flow())
         self.query_one("#tp-detail", Static).update(Text() if self.ce else self.render_detail())
         self.query_one("#tp-detail", Static).display = not self.ce
-        row = getattr(self, "_row_of_index", {}).get(self.index, 0)
         scroll = self.query_one("#tp-scroll", VerticalScroll)
         if self.ce:
             if self.ce_index == 0:
                 scroll.scroll_home(animate=False)
             else:
                 self.call_after_refresh(scroll.scroll_end, animate=False)
-        elif (row < scroll.scroll_y + 1 or row > scroll.scroll_y + scroll.size.height - 2):
-            scroll.scroll_to(y=max(0, row - 3), animate=False)
+        else:  # once laid out: the detail just updated changes the list's height
+            self.call_after_refresh(self._follow_current_row)
+
+    def _follow_current_row(self) -> None:
+        """Scroll the stage list so the current stage's row is in view."""
+        if not self.is_mounted or self.ce:
+            return
+        row = getattr(self, "_row_of_index", {}).get(self.index, 0)
+        scroll = self.query_one("#tp-scroll", VerticalScroll)
+        height = scroll.size.height
+        if row < scroll.scroll_y + 1 or row > scroll.scroll_y + height - 2:
+            # three rows of context above it where the list has room for them, none in a list of one or two rows
+            scroll.scroll_to(y=max(0, row - min(3, max(0, height - 2))), animate=False)
+
+    def on_resize(self) -> None:
+        # a pane made smaller (80×24, V for the visualizer alone and back) can leave the current row below it
+        self.call_after_refresh(self._follow_current_row)
 
     def render_header(self) -> Text:
         s = strings("tp_block", self.language)
