@@ -79,6 +79,18 @@ class PanelApp(App):
         self.push_screen(self.screen_factory())
 
 
+def fake_run_panel(lang: str = "en", lesson_id: str = "lesson1") -> tuple[PanelApp, list]:
+    """A panel app whose runs are FakeLaunches (listed in the second item as they are made)."""
+    lesson = resolve_lesson(lesson_id)
+    made: list = []
+
+    def factory(lesson, consumer, nproc=None, args=None):
+        made.append(FakeLaunch(lesson, consumer))
+        return made[-1]
+
+    return PanelApp(lambda: RunPanelScreen(lesson, lang, launch_factory=factory)), made
+
+
 def as_text(renderable) -> str:
     from rich.console import Console
 
@@ -313,14 +325,7 @@ async def test_a_spanish_panel_labels_its_keys_and_log_in_spanish():
     """Issue 27.2: the footer read 's Stop  a Run again  esc Close' and the log 'rank 0' in Spanish."""
     from distai.lessons.strings import translated
 
-    lesson = resolve_lesson("lesson1")
-    made = []
-
-    def factory(lesson, consumer, nproc=None, args=None):
-        made.append(FakeLaunch(lesson, consumer))
-        return made[-1]
-
-    app = PanelApp(lambda: RunPanelScreen(lesson, "es", launch_factory=factory))
+    app, _ = fake_run_panel("es")
     async with app.run_test(size=(120, 40)) as pilot:
         screen = app.screen
         assert await wait_for(pilot, lambda: len(screen.state.sweep) == 3, 20)
@@ -343,14 +348,7 @@ async def test_a_spanish_panel_labels_its_keys_and_log_in_spanish():
 
 @run_async
 async def test_closing_the_panel_mid_run_stops_it_and_says_so():
-    lesson = resolve_lesson("lesson1")
-    made = []
-
-    def factory(lesson, consumer, nproc=None, args=None):
-        made.append(FakeLaunch(lesson, consumer))
-        return made[-1]
-
-    app = PanelApp(lambda: RunPanelScreen(lesson, "en", launch_factory=factory))
+    app, made = fake_run_panel()
     async with app.run_test(size=(120, 40)) as pilot:
         screen = app.screen
         assert await wait_for(pilot, lambda: len(screen.state.sweep) == 3, 20)
