@@ -6,6 +6,10 @@ collectives get a timeout so a dead peer ends the run instead of hanging it.
 from __future__ import annotations
 
 import os
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -18,6 +22,8 @@ from .profiling import RankProfile, start_profiler, stop_profiler
 
 DEVICE_ENV = "DISTAI_DEVICE"
 TIMEOUT_ENV = "DISTAI_COLLECTIVE_TIMEOUT_S"
+JOIN_GRACE_S = 10.0  # past the group's own timeout, before a rank that has not joined gives up
+JOIN_FAILED_EXIT = 3
 
 
 @dataclass
@@ -54,9 +60,34 @@ def init_distributed(timeout_s: float | None = None) -> DistContext:
     backend = backend_for(device.type)
     timeout = timedelta(seconds=float(timeout_s or os.environ.get(TIMEOUT_ENV, "120")))
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend, timeout=timeout, device_id=device if backend == "nccl" else None)
+        with join_deadline(timeout, rank):
+            dist.init_process_group(backend=backend, timeout=timeout, device_id=device if backend == "nccl" else None)
     return DistContext(rank, world_size, local_rank, device, backend, EventSink(rank),
                        start_profiler(rank, device.type == "cuda"))
+
+
+@contextmanager
+def join_deadline(timeout: timedelta, rank: int) -> Iterator[None]:
+    """End this rank if joining the group takes longer than the group's own ``timeout`` (plus a grace).
+
+    gloo's connectFullMesh can wait without end (``Pair::waitUntilConnected``, seen past 7 minutes under
+    a 120 s timeout) when torchrun's store still holds a peer address from an earlier attempt of the
+    group: the attempt then never fails, and neither torchrun's restarts nor the engine's supervisor
+    get their turn. A rank that has not joined by then says so and exits, as a failed rank does."""
+    joined = threading.Event()
+
+    def give_up() -> None:
+        if not joined.wait(timeout.total_seconds() + JOIN_GRACE_S):
+            sys.stderr.write(f"rank {rank}: could not join the process group within {timeout.total_seconds():g} s "
+                             f"(a peer unreachable, or an earlier attempt's address in the store); exiting\n")
+            sys.stderr.flush()
+            os._exit(JOIN_FAILED_EXIT)  # the main thread is inside gloo's C++ wait: no exception reaches it
+
+    threading.Thread(target=give_up, name="distai-join-deadline", daemon=True).start()
+    try:
+        yield
+    finally:
+        joined.set()
 
 
 def shutdown(ctx: DistContext | None = None) -> None:

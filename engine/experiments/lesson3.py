@@ -728,19 +728,20 @@ def init_group_per_attempt(timeout_s: float | None = None) -> None:
     """
     from datetime import timedelta
 
-    from ..runtime import TIMEOUT_ENV, choose_device
+    from ..runtime import TIMEOUT_ENV, choose_device, join_deadline
 
     if dist.is_initialized() or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = choose_device(int(os.environ.get("LOCAL_RANK", "0")))
     timeout = timedelta(seconds=float(timeout_s or os.environ.get(TIMEOUT_ENV, "120")))
-    agent_store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
-                                timeout=timeout)
-    store = dist.PrefixStore(f"distai/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", agent_store)
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout,
-                            device_id=device if backend == "nccl" else None)
+    with join_deadline(timeout, rank):
+        agent_store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                                    is_master=False, timeout=timeout)
+        store = dist.PrefixStore(f"distai/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", agent_store)
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout,
+                                device_id=device if backend == "nccl" else None)
 
 
 def main(argv=None) -> int:
