@@ -49,15 +49,19 @@ def slurm(
     from .cli_run import refuse_what_the_ranks_would
 
     plan, world = chosen.launch_plan_function(), nodes * gpus_per_node
+    # the refusals are distai run's, whose advice names --cpu and --gpus: here the ranks come from the nodes
+    ranks_here = translated("cli", "slurm_says.ranks_here", language, nodes=nodes, gpus=gpus_per_node, world=world)
     try:
         if plan is not None and nodes > 0 and gpus_per_node > 0:
             plan(experiment_args, world, chosen.ranks, True)
+        if world > 0:
+            refuse_what_the_ranks_would(chosen, experiment_args, world, language)
     except TranslatedError as exc:
-        raise CliError(exc.text(language)) from None
+        raise CliError(exc.text(language) + ranks_here) from None
+    except CliError as exc:
+        raise CliError(str(exc) + ranks_here, exc.code) from None
     except ValueError as exc:
-        raise CliError(str(exc)) from None
-    if world > 0:
-        refuse_what_the_ranks_would(chosen, experiment_args, world, language)
+        raise CliError(str(exc) + ranks_here) from None
     # the language the learner reads here (--lang here or before the command, DISTAI_LANG, the locale) is the
     # one the script's ranks write their summaries in
     extra = [*ctx.args, "--lang", language]
