@@ -10,7 +10,8 @@ installed (``apt-get install pngquant``):
 - ``ring``: lesson 1's ring all-reduce, mid reduce-scatter;
 - ``pipeline``: lesson 5's timelines of a real run, measured under simulated;
 - ``mesh``: the capstone's five-axis mesh (pp, dp, cp, tp with experts inside dp·cp) replaying a real
-  8-rank run (``--dp 2 --tp 1 --pp 2 --cp 2 --ep 2 --moe``), with its bytes per group.
+  8-rank run (``--dp 1 --tp 2 --pp 2 --cp 2 --ep 2 --moe --experts 4 --top-k 2``, recorded in
+  ``tests/recorded_runs/capstone.all5.jsonl``), with its bytes per group.
 
 ``--svg-only`` stops at the SVGs (no rsvg-convert needed); ``--out DIR`` writes elsewhere; ``--only
 ring,mesh`` picks scenes. Saved state goes to a temporary DISTAI_HOME, never the learner's.
