@@ -60,25 +60,28 @@ def init_distributed(timeout_s: float | None = None) -> DistContext:
     backend = backend_for(device.type)
     timeout = timedelta(seconds=float(timeout_s or os.environ.get(TIMEOUT_ENV, "120")))
     if not dist.is_initialized():
-        with join_deadline(timeout, rank):
+        with join_deadline(timeout, rank, world_size):
             dist.init_process_group(backend=backend, timeout=timeout, device_id=device if backend == "nccl" else None)
     return DistContext(rank, world_size, local_rank, device, backend, EventSink(rank),
                        start_profiler(rank, device.type == "cuda"))
 
 
 @contextmanager
-def join_deadline(timeout: timedelta, rank: int) -> Iterator[None]:
-    """End this rank if joining the group takes longer than the group's own ``timeout`` (plus a grace).
+def join_deadline(timeout: timedelta, rank: int, world: int = 2) -> Iterator[None]:
+    """End this rank if joining the group takes longer than torch itself could wait for a healthy join:
+    the store's connection and each of the ``world`` − 1 peers' addresses may each take up to ``timeout``
+    (peers arriving one after another), plus a grace.
 
     gloo's connectFullMesh can wait without end (``Pair::waitUntilConnected``, seen past 7 minutes under
     a 120 s timeout) when torchrun's store still holds a peer address from an earlier attempt of the
     group: the attempt then never fails, and neither torchrun's restarts nor the engine's supervisor
     get their turn. A rank that has not joined by then says so and exits, as a failed rank does."""
     joined = threading.Event()
+    deadline_s = timeout.total_seconds() * max(1, world) + JOIN_GRACE_S
 
     def give_up() -> None:
-        if not joined.wait(timeout.total_seconds() + JOIN_GRACE_S):
-            sys.stderr.write(f"rank {rank}: could not join the process group within {timeout.total_seconds():g} s "
+        if not joined.wait(deadline_s):
+            sys.stderr.write(f"rank {rank}: could not join the process group in {deadline_s:g} s "
                              f"(a peer unreachable, or an earlier attempt's address in the store); exiting\n")
             sys.stderr.flush()
             os._exit(JOIN_FAILED_EXIT)  # the main thread is inside gloo's C++ wait: no exception reaches it

@@ -109,7 +109,7 @@ def test_slurm_cli_one_line_errors(tmp_path):
         out = subprocess.run([*DISTAI, "slurm", *argv], capture_output=True, text=True, timeout=120)
         assert out.returncode == 2 and message in out.stderr and out.stderr.count("\n") == 1 and not out.stdout
         # distai run's advice names --cpu and --gpus; here it also says where this script's ranks come from
-        assert "the ranks are --nodes × --gpus-per-node = " in out.stderr, out.stderr
+        assert ("the ranks are --nodes × --gpus-per-node = " in out.stderr) == ("--cpu" in out.stderr), out.stderr
     # what the script sets on every node itself, and a value distai run would refuse on the cluster (the
     # script was written, exit 0, and failed hours later)
     for extra, message in ((["--cpu", "2"], "--cpu is for distai run on one machine"),

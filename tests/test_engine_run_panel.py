@@ -360,6 +360,26 @@ async def test_closing_the_panel_mid_run_stops_it_and_says_so():
 
 
 @run_async
+async def test_the_palettes_help_on_the_run_panel_lists_the_panels_keys():
+    from distai.tutor.app import DistaiApp
+    from distai.tutor.screens.help import HelpScreen
+
+    app = DistaiApp("en")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        factory_app, _ = fake_run_panel()
+        app.push_screen(factory_app.screen_factory())
+        await pilot.pause()
+        next(c for c in app.get_system_commands(app.screen) if c.title == "Help").callback()
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen) and app.screen.context == "run"
+        app.pop_screen()
+        await pilot.pause()
+        app.screen.action_close()
+        await pilot.pause()
+
+
+@run_async
 async def test_the_log_keeps_a_number_with_its_unit_where_it_wraps():
     """At 80x24 the log wrapped "(= 578" / "MB/s)": the lesson text's rule keeps them on one line."""
     from rich.text import Text

@@ -521,6 +521,8 @@ def test_o_replays_the_newest_finished_run_not_a_newer_one_stopped_at_its_start(
     stopped = saved_run(tmp_path, "lesson1", [], created=2000.0, status="stopped")
     saved_run(tmp_path, "lesson2", [], created=3000.0)  # another lesson's newer run is not lesson 1's
     assert latest_run("lesson1", tmp_path).id == finished.id
+    # back from the run panel, the run that just ended is shown, stopped or not
+    assert latest_run("lesson1", tmp_path, newest=True).id == stopped.id
     finished.status = "failed"
     finished.save()
     assert latest_run("lesson1", tmp_path).id == stopped.id

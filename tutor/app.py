@@ -102,7 +102,9 @@ class DistaiApp(App):
             self.notify(translated("tutor", "resumed", self.language, k=start + 1), timeout=3)
 
     def action_show_help_overlay(self) -> None:
-        context = "lesson" if isinstance(self.screen, LessonScreen) else "home"
+        # the run panel and the quiz name their own help (the palette's Help reaches them too)
+        context = getattr(self.screen, "help_context", None) or (
+            "lesson" if isinstance(self.screen, LessonScreen) else "home")
         open_help(self, context, self.language, getattr(self.screen, "visualizer", None))
 
     async def action_toggle_language(self) -> None:

@@ -57,11 +57,11 @@ def slurm(
         if world > 0:
             refuse_what_the_ranks_would(chosen, experiment_args, world, language)
     except TranslatedError as exc:
-        raise CliError(exc.text(language) + ranks_here) from None
+        raise CliError(_with_ranks_here(exc.text(language), ranks_here)) from None
     except CliError as exc:
-        raise CliError(str(exc) + ranks_here, exc.code) from None
+        raise CliError(_with_ranks_here(str(exc), ranks_here), exc.code) from None
     except ValueError as exc:
-        raise CliError(str(exc) + ranks_here) from None
+        raise CliError(_with_ranks_here(str(exc), ranks_here)) from None
     # the language the learner reads here (--lang here or before the command, DISTAI_LANG, the locale) is the
     # one the script's ranks write their summaries in
     extra = [*ctx.args, "--lang", language]
@@ -102,3 +102,9 @@ def _run_options(ctx: typer.Context, lesson: str, lang: str) -> tuple[dict, list
         if param.name in SCRIPT_SETS and source is not None and source.name == "COMMANDLINE":
             raise CliError(translated("cli", "slurm_says.errors.script_sets", lang, flag=param.opts[0]))
     return made.params, made.args
+
+
+def _with_ranks_here(refusal: str, ranks_here: str) -> str:
+    """A refusal whose advice is distai run's ("run with --cpu 12") also says where this script's ranks come
+    from; any other refusal (--microbatch-size 0, an unknown option) is left as it is."""
+    return refusal + ranks_here if "--cpu" in refusal else refusal

@@ -59,6 +59,7 @@ class QuizScreen(Screen):
     QuizScreen #quiz-feedback { margin: 1 0 0 0; }
     QuizScreen #quiz-input { margin: 0 1; }
     """
+    help_context = "quiz"  # the help overlay's keys for this screen (the app's palette asks for them too)
     BINDINGS = [
         Binding("escape", "back", "Back"),
         Binding("ctrl+n", "new_quiz", "New quiz"),
@@ -127,7 +128,7 @@ class QuizScreen(Screen):
         self.query_one("#quiz-prompt", Static).update(prompt)
         choices = self.query_one("#quiz-choices", OptionList)
         choices.clear_options()
-        choices.display = q.is_choice
+        choices.display, choices.disabled = q.is_choice, False
         if q.is_choice:
             choices.add_options(Option(_numbered(i + 1, c), id=str(i)) for i, c in enumerate(q.choices))
             choices.highlighted = None
@@ -169,6 +170,7 @@ class QuizScreen(Screen):
         msg.append(q.explanation)
         feedback.update(msg)
         self.mode = "feedback"
+        self.query_one("#quiz-choices", OptionList).disabled = True  # answered: a stray click picks nothing
         box = self.query_one("#quiz-input", Input)
         box.value = ""
         box.placeholder = translated("quiz_screen", "placeholder_next", self.lang)
@@ -200,8 +202,6 @@ class QuizScreen(Screen):
         event.stop()
         if self.mode == "asking" and event.option.id is not None:
             self.submit(str(int(event.option.id) + 1))
-        elif self.mode != "asking":  # Enter on the list after the feedback: the next question, as in the box
-            self.submit("")
 
     def action_back(self) -> None:
         self.app.pop_screen()
@@ -209,7 +209,7 @@ class QuizScreen(Screen):
     def action_help(self) -> None:
         from .screens.help import open_help
 
-        open_help(self.app, "quiz", self.lang)
+        open_help(self.app, self.help_context, self.lang)
 
     def action_new_quiz(self) -> None:
         self.new_quiz()

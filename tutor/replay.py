@@ -12,14 +12,17 @@ from pathlib import Path
 from ..lessons.events import OUTPUT
 
 
-def latest_run(lesson_id: str, root: str | Path | None = None):
-    """The newest run of ``lesson_id`` that ended ``ok`` (a ``RunRecord``); where none did, the newest of any
-    ending (a stopped or failed run still shows its steps); None when there is no run. A run stopped seconds
-    after its start must not hide the finished one before it."""
+def latest_run(lesson_id: str, root: str | Path | None = None, newest: bool = False):
+    """The newest run of ``lesson_id`` that ended ``ok`` (a ``RunRecord``); where none did, or with ``newest``
+    (the run that just ended in the run panel), the newest of any ending (a stopped or failed run still shows
+    its steps); None when there is no run. A run stopped seconds after its start must not hide the finished
+    one before it when the learner asks for "the last run"."""
     from ..engine.runs import list_runs
     from .paths import runs_root
 
     runs = [r for r in list_runs(root if root is not None else runs_root()) if r.lesson == lesson_id]
+    if newest:
+        return runs[0] if runs else None
     return next((r for r in runs if r.effective_status == "ok"), runs[0] if runs else None)
 
 
@@ -36,9 +39,9 @@ def replay_into(visualizer, record) -> int:
     return count
 
 
-def replay_latest(lesson_id: str, visualizer, root: str | Path | None = None):
-    """Replay the newest run of ``lesson_id`` into ``visualizer``; returns its record or None."""
-    record = latest_run(lesson_id, root)
+def replay_latest(lesson_id: str, visualizer, root: str | Path | None = None, newest: bool = False):
+    """Replay :func:`latest_run` of ``lesson_id`` into ``visualizer``; returns its record or None."""
+    record = latest_run(lesson_id, root, newest)
     if record is not None:
         replay_into(visualizer, record)
     return record

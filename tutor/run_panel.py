@@ -104,6 +104,8 @@ def default_launch_factory(lesson, consumer, nproc: int | None = None, args: lis
 class RunPanelScreen(Screen):
     """Live view of one run of a lesson's experiment."""
 
+    help_context = "run"  # the help overlay's keys for this screen (the app's palette asks for them too)
+
     BINDINGS = [
         Binding("s", "stop", "Stop"),
         Binding("a", "again", "Run again"),
@@ -578,7 +580,7 @@ class RunPanelScreen(Screen):
     def action_help(self) -> None:
         from .screens.help import open_help
 
-        open_help(self.app, "run", self.language, self.visualizer)
+        open_help(self.app, self.help_context, self.language, self.visualizer)
 
     async def on_key(self, event) -> None:
         """A key nothing else took goes to the visualizer, as on the lesson screen: the controls its hint
@@ -595,8 +597,10 @@ class RunPanelScreen(Screen):
 
     def action_close(self) -> None:
         if self.running and self.launch is not None:
+            if not self.launch.stopping:  # stopped with s already: that is its reason, not the closing
+                self.app.notify(translated("run", "closed_stopped", self.language, id=self.launch.record.id),
+                                timeout=6)
             self.launch.stop("the run panel was closed")
-            self.app.notify(translated("run", "closed_stopped", self.language, id=self.launch.record.id), timeout=6)
         self.app.pop_screen()
 
     def on_unmount(self) -> None:

@@ -136,10 +136,12 @@ class LessonVisualizer(Widget):
         events to ``visualizer.feed_event``.
         """
 
-        def __init__(self, visualizer: LessonVisualizer, quiet: bool = False):
+        def __init__(self, visualizer: LessonVisualizer, quiet: bool = False, newest: bool = False):
             super().__init__()
             self.visualizer = visualizer
             self.quiet = quiet  # asked by a step that shows the run, not by the learner: no run is no news
+            # the run that just ended, however it ended (back from the run panel); else the newest that ended ok
+            self.newest = newest
 
     def __init__(self, language: str = "en", **kwargs):
         super().__init__(**kwargs)

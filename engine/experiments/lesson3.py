@@ -735,7 +735,7 @@ def init_group_per_attempt(timeout_s: float | None = None) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = choose_device(int(os.environ.get("LOCAL_RANK", "0")))
     timeout = timedelta(seconds=float(timeout_s or os.environ.get(TIMEOUT_ENV, "120")))
-    with join_deadline(timeout, rank):
+    with join_deadline(timeout, rank, world):
         agent_store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
                                     is_master=False, timeout=timeout)
         store = dist.PrefixStore(f"distai/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", agent_store)

@@ -225,7 +225,7 @@ class LessonScreen(CommonActions, Screen):
         from ..replay import replay_latest
 
         try:
-            record = replay_latest(self.lesson.id, message.visualizer)
+            record = replay_latest(self.lesson.id, message.visualizer, newest=message.newest)
         except Exception as exc:  # noqa: BLE001 - a broken run folder must not take the lesson down
             why = exc.text(self.lang) if isinstance(exc, TranslatedError) else str(exc)
             self.notify(translated("tutor", "replay_failed", self.lang, error=why), severity="error")
@@ -332,7 +332,7 @@ class LessonScreen(CommonActions, Screen):
         if self._run_panel_opened and self.visualizer is not None:
             self._run_panel_opened = False
             if self.visualizer.shows_run(self.lesson.steps[self.index].key):
-                self.visualizer.post_message(self.visualizer.ReplayRequested(self.visualizer, quiet=True))
+                self.visualizer.post_message(self.visualizer.ReplayRequested(self.visualizer, quiet=True, newest=True))
 
     async def on_key(self, event) -> None:
         """A key nothing else took goes to the visualizer: its controls work without focusing it."""
