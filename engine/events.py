@@ -19,6 +19,10 @@ from typing import Any, TypeGuard
 
 from ..lessons.events import SPAN
 
+#: a rank's exit status when it could not join its process group in time (runtime.join_deadline), which the
+#: launcher's failure analysis names as such
+JOIN_FAILED_EXIT = 3
+
 EVENTS_DIR_ENV = "DISTAI_EVENTS_DIR"
 #: "1": every event is checked against its declaration (lessons/events.py) before it is written
 CHECK_EVENTS_ENV = "DISTAI_CHECK_EVENTS"

@@ -38,7 +38,7 @@ from typing import IO, Any
 
 from ..lessons.events import ERROR, OUTPUT, RUN_END, RUN_START, SUMMARY, Error
 from ..lessons.strings import LANG_ENV, translated
-from .events import backend_for, parse_event
+from .events import JOIN_FAILED_EXIT, backend_for, parse_event
 from .lifeline import LAUNCHER_PID_ENV, parent_death_signal
 from .profiling import PROFILE_DIR_ENV, is_profiler_trace_line
 from .runs import RunRecord, set_command, tail_lines
@@ -294,6 +294,8 @@ def analyse_failure(error_events: Sequence[Mapping[str, Any]], torchrun_lines: l
         first = min(error_events, key=lambda e: e.get("t", 0.0))
         return Failure(first.get("rank"), f"rank {first.get('rank')} failed: {first.get('error', '?')}",
                        first.get("rank"))
+    if rank is not None and code == JOIN_FAILED_EXIT:
+        return Failure(rank, f"rank {rank} could not join its process group in time")
     if rank is not None:
         how = f"was killed by {_signal_name(code)}" if code is not None and code < 0 else f"exited with code {code}"
         return Failure(rank, f"rank {rank} {how}")

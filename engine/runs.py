@@ -186,6 +186,7 @@ _REASONS = [(re.compile(pattern, re.S), key) for pattern, key in (
     (r"rank (?P<rank>\d+) failed: (?P<error>.*)", "rank_failed"),
     (r"rank (?P<rank>\d+) was killed by (?P<signal>\S+)", "rank_signal"),
     (r"rank (?P<rank>\d+) exited with code (?P<code>-?\d+)", "rank_code"),
+    (r"rank (?P<rank>\d+) could not join its process group in time", "join_failed"),
     (r"ranks? (?P<who>\d+(?:, \d+)*) did not arrive(?: at barrier '(?P<name>[^']*)')? within (?P<s>\S+) s "
      r"\(hung or too slow\)", "absent"),
     (r"torchrun exited with code (?P<code>-?\d+)", "torchrun_code"),

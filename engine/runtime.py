@@ -16,14 +16,13 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .events import EventSink, backend_for
+from .events import JOIN_FAILED_EXIT, EventSink, backend_for
 from .lifeline import watch_launcher
 from .profiling import RankProfile, start_profiler, stop_profiler
 
 DEVICE_ENV = "DISTAI_DEVICE"
 TIMEOUT_ENV = "DISTAI_COLLECTIVE_TIMEOUT_S"
 JOIN_GRACE_S = 10.0  # past the group's own timeout, before a rank that has not joined gives up
-JOIN_FAILED_EXIT = 3
 
 
 @dataclass

@@ -148,6 +148,15 @@ def test_failure_analysis():
              "  host      : x", "  rank      : 1 (local_rank: 1)", "  exitcode  : -9 (pid: 42)"]
     f = L.analyse_failure([], lines, 1)
     assert f.rank == 1 and "SIGKILL" in f.message
+    # a rank that could not join its group in time (runtime.join_deadline's exit status) is named as such,
+    # in the learner's language too
+    from distai.engine.events import JOIN_FAILED_EXIT
+    from distai.engine.runs import reason_text
+
+    joined = [line.replace("-9 (pid: 42)", f"{JOIN_FAILED_EXIT} (pid: 42)") for line in lines]
+    f = L.analyse_failure([], joined, 1)
+    assert f.rank == 1 and f.message == "rank 1 could not join its process group in time"
+    assert reason_text(f.message, "es").startswith("el rank 1 no pudo unirse a su grupo de procesos a tiempo")
     # a killed rank reports nothing, its peers report the closed connection: the killed one failed
     f = L.analyse_failure([{"rank": 0, "t": 9.0, "error": "RuntimeError: Connection closed by peer"}], lines, 1)
     assert f.rank == 1 and "SIGKILL" in f.message
