@@ -283,7 +283,7 @@ async def test_command_palette_opens_lessons():
 
 
 @async_test
-async def test_the_spanish_palette_says_every_command_in_spanish():
+async def test_the_spanish_palette_says_every_command_in_spanish(tmp_path, monkeypatch):
     """Textual's own commands ("Theme", "Quit", "Keys" and its English key panel) and its "Search for
     commands…" sat among the Spanish ones: every command is the tutor's now, in the learner's language."""
     from textual.widgets import Input
@@ -294,12 +294,18 @@ async def test_the_spanish_palette_says_every_command_in_spanish():
     async with app.run_test(size=SIZE) as pilot:
         titles = [c.title for c in app.get_system_commands(app.screen)]
         english = [t for t in titles if t in ("Theme", "Quit", "Keys", "Screenshot", "Maximize", "Minimize")]
-        assert not english and {"Ayuda", "Tema", "Salir"} <= set(titles)
+        assert not english and {"Ayuda", "Tema", "Salir", "Captura de pantalla"} <= set(titles)
         await pilot.press("ctrl+p")
         await pilot.pause()
         assert app.screen.query_one(Input).placeholder == "Buscar órdenes…"
         await pilot.press("escape")
         await pilot.pause()
+        monkeypatch.chdir(tmp_path)  # the screenshot lands in the folder the tutor was started from
+        next(c for c in app.get_system_commands(app.screen) if c.title == "Captura de pantalla").callback()
+        await pilot.pause()
+        saved = list(tmp_path.glob("*.svg"))
+        assert len(saved) == 1 and any("Captura guardada: " in str(n.message) and saved[0].name in str(n.message)
+                                       for n in app._notifications)
         next(c for c in app.get_system_commands(app.screen) if c.title == "Ayuda").callback()
         await pilot.pause()
         assert isinstance(app.screen, HelpScreen)

@@ -139,8 +139,20 @@ class DistaiApp(App):
                             self.action_show_help_overlay)
         yield SystemCommand(translated("tutor", "cmd_theme", lang), translated("tutor", "cmd_theme_help", lang),
                             self.search_themes)
+        yield SystemCommand(translated("tutor", "cmd_screenshot", lang),
+                            translated("tutor", "cmd_screenshot_help", lang), self.save_screenshot_here)
         yield SystemCommand(translated("tutor", "cmd_quit", lang), translated("tutor", "cmd_quit_help", lang),
                             self.action_quit)
+
+    def save_screenshot_here(self) -> None:
+        """Textual's Screenshot command, said in the learner's language (Textual's own toast is English)."""
+        try:
+            path = self.save_screenshot()
+        except OSError as exc:
+            self.notify(translated("tutor", "screenshot_failed", self.language, error=exc.strerror or exc),
+                        severity="error")
+            return
+        self.notify(translated("tutor", "screenshot_saved", self.language, path=path), timeout=6)
 
     def action_command_palette(self) -> None:
         if self.use_command_palette and not CommandPalette.is_open(self):
