@@ -325,10 +325,11 @@ def test_the_run_it_step_replays_the_latest_run(tmp_path, monkeypatch):
             v = screen.visualizer
             assert isinstance(v, MeshVisualizer) and v.view == "run" and v.run.shape == (2, 2, 2)
             assert not app._notifications  # asked by the step: quiet
-            # a second run ends in the run panel: back in the lesson, the step shows that one (it kept the first)
+            # a second run ends in the run panel, stopped midway: back in the lesson, the step shows that one
+            # (it kept the first; and `o`'s preference for a run that ended ok must not bring the first back)
             time.sleep(1.1)  # run folders are named to the second
             saved_run(tmp_path / "runs", "capstone", timed(_recorded("capstone.5d")),
-                      config={"nproc": 8, "device": "cpu"}, duration_s=20.0)
+                      config={"nproc": 8, "device": "cpu"}, duration_s=20.0, status="stopped")
             screen._run_panel_opened = True
             screen.on_screen_resume()
             await pilot.pause()
