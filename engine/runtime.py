@@ -66,7 +66,7 @@ def init_distributed(timeout_s: float | None = None) -> DistContext:
 
 
 @contextmanager
-def join_deadline(timeout: timedelta, rank: int, world: int = 2) -> Iterator[None]:
+def join_deadline(timeout: timedelta, rank: int, world: int) -> Iterator[None]:
     """End this rank if joining the group takes longer than torch itself could wait for a healthy join:
     the store's connection and each of the ``world`` − 1 peers' addresses may each take up to ``timeout``
     (peers arriving one after another), plus a grace.

@@ -382,23 +382,18 @@ def metric_rows(events: Iterable[dict]) -> list[dict]:
     rows = []
     for e in sorted(events, key=lambda e: e.get("t") or 0.0):
         kind = e.get("kind")
-        if kind == METRIC.name and isinstance(e.get("value"), (int, float)) and not isinstance(e.get("value"), bool):
+        # a value as the event holds it: a count stays whole in the CSV and the JSONL ("4096", not "4096.0")
+        if kind == METRIC.name and is_number(e.get("value")):
             rows.append({"step": e.get("step"), "rank": e.get("rank"), "name": str(e.get("name")),
-                         "value": _whole_or_float(e["value"])})
+                         "value": e["value"]})
         elif kind == STEP.name:
             series = ".".join(str(e[f]) for f in _SERIES_FIELDS if isinstance(e.get(f), str))
             for key, value in e.items():
-                if key in _NOT_METRICS or isinstance(value, bool) or not isinstance(value, (int, float)):
+                if key in _NOT_METRICS or not is_number(value):
                     continue
                 rows.append({"step": e.get("step"), "rank": e.get("rank"),
-                             "name": f"{series}.{key}" if series else key,
-                             "value": _whole_or_float(value)})
+                             "name": f"{series}.{key}" if series else key, "value": value})
     return rows
-
-
-def _whole_or_float(value: int | float) -> int | float:
-    """A count stays whole in the CSV and the JSONL ("4096", not "4096.0")."""
-    return value if isinstance(value, int) else float(value)
 
 
 def metrics_csv(rows: list[dict]) -> str:

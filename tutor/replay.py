@@ -21,9 +21,8 @@ def latest_run(lesson_id: str, root: str | Path | None = None, newest: bool = Fa
     from .paths import runs_root
 
     runs = [r for r in list_runs(root if root is not None else runs_root()) if r.lesson == lesson_id]
-    if newest:
-        return runs[0] if runs else None
-    return next((r for r in runs if r.effective_status == "ok"), runs[0] if runs else None)
+    last = runs[0] if runs else None
+    return last if newest else next((r for r in runs if r.effective_status == "ok"), last)
 
 
 def replay_into(visualizer, record) -> int:

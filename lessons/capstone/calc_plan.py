@@ -52,12 +52,11 @@ def compute(v: dict) -> dict:
         raise CalcError.keyed("plan.errors.heads_kv", heads=v["heads"], kv_heads=kv_heads)
     if v["hidden"] % v["heads"]:
         raise CalcError.keyed("plan.errors.hidden_heads", hidden=v["hidden"], heads=v["heads"])
-    if v["efficiency"] is not None and not 0 < v["efficiency"] <= 1:
-        raise CalcError.keyed("plan.errors.fraction", flag="--efficiency", value=lambda lang: units.format_plain(v["efficiency"], lang))
-    if not 0 < v["gemm_efficiency"] <= 1:
-        raise CalcError.keyed("plan.errors.fraction", flag="--gemm-efficiency", value=lambda lang: units.format_plain(v["gemm_efficiency"], lang))
-    if not 0 < v["memory_util"] <= 1:
-        raise CalcError.keyed("plan.errors.fraction", flag="--memory-util", value=lambda lang: units.format_plain(v["memory_util"], lang))
+    for key in ("efficiency", "gemm_efficiency", "memory_util"):  # fractions of a peak (--efficiency may be unset)
+        fraction = v[key]
+        if fraction is not None and not 0 < fraction <= 1:
+            raise CalcError.keyed("plan.errors.fraction", flag="--" + key.replace("_", "-"),
+                                  value=lambda lang, x=fraction: units.format_plain(x, lang))
     if bool(v["experts"]) != bool(v["top_k"]) or bool(v["experts"]) != bool(v["ffn"]) \
             or (v["shared_experts"] and not v["experts"]):
         raise CalcError.keyed("plan.errors.moe_flags")
