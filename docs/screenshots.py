@@ -10,8 +10,8 @@ installed (``apt-get install pngquant``):
 - ``ring``: lesson 1's ring all-reduce, mid reduce-scatter;
 - ``pipeline``: lesson 5's timelines of a real run, measured under simulated;
 - ``mesh``: the capstone's five-axis mesh (pp, dp, cp, tp with experts inside dp·cp) replaying a real
-  8-rank run (``--dp 1 --tp 2 --pp 2 --cp 2 --ep 2 --moe --experts 4 --top-k 2``, recorded in
-  ``tests/recorded_runs/capstone.all5.jsonl``), with its bytes per group.
+  8-rank run of the first command its run-it step shows (``--dp 2 --tp 1 --pp 2 --cp 2 --ep 2 --moe
+  --experts 4 --top-k 2``, recorded in ``tests/recorded_runs/capstone.5d.jsonl``), with its bytes per group.
 
 ``--svg-only`` stops at the SVGs (no rsvg-convert needed); ``--out DIR`` writes elsewhere; ``--only
 ring,mesh`` picks scenes. Saved state goes to a temporary DISTAI_HOME, never the learner's.
@@ -54,8 +54,8 @@ SCENES = (
           title="distai tutor · lesson 1: the ring all-reduce"),
     Scene("pipeline", "lesson5", "run-it", "pipeline", run="lesson5.jsonl", size=(120, 40),
           title="distai tutor · lesson 5: a real run's pipeline, measured under simulated"),
-    Scene("mesh", "capstone", "run-it", "mesh", run="capstone.all5.jsonl", frame=3,
-          title="distai tutor · capstone: all five axes (pp, tp, cp, ep inside dp·cp) on 8 ranks"),
+    Scene("mesh", "capstone", "run-it", "mesh", run="capstone.5d.jsonl", frame=3,
+          title="distai tutor · capstone: the five-axis mesh (pp 2, dp 2, cp 2, tp 1, ep 2 inside dp·cp) on 8 ranks"),
 )
 
 

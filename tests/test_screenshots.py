@@ -53,9 +53,19 @@ def _text(svg: str) -> str:
 SHOWS = {
     "ring": ("Ring all-reduce", "reduce-scatter · 2 of 6 steps done"),
     "pipeline": ("measured Interleaved 1F1B", "Run a real pipeline"),
-    "mesh": ("mesh (pp, dp, cp, tp) = (2, 1, 2, 2) · ep 2", "362 KiB/362 KiB", "128 KiB/128 KiB", "edp", "PP: stage 0 sends the",
+    "mesh": ("mesh (pp, dp, cp, tp) = (2, 2, 2, 1) · ep 2", "261 KiB/261 KiB", "256 KiB/256 KiB", "edp", "PP: stage 0 sends the",
              "activation to stage 1"),
 }
+
+
+def test_the_mesh_picture_replays_the_command_its_step_shows():
+    """The run-it step's text and its replay in one picture: the recorded run is its first command's."""
+    scene = next(s for s in shots.SCENES if s.name == "mesh")
+    command = shots.recorded_events(scene.run)[0]["command"]
+    options = command[command.index("distai.engine.experiments.capstone") + 1:]
+    del options[options.index("--steps"):options.index("--steps") + 2]  # the recording's length, not the lesson's
+    shown = " ".join(resolve_lesson(scene.lesson).step_text(scene.step, "en").replace("\\\n", " ").split())
+    assert f"distai run capstone --cpu {shots.recorded_events(scene.run)[0]['nproc']} {' '.join(options)}" in shown
 
 
 @pytest.mark.parametrize("scene", shots.SCENES, ids=lambda s: s.name)
