@@ -49,6 +49,7 @@ from ..lessons.checks import Check, check
 from ..lessons.events import CHECK
 from ..lessons.strings import LANGUAGES, TranslatedError, os_error_text, translated
 from .doctor import concurrent_pairs_alpha_beta
+from .durable import write_atomic
 from .experiment import max_over_ranks, share_cores_among_local_ranks
 
 PROFILE_FILE = "machine_profile.json"
@@ -364,8 +365,11 @@ def machine_profile(run: RunShape, dtype: str = "float64", fresh: bool = False) 
         return saved
     profile = measure(run, dtype)
     path = profile_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(profile, indent=2))
+    try:  # whole or not at all: a full disk keeps the last profile and only costs the next call a measurement
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(profile, indent=2).encode("utf-8"))
+    except OSError:
+        pass
     return profile
 
 

@@ -33,12 +33,16 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> int:
     tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:  # a full disk: the old file stands, and no half-written temporary is left beside it
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_dir(path.parent)
     return len(data)

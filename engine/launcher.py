@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..lessons.events import ERROR, OUTPUT, RUN_END, RUN_START, SUMMARY, Error
-from ..lessons.strings import LANG_ENV, translated
+from ..lessons.strings import FALLBACK, LANG_ENV, os_error_text, translated
 from .events import JOIN_FAILED_EXIT, backend_for, parse_event
 from .lifeline import LAUNCHER_PID_ENV, parent_death_signal
 from .profiling import PROFILE_DIR_ENV, is_profiler_trace_line
@@ -369,6 +369,7 @@ class Launch(Stoppable):
         self._errors: list[Error] = []
         self._started = 0.0
         self._log_files: dict[int | None, IO[str]] = {}
+        self._logs_cut = False  # a log write the disk refused (full): the logs stop there, the run goes on
         self._event_offsets: dict[Path, int] = {}
 
     # ---- control ----
@@ -506,17 +507,32 @@ class Launch(Stoppable):
             self._log_files[rank] = f
         return f
 
+    def _say(self, key: str, exc: OSError) -> None:
+        """A line of the launcher's own under the run's output, in the run's language."""
+        self._put(OUTPUT.event({"rank": None, "line": translated(
+            "run", key, self.spec.lang or FALLBACK, why=os_error_text(exc, self.spec.lang or FALLBACK))}))
+
+    def _write_log(self, rank: int | None, text: str) -> None:
+        """One line into a log; a disk that refuses it (full) stops the logs, never the reading of the pipe:
+        a reader that died would leave torchrun's output unread, and the ranks blocked once the pipe fills."""
+        if self._logs_cut:
+            return
+        try:
+            self._log(rank).write(text + "\n")
+        except OSError as exc:
+            self._logs_cut = True
+            self._say("logs_cut", exc)
+
     def _read_output(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
-        everything = self._log(None)
         for raw in self.proc.stdout:
             line = raw.decode("utf-8", errors="replace").rstrip("\n")
-            everything.write(line + "\n")
+            self._write_log(None, line)
             m = _PREFIX.match(line)
             if m:
                 rank = self.spec.global_rank(int(m.group("local")))
                 text = m.group("text")
-                self._log(rank).write(text + "\n")
+                self._write_log(rank, text)
             else:
                 rank, text = None, line
                 self._torchrun_lines.append(line)
@@ -582,9 +598,14 @@ class Launch(Stoppable):
         self._done_tailing.set()
         for t in self._threads:
             t.join(timeout=5)
-        self._pump(0)
         for f in self._log_files.values():
-            f.close()
+            try:
+                f.close()
+            except OSError as exc:  # the last buffered line met a full disk
+                if not self._logs_cut:
+                    self._logs_cut = True
+                    self._say("logs_cut", exc)
+        self._pump(0)
         rec = self.record
         rec.exit_code = code
         rec.duration_s = time.time() - self._started
@@ -602,7 +623,11 @@ class Launch(Stoppable):
                 tail = [f"(rank {failure.rank} printed nothing; rank {failure.reporter} reported:)"] + \
                     _trim(tail_lines(rec.rank_log(failure.reporter), 14))
             rec.error_tail = tail or _trim(self._torchrun_lines[-15:])
-        rec.save()
+        try:
+            rec.save()
+        except OSError as exc:  # a full disk: the old run.json stands (written whole or not at all)
+            self._say("record_unsaved", exc)
+            self._pump(0)
         self._dispatch(RUN_END.event({"t": time.time(), "run_id": rec.id, "status": rec.status, "exit_code": code,
                                       "error": rec.error, "failed_rank": rec.failed_rank, "tail": rec.error_tail,
                                       "duration_s": rec.duration_s}))

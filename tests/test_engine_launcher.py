@@ -6,6 +6,7 @@ and on timeouts, so running them side by side keeps this module short).
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -472,6 +473,45 @@ def _launch(home: Path, args: list[str], profile: bool = False) -> dict:
     return {"record": record, "events": seen, "ended": time.time(), "left": L.run_processes(record.id)}
 
 
+class _FillingLog:
+    """A log file on a disk that fills after ``room`` lines (ENOSPC from then on)."""
+
+    def __init__(self, room: int):
+        self.room, self.lines = room, 0
+
+    def write(self, text: str) -> int:
+        if self.lines >= self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.lines += 1
+        return len(text)
+
+    def close(self) -> None:
+        pass
+
+
+def _disk_fills(home: Path) -> dict:
+    """The disk fills mid-run: the logs' writes and the record's last save fail with ENOSPC. The reader of
+    torchrun's output must go on (a dead one leaves the pipe unread), the run end as it ended, and the learner
+    be told what was not kept."""
+    rec = create_run(home / "runs", "lesson1", LESSON1)
+    seen: list[dict] = []
+    launch = L.Launch(L.LaunchSpec(LESSON1, L.Placement("cpu", 2), ["--steps", "3", "--no-sweep"], lang="es"), rec,
+                      consumer=seen.append, grace_s=3)
+    log = _FillingLog(room=3)
+    launch._log = lambda rank: log  # type: ignore[method-assign]
+    save = rec.save
+
+    def save_until_the_end() -> None:
+        if launch.proc is not None and launch.proc.poll() is not None:  # the run has ended: the disk is full
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(rec.dir / "run.json"))
+        save()
+
+    rec.save = save_until_the_end  # type: ignore[method-assign]
+    record = launch.run()
+    return {"record": record, "events": seen, "left": L.run_processes(record.id),
+            "on_disk": RunRecord.load(rec.dir)}
+
+
 def _training_run(home: Path, *flags: str, stderr=subprocess.PIPE):
     """`distai run lesson1` for ever, once its ranks are training: (process, run folder, the run's pids)."""
     env = dict(os.environ, DISTAI_HOME=str(home))
@@ -588,8 +628,28 @@ def launches(tmp_path_factory):
         "profile": lambda: _launch(home, ["--steps", "3", "--no-sweep", "--trace", "none"], profile=True),
         "sigkill": lambda: _sigkill_launcher(tmp_path_factory.mktemp("home_sigkill")),
         "terminal_closed": lambda: _terminal_closed(tmp_path_factory.mktemp("home_hup")),
+        "disk_fills": lambda: _disk_fills(tmp_path_factory.mktemp("home_full")),
     }
     return {**run_concurrently(jobs, timeout_s=300), "home": home}
+
+
+def test_a_disk_that_fills_mid_run_stops_the_logs_not_the_run_and_the_learner_is_told(launches):
+    # the launcher's reader of torchrun's output died on the first log write the disk refused, and the run
+    # ended in a traceback from closing the logs, its record left "running"
+    r = outcome(launches, "disk_fills")
+    lines = [e["line"] for e in r["events"] if e.get("kind") == "output"]
+    cut = next(i for i, line in enumerate(lines) if line.startswith("distai: los registros de la ejecución acaban"))
+    assert "no queda espacio en el disco" in lines[cut]
+    assert any(e.get("rank") == 0 for e in r["events"][r["events"].index(next(
+        e for e in r["events"] if e.get("line") == lines[cut])):] if e.get("kind") == "output"), \
+        "rank 0's output after the cut never reached the learner"
+    assert sum(line.startswith("distai: los registros") for line in lines) == 1
+    assert any(line.startswith("distai: no se pudo guardar el registro de la ejecución: no queda espacio")
+               for line in lines)
+    end = r["events"][-1]
+    assert end["kind"] == "run_end" and end["status"] == "ok" and r["record"].status == "ok"
+    assert r["on_disk"].status == "running"  # the old record stands whole: `distai runs` was told it could not know
+    assert r["left"] == []
 
 
 def test_crashing_rank_is_named_with_its_last_lines_and_stops_the_others(launches):

@@ -461,3 +461,24 @@ async def test_the_panel_says_in_its_language_when_distai_home_cannot_hold_a_run
         screen = app.screen
         assert isinstance(screen, RunPanelScreen) and screen.launch is None
         assert "no se puede usar" in str(screen.query_one("#run-status", Static).render())
+
+
+@run_async
+async def test_the_panel_says_in_its_language_when_the_disk_is_too_full_for_a_run_folder(monkeypatch):
+    # the run folder's record met a full disk (OSError from create_run): a traceback ended the tutor
+    import errno
+    import os
+
+    from distai.engine import runs
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/home/learner/.distai/runs/x/run.json")
+
+    monkeypatch.setattr(runs, "create_run", full)
+    app = PanelApp(lambda: RunPanelScreen(resolve_lesson("lesson1"), "es", nproc=2))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(0.2)
+        screen = app.screen
+        assert isinstance(screen, RunPanelScreen) and screen.launch is None and app.is_running
+        said = str(screen.query_one("#run-status", Static).render())
+        assert "no se puede crear la carpeta de la ejecución" in said and "no queda espacio en el disco" in said, said

@@ -19,6 +19,7 @@ from ..lessons.strings import (
     LANG_ENV,
     LANGUAGES,
     detect_language,
+    os_error_text,
     strings,
     translated,
 )
@@ -271,7 +272,10 @@ def tutor(
     chosen = lesson_or_fail(lesson, language) if lesson else None
     from .app import DistaiApp
 
-    DistaiApp(language=language, lesson_id=chosen.id if chosen else None).run()
+    tutor_app = DistaiApp(language=language, lesson_id=chosen.id if chosen else None)
+    tutor_app.run()
+    if tutor_app.return_code:  # Textual printed what ended it; the shell must not read a crash as success
+        raise typer.Exit(tutor_app.return_code)
 
 
 @app.command(help=HELP["lessons"].format(n=len(all_lessons())))
@@ -538,6 +542,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         typer.echo(f"distai: {translated('cli', 'errors.interrupted', lang)}", err=True)
         return 130
+    except OSError as exc:  # the disk filled, or the output went (a full /dev/full, a closed terminal): one line
+        why = os_error_text(exc, lang)
+        line = translated("cli", "errors.os_error", lang, path=exc.filename, why=why) if exc.filename \
+            else translated("cli", "errors.output_failed", lang, why=why)
+        try:
+            typer.echo(f"distai: error: {line}", err=True)
+        except OSError:
+            pass  # stderr is gone too: the exit code says it
+        return 1
     except Exception as exc:  # click usage errors and the like
         if isinstance(exc, _click_exception_types()):
             error = cast(_ClickError, exc)

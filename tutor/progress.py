@@ -26,8 +26,9 @@ import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
+from typing import TypeGuard
 
-from ..lessons.strings import TranslatedError, translations
+from ..lessons.strings import TranslatedError, translated, translations
 
 SCHEMA_VERSION = 2
 
@@ -93,12 +94,22 @@ def _is_corruption(exc: sqlite3.DatabaseError) -> bool:
 LOCK_WAIT_S = 10.0  # how long a write waits for another process's lock before it says so
 
 
-def _unusable(exc: sqlite3.DatabaseError, path: Path) -> ProgressError:
+def _unusable(exc: sqlite3.DatabaseError, path: Path, *, saving: bool = False) -> ProgressError:
     """The one-line error for a database that is fine but cannot be used now: held by another process
-    (SQLite's BUSY or LOCKED), or read-only, full, unopenable (its own words, then)."""
-    busy = (getattr(exc, "sqlite_errorname", None) or "").startswith(("SQLITE_BUSY", "SQLITE_LOCKED"))
-    return ProgressError(texts=translations("cli", "progress." + ("busy" if busy else "cannot_open"), path=path,
-                                            problem=exc))
+    (SQLite's BUSY or LOCKED), or read-only, full, unopenable (its own words, then; a full disk in the
+    learner's); ``saving``: a write that failed once begun."""
+    name = getattr(exc, "sqlite_errorname", None) or ""
+    key = "busy" if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) else "cannot_save" if saving else "cannot_open"
+    problem = (lambda lang: translated("cli", "os_error.ENOSPC", lang)) if name == "SQLITE_FULL" else exc
+    return ProgressError(texts=translations("cli", "progress." + key, path=path, problem=problem))
+
+
+def _cannot_write(exc: BaseException) -> TypeGuard[sqlite3.OperationalError]:
+    """Whether a write failed for the disk or the file (full, I/O error, read-only, held), not for the SQL:
+    the learner's database is intact and the write is rolled back."""
+    name = getattr(exc, "sqlite_errorname", None) or ""
+    return isinstance(exc, sqlite3.OperationalError) and name.startswith(
+        ("SQLITE_FULL", "SQLITE_IOERR", "SQLITE_READONLY", "SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_CANTOPEN"))
 
 
 class ProgressError(TranslatedError):
@@ -274,12 +285,15 @@ class ProgressStore:
             self._depth = 1
             try:
                 yield self._conn
-            except BaseException:
                 self._depth = 0
-                self._conn.execute("ROLLBACK")
+                self._conn.execute("COMMIT")  # a full disk may fail here, after every statement went through
+            except BaseException as exc:
+                self._depth = 0
+                if self._conn.in_transaction:  # SQLite rolls some failures back itself (a full disk at COMMIT)
+                    self._conn.execute("ROLLBACK")
+                if _cannot_write(exc):
+                    raise _unusable(exc, self.path, saving=True) from None
                 raise
-            self._depth = 0
-            self._conn.execute("COMMIT")
 
     def close(self) -> None:
         with self._lock:

@@ -56,7 +56,14 @@ from ...lessons.lesson3 import checks as lesson_checks
 from ...lessons.lesson3.events import CHECKPOINT, CKPT_COST, COMPARE, FAILURE, PHASE, REDONE, RESTART, STEP
 from ...lessons.model_size import ModelSize, add_model_options
 from ...lessons.units import format_bytes, format_fixed, format_plain, format_range
-from ..checkpoint import Checkpointer, ResumableSampler, TrainingState, read_checked, write_checked
+from ..checkpoint import (
+    Checkpointer,
+    CheckpointFolder,
+    ResumableSampler,
+    TrainingState,
+    read_checked,
+    write_checked,
+)
 from ..events import EVENTS_DIR_ENV, read_events
 from ..experiment import (
     UsageError,
@@ -315,6 +322,9 @@ def _attempt_number(root: Path, rank: int, device) -> int:
     n = torch.zeros(1, dtype=torch.int64, device=device)
     if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
+        # before this attempt writes anything: a killed attempt's half-written checkpoint may be what filled
+        # the disk, and every relaunch would die here on it (Checkpointer.find cleans too, later)
+        CheckpointFolder(root).clean_stale()
         path = root / "attempts"
         try:
             count = int(json.loads(read_checked(path))["attempts"])
