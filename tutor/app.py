@@ -80,6 +80,10 @@ class DistaiApp(App):
 
     def on_mount(self) -> None:
         self._localize_palette()
+        saved = self.store.setting("theme") if self.store is not None else None
+        if saved in self.available_themes:  # the learner's last choice (one no longer offered is let be)
+            self.theme = saved
+        self.theme_changed_signal.subscribe(self, self._remember_theme)
         if self.store is not None and self.store.recovered_from:
             self.notify(self.store.recovered_text(self.language), severity="warning", timeout=15)
         if self.store_error:
@@ -175,6 +179,10 @@ class DistaiApp(App):
     def remember_position(self, lesson_id: str, step_key: str) -> None:
         if self.store is not None:
             self._saving(self.store.set_position, lesson_id, step_key)
+
+    def _remember_theme(self, theme) -> None:
+        if self.store is not None and self.store.setting("theme") != theme.name:
+            self._saving(self.store.set_setting, "theme", theme.name)
 
     def _saving(self, write, *args) -> None:
         """A progress write; one the database cannot take now (another process holds it past the wait) is

@@ -398,6 +398,22 @@ class ProgressStore:
                     row["status"] = RunRecord.load(row["path"]).effective_status
         return rows
 
+    # -- the tutor's settings (the theme): a table of its own, made by the first one saved, so that opening
+    # takes no write lock and an older distai reads this database as before
+    def setting(self, name: str) -> str | None:
+        with self.connection() as conn:
+            try:
+                row = conn.execute("SELECT value FROM settings WHERE name = ?", (name,)).fetchone()
+            except sqlite3.OperationalError:  # no such table: nothing saved yet
+                return None
+        return row[0] if row else None
+
+    def set_setting(self, name: str, value: str) -> None:
+        with self.transaction() as conn:
+            conn.execute("CREATE TABLE IF NOT EXISTS settings (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            conn.execute("INSERT INTO settings (name, value) VALUES (?, ?) "
+                         "ON CONFLICT (name) DO UPDATE SET value = excluded.value", (name, value))
+
     def _select(self, sql: str, lesson_id: str | None, order: str) -> list:
         """The rows of ``sql``, of one lesson when ``lesson_id`` is given, in ``order``."""
         args: tuple = ()

@@ -20,6 +20,7 @@ from textual.widgets import Static
 from ..lessons import units
 from ..lessons.registry import step_view
 from ..lessons.strings import strings, translated
+from .legibility import legible_strip
 
 # The lesson screen's keys: they work whatever has focus, so no visualizer may bind them.
 LESSON_KEYS = frozenset({"n", "p", "t", "r", "l", "v", "q", "question_mark", "escape", "left", "right",
@@ -147,6 +148,10 @@ class LessonVisualizer(Widget):
         super().__init__(**kwargs)
         self.language = language
         self._asked_for_run = False  # ask_for_the_latest_run's once
+
+    def render_lines(self, crop):
+        """Every visualizer's lines, their fixed hues made legible on the learner's theme (and NO_COLOR)."""
+        return [legible_strip(strip, self.app.no_color) for strip in super().render_lines(crop)]
 
     def key_help(self) -> list[tuple[str, str]]:
         """``(keys, what they do)`` in ``self.language`` for the help overlay: the controls whose keys reach

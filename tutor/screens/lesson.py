@@ -123,7 +123,15 @@ class LessonScreen(CommonActions, Screen):
 
     async def on_mount(self) -> None:
         self.watch(self.query_one("#text-pane", VerticalScroll), "scroll_y", self._text_scrolled, init=False)
+        self.app.theme_changed_signal.subscribe(self, self._theme_changed)
         await self.apply_language()
+
+    def _theme_changed(self, theme) -> None:
+        """The code listing's colours follow a light or dark theme (the text's fences do it themselves)."""
+        listing = self.query_one("#code", Static).content
+        if isinstance(listing, CodeListing) and listing.dark != theme.dark:
+            self.query_one("#code", Static).update(CodeListing(listing.source, listing.start_line, listing.lexer,
+                                                               dark=theme.dark))
 
     # -- rendering -------------------------------------------------------------------------------
     async def apply_language(self) -> None:
@@ -192,7 +200,7 @@ class LessonScreen(CommonActions, Screen):
             return
         code_title.update(Text(translated("tutor", "code_title", self.lang, where=src.where), style="bold"))
         # wrapped, never cut: the listing reads whole beside the visualizer, at 80 columns too
-        code.update(CodeListing(src.source, src.start_line))
+        code.update(CodeListing(src.source, src.start_line, dark=self.app.current_theme.dark))
 
     async def _show_visualizer(self, step) -> None:
         from ...visualizers.base import make_visualizer

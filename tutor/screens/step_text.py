@@ -168,8 +168,12 @@ class CodeListing:
     """A Rich renderable: source lines highlighted, numbered in a gutter and wrapped to the width
     it is given (continuations as ``wrap_code``'s, under an empty gutter), so no line is cut."""
 
-    def __init__(self, source: str, start_line: int, lexer: str = "python", theme: str = "monokai"):
-        self.source, self.start_line, self.lexer, self.theme = source.rstrip("\n"), start_line, lexer, theme
+    #: Pygments styles by the app theme's darkness: monokai's plain names are near-white, unreadable on a light
+    #: theme; "default" leaves them in the theme's own text colour
+    THEMES = {True: "monokai", False: "default"}
+
+    def __init__(self, source: str, start_line: int, lexer: str = "python", dark: bool = True):
+        self.source, self.start_line, self.lexer, self.dark = source.rstrip("\n"), start_line, lexer, dark
 
     def gutter_width(self) -> int:
         return len(str(self.start_line + self.source.count("\n"))) + 2
@@ -185,7 +189,7 @@ class CodeListing:
 
         gutter = self.gutter_width()
         room = max(1, width - gutter)
-        highlighted = Syntax(self.source, self.lexer, theme=self.theme, background_color="default")
+        highlighted = Syntax(self.source, self.lexer, theme=self.THEMES[self.dark], background_color="default")
         out: list[Text] = []
         for number, line in enumerate(highlighted.highlight(self.source).split("\n"), self.start_line):
             plain = line.plain.rstrip("\n")
