@@ -482,3 +482,21 @@ async def test_the_panel_says_in_its_language_when_the_disk_is_too_full_for_a_ru
         assert isinstance(screen, RunPanelScreen) and screen.launch is None and app.is_running
         said = str(screen.query_one("#run-status", Static).render())
         assert "no se puede crear la carpeta de la ejecución" in said and "no queda espacio en el disco" in said, said
+
+
+@run_async
+async def test_the_sweep_table_drops_its_bars_before_it_cuts_a_figure():
+    # at 100 columns every bandwidth was cut ("1.91 M…") and the ratio column lost: the bars took the room
+    lesson = resolve_lesson("lesson1")
+    app = PanelApp(lambda: RunPanelScreen(lesson, "en", launch_factory=lambda *a, **k: FakeLaunch(*a, **k)))
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = app.screen
+        assert await wait_for(pilot, lambda: len(screen.state.sweep) == 3, 20)
+        await pilot.pause(0.2)
+        table = screen.query_one("#sweep-table", Static)
+        shown = "\n".join(line.text for line in table.render_lines(table.region.reset_offset))
+        assert "…" not in shown and "1.5 MB/s" in shown and "4.8 MB/s" in shown and "0.94" in shown, shown
+        assert table.content_size.width < 60  # narrow enough that the 8-cell bars could not fit
+        wide = as_text(table.content)  # at 120 columns of its own: the bars are back
+        assert "█" in wide and "…" not in wide
+        await pilot.press("s")

@@ -597,3 +597,17 @@ async def test_a_progress_write_the_database_cannot_take_is_said_once_and_the_le
         said = [n.message for n in app._notifications]
         assert sum("ocupada otro distai" in m for m in said) == 1, said
     store.close()
+
+
+@pytest.mark.parametrize("lang", ["en", "es"])
+@async_test
+async def test_the_lesson_buttons_read_whole_at_70_columns(lang):
+    # Textual's 16-cell minimum per button pushed the run button past the edge: "Ejecutar experi"
+    app = DistaiApp(lang)
+    async with app.run_test(size=(70, 20)) as pilot:
+        app.open_lesson("lesson5")
+        await pilot.pause()
+        for name in ("prev", "next", "quiz", "run"):
+            button = app.screen.query_one(f"#{name}")
+            label = str(button.label)
+            assert button.region.right <= 70 and button.size.width >= len(label), (name, button.region, label)

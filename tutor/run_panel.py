@@ -76,8 +76,31 @@ def table_like(line: str, after_table: bool = False) -> bool:
             or any(ch in BOX_DRAWING for ch in line))
 
 
+class FirstThatFits:
+    """The first of ``choices`` (renderables, widest first) drawn whole at the width it is given: a table's no-wrap
+    cells are cut, not wrapped, where it is too wide (Rich's minimum is a cell's longest word, so its natural width
+    is what is compared)."""
+
+    def __init__(self, *choices):
+        self.choices = choices
+
+    def __rich_console__(self, console, options):
+        from rich.measure import Measurement
+
+        natural = options.update_width(10_000)
+        yield next((c for c in self.choices if Measurement.get(console, natural, c).maximum <= options.max_width),
+                   self.choices[-1])
+
+    def __rich_measure__(self, console, options):
+        from rich.measure import Measurement
+
+        return Measurement.get(console, options, self.choices[-1])
+
+
 def hbar(value: float, top: float, width: int) -> str:
     """A horizontal bar of ``value`` on a scale where ``top`` fills ``width`` cells (eighths)."""
+    if width <= 0:
+        return ""
     if top <= 0 or value <= 0:
         return " " * width
     eighths = max(1, round(min(1.0, value / top) * width * 8))
@@ -534,25 +557,32 @@ class RunPanelScreen(Screen):
             self.call_after_refresh(self._fit_summary)
 
     def _sweep_table(self):
-        """Rows of the sweep with bars on one shared scale, then the alpha-beta fits."""
+        """Rows of the sweep with bars on one shared scale (as long as the pane leaves room for: the figures are
+        never cut), then the alpha-beta fits."""
         from rich.console import Group
 
         lang = self.language
         rows = self.state.sweep  # every size measured: the smallest is the one the α check quotes
         top = max(max(r["ring_busbw"], r["ar_busbw"]) for r in rows) or 1.0
-        table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold", padding=(0, 1))
-        table.add_column(translated("run", "size", lang), justify="right", no_wrap=True)
-        table.add_column(translated("run", "ring", lang), justify="left", no_wrap=True)
-        table.add_column("dist.all_reduce", justify="left", no_wrap=True)
-        table.add_column(translated("run", "ratio", lang), justify="right", no_wrap=True)
-        for r in rows:
-            ratio = r["ring_busbw"] / r["ar_busbw"] if r.get("ar_busbw") else float("nan")
-            table.add_row(
-                format_bytes(r["size"], binary=True, lang=lang),
-                Text.assemble((hbar(r["ring_busbw"], top, 8), "green"), " ", format_bandwidth(r["ring_busbw"], lang=lang)),
-                Text.assemble((hbar(r["ar_busbw"], top, 8), "dark_orange"), " ", format_bandwidth(r["ar_busbw"], lang=lang)),
-                Text(format_fixed(ratio, 2, lang), style="green" if ratio >= 0.9 else "yellow"))
-        parts: list[Table | Text] = [table]
+
+        def table_with_bars(bar: int) -> Table:
+            table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold", padding=(0, 1))
+            table.add_column(translated("run", "size", lang), justify="right", no_wrap=True)
+            table.add_column(translated("run", "ring", lang), justify="left", no_wrap=True)
+            table.add_column("dist.all_reduce", justify="left", no_wrap=True)
+            table.add_column(translated("run", "ratio", lang), justify="right", no_wrap=True)
+            for r in rows:
+                ratio = r["ring_busbw"] / r["ar_busbw"] if r.get("ar_busbw") else float("nan")
+                table.add_row(
+                    format_bytes(r["size"], binary=True, lang=lang),
+                    Text.assemble((hbar(r["ring_busbw"], top, bar) + " " * bool(bar), "green"),
+                                  format_bandwidth(r["ring_busbw"], lang=lang)),
+                    Text.assemble((hbar(r["ar_busbw"], top, bar) + " " * bool(bar), "dark_orange"),
+                                  format_bandwidth(r["ar_busbw"], lang=lang)),
+                    Text(format_fixed(ratio, 2, lang), style="green" if ratio >= 0.9 else "yellow"))
+            return table
+
+        parts: list[Table | Text | FirstThatFits] = [FirstThatFits(*(table_with_bars(bar) for bar in (8, 4, 0)))]
         for impl, f in self.state.fits.items():
             bw = f.get("bandwidth")
             parts.append(Text(f"{translated('run', 'fit', lang)} ({impl}): α = {format_time(f['alpha_s'], lang=lang)}, "
