@@ -497,7 +497,8 @@ class Launch(Stoppable):
                 self.consumer(event)
             except Exception as exc:  # noqa: BLE001 - a broken view must not orphan the ranks
                 self.consumer = None
-                self.stop(f"the live view failed: {exc}")
+                why = os_error_text(exc, FALLBACK) if isinstance(exc, OSError) else exc  # "no space left on the disk"
+                self.stop(f"the live view failed: {why}")
 
     def _log(self, rank: int | None):
         f = self._log_files.get(rank)

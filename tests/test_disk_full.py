@@ -169,3 +169,16 @@ def test_a_relaunch_removes_a_killed_attempts_half_checkpoint_before_it_writes(t
     monkeypatch.setattr(lesson3, "write_checked", write_checked)
     assert lesson3._attempt_number(tmp_path, 0, "cpu") == 0 and lesson3._attempt_number(tmp_path, 0, "cpu") == 1
     assert written == [("attempts", False), ("attempts", False)]
+
+
+@pytest.mark.multi_rank
+def test_a_run_whose_output_cannot_be_written_is_an_error_not_an_interruption(tmp_path):
+    # `distai run … --json > /dev/full` stopped the run (right: nobody can see it) but printed nothing and exited
+    # 130, the code of a Ctrl-C
+    env = dict(os.environ, DISTAI_HOME=str(tmp_path))
+    with open("/dev/full", "w") as full:
+        res = subprocess.run([sys.executable, "-m", "distai.tutor.cli", "run", "lesson1", "--cpu", "2", "--json",
+                              "--steps", "2", "--no-sweep"], env=env, stdout=full, stderr=subprocess.PIPE, text=True,
+                             timeout=240, cwd=REPO)
+    assert res.returncode == 1 and res.stderr.strip().splitlines() == [
+        "distai: error: the live view failed: no space left on the disk"], res.stderr

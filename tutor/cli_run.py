@@ -17,6 +17,7 @@ the progress store are imported inside the commands.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import signal
@@ -615,6 +616,11 @@ def run_cmd(
                 raise
     if stopped_by and not interrupted:  # the shell's 128 + the signal: 143 for SIGTERM, 129 for SIGHUP
         raise typer.Exit(128 + stopped_by[0])
+    if record.status == "stopped" and (record.error or "").startswith("the live view failed: "):
+        # its output could not be written (a full disk): an error of its own, not an interruption
+        with contextlib.suppress(OSError):
+            typer.echo(f"distai: error: {reason_text(record.error, language)}", err=True)
+        raise typer.Exit(1)
     if interrupted or record.status == "stopped":
         raise typer.Exit(130)
     if record.status != "ok":
