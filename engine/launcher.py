@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from ..lessons.events import ERROR, OUTPUT, RUN_END, RUN_START, SUMMARY, Error
+from ..lessons.events import ERROR, OUTPUT, PHASE, RUN_END, RUN_START, SUMMARY, Error
 from ..lessons.strings import FALLBACK, LANG_ENV, os_error_text, translated
 from .events import JOIN_FAILED_EXIT, backend_for, parse_event
 from .lifeline import LAUNCHER_PID_ENV, parent_death_signal
@@ -236,7 +236,12 @@ def _signal_pid_and_group(pid: int, sig: int) -> None:
 _PREFIX = re.compile(r"^\[(?P<role>[A-Za-z_]*?)(?P<local>\d+)\]:(?P<text>.*)$")
 _BARRIER = re.compile(r"Ranks? (?P<ranks>\d+(?:\s*,\s*\d+)*) failed to pass monitoredBarrier in (?P<ms>\d+) ms")
 _ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*(?P<local>\d+)\)")
-_ROOT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(?P<code>-?\d+)")
+_ROOT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(?P<code>-?\d+)(?:\s*\(pid:\s*(?P<pid>\d+)\))?")
+# torchrun's own signals to its workers (torch/distributed/elastic/multiprocessing/api.py): the SIGTERM it sends the
+# survivors of a failure, and the SIGKILL that follows when one does not end within its 30 s
+_TORCHRUN_TERM = re.compile(r"Sending process (?P<pid>\d+) closing signal SIGTERM")
+_TORCHRUN_SIGNALLED = re.compile(r"SignalException: Process \d+ got signal: (?P<sig>\d+)")
+_TORCHRUN_KILL = re.compile(r"Unable to shutdown process (?P<pid>\d+) via \S+, forcefully exiting via (?:9|\S*SIGKILL)")
 _CHECKPOINT = re.compile(r"checkpoint '(?P<name>[^']+)'")
 
 
@@ -274,13 +279,25 @@ def analyse_failure(error_events: Sequence[Mapping[str, Any]], torchrun_lines: l
     # SIGTERM is how torchrun stops the survivors once a rank has failed, and its root cause ties on
     # whole-second timestamps, so a SIGTERM'd rank is the culprit only when no rank reported an error
     # nor exited on its own (a positive code: an argument refused before any event, `context --cpu 3`).
+    # torchrun names the pid of each failed rank and of each rank it signalled itself: a SIGTERM it did not send
+    # came from outside (the rank is the culprit, its peers' closed connections follow), and a SIGKILL it did
+    # send ended a rank that would not stop (frozen, SIGSTOPped): the culprit is then who reported the hang
     reported = {e.get("rank") for e in error_events}
     failures = _reported_failures(torchrun_lines)
+    pids = _failure_pids(torchrun_lines)
+    termed = {int(m.group("pid")) for line in torchrun_lines if (m := _TORCHRUN_TERM.search(line))}
+    forced = {int(m.group("pid")) for line in torchrun_lines if (m := _TORCHRUN_KILL.search(line))}
     exited_on_its_own = any(c > 0 for _r, c in failures)
 
     def killed_silently(r: int | None, c: int | None) -> bool:
-        return (r is not None and c is not None and c < 0 and r not in reported
-                and not ((error_events or exited_on_its_own) and c == -signal.SIGTERM))
+        if r is None or c is None or c >= 0 or r in reported:
+            return False
+        pid = pids.get(r)
+        if c == -signal.SIGKILL and pid in forced:
+            return False  # torchrun's own SIGKILL, after its SIGTERM went unheeded
+        if c == -signal.SIGTERM and pid is not None and pid not in termed:
+            return True  # a SIGTERM from outside torchrun
+        return not ((error_events or exited_on_its_own) and c == -signal.SIGTERM)
 
     silent = [(r, c) for r, c in failures if killed_silently(r, c)]
     killed_otherwise = [(r, c) for r, c in silent if c != -signal.SIGTERM]
@@ -299,6 +316,11 @@ def analyse_failure(error_events: Sequence[Mapping[str, Any]], torchrun_lines: l
     if rank is not None:
         how = f"was killed by {_signal_name(code)}" if code is not None and code < 0 else f"exited with code {code}"
         return Failure(rank, f"rank {rank} {how}")
+    stopped = next((m for line in torchrun_lines if (m := _TORCHRUN_SIGNALLED.search(line))), None)
+    if stopped is not None:  # torchrun itself was sent a signal (its traceback says which), not one of its ranks
+        return Failure(None, f"torchrun was stopped by {_signal_name(-int(stopped.group('sig')))}")
+    if exit_code < 0:
+        return Failure(None, f"torchrun was killed by {_signal_name(exit_code)}")
     return Failure(None, f"torchrun exited with code {exit_code}")
 
 
@@ -308,6 +330,21 @@ def _root_cause(torchrun_lines: list[str]) -> tuple[int | None, int | None]:
     roots = [i for i, line in enumerate(torchrun_lines) if "Root Cause" in line]
     failures = _reported_failures(torchrun_lines[roots[-1]:] if roots else torchrun_lines)
     return failures[0] if failures else (None, None)
+
+
+def _failure_pids(torchrun_lines: list[str]) -> dict[int, int]:
+    """Each failed rank's pid, as torchrun's failure report gives it (``exitcode : -15 (pid: 4242)``)."""
+    out, rank = {}, None
+    for line in torchrun_lines:
+        m = _ROOT_RANK.match(line)
+        if m:
+            rank = int(m.group("rank"))
+            continue
+        m = _ROOT_EXIT.match(line)
+        if m and rank is not None and m.group("pid"):
+            out[rank] = int(m.group("pid"))
+            rank = None
+    return out
 
 
 def _reported_failures(torchrun_lines: list[str]) -> list[tuple[int, int]]:
@@ -490,6 +527,11 @@ class Launch(Stoppable):
     def _dispatch(self, event: dict) -> None:
         if ERROR.matches(event):
             self._errors.append(event)
+        elif PHASE.matches(event) and event.get("name") == "start" and event.get("attempt"):
+            # torchrun restarted the group in place (lesson 3): what failed is this attempt's to explain, not
+            # an earlier attempt's error (the ranks' files arrive in any order: by time, not by arrival)
+            started = float(event.get("t") or 0.0)
+            self._errors = [e for e in self._errors if float(e.get("t") or 0.0) >= started]
         elif SUMMARY.matches(event):
             self.record.summary = {k: v for k, v in event.items() if k not in ("kind", "t", "rank")}
         if self.consumer is not None:

@@ -190,6 +190,8 @@ _REASONS = [(re.compile(pattern, re.S), key) for pattern, key in (
     (r"ranks? (?P<who>\d+(?:, \d+)*) did not arrive(?: at barrier '(?P<name>[^']*)')? within (?P<s>\S+) s "
      r"\(hung or too slow\)", "absent"),
     (r"torchrun exited with code (?P<code>-?\d+)", "torchrun_code"),
+    (r"torchrun was stopped by (?P<signal>\S+)", "torchrun_stopped"),
+    (r"torchrun was killed by (?P<signal>\S+)", "torchrun_killed"),
     (r"launcher error: (?P<error>.*)", "launcher_error"),
     (r"the live view failed: (?P<error>.*)", "view_failed"),
     (r"run\.json cannot be read: (?P<error>.*)", "damaged"),
@@ -267,7 +269,8 @@ PID_MAX_LIMIT = 1 << 22  # Linux's largest pid_max (64-bit); no process has a la
 
 
 def pid_alive(pid: int | None) -> bool:
-    """Whether process ``pid`` exists on this machine (one we may not signal counts)."""
+    """Whether process ``pid`` exists on this machine and has not ended (one we may not signal counts; a zombie,
+    dead but not yet reaped by its parent, does not: its run ended with it)."""
     if not isinstance(pid, int) or not 0 < pid <= PID_MAX_LIMIT:  # 0 and -1 address groups, not a process
         return False
     try:
@@ -275,8 +278,14 @@ def pid_alive(pid: int | None) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
+        pass
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:  # gone since kill asked, where there is a /proc to ask
+        return not Path("/proc/self/stat").exists()
+    except OSError:
         return True
-    return True
+    return stat[stat.rindex(")") + 2:stat.rindex(")") + 3] not in ("Z", "X")
 
 
 def process_start(pid: int) -> int | None:

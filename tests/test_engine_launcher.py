@@ -170,22 +170,79 @@ def test_failure_analysis():
     assert f.rank == 1 and "SIGKILL" in f.message
     # torchrun SIGTERMs the survivors and, its timestamps tying to the second, may name one of them
     # the root cause: the rank that reported its error failed
-    stopped = ["Failures:", "[1]:", "  rank      : 1 (local_rank: 1)", "  exitcode  : 1 (pid: 43)",
+    stopped = ["W1207 09:32:01.242000 16545 api.py:1028] Sending process 42 closing signal SIGTERM",
+               "Failures:", "[1]:", "  rank      : 1 (local_rank: 1)", "  exitcode  : 1 (pid: 43)",
                "Root Cause (first observed failure):", "[0]:", "  rank      : 0 (local_rank: 0)",
                "  exitcode  : -15 (pid: 42)"]
     f = L.analyse_failure([{"rank": 1, "t": 9.0, "error": "RuntimeError: injected failure"}], stopped, 1)
     assert f.rank == 1 and "injected failure" in f.message
+    # a SIGTERM torchrun did not send (`kill` from outside): that rank failed, not the peer whose connection it
+    # reset (the learner was pointed at the healthy rank)
+    outside = ["Failures:", "[1]:", "  rank      : 1 (local_rank: 1)", "  exitcode  : -15 (pid: 24131)  (SIGTERM)",
+               "Root Cause (first observed failure):", "[0]:", "  rank      : 0 (local_rank: 0)",
+               "  exitcode  : 1 (pid: 24130) "]
+    reset = [{"rank": 0, "t": 9.0, "error": "RuntimeError: Read error: Connection reset by peer"}]
+    f = L.analyse_failure(reset, outside, 1)
+    assert f.rank == 1 and f.message == "rank 1 was killed by SIGTERM"
+    # a rank that would not stop (SIGSTOPped, frozen) gets torchrun's SIGTERM, then its SIGKILL: that SIGKILL is
+    # torchrun's, and the rank that waited for it says what happened (it was reported as killed from outside)
+    frozen = ["W1207 09:20:58.677000 26792 api.py:1028] Sending process 26799 closing signal SIGTERM",
+              "W1207 09:21:28.678000 26792 api.py:1047] Unable to shutdown process 26799 via 15, forcefully exiting "
+              "via 9", "Failures:", "[1]:", "  rank      : 1 (local_rank: 1)",
+              "  exitcode  : -9 (pid: 26799)  (SIGKILL)", "Root Cause (first observed failure):", "[0]:",
+              "  rank      : 0 (local_rank: 0)", "  exitcode  : 1 (pid: 26798) "]
+    waited = [{"rank": 0, "t": 9.0, "error": "RuntimeError: Timed out waiting 120000ms for recv operation"}]
+    f = L.analyse_failure(waited, frozen, 1)
+    assert f.rank == 0 and "Timed out waiting 120000ms" in f.message
     # with no error from any rank, a rank that exited on its own (an argument its parser refused before
     # any event) failed, not the peer torchrun SIGTERM'd and named the root cause (`run context --cpu 3`)
     f = L.analyse_failure([], stopped, 1)
     assert f.rank == 1 and f.message == "rank 1 exited with code 1"
     # with no error and no rank exiting on its own, a SIGTERM'd rank is the one that was killed
-    f = L.analyse_failure([], stopped[:2] + ["  rank      : 1 (local_rank: 1)", "  exitcode  : -9 (pid: 43)"]
-                          + stopped[4:], 1)
+    f = L.analyse_failure([], stopped[:3] + ["  rank      : 1 (local_rank: 1)", "  exitcode  : -9 (pid: 43)"]
+                          + stopped[5:], 1)
     assert f.rank == 1 and "SIGKILL" in f.message
-    f = L.analyse_failure([], stopped[4:], 1)
+    f = L.analyse_failure([], stopped[5:], 1)
     assert f.rank == 0 and "SIGTERM" in f.message
     assert L.analyse_failure([], ["junk"], 3).message == "torchrun exited with code 3"
+    # torchrun itself signalled (SIGTERM to the agent: its SignalException; SIGKILL: its exit status), no rank
+    agent = ["torch.distributed.elastic.multiprocessing.api.SignalException: Process 23134 got signal: 15"]
+    assert L.analyse_failure([], agent, 1).message == "torchrun was stopped by SIGTERM"
+    assert L.analyse_failure([], [], -9).message == "torchrun was killed by SIGKILL"
+    assert reason_text("torchrun was stopped by SIGTERM", "es") == "torchrun se detuvo por SIGTERM"
+
+
+def test_after_an_in_place_restart_the_failure_explained_is_the_last_attempts(tmp_path):
+    # lesson 3: attempt 0 lost rank 1, attempt 1 lost rank 0; the relaunch's reason named the earliest error of
+    # all, attempt 0's (and its rank), because the errors of every attempt were kept
+    rec = create_run(tmp_path / "runs", "lesson3", "distai.engine.experiments.lesson3")
+    launch = L.Launch(L.LaunchSpec("distai.engine.experiments.lesson3", L.Placement("cpu", 2), []), rec)
+    for event in ({"kind": "error", "rank": 1, "t": 1.0, "error": "RuntimeError: injected failure on rank 1",
+                   "traceback": ""},
+                  {"kind": "error", "rank": 0, "t": 4.0, "error": "RuntimeError: injected failure on rank 0",
+                   "traceback": ""},  # its file read before rank 0's start of attempt 1
+                  {"kind": "phase", "rank": 0, "t": 3.0, "name": "start", "attempt": 1}):
+        launch._dispatch(event)
+    failure = L.analyse_failure(launch._errors, [], 1)
+    assert failure.rank == 0 and failure.message == "rank 0 failed: RuntimeError: injected failure on rank 0"
+
+
+def test_a_launcher_that_died_unreaped_is_not_alive():
+    # a zombie launcher (killed, its parent not yet waiting for it) kept its run "running" in `distai runs`
+    from distai.engine.runs import pid_alive
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert pid_alive(child.pid)
+        child.kill()
+        deadline = time.time() + 10
+        while time.time() < deadline and Path(f"/proc/{child.pid}/stat").read_text().split(")")[1].split()[0] != "Z":
+            time.sleep(0.02)
+        assert not pid_alive(child.pid)  # dead, not reaped
+    finally:
+        child.kill()
+        child.wait()
+    assert not pid_alive(child.pid)
 
 
 def test_run_processes_finds_only_this_runs_processes():
@@ -512,11 +569,14 @@ def _disk_fills(home: Path) -> dict:
             "on_disk": RunRecord.load(rec.dir)}
 
 
-def _training_run(home: Path, *flags: str, stderr=subprocess.PIPE):
-    """`distai run lesson1` for ever, once its ranks are training: (process, run folder, the run's pids)."""
+def _training_run(home: Path, *flags: str, stderr=subprocess.PIPE, ignore_hup: bool = False):
+    """`distai run lesson1` for ever, once its ranks are training: (process, run folder, the run's pids);
+    ``ignore_hup``: started as `nohup` starts it, SIGHUP ignored."""
     env = dict(os.environ, DISTAI_HOME=str(home))
+    hup = (lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if ignore_hup else None
     proc = subprocess.Popen([*DISTAI, "run", "lesson1", "--cpu", "2", "--steps", "1000000", "--no-sweep", *flags],
-                            env=env, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True, cwd=REPO)
+                            env=env, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True, cwd=REPO,
+                            preexec_fn=hup)
     runs = home / "runs"
     deadline = time.time() + 240
     while time.time() < deadline:
@@ -545,6 +605,22 @@ def _ctrl_c(home: Path, sig: signal.Signals = signal.SIGINT) -> dict:
     time.sleep(0.3)
     return {"rc": rc, "took": took, "pids": pids, "run_dir": run_dir,
             "alive": [p for p in pids if _alive(p)], "stderr": proc.stderr.read().decode()}
+
+
+def _nohup(home: Path) -> dict:
+    """`nohup distai run …` and the terminal closes (SIGHUP): the run goes on; SIGTERM then stops it."""
+    proc, run_dir, pids = _training_run(home, ignore_hup=True)
+    proc.send_signal(signal.SIGHUP)
+    time.sleep(3)
+    went_on = proc.poll() is None and all(_alive(p) for p in pids)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        rc = proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        rc = None
+    time.sleep(0.3)
+    return {"went_on": went_on, "pids": pids, "rc": rc, "run_dir": run_dir, "alive": [p for p in pids if _alive(p)]}
 
 
 def _sigkill_launcher(home: Path) -> dict:
@@ -629,6 +705,7 @@ def launches(tmp_path_factory):
         "sigkill": lambda: _sigkill_launcher(tmp_path_factory.mktemp("home_sigkill")),
         "terminal_closed": lambda: _terminal_closed(tmp_path_factory.mktemp("home_hup")),
         "disk_fills": lambda: _disk_fills(tmp_path_factory.mktemp("home_full")),
+        "nohup": lambda: _nohup(tmp_path_factory.mktemp("home_nohup")),
     }
     return {**run_concurrently(jobs, timeout_s=300), "home": home}
 
@@ -650,6 +727,14 @@ def test_a_disk_that_fills_mid_run_stops_the_logs_not_the_run_and_the_learner_is
     assert end["kind"] == "run_end" and end["status"] == "ok" and r["record"].status == "ok"
     assert r["on_disk"].status == "running"  # the old record stands whole: `distai runs` was told it could not know
     assert r["left"] == []
+
+
+def test_a_run_started_under_nohup_outlives_the_terminal_as_asked(launches):
+    # the launcher's own SIGHUP handler replaced the ignore nohup had set: closing the terminal stopped the run
+    r = outcome(launches, "nohup")
+    assert r["pids"] and r["went_on"], r
+    assert r["rc"] == 128 + signal.SIGTERM and r["alive"] == []
+    assert RunRecord.load(r["run_dir"]).error == "stopped by SIGTERM"
 
 
 def test_crashing_rank_is_named_with_its_last_lines_and_stops_the_others(launches):

@@ -500,3 +500,70 @@ async def test_the_sweep_table_drops_its_bars_before_it_cuts_a_figure():
         wide = as_text(table.content)  # at 120 columns of its own: the bars are back
         assert "█" in wide and "…" not in wide
         await pilot.press("s")
+
+
+def _tutor_with_a_run_then(sig: int, tmp_path) -> dict:
+    """`distai tutor` on a terminal, lesson 1's run started from its panel (r), then ``sig`` to the tutor (SIGHUP:
+    the terminal closes)."""
+    import os
+    import pty
+    import signal
+    import subprocess  # noqa: F401 - the child's exec below
+    import sys
+    from pathlib import Path
+
+    from distai.engine import launcher as L
+    from distai.engine.runs import RunRecord
+
+    home = tmp_path / "home"
+    env = dict(os.environ, DISTAI_HOME=str(home), COLUMNS="120", LINES="40", TERM="xterm-256color")
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execve(sys.executable, [sys.executable, "-m", "distai.tutor.cli", "tutor", "--lesson", "1"], env)
+    import select
+
+    run_dir, deadline, pressed = None, time.time() + 180, False
+    while time.time() < deadline and run_dir is None:
+        if select.select([fd], [], [], 0.2)[0]:
+            try:
+                os.read(fd, 65536)  # what the terminal shows, unread by anyone
+            except OSError:
+                break
+        if not pressed and time.time() > deadline - 172:  # the app has drawn its first screen
+            os.write(fd, b"r")
+            pressed = True
+        found = list((home / "runs").glob("*/events/rank0.jsonl")) if (home / "runs").is_dir() else []
+        if found and found[0].stat().st_size > 2000:
+            run_dir = found[0].parents[1]
+    if sig == signal.SIGHUP:
+        os.close(fd)
+    else:
+        os.kill(pid, sig)
+    rc = None
+    for _ in range(300):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            rc = os.waitstatus_to_exitcode(status)
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    if sig != signal.SIGHUP:
+        os.close(fd)
+    time.sleep(0.5)
+    record = RunRecord.load(run_dir) if run_dir else None
+    return {"rc": rc, "record": record, "left": L.run_processes(Path(run_dir).name) if run_dir else []}
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_a_tutor_ended_by_a_signal_stops_its_run_as_q_does(sig, tmp_path):
+    # `kill` or a closed terminal killed the tutor by the signal's default action: its run read "killed: the
+    # launcher was killed at step 40/40" and never reached the progress store
+    import signal
+
+    r = _tutor_with_a_run_then(getattr(signal, sig), tmp_path)
+    assert r["record"] is not None, "the run never started"
+    assert r["rc"] == 128 + getattr(signal, sig), r["rc"]
+    assert r["record"].status == "stopped" and r["record"].error == "the tutor was closed", r["record"]
+    assert r["left"] == []

@@ -8,6 +8,9 @@ does not import torch.
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import signal
 from collections.abc import Iterable
 from dataclasses import replace
 from functools import partial
@@ -80,6 +83,13 @@ class DistaiApp(App):
 
     def on_mount(self) -> None:
         self._localize_palette()
+        # `kill` or a closed terminal ends the tutor as q does: a run in its panel stops and says why ("the tutor
+        # was closed"), not a launcher killed mid-run; the shell reads 128 + the signal, as for `distai run`
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(signum) != signal.SIG_IGN:
+                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
+                    loop.add_signal_handler(signum, self.exit, None, 128 + signum)
         saved = self.store.setting("theme") if self.store is not None else None
         if saved in self.available_themes:  # the learner's last choice (one no longer offered is let be)
             self.theme = saved
@@ -214,5 +224,9 @@ class DistaiApp(App):
         return summary
 
     def on_unmount(self) -> None:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.remove_signal_handler(signum)
         if self.store is not None and self._owns_store:
             self.store.close()

@@ -581,7 +581,9 @@ def run_cmd(
         stopped_by.append(signum)
         launch.stop(f"stopped by {signal.Signals(signum).name}")
 
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
+    # a SIGHUP inherited as ignored (`nohup distai run …`) stays ignored: the run was asked to outlive the terminal
+    watched = [s for s in (signal.SIGTERM, signal.SIGHUP) if s != signal.SIGHUP or signal.getsignal(s) != signal.SIG_IGN]
+    previous = {s: signal.signal(s, on_signal) for s in watched}
     # Ctrl-C stops the run even where SIGINT was inherited as ignored (a background job)
     previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
     interrupted = terminal_gone = False
