@@ -38,10 +38,10 @@ from typing import IO, Any
 
 from ..lessons.events import ERROR, OUTPUT, PHASE, RUN_END, RUN_START, SUMMARY, Error
 from ..lessons.strings import FALLBACK, LANG_ENV, os_error_text, translated
-from .events import JOIN_FAILED_EXIT, backend_for, parse_event
+from .events import JOIN_FAILED_EXIT, backend_for, is_number, parse_event
 from .lifeline import LAUNCHER_PID_ENV, parent_death_signal
 from .profiling import PROFILE_DIR_ENV, is_profiler_trace_line
-from .runs import RunRecord, set_command, tail_lines
+from .runs import RunRecord, process_state, set_command, tail_lines
 
 MAX_PROCS = 1024
 MAX_CPU_PROCS = 256
@@ -215,12 +215,10 @@ def run_processes(run_id: str) -> list[int]:
             with open(env_path, "rb") as f:
                 if needle not in f.read() + b"\0":
                     continue
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-            if state not in (b"Z", b"X"):
-                found.append(pid)
-        except (OSError, IndexError):
+        except OSError:
             continue
+        if process_state(pid) not in (None, "Z", "X"):  # None: gone since
+            found.append(pid)
     return found
 
 
@@ -259,9 +257,11 @@ class Failure:
     reporter: int | None = None  # the rank whose error revealed it (for a hang: who waited)
 
 
-def analyse_failure(error_events: Sequence[Mapping[str, Any]], torchrun_lines: list[str], exit_code: int) -> Failure:
+def analyse_failure(error_events: Sequence[Mapping[str, Any]], torchrun_lines: list[str], exit_code: int,
+                    torchrun_warns: bool = True) -> Failure:
     """Which rank failed first, and why: a missed barrier names the absent rank; otherwise the
-    earliest ``error`` event; otherwise torchrun's "root cause" report."""
+    earliest ``error`` event; otherwise torchrun's "root cause" report. ``torchrun_warns``: torchrun's
+    warnings reach its output (``TORCH_LOGS`` can silence them), so a signal it sent is in its lines."""
     texts = [e.get("error", "") + "\n" + e.get("traceback", "") for e in error_events] + torchrun_lines
     reporters = [e.get("rank") for e in error_events] + [None] * len(torchrun_lines)
     for text, reporter in zip(texts, reporters):
@@ -283,10 +283,12 @@ def analyse_failure(error_events: Sequence[Mapping[str, Any]], torchrun_lines: l
     # came from outside (the rank is the culprit, its peers' closed connections follow), and a SIGKILL it did
     # send ended a rank that would not stop (frozen, SIGSTOPped): the culprit is then who reported the hang
     reported = {e.get("rank") for e in error_events}
-    failures = _reported_failures(torchrun_lines)
-    pids = _failure_pids(torchrun_lines)
+    reported_with_pids = _reported_failures(torchrun_lines)
+    failures = [(r, c) for r, c, _pid in reported_with_pids]
+    pids = {r: pid for r, _c, pid in reported_with_pids if pid is not None}
     termed = {int(m.group("pid")) for line in torchrun_lines if (m := _TORCHRUN_TERM.search(line))}
     forced = {int(m.group("pid")) for line in torchrun_lines if (m := _TORCHRUN_KILL.search(line))}
+    signals_seen = bool(termed) or torchrun_warns  # a SIGTERM torchrun sent would be in its lines
     exited_on_its_own = any(c > 0 for _r, c in failures)
 
     def killed_silently(r: int | None, c: int | None) -> bool:
@@ -295,7 +297,7 @@ def analyse_failure(error_events: Sequence[Mapping[str, Any]], torchrun_lines: l
         pid = pids.get(r)
         if c == -signal.SIGKILL and pid in forced:
             return False  # torchrun's own SIGKILL, after its SIGTERM went unheeded
-        if c == -signal.SIGTERM and pid is not None and pid not in termed:
+        if c == -signal.SIGTERM and pid is not None and pid not in termed and signals_seen:
             return True  # a SIGTERM from outside torchrun
         return not ((error_events or exited_on_its_own) and c == -signal.SIGTERM)
 
@@ -329,27 +331,13 @@ def _root_cause(torchrun_lines: list[str]) -> tuple[int | None, int | None]:
     lists every failed rank, the ones it stopped included, and then the root cause: prefer it)."""
     roots = [i for i, line in enumerate(torchrun_lines) if "Root Cause" in line]
     failures = _reported_failures(torchrun_lines[roots[-1]:] if roots else torchrun_lines)
-    return failures[0] if failures else (None, None)
+    return failures[0][:2] if failures else (None, None)
 
 
-def _failure_pids(torchrun_lines: list[str]) -> dict[int, int]:
-    """Each failed rank's pid, as torchrun's failure report gives it (``exitcode : -15 (pid: 4242)``)."""
-    out, rank = {}, None
-    for line in torchrun_lines:
-        m = _ROOT_RANK.match(line)
-        if m:
-            rank = int(m.group("rank"))
-            continue
-        m = _ROOT_EXIT.match(line)
-        if m and rank is not None and m.group("pid"):
-            out[rank] = int(m.group("pid"))
-            rank = None
-    return out
-
-
-def _reported_failures(torchrun_lines: list[str]) -> list[tuple[int, int]]:
-    """Every (rank, exit code) of torchrun's failure report, in the order it lists them."""
-    out, rank = [], None
+def _reported_failures(torchrun_lines: list[str]) -> list[tuple[int, int, int | None]]:
+    """Every (rank, exit code, pid) of torchrun's failure report, in the order it lists them."""
+    out: list[tuple[int, int, int | None]] = []
+    rank = None
     for line in torchrun_lines:
         m = _ROOT_RANK.match(line)
         if m:
@@ -357,7 +345,7 @@ def _reported_failures(torchrun_lines: list[str]) -> list[tuple[int, int]]:
             continue
         m = _ROOT_EXIT.match(line)
         if m and rank is not None:
-            out.append((rank, int(m.group("code"))))
+            out.append((rank, int(m.group("code")), int(m.group("pid")) if m.group("pid") else None))
             rank = None
     return out
 
@@ -407,6 +395,7 @@ class Launch(Stoppable):
         self._started = 0.0
         self._log_files: dict[int | None, IO[str]] = {}
         self._logs_cut = False  # a log write the disk refused (full): the logs stop there, the run goes on
+        self._attempt_starts: dict[int, float] = {}  # lesson 3's in-place restarts: when each attempt started
         self._event_offsets: dict[Path, int] = {}
 
     # ---- control ----
@@ -527,11 +516,10 @@ class Launch(Stoppable):
     def _dispatch(self, event: dict) -> None:
         if ERROR.matches(event):
             self._errors.append(event)
-        elif PHASE.matches(event) and event.get("name") == "start" and event.get("attempt"):
-            # torchrun restarted the group in place (lesson 3): what failed is this attempt's to explain, not
-            # an earlier attempt's error (the ranks' files arrive in any order: by time, not by arrival)
-            started = float(event.get("t") or 0.0)
-            self._errors = [e for e in self._errors if float(e.get("t") or 0.0) >= started]
+        elif PHASE.matches(event) and event.get("name") == "start" and is_number(attempt := dict(event).get("attempt")):
+            # lesson 3's start phase numbers its attempt: the earliest of its ranks' starts is the attempt's
+            t = float(event.get("t") or 0.0)
+            self._attempt_starts[int(attempt)] = min(t, self._attempt_starts.get(int(attempt), t))
         elif SUMMARY.matches(event):
             self.record.summary = {k: v for k, v in event.items() if k not in ("kind", "t", "rank")}
         if self.consumer is not None:
@@ -549,6 +537,14 @@ class Launch(Stoppable):
             f = open(self.record.logs_dir / name, "a", encoding="utf-8", buffering=1)
             self._log_files[rank] = f
         return f
+
+    def _last_attempts_errors(self) -> list[Error]:
+        """The errors to explain: after torchrun's in-place restarts (lesson 3), the last attempt's, not an earlier
+        attempt's (the ranks' files arrive in any order: told apart by time, not by arrival)."""
+        if not self._attempt_starts:
+            return self._errors
+        started = self._attempt_starts[max(self._attempt_starts)]
+        return [e for e in self._errors if float(e.get("t") or 0.0) >= started]
 
     def _say(self, key: str, exc: OSError) -> None:
         """A line of the launcher's own under the run's output, in the run's language."""
@@ -659,7 +655,8 @@ class Launch(Stoppable):
             rec.status = "ok"
         else:
             rec.status = "failed"
-            failure = analyse_failure(self._errors, self._torchrun_lines, code)
+            failure = analyse_failure(self._last_attempts_errors(), self._torchrun_lines, code,
+                                      torchrun_warns="TORCH_LOGS" not in {**os.environ, **self.spec.env})
             rec.failed_rank, rec.error = failure.rank, failure.message
             tail = _trim(tail_lines(rec.rank_log(failure.rank), 15)) if failure.rank is not None else []
             if not tail and failure.reporter is not None and failure.reporter != failure.rank:

@@ -190,8 +190,8 @@ _REASONS = [(re.compile(pattern, re.S), key) for pattern, key in (
     (r"ranks? (?P<who>\d+(?:, \d+)*) did not arrive(?: at barrier '(?P<name>[^']*)')? within (?P<s>\S+) s "
      r"\(hung or too slow\)", "absent"),
     (r"torchrun exited with code (?P<code>-?\d+)", "torchrun_code"),
-    (r"torchrun was stopped by (?P<signal>\S+)", "torchrun_stopped"),
-    (r"torchrun was killed by (?P<signal>\S+)", "torchrun_killed"),
+    (r"torchrun was stopped by (?P<signal>.+)", "torchrun_stopped"),
+    (r"torchrun was killed by (?P<signal>.+)", "torchrun_killed"),
     (r"launcher error: (?P<error>.*)", "launcher_error"),
     (r"the live view failed: (?P<error>.*)", "view_failed"),
     (r"run\.json cannot be read: (?P<error>.*)", "damaged"),
@@ -199,6 +199,13 @@ _REASONS = [(re.compile(pattern, re.S), key) for pattern, key in (
     (r"run\.json is missing", "damaged_missing"),
     (r"run\.json lacks what a run's record holds", "damaged_fields"),
 )]
+
+
+def _os_error_in(text: str, lang: str) -> str:
+    """``text``, the catalog's English words for a system error (``os_error``), in ``lang``; other text as it is."""
+    english = strings("cli", "en")["os_error"]
+    key = next((k for k, words in english.items() if words == text), None)
+    return translated("cli", f"os_error.{key}", lang) if key else text
 
 
 def reason_text(reason: str | None, lang: str) -> str | None:
@@ -210,6 +217,8 @@ def reason_text(reason: str | None, lang: str) -> str | None:
         if m is None:
             continue
         fields = {k: v for k, v in m.groupdict().items() if v is not None}
+        if "error" in fields:  # a system error the record keeps in English words ("no space left on the disk")
+            fields["error"] = _os_error_in(fields["error"], lang)
         if key == "absent":
             name = fields.pop("name", None)
             fields["n"] = len(fields["who"].split(","))
@@ -268,6 +277,16 @@ def settle_killed(record: RunRecord) -> RunRecord:
 PID_MAX_LIMIT = 1 << 22  # Linux's largest pid_max (64-bit); no process has a larger id
 
 
+def process_state(pid: int) -> str | None:
+    """The state of process ``pid`` (``R``, ``S``, ``Z`` for a zombie …: field 3 of ``/proc/PID/stat``), or None
+    where it cannot be read (gone, or no /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat[stat.rindex(")") + 2:].split()[0]  # after the command name, which may hold spaces
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def pid_alive(pid: int | None) -> bool:
     """Whether process ``pid`` exists on this machine and has not ended (one we may not signal counts; a zombie,
     dead but not yet reaped by its parent, does not: its run ended with it)."""
@@ -277,15 +296,9 @@ def pid_alive(pid: int | None) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        pass
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:  # gone since kill asked, where there is a /proc to ask
-        return not Path("/proc/self/stat").exists()
-    except OSError:
+    except PermissionError:  # another user's (its /proc entry may be hidden too)
         return True
-    return stat[stat.rindex(")") + 2:stat.rindex(")") + 3] not in ("Z", "X")
+    return process_state(pid) not in ("Z", "X")
 
 
 def process_start(pid: int) -> int | None:

@@ -182,3 +182,9 @@ def test_a_run_whose_output_cannot_be_written_is_an_error_not_an_interruption(tm
                              timeout=240, cwd=REPO)
     assert res.returncode == 1 and res.stderr.strip().splitlines() == [
         "distai: error: the live view failed: no space left on the disk"], res.stderr
+    from distai.engine.runs import (
+        reason_text,  # the record keeps English words; a Spanish learner reads them so
+    )
+
+    assert reason_text("the live view failed: no space left on the disk", "es") == \
+        "falló la vista en vivo: no queda espacio en el disco"

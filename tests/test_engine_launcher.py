@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from child_processes import exit_code_within
 from concurrent_jobs import outcome, run_concurrently
 from distai.engine import launcher as L
 from distai.engine.run_state import RunState, replay_events
@@ -184,6 +185,14 @@ def test_failure_analysis():
     reset = [{"rank": 0, "t": 9.0, "error": "RuntimeError: Read error: Connection reset by peer"}]
     f = L.analyse_failure(reset, outside, 1)
     assert f.rank == 1 and f.message == "rank 1 was killed by SIGTERM"
+    # where TORCH_LOGS silenced torchrun's warnings, its own SIGTERMs leave no line: a missing one proves nothing
+    # (ranks 0, 1 and 3 were its survivors; rank 2 failed)
+    quiet = ["Failures:", *[line for r, pid in ((0, 40), (1, 41), (3, 43)) for line in (
+             "[x]:", f"  rank      : {r} (local_rank: {r})", f"  exitcode  : -15 (pid: {pid})  (SIGTERM)")],
+             "Root Cause (first observed failure):", "[0]:", "  rank      : 2 (local_rank: 2)",
+             "  exitcode  : 1 (pid: 42)"]
+    boom = [{"rank": 2, "t": 9.0, "error": "RuntimeError: boom"}]
+    assert L.analyse_failure(boom, quiet, 1, torchrun_warns=False).message == "rank 2 failed: RuntimeError: boom"
     # a rank that would not stop (SIGSTOPped, frozen) gets torchrun's SIGTERM, then its SIGKILL: that SIGKILL is
     # torchrun's, and the rank that waited for it says what happened (it was reported as killed from outside)
     frozen = ["W1207 09:20:58.677000 26792 api.py:1028] Sending process 26799 closing signal SIGTERM",
@@ -217,13 +226,15 @@ def test_after_an_in_place_restart_the_failure_explained_is_the_last_attempts(tm
     # all, attempt 0's (and its rank), because the errors of every attempt were kept
     rec = create_run(tmp_path / "runs", "lesson3", "distai.engine.experiments.lesson3")
     launch = L.Launch(L.LaunchSpec("distai.engine.experiments.lesson3", L.Placement("cpu", 2), []), rec)
-    for event in ({"kind": "error", "rank": 1, "t": 1.0, "error": "RuntimeError: injected failure on rank 1",
-                   "traceback": ""},
+    for event in ({"kind": "phase", "rank": 0, "t": 0.5, "name": "start", "attempt": 0},
                   {"kind": "error", "rank": 0, "t": 4.0, "error": "RuntimeError: injected failure on rank 0",
-                   "traceback": ""},  # its file read before rank 0's start of attempt 1
-                  {"kind": "phase", "rank": 0, "t": 3.0, "name": "start", "attempt": 1}):
+                   "traceback": ""},  # its file read before the start of attempt 1
+                  {"kind": "phase", "rank": 1, "t": 3.2, "name": "start", "attempt": 1},  # a slower rank's start
+                  {"kind": "phase", "rank": 0, "t": 3.0, "name": "start", "attempt": 1},
+                  {"kind": "error", "rank": 1, "t": 1.0, "error": "RuntimeError: injected failure on rank 1",
+                   "traceback": ""}):  # attempt 0's, read last
         launch._dispatch(event)
-    failure = L.analyse_failure(launch._errors, [], 1)
+    failure = L.analyse_failure(launch._last_attempts_errors(), [], 1)
     assert failure.rank == 0 and failure.message == "rank 0 failed: RuntimeError: injected failure on rank 0"
 
 
@@ -662,16 +673,7 @@ def _terminal_closed(home: Path) -> dict:
         if found and found[0].stat().st_size > 4000:
             run_dir = found[0].parents[1]
     os.close(fd)  # the terminal closes
-    rc = None
-    for _ in range(300):
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            rc = os.waitstatus_to_exitcode(status)
-            break
-        time.sleep(0.1)
-    else:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+    rc = exit_code_within(pid, 30)
     time.sleep(0.3)
     return {"rc": rc, "run_dir": run_dir, "stderr": err.read_text() if err.exists() else "",
             "left": L.run_processes(run_dir.name) if run_dir else []}

@@ -507,11 +507,12 @@ def _tutor_with_a_run_then(sig: int, tmp_path) -> dict:
     the terminal closes)."""
     import os
     import pty
+    import select
     import signal
-    import subprocess  # noqa: F401 - the child's exec below
     import sys
     from pathlib import Path
 
+    from child_processes import exit_code_within
     from distai.engine import launcher as L
     from distai.engine.runs import RunRecord
 
@@ -520,16 +521,14 @@ def _tutor_with_a_run_then(sig: int, tmp_path) -> dict:
     pid, fd = pty.fork()
     if pid == 0:
         os.execve(sys.executable, [sys.executable, "-m", "distai.tutor.cli", "tutor", "--lesson", "1"], env)
-    import select
-
-    run_dir, deadline, pressed = None, time.time() + 180, False
+    run_dir, deadline, pressed, shown = None, time.time() + 180, False, b""
     while time.time() < deadline and run_dir is None:
         if select.select([fd], [], [], 0.2)[0]:
             try:
-                os.read(fd, 65536)  # what the terminal shows, unread by anyone
+                shown = (shown + os.read(fd, 65536))[-65536:]  # what the terminal shows
             except OSError:
                 break
-        if not pressed and time.time() > deadline - 172:  # the app has drawn its first screen
+        if not pressed and b"Run experiment" in shown:  # the lesson is on the screen, its run key with it
             os.write(fd, b"r")
             pressed = True
         found = list((home / "runs").glob("*/events/rank0.jsonl")) if (home / "runs").is_dir() else []
@@ -539,16 +538,7 @@ def _tutor_with_a_run_then(sig: int, tmp_path) -> dict:
         os.close(fd)
     else:
         os.kill(pid, sig)
-    rc = None
-    for _ in range(300):
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            rc = os.waitstatus_to_exitcode(status)
-            break
-        time.sleep(0.1)
-    else:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+    rc = exit_code_within(pid, 30)
     if sig != signal.SIGHUP:
         os.close(fd)
     time.sleep(0.5)

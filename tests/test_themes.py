@@ -10,7 +10,7 @@ from distai.lessons.registry import all_lessons
 from distai.tutor.app import DistaiApp
 from distai.tutor.progress import ProgressStore
 from distai.tutor.screens.step_text import CodeListing
-from distai.visualizers.legibility import MIN_CONTRAST, contrast, grey_of, legible
+from distai.visualizers.legibility import MIN_CONTRAST, SHAPES, contrast, grey_of, legible
 from pilot_harness import async_test
 
 SIZE = (120, 40)
@@ -33,8 +33,8 @@ def _low_contrast_cells(vis, grey: bool) -> list[tuple[str, float]]:
     for strip in vis.render_lines(Region(0, 0, vis.size.width, vis.size.height)):
         for seg in strip:
             style = seg.style
-            if style is None or not seg.text.strip() or style.color is None or style.bgcolor is None:
-                continue
+            if style is None or not set(seg.text) - SHAPES - {" "} or style.color is None or style.bgcolor is None:
+                continue  # bars and swatches keep the colour their legend shows
             fg, bg = tuple(style.color.get_truecolor()), tuple(style.bgcolor.get_truecolor())
             ratio = contrast(grey_of(fg), grey_of(bg)) if grey else contrast(fg, bg)
             if ratio < MIN_CONTRAST - 0.01:
@@ -114,3 +114,56 @@ async def test_the_learners_theme_is_remembered():
         await pilot.pause()
         assert again.theme == "solarized-light"
     again.store.close()
+
+
+@async_test
+async def test_a_legends_swatch_keeps_the_colour_of_the_cells_it_stands_for():
+    # the pass moved "■ GPU 1" to a darker orange while that GPU's cells, coloured as backgrounds, kept theirs
+    app = DistaiApp("en")
+    async with app.run_test(size=SIZE) as pilot:
+        app.theme = "textual-light"
+        app.open_lesson("lesson7")
+        await pilot.pause()
+        await app.screen.show_step(app.screen.lesson.step_index("tp-decode"))
+        await pilot.pause()
+        vis = app.screen.visualizer
+        swatches, fills, labels = set(), set(), []
+        for strip in vis.render_lines(Region(0, 0, vis.size.width, vis.size.height)):
+            for seg in strip:
+                if seg.style is None:
+                    continue
+                if "■" in seg.text and seg.style.color:
+                    swatches.add(tuple(seg.style.color.get_truecolor()))
+                if seg.style.bgcolor and seg.style.bgcolor.get_truecolor() != vis.background_colors[1].rich_color.get_truecolor():
+                    fills.add(tuple(seg.style.bgcolor.get_truecolor()))
+                if "GPU" in seg.text and seg.style.color:
+                    labels.append(contrast(tuple(seg.style.color.get_truecolor()),
+                                           tuple(seg.style.bgcolor.get_truecolor())))
+        assert len(swatches) >= 4 and swatches <= fills, (swatches, fills)
+        assert labels and min(labels) >= MIN_CONTRAST  # the words beside them are still moved to be read
+
+
+@pytest.mark.parametrize("theme", ["ansi-dark", "ansi-light"])
+@async_test
+async def test_the_terminals_own_colours_are_left_to_it(theme):
+    # on the ansi themes every cell is the terminal's default or ANSI colour, whose real values are unknown here:
+    # read as black, they were all "1:1" and the pass turned plain text grey
+    from textual.widget import Widget
+
+    app = DistaiApp("en")
+    async with app.run_test(size=SIZE) as pilot:
+        app.theme = theme
+        for lesson_id, step in (("experts", "router"), ("lesson1", "reduce-scatter"), ("capstone", "groups")):
+            app.open_lesson(lesson_id)
+            await pilot.pause()
+            await app.screen.show_step(app.screen.lesson.step_index(step))
+            await pilot.pause()
+            vis = app.screen.visualizer
+            if hasattr(vis, "playing"):
+                vis.playing = False  # one frame, drawn twice
+                await pilot.pause()
+            region = Region(0, 0, vis.size.width, vis.size.height)
+            raw = [[(seg.text, seg.style) for seg in strip] for strip in Widget.render_lines(vis, region)]
+            shown = [[(seg.text, seg.style) for seg in strip] for strip in vis.render_lines(region)]
+            assert shown == raw, (lesson_id, step)
+            app.go_home()

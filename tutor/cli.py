@@ -5,6 +5,7 @@ modules (Textual, numpy, the engine) are imported inside the commands that use t
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -544,8 +545,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except OSError as exc:  # the disk filled, or the output went (a full /dev/full, a closed terminal): one line
         why = os_error_text(exc, lang)
-        line = translated("cli", "errors.os_error", lang, path=exc.filename, why=why) if exc.filename \
-            else translated("cli", "errors.output_failed", lang, why=why)
+        if exc.filename:
+            line = translated("cli", "errors.os_error", lang, path=exc.filename, why=why)
+        elif exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EPIPE):
+            line = translated("cli", "errors.output_failed", lang, why=why)
+        else:  # a system error of another kind (a refused connection …): its own words, not the output's
+            line = why
         try:
             typer.echo(f"distai: error: {line}", err=True)
         except OSError:

@@ -290,7 +290,8 @@ class ProgressStore:
             except BaseException as exc:
                 self._depth = 0
                 if self._conn.in_transaction:  # SQLite rolls some failures back itself (a full disk at COMMIT)
-                    self._conn.execute("ROLLBACK")
+                    with contextlib.suppress(sqlite3.Error):  # the failure to say is the one that brought us here
+                        self._conn.execute("ROLLBACK")
                 if _cannot_write(exc):
                     raise _unusable(exc, self.path, saving=True) from None
                 raise
@@ -404,8 +405,10 @@ class ProgressStore:
         with self.connection() as conn:
             try:
                 row = conn.execute("SELECT value FROM settings WHERE name = ?", (name,)).fetchone()
-            except sqlite3.OperationalError:  # no such table: nothing saved yet
-                return None
+            except sqlite3.OperationalError as exc:
+                if "no such table" in str(exc):  # nothing saved yet
+                    return None
+                raise
         return row[0] if row else None
 
     def set_setting(self, name: str, value: str) -> None:

@@ -6,13 +6,17 @@ white marks on light grey), on a dark one (slate on near-black) or under ``NO_CO
 turns every colour into its grey. :func:`legible_strip` moves a character's colour toward black or
 white, as little as it takes, until it stands at :data:`MIN_CONTRAST` against the cell's background
 (both as colours and, under ``NO_COLOR``, as the greys Textual will show). The same colour on the same
-background always becomes the same colour, so a legend still matches its drawing. No torch, no I/O.
+background always becomes the same colour; shapes (bars, swatches, markers) keep theirs, so a legend's swatch
+still matches the cells it stands for; the terminal's own colours (the ``ansi-*`` themes) are left to it.
+No torch, no I/O.
 """
 from __future__ import annotations
 
 from functools import lru_cache
+from itertools import groupby
 
 from rich.color import Color as RichColor
+from rich.color import ColorType
 from rich.segment import Segment
 from rich.style import Style
 from textual.strip import Strip
@@ -61,18 +65,44 @@ def legible(fg: RGB, bg: RGB, grey: bool = False) -> RGB:
     return mixed
 
 
+def _own_colour(colour: RichColor | None) -> bool:
+    """A colour the tutor chose (truecolor, or 256-colour past the 16 the terminal's own palette sets): the
+    terminal's default and ANSI colours are the learner's terminal theme (``ansi-dark``, ``ansi-light``), whose
+    real values nobody here knows, and are left to it."""
+    if colour is None or colour.type == ColorType.TRUECOLOR:
+        return colour is not None
+    return colour.type == ColorType.EIGHT_BIT and (colour.number or 0) >= 16
+
+
+# characters that are shapes, not letters: a bar, a swatch, a marker. A legend shows their colour as the cells
+# of its drawing show it (often as the cell's background, which no pass moves), so they keep it
+SHAPES = frozenset(chr(c) for c in range(0x2580, 0x2600))
+
+
 @lru_cache(maxsize=4096)
 def legible_style(style: Style, grey: bool = False) -> Style:
-    """``style`` with its colour made legible against its own background (a style without both is kept)."""
-    if style.color is None or style.bgcolor is None:
+    """``style`` with its colour made legible against its own background (a style without both of the tutor's
+    own colours is kept)."""
+    if not (_own_colour(style.color) and _own_colour(style.bgcolor)):
         return style
+    assert style.color is not None and style.bgcolor is not None
     fg, bg = style.color.get_truecolor(), style.bgcolor.get_truecolor()
     moved = legible(tuple(fg), tuple(bg), grey)  # type: ignore[arg-type]
     return style if moved == tuple(fg) else style + Style(color=RichColor.from_rgb(*moved))
 
 
 def legible_strip(strip: Strip, grey: bool = False) -> Strip:
-    """A rendered line whose characters all stand out from their cells (blank cells are left as they are)."""
-    segments = [seg if seg.style is None or seg.control or not seg.text.strip()
-                else Segment(seg.text, legible_style(seg.style, grey), seg.control) for seg in strip]
+    """A rendered line whose letters and digits all stand out from their cells (blank cells and shapes, whose
+    colour a legend repeats, are left as they are)."""
+    segments: list[Segment] = []
+    for seg in strip:
+        if seg.style is None or seg.control or not set(seg.text) - SHAPES - {" "}:
+            segments.append(seg)
+            continue
+        moved = legible_style(seg.style, grey)
+        if moved == seg.style:
+            segments.append(seg)
+            continue
+        for shapes, run in groupby(seg.text, key=SHAPES.__contains__):  # "■ GPU 1": the swatch keeps its colour
+            segments.append(Segment("".join(run), seg.style if shapes else moved))
     return Strip(segments, strip.cell_length)
