@@ -611,3 +611,20 @@ async def test_the_lesson_buttons_read_whole_at_70_columns(lang):
             button = app.screen.query_one(f"#{name}")
             label = str(button.label)
             assert button.region.right <= 70 and button.size.width >= len(label), (name, button.region, label)
+
+
+@pytest.mark.parametrize("lang,width,compact", [("en", 100, False), ("es", 100, True), ("es", 102, False),
+                                                ("es", 90, True)])
+@async_test
+async def test_the_lesson_footer_compacts_where_its_words_do_not_fit(lang, width, compact):
+    # Spanish's whole footer needs 102 columns: at 100 it stayed whole and its last key was cut ("q Volve▏")
+    from textual.widgets import Footer
+
+    app = DistaiApp(lang)
+    async with app.run_test(size=(width, 30)) as pilot:
+        app.open_lesson("lesson1")
+        for _ in range(4):
+            await pilot.pause()
+        footer = app.screen.query_one(Footer)
+        assert footer.compact == compact
+        assert sum(key.outer_size.width for key in footer.children) <= width

@@ -87,6 +87,7 @@ class LessonScreen(CommonActions, Screen):
         self._visualizer_lang: str | None = None
         self._done_timer: Timer | None = None
         self._run_panel_opened = False  # back from it, a step that draws the run replays it
+        self._full_footer: dict[str, int] = {}  # the uncompacted footer's width, per language (_measure_footer)
 
     # -- layout ----------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -269,12 +270,30 @@ class LessonScreen(CommonActions, Screen):
 
 
     def _localize_footer(self) -> None:
-        """The footer's labels in the language; below 100 columns it is compact and leaves out
-        ← → (the buttons above say them) and the palette, so that every other key fits in 80."""
-        narrow = self.size.width < 100
+        """The footer's labels in the language; narrower than its whole width (100 columns, or what the
+        language's words need, measured once laid out) it is compact and leaves out ← → (the buttons above
+        say them) and the palette, so that every other key fits in 80."""
+        narrow = self.size.width < max(100, self._full_footer.get(self.lang, 0))
         footer = self.query_one(Footer)
         footer.compact, footer.show_command_palette = narrow, not narrow
         localize_bindings(self, self.lang, BINDING_LABELS, hidden=frozenset({"next", "prev"} if narrow else ()))
+        if not narrow:
+            self.call_after_refresh(self._measure_footer)
+
+    def _measure_footer(self, tries: int = 5) -> None:
+        """The whole footer's width in this language: Spanish needs 102 columns, and at 100 its last key was cut.
+        The footer lays its keys out a refresh or two after its bindings change: measured once they have a size."""
+        footer = self.query_one(Footer)
+        if footer.compact or self.lang in self._full_footer:
+            return
+        widths = [key.outer_size.width for key in footer.children]
+        if not widths or 0 in widths:
+            if tries:
+                self.call_after_refresh(self._measure_footer, tries - 1)
+            return
+        self._full_footer[self.lang] = sum(widths)
+        if self._full_footer[self.lang] > self.size.width:
+            self._localize_footer()
 
     def on_resize(self, event) -> None:
         self._localize_footer()
