@@ -557,3 +557,19 @@ def test_a_tutor_ended_by_a_signal_stops_its_run_as_q_does(sig, tmp_path):
     assert r["rc"] == 128 + getattr(signal, sig), r["rc"]
     assert r["record"].status == "stopped" and r["record"].error == "the tutor was closed", r["record"]
     assert r["left"] == []
+
+
+def test_the_fit_lines_never_break_between_a_number_and_its_unit():
+    # at 120 columns in Spanish the panel's α-β fit read "1,21" / "GB/s" on two lines
+    from rich.console import Console
+    from rich.text import Text
+
+    from distai.tutor.screens.common import BoundText
+
+    line = Text("ajuste alfa-beta (nuestro anillo): α = 21,5 µs, 1/β = 1,21 GB/s")
+    for width in range(24, 70):
+        console = Console(width=width, record=True, file=open("/dev/null", "w"))
+        console.print(BoundText(line))
+        lines = [row.strip() for row in console.export_text().splitlines()]
+        assert not any(row.startswith(("GB/s", "µs")) for row in lines), (width, lines)
+        assert " ".join(lines).split() == line.plain.split()  # every word kept, none cut

@@ -41,7 +41,7 @@ from ..lessons.events import LOG, OUTPUT, PHASE, RUN_END, RUN_START, STEP
 from ..lessons.strings import TranslatedError, has, os_error_text, translated, translations
 from ..lessons.units import format_bandwidth, format_bytes, format_fixed, format_time
 from .check_table import check_table
-from .screens.common import apply_breakpoints, localize_bindings
+from .screens.common import BoundText, apply_breakpoints, localize_bindings
 
 if TYPE_CHECKING:
     from textual.worker import Worker
@@ -582,11 +582,12 @@ class RunPanelScreen(Screen):
                     Text(format_fixed(ratio, 2, lang), style="green" if ratio >= 0.9 else "yellow"))
             return table
 
-        parts: list[Table | Text | FirstThatFits] = [FirstThatFits(*(table_with_bars(bar) for bar in (8, 4, 0)))]
+        parts: list[Table | Text | FirstThatFits | BoundText] = [FirstThatFits(*(table_with_bars(bar) for bar in (8, 4, 0)))]
         for impl, f in self.state.fits.items():
             bw = f.get("bandwidth")
-            parts.append(Text(f"{translated('run', 'fit', lang)} ({impl}): α = {format_time(f['alpha_s'], lang=lang)}, "
-                              f"1/β = {format_bandwidth(bw, lang=lang) if bw else '—'}", style="dim"))
+            parts.append(BoundText(Text(f"{translated('run', 'fit', lang)} ({impl}): α = "
+                                        f"{format_time(f['alpha_s'], lang=lang)}, "
+                                        f"1/β = {format_bandwidth(bw, lang=lang) if bw else '—'}", style="dim")))
         return Group(*parts)
 
     # -- actions -----------------------------------------------------------------------------------

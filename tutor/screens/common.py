@@ -68,16 +68,37 @@ class CommonActions:
         await self.app.action_toggle_language()
 
 
+def wrap_bound(content: Text, console, width: int) -> Text:
+    """``content`` wrapped to ``width`` as the lesson text wraps: never between a number and its unit, nor
+    around the "=" of a symbol and its value (units.bind_units)."""
+    glued = content.copy()
+    glued.plain = units.bind_units_aligned(content.plain, units.GLUE)  # every style span stays where it was
+    wrapped = Text("\n").join(glued.wrap(console, width))
+    wrapped.plain = wrapped.plain.replace(units.GLUE, " ")
+    return wrapped
+
+
+class BoundText:
+    """A Text that wraps as :func:`wrap_bound` says, for a line inside a Rich group (the run panel's α-β fits:
+    "1,21" / "GB/s" split there)."""
+
+    def __init__(self, text: Text):
+        self.text = text
+
+    def __rich_console__(self, console, options):
+        yield wrap_bound(self.text, console, options.max_width)
+
+    def __rich_measure__(self, console, options):
+        from rich.measure import Measurement
+
+        return Measurement.get(console, options, self.text)
+
+
 class BoundStatic(Static):
-    """A Static whose text wraps as the lesson text wraps: never between a number and its unit, nor around
-    the "=" of a symbol and its value (units.bind_units): "= 140" / "µs" split the quiz's explanations."""
+    """A Static whose text wraps as the lesson text wraps: "= 140" / "µs" split the quiz's explanations."""
 
     def render(self):
         content, width = self.content, self.content_size.width
         if not isinstance(content, Text) or width < 20:
             return super().render()
-        glued = content.copy()
-        glued.plain = units.bind_units_aligned(content.plain, units.GLUE)  # every style span stays where it was
-        wrapped = Text("\n").join(glued.wrap(self.app.console, width))
-        wrapped.plain = wrapped.plain.replace(units.GLUE, " ")
-        return wrapped
+        return wrap_bound(content, self.app.console, width)
