@@ -20,6 +20,8 @@ Nothing here imports torch.
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import time
 from dataclasses import replace
 
@@ -68,31 +70,36 @@ class Supervisor(Stoppable):
         while True:
             assert self.current is not None
             record = self.current.run()
-            if not self._will_relaunch(record.status):
+            if not self._will_relaunch(record.status, record.error):
                 break
             self.failures.append({"attempt": self.attempt, "error": record.error, "failed_rank": record.failed_rank,
                                   "exit_code": record.exit_code})
             self.attempt += 1
             record.error, record.failed_rank, record.error_tail, record.exit_code = None, None, [], None
             record.config["relaunches"] = list(self.failures)
-            record.save()
+            with contextlib.suppress(OSError):  # a full disk: the launch has said its record could not be saved
+                record.save()
             self.start()
         if self.failures:
             record.config["relaunches"] = list(self.failures)
         if self._started is not None:
             record.duration_s = time.time() - self._started
-        record.save()
+        with contextlib.suppress(OSError):
+            record.save()
         return record
 
     # ---- internals ----
-    def _will_relaunch(self, status: str | None) -> bool:
-        return status == "failed" and self._stop_reason is None and self.attempt < self.relaunches
+    def _will_relaunch(self, status: str | None, error: str | None = None) -> bool:
+        """After a failure that a fresh start could get past: not a stop, not past the count, and not a full disk
+        (a rank's ``OSError: [Errno 28]``), where every relaunch would fail the same way."""
+        disk_full = any(f"[Errno {code}]" in (error or "") for code in (errno.ENOSPC, errno.EDQUOT))
+        return status == "failed" and self._stop_reason is None and self.attempt < self.relaunches and not disk_full
 
     def _forward(self, event: dict) -> None:
         if self.consumer is None:
             return
         if RUN_END.matches(event):
-            if self._will_relaunch(event.get("status")):
+            if self._will_relaunch(event.get("status"), event.get("error")):
                 event = RELAUNCH.event({"t": event.get("t", time.time()), "attempt": self.attempt + 1,
                                         "of": self.relaunches, "error": event.get("error"),
                                         "failed_rank": event.get("failed_rank"), "exit_code": event.get("exit_code"),

@@ -188,3 +188,39 @@ def test_a_run_whose_output_cannot_be_written_is_an_error_not_an_interruption(tm
 
     assert reason_text("the live view failed: no space left on the disk", "es") == \
         "falló la vista en vivo: no queda espacio en el disco"
+
+
+@pytest.mark.parametrize("error,launches", [("rank 0 failed: OSError: [Errno 28] No space left on device: '/x'", 1),
+                                            ("rank 1 failed: RuntimeError: injected failure on rank 1", 4)])
+def test_the_supervisor_does_not_relaunch_into_a_full_disk(error, launches, tmp_path):
+    # lesson 3's supervisor relaunched a run that failed on a full disk three times, each failing the same way
+    from distai.engine import launcher as L
+    from distai.engine.runs import create_run
+    from distai.engine.supervisor import Supervisor
+    from distai.lessons.events import RUN_END
+
+    started = []
+
+    class FailingLaunch:
+        def __init__(self, spec, record, consumer, grace_s):
+            self.record, self.consumer = record, consumer
+            started.append(self)
+
+        def start(self):
+            pass
+
+        def stop(self, reason):
+            pass
+
+        def run(self):
+            self.record.status, self.record.error = "failed", error
+            self.consumer(RUN_END.event({"status": "failed", "error": error, "exit_code": 1, "failed_rank": 0,
+                                         "tail": [], "duration_s": 1.0}))
+            return self.record
+
+    seen: list[dict] = []
+    record = create_run(tmp_path / "runs", "lesson3", "distai.engine.experiments.lesson3")
+    spec = L.LaunchSpec("distai.engine.experiments.lesson3", L.Placement("cpu", 2), [])
+    ended = Supervisor(spec, record, consumer=seen.append, relaunches=3, launch_cls=FailingLaunch).run()
+    assert len(started) == launches and ended.status == "failed" and ended.error == error
+    assert sum(e["kind"] == "relaunch" for e in seen) == launches - 1
