@@ -283,7 +283,10 @@ class LessonScreen(CommonActions, Screen):
     def _measure_footer(self, tries: int = 5) -> None:
         """The whole footer's width in this language: Spanish needs 102 columns, and at 100 its last key was cut.
         The footer lays its keys out a refresh or two after its bindings change: measured once they have a size."""
-        footer = self.query_one(Footer)
+        footers = self.query(Footer)
+        if not footers or not self.is_attached:  # the screen left before its footer was laid out
+            return
+        footer = footers.first()
         if footer.compact or self.lang in self._full_footer:
             return
         widths = [key.outer_size.width for key in footer.children]
