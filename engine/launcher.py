@@ -178,12 +178,43 @@ def validate_nodes(nnodes: int, node_rank: int | None, master_addr: str | None, 
         raise LaunchError(say("needs_node_rank"))
 
 
-def torchrun_command(spec: LaunchSpec, log_dir: str | os.PathLike) -> list[str]:
+def route_towards(address: str | None) -> tuple[str, str] | None:
+    """The network interface and local address this machine reaches ``address`` through (Linux), or None where
+    it is this machine's loopback, cannot be resolved, or has no route. A UDP socket's connect sends nothing: the
+    kernel only chooses the route."""
+    import fcntl
+    import socket
+    import struct
+
+    if not address:
+        return None
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((address, 9))
+            local = probe.getsockname()[0]
+            for _index, name in socket.if_nameindex():
+                try:  # SIOCGIFADDR: the interface's IPv4 address
+                    packed = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+                except OSError:
+                    continue
+                if socket.inet_ntoa(packed[20:24]) == local and not local.startswith("127."):
+                    return name, local
+    except OSError:
+        return None
+    return None
+
+
+def torchrun_command(spec: LaunchSpec, log_dir: str | os.PathLike,
+                     local: tuple[str, str] | None = None) -> list[str]:
     """The exact command: single node → ``--standalone`` (torchrun picks a free port itself, so
-    two runs at once never collide); several nodes → the flags passed through unchanged."""
+    two runs at once never collide); several nodes → the flags passed through unchanged, and ``local`` (the
+    interface and address that reach node 0, :func:`route_towards`) as torchrun's own address: else the other
+    nodes are told this node's hostname, which Debian and Ubuntu resolve to 127.0.1.1."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(spec.placement.nproc)]
     if spec.multinode:
         cmd += ["--nnodes", str(spec.nnodes)]
+        if local is not None:
+            cmd += ["--local-addr", local[1]]
         if spec.rdzv_backend == "c10d":  # node ranks come from the rendezvous, not from --node-rank
             endpoint = f"{spec.master_addr}:{spec.master_port or 29400}"
             cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", spec.rdzv_id or "distai"]
@@ -238,6 +269,8 @@ _ROOT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(?P<code>-?\d+)(?:\s*\(pid:\s*(?P<p
 # torchrun's own signals to its workers (torch/distributed/elastic/multiprocessing/api.py): the SIGTERM it sends the
 # survivors of a failure, and the SIGKILL that follows when one does not end within its 30 s
 _TORCHRUN_TERM = re.compile(r"Sending process (?P<pid>\d+) closing signal SIGTERM")
+_NODES_JOINED = re.compile(r"Timed out after (?P<s>\d+) seconds waiting for clients\. (?P<joined>\d+)/(?P<nodes>\d+) "
+                           r"clients joined")
 _TORCHRUN_SIGNALLED = re.compile(r"SignalException: Process \d+ got signal: (?P<sig>\d+)")
 _TORCHRUN_KILL = re.compile(r"Unable to shutdown process (?P<pid>\d+) via \S+, forcefully exiting via (?:9|\S*SIGKILL)")
 _CHECKPOINT = re.compile(r"checkpoint '(?P<name>[^']+)'")
@@ -318,6 +351,12 @@ def analyse_failure(error_events: Sequence[Mapping[str, Any]], torchrun_lines: l
     if rank is not None:
         how = f"was killed by {_signal_name(code)}" if code is not None and code < 0 else f"exited with code {code}"
         return Failure(rank, f"rank {rank} {how}")
+    joined = next((m for line in torchrun_lines if (m := _NODES_JOINED.search(line))), None)
+    if joined is not None:  # static rendezvous: node 0's store waited for the other nodes' agents
+        return Failure(None, f"only {joined.group('joined')} of {joined.group('nodes')} nodes joined within "
+                             f"{joined.group('s')} s")
+    if any("RendezvousTimeoutError" in line for line in torchrun_lines):  # c10d's
+        return Failure(None, "the nodes did not all join the rendezvous in time")
     stopped = next((m for line in torchrun_lines if (m := _TORCHRUN_SIGNALLED.search(line))), None)
     if stopped is not None:  # torchrun itself was sent a signal (its traceback says which), not one of its ranks
         return Failure(None, f"torchrun was stopped by {_signal_name(-int(stopped.group('sig')))}")
@@ -401,7 +440,8 @@ class Launch(Stoppable):
     # ---- control ----
     def start(self) -> None:
         rec = self.record
-        cmd = torchrun_command(self.spec, rec.dir / "torchrun")
+        route = route_towards(self.spec.master_addr) if self.spec.multinode else None
+        cmd = torchrun_command(self.spec, rec.dir / "torchrun", local=route)
         set_command(rec, cmd)
         env = dict(os.environ)
         env.update({
@@ -420,6 +460,11 @@ class Launch(Stoppable):
             env[PROFILE_DIR_ENV] = str(rec.dir / "profile")
             rec.config["profile_dir"] = env[PROFILE_DIR_ENV]
         env.update(self.spec.env)
+        if route is not None:  # gloo binds where this node's hostname resolves (127.0.1.1 on Debian) unless told
+            env.setdefault("GLOO_SOCKET_IFNAME", route[0])
+            self._put(OUTPUT.event({"rank": None, "line": translated(
+                "run", "multinode_route", self.spec.lang or FALLBACK, master=self.spec.master_addr,
+                interface=env["GLOO_SOCKET_IFNAME"], address=route[1], nnodes=self.spec.nnodes)}))
         rec.config.update({"nproc": self.spec.placement.nproc, "device": self.spec.placement.device,
                            "nnodes": self.spec.nnodes, "node_rank": self.spec.node_rank,
                            "master_addr": self.spec.master_addr, "master_port": self.spec.master_port,

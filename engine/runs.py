@@ -190,6 +190,8 @@ _REASONS = [(re.compile(pattern, re.S), key) for pattern, key in (
     (r"ranks? (?P<who>\d+(?:, \d+)*) did not arrive(?: at barrier '(?P<name>[^']*)')? within (?P<s>\S+) s "
      r"\(hung or too slow\)", "absent"),
     (r"torchrun exited with code (?P<code>-?\d+)", "torchrun_code"),
+    (r"only (?P<joined>\d+) of (?P<nodes>\d+) nodes joined within (?P<s>\d+) s", "nodes_missing"),
+    (r"the nodes did not all join the rendezvous in time", "rendezvous_timeout"),
     (r"torchrun was stopped by (?P<signal>.+)", "torchrun_stopped"),
     (r"torchrun was killed by (?P<signal>.+)", "torchrun_killed"),
     (r"launcher error: (?P<error>.*)", "launcher_error"),

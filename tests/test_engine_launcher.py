@@ -130,8 +130,22 @@ def test_torchrun_command_multi_node_passes_flags_through(tmp_path):
     cmd = L.torchrun_command(spec, tmp_path)
     joined = " ".join(cmd)
     assert "--nnodes 2 --node-rank 1 --master-addr node0.cluster --master-port 29512" in joined
-    assert "--standalone" not in cmd
+    assert "--standalone" not in cmd and "--local-addr" not in cmd
     assert spec.global_rank(3) == 11
+    # where this node reaches node 0 through an interface, torchrun tells the others that address, not the
+    # hostname (127.0.1.1 on Debian: the other node's ranks were refused there)
+    cmd = L.torchrun_command(spec, tmp_path, local=("eth1", "10.77.0.2"))
+    assert cmd[cmd.index("--local-addr") + 1] == "10.77.0.2"
+
+
+def test_the_route_towards_node_0_is_the_interface_the_kernel_picks():
+    import socket
+
+    assert L.route_towards("127.0.0.1") is None and L.route_towards(None) is None  # this machine: no route
+    assert L.route_towards("no-such-host.invalid") is None
+    names = {name for _i, name in socket.if_nameindex()}
+    found = L.route_towards("192.0.2.123")  # TEST-NET-1: routed (by the default route) wherever there is one
+    assert found is None or (found[0] in names and found[0] != "lo" and not found[1].startswith("127."))
 
 
 def test_failure_analysis():
@@ -219,6 +233,12 @@ def test_failure_analysis():
     assert L.analyse_failure([], agent, 1).message == "torchrun was stopped by SIGTERM"
     assert L.analyse_failure([], [], -9).message == "torchrun was killed by SIGKILL"
     assert reason_text("torchrun was stopped by SIGTERM", "es") == "torchrun se detuvo por SIGTERM"
+    # a node that never came: node 0's store waited 15 minutes; its reason was "torchrun exited with code 1"
+    waited = ["torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients. 1/2 clients joined."]
+    assert L.analyse_failure([], waited, 1).message == "only 1 of 2 nodes joined within 901 s"
+    assert reason_text("only 1 of 2 nodes joined within 901 s", "es").startswith("solo 1 de 2 nodos se unieron en 901 s")
+    c10d = ["torchrun      raise RendezvousTimeoutError", "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError"]
+    assert L.analyse_failure([], c10d, 1).message == "the nodes did not all join the rendezvous in time"
 
 
 def test_after_an_in_place_restart_the_failure_explained_is_the_last_attempts(tmp_path):
@@ -1133,3 +1153,20 @@ def test_a_run_that_reports_only_its_phases_shows_no_progress_stuck_at_zero():
     console = Console(width=80, record=True, file=open(os.devnull, "w"))
     console.print(render_state(RunState(), "x", width=80))  # nothing yet: no bar, no 0 %
     assert "0%" not in console.export_text()
+
+
+@pytest.mark.parametrize("summary", [True, False])
+def test_the_launchers_own_notices_stay_in_a_finished_runs_view(summary):
+    # "the run's logs stop here" and "the run's record could not be saved" reached the live view, but the view of
+    # a run that ended ok showed rank 0's words alone: the learner never read them at the end
+    from distai.tutor.cli_run import output_lines
+
+    state = RunState()
+    for rank, line in ((0, "result: ok"), (None, "W1207 torchrun noise"), (0, ""), (0, "verdict: all checks pass"),
+                       (None, "distai: the run's record could not be saved: no space left on the disk; distai runs "
+                              "will not know how it ended")):
+        state.feed({"kind": "output", "rank": rank, "line": line})
+    state.feed({"kind": "run_end", "status": "ok"})
+    shown = output_lines(state, summary=summary).plain
+    assert "distai: the run's record could not be saved" in shown and "torchrun noise" not in shown
+    assert "verdict: all checks pass" in shown

@@ -241,13 +241,15 @@ def output_lines(state, summary: bool, lang: str = "en", width: int | None = Non
 
     if state.finished and state.status == "ok":
         lines = [text for rank, text in state.output if rank == 0]
+        # the launcher's own notices (logs cut short, a record not saved) stay under rank 0's words
+        notices = [text for rank, text in state.output if rank is None and text.startswith("distai: ")]
         if summary:
             while lines and not lines[0].strip():
                 lines.pop(0)
-            return as_printed(lines) if lines else None
+            return as_printed(lines + notices) if lines or notices else None
         paragraph = last_paragraph(lines)
         if paragraph:  # as rank 0 printed it, like a summary: a prefix would wrap its lines
-            return as_printed(paragraph)
+            return as_printed(paragraph + notices)
         shown = list(state.output)[-TAIL_LINES:]
     elif state.finished and state.status == "stopped":
         # torchrun answers the stop with a SignalException traceback: noise here (the run panel hides it
