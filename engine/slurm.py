@@ -96,6 +96,7 @@ def sbatch_script(job: SlurmJob) -> str:
         'echo "distai: ${#nodes[@]} nodes (${nodes[*]}), rendezvous at $MASTER_ADDR:$MASTER_PORT"',
         "",
         "# One task per node; SLURM_NODEID is expanded on each node, hence the single quotes.",
-        f"srun --kill-on-bad-exit=1 --ntasks={job.nodes} --ntasks-per-node=1 bash -c '{run_cmd}'",
+        # shlex.quote of the whole command: an experiment argument's own quotes ('1 MiB') survive inside it
+        f"srun --kill-on-bad-exit=1 --ntasks={job.nodes} --ntasks-per-node=1 bash -c {shlex.quote(run_cmd)}",
         "",
     ])

@@ -58,6 +58,21 @@ def test_sbatch_script_launches_every_node_through_c10d():
     assert checked.returncode == 0, checked.stderr
 
 
+def test_an_experiment_argument_with_a_space_reaches_every_node_whole():
+    # the argument's own quotes closed the single quotes around `bash -c '…'`: "--sweep-max 1", and "MiB" became
+    # bash's $0, so the options after it were lost
+    import shlex
+
+    script = sbatch_script(SlurmJob("lesson1", nodes=2, gpus_per_node=1, extra_args=["--sweep-max", "1 MiB",
+                                                                                      "--note", "it's", "--lang", "en"]))
+    srun = next(line for line in script.splitlines() if line.startswith("srun "))
+    words = shlex.split(srun)
+    assert words[-3:-1] == ["bash", "-c"]
+    inner = shlex.split(words[-1])  # as bash -c reads it on each node ($SLURM_NODEID still unexpanded here)
+    assert inner[-6:] == ["--sweep-max", "1 MiB", "--note", "it's", "--lang", "en"]
+    assert "$SLURM_NODEID" in words[-1]
+
+
 def test_sbatch_master_addr_comes_from_the_node_list(tmp_path):
     """Run the script's own preamble with a fake `scontrol` and a fake node list."""
     fake_bin = tmp_path / "bin"
