@@ -1170,3 +1170,19 @@ def test_the_launchers_own_notices_stay_in_a_finished_runs_view(summary):
     shown = output_lines(state, summary=summary).plain
     assert "distai: the run's record could not be saved" in shown and "torchrun noise" not in shown
     assert "verdict: all checks pass" in shown
+
+
+def test_a_failed_ranks_heading_keeps_the_line_that_says_whose_lines_follow():
+    # the rank that failed printed nothing (it was on another node): the launcher's "(rank 1 printed nothing;
+    # rank 0 reported:)" led 14 of rank 0's lines, and the view's last 12 dropped it under "last lines of rank 1"
+    from distai.tutor.cli_run import render_state
+
+    state = RunState()
+    state.feed({"kind": "run_end", "status": "failed", "error": "rank 1 was killed by SIGKILL", "failed_rank": 1,
+                "tail": ["(rank 1 printed nothing; rank 0 reported:)", *[f"line {i}" for i in range(14)]]})
+    from rich.console import Console
+
+    console = Console(width=100, record=True, file=open("/dev/null", "w"))
+    console.print(render_state(state))
+    shown = console.export_text()
+    assert "(rank 1 printed nothing; rank 0 reported:)" in shown and "line 13" in shown and "line 2\n" not in shown

@@ -398,7 +398,10 @@ def render_state(state, title: str = "distai run", extra=None, width: int = 100,
         if state.tail and state.status == "failed":
             who = say("rank", rank=state.failed_rank) if state.failed_rank is not None else "torchrun"
             tail = Text(say("last_lines", who=who) + "\n", style="bold")
-            tail.append("\n".join("  " + t for t in state.tail[-12:]), style="red")
+            shown = state.tail[-12:]
+            if state.tail[0].startswith("(rank ") and state.tail[0] not in shown:  # whose lines these are, kept
+                shown = [state.tail[0], *state.tail[-11:]]
+            tail.append("\n".join("  " + t for t in shown), style="red")
             parts.append(tail)
     return Group(*parts)
 
