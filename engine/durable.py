@@ -10,6 +10,8 @@ import errno
 import os
 from pathlib import Path
 
+# the errors of a write the disk has no room for: full, over the quota, or past the file size allowed
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 TMP_PREFIX = ".tmp-"  # a temporary file's or folder's name starts so: a reader skips it, a cleaner removes it
 
 

@@ -192,12 +192,14 @@ def route_towards(address: str | None) -> tuple[str, str] | None:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
             probe.connect((address, 9))
             local = probe.getsockname()[0]
+            if local.startswith("127."):  # node 0 is this machine's loopback: nothing to choose
+                return None
             for _index, name in socket.if_nameindex():
                 try:  # SIOCGIFADDR: the interface's IPv4 address
                     packed = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
                 except OSError:
                     continue
-                if socket.inet_ntoa(packed[20:24]) == local and not local.startswith("127."):
+                if socket.inet_ntoa(packed[20:24]) == local:
                     return name, local
     except OSError:
         return None
@@ -434,6 +436,7 @@ class Launch(Stoppable):
         self._started = 0.0
         self._log_files: dict[int | None, IO[str]] = {}
         self._logs_cut = False  # a log write the disk refused (full): the logs stop there, the run goes on
+        self._torchrun_warns = True  # its warnings reach its output (start() reads the environment it gets)
         self._attempt_starts: dict[int, float] = {}  # lesson 3's in-place restarts: when each attempt started
         self._event_offsets: dict[Path, int] = {}
 
@@ -462,9 +465,9 @@ class Launch(Stoppable):
         env.update(self.spec.env)
         if route is not None:  # gloo binds where this node's hostname resolves (127.0.1.1 on Debian) unless told
             env.setdefault("GLOO_SOCKET_IFNAME", route[0])
-            self._put(OUTPUT.event({"rank": None, "line": translated(
-                "run", "multinode_route", self.spec.lang or FALLBACK, master=self.spec.master_addr,
-                interface=env["GLOO_SOCKET_IFNAME"], address=route[1], nnodes=self.spec.nnodes)}))
+            self._say("multinode_route", master=self.spec.master_addr, interface=env["GLOO_SOCKET_IFNAME"],
+                      address=route[1], nnodes=self.spec.nnodes)
+        self._torchrun_warns = "TORCH_LOGS" not in env  # TORCH_LOGS can silence the signals torchrun says it sent
         rec.config.update({"nproc": self.spec.placement.nproc, "device": self.spec.placement.device,
                            "nnodes": self.spec.nnodes, "node_rank": self.spec.node_rank,
                            "master_addr": self.spec.master_addr, "master_port": self.spec.master_port,
@@ -591,10 +594,19 @@ class Launch(Stoppable):
         started = self._attempt_starts[max(self._attempt_starts)]
         return [e for e in self._errors if float(e.get("t") or 0.0) >= started]
 
-    def _say(self, key: str, exc: OSError) -> None:
-        """A line of the launcher's own under the run's output, in the run's language."""
-        self._put(OUTPUT.event({"rank": None, "line": translated(
-            "run", key, self.spec.lang or FALLBACK, why=os_error_text(exc, self.spec.lang or FALLBACK))}))
+    def _say(self, key: str, error: OSError | None = None, **fields) -> None:
+        """A line of the launcher's own (the catalog's ``run.<key>``) under the run's output, in the run's
+        language; ``error``: the system error it names, in the same words."""
+        lang = self.spec.lang or FALLBACK
+        if error is not None:
+            fields["why"] = os_error_text(error, lang)
+        self._put(OUTPUT.event({"rank": None, "line": translated("run", key, lang, **fields)}))
+
+    def _cut_logs(self, error: OSError) -> None:
+        """The logs stop at the first write the disk refused (full), said once; the run goes on."""
+        if not self._logs_cut:
+            self._logs_cut = True
+            self._say("logs_cut", error)
 
     def _write_log(self, rank: int | None, text: str) -> None:
         """One line into a log; a disk that refuses it (full) stops the logs, never the reading of the pipe:
@@ -604,8 +616,7 @@ class Launch(Stoppable):
         try:
             self._log(rank).write(text + "\n")
         except OSError as exc:
-            self._logs_cut = True
-            self._say("logs_cut", exc)
+            self._cut_logs(exc)
 
     def _read_output(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
@@ -686,9 +697,7 @@ class Launch(Stoppable):
             try:
                 f.close()
             except OSError as exc:  # the last buffered line met a full disk
-                if not self._logs_cut:
-                    self._logs_cut = True
-                    self._say("logs_cut", exc)
+                self._cut_logs(exc)
         self._pump(0)
         rec = self.record
         rec.exit_code = code
@@ -701,7 +710,7 @@ class Launch(Stoppable):
         else:
             rec.status = "failed"
             failure = analyse_failure(self._last_attempts_errors(), self._torchrun_lines, code,
-                                      torchrun_warns="TORCH_LOGS" not in {**os.environ, **self.spec.env})
+                                      torchrun_warns=self._torchrun_warns)
             rec.failed_rank, rec.error = failure.rank, failure.message
             tail = _trim(tail_lines(rec.rank_log(failure.rank), 15)) if failure.rank is not None else []
             if not tail and failure.reporter is not None and failure.reporter != failure.rank:

@@ -279,14 +279,19 @@ def settle_killed(record: RunRecord) -> RunRecord:
 PID_MAX_LIMIT = 1 << 22  # Linux's largest pid_max (64-bit); no process has a larger id
 
 
-def process_state(pid: int) -> str | None:
-    """The state of process ``pid`` (``R``, ``S``, ``Z`` for a zombie …: field 3 of ``/proc/PID/stat``), or None
-    where it cannot be read (gone, or no /proc)."""
+def _stat_field(pid: int, field: int) -> str | None:
+    """Field ``field`` (1-based, as proc(5) numbers them, from 3 on) of ``/proc/PID/stat``, or None where it
+    cannot be read (gone, or no /proc)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat[stat.rindex(")") + 2:].split()[0]  # after the command name, which may hold spaces
+        return stat[stat.rindex(")") + 2:].split()[field - 3]  # after the command name, which may hold spaces
     except (OSError, ValueError, IndexError):
         return None
+
+
+def process_state(pid: int) -> str | None:
+    """The state of process ``pid`` (``R``, ``S``, ``Z`` for a zombie …: field 3), or None where unreadable."""
+    return _stat_field(pid, 3)
 
 
 def pid_alive(pid: int | None) -> bool:
@@ -305,11 +310,8 @@ def pid_alive(pid: int | None) -> bool:
 
 def process_start(pid: int) -> int | None:
     """When process ``pid`` started, in clock ticks since boot (field 22 of ``/proc/PID/stat``), or None."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return int(stat[stat.rindex(")") + 2:].split()[19])  # after the command name, which may hold spaces
-    except (OSError, ValueError, IndexError):
-        return None
+    started = _stat_field(pid, 22)
+    return int(started) if started is not None and started.isdigit() else None
 
 
 def launcher_alive(pid: int | None, started: int | None) -> bool:

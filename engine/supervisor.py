@@ -21,11 +21,11 @@ Nothing here imports torch.
 from __future__ import annotations
 
 import contextlib
-import errno
 import time
 from dataclasses import replace
 
 from ..lessons.events import RELAUNCH, RUN_END, RUN_START
+from .durable import DISK_FULL
 from .launcher import Consumer, Launch, LaunchSpec, Stoppable
 from .profiling import RELAUNCH_ENV
 from .runs import RunRecord
@@ -91,8 +91,8 @@ class Supervisor(Stoppable):
     # ---- internals ----
     def _will_relaunch(self, status: str | None, error: str | None = None) -> bool:
         """After a failure that a fresh start could get past: not a stop, not past the count, and not a full disk
-        (a rank's ``OSError: [Errno 28]``), where every relaunch would fail the same way."""
-        disk_full = any(f"[Errno {code}]" in (error or "") for code in (errno.ENOSPC, errno.EDQUOT))
+        (a rank's ``OSError: [Errno 28]``: ``durable.DISK_FULL``), where every relaunch would fail the same way."""
+        disk_full = any(f"[Errno {code}]" in (error or "") for code in DISK_FULL)
         return status == "failed" and self._stop_reason is None and self.attempt < self.relaunches and not disk_full
 
     def _forward(self, event: dict) -> None:

@@ -40,6 +40,10 @@ class CourseOrderCommands(SystemCommandsProvider):
                 yield DiscoveryHit(name, callback, help=help_text)
 
 
+# `kill` and a closed terminal: the tutor ends on them as on q (DistaiApp.on_mount)
+ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
 class DistaiApp(App):
     """The distai tutor."""
 
@@ -86,7 +90,7 @@ class DistaiApp(App):
         # `kill` or a closed terminal ends the tutor as q does: a run in its panel stops and says why ("the tutor
         # was closed"), not a launcher killed mid-run; the shell reads 128 + the signal, as for `distai run`
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGHUP):
+        for signum in ENDING_SIGNALS:
             if signal.getsignal(signum) != signal.SIG_IGN:
                 with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
                     loop.add_signal_handler(signum, self.exit, None, 128 + signum)
@@ -225,7 +229,7 @@ class DistaiApp(App):
 
     def on_unmount(self) -> None:
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGHUP):
+        for signum in ENDING_SIGNALS:
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.remove_signal_handler(signum)
         if self.store is not None and self._owns_store:

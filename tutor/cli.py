@@ -14,6 +14,7 @@ from typing import Any, Protocol, cast
 
 import typer
 
+from ..engine.durable import DISK_FULL
 from ..lessons.registry import UnknownLessonError, all_lessons, resolve_lesson, valid_names
 from ..lessons.strings import (
     FALLBACK,
@@ -27,6 +28,12 @@ from ..lessons.strings import (
 from ..lessons.units import format_score
 from .paths import DataHomeError
 from .progress import ProgressError
+
+
+def output_gone(exc: OSError) -> bool:
+    """Whether a write failed because nobody reads any more: the terminal closed (EIO) or the pipe's reader
+    left (EPIPE)."""
+    return exc.errno in (errno.EIO, errno.EPIPE)
 
 
 def _help_language(argv: list[str]) -> str:
@@ -547,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
         why = os_error_text(exc, lang)
         if exc.filename:
             line = translated("cli", "errors.os_error", lang, path=exc.filename, why=why)
-        elif exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EPIPE):
+        elif exc.errno in DISK_FULL or output_gone(exc):
             line = translated("cli", "errors.output_failed", lang, why=why)
         else:  # a system error of another kind (a refused connection …): its own words, not the output's
             line = why

@@ -18,7 +18,6 @@ the progress store are imported inside the commands.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import signal
 import sys
@@ -29,7 +28,7 @@ import typer
 
 from ..engine.runs import phase_text, reason_text
 from ..lessons.events import json_ready
-from ..lessons.strings import TranslatedError, os_error_text, translated
+from ..lessons.strings import TranslatedError, translated
 from .cli import (
     HELP,
     LESSON_HELP,
@@ -40,6 +39,7 @@ from .cli import (
     lang_option,
     language_or_fail,
     lesson_or_fail,
+    output_gone,
 )
 
 if TYPE_CHECKING:
@@ -456,12 +456,6 @@ class TerminalView:
         return False
 
 
-def output_gone(exc: OSError) -> bool:
-    """Whether a write failed because nobody reads any more: the terminal closed (EIO) or the pipe's reader
-    left (EPIPE)."""
-    return exc.errno in (errno.EIO, errno.EPIPE)
-
-
 class JsonView:
     """One JSON object per event on stdout (flushed: a pipe sees it at once)."""
 
@@ -555,7 +549,7 @@ def run_cmd(
     except ValueError as exc:  # the experiment's own plan refused the options
         raise CliError(str(exc)) from None
     from ..engine.runs import RunDirError, create_run
-    from .paths import runs_root
+    from .paths import run_folder_error, runs_root
 
     root = runs_root()  # a DataHomeError of its own (DISTAI_HOME a file, or not writable): not the --run-dir's
     try:
@@ -566,8 +560,7 @@ def run_cmd(
     except RunDirError as exc:  # before OSError and ValueError: it is a ValueError
         raise CliError(say("run_dir_" + exc.why, path=exc.path or repr(exc.path))) from None
     except OSError as exc:  # a folder that cannot be made: in the learner's words, not "[Errno 2] …"
-        raise CliError(say("run_dir_unwritable", path=exc.filename or run_dir or root,
-                           why=os_error_text(exc, language))) from None
+        raise CliError(run_folder_error(exc, exc.filename or run_dir or root).text(language)) from None
     except ValueError:
         raise CliError(say("run_dir_nul", path=repr(str(run_dir)))) from None
     spec = LaunchSpec(chosen.experiment, placement, extra, nnodes=nnodes, node_rank=node_rank,

@@ -22,6 +22,13 @@ def _folder(path: Path) -> Path:
     return path
 
 
+def run_folder_error(exc: OSError, path) -> TranslatedError:
+    """A run folder that cannot be made (a full disk, no permission), in every language: `distai run` and the
+    tutor's run panel say it alike."""
+    return TranslatedError(texts={lang: translated("cli", "run_says.run_dir_unwritable", lang, path=path,
+                                                   why=os_error_text(exc, lang)) for lang in LANGUAGES})
+
+
 def data_home() -> Path:
     override = os.environ.get("DISTAI_HOME")
     if override:

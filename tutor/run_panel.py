@@ -38,7 +38,7 @@ from textual.widgets import Footer, ProgressBar, RichLog, Sparkline, Static
 from ..engine.run_state import RunState, feed_readable, replay_events
 from ..engine.runs import phase_text, reason_text
 from ..lessons.events import LOG, OUTPUT, PHASE, RUN_END, RUN_START, STEP
-from ..lessons.strings import TranslatedError, has, os_error_text, translated, translations
+from ..lessons.strings import TranslatedError, has, translated
 from ..lessons.units import format_bandwidth, format_bytes, format_fixed, format_time
 from .check_table import check_table
 from .screens.common import BoundText, apply_breakpoints, localize_bindings
@@ -115,7 +115,7 @@ def default_launch_factory(lesson, consumer, nproc: int | None = None, args: lis
     from ..engine.launcher import LaunchSpec, choose_placement
     from ..engine.runs import create_run
     from ..engine.supervisor import make_launch
-    from .paths import runs_root
+    from .paths import run_folder_error, runs_root
 
     placement = choose_placement(cpu=nproc, default_nproc=getattr(lesson, "ranks", 4), lang=lang or "en") if nproc \
         else choose_placement(default_nproc=getattr(lesson, "ranks", 4), lang=lang or "en")
@@ -123,8 +123,7 @@ def default_launch_factory(lesson, consumer, nproc: int | None = None, args: lis
     try:
         record = create_run(root, lesson.id, lesson.experiment, argv=["distai tutor"])
     except OSError as exc:  # a full disk, say: the panel says it, as `distai run` does, and the tutor stays
-        raise TranslatedError(texts=translations("cli", "run_says.run_dir_unwritable", path=exc.filename or root,
-                                                 why=lambda lang, e=exc: os_error_text(e, lang))) from None
+        raise run_folder_error(exc, exc.filename or root) from None
     return make_launch(LaunchSpec(lesson.experiment, placement, list(args or []), lang=lang), record, consumer=consumer,
                        max_restarts=getattr(lesson, "max_restarts", 0))
 

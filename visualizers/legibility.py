@@ -19,6 +19,7 @@ from rich.color import Color as RichColor
 from rich.color import ColorType
 from rich.segment import Segment
 from rich.style import Style
+from textual.color import Color
 from textual.strip import Strip
 
 # WCAG 2's minimum contrast for large text and for the parts of a drawing that carry meaning (1.4.11)
@@ -43,9 +44,9 @@ def contrast(a: RGB, b: RGB) -> float:
 
 
 def grey_of(rgb: RGB) -> RGB:
-    """The grey Textual shows for a colour under NO_COLOR (its ``Color.monochrome``)."""
-    level = round(rgb[0] * 0.2126 + rgb[1] * 0.7152 + rgb[2] * 0.0722)
-    return level, level, level
+    """The grey Textual shows for a colour under NO_COLOR: its own ``Color.monochrome``."""
+    grey = Color(*rgb).monochrome
+    return grey.r, grey.g, grey.b
 
 
 @lru_cache(maxsize=4096)
