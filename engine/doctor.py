@@ -218,20 +218,35 @@ def ping_pong(buf: torch.Tensor, rounds: int = 1, a: int = 0, b: int = 1) -> Non
 ALPHA_BYTES, BETA_BYTES = 4, 4 * MiB
 
 
+def slowest_hop_peer(world_size: int, local_world_size: int) -> int:
+    """The rank rank 0 times a link with: the first rank of the next node when the run spans nodes, else
+    rank 1. torchrun numbers each node's ranks together, so a ring over all ranks (and every collective
+    that runs as one) crosses between nodes and waits on that hop; a link inside node 0 was up to 100x
+    faster across two hosts and predicted their ring that much too fast."""
+    return local_world_size if 0 < local_world_size < world_size else 1
+
+
+def run_link_peer() -> int:
+    """:func:`slowest_hop_peer` of the running group (torchrun's ``LOCAL_WORLD_SIZE``: ranks per node)."""
+    world = dist.get_world_size()
+    return slowest_hop_peer(world, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+
+
 def link_alpha_beta(device: torch.device, repeats: int = 9, small: int = ALPHA_BYTES,
                     large: int = BETA_BYTES, rounds: int = 8, contention_apart: bool = False) -> dict[str, float]:
-    """α (s) and β (s/B) of one link, run on every rank of the current group: ranks 0 and 1
-    ping-pong a ``small`` and a ``large`` message, ``rounds`` round trips per timing (OSU's
+    """α (s) and β (s/B) of one link, run on every rank of the current group: rank 0 and
+    :func:`run_link_peer` (rank 1, or the next node's first rank) ping-pong a ``small`` and a ``large`` message, ``rounds`` round trips per timing (OSU's
     latency test: a loop, so that starting together costs once), the median of ``repeats``; α is
     the small message's one-way time, β the slope up to the large one (latency from tiny
     messages, bandwidth from big ones, as nccl-tests and OSU's tests read them). ``contention_apart``:
     each size's least disturbed timing less the wait for a core in it (:func:`rank_timings`' row 2), as
     lesson 1's check times the parts it compares with: a median carried the load of a busy machine into
     α (527 µs where the same messages took 20 µs each, the rest of the gap then called "size")."""
+    peer = run_link_peer()
     bufs = {size: torch.ones(max(1, size // 4), dtype=torch.float32, device=device) for size in (small, large)}
     for buf in bufs.values():
-        ping_pong(buf)  # warm-up: connections and buffers
-    fns = {str(size): (lambda buf=buf: ping_pong(buf, rounds)) for size, buf in bufs.items()}
+        ping_pong(buf, 1, 0, peer)  # warm-up: connections and buffers
+    fns = {str(size): (lambda buf=buf: ping_pong(buf, rounds, 0, peer)) for size, buf in bufs.items()}
     if contention_apart:
         timed = rank_timings(fns, repeats, device)
         t = {name: w[2].min().item() for name, w in timed.items()}
@@ -243,7 +258,7 @@ def link_alpha_beta(device: torch.device, repeats: int = 9, small: int = ALPHA_B
         t = slowest_rank_times(fns, repeats, device)
     one_way = {size: t[str(size)] / (2 * rounds) for size in bufs}
     beta = max(0.0, (one_way[large] - one_way[small]) / (large - small))
-    return {"alpha_s": one_way[small], "beta_s_per_byte": beta, "small_bytes": float(small),
+    return {"alpha_s": one_way[small], "beta_s_per_byte": beta, "peer": float(peer), "small_bytes": float(small),
             "large_bytes": float(large), "small_s": one_way[small], "large_s": one_way[large]}
 
 

@@ -303,7 +303,7 @@ def allreduce_checks(ctx, sizes: list[int], iters: int | None = None, progress: 
 
     n = ctx.world_size
     link = link_alpha_beta(ctx.device, contention_apart=True)  # timed as the parts are: least disturbed, waits apart
-    alpha, beta = link["alpha_s"], link["beta_s_per_byte"]
+    alpha, beta, peer = link["alpha_s"], link["beta_s_per_byte"], int(link["peer"])  # peer: the hop a ring waits on
     out = []
     for k, size in enumerate(sizes):
         repeats, inner = max(11, iters or 11), max(1, default_iters(size) // 2)
@@ -313,7 +313,7 @@ def allreduce_checks(ctx, sizes: list[int], iters: int | None = None, progress: 
         ring = lambda x=x: ring_allreduce(x, pieces=1, channels=1)  # noqa: E731
         ring()  # warm-up
         with CoreWait(ctx.device) as waited:
-            t = rank_timings({"ring": ring, "pair": lambda: ping_pong(send, n - 1),
+            t = rank_timings({"ring": ring, "pair": lambda: ping_pong(send, n - 1, 0, peer),
                               "adds": lambda: [recv.add_(send) for _ in range(n - 1)]},
                              repeats, ctx.device, inner=inner)
         trace_call(ctx.events, lambda sink, x=x: ring_allreduce(x, pieces=1, channels=1, trace=sink),
@@ -332,7 +332,7 @@ def allreduce_checks(ctx, sizes: list[int], iters: int | None = None, progress: 
         out.append(check("allreduce_small" if k == 0 else "allreduce_large",
                          predicted, t["ring"][0, best].item(), "s",
                          causes=causes, decomposition=True,
-                         detail={"size": size, "n": n, "alpha_s": alpha, "beta_s_per_byte": beta,
+                         detail={"size": size, "n": n, "alpha_s": alpha, "beta_s_per_byte": beta, "link_peer": peer,
                                  "ring_cpu_s": on_cpu, "ring_asleep_s": asleep, "pair_s": part["pair"],
                                  "cpu_per_wall": waited.cpu_per_wall, "run_queue_share": waited.run_queue_share}))
         if progress is not None:
@@ -390,7 +390,8 @@ def run(ctx, args: argparse.Namespace) -> dict | None:
         ratio = statistics.median([r["ring_busbw"] / r["ar_busbw"] for r in big]) if big else None
         peak = lambda key: max((r[key] for r in rows), default=None)  # noqa: E731
         summary = {
-            "n": n, "backend": ctx.backend, "device": str(ctx.device),
+            "n": n, "nodes": n // int(os.environ.get("LOCAL_WORLD_SIZE", n)), "backend": ctx.backend,
+            "device": str(ctx.device),
             "steps": args.steps, "first_loss": losses[0] if losses else None,
             "final_loss": losses[-1] if losses else None,
             "ring_vs_all_reduce_max_abs_diff": diff,
@@ -423,7 +424,9 @@ def summary_from_event(s: dict, lang: str | None = None) -> str:
         bw = say("fit_bandwidth", bw=format_bandwidth(f["bandwidth"], lang=lang)) if f.get("bandwidth") else ""
         lines.append(say("fit", alpha=format_time(f["alpha_s"], lang=lang),
                          beta=format_number(f["beta_s_per_byte"], 3, lang), bandwidth=bw))
-    if s["device"] == "cpu":
+    if s.get("nodes", 1) > 1:  # a ring across hosts: the network's hop, and the one α and β were timed on
+        lines.append(say("node_timings", nodes=s["nodes"], peer=s["n"] // s["nodes"]))
+    elif s["device"] == "cpu":
         lines.append(say("cpu_timings"))
     return "\n".join(lines)
 

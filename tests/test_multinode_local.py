@@ -1,0 +1,63 @@
+"""Two nodes on one host: two launchers, each a torchrun agent with its own node rank, meeting at
+127.0.0.1 as two machines meet at node 0's address. Lesson 1's prediction times the link its ring waits
+on, the hop between nodes (rank 0 with node 1's first rank), and its summary says so."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from distai.engine import launcher as L
+from distai.engine.doctor import slowest_hop_peer
+from distai.engine.experiments.lesson1 import summary_from_event
+from distai.engine.runs import create_run
+from distai.engine.testing import free_port
+
+pytestmark = pytest.mark.multi_rank
+
+LESSON1 = "distai.engine.experiments.lesson1"
+ARGS = ["--steps", "2", "--sweep-min", "1KiB", "--sweep-max", "4KiB", "--iters", "2"]
+PER_NODE = 2
+
+
+def test_the_slowest_hop_is_the_next_nodes_first_rank():
+    assert slowest_hop_peer(4, 2) == 2 and slowest_hop_peer(16, 8) == 8
+    assert slowest_hop_peer(4, 4) == 1 and slowest_hop_peer(2, 2) == 1  # one node: any link of it
+    assert slowest_hop_peer(3, 0) == 1  # no LOCAL_WORLD_SIZE worth reading: rank 1
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory):
+    port = free_port()
+    results: dict[int, tuple] = {}
+
+    def node(rank: int) -> None:
+        root = tmp_path_factory.mktemp(f"node{rank}")
+        record = create_run(root, "lesson1", LESSON1)
+        events: list[dict] = []
+        spec = L.LaunchSpec(LESSON1, L.Placement("cpu", PER_NODE), ARGS, nnodes=2, node_rank=rank,
+                            master_addr="127.0.0.1", master_port=port)
+        results[rank] = (L.Launch(spec, record, consumer=events.append).run(), events)
+
+    threads = [threading.Thread(target=node, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert set(results) == {0, 1} and not any(t.is_alive() for t in threads)
+    return results
+
+
+def test_lesson1_across_two_nodes_times_the_hop_between_them(two_nodes):
+    for rank in (0, 1):
+        record, _ = two_nodes[rank]
+        assert record.status == "ok", (rank, record.error, record.error_tail)
+    record, events = two_nodes[0]
+    s = record.summary
+    assert s["n"] == 2 * PER_NODE and s["nodes"] == 2
+    checks = [e for e in events if e.get("kind") == "check"]
+    assert len(checks) == 2 and all(c["detail"]["link_peer"] == PER_NODE for c in checks)
+    printed = [e["line"] for e in events if e.get("kind") == "output" and e.get("rank") == 0]
+    assert any("between rank 0 and rank 2, on the next host" in line for line in printed)
+    assert "entre el rank 0 y el rank 2, en el host siguiente" in summary_from_event(s, "es")
+    assert "loopback" not in summary_from_event(s, "en")
