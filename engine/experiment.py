@@ -168,6 +168,7 @@ def run_experiment(prog: str, parse: Callable[[list[str] | None], argparse.Names
         if before_init is not None:
             before_init(args)
         ctx = init_distributed()
+        same_options_on_every_node(args, ctx.world_size)
         result = body(ctx, args)
         summary, status = result if isinstance(result, tuple) else (result, 0)
         if summary is not None and ctx.rank == 0:
@@ -186,6 +187,39 @@ def run_experiment(prog: str, parse: Callable[[list[str] | None], argparse.Names
         from .runtime import shutdown
 
         shutdown(ctx)
+
+
+#: options a node may set for itself: a checkpoint folder on each node's own disk
+PER_NODE_OPTIONS = frozenset({"ckpt_dir"})
+
+
+def same_options_on_every_node(args: argparse.Namespace, world_size: int) -> None:
+    """Across nodes (``distai run`` started on each with its own command line), every rank's parsed options
+    against node 0's; a difference is a usage error on every rank at once (each sees them all, so none goes
+    on to a collective the others left): two nodes with different ``--steps`` otherwise met at a barrier
+    one of them never reached, and the run ended 120 s later as "did not arrive"."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    if not 0 < local < world_size:
+        return
+    import torch.distributed as dist
+
+    mine = {k: v for k, v in vars(args).items() if k not in PER_NODE_OPTIONS}
+    every: list[dict | None] = [None] * world_size
+    dist.all_gather_object(every, mine)
+    first = every[0] or {}
+    for rank, theirs in enumerate(every):
+        differ = sorted(k for k in set(first) | set(theirs or {}) if first.get(k) != (theirs or {}).get(k))
+        if differ:
+            flag = "--" + differ[0].replace("_", "-")
+            raise UsageError.keyed("options_differ", node=rank // local, flag=flag,
+                                   theirs=_shown(first.get(differ[0])), value=_shown((theirs or {}).get(differ[0])))
+
+
+def _shown(value: object) -> str:
+    """An option's parsed value as the learner typed it, near enough: lists comma-joined, None as 'unset'."""
+    if value is None:
+        return "(unset)"
+    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
 
 class _ArgumentError(Exception):

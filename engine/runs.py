@@ -182,6 +182,7 @@ _REASONS = [(re.compile(pattern, re.S), key) for pattern, key in (
     (r"the tutor was closed", "tutor_closed"),
     (r"the launcher was killed at step (?P<step>\S+)", "killed_at"),
     (r"the launcher was killed before its first step", "killed_first"),
+    (r"the launcher of node (?P<node>\d+) was killed \(node 0's record counts the steps\)", "killed_node"),
     (r"the launcher was killed before the run ended", "killed_before_end"),
     (r"rank (?P<rank>\d+) failed: (?P<error>.*)", "rank_failed"),
     (r"rank (?P<rank>\d+) was killed by (?P<signal>\S+)", "rank_signal"),
@@ -257,6 +258,14 @@ def _this_host() -> str:
     return os.uname().nodename if hasattr(os, "uname") else ""
 
 
+def _node_rank(command: list[str]) -> int | None:
+    """The ``--node-rank`` of a multi-node run's torchrun command, or None (one node, or c10d's, assigned later)."""
+    try:
+        return int(command[command.index("--node-rank") + 1])
+    except (ValueError, IndexError):
+        return None
+
+
 def settle_killed(record: RunRecord) -> RunRecord:
     """A run whose launcher was killed, written down as such (``status: killed``, the last step
     reached) so that its folder says what happened; any other run is returned unchanged."""
@@ -267,8 +276,12 @@ def settle_killed(record: RunRecord) -> RunRecord:
     if record.duration_s is None:  # until its last event: what `runs show` counts, and now `distai runs` too
         span = time_span(record.events())
         record.duration_s = max(0.0, span[1] - record.created) if span else None
-    reached = "before its first step" if last is None else f"at step {last}" + (f"/{of}" if of else "")
-    record.error = f"the launcher was killed {reached}"
+    node = _node_rank(record.command)
+    if last is None and node:  # only rank 0, on node 0, emits steps: this node's record cannot know how far it got
+        record.error = f"the launcher of node {node} was killed (node 0's record counts the steps)"
+    else:
+        reached = "before its first step" if last is None else f"at step {last}" + (f"/{of}" if of else "")
+        record.error = f"the launcher was killed {reached}"
     try:
         record.save()
     except OSError:  # a read-only folder: still reported as killed

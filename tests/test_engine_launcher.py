@@ -22,7 +22,7 @@ from child_processes import exit_code_within
 from concurrent_jobs import outcome, run_concurrently
 from distai.engine import launcher as L
 from distai.engine.run_state import RunState, replay_events
-from distai.engine.runs import RunNotFound, RunRecord, create_run, find_run, list_runs
+from distai.engine.runs import RunNotFound, RunRecord, create_run, find_run, list_runs, reason_text
 
 pytestmark = pytest.mark.multi_rank  # README's command runs these on one worker, one after another
 
@@ -337,6 +337,16 @@ def test_run_folders_list_find_and_killed(tmp_path):
     with pytest.raises(FileExistsError):
         create_run(tmp_path, "lesson1", LESSON1, run_dir=a.dir)
     assert RunRecord.load(b.dir).error == "rank 1 failed: boom"
+    # node 1 of two: only rank 0, on node 0, emits steps, so its record never holds one; it says where they are
+    time.sleep(0.01)
+    c = create_run(tmp_path, "lesson1", LESSON1)
+    c.command = ["python", "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", "1", "-m", LESSON1]
+    c.launcher_pid = a.launcher_pid
+    c.save()
+    settle_killed(RunRecord.load(c.dir))
+    error = RunRecord.load(c.dir).error
+    assert error == "the launcher of node 1 was killed (node 0's record counts the steps)"
+    assert reason_text(error, "es") == "el lanzador del nodo 1 murió (el registro del nodo 0 cuenta los pasos)"
 
 
 def test_a_run_dir_must_be_new_or_empty(tmp_path, monkeypatch):

@@ -4,6 +4,7 @@ on, the hop between nodes (rank 0 with node 1's first rank), and its summary say
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -26,8 +27,8 @@ def test_the_slowest_hop_is_the_next_nodes_first_rank():
     assert slowest_hop_peer(3, 0) == 1  # no LOCAL_WORLD_SIZE worth reading: rank 1
 
 
-@pytest.fixture(scope="module")
-def two_nodes(tmp_path_factory):
+def launch_two_nodes(tmp_path_factory, args: tuple[list[str], list[str]]) -> dict[int, tuple]:
+    """Node 0 and node 1 launched together, each with its own experiment options: {node: (record, events)}."""
     port = free_port()
     results: dict[int, tuple] = {}
 
@@ -35,7 +36,7 @@ def two_nodes(tmp_path_factory):
         root = tmp_path_factory.mktemp(f"node{rank}")
         record = create_run(root, "lesson1", LESSON1)
         events: list[dict] = []
-        spec = L.LaunchSpec(LESSON1, L.Placement("cpu", PER_NODE), ARGS, nnodes=2, node_rank=rank,
+        spec = L.LaunchSpec(LESSON1, L.Placement("cpu", PER_NODE), args[rank], nnodes=2, node_rank=rank,
                             master_addr="127.0.0.1", master_port=port)
         results[rank] = (L.Launch(spec, record, consumer=events.append).run(), events)
 
@@ -46,6 +47,11 @@ def two_nodes(tmp_path_factory):
         t.join(timeout=300)
     assert set(results) == {0, 1} and not any(t.is_alive() for t in threads)
     return results
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory):
+    return launch_two_nodes(tmp_path_factory, (ARGS, ARGS))
 
 
 def test_lesson1_across_two_nodes_times_the_hop_between_them(two_nodes):
@@ -61,3 +67,16 @@ def test_lesson1_across_two_nodes_times_the_hop_between_them(two_nodes):
     assert any("between rank 0 and rank 2, on the next host" in line for line in printed)
     assert "entre el rank 0 y el rank 2, en el host siguiente" in summary_from_event(s, "es")
     assert "loopback" not in summary_from_event(s, "en")
+
+
+def test_nodes_started_with_different_options_stop_at_once_saying_which(tmp_path_factory):
+    """A node started with other options met its peers at a barrier they never reached: the run ended 120 s
+    later as "did not arrive". Every rank now compares its options with node 0's on joining."""
+    started = time.monotonic()
+    nodes = launch_two_nodes(tmp_path_factory, (ARGS, [*ARGS[:-2], "--iters", "3"]))
+    assert time.monotonic() - started < 60
+    for rank in (0, 1):
+        record, _ = nodes[rank]
+        assert record.status == "failed" and record.exit_code != 0
+        assert any("node 1 runs with --iters 3, node 0 with --iters 2: start every node with the same options" in line
+                   for line in record.error_tail), record.error_tail
