@@ -276,6 +276,10 @@ _NODES_JOINED = re.compile(r"Timed out after (?P<s>\d+) seconds waiting for clie
 _TORCHRUN_SIGNALLED = re.compile(r"SignalException: Process \d+ got signal: (?P<sig>\d+)")
 _TORCHRUN_KILL = re.compile(r"Unable to shutdown process (?P<pid>\d+) via \S+, forcefully exiting via (?:9|\S*SIGKILL)")
 _CHECKPOINT = re.compile(r"checkpoint '(?P<name>[^']+)'")
+# gloo's words for a peer whose process went away mid-collective (pair.cc): its address, where a multi-node
+# run's failure began when every rank of this node says only this
+_PEER_LOST = re.compile(r"(?:Read|Write) error \[(?P<addr>[^\]]+)\]:\d+: (?:Connection reset by peer|Broken pipe)"
+                        r"|Connection closed by peer \[(?P<closed>[^\]]+)\]")
 
 
 def _signal_name(code: int) -> str:
@@ -293,10 +297,12 @@ class Failure:
 
 
 def analyse_failure(error_events: Sequence[Mapping[str, Any]], torchrun_lines: list[str], exit_code: int,
-                    torchrun_warns: bool = True) -> Failure:
+                    torchrun_warns: bool = True, multinode: bool = False) -> Failure:
     """Which rank failed first, and why: a missed barrier names the absent rank; otherwise the
     earliest ``error`` event; otherwise torchrun's "root cause" report. ``torchrun_warns``: torchrun's
-    warnings reach its output (``TORCH_LOGS`` can silence them), so a signal it sent is in its lines."""
+    warnings reach its output (``TORCH_LOGS`` can silence them), so a signal it sent is in its lines.
+    ``multinode``: where every rank of this node failed only on a peer's closed connection, the failure
+    began on another node (this node's first rank to see it reports it)."""
     texts = [e.get("error", "") + "\n" + e.get("traceback", "") for e in error_events] + torchrun_lines
     reporters = [e.get("rank") for e in error_events] + [None] * len(torchrun_lines)
     for text, reporter in zip(texts, reporters):
@@ -346,6 +352,12 @@ def analyse_failure(error_events: Sequence[Mapping[str, Any]], torchrun_lines: l
         rank, code = next((r, c) for r, c in failures if c > 0)
     if error_events and not killed_silently(rank, code):
         first = min(error_events, key=lambda e: e.get("t", 0.0))
+        lost = [_PEER_LOST.search(e.get("error", "")) for e in error_events]
+        if multinode and all(lost) and all(r in reported for r, _c in failures) and lost[0] is not None:
+            peer = lost[error_events.index(first)] or lost[0]
+            return Failure(first.get("rank"), f"a rank on another node failed first: rank {first.get('rank')} lost "
+                                              f"its connection to {peer.group('addr') or peer.group('closed')} "
+                                              f"(that node's output says why)", first.get("rank"))
         return Failure(first.get("rank"), f"rank {first.get('rank')} failed: {first.get('error', '?')}",
                        first.get("rank"))
     if rank is not None and code == JOIN_FAILED_EXIT:
@@ -710,7 +722,7 @@ class Launch(Stoppable):
         else:
             rec.status = "failed"
             failure = analyse_failure(self._last_attempts_errors(), self._torchrun_lines, code,
-                                      torchrun_warns=self._torchrun_warns)
+                                      torchrun_warns=self._torchrun_warns, multinode=self.spec.multinode)
             rec.failed_rank, rec.error = failure.rank, failure.message
             tail = _trim(tail_lines(rec.rank_log(failure.rank), 15)) if failure.rank is not None else []
             if not tail and failure.reporter is not None and failure.reporter != failure.rank:

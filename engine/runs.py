@@ -185,6 +185,8 @@ _REASONS = [(re.compile(pattern, re.S), key) for pattern, key in (
     (r"the launcher of node (?P<node>\d+) was killed \(node 0's record counts the steps\)", "killed_node"),
     (r"the launcher was killed before the run ended", "killed_before_end"),
     (r"rank (?P<rank>\d+) failed: (?P<error>.*)", "rank_failed"),
+    (r"a rank on another node failed first: rank (?P<rank>\d+) lost its connection to (?P<addr>\S+) "
+     r"\(that node's output says why\)", "other_node"),
     (r"rank (?P<rank>\d+) was killed by (?P<signal>\S+)", "rank_signal"),
     (r"rank (?P<rank>\d+) exited with code (?P<code>-?\d+)", "rank_code"),
     (r"rank (?P<rank>\d+) could not join its process group in time", "join_failed"),

@@ -159,6 +159,18 @@ def test_failure_analysis():
             {"rank": 3, "t": 7.5, "error": "ValueError: boom"}]
     f = L.analyse_failure(errs, [], 1)
     assert f.rank == 3 and "ValueError: boom" in f.message
+    # across nodes, a node whose ranks all lost a peer's connection (gloo's words, from a two-node run) did not
+    # fail there: it says the failure began on another node, whose output says why; on one node, as before
+    reset = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+             "[10.77.0.1]:18304: Connection reset by peer. This is typically caused by a remote worker hanging")
+    lost = [{"rank": 3, "t": 9.0, "error": reset}, {"rank": 2, "t": 8.9, "error": "Connection closed by peer [10.77.0.1]:5"}]
+    f = L.analyse_failure(lost, [], 1, multinode=True)
+    assert (f.rank, f.reporter) == (2, 2)
+    assert f.message == "a rank on another node failed first: rank 2 lost its connection to 10.77.0.1 (that node's output says why)"
+    assert reason_text(f.message, "es").startswith("primero falló un rank de otro nodo: el rank 2 perdió su conexión")
+    assert L.analyse_failure(lost, [], 1).message.startswith("rank 2 failed: Connection closed by peer")
+    assert L.analyse_failure([*lost, {"rank": 1, "t": 9.5, "error": "ValueError: boom"}], [], 1,
+                             multinode=True).message.startswith("rank 2 failed")  # one of ours failed too
     # no events (a segfault, a SIGKILL): torchrun's root-cause report
     lines = ["Root Cause (first observed failure):", "[0]:", "  time      : 2025-01-01_00:00:00",
              "  host      : x", "  rank      : 1 (local_rank: 1)", "  exitcode  : -9 (pid: 42)"]
@@ -167,7 +179,6 @@ def test_failure_analysis():
     # a rank that could not join its group in time (runtime.join_deadline's exit status) is named as such,
     # in the learner's language too
     from distai.engine.events import JOIN_FAILED_EXIT
-    from distai.engine.runs import reason_text
 
     joined = [line.replace("-9 (pid: 42)", f"{JOIN_FAILED_EXIT} (pid: 42)") for line in lines]
     f = L.analyse_failure([], joined, 1)

@@ -80,3 +80,15 @@ def test_nodes_started_with_different_options_stop_at_once_saying_which(tmp_path
         assert record.status == "failed" and record.exit_code != 0
         assert any("node 1 runs with --iters 3, node 0 with --iters 2: start every node with the same options" in line
                    for line in record.error_tail), record.error_tail
+
+
+def test_a_failure_on_node_0_is_not_blamed_on_node_1s_ranks(tmp_path_factory):
+    """Node 1's ranks only see node 0's rank 1 go away (a reset connection): node 1 says the failure began on
+    another node, node 0 names the rank and its error."""
+    fail = [*ARGS, "--fail-rank", "1", "--fail-step", "1"]
+    nodes = launch_two_nodes(tmp_path_factory, (fail, fail))
+    (here, _), (there, _) = nodes[0], nodes[1]
+    assert here.status == there.status == "failed"
+    assert here.failed_rank == 1 and "injected failure on rank 1" in here.error
+    assert there.error.startswith("a rank on another node failed first: rank ") and "that node's output" in there.error
+    assert there.failed_rank in (2, 3)
