@@ -129,6 +129,7 @@ class LaunchSpec:
     # rendezvous at master-addr:master-port (node ranks assigned as agents arrive).
     rdzv_backend: str = "static"
     rdzv_id: str | None = None
+    join_timeout: int | None = None  # seconds the nodes wait for each other (torchrun's rendezvous; None: its own)
     debug: bool = False  # TORCH_DISTRIBUTED_DEBUG=DETAIL (slower collectives, more checks)
     env: dict[str, str] = field(default_factory=dict)
     max_restarts: int = 0  # torchrun's in-place restarts of the whole group (engine.supervisor relaunches)
@@ -157,7 +158,8 @@ def validate_args(args: list[str], lang: str = "en") -> None:
 
 
 def validate_nodes(nnodes: int, node_rank: int | None, master_addr: str | None, master_port: int | None,
-                   rdzv_backend: str = "static", rdzv_id: str | None = None, lang: str = "en") -> None:
+                   rdzv_backend: str = "static", rdzv_id: str | None = None, lang: str = "en",
+                   join_timeout: int | None = None) -> None:
     """The multi-node flags, or a one-line LaunchError in ``lang``."""
     say = lambda key, **f: translated("run", f"nodes.{key}", lang, **f)  # noqa: E731
     validate_text("--master-addr", master_addr, lang)
@@ -176,6 +178,10 @@ def validate_nodes(nnodes: int, node_rank: int | None, master_addr: str | None, 
         raise LaunchError(say("master_addr"))
     if nnodes > 1 and node_rank is None and rdzv_backend == "static":
         raise LaunchError(say("needs_node_rank"))
+    if join_timeout is not None and nnodes < 2:
+        raise LaunchError(say("join_timeout_one_node"))
+    if join_timeout is not None and not 1 <= join_timeout <= 86400:
+        raise LaunchError(say("join_timeout", value=join_timeout))
 
 
 def route_towards(address: str | None) -> tuple[str, str] | None:
@@ -220,7 +226,10 @@ def torchrun_command(spec: LaunchSpec, log_dir: str | os.PathLike,
         if spec.rdzv_backend == "c10d":  # node ranks come from the rendezvous, not from --node-rank
             endpoint = f"{spec.master_addr}:{spec.master_port or 29400}"
             cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", spec.rdzv_id or "distai"]
-        else:
+        if spec.join_timeout is not None:  # the static rendezvous' key, and c10d's (both torchrun's --rdzv-conf)
+            key = "join_timeout" if spec.rdzv_backend == "c10d" else "timeout"
+            cmd += ["--rdzv-conf", f"{key}={spec.join_timeout}"]
+        if spec.rdzv_backend != "c10d":
             if spec.node_rank is not None:
                 cmd += ["--node-rank", str(spec.node_rank)]
             if spec.master_addr is not None:

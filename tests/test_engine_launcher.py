@@ -6,6 +6,7 @@ and on timeouts, so running them side by side keeps this module short).
 """
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import math
@@ -130,7 +131,15 @@ def test_torchrun_command_multi_node_passes_flags_through(tmp_path):
     cmd = L.torchrun_command(spec, tmp_path)
     joined = " ".join(cmd)
     assert "--nnodes 2 --node-rank 1 --master-addr node0.cluster --master-port 29512" in joined
-    assert "--standalone" not in cmd and "--local-addr" not in cmd
+    assert "--standalone" not in cmd and "--local-addr" not in cmd and "--rdzv-conf" not in cmd
+    # --join-timeout: the static rendezvous' timeout, c10d's join_timeout
+    timed = dataclasses.replace(spec, join_timeout=30)
+    assert "--rdzv-conf timeout=30" in " ".join(L.torchrun_command(timed, tmp_path))
+    timed = dataclasses.replace(timed, rdzv_backend="c10d")
+    assert "--rdzv-conf join_timeout=30" in " ".join(L.torchrun_command(timed, tmp_path))
+    for nodes, value, why in ((1, 5, "needs --nnodes 2"), (2, 0, "between 1 and 86400")):
+        with pytest.raises(L.LaunchError, match=why):
+            L.validate_nodes(nodes, 0, "h", None, join_timeout=value)
     assert spec.global_rank(3) == 11
     # where this node reaches node 0 through an interface, torchrun tells the others that address, not the
     # hostname (127.0.1.1 on Debian: the other node's ranks were refused there)

@@ -92,3 +92,15 @@ def test_a_failure_on_node_0_is_not_blamed_on_node_1s_ranks(tmp_path_factory):
     assert here.failed_rank == 1 and "injected failure on rank 1" in here.error
     assert there.error.startswith("a rank on another node failed first: rank ") and "that node's output" in there.error
     assert there.failed_rank in (2, 3)
+
+
+def test_a_node_that_never_comes_is_waited_for_join_timeout_seconds(tmp_path_factory):
+    """Node 0 alone: torchrun's own wait was 600 to 900 s; --join-timeout sets it, and the record says how many
+    nodes came."""
+    record = create_run(tmp_path_factory.mktemp("alone"), "lesson1", LESSON1)
+    spec = L.LaunchSpec(LESSON1, L.Placement("cpu", 1), ARGS, nnodes=2, node_rank=0, master_addr="127.0.0.1",
+                        master_port=free_port(), join_timeout=3)
+    started = time.monotonic()
+    record = L.Launch(spec, record).run()
+    assert time.monotonic() - started < 60
+    assert record.status == "failed" and record.error.startswith("only 1 of 2 nodes joined within ")

@@ -494,6 +494,7 @@ def run_cmd(
     master_port: int | None = typer.Option(None, "--master-port", help=HELP["run_master_port"]),
     rdzv_backend: str = typer.Option("static", "--rdzv-backend", help=HELP["run_rdzv_backend"]),
     rdzv_id: str | None = typer.Option(None, "--rdzv-id", help=HELP["run_rdzv_id"]),
+    join_timeout: int | None = typer.Option(None, "--join-timeout", help=HELP["run_join_timeout"]),
     steps: int | None = typer.Option(None, "--steps", help=HELP["run_steps"]),
     as_json: bool = typer.Option(False, "--json", help=HELP["run_json"]),
     run_dir: str | None = typer.Option(None, "--run-dir", help=HELP["run_dir"]),
@@ -527,7 +528,8 @@ def run_cmd(
     extra = steps_args(steps, language) + extra
     default_ranks = chosen.ranks
     try:
-        validate_nodes(nnodes, node_rank, master_addr, master_port, rdzv_backend, rdzv_id, lang=language)
+        validate_nodes(nnodes, node_rank, master_addr, master_port, rdzv_backend, rdzv_id, lang=language,
+                       join_timeout=join_timeout)
         validate_args(extra, language)
         placement = choose_placement(gpus=gpus, cpu=cpu, default_nproc=default_ranks, lang=language)
         plan = chosen.launch_plan_function()
@@ -565,7 +567,7 @@ def run_cmd(
         raise CliError(say("run_dir_nul", path=repr(str(run_dir)))) from None
     spec = LaunchSpec(chosen.experiment, placement, extra, nnodes=nnodes, node_rank=node_rank,
                       master_addr=master_addr, master_port=master_port, rdzv_backend=rdzv_backend,
-                      rdzv_id=rdzv_id, debug=debug, profile=profile, lang=language)
+                      rdzv_id=rdzv_id, join_timeout=join_timeout, debug=debug, profile=profile, lang=language)
     if placement.note and as_json:  # the live view shows it itself
         typer.echo(f"distai: {placement.note}", err=True)
     view = JsonView() if as_json else TerminalView(f"distai run {chosen.id}", lesson=chosen.id, lang=language)
