@@ -273,7 +273,8 @@ def _signal_pid_and_group(pid: int, sig: int) -> None:
 
 
 # -- failure analysis ------------------------------------------------------------------------------
-_PREFIX = re.compile(r"^\[(?P<role>[A-Za-z_]*?)(?P<local>\d+)\]:(?P<text>.*)$")
+# a rank's line: its role and global rank (Launch.start); torchrun's own report numbers its failures "[0]:", no role
+_PREFIX = re.compile(r"^\[(?P<role>[A-Za-z_]+?)(?P<rank>\d+)\]:(?P<text>.*)$")
 _BARRIER = re.compile(r"Ranks? (?P<ranks>\d+(?:\s*,\s*\d+)*) failed to pass monitoredBarrier in (?P<ms>\d+) ms")
 _ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*(?P<local>\d+)\)")
 _ROOT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(?P<code>-?\d+)(?:\s*\(pid:\s*(?P<pid>\d+)\))?")
@@ -474,6 +475,9 @@ class Launch(Stoppable):
             RUN_ID_ENV: rec.id,
             LAUNCHER_PID_ENV: str(os.getpid()),
             "PYTHONUNBUFFERED": "1",
+            # each line prefixed with its rank's global number: under c10d a node learns its ranks only at the
+            # rendezvous (torchrun's own prefix, the local rank, labelled node 1's ranks 2, 3 as ranks 0, 1)
+            "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[${role_name}${rank}]:",
         })
         env.setdefault("OMP_NUM_THREADS", "1")
         if self.spec.debug:
@@ -499,8 +503,9 @@ class Launch(Stoppable):
         rec.save()
         # a relaunch into the same run folder (engine.supervisor) streams only the new events
         self._event_offsets = {p: p.stat().st_size for p in rec.events_dir.glob("rank*.jsonl")}
-        for local in range(self.spec.placement.nproc):  # every rank has a log, even a silent one
-            self._log(self.spec.global_rank(local))
+        if not (self.spec.multinode and self.spec.rdzv_backend == "c10d"):  # c10d: ranks known once met
+            for local in range(self.spec.placement.nproc):  # every rank has a log, even a silent one
+                self._log(self.spec.global_rank(local))
         self._started = time.time()
         with self._lock:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -646,7 +651,7 @@ class Launch(Stoppable):
             self._write_log(None, line)
             m = _PREFIX.match(line)
             if m:
-                rank = self.spec.global_rank(int(m.group("local")))
+                rank = int(m.group("rank"))
                 text = m.group("text")
                 self._write_log(rank, text)
             else:
@@ -714,6 +719,14 @@ class Launch(Stoppable):
         self._done_tailing.set()
         for t in self._threads:
             t.join(timeout=5)
+        if not self._logs_cut:  # a silent rank's empty log (c10d's ranks are known once they have written events)
+            for path in self.record.events_dir.glob("rank*.jsonl"):
+                if path.stem[4:].isdigit():
+                    try:
+                        self._log(int(path.stem[4:]))
+                    except OSError as exc:
+                        self._cut_logs(exc)
+                        break
         for f in self._log_files.values():
             try:
                 f.close()

@@ -27,8 +27,10 @@ def test_the_slowest_hop_is_the_next_nodes_first_rank():
     assert slowest_hop_peer(3, 0) == 1  # no LOCAL_WORLD_SIZE worth reading: rank 1
 
 
-def launch_two_nodes(tmp_path_factory, args: tuple[list[str], list[str]]) -> dict[int, tuple]:
-    """Node 0 and node 1 launched together, each with its own experiment options: {node: (record, events)}."""
+def launch_two_nodes(tmp_path_factory, args: tuple[list[str], list[str]], rdzv_backend: str = "static"
+                     ) -> dict[int, tuple]:
+    """Node 0 and node 1 launched together, each with its own experiment options: {node: (record, events)}
+    (under c10d, "node 0" is the first launcher, whatever node rank the rendezvous gives it)."""
     port = free_port()
     results: dict[int, tuple] = {}
 
@@ -36,8 +38,9 @@ def launch_two_nodes(tmp_path_factory, args: tuple[list[str], list[str]]) -> dic
         root = tmp_path_factory.mktemp(f"node{rank}")
         record = create_run(root, "lesson1", LESSON1)
         events: list[dict] = []
-        spec = L.LaunchSpec(LESSON1, L.Placement("cpu", PER_NODE), args[rank], nnodes=2, node_rank=rank,
-                            master_addr="127.0.0.1", master_port=port)
+        spec = L.LaunchSpec(LESSON1, L.Placement("cpu", PER_NODE), args[rank], nnodes=2, master_addr="127.0.0.1",
+                            master_port=port, rdzv_backend=rdzv_backend,
+                            node_rank=rank if rdzv_backend == "static" else None)
         results[rank] = (L.Launch(spec, record, consumer=events.append).run(), events)
 
     threads = [threading.Thread(target=node, args=(r,)) for r in (0, 1)]
@@ -51,7 +54,10 @@ def launch_two_nodes(tmp_path_factory, args: tuple[list[str], list[str]]) -> dic
 
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory):
-    return launch_two_nodes(tmp_path_factory, (ARGS, ARGS))
+    """Lesson 1 on two nodes met through c10d: {node rank the rendezvous gave: (record, events)}."""
+    launched = launch_two_nodes(tmp_path_factory, (ARGS, ARGS), rdzv_backend="c10d").values()
+    return {min(int(p.stem[4:]) for p in record.events_dir.glob("rank*.jsonl")) // PER_NODE: (record, events)
+            for record, events in launched}
 
 
 def test_lesson1_across_two_nodes_times_the_hop_between_them(two_nodes):
@@ -104,3 +110,16 @@ def test_a_node_that_never_comes_is_waited_for_join_timeout_seconds(tmp_path_fac
     record = L.Launch(spec, record).run()
     assert time.monotonic() - started < 60
     assert record.status == "failed" and record.error.startswith("only 1 of 2 nodes joined within ")
+
+
+
+def test_c10d_nodes_label_their_ranks_as_the_rendezvous_numbered_them(two_nodes):
+    """Under c10d a node learns its ranks at the rendezvous: node 1's ranks 2 and 3 had their output and logs
+    labelled ranks 0 and 1 (from --node-rank, which c10d ignores). Each line now carries its global rank."""
+    for node, (record, events) in two_nodes.items():
+        ranks = sorted(int(p.stem[4:]) for p in record.events_dir.glob("rank*.jsonl"))
+        logs = sorted(int(p.stem[4:]) for p in record.logs_dir.glob("rank*.log"))
+        printed = {e["rank"] for e in events if e.get("kind") == "output" and e.get("rank") is not None}
+        assert ranks == [node * PER_NODE, node * PER_NODE + 1] and logs == ranks and printed <= set(ranks)
+    assert sorted(two_nodes) == [0, 1]
+    assert "lesson 1 on 4 ranks" in two_nodes[0][0].rank_log(0).read_text()  # rank 0's own words, in its own log
