@@ -238,11 +238,13 @@ def trace_pid(rank: int) -> int:
 
 
 def chrome_trace(events: list[dict], run_id: str | None = None, lesson: str | None = None,
-                 ended: dict | None = None) -> dict:
+                 ended: dict | None = None, hosts: dict[int, str] | None = None) -> dict:
     """The events as a Trace Event Format object (``{"traceEvents": [...], ...}``). ``ended``: how the run
     ended, from its record (``status``, ``error``, ``failed_rank``, ``t``: when, if known): written into
     ``otherData``, and a run that did not end ``ok`` gets a global instant saying so at its end (or after
-    its last event), so a failed or killed run's timeline does not look like one that simply stopped."""
+    its last event), so a failed or killed run's timeline does not look like one that simply stopped.
+    ``hosts``: each rank's host, for a run over several nodes (its processes are named ``rank R (host)``);
+    the nodes' events share one origin, their clocks being the hosts' wall clocks (as close as NTP keeps them)."""
     spans, instants = operations(events)
     if ended and ended.get("status") not in (None, "ok", "running"):
         last = max([s["t1"] for s in spans] + [i["t"] for i in instants], default=None)
@@ -286,8 +288,9 @@ def chrome_trace(events: list[dict], run_id: str | None = None, lesson: str | No
                 n += 1
                 numbered[(rank, stream, lane)] = n
     for rank in ranks:
+        host = (hosts or {}).get(rank)
         out.append({"name": "process_name", "ph": "M", "pid": trace_pid(rank), "tid": 0,
-                    "args": {"name": f"rank {rank}"}})
+                    "args": {"name": f"rank {rank}" + (f" ({host})" if host else "")}})
         out.append({"name": "process_sort_index", "ph": "M", "pid": trace_pid(rank), "tid": 0,
                     "args": {"sort_index": rank}})
         for (r, stream, lane), tid in sorted(numbered.items(), key=lambda kv: kv[1]):
@@ -303,6 +306,7 @@ def chrome_trace(events: list[dict], run_id: str | None = None, lesson: str | No
     # time order; on equal starts the enclosing (longer) event first, as a viewer nests them
     body.sort(key=lambda ev: (ev["ts"], -ev.get("dur", 0.0)))
     meta = {"run_id": run_id, "lesson": lesson, "origin_unix_s": origin,
+            **({"hosts": {str(r): h for r, h in sorted(hosts.items())}} if hosts else {}),
             "source": "distai runs export --format chrome-trace",
             **{k: v for k, v in (ended or {}).items() if k in ("status", "error", "failed_rank") and v is not None}}
     return {"traceEvents": out + body, "displayTimeUnit": "ms", "otherData": meta}

@@ -123,3 +123,26 @@ def test_c10d_nodes_label_their_ranks_as_the_rendezvous_numbered_them(two_nodes)
         assert ranks == [node * PER_NODE, node * PER_NODE + 1] and logs == ranks and printed <= set(ranks)
     assert sorted(two_nodes) == [0, 1]
     assert "lesson 1 on 4 ranks" in two_nodes[0][0].rank_log(0).read_text()  # rank 0's own words, in its own log
+
+
+def test_the_nodes_runs_export_as_one_timeline_named_by_host(two_nodes, tmp_path, capsys):
+    """Each node keeps its own run folder; `distai runs export NODE0 NODE1` merges them into one Chrome trace
+    on one time origin, each process named with its rank and host, as Perfetto shows a multi-host job."""
+    import json
+
+    from distai.engine.trace_export import check_trace
+    from distai.tutor.cli import main
+
+    folders = [str(two_nodes[n][0].dir) for n in (0, 1)]
+    out = tmp_path / "both.json"
+    assert main(["runs", "export", *folders, "-o", str(out)]) == 0
+    trace = json.loads(out.read_text())
+    assert check_trace(trace) == []
+    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    host = two_nodes[0][0].host
+    assert names == {r + 1: f"rank {r} ({host})" for r in range(4)}
+    assert {e["pid"] for e in trace["traceEvents"] if e["ph"] == "X"} == {1, 2, 3, 4}  # every rank's ring steps
+    assert trace["otherData"]["hosts"] == {str(r): host for r in range(4)}
+    capsys.readouterr()
+    assert main(["runs", "export", folders[0], folders[0], "--lang", "es"]) == 2
+    assert "tienen las dos el rank 0" in capsys.readouterr().err

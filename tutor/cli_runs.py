@@ -210,9 +210,11 @@ def rerender_summary(events: list[dict], lesson: str, made_in: str, language: st
 EXPORT_FORMATS = {"chrome-trace": "trace.json", "csv": "metrics.csv", "jsonl": "metrics.jsonl"}
 
 
-def default_export_path(run_path: str | os.PathLike, fmt: str) -> Path:
-    """Where ``distai runs export`` writes when no ``-o`` is given: beside the run's events."""
-    return Path(run_path) / EXPORT_FORMATS[fmt]
+def default_export_path(run_path: str | os.PathLike, fmt: str, nodes: int = 1) -> Path:
+    """Where ``distai runs export`` writes when no ``-o`` is given: beside the run's events (``nodes`` merged:
+    beside node 0's, named for them, so that node 0's own export stays)."""
+    name = Path(EXPORT_FORMATS[fmt])
+    return Path(run_path) / (name.name if nodes == 1 else f"{name.stem}-{nodes}-nodes{name.suffix}")
 
 
 #: what a run's folder holds (engine/runs.py, the launcher, lesson 3's checkpoints, --profile): never an export's target
@@ -249,18 +251,38 @@ def write_export(path: Path, text: str, run_folder: Path, say, replace: bool = F
         tmp.unlink(missing_ok=True)
 
 
-def export_text(record, fmt: str, lang: str = "en") -> str:
-    """The run's export in ``fmt`` as text; a trace that breaks the format's rules is refused (in ``lang``)."""
+def _ranks_of(record) -> set[int]:
+    return {int(p.stem[4:]) for p in record.events_dir.glob("rank*.jsonl") if p.stem[4:].isdigit()}
+
+
+def export_text(records, fmt: str, lang: str = "en") -> str:
+    """The export in ``fmt`` as text of one run, or of the nodes of one multi-node run (``records``, each node's
+    folder: their ranks merged into one timeline, each process named with its host); a trace that breaks the
+    format's rules is refused (in ``lang``)."""
     from ..engine import trace_export as tx
     from ..lessons.strings import translated
 
-    if not record.events_dir.is_dir():
-        raise CliError(translated("cli", "runs.errors.no_events", lang, id=record.id, path=record.events_dir), code=1)
-    events = record.events()
+    records = records if isinstance(records, list) else [records]
+    seen: dict[int, str] = {}
+    for record in records:
+        if not record.events_dir.is_dir():
+            raise CliError(translated("cli", "runs.errors.no_events", lang, id=record.id, path=record.events_dir),
+                           code=1)
+        for rank in sorted(_ranks_of(record)):
+            if rank in seen:  # two folders of one node, or of two runs: not one run's nodes
+                raise CliError(translated("cli", "runs.errors.same_rank", lang, a=seen[rank], b=record.id, rank=rank))
+            seen[rank] = record.id
+    events = sorted((e for record in records for e in record.events()), key=lambda e: float(e.get("t") or 0.0))
     if fmt == "chrome-trace":
+        # how the whole run ended: a node's own failure before another's "a rank on another node failed first"
+        record = min(records, key=lambda r: (r.effective_status == "ok",
+                                             (r.error or "").startswith("a rank on another node")))
         end = record.created + record.duration_s if record.duration_s is not None else None
         ended = {"status": record.effective_status, "error": record.error, "failed_rank": record.failed_rank, "t": end}
-        trace = tx.chrome_trace(events, run_id=record.id, lesson=record.lesson, ended=ended)
+        nodes = len(records) > 1 or "--nnodes" in records[0].command
+        hosts = {rank: r.host for r in records for rank in _ranks_of(r) if r.host} if nodes else None
+        trace = tx.chrome_trace(events, run_id="+".join(r.id for r in records), lesson=records[0].lesson, ended=ended,
+                                hosts=hosts)
         if not any(e.get("ph") in ("X", "i") for e in trace["traceEvents"]):  # an empty timeline is no answer
             raise CliError(translated("cli", "runs.errors.no_timed_events", lang, id=record.id), code=1)
         problems = tx.check_trace(trace)
@@ -273,7 +295,7 @@ def export_text(record, fmt: str, lang: str = "en") -> str:
 
 @runs_app.command("export", help=RUNS["export"])
 def runs_export(
-    run_id: str = typer.Argument(..., help=RUNS["show_id"]),
+    run_ids: list[str] = typer.Argument(..., help=RUNS["export_ids"]),
     fmt: str = typer.Option("chrome-trace", "--format", "-f",
                             help=RUNS["export_format"]),
     output: str | None = typer.Option(None, "--output", "-o",
@@ -292,18 +314,19 @@ def runs_export(
     if output is not None and not output.strip():  # "" would quietly mean the default file
         raise CliError(say("empty_output"))
     try:
-        record = find_run(runs_root(), run_id)
+        records = [find_run(runs_root(), run_id) for run_id in run_ids]
     except RunNotFound as exc:
         raise CliError(exc.text(language)) from None
-    text = export_text(record, fmt, language)
+    text = export_text(records, fmt, language)
+    record = records[0]  # the default file goes beside node 0's (or the one run's) events
     if output in ("-", "/dev/stdout", "/proc/self/fd/1"):  # stdout itself: a rename would replace what it appends to
         typer.echo(text, nl=bool(text) and not text.endswith("\n"))  # no metrics: nothing, not a blank line
         return
-    path = Path(output).expanduser() if output else default_export_path(record.path, fmt)
+    path = Path(output).expanduser() if output else default_export_path(record.path, fmt, len(records))
     try:
         if path.is_dir():
             raise CliError(say("folder", path=path, example=path / EXPORT_FORMATS[fmt]))
-        ours = path.resolve() == default_export_path(record.path, fmt).resolve()  # the run's own export: renewed
+        ours = path.resolve() == default_export_path(record.path, fmt, len(records)).resolve()  # its own: renewed
         write_export(path, text, Path(record.path), say, replace=force or ours)
     except OSError as exc:
         raise CliError(say("cannot_write", path=path, why=os_error_text(exc, language))) from None
