@@ -53,7 +53,8 @@ def test_sbatch_script_launches_every_node_through_c10d():
     assert "--ntasks=4 --ntasks-per-node=1" in script
     assert "run lesson5 --gpus 8 --nnodes $SLURM_NNODES --node-rank $SLURM_NODEID" in script
     assert "--master-addr $MASTER_ADDR --master-port $MASTER_PORT" in script
-    assert "NCCL_DEBUG" in script and script.rstrip().endswith("--schedule 1f1b'")
+    srun = next(line for line in script.splitlines() if line.startswith("srun "))
+    assert "NCCL_DEBUG" in script and srun.endswith("--schedule 1f1b' || status=$?")
     checked = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
     assert checked.returncode == 0, checked.stderr
 
@@ -67,6 +68,8 @@ def test_an_experiment_argument_with_a_space_reaches_every_node_whole():
                                                                                       "--note", "it's", "--lang", "en"]))
     srun = next(line for line in script.splitlines() if line.startswith("srun "))
     words = shlex.split(srun)
+    assert words[-2:] == ["||", "status=$?"]  # the timeline's hint follows, then the job ends with srun's status
+    words = words[:-2]
     assert words[-3:-1] == ["bash", "-c"]
     inner = shlex.split(words[-1])  # as bash -c reads it on each node ($SLURM_NODEID still unexpanded here)
     assert inner[-6:] == ["--sweep-max", "1 MiB", "--note", "it's", "--lang", "en"]
@@ -90,6 +93,32 @@ def test_sbatch_master_addr_comes_from_the_node_list(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "MASTER=gpu-a17:24242" in out.stdout  # 20000 + 4242 % 20000
     assert "--ntasks=2" in out.stdout
+
+
+def test_a_cpu_job_runs_gloo_ranks_asks_no_gpu_and_names_the_merged_timeline(tmp_path):
+    """--cpu-per-node: a CPU partition's job (or a first multi-node try without GPUs): distai run --cpu N on each
+    node, a core per rank, no GPU asked; whatever srun's status, the job says how to export every node's timeline
+    as one, and ends with that status."""
+    script = sbatch_script(SlurmJob("lesson1", nodes=2, gpus_per_node=4, cpu=True))
+    assert "--gpus-per-node" not in script and "NCCL" not in script and "#SBATCH --cpus-per-task=4" in script
+    assert "run lesson1 --cpu 4 --nnodes $SLURM_NNODES" in script
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "scontrol").write_text('#!/bin/bash\necho "$3" | tr "," "\\n"\n')
+    (fake_bin / "srun").write_text("#!/bin/bash\nexit 3\n")  # a node's run failed
+    for f in fake_bin.iterdir():
+        f.chmod(0o755)
+    (tmp_path / "job.sh").write_text(script)
+    env = {**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "cpu-1,cpu-2",
+           "SLURM_JOB_ID": "7", "SLURM_NNODES": "2", "RUN_DIR": "/scratch/r7"}
+    out = subprocess.run(["bash", str(tmp_path / "job.sh")], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert out.returncode == 3
+    assert "timeline of every node: python3 -m distai.tutor.cli runs export /scratch/r7/node*" in out.stdout
+    for extra, words in (([], "one of them"), (["--cpu-per-node", "2", "--gpus-per-node", "2"], "one of them"),
+                         (["--cpu-per-node", "0"], "--cpu-per-node must be between 1 and 256")):
+        done = subprocess.run([*DISTAI, "slurm", "1", "--nodes", "2", *extra], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and words in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize("bad", [dict(nodes=0), dict(gpus_per_node=0), dict(time="soon"), dict(partition="a b")])

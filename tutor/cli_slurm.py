@@ -22,7 +22,8 @@ def slurm(
     ctx: typer.Context,
     lesson: str = typer.Argument(..., help=LESSON_HELP),
     nodes: int = typer.Option(..., "--nodes", help=HELP["slurm_nodes"]),
-    gpus_per_node: int = typer.Option(..., "--gpus-per-node", help=HELP["slurm_gpus_per_node"]),
+    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", help=HELP["slurm_gpus_per_node"]),
+    cpu_per_node: int | None = typer.Option(None, "--cpu-per-node", help=HELP["slurm_cpu_per_node"]),
     partition: str | None = typer.Option(None, "--partition", help=HELP["slurm_partition"]),
     time: str | None = typer.Option(None, "--time", help=HELP["slurm_time"]),
     account: str | None = typer.Option(None, "--account", help=HELP["slurm_account"]),
@@ -37,6 +38,12 @@ def slurm(
         raise CliError(translated("cli", "slurm_says.no_experiment", language, lesson=chosen.id))
     from ..engine.slurm import SlurmError, SlurmJob, sbatch_script
 
+    if (gpus_per_node is None) == (cpu_per_node is None):
+        raise CliError(translated("cli", "slurm_says.errors.per_node", language))
+    cpu = cpu_per_node is not None
+    per_node = cpu_per_node if cpu_per_node is not None else gpus_per_node
+    assert per_node is not None
+
     run_params, experiment_args = _run_options(ctx, lesson, language)
     # distai run's own checks of its values, as it makes them on the cluster (--steps -5, --max-restarts 500)
     from .cli_run import checked_restarts, steps_args
@@ -48,12 +55,13 @@ def slurm(
     from ..lessons.strings import TranslatedError
     from .cli_run import refuse_what_the_ranks_would
 
-    plan, world = chosen.launch_plan_function(), nodes * gpus_per_node
+    plan, world = chosen.launch_plan_function(), nodes * per_node
     # the refusals are distai run's, whose advice names --cpu and --gpus: here the ranks come from the nodes
-    ranks_here = translated("cli", "slurm_says.ranks_here", language, nodes=nodes, gpus=gpus_per_node, world=world)
+    ranks_here = translated("cli", "slurm_says.ranks_here", language, nodes=nodes, gpus=per_node, world=world,
+                            flag="--cpu-per-node" if cpu else "--gpus-per-node")
     try:
-        if plan is not None and nodes > 0 and gpus_per_node > 0:
-            plan(experiment_args, world, chosen.ranks, True)
+        if plan is not None and nodes > 0 and per_node > 0:
+            plan(experiment_args, world, chosen.ranks, not cpu)
         if world > 0:
             refuse_what_the_ranks_would(chosen, experiment_args, world, language)
     except TranslatedError as exc:
@@ -65,8 +73,8 @@ def slurm(
     # the language the learner reads here (--lang here or before the command, DISTAI_LANG, the locale) is the
     # one the script's ranks write their summaries in
     extra = [*ctx.args, "--lang", language]
-    job = SlurmJob(chosen.id, nodes, gpus_per_node, partition=partition, time=time, account=account,
-                   port=port, extra_args=extra)
+    job = SlurmJob(chosen.id, nodes, per_node, partition=partition, time=time, account=account,
+                   port=port, extra_args=extra, cpu=cpu)
     try:
         script = sbatch_script(job)
     except SlurmError as exc:
