@@ -386,6 +386,8 @@ def analyse_failure(error_events: Sequence[Mapping[str, Any]], torchrun_lines: l
         return Failure(None, f"torchrun was stopped by {_signal_name(-int(stopped.group('sig')))}")
     if exit_code < 0:
         return Failure(None, f"torchrun was killed by {_signal_name(exit_code)}")
+    if any("socket.gaierror" in line for line in torchrun_lines):  # c10d resolves this machine's own hostname too
+        return Failure(None, "torchrun could not resolve a host name (this machine's own, or --master-addr)")
     return Failure(None, f"torchrun exited with code {exit_code}")
 
 

@@ -197,6 +197,7 @@ _REASONS = [(re.compile(pattern, re.S), key) for pattern, key in (
     (r"the nodes did not all join the rendezvous in time", "rendezvous_timeout"),
     (r"torchrun was stopped by (?P<signal>.+)", "torchrun_stopped"),
     (r"torchrun was killed by (?P<signal>.+)", "torchrun_killed"),
+    (r"torchrun could not resolve a host name \(this machine's own, or --master-addr\)", "unresolved_host"),
     (r"launcher error: (?P<error>.*)", "launcher_error"),
     (r"the live view failed: (?P<error>.*)", "view_failed"),
     (r"run\.json cannot be read: (?P<error>.*)", "damaged"),

@@ -180,6 +180,11 @@ def test_failure_analysis():
     assert L.analyse_failure(lost, [], 1).message.startswith("rank 2 failed: Connection closed by peer")
     assert L.analyse_failure([*lost, {"rank": 1, "t": 9.5, "error": "ValueError: boom"}], [], 1,
                              multinode=True).message.startswith("rank 2 failed")  # one of ours failed too
+    # c10d on a host whose own name resolves nowhere (torchrun's traceback, from two network namespaces)
+    unresolved = ["    addr_list = socket.getaddrinfo(", "socket.gaierror: [Errno -3] Temporary failure in name resolution"]
+    f = L.analyse_failure([], unresolved, 1)
+    assert f.rank is None and f.message == "torchrun could not resolve a host name (this machine's own, or --master-addr)"
+    assert "/etc/hosts" in reason_text(f.message, "en") and "debe resolverse" in reason_text(f.message, "es")
     # no events (a segfault, a SIGKILL): torchrun's root-cause report
     lines = ["Root Cause (first observed failure):", "[0]:", "  time      : 2025-01-01_00:00:00",
              "  host      : x", "  rank      : 1 (local_rank: 1)", "  exitcode  : -9 (pid: 42)"]
