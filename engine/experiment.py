@@ -15,8 +15,9 @@ does not stop them once a c10d op went through a ``TorchDispatchMode`` such as `
 which keeps the group alive: torch 2.13), a torch op in a daemon thread — and a native thread
 that meets a finalizing interpreter ends the rank with ``terminate called without an active
 exception`` (SIGABRT) after its work was done; a dead peer can make a teardown hang there too.
-No signal handlers are installed: torchrun's SIGTERM (and the launcher's SIGKILL) must end a
-rank even while it is blocked inside a collective.
+No signal handlers are installed (but ``--profile``'s, which writes the trace on SIGTERM first:
+``engine/profiling.py``): torchrun's SIGTERM (and the launcher's SIGKILL) must end a rank even while it
+is blocked inside a collective.
 
 :func:`checkpoint` is a ``monitored_barrier`` between phases: when a rank does not arrive in
 time, rank 0's error names it ("Rank 2 failed to pass monitoredBarrier …"), which the launcher

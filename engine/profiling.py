@@ -6,14 +6,19 @@ The launcher sets ``DISTAI_PROFILE_DIR`` (``<run>/profile``); :func:`start_profi
 :func:`stop_profiler`, called by :func:`~distai.engine.runtime.shutdown`, writes
 ``rank{R}.pt.trace.json`` there (``rank{R}.attempt{N}.pt.trace.json`` for torchrun's N-th restart, so a
 restarted run keeps every attempt's): a Chrome trace of every operator and collective the rank ran
-(Perfetto, chrome://tracing, or TensorBoard's profiler plugin open it). No signal handler writes one: a
-rank stopped by a signal (torchrun's SIGTERM after a peer failed, Ctrl-C) leaves none, and the CLI says so.
+(Perfetto, chrome://tracing, or TensorBoard's profiler plugin open it). A profiled rank stopped by SIGTERM
+(the learner's Ctrl-C or `s`, torchrun's stop after a peer failed) writes its trace, then ends by that signal:
+the one signal handler a rank has, and only with ``--profile``. It runs once the main thread is between
+Python steps: a rank blocked inside a collective writes nothing and ends by the SIGKILL that follows (the
+launcher's, after its grace period), as every rank without it does; the CLI then says no trace was written.
 """
 from __future__ import annotations
 
 import json
 import os
 import re
+import signal
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +54,8 @@ def profile_files(directory: str | os.PathLike) -> list[Path]:
 class RankProfile:
     profiler: Any  # torch.profiler.profile, started
     rank: int
+    saving: bool = False  # stop_profiler has begun: a SIGTERM now waits for the file, then ends the rank
+    end_by: int | None = None  # that SIGTERM
 
 
 def start_profiler(rank: int, cuda: bool) -> RankProfile | None:
@@ -61,13 +68,50 @@ def start_profiler(rank: int, cuda: bool) -> RankProfile | None:
     activities = [tp.ProfilerActivity.CPU] + ([tp.ProfilerActivity.CUDA] if cuda else [])
     prof = tp.profile(activities=activities, record_shapes=False, with_stack=False)
     prof.start()
-    return RankProfile(prof, rank)
+    profile = RankProfile(prof, rank)
+    _save_on_sigterm(profile)
+    return profile
+
+
+def _save_on_sigterm(profile: RankProfile) -> None:
+    """SIGTERM writes the trace recorded so far, then ends the rank by SIGTERM itself (torchrun and the
+    launcher read a rank that exited by a signal as stopped, not as one that failed on its own)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def save_and_end(signum: int, _frame: object) -> None:
+        if profile.saving:  # the rank's own shutdown is writing it: ended once the file is in place
+            profile.end_by = signum
+            return
+        try:
+            stop_profiler(profile)
+        except Exception:  # noqa: BLE001 - a trace that cannot be written must not keep the rank alive
+            pass
+        _end_by(signum)
+
+    signal.signal(signal.SIGTERM, save_and_end)
+
+
+def _end_by(signum: int) -> None:
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 def stop_profiler(prof: RankProfile | None) -> Path | None:
     """Stop ``prof`` and write its Chrome trace (atomically: a reader never sees half a file)."""
-    if prof is None:
+    if prof is None or prof.saving:
         return None
+    prof.saving = True
+    try:
+        return _write_trace(prof)
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # written: a SIGTERM ends the rank at once again
+        if prof.end_by is not None:
+            _end_by(prof.end_by)
+
+
+def _write_trace(prof: RankProfile) -> Path:
     prof.profiler.stop()
     path = profile_file(os.environ[PROFILE_DIR_ENV], prof.rank, int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
                         int(os.environ.get(RELAUNCH_ENV, "0")))

@@ -587,6 +587,25 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _profiled_then_stopped(home: Path) -> dict:
+    """A profiled run stopped at its third step, as `s` or Ctrl-C stops one (the launcher's SIGTERM)."""
+    rec = create_run(home / "runs", "lesson1", LESSON1)
+    seen: list[dict] = []
+    launch: list[L.Launch] = []
+
+    def consume(event: dict) -> None:
+        seen.append(event)
+        if event.get("kind") == "step" and event.get("step", 0) >= 3:
+            launch[0].stop()
+
+    spec = L.LaunchSpec(LESSON1, L.Placement("cpu", 2), ["--steps", "200000", "--no-sweep", "--trace", "none"],
+                        profile=True)
+    launch.append(L.Launch(spec, rec, consumer=consume, grace_s=20))
+    started = time.monotonic()
+    record = launch[0].run()
+    return {"record": record, "events": seen, "took": time.monotonic() - started, "left": L.run_processes(record.id)}
+
+
 def _launch(home: Path, args: list[str], profile: bool = False) -> dict:
     rec = create_run(home / "runs", "lesson1", LESSON1)
     seen: list[dict] = []
@@ -759,6 +778,7 @@ def launches(tmp_path_factory):
         "sigterm": lambda: _ctrl_c(tmp_path_factory.mktemp("home_sigterm"), signal.SIGTERM),
         "json": lambda: _json_run(home),
         "profile": lambda: _launch(home, ["--steps", "3", "--no-sweep", "--trace", "none"], profile=True),
+        "profile_stopped": lambda: _profiled_then_stopped(tmp_path_factory.mktemp("home_profile_stopped")),
         "sigkill": lambda: _sigkill_launcher(tmp_path_factory.mktemp("home_sigkill")),
         "terminal_closed": lambda: _terminal_closed(tmp_path_factory.mktemp("home_hup")),
         "disk_fills": lambda: _disk_fills(tmp_path_factory.mktemp("home_full")),
@@ -886,6 +906,18 @@ def test_profiled_run_saves_torch_profiler_traces_that_runs_show_points_to(launc
     # Kineto's trace-point lines ("USDT:… profiler_stop") stay in the logs, out of what the learner reads
     logged = (rec.dir / "logs" / "rank0.log").read_text()
     assert "profiler_stop" in logged and "profiler_stop" not in shown.stdout + shown.stderr
+
+
+def test_a_profiled_run_stopped_midway_still_writes_every_ranks_trace(launches):
+    # no rank wrote its trace when stopped: a run profiled for minutes and stopped with `s` or Ctrl-C had none
+    r = outcome(launches, "profile_stopped")
+    rec = r["record"]
+    assert rec.status == "stopped" and rec.error == "stopped by the user", (rec.status, rec.error, rec.error_tail)
+    assert r["left"] == [] and r["took"] < 120
+    for rank in (0, 1):
+        trace = json.loads((rec.dir / "profile" / f"rank{rank}.pt.trace.json").read_text())
+        assert any(e.get("name", "").startswith("aten::") for e in trace["traceEvents"])
+    assert not list((rec.dir / "profile").glob(".*.tmp"))  # each written whole, under its own name
 
 
 def test_json_run_streams_events_live(launches):
