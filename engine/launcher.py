@@ -375,6 +375,12 @@ def analyse_failure(error_events: Sequence[Mapping[str, Any]], torchrun_lines: l
     if rank is not None:
         how = f"was killed by {_signal_name(code)}" if code is not None and code < 0 else f"exited with code {code}"
         return Failure(rank, f"rank {rank} {how}")
+    return _torchrun_failure(torchrun_lines, exit_code)
+
+
+def _torchrun_failure(torchrun_lines: list[str], exit_code: int) -> Failure:
+    """No rank to name: why torchrun itself ended (the nodes that never met, a signal, a name that does not
+    resolve), from its lines and exit status."""
     joined = next((m for line in torchrun_lines if (m := _NODES_JOINED.search(line))), None)
     if joined is not None:  # static rendezvous: node 0's store waited for the other nodes' agents
         return Failure(None, f"only {joined.group('joined')} of {joined.group('nodes')} nodes joined within "
