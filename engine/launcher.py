@@ -522,7 +522,8 @@ class Launch(Stoppable):
             stop_early = self._stop_reason is not None
         if stop_early:  # stop() came before the processes existed
             _signal_pid_and_group(self.proc.pid, signal.SIGTERM)
-        self._put(RUN_START.event({"run_id": rec.id, "command": cmd, "nproc": self.spec.placement.nproc,
+        self._put(RUN_START.event({"run_id": rec.id, "command": cmd, "nnodes": self.spec.nnodes,
+                                   "nproc": self.spec.placement.nproc * self.spec.nnodes,
                                    "device": self.spec.placement.device, "note": self.spec.placement.note,
                                    "backend": backend_for(self.spec.placement.device), "lesson": rec.lesson}))
         for target in (self._read_output, self._tail_events):

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..lessons.events import CHECK, ERROR, LOG, OUTPUT, PHASE, PROGRESS, RUN_END, RUN_START, STEP, SUMMARY
 from ..lessons.lesson1.events import FIT, RING_CHECK, RING_STEP, SWEEP
+from ..lessons.strings import translated
 from .events import is_number, time_span
 from .profiling import is_profiler_trace_line
 
@@ -20,7 +21,8 @@ from .profiling import is_profiler_trace_line
 class RunState:
     run_id: str | None = None
     lesson: str | None = None
-    nproc: int | None = None
+    nproc: int | None = None  # the run's ranks, every node's
+    nnodes: int = 1
     device: str | None = None
     backend: str | None = None
     note: str | None = None
@@ -55,6 +57,15 @@ class RunState:
     last_t: float | None = None
     duration_s: float | None = None
     events_seen: int = 0
+
+    def placement_text(self, lang: str) -> str:
+        """``4 × cpu (gloo)``, with the nodes where there are several (``4 × cpu (gloo, 2 nodes)``), or ""."""
+        if not self.nproc:
+            return ""
+        inside = [self.backend] if self.backend else []
+        if self.nnodes > 1:
+            inside.append(translated("run", "nodes_count", lang, n=self.nnodes))
+        return f"{self.nproc} × {self.device or '?'}" + (f" ({', '.join(inside)})" if inside else "")
 
     @property
     def fraction(self) -> float:
@@ -121,6 +132,7 @@ class RunState:
         if kind == RUN_START.name:
             self.run_id, self.lesson = e.get("run_id"), e.get("lesson")
             self.nproc, self.device, self.note = e.get("nproc"), e.get("device"), e.get("note")
+            self.nnodes = e.get("nnodes") or 1
             self.status = "running"
         elif kind == PHASE.name:
             self.phase = e.get("name")
@@ -190,7 +202,8 @@ def replay_events(record) -> list[dict[str, Any]]:
         span = time_span(recorded)
         start_t, duration_s = (span[0], span[1] - span[0]) if span else (record.created, None)
     events: list[dict[str, Any]] = [RUN_START.event({
-        "t": start_t, "run_id": record.id, "lesson": record.lesson, "nproc": record.config.get("nproc"),
+        "t": start_t, "run_id": record.id, "lesson": record.lesson, "nnodes": record.nodes,
+        "nproc": record.config["nproc"] * record.nodes if isinstance(record.config.get("nproc"), int) else None,
         "device": record.config.get("device"), "note": record.config.get("note"), "command": record.command,
     })]
     events.extend(recorded)

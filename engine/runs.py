@@ -87,6 +87,12 @@ class RunRecord:
     def logs_dir(self) -> Path:
         return self.dir / "logs"
 
+    @property
+    def nodes(self) -> int:
+        """The nodes the run spanned (this folder holds one node's part of it)."""
+        n = self.config.get("nnodes")
+        return n if isinstance(n, int) and n > 0 else 1
+
     def rank_log(self, rank: int) -> Path:
         return self.logs_dir / f"rank{rank}.log"
 

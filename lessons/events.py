@@ -176,7 +176,8 @@ class RunStart(Envelope):
     run_id: str
     lesson: NotRequired[str | None]
     command: NotRequired[list[str]]
-    nproc: NotRequired[int | None]
+    nproc: NotRequired[int | None]  # the run's ranks, every node's
+    nnodes: NotRequired[int]
     device: NotRequired[str | None]
     backend: NotRequired[str]  # the process group's: gloo on CPU processes, nccl on GPUs
     note: NotRequired[str | None]

@@ -73,6 +73,17 @@ def test_lesson1_across_two_nodes_times_the_hop_between_them(two_nodes):
     assert any("between rank 0 and rank 2, on the next host" in line for line in printed)
     assert "entre el rank 0 y el rank 2, en el host siguiente" in summary_from_event(s, "es")
     assert "loopback" not in summary_from_event(s, "en")
+    # each node's view counts the run's ranks, not its own (node 0's said 4, node 1's 2), and the nodes
+    from distai.engine.run_state import RunState, replay_events
+
+    for record, events in two_nodes.values():
+        state, replayed = RunState(), RunState()
+        for e in events:
+            state.feed(e)
+        for e in replay_events(record):
+            replayed.feed(e)
+        assert state.placement_text("en") == "4 × cpu (gloo, 2 nodes)"
+        assert replayed.placement_text("es").startswith("4 × cpu (") and "2 nodos)" in replayed.placement_text("es")
 
 
 def test_nodes_started_with_different_options_stop_at_once_saying_which(tmp_path_factory):

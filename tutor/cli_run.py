@@ -323,7 +323,7 @@ def render_state(state, title: str = "distai run", extra=None, width: int = 100,
     if state.run_id:
         head.append(Text(f"· {state.run_id} ", style="dim"))
     if state.nproc:
-        head.append(Text(f"· {state.nproc} × {state.device or '?'}{' (' + state.backend + ')' if state.backend else ''} "))
+        head.append(Text(f"· {state.placement_text(lang)} "))
     from ..lessons.strings import has
     from ..lessons.units import format_fixed, format_number
 

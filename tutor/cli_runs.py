@@ -65,7 +65,8 @@ def runs_list(
     wanted = lesson_or_fail(lesson, language).id if lesson else None
     runs = [settle_killed(r) for r in list_runs(runs_root()) if wanted is None or r.lesson == wanted][:max(0, limit)]
     rows: list[dict[str, Any]] = [{"id": r.id, "lesson": r.lesson, "started": r.started, "status": r.effective_status,
-             "duration_s": r.duration_s, "nproc": r.config.get("nproc"), "device": r.config.get("device"),
+             "duration_s": r.duration_s, "device": r.config.get("device"),
+             "nproc": r.config["nproc"] * r.nodes if isinstance(r.config.get("nproc"), int) else None,
              "error": r.error, "failed_rank": r.failed_rank, "last_step": r.last_step, "path": r.path}
             for r in runs]
     if as_json:

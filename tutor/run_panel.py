@@ -451,7 +451,7 @@ class RunPanelScreen(Screen):
         if self.launch is not None and self.launch.stopping and not s.finished:
             status.append(" · " + translated("run", "stopping", lang), style="yellow")
         if s.nproc:
-            status.append(f" · {s.nproc} × {s.device or '?'}{' (' + s.backend + ')' if s.backend else ''}")
+            status.append(f" · {s.placement_text(lang)}")
         if s.phase and not s.finished and not closing:
             status.append(f" · {translated('run', 'phase', lang)} {phase_text(s.phase, lang)}", style="cyan")
         # the step count belongs to the phase that counts steps (training), not to the sweep after it
