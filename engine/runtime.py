@@ -16,6 +16,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from ..lessons.strings import detect_language, translated
 from .events import JOIN_FAILED_EXIT, EventSink, backend_for
 from .lifeline import watch_launcher
 from .profiling import RankProfile, start_profiler, stop_profiler
@@ -80,8 +81,10 @@ def join_deadline(timeout: timedelta, rank: int, world: int) -> Iterator[None]:
 
     def give_up() -> None:
         if not joined.wait(deadline_s):
-            sys.stderr.write(f"rank {rank}: could not join the process group in {deadline_s:g} s "
-                             f"(a peer unreachable, or an earlier attempt's address in the store); exiting\n")
+            lang = detect_language()
+            seconds = f"{deadline_s:g}".replace(".", "," if lang == "es" else ".")
+            why = translated("run", "reasons.join_deadline", lang, rank=rank, s=seconds)
+            sys.stderr.write(why + "\n")  # in the learner's language, as the run's ending says it
             sys.stderr.flush()
             os._exit(JOIN_FAILED_EXIT)  # the main thread is inside gloo's C++ wait: no exception reaches it
 

@@ -5,6 +5,7 @@ gloo's connectFullMesh was seen waiting more than 7 minutes under a 120 s timeou
 failed, so neither torchrun nor the engine's supervisor could restart the group."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -13,7 +14,7 @@ import time
 from distai.engine.runtime import JOIN_FAILED_EXIT, JOIN_GRACE_S
 
 
-def _rank(body: str, timeout_s: float) -> subprocess.CompletedProcess:
+def _rank(body: str, timeout_s: float, lang: str = "en") -> subprocess.CompletedProcess:
     code = textwrap.dedent(f"""
         import threading, time
         from datetime import timedelta
@@ -25,7 +26,8 @@ def _rank(body: str, timeout_s: float) -> subprocess.CompletedProcess:
         time.sleep(1.0)  # the deadline's thread must not fire once the rank has joined
         print("still here")
     """)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "DISTAI_LANG": lang})
 
 
 def test_a_rank_stuck_joining_exits_with_one_line_and_a_failing_code():
@@ -35,6 +37,9 @@ def test_a_rank_stuck_joining_exits_with_one_line_and_a_failing_code():
     # 2 ranks: the store and one peer may each take the timeout, then the grace: 2 × 0.5 + 0.2 s
     assert "rank 1: could not join the process group in 1.2 s" in out.stderr and "joined" not in out.stdout
     assert time.monotonic() - started < 20
+    # in the learner's language, as the run's ending says it (it was English in a Spanish run's log)
+    es = _rank("threading.Event().wait()", 0.5, "es")
+    assert "rank 1: no pudo unirse al grupo de procesos en 1,2 s" in es.stderr, es.stderr
 
 
 def test_a_rank_that_joins_in_time_goes_on():
