@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ..lessons.strings import detect_language, translated
+from ..lessons.units import format_number
 from .events import JOIN_FAILED_EXIT, EventSink, backend_for
 from .lifeline import watch_launcher
 from .profiling import RankProfile, start_profiler, stop_profiler
@@ -82,8 +83,7 @@ def join_deadline(timeout: timedelta, rank: int, world: int) -> Iterator[None]:
     def give_up() -> None:
         if not joined.wait(deadline_s):
             lang = detect_language()
-            seconds = f"{deadline_s:g}".replace(".", "," if lang == "es" else ".")
-            why = translated("run", "reasons.join_deadline", lang, rank=rank, s=seconds)
+            why = translated("run", "reasons.join_deadline", lang, rank=rank, s=format_number(deadline_s, 4, lang))
             sys.stderr.write(why + "\n")  # in the learner's language, as the run's ending says it
             sys.stderr.flush()
             os._exit(JOIN_FAILED_EXIT)  # the main thread is inside gloo's C++ wait: no exception reaches it
