@@ -638,6 +638,16 @@ class RunPanelScreen(Screen):
             self.launch.stop("the run panel was closed")
         self.app.pop_screen()
 
+    def on_screen_suspend(self) -> None:
+        from ..visualizers.playback import hold_animations
+
+        hold_animations(self, True)  # covered (its help): the visualizer's animation waits
+
+    def on_screen_resume(self) -> None:
+        from ..visualizers.playback import hold_animations
+
+        hold_animations(self, False)
+
     def on_unmount(self) -> None:
         # closing the tutor (or this screen) must not leave ranks running
         if self.launch is not None and not self.state.finished:

@@ -4,12 +4,18 @@ A subclass says how its animation moves (``advance``: on by ``dt`` seconds; ``se
 frames; ``rewind``/``to_end``/``at_end``) and gets the reactive ``playing`` flag, the timer that
 runs only while playing, the speed, and the actions of ``base.PLAYBACK_CONTROLS`` (space,
 ``,`` ``.``, ``0``, ``End``, ``-`` ``+``).
+
+An animation costs a share of a core while it plays (lesson 5's pipeline 10 to 20 %), so it plays only
+where it is seen and watched: its screen covered by another (the help, a quiz, the run panel) holds it
+(:func:`hold_animations`), and one left to play alone for :attr:`PlaybackVisualizer.AUTO_PAUSE_S` pauses
+(space plays it on). A looping one left open kept a core busy all day, behind the help window too.
 """
 from __future__ import annotations
 
 import time
 from typing import ClassVar
 
+from textual.dom import DOMNode
 from textual.reactive import reactive
 from textual.timer import Timer
 
@@ -22,6 +28,7 @@ class PlaybackVisualizer(LessonVisualizer):
     """A lesson visualizer that animates (see the module docstring)."""
 
     TICK_S: ClassVar[float] = 1 / 25  # the timer's period while playing; nothing runs while paused
+    AUTO_PAUSE_S: ClassVar[float] = 600.0  # played this long since the learner last started it: paused
     playing: reactive[bool] = reactive(False)
     speed: reactive[float] = reactive(1.0)
 
@@ -29,6 +36,8 @@ class PlaybackVisualizer(LessonVisualizer):
         super().__init__(language=language, **kwargs)
         self._timer: Timer | None = None
         self._last_tick = time.monotonic()
+        self._held = False  # its screen is covered: the timer waits, ``playing`` stays as it was
+        self._unattended_s = 0.0  # played since the learner last started it
 
     # -- what a subclass says --------------------------------------------------------------------
     def advance(self, dt: float) -> bool:
@@ -54,15 +63,28 @@ class PlaybackVisualizer(LessonVisualizer):
         self._timer = self.set_interval(self.TICK_S, self._on_tick, pause=not self.playing)
 
     def watch_playing(self, playing: bool) -> None:
+        self._unattended_s = 0.0
+        self._run_timer()
+
+    def hold(self, held: bool) -> None:
+        """Its screen covered (``held``) or shown again: the animation waits where it is meanwhile."""
+        self._held = held
+        self._run_timer()
+
+    def _run_timer(self) -> None:
         self._last_tick = time.monotonic()
         if self._timer is not None:
-            self._timer.resume() if playing else self._timer.pause()
+            self._timer.resume() if self.playing and not self._held else self._timer.pause()
 
     def _on_tick(self) -> None:
         now = time.monotonic()
         dt, self._last_tick = min(0.25, now - self._last_tick), now
-        if self.playing and not self.advance(dt * self.speed):
+        if not self.playing:
+            return
+        self._unattended_s += dt
+        if self._unattended_s > self.AUTO_PAUSE_S or not self.advance(dt * self.speed):
             self.playing = False
+            self.refresh()
 
     # -- actions (base.PLAYBACK_CONTROLS) --------------------------------------------------------
     def action_play(self) -> None:
@@ -90,3 +112,9 @@ class PlaybackVisualizer(LessonVisualizer):
         i = min(range(len(SPEEDS)), key=lambda j: abs(SPEEDS[j] - self.speed))
         self.speed = SPEEDS[max(0, min(len(SPEEDS) - 1, i + delta))]
         self.refresh()
+
+
+def hold_animations(screen: DOMNode, held: bool) -> None:
+    """Every animation on ``screen`` waits while another screen covers it (``held``), and goes on after."""
+    for visualizer in screen.query(PlaybackVisualizer):
+        visualizer.hold(held)

@@ -357,8 +357,21 @@ class LessonScreen(CommonActions, Screen):
         self.app.push_screen(cls(self.lesson, self.lang, args=list(self.lesson.run.args)))
         self._run_panel_opened = True
 
+    def on_screen_suspend(self) -> None:
+        from ...visualizers.playback import hold_animations
+
+        hold_animations(self, True)  # covered (help, quiz, run panel): its animation waits
+
+    def on_unmount(self) -> None:
+        # the theme signal holds its subscribers' callbacks, and a callback holds its screen: every lesson
+        # opened stayed in memory (3.7 MB each) until the theme changed
+        self.app.theme_changed_signal.unsubscribe(self)
+
     def on_screen_resume(self) -> None:
         """Back from the run panel: a step that draws the learner's run shows the one that just ended."""
+        from ...visualizers.playback import hold_animations
+
+        hold_animations(self, False)
         if self._run_panel_opened and self.visualizer is not None:
             self._run_panel_opened = False
             if self.visualizer.shows_run(self.lesson.steps[self.index].key):
