@@ -68,3 +68,22 @@ def test_every_code_step_in_the_lessons_names_real_source():
             except CodeNotFound:
                 continue  # the lesson's engine module has not landed yet
             read_source(step.code)  # raises if the name is gone
+
+
+def test_every_lessons_code_is_read_without_importing_torch():
+    """Lesson 4's code lives under distai.engine.tensor_parallel, whose __init__ imports torch: finding its
+    file through importlib ran that __init__, and the tutor took 210 MB and 1.6 s to show the step."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from distai.lessons.registry import all_lessons\n"
+            "from distai.tutor.code_source import read_source\n"
+            "specs = [s.code for l in all_lessons() for s in l.steps if getattr(s, 'code', None)]\n"
+            "assert any('tensor_parallel' in c for c in specs), specs\n"
+            "for c in specs: read_source(c)\n"
+            "print(len(specs), 'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    count, torch_loaded = out.stdout.split()
+    assert int(count) > 10 and torch_loaded == "False"
