@@ -628,3 +628,20 @@ async def test_the_lesson_footer_compacts_where_its_words_do_not_fit(lang, width
         footer = app.screen.query_one(Footer)
         assert footer.compact == compact
         assert sum(key.outer_size.width for key in footer.children) <= width
+
+
+def test_a_tutor_whose_exit_stalls_still_ends_with_its_code():
+    """With its terminal closed, a tutor's exit could wait without end inside Textual's driver (11 of 20 tutors
+    whose tmux session was killed were still there an hour later). Once its screens are gone the tutor arms a
+    watchdog: a process stuck after that ends by itself, with the tutor's exit code."""
+    import subprocess
+    import sys
+    import time
+
+    code = ("import threading\n"
+            "from distai.tutor.app import end_after\n"
+            "end_after(0.5, 129)\n"
+            "threading.Event().wait()  # the stalled shutdown\n")
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 129 and time.monotonic() - started < 30, out

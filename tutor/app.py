@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
+import threading
+import time
 from collections.abc import Iterable
 from dataclasses import replace
 from functools import partial
@@ -42,6 +45,22 @@ class CourseOrderCommands(SystemCommandsProvider):
 
 # `kill` and a closed terminal: the tutor ends on them as on q (DistaiApp.on_mount)
 ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+#: seconds the tutor may take to go once its screens are gone (its run stopped, its progress saved) before it
+#: ends itself: with its terminal closed, Textual's driver could wait without end on a thread (11 of 20 tutors
+#: whose tmux session was killed were still there an hour later, idle)
+EXIT_STALL_S = 20.0
+
+
+def end_after(seconds: float, code: int) -> threading.Thread:
+    """A daemon thread that ends the process with ``code`` if it is still here after ``seconds`` (an
+    interpreter that exits normally takes the thread with it)."""
+    def end() -> None:
+        time.sleep(seconds)
+        os._exit(code)
+
+    watchdog = threading.Thread(target=end, name="distai-exit-watchdog", daemon=True)
+    watchdog.start()
+    return watchdog
 
 
 class DistaiApp(App):
@@ -228,6 +247,10 @@ class DistaiApp(App):
         return summary
 
     def on_unmount(self) -> None:
+        # everything the learner keeps is saved by now (the run panel stopped its run as it unmounted); a headless
+        # app (a test's) shares its process with what follows it
+        if not self.is_headless:
+            end_after(EXIT_STALL_S, self.return_code or 0)
         loop = asyncio.get_running_loop()
         for signum in ENDING_SIGNALS:
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
