@@ -424,19 +424,29 @@ def set_command(record: RunRecord, command: list[str]) -> None:
     record.save()
 
 
-def list_runs(root: str | os.PathLike) -> list[RunRecord]:
+_RUN_ID = re.compile(r"\d{8}-\d{6}-(?P<lesson>.+)-[0-9a-f]{4}")  # new_run_id's names
+
+
+def list_runs(root: str | os.PathLike, lesson: str | None = None) -> list[RunRecord]:
     """Every run folder under ``root``, and every run made elsewhere with ``--run-dir``, newest first: a
-    folder with events or logs but no readable ``run.json`` is listed as damaged (other folders are not runs)."""
+    folder with events or logs but no readable ``run.json`` is listed as damaged (other folders are not runs).
+    ``lesson``: that lesson's runs only, the folders named for another lesson not even read (the tutor asks on
+    its UI thread: 2,050 runs kept took 0.6 s to read whole)."""
     root = Path(root)
     if not root.is_dir():
         return []
     runs = []
     for child in root.iterdir():
+        named = _RUN_ID.fullmatch(child.name) if lesson is not None else None
+        if named is not None and named.group("lesson") != lesson:
+            continue
         if (child / RUN_FILE).is_file():
             runs.append(load_or_damaged(child))
         elif (child / "events").is_dir() or (child / "logs").is_dir():
             runs.append(_damaged(child, FileNotFoundError()))
     runs.extend(load_or_damaged(folder) for folder in _elsewhere(root))
+    if lesson is not None:
+        runs = [r for r in runs if r.lesson == lesson]
     return sorted(runs, key=lambda r: r.created, reverse=True)
 
 

@@ -374,6 +374,20 @@ def test_run_folders_list_find_and_killed(tmp_path):
     assert reason_text(error, "es") == "el lanzador del nodo 1 murió (el registro del nodo 0 cuenta los pasos)"
 
 
+def test_one_lessons_runs_are_listed_without_reading_the_others(tmp_path):
+    """The tutor asks for one lesson's newest run on its UI thread: with 2,050 runs kept it read every run.json
+    (0.6 s). Folders named for another lesson are skipped unread; runs kept elsewhere (--run-dir) still count."""
+    ones = [create_run(tmp_path, "lesson1", LESSON1) for _ in range(3)]
+    create_run(tmp_path, "lesson2", LESSON1)
+    other = create_run(tmp_path, "lesson2", LESSON1)
+    (other.dir / "run.json").write_text("{ torn")  # unread: it would be listed as damaged if it were read
+    elsewhere = create_run(tmp_path, "lesson1", LESSON1, run_dir=tmp_path.parent / f"{tmp_path.name}-mine")
+    listed = list_runs(tmp_path, "lesson1")
+    assert {r.id for r in listed} == {r.id for r in [*ones, elsewhere]}
+    assert [r.id for r in listed] == [r.id for r in list_runs(tmp_path) if r.lesson == "lesson1"]
+    assert "damaged" in {r.status for r in list_runs(tmp_path)}  # read whole, the torn one shows
+
+
 def test_a_run_dir_must_be_new_or_empty(tmp_path, monkeypatch):
     """An audit's `--run-dir ""` made the current folder, full of the learner's files, a run's folder; a file
     was said to "already hold a run". Each is now refused with what it is; an empty folder is taken."""

@@ -63,7 +63,7 @@ def runs_list(
     from .paths import runs_root
 
     wanted = lesson_or_fail(lesson, language).id if lesson else None
-    runs = [settle_killed(r) for r in list_runs(runs_root()) if wanted is None or r.lesson == wanted][:max(0, limit)]
+    runs = [settle_killed(r) for r in list_runs(runs_root(), wanted)][:max(0, limit)]
     rows: list[dict[str, Any]] = [{"id": r.id, "lesson": r.lesson, "started": r.started, "status": r.effective_status,
              "duration_s": r.duration_s, "device": r.config.get("device"),
              "nproc": r.config["nproc"] * r.nodes if isinstance(r.config.get("nproc"), int) else None,

@@ -20,7 +20,7 @@ def latest_run(lesson_id: str, root: str | Path | None = None, newest: bool = Fa
     from ..engine.runs import list_runs
     from .paths import runs_root
 
-    runs = [r for r in list_runs(root if root is not None else runs_root()) if r.lesson == lesson_id]
+    runs = list_runs(root if root is not None else runs_root(), lesson_id)
     last = runs[0] if runs else None
     return last if newest else next((r for r in runs if r.effective_status == "ok"), last)
 
