@@ -21,6 +21,7 @@ tutor; the caller chooses the runs folder.
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -741,6 +742,9 @@ class Launch(Stoppable):
                 f.close()
             except OSError as exc:  # the last buffered line met a full disk
                 self._cut_logs(exc)
+        if self.proc.stdout is not None:  # read to its end: the tutor would hold it open until its next run
+            with contextlib.suppress(OSError):
+                self.proc.stdout.close()
         self._pump(0)
         rec = self.record
         rec.exit_code = code
