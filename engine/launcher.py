@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..lessons.events import ERROR, OUTPUT, PHASE, RUN_END, RUN_START, SUMMARY, Error
-from ..lessons.strings import FALLBACK, LANG_ENV, os_error_text, translated
+from ..lessons.strings import FALLBACK, LANG_ENV, TranslatedError, os_error_text, translated
 from .events import JOIN_FAILED_EXIT, backend_for, is_number, parse_event
 from .lifeline import LAUNCHER_PID_ENV, parent_death_signal
 from .profiling import PROFILE_DIR_ENV, is_profiler_trace_line
@@ -51,6 +51,32 @@ RUN_ID_ENV = "DISTAI_RUN_ID"
 POLL_S = 0.05
 
 Consumer = Callable[[dict], None]
+
+
+#: the oldest torch every experiment runs on: lesson 5's pipelining schedules need 2.8 (2.6 and 2.7 hang two
+#: minutes in torch's own schedule), lessons 2 and 3's FSDP2 and asynchronous checkpoints 2.7, lesson 4's and the
+#: capstone's DTensor and DeviceMesh 2.5 (an audit ran every lesson on torch 2.4 to 2.15)
+MIN_TORCH = (2, 8)
+
+
+class TorchTooOld(TranslatedError):
+    """This Python's torch predates what the experiments use: one line, in the learner's language."""
+
+    area, prefix = "run", "torch."
+
+
+def check_torch_version() -> None:
+    """Raise :class:`TorchTooOld` when the installed torch is older than :data:`MIN_TORCH`; read from the
+    package's metadata, without importing torch (the CLI and the tutor start without it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        found = version("torch")
+    except PackageNotFoundError:
+        return  # torchrun itself then says it is missing
+    numbers = tuple(int(n) for n in re.findall(r"\d+", found.split("+")[0])[:2])
+    if numbers < MIN_TORCH:
+        raise TorchTooOld.keyed("too_old", need=".".join(map(str, MIN_TORCH)), found=found)
 
 
 class LaunchError(Exception):

@@ -174,3 +174,21 @@ def test_the_phases_a_run_announces_read_in_the_learners_language():
     assert phase_text("mesh run: pp=2 × dp=2 × tp=2, 1f1b", "es") == "ejecución de la malla: pp=2 × dp=2 × tp=2, 1f1b"
     assert phase_text("MoE: 8 experts over EP = 4 (× DP = 2)", "es") == "MoE: 8 expertos sobre EP = 4 (× DP = 2)"
     assert phase_text("zero1", "es") == "zero1"  # a strategy's own name
+
+
+def test_too_old_a_torch_is_one_line_before_anything_starts(monkeypatch, capsys):
+    """An audit ran every lesson on torch 2.4 to 2.15: on 2.6 and 2.7 lesson 5 hung two minutes in torch's own
+    schedule, and older ones failed in a rank's traceback. distai run refuses at once, in the learner's language."""
+    import importlib.metadata
+
+    from distai.engine import launcher as L
+    from distai.tutor.cli import main
+
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.6.0+cu124" if name == "torch" else real(name))
+    assert main(["run", "lesson5", "--lang", "es"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "necesitan torch 2.8 o posterior, y este Python tiene torch 2.6.0+cu124" in err
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.8.0" if name == "torch" else real(name))
+    L.check_torch_version()  # the floor itself is enough
+    assert L.MIN_TORCH == (2, 8)

@@ -110,3 +110,9 @@ def doctor(
         return
     for text in doctor_lines(report, language, terminal_columns()):
         typer.echo(text)
+    from ..engine.launcher import TorchTooOld, check_torch_version
+
+    try:
+        check_torch_version()
+    except TorchTooOld as exc:  # what every `distai run` would refuse: said where the learner checks the machine
+        typer.echo(f"distai: {exc.text(language)}", err=True)

@@ -510,6 +510,7 @@ def run_cmd(
     from ..engine.launcher import (
         LaunchError,
         LaunchSpec,
+        check_torch_version,
         choose_placement,
         experiment_available,
         validate_args,
@@ -528,6 +529,7 @@ def run_cmd(
     extra = steps_args(steps, language) + extra
     default_ranks = chosen.ranks
     try:
+        check_torch_version()
         validate_nodes(nnodes, node_rank, master_addr, master_port, rdzv_backend, rdzv_id, lang=language,
                        join_timeout=join_timeout)
         validate_args(extra, language)

@@ -112,10 +112,12 @@ def default_launch_factory(lesson, consumer, nproc: int | None = None, args: lis
                            lang: str | None = None):
     """Create (not start) a ``Launch`` of the lesson's experiment in a new run folder (under the
     engine's supervisor when the lesson restarts after failures, as lesson 3 does)."""
-    from ..engine.launcher import LaunchSpec, choose_placement
+    from ..engine.launcher import LaunchSpec, check_torch_version, choose_placement
     from ..engine.runs import create_run
     from ..engine.supervisor import make_launch
     from .paths import run_folder_error, runs_root
+
+    check_torch_version()  # said in the panel, before a run folder is made
 
     placement = choose_placement(cpu=nproc, default_nproc=getattr(lesson, "ranks", 4), lang=lang or "en") if nproc \
         else choose_placement(default_nproc=getattr(lesson, "ranks", 4), lang=lang or "en")
