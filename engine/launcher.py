@@ -391,8 +391,8 @@ def analyse_failure(error_events: Sequence[Mapping[str, Any]], torchrun_lines: l
     if error_events and not killed_silently(rank, code):
         first = min(error_events, key=lambda e: e.get("t", 0.0))
         lost = [_PEER_LOST.search(e.get("error", "")) for e in error_events]
-        if multinode and all(lost) and all(r in reported for r, _c in failures) and lost[0] is not None:
-            peer = lost[error_events.index(first)] or lost[0]
+        peer = lost[error_events.index(first)]
+        if multinode and peer is not None and all(lost) and all(r in reported for r, _c in failures):
             return Failure(first.get("rank"), f"a rank on another node failed first: rank {first.get('rank')} lost "
                                               f"its connection to {peer.group('addr') or peer.group('closed')} "
                                               f"(that node's output says why)", first.get("rank"))
@@ -762,14 +762,12 @@ class Launch(Stoppable):
         self._done_tailing.set()
         for t in self._threads:
             t.join(timeout=5)
-        if not self._logs_cut:  # a silent rank's empty log (c10d's ranks are known once they have written events)
-            for path in self.record.events_dir.glob("rank*.jsonl"):
-                if path.stem[4:].isdigit():
-                    try:
-                        self._log(int(path.stem[4:]))
-                    except OSError as exc:
-                        self._cut_logs(exc)
-                        break
+        if self._c10d and not self._logs_cut:  # a silent rank's empty log: c10d's ranks are known from their events
+            try:
+                for rank in self.record.event_ranks():
+                    self._log(rank)
+            except OSError as exc:
+                self._cut_logs(exc)
         for f in self._log_files.values():
             try:
                 f.close()

@@ -93,6 +93,10 @@ class RunRecord:
         n = self.config.get("nnodes")
         return n if isinstance(n, int) and n > 0 else 1
 
+    def event_ranks(self) -> set[int]:
+        """The ranks that wrote events into this folder (``events/rank{R}.jsonl``): a node's own, in a multi-node run."""
+        return {int(p.stem[4:]) for p in self.events_dir.glob("rank*.jsonl") if p.stem[4:].isdigit()}
+
     def rank_log(self, rank: int) -> Path:
         return self.logs_dir / f"rank{rank}.log"
 

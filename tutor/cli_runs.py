@@ -252,10 +252,6 @@ def write_export(path: Path, text: str, run_folder: Path, say, replace: bool = F
         tmp.unlink(missing_ok=True)
 
 
-def _ranks_of(record) -> set[int]:
-    return {int(p.stem[4:]) for p in record.events_dir.glob("rank*.jsonl") if p.stem[4:].isdigit()}
-
-
 def export_text(records, fmt: str, lang: str = "en") -> str:
     """The export in ``fmt`` as text of one run, or of the nodes of one multi-node run (``records``, each node's
     folder: their ranks merged into one timeline, each process named with its host); a trace that breaks the
@@ -269,7 +265,7 @@ def export_text(records, fmt: str, lang: str = "en") -> str:
         if not record.events_dir.is_dir():
             raise CliError(translated("cli", "runs.errors.no_events", lang, id=record.id, path=record.events_dir),
                            code=1)
-        for rank in sorted(_ranks_of(record)):
+        for rank in sorted(record.event_ranks()):
             if rank in seen:  # two folders of one node, or of two runs: not one run's nodes
                 raise CliError(translated("cli", "runs.errors.same_rank", lang, a=seen[rank], b=record.id, rank=rank))
             seen[rank] = record.id
@@ -281,7 +277,7 @@ def export_text(records, fmt: str, lang: str = "en") -> str:
         end = record.created + record.duration_s if record.duration_s is not None else None
         ended = {"status": record.effective_status, "error": record.error, "failed_rank": record.failed_rank, "t": end}
         nodes = len(records) > 1 or "--nnodes" in records[0].command
-        hosts = {rank: r.host for r in records for rank in _ranks_of(r) if r.host} if nodes else None
+        hosts = {rank: r.host for r in records for rank in r.event_ranks() if r.host} if nodes else None
         trace = tx.chrome_trace(events, run_id="+".join(r.id for r in records), lesson=records[0].lesson, ended=ended,
                                 hosts=hosts)
         if not any(e.get("ph") in ("X", "i") for e in trace["traceEvents"]):  # an empty timeline is no answer
