@@ -41,6 +41,7 @@ from .events import read_events, time_span
 
 RUN_FILE = "run.json"
 ELSEWHERE_FILE = "elsewhere.txt"  # the folders of the runs made outside the root (--run-dir), one a line
+REMOVING_PREFIX = ".removing-"  # a run folder a prune renamed to delete it (engine/prune.py): no longer a run
 STATUSES = ("running", "ok", "failed", "stopped", "killed")
 
 
@@ -441,6 +442,8 @@ def list_runs(root: str | os.PathLike, lesson: str | None = None) -> list[RunRec
         return []
     runs = []
     for child in root.iterdir():
+        if child.name.startswith(REMOVING_PREFIX):
+            continue
         named = _RUN_ID.fullmatch(child.name) if lesson is not None else None
         if named is not None and named.group("lesson") != lesson:
             continue
@@ -513,6 +516,16 @@ def find_run(root: str | os.PathLike, ident: str) -> RunRecord:
     if not matches:
         raise RunNotFound.keyed("runs.errors.no_match", ident=repr(ident))
     raise RunNotFound.keyed("runs.errors.ambiguous", n=len(matches), ident=repr(ident))
+
+
+def resumable_checkpoints(record: RunRecord) -> Path | None:
+    """The checkpoints a new run can go on from: those lesson 3 left in the folder of a run that did not
+    finish and kept its own checkpoints there (no ``--ckpt-dir``); None for any other run."""
+    checkpoints = record.dir / "checkpoints"
+    if record.status in ("ok", "running") or not record.argv or "--ckpt-dir" in record.argv or \
+            not any(checkpoints.glob("step_*")):
+        return None
+    return checkpoints
 
 
 def merged_events(events_dir: str | os.PathLike) -> list[dict]:

@@ -21,12 +21,11 @@ import contextlib
 import json
 import signal
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 
-from ..engine.runs import phase_text, reason_text
+from ..engine.runs import phase_text, reason_text, resumable_checkpoints
 from ..lessons.events import json_ready
 from ..lessons.strings import TranslatedError, translated
 from .cli import (
@@ -108,9 +107,8 @@ def resume_command(record) -> str | None:
     starts a new run on them, its own options kept (``--ckpt-dir`` the folder's checkpoints); else None."""
     import shlex
 
-    checkpoints = Path(record.path) / "checkpoints"
-    if record.status in ("ok", "running") or not record.argv or "--ckpt-dir" in record.argv or \
-            not any(checkpoints.glob("step_*")):
+    checkpoints = resumable_checkpoints(record)
+    if checkpoints is None:
         return None
     argv, kept = list(record.argv), []
     while argv:  # its own --run-dir would be taken: the new run gets a folder of its own

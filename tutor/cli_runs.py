@@ -18,7 +18,7 @@ import typer
 from ..engine.runs import reason_text
 from ..lessons.events import json_ready
 from ..lessons.strings import os_error_text
-from ..lessons.units import format_fixed, format_plain
+from ..lessons.units import format_bytes, format_fixed, format_plain
 from .cli import (
     HELP,
     CliError,
@@ -328,3 +328,62 @@ def runs_export(
     except OSError as exc:
         raise CliError(say("cannot_write", path=path, why=os_error_text(exc, language))) from None
     typer.echo(say("wrote_trace" if fmt == "chrome-trace" else "wrote_metrics", path=path))
+
+
+# ------------------------------------------------------------------------------ distai runs prune
+@runs_app.command("prune", help=RUNS["prune"])
+def runs_prune(
+    keep: int = typer.Option(10, "--keep", "-k", help=RUNS["prune_keep"]),
+    older_than: float | None = typer.Option(None, "--older-than", metavar="DAYS", help=RUNS["prune_older_than"]),
+    lesson: str | None = typer.Option(None, "--lesson", "-l", help=RUNS["lesson"]),
+    yes: bool = typer.Option(False, "--yes", "-y", help=RUNS["prune_yes"]),
+    as_json: bool = typer.Option(False, "--json", help=RUNS["json"]),
+    lang: str | None = lang_option(),
+) -> None:
+    from ..engine.prune import finish_removals, prune_plan, remove_runs
+    from ..lessons.strings import translated
+    from .paths import runs_root
+
+    language = language_or_fail(lang)
+    if keep < 0:
+        raise CliError(translated("cli", "runs.errors.keep", language, value=keep))
+    if older_than is not None and not (older_than >= 0 and math.isfinite(older_than)):
+        raise CliError(translated("cli", "runs.errors.older_than", language,
+                                  value=format_plain(older_than, language)))
+    wanted = lesson_or_fail(lesson, language).id if lesson else None
+    root = runs_root()
+    plan = prune_plan(root, keep, None if older_than is None else older_than * 86400, wanted)
+    if yes:
+        finish_removals(root)  # what a prune killed midway had renamed
+        plan.remove = remove_runs(root, plan.remove)
+    kept = {"running": plan.kept_running, "checkpoints": plan.kept_checkpoints, "elsewhere": plan.kept_elsewhere}
+    if as_json:
+        typer.echo(json.dumps({"removed": yes, "bytes": plan.bytes,
+                               "runs": [{"id": r.id, "lesson": r.lesson, "status": r.status, "path": r.path}
+                                        for r in plan.remove],
+                               "kept": {why: [r.id for r in runs] for why, runs in kept.items()}},
+                              ensure_ascii=False, indent=2))
+        return
+    for line in _prune_lines(plan, kept, yes, language):
+        typer.echo(line)
+
+
+def _prune_lines(plan, kept: dict[str, list], removed: bool, language: str) -> list[str]:
+    """``runs prune``'s report: the runs it would remove (a dry run), the total, and what it kept and why."""
+    from ..lessons.strings import strings
+
+    say = strings("cli", language)["runs"]
+    said = say["prune_says"]
+
+    def counted(key: str, n: int, **fields) -> str:  # a single run has its own words ("remove it", "se borraría")
+        return said[f"{key}_one" if n == 1 else key].format(n=n, **fields)
+
+    lines = [] if removed else [f"  {r.id}  {say['statuses'].get(r.status, r.status)}" for r in plan.remove]
+    if plan.remove:
+        lines.append(counted("removed" if removed else "would", len(plan.remove),
+                             size=format_bytes(plan.bytes, lang=language)))
+    else:
+        lines.append(said["nothing"])
+    lines += [counted(f"kept_{why}", len(runs)) for why, runs in kept.items() if runs]
+    columns = terminal_columns()
+    return [part for line in lines for part in fit_prose(line, columns)]
