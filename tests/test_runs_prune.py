@@ -123,11 +123,12 @@ def test_what_is_kept_is_said_and_survives_keep_zero(runs, capsys):
 def test_a_prune_killed_midway_leaves_whole_runs_and_the_next_one_finishes(runs, capsys):
     # the state a SIGKILL between the rename and the end of the delete leaves
     victim = runs["l1_older"]
+    before = _ids()
     hidden = runs_root() / f"{REMOVING_PREFIX}{victim.id}"
     os.rename(victim.dir, hidden)
-    assert victim.id not in _ids() and (hidden / RUN_FILE).is_file()  # no listing reads it, damaged or not
+    assert (hidden / RUN_FILE).is_file() and _ids() == before - {victim.id}  # no listing reads it, whole or not
     main(["runs", "--json"])
-    assert victim.id not in {r["id"] for r in json.loads(capsys.readouterr().out)}
+    assert {r["id"] for r in json.loads(capsys.readouterr().out)} == before - {victim.id}
     _cli(capsys, "--keep", "100", "--yes")
     assert not hidden.exists()
 
