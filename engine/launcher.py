@@ -466,10 +466,20 @@ class Stoppable:
     stop is asked for, with its reason, the run is ``stopping`` until it ends."""
 
     _stop_reason: str | None = None
+    record: RunRecord
 
     @property
     def stopping(self) -> bool:
         return self._stop_reason is not None
+
+    def signal_processes(self, sig: int) -> None:
+        """Send ``sig`` to every live process of the run, torchrun and its ranks whatever their process group
+        (Ctrl-Z's SIGSTOP, then the SIGCONT of ``fg`` or ``bg``)."""
+        for pid in run_processes(self.record.id):
+            try:
+                os.kill(pid, sig)
+            except OSError:  # ended since
+                pass
 
 
 class Launch(Stoppable):

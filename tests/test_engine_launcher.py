@@ -668,14 +668,15 @@ def _disk_fills(home: Path) -> dict:
             "on_disk": RunRecord.load(rec.dir)}
 
 
-def _training_run(home: Path, *flags: str, stderr=subprocess.PIPE, ignore_hup: bool = False):
+def _training_run(home: Path, *flags: str, stderr=subprocess.PIPE, ignore_hup: bool = False, job: bool = False):
     """`distai run lesson1` for ever, once its ranks are training: (process, run folder, the run's pids);
-    ``ignore_hup``: started as `nohup` starts it, SIGHUP ignored."""
+    ``ignore_hup``: started as `nohup` starts it, SIGHUP ignored; ``job``: in a process group of its own in
+    this session, as a shell starts a job (a new session's group is orphaned: the kernel drops its SIGTSTP)."""
     env = dict(os.environ, DISTAI_HOME=str(home))
     hup = (lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if ignore_hup else None
     proc = subprocess.Popen([*DISTAI, "run", "lesson1", "--cpu", "2", "--steps", "1000000", "--no-sweep", *flags],
-                            env=env, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True, cwd=REPO,
-                            preexec_fn=hup)
+                            env=env, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=not job, cwd=REPO,
+                            preexec_fn=os.setpgrp if job else hup)
     runs = home / "runs"
     deadline = time.time() + 240
     while time.time() < deadline:
@@ -686,6 +687,36 @@ def _training_run(home: Path, *flags: str, stderr=subprocess.PIPE, ignore_hup: b
             break
         time.sleep(0.2)
     return proc, None, []
+
+
+def test_ctrl_z_stops_the_ranks_with_the_command_and_fg_goes_on(tmp_path):
+    """Ctrl-Z (SIGTSTP) stopped only `distai run`: its ranks, in a session of their own, trained on into a pipe
+    nobody read. Now every process of the run stops with it, and SIGCONT (fg, bg) lets them all go on."""
+    from distai.engine.runs import process_state
+
+    proc, run_dir, pids = _training_run(tmp_path, job=True)
+    try:
+        assert run_dir is not None and len(pids) >= 3, proc.stderr.read().decode()[-2000:]
+        steps = lambda: (run_dir / "events" / "rank0.jsonl").read_bytes().count(b'"kind":"step"')  # noqa: E731
+        proc.send_signal(signal.SIGTSTP)
+        deadline = time.time() + 20
+        while time.time() < deadline and not all(process_state(p) == "T" for p in [proc.pid, *pids]):
+            time.sleep(0.1)
+        assert {p: process_state(p) for p in [proc.pid, *pids]} == dict.fromkeys([proc.pid, *pids], "T")
+        before = steps()
+        time.sleep(1.0)
+        assert steps() == before  # no step while stopped
+        proc.send_signal(signal.SIGCONT)
+        deadline = time.time() + 30
+        while time.time() < deadline and steps() < before + 5:
+            time.sleep(0.1)
+        assert steps() >= before + 5 and all(process_state(p) not in ("T", None) for p in [proc.pid, *pids])
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 143
+        assert RunRecord.load(run_dir).status == "stopped"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _ctrl_c(home: Path, sig: signal.Signals = signal.SIGINT) -> dict:

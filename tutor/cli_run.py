@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import sys
 from typing import TYPE_CHECKING
@@ -581,9 +582,18 @@ def run_cmd(
         stopped_by.append(signum)
         launch.stop(f"stopped by {signal.Signals(signum).name}")
 
+    def on_suspend(signum, frame):  # Ctrl-Z: the ranks (in a session of their own) stop with the command, and go on
+        launch.signal_processes(signal.SIGSTOP)  # with it (fg, bg); they ran on, filling the pipe nobody read
+        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTSTP)  # stopped here, as the shell expects, until SIGCONT
+        signal.signal(signal.SIGTSTP, on_suspend)
+        launch.signal_processes(signal.SIGCONT)
+
     # a SIGHUP inherited as ignored (`nohup distai run …`) stays ignored: the run was asked to outlive the terminal
     watched = [s for s in (signal.SIGTERM, signal.SIGHUP) if s != signal.SIGHUP or signal.getsignal(s) != signal.SIG_IGN]
     previous = {s: signal.signal(s, on_signal) for s in watched}
+    if signal.getsignal(signal.SIGTSTP) != signal.SIG_IGN:
+        previous[signal.SIGTSTP] = signal.signal(signal.SIGTSTP, on_suspend)
     # Ctrl-C stops the run even where SIGINT was inherited as ignored (a background job)
     previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
     interrupted = terminal_gone = False
