@@ -96,7 +96,9 @@ def finish_removals(root: str | os.PathLike) -> None:
     root = Path(root)
     if root.is_dir():
         for child in root.iterdir():
-            if child.name.startswith(REMOVING_PREFIX) and child.is_dir() and not child.is_symlink():
+            if child.name.startswith(REMOVING_PREFIX) and child.is_symlink():
+                child.unlink(missing_ok=True)
+            elif child.name.startswith(REMOVING_PREFIX) and child.is_dir():
                 shutil.rmtree(child, ignore_errors=True)
 
 
@@ -111,6 +113,9 @@ def remove_runs(root: str | os.PathLike, runs: list[RunRecord]) -> list[RunRecor
             os.rename(run.dir, hidden)
         except OSError:
             continue
-        shutil.rmtree(hidden, ignore_errors=True)
+        if hidden.is_symlink():  # not a folder of ours (list_runs' elsewhere): only the link goes
+            hidden.unlink(missing_ok=True)
+        else:
+            shutil.rmtree(hidden, ignore_errors=True)
         removed.append(run)
     return removed

@@ -146,3 +146,16 @@ def test_bad_options_are_one_line(argv, line, capsys):
 def test_an_unknown_lesson_is_one_line(capsys):
     code, _, err = _cli(capsys, "--lesson", "lesson99")
     assert code == 2 and len(err.splitlines()) == 1 and "lesson99" in err
+
+
+def test_a_linked_run_folder_is_never_followed(tmp_path, capsys):
+    """A link in the runs folder to a run kept elsewhere: its target is the learner's, kept whole."""
+    root = runs_root()
+    _run(root, "lesson1", 0)
+    target = _run(tmp_path / "other_root", "lesson1", 50)
+    link = root / target.id
+    link.symlink_to(target.dir, target_is_directory=True)
+    plan = prune_plan(root, keep=0)
+    assert target.id in {r.id for r in plan.kept_elsewhere} and target.id not in {r.id for r in plan.remove}
+    _cli(capsys, "--keep", "0", "--yes")
+    assert link.is_symlink() and (target.dir / RUN_FILE).is_file()
