@@ -233,3 +233,49 @@ def test_a_ctrl_c_while_the_cli_is_still_being_imported_exits_130_without_a_trac
 
     monkeypatch.setattr(builtins, "__import__", interrupted)
     assert entry.main() == 130
+
+
+class _Interrupted:
+    """A class attribute whose ``__set_name__`` is where the Ctrl-C lands, as in pydantic's import."""
+
+    def __set_name__(self, owner, name):
+        raise KeyboardInterrupt
+
+
+def _ctrl_c_wrapped_by_python() -> BaseException:
+    try:
+        type("Model", (), {"field": _Interrupted()})
+    except BaseException as exc:  # noqa: BLE001 - what Python made of the Ctrl-C is the point
+        return exc
+    raise AssertionError("unreachable")
+
+
+def test_a_ctrl_c_python_wrapped_in_another_error_is_still_a_quiet_130(monkeypatch, capsys):
+    """A Ctrl-C in the first half second of `distai run` printed a traceback ending "RuntimeError: Error calling
+    __set_name__ on 'Field' instance …": Python 3.11 wraps a KeyboardInterrupt raised in a class's __set_name__
+    (pydantic's, which Typer imports when a command runs)."""
+    import builtins
+
+    from distai.tutor import cli, entry
+
+    wrapped = _ctrl_c_wrapped_by_python()
+    if isinstance(wrapped, KeyboardInterrupt):
+        pytest.skip("this Python does not wrap it")
+    assert isinstance(wrapped, RuntimeError) and cli.interrupted(wrapped) and not cli.interrupted(RuntimeError("x"))
+
+    def command(*args, **kwargs):
+        raise _ctrl_c_wrapped_by_python()
+
+    monkeypatch.setattr(cli, "app", command)
+    assert cli.main(["run", "lesson1"]) == 130
+    assert capsys.readouterr().err.splitlines() == ["distai: interrupted"]
+
+    real_import = builtins.__import__
+
+    def import_interrupted(name, globals=None, locals=None, fromlist=(), level=0):
+        if level == 1 and name == "cli":
+            raise _ctrl_c_wrapped_by_python()
+        return real_import(name, globals, locals, fromlist, level)
+
+    monkeypatch.setattr(builtins, "__import__", import_interrupted)
+    assert entry.main() == 130

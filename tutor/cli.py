@@ -525,6 +525,18 @@ def _may_print_help(args: list[str]) -> bool:
     return "--help" in args or len(words) <= 1
 
 
+def interrupted(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is a Ctrl-C, or an error raised from one: Python 3.11 turns a KeyboardInterrupt that lands
+    in a class's ``__set_name__`` into a RuntimeError (as one did in pydantic's import, which Typer makes)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: one-line errors and exit code 2 for bad input, never a traceback."""
     args = sys.argv[1:] if argv is None else list(argv)
@@ -564,6 +576,9 @@ def main(argv: list[str] | None = None) -> int:
             pass  # stderr is gone too: the exit code says it
         return 1
     except Exception as exc:  # click usage errors and the like
+        if interrupted(exc):  # a Ctrl-C Python wrapped: as the one above
+            typer.echo(f"distai: {translated('cli', 'errors.interrupted', lang)}", err=True)
+            return 130
         if isinstance(exc, _click_exception_types()):
             error = cast(_ClickError, exc)
             if type(exc).__name__ == "NoArgsIsHelpError":  # the help, printed already, is the answer

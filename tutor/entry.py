@@ -10,6 +10,13 @@ def main() -> int:
         from .cli import main as cli_main
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # a Ctrl-C Python wrapped (see cli.interrupted, not importable if this failed)
+        chain: BaseException | None = exc
+        for _ in range(8):  # a chain's few links (a cycle ends the search)
+            chain = chain.__cause__ or chain.__context__ if chain is not None else None
+            if isinstance(chain, KeyboardInterrupt):
+                return 130
+        raise
     return cli_main()
 
 
