@@ -313,8 +313,15 @@ def test_bubble_identities_over_grid():
 
 
 def test_interleaved_warmup_matches_torch_pipelining():
-    from torch.distributed.pipelining.schedules import _get_warmup_ops
+    import inspect
 
+    import torch
+    from torch.distributed.pipelining import schedules
+
+    # a private helper, not kept stable across releases: compared where it takes the six arguments of torch 2.13
+    _get_warmup_ops = getattr(schedules, "_get_warmup_ops", None)
+    if _get_warmup_ops is None or len(inspect.signature(_get_warmup_ops).parameters) != 6:
+        pytest.skip(f"torch {torch.__version__} has no _get_warmup_ops(rank, v, p, p, m, factor) to compare with")
     for p in (2, 3, 4, 8):
         for v in (2, 3, 4):
             for m in (p, 2 * p, 4 * p):
