@@ -104,8 +104,8 @@ def test_what_is_kept_is_said_and_survives_keep_zero(runs, capsys):
     assert len(lines) == 7 + 4 and lines[7].startswith("se borrarían 7 ejecuciones (")
     assert lines[8:] == [
         "se conserva 1 ejecución aún en curso",
-        "se conservan 2 ejecuciones cuyos checkpoints permiten reanudar o usa otra ejecución (distai runs "
-        "show ID dice cómo)",
+        "se conservan 2 ejecuciones con checkpoints desde los que otra ejecución puede reanudarse o en los que "
+        "escribe (distai runs show ID dice cómo)",
         "se conserva 1 ejecución en una carpeta elegida con --run-dir: bórrala tú"]
     code, out, _ = _cli(capsys, "--keep", "0", "--yes", "--json")
     report = json.loads(out)  # strict JSON

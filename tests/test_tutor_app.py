@@ -297,7 +297,7 @@ async def test_the_spanish_palette_says_every_command_in_spanish(tmp_path, monke
         assert not english and {"Ayuda", "Tema", "Salir", "Captura de pantalla"} <= set(titles)
         await pilot.press("ctrl+p")
         await pilot.pause()
-        assert app.screen.query_one(Input).placeholder == "Buscar órdenes…"
+        assert app.screen.query_one(Input).placeholder == "Buscar comandos…"
         await pilot.press("escape")
         await pilot.pause()
         monkeypatch.chdir(tmp_path)  # the screenshot lands in the folder the tutor was started from
