@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -102,20 +103,36 @@ def finish_removals(root: str | os.PathLike) -> None:
                 shutil.rmtree(child, ignore_errors=True)
 
 
-def remove_runs(root: str | os.PathLike, runs: list[RunRecord]) -> list[RunRecord]:
-    """Remove the runs' folders (each renamed first, then deleted); the runs removed, in order. A folder
-    that cannot be renamed (gone meanwhile, or not ours to change) is left as it is."""
+def _delete_tree(folder: Path, errors: list[OSError]) -> None:
+    """``shutil.rmtree`` that goes on past a file it cannot delete, keeping each error in ``errors``."""
+    def keep(error: BaseException) -> None:
+        errors.append(error if isinstance(error, OSError) else OSError(str(error)))
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(folder, onexc=lambda _fn, _path, exc: keep(exc))
+    else:  # onexc is new in 3.12; onerror, its older form, is deprecated there
+        shutil.rmtree(folder, onerror=lambda _fn, _path, info: keep(info[1]))
+
+
+def remove_runs(root: str | os.PathLike, runs: list[RunRecord]) -> tuple[list[RunRecord], list[tuple[RunRecord, OSError]]]:
+    """Remove the runs' folders (each renamed first, then deleted): the runs removed, and those that could not
+    be, each with its error. A folder that cannot be renamed (not ours to change) stays a run; one renamed but
+    not deleted whole is listed no more, and the next prune deletes the rest."""
     root = Path(root)
-    removed = []
+    removed, failed = [], []
     for run in runs:
         hidden = root / f"{REMOVING_PREFIX}{run.id}"
+        errors: list[OSError] = []
         try:
             os.rename(run.dir, hidden)
-        except OSError:
-            continue
-        if hidden.is_symlink():  # not a folder of ours (list_runs' elsewhere): only the link goes
-            hidden.unlink(missing_ok=True)
+            if hidden.is_symlink():  # not a folder of ours (list_runs' elsewhere): only the link goes
+                hidden.unlink(missing_ok=True)
+            else:
+                _delete_tree(hidden, errors)
+        except OSError as exc:
+            errors.append(exc)
+        if errors:
+            failed.append((run, errors[0]))
         else:
-            shutil.rmtree(hidden, ignore_errors=True)
-        removed.append(run)
-    return removed
+            removed.append(run)
+    return removed, failed

@@ -202,3 +202,27 @@ def test_sbatch_script_runs_a_real_two_node_job_on_this_machine(tmp_path):
             summaries += [json.loads(l) for l in events.read_text().splitlines() if '"summary"' in l]
     # One group of 2 nodes x 2 ranks: world size 4, one summary from global rank 0.
     assert [s["n"] for s in summaries] == [4]
+
+
+def test_slurm_o_replaces_a_file_only_with_force_and_never_chmods_a_device(tmp_path, capsys):
+    """`-o FILE` overwrote any file and `chmod 755`ed whatever it named: a private 600 file became 755, and
+    `-o /dev/null` as root took the device's write permission from every other user."""
+    import stat as st
+
+    from distai.tutor.cli import main
+
+    notes = tmp_path / "notes.sh"
+    notes.write_text("my notes\n")
+    notes.chmod(0o600)
+    argv = ["slurm", "lesson1", "--nodes", "2", "--cpu-per-node", "2", "-o", str(notes)]
+    assert main(argv) == 2 and notes.read_text() == "my notes\n" and st.S_IMODE(notes.stat().st_mode) == 0o600
+    assert capsys.readouterr().err.startswith(f"distai: error: {notes} already exists; pass --force")
+    assert main([*argv, "--force"]) == 0 and notes.read_text().startswith("#!/bin/bash")
+    assert st.S_IMODE(notes.stat().st_mode) == 0o755
+    assert main(["slurm", "lesson1", "--nodes", "2", "--cpu-per-node", "2", "-o", "/dev/full"]) == 1  # not usage
+    if os.geteuid() == 0:  # a device node of our own, as /dev/null is
+        device = tmp_path / "null"
+        os.mknod(device, 0o666 | st.S_IFCHR, os.makedev(1, 3))
+        device.chmod(0o666)
+        assert main(["slurm", "lesson1", "--nodes", "2", "--cpu-per-node", "2", "-o", str(device)]) == 0
+        assert st.S_ISCHR(device.stat().st_mode) and st.S_IMODE(device.stat().st_mode) == 0o666

@@ -279,3 +279,44 @@ def test_a_ctrl_c_python_wrapped_in_another_error_is_still_a_quiet_130(monkeypat
 
     monkeypatch.setattr(builtins, "__import__", import_interrupted)
     assert entry.main() == 130
+
+
+def test_a_closed_stdout_is_one_line_and_exit_1_and_a_closed_stdin_an_empty_input(monkeypatch, capsys):
+    """`>&-` lost every command's output with exit 0 (`runs prune --yes --json` removed runs and said nothing);
+    `<&-` gave the quiz a traceback."""
+    from distai.tutor import cli
+
+    monkeypatch.setattr(sys, "stdout", None)
+    assert cli.main(["runs", "--json"]) == 1
+    monkeypatch.undo()
+    assert capsys.readouterr().err == "distai: error: cannot write the output: the standard output is closed\n"
+    monkeypatch.setattr(sys, "stdin", None)
+    assert cli.main(["quiz", "1", "-n", "1", "--seed", "1"]) == 0
+    assert "Input ended before the first answer" in capsys.readouterr().out
+
+
+def test_the_tutor_off_a_terminal_is_one_line_not_a_busy_loop(capsys):
+    """`distai tutor < /dev/null` redrew its screen for ever (410 MB of output in 10 minutes), deaf to SIGTERM."""
+    from distai.tutor import cli
+
+    assert not sys.stdin.isatty()  # pytest's captured input
+    assert cli.main(["tutor", "--lang", "es"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "distai: error: el tutor necesita un terminal para su entrada y su salida (un script puede usar distai calc, "
+        "quiz, run y runs)"]
+
+
+@pytest.mark.parametrize("columns", ["0", "1"])
+def test_a_terminal_zero_or_one_column_wide_is_written_at_twenty(columns, monkeypatch, capsys):
+    """COLUMNS=0 hung `distai run` and `runs show` at full CPU (a wrap that never advanced), COLUMNS=1 `quiz`;
+    `lessons` raised a traceback."""
+    from rich.text import Text
+
+    from distai.tutor import cli
+    from distai.visualizers.ring_drawing import wrap_text
+
+    pieces = [t.plain for t in wrap_text(Text("ab cd"), 0)]  # it returns: one character a line at most
+    assert all(len(piece) <= 1 for piece in pieces) and "".join(pieces) == "abcd"
+    monkeypatch.setenv("COLUMNS", columns)
+    assert cli.terminal_columns() >= cli.MIN_COLUMNS  # 0: Python asks the terminal (piped: 200); 1: 20
+    assert cli.main(["lessons", "--lang", "en"]) == 0 and "distai quiz" in capsys.readouterr().out

@@ -159,3 +159,19 @@ def test_a_linked_run_folder_is_never_followed(tmp_path, capsys):
     assert target.id in {r.id for r in plan.kept_elsewhere} and target.id not in {r.id for r in plan.remove}
     _cli(capsys, "--keep", "0", "--yes")
     assert link.is_symlink() and (target.dir / RUN_FILE).is_file()
+
+
+def test_runs_it_could_not_remove_are_said_and_the_command_fails(runs, capsys, monkeypatch):
+    """A runs folder it may not change: it printed "nothing to remove" and exited 0 after a dry run listing 4."""
+    import distai.engine.prune as prune
+
+    def refused(src, dst):
+        raise PermissionError(13, "Permission denied", str(src))
+
+    monkeypatch.setattr(prune.os, "rename", refused)
+    before = _ids()
+    code, out, err = _cli(capsys, "--keep", "2", "--lesson", "lesson1", "--yes")
+    assert code == 1 and "nothing to remove" not in out and _ids() == before
+    assert err.splitlines() == [f"distai: error: could not remove run {runs[k].id}: permission denied"
+                                for k in ("l1_old", "l1_older")] + [
+        "distai: error: could not remove run 20200101-000000-lesson1-dead: permission denied"]

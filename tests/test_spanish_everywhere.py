@@ -295,7 +295,7 @@ def test_slurm_says_where_it_wrote_in_spanish(capsys, tmp_path):
     is the English one, and its `distai run` gets the --lang."""
     def render(lang: str) -> str:
         target = tmp_path / f"job_{lang}.sbatch"
-        assert main([*SLURM, "-o", str(target), "--lang", lang]) == 0
+        assert main([*SLURM, "-o", str(target), "--force", "--lang", lang]) == 0  # written again: --force
         assert target.read_text().startswith("#!/bin/bash") and f"--lang {lang}'" in target.read_text()
         return capsys.readouterr().err
     assert "envíalo con: sbatch" in render("es")

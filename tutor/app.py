@@ -63,8 +63,26 @@ def end_after(seconds: float, code: int) -> threading.Thread:
     return watchdog
 
 
+class NoTerminal(RuntimeError):
+    """The tutor was started with its input or output not a terminal (a script, ``< /dev/null``, a pipe)."""
+
+
+def on_a_terminal() -> bool:
+    """Whether standard input and output are both terminals, as the tutor's screen and keys need."""
+    import sys
+
+    return all(stream is not None and stream.isatty() for stream in (sys.stdin, sys.stdout))
+
+
 class DistaiApp(App):
     """The distai tutor."""
+
+    def run(self, *args, **kwargs):
+        """The app, on a terminal only: from ``< /dev/null`` Textual's driver redrew the screen at full speed for
+        ever (410 MB of output in 10 minutes), deaf to SIGTERM and SIGINT."""
+        if not on_a_terminal():
+            raise NoTerminal
+        return super().run(*args, **kwargs)
 
     CSS_PATH = "app.tcss"
     TITLE = "distai"

@@ -132,12 +132,15 @@ def lesson_or_fail(name: str, lang: str = "en"):
                                   valid=", ".join(valid_names()))) from None
 
 
+MIN_COLUMNS = 20  # what COLUMNS=0 or 1 (some CI systems set them) is written at: a narrower line is no line
+
+
 def terminal_columns() -> int:
     """The columns a line of output may fill: the terminal's less one (a full line wraps in some
     terminals); piped output, 199 (lines and tables as they are)."""
     import shutil
 
-    return shutil.get_terminal_size((200, 24)).columns - 1
+    return max(MIN_COLUMNS, shutil.get_terminal_size((200, 24)).columns - 1)
 
 
 def fit_prose(line: str, width: int) -> list[str]:
@@ -278,10 +281,13 @@ def tutor(
     """Start the Textual tutor."""
     language = language_or_fail(lang)
     chosen = lesson_or_fail(lesson, language) if lesson else None
-    from .app import DistaiApp
+    from .app import DistaiApp, NoTerminal
 
     tutor_app = DistaiApp(language=language, lesson_id=chosen.id if chosen else None)
-    tutor_app.run()
+    try:
+        tutor_app.run()
+    except NoTerminal:
+        raise CliError(translated("cli", "errors.no_terminal", language)) from None
     if tutor_app.return_code:  # Textual printed what ended it; the shell must not read a crash as success
         raise typer.Exit(tutor_app.return_code)
 
@@ -541,6 +547,12 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: one-line errors and exit code 2 for bad input, never a traceback."""
     args = sys.argv[1:] if argv is None else list(argv)
     lang = _help_language(args)  # --lang is not read yet when Click refuses the command line
+    if sys.stdout is None:  # `>&-`: Click's echo wrote nothing and every command said 0 (runs prune --yes too)
+        if sys.stderr is not None:
+            sys.stderr.write(f"distai: error: {translated('cli', 'errors.stdout_closed', lang)}\n")
+        return 1
+    if sys.stdin is None:  # `<&-`: read as an empty input (the quiz then says it ended), not a traceback
+        sys.stdin = open(os.devnull, encoding="utf-8")  # noqa: SIM115 - stdin for the rest of the process
     if _FRAME or (lang != FALLBACK and _may_print_help(args)):
         typer_frame_in(lang)
     try:

@@ -32,6 +32,7 @@ from ..lessons.strings import TranslatedError, translated
 from .cli import (
     HELP,
     LESSON_HELP,
+    MIN_COLUMNS,
     CliError,
     app,
     default_ranks_text,
@@ -436,7 +437,7 @@ class TerminalView:
     def render(self):
         import time
 
-        return render_state(self.state, self.title, self.extra, self.console.width,
+        return render_state(self.state, self.title, self.extra, max(MIN_COLUMNS, self.console.width),
                             now=None if self.replay else time.time(), summary=self.summary, lang=self.lang)
 
     def __call__(self, event: dict) -> None:

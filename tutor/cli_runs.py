@@ -326,7 +326,7 @@ def runs_export(
         ours = path.resolve() == default_export_path(record.path, fmt, len(records)).resolve()  # its own: renewed
         write_export(path, text, Path(record.path), say, replace=force or ours)
     except OSError as exc:
-        raise CliError(say("cannot_write", path=path, why=os_error_text(exc, language))) from None
+        raise CliError(say("cannot_write", path=path, why=os_error_text(exc, language)), code=1) from None
     typer.echo(say("wrote_trace" if fmt == "chrome-trace" else "wrote_metrics", path=path))
 
 
@@ -353,22 +353,29 @@ def runs_prune(
     wanted = lesson_or_fail(lesson, language).id if lesson else None
     root = runs_root()
     plan = prune_plan(root, keep, None if older_than is None else older_than * 86400, wanted)
+    failed: list = []
     if yes:
         finish_removals(root)  # what a prune killed midway had renamed
-        plan.remove = remove_runs(root, plan.remove)
+        plan.remove, failed = remove_runs(root, plan.remove)
     kept = {"running": plan.kept_running, "checkpoints": plan.kept_checkpoints, "elsewhere": plan.kept_elsewhere}
     if as_json:
         typer.echo(json.dumps({"removed": yes, "bytes": plan.bytes,
                                "runs": [{"id": r.id, "lesson": r.lesson, "status": r.status, "path": r.path}
                                         for r in plan.remove],
-                               "kept": {why: [r.id for r in runs] for why, runs in kept.items()}},
+                               "kept": {why: [r.id for r in runs] for why, runs in kept.items()},
+                               "failed": [{"id": r.id, "error": os_error_text(exc, language)} for r, exc in failed]},
                               ensure_ascii=False, indent=2))
-        return
-    for line in _prune_lines(plan, kept, yes, language):
-        typer.echo(line)
+    else:
+        for line in _prune_lines(plan, kept, yes, language, failed=len(failed)):
+            typer.echo(line)
+    for run, exc in failed:  # the runs it could not remove: said, and the command fails
+        typer.echo(translated("cli", "runs.errors.not_removed", language, id=run.id, why=os_error_text(exc, language)),
+                   err=True)
+    if failed:
+        raise typer.Exit(1)
 
 
-def _prune_lines(plan, kept: dict[str, list], removed: bool, language: str) -> list[str]:
+def _prune_lines(plan, kept: dict[str, list], removed: bool, language: str, failed: int = 0) -> list[str]:
     """``runs prune``'s report: the runs it would remove (a dry run), the total, and what it kept and why."""
     from ..lessons.strings import strings
 
@@ -382,7 +389,7 @@ def _prune_lines(plan, kept: dict[str, list], removed: bool, language: str) -> l
     if plan.remove:
         lines.append(counted("removed" if removed else "would", len(plan.remove),
                              size=format_bytes(plan.bytes, lang=language)))
-    else:
+    elif not failed:  # "nothing to remove" would be false: the runs it could not remove follow
         lines.append(said["nothing"])
     lines += [counted(f"kept_{why}", len(runs)) for why, runs in kept.items() if runs]
     columns = terminal_columns()

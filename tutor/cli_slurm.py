@@ -29,6 +29,7 @@ def slurm(
     account: str | None = typer.Option(None, "--account", help=HELP["slurm_account"]),
     port: int | None = typer.Option(None, "--port", help=HELP["slurm_port"]),
     output: Path | None = typer.Option(None, "--output", "-o", help=HELP["slurm_output"]),
+    force: bool = typer.Option(False, "--force", help=HELP["slurm_force"]),
     lang: str | None = lang_option(),
 ) -> None:
     # the script itself is for SLURM and stays English; what the terminal shows is in the learner's language
@@ -83,12 +84,33 @@ def slurm(
         typer.echo(script, nl=False)
         return
     try:
-        output.write_text(script)
-        output.chmod(0o755)
-    except OSError as exc:
+        _write_script(output, script, force, language)
+    except OSError as exc:  # a full disk, a folder not ours: the machine's failure, not the command line's (1)
         raise CliError(translated("cli", "slurm_says.cannot_write", language, path=output,
-                                  why=os_error_text(exc, language))) from None
+                                  why=os_error_text(exc, language)), code=1) from None
     typer.echo(translated("cli", "slurm_says.wrote", language, path=output), err=True)
+
+
+def _write_script(output: Path, script: str, force: bool, language: str) -> None:
+    """The script into ``output``: a new file, or one replaced with ``--force``, written whole (a full disk leaves
+    the old file) and made executable; into a device or a pipe (``-o /dev/stdout``) as it is, never ``chmod``ed
+    (a ``chmod 755`` of ``/dev/null`` as root took its write permission from every other user)."""
+    import stat
+
+    from ..engine.durable import write_atomic
+
+    try:
+        mode = output.stat().st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(script)
+        return
+    if mode is not None and stat.S_ISREG(mode) and not force:
+        raise CliError(translated("cli", "runs.errors.exists", language, path=output))
+    write_atomic(output, script.encode("utf-8"))
+    output.chmod(0o755)
 
 
 #: ``distai run``'s options the script sets on every node itself (or that one node's run cannot share)

@@ -114,6 +114,7 @@ def wrap_text(text: Text, width: int, hanging: int = 0) -> list[Text]:
     around ``=`` or inside a ``{…}`` group of ranks (nor between it and its name). ``hanging``: the
     lines after the first start that many spaces in (a log line's text under its "rank 0" label)."""
     plain = text.plain
+    width = max(1, width)  # a width of 0 (COLUMNS=0) never advanced: the loop below spun for ever
     if len(plain) <= width:
         return [text]
     hanging = hanging if width - hanging >= 10 else 0  # too narrow to indent: use the whole width
