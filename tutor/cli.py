@@ -123,6 +123,12 @@ class CliError(Exception):
         self.code = code
 
 
+def write_failure_code(exc: OSError) -> int:
+    """The exit status of a failed write to a path the learner named: 2 where the path is wrong (no such
+    folder), 1 where the machine refused it (a full disk, no permission), as for standard output."""
+    return USAGE_ERROR if exc.errno in (errno.ENOENT, errno.ENOTDIR) else 1
+
+
 def lesson_or_fail(name: str, lang: str = "en"):
     """The lesson ``name`` names; else a one-line error in ``lang`` listing the valid ones."""
     try:

@@ -29,6 +29,7 @@ from .cli import (
     language_or_fail,
     lesson_or_fail,
     terminal_columns,
+    write_failure_code,
 )
 
 # ------------------------------------------------------------------------------------ distai runs
@@ -326,7 +327,7 @@ def runs_export(
         ours = path.resolve() == default_export_path(record.path, fmt, len(records)).resolve()  # its own: renewed
         write_export(path, text, Path(record.path), say, replace=force or ours)
     except OSError as exc:
-        raise CliError(say("cannot_write", path=path, why=os_error_text(exc, language)), code=1) from None
+        raise CliError(say("cannot_write", path=path, why=os_error_text(exc, language)), code=write_failure_code(exc)) from None
     typer.echo(say("wrote_trace" if fmt == "chrome-trace" else "wrote_metrics", path=path))
 
 

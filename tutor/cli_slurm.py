@@ -14,6 +14,7 @@ from .cli import (
     lang_option,
     language_or_fail,
     lesson_or_fail,
+    write_failure_code,
 )
 
 
@@ -85,9 +86,9 @@ def slurm(
         return
     try:
         _write_script(output, script, force, language)
-    except OSError as exc:  # a full disk, a folder not ours: the machine's failure, not the command line's (1)
+    except OSError as exc:
         raise CliError(translated("cli", "slurm_says.cannot_write", language, path=output,
-                                  why=os_error_text(exc, language)), code=1) from None
+                                  why=os_error_text(exc, language)), code=write_failure_code(exc)) from None
     typer.echo(translated("cli", "slurm_says.wrote", language, path=output), err=True)
 
 
