@@ -175,3 +175,22 @@ def test_runs_it_could_not_remove_are_said_and_the_command_fails(runs, capsys, m
     assert err.splitlines() == [f"distai: error: could not remove run {runs[k].id}: permission denied"
                                 for k in ("l1_old", "l1_older")] + [
         "distai: error: could not remove run 20200101-000000-lesson1-dead: permission denied"]
+
+
+def test_a_run_shown_by_its_folder_is_exported_by_its_folder(tmp_path, capsys):
+    """`runs show FOLDER` of a run outside the listing ended with `distai runs export ID`, which then said
+    "no run matches" (a report-only audit)."""
+    import shutil
+
+    listed = _run(runs_root(), "lesson1", 1)
+    copy = tmp_path / "kept by hand" / listed.id
+    shutil.copytree(listed.dir, copy)
+    shutil.rmtree(listed.dir)
+    assert main(["runs", "show", str(copy), "--lang", "en"]) == 0
+    hint = [line for line in capsys.readouterr().err.splitlines() if line.startswith("export: ")]
+    assert hint == [f"export: distai runs export '{copy}' --format chrome-trace|csv|jsonl"]
+    assert main(["runs", "export", str(copy), "-f", "csv", "-o", str(tmp_path / "m.csv")]) == 0
+    other = _run(runs_root(), "lesson1", 1)  # one the listing has: its id, as before
+    capsys.readouterr()
+    assert main(["runs", "show", other.id, "--lang", "en"]) == 0
+    assert f"export: distai runs export {other.id} --format" in capsys.readouterr().err

@@ -154,6 +154,22 @@ def profile_traces_line(record, say) -> str | None:
     return say("traces_files" if n != 1 else "traces_file", path=profile_dir, n=n)
 
 
+def export_name(record) -> str:
+    """What names ``record`` to ``distai runs export``: its id where the runs listing finds it by that id, else
+    its folder (a run shown by its path, outside the listing: its id matched no run)."""
+    import shlex
+
+    from ..engine.runs import RunNotFound, find_run
+    from .paths import runs_root
+
+    try:
+        if find_run(runs_root(), record.id).dir.resolve() == record.dir.resolve():
+            return record.id
+    except (RunNotFound, OSError):
+        pass
+    return shlex.quote(str(record.dir))
+
+
 def say_where_it_is(record, say) -> None:
     """After a run (and after its replay): its folder, its profiler traces, how to export it and how to
     resume it."""
@@ -161,7 +177,7 @@ def say_where_it_is(record, say) -> None:
     traces = profile_traces_line(record, say)
     if traces:
         typer.echo(traces, err=True)
-    typer.echo(say("export", id=record.id), err=True)
+    typer.echo(say("export", id=export_name(record)), err=True)
     resume = resume_command(record)
     if resume:
         typer.echo(say("resume", command=resume), err=True)
