@@ -26,6 +26,7 @@ from ..lessons.strings import (
     translated,
 )
 from ..lessons.units import format_score
+from .entry import interrupted
 from .paths import DataHomeError
 from .progress import ProgressError
 
@@ -535,18 +536,6 @@ def _may_print_help(args: list[str]) -> bool:
     ``distai --lang es``, ``distai --lang es calc``: a group without its command prints its help)."""
     words = [a for k, a in enumerate(args) if not a.startswith("-") and (k == 0 or args[k - 1] != "--lang")]
     return "--help" in args or len(words) <= 1
-
-
-def interrupted(exc: BaseException | None) -> bool:
-    """Whether ``exc`` is a Ctrl-C, or an error raised from one: Python 3.11 turns a KeyboardInterrupt that lands
-    in a class's ``__set_name__`` into a RuntimeError (as one did in pydantic's import, which Typer makes)."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, KeyboardInterrupt):
-            return True
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return False
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,17 +5,25 @@ from __future__ import annotations
 import sys
 
 
+def interrupted(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is a Ctrl-C, or an error raised from one: Python 3.11 turns a KeyboardInterrupt that lands
+    in a class's ``__set_name__`` into a RuntimeError (as one did in pydantic's import, which Typer makes). Here,
+    where nothing is imported, so that a failed import of the CLI can still ask."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def main() -> int:
     try:
         from .cli import main as cli_main
-    except KeyboardInterrupt:
-        return 130
-    except Exception as exc:  # a Ctrl-C Python wrapped (see cli.interrupted, not importable if this failed)
-        chain: BaseException | None = exc
-        for _ in range(8):  # a chain's few links (a cycle ends the search)
-            chain = chain.__cause__ or chain.__context__ if chain is not None else None
-            if isinstance(chain, KeyboardInterrupt):
-                return 130
+    except BaseException as exc:  # a Ctrl-C while importing, plain or wrapped: the shell's 130, no traceback
+        if interrupted(exc):
+            return 130
         raise
     return cli_main()
 
