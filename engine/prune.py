@@ -70,8 +70,9 @@ def prune_plan(root: str | os.PathLike, keep: int, older_than_s: float | None = 
     """Which runs of ``root`` (of ``lesson`` only, if given) a prune keeping the ``keep`` newest of each
     lesson, and only those older than ``older_than_s`` seconds if given, removes; see the module's rules."""
     root = Path(root).expanduser().resolve()
-    runs = [settle_killed(r) for r in list_runs(root, lesson)]  # newest first
-    in_use = _checkpoint_folders_in_use(list_runs(root)) if runs else []
+    every = list_runs(root)  # newest first; every lesson's, for the --ckpt-dir folders they use
+    runs = [settle_killed(r) for r in (every if lesson is None else list_runs(root, lesson))]  # as `runs --lesson`
+    in_use = _checkpoint_folders_in_use(every) if runs else []
     now = time.time() if now is None else float(now)
     plan = PrunePlan()
     seen: dict[str, int] = defaultdict(int)
@@ -93,25 +94,28 @@ def prune_plan(root: str | os.PathLike, keep: int, older_than_s: float | None = 
 
 
 def finish_removals(root: str | os.PathLike) -> None:
-    """Delete what an earlier prune renamed and was killed before deleting."""
+    """Delete what an earlier prune renamed and was killed before deleting (what still cannot go waits again)."""
     root = Path(root)
     if root.is_dir():
         for child in root.iterdir():
-            if child.name.startswith(REMOVING_PREFIX) and child.is_symlink():
-                child.unlink(missing_ok=True)
-            elif child.name.startswith(REMOVING_PREFIX) and child.is_dir():
-                shutil.rmtree(child, ignore_errors=True)
+            if child.name.startswith(REMOVING_PREFIX) and (child.is_symlink() or child.is_dir()):
+                _delete_renamed(child, [])
 
 
-def _delete_tree(folder: Path, errors: list[OSError]) -> None:
-    """``shutil.rmtree`` that goes on past a file it cannot delete, keeping each error in ``errors``."""
+def _delete_renamed(hidden: Path, errors: list[OSError]) -> None:
+    """Delete a run folder a prune renamed, going on past a file it cannot delete and keeping each error in
+    ``errors``; a link (list_runs' elsewhere, not a folder of ours) is unlinked, never followed."""
+    if hidden.is_symlink():
+        hidden.unlink(missing_ok=True)
+        return
+
     def keep(error: BaseException) -> None:
         errors.append(error if isinstance(error, OSError) else OSError(str(error)))
 
     if sys.version_info >= (3, 12):
-        shutil.rmtree(folder, onexc=lambda _fn, _path, exc: keep(exc))
+        shutil.rmtree(hidden, onexc=lambda _fn, _path, exc: keep(exc))
     else:  # onexc is new in 3.12; onerror, its older form, is deprecated there
-        shutil.rmtree(folder, onerror=lambda _fn, _path, info: keep(info[1]))
+        shutil.rmtree(hidden, onerror=lambda _fn, _path, info: keep(info[1]))
 
 
 def remove_runs(root: str | os.PathLike, runs: list[RunRecord]) -> tuple[list[RunRecord], list[tuple[RunRecord, OSError]]]:
@@ -125,10 +129,7 @@ def remove_runs(root: str | os.PathLike, runs: list[RunRecord]) -> tuple[list[Ru
         errors: list[OSError] = []
         try:
             os.rename(run.dir, hidden)
-            if hidden.is_symlink():  # not a folder of ours (list_runs' elsewhere): only the link goes
-                hidden.unlink(missing_ok=True)
-            else:
-                _delete_tree(hidden, errors)
+            _delete_renamed(hidden, errors)
         except OSError as exc:
             errors.append(exc)
         if errors:
