@@ -10,6 +10,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol, cast
 
 import typer
@@ -122,6 +123,27 @@ class CliError(Exception):
     def __init__(self, message: str, code: int = USAGE_ERROR):
         super().__init__(message)
         self.code = code
+
+
+def write_named_file(path: Path, text: str, replace: bool, exists: Callable[[], CliError]) -> bool:
+    """Write ``text`` at ``path``, a file the learner named with ``-o``: a new or regular file through a temporary
+    file and a rename (a reader never sees half of it; a link is followed, not replaced), an existing regular
+    file only with ``replace`` (else ``exists()`` is raised); anything else that exists (a pipe, ``/dev/null``)
+    written into as it is. True where a regular file was written (False: nothing of ours to ``chmod``)."""
+    if path.exists() and not path.is_file():  # /dev/null, a FIFO
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(text)
+        return False
+    if path.is_file() and not replace:  # it was overwritten without a word
+        raise exists()
+    target = path.resolve()
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, target)  # a reader never sees half a file
+    finally:
+        tmp.unlink(missing_ok=True)
+    return True
 
 
 def write_failure_code(exc: OSError) -> int:

@@ -30,6 +30,7 @@ from .cli import (
     lesson_or_fail,
     terminal_columns,
     write_failure_code,
+    write_named_file,
 )
 
 # ------------------------------------------------------------------------------------ distai runs
@@ -228,11 +229,14 @@ def write_export(path: Path, text: str, run_folder: Path, say, replace: bool = F
     never sees half of it; a link is followed, not replaced); anything else that exists and is not a
     regular file (a pipe, ``/dev/null``) written into as it is. Any run's own files (:data:`RUN_OWN_FILES`, in this run's
     folder or any under the runs folder) are refused: ``-o run.json`` inside a run's folder overwrote its
-    record. An existing regular file is the learner's: replaced only with ``replace``."""
-    if path.exists() and not path.is_file():  # /dev/null, a FIFO
-        with open(path, "w", encoding="utf-8") as out:
-            out.write(text)
-        return
+    record. An existing regular file is the learner's: replaced only with ``replace`` (:func:`~.cli.write_named_file`)."""
+    if not (path.exists() and not path.is_file()):  # a pipe or /dev/null is no run's file
+        _refuse_run_files(path, run_folder, say)
+    write_named_file(path, text, replace, lambda: CliError(say("exists", path=path)))
+
+
+def _refuse_run_files(path: Path, run_folder: Path, say) -> None:
+    """A CliError where ``path`` is one of a run's own files, this run's or another's under the runs folder."""
     from .paths import runs_root
 
     target, root = path.resolve(), runs_root().resolve()
@@ -243,14 +247,6 @@ def write_export(path: Path, text: str, run_folder: Path, say, replace: bool = F
         inside = target.relative_to(folder).parts if target.is_relative_to(folder) else ()
         if inside and inside[0] in RUN_OWN_FILES:
             raise CliError(say("run_file", path=path, run=folder))
-    if path.is_file() and not replace:  # it was overwritten without a word
-        raise CliError(say("exists", path=path))
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, target)  # a reader never sees half a file
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def export_text(records, fmt: str, lang: str = "en") -> str:

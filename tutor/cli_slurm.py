@@ -15,6 +15,7 @@ from .cli import (
     language_or_fail,
     lesson_or_fail,
     write_failure_code,
+    write_named_file,
 )
 
 
@@ -93,25 +94,12 @@ def slurm(
 
 
 def _write_script(output: Path, script: str, force: bool, language: str) -> None:
-    """The script into ``output``: a new file, or one replaced with ``--force``, written whole (a full disk leaves
-    the old file) and made executable; into a device or a pipe (``-o /dev/stdout``) as it is, never ``chmod``ed
-    (a ``chmod 755`` of ``/dev/null`` as root took its write permission from every other user)."""
-    import stat
-
-    from ..engine.durable import write_atomic
-
-    try:
-        mode = output.stat().st_mode
-    except FileNotFoundError:
-        mode = None
-    if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
-        with open(output, "w", encoding="utf-8") as f:
-            f.write(script)
-        return
-    if mode is not None and stat.S_ISREG(mode) and not force:
-        raise CliError(translated("cli", "runs.errors.exists", language, path=output))
-    write_atomic(output, script.encode("utf-8"))
-    output.chmod(0o755)
+    """The script into ``output`` as ``runs export -o`` writes (a regular file replaced only with ``--force``),
+    then made executable; a device or a pipe is never ``chmod``ed (a ``chmod 755`` of ``/dev/null`` as root
+    took its write permission from every other user)."""
+    exists = lambda: CliError(translated("cli", "runs.errors.exists", language, path=output))  # noqa: E731
+    if write_named_file(output, script, force, exists):
+        output.chmod(0o755)
 
 
 #: ``distai run``'s options the script sets on every node itself (or that one node's run cannot share)
