@@ -162,8 +162,11 @@ def export_name(record) -> str:
     from ..engine.runs import RunNotFound, find_run
     from .paths import runs_root
 
+    folder = record.dir.resolve()
     try:
-        if find_run(runs_root(), record.id).dir.resolve() == record.dir.resolve():
+        # a run in the runs folder (every run but one made with --run-dir) without reading them all, as
+        # find_run would after every run
+        if folder.parent == runs_root().resolve() or find_run(runs_root(), record.id).dir.resolve() == folder:
             return record.id
     except (RunNotFound, OSError):
         pass
