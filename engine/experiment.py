@@ -41,9 +41,22 @@ from ..lessons.units import format_integer
 from .events import EventSink
 
 __all__ = ["run_experiment", "UsageError", "launch_world_size", "exit_with", "checkpoint", "Progress", "device_sync", "max_over_ranks",
-           "all_ranks_true", "BARRIER_TIMEOUT_ENV", "CHECK_ARGS_ENV", "run_language", "summary_lines"]
+           "all_ranks_true", "BARRIER_TIMEOUT_ENV", "TIMEOUT_ENV", "collective_timeout_s", "barrier_timeout_s", "CHECK_ARGS_ENV", "run_language", "summary_lines"]
 
 BARRIER_TIMEOUT_ENV = "DISTAI_BARRIER_TIMEOUT_S"
+TIMEOUT_ENV = "DISTAI_COLLECTIVE_TIMEOUT_S"
+
+
+def collective_timeout_s(timeout_s: float | None = None) -> float:
+    """How long a rank waits for its peers in a collective before it gives up (so a dead or frozen peer ends
+    the run instead of hanging it): ``timeout_s``, else DISTAI_COLLECTIVE_TIMEOUT_S, else 120 s."""
+    return float(timeout_s or os.environ.get(TIMEOUT_ENV, "120"))
+
+
+def barrier_timeout_s(timeout_s: float | None = None) -> float:
+    """How long every rank waits at a named :func:`checkpoint` for the others: ``timeout_s``, else
+    DISTAI_BARRIER_TIMEOUT_S, else 60 s."""
+    return float(timeout_s if timeout_s is not None else os.environ.get(BARRIER_TIMEOUT_ENV, "60"))
 #: set by ``distai run`` for one process before the launch: parse and check the options, print what is
 #: wrong as one JSON line (:func:`_check_arguments`) and exit, without joining a group
 CHECK_ARGS_ENV = "DISTAI_CHECK_ARGS"
@@ -364,7 +377,7 @@ def checkpoint(name: str, timeout_s: float | None = None) -> None:
     """Every rank must reach ``name`` within ``timeout_s``; otherwise rank 0 names the missing ranks."""
     import torch.distributed as dist
 
-    seconds = float(timeout_s if timeout_s is not None else os.environ.get(BARRIER_TIMEOUT_ENV, "60"))
+    seconds = barrier_timeout_s(timeout_s)
     try:
         dist.monitored_barrier(group=barrier_group(), timeout=timedelta(seconds=seconds), wait_all_ranks=True)
     except RuntimeError as exc:

@@ -19,11 +19,11 @@ import torch.distributed as dist
 from ..lessons.strings import detect_language, translated
 from ..lessons.units import format_number
 from .events import JOIN_FAILED_EXIT, EventSink, backend_for
+from .experiment import collective_timeout_s
 from .lifeline import watch_launcher
 from .profiling import RankProfile, start_profiler, stop_profiler
 
 DEVICE_ENV = "DISTAI_DEVICE"
-TIMEOUT_ENV = "DISTAI_COLLECTIVE_TIMEOUT_S"
 JOIN_GRACE_S = 10.0  # past the group's own timeout, before a rank that has not joined gives up
 
 
@@ -59,7 +59,7 @@ def init_distributed(timeout_s: float | None = None) -> DistContext:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = choose_device(local_rank)
     backend = backend_for(device.type)
-    timeout = timedelta(seconds=float(timeout_s or os.environ.get(TIMEOUT_ENV, "120")))
+    timeout = timedelta(seconds=collective_timeout_s(timeout_s))
     if not dist.is_initialized():
         with join_deadline(timeout, rank, world_size):
             dist.init_process_group(backend=backend, timeout=timeout, device_id=device if backend == "nccl" else None)

@@ -668,11 +668,13 @@ def _disk_fills(home: Path) -> dict:
             "on_disk": RunRecord.load(rec.dir)}
 
 
-def _training_run(home: Path, *flags: str, stderr=subprocess.PIPE, ignore_hup: bool = False, job: bool = False):
+def _training_run(home: Path, *flags: str, stderr=subprocess.PIPE, ignore_hup: bool = False, job: bool = False,
+                  env: dict[str, str] | None = None):
     """`distai run lesson1` for ever, once its ranks are training: (process, run folder, the run's pids);
     ``ignore_hup``: started as `nohup` starts it, SIGHUP ignored; ``job``: in a process group of its own in
-    this session, as a shell starts a job (a new session's group is orphaned: the kernel drops its SIGTSTP)."""
-    env = dict(os.environ, DISTAI_HOME=str(home))
+    this session, as a shell starts a job (a new session's group is orphaned: the kernel drops its SIGTSTP);
+    ``env``: more environment variables."""
+    env = dict(os.environ, DISTAI_HOME=str(home), **(env or {}))
     hup = (lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if ignore_hup else None
     proc = subprocess.Popen([*DISTAI, "run", "lesson1", "--cpu", "2", "--steps", "1000000", "--no-sweep", *flags],
                             env=env, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=not job, cwd=REPO,
@@ -691,18 +693,26 @@ def _training_run(home: Path, *flags: str, stderr=subprocess.PIPE, ignore_hup: b
 
 def test_ctrl_z_stops_the_ranks_with_the_command_and_fg_goes_on(tmp_path):
     """Ctrl-Z (SIGTSTP) stopped only `distai run`: its ranks, in a session of their own, trained on into a pipe
-    nobody read. Now every process of the run stops with it, and SIGCONT (fg, bg) lets them all go on."""
+    nobody read. Now every process of the run stops with it, and SIGCONT (fg, bg) lets them all go on.
+    A suspension longer than the ranks wait for one another ends the run when it resumes (their deadlines ran
+    on): the command then says why, in one line, where it had only the ranks' "Timed out waiting" traces."""
     from distai.engine.runs import process_state
 
-    proc, run_dir, pids = _training_run(tmp_path, job=True)
+    wait_s = 10  # the ranks' collective and barrier timeouts: a short Ctrl-Z stays under them, a long one not
+    proc, run_dir, pids = _training_run(tmp_path, job=True, env={"DISTAI_COLLECTIVE_TIMEOUT_S": str(wait_s),
+                                                                  "DISTAI_BARRIER_TIMEOUT_S": str(wait_s)})
     try:
         assert run_dir is not None and len(pids) >= 3, proc.stderr.read().decode()[-2000:]
         steps = lambda: (run_dir / "events" / "rank0.jsonl").read_bytes().count(b'"kind":"step"')  # noqa: E731
-        proc.send_signal(signal.SIGTSTP)
-        deadline = time.time() + 20
-        while time.time() < deadline and not all(process_state(p) == "T" for p in [proc.pid, *pids]):
-            time.sleep(0.1)
-        assert {p: process_state(p) for p in [proc.pid, *pids]} == dict.fromkeys([proc.pid, *pids], "T")
+
+        def suspend() -> None:
+            proc.send_signal(signal.SIGTSTP)
+            deadline = time.time() + 20
+            while time.time() < deadline and not all(process_state(p) == "T" for p in [proc.pid, *pids]):
+                time.sleep(0.1)
+            assert {p: process_state(p) for p in [proc.pid, *pids]} == dict.fromkeys([proc.pid, *pids], "T")
+
+        suspend()
         before = steps()
         time.sleep(1.0)
         assert steps() == before  # no step while stopped
@@ -711,9 +721,16 @@ def test_ctrl_z_stops_the_ranks_with_the_command_and_fg_goes_on(tmp_path):
         while time.time() < deadline and steps() < before + 5:
             time.sleep(0.1)
         assert steps() >= before + 5 and all(process_state(p) not in ("T", None) for p in [proc.pid, *pids])
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 143
-        assert RunRecord.load(run_dir).status == "stopped"
+        os.kill(pids[-1], signal.SIGSTOP)  # a rank first, so that its peer surely waits in a collective, as it
+        time.sleep(0.5)                     # mostly does (stopped between two, a run may outlive a long Ctrl-Z)
+        suspend()
+        time.sleep(wait_s + 2)
+        proc.send_signal(signal.SIGCONT)
+        assert proc.wait(timeout=60) == 1
+        assert RunRecord.load(run_dir).status == "failed"
+        last = proc.stderr.read().decode().strip().splitlines()[-1]
+        assert last.startswith("distai: the run had been suspended (Ctrl-Z) for 1"), last  # 12 s or a little more
+        assert f"({wait_s} s): on resuming they gave up" in last, last
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -22,6 +22,7 @@ import json
 import os
 import signal
 import sys
+import time
 from typing import TYPE_CHECKING
 
 import typer
@@ -184,6 +185,26 @@ def say_where_it_is(record, say) -> None:
     resume = resume_command(record)
     if resume:
         typer.echo(say("resume", command=resume), err=True)
+
+
+def suspended_too_long(suspended_s: float, extra: list[str], lang: str) -> str | None:
+    """Why a run failed after a Ctrl-Z that kept it stopped longer than its ranks wait for one another, in
+    ``lang``; None after a shorter one. A peer's silence that long is how a rank tells a dead peer (its
+    collective's deadline and a checkpoint's barrier run on while it is stopped), so on resuming they give up."""
+    from ..engine.experiment import barrier_timeout_s, collective_timeout_s
+    from ..lessons.units import format_time
+
+    barrier_flag = "--barrier-timeout"  # lesson 1's own, over DISTAI_BARRIER_TIMEOUT_S
+    given = [a.split("=", 1)[1] if "=" in a else (extra[i + 1] if i + 1 < len(extra) else "")
+             for i, a in enumerate(extra) if a == barrier_flag or a.startswith(barrier_flag + "=")]
+    try:
+        wait_s = min(collective_timeout_s(), barrier_timeout_s(float(given[-1]) if given else None))
+    except ValueError:  # a timeout the ranks themselves refused
+        return None
+    if suspended_s < wait_s:
+        return None
+    return translated("cli", "run_says.suspended_too_long", lang, suspended=format_time(suspended_s, lang=lang),
+                      wait=format_time(wait_s, lang=lang))
 
 
 def record_in_progress_store(record, lang: str = "en") -> None:
@@ -602,10 +623,14 @@ def run_cmd(
         stopped_by.append(signum)
         launch.stop(f"stopped by {signal.Signals(signum).name}")
 
+    suspensions: list[float] = []  # seconds each Ctrl-Z kept the run stopped
+
     def on_suspend(signum, frame):  # Ctrl-Z: the ranks (in a session of their own) stop with the command, and go on
         launch.signal_processes(signal.SIGSTOP)  # with it (fg, bg); they ran on, filling the pipe nobody read
         signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        stopped_at = time.monotonic()  # CLOCK_MONOTONIC runs on while the process is stopped, as gloo's deadlines do
         os.kill(os.getpid(), signal.SIGTSTP)  # stopped here, as the shell expects, until SIGCONT
+        suspensions.append(time.monotonic() - stopped_at)
         signal.signal(signal.SIGTSTP, on_suspend)
         launch.signal_processes(signal.SIGCONT)
 
@@ -656,4 +681,7 @@ def run_cmd(
     if interrupted or record.status == "stopped":
         raise typer.Exit(130)
     if record.status != "ok":
+        with contextlib.suppress(OSError):
+            if (why := suspended_too_long(max(suspensions, default=0.0), extra, language)) is not None:
+                typer.echo(f"distai: {why}", err=True)
         raise typer.Exit(1)

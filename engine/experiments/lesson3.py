@@ -738,13 +738,14 @@ def init_group_per_attempt(timeout_s: float | None = None) -> None:
     """
     from datetime import timedelta
 
-    from ..runtime import TIMEOUT_ENV, choose_device, join_deadline
+    from ..experiment import collective_timeout_s
+    from ..runtime import choose_device, join_deadline
 
     if dist.is_initialized() or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = choose_device(int(os.environ.get("LOCAL_RANK", "0")))
-    timeout = timedelta(seconds=float(timeout_s or os.environ.get(TIMEOUT_ENV, "120")))
+    timeout = timedelta(seconds=collective_timeout_s(timeout_s))
     with join_deadline(timeout, rank, world):
         agent_store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
                                     is_master=False, timeout=timeout)
