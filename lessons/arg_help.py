@@ -2,9 +2,9 @@
 
 Each experiment's parser is an :class:`ExperimentParser` whose ``prog`` ends with the experiment's name
 ("distai run lesson1"). Its options carry no help text in the code: when the help is printed, every
-option's text, the description, the groups' titles, the metavars and argparse's own words ("usage:",
+option's text, the description, the groups' titles and argparse's own words ("usage:",
 "options", "-h") come from ``lessons/catalog/run_help.toml`` in the run's language (``DISTAI_LANG``,
-which the launcher sets). An option's text is ``[<lang>.<experiment>].<dest>``, else
+which the launcher sets), and the metavars from ``lessons/catalog/metavar.toml`` (every command's). An option's text is ``[<lang>.<experiment>].<dest>``, else
 ``[<lang>.common].<dest>`` (the options several experiments share: the GPT's size, ``--seed`` …); its
 default is said after it, formatted by ``lessons/units.py`` ("por defecto: 0,1"), unless it is None
 (the text then says what happens) or a flag's. A value a text states that lives in the code (lesson 5's
@@ -25,6 +25,12 @@ __all__ = ["AREA", "COMMON", "ExperimentParser", "HelpFields", "by_machine", "op
 
 AREA = "run_help"
 COMMON = "common"
+METAVAR_AREA = "metavar"
+#: the kind of value an experiment's option reads, where its type alone does not say it (metavar.toml names it)
+OPTION_KINDS = {"sweep_min": "size", "sweep_max": "size", "ckpt_dir": "folder", "strategies": "list", "modes": "list",
+                "schedules": "list", "inject_overflow": "list", "bucket_mb": "list", "skip": "list",
+                "memory_seqs": "list", "schedule": "name"}
+TYPE_KINDS = {"int": "int", "float": "float", "positive_float": "float", "str": "str"}
 
 
 #: a help text's fields, per option (``{cpu}`` in "default: {cpu} on CPU"): a value said as a default is, or a
@@ -81,9 +87,11 @@ class _Formatter(argparse.HelpFormatter):
     a list), else for its type (N, X) — where argparse would write the option's name in capitals."""
 
     def _get_default_metavar_for_optional(self, action: argparse.Action) -> str:
-        names = strings(AREA, detect_language())["metavar"]
-        kind = getattr(action.type, "__name__", "str") if action.type is not None else "str"
-        return str(names.get(action.dest) or names.get(kind) or names["str"])
+        if action.dest == "lang":
+            return "en|es"
+        type_name = getattr(action.type, "__name__", "str") if action.type is not None else "str"
+        kind = OPTION_KINDS.get(action.dest) or TYPE_KINDS.get(type_name, "str")
+        return str(strings(METAVAR_AREA, detect_language())[kind])
 
     def _split_lines(self, text: str, width: int) -> list[str]:
         return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)

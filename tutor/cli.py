@@ -57,25 +57,32 @@ def _help_language(argv: list[str]) -> str:
 HELP_LANG = _help_language(sys.argv[1:])
 HELP = strings("cli", HELP_LANG)
 
-def _flags_show_no_type() -> None:
-    """Typer's rich help writes ``<bool>`` beside a flag (``--json <bool>``), as if it took a value;
-    ``--json true`` is refused. A flag's row shows no type, as click's own help does."""
+def _help_shows_no_python_types() -> None:
+    """Typer's rich help writes a value's Python type beside it: ``<bool>`` beside a flag (``--json <bool>``),
+    as if it took a value (``--json true`` is refused), and ``<str>`` beside an argument whose column already
+    shows its metavar (``LESSON <str>``). A flag's row shows no type, as click's own help does, and an argument
+    only its metavar (every option has one: :func:`metavar`)."""
     try:
-        from typer.core import TyperOption
+        from typer.core import TyperArgument, TyperOption
     except ImportError:  # another Typer: its own help
         return
     shown = getattr(TyperOption, "display_type_rich", None)
-    if shown is None or getattr(shown, "_distai", False):
-        return
+    if shown is not None and not getattr(shown, "_distai", False):
+        def option_type(self, ctx):
+            return None if self.is_flag else shown(self, ctx)
 
-    def display_type_rich(self, ctx):
-        return None if self.is_flag else shown(self, ctx)
+        option_type._distai = True  # type: ignore[attr-defined]
+        TyperOption.display_type_rich = option_type  # type: ignore[method-assign]
+    argument_shown = getattr(TyperArgument, "display_type_rich", None)
+    if argument_shown is not None and not getattr(argument_shown, "_distai", False):
+        def argument_type(self, ctx):
+            return None if self.metavar is not None else argument_shown(self, ctx)
 
-    display_type_rich._distai = True  # type: ignore[attr-defined]
-    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+        argument_type._distai = True  # type: ignore[attr-defined]
+        TyperArgument.display_type_rich = argument_type  # type: ignore[method-assign]
 
 
-_flags_show_no_type()
+_help_shows_no_python_types()
 
 app = typer.Typer(
     name="distai",
@@ -106,6 +113,12 @@ def default_ranks_text() -> str:
     others = [HELP["run_cpu_others"].format(n=len(numbers), numbers=", ".join(map(str, numbers)), ranks=r)
               for r, numbers in sorted(by_ranks.items()) if r != common]
     return f"{common} ({'; '.join(others)})" if others else str(common)
+
+
+def metavar(kind: str) -> str:
+    """What a help shows for an option's value of ``kind`` (``lessons/catalog/metavar.toml``: N, FOLDER,
+    PORT …), in the help's language, where Typer would show its Python type (<int>, <str>)."""
+    return str(strings("metavar", HELP_LANG)[kind])
 
 
 LESSON_HELP = HELP["lesson"].format(numbers=lesson_numbers())

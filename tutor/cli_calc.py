@@ -19,7 +19,7 @@ import typer
 
 from ..lessons.calculator import REQUIRED, CalcError, Calculator
 from ..lessons.registry import all_calculators
-from ..lessons.strings import has, strings, translated
+from ..lessons.strings import has, translated
 from .cli import (
     HELP,
     HELP_LANG,
@@ -28,6 +28,7 @@ from .cli import (
     fit_prose,
     lang_option,
     language_or_fail,
+    metavar,
     terminal_columns,
 )
 
@@ -78,12 +79,18 @@ def run_calculator(calc: Calculator, given: dict, as_json: bool, lang: str | Non
                 typer.echo(part)
 
 
+#: the name (lessons/catalog/metavar.toml) of each calculator option kind's value (lessons.calculator.KINDS)
+CALC_METAVARS = {"whole": "int", "length": "tokens", "count": "int", "bytes": "size", "capacity": "size",
+                 "time": "time", "bandwidth": "rate", "per-byte": "per_byte", "flops": "flops", "number": "float",
+                 "choice": "name"}
+
+
 def _metavar(option) -> str | None:
     """What the help shows instead of <str>: the kind of value the option reads, in the help's language
-    (``lessons/catalog/calc_help.toml`` ``[<lang>.metavar]``; a choice's help lists the choices)."""
+    (a choice's help lists the choices)."""
     if option.kind == "flag":
         return None
-    return str(strings("calc_help", HELP_LANG)["metavar"][option.kind])
+    return metavar(CALC_METAVARS[option.kind])
 
 
 def _parameter(calc: Calculator, option) -> inspect.Parameter:

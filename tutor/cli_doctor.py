@@ -8,7 +8,7 @@ import typer
 
 from ..lessons.strings import strings, translated
 from ..lessons.units import format_fixed, format_number, format_plain, format_time
-from .cli import HELP, CliError, app, fit_prose, lang_option, language_or_fail, terminal_columns
+from .cli import HELP, CliError, app, fit_prose, lang_option, language_or_fail, metavar, terminal_columns
 
 
 def _gb_s(bps: float, lang: str) -> str:
@@ -96,7 +96,7 @@ def doctor_lines(report: dict[str, Any], lang: str = "en", columns: int | None =
 def doctor(
     as_json: bool = typer.Option(False, "--json", help=HELP["doctor_json"]),
     quick: bool = typer.Option(False, "--quick", help=HELP["doctor_quick"]),
-    ranks: int = typer.Option(None, "--ranks", help=HELP["doctor_ranks"]),
+    ranks: int = typer.Option(None, "--ranks", metavar=metavar("int"), help=HELP["doctor_ranks"]),
     lang: str | None = lang_option(),
 ) -> None:
     language = language_or_fail(lang)

@@ -22,6 +22,7 @@ from .cli import (
     lang_option,
     language_or_fail,
     lesson_or_fail,
+    metavar,
     open_progress,
     terminal_columns,
 )
@@ -116,10 +117,10 @@ def run_quiz(questions, store, session_lesson, lang: str, header: str) -> int:
 
 @app.command("quiz", help=HELP["quiz"])
 def quiz(
-    lesson: str | None = typer.Argument(None, help=LESSON_HELP),
+    lesson: str | None = typer.Argument(None, help=LESSON_HELP, metavar=metavar("lesson")),
     # read as text and checked here (a clear one-line error, exit 2); the help says what they take
-    count: str = typer.Option("5", "--count", "-n", metavar="N", help=HELP["quiz_count"]),
-    seed: str | None = typer.Option(None, "--seed", metavar="N", help=HELP["quiz_seed"]),
+    count: str = typer.Option("5", "--count", "-n", metavar=metavar("int"), help=HELP["quiz_count"]),
+    seed: str | None = typer.Option(None, "--seed", metavar=metavar("int"), help=HELP["quiz_seed"]),
     review: bool = typer.Option(False, "--review", help=HELP["quiz_review"]),
     lang: str | None = lang_option(),
 ) -> None:

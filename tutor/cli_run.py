@@ -41,6 +41,7 @@ from .cli import (
     lang_option,
     language_or_fail,
     lesson_or_fail,
+    metavar,
     output_gone,
 )
 
@@ -525,22 +526,22 @@ class JsonView:
 @app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, help=HELP["run"])
 def run_cmd(
     ctx: typer.Context,
-    lesson: str = typer.Argument(..., help=LESSON_HELP),
-    gpus: int | None = typer.Option(None, "--gpus", help=HELP["run_gpus"]),
-    cpu: int | None = typer.Option(None, "--cpu", help=HELP["run_cpu"].format(ranks=default_ranks_text())),
-    nnodes: int = typer.Option(1, "--nnodes", help=HELP["run_nnodes"]),
-    node_rank: int | None = typer.Option(None, "--node-rank", help=HELP["run_node_rank"]),
-    master_addr: str | None = typer.Option(None, "--master-addr", help=HELP["run_master_addr"]),
-    master_port: int | None = typer.Option(None, "--master-port", help=HELP["run_master_port"]),
-    rdzv_backend: str = typer.Option("static", "--rdzv-backend", help=HELP["run_rdzv_backend"]),
-    rdzv_id: str | None = typer.Option(None, "--rdzv-id", help=HELP["run_rdzv_id"]),
-    join_timeout: int | None = typer.Option(None, "--join-timeout", help=HELP["run_join_timeout"]),
-    steps: int | None = typer.Option(None, "--steps", help=HELP["run_steps"]),
+    lesson: str = typer.Argument(..., help=LESSON_HELP, metavar=metavar("lesson")),
+    gpus: int | None = typer.Option(None, "--gpus", metavar=metavar("int"), help=HELP["run_gpus"]),
+    cpu: int | None = typer.Option(None, "--cpu", metavar=metavar("int"), help=HELP["run_cpu"].format(ranks=default_ranks_text())),
+    nnodes: int = typer.Option(1, "--nnodes", metavar=metavar("int"), help=HELP["run_nnodes"]),
+    node_rank: int | None = typer.Option(None, "--node-rank", metavar=metavar("int"), help=HELP["run_node_rank"]),
+    master_addr: str | None = typer.Option(None, "--master-addr", metavar=metavar("host"), help=HELP["run_master_addr"]),
+    master_port: int | None = typer.Option(None, "--master-port", metavar=metavar("port"), help=HELP["run_master_port"]),
+    rdzv_backend: str = typer.Option("static", "--rdzv-backend", metavar="static|c10d", help=HELP["run_rdzv_backend"]),
+    rdzv_id: str | None = typer.Option(None, "--rdzv-id", metavar=metavar("name"), help=HELP["run_rdzv_id"]),
+    join_timeout: int | None = typer.Option(None, "--join-timeout", metavar=metavar("seconds"), help=HELP["run_join_timeout"]),
+    steps: int | None = typer.Option(None, "--steps", metavar=metavar("int"), help=HELP["run_steps"]),
     as_json: bool = typer.Option(False, "--json", help=HELP["run_json"]),
-    run_dir: str | None = typer.Option(None, "--run-dir", help=HELP["run_dir"]),
+    run_dir: str | None = typer.Option(None, "--run-dir", metavar=metavar("folder"), help=HELP["run_dir"]),
     debug: bool = typer.Option(False, "--debug", help=HELP["run_debug"]),
     profile: bool = typer.Option(False, "--profile", help=HELP["run_profile"]),
-    max_restarts: int | None = typer.Option(None, "--max-restarts", help=HELP["run_max_restarts"]),
+    max_restarts: int | None = typer.Option(None, "--max-restarts", metavar=metavar("int"), help=HELP["run_max_restarts"]),
     lang: str | None = lang_option(),
 ) -> None:
     """Launch the lesson's real torch.distributed experiment (the help text is the catalog's ``cli.run``)."""

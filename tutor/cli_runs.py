@@ -28,6 +28,7 @@ from .cli import (
     lang_option,
     language_or_fail,
     lesson_or_fail,
+    metavar,
     terminal_columns,
     write_failure_code,
     write_named_file,
@@ -47,9 +48,9 @@ def _duration(record, lang: str) -> str:
 @runs_app.callback(invoke_without_command=True)
 def runs_list(
     ctx: typer.Context,
-    lesson: str | None = typer.Option(None, "--lesson", "-l", help=RUNS["lesson"]),
+    lesson: str | None = typer.Option(None, "--lesson", "-l", metavar=metavar("lesson"), help=RUNS["lesson"]),
     as_json: bool = typer.Option(False, "--json", help=RUNS["json"]),
-    limit: int = typer.Option(50, "--limit", "-n", help=RUNS["limit"]),
+    limit: int = typer.Option(50, "--limit", "-n", metavar=metavar("int"), help=RUNS["limit"]),
     lang: str | None = lang_option(),
 ) -> None:
     if ctx.invoked_subcommand is not None:
@@ -115,9 +116,9 @@ def _runs_table(rows: list[dict[str, Any]], runs: list, say: dict, language: str
 
 @runs_app.command("show", help=RUNS["show"])
 def runs_show(
-    run_id: str = typer.Argument(..., help=RUNS["show_id"]),
+    run_id: str = typer.Argument(..., help=RUNS["show_id"], metavar=metavar("run")),
     as_json: bool = typer.Option(False, "--json", help=RUNS["show_json"]),
-    speed: float = typer.Option(0.0, "--speed", help=RUNS["show_speed"]),
+    speed: float = typer.Option(0.0, "--speed", metavar=metavar("float"), help=RUNS["show_speed"]),
     lang: str | None = lang_option(),
 ) -> None:
     from ..engine.run_state import replay_events
@@ -289,10 +290,10 @@ def export_text(records, fmt: str, lang: str = "en") -> str:
 
 @runs_app.command("export", help=RUNS["export"])
 def runs_export(
-    run_ids: list[str] = typer.Argument(..., help=RUNS["export_ids"]),
-    fmt: str = typer.Option("chrome-trace", "--format", "-f",
+    run_ids: list[str] = typer.Argument(..., help=RUNS["export_ids"], metavar=metavar("run")),
+    fmt: str = typer.Option("chrome-trace", "--format", "-f", metavar="chrome-trace|csv|jsonl",
                             help=RUNS["export_format"]),
-    output: str | None = typer.Option(None, "--output", "-o",
+    output: str | None = typer.Option(None, "--output", "-o", metavar=metavar("file"),
                                       help=RUNS["export_output"]),
     force: bool = typer.Option(False, "--force", help=RUNS["export_force"]),
     lang: str | None = lang_option(),
@@ -330,9 +331,9 @@ def runs_export(
 # ------------------------------------------------------------------------------ distai runs prune
 @runs_app.command("prune", help=RUNS["prune"])
 def runs_prune(
-    keep: int = typer.Option(10, "--keep", "-k", help=RUNS["prune_keep"]),
-    older_than: float | None = typer.Option(None, "--older-than", metavar="DAYS", help=RUNS["prune_older_than"]),
-    lesson: str | None = typer.Option(None, "--lesson", "-l", help=RUNS["lesson"]),
+    keep: int = typer.Option(10, "--keep", "-k", metavar=metavar("int"), help=RUNS["prune_keep"]),
+    older_than: float | None = typer.Option(None, "--older-than", metavar=metavar("days"), help=RUNS["prune_older_than"]),
+    lesson: str | None = typer.Option(None, "--lesson", "-l", metavar=metavar("lesson"), help=RUNS["lesson"]),
     yes: bool = typer.Option(False, "--yes", "-y", help=RUNS["prune_yes"]),
     as_json: bool = typer.Option(False, "--json", help=RUNS["json"]),
     lang: str | None = lang_option(),

@@ -14,6 +14,7 @@ from .cli import (
     lang_option,
     language_or_fail,
     lesson_or_fail,
+    metavar,
     write_failure_code,
     write_named_file,
 )
@@ -22,15 +23,15 @@ from .cli import (
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, help=HELP["slurm"])
 def slurm(
     ctx: typer.Context,
-    lesson: str = typer.Argument(..., help=LESSON_HELP),
-    nodes: int = typer.Option(..., "--nodes", help=HELP["slurm_nodes"]),
-    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", help=HELP["slurm_gpus_per_node"]),
-    cpu_per_node: int | None = typer.Option(None, "--cpu-per-node", help=HELP["slurm_cpu_per_node"]),
-    partition: str | None = typer.Option(None, "--partition", help=HELP["slurm_partition"]),
-    time: str | None = typer.Option(None, "--time", help=HELP["slurm_time"]),
-    account: str | None = typer.Option(None, "--account", help=HELP["slurm_account"]),
-    port: int | None = typer.Option(None, "--port", help=HELP["slurm_port"]),
-    output: Path | None = typer.Option(None, "--output", "-o", help=HELP["slurm_output"]),
+    lesson: str = typer.Argument(..., help=LESSON_HELP, metavar=metavar("lesson")),
+    nodes: int = typer.Option(..., "--nodes", metavar=metavar("int"), help=HELP["slurm_nodes"]),
+    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", metavar=metavar("int"), help=HELP["slurm_gpus_per_node"]),
+    cpu_per_node: int | None = typer.Option(None, "--cpu-per-node", metavar=metavar("int"), help=HELP["slurm_cpu_per_node"]),
+    partition: str | None = typer.Option(None, "--partition", metavar=metavar("name"), help=HELP["slurm_partition"]),
+    time: str | None = typer.Option(None, "--time", metavar=metavar("time"), help=HELP["slurm_time"]),
+    account: str | None = typer.Option(None, "--account", metavar=metavar("name"), help=HELP["slurm_account"]),
+    port: int | None = typer.Option(None, "--port", metavar=metavar("port"), help=HELP["slurm_port"]),
+    output: Path | None = typer.Option(None, "--output", "-o", metavar=metavar("file"), help=HELP["slurm_output"]),
     force: bool = typer.Option(False, "--force", help=HELP["slurm_force"]),
     lang: str | None = lang_option(),
 ) -> None:
