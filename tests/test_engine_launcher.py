@@ -1038,8 +1038,10 @@ def test_a_file_that_cannot_be_written_says_why_in_the_learners_language(tmp_pat
     assert os_error_text(refused, "en") == "that folder does not let anything be created in it"
     gone = OSError(errno_codes.ENOENT, "No such file or directory", str(tmp_path / "no-such-folder" / "x.json"))
     assert os_error_text(gone, "en") == "no such folder"
-    odd = OSError(errno_codes.EBUSY, "Device or resource busy")
-    assert os_error_text(odd, "es") == "Device or resource busy"  # no catalog entry: the system's words
+    too_long = OSError(errno_codes.ENAMETOOLONG, "File name too long")  # the system's words were English
+    assert os_error_text(too_long, "es") == "el nombre es demasiado largo"
+    odd = OSError(errno_codes.EOVERFLOW, "Value too large for defined data type")
+    assert os_error_text(odd, "es") == "Value too large for defined data type"  # no catalog entry: the system's words
 
 
 def test_a_stopped_runs_final_view_leaves_torchruns_signal_traceback_out():

@@ -167,12 +167,15 @@ def test_sigkill_mid_write_loses_nothing_committed(tmp_path):
     assert {f"step-{i}" for i in pairs} == seen
 
 
-def _assert_moved_aside(tmp_path, path, original_bytes):
+def _assert_moved_aside(tmp_path, path, original_bytes, reasons: tuple[str, str]):
+    """``reasons``: why, in English and in Spanish (SQLite's own words are English: "file is not a database")."""
     with ProgressStore(path) as s:
         assert s.recovered_from is not None
         assert "\n" not in s.recovered_from
         assert "was moved to" in s.recovered_from and str(s.moved_to) in s.recovered_from
         assert "se movió a" in s.recovered_text("es") and str(s.moved_to) in s.recovered_text("es")
+        assert f"unreadable ({reasons[0]})" in s.recovered_from
+        assert f"no se podía leer ({reasons[1]})" in s.recovered_text("es")
         assert s.moved_to.name.startswith("progress.db.corrupt-")
         assert s.moved_to.read_bytes() == original_bytes  # never wiped
         s.mark_step_seen("lesson1", "replicate")  # a fresh, working database
@@ -185,7 +188,7 @@ def test_not_sqlite_file_is_moved_aside(tmp_path):
     path = tmp_path / "progress.db"
     junk = b"this is not a database at all\n" * 200
     path.write_bytes(junk)
-    _assert_moved_aside(tmp_path, path, junk)
+    _assert_moved_aside(tmp_path, path, junk, ("it is not a SQLite database", "no es una base de datos SQLite"))
 
 
 def test_damaged_sqlite_file_is_moved_aside(tmp_path):
@@ -200,7 +203,7 @@ def test_damaged_sqlite_file_is_moved_aside(tmp_path):
     # scribble over the second page onward, keeping the valid SQLite header
     data[4096:4096 * 3] = b"\xff" * (4096 * 2)
     path.write_bytes(bytes(data))
-    _assert_moved_aside(tmp_path, path, bytes(data))
+    _assert_moved_aside(tmp_path, path, bytes(data), ("it is damaged", "está dañada"))
 
 
 def test_newer_schema_is_refused_not_wiped(tmp_path):

@@ -23,12 +23,12 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import TypeGuard
 
-from ..lessons.strings import TranslatedError, translated, translations
+from ..lessons.strings import TranslatedError, os_error_text, translated, translations
 
 SCHEMA_VERSION = 2
 
@@ -91,6 +91,25 @@ def _is_corruption(exc: sqlite3.DatabaseError) -> bool:
     return name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB"))
 
 
+#: SQLite's error names whose reason the learner reads in their language (lessons/catalog/cli.toml's sqlite_error)
+_SQLITE_REASONS = (("SQLITE_NOTADB", "notadb"), ("SQLITE_CORRUPT", "corrupt"), ("SQLITE_CANTOPEN", "cantopen"),
+                   ("SQLITE_READONLY", "readonly"), ("SQLITE_IOERR", "ioerr"), ("SQLITE_FULL", "full"),
+                   ("SQLITE_PERM", "perm"))
+
+
+def _sqlite_reason(exc: sqlite3.DatabaseError | None, words: str = "") -> Callable[[str], str] | str:
+    """Why SQLite refused the database, as a function of the language for the causes it names (not a database,
+    damaged, cannot be opened, read-only, a disk error or a full disk), else SQLite's own words; ``exc`` None:
+    ``PRAGMA quick_check`` found damage (``words``, its report, are SQLite's own and English)."""
+    name = "SQLITE_CORRUPT" if exc is None else getattr(exc, "sqlite_errorname", None) or ""
+    if exc is not None and not name and "not a database" in str(exc):  # raised without a code
+        name = "SQLITE_NOTADB"
+    key = next((key for prefix, key in _SQLITE_REASONS if name.startswith(prefix)), None)
+    if key is None:
+        return str(exc) if exc is not None else words
+    return lambda lang: translated("cli", f"sqlite_error.{key}", lang)
+
+
 LOCK_WAIT_S = 10.0  # how long a write waits for another process's lock before it says so
 
 
@@ -100,8 +119,7 @@ def _unusable(exc: sqlite3.DatabaseError, path: Path, *, saving: bool = False) -
     learner's); ``saving``: a write that failed once begun."""
     name = getattr(exc, "sqlite_errorname", None) or ""
     key = "busy" if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) else "cannot_save" if saving else "cannot_open"
-    problem = (lambda lang: translated("cli", "os_error.ENOSPC", lang)) if name == "SQLITE_FULL" else exc
-    return ProgressError(texts=translations("cli", "progress." + key, path=path, problem=problem))
+    return ProgressError(texts=translations("cli", "progress." + key, path=path, problem=_sqlite_reason(exc)))
 
 
 def _cannot_write(exc: BaseException) -> TypeGuard[sqlite3.OperationalError]:
@@ -164,12 +182,12 @@ class ProgressStore:
         conn = None
         try:
             conn = self._connect()
-            problem = None
+            problem: Callable[[str], str] | str | None = None
             if existed:
                 rows = conn.execute("PRAGMA quick_check").fetchall()
                 results = [r[0] for r in rows]
                 if results != ["ok"]:
-                    problem = "; ".join(str(r) for r in results[:2])
+                    problem = _sqlite_reason(None, "; ".join(str(r) for r in results[:2]))
             self._configure(conn)
             conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
             if problem is None:
@@ -179,7 +197,7 @@ class ProgressStore:
                 if conn is not None:     # the learner's progress all the same, and stays where it is
                     conn.close()
                 raise _unusable(exc, self.path) from None
-            problem = str(exc)
+            problem = _sqlite_reason(exc)
         if conn is not None:
             conn.close()
         if not existed:
@@ -197,7 +215,7 @@ class ProgressStore:
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute("PRAGMA foreign_keys=ON")
 
-    def _move_aside(self, problem: str) -> None:
+    def _move_aside(self, problem: Callable[[str], str] | str) -> None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
         n = 1
@@ -211,7 +229,9 @@ class ProgressStore:
                 if side.exists():
                     os.replace(side, target.with_name(target.name + suffix))
         except OSError as exc:
-            raise ProgressError.keyed("cannot_move", path=self.path, problem=problem, error=exc) from None
+            refused = exc  # the except clause unbinds exc; the texts are made at once all the same
+            raise ProgressError.keyed("cannot_move", path=self.path, problem=problem,
+                                      error=lambda lang: os_error_text(refused, lang)) from None
         self.moved_to = target
         self.recovered_texts = translations("cli", "progress.recovered", problem=problem, target=target)
 
