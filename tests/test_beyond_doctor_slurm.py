@@ -220,6 +220,10 @@ def test_slurm_o_replaces_a_file_only_with_force_and_never_chmods_a_device(tmp_p
     assert main([*argv, "--force"]) == 0 and notes.read_text().startswith("#!/bin/bash")
     assert st.S_IMODE(notes.stat().st_mode) == 0o755
     assert main(["slurm", "lesson1", "--nodes", "2", "--cpu-per-node", "2", "-o", "/dev/full"]) == 1  # not usage
+    capsys.readouterr()
+    # a folder is a wrong path (2), as `runs export -o FOLDER` says; it exited 1, as for a full disk
+    assert main(["slurm", "lesson1", "--nodes", "2", "--cpu-per-node", "2", "-o", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"distai: error: cannot write {tmp_path}: it is a folder\n"
     if os.geteuid() == 0:  # a device node of our own, as /dev/null is
         device = tmp_path / "null"
         os.mknod(device, 0o666 | st.S_IFCHR, os.makedev(1, 3))

@@ -161,8 +161,9 @@ def write_named_file(path: Path, text: str, replace: bool, exists: Callable[[], 
 
 def write_failure_code(exc: OSError) -> int:
     """The exit status of a failed write to a path the learner named: 2 where the path is wrong (no such
-    folder), 1 where the machine refused it (a full disk, no permission), as for standard output."""
-    return USAGE_ERROR if exc.errno in (errno.ENOENT, errno.ENOTDIR) else 1
+    folder, a folder where the file goes: as ``runs export -o FOLDER`` refuses it), 1 where the machine refused
+    it (a full disk, no permission), as for standard output."""
+    return USAGE_ERROR if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EISDIR) else 1
 
 
 def lesson_or_fail(name: str, lang: str = "en"):
