@@ -216,7 +216,7 @@ def test_lessons_table_fits_an_80_column_terminal(isolated_distai_home, capsys, 
     assert max(len(line) for line in lines) < 80 and "nombre corto" not in lines[0]
     table = lines[:lines.index("")]
     titles = " ".join(line[5:].split("  ")[0].strip() for line in table[1:])
-    assert "Particionamiento de modelo y optimizador (ZeRO y FSDP)" in " ".join(titles.split())  # wrapped, whole
+    assert "Sharding de modelo y optimizador (ZeRO y FSDP)" in " ".join(titles.split())  # wrapped, whole
 
 
 def test_a_ctrl_c_while_the_cli_is_still_being_imported_exits_130_without_a_traceback(monkeypatch):
