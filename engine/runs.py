@@ -74,6 +74,10 @@ class RunRecord:
     launcher_start: int | None = None
     last_step: int | None = None  # steps done when the launcher was killed or the run stopped (1-based), if any
     host: str = field(default_factory=lambda: _this_host())
+    # the longest Ctrl-Z suspension and the shortest wait of its ranks for one another, seconds (None: never
+    # suspended): a failure after a suspension that long is explained (the ranks' deadlines ran on meanwhile)
+    suspended_s: float | None = None
+    ranks_wait_s: float | None = None
 
     # -- folders -------------------------------------------------------------------------------
     @property

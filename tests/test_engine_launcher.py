@@ -727,10 +727,15 @@ def test_ctrl_z_stops_the_ranks_with_the_command_and_fg_goes_on(tmp_path):
         time.sleep(wait_s + 2)
         proc.send_signal(signal.SIGCONT)
         assert proc.wait(timeout=60) == 1
-        assert RunRecord.load(run_dir).status == "failed"
+        record = RunRecord.load(run_dir)
+        assert record.status == "failed" and record.suspended_s >= wait_s + 2 and record.ranks_wait_s == wait_s
         last = proc.stderr.read().decode().strip().splitlines()[-1]
         assert last.startswith("distai: the run had been suspended (Ctrl-Z) for 1"), last  # 12 s or a little more
         assert f"({wait_s} s): on resuming they gave up" in last, last
+        # the run's replay says it again, from its record
+        shown = subprocess.run([*DISTAI, "runs", "show", run_dir.name], env=dict(os.environ, DISTAI_HOME=str(tmp_path)),
+                               capture_output=True, text=True, timeout=60, cwd=REPO)
+        assert shown.returncode == 0 and shown.stderr.strip().splitlines()[-1] == last, shown.stderr
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -749,19 +749,28 @@ def test_a_process_is_a_rank_in_spanish():
 
 
 def test_a_long_ctrl_z_is_explained_in_spanish(monkeypatch):
-    """Why a run failed after a Ctrl-Z longer than its ranks wait for one another, in the run's language; the
-    shortest of the waits counts (lesson 1's --barrier-timeout over DISTAI_BARRIER_TIMEOUT_S), and a shorter
-    suspension explains nothing (its failure is another's)."""
-    from distai.tutor.cli_run import suspended_too_long
+    """Why a run failed after a Ctrl-Z longer than its ranks wait for one another, in the learner's language;
+    the shortest of the waits counts (lesson 1's --barrier-timeout over DISTAI_BARRIER_TIMEOUT_S), and a shorter
+    suspension, or a run that did not fail, explains nothing (its failure is another's)."""
+    from types import SimpleNamespace
+
+    from distai.tutor.cli_run import ranks_wait_s, suspended_too_long
 
     monkeypatch.setenv("DISTAI_COLLECTIVE_TIMEOUT_S", "30")
     monkeypatch.delenv("DISTAI_BARRIER_TIMEOUT_S", raising=False)
-    assert suspended_too_long(29.0, [], "en") is None
-    assert "(30 s)" in suspended_too_long(31.0, [], "en")  # the collectives' 30 s, under the checkpoints' 60 s
-    assert suspended_too_long(11.0, ["--barrier-timeout", "10"], "en").endswith(
-        "for 11 s, longer than its ranks wait for one another (10 s): on resuming they gave up. To suspend a run "
-        "longer, start it with DISTAI_COLLECTIVE_TIMEOUT_S and DISTAI_BARRIER_TIMEOUT_S (seconds) set above that")
-    assert "(12 s)" in suspended_too_long(13.0, ["--barrier-timeout=12"], "en")
-    assert suspended_too_long(11.0, ["--barrier-timeout", "x"], "en") is None  # the ranks refused it themselves
-    assert "llevaba 1,5 min suspendida" in suspended_too_long(90.0, [], "es")
-    assert_both(lambda lang: suspended_too_long(90.0, [], lang), "the long Ctrl-Z's explanation")
+    assert ranks_wait_s([]) == 30  # the collectives' 30 s, under the checkpoints' 60 s
+    assert ranks_wait_s(["--barrier-timeout", "10"]) == 10 and ranks_wait_s(["--barrier-timeout=12"]) == 12
+    assert ranks_wait_s(["--barrier-timeout", "x"]) is None  # the ranks refused it themselves
+
+    def run(suspended_s, wait_s=30.0, status="failed"):
+        return SimpleNamespace(status=status, suspended_s=suspended_s, ranks_wait_s=wait_s)
+
+    assert suspended_too_long(run(29.0), "en") is None and suspended_too_long(run(None), "en") is None
+    assert suspended_too_long(run(90.0, status="stopped"), "en") is None
+    assert suspended_too_long(run(90.0, None), "en") is None
+    assert suspended_too_long(run(31.0), "en") == (
+        "the run had been suspended (Ctrl-Z) for 31 s, longer than its ranks wait for one another (30 s): on "
+        "resuming they gave up. To suspend a run longer, start it with DISTAI_COLLECTIVE_TIMEOUT_S and "
+        "DISTAI_BARRIER_TIMEOUT_S (seconds) set above that")
+    assert "llevaba 1,5 min suspendida" in suspended_too_long(run(90.0), "es")
+    assert_both(lambda lang: suspended_too_long(run(90.0), lang), "the long Ctrl-Z's explanation")

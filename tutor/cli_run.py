@@ -188,24 +188,33 @@ def say_where_it_is(record, say) -> None:
         typer.echo(say("resume", command=resume), err=True)
 
 
-def suspended_too_long(suspended_s: float, extra: list[str], lang: str) -> str | None:
-    """Why a run failed after a Ctrl-Z that kept it stopped longer than its ranks wait for one another, in
-    ``lang``; None after a shorter one. A peer's silence that long is how a rank tells a dead peer (its
-    collective's deadline and a checkpoint's barrier run on while it is stopped), so on resuming they give up."""
+def ranks_wait_s(extra: list[str]) -> float | None:
+    """The shortest time the run's ranks wait for one another before giving up: the collectives' timeout or a
+    named checkpoint's (lesson 1's ``--barrier-timeout`` over DISTAI_BARRIER_TIMEOUT_S); None where a value is
+    one the ranks themselves refuse."""
     from ..engine.experiment import barrier_timeout_s, collective_timeout_s
-    from ..lessons.units import format_time
 
-    barrier_flag = "--barrier-timeout"  # lesson 1's own, over DISTAI_BARRIER_TIMEOUT_S
+    barrier_flag = "--barrier-timeout"
     given = [a.split("=", 1)[1] if "=" in a else (extra[i + 1] if i + 1 < len(extra) else "")
              for i, a in enumerate(extra) if a == barrier_flag or a.startswith(barrier_flag + "=")]
     try:
-        wait_s = min(collective_timeout_s(), barrier_timeout_s(float(given[-1]) if given else None))
-    except ValueError:  # a timeout the ranks themselves refused
+        return min(collective_timeout_s(), barrier_timeout_s(float(given[-1]) if given else None))
+    except ValueError:
         return None
-    if suspended_s < wait_s:
+
+
+def suspended_too_long(record, lang: str) -> str | None:
+    """Why ``record``'s run failed, in ``lang``, where a Ctrl-Z kept it stopped at least as long as its ranks wait
+    for one another: a rank tells a dead peer by its silence, and the deadline of a collective it was waiting in
+    ran on while it was stopped, so on resuming they gave up. None for any other run."""
+    from ..lessons.units import format_time
+
+    if record.status != "failed" or record.suspended_s is None or record.ranks_wait_s is None:
         return None
-    return translated("cli", "run_says.suspended_too_long", lang, suspended=format_time(suspended_s, lang=lang),
-                      wait=format_time(wait_s, lang=lang))
+    if record.suspended_s < record.ranks_wait_s:
+        return None
+    return translated("cli", "run_says.suspended_too_long", lang, suspended=format_time(record.suspended_s, lang=lang),
+                      wait=format_time(record.ranks_wait_s, lang=lang))
 
 
 def record_in_progress_store(record, lang: str = "en") -> None:
@@ -665,6 +674,10 @@ def run_cmd(
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+    if suspensions:  # kept with the run, so that its replay explains a failure it caused (runs show)
+        record.suspended_s, record.ranks_wait_s = max(suspensions), ranks_wait_s(extra)
+        with contextlib.suppress(OSError):  # a full disk: the record keeps what the launcher saved
+            record.save()
     record_in_progress_store(record, language)
     if not as_json and not terminal_gone:
         try:
@@ -683,6 +696,6 @@ def run_cmd(
         raise typer.Exit(130)
     if record.status != "ok":
         with contextlib.suppress(OSError):
-            if (why := suspended_too_long(max(suspensions, default=0.0), extra, language)) is not None:
+            if (why := suspended_too_long(record, language)) is not None:
                 typer.echo(f"distai: {why}", err=True)
         raise typer.Exit(1)

@@ -124,7 +124,7 @@ def runs_show(
     from ..engine.run_state import replay_events
     from ..engine.runs import RunNotFound, find_run, settle_killed
     from ..lessons.strings import translated
-    from .cli_run import JsonView, TerminalView, say_where_it_is
+    from .cli_run import JsonView, TerminalView, say_where_it_is, suspended_too_long
     from .paths import runs_root
 
     language = language_or_fail(lang)
@@ -158,6 +158,8 @@ def runs_show(
             view(event)
     if not as_json:
         say_where_it_is(record, lambda key, **f: translated("cli", f"run_says.{key}", language, **f))
+    if (why := suspended_too_long(record, language)) is not None:  # as `distai run` said it at the end
+        typer.echo(f"distai: {why}", err=True)
 
 
 #: what every experiment names the function that writes rank 0's printed summary from its summary event
