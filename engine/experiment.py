@@ -57,6 +57,8 @@ def barrier_timeout_s(timeout_s: float | None = None) -> float:
     """How long every rank waits at a named :func:`checkpoint` for the others: ``timeout_s``, else
     DISTAI_BARRIER_TIMEOUT_S, else 60 s."""
     return float(timeout_s if timeout_s is not None else os.environ.get(BARRIER_TIMEOUT_ENV, "60"))
+
+
 #: set by ``distai run`` for one process before the launch: parse and check the options, print what is
 #: wrong as one JSON line (:func:`_check_arguments`) and exit, without joining a group
 CHECK_ARGS_ENV = "DISTAI_CHECK_ARGS"
