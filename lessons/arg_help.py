@@ -5,8 +5,8 @@ Each experiment's parser is an :class:`ExperimentParser` whose ``prog`` ends wit
 option's text, the description, the groups' titles and argparse's own words ("usage:", "options",
 "-h") come from ``lessons/catalog/run_help.toml`` in the run's language (``DISTAI_LANG``, which the
 launcher sets), and the metavars from ``lessons/catalog/metavar.toml`` (every command's). An option's
-text is ``[<lang>.<experiment>].<dest>``, else ``[<lang>.common].<dest>`` (the options several experiments share: the GPT's size, ``--seed`` …); its
-default is said after it, formatted by ``lessons/units.py`` ("por defecto: 0,1"), unless it is None
+text is ``[<lang>.<experiment>].<dest>``, else ``[<lang>.common].<dest>`` (the options several experiments
+share: the GPT's size, ``--seed`` …); its default is said after it, formatted by ``lessons/units.py`` ("por defecto: 0,1"), unless it is None
 (the text then says what happens) or a flag's. A value a text states that lives in the code (lesson 5's
 GPT on CPU: ``{cpu}``) comes from the parser's ``help_fields``. ``tests/test_run_help.py`` checks that every option of
 every experiment has its text, in both languages.
