@@ -1,15 +1,15 @@
 """An experiment's ``--help`` (``distai run LESSON -- --help``) in the learner's language.
 
 Each experiment's parser is an :class:`ExperimentParser` whose ``prog`` ends with the experiment's name
-("distai run lesson1"). Its options carry no help text in the code: when the help is printed, every
-option's text, the description, the groups' titles and argparse's own words ("usage:", "options",
-"-h") come from ``lessons/catalog/run_help.toml`` in the run's language (``DISTAI_LANG``, which the
-launcher sets), and the metavars from ``lessons/catalog/metavar.toml`` (every command's). An option's
-text is ``[<lang>.<experiment>].<dest>``, else ``[<lang>.common].<dest>`` (the options several experiments
-share: the GPT's size, ``--seed`` …); its default is said after it, formatted by ``lessons/units.py`` ("por defecto: 0,1"), unless it is None
-(the text then says what happens) or a flag's. A value a text states that lives in the code (lesson 5's
-GPT on CPU: ``{cpu}``) comes from the parser's ``help_fields``. ``tests/test_run_help.py`` checks that every option of
-every experiment has its text, in both languages.
+("distai run lesson1"). Its options carry no help text in the code: when the help is printed, every option's
+text, the description, the groups' titles and argparse's own words ("usage:", "options", "-h") come from
+``lessons/catalog/run_help.toml`` in the run's language (``DISTAI_LANG``, which the launcher sets), and the
+metavars from ``lessons/catalog/metavar.toml`` (every command's). An option's text is
+``[<lang>.<experiment>].<dest>``, else ``[<lang>.common].<dest>`` (the options several experiments share: the
+GPT's size, ``--seed`` …); its default is said after it, formatted by ``lessons/units.py`` ("por defecto:
+0,1"), unless it is None (the text then says what happens) or a flag's. A value a text states that lives in
+the code (lesson 5's GPT on CPU: ``{cpu}``) comes from the parser's ``help_fields``.
+``tests/test_run_help.py`` checks that every option of every experiment has its text, in both languages.
 """
 from __future__ import annotations
 
