@@ -527,6 +527,9 @@ class Launch(Stoppable):
             # elsewhere, where the ranks are known: torchrun then tails its files, about 0.8 s more a launch
             env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = "[${role_name}${rank}]:"
         env.setdefault("OMP_NUM_THREADS", "1")
+        # the ranks' and torchrun's output is read here as UTF-8 (_read_output), whatever the learner's terminal takes:
+        # under PYTHONIOENCODING=latin-1 a rank printing "→" or "Ψ" ended with a UnicodeEncodeError
+        env["PYTHONIOENCODING"] = "utf-8"
         if self.spec.debug:
             env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
         if self.spec.lang:

@@ -1322,3 +1322,19 @@ def test_a_failed_ranks_heading_keeps_the_line_that_says_whose_lines_follow():
     console.print(render_state(state))
     shown = console.export_text()
     assert "(rank 1 printed nothing; rank 0 reported:)" in shown and "line 13" in shown and "line 2\n" not in shown
+
+
+def test_a_terminal_in_latin_1_gets_question_marks_not_a_traceback(tmp_path):
+    """Under PYTHONIOENCODING=latin-1 (a Latin-1 terminal), `calc memory` ended in a UnicodeEncodeError on its Ψ
+    and `distai run` on its "→", in the launcher's view and in the ranks' own output. A character the terminal
+    lacks is now a "?", the Spanish letters it has stay, and the ranks write UTF-8 to the launcher that reads it."""
+    env = dict(os.environ, DISTAI_HOME=str(tmp_path), PYTHONIOENCODING="latin-1")
+    calc = subprocess.run([*DISTAI, "calc", "memory", "--params", "7B", "--dp", "8", "--strategy", "zero3"], env=env,
+                          capture_output=True, timeout=60, cwd=REPO)
+    assert calc.returncode == 0 and b"ZeRO-3, ? = 7B" in calc.stdout, calc.stderr.decode("latin-1")[-800:]
+    run = subprocess.run([*DISTAI, "run", "lesson1", "--cpu", "2", "--steps", "3", "--lang", "es", "--", "--no-sweep"],
+                         env=env, capture_output=True, timeout=180, cwd=REPO)
+    out, err = run.stdout.decode("latin-1"), run.stderr.decode("latin-1")
+    assert run.returncode == 0, (out + err)[-2000:]
+    assert "pérdida 4,6909 ? " in out and "terminada tras" in out, out[-1500:]  # the ranks' summary, relayed
+    assert err.startswith("carpeta de la ejecución: "), err

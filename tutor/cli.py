@@ -574,6 +574,20 @@ def _may_print_help(args: list[str]) -> bool:
     return "--help" in args or len(words) <= 1
 
 
+def show_what_the_terminal_cannot_as_question_marks() -> None:
+    """Standard output and error in an encoding that lacks some of distai's characters (a Latin-1 terminal:
+    Ψ, σ, →, the box drawing) write "?" for those: a UnicodeEncodeError ended the command with a traceback."""
+    import codecs
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if codecs.lookup(stream.encoding).name.startswith("utf-"):
+                continue
+            stream.reconfigure(errors="replace")
+        except (AttributeError, LookupError, TypeError, ValueError):  # not a text stream of io's, or closed
+            pass
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: one-line errors and exit code 2 for bad input, never a traceback."""
     args = sys.argv[1:] if argv is None else list(argv)
@@ -584,6 +598,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if sys.stdin is None:  # `<&-`: read as an empty input (the quiz then says it ended), not a traceback
         sys.stdin = open(os.devnull, encoding="utf-8")  # noqa: SIM115 - stdin for the rest of the process
+    show_what_the_terminal_cannot_as_question_marks()
     if _FRAME or (lang != FALLBACK and _may_print_help(args)):
         typer_frame_in(lang)
     try:
