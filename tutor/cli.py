@@ -578,13 +578,15 @@ def show_what_the_terminal_cannot_as_question_marks() -> None:
     """Standard output and error in an encoding that lacks some of distai's characters (a Latin-1 terminal:
     Ψ, σ, →, the box drawing) write "?" for those: a UnicodeEncodeError ended the command with a traceback."""
     import codecs
+    import io
 
     for stream in (sys.stdout, sys.stderr):
+        if not isinstance(stream, io.TextIOWrapper):  # closed (None), or replaced by a test's capture
+            continue
         try:
-            if codecs.lookup(stream.encoding).name.startswith("utf-"):
-                continue
-            stream.reconfigure(errors="replace")
-        except (AttributeError, LookupError, TypeError, ValueError):  # not a text stream of io's, or closed
+            if not codecs.lookup(stream.encoding).name.startswith("utf-"):
+                stream.reconfigure(errors="replace")
+        except (LookupError, ValueError):  # an encoding Python does not know, or a stream closed under us
             pass
 
 
