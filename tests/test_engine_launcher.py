@@ -736,6 +736,10 @@ def test_ctrl_z_stops_the_ranks_with_the_command_and_fg_goes_on(tmp_path):
         shown = subprocess.run([*DISTAI, "runs", "show", run_dir.name], env=dict(os.environ, DISTAI_HOME=str(tmp_path)),
                                capture_output=True, text=True, timeout=60, cwd=REPO)
         assert shown.returncode == 0 and shown.stderr.strip().splitlines()[-1] == last, shown.stderr
+        listed = subprocess.run([*DISTAI, "runs"], env=dict(os.environ, DISTAI_HOME=str(tmp_path), COLUMNS="400"),
+                                capture_output=True, text=True, timeout=60, cwd=REPO)
+        assert "└ it failed on resuming from a Ctrl-Z of 1" in listed.stdout, listed.stdout  # not gloo's timeout
+        assert f"longer than its ranks wait for one another ({wait_s} s)" in listed.stdout, listed.stdout
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

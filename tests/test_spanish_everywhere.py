@@ -773,4 +773,7 @@ def test_a_long_ctrl_z_is_explained_in_spanish(monkeypatch):
         "resuming they gave up. To suspend a run longer, start it with DISTAI_COLLECTIVE_TIMEOUT_S and "
         "DISTAI_BARRIER_TIMEOUT_S (seconds) set above that")
     assert "llevaba 1,5 min suspendida" in suspended_too_long(run(90.0), "es")
+    assert suspended_too_long(run(90.0), "es", brief=True) == (
+        "falló al reanudarse tras un Ctrl-Z de 1,5 min, más de lo que sus ranks se esperan unos a otros (30 s)")
+    assert_both(lambda lang: suspended_too_long(run(90.0), lang, brief=True), "distai runs' reason for it")
     assert_both(lambda lang: suspended_too_long(run(90.0), lang), "the long Ctrl-Z's explanation")

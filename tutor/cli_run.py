@@ -203,17 +203,19 @@ def ranks_wait_s(extra: list[str]) -> float | None:
         return None
 
 
-def suspended_too_long(record, lang: str) -> str | None:
+def suspended_too_long(record, lang: str, brief: bool = False) -> str | None:
     """Why ``record``'s run failed, in ``lang``, where a Ctrl-Z kept it stopped at least as long as its ranks wait
     for one another: a rank tells a dead peer by its silence, and the deadline of a collective it was waiting in
-    ran on while it was stopped, so on resuming they gave up. None for any other run."""
+    ran on while it was stopped, so on resuming they gave up. None for any other run. ``brief``: the reason
+    alone, as ``distai runs`` lists it under the run, without how to suspend for longer."""
     from ..lessons.units import format_time
 
     if record.status != "failed" or record.suspended_s is None or record.ranks_wait_s is None:
         return None
     if record.suspended_s < record.ranks_wait_s:
         return None
-    return translated("cli", "run_says.suspended_too_long", lang, suspended=format_time(record.suspended_s, lang=lang),
+    key = "run_says.suspended_reason" if brief else "run_says.suspended_too_long"
+    return translated("cli", key, lang, suspended=format_time(record.suspended_s, lang=lang),
                       wait=format_time(record.ranks_wait_s, lang=lang))
 
 

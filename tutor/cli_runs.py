@@ -33,6 +33,7 @@ from .cli import (
     write_failure_code,
     write_named_file,
 )
+from .cli_run import suspended_too_long
 
 # ------------------------------------------------------------------------------------ distai runs
 RUNS = HELP["runs"]
@@ -103,11 +104,11 @@ def _runs_table(rows: list[dict[str, Any]], runs: list, say: dict, language: str
     if max(len(head), *map(len, body)) > columns:
         head, *body = lines_of(False)
     lines = [head]
-    for r, line in zip(rows, body):
+    for r, rec, line in zip(rows, runs, body):
         lines.append(line)
         if r["error"] and r["status"] != "ok":
             # its first 150 characters (runs show gives it whole), wrapped under the mark
-            reason = reason_text(r["error"], language) or ""
+            reason = suspended_too_long(rec, language, brief=True) or reason_text(r["error"], language) or ""
             if r["status"] == "stopped" and r["last_step"]:  # a killed run's reason names its step itself
                 reason = say["reached"].format(reason=reason, step=r["last_step"])
             lines += fit_prose(f"{'':<{width}}  └ {reason[:150]}", columns)
@@ -124,7 +125,7 @@ def runs_show(
     from ..engine.run_state import replay_events
     from ..engine.runs import RunNotFound, find_run, settle_killed
     from ..lessons.strings import translated
-    from .cli_run import JsonView, TerminalView, say_where_it_is, suspended_too_long
+    from .cli_run import JsonView, TerminalView, say_where_it_is
     from .paths import runs_root
 
     language = language_or_fail(lang)
