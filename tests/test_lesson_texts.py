@@ -365,26 +365,29 @@ def test_textual_markdown_hides_check_comments():
 
 
 # --------------------------------------------------------------------------------------------
-# Calculator commands quoted in code blocks run as written.
+# Calculator and SLURM commands quoted in code blocks run as written.
 
 
-def _calc_commands():
+def _quoted_commands():
     out = []
     for lesson, step, lang, text in _step_texts():
         for block in re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S):
             for line in block.splitlines():
-                if line.strip().startswith("distai calc "):
-                    out.append(pytest.param(line.strip(), id=f"{lesson.id}/{lang}/{step.key}:{line.strip()[12:40]}"))
+                if line.strip().startswith(("distai calc ", "distai slurm ")):
+                    out.append(pytest.param(line.strip(), id=f"{lesson.id}/{lang}/{step.key}:{line.strip()[7:40]}"))
     return out
 
 
-@pytest.mark.parametrize("command", _calc_commands())
-def test_quoted_calc_commands_run(command, capsys):
+@pytest.mark.parametrize("command", _quoted_commands())
+def test_quoted_commands_run(command, capsys, tmp_path, monkeypatch):
     import shlex
 
     from distai.tutor.cli import main
 
+    monkeypatch.chdir(tmp_path)  # where `distai slurm … -o job.sh` writes its script
     rc = main(shlex.split(command)[1:])
     captured = capsys.readouterr()
     assert rc == 0, f"`{command}` exits {rc}: {captured.err.strip()}"
-    assert captured.out.strip(), f"`{command}` printed nothing"
+    written = [p.read_text() for p in tmp_path.iterdir()]
+    assert captured.out.strip() or written, f"`{command}` printed and wrote nothing"
+    assert all(text.startswith("#!/bin/bash") and "srun" in text for text in written)
