@@ -40,6 +40,15 @@ def test_all_right_answers_score_and_save(home, monkeypatch, capsys):
     assert len(store.quiz_answers("lesson2")) == 6
 
 
+def test_answers_written_on_windows_are_read(home, monkeypatch, capsys):
+    """A file of answers from a Windows editor: CRLF line ends, and a byte-order mark before the first answer
+    ("\ufeff20" could not be read as a number)."""
+    answers = right_answers("2", 3, 4)
+    code, out, err = run_quiz(monkeypatch, capsys, "\ufeff" + "\r\n".join(answers) + "\r\n", "2", "--seed", "4",
+                              "--count", "3")
+    assert code == 0 and out.count("✓ Right.") == 3 and "could not read" not in out, out
+
+
 def test_wrong_answers_explain_and_same_seed_same_quiz(home, monkeypatch, capsys):
     code, out1, _ = run_quiz(monkeypatch, capsys, "1\n1\n1\n", "5", "--seed", "9", "--count", "3", "--lang", "es")
     code2, out2, _ = run_quiz(monkeypatch, capsys, "1\n1\n1\n", "5", "--seed", "9", "--count", "3", "--lang", "es")

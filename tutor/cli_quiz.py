@@ -29,10 +29,12 @@ from .cli import (
 
 
 def _read_line() -> str | None:
+    """The next answer, without its line ending; None at the end of the input. A byte-order mark goes: answers
+    written by a Windows editor into a file begin with one ("\ufeff20" could not be read as a number)."""
     line = sys.stdin.readline()
     if line == "":
         return None
-    return line.rstrip("\r\n")
+    return line.rstrip("\r\n").lstrip("\ufeff")
 
 
 def _given(q, check, text: str) -> str:
