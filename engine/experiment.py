@@ -47,16 +47,29 @@ BARRIER_TIMEOUT_ENV = "DISTAI_BARRIER_TIMEOUT_S"
 TIMEOUT_ENV = "DISTAI_COLLECTIVE_TIMEOUT_S"
 
 
+def _seconds_from_env(name: str, default: str) -> float:
+    """The environment's ``name``, a number of seconds above 0, else ``default``; a :class:`UsageError` (one
+    line) for anything else ("abc" was a ValueError's traceback on every rank, -5 a failed first barrier)."""
+    text = os.environ.get(name, default)
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise UsageError.keyed("timeout_env", name=name, value=repr(text))
+    return seconds
+
+
 def collective_timeout_s(timeout_s: float | None = None) -> float:
     """How long a rank waits for its peers in a collective before it gives up (so a dead or frozen peer ends
     the run instead of hanging it): ``timeout_s``, else DISTAI_COLLECTIVE_TIMEOUT_S, else 120 s."""
-    return float(timeout_s or os.environ.get(TIMEOUT_ENV, "120"))
+    return float(timeout_s) if timeout_s else _seconds_from_env(TIMEOUT_ENV, "120")
 
 
 def barrier_timeout_s(timeout_s: float | None = None) -> float:
     """How long every rank waits at a named :func:`checkpoint` for the others: ``timeout_s``, else
     DISTAI_BARRIER_TIMEOUT_S, else 60 s."""
-    return float(timeout_s if timeout_s is not None else os.environ.get(BARRIER_TIMEOUT_ENV, "60"))
+    return float(timeout_s) if timeout_s is not None else _seconds_from_env(BARRIER_TIMEOUT_ENV, "60")
 
 
 #: set by ``distai run`` for one process before the launch: parse and check the options, print what is
@@ -104,13 +117,19 @@ AT_LEAST_ONE = frozenset({
     "channels", "growth_interval"})
 
 
+#: options that are seconds a rank waits (0 or less failed the first barrier, on every rank, with a traceback)
+ABOVE_ZERO = frozenset({"barrier_timeout"})
+
+
 def check_values(args: argparse.Namespace) -> None:
     """What no experiment can run, whatever its options mean: a non-finite number (``--lr nan`` trained to a
-    NaN loss and said "finished"), a size or count below 1 (:data:`AT_LEAST_ONE`), more than
-    :data:`MAX_STEPS` steps. A :class:`UsageError` (one line)."""
+    NaN loss and said "finished"), a size or count below 1 (:data:`AT_LEAST_ONE`), a wait of 0 s or less
+    (:data:`ABOVE_ZERO`), more than :data:`MAX_STEPS` steps. A :class:`UsageError` (one line)."""
     for name, value in vars(args).items():
         if isinstance(value, float) and not math.isfinite(value):
             raise UsageError.keyed("not_finite", flag="--" + name.replace("_", "-"), value=value)
+        if name in ABOVE_ZERO and isinstance(value, (int, float)) and value <= 0:
+            raise UsageError.keyed("above_zero", flag="--" + name.replace("_", "-"), value=value)
         if name in AT_LEAST_ONE and isinstance(value, int) and not isinstance(value, bool) and value < 1:
             raise UsageError.keyed("at_least_one", flag="--" + name.replace("_", "-"), value=value)
     steps = getattr(args, "steps", None)

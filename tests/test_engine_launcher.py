@@ -557,13 +557,24 @@ def test_runs_requests_are_refused_in_the_learners_language(argv, message, capsy
     (["run", "lesson2", "--cpu", "2", "--hidden", "0"], "en", "--hidden must be at least 1, got 0"),
     (["run", "experts", "--cpu", "2", "--capacity-factor", "inf"], "en",
      "--capacity-factor must be a finite positive number, got inf"),
+    # a wait of no time: every rank failed its first barrier with a traceback
+    (["run", "lesson1", "--cpu", "2", "--barrier-timeout", "-5"], "en", "--barrier-timeout must be above 0 (seconds), got -5.0"),
+    # the ranks' timeouts from the environment: a ValueError's traceback on every rank ("abc"), or no wait at all
+    (["run", "lesson1", "--cpu", "2", "DISTAI_COLLECTIVE_TIMEOUT_S=abc"], "en",
+     "DISTAI_COLLECTIVE_TIMEOUT_S must be a number of seconds above 0, got 'abc'"),
+    (["run", "lesson3", "DISTAI_BARRIER_TIMEOUT_S=0"], "es",
+     "DISTAI_BARRIER_TIMEOUT_S debe ser un número de segundos mayor que 0, no '0'"),
 ])
 def test_options_the_experiment_refuses_are_one_line_before_any_launch(argv, lang, message, capsys, tmp_path,
                                                                        monkeypatch):
     """What every rank would refuse (argparse's errors, the experiment's usage errors) is refused by one
-    process that parses the options as a rank would, before torchrun starts: one line, exit 2, no run kept."""
+    process that parses the options as a rank would, before torchrun starts: one line, exit 2, no run kept.
+    An argument NAME=VALUE here is the environment's, not the command line's."""
     monkeypatch.setenv("DISTAI_HOME", str(tmp_path))
     monkeypatch.setenv("DISTAI_LANG", lang)
+    for setting in [a for a in argv if "=" in a and a.startswith("DISTAI_")]:
+        monkeypatch.setenv(*setting.split("=", 1))
+        argv = [a for a in argv if a != setting]
     from distai.tutor.cli import main
 
     assert main(argv) == 2

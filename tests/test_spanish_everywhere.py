@@ -760,7 +760,7 @@ def test_a_long_ctrl_z_is_explained_in_spanish(monkeypatch):
     monkeypatch.delenv("DISTAI_BARRIER_TIMEOUT_S", raising=False)
     assert ranks_wait_s([]) == 30  # the collectives' 30 s, under the checkpoints' 60 s
     assert ranks_wait_s(["--barrier-timeout", "10"]) == 10 and ranks_wait_s(["--barrier-timeout=12"]) == 12
-    assert ranks_wait_s(["--barrier-timeout", "x"]) is None  # the ranks refused it themselves
+    assert ranks_wait_s(["--barrier-timeout", "x"]) == 30  # the experiment refuses it before the launch
 
     def run(suspended_s, wait_s=30.0, status="failed"):
         return SimpleNamespace(status=status, suspended_s=suspended_s, ranks_wait_s=wait_s)

@@ -188,19 +188,21 @@ def say_where_it_is(record, say) -> None:
         typer.echo(say("resume", command=resume), err=True)
 
 
-def ranks_wait_s(extra: list[str]) -> float | None:
+def ranks_wait_s(extra: list[str]) -> float:
     """The shortest time the run's ranks wait for one another before giving up: the collectives' timeout or a
-    named checkpoint's (lesson 1's ``--barrier-timeout`` over DISTAI_BARRIER_TIMEOUT_S); None where a value is
-    one the ranks themselves refuse."""
+    named checkpoint's (lesson 1's ``--barrier-timeout`` over DISTAI_BARRIER_TIMEOUT_S). A timeout in the
+    environment that is no number of seconds above 0 is a :class:`~distai.engine.experiment.UsageError`; an
+    option's is the experiment's to refuse, before the launch."""
     from ..engine.experiment import barrier_timeout_s, collective_timeout_s
 
     barrier_flag = "--barrier-timeout"
     given = [a.split("=", 1)[1] if "=" in a else (extra[i + 1] if i + 1 < len(extra) else "")
              for i, a in enumerate(extra) if a == barrier_flag or a.startswith(barrier_flag + "=")]
     try:
-        return min(collective_timeout_s(), barrier_timeout_s(float(given[-1]) if given else None))
+        barrier = float(given[-1]) if given else None
     except ValueError:
-        return None
+        barrier = None
+    return min(collective_timeout_s(), barrier_timeout_s(barrier))
 
 
 def suspended_too_long(record, lang: str, brief: bool = False) -> str | None:
@@ -598,6 +600,7 @@ def run_cmd(
         # would refuse them (tp = 3 dividing no heads), not after torchrun's failure banner
         if extra or placement.nproc * nnodes != default_ranks:
             refuse_what_the_ranks_would(chosen, extra, placement.nproc * nnodes, language)
+        wait_s = ranks_wait_s(extra)  # DISTAI_COLLECTIVE_TIMEOUT_S=abc: one line here, not every rank's traceback
     except LaunchError as exc:
         raise CliError(str(exc), code=exc.code) from None
     except TranslatedError as exc:  # the shape or the experiment's plan refused: in the learner's language
@@ -677,7 +680,7 @@ def run_cmd(
         for s, h in previous.items():
             signal.signal(s, h)
     if suspensions:  # kept with the run, so that its replay explains a failure it caused (runs show)
-        record.suspended_s, record.ranks_wait_s = max(suspensions), ranks_wait_s(extra)
+        record.suspended_s, record.ranks_wait_s = max(suspensions), wait_s
         with contextlib.suppress(OSError):  # a full disk: the record keeps what the launcher saved
             record.save()
     record_in_progress_store(record, language)
