@@ -176,7 +176,7 @@ def test_help_follows_distai_lang():
     <list[str]>), which the audit of stop 55 found in five commands' help."""
     for command in (["run", "--help"], ["calc", "--help"], ["quiz", "--help"], ["runs", "--help"],
                     ["runs", "show", "--help"], ["runs", "export", "--help"], ["runs", "prune", "--help"],
-                    ["doctor", "--help"], ["slurm", "--help"]):
+                    ["doctor", "--help"], ["slurm", "--help"], ["tutor", "--help"], ["lessons", "--help"]):
         env = {**os.environ, LANG_ENV: "es", "COLUMNS": "200"}
         out = subprocess.run([sys.executable, "-m", "distai.tutor.cli", *command], env=env, capture_output=True,
                              text=True, timeout=60).stdout

@@ -279,10 +279,6 @@ def warn_recovered(store, lang: str) -> None:
         typer.echo(translated("cli", "progress.warning", lang, text=store.recovered_text(lang)), err=True)
 
 
-def not_yet_available(what: str) -> None:
-    raise CliError(f"{what} is not yet available in this version of distai")
-
-
 def _version_callback(value: bool) -> None:
     if value:
         from importlib.metadata import version
@@ -318,7 +314,8 @@ def calc_root(lang: str | None = lang_option()) -> None:
 
 @app.command(help=HELP["tutor"])
 def tutor(
-    lesson: str | None = typer.Option(None, "--lesson", "-l", help=HELP["tutor_lesson"].format(numbers=lesson_numbers())),
+    lesson: str | None = typer.Option(None, "--lesson", "-l", metavar=metavar("lesson"),
+                                      help=HELP["tutor_lesson"].format(numbers=lesson_numbers())),
     lang: str | None = lang_option(),
 ) -> None:
     """Start the Textual tutor."""
@@ -391,66 +388,20 @@ def lessons(
                                  initial_indent=" ", subsequent_indent=" ", break_on_hyphens=False))
 
 
-def quiz(
-    lesson: str | None = typer.Argument(None, help=LESSON_HELP),
-    count: int = typer.Option(5, "--count", "-n", help="How many questions."),
-    seed: int | None = typer.Option(None, "--seed", help="Seed for reproducible questions."),
-    review: bool = typer.Option(False, "--review", help="Ask the questions due for spaced review."),
-    lang: str | None = typer.Option(None, "--lang", help="Language: en or es."),
-) -> None:
-    """Quiz yourself on a lesson's formulas and ideas."""
-    if lesson is not None:
-        lesson_or_fail(lesson)
-    not_yet_available("distai quiz")
-
-
-def run(
-    ctx: typer.Context,
-    lesson: str = typer.Argument(..., help=LESSON_HELP),
-) -> None:
-    """Launch the lesson's real torch.distributed experiment."""
-    lesson_or_fail(lesson)
-    not_yet_available("distai run")
-
-
 # --- sub-commands that live in their own modules ------------------------------------------------
 # A module ``distai.tutor.cli_<name>`` registers its commands on import, e.g.
 #     from .cli import app, calc_app, CliError, lesson_or_fail
 #     @app.command()
 #     def quiz(...): ...
 # It must import nothing heavy (torch, numpy, textual) at module level: `distai --help` imports it.
-# Placeholder commands below are registered only for names no module claimed.
 COMMAND_MODULES = ("cli_calc", "cli_quiz", "cli_run", "cli_runs", "cli_doctor", "cli_slurm")
-_PLACEHOLDERS: dict[str, tuple[Callable[..., None], dict[str, Any]]] = {
-    "quiz": (quiz, {}),
-    "run": (run, {"context_settings": {"allow_extra_args": True, "ignore_unknown_options": True}}),
-}
-
-
-def _registered_names() -> set[str]:
-    names = set()
-    for info in app.registered_commands:
-        if info.name:
-            names.add(info.name)
-        elif info.callback is not None:
-            names.add(info.callback.__name__.replace("_", "-"))
-    return names
 
 
 def _load_command_modules() -> None:
     import importlib
 
     for name in COMMAND_MODULES:
-        full = f"distai.tutor.{name}"
-        try:
-            importlib.import_module(full)
-        except ModuleNotFoundError as exc:
-            if exc.name != full:
-                raise
-    taken = _registered_names()
-    for name, (func, kwargs) in _PLACEHOLDERS.items():
-        if name not in taken:
-            app.command(name, **kwargs)(func)
+        importlib.import_module(f"distai.tutor.{name}")
 
 
 if __name__ != "__main__":  # `python -m distai.tutor.cli` delegates to the imported module
