@@ -557,10 +557,15 @@ class Launch(Stoppable):
             for local in range(self.spec.placement.nproc):  # every rank has a log, even a silent one
                 self._log(self.spec.global_rank(local))
         self._started = time.time()
+        try:  # the ranks start where the learner is (a relative --ckpt-dir is theirs), unless that folder is gone:
+            os.getcwd()  # torchrun then died at once ("Intel oneMKL FATAL ERROR: Cannot load libtorch_cpu.so")
+            cwd = None
+        except FileNotFoundError:
+            cwd = str(rec.dir)
         with self._lock:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                          stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                         preexec_fn=parent_death_signal)
+                                         preexec_fn=parent_death_signal, cwd=cwd)
             stop_early = self._stop_reason is not None
         if stop_early:  # stop() came before the processes existed
             _signal_pid_and_group(self.proc.pid, signal.SIGTERM)

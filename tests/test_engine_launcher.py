@@ -1353,3 +1353,16 @@ def test_a_terminal_in_latin_1_gets_question_marks_not_a_traceback(tmp_path):
     assert run.returncode == 0, (out + err)[-2000:]
     assert "pérdida 4,6909 ? " in out and "terminada tras" in out, out[-1500:]  # the ranks' summary, relayed
     assert err.startswith("carpeta de la ejecución: "), err
+
+
+def test_a_run_started_in_a_deleted_folder_runs(tmp_path):
+    """`distai run` from a folder deleted meanwhile (a temporary project removed under the shell): torchrun,
+    started there, died at once ("Intel oneMKL FATAL ERROR: Cannot load libtorch_cpu.so"). It now starts in
+    the run's folder, where the learner's is gone."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    command = " ".join([*DISTAI, "run", "lesson1", "--cpu", "2", "--steps", "3", "--", "--no-sweep"])
+    run = subprocess.run(["sh", "-c", f'cd "{gone}" && rmdir "{gone}" && exec {command}'], capture_output=True,
+                         text=True, timeout=180, env=dict(os.environ, DISTAI_HOME=str(tmp_path / "home")))
+    assert run.returncode == 0, (run.stdout + run.stderr)[-2000:]
+    assert "finished after" in run.stdout
