@@ -430,3 +430,23 @@ def test_resume_position_runs_order_and_a_revisited_step(store, monkeypatch):
     store.record_run("r1", "lesson1", "ok", "/tmp/r1")  # r1's end is the newest write; r2 is still newer
     assert [r["run_id"] for r in store.runs()] == ["r2", "r1"]
     assert {r["run_id"]: r["started_at"] for r in store.runs()} == started
+
+
+def test_a_home_the_learner_cannot_write_says_so_with_the_way_out(tmp_path, monkeypatch):
+    """A read-only DISTAI_HOME without a progress database yet: SQLite cannot create it, and the error said only
+    "the file cannot be opened". It now says what the runs folder says of such a home, with DISTAI_HOME as the
+    way out. (Faked with os.access: as root, which CI may be, every folder is writable.)"""
+    import distai.tutor.progress as progress_module
+
+    real_access = os.access
+    monkeypatch.setattr(progress_module.os, "access",
+                        lambda p, mode: False if Path(p) == tmp_path and mode == os.W_OK else real_access(p, mode))
+    refused = sqlite3.OperationalError("unable to open database file")
+    refused.sqlite_errorname = "SQLITE_CANTOPEN"
+    error = progress_module._unusable(refused, tmp_path / "progress.db")
+    assert error.text("en") == (f"cannot use {tmp_path} for distai's saved state: permission denied (set DISTAI_HOME "
+                                "to a folder you can write)")
+    assert error.text("es").startswith(f"no se puede usar {tmp_path} para lo que distai guarda: permiso denegado")
+    (tmp_path / "progress.db").write_bytes(b"")  # there, but not to be opened: SQLite's reason, as before
+    assert progress_module._unusable(refused, tmp_path / "progress.db").text("en").endswith(
+        "progress.db: the file cannot be opened")

@@ -118,6 +118,10 @@ def _unusable(exc: sqlite3.DatabaseError, path: Path, *, saving: bool = False) -
     (SQLite's BUSY or LOCKED), or read-only, full, unopenable (its own words, then; a full disk in the
     learner's); ``saving``: a write that failed once begun."""
     name = getattr(exc, "sqlite_errorname", None) or ""
+    if name.startswith("SQLITE_CANTOPEN") and not path.exists() and not os.access(path.parent, os.W_OK):
+        # a folder the learner cannot write (a read-only home): said as the runs folder says it, with the way out
+        return ProgressError(texts=translations("cli", "errors.data_home", path=path.parent,
+                                                why=lambda lang: translated("cli", "os_error.EACCES", lang)))
     key = "busy" if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) else "cannot_save" if saving else "cannot_open"
     return ProgressError(texts=translations("cli", "progress." + key, path=path, problem=_sqlite_reason(exc)))
 
