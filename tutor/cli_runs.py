@@ -33,7 +33,6 @@ from .cli import (
     write_failure_code,
     write_named_file,
 )
-from .cli_run import suspended_too_long
 
 # ------------------------------------------------------------------------------------ distai runs
 RUNS = HELP["runs"]
@@ -103,6 +102,9 @@ def _runs_table(rows: list[dict[str, Any]], runs: list, say: dict, language: str
     head, *body = lines_of(True)
     if max(len(head), *map(len, body)) > columns:
         head, *body = lines_of(False)
+    # imported here: cli_run, when imported first, loads this module through cli's end before it is whole
+    from .cli_run import suspended_too_long
+
     lines = [head]
     for r, rec, line in zip(rows, runs, body):
         lines.append(line)
@@ -125,7 +127,7 @@ def runs_show(
     from ..engine.run_state import replay_events
     from ..engine.runs import RunNotFound, find_run, settle_killed
     from ..lessons.strings import translated
-    from .cli_run import JsonView, TerminalView, say_where_it_is
+    from .cli_run import JsonView, TerminalView, say_where_it_is, suspended_too_long
     from .paths import runs_root
 
     language = language_or_fail(lang)
