@@ -41,7 +41,7 @@ from ..lessons.units import format_integer
 from .events import EventSink
 
 __all__ = ["run_experiment", "UsageError", "launch_world_size", "exit_with", "checkpoint", "Progress", "device_sync", "max_over_ranks",
-           "all_ranks_true", "BARRIER_TIMEOUT_ENV", "TIMEOUT_ENV", "collective_timeout_s", "barrier_timeout_s", "CHECK_ARGS_ENV", "run_language", "summary_lines"]
+           "all_ranks_true", "BARRIER_TIMEOUT_ENV", "TIMEOUT_ENV", "collective_timeout_s", "barrier_timeout_s", "folder_refusal", "CHECK_ARGS_ENV", "run_language", "summary_lines"]
 
 BARRIER_TIMEOUT_ENV = "DISTAI_BARRIER_TIMEOUT_S"
 TIMEOUT_ENV = "DISTAI_COLLECTIVE_TIMEOUT_S"
@@ -115,6 +115,22 @@ AT_LEAST_ONE = frozenset({
     "requests", "block_size", "kv_budget", "max_batch", "replicas", "route_requests", "prefix_slots", "tp", "pp",
     "dp", "cp", "ep", "experts", "top_k", "samples", "features", "ckpt_every", "keep", "iters", "pieces",
     "channels", "growth_interval"})
+
+
+def folder_refusal(folder: str | os.PathLike) -> OSError | None:
+    """Why this process could not make or write ``folder`` (its nearest existing ancestor is not a folder it may
+    write into, or a file stands in its place), else None: an option naming a folder is checked by the one
+    process that checks the options before the launch, where each rank raised a PermissionError's traceback."""
+    import errno
+
+    path = os.path.abspath(os.fspath(folder))
+    while not os.path.exists(path) and os.path.dirname(path) != path:  # exists: False where stat is refused too
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        return OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
+    if not os.access(path, os.W_OK | os.X_OK):
+        return OSError(errno.EACCES, os.strerror(errno.EACCES), path)
+    return None
 
 
 #: options that are seconds a rank waits (0 or less failed the first barrier, on every rank, with a traceback)

@@ -564,6 +564,9 @@ def test_runs_requests_are_refused_in_the_learners_language(argv, message, capsy
      "DISTAI_COLLECTIVE_TIMEOUT_S must be a number of seconds above 0, got 'abc'"),
     (["run", "lesson3", "DISTAI_BARRIER_TIMEOUT_S=0"], "es",
      "DISTAI_BARRIER_TIMEOUT_S debe ser un número de segundos mayor que 0, no '0'"),
+    # a checkpoint folder that cannot be made: every rank's PermissionError (or NotADirectoryError) traceback
+    (["run", "lesson3", "--ckpt-dir", f"{sys.executable}/ckpt"], "es",
+     f"--ckpt-dir {sys.executable}/ckpt: una parte de la ruta es un archivo, no una carpeta"),
 ])
 def test_options_the_experiment_refuses_are_one_line_before_any_launch(argv, lang, message, capsys, tmp_path,
                                                                        monkeypatch):

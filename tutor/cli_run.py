@@ -619,7 +619,8 @@ def run_cmd(
     except RunDirError as exc:  # before OSError and ValueError: it is a ValueError
         raise CliError(say("run_dir_" + exc.why, path=exc.path or repr(exc.path))) from None
     except OSError as exc:  # a folder that cannot be made: in the learner's words, not "[Errno 2] …"
-        raise CliError(run_folder_error(exc, exc.filename or run_dir or root).text(language)) from None
+        # the folder the learner named, not the file inside it that failed first (".../x/run.json")
+        raise CliError(run_folder_error(exc, run_dir or exc.filename or root).text(language)) from None
     except ValueError:
         raise CliError(say("run_dir_nul", path=repr(str(run_dir)))) from None
     spec = LaunchSpec(chosen.experiment, placement, extra, nnodes=nnodes, node_rank=node_rank,

@@ -55,6 +55,7 @@ from ...lessons.events import CHECK, PROGRESS, SPAN
 from ...lessons.lesson3 import checks as lesson_checks
 from ...lessons.lesson3.events import CHECKPOINT, CKPT_COST, COMPARE, FAILURE, PHASE, REDONE, RESTART, STEP
 from ...lessons.model_size import ModelSize, add_model_options
+from ...lessons.strings import os_error_text
 from ...lessons.units import format_bytes, format_fixed, format_plain, format_range
 from ..checkpoint import (
     Checkpointer,
@@ -68,6 +69,7 @@ from ..events import EVENTS_DIR_ENV, read_events
 from ..experiment import (
     UsageError,
     exit_with,
+    folder_refusal,
     launch_world_size,
     max_over_ranks,
     run_experiment,
@@ -379,6 +381,8 @@ def steps_done(history: dict) -> int:
 
 
 def _check_args(args, world: int) -> None:
+    if args.ckpt_dir and (refused := folder_refusal(args.ckpt_dir)) is not None:
+        raise UsageError.keyed("ckpt_dir_unwritable", path=args.ckpt_dir, why=lambda lang: os_error_text(refused, lang))
     if args.kill_rank is not None and not 0 <= args.kill_rank < world:
         raise UsageError.keyed("kill_rank", rank=args.kill_rank, last=world - 1)
     if not args.no_fault and (args.kill_rank is not None or not args.fail_every) \
