@@ -1369,3 +1369,27 @@ def test_a_run_started_in_a_deleted_folder_runs(tmp_path):
                          text=True, timeout=180, env=dict(os.environ, DISTAI_HOME=str(tmp_path / "home")))
     assert run.returncode == 0, (run.stdout + run.stderr)[-2000:]
     assert "finished after" in run.stdout
+
+
+def test_an_export_its_run_folder_refuses_names_the_way_out(tmp_path, monkeypatch, capsys):
+    """Another user's run, or one on a read-only disk: `runs export` into the run's own folder was refused
+    with no word of -o, which writes it anywhere else."""
+    import distai.tutor.cli_runs as cli_runs
+    from distai.lessons.events import STEP
+    from distai.tutor.cli import main
+
+    rec = create_run(tmp_path, "lesson1", "distai.engine.experiments.lesson1")
+    (rec.dir / "events").mkdir(exist_ok=True)
+    steps = [STEP.event({"step": k, "of": 2, "loss": 1.0, "t": 1000.0 + k, "rank": 0}) for k in range(2)]
+    (rec.dir / "events" / "rank0.jsonl").write_text("".join(json.dumps(e) + "\n" for e in steps))
+    monkeypatch.setattr("distai.tutor.paths.runs_root", lambda: tmp_path)
+
+    def refused(path, *args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+
+    monkeypatch.setattr(cli_runs, "write_export", refused)
+    assert main(["runs", "export", rec.id, "-f", "csv", "--lang", "es"]) == 1
+    assert capsys.readouterr().err.strip() == (f"distai: error: no se puede escribir {rec.dir / 'metrics.csv'}: permiso "
+                                               "denegado; escríbelo en otro sitio con -o ARCHIVO")
+    assert main(["runs", "export", rec.id, "-f", "csv", "-o", str(tmp_path / "m.csv")]) == 1  # -o's own: no hint
+    assert capsys.readouterr().err.strip().endswith("m.csv: permission denied")

@@ -6,6 +6,7 @@ level (the engine's pure-Python exporter and the run views are imported inside t
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -329,7 +330,9 @@ def runs_export(
         ours = path.resolve() == default_export_path(record.path, fmt, len(records)).resolve()  # its own: renewed
         write_export(path, text, Path(record.path), say, replace=force or ours)
     except OSError as exc:
-        raise CliError(say("cannot_write", path=path, why=os_error_text(exc, language)), code=write_failure_code(exc)) from None
+        # the run's own folder refused it (another user's run, a read-only disk): -o is the way out
+        key = "cannot_write_in_run" if not output and exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else "cannot_write"
+        raise CliError(say(key, path=path, why=os_error_text(exc, language)), code=write_failure_code(exc)) from None
     typer.echo(say("wrote_trace" if fmt == "chrome-trace" else "wrote_metrics", path=path))
 
 
