@@ -11,14 +11,20 @@ class DataHomeError(TranslatedError):
     """The folder for the learner's saved state cannot be made or used (one line, every language)."""
 
 
+def data_home_texts(exc: OSError, path) -> dict[str, str]:
+    """That ``path``, a folder of the learner's saved state, cannot be used, why (``exc``) and the way out
+    (DISTAI_HOME), in every language: the runs folder and the progress database say it alike."""
+    return {lang: translated("cli", "errors.data_home", lang, path=path, why=os_error_text(exc, lang))
+            for lang in LANGUAGES}
+
+
 def _folder(path: Path) -> Path:
     """``path``, made if needed; a :class:`DataHomeError` saying why it cannot be (a file in its place, no
     permission) in the learner's words."""
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise DataHomeError(texts={lang: translated("cli", "errors.data_home", lang, path=path,
-                                                    why=os_error_text(exc, lang)) for lang in LANGUAGES}) from None
+        raise DataHomeError(texts=data_home_texts(exc, path)) from None
     return path
 
 

@@ -18,6 +18,7 @@ Progress is keyed on the stable lesson ids and step keys, so it survives content
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib
 import os
 import sqlite3
@@ -97,16 +98,16 @@ _SQLITE_REASONS = (("SQLITE_NOTADB", "notadb"), ("SQLITE_CORRUPT", "corrupt"), (
                    ("SQLITE_PERM", "perm"))
 
 
-def _sqlite_reason(exc: sqlite3.DatabaseError | None, words: str = "") -> Callable[[str], str] | str:
+def _sqlite_reason(exc: sqlite3.DatabaseError | None) -> Callable[[str], str] | str:
     """Why SQLite refused the database, as a function of the language for the causes it names (not a database,
     damaged, cannot be opened, read-only, a disk error or a full disk), else SQLite's own words; ``exc`` None:
-    ``PRAGMA quick_check`` found damage (``words``, its report, are SQLite's own and English)."""
+    ``PRAGMA quick_check`` found damage (its report, SQLite's own English, is not the learner's)."""
     name = "SQLITE_CORRUPT" if exc is None else getattr(exc, "sqlite_errorname", None) or ""
     if exc is not None and not name and "not a database" in str(exc):  # raised without a code
         name = "SQLITE_NOTADB"
     key = next((key for prefix, key in _SQLITE_REASONS if name.startswith(prefix)), None)
     if key is None:
-        return str(exc) if exc is not None else words
+        return str(exc)
     return lambda lang: translated("cli", f"sqlite_error.{key}", lang)
 
 
@@ -120,8 +121,10 @@ def _unusable(exc: sqlite3.DatabaseError, path: Path, *, saving: bool = False) -
     name = getattr(exc, "sqlite_errorname", None) or ""
     if name.startswith("SQLITE_CANTOPEN") and not path.exists() and not os.access(path.parent, os.W_OK):
         # a folder the learner cannot write (a read-only home): said as the runs folder says it, with the way out
-        return ProgressError(texts=translations("cli", "errors.data_home", path=path.parent,
-                                                why=lambda lang: translated("cli", "os_error.EACCES", lang)))
+        from .paths import data_home_texts
+
+        return ProgressError(texts=data_home_texts(PermissionError(errno.EACCES, os.strerror(errno.EACCES)),
+                                                   path.parent))
     key = "busy" if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) else "cannot_save" if saving else "cannot_open"
     return ProgressError(texts=translations("cli", "progress." + key, path=path, problem=_sqlite_reason(exc)))
 
@@ -187,11 +190,8 @@ class ProgressStore:
         try:
             conn = self._connect()
             problem: Callable[[str], str] | str | None = None
-            if existed:
-                rows = conn.execute("PRAGMA quick_check").fetchall()
-                results = [r[0] for r in rows]
-                if results != ["ok"]:
-                    problem = _sqlite_reason(None, "; ".join(str(r) for r in results[:2]))
+            if existed and [r[0] for r in conn.execute("PRAGMA quick_check").fetchall()] != ["ok"]:
+                problem = _sqlite_reason(None)
             self._configure(conn)
             conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
             if problem is None:
