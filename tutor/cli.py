@@ -66,20 +66,18 @@ def _help_shows_no_python_types() -> None:
         from typer.core import TyperArgument, TyperOption
     except ImportError:  # another Typer: its own help
         return
-    shown = getattr(TyperOption, "display_type_rich", None)
-    if shown is not None and not getattr(shown, "_distai", False):
-        def option_type(self, ctx):
-            return None if self.is_flag else shown(self, ctx)
+    hidden: list[tuple[type, Callable[[Any], bool]]] = [(TyperOption, lambda param: param.is_flag),
+                                                         (TyperArgument, lambda param: param.metavar is not None)]
+    for param_class, hides in hidden:
+        shown = getattr(param_class, "display_type_rich", None)
+        if shown is None or getattr(shown, "_distai", False):
+            continue
 
-        option_type._distai = True  # type: ignore[attr-defined]
-        TyperOption.display_type_rich = option_type  # type: ignore[method-assign]
-    argument_shown = getattr(TyperArgument, "display_type_rich", None)
-    if argument_shown is not None and not getattr(argument_shown, "_distai", False):
-        def argument_type(self, ctx):
-            return None if self.metavar is not None else argument_shown(self, ctx)
+        def display_type_rich(self, ctx, shown=shown, hides=hides):
+            return None if hides(self) else shown(self, ctx)
 
-        argument_type._distai = True  # type: ignore[attr-defined]
-        TyperArgument.display_type_rich = argument_type  # type: ignore[method-assign]
+        display_type_rich._distai = True  # type: ignore[attr-defined]
+        param_class.display_type_rich = display_type_rich  # type: ignore[attr-defined]
 
 
 _help_shows_no_python_types()
