@@ -386,11 +386,19 @@ def test_gpipe_and_1f1b_run_in_the_order_torch_executes():
 
 def test_megatron_accepts_m_a_multiple_of_p_and_distai_every_engines_cases():
     """Megatron-LM (megatron/core/pipeline_parallel/schedules.py, default microbatch group p): the
-    interleaved schedule raises unless p divides m, and on p <= 2 (initialize_model_parallel); 1F1B takes
-    any m; it has no GPipe. distai's own
-    engine runs the union of what the two accept, and its plan for each cannot deadlock."""
+    interleaved schedule raises unless p divides m, and, where its point-to-point sends block (before 2024,
+    or --no-overlap-p2p-communication), on p <= 2 (validate_args); 1F1B takes any m; it has no GPipe.
+    distai's own engine runs the union of what the two accept, and its plan for each cannot deadlock."""
     for p, m, v in itertools.product(range(1, 9), range(1, 25), (2, 3, 4)):
-        assert _accepts("interleaved", p, m, v, "megatron") == (p > 2 and m % p == 0), (p, m, v)
+        assert _accepts("interleaved", p, m, v, "megatron") == (p > 1 and m % p == 0), (p, m, v)
+        try:
+            formulas.check_schedule("interleaved", p, m, v, "megatron", p2p_overlap=False)
+            blocking = True
+        except sim.ScheduleError:
+            blocking = False
+        assert blocking == (p > 2 and m % p == 0), (p, m, v)
+    with pytest.raises(sim.ScheduleError, match="blocking point-to-point sends .* needs more than 2 stages"):
+        formulas.check_schedule("interleaved", 2, 4, 2, "megatron", p2p_overlap=False)
         assert _accepts("1f1b", p, m, 1, "megatron") and not _accepts("gpipe", p, m, 1, "megatron")
         for schedule, w in (("gpipe", 1), ("1f1b", 1), ("interleaved", v)):
             if any(_accepts(schedule, p, m, w, e) for e in ("torch", "megatron")):

@@ -248,6 +248,22 @@ def test_the_balancing_loss_question_never_draws_the_uniform_router():
         assert q.params["hot"] > 1 / q.params["experts"] and q.answer > q.params["alpha"] * 1.05, q.params
 
 
+def test_no_decode_question_runs_a_model_its_gpu_cannot_hold():
+    """An audit found "Llama-2-70B on one A100 80GB, batch 32": 138 GB of weights, and 43 GB of KV cache, on
+    80 GB. Every draw of the decode questions now fits what the serving planner lets a GPU use (90%: Llama-2-70B
+    fits none of the three, not even an H200's 141 GB), and they still draw every other model on every GPU."""
+    from distai.lessons.lesson7 import quiz as q7
+    from distai.lessons.lesson7.planner import Hardware
+
+    for kind in ("decode-bound", "decode-time"):
+        space = list(q7.GENERATORS[kind].kind.space())
+        for p in space:
+            kv = p["batch"] * p["kv_bytes_per_seq"] if kind == "decode-time" else 0.0
+            assert 2 * p["params"] + kv <= p["gpu_memory"] * Hardware.memory_util, (kind, p)
+        assert {(p["name"], p["gpu"]) for p in space} == {(m[0], g[0]) for m in q7.MODELS for g in q7.GPUS
+                                                          if m[0] != "Llama-2-70B"}, kind
+
+
 def test_languages_differ_but_answers_agree():
     for lesson in all_lessons():
         for kind in quiz.generators(lesson.id):

@@ -659,8 +659,9 @@ def _refuse(c: Config, cluster: Cluster, model: ModelSpec, stage: int, m: int, m
     if v > 1 and (pp == 1 or stage % v):
         return _texts("chunks_divide", v=v, stage=stage) if pp > 1 else _texts("chunks_pp")
     if pp > 1:
-        try:  # lesson 5 decides what the framework's schedule accepts (interleaved m < pp: torch yes, Megatron no)
-            check_schedule("interleaved" if v > 1 else "1f1b", pp, m, v, engine)
+        try:  # lesson 5 decides what the framework's schedule accepts (interleaved m < pp: torch yes, Megatron no);
+            # the sends the planner prices block (Megatron-LM before 2024): no interleaving on 2 stages
+            check_schedule("interleaved" if v > 1 else "1f1b", pp, m, v, engine, p2p_overlap=False)
         except ScheduleError as exc:  # lesson 5's message, in every language
             return {lang: exc.text(lang) for lang in LANGUAGES}
     if c.sp and c.tp == 1:

@@ -27,8 +27,8 @@ reduce the gradients after the last backward, hiding none of it (``Axes.dp_overl
 script for Table 1 ran its pp = 1 runs on PyTorch's DDP, which overlaps, a fact the planner leaves out because
 the fit it brings takes the shape out of the GPU model, w½ = 0: :func:`what_if_run` "torch-ddp");
 Megatron-LM's 2021 runs trained in fp16, their gradients held and all-reduced in fp16 (2 bytes; fp32 only
-with bf16, ``accumulate_allreduce_grads_in_fp32``); its interleaved schedule needs more than 2 stages
-(lesson 5's rule) and takes any number of chunks v whose layers divide a stage's (``megatron/arguments.py``
+with bf16, ``accumulate_allreduce_grads_in_fp32``); its interleaved schedule needed more than 2 stages
+(lesson 5's rule for blocking sends) and takes any number of chunks v whose layers divide a stage's (``megatron/arguments.py``
 sets v = layers per stage // ``--num-layers-per-virtual-pipeline-stage``; NVIDIA's script for Table 1,
 ``examples/sc21/run_table_1.sh``, runs the 76.1B model with v = 3 and the 529.6B one with v = 3), searched
 here up to 8. DeepSpeed's pipeline engine (MT-NLG, BLOOM) sends each TP rank's 1/t share of a stage's

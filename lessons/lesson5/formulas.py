@@ -54,7 +54,8 @@ ENGINE_NAMES = {"distai": "distai.engine.pipeline",
                 "torch": "torch.distributed.pipelining", "megatron": "Megatron-LM"}
 
 
-def check_schedule(schedule: str, p: int, m: int, v: int = 1, engine: str = "distai") -> str:
+def check_schedule(schedule: str, p: int, m: int, v: int = 1, engine: str = "distai", *,
+                   p2p_overlap: bool = True) -> str:
     """The one place that decides what a schedule accepts; returns its canonical name or raises
     :class:`ScheduleError` saying why. The calculator, the quiz, the simulator and the engine all ask it.
 
@@ -68,9 +69,11 @@ def check_schedule(schedule: str, p: int, m: int, v: int = 1, engine: str = "dis
     - ``megatron`` (Megatron-LM ``megatron/core/pipeline_parallel/schedules.py``): no GPipe schedule;
       ``forward_backward_pipelining_without_interleaving`` (1F1B) takes any m;
       ``forward_backward_pipelining_with_interleaving`` needs m to be a multiple of p (with its default
-      ``microbatch_group_size_per_vp_stage`` = p) and p > 2 (one stage runs no pipeline schedule, and
-      ``initialize_model_parallel`` — ``megatron/arguments.py`` in 2021-2022 — refuses virtual stages on
-      p ≤ 2: "pipeline-model-parallel size should be greater than 2 with interleaved schedule").
+      ``microbatch_group_size_per_vp_stage`` = p) and p ≥ 2; p = 2 only where its point-to-point sends
+      overlap the compute (``p2p_overlap``: ``overlap_p2p_comm``, the default since October 2023, accepted
+      at p = 2 since May 2024 by ``validate_args`` in ``megatron/training/arguments.py``); without it
+      (``--no-overlap-p2p-communication``, or Megatron-LM of 2021-2023, whose sends block) virtual stages
+      need p > 2: "pipeline-model-parallel size should be greater than 2".
     - ``distai`` (``distai.engine.pipeline``, the default): GPipe and 1F1B on any m (1F1B's warm-up is
       cut at m when m < p), and interleaved on torch's rule, whose order it runs.
     """
@@ -90,7 +93,7 @@ def check_schedule(schedule: str, p: int, m: int, v: int = 1, engine: str = "dis
             raise ScheduleError.keyed("megatron_gpipe", name=name)
         if schedule == "interleaved" and p < 2:
             raise ScheduleError.keyed("one_stage", name=name)
-        if schedule == "interleaved" and p < 3:
+        if schedule == "interleaved" and p < 3 and not p2p_overlap:
             raise ScheduleError.keyed("megatron_two_stages", name=name, p=p)
         if schedule == "interleaved" and m % p:
             raise ScheduleError.keyed("megatron_multiple", name=name, p=p, m=m, suggest=p * max(1, m // p))

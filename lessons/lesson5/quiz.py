@@ -10,7 +10,7 @@ MS = [4, 8, 16, 32, 64]
 
 
 def _accepted(p: int, m: int, v: int) -> bool:
-    """Megatron-LM's interleaved schedule: m a multiple of p (so m ≥ p) and p > 2 — where the bubble is
+    """Megatron-LM's interleaved schedule: m a multiple of p (so m ≥ p) — where the bubble is
     (p−1)/(v·m + p − 1), the formula the explanation shows. (torch also runs m < p, whose bubble
     :func:`~.formulas.bubble_fraction` computes differently: never drawn here.)"""
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..quiz import Choice, Numeric, build
 from . import formulas as f
 from . import published as pub
+from .planner import Hardware
 
 MODEL = ("name", "layers", "heads", "kv_heads", "head_dim", "params")
 MODELS = [
@@ -18,10 +19,10 @@ MODELS = [
 #: caches no longer sequences than the model reads
 MAX_CONTEXT = {"Llama-2-7B": 4096, "Llama-2-13B": 4096, "Llama-2-70B": 4096, "Llama-3-8B": 8192, "Mistral-7B": 32768}
 DTYPES = [("fp16", 2), ("bf16", 2), ("fp8", 1)]
-GPU = ("gpu", "bandwidth", "peak_flops")
-#: datasheet HBM bandwidth and dense bf16 peak; the A100's as the published runs' table states it (2.039 TB/s)
-GPUS = [("A100 80GB", pub.A100["bandwidth"], pub.A100["flops"]), ("H100 SXM", 3.35e12, 989e12),
-        ("H200", 4.8e12, 989e12)]
+GPU = ("gpu", "bandwidth", "peak_flops", "gpu_memory")
+#: datasheet HBM bandwidth, dense bf16 peak and memory; the A100's as the published runs' table states them
+GPUS = [("A100 80GB", pub.A100["bandwidth"], pub.A100["flops"], pub.A100["gpu_memory"]),
+        ("H100 SXM", 3.35e12, 989e12, 80e9), ("H200", 4.8e12, 989e12, 141e9)]
 
 
 #: the published batch-1 decode steps (lesson 7's published.py) on A100s, as the question names its GPUs
@@ -36,6 +37,13 @@ def _weights_read_share(params: float, tp: int, bandwidth: float, measured: floa
 
 def _per_token(layers: int, kv_heads: int, head_dim: int) -> float:
     return f.kv_cache_bytes_per_token(layers, kv_heads, head_dim, 2)
+
+
+def _fits(gpu_memory: float, weight_bytes: float, batch: int = 0, kv_bytes_per_seq: float = 0.0) -> bool:
+    """Whether one GPU holds the weights and the batch's KV cache in the share of its memory the serving
+    planner gives them (vLLM's ``gpu_memory_utilization``, 0.9): no question decodes on a GPU that could
+    not hold the model (Llama-2-70B's 138 GB on one 80 GB GPU)."""
+    return weight_bytes + batch * kv_bytes_per_seq <= gpu_memory * Hardware.memory_util
 
 
 def _decode_terms(params: float, batch: int, peak_flops: float, weight_bytes: float, kv_bytes_per_seq: float,
@@ -74,6 +82,7 @@ GENERATORS = build("lesson7", __package__, values=_worked, kinds=[
             wrong={"not split by TP": lambda **p: f.kv_cache_total(p["layers"], p["kv_heads"], p["head_dim"], 2,
                                                                    p["tokens"], 1, p["pp"])["per_gpu_bytes"]}),
     Numeric("decode-bound", draw={MODEL: MODELS, GPU: GPUS, "bytes_per_token_read": lambda params: 2 * params},
+            where=lambda gpu_memory, bytes_per_token_read: _fits(gpu_memory, bytes_per_token_read),
             answer=lambda bandwidth, bytes_per_token_read: f.decode_tokens_per_s_upper_bound(bandwidth,
                                                                                            bytes_per_token_read)),
     Numeric("max-tokens", draw={MODEL: MODELS, "free_bytes": [10e9, 20e9, 40e9], "bytes_per_token": _per_token},
@@ -89,7 +98,7 @@ GENERATORS = build("lesson7", __package__, values=_worked, kinds=[
                                  "kv_bytes_per_seq": lambda layers, kv_heads, head_dim, ctx:
                                      _per_token(layers, kv_heads, head_dim) * ctx,
                                  "bound": _bound},
-            variant="bound", answer=lambda params, weight_bytes, kv_bytes_per_seq, peak_flops, bandwidth, batch:
+            where=_fits, variant="bound", answer=lambda params, weight_bytes, kv_bytes_per_seq, peak_flops, bandwidth, batch:
                 f.decode_time_per_token(params, weight_bytes, kv_bytes_per_seq, peak_flops, bandwidth, batch),
             quantity="seconds", unit="ms", values=_decode_terms),
     Numeric("ridge", draw={GPU: GPUS}, answer=f.ridge_point),
