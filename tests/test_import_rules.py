@@ -9,6 +9,7 @@ visualizers for real, to confirm that none of them loads torch.
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -93,7 +94,10 @@ def imports_of(path: Path) -> list[Import]:
     return found
 
 
-GRAPH = {name: imports_of(path) for name, path in MODULES.items()}
+@functools.cache
+def graph() -> dict[str, list[Import]]:
+    """Every module's imports, parsed on first use rather than while each pytest-xdist worker collects (2 s)."""
+    return {name: imports_of(path) for name, path in MODULES.items()}
 
 
 def _under(module: str, prefix: str) -> bool:
@@ -107,14 +111,14 @@ def test_the_checkout_has_the_four_packages():
 
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_imports_inside_the_packages_are_relative(name):
-    absolute = [f"line {i.line}: {i.module}" for i in GRAPH[name]
+    absolute = [f"line {i.line}: {i.module}" for i in graph()[name]
                 if _under(i.module, "distai") and not i.relative]
     assert not absolute, f"{MODULES[name]} imports distai.* absolutely: {absolute}"
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_relative_imports_resolve_to_files(name):
-    missing = [f"line {i.line}: {i.module}" for i in GRAPH[name]
+    missing = [f"line {i.line}: {i.module}" for i in graph()[name]
                if i.relative and i.module not in MODULES]
     # `from .x import name` may import a name from module x; x itself must exist.
     assert not missing, f"{MODULES[name]} imports modules that are not in the checkout: {missing}"
@@ -123,7 +127,7 @@ def test_relative_imports_resolve_to_files(name):
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_data_flows_one_way(name):
     top = name.split(".")[1]
-    bad = [f"line {i.line}: {i.module}" for i in GRAPH[name]
+    bad = [f"line {i.line}: {i.module}" for i in graph()[name]
            for banned in FORBIDDEN[top] if _under(i.module, banned)]
     assert not bad, f"{MODULES[name]} ({top}/) must not import {FORBIDDEN[top]}: {bad}"
 
@@ -141,7 +145,7 @@ def startup_closure(start: str) -> dict[str, str]:
             if mod in MODULES and mod not in seen:
                 seen[mod] = current
                 todo.append(mod)
-        for imp in GRAPH.get(current, ()):
+        for imp in graph().get(current, ()):
             if imp.top_level and imp.module not in seen:
                 seen[imp.module] = current
                 if imp.module in MODULES:
