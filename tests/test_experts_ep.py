@@ -272,20 +272,29 @@ def test_single_process_moe_equals_gshard_dense_combine(k, cf):
     y = layer(x)
     t = x.transpose(0, 1).reshape(-1, SIZES["hidden"])
     p = layer.router(t).softmax(-1)
-    top = p.topk(k, -1).indices
-    g = p.gather(1, top)
+    ref, fill = _dense_combine(layer, t, p, p.topk(k, -1).indices, moe)
+    assert _rel(y.transpose(0, 1).reshape(-1, SIZES["hidden"]), ref) < 1e-14
+    assert layer.stats.kept == fill and (cf is None or sum(fill) < t.shape[0] * k)
+
+
+def _dense_combine(layer, t, probs, chosen, moe):
+    """GShard's formulation of a routed layer's output: every expert on every token, weighted by a combine
+    matrix that holds each chosen (token, expert)'s gate (the router's probability, renormalized over the
+    top-k) and zero for unchosen and dropped pairs; and how many tokens each expert kept."""
+    import torch
+
+    k, experts = chosen.shape[1], len(layer.experts)
+    g = probs.gather(1, chosen)
     g = g / g.sum(-1, keepdim=True) if k > 1 else g
     n, C = t.shape[0], moe.capacity(t.shape[0])
-    combine, fill = torch.zeros(n, 4, dtype=torch.float64), [0] * 4
+    combine, fill = torch.zeros(n, experts, dtype=torch.float64), [0] * experts
     for j in range(k):  # first choices first, then in token order
         for i in range(n):
-            e = int(top[i, j])
+            e = int(chosen[i, j])
             if C is None or fill[e] < C:
                 fill[e] += 1
                 combine[i, e] += g[i, j]
-    ref = sum(combine[:, e:e + 1] * layer.experts[e](t) for e in range(4))
-    assert _rel(y.transpose(0, 1).reshape(-1, SIZES["hidden"]), ref) < 1e-14
-    assert layer.stats.kept == fill and (cf is None or sum(fill) < n * k)
+    return sum(combine[:, e:e + 1] * layer.experts[e](t) for e in range(experts)), fill
 
 
 def test_run_fold_keeps_each_steps_loads_and_the_checks(results):
@@ -319,14 +328,17 @@ def test_switch_loss_and_the_bias_step_by_their_definitions(cf):
     x = torch.randn(8, 3, SIZES["hidden"], dtype=torch.float64, generator=torch.Generator().manual_seed(5))
     t = x.transpose(0, 1).reshape(-1, SIZES["hidden"])
     layer.balance_bias += torch.tensor([0.3, 0.0, -0.3, 0.0], dtype=torch.float64)  # a bias that changes choices
-    layer(x)
+    y = layer(x)
     p = layer.router(t).softmax(-1)
     chosen = (p + layer.balance_bias).topk(k, -1).indices
     assert not torch.equal(chosen, p.topk(k, -1).indices)  # the bias did steer some choices
+    # ... and only the choices: each chosen expert's gate is its unbiased probability, renormalized over the k
+    ref, fill = _dense_combine(layer, t, p, chosen, moe)
+    assert _rel(y.transpose(0, 1).reshape(-1, SIZES["hidden"]), ref) < 1e-14 and layer.stats.kept == fill
     counts = torch.bincount(chosen.reshape(-1), minlength=E).to(torch.float64)
     f = counts / (t.shape[0] * k)
     assert layer.stats.routed == counts.tolist()
-    assert float(layer.aux_loss) == pytest.approx(float(alpha * E * (f * p.mean(0)).sum()), rel=1e-12)
+    assert float(layer.aux_loss.detach()) == pytest.approx(float(alpha * E * (f * p.mean(0)).sum()), rel=1e-12)
     before = layer.balance_bias.clone()
     layer.update_balance_bias()
     expected = before + gamma * torch.sign(counts.mean() - counts)
