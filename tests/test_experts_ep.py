@@ -338,7 +338,7 @@ def test_switch_loss_and_the_bias_step_by_their_definitions(cf):
     counts = torch.bincount(chosen.reshape(-1), minlength=E).to(torch.float64)
     f = counts / (t.shape[0] * k)
     assert layer.stats.routed == counts.tolist()
-    assert float(layer.aux_loss.detach()) == pytest.approx(float(alpha * E * (f * p.mean(0)).sum()), rel=1e-12)
+    assert float(layer.aux_loss.detach()) == pytest.approx(float(alpha * E * (f * p.mean(0).detach()).sum()), rel=1e-12)
     before = layer.balance_bias.clone()
     layer.update_balance_bias()
     expected = before + gamma * torch.sign(counts.mean() - counts)
