@@ -69,26 +69,40 @@ def _core_check(cp_group, layout: str, variant: str, dtype_name: str) -> dict:
 
 
 def _torch_context_parallel() -> dict:
-    """PyTorch's own ``context_parallel`` on the whole group, or why it does not run here."""
+    """PyTorch's own context parallelism against ours, on the whole group and the same shards, in both layouts:
+    the ring kernel its public ``context_parallel`` runs, ``_templated_ring_attention``, called with the CPU's
+    flash-attention op (the public API needs CUDA's kernels: on CPU it has no sharding strategy for that op),
+    its load balancer off for the contiguous layout and on for the zigzag one (its head-tail chunks are
+    zigzag's). None if this torch lacks that kernel (it is private), with why."""
     import torch
-    import torch.nn.functional as F_
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.experimental import context_parallel
+    import torch.distributed as dist
 
     from distai.engine import context_parallel as C
 
+    try:
+        from torch.distributed.tensor.experimental._attention import _cp_options, _templated_ring_attention
+    except ImportError as exc:
+        return {"ran": False, "why": f"ImportError: {exc}"}
     gen = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 2, 32, 8, generator=gen, dtype=torch.float64) for _ in range(3))
     reference = C.attention_reference(q, k, v)
-    mesh = init_device_mesh("cpu", (WORLD,))
-    buffers = [t.clone() for t in (q, k, v)]
+    saved = (_cp_options.enable_load_balance, _cp_options.convert_to_f32)
+    out = {"ran": True}
     try:
-        with context_parallel(mesh, buffers=buffers, buffer_seq_dims=[2, 2, 2], no_restore_buffers=set(buffers)):
-            out = F_.scaled_dot_product_attention(*buffers, is_causal=True)
-    except (NotImplementedError, RuntimeError) as exc:
-        return {"ran": False, "why": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"}
-    cp = C.CPGroup(None, "contiguous", "ring")
-    return {"ran": True, "diff": float((out - reference[:, :, cp.positions(32)]).abs().max())}
+        for layout in ("contiguous", "zigzag"):
+            cp = C.CPGroup(None, layout, "ring")
+            pos = cp.positions(32)
+            mine = [t[:, :, pos] for t in (q, k, v)]
+            _cp_options.enable_load_balance, _cp_options.convert_to_f32 = layout == "zigzag", False
+            theirs = _templated_ring_attention(dist.group.WORLD, 2,
+                                               torch.ops.aten._scaled_dot_product_flash_attention_for_cpu,
+                                               *mine, is_causal=True)[0]
+            ours = C.ring_attention(*mine, cp)
+            out[layout] = {"torch_vs_one_process": float((theirs - reference[:, :, pos]).abs().max()),
+                           "ours_vs_torch": float((ours - theirs).abs().max())}
+    finally:
+        _cp_options.enable_load_balance, _cp_options.convert_to_f32 = saved
+    return out
 
 
 MODEL = dict(vocab=64, hidden=32, heads=4, kv_heads=2, layers=2, seq=32, rope_theta=10000.0)
@@ -250,13 +264,16 @@ def test_bad_input_gets_one_line_and_exit_2(capsys, monkeypatch):
         assert len(lines) == 1 and lines[0].startswith("distai run context: error: "), lines
 
 
-def test_torch_context_parallel_agrees_where_it_runs(results):
+def test_ring_attention_equals_torchs_own_ring_kernel_in_both_layouts(results):
+    """It skipped on every machine: the public context_parallel needs CUDA's attention kernels. Its ring
+    kernel runs on CPU with the CPU's op, and ours equals it on every rank, shard for shard."""
     got = results[0]["torch"]
     if not got["ran"]:
-        pytest.skip(f"torch.distributed.tensor.experimental.context_parallel does not run on CPU/gloo in this "
-                    f"torch: {got['why']}")
+        pytest.skip(f"this torch has no _templated_ring_attention: {got['why']}")
     for r in results:
-        assert r["torch"]["diff"] <= 1e-12
+        for layout in ("contiguous", "zigzag"):
+            assert r["torch"][layout]["torch_vs_one_process"] <= 1e-12, (layout, r["torch"])
+            assert r["torch"][layout]["ours_vs_torch"] <= 1e-12, (layout, r["torch"])
 
 
 # --------------------------------------------------------------------------------------------
