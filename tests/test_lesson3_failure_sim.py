@@ -78,8 +78,22 @@ def test_timeline_accounts_for_every_second():
     total = sum(tl.total(k) for k in ("work", "checkpoint", "lost", "restart"))
     assert total == pytest.approx(tl.horizon)
     assert len(tl.failures) > 0 and all(0 <= g < 1024 for _t, g in tl.failures)
-    # failures arrive about once per job MTBF
-    assert len(tl.failures) == pytest.approx(7 * 86400 / f.job_mtbf(50_000 * HOUR, 1024), rel=0.6)
+
+
+def test_a_long_timeline_fails_once_per_job_mtbf_and_keeps_dalys_share():
+    """One week's 4 failures against rel=0.6 let a job MTBF off by 2x pass: 2,000 days (about 980 failures)
+    hold the count to 10% (3 standard deviations), the work kept to Daly's closed form within 1%, and the
+    failed GPU to a uniform draw."""
+    gpus, gpu_mtbf, cost, restart, interval = 1024, 50_000 * HOUR, 60, 300, 1800
+    horizon = 2000 * 86400
+    tl = fs.simulate_timeline(gpus=gpus, gpu_mtbf=gpu_mtbf, cost=cost, restart=restart, interval=interval,
+                              horizon=horizon, seed=1)
+    mtbf = f.job_mtbf(gpu_mtbf, gpus)
+    assert len(tl.failures) == pytest.approx(f.expected_failures(horizon, mtbf), rel=0.1)
+    kept = tl.total("work") / tl.horizon
+    assert kept == pytest.approx(1 - f.expected_waste_fraction(interval, mtbf, cost, restart), abs=0.01)
+    failed = np.bincount([g for _t, g in tl.failures], minlength=gpus)
+    assert failed[: gpus // 2].sum() == pytest.approx(len(tl.failures) / 2, rel=0.15)
 
 
 def test_bad_parameters_are_rejected():
