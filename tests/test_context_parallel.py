@@ -337,7 +337,8 @@ def test_visualizer_lights_the_tiles_the_engine_computed(results):
                               if line.startswith("q") and line.rstrip().endswith(f"R{r}"))
                     engine = vis.run.step_records("fwd", step)[r]["tiles"]
                     assert lit == 2 * len(engine), (step, r)  # two cells a tile
-                assert f"R{r}" in "\n".join(lines) and "compute" in "\n".join(lines)
+                    assert f"R{r}" in "\n".join(lines), (step, r)
+                assert "compute" in "\n".join(lines)
             await pilot.press("z")  # back to the schedule, zigzag
             assert vis.source == "model" and vis.seq_layout == "zigzag"
             await pilot.press("right_square_bracket")

@@ -234,7 +234,7 @@ def test_zero2_and_zero3_hold_at_most_two_units_full_gradients(group):
     for res in results:
         for opt in ("adam", "sgd"):
             for s in ("zero2", "zero3"):
-                assert res[(opt, "zero2")]["units"] > 2
+                assert res[(opt, s)]["units"] > 2, (opt, s)  # more than two units, so a peak of 2 says something
                 assert res[(opt, s)]["peak_full_grad_units"] == 2, (opt, s)
 
 
