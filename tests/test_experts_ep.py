@@ -237,6 +237,9 @@ def test_experiment_streams_loads_and_checks_everything(results):
     summary = next(e for e in main["events"] if e["kind"] == "summary")
     assert summary["max_param_rel_diff"] <= 1e-5 and summary["comm_match"] and summary["memory_match"]
     assert "Mezcla de expertos · 8 expertos sobre EP = 4 (× DP = 2)" in main["printed"]
+    # the memory check's verdict is printed beside the traffic's (it was computed, then shown nowhere)
+    memory_line = next(line for line in main["printed"].splitlines() if "pesos de expertos por rank" in line)
+    assert "todos los ranks cuadran con la fórmula" in memory_line, memory_line
     assert all(r["main"]["printed"] == "" for r in results[1:])  # rank 0 alone prints the summary
 
 

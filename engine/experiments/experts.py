@@ -213,7 +213,9 @@ def summary_from_event(r: dict, lang: str) -> str:
         verdict=translated(AREA, "summary.match" if r["comm_match"] else "summary.mismatch", lang))
     say("memory", mine=format_bytes(r["memory"]["expert_bytes"], binary=True, lang=lang),
         all=format_bytes(r["memory"]["all_experts_bytes"], binary=True, lang=lang),
-        fraction=format_integer(c["experts_per_rank"], lang), experts=format_integer(c["experts"], lang))
+        fraction=format_integer(c["experts_per_rank"], lang), experts=format_integer(c["experts"], lang),
+        # each rank's expert bytes, counted from its parameters, against E/ep experts' formula
+        verdict=translated(AREA, "summary.match" if r["memory_match"] else "summary.mismatch", lang))
     say("time", time=format_time(r["step_time_s"], lang=lang))
     return "\n".join(lines)
 
