@@ -144,8 +144,11 @@ def test_the_ring_formula_is_checked_against_the_measured_all_reduce(run):
                                                                             d["beta_s_per_byte"]))
         # a real timing: the same ring size timed by the sweep, minutes apart, is of the same order
         assert c["measured"] > 0 and 0.1 < c["measured"] / sweep[d["size"]]["ring_time_s"] < 10
-        # the ring's slowest rank spent its time on a core, waiting for one, or asleep on its messages
-        assert 0 < d["ring_cpu_s"] <= c["measured"] and d["ring_asleep_s"] >= -1e-6 and d["pair_s"] > 0
+        # the ring's slowest rank spent its time on a core, waiting for one, or asleep on its messages; asleep is
+        # the wall less the other two, three clocks read microseconds apart: it may come out a hair below 0
+        # (CI saw -2.0 µs of a 2.1 ms ring), never by more than 1% of the ring
+        assert 0 < d["ring_cpu_s"] <= c["measured"] and d["pair_s"] > 0
+        assert d["ring_asleep_s"] >= -0.01 * c["measured"], (d["ring_asleep_s"], c["measured"])
         # the causes are the ring's own time split (on a core, waiting for one, asleep): they add up to it
         # by construction, and a miss is shown broken down into them, not "explained"
         assert c["decomposition"] is True
