@@ -440,7 +440,7 @@ def test_a_home_the_learner_cannot_write_says_so_with_the_way_out(tmp_path, monk
 
     real_access = os.access
     monkeypatch.setattr(progress_module.os, "access",
-                        lambda p, mode: False if Path(p) == tmp_path and mode == os.W_OK else real_access(p, mode))
+                        lambda p, mode: False if Path(p) == tmp_path and mode & os.W_OK else real_access(p, mode))
     refused = sqlite3.OperationalError("unable to open database file")
     refused.sqlite_errorname = "SQLITE_CANTOPEN"
     error = progress_module._unusable(refused, tmp_path / "progress.db")

@@ -18,7 +18,6 @@ Progress is keyed on the stable lesson ids and step keys, so it survives content
 from __future__ import annotations
 
 import contextlib
-import errno
 import importlib
 import os
 import sqlite3
@@ -119,12 +118,14 @@ def _unusable(exc: sqlite3.DatabaseError, path: Path, *, saving: bool = False) -
     (SQLite's BUSY or LOCKED), or read-only, full, unopenable (its own words, then; a full disk in the
     learner's); ``saving``: a write that failed once begun."""
     name = getattr(exc, "sqlite_errorname", None) or ""
-    if name.startswith("SQLITE_CANTOPEN") and not path.exists() and not os.access(path.parent, os.W_OK):
-        # a folder the learner cannot write (a read-only home): said as the runs folder says it, with the way out
+    if name.startswith("SQLITE_CANTOPEN") and not path.exists():
+        # a folder the learner cannot write (a read-only home): said as the runs folder says it, with the way out;
+        # whether it can be written is the rule every folder option is checked by
+        from ..engine.experiment import folder_refusal
         from .paths import data_home_texts
 
-        return ProgressError(texts=data_home_texts(PermissionError(errno.EACCES, os.strerror(errno.EACCES)),
-                                                   path.parent))
+        if (refused := folder_refusal(path.parent)) is not None:
+            return ProgressError(texts=data_home_texts(refused, path.parent))
     key = "busy" if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) else "cannot_save" if saving else "cannot_open"
     return ProgressError(texts=translations("cli", "progress." + key, path=path, problem=_sqlite_reason(exc)))
 
