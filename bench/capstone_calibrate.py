@@ -5,11 +5,11 @@ For each mesh, ``distai calc plan --calibrate`` measures this machine and saves 
 made from that profile (the ``capstone_step_time`` check). The table prints predicted, measured and
 their ratio for every repeat, and the worst error against the issue's goal (within 30 % on 2 CPU cores).
 
-With more ranks than cores (8 on 2), the prediction is the larger of two: the critical path priced from the
-measured rates (GEMM and elementwise FLOP/s, α-β) with a core per rank, and the cores' bound, the CPU
-seconds each rank spent in steps of the run's own trainer that the calibration timed, shared over the cores
-(``cores_bound_s``). The last column, "rates only", is the first alone: what the rates predict without
-that re-timing of the same step.
+With a core per rank the prediction is the critical path priced from the measured rates (GEMM and
+elementwise FLOP/s, α-β). With more ranks than cores (8 on 2) it is the cores' bound instead, whether above
+or below that path: the CPU seconds each rank spent in steps of the run's own trainer that the calibration
+timed, shared over the cores (``cores_bound_s``). The last column, "rates only", is the critical path alone:
+what the rates predict without that re-timing of the same step.
 
 Run (8 CPU ranks, gloo)::
 
