@@ -4,6 +4,7 @@ import contextlib
 import io
 import json
 import math
+import random
 from unittest import mock
 
 import pytest
@@ -216,8 +217,12 @@ def test_every_option_of_every_calculator(name, data):
     """Any combination of every option a calculator declares: a physically possible answer, or one line and exit 2."""
     argv = data.draw(_argv(CALCULATORS[name]))
     r = outcome(name, *argv)
-    if r is None:
-        return
+    if r is not None:
+        _holds(name, r, argv)
+
+
+def _holds(name: str, r: dict, argv) -> None:
+    """What every calculator's answer obeys, and what this one's own checks add (:data:`CHECKS`)."""
     _physical(r)
     CHECKS.get(name, lambda r, argv: None)(r, argv)
 
@@ -277,21 +282,17 @@ def _varied(name: str, rng) -> list[str]:
 def test_checks_run_on_each_calculators_example_and_its_variations(name):
     """The base is accepted and passes its checks; so does at least a third of 24 variations of it (8 for plan's
     search), every accepted one checked and every refused one a single line with exit 2."""
-    import random
-
     assert set(BASES) == set(CALCULATORS)
     base = outcome(name, *BASES[name])
     assert base is not None, BASES[name]
-    _physical(base)
-    CHECKS.get(name, lambda r, argv: None)(base, BASES[name])
+    _holds(name, base, BASES[name])
     rng, tries, accepted = random.Random(name), 8 if name == "plan" else 24, 0
     for _ in range(tries):
         argv = _varied(name, rng)
         r = outcome(name, *argv)
         if r is not None:
             accepted += 1
-            _physical(r)
-            CHECKS.get(name, lambda r, argv: None)(r, argv)
+            _holds(name, r, argv)
     assert accepted >= tries // 3, f"{name}: {accepted} of {tries} variations accepted"
 
 
@@ -307,8 +308,7 @@ def test_bubble_over_small_pipelines(p, m, schedule, v):
     """Most random whole numbers are refused; this one stays where pipelines are accepted."""
     r = outcome("bubble", "-p", p, "-m", m, "--schedule", schedule, *(["-v", v] if v is not None else []))
     if r is not None:
-        _physical(r)
-        check_bubble(r, None)
+        _holds("bubble", r, None)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -323,8 +323,7 @@ def test_serve_over_real_models(params, layers, hidden, gpus, mem, bw, ttft, tpo
                 "--gpu-memory", mem, "--hbm-bandwidth", bw, "--ttft-slo", ttft, "--tpot-slo", tpot,
                 *(["--kv-heads", kv] if kv else []))
     if r is not None:
-        _physical(r)
-        check_serve(r, None)
+        _holds("serve", r, None)
 
 
 @pytest.mark.parametrize("tokens, experts, top_k, factor", [(32, 4, 1, 1.0), (128, 8, 2, 1.25), (4096, 8, 2, 1.0),
