@@ -35,13 +35,15 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from ..lessons.checks import EQUAL_TO_ONE_PROCESS, equal_to_one_process
 from ..lessons.events import ERROR, PROGRESS, SUMMARY, Error
 from ..lessons.strings import TranslatedError, detect_language, translated
-from ..lessons.units import format_integer
+from ..lessons.units import format_integer, format_number
 from .events import EventSink
 
 __all__ = ["run_experiment", "UsageError", "launch_world_size", "exit_with", "checkpoint", "Progress", "device_sync", "max_over_ranks",
-           "all_ranks_true", "BARRIER_TIMEOUT_ENV", "TIMEOUT_ENV", "collective_timeout_s", "barrier_timeout_s", "folder_refusal", "CHECK_ARGS_ENV", "run_language", "summary_lines"]
+           "all_ranks_true", "BARRIER_TIMEOUT_ENV", "TIMEOUT_ENV", "collective_timeout_s", "barrier_timeout_s", "folder_refusal", "CHECK_ARGS_ENV", "run_language", "summary_lines",
+           "equality_verdict"]
 
 BARRIER_TIMEOUT_ENV = "DISTAI_BARRIER_TIMEOUT_S"
 TIMEOUT_ENV = "DISTAI_COLLECTIVE_TIMEOUT_S"
@@ -92,6 +94,14 @@ def summary_lines(section: str, lang: str) -> Callable[..., str]:
     def say(key: str, /, **fields: Any) -> str:
         return translated("summary", f"{section}.{key}", lang, **fields)
     return say
+
+
+def equality_verdict(loss_rel_diff: float, param_rel_diff: float, dtype: str, lang: str) -> str:
+    """"equal (≤ 1e-12 in float64)" or "NOT equal (…)": a run's largest differences from one
+    process against the bound for its dtype (``lessons/checks.py``), in ``lang``."""
+    key = "equal" if equal_to_one_process(dtype, loss_rel_diff, param_rel_diff) else "not_equal"
+    return translated("summary", f"equality.{key}", lang, bound=format_number(EQUAL_TO_ONE_PROCESS[dtype], 1, lang),
+                      dtype=dtype)
 
 
 class UsageError(TranslatedError):

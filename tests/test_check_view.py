@@ -177,3 +177,14 @@ def test_a_small_unexplained_part_does_not_read_as_zero():
     assert format_value(-0.0003, "fraction", "es", signed=True) == "-0,03 p. p."
     assert format_value(0.004, "ratio", "en") == "0.004×" and format_value(0.25, "ratio", "en") == "0.25×"
     assert format_value(0.0, "fraction", "en", signed=True) == "0.0 pts"
+
+
+def test_a_run_is_called_equal_to_one_process_only_within_its_dtypes_bound():
+    """The capstone's and the experts' summaries printed their largest differences from one process with no
+    verdict: the same bound the tests hold them to now says it (lessons/checks.py)."""
+    from distai.engine.experiment import equality_verdict
+
+    assert equality_verdict(2.0e-16, 6.0e-16, "float64", "en") == "equal (≤ 1e-12 in float64)"
+    assert equality_verdict(2.0e-16, 3.0e-9, "float64", "en") == "NOT equal (> 1e-12 in float64)"
+    assert equality_verdict(2.2e-7, 2.7e-7, "float32", "es") == "iguales (≤ 1e-5 en float32)"
+    assert equality_verdict(2.0e-4, 2.7e-7, "float32", "es") == "NO iguales (> 1e-5 en float32)"

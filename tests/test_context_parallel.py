@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from distai.engine.testing import run_in_group
+from distai.lessons.checks import EQUAL_TO_ONE_PROCESS
 from distai.lessons.context import formulas as F
 from distai.lessons.context import ring_schedule as plan
 
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.multi_rank  # README's command runs these on one worker
 
 WORLD = 8
 CP_SIZES = (1, 2, 4, 8)
-TOLERANCE = {"float64": 1e-12, "float32": 1e-5}  # relative to the reference's largest entry
+TOLERANCE = EQUAL_TO_ONE_PROCESS  # relative to the reference's largest entry
 SHAPE = dict(batch=2, heads=4, kv_heads=2, seq=64, head_dim=8)  # seq: a multiple of 2·8
 
 

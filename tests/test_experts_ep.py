@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from distai.engine.testing import run_in_group
+from distai.lessons.checks import EQUAL_TO_ONE_PROCESS
 
 pytestmark = pytest.mark.multi_rank  # README's command runs these on one worker, one after another
 
@@ -19,7 +20,7 @@ WORLD = 8
 SIZES = dict(hidden=16, heads=2, layers=2, seq=8, vocab=32)
 BATCH = 2  # sequences per rank
 EXPERTS = 8
-TOL = {"float64": 1e-12, "float32": 1e-5}
+TOL = EQUAL_TO_ONE_PROCESS  # the bound the run itself prints its verdict by
 CASES = [(ep, k, cf, dtype) for ep in (2, 4, 8) for k in (1, 2) for cf in (None, 0.75)
          for dtype in ("float64", "float32")]
 
@@ -236,7 +237,10 @@ def test_experiment_streams_loads_and_checks_everything(results):
         assert r["expert_bytes"] == r["formula_bytes"] == r["all_experts_bytes"] // 4
     summary = next(e for e in main["events"] if e["kind"] == "summary")
     assert summary["max_param_rel_diff"] <= 1e-5 and summary["comm_match"] and summary["memory_match"]
+    assert summary["equal_to_one_process"] is True
     assert "Mezcla de expertos · 8 expertos sobre EP = 4 (× DP = 2)" in main["printed"]
+    # the comparison's verdict, by the bound of the run's dtype (it printed the differences alone)
+    assert "parámetros " in main["printed"] and ": iguales (≤ 1e-5 en float32)" in main["printed"]
     # the memory check's verdict is printed beside the traffic's (it was computed, then shown nowhere)
     memory_line = next(line for line in main["printed"].splitlines() if "pesos de expertos por rank" in line)
     assert "todos los ranks cuadran con la fórmula" in memory_line, memory_line

@@ -28,12 +28,14 @@ import torch
 import torch.distributed as dist
 
 from ...lessons.capstone.events import MESH_COMM, MESH_CONFIG, MESH_STEP, STEP, MeshShape
+from ...lessons.checks import equal_to_one_process
 from ...lessons.events import METRIC, PHASE, PROGRESS, SPAN
 from ...lessons.units import format_bytes
 from .. import mesh as M
 from ..calibrate import call_seconds, check_step_time, cpu_clock
 from ..comm_trace import traced_step
 from ..experiment import (
+    equality_verdict,
     exit_with,
     max_over_ranks,
     run_experiment,
@@ -77,7 +79,9 @@ def summary_text(result: dict, accounts: list[dict], lang: str | None = None) ->
     if result["ref_losses"] is not None:
         out += [say("one_process", losses=losses(result["ref_losses"])),
                 say("rel_diff", loss=format_number(result["max_loss_rel_diff"], 2, lang),
-                    params=format_number(result["max_param_rel_diff"], 2, lang))]
+                    params=format_number(result["max_param_rel_diff"], 2, lang),
+                    verdict=equality_verdict(result["max_loss_rel_diff"], result["max_param_rel_diff"], c["dtype"],
+                                             lang))]
     # the median says what a step takes; the step-time check compares the mean (the prediction's); with
     # experts the calibration predicts nothing (the all-to-alls' routing is not in its model)
     mean = result.get("step_time_mean_s")
@@ -169,6 +173,8 @@ def run(ctx, raw: argparse.Namespace) -> dict | None:
         "config": config, "losses": steps.losses, "ref_losses": steps.ref_losses if args.check else None,
         "max_loss_rel_diff": max(steps.loss_diffs) if args.check else None,
         "max_param_rel_diff": max(steps.param_diffs) if args.check else None,
+        "equal_to_one_process": equal_to_one_process(config["dtype"], max(steps.loss_diffs), max(steps.param_diffs))
+        if args.check else None,
         "step_time_s": statistics.median(timed), "comm_match": all(all(a["match"].values()) for a in accounts),
         # the measured mean step time: a predicted step time (the planner's) is checked against it here
         "step_time_mean_s": measured_step_time_s(steps.times, metered_step)}

@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from ...lessons.arg_help import ExperimentParser
+from ...lessons.checks import equal_to_one_process
 from ...lessons.events import METRIC, PHASE, PROGRESS
 from ...lessons.experts.events import MOE_COMM, MOE_CONFIG, MOE_LOAD, MOE_MEMORY, STEP
 from ...lessons.experts.formulas import (
@@ -59,6 +60,7 @@ from ..comm_trace import traced_step
 from ..data_parallel import sgd_step
 from ..experiment import (
     device_sync,
+    equality_verdict,
     exit_with,
     max_over_ranks,
     run_experiment,
@@ -203,7 +205,8 @@ def summary_from_event(r: dict, lang: str) -> str:
     say("loss", first=format_fixed(r["losses"][0], 4, lang), last=format_fixed(r["losses"][-1], 4, lang))
     if r["max_param_rel_diff"] is not None:
         say("check", loss=format_number(r["max_loss_rel_diff"], 2, lang),
-            params=format_number(r["max_param_rel_diff"], 2, lang))
+            params=format_number(r["max_param_rel_diff"], 2, lang),
+            verdict=equality_verdict(r["max_loss_rel_diff"], r["max_param_rel_diff"], c["dtype"], lang))
     say("balance", drop=format_percent(r["drop_rates"][0], lang=lang), drop_last=format_percent(r["drop_rates"][-1], lang=lang),
         aux=format_fixed(r["aux_losses"][0], 4, lang), aux_last=format_fixed(r["aux_losses"][-1], 4, lang),
         layers=c["layers"])
@@ -361,6 +364,8 @@ def run(ctx: Any, args: argparse.Namespace) -> dict | None:
     result: dict[str, Any] = {"config": config, "losses": losses, "ref_losses": ref_losses or None,
                               "max_loss_rel_diff": max(loss_diffs) if loss_diffs else None,
                               "max_param_rel_diff": max(param_diffs) if param_diffs else None,
+                              "equal_to_one_process": equal_to_one_process(config["dtype"], max(loss_diffs),
+                                                                           max(param_diffs)) if param_diffs else None,
                               "drop_rates": drops, "aux_losses": auxes, **_ranks_verdict(model, gathered),
                               "comm": account, "memory": memory, "step_time_s": statistics.median(timed)}
     METRIC.emit(ev, {"name": "step_time_s", "value": result["step_time_s"]})
