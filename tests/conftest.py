@@ -8,12 +8,6 @@ import tempfile
 
 import pytest
 
-# Textual caches every rendered line (a Strip and its FIFOCaches): a Pilot test's heap grows to hundreds of
-# thousands of long-lived objects, and Python 3.11 walks all of them at each 25 % of growth, 0.25 s a time:
-# 28 % of test_tutor_app.py and test_themes.py (30 of 109 s). Rarer young collections (every 50,000
-# allocations, not 700) and full ones (every 10 of the middle's, as before) cut that to 10 s for 67 MB more.
-gc.set_threshold(50_000, 20, 10)
-
 # Snapshot and Pilot tests must not depend on animation timing or the developer's terminal.
 os.environ["TEXTUAL_ANIMATIONS"] = "none"
 for _var in ("LC_ALL", "LC_MESSAGES"):
@@ -33,6 +27,14 @@ os.environ["DISTAI_CHECK_EVENTS"] = "1"
 # fresh one too, never the developer's (a machine profile saved there by `calc plan --calibrate` an
 # hour before made the capstone run's check use it, and its test expect none)
 os.environ["DISTAI_HOME"] = tempfile.mkdtemp(prefix="distai_home_")
+
+# imported after the environment above, which Textual reads as it is imported
+from distai.tutor.app import GC_THRESHOLDS  # noqa: E402
+
+# the tutor's own thresholds (tutor/app.py: Textual's cached lines made each full collection walk ~400k
+# objects), which its run() sets and the Pilot tests (run_test) never reach: with Python's, collections took
+# 35 of test_tutor_app.py's and test_themes.py's 109 s, 30 of them full ones; with these 12 s, for 45 MB more
+gc.set_threshold(*GC_THRESHOLDS)
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 
 from distai.lessons.registry import resolve_lesson
-from distai.tutor.app import DistaiApp
+from distai.tutor.app import GC_THRESHOLDS, DistaiApp
 from distai.tutor.screens.lesson import LessonScreen
 from distai.visualizers.pipeline import PipelineVisualizer
 from distai.visualizers.playback import PlaybackVisualizer
@@ -72,3 +72,17 @@ async def test_a_lesson_left_is_freed():
         alive = [o for o in gc.get_objects() if isinstance(o, LessonScreen)]
         # the last one left may still be held a moment by Textual's own bookkeeping; the leak kept all nine
         assert len(alive) <= 1, f"{len(alive)} lesson screens still in memory after being left"
+
+
+def test_the_tutors_process_collects_garbage_at_its_own_thresholds(monkeypatch):
+    """Python's full collections, walking Textual's cached lines, froze the tutor up to 0.3 s, about 25 times
+    in a minute's reading of the lessons (bench/tutor_gc.py): run() sets the tutor's rarer ones."""
+    from textual.app import App
+
+    before = gc.get_threshold()
+    monkeypatch.setattr(App, "run", lambda self, *args, **kwargs: gc.get_threshold())
+    try:
+        gc.set_threshold(700, 10, 10)  # Python's own
+        assert DistaiApp("en").run(headless=True) == GC_THRESHOLDS
+    finally:
+        gc.set_threshold(*before)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import signal
 import threading
@@ -74,14 +75,25 @@ def on_a_terminal() -> bool:
     return all(stream is not None and stream.isatty() for stream in (sys.stdin, sys.stdout))
 
 
+#: the tutor's garbage collector thresholds (young, middle, full), where Python's are (700, 10, 10).
+#: Textual caches every line it draws (a Strip and its caches): after a few lessons the heap holds ~400k
+#: long-lived objects, and the full collection Python runs at each 25 % of growth froze the screen about 25
+#: times in a minute's reading of the lessons, up to 0.3 s each (bench/tutor_gc.py). Young collections every
+#: 20,000 allocations, middle ones over at most 100,000 objects, leave one full collection to a minute and
+#: no pause over about 70 ms. Fewer middle collections (50,000 and 20) left single pauses of 0.3-0.4 s.
+GC_THRESHOLDS = (20_000, 5, 10)
+
+
 class DistaiApp(App):
     """The distai tutor."""
 
     def run(self, *args, **kwargs):
         """The app, on a terminal only: from ``< /dev/null`` Textual's driver redrew the screen at full speed for
-        ever (410 MB of output in 10 minutes), deaf to SIGTERM and SIGINT."""
+        ever (410 MB of output in 10 minutes), deaf to SIGTERM and SIGINT. Its process collects garbage at
+        :data:`GC_THRESHOLDS`."""
         if not kwargs.get("headless") and not on_a_terminal():  # headless (snapshots, tests) draws nowhere
             raise NoTerminal
+        gc.set_threshold(*GC_THRESHOLDS)
         return super().run(*args, **kwargs)
 
     CSS_PATH = "app.tcss"
