@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from textual.app import App
 from textual.pilot import Pilot
 from textual.widget import Widget
+
+
+async def wait_for(pilot: Pilot, predicate, timeout: float) -> bool:
+    """Whether ``predicate()`` came true within ``timeout`` seconds, asked every 0.05 s of the app's time
+    (a fixed pause lost a race on a loaded machine: the screen a key opens was not up yet)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        await pilot.pause(0.05)
+    return predicate()
 
 
 def async_test(fn):

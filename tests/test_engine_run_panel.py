@@ -12,6 +12,7 @@ from textual.widgets import ProgressBar, RichLog, Sparkline, Static
 
 from distai.lessons.registry import all_lessons, resolve_lesson
 from distai.tutor.run_panel import RunPanelScreen
+from pilot_harness import wait_for
 
 pytestmark = pytest.mark.multi_rank  # README's command runs these on one worker, one after another
 
@@ -105,15 +106,6 @@ def run_async(fn):
     def wrapper(*args, **kwargs):
         return asyncio.run(fn(*args, **kwargs))
     return wrapper
-
-
-async def wait_for(pilot, predicate, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        await pilot.pause(0.05)
-    return predicate()
 
 
 @run_async

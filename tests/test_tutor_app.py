@@ -16,7 +16,7 @@ from distai.tutor.screens.help import HelpScreen
 from distai.tutor.screens.home import HomeScreen
 from distai.tutor.screens.lesson import LessonScreen, step_markdown
 from distai.tutor.screens.step_text import keep_together
-from pilot_harness import async_test
+from pilot_harness import async_test, wait_for
 
 SIZE = (120, 40)
 
@@ -220,7 +220,10 @@ async def test_help_overlay_says_when_it_scrolls():
     for size, scrolls in (((80, 24), True), ((120, 40), False)):
         app = DistaiApp("es")
         async with app.run_test(size=size) as pilot:
-            await pilot.press("enter", "question_mark")
+            await pilot.press("enter")
+            assert await wait_for(pilot, lambda: isinstance(app.screen, LessonScreen), 10)
+            await pilot.press("question_mark")
+            assert await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), 10)
             await pilot.pause(0.3)
             box = app.screen.query_one("#help-box")
             assert (box.border_subtitle == translated("tutor", "help_scroll", "es")) == scrolls, size
