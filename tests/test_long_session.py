@@ -10,7 +10,7 @@ from distai.tutor.app import GC_THRESHOLDS, DistaiApp
 from distai.tutor.screens.lesson import LessonScreen
 from distai.visualizers.pipeline import PipelineVisualizer
 from distai.visualizers.playback import PlaybackVisualizer
-from pilot_harness import async_test
+from pilot_harness import async_test, wait_for
 
 
 async def _pipeline_step(app, pilot):
@@ -30,14 +30,15 @@ async def test_an_animation_waits_while_its_screen_is_covered_and_goes_on_after(
         await pilot.pause(0.4)
         assert vis.cursor > 0
         await pilot.press("question_mark")  # the help window, see-through, over the lesson
+        assert await wait_for(pilot, lambda: app.screen is not screen, 10)  # a loaded machine opens it later
         await pilot.pause(0.2)
-        assert app.screen is not screen
         held_at = vis.cursor
         await pilot.pause(0.6)
         assert vis.cursor == held_at and vis.playing  # waiting, still "playing" for when it is seen again
         await pilot.press("escape")
+        assert await wait_for(pilot, lambda: app.screen is screen, 10)
         await pilot.pause(0.6)
-        assert app.screen is screen and vis.cursor != held_at
+        assert vis.cursor != held_at
 
 
 @async_test
