@@ -173,11 +173,11 @@ def run(ctx, raw: argparse.Namespace) -> dict | None:
         "config": config, "losses": steps.losses, "ref_losses": steps.ref_losses if args.check else None,
         "max_loss_rel_diff": max(steps.loss_diffs) if args.check else None,
         "max_param_rel_diff": max(steps.param_diffs) if args.check else None,
-        "equal_to_one_process": equal_to_one_process(config["dtype"], max(steps.loss_diffs), max(steps.param_diffs))
-        if args.check else None,
         "step_time_s": statistics.median(timed), "comm_match": all(all(a["match"].values()) for a in accounts),
         # the measured mean step time: a predicted step time (the planner's) is checked against it here
         "step_time_mean_s": measured_step_time_s(steps.times, metered_step)}
+    result["equal_to_one_process"] = equal_to_one_process(config["dtype"], result["max_loss_rel_diff"],
+                                                          result["max_param_rel_diff"]) if args.check else None
     METRIC.emit(ev, {"name": "step_time_s", "value": result["step_time_s"]})
     METRIC.emit(ev, {"name": "step_time_mean_s", "value": result["step_time_mean_s"]})
     summary = {"lesson": "capstone", **result, "accounts": accounts}

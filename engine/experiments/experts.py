@@ -364,10 +364,10 @@ def run(ctx: Any, args: argparse.Namespace) -> dict | None:
     result: dict[str, Any] = {"config": config, "losses": losses, "ref_losses": ref_losses or None,
                               "max_loss_rel_diff": max(loss_diffs) if loss_diffs else None,
                               "max_param_rel_diff": max(param_diffs) if param_diffs else None,
-                              "equal_to_one_process": equal_to_one_process(config["dtype"], max(loss_diffs),
-                                                                           max(param_diffs)) if param_diffs else None,
                               "drop_rates": drops, "aux_losses": auxes, **_ranks_verdict(model, gathered),
                               "comm": account, "memory": memory, "step_time_s": statistics.median(timed)}
+    result["equal_to_one_process"] = equal_to_one_process(config["dtype"], result["max_loss_rel_diff"],
+                                                          result["max_param_rel_diff"]) if param_diffs else None
     METRIC.emit(ev, {"name": "step_time_s", "value": result["step_time_s"]})
     print_summary(result, args.lang)
     return {"lesson": "experts", **result}
